@@ -1,0 +1,17 @@
+"""One module per algorithm; this registry is the only place that lists them.
+
+A registry line maps an algorithm's config name to its config model (a
+pydantic model with a ``name`` literal and the algorithm's hyperparameters)
+and its module, whose ``from_config(config, server_optimizer)`` builds the
+``driftlab.simulation.seam.Algorithm``.
+"""
+
+from __future__ import annotations
+
+from driftlab.algorithms import fedavg
+
+ALGORITHM_MODULES = {
+    "fedavg": fedavg,
+}
+
+ALGORITHM_CONFIGS = {name: module.Config for name, module in ALGORITHM_MODULES.items()}

@@ -1,0 +1,96 @@
+"""FedAvg (McMahan et al. 2017) with FedSGD/FedOpt server optimizers.
+
+Decaying-K paper (../shared/papers/003_*, Algorithm 3) and Reddi et al. 2020,
+as algorithms.md states them:
+
+    client k:  θ_k = K steps of SGD on f_k from θ^{t−1}           (no correction)
+    server:    q   = Σ_{k∈P} w_k (θ^{t−1} − θ_k) = θ^{t−1} − θ̄,    θ̄ = Σ_{k∈P} w_k θ_k
+               θ^t = ServerOpt(θ^{t−1}, q, η_g,t)
+
+with ``w_k = n_k / Σ_P n_j`` ("weighted", default) or ``1/|P|`` ("uniform").
+SGD with ``η_g = 1`` is FedAvg itself (``θ^t = θ̄``); FedAdam is this module
+with the Adam server optimizer; FedAvgM with momentum.
+
+Partial work and dropouts: a client that reports is averaged with the others
+whatever number of steps it did; a client that does not report sends nothing.
+
+Example:
+    >>> from driftlab.algorithms import fedavg
+    >>> from driftlab.optim.server import make_server_optimizer
+    >>> algorithm = fedavg.build(make_server_optimizer("adam"), aggregation="weighted")
+    >>> algorithm.name
+    'fedavg'
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal, Sequence
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from driftlab.algorithms.aggregation import aggregation_weights, weighted_sum
+from driftlab.optim.apply import apply_server_optimizer
+from driftlab.simulation.seam import NO_CORRECTION, Algorithm, ClientContext, ClientUpdate, GradientCorrection, RoundContext
+
+
+class Config(BaseModel):
+    """``[algorithm]`` section for FedAvg (the server optimizer is chosen in ``[server]``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: Literal["fedavg"] = "fedavg"
+    aggregation: Literal["weighted", "uniform"] = Field(
+        "weighted", description="weighted: w_k = n_k / Σ n_j (default); uniform: mean over reporting clients"
+    )
+
+
+@dataclass(frozen=True)
+class ServerState:
+    params: torch.Tensor  # θ^t
+    optimizer_state: Any  # the server optimizer's state (Adam's m, v, step count, ...)
+
+
+@dataclass(frozen=True)
+class ClientMessage:
+    params: torch.Tensor  # θ_k, one model up
+    num_samples: int
+    multiplicity: int
+
+
+def build(server_optimizer: Any, aggregation: str = "weighted") -> Algorithm:
+    """FedAvg with ``server_optimizer`` (``driftlab.optim.server``) and ``aggregation`` in {"weighted", "uniform"}."""
+    aggregation_weights([1], [1], aggregation)  # validates the name before any work
+
+    def server_init(initial_params: torch.Tensor) -> ServerState:
+        return ServerState(params=initial_params, optimizer_state=server_optimizer.init(initial_params))
+
+    def client_objective(server: ServerState, client_state: None, context: ClientContext) -> GradientCorrection:
+        return NO_CORRECTION
+
+    def client_finish(server: ServerState, client_state: None, context: ClientContext, update: ClientUpdate) -> tuple[None, ClientMessage]:
+        return None, ClientMessage(update.final_params, context.num_samples, context.multiplicity)
+
+    def server_update(server: ServerState, messages: Sequence[ClientMessage], context: RoundContext) -> tuple[ServerState, dict[str, float]]:
+        weights = aggregation_weights([m.num_samples for m in messages], [m.multiplicity for m in messages], aggregation)
+        client_average = weighted_sum([m.params for m in messages], weights)
+        params, optimizer_state = apply_server_optimizer(
+            server_optimizer, server.optimizer_state, server.params, client_average, context.server_learning_rate
+        )
+        return ServerState(params, optimizer_state), {}
+
+    def broadcast(server: ServerState) -> torch.Tensor:
+        return server.params
+
+    return Algorithm(
+        name="fedavg",
+        server_init=server_init,
+        client_objective=client_objective,
+        client_finish=client_finish,
+        server_update=server_update,
+        broadcast=broadcast,
+    )
+
+
+def from_config(config: Config, server_optimizer: Any) -> Algorithm:
+    return build(server_optimizer, aggregation=config.aggregation)

@@ -1,0 +1,32 @@
+"""Data: the federated container, official-format loaders, synthetic generators, partitions.
+
+A federated data set is shared train/test tensors plus one int64 index array
+per client (:class:`FederatedDataset`); partitions produce those index arrays
+from labels, quotas and an explicit ``numpy.random.Generator``.
+"""
+
+from driftlab.data.federated import DataFileError, FederatedDataset, classes_covering_fraction
+from driftlab.data.idx import MNIST_MEAN, MNIST_STD, load_mnist, load_mnist_tensors, read_idx
+from driftlab.data.partition import (
+    balanced_quotas,
+    dirichlet_client_prior_partition,
+    iid_partition,
+    lognormal_quotas,
+)
+from driftlab.data.synthetic import synthetic_federated
+
+__all__ = [
+    "DataFileError",
+    "FederatedDataset",
+    "MNIST_MEAN",
+    "MNIST_STD",
+    "balanced_quotas",
+    "classes_covering_fraction",
+    "dirichlet_client_prior_partition",
+    "iid_partition",
+    "load_mnist",
+    "load_mnist_tensors",
+    "lognormal_quotas",
+    "read_idx",
+    "synthetic_federated",
+]

@@ -1,0 +1,134 @@
+"""Tests for the FederatedDataset container and its validation."""
+
+import numpy as np
+import pytest
+import torch
+
+from driftlab.data.federated import DataFileError, FederatedDataset, classes_covering_fraction
+
+
+def _dataset(client_indices, *, train_targets=None, client_test_indices=None, num_classes=3, **overrides):
+    """A small data set: 8 train rows of shape [2, 2], 4 test rows."""
+    if train_targets is None:
+        train_targets = torch.tensor([0, 0, 0, 0, 1, 1, 2, 2])
+    fields = dict(
+        name="toy",
+        train_inputs=torch.arange(len(train_targets) * 4, dtype=torch.float32).reshape(-1, 2, 2),
+        train_targets=train_targets,
+        test_inputs=torch.zeros(4, 2, 2),
+        test_targets=torch.tensor([0, 1, 2, 2]),
+        client_indices=client_indices,
+        num_classes=num_classes,
+        client_test_indices=client_test_indices,
+    )
+    fields.update(overrides)
+    return FederatedDataset(**fields)
+
+
+def _ids(*values):
+    return np.array(values, dtype=np.int64)
+
+
+def test_properties_and_describe_hand_computed():
+    # client 0: labels [0,0,0,0,1] -> 80% of 5 = 4 samples -> class 0 alone: 1 class
+    # client 1: labels [1,2]       -> 80% of 2 = 1.6 -> both classes: 2
+    # client 2: labels [2]         -> 1 class
+    ds = _dataset((_ids(0, 1, 2, 3, 4), _ids(5, 6), _ids(7)))
+    assert ds.num_clients == 3
+    assert ds.client_sizes.dtype == np.int64
+    assert ds.client_sizes.tolist() == [5, 2, 1]
+    assert ds.input_shape == (2, 2)
+    assert ds.describe() == {
+        "name": "toy",
+        "clients": 3,
+        "train_samples": 8,
+        "test_samples": 4,
+        "samples_per_client_min": 1,
+        "samples_per_client_median": 2.0,
+        "samples_per_client_max": 5,
+        "classes_for_80_percent_min": 1,
+        "classes_for_80_percent_median": 1.0,
+        "classes_for_80_percent_max": 2,
+    }
+
+
+def test_train_samples_counts_only_rows_held_by_clients():
+    ds = _dataset((_ids(0, 1), _ids(5)))
+    assert ds.describe()["train_samples"] == 3
+
+
+@pytest.mark.parametrize(
+    "labels, fraction, expected",
+    [
+        ([0, 0, 1, 1, 2], 0.8, 2),  # needs 4 of 5: classes 0 and 1
+        ([0, 0, 0, 0, 1], 0.8, 1),  # exactly 80% in one class counts as covered
+        ([0, 1, 2, 3, 4], 0.8, 4),  # uniform over 5: 4 of 5
+        ([0] * 27 + [1] * 3, 0.1, 1),  # 0.1 * 30 == 3.0000000000000004 in floating point
+        ([2, 2, 1], 1.0, 2),
+    ],
+)
+def test_classes_covering_fraction(labels, fraction, expected):
+    assert classes_covering_fraction(np.array(labels), 5, fraction) == expected
+
+
+def test_index_arrays_are_read_only_views():
+    mine = _ids(0, 1, 2)
+    ds = _dataset([mine, _ids(3)])
+    assert isinstance(ds.client_indices, tuple)
+    with pytest.raises(ValueError):
+        ds.client_indices[0][0] = 7
+    assert mine.flags.writeable  # only the stored view is locked, not the caller's array
+
+
+def test_per_client_test_split_accepted_and_may_be_empty():
+    ds = _dataset((_ids(0, 1), _ids(2)), client_test_indices=(_ids(0, 3), _ids()))
+    assert [len(t) for t in ds.client_test_indices] == [2, 0]
+
+
+def test_shared_tensors_are_not_copied():
+    inputs = torch.zeros(8, 2, 2)
+    ds = _dataset((_ids(0),), train_inputs=inputs)
+    assert ds.train_inputs is inputs
+
+
+@pytest.mark.parametrize(
+    "client_indices, message",
+    [
+        ((_ids(0, 1), _ids(1, 2)), "row 1 is used by clients \\[0, 1\\]"),
+        ((_ids(0, 8),), "indices must lie in \\[0, 8\\)"),
+        ((_ids(-1),), "indices must lie in \\[0, 8\\)"),
+        ((_ids(0), _ids()), "client_indices\\[1\\] is empty"),
+        ((np.array([0, 1], dtype=np.int32),), "int64.*np.asarray"),
+        (([0, 1],), "must be a 1-D int64 numpy array, got list"),
+        ((), "at least one client"),
+    ],
+)
+def test_bad_client_indices_rejected(client_indices, message):
+    with pytest.raises(ValueError, match=message):
+        _dataset(client_indices)
+
+
+def test_bad_tensors_rejected():
+    with pytest.raises(ValueError, match="int64"):
+        _dataset((_ids(0),), train_targets=torch.zeros(8, dtype=torch.int32))
+    with pytest.raises(ValueError, match="7 rows but train_targets has 8"):
+        _dataset((_ids(0),), train_inputs=torch.zeros(7, 2, 2))
+    with pytest.raises(ValueError, match="lie in \\[0, 2\\).*\\[0, 2\\]"):
+        _dataset((_ids(0),), num_classes=2)
+    with pytest.raises(ValueError, match="different per-sample shapes"):
+        _dataset((_ids(0),), test_inputs=torch.zeros(4, 4))
+    with pytest.raises(ValueError, match="torch.from_numpy"):
+        _dataset((_ids(0),), train_inputs=np.zeros((8, 2, 2)))
+
+
+def test_bad_client_test_indices_rejected():
+    with pytest.raises(ValueError, match="one test split per client"):
+        _dataset((_ids(0), _ids(1)), client_test_indices=(_ids(0),))
+    with pytest.raises(ValueError, match="test row 0 is used by clients \\[0, 1\\]"):
+        _dataset((_ids(0), _ids(1)), client_test_indices=(_ids(0), _ids(0, 1)))
+    with pytest.raises(ValueError, match="test set has 4 rows"):
+        _dataset((_ids(0),), client_test_indices=(_ids(4),))
+
+
+def test_data_file_error_is_a_value_error():
+    assert issubclass(DataFileError, ValueError)

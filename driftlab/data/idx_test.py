@@ -1,0 +1,227 @@
+"""Tests for the IDX reader and the MNIST loaders.
+
+The tests write their own small IDX files; the real MNIST test runs only when
+the shared data directory ``../shared/data/mnist`` exists beside the repository.
+"""
+
+import gzip
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from driftlab.data.federated import DataFileError
+from driftlab.data.idx import IDX_DTYPES, load_mnist, load_mnist_tensors, read_idx
+
+REAL_MNIST = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "mnist"
+
+_CODES = {np.dtype(d.newbyteorder("=")): code for code, d in IDX_DTYPES.items()}
+
+
+def _idx_bytes(array: np.ndarray) -> bytes:
+    """Encode an array as IDX: zero magic, dtype code, ndim, big-endian dims, big-endian data."""
+    code = _CODES[array.dtype]
+    header = bytes([0, 0, code, array.ndim]) + struct.pack(f">{array.ndim}I", *array.shape)
+    return header + array.astype(array.dtype.newbyteorder(">")).tobytes()
+
+
+def _write(path: Path, content: bytes, *, compress: bool = False) -> Path:
+    path.write_bytes(gzip.compress(content) if compress else content)
+    return path
+
+
+# --- read_idx -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8, np.int16, np.int32, np.float32, np.float64])
+@pytest.mark.parametrize("compress", [False, True])
+def test_round_trip_every_dtype(tmp_path, dtype, compress):
+    array = (np.arange(24).reshape(2, 3, 4) - 5).astype(dtype)
+    path = _write(tmp_path / "a.idx", _idx_bytes(array), compress=compress)
+    result = read_idx(path)
+    assert result.dtype == np.dtype(dtype)
+    assert result.dtype.isnative
+    np.testing.assert_array_equal(result, array)
+    result[0, 0, 0] = 1  # writable
+
+
+def test_big_endian_values_decoded_by_hand(tmp_path):
+    # int16 [2]: 0x0102 = 258 and 0xfffe = -2.
+    content = bytes([0, 0, 0x0B, 1, 0, 0, 0, 2, 0x01, 0x02, 0xFF, 0xFE])
+    np.testing.assert_array_equal(read_idx(_write(tmp_path / "b", content)), [258, -2])
+
+
+def test_gzip_detected_by_content_not_name(tmp_path):
+    array = np.arange(6, dtype=np.uint8).reshape(2, 3)
+    gz_without_suffix = _write(tmp_path / "labels-idx1-ubyte", _idx_bytes(array), compress=True)
+    plain_with_gz_suffix = _write(tmp_path / "labels-idx1-ubyte.gz", _idx_bytes(array))
+    np.testing.assert_array_equal(read_idx(gz_without_suffix), array)
+    np.testing.assert_array_equal(read_idx(plain_with_gz_suffix), array)
+
+
+def test_truncated_file_reports_expected_and_found_bytes(tmp_path):
+    # uint8 [3, 4]: 4 + 2 * 4 = 12 header bytes + 12 data bytes = 24; we write 10 data bytes.
+    full = _idx_bytes(np.zeros((3, 4), dtype=np.uint8))
+    path = _write(tmp_path / "short", full[:22])
+    with pytest.raises(DataFileError, match=r"short: truncated IDX file.*needs 24 bytes \(12 header \+ 12 data\) but the file has 22 \(10 data\)"):
+        read_idx(path)
+
+
+def test_truncated_header(tmp_path):
+    with pytest.raises(DataFileError, match="at least 4 bytes but the file has 2"):
+        read_idx(_write(tmp_path / "tiny", b"\x00\x00"))
+    # 3 dimensions declared but only one dimension present.
+    with pytest.raises(DataFileError, match="3 dimensions needs 16 bytes but the file has 8"):
+        read_idx(_write(tmp_path / "header", bytes([0, 0, 8, 3, 0, 0, 0, 1])))
+
+
+def test_truncated_gzip(tmp_path):
+    compressed = gzip.compress(_idx_bytes(np.arange(1000, dtype=np.int32)))
+    path = _write(tmp_path / "cut.gz", compressed[: len(compressed) // 2])
+    with pytest.raises(DataFileError, match="cut.gz: gzip data is truncated or corrupt"):
+        read_idx(path)
+
+
+def test_trailing_garbage(tmp_path):
+    path = _write(tmp_path / "long", _idx_bytes(np.zeros(5, dtype=np.uint8)) + b"xy")
+    with pytest.raises(DataFileError, match="2 unexpected bytes after the data.*exactly 13 bytes but the file has 15"):
+        read_idx(path)
+
+
+def test_bad_magic_and_dtype(tmp_path):
+    with pytest.raises(DataFileError, match="not an IDX file: the first two bytes are 0x01 0x02, expected 0x00 0x00"):
+        read_idx(_write(tmp_path / "m", bytes([1, 2, 8, 1, 0, 0, 0, 0])))
+    with pytest.raises(DataFileError, match="HTML page"):
+        read_idx(_write(tmp_path / "page", b"<html>Not Found</html>"))
+    with pytest.raises(DataFileError, match="unknown IDX dtype code 0x07; supported codes are 0x08 uint8"):
+        read_idx(_write(tmp_path / "d", bytes([0, 0, 7, 1, 0, 0, 0, 0])))
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(DataFileError, match="nothing-here does not exist"):
+        read_idx(tmp_path / "nothing-here")
+    with pytest.raises(DataFileError, match="is a directory"):
+        read_idx(tmp_path)
+
+
+# --- load_mnist -----------------------------------------------------------
+
+
+def _fake_mnist(root: Path, *, n_train=6, n_test=4, names=None, compress=True) -> dict:
+    """Write a small MNIST in the official format; return the arrays written."""
+    rng = np.random.default_rng(0)
+    arrays = {
+        "train-images-idx3-ubyte": rng.integers(0, 256, (n_train, 28, 28), dtype=np.uint8),
+        "train-labels-idx1-ubyte": rng.integers(0, 10, n_train, dtype=np.uint8),
+        "t10k-images-idx3-ubyte": rng.integers(0, 256, (n_test, 28, 28), dtype=np.uint8),
+        "t10k-labels-idx1-ubyte": rng.integers(0, 10, n_test, dtype=np.uint8),
+    }
+    names = names or {}
+    for official, array in arrays.items():
+        name = names.get(official, official + (".gz" if compress else ""))
+        _write(root / name, _idx_bytes(array), compress=name.endswith(".gz"))
+    return arrays
+
+
+@pytest.mark.parametrize("compress", [False, True])
+def test_load_mnist_official_names(tmp_path, compress):
+    written = _fake_mnist(tmp_path, compress=compress)
+    loaded = load_mnist(tmp_path)
+    for array, expected in zip(loaded, written.values()):
+        np.testing.assert_array_equal(array, expected)
+
+
+def test_load_mnist_dot_variant_and_mixed_compression(tmp_path):
+    written = _fake_mnist(
+        tmp_path,
+        names={"train-images-idx3-ubyte": "train-images.idx3-ubyte", "t10k-labels-idx1-ubyte": "t10k-labels.idx1-ubyte.gz"},
+    )
+    np.testing.assert_array_equal(load_mnist(tmp_path)[0], written["train-images-idx3-ubyte"])
+
+
+def test_load_mnist_tensors_normalises_like_feddyn(tmp_path):
+    _fake_mnist(tmp_path)
+    images = np.zeros((2, 28, 28), dtype=np.uint8)
+    images[1] = 255
+    _write(tmp_path / "train-images-idx3-ubyte.gz", _idx_bytes(images), compress=True)
+    _write(tmp_path / "train-labels-idx1-ubyte.gz", _idx_bytes(np.array([3, 9], dtype=np.uint8)), compress=True)
+    train_x, train_y, test_x, test_y = load_mnist_tensors(tmp_path)
+    assert train_x.shape == (2, 1, 28, 28) and train_x.dtype == torch.float32
+    assert test_x.shape == (4, 1, 28, 28)
+    assert train_y.dtype == torch.int64 and train_y.tolist() == [3, 9]
+    # (0 - 0.1307) / 0.3081 = -0.424213 and (1 - 0.1307) / 0.3081 = 2.821487
+    assert torch.allclose(train_x[0], torch.full((1, 28, 28), -0.424213), atol=1e-5)
+    assert torch.allclose(train_x[1], torch.full((1, 28, 28), 2.821487), atol=1e-5)
+
+
+def test_missing_mnist_file_lists_names_and_download_site(tmp_path):
+    _fake_mnist(tmp_path)
+    (tmp_path / "t10k-labels-idx1-ubyte.gz").unlink()
+    with pytest.raises(DataFileError) as error:
+        load_mnist(tmp_path)
+    message = str(error.value)
+    assert "MNIST test labels not found" in message
+    for name in ("train-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte", "t10k-labels.idx1-ubyte"):
+        assert name in message
+    assert "http://yann.lecun.com/exdb/mnist/" in message and "does not download" in message
+
+
+def test_missing_mnist_directory(tmp_path):
+    with pytest.raises(DataFileError, match="the directory does not exist"):
+        load_mnist(tmp_path / "nowhere")
+
+
+def test_label_file_from_the_other_split(tmp_path):
+    written = _fake_mnist(tmp_path, n_train=6, n_test=4)
+    # The test labels (4) stored under the train label name.
+    _write(tmp_path / "train-labels-idx1-ubyte.gz", _idx_bytes(written["t10k-labels-idx1-ubyte"]), compress=True)
+    with pytest.raises(DataFileError, match="train-images-idx3-ubyte.gz holds 6 images but .*train-labels-idx1-ubyte.gz holds 4 labels"):
+        load_mnist(tmp_path)
+
+
+def test_images_given_as_labels(tmp_path):
+    written = _fake_mnist(tmp_path)
+    _write(tmp_path / "train-labels-idx1-ubyte.gz", _idx_bytes(written["train-images-idx3-ubyte"]), compress=True)
+    with pytest.raises(DataFileError, match="train-labels-idx1-ubyte.gz: expected MNIST labels.*looks like an image file.*train-images"):
+        load_mnist(tmp_path)
+
+
+def test_labels_given_as_images(tmp_path):
+    written = _fake_mnist(tmp_path)
+    _write(tmp_path / "t10k-images-idx3-ubyte.gz", _idx_bytes(written["t10k-labels-idx1-ubyte"]), compress=True)
+    with pytest.raises(DataFileError, match="t10k-images-idx3-ubyte.gz is 1-D.*label file.*t10k-labels"):
+        load_mnist(tmp_path)
+
+
+def test_wrong_image_shape_and_label_values(tmp_path):
+    _fake_mnist(tmp_path)
+    _write(tmp_path / "train-images-idx3-ubyte.gz", _idx_bytes(np.zeros((6, 27, 28), dtype=np.uint8)), compress=True)
+    with pytest.raises(DataFileError, match=r"uint8 of shape \[n, 28, 28\], got uint8 of shape \(6, 27, 28\)"):
+        load_mnist(tmp_path)
+    _fake_mnist(tmp_path)
+    _write(tmp_path / "t10k-labels-idx1-ubyte.gz", _idx_bytes(np.array([0, 1, 10, 2], dtype=np.uint8)), compress=True)
+    with pytest.raises(DataFileError, match="digits 0..9 but the file contains 10"):
+        load_mnist(tmp_path)
+
+
+# --- real MNIST -----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def real_mnist():
+    if not REAL_MNIST.is_dir():
+        pytest.skip(f"real MNIST not found at {REAL_MNIST}")
+    return load_mnist_tensors(REAL_MNIST)
+
+
+def test_real_mnist(real_mnist):
+    train_x, train_y, test_x, test_y = real_mnist
+    assert train_x.shape == (60000, 1, 28, 28) and test_x.shape == (10000, 1, 28, 28)
+    # The canonical per-digit counts of MNIST.
+    assert torch.bincount(train_y).tolist() == [5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949]
+    assert torch.bincount(test_y).tolist() == [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009]
+    # 0.1307 and 0.3081 are the train set's pixel mean and std, so normalised pixels have mean 0, std 1.
+    assert abs(train_x.mean().item()) < 0.01
+    assert abs(train_x.std().item() - 1.0) < 0.01

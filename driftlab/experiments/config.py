@@ -1,0 +1,358 @@
+"""The experiment configuration: typed, validated before any work, overridable by dotted keys.
+
+A config is a TOML file (or a shipped preset) with a few sections::
+
+    seed = 0
+    rounds = 100
+    [data]       name = "synthetic", synthetic_alpha = 1.0, ...
+    [model]      name = "mlr"
+    [algorithm]  name = "fedavg", aggregation = "weighted"   (the rest depends on the algorithm)
+    [client]     lr = 0.01, batch_size = 10, epochs = 20, ...
+    [server]     optimizer = "sgd", lr = 1.0, ...
+    [sampling]   participation = 0.1, mode = "uniform"
+
+and any key can be overridden as ``section.key=value`` (``client.lr=0.05``,
+``algorithm.name=fedavg``).  An unknown key, a wrong type or an out-of-range
+value raises ``ConfigError`` naming the key and what is allowed.
+``describe_keys()`` lists every key with its meaning and default
+(``driftlab config``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tomllib
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+
+from driftlab.algorithms import ALGORITHM_CONFIGS
+from driftlab.optim.schedules import ExponentialSchedule, InverseTimeSchedule
+
+PRESET_PACKAGE = "driftlab.experiments.presets"
+
+
+class ConfigError(ValueError):
+    """A configuration the run cannot start with; the message says which key and what is allowed."""
+
+
+def _rate(value: Any) -> float | ExponentialSchedule | InverseTimeSchedule:
+    return _number_or_schedule(value, integer=False)
+
+
+def _count(value: Any) -> int | ExponentialSchedule | InverseTimeSchedule:
+    return _number_or_schedule(value, integer=True)
+
+
+def _number_or_schedule(value: Any, integer: bool) -> Any:
+    kind = "a positive integer" if integer else "a positive number"
+    if isinstance(value, bool):
+        raise ValueError(f"expected {kind} or a schedule table, got {value!r}")
+    if isinstance(value, (int, float)):
+        if integer and (not float(value).is_integer()):
+            raise ValueError(f"expected {kind}, got {value!r}")
+        if value <= 0:
+            raise ValueError(f"must be > 0, got {value!r}")
+        return int(value) if integer else float(value)
+    if isinstance(value, (ExponentialSchedule, InverseTimeSchedule)):
+        return value
+    if isinstance(value, dict):
+        kinds = {"exponential": ExponentialSchedule, "inverse_time": InverseTimeSchedule}
+        schedule_kind = value.get("kind")
+        if schedule_kind not in kinds:
+            raise ValueError(f"a schedule needs kind = one of {sorted(kinds)}, got {schedule_kind!r}")
+        try:
+            return kinds[schedule_kind](**value)
+        except ValidationError as error:
+            details = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
+            raise ValueError(f"invalid {schedule_kind} schedule: {details}") from None
+    raise ValueError(
+        f"expected {kind} or a schedule table such as "
+        '{kind="exponential", initial=0.1, decay=0.99} or {kind="inverse_time", a=1.0, b=10}'
+        f", got {value!r}"
+    )
+
+
+Rate = Annotated[Any, BeforeValidator(_rate)]
+Count = Annotated[Any, BeforeValidator(_count)]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+DATA_SETS = ("synthetic", "synthetic_iid", "mnist")
+
+
+class DataConfig(_Section):
+    name: Literal["synthetic", "synthetic_iid", "mnist"] = Field(
+        "synthetic", description="data set: synthetic (FedProx synthetic(α,β)), synthetic_iid, mnist (official IDX files under data.root)"
+    )
+    root: str | None = Field(None, description="directory holding the official files (mnist); default ../shared/data/mnist if present")
+    num_clients: int = Field(30, ge=1, description="number of clients (devices)")
+    partition: Literal["iid", "dirichlet"] = Field(
+        "iid", description="how real data is split: iid, or dirichlet (client-prior form, FedDyn); synthetic data is split by device"
+    )
+    quotas: Literal["balanced", "lognormal"] = Field("balanced", description="client sizes for real data: balanced or lognormal (FedDyn)")
+    lognormal_sigma: float = Field(0.3, ge=0, description="σ of lognormal quotas (FedDyn uses 0.3)")
+    dirichlet_alpha: float = Field(0.3, gt=0, description="concentration α of the Dirichlet partition (smaller is more heterogeneous)")
+    synthetic_alpha: float = Field(1.0, ge=0, description="α of synthetic(α,β): how much local models differ")
+    synthetic_beta: float = Field(1.0, ge=0, description="β of synthetic(α,β): how much local data differs")
+    seed: int | None = Field(None, ge=0, description="seed of generation and partitioning; default: the experiment seed")
+
+
+class ModelConfig(_Section):
+    name: Literal["mlr", "mlp"] = Field("mlr", description="model: mlr (multinomial logistic regression) or mlp")
+    hidden: tuple[int, ...] = Field((200, 200), description="hidden widths of the mlp (784-200-200-10 by default)")
+
+
+class ClientConfig(_Section):
+    lr: Rate = Field(0.01, description="client learning rate η_l: a number or a schedule table")
+    batch_size: int = Field(10, ge=1, description="minibatch size B")
+    epochs: int | None = Field(None, ge=1, description="local epochs E, steps = E·⌈n_k/B⌉ per client (default 1 when client.steps is not set)")
+    steps: Count | None = Field(None, description="fixed local steps K for every client (a number or a schedule); use instead of epochs")
+    weight_decay: float = Field(0.0, ge=0, description="L2 weight decay added to the local gradient")
+    clip_norm: float | None = Field(None, gt=0, description="clip ∇loss (+ linear correction) to this global norm; none = off")
+
+    @model_validator(mode="after")
+    def _one_kind_of_work(self) -> "ClientConfig":
+        if self.steps is not None and self.epochs is not None:
+            raise ValueError("set either client.epochs or client.steps, not both (override the other with =none)")
+        return self
+
+    @property
+    def local_epochs(self) -> int | None:
+        """E, or None when the work is a fixed step count."""
+        if self.steps is not None:
+            return None
+        return self.epochs if self.epochs is not None else 1
+
+
+class ServerConfig(_Section):
+    optimizer: Literal["sgd", "momentum", "adam", "adagrad", "yogi"] = Field(
+        "sgd", description="server optimizer on the pseudo-gradient: sgd (FedAvg at lr 1), momentum (FedAvgM), adam (FedAdam), adagrad, yogi"
+    )
+    lr: Rate = Field(1.0, description="server learning rate η_g: a number or a schedule table")
+    momentum: float = Field(0.9, ge=0, lt=1, description="momentum β (optimizer = momentum)")
+    beta1: float = Field(0.9, ge=0, lt=1, description="Adam/Yogi β1")
+    beta2: float | None = Field(None, ge=0, lt=1, description="Adam/Yogi β2; none = the optimizer's default (adam 0.999, yogi 0.99)")
+    epsilon: float | None = Field(None, gt=0, description="ε (τ) of adam, adagrad, yogi; none = the optimizer's default (adam 1e-8, adagrad and yogi 1e-3)")
+    bias_correction: bool = Field(True, description="Adam bias correction (the decaying-K paper's Algorithm 3 has it; Reddi's has not)")
+
+    def optimizer_hyperparameters(self) -> dict[str, Any]:
+        """Keyword arguments of ``driftlab.optim.server.make_server_optimizer`` for the chosen optimizer."""
+        chosen: dict[str, Any] = {}
+        if self.optimizer == "momentum":
+            chosen = {"beta": self.momentum}
+        elif self.optimizer == "adam":
+            chosen = {"beta1": self.beta1, "beta2": self.beta2, "epsilon": self.epsilon, "bias_correction": self.bias_correction}
+        elif self.optimizer == "adagrad":
+            chosen = {"epsilon": self.epsilon}
+        elif self.optimizer == "yogi":
+            chosen = {"beta1": self.beta1, "beta2": self.beta2, "epsilon": self.epsilon}
+        return {key: value for key, value in chosen.items() if value is not None}
+
+
+class SamplingConfig(_Section):
+    participation: float = Field(0.1, gt=0, le=1, description="fraction of registered clients selected per round, in (0, 1]")
+    mode: Literal["uniform", "weighted"] = Field(
+        "uniform", description="uniform: without replacement; weighted: draws with probability n_k/n (FedProx Algorithm 2)"
+    )
+
+
+class EvaluationConfig(_Section):
+    every: int = Field(1, ge=1, description="evaluate every N rounds (and always after the last round)")
+    target_accuracy: float | None = Field(None, gt=0, le=1, description="test accuracy whose first crossing the summary reports")
+
+
+AlgorithmConfig = Annotated[Union[tuple(ALGORITHM_CONFIGS.values())], Field(discriminator="name")]
+
+
+class ExperimentConfig(_Section):
+    seed: int = Field(0, ge=0, description="experiment seed: client samples, minibatches and initialisation derive from it")
+    rounds: int = Field(100, ge=1, description="communication rounds")
+    device: str = Field("cpu", description="cpu, cuda, cuda:N, or auto (cuda when available)")
+    precision: Literal["float32", "float64"] = Field("float32", description="arithmetic of training and aggregation")
+    backend: Literal["sequential"] = Field("sequential", description="local training backend")
+    checkpoint_every: int = Field(10, ge=1, description="write a checkpoint every N rounds (and at the end or on interruption)")
+    data: DataConfig = DataConfig()
+    model: ModelConfig = ModelConfig()
+    algorithm: AlgorithmConfig = Field(default_factory=lambda: next(iter(ALGORITHM_CONFIGS.values()))())
+    client: ClientConfig = ClientConfig()
+    server: ServerConfig = ServerConfig()
+    sampling: SamplingConfig = SamplingConfig()
+    evaluation: EvaluationConfig = EvaluationConfig()
+
+    @model_validator(mode="after")
+    def _device_is_known(self) -> "ExperimentConfig":
+        device = self.device
+        if device not in ("cpu", "cuda", "auto") and not (device.startswith("cuda:") and device[5:].isdigit()):
+            raise ValueError(f"device must be cpu, cuda, cuda:N or auto, got {device!r}")
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return _plain(self.model_dump(mode="python"))
+
+    def fingerprint(self, ignore: tuple[str, ...] = ("rounds", "checkpoint_every", "device")) -> str:
+        """A hash of everything that determines the numbers a run produces (not its length or where it runs)."""
+        content = {k: v for k, v in self.to_dict().items() if k not in ignore}
+        return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items() if v is not None}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, BaseModel):
+        return _plain(value.model_dump(mode="python"))
+    return value
+
+
+# ---------------------------------------------------------------- loading and overrides
+
+
+def preset_names() -> list[str]:
+    return sorted(p.name[: -len(".toml")] for p in resources.files(PRESET_PACKAGE).iterdir() if p.name.endswith(".toml"))
+
+
+def read_config_source(source: str | Path) -> dict[str, Any]:
+    """The raw table of a TOML file, or of a shipped preset when ``source`` names one."""
+    path = Path(source)
+    if path.is_file():
+        text, origin = path.read_text(), str(path)
+    elif str(source) in preset_names():
+        text, origin = resources.files(PRESET_PACKAGE).joinpath(f"{source}.toml").read_text(), f"preset {source}"
+    else:
+        raise ConfigError(f"{source!r} is neither a config file nor a preset; presets: {', '.join(preset_names())}")
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"{origin} is not valid TOML: {error}") from None
+
+
+def parse_override(assignment: str) -> tuple[list[str], Any]:
+    """``"client.lr=0.05"`` -> ``(["client", "lr"], 0.05)``; values are TOML values, bare words are strings."""
+    key, sep, raw = assignment.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"override {assignment!r} is not of the form section.key=value (for example client.lr=0.05)")
+    raw = raw.strip()
+    try:
+        value = tomllib.loads(f"value = {raw}")["value"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    if raw.lower() in ("none", "null"):
+        value = None
+    return key.strip().split("."), value
+
+
+def apply_overrides(table: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    table = json.loads(json.dumps(table))  # deep copy of plain data
+    for assignment in overrides:
+        path, value = parse_override(assignment)
+        node = table
+        for part in path[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"override {assignment!r}: {part!r} is a value, not a section")
+            node = child
+        if path[0] == "algorithm" and path[-1] == "name" and len(path) == 2 and node.get("name") not in (None, value):
+            # switching algorithm: the old algorithm's keys do not apply to the new one
+            node.clear()
+        node[path[-1]] = value
+    return table
+
+
+def load_config(source: str | Path | dict[str, Any] | None = None, overrides: list[str] | tuple[str, ...] = ()) -> ExperimentConfig:
+    """Validate a config file, preset name or table (``None``: all defaults), with overrides applied."""
+    if source is None:
+        table: dict[str, Any] = {}
+    elif isinstance(source, dict):
+        table = source
+    else:
+        table = read_config_source(source)
+    table = apply_overrides(table, list(overrides))
+    return validate_config(table)
+
+
+def validate_config(table: dict[str, Any]) -> ExperimentConfig:
+    try:
+        return ExperimentConfig.model_validate(table)
+    except ValidationError as error:
+        raise ConfigError(format_validation_error(error, table)) from None
+
+
+def format_validation_error(error: ValidationError, table: dict[str, Any]) -> str:
+    lines = []
+    for item in error.errors():
+        loc = [str(part) for part in item["loc"] if not isinstance(part, int)]
+        # drop the discriminator tag pydantic inserts for tagged unions (algorithm.<name>.key)
+        if len(loc) >= 2 and loc[0] == "algorithm" and loc[1] in ALGORITHM_CONFIGS:
+            loc = [loc[0], *loc[2:]]
+        key = ".".join(loc) or "(top level)"
+        message = item["msg"].removeprefix("Value error, ")
+        if item["type"] == "extra_forbidden":
+            valid = ", ".join(_valid_keys(loc[:-1], table))
+            message = f"unknown key; valid keys here: {valid}"
+        elif item["type"] == "union_tag_invalid":
+            message = f"unknown algorithm {item['input']!r}; valid algorithms: {', '.join(ALGORITHM_CONFIGS)}"
+        elif item["type"] == "union_tag_not_found":
+            message = f"missing `name`; valid algorithms: {', '.join(ALGORITHM_CONFIGS)}"
+        elif "input" in item and item["type"] not in ("missing",):
+            message = f"{message} (got {item['input']!r})"
+        lines.append(f"  {key}: {message}")
+    return "invalid configuration:\n" + "\n".join(lines) + "\nrun `driftlab config` to list every key with its meaning and default"
+
+
+def _section_model(path: list[str], table: dict[str, Any]) -> type[BaseModel] | None:
+    model: type[BaseModel] = ExperimentConfig
+    for part in path:
+        if part == "algorithm" and model is ExperimentConfig:
+            name = (table.get("algorithm") or {}).get("name", next(iter(ALGORITHM_CONFIGS)))
+            model = ALGORITHM_CONFIGS.get(name, next(iter(ALGORITHM_CONFIGS.values())))
+            continue
+        annotation = model.model_fields[part].annotation if part in model.model_fields else None
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return None
+        model = annotation
+    return model
+
+
+def _valid_keys(path: list[str], table: dict[str, Any]) -> list[str]:
+    model = _section_model(path, table)
+    return list(model.model_fields) if model else []
+
+
+def describe_keys() -> str:
+    """Every key with its type, default and meaning, section by section."""
+    lines: list[str] = []
+
+    def section(prefix: str, model: type[BaseModel]) -> None:
+        nested = []
+        for name, info in model.model_fields.items():
+            annotation = info.annotation
+            if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+                nested.append((name, annotation))
+                continue
+            if prefix == "" and name == "algorithm":
+                continue
+            default = info.get_default(call_default_factory=True)
+            default_text = json.dumps(_plain(default)) if default is not None else "none"
+            lines.append(f"  {prefix}{name} = {default_text}\n      {info.description or ''}")
+        for name, sub in nested:
+            lines.append(f"[{name}]")
+            section(f"{name}.", sub)
+
+    lines.append("[top level]")
+    section("", ExperimentConfig)
+    for name, model in ALGORITHM_CONFIGS.items():
+        lines.append(f"[algorithm] when algorithm.name = {name!r}")
+        section("algorithm.", model)
+    lines.append(
+        'Rates (client.lr, server.lr) and client.steps take a number or a schedule table: '
+        '{kind="exponential", initial=0.1, decay=0.99} or {kind="inverse_time", a=1.0, b=10}.'
+    )
+    return "\n".join(lines)

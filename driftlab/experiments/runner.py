@@ -1,0 +1,252 @@
+"""Run one experiment: ``driftlab.run(config) -> RunResult``, used by the CLI, sweeps and notebooks.
+
+An output directory holds::
+
+    config.json               the resolved configuration (every key, defaults included)
+    metrics.jsonl             one JSON object per round (pandas: ``pd.read_json(path, lines=True)``)
+    checkpoint.safetensors    the last checkpoint (atomic, no pickle)
+    final_model.safetensors   the final server model, written when the run completes
+
+``resume=True`` continues from the checkpoint: metrics of rounds after it are
+dropped and recomputed, which gives bit-identical models and metrics (wall
+times aside) because every random draw derives from (seed, round, client id).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from safetensors.torch import save_file
+
+from driftlab.algorithms import ALGORITHM_MODULES
+from driftlab.experiments.config import ConfigError, ExperimentConfig, load_config
+from driftlab.experiments.datasets import build_dataset
+from driftlab.metrics.summary import summarize
+from driftlab.models import build_model
+from driftlab.optim.server import make_server_optimizer
+from driftlab.simulation.checkpoint import load_checkpoint, save_checkpoint, write_atomically
+from driftlab.simulation.engine import RoundPlan, Simulation, SimulationState, evaluate, run_round
+from driftlab.simulation.flat import FlatModel
+from driftlab.simulation.local_training import SequentialBackend
+from driftlab.simulation.randomness import Stream, torch_seed
+from driftlab.simulation.sampling import clients_per_round
+from driftlab.simulation.state_store import InMemoryClientStore
+
+CONFIG_FILE = "config.json"
+METRICS_FILE = "metrics.jsonl"
+CHECKPOINT_FILE = "checkpoint.safetensors"
+FINAL_MODEL_FILE = "final_model.safetensors"
+
+BACKENDS = {"sequential": SequentialBackend}
+
+
+@dataclass
+class RunResult:
+    """A finished (or interrupted) run: its config, per-round records and final server model."""
+
+    config: ExperimentConfig
+    records: list[dict[str, Any]]
+    final_params: torch.Tensor
+    num_parameters: int
+    out_dir: Path | None = None
+    summary: dict[str, Any] = field(default_factory=dict)
+
+    def frame(self):
+        """The records as a pandas DataFrame (needs pandas)."""
+        import pandas as pd
+
+        return pd.DataFrame(self.records)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"device={name!r} but CUDA is not available on this machine; use device=cpu (or auto)")
+    return torch.device(name)
+
+
+def build_simulation(config: ExperimentConfig) -> tuple[Simulation, SimulationState]:
+    """Data, model, algorithm and backend for ``config``, and the state before round 1."""
+    device = resolve_device(config.device)
+    dtype = torch.float64 if config.precision == "float64" else torch.float32
+    data = build_dataset(config.data, config.seed)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(torch_seed(config.seed, Stream.MODEL_INIT))
+        module = build_model(config.model.name, data.input_shape, data.num_classes, hidden=config.model.hidden)
+    model = FlatModel.wrap(module).to(device, dtype)
+    initial_params = model.initial_parameters().to(device, dtype)
+    server_optimizer = make_server_optimizer(config.server.optimizer, **config.server.optimizer_hyperparameters())
+    algorithm = ALGORITHM_MODULES[config.algorithm.name].from_config(config.algorithm, server_optimizer)
+    plan = RoundPlan(
+        seed=config.seed,
+        participation=config.sampling.participation,
+        sampling=config.sampling.mode,
+        batch_size=config.client.batch_size,
+        client_lr=config.client.lr,
+        server_lr=config.server.lr,
+        local_epochs=config.client.local_epochs,
+        local_steps=config.client.steps,
+        weight_decay=config.client.weight_decay,
+        clip_norm=config.client.clip_norm,
+    )
+    sim = Simulation(model, data, algorithm, BACKENDS[config.backend](), plan, device, dtype)
+    client_initial = algorithm.client_state_init
+    store = InMemoryClientStore((lambda: client_initial(initial_params)) if client_initial else None)
+    return sim, SimulationState(0, algorithm.server_init(initial_params), store)
+
+
+def run(
+    config: ExperimentConfig | dict[str, Any] | str | Path | None = None,
+    out_dir: str | Path | None = None,
+    *,
+    resume: bool = False,
+    overrides: list[str] | tuple[str, ...] = (),
+    progress: bool | Callable[[dict[str, Any]], None] = False,
+) -> RunResult:
+    """Run an experiment; write to ``out_dir`` when given (required for ``resume``).
+
+    Example:
+        >>> import driftlab
+        >>> result = driftlab.run({"rounds": 2, "data": {"num_clients": 5}}, overrides=["sampling.participation=0.4"])
+        >>> [r["round"] for r in result.records]
+        [1, 2]
+    """
+    if not isinstance(config, ExperimentConfig):
+        config = load_config(config, overrides)
+    elif overrides:
+        config = load_config(config.to_dict(), overrides)
+    sim, state = build_simulation(config)
+    out = Path(out_dir) if out_dir is not None else None
+    records: list[dict[str, Any]] = []
+    if out is not None:
+        records, state = _prepare_output(out, config, sim, state, resume)
+    elif resume:
+        raise ConfigError("resume needs the output directory of the interrupted run (--out DIR)")
+
+    reporter = progress if callable(progress) else None
+    bar = None
+    if progress is True:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=config.rounds, initial=state.round, desc=f"{config.algorithm.name}", unit="round", leave=True)
+    last_saved = state.round
+    try:
+        while state.round < config.rounds:
+            state, record = run_round(sim, state)
+            if state.round % config.evaluation.every == 0 or state.round == config.rounds:
+                record.update(evaluate(sim, state.server.params))
+            records.append(record)
+            if out is not None:
+                _append_record(out / METRICS_FILE, record)
+                if state.round % config.checkpoint_every == 0 or state.round == config.rounds:
+                    _checkpoint(out, config, state)
+                    last_saved = state.round
+            if bar is not None:
+                bar.update(1)
+                if "test_accuracy" in record:
+                    bar.set_postfix(acc=f"{record['test_accuracy']:.3f}")
+            if reporter is not None:
+                reporter(record)
+    except BaseException:
+        # Never die without a resumable checkpoint: the state of the last completed round is consistent.
+        if out is not None and state.round > last_saved:
+            _checkpoint(out, config, state)
+        raise
+    finally:
+        if bar is not None:
+            bar.close()
+    final_params = state.server.params
+    if out is not None:
+        names = ",".join(sim.model.names)
+        write_atomically(
+            out / FINAL_MODEL_FILE,
+            lambda tmp: save_file({"params": final_params.detach().cpu().contiguous()}, str(tmp), metadata={"parameter_names": names}),
+        )
+    clients = clients_per_round(config.sampling.participation, sim.data.num_clients)
+    summary = summarize(records, config.evaluation.target_accuracy, sim.model.num_parameters, clients)
+    return RunResult(config, records, final_params, sim.model.num_parameters, out, summary)
+
+
+def _checkpoint(out: Path, config: ExperimentConfig, state: SimulationState) -> None:
+    save_checkpoint(out / CHECKPOINT_FILE, state.round, state.server, dict(state.clients.items()), config.fingerprint())
+
+
+def _prepare_output(
+    out: Path, config: ExperimentConfig, sim: Simulation, state: SimulationState, resume: bool
+) -> tuple[list[dict[str, Any]], SimulationState]:
+    metrics_path = out / METRICS_FILE
+    checkpoint_path = out / CHECKPOINT_FILE
+    if not resume:
+        if metrics_path.exists() or checkpoint_path.exists():
+            raise ConfigError(f"{out} already holds a run; pass --resume to continue it, or choose another --out directory")
+        out.mkdir(parents=True, exist_ok=True)
+        _write_config(out, config)
+        return [], state
+    if not out.is_dir():
+        raise ConfigError(f"cannot resume: {out} does not exist; run without --resume to start")
+    stored = out / CONFIG_FILE
+    if stored.exists():
+        previous = json.loads(stored.read_text())
+        if ExperimentConfig.model_validate(previous).fingerprint() != config.fingerprint():
+            raise ConfigError(
+                f"cannot resume: the configuration differs from the one in {stored} in more than rounds/device/checkpoint_every; "
+                f"resume with `driftlab run {stored} --out {out} --resume`"
+            )
+    if checkpoint_path.exists():
+        client_init = sim.algorithm.client_state_init
+        initial = state.server.params
+        loaded = load_checkpoint(
+            checkpoint_path, state.server, (lambda: client_init(initial)) if client_init else None, config.fingerprint(), sim.device
+        )
+        for client_id, client_state in loaded.client_states.items():
+            state.clients.put(client_id, client_state)
+        state = SimulationState(loaded.round, loaded.server_state, state.clients)
+    records = _read_records(metrics_path, up_to_round=state.round)
+    # Rewrite the metrics file without the rounds that will be recomputed.
+    write_atomically(metrics_path, lambda tmp: tmp.write_text("".join(json.dumps(r) + "\n" for r in records)))
+    _write_config(out, config)
+    return records, state
+
+
+def _write_config(out: Path, config: ExperimentConfig) -> None:
+    write_atomically(out / CONFIG_FILE, lambda tmp: tmp.write_text(json.dumps(config.to_dict(), indent=2) + "\n"))
+
+
+def _read_records(path: Path, up_to_round: int) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            break  # a line torn by a kill mid-write; everything after it is recomputed
+        if record.get("round", 0) > up_to_round:
+            break
+        records.append(record)
+    return records
+
+
+def _append_record(path: Path, record: dict[str, Any]) -> None:
+    with open(path, "a") as handle:
+        handle.write(json.dumps(record) + "\n")
+        handle.flush()
+
+
+def install_termination_handler() -> None:
+    """Turn SIGTERM into KeyboardInterrupt so a terminated run writes its checkpoint first."""
+
+    def handler(signum, frame):  # noqa: ARG001
+        raise KeyboardInterrupt(f"terminated by signal {signum}")
+
+    if hasattr(signal, "SIGTERM"):
+        signal.signal(signal.SIGTERM, handler)
+
+
+__all__ = ["RunResult", "run", "build_simulation", "install_termination_handler"]

@@ -1,0 +1,52 @@
+"""Reading a run's per-round records the way the papers report them."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+
+def evaluated(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in records if "test_accuracy" in r]
+
+
+def first_round_reaching(records: Sequence[dict[str, Any]], target: float) -> dict[str, Any] | None:
+    """The first evaluated record with ``test_accuracy >= target`` (None if never)."""
+    for record in evaluated(records):
+        if record["test_accuracy"] >= target:
+            return record
+    return None
+
+
+def cumulative_bits_through(records: Sequence[dict[str, Any]], round_index: int) -> tuple[int, int]:
+    """Upload and download bits summed over rounds ``1..round_index``."""
+    upload = sum(r["upload_bits"] for r in records if r["round"] <= round_index)
+    download = sum(r["download_bits"] for r in records if r["round"] <= round_index)
+    return upload, download
+
+
+def summarize(records: Sequence[dict[str, Any]], target: float | None, num_parameters: int, clients_per_round: int) -> dict[str, Any]:
+    """Final and best accuracy; rounds, uploaded model-equivalents and bits to reach ``target``.
+
+    Model-equivalents divide the uploaded bits by one uncompressed model per
+    client per round, so one FedAvg round counts 1 and one SCAFFOLD round 2
+    (FedDyn Tables 1 and 2).
+    """
+    scored = evaluated(records)
+    summary: dict[str, Any] = {
+        "rounds": records[-1]["round"] if records else 0,
+        "final_accuracy": scored[-1]["test_accuracy"] if scored else None,
+        "best_accuracy": max((r["test_accuracy"] for r in scored), default=None),
+        "local_steps": sum(r["local_steps"] for r in records),
+        "target_accuracy": target,
+        "rounds_to_target": None,
+        "models_to_target": None,
+        "bits_to_target": None,
+    }
+    if target is not None:
+        hit = first_round_reaching(records, target)
+        if hit is not None:
+            upload, download = cumulative_bits_through(records, hit["round"])
+            summary["rounds_to_target"] = hit["round"]
+            summary["models_to_target"] = upload / (32 * num_parameters * clients_per_round)
+            summary["bits_to_target"] = upload + download
+    return summary

@@ -1,0 +1,65 @@
+"""Schedules: rates and step counts as functions of the round ``t`` (rounds count from 1).
+
+Decaying-K paper (../shared/papers/003_*), algorithms.md "Schedules":
+
+* exponential:  ``x_t = x_0 · d^(t−1)``  (client lr ``γ_t``, server lr ``η_t``,
+  FedDyn/AdaBest ``lr_decay``, decaying local steps ``K_t``);
+* inverse time: ``x_t = a / (b + t)``  (the 1/t forms of its Theorem 2);
+* step counts are ``K_t = max(1, ⌈x_t⌉)`` of either (``steps_at``).
+
+In a config, any rate or count is a plain number (constant) or a table::
+
+    lr = {kind = "exponential", initial = 0.1, decay = 0.998}
+    steps = {kind = "inverse_time", a = 200, b = 1}
+
+Schedules are pydantic models so configs validate them; each is also a plain
+callable ``schedule(t) -> float``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ExponentialSchedule(BaseModel):
+    """``initial · decay^(t−1)``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    kind: Literal["exponential"] = "exponential"
+    initial: float = Field(gt=0, description="value in round 1")
+    decay: float = Field(gt=0, le=1, description="factor per round, in (0, 1]")
+
+    def __call__(self, round_index: int) -> float:
+        return self.initial * self.decay ** (round_index - 1)
+
+
+class InverseTimeSchedule(BaseModel):
+    """``a / (b + t)``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    kind: Literal["inverse_time"] = "inverse_time"
+    a: float = Field(gt=0, description="numerator")
+    b: float = Field(ge=0, description="offset added to the round")
+
+    def __call__(self, round_index: int) -> float:
+        return self.a / (self.b + round_index)
+
+
+Schedule = Annotated[Union[ExponentialSchedule, InverseTimeSchedule], Field(discriminator="kind")]
+
+
+def value_at(rate: float | ExponentialSchedule | InverseTimeSchedule, round_index: int) -> float:
+    """A constant or a schedule, evaluated at round ``round_index``."""
+    if isinstance(rate, (int, float)):
+        return float(rate)
+    return rate(round_index)
+
+
+def steps_at(count: int | ExponentialSchedule | InverseTimeSchedule, round_index: int) -> int:
+    """``K_t = max(1, ⌈x_t⌉)``; a constant count is returned as it is."""
+    if isinstance(count, int):
+        return count
+    return max(1, math.ceil(value_at(count, round_index)))

@@ -1,0 +1,72 @@
+"""A model's parameters as one flat vector.
+
+Algorithms, client state, compression and checkpoints all see a model as a
+single 1-D tensor ``θ ∈ R^P``: the affine gradient corrections of
+algorithms.md (``a_k + D_k ⊙ (θ − θ_ref)``) are then plain vector arithmetic,
+per-client state is one row of a table, and a round's clients stack into a
+``[C, P]`` matrix for the vectorized backend.  ``FlatModel`` maps that vector
+back onto the module's parameters (as views, no copies) for
+``torch.func.functional_call``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.func import functional_call
+
+
+@dataclass(frozen=True)
+class FlatModel:
+    """A ``torch.nn.Module`` evaluated at a flat parameter vector.
+
+    Example:
+        >>> from driftlab.models import build_model
+        >>> flat = FlatModel.wrap(build_model("mlr", (4,), 3))
+        >>> theta = flat.initial_parameters()
+        >>> theta.shape
+        torch.Size([15])
+        >>> flat.forward(theta, torch.zeros(2, 4)).shape
+        torch.Size([2, 3])
+    """
+
+    module: nn.Module
+    names: tuple[str, ...]
+    shapes: tuple[torch.Size, ...]
+    numels: tuple[int, ...]
+
+    @staticmethod
+    def wrap(module: nn.Module) -> "FlatModel":
+        named = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
+        if not named:
+            raise ValueError("the model has no trainable parameters")
+        return FlatModel(
+            module=module,
+            names=tuple(name for name, _ in named),
+            shapes=tuple(p.shape for _, p in named),
+            numels=tuple(p.numel() for _, p in named),
+        )
+
+    @property
+    def num_parameters(self) -> int:
+        return sum(self.numels)
+
+    def initial_parameters(self) -> torch.Tensor:
+        """The module's current parameters, copied into one flat vector."""
+        params = dict(self.module.named_parameters())
+        return torch.cat([params[name].detach().reshape(-1) for name in self.names]).clone()
+
+    def unflatten(self, theta: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Views of ``theta`` shaped like the module's parameters."""
+        pieces = torch.split(theta, self.numels)
+        return {name: piece.view(shape) for name, piece, shape in zip(self.names, pieces, self.shapes)}
+
+    def forward(self, theta: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
+        return functional_call(self.module, self.unflatten(theta), (inputs,))
+
+    def to(self, device: torch.device | str, dtype: torch.dtype) -> "FlatModel":
+        """Move the module (buffers included) so functional calls run on ``device``."""
+        self.module.to(device=device, dtype=dtype)
+        return self

@@ -1,0 +1,100 @@
+"""The seam between the engine (how clients run) and an algorithm (what they compute).
+
+An algorithm is a frozen bundle of five pure functions, built by its module's
+``build(...)``; the engine calls them in this order every round::
+
+    server_state = algorithm.server_init(θ0)                       # once
+    client_state = algorithm.client_state_init(θ0)                 # per client, on first use
+    correction   = algorithm.client_objective(server_state, client_state, context)
+    ... the backend runs local SGD on  f_k(θ) + correction  from server_state.params ...
+    client_state, message = algorithm.client_finish(server_state, client_state, context, update)
+    server_state, metrics = algorithm.server_update(server_state, messages, round_context)
+
+Every algorithm in algorithms.md changes the local objective by an affine
+gradient correction ``∇ += a_k + D_k ⊙ (θ − θ_ref)``; that correction is the
+only thing an algorithm hands to a training backend, which is why every
+backend (sequential, vectorized, a Flower client) runs every algorithm and a
+new algorithm never touches the engine.
+
+State is explicit: server and client states are frozen dataclasses of tensors
+and numbers, returned anew, never mutated.  Client state lives in a store the
+engine owns (``ClientStateStore``), never on the algorithm.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+
+
+@dataclass(frozen=True)
+class GradientCorrection:
+    """``∇loss + linear`` is clipped (when clipping is on); then ``quadratic ⊙ (θ − reference)`` is added.
+
+    ``linear`` and ``reference`` are flat ``[P]`` tensors; ``quadratic`` is a
+    number or a ``[P]`` tensor.  ``None`` means the term is absent (not zero),
+    so FedAvg's local step does no extra arithmetic.
+    """
+
+    linear: torch.Tensor | None = None
+    quadratic: float | torch.Tensor | None = None
+    reference: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if (self.quadratic is None) != (self.reference is None):
+            raise ValueError("a quadratic correction needs both `quadratic` and `reference`")
+
+
+NO_CORRECTION = GradientCorrection()
+
+
+@dataclass(frozen=True)
+class ClientContext:
+    """What an algorithm may know about one client in one round."""
+
+    client_id: int
+    round: int
+    num_samples: int
+    mean_num_samples: float  # n̄ over all registered clients (FedDyn's α_k = α n̄ / n_k)
+    num_registered: int  # N = |S_t|
+    planned_steps: int  # K (or E·⌈n_k/B⌉) this client was asked to do
+    learning_rate: float  # the round's client learning rate η_l
+    multiplicity: int = 1  # times the client was drawn (sampling with replacement)
+
+
+@dataclass(frozen=True)
+class ClientUpdate:
+    """What local training produced for one client."""
+
+    start_params: torch.Tensor
+    final_params: torch.Tensor
+    steps_done: int
+
+
+@dataclass(frozen=True)
+class RoundContext:
+    round: int
+    num_registered: int
+    num_selected: int
+    server_learning_rate: float
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """Five functions that are the whole of an algorithm (see the module docstring).
+
+    ``server_init`` must return a state with a ``params`` field: the model the
+    clients start from and the one evaluated.  ``client_state_init`` is
+    ``None`` for algorithms without per-client state.  ``broadcast`` returns
+    what the server sends each selected client (for bit accounting).
+    """
+
+    name: str
+    server_init: Callable[[torch.Tensor], Any]
+    client_objective: Callable[[Any, Any, ClientContext], GradientCorrection]
+    client_finish: Callable[[Any, Any, ClientContext, ClientUpdate], tuple[Any, Any]]
+    server_update: Callable[[Any, Sequence[Any], RoundContext], tuple[Any, dict[str, float]]]
+    broadcast: Callable[[Any], Any]
+    client_state_init: Callable[[torch.Tensor], Any] | None = None
