@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from driftlab.data.federated import DataFileError
 from driftlab.experiments.config import ConfigError, describe_keys, load_config, preset_names
@@ -73,6 +74,9 @@ def _dispatch(args: argparse.Namespace) -> int:
         print("\n".join(preset_names()))
         return 0
     if args.command == "config":
+        if args.config is not None and "=" in args.config and not Path(args.config).exists():
+            # `driftlab config client.lr=0.5`: an override, not a config file; resolve it on the defaults
+            args.config, args.overrides = None, [args.config, *args.overrides]
         if args.config is None and not args.overrides:
             print(describe_keys())
         else:

@@ -8,10 +8,14 @@ and its module, whose ``from_config(config, server_optimizer)`` builds the
 
 from __future__ import annotations
 
-from driftlab.algorithms import fedavg
+from driftlab.algorithms import adabest, fedavg, feddyn, fedprox, scaffold
 
 ALGORITHM_MODULES = {
     "fedavg": fedavg,
+    "fedprox": fedprox,
+    "scaffold": scaffold,
+    "feddyn": feddyn,
+    "adabest": adabest,
 }
 
 ALGORITHM_CONFIGS = {name: module.Config for name, module in ALGORITHM_MODULES.items()}

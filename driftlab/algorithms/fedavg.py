@@ -11,8 +11,11 @@ with ``w_k = n_k / Σ_P n_j`` ("weighted", default) or ``1/|P|`` ("uniform").
 SGD with ``η_g = 1`` is FedAvg itself (``θ^t = θ̄``); FedAdam is this module
 with the Adam server optimizer; FedAvgM with momentum.
 
-Partial work and dropouts: a client that reports is averaged with the others
-whatever number of steps it did; a client that does not report sends nothing.
+Partial work and dropouts: by default FedAvg drops incomplete clients
+(``incomplete = "drop"``: a straggler's partial work is discarded and nothing is
+uploaded, as in the FedProx authors' FedAvg baseline); ``"keep"`` averages them
+like everyone else.  An inactive client sends nothing.  If no client reports,
+the server model stays as it is.
 
 Example:
     >>> from driftlab.algorithms import fedavg
@@ -43,6 +46,7 @@ class Config(BaseModel):
     aggregation: Literal["weighted", "uniform"] = Field(
         "weighted", description="weighted: w_k = n_k / Σ n_j (default); uniform: mean over reporting clients"
     )
+    incomplete: Literal["drop", "keep"] = Field("drop", description="what to do with a straggler's partial work: drop it (FedAvg) or keep it")
 
 
 @dataclass(frozen=True)
@@ -58,9 +62,12 @@ class ClientMessage:
     multiplicity: int
 
 
-def build(server_optimizer: Any, aggregation: str = "weighted") -> Algorithm:
-    """FedAvg with ``server_optimizer`` (``driftlab.optim.server``) and ``aggregation`` in {"weighted", "uniform"}."""
+def build(server_optimizer: Any, aggregation: str = "weighted", incomplete: str = "drop") -> Algorithm:
+    """FedAvg with ``server_optimizer`` (``driftlab.optim.server``), ``aggregation`` in {"weighted", "uniform"}
+    and ``incomplete`` in {"drop", "keep"}."""
     aggregation_weights([1], [1], aggregation)  # validates the name before any work
+    if incomplete not in ("drop", "keep"):
+        raise ValueError(f"incomplete must be 'drop' or 'keep', got {incomplete!r}")
 
     def server_init(initial_params: torch.Tensor) -> ServerState:
         return ServerState(params=initial_params, optimizer_state=server_optimizer.init(initial_params))
@@ -68,7 +75,9 @@ def build(server_optimizer: Any, aggregation: str = "weighted") -> Algorithm:
     def client_objective(server: ServerState, client_state: None, context: ClientContext) -> GradientCorrection:
         return NO_CORRECTION
 
-    def client_finish(server: ServerState, client_state: None, context: ClientContext, update: ClientUpdate) -> tuple[None, ClientMessage]:
+    def client_finish(server: ServerState, client_state: None, context: ClientContext, update: ClientUpdate) -> tuple[None, ClientMessage | None]:
+        if context.is_incomplete and incomplete == "drop":
+            return None, None
         return None, ClientMessage(update.final_params, context.num_samples, context.multiplicity)
 
     def server_update(server: ServerState, messages: Sequence[ClientMessage], context: RoundContext) -> tuple[ServerState, dict[str, float]]:
@@ -93,4 +102,4 @@ def build(server_optimizer: Any, aggregation: str = "weighted") -> Algorithm:
 
 
 def from_config(config: Config, server_optimizer: Any) -> Algorithm:
-    return build(server_optimizer, aggregation=config.aggregation)
+    return build(server_optimizer, aggregation=config.aggregation, incomplete=config.incomplete)

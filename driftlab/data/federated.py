@@ -56,6 +56,9 @@ class FederatedDataset:
         client_test_indices: optional per-client test split, one int64 array
             per client with row indices into the test tensors (may be empty
             for a client; no test row belongs to two clients).
+        known_minimizer: the flat parameter vector minimising the global
+            objective, for synthetic objectives where it is known in closed
+            form (the quadratic clients); evaluation then reports the distance to it.
 
     Equality is identity (``eq=False``): comparing tensors element-wise is
     never what ``==`` on a data set should mean. The index arrays are stored
@@ -70,6 +73,7 @@ class FederatedDataset:
     client_indices: tuple[np.ndarray, ...]
     num_classes: int
     client_test_indices: tuple[np.ndarray, ...] | None = None
+    known_minimizer: np.ndarray | None = None  # the global minimiser, for synthetic objectives that have one
 
     def __post_init__(self) -> None:
         _check_split(self.train_inputs, self.train_targets, "train", self.num_classes)

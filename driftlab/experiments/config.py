@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import tomllib
 from importlib import resources
 from pathlib import Path
@@ -52,6 +53,8 @@ def _number_or_schedule(value: Any, integer: bool) -> Any:
     if isinstance(value, bool):
         raise ValueError(f"expected {kind} or a schedule table, got {value!r}")
     if isinstance(value, (int, float)):
+        if not math.isfinite(value):
+            raise ValueError(f"expected {kind}, got {value!r}")
         if integer and (not float(value).is_integer()):
             raise ValueError(f"expected {kind}, got {value!r}")
         if value <= 0:
@@ -84,12 +87,11 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-DATA_SETS = ("synthetic", "synthetic_iid", "mnist")
-
-
 class DataConfig(_Section):
-    name: Literal["synthetic", "synthetic_iid", "mnist"] = Field(
-        "synthetic", description="data set: synthetic (FedProx synthetic(α,β)), synthetic_iid, mnist (official IDX files under data.root)"
+    name: Literal["synthetic", "synthetic_iid", "mnist", "quadratic1d", "quadratic"] = Field(
+        "synthetic",
+        description="data set: synthetic (FedProx synthetic(α,β)), synthetic_iid, mnist (official IDX files under data.root), "
+        "quadratic1d (decaying-K paper's ½ z x² − x clients, use model.name=quadratic), quadratic (multi-dimensional, known minimiser)",
     )
     root: str | None = Field(None, description="directory holding the official files (mnist); default ../shared/data/mnist if present")
     num_clients: int = Field(30, ge=1, description="number of clients (devices)")
@@ -99,13 +101,17 @@ class DataConfig(_Section):
     quotas: Literal["balanced", "lognormal"] = Field("balanced", description="client sizes for real data: balanced or lognormal (FedDyn)")
     lognormal_sigma: float = Field(0.3, ge=0, description="σ of lognormal quotas (FedDyn uses 0.3)")
     dirichlet_alpha: float = Field(0.3, gt=0, description="concentration α of the Dirichlet partition (smaller is more heterogeneous)")
-    synthetic_alpha: float = Field(1.0, ge=0, description="α of synthetic(α,β): how much local models differ")
+    synthetic_alpha: float = Field(1.0, ge=0, description="α of synthetic(α,β): variance of the shared mean of each device's W_k, b_k")
     synthetic_beta: float = Field(1.0, ge=0, description="β of synthetic(α,β): how much local data differs")
+    quadratic_dimension: int = Field(10, ge=1, description="dimension of the multi-dimensional quadratic clients")
+    quadratic_heterogeneity: float = Field(1.0, ge=0, description="spread of curvatures and linear terms across quadratic clients")
     seed: int | None = Field(None, ge=0, description="seed of generation and partitioning; default: the experiment seed")
 
 
 class ModelConfig(_Section):
-    name: Literal["mlr", "mlp"] = Field("mlr", description="model: mlr (multinomial logistic regression) or mlp")
+    name: Literal["mlr", "mlp", "quadratic"] = Field(
+        "mlr", description="model: mlr (multinomial logistic regression), mlp, or quadratic (the parameter x of the quadratic clients)"
+    )
     hidden: tuple[int, ...] = Field((200, 200), description="hidden widths of the mlp (784-200-200-10 by default)")
 
 
@@ -116,6 +122,10 @@ class ClientConfig(_Section):
     steps: Count | None = Field(None, description="fixed local steps K for every client (a number or a schedule); use instead of epochs")
     weight_decay: float = Field(0.0, ge=0, description="L2 weight decay added to the local gradient")
     clip_norm: float | None = Field(None, gt=0, description="clip ∇loss (+ linear correction) to this global norm; none = off")
+    inexact_gamma: float | None = Field(
+        None, ge=0, le=1,
+        description="FedProx γ-inexact solver: stop once ‖∇h_k‖ ≤ γ‖∇h_k(θ^{t-1})‖ (full local gradients, checked each epoch); none = off",
+    )
 
     @model_validator(mode="after")
     def _one_kind_of_work(self) -> "ClientConfig":
@@ -163,8 +173,27 @@ class SamplingConfig(_Section):
     )
 
 
+class AvailabilityConfig(_Section):
+    inactive_probability: float = Field(0.0, ge=0, le=1, description="chance a selected client reports nothing in a round")
+    incomplete_probability: float = Field(
+        0.0, ge=0, le=1, description="chance a selected client does only part of its work (U{1..E−1} epochs, or U{1..K−1} steps)"
+    )
+
+    @model_validator(mode="after")
+    def _probabilities_sum(self) -> "AvailabilityConfig":
+        if self.inactive_probability + self.incomplete_probability > 1:
+            raise ValueError("availability.inactive_probability + availability.incomplete_probability must be at most 1")
+        return self
+
+
 class EvaluationConfig(_Section):
     every: int = Field(1, ge=1, description="evaluate every N rounds (and always after the last round)")
+    model: Literal["server", "reporting_mean", "all_clients_mean"] = Field(
+        "server",
+        description="evaluated model: server, reporting_mean (mean of the round's reporting clients), "
+        "all_clients_mean (every client's latest local model, never-trained ones at θ⁰; FedDyn's reporting)",
+    )
+    dissimilarity_every: int = Field(0, ge=0, description="every N rounds record B(θ)² and the gradient variance at the server model; 0 = off")
     target_accuracy: float | None = Field(None, gt=0, le=1, description="test accuracy whose first crossing the summary reports")
 
 
@@ -184,6 +213,7 @@ class ExperimentConfig(_Section):
     client: ClientConfig = ClientConfig()
     server: ServerConfig = ServerConfig()
     sampling: SamplingConfig = SamplingConfig()
+    availability: AvailabilityConfig = AvailabilityConfig()
     evaluation: EvaluationConfig = EvaluationConfig()
 
     @model_validator(mode="after")
@@ -228,6 +258,15 @@ def read_config_source(source: str | Path) -> dict[str, Any]:
         text, origin = resources.files(PRESET_PACKAGE).joinpath(f"{source}.toml").read_text(), f"preset {source}"
     else:
         raise ConfigError(f"{source!r} is neither a config file nor a preset; presets: {', '.join(preset_names())}")
+    if path.is_file() and path.suffix.lower() == ".json":
+        # the resolved config a run writes (config.json), so `driftlab run DIR/config.json --out DIR --resume` works
+        try:
+            table = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise ConfigError(f"{origin} is not valid JSON: {error}") from None
+        if not isinstance(table, dict):
+            raise ConfigError(f"{origin} must hold a JSON object (a table of sections), got {type(table).__name__}")
+        return table
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:

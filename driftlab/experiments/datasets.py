@@ -32,6 +32,14 @@ def build_dataset(config, seed: int) -> FederatedDataset:
             num_clients=config.num_clients,
             seed=data_seed,
         )
+    if config.name == "quadratic1d":
+        from driftlab.data.quadratic import scalar_quadratic_clients
+
+        return scalar_quadratic_clients(config.num_clients)
+    if config.name == "quadratic":
+        from driftlab.data.quadratic import random_quadratic_clients
+
+        return random_quadratic_clients(config.num_clients, config.quadratic_dimension, data_seed, config.quadratic_heterogeneity)
     if config.name == "mnist":
         from driftlab.data.idx import load_mnist_tensors
 

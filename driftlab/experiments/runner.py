@@ -30,8 +30,9 @@ from driftlab.metrics.summary import summarize
 from driftlab.models import build_model
 from driftlab.optim.server import make_server_optimizer
 from driftlab.simulation.checkpoint import load_checkpoint, save_checkpoint, write_atomically
-from driftlab.simulation.engine import RoundPlan, Simulation, SimulationState, evaluate, run_round
-from driftlab.simulation.flat import FlatModel
+from driftlab.simulation.availability import AvailabilityModel
+from driftlab.simulation.engine import EvaluationPlan, RoundPlan, Simulation, SimulationState, run_round
+from driftlab.simulation.flat import FlatModel, objective_per_example
 from driftlab.simulation.local_training import SequentialBackend
 from driftlab.simulation.randomness import Stream, torch_seed
 from driftlab.simulation.sampling import clients_per_round
@@ -79,7 +80,10 @@ def build_simulation(config: ExperimentConfig) -> tuple[Simulation, SimulationSt
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(torch_seed(config.seed, Stream.MODEL_INIT))
         module = build_model(config.model.name, data.input_shape, data.num_classes, hidden=config.model.hidden)
-    model = FlatModel.wrap(module).to(device, dtype)
+    if config.model.name == "quadratic":
+        model = FlatModel.wrap(module, example_loss=objective_per_example, is_classifier=False).to(device, dtype)
+    else:
+        model = FlatModel.wrap(module).to(device, dtype)
     initial_params = model.initial_parameters().to(device, dtype)
     server_optimizer = make_server_optimizer(config.server.optimizer, **config.server.optimizer_hyperparameters())
     algorithm = ALGORITHM_MODULES[config.algorithm.name].from_config(config.algorithm, server_optimizer)
@@ -94,11 +98,17 @@ def build_simulation(config: ExperimentConfig) -> tuple[Simulation, SimulationSt
         local_steps=config.client.steps,
         weight_decay=config.client.weight_decay,
         clip_norm=config.client.clip_norm,
+        inexact_gamma=config.client.inexact_gamma,
+        availability=AvailabilityModel(config.availability.inactive_probability, config.availability.incomplete_probability),
     )
-    sim = Simulation(model, data, algorithm, BACKENDS[config.backend](), plan, device, dtype)
+    evaluation = EvaluationPlan(
+        every=config.evaluation.every, model=config.evaluation.model, dissimilarity_every=config.evaluation.dissimilarity_every
+    )
+    sim = Simulation(model, data, algorithm, BACKENDS[config.backend](), plan, device, dtype, initial_params, evaluation)
     client_initial = algorithm.client_state_init
     store = InMemoryClientStore((lambda: client_initial(initial_params)) if client_initial else None)
-    return sim, SimulationState(0, algorithm.server_init(initial_params), store)
+    latest_models = InMemoryClientStore(None) if config.evaluation.model == "all_clients_mean" else None
+    return sim, SimulationState(0, algorithm.server_init(initial_params), store, latest_models)
 
 
 def run(
@@ -138,9 +148,9 @@ def run(
     last_saved = state.round
     try:
         while state.round < config.rounds:
-            state, record = run_round(sim, state)
-            if state.round % config.evaluation.every == 0 or state.round == config.rounds:
-                record.update(evaluate(sim, state.server.params))
+            upcoming = state.round + 1
+            evaluate_after = upcoming % config.evaluation.every == 0 or upcoming == config.rounds
+            state, record = run_round(sim, state, evaluate_after)
             records.append(record)
             if out is not None:
                 _append_record(out / METRICS_FILE, record)
@@ -173,8 +183,20 @@ def run(
     return RunResult(config, records, final_params, sim.model.num_parameters, out, summary)
 
 
+@dataclass(frozen=True)
+class _ClientRecord:
+    """What a checkpoint keeps per client: the algorithm's state and, when evaluated, the latest local model."""
+
+    state: Any
+    latest_model: torch.Tensor | None = None
+
+
 def _checkpoint(out: Path, config: ExperimentConfig, state: SimulationState) -> None:
-    save_checkpoint(out / CHECKPOINT_FILE, state.round, state.server, dict(state.clients.items()), config.fingerprint())
+    clients = {client_id: _ClientRecord(client_state) for client_id, client_state in state.clients.items()}
+    if state.latest_models is not None:
+        for client_id, params in state.latest_models.items():
+            clients[client_id] = _ClientRecord(clients[client_id].state if client_id in clients else None, params)
+    save_checkpoint(out / CHECKPOINT_FILE, state.round, state.server, clients, config.fingerprint())
 
 
 def _prepare_output(
@@ -201,12 +223,14 @@ def _prepare_output(
     if checkpoint_path.exists():
         client_init = sim.algorithm.client_state_init
         initial = state.server.params
-        loaded = load_checkpoint(
-            checkpoint_path, state.server, (lambda: client_init(initial)) if client_init else None, config.fingerprint(), sim.device
-        )
-        for client_id, client_state in loaded.client_states.items():
-            state.clients.put(client_id, client_state)
-        state = SimulationState(loaded.round, loaded.server_state, state.clients)
+        keeps_latest = state.latest_models is not None
+        template = lambda: _ClientRecord(client_init(initial) if client_init else None, initial if keeps_latest else None)  # noqa: E731
+        loaded = load_checkpoint(checkpoint_path, state.server, template, config.fingerprint(), sim.device)
+        for client_id, record in loaded.client_states.items():
+            state.clients.put(client_id, record.state)
+            if keeps_latest and record.latest_model is not None:
+                state.latest_models.put(client_id, record.latest_model)
+        state = SimulationState(loaded.round, loaded.server_state, state.clients, state.latest_models)
     records = _read_records(metrics_path, up_to_round=state.round)
     # Rewrite the metrics file without the rounds that will be recomputed.
     write_atomically(metrics_path, lambda tmp: tmp.write_text("".join(json.dumps(r) + "\n" for r in records)))

@@ -46,7 +46,7 @@ class MLP(nn.Module):
         return self.layers(inputs.flatten(1))
 
 
-MODEL_NAMES = ("mlr", "mlp")
+MODEL_NAMES = ("mlr", "mlp", "quadratic")
 
 
 def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, hidden: tuple[int, ...] = (200, 200)) -> nn.Module:
@@ -58,4 +58,10 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, hidde
         return MultinomialLogisticRegression(in_features, num_classes)
     if name == "mlp":
         return MLP(in_features, tuple(hidden), num_classes)
+    if name == "quadratic":
+        from driftlab.data.quadratic import QuadraticObjective
+
+        if len(input_shape) != 1 or input_shape[0] % 2:
+            raise ValueError(f"model quadratic needs quadratic data (rows [a, b]); got inputs of shape {input_shape}")
+        return QuadraticObjective(input_shape[0] // 2)
     raise ValueError(f"unknown model {name!r}; valid models: {', '.join(MODEL_NAMES)}")

@@ -62,4 +62,10 @@ def steps_at(count: int | ExponentialSchedule | InverseTimeSchedule, round_index
     """``K_t = max(1, ⌈x_t⌉)``; a constant count is returned as it is."""
     if isinstance(count, int):
         return count
-    return max(1, math.ceil(value_at(count, round_index)))
+    value = value_at(count, round_index)
+    # K_0·d^(t−1) is computed in floating point: an exact integer can come out one ulp above it
+    # (25·0.8² = 16.000000000000004), and ceil would then add a whole step.
+    nearest = round(value)
+    if abs(value - nearest) <= 1e-9 * max(1.0, abs(value)):
+        value = float(nearest)
+    return max(1, math.ceil(value))

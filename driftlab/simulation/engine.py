@@ -1,13 +1,17 @@
 """The round loop: sample clients, train them, let the algorithm aggregate, evaluate.
 
-The engine owns *how* clients run (sampling, minibatches, the training
-backend, client-state storage, bit accounting, evaluation); the algorithm owns
-*what* they compute, through the five functions of ``seam.Algorithm``.  The
-engine never looks at which algorithm it runs.
+The engine owns *how* clients run (sampling, availability, minibatches, the
+training backend, client-state storage, bit accounting, evaluation); the
+algorithm owns *what* they compute, through the five functions of
+``seam.Algorithm``.  The engine never looks at which algorithm it runs.
 
 A round is a pure step ``(state, round t) -> (state, record)``: all randomness
 comes from (seed, round, client id), so ``run_round`` on a restored state
 repeats an uninterrupted run bit for bit.
+
+Messages: a client whose ``client_finish`` returns ``None`` as its message sends
+nothing (an algorithm dropping incomplete work); inactive clients are not
+trained and send nothing.  Both still received the broadcast.
 """
 
 from __future__ import annotations
@@ -18,11 +22,11 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from driftlab.data.federated import FederatedDataset
 from driftlab.metrics.communication import payload_bits
 from driftlab.optim.schedules import steps_at, value_at
+from driftlab.simulation.availability import ALWAYS_AVAILABLE, AvailabilityModel, steps_to_do
 from driftlab.simulation.flat import FlatModel
 from driftlab.simulation.local_training import (
     ClientTask,
@@ -34,7 +38,9 @@ from driftlab.simulation.local_training import (
 )
 from driftlab.simulation.sampling import sample_clients
 from driftlab.simulation.seam import Algorithm, ClientContext, ClientUpdate, RoundContext
-from driftlab.simulation.state_store import ClientStateStore
+from driftlab.simulation.state_store import ClientStateStore, InMemoryClientStore
+
+EVALUATED_MODELS = ("server", "reporting_mean", "all_clients_mean")
 
 
 @dataclass(frozen=True)
@@ -51,11 +57,24 @@ class RoundPlan:
     local_steps: Any  # int or a schedule, used when local_epochs is None
     weight_decay: float = 0.0
     clip_norm: float | None = None
+    inexact_gamma: float | None = None  # FedProx's γ-inexact local solver; None: always do the planned steps
+    availability: AvailabilityModel = ALWAYS_AVAILABLE
 
     def planned_steps(self, num_samples: int, round_index: int) -> int:
         if self.local_epochs is not None:
             return steps_for_epochs(num_samples, self.batch_size, self.local_epochs)
         return steps_at(self.local_steps, round_index)
+
+    def steps_per_epoch(self, num_samples: int) -> int:
+        return steps_for_epochs(num_samples, self.batch_size, 1)
+
+
+@dataclass(frozen=True)
+class EvaluationPlan:
+    every: int = 1
+    model: str = "server"  # which model is evaluated, one of EVALUATED_MODELS
+    dissimilarity_every: int = 0  # 0: never compute B(θ)² and the gradient variance
+    batch_size: int = 4096
 
 
 @dataclass
@@ -69,20 +88,29 @@ class Simulation:
     plan: RoundPlan
     device: torch.device
     dtype: torch.dtype
-    _training_data: TrainingData = field(init=False, repr=False)
-    _test_data: TrainingData = field(init=False, repr=False)
-    _client_rows: list[torch.Tensor] = field(init=False, repr=False)
-    _union_rows: torch.Tensor = field(init=False, repr=False)
+    initial_params: torch.Tensor
+    evaluation: EvaluationPlan = EvaluationPlan()
+    training_data: TrainingData = field(init=False, repr=False)
+    test_data: TrainingData = field(init=False, repr=False)
+    client_rows: list[torch.Tensor] = field(init=False, repr=False)
+    client_test_rows: list[torch.Tensor] | None = field(init=False, repr=False)
+    union_rows: torch.Tensor = field(init=False, repr=False)
     client_sizes: np.ndarray = field(init=False, repr=False)
     registered: np.ndarray = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self._training_data = TrainingData(
-            self.data.train_inputs.to(self.device, self.dtype), self.data.train_targets.to(self.device)
+        if self.evaluation.model not in EVALUATED_MODELS:
+            raise ValueError(f"unknown evaluated model {self.evaluation.model!r}; valid: {', '.join(EVALUATED_MODELS)}")
+        inputs_dtype = self.dtype if self.data.train_inputs.is_floating_point() else self.data.train_inputs.dtype
+        self.training_data = TrainingData(self.data.train_inputs.to(self.device, inputs_dtype), self.data.train_targets.to(self.device))
+        self.test_data = TrainingData(self.data.test_inputs.to(self.device, inputs_dtype), self.data.test_targets.to(self.device))
+        self.client_rows = [torch.tensor(rows, dtype=torch.long, device=self.device) for rows in self.data.client_indices]
+        self.client_test_rows = (
+            None
+            if self.data.client_test_indices is None
+            else [torch.tensor(rows, dtype=torch.long, device=self.device) for rows in self.data.client_test_indices]
         )
-        self._test_data = TrainingData(self.data.test_inputs.to(self.device, self.dtype), self.data.test_targets.to(self.device))
-        self._client_rows = [torch.tensor(rows, dtype=torch.long, device=self.device) for rows in self.data.client_indices]
-        self._union_rows = torch.cat(self._client_rows)
+        self.union_rows = torch.cat(self.client_rows)
         self.client_sizes = self.data.client_sizes
         self.registered = np.arange(self.data.num_clients, dtype=np.int64)
 
@@ -92,105 +120,187 @@ class SimulationState:
     round: int  # last completed round (0 before training)
     server: Any
     clients: ClientStateStore
+    # Every client's latest local model, kept only when the evaluated model is "all_clients_mean".
+    latest_models: InMemoryClientStore | None = None
 
 
-def run_round(sim: Simulation, state: SimulationState) -> tuple[SimulationState, dict[str, Any]]:
+def run_round(sim: Simulation, state: SimulationState, evaluate_after: bool = False) -> tuple[SimulationState, dict[str, Any]]:
     """Run round ``state.round + 1``; returns the new state and the round's metrics record."""
     started = time.perf_counter()
     t = state.round + 1
     plan = sim.plan
-    sizes = sim.client_sizes[sim.registered]
-    sample = sample_clients(plan.seed, t, sim.registered, sizes, plan.participation, plan.sampling)
+    registered = sim.registered
+    sizes = sim.client_sizes[registered]
+    sample = sample_clients(plan.seed, t, registered, sizes, plan.participation, plan.sampling)
     learning_rate = value_at(plan.client_lr, t)
     server_lr = value_at(plan.server_lr, t)
-    num_registered = len(sim.registered)
     mean_samples = float(sizes.mean())
 
     contexts: list[ClientContext] = []
     tasks: list[ClientTask] = []
     client_states = []
+    num_inactive = num_incomplete = 0
     for client_id, multiplicity in zip(sample.client_ids.tolist(), sample.multiplicity.tolist()):
         num_samples = int(sim.client_sizes[client_id])
-        steps = plan.planned_steps(num_samples, t)
+        planned = plan.planned_steps(num_samples, t)
+        per_epoch = plan.steps_per_epoch(num_samples)
+        steps = steps_to_do(plan.availability, plan.seed, t, client_id, planned, per_epoch)
+        if steps == 0:
+            num_inactive += 1
+            continue
+        num_incomplete += steps < planned
         context = ClientContext(
             client_id=client_id,
             round=t,
             num_samples=num_samples,
             mean_num_samples=mean_samples,
-            num_registered=num_registered,
-            planned_steps=steps,
+            num_registered=len(registered),
+            planned_steps=planned,
             learning_rate=learning_rate,
             multiplicity=multiplicity,
+            available_steps=steps,
         )
         client_state = state.clients.get(client_id)
         correction = sim.algorithm.client_objective(state.server, client_state, context)
         batches = batch_plan(plan.seed, t, client_id, num_samples, plan.batch_size, steps)
         contexts.append(context)
         client_states.append(client_state)
-        tasks.append(ClientTask(client_id, sim._client_rows[client_id], batches, correction))
+        tasks.append(ClientTask(client_id, sim.client_rows[client_id], batches, correction, plan.inexact_gamma, per_epoch))
 
     start_params = state.server.params
     settings = LocalSettings(learning_rate, plan.weight_decay, plan.clip_norm)
     messages: list[Any] = [None] * len(tasks)
     new_client_states: list[Any] = [None] * len(tasks)
-    upload_bits = 0
-    for position, final_params in sim.backend.train(sim.model, start_params, tasks, settings, sim._training_data):
-        update = ClientUpdate(start_params, final_params, tasks[position].num_steps)
+    steps_done = [0] * len(tasks)
+    reporting_sum: torch.Tensor | None = None
+    keep_reporting_mean = evaluate_after and sim.evaluation.model == "reporting_mean"
+    for position, final_params, done in sim.backend.train(sim.model, start_params, tasks, settings, sim.training_data):
+        steps_done[position] = done
+        update = ClientUpdate(start_params, final_params, done)
         new_client_states[position], messages[position] = sim.algorithm.client_finish(
             state.server, client_states[position], contexts[position], update
         )
-        upload_bits += payload_bits(messages[position])
+        if state.latest_models is not None:
+            state.latest_models.put(tasks[position].client_id, final_params)
+        if keep_reporting_mean:
+            reporting_sum = final_params if reporting_sum is None else reporting_sum + final_params
     for task, client_state in zip(tasks, new_client_states):
         state.clients.put(task.client_id, client_state)
 
-    round_context = RoundContext(round=t, num_registered=num_registered, num_selected=len(tasks), server_learning_rate=server_lr)
-    download_bits = payload_bits(sim.algorithm.broadcast(state.server)) * len(tasks)
-    server, algorithm_metrics = sim.algorithm.server_update(state.server, messages, round_context)
+    reporting = [(task, message) for task, message in zip(tasks, messages) if message is not None]
+    round_context = RoundContext(round=t, num_registered=len(registered), num_selected=len(sample.client_ids), server_learning_rate=server_lr)
+    download_bits = payload_bits(sim.algorithm.broadcast(state.server)) * len(sample.client_ids)
+    if reporting:
+        server, algorithm_metrics = sim.algorithm.server_update(state.server, [message for _, message in reporting], round_context)
+    else:
+        server, algorithm_metrics = state.server, {}
     if not torch.isfinite(server.params).all():
         raise FloatingPointError(
             f"round {t}: the server model has non-finite entries (the run diverged); "
-            "lower client.lr or server.lr, or enable client.clip_norm"
+            "lower client.lr or server.lr, or set client.clip_norm"
         )
     record: dict[str, Any] = {
         "round": t,
-        "num_selected": len(tasks),
-        "num_reporting": len(tasks),
-        "reporting_clients": [task.client_id for task in tasks],
-        "local_steps": int(sum(task.num_steps * ctx.multiplicity for task, ctx in zip(tasks, contexts))),
-        "upload_bits": int(upload_bits),
+        "num_selected": len(sample.client_ids),
+        "num_reporting": len(reporting),
+        "reporting_clients": [task.client_id for task, _ in reporting],
+        "num_inactive": num_inactive,
+        "num_incomplete": int(num_incomplete),
+        "local_steps": int(sum(done * ctx.multiplicity for done, ctx in zip(steps_done, contexts))),
+        "upload_bits": int(sum(payload_bits(message) for _, message in reporting)),
         "download_bits": int(download_bits),
         "client_lr": learning_rate,
         "server_lr": server_lr,
         "model_norm": float(torch.linalg.vector_norm(server.params)),
         **algorithm_metrics,
     }
+    new_state = SimulationState(t, server, state.clients, state.latest_models)
+    if evaluate_after:
+        if sim.evaluation.model == "reporting_mean" and reporting_sum is not None:
+            evaluated = reporting_sum / len(tasks)
+        elif sim.evaluation.model == "all_clients_mean":
+            evaluated = all_clients_mean(sim, new_state)
+        else:
+            evaluated = server.params
+        record.update(evaluate(sim, evaluated))
+    if sim.evaluation.dissimilarity_every and t % sim.evaluation.dissimilarity_every == 0:
+        record.update(dissimilarity(sim, server.params))
     record["round_seconds"] = time.perf_counter() - started
-    return SimulationState(t, server, state.clients), record
+    return new_state, record
+
+
+def all_clients_mean(sim: Simulation, state: SimulationState) -> torch.Tensor:
+    """Mean of every registered client's latest local model; clients never trained contribute θ⁰ (FedDyn's reporting)."""
+    assert state.latest_models is not None
+    total = torch.zeros_like(sim.initial_params)
+    trained = 0
+    for client_id, params in state.latest_models.items():
+        total += params
+        trained += 1
+    total += (len(sim.registered) - trained) * sim.initial_params
+    return total / len(sim.registered)
 
 
 @torch.no_grad()
-def evaluate(sim: Simulation, params: torch.Tensor, batch_size: int = 4096) -> dict[str, float]:
-    """Test accuracy and loss on the global test set; train loss over the union of the clients' data."""
-    test_loss, test_correct = _loss_and_correct(sim.model, params, sim._test_data.inputs, sim._test_data.targets, batch_size)
-    rows = sim._union_rows
-    train_loss_sum = 0.0
+def evaluate(sim: Simulation, params: torch.Tensor) -> dict[str, float]:
+    """Test accuracy and loss on the global test set; train loss over the union of the clients' data.
+
+    With per-client test splits, also the mean of the clients' local test
+    accuracies (EFL's per-client accuracy).  For objectives with a known
+    minimiser, the distance to it.
+    """
+    batch = sim.evaluation.batch_size
+    test = sim.test_data
+    test_rows = torch.arange(len(test.targets), device=sim.device)
+    test_loss, test_correct = _loss_and_correct(sim.model, params, test, test_rows, batch)
+    train_loss, _ = _loss_and_correct(sim.model, params, sim.training_data, sim.union_rows, batch)
+    metrics = {"test_loss": test_loss / len(test_rows), "train_loss": train_loss / len(sim.union_rows)}
+    if sim.model.is_classifier:
+        metrics["test_accuracy"] = test_correct / len(test_rows)
+        if sim.client_test_rows is not None:
+            accuracies = []
+            for rows in sim.client_test_rows:
+                if len(rows):
+                    _, correct = _loss_and_correct(sim.model, params, test, rows, batch)
+                    accuracies.append(correct / len(rows))
+            metrics["client_test_accuracy_mean"] = float(np.mean(accuracies))
+    if sim.data.known_minimizer is not None:
+        minimizer = torch.as_tensor(sim.data.known_minimizer, dtype=params.dtype, device=params.device)
+        metrics["distance_to_minimizer"] = float(torch.linalg.vector_norm(params - minimizer))
+    return metrics
+
+
+def _loss_and_correct(model: FlatModel, params: torch.Tensor, data: TrainingData, rows: torch.Tensor, batch_size: int) -> tuple[float, int]:
+    loss_sum, correct = 0.0, 0
     for start in range(0, len(rows), batch_size):
         chunk = rows[start : start + batch_size]
-        logits = sim.model.forward(params, sim._training_data.inputs[chunk])
-        train_loss_sum += float(F.cross_entropy(logits, sim._training_data.targets[chunk], reduction="sum"))
-    num_test = len(sim._test_data.targets)
-    return {
-        "test_accuracy": test_correct / num_test,
-        "test_loss": test_loss / num_test,
-        "train_loss": train_loss_sum / len(rows),
-    }
-
-
-def _loss_and_correct(model: FlatModel, params: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor, batch_size: int) -> tuple[float, int]:
-    loss_sum, correct = 0.0, 0
-    for start in range(0, len(targets), batch_size):
-        logits = model.forward(params, inputs[start : start + batch_size])
-        batch_targets = targets[start : start + batch_size]
-        loss_sum += float(F.cross_entropy(logits, batch_targets, reduction="sum"))
-        correct += int((logits.argmax(dim=1) == batch_targets).sum())
+        outputs = model.forward(params, data.inputs[chunk])
+        loss_sum += float(model.example_loss(outputs, data.targets[chunk]).sum())
+        if model.is_classifier:
+            correct += int((outputs.argmax(dim=1) == data.targets[chunk]).sum())
     return loss_sum, correct
+
+
+def dissimilarity(sim: Simulation, params: torch.Tensor) -> dict[str, float]:
+    """FedProx Definition 2 at the server model, over all registered clients with ``p_k = n_k / n``:
+
+        B(θ)² = E_k ‖∇F_k(θ)‖² / ‖∇f(θ)‖²,    variance = E_k ‖∇F_k(θ) − ∇f(θ)‖²,    ∇f = E_k ∇F_k.
+    """
+    loss_gradient = torch.func.grad(sim.model.batch_loss)
+    weights = sim.client_sizes[sim.registered] / sim.client_sizes[sim.registered].sum()
+    # One pass, no [N, P] table: E‖g_k − ḡ‖² = E‖g_k‖² − ‖ḡ‖² (clamped at 0 against rounding).
+    global_gradient = torch.zeros_like(params)
+    mean_squared_norm = 0.0
+    for client_id, weight in zip(sim.registered.tolist(), weights.tolist()):
+        rows = sim.client_rows[client_id]
+        gradient = torch.zeros_like(params)
+        for start in range(0, len(rows), sim.evaluation.batch_size):
+            part = rows[start : start + sim.evaluation.batch_size]
+            gradient += loss_gradient(params, sim.training_data.inputs[part], sim.training_data.targets[part]) * (len(part) / len(rows))
+        global_gradient += weight * gradient
+        mean_squared_norm += weight * float((gradient**2).sum())
+    global_norm_squared = float((global_gradient**2).sum())
+    return {
+        "dissimilarity_b2": mean_squared_norm / global_norm_squared if global_norm_squared > 0 else float("inf"),
+        "gradient_variance": max(0.0, mean_squared_norm - global_norm_squared),
+    }

@@ -12,10 +12,21 @@ back onto the module's parameters (as views, no copies) for
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
+
+
+def cross_entropy_per_example(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(outputs, targets, reduction="none")
+
+
+def objective_per_example(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """For models whose output already is each example's objective value (the quadratic clients)."""
+    return outputs
 
 
 @dataclass(frozen=True)
@@ -36,9 +47,16 @@ class FlatModel:
     names: tuple[str, ...]
     shapes: tuple[torch.Size, ...]
     numels: tuple[int, ...]
+    example_loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = cross_entropy_per_example
+    is_classifier: bool = True  # outputs are class logits, so accuracy is defined
 
     @staticmethod
-    def wrap(module: nn.Module) -> "FlatModel":
+    def wrap(
+        module: nn.Module,
+        example_loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = cross_entropy_per_example,
+        is_classifier: bool = True,
+    ) -> "FlatModel":
+        """Wrap ``module``; ``example_loss(outputs, targets)`` gives one loss per example (default cross-entropy)."""
         named = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
         if not named:
             raise ValueError("the model has no trainable parameters")
@@ -47,6 +65,8 @@ class FlatModel:
             names=tuple(name for name, _ in named),
             shapes=tuple(p.shape for _, p in named),
             numels=tuple(p.numel() for _, p in named),
+            example_loss=example_loss,
+            is_classifier=is_classifier,
         )
 
     @property
@@ -65,6 +85,10 @@ class FlatModel:
 
     def forward(self, theta: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
         return functional_call(self.module, self.unflatten(theta), (inputs,))
+
+    def batch_loss(self, theta: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Mean loss over the batch at ``theta``."""
+        return self.example_loss(self.forward(theta, inputs), targets).mean()
 
     def to(self, device: torch.device | str, dtype: torch.dtype) -> "FlatModel":
         """Move the module (buffers included) so functional calls run on ``device``."""

@@ -24,7 +24,6 @@ from typing import Iterator, Protocol, Sequence
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from driftlab.simulation.flat import FlatModel
 from driftlab.simulation.randomness import Stream, generator
@@ -78,6 +77,10 @@ class ClientTask:
     sample_indices: torch.Tensor  # global indices of the client's training samples, on the data's device
     batches: np.ndarray  # [steps, B] positions into sample_indices, PAD-padded (see batch_plan)
     correction: GradientCorrection
+    # γ-inexact local solver (FedProx): stop once the full corrected local gradient norm is at most
+    # stop_gamma times its value at the start, checked every steps_per_epoch steps.  None: run all steps.
+    stop_gamma: float | None = None
+    steps_per_epoch: int = 0
 
     @property
     def num_steps(self) -> int:
@@ -91,15 +94,15 @@ class TrainingData:
 
 
 class TrainingBackend(Protocol):
-    """Runs a round's local training; yields ``(task position, final θ_k)`` in any order."""
+    """Runs a round's local training; yields ``(task position, final θ_k, steps done)`` in any order."""
 
     def train(
         self, model: FlatModel, start_params: torch.Tensor, tasks: Sequence[ClientTask], settings: LocalSettings, data: TrainingData
-    ) -> Iterator[tuple[int, torch.Tensor]]: ...
+    ) -> Iterator[tuple[int, torch.Tensor, int]]: ...
 
 
 def batch_loss(model: FlatModel, theta: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(model.forward(theta, inputs), targets)
+    return model.batch_loss(theta, inputs, targets)
 
 
 def corrected_step(
@@ -130,6 +133,7 @@ class BoundModule:
 
     def __init__(self, model: FlatModel, like: torch.Tensor) -> None:
         self.module = copy.deepcopy(model.module).to(device=like.device, dtype=like.dtype)
+        self.example_loss = model.example_loss
         self.theta = torch.zeros_like(like)
         self.gradient = torch.zeros_like(like)
         parameters = dict(self.module.named_parameters())
@@ -142,14 +146,39 @@ class BoundModule:
         with torch.no_grad():
             self.theta.copy_(theta)
             self.gradient.zero_()
-        F.cross_entropy(self.module(inputs), targets).backward()
+        self.example_loss(self.module(inputs), targets).mean().backward()
         return self.gradient.clone()
 
+    def full_gradient(self, theta: torch.Tensor, rows: torch.Tensor, data: TrainingData, chunk: int = 4096) -> torch.Tensor:
+        """``∇f_k(θ)``: the mean loss gradient over all of ``rows``, in chunks of ``chunk`` examples."""
+        total = torch.zeros_like(theta)
+        for start in range(0, len(rows), chunk):
+            part = rows[start : start + chunk]
+            total += self.loss_gradient(theta, data.inputs[part], data.targets[part]) * (len(part) / len(rows))
+        return total
 
-def train_one_client(bound: BoundModule, start_params: torch.Tensor, task: ClientTask, settings: LocalSettings, data: TrainingData) -> torch.Tensor:
-    """Local SGD for one client from ``start_params``; returns the final flat parameters."""
+
+def corrected_gradient_norm(theta: torch.Tensor, loss_gradient: torch.Tensor, correction: GradientCorrection, settings: LocalSettings) -> float:
+    """``‖∇h_k(θ)‖`` of the corrected local objective (no clipping: it is the objective's gradient)."""
+    g = loss_gradient
+    if correction.linear is not None:
+        g = g + correction.linear
+    if correction.quadratic is not None:
+        g = g + correction.quadratic * (theta - correction.reference)
+    if settings.weight_decay:
+        g = g + settings.weight_decay * theta
+    return float(torch.linalg.vector_norm(g))
+
+
+def train_one_client(
+    bound: BoundModule, start_params: torch.Tensor, task: ClientTask, settings: LocalSettings, data: TrainingData
+) -> tuple[torch.Tensor, int]:
+    """Local SGD for one client from ``start_params``; returns the final flat parameters and the steps done."""
     theta = start_params
     batches = torch.as_tensor(task.batches, device=task.sample_indices.device)
+    inexact = task.stop_gamma is not None and task.steps_per_epoch > 0
+    if inexact:
+        threshold = task.stop_gamma * _objective_gradient_norm(bound, theta, task, settings, data)
     for step in range(task.num_steps):
         positions = batches[step]
         positions = positions[positions != PAD]
@@ -157,7 +186,15 @@ def train_one_client(bound: BoundModule, start_params: torch.Tensor, task: Clien
         gradient = bound.loss_gradient(theta, data.inputs[rows], data.targets[rows])
         with torch.no_grad():
             theta = corrected_step(theta, gradient, task.correction, settings)
-    return theta
+        done = step + 1
+        if inexact and done % task.steps_per_epoch == 0 and done < task.num_steps:
+            if _objective_gradient_norm(bound, theta, task, settings, data) <= threshold:
+                return theta, done
+    return theta, task.num_steps
+
+
+def _objective_gradient_norm(bound: BoundModule, theta: torch.Tensor, task: ClientTask, settings: LocalSettings, data: TrainingData) -> float:
+    return corrected_gradient_norm(theta, bound.full_gradient(theta, task.sample_indices, data), task.correction, settings)
 
 
 class SequentialBackend:
@@ -170,8 +207,9 @@ class SequentialBackend:
 
     def train(
         self, model: FlatModel, start_params: torch.Tensor, tasks: Sequence[ClientTask], settings: LocalSettings, data: TrainingData
-    ) -> Iterator[tuple[int, torch.Tensor]]:
+    ) -> Iterator[tuple[int, torch.Tensor, int]]:
         if self._bound is None or self._bound.theta.dtype != start_params.dtype or self._bound.theta.device != start_params.device:
             self._bound = BoundModule(model, start_params)
         for position, task in enumerate(tasks):
-            yield position, train_one_client(self._bound, start_params, task, settings, data)
+            final_params, steps_done = train_one_client(self._bound, start_params, task, settings, data)
+            yield position, final_params, steps_done

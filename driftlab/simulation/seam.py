@@ -62,6 +62,12 @@ class ClientContext:
     planned_steps: int  # K (or E·⌈n_k/B⌉) this client was asked to do
     learning_rate: float  # the round's client learning rate η_l
     multiplicity: int = 1  # times the client was drawn (sampling with replacement)
+    available_steps: int | None = None  # steps the client can do this round; fewer than planned for a straggler (None: all)
+
+    @property
+    def is_incomplete(self) -> bool:
+        """The availability model cut this client's work short (a straggler; not γ-inexact early stopping)."""
+        return self.available_steps is not None and self.available_steps < self.planned_steps
 
 
 @dataclass(frozen=True)

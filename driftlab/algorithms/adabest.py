@@ -1,0 +1,196 @@
+"""AdaBest (Varno et al., "AdaBest: Minimizing Client Drift in Federated Learning via Adaptive Bias Estimation", ECCV 2022).
+
+Seed paper 004, Algorithm 1, as algorithms.md states it.  Client state: ``h_k``
+(model-sized, starts at 0) and ``t'_k``, the last round ``k`` reported
+(0 = never):
+
+    client k:  K steps of SGD on f_k with  ∇ −= h_k        → GradientCorrection(linear = −h_k)
+               h_k ← h_k / (t − t'_k) + μ (θ^{t−1} − θ_k);   t'_k ← t;   send θ_k (one model)
+    server:    θ̄^t = mean_P θ_k        (or Σ_P w_k θ_k, aggregation = "weighted")
+               h^t = β_t (θ̄^{t−1} − θ̄^t)
+               θ^t = θ̄^t − h^t,        θ̄^0 = θ^0 (θ̄ is kept in the server state)
+
+On first participation ``h_k = 0``, so the factor ``1/(t − t'_k)`` does not
+matter.  The server needs no knowledge of N.  ``β = μ = 0`` is FedAvg with
+uniform weights bit for bit: with ``μ = 0`` the clients get no correction at
+all, and with ``β_t = 0`` the server returns ``θ̄^t`` itself (the same
+``aggregation_weights``/``weighted_sum`` arithmetic FedAvg uses, and FedAvg's
+SGD server at lr 1 also returns ``θ̄`` exactly, see ``optim/apply.py``).
+
+``β`` is a number in [0, 1] or a schedule of the round (``{kind =
+"exponential", initial = 0.98, decay = 0.999}`` or ``{kind = "inverse_time",
+a, b}``), validated to stay in [0, 1] for every round.  The paper's practice of
+decaying β when ‖h‖ plateaus is adaptive and not offered; use a schedule.
+``μ`` and ``β`` follow the paper (μ = 0.02; β = 0.96 at 10% and 0.98 at 100%
+participation), not the fedsim releases' ``μ·B·E/n_k`` scaling.
+
+Limit point on quadratics (what ``adabest_test.py`` asserts).  With full
+participation ``t − t'_k = 1`` after round 1, so ``Σ_k h_k`` telescopes:
+
+    mean_k h_k^t = μ [(θ̄^0 − θ̄^t) − β (θ̄^0 − θ̄^{t−1})]      (constant β)
+
+At a fixed point every client returns ``θ_k = θ`` (else ``h_k`` would keep
+moving), so ``∇f_k(θ) = h_k`` for each k, and averaging:
+
+    ∇F(θ^∞) = mean_k ∇f_k(θ^∞) = μ (1 − β) (θ^0 − θ^∞)
+
+i.e. AdaBest (full participation, constant β < 1, μ > 0) converges to the
+minimiser of ``F(θ) + μ(1−β)/2 ‖θ − θ^0‖²``, a proximal point anchored at the
+initial model, not to the minimiser of F.  The bias vanishes as β → 1 or
+μ → 0 and is small for the paper's values (μ(1−β) = 4e-4).
+
+Partial work and dropouts: a reporting client's θ_k is used whatever number of
+steps it did; a client that does not report sends nothing, keeps ``h_k`` and
+``t'_k``, and its ``h_k`` is damped by ``1/(t − t'_k)`` when it next reports.
+
+Metric ``drift_norm`` = ``‖h^t‖``.
+
+Example:
+    >>> import torch
+    >>> from driftlab.algorithms import adabest
+    >>> algorithm = adabest.build(mu=0.02, beta=0.96)
+    >>> server = algorithm.server_init(torch.ones(2))
+    >>> torch.equal(server.client_average, server.params)
+    True
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal, Sequence
+
+import torch
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+
+from driftlab.algorithms.aggregation import aggregation_weights, weighted_sum
+from driftlab.optim.schedules import ExponentialSchedule, InverseTimeSchedule, value_at
+from driftlab.simulation.seam import NO_CORRECTION, Algorithm, ClientContext, ClientUpdate, GradientCorrection, RoundContext
+
+BetaSchedule = float | ExponentialSchedule | InverseTimeSchedule
+
+
+def beta_value(value: Any) -> BetaSchedule:
+    """A β in [0, 1], or a schedule table whose values stay in [0, 1] for every round t ≥ 1."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected a number in [0, 1] or a schedule table, got {value!r}")
+    if isinstance(value, (int, float)):
+        if not 0 <= value <= 1:
+            raise ValueError("must be in [0, 1]")
+        return float(value)
+    if isinstance(value, dict):
+        kinds = {"exponential": ExponentialSchedule, "inverse_time": InverseTimeSchedule}
+        if value.get("kind") not in kinds:
+            raise ValueError(f"a schedule needs kind = one of {sorted(kinds)}, got {value.get('kind')!r}")
+        try:
+            value = kinds[value["kind"]](**value)
+        except ValidationError as error:
+            details = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
+            raise ValueError(f"invalid {value['kind']} schedule: {details}") from None
+    if isinstance(value, ExponentialSchedule):
+        if value.initial > 1:  # decay ≤ 1, so round 1 is the largest value
+            raise ValueError(f"an exponential β schedule must start in [0, 1]: need initial ≤ 1, got initial = {value.initial}")
+        return value
+    if isinstance(value, InverseTimeSchedule):
+        if value.a > value.b + 1:  # a / (b + t) is largest at t = 1
+            raise ValueError(f"an inverse_time β schedule must stay ≤ 1: need a ≤ b + 1, got a = {value.a}, b = {value.b}")
+        return value
+    raise ValueError(
+        'expected a number in [0, 1] or a schedule table such as {kind="exponential", initial=0.98, decay=0.999}'
+        f", got {value!r}"
+    )
+
+
+Beta = Annotated[Any, BeforeValidator(beta_value)]
+
+
+class Config(BaseModel):
+    """``[algorithm]`` section for AdaBest (it has its own server step: keep ``server.optimizer = "sgd"``, ``server.lr = 1``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: Literal["adabest"] = "adabest"
+    mu: float = Field(0.02, ge=0, description="μ ≥ 0: client drift estimate h_k ← h_k/(t − t'_k) + μ(θ^{t−1} − θ_k) (paper: 0.02)")
+    beta: Beta = Field(
+        0.96, description="β in [0, 1] or a schedule table: server h^t = β(θ̄^{t−1} − θ̄^t) (paper: 0.96 at 10%, 0.98 at 100% participation)"
+    )
+    aggregation: Literal["uniform", "weighted"] = Field(
+        "uniform", description="uniform: θ̄ = mean of reporting clients (paper); weighted: w_k = n_k / Σ n_j"
+    )
+
+
+@dataclass(frozen=True)
+class ServerState:
+    params: torch.Tensor  # θ^t = θ̄^t − h^t, sent to clients
+    client_average: torch.Tensor  # θ̄^t, kept for h^{t+1}; θ̄^0 = θ^0
+
+
+@dataclass(frozen=True)
+class ClientState:
+    drift: torch.Tensor  # h_k
+    last_round: int  # t'_k, the last round k reported (0 = never)
+
+
+@dataclass(frozen=True)
+class ClientMessage:
+    params: torch.Tensor  # θ_k, one model up
+    num_samples: int
+    multiplicity: int
+
+
+def build(mu: float = 0.02, beta: BetaSchedule = 0.96, aggregation: str = "uniform") -> Algorithm:
+    """AdaBest with client coefficient ``mu`` ≥ 0, server ``beta`` (a number in [0, 1] or a schedule) and ``aggregation``."""
+    if mu < 0:
+        raise ValueError(f"adabest needs mu >= 0, got {mu}")
+    beta = beta_value(beta)
+    aggregation_weights([1], [1], aggregation)  # validates the name before any work
+
+    def server_init(initial_params: torch.Tensor) -> ServerState:
+        return ServerState(params=initial_params, client_average=initial_params)
+
+    def client_state_init(initial_params: torch.Tensor) -> ClientState:
+        return ClientState(drift=torch.zeros_like(initial_params), last_round=0)
+
+    def client_objective(server: ServerState, client: ClientState, context: ClientContext) -> GradientCorrection:
+        if mu == 0:
+            return NO_CORRECTION  # h_k stays 0 forever: no term at all, so the step is FedAvg's to the bit
+        return GradientCorrection(linear=-client.drift)
+
+    def client_finish(server: ServerState, client: ClientState, context: ClientContext, update: ClientUpdate) -> tuple[ClientState, ClientMessage]:
+        rounds_since = context.round - client.last_round  # t − t'_k ≥ 1; h_k = 0 on first participation
+        drift = client.drift / rounds_since + mu * (server.params - update.final_params)
+        message = ClientMessage(update.final_params, context.num_samples, context.multiplicity)
+        return ClientState(drift, context.round), message
+
+    def server_update(server: ServerState, messages: Sequence[ClientMessage], context: RoundContext) -> tuple[ServerState, dict[str, float]]:
+        if context.server_learning_rate != 1.0:
+            raise ValueError(f"adabest has its own server step; set server.lr = 1 (got {context.server_learning_rate})")
+        weights = aggregation_weights([m.num_samples for m in messages], [m.multiplicity for m in messages], aggregation)
+        client_average = weighted_sum([m.params for m in messages], weights)
+        beta_t = value_at(beta, context.round)
+        if beta_t == 0:
+            # h^t = 0: return θ̄^t itself so β = μ = 0 is FedAvg to the bit (no −0.0 subtraction).
+            return ServerState(client_average, client_average), {"drift_norm": 0.0}
+        server_drift = beta_t * (server.client_average - client_average)
+        params = client_average - server_drift
+        return ServerState(params, client_average), {"drift_norm": float(torch.linalg.vector_norm(server_drift))}
+
+    def broadcast(server: ServerState) -> torch.Tensor:
+        return server.params
+
+    return Algorithm(
+        name="adabest",
+        server_init=server_init,
+        client_objective=client_objective,
+        client_finish=client_finish,
+        server_update=server_update,
+        broadcast=broadcast,
+        client_state_init=client_state_init,
+    )
+
+
+def from_config(config: Config, server_optimizer: Any) -> Algorithm:
+    """Build from ``config``; AdaBest's server step is its own, so only the plain SGD server optimizer is accepted."""
+    if server_optimizer.name != "sgd":
+        from driftlab.experiments.config import ConfigError  # imported here: the config module imports this registry
+
+        raise ConfigError(f"server.optimizer: adabest has its own server step and does not use a server optimizer; use sgd (got {server_optimizer.name!r})")
+    return build(mu=config.mu, beta=config.beta, aggregation=config.aggregation)

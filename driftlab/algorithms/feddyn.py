@@ -1,0 +1,167 @@
+"""FedDyn (Acar et al., "Federated Learning Based on Dynamic Regularization", ICLR 2021).
+
+Seed paper 000, Algorithm 1, in the λ form of the authors' code, as
+algorithms.md states it.  Client state ``λ_k`` (model-sized, starts at 0; the
+paper's ``∇L_k(θ_k^{t−1}) = −α λ_k``):
+
+    client k:  local objective  f_k(θ) + α_k ⟨θ, λ_k⟩ + α_k/2 ‖θ − θ^{t−1}‖²
+               ∇ += α_k λ_k + α_k (θ − θ^{t−1})
+               → GradientCorrection(linear = α_k λ_k, quadratic = α_k, reference = θ^{t−1})
+               λ_k ← λ_k + (θ_k − θ^{t−1});   send θ_k (one model)
+    server:    θ^t = mean_P θ_k + mean_{k∈S} λ_k      (unweighted; S = all N registered clients)
+
+``α_k = α · n̄ / n_k`` with ``n̄`` the mean client size (``balance = "by_size"``,
+the authors' code; balanced data gives ``α_k = α``), or ``α_k = α``
+(``balance = "none"``).
+
+The second mean runs over ALL registered clients, non-reporting ones with
+their old ``λ``.  The server never scans the client store: it keeps
+``Σ_{k∈S} λ_k`` in its state and adds each reporting client's increment
+``θ_k − θ^{t−1}`` (which it can compute from the uploaded θ_k, so FedDyn costs
+one model each way), then divides by ``N = RoundContext.num_registered``.
+This is the paper's form with ``h = −α mean_S λ_k`` (balanced data):
+
+    h^t = h^{t−1} − α/N Σ_P (θ_k − θ^{t−1}),    θ^t = mean_P θ_k − h^t / α
+
+Metric ``drift_norm`` = ``‖mean_S λ_k‖`` = ``‖h‖ / α`` in the paper's terms
+(AdaBest's Figure 1 claims it grows without bound at low participation).
+
+Choices where the sheet is silent:
+  * ``α > 0`` is required: at ``α = 0`` the paper's ``θ^t = mean_P θ_k − h^t/α``
+    is undefined and the λ form is not FedAvg (the server would still add the
+    accumulated drift ``mean_S λ_k``), so it is rejected rather than given a
+    meaning.
+  * The server step is FedDyn's own: ``server.optimizer`` must be ``sgd`` and
+    ``server.lr`` 1 (anything else is an error, not silently ignored).
+  * Sampling with replacement: a client drawn twice counts twice in
+    ``mean_P θ_k`` but updates its ``λ_k`` (and ``Σ λ``) once.
+  * Clipping: this module clips ``∇loss + α_k λ_k`` and adds ``α_k (θ − θ^{t−1})``
+    after clipping, as the sheet states.  The authors' code clips
+    ``∇loss + α_k(λ_k − θ^{t−1})`` and adds ``α_k θ`` (through
+    ``weight_decay``) afterwards; the two agree exactly when clipping is off.
+  * Registered clients that leave would have to take their ``λ_k`` out of
+    ``Σ λ``; the engine has no departures yet, so this is not handled here.
+
+Partial work and dropouts: a reporting client's ``θ_k`` is used whatever
+number of steps it did (its ``λ_k`` moves by what it did); a client that does
+not report sends nothing and keeps its ``λ_k``, which still counts in
+``mean_S λ_k``.
+
+Example:
+    >>> import torch
+    >>> from driftlab.algorithms import feddyn
+    >>> algorithm = feddyn.build(alpha=0.1)
+    >>> server = algorithm.server_init(torch.zeros(2))
+    >>> server.dual_sum
+    tensor([0., 0.])
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal, Sequence
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from driftlab.algorithms.aggregation import aggregation_weights, weighted_sum
+from driftlab.simulation.seam import Algorithm, ClientContext, ClientUpdate, GradientCorrection, RoundContext
+
+BALANCES = ("by_size", "none")
+
+
+class Config(BaseModel):
+    """``[algorithm]`` section for FedDyn (it has its own server step: keep ``server.optimizer = "sgd"``, ``server.lr = 1``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: Literal["feddyn"] = "feddyn"
+    alpha: float = Field(
+        0.01, gt=0, description="regularization α > 0: the local gradient adds α_k λ_k + α_k(θ − θ^{t−1}) (paper: 0.1, 0.01, 0.001)"
+    )
+    balance: Literal["by_size", "none"] = Field(
+        "by_size", description="by_size: α_k = α·n̄/n_k for unbalanced data (authors' code); none: α_k = α for every client"
+    )
+
+
+@dataclass(frozen=True)
+class ServerState:
+    params: torch.Tensor  # θ^t
+    dual_sum: torch.Tensor  # Σ_{k∈S} λ_k over every registered client
+
+
+@dataclass(frozen=True)
+class ClientState:
+    dual: torch.Tensor  # λ_k (the paper's ∇L_k(θ_k) = −α λ_k)
+
+
+@dataclass(frozen=True)
+class ClientMessage:
+    params: torch.Tensor  # θ_k, one model up
+    multiplicity: int
+
+
+def client_alpha(alpha: float, balance: str, context: ClientContext) -> float:
+    """``α_k``: ``α · n̄ / n_k`` ("by_size") or ``α`` ("none")."""
+    if balance == "by_size":
+        return alpha * (context.mean_num_samples / context.num_samples)
+    return alpha
+
+
+def build(alpha: float = 0.01, balance: str = "by_size") -> Algorithm:
+    """FedDyn with regularization ``alpha`` > 0 and ``balance`` in {"by_size", "none"}."""
+    if not alpha > 0:
+        raise ValueError(f"feddyn needs alpha > 0, got {alpha}")
+    if balance not in BALANCES:
+        raise ValueError(f"unknown balance {balance!r}; valid: {', '.join(BALANCES)}")
+
+    def server_init(initial_params: torch.Tensor) -> ServerState:
+        return ServerState(params=initial_params, dual_sum=torch.zeros_like(initial_params))
+
+    def client_state_init(initial_params: torch.Tensor) -> ClientState:
+        return ClientState(dual=torch.zeros_like(initial_params))
+
+    def client_objective(server: ServerState, client: ClientState, context: ClientContext) -> GradientCorrection:
+        alpha_k = client_alpha(alpha, balance, context)
+        return GradientCorrection(linear=alpha_k * client.dual, quadratic=alpha_k, reference=server.params)
+
+    def client_finish(server: ServerState, client: ClientState, context: ClientContext, update: ClientUpdate) -> tuple[ClientState, ClientMessage]:
+        dual = client.dual + (update.final_params - server.params)
+        return ClientState(dual), ClientMessage(update.final_params, context.multiplicity)
+
+    def server_update(server: ServerState, messages: Sequence[ClientMessage], context: RoundContext) -> tuple[ServerState, dict[str, float]]:
+        if context.server_learning_rate != 1.0:
+            raise ValueError(f"feddyn has its own server step; set server.lr = 1 (got {context.server_learning_rate})")
+        weights = aggregation_weights([1] * len(messages), [m.multiplicity for m in messages], "uniform")
+        client_average = weighted_sum([m.params for m in messages], weights)
+        dual_sum = server.dual_sum
+        for message in messages:  # each reporting client once, with the increment it added to its own λ_k
+            dual_sum = dual_sum + (message.params - server.params)
+        dual_mean = dual_sum / context.num_registered
+        params = client_average + dual_mean
+        return ServerState(params, dual_sum), {"drift_norm": float(torch.linalg.vector_norm(dual_mean))}
+
+    def broadcast(server: ServerState) -> torch.Tensor:
+        return server.params
+
+    return Algorithm(
+        name="feddyn",
+        server_init=server_init,
+        client_objective=client_objective,
+        client_finish=client_finish,
+        server_update=server_update,
+        broadcast=broadcast,
+        client_state_init=client_state_init,
+    )
+
+
+def from_config(config: Config, server_optimizer: Any) -> Algorithm:
+    """Build from ``config``; FedDyn's server step is its own, so only the plain SGD server optimizer is accepted."""
+    _require_plain_server(server_optimizer, "feddyn")
+    return build(alpha=config.alpha, balance=config.balance)
+
+
+def _require_plain_server(server_optimizer: Any, name: str) -> None:
+    if server_optimizer.name != "sgd":
+        from driftlab.experiments.config import ConfigError  # imported here: the config module imports this registry
+
+        raise ConfigError(f"server.optimizer: {name} has its own server step and does not use a server optimizer; use sgd (got {server_optimizer.name!r})")

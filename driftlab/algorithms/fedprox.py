@@ -1,0 +1,116 @@
+"""FedProx (Li et al., "Federated Optimization in Heterogeneous Networks", MLSys 2020).
+
+Seed paper 001, as algorithms.md states it:
+
+    client k:  h_k(θ) = f_k(θ) + μ/2 ‖θ − θ^{t−1}‖²
+               K steps of SGD on h_k from θ^{t−1}:  ∇ += μ (θ − θ^{t−1})
+               → GradientCorrection(linear=None, quadratic=μ, reference=θ^{t−1})
+    server:    exactly FedAvg: θ̄ = Σ_{k∈P} w_k θ_k,  θ^t = ServerOpt(θ^{t−1}, θ^{t−1} − θ̄, η_g)
+
+with ``w_k = n_k / Σ_P n_j`` ("weighted", default, the authors' code) or
+``1/|P|`` ("uniform").  The server step is FedAvg's, so FedProx composes with
+every server optimizer (FedAdam + proximal clients, ...).
+
+``μ = 0`` is FedAvg bit for bit: the client then gets no correction at all
+(not a zero one), so its local step does exactly FedAvg's arithmetic.
+
+Client sampling: both of the paper's modes are the engine's
+(``sampling.mode``): "uniform" without replacement with the weighted average
+(the authors' code), or "weighted", ``K`` draws with ``p_k = n_k/n`` (FedProx
+Algorithm 2) — use it with ``aggregation = "uniform"`` for the paper's simple
+average; a client drawn twice counts twice.
+
+Partial work and dropouts: FedProx keeps partial work.  A client that reports
+after fewer steps than planned (a straggler, or the γ-inexact solver stopping
+it early — both engine features) is averaged like any other; a client that
+does not report sends nothing and is left out of the average.
+
+Example:
+    >>> from driftlab.algorithms import fedprox
+    >>> from driftlab.optim.server import make_server_optimizer
+    >>> algorithm = fedprox.build(make_server_optimizer("sgd"), mu=0.01)
+    >>> import torch
+    >>> server = algorithm.server_init(torch.zeros(3))
+    >>> algorithm.client_objective(server, None, None).quadratic
+    0.01
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal, Sequence
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from driftlab.algorithms.aggregation import aggregation_weights, weighted_sum
+from driftlab.optim.apply import apply_server_optimizer
+from driftlab.simulation.seam import NO_CORRECTION, Algorithm, ClientContext, ClientUpdate, GradientCorrection, RoundContext
+
+
+class Config(BaseModel):
+    """``[algorithm]`` section for FedProx (the server optimizer is chosen in ``[server]``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: Literal["fedprox"] = "fedprox"
+    mu: float = Field(
+        0.01, ge=0, description="proximal coefficient μ ≥ 0: the local gradient adds μ(θ − θ^{t−1}); 0 is FedAvg exactly"
+    )
+    aggregation: Literal["weighted", "uniform"] = Field(
+        "weighted", description="weighted: w_k = n_k / Σ n_j (default, authors' code); uniform: mean over reporting clients (Algorithm 2)"
+    )
+
+
+@dataclass(frozen=True)
+class ServerState:
+    params: torch.Tensor  # θ^t
+    optimizer_state: Any  # the server optimizer's state
+
+
+@dataclass(frozen=True)
+class ClientMessage:
+    params: torch.Tensor  # θ_k, one model up
+    num_samples: int
+    multiplicity: int
+
+
+def build(server_optimizer: Any, mu: float = 0.01, aggregation: str = "weighted") -> Algorithm:
+    """FedProx with proximal coefficient ``mu`` ≥ 0 and FedAvg's server step (``server_optimizer``, ``aggregation``)."""
+    if mu < 0:
+        raise ValueError(f"fedprox needs mu >= 0, got {mu}")
+    aggregation_weights([1], [1], aggregation)  # validates the name before any work
+
+    def server_init(initial_params: torch.Tensor) -> ServerState:
+        return ServerState(params=initial_params, optimizer_state=server_optimizer.init(initial_params))
+
+    def client_objective(server: ServerState, client_state: None, context: ClientContext) -> GradientCorrection:
+        if mu == 0:
+            return NO_CORRECTION  # no term at all, so the step is FedAvg's to the bit
+        return GradientCorrection(quadratic=mu, reference=server.params)
+
+    def client_finish(server: ServerState, client_state: None, context: ClientContext, update: ClientUpdate) -> tuple[None, ClientMessage]:
+        return None, ClientMessage(update.final_params, context.num_samples, context.multiplicity)
+
+    def server_update(server: ServerState, messages: Sequence[ClientMessage], context: RoundContext) -> tuple[ServerState, dict[str, float]]:
+        weights = aggregation_weights([m.num_samples for m in messages], [m.multiplicity for m in messages], aggregation)
+        client_average = weighted_sum([m.params for m in messages], weights)
+        params, optimizer_state = apply_server_optimizer(
+            server_optimizer, server.optimizer_state, server.params, client_average, context.server_learning_rate
+        )
+        return ServerState(params, optimizer_state), {}
+
+    def broadcast(server: ServerState) -> torch.Tensor:
+        return server.params
+
+    return Algorithm(
+        name="fedprox",
+        server_init=server_init,
+        client_objective=client_objective,
+        client_finish=client_finish,
+        server_update=server_update,
+        broadcast=broadcast,
+    )
+
+
+def from_config(config: Config, server_optimizer: Any) -> Algorithm:
+    return build(server_optimizer, mu=config.mu, aggregation=config.aggregation)

@@ -1,0 +1,140 @@
+"""SCAFFOLD, option II (Karimireddy et al., "SCAFFOLD: Stochastic Controlled Averaging for Federated Learning", ICML 2020).
+
+As algorithms.md states it.  State: the server control variate ``c`` and one
+per client ``c_k``, model-sized, all starting at 0.
+
+    client k:  y ← θ^{t−1};  K steps of  y ← y − η_l (∇f_k(y) + c − c_k)
+               → GradientCorrection(linear = c − c_k)
+               c_k⁺ = c_k − c + (θ^{t−1} − y) / (K η_l)                (option II)
+               send Δy_k = y − θ^{t−1}  and  Δc_k = c_k⁺ − c_k
+    server:    θ^t = θ^{t−1} + η_g mean_P Δy_k
+               c   ← c + (|P|/N) mean_P Δc_k  =  c + (1/N) Σ_P Δc_k
+
+``η_l`` is the round's actual client learning rate (``ClientContext.learning_rate``,
+so a decaying schedule is honoured) and ``K`` the number of steps the client
+actually did (``ClientUpdate.steps_done``).  ``N`` is the number of registered
+clients (``RoundContext.num_registered``), so ``c`` stays the mean of all
+clients' ``c_k`` (clients that never trained count with ``c_k = 0``).
+
+The θ-update goes through the server optimizer: its pseudo-gradient is
+``q = −mean_P Δy_k`` and SGD computes ``θ − η_g q``, which is the line above
+exactly (``server.lr`` is ``η_g``); Adam, momentum, ... apply to it as to
+FedAvg's.  ``c`` is always updated as written, whatever the optimizer.
+
+Sampling with replacement (``sampling.mode = "weighted"``): a client drawn
+twice counts twice in ``mean_P Δy_k`` but trains once and updates its ``c_k``
+once, so it adds its ``Δc_k`` once (keeping ``c = mean_S c_k``).
+
+Partial work and dropouts: a client that did ``s < K`` steps uses ``s`` in its
+``c_k⁺`` (the mean gradient over the steps it did) and is averaged like the
+others; a client that reported after 0 steps keeps its ``c_k`` (``Δc_k = 0``,
+``Δy_k = 0``).  A client that does not report sends nothing and keeps ``c_k``.
+
+Communication: two model-sized vectors each way per client (``Δy_k, Δc_k`` up;
+``θ, c`` down), counted as two models per direction.
+
+Metric ``drift_norm`` = ``‖c‖`` after the update.
+
+Example:
+    >>> import torch
+    >>> from driftlab.algorithms import scaffold
+    >>> from driftlab.optim.server import make_server_optimizer
+    >>> algorithm = scaffold.build(make_server_optimizer("sgd"))
+    >>> server = algorithm.server_init(torch.zeros(3))
+    >>> [tuple(t.shape) for t in algorithm.broadcast(server)]
+    [(3,), (3,)]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal, Sequence
+
+import torch
+from pydantic import BaseModel, ConfigDict
+
+from driftlab.algorithms.aggregation import aggregation_weights, weighted_sum
+from driftlab.simulation.seam import Algorithm, ClientContext, ClientUpdate, GradientCorrection, RoundContext
+
+
+class Config(BaseModel):
+    """``[algorithm]`` section for SCAFFOLD (option II); the server optimizer and ``η_g`` are chosen in ``[server]``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: Literal["scaffold"] = "scaffold"
+
+
+@dataclass(frozen=True)
+class ServerState:
+    params: torch.Tensor  # θ^t
+    control: torch.Tensor  # c, the mean over registered clients of c_k
+    optimizer_state: Any  # the server optimizer's state (for the θ-update)
+
+
+@dataclass(frozen=True)
+class ClientState:
+    control: torch.Tensor  # c_k
+
+
+@dataclass(frozen=True)
+class ClientMessage:
+    params_delta: torch.Tensor  # Δy_k = y − θ^{t−1}
+    control_delta: torch.Tensor  # Δc_k = c_k⁺ − c_k
+    multiplicity: int
+
+
+def build(server_optimizer: Any) -> Algorithm:
+    """SCAFFOLD option II whose θ-update applies ``server_optimizer`` to ``q = −mean_P Δy_k``."""
+
+    def server_init(initial_params: torch.Tensor) -> ServerState:
+        return ServerState(
+            params=initial_params, control=torch.zeros_like(initial_params), optimizer_state=server_optimizer.init(initial_params)
+        )
+
+    def client_state_init(initial_params: torch.Tensor) -> ClientState:
+        return ClientState(control=torch.zeros_like(initial_params))
+
+    def client_objective(server: ServerState, client: ClientState, context: ClientContext) -> GradientCorrection:
+        return GradientCorrection(linear=server.control - client.control)
+
+    def client_finish(server: ServerState, client: ClientState, context: ClientContext, update: ClientUpdate) -> tuple[ClientState, ClientMessage]:
+        params_delta = update.final_params - server.params
+        if update.steps_done == 0:
+            # No step, no gradient information: keep c_k (option II would divide by zero).
+            new_control = client.control
+        else:
+            step_scale = update.steps_done * context.learning_rate  # K η_l with the round's actual values
+            new_control = client.control - server.control + (server.params - update.final_params) / step_scale
+        message = ClientMessage(params_delta, new_control - client.control, context.multiplicity)
+        return ClientState(new_control), message
+
+    def server_update(server: ServerState, messages: Sequence[ClientMessage], context: RoundContext) -> tuple[ServerState, dict[str, float]]:
+        weights = aggregation_weights([1] * len(messages), [m.multiplicity for m in messages], "uniform")
+        mean_params_delta = weighted_sum([m.params_delta for m in messages], weights)
+        params, optimizer_state = server_optimizer.update(
+            server.optimizer_state, server.params, -mean_params_delta, context.server_learning_rate
+        )
+        # (|P|/N) mean_P Δc_k = (1/N) Σ_P Δc_k, each reporting client once.
+        control_delta_sum = messages[0].control_delta
+        for message in messages[1:]:
+            control_delta_sum = control_delta_sum + message.control_delta
+        control = server.control + control_delta_sum / context.num_registered
+        metrics = {"drift_norm": float(torch.linalg.vector_norm(control))}
+        return ServerState(params, control, optimizer_state), metrics
+
+    def broadcast(server: ServerState) -> tuple[torch.Tensor, torch.Tensor]:
+        return server.params, server.control
+
+    return Algorithm(
+        name="scaffold",
+        server_init=server_init,
+        client_objective=client_objective,
+        client_finish=client_finish,
+        server_update=server_update,
+        broadcast=broadcast,
+        client_state_init=client_state_init,
+    )
+
+
+def from_config(config: Config, server_optimizer: Any) -> Algorithm:
+    return build(server_optimizer)
