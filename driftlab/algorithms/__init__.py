@@ -8,7 +8,7 @@ and its module, whose ``from_config(config, server_optimizer)`` builds the
 
 from __future__ import annotations
 
-from driftlab.algorithms import adabest, fedavg, feddyn, fedprox, scaffold
+from driftlab.algorithms import adabest, efl, fedavg, feddyn, fedprox, scaffold
 
 ALGORITHM_MODULES = {
     "fedavg": fedavg,
@@ -16,6 +16,7 @@ ALGORITHM_MODULES = {
     "scaffold": scaffold,
     "feddyn": feddyn,
     "adabest": adabest,
+    "efl": efl,
 }
 
 ALGORITHM_CONFIGS = {name: module.Config for name, module in ALGORITHM_MODULES.items()}

@@ -79,8 +79,8 @@ def _tiny_simulation(aggregation: str, server_optimizer: str = "sgd", server_lr:
         local_epochs=None,
         local_steps=1,
     )
-    sim = Simulation(model, data, algorithm, SequentialBackend(), plan, torch.device("cpu"), torch.float64)
     theta0 = torch.tensor(THETA0, dtype=torch.float64)
+    sim = Simulation(model, data, algorithm, SequentialBackend(), plan, torch.device("cpu"), torch.float64, initial_params=theta0)
     return sim, SimulationState(0, algorithm.server_init(theta0), InMemoryClientStore(None))
 
 
@@ -144,10 +144,10 @@ def test_fedsgd_with_server_lr_one_equals_fedavg_bit_for_bit():
 
 
 class _RecordingBackend:
-    """Wraps the sequential backend and keeps every client's final model."""
+    """Wraps a training backend and keeps every client's final model."""
 
-    def __init__(self) -> None:
-        self.inner = SequentialBackend()
+    def __init__(self, inner) -> None:
+        self.inner = inner
         self.rounds: list[dict[int, torch.Tensor]] = []
 
     def train(self, model, start_params, tasks, settings, data):
@@ -159,12 +159,22 @@ class _RecordingBackend:
 
 
 def test_fedavg_new_params_are_exactly_the_weighted_average_of_client_models(monkeypatch):
-    backend = _RecordingBackend()
-    monkeypatch.setitem(runner_module.BACKENDS, "sequential", lambda: backend)
+    recorders = []
+
+    def recording(factory):
+        def make():
+            recorders.append(_RecordingBackend(factory()))
+            return recorders[-1]
+
+        return make
+
+    for name, factory in list(runner_module.BACKENDS.items()):  # whichever backend the default config picks
+        monkeypatch.setitem(runner_module.BACKENDS, name, recording(factory))
     config = driftlab.load_config(None, [*TINY, "rounds=1"])
     sim, state = runner_module.build_simulation(config)
     new_state, record = run_round(sim, state)
 
+    (backend,) = recorders
     finals = backend.rounds[0]
     ids = record["reporting_clients"]
     assert sorted(finals) == ids and len(ids) == 3

@@ -67,9 +67,10 @@ def quadratic_federated(
     client_indices = tuple(np.arange(bounds[i], bounds[i + 1], dtype=np.int64) for i in range(len(counts)))
     probabilities = counts / counts.sum()
     minimizer = (probabilities[:, None] * linear).sum(0) / (probabilities[:, None] * curvatures).sum(0)
-    inputs = torch.tensor(rows, dtype=torch.float32)
+    # float64 so the known minimiser is exact for float64 runs (float32 runs round the rows once)
+    inputs = torch.tensor(rows, dtype=torch.float64)
     targets = torch.zeros(len(rows), dtype=torch.int64)
-    test_rows = torch.tensor(np.concatenate([curvatures, linear], axis=1), dtype=torch.float32)
+    test_rows = torch.tensor(np.concatenate([curvatures, linear], axis=1), dtype=torch.float64)
     return FederatedDataset(
         name=name,
         train_inputs=inputs,

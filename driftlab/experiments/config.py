@@ -186,6 +186,14 @@ class AvailabilityConfig(_Section):
         return self
 
 
+class CompressionConfig(_Section):
+    ratio: float | None = Field(
+        None, gt=0, le=1,
+        description="ST compression (top-k + ternary, error feedback both ways) keeping this fraction q of each tensor; "
+        "1 = uncompressed; none = the algorithm's default (EFL 0.01, others 1)",
+    )
+
+
 class EvaluationConfig(_Section):
     every: int = Field(1, ge=1, description="evaluate every N rounds (and always after the last round)")
     model: Literal["server", "reporting_mean", "all_clients_mean"] = Field(
@@ -205,7 +213,11 @@ class ExperimentConfig(_Section):
     rounds: int = Field(100, ge=1, description="communication rounds")
     device: str = Field("cpu", description="cpu, cuda, cuda:N, or auto (cuda when available)")
     precision: Literal["float32", "float64"] = Field("float32", description="arithmetic of training and aggregation")
-    backend: Literal["sequential"] = Field("sequential", description="local training backend")
+    backend: Literal["auto", "vectorized", "sequential"] = Field(
+        "auto",
+        description="local training backend: vectorized (a round's clients trained together), sequential (one by one, the reference), "
+        "or auto (vectorized, which is faster for every zoo model; see docs/performance.md)",
+    )
     checkpoint_every: int = Field(10, ge=1, description="write a checkpoint every N rounds (and at the end or on interruption)")
     data: DataConfig = DataConfig()
     model: ModelConfig = ModelConfig()
@@ -214,6 +226,7 @@ class ExperimentConfig(_Section):
     server: ServerConfig = ServerConfig()
     sampling: SamplingConfig = SamplingConfig()
     availability: AvailabilityConfig = AvailabilityConfig()
+    compression: CompressionConfig = CompressionConfig()
     evaluation: EvaluationConfig = EvaluationConfig()
 
     @model_validator(mode="after")
@@ -318,6 +331,10 @@ def load_config(source: str | Path | dict[str, Any] | None = None, overrides: li
 
 
 def validate_config(table: dict[str, Any]) -> ExperimentConfig:
+    algorithm = table.get("algorithm")
+    if isinstance(algorithm, dict) and "name" not in algorithm:
+        # an [algorithm] section without `name` configures the default algorithm
+        table = {**table, "algorithm": {"name": next(iter(ALGORITHM_CONFIGS)), **algorithm}}
     try:
         return ExperimentConfig.model_validate(table)
     except ValidationError as error:
@@ -337,7 +354,8 @@ def format_validation_error(error: ValidationError, table: dict[str, Any]) -> st
             valid = ", ".join(_valid_keys(loc[:-1], table))
             message = f"unknown key; valid keys here: {valid}"
         elif item["type"] == "union_tag_invalid":
-            message = f"unknown algorithm {item['input']!r}; valid algorithms: {', '.join(ALGORITHM_CONFIGS)}"
+            tag = (item.get("ctx") or {}).get("tag", item["input"])
+            message = f"unknown algorithm {tag!r}; valid algorithms: {', '.join(ALGORITHM_CONFIGS)}"
         elif item["type"] == "union_tag_not_found":
             message = f"missing `name`; valid algorithms: {', '.join(ALGORITHM_CONFIGS)}"
         elif "input" in item and item["type"] not in ("missing",):

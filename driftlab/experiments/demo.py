@@ -20,6 +20,10 @@ DEMO_BASE = "demo-synthetic"
 DEMO_RUNS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("FedAvg", ("algorithm.name=fedavg",)),
     ("FedAdam", ("algorithm.name=fedavg", "server.optimizer=adam", "server.lr=0.003")),
+    ("FedProx", ("algorithm.name=fedprox", "algorithm.mu=1")),
+    ("SCAFFOLD", ("algorithm.name=scaffold",)),
+    ("FedDyn", ("algorithm.name=feddyn", "algorithm.alpha=0.01")),
+    ("AdaBest", ("algorithm.name=adabest", "algorithm.mu=0.02", "algorithm.beta=0.9")),
 )
 
 

@@ -24,6 +24,7 @@ import torch
 from safetensors.torch import save_file
 
 from driftlab.algorithms import ALGORITHM_MODULES
+from driftlab.compress import with_compression
 from driftlab.experiments.config import ConfigError, ExperimentConfig, load_config
 from driftlab.experiments.datasets import build_dataset
 from driftlab.metrics.summary import summarize
@@ -37,13 +38,14 @@ from driftlab.simulation.local_training import SequentialBackend
 from driftlab.simulation.randomness import Stream, torch_seed
 from driftlab.simulation.sampling import clients_per_round
 from driftlab.simulation.state_store import InMemoryClientStore
+from driftlab.simulation.vectorized import VectorizedBackend
 
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"
 CHECKPOINT_FILE = "checkpoint.safetensors"
 FINAL_MODEL_FILE = "final_model.safetensors"
 
-BACKENDS = {"sequential": SequentialBackend}
+BACKENDS = {"sequential": SequentialBackend, "vectorized": VectorizedBackend}
 
 
 @dataclass
@@ -72,6 +74,12 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def resolve_backend(name: str) -> str:
+    """``auto`` is the vectorized backend: faster than the sequential one for every zoo model (docs/performance.md);
+    it falls back to sequential training itself, with a warning, for a module it cannot batch."""
+    return "vectorized" if name == "auto" else name
+
+
 def build_simulation(config: ExperimentConfig) -> tuple[Simulation, SimulationState]:
     """Data, model, algorithm and backend for ``config``, and the state before round 1."""
     device = resolve_device(config.device)
@@ -86,7 +94,13 @@ def build_simulation(config: ExperimentConfig) -> tuple[Simulation, SimulationSt
         model = FlatModel.wrap(module).to(device, dtype)
     initial_params = model.initial_parameters().to(device, dtype)
     server_optimizer = make_server_optimizer(config.server.optimizer, **config.server.optimizer_hyperparameters())
-    algorithm = ALGORITHM_MODULES[config.algorithm.name].from_config(config.algorithm, server_optimizer)
+    module = ALGORITHM_MODULES[config.algorithm.name]
+    algorithm = module.from_config(config.algorithm, server_optimizer)
+    compression_ratio = config.compression.ratio
+    if compression_ratio is None:
+        compression_ratio = getattr(module, "DEFAULT_COMPRESSION_RATIO", 1.0)
+    if compression_ratio < 1:
+        algorithm = with_compression(algorithm, compression_ratio, model.numels)
     plan = RoundPlan(
         seed=config.seed,
         participation=config.sampling.participation,
@@ -104,7 +118,7 @@ def build_simulation(config: ExperimentConfig) -> tuple[Simulation, SimulationSt
     evaluation = EvaluationPlan(
         every=config.evaluation.every, model=config.evaluation.model, dissimilarity_every=config.evaluation.dissimilarity_every
     )
-    sim = Simulation(model, data, algorithm, BACKENDS[config.backend](), plan, device, dtype, initial_params, evaluation)
+    sim = Simulation(model, data, algorithm, BACKENDS[resolve_backend(config.backend)](), plan, device, dtype, initial_params, evaluation)
     client_initial = algorithm.client_state_init
     store = InMemoryClientStore((lambda: client_initial(initial_params)) if client_initial else None)
     latest_models = InMemoryClientStore(None) if config.evaluation.model == "all_clients_mean" else None

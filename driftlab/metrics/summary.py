@@ -6,7 +6,16 @@ from typing import Any, Sequence
 
 
 def evaluated(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records of evaluation rounds of a classifier (those with a test accuracy)."""
     return [r for r in records if "test_accuracy" in r]
+
+
+def last_value(records: Sequence[dict[str, Any]], key: str) -> Any:
+    """The last recorded value of ``key`` (None if never recorded)."""
+    for record in reversed(records):
+        if key in record:
+            return record[key]
+    return None
 
 
 def first_round_reaching(records: Sequence[dict[str, Any]], target: float) -> dict[str, Any] | None:
@@ -36,12 +45,16 @@ def summarize(records: Sequence[dict[str, Any]], target: float | None, num_param
         "rounds": records[-1]["round"] if records else 0,
         "final_accuracy": scored[-1]["test_accuracy"] if scored else None,
         "best_accuracy": max((r["test_accuracy"] for r in scored), default=None),
+        "final_train_loss": last_value(records, "train_loss"),
         "local_steps": sum(r["local_steps"] for r in records),
         "target_accuracy": target,
         "rounds_to_target": None,
         "models_to_target": None,
         "bits_to_target": None,
     }
+    distance = last_value(records, "distance_to_minimizer")
+    if distance is not None:
+        summary["final_distance_to_minimizer"] = distance
     if target is not None:
         hit = first_round_reaching(records, target)
         if hit is not None:

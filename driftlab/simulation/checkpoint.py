@@ -147,7 +147,7 @@ def load_checkpoint(
     if metadata.get("fingerprint") != fingerprint:
         raise CheckpointError(
             f"checkpoint {path} belongs to a different experiment configuration; "
-            "resume with the config stored beside it (config.toml) or use a new --out directory"
+            "resume with the config stored beside it (config.json) or use a new --out directory"
         )
     server_state = state_from_tensors(server_template, tensors, "server", device)
     client_states = {}

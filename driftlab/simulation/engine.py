@@ -36,6 +36,7 @@ from driftlab.simulation.local_training import (
     batch_plan,
     steps_for_epochs,
 )
+from driftlab.simulation.randomness import Stream, generator
 from driftlab.simulation.sampling import sample_clients
 from driftlab.simulation.seam import Algorithm, ClientContext, ClientUpdate, RoundContext
 from driftlab.simulation.state_store import ClientStateStore, InMemoryClientStore
@@ -67,6 +68,11 @@ class RoundPlan:
 
     def steps_per_epoch(self, num_samples: int) -> int:
         return steps_for_epochs(num_samples, self.batch_size, 1)
+
+    def partial_work_epoch(self, num_samples: int) -> int:
+        """The epoch length a straggler's work is cut in: whole epochs when work is given in
+        epochs, single steps (0) when it is a fixed step count K."""
+        return self.steps_per_epoch(num_samples) if self.local_epochs is not None else 0
 
 
 @dataclass(frozen=True)
@@ -144,7 +150,7 @@ def run_round(sim: Simulation, state: SimulationState, evaluate_after: bool = Fa
         num_samples = int(sim.client_sizes[client_id])
         planned = plan.planned_steps(num_samples, t)
         per_epoch = plan.steps_per_epoch(num_samples)
-        steps = steps_to_do(plan.availability, plan.seed, t, client_id, planned, per_epoch)
+        steps = steps_to_do(plan.availability, plan.seed, t, client_id, planned, plan.partial_work_epoch(num_samples))
         if steps == 0:
             num_inactive += 1
             continue
@@ -176,13 +182,13 @@ def run_round(sim: Simulation, state: SimulationState, evaluate_after: bool = Fa
     keep_reporting_mean = evaluate_after and sim.evaluation.model == "reporting_mean"
     for position, final_params, done in sim.backend.train(sim.model, start_params, tasks, settings, sim.training_data):
         steps_done[position] = done
-        update = ClientUpdate(start_params, final_params, done)
+        update = ClientUpdate(start_params, final_params, done, ClientDataComputation(sim, tasks[position].client_id, t))
         new_client_states[position], messages[position] = sim.algorithm.client_finish(
             state.server, client_states[position], contexts[position], update
         )
         if state.latest_models is not None:
             state.latest_models.put(tasks[position].client_id, final_params)
-        if keep_reporting_mean:
+        if keep_reporting_mean and messages[position] is not None:
             reporting_sum = final_params if reporting_sum is None else reporting_sum + final_params
     for task, client_state in zip(tasks, new_client_states):
         state.clients.put(task.client_id, client_state)
@@ -217,7 +223,7 @@ def run_round(sim: Simulation, state: SimulationState, evaluate_after: bool = Fa
     new_state = SimulationState(t, server, state.clients, state.latest_models)
     if evaluate_after:
         if sim.evaluation.model == "reporting_mean" and reporting_sum is not None:
-            evaluated = reporting_sum / len(tasks)
+            evaluated = reporting_sum / len(reporting)
         elif sim.evaluation.model == "all_clients_mean":
             evaluated = all_clients_mean(sim, new_state)
         else:
@@ -227,6 +233,34 @@ def run_round(sim: Simulation, state: SimulationState, evaluate_after: bool = Fa
         record.update(dissimilarity(sim, server.params))
     record["round_seconds"] = time.perf_counter() - started
     return new_state, record
+
+
+@dataclass(frozen=True)
+class ClientDataComputation:
+    """``seam.ClientComputation`` on one client's rows; samples derive from (seed, round, client id)."""
+
+    sim: Simulation
+    client_id: int
+    round: int
+
+    def diagonal_fisher(self, params: torch.Tensor, max_examples: int, chunk: int = 256) -> torch.Tensor:
+        rows = self.sim.client_rows[self.client_id]
+        if max_examples < len(rows):
+            rng = generator(self.sim.plan.seed, Stream.FISHER_SAMPLE, self.round, self.client_id)
+            chosen = np.sort(rng.choice(len(rows), size=max_examples, replace=False))
+            rows = rows[torch.as_tensor(chosen, device=rows.device)]
+        model = self.sim.model
+
+        def example_loss(theta: torch.Tensor, inputs: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+            return model.example_loss(model.forward(theta, inputs[None]), target[None])[0]
+
+        per_example_gradients = torch.func.vmap(torch.func.grad(example_loss), in_dims=(None, 0, 0))
+        total = torch.zeros_like(params)
+        for start in range(0, len(rows), chunk):
+            part = rows[start : start + chunk]
+            gradients = per_example_gradients(params, self.sim.training_data.inputs[part], self.sim.training_data.targets[part])
+            total += (gradients**2).sum(0)
+        return total / len(rows)
 
 
 def all_clients_mean(sim: Simulation, state: SimulationState) -> torch.Tensor:

@@ -24,7 +24,7 @@ engine owns (``ClientStateStore``), never on the algorithm.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import torch
 
@@ -70,6 +70,15 @@ class ClientContext:
         return self.available_steps is not None and self.available_steps < self.planned_steps
 
 
+class ClientComputation(Protocol):
+    """Computations on a client's own data that an algorithm may ask for after local training."""
+
+    def diagonal_fisher(self, params: torch.Tensor, max_examples: int) -> torch.Tensor:
+        """Mean over (a seeded sample of at most ``max_examples`` of) the client's examples of the
+        squared per-example gradient of the log-likelihood at ``params``: the diagonal empirical Fisher."""
+        ...
+
+
 @dataclass(frozen=True)
 class ClientUpdate:
     """What local training produced for one client."""
@@ -77,6 +86,14 @@ class ClientUpdate:
     start_params: torch.Tensor
     final_params: torch.Tensor
     steps_done: int
+    computation: ClientComputation | None = None  # the client's own data, for algorithms that need more than θ_k
+    # The client's own final model when final_params is what the server reconstructs from a compressed upload.
+    local_params: torch.Tensor | None = None
+
+    @property
+    def trained_params(self) -> torch.Tensor:
+        """The model the client actually holds after training (uncompressed)."""
+        return self.local_params if self.local_params is not None else self.final_params
 
 
 @dataclass(frozen=True)

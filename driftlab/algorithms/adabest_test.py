@@ -1,0 +1,105 @@
+"""AdaBest: β = μ = 0 is uniform FedAvg bit for bit, h_k/(t − t'_k), the server's θ̄ and h, β schedules, its limit point."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import driftlab
+from driftlab.algorithms import adabest
+from driftlab.algorithms.shared_test import TINY, build_algorithm, heterogeneous_quadratics, run_quadratic, without_wall_time
+from driftlab.optim.schedules import ExponentialSchedule
+from driftlab.simulation.seam import NO_CORRECTION, ClientContext, ClientUpdate, RoundContext
+
+F64 = torch.float64
+
+
+def vector(*values: float) -> torch.Tensor:
+    return torch.tensor(values, dtype=F64)
+
+
+@pytest.mark.parametrize("overrides", [(), ("sampling.mode=weighted",), ("client.clip_norm=0.5", "client.weight_decay=0.001")])
+def test_beta_and_mu_zero_is_uniform_fedavg_bit_for_bit(overrides: tuple[str, ...]) -> None:
+    best = driftlab.run({**TINY, "algorithm": {"name": "adabest", "mu": 0.0, "beta": 0.0}}, overrides=list(overrides))
+    avg = driftlab.run({**TINY, "algorithm": {"name": "fedavg", "aggregation": "uniform"}}, overrides=list(overrides))
+    assert torch.equal(best.final_params, avg.final_params)
+    drop = ("drift_norm",)
+    assert [{k: v for k, v in r.items() if k not in drop} for r in without_wall_time(best.records)] == without_wall_time(avg.records)
+    assert all(record["drift_norm"] == 0.0 for record in best.records)
+
+
+def test_client_drift_is_damped_by_rounds_since_last_report() -> None:
+    # h_k = (3, −6) last reported in round 2, reports again in round 5: h_k ← h_k/3 + μ(θ^{t−1} − θ_k)
+    # = (1, −2) + 0.5((1, 1) − (0, 3)) = (1.5, −3);  t'_k ← 5.
+    algorithm = adabest.build(mu=0.5, beta=0.9)
+    server = adabest.ServerState(vector(1, 1), vector(0, 0))
+    client = adabest.ClientState(vector(3, -6), 2)
+    context = ClientContext(4, 5, 10, 10.0, 10, 5, 0.1)
+    correction = algorithm.client_objective(server, client, context)
+    assert torch.equal(correction.linear, vector(-3, 6)) and correction.quadratic is None
+    state, message = algorithm.client_finish(server, client, context, ClientUpdate(server.params, vector(0, 3), 5))
+    assert torch.equal(state.drift, vector(1.5, -3)) and state.last_round == 5
+    assert torch.equal(message.params, vector(0, 3))
+    # first participation (t'_k = 0, h_k = 0): only the new term
+    first, _ = algorithm.client_finish(server, algorithm.client_state_init(vector(1, 1)), context, ClientUpdate(server.params, vector(0, 3), 5))
+    assert torch.equal(first.drift, vector(0.5, -1)) and first.last_round == 5
+    assert adabest.build(mu=0.0, beta=0.5).client_objective(server, client, context) is NO_CORRECTION
+
+
+def test_server_step_with_a_beta_schedule() -> None:
+    # β_t = 0.8 · 0.5^(t−1): β_3 = 0.2.  θ̄^{t−1} = (1, 1); clients (0, 2) and (2, 4): θ̄^t = (1, 3);
+    # h^t = 0.2 ((1,1) − (1,3)) = (0, −0.4);  θ^t = θ̄^t − h^t = (1, 3.4).
+    algorithm = adabest.build(mu=0.1, beta=ExponentialSchedule(initial=0.8, decay=0.5))
+    server = adabest.ServerState(vector(5, 5), vector(1, 1))
+    messages = [adabest.ClientMessage(vector(0, 2), 1, 1), adabest.ClientMessage(vector(2, 4), 3, 1)]
+    server, metrics = algorithm.server_update(server, messages, RoundContext(3, 100, 2, 1.0))
+    assert torch.allclose(server.params, vector(1, 3.4), rtol=1e-15)
+    assert torch.equal(server.client_average, vector(1, 3))
+    assert metrics["drift_norm"] == pytest.approx(0.4, rel=1e-15)
+    # weighted aggregation: θ̄ = ¼(0,2) + ¾(2,4) = (1.5, 3.5)
+    weighted = adabest.build(mu=0.1, beta=0.0, aggregation="weighted")
+    server, _ = weighted.server_update(adabest.ServerState(vector(5, 5), vector(1, 1)), messages, RoundContext(3, 100, 2, 1.0))
+    assert torch.equal(server.params, vector(1.5, 3.5))
+
+
+def test_limit_point_is_the_proximal_point_anchored_at_the_initial_model() -> None:
+    # Module docstring: with full participation and constant β < 1, mean_k h_k^t telescopes to
+    # μ[(θ̄^0 − θ̄^t) − β(θ̄^0 − θ̄^{t−1})], and at a fixed point ∇f_k(θ) = h_k for every k, so
+    #     ∇F(θ^∞) = μ(1 − β)(θ^0 − θ^∞)   ⇔   θ^∞ = (Ā + μ(1−β) I)^{-1} (b̄ + μ(1−β) θ^0)   (diagonal Ā).
+    problem = heterogeneous_quadratics()
+    initial = torch.tensor([1.0, -1.0, 0.5], dtype=F64)
+    mu, beta = 0.1, 0.5
+    run = run_quadratic(build_algorithm("adabest", mu=mu, beta=beta), problem, initial, rounds=1000, steps=10, learning_rate=0.1)
+    shrink = mu * (1 - beta)
+    predicted = (problem.targets.mean(0) + shrink * initial) / (problem.curvatures.mean(0) + shrink)
+    assert torch.allclose(run.server.params, predicted, rtol=0, atol=1e-10)
+    assert torch.linalg.vector_norm(predicted - problem.minimiser()) > 0.02  # measurably not the global minimiser
+    assert run.metrics[-1]["drift_norm"] < 1e-10  # θ̄ has stopped moving, so h^t → 0
+    for k in range(problem.num_clients):
+        assert torch.allclose(run.client_states[k].drift, problem.gradient(k, predicted), rtol=0, atol=1e-9)
+    # a different starting point gives a different limit: the anchor is θ^0
+    other = run_quadratic(build_algorithm("adabest", mu=mu, beta=beta), problem, torch.zeros(3, dtype=F64), rounds=1000, steps=10, learning_rate=0.1)
+    assert torch.allclose(other.server.params, problem.targets.mean(0) / (problem.curvatures.mean(0) + shrink), rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "message"),
+    [
+        ({"name": "adabest", "mu": -0.1}, r"algorithm\.mu: Input should be greater than or equal to 0"),
+        ({"name": "adabest", "beta": 1.5}, r"algorithm\.beta: must be in \[0, 1\]"),
+        ({"name": "adabest", "beta": -0.5}, r"algorithm\.beta: must be in \[0, 1\]"),
+        ({"name": "adabest", "beta": {"kind": "exponential", "initial": 2.0, "decay": 0.9}}, r"algorithm\.beta: an exponential β schedule must start in \[0, 1\]"),
+        ({"name": "adabest", "beta": {"kind": "inverse_time", "a": 5.0, "b": 1}}, r"algorithm\.beta: an inverse_time β schedule must stay ≤ 1"),
+        ({"name": "adabest", "beta": "high"}, r"algorithm\.beta: expected a number in \[0, 1\] or a schedule table"),
+    ],
+)
+def test_out_of_range_hyperparameters_are_rejected_with_the_key(algorithm: dict, message: str) -> None:
+    with pytest.raises(driftlab.ConfigError, match=message):
+        driftlab.load_config({"algorithm": algorithm})
+
+
+def test_beta_schedule_round_trips_through_the_config() -> None:
+    config = driftlab.load_config({"algorithm": {"name": "adabest"}}, ["algorithm.beta={kind='exponential', initial=0.98, decay=0.99}"])
+    assert config.algorithm.beta == ExponentialSchedule(initial=0.98, decay=0.99)
+    assert driftlab.load_config(config.to_dict()).fingerprint() == config.fingerprint()
+    assert driftlab.load_config({"algorithm": {"name": "adabest", "beta": 1}}).algorithm.beta == 1.0

@@ -1,0 +1,196 @@
+"""EFL: Elastic Federated Learning (Ma et al., "Towards Heterogeneous Clients with Elastic
+Federated Learning"; ../shared/papers/002_*, Algorithms 1 and 2), as algorithms.md states it.
+
+Elastic term over the clients ``i`` that have reported so far, with their latest
+local model ``θ_i`` and diagonal empirical Fisher ``I_i``:
+
+    λ/2 Σ_i (θ − θ_i)ᵀ diag(I_i) (θ − θ_i),    u_i = diag(I_i),  v_i = diag(I_i) ⊙ θ_i,
+    U = Σ_i u_i,  V = Σ_i v_i    ⇒    local gradient adds  λ (U ⊙ θ − V) = λU ⊙ (θ − V/U)
+
+It is handed to the trainer as a ``GradientCorrection`` with ``quadratic = λU``
+and ``reference = V/U`` (0 where U = 0, where V = 0 too), not as
+``linear = −λV, quadratic = λU, reference = 0`` (architecture.md's sketch):
+the two are equal in exact arithmetic, but only the first keeps the whole
+elastic term out of gradient clipping, as algorithms.md requires of
+quadratic terms.  ``V/U`` is the Fisher-weighted mean of the reported models.
+The sum runs over every client that has reported, the training client
+included, as the paper's Equation (2) and the sheet write it; clients that have
+not reported again keep their stale ``u_i, v_i``.
+
+    client k:  θ_k = s_k local SGD steps from θ;  u_k = diag Fisher at θ_k over at most
+               ``fisher_examples`` of its examples (seeded);  v_k = u_k ⊙ θ_k
+    server:    p_k = w_k · E/s_k  ("adaptive", the paper's),  w_k ("plain"),
+               or incomplete clients dropped ("drop");  w_k = n_k / Σ_P n_j
+               θ⁺ = θ + Σ_P p_k (θ_k − θ)              (then the server optimizer; SGD at η_g = 1 by default)
+               U += Σ_P (u_k − u_k^old),  V += Σ_P (v_k − v_k^old)
+
+``E`` is the client's planned steps and ``s_k`` the steps the availability
+model let it do; an inactive client (``s_k = 0``) contributes nothing.  The
+server step is written as ``Σ_P w_k θ_k + Σ_{incomplete} (p_k − w_k)(θ_k − θ)``,
+equal to the line above because ``Σ w_k = 1``, so that with every client
+complete it is FedAvg's average exactly.
+
+Compression (ST with error feedback both ways) is the reusable
+``driftlab.compress.with_compression`` around this module; EFL's config turns
+it on by default (``compression.ratio``).  The paper does not state its
+sparsity q; the default 0.01 is ours.  ``λ = 0`` switches off the elastic
+term, the Fisher pass and the u/v traffic; with ``λ = 0``, no compression and
+every client complete, EFL is FedAvg bit for bit.
+
+Traffic: up θ_k (compressed Δ_k) plus u_k, v_k; down θ (compressed Δ) plus U, V,
+all u/v/U/V at 32 bits per entry.
+
+Example:
+    >>> from driftlab.algorithms import efl
+    >>> from driftlab.optim.server import make_server_optimizer
+    >>> efl.build(make_server_optimizer("sgd"), elastic=0.5).name
+    'efl'
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal, Sequence
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from driftlab.algorithms.aggregation import aggregation_weights, weighted_sum
+from driftlab.optim.apply import apply_server_optimizer
+from driftlab.simulation.seam import NO_CORRECTION, Algorithm, ClientContext, ClientUpdate, GradientCorrection, RoundContext
+
+DEFAULT_COMPRESSION_RATIO = 0.01
+
+
+class Config(BaseModel):
+    """``[algorithm]`` section for EFL (compression is ``[compression] ratio``, default 0.01 for EFL)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: Literal["efl"] = "efl"
+    elastic: float = Field(0.5, ge=0, description="λ, weight of the Fisher-weighted elastic term; 0 turns it off")
+    fisher_examples: int = Field(128, ge=1, description="at most this many of a client's examples (seeded sample) estimate its diagonal Fisher")
+    incomplete: Literal["adaptive", "plain", "drop"] = Field(
+        "adaptive", description="weight of an incomplete client: adaptive w_k·E/s_k (the paper's), plain w_k, or drop it"
+    )
+    aggregation: Literal["weighted", "uniform"] = Field("weighted", description="w_k: n_k-weighted (default) or uniform over reporting clients")
+
+
+@dataclass(frozen=True)
+class ServerState:
+    params: torch.Tensor  # θ, the model every client holds
+    optimizer_state: Any
+    fisher_sum: torch.Tensor  # U = Σ_i u_i over clients that have reported
+    weighted_model_sum: torch.Tensor  # V = Σ_i u_i ⊙ θ_i
+
+
+@dataclass(frozen=True)
+class ClientState:
+    fisher: torch.Tensor  # u_k last reported (0 before the first report)
+    weighted_model: torch.Tensor  # v_k last reported
+
+
+@dataclass(frozen=True)
+class ClientMessage:
+    """θ_k, and u_k, v_k as changes to the server's sums (the same size on the wire as u_k, v_k)."""
+
+    params: torch.Tensor  # θ_k
+    fisher_change: torch.Tensor | None  # u_k − u_k^old (None when λ = 0: nothing sent)
+    weighted_model_change: torch.Tensor | None  # v_k − v_k^old
+    num_samples: int
+    multiplicity: int
+    completed_fraction: float  # s_k / E
+
+
+def build(
+    server_optimizer: Any,
+    elastic: float = 0.5,
+    fisher_examples: int = 128,
+    incomplete: str = "adaptive",
+    aggregation: str = "weighted",
+) -> Algorithm:
+    """EFL with elastic weight λ = ``elastic`` (module docstring); compression is applied around it."""
+    if elastic < 0:
+        raise ValueError(f"elastic (λ) must be >= 0, got {elastic}")
+    if fisher_examples < 1:
+        raise ValueError(f"fisher_examples must be >= 1, got {fisher_examples}")
+    if incomplete not in ("adaptive", "plain", "drop"):
+        raise ValueError(f"incomplete must be adaptive, plain or drop; got {incomplete!r}")
+    aggregation_weights([1], [1], aggregation)
+    uses_fisher = elastic > 0
+
+    def server_init(initial_params: torch.Tensor) -> ServerState:
+        zeros = torch.zeros_like(initial_params)
+        return ServerState(initial_params, server_optimizer.init(initial_params), zeros, zeros)
+
+    def client_state_init(initial_params: torch.Tensor) -> ClientState:
+        zeros = torch.zeros_like(initial_params)
+        return ClientState(zeros, zeros)
+
+    def client_objective(server: ServerState, client: ClientState, context: ClientContext) -> GradientCorrection:
+        if not uses_fisher:
+            return NO_CORRECTION
+        # λ(U⊙θ − V) = λU ⊙ (θ − V/U): the whole elastic term is a quadratic pull towards the
+        # Fisher-weighted mean of the reported models, so clipping leaves it alone (algorithms.md).
+        # Where U = 0 every u_i is 0, so V = 0 too and the coordinate has no pull.
+        fisher_sum = server.fisher_sum
+        reference = torch.where(fisher_sum > 0, server.weighted_model_sum / torch.where(fisher_sum > 0, fisher_sum, 1.0), 0.0)
+        return GradientCorrection(quadratic=elastic * fisher_sum, reference=reference)
+
+    def client_finish(server: ServerState, client: ClientState, context: ClientContext, update: ClientUpdate):
+        if context.is_incomplete and incomplete == "drop":
+            return client, None
+        completed = update.steps_done / context.planned_steps
+        if not uses_fisher:
+            return client, ClientMessage(update.final_params, None, None, context.num_samples, context.multiplicity, completed)
+        if update.computation is None:
+            raise RuntimeError("EFL needs the client's data for its Fisher pass; the training backend gave no ClientComputation")
+        local_model = update.trained_params
+        fisher = update.computation.diagonal_fisher(local_model, fisher_examples)
+        new_state = ClientState(fisher, fisher * local_model)
+        message = ClientMessage(
+            update.final_params,
+            new_state.fisher - client.fisher,
+            new_state.weighted_model - client.weighted_model,
+            context.num_samples,
+            context.multiplicity,
+            completed,
+        )
+        return new_state, message
+
+    def server_update(server: ServerState, messages: Sequence[ClientMessage], context: RoundContext):
+        weights = aggregation_weights([m.num_samples for m in messages], [m.multiplicity for m in messages], aggregation)
+        client_average = weighted_sum([m.params for m in messages], weights)
+        if incomplete == "adaptive":
+            # p_k − w_k = w_k (E/s_k − 1) for incomplete clients; zero (and skipped) for complete ones
+            for message, weight in zip(messages, weights):
+                if message.completed_fraction < 1.0:
+                    client_average = client_average + weight * (1.0 / message.completed_fraction - 1.0) * (message.params - server.params)
+        params, optimizer_state = apply_server_optimizer(
+            server_optimizer, server.optimizer_state, server.params, client_average, context.server_learning_rate
+        )
+        fisher_sum, weighted_model_sum = server.fisher_sum, server.weighted_model_sum
+        if uses_fisher:
+            for message in messages:
+                fisher_sum = fisher_sum + message.fisher_change
+                weighted_model_sum = weighted_model_sum + message.weighted_model_change
+        metrics = {"fisher_sum_norm": float(torch.linalg.vector_norm(fisher_sum))} if uses_fisher else {}
+        return ServerState(params, optimizer_state, fisher_sum, weighted_model_sum), metrics
+
+    def broadcast(server: ServerState):
+        if not uses_fisher:
+            return server.params
+        return (server.params, server.fisher_sum, server.weighted_model_sum)
+
+    return Algorithm(
+        name="efl",
+        server_init=server_init,
+        client_objective=client_objective,
+        client_finish=client_finish,
+        server_update=server_update,
+        broadcast=broadcast,
+        client_state_init=client_state_init,
+    )
+
+
+def from_config(config: Config, server_optimizer: Any) -> Algorithm:
+    return build(server_optimizer, config.elastic, config.fisher_examples, config.incomplete, config.aggregation)

@@ -1,0 +1,283 @@
+"""The shared list every algorithm in the registry must pass, and the quadratic harness the per-algorithm tests use.
+
+Shared list (parametrized over ``ALGORITHM_MODULES``; a new algorithm joins by
+adding a registry line and a row to ``HAND_CASES``):
+
+* seeded determinism of a short ``driftlab.run``; another seed gives other numbers;
+* checkpoint/resume exactness, client state included: 2 rounds, resume to 4
+  equals 4 rounds straight (final model, every metric but wall time, and
+  every tensor of the final checkpoint, server and client states);
+* a round of two clients checked against numbers computed by hand.
+
+The quadratic harness (``Quadratics``, ``run_quadratic``) trains clients
+``f_i(x) = ½ xᵀ A_i x − b_iᵀ x`` (diagonal ``A_i``) by full-batch GD through
+``corrected_step``, the engine's own local step, and calls an algorithm's
+``client_objective``/``client_finish``/``server_update`` exactly as the engine
+does.  It lets the convergence tests run without the engine's data sets.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import driftlab
+from driftlab.algorithms import ALGORITHM_CONFIGS, ALGORITHM_MODULES
+from driftlab.optim.server import make_server_optimizer
+from driftlab.simulation.local_training import LocalSettings, corrected_step
+from driftlab.simulation.seam import Algorithm, ClientContext, ClientUpdate, RoundContext
+
+ALGORITHMS = sorted(ALGORITHM_MODULES)
+
+# ---------------------------------------------------------------- quadratic harness
+
+
+@dataclass(frozen=True)
+class Quadratics:
+    """Clients ``f_i(x) = ½ xᵀ diag(curvatures[i]) x − targets[i]ᵀ x``; the global objective is their mean."""
+
+    curvatures: torch.Tensor  # [N, d], positive
+    targets: torch.Tensor  # [N, d]
+
+    @property
+    def num_clients(self) -> int:
+        return self.curvatures.shape[0]
+
+    def gradient(self, client: int, x: torch.Tensor) -> torch.Tensor:
+        return self.curvatures[client] * x - self.targets[client]
+
+    def minimiser(self) -> torch.Tensor:
+        """``argmin mean_i f_i = Σ b_i / Σ a_i`` (coordinate-wise)."""
+        return self.targets.sum(0) / self.curvatures.sum(0)
+
+
+def heterogeneous_quadratics(num_clients: int = 5, dim: int = 3, seed: int = 0) -> Quadratics:
+    """Curvatures uniform in [1, 3], targets N(0, 4): clients with very different minimisers."""
+    generator = torch.Generator().manual_seed(seed)
+    curvatures = 1 + 2 * torch.rand(num_clients, dim, generator=generator, dtype=torch.float64)
+    targets = 2 * torch.randn(num_clients, dim, generator=generator, dtype=torch.float64)
+    return Quadratics(curvatures, targets)
+
+
+@dataclass
+class QuadraticRun:
+    server: Any
+    client_states: dict[int, Any]
+    metrics: list[dict[str, float]]
+
+
+def run_quadratic(
+    algorithm: Algorithm,
+    problem: Quadratics,
+    initial: torch.Tensor,
+    rounds: int,
+    steps: int,
+    learning_rate: float,
+    participants: Callable[[int], Sequence[int]] | None = None,
+    num_samples: Sequence[int] | None = None,
+) -> QuadraticRun:
+    """Full-batch local GD on ``problem`` for ``rounds`` rounds; ``participants(t)`` picks the clients (default: all)."""
+    num_clients = problem.num_clients
+    sizes = list(num_samples) if num_samples is not None else [10] * num_clients
+    mean_size = sum(sizes) / num_clients
+    settings = LocalSettings(learning_rate)
+    server = algorithm.server_init(initial)
+    states: dict[int, Any] = {}
+    history = []
+    for t in range(1, rounds + 1):
+        chosen = list(participants(t)) if participants is not None else list(range(num_clients))
+        new_states, messages = {}, []
+        for client in chosen:
+            if client in states:
+                state = states[client]
+            else:
+                state = algorithm.client_state_init(initial) if algorithm.client_state_init else None
+            context = ClientContext(client, t, sizes[client], mean_size, num_clients, steps, learning_rate)
+            correction = algorithm.client_objective(server, state, context)
+            theta = server.params
+            for _ in range(steps):
+                theta = corrected_step(theta, problem.gradient(client, theta), correction, settings)
+            new_states[client], message = algorithm.client_finish(server, state, context, ClientUpdate(server.params, theta, steps))
+            messages.append(message)
+        states.update(new_states)  # like the engine: states are written after every client of the round finished
+        server, metrics = algorithm.server_update(server, messages, RoundContext(t, num_clients, len(chosen), 1.0))
+        history.append(metrics)
+    return QuadraticRun(server, states, history)
+
+
+def build_algorithm(name: str, server_optimizer: str = "sgd", **hyperparameters: Any) -> Algorithm:
+    config = ALGORITHM_CONFIGS[name](name=name, **hyperparameters)
+    return ALGORITHM_MODULES[name].from_config(config, make_server_optimizer(server_optimizer))
+
+
+# ---------------------------------------------------------------- full runs
+
+TINY = {
+    "rounds": 3,
+    "data": {"num_clients": 6},
+    "client": {"epochs": 1},
+    "sampling": {"participation": 0.5},
+    "evaluation": {"every": 1},
+}
+
+
+def tiny_config(name: str, **top: Any) -> driftlab.ExperimentConfig:
+    table = {**TINY, **top, "algorithm": {"name": name}}
+    return driftlab.load_config(table)
+
+
+def without_wall_time(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: v for k, v in record.items() if k != "round_seconds"} for record in records]
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_same_seed_same_numbers_other_seed_other_numbers(name: str) -> None:
+    first = driftlab.run(tiny_config(name))
+    second = driftlab.run(tiny_config(name))
+    other = driftlab.run(tiny_config(name, seed=1))
+    assert torch.equal(first.final_params, second.final_params)
+    assert without_wall_time(first.records) == without_wall_time(second.records)
+    assert [r["round"] for r in first.records] == [1, 2, 3]
+    assert not torch.equal(first.final_params, other.final_params)
+    assert first.records[-1]["test_accuracy"] != other.records[-1]["test_accuracy"] or first.records[-1]["train_loss"] != other.records[-1]["train_loss"]
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_resume_from_checkpoint_is_exact_including_client_state(name: str, tmp_path: Path) -> None:
+    straight = driftlab.run(tiny_config(name, rounds=4), tmp_path / "straight")
+    driftlab.run(tiny_config(name, rounds=2, checkpoint_every=1), tmp_path / "resumed")
+    resumed = driftlab.run(tiny_config(name, rounds=4, checkpoint_every=1), tmp_path / "resumed", resume=True)
+    assert torch.equal(straight.final_params, resumed.final_params)
+    assert [r["round"] for r in resumed.records] == [1, 2, 3, 4]
+    assert without_wall_time(straight.records) == without_wall_time(resumed.records)
+    # The final checkpoints hold the server state and every client's state: all equal, tensor by tensor.
+    straight_tensors = load_file(str(tmp_path / "straight" / "checkpoint.safetensors"))
+    resumed_tensors = load_file(str(tmp_path / "resumed" / "checkpoint.safetensors"))
+    assert straight_tensors.keys() == resumed_tensors.keys()
+    for key in straight_tensors:
+        assert torch.equal(straight_tensors[key], resumed_tensors[key]), key
+    client_ids = {key.split("/")[1] for key in straight_tensors if key.startswith("client/")}
+    if build_algorithm(name).client_state_init is not None:
+        assert len(client_ids) >= 3  # 4 rounds of 3 out of 6 clients: the checkpoint carries several clients' state
+    else:
+        assert client_ids == set()
+
+
+# ---------------------------------------------------------------- a two-client round by hand
+#
+# Two reporting clients out of N = 4 registered, f_k(θ) = ½‖θ − b_k‖² (gradient θ − b_k),
+# b_0 = (2, 0), b_1 = (0, 4), n_0 = 1, n_1 = 3, n̄ = 2, θ^0 = (0, 0), K = 2 steps of
+# η = 0.5, two rounds with both clients.  All numbers are dyadic, so float64 is exact.
+#
+# FedAvg (weighted, w = 1/4, 3/4).  Round 1: client 0: (0,0) → (1,0) → (1.5,0); client 1:
+#   (0,0) → (0,2) → (0,3); θ^1 = ¼(1.5,0) + ¾(0,3) = (0.375, 2.25).  Round 2: client 0:
+#   → (1.1875,1.125) → (1.59375,0.5625); client 1: → (0.1875,3.125) → (0.09375,3.5625);
+#   θ^2 = ¼(1.59375,0.5625) + ¾(0.09375,3.5625) = (0.46875, 2.8125).
+# FedProx (μ = 1, weighted).  Each local problem ½‖θ−b‖² + ½‖θ−θ^{t−1}‖² has curvature 2,
+#   so one step of η = 0.5 lands on its minimiser (b + θ^{t−1})/2 and the second stays.
+#   θ^1 = ¼(1,0) + ¾(0,2) = (0.25, 1.5); round 2: (1.125,0.75), (0.125,2.75);
+#   θ^2 = ¼(1.125,0.75) + ¾(0.125,2.75) = (0.375, 2.25).
+# SCAFFOLD (η_g = 1).  Round 1 as FedAvg: y_0 = (1.5,0), y_1 = (0,3); c_k⁺ = (θ^0 − y_k)/(Kη)
+#   = (−1.5,0), (0,−3); θ^1 = (0,0) + mean Δy = (0.75,1.5); c = ¼ Σ Δc = (−0.375,−0.75), ‖c‖ = 0.375√5.
+#   Round 2: client 0, c − c_0 = (1.125,−0.75): → (0.8125,1.125) → (0.84375,0.9375);
+#   c_0⁺ = c_0 − c + (θ^1 − y_0) = (−1.21875,1.3125), Δc_0 = (0.28125,1.3125).
+#   client 1, c − c_1 = (−0.375,2.25): → (0.5625,1.625) → (0.46875,1.6875);
+#   c_1⁺ = (0.65625,−2.4375), Δc_1 = (0.65625,0.5625).
+#   θ^2 = θ^1 + mean Δy = (0.75,1.5) + (−0.09375,−0.1875) = (0.65625, 1.3125);
+#   c = (−0.375,−0.75) + ¼(0.9375,1.875) = (−0.140625,−0.28125), ‖c‖ = 0.140625√5.
+# FedDyn (α = 0.75, by_size: α_0 = 0.75·2/1 = 1.5, α_1 = 0.75·2/3 = 0.5).  Round 1, λ = 0:
+#   client 0: → (1,0), then g = (−1,0) + 1.5(1,0) = (0.5,0) → (0.75,0); client 1: → (0,2),
+#   then g = (0,−2) + 0.5(0,2) = (0,−1) → (0,2.5).  λ_0 = (0.75,0), λ_1 = (0,2.5);
+#   θ^1 = mean θ_k + Σλ/4 = (0.375,1.25) + (0.1875,0.625) = (0.5625,1.875), drift ‖(0.1875,0.625)‖.
+#   Round 2: client 0, α_0λ_0 = (1.125,0): → (0.71875,0.9375) → (0.6796875,1.171875),
+#   λ_0 = (0.8671875,−0.703125); client 1, α_1λ_1 = (0,1.25): → (0.28125,2.3125)
+#   → (0.2109375,2.421875), λ_1 = (−0.3515625,3.046875).
+#   θ^2 = (0.4453125,1.796875) + ¼(0.515625,2.34375) = (0.57421875, 2.3828125).
+# AdaBest (μ = 1, β = 0.5, uniform).  Round 1 as FedAvg's clients: θ_0 = (1.5,0), θ_1 = (0,3);
+#   h_0 = μ(θ^0 − θ_0) = (−1.5,0), h_1 = (0,−3); θ̄^1 = (0.75,1.5); h^1 = β(θ̄^0 − θ̄^1) =
+#   (−0.375,−0.75); θ^1 = θ̄^1 − h^1 = (1.125,2.25).  Round 2: client 0, −h_0 = (1.5,0):
+#   → (0.8125,1.125) → (0.65625,0.5625); client 1, −h_1 = (0,3): → (0.5625,1.625)
+#   → (0.28125,1.3125).  θ̄^2 = (0.46875,0.9375); h^2 = 0.5(0.28125,0.5625) = (0.140625,0.28125);
+#   θ^2 = (0.328125, 0.65625); h_0 = (−1.5,0) + (0.46875,1.6875) = (−1.03125,1.6875),
+#   h_1 = (0,−3) + (0.84375,0.9375) = (0.84375,−2.0625).
+
+SQRT5 = math.sqrt(5)
+HAND_CASES: dict[str, dict[str, Any]] = {
+    "fedavg": {"config": {}, "params": [(0.375, 2.25), (0.46875, 2.8125)], "drift": None},
+    "fedprox": {"config": {"mu": 1.0}, "params": [(0.25, 1.5), (0.375, 2.25)], "drift": None},
+    "scaffold": {"config": {}, "params": [(0.75, 1.5), (0.65625, 1.3125)], "drift": [0.375 * SQRT5, 0.140625 * SQRT5]},
+    "feddyn": {
+        "config": {"alpha": 0.75},
+        "params": [(0.5625, 1.875), (0.57421875, 2.3828125)],
+        "drift": [math.hypot(0.1875, 0.625), math.hypot(0.12890625, 0.5859375)],
+    },
+    "adabest": {
+        "config": {"mu": 1.0, "beta": 0.5},
+        "params": [(1.125, 2.25), (0.328125, 0.65625)],
+        "drift": [0.375 * SQRT5, 0.140625 * SQRT5],
+    },
+}
+
+
+def hand_round(algorithm: Algorithm, round_index: int, server: Any, states: list[Any]) -> tuple[Any, list[Any], dict[str, float]]:
+    targets = [torch.tensor([2.0, 0.0], dtype=torch.float64), torch.tensor([0.0, 4.0], dtype=torch.float64)]
+    sizes = [1, 3]
+    settings = LocalSettings(0.5)
+    new_states, messages = [], []
+    for client in range(2):
+        context = ClientContext(client, round_index, sizes[client], 2.0, 4, 2, 0.5)
+        correction = algorithm.client_objective(server, states[client], context)
+        theta = server.params
+        for _ in range(2):
+            theta = corrected_step(theta, theta - targets[client], correction, settings)
+        state, message = algorithm.client_finish(server, states[client], context, ClientUpdate(server.params, theta, 2))
+        new_states.append(state)
+        messages.append(message)
+    server, metrics = algorithm.server_update(server, messages, RoundContext(round_index, 4, 2, 1.0))
+    return server, new_states, metrics
+
+
+def test_every_algorithm_has_a_hand_case() -> None:
+    assert sorted(HAND_CASES) == ALGORITHMS
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_two_client_rounds_match_hand_computation(name: str) -> None:
+    case = HAND_CASES[name]
+    algorithm = build_algorithm(name, **case["config"])
+    initial = torch.zeros(2, dtype=torch.float64)
+    server = algorithm.server_init(initial)
+    states = [algorithm.client_state_init(initial) if algorithm.client_state_init else None] * 2
+    for round_index in (1, 2):
+        server, states, metrics = hand_round(algorithm, round_index, server, states)
+        expected = torch.tensor(case["params"][round_index - 1], dtype=torch.float64)
+        assert torch.equal(server.params, expected), (round_index, server.params, expected)
+        if case["drift"] is None:
+            assert "drift_norm" not in metrics
+        else:
+            assert metrics["drift_norm"] == pytest.approx(case["drift"][round_index - 1], rel=1e-15)
+
+
+# ---------------------------------------------------------------- the FedAvg contrast on quadratics
+
+
+def test_fedavg_with_several_local_steps_converges_to_a_surrogate_not_the_minimiser() -> None:
+    # Per coordinate, K steps of GD on client i map x to x_i* + (1 − η a_i)^K (x − x_i*), x_i* = b_i/a_i, so the
+    # fixed point of the average is x = Σ φ_i x_i* / Σ φ_i with φ_i = 1 − (1 − η a_i)^K (decaying-K paper, Section 3).
+    problem = heterogeneous_quadratics()
+    initial = torch.tensor([1.0, -1.0, 0.5], dtype=torch.float64)
+    steps, learning_rate = 10, 0.1
+    run = run_quadratic(build_algorithm("fedavg"), problem, initial, rounds=200, steps=steps, learning_rate=learning_rate)
+    phi = 1 - (1 - learning_rate * problem.curvatures) ** steps
+    surrogate = (phi * problem.targets / problem.curvatures).sum(0) / phi.sum(0)
+    assert torch.allclose(run.server.params, surrogate, rtol=0, atol=1e-10)
+    assert torch.linalg.vector_norm(surrogate - problem.minimiser()) > 0.05
+    # with one local step FedAvg is gradient descent on the mean objective and finds the minimiser
+    one_step = run_quadratic(build_algorithm("fedavg"), problem, initial, rounds=400, steps=1, learning_rate=learning_rate)
+    assert torch.allclose(one_step.server.params, problem.minimiser(), rtol=0, atol=1e-10)

@@ -1,0 +1,178 @@
+"""Error feedback both ways (algorithms.md, "EFL"): mass conservation, the server model, and bits on the wire."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+import driftlab
+from driftlab.algorithms import fedavg
+from driftlab.compress import compress_model, with_compression
+from driftlab.experiments.config import load_config
+from driftlab.experiments.runner import build_simulation
+from driftlab.optim.server import make_server_optimizer
+from driftlab.simulation.engine import run_round
+from driftlab.simulation.seam import ClientContext, ClientUpdate, RoundContext
+
+SIZES = (6, 3)  # two "tensors" in a flat vector of 9
+RATIO = 0.34  # k = 2 of 6, 1 of 3
+P = sum(SIZES)
+
+
+def _context(client_id: int, round_index: int, num_samples: int, planned: int = 4, available: int | None = None) -> ClientContext:
+    return ClientContext(
+        client_id=client_id,
+        round=round_index,
+        num_samples=num_samples,
+        mean_num_samples=2.0,
+        num_registered=2,
+        planned_steps=planned,
+        learning_rate=0.1,
+        available_steps=planned if available is None else available,
+    )
+
+
+def test_error_feedback_conserves_mass_on_both_sides():
+    """Σ_t true Δ_k = Σ_t sent_k + R_k per client; Σ_t Σ_k w_k sent_k = Σ_t ST(Δ) + R at the server; θ_T − θ_0 = Σ_t ST(Δ)."""
+    algorithm = with_compression(fedavg.build(make_server_optimizer("sgd")), RATIO, SIZES)
+    generator = torch.Generator().manual_seed(5)
+    theta0 = torch.randn(P, generator=generator, dtype=torch.float64)
+    server = algorithm.server_init(theta0)
+    clients = {k: algorithm.client_state_init(theta0) for k in (0, 1)}
+    samples = {0: 1, 1: 3}  # w = 1/4, 3/4
+    true_sums = {k: torch.zeros(P, dtype=torch.float64) for k in clients}
+    sent_sums = {k: torch.zeros(P, dtype=torch.float64) for k in clients}
+    aggregated_sum = torch.zeros(P, dtype=torch.float64)
+    broadcast_sum = torch.zeros(P, dtype=torch.float64)
+    for t in range(1, 7):
+        start = server.params
+        messages = []
+        for k in clients:
+            true_update = torch.randn(P, generator=generator, dtype=torch.float64) * (k + 1)
+            update = ClientUpdate(start, start + true_update, 4)
+            previous_residual = clients[k].residual
+            clients[k], message = algorithm.client_finish(server, clients[k], _context(k, t, samples[k]), update)
+            sent = message.payload.params - start
+            # what was sent is ST of (old residual + true update), per tensor
+            expected_sent, expected_bits = compress_model(previous_residual + (update.final_params - start), SIZES, RATIO)
+            assert torch.allclose(sent, expected_sent, rtol=0, atol=1e-12)
+            assert int((sent[:6] != 0).sum()) == 2 and int((sent[6:] != 0).sum()) == 1
+            assert message.bits == expected_bits == (32 + 2 + min(6, 2 * 3)) + (32 + 1 + min(3, 1 * 2))
+            true_sums[k] += true_update
+            sent_sums[k] += sent
+            messages.append(message)
+        aggregated = 0.25 * (messages[0].payload.params - start) + 0.75 * (messages[1].payload.params - start)
+        aggregated_sum += aggregated
+        server, _ = algorithm.server_update(server, messages, RoundContext(t, 2, 2, 1.0))
+        broadcast = server.params - start
+        assert int((broadcast[:6] != 0).sum()) <= 2 and int((broadcast[6:] != 0).sum()) <= 1
+        broadcast_sum += broadcast
+        assert server.broadcast_bits == 40 + 35
+        # the residual is not trivially zero: compression really loses something each round
+        assert float(server.residual.abs().max()) > 1e-3
+    for k in clients:
+        assert float(clients[k].residual.abs().max()) > 1e-3
+        assert torch.allclose(sent_sums[k] + clients[k].residual, true_sums[k], rtol=0, atol=1e-12)
+    assert torch.allclose(broadcast_sum + server.residual, aggregated_sum, rtol=0, atol=1e-12)
+    assert torch.allclose(server.params - theta0, broadcast_sum, rtol=0, atol=1e-12)
+    assert torch.equal(server.inner.params, server.params)  # the global model is the one every client holds
+
+
+def test_dropped_message_keeps_the_clients_residual():
+    """FedAvg drops an incomplete client: nothing is sent, so its residual must not change."""
+    algorithm = with_compression(fedavg.build(make_server_optimizer("sgd")), RATIO, SIZES)
+    theta0 = torch.zeros(P, dtype=torch.float64)
+    server = algorithm.server_init(theta0)
+    client = algorithm.client_state_init(theta0)
+    first = torch.arange(1.0, P + 1, dtype=torch.float64)
+    client, message = algorithm.client_finish(server, client, _context(0, 1, 1), ClientUpdate(theta0, first, 4))
+    residual = client.residual.clone()
+    assert float(residual.abs().max()) > 0
+    client, message = algorithm.client_finish(server, client, _context(0, 2, 1, available=2), ClientUpdate(theta0, 2 * first, 2))
+    assert message is None
+    assert torch.equal(client.residual, residual)
+
+
+def test_client_algorithm_sees_the_reconstructed_model_and_the_local_one():
+    seen = {}
+    inner = fedavg.build(make_server_optimizer("sgd"))
+
+    def spy(server, client, context, update):
+        seen["update"] = update
+        return inner.client_finish(server, client, context, update)
+
+    algorithm = with_compression(dataclasses.replace(inner, client_finish=spy), 0.5, (4,))
+    theta0 = torch.zeros(4, dtype=torch.float64)
+    local = torch.tensor([1.0, -3.0, 0.5, 2.0], dtype=torch.float64)
+    server = algorithm.server_init(theta0)
+    algorithm.client_finish(server, algorithm.client_state_init(theta0), _context(0, 1, 1), ClientUpdate(theta0, local, 4))
+    assert seen["update"].final_params.tolist() == [0.0, -2.5, 0.0, 2.5]  # ST keeps −3, 2 at μ = 2.5
+    assert torch.equal(seen["update"].trained_params, local)
+
+
+# ------------------------------------------------------------------ end to end
+
+TINY = [
+    "rounds=4",
+    "data.num_clients=6",
+    "sampling.participation=0.5",
+    "client.steps=3",
+    "seed=11",
+    "precision=float64",
+    "evaluation.every=100",
+]
+
+
+def test_end_to_end_server_moves_only_by_broadcast_st_and_conserves_mass():
+    config = load_config(None, [*TINY, "compression.ratio=0.1"])
+    sim, state = build_simulation(config)
+    numels = sim.model.numels
+    assert numels == (600, 10)
+    theta0 = state.server.params.clone()
+    aggregated_sum = torch.zeros_like(theta0)
+    broadcast_sum = torch.zeros_like(theta0)
+    original_update = sim.algorithm.server_update
+    captured = {}
+
+    def recording_update(server, messages, context):
+        weights = torch.tensor([m.payload.num_samples * m.payload.multiplicity for m in messages], dtype=torch.float64)
+        weights = weights / weights.sum()
+        captured["aggregated"] = sum(w * (m.payload.params - server.params) for w, m in zip(weights.tolist(), messages))
+        return original_update(server, messages, context)
+
+    sim.algorithm = dataclasses.replace(sim.algorithm, server_update=recording_update)
+    for _ in range(config.rounds):
+        before = state.server.params
+        state, record = run_round(sim, state)
+        step = state.server.params - before
+        # each move is ST-shaped per tensor: ≤ k non-zeros, all of one magnitude
+        for piece, kept in zip(torch.split(step, numels), (60, 1)):
+            nonzero = piece[piece != 0]
+            assert 0 < len(nonzero) <= kept
+            assert torch.allclose(nonzero.abs(), nonzero.abs().mean().expand(len(nonzero)), rtol=1e-9, atol=0)
+        aggregated_sum += captured["aggregated"]
+        broadcast_sum += step
+        assert record["upload_bits"] == record["num_reporting"] * (692 + 37)
+    assert torch.allclose(state.server.params - theta0, broadcast_sum, rtol=0, atol=1e-12)
+    assert torch.allclose(broadcast_sum + state.server.residual, aggregated_sum, rtol=0, atol=1e-12)
+    assert float(state.server.residual.abs().max()) > 0
+
+
+def test_bits_of_compressed_fedavg_run():
+    result = driftlab.run(None, overrides=[*TINY, "compression.ratio=0.1"])
+    st_bits = (32 + 60 + min(600, 60 * 10)) + (32 + 1 + min(10, 1 * 4))
+    assert st_bits == 729
+    for record in result.records:
+        assert record["upload_bits"] == record["num_reporting"] * st_bits
+        per_client_down = 32 * 610 if record["round"] == 1 else st_bits
+        assert record["download_bits"] == record["num_selected"] * per_client_down
+
+
+def test_ratio_one_is_no_compression_at_all():
+    plain = driftlab.run(None, overrides=TINY)
+    explicit = driftlab.run(None, overrides=[*TINY, "compression.ratio=1"])
+    assert torch.equal(plain.final_params, explicit.final_params)
+    strip = lambda records: [{k: v for k, v in r.items() if k != "round_seconds"} for r in records]  # noqa: E731
+    assert strip(plain.records) == strip(explicit.records)
+    assert all(r["upload_bits"] == r["num_reporting"] * 32 * 610 for r in plain.records)

@@ -1,0 +1,50 @@
+import math
+
+import numpy as np
+import pytest
+
+from driftlab.simulation.availability import ALWAYS_AVAILABLE, AvailabilityModel, steps_to_do
+
+
+def test_always_available_does_the_planned_steps():
+    assert [steps_to_do(ALWAYS_AVAILABLE, 0, t, c, 37, 5) for t in range(1, 4) for c in range(3)] == [37] * 9
+
+
+def test_outcome_fractions_match_the_configured_distribution():
+    model = AvailabilityModel(inactive_probability=0.2, incomplete_probability=0.3)
+    draws = np.array([steps_to_do(model, 7, t, c, 20, 4) for t in range(1, 201) for c in range(50)])
+    n = len(draws)
+    inactive = (draws == 0).mean()
+    incomplete = ((draws > 0) & (draws < 20)).mean()
+    # four binomial standard deviations with a fixed seed: fails only if the model is wrong
+    assert abs(inactive - 0.2) < 4 * math.sqrt(0.2 * 0.8 / n)
+    assert abs(incomplete - 0.3) < 4 * math.sqrt(0.3 * 0.7 / n)
+
+
+def test_incomplete_work_is_whole_epochs_short_of_e():
+    model = AvailabilityModel(incomplete_probability=1.0)
+    # 5 epochs of 4 steps: a straggler does 1..4 whole epochs (FedProx's U{1..E-1})
+    draws = {steps_to_do(model, 3, t, 0, 20, 4) for t in range(1, 400)}
+    assert draws == {4, 8, 12, 16}
+
+
+def test_incomplete_single_epoch_work_is_cut_in_steps():
+    model = AvailabilityModel(incomplete_probability=1.0)
+    draws = {steps_to_do(model, 3, t, 0, 6, 6) for t in range(1, 400)}
+    assert draws == {1, 2, 3, 4, 5}
+    assert steps_to_do(model, 3, 1, 0, 1, 1) == 1  # a single step cannot be cut short
+
+
+def test_draws_depend_only_on_seed_round_and_client():
+    model = AvailabilityModel(0.3, 0.3)
+    first = [steps_to_do(model, 11, t, c, 10, 2) for t in range(1, 30) for c in range(10)]
+    again = [steps_to_do(model, 11, t, c, 10, 2) for t in range(1, 30) for c in range(10)]
+    other_seed = [steps_to_do(model, 12, t, c, 10, 2) for t in range(1, 30) for c in range(10)]
+    assert first == again
+    assert first != other_seed
+
+
+@pytest.mark.parametrize("inactive, incomplete", [(-0.1, 0.0), (0.0, 1.5), (0.6, 0.6)])
+def test_bad_probabilities_are_rejected(inactive, incomplete):
+    with pytest.raises(ValueError, match="probability"):
+        AvailabilityModel(inactive, incomplete)

@@ -1,0 +1,152 @@
+"""Checkpoints: pickle-free, atomic, and a faithful round trip of nested states."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import struct
+
+import pytest
+import torch
+
+from driftlab.simulation import checkpoint as checkpoint_module
+from driftlab.simulation.checkpoint import (
+    CheckpointError,
+    load_checkpoint,
+    save_checkpoint,
+    state_from_tensors,
+    state_to_tensors,
+    write_atomically,
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Inner:
+    step: int
+    scale: float
+    on: bool
+    moments: tuple
+
+
+@dataclasses.dataclass(frozen=True)
+class Server:
+    params: torch.Tensor
+    optimizer_state: Inner
+    nothing: object = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Client:
+    h: torch.Tensor
+    last_round: int
+
+
+def _server(value: float = 1.0, step: int = 3) -> Server:
+    return Server(
+        params=torch.arange(5, dtype=torch.float64) * value,
+        optimizer_state=Inner(step=step, scale=0.1 * value, on=True, moments=(torch.ones(5) * value, torch.full((5,), 2.0 * value))),
+    )
+
+
+def _template() -> Server:
+    return Server(torch.zeros(5, dtype=torch.float64), Inner(0, 0.0, False, (torch.zeros(5), torch.zeros(5))))
+
+
+def test_state_round_trip_keeps_values_types_and_dtypes():
+    state = _server(1.5, 7)
+    tensors = state_to_tensors(state, "server")
+    assert all(isinstance(v, torch.Tensor) for v in tensors.values())
+    assert sorted(tensors) == [
+        "server/optimizer_state/moments/0",
+        "server/optimizer_state/moments/1",
+        "server/optimizer_state/on",
+        "server/optimizer_state/scale",
+        "server/optimizer_state/step",
+        "server/params",
+    ]
+    restored = state_from_tensors(_template(), tensors, "server", torch.device("cpu"))
+    assert torch.equal(restored.params, state.params) and restored.params.dtype == torch.float64
+    assert restored.optimizer_state.step == 7 and isinstance(restored.optimizer_state.step, int)
+    assert restored.optimizer_state.scale == 0.1 * 1.5
+    assert restored.optimizer_state.on is True
+    assert all(torch.equal(a, b) for a, b in zip(restored.optimizer_state.moments, state.optimizer_state.moments))
+
+
+def test_save_and_load_checkpoint(tmp_path):
+    path = tmp_path / "checkpoint.safetensors"
+    clients = {3: Client(torch.ones(5), 2), 11: Client(torch.full((5,), -1.0), 4)}
+    save_checkpoint(path, 4, _server(2.0, 4), clients, fingerprint="abc")
+    loaded = load_checkpoint(path, _template(), lambda: Client(torch.zeros(5), 0), "abc", torch.device("cpu"))
+    assert loaded.round == 4
+    assert torch.equal(loaded.server_state.params, _server(2.0).params)
+    assert sorted(loaded.client_states) == [3, 11]
+    assert torch.equal(loaded.client_states[11].h, clients[11].h) and loaded.client_states[11].last_round == 4
+
+
+def test_checkpoint_is_plain_safetensors_without_pickle(tmp_path):
+    path = tmp_path / "checkpoint.safetensors"
+    save_checkpoint(path, 1, _server(), {}, fingerprint="abc")
+    raw = path.read_bytes()
+    (header_length,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8 : 8 + header_length])  # safetensors: 8-byte length, JSON header, raw tensor bytes
+    assert header["__metadata__"]["round"] == "1"
+    assert b"\x80\x04" not in raw[:2] and b"pickle" not in raw
+    assert not list(tmp_path.glob(".*tmp*"))  # no temporary file left behind
+
+
+def test_loading_refuses_other_experiments_and_bad_files(tmp_path):
+    path = tmp_path / "checkpoint.safetensors"
+    with pytest.raises(CheckpointError, match="no checkpoint"):
+        load_checkpoint(path, _template(), None, "abc", torch.device("cpu"))
+    save_checkpoint(path, 2, _server(), {}, fingerprint="abc")
+    with pytest.raises(CheckpointError, match="different experiment configuration"):
+        load_checkpoint(path, _template(), None, "other", torch.device("cpu"))
+    with pytest.raises(CheckpointError, match="shape"):
+        bigger = Server(torch.zeros(6, dtype=torch.float64), _template().optimizer_state)
+        load_checkpoint(path, bigger, None, "abc", torch.device("cpu"))
+    path.write_bytes(path.read_bytes()[: len(path.read_bytes()) // 2])
+    with pytest.raises(CheckpointError, match="unreadable"):
+        load_checkpoint(path, _template(), None, "abc", torch.device("cpu"))
+
+
+def test_fingerprint_mismatch_message_names_the_stored_config_file(tmp_path):
+    path = tmp_path / "checkpoint.safetensors"
+    save_checkpoint(path, 2, _server(), {}, fingerprint="abc")
+    with pytest.raises(CheckpointError) as error:
+        load_checkpoint(path, _template(), None, "other", torch.device("cpu"))
+    assert "config.json" in str(error.value)
+
+
+def test_atomic_write_keeps_the_old_file_when_the_write_dies(tmp_path, monkeypatch):
+    path = tmp_path / "checkpoint.safetensors"
+    save_checkpoint(path, 2, _server(1.0), {}, fingerprint="abc")
+    before = path.read_bytes()
+    real_save_file = checkpoint_module.save_file
+
+    def half_then_die(tensors, filename, metadata=None):
+        real_save_file(tensors, filename, metadata=metadata)
+        with open(filename, "r+b") as handle:
+            handle.truncate(len(before) // 2)
+        raise KeyboardInterrupt("killed mid-write")
+
+    monkeypatch.setattr(checkpoint_module, "save_file", half_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint(path, 3, _server(9.0), {}, fingerprint="abc")
+    assert path.read_bytes() == before
+    assert load_checkpoint(path, _template(), None, "abc", torch.device("cpu")).round == 2
+    assert not list(tmp_path.glob(".*tmp*"))
+
+
+def test_write_atomically_replaces_in_one_rename(tmp_path):
+    path = tmp_path / "file.txt"
+    path.write_text("old")
+    seen = []
+
+    def write(temporary):
+        seen.append(temporary)
+        assert temporary != path and temporary.parent == path.parent
+        temporary.write_text("new")
+        assert path.read_text() == "old"  # the target is untouched until the rename
+
+    write_atomically(path, write)
+    assert path.read_text() == "new" and not seen[0].exists()

@@ -1,0 +1,128 @@
+"""Engine features: γ-inexact solver, dissimilarity, evaluated models, stragglers, quadratic convergence."""
+
+import numpy as np
+import pytest
+import torch
+
+import driftlab
+from driftlab.data.quadratic import scalar_quadratic_clients, surrogate_minimizer
+from driftlab.experiments.runner import build_simulation
+from driftlab.simulation.engine import dissimilarity, evaluate, run_round
+
+QUADRATIC = {
+    "data": {"name": "quadratic1d", "num_clients": 8},
+    "model": {"name": "quadratic"},
+    "client": {"lr": 0.1, "batch_size": 1000},
+    "sampling": {"participation": 1.0},
+    "precision": "float64",
+}
+
+
+def quadratic(**sections):
+    config = {key: dict(value) if isinstance(value, dict) else value for key, value in QUADRATIC.items()}
+    for key, value in sections.items():
+        if isinstance(value, dict):
+            config.setdefault(key, {}).update(value)
+        else:
+            config[key] = value
+    return config
+
+
+def z_and_p(num_clients):
+    data = scalar_quadratic_clients(num_clients)
+    return np.linspace(1, 3, num_clients), data.client_sizes / data.client_sizes.sum(), data.known_minimizer[0]
+
+
+def test_fedavg_with_many_local_steps_converges_to_the_surrogate_not_the_minimiser():
+    result = driftlab.run(quadratic(rounds=150, client={"steps": 10}, evaluation={"every": 150}))
+    z, p, x_star = z_and_p(8)
+    surrogate = surrogate_minimizer(z, p, 0.1, 10)
+    assert float(result.final_params[0]) == pytest.approx(surrogate, abs=1e-9)
+    assert abs(surrogate - x_star) > 0.03  # measurably away from the true minimiser
+
+
+def test_fedavg_with_one_local_step_converges_to_the_minimiser():
+    result = driftlab.run(quadratic(rounds=400, client={"steps": 1}, evaluation={"every": 400}))
+    assert result.records[-1]["distance_to_minimizer"] < 1e-9
+
+
+def test_decaying_local_steps_approach_the_minimiser():
+    constant = driftlab.run(quadratic(rounds=120, client={"steps": 10}, evaluation={"every": 120}))
+    decaying = driftlab.run(
+        quadratic(rounds=120, client={"steps": {"kind": "exponential", "initial": 10, "decay": 0.95}}, evaluation={"every": 120})
+    )
+    assert decaying.records[-1]["distance_to_minimizer"] < 1e-3
+    assert decaying.records[-1]["distance_to_minimizer"] < constant.records[-1]["distance_to_minimizer"] / 20
+    # K_t = max(1, ⌈10·0.95^(t−1)⌉) steps for each of the 8 clients
+    expected = [8 * max(1, int(np.ceil(10 * 0.95 ** (t - 1)))) for t in range(1, 121)]
+    assert [r["local_steps"] for r in decaying.records] == expected
+
+
+def test_inexact_solver_stops_at_the_first_epoch_meeting_the_tolerance():
+    # One client f(x) = ½ z x² − x, full-batch GD from x=0: the gradient z x − 1 shrinks by (1 − γ z) per step.
+    config = quadratic(rounds=1, data={"num_clients": 1}, client={"epochs": 10, "inexact_gamma": 0.5}, evaluation={"every": 1})
+    result = driftlab.run(config)
+    # z = 1 (the grid has one point at low=1): |1 − 0.1|^s ≤ 0.5  ⇔  s ≥ log 0.5 / log 0.9 = 6.58 → 7 epochs of one step
+    assert result.records[0]["local_steps"] == 7
+    assert float(result.final_params[0]) == pytest.approx(1 - 0.9**7, abs=1e-12)
+    never = driftlab.run(quadratic(rounds=1, data={"num_clients": 1}, client={"epochs": 10, "inexact_gamma": 0.0}))
+    assert never.records[0]["local_steps"] == 10
+
+
+def test_dissimilarity_matches_a_hand_computation():
+    sim, state = build_simulation(driftlab.load_config(quadratic(data={"num_clients": 3})))
+    z, p, _ = z_and_p(3)
+    x = 0.3
+    gradients = z * x - 1  # ∇f_i(x) = z_i x − 1
+    mean_square = (p * gradients**2).sum()
+    global_gradient = (p * gradients).sum()
+    metrics = dissimilarity(sim, torch.tensor([x], dtype=torch.float64))
+    assert metrics["dissimilarity_b2"] == pytest.approx(mean_square / global_gradient**2, rel=1e-9)
+    assert metrics["gradient_variance"] == pytest.approx((p * (gradients - global_gradient) ** 2).sum(), rel=1e-6)
+
+
+def test_dissimilarity_is_recorded_every_n_rounds():
+    result = driftlab.run(quadratic(rounds=4, client={"steps": 2}, evaluation={"dissimilarity_every": 2}))
+    assert ["dissimilarity_b2" in r for r in result.records] == [False, True, False, True]
+
+
+def test_reporting_mean_and_all_clients_mean_are_the_models_evaluated():
+    base = {"rounds": 1, "data": {"num_clients": 4}, "sampling": {"participation": 0.5}, "precision": "float64"}
+    config = driftlab.load_config(base | {"evaluation": {"model": "all_clients_mean"}})
+    sim, state = build_simulation(config)
+    state, record = run_round(sim, state, evaluate_after=True)
+    trained = dict(state.latest_models.items())
+    assert len(trained) == 2
+    expected = (sum(trained.values()) + 2 * sim.initial_params) / 4  # the two untrained clients count as θ⁰
+    assert record["test_loss"] == pytest.approx(evaluate(sim, expected)["test_loss"], rel=1e-12)
+
+    config = driftlab.load_config(base | {"evaluation": {"model": "reporting_mean"}, "algorithm": {"name": "fedavg", "aggregation": "uniform"}})
+    sim, state = build_simulation(config)
+    state, record = run_round(sim, state, evaluate_after=True)
+    # uniform FedAvg's server model is the mean of the reporting clients, so both evaluations agree
+    assert record["test_loss"] == pytest.approx(evaluate(sim, state.server.params)["test_loss"], rel=1e-12)
+
+
+def test_fedavg_drops_stragglers_unless_told_to_keep_them():
+    base = {
+        "rounds": 3,
+        "data": {"num_clients": 6},
+        "client": {"epochs": 3},
+        "sampling": {"participation": 1.0},
+        "availability": {"incomplete_probability": 0.5},
+    }
+    dropped = driftlab.run(base)
+    kept = driftlab.run(base | {"algorithm": {"name": "fedavg", "incomplete": "keep"}})
+    for drop_record, keep_record in zip(dropped.records, kept.records):
+        assert keep_record["num_reporting"] == 6
+        assert drop_record["num_reporting"] == 6 - drop_record["num_incomplete"]
+        assert drop_record["upload_bits"] == keep_record["upload_bits"] * drop_record["num_reporting"] // 6
+    assert sum(r["num_incomplete"] for r in dropped.records) > 0
+
+
+def test_inactive_clients_send_nothing_but_received_the_model():
+    result = driftlab.run({"rounds": 5, "data": {"num_clients": 6}, "sampling": {"participation": 1.0}, "availability": {"inactive_probability": 0.5}})
+    for record in result.records:
+        assert record["num_reporting"] == 6 - record["num_inactive"]
+        assert record["download_bits"] == 6 * 32 * result.num_parameters
+        assert record["upload_bits"] == record["num_reporting"] * 32 * result.num_parameters

@@ -1,0 +1,641 @@
+"""The vectorized training backend: all clients of a round do local SGD together.
+
+algorithms.md ("Local training") and the seam (``seam.py``): client ``k`` runs
+``K_k`` steps of
+
+    g_k = ∇ℓ(θ_k; batch_k,s) + a_k                       (linear correction)
+    g_k ← g_k · min(1, c / (‖g_k‖ + 1e-6))                (optional clipping, per client)
+    g_k ← g_k + D_k ⊙ (θ_k − θ_ref,k) + wd · θ_k          (quadratic term, weight decay)
+    θ_k ← θ_k − η_l g_k
+
+from ``θ_k = θ^{t−1}``.  Here the ``C`` clients of a chunk are stacked into a
+``[C, P]`` matrix ``Θ`` and every step is a handful of batched operations on
+``Θ`` whatever ``C`` is:
+
+* the step's minibatch of every client is gathered with one index operation
+  (``rows[s]``, a ``[C, B]`` table of sample rows);
+* a short last batch is padded; the loss is the masked mean
+  ``ℓ_k = Σ_i w_ki ℓ(θ_k; x_i)`` with ``w_ki = 1/|batch_k|`` on real examples and
+  ``0`` on padding, which is the sequential per-batch mean;
+* clients are sorted by descending step count, so the clients still training at
+  step ``s`` are a prefix ``Θ[:n_s]``; finished clients keep their parameters
+  and cost nothing (grouping by step count comes for free);
+* the loss gradient comes from batched layers (``bmm``, a hand-written backward)
+  for stacks of ``Linear``/``ReLU`` with cross-entropy, and from
+  ``torch.func.vmap(grad(...))`` of ``functional_call`` for any other module.
+  A module that ``vmap`` cannot handle falls back to the sequential backend with
+  a logged warning.
+
+Without clipping the update is fused into the weight-gradient GEMM
+(``W ← W − η_l δᵀh`` is one ``baddbmm_``), so the parameters are read and written
+once per step and no ``[C, P]`` gradient is materialised; the correction terms
+``E = a + D ⊙ (θ − θ_ref) + wd · θ`` (taken at the step's starting ``θ``) are
+then applied as ``θ ← θ − η_l E``.  With clipping the gradient must be complete
+before its norm is known, so it is written to a ``[C, P]`` buffer and the step
+above is applied in place, in the same order as ``local_training.corrected_step``.
+
+Chunks of clients are sized from a memory budget, so a round of 1,000 clients
+never holds more than one chunk's parameters, gradients and activations.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
+from typing import Callable, Iterator, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from driftlab.simulation.flat import FlatModel, cross_entropy_per_example
+from driftlab.simulation.local_training import (
+    PAD,
+    ClientTask,
+    LocalSettings,
+    SequentialBackend,
+    TrainingData,
+    corrected_gradient_norm,
+)
+from driftlab.simulation.seam import GradientCorrection
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MEMORY_BUDGET_BYTES = 1 << 30
+# On a CPU the per-step working set of more than ~16 MLP clients spills out of the
+# last-level cache and every elementwise pass becomes a trip to DRAM; measured in
+# docs/performance.md.  GPUs have no such knee, so they use the memory budget alone.
+CPU_CHUNK_CLIENTS = 16
+FULL_GRADIENT_ROWS = 4096  # examples per piece of a full local gradient (γ-inexact stopping), as in the sequential backend
+
+# ---------------------------------------------------------------- per-chunk data
+
+
+@dataclass(frozen=True)
+class StackedCorrection:
+    """The chunk's ``GradientCorrection``s as rows: ``linear [C,P]``, ``quadratic [C,1]`` or ``[C,P]``, ``reference [C,P]``.
+
+    A term that no client has is ``None``; a client without a term gets a zero
+    row (``a_k = 0``, ``D_k = 0``), which leaves its step unchanged.  A tensor
+    every client shares (FedProx's and FedDyn's ``θ_ref = θ^{t−1}``) is kept
+    once as a ``[1, P]`` row and broadcast.
+    """
+
+    linear: torch.Tensor | None
+    quadratic: torch.Tensor | None
+    reference: torch.Tensor | None
+
+    @property
+    def is_empty(self) -> bool:
+        return self.linear is None and self.quadratic is None
+
+    @staticmethod
+    def stack(corrections: Sequence[GradientCorrection], like: torch.Tensor) -> "StackedCorrection":
+        linear = _stack_rows([c.linear for c in corrections], like)
+        quadratics = [c.quadratic for c in corrections]
+        if all(q is None for q in quadratics):
+            return StackedCorrection(linear, None, None)
+        if all(q is None or not isinstance(q, torch.Tensor) for q in quadratics):
+            quadratic = torch.tensor([[0.0 if q is None else float(q)] for q in quadratics], dtype=like.dtype, device=like.device)
+        else:
+            quadratic = _stack_rows([_as_row(q, like) for q in quadratics], like)
+        # A client without a quadratic term has D_k = 0, so any finite reference row serves it.
+        references = [c.reference for c in corrections]
+        present = next(r for r in references if r is not None)
+        reference = _stack_rows([present if r is None else r for r in references], like)
+        return StackedCorrection(linear, quadratic, reference)
+
+    def head(self, n: int) -> "StackedCorrection":
+        """The rows of the first ``n`` clients (shared ``[1, P]`` rows stay shared)."""
+        return StackedCorrection(_head(self.linear, n), _head(self.quadratic, n), _head(self.reference, n))
+
+
+def _as_row(value: float | torch.Tensor | None, like: torch.Tensor) -> torch.Tensor | None:
+    if value is None or isinstance(value, torch.Tensor):
+        return value
+    return torch.full_like(like, float(value))
+
+
+def _stack_rows(rows: Sequence[torch.Tensor | None], like: torch.Tensor) -> torch.Tensor | None:
+    """``[C, P]`` from per-client rows (``None`` → zeros), or ``[1, P]`` when every client has the same tensor."""
+    if all(row is None for row in rows):
+        return None
+    first = rows[0]
+    if first is not None and all(row is first for row in rows):
+        return first.to(like.device, like.dtype).reshape(1, -1)
+    zeros = torch.zeros_like(like)
+    return torch.stack([zeros if row is None else row.to(like.device, like.dtype).reshape(-1) for row in rows])
+
+
+def _head(rows: torch.Tensor | None, n: int) -> torch.Tensor | None:
+    return rows if rows is None or rows.shape[0] == 1 else rows[:n]
+
+
+@dataclass(frozen=True)
+class BatchSchedule:
+    """Every step's minibatch for every client of a chunk, on the data's device.
+
+    ``rows[s, k, i]`` is the global sample row of example ``i`` of client ``k``
+    at step ``s``, ``weights[s, k, i]`` its weight in the masked mean loss
+    (``1/|batch|``, ``0`` for padding, whose row points at a real sample so the
+    gather stays in bounds).  Clients are sorted by descending step count, so
+    ``active[s]`` clients (a prefix) still train at step ``s``.
+    """
+
+    rows: torch.Tensor  # [S, C, W] int64
+    weights: torch.Tensor  # [S, C, W]
+    active: tuple[int, ...]  # [S]
+
+    @staticmethod
+    def build(tasks: Sequence[ClientTask], dtype: torch.dtype, device: torch.device) -> "BatchSchedule":
+        steps = max(task.num_steps for task in tasks)
+        width = max((task.batches.shape[1] for task in tasks if task.num_steps), default=1)
+        rows = torch.zeros(steps, len(tasks), width, dtype=torch.long, device=device)
+        weights = torch.zeros(steps, len(tasks), width, dtype=dtype, device=device)
+        for k, task in enumerate(tasks):
+            if task.num_steps == 0:
+                continue
+            positions = torch.as_tensor(task.batches, device=device)
+            valid = positions != PAD
+            counts = valid.sum(dim=1, keepdim=True).to(dtype)
+            task_rows = task.sample_indices.to(device)[positions.clamp(min=0)]
+            rows[: task.num_steps, k, : positions.shape[1]] = torch.where(valid, task_rows, task_rows[:, :1])
+            weights[: task.num_steps, k, : positions.shape[1]] = torch.where(valid, counts.reciprocal(), torch.zeros((), dtype=dtype, device=device))
+        active = tuple(sum(1 for task in tasks if task.num_steps > s) for s in range(steps))
+        return BatchSchedule(rows, weights, active)
+
+
+# ---------------------------------------------------------------- gradients of a stack of clients
+
+
+class LinearReluStack:
+    """Batched layers for ``Flatten → Linear → (ReLU → Linear)*`` under cross-entropy.
+
+    For client ``k`` with weights ``W_l``, biases ``b_l`` and batch ``X``
+    (``h_0 = X``): ``z_l = h_{l−1} W_lᵀ + b_l``, ``h_l = relu(z_l)``; with
+    ``p = softmax(z_L)`` and weights ``w_i``, the masked mean cross-entropy has
+
+        δ_L = w ⊙ (p − onehot(y)),   ∇W_l = δ_lᵀ h_{l−1},   ∇b_l = Σ_i δ_l,i,
+        δ_{l−1} = (δ_l W_l) ⊙ [h_{l−1} > 0].
+
+    Each product is one ``bmm`` over the ``[C, ...]`` stack; the parameters are
+    ``[C, out, in]`` views of the rows of ``Θ``, so nothing is copied.
+    """
+
+    def __init__(self, layers: Sequence[tuple[int, tuple[int, int], int | None]]) -> None:
+        # (weight offset, (out, in), bias offset or None) of each Linear, in order.
+        self.layers = tuple(layers)
+
+    @staticmethod
+    def match(model: FlatModel) -> "LinearReluStack | None":
+        """The batched form of ``model``, or ``None`` when it is not such a stack under cross-entropy."""
+        if model.example_loss is not cross_entropy_per_example:
+            return None
+        linears = _linear_relu_chain(model.module)
+        if linears is None:
+            return None
+        offsets = dict(zip(model.names, (sum(model.numels[:i]) for i in range(len(model.names)))))
+        names = {id(p): name for name, p in model.module.named_parameters()}
+        layers = []
+        for linear in linears:
+            weight_name = names.get(id(linear.weight))
+            bias_name = names.get(id(linear.bias)) if linear.bias is not None else None
+            if weight_name not in offsets or (linear.bias is not None and bias_name not in offsets):
+                return None  # a frozen parameter is not in θ; the generic path handles it
+            layers.append((offsets[weight_name], (linear.out_features, linear.in_features), offsets[bias_name] if bias_name else None))
+        return LinearReluStack(layers)
+
+    def _weight(self, theta: torch.Tensor, layer: int) -> torch.Tensor:
+        offset, (out, inp), _ = self.layers[layer]
+        return theta[:, offset : offset + out * inp].view(-1, out, inp)
+
+    def _bias(self, theta: torch.Tensor, layer: int) -> torch.Tensor | None:
+        offset, (out, _), bias = self.layers[layer]
+        return None if bias is None else theta[:, bias : bias + out]
+
+    def flat_inputs(self, inputs: torch.Tensor) -> torch.Tensor:
+        return inputs.reshape(inputs.shape[0], -1)
+
+    def _forward(self, theta: torch.Tensor, x: torch.Tensor) -> list[torch.Tensor]:
+        """``[h_0, h_1, ..., h_{L−1}, z_L]``: each layer's input, then the logits."""
+        values = [x]
+        last = len(self.layers) - 1
+        for layer in range(len(self.layers)):
+            z = torch.bmm(values[-1], self._weight(theta, layer).transpose(1, 2))
+            bias = self._bias(theta, layer)
+            if bias is not None:
+                z.add_(bias.unsqueeze(1))
+            if layer < last:
+                z.relu_()
+            values.append(z)
+        return values
+
+    @staticmethod
+    def _logit_gradient(logits: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        delta = torch.softmax(logits, dim=-1)
+        delta.scatter_add_(-1, targets.unsqueeze(-1), torch.full_like(delta[..., :1], -1.0))
+        return delta.mul_(weights.unsqueeze(-1))
+
+    def _backpropagate(self, theta: torch.Tensor, x: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor, visit) -> None:
+        """Call ``visit(layer, δ_l, h_{l−1})`` from the last layer down; ``visit`` may update layer ``l`` in place,
+        because ``δ_{l−1}`` is computed from the old ``W_l`` before it is called."""
+        values = self._forward(theta, x)
+        delta = self._logit_gradient(values[-1], targets, weights)
+        for layer in reversed(range(len(self.layers))):
+            below = values[layer]
+            next_delta = None
+            if layer > 0:
+                next_delta = torch.bmm(delta, self._weight(theta, layer))
+                next_delta = torch.ops.aten.threshold_backward(next_delta, below, 0)
+            visit(layer, delta, below)
+            delta = next_delta
+
+    def loss_gradient(self, theta: torch.Tensor, x: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """``out[k] = ∇_θ Σ_i w_ki ℓ(θ_k; x_ki, y_ki)``, written into the rows of ``out`` ([n, P])."""
+
+        def write(layer: int, delta: torch.Tensor, below: torch.Tensor) -> None:
+            torch.bmm(delta.transpose(1, 2), below, out=self._weight(out, layer))
+            bias = self._bias(out, layer)
+            if bias is not None:
+                torch.sum(delta, dim=1, out=bias)
+
+        self._backpropagate(theta, x, targets, weights, write)
+        return out
+
+    def sgd_step_(self, theta: torch.Tensor, x: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor, learning_rate: float) -> None:
+        """``θ_k ← θ_k − η_l ∇ℓ_k(θ_k)`` in place, the update fused into the weight-gradient GEMM."""
+
+        def update(layer: int, delta: torch.Tensor, below: torch.Tensor) -> None:
+            self._weight(theta, layer).baddbmm_(delta.transpose(1, 2), below, alpha=-learning_rate)
+            bias = self._bias(theta, layer)
+            if bias is not None:
+                bias.sub_(delta.sum(dim=1), alpha=learning_rate)
+
+        self._backpropagate(theta, x, targets, weights, update)
+
+    def activation_elements(self, input_features: int) -> int:
+        """Floats of activations and their gradients per example."""
+        return input_features + 3 * sum(out for _, (out, _), _ in self.layers)
+
+
+def _linear_relu_chain(module: nn.Module) -> list[nn.Linear] | None:
+    """The Linear layers of a zoo MLR/MLP or an ``nn.Sequential(Flatten, Linear, ReLU, ..., Linear)``."""
+    from driftlab.models.zoo import MLP, MultinomialLogisticRegression
+
+    if type(module) is MultinomialLogisticRegression:
+        return [module.linear]
+    if type(module) is MLP:
+        layers = list(module.layers)
+    elif type(module) is nn.Sequential and len(module) and type(module[0]) is nn.Flatten and (module[0].start_dim, module[0].end_dim) == (1, -1):
+        layers = list(module)[1:]
+    else:
+        return None
+    # Linear, then (ReLU, Linear) pairs.
+    if not layers or len(layers) % 2 == 0:
+        return None
+    for position, layer in enumerate(layers):
+        expected = nn.Linear if position % 2 == 0 else nn.ReLU
+        if type(layer) is not expected or (expected is nn.ReLU and layer.inplace):
+            return None
+    return [layer for layer in layers if type(layer) is nn.Linear]
+
+
+class VmappedGradient:
+    """Any module: ``vmap`` over clients of ``grad`` of the masked mean loss through ``functional_call``."""
+
+    def __init__(self, model: FlatModel) -> None:
+        def masked_loss(theta: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+            return (model.example_loss(model.forward(theta, inputs), targets) * weights).sum()
+
+        self._gradient = torch.func.vmap(torch.func.grad(masked_loss))
+        self._activations_per_example: int | None = None
+        self._model = model
+
+    def flat_inputs(self, inputs: torch.Tensor) -> torch.Tensor:
+        return inputs
+
+    def loss_gradient(self, theta: torch.Tensor, x: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        out.copy_(self._gradient(theta, x, targets, weights))
+        return out
+
+    def activation_elements(self, example: torch.Tensor, theta: torch.Tensor) -> int:
+        """Floats the leaf modules output for one example, times 3 for autograd's saved tensors and gradients."""
+        if self._activations_per_example is None:
+            total = [example.numel()]
+            hooks = [
+                leaf.register_forward_hook(lambda _m, _i, output: total.append(output.numel() if isinstance(output, torch.Tensor) else 0))
+                for leaf in self._model.module.modules()
+                if not list(leaf.children())
+            ]
+            try:
+                with torch.no_grad():
+                    self._model.forward(theta, example.unsqueeze(0))
+            finally:
+                for hook in hooks:
+                    hook.remove()
+            self._activations_per_example = 3 * sum(total)
+        return self._activations_per_example
+
+
+# ---------------------------------------------------------------- the step
+
+
+def corrected_step_(theta: torch.Tensor, g: torch.Tensor, correction: StackedCorrection, settings: LocalSettings, scratch: torch.Tensor) -> None:
+    """``local_training.corrected_step`` for a stack of clients, in place (``g`` is overwritten), same operation order."""
+    if correction.linear is not None:
+        g.add_(correction.linear)
+    if settings.clip_norm is not None:
+        norms = torch.linalg.vector_norm(g, dim=1, keepdim=True)
+        g.mul_(torch.clamp(settings.clip_norm / (norms + 1e-6), max=1.0))
+    if correction.quadratic is not None:
+        torch.sub(theta, correction.reference, out=scratch)
+        g.add_(scratch.mul_(correction.quadratic))
+    if settings.weight_decay:
+        g.add_(torch.mul(theta, settings.weight_decay, out=scratch))
+    theta.sub_(g.mul_(settings.learning_rate))
+
+
+def correction_terms(theta: torch.Tensor, correction: StackedCorrection, weight_decay: float, out: torch.Tensor) -> torch.Tensor | None:
+    """``E = a + D ⊙ (θ − θ_ref) + wd · θ`` (the gradient terms that do not pass through clipping), or ``None`` if zero."""
+    if correction.is_empty and not weight_decay:
+        return None
+    out.zero_()
+    if correction.linear is not None:
+        out.add_(correction.linear)
+    if correction.quadratic is not None:
+        out.addcmul_(correction.quadratic, theta - correction.reference)
+    if weight_decay:
+        out.add_(theta, alpha=weight_decay)
+    return out
+
+
+# ---------------------------------------------------------------- the backend
+
+
+class VectorizedBackend:
+    """Trains a round's clients as ``[C, P]`` stacks, chunk by chunk (module docstring).
+
+    Args:
+        memory_budget_bytes: bytes one chunk may use for parameters, gradients,
+            corrections, activations and its batch schedule (default 1 GiB).
+        max_chunk_clients: at most this many clients per chunk; default
+            ``CPU_CHUNK_CLIENTS`` on a CPU (faster, see docs/performance.md) and no
+            limit beyond the budget on a GPU.
+        batched_layers: use the hand-written batched layers where the model
+            allows (``False`` forces ``vmap``; for benchmarks and tests).
+        parallel_chunks: on a CPU, train one chunk per intra-op thread at once,
+            each single-threaded (see ``_map_chunks``); ``False``: one chunk at a
+            time with multi-threaded kernels.
+    """
+
+    name = "vectorized"
+
+    def __init__(
+        self,
+        memory_budget_bytes: int | None = None,
+        max_chunk_clients: int | None = None,
+        batched_layers: bool = True,
+        parallel_chunks: bool = True,
+    ) -> None:
+        if memory_budget_bytes is not None and memory_budget_bytes <= 0:
+            raise ValueError(f"memory_budget_bytes must be positive, got {memory_budget_bytes}")
+        if max_chunk_clients is not None and max_chunk_clients < 1:
+            raise ValueError(f"max_chunk_clients must be at least 1, got {max_chunk_clients}")
+        self.memory_budget_bytes = memory_budget_bytes or DEFAULT_MEMORY_BUDGET_BYTES
+        self.max_chunk_clients = max_chunk_clients
+        self.batched_layers = batched_layers
+        self.parallel_chunks = parallel_chunks
+        self._engine_of: tuple[nn.Module, object] | None = None  # (module, its engine or None), the last model trained
+        self._fallback: SequentialBackend | None = None
+
+    def train(
+        self, model: FlatModel, start_params: torch.Tensor, tasks: Sequence[ClientTask], settings: LocalSettings, data: TrainingData
+    ) -> Iterator[tuple[int, torch.Tensor, int]]:
+        if not tasks:
+            return
+        engine = self._engine(model, start_params, tasks, data)
+        if engine is None:
+            yield from self._fallback.train(model, start_params, tasks, settings, data)
+            return
+        # Grouping by step count: neighbours in this order finish together, so chunks waste little.
+        order = sorted(range(len(tasks)), key=lambda position: -tasks[position].num_steps)
+        # torch.func keeps its transform stack per process, not per thread: vmapped chunks run one at a time.
+        workers = self.workers(start_params, len(tasks)) if isinstance(engine, LinearReluStack) else 1
+        chunk_size = self.chunk_size(engine, model, start_params, tasks, settings, data, workers)
+        chunks = [order[start : start + chunk_size] for start in range(0, len(order), chunk_size)]
+
+        def train(positions: list[int]) -> tuple[list[int], torch.Tensor, list[int]]:
+            return positions, *_train_chunk(engine, start_params, [tasks[p] for p in positions], settings, data)
+
+        for positions, finals, steps_done in _map_chunks(train, chunks, workers):
+            for k, position in enumerate(positions):
+                yield position, finals[k], steps_done[k]
+
+    def workers(self, start_params: torch.Tensor, num_tasks: int) -> int:
+        """Chunks trained at once: one per intra-op thread on a CPU (each single-threaded), else one."""
+        if not self.parallel_chunks or start_params.device.type != "cpu":
+            return 1
+        return max(1, min(torch.get_num_threads(), num_tasks))
+
+    def chunk_size(
+        self,
+        engine,
+        model: FlatModel,
+        start_params: torch.Tensor,
+        tasks: Sequence[ClientTask],
+        settings: LocalSettings,
+        data: TrainingData,
+        workers: int = 1,
+    ) -> int:
+        """Clients per chunk: as many as the memory budget holds (shared by ``workers`` chunks in flight),
+        capped on a CPU (see ``CPU_CHUNK_CLIENTS``) and split evenly over the workers."""
+        element = start_params.element_size()
+        # θ, a gradient (or correction-terms) buffer and a scratch buffer, plus the correction rows that differ per client.
+        params_rows = 3 + per_client_correction_rows([task.correction for task in tasks])
+        width = max((task.batches.shape[1] for task in tasks), default=1)
+        steps = max(task.num_steps for task in tasks)
+        if isinstance(engine, LinearReluStack):
+            activations = engine.activation_elements(engine.flat_inputs(data.inputs[:1]).shape[1])
+        else:
+            activations = engine.activation_elements(data.inputs[0], start_params)
+        per_client = element * (params_rows * model.num_parameters + width * activations) + steps * width * (8 + element)
+        size = max(1, self.memory_budget_bytes // (workers * per_client))
+        cap = self.max_chunk_clients or (CPU_CHUNK_CLIENTS if start_params.device.type == "cpu" else None)
+        return int(min(size, cap or size, math.ceil(len(tasks) / workers)))
+
+    def _engine(self, model: FlatModel, start_params: torch.Tensor, tasks: Sequence[ClientTask], data: TrainingData):
+        """The gradient engine for ``model``, or ``None`` (with a warning, once) when it cannot be batched."""
+        if self._engine_of is not None and self._engine_of[0] is model.module:
+            engine = self._engine_of[1]
+        else:
+            engine = LinearReluStack.match(model) if self.batched_layers else None
+            if engine is None:
+                engine = VmappedGradient(model)
+                problem = _vmap_problem(engine, start_params, tasks[0], data)
+                if problem is not None:
+                    logger.warning(
+                        "vectorized backend: %s cannot be vmapped (%s); training its clients one by one with the sequential backend",
+                        type(model.module).__name__,
+                        problem,
+                    )
+                    engine = None
+            self._engine_of = (model.module, engine)
+        if engine is None and self._fallback is None:
+            self._fallback = SequentialBackend()
+        return engine
+
+
+def per_client_correction_rows(corrections: Sequence[GradientCorrection]) -> int:
+    """How many ``[P]`` rows per client ``StackedCorrection.stack`` will hold (shared rows and scalars cost nothing)."""
+
+    def varies(values: list) -> bool:
+        present = [v for v in values if v is not None]
+        return bool(present) and not all(v is present[0] and len(present) == len(values) for v in present)
+
+    linear = varies([c.linear for c in corrections])
+    quadratic = any(isinstance(c.quadratic, torch.Tensor) for c in corrections) and varies([c.quadratic for c in corrections])
+    reference = varies([c.reference for c in corrections]) if any(c.reference is not None for c in corrections) else False
+    return int(linear) + int(quadratic) + int(reference)
+
+
+def _vmap_problem(engine: VmappedGradient, start_params: torch.Tensor, task: ClientTask, data: TrainingData) -> str | None:
+    """Try the vmapped gradient on two clients' first batch; the error text if it fails."""
+    positions = task.batches[:1] if task.num_steps else np.zeros((1, 1), dtype=np.int64)
+    probe = dataclasses.replace(task, batches=positions)
+    schedule = BatchSchedule.build([probe, probe], start_params.dtype, start_params.device)
+    theta = start_params.unsqueeze(0).repeat(2, 1)
+    rows = schedule.rows[0]
+    try:
+        engine.loss_gradient(theta, data.inputs[rows], data.targets[rows], schedule.weights[0], torch.empty_like(theta))
+    except Exception as error:  # noqa: BLE001 - any failure means "not vmappable"; the message is logged
+        return f"{type(error).__name__}: {error}"
+    return None
+
+
+def _map_chunks(train: Callable, chunks: list, workers: int) -> Iterator:
+    """``train`` over ``chunks``, in order with one worker, else as they finish on ``workers`` threads.
+
+    Chunk-level parallelism beats intra-op parallelism here: a client's GEMMs
+    (50 x 784 x 200 for the standard MLP) are too small to split well over
+    threads, and single-threaded kernels cannot be starved by a thread pool
+    oversubscribed by other processes.  Intra-op threads are set to one while
+    the chunks run (a process-wide setting) and restored after.
+    """
+    if workers == 1:
+        yield from map(train, chunks)
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="driftlab-chunk") as pool:
+            pending = [pool.submit(train, chunk) for chunk in chunks[:workers]]
+            upcoming = iter(chunks[workers:])
+            while pending:
+                finished = next(as_completed(pending))
+                pending.remove(finished)
+                chunk = next(upcoming, None)
+                if chunk is not None:  # keep at most `workers` chunks in memory at once
+                    pending.append(pool.submit(train, chunk))
+                yield finished.result()
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train_chunk(
+    engine, start_params: torch.Tensor, tasks: Sequence[ClientTask], settings: LocalSettings, data: TrainingData
+) -> tuple[torch.Tensor, list[int]]:
+    """Local SGD for one chunk (sorted by descending step count); the ``[C, P]`` final parameters and steps done."""
+    num_clients = len(tasks)
+    theta = start_params.unsqueeze(0).repeat(num_clients, 1)  # a fresh matrix: the yielded rows are never reused
+    steps_done = [task.num_steps for task in tasks]
+    if max(steps_done) == 0:
+        return theta, steps_done
+    schedule = BatchSchedule.build(tasks, start_params.dtype, start_params.device)
+    correction = StackedCorrection.stack([task.correction for task in tasks], start_params)
+    fused = settings.clip_norm is None and isinstance(engine, LinearReluStack)
+    needs_scratch = not fused or not correction.is_empty or bool(settings.weight_decay)
+    gradient = None if fused else torch.empty_like(theta)
+    scratch = torch.empty_like(theta) if needs_scratch else None
+    inputs = engine.flat_inputs(data.inputs)
+    batch_inputs = inputs.new_empty((num_clients, schedule.rows.shape[2], *inputs.shape[1:]))
+    stopping = _InexactStopping(engine, theta, tasks, correction, settings, data)
+
+    for step, active in enumerate(schedule.active):
+        rows = schedule.rows[step, :active]
+        x = gather_rows(inputs, rows, batch_inputs[:active])
+        targets, weights = data.targets[rows], schedule.weights[step, :active]
+        block = theta[:active]
+        block_correction = correction.head(active)
+        if fused:
+            extra = correction_terms(block, block_correction, settings.weight_decay, scratch[:active]) if scratch is not None else None
+            engine.sgd_step_(block, x, targets, weights, settings.learning_rate)
+            if extra is not None:
+                block.sub_(extra.mul_(settings.learning_rate))
+        else:
+            g = engine.loss_gradient(block, x, targets, weights, gradient[:active])
+            corrected_step_(block, g, block_correction, settings, scratch[:active])
+        stopping.after_step(step + 1, active, steps_done)
+    return stopping.finals(theta), steps_done
+
+
+def gather_rows(source: torch.Tensor, rows: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """``out[k, i] = source[rows[k, i]]`` with one ``index_select`` into a reused buffer (no allocation per step)."""
+    torch.index_select(source, 0, rows.reshape(-1), out=out.view(-1, *source.shape[1:]))
+    return out
+
+
+class _InexactStopping:
+    """FedProx's γ-inexact local solver (algorithms.md): a client stops once ``‖∇h_k(θ)‖ ≤ γ ‖∇h_k(θ^{t−1})‖``,
+    with full local gradients, checked after each of its epochs; as ``local_training.train_one_client``.
+
+    A stopped client keeps computing with the others (it is in the middle of the
+    stack); its parameters at the stop are kept aside and returned instead.
+    """
+
+    def __init__(self, engine, theta: torch.Tensor, tasks: Sequence[ClientTask], correction: StackedCorrection, settings, data) -> None:
+        self.engine, self.theta, self.tasks, self.correction, self.settings, self.data = engine, theta, tasks, correction, settings, data
+        self.watched = [k for k, task in enumerate(tasks) if task.stop_gamma is not None and task.steps_per_epoch > 0]
+        self.stopped: dict[int, torch.Tensor] = {}
+        self.thresholds = {k: tasks[k].stop_gamma * self._norm(k) for k in self.watched}
+
+    def _norm(self, k: int) -> float:
+        theta = self.theta[k : k + 1]
+        rows = self.tasks[k].sample_indices
+        total = torch.zeros_like(theta)
+        piece_gradient = torch.empty_like(theta)
+        inputs = self.engine.flat_inputs(self.data.inputs)
+        for start in range(0, len(rows), FULL_GRADIENT_ROWS):
+            part = rows[start : start + FULL_GRADIENT_ROWS]
+            weights = torch.full((1, len(part)), 1.0 / len(part), dtype=theta.dtype, device=theta.device)
+            self.engine.loss_gradient(theta, inputs[part].unsqueeze(0), self.data.targets[part].unsqueeze(0), weights, piece_gradient)
+            total += piece_gradient * (len(part) / len(rows))
+        task_correction = self.tasks[k].correction
+        return corrected_gradient_norm(theta[0], total[0], task_correction, self.settings)
+
+    def after_step(self, done: int, active: int, steps_done: list[int]) -> None:
+        for k in self.watched:
+            task = self.tasks[k]
+            if k in self.stopped or k >= active or done % task.steps_per_epoch or done >= task.num_steps:
+                continue
+            if self._norm(k) <= self.thresholds[k]:
+                self.stopped[k] = self.theta[k].clone()
+                steps_done[k] = done
+
+    def finals(self, theta: torch.Tensor) -> torch.Tensor:
+        for k, params in self.stopped.items():
+            theta[k] = params
+        return theta
+
+
+__all__ = [
+    "BatchSchedule",
+    "LinearReluStack",
+    "StackedCorrection",
+    "VectorizedBackend",
+    "VmappedGradient",
+    "corrected_step_",
+    "correction_terms",
+]

@@ -1,0 +1,295 @@
+"""The vectorized backend against the sequential reference: same clients, same batches, same start → same models.
+
+Agreement is to fp32 rounding in float32 and to 1e-12 in float64 (the
+operations differ only in summation order), after a full round of unequal
+clients: different sample counts (short, padded last batches), different step
+counts, clipping, weight decay and every kind of gradient correction.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import driftlab
+from driftlab.algorithms import ALGORITHM_MODULES
+from driftlab.models import build_model
+from driftlab.simulation.flat import FlatModel
+from driftlab.simulation.local_training import (
+    ClientTask,
+    LocalSettings,
+    SequentialBackend,
+    TrainingData,
+    batch_plan,
+    steps_for_epochs,
+)
+from driftlab.simulation.seam import NO_CORRECTION, GradientCorrection
+from driftlab.simulation.vectorized import BatchSchedule, LinearReluStack, StackedCorrection, VectorizedBackend
+
+# float32: a few ulps of parameters of size ~0.1 after tens of steps; float64: the issue's 1e-12.
+TOLERANCE = {torch.float32: dict(rtol=1e-5, atol=2e-6), torch.float64: dict(rtol=1e-12, atol=1e-12)}
+CLIENT_SIZES = (37, 50, 120, 7, 64, 23)  # 7 < B: a client whose batches are narrower than B
+BATCH_SIZE = 10
+CORRECTION_KINDS = ("none", "linear", "quadratic_scalar", "quadratic_tensor", "mixed")
+
+
+def _model(name: str, dtype: torch.dtype, seed: int = 0) -> FlatModel:
+    torch.manual_seed(seed)
+    if name == "conv":  # not a Linear/ReLU stack: exercises the vmap path
+        module = nn.Sequential(nn.Conv2d(1, 3, 3), nn.Tanh(), nn.Flatten(), nn.Linear(3 * 6 * 6, 10))
+    else:
+        module = build_model(name, (1, 8, 8), 10, hidden=(16, 12))
+    return FlatModel.wrap(module).to("cpu", dtype)
+
+
+def _data(dtype: torch.dtype) -> TrainingData:
+    generator = torch.Generator().manual_seed(1)
+    n = sum(CLIENT_SIZES) + 5
+    return TrainingData(torch.randn(n, 1, 8, 8, generator=generator, dtype=dtype), torch.randint(0, 10, (n,), generator=generator))
+
+
+def _corrections(kind: str, start: torch.Tensor) -> list[GradientCorrection]:
+    generator = torch.Generator().manual_seed(2)
+    p, dtype = start.numel(), start.dtype
+
+    def vector(scale: float) -> torch.Tensor:
+        return (torch.randn(p, generator=generator, dtype=torch.float64) * scale).to(dtype)
+
+    count = len(CLIENT_SIZES)
+    if kind == "none":
+        return [NO_CORRECTION] * count
+    if kind == "linear":  # SCAFFOLD / AdaBest
+        return [GradientCorrection(linear=vector(0.05)) for _ in range(count)]
+    if kind == "quadratic_scalar":  # FedProx: a number and one shared reference
+        reference = start + vector(0.01)
+        return [GradientCorrection(quadratic=0.3 + 0.1 * k, reference=reference) for k in range(count)]
+    if kind == "quadratic_tensor":  # EFL-like D_k ⊙ (θ − θ_ref) with per-client references
+        return [GradientCorrection(quadratic=vector(0.2).abs(), reference=start + vector(0.01)) for _ in range(count)]
+    # mixed: some clients have no correction, others linear, scalar or tensor quadratics (FedDyn: both)
+    return [
+        NO_CORRECTION,
+        GradientCorrection(linear=vector(0.05)),
+        GradientCorrection(quadratic=0.5, reference=start),
+        GradientCorrection(linear=vector(0.05), quadratic=vector(0.2).abs(), reference=start + vector(0.01)),
+        NO_CORRECTION,
+        GradientCorrection(linear=vector(0.05), quadratic=0.1, reference=start),
+    ]
+
+
+def _tasks(corrections: list[GradientCorrection], fixed_steps: dict[int, int] | None = None) -> list[ClientTask]:
+    """Clients with unequal sizes; 2 epochs each (unequal step counts) unless ``fixed_steps`` overrides."""
+    tasks, offset = [], 0
+    for client_id, (size, correction) in enumerate(zip(CLIENT_SIZES, corrections)):
+        steps = (fixed_steps or {}).get(client_id, steps_for_epochs(size, BATCH_SIZE, 2))
+        rows = torch.arange(offset + 5, offset + 5 + size)[torch.randperm(size, generator=torch.Generator().manual_seed(client_id))]
+        tasks.append(ClientTask(client_id, rows, batch_plan(7, 1, client_id, size, BATCH_SIZE, steps), correction))
+        offset += size
+    return tasks
+
+
+def _run(backend, model, start, tasks, settings, data) -> dict[int, tuple[torch.Tensor, int]]:
+    results = {position: (params.clone(), done) for position, params, done in backend.train(model, start, tasks, settings, data)}
+    assert sorted(results) == list(range(len(tasks)))
+    return results
+
+
+def _assert_agree(expected: dict, actual: dict, dtype: torch.dtype) -> None:
+    for position, (params, done) in expected.items():
+        assert actual[position][1] == done
+        torch.testing.assert_close(actual[position][0], params, **TOLERANCE[dtype])
+
+
+# ------------------------------------------------------------------ one round against the sequential backend
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["fp32", "fp64"])
+@pytest.mark.parametrize("model_name", ["mlr", "mlp"])
+@pytest.mark.parametrize("kind", CORRECTION_KINDS)
+@pytest.mark.parametrize("clip_norm", [None, 0.5], ids=["noclip", "clip"])
+def test_a_round_matches_the_sequential_backend(dtype, model_name, kind, clip_norm):
+    model, data = _model(model_name, dtype), _data(dtype)
+    start = model.initial_parameters()
+    tasks = _tasks(_corrections(kind, start), fixed_steps={2: 3, 4: 1})  # two clients stop early (incomplete work)
+    settings = LocalSettings(learning_rate=0.1, weight_decay=0.01, clip_norm=clip_norm)
+    expected = _run(SequentialBackend(), model, start, tasks, settings, data)
+    _assert_agree(expected, _run(VectorizedBackend(), model, start, tasks, settings, data), dtype)
+
+
+@pytest.mark.parametrize("model_name", ["mlp", "conv"])
+@pytest.mark.parametrize("clip_norm", [None, 0.5], ids=["noclip", "clip"])
+def test_the_vmap_path_matches_the_sequential_backend(model_name, clip_norm):
+    dtype = torch.float64
+    model, data = _model(model_name, dtype), _data(dtype)
+    start = model.initial_parameters()
+    tasks = _tasks(_corrections("mixed", start))
+    settings = LocalSettings(learning_rate=0.1, weight_decay=0.01, clip_norm=clip_norm)
+    expected = _run(SequentialBackend(), model, start, tasks, settings, data)
+    _assert_agree(expected, _run(VectorizedBackend(batched_layers=False), model, start, tasks, settings, data), dtype)
+
+
+def test_without_corrections_or_weight_decay_the_step_is_plain_sgd():
+    dtype = torch.float64
+    model, data = _model("mlp", dtype), _data(dtype)
+    start = model.initial_parameters()
+    tasks = _tasks(_corrections("none", start))
+    settings = LocalSettings(learning_rate=0.05)
+    _assert_agree(_run(SequentialBackend(), model, start, tasks, settings, data), _run(VectorizedBackend(), model, start, tasks, settings, data), dtype)
+
+
+# ------------------------------------------------------------------ chunks, early stopping, fallback
+
+
+@pytest.mark.parametrize("clip_norm", [None, 0.5], ids=["noclip", "clip"])
+def test_many_small_chunks_give_the_same_models_as_one_chunk(clip_norm):
+    dtype = torch.float64
+    model, data = _model("mlp", dtype), _data(dtype)
+    start = model.initial_parameters()
+    tasks = _tasks(_corrections("mixed", start))
+    settings = LocalSettings(learning_rate=0.1, weight_decay=0.01, clip_norm=clip_norm)
+    one_chunk = VectorizedBackend(max_chunk_clients=len(tasks), parallel_chunks=False)
+    tiny_budget = VectorizedBackend(memory_budget_bytes=1)  # forces one client per chunk, chunks run in parallel threads
+    assert one_chunk.chunk_size(LinearReluStack.match(model), model, start, tasks, settings, data) == len(tasks)
+    assert tiny_budget.chunk_size(LinearReluStack.match(model), model, start, tasks, settings, data) == 1
+    _assert_agree(_run(one_chunk, model, start, tasks, settings, data), _run(tiny_budget, model, start, tasks, settings, data), dtype)
+
+
+def test_chunk_size_follows_the_memory_budget():
+    model, data = _model("mlp", torch.float32), _data(torch.float32)
+    start = model.initial_parameters()
+    tasks = _tasks(_corrections("none", start)) * 200  # 1,200 clients
+    settings = LocalSettings(learning_rate=0.1)
+    engine = LinearReluStack.match(model)
+    small = VectorizedBackend(memory_budget_bytes=200_000, max_chunk_clients=10_000).chunk_size(engine, model, start, tasks, settings, data)
+    large = VectorizedBackend(memory_budget_bytes=20_000_000, max_chunk_clients=10_000).chunk_size(engine, model, start, tasks, settings, data)
+    assert 1 <= small < large <= len(tasks)
+
+
+def test_gamma_inexact_clients_stop_at_the_same_step_as_sequentially():
+    dtype = torch.float64
+    model, data = _model("mlr", dtype), _data(dtype)
+    start = model.initial_parameters()
+    tasks = []
+    six_epochs = {k: steps_for_epochs(size, BATCH_SIZE, 6) for k, size in enumerate(CLIENT_SIZES)}
+    for task in _tasks(_corrections("quadratic_scalar", start), fixed_steps=six_epochs):
+        per_epoch = steps_for_epochs(len(task.sample_indices), BATCH_SIZE, 1)
+        tasks.append(ClientTask(task.client_id, task.sample_indices, task.batches, task.correction, stop_gamma=0.9, steps_per_epoch=per_epoch))
+    settings = LocalSettings(learning_rate=0.3)
+    expected = _run(SequentialBackend(), model, start, tasks, settings, data)
+    assert any(done < task.num_steps for (_, done), task in zip(expected.values(), tasks))  # some client did stop early
+    _assert_agree(expected, _run(VectorizedBackend(), model, start, tasks, settings, data), dtype)
+
+
+class _DataDependentBranch(nn.Module):
+    """Python control flow on tensor values: ``vmap`` cannot trace it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(64, 10)
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        outputs = self.linear(inputs.flatten(1))
+        return outputs * 2 if outputs.sum() > 0 else outputs
+
+
+def test_a_module_vmap_cannot_handle_falls_back_to_sequential_with_a_warning(caplog):
+    dtype = torch.float64
+    torch.manual_seed(0)
+    model, data = FlatModel.wrap(_DataDependentBranch()).to("cpu", dtype), _data(dtype)
+    start = model.initial_parameters()
+    tasks = _tasks(_corrections("linear", start))
+    settings = LocalSettings(learning_rate=0.1)
+    with caplog.at_level(logging.WARNING, logger="driftlab.simulation.vectorized"):
+        actual = _run(VectorizedBackend(), model, start, tasks, settings, data)
+    assert any("sequential" in record.getMessage() for record in caplog.records)
+    expected = _run(SequentialBackend(), model, start, tasks, settings, data)
+    for position, (params, done) in expected.items():
+        assert torch.equal(actual[position][0], params) and actual[position][1] == done
+
+
+# ------------------------------------------------------------------ pieces
+
+
+def test_the_batch_schedule_pads_short_batches_with_zero_weight_and_sorts_out_finished_clients():
+    tasks = _tasks([NO_CORRECTION] * len(CLIENT_SIZES))
+    ordered = sorted(tasks, key=lambda task: -task.num_steps)
+    schedule = BatchSchedule.build(ordered, torch.float64, torch.device("cpu"))
+    assert schedule.active[0] == len(tasks) and schedule.active[-1] == sum(t.num_steps == ordered[0].num_steps for t in ordered)
+    for k, task in enumerate(ordered):
+        for step in range(task.num_steps):
+            positions = task.batches[step][task.batches[step] >= 0]
+            weights = schedule.weights[step, k]
+            assert torch.equal(schedule.rows[step, k, : len(positions)], task.sample_indices[torch.as_tensor(positions)])
+            torch.testing.assert_close(weights.sum(), torch.tensor(1.0, dtype=torch.float64))
+            assert int((weights > 0).sum()) == len(positions)
+
+
+def test_stacked_corrections_share_a_common_reference_and_zero_the_absent_terms():
+    start = torch.arange(4.0)
+    reference = start + 1
+    stacked = StackedCorrection.stack(
+        [NO_CORRECTION, GradientCorrection(quadratic=0.5, reference=reference), GradientCorrection(linear=torch.ones(4))], start
+    )
+    assert stacked.reference.shape == (1, 4) and torch.equal(stacked.reference[0], reference)
+    assert torch.equal(stacked.quadratic, torch.tensor([[0.0], [0.5], [0.0]]))
+    assert torch.equal(stacked.linear, torch.tensor([[0.0] * 4, [0.0] * 4, [1.0] * 4]))
+    assert StackedCorrection.stack([NO_CORRECTION] * 3, start).is_empty
+
+
+def test_only_linear_relu_stacks_under_cross_entropy_take_the_batched_layers():
+    assert LinearReluStack.match(_model("mlr", torch.float32)) is not None
+    assert LinearReluStack.match(_model("mlp", torch.float32)) is not None
+    assert LinearReluStack.match(_model("conv", torch.float32)) is None
+    sequential = nn.Sequential(nn.Flatten(), nn.Linear(64, 8), nn.ReLU(), nn.Linear(8, 10))
+    assert LinearReluStack.match(FlatModel.wrap(sequential)) is not None
+    assert LinearReluStack.match(FlatModel.wrap(nn.Sequential(nn.Flatten(), nn.Linear(64, 8), nn.Tanh(), nn.Linear(8, 10)))) is None
+
+
+# ------------------------------------------------------------------ end to end, every algorithm
+
+
+def _end_to_end(algorithm: str, backend: str, extra: tuple[str, ...] = ()):
+    overrides = [
+        "rounds=3",
+        "seed=5",
+        "precision=float64",
+        f"backend={backend}",
+        f"algorithm.name={algorithm}",
+        "data.num_clients=8",
+        "sampling.participation=0.5",
+        "model.name=mlp",
+        "model.hidden=[16]",
+        "client.lr=0.05",
+        "client.batch_size=7",
+        "client.epochs=2",
+        *extra,
+    ]
+    return driftlab.run(None, overrides=overrides)
+
+
+@pytest.mark.parametrize("algorithm", sorted(ALGORITHM_MODULES))
+def test_every_algorithm_ends_with_the_same_model_on_both_backends(algorithm):
+    sequential = _end_to_end(algorithm, "sequential")
+    vectorized = _end_to_end(algorithm, "vectorized")
+    torch.testing.assert_close(vectorized.final_params, sequential.final_params, rtol=1e-12, atol=1e-12)
+    assert [r["local_steps"] for r in vectorized.records] == [r["local_steps"] for r in sequential.records]
+
+
+@pytest.mark.parametrize("algorithm", sorted(ALGORITHM_MODULES))
+def test_every_algorithm_agrees_with_clipping_weight_decay_and_stragglers(algorithm):
+    extra = ("client.clip_norm=1.0", "client.weight_decay=0.001", "availability.incomplete_probability=0.5")
+    sequential = _end_to_end(algorithm, "sequential", extra)
+    vectorized = _end_to_end(algorithm, "vectorized", extra)
+    torch.testing.assert_close(vectorized.final_params, sequential.final_params, rtol=1e-12, atol=1e-12)
+
+
+def test_auto_backend_is_the_vectorized_one():
+    from driftlab.experiments.runner import build_simulation
+
+    sim, _ = build_simulation(driftlab.load_config(None, ["backend=auto", "data.num_clients=4"]))
+    assert isinstance(sim.backend, VectorizedBackend)
+    assert driftlab.load_config(None).backend == "auto"
+    assert np.isfinite(_end_to_end("fedavg", "auto").final_params.numpy()).all()
