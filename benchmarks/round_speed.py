@@ -248,6 +248,19 @@ def current_rss_mb() -> float:
 
 
 def peak_rss_mb() -> float:
+    """This process's RSS high-water mark.
+
+    Linux's ``VmHWM`` belongs to the address space, which ``exec`` replaces;
+    ``ru_maxrss`` would not do for a subprocess, as Linux carries it over from
+    the parent across ``fork``/``exec``.
+    """
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 2**10
+    except OSError:
+        pass
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / 2**20 if sys.platform == "darwin" else peak / 2**10  # bytes on macOS, KiB on Linux
 

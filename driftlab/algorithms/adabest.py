@@ -108,7 +108,9 @@ class Config(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     name: Literal["adabest"] = "adabest"
-    mu: float = Field(0.02, ge=0, description="μ ≥ 0: client drift estimate h_k ← h_k/(t − t'_k) + μ(θ^{t−1} − θ_k) (paper: 0.02)")
+    mu: float = Field(
+        0.02, ge=0, description="μ ≥ 0: client drift estimate h_k ← h_k/(t − t'_k) + μ(θ^{t−1} − θ_k) (paper: 0.02)"
+    )
     beta: Beta = Field(
         0.96, description="β in [0, 1] or a schedule table: server h^t = β(θ̄^{t−1} − θ̄^t) (paper: 0.96 at 10%, 0.98 at 100% participation)"
     )
@@ -192,5 +194,7 @@ def from_config(config: Config, server_optimizer: Any) -> Algorithm:
     if server_optimizer.name != "sgd":
         from driftlab.experiments.config import ConfigError  # imported here: the config module imports this registry
 
-        raise ConfigError(f"server.optimizer: adabest has its own server step and does not use a server optimizer; use sgd (got {server_optimizer.name!r})")
+        raise ConfigError(
+            f"server.optimizer: adabest has its own server step and does not use a server optimizer; use sgd (got {server_optimizer.name!r})"
+        )
     return build(mu=config.mu, beta=config.beta, aggregation=config.aggregation)

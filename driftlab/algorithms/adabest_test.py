@@ -88,7 +88,10 @@ def test_limit_point_is_the_proximal_point_anchored_at_the_initial_model() -> No
         ({"name": "adabest", "mu": -0.1}, r"algorithm\.mu: Input should be greater than or equal to 0"),
         ({"name": "adabest", "beta": 1.5}, r"algorithm\.beta: must be in \[0, 1\]"),
         ({"name": "adabest", "beta": -0.5}, r"algorithm\.beta: must be in \[0, 1\]"),
-        ({"name": "adabest", "beta": {"kind": "exponential", "initial": 2.0, "decay": 0.9}}, r"algorithm\.beta: an exponential β schedule must start in \[0, 1\]"),
+        (
+            {"name": "adabest", "beta": {"kind": "exponential", "initial": 2.0, "decay": 0.9}},
+            r"algorithm\.beta: an exponential β schedule must start in \[0, 1\]",
+        ),
         ({"name": "adabest", "beta": {"kind": "inverse_time", "a": 5.0, "b": 1}}, r"algorithm\.beta: an inverse_time β schedule must stay ≤ 1"),
         ({"name": "adabest", "beta": "high"}, r"algorithm\.beta: expected a number in \[0, 1\] or a schedule table"),
     ],

@@ -164,4 +164,6 @@ def _require_plain_server(server_optimizer: Any, name: str) -> None:
     if server_optimizer.name != "sgd":
         from driftlab.experiments.config import ConfigError  # imported here: the config module imports this registry
 
-        raise ConfigError(f"server.optimizer: {name} has its own server step and does not use a server optimizer; use sgd (got {server_optimizer.name!r})")
+        raise ConfigError(
+            f"server.optimizer: {name} has its own server step and does not use a server optimizer; use sgd (got {server_optimizer.name!r})"
+        )

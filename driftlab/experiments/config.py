@@ -169,7 +169,9 @@ class ServerConfig(_Section):
 class SamplingConfig(_Section):
     participation: float = Field(0.1, gt=0, le=1, description="fraction of registered clients selected per round, in (0, 1]")
     mode: Literal["uniform", "weighted"] = Field(
-        "uniform", description="uniform: without replacement; weighted: draws with probability n_k/n (FedProx Algorithm 2)"
+        "uniform",
+        description="uniform: without replacement; weighted: draws with probability n_k/n (FedProx Algorithm 2, "
+        "which pairs it with a simple average: algorithm.aggregation=uniform)",
     )
 
 
@@ -398,7 +400,8 @@ def describe_keys() -> str:
                 continue
             default = info.get_default(call_default_factory=True)
             default_text = json.dumps(_plain(default)) if default is not None else "none"
-            lines.append(f"  {prefix}{name} = {default_text}\n      {info.description or ''}")
+            description = info.description or ("which algorithm; one of " + ", ".join(ALGORITHM_CONFIGS) if prefix == "algorithm." and name == "name" else "")
+            lines.append(f"  {prefix}{name} = {default_text}\n      {description}")
         for name, sub in nested:
             lines.append(f"[{name}]")
             section(f"{name}.", sub)

@@ -50,7 +50,8 @@ def _format(value: Any, spec: str) -> str:
 def summary_table(results: list[tuple[str, RunResult]]) -> str:
     """A Markdown table: final and best accuracy, rounds, model-equivalents and bits to the target."""
     target = results[0][1].summary["target_accuracy"] if results else None
-    header = f"| algorithm | final acc | best acc | rounds to {target:.0%} | models up to {target:.0%} | Mbit to {target:.0%} | local steps |"
+    goal = "target" if target is None else f"{target:.0%}"
+    header = f"| algorithm | final acc | best acc | rounds to {goal} | models up to {goal} | Mbit to {goal} | local steps |"
     lines = [header, "|---|---|---|---|---|---|---|"]
     for label, result in results:
         s = result.summary

@@ -14,11 +14,13 @@ times aside) because every random draw derives from (seed, round, client id).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 from safetensors.torch import save_file
@@ -32,7 +34,7 @@ from driftlab.models import build_model
 from driftlab.optim.server import make_server_optimizer
 from driftlab.simulation.checkpoint import load_checkpoint, save_checkpoint, write_atomically
 from driftlab.simulation.availability import AvailabilityModel
-from driftlab.simulation.engine import EvaluationPlan, RoundPlan, Simulation, SimulationState, run_round
+from driftlab.simulation.engine import EvaluationPlan, RoundPlan, Simulation, SimulationState, commit_round, discard_round, run_round
 from driftlab.simulation.flat import FlatModel, objective_per_example
 from driftlab.simulation.local_training import SequentialBackend
 from driftlab.simulation.randomness import Stream, torch_seed
@@ -164,13 +166,18 @@ def run(
         while state.round < config.rounds:
             upcoming = state.round + 1
             evaluate_after = upcoming % config.evaluation.every == 0 or upcoming == config.rounds
-            state, record = run_round(sim, state, evaluate_after)
-            records.append(record)
+            finished, record = run_round(sim, state, evaluate_after, commit=False)
             if out is not None:
                 _append_record(out / METRICS_FILE, record)
-                if state.round % config.checkpoint_every == 0 or state.round == config.rounds:
-                    _checkpoint(out, config, state)
-                    last_saved = state.round
+            # The round counts as done only once its record is on disk; from here to the new
+            # state nothing may be interrupted half way.
+            with _signals_deferred():
+                commit_round(finished)
+                state = finished
+                records.append(record)
+            if out is not None and (state.round % config.checkpoint_every == 0 or state.round == config.rounds):
+                _checkpoint(out, config, state)
+                last_saved = state.round
             if bar is not None:
                 bar.update(1)
                 if "test_accuracy" in record:
@@ -178,7 +185,9 @@ def run(
             if reporter is not None:
                 reporter(record)
     except BaseException:
-        # Never die without a resumable checkpoint: the state of the last completed round is consistent.
+        # Never die without a resumable checkpoint.  `state` is the last completed round: the
+        # interrupted round's client states were only staged, and are dropped here.
+        discard_round(state)
         if out is not None and state.round > last_saved:
             _checkpoint(out, config, state)
         raise
@@ -244,7 +253,13 @@ def _prepare_output(
             state.clients.put(client_id, record.state)
             if keeps_latest and record.latest_model is not None:
                 state.latest_models.put(client_id, record.latest_model)
+        if loaded.round > config.rounds:
+            raise ConfigError(
+                f"cannot resume: the checkpoint in {out} is at round {loaded.round}, past rounds={config.rounds}; "
+                f"set rounds to at least {loaded.round}"
+            )
         state = SimulationState(loaded.round, loaded.server_state, state.clients, state.latest_models)
+        commit_round(state)
     records = _read_records(metrics_path, up_to_round=state.round)
     # Rewrite the metrics file without the rounds that will be recomputed.
     write_atomically(metrics_path, lambda tmp: tmp.write_text("".join(json.dumps(r) + "\n" for r in records)))
@@ -275,6 +290,23 @@ def _append_record(path: Path, record: dict[str, Any]) -> None:
     with open(path, "a") as handle:
         handle.write(json.dumps(record) + "\n")
         handle.flush()
+
+
+@contextlib.contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """Hold SIGINT/SIGTERM until the block ends, then act on them (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, frame: received.append(signum)) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if received:
+        signal.raise_signal(received[0])
 
 
 def install_termination_handler() -> None:

@@ -230,12 +230,6 @@ def test_keyboard_interrupt_leaves_a_checkpoint_of_the_last_completed_round(tmp_
     _assert_same_run(out, reference)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="runner.run: an interrupt while round t's metrics line is being written reaches the except-BaseException "
-    "handler, which checkpoints round t although metrics.jsonl has no complete line for it; the resume starts at "
-    "t+1 and round t's record is lost",
-)
 def test_interrupt_while_writing_a_metrics_line_loses_no_round(tmp_path, monkeypatch):
     overrides = [*TINY, "checkpoint_every=100"]
     reference = tmp_path / "reference"
@@ -284,13 +278,6 @@ def _stateful_module():
     return types.SimpleNamespace(from_config=from_config, Config=fedavg.Config)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine.run_round writes the new client states into state.clients (a mutable store shared with the "
-    "previous SimulationState) before the round finishes; an interrupt later in the round (server_update, the "
-    "divergence check, evaluation) makes the runner checkpoint round t-1 together with round t's client states, "
-    "so the resume is not exact for algorithms with client state",
-)
 def test_interrupt_inside_a_round_of_a_stateful_algorithm_resumes_exactly(tmp_path, monkeypatch):
     monkeypatch.setitem(ALGORITHM_MODULES, "fedavg", _stateful_module())
     overrides = [*TINY, "checkpoint_every=100", "sampling.participation=1.0"]

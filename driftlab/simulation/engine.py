@@ -130,8 +130,17 @@ class SimulationState:
     latest_models: InMemoryClientStore | None = None
 
 
-def run_round(sim: Simulation, state: SimulationState, evaluate_after: bool = False) -> tuple[SimulationState, dict[str, Any]]:
-    """Run round ``state.round + 1``; returns the new state and the round's metrics record."""
+def run_round(
+    sim: Simulation, state: SimulationState, evaluate_after: bool = False, commit: bool = True
+) -> tuple[SimulationState, dict[str, Any]]:
+    """Run round ``state.round + 1``; returns the new state and the round's metrics record.
+
+    Client states written during the round are staged in the stores and
+    committed at the end; ``commit=False`` leaves that to the caller
+    (``commit_round``), which the runner does only once the round's record is
+    on disk, so an interruption anywhere leaves the stores at the last
+    completed round.
+    """
     started = time.perf_counter()
     t = state.round + 1
     plan = sim.plan
@@ -212,7 +221,7 @@ def run_round(sim: Simulation, state: SimulationState, evaluate_after: bool = Fa
         "reporting_clients": [task.client_id for task, _ in reporting],
         "num_inactive": num_inactive,
         "num_incomplete": int(num_incomplete),
-        "local_steps": int(sum(done * ctx.multiplicity for done, ctx in zip(steps_done, contexts))),
+        "local_steps": int(sum(steps_done)),  # a client drawn twice trains once
         "upload_bits": int(sum(payload_bits(message) for _, message in reporting)),
         "download_bits": int(download_bits),
         "client_lr": learning_rate,
@@ -232,7 +241,23 @@ def run_round(sim: Simulation, state: SimulationState, evaluate_after: bool = Fa
     if sim.evaluation.dissimilarity_every and t % sim.evaluation.dissimilarity_every == 0:
         record.update(dissimilarity(sim, server.params))
     record["round_seconds"] = time.perf_counter() - started
+    if commit:
+        commit_round(new_state)
     return new_state, record
+
+
+def commit_round(state: SimulationState) -> None:
+    """Make the client states staged by ``run_round`` take effect."""
+    state.clients.commit()
+    if state.latest_models is not None:
+        state.latest_models.commit()
+
+
+def discard_round(state: SimulationState) -> None:
+    """Forget client states staged by an interrupted round."""
+    state.clients.discard()
+    if state.latest_models is not None:
+        state.latest_models.discard()
 
 
 @dataclass(frozen=True)
@@ -268,7 +293,7 @@ def all_clients_mean(sim: Simulation, state: SimulationState) -> torch.Tensor:
     assert state.latest_models is not None
     total = torch.zeros_like(sim.initial_params)
     trained = 0
-    for client_id, params in state.latest_models.items():
+    for client_id, params in state.latest_models.items(include_staged=True):
         total += params
         trained += 1
     total += (len(sim.registered) - trained) * sim.initial_params

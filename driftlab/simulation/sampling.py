@@ -11,6 +11,7 @@ Two modes (FedProx paper and authors' code, algorithms.md "FedProx"):
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,8 +28,8 @@ class ClientSample:
 
 
 def clients_per_round(participation: float, num_registered: int) -> int:
-    """``max(1, round(participation · N))``."""
-    return max(1, int(round(participation * num_registered)))
+    """``max(1, ⌊participation · N + ½⌋)`` (halves round up, unlike Python's ``round``)."""
+    return max(1, math.floor(participation * num_registered + 0.5))
 
 
 def sample_clients(

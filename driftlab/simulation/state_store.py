@@ -6,8 +6,13 @@ after ``client_finish``.  Clients that have never trained have no entry; the
 store hands out ``initial(θ0)`` for them without storing it, so memory grows
 with the clients that have actually trained, not with the registered count.
 
+Writes are staged and take effect together at ``commit()``: a round that is
+interrupted half way (Ctrl-C, an error in the server update or evaluation) is
+``discard()``-ed, and the store still holds exactly the states of the last
+completed round, which is what the runner checkpoints.
+
 ``InMemoryClientStore`` is the implementation for now; a memory-mapped store
-for 100k clients implements the same four methods.
+for 100k clients implements the same six methods.
 """
 
 from __future__ import annotations
@@ -16,11 +21,15 @@ from typing import Any, Callable, Iterator, Protocol
 
 
 class ClientStateStore(Protocol):
-    def get(self, client_id: int) -> Any: ...
+    def get(self, client_id: int) -> Any: ...  # the committed state
 
-    def put(self, client_id: int, state: Any) -> None: ...
+    def put(self, client_id: int, state: Any) -> None: ...  # staged until commit()
 
-    def items(self) -> Iterator[tuple[int, Any]]: ...
+    def commit(self) -> None: ...
+
+    def discard(self) -> None: ...
+
+    def items(self, include_staged: bool = False) -> Iterator[tuple[int, Any]]: ...  # by client id
 
     def __len__(self) -> int: ...
 
@@ -31,6 +40,7 @@ class InMemoryClientStore:
     def __init__(self, initial: Callable[[], Any] | None) -> None:
         self._initial = initial
         self._states: dict[int, Any] = {}
+        self._staged: dict[int, Any] = {}
 
     def get(self, client_id: int) -> Any:
         state = self._states.get(client_id)
@@ -40,10 +50,20 @@ class InMemoryClientStore:
 
     def put(self, client_id: int, state: Any) -> None:
         if state is not None:
-            self._states[int(client_id)] = state
+            self._staged[int(client_id)] = state
 
-    def items(self) -> Iterator[tuple[int, Any]]:
-        return iter(sorted(self._states.items()))
+    def commit(self) -> None:
+        # One dict.update: a signal cannot land half way through it.
+        self._states.update(self._staged)
+        self._staged = {}
+
+    def discard(self) -> None:
+        self._staged = {}
+
+    def items(self, include_staged: bool = False) -> Iterator[tuple[int, Any]]:
+        """Committed states by client id; with ``include_staged``, as they will be after ``commit()``."""
+        states = {**self._states, **self._staged} if include_staged else self._states
+        return iter(sorted(states.items()))
 
     def __len__(self) -> int:
         return len(self._states)

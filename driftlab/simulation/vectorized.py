@@ -35,7 +35,12 @@ before its norm is known, so it is written to a ``[C, P]`` buffer and the step
 above is applied in place, in the same order as ``local_training.corrected_step``.
 
 Chunks of clients are sized from a memory budget, so a round of 1,000 clients
-never holds more than one chunk's parameters, gradients and activations.
+never holds more than a chunk's parameters, gradients and activations per
+worker.  On a CPU the chunks of batched layers run on one thread each, as many
+at once as torch has intra-op threads (``_map_chunks``): a client's GEMMs are
+too small to split well over threads.  Every chunk is deterministic, so the
+results do not depend on the chunking or the threads (up to GEMM summation
+order); docs/performance.md has the measurements behind these choices.
 """
 
 from __future__ import annotations
