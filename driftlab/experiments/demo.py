@@ -24,6 +24,7 @@ DEMO_RUNS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("SCAFFOLD", ("algorithm.name=scaffold",)),
     ("FedDyn", ("algorithm.name=feddyn", "algorithm.alpha=0.01")),
     ("AdaBest", ("algorithm.name=adabest", "algorithm.mu=0.02", "algorithm.beta=0.9")),
+    ("EFL", ("algorithm.name=efl",)),
 )
 
 
