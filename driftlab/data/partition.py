@@ -22,6 +22,16 @@ Sources:
       device and an image is sampled without replacement based on the label.
       This process is repeated until all datapoints are assigned"), also used
       by AdaBest (Varno et al. 2022).
+    - Dirichlet, class-wise form: Hsu, Qi and Brown 2019 ("Measuring the
+      effects of non-identical data distribution"), as in Flower's
+      ``DirichletPartitioner`` and NIID-Bench (Li et al. 2022).
+    - m classes per client: McMahan et al. 2017 (FedAvg's shards); EFL's
+      "non-IID(m)" (Ma et al.), after Sattler et al.'s setup.
+    - power law: Li et al. (FedProx), the authors' ``data/mnist/generate_niid.py``.
+    - natural partitions: LEAF (Caldas et al. 2018): FEMNIST by writer,
+      Shakespeare by speaking role, Sent140 by user.
+    - per-client test splits: LEAF / FedProx (90/10 per user), the decaying-K
+      paper (last 20% of each client), EFL's mean per-client test accuracy.
 """
 
 from __future__ import annotations
@@ -32,9 +42,15 @@ import numpy as np
 
 __all__ = [
     "balanced_quotas",
+    "classes_per_client_partition",
+    "dirichlet_classwise_partition",
     "dirichlet_client_prior_partition",
     "iid_partition",
     "lognormal_quotas",
+    "natural_client_groups",
+    "natural_partition",
+    "power_law_partition",
+    "split_client_test",
 ]
 
 
