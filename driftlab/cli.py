@@ -5,6 +5,9 @@
     driftlab run CONFIG --out DIR --resume          continue an interrupted run exactly
     driftlab config [CONFIG] [key=value ...]        list every key, or print a resolved config
     driftlab presets                                list the shipped presets
+    driftlab data list                              the data sets, partitions and models a config can name
+    driftlab data describe CONFIG [key=value ...]   clients, samples per client, classes holding 80% of a client's data
+    driftlab data download NAME --to DIR            fetch official files (checksummed, resumable); never needed for tests
 """
 
 from __future__ import annotations
@@ -54,6 +57,20 @@ def _parser() -> argparse.ArgumentParser:
     config.add_argument("overrides", nargs="*", metavar="key=value")
 
     commands.add_parser("presets", help="list the shipped presets")
+
+    data = commands.add_parser("data", help="data sets: list, describe a partition, download official files")
+    data_commands = data.add_subparsers(dest="data_command", required=True)
+    data_commands.add_parser("list", help="data sets, partitions and models a config can name")
+    describe = data_commands.add_parser("describe", help="summarise the clients a config's data and partition produce")
+    describe.add_argument("config", help="a config file or preset")
+    describe.add_argument("overrides", nargs="*", metavar="key=value")
+    download = data_commands.add_parser(
+        "download",
+        help="download a data set's official files (checksummed, resumable)",
+        epilog="example: driftlab data download mnist --to ~/data/mnist   then   driftlab run mnist-fedavg data.root=~/data/mnist --out runs/x",
+    )
+    download.add_argument("name", help="data set (see `driftlab data list`)")
+    download.add_argument("--to", required=True, help="directory to write the files to")
     return parser
 
 
@@ -83,6 +100,9 @@ def _dispatch(args: argparse.Namespace) -> int:
             print(json.dumps(load_config(args.config, args.overrides).to_dict(), indent=2))
         return 0
 
+    if args.command == "data":
+        return _data_command(args)
+
     from driftlab.experiments.runner import install_termination_handler, run
 
     install_termination_handler()
@@ -101,6 +121,43 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(f"\nplot: {args.out}/accuracy.png   table: {args.out}/summary.md   per-round metrics: {args.out}/<algorithm>/metrics.jsonl")
         return 0
     raise AssertionError(args.command)
+
+
+def _data_command(args: argparse.Namespace) -> int:
+    from driftlab.data.download import NOT_DOWNLOADABLE, dataset_names
+    from driftlab.experiments.config import PARTITIONS
+    from driftlab.experiments.datasets import DATA_SETS, build_dataset, data_location
+    from driftlab.models import MODEL_NAMES
+
+    if args.data_command == "list":
+        print("data sets (data.name):")
+        for name, info in DATA_SETS.items():
+            where = f"  [default files: ../shared/data/{info.default_location}]" if info.default_location else ""
+            print(f"  {name:18s} {info.description}{where}")
+        print("partitions (data.partition): " + ", ".join(PARTITIONS))
+        print("models (model.name): " + ", ".join(MODEL_NAMES))
+        print("downloadable (driftlab data download NAME --to DIR): " + ", ".join(dataset_names()))
+        for name, reason in NOT_DOWNLOADABLE.items():
+            print(f"  {name}: {reason}")
+        return 0
+    if args.data_command == "describe":
+        config = load_config(args.config, args.overrides)
+        dataset = build_dataset(config.data, config.seed)
+        print(f"data set: {config.data.name}   files: {data_location(config.data) or 'generated'}")
+        for key, value in dataset.describe().items():
+            print(f"  {key}: {value}")
+        return 0
+    if args.data_command == "download":
+        from driftlab.data.download import DownloadError, download
+
+        try:
+            for path in download(args.name, args.to):
+                print(path)
+        except DownloadError as error:
+            print(f"driftlab: error: {error}", file=sys.stderr)
+            return 1
+        return 0
+    raise AssertionError(args.data_command)
 
 
 if __name__ == "__main__":

@@ -56,6 +56,9 @@ class FederatedDataset:
         client_test_indices: optional per-client test split, one int64 array
             per client with row indices into the test tensors (may be empty
             for a client; no test row belongs to two clients).
+        global_test_size: when clients' local test splits were held out of
+            the training data and appended to the test tensors, the number of
+            leading test rows that are the global test set (``None``: all rows).
         known_minimizer: the flat parameter vector minimising the global
             objective, for synthetic objectives where it is known in closed
             form (the quadratic clients); evaluation then reports the distance to it.
@@ -74,6 +77,7 @@ class FederatedDataset:
     num_classes: int
     client_test_indices: tuple[np.ndarray, ...] | None = None
     known_minimizer: np.ndarray | None = None  # the global minimiser, for synthetic objectives that have one
+    global_test_size: int | None = None  # the first rows of the test tensors that form the global test set (None: all)
 
     def __post_init__(self) -> None:
         _check_split(self.train_inputs, self.train_targets, "train", self.num_classes)

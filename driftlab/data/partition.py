@@ -205,6 +205,400 @@ def dirichlet_client_prior_partition(
     return tuple(np.sort(part) for part in np.split(sample_of_step[by_client], cuts))
 
 
+def dirichlet_classwise_partition(
+    labels: np.ndarray,
+    num_clients: int,
+    alpha: float,
+    rng: np.random.Generator,
+    min_client_size: int = 10,
+    *,
+    num_classes: int | None = None,
+    max_attempts: int = 10,
+    self_balancing: bool = False,
+) -> tuple[np.ndarray, ...]:
+    """Label-skewed split, Dirichlet class-wise form (Hsu et al. 2019; Flower's ``DirichletPartitioner``).
+
+    Procedure (one attempt):
+        for each class c (ascending), its samples in a random order are cut
+        over the clients in proportions ``p_c ~ Dir(alpha * 1_K)``: client k
+        receives ``floor(P_c,k * n_c) - floor(P_c,k-1 * n_c)`` of them, where
+        ``P_c`` is the cumulative sum of ``p_c`` (the cut used by Flower and
+        NIID-Bench: ``np.split(idx, (cumsum(p) * n_c).astype(int)[:-1])``), so
+        every sample of every class is assigned.
+    The attempt is repeated, with fresh draws from ``rng``, until every client
+    holds at least ``min_client_size`` samples; after ``max_attempts`` failed
+    attempts a ValueError says to lower ``min_client_size`` or raise ``alpha``.
+
+    Unlike the client-prior form, client sizes are not set in advance: they
+    come out of the draws (a client's expected size is ``n / K``, with large
+    spread at small alpha). Small alpha gives clients few classes, but also
+    many clients with almost nothing: at 1,000 clients and alpha = 0.03 about
+    a quarter of the clients receive no sample at all in a typical draw, so
+    any ``min_client_size >= 1`` fails there (quickly, with the error) — use
+    the client-prior form with quotas for that regime, or ``min_client_size=0``
+    (empty clients are then returned as empty arrays, which
+    ``FederatedDataset`` rejects).
+
+    Args:
+        labels: 1-D non-negative integer class ids, one per training sample.
+        num_clients: number of clients K, at least 1.
+        alpha: Dirichlet concentration, > 0 (small: label-skewed; large: near IID).
+        rng: the random generator; the result is a deterministic function of its state.
+        min_client_size: every client must end with at least this many samples
+            (Flower's ``min_partition_size``, default 10); 0 accepts empty clients.
+        num_classes: defaults to ``labels.max() + 1``; classes without samples are skipped.
+        max_attempts: how many attempts before giving up (each costs one pass over the data).
+        self_balancing: Flower's and NIID-Bench's option: while splitting a
+            class, clients that already hold at least ``n / K`` samples get no
+            share of it (the proportions of the others are renormalised; if
+            their draws are all exactly zero they share uniformly). Keeps client
+            sizes closer to ``n / K``; off by default, as in Flower.
+
+    Returns:
+        One sorted int64 index array per client; together they cover every sample exactly once.
+    """
+    labels = _check_labels(labels, num_classes)
+    num_classes = int(labels.max()) + 1 if num_classes is None else num_classes
+    _check_positive_int(num_clients, "num_clients")
+    _check_alpha(alpha)
+    _check_nonnegative_int(min_client_size, "min_client_size")
+    _check_positive_int(max_attempts, "max_attempts")
+    if num_clients * min_client_size > len(labels):
+        raise ValueError(
+            f"{num_clients} clients of at least min_client_size={min_client_size} need "
+            f"{num_clients * min_client_size} samples but there are only {len(labels)}; lower min_client_size"
+        )
+    order = np.argsort(labels, kind="stable")
+    class_sizes = np.bincount(labels, minlength=num_classes)
+    pools = [pool for pool in np.split(order, np.cumsum(class_sizes)[:-1]) if len(pool)]
+    cap = len(labels) / num_clients
+    smallest = 0
+    for _ in range(max_attempts):
+        sizes = np.zeros(num_clients, dtype=np.int64)
+        owners, samples = [], []
+        for pool in pools:
+            proportions = rng.dirichlet(np.full(num_clients, alpha))
+            if self_balancing:
+                open_clients = sizes < cap
+                proportions = proportions * open_clients
+                if proportions.sum() <= 0:
+                    proportions = open_clients.astype(np.float64)
+                proportions /= proportions.sum()
+            cuts = np.minimum((np.cumsum(proportions) * len(pool)).astype(np.int64)[:-1], len(pool))
+            shares = np.diff(np.concatenate(([0], cuts, [len(pool)])))
+            owners.append(np.repeat(np.arange(num_clients), shares))
+            samples.append(rng.permutation(pool))
+            sizes += shares
+        smallest = int(sizes.min())
+        if smallest >= min_client_size:
+            return _group_by_client(np.concatenate(owners), np.concatenate(samples), num_clients)
+    raise ValueError(
+        f"class-wise Dirichlet split (alpha={alpha}, {num_clients} clients, {len(labels)} samples): no attempt "
+        f"in {max_attempts} gave every client at least min_client_size={min_client_size} samples (the smallest "
+        f"client of the last attempt had {smallest}); lower min_client_size or raise alpha (or use fewer clients, "
+        "or the client-prior form, dirichlet_client_prior_partition, whose quotas fix the client sizes)"
+    )
+
+
+def classes_per_client_partition(
+    labels: np.ndarray,
+    num_clients: int,
+    classes_per_client: int,
+    rng: np.random.Generator,
+    quotas: np.ndarray | None = None,
+    *,
+    num_classes: int | None = None,
+) -> tuple[np.ndarray, ...]:
+    """m classes per client: label-sorted shards (FedAvg's pathological non-IID; EFL's "non-IID(m)").
+
+    Exactly (K clients, m = ``classes_per_client``, S = K·m shards):
+        1. if ``quotas`` sum to less than n, a uniformly random subset of that
+           many samples is used (the rest stay unassigned);
+        2. the classes are put in a random order, and the samples are sorted by
+           class in that order (random order inside a class);
+        3. the sorted sequence is cut into S consecutive shards. Without
+           ``quotas`` the shard sizes are ``balanced_quotas(n, S)`` (they differ
+           by at most one, larger ones first); with ``quotas`` client k's quota
+           is split into m parts (``balanced_quotas(q_k, m)``) and those are
+           its shard sizes, so each client's size is exactly ``q_k``;
+        4. shards are dealt round-robin: the shard at position ``j·K + s``
+           (``j < m``, ``s < K``) goes to the client in slot s, where slots are
+           a random permutation of the clients. A client's m shards are
+           therefore K positions apart in the class-sorted sequence.
+
+    Aligned case (the classic setting: e.g. 10 balanced classes of 6,000
+    samples, 100 clients, m = 2: 200 shards of 300, 20 per class): every shard
+    lies inside one class and no class has more than K shards (it holds at
+    most a fraction 1/m of the data). Then every client holds exactly m
+    distinct classes — two shards K positions apart cannot be in one class.
+    (FedAvg deals the shards at random instead, which gives some clients two
+    shards of one class; this dealing never does, at the price of structure:
+    clients in neighbouring slots get the same class combination.)
+
+    Otherwise: a shard that straddles a class boundary gives its client an
+    extra class (so clients hold up to about 2m classes, more if classes are
+    smaller than a shard), and a class with more than K shards can give one
+    client two shards of itself (fewer than m classes).
+
+    Args:
+        labels: 1-D non-negative integer class ids.
+        num_clients: K, at least 1.
+        classes_per_client: m, at least 1 and at most the number of classes with samples.
+        rng: the random generator; the result is a deterministic function of its state.
+        quotas: optional samples per client (``balanced_quotas``/``lognormal_quotas``),
+            each at least m, summing to at most n; default: the n samples cut into
+            S near-equal shards.
+        num_classes: for validating labels; defaults to ``labels.max() + 1``.
+
+    Returns:
+        One sorted int64 index array per client (covering every sample when
+        ``quotas`` is None or sums to n).
+    """
+    labels = _check_labels(labels, num_classes)
+    _check_positive_int(num_clients, "num_clients")
+    _check_positive_int(classes_per_client, "classes_per_client")
+    present = int(np.count_nonzero(np.bincount(labels)))
+    if classes_per_client > present:
+        raise ValueError(
+            f"classes_per_client={classes_per_client} but only {present} classes have samples; "
+            "a client cannot hold more distinct classes than exist"
+        )
+    num_shards = num_clients * classes_per_client
+    slots = rng.permutation(num_clients)  # slots[s]: the client dealt the shards at positions s, K + s, ...
+    if quotas is None:
+        if len(labels) < num_shards:
+            raise ValueError(
+                f"{num_clients} clients x {classes_per_client} classes need {num_shards} shards of at least one "
+                f"sample, but there are only {len(labels)} samples; use fewer clients or classes per client"
+            )
+        shard_sizes = balanced_quotas(len(labels), num_shards)
+        chosen = np.arange(len(labels))
+    else:
+        quotas = _check_quotas(quotas, len(labels))
+        if len(quotas) != num_clients:
+            raise ValueError(f"quotas has {len(quotas)} entries but num_clients={num_clients}; give one quota per client")
+        if quotas.min() < classes_per_client:
+            raise ValueError(
+                f"client {int(np.argmin(quotas))} has a quota of {int(quotas.min())}, fewer than "
+                f"classes_per_client={classes_per_client} (each of its shards needs at least one sample)"
+            )
+        parts = np.stack([balanced_quotas(int(q), classes_per_client) for q in quotas])  # [K, m]
+        shard_sizes = parts[slots].T.reshape(-1)  # position j*K + s -> part j of the client in slot s
+        total = int(quotas.sum())
+        chosen = np.sort(rng.choice(len(labels), size=total, replace=False)) if total < len(labels) else np.arange(len(labels))
+    class_rank = rng.permutation(int(labels.max()) + 1)
+    shuffled = rng.permutation(chosen)
+    ordered = shuffled[np.argsort(class_rank[labels[shuffled]], kind="stable")]
+    owner_of_shard = np.tile(slots, classes_per_client)
+    return _group_by_client(np.repeat(owner_of_shard, shard_sizes), ordered, num_clients)
+
+
+def power_law_partition(
+    labels: np.ndarray,
+    num_clients: int,
+    classes_per_client: int,
+    rng: np.random.Generator,
+    *,
+    min_per_class: int = 5,
+    sigma: float = 2.0,
+    num_classes: int | None = None,
+) -> tuple[np.ndarray, ...]:
+    """Few labels per client with heavy-tailed sizes: FedProx's MNIST (1,000 devices, 2 digits each).
+
+    Follows the FedProx authors' generator (``data/mnist/generate_niid.py``):
+        1. client k holds the classes ``(k + j) mod C`` for ``j < m``
+           (m = ``classes_per_client``, C = ``num_classes``): consecutive
+           clients hold overlapping class pairs (0-1, 1-2, ..., 9-0, 0-1, ...);
+        2. every (client, class) slot first receives ``min_per_class`` samples
+           of its class (the authors: 5);
+        3. each slot draws a weight ``w ~ LogNormal(0, sigma)`` (the authors:
+           sigma = 2); the samples of class c left after step 2 are shared over
+           the slots of class c in proportion to their weights, rounded down:
+           ``floor(w / sum_c(w) * remaining_c)``.
+    The paper calls the resulting sizes a power law; the authors' code draws
+    them lognormal with sigma 2, which is heavy-tailed (the largest client is
+    typically tens of times the median). As in their code, the rounding
+    remainder stays unassigned: fewer samples of class c than c has slots
+    (so at most ``K * m`` samples in all). Which samples a slot receives is
+    uniformly random within its class (the authors take them in file order).
+
+    For FedProx's exact setting use the 70,000 MNIST images (train and test
+    together), 1,000 clients, m = 2, and then ``split_client_test(..., 0.1, rng)``
+    (their per-device 90/10 split).
+
+    Args:
+        labels: 1-D non-negative integer class ids.
+        num_clients: K, at least 1.
+        classes_per_client: m, between 1 and C.
+        rng: the random generator; the result is a deterministic function of its state.
+        min_per_class: samples each (client, class) slot gets first, at least 1.
+        sigma: standard deviation of the log weights, >= 0 (0: equal shares).
+        num_classes: C; defaults to ``labels.max() + 1``.
+
+    Returns:
+        One sorted int64 index array per client, each holding samples of its m classes only.
+    """
+    labels = _check_labels(labels, num_classes)
+    num_classes = int(labels.max()) + 1 if num_classes is None else num_classes
+    _check_positive_int(num_clients, "num_clients")
+    _check_positive_int(classes_per_client, "classes_per_client")
+    _check_positive_int(min_per_class, "min_per_class")
+    if classes_per_client > num_classes:
+        raise ValueError(f"classes_per_client={classes_per_client} exceeds the {num_classes} classes")
+    if not (math.isfinite(sigma) and sigma >= 0):
+        raise ValueError(f"sigma must be a finite number >= 0 (the std of the log slot weights), got {sigma}")
+    slot_client = np.repeat(np.arange(num_clients), classes_per_client)
+    slot_class = (slot_client + np.tile(np.arange(classes_per_client), num_clients)) % num_classes
+    slots_per_class = np.bincount(slot_class, minlength=num_classes)
+    class_sizes = np.bincount(labels, minlength=num_classes)
+    short = np.flatnonzero(class_sizes < slots_per_class * min_per_class)
+    if len(short):
+        c = int(short[0])
+        raise ValueError(
+            f"class {c} has {int(class_sizes[c])} samples but its {int(slots_per_class[c])} (client, class) slots need "
+            f"min_per_class={min_per_class} each ({int(slots_per_class[c] * min_per_class)}); "
+            "lower min_per_class or use fewer clients"
+        )
+    weights = rng.lognormal(mean=0.0, sigma=sigma, size=len(slot_class))
+    slot_sizes = np.full(len(slot_class), min_per_class, dtype=np.int64)
+    owners, samples = [], []
+    for c in np.flatnonzero(slots_per_class):
+        slots = np.flatnonzero(slot_class == c)
+        remaining = int(class_sizes[c] - len(slots) * min_per_class)
+        slot_sizes[slots] += np.floor(weights[slots] / weights[slots].sum() * remaining).astype(np.int64)
+        pool = rng.permutation(np.flatnonzero(labels == c))
+        owners.append(np.repeat(slot_client[slots], slot_sizes[slots]))
+        samples.append(pool[: int(slot_sizes[slots].sum())])
+    return _group_by_client(np.concatenate(owners), np.concatenate(samples), num_clients)
+
+
+def natural_partition(group_ids: np.ndarray, order: str = "first") -> tuple[np.ndarray, ...]:
+    """One client per distinct group id: FEMNIST's writer, Shakespeare's speaking role, Sent140's user.
+
+    Args:
+        group_ids: 1-D array, one group id per sample (integers or strings;
+            anything ``np.unique`` can sort).
+        order: ``"first"``: clients in the order their group first appears in
+            ``group_ids`` (LEAF's JSON user order, when the samples are read
+            user by user); ``"sorted"``: clients in ascending group-id order.
+            :func:`natural_client_groups` gives the group id of each client.
+
+    Returns:
+        One sorted int64 index array per group; together they cover every sample exactly once.
+    """
+    ids, inverse, first_seen = _check_groups(group_ids, order)
+    client_of_group = _client_of_group(first_seen, order)
+    return _group_by_client(client_of_group[inverse], np.arange(len(ids), dtype=np.int64), len(first_seen))
+
+
+def natural_client_groups(group_ids: np.ndarray, order: str = "first") -> np.ndarray:
+    """The group id of each client of ``natural_partition(group_ids, order)``, in client order."""
+    ids, inverse, first_seen = _check_groups(group_ids, order)
+    client_of_group = _client_of_group(first_seen, order)
+    groups = np.empty(len(first_seen), dtype=ids.dtype)
+    groups[client_of_group] = ids[first_seen]
+    return groups
+
+
+def split_client_test(
+    client_indices, fraction: float, rng: np.random.Generator | None, *, shuffle: bool = True
+) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:
+    """Each client's own local test split (EFL's mean per-client test accuracy; LEAF; FedProx).
+
+    Client k with n_k samples keeps ``n_k - t_k`` for training and holds out
+    ``t_k = min(ceil(fraction * n_k), n_k - 1)`` for testing: the training
+    size is ``floor((1 - fraction) * n_k)``, as FedProx's and LEAF's
+    ``int(0.9 * n)``, but never zero (a client of one sample has no test split).
+
+    Args:
+        client_indices: one 1-D integer index array per client, each non-empty
+            (e.g. the output of any partition here).
+        fraction: held-out fraction, in ``[0, 1)``; 0.1 for FedProx/LEAF, 0.2 for the decaying-K paper.
+        rng: the random generator (unused, may be None, when ``shuffle`` is False).
+        shuffle: True: a uniformly random subset is held out. False: the
+            client's last samples in index order are held out (the decaying-K
+            paper's "last 20% of each client's lines" for Shakespeare, where
+            overlapping character windows would leak between random splits).
+
+    Returns:
+        ``(train, test)``: two tuples of sorted int64 arrays, one per client;
+        ``train[k]`` and ``test[k]`` partition ``client_indices[k]``.
+    """
+    if not (isinstance(fraction, (int, float, np.floating)) and 0 <= fraction < 1):
+        raise ValueError(f"fraction must be a number in [0, 1) (the held-out share of each client), got {fraction!r}")
+    if shuffle and rng is None:
+        raise ValueError("split_client_test with shuffle=True needs an rng (pass np.random.default_rng(seed))")
+    clients = _check_client_indices(client_indices)
+    train, test = [], []
+    for indices in clients:
+        n = len(indices)
+        num_test = min(math.ceil(fraction * n - 1e-9), n - 1)
+        ordered = rng.permutation(indices) if shuffle else np.sort(indices)
+        train.append(np.sort(ordered[: n - num_test]))
+        test.append(np.sort(ordered[n - num_test :]))
+    return tuple(train), tuple(test)
+
+
+def _group_by_client(owners: np.ndarray, samples: np.ndarray, num_clients: int) -> tuple[np.ndarray, ...]:
+    """Sorted int64 sample arrays per client from parallel ``owners``/``samples`` arrays."""
+    order = np.lexsort((samples, owners))
+    cuts = np.cumsum(np.bincount(owners, minlength=num_clients))[:-1]
+    return tuple(part.astype(np.int64, copy=False) for part in np.split(samples[order], cuts))
+
+
+def _check_groups(group_ids, order: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    if order not in ("first", "sorted"):
+        raise ValueError(f"order must be 'first' (first appearance) or 'sorted' (ascending group id), got {order!r}")
+    ids = np.asarray(group_ids)
+    if ids.ndim != 1 or len(ids) == 0:
+        raise ValueError(f"group_ids must be a non-empty 1-D array (one group id per sample), got shape {ids.shape}")
+    try:
+        _, first_seen, inverse = np.unique(ids, return_index=True, return_inverse=True)
+    except TypeError as error:
+        raise ValueError(
+            f"group ids must be mutually comparable (all integers or all strings), got {ids.dtype}: {error}"
+        ) from None
+    return ids, inverse.reshape(-1), first_seen
+
+
+def _client_of_group(first_seen: np.ndarray, order: str) -> np.ndarray:
+    """Client number of each group (groups in sorted order)."""
+    if order == "sorted":
+        return np.arange(len(first_seen))
+    client_of_group = np.empty(len(first_seen), dtype=np.int64)
+    client_of_group[np.argsort(first_seen, kind="stable")] = np.arange(len(first_seen))
+    return client_of_group
+
+
+def _check_client_indices(client_indices) -> list[np.ndarray]:
+    if isinstance(client_indices, np.ndarray) and client_indices.dtype != object:
+        raise ValueError("client_indices must be a sequence of index arrays, one per client, not one array")
+    clients = [np.asarray(indices) for indices in client_indices]
+    if not clients:
+        raise ValueError("client_indices is empty: need at least one client")
+    for k, indices in enumerate(clients):
+        if indices.ndim != 1 or not np.issubdtype(indices.dtype, np.integer):
+            raise ValueError(f"client_indices[{k}] must be a 1-D integer array, got {indices.dtype} of shape {indices.shape}")
+        if len(indices) == 0:
+            raise ValueError(f"client {k} has no samples; every client needs at least one to split")
+    return [indices.astype(np.int64, copy=False) for indices in clients]
+
+
+def _check_positive_int(value, name: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+
+
+def _check_nonnegative_int(value, name: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+
+
+def _check_alpha(alpha: float) -> None:
+    if not (isinstance(alpha, (int, float, np.floating)) and math.isfinite(alpha) and alpha > 0):
+        raise ValueError(f"alpha must be a finite number > 0 (the Dirichlet concentration), got {alpha}")
+
+
 def _client_sequence(quotas: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     """Step-by-step client ids: each step picks uniformly among clients with remaining quota.
 

@@ -7,9 +7,15 @@ from driftlab.data.federated import classes_covering_fraction
 from driftlab.data.partition import (
     _raise_empty_clients,
     balanced_quotas,
+    classes_per_client_partition,
+    dirichlet_classwise_partition,
     dirichlet_client_prior_partition,
     iid_partition,
     lognormal_quotas,
+    natural_client_groups,
+    natural_partition,
+    power_law_partition,
+    split_client_test,
 )
 
 
@@ -276,3 +282,302 @@ def test_dirichlet_large_scale_case_completes():
 def test_dirichlet_errors(labels, quotas, alpha, num_classes, message):
     with pytest.raises(ValueError, match=message):
         dirichlet_client_prior_partition(labels, quotas, alpha, np.random.default_rng(0), num_classes=num_classes)
+
+
+# --- shared checks for the partitions below ---------------------------------
+
+
+def _assert_disjoint_sorted(parts, num_samples):
+    """Sorted int64 arrays, no sample in two clients, all indices in range; returns the samples used."""
+    assert all(p.dtype == np.int64 and p.ndim == 1 and np.all(np.diff(p) > 0) for p in parts)
+    used = np.concatenate(parts)
+    assert len(np.unique(used)) == len(used), "a sample is given to two clients"
+    assert len(used) == 0 or (used.min() >= 0 and used.max() < num_samples)
+    return used
+
+
+def _same(a, b):
+    return len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b))
+
+
+def _classes_held(labels, parts):
+    return np.array([len(np.unique(labels[p])) for p in parts])
+
+
+# --- Dirichlet, class-wise form --------------------------------------------
+
+
+def test_classwise_dirichlet_covers_every_sample_once_and_respects_the_minimum():
+    labels = _balanced_labels(10, 600)
+    parts = dirichlet_classwise_partition(labels, 30, 0.5, np.random.default_rng(0), min_client_size=20)
+    assert len(parts) == 30
+    assert len(_assert_disjoint_sorted(parts, len(labels))) == len(labels)
+    assert min(len(p) for p in parts) >= 20
+
+
+def test_classwise_dirichlet_deterministic_and_seed_dependent():
+    labels = _balanced_labels(10, 100)
+    a = dirichlet_classwise_partition(labels, 10, 0.5, np.random.default_rng(3))
+    b = dirichlet_classwise_partition(labels, 10, 0.5, np.random.default_rng(3))
+    c = dirichlet_classwise_partition(labels, 10, 0.5, np.random.default_rng(4))
+    assert _same(a, b) and not _same(a, c)
+
+
+def test_classwise_dirichlet_small_alpha_gives_few_classes_large_alpha_many():
+    labels = _balanced_labels(10, 6000)
+    few = dirichlet_classwise_partition(labels, 100, 0.05, np.random.default_rng(0), min_client_size=0)
+    many = dirichlet_classwise_partition(labels, 100, 100.0, np.random.default_rng(0))
+    covering = [[classes_covering_fraction(labels[p], 10, 0.8) for p in parts if len(p)] for parts in (few, many)]
+    assert np.median(covering[0]) <= 2
+    assert np.median(covering[1]) == 8  # near the global mixture: 8 of 10 balanced classes hold 80%
+    # The class shares match the draw: each class is split over all clients.
+    assert np.all(np.bincount(labels[np.concatenate(many)], minlength=10) == 6000)
+
+
+def test_classwise_dirichlet_cut_matches_the_flower_rule():
+    # One class, 3 clients: the cut is floor(cumsum(p) * n) of the proportions drawn from the same generator.
+    labels = np.zeros(100, dtype=np.int64)
+    parts = dirichlet_classwise_partition(labels, 3, 1.0, np.random.default_rng(5), min_client_size=0)
+    proportions = np.random.default_rng(5).dirichlet(np.ones(3))
+    cuts = (np.cumsum(proportions) * 100).astype(int)[:-1]
+    assert [len(p) for p in parts] == np.diff(np.r_[0, cuts, 100]).tolist()
+
+
+def test_classwise_dirichlet_self_balancing_caps_growth():
+    labels = _balanced_labels(10, 1000)
+    plain = dirichlet_classwise_partition(labels, 50, 0.1, np.random.default_rng(0), min_client_size=0)
+    balanced = dirichlet_classwise_partition(labels, 50, 0.1, np.random.default_rng(0), min_client_size=0, self_balancing=True)
+    assert len(_assert_disjoint_sorted(balanced, len(labels))) == len(labels)
+    assert np.std([len(p) for p in balanced]) < np.std([len(p) for p in plain])
+
+
+def test_classwise_dirichlet_large_scale_is_fast_and_fails_fast_when_impossible():
+    # 50,000 samples over 1,000 clients at alpha 0.03 (benchmarks/partition_speed.py times it).
+    labels = np.random.default_rng(0).integers(10, size=50000)
+    parts = dirichlet_classwise_partition(labels, 1000, 0.03, np.random.default_rng(1), min_client_size=0)
+    assert len(_assert_disjoint_sorted(parts, 50000)) == 50000
+    # About a quarter of the clients get nothing at this alpha, so a minimum size cannot be met: a clear error.
+    with pytest.raises(ValueError, match="lower min_client_size or raise alpha"):
+        dirichlet_classwise_partition(labels, 1000, 0.03, np.random.default_rng(1), min_client_size=1, max_attempts=3)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(num_clients=0), "num_clients must be an integer >= 1"),
+        (dict(alpha=0.0), "alpha must be a finite number > 0"),
+        (dict(alpha=float("nan")), "alpha must be"),
+        (dict(min_client_size=-1), "min_client_size must be an integer >= 0"),
+        (dict(min_client_size=200), "need 1000 samples but there are only 100"),
+        (dict(max_attempts=0), "max_attempts must be"),
+        (dict(labels=np.array([0.5, 1.0])), "integer array"),
+    ],
+)
+def test_classwise_dirichlet_errors(kwargs, message):
+    arguments = dict(labels=_balanced_labels(4, 25), num_clients=5, alpha=0.5, rng=np.random.default_rng(0), min_client_size=1)
+    arguments.update(kwargs)
+    with pytest.raises(ValueError, match=message):
+        dirichlet_classwise_partition(**arguments)
+
+
+# --- m classes per client ----------------------------------------------------
+
+
+@pytest.mark.parametrize("m", [1, 2, 5])
+def test_classes_per_client_aligned_case_gives_exactly_m_classes(m):
+    # 10 classes of 600, 20 clients: 20*m shards of 300/m samples, whole shards per class for m in {1, 2, 5}.
+    labels = _balanced_labels(10, 600)
+    parts = classes_per_client_partition(labels, 20, m, np.random.default_rng(m))
+    assert len(_assert_disjoint_sorted(parts, len(labels))) == len(labels)
+    assert [len(p) for p in parts] == [6000 // 20] * 20
+    assert np.all(_classes_held(labels, parts) == m)
+    # every client's shards are whole: equal amounts of each of its classes
+    for part in parts:
+        counts = np.bincount(labels[part])
+        assert set(counts[counts > 0]) == {300 // m}
+
+
+def test_classes_per_client_fedavg_mnist_shards():
+    # FedAvg: 60,000 MNIST-like samples, 100 clients, 2 shards of 300 each.
+    labels = _balanced_labels(10, 6000)
+    parts = classes_per_client_partition(labels, 100, 2, np.random.default_rng(0))
+    assert all(len(p) == 600 for p in parts)
+    assert np.all(_classes_held(labels, parts) == 2)
+
+
+def test_classes_per_client_unaligned_shards_straddle_classes():
+    # 7 classes of unequal size: shards straddle class boundaries, so some clients get m + 1 classes.
+    labels = np.repeat(np.arange(7), [50, 70, 30, 90, 40, 60, 55])
+    parts = classes_per_client_partition(labels, 9, 2, np.random.default_rng(0))
+    assert len(_assert_disjoint_sorted(parts, len(labels))) == len(labels)
+    held = _classes_held(labels, parts)
+    assert held.min() >= 1 and held.max() <= 4 and held.max() > 2
+    assert sorted(len(p) for p in parts) == sorted(
+        int(a + b) for a, b in balanced_quotas(len(labels), 18).reshape(2, 9).T
+    )  # sizes are two shards of the balanced cut
+
+
+def test_classes_per_client_with_quotas_has_exact_sizes():
+    labels = _balanced_labels(10, 200)
+    rng = np.random.default_rng(2)
+    quotas = lognormal_quotas(1500, 25, 0.3, rng)  # sums to 1500 < 2000: a random subset is used
+    parts = classes_per_client_partition(labels, 25, 3, rng, quotas=quotas)
+    assert [len(p) for p in parts] == quotas.tolist()
+    _assert_disjoint_sorted(parts, len(labels))
+
+
+def test_classes_per_client_deterministic_and_seed_dependent():
+    labels = _balanced_labels(10, 60)
+    a = classes_per_client_partition(labels, 10, 2, np.random.default_rng(1))
+    b = classes_per_client_partition(labels, 10, 2, np.random.default_rng(1))
+    c = classes_per_client_partition(labels, 10, 2, np.random.default_rng(2))
+    assert _same(a, b) and not _same(a, c)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(classes_per_client=11), "only 10 classes have samples"),
+        (dict(classes_per_client=0), "classes_per_client must be an integer >= 1"),
+        (dict(num_clients=0), "num_clients must be"),
+        (dict(num_clients=60), "need 120 shards .* only 100 samples"),
+        (dict(quotas=np.array([10] * 4)), "quotas has 4 entries but num_clients=5"),
+        (dict(quotas=np.array([10, 10, 10, 10, 1])), "client 4 has a quota of 1"),
+        (dict(quotas=np.array([30] * 5)), "sum to 150 but there are only 100"),
+    ],
+)
+def test_classes_per_client_errors(kwargs, message):
+    arguments = dict(labels=_balanced_labels(10, 10), num_clients=5, classes_per_client=2, rng=np.random.default_rng(0))
+    arguments.update(kwargs)
+    with pytest.raises(ValueError, match=message):
+        classes_per_client_partition(**arguments)
+
+
+# --- power law (FedProx MNIST) ------------------------------------------------
+
+
+def test_power_law_fedprox_mnist_setting():
+    # FedProx: 70,000 MNIST images (here ~7,000 per digit), 1,000 devices, 2 digits each.
+    labels = _balanced_labels(10, 7000)
+    parts = power_law_partition(labels, 1000, 2, np.random.default_rng(0))
+    used = _assert_disjoint_sorted(parts, len(labels))
+    assert len(parts) == 1000
+    # Unassigned: only the rounding remainder, fewer than 200 slots per digit.
+    assert 70000 - 10 * 200 < len(used) <= 70000
+    for k in (0, 1, 9, 10, 999):  # client k holds digits k % 10 and (k + 1) % 10, at least 5 of each
+        counts = np.bincount(labels[parts[k]], minlength=10)
+        assert set(np.flatnonzero(counts)) == {k % 10, (k + 1) % 10}
+        assert counts[k % 10] >= 5 and counts[(k + 1) % 10] >= 5
+    sizes = np.array([len(p) for p in parts])
+    assert sizes.min() >= 10
+    assert sizes.max() > 10 * np.median(sizes)  # heavy-tailed (lognormal, sigma 2)
+
+
+def test_power_law_sigma_zero_gives_equal_shares():
+    labels = _balanced_labels(4, 100)
+    parts = power_law_partition(labels, 8, 2, np.random.default_rng(0), sigma=0.0)
+    # each class has 4 slots: 5 each, then (100 - 20) / 4 = 20 more each
+    assert [len(p) for p in parts] == [50] * 8
+
+
+def test_power_law_deterministic_and_seed_dependent():
+    labels = _balanced_labels(10, 100)
+    a = power_law_partition(labels, 20, 2, np.random.default_rng(1))
+    b = power_law_partition(labels, 20, 2, np.random.default_rng(1))
+    c = power_law_partition(labels, 20, 2, np.random.default_rng(2))
+    assert _same(a, b) and not _same(a, c)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(classes_per_client=11), "exceeds the 10 classes"),
+        (dict(num_clients=300), "class 0 has 100 samples but its 60 .* slots need"),
+        (dict(min_per_class=0), "min_per_class must be an integer >= 1"),
+        (dict(sigma=-1.0), "sigma must be a finite number >= 0"),
+    ],
+)
+def test_power_law_errors(kwargs, message):
+    arguments = dict(labels=_balanced_labels(10, 100), num_clients=20, classes_per_client=2, rng=np.random.default_rng(0))
+    arguments.update(kwargs)
+    with pytest.raises(ValueError, match=message):
+        power_law_partition(**arguments)
+
+
+# --- natural ---------------------------------------------------------------
+
+
+def test_natural_partition_first_appearance_and_sorted_orders():
+    writers = np.array(["w7", "w2", "w7", "w9", "w2", "w2"])
+    first = natural_partition(writers)
+    assert [p.tolist() for p in first] == [[0, 2], [1, 4, 5], [3]]
+    assert natural_client_groups(writers).tolist() == ["w7", "w2", "w9"]
+    ordered = natural_partition(writers, order="sorted")
+    assert [p.tolist() for p in ordered] == [[1, 4, 5], [0, 2], [3]]
+    assert natural_client_groups(writers, order="sorted").tolist() == ["w2", "w7", "w9"]
+    assert all(p.dtype == np.int64 for p in first)
+
+
+def test_natural_partition_integer_ids_cover_everything():
+    roles = np.random.default_rng(0).integers(0, 50, size=1000)
+    parts = natural_partition(roles)
+    assert len(_assert_disjoint_sorted(parts, 1000)) == 1000
+    assert len(parts) == len(np.unique(roles))
+    assert all(len(np.unique(roles[p])) == 1 for p in parts)
+
+
+@pytest.mark.parametrize(
+    "ids, order, message",
+    [
+        (np.array([], dtype=np.int64), "first", "non-empty 1-D"),
+        (np.zeros((2, 2)), "first", "non-empty 1-D"),
+        (np.array([1, 2]), "random", "order must be 'first'"),
+        (np.array(["a", 1, None], dtype=object), "first", "mutually comparable"),
+    ],
+)
+def test_natural_partition_errors(ids, order, message):
+    with pytest.raises(ValueError, match=message):
+        natural_partition(ids, order=order)
+
+
+# --- per-client test splits --------------------------------------------------
+
+
+def test_split_client_test_partitions_each_client_with_the_fedprox_sizes():
+    clients = (np.arange(0, 10), np.arange(10, 25), np.array([30]), np.arange(40, 42))
+    train, test = split_client_test(clients, 0.1, np.random.default_rng(0))
+    # train = floor(0.9 n) (FedProx's int(0.9 * n)), but never zero
+    assert [len(t) for t in train] == [9, 13, 1, 1]
+    assert [len(t) for t in test] == [1, 2, 0, 1]
+    for client, a, b in zip(clients, train, test):
+        assert a.dtype == np.int64 and b.dtype == np.int64
+        assert np.all(np.diff(a) > 0) and np.all(np.diff(b) > 0)
+        np.testing.assert_array_equal(np.sort(np.concatenate([a, b])), client)
+
+
+def test_split_client_test_is_random_and_deterministic_or_takes_the_last_samples():
+    clients = (np.arange(100),)
+    a = split_client_test(clients, 0.2, np.random.default_rng(1))
+    b = split_client_test(clients, 0.2, np.random.default_rng(1))
+    assert _same(a[1], b[1]) and not np.array_equal(a[1][0], np.arange(80, 100))
+    train, test = split_client_test((np.array([9, 3, 7, 1, 5]),), 0.2, None, shuffle=False)
+    assert train[0].tolist() == [1, 3, 5, 7] and test[0].tolist() == [9]
+    train, test = split_client_test(clients, 0.0, np.random.default_rng(0))
+    assert len(train[0]) == 100 and len(test[0]) == 0
+
+
+@pytest.mark.parametrize(
+    "clients, fraction, rng, message",
+    [
+        ((np.arange(3),), 1.0, np.random.default_rng(0), "fraction must be a number in \\[0, 1\\)"),
+        ((np.arange(3),), -0.1, np.random.default_rng(0), "fraction must be"),
+        ((np.arange(3),), 0.1, None, "needs an rng"),
+        ((np.arange(3), np.array([], dtype=np.int64)), 0.1, np.random.default_rng(0), "client 1 has no samples"),
+        ((np.array([0.5]),), 0.1, np.random.default_rng(0), "1-D integer array"),
+        ((), 0.1, np.random.default_rng(0), "at least one client"),
+        (np.arange(3), 0.1, np.random.default_rng(0), "sequence of index arrays"),
+    ],
+)
+def test_split_client_test_errors(clients, fraction, rng, message):
+    with pytest.raises(ValueError, match=message):
+        split_client_test(clients, fraction, rng)

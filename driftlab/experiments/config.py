@@ -31,6 +31,8 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from driftlab.algorithms import ALGORITHM_CONFIGS
+from driftlab.experiments.datasets import DATA_SETS
+from driftlab.models import MODEL_NAMES
 from driftlab.optim.schedules import ExponentialSchedule, InverseTimeSchedule
 
 PRESET_PACKAGE = "driftlab.experiments.presets"
@@ -87,32 +89,66 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+DataSetName = Literal[tuple(DATA_SETS)]  # type: ignore[valid-type]
+PARTITIONS = ("natural", "iid", "dirichlet", "dirichlet_classwise", "classes_per_client", "power_law")
+
+
 class DataConfig(_Section):
-    name: Literal["synthetic", "synthetic_iid", "mnist", "quadratic1d", "quadratic"] = Field(
-        "synthetic",
-        description="data set: synthetic (FedProx synthetic(α,β)), synthetic_iid, mnist (official IDX files under data.root), "
-        "quadratic1d (decaying-K paper's ½ z x² − x clients, use model.name=quadratic), quadratic (multi-dimensional, known minimiser)",
+    name: DataSetName = Field("synthetic", description="data set; `driftlab data list` describes each")
+    root: str | None = Field(None, description="where the data set's official files are; default: its folder under ../shared/data or $DRIFTLAB_DATA")
+    num_clients: int = Field(30, ge=1, description="number of clients (devices) of generated data and of partitioned pooled data")
+    partition: Literal[PARTITIONS] | None = Field(  # type: ignore[valid-type]
+        None,
+        description="natural (the data set's own clients), iid, dirichlet (client-prior form, FedDyn), dirichlet_classwise "
+        "(Hsu et al.), classes_per_client (shards), power_law (FedProx MNIST); none = natural where it exists, else iid",
     )
-    root: str | None = Field(None, description="directory holding the official files (mnist); default ../shared/data/mnist if present")
-    num_clients: int = Field(30, ge=1, description="number of clients (devices)")
-    partition: Literal["iid", "dirichlet"] = Field(
-        "iid", description="how real data is split: iid, or dirichlet (client-prior form, FedDyn); synthetic data is split by device"
-    )
-    quotas: Literal["balanced", "lognormal"] = Field("balanced", description="client sizes for real data: balanced or lognormal (FedDyn)")
+    quotas: Literal["balanced", "lognormal"] = Field("balanced", description="client sizes for iid, dirichlet and classes_per_client: balanced or lognormal (FedDyn)")
     lognormal_sigma: float = Field(0.3, ge=0, description="σ of lognormal quotas (FedDyn uses 0.3)")
-    dirichlet_alpha: float = Field(0.3, gt=0, description="concentration α of the Dirichlet partition (smaller is more heterogeneous)")
+    dirichlet_alpha: float = Field(0.3, gt=0, description="concentration α of the Dirichlet partitions (smaller is more heterogeneous)")
+    min_client_size: int = Field(10, ge=0, description="dirichlet_classwise: redraw until every client has at least this many samples")
+    classes_per_client: int = Field(2, ge=1, description="classes_per_client and power_law: classes each client holds")
+    client_test_fraction: float = Field(
+        0.0, ge=0, lt=1, description="hold out this fraction of every client's data as its local test split (0 = off; data sets with their own keep theirs)"
+    )
     synthetic_alpha: float = Field(1.0, ge=0, description="α of synthetic(α,β): variance of the shared mean of each device's W_k, b_k")
     synthetic_beta: float = Field(1.0, ge=0, description="β of synthetic(α,β): how much local data differs")
+    feddyn_kind: int = Field(1, ge=0, le=3, description="feddyn_synthetic: heterogeneity type 1, 2 or 3 (0: homogeneous)")
+    feddyn_heterogeneity: float = Field(1.0, ge=0, description="feddyn_synthetic: the γ of the chosen type")
     quadratic_dimension: int = Field(10, ge=1, description="dimension of the multi-dimensional quadratic clients")
     quadratic_heterogeneity: float = Field(1.0, ge=0, description="spread of curvatures and linear terms across quadratic clients")
+    max_clients: int | None = Field(None, ge=1, description="femnist, shakespeare, sent140: keep at most this many clients (largest first for shakespeare)")
+    samples_per_client: int | None = Field(None, ge=1, description="shakespeare: windows per role, e.g. 2000 for FedDyn's split")
+    min_samples_per_client: int = Field(0, ge=0, description="shakespeare: drop roles with fewer windows")
+    vocabulary_size: int = Field(10_000, ge=3, description="sent140: tokens in the vocabulary, PAD and UNK included")
+    limit_per_class: int | None = Field(None, ge=1, description="cifar10_folder: read at most this many images per class and split")
     seed: int | None = Field(None, ge=0, description="seed of generation and partitioning; default: the experiment seed")
 
 
 class ModelConfig(_Section):
-    name: Literal["mlr", "mlp", "quadratic"] = Field(
-        "mlr", description="model: mlr (multinomial logistic regression), mlp, or quadratic (the parameter x of the quadratic clients)"
+    name: Literal[MODEL_NAMES] = Field(  # type: ignore[valid-type]
+        "mlr",
+        description="mlr (multinomial logistic regression), mlp, cnn (FedDyn CIFAR CNN), femnist_cnn, lstm, gru, resnet18_gn, "
+        "vgg11, quadratic (the parameter x of the quadratic clients)",
     )
-    hidden: tuple[int, ...] = Field((200, 200), description="hidden widths of the mlp (784-200-200-10 by default)")
+    hidden: tuple[int, ...] = Field((200, 200), description="hidden widths of the mlp (784-200-200-10 by default; (100, 100) for EMNIST-L)")
+    rnn_hidden: int | None = Field(None, ge=1, description="lstm/gru hidden units; none = 100 for lstm (FedDyn), 256 for gru")
+    rnn_layers: int = Field(2, ge=1, description="lstm/gru layers")
+    embedding_dim: int = Field(8, ge=1, description="lstm/gru character embedding size")
+    groups: int = Field(2, ge=1, description="resnet18_gn: GroupNorm groups")
+    resnet_stem: Literal["cifar", "imagenet"] = Field("cifar", description="resnet18_gn stem: cifar (3x3, no max-pool) or imagenet (FedDyn's code)")
+    width: int = Field(64, ge=1, description="resnet18_gn/vgg11 base width")
+
+    def keyword_arguments(self) -> dict[str, Any]:
+        """Keyword arguments of ``driftlab.models.build_model`` besides name, shape and classes."""
+        return {
+            "hidden": self.hidden,
+            "rnn_hidden": self.rnn_hidden,
+            "rnn_layers": self.rnn_layers,
+            "embedding_dim": self.embedding_dim,
+            "groups": self.groups,
+            "resnet_stem": self.resnet_stem,
+            "width": self.width,
+        }
 
 
 class ClientConfig(_Section):

@@ -1,11 +1,21 @@
-"""From a ``[data]`` config section to a ``FederatedDataset``."""
+"""From a ``[data]`` config section to a ``FederatedDataset``.
+
+Each data set name maps to a loader (official file formats, ``driftlab/data``)
+or a generator; the training set is then split over clients by the partition
+the config names (``natural`` keeps a data set's own clients: writers,
+speaking roles, users, synthetic devices), and optionally every client's data
+is split into a local train and test part.
+"""
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
+import torch
 
 from driftlab.data.federated import DataFileError, FederatedDataset
 from driftlab.simulation.randomness import Stream, generator
@@ -19,51 +29,254 @@ def default_data_root(name: str) -> Path:
     return Path(base) / name if base else REPOSITORY_ROOT.parent / "shared" / "data" / name
 
 
+@dataclass(frozen=True)
+class DataSetInfo:
+    """A data set the config can name."""
+
+    description: str
+    default_location: str | None  # below the data root; None for generated data
+    natural: bool  # has its own clients (default partition "natural")
+    load: Callable  # (config, seed, path) -> FederatedDataset, or the four tensors of a pooled data set
+    vocabulary_size: Callable | None = None  # (config) -> token vocabulary for sequence models
+    download_name: str | None = None  # the `driftlab data download` name that fetches its files
+
+
+def _synthetic(config, seed, path):
+    from driftlab.data.synthetic import synthetic_federated
+
+    return synthetic_federated(config.synthetic_alpha, config.synthetic_beta, num_clients=config.num_clients, seed=seed)
+
+
+def _synthetic_iid(config, seed, path):
+    from driftlab.data.synthetic import synthetic_federated
+
+    return synthetic_federated(0.0, 0.0, iid=True, num_clients=config.num_clients, seed=seed)
+
+
+def _feddyn_synthetic(config, seed, path):
+    from driftlab.data.synthetic_types import feddyn_synthetic
+
+    return feddyn_synthetic(
+        config.feddyn_kind, num_clients=config.num_clients, heterogeneity=config.feddyn_heterogeneity, seed=seed, test_fraction=0.2
+    )
+
+
+def _quadratic1d(config, seed, path):
+    from driftlab.data.quadratic import scalar_quadratic_clients
+
+    return scalar_quadratic_clients(config.num_clients)
+
+
+def _quadratic(config, seed, path):
+    from driftlab.data.quadratic import random_quadratic_clients
+
+    return random_quadratic_clients(config.num_clients, config.quadratic_dimension, seed, config.quadratic_heterogeneity)
+
+
+def _mnist(config, seed, path):
+    from driftlab.data.idx import load_mnist_tensors
+
+    return load_mnist_tensors(path)
+
+
+def _fashion_mnist(config, seed, path):
+    from driftlab.data.images import load_fashion_mnist_tensors
+
+    return load_fashion_mnist_tensors(path)
+
+
+def _emnist(split):
+    def load(config, seed, path):
+        from driftlab.data.images import load_emnist_tensors
+
+        return load_emnist_tensors(path, split)
+
+    return load
+
+
+def _cifar(num_classes):
+    def load(config, seed, path):
+        from driftlab.data.images import load_cifar_tensors
+
+        return load_cifar_tensors(path, num_classes)
+
+    return load
+
+
+def _cifar10_folder(config, seed, path):
+    from driftlab.data.images import load_cifar10_image_folder
+
+    return load_cifar10_image_folder(path, limit_per_class=config.limit_per_class)[:4]
+
+
+def _femnist(config, seed, path):
+    from driftlab.data.leaf import load_leaf_femnist
+
+    return load_leaf_femnist(path, max_clients=config.max_clients)
+
+
+def _leaf_shakespeare(config, seed, path):
+    from driftlab.data.leaf import load_leaf_shakespeare
+
+    return load_leaf_shakespeare(path, max_clients=config.max_clients)
+
+
+def _sent140(config, seed, path):
+    from driftlab.data.leaf import load_leaf_sent140
+
+    return load_leaf_sent140(path, vocabulary_size=config.vocabulary_size, max_clients=config.max_clients)
+
+
+def _shakespeare(config, seed, path):
+    from driftlab.data.shakespeare import load_shakespeare_text
+
+    return load_shakespeare_text(
+        path,
+        min_samples_per_client=config.min_samples_per_client,
+        max_clients=config.max_clients,
+        samples_per_client=config.samples_per_client,
+        test_fraction=config.client_test_fraction or 0.2,
+        seed=seed,
+    )
+
+
+def _characters(config) -> int:
+    return 80  # LEAF's character vocabulary
+
+
+DATA_SETS: dict[str, DataSetInfo] = {
+    "synthetic": DataSetInfo("FedProx synthetic(α,β): 60 features, 10 classes, one client per device", None, True, _synthetic),
+    "synthetic_iid": DataSetInfo("FedProx's IID synthetic data", None, True, _synthetic_iid),
+    "feddyn_synthetic": DataSetInfo("FedDyn's synthetic heterogeneity types 0-3 (data.feddyn_kind): 30 features, 5 classes", None, True, _feddyn_synthetic),
+    "quadratic1d": DataSetInfo("decaying-K paper's clients ½ z x² − x (model.name=quadratic)", None, True, _quadratic1d),
+    "quadratic": DataSetInfo("heterogeneous diagonal quadratics with a known minimiser (model.name=quadratic)", None, True, _quadratic),
+    "mnist": DataSetInfo("MNIST, official IDX files (gzipped or not)", "mnist", False, _mnist, download_name="mnist"),
+    "fashion_mnist": DataSetInfo("Fashion-MNIST, official IDX files", "fashion-mnist", False, _fashion_mnist, download_name="fashion_mnist"),
+    "emnist_letters10": DataSetInfo("EMNIST-L: the first 10 letters of EMNIST letters (FedDyn, AdaBest)", "emnist", False, _emnist("letters10"), download_name="emnist"),
+    "emnist_letters": DataSetInfo("EMNIST letters, 26 classes, official gzip bundle", "emnist", False, _emnist("letters"), download_name="emnist"),
+    "emnist_byclass": DataSetInfo("EMNIST byclass, 62 classes, official gzip bundle", "emnist", False, _emnist("byclass"), download_name="emnist"),
+    "cifar10": DataSetInfo("CIFAR-10, official binary version (folder or tarball)", "cifar10", False, _cifar(10), download_name="cifar10"),
+    "cifar100": DataSetInfo("CIFAR-100 (fine labels), official binary version", "cifar100", False, _cifar(100), download_name="cifar100"),
+    "cifar10_folder": DataSetInfo(
+        "CIFAR-10 as <split>/<class>/<image> files, a folder or a .tar.gz", "cifar10-jpeg/cifar10-jpeg.tar.gz", False, _cifar10_folder
+    ),
+    "femnist": DataSetInfo("LEAF FEMNIST JSON (folder or tar.gz), one client per writer", "femnist-leaf-subset/femnist-leaf-subset.tar.gz", True, _femnist),
+    "shakespeare": DataSetInfo(
+        "Shakespeare raw text with speaker labels, one client per role, next character after 80", "tinyshakespeare/input.txt.gz", True, _shakespeare, _characters,
+        download_name="shakespeare",
+    ),
+    "shakespeare_leaf": DataSetInfo("LEAF Shakespeare JSON, one client per role", "shakespeare-leaf", True, _leaf_shakespeare, _characters),
+    "sent140": DataSetInfo(
+        "LEAF Sent140 JSON, one client per user, 25 tokens", "sent140-leaf", True, _sent140, lambda config: config.vocabulary_size
+    ),
+}
+
+
+def data_location(config) -> Path | None:
+    info = DATA_SETS[config.name]
+    if info.default_location is None:
+        return None
+    if config.root:
+        return Path(config.root)
+    return default_data_root(info.default_location)
+
+
 def build_dataset(config, seed: int) -> FederatedDataset:
     """Generate or load the data set and split it over clients, seeded by ``config.seed`` (default ``seed``)."""
     data_seed = config.seed if config.seed is not None else seed
-    if config.name in ("synthetic", "synthetic_iid"):
-        from driftlab.data.synthetic import synthetic_federated
-
-        return synthetic_federated(
-            config.synthetic_alpha,
-            config.synthetic_beta,
-            iid=config.name == "synthetic_iid",
-            num_clients=config.num_clients,
-            seed=data_seed,
-        )
-    if config.name == "quadratic1d":
-        from driftlab.data.quadratic import scalar_quadratic_clients
-
-        return scalar_quadratic_clients(config.num_clients)
-    if config.name == "quadratic":
-        from driftlab.data.quadratic import random_quadratic_clients
-
-        return random_quadratic_clients(config.num_clients, config.quadratic_dimension, data_seed, config.quadratic_heterogeneity)
-    if config.name == "mnist":
-        from driftlab.data.idx import load_mnist_tensors
-
-        root = Path(config.root) if config.root else default_data_root("mnist")
-        if not root.is_dir():
-            raise DataFileError(
-                f"MNIST directory {root} does not exist; set data.root to the directory holding "
-                "train-images-idx3-ubyte(.gz), train-labels-idx1-ubyte(.gz), t10k-images-idx3-ubyte(.gz), t10k-labels-idx1-ubyte(.gz)"
-            )
-        train_x, train_y, test_x, test_y = load_mnist_tensors(root)
-        client_indices = split_over_clients(train_y.numpy(), config, data_seed)
-        return FederatedDataset("mnist", train_x, train_y, test_x, test_y, client_indices, num_classes=10)
-    raise ValueError(f"unknown data set {config.name!r}")
+    info = DATA_SETS[config.name]
+    path = data_location(config)
+    if path is not None and not path.exists():
+        fetch = f", or fetch them with `driftlab data download {info.download_name} --to DIR`" if info.download_name else ""
+        raise DataFileError(f"{config.name}: {path} does not exist; set data.root to where the files are ({info.description}){fetch}")
+    loaded = info.load(config, data_seed, path)
+    partition = config.partition or ("natural" if info.natural else "iid")
+    if isinstance(loaded, FederatedDataset):
+        if partition == "natural":
+            dataset = loaded
+        else:
+            dataset = _resplit(loaded, config, partition, data_seed)
+    else:
+        if partition == "natural":
+            raise DataFileError(f"data.partition=natural: {config.name} has no natural clients; use iid, dirichlet, ...")
+        train_x, train_y, test_x, test_y = loaded
+        client_indices = split_over_clients(train_y.numpy(), config, partition, data_seed)
+        num_classes = int(max(train_y.max(), test_y.max())) + 1
+        dataset = FederatedDataset(config.name, train_x, train_y, test_x, test_y, client_indices, num_classes=num_classes)
+    if config.client_test_fraction > 0 and dataset.client_test_indices is None:
+        dataset = _with_client_test_splits(dataset, config.client_test_fraction, data_seed)
+    return dataset
 
 
-def split_over_clients(labels: np.ndarray, config, seed: int) -> tuple[np.ndarray, ...]:
-    from driftlab.data.partition import balanced_quotas, dirichlet_client_prior_partition, iid_partition, lognormal_quotas
+def vocabulary_size(config) -> int | None:
+    info = DATA_SETS[config.name]
+    return info.vocabulary_size(config) if info.vocabulary_size is not None else None
+
+
+def split_over_clients(labels: np.ndarray, config, partition: str, seed: int) -> tuple[np.ndarray, ...]:
+    from driftlab.data import partition as partitions
 
     rng = generator(seed, Stream.PARTITION)
     num_samples = len(labels)
+    if partition == "dirichlet_classwise":
+        return partitions.dirichlet_classwise_partition(labels, config.num_clients, config.dirichlet_alpha, rng, config.min_client_size)
+    if partition == "power_law":
+        return partitions.power_law_partition(labels, config.num_clients, config.classes_per_client, rng)
     if config.quotas == "lognormal":
-        quotas = lognormal_quotas(num_samples, config.num_clients, config.lognormal_sigma, rng)
+        quotas = partitions.lognormal_quotas(num_samples, config.num_clients, config.lognormal_sigma, rng)
     else:
-        quotas = balanced_quotas(num_samples, config.num_clients)
-    if config.partition == "dirichlet":
-        return dirichlet_client_prior_partition(labels, quotas, config.dirichlet_alpha, rng)
-    return iid_partition(num_samples, quotas, rng)
+        quotas = partitions.balanced_quotas(num_samples, config.num_clients)
+    if partition == "dirichlet":
+        return partitions.dirichlet_client_prior_partition(labels, quotas, config.dirichlet_alpha, rng)
+    if partition == "classes_per_client":
+        return partitions.classes_per_client_partition(labels, config.num_clients, config.classes_per_client, rng, quotas=quotas)
+    if partition == "iid":
+        return partitions.iid_partition(num_samples, quotas, rng)
+    raise ValueError(f"unknown partition {partition!r}")
+
+
+def _resplit(dataset: FederatedDataset, config, partition: str, seed: int) -> FederatedDataset:
+    """Pool a naturally partitioned training set and split it again (e.g. FEMNIST made IID)."""
+    pooled = np.concatenate(dataset.client_indices)
+    labels = dataset.train_targets.numpy()[pooled]
+    clients = tuple(pooled[indices] for indices in split_over_clients(labels, config, partition, seed))
+    return FederatedDataset(
+        f"{dataset.name}/{partition}",
+        dataset.train_inputs,
+        dataset.train_targets,
+        dataset.test_inputs,
+        dataset.test_targets,
+        tuple(np.sort(c) for c in clients),
+        num_classes=dataset.num_classes,
+    )
+
+
+def _with_client_test_splits(dataset: FederatedDataset, fraction: float, seed: int) -> FederatedDataset:
+    """Hold out ``fraction`` of every client's training rows as its local test split (EFL's per-client accuracy).
+
+    The held-out rows are copied after the test rows; the global test set stays
+    the data set's own (``global_test_size``), and the held-out rows leave the
+    clients' training indices.
+    """
+    from driftlab.data.partition import split_client_test
+
+    rng = generator(seed, Stream.PARTITION, 1)
+    train_parts, test_parts = split_client_test(dataset.client_indices, fraction, rng)
+    held_out = np.concatenate(test_parts)
+    offset = len(dataset.test_targets)
+    test_inputs = torch.cat([dataset.test_inputs, dataset.train_inputs[torch.as_tensor(held_out)]])
+    test_targets = torch.cat([dataset.test_targets, dataset.train_targets[torch.as_tensor(held_out)]])
+    bounds = np.cumsum([0, *[len(p) for p in test_parts]])
+    client_test = tuple(np.arange(offset + bounds[i], offset + bounds[i + 1], dtype=np.int64) for i in range(len(test_parts)))
+    return FederatedDataset(
+        dataset.name,
+        dataset.train_inputs,
+        dataset.train_targets,
+        test_inputs,
+        test_targets,
+        tuple(train_parts),
+        num_classes=dataset.num_classes,
+        client_test_indices=client_test,
+        known_minimizer=dataset.known_minimizer,
+        global_test_size=offset,
+    )

@@ -19,7 +19,7 @@ DEMO_BASE = "demo-synthetic"
 # (label, overrides on the base preset). A new algorithm joins the demo with one line.
 DEMO_RUNS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("FedAvg", ("algorithm.name=fedavg",)),
-    ("FedAdam", ("algorithm.name=fedavg", "server.optimizer=adam", "server.lr=0.003")),
+    ("FedAdam", ("algorithm.name=fedavg", "server.optimizer=adam", "server.lr=0.03")),
     ("FedProx", ("algorithm.name=fedprox", "algorithm.mu=1")),
     ("SCAFFOLD", ("algorithm.name=scaffold",)),
     ("FedDyn", ("algorithm.name=feddyn", "algorithm.alpha=0.01")),

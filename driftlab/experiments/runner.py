@@ -28,7 +28,7 @@ from safetensors.torch import save_file
 from driftlab.algorithms import ALGORITHM_MODULES
 from driftlab.compress import with_compression
 from driftlab.experiments.config import ConfigError, ExperimentConfig, load_config
-from driftlab.experiments.datasets import build_dataset
+from driftlab.experiments.datasets import build_dataset, vocabulary_size
 from driftlab.metrics.summary import summarize
 from driftlab.models import build_model
 from driftlab.optim.server import make_server_optimizer
@@ -89,7 +89,9 @@ def build_simulation(config: ExperimentConfig) -> tuple[Simulation, SimulationSt
     data = build_dataset(config.data, config.seed)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(torch_seed(config.seed, Stream.MODEL_INIT))
-        module = build_model(config.model.name, data.input_shape, data.num_classes, hidden=config.model.hidden)
+        module = build_model(
+            config.model.name, data.input_shape, data.num_classes, vocab_size=vocabulary_size(config.data), **config.model.keyword_arguments()
+        )
     if config.model.name == "quadratic":
         model = FlatModel.wrap(module, example_loss=objective_per_example, is_classifier=False).to(device, dtype)
     else:

@@ -1,10 +1,38 @@
 """The model zoo: plain ``torch.nn`` modules used by the papers.
 
 Every model is an ordinary module, so users can pass their own instead.
-Shapes follow ../shared/design/benchmarks.md (FedDyn authors' code unless noted).
+Shapes follow ../shared/design/benchmarks.md (FedDyn authors' code unless noted):
+
+============  ==========================================  =====================================
+name          module                                      papers
+============  ==========================================  =====================================
+mlr           :class:`MultinomialLogisticRegression`      FedProx (MNIST, synthetic)
+mlp           :class:`MLP` (784-200-200-10; 784-100-100)  FedDyn MNIST / EMNIST-L
+cnn           :class:`FedDynCNN`                          FedDyn CIFAR-10/100
+femnist_cnn   :class:`FemnistCNN`                         decaying-K FEMNIST
+lstm          :class:`CharLSTM` (hidden 100 or 256)       FedDyn (100), FedProx (256) Shakespeare
+gru           :class:`CharGRU` (2 x 256)                  decaying-K Shakespeare
+resnet18_gn   :func:`resnet18_groupnorm`                  FedDyn appendix (CIFAR-10)
+vgg11         :func:`vgg11`                               EFL (CIFAR-100)
+quadratic     ``QuadraticObjective``                      decaying-K Section 3
+============  ==========================================  =====================================
+
+Training backends: every model trains on both. The vectorized backend uses
+its batched layers for ``mlr``/``mlp`` and ``torch.func.vmap`` for all the
+others, ``nn.LSTM``/``nn.GRU`` included (torch 2.13 vmaps them; were a torch
+version unable to, the backend would log a warning and train those clients one
+by one with the sequential backend). ``models/zoo_test.py`` checks that one
+round of every model gives the same parameters on both backends (float64, 1e-10).
+
+No dropout and no batch normalisation anywhere: a client's local step must be
+a deterministic function of its parameters and batch (both backends agree to
+rounding, and vmap cannot draw per-client dropout masks), and batch statistics
+are what the FedDyn authors replace with GroupNorm in ResNet-18.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import nn
@@ -46,11 +74,341 @@ class MLP(nn.Module):
         return self.layers(inputs.flatten(1))
 
 
-MODEL_NAMES = ("mlr", "mlp", "quadratic")
+def _pair(size: int | tuple[int, int]) -> tuple[int, int]:
+    return (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
 
 
-def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, hidden: tuple[int, ...] = (200, 200)) -> nn.Module:
-    """Build a zoo model by name for inputs of ``input_shape`` (without the batch dimension)."""
+class FedDynCNN(nn.Module):
+    """The FedDyn authors' CIFAR-10/100 CNN (``utils_models.py``, models ``cifar10``/``cifar100``).
+
+    conv 5x5 in→64 (no padding), ReLU, max-pool 2; conv 5x5 64→64, ReLU,
+    max-pool 2; flatten (64·5·5 = 1600 for 32x32 inputs); fc 1600→384, ReLU;
+    fc 384→192, ReLU; fc 192→classes. No batch normalisation (the paper: "similar
+    to McMahan et al. 2017 except that we don't use Batch Normalization"; its
+    text says 394 neurons, the authors' code has 384).
+
+    Parameters for CIFAR-10: 4,864 + 102,464 + 614,784 + 73,920 + 1,930 = 797,962.
+
+    Args:
+        num_classes: output size (10 or 100).
+        in_channels: input channels (3 for CIFAR).
+        image_size: input height and width (32 for CIFAR); sets the flattened size.
+    """
+
+    def __init__(self, num_classes: int, in_channels: int = 3, image_size: int | tuple[int, int] = 32) -> None:
+        super().__init__()
+        height, width = _pair(image_size)
+        flat_h, flat_w = ((height - 4) // 2 - 4) // 2, ((width - 4) // 2 - 4) // 2
+        if flat_h < 1 or flat_w < 1:
+            raise ValueError(f"FedDynCNN needs inputs of at least 16x16 pixels, got {height}x{width}")
+        self.conv1 = nn.Conv2d(in_channels, 64, kernel_size=5)
+        self.conv2 = nn.Conv2d(64, 64, kernel_size=5)
+        self.pool = nn.MaxPool2d(kernel_size=2, stride=2)
+        self.fc1 = nn.Linear(64 * flat_h * flat_w, 384)
+        self.fc2 = nn.Linear(384, 192)
+        self.fc3 = nn.Linear(192, num_classes)
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        x = self.pool(torch.relu(self.conv1(inputs)))
+        x = self.pool(torch.relu(self.conv2(x)))
+        x = torch.relu(self.fc1(x.flatten(1)))
+        x = torch.relu(self.fc2(x))
+        return self.fc3(x)
+
+
+class FemnistCNN(nn.Module):
+    """The decaying-K paper's FEMNIST CNN (its Appendix B, Table 2).
+
+    conv 3x3 stride 1 →32, ReLU, max-pool 2x2 stride 2; conv 3x3 stride 1 →64,
+    ReLU, max-pool 2x2 stride 2; fc →512, ReLU; fc →classes (softmax in the loss).
+
+    Choices the appendix leaves open (it was written for Keras, whose defaults we take):
+    * padding: none ("valid", Keras's default), so a 28x28 LEAF image gives
+      26 → 13 → 11 → 5 and a flattened size of 64·5·5 = 1600; ``padding=1``
+      ("same") gives 64·7·7 = 3136;
+    * output size: the table says 64 outputs, the text and data have 62
+      classes (a-z, A-Z, 0-9); we use ``num_classes`` (62);
+    * inputs: LEAF stores each image as 784 values; flat ``[N, 784]`` inputs
+      are reshaped to ``[N, 1, 28, 28]`` (the text mentions 32x32: pass ``image_size=32``).
+
+    Parameters (28x28, no padding, 62 classes): 320 + 18,496 + 819,712 + 31,806 = 870,334.
+    """
+
+    def __init__(
+        self, num_classes: int = 62, in_channels: int = 1, image_size: int | tuple[int, int] = 28, padding: int = 0
+    ) -> None:
+        super().__init__()
+        if padding not in (0, 1):
+            raise ValueError(f"padding must be 0 ('valid', the Keras default) or 1 ('same'), got {padding}")
+        self.in_channels, self.image_size = in_channels, _pair(image_size)
+        flat = [((((size + 2 * padding - 2) // 2) + 2 * padding - 2) // 2) for size in self.image_size]
+        if min(flat) < 1:
+            raise ValueError(f"FemnistCNN needs inputs of at least 10x10 pixels, got {self.image_size}")
+        self.conv1 = nn.Conv2d(in_channels, 32, kernel_size=3, padding=padding)
+        self.conv2 = nn.Conv2d(32, 64, kernel_size=3, padding=padding)
+        self.pool = nn.MaxPool2d(kernel_size=2, stride=2)
+        self.fc1 = nn.Linear(64 * flat[0] * flat[1], 512)
+        self.fc2 = nn.Linear(512, num_classes)
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        x = inputs.reshape(inputs.shape[0], self.in_channels, *self.image_size)
+        x = self.pool(torch.relu(self.conv1(x)))
+        x = self.pool(torch.relu(self.conv2(x)))
+        return self.fc2(torch.relu(self.fc1(x.flatten(1))))
+
+
+class _CharRNN(nn.Module):
+    """Embedding → stacked RNN → the last time step's output → linear."""
+
+    rnn_type: type[nn.Module] = nn.LSTM
+
+    def __init__(
+        self, vocab_size: int, embedding_dim: int, hidden: int, layers: int, num_classes: int | None = None
+    ) -> None:
+        super().__init__()
+        for name, value in (("vocab_size", vocab_size), ("embedding_dim", embedding_dim), ("hidden", hidden), ("layers", layers)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        self.embedding = nn.Embedding(vocab_size, embedding_dim)
+        self.rnn = self.rnn_type(input_size=embedding_dim, hidden_size=hidden, num_layers=layers, batch_first=True)
+        self.fc = nn.Linear(hidden, num_classes or vocab_size)
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        """``inputs``: ``[N, T]`` character ids (floating ids are cast to integers); returns ``[N, classes]``."""
+        if inputs.is_floating_point():
+            inputs = inputs.long()
+        output, _ = self.rnn(self.embedding(inputs))
+        return self.fc(output[:, -1, :])
+
+
+class CharLSTM(_CharRNN):
+    """Next-character LSTM: embedding(vocab, 8), 2-layer LSTM, last step → linear to the vocabulary.
+
+    FedDyn (paper Appendix A.1 and ``utils_models.py``, model ``shakespeare``):
+    ``nn.Embedding(80, 8)``, ``nn.LSTM(8, 100, num_layers=2)``, ``nn.Linear(100, 80)``
+    on the last time step of 80-character windows; FedProx's ``stacked_lstm``
+    uses 256 hidden units. Default ``hidden=100`` (FedDyn).
+
+    Parameters (a PyTorch LSTM layer has ``4h·(in + h) + 8h``: two bias vectors):
+    vocab 80, hidden 100: 640 + (4·100·108 + 800) + (4·100·200 + 800) + 8,080 = 133,520;
+    hidden 256: 640 + (4·256·264 + 2,048) + (4·256·512 + 2,048) + 20,560 = 819,920.
+
+    Args:
+        vocab_size: number of character ids (80 for LEAF's Shakespeare).
+        embedding_dim: 8 in all the papers.
+        hidden: LSTM width, 100 (FedDyn) or 256 (FedProx).
+        layers: stacked LSTM layers (2).
+        num_classes: output size; defaults to ``vocab_size`` (next-character prediction).
+    """
+
+    rnn_type = nn.LSTM
+
+    def __init__(self, vocab_size: int = 80, embedding_dim: int = 8, hidden: int = 100, layers: int = 2, num_classes: int | None = None) -> None:
+        super().__init__(vocab_size, embedding_dim, hidden, layers, num_classes)
+
+
+class CharGRU(_CharRNN):
+    """Next-character GRU (decaying-K paper, Appendix B, Table 3): embedding 8, two GRU layers of 256, linear.
+
+    The paper (Keras) lists a 77-character vocabulary, tanh/sigmoid GRU
+    activations (PyTorch's) and a softmax output (in the loss here).
+    PyTorch's GRU applies the reset gate after the recurrent matrix product,
+    which is Keras's ``reset_after=True`` (its TF2 default); both have two bias
+    vectors per layer, ``3h·(in + h) + 6h`` parameters.
+
+    Parameters (vocab 80, hidden 256): 640 + (3·256·264 + 1,536) + (3·256·512 + 1,536) + 20,560 = 620,240.
+    """
+
+    rnn_type = nn.GRU
+
+    def __init__(self, vocab_size: int = 80, embedding_dim: int = 8, hidden: int = 256, layers: int = 2, num_classes: int | None = None) -> None:
+        super().__init__(vocab_size, embedding_dim, hidden, layers, num_classes)
+
+
+class _BasicBlockGN(nn.Module):
+    """torchvision's ResNet ``BasicBlock`` with GroupNorm: conv3x3-GN-ReLU-conv3x3-GN, + shortcut, ReLU."""
+
+    def __init__(self, in_channels: int, out_channels: int, stride: int, groups: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_channels, out_channels, 3, stride=stride, padding=1, bias=False)
+        self.bn1 = nn.GroupNorm(groups, out_channels)
+        self.conv2 = nn.Conv2d(out_channels, out_channels, 3, stride=1, padding=1, bias=False)
+        self.bn2 = nn.GroupNorm(groups, out_channels)
+        self.downsample = None
+        if stride != 1 or in_channels != out_channels:
+            self.downsample = nn.Sequential(
+                nn.Conv2d(in_channels, out_channels, 1, stride=stride, bias=False), nn.GroupNorm(groups, out_channels)
+            )
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        out = torch.relu(self.bn1(self.conv1(inputs)))
+        out = self.bn2(self.conv2(out))
+        shortcut = inputs if self.downsample is None else self.downsample(inputs)
+        return torch.relu(out + shortcut)
+
+
+class ResNet18GN(nn.Module):
+    """ResNet-18 (He et al. 2016) with every BatchNorm replaced by ``GroupNorm(groups, channels)`` (FedDyn A.2).
+
+    Layout and parameter names follow torchvision's ``resnet18`` (``conv1``,
+    ``bn1``, ``layer1..4``, ``fc``; the norms keep torchvision's ``bn`` names, as
+    in the FedDyn authors' code, which swaps each ``bn`` for ``GroupNorm(2, ·)``).
+    Initialisation as torchvision: convolutions Kaiming-normal (fan-out, ReLU),
+    norms weight 1 and bias 0, the final linear PyTorch's default.
+
+    Stems (``stem``):
+    * ``"cifar"`` (default): 3x3 stride-1 conv, no max-pool — the common CIFAR
+      variant (He et al.'s CIFAR experiments use it); a 32x32 image reaches
+      layer4 at 4x4;
+    * ``"imagenet"``: 7x7 stride-2 conv and a 3x3 stride-2 max-pool —
+      torchvision's layout, which is what the FedDyn authors actually ran on
+      CIFAR-10 (``models.resnet18()`` with the norms swapped and
+      ``fc = Linear(512, 10)``); a 32x32 image reaches layer4 at 1x1.
+
+    Parameters (10 classes, width 64): 11,173,962 with the CIFAR stem,
+    11,181,642 with the ImageNet stem (torchvision's resnet18 with a 10-way head).
+
+    Args:
+        num_classes: output size.
+        groups: GroupNorm groups (2 in FedDyn); must divide ``width``.
+        in_channels: input channels.
+        stem: ``"cifar"`` or ``"imagenet"`` (above).
+        width: channels of the stem and layer1 (64); layers 2-4 have 2x, 4x, 8x.
+            Smaller widths are for tests and quick experiments.
+    """
+
+    def __init__(self, num_classes: int, groups: int = 2, in_channels: int = 3, stem: str = "cifar", width: int = 64) -> None:
+        super().__init__()
+        if stem not in ("cifar", "imagenet"):
+            raise ValueError(f"stem must be 'cifar' (3x3 conv, no max-pool) or 'imagenet' (7x7/2 conv + max-pool), got {stem!r}")
+        if width < 1 or width % groups:
+            raise ValueError(f"GroupNorm needs groups={groups} to divide the channel count; width={width} is not a multiple")
+        if stem == "cifar":
+            self.conv1 = nn.Conv2d(in_channels, width, 3, stride=1, padding=1, bias=False)
+            self.maxpool = nn.Identity()
+        else:
+            self.conv1 = nn.Conv2d(in_channels, width, 7, stride=2, padding=3, bias=False)
+            self.maxpool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
+        self.bn1 = nn.GroupNorm(groups, width)
+        channels = [width, 2 * width, 4 * width, 8 * width]
+        previous = width
+        for index, out in enumerate(channels, start=1):
+            stride = 1 if index == 1 else 2
+            layer = nn.Sequential(_BasicBlockGN(previous, out, stride, groups), _BasicBlockGN(out, out, 1, groups))
+            setattr(self, f"layer{index}", layer)
+            previous = out
+        self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
+        self.fc = nn.Linear(previous, num_classes)
+        for module in self.modules():
+            if isinstance(module, nn.Conv2d):
+                nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
+            elif isinstance(module, nn.GroupNorm):
+                nn.init.ones_(module.weight)
+                nn.init.zeros_(module.bias)
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        x = self.maxpool(torch.relu(self.bn1(self.conv1(inputs))))
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        return self.fc(self.avgpool(x).flatten(1))
+
+
+def resnet18_groupnorm(num_classes: int, groups: int = 2, in_channels: int = 3, stem: str = "cifar", width: int = 64) -> ResNet18GN:
+    """ResNet-18 with GroupNorm(``groups``) for CIFAR (:class:`ResNet18GN`)."""
+    return ResNet18GN(num_classes, groups=groups, in_channels=in_channels, stem=stem, width=width)
+
+
+VGG11_LAYOUT = (1, "M", 2, "M", 4, 4, "M", 8, 8, "M", 8, 8, "M")  # multiples of `width`: 64, M, 128, M, 256, 256, ...
+
+
+class VGG11(nn.Module):
+    """VGG-11 (Simonyan & Zisserman, configuration A) without batch normalisation, for CIFAR-sized inputs (EFL).
+
+    Features: 3x3 convolutions (padding 1) each followed by ReLU, with 2x2
+    max-pools: 64, M, 128, M, 256, 256, M, 512, 512, M, 512, 512, M — a
+    32x32 image leaves them as 512x1x1. Classifier (the usual CIFAR head, in
+    place of ImageNet's 25088→4096→4096): 512→512, ReLU, 512→512, ReLU,
+    512→classes. Without dropout (see the module docstring); EFL calls its
+    model "a simplified version" of VGG-11 without further detail.
+
+    Parameters (CIFAR, 100 classes): features 9,220,480 + classifier
+    262,656 + 262,656 + 51,300 = 9,797,092 (9,750,922 for 10 classes).
+
+    Args:
+        num_classes: output size.
+        in_channels: input channels.
+        image_size: input height and width (32); must be a multiple of 32.
+        width: channels of the first convolution (64); the others scale with it
+            (2x, 4x, 8x), as does the classifier's hidden width (8x). For tests.
+    """
+
+    def __init__(self, num_classes: int, in_channels: int = 3, image_size: int | tuple[int, int] = 32, width: int = 64) -> None:
+        super().__init__()
+        height, image_width = _pair(image_size)
+        if height % 32 or image_width % 32 or width < 1:
+            raise ValueError(f"VGG11 needs inputs whose sides are multiples of 32 (five 2x2 pools), got {height}x{image_width}")
+        layers: list[nn.Module] = []
+        channels = in_channels
+        for item in VGG11_LAYOUT:
+            if item == "M":
+                layers.append(nn.MaxPool2d(kernel_size=2, stride=2))
+            else:
+                layers += [nn.Conv2d(channels, item * width, kernel_size=3, padding=1), nn.ReLU()]
+                channels = item * width
+        self.features = nn.Sequential(*layers)
+        flat = channels * (height // 32) * (image_width // 32)
+        hidden = 8 * width
+        self.classifier = nn.Sequential(
+            nn.Linear(flat, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, num_classes)
+        )
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(inputs).flatten(1))
+
+
+def vgg11(num_classes: int, in_channels: int = 3, image_size: int | tuple[int, int] = 32, width: int = 64) -> VGG11:
+    """VGG-11 without batch normalisation with a CIFAR-sized head (:class:`VGG11`)."""
+    return VGG11(num_classes, in_channels=in_channels, image_size=image_size, width=width)
+
+
+MODEL_NAMES = ("mlr", "mlp", "cnn", "femnist_cnn", "lstm", "gru", "resnet18_gn", "vgg11", "quadratic")
+RNN_DEFAULT_HIDDEN = {"lstm": 100, "gru": 256}
+
+
+def build_model(
+    name: str,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    hidden: tuple[int, ...] = (200, 200),
+    *,
+    rnn_hidden: int | None = None,
+    rnn_layers: int = 2,
+    embedding_dim: int = 8,
+    vocab_size: int | None = None,
+    groups: int = 2,
+    resnet_stem: str = "cifar",
+    width: int = 64,
+    femnist_padding: int = 0,
+) -> nn.Module:
+    """Build a zoo model by name for inputs of ``input_shape`` (without the batch dimension).
+
+    Args:
+        name: one of :data:`MODEL_NAMES` (table in the module docstring).
+        input_shape: one example's shape: ``(C, H, W)`` for images (``cnn``,
+            ``resnet18_gn``, ``vgg11``; ``femnist_cnn`` also takes a flat
+            ``(784,)``), ``(T,)`` character ids for ``lstm``/``gru``, anything for ``mlr``/``mlp``.
+        num_classes: output size.
+        hidden: ``mlp`` hidden widths: ``(200, 200)`` for MNIST, ``(100, 100)`` for EMNIST-L.
+        rnn_hidden: ``lstm``/``gru`` width; default 100 for ``lstm`` (FedDyn; FedProx: 256) and 256 for ``gru``.
+        rnn_layers: stacked recurrent layers (2).
+        embedding_dim: character embedding size (8).
+        vocab_size: character ids for ``lstm``/``gru``; defaults to ``num_classes``
+            (next-character prediction over the same vocabulary).
+        groups: GroupNorm groups of ``resnet18_gn`` (2).
+        resnet_stem: ``"cifar"`` (3x3, no max-pool) or ``"imagenet"`` (FedDyn's torchvision layout).
+        width: base channel count of ``resnet18_gn`` and ``vgg11`` (64; smaller for tests).
+        femnist_padding: 0 (Keras "valid", default) or 1 ("same") for ``femnist_cnn``.
+    """
+    input_shape = tuple(int(size) for size in input_shape)
     in_features = 1
     for size in input_shape:
         in_features *= size
@@ -58,6 +416,34 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, hidde
         return MultinomialLogisticRegression(in_features, num_classes)
     if name == "mlp":
         return MLP(in_features, tuple(hidden), num_classes)
+    if name in ("cnn", "resnet18_gn", "vgg11"):
+        if len(input_shape) != 3:
+            raise ValueError(f"model {name} needs image inputs of shape (channels, height, width); got {input_shape}")
+        channels, height, image_width = input_shape
+        if name == "cnn":
+            return FedDynCNN(num_classes, in_channels=channels, image_size=(height, image_width))
+        if name == "resnet18_gn":
+            return resnet18_groupnorm(num_classes, groups=groups, in_channels=channels, stem=resnet_stem, width=width)
+        return vgg11(num_classes, in_channels=channels, image_size=(height, image_width), width=width)
+    if name == "femnist_cnn":
+        if len(input_shape) == 3:
+            channels, height, image_width = input_shape
+        elif len(input_shape) == 1 and math.isqrt(input_shape[0]) ** 2 == input_shape[0]:
+            channels, height, image_width = 1, math.isqrt(input_shape[0]), math.isqrt(input_shape[0])
+        else:
+            raise ValueError(f"model femnist_cnn needs (channels, height, width) or flat square images like (784,); got {input_shape}")
+        return FemnistCNN(num_classes, in_channels=channels, image_size=(height, image_width), padding=femnist_padding)
+    if name in ("lstm", "gru"):
+        if len(input_shape) != 1:
+            raise ValueError(f"model {name} needs sequences of character ids, inputs of shape (length,); got {input_shape}")
+        model_class = CharLSTM if name == "lstm" else CharGRU
+        return model_class(
+            vocab_size=vocab_size or num_classes,
+            embedding_dim=embedding_dim,
+            hidden=rnn_hidden or RNN_DEFAULT_HIDDEN[name],
+            layers=rnn_layers,
+            num_classes=num_classes,
+        )
     if name == "quadratic":
         from driftlab.data.quadratic import QuadraticObjective
 

@@ -310,7 +310,7 @@ def evaluate(sim: Simulation, params: torch.Tensor) -> dict[str, float]:
     """
     batch = sim.evaluation.batch_size
     test = sim.test_data
-    test_rows = torch.arange(len(test.targets), device=sim.device)
+    test_rows = torch.arange(sim.data.global_test_size or len(test.targets), device=sim.device)
     test_loss, test_correct = _loss_and_correct(sim.model, params, test, test_rows, batch)
     train_loss, _ = _loss_and_correct(sim.model, params, sim.training_data, sim.union_rows, batch)
     metrics = {"test_loss": test_loss / len(test_rows), "train_loss": train_loss / len(sim.union_rows)}

@@ -1,0 +1,830 @@
+"""Loaders for the image benchmarks in their official formats, and CIFAR augmentation.
+
+Everything here reads files that are already on disk, exactly as their
+authors distribute them; nothing is extracted to disk and nothing is
+downloaded (``driftlab data download NAME --to DIR`` does that, see
+:mod:`driftlab.data.download`). Every loader returns plain tensors
+``(train_x, train_y, test_x, test_y)``; partitioning over clients is done
+elsewhere.
+
+* Fashion-MNIST (Xiao et al. 2017): the four official IDX files, read with
+  :func:`driftlab.data.idx.load_mnist` (same names and format as MNIST).
+* EMNIST (Cohen et al. 2017): the IDX files of the official ``gzip.zip``
+  bundle, loose, in ``gzip/``, or read straight from the zip. ``letters10`` is
+  the EMNIST-L task of FedDyn (Acar et al. 2021) and AdaBest (Varno et al.
+  2022): the first 10 letters of the letters split.
+* CIFAR-10 / CIFAR-100 (Krizhevsky 2009): the official *binary* versions,
+  fixed-size records, so no pickle is ever loaded; from the extracted folder
+  or streamed from the official tarball.
+* Image folders ``<split>/<class>/<image>``, plain or as a tar(.gz), decoded
+  with Pillow (an optional dependency, imported only by these functions).
+
+Preprocessing follows the FedDyn authors' code (``utils_dataset.py``): pixels
+are scaled to [0, 1] then normalised per channel, and CIFAR training uses a
+random horizontal flip and a random pad-4 crop (:func:`random_flip_crop`).
+
+Example:
+    >>> train_x, train_y, test_x, test_y = load_cifar_tensors("data/cifar-10-binary.tar.gz", 10)  # doctest: +SKIP
+    >>> train_x.shape  # doctest: +SKIP
+    torch.Size([50000, 3, 32, 32])
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import os
+import tarfile
+import zipfile
+import zlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from driftlab.data import idx
+from driftlab.data.federated import DataFileError
+
+__all__ = [
+    "CIFAR100_MEAN",
+    "CIFAR100_STD",
+    "CIFAR10_CLASSES",
+    "CIFAR10_MEAN",
+    "CIFAR10_STD",
+    "EMNIST_SPLITS",
+    "FASHION_MNIST_MEAN",
+    "FASHION_MNIST_STD",
+    "IMAGE_EXTENSIONS",
+    "load_cifar10_image_folder",
+    "load_cifar_tensors",
+    "load_emnist_tensors",
+    "load_fashion_mnist_tensors",
+    "load_image_folder",
+    "random_flip_crop",
+]
+
+Tensors = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+
+# Fashion-MNIST statistics of the training pixels (scaled to [0, 1]).
+FASHION_MNIST_MEAN = 0.2860
+FASHION_MNIST_STD = 0.3530
+
+# Channel statistics exactly as in the FedDyn authors' utils_dataset.py
+# (transforms.Normalize after ToTensor). For CIFAR-100 they cite
+# https://gist.github.com/weiaicunzai/e623931921efefd4c331622c344d8151.
+CIFAR10_MEAN = (0.491, 0.482, 0.447)
+CIFAR10_STD = (0.247, 0.243, 0.262)
+CIFAR100_MEAN = (0.5071, 0.4867, 0.4408)
+CIFAR100_STD = (0.2675, 0.2565, 0.2761)
+
+# The official label order (batches.meta.txt), which is also alphabetical, so
+# an image folder with these class folders gets the same label ids.
+CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
+
+IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm"})
+
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
+def _download_hint(name: str) -> str:
+    return f"`driftlab data download {name} --to DIR` fetches the official files (it needs internet access)"
+
+
+# --- Fashion-MNIST -----------------------------------------------------------
+
+
+def load_fashion_mnist_tensors(root: str | os.PathLike) -> Tensors:
+    """Load Fashion-MNIST (Xiao, Rasul and Vollgraf 2017) from its four official IDX files.
+
+    The files have MNIST's names and format (``train-images-idx3-ubyte.gz``,
+    ..., plain or gzipped), so they are read with
+    :func:`driftlab.data.idx.load_mnist`. Pixels become
+    ``(p / 255 - 0.2860) / 0.3530``, Fashion-MNIST's own training statistics.
+
+    Returns:
+        ``(train_x, train_y, test_x, test_y)``: float32 ``[n, 1, 28, 28]``
+        images and int64 labels in ``0..9`` (T-shirt/top ... ankle boot).
+
+    Raises:
+        DataFileError: a file is missing (the message lists the four expected
+            names and the download command), malformed (see ``load_mnist``),
+            or the directory holds MNIST digits rather than Fashion-MNIST
+            (same file names; told apart by the mean pixel, 0.13 vs 0.29).
+    """
+    root = Path(root)
+    missing = [
+        " or ".join(idx._mnist_candidate_names(split, kind))
+        for split, kind in idx._MNIST_FILES
+        if not any((root / name).is_file() for name in idx._mnist_candidate_names(split, kind))
+    ]
+    if missing:
+        state = "" if root.is_dir() else " (the directory does not exist)"
+        listing = "\n".join(f"  {names}" for names in missing)
+        raise DataFileError(
+            f"Fashion-MNIST files not found in {root}{state}. Missing (each plain or gzipped, the same "
+            f"names as MNIST's):\n{listing}\n{_download_hint('fashion_mnist')}, or get them from "
+            "https://github.com/zalandoresearch/fashion-mnist."
+        )
+    train_images, train_labels, test_images, test_labels = idx.load_mnist(root)
+    mean = train_images.mean(dtype=np.float64) / 255.0
+    if len(train_images) and mean < 0.2:
+        raise DataFileError(
+            f"{root}: the training images have mean pixel {mean:.3f}, which is MNIST's digits (0.131), not "
+            "Fashion-MNIST (0.286); both use the same file names, so check that the directory holds the "
+            "Fashion-MNIST files"
+        )
+    return (
+        _normalise_gray(train_images, FASHION_MNIST_MEAN, FASHION_MNIST_STD),
+        torch.from_numpy(train_labels.astype(np.int64)),
+        _normalise_gray(test_images, FASHION_MNIST_MEAN, FASHION_MNIST_STD),
+        torch.from_numpy(test_labels.astype(np.int64)),
+    )
+
+
+def _normalise_gray(images: np.ndarray, mean: float, std: float) -> torch.Tensor:
+    """uint8 ``[n, h, w]`` -> float32 ``[n, 1, h, w]`` as ToTensor then Normalize((mean,), (std,))."""
+    x = torch.from_numpy(np.ascontiguousarray(images)).to(torch.float32).div_(255.0)
+    return x.sub_(mean).div_(std).unsqueeze(1)
+
+
+# --- EMNIST ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _EmnistSplit:
+    file_split: str  # the split name in the official file names
+    first_label: int  # smallest label in the files
+    num_file_classes: int  # number of labels in the files
+    keep_classes: int  # classes kept, counted from first_label
+
+
+EMNIST_SPLITS = {
+    # letters: labels 1..26 (a..z, upper and lower case merged) -> 0..25.
+    "letters": _EmnistSplit("letters", 1, 26, 26),
+    # byclass: 0..9 digits, 10..35 upper case, 36..61 lower case.
+    "byclass": _EmnistSplit("byclass", 0, 62, 62),
+    # EMNIST-L of FedDyn and AdaBest: the letters split restricted to a..j.
+    "letters10": _EmnistSplit("letters", 1, 26, 10),
+}
+
+
+def load_emnist_tensors(root: str | os.PathLike, split: str, normalisation: str = "train") -> Tensors:
+    """Load an EMNIST split (Cohen et al. 2017) from the official gzip bundle's IDX files.
+
+    The files ``emnist-{letters,byclass}-{train,test}-{images-idx3,labels-idx1}-ubyte.gz``
+    are looked up, in this order, in ``root``, in ``root/gzip/`` (the bundle
+    unzipped), and inside the official ``root/gzip.zip`` (read with
+    :mod:`zipfile`, nothing is extracted). ``root`` may also be the zip itself.
+    Each file may be gzipped or not.
+
+    EMNIST stores every image transposed (column-major); the images are
+    transposed back so that they are upright like MNIST's.
+
+    Splits:
+        ``"letters"``: 26 classes, file labels 1..26 become 0..25.
+        ``"byclass"``: 62 classes 0..61 (digits, upper case, lower case).
+        ``"letters10"``: EMNIST-L of FedDyn (Acar et al. 2021) and AdaBest
+        (Varno et al. 2022): only the samples of the first 10 letters
+        (file labels 1..10 become 0..9); 48,000 train and 8,000 test images.
+
+    Args:
+        root: directory (or ``gzip.zip``) holding the files.
+        split: one of ``"letters"``, ``"byclass"``, ``"letters10"``.
+        normalisation: ``"train"`` (default) standardises with the mean and
+            standard deviation of the loaded training images, one scalar each,
+            as the FedDyn authors' code does for EMNIST-L; ``"mnist"`` uses
+            MNIST's constants (0.1307, 0.3081).
+
+    Returns:
+        ``(train_x, train_y, test_x, test_y)``: float32 ``[n, 1, 28, 28]`` and int64 labels.
+
+    Raises:
+        DataFileError: a file is missing (the message lists the expected names,
+            where they were looked for, and the download command), is not
+            IDX, is truncated, or holds the wrong content (labels outside the
+            split's range, counts of images and labels that disagree).
+        ValueError: unknown ``split`` or ``normalisation``.
+    """
+    if split not in EMNIST_SPLITS:
+        raise ValueError(f"unknown EMNIST split {split!r}; expected one of {sorted(EMNIST_SPLITS)}")
+    if normalisation not in ("train", "mnist"):
+        raise ValueError(f"unknown normalisation {normalisation!r}; expected 'train' or 'mnist'")
+    spec = EMNIST_SPLITS[split]
+    root = Path(root)
+    arrays = {}
+    for part in ("train", "test"):
+        images, images_name = _read_emnist_file(root, spec.file_split, part, "images")
+        labels, labels_name = _read_emnist_file(root, spec.file_split, part, "labels")
+        _check_emnist(images, images_name, labels, labels_name, spec)
+        keep = labels < spec.first_label + spec.keep_classes
+        if not keep.all():
+            images, labels = images[keep], labels[keep]
+        # Transpose back to upright; the copy is contiguous and writable.
+        images = np.ascontiguousarray(images.transpose(0, 2, 1))
+        arrays[part] = (images, labels.astype(np.int64) - spec.first_label)
+    train_images, train_labels = arrays["train"]
+    test_images, test_labels = arrays["test"]
+    if normalisation == "mnist":
+        mean, std = idx.MNIST_MEAN, idx.MNIST_STD
+    else:
+        mean, std = _uint8_mean_std(train_images)
+    return (
+        _normalise_gray(train_images, mean, std),
+        torch.from_numpy(train_labels),
+        _normalise_gray(test_images, mean, std),
+        torch.from_numpy(test_labels),
+    )
+
+
+def _uint8_mean_std(images: np.ndarray) -> tuple[float, float]:
+    """Exact mean and (population) standard deviation of ``images / 255`` from a 256-bin histogram.
+
+    A histogram needs no float copy of the images (byclass has 700k of them).
+    """
+    counts = np.bincount(images.reshape(-1), minlength=256).astype(np.float64)
+    if counts.sum() == 0:
+        raise DataFileError("cannot standardise with the training statistics: the training split is empty")
+    values = np.arange(256, dtype=np.float64) / 255.0
+    mean = float(counts @ values / counts.sum())
+    var = float(counts @ (values - mean) ** 2 / counts.sum())
+    return mean, max(var, 1e-12) ** 0.5
+
+
+def _emnist_name(file_split: str, part: str, kind: str) -> str:
+    ndim = 3 if kind == "images" else 1
+    return f"emnist-{file_split}-{part}-{kind}-idx{ndim}-ubyte"
+
+
+def _read_emnist_file(root: Path, file_split: str, part: str, kind: str) -> tuple[np.ndarray, str]:
+    """Find one EMNIST file (loose, in gzip/, or in gzip.zip) and read it; returns (array, name for messages)."""
+    base = _emnist_name(file_split, part, kind)
+    names = (base + ".gz", base)
+    if root.is_dir():
+        for folder in (root, root / "gzip"):
+            for name in names:
+                if (folder / name).is_file():
+                    return idx.read_idx(folder / name), str(folder / name)
+    archive = root if root.is_file() else root / "gzip.zip"
+    if archive.is_file():
+        try:
+            with zipfile.ZipFile(archive) as bundle:
+                members = {Path(info.filename).name: info.filename for info in bundle.infolist()}
+                for name in names:
+                    if name in members:
+                        label = f"{archive}:{members[name]}"
+                        return _idx_from_bytes(bundle.read(members[name]), label), label
+        except (zipfile.BadZipFile, zlib.error, EOFError) as error:
+            raise DataFileError(
+                f"{archive}: not a readable zip archive ({error}); expected the official EMNIST gzip.zip. "
+                "The download was probably interrupted: fetch it again"
+            ) from error
+        raise DataFileError(
+            f"{archive} does not contain {names[0]}; expected the official EMNIST gzip.zip, which holds "
+            f"gzip/{names[0]}. {_download_hint('emnist')}"
+        )
+    expected = "\n".join(
+        f"  {_emnist_name(file_split, p, k)}.gz" for p in ("train", "test") for k in ("images", "labels")
+    )
+    state = "" if root.exists() else " (it does not exist)"
+    raise DataFileError(
+        f"EMNIST {file_split} {part} {kind} not found under {root}{state}. Expected these files (gzipped or "
+        f"not) in that directory or in its gzip/ folder, or the official gzip.zip bundle there:\n{expected}\n"
+        f"{_download_hint('emnist')}."
+    )
+
+
+def _idx_from_bytes(raw: bytes, label: str) -> np.ndarray:
+    """Parse IDX content that is not a file on disk (a zip member), with the checks of ``read_idx``."""
+    if raw[:2] == _GZIP_MAGIC:
+        try:
+            raw = gzip.decompress(raw)
+        except (EOFError, gzip.BadGzipFile, zlib.error) as error:
+            raise DataFileError(f"{label}: gzip data is truncated or corrupt ({error})") from error
+    dtype, shape, header_size = idx._parse_header(raw, label)
+    count = int(np.prod(shape, dtype=np.int64))
+    expected, found = count * dtype.itemsize, len(raw) - header_size
+    if found != expected:
+        raise DataFileError(
+            f"{label}: IDX shape {shape} of {dtype.name} needs {header_size + expected} bytes "
+            f"({header_size} header + {expected} data) but the member has {len(raw)}; it is truncated "
+            "or corrupt: fetch the archive again"
+        )
+    values = np.frombuffer(raw, dtype=dtype, count=count, offset=header_size)
+    return values.astype(dtype.newbyteorder("=")).reshape(shape)
+
+
+def _check_emnist(
+    images: np.ndarray, images_name: str, labels: np.ndarray, labels_name: str, spec: _EmnistSplit
+) -> None:
+    if images.ndim != 3 or images.shape[1:] != (28, 28) or images.dtype != np.uint8:
+        raise DataFileError(
+            f"{images_name}: expected EMNIST images, uint8 of shape [n, 28, 28], got {images.dtype} of "
+            f"shape {images.shape}; check that it is not swapped with {labels_name}"
+        )
+    if labels.ndim != 1 or labels.dtype != np.uint8:
+        raise DataFileError(
+            f"{labels_name}: expected EMNIST labels, 1-D uint8, got {labels.dtype} of shape {labels.shape}"
+        )
+    if len(images) != len(labels):
+        raise DataFileError(
+            f"{images_name} holds {len(images)} images but {labels_name} holds {len(labels)} labels; "
+            "both files must come from the same split"
+        )
+    low, high = spec.first_label, spec.first_label + spec.num_file_classes - 1
+    if len(labels) and (labels.min() < low or labels.max() > high):
+        bad = int(labels.min()) if labels.min() < low else int(labels.max())
+        raise DataFileError(
+            f"{labels_name}: EMNIST {spec.file_split} labels must be in {low}..{high} but the file contains "
+            f"{bad}; it is not a {spec.file_split} label file"
+        )
+
+
+# --- CIFAR binary ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _CifarSpec:
+    name: str
+    folder: str
+    archive: str
+    train_files: tuple[str, ...]
+    test_files: tuple[str, ...]
+    label_bytes: int
+    label_limits: tuple[int, ...]  # number of classes of each label byte
+    records_per_file: dict
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+    python_folder: str  # the pickled version, which is refused
+    python_archive: str
+    download_name: str  # the name for `driftlab data download`
+
+
+_CIFAR = {
+    10: _CifarSpec(
+        name="CIFAR-10",
+        folder="cifar-10-batches-bin",
+        archive="cifar-10-binary.tar.gz",
+        train_files=tuple(f"data_batch_{i}.bin" for i in range(1, 6)),
+        test_files=("test_batch.bin",),
+        label_bytes=1,
+        label_limits=(10,),
+        records_per_file={**{f"data_batch_{i}.bin": 10000 for i in range(1, 6)}, "test_batch.bin": 10000},
+        mean=CIFAR10_MEAN,
+        std=CIFAR10_STD,
+        python_folder="cifar-10-batches-py",
+        python_archive="cifar-10-python.tar.gz",
+        download_name="cifar10",
+    ),
+    100: _CifarSpec(
+        name="CIFAR-100",
+        folder="cifar-100-binary",
+        archive="cifar-100-binary.tar.gz",
+        train_files=("train.bin",),
+        test_files=("test.bin",),
+        label_bytes=2,  # coarse (20 superclasses), then fine (100 classes)
+        label_limits=(20, 100),
+        records_per_file={"train.bin": 50000, "test.bin": 10000},
+        mean=CIFAR100_MEAN,
+        std=CIFAR100_STD,
+        python_folder="cifar-100-python",
+        python_archive="cifar-100-python.tar.gz",
+        download_name="cifar100",
+    ),
+}
+
+_CIFAR_PIXELS = 3 * 32 * 32
+
+
+def load_cifar_tensors(root: str | os.PathLike, num_classes: int) -> Tensors:
+    """Load CIFAR-10 or CIFAR-100 (Krizhevsky 2009) from the official binary version.
+
+    The binary version is fixed-size records, so nothing is unpickled:
+    CIFAR-10 (``cifar-10-batches-bin/data_batch_{1..5}.bin``, ``test_batch.bin``)
+    has 1 label byte + 3072 pixel bytes per record; CIFAR-100
+    (``cifar-100-binary/train.bin``, ``test.bin``) has a coarse and a fine
+    label byte + 3072 pixel bytes, and the fine label (100 classes) is used.
+    Pixels are the red, green and blue 32x32 planes, row-major.
+
+    ``root`` may be the extracted folder, its parent, the official tarball
+    (``cifar-10-binary.tar.gz`` / ``cifar-100-binary.tar.gz``, streamed with
+    :mod:`tarfile`, nothing extracted), or a directory holding that tarball.
+
+    Pixels become ``(p / 255 - mean[c]) / std[c]`` with the FedDyn authors'
+    channel statistics (:data:`CIFAR10_MEAN`/``STD``, :data:`CIFAR100_MEAN`/``STD``).
+
+    Returns:
+        ``(train_x, train_y, test_x, test_y)``: float32 ``[n, 3, 32, 32]`` and int64 labels.
+
+    Raises:
+        DataFileError: files missing (the message lists the accepted layouts
+            and the download command; the pickled python version is refused
+            with a pointer to the binary one), truncated (bytes expected vs
+            found), or with labels out of range.
+        ValueError: ``num_classes`` is not 10 or 100.
+    """
+    if num_classes not in _CIFAR:
+        raise ValueError(f"num_classes must be 10 (CIFAR-10) or 100 (CIFAR-100), got {num_classes!r}")
+    spec = _CIFAR[num_classes]
+    contents = _cifar_file_contents(Path(root), spec)
+    splits = []
+    for files in (spec.train_files, spec.test_files):
+        parsed = [_parse_cifar_records(contents[name][1], contents[name][0], name, spec) for name in files]
+        images = np.concatenate([p[0] for p in parsed]) if len(parsed) > 1 else parsed[0][0]
+        labels = np.concatenate([p[1] for p in parsed]) if len(parsed) > 1 else parsed[0][1]
+        splits.append((_normalise_chw(images, spec.mean, spec.std), torch.from_numpy(labels.astype(np.int64))))
+    (train_x, train_y), (test_x, test_y) = splits
+    return train_x, train_y, test_x, test_y
+
+
+def _normalise_chw(images: np.ndarray, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
+    """uint8 ``[n, c, h, w]`` -> float32, as ToTensor then Normalize(mean, std)."""
+    x = torch.from_numpy(np.ascontiguousarray(images)).to(torch.float32).div_(255.0)
+    shape = (1, -1, 1, 1)
+    return x.sub_(torch.tensor(mean, dtype=torch.float32).view(shape)).div_(
+        torch.tensor(std, dtype=torch.float32).view(shape)
+    )
+
+
+def _cifar_file_contents(root: Path, spec: _CifarSpec) -> dict[str, tuple[str, bytes]]:
+    """``file name -> (label for messages, bytes)`` for every train and test file of ``spec``."""
+    wanted = spec.train_files + spec.test_files
+    if root.is_file():
+        return _cifar_from_tar(root, spec)
+    if root.is_dir():
+        for folder in (root, root / spec.folder):
+            present = [name for name in wanted if (folder / name).is_file()]
+            if len(present) == len(wanted):
+                return {name: (str(folder / name), (folder / name).read_bytes()) for name in wanted}
+            if present:
+                missing = ", ".join(name for name in wanted if name not in present)
+                raise DataFileError(
+                    f"{folder} holds part of the {spec.name} binary version but misses {missing}; "
+                    f"expected all of {', '.join(wanted)}. {_download_hint(spec.download_name)}"
+                )
+        if (root / spec.archive).is_file():
+            return _cifar_from_tar(root / spec.archive, spec)
+        if (root / spec.python_folder).is_dir() or (root / spec.python_archive).is_file():
+            raise DataFileError(
+                f"{root} holds the python (pickle) version of {spec.name}, which driftlab does not read "
+                f"(unpickling a downloaded file can run arbitrary code); use the binary version "
+                f"{spec.archive}. {_download_hint(spec.download_name)}"
+            )
+    state = "" if root.exists() else " (it does not exist)"
+    raise DataFileError(
+        f"{spec.name} binary files not found at {root}{state}. Expected one of: the files "
+        f"{', '.join(wanted)} in that directory; the folder {spec.folder}/ holding them; or the official "
+        f"tarball {spec.archive} (the path itself or inside the directory). "
+        f"{_download_hint(spec.download_name)}."
+    )
+
+
+def _cifar_from_tar(archive: Path, spec: _CifarSpec) -> dict[str, tuple[str, bytes]]:
+    """Stream the needed members out of a CIFAR binary tarball, matched by ``<folder>/<file>`` suffix."""
+    wanted = set(spec.train_files + spec.test_files)
+    found: dict[str, tuple[str, bytes]] = {}
+    saw_python = False
+    try:
+        with tarfile.open(archive, "r|*") as tar:
+            for member in tar:
+                parts = member.name.split("/")
+                if spec.python_folder in parts:
+                    saw_python = True
+                if member.isfile() and parts[-1] in wanted and len(parts) >= 2 and parts[-2] == spec.folder:
+                    found[parts[-1]] = (f"{archive}:{member.name}", tar.extractfile(member).read())
+    except (tarfile.TarError, EOFError, zlib.error, OSError) as error:
+        raise DataFileError(
+            f"{archive}: not a readable tar archive ({error}); expected the official {spec.archive}. "
+            "The download was probably interrupted: fetch it again"
+        ) from error
+    missing = sorted(wanted - found.keys())
+    if missing:
+        hint = (
+            f" This is the python (pickle) version, which driftlab does not read; use the binary version "
+            f"{spec.archive}."
+            if saw_python
+            else ""
+        )
+        raise DataFileError(
+            f"{archive} does not contain {', '.join(f'{spec.folder}/{m}' for m in missing)}; expected the official "
+            f"{spec.name} binary tarball {spec.archive}.{hint} {_download_hint(spec.download_name)}"
+        )
+    return found
+
+
+def _parse_cifar_records(raw: bytes, label: str, file_name: str, spec: _CifarSpec) -> tuple[np.ndarray, np.ndarray]:
+    """Split CIFAR binary records into uint8 images ``[n, 3, 32, 32]`` and the (fine) label of each."""
+    record = spec.label_bytes + _CIFAR_PIXELS
+    official = spec.records_per_file[file_name]
+    if len(raw) == 0 or len(raw) % record:
+        raise DataFileError(
+            f"{label}: truncated or not a {spec.name} binary file: {len(raw)} bytes is not a whole number of "
+            f"{record}-byte records ({spec.label_bytes} label byte(s) + {_CIFAR_PIXELS} pixels); the official file "
+            f"has {official * record} bytes ({official} records), found {len(raw)}. Fetch the file again"
+        )
+    records = np.frombuffer(raw, dtype=np.uint8).reshape(-1, record)
+    for byte, limit in enumerate(spec.label_limits):
+        column = records[:, byte]
+        if column.max() >= limit:
+            row = int(np.argmax(column >= limit))
+            kind = "fine " if byte == 1 else ("coarse " if spec.label_bytes == 2 else "")
+            raise DataFileError(
+                f"{label}: record {row} has {kind}label {int(column[row])}, but {spec.name} {kind}labels are "
+                f"0..{limit - 1}; the file is corrupt or from the other CIFAR data set"
+            )
+    labels = records[:, spec.label_bytes - 1].copy()
+    images = records[:, spec.label_bytes :].reshape(-1, 3, 32, 32)
+    return images, labels
+
+
+# --- image folders -----------------------------------------------------------
+
+
+def load_image_folder(
+    path: str | os.PathLike,
+    normalise: tuple[Sequence[float] | float, Sequence[float] | float] | None = None,
+    limit_per_class: int | None = None,
+    splits: tuple[str, str] = ("train", "test"),
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, tuple[str, ...]]:
+    """Load an image classification folder ``<split>/<class>/<image>``, plain or as a tar archive.
+
+    ``path`` is a directory or a ``.tar``/``.tar.gz``/``.tgz`` file (streamed
+    with :mod:`tarfile`, nothing extracted). Images are found by the pattern
+    ``[prefix/]<split>/<class>/<file>`` with an image extension
+    (:data:`IMAGE_EXTENSIONS`), whatever the common leading prefix (such as
+    ``c10/``); hidden files and other files are ignored. All images must have
+    the same size. They are decoded with Pillow to RGB, or to one gray channel
+    when every image is grayscale (modes ``1``, ``L``, ``LA``).
+
+    Class names are sorted and numbered from 0 (for CIFAR-10 folders this is
+    also the official label order, :data:`CIFAR10_CLASSES`). Within a split,
+    samples are ordered by class, then file name, whatever the order in the
+    archive, so the result is the same for a directory and its tarball.
+
+    Args:
+        path: the directory or tar archive.
+        normalise: ``(mean, std)``, per channel or scalars: pixels become
+            ``(p / 255 - mean) / std`` (torchvision's ToTensor + Normalize).
+            ``None`` leaves them in ``[0, 1]``.
+        limit_per_class: keep only the first this-many images (in file name
+            order) of every class in each split; ``None`` keeps all.
+        splits: the names of the training and test folders.
+
+    Returns:
+        ``(train_x, train_y, test_x, test_y, class_names)``: float32
+        ``[n, c, h, w]`` images, int64 labels, and the sorted class names.
+
+    Raises:
+        DataFileError: the path is missing or unreadable, a split has no
+            images, the test split has a class the training split lacks, an
+            image cannot be decoded (the message names the file), sizes differ,
+            or several different prefixes hold ``<split>`` folders.
+        ImportError: Pillow is not installed.
+    """
+    if limit_per_class is not None and limit_per_class < 1:
+        raise ValueError(f"limit_per_class must be a positive integer or None, got {limit_per_class!r}")
+    try:
+        from PIL import Image  # noqa: F401  (checked early: a clear message before reading an archive)
+    except ImportError as error:
+        raise ImportError("loading image folders needs Pillow: pip install pillow") from error
+    path = Path(path)
+    entries = _image_folder_entries(path, splits)
+    by_split: dict[str, dict[str, list[tuple[str, str, bytes | Path]]]] = {s: {} for s in splits}
+    for split, cls, name, source in entries:
+        label = f"{path}:{name}" if isinstance(source, bytes) else str(source)
+        by_split[split].setdefault(cls, []).append((name, label, source))
+    for split in splits:
+        if not by_split[split]:
+            found = sorted({e[0] for e in entries})
+            raise DataFileError(
+                f"{path}: no images in a '{split}/<class>/<image>' folder (found splits: {found or 'none'}); "
+                f"expected an image folder laid out as {'/'.join(splits)}/<class>/<image>"
+            )
+    classes = tuple(sorted(by_split[splits[0]]))
+    extra = sorted(set(by_split[splits[1]]) - set(classes))
+    if extra:
+        raise DataFileError(
+            f"{path}: the {splits[1]} split has classes with no {splits[0]} images: {', '.join(extra)}; "
+            "both splits must use the same class folders"
+        )
+    class_ids = {c: i for i, c in enumerate(classes)}
+    outputs: list[torch.Tensor] = []
+    decoded = []
+    for split in splits:
+        items, labels = [], []
+        for cls in sorted(by_split[split]):
+            files = sorted(by_split[split][cls], key=lambda item: item[0])
+            if limit_per_class is not None:
+                files = files[:limit_per_class]
+            items.extend(files)
+            labels.extend([class_ids[cls]] * len(files))
+        decoded.append((_decode_images(items), np.asarray(labels, dtype=np.int64)))
+    (train_u8, train_gray), _ = decoded[0]
+    (test_u8, test_gray), _ = decoded[1]
+    if train_u8.shape[1:] != test_u8.shape[1:]:
+        raise DataFileError(
+            f"{path}: {splits[0]} images are {train_u8.shape[2]}x{train_u8.shape[1]} but {splits[1]} images are "
+            f"{test_u8.shape[2]}x{test_u8.shape[1]}; all images must have the same size"
+        )
+    gray = train_gray and test_gray
+    for (u8, _), labels in decoded:
+        chw = u8[..., :1] if gray else u8
+        x = torch.from_numpy(chw).permute(0, 3, 1, 2).contiguous().to(torch.float32).div_(255.0)
+        if normalise is not None:
+            mean, std = (torch.as_tensor(v, dtype=torch.float32).reshape(-1, 1, 1) for v in normalise)
+            if mean.shape[0] not in (1, x.shape[1]) or std.shape[0] not in (1, x.shape[1]):
+                raise ValueError(
+                    f"normalise has {mean.shape[0]} means and {std.shape[0]} deviations but the images have "
+                    f"{x.shape[1]} channel(s)"
+                )
+            x.sub_(mean).div_(std)
+        outputs.extend([x, torch.from_numpy(labels)])
+    return outputs[0], outputs[1], outputs[2], outputs[3], classes
+
+
+def load_cifar10_image_folder(
+    path: str | os.PathLike, limit_per_class: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, tuple[str, ...]]:
+    """Load CIFAR-10 from an image folder (e.g. ``cifar10-jpeg.tar.gz``) with CIFAR-10 normalisation.
+
+    :func:`load_image_folder` with the FedDyn authors' CIFAR-10 channel
+    statistics; checks that there are 10 classes of 32x32 RGB images.
+    JPEG copies of CIFAR-10 differ slightly from the official pixels.
+
+    Returns:
+        ``(train_x, train_y, test_x, test_y, class_names)``, float32 ``[n, 3, 32, 32]``.
+    """
+    result = load_image_folder(path, normalise=(CIFAR10_MEAN, CIFAR10_STD), limit_per_class=limit_per_class)
+    train_x, class_names = result[0], result[4]
+    if len(class_names) != 10 or tuple(train_x.shape[1:]) != (3, 32, 32):
+        raise DataFileError(
+            f"{path}: expected CIFAR-10, 10 classes of 32x32 RGB images, got {len(class_names)} classes "
+            f"({', '.join(class_names)}) of shape {tuple(train_x.shape[1:])}"
+        )
+    return result
+
+
+def _image_folder_entries(path: Path, splits: Sequence[str]) -> list[tuple[str, str, str, bytes | Path]]:
+    """``(split, class, name, bytes-or-path)`` of every image under ``[prefix/]<split>/<class>/``.
+
+    ``name`` is the path inside the folder or archive, used for sorting and in
+    messages. All matches must share one prefix.
+    """
+    if path.is_dir():
+        candidates = _walk_directory(path)
+    elif path.is_file():
+        candidates = _walk_tar(path)
+    else:
+        raise DataFileError(f"{path} does not exist; expected an image folder directory or a .tar.gz of one")
+    entries, prefixes = [], set()
+    for name, source in candidates:
+        parts = name.split("/")
+        if len(parts) < 3 or parts[-3] not in splits or _suffix(parts[-1]) not in IMAGE_EXTENSIONS:
+            continue
+        if any(p.startswith(".") or p == "__MACOSX" for p in parts):
+            continue
+        prefixes.add("/".join(parts[:-3]))
+        entries.append((parts[-3], parts[-2], name, source))
+    if len(prefixes) > 1:
+        shown = ", ".join(repr(p + "/") if p else "'' (top level)" for p in sorted(prefixes))
+        raise DataFileError(
+            f"{path}: split folders found under several prefixes ({shown}); expected one image folder "
+            f"{'/'.join(splits)}/<class>/<image>, so point to the one you want"
+        )
+    return entries
+
+
+def _walk_directory(root: Path) -> Iterator[tuple[str, Path]]:
+    for folder, dirs, files in os.walk(root):
+        dirs.sort()
+        rel = Path(folder).relative_to(root).as_posix()
+        for file in sorted(files):
+            yield (file if rel == "." else f"{rel}/{file}"), Path(folder) / file
+
+
+def _walk_tar(archive: Path) -> list[tuple[str, bytes]]:
+    """Every image-named regular member of a tar archive with its bytes, read in one streaming pass."""
+    out = []
+    try:
+        with tarfile.open(archive, "r|*") as tar:
+            for member in tar:
+                if member.isfile() and _suffix(member.name) in IMAGE_EXTENSIONS:
+                    name = member.name[2:] if member.name.startswith("./") else member.name
+                    out.append((name, tar.extractfile(member).read()))
+    except (tarfile.TarError, EOFError, zlib.error, OSError) as error:
+        raise DataFileError(
+            f"{archive}: not a readable tar archive ({error}); expected a directory or a .tar/.tar.gz of "
+            "<split>/<class>/<image> folders. If it was downloaded, the download may be incomplete"
+        ) from error
+    return out
+
+
+def _suffix(name: str) -> str:
+    # os.path on strings: pathlib objects cost more than decoding a 32x32 JPEG.
+    return os.path.splitext(name)[1].lower()
+
+
+_GRAY_MODES = frozenset({"1", "L", "LA"})
+_FORMATS_BY_SUFFIX = {".jpg": "JPEG", ".jpeg": "JPEG", ".png": "PNG"}
+
+
+def _decode_images(items: Sequence[tuple[str, str, bytes | Path]]) -> tuple[np.ndarray, bool]:
+    """Decode ``(name, label, bytes-or-path)`` images into one uint8 ``[n, h, w, 3]`` array.
+
+    Returns the array and whether every image was grayscale (then all three
+    channels are equal). The array is allocated once from the first image's
+    size; a different size is an error naming the file.
+    """
+    from PIL import Image, UnidentifiedImageError
+
+    out: np.ndarray | None = None
+    all_gray = True
+    for i, (name, label, source) in enumerate(items):
+        data = source if isinstance(source, bytes) else Path(source).read_bytes()
+        suffix_format = _FORMATS_BY_SUFFIX.get(_suffix(name))
+        try:
+            try:
+                # Naming the expected format skips Pillow's format sniffing, which is a
+                # large share of the time for tiny images; fall back for misnamed files.
+                image = Image.open(io.BytesIO(data), formats=(suffix_format,) if suffix_format else None)
+            except UnidentifiedImageError:
+                image = Image.open(io.BytesIO(data))
+            image.load()
+        except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as error:
+            raise DataFileError(
+                f"{label}: cannot decode the image ({error}); the file is corrupt or not an image"
+            ) from error
+        if out is None:
+            width, height = image.size
+            out = np.empty((len(items), height, width, 3), dtype=np.uint8)
+        elif image.size != (out.shape[2], out.shape[1]):
+            raise DataFileError(
+                f"{label}: image is {image.size[0]}x{image.size[1]} but the first image is "
+                f"{out.shape[2]}x{out.shape[1]}; all images of an image folder must have the same size"
+            )
+        # frombuffer(tobytes()) is the cheapest copy out of Pillow for small images.
+        if image.mode in _GRAY_MODES:
+            gray = image if image.mode == "L" else image.convert("L")
+            out[i] = np.frombuffer(gray.tobytes(), dtype=np.uint8).reshape(out.shape[1], out.shape[2], 1)
+        else:
+            all_gray = False
+            rgb = image if image.mode == "RGB" else image.convert("RGB")
+            out[i] = np.frombuffer(rgb.tobytes(), dtype=np.uint8).reshape(out.shape[1:])
+    if out is None:
+        out = np.empty((0, 0, 0, 3), dtype=np.uint8)
+    return out, all_gray
+
+
+# --- augmentation ------------------------------------------------------------
+
+
+def random_flip_crop(
+    images: torch.Tensor,
+    generator: torch.Generator,
+    padding: int = 4,
+    crop_probability: float = 0.5,
+) -> torch.Tensor:
+    """CIFAR training augmentation of the FedDyn authors' code, batched and vectorised.
+
+    For every image independently: a horizontal flip with probability 1/2;
+    then, with probability ``crop_probability``, zero-padding by ``padding``
+    pixels on each side and a random crop back to the original size (both
+    offsets uniform in ``0..2*padding``). The FedDyn code
+    (``utils_dataset.Dataset.__getitem__``) crops with probability 1/2 and
+    pads the *normalised* image with zeros, which is what this does when
+    given normalised images; ``crop_probability=1`` is torchvision's
+    ``RandomCrop(32, padding=4)`` after ``RandomHorizontalFlip``.
+
+    The random draws come from ``generator`` only (three draws of fixed size
+    per call), so the result is a function of the images and the generator's
+    state. No Python loop over images.
+
+    Args:
+        images: ``[n, c, h, w]`` float tensor.
+        generator: a CPU ``torch.Generator``.
+        padding: pixels of zero padding on each side before cropping.
+        crop_probability: probability of the pad-and-crop step.
+
+    Returns:
+        A new ``[n, c, h, w]`` tensor; ``images`` is not modified.
+    """
+    if images.dim() != 4:
+        raise ValueError(f"images must be [n, c, h, w], got shape {tuple(images.shape)}")
+    if padding < 0:
+        raise ValueError(f"padding must be >= 0, got {padding}")
+    n, c, h, w = images.shape
+    device = images.device
+    flip = (torch.rand(n, generator=generator) < 0.5).to(device)
+    crop = torch.rand(n, generator=generator) < crop_probability
+    offsets = torch.randint(0, 2 * padding + 1, (n, 2), generator=generator)
+    offsets = torch.where(crop[:, None], offsets, torch.full_like(offsets, padding)).to(device)
+    flipped = torch.where(flip.view(n, 1, 1, 1), images.flip(-1), images)
+    if padding == 0:
+        return flipped
+    padded = torch.nn.functional.pad(flipped, (padding, padding, padding, padding))
+    rows = offsets[:, 0, None] + torch.arange(h, device=device)  # [n, h]
+    cols = offsets[:, 1, None] + torch.arange(w, device=device)  # [n, w]
+    batch = torch.arange(n, device=device).view(n, 1, 1, 1)
+    channel = torch.arange(c, device=device).view(1, c, 1, 1)
+    return padded[batch, channel, rows.view(n, 1, h, 1), cols.view(n, 1, 1, w)]
