@@ -39,8 +39,9 @@ Choices where the sheet is silent:
     after clipping, as the sheet states.  The authors' code clips
     ``∇loss + α_k(λ_k − θ^{t−1})`` and adds ``α_k θ`` (through
     ``weight_decay``) afterwards; the two agree exactly when clipping is off.
-  * Registered clients that leave would have to take their ``λ_k`` out of
-    ``Σ λ``; the engine has no departures yet, so this is not handled here.
+  * Clients that leave the registered set take their ``λ_k`` out of ``Σ λ``
+    (``client_left``) and bring it back if they return (``client_joined``), so
+    the second mean is always over the current ``S_t``.
 
 Partial work and dropouts: a reporting client's ``θ_k`` is used whatever
 number of steps it did (its ``λ_k`` moves by what it did); a client that does
@@ -143,6 +144,13 @@ def build(alpha: float = 0.01, balance: str = "by_size") -> Algorithm:
     def broadcast(server: ServerState) -> torch.Tensor:
         return server.params
 
+    def client_joined(server: ServerState, client: ClientState) -> ServerState:
+        # A returning client's λ_k counts in mean_S λ_k again (a new one's is 0).
+        return ServerState(server.params, server.dual_sum + client.dual)
+
+    def client_left(server: ServerState, client: ClientState) -> ServerState:
+        return ServerState(server.params, server.dual_sum - client.dual)
+
     return Algorithm(
         name="feddyn",
         server_init=server_init,
@@ -151,6 +159,8 @@ def build(alpha: float = 0.01, balance: str = "by_size") -> Algorithm:
         server_update=server_update,
         broadcast=broadcast,
         client_state_init=client_state_init,
+        client_joined=client_joined,
+        client_left=client_left,
     )
 
 

@@ -104,8 +104,15 @@ def with_compression(algorithm: Algorithm, ratio: float, tensor_sizes: Sequence[
         inner = algorithm.broadcast(server.inner)
         return CompressedPayload(inner, payload_bits(inner) - model_bits + server.broadcast_bits)
 
+    def membership_hook(hook):
+        if hook is None:
+            return None
+        return lambda server, client: dataclasses.replace(server, inner=hook(server.inner, client.inner if client is not None else None))
+
     return Algorithm(
         name=algorithm.name,
+        client_joined=membership_hook(algorithm.client_joined),
+        client_left=membership_hook(algorithm.client_left),
         server_init=server_init,
         client_objective=client_objective,
         client_finish=client_finish,

@@ -211,7 +211,27 @@ class SamplingConfig(_Section):
     )
 
 
+class MembershipEventConfig(_Section):
+    round: int = Field(ge=1, description="the round at whose start the change happens")
+    join: tuple[int, ...] = Field((), description="client ids that register")
+    leave: tuple[int, ...] = Field((), description="client ids that deregister")
+    join_range: tuple[int, int] | None = Field(None, description="[first, stop) ids that register")
+    leave_range: tuple[int, int] | None = Field(None, description="[first, stop) ids that deregister")
+
+    def joined(self) -> tuple[int, ...]:
+        return self.join + (tuple(range(*self.join_range)) if self.join_range else ())
+
+    def left(self) -> tuple[int, ...]:
+        return self.leave + (tuple(range(*self.leave_range)) if self.leave_range else ())
+
+
 class AvailabilityConfig(_Section):
+    initially_registered: int | None = Field(
+        None, ge=1, description="clients 0..M-1 are registered in round 1; none = all (see availability.events)"
+    )
+    events: tuple[MembershipEventConfig, ...] = Field(
+        (), description='clients joining and leaving: [{round = 50, join_range = [50, 100], leave = [3, 7]}, ...]'
+    )
     inactive_probability: float = Field(0.0, ge=0, le=1, description="chance a selected client reports nothing in a round")
     incomplete_probability: float = Field(
         0.0, ge=0, le=1, description="chance a selected client does only part of its work (U{1..E−1} epochs, or U{1..K−1} steps)"

@@ -33,12 +33,11 @@ from driftlab.metrics.summary import summarize
 from driftlab.models import build_model
 from driftlab.optim.server import make_server_optimizer
 from driftlab.simulation.checkpoint import load_checkpoint, save_checkpoint, write_atomically
-from driftlab.simulation.availability import AvailabilityModel
+from driftlab.simulation.availability import AvailabilityModel, Membership, MembershipEvent
 from driftlab.simulation.engine import EvaluationPlan, RoundPlan, Simulation, SimulationState, commit_round, discard_round, run_round
 from driftlab.simulation.flat import FlatModel, objective_per_example
 from driftlab.simulation.local_training import SequentialBackend
 from driftlab.simulation.randomness import Stream, torch_seed
-from driftlab.simulation.sampling import clients_per_round
 from driftlab.simulation.state_store import InMemoryClientStore
 from driftlab.simulation.vectorized import VectorizedBackend
 
@@ -122,7 +121,17 @@ def build_simulation(config: ExperimentConfig) -> tuple[Simulation, SimulationSt
     evaluation = EvaluationPlan(
         every=config.evaluation.every, model=config.evaluation.model, dissimilarity_every=config.evaluation.dissimilarity_every
     )
-    sim = Simulation(model, data, algorithm, BACKENDS[resolve_backend(config.backend)](), plan, device, dtype, initial_params, evaluation)
+    try:
+        membership = Membership(
+            data.num_clients,
+            config.availability.initially_registered,
+            tuple(MembershipEvent(e.round, e.joined(), e.left()) for e in config.availability.events),
+        )
+    except ValueError as error:
+        raise ConfigError(f"availability: {error}") from None
+    sim = Simulation(
+        model, data, algorithm, BACKENDS[resolve_backend(config.backend)](), plan, device, dtype, initial_params, evaluation, membership
+    )
     client_initial = algorithm.client_state_init
     store = InMemoryClientStore((lambda: client_initial(initial_params)) if client_initial else None)
     latest_models = InMemoryClientStore(None) if config.evaluation.model == "all_clients_mean" else None
@@ -203,8 +212,7 @@ def run(
             out / FINAL_MODEL_FILE,
             lambda tmp: save_file({"params": final_params.detach().cpu().contiguous()}, str(tmp), metadata={"parameter_names": names}),
         )
-    clients = clients_per_round(config.sampling.participation, sim.data.num_clients)
-    summary = summarize(records, config.evaluation.target_accuracy, sim.model.num_parameters, clients)
+    summary = summarize(records, config.evaluation.target_accuracy, sim.model.num_parameters)
     return RunResult(config, records, final_params, sim.model.num_parameters, out, summary)
 
 

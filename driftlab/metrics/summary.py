@@ -33,12 +33,12 @@ def cumulative_bits_through(records: Sequence[dict[str, Any]], round_index: int)
     return upload, download
 
 
-def summarize(records: Sequence[dict[str, Any]], target: float | None, num_parameters: int, clients_per_round: int) -> dict[str, Any]:
+def summarize(records: Sequence[dict[str, Any]], target: float | None, num_parameters: int) -> dict[str, Any]:
     """Final and best accuracy; rounds, uploaded model-equivalents and bits to reach ``target``.
 
-    Model-equivalents divide the uploaded bits by one uncompressed model per
-    client per round, so one FedAvg round counts 1 and one SCAFFOLD round 2
-    (FedDyn Tables 1 and 2).
+    Model-equivalents count each round's upload in uncompressed models per
+    selected client, so one FedAvg round counts 1 and one SCAFFOLD round 2
+    (FedDyn Tables 1 and 2); compressed uploads count their exact bits.
     """
     scored = evaluated(records)
     summary: dict[str, Any] = {
@@ -60,6 +60,8 @@ def summarize(records: Sequence[dict[str, Any]], target: float | None, num_param
         if hit is not None:
             upload, download = cumulative_bits_through(records, hit["round"])
             summary["rounds_to_target"] = hit["round"]
-            summary["models_to_target"] = upload / (32 * num_parameters * clients_per_round)
+            summary["models_to_target"] = sum(
+                r["upload_bits"] / (32 * num_parameters * max(r["num_selected"], 1)) for r in records if r["round"] <= hit["round"]
+            )
             summary["bits_to_target"] = upload + download
     return summary

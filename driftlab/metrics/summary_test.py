@@ -8,11 +8,11 @@ from driftlab.metrics.summary import cumulative_bits_through, first_round_reachi
 
 def _records():
     return [
-        {"round": 1, "upload_bits": 100, "download_bits": 100, "local_steps": 5},
-        {"round": 2, "upload_bits": 100, "download_bits": 100, "local_steps": 5, "test_accuracy": 0.4},
-        {"round": 3, "upload_bits": 100, "download_bits": 100, "local_steps": 5},
-        {"round": 4, "upload_bits": 100, "download_bits": 100, "local_steps": 5, "test_accuracy": 0.75},
-        {"round": 5, "upload_bits": 100, "download_bits": 100, "local_steps": 5, "test_accuracy": 0.7},
+        {"round": 1, "upload_bits": 100, "download_bits": 100, "local_steps": 5, "num_selected": 1},
+        {"round": 2, "upload_bits": 100, "download_bits": 100, "local_steps": 5, "num_selected": 1, "test_accuracy": 0.4},
+        {"round": 3, "upload_bits": 100, "download_bits": 100, "local_steps": 5, "num_selected": 1},
+        {"round": 4, "upload_bits": 100, "download_bits": 100, "local_steps": 5, "num_selected": 1, "test_accuracy": 0.75},
+        {"round": 5, "upload_bits": 100, "download_bits": 100, "local_steps": 5, "num_selected": 1, "test_accuracy": 0.7},
     ]
 
 
@@ -21,8 +21,8 @@ def test_summary_by_hand():
     assert first_round_reaching(records, 0.5)["round"] == 4
     assert first_round_reaching(records, 0.9) is None
     assert cumulative_bits_through(records, 3) == (300, 300)
-    # models_to_target = uploaded bits through the hit / (32 · P · clients per round) = 400 / 32
-    s = summarize(records, 0.7, num_parameters=1, clients_per_round=1)
+    # models_to_target = Σ uploaded bits through the hit / (32 · P · clients selected that round) = 400 / 32
+    s = summarize(records, 0.7, num_parameters=1)
     assert s["rounds"] == 5
     assert s["final_accuracy"] == 0.7 and s["best_accuracy"] == 0.75
     assert s["local_steps"] == 25
@@ -32,9 +32,9 @@ def test_summary_by_hand():
 
 
 def test_summary_without_target_or_records():
-    s = summarize(_records(), None, 10, 2)
+    s = summarize(_records(), None, 10)
     assert s["rounds_to_target"] is None and s["models_to_target"] is None and s["bits_to_target"] is None
-    empty = summarize([], 0.5, 10, 2)
+    empty = summarize([], 0.5, 10)
     assert empty["rounds"] == 0 and empty["final_accuracy"] is None and empty["best_accuracy"] is None
 
 

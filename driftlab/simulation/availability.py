@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from driftlab.simulation.randomness import Stream, generator
 
 
@@ -61,3 +63,63 @@ def steps_to_do(model: AvailabilityModel, seed: int, round_index: int, client_id
     if planned_steps >= 2:
         return int(rng.integers(1, planned_steps))
     return planned_steps  # one step cannot be cut short
+
+
+@dataclass(frozen=True)
+class MembershipEvent:
+    """At the start of round ``round``, clients ``join`` register and clients ``leave`` deregister."""
+
+    round: int
+    join: tuple[int, ...] = ()
+    leave: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Membership:
+    """Which clients are registered (``S_t``) in each round: AdaBest's non-stationary client
+    sets, EFL's arrivals and departures (algorithms.md, "Client availability").
+
+    Clients ``0 .. initially_registered − 1`` are registered in round 1 (all of
+    them when ``None``); events then add and remove clients at given rounds.  The
+    set of a round is a pure function of the round, so nothing needs to be
+    checkpointed.
+    """
+
+    num_clients: int
+    initially_registered: int | None = None
+    events: tuple[MembershipEvent, ...] = ()
+
+    def __post_init__(self) -> None:
+        start = self.num_clients if self.initially_registered is None else self.initially_registered
+        if not 1 <= start <= self.num_clients:
+            raise ValueError(f"initially_registered must be in 1..{self.num_clients} (the data set's clients), got {start}")
+        for event in self.events:
+            if event.round < 1:
+                raise ValueError(f"a membership event's round must be >= 1, got {event.round}")
+            for client_id in (*event.join, *event.leave):
+                if not 0 <= client_id < self.num_clients:
+                    raise ValueError(f"round {event.round}: client {client_id} does not exist; the data set has clients 0..{self.num_clients - 1}")
+        for t in sorted({event.round for event in self.events}):
+            if len(self.registered_at(t)) == 0:
+                raise ValueError(f"round {t}: the membership events leave no registered client")
+
+    @property
+    def is_static(self) -> bool:
+        return self.initially_registered in (None, self.num_clients) and not self.events
+
+    def registered_at(self, round_index: int) -> np.ndarray:
+        """``S_t``, sorted client ids."""
+        start = self.num_clients if self.initially_registered is None else self.initially_registered
+        registered = set(range(start))
+        for event in sorted(self.events, key=lambda e: e.round):
+            if event.round > round_index:
+                break
+            registered |= set(event.join)
+            registered -= set(event.leave)
+        return np.array(sorted(registered), dtype=np.int64)
+
+    def changes_at(self, round_index: int) -> tuple[np.ndarray, np.ndarray]:
+        """Clients that joined and that left at the start of round ``round_index``."""
+        before = set(self.registered_at(round_index - 1).tolist())
+        after = set(self.registered_at(round_index).tolist())
+        return np.array(sorted(after - before), dtype=np.int64), np.array(sorted(before - after), dtype=np.int64)

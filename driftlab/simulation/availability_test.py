@@ -48,3 +48,45 @@ def test_draws_depend_only_on_seed_round_and_client():
 def test_bad_probabilities_are_rejected(inactive, incomplete):
     with pytest.raises(ValueError, match="probability"):
         AvailabilityModel(inactive, incomplete)
+
+
+# ------------------------------------------------------------------ registered set: joins and leaves
+
+from driftlab.simulation.availability import Membership, MembershipEvent  # noqa: E402
+
+
+def test_membership_follows_the_events():
+    membership = Membership(10, 4, (MembershipEvent(3, join=(4, 5)), MembershipEvent(5, leave=(0, 4)), MembershipEvent(7, join=(0,))))
+    assert [membership.registered_at(t).tolist() for t in (1, 2, 3, 5, 7)] == [
+        [0, 1, 2, 3],
+        [0, 1, 2, 3],
+        [0, 1, 2, 3, 4, 5],
+        [1, 2, 3, 5],
+        [0, 1, 2, 3, 5],
+    ]
+    joined, left = membership.changes_at(5)
+    assert joined.tolist() == [] and left.tolist() == [0, 4]
+    joined, left = membership.changes_at(7)
+    assert joined.tolist() == [0] and left.tolist() == []
+    assert [c.tolist() for c in membership.changes_at(1)] == [[], []]
+
+
+def test_static_membership_is_every_client():
+    membership = Membership(6)
+    assert membership.is_static
+    assert membership.registered_at(100).tolist() == list(range(6))
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"initially_registered": 0}, "initially_registered"),
+        ({"initially_registered": 11}, "initially_registered"),
+        ({"events": (MembershipEvent(2, join=(10,)),)}, "client 10 does not exist"),
+        ({"events": (MembershipEvent(0, join=(1,)),)}, "round must be >= 1"),
+        ({"initially_registered": 2, "events": (MembershipEvent(3, leave=(0, 1)),)}, "no registered client"),
+    ],
+)
+def test_bad_membership_is_rejected(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        Membership(10, **kwargs)

@@ -26,7 +26,7 @@ import torch
 from driftlab.data.federated import FederatedDataset
 from driftlab.metrics.communication import payload_bits
 from driftlab.optim.schedules import steps_at, value_at
-from driftlab.simulation.availability import ALWAYS_AVAILABLE, AvailabilityModel, steps_to_do
+from driftlab.simulation.availability import ALWAYS_AVAILABLE, AvailabilityModel, Membership, steps_to_do
 from driftlab.simulation.flat import FlatModel
 from driftlab.simulation.local_training import (
     ClientTask,
@@ -96,13 +96,13 @@ class Simulation:
     dtype: torch.dtype
     initial_params: torch.Tensor
     evaluation: EvaluationPlan = EvaluationPlan()
+    membership: Membership | None = None  # None: every client registered in every round
     training_data: TrainingData = field(init=False, repr=False)
     test_data: TrainingData = field(init=False, repr=False)
     client_rows: list[torch.Tensor] = field(init=False, repr=False)
     client_test_rows: list[torch.Tensor] | None = field(init=False, repr=False)
     union_rows: torch.Tensor = field(init=False, repr=False)
     client_sizes: np.ndarray = field(init=False, repr=False)
-    registered: np.ndarray = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.evaluation.model not in EVALUATED_MODELS:
@@ -118,7 +118,14 @@ class Simulation:
         )
         self.union_rows = torch.cat(self.client_rows)
         self.client_sizes = self.data.client_sizes
-        self.registered = np.arange(self.data.num_clients, dtype=np.int64)
+        if self.membership is None:
+            self.membership = Membership(self.data.num_clients)
+        elif self.membership.num_clients != self.data.num_clients:
+            raise ValueError(f"the membership schedule is for {self.membership.num_clients} clients, the data set has {self.data.num_clients}")
+
+    def registered_at(self, round_index: int) -> np.ndarray:
+        """``S_t``: the clients registered in round ``round_index``."""
+        return self.membership.registered_at(round_index)
 
 
 @dataclass(frozen=True)
@@ -144,7 +151,8 @@ def run_round(
     started = time.perf_counter()
     t = state.round + 1
     plan = sim.plan
-    registered = sim.registered
+    registered = sim.registered_at(t)
+    server_before = _apply_membership_changes(sim, state, t)
     sizes = sim.client_sizes[registered]
     sample = sample_clients(plan.seed, t, registered, sizes, plan.participation, plan.sampling)
     learning_rate = value_at(plan.client_lr, t)
@@ -176,13 +184,13 @@ def run_round(
             available_steps=steps,
         )
         client_state = state.clients.get(client_id)
-        correction = sim.algorithm.client_objective(state.server, client_state, context)
+        correction = sim.algorithm.client_objective(server_before, client_state, context)
         batches = batch_plan(plan.seed, t, client_id, num_samples, plan.batch_size, steps)
         contexts.append(context)
         client_states.append(client_state)
         tasks.append(ClientTask(client_id, sim.client_rows[client_id], batches, correction, plan.inexact_gamma, per_epoch))
 
-    start_params = state.server.params
+    start_params = server_before.params
     settings = LocalSettings(learning_rate, plan.weight_decay, plan.clip_norm)
     messages: list[Any] = [None] * len(tasks)
     new_client_states: list[Any] = [None] * len(tasks)
@@ -193,7 +201,7 @@ def run_round(
         steps_done[position] = done
         update = ClientUpdate(start_params, final_params, done, ClientDataComputation(sim, tasks[position].client_id, t))
         new_client_states[position], messages[position] = sim.algorithm.client_finish(
-            state.server, client_states[position], contexts[position], update
+            server_before, client_states[position], contexts[position], update
         )
         if state.latest_models is not None:
             state.latest_models.put(tasks[position].client_id, final_params)
@@ -204,11 +212,11 @@ def run_round(
 
     reporting = [(task, message) for task, message in zip(tasks, messages) if message is not None]
     round_context = RoundContext(round=t, num_registered=len(registered), num_selected=len(sample.client_ids), server_learning_rate=server_lr)
-    download_bits = payload_bits(sim.algorithm.broadcast(state.server)) * len(sample.client_ids)
+    download_bits = payload_bits(sim.algorithm.broadcast(server_before)) * len(sample.client_ids)
     if reporting:
-        server, algorithm_metrics = sim.algorithm.server_update(state.server, [message for _, message in reporting], round_context)
+        server, algorithm_metrics = sim.algorithm.server_update(server_before, [message for _, message in reporting], round_context)
     else:
-        server, algorithm_metrics = state.server, {}
+        server, algorithm_metrics = server_before, {}
     if not torch.isfinite(server.params).all():
         raise FloatingPointError(
             f"round {t}: the server model has non-finite entries (the run diverged); "
@@ -234,16 +242,29 @@ def run_round(
         if sim.evaluation.model == "reporting_mean" and reporting_sum is not None:
             evaluated = reporting_sum / len(reporting)
         elif sim.evaluation.model == "all_clients_mean":
-            evaluated = all_clients_mean(sim, new_state)
+            evaluated = all_clients_mean(sim, new_state, registered)
         else:
             evaluated = server.params
         record.update(evaluate(sim, evaluated))
     if sim.evaluation.dissimilarity_every and t % sim.evaluation.dissimilarity_every == 0:
-        record.update(dissimilarity(sim, server.params))
+        record.update(dissimilarity(sim, server.params, registered))
     record["round_seconds"] = time.perf_counter() - started
     if commit:
         commit_round(new_state)
     return new_state, record
+
+
+def _apply_membership_changes(sim: Simulation, state: SimulationState, round_index: int) -> Any:
+    """The server state after the clients that join or leave at the start of this round are accounted for."""
+    server = state.server
+    joined, left = sim.membership.changes_at(round_index)
+    if sim.algorithm.client_joined is not None:
+        for client_id in joined.tolist():
+            server = sim.algorithm.client_joined(server, state.clients.get(client_id))
+    if sim.algorithm.client_left is not None:
+        for client_id in left.tolist():
+            server = sim.algorithm.client_left(server, state.clients.get(client_id))
+    return server
 
 
 def commit_round(state: SimulationState) -> None:
@@ -288,16 +309,18 @@ class ClientDataComputation:
         return total / len(rows)
 
 
-def all_clients_mean(sim: Simulation, state: SimulationState) -> torch.Tensor:
+def all_clients_mean(sim: Simulation, state: SimulationState, registered: np.ndarray) -> torch.Tensor:
     """Mean of every registered client's latest local model; clients never trained contribute θ⁰ (FedDyn's reporting)."""
     assert state.latest_models is not None
+    members = set(registered.tolist())
     total = torch.zeros_like(sim.initial_params)
     trained = 0
     for client_id, params in state.latest_models.items(include_staged=True):
-        total += params
-        trained += 1
-    total += (len(sim.registered) - trained) * sim.initial_params
-    return total / len(sim.registered)
+        if client_id in members:
+            total += params
+            trained += 1
+    total += (len(registered) - trained) * sim.initial_params
+    return total / len(registered)
 
 
 @torch.no_grad()
@@ -340,17 +363,19 @@ def _loss_and_correct(model: FlatModel, params: torch.Tensor, data: TrainingData
     return loss_sum, correct
 
 
-def dissimilarity(sim: Simulation, params: torch.Tensor) -> dict[str, float]:
+def dissimilarity(sim: Simulation, params: torch.Tensor, registered: np.ndarray | None = None) -> dict[str, float]:
     """FedProx Definition 2 at the server model, over all registered clients with ``p_k = n_k / n``:
 
         B(θ)² = E_k ‖∇F_k(θ)‖² / ‖∇f(θ)‖²,    variance = E_k ‖∇F_k(θ) − ∇f(θ)‖²,    ∇f = E_k ∇F_k.
     """
+    if registered is None:
+        registered = sim.registered_at(1)
     loss_gradient = torch.func.grad(sim.model.batch_loss)
-    weights = sim.client_sizes[sim.registered] / sim.client_sizes[sim.registered].sum()
+    weights = sim.client_sizes[registered] / sim.client_sizes[registered].sum()
     # One pass, no [N, P] table: E‖g_k − ḡ‖² = E‖g_k‖² − ‖ḡ‖² (clamped at 0 against rounding).
     global_gradient = torch.zeros_like(params)
     mean_squared_norm = 0.0
-    for client_id, weight in zip(sim.registered.tolist(), weights.tolist()):
+    for client_id, weight in zip(registered.tolist(), weights.tolist()):
         rows = sim.client_rows[client_id]
         gradient = torch.zeros_like(params)
         for start in range(0, len(rows), sim.evaluation.batch_size):

@@ -126,3 +126,55 @@ def test_inactive_clients_send_nothing_but_received_the_model():
         assert record["num_reporting"] == 6 - record["num_inactive"]
         assert record["download_bits"] == 6 * 32 * result.num_parameters
         assert record["upload_bits"] == record["num_reporting"] * 32 * result.num_parameters
+
+
+# ------------------------------------------------------------------ clients joining and leaving
+
+MEMBERSHIP = {
+    "rounds": 6,
+    "precision": "float64",
+    "data": {"num_clients": 10},
+    "client": {"steps": 2},
+    "sampling": {"participation": 1.0},
+    "availability": {"initially_registered": 5, "events": [{"round": 3, "join_range": [5, 10]}, {"round": 5, "leave": [0, 1, 2]}]},
+}
+
+
+def test_only_registered_clients_are_sampled_and_n_follows_the_registered_set():
+    result = driftlab.run(MEMBERSHIP)
+    assert [r["reporting_clients"] for r in result.records] == [
+        [0, 1, 2, 3, 4],
+        [0, 1, 2, 3, 4],
+        list(range(10)),
+        list(range(10)),
+        [3, 4, 5, 6, 7, 8, 9],
+        [3, 4, 5, 6, 7, 8, 9],
+    ]
+
+
+def test_feddyn_mean_of_lambda_runs_over_the_current_registered_set():
+    config = driftlab.load_config(MEMBERSHIP | {"algorithm": {"name": "feddyn", "alpha": 0.1}})
+    sim, state = build_simulation(config)
+    for _ in range(6):
+        state, record = run_round(sim, state)
+        registered = sim.registered_at(state.round).tolist()
+        duals = dict(state.clients.items())
+        expected = sum((duals[c].dual for c in registered if c in duals), torch.zeros_like(sim.initial_params))
+        torch.testing.assert_close(state.server.dual_sum, expected, rtol=0, atol=1e-12)
+        assert record["drift_norm"] == pytest.approx(float(torch.linalg.vector_norm(expected / len(registered))), rel=1e-12)
+
+
+def test_resume_across_membership_changes_is_exact(tmp_path):
+    config = MEMBERSHIP | {"algorithm": {"name": "feddyn", "alpha": 0.1}, "checkpoint_every": 1}
+    straight = driftlab.run(config)
+    driftlab.run(config | {"rounds": 4}, tmp_path / "run")
+    resumed = driftlab.run(config, tmp_path / "run", resume=True)
+    assert torch.equal(straight.final_params, resumed.final_params)
+    strip = lambda records: [{k: v for k, v in r.items() if k != "round_seconds"} for r in records]  # noqa: E731
+    assert strip(straight.records) == strip(resumed.records)
+
+
+def test_membership_naming_a_missing_client_is_a_config_error():
+    bad = MEMBERSHIP | {"availability": {"events": [{"round": 2, "join": [12]}]}}
+    with pytest.raises(driftlab.ConfigError, match="client 12 does not exist"):
+        driftlab.run(bad)

@@ -12,7 +12,12 @@ Clipping leaves the proximal/quadratic term and weight decay out, as the
 FedDyn authors' code does through the optimizer's ``weight_decay``.
 
 A client's minibatches are fixed before training by ``batch_plan`` from
-(seed, round, client id), so every backend sees the same batches.
+(seed, round, client id), so every backend sees the same batches.  Data
+augmentation (``TrainingData.augment``), when on, is applied to each step's
+batch right after it is gathered; the draws of the example in column ``i`` of
+step ``s`` come from its key ``example_keys(task.augment_key, s, i)``
+(``randomness.py``), so they depend neither on the backend nor on how it
+groups clients.
 """
 
 from __future__ import annotations
@@ -20,13 +25,13 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass
-from typing import Iterator, Protocol, Sequence
+from typing import Callable, Iterator, Protocol, Sequence
 
 import numpy as np
 import torch
 
 from driftlab.simulation.flat import FlatModel
-from driftlab.simulation.randomness import Stream, generator
+from driftlab.simulation.randomness import Stream, example_keys, generator
 from driftlab.simulation.seam import GradientCorrection
 
 PAD = -1
@@ -81,6 +86,9 @@ class ClientTask:
     # stop_gamma times its value at the start, checked every steps_per_epoch steps.  None: run all steps.
     stop_gamma: float | None = None
     steps_per_epoch: int = 0
+    # Base key of the client's augmentation draws this round, ``randomness.augmentation_key(seed, round, client id)``;
+    # used only when ``TrainingData.augment`` is set.
+    augment_key: int = 0
 
     @property
     def num_steps(self) -> int:
@@ -91,6 +99,10 @@ class ClientTask:
 class TrainingData:
     inputs: torch.Tensor
     targets: torch.Tensor
+    # Training augmentation ``(inputs [M, ...], keys [M] int64) -> inputs [M, ...]``, applied to every local step's
+    # minibatch; each output example must depend only on its own input and key (e.g. ``images.flip_crop_from_keys``).
+    # Full local gradients (γ-inexact stopping) and evaluation use the inputs as they are.  None: off.
+    augment: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
 
 
 class TrainingBackend(Protocol):
@@ -179,11 +191,15 @@ def train_one_client(
     inexact = task.stop_gamma is not None and task.steps_per_epoch > 0
     if inexact:
         threshold = task.stop_gamma * _objective_gradient_norm(bound, theta, task, settings, data)
+    slots = torch.arange(batches.shape[1], device=batches.device)
     for step in range(task.num_steps):
         positions = batches[step]
-        positions = positions[positions != PAD]
-        rows = task.sample_indices[positions]
-        gradient = bound.loss_gradient(theta, data.inputs[rows], data.targets[rows])
+        valid = positions != PAD
+        rows = task.sample_indices[positions[valid]]
+        inputs = data.inputs[rows]
+        if data.augment is not None:
+            inputs = data.augment(inputs, example_keys(task.augment_key, step, slots[valid]))
+        gradient = bound.loss_gradient(theta, inputs, data.targets[rows])
         with torch.no_grad():
             theta = corrected_step(theta, gradient, task.correction, settings)
         done = step + 1

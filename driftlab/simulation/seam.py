@@ -112,6 +112,8 @@ class Algorithm:
     clients start from and the one evaluated.  ``client_state_init`` is
     ``None`` for algorithms without per-client state.  ``broadcast`` returns
     what the server sends each selected client (for bit accounting).
+    ``client_joined``/``client_left``, when given, update the server state as a
+    client enters or leaves the registered set.
     """
 
     name: str
@@ -121,3 +123,7 @@ class Algorithm:
     server_update: Callable[[Any, Sequence[Any], RoundContext], tuple[Any, dict[str, float]]]
     broadcast: Callable[[Any], Any]
     client_state_init: Callable[[torch.Tensor], Any] | None = None
+    # Registered-set changes (clients joining or leaving S_t), for algorithms whose server state
+    # sums over all registered clients (FedDyn's Σ_S λ_k): (server, the client's state) -> server.
+    client_joined: Callable[[Any, Any], Any] | None = None
+    client_left: Callable[[Any, Any], Any] | None = None

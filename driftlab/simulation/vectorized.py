@@ -13,7 +13,10 @@ from ``θ_k = θ^{t−1}``.  Here the ``C`` clients of a chunk are stacked into 
 ``Θ`` whatever ``C`` is:
 
 * the step's minibatch of every client is gathered with one index operation
-  (``rows[s]``, a ``[C, B]`` table of sample rows);
+  (``rows[s]``, a ``[C, B]`` table of sample rows), and augmented, when
+  ``TrainingData.augment`` is set, in one call with the ``[C, B]`` keys
+  ``example_keys(augment_key_k, s, i)``, the same keys the sequential backend
+  uses (padding slots get keys too; their weight is 0);
 * a short last batch is padded; the loss is the masked mean
   ``ℓ_k = Σ_i w_ki ℓ(θ_k; x_i)`` with ``w_ki = 1/|batch_k|`` on real examples and
   ``0`` on padding, which is the sequential per-batch mean;
@@ -65,6 +68,7 @@ from driftlab.simulation.local_training import (
     TrainingData,
     corrected_gradient_norm,
 )
+from driftlab.simulation.randomness import example_keys
 from driftlab.simulation.seam import GradientCorrection
 
 logger = logging.getLogger(__name__)
@@ -466,6 +470,8 @@ class VectorizedBackend:
             activations = engine.activation_elements(engine.flat_inputs(data.inputs[:1]).shape[1])
         else:
             activations = engine.activation_elements(data.inputs[0], start_params)
+        if data.augment is not None:  # the augmented copy of the batch and the augmentation's temporaries (flip, padding)
+            activations += 5 * data.inputs[0].numel()
         per_client = element * (params_rows * model.num_parameters + width * activations) + steps * width * (8 + element)
         size = max(1, self.memory_budget_bytes // (workers * per_client))
         cap = self.max_chunk_clients or (CPU_CHUNK_CLIENTS if start_params.device.type == "cpu" else None)
@@ -565,12 +571,22 @@ def _train_chunk(
     gradient = None if fused else torch.empty_like(theta)
     scratch = torch.empty_like(theta) if needs_scratch else None
     inputs = engine.flat_inputs(data.inputs)
-    batch_inputs = inputs.new_empty((num_clients, schedule.rows.shape[2], *inputs.shape[1:]))
+    width = schedule.rows.shape[2]
+    augment = data.augment
+    # With augmentation the batch is gathered in the inputs' own shape (the augmentation's), then flattened for the engine.
+    source = data.inputs if augment is not None else inputs
+    batch_inputs = source.new_empty((num_clients, width, *source.shape[1:]))
+    if augment is not None:
+        base_keys = torch.tensor([task.augment_key for task in tasks], dtype=torch.int64, device=schedule.rows.device).unsqueeze(1)  # [C, 1]
+        slots = torch.arange(width, device=schedule.rows.device).unsqueeze(0)  # [1, W]
     stopping = _InexactStopping(engine, theta, tasks, correction, settings, data)
 
     for step, active in enumerate(schedule.active):
         rows = schedule.rows[step, :active]
-        x = gather_rows(inputs, rows, batch_inputs[:active])
+        x = gather_rows(source, rows, batch_inputs[:active])
+        if augment is not None:
+            keys = example_keys(base_keys[:active], step, slots)  # [active, W]
+            x = augment(x.view(active * width, *x.shape[2:]), keys.reshape(-1)).reshape(active, width, *inputs.shape[1:])
         targets, weights = data.targets[rows], schedule.weights[step, :active]
         block = theta[:active]
         block_correction = correction.head(active)
