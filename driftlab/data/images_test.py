@@ -31,6 +31,7 @@ from driftlab.data.images import (
     load_cifar_tensors,
     load_emnist_tensors,
     load_fashion_mnist_tensors,
+    flip_crop_from_keys,
     load_image_folder,
     random_flip_crop,
 )
@@ -541,3 +542,89 @@ def test_random_flip_crop_zero_padding_reaches_the_border():
     # An offset of 4 in both directions is the identity; others expose zero padding.
     assert (zeros_per_image > 0).float().mean() > 0.8
     assert torch.all((out == 0) | (out == 1))
+
+
+# --- flip_crop_from_keys: the draws are bits of per-example keys ---------------
+
+
+def _key(flip: int = 0, crop_bits: int = 0, row_bits: int = 0, col_bits: int = 0) -> int:
+    """The int64 with the documented layout: bit 0 flip, bits 8-31 crop draw, 32-47 row, 48-63 column."""
+    value = flip | crop_bits << 8 | row_bits << 32 | col_bits << 48
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def _keys(*values: int) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.int64)
+
+
+NO_CROP = 0xFFFFFF  # the largest crop draw: no crop for any crop_probability < 1
+
+
+def test_flip_crop_from_keys_by_hand():
+    image = torch.arange(1.0, 13.0).view(1, 1, 3, 4)  # rows [1 2 3 4], [5 6 7 8], [9 10 11 12]
+    # Flip bit only (crop draw too large): a horizontal flip.
+    flipped = flip_crop_from_keys(image, _keys(_key(flip=1, crop_bits=NO_CROP)), padding=1)
+    assert flipped[0, 0].tolist() == [[4, 3, 2, 1], [8, 7, 6, 5], [12, 11, 10, 9]]
+    # No bit set: crop draw 0 < threshold, offsets (0, 0): content moves down-right by the padding, zeros fill in.
+    shifted = flip_crop_from_keys(image, _keys(0), padding=1)
+    assert shifted[0, 0].tolist() == [[0, 0, 0, 0], [0, 1, 2, 3], [0, 5, 6, 7]]
+    # Largest row and column bits: offsets (2p, 2p), content moves up-left; with the flip, flipped first.
+    up_left = flip_crop_from_keys(image.expand(2, 1, 3, 4), _keys(_key(row_bits=0xFFFF, col_bits=0xFFFF), _key(flip=1, row_bits=0xFFFF, col_bits=0xFFFF)), padding=1)
+    assert up_left[0, 0].tolist() == [[6, 7, 8, 0], [10, 11, 12, 0], [0, 0, 0, 0]]
+    assert up_left[1, 0].tolist() == [[7, 6, 5, 0], [11, 10, 9, 0], [0, 0, 0, 0]]
+    # Row offset from bits 32-47 (⌊v·3/2^16⌋: 0x5555 → 0, 0x5556 → 1, 0xAAAB → 2), column offset p (v = 0x8000): a vertical shift.
+    rows = flip_crop_from_keys(image.expand(3, 1, 3, 4), _keys(*(_key(row_bits=v, col_bits=0x8000) for v in (0x5555, 0x5556, 0xAAAB))), padding=1)
+    assert rows[0, 0].tolist() == [[0, 0, 0, 0], [1, 2, 3, 4], [5, 6, 7, 8]]
+    assert torch.equal(rows[1], image[0])
+    assert rows[2, 0].tolist() == [[5, 6, 7, 8], [9, 10, 11, 12], [0, 0, 0, 0]]
+    # crop_probability 0: never a crop, whatever the bits; 1: always one.
+    keys = _keys(0, _key(row_bits=0xFFFF), _key(flip=1, col_bits=0x1234))
+    never = flip_crop_from_keys(image.expand(3, 1, 3, 4), keys, padding=1, crop_probability=0.0)
+    assert torch.equal(never[0], image[0]) and torch.equal(never[1], image[0]) and torch.equal(never[2], image[0].flip(-1))
+    always = flip_crop_from_keys(image, _keys(_key(crop_bits=NO_CROP)), padding=1, crop_probability=1.0)
+    assert always[0, 0].tolist() == [[0, 0, 0, 0], [0, 1, 2, 3], [0, 5, 6, 7]]
+    # The crop threshold is round(p · 2^24): for p = 1/2 draws below 2^23 crop, the rest do not.
+    half = flip_crop_from_keys(image.expand(2, 1, 3, 4), _keys(_key(crop_bits=0x7FFFFF), _key(crop_bits=0x800000)), padding=1)
+    assert half[0, 0].tolist() == [[0, 0, 0, 0], [0, 1, 2, 3], [0, 5, 6, 7]] and torch.equal(half[1], image[0])
+
+
+def test_flip_crop_from_keys_matches_the_per_image_reference():
+    """On 32x32 images with padding 4: the decoded bits drive the FedDyn per-image loop to the same result."""
+    images = torch.randn(64, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    keys = torch.randint(-(2**63), 2**63 - 1, (64,), dtype=torch.int64, generator=torch.Generator().manual_seed(4))
+    unsigned = [k & ((1 << 64) - 1) for k in keys.tolist()]
+    flip = [u & 1 for u in unsigned]
+    crop = [(u >> 8) & 0xFFFFFF < 2**23 for u in unsigned]
+    offsets = [(((u >> 32) & 0xFFFF) * 9 >> 16, ((u >> 48) & 0xFFFF) * 9 >> 16) for u in unsigned]
+    result = flip_crop_from_keys(images, keys)
+    torch.testing.assert_close(result, _reference_flip_crop(images, flip, crop, offsets), rtol=0, atol=0)
+    assert 10 < sum(flip) < 54 and 10 < sum(crop) < 54 and {o for pair in offsets for o in pair} <= set(range(9))
+
+
+def test_flip_crop_from_keys_is_per_example_and_deterministic():
+    images = torch.randn(32, 3, 8, 8, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    before = images.clone()
+    keys = torch.randint(-(2**63), 2**63 - 1, (32,), dtype=torch.int64, generator=torch.Generator().manual_seed(2))
+    out = flip_crop_from_keys(images, keys, padding=2)
+    assert out.shape == images.shape and out.dtype == images.dtype and torch.equal(images, before)
+    assert torch.equal(out, flip_crop_from_keys(images, keys.clone(), padding=2))  # same keys, same output
+    # An example's output depends on its own image and key only, not on the rest of the call.
+    order = torch.randperm(32, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(flip_crop_from_keys(images[order], keys[order], padding=2), out[order])
+    assert torch.equal(flip_crop_from_keys(images[5:9], keys[5:9], padding=2), out[5:9])
+    assert not torch.equal(flip_crop_from_keys(images, keys + 1, padding=2), out)  # keys + 1 toggles every flip bit
+    # Zero padding: a crop moves at most 2 rows/columns in, so the centre 4x4 of a shifted image keeps values, border zeros appear.
+    ones = flip_crop_from_keys(torch.ones(200, 1, 8, 8), torch.arange(200, dtype=torch.int64) * 0x9E3779B97F4A7C1, padding=2, crop_probability=1.0)
+    assert torch.all((ones == 0) | (ones == 1)) and torch.all(ones[:, :, 2:6, 2:6] == 1)
+
+
+def test_flip_crop_from_keys_rejects_bad_arguments():
+    images = torch.zeros(2, 1, 4, 4)
+    with pytest.raises(ValueError, match="int64"):
+        flip_crop_from_keys(images, torch.zeros(2, dtype=torch.int32))
+    with pytest.raises(ValueError, match="shape"):
+        flip_crop_from_keys(images, torch.zeros(3, dtype=torch.int64))
+    with pytest.raises(ValueError, match="crop_probability"):
+        flip_crop_from_keys(images, torch.zeros(2, dtype=torch.int64), crop_probability=1.5)
+    with pytest.raises(ValueError, match="images"):
+        flip_crop_from_keys(torch.zeros(1, 4, 4), torch.zeros(1, dtype=torch.int64))

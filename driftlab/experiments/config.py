@@ -121,6 +121,11 @@ class DataConfig(_Section):
     min_samples_per_client: int = Field(0, ge=0, description="shakespeare: drop roles with fewer windows")
     vocabulary_size: int = Field(10_000, ge=3, description="sent140: tokens in the vocabulary, PAD and UNK included")
     limit_per_class: int | None = Field(None, ge=1, description="cifar10_folder: read at most this many images per class and split")
+    augment: bool = Field(
+        False,
+        description="image data (CIFAR): train on augmented minibatches as the FedDyn code does, a random horizontal flip, then "
+        "with probability 1/2 zero-padding by 4 and a random crop back; draws from (seed, round, client, step, slot), the same on every backend",
+    )
     seed: int | None = Field(None, ge=0, description="seed of generation and partitioning; default: the experiment seed")
 
 

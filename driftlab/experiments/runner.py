@@ -116,6 +116,7 @@ def build_simulation(config: ExperimentConfig) -> tuple[Simulation, SimulationSt
         weight_decay=config.client.weight_decay,
         clip_norm=config.client.clip_norm,
         inexact_gamma=config.client.inexact_gamma,
+        augment=config.data.augment,
         availability=AvailabilityModel(config.availability.inactive_probability, config.availability.incomplete_probability),
     )
     evaluation = EvaluationPlan(
@@ -129,9 +130,12 @@ def build_simulation(config: ExperimentConfig) -> tuple[Simulation, SimulationSt
         )
     except ValueError as error:
         raise ConfigError(f"availability: {error}") from None
-    sim = Simulation(
-        model, data, algorithm, BACKENDS[resolve_backend(config.backend)](), plan, device, dtype, initial_params, evaluation, membership
-    )
+    try:
+        sim = Simulation(
+            model, data, algorithm, BACKENDS[resolve_backend(config.backend)](), plan, device, dtype, initial_params, evaluation, membership
+        )
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
     client_initial = algorithm.client_state_init
     store = InMemoryClientStore((lambda: client_initial(initial_params)) if client_initial else None)
     latest_models = InMemoryClientStore(None) if config.evaluation.model == "all_clients_mean" else None

@@ -36,7 +36,8 @@ from driftlab.simulation.local_training import (
     batch_plan,
     steps_for_epochs,
 )
-from driftlab.simulation.randomness import Stream, generator
+from driftlab.data.images import flip_crop_from_keys
+from driftlab.simulation.randomness import Stream, augmentation_key, generator
 from driftlab.simulation.sampling import sample_clients
 from driftlab.simulation.seam import Algorithm, ClientContext, ClientUpdate, RoundContext
 from driftlab.simulation.state_store import ClientStateStore, InMemoryClientStore
@@ -60,6 +61,7 @@ class RoundPlan:
     clip_norm: float | None = None
     inexact_gamma: float | None = None  # FedProx's γ-inexact local solver; None: always do the planned steps
     availability: AvailabilityModel = ALWAYS_AVAILABLE
+    augment: bool = False  # CIFAR training augmentation (flip, pad-4 crop) of every local step's minibatch
 
     def planned_steps(self, num_samples: int, round_index: int) -> int:
         if self.local_epochs is not None:
@@ -108,7 +110,14 @@ class Simulation:
         if self.evaluation.model not in EVALUATED_MODELS:
             raise ValueError(f"unknown evaluated model {self.evaluation.model!r}; valid: {', '.join(EVALUATED_MODELS)}")
         inputs_dtype = self.dtype if self.data.train_inputs.is_floating_point() else self.data.train_inputs.dtype
-        self.training_data = TrainingData(self.data.train_inputs.to(self.device, inputs_dtype), self.data.train_targets.to(self.device))
+        augment = None
+        if self.plan.augment:
+            if self.data.train_inputs.dim() != 4:
+                raise ValueError(f"data.augment needs image inputs [n, c, h, w], got shape {tuple(self.data.train_inputs.shape)}")
+            augment = flip_crop_from_keys  # padding 4, crop with probability 1/2: the FedDyn authors' CIFAR augmentation
+        self.training_data = TrainingData(
+            self.data.train_inputs.to(self.device, inputs_dtype), self.data.train_targets.to(self.device), augment
+        )
         self.test_data = TrainingData(self.data.test_inputs.to(self.device, inputs_dtype), self.data.test_targets.to(self.device))
         self.client_rows = [torch.tensor(rows, dtype=torch.long, device=self.device) for rows in self.data.client_indices]
         self.client_test_rows = (
@@ -188,7 +197,8 @@ def run_round(
         batches = batch_plan(plan.seed, t, client_id, num_samples, plan.batch_size, steps)
         contexts.append(context)
         client_states.append(client_state)
-        tasks.append(ClientTask(client_id, sim.client_rows[client_id], batches, correction, plan.inexact_gamma, per_epoch))
+        augment_key = augmentation_key(plan.seed, t, client_id) if plan.augment else 0
+        tasks.append(ClientTask(client_id, sim.client_rows[client_id], batches, correction, plan.inexact_gamma, per_epoch, augment_key))
 
     start_params = server_before.params
     settings = LocalSettings(learning_rate, plan.weight_decay, plan.clip_norm)

@@ -178,3 +178,50 @@ def test_membership_naming_a_missing_client_is_a_config_error():
     bad = MEMBERSHIP | {"availability": {"events": [{"round": 2, "join": [12]}]}}
     with pytest.raises(driftlab.ConfigError, match="client 12 does not exist"):
         driftlab.run(bad)
+
+
+# ------------------------------------------------------------------ augmentation through the engine
+
+def _image_simulation(backend_name: str, augment: bool):
+    import numpy as np
+
+    from driftlab.algorithms import fedavg
+    from driftlab.data.federated import FederatedDataset
+    from driftlab.experiments.runner import BACKENDS
+    from driftlab.models import build_model
+    from driftlab.optim.server import make_server_optimizer
+    from driftlab.simulation.engine import RoundPlan, Simulation, SimulationState
+    from driftlab.simulation.flat import FlatModel
+    from driftlab.simulation.state_store import InMemoryClientStore
+
+    generator = torch.Generator().manual_seed(0)
+    images = torch.randn(40, 3, 8, 8, generator=generator, dtype=torch.float64)
+    labels = torch.randint(0, 3, (40,), generator=generator)
+    data = FederatedDataset("images", images, labels, images[:10], labels[:10], tuple(np.arange(i * 10, i * 10 + 10) for i in range(4)), 3)
+    torch.manual_seed(0)
+    model = FlatModel.wrap(build_model("mlp", (3, 8, 8), 3, hidden=(16,))).to("cpu", torch.float64)
+    theta = model.initial_parameters()
+    plan = RoundPlan(seed=3, participation=0.5, sampling="uniform", batch_size=4, client_lr=0.1, server_lr=1.0, local_epochs=1, local_steps=None, augment=augment)
+    algorithm = fedavg.build(make_server_optimizer("sgd"))
+    sim = Simulation(model, data, algorithm, BACKENDS[backend_name](), plan, torch.device("cpu"), torch.float64, theta)
+    return sim, SimulationState(0, algorithm.server_init(theta), InMemoryClientStore(None))
+
+
+def _two_rounds(backend_name: str, augment: bool) -> torch.Tensor:
+    sim, state = _image_simulation(backend_name, augment)
+    for _ in range(2):
+        state, _ = run_round(sim, state)
+    return state.server.params
+
+
+def test_augmented_training_is_the_same_on_both_backends_and_repeatable():
+    sequential = _two_rounds("sequential", augment=True)
+    vectorized = _two_rounds("vectorized", augment=True)
+    torch.testing.assert_close(sequential, vectorized, rtol=0, atol=1e-12)
+    assert torch.equal(sequential, _two_rounds("sequential", augment=True))
+    assert (sequential - _two_rounds("sequential", augment=False)).abs().max() > 1e-3
+
+
+def test_augmentation_of_non_image_data_is_a_config_error():
+    with pytest.raises(driftlab.ConfigError, match="data.augment needs image inputs"):
+        driftlab.run({"rounds": 1, "data": {"augment": True}})
