@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from driftlab.data.federated import DataFileError
+from driftlab.experiments.datasets import DataSetupError
 from driftlab.experiments.config import ConfigError, describe_keys, load_config, preset_names
 from driftlab.simulation.checkpoint import CheckpointError
 
@@ -78,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         return _dispatch(args)
-    except (ConfigError, DataFileError, CheckpointError) as error:
+    except (ConfigError, DataFileError, DataSetupError, CheckpointError) as error:
         print(f"driftlab: error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

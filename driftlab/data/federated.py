@@ -147,7 +147,7 @@ class FederatedDataset:
             "name": self.name,
             "clients": self.num_clients,
             "train_samples": int(sizes.sum()),
-            "test_samples": len(self.test_targets),
+            "test_samples": self.global_test_size if self.global_test_size is not None else len(self.test_targets),
             "samples_per_client_min": int(sizes.min()),
             "samples_per_client_median": float(np.median(sizes)),
             "samples_per_client_max": int(sizes.max()),

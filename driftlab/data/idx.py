@@ -232,8 +232,8 @@ def _find_mnist_file(root: Path, split: str, kind: str) -> Path:
     raise DataFileError(
         f"MNIST {split} {kind} not found in {root}{state}. Expected these four files there, each "
         f"plain or gzipped:\n{expected}\n"
-        f"driftlab does not download data: get the files from {MNIST_URL} (or a mirror) and "
-        "put them in that directory."
+        f"`driftlab data download mnist --to DIR` fetches them (it needs internet access), "
+        f"or get them from {MNIST_URL} (or a mirror) and put them in that directory."
     )
 
 

@@ -165,7 +165,7 @@ def test_missing_mnist_file_lists_names_and_download_site(tmp_path):
     assert "MNIST test labels not found" in message
     for name in ("train-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte", "t10k-labels.idx1-ubyte"):
         assert name in message
-    assert "http://yann.lecun.com/exdb/mnist/" in message and "does not download" in message
+    assert "http://yann.lecun.com/exdb/mnist/" in message and "driftlab data download mnist --to DIR" in message
 
 
 def test_missing_mnist_directory(tmp_path):

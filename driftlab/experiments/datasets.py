@@ -39,6 +39,7 @@ class DataSetInfo:
     load: Callable  # (config, seed, path) -> FederatedDataset, or the four tensors of a pooled data set
     vocabulary_size: Callable | None = None  # (config) -> token vocabulary for sequence models
     download_name: str | None = None  # the `driftlab data download` name that fetches its files
+    num_classes: int | None = None  # classes of a pooled data set (not inferred from the labels present)
 
 
 def _synthetic(config, seed, path):
@@ -130,6 +131,11 @@ def _sent140(config, seed, path):
 def _shakespeare(config, seed, path):
     from driftlab.data.shakespeare import load_shakespeare_text
 
+    if path.is_dir():  # the directory `driftlab data download shakespeare --to DIR` writes to
+        candidates = [path / name for name in ("input.txt", "input.txt.gz") if (path / name).is_file()]
+        if not candidates:
+            raise DataFileError(f"shakespeare: {path} holds neither input.txt nor input.txt.gz; set data.root to the text file")
+        path = candidates[0]
     return load_shakespeare_text(
         path,
         min_samples_per_client=config.min_samples_per_client,
@@ -150,15 +156,15 @@ DATA_SETS: dict[str, DataSetInfo] = {
     "feddyn_synthetic": DataSetInfo("FedDyn's synthetic heterogeneity types 0-3 (data.feddyn_kind): 30 features, 5 classes", None, True, _feddyn_synthetic),
     "quadratic1d": DataSetInfo("decaying-K paper's clients ½ z x² − x (model.name=quadratic)", None, True, _quadratic1d),
     "quadratic": DataSetInfo("heterogeneous diagonal quadratics with a known minimiser (model.name=quadratic)", None, True, _quadratic),
-    "mnist": DataSetInfo("MNIST, official IDX files (gzipped or not)", "mnist", False, _mnist, download_name="mnist"),
-    "fashion_mnist": DataSetInfo("Fashion-MNIST, official IDX files", "fashion-mnist", False, _fashion_mnist, download_name="fashion_mnist"),
-    "emnist_letters10": DataSetInfo("EMNIST-L: the first 10 letters of EMNIST letters (FedDyn, AdaBest)", "emnist", False, _emnist("letters10"), download_name="emnist"),
-    "emnist_letters": DataSetInfo("EMNIST letters, 26 classes, official gzip bundle", "emnist", False, _emnist("letters"), download_name="emnist"),
-    "emnist_byclass": DataSetInfo("EMNIST byclass, 62 classes, official gzip bundle", "emnist", False, _emnist("byclass"), download_name="emnist"),
-    "cifar10": DataSetInfo("CIFAR-10, official binary version (folder or tarball)", "cifar10", False, _cifar(10), download_name="cifar10"),
-    "cifar100": DataSetInfo("CIFAR-100 (fine labels), official binary version", "cifar100", False, _cifar(100), download_name="cifar100"),
+    "mnist": DataSetInfo("MNIST, official IDX files (gzipped or not)", "mnist", False, _mnist, download_name="mnist", num_classes=10),
+    "fashion_mnist": DataSetInfo("Fashion-MNIST, official IDX files", "fashion-mnist", False, _fashion_mnist, download_name="fashion_mnist", num_classes=10),
+    "emnist_letters10": DataSetInfo("EMNIST-L: the first 10 letters of EMNIST letters (FedDyn, AdaBest)", "emnist", False, _emnist("letters10"), download_name="emnist", num_classes=10),
+    "emnist_letters": DataSetInfo("EMNIST letters, 26 classes, official gzip bundle", "emnist", False, _emnist("letters"), download_name="emnist", num_classes=26),
+    "emnist_byclass": DataSetInfo("EMNIST byclass, 62 classes, official gzip bundle", "emnist", False, _emnist("byclass"), download_name="emnist", num_classes=62),
+    "cifar10": DataSetInfo("CIFAR-10, official binary version (folder or tarball)", "cifar10", False, _cifar(10), download_name="cifar10", num_classes=10),
+    "cifar100": DataSetInfo("CIFAR-100 (fine labels), official binary version", "cifar100", False, _cifar(100), download_name="cifar100", num_classes=100),
     "cifar10_folder": DataSetInfo(
-        "CIFAR-10 as <split>/<class>/<image> files, a folder or a .tar.gz", "cifar10-jpeg/cifar10-jpeg.tar.gz", False, _cifar10_folder
+        "CIFAR-10 as <split>/<class>/<image> files, a folder or a .tar.gz", "cifar10-jpeg/cifar10-jpeg.tar.gz", False, _cifar10_folder, num_classes=10
     ),
     "femnist": DataSetInfo("LEAF FEMNIST JSON (folder or tar.gz), one client per writer", "femnist-leaf-subset/femnist-leaf-subset.tar.gz", True, _femnist),
     "shakespeare": DataSetInfo(
@@ -177,7 +183,7 @@ def data_location(config) -> Path | None:
     if info.default_location is None:
         return None
     if config.root:
-        return Path(config.root)
+        return Path(config.root).expanduser()
     return default_data_root(info.default_location)
 
 
@@ -189,8 +195,17 @@ def build_dataset(config, seed: int) -> FederatedDataset:
     if path is not None and not path.exists():
         fetch = f", or fetch them with `driftlab data download {info.download_name} --to DIR`" if info.download_name else ""
         raise DataFileError(f"{config.name}: {path} does not exist; set data.root to where the files are ({info.description}){fetch}")
-    loaded = info.load(config, data_seed, path)
     partition = config.partition or ("natural" if info.natural else "iid")
+    try:
+        return _build(config, info, path, partition, data_seed)
+    except DataFileError:
+        raise
+    except ValueError as error:
+        raise DataSetupError(f"data ({config.name}, partition={partition}, num_clients={config.num_clients}): {error}") from None
+
+
+def _build(config, info: DataSetInfo, path: Path | None, partition: str, data_seed: int) -> FederatedDataset:
+    loaded = info.load(config, data_seed, path)
     if isinstance(loaded, FederatedDataset):
         if partition == "natural":
             dataset = loaded
@@ -201,11 +216,15 @@ def build_dataset(config, seed: int) -> FederatedDataset:
             raise DataFileError(f"data.partition=natural: {config.name} has no natural clients; use iid, dirichlet, ...")
         train_x, train_y, test_x, test_y = loaded
         client_indices = split_over_clients(train_y.numpy(), config, partition, data_seed)
-        num_classes = int(max(train_y.max(), test_y.max())) + 1
+        num_classes = info.num_classes or int(max(train_y.max(), test_y.max())) + 1
         dataset = FederatedDataset(config.name, train_x, train_y, test_x, test_y, client_indices, num_classes=num_classes)
     if config.client_test_fraction > 0 and dataset.client_test_indices is None:
         dataset = _with_client_test_splits(dataset, config.client_test_fraction, data_seed)
     return dataset
+
+
+class DataSetupError(ValueError):
+    """The data set loaded, but the config cannot be applied to it (too many clients, an impossible partition, ...)."""
 
 
 def vocabulary_size(config) -> int | None:
@@ -248,6 +267,7 @@ def _resplit(dataset: FederatedDataset, config, partition: str, seed: int) -> Fe
         dataset.test_targets,
         tuple(np.sort(c) for c in clients),
         num_classes=dataset.num_classes,
+        known_minimizer=dataset.known_minimizer,
     )
 
 
@@ -263,6 +283,8 @@ def _with_client_test_splits(dataset: FederatedDataset, fraction: float, seed: i
     rng = generator(seed, Stream.PARTITION, 1)
     train_parts, test_parts = split_client_test(dataset.client_indices, fraction, rng)
     held_out = np.concatenate(test_parts)
+    if len(held_out) == 0:
+        raise ValueError(f"data.client_test_fraction={fraction} holds out no example (the clients are too small); raise it or set it to 0")
     offset = len(dataset.test_targets)
     test_inputs = torch.cat([dataset.test_inputs, dataset.train_inputs[torch.as_tensor(held_out)]])
     test_targets = torch.cat([dataset.test_targets, dataset.train_targets[torch.as_tensor(held_out)]])

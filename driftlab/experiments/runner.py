@@ -28,7 +28,7 @@ from safetensors.torch import save_file
 from driftlab.algorithms import ALGORITHM_MODULES
 from driftlab.compress import with_compression
 from driftlab.experiments.config import ConfigError, ExperimentConfig, load_config
-from driftlab.experiments.datasets import build_dataset, vocabulary_size
+from driftlab.experiments.datasets import DataSetupError, build_dataset, vocabulary_size
 from driftlab.metrics.summary import summarize
 from driftlab.models import build_model
 from driftlab.optim.server import make_server_optimizer
@@ -85,7 +85,10 @@ def build_simulation(config: ExperimentConfig) -> tuple[Simulation, SimulationSt
     """Data, model, algorithm and backend for ``config``, and the state before round 1."""
     device = resolve_device(config.device)
     dtype = torch.float64 if config.precision == "float64" else torch.float32
-    data = build_dataset(config.data, config.seed)
+    try:
+        data = build_dataset(config.data, config.seed)
+    except DataSetupError as error:
+        raise ConfigError(str(error)) from None
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(torch_seed(config.seed, Stream.MODEL_INIT))
         module = build_model(

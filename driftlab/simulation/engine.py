@@ -355,7 +355,8 @@ def evaluate(sim: Simulation, params: torch.Tensor) -> dict[str, float]:
                 if len(rows):
                     _, correct = _loss_and_correct(sim.model, params, test, rows, batch)
                     accuracies.append(correct / len(rows))
-            metrics["client_test_accuracy_mean"] = float(np.mean(accuracies))
+            if accuracies:
+                metrics["client_test_accuracy_mean"] = float(np.mean(accuracies))
     if sim.data.known_minimizer is not None:
         minimizer = torch.as_tensor(sim.data.known_minimizer, dtype=params.dtype, device=params.device)
         metrics["distance_to_minimizer"] = float(torch.linalg.vector_norm(params - minimizer))
