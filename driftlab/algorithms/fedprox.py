@@ -8,8 +8,9 @@ Seed paper 001, as algorithms.md states it:
     server:    exactly FedAvg: θ̄ = Σ_{k∈P} w_k θ_k,  θ^t = ServerOpt(θ^{t−1}, θ^{t−1} − θ̄, η_g)
 
 with ``w_k = n_k / Σ_P n_j`` ("weighted", default, the authors' code) or
-``1/|P|`` ("uniform").  The server step is FedAvg's, so FedProx composes with
-every server optimizer (FedAdam + proximal clients, ...).
+``1/|P|`` ("uniform").  The server half is FedAvg's own (``fedavg.build``,
+keeping stragglers) with the client objective replaced, so FedProx composes
+with every server optimizer (FedAdam + proximal clients, ...).
 
 ``μ = 0`` is FedAvg bit for bit: the client then gets no correction at all
 (not a zero one), so its local step does exactly FedAvg's arithmetic.
@@ -37,15 +38,13 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Literal, Sequence
+import dataclasses
+from typing import Any, Literal
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from driftlab.algorithms.aggregation import aggregation_weights, weighted_sum
-from driftlab.optim.apply import apply_server_optimizer
-from driftlab.simulation.seam import NO_CORRECTION, Algorithm, ClientContext, ClientUpdate, GradientCorrection, RoundContext
+from driftlab.algorithms import fedavg
+from driftlab.simulation.seam import NO_CORRECTION, Algorithm, ClientContext, GradientCorrection
 
 
 class Config(BaseModel):
@@ -61,55 +60,19 @@ class Config(BaseModel):
     )
 
 
-@dataclass(frozen=True)
-class ServerState:
-    params: torch.Tensor  # θ^t
-    optimizer_state: Any  # the server optimizer's state
-
-
-@dataclass(frozen=True)
-class ClientMessage:
-    params: torch.Tensor  # θ_k, one model up
-    num_samples: int
-    multiplicity: int
-
-
 def build(server_optimizer: Any, mu: float = 0.01, aggregation: str = "weighted") -> Algorithm:
-    """FedProx with proximal coefficient ``mu`` ≥ 0 and FedAvg's server step (``server_optimizer``, ``aggregation``)."""
+    """FedProx with proximal coefficient ``mu`` ≥ 0: FedAvg's server half (``server_optimizer``,
+    ``aggregation``, stragglers kept) with the proximal client objective."""
     if mu < 0:
         raise ValueError(f"fedprox needs mu >= 0, got {mu}")
-    aggregation_weights([1], [1], aggregation)  # validates the name before any work
+    server_half = fedavg.build(server_optimizer, aggregation=aggregation, incomplete="keep")
 
-    def server_init(initial_params: torch.Tensor) -> ServerState:
-        return ServerState(params=initial_params, optimizer_state=server_optimizer.init(initial_params))
-
-    def client_objective(server: ServerState, client_state: None, context: ClientContext) -> GradientCorrection:
+    def client_objective(server: fedavg.ServerState, client_state: None, context: ClientContext) -> GradientCorrection:
         if mu == 0:
             return NO_CORRECTION  # no term at all, so the step is FedAvg's to the bit
         return GradientCorrection(quadratic=mu, reference=server.params)
 
-    def client_finish(server: ServerState, client_state: None, context: ClientContext, update: ClientUpdate) -> tuple[None, ClientMessage]:
-        return None, ClientMessage(update.final_params, context.num_samples, context.multiplicity)
-
-    def server_update(server: ServerState, messages: Sequence[ClientMessage], context: RoundContext) -> tuple[ServerState, dict[str, float]]:
-        weights = aggregation_weights([m.num_samples for m in messages], [m.multiplicity for m in messages], aggregation)
-        client_average = weighted_sum([m.params for m in messages], weights)
-        params, optimizer_state = apply_server_optimizer(
-            server_optimizer, server.optimizer_state, server.params, client_average, context.server_learning_rate
-        )
-        return ServerState(params, optimizer_state), {}
-
-    def broadcast(server: ServerState) -> torch.Tensor:
-        return server.params
-
-    return Algorithm(
-        name="fedprox",
-        server_init=server_init,
-        client_objective=client_objective,
-        client_finish=client_finish,
-        server_update=server_update,
-        broadcast=broadcast,
-    )
+    return dataclasses.replace(server_half, name="fedprox", client_objective=client_objective)
 
 
 def from_config(config: Config, server_optimizer: Any) -> Algorithm:

@@ -312,3 +312,33 @@ def test_fedavg_with_several_local_steps_converges_to_a_surrogate_not_the_minimi
     # with one local step FedAvg is gradient descent on the mean objective and finds the minimiser
     one_step = run_quadratic(build_algorithm("fedavg"), problem, initial, rounds=400, steps=1, learning_rate=learning_rate)
     assert torch.allclose(one_step.server.params, problem.minimiser(), rtol=0, atol=1e-10)
+
+
+# What each algorithm does with partial work (stragglers) and dropouts, as its docstring says.
+KEEPS_PARTIAL_WORK = {"fedavg": False, "fedprox": True, "scaffold": True, "feddyn": True, "adabest": True, "efl": True}
+
+
+def test_every_algorithm_states_its_partial_work_rule() -> None:
+    assert set(KEEPS_PARTIAL_WORK) == set(ALGORITHMS)
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_partial_work_and_dropouts(name: str) -> None:
+    overrides = [
+        f"algorithm.name={name}",
+        "rounds=4",
+        "data.num_clients=8",
+        "sampling.participation=1.0",
+        "client.epochs=3",
+        "availability.inactive_probability=0.25",
+        "availability.incomplete_probability=0.5",
+        "compression.ratio=1",
+    ]
+    result = driftlab.run(None, overrides=overrides)
+    assert sum(r["num_incomplete"] for r in result.records) > 0 and sum(r["num_inactive"] for r in result.records) > 0
+    for record in result.records:
+        active = record["num_selected"] - record["num_inactive"]  # dropouts never report
+        expected = active if KEEPS_PARTIAL_WORK[name] else active - record["num_incomplete"]
+        assert record["num_reporting"] == expected
+        assert record["upload_bits"] % (32 * result.num_parameters) == 0
+        assert (record["upload_bits"] == 0) == (record["num_reporting"] == 0)

@@ -136,6 +136,16 @@ class MultiLabelFederatedData:
     def num_labels(self) -> int:
         return len(self.labels)
 
+    # What the simulator reads of any federated data set (FederatedDataset's names):
+    multi_label = True
+    known_minimizer = None
+    global_test_size = None
+
+    @property
+    def num_classes(self) -> int:
+        """Outputs of a model for this data: one logit per tag."""
+        return len(self.labels)
+
     @property
     def client_sizes(self) -> np.ndarray:
         return np.array([len(idx) for idx in self.client_indices], dtype=np.int64)

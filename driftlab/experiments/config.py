@@ -117,9 +117,10 @@ class DataConfig(_Section):
     quadratic_dimension: int = Field(10, ge=1, description="dimension of the multi-dimensional quadratic clients")
     quadratic_heterogeneity: float = Field(1.0, ge=0, description="spread of curvatures and linear terms across quadratic clients")
     max_clients: int | None = Field(None, ge=1, description="femnist, shakespeare, sent140: keep at most this many clients (largest first for shakespeare)")
-    samples_per_client: int | None = Field(None, ge=1, description="shakespeare: windows per role, e.g. 2000 for FedDyn's split")
+    samples_per_client: int | None = Field(None, ge=1, description="shakespeare: windows per role, e.g. 2000 for FedDyn's split; stackoverflow: at most this many per user")
     min_samples_per_client: int = Field(0, ge=0, description="shakespeare: drop roles with fewer windows")
-    vocabulary_size: int = Field(10_000, ge=3, description="sent140: tokens in the vocabulary, PAD and UNK included")
+    vocabulary_size: int = Field(10_000, ge=3, description="sent140: tokens in the vocabulary, PAD and UNK included; stackoverflow: bag-of-words size")
+    tag_count: int = Field(500, ge=1, description="stackoverflow: the most frequent tags predicted")
     limit_per_class: int | None = Field(None, ge=1, description="cifar10_folder: read at most this many images per class and split")
     augment: bool = Field(
         False,

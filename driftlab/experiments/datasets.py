@@ -146,6 +146,18 @@ def _shakespeare(config, seed, path):
     )
 
 
+def _stackoverflow(config, seed, path):
+    from driftlab.data.stackoverflow import load_stackoverflow
+
+    return load_stackoverflow(
+        path,
+        vocabulary_size=config.vocabulary_size,
+        tag_count=config.tag_count,
+        max_clients=config.max_clients,
+        max_samples_per_client=config.samples_per_client,
+    )
+
+
 def _characters(config) -> int:
     return 80  # LEAF's character vocabulary
 
@@ -172,6 +184,13 @@ DATA_SETS: dict[str, DataSetInfo] = {
         download_name="shakespeare",
     ),
     "shakespeare_leaf": DataSetInfo("LEAF Shakespeare JSON, one client per role", "shakespeare-leaf", True, _leaf_shakespeare, _characters),
+    "stackoverflow": DataSetInfo(
+        "TFF StackOverflow tag prediction (h5 or sqlite): bag of words → multi-label tags, one client per user (model.name=mlr)",
+        "stackoverflow",
+        True,
+        _stackoverflow,
+        download_name="stackoverflow",
+    ),
     "sent140": DataSetInfo(
         "LEAF Sent140 JSON, one client per user, 25 tokens", "sent140-leaf", True, _sent140, lambda config: config.vocabulary_size
     ),
@@ -206,6 +225,10 @@ def build_dataset(config, seed: int) -> FederatedDataset:
 
 def _build(config, info: DataSetInfo, path: Path | None, partition: str, data_seed: int) -> FederatedDataset:
     loaded = info.load(config, data_seed, path)
+    if getattr(loaded, "multi_label", False):
+        if partition != "natural" or config.client_test_fraction > 0:
+            raise ValueError("stackoverflow keeps its users as clients and its own test split: leave data.partition and data.client_test_fraction unset")
+        return loaded
     if isinstance(loaded, FederatedDataset):
         if partition == "natural":
             dataset = loaded

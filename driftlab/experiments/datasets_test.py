@@ -305,7 +305,7 @@ FILE_BASED = {
 
 def test_every_data_set_has_a_test_through_the_config():
     """A name added to DATA_SETS without a case here fails this test."""
-    covered = {case.split("/")[0] for case in GENERATED} | {spec[0] for spec in FILE_BASED.values()}
+    covered = {case.split("/")[0] for case in GENERATED} | {spec[0] for spec in FILE_BASED.values()} | {"stackoverflow"}
     assert covered == set(DATA_SETS)
     generated = {name for name, info in DATA_SETS.items() if info.default_location is None}
     assert generated == {case.split("/")[0] for case in GENERATED}
@@ -816,3 +816,45 @@ def test_client_test_fraction_that_holds_out_nothing_is_a_config_error(tmp_path)
             None,
             overrides=[*ONE_ROUND, "data.name=mnist", f"data.root={tmp_path / 'mnist'}", "data.num_clients=40", "data.client_test_fraction=0.1"],
         )
+
+
+# =========================================================================== multi-label: StackOverflow tag prediction
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_stackoverflow_runs_as_multi_label_tag_prediction(tmp_path, backend):
+    from driftlab.data.stackoverflow_test import _write_sqlite
+
+    database = _write_sqlite(tmp_path / "stackoverflow.sqlite")
+    overrides = [*ONE_ROUND, "data.name=stackoverflow", f"data.root={database}", "model.name=mlr", f"backend={backend}", "sampling.participation=1.0"]
+    result = driftlab.run(None, overrides=overrides)
+    (record,) = result.records
+    assert "test_accuracy" not in record  # multi-label: recall of the top 5 tags instead
+    assert 0.0 <= record["test_recall_at_5"] <= 1.0
+    assert math.isfinite(record["test_loss"]) and math.isfinite(record["train_loss"])
+    sim, _ = build_simulation(result.config)
+    assert sim.model.multi_label and sim.data.num_classes == len(sim.data.labels)
+    assert sim.training_data.targets.dtype == torch.float32  # multi-hot targets follow the arithmetic's dtype
+
+
+def test_stackoverflow_recall_at_5_by_hand(tmp_path):
+    from driftlab.data.stackoverflow_test import _write_sqlite
+    from driftlab.simulation.engine import evaluate
+
+    database = _write_sqlite(tmp_path / "stackoverflow.sqlite")
+    config = load_config(None, ["data.name=stackoverflow", f"data.root={database}", "model.name=mlr", "precision=float64"])
+    sim, state = build_simulation(config)
+    params = torch.randn_like(state.server.params)
+    outputs = sim.model.forward(params, sim.test_data.inputs)
+    targets = sim.test_data.targets
+    top = outputs.topk(min(5, outputs.shape[1]), dim=1).indices
+    expected = float(targets.gather(1, top).sum() / targets.sum())
+    assert evaluate(sim, params)["test_recall_at_5"] == pytest.approx(expected, rel=1e-12)
+
+
+def test_stackoverflow_refuses_repartitioning(tmp_path):
+    from driftlab.data.stackoverflow_test import _write_sqlite
+
+    database = _write_sqlite(tmp_path / "stackoverflow.sqlite")
+    with pytest.raises(driftlab.ConfigError, match="stackoverflow keeps its users as clients"):
+        driftlab.run(None, overrides=[*ONE_ROUND, "data.name=stackoverflow", f"data.root={database}", "data.partition=iid"])

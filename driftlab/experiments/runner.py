@@ -35,7 +35,7 @@ from driftlab.optim.server import make_server_optimizer
 from driftlab.simulation.checkpoint import load_checkpoint, save_checkpoint, write_atomically
 from driftlab.simulation.availability import AvailabilityModel, Membership, MembershipEvent
 from driftlab.simulation.engine import EvaluationPlan, RoundPlan, Simulation, SimulationState, commit_round, discard_round, run_round
-from driftlab.simulation.flat import FlatModel, objective_per_example
+from driftlab.simulation.flat import FlatModel, binary_cross_entropy_per_example, objective_per_example
 from driftlab.simulation.local_training import SequentialBackend
 from driftlab.simulation.randomness import Stream, torch_seed
 from driftlab.simulation.state_store import InMemoryClientStore
@@ -96,6 +96,8 @@ def build_simulation(config: ExperimentConfig) -> tuple[Simulation, SimulationSt
         )
     if config.model.name == "quadratic":
         model = FlatModel.wrap(module, example_loss=objective_per_example, is_classifier=False).to(device, dtype)
+    elif getattr(data, "multi_label", False):
+        model = FlatModel.wrap(module, example_loss=binary_cross_entropy_per_example, is_classifier=False, multi_label=True).to(device, dtype)
     else:
         model = FlatModel.wrap(module).to(device, dtype)
     initial_params = model.initial_parameters().to(device, dtype)

@@ -115,10 +115,14 @@ class Simulation:
             if self.data.train_inputs.dim() != 4:
                 raise ValueError(f"data.augment needs image inputs [n, c, h, w], got shape {tuple(self.data.train_inputs.shape)}")
             augment = flip_crop_from_keys  # padding 4, crop with probability 1/2: the FedDyn authors' CIFAR augmentation
+        # Multi-label targets are float (multi-hot) and take the arithmetic's dtype; class ids stay int64.
+        targets_dtype = self.dtype if self.data.train_targets.is_floating_point() else self.data.train_targets.dtype
         self.training_data = TrainingData(
-            self.data.train_inputs.to(self.device, inputs_dtype), self.data.train_targets.to(self.device), augment
+            self.data.train_inputs.to(self.device, inputs_dtype), self.data.train_targets.to(self.device, targets_dtype), augment
         )
-        self.test_data = TrainingData(self.data.test_inputs.to(self.device, inputs_dtype), self.data.test_targets.to(self.device))
+        self.test_data = TrainingData(
+            self.data.test_inputs.to(self.device, inputs_dtype), self.data.test_targets.to(self.device, targets_dtype)
+        )
         self.client_rows = [torch.tensor(rows, dtype=torch.long, device=self.device) for rows in self.data.client_indices]
         self.client_test_rows = (
             None
@@ -357,10 +361,26 @@ def evaluate(sim: Simulation, params: torch.Tensor) -> dict[str, float]:
                     accuracies.append(correct / len(rows))
             if accuracies:
                 metrics["client_test_accuracy_mean"] = float(np.mean(accuracies))
+    if sim.model.multi_label:
+        metrics["test_recall_at_5"] = _recall_at_k(sim.model, params, test, test_rows, batch, k=5)
     if sim.data.known_minimizer is not None:
         minimizer = torch.as_tensor(sim.data.known_minimizer, dtype=params.dtype, device=params.device)
         metrics["distance_to_minimizer"] = float(torch.linalg.vector_norm(params - minimizer))
     return metrics
+
+
+def _recall_at_k(model: FlatModel, params: torch.Tensor, data: TrainingData, rows: torch.Tensor, batch_size: int, k: int) -> float:
+    """Micro recall of the top-k labels: true labels among each example's k highest logits / all true labels
+    (TFF's StackOverflow tag-prediction metric, ``Recall(top_k=5)``)."""
+    hits, positives = 0.0, 0.0
+    for start in range(0, len(rows), batch_size):
+        chunk = rows[start : start + batch_size]
+        outputs = model.forward(params, data.inputs[chunk])
+        targets = data.targets[chunk]
+        top = outputs.topk(min(k, outputs.shape[1]), dim=1).indices
+        hits += float(targets.gather(1, top).sum())
+        positives += float(targets.sum())
+    return hits / positives if positives > 0 else 0.0
 
 
 def _loss_and_correct(model: FlatModel, params: torch.Tensor, data: TrainingData, rows: torch.Tensor, batch_size: int) -> tuple[float, int]:

@@ -24,6 +24,11 @@ def cross_entropy_per_example(outputs: torch.Tensor, targets: torch.Tensor) -> t
     return F.cross_entropy(outputs, targets, reduction="none")
 
 
+def binary_cross_entropy_per_example(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Multi-label loss: the mean over labels of the binary cross-entropy with logits (StackOverflow tags)."""
+    return F.binary_cross_entropy_with_logits(outputs, targets, reduction="none").mean(dim=1)
+
+
 def objective_per_example(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """For models whose output already is each example's objective value (the quadratic clients)."""
     return outputs
@@ -49,12 +54,14 @@ class FlatModel:
     numels: tuple[int, ...]
     example_loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = cross_entropy_per_example
     is_classifier: bool = True  # outputs are class logits, so accuracy is defined
+    multi_label: bool = False  # outputs are one logit per label (recall@5 is reported)
 
     @staticmethod
     def wrap(
         module: nn.Module,
         example_loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = cross_entropy_per_example,
         is_classifier: bool = True,
+        multi_label: bool = False,
     ) -> "FlatModel":
         """Wrap ``module``; ``example_loss(outputs, targets)`` gives one loss per example (default cross-entropy)."""
         named = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
@@ -67,6 +74,7 @@ class FlatModel:
             numels=tuple(p.numel() for _, p in named),
             example_loss=example_loss,
             is_classifier=is_classifier,
+            multi_label=multi_label,
         )
 
     @property
