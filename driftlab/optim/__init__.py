@@ -14,8 +14,6 @@ from driftlab.optim.server import (
     make_server_optimizer,
     momentum,
     sgd,
-    state_from_tensors,
-    state_to_tensors,
     yogi,
 )
 
@@ -33,7 +31,5 @@ __all__ = [
     "make_server_optimizer",
     "momentum",
     "sgd",
-    "state_from_tensors",
-    "state_to_tensors",
     "yogi",
 ]

@@ -73,9 +73,7 @@ Updates (state starts at ``m = 0``, ``v = 0`` unless noted):
   Yogi default ``initial_accumulator = 1e-6 = (1e-3)²`` meets it.
 
 State is one small frozen dataclass per optimizer holding only tensors and
-ints, so it checkpoints as it is: :func:`state_to_tensors` gives a flat
-``dict[str, torch.Tensor]`` for ``safetensors`` (ints become 0-d int64
-tensors) and :func:`state_from_tensors` rebuilds the state from it.
+ints, so it checkpoints as it is (``driftlab.simulation.checkpoint``).
 
 Bit-exactness of FedAvg as FedSGD: ``sgd`` computes ``params − η·q``. With
 ``η = 1.0`` the multiply is exact, so the result is ``params − q`` rounded
@@ -86,7 +84,7 @@ is within one rounding of it, not necessarily equal.
 Example:
 
 >>> import torch
->>> from driftlab.optim.server import make_server_optimizer, sgd, state_to_tensors
+>>> from driftlab.optim.server import make_server_optimizer, sgd
 >>> optimizer = sgd()
 >>> params = torch.tensor([1.0, 2.0])
 >>> client_average = torch.tensor([0.5, 3.0])
@@ -101,15 +99,15 @@ tensor([0.5000, 3.0000])
 >>> params, state = fedadam.update(state, params, torch.tensor([0.5, -2.0]), 0.1)
 >>> params
 tensor([0.4000, 3.1000])
->>> sorted(state_to_tensors(state))
-['first_moment', 'second_moment', 'step']
+>>> state.step
+1
 """
 
 from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Union
 
@@ -129,8 +127,6 @@ __all__ = [
     "make_server_optimizer",
     "momentum",
     "sgd",
-    "state_from_tensors",
-    "state_to_tensors",
     "yogi",
 ]
 
@@ -603,80 +599,3 @@ def make_server_optimizer(name: str, **hyperparameters: object) -> ServerOptimiz
             f"valid: {', '.join(accepted) if accepted else '(none)'}"
         )
     return constructor(**hyperparameters)
-
-
-# ---------------------------------------------------------------------------
-# Checkpointing.
-# ---------------------------------------------------------------------------
-
-
-def state_to_tensors(state: ServerOptimizerState) -> dict[str, torch.Tensor]:
-    """Flatten a state into tensors for ``safetensors`` (no pickle).
-
-    Field names become keys; ints become 0-d int64 CPU tensors; tensors are
-    returned as they are (contiguous, not copied). The optimizer name is not
-    stored: keep it next to the checkpoint and pass it to
-    :func:`state_from_tensors`.
-
-    Args:
-      state: any server optimizer state.
-
-    Returns:
-      ``{field name: tensor}``.
-    """
-    if type(state) not in _STATE_TYPES.values():
-        raise TypeError(f"not a server optimizer state: {type(state).__name__}")
-    tensors: dict[str, torch.Tensor] = {}
-    for field in fields(state):
-        value = getattr(state, field.name)
-        if isinstance(value, torch.Tensor):
-            tensors[field.name] = value.contiguous()
-        else:
-            tensors[field.name] = torch.tensor(value, dtype=torch.int64)
-    return tensors
-
-
-def state_from_tensors(optimizer_name: str, tensors: Mapping[str, torch.Tensor]) -> ServerOptimizerState:
-    """Rebuild a state written by :func:`state_to_tensors`.
-
-    Args:
-      optimizer_name: ``ServerOptimizer.name`` of the optimizer that made it.
-      tensors: exactly the keys :func:`state_to_tensors` wrote.
-
-    Returns:
-      The state, with tensors used as they are (move them to the device of
-      the params before calling ``update``).
-
-    Raises:
-      ValueError: for an unknown name, missing or extra keys, or a step that
-        is not a non-negative 0-d int64 tensor.
-    """
-    if optimizer_name not in _STATE_TYPES:
-        raise ValueError(
-            f"unknown server optimizer {optimizer_name!r}; valid names: {', '.join(SERVER_OPTIMIZER_NAMES)}"
-        )
-    state_type = _STATE_TYPES[optimizer_name]
-    expected = [field.name for field in fields(state_type)]
-    if set(tensors) != set(expected):
-        raise ValueError(
-            f"server optimizer {optimizer_name!r} state ({state_type.__name__}) needs keys "
-            f"{sorted(expected)}, got {sorted(tensors)}"
-        )
-    values: dict[str, object] = {}
-    for field in fields(state_type):
-        tensor = tensors[field.name]
-        if field.type in (int, "int"):
-            if tensor.dim() != 0 or tensor.dtype != torch.int64 or int(tensor) < 0:
-                raise ValueError(
-                    f"{field.name} must be a non-negative 0-d int64 tensor, "
-                    f"got shape {tuple(tensor.shape)} {tensor.dtype}"
-                )
-            values[field.name] = int(tensor)
-        else:
-            if tensor.dim() != 1 or not tensor.is_floating_point():
-                raise ValueError(
-                    f"{field.name} must be a 1-D floating tensor, "
-                    f"got shape {tuple(tensor.shape)} {tensor.dtype}"
-                )
-            values[field.name] = tensor
-    return state_type(**values)
