@@ -82,6 +82,10 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, DataFileError, DataSetupError, CheckpointError) as error:
         print(f"driftlab: error: {error}", file=sys.stderr)
         return 2
+    except FloatingPointError as error:
+        # A diverged run: its metrics and the checkpoint of the last finite round stay in --out for inspection.
+        print(f"driftlab: error: {error}; metrics and the last finite round's checkpoint are kept in --out", file=sys.stderr)
+        return 3
     except KeyboardInterrupt:
         print("driftlab: interrupted; the last completed round is checkpointed, continue with --resume", file=sys.stderr)
         return 130

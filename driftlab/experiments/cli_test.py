@@ -133,3 +133,19 @@ def test_demo_writes_a_table_and_a_plot(tmp_path):
     for label in ("fedavg", "fedadam"):
         lines = (out / label / "metrics.jsonl").read_text().splitlines()
         assert [json.loads(line)["round"] for line in lines] == [1, 2]
+
+
+def test_a_diverging_run_exits_3_with_advice_and_keeps_its_checkpoint(tmp_path):
+    out = tmp_path / "diverged"
+    result = subprocess.run(
+        # gradient descent with step 10 on curvatures in [1, 3] grows |x| ~20x per step: inf within 25 rounds
+        [sys.executable, "-m", "driftlab.cli", "run", "quadratic-constant-k", "client.lr=10", "rounds=40", "--out", str(out), "--quiet"],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 3, result.stderr
+    assert "diverged" in result.stderr and "lower client.lr" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert (out / "config.json").exists() and (out / "checkpoint.safetensors").exists()
+    rounds_written = len((out / "metrics.jsonl").read_text().splitlines())
+    assert 0 < rounds_written < 40
