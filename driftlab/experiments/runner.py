@@ -15,14 +15,16 @@ times aside) because every random draw derives from (seed, round, client id).
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import signal
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Union
 
 import torch
+from torch import nn
 from safetensors.torch import save_file
 
 from driftlab.algorithms import ALGORITHM_MODULES
@@ -81,8 +83,17 @@ def resolve_backend(name: str) -> str:
     return "vectorized" if name == "auto" else name
 
 
-def build_simulation(config: ExperimentConfig) -> tuple[Simulation, SimulationState]:
-    """Data, model, algorithm and backend for ``config``, and the state before round 1."""
+ModelSource = Union[nn.Module, Callable[[tuple[int, ...], int], nn.Module], None]
+
+
+def build_simulation(config: ExperimentConfig, model: ModelSource = None) -> tuple[Simulation, SimulationState]:
+    """Data, model, algorithm and backend for ``config``, and the state before round 1.
+
+    ``model`` replaces the zoo model named by ``config.model``: a module (copied;
+    its current weights are the initial model) or a factory
+    ``(input_shape, num_classes) -> module`` called under the run's seeded
+    initialisation.
+    """
     device = resolve_device(config.device)
     dtype = torch.float64 if config.precision == "float64" else torch.float32
     try:
@@ -91,10 +102,15 @@ def build_simulation(config: ExperimentConfig) -> tuple[Simulation, SimulationSt
         raise ConfigError(str(error)) from None
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(torch_seed(config.seed, Stream.MODEL_INIT))
-        module = build_model(
-            config.model.name, data.input_shape, data.num_classes, vocab_size=vocabulary_size(config.data), **config.model.keyword_arguments()
-        )
-    if config.model.name == "quadratic":
+        if model is None:
+            module = build_model(
+                config.model.name, data.input_shape, data.num_classes, vocab_size=vocabulary_size(config.data), **config.model.keyword_arguments()
+            )
+        elif isinstance(model, nn.Module):
+            module = copy.deepcopy(model)
+        else:
+            module = model(data.input_shape, data.num_classes)
+    if model is None and config.model.name == "quadratic":
         model = FlatModel.wrap(module, example_loss=objective_per_example, is_classifier=False).to(device, dtype)
     elif getattr(data, "multi_label", False):
         model = FlatModel.wrap(module, example_loss=binary_cross_entropy_per_example, is_classifier=False, multi_label=True).to(device, dtype)
@@ -154,8 +170,13 @@ def run(
     resume: bool = False,
     overrides: list[str] | tuple[str, ...] = (),
     progress: bool | Callable[[dict[str, Any]], None] = False,
+    model: ModelSource = None,
 ) -> RunResult:
     """Run an experiment; write to ``out_dir`` when given (required for ``resume``).
+
+    ``model`` trains your own ``torch.nn.Module`` instead of ``config.model``
+    (a module, or a factory ``(input_shape, num_classes) -> module``); resume
+    such a run by passing the same model again.
 
     Example:
         >>> import driftlab
@@ -167,7 +188,7 @@ def run(
         config = load_config(config, overrides)
     elif overrides:
         config = load_config(config.to_dict(), overrides)
-    sim, state = build_simulation(config)
+    sim, state = build_simulation(config, model)
     out = Path(out_dir) if out_dir is not None else None
     records: list[dict[str, Any]] = []
     if out is not None:

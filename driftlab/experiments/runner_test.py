@@ -560,3 +560,30 @@ def test_sigkill_of_a_real_process_then_resume_is_exact(tmp_path):
     reference = tmp_path / "reference"
     driftlab.run(config, reference, overrides=[f"rounds={rounds}"])
     _assert_same_run(out, reference)
+
+
+# ------------------------------------------------------------------ your own module
+
+
+def test_a_users_module_or_factory_is_trained_instead_of_the_zoo_model(tmp_path):
+    from torch import nn
+
+    def factory(input_shape, num_classes):
+        return nn.Sequential(nn.Flatten(), nn.Linear(input_shape[0], 7), nn.Tanh(), nn.Linear(7, num_classes))
+
+    overrides = ["rounds=2", "data.num_clients=6", "sampling.participation=0.5", "client.steps=2"]
+    first = driftlab.run(None, overrides=overrides, model=factory)
+    assert first.num_parameters == 60 * 7 + 7 + 7 * 10 + 10
+    again = driftlab.run(None, overrides=overrides, model=factory)
+    assert torch.equal(first.final_params, again.final_params)  # seeded initialisation of the factory's module
+
+    module = factory((60,), 10)
+    initial = torch.cat([p.detach().reshape(-1) for p in module.parameters()]).clone()
+    given = driftlab.run(None, overrides=[*overrides, "backend=sequential"], model=module)
+    assert torch.equal(torch.cat([p.detach().reshape(-1) for p in module.parameters()]), initial)  # the caller's module is untouched
+    assert not torch.equal(given.final_params, initial)
+
+    # resuming needs the same module again and continues exactly
+    driftlab.run(None, tmp_path / "run", overrides=[*overrides, "rounds=1", "checkpoint_every=1"], model=factory)
+    resumed = driftlab.run(None, tmp_path / "run", resume=True, overrides=overrides, model=factory)
+    assert torch.equal(resumed.final_params, first.final_params)
