@@ -40,6 +40,7 @@ from driftlab.simulation.engine import EvaluationPlan, RoundPlan, Simulation, Si
 from driftlab.simulation.flat import FlatModel, binary_cross_entropy_per_example, objective_per_example
 from driftlab.simulation.local_training import SequentialBackend
 from driftlab.simulation.randomness import Stream, torch_seed
+from driftlab.simulation.seam import Algorithm
 from driftlab.simulation.state_store import InMemoryClientStore
 from driftlab.simulation.vectorized import VectorizedBackend
 
@@ -86,6 +87,36 @@ def resolve_backend(name: str) -> str:
 ModelSource = Union[nn.Module, Callable[[tuple[int, ...], int], nn.Module], None]
 
 
+def _build_model(config: ExperimentConfig, data: Any, model: ModelSource) -> FlatModel:
+    """The zoo model ``config.model`` names, or the user's, initialised from (seed, MODEL_INIT), with its loss."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(torch_seed(config.seed, Stream.MODEL_INIT))
+        if model is None:
+            module = build_model(
+                config.model.name, data.input_shape, data.num_classes, vocab_size=vocabulary_size(config.data), **config.model.keyword_arguments()
+            )
+        elif isinstance(model, nn.Module):
+            module = copy.deepcopy(model)
+        else:
+            module = model(data.input_shape, data.num_classes)
+    if model is None and config.model.name == "quadratic":
+        return FlatModel.wrap(module, example_loss=objective_per_example, is_classifier=False)
+    if getattr(data, "multi_label", False):
+        return FlatModel.wrap(module, example_loss=binary_cross_entropy_per_example, is_classifier=False, multi_label=True)
+    return FlatModel.wrap(module)
+
+
+def _build_algorithm(config: ExperimentConfig, flat_model: FlatModel) -> Algorithm:
+    """The configured algorithm with its server optimizer, compressed when ``compression.ratio`` < 1."""
+    server_optimizer = make_server_optimizer(config.server.optimizer, **config.server.optimizer_hyperparameters())
+    algorithm_module = ALGORITHM_MODULES[config.algorithm.name]
+    algorithm = algorithm_module.from_config(config.algorithm, server_optimizer)
+    ratio = config.compression.ratio
+    if ratio is None:
+        ratio = getattr(algorithm_module, "DEFAULT_COMPRESSION_RATIO", 1.0)
+    return with_compression(algorithm, ratio, flat_model.numels) if ratio < 1 else algorithm
+
+
 def build_simulation(config: ExperimentConfig, model: ModelSource = None) -> tuple[Simulation, SimulationState]:
     """Data, model, algorithm and backend for ``config``, and the state before round 1.
 
@@ -100,31 +131,9 @@ def build_simulation(config: ExperimentConfig, model: ModelSource = None) -> tup
         data = build_dataset(config.data, config.seed)
     except DataSetupError as error:
         raise ConfigError(str(error)) from None
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(torch_seed(config.seed, Stream.MODEL_INIT))
-        if model is None:
-            module = build_model(
-                config.model.name, data.input_shape, data.num_classes, vocab_size=vocabulary_size(config.data), **config.model.keyword_arguments()
-            )
-        elif isinstance(model, nn.Module):
-            module = copy.deepcopy(model)
-        else:
-            module = model(data.input_shape, data.num_classes)
-    if model is None and config.model.name == "quadratic":
-        model = FlatModel.wrap(module, example_loss=objective_per_example, is_classifier=False).to(device, dtype)
-    elif getattr(data, "multi_label", False):
-        model = FlatModel.wrap(module, example_loss=binary_cross_entropy_per_example, is_classifier=False, multi_label=True).to(device, dtype)
-    else:
-        model = FlatModel.wrap(module).to(device, dtype)
-    initial_params = model.initial_parameters().to(device, dtype)
-    server_optimizer = make_server_optimizer(config.server.optimizer, **config.server.optimizer_hyperparameters())
-    module = ALGORITHM_MODULES[config.algorithm.name]
-    algorithm = module.from_config(config.algorithm, server_optimizer)
-    compression_ratio = config.compression.ratio
-    if compression_ratio is None:
-        compression_ratio = getattr(module, "DEFAULT_COMPRESSION_RATIO", 1.0)
-    if compression_ratio < 1:
-        algorithm = with_compression(algorithm, compression_ratio, model.numels)
+    flat_model = _build_model(config, data, model).to(device, dtype)
+    initial_params = flat_model.initial_parameters().to(device, dtype)
+    algorithm = _build_algorithm(config, flat_model)
     plan = RoundPlan(
         seed=config.seed,
         participation=config.sampling.participation,
@@ -153,7 +162,7 @@ def build_simulation(config: ExperimentConfig, model: ModelSource = None) -> tup
         raise ConfigError(f"availability: {error}") from None
     try:
         sim = Simulation(
-            model, data, algorithm, BACKENDS[resolve_backend(config.backend)](), plan, device, dtype, initial_params, evaluation, membership
+            flat_model, data, algorithm, BACKENDS[resolve_backend(config.backend)](), plan, device, dtype, initial_params, evaluation, membership
         )
     except ValueError as error:
         raise ConfigError(str(error)) from None
