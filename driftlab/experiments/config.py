@@ -422,7 +422,7 @@ def format_validation_error(error: ValidationError, table: dict[str, Any]) -> st
             message = f"unknown algorithm {tag!r}; valid algorithms: {', '.join(ALGORITHM_CONFIGS)}"
         elif item["type"] == "union_tag_not_found":
             message = f"missing `name`; valid algorithms: {', '.join(ALGORITHM_CONFIGS)}"
-        elif "input" in item and item["type"] not in ("missing",):
+        elif "input" in item and item["type"] not in ("missing",) and "got " not in message:
             message = f"{message} (got {item['input']!r})"
         lines.append(f"  {key}: {message}")
     return "invalid configuration:\n" + "\n".join(lines) + "\nrun `driftlab config` to list every key with its meaning and default"
