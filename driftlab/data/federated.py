@@ -59,6 +59,9 @@ class FederatedDataset:
         global_test_size: when clients' local test splits were held out of
             the training data and appended to the test tensors, the number of
             leading test rows that are the global test set (``None``: all rows).
+        multi_label: targets are float32 multi-hot rows ``[N, num_classes]``
+            (0/1, any number of labels per example; StackOverflow's tags)
+            instead of int64 class ids.
         known_minimizer: the flat parameter vector minimising the global
             objective, for synthetic objectives where it is known in closed
             form (the quadratic clients); evaluation then reports the distance to it.
@@ -78,10 +81,11 @@ class FederatedDataset:
     client_test_indices: tuple[np.ndarray, ...] | None = None
     known_minimizer: np.ndarray | None = None  # the global minimiser, for synthetic objectives that have one
     global_test_size: int | None = None  # the first rows of the test tensors that form the global test set (None: all)
+    multi_label: bool = False  # targets are float multi-hot rows [N, num_classes] instead of class ids
 
     def __post_init__(self) -> None:
-        _check_split(self.train_inputs, self.train_targets, "train", self.num_classes)
-        _check_split(self.test_inputs, self.test_targets, "test", self.num_classes)
+        _check_split(self.train_inputs, self.train_targets, "train", self.num_classes, self.multi_label)
+        _check_split(self.test_inputs, self.test_targets, "test", self.num_classes, self.multi_label)
         if tuple(self.train_inputs.shape[1:]) != tuple(self.test_inputs.shape[1:]):
             raise ValueError(
                 f"train and test inputs have different per-sample shapes: "
@@ -136,14 +140,10 @@ class FederatedDataset:
             A flat dict with ``name``, ``clients``, ``train_samples`` (held by
             clients), ``test_samples`` (global test set), ``samples_per_client_min``,
             ``..._median``, ``..._max``, ``classes_for_80_percent_min``,
-            ``..._median`` and ``..._max``.
+            ``..._median`` and ``..._max`` (the last three not for multi-label data).
         """
         sizes = self.client_sizes
-        targets = self.train_targets.numpy()
-        classes_80 = np.array(
-            [classes_covering_fraction(targets[idx], self.num_classes, 0.8) for idx in self.client_indices]
-        )
-        return {
+        summary = {
             "name": self.name,
             "clients": self.num_clients,
             "train_samples": int(sizes.sum()),
@@ -151,10 +151,17 @@ class FederatedDataset:
             "samples_per_client_min": int(sizes.min()),
             "samples_per_client_median": float(np.median(sizes)),
             "samples_per_client_max": int(sizes.max()),
-            "classes_for_80_percent_min": int(classes_80.min()),
-            "classes_for_80_percent_median": float(np.median(classes_80)),
-            "classes_for_80_percent_max": int(classes_80.max()),
         }
+        if self.multi_label:  # no single class per example: the 80% statistic is undefined
+            return summary
+        targets = self.train_targets.numpy()
+        classes_80 = np.array(
+            [classes_covering_fraction(targets[idx], self.num_classes, 0.8) for idx in self.client_indices]
+        )
+        summary["classes_for_80_percent_min"] = int(classes_80.min())
+        summary["classes_for_80_percent_median"] = float(np.median(classes_80))
+        summary["classes_for_80_percent_max"] = int(classes_80.max())
+        return summary
 
 
 def classes_covering_fraction(labels: np.ndarray, num_classes: int, fraction: float) -> int:
@@ -181,13 +188,22 @@ def classes_covering_fraction(labels: np.ndarray, num_classes: int, fraction: fl
     return int(np.searchsorted(covered, needed - 1e-9 * len(labels), side="left") + 1)
 
 
-def _check_split(inputs: torch.Tensor, targets: torch.Tensor, split: str, num_classes: int) -> None:
+def _check_split(inputs: torch.Tensor, targets: torch.Tensor, split: str, num_classes: int, multi_label: bool = False) -> None:
     """Raise ValueError unless ``inputs``/``targets`` form a valid ``split`` set."""
     if not isinstance(inputs, torch.Tensor) or not isinstance(targets, torch.Tensor):
         raise ValueError(
             f"{split}_inputs and {split}_targets must be torch.Tensors, got "
             f"{type(inputs).__name__} and {type(targets).__name__}; wrap numpy arrays with torch.from_numpy"
         )
+    if multi_label:
+        if targets.dtype != torch.float32 or targets.dim() != 2 or targets.shape[1] != num_classes:
+            raise ValueError(
+                f"multi-label {split}_targets must be float32 [num_samples, {num_classes}] multi-hot rows, "
+                f"got {targets.dtype} of shape {tuple(targets.shape)}"
+            )
+        if inputs.dim() < 1 or inputs.shape[0] != targets.shape[0]:
+            raise ValueError(f"{split}_inputs has {inputs.shape[0] if inputs.dim() else 0} rows but {split}_targets has {targets.shape[0]}")
+        return
     if targets.dim() != 1:
         raise ValueError(f"{split}_targets must be 1-D [num_samples], got shape {tuple(targets.shape)}")
     if targets.dtype != torch.int64:

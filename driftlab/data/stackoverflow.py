@@ -63,7 +63,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from driftlab.data.federated import DataFileError, _checked_index_arrays
+from driftlab.data.federated import DataFileError, FederatedDataset
 
 __all__ = ["MultiLabelFederatedData", "load_stackoverflow", "parse_tf_example"]
 
@@ -74,85 +74,33 @@ Example = tuple[str, str, str]  # (tokens, title, tags)
 
 
 @dataclass(frozen=True, eq=False)
-class MultiLabelFederatedData:
-    """Shared train/test tensors with multi-hot targets and one index array per client.
+class MultiLabelFederatedData(FederatedDataset):
+    """A :class:`~driftlab.data.federated.FederatedDataset` with multi-hot targets
+    (``multi_label=True``) that also names its input and target columns.
 
-    The multi-label counterpart of :class:`driftlab.data.federated.FederatedDataset`
-    (same index conventions and checks).
-
-    Attributes:
-        name: e.g. ``"stackoverflow(words=10000,tags=500)"``.
+    Attributes (besides FederatedDataset's):
         train_inputs: float32 ``[N, vocabulary_size]`` bag-of-words frequencies.
         train_targets: float32 ``[N, num_labels]`` multi-hot (0/1).
-        test_inputs, test_targets: the same for the test split.
-        client_indices: one int64 array of train rows per client (non-empty, disjoint).
-        client_test_indices: one int64 array of test rows per client (may be empty), or None.
         vocabulary: the words of the input columns, in column order.
         labels: the tags of the target columns, in column order.
     """
 
-    name: str
-    train_inputs: torch.Tensor
-    train_targets: torch.Tensor
-    test_inputs: torch.Tensor
-    test_targets: torch.Tensor
-    client_indices: tuple[np.ndarray, ...]
-    client_test_indices: tuple[np.ndarray, ...] | None
-    vocabulary: tuple[str, ...]
-    labels: tuple[str, ...]
+    vocabulary: tuple[str, ...] = ()
+    labels: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         for split in ("train", "test"):
-            inputs, targets = getattr(self, f"{split}_inputs"), getattr(self, f"{split}_targets")
-            if inputs.dtype != torch.float32 or targets.dtype != torch.float32:
-                raise ValueError(f"{split} inputs and targets must be float32, got {inputs.dtype} and {targets.dtype}")
-            if inputs.dim() != 2 or targets.dim() != 2 or len(inputs) != len(targets):
+            inputs = getattr(self, f"{split}_inputs")
+            if inputs.dtype != torch.float32 or inputs.dim() != 2 or inputs.shape[1] != len(self.vocabulary):
                 raise ValueError(
-                    f"{split}_inputs [N, V] and {split}_targets [N, L] must be 2-D with one row per sample, got "
-                    f"{tuple(inputs.shape)} and {tuple(targets.shape)}"
+                    f"{split}_inputs must be float32 [N, {len(self.vocabulary)}] (one column per vocabulary word), "
+                    f"got {inputs.dtype} of shape {tuple(inputs.shape)}"
                 )
-            if inputs.shape[1] != len(self.vocabulary) or targets.shape[1] != len(self.labels):
-                raise ValueError(
-                    f"{split} tensors have {inputs.shape[1]} input and {targets.shape[1]} target columns but the "
-                    f"vocabulary has {len(self.vocabulary)} words and there are {len(self.labels)} labels"
-                )
-        clients = _checked_index_arrays(self.client_indices, len(self.train_targets), "client_indices", "train", allow_empty=False)
-        if not clients:
-            raise ValueError("client_indices is empty: a federated data set needs at least one client")
-        object.__setattr__(self, "client_indices", clients)
-        if self.client_test_indices is not None:
-            tests = _checked_index_arrays(
-                self.client_test_indices, len(self.test_targets), "client_test_indices", "test", allow_empty=True
-            )
-            if len(tests) != len(clients):
-                raise ValueError(f"client_test_indices has {len(tests)} arrays for {len(clients)} clients")
-            object.__setattr__(self, "client_test_indices", tests)
-
-    @property
-    def num_clients(self) -> int:
-        return len(self.client_indices)
 
     @property
     def num_labels(self) -> int:
         return len(self.labels)
-
-    # What the simulator reads of any federated data set (FederatedDataset's names):
-    multi_label = True
-    known_minimizer = None
-    global_test_size = None
-
-    @property
-    def num_classes(self) -> int:
-        """Outputs of a model for this data: one logit per tag."""
-        return len(self.labels)
-
-    @property
-    def client_sizes(self) -> np.ndarray:
-        return np.array([len(idx) for idx in self.client_indices], dtype=np.int64)
-
-    @property
-    def input_shape(self) -> tuple[int, ...]:
-        return tuple(self.train_inputs.shape[1:])
 
 
 def load_stackoverflow(
@@ -258,6 +206,8 @@ def load_stackoverflow(
         test_targets=torch.from_numpy(np.concatenate([y for _, y in test_parts])),
         client_indices=_ranges([len(y) for _, y in train_parts]),
         client_test_indices=_ranges([len(y) for _, y in test_parts]) if has_test else None,
+        num_classes=len(labels),
+        multi_label=True,
         vocabulary=vocabulary,
         labels=labels,
     )

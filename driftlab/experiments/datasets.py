@@ -225,7 +225,7 @@ def build_dataset(config, seed: int) -> FederatedDataset:
 
 def _build(config, info: DataSetInfo, path: Path | None, partition: str, data_seed: int) -> FederatedDataset:
     loaded = info.load(config, data_seed, path)
-    if getattr(loaded, "multi_label", False):
+    if isinstance(loaded, FederatedDataset) and loaded.multi_label:
         if partition != "natural" or config.client_test_fraction > 0:
             raise ValueError("stackoverflow keeps its users as clients and its own test split: leave data.partition and data.client_test_fraction unset")
         return loaded

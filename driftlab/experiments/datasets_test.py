@@ -859,3 +859,13 @@ def test_stackoverflow_refuses_repartitioning(tmp_path):
     database = _write_sqlite(tmp_path / "stackoverflow.sqlite")
     with pytest.raises(driftlab.ConfigError, match="stackoverflow keeps its users as clients"):
         driftlab.run(None, overrides=[*ONE_ROUND, "data.name=stackoverflow", f"data.root={database}", "data.partition=iid"])
+
+
+def test_stackoverflow_describe_has_no_single_class_statistic(tmp_path):
+    from driftlab.data.stackoverflow_test import _write_sqlite
+
+    database = _write_sqlite(tmp_path / "stackoverflow.sqlite")
+    data = build_dataset(load_config(None, ["data.name=stackoverflow", f"data.root={database}"]).data, 0)
+    summary = data.describe()
+    assert summary["clients"] == data.num_clients and summary["train_samples"] == len(data.train_targets)
+    assert "classes_for_80_percent_min" not in summary

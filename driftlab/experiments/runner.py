@@ -101,7 +101,7 @@ def _build_model(config: ExperimentConfig, data: Any, model: ModelSource) -> Fla
             module = model(data.input_shape, data.num_classes)
     if model is None and config.model.name == "quadratic":
         return FlatModel.wrap(module, example_loss=objective_per_example, is_classifier=False)
-    if getattr(data, "multi_label", False):
+    if data.multi_label:
         return FlatModel.wrap(module, example_loss=binary_cross_entropy_per_example, is_classifier=False, multi_label=True)
     return FlatModel.wrap(module)
 

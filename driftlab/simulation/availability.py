@@ -109,6 +109,8 @@ class Membership:
 
     def registered_at(self, round_index: int) -> np.ndarray:
         """``S_t``, sorted client ids."""
+        if self.is_static:  # the common case, once per round: no per-client set work
+            return np.arange(self.num_clients, dtype=np.int64)
         start = self.num_clients if self.initially_registered is None else self.initially_registered
         registered = set(range(start))
         for event in sorted(self.events, key=lambda e: e.round):
@@ -120,6 +122,9 @@ class Membership:
 
     def changes_at(self, round_index: int) -> tuple[np.ndarray, np.ndarray]:
         """Clients that joined and that left at the start of round ``round_index``."""
+        if all(event.round != round_index for event in self.events):
+            nobody = np.zeros(0, dtype=np.int64)
+            return nobody, nobody
         before = set(self.registered_at(round_index - 1).tolist())
         after = set(self.registered_at(round_index).tolist())
         return np.array(sorted(after - before), dtype=np.int64), np.array(sorted(before - after), dtype=np.int64)
