@@ -4,7 +4,9 @@
     driftlab run CONFIG [key=value ...] --out DIR   one experiment (CONFIG: a .toml/.json file or a preset)
     driftlab run CONFIG --out DIR --resume          continue an interrupted run exactly
     driftlab config [CONFIG] [key=value ...]        list every key, or print a resolved config
-    driftlab presets                                list the shipped presets
+    driftlab sweep SWEEP --out DIR                  a grid of runs x seeds in parallel processes, resumable
+    driftlab report DIR [DIR ...] --out REPORT      tables (Markdown, CSV) and plots from runs and sweeps
+    driftlab presets                                list the shipped presets and sweeps
     driftlab data list                              the data sets, partitions and models a config can name
     driftlab data describe CONFIG [key=value ...]   clients, samples per client, classes holding 80% of a client's data
     driftlab data download NAME --to DIR            fetch official files (checksummed, resumable); never needed for tests
@@ -29,6 +31,23 @@ EPILOG_RUN = """examples:
   driftlab run runs/fedavg/config.json --out runs/fedavg --resume
 
 overrides are section.key=value with TOML values; `driftlab config` lists every key."""
+
+EPILOG_SWEEP = """examples:
+  driftlab sweep fedprox-figure1 --out runs/fedprox-figure1            a shipped sweep (see `driftlab presets`)
+  driftlab sweep fedprox-figure1 --scale paper --out runs/fedprox-paper  the paper's full scale
+  driftlab sweep synthetic-fedprox --grid 'algorithm.mu=[0, 0.01, 1]' --seeds 0,1,2 --out runs/mu
+  driftlab sweep mnist-fedavg --grid algorithm.name=fedavg,scaffold --grid data.partition=iid,dirichlet --out runs/grid
+  driftlab sweep my-sweep.toml rounds=20 --jobs 1 --out runs/mine      key=value applies to every run
+
+Running the same command again skips finished runs and resumes interrupted ones from their
+checkpoints. A sweep file has base, overrides, seeds, targets and [[axes]] with labelled
+values; see the shipped ones: python -c "import driftlab.experiments.sweep as s; help(s)"."""
+
+EPILOG_REPORT = """examples:
+  driftlab report runs/fedprox-figure1 --out reports/fedprox-figure1
+  driftlab report runs/fedavg runs/feddyn --targets 0.95,0.97 --out reports/mnist
+
+writes report.md, targets.csv, accuracy.csv, steps.csv and PNG plots to --out."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -57,7 +76,40 @@ def _parser() -> argparse.ArgumentParser:
     config.add_argument("config", nargs="?", help="a config file or preset to resolve")
     config.add_argument("overrides", nargs="*", metavar="key=value")
 
-    commands.add_parser("presets", help="list the shipped presets")
+    sweep = commands.add_parser(
+        "sweep",
+        help="run a grid of configs x seeds in parallel processes (resumable), then report",
+        description="Run every config of a sweep (a grid of labelled variants times seeds) in parallel processes, "
+        "write each run to DIR/runs/<setting>/<method>/seed-<s>/ and a report to DIR/report/.",
+        epilog=EPILOG_SWEEP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sweep.add_argument("sweep", help="a shipped sweep (see `driftlab presets`), a sweep .toml file, or a config/preset to grid over with --grid")
+    sweep.add_argument("overrides", nargs="*", metavar="key=value", help="overrides applied to every run, after the sweep's own")
+    sweep.add_argument("--out", required=True, help="sweep directory (created; reused to resume)")
+    sweep.add_argument("--grid", action="append", default=[], metavar="KEY=VALUES", help="an axis: KEY=[v1, v2] (TOML list) or KEY=v1,v2; repeatable")
+    sweep.add_argument("--seeds", help="comma-separated seeds, e.g. 0,1,2 (default: the sweep's seeds, or 0)")
+    sweep.add_argument("--scale", help="a named scale of the sweep file, e.g. paper (the paper's full scale)")
+    sweep.add_argument("--jobs", type=int, help="parallel processes (default: the number of cores)")
+    sweep.add_argument("--retry-diverged", action="store_true", help="run diverged runs again (they are skipped by default: reruns are identical)")
+    sweep.add_argument("--dry-run", action="store_true", help="list the runs and their status without running anything")
+    sweep.add_argument("--no-report", action="store_true", help="do not write DIR/report when the sweep ends")
+
+    report = commands.add_parser(
+        "report",
+        help="tables and plots from run and sweep directories",
+        description="Communication to reach target accuracies (FedDyn Tables 1-2), accuracy mean ± std over seeds, "
+        "local SGD steps, run info, and plots, from run directories, sweep directories or folders holding runs.",
+        epilog=EPILOG_REPORT,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    report.add_argument("inputs", nargs="+", metavar="DIR", help="run directories, sweep directories, or folders containing runs")
+    report.add_argument("--out", required=True, help="report directory: report.md, CSV files, PNG plots")
+    report.add_argument("--targets", help="comma-separated target accuracies, e.g. 0.95,0.972 (default: the sweep's or the runs' targets)")
+    report.add_argument("--steps-reference", help="method label the local SGD steps are compared with (default: the constant-K method)")
+    report.add_argument("--no-plots", action="store_true", help="tables only")
+
+    commands.add_parser("presets", help="list the shipped presets and sweeps")
 
     data = commands.add_parser("data", help="data sets: list, describe a partition, download official files")
     data_commands = data.add_subparsers(dest="data_command", required=True)
@@ -93,8 +145,24 @@ def main(argv: list[str] | None = None) -> int:
 
 def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "presets":
-        print("\n".join(preset_names()))
+        from driftlab.experiments.sweep import load_sweep, sweep_names
+
+        print("configs (driftlab run NAME --out DIR):")
+        print("\n".join(f"  {name}" for name in preset_names()))
+        print("sweeps (driftlab sweep NAME --out DIR):")
+        for name in sweep_names():
+            print(f"  {name:28s} {load_sweep(name).description.splitlines()[0] if load_sweep(name).description else ''}")
         return 0
+    if args.command == "report":
+        from driftlab.experiments.report import make_report
+
+        targets = _float_list(args.targets, "--targets") if args.targets else None
+        report = make_report(args.inputs, args.out, targets=targets, steps_reference=args.steps_reference, plots=not args.no_plots)
+        print(report.markdown)
+        print(f"report: {Path(args.out) / 'report.md'}")
+        return 0
+    if args.command == "sweep":
+        return _sweep_command(args)
     if args.command == "config":
         if args.config is not None and "=" in args.config and not Path(args.config).exists():
             # `driftlab config client.lr=0.5`: an override, not a config file; resolve it on the defaults
@@ -126,6 +194,63 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(f"\nplot: {args.out}/accuracy.png   table: {args.out}/summary.md   per-round metrics: {args.out}/<algorithm>/metrics.jsonl")
         return 0
     raise AssertionError(args.command)
+
+
+def _float_list(text: str, option: str) -> list[float]:
+    try:
+        return [float(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ConfigError(f"{option} takes comma-separated numbers such as 0.95,0.972, got {text!r}") from None
+
+
+def _sweep_command(args: argparse.Namespace) -> int:
+    from driftlab.experiments.sweep import is_sweep_source, load_sweep, plan, run_status, run_sweep, sweep_from_config
+
+    seeds = None
+    if args.seeds:
+        try:
+            seeds = [int(part) for part in args.seeds.split(",") if part.strip()]
+        except ValueError:
+            raise ConfigError(f"--seeds takes comma-separated integers such as 0,1,2, got {args.seeds!r}") from None
+    if is_sweep_source(args.sweep):
+        spec = load_sweep(args.sweep)
+        if args.grid:
+            raise ConfigError(f"{args.sweep} is a sweep file: add axes to it instead of --grid (or pass a config/preset with --grid)")
+        if seeds is not None:
+            import dataclasses
+
+            spec = dataclasses.replace(spec, seeds=tuple(seeds), scales={k: dataclasses.replace(v, seeds=None) for k, v in spec.scales.items()})
+    else:
+        spec = sweep_from_config(args.sweep, args.grid, seeds or [0], name=Path(args.out).name or "sweep")
+    if args.jobs is not None and args.jobs < 1:
+        raise ConfigError(f"--jobs must be at least 1, got {args.jobs}")
+    if args.dry_run:
+        from driftlab.experiments.config import apply_overrides, read_config_source
+
+        base = read_config_source(spec.base)
+        for r in plan(spec, args.scale, args.overrides):
+            rounds = load_config(apply_overrides(base, []), r.overrides).rounds
+            print(f"{run_status(Path(args.out) / r.dir, rounds):<12s} {r.dir}   {' '.join(r.overrides)}")
+        return 0
+    from driftlab.experiments.runner import install_termination_handler
+
+    install_termination_handler()
+    outcomes = run_sweep(spec, args.out, jobs=args.jobs, scale=args.scale, extra_overrides=args.overrides, retry_diverged=args.retry_diverged)
+    counts: dict[str, int] = {}
+    for outcome in outcomes:
+        counts[outcome.status] = counts.get(outcome.status, 0) + 1
+    print("sweep finished: " + ", ".join(f"{n} {status}" for status, n in sorted(counts.items())))
+    failed = [o for o in outcomes if o.status == "failed"]
+    for outcome in failed:
+        print(f"  failed: {outcome.run.dir}: {outcome.message}", file=sys.stderr)
+    if not args.no_report:
+        from driftlab.experiments.report import make_report
+
+        report_dir = Path(args.out) / "report"
+        report = make_report([args.out], report_dir)
+        print(report.markdown)
+        print(f"report: {report_dir / 'report.md'}")
+    return 1 if failed else 0
 
 
 def _data_command(args: argparse.Namespace) -> int:

@@ -55,8 +55,13 @@ def test_run_a_preset_with_overrides_then_resume_it(tmp_path):
 def test_presets_command():
     result = driftlab_cli("presets")
     assert result.returncode == 0
-    assert result.stdout.split() == preset_names()
-    assert "synthetic-fedavg" in result.stdout and "mnist-fedadam" in result.stdout
+    configs, sweeps = result.stdout.split("sweeps (driftlab sweep NAME --out DIR):")
+    assert configs.split()[4:] == preset_names()  # after the heading "configs (driftlab run NAME --out DIR):"
+    assert "synthetic-fedavg" in configs and "mnist-fedadam" in configs
+    from driftlab.experiments.sweep import sweep_names
+
+    assert [line.split()[0] for line in sweeps.strip().splitlines()] == sweep_names()
+    assert "fedprox-figure1" in sweeps and "μ = 0 vs μ = 1" in sweeps
 
 
 def test_config_command_lists_every_key():

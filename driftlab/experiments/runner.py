@@ -6,6 +6,8 @@ An output directory holds::
     metrics.jsonl             one JSON object per round (pandas: ``pd.read_json(path, lines=True)``)
     checkpoint.safetensors    the last checkpoint (atomic, no pickle)
     final_model.safetensors   the final server model, written when the run completes
+    run.json                  status (running, complete, interrupted, diverged, failed), rounds done,
+                              wall time summed over resumes, parameter count, machine and versions
 
 ``resume=True`` continues from the checkpoint: metrics of rounds after it are
 dropped and recomputed, which gives bit-identical models and metrics (wall
@@ -17,8 +19,11 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import os
+import platform
 import signal
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Union
@@ -48,6 +53,7 @@ CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"
 CHECKPOINT_FILE = "checkpoint.safetensors"
 FINAL_MODEL_FILE = "final_model.safetensors"
+RUN_INFO_FILE = "run.json"
 
 BACKENDS = {"sequential": SequentialBackend, "vectorized": VectorizedBackend}
 
@@ -205,6 +211,7 @@ def run(
     elif resume:
         raise ConfigError("resume needs the output directory of the interrupted run (--out DIR)")
 
+    info = _RunInfo.start(out, config, sim, state.round) if out is not None else None
     reporter = progress if callable(progress) else None
     bar = None
     if progress is True:
@@ -228,18 +235,21 @@ def run(
             if out is not None and (state.round % config.checkpoint_every == 0 or state.round == config.rounds):
                 _checkpoint(out, config, state)
                 last_saved = state.round
+                info.update("running", state.round)
             if bar is not None:
                 bar.update(1)
                 if "test_accuracy" in record:
                     bar.set_postfix(acc=f"{record['test_accuracy']:.3f}")
             if reporter is not None:
                 reporter(record)
-    except BaseException:
+    except BaseException as error:
         # Never die without a resumable checkpoint.  `state` is the last completed round: the
         # interrupted round's client states were only staged, and are dropped here.
         discard_round(state)
         if out is not None and state.round > last_saved:
             _checkpoint(out, config, state)
+        if info is not None:
+            info.update(_status_of(error), state.round, message=str(error) or type(error).__name__)
         raise
     finally:
         if bar is not None:
@@ -251,8 +261,91 @@ def run(
             out / FINAL_MODEL_FILE,
             lambda tmp: save_file({"params": final_params.detach().cpu().contiguous()}, str(tmp), metadata={"parameter_names": names}),
         )
+        info.update("complete", state.round)
     summary = summarize(records, config.evaluation.target_accuracy, sim.model.num_parameters)
     return RunResult(config, records, final_params, sim.model.num_parameters, out, summary)
+
+
+def _status_of(error: BaseException) -> str:
+    if isinstance(error, FloatingPointError):
+        return "diverged"
+    if isinstance(error, KeyboardInterrupt):
+        return "interrupted"
+    return "failed"
+
+
+@dataclass
+class _RunInfo:
+    """``run.json``: what a report needs besides the metrics (status, parameter count, wall time, machine).
+
+    Wall time accumulates over resumes, so an interrupted-and-resumed run reports
+    the compute it really took.
+    """
+
+    path: Path
+    content: dict[str, Any]
+    started: float
+    previous_seconds: float
+
+    @classmethod
+    def start(cls, out: Path, config: ExperimentConfig, sim: Simulation, start_round: int) -> "_RunInfo":
+        path = out / RUN_INFO_FILE
+        previous: dict[str, Any] = {}
+        if start_round > 0 and path.exists():
+            try:
+                previous = json.loads(path.read_text())
+            except (json.JSONDecodeError, OSError):
+                previous = {}  # informational only; a damaged file must not stop a resume
+        import driftlab
+
+        content = {
+            "format": 1,
+            "status": "running",
+            "rounds": config.rounds,
+            "rounds_done": start_round,
+            "num_parameters": sim.model.num_parameters,
+            "wall_seconds": float(previous.get("wall_seconds", 0.0)) if start_round > 0 else 0.0,
+            "resumed_from_round": start_round if start_round > 0 else None,
+            "machine": {
+                "platform": platform.platform(),
+                "processor": _processor_name(),
+                "cpu_count": os.cpu_count(),
+                "torch_threads": torch.get_num_threads(),
+                "device": str(sim.device),
+            },
+            "versions": {"driftlab": driftlab.__version__, "torch": torch.__version__, "python": platform.python_version()},
+        }
+        info = cls(path, content, time.perf_counter(), content["wall_seconds"])
+        info.update("running", start_round)
+        return info
+
+    def update(self, status: str, rounds_done: int, message: str | None = None) -> None:
+        self.content.update(status=status, rounds_done=rounds_done, wall_seconds=self.previous_seconds + time.perf_counter() - self.started)
+        if message is not None:
+            self.content["message"] = message
+        else:
+            self.content.pop("message", None)
+        text = json.dumps(self.content, indent=2) + "\n"
+        write_atomically(self.path, lambda tmp: tmp.write_text(text))
+
+
+def _processor_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def read_run_info(out: str | Path) -> dict[str, Any] | None:
+    """The ``run.json`` of a run directory, or None when absent or unreadable."""
+    path = Path(out) / RUN_INFO_FILE
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
 
 
 @dataclass(frozen=True)
@@ -368,4 +461,4 @@ def install_termination_handler() -> None:
         signal.signal(signal.SIGTERM, handler)
 
 
-__all__ = ["RunResult", "run", "build_simulation", "install_termination_handler"]
+__all__ = ["RunResult", "run", "build_simulation", "install_termination_handler", "read_run_info"]

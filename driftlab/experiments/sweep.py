@@ -1,0 +1,587 @@
+"""Sweeps: a grid of config variants times a list of seeds, run in parallel processes, resumable.
+
+A sweep file (TOML; shipped ones are listed by ``driftlab presets``)::
+
+    description = "FedProx Figure 1: mu = 0 vs mu = 1 on synthetic data"
+    base = "synthetic-fedprox"          # a preset, or a config file relative to this file
+    overrides = ["rounds=100"]          # applied to every run: the scaled setting
+    seeds = [0, 1]
+    targets = [0.7]                     # target accuracies for the report
+    steps_reference = "Constant K"      # optional: the method local SGD steps are compared with
+
+    [scales.paper]                      # `driftlab sweep NAME --scale paper`: the paper's full scale
+    overrides = ["rounds=200"]
+    seeds = [0, 1, 2, 3, 4]
+
+    [[axes]]
+    name = "data"
+    role = "setting"                    # settings get their own tables and plots
+    values = [
+      { label = "synthetic(0,0)", set = ["data.synthetic_alpha=0", "data.synthetic_beta=0"] },
+      { label = "synthetic(1,1)", set = ["data.synthetic_alpha=1", "data.synthetic_beta=1"] },
+    ]
+
+    [[axes]]
+    name = "method"
+    role = "method"                     # methods are the rows a report compares
+    values = [{ label = "FedAvg", set = ["algorithm.mu=0"] }, { label = "FedProx", set = ["algorithm.mu=1"] }]
+
+Overrides apply in order: ``overrides``, the scale's overrides, the axes' ``set``
+in axis order, then the command line's ``key=value``; the seed comes last.
+
+The output directory holds ``sweep.json`` (the plan: axes, labels and every run's
+overrides) and ``runs/<setting>/<method>/seed-<s>/``, each an ordinary run
+directory. Running the same sweep again skips complete runs, resumes
+interrupted ones from their checkpoints (bit-identical to an uninterrupted run),
+retries failed ones and leaves diverged ones alone (they would diverge again:
+every random draw derives from seed, round and client id). Raising ``rounds``
+extends finished runs.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import re
+import signal
+import sys
+import time
+import tomllib
+import traceback
+from dataclasses import asdict, dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Callable, Literal, Sequence
+
+from driftlab.experiments.config import ConfigError, ExperimentConfig, apply_overrides, load_config, parse_override, read_config_source
+
+SWEEP_PACKAGE = "driftlab.experiments.sweeps"
+SWEEP_FILE = "sweep.json"
+FAILURE_FILE = "failure.txt"
+SWEEP_FORMAT = 1
+
+Role = Literal["setting", "method"]
+RunStatus = Literal["pending", "running", "complete", "interrupted", "diverged", "failed"]
+
+# Keys that change how a method computes (rows of a comparison) rather than the problem it solves.
+METHOD_SECTIONS = ("algorithm", "client", "server", "compression")
+
+ALGORITHM_LABELS = {"fedavg": "FedAvg", "fedprox": "FedProx", "scaffold": "SCAFFOLD", "feddyn": "FedDyn", "adabest": "AdaBest", "efl": "EFL"}
+
+
+@dataclass(frozen=True)
+class AxisValue:
+    label: str
+    set: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Axis:
+    name: str
+    role: Role
+    values: tuple[AxisValue, ...]
+
+
+@dataclass(frozen=True)
+class Scale:
+    overrides: tuple[str, ...] = ()
+    seeds: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    name: str
+    base: str
+    description: str = ""
+    overrides: tuple[str, ...] = ()
+    seeds: tuple[int, ...] = (0,)
+    targets: tuple[float, ...] = ()
+    steps_reference: str | None = None
+    axes: tuple[Axis, ...] = ()
+    scales: dict[str, Scale] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    dir: str
+    setting: str
+    method: str
+    seed: int
+    overrides: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    run: PlannedRun
+    status: RunStatus
+    message: str = ""
+    seconds: float = 0.0
+
+
+# ---------------------------------------------------------------- reading sweep files
+
+
+def sweep_names() -> list[str]:
+    """The shipped sweep presets (the papers' headline experiments)."""
+    return sorted(p.name[: -len(".toml")] for p in resources.files(SWEEP_PACKAGE).iterdir() if p.name.endswith(".toml"))
+
+
+def is_sweep_source(source: str | Path) -> bool:
+    """Whether ``source`` names a sweep (a shipped sweep or a TOML file with ``base``/``[[axes]]``) rather than a config."""
+    if str(source) in sweep_names():
+        return True
+    path = Path(source)
+    if path.is_file() and path.suffix.lower() == ".toml":
+        try:
+            table = tomllib.loads(path.read_text())
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError):
+            return False
+        return "base" in table or "axes" in table
+    return False
+
+
+def load_sweep(source: str | Path) -> SweepSpec:
+    """Read a sweep file or a shipped sweep preset, with errors that name the key at fault."""
+    path = Path(source)
+    if path.is_file():
+        text, origin, folder, name = path.read_text(), str(path), path.parent, path.stem
+    elif str(source) in sweep_names():
+        text, origin, folder, name = resources.files(SWEEP_PACKAGE).joinpath(f"{source}.toml").read_text(), f"sweep {source}", None, str(source)
+    else:
+        raise ConfigError(f"{source!r} is neither a sweep file nor a shipped sweep; shipped sweeps: {', '.join(sweep_names())}")
+    try:
+        table = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"{origin} is not valid TOML: {error}") from None
+    return sweep_from_table(table, origin, name, folder)
+
+
+_TOP_KEYS = {"description", "base", "overrides", "seeds", "targets", "steps_reference", "axes", "scales", "name"}
+
+
+def sweep_from_table(table: dict[str, Any], origin: str, name: str, folder: Path | None = None) -> SweepSpec:
+    unknown = sorted(set(table) - _TOP_KEYS)
+    if unknown:
+        raise ConfigError(f"{origin}: unknown key(s) {', '.join(unknown)}; a sweep file has {', '.join(sorted(_TOP_KEYS))}")
+    base = table.get("base")
+    if not isinstance(base, str) or not base:
+        raise ConfigError(f"{origin}: `base` must name the config every run starts from (a preset such as \"mnist-feddyn\" or a .toml file)")
+    if folder is not None and not Path(base).is_absolute() and (folder / base).is_file():
+        base = str(folder / base)
+    axes = tuple(_axis(a, i, origin) for i, a in enumerate(_list(table, "axes", origin, dict)))
+    seen: set[str] = set()
+    for axis in axes:
+        if axis.name in seen:
+            raise ConfigError(f"{origin}: two axes are named {axis.name!r}; give each axis its own name")
+        seen.add(axis.name)
+    scales = {}
+    raw_scales = table.get("scales", {})
+    if not isinstance(raw_scales, dict):
+        raise ConfigError(f"{origin}: `scales` must be a table of named scales, e.g. [scales.paper] overrides = [...]")
+    for scale_name, raw in raw_scales.items():
+        where = f"{origin}: scales.{scale_name}"
+        if not isinstance(raw, dict) or set(raw) - {"overrides", "seeds"}:
+            raise ConfigError(f"{where} must be a table with `overrides` (a list of key=value) and optionally `seeds`")
+        seeds = _seeds(raw["seeds"], where) if "seeds" in raw else None
+        scales[scale_name] = Scale(tuple(_list(raw, "overrides", where, str)), seeds)
+    targets = tuple(_list(table, "targets", origin, (int, float)))
+    for target in targets:
+        if not 0 < target <= 1:
+            raise ConfigError(f"{origin}: target accuracies are fractions in (0, 1], got {target}")
+    reference = table.get("steps_reference")
+    if reference is not None and reference not in {v.label for a in axes if a.role == "method" for v in a.values}:
+        raise ConfigError(f"{origin}: steps_reference={reference!r} is not a method label of any axis with role = \"method\"")
+    return SweepSpec(
+        name=str(table.get("name", name)),
+        base=base,
+        description=str(table.get("description", "")),
+        overrides=tuple(_list(table, "overrides", origin, str)),
+        seeds=_seeds(table.get("seeds", [0]), origin),
+        targets=tuple(float(t) for t in targets),
+        steps_reference=reference,
+        axes=axes,
+        scales=scales,
+    )
+
+
+def _list(table: dict[str, Any], key: str, origin: str, kind: type | tuple[type, ...]) -> list[Any]:
+    value = table.get(key, [])
+    if not isinstance(value, list) or not all(isinstance(v, kind) and not isinstance(v, bool) for v in value):
+        kinds = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+        raise ConfigError(f"{origin}: `{key}` must be a list of {kinds} values, got {value!r}")
+    return value
+
+
+def _seeds(value: Any, origin: str) -> tuple[int, ...]:
+    if not isinstance(value, list) or not value or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in value):
+        raise ConfigError(f"{origin}: `seeds` must be a non-empty list of non-negative integers, got {value!r}")
+    if len(set(value)) != len(value):
+        raise ConfigError(f"{origin}: `seeds` lists a seed twice: {value!r}")
+    return tuple(value)
+
+
+def _axis(raw: dict[str, Any], index: int, origin: str) -> Axis:
+    where = f"{origin}: axes[{index}]"
+    if set(raw) - {"name", "role", "values"}:
+        raise ConfigError(f"{where}: unknown key(s) {', '.join(sorted(set(raw) - {'name', 'role', 'values'}))}; an axis has name, role, values")
+    name = raw.get("name")
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"{where}: `name` must be a non-empty string")
+    values = raw.get("values")
+    if not isinstance(values, list) or not values:
+        raise ConfigError(f"{where} ({name}): `values` must be a non-empty list of {{ label = \"...\", set = [\"key=value\", ...] }}")
+    parsed = []
+    for value in values:
+        if not isinstance(value, dict) or set(value) != {"label", "set"} or not isinstance(value["label"], str) or not value["label"]:
+            raise ConfigError(f"{where} ({name}): each value is {{ label = \"...\", set = [\"key=value\", ...] }}, got {value!r}")
+        assignments = value["set"]
+        if not isinstance(assignments, list) or not all(isinstance(a, str) for a in assignments):
+            raise ConfigError(f"{where} ({name}), value {value['label']!r}: `set` must be a list of \"key=value\" strings")
+        for assignment in assignments:
+            parse_override(assignment)
+        parsed.append(AxisValue(value["label"], tuple(assignments)))
+    labels = [v.label for v in parsed]
+    if len(set(labels)) != len(labels):
+        raise ConfigError(f"{where} ({name}): labels must differ, got {labels}")
+    role = raw.get("role") or _infer_role(v for value in parsed for v in value.set)
+    if role not in ("setting", "method"):
+        raise ConfigError(f"{where} ({name}): role must be \"setting\" or \"method\", got {role!r}")
+    return Axis(name, role, tuple(parsed))
+
+
+def _infer_role(assignments) -> Role:
+    sections = {parse_override(a)[0][0] for a in assignments}
+    return "method" if sections and sections <= set(METHOD_SECTIONS) else "setting"
+
+
+def grid_axis(assignment: str) -> Axis:
+    """``--grid algorithm.mu=[0, 1]`` (a TOML list) or ``--grid algorithm.name=fedavg,fedprox`` as an axis.
+
+    Keys in the algorithm, client, server or compression sections are methods
+    (rows of the report); other keys are settings (tables of their own).
+    """
+    key, sep, raw = assignment.partition("=")
+    key = key.strip()
+    if not sep or not key or not raw.strip():
+        raise ConfigError(f"--grid {assignment!r} must be KEY=[v1, v2, ...] or KEY=v1,v2 (for example --grid algorithm.mu=[0,1])")
+    raw = raw.strip()
+    try:
+        values = tomllib.loads(f"v = {raw}")["v"]
+        literals = [_toml_literal(v) for v in values] if isinstance(values, list) else None
+    except tomllib.TOMLDecodeError:
+        literals = None
+    if literals is None:
+        literals = [part.strip() for part in raw.strip("[]").split(",") if part.strip()]
+    if not literals:
+        raise ConfigError(f"--grid {assignment!r} lists no values")
+    axis_values = tuple(AxisValue(f"{key}={literal}", (f"{key}={literal}",)) for literal in literals)
+    for value in axis_values:
+        parse_override(value.set[0])
+    return Axis(key, _infer_role(v.set[0] for v in axis_values), axis_values)
+
+
+def _toml_literal(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return value if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.\-]*", value) else json.dumps(value)
+    raise ConfigError(f"--grid values must be numbers, booleans or strings; use a sweep file for {value!r}")
+
+
+def sweep_from_config(base: str, grid: Sequence[str], seeds: Sequence[int], name: str) -> SweepSpec:
+    """A sweep over ``--grid`` axes on one config or preset (no sweep file)."""
+    axes = tuple(grid_axis(g) for g in grid)
+    names = [a.name for a in axes]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"--grid names a key twice: {names}; list all of its values in one --grid")
+    return SweepSpec(name=name, base=base, seeds=_seeds(list(seeds), "--seeds"), axes=axes)
+
+
+# ---------------------------------------------------------------- planning
+
+
+_SPELLED_OUT = {"%": "pct", "μ": "mu", "α": "alpha", "β": "beta", "γ": "gamma", "λ": "lambda", "η": "eta"}
+
+
+def slug(label: str) -> str:
+    """A directory name for a label: ``"Dirichlet 0.3, 10%"`` -> ``"dirichlet-0.3-10pct"``."""
+    text = label.lower()
+    for symbol, word in _SPELLED_OUT.items():
+        text = text.replace(symbol, word)
+    text = re.sub(r"[^a-z0-9.]+", "-", text).strip("-.")
+    return text or "x"
+
+
+def plan(spec: SweepSpec, scale: str | None = None, extra_overrides: Sequence[str] = ()) -> list[PlannedRun]:
+    """Every run of the sweep, validated: a bad key fails here, before any work starts."""
+    if scale is not None and scale not in spec.scales:
+        known = ", ".join(spec.scales) or "none"
+        raise ConfigError(f"sweep {spec.name} has no scale {scale!r}; its scales: {known} (omit --scale for the default)")
+    chosen = spec.scales.get(scale, Scale()) if scale else Scale()
+    seeds = chosen.seeds or spec.seeds
+    base_table = read_config_source(spec.base)
+    combos: list[list[tuple[Axis, AxisValue]]] = [[]]
+    for axis in spec.axes:
+        combos = [combo + [(axis, value)] for combo in combos for value in axis.values]
+    runs, seen_dirs = [], {}
+    for combo in combos:
+        setting = ", ".join(value.label for axis, value in combo if axis.role == "setting")
+        method_parts = [value.label for axis, value in combo if axis.role == "method"]
+        assignments = [*spec.overrides, *chosen.overrides, *(a for _, value in combo for a in value.set), *extra_overrides]
+        for seed in seeds:
+            overrides = tuple([*assignments, f"seed={seed}"])
+            try:
+                config = load_config(apply_overrides(base_table, []), overrides)
+            except ConfigError as error:
+                labels = " / ".join(value.label for _, value in combo) or "the base config"
+                raise ConfigError(f"sweep {spec.name}, run {labels} (seed {seed}): {error}") from None
+            method = ", ".join(method_parts) or ALGORITHM_LABELS.get(config.algorithm.name, config.algorithm.name)
+            parts = [slug(setting)] if setting else []
+            run_dir = "/".join(["runs", *parts, slug(method), f"seed-{seed}"])
+            if run_dir in seen_dirs:
+                raise ConfigError(
+                    f"sweep {spec.name}: labels {seen_dirs[run_dir]!r} and {(setting, method)!r} map to the same directory {run_dir}; "
+                    "make the labels differ in letters or digits"
+                )
+            seen_dirs[run_dir] = (setting, method)
+            runs.append(PlannedRun(run_dir, setting, method, seed, overrides))
+    return runs
+
+
+def sweep_document(spec: SweepSpec, runs: Sequence[PlannedRun], scale: str | None, extra_overrides: Sequence[str]) -> dict[str, Any]:
+    """The content of ``sweep.json``: what a report needs to group runs by setting, method and seed."""
+    chosen = spec.scales.get(scale, Scale()) if scale else Scale()
+    return {
+        "format": SWEEP_FORMAT,
+        "name": spec.name,
+        "description": spec.description,
+        "base": spec.base,
+        "scale": scale or "default",
+        "overrides": [*spec.overrides, *chosen.overrides, *extra_overrides],
+        "seeds": list(chosen.seeds or spec.seeds),
+        "targets": list(spec.targets),
+        "steps_reference": spec.steps_reference,
+        "axes": [{"name": a.name, "role": a.role, "values": [{"label": v.label, "set": list(v.set)} for v in a.values]} for a in spec.axes],
+        "runs": [{**asdict(r), "overrides": list(r.overrides)} for r in runs],
+    }
+
+
+def run_status(run_dir: Path, rounds: int) -> RunStatus:
+    """Where a planned run stands, from the files its run directory holds."""
+    from driftlab.experiments.runner import read_run_info
+
+    if (run_dir / FAILURE_FILE).exists():
+        return "failed"
+    info = read_run_info(run_dir)
+    if info is None:
+        return "interrupted" if (run_dir / "metrics.jsonl").exists() else "pending"
+    status = info.get("status")
+    if status == "complete" and info.get("rounds_done") == rounds:
+        return "complete"
+    if status == "complete":
+        return "interrupted"  # finished a shorter run; `rounds` was raised since, so it resumes
+    if status in ("diverged", "failed"):
+        return status
+    return "interrupted"  # running (killed without a chance to say so) or interrupted
+
+
+# ---------------------------------------------------------------- running
+
+
+def _worker(run_dir: str, config_table: dict[str, Any], resume: bool, threads: int) -> None:
+    """Child process: one run; exit code 0 complete, 3 diverged, 130 interrupted, 1 failed (see failure.txt)."""
+    import torch
+
+    from driftlab.experiments.runner import install_termination_handler, run
+
+    torch.set_num_threads(threads)
+    install_termination_handler()
+    out = Path(run_dir)
+    try:
+        run(ExperimentConfig.model_validate(config_table), out, resume=resume)
+    except FloatingPointError:
+        sys.exit(3)  # run.json holds the message
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except BaseException as error:  # noqa: BLE001 - any failure is recorded for the sweep and the user
+        out.mkdir(parents=True, exist_ok=True)
+        detail = str(error) if isinstance(error, ConfigError) else traceback.format_exc()
+        (out / FAILURE_FILE).write_text(f"{type(error).__name__}: {error}\n\n{detail}")
+        sys.exit(1)
+
+
+def run_sweep(
+    spec: SweepSpec,
+    out_dir: str | Path,
+    *,
+    jobs: int | None = None,
+    scale: str | None = None,
+    extra_overrides: Sequence[str] = (),
+    retry_diverged: bool = False,
+    log: Callable[[str], None] = print,
+) -> list[RunOutcome]:
+    """Run every pending run of ``spec`` in up to ``jobs`` processes (default: the core count); returns each run's outcome.
+
+    Threads are split between processes (``torch.set_num_threads``), so a 2-core
+    machine runs two single-threaded runs at once. Ctrl-C or SIGTERM stops every
+    run at its last completed round, checkpointed; run the sweep again to resume.
+    """
+    out = Path(out_dir)
+    runs = plan(spec, scale, extra_overrides)
+    document = sweep_document(spec, runs, scale, extra_overrides)
+    _check_existing(out, document)
+    out.mkdir(parents=True, exist_ok=True)
+    _write_json(out / SWEEP_FILE, document)
+
+    base_table = read_config_source(spec.base)
+    configs = {r.dir: load_config(apply_overrides(base_table, []), r.overrides) for r in runs}
+    outcomes: dict[str, RunOutcome] = {}
+    todo: list[PlannedRun] = []
+    for r in runs:
+        status = run_status(out / r.dir, configs[r.dir].rounds)
+        if status == "complete" or (status == "diverged" and not retry_diverged):
+            outcomes[r.dir] = RunOutcome(r, status, _message(out / r.dir))
+        else:
+            todo.append(r)
+    cores = os.cpu_count() or 1
+    jobs = max(1, min(jobs or cores, max(len(todo), 1)))
+    threads = max(1, cores // jobs)
+    skipped = len(runs) - len(todo)
+    log(f"sweep {spec.name}: {len(runs)} runs, {skipped} already finished, {len(todo)} to run in {jobs} process(es) x {threads} thread(s)")
+
+    context = multiprocessing.get_context("spawn")
+    active: dict[str, tuple[Any, PlannedRun, float]] = {}
+    queue = list(todo)
+    done = skipped
+    previous_term = signal.getsignal(signal.SIGTERM)
+    terminated: list[int] = []
+
+    def terminate(signum, frame):  # noqa: ARG001
+        terminated.append(signum)
+        raise KeyboardInterrupt(f"terminated by signal {signum}")
+
+    if _in_main_thread():
+        signal.signal(signal.SIGTERM, terminate)
+    try:
+        while queue or active:
+            while queue and len(active) < jobs:
+                r = queue.pop(0)
+                run_dir = out / r.dir
+                (run_dir / FAILURE_FILE).unlink(missing_ok=True)
+                resume = (run_dir / "config.json").exists()
+                process = context.Process(target=_worker, args=(str(run_dir), configs[r.dir].to_dict(), resume, threads), daemon=False)
+                process.start()
+                active[r.dir] = (process, r, time.perf_counter())
+                log(f"  start  {_name(r)}" + ("  (resuming)" if resume else ""))
+            time.sleep(0.2)
+            for key in [k for k, (p, _, _) in active.items() if not p.is_alive()]:
+                process, r, started = active.pop(key)
+                process.join()
+                status = _status_from_exit(process.exitcode)
+                outcome = RunOutcome(r, status, _message(out / r.dir), time.perf_counter() - started)
+                outcomes[r.dir] = outcome
+                done += 1
+                log(f"  {status:<8s} {_name(r)}  [{done}/{len(runs)}, {_duration(outcome.seconds)}]" + (f"  {outcome.message}" if outcome.message else ""))
+    except KeyboardInterrupt:
+        log("sweep interrupted: stopping runs at their last completed round (checkpointed); run the same command again to resume")
+        # Ctrl-C reaches the whole process group, so the runs are already checkpointing; a SIGTERM sent to
+        # the sweep alone is passed on. Either way each run saves its last completed round before exiting.
+        if not terminated:
+            for process, _, _ in active.values():
+                process.join(timeout=60)
+        for process, _, _ in active.values():
+            if process.is_alive():
+                process.terminate()
+        for process, r, started in active.values():
+            process.join()
+            outcomes[r.dir] = RunOutcome(r, "interrupted", "", time.perf_counter() - started)
+        raise
+    finally:
+        if _in_main_thread():
+            signal.signal(signal.SIGTERM, previous_term)
+    return [outcomes[r.dir] for r in runs if r.dir in outcomes]
+
+
+def _check_existing(out: Path, document: dict[str, Any]) -> None:
+    path = out / SWEEP_FILE
+    if not path.exists():
+        return
+    try:
+        previous = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise ConfigError(f"{path} is not valid JSON ({error}); delete it to re-plan the sweep (run directories are kept)") from None
+    for key in ("name", "scale"):
+        if previous.get(key) != document[key]:
+            raise ConfigError(
+                f"{out} holds sweep {previous.get('name')!r} at scale {previous.get('scale')!r}, not {document['name']!r} at scale "
+                f"{document['scale']!r}; choose another --out directory"
+            )
+    planned = {r["dir"]: r["overrides"] for r in document["runs"]}
+    for r in previous.get("runs", []):
+        before, now = _without_rounds(r.get("overrides", [])), _without_rounds(planned.get(r["dir"], []))
+        if r["dir"] in planned and before != now:
+            raise ConfigError(
+                f"{out}/{r['dir']} was run with overrides {r.get('overrides')} but the sweep now gives it {planned[r['dir']]}; "
+                "only rounds may change when continuing a sweep; choose another --out directory"
+            )
+
+
+def _without_rounds(overrides: Sequence[str]) -> list[str]:
+    return [o for o in overrides if not o.replace(" ", "").startswith("rounds=")]
+
+
+def _status_from_exit(code: int | None) -> RunStatus:
+    return {0: "complete", 3: "diverged", 130: "interrupted", -signal.SIGTERM: "interrupted", -signal.SIGINT: "interrupted"}.get(code, "failed")
+
+
+def _message(run_dir: Path) -> str:
+    from driftlab.experiments.runner import read_run_info
+
+    failure = run_dir / FAILURE_FILE
+    if failure.exists():
+        return failure.read_text().splitlines()[0] + f"  (details: {failure})"
+    info = read_run_info(run_dir) or {}
+    return info.get("message", "") if info.get("status") in ("diverged", "failed") else ""
+
+
+def _name(r: PlannedRun) -> str:
+    return " / ".join(part for part in (r.setting, r.method, f"seed {r.seed}") if part)
+
+
+def _duration(seconds: float) -> str:
+    minutes, secs = divmod(int(round(seconds)), 60)
+    return f"{minutes}m{secs:02d}s" if minutes else f"{seconds:.1f}s"
+
+
+def _write_json(path: Path, content: dict[str, Any]) -> None:
+    from driftlab.simulation.checkpoint import write_atomically
+
+    text = json.dumps(content, indent=2) + "\n"
+    write_atomically(path, lambda tmp: tmp.write_text(text))
+
+
+def _in_main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+__all__ = [
+    "Axis",
+    "AxisValue",
+    "PlannedRun",
+    "RunOutcome",
+    "Scale",
+    "SweepSpec",
+    "grid_axis",
+    "is_sweep_source",
+    "load_sweep",
+    "plan",
+    "run_status",
+    "run_sweep",
+    "sweep_from_config",
+    "sweep_names",
+]

@@ -1,0 +1,273 @@
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from driftlab.experiments.config import ConfigError, load_config
+from driftlab.experiments.runner import read_run_info
+from driftlab.experiments.sweep import (
+    FAILURE_FILE,
+    SweepSpec,
+    grid_axis,
+    load_sweep,
+    plan,
+    run_status,
+    run_sweep,
+    slug,
+    sweep_from_config,
+    sweep_from_table,
+    sweep_names,
+)
+
+TINY = ["data.num_clients=6", "client.epochs=1", "sampling.participation=0.5", "evaluation.every=1"]
+
+
+def tiny_spec(**changes) -> SweepSpec:
+    table = {
+        "base": "synthetic-fedprox",
+        "overrides": [*TINY, "rounds=3"],
+        "seeds": [0, 1],
+        "targets": [0.5],
+        "axes": [
+            {"name": "data", "role": "setting", "values": [{"label": "syn(0,0)", "set": ["data.synthetic_alpha=0", "data.synthetic_beta=0"]}]},
+            {"name": "mu", "values": [{"label": "μ=0", "set": ["algorithm.mu=0"]}, {"label": "μ=1", "set": ["algorithm.mu=1"]}]},
+        ],
+    }
+    table.update(changes)
+    return sweep_from_table(table, "test sweep", "tiny")
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    for record in records:
+        record.pop("round_seconds")
+    return records
+
+
+# ---------------------------------------------------------------- planning
+
+
+def test_plan_crosses_axes_and_seeds_in_order_with_overrides_applied_in_order():
+    runs = plan(tiny_spec(), extra_overrides=["rounds=4"])
+    assert [(r.setting, r.method, r.seed) for r in runs] == [
+        ("syn(0,0)", "μ=0", 0),
+        ("syn(0,0)", "μ=0", 1),
+        ("syn(0,0)", "μ=1", 0),
+        ("syn(0,0)", "μ=1", 1),
+    ]
+    assert runs[2].dir == "runs/syn-0-0/mu-1/seed-0"
+    # sweep overrides, then the axes, then the command line, then the seed
+    assert runs[3].overrides == (*TINY, "rounds=3", "data.synthetic_alpha=0", "data.synthetic_beta=0", "algorithm.mu=1", "rounds=4", "seed=1")
+    config = load_config("synthetic-fedprox", runs[3].overrides)
+    assert (config.rounds, config.seed, config.algorithm.mu, config.data.synthetic_alpha) == (4, 1, 1.0, 0.0)
+
+
+def test_axis_role_is_inferred_from_the_sections_it_sets():
+    spec = tiny_spec()
+    assert [a.role for a in spec.axes] == ["setting", "method"]
+    assert grid_axis("data.synthetic_alpha=[0, 0.5]").role == "setting"
+    assert grid_axis("server.lr=1,0.5").role == "method"
+
+
+def test_grid_axis_reads_toml_lists_and_comma_lists():
+    axis = grid_axis("algorithm.mu=[0, 0.01, 1]")
+    assert [v.set for v in axis.values] == [("algorithm.mu=0",), ("algorithm.mu=0.01",), ("algorithm.mu=1",)]
+    assert [v.label for v in grid_axis("algorithm.name=fedavg,scaffold").values] == ["algorithm.name=fedavg", "algorithm.name=scaffold"]
+    assert [v.set for v in grid_axis('data.name=["synthetic_iid", "synthetic"]').values] == [("data.name=synthetic_iid",), ("data.name=synthetic",)]
+    with pytest.raises(ConfigError, match="KEY=\\[v1, v2"):
+        grid_axis("algorithm.mu")
+
+
+def test_method_label_defaults_to_the_algorithm_when_no_axis_names_methods():
+    spec = sweep_from_config("synthetic-fedavg", ["data.synthetic_alpha=[0, 1]"], [3], name="grid")
+    runs = plan(spec)
+    assert [(r.setting, r.method, r.seed) for r in runs] == [("data.synthetic_alpha=0", "FedAvg", 3), ("data.synthetic_alpha=1", "FedAvg", 3)]
+    assert runs[0].dir == "runs/data.synthetic-alpha-0/fedavg/seed-3"
+
+
+def test_labels_that_collapse_to_one_directory_are_rejected():
+    values = [{"label": "μ 1", "set": ["algorithm.mu=1"]}, {"label": "μ-1", "set": ["algorithm.mu=0"]}]
+    with pytest.raises(ConfigError, match="same directory"):
+        plan(tiny_spec(axes=[{"name": "mu", "values": values}]))
+
+
+def test_a_bad_key_in_any_run_fails_the_plan_and_names_the_run():
+    values = [{"label": "ok", "set": ["algorithm.mu=0"]}, {"label": "typo", "set": ["algorithm.muu=1"]}]
+    with pytest.raises(ConfigError, match=r"(?s)run typo \(seed 0\).*algorithm.muu"):
+        plan(tiny_spec(axes=[{"name": "mu", "values": values}]))
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"bas": "x"}, "unknown key"),
+        ({"base": 3}, "`base` must name the config"),
+        ({"seeds": []}, "non-empty list"),
+        ({"seeds": [0, 0]}, "a seed twice"),
+        ({"targets": [97.2]}, "fractions in"),
+        ({"steps_reference": "nope"}, "steps_reference='nope' is not a method label"),
+        ({"axes": [{"name": "a", "values": [{"label": "x"}]}]}, "each value is"),
+        ({"axes": [{"name": "a", "values": [{"label": "x", "set": ["k"]}]}]}, "section.key=value"),
+        ({"axes": [{"name": "a", "role": "row", "values": [{"label": "x", "set": ["seed=1"]}]}]}, 'role must be "setting" or "method"'),
+        ({"axes": [{"name": "a", "values": [{"label": "x", "set": ["seed=1"]}, {"label": "x", "set": ["seed=2"]}]}]}, "labels must differ"),
+        ({"scales": {"paper": {"override": []}}}, "scales.paper must be a table"),
+    ],
+)
+def test_bad_sweep_files_get_errors_that_name_the_problem(changes, message):
+    with pytest.raises(ConfigError, match=message):
+        tiny_spec(**changes)
+
+
+def test_unknown_scale_lists_the_known_ones():
+    spec = tiny_spec(scales={"paper": {"overrides": ["rounds=5"], "seeds": [4]}})
+    with pytest.raises(ConfigError, match="no scale 'full'; its scales: paper"):
+        plan(spec, scale="full")
+    runs = plan(spec, scale="paper")
+    assert {r.seed for r in runs} == {4} and all("rounds=5" in r.overrides for r in runs)
+
+
+def test_sweep_file_base_is_read_relative_to_the_file(tmp_path):
+    (tmp_path / "base.toml").write_text('rounds = 2\n[data]\nnum_clients = 5\n')
+    (tmp_path / "s.toml").write_text('base = "base.toml"\n[[axes]]\nname = "lr"\nvalues = [{ label = "a", set = ["client.lr=0.5"] }]\n')
+    spec = load_sweep(tmp_path / "s.toml")
+    assert spec.name == "s" and Path(spec.base) == tmp_path / "base.toml"
+    assert load_config(spec.base, plan(spec)[0].overrides).data.num_clients == 5
+
+
+def test_missing_sweep_names_the_shipped_ones():
+    with pytest.raises(ConfigError, match="shipped sweeps: .*fedprox-figure1"):
+        load_sweep("no-such-sweep")
+
+
+@pytest.mark.parametrize("name", sweep_names())
+def test_every_shipped_sweep_plans_at_both_scales(name):
+    spec = load_sweep(name)
+    assert spec.description and spec.axes
+    for scale in [None, *spec.scales]:
+        runs = plan(spec, scale)
+        assert len(runs) == len({r.dir for r in runs}) >= 2
+
+
+def test_slug():
+    assert slug("Dirichlet 0.3, 10%") == "dirichlet-0.3-10pct"
+    assert slug("constant K, decaying γ") == "constant-k-decaying-gamma"
+
+
+# ---------------------------------------------------------------- running
+
+
+def test_sweep_runs_in_parallel_skips_finished_runs_and_extends_rounds_exactly(tmp_path):
+    spec = tiny_spec()
+    logged: list[str] = []
+    outcomes = run_sweep(spec, tmp_path / "s", jobs=2, log=logged.append)
+    assert [o.status for o in outcomes] == ["complete"] * 4
+    assert "4 to run in 2 process(es)" in logged[0]
+    document = json.loads((tmp_path / "s" / "sweep.json").read_text())
+    assert [r["method"] for r in document["runs"]] == ["μ=0", "μ=0", "μ=1", "μ=1"] and document["targets"] == [0.5]
+    first = metrics(tmp_path / "s" / outcomes[0].run.dir)
+    assert [r["round"] for r in first] == [1, 2, 3]
+
+    logged.clear()
+    again = run_sweep(spec, tmp_path / "s", jobs=2, log=logged.append)
+    assert [o.status for o in again] == ["complete"] * 4 and "4 already finished, 0 to run" in logged[0]
+
+    # more rounds: every run resumes from its checkpoint and matches a run made in one go
+    logged.clear()
+    run_sweep(spec, tmp_path / "s", jobs=1, extra_overrides=["rounds=5"], log=logged.append)
+    assert sum("(resuming)" in line for line in logged) == 4
+    straight = run_sweep(spec, tmp_path / "straight", jobs=1, extra_overrides=["rounds=5"], log=lambda _: None)
+    for outcome in straight:
+        assert metrics(tmp_path / "s" / outcome.run.dir) == metrics(tmp_path / "straight" / outcome.run.dir)
+
+
+def test_changed_overrides_in_an_existing_sweep_directory_are_refused(tmp_path):
+    spec = tiny_spec(seeds=[0], axes=[{"name": "mu", "values": [{"label": "m", "set": ["algorithm.mu=0"]}]}])
+    run_sweep(spec, tmp_path, jobs=1, log=lambda _: None)
+    changed = tiny_spec(seeds=[0], axes=[{"name": "mu", "values": [{"label": "m", "set": ["algorithm.mu=1"]}]}])
+    with pytest.raises(ConfigError, match="only rounds may change"):
+        run_sweep(changed, tmp_path, jobs=1, log=lambda _: None)
+    with pytest.raises(ConfigError, match="holds sweep 'tiny' at scale 'default'"):
+        run_sweep(SweepSpec(name="other", base="synthetic-fedprox"), tmp_path, jobs=1, log=lambda _: None)
+
+
+def test_failed_runs_are_recorded_and_retried_and_diverged_runs_are_left_alone(tmp_path):
+    values = [
+        {"label": "fine", "set": ["algorithm.mu=0"]},
+        {"label": "no data", "set": ["data.name=mnist", "model.name=mlp", f"data.root={tmp_path / 'absent'}"]},
+        {"label": "diverges", "set": ["client.lr=1e30"]},
+    ]
+    spec = tiny_spec(seeds=[0], axes=[{"name": "m", "role": "method", "values": values}])
+    outcomes = {o.run.method: o for o in run_sweep(spec, tmp_path / "s", jobs=2, log=lambda _: None)}
+    assert outcomes["fine"].status == "complete"
+    assert outcomes["no data"].status == "failed" and "absent" in outcomes["no data"].message
+    assert (tmp_path / "s" / outcomes["no data"].run.dir / FAILURE_FILE).exists()
+    assert outcomes["diverges"].status == "diverged" and "non-finite" in outcomes["diverges"].message
+    assert read_run_info(tmp_path / "s" / outcomes["diverges"].run.dir)["status"] == "diverged"
+
+    logged: list[str] = []
+    again = {o.run.method: o for o in run_sweep(spec, tmp_path / "s", jobs=2, log=logged.append)}
+    assert "1 to run" in logged[0]  # only the failed run is retried
+    assert again["no data"].status == "failed" and again["diverges"].status == "diverged"
+    retried = run_sweep(spec, tmp_path / "s", jobs=2, retry_diverged=True, log=logged.append)
+    assert [o.status for o in retried] == ["complete", "failed", "diverged"]
+
+
+def test_run_status_reads_the_run_directory(tmp_path):
+    assert run_status(tmp_path / "none", 5) == "pending"
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    (run_dir / "metrics.jsonl").write_text("")
+    assert run_status(run_dir, 5) == "interrupted"
+    (run_dir / "run.json").write_text(json.dumps({"status": "complete", "rounds_done": 5}))
+    assert run_status(run_dir, 5) == "complete"
+    assert run_status(run_dir, 8) == "interrupted"  # rounds raised since: resume
+    (run_dir / "run.json").write_text(json.dumps({"status": "running", "rounds_done": 2}))
+    assert run_status(run_dir, 5) == "interrupted"
+    (run_dir / FAILURE_FILE).write_text("boom")
+    assert run_status(run_dir, 5) == "failed"
+
+
+def test_a_terminated_sweep_checkpoints_its_runs_and_resumes_to_identical_results(tmp_path):
+    sweep_file = tmp_path / "s.toml"
+    sweep_file.write_text(
+        'base = "synthetic-fedprox"\n'
+        'overrides = ["data.num_clients=6", "client.epochs=2", "sampling.participation=0.5", "rounds=400", "checkpoint_every=1000"]\n'
+        "seeds = [0]\n"
+        '[[axes]]\nname = "mu"\nvalues = [{ label = "a", set = ["algorithm.mu=0"] }, { label = "b", set = ["algorithm.mu=1"] }]\n'
+    )
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "driftlab.cli", "sweep", str(sweep_file), "--jobs", "2", "--no-report", "--out", str(out)]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    run_dirs = [out / "runs" / "a" / "seed-0", out / "runs" / "b" / "seed-0"]
+    deadline = time.time() + 120
+    while time.time() < deadline and not all(
+        (d / "metrics.jsonl").exists() and len((d / "metrics.jsonl").read_text().splitlines()) >= 5 for d in run_dirs
+    ):
+        time.sleep(0.2)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130, stderr
+    for run_dir in run_dirs:
+        info = read_run_info(run_dir)
+        assert info["status"] == "interrupted" and 5 <= info["rounds_done"] < 400
+        assert (run_dir / "checkpoint.safetensors").exists()
+
+    resumed = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr
+    assert resumed.stdout.count("(resuming)") == 2
+    straight = subprocess.run([*command[:-1], str(tmp_path / "straight")], capture_output=True, text=True)
+    assert straight.returncode == 0, straight.stderr
+    for name in ("a", "b"):
+        assert metrics(out / "runs" / name / "seed-0") == metrics(tmp_path / "straight" / "runs" / name / "seed-0")
+
+
+def test_spawned_runs_split_the_cores_between_them(tmp_path):
+    spec = tiny_spec(seeds=[0], axes=[{"name": "m", "values": [{"label": "a", "set": ["algorithm.mu=0"]}, {"label": "b", "set": ["algorithm.mu=1"]}]}])
+    run_sweep(spec, tmp_path, jobs=2, log=lambda _: None)
+    threads = [read_run_info(tmp_path / "runs" / name / "seed-0")["machine"]["torch_threads"] for name in ("a", "b")]
+    assert threads == [max(1, (os.cpu_count() or 1) // 2)] * 2

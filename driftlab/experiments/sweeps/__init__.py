@@ -1,0 +1,1 @@
+"""Sweep presets: the papers' headline experiments (``driftlab presets``; ``driftlab sweep NAME --out DIR``)."""
