@@ -56,7 +56,7 @@ def test_presets_command():
     result = driftlab_cli("presets")
     assert result.returncode == 0
     configs, sweeps = result.stdout.split("sweeps (driftlab sweep NAME --out DIR):")
-    assert configs.split()[4:] == preset_names()  # after the heading "configs (driftlab run NAME --out DIR):"
+    assert configs.splitlines()[1:] == [f"  {name}" for name in preset_names()]
     assert "synthetic-fedavg" in configs and "mnist-fedadam" in configs
     from driftlab.experiments.sweep import sweep_names
 
