@@ -1,0 +1,392 @@
+"""Reports: hand-built run directories whose numbers can be worked out on paper, plus one real end-to-end run.
+
+Fixture convention: every run has P = 10 parameters and 2 selected clients a round,
+so one uncompressed upload round is 32 · 10 · 2 = 640 bits = 1 model-equivalent.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+import driftlab
+from driftlab.experiments.config import ConfigError, load_config
+from driftlab.experiments.report import make_report, read_metrics, savings, target_row
+
+PARAMETERS = 10
+SELECTED = 2
+ONE_MODEL_BITS = 32 * PARAMETERS * SELECTED  # 640
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def _config(algorithm: str = "fedavg", seed: int = 0, rounds: int = 5, **keys) -> dict:
+    """A valid resolved config with ``section.key`` values replaced (``keys`` use ``__`` for the dot)."""
+    config = load_config(None).to_dict()
+    config["algorithm"] = {"name": algorithm, "aggregation": "weighted"}
+    config["seed"], config["rounds"] = seed, rounds
+    for dotted, value in keys.items():
+        section, key = dotted.split("__")
+        config[section][key] = value
+    return config
+
+
+def _records(accuracies, upload_per_round=ONE_MODEL_BITS, steps=10, **series) -> list[dict]:
+    records = []
+    for index, accuracy in enumerate(accuracies):
+        record = {
+            "round": index + 1, "num_selected": SELECTED, "num_reporting": SELECTED, "reporting_clients": [0, 1],
+            "num_inactive": 0, "num_incomplete": 0,
+            "local_steps": steps[index] if isinstance(steps, list) else steps,
+            "upload_bits": upload_per_round, "download_bits": ONE_MODEL_BITS, "client_lr": 0.1, "server_lr": 1.0,
+            "model_norm": 1.0 + index, "round_seconds": 0.1,
+        }
+        if accuracy is not None:
+            record.update(test_accuracy=accuracy, test_loss=1.0, train_loss=1.0)
+        for key, values in series.items():
+            if values[index] is not None:
+                record[key] = values[index]
+        records.append(record)
+    return records
+
+
+def _write_run(path: Path, config: dict, records: list[dict], status: str = "complete", info: bool = True, **extra) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(config, indent=2))
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    if info:
+        content = {
+            "format": 1, "status": status, "rounds": config["rounds"], "rounds_done": records[-1]["round"] if records else 0,
+            "num_parameters": PARAMETERS, "wall_seconds": 3.0,
+            "machine": {"processor": "Test CPU", "cpu_count": 2, "torch_threads": 2, "device": "cpu"}, **extra,
+        }
+        (path / "run.json").write_text(json.dumps(content))
+    return path
+
+
+def _three_methods(root: Path) -> Path:
+    """FedAvg reaches 80% at round 4 (4 models up), SCAFFOLD at round 1 (2 models up), FedProx never (5 rounds)."""
+    _write_run(root / "fedavg", _config("fedavg"), _records([0.5, 0.6, 0.7, 0.8, 0.85]))
+    _write_run(root / "scaffold", _config("scaffold"), _records([0.82, 0.84, 0.86, 0.88, 0.9], upload_per_round=2 * ONE_MODEL_BITS, drift_norm=[0.1, 0.2, 0.3, 0.4, 0.5]))
+    prox = _config("fedprox")
+    prox["algorithm"]["mu"] = 1.0
+    _write_run(root / "fedprox", prox, _records([0.5, 0.6, 0.65, 0.7, 0.7]))
+    return root
+
+
+def _row(report, method: str, target: float):
+    return next(r for r in report.targets if r.method == method and r.target == target)
+
+
+def _markdown_row(markdown: str, first_cell: str) -> list[str]:
+    line = next(line for line in markdown.splitlines() if line.startswith(f"| {first_cell} |"))
+    return [cell.strip() for cell in line.strip("|").split("|")]
+
+
+def _csv(path: Path) -> list[dict]:
+    with open(path, newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+# ---------------------------------------------------------------- communication to a target
+
+
+def test_rounds_model_equivalents_and_savings_by_hand(tmp_path):
+    report = make_report([_three_methods(tmp_path / "runs")], tmp_path / "report", targets=[0.8], plots=False)
+    assert [s.label for s in report.settings] == ["synthetic"]
+    assert list(report.settings[0].methods) == ["FedAvg", "FedProx", "SCAFFOLD"]  # the papers' order
+
+    fedavg, scaffold, fedprox = (_row(report, m, 0.8) for m in ("FedAvg", "SCAFFOLD", "FedProx"))
+    assert (fedavg.rounds, fedavg.model_equivalents, fedavg.upload_bits, fedavg.download_bits) == (4, 4.0, 4 * 640, 4 * 640)
+    assert not fedavg.lower_bound
+    # SCAFFOLD uploads model + control variate: 2 model-equivalents in its single round.
+    assert (scaffold.rounds, scaffold.model_equivalents, scaffold.upload_bits) == (1, 2.0, 1280)
+    # Never reached: the whole run (5 rounds, 5 models up) as a lower bound.
+    assert (fedprox.rounds, fedprox.model_equivalents, fedprox.lower_bound, fedprox.seeds_reached) == (5, 5.0, True, 0)
+
+    assert savings(scaffold, fedavg).ratio == 2.0 and savings(scaffold, fedavg).bound == "="
+    assert savings(scaffold, fedprox).ratio == 2.5 and savings(scaffold, fedprox).bound == ">"
+    assert savings(fedprox, fedavg).ratio == 0.8 and savings(fedprox, fedavg).bound == "<"
+
+    # Columns: method, rounds, model-eq, upload, download, vs FedAvg, vs FedProx, vs SCAFFOLD, note.
+    assert _markdown_row(report.markdown, "SCAFFOLD") == ["SCAFFOLD", "1", "2.0", "1.28 kbit", "640 bit", "2.0×", ">2.5×", "·", ""]
+    assert _markdown_row(report.markdown, "FedProx")[:6] == ["FedProx", "5+", "5.0+", "3.2 kbit+", "3.2 kbit+", "<0.8×"]
+    assert _markdown_row(report.markdown, "FedProx")[-1] == "not reached"
+    assert "### Communication to reach 80% test accuracy" in report.markdown
+
+
+def test_csv_tables_agree_with_the_markdown(tmp_path):
+    out = tmp_path / "report"
+    report = make_report([_three_methods(tmp_path / "runs")], out, targets=[0.8], plots=False)
+    assert {p.name for p in report.files} >= {"report.md", "targets.csv", "accuracy.csv", "steps.csv", "savings.csv", "runs.csv"}
+    targets = {row["method"]: row for row in _csv(out / "targets.csv")}
+    assert targets["FedAvg"]["rounds"] == "4" and float(targets["FedAvg"]["model_equivalents"]) == 4.0
+    assert targets["FedAvg"]["upload_bits"] == "2560" and targets["FedAvg"]["lower_bound"] == "0"
+    assert targets["FedProx"]["lower_bound"] == "1" and targets["FedProx"]["seeds_reached"] == "0"
+    for method, row in targets.items():
+        cells = _markdown_row(report.markdown, method)
+        plus = "+" if row["lower_bound"] == "1" else ""
+        assert cells[1] == row["rounds"] + plus
+        assert cells[2] == f"{float(row['model_equivalents']):.1f}{plus}"
+    ratios = {(r["method"], r["baseline"]): r for r in _csv(out / "savings.csv")}
+    assert float(ratios[("SCAFFOLD", "FedAvg")]["ratio"]) == 2.0 and ratios[("SCAFFOLD", "FedProx")]["bound"] == ">"
+    accuracy = {row["method"]: row for row in _csv(out / "accuracy.csv")}
+    assert float(accuracy["FedAvg"]["final_accuracy_mean"]) == 0.85 and accuracy["FedAvg"]["final_accuracy_std"] == ""
+    assert "| FedAvg | 1 | 85.00% | 85.00% |" in report.markdown.split("### Accuracy")[1]
+    steps = {row["method"]: row for row in _csv(out / "steps.csv")}
+    assert steps["FedAvg"]["total_steps"] == "50" and steps["FedAvg"]["steps_to_0.8"] == "40"
+    runs = _csv(out / "runs.csv")
+    assert len(runs) == 3 and {r["status"] for r in runs} == {"complete"} and runs[0]["machine"] == "Test CPU, 2 threads"
+
+
+def test_seeds_mean_std_and_partial_reach(tmp_path):
+    root = tmp_path / "runs"
+    _write_run(root / "s0", _config(seed=0, rounds=3), _records([0.80, 0.85, 0.90], client_test_accuracy_mean=[0.5, 0.7, 0.6]))
+    _write_run(root / "s1", _config(seed=1, rounds=3), _records([0.85, 0.92, 0.92], client_test_accuracy_mean=[0.6, 0.8, 0.7]))
+    report = make_report([root], tmp_path / "report", targets=[0.85, 0.92], plots=False)
+    assert len(report.settings[0].methods["FedAvg"]) == 2  # seeds of one method, not two methods
+
+    accuracy = report.accuracy[0]
+    assert accuracy.final_accuracy.mean == pytest.approx(0.91) and accuracy.final_accuracy.std == pytest.approx(0.02**0.5 / 10)
+    assert accuracy.best_client_accuracy.mean == pytest.approx(0.75)  # BMTA: best over rounds, then mean over seeds
+    # (0.90, 0.92): mean 91.00%, sample std sqrt(((-1)² + 1²)/1) = 1.41 points.
+    assert _markdown_row(report.markdown.split("### Accuracy")[1], "FedAvg")[:5] == ["FedAvg", "2", "91.00 ± 1.41%", "91.00 ± 1.41%", "75.00 ± 7.07%"]
+
+    both = _row(report, "FedAvg", 0.85)  # seed 0 at round 2, seed 1 at round 1
+    assert (both.rounds, both.model_equivalents, both.lower_bound) == (1.5, 1.5, False)
+    partial = _row(report, "FedAvg", 0.92)  # seed 1 at round 2; seed 0 ran 3 rounds without reaching it
+    assert (partial.rounds, partial.seeds_reached, partial.lower_bound) == (2.5, 1, True)
+    table = report.markdown.split("reach 92%")[1]
+    assert _markdown_row(table, "FedAvg")[1:3] == ["2.5+", "2.5+"] and "1/2 seeds reached" in _markdown_row(table, "FedAvg")[-1]
+
+
+def test_local_steps_fraction_of_the_constant_work_method(tmp_path):
+    root = tmp_path / "runs"
+    constant = _config(client__steps=10)
+    decaying = _config(client__steps={"kind": "exponential", "initial": 10.0, "decay": 0.8})
+    for config in (constant, decaying):
+        config["client"].pop("epochs", None)
+    _write_run(root / "constant", constant, _records([0.5, 0.6, 0.7, 0.8, 0.9], steps=20))  # 100 steps; 80 to reach 80%
+    _write_run(root / "decaying", decaying, _records([0.5, 0.6, 0.8, 0.8, 0.9], steps=[20, 16, 12, 10, 8]))  # 66; 48 to 80%
+    report = make_report([root], tmp_path / "report", targets=[0.8], plots=False)
+    labels = list(report.settings[0].methods)
+    assert labels == ["FedAvg (client.steps=10)", "FedAvg (client.steps=exponential(initial=10, decay=0.8))"]
+    rows = {row.method: row for row in report.steps}
+    assert {row.reference for row in report.steps} == {labels[0]}  # constant K is the default reference
+    assert rows[labels[1]].total_steps == 66 and rows[labels[1]].total_fraction == pytest.approx(0.66)
+    assert rows[labels[1]].target_fraction[0.8] == pytest.approx(48 / 80)
+    assert _markdown_row(report.markdown.split("### Local SGD steps")[1], labels[1])[1:5] == ["66", "66.0%", "48", "60.0%"]
+
+    flipped = make_report([root], tmp_path / "flipped", targets=[0.8], steps_reference=labels[1], plots=False)
+    assert {row.method: row.total_fraction for row in flipped.steps}[labels[0]] == pytest.approx(100 / 66)
+
+
+def test_diverged_run(tmp_path):
+    root = _three_methods(tmp_path / "runs")
+    _write_run(root / "feddyn", _config("feddyn"), _records([0.5, 0.55]), status="diverged", message="round 3: the server model has non-finite entries")
+    report = make_report([root], tmp_path / "report", targets=[0.8], plots=False)
+    feddyn = _row(report, "FedDyn", 0.8)
+    assert feddyn.diverged_at == 3 and feddyn.seeds_diverged == 1
+    cells = _markdown_row(report.markdown, "FedDyn")
+    assert cells[1] == "diverged at round 3" and cells[5:8] == ["—", "—", "—"]
+    assert savings(_row(report, "SCAFFOLD", 0.8), feddyn).ratio is None  # no ratio against a divergence
+    assert "1 diverged" in _markdown_row(report.markdown.split("### Runs")[1], "FedDyn")[3]
+
+
+# ---------------------------------------------------------------- inputs
+
+
+def _sweep(root: Path) -> Path:
+    """Two settings x (FedDyn, FedAvg) x seeds (0, 1); the Dirichlet FedAvg seed 1 has not started."""
+    settings = [("IID", "iid", "iid"), ("Dirichlet 0.3", "dirichlet-0.3", "dirichlet")]
+    methods = [("FedDyn", "feddyn"), ("FedAvg", "fedavg")]  # deliberately not the papers' order
+    runs = []
+    for setting, setting_dir, partition in settings:
+        for method, algorithm in methods:
+            for seed in (0, 1):
+                run_dir = f"runs/{setting_dir}/{algorithm}/seed-{seed}"
+                runs.append({"dir": run_dir, "setting": setting, "method": method, "seed": seed, "overrides": []})
+                if (setting, method, seed) == ("Dirichlet 0.3", "FedAvg", 1):
+                    continue
+                accuracy = 0.9 if algorithm == "feddyn" else 0.6
+                _write_run(root / run_dir, _config(algorithm, seed=seed, data__partition=partition), _records([accuracy] * 5))
+    document = {
+        "format": 1, "name": "tiny-table2", "description": "a tiny FedDyn Table 2", "base": "mnist-feddyn", "scale": "default",
+        "overrides": [], "seeds": [0, 1], "targets": [0.85], "steps_reference": "FedAvg",
+        "axes": [
+            {"name": "partition", "role": "setting", "values": [{"label": s, "set": []} for s, _, _ in settings]},
+            {"name": "method", "role": "method", "values": [{"label": m, "set": []} for m, _ in methods]},
+        ],
+        "runs": runs,
+    }
+    (root / "sweep.json").write_text(json.dumps(document))
+    return root
+
+
+def test_sweep_grouping_order_targets_and_pending_runs(tmp_path):
+    root = _sweep(tmp_path / "sweep")
+    report = make_report([root], tmp_path / "report", plots=False)
+    assert [s.label for s in report.settings] == ["IID", "Dirichlet 0.3"]
+    assert [list(s.methods) for s in report.settings] == [["FedDyn", "FedAvg"], ["FedDyn", "FedAvg"]]
+    assert [[len(runs) for runs in s.methods.values()] for s in report.settings] == [[2, 2], [2, 1]]
+    assert {row.target for row in report.targets} == {0.85}  # from sweep.json
+    assert {row.reference for row in report.steps} == {"FedAvg"}  # sweep.json's steps_reference
+    dirichlet = report.markdown.split("## Dirichlet 0.3")[1]
+    assert _markdown_row(dirichlet.split("### Runs")[1], "FedAvg")[1:4] == ["0", "5/5", "1 complete, 1 not started"]
+    assert "Sweep **tiny-table2**" in report.markdown
+
+
+def test_recursive_discovery_without_double_counting(tmp_path):
+    root = tmp_path / "demo"
+    _write_run(root / "a" / "fedavg", _config("fedavg"), _records([0.5] * 5))
+    _write_run(root / "b" / "deeper" / "scaffold", _config("scaffold"), _records([0.6] * 5))
+    sweep = _sweep(root / "c" / "sweep")
+    report = make_report([root, root / "a" / "fedavg", sweep / "runs" / "iid"], tmp_path / "report", targets=[0.5], plots=False)
+    assert len(report.runs) == 2 + 7
+    labels = {run.path.relative_to(root).as_posix(): (run.setting, run.method) for run in report.runs}
+    assert labels["a/fedavg"] == ("synthetic", "FedAvg")
+    assert labels["c/sweep/runs/iid/feddyn/seed-0"] == ("IID", "FedDyn")  # reached twice; the sweep's labels win
+
+
+def test_torn_last_metrics_line_is_dropped(tmp_path):
+    run = _write_run(tmp_path / "run", _config(rounds=3), _records([0.5, 0.7]), status="interrupted")
+    with open(run / "metrics.jsonl", "a") as handle:
+        handle.write('{"round": 3, "num_selected": 2, "local_st')
+    records, torn = read_metrics(run / "metrics.jsonl")
+    assert [r["round"] for r in records] == [1, 2] and torn == 3
+    report = make_report([run], tmp_path / "report", targets=[0.6], plots=False)
+    assert report.runs[0].rounds_done == 2
+    assert "line 3 was torn" in report.markdown
+    assert _markdown_row(report.markdown.split("### Runs")[1], "FedAvg")[2:4] == ["2/3", "1 interrupted"]
+
+
+def test_runs_without_run_json_leave_model_equivalents_empty(tmp_path):
+    run = _write_run(tmp_path / "old", _config(), _records([0.5, 0.9, 0.9, 0.9, 0.9]), info=False)
+    report = make_report([run], tmp_path / "report", targets=[0.8], plots=False)
+    row = _row(report, "FedAvg", 0.8)
+    assert row.model_equivalents is None and row.upload_bits == 1280
+    assert _markdown_row(report.markdown, "FedAvg")[1:4] == ["2", "", "1.28 kbit"]
+    assert "no run.json" in report.markdown
+    assert report.runs[0].status == "complete"  # every planned round is in its metrics
+
+
+def test_targets_default_to_the_runs_target_accuracy(tmp_path):
+    root = tmp_path / "runs"
+    _write_run(root / "a", _config("fedavg", evaluation__target_accuracy=0.7), _records([0.5, 0.8, 0.8, 0.8, 0.8]))
+    _write_run(root / "b", _config("scaffold", evaluation__target_accuracy=0.6), _records([0.5, 0.8, 0.8, 0.8, 0.8]))
+    report = make_report([root], tmp_path / "report", plots=False)
+    assert sorted({row.target for row in report.targets}) == [0.6, 0.7]
+
+
+def _missing(root: Path) -> Path:
+    return root / "missing"
+
+
+def _empty(root: Path) -> Path:
+    (root / "empty").mkdir()
+    return root / "empty"
+
+
+def _broken_config(root: Path) -> Path:
+    run = _write_run(root / "r", _config(), _records([0.5]))
+    (run / "config.json").write_text('{"seed": 0,\n  oops}')
+    return run
+
+
+def _broken_run_info(root: Path) -> Path:
+    run = _write_run(root / "r", _config(), _records([0.5]))
+    (run / "run.json").write_text("{")
+    return run
+
+
+def _sweep_without_runs(root: Path) -> Path:
+    (root / "s").mkdir()
+    (root / "s" / "sweep.json").write_text('{"format": 1}')
+    return root / "s"
+
+
+@pytest.mark.parametrize(
+    "make_input, expected",
+    [
+        (_missing, "missing: no such directory; pass a run directory"),
+        (_empty, "is not a run directory (config.json + metrics.jsonl), not a sweep directory (sweep.json)"),
+        (_broken_config, "r/config.json is not valid JSON (line 2, column 3"),
+        (_broken_run_info, "r/run.json is not valid JSON (line 1, column 2"),
+        (_sweep_without_runs, "s/sweep.json has no list of runs"),
+    ],
+    ids=lambda value: value.__name__.strip("_") if callable(value) else "",
+)
+def test_bad_inputs_raise_config_errors_that_say_what_to_do(tmp_path, make_input, expected):
+    with pytest.raises(ConfigError) as error:
+        make_report([make_input(tmp_path)], tmp_path / "report", plots=False)
+    assert expected in str(error.value)
+
+
+def test_damaged_metrics_and_bad_arguments(tmp_path):
+    run = _write_run(tmp_path / "run", _config(), _records([0.5, 0.6, 0.7]))
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    (run / "metrics.jsonl").write_text("\n".join([lines[0], "{not json", lines[2]]) + "\n")
+    with pytest.raises(ConfigError) as error:
+        make_report([run], tmp_path / "report", plots=False)
+    assert "metrics.jsonl line 2 is not valid JSON" in str(error.value)
+
+    good = _write_run(tmp_path / "good", _config(), _records([0.5]))
+    with pytest.raises(ConfigError, match=r"fractions in \(0, 1\].*0.97"):
+        make_report([good], tmp_path / "report", targets=[97])
+    with pytest.raises(ConfigError, match="not a method of these runs; the methods are: FedAvg"):
+        make_report([good], tmp_path / "report", steps_reference="Constant K")
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    (sweep / "sweep.json").write_text(json.dumps({"format": 1, "name": "x", "runs": [{"dir": "runs/a", "setting": "", "method": "A", "seed": 0}]}))
+    with pytest.raises(ConfigError, match="1 planned runs have not started"):
+        make_report([sweep], tmp_path / "report")
+
+
+def test_plots_are_written_and_linked(tmp_path):
+    root = _three_methods(tmp_path / "runs")
+    _write_run(root / "fedavg-seed1", _config("fedavg", seed=1), _records([0.55, 0.65, 0.75, 0.8, 0.8], dissimilarity_b2=[None, 2.0, None, 3.0, None], gradient_variance=[None, 5.0, None, 4.0, None]))
+    report = make_report([root], tmp_path / "report", targets=[0.8])
+    pngs = sorted(p.name for p in report.files if p.suffix == ".png")
+    assert pngs == ["synthetic-accuracy-vs-bits.png", "synthetic-accuracy.png", "synthetic-dissimilarity.png", "synthetic-norms.png"]
+    for name in pngs:
+        data = (tmp_path / "report" / name).read_bytes()
+        assert data[:8] == PNG_SIGNATURE and len(data) > 10_000
+        assert f"]({name})" in report.markdown
+
+
+def test_non_classifier_reports_loss_and_distance(tmp_path):
+    records = _records([None] * 3, train_loss=[-0.1, -0.2, -0.25], distance_to_minimizer=[0.5, 0.1, 0.05])
+    run = _write_run(tmp_path / "quadratic", _config(rounds=3, data__name="quadratic1d"), records)
+    report = make_report([run], tmp_path / "report")
+    assert report.targets == [] and "### Loss and distance" in report.markdown
+    assert _markdown_row(report.markdown, "FedAvg")[:4] == ["FedAvg", "1", "-0.25", "0.05"]
+    assert sorted(p.name for p in report.files if p.suffix == ".png") == ["quadratic1d-distance.png", "quadratic1d-loss.png", "quadratic1d-norms.png"]
+
+
+def test_target_row_and_savings_are_pure_functions_of_the_runs(tmp_path):
+    report = make_report([_three_methods(tmp_path / "runs")], tmp_path / "report", targets=[0.8], plots=False)
+    runs = report.settings[0].methods
+    again = target_row("synthetic", "FedAvg", runs["FedAvg"], 0.8)
+    assert again == _row(report, "FedAvg", 0.8)
+    both_unreached = savings(target_row("synthetic", "FedProx", runs["FedProx"], 0.95), target_row("synthetic", "FedAvg", runs["FedAvg"], 0.95))
+    assert both_unreached.ratio is None  # two lower bounds bound nothing
+
+
+# ---------------------------------------------------------------- end to end
+
+
+def test_real_runs_end_to_end(tmp_path):
+    tiny = ["rounds=3", "data.num_clients=6", "client.epochs=1", "sampling.participation=0.5"]
+    driftlab.run("synthetic-fedprox", out_dir=tmp_path / "runs" / "fedprox", overrides=tiny)
+    driftlab.run("synthetic-fedprox", out_dir=tmp_path / "runs" / "scaffold", overrides=[*tiny, "algorithm.name=scaffold"])
+    report = make_report([tmp_path / "runs"], tmp_path / "report", targets=[0.01])
+    assert list(report.settings[0].methods) == ["FedProx", "SCAFFOLD"]
+    fedprox, scaffold = (_row(report, m, 0.01) for m in ("FedProx", "SCAFFOLD"))
+    # Any accuracy beats 1% in the first evaluated round: one round, 1 vs 2 model-equivalents.
+    assert (fedprox.rounds, fedprox.model_equivalents) == (1, 1.0)
+    assert (scaffold.rounds, scaffold.model_equivalents) == (1, 2.0)
+    assert savings(fedprox, scaffold).ratio == 2.0
+    assert all(run.status == "complete" and run.rounds_done == 3 for run in report.runs)
+    assert (tmp_path / "report" / "synthetic-norms.png").read_bytes()[:8] == PNG_SIGNATURE
