@@ -24,10 +24,14 @@ A sweep file (TOML; shipped ones are listed by ``driftlab presets``)::
     [[axes]]
     name = "method"
     role = "method"                     # methods are the rows a report compares
-    values = [{ label = "FedAvg", set = ["algorithm.mu=0"] }, { label = "FedProx", set = ["algorithm.mu=1"] }]
+    values = [
+      { label = "FedAvg", set = ["algorithm.mu=0"] },
+      { label = "FedProx", set = ["algorithm.mu=1"], at_scale = { paper = ["client.epochs=50"] } },
+    ]
 
 Overrides apply in order: ``overrides``, the scale's overrides, the axes' ``set``
-in axis order, then the command line's ``key=value``; the seed comes last.
+(each followed by its ``at_scale`` entry for the chosen scale) in axis order, then
+the command line's ``key=value``; the seed comes last.
 
 The output directory holds ``sweep.json`` (the plan: axes, labels and every run's
 overrides) and ``runs/<setting>/<method>/seed-<s>/``, each an ordinary run
@@ -74,6 +78,10 @@ ALGORITHM_LABELS = {"fedavg": "FedAvg", "fedprox": "FedProx", "scaffold": "SCAFF
 class AxisValue:
     label: str
     set: tuple[str, ...]
+    at_scale: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (scale name, extra overrides) for one variant at one scale
+
+    def assignments(self, scale: str | None) -> tuple[str, ...]:
+        return self.set + dict(self.at_scale).get(scale, ())
 
 
 @dataclass(frozen=True)
@@ -185,6 +193,11 @@ def sweep_from_table(table: dict[str, Any], origin: str, name: str, folder: Path
             raise ConfigError(f"{where} must be a table with `overrides` (a list of key=value) and optionally `seeds`")
         seeds = _seeds(raw["seeds"], where) if "seeds" in raw else None
         scales[scale_name] = Scale(tuple(_list(raw, "overrides", where, str)), seeds)
+    for axis in axes:
+        for value in axis.values:
+            for scale_name, _ in value.at_scale:
+                if scale_name not in scales:
+                    raise ConfigError(f"{origin}: axis {axis.name}, value {value.label!r}: at_scale names {scale_name!r}, which is not under [scales]")
     targets = tuple(_list(table, "targets", origin, (int, float)))
     for target in targets:
         if not 0 < target <= 1:
@@ -233,14 +246,25 @@ def _axis(raw: dict[str, Any], index: int, origin: str) -> Axis:
         raise ConfigError(f"{where} ({name}): `values` must be a non-empty list of {{ label = \"...\", set = [\"key=value\", ...] }}")
     parsed = []
     for value in values:
-        if not isinstance(value, dict) or set(value) != {"label", "set"} or not isinstance(value["label"], str) or not value["label"]:
-            raise ConfigError(f"{where} ({name}): each value is {{ label = \"...\", set = [\"key=value\", ...] }}, got {value!r}")
+        if (
+            not isinstance(value, dict)
+            or not {"label", "set"} <= set(value) <= {"label", "set", "at_scale"}
+            or not isinstance(value["label"], str)
+            or not value["label"]
+        ):
+            raise ConfigError(
+                f"{where} ({name}): each value is {{ label = \"...\", set = [\"key=value\", ...] }} "
+                f"(optionally at_scale = {{ paper = [\"key=value\", ...] }}), got {value!r}"
+            )
         assignments = value["set"]
         if not isinstance(assignments, list) or not all(isinstance(a, str) for a in assignments):
             raise ConfigError(f"{where} ({name}), value {value['label']!r}: `set` must be a list of \"key=value\" strings")
-        for assignment in assignments:
+        at_scale = value.get("at_scale", {})
+        if not isinstance(at_scale, dict) or not all(isinstance(v, list) and all(isinstance(a, str) for a in v) for v in at_scale.values()):
+            raise ConfigError(f"{where} ({name}), value {value['label']!r}: at_scale maps scale names to lists of \"key=value\" strings")
+        for assignment in [*assignments, *(a for v in at_scale.values() for a in v)]:
             parse_override(assignment)
-        parsed.append(AxisValue(value["label"], tuple(assignments)))
+        parsed.append(AxisValue(value["label"], tuple(assignments), tuple((k, tuple(v)) for k, v in at_scale.items())))
     labels = [v.label for v in parsed]
     if len(set(labels)) != len(labels):
         raise ConfigError(f"{where} ({name}): labels must differ, got {labels}")
@@ -330,7 +354,7 @@ def plan(spec: SweepSpec, scale: str | None = None, extra_overrides: Sequence[st
     for combo in combos:
         setting = ", ".join(value.label for axis, value in combo if axis.role == "setting")
         method_parts = [value.label for axis, value in combo if axis.role == "method"]
-        assignments = [*spec.overrides, *chosen.overrides, *(a for _, value in combo for a in value.set), *extra_overrides]
+        assignments = [*spec.overrides, *chosen.overrides, *(a for _, value in combo for a in value.assignments(scale)), *extra_overrides]
         for seed in seeds:
             overrides = tuple([*assignments, f"seed={seed}"])
             try:
@@ -364,7 +388,7 @@ def sweep_document(spec: SweepSpec, runs: Sequence[PlannedRun], scale: str | Non
         "seeds": list(chosen.seeds or spec.seeds),
         "targets": list(spec.targets),
         "steps_reference": spec.steps_reference,
-        "axes": [{"name": a.name, "role": a.role, "values": [{"label": v.label, "set": list(v.set)} for v in a.values]} for a in spec.axes],
+        "axes": [{"name": a.name, "role": a.role, "values": [{"label": v.label, "set": list(v.assignments(scale))} for v in a.values]} for a in spec.axes],
         "runs": [{**asdict(r), "overrides": list(r.overrides)} for r in runs],
     }
 

@@ -131,6 +131,18 @@ def test_unknown_scale_lists_the_known_ones():
     assert {r.seed for r in runs} == {4} and all("rounds=5" in r.overrides for r in runs)
 
 
+def test_a_variant_can_add_overrides_at_one_scale():
+    values = [{"label": "a", "set": ["algorithm.mu=0"]}, {"label": "b", "set": ["algorithm.mu=1"], "at_scale": {"paper": ["client.epochs=3"]}}]
+    spec = tiny_spec(seeds=[0], axes=[{"name": "m", "values": values}], scales={"paper": {"overrides": ["rounds=7"]}})
+    default, paper = plan(spec), plan(spec, "paper")
+    assert "client.epochs=3" not in default[1].overrides
+    assert paper[1].overrides[-3:] == ("algorithm.mu=1", "client.epochs=3", "seed=0")
+    assert load_config("synthetic-fedprox", paper[1].overrides).client.epochs == 3
+    assert load_config("synthetic-fedprox", paper[0].overrides).client.epochs == 1
+    with pytest.raises(ConfigError, match="at_scale names 'full', which is not under \\[scales\\]"):
+        tiny_spec(axes=[{"name": "m", "values": [{"label": "a", "set": [], "at_scale": {"full": ["rounds=2"]}}]}])
+
+
 def test_sweep_file_base_is_read_relative_to_the_file(tmp_path):
     (tmp_path / "base.toml").write_text('rounds = 2\n[data]\nnum_clients = 5\n')
     (tmp_path / "s.toml").write_text('base = "base.toml"\n[[axes]]\nname = "lr"\nvalues = [{ label = "a", set = ["client.lr=0.5"] }]\n')
