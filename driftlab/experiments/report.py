@@ -40,21 +40,16 @@ from __future__ import annotations
 import csv
 import json
 import math
-import re
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from driftlab.experiments.config import ConfigError
+from driftlab.experiments.runner import CONFIG_FILE, METRICS_FILE, RUN_INFO_FILE
+from driftlab.experiments.sweep import ALGORITHM_LABELS, SWEEP_FILE, slug
 from driftlab.metrics.summary import cumulative_bits_through, first_round_reaching
 
-CONFIG_FILE = "config.json"
-METRICS_FILE = "metrics.jsonl"
-RUN_INFO_FILE = "run.json"
-SWEEP_FILE = "sweep.json"
-
-ALGORITHM_LABELS = {"fedavg": "FedAvg", "fedprox": "FedProx", "scaffold": "SCAFFOLD", "feddyn": "FedDyn", "adabest": "AdaBest", "efl": "EFL"}
 # FedAvg with another server optimizer is a method of its own in the literature (Reddi et al. 2020, FedOpt).
 SERVER_OPTIMIZER_LABELS = {"momentum": "FedAvgM", "adam": "FedAdam", "adagrad": "FedAdagrad", "yogi": "FedYogi"}
 # Config keys that do not change what a run computes, or only how long it runs: runs differing only
@@ -705,13 +700,6 @@ def format_seconds(seconds: float) -> str:
     if seconds < 7200:
         return f"{seconds / 60:.1f} min"
     return f"{seconds / 3600:.1f} h"
-
-
-def slug(label: str) -> str:
-    """A file name for a label: ``"Dirichlet 0.3, 10%"`` -> ``"dirichlet-0.3-10pct"``."""
-    text = label.lower().replace("%", "pct").replace("μ", "mu").replace("α", "alpha").replace("β", "beta")
-    text = re.sub(r"[^a-z0-9.]+", "-", text).strip("-.")
-    return text or "setting"
 
 
 def markdown_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
