@@ -830,15 +830,18 @@ def plot_setting(setting: Setting, out_dir: Path, targets: Sequence[float]) -> l
                 axis.axhline(100 * target, color="grey", linestyle=":", linewidth=1, label=f"target {format_target(target)}")
             axis.legend(fontsize="small")
             save(figure, suffix, f"test accuracy vs {what}")
-    else:
-        for key, suffix, ylabel in (("train_loss", "loss", "train loss"), ("distance_to_minimizer", "distance", "distance to the minimizer ‖θ − x*‖")):
-            if _has(setting, key):
-                figure = Figure(figsize=(7, 4.5))
-                axis = figure.subplots()
-                # Log scale only when every value is positive: the quadratic's objective ½zx² − x is negative near x*.
-                panel(axis, key, f"{setting.label}: {ylabel} vs rounds", ylabel, log_y=True)
-                axis.legend(fontsize="small")
-                save(figure, suffix, f"{ylabel} vs rounds")
+    # Training loss is what FedProx's Figure 1 plots; for the quadratic, also the distance to x*.
+    curves = [("train_loss", "loss", "train loss")]
+    if not setting.is_classifier:
+        curves.append(("distance_to_minimizer", "distance", "distance to the minimizer ‖θ − x*‖"))
+    for key, suffix, ylabel in curves:
+        if _has(setting, key):
+            figure = Figure(figsize=(7, 4.5))
+            axis = figure.subplots()
+            # Log scale only when every value is positive: the quadratic's objective ½zx² − x is negative near x*.
+            panel(axis, key, f"{setting.label}: {ylabel} vs rounds", ylabel, log_y=True)
+            axis.legend(fontsize="small")
+            save(figure, suffix, f"{ylabel} vs rounds")
 
     for suffix, caption, panels in (
         ("norms", "‖h‖ and ‖θ‖ vs rounds", (("drift_norm", "norm of the drift estimate ‖h‖"), ("model_norm", "norm of the server model ‖θ‖"))),
@@ -1016,10 +1019,13 @@ def make_report(
         lines += ["### Accuracy" if setting.is_classifier else "### Loss and distance", ""]
         if setting.is_classifier:
             show_bmta = any(row.best_client_accuracy for row in rows)
-            header = ["method", "seeds", "final test accuracy", "best test accuracy", *(["best mean client test accuracy (BMTA)"] if show_bmta else [])]
+            header = [
+                "method", "seeds", "final test accuracy", "best test accuracy",
+                *(["best mean client test accuracy (BMTA)"] if show_bmta else []), "final train loss",
+            ]
             table = [
                 [row.method, str(row.seeds), format_percent(row.final_accuracy), format_percent(row.best_accuracy),
-                 *([format_percent(row.best_client_accuracy)] if show_bmta else [])]
+                 *([format_percent(row.best_client_accuracy)] if show_bmta else []), format_number(row.final_train_loss)]
                 for row in rows
             ]
             lines.append("Mean ± sample standard deviation over seeds (AdaBest Table 2); BMTA is EFL's best over rounds of the mean local test accuracy of the clients." if show_bmta else "Mean ± sample standard deviation over seeds (AdaBest Table 2).")

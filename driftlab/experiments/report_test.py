@@ -349,7 +349,7 @@ def test_plots_are_written_and_linked(tmp_path):
     _write_run(root / "fedavg-seed1", _config("fedavg", seed=1), _records([0.55, 0.65, 0.75, 0.8, 0.8], dissimilarity_b2=[None, 2.0, None, 3.0, None], gradient_variance=[None, 5.0, None, 4.0, None]))
     report = make_report([root], tmp_path / "report", targets=[0.8])
     pngs = sorted(p.name for p in report.files if p.suffix == ".png")
-    assert pngs == ["synthetic-accuracy-vs-bits.png", "synthetic-accuracy.png", "synthetic-dissimilarity.png", "synthetic-norms.png"]
+    assert pngs == ["synthetic-accuracy-vs-bits.png", "synthetic-accuracy.png", "synthetic-dissimilarity.png", "synthetic-loss.png", "synthetic-norms.png"]
     for name in pngs:
         data = (tmp_path / "report" / name).read_bytes()
         assert data[:8] == PNG_SIGNATURE and len(data) > 10_000
