@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -141,6 +142,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("driftlab: interrupted; the last completed round is checkpointed, continue with --resume", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # `driftlab sweep ... --dry-run | head`: the reader left; say nothing more.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 def _dispatch(args: argparse.Namespace) -> int:

@@ -154,3 +154,34 @@ def test_a_diverging_run_exits_3_with_advice_and_keeps_its_checkpoint(tmp_path):
     assert (out / "config.json").exists() and (out / "checkpoint.safetensors").exists()
     rounds_written = len((out / "metrics.jsonl").read_text().splitlines())
     assert 0 < rounds_written < 40
+
+
+def test_sweep_with_grid_runs_every_variant_then_reports(tmp_path):
+    out = tmp_path / "sweep"
+    result = driftlab_cli("sweep", "synthetic-fedprox", *TINY, "--grid", "algorithm.mu=[0, 1]", "--seeds", "0,1", "--out", out)
+    assert result.returncode == 0, result.stderr
+    assert "sweep finished: 4 complete" in result.stdout
+    runs = sorted(p.parent.relative_to(out).as_posix() for p in out.glob("runs/*/*/metrics.jsonl"))
+    assert runs == ["runs/algorithm.mu-0/seed-0", "runs/algorithm.mu-0/seed-1", "runs/algorithm.mu-1/seed-0", "runs/algorithm.mu-1/seed-1"]
+    report = (out / "report" / "report.md").read_text()
+    assert "| algorithm.mu=0 | 2 |" in report and "| algorithm.mu=1 | 2 |" in report  # one accuracy row per method, 2 seeds each
+
+    listed = driftlab_cli("sweep", "synthetic-fedprox", *TINY, "--grid", "algorithm.mu=[0, 1]", "--seeds", "0,1", "--out", out, "--dry-run")
+    assert listed.returncode == 0, listed.stderr
+    assert [line.split()[0] for line in listed.stdout.splitlines()] == ["complete"] * 4
+
+    again = driftlab_cli("report", out, "--out", tmp_path / "again", "--targets", "0.2,0.3", "--no-plots")
+    assert again.returncode == 0, again.stderr
+    assert "Communication to reach 20% test accuracy" in again.stdout and "Communication to reach 30% test accuracy" in again.stdout
+    assert not list((tmp_path / "again").glob("*.png"))
+
+
+def test_sweep_and_report_errors_are_clean(tmp_path):
+    _assert_clean_error(driftlab_cli("sweep", "no-such-thing", "--out", tmp_path / "x"), "neither a config file nor a preset")
+    _assert_clean_error(driftlab_cli("sweep", "synthetic-fedprox", "--seeds", "a,b", "--out", tmp_path / "x"), "--seeds takes comma-separated integers")
+    _assert_clean_error(driftlab_cli("sweep", "fedprox-figure1", "--grid", "algorithm.mu=[0]", "--out", tmp_path / "x"), "add axes to it instead of --grid")
+    _assert_clean_error(driftlab_cli("sweep", "fedprox-figure1", "--scale", "huge", "--out", tmp_path / "x", "--dry-run"), "no scale 'huge'; its scales: paper")
+    _assert_clean_error(driftlab_cli("sweep", "synthetic-fedprox", "--grid", "algorithm.muu=[0]", "--out", tmp_path / "x"), "algorithm.muu: unknown key")
+    _assert_clean_error(driftlab_cli("report", tmp_path / "nothing-here", "--out", tmp_path / "r"), "nothing-here")
+    _assert_clean_error(driftlab_cli("report", tmp_path, "--out", tmp_path / "r", "--targets", "high"), "--targets takes comma-separated numbers")
+    assert not (tmp_path / "x").exists()  # nothing started
