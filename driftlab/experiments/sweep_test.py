@@ -283,3 +283,28 @@ def test_spawned_runs_split_the_cores_between_them(tmp_path):
     run_sweep(spec, tmp_path, jobs=2, log=lambda _: None)
     threads = [read_run_info(tmp_path / "runs" / name / "seed-0")["machine"]["torch_threads"] for name in ("a", "b")]
     assert threads == [max(1, (os.cpu_count() or 1) // 2)] * 2
+
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+@pytest.mark.skipif(not README.exists(), reason="README.md is beside the package only in a source checkout")
+def test_readme_sweep_example_and_commands_are_valid(tmp_path):
+    import re
+    import shlex
+
+    text = README.read_text()
+    example = re.search(r"```toml\n(.*?)```", text, re.S).group(1)
+    (tmp_path / "example.toml").write_text(example)
+    runs = plan(load_sweep(tmp_path / "example.toml"))
+    assert len(runs) == 12 and {r.method for r in runs} == {"FedAvg", "FedProx"}
+    for name in sweep_names():
+        assert f"`{name}`" in text, f"README does not list the shipped sweep {name}"
+    commands = [line.split("#")[0].strip() for line in text.splitlines() if line.startswith("driftlab sweep ")]
+    assert commands
+    for command in commands:
+        args = shlex.split(command)[2:]
+        args[args.index("--out") + 1] = str(tmp_path / "out")
+        result = subprocess.run([sys.executable, "-m", "driftlab.cli", "sweep", *args, "--dry-run"], capture_output=True, text=True)
+        assert result.returncode == 0, (command, result.stderr)
+        assert result.stdout.startswith("pending"), command
