@@ -44,11 +44,12 @@ extends finished runs.
 
 from __future__ import annotations
 
+import contextlib
 import json
-import multiprocessing
 import os
 import re
 import signal
+import subprocess
 import sys
 import time
 import tomllib
@@ -415,6 +416,13 @@ def run_status(run_dir: Path, rounds: int) -> RunStatus:
 # ---------------------------------------------------------------- running
 
 
+def _start_worker(run_dir: Path, config: ExperimentConfig, resume: bool, threads: int) -> subprocess.Popen:
+    """A fresh interpreter per run: nothing of the caller's script is re-imported (as multiprocessing's spawn would),
+    and it shares the terminal's process group, so Ctrl-C reaches it and it checkpoints."""
+    arguments = json.dumps({"run_dir": str(run_dir), "config": config.to_dict(), "resume": resume, "threads": threads})
+    return subprocess.Popen([sys.executable, "-m", "driftlab.experiments.sweep", "--worker", arguments])
+
+
 def _worker(run_dir: str, config_table: dict[str, Any], resume: bool, threads: int) -> None:
     """Child process: one run; exit code 0 complete, 3 diverged, 130 interrupted, 1 failed (see failure.txt)."""
     import torch
@@ -476,7 +484,6 @@ def run_sweep(
     skipped = len(runs) - len(todo)
     log(f"sweep {spec.name}: {len(runs)} runs, {skipped} already finished, {len(todo)} to run in {jobs} process(es) x {threads} thread(s)")
 
-    context = multiprocessing.get_context("spawn")
     active: dict[str, tuple[Any, PlannedRun, float]] = {}
     queue = list(todo)
     done = skipped
@@ -496,15 +503,13 @@ def run_sweep(
                 run_dir = out / r.dir
                 (run_dir / FAILURE_FILE).unlink(missing_ok=True)
                 resume = (run_dir / "config.json").exists()
-                process = context.Process(target=_worker, args=(str(run_dir), configs[r.dir].to_dict(), resume, threads), daemon=False)
-                process.start()
+                process = _start_worker(run_dir, configs[r.dir], resume, threads)
                 active[r.dir] = (process, r, time.perf_counter())
                 log(f"  start  {_name(r)}" + ("  (resuming)" if resume else ""))
             time.sleep(0.2)
-            for key in [k for k, (p, _, _) in active.items() if not p.is_alive()]:
+            for key in [k for k, (p, _, _) in active.items() if p.poll() is not None]:
                 process, r, started = active.pop(key)
-                process.join()
-                status = _status_from_exit(process.exitcode)
+                status = _status_from_exit(process.returncode)
                 outcome = RunOutcome(r, status, _message(out / r.dir), time.perf_counter() - started)
                 outcomes[r.dir] = outcome
                 done += 1
@@ -515,12 +520,13 @@ def run_sweep(
         # the sweep alone is passed on. Either way each run saves its last completed round before exiting.
         if not terminated:
             for process, _, _ in active.values():
-                process.join(timeout=60)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    process.wait(timeout=60)
         for process, _, _ in active.values():
-            if process.is_alive():
+            if process.poll() is None:
                 process.terminate()
         for process, r, started in active.values():
-            process.join()
+            process.wait()
             outcomes[r.dir] = RunOutcome(r, "interrupted", "", time.perf_counter() - started)
         raise
     finally:
@@ -609,3 +615,8 @@ __all__ = [
     "sweep_from_config",
     "sweep_names",
 ]
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--worker"]:
+    _arguments = json.loads(sys.argv[2])
+    _worker(_arguments["run_dir"], _arguments["config"], _arguments["resume"], _arguments["threads"])

@@ -308,3 +308,19 @@ def test_readme_sweep_example_and_commands_are_valid(tmp_path):
         result = subprocess.run([sys.executable, "-m", "driftlab.cli", "sweep", *args, "--dry-run"], capture_output=True, text=True)
         assert result.returncode == 0, (command, result.stderr)
         assert result.stdout.startswith("pending"), command
+
+
+def test_a_plain_script_without_a_main_guard_can_run_a_sweep(tmp_path):
+    # Runs start in fresh interpreters, so the caller's script is not imported again in each of them.
+    script = tmp_path / "script.py"
+    script.write_text(
+        "import driftlab\n"
+        "from driftlab.experiments.sweep import sweep_from_config\n"
+        f"spec = sweep_from_config('synthetic-fedprox', ['algorithm.mu=[0, 1]'], [0], name='s')\n"
+        f"outcomes = driftlab.run_sweep(spec, {str(tmp_path / 'out')!r}, jobs=2, extra_overrides={TINY + ['rounds=2']!r})\n"
+        "print([o.status for o in outcomes])\n"
+    )
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "['complete', 'complete']"
+    assert result.stdout.count("start ") == 2
