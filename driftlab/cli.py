@@ -209,7 +209,7 @@ def _float_list(text: str, option: str) -> list[float]:
 
 
 def _sweep_command(args: argparse.Namespace) -> int:
-    from driftlab.experiments.sweep import is_sweep_source, load_sweep, plan, run_status, run_sweep, sweep_from_config
+    from driftlab.experiments.sweep import is_sweep_source, load_sweep, plan, run_status, run_sweep, sweep_from_config, sweep_names, validate_seeds
 
     seeds = None
     if args.seeds:
@@ -217,6 +217,12 @@ def _sweep_command(args: argparse.Namespace) -> int:
             seeds = [int(part) for part in args.seeds.split(",") if part.strip()]
         except ValueError:
             raise ConfigError(f"--seeds takes comma-separated integers such as 0,1,2, got {args.seeds!r}") from None
+        validate_seeds(seeds, "--seeds")
+    if not is_sweep_source(args.sweep) and not Path(args.sweep).is_file() and args.sweep not in preset_names():
+        raise ConfigError(
+            f"{args.sweep!r} is neither a sweep nor a config: shipped sweeps: {', '.join(sweep_names())}; "
+            f"config presets (to use with --grid): {', '.join(preset_names())}; or give a .toml file"
+        )
     if is_sweep_source(args.sweep):
         spec = load_sweep(args.sweep)
         if args.grid:
@@ -240,7 +246,11 @@ def _sweep_command(args: argparse.Namespace) -> int:
     from driftlab.experiments.runner import install_termination_handler
 
     install_termination_handler()
-    outcomes = run_sweep(spec, args.out, jobs=args.jobs, scale=args.scale, extra_overrides=args.overrides, retry_diverged=args.retry_diverged)
+    try:
+        outcomes = run_sweep(spec, args.out, jobs=args.jobs, scale=args.scale, extra_overrides=args.overrides, retry_diverged=args.retry_diverged)
+    except KeyboardInterrupt:
+        print("driftlab: sweep interrupted; every run checkpointed its last completed round: run the same command again to resume", file=sys.stderr)
+        return 130
     counts: dict[str, int] = {}
     for outcome in outcomes:
         counts[outcome.status] = counts.get(outcome.status, 0) + 1
@@ -248,7 +258,9 @@ def _sweep_command(args: argparse.Namespace) -> int:
     failed = [o for o in outcomes if o.status == "failed"]
     for outcome in failed:
         print(f"  failed: {outcome.run.dir}: {outcome.message}", file=sys.stderr)
-    if not args.no_report:
+    if not any((Path(args.out) / o.run.dir / "metrics.jsonl").exists() for o in outcomes):
+        print("no run wrote any metrics, so there is nothing to report", file=sys.stderr)
+    elif not args.no_report:
         from driftlab.experiments.report import make_report
 
         report_dir = Path(args.out) / "report"

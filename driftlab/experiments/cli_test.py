@@ -177,7 +177,8 @@ def test_sweep_with_grid_runs_every_variant_then_reports(tmp_path):
 
 
 def test_sweep_and_report_errors_are_clean(tmp_path):
-    _assert_clean_error(driftlab_cli("sweep", "no-such-thing", "--out", tmp_path / "x"), "neither a config file nor a preset")
+    _assert_clean_error(driftlab_cli("sweep", "no-such-thing", "--out", tmp_path / "x"), "neither a sweep nor a config", "fedprox-figure1", "synthetic-fedprox")
+    _assert_clean_error(driftlab_cli("sweep", "fedprox-figure1", "--seeds", "0,0", "--out", tmp_path / "x"), "lists a seed twice")
     _assert_clean_error(driftlab_cli("sweep", "synthetic-fedprox", "--seeds", "a,b", "--out", tmp_path / "x"), "--seeds takes comma-separated integers")
     _assert_clean_error(driftlab_cli("sweep", "fedprox-figure1", "--grid", "algorithm.mu=[0]", "--out", tmp_path / "x"), "add axes to it instead of --grid")
     _assert_clean_error(driftlab_cli("sweep", "fedprox-figure1", "--scale", "huge", "--out", tmp_path / "x", "--dry-run"), "no scale 'huge'; its scales: paper")

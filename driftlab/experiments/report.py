@@ -499,8 +499,16 @@ def collect(inputs: Sequence[str | Path]) -> tuple[list[Setting], list[dict[str,
     for planned_run in pending:
         settings.setdefault(planned_run.setting, Setting(planned_run.setting, {})).pending.append(planned_run)
     for setting in settings.values():
-        for runs in setting.methods.values():
+        for method, runs in setting.methods.items():
             runs.sort(key=lambda run: run.seed)
+            for first, second in zip(runs, runs[1:]):
+                if first.seed == second.seed:
+                    # Averaging them would pass off two different runs (say, two scales of one sweep) as seeds.
+                    where = f" in setting {setting.label!r}" if setting.label else ""
+                    raise ConfigError(
+                        f"{first.path} and {second.path} are both seed {first.seed} of {method!r}{where} "
+                        "(two sweeps with the same labels, or runs differing only in rounds); report them separately"
+                    )
     return [s for s in settings.values() if s.methods], documents
 
 
@@ -974,7 +982,8 @@ def make_report(
             "Communication is counted as in FedDyn (Acar et al. 2021) Tables 1 and 2: model-equivalents are uploaded bits "
             "over 32 · parameters · selected clients, summed over rounds, so one FedAvg round counts 1 and one SCAFFOLD round 2; "
             "bits are exact. A method that did not reach a target shows `N+`: the N rounds (and the communication) it spent "
-            "without reaching it, a lower bound; ratios against it are bounds (`>`, `<`). "
+            "without reaching it, a lower bound; ratios against it are bounds (`>`, `<`). With several seeds an entry is the mean "
+            "over seeds, each seed that missed the target counted at the rounds it ran, so it is `+` unless every seed reached it. "
             "The savings column \"vs X\" is X's model-equivalents over this method's.",
             "",
         ]

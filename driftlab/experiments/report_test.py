@@ -390,3 +390,12 @@ def test_real_runs_end_to_end(tmp_path):
     assert savings(fedprox, scaffold).ratio == 2.0
     assert all(run.status == "complete" and run.rounds_done == 3 for run in report.runs)
     assert (tmp_path / "report" / "synthetic-norms.png").read_bytes()[:8] == PNG_SIGNATURE
+
+
+def test_two_runs_claiming_the_same_seed_of_a_method_are_refused(tmp_path):
+    # e.g. a short and a long run of one config: averaging them as two seeds would be wrong
+    _write_run(tmp_path / "short", _config(rounds=2), _records([0.5, 0.6]))
+    _write_run(tmp_path / "long", _config(rounds=3), _records([0.5, 0.6, 0.7]))
+    with pytest.raises(ConfigError, match="are both seed 0 of 'FedAvg'.*report them separately"):
+        make_report([tmp_path], tmp_path / "report")
+    assert make_report([tmp_path / "long"], tmp_path / "report").runs[0].rounds_done == 3

@@ -41,7 +41,7 @@ from driftlab.models import build_model
 from driftlab.optim.server import make_server_optimizer
 from driftlab.simulation.checkpoint import load_checkpoint, save_checkpoint, write_atomically
 from driftlab.simulation.availability import AvailabilityModel, Membership, MembershipEvent
-from driftlab.simulation.engine import EvaluationPlan, RoundPlan, Simulation, SimulationState, commit_round, discard_round, run_round
+from driftlab.simulation.engine import EVALUATION_KEYS, EvaluationPlan, RoundPlan, Simulation, SimulationState, commit_round, discard_round, run_round
 from driftlab.simulation.flat import FlatModel, binary_cross_entropy_per_example, objective_per_example
 from driftlab.simulation.local_training import SequentialBackend
 from driftlab.simulation.randomness import Stream, torch_seed
@@ -222,7 +222,7 @@ def run(
     try:
         while state.round < config.rounds:
             upcoming = state.round + 1
-            evaluate_after = upcoming % config.evaluation.every == 0 or upcoming == config.rounds
+            evaluate_after = _evaluates(config, upcoming)
             finished, record = run_round(sim, state, evaluate_after, commit=False)
             if out is not None:
                 _append_record(out / METRICS_FILE, record)
@@ -264,6 +264,10 @@ def run(
         info.update("complete", state.round)
     summary = summarize(records, config.evaluation.target_accuracy, sim.model.num_parameters)
     return RunResult(config, records, final_params, sim.model.num_parameters, out, summary)
+
+
+def _evaluates(config: ExperimentConfig, round_index: int) -> bool:
+    return round_index % config.evaluation.every == 0 or round_index == config.rounds
 
 
 def _status_of(error: BaseException) -> str:
@@ -403,6 +407,11 @@ def _prepare_output(
         state = SimulationState(loaded.round, loaded.server_state, state.clients, state.latest_models)
         commit_round(state)
     records = _read_records(metrics_path, up_to_round=state.round)
+    for record in records:
+        # The old last round was evaluated because it was last; with more rounds it may not be.
+        if not _evaluates(config, record["round"]):
+            for key in EVALUATION_KEYS:
+                record.pop(key, None)
     # Rewrite the metrics file without the rounds that will be recomputed.
     write_atomically(metrics_path, lambda tmp: tmp.write_text("".join(json.dumps(r) + "\n" for r in records)))
     _write_config(out, config)

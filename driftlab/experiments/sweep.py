@@ -192,7 +192,7 @@ def sweep_from_table(table: dict[str, Any], origin: str, name: str, folder: Path
         where = f"{origin}: scales.{scale_name}"
         if not isinstance(raw, dict) or set(raw) - {"overrides", "seeds"}:
             raise ConfigError(f"{where} must be a table with `overrides` (a list of key=value) and optionally `seeds`")
-        seeds = _seeds(raw["seeds"], where) if "seeds" in raw else None
+        seeds = validate_seeds(raw["seeds"], where) if "seeds" in raw else None
         scales[scale_name] = Scale(tuple(_list(raw, "overrides", where, str)), seeds)
     for axis in axes:
         for value in axis.values:
@@ -211,7 +211,7 @@ def sweep_from_table(table: dict[str, Any], origin: str, name: str, folder: Path
         base=base,
         description=str(table.get("description", "")),
         overrides=tuple(_list(table, "overrides", origin, str)),
-        seeds=_seeds(table.get("seeds", [0]), origin),
+        seeds=validate_seeds(table.get("seeds", [0]), origin),
         targets=tuple(float(t) for t in targets),
         steps_reference=reference,
         axes=axes,
@@ -227,7 +227,7 @@ def _list(table: dict[str, Any], key: str, origin: str, kind: type | tuple[type,
     return value
 
 
-def _seeds(value: Any, origin: str) -> tuple[int, ...]:
+def validate_seeds(value: Any, origin: str) -> tuple[int, ...]:
     if not isinstance(value, list) or not value or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in value):
         raise ConfigError(f"{origin}: `seeds` must be a non-empty list of non-negative integers, got {value!r}")
     if len(set(value)) != len(value):
@@ -322,7 +322,7 @@ def sweep_from_config(base: str, grid: Sequence[str], seeds: Sequence[int], name
     names = [a.name for a in axes]
     if len(set(names)) != len(names):
         raise ConfigError(f"--grid names a key twice: {names}; list all of its values in one --grid")
-    return SweepSpec(name=name, base=base, seeds=_seeds(list(seeds), "--seeds"), axes=axes)
+    return SweepSpec(name=name, base=base, seeds=validate_seeds(list(seeds), "--seeds"), axes=axes)
 
 
 # ---------------------------------------------------------------- planning
@@ -420,7 +420,7 @@ def _start_worker(run_dir: Path, config: ExperimentConfig, resume: bool, threads
     """A fresh interpreter per run: nothing of the caller's script is re-imported (as multiprocessing's spawn would),
     and it shares the terminal's process group, so Ctrl-C reaches it and it checkpoints."""
     arguments = json.dumps({"run_dir": str(run_dir), "config": config.to_dict(), "resume": resume, "threads": threads})
-    return subprocess.Popen([sys.executable, "-m", "driftlab.experiments.sweep", "--worker", arguments])
+    return subprocess.Popen([sys.executable, "-c", "import sys; from driftlab.experiments.sweep import worker_main; worker_main(sys.argv[1])", arguments])
 
 
 def _worker(run_dir: str, config_table: dict[str, Any], resume: bool, threads: int) -> None:
@@ -464,12 +464,26 @@ def run_sweep(
     out = Path(out_dir)
     runs = plan(spec, scale, extra_overrides)
     document = sweep_document(spec, runs, scale, extra_overrides)
-    _check_existing(out, document)
-    out.mkdir(parents=True, exist_ok=True)
-    _write_json(out / SWEEP_FILE, document)
-
     base_table = read_config_source(spec.base)
     configs = {r.dir: load_config(apply_overrides(base_table, []), r.overrides) for r in runs}
+    out.mkdir(parents=True, exist_ok=True)
+    with _exclusive(out):
+        _check_existing(out, document)
+        for r in runs:
+            check_run_directory(out / r.dir, configs[r.dir])
+        _write_json(out / SWEEP_FILE, document)
+        return _run_planned(spec, out, runs, configs, jobs, retry_diverged, log)
+
+
+def _run_planned(
+    spec: SweepSpec,
+    out: Path,
+    runs: list[PlannedRun],
+    configs: dict[str, ExperimentConfig],
+    jobs: int | None,
+    retry_diverged: bool,
+    log: Callable[[str], None],
+) -> list[RunOutcome]:
     outcomes: dict[str, RunOutcome] = {}
     todo: list[PlannedRun] = []
     for r in runs:
@@ -510,7 +524,7 @@ def run_sweep(
             for key in [k for k, (p, _, _) in active.items() if p.poll() is not None]:
                 process, r, started = active.pop(key)
                 status = _status_from_exit(process.returncode)
-                outcome = RunOutcome(r, status, _message(out / r.dir), time.perf_counter() - started)
+                outcome = RunOutcome(r, status, _message(out / r.dir) or _exit_message(process.returncode), time.perf_counter() - started)
                 outcomes[r.dir] = outcome
                 done += 1
                 log(f"  {status:<8s} {_name(r)}  [{done}/{len(runs)}, {_duration(outcome.seconds)}]" + (f"  {outcome.message}" if outcome.message else ""))
@@ -533,6 +547,46 @@ def run_sweep(
         if _in_main_thread():
             signal.signal(signal.SIGTERM, previous_term)
     return [outcomes[r.dir] for r in runs if r.dir in outcomes]
+
+
+@contextlib.contextmanager
+def _exclusive(out: Path):
+    """One sweep process per directory: a second one would run the same runs into the same files."""
+    import fcntl
+
+    handle = open(out / ".sweep.lock", "a+")
+    try:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ConfigError(f"another `driftlab sweep` is running on {out}; wait for it to finish (or stop it) first") from None
+        yield
+    finally:
+        handle.close()
+
+
+def check_run_directory(run_dir: Path, config: ExperimentConfig) -> None:
+    """Refuse to count or continue a run directory made from another configuration, or run past the planned rounds."""
+    from driftlab.experiments.runner import CONFIG_FILE, read_run_info
+
+    stored = run_dir / CONFIG_FILE
+    if not stored.exists():
+        return
+    try:
+        previous = ExperimentConfig.model_validate(json.loads(stored.read_text()))
+    except (json.JSONDecodeError, ValueError) as error:
+        raise ConfigError(f"{stored} is not a valid run configuration ({error}); delete {run_dir} to run it again") from None
+    if previous.fingerprint() != config.fingerprint():
+        raise ConfigError(
+            f"{run_dir} holds a run of another configuration than the sweep now plans (its base or overrides changed); "
+            "choose another --out directory, or delete that run directory to run it again"
+        )
+    done = (read_run_info(run_dir) or {}).get("rounds_done", 0)
+    if done > config.rounds:
+        raise ConfigError(
+            f"{run_dir} has {done} rounds done, more than rounds={config.rounds}; raise rounds to at least {done} "
+            "or choose another --out directory (a sweep extends runs, it never shortens them)"
+        )
 
 
 def _check_existing(out: Path, document: dict[str, Any]) -> None:
@@ -561,6 +615,13 @@ def _check_existing(out: Path, document: dict[str, Any]) -> None:
 
 def _without_rounds(overrides: Sequence[str]) -> list[str]:
     return [o for o in overrides if not o.replace(" ", "").startswith("rounds=")]
+
+
+def _exit_message(code: int | None) -> str:
+    if code is not None and code < 0 and code not in (-signal.SIGTERM, -signal.SIGINT):
+        name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
+        return f"the run's process was killed by {name} (out of memory?); run the sweep again to resume it from its checkpoint"
+    return ""
 
 
 def _status_from_exit(code: int | None) -> RunStatus:
@@ -617,6 +678,11 @@ __all__ = [
 ]
 
 
-if __name__ == "__main__" and sys.argv[1:2] == ["--worker"]:
-    _arguments = json.loads(sys.argv[2])
-    _worker(_arguments["run_dir"], _arguments["config"], _arguments["resume"], _arguments["threads"])
+def worker_main(arguments: str) -> None:
+    """Entry point of a run's interpreter (see ``_start_worker``)."""
+    parsed = json.loads(arguments)
+    _worker(parsed["run_dir"], parsed["config"], parsed["resume"], parsed["threads"])
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--worker"]:  # runs started by a sweep begun with an earlier version
+    worker_main(sys.argv[2])

@@ -174,7 +174,8 @@ def test_slug():
 
 
 def test_sweep_runs_in_parallel_skips_finished_runs_and_extends_rounds_exactly(tmp_path):
-    spec = tiny_spec()
+    # evaluation every 2 rounds: round 3 is evaluated only while it is the last round
+    spec = tiny_spec(overrides=[*TINY, "rounds=3", "evaluation.every=2"])
     logged: list[str] = []
     outcomes = run_sweep(spec, tmp_path / "s", jobs=2, log=logged.append)
     assert [o.status for o in outcomes] == ["complete"] * 4
@@ -183,6 +184,7 @@ def test_sweep_runs_in_parallel_skips_finished_runs_and_extends_rounds_exactly(t
     assert [r["method"] for r in document["runs"]] == ["μ=0", "μ=0", "μ=1", "μ=1"] and document["targets"] == [0.5]
     first = metrics(tmp_path / "s" / outcomes[0].run.dir)
     assert [r["round"] for r in first] == [1, 2, 3]
+    assert ["test_accuracy" in r for r in first] == [False, True, True]
 
     logged.clear()
     again = run_sweep(spec, tmp_path / "s", jobs=2, log=logged.append)
@@ -194,7 +196,9 @@ def test_sweep_runs_in_parallel_skips_finished_runs_and_extends_rounds_exactly(t
     assert sum("(resuming)" in line for line in logged) == 4
     straight = run_sweep(spec, tmp_path / "straight", jobs=1, extra_overrides=["rounds=5"], log=lambda _: None)
     for outcome in straight:
-        assert metrics(tmp_path / "s" / outcome.run.dir) == metrics(tmp_path / "straight" / outcome.run.dir)
+        extended = metrics(tmp_path / "s" / outcome.run.dir)
+        assert extended == metrics(tmp_path / "straight" / outcome.run.dir)
+        assert ["test_accuracy" in r for r in extended] == [False, True, False, True, True]
 
 
 def test_changed_overrides_in_an_existing_sweep_directory_are_refused(tmp_path):
@@ -324,3 +328,32 @@ def test_a_plain_script_without_a_main_guard_can_run_a_sweep(tmp_path):
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == "['complete', 'complete']"
     assert result.stdout.count("start ") == 2
+
+
+def test_a_sweep_directory_refuses_runs_of_another_configuration(tmp_path):
+    spec = sweep_from_config("synthetic-fedprox", ["algorithm.mu=[0]"], [0], name="s")
+    run_sweep(spec, tmp_path, jobs=1, extra_overrides=[*TINY, "rounds=2"], log=lambda _: None)
+    # same labels, name and axes, but another base config: the finished run must not count as this sweep's
+    (tmp_path / "base.toml").write_text('[algorithm]\nname = "fedprox"\n[client]\nlr = 0.5\n')
+    changed = SweepSpec(name="s", base=str(tmp_path / "base.toml"), seeds=(0,), axes=spec.axes)
+    with pytest.raises(ConfigError, match="holds a run of another configuration"):
+        run_sweep(changed, tmp_path, jobs=1, extra_overrides=[*TINY, "rounds=2"], log=lambda _: None)
+
+
+def test_lowering_rounds_is_refused_before_anything_runs(tmp_path):
+    spec = sweep_from_config("synthetic-fedprox", ["algorithm.mu=[0]"], [0], name="s")
+    run_sweep(spec, tmp_path, jobs=1, extra_overrides=[*TINY, "rounds=3"], log=lambda _: None)
+    with pytest.raises(ConfigError, match="has 3 rounds done, more than rounds=2"):
+        run_sweep(spec, tmp_path, jobs=1, extra_overrides=[*TINY, "rounds=2"], log=lambda _: None)
+    assert not list(tmp_path.glob("runs/*/*/failure.txt"))
+
+
+def test_a_second_sweep_on_the_same_directory_is_refused(tmp_path):
+    import fcntl
+
+    spec = sweep_from_config("synthetic-fedprox", ["algorithm.mu=[0]"], [0], name="s")
+    with open(tmp_path / ".sweep.lock", "a+") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as a running sweep holds it
+        with pytest.raises(ConfigError, match="another `driftlab sweep` is running on"):
+            run_sweep(spec, tmp_path, jobs=1, extra_overrides=[*TINY, "rounds=2"], log=lambda _: None)
+    assert not (tmp_path / "runs").exists()

@@ -337,6 +337,11 @@ def all_clients_mean(sim: Simulation, state: SimulationState, registered: np.nda
     return total / len(registered)
 
 
+# What `evaluate` may add to a round's record; a resumed run whose evaluation schedule changed drops them
+# from rounds the new schedule does not evaluate, so its metrics match a run made in one go.
+EVALUATION_KEYS = ("test_loss", "train_loss", "test_accuracy", "client_test_accuracy_mean", "test_recall_at_5", "distance_to_minimizer")
+
+
 @torch.no_grad()
 def evaluate(sim: Simulation, params: torch.Tensor) -> dict[str, float]:
     """Test accuracy and loss on the global test set; train loss over the union of the clients' data.
