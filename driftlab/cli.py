@@ -41,8 +41,8 @@ EPILOG_SWEEP = """examples:
   driftlab sweep my-sweep.toml rounds=20 --jobs 1 --out runs/mine      key=value applies to every run
 
 Running the same command again skips finished runs and resumes interrupted ones from their
-checkpoints. A sweep file has base, overrides, seeds, targets and [[axes]] with labelled
-values; see the shipped ones: python -c "import driftlab.experiments.sweep as s; help(s)"."""
+checkpoints. A sweep file has base, overrides, seeds, targets, [scales.NAME] and [[axes]] with
+labelled values: the README shows one, and docs/reproduction.md the shipped ones and their results."""
 
 EPILOG_REPORT = """examples:
   driftlab report runs/fedprox-figure1 --out reports/fedprox-figure1

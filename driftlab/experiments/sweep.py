@@ -492,7 +492,7 @@ def _run_planned(
             outcomes[r.dir] = RunOutcome(r, status, _message(out / r.dir))
         else:
             todo.append(r)
-    cores = os.cpu_count() or 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1  # the cores this process may use
     jobs = max(1, min(jobs or cores, max(len(todo), 1)))
     threads = max(1, cores // jobs)
     skipped = len(runs) - len(todo)

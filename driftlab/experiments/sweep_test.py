@@ -286,7 +286,7 @@ def test_spawned_runs_split_the_cores_between_them(tmp_path):
     spec = tiny_spec(seeds=[0], axes=[{"name": "m", "values": [{"label": "a", "set": ["algorithm.mu=0"]}, {"label": "b", "set": ["algorithm.mu=1"]}]}])
     run_sweep(spec, tmp_path, jobs=2, log=lambda _: None)
     threads = [read_run_info(tmp_path / "runs" / name / "seed-0")["machine"]["torch_threads"] for name in ("a", "b")]
-    assert threads == [max(1, (os.cpu_count() or 1) // 2)] * 2
+    assert threads == [max(1, len(os.sched_getaffinity(0)) // 2)] * 2
 
 
 README = Path(__file__).resolve().parents[2] / "README.md"
