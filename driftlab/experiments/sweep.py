@@ -621,6 +621,8 @@ def _exit_message(code: int | None) -> str:
     if code is not None and code < 0 and code not in (-signal.SIGTERM, -signal.SIGINT):
         name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
         return f"the run's process was killed by {name} (out of memory?); run the sweep again to resume it from its checkpoint"
+    if code not in (0, 3, 130, -signal.SIGTERM, -signal.SIGINT):
+        return f"the run's process exited with code {code} before it could record why; its error output is above"
     return ""
 
 
