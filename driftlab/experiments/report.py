@@ -1001,100 +1001,21 @@ def make_report(
         by_method: dict[str, dict[float, TargetRow]] = {method: {} for method in setting.methods}
         if setting.is_classifier:
             for target in chosen_targets:
-                rows = [target_row(setting.label, method, method_runs, target) for method, method_runs in setting.methods.items()]
+                section, rows, entries = _communication_section(setting, target)
+                lines += section
                 target_rows += rows
+                savings_rows += entries
                 for row in rows:
                     by_method[row.method][target] = row
-                methods = [row.method for row in rows]
-                table = []
-                for row in rows:
-                    cells = list(target_cells(row))
-                    ratios = []
-                    for baseline in rows:
-                        if baseline.method == row.method:
-                            ratios.append("·")
-                            continue
-                        entry = savings(row, baseline)
-                        savings_rows.append(entry)
-                        ratios.append(format_savings(entry))
-                    table.append([row.method, *cells, *ratios, target_note(row, setting.methods[row.method])])
-                header = ["method", "rounds", "model-equivalents", "upload", "download", *(f"vs {m}" for m in methods), "note"]
-                lines += [f"### Communication to reach {format_target(target)} test accuracy", "", markdown_table(header, table), ""]
-
-        if setting.is_classifier and not chosen_targets:
-            lines += ["No target accuracy given (pass targets, or set evaluation.target_accuracy in the runs): no communication tables.", ""]
-        rows = [accuracy_row(setting.label, method, method_runs) for method, method_runs in setting.methods.items()]
+            if not chosen_targets:
+                lines += ["No target accuracy given (pass targets, or set evaluation.target_accuracy in the runs): no communication tables.", ""]
+        section, rows = _accuracy_section(setting)
+        lines += section
         accuracy_rows += rows
-        lines += ["### Accuracy" if setting.is_classifier else "### Loss and distance", ""]
-        if setting.is_classifier:
-            show_bmta = any(row.best_client_accuracy for row in rows)
-            header = [
-                "method", "seeds", "final test accuracy", "best test accuracy",
-                *(["best mean client test accuracy (BMTA)"] if show_bmta else []), "final train loss",
-            ]
-            table = [
-                [row.method, str(row.seeds), format_percent(row.final_accuracy), format_percent(row.best_accuracy),
-                 *([format_percent(row.best_client_accuracy)] if show_bmta else []), format_number(row.final_train_loss)]
-                for row in rows
-            ]
-            lines.append("Mean ± sample standard deviation over seeds (AdaBest Table 2); BMTA is EFL's best over rounds of the mean local test accuracy of the clients." if show_bmta else "Mean ± sample standard deviation over seeds (AdaBest Table 2).")
-        else:
-            header = ["method", "seeds", "final train loss", "final distance to the minimizer"]
-            table = [[row.method, str(row.seeds), format_number(row.final_train_loss), format_number(row.final_distance)] for row in rows]
-            lines.append("Mean ± sample standard deviation over seeds.")
-        lines += ["", markdown_table(header, table), ""]
-
-        reference = choose_steps_reference(setting, requested_reference)
-        rows = steps_rows(setting, by_method if setting.is_classifier else {}, reference)
+        section, rows = _steps_section(setting, by_method, chosen_targets if setting.is_classifier else [], requested_reference)
+        lines += section
         steps_rows_ += rows
-        targets_here = chosen_targets if setting.is_classifier else []
-        header = ["method", "total local steps", f"fraction of {reference}"]
-        for target in targets_here:
-            header += [f"steps to {format_target(target)}", "fraction"]
-        table = []
-        for row in rows:
-            cells = [row.method, format_count(round(row.total_steps, 1)), _format_fraction(row.total_fraction)]
-            for target in targets_here:
-                target_row_ = row.to_target[target]
-                plus = "+" if target_row_.lower_bound else ""
-                cells += [f"{format_count(round(target_row_.local_steps, 1))}{plus}", _format_fraction(row.target_fraction[target])]
-            table.append(cells)
-        lines += [
-            "### Local SGD steps",
-            "",
-            f"Total local SGD steps over all clients and rounds (mean over seeds), as in the decaying-K paper's Table 1, relative to {reference}.",
-            "",
-            markdown_table(header, table),
-            "",
-        ]
-
-        pending_by_method: dict[str, int] = {}
-        for planned in setting.pending:
-            pending_by_method[planned.method] = pending_by_method.get(planned.method, 0) + 1
-        table = []
-        for method, method_runs in setting.methods.items():
-            walls = [float(run.info["wall_seconds"]) for run in method_runs if run.info and run.info.get("wall_seconds") is not None]
-            done = sorted({run.rounds_done for run in method_runs})
-            planned_rounds = max(run.rounds_planned for run in method_runs)
-            done_text = f"{done[0]}" if len(done) == 1 else f"{done[0]}–{done[-1]}"
-            parameters = {run.num_parameters for run in method_runs} - {None}
-            table.append([
-                method,
-                ", ".join(str(run.seed) for run in method_runs),
-                f"{done_text}/{planned_rounds}",
-                _status_summary(method_runs, pending_by_method.pop(method, 0)),
-                format_seconds(statistics.fmean(walls)) if walls else "—",
-                ", ".join(str(p) for p in sorted(parameters)) or "unknown",
-                "; ".join(sorted({_machine(run) for run in method_runs})),
-            ])
-        for method, count in pending_by_method.items():
-            table.append([method, "", "0", f"{count} not started", "—", "—", "—"])
-        lines += [
-            "### Runs",
-            "",
-            markdown_table(["method", "seeds", "rounds done", "status", "wall time (mean)", "parameters", "machine"], table),
-            "",
-        ]
+        lines += _runs_section(setting)
 
         if plots:
             figures = plot_setting(setting, out, chosen_targets if setting.is_classifier else [])
@@ -1110,6 +1031,105 @@ def make_report(
     files.insert(0, report_path)
     files += _write_tables(out, target_rows, savings_rows, accuracy_rows, steps_rows_, chosen_targets, settings)
     return Report(markdown, files, runs, settings, target_rows, savings_rows, accuracy_rows, steps_rows_)
+
+
+def _communication_section(setting: Setting, target: float) -> tuple[list[str], list[TargetRow], list[Savings]]:
+    """FedDyn Tables 1-2 for one target: rounds, model-equivalents and bits per method, and every pairwise saving."""
+    rows = [target_row(setting.label, method, method_runs, target) for method, method_runs in setting.methods.items()]
+    entries, table = [], []
+    for row in rows:
+        ratios = []
+        for baseline in rows:
+            if baseline.method == row.method:
+                ratios.append("·")
+                continue
+            entry = savings(row, baseline)
+            entries.append(entry)
+            ratios.append(format_savings(entry))
+        table.append([row.method, *target_cells(row), *ratios, target_note(row, setting.methods[row.method])])
+    header = ["method", "rounds", "model-equivalents", "upload", "download", *(f"vs {row.method}" for row in rows), "note"]
+    lines = [f"### Communication to reach {format_target(target)} test accuracy", "", markdown_table(header, table), ""]
+    return lines, rows, entries
+
+
+def _accuracy_section(setting: Setting) -> tuple[list[str], list[AccuracyRow]]:
+    """Final and best accuracy and BMTA (AdaBest Table 2, EFL Table 2), or loss and distance for a non-classifier."""
+    rows = [accuracy_row(setting.label, method, method_runs) for method, method_runs in setting.methods.items()]
+    if setting.is_classifier:
+        show_bmta = any(row.best_client_accuracy for row in rows)
+        header = [
+            "method", "seeds", "final test accuracy", "best test accuracy",
+            *(["best mean client test accuracy (BMTA)"] if show_bmta else []), "final train loss",
+        ]
+        table = [
+            [row.method, str(row.seeds), format_percent(row.final_accuracy), format_percent(row.best_accuracy),
+             *([format_percent(row.best_client_accuracy)] if show_bmta else []), format_number(row.final_train_loss)]
+            for row in rows
+        ]
+        note = "Mean ± sample standard deviation over seeds (AdaBest Table 2)."
+        if show_bmta:
+            note += " BMTA is EFL's best over rounds of the mean local test accuracy of the clients."
+        title = "### Accuracy"
+    else:
+        header = ["method", "seeds", "final train loss", "final distance to the minimizer"]
+        table = [[row.method, str(row.seeds), format_number(row.final_train_loss), format_number(row.final_distance)] for row in rows]
+        note, title = "Mean ± sample standard deviation over seeds.", "### Loss and distance"
+    return [title, "", note, "", markdown_table(header, table), ""], rows
+
+
+def _steps_section(
+    setting: Setting, by_method: dict[str, dict[float, TargetRow]], targets: Sequence[float], requested_reference: str | None
+) -> tuple[list[str], list[StepsRow]]:
+    """Total local SGD steps and steps to each target, as fractions of the reference method's (decaying-K Table 1)."""
+    reference = choose_steps_reference(setting, requested_reference)
+    rows = steps_rows(setting, by_method if targets else {}, reference)
+    header = ["method", "total local steps", f"fraction of {reference}"]
+    for target in targets:
+        header += [f"steps to {format_target(target)}", "fraction"]
+    table = []
+    for row in rows:
+        cells = [row.method, format_count(round(row.total_steps, 1)), _format_fraction(row.total_fraction)]
+        for target in targets:
+            to_target = row.to_target[target]
+            plus = "+" if to_target.lower_bound else ""
+            cells += [f"{format_count(round(to_target.local_steps, 1))}{plus}", _format_fraction(row.target_fraction[target])]
+        table.append(cells)
+    lines = [
+        "### Local SGD steps",
+        "",
+        f"Total local SGD steps over all clients and rounds (mean over seeds), as in the decaying-K paper's Table 1, relative to {reference}.",
+        "",
+        markdown_table(header, table),
+        "",
+    ]
+    return lines, rows
+
+
+def _runs_section(setting: Setting) -> list[str]:
+    """Seeds, rounds, status, wall time, parameter count and machine per method: what a reproduction note cites."""
+    pending_by_method: dict[str, int] = {}
+    for planned in setting.pending:
+        pending_by_method[planned.method] = pending_by_method.get(planned.method, 0) + 1
+    table = []
+    for method, method_runs in setting.methods.items():
+        walls = [float(run.info["wall_seconds"]) for run in method_runs if run.info and run.info.get("wall_seconds") is not None]
+        done = sorted({run.rounds_done for run in method_runs})
+        planned_rounds = max(run.rounds_planned for run in method_runs)
+        done_text = f"{done[0]}" if len(done) == 1 else f"{done[0]}–{done[-1]}"
+        parameters = {run.num_parameters for run in method_runs} - {None}
+        table.append([
+            method,
+            ", ".join(str(run.seed) for run in method_runs),
+            f"{done_text}/{planned_rounds}",
+            _status_summary(method_runs, pending_by_method.pop(method, 0)),
+            format_seconds(statistics.fmean(walls)) if walls else "—",
+            ", ".join(str(p) for p in sorted(parameters)) or "unknown",
+            "; ".join(sorted({_machine(run) for run in method_runs})),
+        ])
+    for method, count in pending_by_method.items():
+        table.append([method, "", "0", f"{count} not started", "—", "—", "—"])
+    header = ["method", "seeds", "rounds done", "status", "wall time (mean)", "parameters", "machine"]
+    return ["### Runs", "", markdown_table(header, table), ""]
 
 
 def _format_fraction(value: float | None) -> str:
