@@ -684,7 +684,3 @@ def worker_main(arguments: str) -> None:
     """Entry point of a run's interpreter (see ``_start_worker``)."""
     parsed = json.loads(arguments)
     _worker(parsed["run_dir"], parsed["config"], parsed["resume"], parsed["threads"])
-
-
-if __name__ == "__main__" and sys.argv[1:2] == ["--worker"]:  # runs started by a sweep begun with an earlier version
-    worker_main(sys.argv[2])
