@@ -922,6 +922,16 @@ def _machine(run: RunData) -> str:
     return f"{machine.get('processor', 'unknown')}, {threads} threads" if threads else str(machine.get("processor", "unknown"))
 
 
+def _incomplete_note(runs: Sequence[RunData]) -> str:
+    """`` (1 diverged at round 71)``: "final" numbers of a run that stopped early are not final."""
+    notes = [
+        f"diverged at round {run.diverged_at}" if run.status == "diverged" else f"{run.status} at round {run.rounds_done}"
+        for run in runs
+        if not (run.status == "complete" and run.rounds_done >= run.rounds_planned)
+    ]
+    return f" ({'; '.join(notes)})" if notes else ""
+
+
 def _status_summary(runs: Sequence[RunData], pending: int) -> str:
     counts: dict[str, int] = {}
     for run in runs:
@@ -1067,12 +1077,17 @@ def _accuracy_section(setting: Setting) -> tuple[list[str], list[AccuracyRow]]:
             for row in rows
         ]
         note = "Mean ± sample standard deviation over seeds (AdaBest Table 2)."
+        for row, method_runs in zip(table, setting.methods.values()):
+            row[0] += _incomplete_note(method_runs)
         if show_bmta:
             note += " BMTA is EFL's best over rounds of the mean local test accuracy of the clients."
         title = "### Accuracy"
     else:
         header = ["method", "seeds", "final train loss", "final distance to the minimizer"]
-        table = [[row.method, str(row.seeds), format_number(row.final_train_loss), format_number(row.final_distance)] for row in rows]
+        table = [
+            [row.method + _incomplete_note(method_runs), str(row.seeds), format_number(row.final_train_loss), format_number(row.final_distance)]
+            for row, method_runs in zip(rows, setting.methods.values())
+        ]
         note, title = "Mean ± sample standard deviation over seeds.", "### Loss and distance"
     return [title, "", note, "", markdown_table(header, table), ""], rows
 

@@ -399,3 +399,12 @@ def test_two_runs_claiming_the_same_seed_of_a_method_are_refused(tmp_path):
     with pytest.raises(ConfigError, match="are both seed 0 of 'FedAvg'.*report them separately"):
         make_report([tmp_path], tmp_path / "report")
     assert make_report([tmp_path / "long"], tmp_path / "report").runs[0].rounds_done == 3
+
+
+def test_accuracy_rows_say_when_a_run_stopped_early(tmp_path):
+    _write_run(tmp_path / "ok", _config("fedavg"), _records([0.5, 0.6, 0.7, 0.8, 0.9]))
+    _write_run(tmp_path / "bad", _config("scaffold"), _records([0.5, 0.3]), status="diverged")
+    markdown = make_report([tmp_path], tmp_path / "report", plots=False).markdown
+    accuracy = markdown[markdown.index("### Accuracy"):]
+    assert "| SCAFFOLD (diverged at round 3) | 1 | 30.00% | 50.00% |" in accuracy
+    assert "| FedAvg | 1 | 90.00% |" in accuracy
