@@ -236,12 +236,8 @@ def _sweep_command(args: argparse.Namespace) -> int:
     if args.jobs is not None and args.jobs < 1:
         raise ConfigError(f"--jobs must be at least 1, got {args.jobs}")
     if args.dry_run:
-        from driftlab.experiments.config import apply_overrides, read_config_source
-
-        base = read_config_source(spec.base)
         for r in plan(spec, args.scale, args.overrides):
-            rounds = load_config(apply_overrides(base, []), r.overrides).rounds
-            print(f"{run_status(Path(args.out) / r.dir, rounds):<12s} {r.dir}   {' '.join(r.overrides)}")
+            print(f"{run_status(Path(args.out) / r.dir, r.config.rounds):<12s} {r.dir}   {' '.join(r.overrides)}")
         return 0
     from driftlab.experiments.runner import install_termination_handler
 

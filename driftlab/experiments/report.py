@@ -48,7 +48,7 @@ from typing import Any, Iterable, Sequence
 from driftlab.experiments.config import ConfigError
 from driftlab.experiments.runner import CONFIG_FILE, METRICS_FILE, RUN_INFO_FILE
 from driftlab.experiments.sweep import ALGORITHM_LABELS, SWEEP_FILE, slug
-from driftlab.metrics.summary import cumulative_bits_through, first_round_reaching
+from driftlab.metrics.summary import cumulative_bits_through, first_round_reaching, model_equivalents_through
 
 # FedAvg with another server optimizer is a method of its own in the literature (Reddi et al. 2020, FedOpt).
 SERVER_OPTIMIZER_LABELS = {"momentum": "FedAvgM", "adam": "FedAdam", "adagrad": "FedAdagrad", "yogi": "FedYogi"}
@@ -535,10 +535,7 @@ def target_outcome(run: RunData, target: float) -> TargetOutcome:
     through = hit["round"] if hit is not None else run.rounds_done
     spent = [r for r in run.records if r["round"] <= through]
     upload, download = cumulative_bits_through(run.records, through)
-    parameters = run.num_parameters
-    equivalents = None
-    if parameters:
-        equivalents = sum(r["upload_bits"] / (32 * parameters * max(r["num_selected"], 1)) for r in spent)
+    equivalents = model_equivalents_through(run.records, through, run.num_parameters) if run.num_parameters else None
     return TargetOutcome(
         reached=hit is not None,
         rounds=through,

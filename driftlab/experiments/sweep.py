@@ -54,12 +54,12 @@ import sys
 import time
 import tomllib
 import traceback
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any, Callable, Literal, Sequence
 
-from driftlab.experiments.config import ConfigError, ExperimentConfig, apply_overrides, load_config, parse_override, read_config_source
+from driftlab.experiments.config import ConfigError, ExperimentConfig, load_config, parse_override, read_config_source
 
 SWEEP_PACKAGE = "driftlab.experiments.sweeps"
 SWEEP_FILE = "sweep.json"
@@ -118,6 +118,7 @@ class PlannedRun:
     method: str
     seed: int
     overrides: tuple[str, ...]
+    config: ExperimentConfig = field(repr=False, compare=False)  # the overrides applied to the base, validated
 
 
 @dataclass(frozen=True)
@@ -359,7 +360,7 @@ def plan(spec: SweepSpec, scale: str | None = None, extra_overrides: Sequence[st
         for seed in seeds:
             overrides = tuple([*assignments, f"seed={seed}"])
             try:
-                config = load_config(apply_overrides(base_table, []), overrides)
+                config = load_config(base_table, overrides)
             except ConfigError as error:
                 labels = " / ".join(value.label for _, value in combo) or "the base config"
                 raise ConfigError(f"sweep {spec.name}, run {labels} (seed {seed}): {error}") from None
@@ -372,7 +373,7 @@ def plan(spec: SweepSpec, scale: str | None = None, extra_overrides: Sequence[st
                     "make the labels differ in letters or digits"
                 )
             seen_dirs[run_dir] = (setting, method)
-            runs.append(PlannedRun(run_dir, setting, method, seed, overrides))
+            runs.append(PlannedRun(run_dir, setting, method, seed, overrides, config))
     return runs
 
 
@@ -390,7 +391,7 @@ def sweep_document(spec: SweepSpec, runs: Sequence[PlannedRun], scale: str | Non
         "targets": list(spec.targets),
         "steps_reference": spec.steps_reference,
         "axes": [{"name": a.name, "role": a.role, "values": [{"label": v.label, "set": list(v.assignments(scale))} for v in a.values]} for a in spec.axes],
-        "runs": [{**asdict(r), "overrides": list(r.overrides)} for r in runs],
+        "runs": [{"dir": r.dir, "setting": r.setting, "method": r.method, "seed": r.seed, "overrides": list(r.overrides)} for r in runs],
     }
 
 
@@ -464,22 +465,19 @@ def run_sweep(
     out = Path(out_dir)
     runs = plan(spec, scale, extra_overrides)
     document = sweep_document(spec, runs, scale, extra_overrides)
-    base_table = read_config_source(spec.base)
-    configs = {r.dir: load_config(apply_overrides(base_table, []), r.overrides) for r in runs}
     out.mkdir(parents=True, exist_ok=True)
     with _exclusive(out):
         _check_existing(out, document)
         for r in runs:
-            check_run_directory(out / r.dir, configs[r.dir])
+            check_run_directory(out / r.dir, r.config)
         _write_json(out / SWEEP_FILE, document)
-        return _run_planned(spec, out, runs, configs, jobs, retry_diverged, log)
+        return _run_planned(spec, out, runs, jobs, retry_diverged, log)
 
 
 def _run_planned(
     spec: SweepSpec,
     out: Path,
     runs: list[PlannedRun],
-    configs: dict[str, ExperimentConfig],
     jobs: int | None,
     retry_diverged: bool,
     log: Callable[[str], None],
@@ -487,7 +485,7 @@ def _run_planned(
     outcomes: dict[str, RunOutcome] = {}
     todo: list[PlannedRun] = []
     for r in runs:
-        status = run_status(out / r.dir, configs[r.dir].rounds)
+        status = run_status(out / r.dir, r.config.rounds)
         if status == "complete" or (status == "diverged" and not retry_diverged):
             outcomes[r.dir] = RunOutcome(r, status, _message(out / r.dir))
         else:
@@ -517,7 +515,7 @@ def _run_planned(
                 run_dir = out / r.dir
                 (run_dir / FAILURE_FILE).unlink(missing_ok=True)
                 resume = (run_dir / "config.json").exists()
-                process = _start_worker(run_dir, configs[r.dir], resume, threads)
+                process = _start_worker(run_dir, r.config, resume, threads)
                 active[r.dir] = (process, r, time.perf_counter())
                 log(f"  start  {_name(r)}" + ("  (resuming)" if resume else ""))
             time.sleep(0.2)

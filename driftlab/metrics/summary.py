@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from driftlab.metrics.communication import BITS_PER_ENTRY
+
 
 def evaluated(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """The records of evaluation rounds of a classifier (those with a test accuracy)."""
@@ -33,6 +35,14 @@ def cumulative_bits_through(records: Sequence[dict[str, Any]], round_index: int)
     return upload, download
 
 
+def model_equivalents_through(records: Sequence[dict[str, Any]], round_index: int, num_parameters: int) -> float:
+    """Uploads over rounds ``1..round_index`` in uncompressed models per selected client (FedDyn Tables 1, 2):
+    ``Σ_t upload_bits_t / (32 · P · |S_t|)``, so one FedAvg round is 1 and one SCAFFOLD round 2."""
+    return sum(
+        r["upload_bits"] / (BITS_PER_ENTRY * num_parameters * max(r["num_selected"], 1)) for r in records if r["round"] <= round_index
+    )
+
+
 def summarize(records: Sequence[dict[str, Any]], target: float | None, num_parameters: int) -> dict[str, Any]:
     """Final and best accuracy; rounds, uploaded model-equivalents and bits to reach ``target``.
 
@@ -60,8 +70,6 @@ def summarize(records: Sequence[dict[str, Any]], target: float | None, num_param
         if hit is not None:
             upload, download = cumulative_bits_through(records, hit["round"])
             summary["rounds_to_target"] = hit["round"]
-            summary["models_to_target"] = sum(
-                r["upload_bits"] / (32 * num_parameters * max(r["num_selected"], 1)) for r in records if r["round"] <= hit["round"]
-            )
+            summary["models_to_target"] = model_equivalents_through(records, hit["round"], num_parameters)
             summary["bits_to_target"] = upload + download
     return summary
