@@ -23,18 +23,20 @@ Example:
 
 from __future__ import annotations
 
-import gzip
 import os
-import zlib
+from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import torch
 
+from driftlab.data.archive import open_decompressed
 from driftlab.data.federated import DataFileError
 
 __all__ = [
     "IDX_DTYPES",
+    "MAX_IDX_BYTES",
     "MNIST_MEAN",
     "MNIST_STD",
     "MNIST_URL",
@@ -59,8 +61,19 @@ MNIST_MEAN = 0.1307
 MNIST_STD = 0.3081
 MNIST_URL = "http://yann.lecun.com/exdb/mnist/"
 
-_GZIP_MAGIC = b"\x1f\x8b"
+# Data bytes a file may declare unless the caller says otherwise: twice the
+# largest official IDX file (EMNIST byclass training images, 697,932 x 28 x 28
+# = 547 MB). The header is checked against it before anything is allocated.
+MAX_IDX_BYTES = 1 << 30
+# At most this much data after the declared data is read to report it.
+_TRAILING_PROBE = 1 << 20
+_CHUNK = 1 << 20
 
+# (dtype, shape) -> raise DataFileError when the header is not what the caller expects.
+HeaderCheck = Callable[[np.dtype, tuple[int, ...]], None]
+
+# Official sizes of MNIST and Fashion-MNIST, the most any of their files may declare.
+_MNIST_COUNTS = {"train": 60_000, "test": 10_000}
 # (split, kind) -> the official base name and IDX dimensionality.
 _MNIST_FILES = {
     ("train", "images"): ("train-images", 3),
@@ -70,41 +83,93 @@ _MNIST_FILES = {
 }
 
 
-def read_idx(path: str | os.PathLike) -> np.ndarray:
-    """Read one IDX file (plain or gzipped) into a native-endian numpy array.
+def read_idx(
+    path: str | os.PathLike, *, max_bytes: int = MAX_IDX_BYTES, check_header: HeaderCheck | None = None
+) -> np.ndarray:
+    """Read one IDX file (plain, gzipped, bz2 or xz) into a native-endian numpy array.
+
+    The header is validated (and passed to ``check_header``) before the data
+    is allocated, the data is read into one array of exactly the declared
+    size, and the file is read to its end, so a compressed file's CRC is
+    checked and bytes after the declared data are an error. At most
+    ``max_bytes`` of data plus 1 MiB are ever decompressed, whatever the file
+    holds.
 
     Args:
-        path: the file. Gzip is detected from the content, not the name.
+        path: the file. Compression is detected from the content, not the name.
+        max_bytes: the most data bytes the header may declare.
+        check_header: called with ``(dtype, shape)`` before any allocation;
+            raises DataFileError when they are not what the caller expects.
 
     Returns:
         A writable array with the file's shape and dtype in native byte order.
 
     Raises:
         DataFileError: the file is missing, is not IDX (bad magic or unknown
-            dtype code), is truncated (the message gives the bytes expected
-            and found), or has bytes after the declared data.
+            dtype code), declares more than ``max_bytes``, is truncated (the
+            message gives the bytes expected and found), has bytes after the
+            declared data, or is corrupt (``... is corrupt (...): download it
+            again``).
     """
     path = Path(path)
-    raw = _read_bytes(path)
-    dtype, shape, header_size = _parse_header(raw, path)
-    expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    found = len(raw) - header_size
+    if not path.is_file():
+        what = "is a directory, not a file" if path.is_dir() else "does not exist"
+        raise DataFileError(f"{path} {what}; expected an IDX file (plain or gzipped)")
+    with open_decompressed(path, max_bytes + _HEADER_LIMIT + _TRAILING_PROBE, "an IDX file") as stream:
+        return _read_idx_stream(stream, path, max_bytes, check_header)
+
+
+def _read_idx_stream(
+    stream: BinaryIO, path: Path | str, max_bytes: int, check_header: HeaderCheck | None
+) -> np.ndarray:
+    """Parse IDX from a (decompressed) stream: header, checks, then exactly the declared data, then EOF."""
+    head = _read_up_to(stream, 4)
+    if len(head) == 4 and head[0] == 0 and head[1] == 0 and head[2] in IDX_DTYPES and head[3] > 0:
+        head += _read_up_to(stream, 4 * head[3])
+    dtype, shape, header_size = _parse_header(head, path)
+    count = int(np.prod(shape, dtype=object))  # exact: big dimensions must not wrap around
+    expected = count * dtype.itemsize
+    if check_header is not None:
+        check_header(dtype, shape)
+    if expected > max_bytes:
+        raise DataFileError(
+            f"{path}: the IDX header declares shape {shape} of {dtype.name}, {expected:,} bytes of data, more than "
+            f"the {max_bytes:,} allowed; the file is corrupt or not the data set it is named after"
+        )
+    values = np.empty(count, dtype=dtype)
+    target = memoryview(values.view(np.uint8).reshape(-1))
+    found = 0
+    while found < expected and (chunk := stream.read(min(_CHUNK, expected - found))):
+        target[found : found + len(chunk)] = chunk
+        found += len(chunk)
     if found < expected:
         raise DataFileError(
             f"{path}: truncated IDX file: shape {shape} of {dtype.name} needs {header_size + expected} bytes "
-            f"({header_size} header + {expected} data) but the file has {len(raw)} "
-            f"({found} data); the download was probably interrupted, fetch the file again"
+            f"({header_size} header + {expected} data) but the file has {header_size + found} "
+            f"({found} data); the download was probably interrupted: download it again"
         )
-    if found > expected:
+    extra = len(_read_up_to(stream, _TRAILING_PROBE))  # reaching EOF is what checks a gzip CRC
+    if extra:
+        amount = f"more than {extra - 1}" if extra == _TRAILING_PROBE else str(extra)
+        total = f"more than {header_size + expected + extra - 1}" if extra == _TRAILING_PROBE else str(header_size + expected + extra)
         raise DataFileError(
-            f"{path}: {found - expected} unexpected bytes after the data: shape {shape} of {dtype.name} "
-            f"needs exactly {header_size + expected} bytes but the file has {len(raw)}; "
+            f"{path}: {amount} unexpected bytes after the data: shape {shape} of {dtype.name} "
+            f"needs exactly {header_size + expected} bytes but the file has {total}; "
             "the file is corrupt or not the IDX file its header describes"
         )
-    values = np.frombuffer(raw, dtype=dtype, count=int(np.prod(shape, dtype=np.int64)), offset=header_size)
-    # astype copies, which both converts to native byte order and gives a
-    # writable array (frombuffer over bytes is read-only).
-    return values.astype(dtype.newbyteorder("="), copy=True).reshape(shape)
+    native = dtype.newbyteorder("=")
+    if values.dtype != native:  # big-endian values on a little-endian machine: swap in place, no copy
+        values = values.byteswap(inplace=True).view(native)
+    return values.reshape(shape)
+
+
+def _read_up_to(stream: BinaryIO, size: int) -> bytes:
+    """``size`` bytes, or fewer only at the end of the stream."""
+    parts, got = [], 0
+    while got < size and (chunk := stream.read(min(_CHUNK, size - got))):
+        parts.append(chunk)
+        got += len(chunk)
+    return b"".join(parts)
 
 
 def load_mnist(root: str | os.PathLike) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -121,18 +186,26 @@ def load_mnist(root: str | os.PathLike) -> tuple[np.ndarray, np.ndarray, np.ndar
     Raises:
         DataFileError: a file is missing (the message lists the accepted names
             and where to download MNIST), unreadable, or the wrong content
-            (images not 3-D 28x28 uint8, labels not 1-D uint8 in 0..9, or
-            image and label counts of a split that disagree, e.g. a label file
-            from the other split).
+            (images not 3-D 28x28 uint8, labels not 1-D uint8 in 0..9, more
+            images or labels than the official split has (60,000 train, 10,000
+            test; checked from the header, before the data is read), or image
+            and label counts of a split that disagree, e.g. a label file from
+            the other split), or corrupt (``... is corrupt (...): download it
+            again``).
     """
     root = Path(root)
     arrays = {}
     for split in ("train", "test"):
         images_path = _find_mnist_file(root, split, "images")
         labels_path = _find_mnist_file(root, split, "labels")
-        images, labels = read_idx(images_path), read_idx(labels_path)
-        _check_mnist_images(images, images_path, labels_path)
-        _check_mnist_labels(labels, labels_path, images_path)
+        limit = _MNIST_COUNTS[split]
+        images = read_idx(
+            images_path, check_header=lambda d, s: _check_mnist_images(d, s, images_path, labels_path, split, limit)
+        )
+        labels = read_idx(
+            labels_path, check_header=lambda d, s: _check_mnist_labels(d, s, labels_path, images_path, split, limit)
+        )
+        _check_mnist_label_values(labels, labels_path)
         if len(images) != len(labels):
             raise DataFileError(
                 f"{images_path} holds {len(images)} images but {labels_path} holds {len(labels)} labels; "
@@ -168,24 +241,11 @@ def _normalise_mnist(images: np.ndarray) -> torch.Tensor:
     return x.sub_(MNIST_MEAN).div_(MNIST_STD).unsqueeze(1)
 
 
-def _read_bytes(path: Path) -> bytes:
-    """The file's bytes, gunzipped if the content starts with the gzip magic."""
-    if not path.is_file():
-        what = "is a directory, not a file" if path.is_dir() else "does not exist"
-        raise DataFileError(f"{path} {what}; expected an IDX file (plain or gzipped)")
-    raw = path.read_bytes()
-    if raw[:2] != _GZIP_MAGIC:
-        return raw
-    try:
-        return gzip.decompress(raw)
-    except (EOFError, gzip.BadGzipFile, zlib.error) as error:
-        raise DataFileError(
-            f"{path}: gzip data is truncated or corrupt ({error}); the compressed file has {len(raw)} bytes. "
-            "The download was probably interrupted: fetch the file again"
-        ) from error
+# The longest header: 4 bytes and 255 dimensions of 4 bytes.
+_HEADER_LIMIT = 4 + 4 * 255
 
 
-def _parse_header(raw: bytes, path: Path) -> tuple[np.dtype, tuple[int, ...], int]:
+def _parse_header(raw: bytes, path: Path | str) -> tuple[np.dtype, tuple[int, ...], int]:
     """Return ``(dtype, shape, header_size)`` from an IDX header, or raise DataFileError."""
     if len(raw) < 4:
         raise DataFileError(
@@ -237,27 +297,46 @@ def _find_mnist_file(root: Path, split: str, kind: str) -> Path:
     )
 
 
-def _check_mnist_images(images: np.ndarray, images_path: Path, labels_path: Path) -> None:
-    if images.ndim == 1:
+def _check_mnist_images(
+    dtype: np.dtype, shape: tuple[int, ...], images_path: Path, labels_path: Path, split: str, limit: int
+) -> None:
+    """Header check of an MNIST image file, made before its data is read."""
+    if len(shape) == 1:
         raise DataFileError(
-            f"{images_path} is 1-D with {images.shape[0]} entries, which is a label file, not images; "
+            f"{images_path} is 1-D with {shape[0]} entries, which is a label file, not images; "
             f"check that it is not swapped with {labels_path}"
         )
-    if images.ndim != 3 or images.shape[1:] != (28, 28) or images.dtype != np.uint8:
+    if len(shape) != 3 or shape[1:] != (28, 28) or dtype != np.uint8:
         raise DataFileError(
             f"{images_path}: expected MNIST images, uint8 of shape [n, 28, 28], "
-            f"got {images.dtype} of shape {images.shape}"
+            f"got {dtype.name} of shape {shape}"
         )
+    _check_mnist_count(shape[0], images_path, "images", split, limit)
 
 
-def _check_mnist_labels(labels: np.ndarray, labels_path: Path, images_path: Path) -> None:
-    if labels.ndim != 1:
+def _check_mnist_labels(
+    dtype: np.dtype, shape: tuple[int, ...], labels_path: Path, images_path: Path, split: str, limit: int
+) -> None:
+    """Header check of an MNIST label file, made before its data is read."""
+    if len(shape) != 1:
         raise DataFileError(
-            f"{labels_path}: expected MNIST labels, 1-D uint8, got shape {labels.shape}, which looks like an "
+            f"{labels_path}: expected MNIST labels, 1-D uint8, got shape {shape}, which looks like an "
             f"image file; check that it is not swapped with {images_path}"
         )
-    if labels.dtype != np.uint8:
-        raise DataFileError(f"{labels_path}: expected MNIST labels of dtype uint8, got {labels.dtype}")
+    if dtype != np.uint8:
+        raise DataFileError(f"{labels_path}: expected MNIST labels of dtype uint8, got {dtype.name}")
+    _check_mnist_count(shape[0], labels_path, "labels", split, limit)
+
+
+def _check_mnist_count(count: int, path: Path, kind: str, split: str, limit: int) -> None:
+    if count > limit:
+        raise DataFileError(
+            f"{path}: the IDX header declares {count:,} {kind} but MNIST's {split} split (and Fashion-MNIST's) has "
+            f"{limit:,}; the file is corrupt or not an MNIST file: download it again"
+        )
+
+
+def _check_mnist_label_values(labels: np.ndarray, labels_path: Path) -> None:
     if len(labels) and labels.max() > 9:
         raise DataFileError(
             f"{labels_path}: MNIST labels must be digits 0..9 but the file contains {int(labels.max())}; "

@@ -80,7 +80,7 @@ def test_truncated_header(tmp_path):
 def test_truncated_gzip(tmp_path):
     compressed = gzip.compress(_idx_bytes(np.arange(1000, dtype=np.int32)))
     path = _write(tmp_path / "cut.gz", compressed[: len(compressed) // 2])
-    with pytest.raises(DataFileError, match="cut.gz: gzip data is truncated or corrupt"):
+    with pytest.raises(DataFileError, match=r"cut.gz is corrupt \(Compressed file ended.*\): download it again"):
         read_idx(path)
 
 
@@ -203,6 +203,63 @@ def test_wrong_image_shape_and_label_values(tmp_path):
     _fake_mnist(tmp_path)
     _write(tmp_path / "t10k-labels-idx1-ubyte.gz", _idx_bytes(np.array([0, 1, 10, 2], dtype=np.uint8)), compress=True)
     with pytest.raises(DataFileError, match="digits 0..9 but the file contains 10"):
+        load_mnist(tmp_path)
+
+
+# --- integrity and bounds -------------------------------------------------
+
+
+def test_gzip_crc_flip_is_corrupt_not_silently_different_values(tmp_path):
+    array = np.arange(4000, dtype=np.int32)
+    raw = bytearray(gzip.compress(_idx_bytes(array), compresslevel=0))  # stored: the flip changes a value silently
+    raw[len(raw) // 2] ^= 0x01
+    path = _write(tmp_path / "flip.gz", bytes(raw))
+    with pytest.raises(DataFileError, match=r"flip\.gz is corrupt \(CRC check failed.*\): download it again"):
+        read_idx(path)
+
+
+def test_garbage_after_the_gzip_stream_is_corrupt(tmp_path):
+    path = _write(tmp_path / "tail.gz", gzip.compress(_idx_bytes(np.zeros(5, dtype=np.uint8))) + b"junk!")
+    with pytest.raises(DataFileError, match=r"tail\.gz is corrupt \(Not a gzipped file.*\): download it again"):
+        read_idx(path)
+
+
+def test_gzipped_data_beyond_the_declared_size(tmp_path):
+    path = _write(tmp_path / "long.gz", _idx_bytes(np.zeros(5, dtype=np.uint8)) + b"xyz", compress=True)
+    with pytest.raises(DataFileError, match="long.gz: 3 unexpected bytes after the data.*exactly 13 bytes but the file has 16"):
+        read_idx(path)
+
+
+def test_declared_size_is_checked_before_anything_is_allocated(tmp_path):
+    # The header declares 4e9 x 4e9 float64 (far past any memory); the file is 24 bytes.
+    header = bytes([0, 0, 0x0E, 2]) + struct.pack(">2I", 4_000_000_000, 4_000_000_000)
+    path = _write(tmp_path / "huge", header + bytes(8))
+    with pytest.raises(DataFileError, match=r"declares shape \(4000000000, 4000000000\) of float64, 128,000,000,000,000,000,000 bytes of data, more than the 1,073,741,824 allowed"):
+        read_idx(path)
+    small = _write(tmp_path / "small", _idx_bytes(np.zeros(100, dtype=np.uint8)))
+    with pytest.raises(DataFileError, match="more than the 99 allowed"):
+        read_idx(small, max_bytes=99)
+    assert read_idx(small, max_bytes=100).shape == (100,)
+
+
+def test_check_header_runs_before_the_data_is_read(tmp_path):
+    seen = []
+
+    def refuse(dtype, shape):
+        seen.append((dtype.name, shape))
+        raise DataFileError("refused")
+
+    path = _write(tmp_path / "short", _idx_bytes(np.zeros((3, 4), dtype=np.uint8))[:14])  # truncated data
+    with pytest.raises(DataFileError, match="^refused$"):
+        read_idx(path, check_header=refuse)
+    assert seen == [("uint8", (3, 4))]
+
+
+def test_mnist_header_beyond_the_official_count_is_refused(tmp_path):
+    _fake_mnist(tmp_path)
+    header = bytes([0, 0, 8, 3]) + struct.pack(">3I", 60_001, 28, 28)
+    _write(tmp_path / "train-images-idx3-ubyte.gz", header, compress=True)  # header only: never read further
+    with pytest.raises(DataFileError, match=r"train-images-idx3-ubyte\.gz: the IDX header declares 60,001 images but MNIST's train split .* has 60,000"):
         load_mnist(tmp_path)
 
 

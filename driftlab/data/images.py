@@ -33,10 +33,9 @@ Example:
 
 from __future__ import annotations
 
-import gzip
 import io
 import os
-import tarfile
+import warnings
 import zipfile
 import zlib
 from collections.abc import Iterator, Sequence
@@ -47,6 +46,7 @@ import numpy as np
 import torch
 
 from driftlab.data import idx
+from driftlab.data.archive import ArchiveLimits, corrupt_file_error, iter_tar_members, open_decompressed
 from driftlab.data.federated import DataFileError
 
 __all__ = [
@@ -55,10 +55,13 @@ __all__ = [
     "CIFAR10_CLASSES",
     "CIFAR10_MEAN",
     "CIFAR10_STD",
+    "CIFAR10_FOLDER_LIMITS",
     "EMNIST_SPLITS",
     "FASHION_MNIST_MEAN",
     "FASHION_MNIST_STD",
     "IMAGE_EXTENSIONS",
+    "IMAGE_FOLDER_LIMITS",
+    "MAX_IMAGE_PIXELS",
     "load_cifar10_image_folder",
     "load_cifar_tensors",
     "load_emnist_tensors",
@@ -88,7 +91,24 @@ CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog
 
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm"})
 
-_GZIP_MAGIC = b"\x1f\x8b"
+# Caps on an image folder archive (or folder), checked while it streams so that
+# a damaged or hostile file is refused before it fills memory. The image bytes
+# are all held until decoding, so the total bounds the memory spent on them.
+# Generic folders: 1,000,000 entries, 32 MiB per image, 2 GiB in all (decoded
+# to float32, that much JPEG is far more than fits in memory anyway).
+IMAGE_FOLDER_LIMITS = ArchiveLimits(max_members=1_000_000, max_member_bytes=32 << 20, max_total_bytes=2 << 30)
+# CIFAR-10 as images: the real JPEG tarball has 60,023 entries, its largest
+# image is 1,124 bytes and it is 55 MB of images (about 90 MB as a tar stream);
+# a 32x32 PNG is at most about 4 KB. These caps leave ample room for any
+# encoding of the 60,000 images.
+CIFAR10_FOLDER_LIMITS = ArchiveLimits(max_members=200_000, max_member_bytes=1 << 20, max_total_bytes=512 << 20)
+# Image sizes are checked from the header, before decoding: at most this many
+# pixels (4096 x 4096) per image unless the caller gives the exact size.
+MAX_IMAGE_PIXELS = 1 << 24
+# An EMNIST gzip.zip member (a gzipped IDX file, the largest 550 MB unzipped).
+_EMNIST_MAX_MEMBER_BYTES = 1 << 30
+# Official sample counts per EMNIST file split, the most a file may declare.
+_EMNIST_COUNTS = {"letters": {"train": 124_800, "test": 20_800}, "byclass": {"train": 697_932, "test": 116_323}}
 
 
 def _download_hint(name: str) -> str:
@@ -218,8 +238,9 @@ def load_emnist_tensors(root: str | os.PathLike, split: str, normalisation: str 
     root = Path(root)
     arrays = {}
     for part in ("train", "test"):
-        images, images_name = _read_emnist_file(root, spec.file_split, part, "images")
-        labels, labels_name = _read_emnist_file(root, spec.file_split, part, "labels")
+        limit = _EMNIST_COUNTS[spec.file_split][part]
+        images, images_name = _read_emnist_file(root, spec.file_split, part, "images", limit)
+        labels, labels_name = _read_emnist_file(root, spec.file_split, part, "labels", limit)
         _check_emnist(images, images_name, labels, labels_name, spec)
         keep = labels < spec.first_label + spec.keep_classes
         if not keep.all():
@@ -260,29 +281,47 @@ def _emnist_name(file_split: str, part: str, kind: str) -> str:
     return f"emnist-{file_split}-{part}-{kind}-idx{ndim}-ubyte"
 
 
-def _read_emnist_file(root: Path, file_split: str, part: str, kind: str) -> tuple[np.ndarray, str]:
-    """Find one EMNIST file (loose, in gzip/, or in gzip.zip) and read it; returns (array, name for messages)."""
+def _read_emnist_file(root: Path, file_split: str, part: str, kind: str, limit: int) -> tuple[np.ndarray, str]:
+    """Find one EMNIST file (loose, in gzip/, or in gzip.zip) and read it; returns (array, name for messages).
+
+    The IDX header is checked before the data is read: images ``[n, 28, 28]``,
+    labels ``[n]``, ``n`` at most the official count ``limit``.
+    """
     base = _emnist_name(file_split, part, kind)
     names = (base + ".gz", base)
+
+    def check_header(label: str):
+        def check(dtype: np.dtype, shape: tuple[int, ...]) -> None:
+            _check_emnist_header(dtype, shape, label, kind, f"EMNIST {file_split} {part}", limit)
+
+        return check
+
     if root.is_dir():
         for folder in (root, root / "gzip"):
             for name in names:
                 if (folder / name).is_file():
-                    return idx.read_idx(folder / name), str(folder / name)
+                    path = folder / name
+                    return idx.read_idx(path, check_header=check_header(str(path))), str(path)
     archive = root if root.is_file() else root / "gzip.zip"
     if archive.is_file():
         try:
             with zipfile.ZipFile(archive) as bundle:
-                members = {Path(info.filename).name: info.filename for info in bundle.infolist()}
+                members = {Path(info.filename).name: info for info in bundle.infolist()}
                 for name in names:
                     if name in members:
-                        label = f"{archive}:{members[name]}"
-                        return _idx_from_bytes(bundle.read(members[name]), label), label
-        except (zipfile.BadZipFile, zlib.error, EOFError) as error:
-            raise DataFileError(
-                f"{archive}: not a readable zip archive ({error}); expected the official EMNIST gzip.zip. "
-                "The download was probably interrupted: fetch it again"
-            ) from error
+                        info = members[name]
+                        label = f"{archive}:{info.filename}"
+                        if info.file_size > _EMNIST_MAX_MEMBER_BYTES:
+                            raise DataFileError(
+                                f"{label} is {info.file_size:,} bytes, more than the {_EMNIST_MAX_MEMBER_BYTES:,} "
+                                "any official EMNIST file has; the archive is corrupt or not EMNIST's: download it again"
+                            )
+                        raw = bundle.read(info.filename)  # zipfile checks the member's CRC
+                        return _idx_from_bytes(raw, label, check_header(label)), label
+        except DataFileError:
+            raise
+        except (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, EOFError, OSError, ValueError) as error:
+            raise corrupt_file_error(archive, f"not a readable zip archive: {error}") from error
         raise DataFileError(
             f"{archive} does not contain {names[0]}; expected the official EMNIST gzip.zip, which holds "
             f"gzip/{names[0]}. {_download_hint('emnist')}"
@@ -298,24 +337,29 @@ def _read_emnist_file(root: Path, file_split: str, part: str, kind: str) -> tupl
     )
 
 
-def _idx_from_bytes(raw: bytes, label: str) -> np.ndarray:
-    """Parse IDX content that is not a file on disk (a zip member), with the checks of ``read_idx``."""
-    if raw[:2] == _GZIP_MAGIC:
-        try:
-            raw = gzip.decompress(raw)
-        except (EOFError, gzip.BadGzipFile, zlib.error) as error:
-            raise DataFileError(f"{label}: gzip data is truncated or corrupt ({error})") from error
-    dtype, shape, header_size = idx._parse_header(raw, label)
-    count = int(np.prod(shape, dtype=np.int64))
-    expected, found = count * dtype.itemsize, len(raw) - header_size
-    if found != expected:
+def _idx_from_bytes(raw: bytes, label: str, check_header: idx.HeaderCheck) -> np.ndarray:
+    """Parse IDX content that is not a file on disk (a zip member), with the checks and bounds of ``read_idx``."""
+    limit = idx.MAX_IDX_BYTES
+    with open_decompressed(label, limit + (2 << 20), "an IDX file", fileobj=io.BytesIO(raw)) as stream:
+        return idx._read_idx_stream(stream, label, limit, check_header)
+
+
+def _check_emnist_header(
+    dtype: np.dtype, shape: tuple[int, ...], label: str, kind: str, what: str, limit: int
+) -> None:
+    """Header check of one EMNIST file, made before its data is read."""
+    if kind == "images" and (len(shape) != 3 or shape[1:] != (28, 28) or dtype != np.uint8):
         raise DataFileError(
-            f"{label}: IDX shape {shape} of {dtype.name} needs {header_size + expected} bytes "
-            f"({header_size} header + {expected} data) but the member has {len(raw)}; it is truncated "
-            "or corrupt: fetch the archive again"
+            f"{label}: expected EMNIST images, uint8 of shape [n, 28, 28], got {dtype.name} of shape {shape}; "
+            "check that it is not swapped with the label file"
         )
-    values = np.frombuffer(raw, dtype=dtype, count=count, offset=header_size)
-    return values.astype(dtype.newbyteorder("=")).reshape(shape)
+    if kind == "labels" and (len(shape) != 1 or dtype != np.uint8):
+        raise DataFileError(f"{label}: expected EMNIST labels, 1-D uint8, got {dtype.name} of shape {shape}")
+    if shape[0] > limit:
+        raise DataFileError(
+            f"{label}: the IDX header declares {shape[0]:,} {kind} but the official {what} split has {limit:,}; "
+            "the file is corrupt or not an EMNIST file: download it again"
+        )
 
 
 def _check_emnist(
@@ -398,6 +442,10 @@ _CIFAR = {
 }
 
 _CIFAR_PIXELS = 3 * 32 * 32
+# The official binary tarballs have about 8 entries and 170-185 MB of content;
+# their largest file is CIFAR-100's train.bin (153.7 MB); the python version's
+# pickles are about as large (read past only to say it is the wrong version).
+_CIFAR_BINARY_LIMITS = ArchiveLimits(max_members=1_000, max_member_bytes=256 << 20, max_total_bytes=1 << 30)
 
 
 def load_cifar_tensors(root: str | os.PathLike, num_classes: int) -> Tensors:
@@ -424,7 +472,9 @@ def load_cifar_tensors(root: str | os.PathLike, num_classes: int) -> Tensors:
         DataFileError: files missing (the message lists the accepted layouts
             and the download command; the pickled python version is refused
             with a pointer to the binary one), truncated (bytes expected vs
-            found), or with labels out of range.
+            found), with labels out of range, or a corrupt tarball
+            (``... is corrupt (...): download it again``; it is read to its
+            end, so the gzip CRC is checked).
         ValueError: ``num_classes`` is not 10 or 100.
     """
     if num_classes not in _CIFAR:
@@ -459,7 +509,8 @@ def _cifar_file_contents(root: Path, spec: _CifarSpec) -> dict[str, tuple[str, b
         for folder in (root, root / spec.folder):
             present = [name for name in wanted if (folder / name).is_file()]
             if len(present) == len(wanted):
-                return {name: (str(folder / name), (folder / name).read_bytes()) for name in wanted}
+                cap, what = _CIFAR_BINARY_LIMITS.max_member_bytes, f"a {spec.name} binary file"
+                return {name: (str(folder / name), _read_capped(folder / name, cap, what)) for name in wanted}
             if present:
                 missing = ", ".join(name for name in wanted if name not in present)
                 raise DataFileError(
@@ -488,19 +539,15 @@ def _cifar_from_tar(archive: Path, spec: _CifarSpec) -> dict[str, tuple[str, byt
     wanted = set(spec.train_files + spec.test_files)
     found: dict[str, tuple[str, bytes]] = {}
     saw_python = False
-    try:
-        with tarfile.open(archive, "r|*") as tar:
-            for member in tar:
-                parts = member.name.split("/")
-                if spec.python_folder in parts:
-                    saw_python = True
-                if member.isfile() and parts[-1] in wanted and len(parts) >= 2 and parts[-2] == spec.folder:
-                    found[parts[-1]] = (f"{archive}:{member.name}", tar.extractfile(member).read())
-    except (tarfile.TarError, EOFError, zlib.error, OSError) as error:
-        raise DataFileError(
-            f"{archive}: not a readable tar archive ({error}); expected the official {spec.archive}. "
-            "The download was probably interrupted: fetch it again"
-        ) from error
+
+    def is_wanted(member) -> bool:
+        nonlocal saw_python
+        parts = member.name.split("/")
+        saw_python = saw_python or spec.python_folder in parts
+        return parts[-1] in wanted and len(parts) >= 2 and parts[-2] == spec.folder
+
+    for name, content in iter_tar_members(archive, _CIFAR_BINARY_LIMITS, is_wanted, f"the {spec.name} binary tarball"):
+        found[name.split("/")[-1]] = (f"{archive}:{name}", content)
     missing = sorted(wanted - found.keys())
     if missing:
         hint = (
@@ -549,6 +596,9 @@ def load_image_folder(
     normalise: tuple[Sequence[float] | float, Sequence[float] | float] | None = None,
     limit_per_class: int | None = None,
     splits: tuple[str, str] = ("train", "test"),
+    *,
+    image_size: tuple[int, int] | None = None,
+    limits: ArchiveLimits = IMAGE_FOLDER_LIMITS,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, tuple[str, ...]]:
     """Load an image classification folder ``<split>/<class>/<image>``, plain or as a tar archive.
 
@@ -573,16 +623,24 @@ def load_image_folder(
         limit_per_class: keep only the first this-many images (in file name
             order) of every class in each split; ``None`` keeps all.
         splits: the names of the training and test folders.
+        image_size: ``(width, height)`` every image must have; ``None``
+            takes the first image's size (at most :data:`MAX_IMAGE_PIXELS`).
+            Sizes are read from the image headers before any decoding.
+        limits: caps on the archive's entries, each file's bytes and the
+            whole stream (:data:`IMAGE_FOLDER_LIMITS`); a folder's files are
+            held to the per-file cap.
 
     Returns:
         ``(train_x, train_y, test_x, test_y, class_names)``: float32
         ``[n, c, h, w]`` images, int64 labels, and the sorted class names.
 
     Raises:
-        DataFileError: the path is missing or unreadable, a split has no
-            images, the test split has a class the training split lacks, an
-            image cannot be decoded (the message names the file), sizes differ,
-            or several different prefixes hold ``<split>`` folders.
+        DataFileError: the path is missing or unreadable, the archive is
+            corrupt (``... is corrupt (...): download it again``) or exceeds
+            ``limits``, a split has no images, the test split has a class the
+            training split lacks, an image cannot be decoded or has the wrong
+            size (the message names the file), or several different prefixes
+            hold ``<split>`` folders.
         ImportError: Pillow is not installed.
     """
     if limit_per_class is not None and limit_per_class < 1:
@@ -592,7 +650,7 @@ def load_image_folder(
     except ImportError as error:
         raise ImportError("loading image folders needs Pillow: pip install pillow") from error
     path = Path(path)
-    entries = _image_folder_entries(path, splits)
+    entries = _image_folder_entries(path, splits, limits)
     by_split: dict[str, dict[str, list[tuple[str, str, bytes | Path]]]] = {s: {} for s in splits}
     for split, cls, name, source in entries:
         label = f"{path}:{name}" if isinstance(source, bytes) else str(source)
@@ -622,7 +680,7 @@ def load_image_folder(
                 files = files[:limit_per_class]
             items.extend(files)
             labels.extend([class_ids[cls]] * len(files))
-        decoded.append((_decode_images(items), np.asarray(labels, dtype=np.int64)))
+        decoded.append((_decode_images(items, image_size, limits.max_member_bytes), np.asarray(labels, dtype=np.int64)))
     (train_u8, train_gray), _ = decoded[0]
     (test_u8, test_gray), _ = decoded[1]
     if train_u8.shape[1:] != test_u8.shape[1:]:
@@ -652,13 +710,21 @@ def load_cifar10_image_folder(
     """Load CIFAR-10 from an image folder (e.g. ``cifar10-jpeg.tar.gz``) with CIFAR-10 normalisation.
 
     :func:`load_image_folder` with the FedDyn authors' CIFAR-10 channel
-    statistics; checks that there are 10 classes of 32x32 RGB images.
-    JPEG copies of CIFAR-10 differ slightly from the official pixels.
+    statistics; checks that there are 10 classes of 32x32 RGB images (the
+    size of every image is checked from its header before decoding) and
+    holds the archive to :data:`CIFAR10_FOLDER_LIMITS`. JPEG copies of
+    CIFAR-10 differ slightly from the official pixels.
 
     Returns:
         ``(train_x, train_y, test_x, test_y, class_names)``, float32 ``[n, 3, 32, 32]``.
     """
-    result = load_image_folder(path, normalise=(CIFAR10_MEAN, CIFAR10_STD), limit_per_class=limit_per_class)
+    result = load_image_folder(
+        path,
+        normalise=(CIFAR10_MEAN, CIFAR10_STD),
+        limit_per_class=limit_per_class,
+        image_size=(32, 32),
+        limits=CIFAR10_FOLDER_LIMITS,
+    )
     train_x, class_names = result[0], result[4]
     if len(class_names) != 10 or tuple(train_x.shape[1:]) != (3, 32, 32):
         raise DataFileError(
@@ -668,7 +734,9 @@ def load_cifar10_image_folder(
     return result
 
 
-def _image_folder_entries(path: Path, splits: Sequence[str]) -> list[tuple[str, str, str, bytes | Path]]:
+def _image_folder_entries(
+    path: Path, splits: Sequence[str], limits: ArchiveLimits
+) -> list[tuple[str, str, str, bytes | Path]]:
     """``(split, class, name, bytes-or-path)`` of every image under ``[prefix/]<split>/<class>/``.
 
     ``name`` is the path inside the folder or archive, used for sorting and in
@@ -677,7 +745,7 @@ def _image_folder_entries(path: Path, splits: Sequence[str]) -> list[tuple[str, 
     if path.is_dir():
         candidates = _walk_directory(path)
     elif path.is_file():
-        candidates = _walk_tar(path)
+        candidates = _walk_tar(path, limits)
     else:
         raise DataFileError(f"{path} does not exist; expected an image folder directory or a .tar.gz of one")
     entries, prefixes = [], set()
@@ -706,21 +774,21 @@ def _walk_directory(root: Path) -> Iterator[tuple[str, Path]]:
             yield (file if rel == "." else f"{rel}/{file}"), Path(folder) / file
 
 
-def _walk_tar(archive: Path) -> list[tuple[str, bytes]]:
+def _walk_tar(archive: Path, limits: ArchiveLimits) -> list[tuple[str, bytes]]:
     """Every image-named regular member of a tar archive with its bytes, read in one streaming pass."""
-    out = []
-    try:
-        with tarfile.open(archive, "r|*") as tar:
-            for member in tar:
-                if member.isfile() and _suffix(member.name) in IMAGE_EXTENSIONS:
-                    name = member.name[2:] if member.name.startswith("./") else member.name
-                    out.append((name, tar.extractfile(member).read()))
-    except (tarfile.TarError, EOFError, zlib.error, OSError) as error:
+    wanted = lambda member: _suffix(member.name) in IMAGE_EXTENSIONS  # noqa: E731
+    return list(iter_tar_members(archive, limits, wanted, "an image folder archive"))
+
+
+def _read_capped(path: Path, max_bytes: int, what: str) -> bytes:
+    """A file's bytes, refused without reading it when it is larger than ``max_bytes``."""
+    size = path.stat().st_size
+    if size > max_bytes:
         raise DataFileError(
-            f"{archive}: not a readable tar archive ({error}); expected a directory or a .tar/.tar.gz of "
-            "<split>/<class>/<image> folders. If it was downloaded, the download may be incomplete"
-        ) from error
-    return out
+            f"{path} is {size:,} bytes, more than the {max_bytes:,} allowed for {what}; "
+            "it is not a genuine data file"
+        )
+    return path.read_bytes()
 
 
 def _suffix(name: str) -> str:
@@ -732,51 +800,88 @@ _GRAY_MODES = frozenset({"1", "L", "LA"})
 _FORMATS_BY_SUFFIX = {".jpg": "JPEG", ".jpeg": "JPEG", ".png": "PNG"}
 
 
-def _decode_images(items: Sequence[tuple[str, str, bytes | Path]]) -> tuple[np.ndarray, bool]:
+def _decode_images(
+    items: Sequence[tuple[str, str, bytes | Path]], image_size: tuple[int, int] | None, max_file_bytes: int
+) -> tuple[np.ndarray, bool]:
     """Decode ``(name, label, bytes-or-path)`` images into one uint8 ``[n, h, w, 3]`` array.
 
     Returns the array and whether every image was grayscale (then all three
-    channels are equal). The array is allocated once from the first image's
-    size; a different size is an error naming the file.
+    channels are equal). Every image's size is read from its header (Pillow
+    opens lazily) and checked before it is decoded: it must be
+    ``image_size``, or the first image's size, which must be at most
+    :data:`MAX_IMAGE_PIXELS`. The array is allocated once, from that size.
     """
-    from PIL import Image, UnidentifiedImageError
+    from PIL import Image
 
     out: np.ndarray | None = None
     all_gray = True
-    for i, (name, label, source) in enumerate(items):
-        data = source if isinstance(source, bytes) else Path(source).read_bytes()
-        suffix_format = _FORMATS_BY_SUFFIX.get(_suffix(name))
-        try:
+    expected = image_size
+    with warnings.catch_warnings():
+        # Pillow only warns below twice its own pixel limit; here that is an error.
+        warnings.simplefilter("error", Image.DecompressionBombWarning)
+        for i, (name, label, source) in enumerate(items):
+            data = source if isinstance(source, bytes) else _read_capped(Path(source), max_file_bytes, "an image")
+            image = _open_image(data, name, label)
+            if expected is None:
+                width, height = image.size
+                if width * height > MAX_IMAGE_PIXELS:
+                    raise DataFileError(
+                        f"{label}: image is {width}x{height}, more than the {MAX_IMAGE_PIXELS:,} pixels allowed for an "
+                        "image folder; it is not a genuine data set image (or give image_size)"
+                    )
+                expected = (width, height)
+            if image.size != expected:
+                first = "the first image is" if image_size is None else "the data set's images are"
+                raise DataFileError(
+                    f"{label}: image is {image.size[0]}x{image.size[1]} but {first} "
+                    f"{expected[0]}x{expected[1]}; all images of an image folder must have the same size"
+                )
             try:
-                # Naming the expected format skips Pillow's format sniffing, which is a
-                # large share of the time for tiny images; fall back for misnamed files.
-                image = Image.open(io.BytesIO(data), formats=(suffix_format,) if suffix_format else None)
-            except UnidentifiedImageError:
-                image = Image.open(io.BytesIO(data))
-            image.load()
-        except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as error:
-            raise DataFileError(
-                f"{label}: cannot decode the image ({error}); the file is corrupt or not an image"
-            ) from error
-        if out is None:
-            width, height = image.size
-            out = np.empty((len(items), height, width, 3), dtype=np.uint8)
-        elif image.size != (out.shape[2], out.shape[1]):
-            raise DataFileError(
-                f"{label}: image is {image.size[0]}x{image.size[1]} but the first image is "
-                f"{out.shape[2]}x{out.shape[1]}; all images of an image folder must have the same size"
-            )
-        # frombuffer(tobytes()) is the cheapest copy out of Pillow for small images.
-        if image.mode in _GRAY_MODES:
-            gray = image if image.mode == "L" else image.convert("L")
-            out[i] = np.frombuffer(gray.tobytes(), dtype=np.uint8).reshape(out.shape[1], out.shape[2], 1)
-        else:
-            all_gray = False
-            rgb = image if image.mode == "RGB" else image.convert("RGB")
-            out[i] = np.frombuffer(rgb.tobytes(), dtype=np.uint8).reshape(out.shape[1:])
+                image.load()
+            except Exception as error:  # noqa: BLE001 - Pillow's decoders raise many types on damaged data
+                raise _undecodable(label, error) from error
+            if out is None:
+                out = np.empty((len(items), expected[1], expected[0], 3), dtype=np.uint8)
+            # frombuffer(tobytes()) is the cheapest copy out of Pillow for small images.
+            if image.mode in _GRAY_MODES:
+                gray = image if image.mode == "L" else image.convert("L")
+                out[i] = np.frombuffer(gray.tobytes(), dtype=np.uint8).reshape(out.shape[1], out.shape[2], 1)
+            else:
+                all_gray = False
+                rgb = image if image.mode == "RGB" else image.convert("RGB")
+                out[i] = np.frombuffer(rgb.tobytes(), dtype=np.uint8).reshape(out.shape[1:])
     if out is None:
         out = np.empty((0, 0, 0, 3), dtype=np.uint8)
     return out, all_gray
+
+
+def _open_image(data: bytes, name: str, label: str):
+    """Open (lazily: the header only) one image, or raise DataFileError naming it."""
+    from PIL import Image, UnidentifiedImageError
+
+    suffix_format = _FORMATS_BY_SUFFIX.get(_suffix(name))
+    try:
+        try:
+            # Naming the expected format skips Pillow's format sniffing, which is a
+            # large share of the time for tiny images; fall back for misnamed files.
+            return Image.open(io.BytesIO(data), formats=(suffix_format,) if suffix_format else None)
+        except UnidentifiedImageError:
+            return Image.open(io.BytesIO(data))
+    except Exception as error:  # noqa: BLE001 - Pillow's plugins raise many types on damaged headers
+        raise _undecodable(label, error) from error
+
+
+def _undecodable(label: str, error: BaseException) -> DataFileError:
+    from PIL import Image
+
+    if isinstance(error, (Image.DecompressionBombError, Image.DecompressionBombWarning)):
+        return DataFileError(
+            f"{label}: the image header declares a huge image ({error}); it is not a genuine data set image"
+        )
+    return DataFileError(
+        f"{label}: cannot decode the image ({type(error).__name__}: {error}); the file is corrupt or not an "
+        "image: download the data set again"
+    )
 
 
 # --- augmentation ------------------------------------------------------------

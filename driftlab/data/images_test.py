@@ -11,6 +11,7 @@ import io
 import struct
 import tarfile
 import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -468,9 +469,18 @@ def test_image_folder_two_prefixes_are_ambiguous(tmp_path):
 
 
 def test_cifar10_image_folder_checks_ten_classes(tmp_path):
-    members, _ = _image_folder_members(np.random.default_rng(29))
+    rng = np.random.default_rng(29)
+    members, _ = _image_folder_members(rng)
+    members = {k: _encode(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8), "PNG") for k in members}
     _write_members(tmp_path, members, as_tar=False)
     with pytest.raises(DataFileError, match="expected CIFAR-10, 10 classes"):
+        load_cifar10_image_folder(tmp_path)
+
+
+def test_cifar10_image_folder_checks_the_size_from_the_header_before_decoding(tmp_path):
+    members, _ = _image_folder_members(np.random.default_rng(29))  # 6x8 images
+    _write_members(tmp_path, members, as_tar=False)
+    with pytest.raises(DataFileError, match=r"c10/train/airplane/0000.png: image is 6x8 but the data set's images are 32x32"):
         load_cifar10_image_folder(tmp_path)
 
 
@@ -494,6 +504,151 @@ def test_real_cifar10_jpeg_tarball_subset():
     assert torch.equal(train_y.bincount(), torch.full((10,), 50))
     channel_means = torch.cat([train_x, test_x]).mean(dim=(0, 2, 3))
     torch.testing.assert_close(channel_means, torch.tensor(CIFAR10_MEAN), atol=0.02, rtol=0)
+
+
+# --- integrity and bounds ----------------------------------------------------------
+
+
+def _png_with_header(width: int, height: int) -> bytes:
+    """A PNG whose header declares ``width`` x ``height`` (the pixel data is a stub: only the header is read)."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\x00" * 64)) + chunk(b"IEND", b"")
+
+
+def _cifar_jpeg_members(rng, per_class=(2, 1)) -> dict:
+    members, _ = _image_folder_members(rng, classes=CIFAR10_CLASSES, per_class=per_class, fmt="JPEG")
+    return {k: _encode(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8), "JPEG") for k in members}
+
+
+def test_cifar_jpeg_tarball_bit_flip_is_corrupt_not_a_changed_image(tmp_path):
+    members = _cifar_jpeg_members(np.random.default_rng(40))
+    tar_bytes = io.BytesIO()
+    with tarfile.open(fileobj=tar_bytes, mode="w") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    # Level 0: the JPEG bytes are stored verbatim, so the flip changes pixels without any deflate error.
+    raw = bytearray(gzip.compress(tar_bytes.getvalue(), compresslevel=0, mtime=0))
+    target = members["c10/train/dog/0001.jpg"]
+    raw[raw.index(target[-200:-150]) + 7] ^= 0x10
+    path = tmp_path / "cifar10-jpeg.tar.gz"
+    path.write_bytes(bytes(raw))
+    with pytest.raises(DataFileError, match=r"cifar10-jpeg\.tar\.gz is corrupt \(CRC check failed.*\): download it again"):
+        load_cifar10_image_folder(path)
+
+
+def test_truncated_image_tarball_is_corrupt(tmp_path):
+    members = _cifar_jpeg_members(np.random.default_rng(41))
+    _write_members(tmp_path / "c.tar.gz", members, as_tar=True)
+    path = tmp_path / "c.tar.gz"
+    path.write_bytes(path.read_bytes()[:-3])
+    with pytest.raises(DataFileError, match=r"c\.tar\.gz is corrupt \(.*\): download it again"):
+        load_cifar10_image_folder(path)
+
+
+def test_cifar_binary_bit_flip_in_the_tarball_is_corrupt(tmp_path):
+    members = {}
+    rng = np.random.default_rng(42)
+    for name in [f"data_batch_{i}.bin" for i in range(1, 6)] + ["test_batch.bin"]:
+        members[f"cifar-10-batches-bin/{name}"] = _cifar_records(rng, 4, 1)[0]
+    tar_bytes = io.BytesIO()
+    with tarfile.open(fileobj=tar_bytes, mode="w") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    raw = bytearray(gzip.compress(tar_bytes.getvalue(), compresslevel=0, mtime=0))
+    raw[raw.index(members["cifar-10-batches-bin/data_batch_3.bin"][500:540]) + 3] ^= 0x01
+    path = tmp_path / "cifar-10-binary.tar.gz"
+    path.write_bytes(bytes(raw))
+    with pytest.raises(DataFileError, match=r"cifar-10-binary\.tar\.gz is corrupt \(CRC check failed.*\): download it again"):
+        load_cifar_tensors(path, 10)
+
+
+def test_huge_png_header_is_refused_before_decoding(tmp_path):
+    members, _ = _image_folder_members(np.random.default_rng(43))
+    members["c10/train/cat/0000.png"] = _png_with_header(20_000, 20_000)
+    _write_members(tmp_path / "bomb.tar.gz", members, as_tar=True)
+    with pytest.raises(DataFileError, match=r"bomb\.tar\.gz:c10/train/cat/0000\.png: the image header declares a huge image"):
+        load_image_folder(tmp_path / "bomb.tar.gz")
+    # Below Pillow's own limit but above driftlab's: refused from the header too.
+    members["c10/train/cat/0000.png"] = members["c10/train/cat/0001.png"]
+    members["c10/train/airplane/0000.png"] = _png_with_header(5_000, 5_000)  # the first image decoded
+    _write_members(tmp_path, members, as_tar=False)
+    with pytest.raises(DataFileError, match=r"airplane/0000\.png: image is 5000x5000, more than the 16,777,216 pixels allowed"):
+        load_image_folder(tmp_path)
+
+
+def test_cifar_folder_refuses_a_big_image_from_its_header(tmp_path):
+    rng = np.random.default_rng(44)
+    members = _cifar_jpeg_members(rng)
+    members["c10/test/cat/0000.jpg"] = _png_with_header(5_000, 5_000)
+    _write_members(tmp_path, members, as_tar=False)
+    with pytest.raises(DataFileError, match=r"c10/test/cat/0000\.jpg: image is 5000x5000 but the data set's images are 32x32"):
+        load_cifar10_image_folder(tmp_path)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "empty"])
+def test_damaged_images_name_the_file(tmp_path, damage):
+    rng = np.random.default_rng(45)
+    members = _cifar_jpeg_members(rng)
+    good = members["c10/train/frog/0001.jpg"]
+    members["c10/train/frog/0001.jpg"] = {"truncated": good[: len(good) // 2], "garbage": good[:20] + bytes(200), "empty": b""}[damage]
+    _write_members(tmp_path / "c.tar.gz", members, as_tar=True)
+    with pytest.raises(DataFileError, match=r"c\.tar\.gz:c10/train/frog/0001\.jpg: cannot decode the image .*download the data set again"):
+        load_cifar10_image_folder(tmp_path / "c.tar.gz")
+
+
+def test_cifar_folder_limits_bound_each_image_file(tmp_path):
+    rng = np.random.default_rng(46)
+    members = _cifar_jpeg_members(rng)
+    members["c10/train/ship/0000.jpg"] += bytes(2 << 20)  # a JPEG followed by 2 MiB
+    _write_members(tmp_path / "c.tar.gz", members, as_tar=True)
+    with pytest.raises(DataFileError, match=r"member c10/train/ship/0000\.jpg is [\d,]+ bytes, more than the 1,048,576 allowed"):
+        load_cifar10_image_folder(tmp_path / "c.tar.gz")
+    _write_members(tmp_path, members, as_tar=False)
+    with pytest.raises(DataFileError, match=r"ship/0000\.jpg is [\d,]+ bytes, more than the 1,048,576 allowed for an image"):
+        load_cifar10_image_folder(tmp_path)
+
+
+def test_emnist_zip_with_a_bad_member_crc_is_corrupt(tmp_path):
+    arrays = _emnist_arrays(np.random.default_rng(47), "letters")
+    _write_emnist_zip(tmp_path / "gzip.zip", {k: v for k, v in arrays.items()})
+    raw = bytearray((tmp_path / "gzip.zip").read_bytes())
+    # Stored (not deflated) members: flip a byte inside the first member's data.
+    with zipfile.ZipFile(tmp_path / "gzip.zip") as bundle:
+        info = bundle.infolist()[0]
+    raw[info.header_offset + 30 + len(info.filename) + 40] ^= 0x01
+    (tmp_path / "gzip.zip").write_bytes(bytes(raw))
+    with pytest.raises(DataFileError, match=r"gzip\.zip is corrupt \(.*\): download it again"):
+        load_emnist_tensors(tmp_path, "letters")
+
+
+def test_emnist_header_beyond_the_official_count_is_refused_before_reading(tmp_path):
+    arrays = _emnist_arrays(np.random.default_rng(48), "letters")
+    name = "emnist-letters-test-labels-idx1-ubyte.gz"
+    # Only the header: declares 10 million labels, more than the 20,800 of the official test split.
+    header = bytes([0, 0, 8, 1]) + struct.pack(">I", 10_000_000)
+    with zipfile.ZipFile(tmp_path / "gzip.zip", "w") as bundle:
+        for member, array in arrays.items():
+            bundle.writestr(f"gzip/{member}", gzip.compress(header if member == name else _idx(array)))
+    with pytest.raises(DataFileError, match=r"test-labels-idx1-ubyte\.gz: the IDX header declares 10,000,000 labels but the official EMNIST letters test split has 20,800"):
+        load_emnist_tensors(tmp_path, "letters")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not REAL_CIFAR_JPEG.is_file(), reason="shared CIFAR-10 JPEG tarball not present")
+def test_real_cifar10_jpeg_tarball_one_bit_flip_is_refused(tmp_path):
+    raw = bytearray(REAL_CIFAR_JPEG.read_bytes())
+    raw[len(raw) // 2] ^= 0x01
+    path = tmp_path / "cifar10-jpeg.tar.gz"
+    path.write_bytes(bytes(raw))
+    with pytest.raises(DataFileError, match=r"cifar10-jpeg\.tar\.gz is corrupt \(.*\): download it again"):
+        load_cifar10_image_folder(path, limit_per_class=1)
 
 
 

@@ -59,7 +59,6 @@ import collections
 import json
 import os
 import re
-import tarfile
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
@@ -71,10 +70,13 @@ try:  # optional: about 2.5x faster on FEMNIST's float-heavy shards (the real su
 except ImportError:  # pragma: no cover - depends on the environment
     _json_loads = json.loads
 
+from driftlab.data.archive import ArchiveLimits, iter_tar_members
 from driftlab.data.federated import DataFileError, FederatedDataset
 
 __all__ = [
     "LEAF_ALL_LETTERS",
+    "LEAF_ARCHIVE_LIMITS",
+    "MAX_SHARD_BYTES",
     "SENT140_PAD",
     "SENT140_SEQUENCE_LENGTH",
     "SENT140_UNK",
@@ -109,6 +111,17 @@ _SENT140_TOKEN_RE = re.compile(r"[\w']+|[.,!?;]")
 
 _SPLITS = ("train", "test")
 _ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar")
+
+# Caps on what is read, checked before the bytes are: a shard file is read
+# whole and parsed, so MAX_SHARD_BYTES bounds the memory one shard takes
+# before it can be refused. LEAF's largest shards are a few hundred MB (its
+# Shakespeare and Sent140 keep one file per split; FEMNIST writes 100 writers
+# per file, about 120 MB); the real FEMNIST sample's largest is 4.2 MB.
+MAX_SHARD_BYTES = 512 << 20
+# An archive of LEAF's data folder: the real FEMNIST sample has 43 entries and
+# 86 MB of shards; LEAF's folders of intermediate JSON (all_data/,
+# sampled_data/, rem_user_data/) may come along and are streamed past.
+LEAF_ARCHIVE_LIMITS = ArchiveLimits(max_members=100_000, max_member_bytes=MAX_SHARD_BYTES, max_total_bytes=16 << 30)
 
 Shard = tuple[str, dict]  # (human-readable source, parsed JSON)
 
@@ -451,13 +464,18 @@ def _validated(data: object, source: str) -> dict:
         raise DataFileError(f"{source}: missing key(s) {', '.join(map(repr, missing))}; expected {expected}")
     users, counts, user_data = data["users"], data["num_samples"], data["user_data"]
     if not isinstance(users, list) or not isinstance(counts, list) or not isinstance(user_data, dict):
-        raise DataFileError(f"{source}: wrong types; expected {expected}")
+        found = ", ".join(f"{key!r} is a JSON {_json_type(data[key])}" for key in ("users", "num_samples", "user_data"))
+        raise DataFileError(f"{source}: wrong types ({found}); expected {expected}")
     if len(users) != len(counts):
         raise DataFileError(
             f"{source}: 'users' lists {len(users)} users but 'num_samples' has {len(counts)} entries; "
             "expected one count per user"
         )
     for user, count in zip(users, counts):
+        if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+            raise DataFileError(
+                f"{source}: 'num_samples' must hold non-negative integers, found {count!r:.40} for user {user!r:.80}"
+            )
         record = user_data.get(user) if isinstance(user, str) else None
         if record is None:
             raise DataFileError(f"{source}: user {user!r} is in 'users' but has no entry in 'user_data'")
@@ -474,10 +492,15 @@ def _validated(data: object, source: str) -> dict:
     return data
 
 
+def _json_type(value: object) -> str:
+    names = {dict: "object", list: "array", str: "string", bool: "boolean", int: "number", float: "number"}
+    return "null" if value is None else names.get(type(value), type(value).__name__)
+
+
 def _parse_json(raw: bytes, source: str) -> object:
     try:
         return _json_loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as error:
         raise DataFileError(
             f"{source}: not valid JSON ({error}); expected a LEAF shard. The file may be truncated: re-run LEAF's "
             "preprocessing or re-extract the archive"
@@ -496,28 +519,33 @@ def _directory_shards(root: Path) -> dict[str, list[tuple[str, Callable[[], obje
     for file in sorted(root.rglob("*.json")):
         split = _shard_split(file.parts)
         if split and file.is_file():
-            found[split].append((str(file), lambda file=file: _parse_json(file.read_bytes(), str(file))))
+            found[split].append((str(file), lambda file=file: _parse_json(_read_shard_file(file), str(file))))
     return found
 
 
-def _archive_shards(archive: Path) -> dict[str, list[tuple[str, Callable[[], object]]]]:
-    """Stream the archive once, parsing every train/test shard (tar members cannot be revisited cheaply)."""
-    found: dict[str, list] = collections.defaultdict(list)
-    try:
-        with tarfile.open(archive, "r:*") as tar:
-            for member in tar:
-                split = _shard_split(PurePosixPath(member.name).parts)
-                if not split or not member.isfile():
-                    continue
-                source = f"{archive}:{member.name}"
-                handle = tar.extractfile(member)
-                data = _parse_json(handle.read() if handle else b"", source)
-                found[split].append((source, lambda data=data: data))
-    except (tarfile.TarError, EOFError, OSError) as error:
+def _read_shard_file(file: Path) -> bytes:
+    size = file.stat().st_size
+    if size > MAX_SHARD_BYTES:
         raise DataFileError(
-            f"{archive}: cannot read the archive ({error}); expected a .tar.gz/.tgz/.tar of LEAF's train/ and test/ "
-            "folders. The download may be truncated: fetch it again"
-        ) from error
+            f"{file} is {size:,} bytes, more than the {MAX_SHARD_BYTES:,} allowed for one LEAF shard (read whole "
+            "into memory); LEAF's shards are far smaller, so this is not a LEAF shard"
+        )
+    return file.read_bytes()
+
+
+def _archive_shards(archive: Path) -> dict[str, list[tuple[str, Callable[[], object]]]]:
+    """Stream the archive once, parsing every train/test shard (tar members cannot be revisited cheaply).
+
+    The whole archive is read, to its compression trailer, before any shard
+    is used, so a damaged archive is refused even when the damage is after
+    the last shard; sizes are held to :data:`LEAF_ARCHIVE_LIMITS`.
+    """
+    found: dict[str, list] = collections.defaultdict(list)
+    wanted = lambda member: _shard_split(PurePosixPath(member.name).parts) is not None  # noqa: E731
+    for name, content in iter_tar_members(archive, LEAF_ARCHIVE_LIMITS, wanted, "a LEAF data archive"):
+        source = f"{archive}:{name}"
+        data = _parse_json(content, source)
+        found[_shard_split(PurePosixPath(name).parts)].append((source, lambda data=data: data))
     return found
 
 

@@ -166,8 +166,91 @@ def test_invalid_json_missing_splits_and_duplicates(tmp_path):
 def test_corrupt_archive(tmp_path):
     bad = tmp_path / "leaf.tar.gz"
     bad.write_bytes(b"\x1f\x8b\x08\x00garbage")
-    with pytest.raises(DataFileError, match="cannot read the archive"):
+    with pytest.raises(DataFileError, match=r"leaf\.tar\.gz is corrupt \(.*\): download it again"):
         load_leaf_femnist(bad)
+
+
+def _femnist_tar_gz(tmp_path: Path) -> Path:
+    """A LEAF FEMNIST tar.gz whose shards hold random pixels, so that gzip stores much of it verbatim."""
+    rng = np.random.default_rng(0)
+    users = {f"w{i}": ([rng.random(784).tolist() for _ in range(3)], [1, 2, 3]) for i in range(4)}
+    archive = tmp_path / "leaf.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        for split in ("train", "test"):
+            data = json.dumps(_shard(users)).encode()
+            info = tarfile.TarInfo(f"femnist/{split}/all_data_0_{split}_9.json")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return archive
+
+
+def test_bit_flip_in_the_tarball_is_caught_by_the_gzip_crc(tmp_path):
+    archive = _femnist_tar_gz(tmp_path)
+    good = load_leaf_femnist(archive)
+    raw = bytearray(archive.read_bytes())
+    raw[-8] ^= 0x01  # the stored CRC-32: every member still reads, the stream no longer matches it
+    archive.write_bytes(bytes(raw))
+    with tarfile.open(archive, "r|gz") as tar:  # what tarfile alone sees: nothing wrong
+        assert sum(1 for m in tar if m.isfile()) == 2
+    with pytest.raises(DataFileError, match=r"leaf\.tar\.gz is corrupt \(CRC check failed.*\): download it again"):
+        load_leaf_femnist(archive)
+    assert good.num_clients == 4
+
+
+def test_every_single_bit_flip_in_the_compressed_data_is_an_error_or_exact(tmp_path):
+    archive = _femnist_tar_gz(tmp_path)
+    raw = archive.read_bytes()
+    reference = load_leaf_femnist(archive)
+    rng = np.random.default_rng(1)
+    for position in rng.choice(np.arange(10, len(raw)), size=12, replace=False):
+        flipped = bytearray(raw)
+        flipped[position] ^= 1 << int(rng.integers(8))
+        archive.write_bytes(bytes(flipped))
+        try:
+            result = load_leaf_femnist(archive)
+        except DataFileError as error:
+            assert "leaf.tar.gz" in str(error)
+            continue
+        assert torch.equal(result.train_inputs, reference.train_inputs), f"bit flip at byte {position} changed the data"
+
+
+def test_shard_larger_than_the_cap_is_refused_before_reading(tmp_path, monkeypatch):
+    import driftlab.data.leaf as leaf
+
+    root = _femnist_tree(tmp_path)
+    monkeypatch.setattr(leaf, "MAX_SHARD_BYTES", 1000)
+    with pytest.raises(DataFileError, match=r"train_9\.json is [\d,]+ bytes, more than the 1,000 allowed for one LEAF shard"):
+        load_leaf_femnist(root)
+
+
+def test_archive_member_larger_than_the_cap_is_refused_before_reading(tmp_path, monkeypatch):
+    import driftlab.data.leaf as leaf
+    from driftlab.data.archive import ArchiveLimits
+
+    archive = _femnist_tar_gz(tmp_path)
+    monkeypatch.setattr(leaf, "LEAF_ARCHIVE_LIMITS", ArchiveLimits(100, 1000, 1 << 30))
+    with pytest.raises(DataFileError, match=r"leaf\.tar\.gz: member femnist/train/all_data_0_train_9\.json is [\d,]+ bytes, more than the 1,000"):
+        load_leaf_femnist(archive)
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b"[1, 2, 3]", "expected a JSON object with 'users'.*got a JSON list"),
+        (b'{"users": {}, "num_samples": [], "user_data": {}}', r"wrong types \('users' is a JSON object"),
+        (b'{"users": ["w"], "num_samples": ["1"], "user_data": {"w": {"x": [], "y": []}}}', "'num_samples' must hold non-negative integers, found '1'"),
+        (b"[" * 100_000 + b"]" * 100_000, "not valid JSON|expected a JSON object"),  # no RecursionError
+        (b"\xff\xfe{}", "not valid JSON"),
+        (b"", "not valid JSON"),
+    ],
+    ids=["list", "users-object", "count-string", "deep-nesting", "not-utf8", "empty"],
+)
+def test_malformed_json_is_a_clear_error(tmp_path, content, message):
+    root = _write_tree(tmp_path, [_shard({"w": ([_image(0)], [0])})], [_shard({})])
+    (root / "train" / "all_data_0_niid_0_keep_0_train_9.json").write_bytes(content)
+    with pytest.raises(DataFileError, match=message) as error:
+        load_leaf_femnist(root)
+    assert "all_data_0_niid_0_keep_0_train_9.json" in str(error.value)
 
 
 @pytest.mark.skipif(not REAL_FEMNIST.is_file(), reason="real LEAF FEMNIST sample not present")
@@ -178,3 +261,13 @@ def test_real_femnist_subset():
     assert ds.input_shape == (1, 28, 28) and int(ds.train_targets.max()) <= 61
     assert sum(len(t) for t in ds.client_test_indices) == 1_685
     assert float(ds.train_inputs.mean()) > 0.9  # background 1.0, as LEAF stores it
+
+
+def test_deep_nesting_without_orjson_is_a_clear_error(tmp_path, monkeypatch):
+    import driftlab.data.leaf as leaf
+
+    monkeypatch.setattr(leaf, "_json_loads", json.loads)  # the standard library recurses
+    root = _write_tree(tmp_path, [_shard({"w": ([_image(0)], [0])})], [_shard({})])
+    (root / "train" / "all_data_0_niid_0_keep_0_train_9.json").write_bytes(b'{"users": ' + b"[" * 100_000 + b"]" * 100_000 + b"}")
+    with pytest.raises(DataFileError, match=r"train_9\.json: not valid JSON"):
+        load_leaf_femnist(root)

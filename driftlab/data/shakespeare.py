@@ -55,27 +55,28 @@ Example:
 
 from __future__ import annotations
 
-import gzip
 import math
 import os
 import re
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from driftlab.data.archive import read_decompressed
 from driftlab.data.federated import DataFileError, FederatedDataset
 from driftlab.data.leaf import LEAF_ALL_LETTERS, SHAKESPEARE_SEQUENCE_LENGTH, encode_characters
 
-__all__ = ["ShakespeareRole", "load_shakespeare_text", "read_shakespeare_roles"]
+__all__ = ["MAX_TEXT_BYTES", "ShakespeareRole", "load_shakespeare_text", "read_shakespeare_roles"]
 
 # Second entropy word of the crop-start generator (see driftlab.data.synthetic).
 # Fixed forever: changing it changes every cropped Shakespeare data set.
 _STREAM_TAG = 0x5F3D_0002
 _WINDOW = SHAKESPEARE_SEQUENCE_LENGTH
-_GZIP_MAGIC = b"\x1f\x8b"
+# The most text a file may hold (after decompression): tiny-shakespeare is
+# 1.1 MB and LEAF's source, the Complete Works, about 5.5 MB.
+MAX_TEXT_BYTES = 64 << 20
 _BLOCK_SEPARATOR = re.compile(r"\n[ \t\r]*\n")
 _SPACE_RUNS = re.compile(r"  +")
 
@@ -98,9 +99,11 @@ def read_shakespeare_roles(path: str | os.PathLike) -> list[ShakespeareRole]:
     """Parse a tiny-shakespeare style file (plain or gzipped) into roles, in order of first appearance.
 
     Raises:
-        DataFileError: the file is missing, not UTF-8 text, corrupt gzip, or
-            does not start with a speaker line ``NAME:`` (the message gives
-            the line); a file with no speech at all.
+        DataFileError: the file is missing, larger than
+            :data:`MAX_TEXT_BYTES` once decompressed, not UTF-8 text, corrupt
+            (``... is corrupt (...): download it again``, a bad gzip CRC
+            included), or does not start with a speaker line ``NAME:`` (the
+            message gives the line); a file with no speech at all.
     """
     path = Path(path)
     text = _read_text(path)
@@ -283,12 +286,7 @@ def _read_text(path: Path) -> str:
             f"{path} {what}; expected a Shakespeare text with speaker labels ('NAME:' line, speech, blank line), "
             "plain or gzipped, such as tiny-shakespeare's input.txt"
         )
-    raw = path.read_bytes()
-    if raw[:2] == _GZIP_MAGIC:
-        try:
-            raw = gzip.decompress(raw)
-        except (EOFError, gzip.BadGzipFile, zlib.error) as error:
-            raise DataFileError(f"{path}: gzip data is truncated or corrupt ({error}); fetch the file again") from error
+    raw = read_decompressed(path, MAX_TEXT_BYTES, "a Shakespeare text")
     try:
         return raw.decode("utf-8").replace("\r\n", "\n")
     except UnicodeDecodeError as error:

@@ -118,8 +118,27 @@ def test_int32_storage_and_errors(tmp_path):
         read_shakespeare_roles(tmp_path / "missing.txt")
     corrupt = tmp_path / "c.txt.gz"
     corrupt.write_bytes(gzip.compress(TINY.encode())[:30])
-    with pytest.raises(DataFileError, match="gzip data is truncated"):
+    with pytest.raises(DataFileError, match=r"c\.txt\.gz is corrupt \(.*\): download it again"):
         read_shakespeare_roles(corrupt)
+
+
+def test_gzip_crc_is_checked(tmp_path):
+    # Flip one bit of the stored CRC-32: the text still decompresses, only the trailer is wrong.
+    path = _write(tmp_path, TINY, gz=True)
+    raw = bytearray(path.read_bytes())
+    raw[-8] ^= 0x01
+    path.write_bytes(bytes(raw))
+    with pytest.raises(DataFileError, match=r"input\.txt\.gz is corrupt \(CRC check failed.*\): download it again"):
+        read_shakespeare_roles(path)
+
+
+def test_text_larger_than_the_cap_is_refused_without_reading_it_all(tmp_path, monkeypatch):
+    import driftlab.data.shakespeare as shakespeare
+
+    monkeypatch.setattr(shakespeare, "MAX_TEXT_BYTES", 1000)
+    path = _write(tmp_path, TINY * 100, gz=True)
+    with pytest.raises(DataFileError, match=r"input\.txt\.gz decompresses to more than 1,000 bytes"):
+        read_shakespeare_roles(path)
 
 
 @pytest.mark.skipif(not REAL_TEXT.is_file(), reason="tiny-shakespeare not present")

@@ -63,6 +63,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from driftlab.data.archive import corrupt_file_error
 from driftlab.data.federated import DataFileError, FederatedDataset
 
 __all__ = ["MultiLabelFederatedData", "load_stackoverflow", "parse_tf_example"]
@@ -381,7 +382,10 @@ class _SqliteReader:
             self._connection = sqlite3.connect(f"file:{self._path}?mode=ro", uri=True)
             tables = {row[0] for row in self._connection.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         except sqlite3.DatabaseError as error:
-            raise DataFileError(f"{self._path}: not a readable SQLite database ({error})") from error
+            raise DataFileError(
+                f"{self._path}: not a readable SQLite database ({error}); the file is corrupt or not TFF's "
+                "stackoverflow.sqlite: download it again"
+            ) from error
         if "examples" not in tables:
             raise DataFileError(
                 f"{self._path}: no table 'examples'; expected TFF's schema examples(split_name, client_id, "
@@ -407,6 +411,11 @@ class _SqliteReader:
         )
         result = []
         for (blob,) in rows:
+            if not isinstance(blob, bytes):  # bytes(n) of an INTEGER would allocate n bytes
+                raise DataFileError(
+                    f"{self._path}: client {client!r}: serialized_example_proto holds a {type(blob).__name__}, "
+                    "not a BLOB; expected TFF's Stack Overflow schema"
+                )
             try:
                 features = parse_tf_example(blob)
             except (ValueError, UnicodeDecodeError) as error:
@@ -418,8 +427,10 @@ class _SqliteReader:
     def _query(self, sql: str, parameters: tuple) -> list:
         try:
             return self._connection.execute(sql, parameters).fetchall()
-        except sqlite3.DatabaseError as error:
+        except sqlite3.OperationalError as error:
             raise DataFileError(f"{self._path}: query failed ({error}); expected TFF's Stack Overflow schema") from error
+        except sqlite3.DatabaseError as error:  # SQLITE_CORRUPT, SQLITE_NOTADB: damage, not a schema mismatch
+            raise corrupt_file_error(self._path, error) from error
 
 
 def _ranges(sizes: list[int]) -> tuple[np.ndarray, ...]:

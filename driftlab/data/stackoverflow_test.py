@@ -123,3 +123,29 @@ def test_errors(tmp_path):
     else:
         with pytest.raises(DataFileError, match="stackoverflow_train.h5"):
             load_stackoverflow(tmp_path)
+
+
+def test_sqlite_with_a_non_blob_proto_is_refused_without_allocating(tmp_path):
+    path = _write_sqlite(tmp_path / "so.sqlite")
+    connection = sqlite3.connect(path)
+    with connection:  # an INTEGER where a BLOB belongs: bytes(10**12) would ask for a terabyte
+        connection.execute("UPDATE examples SET serialized_example_proto = 1000000000000 WHERE client_id = '00002'")
+    connection.close()
+    with pytest.raises(DataFileError, match=r"so\.sqlite: client '00002': serialized_example_proto holds a int, not a BLOB"):
+        load_stackoverflow(path, vocabulary_size=50, tag_count=4)
+
+
+def test_damaged_sqlite_is_corrupt(tmp_path):
+    path = _write_sqlite(tmp_path / "so.sqlite")
+    raw = bytearray(path.read_bytes())
+    raw[:16] = b"garbage garbage!"  # the header names the file as SQLite
+    path.write_bytes(bytes(raw))
+    with pytest.raises(DataFileError, match=r"so\.sqlite: not a readable SQLite database \(file is not a database\).*download it again"):
+        load_stackoverflow(path, vocabulary_size=50, tag_count=4)
+    path = _write_sqlite(tmp_path / "pages.sqlite")
+    raw = bytearray(path.read_bytes())
+    page_size = int.from_bytes(raw[16:18], "big")
+    raw[page_size : 2 * page_size] = b"\xff" * page_size  # the second page (a table's b-tree) is garbage
+    path.write_bytes(bytes(raw))
+    with pytest.raises(DataFileError, match=r"pages\.sqlite is corrupt \(database disk image is malformed\): download it again"):
+        load_stackoverflow(path, vocabulary_size=50, tag_count=4)
