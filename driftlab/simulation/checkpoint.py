@@ -8,6 +8,11 @@ Writes are atomic: the file is written beside its final name, flushed to disk,
 then renamed over the old checkpoint, so a kill at any moment leaves either
 the previous checkpoint or the new one, never a torn file.
 
+Every checkpoint carries a SHA-256 of its metadata and of each tensor's name,
+dtype, shape and bytes (metadata key ``sha256``); loading verifies it, so a
+flipped bit, a tensor re-saved in another dtype or an edited ``round`` is
+refused instead of resuming silently to a different model.
+
 States are frozen dataclasses of tensors, numbers and nested dataclasses;
 ``state_to_tensors`` flattens them to ``{"prefix/field/sub": tensor}`` and
 ``state_from_tensors`` fills a template of the same structure (the freshly
@@ -17,6 +22,7 @@ initialised state) back in, so no type information needs to be stored.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -26,7 +32,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: checksummed (sha256 of metadata and tensors)
+_CHECKSUMMED_METADATA = ("format_version", "round", "fingerprint", "client_ids")
 
 
 class CheckpointError(RuntimeError):
@@ -108,6 +115,18 @@ def write_atomically(path: Path, write: Callable[[Path], None]) -> None:
         os.close(directory)
 
 
+def checkpoint_checksum(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> str:
+    """SHA-256 over the checksummed metadata fields and every tensor's name, dtype, shape and raw bytes."""
+    digest = hashlib.sha256()
+    header = {key: metadata.get(key) for key in _CHECKSUMMED_METADATA}
+    digest.update(json.dumps(header, sort_keys=True).encode())
+    for name in sorted(tensors):
+        tensor = tensors[name]
+        digest.update(json.dumps([name, str(tensor.dtype), list(tensor.shape)]).encode())
+        digest.update(tensor.detach().to("cpu").reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
 def save_checkpoint(path: Path, round_index: int, server_state: Any, client_states: dict[int, Any], fingerprint: str) -> None:
     tensors = state_to_tensors(server_state, "server")
     for client_id, client_state in client_states.items():
@@ -118,6 +137,7 @@ def save_checkpoint(path: Path, round_index: int, server_state: Any, client_stat
         "fingerprint": fingerprint,
         "client_ids": json.dumps(sorted(int(c) for c in client_states)),
     }
+    metadata["sha256"] = checkpoint_checksum(tensors, metadata)
     write_atomically(path, lambda temporary: save_file(tensors, str(temporary), metadata=metadata))
 
 
@@ -126,6 +146,13 @@ class LoadedCheckpoint:
     round: int
     server_state: Any
     client_states: dict[int, Any]
+
+
+def _corrupt(path: Path, what: str) -> CheckpointError:
+    return CheckpointError(
+        f"checkpoint {path} is corrupt or was edited ({what}); restore it from a backup, "
+        f"or delete it to restart the run from round 0, or start again with a new --out directory"
+    )
 
 
 def load_checkpoint(
@@ -141,9 +168,25 @@ def load_checkpoint(
         with safe_open(str(path), framework="pt") as handle:
             metadata = handle.metadata() or {}
     except (SafetensorError, OSError, ValueError) as error:
-        raise CheckpointError(f"checkpoint {path} is unreadable ({error}); delete it to restart the run from round 0") from error
-    if metadata.get("format_version") != str(FORMAT_VERSION):
-        raise CheckpointError(f"checkpoint {path} has format {metadata.get('format_version')!r}, this driftlab reads {FORMAT_VERSION}")
+        raise CheckpointError(
+            f"checkpoint {path} is unreadable, corrupt or truncated ({error}); restore it, "
+            "or delete it to restart the run from round 0"
+        ) from error
+    version = metadata.get("format_version")
+    if version is None:
+        raise CheckpointError(f"{path} is not a driftlab checkpoint (its metadata has no format_version); restore it or use a new --out directory")
+    if version != str(FORMAT_VERSION):
+        raise CheckpointError(
+            f"checkpoint {path} has format {version!r}, this driftlab reads format {FORMAT_VERSION} only (checkpoints with checksums); "
+            "finish that run with the driftlab version that started it, or start it again with a new --out directory"
+        )
+    round_index = _checkpoint_round(path, metadata.get("round"))
+    client_ids = _client_ids(path, metadata.get("client_ids"))
+    stored_checksum = metadata.get("sha256")
+    if not isinstance(stored_checksum, str):
+        raise _corrupt(path, "its metadata has no sha256 checksum")
+    if checkpoint_checksum(tensors, metadata) != stored_checksum:
+        raise _corrupt(path, "its tensors or metadata do not match the sha256 checksum written with it")
     if metadata.get("fingerprint") != fingerprint:
         raise CheckpointError(
             f"checkpoint {path} belongs to a different experiment configuration; "
@@ -151,7 +194,23 @@ def load_checkpoint(
         )
     server_state = state_from_tensors(server_template, tensors, "server", device)
     client_states = {}
-    for client_id in json.loads(metadata["client_ids"]):
+    for client_id in client_ids:
         template = client_template() if client_template is not None else None
         client_states[client_id] = state_from_tensors(template, tensors, f"client/{client_id}", device)
-    return LoadedCheckpoint(int(metadata["round"]), server_state, client_states)
+    return LoadedCheckpoint(round_index, server_state, client_states)
+
+
+def _checkpoint_round(path: Path, text: str | None) -> int:
+    if text is None or not text.isascii() or not text.isdigit():
+        raise _corrupt(path, f"its round is {text!r}, not a round number 0, 1, 2, ...")
+    return int(text)
+
+
+def _client_ids(path: Path, text: str | None) -> list[int]:
+    try:
+        ids = json.loads(text) if text is not None else None
+    except json.JSONDecodeError:
+        ids = None
+    if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+        raise _corrupt(path, f"its client_ids are {text!r}, not a list of client ids")
+    return ids

@@ -150,3 +150,119 @@ def test_write_atomically_replaces_in_one_rename(tmp_path):
 
     write_atomically(path, write)
     assert path.read_text() == "new" and not seen[0].exists()
+
+
+# ------------------------------------------------------------------ integrity: checksums and metadata
+
+
+def _saved(tmp_path):
+    path = tmp_path / "checkpoint.safetensors"
+    save_checkpoint(path, 4, _server(2.0, 4), {3: Client(torch.ones(5), 2)}, fingerprint="abc")
+    return path
+
+
+def _load(path):
+    return load_checkpoint(path, _template(), lambda: Client(torch.zeros(5), 0), "abc", torch.device("cpu"))
+
+
+def _resave(path, edit_tensors=None, edit_metadata=None):
+    """Rewrite a checkpoint the way a user or a tool would: same safetensors layout, edited content."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(path))
+    with safe_open(str(path), framework="pt") as handle:
+        metadata = dict(handle.metadata())
+    if edit_tensors:
+        edit_tensors(tensors)
+    if edit_metadata:
+        edit_metadata(metadata)
+    save_file(tensors, str(path), metadata=metadata)
+
+
+def _assert_refused(path, *fragments):
+    before = path.read_bytes()
+    with pytest.raises(CheckpointError) as error:
+        _load(path)
+    message = str(error.value)
+    assert str(path) in message
+    for fragment in fragments:
+        assert fragment in message, message
+    assert path.read_bytes() == before  # a refused checkpoint is left exactly as it was
+
+
+def test_checkpoint_metadata_carries_a_sha256_that_matches(tmp_path):
+    path = _saved(tmp_path)
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as handle:
+        metadata = handle.metadata()
+    assert metadata["format_version"] == str(checkpoint_module.FORMAT_VERSION) == "2"
+    assert len(metadata["sha256"]) == 64
+    assert _load(path).round == 4
+
+
+def test_a_flipped_bit_in_a_tensor_is_refused(tmp_path):
+    path = _saved(tmp_path)
+    raw = bytearray(path.read_bytes())
+    raw[-3] ^= 0x01  # the last bytes are tensor data: the header comes first
+    path.write_bytes(bytes(raw))
+    _assert_refused(path, "corrupt or was edited", "checksum", "new --out")
+
+
+def test_a_tensor_resaved_as_float16_is_refused(tmp_path):
+    path = _saved(tmp_path)
+    _resave(path, edit_tensors=lambda t: t.update({"server/params": t["server/params"].to(torch.float16)}))
+    _assert_refused(path, "corrupt or was edited", "checksum")
+
+
+def test_an_edited_round_in_the_metadata_is_refused(tmp_path):
+    path = _saved(tmp_path)
+    _resave(path, edit_metadata=lambda m: m.update(round="2"))
+    _assert_refused(path, "corrupt or was edited")
+
+
+@pytest.mark.parametrize("value", ["-3", "abc", "1.5", "", " 4", "٣"])
+def test_a_round_that_is_not_a_round_number_is_refused(tmp_path, value):
+    path = _saved(tmp_path)
+    _resave(path, edit_metadata=lambda m: m.update(round=value))
+    _assert_refused(path, "corrupt or was edited", "round", repr(value))
+
+
+@pytest.mark.parametrize("value", ["[3, -1]", "not json", "{}", "[true]"])
+def test_client_ids_that_are_not_ids_are_refused(tmp_path, value):
+    path = _saved(tmp_path)
+    _resave(path, edit_metadata=lambda m: m.update(client_ids=value))
+    _assert_refused(path, "corrupt or was edited", "client_ids")
+
+
+def test_a_missing_checksum_is_refused(tmp_path):
+    path = _saved(tmp_path)
+    _resave(path, edit_metadata=lambda m: m.pop("sha256"))
+    _assert_refused(path, "no sha256 checksum")
+
+
+def test_a_checkpoint_of_the_old_format_gets_a_clear_error(tmp_path):
+    path = _saved(tmp_path)
+    _resave(path, edit_metadata=lambda m: (m.update(format_version="1"), m.pop("sha256")))
+    _assert_refused(path, "format '1'", "reads format 2", "new --out")
+
+
+def test_a_safetensors_file_that_is_no_checkpoint_is_refused(tmp_path):
+    from safetensors.torch import save_file
+
+    path = tmp_path / "checkpoint.safetensors"
+    save_file({"weight": torch.ones(3)}, str(path))
+    _assert_refused(path, "not a driftlab checkpoint")
+
+
+def test_a_flipped_bit_in_the_header_is_refused_not_a_traceback(tmp_path):
+    path = _saved(tmp_path)
+    raw = bytearray(path.read_bytes())
+    (header_length,) = struct.unpack("<Q", raw[:8])
+    for offset in range(8, 8 + header_length, 7):
+        damaged = bytearray(raw)
+        damaged[offset] ^= 0x04
+        path.write_bytes(bytes(damaged))
+        with pytest.raises(CheckpointError):
+            _load(path)
