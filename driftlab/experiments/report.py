@@ -9,8 +9,8 @@ folder holding them, and writes into ``out_dir``::
     savings.csv     the savings ratios of the communication tables (one row per method and baseline)
     accuracy.csv    final and best test accuracy and BMTA (or train loss and distance) as mean and std over seeds
     steps.csv       total local SGD steps, steps to each target, and their fraction of the reference method
-    runs.csv        one row per run: directory, seed, status, rounds done, wall time, machine
-    <setting>-*.png the figures
+    runs.csv        one row per run: directory, seed, status, rounds done, wall time, machine, round it was cut to
+    <setting>-*.png the figures (<setting>: the sweep's directory name for the setting, else its label's slug)
 
 What is measured, and where it comes from:
 
@@ -29,6 +29,12 @@ What is measured, and where it comes from:
 - ``‖h‖`` and ``‖θ‖`` per round (AdaBest Figure 1) and FedProx's dissimilarity
   ``B(θ)²`` and gradient variance (Li et al. 2020, Definition 2, Figure 4).
 
+Curves are means over seeds with a band of ± one sample standard deviation, the
+± of the tables; each caption names what its figure draws. Rows, legends and
+file names use a sweep's own labels. Stand-alone runs of one setting with
+different ``rounds`` are compared up to the shortest one's last round (a note
+names the runs cut); a sweep's runs keep the lengths the sweep planned.
+
 Example:
     >>> from driftlab.experiments.report import make_report
     >>> report = make_report(["driftlab-demo"], "driftlab-demo/report", targets=[0.6])  # doctest: +SKIP
@@ -40,6 +46,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -77,14 +84,23 @@ class RunData:
     seed: int = 0
     torn_line: int | None = None  # 1-based line of metrics.jsonl dropped because a kill tore it
     sweep: str | None = None
+    # Rounds done before the report cut this run to the shortest run it is compared with (None: not cut).
+    truncated_from: int | None = None
+    setting_dir: str | None = None  # the sweep's directory name for the setting: a safe, unique file name
 
     @property
     def rounds_done(self) -> int:
+        """The last round the report uses (after a cut to the shortest compared run)."""
         return self.records[-1]["round"] if self.records else 0
 
     @property
     def rounds_planned(self) -> int:
         return int(self.config.get("rounds", self.rounds_done))
+
+    @property
+    def rounds_compared(self) -> int:
+        """The rounds this run is compared over: its planned rounds, or the round it was cut to."""
+        return self.rounds_done if self.truncated_from is not None else self.rounds_planned
 
     @property
     def status(self) -> str:
@@ -95,7 +111,14 @@ class RunData:
 
     @property
     def finished(self) -> bool:
+        if self.truncated_from is not None:
+            return True  # it ran every compared round and more
         return self.status in ("complete", "diverged", "failed") and not (self.status == "complete" and self.rounds_done < self.rounds_planned)
+
+    @property
+    def stopped_early(self) -> bool:
+        """Whether the run ended before the rounds it is compared over (diverged, interrupted, failed)."""
+        return self.truncated_from is None and not (self.status == "complete" and self.rounds_done >= self.rounds_planned)
 
     @property
     def num_parameters(self) -> int | None:
@@ -105,7 +128,7 @@ class RunData:
     @property
     def diverged_at(self) -> int | None:
         """The round whose update made the server model non-finite (the runner records the rounds before it)."""
-        return self.rounds_done + 1 if self.status == "diverged" else None
+        return self.rounds_done + 1 if self.status == "diverged" and self.truncated_from is None else None
 
     @property
     def is_classifier(self) -> bool:
@@ -213,6 +236,7 @@ class Setting:
     label: str
     methods: dict[str, list[RunData]]  # method label -> its runs (seeds), in report order
     pending: list[PendingRun] = field(default_factory=list)
+    cut_round: int | None = None  # stand-alone runs of different lengths are compared up to this round
 
     @property
     def runs(self) -> list[RunData]:
@@ -316,6 +340,12 @@ def find_sources(root: Path) -> tuple[list[Path], list[Path]]:
     return sweeps, runs
 
 
+def _setting_dir(entry: dict[str, Any]) -> str | None:
+    """The setting's part of a sweep run's directory, ``runs/<setting>/<method>/seed-<s>`` (None without setting axes)."""
+    parts = str(entry["dir"]).split("/")
+    return parts[1] if entry.get("setting") and len(parts) == 4 and parts[0] == "runs" else None
+
+
 def read_sweep(path: Path) -> tuple[dict[str, Any], list[RunData], list[PendingRun]]:
     """A sweep's document, its runs labelled by setting/method/seed as sweep.json says, and the planned runs not started."""
     sweep_file = path / SWEEP_FILE
@@ -338,6 +368,7 @@ def read_sweep(path: Path) -> tuple[dict[str, Any], list[RunData], list[PendingR
         run = read_run(run_dir)
         run.setting, run.method, run.sweep = setting, str(entry.get("method") or algorithm_label(flatten_config(run.config))), name
         run.seed = int(entry.get("seed", run.seed))
+        run.setting_dir = _setting_dir(entry)
         runs.append(run)
     return document, runs, pending
 
@@ -404,10 +435,12 @@ def label_standalone(runs: Sequence[RunData]) -> None:
     """Give runs outside a sweep a setting and a method label from their configs.
 
     Runs whose configs agree except for the seed (and rounds, device, backend,
-    checkpointing) are seeds of one method. Settings are told apart by the
-    data/model/sampling/availability keys that differ between runs (else the data
-    set's name); methods by their algorithm's name, plus the keys that differ when
-    several methods share that name: "FedProx (algorithm.mu=0)".
+    checkpointing) are seeds of one method; two of them that claim one seed are
+    told apart by those keys instead: "FedAvg (rounds=50)", "FedAvg (rounds=100)".
+    Settings are told apart by the data/model/sampling/availability keys that
+    differ between runs (else the data set's name); methods by their algorithm's
+    name, plus the keys that differ when several methods share that name:
+    "FedProx (algorithm.mu=0)".
     """
     splits = [_split_keys(flatten_config(run.config)) for run in runs]
     by_data: dict[str, list[int]] = {}
@@ -437,6 +470,46 @@ def label_standalone(runs: Sequence[RunData]) -> None:
                 labels[_frozen(table)] = f"{name} ({detail})" if detail else name
         for index in indices:
             runs[index].method = labels[_frozen(splits[index][1])]
+    _split_same_seed_runs(runs)
+
+
+def _split_same_seed_runs(runs: Sequence[RunData]) -> None:
+    """Tell apart runs of one method that claim the same seed by the ignored keys they differ in: "FedAvg (rounds=50)".
+
+    Averaging them as seeds would pass off two runs of one seed as two seeds; a
+    short and a long run of one config are two rows instead (compared up to the
+    shorter one, see ``cut_to_shortest``).
+    """
+    groups: dict[tuple[str, str], list[RunData]] = {}
+    for run in runs:
+        groups.setdefault((run.setting, run.method), []).append(run)
+    for group in groups.values():
+        seeds = [run.seed for run in group]
+        if len(set(seeds)) == len(seeds):
+            continue
+        tables = [{k: v for k, v in flatten_config(run.config).items() if k in IGNORED_KEYS and k != "seed"} for run in group]
+        differing = _differing_keys(tables)
+        for run, table in zip(group, tables):
+            detail = _describe(table, differing)
+            if detail:  # no detail: the same config twice, which ``collect`` refuses
+                run.method = f"{run.method[:-1]}, {detail})" if run.method.endswith(")") else f"{run.method} ({detail})"
+
+
+def cut_to_shortest(runs: Sequence[RunData]) -> int | None:
+    """Cut runs of different lengths to the shortest one's planned rounds; the round they were cut to, or None.
+
+    Final accuracy at round 50 against final accuracy at round 100 compares
+    lengths, not methods. A cut run keeps its records up to that round and says
+    how far it really got (``truncated_from``).
+    """
+    if len({run.rounds_planned for run in runs}) < 2:
+        return None
+    cut = min(run.rounds_planned for run in runs)
+    for run in runs:
+        if run.rounds_done > cut:
+            run.truncated_from = run.rounds_done
+            run.records = [record for record in run.records if record["round"] <= cut]
+    return cut
 
 
 def _method_order(run: RunData) -> tuple:
@@ -483,7 +556,20 @@ def collect(inputs: Sequence[str | Path]) -> tuple[list[Setting], list[dict[str,
                 seen.add(run.path.resolve())
                 labelled.append(run)
         pending += planned
-    standalone = [read_run(path) for path in _unique(run_dirs) if path.resolve() not in seen]
+    # Runs picked out of a sweep (its runs/iid folder, say) keep the sweep's labels rather than raw config keys.
+    loose = [path for path in _unique(run_dirs) if path.resolve() not in seen]
+    for sweep_dir in _unique(filter(None, (_enclosing_sweep(path) for path in loose))):
+        wanted = {path.resolve() for path in loose}
+        try:
+            document, runs, _ = read_sweep(sweep_dir)
+        except ConfigError:
+            continue  # a damaged sweep.json above them: label them as stand-alone runs
+        picked = [run for run in runs if run.path.resolve() in wanted and run.path.resolve() not in seen]
+        if picked:
+            documents.append(document)
+            seen.update(run.path.resolve() for run in picked)
+            labelled += picked
+    standalone = [read_run(path) for path in loose if path.resolve() not in seen]
     label_standalone(standalone)
     # Settings in the order their first run was found; methods in the papers' order within them.
     setting_order = {label: index for index, label in reversed(list(enumerate(run.setting for run in standalone)))}
@@ -507,9 +593,19 @@ def collect(inputs: Sequence[str | Path]) -> tuple[list[Setting], list[dict[str,
                     where = f" in setting {setting.label!r}" if setting.label else ""
                     raise ConfigError(
                         f"{first.path} and {second.path} are both seed {first.seed} of {method!r}{where} "
-                        "(two sweeps with the same labels, or runs differing only in rounds); report them separately"
+                        "(two sweeps with the same labels, or one run copied twice); report them separately"
                     )
+        # A sweep plans its runs' lengths (some give each method its own); stand-alone runs are compared like with like.
+        setting.cut_round = cut_to_shortest([run for run in setting.runs if run.sweep is None])
     return [s for s in settings.values() if s.methods], documents
+
+
+def _enclosing_sweep(run_dir: Path) -> Path | None:
+    """The sweep directory above ``run_dir``, if any (its sweep.json may or may not list the run)."""
+    for parent in run_dir.resolve().parents:
+        if (parent / SWEEP_FILE).is_file():
+            return parent
+    return None
 
 
 def _unique(paths: Iterable[Path]) -> list[Path]:
@@ -740,10 +836,46 @@ def target_note(row: TargetRow, runs: Sequence[RunData]) -> str:
 # ---------------------------------------------------------------- plots
 
 
-def _series(runs: Sequence[RunData], key: str, x_key: str = "round") -> tuple[list[float], list[float], list[float], list[float]]:
-    """x, mean, min and max of ``key`` over seeds at each x where some seed recorded it.
+# Target lines: a dash pattern and a grey each, told apart in the legend, in print and without colour.
+TARGET_STYLES = (
+    ("dotted", ":", "black"),
+    ("dashed", "--", "dimgray"),
+    ("dash-dotted", "-.", "black"),
+    ("long-dashed", (0, (8, 4)), "dimgray"),
+    ("densely dotted", (0, (1, 1)), "black"),
+)
+BAND_LEGEND = "shaded: ± 1 sample std over seeds"
+BAND_NOTE = (
+    "Lines are means over seeds; shaded bands are the mean ± one sample standard deviation over seeds "
+    "(ddof = 1, the ± of the tables), drawn where at least two seeds recorded the value."
+)
+# Short names for captions, long ones for the panels' titles.
+PANEL_NAMES = {"drift_norm": "‖h‖", "model_norm": "‖θ‖", "dissimilarity_b2": "B(θ)²", "gradient_variance": "gradient variance"}
 
-    ``x_key="bits"`` uses cumulative bits up and down (mean over seeds at that round).
+
+@dataclass(frozen=True)
+class Series:
+    """One method's curve: x, the mean over seeds, and the sample standard deviation (None where under 2 seeds recorded it)."""
+
+    x: list[float]
+    mean: list[float]
+    std: list[float | None]
+
+
+@dataclass
+class ReportFigure:
+    """A figure of one setting, built but not yet saved, and a caption saying what it draws."""
+
+    suffix: str  # the file is <setting>-<suffix>.png
+    caption: str
+    figure: Any  # matplotlib.figure.Figure
+    banded: bool  # whether it shows a ± std band (BAND_NOTE applies)
+
+
+def _series(runs: Sequence[RunData], key: str, x_key: str = "round") -> Series:
+    """Mean and sample standard deviation of ``key`` over seeds at each round where some seed recorded it.
+
+    ``x_key="bits"`` puts the round at the cumulative bits up and down (mean over seeds at that round).
     """
     by_round: dict[int, list[tuple[float, float]]] = {}
     for run in runs:
@@ -755,33 +887,51 @@ def _series(runs: Sequence[RunData], key: str, x_key: str = "round") -> tuple[li
                 continue
             x = bits if x_key == "bits" else record["round"]
             by_round.setdefault(record["round"], []).append((x, value))
-    xs, means, lows, highs = [], [], [], []
+    series = Series([], [], [])
     for round_ in sorted(by_round):
         points = by_round[round_]
-        xs.append(statistics.fmean(x for x, _ in points))
         values = [v for _, v in points]
-        means.append(statistics.fmean(values))
-        lows.append(min(values))
-        highs.append(max(values))
-    return xs, means, lows, highs
+        series.x.append(statistics.fmean(x for x, _ in points))
+        series.mean.append(statistics.fmean(values))
+        series.std.append(statistics.stdev(values) if len(values) >= 2 else None)
+    return series
 
 
-def _draw(axis, setting: Setting, key: str, x_key: str = "round", scale: float = 1.0) -> bool:
-    """Plot ``key`` per method (mean over seeds, min–max band when ≥2 seeds); whether anything was drawn."""
-    drawn = False
+def _draw(axis, setting: Setting, key: str, x_key: str = "round", scale: float = 1.0) -> tuple[bool, bool]:
+    """Plot ``key`` per method, the mean over seeds with a ± sample-std band; whether a line and whether a band were drawn."""
+    drawn = banded = False
     for method, runs in setting.methods.items():
-        xs, means, lows, highs = _series(runs, key, x_key)
-        if not xs:
+        series = _series(runs, key, x_key)
+        if not series.x:
             continue
         (line,) = axis.plot(
-            xs, [scale * m for m in means], label=method + (f" ({len(runs)} seeds)" if len(runs) > 1 else ""), linewidth=1.5,
+            series.x, [scale * m for m in series.mean], label=method + (f" ({len(runs)} seeds)" if len(runs) > 1 else ""), linewidth=1.5,
             # Markers show where the measurements are when they are sparse (evaluation or dissimilarity every N rounds).
-            marker="o" if len(xs) <= 30 else None, markersize=3,
+            marker="o" if len(series.x) <= 30 else None, markersize=3,
         )
-        if len(runs) > 1:
-            axis.fill_between(xs, [scale * v for v in lows], [scale * v for v in highs], color=line.get_color(), alpha=0.2, linewidth=0)
+        if any(std is not None for std in series.std):
+            # NaN leaves a gap where fewer than two seeds recorded the value.
+            low = [math.nan if s is None else scale * (m - s) for m, s in zip(series.mean, series.std)]
+            high = [math.nan if s is None else scale * (m + s) for m, s in zip(series.mean, series.std)]
+            axis.fill_between(series.x, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
+            banded = True
         drawn = True
-    return drawn
+    return drawn, banded
+
+
+def _legend(axis, banded: bool) -> None:
+    from matplotlib.patches import Patch
+
+    handles, labels = axis.get_legend_handles_labels()
+    if banded:
+        handles.append(Patch(facecolor="gray", alpha=0.3, label=BAND_LEGEND))
+        labels.append(BAND_LEGEND)
+    axis.legend(handles, labels, fontsize="small")
+
+
+def _drawable(setting: Setting, key: str) -> bool:
+    """Whether some run recorded a finite ``key`` (what ``_draw`` needs to draw a line)."""
+    return any(isinstance(r.get(key), (int, float)) and math.isfinite(r[key]) for run in setting.runs for r in run.records)
 
 
 def _all_positive(setting: Setting, key: str) -> bool:
@@ -789,31 +939,29 @@ def _all_positive(setting: Setting, key: str) -> bool:
     return bool(values) and all(v > 0 for v in values)
 
 
-def _has(setting: Setting, key: str) -> bool:
-    return any(key in r for run in setting.runs for r in run.records)
+def target_style(index: int) -> tuple[str, Any, str, float]:
+    """(name, dash pattern, colour, width) of the ``index``-th target line; every index gets its own."""
+    name, dash, colour = TARGET_STYLES[index % len(TARGET_STYLES)]
+    extra = index // len(TARGET_STYLES)
+    return (f"{'thick ' * extra}{name}", dash, colour, 1.2 + 1.0 * extra)
 
 
-def plot_setting(setting: Setting, out_dir: Path, targets: Sequence[float]) -> list[tuple[str, Path]]:
-    """The figures of one setting whose data exists, as (caption, path)."""
-    # The object-oriented API with the Agg canvas needs no pyplot state or backend switch,
-    # so a report made inside a notebook leaves its plotting setup alone.
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
+def _captioned(what: str, banded: bool) -> str:
+    return what + ("; lines: mean over seeds, shaded: ± 1 sample std" if banded else "")
+
+
+def setting_figures(setting: Setting, targets: Sequence[float]) -> list[ReportFigure]:
+    """The figures of one setting whose data exists, each captioned from what was actually drawn on it."""
+    # The object-oriented API needs no pyplot state or backend switch, so a report made
+    # inside a notebook leaves its plotting setup alone.
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
-    name = slug(setting.label)
-    written = []
-
-    def save(figure: Figure, suffix: str, caption: str) -> None:
-        figure.tight_layout()
-        path = out_dir / f"{name}-{suffix}.png"
-        FigureCanvasAgg(figure)
-        figure.savefig(path, dpi=120)
-        written.append((caption, path))
+    figures: list[ReportFigure] = []
 
     def panel(axis, key: str, title: str, ylabel: str, x_key: str = "round", scale: float = 1.0, log_y: bool = False) -> bool:
-        if not _draw(axis, setting, key, x_key, scale):
-            return False
+        """Draw one quantity on ``axis``; whether it has a ± std band."""
+        _, banded = _draw(axis, setting, key, x_key, scale)
         axis.set_title(title)
         axis.set_xlabel("cumulative bits sent (upload + download)" if x_key == "bits" else "communication round")
         axis.set_ylabel(ylabel)
@@ -824,43 +972,69 @@ def plot_setting(setting: Setting, out_dir: Path, targets: Sequence[float]) -> l
         if log_y and _all_positive(setting, key):
             axis.set_yscale("log")
         axis.grid(alpha=0.3, which="both")
-        return True
+        return banded
 
-    if setting.is_classifier:
+    if setting.is_classifier and _drawable(setting, "test_accuracy"):
         for suffix, x_key, what in (("accuracy", "round", "rounds"), ("accuracy-vs-bits", "bits", "bits sent")):
             figure = Figure(figsize=(7, 4.5))
             axis = figure.subplots()
-            panel(axis, "test_accuracy", f"{setting.label}: test accuracy vs {what}", "test accuracy (%)", x_key, scale=100)
-            for target in targets:
-                axis.axhline(100 * target, color="grey", linestyle=":", linewidth=1, label=f"target {format_target(target)}")
-            axis.legend(fontsize="small")
-            save(figure, suffix, f"test accuracy vs {what}")
+            banded = panel(axis, "test_accuracy", f"{setting.label}: test accuracy vs {what}", "test accuracy (%)", x_key, scale=100)
+            styles = []
+            for index, target in enumerate(targets):
+                name, dash, colour, width = target_style(index)
+                axis.axhline(100 * target, color=colour, linestyle=dash, linewidth=width, label=f"target {format_target(target)}")
+                styles.append(f"{format_target(target)} {name}")
+            _legend(axis, banded)
+            caption = _captioned(f"test accuracy vs {what}", banded)
+            if styles:
+                caption += f"; target {'lines' if len(styles) > 1 else 'line'}: {', '.join(styles)}"
+            figures.append(ReportFigure(suffix, caption, figure, banded))
     # Training loss is what FedProx's Figure 1 plots; for the quadratic, also the distance to x*.
     curves = [("train_loss", "loss", "train loss")]
     if not setting.is_classifier:
         curves.append(("distance_to_minimizer", "distance", "distance to the minimizer ‖θ − x*‖"))
     for key, suffix, ylabel in curves:
-        if _has(setting, key):
+        if _drawable(setting, key):
             figure = Figure(figsize=(7, 4.5))
             axis = figure.subplots()
             # Log scale only when every value is positive: the quadratic's objective ½zx² − x is negative near x*.
-            panel(axis, key, f"{setting.label}: {ylabel} vs rounds", ylabel, log_y=True)
-            axis.legend(fontsize="small")
-            save(figure, suffix, f"{ylabel} vs rounds")
+            banded = panel(axis, key, f"{setting.label}: {ylabel} vs rounds", ylabel, log_y=True)
+            _legend(axis, banded)
+            figures.append(ReportFigure(suffix, _captioned(f"{ylabel} vs rounds", banded), figure, banded))
 
-    for suffix, caption, panels in (
-        ("norms", "‖h‖ and ‖θ‖ vs rounds", (("drift_norm", "norm of the drift estimate ‖h‖"), ("model_norm", "norm of the server model ‖θ‖"))),
-        ("dissimilarity", "B(θ)² and gradient variance vs rounds", (("dissimilarity_b2", "dissimilarity B(θ)²"), ("gradient_variance", "gradient variance E‖∇F_k − ∇f‖²"))),
+    for suffix, panels in (
+        ("norms", (("drift_norm", "norm of the drift estimate ‖h‖", "‖h‖"), ("model_norm", "norm of the server model ‖θ‖", "‖θ‖"))),
+        (
+            "dissimilarity",
+            (("dissimilarity_b2", "dissimilarity B(θ)²", "B(θ)²"), ("gradient_variance", "gradient variance E‖∇F_k − ∇f‖²", "E‖∇F_k − ∇f‖²")),
+        ),
     ):
-        present = [(key, title) for key, title in panels if _has(setting, key)]
+        present = [(key, title, ylabel) for key, title, ylabel in panels if _drawable(setting, key)]
         if not present:
             continue
         figure = Figure(figsize=(6 * len(present), 4.5))
         axes = figure.subplots(1, len(present), squeeze=False)[0]
-        for axis, (key, title) in zip(axes, present):
-            panel(axis, key, f"{setting.label}: {title}", title.split(" ")[-1] if key != "gradient_variance" else "E‖∇F_k − ∇f‖²", log_y=True)
-            axis.legend(fontsize="small")
-        save(figure, suffix, caption)
+        banded = False
+        for axis, (key, title, ylabel) in zip(axes, present):
+            panel_banded = panel(axis, key, f"{setting.label}: {title}", ylabel, log_y=True)
+            _legend(axis, panel_banded)
+            banded = banded or panel_banded
+        what = " and ".join(PANEL_NAMES[key] for key, _, _ in present) + " vs rounds"
+        figures.append(ReportFigure(suffix, _captioned(what, banded), figure, banded))
+    return figures
+
+
+def plot_setting(setting: Setting, out_dir: Path, targets: Sequence[float], stem: str | None = None) -> list[tuple[ReportFigure, Path]]:
+    """Save the figures of one setting as ``<stem>-<suffix>.png`` (stem: the setting's slug); (figure, path) of each."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    written = []
+    for item in setting_figures(setting, targets):
+        item.figure.tight_layout()
+        path = out_dir / f"{stem or slug(setting.label)}-{item.suffix}.png"
+        FigureCanvasAgg(item.figure)
+        item.figure.savefig(path, dpi=120)
+        written.append((item, path))
     return written
 
 
@@ -919,12 +1093,91 @@ def _machine(run: RunData) -> str:
     return f"{machine.get('processor', 'unknown')}, {threads} threads" if threads else str(machine.get("processor", "unknown"))
 
 
+def sweep_summary(document: dict[str, Any], runs: Sequence[RunData]) -> str:
+    """A sweep's name, base, scale and description, then what was actually run: rounds and seeds read from its runs.
+
+    A sweep file's description speaks of its default scale ("200 rounds, about 10
+    minutes"); sweep.json keeps it apart from a note of what this sweep changed
+    (``run_note``: the scale, command-line overrides). Older sweep.json files have
+    the description alone, so the rounds and seeds of the runs themselves are always stated.
+    """
+    if "spec_description" in document:
+        description, note = document.get("spec_description") or "", str(document.get("run_note") or "")
+    else:
+        description, note = document.get("description") or "", ""
+    description = " ".join(str(description).split()) or _axes_description(document)
+    line = f"Sweep **{document.get('name', '')}** (base `{document.get('base', '')}`, scale {document.get('scale', 'default')}): {description}"
+    if note:
+        line += f" *{note}*"
+    as_run = _as_run(document, runs)
+    return f"{line} As run: {as_run}." if as_run else line
+
+
+def _axes_description(document: dict[str, Any]) -> str:
+    """``algorithm.mu ∈ {mu=0, mu=1}; seeds 0, 1`` for a sweep without a description (a --grid sweep of an older driftlab)."""
+    axes = [axis for axis in document.get("axes") or [] if isinstance(axis, dict)]
+    grid = " × ".join(f"{axis.get('name')} ∈ {{{', '.join(str(v.get('label')) for v in axis.get('values') or [] if isinstance(v, dict))}}}" for axis in axes)
+    return f"grid {grid}." if grid else "(no description)."
+
+
+def _as_run(document: dict[str, Any], runs: Sequence[RunData]) -> str:
+    """``20 rounds, seeds 0, 1`` or ``10 rounds (FedDyn, SCAFFOLD), 32 rounds (FedAvg); seed 0``, from the runs' configs."""
+    by_rounds: dict[int, list[str]] = {}
+    for run in runs:
+        methods = by_rounds.setdefault(run.rounds_planned, [])
+        if run.method not in methods:
+            methods.append(run.method)
+    if len(by_rounds) == 1:
+        rounds = f"{next(iter(by_rounds))} rounds"
+    else:
+        rounds = ", ".join(f"{n} rounds ({', '.join(methods)})" for n, methods in sorted(by_rounds.items()))
+    seeds = document.get("seeds") if isinstance(document.get("seeds"), list) else sorted({run.seed for run in runs})
+    seeds_text = f"seed{'s' if len(seeds) != 1 else ''} {', '.join(map(str, seeds))}" if seeds else ""
+    return "; ".join(filter(None, [rounds if runs else "", seeds_text]))
+
+
+_SAFE_STEM = re.compile(r"[a-z0-9][a-z0-9.+_-]*")
+
+
+def figure_stems(settings: Sequence[Setting]) -> dict[str, str]:
+    """A file-name stem per setting, unique within the report.
+
+    A sweep's setting keeps its directory name under ``runs/`` (sweep.py makes it
+    safe and unique: ``lr=-1`` and ``lr=1`` differ); other settings use the slug
+    of their label, numbered when two slugs collide.
+    """
+    stems: dict[str, str] = {}
+    used: set[str] = set()
+    for setting in settings:
+        directory = next((run.setting_dir for run in setting.runs if run.setting_dir), None)
+        base = directory if directory and _SAFE_STEM.fullmatch(directory) else slug(setting.label)
+        stem, number = base, 2
+        while stem in used:
+            stem, number = f"{base}-{number}", number + 1
+        used.add(stem)
+        stems[setting.label] = stem
+    return stems
+
+
+def _cut_note(setting: Setting) -> list[str]:
+    """Which runs the report cut to the shortest run's length, and how long they really ran."""
+    cut = [run for run in setting.runs if run.truncated_from is not None]
+    if not cut:
+        return []
+    listed = "; ".join(f"`{run.path}` ({run.method}, seed {run.seed}, ran {run.truncated_from} rounds)" for run in cut)
+    return [
+        f"These runs have different lengths, so every number and figure below compares them up to round {setting.cut_round}, "
+        f"the last round of the shortest. Cut to round {setting.cut_round}: {listed}.",
+        "",
+    ]
+
+
 def _incomplete_note(runs: Sequence[RunData]) -> str:
     """`` (1 diverged at round 71)``: "final" numbers of a run that stopped early are not final."""
     notes = [
         f"diverged at round {run.diverged_at}" if run.status == "diverged" else f"{run.status} at round {run.rounds_done}"
         for run in runs
-        if not (run.status == "complete" and run.rounds_done >= run.rounds_planned)
+        if run.stopped_early
     ]
     return f" ({'; '.join(notes)})" if notes else ""
 
@@ -932,7 +1185,10 @@ def _incomplete_note(runs: Sequence[RunData]) -> str:
 def _status_summary(runs: Sequence[RunData], pending: int) -> str:
     counts: dict[str, int] = {}
     for run in runs:
-        status = run.status if run.finished else "unfinished" if run.status == "complete" else run.status
+        if run.truncated_from is not None:
+            status = f"cut to round {run.rounds_done}"
+        else:
+            status = run.status if run.finished else "unfinished" if run.status == "complete" else run.status
         counts[status] = counts.get(status, 0) + 1
     if pending:
         counts["not started"] = pending
@@ -981,8 +1237,7 @@ def make_report(
     sources = ", ".join(f"`{p}`" for p in inputs)
     lines.append(f"{len(runs)} runs in {len(settings)} setting{'s' if len(settings) != 1 else ''}, read from {sources}.")
     for document in documents:
-        description = " ".join(str(document.get("description", "")).split())
-        lines.append(f"Sweep **{document.get('name', '')}** (base `{document.get('base', '')}`, scale {document.get('scale', 'default')}): {description}")
+        lines.append(sweep_summary(document, [run for run in runs if run.sweep == str(document.get("name"))]))
     lines.append("")
     if chosen_targets and any(s.is_classifier for s in settings):
         lines += [
@@ -1003,8 +1258,10 @@ def make_report(
     if torn:
         lines.append("")
 
+    stems = figure_stems(settings)
     for setting in settings:
         lines += [f"## {setting.label}", ""]
+        lines += _cut_note(setting)
         by_method: dict[str, dict[float, TargetRow]] = {method: {} for method in setting.methods}
         if setting.is_classifier:
             for target in chosen_targets:
@@ -1025,12 +1282,14 @@ def make_report(
         lines += _runs_section(setting)
 
         if plots:
-            figures = plot_setting(setting, out, chosen_targets if setting.is_classifier else [])
+            figures = plot_setting(setting, out, chosen_targets if setting.is_classifier else [], stems[setting.label])
             files += [path for _, path in figures]
             if figures:
                 lines += ["### Figures", ""]
-                lines += [f"![{setting.label}: {caption}]({path.name})" for caption, path in figures]
-                lines.append("")
+                if any(figure.banded for figure, _ in figures):
+                    lines += [BAND_NOTE, ""]
+                for figure, path in figures:
+                    lines += [f"![{setting.label}: {figure.caption}]({path.name})", "", f"*{figure.caption[0].upper()}{figure.caption[1:]}.*", ""]
 
     markdown = "\n".join(lines).rstrip() + "\n"
     report_path = out / "report.md"
@@ -1126,7 +1385,7 @@ def _runs_section(setting: Setting) -> list[str]:
     for method, method_runs in setting.methods.items():
         walls = [float(run.info["wall_seconds"]) for run in method_runs if run.info and run.info.get("wall_seconds") is not None]
         done = sorted({run.rounds_done for run in method_runs})
-        planned_rounds = max(run.rounds_planned for run in method_runs)
+        planned_rounds = max(run.rounds_compared for run in method_runs)
         done_text = f"{done[0]}" if len(done) == 1 else f"{done[0]}–{done[-1]}"
         parameters = {run.num_parameters for run in method_runs} - {None}
         table.append([
@@ -1193,12 +1452,28 @@ def _write_tables(
     files.append(
         write_csv(
             out / "runs.csv",
-            ["setting", "method", "seed", "path", "status", "rounds_done", "rounds", "num_parameters", "wall_seconds", "machine"],
-            [[s.label, run.method, run.seed, str(run.path), run.status, run.rounds_done, run.rounds_planned, run.num_parameters or "",
-              _csv_number((run.info or {}).get("wall_seconds")), _machine(run)] for s in settings for run in s.runs],
+            ["setting", "method", "seed", "path", "status", "rounds_done", "rounds", "num_parameters", "wall_seconds", "machine", "cut_to_round"],
+            [[s.label, run.method, run.seed, str(run.path), run.status, run.truncated_from or run.rounds_done, run.rounds_planned,
+              run.num_parameters or "", _csv_number((run.info or {}).get("wall_seconds")), _machine(run), run.rounds_done if run.truncated_from is not None else ""]
+             for s in settings for run in s.runs],
         )
     )
     return files
 
 
-__all__ = ["Report", "RunData", "make_report", "read_metrics", "target_outcome", "target_row", "savings", "spread", "label_standalone"]
+__all__ = [
+    "Report",
+    "ReportFigure",
+    "RunData",
+    "cut_to_shortest",
+    "figure_stems",
+    "label_standalone",
+    "make_report",
+    "read_metrics",
+    "savings",
+    "setting_figures",
+    "spread",
+    "sweep_summary",
+    "target_outcome",
+    "target_row",
+]

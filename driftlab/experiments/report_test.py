@@ -7,14 +7,29 @@ so one uncompressed upload round is 32 · 10 · 2 = 640 bits = 1 model-equivalen
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
+import statistics
 from pathlib import Path
+from typing import Sequence
 
 import pytest
 
 import driftlab
 from driftlab.experiments.config import ConfigError, load_config
-from driftlab.experiments.report import make_report, read_metrics, savings, target_row
+from driftlab.experiments.report import (
+    BAND_LEGEND,
+    BAND_NOTE,
+    Setting,
+    figure_stems,
+    make_report,
+    read_metrics,
+    savings,
+    setting_figures,
+    target_row,
+    target_style,
+)
+from driftlab.experiments.sweep import plan, sweep_document, sweep_from_config
 
 PARAMETERS = 10
 SELECTED = 2
@@ -392,13 +407,13 @@ def test_real_runs_end_to_end(tmp_path):
     assert (tmp_path / "report" / "synthetic-norms.png").read_bytes()[:8] == PNG_SIGNATURE
 
 
-def test_two_runs_claiming_the_same_seed_of_a_method_are_refused(tmp_path):
-    # e.g. a short and a long run of one config: averaging them as two seeds would be wrong
-    _write_run(tmp_path / "short", _config(rounds=2), _records([0.5, 0.6]))
-    _write_run(tmp_path / "long", _config(rounds=3), _records([0.5, 0.6, 0.7]))
+def test_the_same_run_twice_is_refused(tmp_path):
+    # two copies of one run (or two sweeps with the same labels): averaging them as two seeds would be wrong
+    _write_run(tmp_path / "one", _config(rounds=2), _records([0.5, 0.6]))
+    _write_run(tmp_path / "copy", _config(rounds=2), _records([0.5, 0.6]))
     with pytest.raises(ConfigError, match="are both seed 0 of 'FedAvg'.*report them separately"):
         make_report([tmp_path], tmp_path / "report")
-    assert make_report([tmp_path / "long"], tmp_path / "report").runs[0].rounds_done == 3
+    assert make_report([tmp_path / "one"], tmp_path / "report").runs[0].rounds_done == 2
 
 
 def test_accuracy_rows_say_when_a_run_stopped_early(tmp_path):
@@ -408,3 +423,202 @@ def test_accuracy_rows_say_when_a_run_stopped_early(tmp_path):
     accuracy = markdown[markdown.index("### Accuracy"):]
     assert "| SCAFFOLD (diverged at round 3) | 1 | 30.00% | 50.00% |" in accuracy
     assert "| FedAvg | 1 | 90.00% |" in accuracy
+
+
+# ---------------------------------------------------------------- figures: bands, targets, captions
+
+
+def _two_seeds(root: Path) -> Path:
+    """FedAvg over two seeds (accuracies apart by 0.1 at every round) and SCAFFOLD with one seed; no drift norm."""
+    _write_run(root / "s0", _config(seed=0, rounds=4), _records([0.50, 0.60, 0.70, 0.80]))
+    _write_run(root / "s1", _config(seed=1, rounds=4), _records([0.40, 0.50, 0.60, 0.60]))
+    _write_run(root / "scaffold", _config("scaffold", rounds=4), _records([0.55, 0.65, 0.75, 0.85]))
+    return root
+
+
+def _figure(report, suffix: str):
+    return next(f for f in setting_figures(report.settings[0], [0.6, 0.7]) if f.suffix == suffix)
+
+
+def test_band_is_mean_plus_minus_sample_std_as_the_tables_and_says_so(tmp_path):
+    report = make_report([_two_seeds(tmp_path / "runs")], tmp_path / "report", targets=[0.6, 0.7])
+    accuracy = _figure(report, "accuracy")
+    axis = accuracy.figure.axes[0]
+    (band,) = axis.collections  # SCAFFOLD has one seed: no band
+    ys = band.get_paths()[0].vertices[:, 1]
+    seeds = [[50, 60, 70, 80], [40, 50, 60, 60]]
+    means = [statistics.fmean(pair) for pair in zip(*seeds)]
+    stds = [statistics.stdev(pair) for pair in zip(*seeds)]  # ddof=1, as the ± of the accuracy table
+    assert ys.min() == pytest.approx(min(m - s for m, s in zip(means, stds)))  # 45 − 7.07, not the min 40
+    assert ys.max() == pytest.approx(max(m + s for m, s in zip(means, stds)))  # 70 + 14.1, not the max 80
+    legend = [text.get_text() for text in axis.get_legend().get_texts()]
+    assert "FedAvg (2 seeds)" in legend and BAND_LEGEND in legend
+    assert accuracy.banded and "lines: mean over seeds, shaded: ± 1 sample std" in accuracy.caption
+    # The table's ± for the same seeds, and the note in report.md.
+    final = report.accuracy[0] if report.accuracy[0].method == "FedAvg" else report.accuracy[1]
+    assert final.final_accuracy.std == pytest.approx(stds[-1] / 100)
+    assert BAND_NOTE in report.markdown and "sample standard deviation" in BAND_NOTE and "min" not in BAND_NOTE
+
+
+def test_each_target_line_has_its_own_style_and_legend_entry(tmp_path):
+    report = make_report([_two_seeds(tmp_path / "runs")], tmp_path / "report", targets=[0.6, 0.7])
+    axis = _figure(report, "accuracy").figure.axes[0]
+    targets = [line for line in axis.get_lines() if line.get_label().startswith("target")]
+    assert [line.get_label() for line in targets] == ["target 60%", "target 70%"]
+    assert len({(line.get_linestyle(), line.get_color()) for line in targets}) == 2
+    legend = [text.get_text() for text in axis.get_legend().get_texts()]
+    assert "target 60%" in legend and "target 70%" in legend
+    assert "target lines: 60% dotted, 70% dashed" in report.markdown
+    styles = [target_style(i) for i in range(12)]
+    assert len({(dash if isinstance(dash, str) else repr(dash), colour, width) for _, dash, colour, width in styles}) == 12
+
+
+def test_captions_name_only_what_is_drawn(tmp_path):
+    root = tmp_path / "runs"
+    _write_run(root / "fedavg", _config("fedavg", rounds=3), _records([0.5, 0.6, 0.7]))  # model_norm only
+    report = make_report([root], tmp_path / "report", targets=[0.6])
+    norms = next(f for f in setting_figures(report.settings[0], []) if f.suffix == "norms")
+    assert norms.caption == "‖θ‖ vs rounds" and len(norms.figure.axes) == 1
+    assert "‖h‖" not in report.markdown
+    assert "![synthetic: ‖θ‖ vs rounds](synthetic-norms.png)" in report.markdown
+    assert BAND_NOTE not in report.markdown  # one seed: no band, no word of one
+
+    _write_run(root / "scaffold", _config("scaffold", rounds=3), _records([0.5, 0.6, 0.7], drift_norm=[0.1, 0.2, 0.3]))
+    both = make_report([root], tmp_path / "both", targets=[0.6])
+    assert "![synthetic: ‖h‖ and ‖θ‖ vs rounds](synthetic-norms.png)" in both.markdown
+    norms = next(f for f in setting_figures(both.settings[0], []) if f.suffix == "norms")
+    assert [axis.get_ylabel() for axis in norms.figure.axes] == ["‖h‖", "‖θ‖"]
+    assert (tmp_path / "both" / "synthetic-norms.png").read_bytes()[:8] == PNG_SIGNATURE
+
+
+# ---------------------------------------------------------------- sweep labels and descriptions
+
+
+def _grid_sweep(root: Path, extra_overrides: Sequence[str] = (), description: str | None = None) -> dict:
+    """A --grid sweep planned by sweep.py itself, its runs written by hand (3 rounds each) into the planned directories."""
+    spec = sweep_from_config("synthetic-fedprox", ["data.partition=iid,dirichlet", "algorithm.mu=[0, 1]"], [0, 1], name="grid")
+    if description is not None:
+        spec = dataclasses.replace(spec, description=description)
+    runs = plan(spec, None, extra_overrides)
+    document = sweep_document(spec, runs, None, extra_overrides)
+    root.mkdir(parents=True)
+    (root / "sweep.json").write_text(json.dumps(document))
+    for index, run in enumerate(runs):
+        config = run.config.to_dict()
+        _write_run(root / run.dir, config, _records([0.5 + 0.01 * index, 0.6, 0.7][: config["rounds"]]))
+    return document
+
+
+def test_sweep_labels_name_rows_legends_and_figure_files(tmp_path):
+    document = _grid_sweep(tmp_path / "grid", ["rounds=3"])
+    report = make_report([tmp_path / "grid"], tmp_path / "report", targets=[0.6])
+    planned = document["runs"]
+    assert [s.label for s in report.settings] == list(dict.fromkeys(r["setting"] for r in planned))
+    assert [list(s.methods) for s in report.settings] == [list(dict.fromkeys(r["method"] for r in planned))] * 2
+    for setting in report.settings:
+        directory = next(r["dir"].split("/")[1] for r in planned if r["setting"] == setting.label)
+        assert (tmp_path / "report" / f"{directory}-accuracy.png").read_bytes()[:8] == PNG_SIGNATURE
+        assert f"]({directory}-accuracy.png)" in report.markdown
+        legend = [t.get_text() for t in _figure_of(setting, "accuracy").figure.axes[0].get_legend().get_texts()]
+        assert [f"{method} (2 seeds)" for method in setting.methods] == legend[: len(setting.methods)]
+    for method in report.settings[0].methods:
+        assert f"| {method} |" in report.markdown
+    # the labels sweep.py gives --grid values: the key's last part, not the raw dotted key
+    assert "data.partition=" not in report.markdown and "algorithm.mu=" not in report.markdown.split("### Accuracy")[1]
+
+    # runs picked out of the sweep keep its labels
+    one_setting = tmp_path / "grid" / planned[0]["dir"].split("/seed-")[0].rsplit("/", 1)[0]
+    picked = make_report([one_setting], tmp_path / "picked", targets=[0.6], plots=False)
+    assert [s.label for s in picked.settings] == [planned[0]["setting"]]
+    assert list(picked.settings[0].methods) == list(report.settings[0].methods)
+
+
+def _figure_of(setting, suffix: str):
+    return next(f for f in setting_figures(setting, []) if f.suffix == suffix)
+
+
+def test_figure_files_of_settings_whose_slugs_collide_stay_apart(tmp_path):
+    root = tmp_path / "sweep"
+    runs = []
+    for label, directory in (("x=1", "x-1"), ("x=-1", "x--1")):  # slug() maps both labels to x-1
+        run_dir = f"runs/{directory}/fedavg/seed-0"
+        runs.append({"dir": run_dir, "setting": label, "method": "FedAvg", "seed": 0, "overrides": []})
+        _write_run(root / run_dir, _config(rounds=2), _records([0.5, 0.6]))
+    (root / "sweep.json").write_text(json.dumps({"format": 1, "name": "signs", "description": "", "base": "b", "runs": runs}))
+    report = make_report([root], tmp_path / "report", targets=[0.6], plots=False)
+    assert figure_stems(report.settings) == {"x=1": "x-1", "x=-1": "x--1"}  # the sweep's directories
+    # without the sweep's directories (stand-alone settings), colliding slugs are numbered
+    assert figure_stems([Setting("x=1", {}), Setting("x 1", {}), Setting("X=1", {})]) == {"x=1": "x-1", "x 1": "x-1-2", "X=1": "x-1-3"}
+
+
+def test_description_follows_the_scale_actually_run(tmp_path):
+    description = "Two partitions, μ = 0 vs 1: 200 rounds (about 10 minutes on 2 cores)."
+    document = _grid_sweep(tmp_path / "short", ["rounds=3"], description=description)
+    markdown = make_report([tmp_path / "short"], tmp_path / "report", targets=[0.6], plots=False).markdown
+    line = next(line for line in markdown.splitlines() if line.startswith("Sweep **grid**"))
+    assert description in line and line.endswith("As run: 3 rounds; seeds 0, 1.")
+    if document.get("run_note"):  # sweep.py notes what the command line changed
+        assert document["run_note"] in line and "rounds=3" in document["run_note"]
+
+    # a --grid sweep has a description of its axes; an old sweep.json without one gets it from its axes
+    _grid_sweep(tmp_path / "grid", ["rounds=3"])
+    markdown = make_report([tmp_path / "grid"], tmp_path / "report", targets=[0.6], plots=False).markdown
+    line = next(line for line in markdown.splitlines() if line.startswith("Sweep **grid**"))
+    assert "(no description)" not in line and "data.partition ∈ {" in line
+    old = json.loads((tmp_path / "grid" / "sweep.json").read_text())
+    for key in ("spec_description", "run_note", "command_overrides", "rounds"):
+        old.pop(key, None)
+    old["description"] = ""
+    (tmp_path / "grid" / "sweep.json").write_text(json.dumps(old))
+    markdown = make_report([tmp_path / "grid"], tmp_path / "report", targets=[0.6], plots=False).markdown
+    line = next(line for line in markdown.splitlines() if line.startswith("Sweep **grid**"))
+    assert "grid data.partition ∈ {" in line and "algorithm.mu ∈ {" in line and line.endswith("As run: 3 rounds; seeds 0, 1.")
+
+
+# ---------------------------------------------------------------- runs of different lengths
+
+
+def test_runs_differing_only_in_rounds_are_compared_up_to_the_shorter(tmp_path):
+    short = _write_run(tmp_path / "short", _config(rounds=2), _records([0.5, 0.6]))
+    long = _write_run(tmp_path / "long", _config(rounds=3), _records([0.5, 0.6, 0.9]))
+    report = make_report([tmp_path], tmp_path / "report", targets=[0.8])
+    assert list(report.settings[0].methods) == ["FedAvg (rounds=2)", "FedAvg (rounds=3)"]
+    cut = report.settings[0].methods["FedAvg (rounds=3)"][0]
+    assert (cut.rounds_done, cut.truncated_from, report.settings[0].cut_round) == (2, 3, 2)
+    # the long run's round 3 (90%) is outside the comparison: final 60%, and 80% not reached in 2 rounds
+    assert {row.method: row.final_accuracy.mean for row in report.accuracy} == {"FedAvg (rounds=2)": 0.6, "FedAvg (rounds=3)": 0.6}
+    assert _row(report, "FedAvg (rounds=3)", 0.8).lower_bound and _row(report, "FedAvg (rounds=3)", 0.8).rounds == 2
+    assert "compares them up to round 2, the last round of the shortest" in report.markdown
+    assert f"Cut to round 2: `{long}` (FedAvg (rounds=3), seed 0, ran 3 rounds)." in report.markdown
+    assert str(short) not in report.markdown.split("Cut to round 2:")[1].split("\n")[0]
+    assert _markdown_row(report.markdown.split("### Runs")[1], "FedAvg (rounds=3)")[2:4] == ["2/2", "1 cut to round 2"]
+    assert "(complete at round" not in report.markdown  # a cut run is not reported as stopped early
+    runs = {Path(row["path"]).name: row for row in _csv(tmp_path / "report" / "runs.csv")}
+    assert (runs["long"]["rounds_done"], runs["long"]["cut_to_round"], runs["short"]["cut_to_round"]) == ("3", "2", "")
+
+
+def test_seeds_and_methods_of_different_lengths_are_cut_to_the_shortest(tmp_path):
+    _write_run(tmp_path / "s0", _config(seed=0, rounds=5), _records([0.5, 0.6, 0.7, 0.8, 0.9]))
+    _write_run(tmp_path / "s1", _config(seed=1, rounds=3), _records([0.5, 0.6, 0.65]))
+    _write_run(tmp_path / "scaffold", _config("scaffold", rounds=4), _records([0.5, 0.6, 0.7, 0.3]), status="diverged")
+    report = make_report([tmp_path], tmp_path / "report", targets=[0.8], plots=False)
+    fedavg = report.settings[0].methods["FedAvg"]
+    assert [run.seed for run in fedavg] == [0, 1]  # still two seeds of one method
+    assert {row.method: row.final_accuracy.mean for row in report.accuracy} == {"FedAvg": pytest.approx(0.675), "SCAFFOLD": 0.7}
+    scaffold = report.settings[0].methods["SCAFFOLD"][0]
+    assert scaffold.truncated_from == 4 and scaffold.diverged_at is None  # its divergence lies after the compared rounds
+    assert "ran 5 rounds" in report.markdown and "ran 4 rounds" in report.markdown
+
+
+def test_sweep_runs_keep_the_lengths_their_sweep_planned(tmp_path):
+    # a sweep may run each method for its own number of rounds (feddyn-table2-headline does)
+    runs = []
+    for method, rounds in (("FedDyn", 2), ("FedAvg", 4)):
+        run_dir = f"runs/{method.lower()}/seed-0"
+        runs.append({"dir": run_dir, "setting": "", "method": method, "seed": 0, "overrides": []})
+        _write_run(tmp_path / "sweep" / run_dir, _config(method.lower(), rounds=rounds), _records([0.5, 0.6, 0.7, 0.8][:rounds]))
+    (tmp_path / "sweep" / "sweep.json").write_text(json.dumps({"format": 1, "name": "headline", "base": "b", "runs": runs}))
+    report = make_report([tmp_path / "sweep"], tmp_path / "report", targets=[0.8], plots=False)
+    assert sorted(run.rounds_done for run in report.runs) == [2, 4] and report.settings[0].cut_round is None
+    assert "Cut to round" not in report.markdown
+    assert "As run: 2 rounds (FedDyn), 4 rounds (FedAvg)" in report.markdown

@@ -8,6 +8,7 @@ counts, clipping, weight decay and every kind of gradient correction.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import numpy as np
@@ -293,3 +294,84 @@ def test_auto_backend_is_the_vectorized_one():
     assert isinstance(sim.backend, VectorizedBackend)
     assert driftlab.load_config(None).backend == "auto"
     assert np.isfinite(_end_to_end("fedavg", "auto").final_params.numpy()).all()
+
+
+# ------------------------------------------------------------------ with top-k compression
+#
+# Top-k keeps the k largest |entries|: where two entries are within a rounding of each other, a
+# difference of one ulp between the backends picks a different entry, and the models then differ by
+# a whole entry (about the size of the weights), not by a rounding. So with compression on the
+# backends cannot agree to rounding; what holds is pinned here: agreement up to the compressor,
+# and each backend bit-exact on its own.
+
+EFL_TINY = (
+    "rounds=3",
+    "seed=5",
+    "algorithm.name=efl",
+    "compression.ratio=0.05",
+    "data.num_clients=6",
+    "sampling.participation=0.5",
+    "client.steps=3",
+    "client.lr=0.05",
+    "evaluation.every=100",
+)
+
+
+def test_one_ulp_of_difference_can_flip_a_top_k_pick_by_a_whole_entry():
+    from driftlab.compress.ternary import sparse_ternary
+
+    large = torch.tensor(0.30, dtype=torch.float32)
+    smaller = torch.nextafter(large, torch.tensor(0.0))  # one ulp below
+    first = torch.tensor([large, -smaller, 0.01, 0.02])
+    second = torch.tensor([smaller, -large, 0.01, 0.02])  # each entry within one ulp of ``first``'s
+    picked_first, picked_second = sparse_ternary(first, 0.25), sparse_ternary(second, 0.25)
+    assert (picked_first != 0).tolist() == [True, False, False, False]
+    assert (picked_second != 0).tolist() == [False, True, False, False]
+    assert float((picked_first - picked_second).abs().max()) == pytest.approx(0.30, rel=1e-6)
+
+
+def _first_round_uploads(backend: str, precision: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(Δ_k before compression, what was sent) for each client of round 1 of ``EFL_TINY``, by client id."""
+    from driftlab.experiments.runner import build_simulation
+    from driftlab.simulation.engine import run_round
+
+    sim, state = build_simulation(driftlab.load_config(None, [*EFL_TINY, f"backend={backend}", f"precision={precision}"]))
+    finish, uploads = sim.algorithm.client_finish, {}
+
+    def recording_finish(server, client, context, update):
+        new_client, message = finish(server, client, context, update)
+        uploads[context.client_id] = (update.final_params - update.start_params, message.payload.params - update.start_params)
+        return new_client, message
+
+    sim.algorithm = dataclasses.replace(sim.algorithm, client_finish=recording_finish)
+    run_round(sim, state)
+    return [uploads[client_id] for client_id in sorted(uploads)]
+
+
+@pytest.mark.parametrize("precision", ["float32", "float64"])
+def test_with_compression_the_first_rounds_updates_agree_to_rounding_before_the_compressor(precision):
+    tolerance = TOLERANCE[torch.float64 if precision == "float64" else torch.float32]
+    sequential = _first_round_uploads("sequential", precision)
+    vectorized = _first_round_uploads("vectorized", precision)
+    assert len(sequential) == len(vectorized) == 3
+    for (delta_s, sent_s), (delta_v, sent_v) in zip(sequential, vectorized):
+        assert float(delta_s.abs().max()) > 1e-3  # the clients really trained
+        torch.testing.assert_close(delta_v, delta_s, **tolerance)
+        assert int((sent_s != 0).sum()) < delta_s.numel() // 10  # and what they sent really was top-k compressed
+
+
+def test_with_compression_off_efl_ends_with_the_same_model_on_both_backends():
+    uncompressed = [*EFL_TINY, "compression.ratio=1", "precision=float64"]
+    sequential = driftlab.run(None, overrides=[*uncompressed, "backend=sequential"])
+    vectorized = driftlab.run(None, overrides=[*uncompressed, "backend=vectorized"])
+    torch.testing.assert_close(vectorized.final_params, sequential.final_params, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("backend", ["sequential", "vectorized"])
+def test_with_compression_each_backend_is_bit_exact_from_run_to_run(backend):
+    first = driftlab.run(None, overrides=[*EFL_TINY, f"backend={backend}"])
+    second = driftlab.run(None, overrides=[*EFL_TINY, f"backend={backend}"])
+    assert first.final_params.dtype == torch.float32
+    assert torch.equal(first.final_params, second.final_params)
+    strip = lambda records: [{k: v for k, v in r.items() if k != "round_seconds"} for r in records]  # noqa: E731
+    assert strip(first.records) == strip(second.records)
