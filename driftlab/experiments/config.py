@@ -13,13 +13,34 @@ A config is a TOML file (or a shipped preset) with a few sections::
 
 and any key can be overridden as ``section.key=value`` (``client.lr=0.05``,
 ``algorithm.name=fedavg``).  An unknown key, a wrong type or an out-of-range
-value raises ``ConfigError`` naming the key and what is allowed.
+value raises ``ConfigError`` naming the key and what is allowed; every problem
+of a config is reported in one message (the first 20, then how many more).
 ``describe_keys()`` lists every key with its meaning and default
 (``driftlab config``).
+
+A config file may build on a preset or on another file::
+
+    base = "synthetic-fedavg"      # a preset, or a file relative to this file's folder
+    rounds = 50
+    [client]
+    lr = 0.05
+    epochs = "none"                # the string "none" removes a key the base sets
+
+Its tables are merged over the base's, key by key (a schedule table, or an
+``[algorithm]`` naming another algorithm, replaces the base's whole value);
+bases may themselves have a base, and a cycle is an error.
+
+Config files are read defensively: at most ``MAX_CONFIG_BYTES``, UTF-8, nested
+at most ``MAX_NESTING`` levels, no TOML dates or times.  Integers refuse
+``true``/``false``, numbers must be finite, rates are at most ``MAX_RATE``.
+Sizes that depend on the data and the machine (the batch plan, the number of
+clients, the model) are checked before any allocation by
+``driftlab.experiments.compatibility``.
 """
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import json
 import math
@@ -28,7 +49,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from driftlab.algorithms import ALGORITHM_CONFIGS
 from driftlab.experiments.datasets import DATA_SETS
@@ -36,6 +57,17 @@ from driftlab.models import MODEL_NAMES
 from driftlab.optim.schedules import ExponentialSchedule, InverseTimeSchedule
 
 PRESET_PACKAGE = "driftlab.experiments.presets"
+
+MAX_CONFIG_BYTES = 1_000_000  # the largest shipped preset is 2 kB; a megabyte is never a hand-written config
+MAX_NESTING = 32  # a config nests 5 levels at most (availability.events[i].join_range[j]); 32 leaves room, not recursion
+MAX_BASE_CHAIN = 16  # files built on files built on files ...
+MAX_LISTED_PROBLEMS = 20  # an error message lists this many problems, then says how many more
+# Learning rates above 1e6 are typos (1e6 for 1e-6, 1e308): the largest rate any method here uses is
+# O(10) (server lr of FedAvgM/FedAdam sweeps), and a step of 1e6 times an O(1) gradient already leaves
+# any sensible parameter range, while rates up to 1e6 stay representable after any float32 arithmetic.
+MAX_RATE = 1e6
+MAX_BATCH_SIZE = 1_000_000  # more than any client of any data set holds (MNIST on one client: 60,000)
+MAX_WIDTH = 65_536  # hidden widths, embeddings, channels: the model's memory is checked separately
 
 
 class ConfigError(ValueError):
@@ -61,24 +93,41 @@ def _number_or_schedule(value: Any, integer: bool) -> Any:
             raise ValueError(f"expected {kind}, got {value!r}")
         if value <= 0:
             raise ValueError(f"must be > 0, got {value!r}")
+        if not integer and value > MAX_RATE:
+            raise ValueError(f"must be at most {MAX_RATE:g} (a larger rate is a typo such as 1e6 for 1e-6), got {value!r}")
         return int(value) if integer else float(value)
     if isinstance(value, (ExponentialSchedule, InverseTimeSchedule)):
-        return value
+        return _bounded_schedule(value, integer)
     if isinstance(value, dict):
         kinds = {"exponential": ExponentialSchedule, "inverse_time": InverseTimeSchedule}
         schedule_kind = value.get("kind")
         if schedule_kind not in kinds:
-            raise ValueError(f"a schedule needs kind = one of {sorted(kinds)}, got {schedule_kind!r}")
+            raise ValueError(f"a schedule needs kind = one of {sorted(kinds)}, got {_short(schedule_kind)}")
+        if any(isinstance(v, bool) for v in value.values()):
+            raise ValueError(f"schedule parameters are numbers, not true/false: {_short(value)}")
         try:
-            return kinds[schedule_kind](**value)
+            return _bounded_schedule(kinds[schedule_kind](**value), integer)
         except ValidationError as error:
             details = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
             raise ValueError(f"invalid {schedule_kind} schedule: {details}") from None
     raise ValueError(
         f"expected {kind} or a schedule table such as "
         '{kind="exponential", initial=0.1, decay=0.99} or {kind="inverse_time", a=1.0, b=10}'
-        f", got {value!r}"
+        f", got {_short(value)}"
     )
+
+
+def _bounded_schedule(schedule: ExponentialSchedule | InverseTimeSchedule, integer: bool) -> ExponentialSchedule | InverseTimeSchedule:
+    # both kinds decrease with the round, so round 1 holds the largest value
+    if not integer and schedule(1) > MAX_RATE:
+        raise ValueError(f"the schedule's round-1 rate {schedule(1):g} is above {MAX_RATE:g} (a typo such as 1e6 for 1e-6?)")
+    return schedule
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters, so a huge value cannot flood a message."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[: limit - 15]}... ({len(text)} characters)"
 
 
 Rate = Annotated[Any, BeforeValidator(_rate)]
@@ -86,7 +135,7 @@ Count = Annotated[Any, BeforeValidator(_count)]
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 DataSetName = Literal[tuple(DATA_SETS)]  # type: ignore[valid-type]
@@ -95,7 +144,7 @@ PARTITIONS = ("natural", "iid", "dirichlet", "dirichlet_classwise", "classes_per
 
 class DataConfig(_Section):
     name: DataSetName = Field("synthetic", description="data set; `driftlab data list` describes each")
-    root: str | None = Field(None, description="where the data set's official files are; default: its folder under ../shared/data or $DRIFTLAB_DATA")
+    root: str | None = Field(None, min_length=1, description="where the data set's official files are; default: its folder under $DRIFTLAB_DATA, else the first of ./shared/data, ../shared/data and the source checkout's ../shared/data that holds it")
     num_clients: int = Field(30, ge=1, description="number of clients (devices) of generated data and of partitioned pooled data")
     partition: Literal[PARTITIONS] | None = Field(  # type: ignore[valid-type]
         None,
@@ -136,13 +185,13 @@ class ModelConfig(_Section):
         description="mlr (multinomial logistic regression), mlp, cnn (FedDyn CIFAR CNN), femnist_cnn, lstm, gru, resnet18_gn, "
         "vgg11, quadratic (the parameter x of the quadratic clients)",
     )
-    hidden: tuple[int, ...] = Field((200, 200), description="hidden widths of the mlp (784-200-200-10 by default; (100, 100) for EMNIST-L)")
-    rnn_hidden: int | None = Field(None, ge=1, description="lstm/gru hidden units; none = 100 for lstm (FedDyn), 256 for gru")
-    rnn_layers: int = Field(2, ge=1, description="lstm/gru layers")
-    embedding_dim: int = Field(8, ge=1, description="lstm/gru character embedding size")
-    groups: int = Field(2, ge=1, description="resnet18_gn: GroupNorm groups")
+    hidden: tuple[Annotated[int, Field(ge=1, le=MAX_WIDTH)], ...] = Field((200, 200), max_length=64, description="hidden widths of the mlp (784-200-200-10 by default; (100, 100) for EMNIST-L)")
+    rnn_hidden: int | None = Field(None, ge=1, le=MAX_WIDTH, description="lstm/gru hidden units; none = 100 for lstm (FedDyn), 256 for gru")
+    rnn_layers: int = Field(2, ge=1, le=64, description="lstm/gru layers")
+    embedding_dim: int = Field(8, ge=1, le=MAX_WIDTH, description="lstm/gru character embedding size")
+    groups: int = Field(2, ge=1, le=MAX_WIDTH, description="resnet18_gn: GroupNorm groups")
     resnet_stem: Literal["cifar", "imagenet"] = Field("cifar", description="resnet18_gn stem: cifar (3x3, no max-pool) or imagenet (FedDyn's code)")
-    width: int = Field(64, ge=1, description="resnet18_gn/vgg11 base width")
+    width: int = Field(64, ge=1, le=MAX_WIDTH, description="resnet18_gn/vgg11 base width")
 
     def keyword_arguments(self) -> dict[str, Any]:
         """Keyword arguments of ``driftlab.models.build_model`` besides name, shape and classes."""
@@ -159,7 +208,7 @@ class ModelConfig(_Section):
 
 class ClientConfig(_Section):
     lr: Rate = Field(0.01, description="client learning rate η_l: a number or a schedule table")
-    batch_size: int = Field(10, ge=1, description="minibatch size B")
+    batch_size: int = Field(10, ge=1, le=MAX_BATCH_SIZE, description="minibatch size B")
     epochs: int | None = Field(None, ge=1, description="local epochs E, steps = E·⌈n_k/B⌉ per client (default 1 when client.steps is not set)")
     steps: Count | None = Field(None, description="fixed local steps K for every client (a number or a schedule); use instead of epochs")
     weight_decay: float = Field(0.0, ge=0, description="L2 weight decay added to the local gradient")
@@ -224,6 +273,21 @@ class MembershipEventConfig(_Section):
     join_range: tuple[int, int] | None = Field(None, description="[first, stop) ids that register")
     leave_range: tuple[int, int] | None = Field(None, description="[first, stop) ids that deregister")
 
+    @field_validator("join", "leave")
+    @classmethod
+    def _ids_are_not_negative(cls, ids: tuple[int, ...]) -> tuple[int, ...]:
+        if any(client_id < 0 for client_id in ids):
+            raise ValueError(f"client ids are 0 or more, got {_short(list(ids))}")
+        return ids
+
+    @field_validator("join_range", "leave_range")
+    @classmethod
+    def _range_is_increasing(cls, bounds: tuple[int, int] | None) -> tuple[int, int] | None:
+        if bounds is not None and not 0 <= bounds[0] < bounds[1]:
+            hint = f"; for ids {bounds[1]}..{bounds[0] - 1} write [{bounds[1]}, {bounds[0]}]" if 0 <= bounds[1] < bounds[0] else ""
+            raise ValueError(f"a range [first, stop) needs 0 <= first < stop (it holds ids first..stop-1), got {list(bounds)}{hint}")
+        return bounds
+
     def joined(self) -> tuple[int, ...]:
         return self.join + (tuple(range(*self.join_range)) if self.join_range else ())
 
@@ -267,6 +331,19 @@ class EvaluationConfig(_Section):
     )
     dissimilarity_every: int = Field(0, ge=0, description="every N rounds record B(θ)² and the gradient variance at the server model; 0 = off")
     target_accuracy: float | None = Field(None, gt=0, le=1, description="test accuracy whose first crossing the summary reports")
+    divergence_factor: float = Field(
+        1000.0,
+        ge=0,
+        description="the run stops as diverged when an evaluated train or test loss exceeds this multiple of the initial model's "
+        "(skipped where that loss is not positive); a non-finite loss or norm always is divergence; 0 = off",
+    )
+
+    @field_validator("divergence_factor")
+    @classmethod
+    def _factor_is_a_growth(cls, factor: float) -> float:
+        if 0 < factor <= 1:
+            raise ValueError(f"must be greater than 1 (a multiple of the initial loss), or 0 to turn the test off; got {factor!r}")
+        return factor
 
 
 AlgorithmConfig = Annotated[Union[tuple(ALGORITHM_CONFIGS.values())], Field(discriminator="name")]
@@ -327,41 +404,150 @@ def preset_names() -> list[str]:
 
 
 def read_config_source(source: str | Path) -> dict[str, Any]:
-    """The raw table of a TOML file, or of a shipped preset when ``source`` names one."""
+    """The raw table of a TOML (or JSON) file, or of a shipped preset when ``source`` names one,
+    with its ``base`` (a preset or another file) merged under it."""
+    return _read_with_base(source, chain=())
+
+
+def _read_with_base(source: str | Path, chain: tuple[str, ...]) -> dict[str, Any]:
+    table, origin, identity, folder = _read_one(source)
+    if identity in chain:
+        cycle = " -> ".join([*chain[chain.index(identity):], identity])
+        raise ConfigError(f"{origin}: its `base` chain comes back to itself ({cycle}); remove one of these `base` keys")
+    base = table.pop("base", None)
+    if base is None:
+        return table
+    if not isinstance(base, str) or not base.strip():
+        raise ConfigError(f"{origin}: `base` must name a preset (such as \"synthetic-fedavg\") or a config file, got {_short(base)}")
+    if len(chain) >= MAX_BASE_CHAIN:
+        raise ConfigError(f"{origin}: more than {MAX_BASE_CHAIN} files built on one another through `base`; flatten some of them")
+    if folder is not None and not Path(base).is_absolute() and (folder / base).is_file():
+        base = str(folder / base)  # relative to the file that names it, as in sweep files
+    try:
+        under = _read_with_base(base, (*chain, identity))
+    except ConfigError as error:
+        raise ConfigError(f"{origin}: base {base!r}: {error}") from None
+    return merge_tables(under, table)
+
+
+def _read_one(source: str | Path) -> tuple[dict[str, Any], str, str, Path | None]:
+    """(table, origin for messages, identity for cycle detection, folder that relative bases start from)."""
     path = Path(source)
     if path.is_file():
-        text, origin = path.read_text(), str(path)
+        origin = str(path)
+        text = _read_text(path)
+        identity, folder = str(path.resolve()), path.parent
     elif str(source) in preset_names():
-        text, origin = resources.files(PRESET_PACKAGE).joinpath(f"{source}.toml").read_text(), f"preset {source}"
+        origin = f"preset {source}"
+        text = resources.files(PRESET_PACKAGE).joinpath(f"{source}.toml").read_text()
+        identity, folder = origin, None
     else:
-        raise ConfigError(f"{source!r} is neither a config file nor a preset; presets: {', '.join(preset_names())}")
+        raise ConfigError(f"{str(source)[:200]!r} is neither a config file nor a preset; presets: {', '.join(preset_names())}")
     if path.is_file() and path.suffix.lower() == ".json":
         # the resolved config a run writes (config.json), so `driftlab run DIR/config.json --out DIR --resume` works
         try:
             table = json.loads(text)
         except json.JSONDecodeError as error:
             raise ConfigError(f"{origin} is not valid JSON: {error}") from None
+        except RecursionError:
+            raise ConfigError(f"{origin} is nested too deeply to be a config (a config nests at most {MAX_NESTING} levels)") from None
         if not isinstance(table, dict):
             raise ConfigError(f"{origin} must hold a JSON object (a table of sections), got {type(table).__name__}")
-        return table
+    else:
+        try:
+            table = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as error:
+            raise ConfigError(f"{origin} is not valid TOML: {error}") from None
+        except RecursionError:
+            raise ConfigError(f"{origin} is nested too deeply to be a config (a config nests at most {MAX_NESTING} levels)") from None
+    check_plain_values(table, origin)
+    return table, origin, identity, folder
+
+
+def _read_text(path: Path) -> str:
+    """The file's text, refused before parsing when it is larger than a config can be or not UTF-8."""
     try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as error:
-        raise ConfigError(f"{origin} is not valid TOML: {error}") from None
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_CONFIG_BYTES + 1)
+    except OSError as error:
+        raise ConfigError(f"cannot read config file {path}: {error.strerror or error}") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(
+            f"{path} is larger than {MAX_CONFIG_BYTES:,} bytes, far more than a config needs "
+            "(the shipped presets are about 1 kB); is it the right file?"
+        )
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ConfigError(
+            f"{path} is not UTF-8 text (byte {error.start} is {data[error.start:error.start + 1]!r}); save it as UTF-8"
+        ) from None
+
+
+def check_plain_values(table: Any, origin: str) -> None:
+    """Refuse nesting deeper than ``MAX_NESTING`` and TOML dates/times, naming the key.
+
+    Iterative, so a hostile depth cannot exhaust Python's recursion limit; it runs before
+    anything recursive (deep copies, merges, pydantic) sees the table.
+    """
+    pending: list[tuple[Any, str, int]] = [(table, "", 0)]
+    while pending:
+        value, key, depth = pending.pop()
+        if depth > MAX_NESTING:
+            raise ConfigError(
+                f"{origin}: {key[:200] or 'the table'} is nested more than {MAX_NESTING} levels deep; "
+                "a config is sections of keys, with at most a schedule table or a list of events inside"
+            )
+        if isinstance(value, dict):
+            pending.extend((child, f"{key}.{name}" if key else str(name), depth + 1) for name, child in value.items())
+        elif isinstance(value, (list, tuple)):
+            pending.extend((child, f"{key}[{index}]", depth + 1) for index, child in enumerate(value))
+        elif isinstance(value, (datetime.date, datetime.time)):  # datetime.datetime is a date
+            raise ConfigError(
+                f"{origin}: {key or 'value'} = {value.isoformat()}: TOML dates and times are not allowed in a config; "
+                "write a number or a quoted string"
+            )
+
+
+def merge_tables(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    """``top`` over ``base``, key by key; the string ``"none"`` in ``top`` removes the key.
+
+    A schedule table (it has ``kind``) and an ``[algorithm]`` naming another algorithm replace the
+    base's value whole: mixing two schedules' or two algorithms' keys would only give unknown keys.
+    """
+    merged = dict(base)
+    for key, value in top.items():
+        below = merged.get(key)
+        if isinstance(value, str) and value.strip().lower() == "none":
+            merged.pop(key, None)
+        elif isinstance(value, dict) and isinstance(below, dict) and not _replaces_whole(key, below, value):
+            merged[key] = merge_tables(below, value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _replaces_whole(key: str, below: dict[str, Any], value: dict[str, Any]) -> bool:
+    if "kind" in value or "kind" in below:
+        return True
+    return key == "algorithm" and value.get("name") not in (None, below.get("name", next(iter(ALGORITHM_CONFIGS))))
 
 
 def parse_override(assignment: str) -> tuple[list[str], Any]:
     """``"client.lr=0.05"`` -> ``(["client", "lr"], 0.05)``; values are TOML values, bare words are strings."""
     key, sep, raw = assignment.partition("=")
     if not sep or not key.strip():
-        raise ConfigError(f"override {assignment!r} is not of the form section.key=value (for example client.lr=0.05)")
+        raise ConfigError(f"override {_short(assignment)} is not of the form section.key=value (for example client.lr=0.05)")
     raw = raw.strip()
     try:
         value = tomllib.loads(f"value = {raw}")["value"]
     except tomllib.TOMLDecodeError:
         value = raw
+    except RecursionError:
+        raise ConfigError(f"override {key.strip()[:100]}=...: the value is nested too deeply (at most {MAX_NESTING} levels)") from None
     if raw.lower() in ("none", "null"):
         value = None
+    check_plain_values(value, f"override {key.strip()[:100]}")
     return key.strip().split("."), value
 
 
@@ -373,7 +559,7 @@ def apply_overrides(table: dict[str, Any], overrides: list[str]) -> dict[str, An
         for part in path[:-1]:
             child = node.setdefault(part, {})
             if not isinstance(child, dict):
-                raise ConfigError(f"override {assignment!r}: {part!r} is a value, not a section")
+                raise ConfigError(f"override {_short(assignment)}: {part!r} is a value, not a section")
             node = child
         if path[0] == "algorithm" and path[-1] == "name" and len(path) == 2 and node.get("name") not in (None, value):
             # switching algorithm: the old algorithm's keys do not apply to the new one
@@ -387,6 +573,7 @@ def load_config(source: str | Path | dict[str, Any] | None = None, overrides: li
     if source is None:
         table: dict[str, Any] = {}
     elif isinstance(source, dict):
+        check_plain_values(source, "config")
         table = source
     else:
         table = read_config_source(source)
@@ -395,19 +582,74 @@ def load_config(source: str | Path | dict[str, Any] | None = None, overrides: li
 
 
 def validate_config(table: dict[str, Any]) -> ExperimentConfig:
+    """The validated config, or one ``ConfigError`` listing every problem found (the first ``MAX_LISTED_PROBLEMS``)."""
     algorithm = table.get("algorithm")
     if isinstance(algorithm, dict) and "name" not in algorithm:
         # an [algorithm] section without `name` configures the default algorithm
         table = {**table, "algorithm": {"name": next(iter(ALGORITHM_CONFIGS)), **algorithm}}
+    problems = _non_finite_numbers(table)
+    config = None
     try:
-        return ExperimentConfig.model_validate(table)
+        config = ExperimentConfig.model_validate(table)
     except ValidationError as error:
-        raise ConfigError(format_validation_error(error, table)) from None
+        flagged = {key for key, _ in problems}
+        # a non-finite schedule parameter also fails its schedule: report it once, at the parameter
+        problems += [(key, message) for key, message in validation_problems(error, table) if not any(f == key or f.startswith(f"{key}.") for f in flagged)]
+    if config is not None and not problems:
+        problems = _booleans_taken_as_numbers(table, config)
+    if problems:
+        raise ConfigError(format_problems(problems))
+    return config
+
+
+def _non_finite_numbers(table: dict[str, Any]) -> list[tuple[str, str]]:
+    # pydantic lets inf through `ge`/`gt` bounds and algorithm configs are not _Sections
+    problems = []
+    pending: list[tuple[Any, str]] = [(table, "")]
+    while pending:
+        value, key = pending.pop()
+        if isinstance(value, dict):
+            pending.extend((child, f"{key}.{name}" if key else str(name)) for name, child in value.items())
+        elif isinstance(value, (list, tuple)):
+            pending.extend((child, key) for child in value)
+        elif isinstance(value, float) and not math.isfinite(value):
+            problems.append((key, f"must be a finite number, got {value!r}"))
+    return sorted(problems)
+
+
+def _booleans_taken_as_numbers(table: dict[str, Any], config: BaseModel) -> list[tuple[str, str]]:
+    """Keys given true/false that validation turned into a number (pydantic reads true as 1)."""
+    problems = []
+    pending: list[tuple[Any, Any, str]] = [(table, config, "")]
+    while pending:
+        given, validated, key = pending.pop()
+        if isinstance(given, bool):
+            if not isinstance(validated, bool):
+                problems.append((key, f"expected a number, got {str(given).lower()}"))
+        elif isinstance(given, dict) and isinstance(validated, BaseModel):
+            for name, child in given.items():
+                pending.append((child, getattr(validated, name, None), f"{key}.{name}" if key else str(name)))
+        elif isinstance(given, (list, tuple)) and isinstance(validated, (list, tuple)) and len(given) == len(validated):
+            pending.extend((child, out, key) for child, out in zip(given, validated))
+    return sorted(problems)
 
 
 def format_validation_error(error: ValidationError, table: dict[str, Any]) -> str:
-    lines = []
-    for item in error.errors():
+    return format_problems(validation_problems(error, table))
+
+
+def format_problems(problems: list[tuple[str, str]]) -> str:
+    """``invalid configuration:`` and one line per problem, at most ``MAX_LISTED_PROBLEMS`` of them."""
+    lines = [f"  {key[:200]}: {message}" for key, message in problems[:MAX_LISTED_PROBLEMS]]
+    if len(problems) > MAX_LISTED_PROBLEMS:
+        lines.append(f"  ... and {len(problems) - MAX_LISTED_PROBLEMS} more")
+    return "invalid configuration:\n" + "\n".join(lines) + "\nrun `driftlab config` to list every key with its meaning and default"
+
+
+def validation_problems(error: ValidationError, table: dict[str, Any]) -> list[tuple[str, str]]:
+    """(key, message) for each of pydantic's errors, in words a user can act on."""
+    problems = []
+    for item in error.errors(include_url=False):
         loc = [str(part) for part in item["loc"] if not isinstance(part, int)]
         # drop the discriminator tag pydantic inserts for tagged unions (algorithm.<name>.key)
         if len(loc) >= 2 and loc[0] == "algorithm" and loc[1] in ALGORITHM_CONFIGS:
@@ -419,13 +661,13 @@ def format_validation_error(error: ValidationError, table: dict[str, Any]) -> st
             message = f"unknown key; valid keys here: {valid}"
         elif item["type"] == "union_tag_invalid":
             tag = (item.get("ctx") or {}).get("tag", item["input"])
-            message = f"unknown algorithm {tag!r}; valid algorithms: {', '.join(ALGORITHM_CONFIGS)}"
+            message = f"unknown algorithm {_short(tag)}; valid algorithms: {', '.join(ALGORITHM_CONFIGS)}"
         elif item["type"] == "union_tag_not_found":
             message = f"missing `name`; valid algorithms: {', '.join(ALGORITHM_CONFIGS)}"
         elif "input" in item and item["type"] not in ("missing",) and "got " not in message:
-            message = f"{message} (got {item['input']!r})"
-        lines.append(f"  {key}: {message}")
-    return "invalid configuration:\n" + "\n".join(lines) + "\nrun `driftlab config` to list every key with its meaning and default"
+            message = f"{message} (got {_short(item['input'])})"
+        problems.append((key, message))
+    return problems
 
 
 def _section_model(path: list[str], table: dict[str, Any]) -> type[BaseModel] | None:

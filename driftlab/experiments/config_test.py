@@ -285,3 +285,218 @@ def test_fingerprint_ignores_length_and_placement_only():
     assert base.fingerprint() == load_config(None, ["rounds=5", "checkpoint_every=3", "device=auto"]).fingerprint()
     for change in ("client.lr=0.02", "seed=1", "server.optimizer=adam", "sampling.participation=0.2", "precision=float64"):
         assert base.fingerprint() != load_config(None, [change]).fingerprint(), change
+
+
+# ------------------------------------------------------------------ reading config files defensively
+
+
+def test_non_utf8_config_file_names_the_file(tmp_path):
+    path = tmp_path / "latin1.toml"
+    path.write_bytes("rounds = 3\n# café\n".encode("latin-1"))
+    message = _error(source=path)
+    assert str(path) in message and "not UTF-8" in message and "save it as UTF-8" in message
+
+
+def test_toml_dates_and_times_are_refused_naming_the_key(tmp_path):
+    path = tmp_path / "dates.toml"
+    path.write_text("rounds = 3\n[data]\nroot = 1979-05-27T07:32:00Z\n")
+    message = _error(source=path)
+    assert "data.root" in message and "dates and times are not allowed" in message and "quoted string" in message
+    path.write_text("[client]\nlr = 07:32:00\n")
+    assert "client.lr" in _error(source=path)
+    message = _error("seed=1979-05-27")
+    assert "override seed" in message and "dates and times are not allowed" in message
+
+
+def test_oversized_config_file_is_refused_before_parsing(tmp_path):
+    from driftlab.experiments.config import MAX_CONFIG_BYTES
+
+    path = tmp_path / "huge.toml"
+    line = b"unknown_key_%07d = 1\n"
+    path.write_bytes(b"".join(line % i for i in range(MAX_CONFIG_BYTES // 20 + 10)))
+    assert path.stat().st_size > MAX_CONFIG_BYTES
+    message = _error(source=path)
+    assert str(path) in message and f"larger than {MAX_CONFIG_BYTES:,} bytes" in message
+    assert len(message) < 500
+
+
+def test_deep_nesting_is_a_config_error_not_a_recursion_error(tmp_path):
+    path = tmp_path / "deep.toml"
+    path.write_text("rounds = " + "[" * 1000 + "1" + "]" * 1000 + "\n")
+    assert "nested too deeply" in _error(source=path)
+    path.write_text("[" + ".".join(["a"] * 40) + "]\nx = 1\n")  # tomllib builds this without recursing
+    message = _error(source=path)
+    assert "nested more than 32 levels" in message and "a.a.a" in message
+    json_path = tmp_path / "deep.json"
+    json_path.write_text('{"a": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    assert "nested too deeply" in _error(source=json_path)
+    assert "nested" in _error("client.lr=" + "[" * 1000 + "]" * 1000)
+    deep: dict = {}
+    node = deep
+    for _ in range(2000):
+        node["a"] = {}
+        node = node["a"]
+    assert "nested more than" in _error(source=deep)
+
+
+def test_error_text_is_bounded():
+    table = {f"key_{i}": 1 for i in range(500)}
+    message = _error(source=table)
+    assert message.count("unknown key") == 20 and "... and 480 more" in message
+    assert len(message) < 20 * 400
+    long_value = "x" * 100_000
+    message = _error(f"data.name={long_value}")
+    assert "data.name" in message and "100002 characters" in message and len(message) < 2000
+
+
+# ------------------------------------------------------------------ values that used to be accepted
+
+
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("rounds=true", "rounds"),
+        ("seed=false", "seed"),
+        ("client.batch_size=true", "client.batch_size"),
+        ("client.weight_decay=true", "client.weight_decay"),
+        ("model.hidden=[true, 3]", "model.hidden"),
+        ("algorithm.name=efl", None),
+    ],
+)
+def test_booleans_are_not_numbers(override, key):
+    if key is None:  # an algorithm's own config (not a config.py section) is covered too
+        message = _error(override, "algorithm.fisher_examples=true")
+        key = "algorithm.fisher_examples"
+    else:
+        message = _error(override)
+    assert f"{key}: expected a number, got " in message
+    assert load_config(None, ["server.bias_correction=false", "data.augment=true"]).server.bias_correction is False
+
+
+def test_model_widths_must_be_positive():
+    message = _error("model.hidden=[0]")
+    assert "model.hidden" in message and "greater than or equal to 1" in message
+    assert "model.hidden" in _error("model.hidden=[200, -5]")
+    assert "model.hidden" in _error(f"model.hidden=[{10**9}]")
+    assert load_config(None, ["model.hidden=[]"]).model.hidden == ()  # an mlp without hidden layers is mlr
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "client.lr=1e308",
+        "server.lr=2e6",
+        'client.lr={kind="exponential", initial=1e7, decay=0.9}',
+        'client.lr={kind="inverse_time", a=1e12, b=1}',
+    ],
+)
+def test_learning_rates_above_the_bound_are_refused(override):
+    key = override.split("=")[0]
+    message = _error(override)
+    assert key in message and "1e+06" in message and "typo" in message
+
+
+def test_learning_rate_bound_itself_is_allowed():
+    assert load_config(None, ["client.lr=1e6"]).client.lr == 1e6
+    assert load_config(None, ['client.steps={kind="inverse_time", a=1e7, b=0}']).client.steps.a == 1e7  # a count, not a rate
+
+
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ('client.lr={kind="exponential", initial=inf, decay=0.9}', "client.lr.initial"),
+        ('client.lr={kind="inverse_time", a=1.0, b=inf}', "client.lr.b"),
+        ('client.steps={kind="inverse_time", a=nan, b=1}', "client.steps.a"),
+        ("client.weight_decay=inf", "client.weight_decay"),
+        ("data.synthetic_alpha=inf", "data.synthetic_alpha"),
+        ("algorithm.name=fedprox", "algorithm.mu"),
+    ],
+)
+def test_non_finite_numbers_are_refused_anywhere(override, key):
+    extra = ["algorithm.mu=inf"] if key == "algorithm.mu" else []
+    message = _error(override, *extra)
+    assert f"{key}: must be a finite number" in message
+    assert message.count("\n  ") == 1  # reported once, not again by the schedule that holds it
+
+
+def test_schedules_refuse_non_finite_parameters():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="finite"):
+        ExponentialSchedule(initial=float("inf"), decay=0.9)
+    with pytest.raises(ValidationError, match="finite"):
+        InverseTimeSchedule(a=1.0, b=float("inf"))
+
+
+def test_membership_ranges_must_be_increasing():
+    message = _error("availability.events=[{round=2, join_range=[5, 2]}]")
+    assert "availability.events.join_range" in message and "got [5, 2]" in message and "write [2, 5]" in message
+    assert "leave_range" in _error("availability.events=[{round=2, leave_range=[3, 3]}]")
+    assert "join_range" in _error("availability.events=[{round=2, join_range=[-1, 3]}]")
+    assert "0 or more" in _error("availability.events=[{round=2, leave=[-1]}]")
+    config = load_config(None, ["availability.events=[{round=2, join_range=[2, 5]}]"])
+    assert config.availability.events[0].joined() == (2, 3, 4)
+
+
+def test_batch_size_and_data_root_bounds():
+    message = _error("client.batch_size=1000000000")
+    assert "client.batch_size" in message and "1000000" in message
+    assert load_config(None, ["client.batch_size=1000000"]).client.batch_size == 1_000_000
+    assert "data.root" in _error('data.root=""')
+    assert "data.root" in _error("data.root=")
+
+
+# ------------------------------------------------------------------ base = "preset-or-file"
+
+
+def test_config_file_builds_on_a_preset(tmp_path):
+    path = tmp_path / "mine.toml"
+    path.write_text('base = "synthetic-fedprox"\nrounds = 7\n[client]\nlr = 0.05\n[algorithm]\nmu = 0.5\n')
+    preset = load_config("synthetic-fedprox")
+    config = load_config(path)
+    assert (config.rounds, config.client.lr, config.algorithm.mu) == (7, 0.05, 0.5)
+    assert config.client.batch_size == preset.client.batch_size and config.data == preset.data
+    assert config.algorithm.name == preset.algorithm.name
+    assert load_config(path, ["rounds=9"]).rounds == 9  # overrides still come last
+
+
+def test_base_file_is_relative_to_the_file_and_chains(tmp_path):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "common.toml").write_text('base = "synthetic-fedavg"\nseed = 4\n[client]\nlr = {kind = "exponential", initial = 0.2, decay = 0.9}\n')
+    (tmp_path / "sub" / "run.toml").write_text('base = "../common.toml"\nrounds = 3\n[client]\nlr = {kind = "inverse_time", a = 1.0, b = 10}\nepochs = "none"\nsteps = 5\n')
+    config = load_config(tmp_path / "sub" / "run.toml")
+    assert (config.seed, config.rounds, config.client.steps, config.client.epochs) == (4, 3, 5, None)
+    assert config.client.lr == InverseTimeSchedule(a=1.0, b=10)  # a schedule table replaces the base's whole
+
+
+def test_base_switching_algorithm_drops_the_old_algorithms_keys(tmp_path):
+    path = tmp_path / "switch.toml"
+    path.write_text('base = "synthetic-fedprox"\n[algorithm]\nname = "scaffold"\n')
+    assert load_config(path).algorithm.name == "scaffold"
+
+
+def test_base_cycles_and_bad_bases_are_clear_errors(tmp_path):
+    a, b = tmp_path / "a.toml", tmp_path / "b.toml"
+    a.write_text('base = "b.toml"\nrounds = 2\n')
+    b.write_text('base = "a.toml"\nseed = 1\n')
+    message = _error(source=a)
+    assert "comes back to itself" in message and "a.toml -> " in message and "b.toml" in message
+    a.write_text('base = "a.toml"\n')
+    assert "comes back to itself" in _error(source=a)
+    a.write_text("base = 3\n")
+    assert "`base` must name a preset" in _error(source=a)
+    a.write_text('base = "no-such-preset"\n')
+    message = _error(source=a)
+    assert str(a) in message and "no-such-preset" in message and "neither a config file nor a preset" in message
+    a.write_text('base = "b.toml"\n')
+    b.write_text("[client]\nlrr = 1\n")
+    assert "client.lrr" in _error(source=a)  # the merged table is validated as one
+
+
+def test_config_file_with_a_base_is_not_taken_for_a_sweep(tmp_path):
+    from driftlab.experiments.sweep import is_sweep_source
+
+    config_file, sweep_file = tmp_path / "config.toml", tmp_path / "sweep.toml"
+    config_file.write_text('base = "synthetic-fedavg"\nrounds = 3\n')
+    sweep_file.write_text('base = "synthetic-fedavg"\nseeds = [0, 1]\noverrides = ["rounds=3"]\n')
+    assert not is_sweep_source(config_file) and is_sweep_source(sweep_file)

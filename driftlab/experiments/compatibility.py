@@ -1,0 +1,312 @@
+"""Pre-flight checks of a validated config: sizes against the machine, and the model against the data.
+
+``runner.build_simulation`` calls them before anything large is allocated:
+
+* ``check_sizes(config)``, before the data is built: the number of clients and the
+  local work, whose memory grows with numbers a typo can make astronomical
+  (``data.num_clients=10**9``, ``client.steps=10**12``);
+* ``checked_model(...)``, once the data is built, instead of building the model
+  directly: the batch plan of the largest client (``client.epochs=10**9``), the
+  model's parameter memory (counted on the ``meta`` device, which allocates
+  nothing), then the model itself and one forward pass of a few real training
+  examples on the run's device and dtype, without gradients.
+
+Every failure is a ``ConfigError`` that says what was estimated, the limit, and
+what to change; a model that does not fit the data names the model, the data's
+input shape, dtype and classes, and the models that do fit.  The estimates are
+lower bounds of what the run will hold at once, so a refused config could not
+have run; the limit is the machine's physical memory (the GPU's for parameters
+on a CUDA device).  The forward pass draws no random numbers and costs
+milliseconds, so it leaves every result of a run unchanged.  (Counting ``gru``
+and ``resnet18_gn`` parameters on ``meta`` imports ``torch._dynamo`` once per
+process, about 2 s; the vectorized backend's ``vmap`` imports it anyway.)
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from driftlab.experiments.config import ConfigError, ExperimentConfig
+from driftlab.experiments.datasets import DATA_SETS, vocabulary_size
+from driftlab.models import build_model
+from driftlab.optim.schedules import steps_at
+
+PROBE_EXAMPLES = 4  # examples of the forward pass: enough to catch batch-dimension mistakes, cheap for any model
+INDEX_BYTES = 8  # the batch plan is int64 positions
+QUADRATIC_DATA = ("quadratic", "quadratic1d")
+# Peak bytes per client while generating a data set, measured (tracemalloc, numpy) and rounded down,
+# so the estimate stays a lower bound; a partitioned pooled data set costs an index array per client.
+GENERATED_BYTES_PER_CLIENT = {
+    "synthetic": 400_000,
+    "synthetic_iid": 400_000,
+    "feddyn_synthetic": 200_000,
+    "quadratic1d": 20_000,
+}
+QUADRATIC_BYTES_PER_CLIENT_AND_DIMENSION = 8_000
+PARTITIONED_BYTES_PER_CLIENT = 200  # a numpy index array object, its rows, and the client's entry in the membership
+
+_FALLBACK_MEMORY = 16 * 2**30
+
+
+def machine_memory_bytes() -> int:
+    """Physical memory of this machine (16 GiB where the OS does not say)."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, ValueError, OSError):
+        return _FALLBACK_MEMORY
+
+
+def _size(count: float) -> str:
+    count = float(min(count, 10**300))  # a schedule can ask for more than a float holds
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if count >= scale:
+            return f"{count / scale:.3g} {unit}"
+    return f"{int(count)} bytes"
+
+
+def _count(number: int) -> str:
+    return f"{number:,}" if number < 10**15 else f"{float(min(number, 10**300)):.3g}"
+
+
+def _too_large(key: str, what: str, estimate: float, limit: int, fix: str) -> ConfigError:
+    return ConfigError(f"{key}: {what} needs at least {_size(estimate)}, more than this machine's {_size(limit)} of memory; {fix}")
+
+
+# ---------------------------------------------------------------- sizes before the data
+
+
+def check_sizes(config: ExperimentConfig, memory_bytes: int | None = None) -> None:
+    """Refuse client counts and local work whose memory cannot exist, before anything is generated."""
+    limit = memory_bytes or machine_memory_bytes()
+    data = config.data
+    per_client = _bytes_per_client(config)
+    if per_client and data.num_clients * per_client > limit:
+        most = limit // per_client
+        raise _too_large(
+            "data.num_clients",
+            f"{data.name} data for {_count(data.num_clients)} clients (about {_size(per_client)} each)",
+            data.num_clients * per_client,
+            limit,
+            f"use at most about {_count(most)} clients here",
+        )
+    # Every client holds at least one example, so a plan row is at least one index wide.
+    steps = _largest_step_count(config)
+    if steps is not None and steps * INDEX_BYTES > limit:
+        raise _too_large(
+            "client.steps",
+            f"the batch plan of {_count(steps)} local steps (which examples each step reads, {INDEX_BYTES} bytes per example)",
+            steps * INDEX_BYTES,
+            limit,
+            f"use fewer local steps (at most {_count(limit // INDEX_BYTES)} for a client of one example, fewer for larger batches)",
+        )
+    epochs = config.client.local_epochs
+    if epochs is not None and epochs * INDEX_BYTES > limit:
+        raise _too_large(
+            "client.epochs",
+            f"the batch plan of {_count(epochs)} local epochs (every epoch lists each of the client's examples, {INDEX_BYTES} bytes each)",
+            epochs * INDEX_BYTES,
+            limit,
+            "use fewer local epochs",
+        )
+
+
+def _bytes_per_client(config: ExperimentConfig) -> int:
+    data = config.data
+    if data.name in GENERATED_BYTES_PER_CLIENT:
+        return GENERATED_BYTES_PER_CLIENT[data.name]
+    if data.name == "quadratic":
+        return QUADRATIC_BYTES_PER_CLIENT_AND_DIMENSION * data.quadratic_dimension
+    info = DATA_SETS[data.name]
+    if info.natural and data.partition in (None, "natural"):
+        return 0  # the data set's own clients: num_clients is not used
+    return PARTITIONED_BYTES_PER_CLIENT
+
+
+def _largest_step_count(config: ExperimentConfig) -> int | None:
+    steps = config.client.steps
+    if steps is None:
+        return None
+    # both schedule kinds decrease with the round: round 1 does the most work
+    return steps_at(steps, 1)
+
+
+# ---------------------------------------------------------------- sizes with the data, and the model
+
+
+def checked_model(
+    config: ExperimentConfig,
+    data: Any,
+    build: Callable[[], Any],
+    device: torch.device,
+    dtype: torch.dtype,
+    user_model: Any = None,
+    memory_bytes: int | None = None,
+) -> Any:
+    """``build()`` (the run's ``FlatModel`` on ``device``/``dtype``) once the plan and the model are known
+    to fit in memory, after one forward pass on a few of ``data``'s training examples.
+
+    ``user_model`` is the module or factory passed to ``driftlab.run`` (None: the zoo model ``config.model``).
+    """
+    limit = memory_bytes or machine_memory_bytes()
+    check_plan_size(config, data, limit)
+    label = _model_label(config, user_model)
+    if user_model is None:
+        _check_model_pairing(config, data, label)
+        _check_model_memory(config, data, device, dtype, limit, label)
+    try:
+        flat_model = build()
+    except ConfigError:
+        raise
+    except (ValueError, RuntimeError, IndexError, TypeError, AttributeError) as error:
+        if isinstance(error, torch.OutOfMemoryError):
+            raise ConfigError(f"model {label} does not fit in the memory of {device}: {_first_line(error)}; use a smaller model") from error
+        raise _mismatch(config, data, label, f"building it failed: {_first_line(error)}") from error
+    probe_forward(config, data, flat_model, device, dtype, label)
+    return flat_model
+
+
+def check_plan_size(config: ExperimentConfig, data: Any, memory_bytes: int | None = None) -> None:
+    """The batch plan of the largest client (``[steps, min(B, n_k)]`` int64, built before its first step) fits."""
+    limit = memory_bytes or machine_memory_bytes()
+    sizes = data.client_sizes
+    if len(sizes) == 0:
+        return
+    largest = int(sizes.max())
+    batch = config.client.batch_size
+    width = min(batch, largest)
+    epochs = config.client.local_epochs
+    steps = epochs * math.ceil(largest / batch) if epochs is not None else _largest_step_count(config)
+    estimate = steps * width * INDEX_BYTES
+    if estimate <= limit:
+        return
+    if epochs is not None:
+        most = max(1, limit // (math.ceil(largest / batch) * width * INDEX_BYTES))
+        raise _too_large(
+            "client.epochs",
+            f"the batch plan of the largest client ({_count(largest)} examples: {_count(epochs)} epochs x {_count(math.ceil(largest / batch))} steps "
+            f"x {_count(width)} examples x {INDEX_BYTES} bytes)",
+            estimate,
+            limit,
+            f"use at most about {_count(most)} local epochs here",
+        )
+    raise _too_large(
+        "client.steps",
+        f"the batch plan of the largest client ({_count(steps)} steps x {_count(width)} examples x {INDEX_BYTES} bytes)",
+        estimate,
+        limit,
+        f"use at most about {_count(max(1, limit // (width * INDEX_BYTES)))} local steps here, or a smaller client.batch_size",
+    )
+
+
+def _check_model_pairing(config: ExperimentConfig, data: Any, label: str) -> None:
+    # The quadratic "model" is the parameter x of the quadratic clients: it runs on any even-width
+    # vectors without an error, and any classifier runs on the quadratics' [a, b] rows, so only
+    # the names can tell these mismatches.
+    quadratic_data = config.data.name in QUADRATIC_DATA
+    if quadratic_data and config.model.name != "quadratic":
+        raise _mismatch(config, data, label, "quadratic data are objectives ½·a·x² − b·x, not examples to classify")
+    if config.model.name == "quadratic" and not quadratic_data:
+        raise _mismatch(config, data, label, "the quadratic model is the parameter of the quadratic data sets only")
+
+
+def _check_model_memory(config: ExperimentConfig, data: Any, device: torch.device, dtype: torch.dtype, limit: int, label: str) -> None:
+    """Parameters counted on the meta device (nothing allocated), times the copies a round holds at once."""
+    try:
+        with torch.random.fork_rng(devices=[]), torch.device("meta"):
+            module = build_model(
+                config.model.name, data.input_shape, data.num_classes, vocab_size=vocabulary_size(config.data), **config.model.keyword_arguments()
+            )
+    except (ValueError, RuntimeError, IndexError, TypeError) as error:
+        raise _mismatch(config, data, label, _first_line(error)) from error
+    parameters = sum(p.numel() for p in module.parameters())
+    per_round = max(1, math.ceil(config.sampling.participation * data.num_clients))
+    copies = 2 + per_round  # the server model, its update, and one local model per client of a round
+    estimate = parameters * copies * torch.empty((), dtype=dtype).element_size()
+    memory = limit
+    where = "this machine's"
+    if device.type == "cuda":
+        memory = torch.cuda.get_device_properties(device).total_memory
+        where = f"{device}'s"
+    if estimate > memory:
+        raise ConfigError(
+            f"model {label}: {_count(parameters)} parameters x {_count(copies)} copies (server model, update, one per client of a round) "
+            f"need at least {_size(estimate)}, more than {where} {_size(memory)} of memory; use a smaller model "
+            "(model.hidden, model.width, model.rnn_hidden) or fewer clients per round (sampling.participation)"
+        )
+
+
+def probe_forward(config: ExperimentConfig, data: Any, flat_model: Any, device: torch.device, dtype: torch.dtype, label: str) -> None:
+    """One forward pass and loss on the first training examples of the first client, as training will do them."""
+    rows = torch.tensor(data.client_indices[0][:PROBE_EXAMPLES].tolist(), dtype=torch.long)
+    inputs, targets = data.train_inputs[rows], data.train_targets[rows]
+    # the engine casts floating inputs and targets to the run's dtype and keeps integer ones
+    inputs = inputs.to(device, dtype if inputs.is_floating_point() else inputs.dtype)
+    targets = targets.to(device, dtype if targets.is_floating_point() else targets.dtype)
+    try:
+        with torch.no_grad():
+            theta = flat_model.initial_parameters().to(device, dtype)
+            outputs = flat_model.forward(theta, inputs)
+            if flat_model.is_classifier or flat_model.multi_label:
+                expected = (len(rows), data.num_classes)
+                if tuple(outputs.shape) != expected:
+                    raise _mismatch(
+                        config, data, label, f"it returns outputs of shape {tuple(outputs.shape)} for {len(rows)} examples; expected {expected}"
+                    )
+            flat_model.example_loss(outputs, targets)
+    except ConfigError:
+        raise
+    except (ValueError, RuntimeError, IndexError, TypeError, AttributeError) as error:
+        raise _mismatch(config, data, label, f"a forward pass on {len(rows)} training examples failed: {_first_line(error)}") from error
+
+
+def _model_label(config: ExperimentConfig, user_model: Any) -> str:
+    if user_model is None:
+        return repr(config.model.name)
+    if isinstance(user_model, nn.Module):
+        return f"{type(user_model).__name__} (your module)"
+    return f"{getattr(user_model, '__qualname__', type(user_model).__name__)} (your model factory)"
+
+
+def _mismatch(config: ExperimentConfig, data: Any, label: str, reason: str) -> ConfigError:
+    inputs = data.train_inputs
+    if config.data.name in QUADRATIC_DATA:
+        kind = "quadratic objectives, no classes"
+    else:
+        kind = f"{data.num_classes} tags, multi-label" if data.multi_label else f"{data.num_classes} classes"
+    return ConfigError(
+        f"model {label} does not fit data set {config.data.name!r} (inputs of shape {tuple(inputs.shape[1:])}, "
+        f"{str(inputs.dtype).removeprefix('torch.')}; {kind}): {reason}. {models_that_fit(config.data.name, data)}"
+    )
+
+
+def models_that_fit(data_name: str, data: Any) -> str:
+    """Which zoo models take this data, in words."""
+    shape = tuple(data.train_inputs.shape[1:])
+    if data_name in QUADRATIC_DATA:
+        return "Quadratic data take model.name=quadratic only."
+    if not data.train_inputs.is_floating_point():
+        return (
+            "Token sequences take model.name=lstm or gru (as shakespeare and sent140 do); "
+            "for vector data (synthetic, mnist, stackoverflow) use mlr or mlp, for images cnn, femnist_cnn, resnet18_gn or vgg11."
+        )
+    if len(shape) == 3:
+        return "Images take model.name=mlr, mlp, cnn, femnist_cnn, resnet18_gn or vgg11; lstm/gru need token sequences (shakespeare, sent140)."
+    square = len(shape) == 1 and math.isqrt(shape[0]) ** 2 == shape[0]
+    return (
+        "Vectors take model.name=mlr or mlp" + (" (or femnist_cnn, for flat square images)" if square else "")
+        + "; cnn, resnet18_gn and vgg11 need images (cifar10, cifar100), lstm/gru need token sequences (shakespeare, sent140)."
+    )
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    line = text[0] if text else type(error).__name__
+    return line if len(line) <= 300 else line[:300] + "..."
+
+
+__all__ = ["check_sizes", "checked_model", "check_plan_size", "probe_forward", "models_that_fit", "machine_memory_bytes"]
