@@ -3,24 +3,45 @@
 An output directory holds::
 
     config.json               the resolved configuration (every key, defaults included)
-    metrics.jsonl             one JSON object per round (pandas: ``pd.read_json(path, lines=True)``)
+    metrics.jsonl             one JSON object per round, strict JSON (pandas: ``pd.read_json(path, lines=True)``)
+    metrics.csv               the same records as a table: one column per key (first-seen order), one row per
+                              round, empty where a round lacks a key, lists JSON-encoded; rewritten from the
+                              run's records at every checkpoint and when the run ends or stops (after
+                              a kill it may trail metrics.jsonl until the next checkpoint)
     checkpoint.safetensors    the last checkpoint (atomic, no pickle)
     final_model.safetensors   the final server model, written when the run completes
     run.json                  status (running, complete, interrupted, diverged, failed), rounds done,
                               wall time summed over resumes, parameter count, machine and versions
+    .lock                     flock'ed by the process writing the directory (holds its PID)
+
+config.json is written first, before any data is loaded, so a run killed at any
+moment resumes with ``driftlab run DIR/config.json --out DIR --resume``.  A run
+writes only into a new or empty directory, or into a run of its own
+configuration (with ``resume``); one process at a time (RunDirectoryBusy).
 
 ``resume=True`` continues from the checkpoint: metrics of rounds after it are
 dropped and recomputed, which gives bit-identical models and metrics (wall
 times aside) because every random draw derives from (seed, round, client id).
+The checkpoint's checksum, config.json and every line of metrics.jsonl are
+checked before anything is rewritten; only a last line torn by a kill may be
+dropped, and a missing or damaged record is an error, never a silent gap.
+
+A round that diverges (a non-finite model entry, loss or norm, or an evaluated loss
+above ``evaluation.divergence_factor`` times the initial model's) is neither recorded
+nor checkpointed: the run stops with FloatingPointError (status "diverged"), whose
+message names the round, the values, and the checkpoint of the last healthy round
+(or that none exists).
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import csv
 import json
 import os
 import platform
+import re
 import signal
 import threading
 import time
@@ -35,6 +56,7 @@ from safetensors.torch import save_file
 from driftlab.algorithms import ALGORITHM_MODULES
 from driftlab.compress import with_compression
 from driftlab.experiments.config import ConfigError, ExperimentConfig, load_config
+from driftlab.experiments.compatibility import check_sizes, checked_model
 from driftlab.experiments.datasets import DataSetupError, build_dataset, vocabulary_size
 from driftlab.metrics.summary import summarize
 from driftlab.models import build_model
@@ -51,9 +73,18 @@ from driftlab.simulation.vectorized import VectorizedBackend
 
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"
+METRICS_CSV_FILE = "metrics.csv"
 CHECKPOINT_FILE = "checkpoint.safetensors"
 FINAL_MODEL_FILE = "final_model.safetensors"
 RUN_INFO_FILE = "run.json"
+LOCK_FILE = ".lock"  # flock'ed by the process writing the directory; holds its PID
+RUN_FILES = (CONFIG_FILE, METRICS_FILE, METRICS_CSV_FILE, CHECKPOINT_FILE, FINAL_MODEL_FILE, RUN_INFO_FILE)
+# What write_atomically leaves of a write a kill interrupted: `.NAME.tmp-PID`.
+_INTERRUPTED_WRITE = re.compile(r"^\.(" + "|".join(re.escape(name) for name in RUN_FILES) + r")\.tmp-\d+$")
+
+
+class RunDirectoryBusy(ConfigError):
+    """Another process is writing the run directory (it holds ``DIR/.lock``)."""
 
 BACKENDS = {"sequential": SequentialBackend, "vectorized": VectorizedBackend}
 
@@ -70,9 +101,15 @@ class RunResult:
     summary: dict[str, Any] = field(default_factory=dict)
 
     def frame(self):
-        """The records as a pandas DataFrame (needs pandas)."""
-        import pandas as pd
-
+        """The records as a pandas DataFrame, one row per round (needs pandas, which driftlab does not install)."""
+        try:
+            import pandas as pd
+        except ImportError:
+            raise ImportError(
+                "RunResult.frame() needs pandas, which driftlab does not install: pip install pandas. "
+                "Without pandas, result.records holds the same per-round metrics as a list of dicts "
+                "(and a run with an output directory writes them as a table to metrics.csv)"
+            ) from None
         return pd.DataFrame(self.records)
 
 
@@ -133,11 +170,13 @@ def build_simulation(config: ExperimentConfig, model: ModelSource = None) -> tup
     """
     device = resolve_device(config.device)
     dtype = torch.float64 if config.precision == "float64" else torch.float32
+    check_sizes(config)  # before the data: client counts and local work against the machine's memory
     try:
         data = build_dataset(config.data, config.seed)
     except DataSetupError as error:
         raise ConfigError(str(error)) from None
-    flat_model = _build_model(config, data, model).to(device, dtype)
+    # the batch plan and the model's memory, then one forward pass on real examples (ConfigError on a mismatch)
+    flat_model = checked_model(config, data, lambda: _build_model(config, data, model).to(device, dtype), device, dtype, model)
     initial_params = flat_model.initial_parameters().to(device, dtype)
     algorithm = _build_algorithm(config, flat_model)
     plan = RoundPlan(
@@ -156,7 +195,10 @@ def build_simulation(config: ExperimentConfig, model: ModelSource = None) -> tup
         availability=AvailabilityModel(config.availability.inactive_probability, config.availability.incomplete_probability),
     )
     evaluation = EvaluationPlan(
-        every=config.evaluation.every, model=config.evaluation.model, dissimilarity_every=config.evaluation.dissimilarity_every
+        every=config.evaluation.every,
+        model=config.evaluation.model,
+        dissimilarity_every=config.evaluation.dissimilarity_every,
+        divergence_factor=config.evaluation.divergence_factor,
     )
     try:
         membership = Membership(
@@ -186,12 +228,17 @@ def run(
     overrides: list[str] | tuple[str, ...] = (),
     progress: bool | Callable[[dict[str, Any]], None] = False,
     model: ModelSource = None,
+    progress_label: str | None = None,
 ) -> RunResult:
     """Run an experiment; write to ``out_dir`` when given (required for ``resume``).
 
     ``model`` trains your own ``torch.nn.Module`` instead of ``config.model``
     (a module, or a factory ``(input_shape, num_classes) -> module``); resume
     such a run by passing the same model again.
+
+    ``progress=True`` shows a bar labelled ``progress_label`` (default: the
+    algorithm's name) on a terminal, and one line when the run ends elsewhere;
+    a callable is called with each round's record instead.
 
     Example:
         >>> import driftlab
@@ -203,21 +250,39 @@ def run(
         config = load_config(config, overrides)
     elif overrides:
         config = load_config(config.to_dict(), overrides)
+    if out_dir is None:
+        if resume:
+            raise ConfigError("resume needs the output directory of the interrupted run (--out DIR)")
+        return _run_in(None, config, resume, progress, model, progress_label)
+    out = _output_directory(out_dir)
+    lock = _claim_run_directory(out, config, resume)
+    try:
+        return _run_in(out, config, resume, progress, model, progress_label)
+    finally:
+        lock.close()
+
+
+def _run_in(
+    out: Path | None,
+    config: ExperimentConfig,
+    resume: bool,
+    progress: bool | Callable[[dict[str, Any]], None],
+    model: ModelSource,
+    progress_label: str | None,
+) -> RunResult:
+    """The run itself; ``out``, when given, is claimed (locked, checked, config.json written) by the caller."""
     sim, state = build_simulation(config, model)
-    out = Path(out_dir) if out_dir is not None else None
     records: list[dict[str, Any]] = []
     if out is not None:
         records, state = _prepare_output(out, config, sim, state, resume)
-    elif resume:
-        raise ConfigError("resume needs the output directory of the interrupted run (--out DIR)")
 
     info = _RunInfo.start(out, config, sim, state.round) if out is not None else None
     reporter = progress if callable(progress) else None
     bar = None
     if progress is True:
-        from tqdm.auto import tqdm
+        from driftlab.experiments.progress import round_progress
 
-        bar = tqdm(total=config.rounds, initial=state.round, desc=f"{config.algorithm.name}", unit="round", leave=True)
+        bar = round_progress(progress_label or config.algorithm.name, config.rounds, state.round)
     last_saved = state.round
     try:
         while state.round < config.rounds:
@@ -234,12 +299,11 @@ def run(
                 records.append(record)
             if out is not None and (state.round % config.checkpoint_every == 0 or state.round == config.rounds):
                 _checkpoint(out, config, state)
+                _write_metrics_csv(out, records)
                 last_saved = state.round
                 info.update("running", state.round)
             if bar is not None:
-                bar.update(1)
-                if "test_accuracy" in record:
-                    bar.set_postfix(acc=f"{record['test_accuracy']:.3f}")
+                bar.update(record)
             if reporter is not None:
                 reporter(record)
     except BaseException as error:
@@ -248,8 +312,13 @@ def run(
         discard_round(state)
         if out is not None and state.round > last_saved:
             _checkpoint(out, config, state)
+        if out is not None:
+            _write_metrics_csv(out, records)
+        diverged = _divergence_error(error, out, state.round) if isinstance(error, FloatingPointError) else None
         if info is not None:
-            info.update(_status_of(error), state.round, message=str(error) or type(error).__name__)
+            info.update(_status_of(error), state.round, message=str(diverged or error) or type(error).__name__)
+        if diverged is not None:
+            raise diverged from error
         raise
     finally:
         if bar is not None:
@@ -261,6 +330,7 @@ def run(
             out / FINAL_MODEL_FILE,
             lambda tmp: save_file({"params": final_params.detach().cpu().contiguous()}, str(tmp), metadata={"parameter_names": names}),
         )
+        _write_metrics_csv(out, records)
         info.update("complete", state.round)
     summary = summarize(records, config.evaluation.target_accuracy, sim.model.num_parameters)
     return RunResult(config, records, final_params, sim.model.num_parameters, out, summary)
@@ -276,6 +346,20 @@ def _status_of(error: BaseException) -> str:
     if isinstance(error, KeyboardInterrupt):
         return "interrupted"
     return "failed"
+
+
+def _divergence_error(error: FloatingPointError, out: Path | None, last_healthy: int) -> FloatingPointError:
+    """The engine's divergence message completed with exactly what the run kept."""
+    if out is None:
+        kept = "no checkpoint exists: the run has no output directory"
+    elif last_healthy == 0:
+        kept = "no checkpoint exists and no round was recorded: the run diverged in its first round"
+    else:
+        kept = (
+            f"the checkpoint of round {last_healthy}, the last healthy round, is kept in {out / CHECKPOINT_FILE}; "
+            f"{out / METRICS_FILE} and {METRICS_CSV_FILE} hold rounds 1-{last_healthy}"
+        )
+    return FloatingPointError(f"{str(error).rstrip('.')}. {kept[0].upper()}{kept[1:]}")
 
 
 @dataclass
@@ -368,42 +452,178 @@ def _checkpoint(out: Path, config: ExperimentConfig, state: SimulationState) -> 
     save_checkpoint(out / CHECKPOINT_FILE, state.round, state.server, clients, config.fingerprint())
 
 
+def _output_directory(out_dir: str | Path) -> Path:
+    """``out_dir`` as a directory path; a ConfigError, before any work, for a path that cannot be one."""
+    if not str(out_dir).strip():
+        raise ConfigError("the output directory (--out) is empty; give a directory such as runs/NAME")
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        kind = "a file" if out.is_file() else "not a directory (a device or another special file)"
+        raise ConfigError(f"--out {out} is {kind}; give a directory: a new or empty one, or a run's directory with --resume")
+    return out
+
+
+def _claim_run_directory(out: Path, config: ExperimentConfig, resume: bool) -> Any:
+    """Check ``out``, create and lock it, clear interrupted writes and, for a new run, write config.json first.
+
+    Returns the open lock file; closing it releases the lock.  config.json comes before
+    any data loading, so a run killed at any later moment resumes with the documented
+    ``driftlab run DIR/config.json --out DIR --resume``.
+    """
+    _check_run_directory(out, config, resume)  # before creating or writing anything
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ConfigError(f"cannot create the output directory {out}: {error.strerror or error}; choose another --out directory") from None
+    lock = _lock_run_directory(out)
+    try:
+        _check_run_directory(out, config, resume)  # again: another process may have written it before we held the lock
+        _remove_interrupted_writes(out)
+        if not resume:
+            _write_config(out, config)
+    except BaseException:
+        lock.close()
+        raise
+    return lock
+
+
+def _lock_run_directory(out: Path) -> Any:
+    """An exclusive ``flock`` on ``out/.lock`` (which records our PID), or RunDirectoryBusy.
+
+    The lock file is never deleted: a process still waiting on a deleted inode would
+    believe it holds the lock while a third one locks the new file.
+    """
+    import fcntl  # POSIX only; imported here so that importing driftlab works everywhere
+
+    path = out / LOCK_FILE
+    try:
+        handle = open(path, "a+")
+    except OSError as error:
+        raise ConfigError(f"cannot write in the output directory {out}: {error.strerror or error}; choose another --out directory") from None
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read(32).strip()
+        handle.close()
+        who = f"another driftlab process (PID {holder})" if holder.isdigit() else "another driftlab process"
+        raise RunDirectoryBusy(
+            f"{out} is being written by {who}; wait for it to finish or stop it, or choose another --out directory"
+        ) from None
+    except OSError as error:
+        handle.close()
+        raise ConfigError(f"cannot lock the output directory {out} ({error.strerror or error}); choose an --out directory on a local disk") from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"{os.getpid()}\n")
+    handle.flush()
+    return handle
+
+
+def _remove_interrupted_writes(out: Path) -> None:
+    """Delete the ``.NAME.tmp-PID`` files of writes a kill interrupted; called with the lock held, so no live writer owns one."""
+    for entry in out.iterdir():
+        if _INTERRUPTED_WRITE.match(entry.name) and entry.is_file():
+            entry.unlink(missing_ok=True)
+
+
+def _visible_entries(out: Path) -> list[str]:
+    """What ``out`` holds besides our lock and interrupted writes; [] when it does not exist."""
+    try:
+        if not out.is_dir():
+            return []
+        return sorted(e.name for e in out.iterdir() if e.name != LOCK_FILE and not _INTERRUPTED_WRITE.match(e.name))
+    except OSError as error:
+        raise ConfigError(f"cannot read the output directory {out}: {error.strerror or error}") from None
+
+
+def _check_run_directory(out: Path, config: ExperimentConfig, resume: bool) -> None:
+    """Refuse a folder this run may not write into, reading it only.
+
+    A new run goes into a new or empty folder, or one a driftlab run left before recording
+    any round (only its config.json); ``resume`` needs a run of the same configuration there.
+    Nothing else is ever written into: the folder may be the user's.
+    """
+    names = _visible_entries(out)
+    if not names:
+        if resume:
+            where = "does not exist" if not out.exists() else "is empty"
+            raise ConfigError(f"nothing to resume in {out}: it {where}; run without --resume to start the run")
+        return
+    has_results = any(name in names for name in (METRICS_FILE, CHECKPOINT_FILE, FINAL_MODEL_FILE))
+    stored_path = out / CONFIG_FILE
+    stored, complete = None, False
+    if CONFIG_FILE in names:
+        try:
+            stored, complete = _read_run_config(stored_path)
+        except ConfigError:
+            if resume:
+                raise
+    if not resume:
+        if has_results:
+            raise ConfigError(f"{out} already holds a run; pass --resume to continue it, or choose another --out directory")
+        if complete:
+            return  # a run stopped before recording any round: nothing to lose
+        shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
+        raise ConfigError(
+            f"{out} is not empty and holds no driftlab run ({shown}); driftlab writes only into a new or empty "
+            "directory or its own run's: choose another --out directory"
+        )
+    if not has_results and not complete:
+        what = f"{stored_path} was not written by a driftlab run" if stored is not None else "no config.json, metrics.jsonl or checkpoint"
+        raise ConfigError(f"nothing to resume in {out}: it holds no driftlab run ({what}); run without --resume into a new or empty directory")
+    if stored is not None and stored.fingerprint() != config.fingerprint():
+        raise ConfigError(
+            f"cannot resume: the configuration differs from the one in {stored_path} in more than rounds/device/checkpoint_every; "
+            f"resume with `driftlab run {stored_path} --out {out} --resume`"
+        )
+
+
+_MAX_CONFIG_BYTES = 1 << 20  # a resolved config is a few KB
+
+
+def _read_run_config(path: Path) -> tuple[ExperimentConfig, bool]:
+    """The configuration stored in a run's config.json, and whether it is complete (every key, as a run writes it)."""
+    try:
+        if path.stat().st_size > _MAX_CONFIG_BYTES:
+            raise ValueError(f"{path.stat().st_size} bytes, far more than a configuration")
+        raw = json.loads(path.read_bytes().decode("utf-8"))
+        stored = ExperimentConfig.model_validate(raw)
+    except (OSError, ValueError, TypeError, RecursionError) as error:
+        reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+        raise ConfigError(
+            f"{path} is not the configuration of a driftlab run ({reason}); restore it, or start the run again with a new --out directory"
+        ) from None
+    return stored, json.loads(json.dumps(stored.to_dict())) == raw
+
+
 def _prepare_output(
     out: Path, config: ExperimentConfig, sim: Simulation, state: SimulationState, resume: bool
 ) -> tuple[list[dict[str, Any]], SimulationState]:
+    """For a resume: the checkpointed state and the records up to it.
+
+    Everything (checkpoint, metrics) is checked before metrics.jsonl and config.json are
+    rewritten, so a refused resume leaves the directory exactly as it was.
+    """
+    if not resume:
+        return [], state
     metrics_path = out / METRICS_FILE
     checkpoint_path = out / CHECKPOINT_FILE
-    if not resume:
-        if metrics_path.exists() or checkpoint_path.exists():
-            raise ConfigError(f"{out} already holds a run; pass --resume to continue it, or choose another --out directory")
-        out.mkdir(parents=True, exist_ok=True)
-        _write_config(out, config)
-        return [], state
-    if not out.is_dir():
-        raise ConfigError(f"cannot resume: {out} does not exist; run without --resume to start")
-    stored = out / CONFIG_FILE
-    if stored.exists():
-        previous = json.loads(stored.read_text())
-        if ExperimentConfig.model_validate(previous).fingerprint() != config.fingerprint():
-            raise ConfigError(
-                f"cannot resume: the configuration differs from the one in {stored} in more than rounds/device/checkpoint_every; "
-                f"resume with `driftlab run {stored} --out {out} --resume`"
-            )
     if checkpoint_path.exists():
         client_init = sim.algorithm.client_state_init
         initial = state.server.params
         keeps_latest = state.latest_models is not None
         template = lambda: _ClientRecord(client_init(initial) if client_init else None, initial if keeps_latest else None)  # noqa: E731
         loaded = load_checkpoint(checkpoint_path, state.server, template, config.fingerprint(), sim.device)
-        for client_id, record in loaded.client_states.items():
-            state.clients.put(client_id, record.state)
-            if keeps_latest and record.latest_model is not None:
-                state.latest_models.put(client_id, record.latest_model)
         if loaded.round > config.rounds:
             raise ConfigError(
                 f"cannot resume: the checkpoint in {out} is at round {loaded.round}, past rounds={config.rounds}; "
                 f"set rounds to at least {loaded.round}"
             )
+        for client_id, record in loaded.client_states.items():
+            state.clients.put(client_id, record.state)
+            if keeps_latest and record.latest_model is not None:
+                state.latest_models.put(client_id, record.latest_model)
         state = SimulationState(loaded.round, loaded.server_state, state.clients, state.latest_models)
         commit_round(state)
     records = _read_records(metrics_path, up_to_round=state.round)
@@ -423,24 +643,82 @@ def _write_config(out: Path, config: ExperimentConfig) -> None:
 
 
 def _read_records(path: Path, up_to_round: int) -> list[dict[str, Any]]:
+    """The records of rounds 1..``up_to_round`` (the checkpoint's) in ``path``, every line checked.
+
+    Only a last line that is not JSON may be dropped: a kill mid-append tears it.  Any
+    other damage, or a missing round the checkpoint covers, is an error: resuming would
+    silently lose recorded rounds.  Records after ``up_to_round`` are dropped (recomputed).
+    """
+    fix = f"restore {path.name} from a backup, or start the run again with a new --out directory"
     if not path.exists():
-        return []
-    records = []
-    for line in path.read_text().splitlines():
+        if up_to_round == 0:
+            return []
+        raise ConfigError(f"cannot resume: {path} is missing, but the checkpoint beside it is at round {up_to_round}; {fix}")
+    try:
+        lines = path.read_bytes().split(b"\n")
+    except OSError as error:
+        raise ConfigError(f"cannot resume: cannot read {path}: {error.strerror or error}") from None
+    if lines[-1] == b"":
+        lines.pop()  # the newline that ends the last complete line
+    records: list[dict[str, Any]] = []
+    for number, line in enumerate(lines, start=1):
         try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            break  # a line torn by a kill mid-write; everything after it is recomputed
-        if record.get("round", 0) > up_to_round:
-            break
+            record = json.loads(line.decode("utf-8"))
+        except (ValueError, RecursionError):
+            if number == len(lines):
+                break  # torn by a kill mid-write; that round is recomputed
+            raise ConfigError(f"cannot resume: {path} line {number} is not JSON, and only a last line torn by a kill may be; {fix}") from None
+        problem = _record_problem(record, number)
+        if problem is not None:
+            raise ConfigError(f"cannot resume: {path} line {number} {problem}; {fix}")
         records.append(record)
-    return records
+    if len(records) < up_to_round:
+        held = f"rounds 1-{len(records)}" if records else "no round"
+        raise ConfigError(
+            f"cannot resume: {path} holds {held}, but the checkpoint beside it is at round {up_to_round}: "
+            f"the records of rounds {len(records) + 1}-{up_to_round} are missing; {fix}"
+        )
+    return records[:up_to_round]
+
+
+def _record_problem(record: Any, line_number: int) -> str | None:
+    if not isinstance(record, dict):
+        return f"is {json.dumps(record)[:40]}, not a round's record (a JSON object)"
+    round_index = record.get("round")
+    if not isinstance(round_index, int) or isinstance(round_index, bool):
+        return f"has no round number (round={json.dumps(round_index)[:40]})"
+    if round_index != line_number:
+        return f"holds round {round_index} where round {line_number} belongs (records run 1, 2, 3, ... without gaps or repeats)"
+    return None
 
 
 def _append_record(path: Path, record: dict[str, Any]) -> None:
     with open(path, "a") as handle:
-        handle.write(json.dumps(record) + "\n")
+        # allow_nan=False: the engine never returns a non-finite number, and metrics.jsonl stays strict JSON
+        handle.write(json.dumps(record, allow_nan=False) + "\n")
         handle.flush()
+
+
+def _write_metrics_csv(out: Path, records: list[dict[str, Any]]) -> None:
+    """metrics.csv from the run's records: what metrics.jsonl holds, as a table (nothing before the first record)."""
+    if not records:
+        return
+    columns = list(dict.fromkeys(key for record in records for key in record))
+
+    def cell(value: Any) -> str:
+        if value is None:
+            return ""
+        # New records are finite (the engine stops a diverged round); a NaN in a record resumed from an
+        # older version's metrics.jsonl is written as NaN, never as a number and never as a crash.
+        return value if isinstance(value, str) else json.dumps(value)
+
+    def write(temporary: Path) -> None:
+        with open(temporary, "w", newline="") as handle:
+            writer = csv.writer(handle, lineterminator="\n")
+            writer.writerow(columns)
+            writer.writerows([cell(record.get(key)) for key in columns] for record in records)
+
+    write_atomically(out / METRICS_CSV_FILE, write)
 
 
 @contextlib.contextmanager
@@ -470,4 +748,4 @@ def install_termination_handler() -> None:
         signal.signal(signal.SIGTERM, handler)
 
 
-__all__ = ["RunResult", "run", "build_simulation", "install_termination_handler", "read_run_info"]
+__all__ = ["RunResult", "RunDirectoryBusy", "run", "build_simulation", "install_termination_handler", "read_run_info"]

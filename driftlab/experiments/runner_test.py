@@ -587,3 +587,314 @@ def test_a_users_module_or_factory_is_trained_instead_of_the_zoo_model(tmp_path)
     driftlab.run(None, tmp_path / "run", overrides=[*overrides, "rounds=1", "checkpoint_every=1"], model=factory)
     resumed = driftlab.run(None, tmp_path / "run", resume=True, overrides=overrides, model=factory)
     assert torch.equal(resumed.final_params, first.final_params)
+
+
+# ------------------------------------------------------------------ integrity: what a resume accepts
+
+
+def _files(out: Path, hidden_lock: bool = False) -> dict[str, bytes]:
+    """Every file of a directory with its bytes (the lock file, rewritten with its holder's PID, on request)."""
+    return {p.name: p.read_bytes() for p in sorted(out.iterdir()) if p.is_file() and (hidden_lock or p.name != ".lock")}
+
+
+def _no_data_loading(monkeypatch):
+    """Makes any data loading or model building fail loudly: the refusals below must come first."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("build_simulation was reached")
+
+    monkeypatch.setattr(runner, "build_simulation", refuse)
+
+
+def _copy_of_finished_run(tmp_path, reference_runs) -> Path:
+    out = tmp_path / "run"
+    shutil.copytree(reference_runs["sgd"], out)
+    return out
+
+
+def _refused_resume(out: Path, error_type=ConfigError, *fragments: str) -> str:
+    before = _files(out)
+    with pytest.raises(error_type) as error:
+        driftlab.run(None, out, resume=True, overrides=TINY)
+    message = str(error.value)
+    for fragment in fragments:
+        assert fragment in message, message
+    assert _files(out) == before  # nothing rewritten, nothing deleted
+    return message
+
+
+def _replace_metrics_lines(out: Path, edit) -> None:
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    (out / "metrics.jsonl").write_text("".join(line + "\n" for line in edit(lines)))
+
+
+def test_a_garbage_middle_metrics_line_is_refused_not_dropped(tmp_path, reference_runs):
+    out = _copy_of_finished_run(tmp_path, reference_runs)
+    _replace_metrics_lines(out, lambda lines: [*lines[:2], "garbage", *lines[3:]])
+    _refused_resume(out, ConfigError, "metrics.jsonl line 3", "not JSON", "restore metrics.jsonl", "new --out")
+
+
+def test_a_deleted_metrics_file_is_refused_when_the_checkpoint_covers_rounds(tmp_path, reference_runs):
+    out = _copy_of_finished_run(tmp_path, reference_runs)
+    (out / "metrics.jsonl").unlink()
+    _refused_resume(out, ConfigError, "metrics.jsonl is missing", "round 6")
+    assert not (out / "metrics.jsonl").exists()
+
+
+def test_missing_rounds_before_the_checkpoint_are_refused(tmp_path, reference_runs):
+    out = _copy_of_finished_run(tmp_path, reference_runs)
+    _replace_metrics_lines(out, lambda lines: lines[:4])  # checkpoint at round 6, records 1-4
+    _refused_resume(out, ConfigError, "holds rounds 1-4", "checkpoint beside it is at round 6", "rounds 5-6 are missing")
+
+
+@pytest.mark.parametrize(
+    "last_line, fragment",
+    [("null", "line 7 is null, not a round's record"), ("{}", "line 7 has no round number"), ('{"round": "7"}', "line 7 has no round number")],
+)
+def test_a_last_line_that_is_json_but_no_record_is_refused(tmp_path, reference_runs, last_line, fragment):
+    out = _copy_of_finished_run(tmp_path, reference_runs)
+    _replace_metrics_lines(out, lambda lines: [*lines, last_line])
+    _refused_resume(out, ConfigError, fragment)
+
+
+@pytest.mark.parametrize(
+    "edit, fragment",
+    [
+        (lambda lines: [lines[0], lines[1], lines[1], *lines[2:]], "line 3 holds round 2 where round 3 belongs"),
+        (lambda lines: [lines[0], lines[2], lines[1], *lines[3:]], "line 2 holds round 3 where round 2 belongs"),
+        (lambda lines: [lines[0], *lines[2:]], "line 2 holds round 3 where round 2 belongs"),
+        (lambda lines: [*lines[:3], "", *lines[3:]], "line 4 is not JSON"),
+    ],
+    ids=["duplicate", "out-of-order", "gap", "blank-line"],
+)
+def test_duplicate_out_of_order_or_missing_records_are_refused(tmp_path, reference_runs, edit, fragment):
+    out = _copy_of_finished_run(tmp_path, reference_runs)
+    _replace_metrics_lines(out, edit)
+    _refused_resume(out, ConfigError, fragment, str(out / "metrics.jsonl"))
+
+
+def test_a_last_line_without_its_newline_is_kept_when_complete(tmp_path, reference_runs):
+    out = _copy_of_finished_run(tmp_path, reference_runs)
+    path = out / "metrics.jsonl"
+    path.write_text(path.read_text().rstrip("\n"))
+    driftlab.run(None, out, resume=True, overrides=TINY)
+    _assert_same_run(out, reference_runs["sgd"])
+
+
+def _resave_checkpoint(out: Path, **metadata_changes) -> None:
+    from safetensors.torch import save_file
+
+    path = out / "checkpoint.safetensors"
+    tensors = load_file(str(path))
+    with safe_open(str(path), framework="pt") as handle:
+        metadata = {**handle.metadata(), **metadata_changes}
+    save_file(tensors, str(path), metadata=metadata)
+
+
+@pytest.mark.parametrize("value", ["-3", "x", "2"])
+def test_an_edited_checkpoint_round_is_refused_and_no_record_is_lost(tmp_path, reference_runs, value):
+    out = _copy_of_finished_run(tmp_path, reference_runs)
+    _resave_checkpoint(out, round=value)
+    _refused_resume(out, checkpoint_module.CheckpointError, "corrupt or was edited", "checkpoint.safetensors")
+    assert [r["round"] for r in _metrics(out)] == list(range(1, 7))
+
+
+def test_a_flipped_bit_in_the_checkpoint_is_refused(tmp_path, reference_runs):
+    out = _copy_of_finished_run(tmp_path, reference_runs)
+    path = out / "checkpoint.safetensors"
+    raw = bytearray(path.read_bytes())
+    raw[len(raw) - 10] ^= 0x10
+    path.write_bytes(bytes(raw))
+    _refused_resume(out, checkpoint_module.CheckpointError, "corrupt or was edited", "checksum")
+
+
+# ------------------------------------------------------------------ integrity: which folders a run writes into
+
+
+@pytest.mark.parametrize("resume", [False, True])
+def test_a_folder_with_the_users_own_files_is_never_written(tmp_path, monkeypatch, resume):
+    _no_data_loading(monkeypatch)
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "config.json").write_text('{"rounds": 3}\n')  # the user's own config, not a run's
+    (out / "notes.txt").write_text("keep me\n")
+    before = _files(out, hidden_lock=True)
+    with pytest.raises(ConfigError) as error:
+        driftlab.run(None, out, resume=resume, overrides=TINY)
+    message = str(error.value)
+    if resume:
+        assert "nothing to resume" in message and "config.json was not written by a driftlab run" in message
+    else:
+        assert "not empty and holds no driftlab run" in message and "config.json" in message and "notes.txt" in message
+    assert _files(out, hidden_lock=True) == before  # not even a lock file
+
+
+def test_out_naming_a_file_a_device_or_nothing_is_refused_before_any_work(tmp_path, monkeypatch):
+    _no_data_loading(monkeypatch)
+    a_file = tmp_path / "results.csv"
+    a_file.write_text("a,b\n")
+    with pytest.raises(ConfigError, match="is a file"):
+        driftlab.run(None, a_file, overrides=TINY)
+    with pytest.raises(ConfigError, match="is a file"):
+        driftlab.run(None, str(a_file), resume=True, overrides=TINY)
+    assert a_file.read_text() == "a,b\n"
+    if Path("/dev/null").exists():
+        with pytest.raises(ConfigError, match="not a directory"):
+            driftlab.run(None, "/dev/null", overrides=TINY)
+    for empty in ("", "  "):
+        with pytest.raises(ConfigError, match=r"output directory \(--out\) is empty"):
+            driftlab.run(None, empty, overrides=TINY)
+    with pytest.raises(ConfigError, match="cannot create the output directory"):
+        driftlab.run(None, a_file / "run", overrides=TINY)
+
+
+def test_resume_with_nothing_to_resume_is_refused(tmp_path, monkeypatch):
+    _no_data_loading(monkeypatch)
+    missing = tmp_path / "missing"
+    with pytest.raises(ConfigError, match="nothing to resume in .*missing: it does not exist; run without --resume"):
+        driftlab.run(None, missing, resume=True, overrides=TINY)
+    assert not missing.exists()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ConfigError, match="nothing to resume in .*empty: it is empty; run without --resume"):
+        driftlab.run(None, empty, resume=True, overrides=TINY)
+    assert list(empty.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"garbage", b"\xff\xfe\x00not utf-8", b"[1, 2]", b'{"name": "model", "layers": [3, 4], "dropout": 0.5}', b'{"rounds": "many"}'],
+    ids=["not-json", "not-utf8", "a-list", "a-foreign-dump", "invalid-values"],
+)
+def test_resume_with_a_garbage_or_foreign_config_json_is_refused(tmp_path, monkeypatch, reference_runs, content):
+    out = _copy_of_finished_run(tmp_path, reference_runs)
+    (out / "config.json").write_bytes(content)
+    _no_data_loading(monkeypatch)
+    message = _refused_resume(out, ConfigError, str(out / "config.json"), "is not the configuration of a driftlab run")
+    assert "Traceback" not in message
+
+
+def test_a_new_run_into_a_finished_run_is_refused_and_nothing_changes(tmp_path, monkeypatch, reference_runs):
+    out = _copy_of_finished_run(tmp_path, reference_runs)
+    _no_data_loading(monkeypatch)
+    before = _files(out)
+    with pytest.raises(ConfigError, match="already holds a run; pass --resume"):
+        driftlab.run(None, out, overrides=TINY)
+    assert _files(out) == before
+
+
+# ------------------------------------------------------------------ integrity: killed before the first round
+
+
+def test_a_run_killed_before_its_first_round_resumes_with_the_documented_command(tmp_path, monkeypatch, reference_runs):
+    out = tmp_path / "run"
+
+    def killed_while_loading_data(*args, **kwargs):
+        raise _Killed()
+
+    monkeypatch.setattr(runner, "build_simulation", killed_while_loading_data)
+    with pytest.raises(_Killed):
+        driftlab.run(None, out, overrides=TINY)
+    assert _files(out).keys() == {"config.json"}  # written before any data loading
+    monkeypatch.undo()
+
+    # `driftlab run DIR/config.json --out DIR --resume`
+    result = driftlab.run(out / "config.json", out, resume=True)
+    assert [r["round"] for r in result.records] == list(range(1, 7))
+    _assert_same_run(out, reference_runs["sgd"])
+
+
+def test_a_folder_holding_only_a_runs_config_json_may_be_started_again(tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    monkeypatch.setattr(runner, "build_simulation", lambda *a, **k: (_ for _ in ()).throw(ConfigError("data.root: no such folder")))
+    with pytest.raises(ConfigError, match="data.root"):
+        driftlab.run(None, out, overrides=TINY)
+    assert _files(out).keys() == {"config.json"}
+    monkeypatch.undo()
+    # the user fixed the config and starts again into the same folder: nothing was recorded, nothing is lost
+    result = driftlab.run(None, out, overrides=[*TINY, "rounds=2"])
+    assert [r["round"] for r in _metrics(out)] == [1, 2] == [r["round"] for r in result.records]
+    assert json.loads((out / "config.json").read_text())["rounds"] == 2
+
+
+# ------------------------------------------------------------------ integrity: leftovers of interrupted writes
+
+
+def test_temporary_files_of_interrupted_writes_are_removed_on_the_next_start(tmp_path, reference_runs):
+    out = _copy_of_finished_run(tmp_path, reference_runs)
+    leftovers = [".checkpoint.safetensors.tmp-99999999", ".metrics.jsonl.tmp-12", f".run.json.tmp-{os.getpid()}"]
+    for name in leftovers:
+        (out / name).write_bytes(b"\0" * 1000)
+    (out / ".notes.txt.tmp-5").write_text("not ours")  # not a file driftlab writes: left alone
+    driftlab.run(None, out, resume=True, overrides=TINY)
+    assert not any((out / name).exists() for name in leftovers)
+    assert (out / ".notes.txt.tmp-5").read_text() == "not ours"
+    _assert_same_run(out, reference_runs["sgd"])
+
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    (fresh / ".config.json.tmp-77").write_text("{")
+    driftlab.run(None, fresh, overrides=[*TINY, "rounds=1"])
+    assert not (fresh / ".config.json.tmp-77").exists()
+
+
+# ------------------------------------------------------------------ integrity: one writer per run directory
+
+
+_HOLD_LOCK = """
+import fcntl, os, sys, time
+handles = [open(path, "a+") for path in sys.argv[1:]]
+for handle in handles:
+    fcntl.flock(handle, fcntl.LOCK_EX)
+    handle.seek(0); handle.truncate(); handle.write(str(os.getpid())); handle.flush()
+print("locked", flush=True)
+time.sleep(120)
+"""
+
+_TRY_LOCK = """
+import fcntl, sys
+handle = open(sys.argv[1], "a+")
+try:
+    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+except BlockingIOError:
+    sys.exit(3)
+"""
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="flock is POSIX")
+def test_a_second_process_on_a_run_directory_gets_run_directory_busy(tmp_path, reference_runs):
+    out = _copy_of_finished_run(tmp_path, reference_runs)
+    new = tmp_path / "new"  # a new run killed right after taking its lock, its process still alive
+    new.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD_LOCK, str(out / ".lock"), str(new / ".lock")], stdout=subprocess.PIPE)
+    try:
+        assert holder.stdout.readline().strip() == b"locked"
+        before = _files(out, hidden_lock=True)
+        with pytest.raises(runner.RunDirectoryBusy) as error:
+            driftlab.run(None, out, resume=True, overrides=TINY)
+        assert isinstance(error.value, ConfigError)  # the CLI reports it like any other refusal, exit code 2
+        message = str(error.value)
+        assert str(out) in message and f"PID {holder.pid}" in message and "wait for it to finish" in message
+        assert _files(out, hidden_lock=True) == before
+        with pytest.raises(runner.RunDirectoryBusy, match=f"new is being written by another driftlab process \\(PID {holder.pid}\\)"):
+            driftlab.run(None, new, overrides=TINY)
+        assert [p.name for p in new.iterdir()] == [".lock"]
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+    driftlab.run(None, out, resume=True, overrides=TINY)  # the holder is gone: the lock is free again
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="flock is POSIX")
+def test_a_run_holds_its_directory_lock_for_the_whole_run_and_releases_it(tmp_path):
+    out = tmp_path / "run"
+    lock_is_taken = []
+
+    def probe(record):
+        probe_process = subprocess.run([sys.executable, "-c", _TRY_LOCK, str(out / ".lock")], timeout=60)
+        lock_is_taken.append(probe_process.returncode == 3)
+
+    driftlab.run(None, out, overrides=[*TINY, "rounds=2"], progress=probe)
+    assert lock_is_taken == [True, True]
+    assert (out / ".lock").read_text().strip() == str(os.getpid())
+    assert subprocess.run([sys.executable, "-c", _TRY_LOCK, str(out / ".lock")], timeout=60).returncode == 0

@@ -9,6 +9,12 @@ A round is a pure step ``(state, round t) -> (state, record)``: all randomness
 comes from (seed, round, client id), so ``run_round`` on a restored state
 repeats an uninterrupted run bit for bit.
 
+Divergence: a round whose server model has a non-finite entry, whose record
+holds a non-finite number, or whose evaluated loss exceeds
+``EvaluationPlan.divergence_factor`` times the initial model's raises
+``FloatingPointError`` naming the round and the values; it returns no record,
+so nothing non-finite is ever recorded.
+
 Messages: a client whose ``client_finish`` returns ``None`` as its message sends
 nothing (an algorithm dropping incomplete work); inactive clients are not
 trained and send nothing.  Both still received the broadcast.
@@ -16,6 +22,7 @@ trained and send nothing.  Both still received the broadcast.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -83,6 +90,8 @@ class EvaluationPlan:
     model: str = "server"  # which model is evaluated, one of EVALUATED_MODELS
     dissimilarity_every: int = 0  # 0: never compute B(θ)² and the gradient variance
     batch_size: int = 4096
+    # An evaluated train or test loss above this multiple of the initial model's is divergence; 0: off.
+    divergence_factor: float = 0.0
 
 
 @dataclass
@@ -105,6 +114,8 @@ class Simulation:
     client_test_rows: list[torch.Tensor] | None = field(init=False, repr=False)
     union_rows: torch.Tensor = field(init=False, repr=False)
     client_sizes: np.ndarray = field(init=False, repr=False)
+    # The initial model's evaluated losses, the reference of the divergence test; computed on first use.
+    initial_losses: dict[str, float] | None = field(init=False, repr=False, default=None)
 
     def __post_init__(self) -> None:
         if self.evaluation.model not in EVALUATED_MODELS:
@@ -161,6 +172,8 @@ def run_round(
     on disk, so an interruption anywhere leaves the stores at the last
     completed round.
     """
+    if evaluate_after and sim.evaluation.divergence_factor:
+        reference_losses(sim)  # once per process, outside the round's timing
     started = time.perf_counter()
     t = state.round + 1
     plan = sim.plan
@@ -232,10 +245,7 @@ def run_round(
     else:
         server, algorithm_metrics = server_before, {}
     if not torch.isfinite(server.params).all():
-        raise FloatingPointError(
-            f"round {t}: the server model has non-finite entries (the run diverged); "
-            "lower client.lr or server.lr, or set client.clip_norm"
-        )
+        raise FloatingPointError(f"the run diverged in round {t}: the server model has non-finite entries; {DIVERGENCE_ADVICE}")
     record: dict[str, Any] = {
         "round": t,
         "num_selected": len(sample.client_ids),
@@ -262,6 +272,9 @@ def run_round(
         record.update(evaluate(sim, evaluated))
     if sim.evaluation.dissimilarity_every and t % sim.evaluation.dissimilarity_every == 0:
         record.update(dissimilarity(sim, server.params, registered))
+    problem = divergence(record, sim.initial_losses, sim.evaluation.divergence_factor)
+    if problem is not None:
+        raise FloatingPointError(f"the run diverged in round {t}: {problem}")
     record["round_seconds"] = time.perf_counter() - started
     if commit:
         commit_round(new_state)
@@ -337,6 +350,60 @@ def all_clients_mean(sim: Simulation, state: SimulationState, registered: np.nda
     return total / len(registered)
 
 
+DIVERGENCE_ADVICE = "lower client.lr (or server.lr), or set client.clip_norm"
+LOSS_KEYS = ("train_loss", "test_loss")  # the evaluated losses the divergence test compares with the initial model's
+
+
+def divergence(record: dict[str, Any], initial_losses: dict[str, float] | None, factor: float) -> str | None:
+    """Why a round's record shows divergence, with what to try; None for a healthy round.
+
+    A round diverged when any number it recorded is non-finite (losses, norms, accuracies,
+    the algorithm's metrics), or when ``factor`` > 0 and an evaluated loss exceeds ``factor``
+    times the initial model's.  A round-1 blow-up already is such a jump, so the reference
+    is the model before round 1, not round 1's.  The test is skipped for a loss whose
+    initial value is not positive (an objective such as the quadratic clients' can be negative).
+    """
+    non_finite = [f"{key}={value}" for key, value in record.items() if not _all_finite(value)]
+    if non_finite:
+        return f"non-finite values {', '.join(non_finite)}; {DIVERGENCE_ADVICE}"
+    if not factor or not initial_losses:
+        return None
+    for key in LOSS_KEYS:
+        initial, value = initial_losses.get(key), record.get(key)
+        if value is not None and initial is not None and initial > 0 and value > factor * initial:
+            return (
+                f"{key} is {value:.4g}, {value / initial:.3g} times the initial model's {initial:.4g} "
+                f"(more than evaluation.divergence_factor={factor:g}); {DIVERGENCE_ADVICE}, "
+                "or raise evaluation.divergence_factor (0 = off) if such a loss is expected"
+            )
+    return None
+
+
+def _all_finite(value: Any) -> bool:
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, (list, tuple)):
+        return all(_all_finite(item) for item in value)
+    if isinstance(value, dict):
+        return all(_all_finite(item) for item in value.values())
+    return True
+
+
+def reference_losses(sim: Simulation) -> dict[str, float]:
+    """The initial model's evaluated losses, the divergence test's reference; computed once per simulation.
+
+    Evaluation draws no random numbers, so computing them changes no result.
+    """
+    if sim.initial_losses is None:
+        batch, params = sim.evaluation.batch_size, sim.initial_params
+        test_rows = torch.arange(sim.data.global_test_size or len(sim.test_data.targets), device=sim.device)
+        with torch.no_grad():
+            test_loss, _ = _loss_and_correct(sim.model, params, sim.test_data, test_rows, batch)
+            train_loss, _ = _loss_and_correct(sim.model, params, sim.training_data, sim.union_rows, batch)
+        sim.initial_losses = {"test_loss": test_loss / len(test_rows), "train_loss": train_loss / len(sim.union_rows)}
+    return sim.initial_losses
+
+
 # What `evaluate` may add to a round's record; a resumed run whose evaluation schedule changed drops them
 # from rounds the new schedule does not evaluate, so its metrics match a run made in one go.
 EVALUATION_KEYS = ("test_loss", "train_loss", "test_accuracy", "client_test_accuracy_mean", "test_recall_at_5", "distance_to_minimizer")
@@ -399,10 +466,12 @@ def _loss_and_correct(model: FlatModel, params: torch.Tensor, data: TrainingData
     return loss_sum, correct
 
 
-def dissimilarity(sim: Simulation, params: torch.Tensor, registered: np.ndarray | None = None) -> dict[str, float]:
+def dissimilarity(sim: Simulation, params: torch.Tensor, registered: np.ndarray | None = None) -> dict[str, float | None]:
     """FedProx Definition 2 at the server model, over all registered clients with ``p_k = n_k / n``:
 
         B(θ)² = E_k ‖∇F_k(θ)‖² / ‖∇f(θ)‖²,    variance = E_k ‖∇F_k(θ) − ∇f(θ)‖²,    ∇f = E_k ∇F_k.
+
+    B(θ)² is None (null in metrics.jsonl) where ∇f(θ) = 0 and the ratio is undefined.
     """
     if registered is None:
         registered = sim.registered_at(1)
@@ -421,6 +490,6 @@ def dissimilarity(sim: Simulation, params: torch.Tensor, registered: np.ndarray 
         mean_squared_norm += weight * float((gradient**2).sum())
     global_norm_squared = float((global_gradient**2).sum())
     return {
-        "dissimilarity_b2": mean_squared_norm / global_norm_squared if global_norm_squared > 0 else float("inf"),
+        "dissimilarity_b2": mean_squared_norm / global_norm_squared if global_norm_squared > 0 else None,
         "gradient_variance": max(0.0, mean_squared_norm - global_norm_squared),
     }

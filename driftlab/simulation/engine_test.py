@@ -7,7 +7,7 @@ import torch
 import driftlab
 from driftlab.data.quadratic import scalar_quadratic_clients, surrogate_minimizer
 from driftlab.experiments.runner import build_simulation
-from driftlab.simulation.engine import dissimilarity, evaluate, run_round
+from driftlab.simulation.engine import dissimilarity, divergence, evaluate, reference_losses, run_round
 
 QUADRATIC = {
     "data": {"name": "quadratic1d", "num_clients": 8},
@@ -225,3 +225,56 @@ def test_augmented_training_is_the_same_on_both_backends_and_repeatable():
 def test_augmentation_of_non_image_data_is_a_config_error():
     with pytest.raises(driftlab.ConfigError, match="data.augment needs image inputs"):
         driftlab.run({"rounds": 1, "data": {"augment": True}})
+
+
+# ------------------------------------------------------------------ divergence
+
+def test_divergence_names_every_non_finite_number_of_a_record():
+    healthy = {"round": 3, "model_norm": 12.5, "test_loss": 0.4, "reporting_clients": [1, 2], "dissimilarity_b2": None}
+    assert divergence(healthy, {"test_loss": 2.3, "train_loss": 2.3}, 1000.0) is None
+    problem = divergence(healthy | {"model_norm": float("inf"), "test_loss": float("nan")}, None, 0.0)
+    assert problem.startswith("non-finite values model_norm=inf, test_loss=nan;") and "lower client.lr" in problem
+    assert "drift_norm=[1.0, -inf]" in divergence(healthy | {"drift_norm": [1.0, float("-inf")]}, None, 0.0)
+
+
+def test_divergence_compares_evaluated_losses_with_the_initial_models():
+    initial = {"train_loss": 2.0, "test_loss": 2.5}
+    problem = divergence({"round": 1, "train_loss": 2500.0, "test_loss": 2000.0}, initial, 1000.0)
+    assert problem.startswith("train_loss is 2500, 1.25e+03 times the initial model's 2 (more than evaluation.divergence_factor=1000)")
+    assert "raise evaluation.divergence_factor (0 = off)" in problem
+    assert divergence({"round": 1, "train_loss": 1999.0, "test_loss": 2499.0}, initial, 1000.0) is None
+    assert divergence({"round": 1, "train_loss": 2500.0}, initial, 0.0) is None  # 0: the loss test is off
+    assert divergence({"round": 1}, initial, 1000.0) is None  # rounds without evaluation have no loss to compare
+    # an objective that starts at 0 or below (the quadratic clients') has no scale to compare with
+    assert divergence({"round": 1, "train_loss": 1e300}, {"train_loss": 0.0, "test_loss": -1.0}, 1000.0) is None
+
+
+def test_a_round_whose_loss_overflows_raises_and_returns_no_record():
+    # 25 GD steps of size 1e5 on curvatures in [1, 3]: |x| grows ~(3e5)^25 ≈ 1e137 per round; x stays finite in round 2, ½ z x² does not
+    config = driftlab.load_config(quadratic(rounds=3, backend="sequential", data={"num_clients": 2}, client={"lr": 1e5, "steps": 25}))
+    sim, state = build_simulation(config)
+    state, record = run_round(sim, state, evaluate_after=True)
+    assert record["round"] == 1 and np.isfinite(record["test_loss"])
+    with pytest.raises(FloatingPointError, match=r"^the run diverged in round 2: non-finite values test_loss=inf, train_loss=inf; lower client.lr"):
+        run_round(sim, state, evaluate_after=True, commit=False)
+    assert torch.isfinite(state.server.params).all()
+
+
+@pytest.mark.slow
+def test_the_loss_reference_is_the_initial_model_and_computing_it_changes_no_result():
+    base = {"rounds": 3, "data": {"num_clients": 4}, "client": {"steps": 2}, "sampling": {"participation": 0.5}}
+    sim, _ = build_simulation(driftlab.load_config(base))
+    metrics = evaluate(sim, sim.initial_params)
+    assert reference_losses(sim) == {"test_loss": metrics["test_loss"], "train_loss": metrics["train_loss"]}
+    checked = driftlab.run(base)
+    unchecked = driftlab.run(base | {"evaluation": {"divergence_factor": 0}})
+    assert torch.equal(checked.final_params, unchecked.final_params)
+    strip = lambda records: [{k: v for k, v in r.items() if k != "round_seconds"} for r in records]  # noqa: E731
+    assert strip(checked.records) == strip(unchecked.records)
+
+
+def test_dissimilarity_is_none_where_the_global_gradient_vanishes():
+    # one client f(x) = ½ x² − x (z = 1): the gradient x − 1 vanishes at x = 1, where B(θ)² = 0/0
+    sim, _ = build_simulation(driftlab.load_config(quadratic(data={"num_clients": 1})))
+    metrics = dissimilarity(sim, torch.tensor([1.0], dtype=torch.float64))
+    assert metrics == {"dissimilarity_b2": None, "gradient_variance": 0.0}

@@ -1,0 +1,201 @@
+"""What a run writes about its rounds: honest divergence, strict metrics.jsonl, metrics.csv, RunResult.frame()."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+
+import driftlab
+from driftlab.cli import main
+from driftlab.experiments.runner import RunResult, read_run_info
+
+# The quadratic clients, two of them, trained one by one: rounds take milliseconds.
+QUADRATIC = ["data.num_clients=2", "backend=sequential"]
+# GD steps of size 1e5 on curvatures in [1, 3] multiply |x| by ~1e54 a round: in round 3 x is still finite, ½ z x² is not.
+OVERFLOWING = [*QUADRATIC, "client.lr=1e5", "rounds=6", "evaluation.every=1", "checkpoint_every=10"]
+# Synthetic data with a step of 1e6: the round-1 model's loss is ~2.5 million times the initial model's, but finite.
+EXPLODING = ["rounds=3", "data.num_clients=4", "client.steps=2", "backend=sequential", "client.lr=1e6"]
+
+
+def _strict_records(path: Path) -> list[dict]:
+    """Every line of a metrics.jsonl, read as strict JSON (NaN and Infinity are not JSON)."""
+
+    def refuse(constant: str):
+        raise ValueError(f"{path} holds {constant}, which is not JSON")
+
+    return [json.loads(line, parse_constant=refuse) for line in path.read_text().splitlines()]
+
+
+def _csv_table(path: Path) -> tuple[list[str], list[list[str]]]:
+    with open(path, newline="") as handle:
+        rows = list(csv.reader(handle))
+    return rows[0], rows[1:]
+
+
+def _assert_csv_matches(out: Path, records: list[dict]) -> None:
+    """metrics.csv is ``records`` as a table: every key a column in first-seen order, a row per round,
+    empty where a round lacks the key, every other cell the value's JSON text."""
+    columns, rows = _csv_table(out / "metrics.csv")
+    expected_columns: list[str] = []
+    for record in records:
+        expected_columns += [key for key in record if key not in expected_columns]
+    assert columns == expected_columns
+    assert len(rows) == len(records)
+    for row, record in zip(rows, records):
+        assert len(row) == len(columns)
+        for column, cell in zip(columns, row):
+            if record.get(column) is None:
+                assert cell == ""
+            else:
+                assert json.loads(cell) == record[column]
+
+
+def _checkpoint_round(out: Path) -> int:
+    with safe_open(str(out / "checkpoint.safetensors"), framework="pt") as handle:
+        return int(handle.metadata()["round"])
+
+
+def _without_wall_time(records: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if k != "round_seconds"} for r in records]
+
+
+# ------------------------------------------------------------------ divergence
+
+
+def test_a_diverged_round_is_neither_recorded_nor_checkpointed(tmp_path):
+    out = tmp_path / "run"
+    with pytest.raises(FloatingPointError) as caught:
+        driftlab.run("quadratic-constant-k", out, overrides=OVERFLOWING)
+    message = str(caught.value)
+    assert message.startswith("the run diverged in round 3: non-finite values test_loss=inf, train_loss=inf; lower client.lr")
+    assert (
+        f"The checkpoint of round 2, the last healthy round, is kept in {out / 'checkpoint.safetensors'}; "
+        f"{out / 'metrics.jsonl'} and metrics.csv hold rounds 1-2" in message
+    )
+    assert _checkpoint_round(out) == 2  # written on the way out: checkpoint_every=10 had written none
+    records = _strict_records(out / "metrics.jsonl")
+    assert [r["round"] for r in records] == [1, 2]
+    assert all(abs(r["test_loss"]) < float("inf") for r in records)
+    _assert_csv_matches(out, records)
+    info = read_run_info(out)
+    assert (info["status"], info["rounds_done"], info["message"]) == ("diverged", 2, message)
+    assert not (out / "final_model.safetensors").exists()
+
+
+def test_a_loss_far_above_the_initial_models_is_divergence_even_in_round_1(tmp_path):
+    out = tmp_path / "run"
+    with pytest.raises(FloatingPointError) as caught:
+        driftlab.run(None, out, overrides=EXPLODING)
+    message = str(caught.value)
+    assert message.startswith("the run diverged in round 1: train_loss is ")
+    assert "times the initial model's" in message and "(more than evaluation.divergence_factor=1000)" in message
+    assert "lower client.lr" in message and "raise evaluation.divergence_factor (0 = off)" in message
+    assert message.endswith("No checkpoint exists and no round was recorded: the run diverged in its first round")
+    assert sorted(p.name for p in out.iterdir() if p.name != ".lock") == ["config.json", "run.json"]
+    info = read_run_info(out)
+    assert (info["status"], info["rounds_done"]) == ("diverged", 0)
+
+
+def test_divergence_factor_0_turns_the_loss_test_off_but_never_the_finiteness_test():
+    result = driftlab.run(None, overrides=[*EXPLODING, "rounds=1", "evaluation.divergence_factor=0"])
+    assert 1e6 < result.records[0]["train_loss"] < float("inf")
+    with pytest.raises(FloatingPointError, match="round 3: non-finite values test_loss=inf"):
+        driftlab.run("quadratic-constant-k", overrides=[*OVERFLOWING, "evaluation.divergence_factor=0"])
+
+
+@pytest.mark.parametrize("factor", ["1", "0.5", "-2"])
+def test_a_divergence_factor_that_is_no_growth_is_a_config_error(factor):
+    with pytest.raises(driftlab.ConfigError, match="evaluation.divergence_factor"):
+        driftlab.load_config(None, [f"evaluation.divergence_factor={factor}"])
+
+
+def test_the_cli_prints_the_divergence_message_once_and_exits_3(tmp_path, capsys):
+    out = tmp_path / "run"
+    code = main(["run", "quadratic-constant-k", *OVERFLOWING, "--out", str(out), "--quiet"])
+    error = capsys.readouterr().err
+    assert code == 3
+    assert error.startswith("driftlab: error: the run diverged in round 3: non-finite values test_loss=inf")
+    assert error.count("kept in") == 1 and f"The checkpoint of round 2, the last healthy round, is kept in {out}" in error
+    assert "Traceback" not in error
+
+
+# ------------------------------------------------------------------ metrics.jsonl and metrics.csv
+
+
+def test_metrics_csv_holds_what_metrics_jsonl_holds(tmp_path):
+    out = tmp_path / "run"
+    # evaluation every 2 rounds: round 1 lacks the evaluation keys, which come after all of its own
+    overrides = [*QUADRATIC, "rounds=6", "evaluation.every=2"]
+    result = driftlab.run("quadratic-constant-k", out, overrides=overrides)
+    records = _strict_records(out / "metrics.jsonl")
+    assert records == result.records
+    _assert_csv_matches(out, records)
+    columns, rows = _csv_table(out / "metrics.csv")
+    assert columns[0] == "round" and columns.index("round_seconds") < columns.index("test_loss")  # first seen, not per record
+    assert [row[columns.index("test_loss")] == "" for row in rows] == [True, False, True, False, True, False]
+    assert json.loads(rows[0][columns.index("reporting_clients")]) == [0, 1]
+
+
+def test_metrics_csv_follows_interrupts_kills_and_resumes(tmp_path):
+    overrides = [*QUADRATIC, "rounds=6", "evaluation.every=2", "checkpoint_every=2"]
+    reference = driftlab.run("quadratic-constant-k", tmp_path / "reference", overrides=overrides)
+
+    # Ctrl-C after round 3: the run stops with round 3 checkpointed, and metrics.csv rewritten to match
+    interrupted = tmp_path / "interrupted"
+
+    def interrupt(record):
+        if record["round"] == 3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        driftlab.run("quadratic-constant-k", interrupted, overrides=overrides, progress=interrupt)
+    records = _strict_records(interrupted / "metrics.jsonl")
+    assert [r["round"] for r in records] == [1, 2, 3]
+    _assert_csv_matches(interrupted, records)
+
+    # a kill after round 3: metrics.csv is still the table of the round-2 checkpoint, a prefix of metrics.jsonl
+    running, killed = tmp_path / "running", tmp_path / "killed"
+
+    def snapshot(record):
+        if record["round"] == 3:
+            shutil.copytree(running, killed)
+
+    driftlab.run("quadratic-constant-k", running, overrides=overrides, progress=snapshot)
+    _assert_csv_matches(killed, _strict_records(killed / "metrics.jsonl")[:2])
+
+    for out in (interrupted, killed):
+        resumed = driftlab.run("quadratic-constant-k", out, resume=True, overrides=overrides)
+        records = _strict_records(out / "metrics.jsonl")
+        assert _without_wall_time(records) == _without_wall_time(reference.records)
+        assert records == resumed.records
+        _assert_csv_matches(out, records)
+
+
+# ------------------------------------------------------------------ RunResult.frame()
+
+
+def _result() -> RunResult:
+    records = [{"round": 1, "test_loss": 0.5}, {"round": 2, "test_loss": 0.25, "reporting_clients": [0, 1]}]
+    return RunResult(driftlab.load_config(None), records, torch.zeros(1), 1)
+
+
+def test_frame_without_pandas_says_how_to_get_it_and_what_works_without(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pandas", None)  # import pandas now fails, as on a default install
+    with pytest.raises(ImportError) as caught:
+        _result().frame()
+    message = str(caught.value)
+    assert "pip install pandas" in message and "result.records" in message and "metrics.csv" in message
+
+
+def test_frame_with_pandas_has_a_row_per_round():
+    pd = pytest.importorskip("pandas")
+    frame = _result().frame()
+    assert isinstance(frame, pd.DataFrame)
+    assert frame["round"].tolist() == [1, 2] and frame["test_loss"].tolist() == [0.5, 0.25]
