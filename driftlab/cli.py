@@ -3,22 +3,34 @@
     driftlab demo                                   every algorithm on synthetic(1,1): table + plot
     driftlab run CONFIG [key=value ...] --out DIR   one experiment (CONFIG: a .toml/.json file or a preset)
     driftlab run CONFIG --out DIR --resume          continue an interrupted run exactly
-    driftlab config [CONFIG] [key=value ...]        list every key, or print a resolved config
+    driftlab config [CONFIG] [key=value ...]        list every key, or print a resolved config (--toml: a file to edit)
     driftlab sweep SWEEP --out DIR                  a grid of runs x seeds in parallel processes, resumable
     driftlab report DIR [DIR ...] --out REPORT      tables (Markdown, CSV) and plots from runs and sweeps
     driftlab presets                                list the shipped presets and sweeps
     driftlab data list                              the data sets, partitions and models a config can name
     driftlab data describe CONFIG [key=value ...]   clients, samples per client, classes holding 80% of a client's data
     driftlab data download NAME --to DIR            fetch official files (checksummed, resumable); never needed for tests
+
+key=value overrides may stand anywhere after the command, before or after its options.
+An unexpected failure prints one line and the path of a log holding the traceback;
+``--debug`` (before or after the command) prints the traceback too.
 """
 
 from __future__ import annotations
 
 import argparse
+import codecs
 import json
 import os
+import re
+import shutil
 import sys
+import tempfile
+import textwrap
+import time
+import traceback
 from pathlib import Path
+from typing import Any
 
 from driftlab.data.federated import DataFileError
 from driftlab.experiments.datasets import DataSetupError
@@ -31,7 +43,7 @@ EPILOG_RUN = """examples:
   driftlab run mnist-fedadam data.root=/data/mnist server.lr=0.01 --out runs/fedadam
   driftlab run runs/fedavg/config.json --out runs/fedavg --resume
 
-overrides are section.key=value with TOML values; `driftlab config` lists every key."""
+overrides are section.key=value with TOML values, before or after the options; `driftlab config` lists every key."""
 
 EPILOG_SWEEP = """examples:
   driftlab sweep fedprox-figure1 --out runs/fedprox-figure1            a shipped sweep (see `driftlab presets`)
@@ -51,11 +63,16 @@ EPILOG_REPORT = """examples:
 writes report.md, targets.csv, accuracy.csv, steps.csv and PNG plots to --out."""
 
 
+# Commands whose positional `key=value` overrides may also follow their options.
+TAKES_OVERRIDES = {("demo",), ("run",), ("config",), ("sweep",), ("data", "describe")}
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="driftlab", description="Federated optimization simulator: FedAvg, FedOpt and drift-correcting algorithms.")
+    parser.add_argument("--debug", action="store_true", help="print the full traceback of an unexpected error (it is always written to a log file)")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    demo = commands.add_parser("demo", help="compare every algorithm on the built-in synthetic(1,1) default (about a minute)")
+    demo = commands.add_parser("demo", help="compare every algorithm on the built-in synthetic(1,1) default (3-5 minutes on 2 cores)")
     demo.add_argument("overrides", nargs="*", metavar="key=value", help="overrides applied to every demo run, e.g. rounds=30")
     demo.add_argument("--out", default="driftlab-demo", help="output directory (default: driftlab-demo)")
     demo.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -73,9 +90,14 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--resume", action="store_true", help="continue the interrupted run in --out from its checkpoint")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
 
-    config = commands.add_parser("config", help="list every configuration key, or print a resolved configuration")
+    config = commands.add_parser(
+        "config",
+        help="list every configuration key, or print a resolved configuration",
+        epilog="example: driftlab config synthetic-fedavg rounds=50 --toml > my.toml   then   driftlab run my.toml --out runs/mine",
+    )
     config.add_argument("config", nargs="?", help="a config file or preset to resolve")
     config.add_argument("overrides", nargs="*", metavar="key=value")
+    config.add_argument("--toml", action="store_true", help="print TOML to save and edit (the resolved config, defaults included) instead of JSON")
 
     sweep = commands.add_parser(
         "sweep",
@@ -114,7 +136,7 @@ def _parser() -> argparse.ArgumentParser:
 
     data = commands.add_parser("data", help="data sets: list, describe a partition, download official files")
     data_commands = data.add_subparsers(dest="data_command", required=True)
-    data_commands.add_parser("list", help="data sets, partitions and models a config can name")
+    data_commands.add_parser("list", help="data sets (and whether their files are on disk), partitions and models a config can name")
     describe = data_commands.add_parser("describe", help="summarise the clients a config's data and partition produce")
     describe.add_argument("config", help="a config file or preset")
     describe.add_argument("overrides", nargs="*", metavar="key=value")
@@ -125,19 +147,49 @@ def _parser() -> argparse.ArgumentParser:
     )
     download.add_argument("name", help="data set (see `driftlab data list`)")
     download.add_argument("--to", required=True, help="directory to write the files to")
+    for command in (*commands.choices.values(), *data_commands.choices.values()):
+        # --debug after the command too; SUPPRESS keeps a command from resetting a --debug given before it
+        command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return parser
 
 
+def parse_arguments(argv: list[str]) -> argparse.Namespace:
+    """Parse the command line, taking ``key=value`` overrides wherever they stand after the command.
+
+    argparse fills a positional list only from the words before the first option, so
+    ``run X --out D rounds=2`` leaves ``rounds=2`` over; such words are appended to the
+    command's overrides in their order.  Anything else left over is argparse's usual error.
+    """
+    parser = _parser()
+    args, extras = parser.parse_known_args(argv)
+    command = (args.command, getattr(args, "data_command", None)) if args.command == "data" else (args.command,)
+    takes_overrides = command in TAKES_OVERRIDES
+    unknown = [word for word in extras if not (takes_overrides and _looks_like_override(word))]
+    if unknown:
+        hint = " (overrides are section.key=value)" if takes_overrides else ""
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}{hint}")
+    if extras:
+        args.overrides = [*args.overrides, *extras]
+    return args
+
+
+def _looks_like_override(word: str) -> bool:
+    return not word.startswith("-") and "=" in word and bool(word.partition("=")[0].strip())
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else [str(word) for word in argv]
+    args = None
     try:
+        args = parse_arguments(argv)
+        _check_named_files(args)
         return _dispatch(args)
     except (ConfigError, DataFileError, DataSetupError, CheckpointError) as error:
         print(f"driftlab: error: {error}", file=sys.stderr)
         return 2
     except FloatingPointError as error:
-        # A diverged run: its metrics and the checkpoint of the last finite round stay in --out for inspection.
-        print(f"driftlab: error: {error}; metrics and the last finite round's checkpoint are kept in --out", file=sys.stderr)
+        # A diverged run; the message names the round, the values, and the checkpoint kept (or that none exists).
+        print(f"driftlab: error: {error}", file=sys.stderr)
         return 3
     except KeyboardInterrupt:
         print("driftlab: interrupted; the last completed round is checkpointed, continue with --resume", file=sys.stderr)
@@ -146,6 +198,95 @@ def main(argv: list[str] | None = None) -> int:
         # `driftlab sweep ... --dry-run | head`: the reader left; say nothing more.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as error:
+        # the file system refused (permissions, a file where a folder must be, a full disk): the user can fix that
+        print(f"driftlab: error: {_describe_os_error(error)}", file=sys.stderr)
+        return 2
+    except Exception as error:  # noqa: BLE001 - the last resort: never a traceback the user did not ask for
+        debug = bool(getattr(args, "debug", False)) if args is not None else "--debug" in argv
+        return _report_unexpected(error, argv, args, debug)
+
+
+ERROR_LOG = "error.log"
+MESSAGE_LIMIT = 500  # characters of an unexpected error's message on the terminal; the log has all of it
+
+
+def _report_unexpected(error: Exception, argv: list[str], args: argparse.Namespace | None, debug: bool) -> int:
+    """One short line, the log holding the traceback, exit code 1; the traceback on stderr only with --debug."""
+    details = "".join(traceback.format_exception(error))
+    log = _write_error_log(details, argv, args)
+    message = " ".join(str(error).split())
+    if len(message) > MESSAGE_LIMIT:
+        message = message[:MESSAGE_LIMIT] + " ..."
+    if debug:
+        print(details, file=sys.stderr, end="")
+    print(f"driftlab: error: {type(error).__name__}: {message}" if message else f"driftlab: error: {type(error).__name__}", file=sys.stderr)
+    if log is not None:
+        print(f"driftlab: full traceback in {log}" + ("" if debug else " (or run again with --debug)"), file=sys.stderr)
+    elif not debug:
+        print("driftlab: no log could be written; run again with --debug to see the traceback", file=sys.stderr)
+    return 1
+
+
+def _write_error_log(details: str, argv: list[str], args: argparse.Namespace | None) -> Path | None:
+    """Append to ``<--out>/error.log`` when that folder exists (appending never loses an earlier log), else a new temp file."""
+    import driftlab
+
+    entry = (
+        f"--- {time.strftime('%Y-%m-%d %H:%M:%S')}  driftlab {driftlab.__version__}  python {sys.version.split()[0]}\n"
+        f"command: driftlab {' '.join(argv)}\ncwd: {os.getcwd()}\n{details}\n"
+    )
+    out = getattr(args, "out", None) if args is not None else None
+    candidates = []
+    if out and Path(out).is_dir():
+        candidates.append(Path(out) / ERROR_LOG)
+    candidates.append(Path(tempfile.gettempdir()) / f"driftlab-error-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log")
+    for path in candidates:
+        try:
+            with open(path, "a", encoding="utf-8", errors="replace") as handle:
+                handle.write(entry)
+            return path
+        except OSError:
+            continue
+    return None
+
+
+def _describe_os_error(error: OSError) -> str:
+    reason = error.strerror or type(error).__name__
+    if error.filename is None:
+        return f"{reason} ({error})" if str(error) != reason else reason
+    target = f" -> {error.filename2}" if error.filename2 is not None else ""
+    return f"{error.filename}{target}: {reason}"
+
+
+def _check_named_files(args: argparse.Namespace) -> None:
+    """A config or sweep file named on the command line must be readable UTF-8 text: say which file, and why, if not."""
+    for name in ("config", "sweep"):
+        value = getattr(args, name, None)
+        if value is not None and Path(value).is_file():
+            _check_utf8_text(Path(value))
+
+
+def _check_utf8_text(path: Path) -> None:
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    offset = 0  # bytes read before the current chunk
+    try:
+        with open(path, "rb") as handle:
+            while True:
+                chunk = handle.read(1 << 20)  # a chunk at a time: a huge file is refused elsewhere, not read whole here
+                pending = len(decoder.getstate()[0])
+                try:
+                    decoder.decode(chunk, final=not chunk)
+                except UnicodeDecodeError as error:
+                    raise ConfigError(
+                        f"{path} is not UTF-8 text (byte 0x{error.object[error.start]:02x} at offset {offset - pending + error.start}); "
+                        "save it as UTF-8"
+                    ) from None
+                if not chunk:
+                    return
+                offset += len(chunk)
+    except OSError as error:
+        raise ConfigError(f"cannot read {path}: {error.strerror or error}") from None
 
 
 def _dispatch(args: argparse.Namespace) -> int:
@@ -153,10 +294,13 @@ def _dispatch(args: argparse.Namespace) -> int:
         from driftlab.experiments.sweep import load_sweep, sweep_names
 
         print("configs (driftlab run NAME --out DIR):")
-        print("\n".join(f"  {name}" for name in preset_names()))
+        for name in preset_names():
+            print(f"  {name}")
+            print(_wrapped(preset_description(name)))
         print("sweeps (driftlab sweep NAME --out DIR):")
         for name in sweep_names():
-            print(f"  {name:28s} {load_sweep(name).description.splitlines()[0] if load_sweep(name).description else ''}")
+            print(f"  {name}")
+            print(_wrapped(load_sweep(name).description))
         return 0
     if args.command == "report":
         from driftlab.experiments.report import make_report
@@ -172,8 +316,16 @@ def _dispatch(args: argparse.Namespace) -> int:
         if args.config is not None and "=" in args.config and not Path(args.config).exists():
             # `driftlab config client.lr=0.5`: an override, not a config file; resolve it on the defaults
             args.config, args.overrides = None, [args.config, *args.overrides]
-        if args.config is None and not args.overrides:
+        if args.config is None and not args.overrides and not args.toml:
             print(describe_keys())
+        elif args.toml:
+            source = " ".join(filter(None, [args.config, *args.overrides])) or "(the defaults)"
+            header = (
+                f"# driftlab config {source}\n"
+                "# The resolved config, defaults included (unset keys are left out; `driftlab config` lists and explains every key).\n"
+                "# Save it (> my.toml), edit it, then: driftlab run my.toml --out DIR\n"
+            )
+            print(header + to_toml(load_config(args.config, args.overrides).to_dict()), end="")
         else:
             print(json.dumps(load_config(args.config, args.overrides).to_dict(), indent=2))
         return 0
@@ -186,7 +338,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     install_termination_handler()
     if args.command == "run":
         config = load_config(args.config, args.overrides)
-        result = run(config, args.out, resume=args.resume, progress=not args.quiet)
+        result = run(config, args.out, resume=args.resume, progress=not args.quiet, progress_label=Path(args.out).name or config.algorithm.name)
         print(json.dumps(result.summary, indent=2))
         print(f"metrics: {args.out}/metrics.jsonl")
         return 0
@@ -199,6 +351,93 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(f"\nplot: {args.out}/accuracy.png   table: {args.out}/summary.md   per-round metrics: {args.out}/<algorithm>/metrics.jsonl")
         return 0
     raise AssertionError(args.command)
+
+
+def preset_description(name: str) -> str:
+    """The comment lines at the top of a shipped preset, as one paragraph."""
+    from importlib import resources
+
+    from driftlab.experiments.config import PRESET_PACKAGE
+
+    lines = []
+    for line in resources.files(PRESET_PACKAGE).joinpath(f"{name}.toml").read_text(encoding="utf-8").splitlines():
+        if not line.startswith("#"):
+            break
+        lines.append(line.lstrip("#").strip())
+    return " ".join(" ".join(lines).split())
+
+
+def _wrapped(text: str, indent: str = "      ") -> str:
+    """A description as a paragraph wrapped to the terminal (at most 100 columns), never cut."""
+    width = max(40, min(100, shutil.get_terminal_size((100, 24)).columns))
+    paragraph = " ".join(text.split())
+    return textwrap.fill(paragraph, width=width, initial_indent=indent, subsequent_indent=indent) if paragraph else f"{indent}(no description)"
+
+
+# ----------------------------------------------------------------- TOML output (tomllib only reads)
+
+_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+def to_toml(table: dict[str, Any]) -> str:
+    """A resolved config (plain dicts, lists, strings, numbers, booleans) as TOML that ``load_config`` reads back equal.
+
+    Top-level tables become ``[section]`` headers; a list of tables inside one (``availability.events``)
+    becomes ``[[section.key]]`` blocks; deeper tables (schedules) are inline: ``lr = {kind = "exponential", ...}``.
+    """
+    lines = [f"{_toml_key(key)} = {_toml_value(value)}" for key, value in table.items() if not isinstance(value, dict) and value is not None]
+    for section, content in table.items():
+        if not isinstance(content, dict):
+            continue
+        lines += ["", f"[{_toml_key(section)}]"]
+        blocks = {key: value for key, value in content.items() if _is_table_list(value)}
+        lines += [f"{_toml_key(key)} = {_toml_value(value)}" for key, value in content.items() if key not in blocks and value is not None]
+        for key, items in blocks.items():
+            for item in items:
+                lines += ["", f"[[{_toml_key(section)}.{_toml_key(key)}]]"]
+                lines += [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in item.items() if v is not None]
+    return "\n".join(lines).lstrip("\n") + "\n"
+
+
+def _is_table_list(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(isinstance(item, dict) for item in value)
+
+
+def _toml_key(key: str) -> str:
+    return key if _BARE_KEY.match(key) else _toml_string(key)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if value != value:
+            return "nan"
+        if value in (float("inf"), float("-inf")):
+            return "inf" if value > 0 else "-inf"
+        return repr(value)  # shortest text that reads back as the same float
+    if isinstance(value, str):
+        return _toml_string(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(item) for item in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in value.items() if v is not None) + "}"
+    raise TypeError(f"cannot write {type(value).__name__} {value!r} as TOML")
+
+
+def _toml_string(text: str) -> str:
+    escapes = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\t": "\\t", "\r": "\\r"}
+    out = []
+    for char in text:
+        if char in escapes:
+            out.append(escapes[char])
+        elif ord(char) < 0x20 or ord(char) == 0x7F:
+            out.append(f"\\u{ord(char):04x}")
+        else:
+            out.append(char)
+    return '"' + "".join(out) + '"'
 
 
 def _float_list(text: str, option: str) -> list[float]:
@@ -269,14 +508,19 @@ def _sweep_command(args: argparse.Namespace) -> int:
 def _data_command(args: argparse.Namespace) -> int:
     from driftlab.data.download import NOT_DOWNLOADABLE, dataset_names
     from driftlab.experiments.config import PARTITIONS
-    from driftlab.experiments.datasets import DATA_SETS, build_dataset, data_location
+    from driftlab.experiments.datasets import DATA_SETS, build_dataset, data_location, data_search_paths
     from driftlab.models import MODEL_NAMES
 
     if args.data_command == "list":
-        print("data sets (data.name):")
+        print("data sets (data.name), and whether their files are where data.root's default looks:")
         for name, info in DATA_SETS.items():
-            where = f"  [default files: ../shared/data/{info.default_location}]" if info.default_location else ""
-            print(f"  {name:18s} {info.description}{where}")
+            print(f"  {name:18s} {info.description}")
+            if info.default_location:
+                looked = data_search_paths(info.default_location)
+                found = next((path for path in looked if path.exists()), None)
+                state = f"present: {found}" if found else f"missing: looked in {', '.join(map(str, looked))}"
+                print(f"  {'':18s} [{state}]")
+        print("  (files elsewhere: data.root=PATH, or DRIFTLAB_DATA=DIR holding the folders named above)")
         print("partitions (data.partition): " + ", ".join(PARTITIONS))
         print("models (model.name): " + ", ".join(MODEL_NAMES))
         print("downloadable (driftlab data download NAME --to DIR): " + ", ".join(dataset_names()))

@@ -1,9 +1,17 @@
-"""The `driftlab` command line, run as a user runs it: a subprocess of `python -m driftlab.cli`."""
+"""The `driftlab` command line, run as a user runs it.
+
+Most cases call the entry point in this process (output captured, no interpreter
+start per case); the README's flows and the last-resort handler also run as a
+real `python -m driftlab.cli` process.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,17 +20,31 @@ import pytest
 
 import driftlab
 from driftlab import cli
-from driftlab.experiments.config import ExperimentConfig, preset_names
+from driftlab.experiments.config import ExperimentConfig, load_config, preset_names
 
 REPO_ROOT = Path(driftlab.__file__).resolve().parents[1]
 TINY = ["rounds=2", "client.epochs=none", "client.steps=2", "data.num_clients=5", "sampling.participation=0.4"]
 
 
-def driftlab_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
-    return subprocess.run(
-        [sys.executable, "-m", "driftlab.cli", *map(str, args)], capture_output=True, text=True, env=env, cwd=cwd, timeout=120
-    )
+def driftlab_cli(*args: object, cwd: Path | None = None, process: bool = False) -> subprocess.CompletedProcess:
+    """``driftlab ARGS`` as a finished process: run in this process, or with ``process=True`` a real one."""
+    argv = [str(arg) for arg in args]
+    if process:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
+        return subprocess.run([sys.executable, "-m", "driftlab.cli", *argv], capture_output=True, text=True, env=env, cwd=cwd, timeout=120)
+    saved_cwd = os.getcwd()
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        if cwd is not None:
+            os.chdir(cwd)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = cli.main(argv)
+            except SystemExit as exit_info:  # argparse: usage errors and --help
+                code = exit_info.code if isinstance(exit_info.code, int) else 0 if exit_info.code is None else 1
+    finally:
+        os.chdir(saved_cwd)
+    return subprocess.CompletedProcess(["driftlab", *argv], code, out.getvalue(), err.getvalue())
 
 
 def _assert_clean_error(result: subprocess.CompletedProcess, *fragments: str) -> None:
@@ -33,9 +55,10 @@ def _assert_clean_error(result: subprocess.CompletedProcess, *fragments: str) ->
         assert fragment in result.stderr
 
 
+@pytest.mark.slow
 def test_run_a_preset_with_overrides_then_resume_it(tmp_path):
     out = tmp_path / "run"
-    result = driftlab_cli("run", "synthetic-fedavg", *TINY, "--out", out, "--quiet")
+    result = driftlab_cli("run", "synthetic-fedavg", *TINY, "--out", out, "--quiet", process=True)
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout[: result.stdout.rindex("}") + 1])
     assert summary["rounds"] == 2 and summary["target_accuracy"] == 0.7
@@ -47,21 +70,45 @@ def test_run_a_preset_with_overrides_then_resume_it(tmp_path):
     assert (out / "final_model.safetensors").exists() and (out / "checkpoint.safetensors").exists()
 
     # the README's resume command: the stored config.json is a valid CONFIG, here extended by two rounds
-    resumed = driftlab_cli("run", out / "config.json", "rounds=4", "--out", out, "--resume", "--quiet")
+    resumed = driftlab_cli("run", out / "config.json", "--out", out, "--resume", "--quiet", "rounds=4", process=True)
     assert resumed.returncode == 0, resumed.stderr
     assert [json.loads(line)["round"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4]
 
 
-def test_presets_command():
+def _listed(block: str) -> dict[str, str]:
+    """`driftlab presets` output: name (indented 2) -> its description (the lines indented 6, joined)."""
+    entries: dict[str, list[str]] = {}
+    for line in block.splitlines():
+        if line.startswith("      "):
+            entries[next(reversed(entries))].append(line.strip())
+        elif line.startswith("  "):
+            entries[line.strip()] = []
+    return {name: " ".join(lines) for name, lines in entries.items()}
+
+
+def test_presets_command_shows_every_description_whole():
+    from driftlab.experiments.sweep import load_sweep, sweep_names
+
     result = driftlab_cli("presets")
     assert result.returncode == 0
+    assert all(len(line) <= 100 for line in result.stdout.splitlines())
     configs, sweeps = result.stdout.split("sweeps (driftlab sweep NAME --out DIR):")
-    assert configs.splitlines()[1:] == [f"  {name}" for name in preset_names()]
-    assert "synthetic-fedavg" in configs and "mnist-fedadam" in configs
-    from driftlab.experiments.sweep import sweep_names
+    presets = _listed(configs)
+    assert list(presets) == preset_names()
+    for name, description in presets.items():
+        assert description == cli.preset_description(name) and description, name
+    assert presets["demo-synthetic"].startswith("The `driftlab demo` workload: FedProx's synthetic(1,1)")
+    assert presets["demo-synthetic"].endswith("2 local epochs, 20% participation.")
+    listed = _listed(sweeps)
+    assert list(listed) == sweep_names()
+    for name, description in listed.items():
+        assert description == " ".join(load_sweep(name).description.split()), name  # the whole text, not its first line
+    assert "`--scale paper` runs the paper's 3000." in listed["decaying-k-quadratic"]
 
-    assert [line.split()[0] for line in sweeps.strip().splitlines()] == sweep_names()
-    assert "fedprox-figure1" in sweeps and "μ = 0 vs μ = 1" in sweeps
+
+def test_preset_description_is_the_leading_comment_block():
+    text = cli.preset_description("mnist-fedavg")
+    assert text.startswith("FedDyn Table 2 setting with FedAvg: MNIST, 100 clients") and "seed" not in text and "#" not in text
 
 
 def test_config_command_lists_every_key():
@@ -85,6 +132,54 @@ def test_config_command_with_only_overrides(capsys):
     assert cli.main(["config", "client.lr=0.25", "rounds=3"]) == 0  # overrides of the defaults, no CONFIG
     resolved = json.loads(capsys.readouterr().out)
     assert resolved["client"]["lr"] == 0.25 and resolved["rounds"] == 3
+
+
+def test_config_toml_round_trips_through_a_file(tmp_path, capsys):
+    overrides = [
+        "rounds=3",
+        'client.lr={kind="exponential",initial=0.1,decay=0.99}',
+        "client.steps={kind='inverse_time',a=100,b=1}",
+        "client.epochs=none",
+        'availability.events=[{round=2, join=[1, 2]}, {round=3, leave_range=[0, 2]}]',
+        "availability.initially_registered=10",
+        'model.hidden=[64, 32]',
+        "evaluation.target_accuracy=0.55",
+    ]
+    assert cli.main(["config", "synthetic-fedavg", *overrides, "--toml"]) == 0
+    text = capsys.readouterr().out
+    assert "[[availability.events]]" in text and 'lr = {kind = "exponential", initial = 0.1, decay = 0.99}' in text
+    saved = tmp_path / "my.toml"
+    saved.write_text(text)
+    original = load_config("synthetic-fedavg", overrides)
+    loaded = load_config(saved)
+    assert loaded.fingerprint() == original.fingerprint() and loaded.to_dict() == original.to_dict()
+
+
+@pytest.mark.parametrize("name", preset_names())
+def test_every_preset_round_trips_as_toml(tmp_path, name):
+    original = load_config(name)
+    saved = tmp_path / f"{name}.toml"
+    saved.write_text(cli.to_toml(original.to_dict()))
+    assert load_config(saved).to_dict() == original.to_dict()
+
+
+def test_toml_writer_values():
+    import tomllib
+
+    table = {
+        "a": 1,
+        "b": -2.5e-07,
+        "c": True,
+        "d": 'quote " backslash \\ newline \n tab \t bell \x07 del \x7f é',
+        "e": [1, 2.0, "x"],
+        "f": float("inf"),
+        "s": {"weird key": {"x": 1}, "list": [{"k": 1}], "empty": []},
+    }
+    text = cli.to_toml(table)
+    assert tomllib.loads(text) == table
+    assert '"weird key" = {x = 1}' in text and "[[s.list]]" in text
+    with pytest.raises(TypeError, match="cannot write"):
+        cli.to_toml({"x": object()})
 
 
 def test_run_help_mentions_the_keys():
@@ -127,6 +222,7 @@ def test_run_refusals_exit_2(tmp_path):
     _assert_clean_error(driftlab_cli("run", "synthetic-fedavg", *TINY, "client.lr=0.3", "--out", out, "--resume", "--quiet"), "cannot resume")
 
 
+@pytest.mark.slow
 def test_demo_writes_a_table_and_a_plot(tmp_path):
     out = tmp_path / "demo"
     result = driftlab_cli("demo", "rounds=2", "client.epochs=none", "client.steps=3", "--quiet", "--out", out)
@@ -140,6 +236,7 @@ def test_demo_writes_a_table_and_a_plot(tmp_path):
         assert [json.loads(line)["round"] for line in lines] == [1, 2]
 
 
+@pytest.mark.slow
 def test_a_diverging_run_exits_3_with_advice_and_keeps_its_checkpoint(tmp_path):
     out = tmp_path / "diverged"
     result = subprocess.run(
@@ -156,15 +253,16 @@ def test_a_diverging_run_exits_3_with_advice_and_keeps_its_checkpoint(tmp_path):
     assert 0 < rounds_written < 40
 
 
+@pytest.mark.slow
 def test_sweep_with_grid_runs_every_variant_then_reports(tmp_path):
     out = tmp_path / "sweep"
-    result = driftlab_cli("sweep", "synthetic-fedprox", *TINY, "--grid", "algorithm.mu=[0, 1]", "--seeds", "0,1", "--out", out)
+    result = driftlab_cli("sweep", "synthetic-fedprox", *TINY, "--grid", "algorithm.mu=[0, 1]", "--seeds", "0,1", "--out", out, process=True)
     assert result.returncode == 0, result.stderr
     assert "sweep finished: 4 complete" in result.stdout
     runs = sorted(p.parent.relative_to(out).as_posix() for p in out.glob("runs/*/*/metrics.jsonl"))
-    assert runs == ["runs/algorithm.mu-0/seed-0", "runs/algorithm.mu-0/seed-1", "runs/algorithm.mu-1/seed-0", "runs/algorithm.mu-1/seed-1"]
+    assert runs == ["runs/mu-0/seed-0", "runs/mu-0/seed-1", "runs/mu-1/seed-0", "runs/mu-1/seed-1"]  # labelled by the key's last part
     report = (out / "report" / "report.md").read_text()
-    assert "| algorithm.mu=0 | 2 |" in report and "| algorithm.mu=1 | 2 |" in report  # one accuracy row per method, 2 seeds each
+    assert "| mu=0 | 2 |" in report and "| mu=1 | 2 |" in report  # one accuracy row per method, 2 seeds each
 
     listed = driftlab_cli("sweep", "synthetic-fedprox", *TINY, "--grid", "algorithm.mu=[0, 1]", "--seeds", "0,1", "--out", out, "--dry-run")
     assert listed.returncode == 0, listed.stderr
@@ -186,3 +284,182 @@ def test_sweep_and_report_errors_are_clean(tmp_path):
     _assert_clean_error(driftlab_cli("report", tmp_path / "nothing-here", "--out", tmp_path / "r"), "nothing-here")
     _assert_clean_error(driftlab_cli("report", tmp_path, "--out", tmp_path / "r", "--targets", "high"), "--targets takes comma-separated numbers")
     assert not (tmp_path / "x").exists()  # nothing started
+
+
+# ------------------------------------------------------------------ overrides anywhere on the command line
+
+
+@pytest.mark.parametrize(
+    "argv, overrides",
+    [
+        (["run", "X", "--out", "D", "rounds=2"], ["rounds=2"]),
+        (["run", "X", "a.b=1", "--out", "D", "--quiet", "c.d=2", "--resume", "e=3"], ["a.b=1", "c.d=2", "e=3"]),
+        (["run", "--out", "D", "X", "rounds=2"], ["rounds=2"]),
+        (["sweep", "X", "--grid", "k=[1, 2]", "rounds=6", "--out", "D"], ["rounds=6"]),
+        (["config", "X", "--toml", "rounds=3"], ["rounds=3"]),
+        (["demo", "--quiet", "rounds=30", "--out", "D", "client.lr=-1"], ["rounds=30", "client.lr=-1"]),
+        (["data", "describe", "X", "--debug", "data.num_clients=4"], ["data.num_clients=4"]),
+    ],
+)
+def test_overrides_are_taken_anywhere_after_the_command(argv, overrides):
+    assert cli.parse_arguments(argv).overrides == overrides
+
+
+def test_overrides_after_options_reach_the_run(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert cli.main(["run", "synthetic-fedavg", "--out", str(out), "--quiet", *TINY, "client.lr=0.02"]) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["rounds"] == 2 and config["client"]["lr"] == 0.02
+    capsys.readouterr()
+    assert cli.main(["config", "synthetic-fedavg", "--toml", "rounds=3"]) == 0
+    assert "\nrounds = 3\n" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "argv, unknown",
+    [
+        (["run", "synthetic-fedavg", "--out", "D", "rounds=2", "stray"], "unrecognized arguments: stray (overrides are section.key=value)"),
+        (["run", "synthetic-fedavg", "--out", "D", "--bogus"], "unrecognized arguments: --bogus"),
+        (["presets", "rounds=2"], "unrecognized arguments: rounds=2"),
+        (["report", "A", "--out", "R", "rounds=2"], "unrecognized arguments: rounds=2"),
+    ],
+)
+def test_words_that_are_no_override_are_argparse_errors(argv, unknown, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"driftlab: error: {unknown}" in err and "Traceback" not in err
+
+
+# ------------------------------------------------------------------ the last-resort handler
+
+
+@pytest.fixture
+def temp_dir(tmp_path, monkeypatch):
+    """tempfile.gettempdir() for the error logs, inside the test's own folder."""
+    import tempfile
+
+    logs = tmp_path / "tmp"
+    logs.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(logs))
+    return logs
+
+
+def _fail_with(monkeypatch, error: BaseException) -> None:
+    def dispatch(args):
+        raise error
+
+    monkeypatch.setattr(cli, "_dispatch", dispatch)
+
+
+def test_an_unexpected_error_is_one_line_a_log_and_exit_1(monkeypatch, capsys, temp_dir):
+    _fail_with(monkeypatch, IndexError("index 7 is out of bounds for dimension 0 with size 5"))
+    assert cli.main(["presets"]) == 1
+    captured = capsys.readouterr()
+    lines = captured.err.splitlines()
+    assert lines[0] == "driftlab: error: IndexError: index 7 is out of bounds for dimension 0 with size 5"
+    (log,) = temp_dir.glob("driftlab-error-*.log")
+    assert lines[1] == f"driftlab: full traceback in {log} (or run again with --debug)" and len(lines) == 2
+    assert "Traceback" not in captured.err + captured.out
+    text = log.read_text()
+    assert "Traceback (most recent call last)" in text and "IndexError: index 7" in text and "command: driftlab presets" in text
+
+
+def test_the_log_goes_to_an_existing_out_directory_and_keeps_what_was_there(tmp_path, monkeypatch, capsys, temp_dir):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "error.log").write_text("the user's earlier log\n")
+    _fail_with(monkeypatch, RuntimeError("boom"))
+    assert cli.main(["run", "synthetic-fedavg", "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert err.splitlines() == ["driftlab: error: RuntimeError: boom", f"driftlab: full traceback in {out / 'error.log'} (or run again with --debug)"]
+    text = (out / "error.log").read_text()
+    assert text.startswith("the user's earlier log\n") and "RuntimeError: boom" in text
+    assert not list(temp_dir.iterdir())
+    # an --out that does not exist yet: the temporary folder, and nothing created at --out
+    assert cli.main(["run", "synthetic-fedavg", "--out", str(tmp_path / "new")]) == 1
+    assert not (tmp_path / "new").exists() and len(list(temp_dir.glob("driftlab-error-*.log"))) == 1
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize("argv", [["--debug", "presets"], ["presets", "--debug"], ["data", "list", "--debug"], ["data", "--debug", "list"]])
+def test_debug_before_or_after_the_command_prints_the_traceback(argv, monkeypatch, capsys, temp_dir):
+    _fail_with(monkeypatch, ValueError("bad"))
+    assert cli.main(argv) == 1
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err and err.rstrip().endswith("driftlab: full traceback in " + str(next(temp_dir.glob("*.log"))))
+    assert "driftlab: error: ValueError: bad" in err
+
+
+def test_a_huge_error_message_is_cut_on_the_terminal_only(monkeypatch, capsys, temp_dir):
+    _fail_with(monkeypatch, RuntimeError("x" * 100_000))
+    assert cli.main(["presets"]) == 1
+    first = capsys.readouterr().err.splitlines()[0]
+    assert len(first) < 600 and first.endswith(" ...")
+    assert "x" * 100_000 in next(temp_dir.glob("*.log")).read_text()
+
+
+def test_known_errors_keep_their_exit_codes(monkeypatch, capsys, temp_dir):
+    from driftlab.experiments.config import ConfigError
+
+    _fail_with(monkeypatch, ConfigError("client.lr: must be positive"))
+    assert cli.main(["presets"]) == 2
+    assert capsys.readouterr().err == "driftlab: error: client.lr: must be positive\n"
+    _fail_with(monkeypatch, KeyboardInterrupt())
+    assert cli.main(["presets"]) == 130
+    assert "interrupted" in capsys.readouterr().err
+    _fail_with(monkeypatch, PermissionError(13, "Permission denied", "/data/secret"))
+    assert cli.main(["presets"]) == 2
+    assert capsys.readouterr().err == "driftlab: error: /data/secret: Permission denied\n"
+    assert not list(temp_dir.iterdir())  # known errors need no log
+
+
+def test_a_config_file_that_is_not_utf8_is_named(tmp_path, capsys):
+    bad = tmp_path / "latin1.toml"
+    bad.write_bytes("# réglages\nrounds = 3\n".encode("latin-1"))
+    for argv in (["run", str(bad), "--out", str(tmp_path / "run")], ["config", str(bad)], ["sweep", str(bad), "--out", str(tmp_path / "s")]):
+        assert cli.main(argv) == 2
+        err = capsys.readouterr().err
+        assert err == f"driftlab: error: {bad} is not UTF-8 text (byte 0xe9 at offset 3); save it as UTF-8\n", err
+    assert not (tmp_path / "run").exists() and not (tmp_path / "s").exists()
+    truncated = tmp_path / "cut.toml"
+    truncated.write_bytes("rounds = 3 # é".encode()[:-1])
+    assert cli.main(["config", str(truncated)]) == 2
+    assert "is not UTF-8 text" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="root reads any file")
+def test_an_unreadable_config_file_is_named(tmp_path, capsys):
+    secret = tmp_path / "secret.toml"
+    secret.write_text("rounds = 3\n")
+    secret.chmod(0)
+    assert cli.main(["config", str(secret)]) == 2
+    assert capsys.readouterr().err.startswith(f"driftlab: error: cannot read {secret}: Permission denied")
+
+
+@pytest.mark.slow
+def test_an_unexpected_error_in_a_real_process_has_no_traceback(tmp_path):
+    """The installed entry point, end to end: the handler is what `python -m driftlab.cli` runs."""
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "TMPDIR": str(tmp_path)}
+    code = "import sys; from driftlab import cli; cli._dispatch = lambda args: [][1]; sys.exit(cli.main())"
+    result = subprocess.run([sys.executable, "-c", code, "presets"], capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr and result.stderr.startswith("driftlab: error: IndexError: list index out of range\n")
+    (log,) = tmp_path.glob("driftlab-error-*.log")
+    assert "Traceback" in log.read_text()
+
+
+# ------------------------------------------------------------------ progress labels
+
+
+@pytest.mark.slow
+def test_demo_progress_is_one_line_per_run_with_the_demo_labels(tmp_path):
+    from driftlab.experiments.demo import DEMO_RUNS
+
+    result = driftlab_cli("demo", "rounds=2", "client.epochs=none", "client.steps=1", "--out", tmp_path / "demo")
+    assert result.returncode == 0, result.stderr
+    lines = result.stderr.splitlines()
+    assert [line.split(":")[0] for line in lines] == [label for label, _ in DEMO_RUNS]
+    assert all(re.fullmatch(r"[\w-]+: 2 rounds, final accuracy \d\.\d{3}, \d+\.\d s", line) for line in lines), lines
+    assert "\r" not in result.stderr

@@ -1,4 +1,8 @@
-"""`driftlab data list|describe|download` and the new data/model keys, run as a user runs them (a subprocess).
+"""`driftlab data list|describe|download` and the new data/model keys, run as a user runs them.
+
+Most cases call the command's entry point in this process (its output captured,
+the environment and working directory set as for a subprocess) so that no
+interpreter starts per case; a few run a real ``python -m driftlab.cli``.
 
 Nothing here touches the network: `driftlab data download` is only called
 with names it refuses before any connection is made.
@@ -6,6 +10,8 @@ with names it refuses before any connection is made.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import re
@@ -53,14 +59,40 @@ NEW_KEYS = (
 )
 
 
-def driftlab_cli(*args: object, cwd: Path | None = None, home: Path | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
+def _no_run_written(out: Path) -> bool:
+    """No metrics, checkpoint or model: at most the config (written first, so a killed run can resume) and the run's lock."""
+    return not out.exists() or {p.name for p in out.iterdir()} <= {"config.json", ".lock"}
+
+
+def driftlab_cli(*args: object, cwd: Path | None = None, home: Path | None = None, process: bool = False) -> subprocess.CompletedProcess:
+    """``driftlab ARGS`` as a finished process: run in this process, or with ``process=True`` a real one."""
+    env = {**os.environ}
     env.pop("DRIFTLAB_DATA", None)
     if home is not None:
         env["HOME"] = str(home)
-    return subprocess.run(
-        [sys.executable, "-m", "driftlab.cli", *map(str, args)], capture_output=True, text=True, env=env, cwd=cwd, timeout=120
-    )
+    argv = [str(arg) for arg in args]
+    if process:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+        return subprocess.run([sys.executable, "-m", "driftlab.cli", *argv], capture_output=True, text=True, env=env, cwd=cwd, timeout=120)
+    from driftlab import cli
+
+    saved_env, saved_cwd = dict(os.environ), os.getcwd()
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        os.environ.clear()
+        os.environ.update(env)
+        if cwd is not None:
+            os.chdir(cwd)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = cli.main(argv)
+            except SystemExit as exit_info:  # argparse: usage errors and --help
+                code = exit_info.code if isinstance(exit_info.code, int) else 0 if exit_info.code is None else 1
+    finally:
+        os.chdir(saved_cwd)
+        os.environ.clear()
+        os.environ.update(saved_env)
+    return subprocess.CompletedProcess(["driftlab", *argv], code, out.getvalue(), err.getvalue())
 
 
 def _no_traceback(result: subprocess.CompletedProcess) -> None:
@@ -74,8 +106,9 @@ def _describe_values(stdout: str) -> dict[str, str]:
 # --------------------------------------------------------------------------- data list
 
 
+@pytest.mark.slow
 def test_data_list_names_every_data_set_partition_and_model():
-    result = driftlab_cli("data", "list")
+    result = driftlab_cli("data", "list", process=True)
     assert result.returncode == 0, result.stderr
     out = result.stdout
     listed = re.findall(r"^  (\w+)\s", out.split("partitions")[0], flags=re.MULTILINE)
@@ -91,6 +124,34 @@ def test_data_list_names_every_data_set_partition_and_model():
     for name, info in DATA_SETS.items():
         if info.default_location:
             assert info.default_location in out
+
+
+def test_data_list_marks_what_is_on_disk_and_where_it_looked(tmp_path, monkeypatch, capsys):
+    from driftlab import cli
+
+    data = tmp_path / "data"
+    write_mnist(data / "mnist", n_train=10, n_test=5)
+    monkeypatch.setenv("DRIFTLAB_DATA", str(data))
+    assert cli.main(["data", "list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    marks = {}
+    for previous, line in zip(lines, lines[1:]):
+        if line.strip().startswith("["):
+            marks[previous.split()[0]] = line.strip()
+    assert set(marks) == {name for name, info in DATA_SETS.items() if info.default_location}
+    assert marks["mnist"] == f"[present: {data / 'mnist'}]"
+    assert marks["fashion_mnist"] == f"[missing: looked in {data / 'fashion-mnist'}]"
+    assert "generated" not in marks  # generated data sets need no files
+
+
+def test_missing_default_files_name_where_driftlab_looked_and_every_fix(tmp_path):
+    result = driftlab_cli("data", "describe", PRESET, "data.name=fashion_mnist", cwd=tmp_path)
+    assert result.returncode == 2
+    _no_traceback(result)
+    message = result.stderr
+    assert f"looked in {tmp_path / 'shared' / 'data' / 'fashion-mnist'}, {tmp_path.parent / 'shared' / 'data' / 'fashion-mnist'}" in message
+    for fix in ("data.root=PATH", "DRIFTLAB_DATA=DIR", "driftlab data download fashion_mnist --to DIR"):
+        assert fix in message
 
 
 # --------------------------------------------------------------------------- data describe
@@ -260,12 +321,14 @@ def test_bad_values_of_the_new_keys_are_refused(override, fragment):
 # --------------------------------------------------------------------------- driftlab run on files
 
 
+@pytest.mark.slow
 def test_run_on_tiny_mnist_files_with_client_test_splits(tmp_path):
     root = write_mnist(tmp_path / "mnist", n_train=40, n_test=20)
     out = tmp_path / "run"
     result = driftlab_cli(
         "run", PRESET, "data.name=mnist", f"data.root={root}", "data.num_clients=4", "data.partition=classes_per_client",
         "data.client_test_fraction=0.25", "rounds=1", "client.epochs=none", "client.steps=1", "sampling.participation=0.5", "--out", out, "--quiet",
+        process=True,
     )
     assert result.returncode == 0, result.stderr
     (record,) = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -281,7 +344,7 @@ def test_run_with_missing_files_writes_nothing(tmp_path):
     assert result.returncode == 2
     _no_traceback(result)
     assert str(missing) in result.stderr and "driftlab data download mnist" in result.stderr
-    assert not out.exists()
+    assert _no_run_written(out)
 
 
 def test_run_with_unreadable_files_writes_nothing(tmp_path):
@@ -292,7 +355,7 @@ def test_run_with_unreadable_files_writes_nothing(tmp_path):
     assert result.returncode == 2
     _no_traceback(result)
     assert "t10k-images-idx3-ubyte.gz" in result.stderr
-    assert not out.exists()
+    assert _no_run_written(out)
 
 
 def test_data_root_with_a_tilde_as_the_download_help_suggests(tmp_path):

@@ -23,10 +23,41 @@ from driftlab.simulation.randomness import Stream, generator
 REPOSITORY_ROOT = Path(__file__).resolve().parents[2]
 
 
-def default_data_root(name: str) -> Path:
-    """``$DRIFTLAB_DATA/<name>`` when set, else ``../shared/data/<name>`` beside the repository."""
+def data_search_paths(name: str) -> list[Path]:
+    """Where a data set's files are looked for when ``data.root`` is unset, in order.
+
+    ``$DRIFTLAB_DATA/<name>`` alone when that variable is set; else
+    ``./shared/data/<name>`` and ``../shared/data/<name>`` from the current
+    directory, then ``../shared/data/<name>`` beside a source checkout of this
+    package (only when that folder exists: after a plain install the package
+    sits in site-packages, where no data is).
+    """
     base = os.environ.get("DRIFTLAB_DATA")
-    return Path(base) / name if base else REPOSITORY_ROOT.parent / "shared" / "data" / name
+    if base:
+        return [Path(base).expanduser() / name]
+    here = Path.cwd()
+    candidates = [here / "shared" / "data" / name, here.parent / "shared" / "data" / name]
+    checkout_data = REPOSITORY_ROOT.parent / "shared" / "data"
+    if checkout_data.is_dir():
+        candidates.append(checkout_data / name)
+    unique: list[Path] = []
+    for path in candidates:
+        if not any(_same_place(path, seen) for seen in unique):
+            unique.append(path)
+    return unique
+
+
+def _same_place(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve()
+    except OSError:
+        return a == b
+
+
+def default_data_root(name: str) -> Path:
+    """The first of ``data_search_paths(name)`` that exists, else the first of them (for the error message)."""
+    candidates = data_search_paths(name)
+    return next((path for path in candidates if path.exists()), candidates[0])
 
 
 @dataclass(frozen=True)
@@ -206,14 +237,29 @@ def data_location(config) -> Path | None:
     return default_data_root(info.default_location)
 
 
+def missing_data_message(config) -> str:
+    """What is missing, where it was looked for, and every way to point driftlab at the files."""
+    info = DATA_SETS[config.name]
+    folder = info.default_location
+    fixes = ["data.root=PATH (the files' location)"]
+    if config.root:
+        where = f"{Path(config.root).expanduser()} (data.root) does not exist"
+    else:
+        looked = data_search_paths(folder)
+        where = f"no files found; looked in {', '.join(str(p) for p in looked)}"
+        fixes.append(f"DRIFTLAB_DATA=DIR (a folder holding {folder})")
+    if info.download_name:
+        fixes.append(f"fetch them with `driftlab data download {info.download_name} --to DIR`, then data.root=DIR")
+    return f"{config.name}: {where}. The files: {info.description}. Fix with one of: " + "; ".join(fixes)
+
+
 def build_dataset(config, seed: int) -> FederatedDataset:
     """Generate or load the data set and split it over clients, seeded by ``config.seed`` (default ``seed``)."""
     data_seed = config.seed if config.seed is not None else seed
     info = DATA_SETS[config.name]
     path = data_location(config)
     if path is not None and not path.exists():
-        fetch = f", or fetch them with `driftlab data download {info.download_name} --to DIR`" if info.download_name else ""
-        raise DataFileError(f"{config.name}: {path} does not exist; set data.root to where the files are ({info.description}){fetch}")
+        raise DataFileError(missing_data_message(config))
     partition = config.partition or ("natural" if info.natural else "iid")
     try:
         return _build(config, info, path, partition, data_seed)

@@ -464,7 +464,8 @@ def test_natural_is_refused_before_anything_is_written(tmp_path):
     out = tmp_path / "run"
     with pytest.raises(DataFileError, match="natural"):
         driftlab.run(None, out, overrides=[*ONE_ROUND, "data.name=mnist", f"data.root={tmp_path / 'mnist'}", "data.partition=natural"])
-    assert not out.exists()
+    # Only the resolved config (written first, so a killed run resumes) and the directory lock.
+    assert {p.name for p in out.iterdir()} <= {"config.json", ".lock"}
 
 
 @pytest.mark.parametrize("partition", ["iid", "dirichlet", "classes_per_client"])
@@ -731,7 +732,8 @@ def test_a_missing_path_names_the_path_the_data_set_and_the_download_command(tmp
         assert f"driftlab data download {DOWNLOADABLE[name]}" in message
     else:
         assert "driftlab data download" not in message
-    assert not out.exists()
+    # no metrics, checkpoint or model: at most the config (written first, so a killed run can resume) and the run's lock
+    assert not out.exists() or {p.name for p in out.iterdir()} <= {"config.json", ".lock"}
 
 
 @pytest.mark.parametrize("name", ["mnist", "cifar10_folder", "femnist"])
@@ -741,6 +743,54 @@ def test_a_missing_default_location_follows_driftlab_data(tmp_path, monkeypatch,
     with pytest.raises(DataFileError) as error:
         build_dataset(load_config(None, [f"data.name={name}"]).data, 0)
     assert str(expected) in str(error.value)
+
+
+def test_data_root_search_order_without_driftlab_data(tmp_path, monkeypatch):
+    """./shared/data, then ../shared/data from the current directory, then the checkout's; the first that exists wins."""
+    monkeypatch.delenv("DRIFTLAB_DATA", raising=False)
+    project = tmp_path / "project"
+    here = project / "work"
+    here.mkdir(parents=True)
+    monkeypatch.chdir(here)
+    looked = datasets_module.data_search_paths("mnist")
+    assert looked[:2] == [here / "shared" / "data" / "mnist", project / "shared" / "data" / "mnist"]
+    checkout = REPO_ROOT.parent / "shared" / "data"
+    assert (checkout / "mnist" in looked) == checkout.is_dir()  # never a site-packages path that cannot exist
+    (project / "shared" / "data" / "mnist").mkdir(parents=True)
+    assert default_data_root("mnist") == project / "shared" / "data" / "mnist"
+    (here / "shared" / "data" / "mnist").mkdir(parents=True)
+    assert default_data_root("mnist") == here / "shared" / "data" / "mnist"
+
+
+def test_driftlab_data_replaces_the_search(tmp_path, monkeypatch):
+    monkeypatch.setenv("DRIFTLAB_DATA", str(tmp_path / "data"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "shared" / "data" / "mnist").mkdir(parents=True)  # ignored: DRIFTLAB_DATA says where the data is
+    assert datasets_module.data_search_paths("mnist") == [tmp_path / "data" / "mnist"]
+    assert default_data_root("mnist") == tmp_path / "data" / "mnist"
+
+
+def test_data_root_wins_over_driftlab_data(tmp_path, monkeypatch):
+    monkeypatch.setenv("DRIFTLAB_DATA", str(tmp_path / "data"))
+    root = write_mnist(tmp_path / "mine", n_train=20, n_test=10)
+    config = load_config(None, ["data.name=mnist", f"data.root={root}", "data.num_clients=5"]).data
+    assert datasets_module.data_location(config) == root
+    assert len(build_dataset(config, 0).train_targets) == 20
+
+
+@pytest.mark.parametrize("name", ["mnist", "femnist"])
+def test_missing_default_data_says_where_it_looked_and_every_fix(tmp_path, monkeypatch, name):
+    monkeypatch.delenv("DRIFTLAB_DATA", raising=False)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(datasets_module, "REPOSITORY_ROOT", tmp_path / "site-packages")  # an installed package: no checkout data
+    with pytest.raises(DataFileError) as error:
+        build_dataset(load_config(None, [f"data.name={name}"]).data, 0)
+    message = str(error.value)
+    folder = DATA_SETS[name].default_location
+    assert f"looked in {tmp_path / 'shared' / 'data' / folder}, {tmp_path.parent / 'shared' / 'data' / folder}" in message
+    assert "site-packages" not in message
+    assert "data.root=PATH" in message and f"DRIFTLAB_DATA=DIR (a folder holding {folder})" in message
+    assert ("driftlab data download mnist --to DIR" in message) == (name == "mnist")
 
 
 @pytest.mark.parametrize("name", ["fashion_mnist", "emnist_letters", "cifar10", "cifar100"])  # mnist: its own test below
@@ -780,7 +830,7 @@ def test_nothing_is_written_to_out_when_loading_fails(tmp_path):
     out = tmp_path / "run"
     with pytest.raises(DataFileError, match="train"):
         driftlab.run(None, out, overrides=[*ONE_ROUND, "data.name=mnist", f"data.root={root}"])
-    assert not out.exists()
+    assert {p.name for p in out.iterdir()} <= {"config.json", ".lock"}
 
 
 # =========================================================================== regressions of bugs found in review

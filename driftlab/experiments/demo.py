@@ -37,7 +37,7 @@ def run_demo(out_dir: str | Path = "driftlab-demo", overrides: tuple[str, ...] =
         config = load_config(DEMO_BASE, [*run_overrides, *overrides])
         run_dir = out / label.lower()
         resume = (run_dir / "checkpoint.safetensors").exists()
-        results.append((label, run(config, run_dir, resume=resume, progress=progress)))
+        results.append((label, run(config, run_dir, resume=resume, progress=progress, progress_label=label)))
     table = summary_table(results)
     (out / "summary.md").write_text(table + "\n")
     plot_accuracy(results, out / "accuracy.png")
