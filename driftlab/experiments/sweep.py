@@ -33,13 +33,22 @@ Overrides apply in order: ``overrides``, the scale's overrides, the axes' ``set`
 (each followed by its ``at_scale`` entry for the chosen scale) in axis order, then
 the command line's ``key=value``; the seed comes last.
 
+A sweep without a file, ``--grid client.lr=[0.1, 0.2]`` on a config, labels its
+values by the key's last part (``lr=0.1``; more of it where two keys end alike)
+and is described by its base, axes and seeds.
+
 The output directory holds ``sweep.json`` (the plan: axes, labels and every run's
 overrides) and ``runs/<setting>/<method>/seed-<s>/``, each an ordinary run
-directory. Running the same sweep again skips complete runs, resumes
-interrupted ones from their checkpoints (bit-identical to an uninterrupted run),
-retries failed ones and leaves diverged ones alone (they would diverge again:
-every random draw derives from seed, round and client id). Raising ``rounds``
-extends finished runs.
+directory. Its ``description`` is the sweep's, followed by a ``run_note`` such as
+``(run here with: scale paper (rounds=3000); rounds=5)`` when what ran is not the
+default scale the sweep's description describes. Running the same sweep again
+skips complete runs, resumes interrupted ones from their checkpoints
+(bit-identical to an uninterrupted run), retries failed ones and leaves diverged
+ones alone (they would diverge again: every random draw derives from seed, round
+and client id). Raising ``rounds`` extends finished runs. Each run's process
+stops, checkpointed, when the sweep that started it dies, however it dies; a run
+whose directory another live process holds is reported as running elsewhere and
+never given a second writer.
 """
 
 from __future__ import annotations
@@ -59,7 +68,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Callable, Literal, Sequence
 
-from driftlab.experiments.config import ConfigError, ExperimentConfig, load_config, parse_override, read_config_source
+from driftlab.experiments.config import MAX_CONFIG_BYTES, ConfigError, ExperimentConfig, load_config, parse_override, read_config_source
 
 SWEEP_PACKAGE = "driftlab.experiments.sweeps"
 SWEEP_FILE = "sweep.json"
@@ -80,6 +89,7 @@ class AxisValue:
     label: str
     set: tuple[str, ...]
     at_scale: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (scale name, extra overrides) for one variant at one scale
+    dir_name: str = ""  # its part of the run directory; empty: slug(label) (sweep files, so their directories never move)
 
     def assignments(self, scale: str | None) -> tuple[str, ...]:
         return self.set + dict(self.at_scale).get(scale, ())
@@ -143,11 +153,14 @@ def is_sweep_source(source: str | Path) -> bool:
         return True
     path = Path(source)
     if path.is_file() and path.suffix.lower() == ".toml":
+        if path.stat().st_size > MAX_CONFIG_BYTES:
+            return False  # load_config refuses it with the reason
         try:
             table = tomllib.loads(path.read_text())
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError):
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError, RecursionError):
             return False
-        return "base" in table or "axes" in table
+        # a config file may build on a `base` too; a sweep file holds nothing but sweep keys
+        return "axes" in table or ("base" in table and set(table) <= _TOP_KEYS)
     return False
 
 
@@ -281,30 +294,94 @@ def _infer_role(assignments) -> Role:
     return "method" if sections and sections <= set(METHOD_SECTIONS) else "setting"
 
 
-def grid_axis(assignment: str) -> Axis:
+GRID_FORMS = "KEY=[v1, v2, ...] (a TOML list, e.g. --grid 'client.lr=[0.1, 0.2]') or KEY=v1,v2 (e.g. --grid algorithm.name=fedavg,scaffold)"
+
+_BARE_WORD = re.compile(r"[A-Za-z0-9_.+\-]+")
+_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
+def grid_axis(assignment: str, label_key: str | None = None) -> Axis:
     """``--grid algorithm.mu=[0, 1]`` (a TOML list) or ``--grid algorithm.name=fedavg,fedprox`` as an axis.
 
     Keys in the algorithm, client, server or compression sections are methods
-    (rows of the report); other keys are settings (tables of their own).
+    (rows of the report); other keys are settings (tables of their own). Values are
+    labelled ``LABEL_KEY=value`` (default: the key's last component, ``mu=0.01``).
     """
     key, sep, raw = assignment.partition("=")
-    key = key.strip()
-    if not sep or not key or not raw.strip():
-        raise ConfigError(f"--grid {assignment!r} must be KEY=[v1, v2, ...] or KEY=v1,v2 (for example --grid algorithm.mu=[0,1])")
-    raw = raw.strip()
-    try:
-        values = tomllib.loads(f"v = {raw}")["v"]
-        literals = [_toml_literal(v) for v in values] if isinstance(values, list) else None
-    except tomllib.TOMLDecodeError:
-        literals = None
-    if literals is None:
-        literals = [part.strip() for part in raw.strip("[]").split(",") if part.strip()]
+    key, raw = key.strip(), raw.strip()
+    if not sep or not key or not raw:
+        raise ConfigError(f"--grid {assignment!r} must be {GRID_FORMS}")
+    if not _KEY.fullmatch(key):
+        raise ConfigError(f"--grid {assignment!r}: {key!r} is not a config key such as client.lr or algorithm.mu; write {GRID_FORMS}")
+    literals = _grid_literals(assignment, raw)
     if not literals:
-        raise ConfigError(f"--grid {assignment!r} lists no values")
-    axis_values = tuple(AxisValue(f"{key}={literal}", (f"{key}={literal}",)) for literal in literals)
-    for value in axis_values:
-        parse_override(value.set[0])
+        raise ConfigError(f"--grid {assignment!r} lists no values; write {GRID_FORMS}")
+    seen: dict[Any, str] = {}
+    for literal in literals:
+        value = parse_override(f"{key}={literal}")[1]
+        if _canonical(value) in seen:
+            same = literal if seen[_canonical(value)] == literal else f"{seen[_canonical(value)]} and {literal}, one value,"
+            raise ConfigError(f"--grid {assignment!r} lists {same} twice; list each value once")
+        seen[_canonical(value)] = literal
+    short = label_key or key.split(".")[-1]
+    axis_values = tuple(_grid_value(key, short, literal) for literal in literals)
     return Axis(key, _infer_role(v.set[0] for v in axis_values), axis_values)
+
+
+def _grid_literals(assignment: str, raw: str) -> list[str]:
+    """The values of one --grid as TOML literals; anything that is not exactly one of the two forms is an error."""
+    if raw.startswith("[") or raw.endswith("]"):
+        try:
+            values = tomllib.loads(f"v = {raw}")["v"]
+        except tomllib.TOMLDecodeError as error:
+            raise ConfigError(f"--grid {assignment!r}: {raw!r} is not a TOML list ({error}); write {GRID_FORMS}") from None
+        if not isinstance(values, list):
+            raise ConfigError(f"--grid {assignment!r}: {raw!r} is not a list; write {GRID_FORMS}")
+        return [_toml_literal(v) for v in values]
+    literals = []
+    for part in (p.strip() for p in raw.split(",")):
+        if not part:
+            raise ConfigError(f"--grid {assignment!r} has an empty value between commas; write {GRID_FORMS}")
+        try:
+            tomllib.loads(f"v = {part}")
+        except tomllib.TOMLDecodeError:
+            if not _BARE_WORD.fullmatch(part):
+                raise ConfigError(
+                    f"--grid {assignment!r}: {part!r} is neither a TOML value nor a bare word (a value holding a comma, "
+                    f"bracket or quote needs the TOML list form, e.g. KEY=[\"a,b\"]; tables need a sweep file); write {GRID_FORMS}"
+                ) from None
+        literals.append(part)
+    return literals
+
+
+def _canonical(value: Any) -> Any:
+    """A hashable stand-in for a parsed value in which 0 and 0.0 are one value but true and 1 are not."""
+    if isinstance(value, bool) or value is None:
+        return ("const", value)
+    if isinstance(value, (int, float)):
+        return ("number", float(value))
+    return ("other", json.dumps(value, sort_keys=True))
+
+
+def _grid_value(key: str, label_key: str, literal: str) -> AxisValue:
+    shown = parse_override(f"{key}={literal}")[1]
+    text = shown if isinstance(shown, str) else literal
+    # The key part is slugged like any label; the value part keeps its sign, so lr=-1 and lr=1 get different directories.
+    value_part = re.sub(r"[^a-z0-9.+\-]+", "-", text.lower()).rstrip("-") or "x"
+    return AxisValue(f"{label_key}={text}", (f"{key}={literal}",), dir_name=f"{slug(label_key)}-{value_part}")
+
+
+def short_keys(keys: Sequence[str]) -> list[str]:
+    """The shortest trailing part of each dotted key that no other key ends with: mu, or client.lr beside server.lr."""
+    parts = [key.split(".") for key in keys]
+    shortened = []
+    for index, key_parts in enumerate(parts):
+        for n in range(1, len(key_parts) + 1):
+            suffix = key_parts[-n:]
+            if not any(other[-n:] == suffix for j, other in enumerate(parts) if j != index):
+                break
+        shortened.append(".".join(suffix))
+    return shortened
 
 
 def _toml_literal(value: Any) -> str:
@@ -318,12 +395,21 @@ def _toml_literal(value: Any) -> str:
 
 
 def sweep_from_config(base: str, grid: Sequence[str], seeds: Sequence[int], name: str) -> SweepSpec:
-    """A sweep over ``--grid`` axes on one config or preset (no sweep file)."""
+    """A sweep over ``--grid`` axes on one config or preset (no sweep file), described by its base, axes and seeds."""
     axes = tuple(grid_axis(g) for g in grid)
     names = [a.name for a in axes]
     if len(set(names)) != len(names):
         raise ConfigError(f"--grid names a key twice: {names}; list all of its values in one --grid")
-    return SweepSpec(name=name, base=base, seeds=validate_seeds(list(seeds), "--seeds"), axes=axes)
+    axes = tuple(grid_axis(g, short) for g, short in zip(grid, short_keys(names)))
+    seeds = validate_seeds(list(seeds), "--seeds")
+    return SweepSpec(name=name, base=base, description=grid_description(base, axes, seeds), seeds=seeds, axes=axes)
+
+
+def grid_description(base: str, axes: Sequence[Axis], seeds: Sequence[int]) -> str:
+    """``Grid on synthetic-fedprox: algorithm.mu ∈ {0, 0.01} × data.partition ∈ {iid, dirichlet}; seeds 0, 1.``"""
+    grid = " × ".join(f"{a.name} ∈ {{{', '.join(v.label.split('=', 1)[1] for v in a.values)}}}" for a in axes)
+    seed_text = f"seed{'s' if len(seeds) != 1 else ''} {', '.join(map(str, seeds))}"
+    return f"Grid on {base}: {grid}; {seed_text}." if axes else f"{base}, {seed_text}."
 
 
 # ---------------------------------------------------------------- planning
@@ -341,6 +427,12 @@ def slug(label: str) -> str:
     return text or "x"
 
 
+def _dir_part(values: Sequence[AxisValue]) -> str:
+    if any(value.dir_name for value in values):
+        return "-".join(value.dir_name or slug(value.label) for value in values)
+    return slug(", ".join(value.label for value in values))
+
+
 def plan(spec: SweepSpec, scale: str | None = None, extra_overrides: Sequence[str] = ()) -> list[PlannedRun]:
     """Every run of the sweep, validated: a bad key fails here, before any work starts."""
     if scale is not None and scale not in spec.scales:
@@ -354,8 +446,10 @@ def plan(spec: SweepSpec, scale: str | None = None, extra_overrides: Sequence[st
         combos = [combo + [(axis, value)] for combo in combos for value in axis.values]
     runs, seen_dirs = [], {}
     for combo in combos:
-        setting = ", ".join(value.label for axis, value in combo if axis.role == "setting")
-        method_parts = [value.label for axis, value in combo if axis.role == "method"]
+        setting_values = [value for axis, value in combo if axis.role == "setting"]
+        method_values = [value for axis, value in combo if axis.role == "method"]
+        setting = ", ".join(value.label for value in setting_values)
+        method_parts = [value.label for value in method_values]
         assignments = [*spec.overrides, *chosen.overrides, *(a for _, value in combo for a in value.assignments(scale)), *extra_overrides]
         for seed in seeds:
             overrides = tuple([*assignments, f"seed={seed}"])
@@ -365,8 +459,8 @@ def plan(spec: SweepSpec, scale: str | None = None, extra_overrides: Sequence[st
                 labels = " / ".join(value.label for _, value in combo) or "the base config"
                 raise ConfigError(f"sweep {spec.name}, run {labels} (seed {seed}): {error}") from None
             method = ", ".join(method_parts) or ALGORITHM_LABELS.get(config.algorithm.name, config.algorithm.name)
-            parts = [slug(setting)] if setting else []
-            run_dir = "/".join(["runs", *parts, slug(method), f"seed-{seed}"])
+            parts = [_dir_part(setting_values)] if setting_values else []
+            run_dir = "/".join(["runs", *parts, _dir_part(method_values) if method_values else slug(method), f"seed-{seed}"])
             if run_dir in seen_dirs:
                 raise ConfigError(
                     f"sweep {spec.name}: labels {seen_dirs[run_dir]!r} and {(setting, method)!r} map to the same directory {run_dir}; "
@@ -380,10 +474,15 @@ def plan(spec: SweepSpec, scale: str | None = None, extra_overrides: Sequence[st
 def sweep_document(spec: SweepSpec, runs: Sequence[PlannedRun], scale: str | None, extra_overrides: Sequence[str]) -> dict[str, Any]:
     """The content of ``sweep.json``: what a report needs to group runs by setting, method and seed."""
     chosen = spec.scales.get(scale, Scale()) if scale else Scale()
+    note = run_note(spec, scale, extra_overrides)
     return {
         "format": SWEEP_FORMAT,
         "name": spec.name,
-        "description": spec.description,
+        "description": f"{spec.description.rstrip()}\n{note}".strip() if note else spec.description,
+        "spec_description": spec.description,
+        "run_note": note,
+        "command_overrides": list(extra_overrides),
+        "rounds": sorted({r.config.rounds for r in runs}),
         "base": spec.base,
         "scale": scale or "default",
         "overrides": [*spec.overrides, *chosen.overrides, *extra_overrides],
@@ -393,6 +492,18 @@ def sweep_document(spec: SweepSpec, runs: Sequence[PlannedRun], scale: str | Non
         "axes": [{"name": a.name, "role": a.role, "values": [{"label": v.label, "set": list(v.assignments(scale))} for v in a.values]} for a in spec.axes],
         "runs": [{"dir": r.dir, "setting": r.setting, "method": r.method, "seed": r.seed, "overrides": list(r.overrides)} for r in runs],
     }
+
+
+def run_note(spec: SweepSpec, scale: str | None, extra_overrides: Sequence[str]) -> str:
+    """What was run besides the sweep's default scale, which its description describes; empty when nothing else."""
+    parts = []
+    if scale:
+        chosen = spec.scales.get(scale, Scale())
+        settings = [*chosen.overrides, *([f"seeds {', '.join(map(str, chosen.seeds))}"] if chosen.seeds else [])]
+        parts.append(f"scale {scale}" + (f" ({', '.join(settings)})" if settings else ""))
+    if extra_overrides:
+        parts.append(", ".join(extra_overrides))
+    return f"(run here with: {'; '.join(parts)})" if parts else ""
 
 
 def run_status(run_dir: Path, rounds: int) -> RunStatus:
@@ -420,30 +531,124 @@ def run_status(run_dir: Path, rounds: int) -> RunStatus:
 def _start_worker(run_dir: Path, config: ExperimentConfig, resume: bool, threads: int) -> subprocess.Popen:
     """A fresh interpreter per run: nothing of the caller's script is re-imported (as multiprocessing's spawn would),
     and it shares the terminal's process group, so Ctrl-C reaches it and it checkpoints."""
-    arguments = json.dumps({"run_dir": str(run_dir), "config": config.to_dict(), "resume": resume, "threads": threads})
+    arguments = json.dumps({"run_dir": str(run_dir), "config": config.to_dict(), "resume": resume, "threads": threads, "parent": os.getpid()})
     return subprocess.Popen([sys.executable, "-c", "import sys; from driftlab.experiments.sweep import worker_main; worker_main(sys.argv[1])", arguments])
 
 
+# Exit codes of a run's process; a run killed by a signal shows as minus the signal's number.
+EXIT_COMPLETE, EXIT_FAILED, EXIT_DIVERGED, EXIT_BUSY, EXIT_INTERRUPTED = 0, 1, 3, 4, 130
+
+
 def _worker(run_dir: str, config_table: dict[str, Any], resume: bool, threads: int) -> None:
-    """Child process: one run; exit code 0 complete, 3 diverged, 130 interrupted, 1 failed (see failure.txt)."""
+    """Child process: one run; exits with EXIT_COMPLETE, EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_BUSY (another process
+    holds the run directory: nothing written) or EXIT_FAILED (see failure.txt)."""
     import torch
 
-    from driftlab.experiments.runner import install_termination_handler, run
+    from driftlab.experiments.runner import RunDirectoryBusy, run
 
     torch.set_num_threads(threads)
-    install_termination_handler()
+    signal.signal(signal.SIGTERM, _stop_at_first_termination)
     out = Path(run_dir)
     try:
         run(ExperimentConfig.model_validate(config_table), out, resume=resume)
     except FloatingPointError:
-        sys.exit(3)  # run.json holds the message
+        sys.exit(EXIT_DIVERGED)  # run.json holds the message
     except KeyboardInterrupt:
-        sys.exit(130)
+        sys.exit(EXIT_INTERRUPTED)
+    except RunDirectoryBusy as error:
+        print(f"driftlab: {error}", file=sys.stderr)
+        sys.exit(EXIT_BUSY)  # the directory is another process's: write nothing into it
     except BaseException as error:  # noqa: BLE001 - any failure is recorded for the sweep and the user
         out.mkdir(parents=True, exist_ok=True)
         detail = str(error) if isinstance(error, ConfigError) else traceback.format_exc()
         (out / FAILURE_FILE).write_text(f"{type(error).__name__}: {error}\n\n{detail}")
-        sys.exit(1)
+        sys.exit(EXIT_FAILED)
+
+
+def _stop_at_first_termination(signum, frame):  # noqa: ARG001
+    """SIGTERM: stop the run (it checkpoints, then exits); later ones are ignored so they cannot cut the checkpoint short.
+
+    A sweep killed outright sends several: the parent-death signal comes again as each of the
+    sweep's threads in turn exits and the run is handed to the next.
+    """
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise KeyboardInterrupt(f"terminated by signal {signum}")
+
+
+PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+
+
+def die_with_parent(parent: int) -> None:
+    """Make this run's process stop (SIGTERM: checkpoint, then exit) when the sweep that started it dies.
+
+    Without this, a sweep killed with SIGKILL leaves its runs going, and the next sweep on the directory
+    would start a second writer on each. Linux delivers SIGTERM on the parent's death (prctl); elsewhere
+    a daemon thread watches for this process being handed to another parent.
+    """
+    first_parent = os.getppid()  # `parent`, unless sys.executable is a wrapper that forks
+    if not _ask_for_parent_death_signal():
+        import threading
+
+        def watch() -> None:
+            while os.getppid() == first_parent:
+                time.sleep(0.5)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        threading.Thread(target=watch, name="driftlab-parent-watch", daemon=True).start()
+    if first_parent != parent and process_gone(parent):  # the sweep died before the request above took effect
+        sys.exit(EXIT_INTERRUPTED)
+
+
+def process_gone(pid: int) -> bool:
+    """Whether process ``pid`` has ended (a zombie waiting to be reaped has ended)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return Path("/proc/self").exists()  # no /proc at all (macOS): os.kill said it lives
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
+
+
+def _ask_for_parent_death_signal() -> bool:
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def run_directory_holder(run_dir: Path) -> int | None:
+    """The process id holding ``run_dir``'s lock (0 when it does not say), or None when no live process holds it.
+
+    Only a probe: the lock is released at once. Called under the sweep's own lock, before this sweep starts the run.
+    """
+    import fcntl
+
+    from driftlab.experiments.runner import LOCK_FILE
+
+    try:
+        handle = open(run_dir / LOCK_FILE, "rb")
+    except FileNotFoundError:
+        return None
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            found = re.search(rb"\d+", handle.read(64))
+            return int(found.group()) if found else 0
+        fcntl.flock(handle, fcntl.LOCK_UN)
+    return None
 
 
 def run_sweep(
@@ -513,6 +718,12 @@ def _run_planned(
             while queue and len(active) < jobs:
                 r = queue.pop(0)
                 run_dir = out / r.dir
+                holder = run_directory_holder(run_dir)
+                if holder is not None:
+                    outcomes[r.dir] = RunOutcome(r, "running", _elsewhere(holder))
+                    done += 1
+                    log(f"  running  {_name(r)}  [{done}/{len(runs)}]  {outcomes[r.dir].message}")
+                    continue
                 (run_dir / FAILURE_FILE).unlink(missing_ok=True)
                 resume = (run_dir / "config.json").exists()
                 process = _start_worker(run_dir, r.config, resume, threads)
@@ -522,7 +733,8 @@ def _run_planned(
             for key in [k for k, (p, _, _) in active.items() if p.poll() is not None]:
                 process, r, started = active.pop(key)
                 status = _status_from_exit(process.returncode)
-                outcome = RunOutcome(r, status, _message(out / r.dir) or _exit_message(process.returncode), time.perf_counter() - started)
+                message = _elsewhere(run_directory_holder(out / r.dir) or 0) if status == "running" else _message(out / r.dir)
+                outcome = RunOutcome(r, status, message or _exit_message(process.returncode), time.perf_counter() - started)
                 outcomes[r.dir] = outcome
                 done += 1
                 log(f"  {status:<8s} {_name(r)}  [{done}/{len(runs)}, {_duration(outcome.seconds)}]" + (f"  {outcome.message}" if outcome.message else ""))
@@ -540,6 +752,15 @@ def _run_planned(
         for process, r, started in active.values():
             process.wait()
             outcomes[r.dir] = RunOutcome(r, "interrupted", "", time.perf_counter() - started)
+        raise
+    except BaseException:
+        # The sweep itself failed (a `log` callback raised, say): its runs must not go on without it.
+        for process, _, _ in active.values():
+            if process.poll() is None:
+                process.terminate()
+        for process, _, _ in active.values():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=60)
         raise
     finally:
         if _in_main_thread():
@@ -615,17 +836,30 @@ def _without_rounds(overrides: Sequence[str]) -> list[str]:
     return [o for o in overrides if not o.replace(" ", "").startswith("rounds=")]
 
 
+def _elsewhere(pid: int) -> str:
+    who = f"pid {pid}" if pid else "another process"
+    return f"running elsewhere ({who} holds its directory); run the sweep again once that process has ended"
+
+
 def _exit_message(code: int | None) -> str:
     if code is not None and code < 0 and code not in (-signal.SIGTERM, -signal.SIGINT):
         name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
         return f"the run's process was killed by {name} (out of memory?); run the sweep again to resume it from its checkpoint"
-    if code not in (0, 3, 130, -signal.SIGTERM, -signal.SIGINT):
+    if code not in (EXIT_COMPLETE, EXIT_DIVERGED, EXIT_BUSY, EXIT_INTERRUPTED, -signal.SIGTERM, -signal.SIGINT):
         return f"the run's process exited with code {code} before it could record why; its error output is above"
     return ""
 
 
 def _status_from_exit(code: int | None) -> RunStatus:
-    return {0: "complete", 3: "diverged", 130: "interrupted", -signal.SIGTERM: "interrupted", -signal.SIGINT: "interrupted"}.get(code, "failed")
+    statuses: dict[int | None, RunStatus] = {
+        EXIT_COMPLETE: "complete",
+        EXIT_DIVERGED: "diverged",
+        EXIT_BUSY: "running",
+        EXIT_INTERRUPTED: "interrupted",
+        -signal.SIGTERM: "interrupted",
+        -signal.SIGINT: "interrupted",
+    }
+    return statuses.get(code, "failed")
 
 
 def _message(run_dir: Path) -> str:
@@ -681,4 +915,5 @@ __all__ = [
 def worker_main(arguments: str) -> None:
     """Entry point of a run's interpreter (see ``_start_worker``)."""
     parsed = json.loads(arguments)
+    die_with_parent(parsed["parent"])
     _worker(parsed["run_dir"], parsed["config"], parsed["resume"], parsed["threads"])
