@@ -151,6 +151,15 @@ def open_decompressed(
             raise corrupt_file_error(path, error) from error
 
 
+def read_capped(path: str | os.PathLike, max_bytes: int, what: str) -> bytes:
+    """A plain file's bytes, refused without reading it when it is larger than ``max_bytes``."""
+    path = Path(path)
+    size = path.stat().st_size
+    if size > max_bytes:
+        raise DataFileError(f"{path} is {size:,} bytes, more than the {max_bytes:,} allowed for {what}; it is not a genuine data file")
+    return path.read_bytes()
+
+
 def read_decompressed(path: str | os.PathLike, max_bytes: int, what: str) -> bytes:
     """All of ``path``'s content (decompressed, CRC checked), or DataFileError past ``max_bytes``."""
     with open_decompressed(path, max_bytes, what) as stream:

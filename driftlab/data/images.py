@@ -46,7 +46,7 @@ import numpy as np
 import torch
 
 from driftlab.data import idx
-from driftlab.data.archive import ArchiveLimits, corrupt_file_error, iter_tar_members, open_decompressed
+from driftlab.data.archive import ArchiveLimits, corrupt_file_error, iter_tar_members, open_decompressed, read_capped
 from driftlab.data.federated import DataFileError
 
 __all__ = [
@@ -510,7 +510,7 @@ def _cifar_file_contents(root: Path, spec: _CifarSpec) -> dict[str, tuple[str, b
             present = [name for name in wanted if (folder / name).is_file()]
             if len(present) == len(wanted):
                 cap, what = _CIFAR_BINARY_LIMITS.max_member_bytes, f"a {spec.name} binary file"
-                return {name: (str(folder / name), _read_capped(folder / name, cap, what)) for name in wanted}
+                return {name: (str(folder / name), read_capped(folder / name, cap, what)) for name in wanted}
             if present:
                 missing = ", ".join(name for name in wanted if name not in present)
                 raise DataFileError(
@@ -780,17 +780,6 @@ def _walk_tar(archive: Path, limits: ArchiveLimits) -> list[tuple[str, bytes]]:
     return list(iter_tar_members(archive, limits, wanted, "an image folder archive"))
 
 
-def _read_capped(path: Path, max_bytes: int, what: str) -> bytes:
-    """A file's bytes, refused without reading it when it is larger than ``max_bytes``."""
-    size = path.stat().st_size
-    if size > max_bytes:
-        raise DataFileError(
-            f"{path} is {size:,} bytes, more than the {max_bytes:,} allowed for {what}; "
-            "it is not a genuine data file"
-        )
-    return path.read_bytes()
-
-
 def _suffix(name: str) -> str:
     # os.path on strings: pathlib objects cost more than decoding a 32x32 JPEG.
     return os.path.splitext(name)[1].lower()
@@ -820,7 +809,7 @@ def _decode_images(
         # Pillow only warns below twice its own pixel limit; here that is an error.
         warnings.simplefilter("error", Image.DecompressionBombWarning)
         for i, (name, label, source) in enumerate(items):
-            data = source if isinstance(source, bytes) else _read_capped(Path(source), max_file_bytes, "an image")
+            data = source if isinstance(source, bytes) else read_capped(Path(source), max_file_bytes, "an image")
             image = _open_image(data, name, label)
             if expected is None:
                 width, height = image.size

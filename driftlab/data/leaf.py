@@ -70,7 +70,7 @@ try:  # optional: about 2.5x faster on FEMNIST's float-heavy shards (the real su
 except ImportError:  # pragma: no cover - depends on the environment
     _json_loads = json.loads
 
-from driftlab.data.archive import ArchiveLimits, iter_tar_members
+from driftlab.data.archive import ArchiveLimits, iter_tar_members, read_capped
 from driftlab.data.federated import DataFileError, FederatedDataset
 
 __all__ = [
@@ -519,18 +519,8 @@ def _directory_shards(root: Path) -> dict[str, list[tuple[str, Callable[[], obje
     for file in sorted(root.rglob("*.json")):
         split = _shard_split(file.parts)
         if split and file.is_file():
-            found[split].append((str(file), lambda file=file: _parse_json(_read_shard_file(file), str(file))))
+            found[split].append((str(file), lambda file=file: _parse_json(read_capped(file, MAX_SHARD_BYTES, "one LEAF shard (read whole into memory; LEAF's shards are far smaller)"), str(file))))
     return found
-
-
-def _read_shard_file(file: Path) -> bytes:
-    size = file.stat().st_size
-    if size > MAX_SHARD_BYTES:
-        raise DataFileError(
-            f"{file} is {size:,} bytes, more than the {MAX_SHARD_BYTES:,} allowed for one LEAF shard (read whole "
-            "into memory); LEAF's shards are far smaller, so this is not a LEAF shard"
-        )
-    return file.read_bytes()
 
 
 def _archive_shards(archive: Path) -> dict[str, list[tuple[str, Callable[[], object]]]]:
