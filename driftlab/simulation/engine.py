@@ -395,13 +395,21 @@ def reference_losses(sim: Simulation) -> dict[str, float]:
     Evaluation draws no random numbers, so computing them changes no result.
     """
     if sim.initial_losses is None:
-        batch, params = sim.evaluation.batch_size, sim.initial_params
-        test_rows = torch.arange(sim.data.global_test_size or len(sim.test_data.targets), device=sim.device)
         with torch.no_grad():
-            test_loss, _ = _loss_and_correct(sim.model, params, sim.test_data, test_rows, batch)
-            train_loss, _ = _loss_and_correct(sim.model, params, sim.training_data, sim.union_rows, batch)
-        sim.initial_losses = {"test_loss": test_loss / len(test_rows), "train_loss": train_loss / len(sim.union_rows)}
+            sim.initial_losses, _ = _mean_losses(sim, sim.initial_params, _global_test_rows(sim))
     return sim.initial_losses
+
+
+def _global_test_rows(sim: Simulation) -> torch.Tensor:
+    return torch.arange(sim.data.global_test_size or len(sim.test_data.targets), device=sim.device)
+
+
+def _mean_losses(sim: Simulation, params: torch.Tensor, test_rows: torch.Tensor) -> tuple[dict[str, float], int]:
+    """Mean test loss over ``test_rows`` and mean train loss over the clients' data, and the correct test predictions."""
+    batch = sim.evaluation.batch_size
+    test_loss, test_correct = _loss_and_correct(sim.model, params, sim.test_data, test_rows, batch)
+    train_loss, _ = _loss_and_correct(sim.model, params, sim.training_data, sim.union_rows, batch)
+    return {"test_loss": test_loss / len(test_rows), "train_loss": train_loss / len(sim.union_rows)}, test_correct
 
 
 # What `evaluate` may add to a round's record; a resumed run whose evaluation schedule changed drops them
@@ -419,10 +427,8 @@ def evaluate(sim: Simulation, params: torch.Tensor) -> dict[str, float]:
     """
     batch = sim.evaluation.batch_size
     test = sim.test_data
-    test_rows = torch.arange(sim.data.global_test_size or len(test.targets), device=sim.device)
-    test_loss, test_correct = _loss_and_correct(sim.model, params, test, test_rows, batch)
-    train_loss, _ = _loss_and_correct(sim.model, params, sim.training_data, sim.union_rows, batch)
-    metrics = {"test_loss": test_loss / len(test_rows), "train_loss": train_loss / len(sim.union_rows)}
+    test_rows = _global_test_rows(sim)
+    metrics, test_correct = _mean_losses(sim, params, test_rows)
     if sim.model.is_classifier:
         metrics["test_accuracy"] = test_correct / len(test_rows)
         if sim.client_test_rows is not None:
