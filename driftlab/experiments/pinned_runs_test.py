@@ -1,0 +1,97 @@
+"""Short runs of every algorithm, with and without compression, on both backends, pinned to stored digests.
+
+A refactor must prove it changed nothing: each case below is a 3-round run whose
+final server model and per-round metrics (wall times aside) hash to the digests in
+``pinned_runs.json``.  The runs are float64 on one thread, so the digests hold for a
+fixed machine and torch build (bit-for-bit repeatability is promised for a fixed
+thread count and device layout, not across CPUs).
+
+A change that is *meant* to change results updates the digests, and the commit says why:
+
+    DRIFTLAB_UPDATE_PINS=1 python -m pytest -q driftlab/experiments/pinned_runs_test.py
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+import driftlab
+
+PINS = Path(__file__).with_name("pinned_runs.json")
+BASE = [
+    "rounds=3", "seed=0", "precision=float64", "data.name=synthetic", "data.num_clients=8", "sampling.participation=0.5",
+    "model.name=mlp", "model.hidden=[8]", "client.epochs=1", "client.batch_size=10", "client.lr=0.05",
+]
+CASES: dict[str, list[str]] = {
+    "fedavg": ["algorithm.name=fedavg"],
+    "fedadam": ["algorithm.name=fedavg", "server.optimizer=adam", "server.lr=0.03"],
+    "fedavgm": ["algorithm.name=fedavg", "server.optimizer=momentum", "server.lr=0.5"],
+    "fedprox": ["algorithm.name=fedprox", "algorithm.mu=0.1"],
+    "scaffold": ["algorithm.name=scaffold"],
+    "feddyn": ["algorithm.name=feddyn", "algorithm.alpha=0.01", "evaluation.model=all_clients_mean"],
+    "adabest": ["algorithm.name=adabest", "algorithm.mu=0.02", "algorithm.beta=0.9"],
+    "efl": ["algorithm.name=efl"],
+    "fedavg-compressed": ["algorithm.name=fedavg", "compression.ratio=0.1"],
+    "scaffold-compressed-stragglers": ["algorithm.name=scaffold", "compression.ratio=0.2", "availability.incomplete_probability=0.5"],
+}
+BACKENDS = ("sequential", "vectorized")
+
+
+def run_digests(case: str, backend: str) -> dict[str, str]:
+    """The sha256 of the final model's bytes and of the metrics (every key but round_seconds, exact float repr)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        result = driftlab.run(None, overrides=[*BASE, *CASES[case], f"backend={backend}"])
+    finally:
+        torch.set_num_threads(threads)
+    model = result.final_params.detach().to("cpu", torch.float64).contiguous().numpy().tobytes()
+    records = [{key: value for key, value in record.items() if key != "round_seconds"} for record in result.records]
+    metrics = json.dumps(records, sort_keys=True, allow_nan=False).encode()
+    return {"final_model": hashlib.sha256(model).hexdigest(), "metrics": hashlib.sha256(metrics).hexdigest()}
+
+
+@pytest.fixture(scope="module")
+def pins() -> dict[str, dict[str, str]]:
+    stored = json.loads(PINS.read_text()) if PINS.exists() else {}
+    yield stored
+    if os.environ.get("DRIFTLAB_UPDATE_PINS"):
+        PINS.write_text(json.dumps(dict(sorted(stored.items())), indent=1) + "\n")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_short_run_matches_its_pinned_digests(case, backend, pins):
+    key = f"{case}/{backend}"
+    digests = run_digests(case, backend)
+    if os.environ.get("DRIFTLAB_UPDATE_PINS"):
+        pins[key] = digests
+        return
+    assert key in pins, f"no pinned digests for {key}; add them with DRIFTLAB_UPDATE_PINS=1"
+    assert digests == pins[key], f"{key} no longer gives the pinned final model and metrics"
+
+
+def test_every_case_is_pinned_and_nothing_else():
+    assert set(json.loads(PINS.read_text())) == {f"{case}/{backend}" for case in CASES for backend in BACKENDS}
+
+
+def test_the_digest_sees_a_one_ulp_change_of_the_model(monkeypatch):
+    """The pin is bit-exact: nudging one weight by one ulp changes the model digest."""
+    original = driftlab.run
+
+    def nudged(*args, **kwargs):
+        result = original(*args, **kwargs)
+        result.final_params = result.final_params.clone()
+        result.final_params[0] = torch.nextafter(result.final_params[0], torch.tensor(float("inf"), dtype=result.final_params.dtype))
+        return result
+
+    plain = run_digests("fedavg", "sequential")
+    monkeypatch.setattr(driftlab, "run", nudged)
+    changed = run_digests("fedavg", "sequential")
+    assert changed["final_model"] != plain["final_model"] and changed["metrics"] == plain["metrics"]
