@@ -49,11 +49,17 @@ and client id). Raising ``rounds`` extends finished runs. Each run's process
 stops, checkpointed, when the sweep that started it dies, however it dies; a run
 whose directory another live process holds is reported as running elsewhere and
 never given a second writer.
+
+Where runs execute is the executor's business (``driftlab.executors``: local
+processes, SLURM jobs through submitit, Ray tasks); every one starts each run through
+``worker_main``, so results are the same byte for byte, and ``driftlab sweep --status``
+(``sweep_status``) reads where each run stands from the directories alone.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -66,9 +72,12 @@ import traceback
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, Callable, Literal, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Literal, Sequence
 
 from driftlab.experiments.config import MAX_CONFIG_BYTES, ConfigError, ExperimentConfig, load_config, parse_override, read_config_source
+
+if TYPE_CHECKING:
+    from driftlab.executors import ExecutorOptions
 
 SWEEP_PACKAGE = "driftlab.experiments.sweeps"
 SWEEP_FILE = "sweep.json"
@@ -451,6 +460,13 @@ def plan(spec: SweepSpec, scale: str | None = None, extra_overrides: Sequence[st
         setting = ", ".join(value.label for value in setting_values)
         method_parts = [value.label for value in method_values]
         assignments = [*spec.overrides, *chosen.overrides, *(a for _, value in combo for a in value.assignments(scale)), *extra_overrides]
+        seed_assignments = [a for a in assignments if a.split("=", 1)[0].strip() == "seed"]
+        if seed_assignments:
+            # Every run's seed comes from the sweep's seed list; a `seed=` override would be replaced without a word.
+            raise ConfigError(
+                f"sweep {spec.name}: {seed_assignments[0]!r} would be replaced by each run's seed; "
+                "give the seeds with --seeds 0,1,2 (or `seeds = [...]` in the sweep file) instead"
+            )
         for seed in seeds:
             overrides = tuple([*assignments, f"seed={seed}"])
             try:
@@ -528,11 +544,20 @@ def run_status(run_dir: Path, rounds: int) -> RunStatus:
 # ---------------------------------------------------------------- running
 
 
-def _start_worker(run_dir: Path, config: ExperimentConfig, resume: bool, threads: int) -> subprocess.Popen:
+def _start_worker(
+    run_dir: Path, config: dict[str, Any], resume: bool, threads: int, executor: dict[str, Any] | None = None, cwd: str | None = None
+) -> subprocess.Popen:
     """A fresh interpreter per run: nothing of the caller's script is re-imported (as multiprocessing's spawn would),
-    and it shares the terminal's process group, so Ctrl-C reaches it and it checkpoints."""
-    arguments = json.dumps({"run_dir": str(run_dir), "config": config.to_dict(), "resume": resume, "threads": threads, "parent": os.getpid()})
-    return subprocess.Popen([sys.executable, "-c", "import sys; from driftlab.experiments.sweep import worker_main; worker_main(sys.argv[1])", arguments])
+    and it shares the terminal's process group, so Ctrl-C reaches it and it checkpoints.
+
+    ``config`` is the resolved config table; ``executor`` (job id, log paths) goes into the run's run.json;
+    ``cwd`` is where relative paths of the config (data.root) are read from: the sweep's working directory.
+    """
+    arguments = {"run_dir": str(run_dir), "config": config, "resume": resume, "threads": threads, "parent": os.getpid()}
+    if executor:
+        arguments["executor"] = executor
+    arguments = json.dumps(arguments)
+    return subprocess.Popen([sys.executable, "-c", "import sys; from driftlab.experiments.sweep import worker_main; worker_main(sys.argv[1])", arguments], cwd=cwd)
 
 
 # Exit codes of a run's process; a run killed by a signal shows as minus the signal's number.
@@ -660,15 +685,33 @@ def run_sweep(
     extra_overrides: Sequence[str] = (),
     retry_diverged: bool = False,
     log: Callable[[str], None] = print,
+    executor: ExecutorOptions | None = None,
+    threads: int | None = None,
+    trackers: Sequence[str] | None = None,
 ) -> list[RunOutcome]:
-    """Run every pending run of ``spec`` in up to ``jobs`` processes (default: the core count); returns each run's outcome.
+    """Run every pending run of ``spec`` on ``executor`` (default: up to ``jobs`` local processes); returns each run's outcome.
 
-    Threads are split between processes (``torch.set_num_threads``), so a 2-core
-    machine runs two single-threaded runs at once. Ctrl-C or SIGTERM stops every
-    run at its last completed round, checkpointed; run the sweep again to resume.
+    Locally, threads are split between processes (``torch.set_num_threads``), so a
+    2-core machine runs two single-threaded runs at once; SLURM jobs and Ray tasks
+    use ``threads`` (default: --slurm-cpus, else 1). Ctrl-C or SIGTERM stops every
+    run at its last completed round, checkpointed; run the sweep again to resume,
+    on any executor.
     """
+    from driftlab.executors import ExecutorOptions, check_options
+
+    options = executor or ExecutorOptions()
+    if jobs is not None:
+        options = dataclasses.replace(options, jobs=jobs)
+    if threads is not None and threads < 1:
+        raise ConfigError(f"threads per run must be at least 1, got {threads}")
+    check_options(options)
     out = Path(out_dir)
     runs = plan(spec, scale, extra_overrides)
+    if trackers is not None:  # --log: not an override, so a sweep's runs can be resumed with logging turned on or off
+        runs = [dataclasses.replace(r, config=r.config.model_copy(update={"log": tuple(trackers)})) for r in runs]
+    from driftlab.experiments.trackers import check_trackers_installed
+
+    check_trackers_installed([name for r in runs for name in r.config.log])  # before any run starts
     document = sweep_document(spec, runs, scale, extra_overrides)
     out.mkdir(parents=True, exist_ok=True)
     with _exclusive(out):
@@ -676,17 +719,23 @@ def run_sweep(
         for r in runs:
             check_run_directory(out / r.dir, r.config)
         _write_json(out / SWEEP_FILE, document)
-        return _run_planned(spec, out, runs, jobs, retry_diverged, log)
+        return _run_planned(spec, out, runs, options, threads, retry_diverged, log)
+
+
+JOBS_FILE = "jobs.json"  # the sweep's record of what it submitted to SLURM or Ray: run directory -> job id, log paths
 
 
 def _run_planned(
     spec: SweepSpec,
     out: Path,
     runs: list[PlannedRun],
-    jobs: int | None,
+    options: ExecutorOptions,
+    threads: int | None,
     retry_diverged: bool,
     log: Callable[[str], None],
 ) -> list[RunOutcome]:
+    from driftlab.executors import Events, RunTask, TaskResult, execute
+
     outcomes: dict[str, RunOutcome] = {}
     todo: list[PlannedRun] = []
     for r in runs:
@@ -695,77 +744,60 @@ def _run_planned(
             outcomes[r.dir] = RunOutcome(r, status, _message(out / r.dir))
         else:
             todo.append(r)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1  # the cores this process may use
-    jobs = max(1, min(jobs or cores, max(len(todo), 1)))
-    threads = max(1, cores // jobs)
     skipped = len(runs) - len(todo)
-    log(f"sweep {spec.name}: {len(runs)} runs, {skipped} already finished, {len(todo)} to run in {jobs} process(es) x {threads} thread(s)")
+    if options.name == "local":
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1  # the cores this process may use
+        jobs = max(1, min(options.jobs or cores, max(len(todo), 1)))
+        threads = threads or max(1, cores // jobs)
+        options = dataclasses.replace(options, jobs=jobs)
+        log(f"sweep {spec.name}: {len(runs)} runs, {skipped} already finished, {len(todo)} to run in {jobs} process(es) x {threads} thread(s)")
+    else:
+        threads = threads or (options.slurm_cpus if options.name == "slurm" else None) or 1
+        log(f"sweep {spec.name}: {len(runs)} runs, {skipped} already finished, {len(todo)} to run as {options.name} jobs x {threads} thread(s)")
 
-    active: dict[str, tuple[Any, PlannedRun, float]] = {}
-    queue = list(todo)
+    by_key = {r.dir: r for r in todo}
     done = skipped
-    previous_term = signal.getsignal(signal.SIGTERM)
-    terminated: list[int] = []
+    submitted: dict[str, Any] = {}
 
-    def terminate(signum, frame):  # noqa: ARG001
-        terminated.append(signum)
-        raise KeyboardInterrupt(f"terminated by signal {signum}")
+    def started(task: RunTask, resume: bool, job: dict[str, Any]) -> None:
+        if job.get("job_id"):
+            submitted[task.key] = job
+            _write_json(out / JOBS_FILE, {"executor": options.name, "runs": submitted})
+            log(f"  submit  {_name(by_key[task.key])}  (job {job['job_id']})" + ("  (resuming)" if resume else ""))
+        else:
+            log(f"  start  {_name(by_key[task.key])}" + ("  (resuming)" if resume else ""))
 
-    if _in_main_thread():
-        signal.signal(signal.SIGTERM, terminate)
-    try:
-        while queue or active:
-            while queue and len(active) < jobs:
-                r = queue.pop(0)
-                run_dir = out / r.dir
-                holder = run_directory_holder(run_dir)
-                if holder is not None:
-                    outcomes[r.dir] = RunOutcome(r, "running", _elsewhere(holder))
-                    done += 1
-                    log(f"  running  {_name(r)}  [{done}/{len(runs)}]  {outcomes[r.dir].message}")
-                    continue
-                (run_dir / FAILURE_FILE).unlink(missing_ok=True)
-                resume = (run_dir / "config.json").exists()
-                process = _start_worker(run_dir, r.config, resume, threads)
-                active[r.dir] = (process, r, time.perf_counter())
-                log(f"  start  {_name(r)}" + ("  (resuming)" if resume else ""))
-            time.sleep(0.2)
-            for key in [k for k, (p, _, _) in active.items() if p.poll() is not None]:
-                process, r, started = active.pop(key)
-                status = _status_from_exit(process.returncode)
-                message = _elsewhere(run_directory_holder(out / r.dir) or 0) if status == "running" else _message(out / r.dir)
-                outcome = RunOutcome(r, status, message or _exit_message(process.returncode), time.perf_counter() - started)
-                outcomes[r.dir] = outcome
-                done += 1
-                log(f"  {status:<8s} {_name(r)}  [{done}/{len(runs)}, {_duration(outcome.seconds)}]" + (f"  {outcome.message}" if outcome.message else ""))
-    except KeyboardInterrupt:
+    def finished(result: TaskResult) -> None:
+        nonlocal done
+        r = by_key[result.task.key]
+        done += 1
+        if not result.started:
+            outcomes[r.dir] = RunOutcome(r, "running", _elsewhere(result.holder))
+            log(f"  running  {_name(r)}  [{done}/{len(runs)}]  {outcomes[r.dir].message}")
+            return
+        status = _status_from_exit(result.exit_code)
+        message = _elsewhere(run_directory_holder(out / r.dir) or 0) if status == "running" else _message(out / r.dir)
+        outcome = RunOutcome(r, status, message or result.job.get("error", "") or _exit_message(result.exit_code), result.seconds)
+        outcomes[r.dir] = outcome
+        log(f"  {status:<8s} {_name(r)}  [{done}/{len(runs)}, {_duration(outcome.seconds)}]" + (f"  {outcome.message}" if outcome.message else ""))
+
+    def interrupted() -> None:
         log("sweep interrupted: stopping runs at their last completed round (checkpointed); run the same command again to resume")
-        # Ctrl-C reaches the whole process group, so the runs are already checkpointing; a SIGTERM sent to
-        # the sweep alone is passed on. Either way each run saves its last completed round before exiting.
-        if not terminated:
-            for process, _, _ in active.values():
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    process.wait(timeout=60)
-        for process, _, _ in active.values():
-            if process.poll() is None:
-                process.terminate()
-        for process, r, started in active.values():
-            process.wait()
-            outcomes[r.dir] = RunOutcome(r, "interrupted", "", time.perf_counter() - started)
-        raise
-    except BaseException:
-        # The sweep itself failed (a `log` callback raised, say): its runs must not go on without it.
-        for process, _, _ in active.values():
-            if process.poll() is None:
-                process.terminate()
-        for process, _, _ in active.values():
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(timeout=60)
-        raise
-    finally:
-        if _in_main_thread():
-            signal.signal(signal.SIGTERM, previous_term)
+
+    local = options.name == "local"
+    tasks = [RunTask(r.dir, out / r.dir if local else (out / r.dir).absolute(), r.config.to_dict(), threads, _name(r), os.getcwd()) for r in todo]
+    previous = _read_jobs(out)
+    if previous and not local:
+        submitted.update(previous.get("runs", {}))
+    execute(tasks, options, Events(started, finished, interrupted))
     return [outcomes[r.dir] for r in runs if r.dir in outcomes]
+
+
+def _read_jobs(out: Path) -> dict[str, Any]:
+    try:
+        return json.loads((out / JOBS_FILE).read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
 
 
 @contextlib.contextmanager
@@ -916,4 +948,12 @@ def worker_main(arguments: str) -> None:
     """Entry point of a run's interpreter (see ``_start_worker``)."""
     parsed = json.loads(arguments)
     die_with_parent(parsed["parent"])
+    if parsed.get("executor"):
+        from driftlab.experiments.runner import RUN_INFO_EXTRA
+
+        RUN_INFO_EXTRA["executor"] = parsed["executor"]
+        if parsed["executor"].get("executor") == "slurm" and hasattr(signal, "SIGUSR2"):
+            # SLURM's pre-emption warning (submitit's USR2) may reach every process of the job, and would kill
+            # this one outright; the job's own process handles it by stopping this run (SIGTERM: checkpoint, exit).
+            signal.signal(signal.SIGUSR2, signal.SIG_IGN)
     _worker(parsed["run_dir"], parsed["config"], parsed["resume"], parsed["threads"])

@@ -88,6 +88,14 @@ def test_grid_axis_reads_toml_lists_and_comma_lists():
         grid_axis("algorithm.mu")
 
 
+@pytest.mark.parametrize("override", ["seed=3", 'seed="a"', "seed=true", " seed = 1"])
+def test_a_seed_override_is_refused_rather_than_replaced_by_each_runs_seed(override):
+    spec = sweep_from_config("synthetic-fedavg", ["client.lr=0.05,0.1"], [0, 1], name="s")
+    with pytest.raises(ConfigError, match=r"would be replaced by each run's seed.*--seeds"):
+        plan(spec, extra_overrides=["rounds=2", override])
+    assert len(plan(spec, extra_overrides=["rounds=2", "data.seed=3"])) == 4  # the data seed is a setting of its own
+
+
 @pytest.mark.parametrize(
     "assignment, message",
     [
@@ -553,6 +561,8 @@ def test_readme_sweep_example_and_commands_are_valid(tmp_path):
     assert commands
     for command in commands:
         args = shlex.split(command)[2:]
+        if "--status" in args:
+            continue  # reads a sweep directory: sweep_status_test runs it
         args[args.index("--out") + 1] = str(tmp_path / "out")
         result = subprocess.run([sys.executable, "-m", "driftlab.cli", "sweep", *args, "--dry-run"], capture_output=True, text=True)
         assert result.returncode == 0, (command, result.stderr)

@@ -1,0 +1,119 @@
+import json
+from pathlib import Path
+
+import pytest
+
+from driftlab.executors import ExecutorOptions, check_options
+from driftlab.executors.conftest import assert_same_results, check_kill_and_resume, run_dirs, sweep
+from driftlab.experiments.config import ConfigError
+from driftlab.experiments.runner import read_run_info
+
+submitit = pytest.importorskip("submitit")
+
+SLURM_LOCAL = ExecutorOptions("slurm", slurm_local=True)
+
+
+def test_without_sbatch_the_slurm_executor_stops_with_what_to_do(monkeypatch):
+    from driftlab.executors import slurm
+
+    monkeypatch.setattr(slurm.shutil, "which", lambda name: None)
+    with pytest.raises(ConfigError, match="needs SLURM's sbatch on PATH.*add --slurm-local"):
+        check_options(ExecutorOptions("slurm", slurm_partition="gpu"))
+    check_options(SLURM_LOCAL)  # submitit's local executor needs no cluster
+
+
+def test_slurm_options_become_the_jobs_parameters(tmp_path):
+    from driftlab.executors.slurm import make_executor
+
+    executor = make_executor(ExecutorOptions("slurm", slurm_time=120, slurm_gpus=1, slurm_mem=8, slurm_local=True), tmp_path, cpus=2)
+    assert (executor.parameters["timeout_min"], executor.parameters["gpus_per_node"]) == (120, 1)
+
+
+@pytest.mark.slow
+def test_slurm_local_sweep_equals_the_local_one_and_records_its_jobs(tmp_path, local_reference):
+    logged: list[str] = []
+    outcomes = sweep(tmp_path, SLURM_LOCAL, logged=logged)
+    assert [o.status for o in outcomes] == ["complete"] * 4, logged
+    assert_same_results(tmp_path, local_reference)
+    jobs = json.loads((tmp_path / "jobs.json").read_text())
+    for run_dir in run_dirs(tmp_path):
+        recorded = read_run_info(run_dir)["executor"]
+        key = str(run_dir.relative_to(tmp_path))
+        assert recorded["executor"] == "slurm" and recorded["job_id"] == jobs["runs"][key]["job_id"]
+        assert recorded["stdout"].endswith("_log.out") and recorded["stderr"].endswith("_log.err")
+        assert f"(job {recorded['job_id']})" in "\n".join(logged)
+    logged.clear()
+    assert [o.status for o in sweep(tmp_path, SLURM_LOCAL, logged=logged)] == ["complete"] * 4
+    assert "4 runs, 4 already finished, 0 to run" in logged[0] and not any("submit" in line for line in logged)
+
+
+@pytest.mark.slow
+def test_a_killed_slurm_worker_is_resumed_from_its_checkpoint_by_the_next_sweep(tmp_path, long_reference):
+    check_kill_and_resume(tmp_path, SLURM_LOCAL, long_reference)
+
+
+@pytest.mark.slow
+def test_a_run_killed_under_the_local_executor_is_resumed_by_a_slurm_job(tmp_path, long_reference):
+    # the run directory is the only state: any executor continues what another started
+    check_kill_and_resume(tmp_path, ExecutorOptions("local", jobs=1), long_reference, resume_with=SLURM_LOCAL)
+
+
+@pytest.mark.slow
+def test_preemption_checkpoints_the_run_and_the_requeued_job_resumes_it(tmp_path, long_reference):
+    # SLURM warns of pre-emption or the time limit with USR2 (submitit's --signal): the job stops its run at the last
+    # completed round, checkpointed, and requeues itself; the requeued job resumes the run.
+    import os
+    import signal
+    import threading
+    import time
+
+    from driftlab.executors.conftest import LONG_RUN, long_spec, worker_pids
+
+    out = tmp_path / "preempted"
+    run_dir = run_dirs(out, long_spec(), LONG_RUN)[0]
+    signalled: list[int] = []
+
+    def preempt() -> None:
+        deadline = time.time() + 240
+        while time.time() < deadline:
+            metrics_file = run_dir / "metrics.jsonl"
+            if metrics_file.exists() and len(metrics_file.read_text().splitlines()) >= 5:
+                for pid in worker_pids(run_dir):
+                    job_process = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+                    os.kill(job_process, signal.SIGUSR2)
+                    signalled.append(job_process)
+                    return
+            time.sleep(0.02)
+
+    watcher = threading.Thread(target=preempt, daemon=True)
+    watcher.start()
+    logged: list[str] = []
+    outcomes = sweep(out, SLURM_LOCAL, long_spec(), LONG_RUN, logged)
+    watcher.join(timeout=30)
+    assert signalled, "the run finished before it could be pre-empted"
+    assert [o.status for o in outcomes] == ["complete"], logged
+    info = read_run_info(run_dir)
+    assert info["resumed_from_round"] is not None and info["resumed_from_round"] >= 5, info  # requeued and resumed, not restarted
+    assert "this job is preempted" in Path(info["executor"]["stderr"]).read_text()  # the same job, requeued
+    assert_same_results(out, long_reference, long_spec(), LONG_RUN)
+
+
+@pytest.mark.slow
+def test_cli_sweep_through_slurm_local_then_status_shows_each_run_done_with_its_job(tmp_path):
+    import subprocess
+    import sys
+
+    from driftlab.executors.conftest import FOUR_RUNS
+
+    out = tmp_path / "cli"
+    command = [sys.executable, "-m", "driftlab.cli", "sweep", "synthetic-fedprox", *FOUR_RUNS, "--grid", "algorithm.mu=[0, 1]", "--seeds", "0,1"]
+    result = subprocess.run([*command, "--executor", "slurm", "--slurm-local", "--threads", "1", "--no-report", "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("  submit  ") == 4 and "sweep finished: 4 complete" in result.stdout
+    status = subprocess.run([sys.executable, "-m", "driftlab.cli", "sweep", "--status", str(out)], capture_output=True, text=True, timeout=120)
+    assert status.returncode == 0, status.stderr
+    lines = status.stdout.splitlines()
+    jobs = json.loads((out / "jobs.json").read_text())["runs"]
+    for name, job in jobs.items():
+        assert f"done         {name}  3/3 rounds  job {job['job_id']}" in lines
+    assert lines[-1] == "4 runs: 4 done"
