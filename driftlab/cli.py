@@ -51,6 +51,9 @@ EPILOG_SWEEP = """examples:
   driftlab sweep synthetic-fedprox --grid 'algorithm.mu=[0, 0.01, 1]' --seeds 0,1,2 --out runs/mu
   driftlab sweep mnist-fedavg --grid algorithm.name=fedavg,scaffold --grid data.partition=iid,dirichlet --out runs/grid
   driftlab sweep my-sweep.toml rounds=20 --jobs 1 --out runs/mine      key=value applies to every run
+  driftlab sweep fedprox-figure1 --executor slurm --slurm-partition gpu --slurm-time 120 --out runs/fedprox-figure1
+  driftlab sweep fedprox-figure1 --executor ray --ray-address auto --out runs/fedprox-figure1
+  driftlab sweep --status runs/fedprox-figure1                          done, running, queued, failed ... per run
 
 Running the same command again skips finished runs and resumes interrupted ones from their
 checkpoints. A sweep file has base, overrides, seeds, targets, [scales.NAME] and [[axes]] with
@@ -67,12 +70,24 @@ writes report.md, targets.csv, accuracy.csv, steps.csv and PNG plots to --out.""
 TAKES_OVERRIDES = {("demo",), ("run",), ("config",), ("sweep",), ("data", "describe")}
 
 
+_LOG_HELP = (
+    "experiment trackers, comma-separated: tensorboard, wandb, mlflow (or none); replaces the config's `log`. "
+    "Each writes into the run directory: tensorboard/, wandb/, mlruns/"
+)
+
+
+def _trackers_option(args: argparse.Namespace) -> tuple[str, ...] | None:
+    from driftlab.experiments.trackers import parse_tracker_list
+
+    return None if args.log is None else parse_tracker_list(args.log)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="driftlab", description="Federated optimization simulator: FedAvg, FedOpt and drift-correcting algorithms.")
     parser.add_argument("--debug", action="store_true", help="print the full traceback of an unexpected error (it is always written to a log file)")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    demo = commands.add_parser("demo", help="compare every algorithm on the built-in synthetic(1,1) default (3-5 minutes on 2 cores)")
+    demo = commands.add_parser("demo", help="compare every algorithm on the built-in synthetic(1,1) default (about a minute on 2 idle cores)")
     demo.add_argument("overrides", nargs="*", metavar="key=value", help="overrides applied to every demo run, e.g. rounds=30")
     demo.add_argument("--out", default="driftlab-demo", help="output directory (default: driftlab-demo)")
     demo.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -89,6 +104,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--out", required=True, help="output directory: config.json, metrics.jsonl, checkpoints")
     run.add_argument("--resume", action="store_true", help="continue the interrupted run in --out from its checkpoint")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
+    run.add_argument("--log", metavar="TRACKERS", help=_LOG_HELP)
 
     config = commands.add_parser(
         "config",
@@ -107,9 +123,11 @@ def _parser() -> argparse.ArgumentParser:
         epilog=EPILOG_SWEEP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    sweep.add_argument("sweep", help="a shipped sweep (see `driftlab presets`), a sweep .toml file, or a config/preset to grid over with --grid")
+    sweep.add_argument(
+        "sweep", nargs="?", help="a shipped sweep (see `driftlab presets`), a sweep .toml file, or a config/preset to grid over with --grid"
+    )
     sweep.add_argument("overrides", nargs="*", metavar="key=value", help="overrides applied to every run, after the sweep's own")
-    sweep.add_argument("--out", required=True, help="sweep directory (created; reused to resume)")
+    sweep.add_argument("--out", help="sweep directory (created; reused to resume); required unless --status")
     sweep.add_argument("--grid", action="append", default=[], metavar="KEY=VALUES", help="an axis: KEY=[v1, v2] (TOML list) or KEY=v1,v2; repeatable")
     sweep.add_argument("--seeds", help="comma-separated seeds, e.g. 0,1,2 (default: the sweep's seeds, or 0)")
     sweep.add_argument("--scale", help="a named scale of the sweep file, e.g. paper (the paper's full scale)")
@@ -117,6 +135,18 @@ def _parser() -> argparse.ArgumentParser:
     sweep.add_argument("--retry-diverged", action="store_true", help="run diverged runs again (they are skipped by default: reruns are identical)")
     sweep.add_argument("--dry-run", action="store_true", help="list the runs and their status without running anything")
     sweep.add_argument("--no-report", action="store_true", help="do not write DIR/report when the sweep ends")
+    sweep.add_argument("--status", metavar="DIR", help="show each run of the sweep in DIR (done, running, queued, interrupted, failed, diverged) and exit")
+    sweep.add_argument("--executor", choices=["local", "slurm", "ray"], default="local", help="where runs execute (default: local processes)")
+    sweep.add_argument("--threads", type=int, help="torch threads per run (default: local: the cores split between --jobs; slurm: --slurm-cpus; ray: 1)")
+    sweep.add_argument("--slurm-partition", help="SLURM partition of the jobs")
+    sweep.add_argument("--slurm-time", type=int, default=60, metavar="MINUTES", help="time limit of each SLURM job in minutes (default: 60)")
+    sweep.add_argument("--slurm-cpus", type=int, help="CPUs per SLURM job (default: the run's threads)")
+    sweep.add_argument("--slurm-gpus", type=int, default=0, help="GPUs per SLURM job (default: 0)")
+    sweep.add_argument("--slurm-mem", type=int, metavar="GB", help="memory per SLURM job in GB (default: the partition's)")
+    sweep.add_argument("--slurm-array-parallelism", type=int, default=256, help="SLURM jobs of the sweep running at once (default: 256)")
+    sweep.add_argument("--slurm-local", action="store_true", help="run the SLURM jobs on this machine through submitit's local executor (no cluster)")
+    sweep.add_argument("--ray-address", default="auto", help="the Ray cluster to run on (default: auto, a running cluster, else a local Ray)")
+    sweep.add_argument("--log", metavar="TRACKERS", help=_LOG_HELP + " of every run")
 
     report = commands.add_parser(
         "report",
@@ -170,6 +200,8 @@ def parse_arguments(argv: list[str]) -> argparse.Namespace:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}{hint}")
     if extras:
         args.overrides = [*args.overrides, *extras]
+    if args.command == "sweep" and args.status is None and (args.sweep is None or args.out is None):
+        parser.error("driftlab sweep needs a SWEEP and --out DIR (or --status DIR to show where a sweep's runs stand)")
     return args
 
 
@@ -338,6 +370,8 @@ def _dispatch(args: argparse.Namespace) -> int:
     install_termination_handler()
     if args.command == "run":
         config = load_config(args.config, args.overrides)
+        if args.log is not None:
+            config = load_config(config.to_dict(), [f"log={json.dumps(list(_trackers_option(args)))}"])
         result = run(config, args.out, resume=args.resume, progress=not args.quiet, progress_label=Path(args.out).name or config.algorithm.name)
         print(json.dumps(result.summary, indent=2))
         print(f"metrics: {args.out}/metrics.jsonl")
@@ -448,7 +482,14 @@ def _float_list(text: str, option: str) -> list[float]:
 
 
 def _sweep_command(args: argparse.Namespace) -> int:
+    from driftlab.executors import ExecutorOptions, check_options
     from driftlab.experiments.sweep import is_sweep_source, load_sweep, plan, run_status, run_sweep, sweep_from_config, sweep_names, validate_seeds
+
+    if args.status is not None:
+        from driftlab.experiments.sweep_status import format_status, sweep_status
+
+        print(format_status(sweep_status(args.status)))
+        return 0
 
     seeds = None
     if args.seeds:
@@ -474,6 +515,20 @@ def _sweep_command(args: argparse.Namespace) -> int:
         spec = sweep_from_config(args.sweep, args.grid, seeds or [0], name=Path(args.out).name or "sweep")
     if args.jobs is not None and args.jobs < 1:
         raise ConfigError(f"--jobs must be at least 1, got {args.jobs}")
+    executor = ExecutorOptions(
+        name=args.executor,
+        jobs=args.jobs,
+        slurm_partition=args.slurm_partition,
+        slurm_time=args.slurm_time,
+        slurm_cpus=args.slurm_cpus,
+        slurm_gpus=args.slurm_gpus,
+        slurm_mem=args.slurm_mem,
+        slurm_array_parallelism=args.slurm_array_parallelism,
+        slurm_local=args.slurm_local,
+        ray_address=args.ray_address,
+    )
+    if not args.dry_run:
+        check_options(executor)
     if args.dry_run:
         for r in plan(spec, args.scale, args.overrides):
             print(f"{run_status(Path(args.out) / r.dir, r.config.rounds):<12s} {r.dir}   {' '.join(r.overrides)}")
@@ -482,7 +537,10 @@ def _sweep_command(args: argparse.Namespace) -> int:
 
     install_termination_handler()
     try:
-        outcomes = run_sweep(spec, args.out, jobs=args.jobs, scale=args.scale, extra_overrides=args.overrides, retry_diverged=args.retry_diverged)
+        outcomes = run_sweep(
+            spec, args.out, jobs=args.jobs, scale=args.scale, extra_overrides=args.overrides, retry_diverged=args.retry_diverged, trackers=_trackers_option(args),
+            executor=executor, threads=args.threads,
+        )
     except KeyboardInterrupt:
         print("driftlab: sweep interrupted; every run checkpointed its last completed round: run the same command again to resume", file=sys.stderr)
         return 130

@@ -351,7 +351,7 @@ AlgorithmConfig = Annotated[Union[tuple(ALGORITHM_CONFIGS.values())], Field(disc
 
 class ExperimentConfig(_Section):
     seed: int = Field(0, ge=0, description="experiment seed: client samples, minibatches and initialisation derive from it")
-    rounds: int = Field(100, ge=1, description="communication rounds")
+    rounds: int = Field(100, ge=1, le=10_000_000, description="communication rounds (at most 10 million: a record is kept per round)")
     device: str = Field("cpu", description="cpu, cuda, cuda:N, or auto (cuda when available)")
     precision: Literal["float32", "float64"] = Field("float32", description="arithmetic of training and aggregation")
     backend: Literal["auto", "vectorized", "sequential"] = Field(
@@ -369,6 +369,11 @@ class ExperimentConfig(_Section):
     availability: AvailabilityConfig = AvailabilityConfig()
     compression: CompressionConfig = CompressionConfig()
     evaluation: EvaluationConfig = EvaluationConfig()
+    log: tuple[Literal["tensorboard", "wandb", "mlflow"], ...] = Field(
+        (),
+        description='experiment trackers fed with every round\'s record, e.g. ["tensorboard", "mlflow"] (extras driftlab[tensorboard], '
+        "driftlab[wandb], driftlab[mlflow]); not part of the run's identity, so a run can be resumed with logging turned on",
+    )
 
     @model_validator(mode="after")
     def _device_is_known(self) -> "ExperimentConfig":
@@ -380,8 +385,8 @@ class ExperimentConfig(_Section):
     def to_dict(self) -> dict[str, Any]:
         return _plain(self.model_dump(mode="python"))
 
-    def fingerprint(self, ignore: tuple[str, ...] = ("rounds", "checkpoint_every", "device")) -> str:
-        """A hash of everything that determines the numbers a run produces (not its length or where it runs)."""
+    def fingerprint(self, ignore: tuple[str, ...] = ("rounds", "checkpoint_every", "device", "log")) -> str:
+        """A hash of everything that determines the numbers a run produces (not its length, where it runs or where it is logged)."""
         content = {k: v for k, v in self.to_dict().items() if k not in ignore}
         return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:16]
 

@@ -446,6 +446,12 @@ def test_batch_size_and_data_root_bounds():
     assert "data.root" in _error("data.root=")
 
 
+def test_rounds_are_bounded_by_what_a_run_can_finish():
+    message = _error("rounds=10000000000000")
+    assert "rounds" in message and "10000000" in message
+    assert load_config(None, ["rounds=10000000"]).rounds == 10_000_000
+
+
 # ------------------------------------------------------------------ base = "preset-or-file"
 
 

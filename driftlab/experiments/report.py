@@ -61,7 +61,7 @@ from driftlab.metrics.summary import cumulative_bits_through, first_round_reachi
 SERVER_OPTIMIZER_LABELS = {"momentum": "FedAvgM", "adam": "FedAdam", "adagrad": "FedAdagrad", "yogi": "FedYogi"}
 # Config keys that do not change what a run computes, or only how long it runs: runs differing only
 # in these (and the seed) are seeds of one method.
-IGNORED_KEYS = ("seed", "rounds", "device", "checkpoint_every", "backend", "evaluation.target_accuracy")
+IGNORED_KEYS = ("seed", "rounds", "device", "checkpoint_every", "backend", "evaluation.target_accuracy", "log")
 # Sections that define the problem rather than the method. The model is included: the same
 # algorithm on another network is another setting, not another row of the same table.
 SETTING_SECTIONS = ("data", "model", "sampling", "availability")

@@ -13,6 +13,7 @@ An output directory holds::
     run.json                  status (running, complete, interrupted, diverged, failed), rounds done,
                               wall time summed over resumes, parameter count, machine and versions
     .lock                     flock'ed by the process writing the directory (holds its PID)
+    tensorboard/ mlruns/ wandb/   with ``log = [...]``: the trackers' files (driftlab.experiments.trackers)
 
 config.json is written first, before any data is loaded, so a run killed at any
 moment resumes with ``driftlab run DIR/config.json --out DIR --resume``.  A run
@@ -58,6 +59,7 @@ from driftlab.compress import with_compression
 from driftlab.experiments.config import ConfigError, ExperimentConfig, load_config
 from driftlab.experiments.compatibility import check_sizes, checked_model
 from driftlab.experiments.datasets import DataSetupError, build_dataset, vocabulary_size
+from driftlab.experiments.trackers import check_trackers_installed, open_trackers
 from driftlab.metrics.summary import summarize
 from driftlab.models import build_model
 from driftlab.optim.server import make_server_optimizer
@@ -250,9 +252,13 @@ def run(
         config = load_config(config, overrides)
     elif overrides:
         config = load_config(config.to_dict(), overrides)
+    if config.log:
+        check_trackers_installed(config.log)  # before any work
     if out_dir is None:
         if resume:
             raise ConfigError("resume needs the output directory of the interrupted run (--out DIR)")
+        if config.log:
+            raise ConfigError(f"log={list(config.log)} needs an output directory (--out DIR): a tracker run is tied to the run's directory")
         return _run_in(None, config, resume, progress, model, progress_label)
     out = _output_directory(out_dir)
     lock = _claim_run_directory(out, config, resume)
@@ -275,6 +281,8 @@ def _run_in(
     records: list[dict[str, Any]] = []
     if out is not None:
         records, state = _prepare_output(out, config, sim, state, resume)
+    # Opening a tracker logs the records it lacks, so every round reaches it once however the last process ended.
+    trackers = open_trackers(out, config, records) if out is not None and config.log else None
 
     info = _RunInfo.start(out, config, sim, state.round) if out is not None else None
     reporter = progress if callable(progress) else None
@@ -284,6 +292,7 @@ def _run_in(
 
         bar = round_progress(progress_label or config.algorithm.name, config.rounds, state.round)
     last_saved = state.round
+    ending = "complete"  # what the trackers are told when the run stops
     try:
         while state.round < config.rounds:
             upcoming = state.round + 1
@@ -297,6 +306,8 @@ def _run_in(
                 commit_round(finished)
                 state = finished
                 records.append(record)
+            if trackers is not None:
+                trackers.log_round(record)
             if out is not None and (state.round % config.checkpoint_every == 0 or state.round == config.rounds):
                 _checkpoint(out, config, state)
                 _write_metrics_csv(out, records)
@@ -310,6 +321,7 @@ def _run_in(
         # Never die without a resumable checkpoint.  `state` is the last completed round: the
         # interrupted round's client states were only staged, and are dropped here.
         discard_round(state)
+        ending = _status_of(error)
         if out is not None and state.round > last_saved:
             _checkpoint(out, config, state)
         if out is not None:
@@ -323,6 +335,8 @@ def _run_in(
     finally:
         if bar is not None:
             bar.close()
+        if trackers is not None:
+            trackers.close(ending)
     final_params = state.server.params
     if out is not None:
         names = ",".join(sim.model.names)
@@ -360,6 +374,10 @@ def _divergence_error(error: FloatingPointError, out: Path | None, last_healthy:
             f"{out / METRICS_FILE} and {METRICS_CSV_FILE} hold rounds 1-{last_healthy}"
         )
     return FloatingPointError(f"{str(error).rstrip('.')}. {kept[0].upper()}{kept[1:]}")
+
+
+# Entries this process adds to every run.json it writes: a sweep worker puts its executor here (job id, log paths).
+RUN_INFO_EXTRA: dict[str, Any] = {}
 
 
 @dataclass
@@ -403,6 +421,7 @@ class _RunInfo:
             },
             "versions": {"driftlab": driftlab.__version__, "torch": torch.__version__, "python": platform.python_version()},
         }
+        content.update(RUN_INFO_EXTRA)
         info = cls(path, content, time.perf_counter(), content["wall_seconds"])
         info.update("running", start_round)
         return info
@@ -574,7 +593,7 @@ def _check_run_directory(out: Path, config: ExperimentConfig, resume: bool) -> N
         raise ConfigError(f"nothing to resume in {out}: it holds no driftlab run ({what}); run without --resume into a new or empty directory")
     if stored is not None and stored.fingerprint() != config.fingerprint():
         raise ConfigError(
-            f"cannot resume: the configuration differs from the one in {stored_path} in more than rounds/device/checkpoint_every; "
+            f"cannot resume: the configuration differs from the one in {stored_path} in more than rounds/device/checkpoint_every/log; "
             f"resume with `driftlab run {stored_path} --out {out} --resume`"
         )
 
