@@ -231,6 +231,7 @@ def run(
     progress: bool | Callable[[dict[str, Any]], None] = False,
     model: ModelSource = None,
     progress_label: str | None = None,
+    run_info: dict[str, Any] | None = None,
 ) -> RunResult:
     """Run an experiment; write to ``out_dir`` when given (required for ``resume``).
 
@@ -241,6 +242,9 @@ def run(
     ``progress=True`` shows a bar labelled ``progress_label`` (default: the
     algorithm's name) on a terminal, and one line when the run ends elsewhere;
     a callable is called with each round's record instead.
+
+    ``run_info`` adds entries to the run's ``run.json`` (a sweep's executor records
+    its job id and log paths there).
 
     Example:
         >>> import driftlab
@@ -259,11 +263,11 @@ def run(
             raise ConfigError("resume needs the output directory of the interrupted run (--out DIR)")
         if config.log:
             raise ConfigError(f"log={list(config.log)} needs an output directory (--out DIR): a tracker run is tied to the run's directory")
-        return _run_in(None, config, resume, progress, model, progress_label)
+        return _run_in(None, config, resume, progress, model, progress_label, {})
     out = _output_directory(out_dir)
     lock = _claim_run_directory(out, config, resume)
     try:
-        return _run_in(out, config, resume, progress, model, progress_label)
+        return _run_in(out, config, resume, progress, model, progress_label, run_info or {})
     finally:
         lock.close()
 
@@ -275,6 +279,7 @@ def _run_in(
     progress: bool | Callable[[dict[str, Any]], None],
     model: ModelSource,
     progress_label: str | None,
+    run_info: dict[str, Any],
 ) -> RunResult:
     """The run itself; ``out``, when given, is claimed (locked, checked, config.json written) by the caller."""
     sim, state = build_simulation(config, model)
@@ -284,7 +289,7 @@ def _run_in(
     # Opening a tracker logs the records it lacks, so every round reaches it once however the last process ended.
     trackers = open_trackers(out, config, records) if out is not None and config.log else None
 
-    info = _RunInfo.start(out, config, sim, state.round) if out is not None else None
+    info = _RunInfo.start(out, config, sim, state.round, run_info) if out is not None else None
     reporter = progress if callable(progress) else None
     bar = None
     if progress is True:
@@ -376,9 +381,6 @@ def _divergence_error(error: FloatingPointError, out: Path | None, last_healthy:
     return FloatingPointError(f"{str(error).rstrip('.')}. {kept[0].upper()}{kept[1:]}")
 
 
-# Entries this process adds to every run.json it writes: a sweep worker puts its executor here (job id, log paths).
-RUN_INFO_EXTRA: dict[str, Any] = {}
-
 
 @dataclass
 class _RunInfo:
@@ -394,7 +396,7 @@ class _RunInfo:
     previous_seconds: float
 
     @classmethod
-    def start(cls, out: Path, config: ExperimentConfig, sim: Simulation, start_round: int) -> "_RunInfo":
+    def start(cls, out: Path, config: ExperimentConfig, sim: Simulation, start_round: int, extra: dict[str, Any]) -> "_RunInfo":
         path = out / RUN_INFO_FILE
         previous: dict[str, Any] = {}
         if start_round > 0 and path.exists():
@@ -421,7 +423,7 @@ class _RunInfo:
             },
             "versions": {"driftlab": driftlab.__version__, "torch": torch.__version__, "python": platform.python_version()},
         }
-        content.update(RUN_INFO_EXTRA)
+        content.update(extra)
         info = cls(path, content, time.perf_counter(), content["wall_seconds"])
         info.update("running", start_round)
         return info

@@ -564,7 +564,7 @@ def _start_worker(
 EXIT_COMPLETE, EXIT_FAILED, EXIT_DIVERGED, EXIT_BUSY, EXIT_INTERRUPTED = 0, 1, 3, 4, 130
 
 
-def _worker(run_dir: str, config_table: dict[str, Any], resume: bool, threads: int) -> None:
+def _worker(run_dir: str, config_table: dict[str, Any], resume: bool, threads: int, run_info: dict[str, Any]) -> None:
     """Child process: one run; exits with EXIT_COMPLETE, EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_BUSY (another process
     holds the run directory: nothing written) or EXIT_FAILED (see failure.txt)."""
     import torch
@@ -575,7 +575,7 @@ def _worker(run_dir: str, config_table: dict[str, Any], resume: bool, threads: i
     signal.signal(signal.SIGTERM, _stop_at_first_termination)
     out = Path(run_dir)
     try:
-        run(ExperimentConfig.model_validate(config_table), out, resume=resume)
+        run(ExperimentConfig.model_validate(config_table), out, resume=resume, run_info=run_info)
     except FloatingPointError:
         sys.exit(EXIT_DIVERGED)  # run.json holds the message
     except KeyboardInterrupt:
@@ -949,11 +949,9 @@ def worker_main(arguments: str) -> None:
     parsed = json.loads(arguments)
     die_with_parent(parsed["parent"])
     if parsed.get("executor"):
-        from driftlab.experiments.runner import RUN_INFO_EXTRA
-
-        RUN_INFO_EXTRA["executor"] = parsed["executor"]
         if parsed["executor"].get("executor") == "slurm" and hasattr(signal, "SIGUSR2"):
             # SLURM's pre-emption warning (submitit's USR2) may reach every process of the job, and would kill
             # this one outright; the job's own process handles it by stopping this run (SIGTERM: checkpoint, exit).
             signal.signal(signal.SIGUSR2, signal.SIG_IGN)
-    _worker(parsed["run_dir"], parsed["config"], parsed["resume"], parsed["threads"])
+    run_info = {"executor": parsed["executor"]} if parsed.get("executor") else {}
+    _worker(parsed["run_dir"], parsed["config"], parsed["resume"], parsed["threads"], run_info)
