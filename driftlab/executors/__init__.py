@@ -97,6 +97,22 @@ def check_options(options: ExecutorOptions) -> None:
         check_available()
 
 
+def set_aside_held(tasks: list[RunTask], events: Events) -> tuple[list[TaskResult], list[RunTask]]:
+    """Results for the tasks whose directory a live process holds (submitting them would only queue a job
+    that exits at once), and the tasks left to submit."""
+    from driftlab.experiments import sweep  # looked up at call time: tests replace sweep.run_directory_holder
+
+    held, runnable = [], []
+    for task in tasks:
+        holder = sweep.run_directory_holder(task.run_dir)
+        if holder is None:
+            runnable.append(task)
+        else:
+            held.append(TaskResult(task, None, started=False, holder=holder))
+            events.finished(held[-1])
+    return held, runnable
+
+
 def run_task(task: RunTask, job: dict[str, Any], on_start: Callable[[Any], None] = lambda process: None) -> TaskResult:
     """Run one task in a fresh worker process started here (what a SLURM job or a Ray task does) and wait for it.
 
@@ -124,4 +140,4 @@ def run_task(task: RunTask, job: dict[str, Any], on_start: Callable[[Any], None]
     return TaskResult(task, code, time.perf_counter() - started, job=job)
 
 
-__all__ = ["EXECUTORS", "Events", "ExecutorOptions", "RunTask", "TaskResult", "check_options", "execute", "run_task"]
+__all__ = ["EXECUTORS", "Events", "ExecutorOptions", "RunTask", "TaskResult", "check_options", "execute", "run_task", "set_aside_held"]

@@ -13,7 +13,7 @@ import sys
 import time
 from typing import Any
 
-from driftlab.executors import Events, ExecutorOptions, RunTask, TaskResult, run_task
+from driftlab.executors import Events, ExecutorOptions, RunTask, TaskResult, run_task, set_aside_held
 from driftlab.experiments.config import ConfigError
 
 POLL_SECONDS = 0.5
@@ -63,17 +63,7 @@ def _ray_run(task: RunTask) -> TaskResult:
 def execute(tasks: list[RunTask], options: ExecutorOptions, events: Events = Events()) -> list[TaskResult]:
     import ray
 
-    from driftlab.experiments.sweep import run_directory_holder
-
-    results: list[TaskResult] = []
-    runnable = []
-    for task in tasks:
-        holder = run_directory_holder(task.run_dir)
-        if holder is not None:
-            results.append(TaskResult(task, None, started=False, holder=holder))
-            events.finished(results[-1])
-        else:
-            runnable.append(task)
+    results, runnable = set_aside_held(tasks, events)
     if not runnable:
         return results
     started_ray = connect(options.ray_address)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from driftlab.executors import Events, ExecutorOptions, RunTask, TaskResult, run_task
+from driftlab.executors import Events, ExecutorOptions, RunTask, TaskResult, run_task, set_aside_held
 from driftlab.experiments.config import ConfigError
 
 LOG_FOLDER = "slurm-logs"  # in the sweep directory: submitit's pickles and each job's stdout/stderr
@@ -105,18 +105,8 @@ def make_executor(options: ExecutorOptions, folder: Path, cpus: int) -> Any:
 
 
 def execute(tasks: list[RunTask], options: ExecutorOptions, events: Events = Events()) -> list[TaskResult]:
-    from driftlab.experiments.sweep import run_directory_holder
-
     check_available(options)
-    results: list[TaskResult] = []
-    runnable = []
-    for task in tasks:
-        holder = run_directory_holder(task.run_dir)
-        if holder is not None:  # a live process writes it: submitting it would only queue a job that exits at once
-            results.append(TaskResult(task, None, started=False, holder=holder))
-            events.finished(results[-1])
-        else:
-            runnable.append(task)
+    results, runnable = set_aside_held(tasks, events)
     if not runnable:
         return results
     executor = make_executor(options, sweep_directory(runnable[0]) / LOG_FOLDER, options.slurm_cpus or runnable[0].threads)

@@ -26,15 +26,23 @@ REPO_ROOT = Path(driftlab.__file__).resolve().parents[1]
 TINY = ["rounds=2", "client.epochs=none", "client.steps=2", "data.num_clients=5", "sampling.participation=0.4"]
 
 
-def driftlab_cli(*args: object, cwd: Path | None = None, process: bool = False) -> subprocess.CompletedProcess:
-    """``driftlab ARGS`` as a finished process: run in this process, or with ``process=True`` a real one."""
+def driftlab_cli(
+    *args: object, cwd: Path | None = None, process: bool = False, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """``driftlab ARGS`` as a finished process: run in this process, or with ``process=True`` a real one.
+
+    ``env`` replaces the environment for the call (restored afterwards when run in this process).
+    """
     argv = [str(arg) for arg in args]
+    env = dict(os.environ if env is None else env)
     if process:
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
         return subprocess.run([sys.executable, "-m", "driftlab.cli", *argv], capture_output=True, text=True, env=env, cwd=cwd, timeout=120)
-    saved_cwd = os.getcwd()
+    saved_env, saved_cwd = dict(os.environ), os.getcwd()
     out, err = io.StringIO(), io.StringIO()
     try:
+        os.environ.clear()
+        os.environ.update(env)
         if cwd is not None:
             os.chdir(cwd)
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -44,6 +52,8 @@ def driftlab_cli(*args: object, cwd: Path | None = None, process: bool = False) 
                 code = exit_info.code if isinstance(exit_info.code, int) else 0 if exit_info.code is None else 1
     finally:
         os.chdir(saved_cwd)
+        os.environ.clear()
+        os.environ.update(saved_env)
     return subprocess.CompletedProcess(["driftlab", *argv], code, out.getvalue(), err.getvalue())
 
 

@@ -10,25 +10,21 @@ with names it refuses before any connection is made.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-import driftlab
 from driftlab.data.download import NOT_DOWNLOADABLE, dataset_names
 from driftlab.experiments.config import PARTITIONS
 from driftlab.experiments.datasets import DATA_SETS
+from driftlab.experiments import cli_test
 from driftlab.experiments.datasets_test import REAL_MNIST, write_leaf, write_mnist
 from driftlab.models import MODEL_NAMES
 
-REPO_ROOT = Path(driftlab.__file__).resolve().parents[1]
 PRESET = "synthetic-fedavg"
 
 NEW_KEYS = (
@@ -65,34 +61,11 @@ def _no_run_written(out: Path) -> bool:
 
 
 def driftlab_cli(*args: object, cwd: Path | None = None, home: Path | None = None, process: bool = False) -> subprocess.CompletedProcess:
-    """``driftlab ARGS`` as a finished process: run in this process, or with ``process=True`` a real one."""
-    env = {**os.environ}
-    env.pop("DRIFTLAB_DATA", None)
+    """``driftlab ARGS`` without $DRIFTLAB_DATA (so the default data search is what is tested), optionally with another HOME."""
+    env = {key: value for key, value in os.environ.items() if key != "DRIFTLAB_DATA"}
     if home is not None:
         env["HOME"] = str(home)
-    argv = [str(arg) for arg in args]
-    if process:
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
-        return subprocess.run([sys.executable, "-m", "driftlab.cli", *argv], capture_output=True, text=True, env=env, cwd=cwd, timeout=120)
-    from driftlab import cli
-
-    saved_env, saved_cwd = dict(os.environ), os.getcwd()
-    out, err = io.StringIO(), io.StringIO()
-    try:
-        os.environ.clear()
-        os.environ.update(env)
-        if cwd is not None:
-            os.chdir(cwd)
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            try:
-                code = cli.main(argv)
-            except SystemExit as exit_info:  # argparse: usage errors and --help
-                code = exit_info.code if isinstance(exit_info.code, int) else 0 if exit_info.code is None else 1
-    finally:
-        os.chdir(saved_cwd)
-        os.environ.clear()
-        os.environ.update(saved_env)
-    return subprocess.CompletedProcess(["driftlab", *argv], code, out.getvalue(), err.getvalue())
+    return cli_test.driftlab_cli(*args, cwd=cwd, process=process, env=env)
 
 
 def _no_traceback(result: subprocess.CompletedProcess) -> None:
@@ -272,11 +245,8 @@ def test_data_download_needs_a_destination():
 
 
 def _listed_keys(text: str) -> set[str]:
-    keys, section = set(), ""
+    keys = set()
     for line in text.splitlines():
-        header = re.match(r"^\[(\w+)\]", line)
-        if header:
-            section = header.group(1)
         key = re.match(r"^\s+((?:\w+\.)*\w+) = ", line)
         if key:
             keys.add(key.group(1))
