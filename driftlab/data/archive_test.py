@@ -20,7 +20,8 @@ GENEROUS = ArchiveLimits(max_members=1000, max_member_bytes=1 << 24, max_total_b
 ANY = lambda member: True  # noqa: E731
 
 
-def _tar_bytes(members: dict[str, bytes]) -> bytes:
+def tar_bytes(members: dict[str, bytes]) -> bytes:
+    """An uncompressed tar archive holding ``members`` (name -> bytes)."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
         for name, data in members.items():
@@ -71,7 +72,7 @@ def test_round_trip_plain_and_every_compression(tmp_path):
     import lzma
 
     members = _random_members()
-    tar = _tar_bytes(members)
+    tar = tar_bytes(members)
     for name, content in (("a.tar", tar), ("a.tar.gz", _gzip(tar)), ("a.tar.bz2", bz2.compress(tar)), ("a.tar.xz", lzma.compress(tar))):
         (tmp_path / name).write_bytes(content)
         assert dict(_read_all(tmp_path / name)) == members, name
@@ -81,7 +82,7 @@ def test_one_bit_flip_in_stored_gzip_data_is_caught_by_the_crc(tmp_path):
     # Level 0 stores the bytes verbatim, so a flipped bit there changes a
     # member's content without any deflate error: only the CRC can tell.
     members = _random_members()
-    raw = bytearray(_gzip(_tar_bytes(members), level=0))
+    raw = bytearray(_gzip(tar_bytes(members), level=0))
     position = raw.index(members["data/train/1.bin"][100:140]) + 10
     raw[position] ^= 0x04
     path = tmp_path / "flip.tar.gz"
@@ -94,7 +95,7 @@ def test_one_bit_flip_in_stored_gzip_data_is_caught_by_the_crc(tmp_path):
 
 
 def test_truncated_gzip_tarball_is_corrupt(tmp_path):
-    raw = _gzip(_tar_bytes(_random_members()))
+    raw = _gzip(tar_bytes(_random_members()))
     path = tmp_path / "cut.tar.gz"
     for keep in (len(raw) - 4, len(raw) // 2, 20):
         path.write_bytes(raw[:keep])
@@ -104,7 +105,7 @@ def test_truncated_gzip_tarball_is_corrupt(tmp_path):
 
 def test_damaged_middle_header_does_not_silently_end_the_archive(tmp_path):
     # tarfile takes a bad header after the first for the end of the archive and drops the rest.
-    raw = bytearray(_tar_bytes(_random_members()))
+    raw = bytearray(tar_bytes(_random_members()))
     second_header = 512 + 5120  # first header, then 5000 bytes of data padded to 5120
     assert raw[second_header : second_header + 16].startswith(b"data/train/1.bin")
     raw[second_header + 3] ^= 0x01
@@ -117,7 +118,7 @@ def test_damaged_middle_header_does_not_silently_end_the_archive(tmp_path):
 
 
 def test_plain_tar_cut_at_a_member_boundary_lacks_the_end_marker(tmp_path):
-    raw = _tar_bytes(_random_members())
+    raw = tar_bytes(_random_members())
     path = tmp_path / "cut.tar"
     path.write_bytes(raw[: 2 * (512 + 5120)])  # two whole members, nothing after
     with pytest.raises(DataFileError, match=r"cut\.tar is corrupt \(the archive ends at byte 11,264 without its end-of-archive marker\)"):
@@ -146,7 +147,7 @@ def test_unreadable_path_is_a_data_file_error(tmp_path):
 
 def test_member_count_limit(tmp_path):
     path = tmp_path / "many.tar.gz"
-    path.write_bytes(_gzip(_tar_bytes({f"f{i}": b"x" for i in range(5)})))
+    path.write_bytes(_gzip(tar_bytes({f"f{i}": b"x" for i in range(5)})))
     assert len(_read_all(path, ArchiveLimits(5, 100, 1 << 20))) == 5
     with pytest.raises(DataFileError, match=r"many\.tar\.gz has more than 4 entries, the limit for a test archive"):
         _read_all(path, ArchiveLimits(4, 100, 1 << 20))
@@ -154,7 +155,7 @@ def test_member_count_limit(tmp_path):
 
 def test_member_size_limit_is_checked_from_the_header_before_reading(tmp_path):
     path = tmp_path / "big.tar.gz"
-    path.write_bytes(_gzip(_tar_bytes({"small": b"x" * 10, "data/big.json": b" " * 5000})))
+    path.write_bytes(_gzip(tar_bytes({"small": b"x" * 10, "data/big.json": b" " * 5000})))
     seen = []
     with pytest.raises(DataFileError, match=r"big\.tar\.gz: member data/big\.json is 5,000 bytes, more than the 4,096 allowed"):
         for name, _ in iter_tar_members(path, ArchiveLimits(10, 4096, 1 << 20), ANY, "a test archive"):
@@ -164,14 +165,14 @@ def test_member_size_limit_is_checked_from_the_header_before_reading(tmp_path):
 
 def test_skipped_members_are_held_to_the_member_limit_too(tmp_path):
     path = tmp_path / "big.tar"
-    path.write_bytes(_tar_bytes({"readme": b"x" * 5000}))
+    path.write_bytes(tar_bytes({"readme": b"x" * 5000}))
     with pytest.raises(DataFileError, match="member readme is 5,000 bytes"):
         list(iter_tar_members(path, ArchiveLimits(10, 4096, 1 << 20), lambda m: False, "a test archive"))
 
 
 def test_total_limit_counts_decompressed_bytes(tmp_path):
     path = tmp_path / "total.tar.gz"
-    path.write_bytes(_gzip(_tar_bytes(_random_members(n=4))))
+    path.write_bytes(_gzip(tar_bytes(_random_members(n=4))))
     with pytest.raises(DataFileError, match=r"total\.tar\.gz decompresses to more than 10,000 bytes, the limit for a test archive"):
         _read_all(path, ArchiveLimits(10, 1 << 20, 10_000))
 
@@ -189,7 +190,7 @@ def test_huge_extended_header_is_refused_before_tarfile_holds_it(tmp_path):
 
 
 def test_zero_padding_after_the_end_is_bounded(tmp_path):
-    tar = _tar_bytes({"a": b"x"})
+    tar = tar_bytes({"a": b"x"})
     path = tmp_path / "pad.tar.gz"
     path.write_bytes(_gzip(tar + bytes(100_000)))
     assert _read_all(path) == [("a", b"x")]
@@ -258,7 +259,7 @@ def test_peak_memory_while_rejecting_two_gigabyte_bombs_stays_small(tmp_path):
         "leaf-member": ("leaf", gzip_of_zeros(_tar_header("femnist/train/a.json", two_gb), two_gb)),
         "images-member": ("images", gzip_of_zeros(_tar_header("c10/train/cat/0.png", two_gb), two_gb)),
         # A small valid tar, then 2 GB of zeros after its end.
-        "cifar-padding": ("cifar", gzip_of_zeros(_tar_bytes({"c10/train/cat/0.png": _png_header(32, 32)}), two_gb)),
+        "cifar-padding": ("cifar", gzip_of_zeros(tar_bytes({"c10/train/cat/0.png": _png_header(32, 32)}), two_gb)),
         # 2 GB of text.
         "text": ("text", gzip_of_zeros(b"A:\nhello\n", two_gb)),
     }

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 
+from driftlab.data.archive_test import tar_bytes
 from driftlab.data.federated import DataFileError
 from driftlab.data.idx import MNIST_MEAN, MNIST_STD
 from driftlab.data.images import (
@@ -525,14 +526,8 @@ def _cifar_jpeg_members(rng, per_class=(2, 1)) -> dict:
 
 def test_cifar_jpeg_tarball_bit_flip_is_corrupt_not_a_changed_image(tmp_path):
     members = _cifar_jpeg_members(np.random.default_rng(40))
-    tar_bytes = io.BytesIO()
-    with tarfile.open(fileobj=tar_bytes, mode="w") as tar:
-        for name, data in members.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
     # Level 0: the JPEG bytes are stored verbatim, so the flip changes pixels without any deflate error.
-    raw = bytearray(gzip.compress(tar_bytes.getvalue(), compresslevel=0, mtime=0))
+    raw = bytearray(gzip.compress(tar_bytes(members), compresslevel=0, mtime=0))
     target = members["c10/train/dog/0001.jpg"]
     raw[raw.index(target[-200:-150]) + 7] ^= 0x10
     path = tmp_path / "cifar10-jpeg.tar.gz"
@@ -555,13 +550,7 @@ def test_cifar_binary_bit_flip_in_the_tarball_is_corrupt(tmp_path):
     rng = np.random.default_rng(42)
     for name in [f"data_batch_{i}.bin" for i in range(1, 6)] + ["test_batch.bin"]:
         members[f"cifar-10-batches-bin/{name}"] = _cifar_records(rng, 4, 1)[0]
-    tar_bytes = io.BytesIO()
-    with tarfile.open(fileobj=tar_bytes, mode="w") as tar:
-        for name, data in members.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    raw = bytearray(gzip.compress(tar_bytes.getvalue(), compresslevel=0, mtime=0))
+    raw = bytearray(gzip.compress(tar_bytes(members), compresslevel=0, mtime=0))
     raw[raw.index(members["cifar-10-batches-bin/data_batch_3.bin"][500:540]) + 3] ^= 0x01
     path = tmp_path / "cifar-10-binary.tar.gz"
     path.write_bytes(bytes(raw))

@@ -296,7 +296,7 @@ def _run_in(
         from driftlab.experiments.progress import round_progress
 
         bar = round_progress(progress_label or config.algorithm.name, config.rounds, state.round)
-    last_saved = state.round
+    start_round = last_saved = state.round
     ending = "complete"  # what the trackers are told when the run stops
     try:
         while state.round < config.rounds:
@@ -333,7 +333,7 @@ def _run_in(
             _write_metrics_csv(out, records)
         diverged = _divergence_error(error, out, state.round) if isinstance(error, FloatingPointError) else None
         if info is not None:
-            info.update(_status_of(error), state.round, message=str(diverged or error) or type(error).__name__)
+            info.update(ending, state.round, message=str(diverged or error) or type(error).__name__)
         if diverged is not None:
             raise diverged from error
         raise
@@ -349,7 +349,8 @@ def _run_in(
             out / FINAL_MODEL_FILE,
             lambda tmp: save_file({"params": final_params.detach().cpu().contiguous()}, str(tmp), metadata={"parameter_names": names}),
         )
-        _write_metrics_csv(out, records)
+        if state.round == start_round:  # nothing left to run (a finished run resumed): the loop wrote no table
+            _write_metrics_csv(out, records)
         info.update("complete", state.round)
     summary = summarize(records, config.evaluation.target_accuracy, sim.model.num_parameters)
     return RunResult(config, records, final_params, sim.model.num_parameters, out, summary)
