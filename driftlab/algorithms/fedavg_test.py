@@ -162,8 +162,8 @@ def test_fedavg_new_params_are_exactly_the_weighted_average_of_client_models(mon
     recorders = []
 
     def recording(factory):
-        def make():
-            recorders.append(_RecordingBackend(factory()))
+        def make(**options):
+            recorders.append(_RecordingBackend(factory(**options)))
             return recorders[-1]
 
         return make

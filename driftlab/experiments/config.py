@@ -322,8 +322,24 @@ class CompressionConfig(_Section):
     )
 
 
+class StateConfig(_Section):
+    store: Literal["memory", "disk", "auto"] = Field(
+        "auto",
+        description="where per-client algorithm state (SCAFFOLD's c_k, FedDyn's λ_k, ...) and the latest local models of "
+        "evaluation.model=all_clients_mean live: memory, disk (one file per state field in RUN/client_state/, a temporary "
+        "directory without --out; checkpoints then write only the rows that changed), or auto (disk when every client's "
+        "state would exceed memory_budget); results are bit-identical either way",
+    )
+
+
 class EvaluationConfig(_Section):
     every: int = Field(1, ge=1, description="evaluate every N rounds (and always after the last round)")
+    train_loss_clients: int = Field(
+        100,
+        ge=0,
+        description="train_loss is the mean over the data of this many clients, a fixed sample drawn from the seed "
+        "(all clients when there are no more); 0 = every client's data",
+    )
     model: Literal["server", "reporting_mean", "all_clients_mean"] = Field(
         "server",
         description="evaluated model: server, reporting_mean (mean of the round's reporting clients), "
@@ -352,12 +368,21 @@ AlgorithmConfig = Annotated[Union[tuple(ALGORITHM_CONFIGS.values())], Field(disc
 class ExperimentConfig(_Section):
     seed: int = Field(0, ge=0, description="experiment seed: client samples, minibatches and initialisation derive from it")
     rounds: int = Field(100, ge=1, le=10_000_000, description="communication rounds (at most 10 million: a record is kept per round)")
-    device: str = Field("cpu", description="cpu, cuda, cuda:N, or auto (cuda when available)")
-    precision: Literal["float32", "float64"] = Field("float32", description="arithmetic of training and aggregation")
+    device: str = Field(
+        "cpu",
+        description="cpu, cuda, cuda:N, auto (cuda when available), or several GPUs as cuda:0,cuda:1 "
+        "(the vectorized backend spreads a round's client chunks over them; the first holds the model and aggregates)",
+    )
+    precision: Literal["float32", "float64", "tf32", "bf16"] = Field(
+        "float32",
+        description="arithmetic: float32 or float64 for everything; tf32 (CUDA only) or bf16 for local steps' gradients, "
+        "with parameters, state and aggregation in float32 (docs/performance.md: what each does to accuracy)",
+    )
     backend: Literal["auto", "vectorized", "sequential"] = Field(
         "auto",
         description="local training backend: vectorized (a round's clients trained together), sequential (one by one, the reference), "
-        "or auto (vectorized, which is faster for every zoo model; see docs/performance.md)",
+        "or auto (what docs/performance.md measured faster for the model and device: vectorized on a GPU and for the zoo's models, "
+        "sequential for other modules on a CPU)",
     )
     checkpoint_every: int = Field(10, ge=1, description="write a checkpoint every N rounds (and at the end or on interruption)")
     data: DataConfig = DataConfig()
@@ -369,6 +394,12 @@ class ExperimentConfig(_Section):
     availability: AvailabilityConfig = AvailabilityConfig()
     compression: CompressionConfig = CompressionConfig()
     evaluation: EvaluationConfig = EvaluationConfig()
+    state: StateConfig = StateConfig()
+    memory_budget: int | str | None = Field(
+        None,
+        description='memory the client states may take, in bytes or as "4GB", "512MB", "1.5GiB": state.store=auto '
+        "puts them on disk beyond it, and the disk store's row cache takes a sixteenth of it (at most 512 MiB); none = half of the machine's memory",
+    )
     log: tuple[Literal["tensorboard", "wandb", "mlflow"], ...] = Field(
         (),
         description='experiment trackers fed with every round\'s record, e.g. ["tensorboard", "mlflow"] (extras driftlab[tensorboard], '
@@ -378,14 +409,29 @@ class ExperimentConfig(_Section):
     @model_validator(mode="after")
     def _device_is_known(self) -> "ExperimentConfig":
         device = self.device
-        if device not in ("cpu", "cuda", "auto") and not (device.startswith("cuda:") and device[5:].isdigit()):
-            raise ValueError(f"device must be cpu, cuda, cuda:N or auto, got {device!r}")
+        if "," in device:
+            devices = [part.strip() for part in device.split(",")]
+            if not all(part.startswith("cuda:") and part[5:].isdigit() for part in devices) or len(set(devices)) != len(devices):
+                raise ValueError(f"several devices must be distinct GPUs written cuda:N, e.g. cuda:0,cuda:1; got {device!r}")
+        elif device not in ("cpu", "cuda", "auto") and not (device.startswith("cuda:") and device[5:].isdigit()):
+            raise ValueError(f"device must be cpu, cuda, cuda:N, auto or a list like cuda:0,cuda:1, got {device!r}")
         return self
 
     def to_dict(self) -> dict[str, Any]:
         return _plain(self.model_dump(mode="python"))
 
-    def fingerprint(self, ignore: tuple[str, ...] = ("rounds", "checkpoint_every", "device", "log")) -> str:
+    @field_validator("memory_budget")
+    @classmethod
+    def _budget_is_bytes(cls, budget: int | str | None) -> int | str | None:
+        from driftlab.simulation.state_store import parse_bytes
+
+        if budget is not None:
+            parse_bytes(budget)
+        return budget
+
+    def fingerprint(
+        self, ignore: tuple[str, ...] = ("rounds", "checkpoint_every", "device", "log", "state", "memory_budget")
+    ) -> str:
         """A hash of everything that determines the numbers a run produces (not its length, where it runs or where it is logged)."""
         content = {k: v for k, v in self.to_dict().items() if k not in ignore}
         return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:16]

@@ -9,6 +9,7 @@ An output directory holds::
                               run's records at every checkpoint and when the run ends or stops (after
                               a kill it may trail metrics.jsonl until the next checkpoint)
     checkpoint.safetensors    the last checkpoint (atomic, no pickle)
+    client_state/             with the disk client-state store: its files, which the checkpoint refers to
     final_model.safetensors   the final server model, written when the run completes
     run.json                  status (running, complete, interrupted, diverged, failed), rounds done,
                               wall time summed over resumes, parameter count, machine and versions
@@ -65,18 +66,30 @@ from driftlab.models import build_model
 from driftlab.optim.server import make_server_optimizer
 from driftlab.simulation.checkpoint import load_checkpoint, save_checkpoint, write_atomically
 from driftlab.simulation.availability import AvailabilityModel, Membership, MembershipEvent
-from driftlab.simulation.engine import EVALUATION_KEYS, EvaluationPlan, RoundPlan, Simulation, SimulationState, commit_round, discard_round, run_round
+from driftlab.simulation.engine import (
+    EVALUATION_KEYS,
+    EvaluationPlan,
+    RoundPlan,
+    Simulation,
+    SimulationState,
+    commit_round,
+    discard_round,
+    disk_stores,
+    make_client_stores,
+    run_round,
+)
 from driftlab.simulation.flat import FlatModel, binary_cross_entropy_per_example, objective_per_example
 from driftlab.simulation.local_training import SequentialBackend
+from driftlab.simulation.precision import check_precision, parameter_dtype
 from driftlab.simulation.randomness import Stream, torch_seed
 from driftlab.simulation.seam import Algorithm
-from driftlab.simulation.state_store import InMemoryClientStore
-from driftlab.simulation.vectorized import VectorizedBackend
+from driftlab.simulation.vectorized import VectorizedBackend, auto_backend
 
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"
 METRICS_CSV_FILE = "metrics.csv"
 CHECKPOINT_FILE = "checkpoint.safetensors"
+CLIENT_STATE_DIR = "client_state"  # the disk client-state store's files (state.store), which checkpoints refer to
 FINAL_MODEL_FILE = "final_model.safetensors"
 RUN_INFO_FILE = "run.json"
 LOCK_FILE = ".lock"  # flock'ed by the process writing the directory; holds its PID
@@ -115,18 +128,41 @@ class RunResult:
         return pd.DataFrame(self.records)
 
 
-def resolve_device(name: str) -> torch.device:
+def resolve_devices(name: str) -> tuple[torch.device, ...]:
+    """The devices of ``config.device``: one, or several GPUs (``cuda:0,cuda:1``), the first holding the model."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"device={name!r} but CUDA is not available on this machine; use device=cpu (or auto)")
-    return torch.device(name)
+        return (torch.device("cuda" if torch.cuda.is_available() else "cpu"),)
+    names = [part.strip() for part in name.split(",")]
+    if any(part.startswith("cuda") for part in names):
+        if not torch.cuda.is_available():
+            raise ConfigError(f"device={name!r} but CUDA is not available on this machine; use device=cpu (or auto)")
+        missing = [part for part in names if part.startswith("cuda:") and int(part[5:]) >= torch.cuda.device_count()]
+        if missing:
+            raise ConfigError(f"device={name!r}: this machine has {torch.cuda.device_count()} GPU(s), so {', '.join(missing)} does not exist")
+    return tuple(torch.device(part) for part in names)
 
 
-def resolve_backend(name: str) -> str:
-    """``auto`` is the vectorized backend: faster than the sequential one for every zoo model (docs/performance.md);
-    it falls back to sequential training itself, with a warning, for a module it cannot batch."""
-    return "vectorized" if name == "auto" else name
+def resolve_device(name: str) -> torch.device:
+    return resolve_devices(name)[0]
+
+
+def resolve_backend(name: str, model: FlatModel | None = None, device: torch.device | None = None) -> str:
+    """``auto`` is the rule of ``vectorized.auto_backend`` for the model and device (docs/performance.md);
+    without a model, the vectorized backend."""
+    if name != "auto":
+        return name
+    if model is None or device is None:
+        return "vectorized"
+    return auto_backend(model, device)
+
+
+def _make_backend(config: ExperimentConfig, model: FlatModel, devices: tuple[torch.device, ...]):
+    name = resolve_backend(config.backend, model, devices[0])
+    if len(devices) > 1 and name != "vectorized":
+        raise ConfigError(f"device={config.device!r} lists several GPUs, which only backend=vectorized uses; set backend=vectorized (or auto)")
+    if name == "vectorized":
+        return BACKENDS[name](precision=config.precision, devices=devices if len(devices) > 1 else None)
+    return BACKENDS[name](precision=config.precision)
 
 
 ModelSource = Union[nn.Module, Callable[[tuple[int, ...], int], nn.Module], None]
@@ -162,16 +198,23 @@ def _build_algorithm(config: ExperimentConfig, flat_model: FlatModel) -> Algorit
     return with_compression(algorithm, ratio, flat_model.numels) if ratio < 1 else algorithm
 
 
-def build_simulation(config: ExperimentConfig, model: ModelSource = None) -> tuple[Simulation, SimulationState]:
+def build_simulation(config: ExperimentConfig, model: ModelSource = None, state_dir: Path | None = None) -> tuple[Simulation, SimulationState]:
     """Data, model, algorithm and backend for ``config``, and the state before round 1.
+
+    A disk client-state store (``state.store``) keeps its files in ``state_dir``
+    (a run's ``RUN/client_state``), or in a temporary directory removed with the store.
 
     ``model`` replaces the zoo model named by ``config.model``: a module (copied;
     its current weights are the initial model) or a factory
     ``(input_shape, num_classes) -> module`` called under the run's seeded
     initialisation.
     """
-    device = resolve_device(config.device)
-    dtype = torch.float64 if config.precision == "float64" else torch.float32
+    devices = resolve_devices(config.device)
+    device = devices[0]
+    problem = check_precision(config.precision, device)
+    if problem is not None:
+        raise ConfigError(problem)
+    dtype = parameter_dtype(config.precision)
     check_sizes(config)  # before the data: client counts and local work against the machine's memory
     try:
         data = build_dataset(config.data, config.seed)
@@ -201,6 +244,7 @@ def build_simulation(config: ExperimentConfig, model: ModelSource = None) -> tup
         model=config.evaluation.model,
         dissimilarity_every=config.evaluation.dissimilarity_every,
         divergence_factor=config.evaluation.divergence_factor,
+        train_loss_clients=config.evaluation.train_loss_clients,
     )
     try:
         membership = Membership(
@@ -212,14 +256,30 @@ def build_simulation(config: ExperimentConfig, model: ModelSource = None) -> tup
         raise ConfigError(f"availability: {error}") from None
     try:
         sim = Simulation(
-            flat_model, data, algorithm, BACKENDS[resolve_backend(config.backend)](), plan, device, dtype, initial_params, evaluation, membership
+            flat_model, data, algorithm, _make_backend(config, flat_model, devices), plan, device, dtype, initial_params, evaluation, membership
         )
     except ValueError as error:
         raise ConfigError(str(error)) from None
-    client_initial = algorithm.client_state_init
-    store = InMemoryClientStore((lambda: client_initial(initial_params)) if client_initial else None)
-    latest_models = InMemoryClientStore(None) if config.evaluation.model == "all_clients_mean" else None
+    store, latest_models = _client_stores(config, sim, config.state.store, state_dir)
     return sim, SimulationState(0, algorithm.server_init(initial_params), store, latest_models)
+
+
+def _client_stores(config: ExperimentConfig, sim: Simulation, kind: str, state_dir: Path | None) -> tuple[Any, Any]:
+    def directory() -> Path:
+        if state_dir is not None:
+            return Path(state_dir)
+        import shutil
+        import tempfile
+        import weakref
+
+        temporary = Path(tempfile.mkdtemp(prefix="driftlab-client-state-"))
+        weakref.finalize(sim, shutil.rmtree, temporary, True)
+        return temporary
+
+    keep_latest = config.evaluation.model == "all_clients_mean"
+    return make_client_stores(
+        kind, sim.data.num_clients, sim.initial_params, sim.algorithm.client_state_init, keep_latest, directory, config.memory_budget
+    )
 
 
 def run(
@@ -282,7 +342,7 @@ def _run_in(
     run_info: dict[str, Any],
 ) -> RunResult:
     """The run itself; ``out``, when given, is claimed (locked, checked, config.json written) by the caller."""
-    sim, state = build_simulation(config, model)
+    sim, state = build_simulation(config, model, out / CLIENT_STATE_DIR if out is not None else None)
     records: list[dict[str, Any]] = []
     if out is not None:
         records, state = _prepare_output(out, config, sim, state, resume)
@@ -421,6 +481,7 @@ class _RunInfo:
                 "cpu_count": os.cpu_count(),
                 "torch_threads": torch.get_num_threads(),
                 "device": str(sim.device),
+                "backend": getattr(sim.backend, "name", type(sim.backend).__name__),  # what backend=auto resolved to
             },
             "versions": {"driftlab": driftlab.__version__, "torch": torch.__version__, "python": platform.python_version()},
         }
@@ -467,11 +528,12 @@ class _ClientRecord:
 
 
 def _checkpoint(out: Path, config: ExperimentConfig, state: SimulationState) -> None:
-    clients = {client_id: _ClientRecord(client_state) for client_id, client_state in state.clients.items()}
-    if state.latest_models is not None:
+    stores = disk_stores(state)  # these stay in their files: the checkpoint records their version
+    clients = {client_id: _ClientRecord(client_state) for client_id, client_state in state.clients.items()} if "clients" not in stores else {}
+    if state.latest_models is not None and "latest_models" not in stores:
         for client_id, params in state.latest_models.items():
             clients[client_id] = _ClientRecord(clients[client_id].state if client_id in clients else None, params)
-    save_checkpoint(out / CHECKPOINT_FILE, state.round, state.server, clients, config.fingerprint())
+    save_checkpoint(out / CHECKPOINT_FILE, state.round, state.server, clients, config.fingerprint(), stores)
 
 
 def _output_directory(out_dir: str | Path) -> Path:
@@ -596,7 +658,7 @@ def _check_run_directory(out: Path, config: ExperimentConfig, resume: bool) -> N
         raise ConfigError(f"nothing to resume in {out}: it holds no driftlab run ({what}); run without --resume into a new or empty directory")
     if stored is not None and stored.fingerprint() != config.fingerprint():
         raise ConfigError(
-            f"cannot resume: the configuration differs from the one in {stored_path} in more than rounds/device/checkpoint_every/log; "
+            f"cannot resume: the configuration differs from the one in {stored_path} in more than rounds/device/checkpoint_every/log/state/memory_budget; "
             f"resume with `driftlab run {stored_path} --out {out} --resume`"
         )
 
@@ -642,6 +704,11 @@ def _prepare_output(
                 f"cannot resume: the checkpoint in {out} is at round {loaded.round}, past rounds={config.rounds}; "
                 f"set rounds to at least {loaded.round}"
             )
+        if loaded.store_names() and not disk_stores(state):  # written with the disk store: resume with it
+            state = SimulationState(0, state.server, *_client_stores(config, sim, "disk", out / CLIENT_STATE_DIR))
+        for name, store in disk_stores(state).items():
+            if name in loaded.store_names():
+                store.restore(loaded.store_tables, f"store/{name}", checkpoint_path)
         for client_id, record in loaded.client_states.items():
             state.clients.put(client_id, record.state)
             if keeps_latest and record.latest_model is not None:

@@ -238,8 +238,8 @@ def test_one_round_agrees_on_both_backends(case, caplog):
     expected = {p: (theta.clone(), done) for p, theta, done in SequentialBackend().train(model, start, tasks, settings, data)}
     with caplog.at_level(logging.WARNING, logger="driftlab.simulation.vectorized"):
         actual = {p: (theta.clone(), done) for p, theta, done in VectorizedBackend().train(model, start, tasks, settings, data)}
-    # Every zoo model takes the vectorized path itself (batched layers for the MLP, vmap for the rest):
-    # in torch 2.13 torch.func.vmap handles nn.LSTM and nn.GRU too, so there is no sequential fallback.
+    # Every zoo model takes the vectorized path itself (batched layers: LinearReluStack for the MLP,
+    # stacked.StackedNetwork for the rest), so there is no sequential fallback.
     assert not any("sequential" in record.getMessage() for record in caplog.records)
     assert sorted(actual) == sorted(expected) == [0, 1]
     for position, (theta, done) in expected.items():

@@ -13,6 +13,7 @@ import functools
 import numpy as np
 import pytest
 import torch
+from torch import nn
 
 from driftlab.data.images import flip_crop_from_keys
 from driftlab.models import build_model
@@ -279,3 +280,22 @@ def test_augment_receives_each_example_with_its_own_key():
     assert len(seen["vectorized"]) > real_examples
     for key, image in seen["sequential"].items():
         assert torch.equal(seen["vectorized"][key], image)
+
+
+@pytest.mark.parametrize("clip_norm", [None, 0.5], ids=["noclip", "clip"])
+def test_the_stacked_convolution_path_agrees_with_augmentation(clip_norm):
+    dtype = torch.float64
+    torch.manual_seed(0)
+    channels = SHAPE[0]
+    module = nn.Sequential(
+        nn.Conv2d(channels, 4, 3, padding=1), nn.GroupNorm(2, 4), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+        nn.Linear(4 * (SHAPE[1] // 2) * (SHAPE[2] // 2), 10),
+    )
+    model = FlatModel.wrap(module).to("cpu", dtype)
+    data = _data(dtype)
+    start = model.initial_parameters()
+    tasks = _tasks(fixed_steps={2: 3, 4: 1})
+    settings = LocalSettings(learning_rate=0.1, weight_decay=0.01, clip_norm=clip_norm)
+    expected = _run(SequentialBackend(), model, start, tasks, settings, data)
+    for backend in (VectorizedBackend(), VectorizedBackend(max_chunk_clients=len(tasks), parallel_chunks=False)):
+        _assert_agree(expected, _run(backend, model, start, tasks, settings, data), dtype)

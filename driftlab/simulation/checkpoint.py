@@ -13,6 +13,15 @@ dtype, shape and bytes (metadata key ``sha256``); loading verifies it, so a
 flipped bit, a tensor re-saved in another dtype or an edited ``round`` is
 refused instead of resuming silently to a different model.
 
+With the disk client-state store (``state_store.DiskClientStore``) the
+client states stay in the store's files: the checkpoint holds, per store, the
+table that pins the store's committed version (which slot holds each client's
+rows and their SHA-256), under the checkpoint's own checksum, so a checkpoint
+writes only the server state, that table and the rows changed since the last
+one (fsync-ed in the store's files); see state_store.py for why this is atomic.
+The stages of a write call ``_reached(stage)``, which tests replace to
+interrupt a checkpoint at each of them.
+
 States are frozen dataclasses of tensors, numbers and nested dataclasses;
 ``state_to_tensors`` flattens them to ``{"prefix/field/sub": tensor}`` and
 ``state_from_tensors`` fills a template of the same structure (the freshly
@@ -119,6 +128,8 @@ def checkpoint_checksum(tensors: dict[str, torch.Tensor], metadata: dict[str, st
     """SHA-256 over the checksummed metadata fields and every tensor's name, dtype, shape and raw bytes."""
     digest = hashlib.sha256()
     header = {key: metadata.get(key) for key in _CHECKSUMMED_METADATA}
+    if "client_stores" in metadata:  # only in checkpoints of disk stores, so older checkpoints keep their checksums
+        header["client_stores"] = metadata["client_stores"]
     digest.update(json.dumps(header, sort_keys=True).encode())
     for name in sorted(tensors):
         tensor = tensors[name]
@@ -127,18 +138,48 @@ def checkpoint_checksum(tensors: dict[str, torch.Tensor], metadata: dict[str, st
     return digest.hexdigest()
 
 
-def save_checkpoint(path: Path, round_index: int, server_state: Any, client_states: dict[int, Any], fingerprint: str) -> None:
+def _reached(stage: str) -> None:
+    """Called at each stage of a checkpoint write ("tables", "written", "renamed", "done"); tests raise here."""
+
+
+STORE_PREFIX = "store/"
+
+
+def save_checkpoint(
+    path: Path, round_index: int, server_state: Any, client_states: dict[int, Any], fingerprint: str, stores: dict[str, Any] | None = None
+) -> None:
+    """Write the checkpoint of round ``round_index``.
+
+    ``client_states`` go into the file; ``stores`` (name -> ``DiskClientStore``) are
+    flushed and referenced by their tables (``store/NAME/...``), and told once the
+    file is in place, so their next commits spare the rows it refers to.
+    """
+    stores = stores or {}
     tensors = state_to_tensors(server_state, "server")
     for client_id, client_state in client_states.items():
         tensors.update(state_to_tensors(client_state, f"client/{client_id}"))
+    for name, store in stores.items():
+        tensors.update(store.checkpoint_table(f"{STORE_PREFIX}{name}"))
+    _reached("tables")
     metadata = {
         "format_version": str(FORMAT_VERSION),
         "round": str(round_index),
         "fingerprint": fingerprint,
         "client_ids": json.dumps(sorted(int(c) for c in client_states)),
     }
+    if stores:
+        metadata["client_stores"] = json.dumps(sorted(stores))
     metadata["sha256"] = checkpoint_checksum(tensors, metadata)
-    write_atomically(path, lambda temporary: save_file(tensors, str(temporary), metadata=metadata))
+
+    def write(temporary: Path) -> None:
+        save_file(tensors, str(temporary), metadata=metadata)
+        _reached("written")
+
+    write_atomically(path, write)
+    _reached("renamed")
+    for store in stores.values():
+        store.checkpoint_written()
+    _reached("done")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,6 +187,11 @@ class LoadedCheckpoint:
     round: int
     server_state: Any
     client_states: dict[int, Any]
+    # The tables of disk client-state stores (``store/NAME/...``), checksummed with the rest; {} for in-file states.
+    store_tables: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
+
+    def store_names(self) -> list[str]:
+        return sorted({key[len(STORE_PREFIX) :].split("/", 1)[0] for key in self.store_tables})
 
 
 def _corrupt(path: Path, what: str) -> CheckpointError:
@@ -197,7 +243,8 @@ def load_checkpoint(
     for client_id in client_ids:
         template = client_template() if client_template is not None else None
         client_states[client_id] = state_from_tensors(template, tensors, f"client/{client_id}", device)
-    return LoadedCheckpoint(round_index, server_state, client_states)
+    store_tables = {key: tensor for key, tensor in tensors.items() if key.startswith(STORE_PREFIX)}
+    return LoadedCheckpoint(round_index, server_state, client_states, store_tables)
 
 
 def _checkpoint_round(path: Path, text: str | None) -> int:

@@ -266,3 +266,44 @@ def test_a_flipped_bit_in_the_header_is_refused_not_a_traceback(tmp_path):
         path.write_bytes(bytes(damaged))
         with pytest.raises(CheckpointError):
             _load(path)
+
+
+def test_a_checkpoint_passes_its_write_stages_in_order_and_old_checksums_still_hold(tmp_path, monkeypatch):
+    stages = []
+    monkeypatch.setattr(checkpoint_module, "_reached", stages.append)
+    save_checkpoint(tmp_path / "c.safetensors", 2, _server(), {1: Client(torch.ones(2), 1)}, "fp")
+    assert stages == ["tables", "written", "renamed", "done"]
+    from safetensors import safe_open
+
+    with safe_open(str(tmp_path / "c.safetensors"), framework="pt") as handle:
+        metadata = handle.metadata()
+    # Without disk stores nothing new enters the checksum, so format-2 checkpoints written before them still verify.
+    assert "client_stores" not in metadata
+    import hashlib
+
+    from safetensors.torch import load_file
+
+    header = {key: metadata[key] for key in ("format_version", "round", "fingerprint", "client_ids")}
+    digest = hashlib.sha256(json.dumps(header, sort_keys=True).encode())  # the format-2 checksum as first written
+    tensors = load_file(str(tmp_path / "c.safetensors"))
+    for name in sorted(tensors):
+        digest.update(json.dumps([name, str(tensors[name].dtype), list(tensors[name].shape)]).encode())
+        digest.update(tensors[name].reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
+    assert digest.hexdigest() == metadata["sha256"]
+    loaded = load_checkpoint(tmp_path / "c.safetensors", _template(), lambda: Client(torch.zeros(2), 0), "fp", torch.device("cpu"))
+    assert loaded.store_tables == {} and loaded.store_names() == []
+
+
+def test_an_interrupted_checkpoint_leaves_the_previous_one(tmp_path, monkeypatch):
+    save_checkpoint(tmp_path / "c.safetensors", 1, _server(1.0), {}, "fp")
+    before = (tmp_path / "c.safetensors").read_bytes()
+
+    def interrupt(stage):
+        if stage == "written":
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(checkpoint_module, "_reached", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint(tmp_path / "c.safetensors", 2, _server(2.0), {}, "fp")
+    assert (tmp_path / "c.safetensors").read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.safetensors"]

@@ -47,7 +47,14 @@ from driftlab.data.images import flip_crop_from_keys
 from driftlab.simulation.randomness import Stream, augmentation_key, generator
 from driftlab.simulation.sampling import sample_clients
 from driftlab.simulation.seam import Algorithm, ClientContext, ClientUpdate, RoundContext
-from driftlab.simulation.state_store import ClientStateStore, InMemoryClientStore
+from driftlab.simulation.state_store import (
+    ClientStateStore,
+    DiskClientStore,
+    InMemoryClientStore,
+    default_memory_budget,
+    parse_bytes,
+    state_bytes,
+)
 
 EVALUATED_MODELS = ("server", "reporting_mean", "all_clients_mean")
 
@@ -92,6 +99,8 @@ class EvaluationPlan:
     batch_size: int = 4096
     # An evaluated train or test loss above this multiple of the initial model's is divergence; 0: off.
     divergence_factor: float = 0.0
+    # train_loss over the data of this many clients, a sample fixed by the seed; 0 (or at least every client): all.
+    train_loss_clients: int = 0
 
 
 @dataclass
@@ -113,6 +122,7 @@ class Simulation:
     client_rows: list[torch.Tensor] = field(init=False, repr=False)
     client_test_rows: list[torch.Tensor] | None = field(init=False, repr=False)
     union_rows: torch.Tensor = field(init=False, repr=False)
+    train_loss_rows: torch.Tensor = field(init=False, repr=False)  # the rows train_loss is the mean over
     client_sizes: np.ndarray = field(init=False, repr=False)
     # The initial model's evaluated losses, the reference of the divergence test; computed on first use.
     initial_losses: dict[str, float] | None = field(init=False, repr=False, default=None)
@@ -141,6 +151,13 @@ class Simulation:
             else [torch.tensor(rows, dtype=torch.long, device=self.device) for rows in self.data.client_test_indices]
         )
         self.union_rows = torch.cat(self.client_rows)
+        self.train_loss_rows = self.union_rows
+        sampled = self.evaluation.train_loss_clients
+        if 0 < sampled < self.data.num_clients:
+            rng = generator(self.plan.seed, Stream.EVALUATION_SAMPLE)
+            chosen = np.sort(rng.choice(self.data.num_clients, size=sampled, replace=False))
+            rows = torch.cat([self.client_rows[client_id] for client_id in chosen.tolist()])
+            self.train_loss_rows = rows if len(rows) else self.union_rows  # a sample of empty clients: all the data
         self.client_sizes = self.data.client_sizes
         if self.membership is None:
             self.membership = Membership(self.data.num_clients)
@@ -158,7 +175,51 @@ class SimulationState:
     server: Any
     clients: ClientStateStore
     # Every client's latest local model, kept only when the evaluated model is "all_clients_mean".
-    latest_models: InMemoryClientStore | None = None
+    latest_models: ClientStateStore | None = None
+
+
+STORE_KINDS = ("memory", "disk", "auto")
+
+
+def make_client_stores(
+    kind: str,
+    num_clients: int,
+    initial_params: torch.Tensor,
+    client_initial: Any,
+    keep_latest_models: bool,
+    directory: Any,
+    memory_budget: int | str | None = None,
+) -> tuple[ClientStateStore, ClientStateStore | None]:
+    """The store of the algorithm's client states and, when ``keep_latest_models``, of every client's latest model.
+
+    ``kind`` "auto" means disk when ``num_clients`` states (and latest models) would take more
+    than ``memory_budget`` (bytes or "4GB"; None: half of the machine's memory).  Disk stores live
+    in ``directory``/clients and ``directory``/latest_models; ``directory`` is a callable giving
+    the directory, so a memory run never creates one.
+    """
+    if kind not in STORE_KINDS:
+        raise ValueError(f"unknown client-state store {kind!r}; valid: {', '.join(STORE_KINDS)}")
+    budget = parse_bytes(memory_budget) if memory_budget is not None else default_memory_budget()
+    template = client_initial(initial_params) if client_initial is not None else None
+    per_client = (state_bytes(template) if template is not None else 0) + (state_bytes(initial_params) if keep_latest_models else 0)
+    if kind == "auto":
+        kind = "disk" if per_client * num_clients > budget else "memory"
+    initial = (lambda: client_initial(initial_params)) if client_initial is not None else None
+    if kind == "memory":
+        return InMemoryClientStore(initial), InMemoryClientStore(None) if keep_latest_models else None
+    root = directory()
+    stores = [template is not None, keep_latest_models]
+    # Rows of randomly sampled clients are rarely read twice soon: a small cache, the page cache does the rest.
+    cache = min(budget // 16, 512 << 20) // max(1, sum(stores))
+    clients = DiskClientStore(root / "clients", num_clients, template, initial, cache) if template is not None else InMemoryClientStore(None)
+    latest = DiskClientStore(root / "latest_models", num_clients, initial_params, None, cache) if keep_latest_models else None
+    return clients, latest
+
+
+def disk_stores(state: SimulationState) -> dict[str, DiskClientStore]:
+    """The state's stores that keep their states in files, by the name a checkpoint refers to them with."""
+    named = (("clients", state.clients), ("latest_models", state.latest_models))
+    return {name: store for name, store in named if isinstance(store, DiskClientStore)}
 
 
 def run_round(
@@ -188,6 +249,7 @@ def run_round(
     contexts: list[ClientContext] = []
     tasks: list[ClientTask] = []
     client_states = []
+    state.clients.prefetch(sample.client_ids.tolist())  # one batched read of the round's states
     num_inactive = num_incomplete = 0
     for client_id, multiplicity in zip(sample.client_ids.tolist(), sample.multiplicity.tolist()):
         num_samples = int(sim.client_sizes[client_id])
@@ -220,22 +282,20 @@ def run_round(
     start_params = server_before.params
     settings = LocalSettings(learning_rate, plan.weight_decay, plan.clip_norm)
     messages: list[Any] = [None] * len(tasks)
-    new_client_states: list[Any] = [None] * len(tasks)
     steps_done = [0] * len(tasks)
     reporting_sum: torch.Tensor | None = None
     keep_reporting_mean = evaluate_after and sim.evaluation.model == "reporting_mean"
     for position, final_params, done in sim.backend.train(sim.model, start_params, tasks, settings, sim.training_data):
         steps_done[position] = done
         update = ClientUpdate(start_params, final_params, done, ClientDataComputation(sim, tasks[position].client_id, t))
-        new_client_states[position], messages[position] = sim.algorithm.client_finish(
-            server_before, client_states[position], contexts[position], update
-        )
+        new_client_state, messages[position] = sim.algorithm.client_finish(server_before, client_states[position], contexts[position], update)
+        # Staged at once (a disk store encodes it to bytes), and the round's lists let go of the client's tensors.
+        state.clients.put(tasks[position].client_id, new_client_state)
+        client_states[position] = new_client_state = None
         if state.latest_models is not None:
             state.latest_models.put(tasks[position].client_id, final_params)
         if keep_reporting_mean and messages[position] is not None:
             reporting_sum = final_params if reporting_sum is None else reporting_sum + final_params
-    for task, client_state in zip(tasks, new_client_states):
-        state.clients.put(task.client_id, client_state)
 
     reporting = [(task, message) for task, message in zip(tasks, messages) if message is not None]
     round_context = RoundContext(round=t, num_registered=len(registered), num_selected=len(sample.client_ids), server_learning_rate=server_lr)
@@ -405,11 +465,11 @@ def _global_test_rows(sim: Simulation) -> torch.Tensor:
 
 
 def _mean_losses(sim: Simulation, params: torch.Tensor, test_rows: torch.Tensor) -> tuple[dict[str, float], int]:
-    """Mean test loss over ``test_rows`` and mean train loss over the clients' data, and the correct test predictions."""
+    """Mean test loss over ``test_rows`` and mean train loss over the sampled clients' data, and the correct test predictions."""
     batch = sim.evaluation.batch_size
     test_loss, test_correct = _loss_and_correct(sim.model, params, sim.test_data, test_rows, batch)
-    train_loss, _ = _loss_and_correct(sim.model, params, sim.training_data, sim.union_rows, batch)
-    return {"test_loss": test_loss / len(test_rows), "train_loss": train_loss / len(sim.union_rows)}, test_correct
+    train_loss, _ = _loss_and_correct(sim.model, params, sim.training_data, sim.train_loss_rows, batch)
+    return {"test_loss": test_loss / len(test_rows), "train_loss": train_loss / len(sim.train_loss_rows)}, test_correct
 
 
 # What `evaluate` may add to a round's record; a resumed run whose evaluation schedule changed drops them
@@ -419,7 +479,8 @@ EVALUATION_KEYS = ("test_loss", "train_loss", "test_accuracy", "client_test_accu
 
 @torch.no_grad()
 def evaluate(sim: Simulation, params: torch.Tensor) -> dict[str, float]:
-    """Test accuracy and loss on the global test set; train loss over the union of the clients' data.
+    """Test accuracy and loss on the global test set; train loss over the data of ``evaluation.train_loss_clients``
+    clients (a sample fixed by the seed; every client's when 0 or at least the number of clients).
 
     With per-client test splits, also the mean of the clients' local test
     accuracies (EFL's per-client accuracy).  For objectives with a known

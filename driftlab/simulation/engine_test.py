@@ -7,6 +7,7 @@ import torch
 import driftlab
 from driftlab.data.quadratic import scalar_quadratic_clients, surrogate_minimizer
 from driftlab.experiments.runner import build_simulation
+from driftlab.simulation import engine as engine_module
 from driftlab.simulation.engine import dissimilarity, divergence, evaluate, reference_losses, run_round
 
 QUADRATIC = {
@@ -278,3 +279,48 @@ def test_dissimilarity_is_none_where_the_global_gradient_vanishes():
     sim, _ = build_simulation(driftlab.load_config(quadratic(data={"num_clients": 1})))
     metrics = dissimilarity(sim, torch.tensor([1.0], dtype=torch.float64))
     assert metrics == {"dissimilarity_b2": None, "gradient_variance": 0.0}
+
+
+def test_train_loss_is_over_a_fixed_seeded_sample_of_clients_unless_all_are_asked_for():
+    base = {"data": {"num_clients": 12}, "precision": "float64"}
+    sampled, _ = build_simulation(driftlab.load_config(base | {"evaluation": {"train_loss_clients": 3}}))
+    again, _ = build_simulation(driftlab.load_config(base | {"evaluation": {"train_loss_clients": 3}}))
+    every, _ = build_simulation(driftlab.load_config(base | {"evaluation": {"train_loss_clients": 0}}))
+    more, _ = build_simulation(driftlab.load_config(base | {"evaluation": {"train_loss_clients": 100}}))
+    assert torch.equal(sampled.train_loss_rows, again.train_loss_rows)
+    assert torch.equal(every.train_loss_rows, every.union_rows) and torch.equal(more.train_loss_rows, more.union_rows)
+    chosen = [k for k, rows in enumerate(sampled.client_rows) if bool(torch.isin(rows, sampled.train_loss_rows).all())]
+    assert len(chosen) == 3 and len(sampled.train_loss_rows) == sum(len(sampled.client_rows[k]) for k in chosen)
+    params = sampled.initial_params
+    total, _ = engine_module._loss_and_correct(sampled.model, params, sampled.training_data, sampled.train_loss_rows, 4096)
+    assert evaluate(sampled, params)["train_loss"] == pytest.approx(total / len(sampled.train_loss_rows), rel=1e-12)
+    assert evaluate(every, params)["train_loss"] != evaluate(sampled, params)["train_loss"]
+
+
+def test_a_round_stages_each_client_state_as_its_client_finishes():
+    # The states go to the store as clients finish, not in a list kept until the round ends.
+    import dataclasses
+
+    config = driftlab.load_config({"rounds": 1, "data": {"num_clients": 6}, "algorithm": {"name": "scaffold"}, "state": {"store": "memory"}})
+    sim, state = build_simulation(config)
+    staged_when_finishing = []
+    finish = sim.algorithm.client_finish
+
+    def watching_finish(*args):
+        staged_when_finishing.append(len(state.clients._staged))
+        return finish(*args)
+
+    sim.algorithm = dataclasses.replace(sim.algorithm, client_finish=watching_finish)
+    state, record = run_round(sim, state, evaluate_after=False)
+    assert staged_when_finishing == list(range(record["num_reporting"]))
+    assert [c for c, _ in state.clients.items()] == sorted(record["reporting_clients"])
+
+
+def test_state_store_auto_goes_to_disk_beyond_the_memory_budget(tmp_path):
+    from driftlab.simulation.state_store import DiskClientStore, InMemoryClientStore
+
+    base = {"data": {"num_clients": 6}, "algorithm": {"name": "scaffold"}, "state": {"store": "auto"}}
+    _, small = build_simulation(driftlab.load_config(base))
+    _, large = build_simulation(driftlab.load_config(base | {"memory_budget": 100}), state_dir=tmp_path)
+    assert isinstance(small.clients, InMemoryClientStore) and isinstance(large.clients, DiskClientStore)
+    assert large.clients.directory == tmp_path / "clients"

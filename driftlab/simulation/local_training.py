@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from driftlab.simulation.flat import FlatModel
+from driftlab.simulation.precision import local_arithmetic
 from driftlab.simulation.randomness import Stream, example_keys, generator
 from driftlab.simulation.seam import GradientCorrection
 
@@ -144,6 +145,7 @@ class BoundModule:
     """
 
     def __init__(self, model: FlatModel, like: torch.Tensor) -> None:
+        self.source = model.module  # the module this is a copy of
         self.module = copy.deepcopy(model.module).to(device=like.device, dtype=like.dtype)
         self.example_loss = model.example_loss
         self.theta = torch.zeros_like(like)
@@ -187,18 +189,21 @@ def train_one_client(
 ) -> tuple[torch.Tensor, int]:
     """Local SGD for one client from ``start_params``; returns the final flat parameters and the steps done."""
     theta = start_params
-    batches = torch.as_tensor(task.batches, device=task.sample_indices.device)
+    device = task.sample_indices.device
+    # PAD only ever ends a row (batch_plan), so each step's batch is a prefix whose length the host knows: no device sync.
+    sizes = (task.batches != PAD).sum(axis=1).tolist()
+    batches = torch.as_tensor(task.batches)
+    batches = batches.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else batches.to(device)
     inexact = task.stop_gamma is not None and task.steps_per_epoch > 0
     if inexact:
         threshold = task.stop_gamma * _objective_gradient_norm(bound, theta, task, settings, data)
-    slots = torch.arange(batches.shape[1], device=batches.device)
+    slots = torch.arange(batches.shape[1], device=device)
     for step in range(task.num_steps):
-        positions = batches[step]
-        valid = positions != PAD
-        rows = task.sample_indices[positions[valid]]
+        size = sizes[step]
+        rows = task.sample_indices[batches[step, :size]]
         inputs = data.inputs[rows]
         if data.augment is not None:
-            inputs = data.augment(inputs, example_keys(task.augment_key, step, slots[valid]))
+            inputs = data.augment(inputs, example_keys(task.augment_key, step, slots[:size]))
         gradient = bound.loss_gradient(theta, inputs, data.targets[rows])
         with torch.no_grad():
             theta = corrected_step(theta, gradient, task.correction, settings)
@@ -218,14 +223,21 @@ class SequentialBackend:
 
     name = "sequential"
 
-    def __init__(self) -> None:
+    def __init__(self, precision: str = "float32") -> None:
+        self.precision = precision  # precision.PRECISIONS: tf32 and bf16 change the local gradients only
         self._bound: BoundModule | None = None
 
     def train(
         self, model: FlatModel, start_params: torch.Tensor, tasks: Sequence[ClientTask], settings: LocalSettings, data: TrainingData
     ) -> Iterator[tuple[int, torch.Tensor, int]]:
-        if self._bound is None or self._bound.theta.dtype != start_params.dtype or self._bound.theta.device != start_params.device:
+        if (
+            self._bound is None
+            or self._bound.source is not model.module
+            or self._bound.theta.dtype != start_params.dtype
+            or self._bound.theta.device != start_params.device
+        ):
             self._bound = BoundModule(model, start_params)
         for position, task in enumerate(tasks):
-            final_params, steps_done = train_one_client(self._bound, start_params, task, settings, data)
+            with local_arithmetic(self.precision, start_params.device):
+                final_params, steps_done = train_one_client(self._bound, start_params, task, settings, data)
             yield position, final_params, steps_done

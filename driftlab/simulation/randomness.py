@@ -31,6 +31,7 @@ class Stream(enum.IntEnum):
     PARTITION = 6
     DATA_GENERATION = 7
     AUGMENTATION = 8
+    EVALUATION_SAMPLE = 9  # the clients whose data the train loss is evaluated on
 
 
 NO_CLIENT = -1

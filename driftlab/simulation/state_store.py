@@ -3,21 +3,73 @@
 Algorithms never keep client state themselves: the engine reads a client's
 state from the store before local training and writes the new state back
 after ``client_finish``.  Clients that have never trained have no entry; the
-store hands out ``initial(θ0)`` for them without storing it, so memory grows
-with the clients that have actually trained, not with the registered count.
+store hands out ``initial(θ0)`` for them without storing it, so memory (or
+disk) grows with the clients that have actually trained, not with the
+registered count.
 
 Writes are staged and take effect together at ``commit()``: a round that is
 interrupted half way (Ctrl-C, an error in the server update or evaluation) is
 ``discard()``-ed, and the store still holds exactly the states of the last
 completed round, which is what the runner checkpoints.
 
-``InMemoryClientStore`` is the implementation for now; a memory-mapped store
-for 100k clients implements the same six methods.
+Two implementations of the same methods:
+
+``InMemoryClientStore``
+    states in a dict; checkpoints copy every state into the checkpoint file.
+
+``DiskClientStore``
+    one raw ``[N, P]`` array file per state field and slot (the state's
+    dataclass flattened as in ``checkpoint.state_to_tensors``; a field of ``P``
+    elements of dtype ``D`` is ``N·P·sizeof(D)`` bytes, created sparse on the
+    first write, so only rows of clients that trained take disk space; a file
+    reads as ``numpy.memmap(path, dtype, shape=(N, P))`` for numpy dtypes).  Rows
+    are read and written with ``pread``/``pwrite`` in batches (the engine
+    ``prefetch``-es a round's clients, ``commit`` writes the round's rows in
+    client-id order), not through a mapping: pages of a mapping count in the
+    process's RSS, and a run touching 26 GB of state must not look like it
+    uses 26 GB of memory.  A bounded LRU cache (``cache_bytes``) keeps recently
+    read or written rows.
+
+Incremental, atomic checkpoints of the disk store (copy-on-write row slots):
+every field has two files, slot 0 and slot 1, and every client row lives in
+one of them.  The checkpoint records, per stored client, its slot and the
+SHA-256 of each of its rows (``checkpoint_table``): that table *is* the
+version of the store the checkpoint belongs to, and it is written inside the
+checkpoint file under the file's own checksum.  A commit never writes the
+slot a checkpoint refers to: a row of a client stored in the last checkpoint
+goes to the other slot (over and over until the next checkpoint), a client
+new since then to slot 0.  So
+
+- a kill mid-round or mid-commit leaves every row the checkpoint refers to
+  untouched;
+- a checkpoint fsyncs the field files (only rows written since the last one
+  are dirty: it writes only what changed), then renames the new checkpoint
+  file over the old one; a kill before the rename leaves the old checkpoint,
+  whose rows are still untouched, a kill after it the new one, whose rows are
+  on disk;
+- ``restore`` re-reads the table, checks every referenced row against its
+  SHA-256 (``CheckpointError`` for a missing, short or altered file) and goes on
+  from there; rows written after the checkpoint are simply not referenced.
+
+No journal, nothing to undo on resume.  The price is disk space: a row can
+exist in both slots (at most twice the state of the clients that trained).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator, Protocol
+import hashlib
+import json
+import os
+import re
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Protocol
+
+import numpy as np
+import torch
+
+from driftlab.simulation.checkpoint import CheckpointError, state_from_tensors, state_to_tensors
 
 
 class ClientStateStore(Protocol):
@@ -30,6 +82,8 @@ class ClientStateStore(Protocol):
     def discard(self) -> None: ...
 
     def items(self, include_staged: bool = False) -> Iterator[tuple[int, Any]]: ...  # by client id
+
+    def prefetch(self, client_ids: Iterable[int]) -> None: ...  # a hint: these are read next
 
     def __len__(self) -> int: ...
 
@@ -65,5 +119,353 @@ class InMemoryClientStore:
         states = {**self._states, **self._staged} if include_staged else self._states
         return iter(sorted(states.items()))
 
+    def prefetch(self, client_ids: Iterable[int]) -> None:
+        pass
+
     def __len__(self) -> int:
         return len(self._states)
+
+
+@dataclass(frozen=True)
+class _Field:
+    name: str  # the flattened state key, e.g. "state/drift"
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    row_bytes: int
+
+
+_STORE_TABLE_KEYS = ("client_ids", "slots", "sha256")
+_READ_BATCH = 64  # rows per batch when ``items`` walks the whole store
+
+
+class DiskClientStore:
+    """Client states in ``[N, P]`` files under ``directory``; see the module docstring.
+
+    ``template`` is a state of the stored structure (the freshly initialised
+    one): it fixes the fields, their dtypes and shapes, and the device states
+    are handed out on.  ``initial`` builds the state of a client that has not
+    trained (``None``: such a client has no state).
+    """
+
+    def __init__(
+        self,
+        directory: str | Path,
+        num_clients: int,
+        template: Any,
+        initial: Callable[[], Any] | None,
+        cache_bytes: int = 256 << 20,
+    ) -> None:
+        self.directory = Path(directory)
+        self.num_clients = int(num_clients)
+        self._template = template
+        self._initial = initial
+        layout = state_to_tensors(template, "state")
+        if not layout:
+            raise ValueError("DiskClientStore needs a template with at least one tensor or number")
+        self._fields = tuple(
+            _Field(name, tensor.dtype, tuple(tensor.shape), tensor.numel() * tensor.element_size()) for name, tensor in layout.items()
+        )
+        self._row_bytes = sum(field.row_bytes for field in self._fields)
+        self._cache_bytes = int(cache_bytes)
+        self._cache: OrderedDict[int, list[np.ndarray]] = OrderedDict()
+        self._cached_bytes = 0
+        self._staged: dict[int, list[np.ndarray]] = {}
+        self._slot = np.full(self.num_clients, -1, dtype=np.int8)  # committed slot of each client's rows; -1: no state
+        self._checkpointed_slot = np.full(self.num_clients, -1, dtype=np.int8)  # the slots the last checkpoint refers to
+        self._sha256 = np.zeros((self.num_clients, len(self._fields), 32), dtype=np.uint8)
+        self._descriptors: dict[tuple[int, int], int] = {}
+        self._failed: str | None = None  # why a commit broke off; the store then refuses checkpoints
+        self.bytes_written = 0  # rows written by commits, and fsync-ed by checkpoints
+        # Files left by an earlier process are reused as they are: only rows a restored
+        # checkpoint refers to are ever read, and a write replaces a whole row.
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._write_manifest()
+
+    # ------------------------------------------------------------------ the store interface
+
+    def get(self, client_id: int) -> Any:
+        client_id = int(client_id)
+        if self._slot[client_id] < 0:
+            return self._initial() if self._initial is not None else None
+        rows = self._cache.get(client_id)
+        if rows is None:
+            rows = self._read_rows(client_id, int(self._slot[client_id]))
+            self._remember(client_id, rows)
+        else:
+            self._cache.move_to_end(client_id)
+        return self._decode(rows)
+
+    def put(self, client_id: int, state: Any) -> None:
+        if state is not None:
+            self._staged[int(client_id)] = self._encode(state)
+
+    def commit(self) -> None:
+        """Write the staged rows in client-id order, then make them the committed states at once."""
+        if not self._staged:
+            return
+        ids = np.array(sorted(self._staged), dtype=np.int64)
+        # A client in the last checkpoint writes to the slot that checkpoint does not use; a new one to slot 0.
+        targets = np.where(self._checkpointed_slot[ids] >= 0, 1 - self._checkpointed_slot[ids], 0).astype(np.int8)
+        hashes = np.empty((len(ids), len(self._fields), 32), dtype=np.uint8)
+        try:
+            for position, (client_id, slot) in enumerate(zip(ids.tolist(), targets.tolist())):
+                rows = self._staged[client_id]
+                for index, row in enumerate(rows):
+                    self._write_row(index, slot, client_id, row)
+                    hashes[position, index] = np.frombuffer(hashlib.sha256(row).digest(), dtype=np.uint8)
+        except BaseException as error:
+            # Rows of the committed round may be half overwritten: never checkpoint this store again.
+            self._failed = f"a commit broke off ({type(error).__name__}: {error})"
+            self._cache.clear()
+            self._cached_bytes = 0
+            raise
+        self._slot[ids] = targets
+        self._sha256[ids] = hashes
+        for client_id in ids.tolist():
+            self._remember(client_id, self._staged[client_id])
+        self._staged = {}
+
+    def discard(self) -> None:
+        self._staged = {}
+
+    def items(self, include_staged: bool = False) -> Iterator[tuple[int, Any]]:
+        """Committed states by client id (read in batches); with ``include_staged``, as they will be after ``commit()``."""
+        present = set(np.flatnonzero(self._slot >= 0).tolist())
+        staged = dict(self._staged) if include_staged else {}
+        ids = sorted(present | set(staged))
+        for start in range(0, len(ids), _READ_BATCH):
+            batch = ids[start : start + _READ_BATCH]
+            rows = {c: staged[c] for c in batch if c in staged}
+            rows.update(self._read_batch([c for c in batch if c not in rows]))
+            for client_id in batch:
+                yield client_id, self._decode(rows[client_id])
+
+    def prefetch(self, client_ids: Iterable[int]) -> None:
+        """Read the rows of ``client_ids`` that have state into the cache, in file order."""
+        wanted = [c for c in sorted(set(int(c) for c in client_ids)) if self._slot[c] >= 0 and c not in self._cache]
+        for client_id, rows in self._read_batch(wanted).items():
+            self._remember(client_id, rows)
+
+    def __len__(self) -> int:
+        return int((self._slot >= 0).sum())
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def checkpoint_table(self, prefix: str) -> dict[str, torch.Tensor]:
+        """Flush every field file to disk and return the table that pins this version of the store.
+
+        The table goes into the checkpoint file (``prefix/client_ids``, ``prefix/slots``,
+        ``prefix/sha256``); call ``checkpoint_written`` once that file is in place.
+        """
+        if self._failed is not None:
+            raise CheckpointError(f"cannot checkpoint the client states in {self.directory}: {self._failed}")
+        for descriptor in self._descriptors.values():
+            os.fsync(descriptor)
+        ids = np.flatnonzero(self._slot >= 0)
+        return {
+            f"{prefix}/client_ids": torch.from_numpy(ids.astype(np.int64)),
+            f"{prefix}/slots": torch.from_numpy(self._slot[ids].astype(np.uint8)),
+            f"{prefix}/sha256": torch.from_numpy(self._sha256[ids].copy()),
+        }
+
+    def checkpoint_written(self) -> None:
+        """The checkpoint with the last ``checkpoint_table`` is on disk: from now on commits spare its slots."""
+        self._checkpointed_slot = self._slot.copy()
+
+    def restore(self, tables: dict[str, torch.Tensor], prefix: str, checkpoint: str | Path) -> None:
+        """Take the version of the store that a checkpoint's table pins, checking every row it refers to."""
+        missing = [key for key in _STORE_TABLE_KEYS if f"{prefix}/{key}" not in tables]
+        if missing:
+            raise CheckpointError(f"checkpoint {checkpoint} has no table of the client states in {self.directory} ({prefix}/{missing[0]})")
+        ids = tables[f"{prefix}/client_ids"].numpy().astype(np.int64)
+        slots = tables[f"{prefix}/slots"].numpy().astype(np.int8)
+        hashes = tables[f"{prefix}/sha256"].numpy()
+        if len(ids) and (ids.min() < 0 or ids.max() >= self.num_clients) or slots.shape != ids.shape or hashes.shape != (len(ids), len(self._fields), 32):
+            raise CheckpointError(
+                f"checkpoint {checkpoint} describes client states that do not fit this run's store in {self.directory} "
+                f"({len(self._fields)} fields, {self.num_clients} clients); resume with the configuration stored beside it"
+            )
+        fix = (
+            f"the checkpoint {checkpoint} refers to them; restore the directory from a backup together with the checkpoint, "
+            "or delete the checkpoint to restart the run from round 0"
+        )
+        self._cache.clear()
+        self._cached_bytes = 0
+        for start in range(0, len(ids), _READ_BATCH):
+            for client_id, slot, expected in zip(ids[start : start + _READ_BATCH].tolist(), slots[start : start + _READ_BATCH].tolist(), hashes[start : start + _READ_BATCH]):
+                for index, field in enumerate(self._fields):
+                    path = self._path(index, slot)
+                    try:
+                        row = self._read_row(index, slot, client_id)
+                    except (OSError, CheckpointError) as error:
+                        raise CheckpointError(f"client state file {path} is missing or truncated ({error}); {fix}") from None
+                    if hashlib.sha256(row).digest() != expected[index].tobytes():
+                        raise CheckpointError(
+                            f"client state file {path} was changed after the checkpoint: the row of client {client_id} "
+                            f"({field.name}) does not match its sha256; {fix}"
+                        )
+        self._slot[:] = -1
+        self._slot[ids] = slots
+        self._sha256[:] = 0
+        self._sha256[ids] = hashes
+        self._checkpointed_slot = self._slot.copy()
+        self._staged = {}
+        self._failed = None
+
+    def close(self) -> None:
+        for descriptor in self._descriptors.values():
+            os.close(descriptor)
+        self._descriptors.clear()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+    # ------------------------------------------------------------------ rows and files
+
+    def _path(self, index: int, slot: int) -> Path:
+        safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", self._fields[index].name)
+        return self.directory / f"{index:02d}-{safe}.slot{slot}"
+
+    def _write_manifest(self) -> None:
+        manifest = {
+            "num_clients": self.num_clients,
+            "fields": [
+                {"name": f.name, "dtype": str(f.dtype).removeprefix("torch."), "shape": list(f.shape), "files": [self._path(i, s).name for s in (0, 1)]}
+                for i, f in enumerate(self._fields)
+            ],
+            "note": "each file is a raw [num_clients, prod(shape)] array; which slot holds a client's row is in the run's checkpoint",
+        }
+        (self.directory / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+
+    def _descriptor(self, index: int, slot: int, create: bool) -> int:
+        key = (index, slot)
+        descriptor = self._descriptors.get(key)
+        if descriptor is None:
+            path = self._path(index, slot)
+            descriptor = os.open(path, (os.O_RDWR | os.O_CREAT) if create else os.O_RDWR)
+            size = self.num_clients * self._fields[index].row_bytes
+            if create and os.fstat(descriptor).st_size < size:
+                os.ftruncate(descriptor, size)  # sparse: rows never written take no disk space
+            self._descriptors[key] = descriptor
+        return descriptor
+
+    def _write_row(self, index: int, slot: int, client_id: int, row: np.ndarray) -> None:
+        descriptor = self._descriptor(index, slot, create=True)
+        view = memoryview(row)
+        offset = client_id * self._fields[index].row_bytes
+        while len(view):
+            written = os.pwrite(descriptor, view, offset)
+            view, offset = view[written:], offset + written
+        self.bytes_written += row.nbytes
+
+    def _read_row(self, index: int, slot: int, client_id: int) -> np.ndarray:
+        field = self._fields[index]
+        row = np.empty(field.row_bytes, dtype=np.uint8)
+        if field.row_bytes == 0:
+            return row
+        done = 0
+        descriptor = self._descriptor(index, slot, create=False)
+        while done < field.row_bytes:
+            count = os.preadv(descriptor, [memoryview(row)[done:]], client_id * field.row_bytes + done)
+            if count == 0:
+                raise CheckpointError(f"{self._path(index, slot)} ends before the row of client {client_id}")
+            done += count
+        return row
+
+    def _read_rows(self, client_id: int, slot: int) -> list[np.ndarray]:
+        return [self._read_row(index, slot, client_id) for index in range(len(self._fields))]
+
+    def _read_batch(self, client_ids: list[int]) -> dict[int, list[np.ndarray]]:
+        """Committed rows of ``client_ids`` (cache first), read field by field in file order."""
+        out: dict[int, list[np.ndarray]] = {}
+        for client_id in client_ids:
+            cached = self._cache.get(client_id)
+            if cached is not None:
+                out[client_id] = cached
+        missing = sorted(c for c in client_ids if c not in out)
+        by_field = [[self._read_row(index, int(self._slot[c]), c) for c in missing] for index in range(len(self._fields))]
+        for position, client_id in enumerate(missing):
+            out[client_id] = [by_field[index][position] for index in range(len(self._fields))]
+        return out
+
+    def _remember(self, client_id: int, rows: list[np.ndarray]) -> None:
+        if self._row_bytes > self._cache_bytes:
+            return
+        previous = self._cache.pop(client_id, None)
+        if previous is not None:
+            self._cached_bytes -= self._row_bytes
+        self._cache[client_id] = rows
+        self._cached_bytes += self._row_bytes
+        while self._cached_bytes > self._cache_bytes:
+            self._cache.popitem(last=False)
+            self._cached_bytes -= self._row_bytes
+
+    def _encode(self, state: Any) -> list[np.ndarray]:
+        tensors = state_to_tensors(state, "state")
+        if tensors.keys() != {field.name for field in self._fields}:
+            raise ValueError(
+                f"a client state with fields {sorted(tensors)} does not fit the store's layout {[f.name for f in self._fields]}; "
+                "an algorithm's client states must keep the structure of client_state_init's"
+            )
+        rows = []
+        for field in self._fields:
+            tensor = tensors[field.name]
+            if tensor.dtype != field.dtype or tuple(tensor.shape) != field.shape:
+                raise ValueError(
+                    f"client state field {field.name} is {tensor.dtype} {tuple(tensor.shape)}, the store holds {field.dtype} {field.shape}"
+                )
+            rows.append(tensor.reshape(-1).view(torch.uint8).numpy())
+        return rows
+
+    def _decode(self, rows: list[np.ndarray]) -> Any:
+        tensors = {
+            field.name: torch.from_numpy(row.copy()).view(field.dtype).reshape(field.shape) for field, row in zip(self._fields, rows)
+        }
+        return state_from_tensors(self._template, tensors, "state", _device_of(self._template))
+
+
+def _device_of(template: Any) -> torch.device:
+    for tensor in state_to_tensors(template, "t").values():
+        return tensor.device
+    return torch.device("cpu")
+
+
+def state_bytes(template: Any) -> int:
+    """Bytes one client's state of ``template``'s structure takes."""
+    return sum(t.numel() * t.element_size() for t in state_to_tensors(template, "state").values())
+
+
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_bytes(value: int | str) -> int:
+    """``4000000``, ``"4GB"`` (10⁹ bytes), ``"1.5GiB"`` (2³⁰ bytes) ... as a byte count; ValueError otherwise."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected a byte count such as 4000000000 or '4GB', got {value!r}")
+    if isinstance(value, int):
+        if value <= 0:
+            raise ValueError(f"must be a positive number of bytes, got {value}")
+        return value
+    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?)\s*([A-Za-z]*)\s*", str(value))
+    if match is None or match.group(2).lower() not in _UNITS:
+        raise ValueError(f"expected a byte count such as 4000000000, '4GB', '512MB' or '1.5GiB', got {value!r}")
+    count = int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+    if count <= 0:
+        raise ValueError(f"must be a positive number of bytes, got {value!r}")
+    return count
+
+
+def machine_memory_bytes() -> int:
+    """Physical memory of the machine (8 GiB where the platform does not say)."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return 8 << 30
+
+
+def default_memory_budget() -> int:
+    """Half of the machine's memory: room for the data, the model and the round besides the client states."""
+    return machine_memory_bytes() // 2

@@ -69,7 +69,9 @@ from driftlab.simulation.local_training import (
     corrected_gradient_norm,
 )
 from driftlab.simulation.randomness import example_keys
+from driftlab.simulation.precision import local_arithmetic
 from driftlab.simulation.seam import GradientCorrection
+from driftlab.simulation.stacked import StackedNetwork, has_convolutions
 
 logger = logging.getLogger(__name__)
 
@@ -108,7 +110,7 @@ class StackedCorrection:
         if all(q is None for q in quadratics):
             return StackedCorrection(linear, None, None)
         if all(q is None or not isinstance(q, torch.Tensor) for q in quadratics):
-            quadratic = torch.tensor([[0.0 if q is None else float(q)] for q in quadratics], dtype=like.dtype, device=like.device)
+            quadratic = _to_device(torch.tensor([[0.0 if q is None else float(q)] for q in quadratics], dtype=like.dtype), like.device)
         else:
             quadratic = _stack_rows([_as_row(q, like) for q in quadratics], like)
         # A client without a quadratic term has D_k = 0, so any finite reference row serves it.
@@ -160,21 +162,36 @@ class BatchSchedule:
 
     @staticmethod
     def build(tasks: Sequence[ClientTask], dtype: torch.dtype, device: torch.device) -> "BatchSchedule":
+        """Built on the host and sent to ``device`` in one (pinned, asynchronous) copy per table: no sync per client."""
         steps = max(task.num_steps for task in tasks)
         width = max((task.batches.shape[1] for task in tasks if task.num_steps), default=1)
-        rows = torch.zeros(steps, len(tasks), width, dtype=torch.long, device=device)
-        weights = torch.zeros(steps, len(tasks), width, dtype=dtype, device=device)
+        positions = np.zeros((steps, len(tasks), width), dtype=np.int64)  # into the concatenated sample indices
+        counts = np.ones((steps, len(tasks), 1), dtype=np.int64)
+        valid = np.zeros((steps, len(tasks), width), dtype=bool)
+        offset = 0
         for k, task in enumerate(tasks):
-            if task.num_steps == 0:
-                continue
-            positions = torch.as_tensor(task.batches, device=device)
-            valid = positions != PAD
-            counts = valid.sum(dim=1, keepdim=True).to(dtype)
-            task_rows = task.sample_indices.to(device)[positions.clamp(min=0)]
-            rows[: task.num_steps, k, : positions.shape[1]] = torch.where(valid, task_rows, task_rows[:, :1])
-            weights[: task.num_steps, k, : positions.shape[1]] = torch.where(valid, counts.reciprocal(), torch.zeros((), dtype=dtype, device=device))
+            if task.num_steps:
+                batches = task.batches
+                mask = batches != PAD
+                # Padding reads the row's first (real) example, so the gather stays in bounds; its weight is 0.
+                positions[: task.num_steps, k, : batches.shape[1]] = offset + np.where(mask, batches, batches[:, :1])
+                valid[: task.num_steps, k, : batches.shape[1]] = mask
+                counts[: task.num_steps, k, 0] = mask.sum(axis=1)
+            offset += len(task.sample_indices)
+        # 1/|batch| in the training dtype, as the sequential backend's mean computes it.
+        reciprocal = torch.from_numpy(counts).to(dtype).reciprocal()
+        weights = torch.where(torch.from_numpy(valid), reciprocal, torch.zeros((), dtype=dtype))
+        samples = torch.cat([task.sample_indices.to(device) for task in tasks])
+        rows = samples[_to_device(torch.from_numpy(positions), device)]
         active = tuple(sum(1 for task in tasks if task.num_steps > s) for s in range(steps))
-        return BatchSchedule(rows, weights, active)
+        return BatchSchedule(rows, _to_device(weights, device), active)
+
+
+def _to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on ``device``: through pinned memory and without waiting, when ``device`` is a GPU."""
+    if device.type != "cuda":
+        return tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)
 
 
 # ---------------------------------------------------------------- gradients of a stack of clients
@@ -389,15 +406,25 @@ class VectorizedBackend:
 
     Args:
         memory_budget_bytes: bytes one chunk may use for parameters, gradients,
-            corrections, activations and its batch schedule (default 1 GiB).
-        max_chunk_clients: at most this many clients per chunk; default
-            ``CPU_CHUNK_CLIENTS`` on a CPU (faster, see docs/performance.md) and no
-            limit beyond the budget on a GPU.
-        batched_layers: use the hand-written batched layers where the model
-            allows (``False`` forces ``vmap``; for benchmarks and tests).
+            corrections, activations and its batch schedule (default 1 GiB on a
+            CPU; on a GPU, 80% of the device's free memory, shared by the chunks in flight).
+        max_chunk_clients: at most this many clients per chunk; default on a CPU
+            ``CPU_CHUNK_CLIENTS``, or one client for convolutional networks, whose
+            per-client products are already large (docs/performance.md); no limit
+            beyond the budget on a GPU.
+        batched_layers: use the batched layers (``LinearReluStack``,
+            ``stacked.StackedNetwork``) where the model allows (``False`` forces
+            ``vmap``; for benchmarks and tests).
         parallel_chunks: on a CPU, train one chunk per intra-op thread at once,
             each single-threaded (see ``_map_chunks``); ``False``: one chunk at a
             time with multi-threaded kernels.
+        precision: ``precision.PRECISIONS``; ``tf32`` and ``bf16`` change the local
+            steps' gradients only (``precision.local_arithmetic``).
+        devices: train the chunks on these devices, chunk ``j`` on
+            ``devices[j mod len(devices)]``, and gather the models on the device of
+            the start parameters.  The assignment depends only on the chunk's
+            index, so a fixed device list gives bit-identical reruns.  Default: the
+            start parameters' device.
     """
 
     name = "vectorized"
@@ -408,17 +435,25 @@ class VectorizedBackend:
         max_chunk_clients: int | None = None,
         batched_layers: bool = True,
         parallel_chunks: bool = True,
+        precision: str = "float32",
+        devices: Sequence[torch.device | str] | None = None,
     ) -> None:
         if memory_budget_bytes is not None and memory_budget_bytes <= 0:
             raise ValueError(f"memory_budget_bytes must be positive, got {memory_budget_bytes}")
         if max_chunk_clients is not None and max_chunk_clients < 1:
             raise ValueError(f"max_chunk_clients must be at least 1, got {max_chunk_clients}")
-        self.memory_budget_bytes = memory_budget_bytes or DEFAULT_MEMORY_BUDGET_BYTES
+        if devices is not None and not devices:
+            raise ValueError("devices must list at least one device")
+        self.memory_budget_bytes = memory_budget_bytes
         self.max_chunk_clients = max_chunk_clients
         self.batched_layers = batched_layers
         self.parallel_chunks = parallel_chunks
+        self.precision = precision
+        self.devices = None if devices is None else tuple(torch.device(d) for d in devices)
         self._engine_of: tuple[nn.Module, object] | None = None  # (module, its engine or None), the last model trained
         self._fallback: SequentialBackend | None = None
+        self._replicas: dict[torch.device, TrainingData] = {}
+        self._replicated: TrainingData | None = None  # the data the replicas were made from
 
     def train(
         self, model: FlatModel, start_params: torch.Tensor, tasks: Sequence[ClientTask], settings: LocalSettings, data: TrainingData
@@ -429,22 +464,42 @@ class VectorizedBackend:
         if engine is None:
             yield from self._fallback.train(model, start_params, tasks, settings, data)
             return
+        home = start_params.device
+        devices = self.devices or (home,)
         # Grouping by step count: neighbours in this order finish together, so chunks waste little.
         order = sorted(range(len(tasks)), key=lambda position: -tasks[position].num_steps)
         # torch.func keeps its transform stack per process, not per thread: vmapped chunks run one at a time.
-        workers = self.workers(start_params, len(tasks)) if isinstance(engine, LinearReluStack) else 1
+        workers = self.workers(start_params, len(tasks), devices) if isinstance(engine, (LinearReluStack, StackedNetwork)) else 1
         chunk_size = self.chunk_size(engine, model, start_params, tasks, settings, data, workers)
-        chunks = [order[start : start + chunk_size] for start in range(0, len(order), chunk_size)]
+        chunks = list(enumerate(order[start : start + chunk_size] for start in range(0, len(order), chunk_size)))
+        starts = {device: start_params.to(device) for device in devices}
 
-        def train(positions: list[int]) -> tuple[list[int], torch.Tensor, list[int]]:
-            return positions, *_train_chunk(engine, start_params, [tasks[p] for p in positions], settings, data)
+        def train(chunk: tuple[int, list[int]]) -> tuple[list[int], torch.Tensor, list[int]]:
+            index, positions = chunk
+            device = devices[index % len(devices)]
+            with local_arithmetic(self.precision, device):
+                finals, steps_done = _train_chunk(engine, starts[device], [tasks[p] for p in positions], settings, self._data_on(data, device))
+            return positions, finals.to(home), steps_done
 
         for positions, finals, steps_done in _map_chunks(train, chunks, workers):
             for k, position in enumerate(positions):
                 yield position, finals[k], steps_done[k]
 
-    def workers(self, start_params: torch.Tensor, num_tasks: int) -> int:
-        """Chunks trained at once: one per intra-op thread on a CPU (each single-threaded), else one."""
+    def _data_on(self, data: TrainingData, device: torch.device) -> TrainingData:
+        """``data`` on ``device``: itself on its own device, else a copy made once per data set and device."""
+        if data.inputs.device == device:
+            return data
+        if self._replicated is not data:
+            self._replicas, self._replicated = {}, data
+        if device not in self._replicas:
+            self._replicas[device] = dataclasses.replace(data, inputs=data.inputs.to(device), targets=data.targets.to(device))
+        return self._replicas[device]
+
+    def workers(self, start_params: torch.Tensor, num_tasks: int, devices: Sequence[torch.device] = ()) -> int:
+        """Chunks trained at once: one per listed device when there are several, else one per intra-op thread on a CPU
+        (each single-threaded), else one."""
+        if len(devices) > 1:
+            return min(len(devices), num_tasks)
         if not self.parallel_chunks or start_params.device.type != "cpu":
             return 1
         return max(1, min(torch.get_num_threads(), num_tasks))
@@ -473,16 +528,33 @@ class VectorizedBackend:
         if data.augment is not None:  # the augmented copy of the batch and the augmentation's temporaries (flip, padding)
             activations += 5 * data.inputs[0].numel()
         per_client = element * (params_rows * model.num_parameters + width * activations) + steps * width * (8 + element)
-        size = max(1, self.memory_budget_bytes // (workers * per_client))
-        cap = self.max_chunk_clients or (CPU_CHUNK_CLIENTS if start_params.device.type == "cpu" else None)
+        size = max(1, self.budget_bytes(start_params.device) // (workers * per_client))
+        cap = self.max_chunk_clients or self._default_cap(engine, model, start_params.device)
         return int(min(size, cap or size, math.ceil(len(tasks) / workers)))
+
+    def budget_bytes(self, device: torch.device) -> int:
+        """The memory chunks in flight may use: the configured budget, else 1 GiB on a CPU or 80% of a GPU's free memory."""
+        if self.memory_budget_bytes is not None:
+            return self.memory_budget_bytes
+        if device.type == "cuda":
+            free, _total = torch.cuda.mem_get_info(device)
+            return int(0.8 * free)
+        return DEFAULT_MEMORY_BUDGET_BYTES
+
+    @staticmethod
+    def _default_cap(engine, model: FlatModel, device: torch.device) -> int | None:
+        if device.type != "cpu":
+            return None
+        if isinstance(engine, StackedNetwork) and has_convolutions(model.module):
+            return 1
+        return CPU_CHUNK_CLIENTS
 
     def _engine(self, model: FlatModel, start_params: torch.Tensor, tasks: Sequence[ClientTask], data: TrainingData):
         """The gradient engine for ``model``, or ``None`` (with a warning, once) when it cannot be batched."""
         if self._engine_of is not None and self._engine_of[0] is model.module:
             engine = self._engine_of[1]
         else:
-            engine = LinearReluStack.match(model) if self.batched_layers else None
+            engine = gradient_engine(model, self.batched_layers, self.precision)
             if engine is None:
                 engine = VmappedGradient(model)
                 problem = _vmap_problem(engine, start_params, tasks[0], data)
@@ -495,8 +567,40 @@ class VectorizedBackend:
                     engine = None
             self._engine_of = (model.module, engine)
         if engine is None and self._fallback is None:
-            self._fallback = SequentialBackend()
+            self._fallback = SequentialBackend(precision=self.precision)
         return engine
+
+
+def gradient_engine(model: FlatModel, batched_layers: bool = True, precision: str = "float32"):
+    """The batched layers for ``model`` (``LinearReluStack`` or ``StackedNetwork``), or ``None`` (then ``vmap``).
+
+    The hand-written Linear/ReLU layers compute in the parameters' dtype, so
+    under ``precision=bf16`` those models take the autocast-able stacked layers.
+    """
+    if not batched_layers:
+        return None
+    if precision != "bf16":
+        stack = LinearReluStack.match(model)
+        if stack is not None:
+            return stack
+    return StackedNetwork.match(model)
+
+
+def auto_backend(model: FlatModel, device: torch.device) -> str:
+    """The backend ``backend=auto`` runs: a rule backed by the measurements in docs/performance.md.
+
+    On a GPU, vectorized for every model.  On a CPU, vectorized where the
+    batched layers apply (the zoo's models, ``nn.Sequential`` of their layers):
+    Linear/ReLU stacks train several times faster there, and convolutional and
+    recurrent networks at least as fast as one by one (their chunks run one
+    single-threaded worker per core, which also keeps them fast when other
+    processes load the machine); sequential for other modules, whose
+    ``vmap`` path is slower on a CPU.  A rule and not a timing, so that the
+    same run always trains the same way.
+    """
+    if device.type != "cpu":
+        return "vectorized"
+    return "vectorized" if gradient_engine(model) is not None else "sequential"
 
 
 def per_client_correction_rows(corrections: Sequence[GradientCorrection]) -> int:
@@ -577,7 +681,7 @@ def _train_chunk(
     source = data.inputs if augment is not None else inputs
     batch_inputs = source.new_empty((num_clients, width, *source.shape[1:]))
     if augment is not None:
-        base_keys = torch.tensor([task.augment_key for task in tasks], dtype=torch.int64, device=schedule.rows.device).unsqueeze(1)  # [C, 1]
+        base_keys = _to_device(torch.tensor([task.augment_key for task in tasks], dtype=torch.int64), schedule.rows.device).unsqueeze(1)  # [C, 1]
         slots = torch.arange(width, device=schedule.rows.device).unsqueeze(0)  # [1, W]
     stopping = _InexactStopping(engine, theta, tasks, correction, settings, data)
 
@@ -653,6 +757,8 @@ class _InexactStopping:
 
 __all__ = [
     "BatchSchedule",
+    "auto_backend",
+    "gradient_engine",
     "LinearReluStack",
     "StackedCorrection",
     "VectorizedBackend",

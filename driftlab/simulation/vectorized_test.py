@@ -287,13 +287,43 @@ def test_every_algorithm_agrees_with_clipping_weight_decay_and_stragglers(algori
     torch.testing.assert_close(vectorized.final_params, sequential.final_params, rtol=1e-12, atol=1e-12)
 
 
-def test_auto_backend_is_the_vectorized_one():
+def test_auto_backend_follows_the_rule_for_the_model_and_is_recorded():
     from driftlab.experiments.runner import build_simulation
 
     sim, _ = build_simulation(driftlab.load_config(None, ["backend=auto", "data.num_clients=4"]))
-    assert isinstance(sim.backend, VectorizedBackend)
+    assert isinstance(sim.backend, VectorizedBackend)  # the default MLP has batched layers
     assert driftlab.load_config(None).backend == "auto"
     assert np.isfinite(_end_to_end("fedavg", "auto").final_params.numpy()).all()
+    tanh = lambda shape, classes: nn.Sequential(nn.Flatten(), nn.Linear(int(np.prod(shape)), 8), nn.Tanh(), nn.Linear(8, classes))  # noqa: E731
+    sim, _ = build_simulation(driftlab.load_config(None, ["backend=auto", "data.num_clients=4"]), model=tanh)
+    assert isinstance(sim.backend, SequentialBackend)  # vmap would be slower on a CPU
+
+
+def test_run_json_records_the_backend_auto_chose(tmp_path):
+    import json
+
+    driftlab.run(None, overrides=["rounds=1", "data.num_clients=4", "model.hidden=[8]"], out_dir=tmp_path / "run")
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["machine"]["backend"] == "vectorized"
+
+
+def test_two_devices_give_the_same_models_as_one_and_reruns_are_bit_identical():
+    dtype = torch.float32
+    model, data = _model("mlp", dtype), _data(dtype)
+    start = model.initial_parameters()
+    tasks = _tasks(_corrections("mixed", start))
+    settings = LocalSettings(learning_rate=0.1, weight_decay=0.01)
+    one = _run(VectorizedBackend(max_chunk_clients=2), model, start, tasks, settings, data)
+    two = _run(VectorizedBackend(max_chunk_clients=2, devices=["cpu", "cpu"]), model, start, tasks, settings, data)
+    again = _run(VectorizedBackend(max_chunk_clients=2, devices=["cpu", "cpu"]), model, start, tasks, settings, data)
+    for position in one:
+        assert torch.equal(one[position][0], two[position][0]) and torch.equal(two[position][0], again[position][0])
+
+
+def test_a_gpu_budget_comes_from_its_free_memory(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (10_000_000, 80_000_000))
+    assert VectorizedBackend().budget_bytes(torch.device("cuda")) == 8_000_000
+    assert VectorizedBackend(memory_budget_bytes=123).budget_bytes(torch.device("cuda")) == 123
+    assert VectorizedBackend().budget_bytes(torch.device("cpu")) == 1 << 30
 
 
 # ------------------------------------------------------------------ with top-k compression
@@ -375,3 +405,49 @@ def test_with_compression_each_backend_is_bit_exact_from_run_to_run(backend):
     assert torch.equal(first.final_params, second.final_params)
     strip = lambda records: [{k: v for k, v in r.items() if k != "round_seconds"} for r in records]  # noqa: E731
     assert strip(first.records) == strip(second.records)
+
+
+def test_several_devices_must_be_distinct_gpus_and_available():
+    from driftlab.experiments.config import ConfigError
+
+    assert driftlab.load_config(None, ["device=cuda:0,cuda:1"]).device == "cuda:0,cuda:1"
+    for bad in ("cuda:0,cuda:0", "cpu,cuda:0", "cuda:0,"):
+        with pytest.raises(ConfigError, match="distinct GPUs written cuda:N"):
+            driftlab.load_config(None, [f"device={bad}"])
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="CUDA is not available"):
+            driftlab.run(None, overrides=["device=cuda:0,cuda:1", "rounds=1", "data.num_clients=4"])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("model_name", ["mlp", "conv"])
+def test_a_cuda_round_has_no_host_syncs_and_matches_the_cpu(model_name):
+    cuda = torch.device("cuda")
+    model, data = _model(model_name, torch.float32), _data(torch.float32)
+    start = model.initial_parameters()
+    tasks = _tasks(_corrections("mixed", start))
+    settings = LocalSettings(learning_rate=0.1, weight_decay=0.01)
+    expected = _run(VectorizedBackend(), model, start, tasks, settings, data)
+    model.to(cuda, torch.float32)
+    def on_cuda(value):
+        return value.to(cuda) if isinstance(value, torch.Tensor) else value
+
+    moved = [
+        dataclasses.replace(
+            t,
+            sample_indices=t.sample_indices.to(cuda),
+            correction=GradientCorrection(*(on_cuda(getattr(t.correction, f)) for f in ("linear", "quadratic", "reference"))),
+        )
+        for t in tasks
+    ]
+    data_cuda = TrainingData(data.inputs.to(cuda), data.targets.to(cuda))
+    backend = VectorizedBackend()
+    _run(backend, model, start.to(cuda), moved, settings, data_cuda)  # warm-up: engine choice and vmap probe may sync
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        actual = {p: (t, d) for p, t, d in backend.train(model, start.to(cuda), moved, settings, data_cuda)}
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    for position, (theta, done) in expected.items():
+        assert actual[position][1] == done
+        torch.testing.assert_close(actual[position][0].cpu(), theta, rtol=1e-4, atol=1e-5)
