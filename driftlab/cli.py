@@ -109,7 +109,8 @@ def _parser() -> argparse.ArgumentParser:
     config = commands.add_parser(
         "config",
         help="list every configuration key, or print a resolved configuration",
-        epilog="example: driftlab config synthetic-fedavg rounds=50 --toml > my.toml   then   driftlab run my.toml --out runs/mine",
+        epilog="example: driftlab config synthetic-fedavg rounds=50 --toml > my.toml   then   driftlab run my.toml --out runs/mine; "
+        "`driftlab config 'plugins=[\"my_algorithm.py\"]'` lists the keys of a plugin's algorithm too",
     )
     config.add_argument("config", nargs="?", help="a config file or preset to resolve")
     config.add_argument("overrides", nargs="*", metavar="key=value")
@@ -349,6 +350,9 @@ def _dispatch(args: argparse.Namespace) -> int:
             # `driftlab config client.lr=0.5`: an override, not a config file; resolve it on the defaults
             args.config, args.overrides = None, [args.config, *args.overrides]
         if args.config is None and not args.overrides and not args.toml:
+            print(describe_keys())
+        elif args.config is None and not args.toml and all(o.strip().startswith("plugins=") for o in args.overrides):
+            load_config(None, args.overrides)  # imports the plugins, so their algorithms' keys are listed too
             print(describe_keys())
         elif args.toml:
             source = " ".join(filter(None, [args.config, *args.overrides])) or "(the defaults)"

@@ -1,22 +1,25 @@
-"""One module per algorithm; this registry is the only place that lists them.
+"""One module per algorithm; the registry (``driftlab.algorithms.registry``) holds one entry for each.
 
-A registry line maps an algorithm's config name to its config model (a
-pydantic model with a ``name`` literal and the algorithm's hyperparameters)
-and its module, whose ``from_config(config, server_optimizer)`` builds the
-``driftlab.simulation.seam.Algorithm``.
+A registry line gives an algorithm's config name, its config model (a pydantic
+model with a ``name`` literal and the algorithm's hyperparameters), its module's
+``from_config(config, server_optimizer)`` that builds the
+``driftlab.simulation.seam.Algorithm``, its label in reports and sweeps, and the
+facts the runner and the shared tests read.  Algorithms of your own register
+themselves from a plugin module with ``register(AlgorithmEntry(...))``
+(docs/design.md, "Writing a plugin").
 """
 
 from __future__ import annotations
 
-from driftlab.algorithms import adabest, efl, fedavg, feddyn, fedprox, scaffold
+from driftlab.algorithms import adabest, efl, fedavg, feddyn, fedprox, registry, scaffold
+from driftlab.algorithms.registry import ALGORITHMS, AlgorithmEntry, register
 
-ALGORITHM_MODULES = {
-    "fedavg": fedavg,
-    "fedprox": fedprox,
-    "scaffold": scaffold,
-    "feddyn": feddyn,
-    "adabest": adabest,
-    "efl": efl,
-}
+register(AlgorithmEntry("fedavg", fedavg.Config, fedavg.from_config, label="FedAvg", keeps_partial_work=False))
+register(AlgorithmEntry("fedprox", fedprox.Config, fedprox.from_config, label="FedProx"))
+register(AlgorithmEntry("scaffold", scaffold.Config, scaffold.from_config, label="SCAFFOLD"))
+register(AlgorithmEntry("feddyn", feddyn.Config, feddyn.from_config, label="FedDyn", owns_server_step=True))
+register(AlgorithmEntry("adabest", adabest.Config, adabest.from_config, label="AdaBest", owns_server_step=True))
+register(AlgorithmEntry("efl", efl.Config, efl.from_config, label="EFL", default_compression_ratio=efl.DEFAULT_COMPRESSION_RATIO))
+registry.BUILT_IN = tuple(ALGORITHMS)
 
-ALGORITHM_CONFIGS = {name: module.Config for name, module in ALGORITHM_MODULES.items()}
+__all__ = ["ALGORITHMS", "AlgorithmEntry", "register"]

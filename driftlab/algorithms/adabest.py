@@ -189,12 +189,7 @@ def build(mu: float = 0.02, beta: BetaSchedule = 0.96, aggregation: str = "unifo
     )
 
 
-def from_config(config: Config, server_optimizer: Any) -> Algorithm:
-    """Build from ``config``; AdaBest's server step is its own, so only the plain SGD server optimizer is accepted."""
-    if server_optimizer.name != "sgd":
-        from driftlab.experiments.config import ConfigError  # imported here: the config module imports this registry
-
-        raise ConfigError(
-            f"server.optimizer: adabest has its own server step and does not use a server optimizer; use sgd (got {server_optimizer.name!r})"
-        )
+def from_config(config: Config, server_optimizer: Any) -> Algorithm:  # noqa: ARG001
+    """Build from ``config``.  AdaBest's server step is its own: ``server_optimizer`` is not used, and the
+    registry entry's ``owns_server_step`` makes config validation refuse any but plain SGD."""
     return build(mu=config.mu, beta=config.beta, aggregation=config.aggregation)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import pytest
 import torch
 
@@ -106,3 +107,21 @@ def test_beta_schedule_round_trips_through_the_config() -> None:
     assert config.algorithm.beta == ExponentialSchedule(initial=0.98, decay=0.99)
     assert driftlab.load_config(config.to_dict()).fingerprint() == config.fingerprint()
     assert driftlab.load_config({"algorithm": {"name": "adabest", "beta": 1}}).algorithm.beta == 1.0
+
+
+# ---------------------------------------------------------------- the shared two-client round, by hand
+#
+# shared_test.test_two_client_rounds_match_hand_computation runs this case (its setup is described there).
+#
+# AdaBest (μ = 1, β = 0.5, uniform).  Round 1 as FedAvg's clients: θ_0 = (1.5,0), θ_1 = (0,3);
+#   h_0 = μ(θ^0 − θ_0) = (−1.5,0), h_1 = (0,−3); θ̄^1 = (0.75,1.5); h^1 = β(θ̄^0 − θ̄^1) =
+#   (−0.375,−0.75); θ^1 = θ̄^1 − h^1 = (1.125,2.25).  Round 2: client 0, −h_0 = (1.5,0):
+#   → (0.8125,1.125) → (0.65625,0.5625); client 1, −h_1 = (0,3): → (0.5625,1.625)
+#   → (0.28125,1.3125).  θ̄^2 = (0.46875,0.9375); h^2 = 0.5(0.28125,0.5625) = (0.140625,0.28125);
+#   θ^2 = (0.328125, 0.65625); h_0 = (−1.5,0) + (0.46875,1.6875) = (−1.03125,1.6875),
+#   h_1 = (0,−3) + (0.84375,0.9375) = (0.84375,−2.0625).
+HAND_CASE = {
+    "config": {"mu": 1.0, "beta": 0.5},
+    "params": [(1.125, 2.25), (0.328125, 0.65625)],
+    "drift": [0.375 * math.sqrt(5), 0.140625 * math.sqrt(5)],
+}

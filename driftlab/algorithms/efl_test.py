@@ -18,7 +18,8 @@ import torch
 from safetensors.torch import load_file
 
 import driftlab
-from driftlab.algorithms import ALGORITHM_MODULES, efl
+from driftlab.algorithms import efl
+from driftlab.algorithms.registry import BUILT_IN
 from driftlab.compress import with_compression
 from driftlab.data.federated import FederatedDataset
 from driftlab.metrics.communication import payload_bits
@@ -535,7 +536,7 @@ EXTRA_UPLOAD = {"scaffold": 32 * P_MLR, "efl": 2 * 32 * P_MLR}  # Δc; u and v
 
 
 @pytest.mark.parametrize("availability", [False, True], ids=["available", "stragglers"])
-@pytest.mark.parametrize("name", sorted(ALGORITHM_MODULES))
+@pytest.mark.parametrize("name", sorted(BUILT_IN))
 def test_every_algorithm_runs_compressed(name, availability):
     overrides = [*ALL_TINY, f"algorithm.name={name}", "compression.ratio=0.05"]
     if availability:
@@ -577,3 +578,23 @@ def test_build_rejects_bad_arguments():
         efl.build(sgd(), fisher_examples=0)
     with pytest.raises(ValueError, match="aggregation"):
         efl.build(sgd(), aggregation="median")
+
+
+# ---------------------------------------------------------------- the shared two-client round, by hand
+#
+# shared_test.test_two_client_rounds_match_hand_computation runs this case (its setup is described there).
+#
+# EFL (λ = 0.5, weighted, no compression; the diagonal Fisher is handed in, fixed: u_0 = (1,1),
+#   u_1 = (1,0.5)).  Round 1, U = V = 0: FedAvg's clients and average, θ^1 = (0.375, 2.25);
+#   v_0 = u_0⊙θ_0 = (1.5,0), v_1 = (0,1.5); U = (2,1.5), V = (1.5,1.5), ‖U‖ = 2.5.
+#   Round 2: λU = (1,0.75), V/U = (0.75,1).  client 0: g = (−1.625,2.25) + (−0.375,0.9375) → (1.375,0.65625),
+#   g = (−0.625,0.65625) + (0.625,−0.2578125) → (1.375,0.45703125); client 1: g = (0.375,−1.75) + (−0.375,0.9375)
+#   → (0.375,2.65625), g = (0.375,−1.34375) + (−0.375,1.2421875) → (0.375,2.70703125);
+#   θ^2 = ¼(1.375,0.45703125) + ¾(0.375,2.70703125) = (0.625, 2.14453125); U unchanged.
+HAND_CASE = {
+    "config": {"elastic": 0.5},
+    "fisher": [(1.0, 1.0), (1.0, 0.5)],
+    "params": [(0.375, 2.25), (0.625, 2.14453125)],
+    "drift": None,
+    "metrics": [{"fisher_sum_norm": 2.5}, {"fisher_sum_norm": 2.5}],
+}

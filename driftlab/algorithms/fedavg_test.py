@@ -243,3 +243,14 @@ def test_fedavg_counts_multiplicity_as_repeated_draws():
 def test_fedavg_rejects_unknown_aggregation():
     with pytest.raises(ValueError, match="weighted, uniform"):
         fedavg.build(make_server_optimizer("sgd"), aggregation="median")
+
+
+# ---------------------------------------------------------------- the shared two-client round, by hand
+#
+# shared_test.test_two_client_rounds_match_hand_computation runs this case (its setup is described there).
+#
+# FedAvg (weighted, w = 1/4, 3/4).  Round 1: client 0: (0,0) → (1,0) → (1.5,0); client 1:
+#   (0,0) → (0,2) → (0,3); θ^1 = ¼(1.5,0) + ¾(0,3) = (0.375, 2.25).  Round 2: client 0:
+#   → (1.1875,1.125) → (1.59375,0.5625); client 1: → (0.1875,3.125) → (0.09375,3.5625);
+#   θ^2 = ¼(1.59375,0.5625) + ¾(0.09375,3.5625) = (0.46875, 2.8125).
+HAND_CASE = {"config": {}, "params": [(0.375, 2.25), (0.46875, 2.8125)], "drift": None}

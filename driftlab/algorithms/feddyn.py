@@ -164,16 +164,7 @@ def build(alpha: float = 0.01, balance: str = "by_size") -> Algorithm:
     )
 
 
-def from_config(config: Config, server_optimizer: Any) -> Algorithm:
-    """Build from ``config``; FedDyn's server step is its own, so only the plain SGD server optimizer is accepted."""
-    _require_plain_server(server_optimizer, "feddyn")
+def from_config(config: Config, server_optimizer: Any) -> Algorithm:  # noqa: ARG001
+    """Build from ``config``.  FedDyn's server step is its own: ``server_optimizer`` is not used, and the
+    registry entry's ``owns_server_step`` makes config validation refuse any but plain SGD."""
     return build(alpha=config.alpha, balance=config.balance)
-
-
-def _require_plain_server(server_optimizer: Any, name: str) -> None:
-    if server_optimizer.name != "sgd":
-        from driftlab.experiments.config import ConfigError  # imported here: the config module imports this registry
-
-        raise ConfigError(
-            f"server.optimizer: {name} has its own server step and does not use a server optimizer; use sgd (got {server_optimizer.name!r})"
-        )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -126,3 +127,22 @@ def test_server_optimizers_are_refused() -> None:
     server = algorithm.server_init(torch.zeros(2))
     with pytest.raises(ValueError, match="server.lr = 1"):
         algorithm.server_update(server, [feddyn.ClientMessage(torch.ones(2), 1)], RoundContext(1, 2, 1, 0.5))
+
+
+# ---------------------------------------------------------------- the shared two-client round, by hand
+#
+# shared_test.test_two_client_rounds_match_hand_computation runs this case (its setup is described there).
+#
+# FedDyn (α = 0.75, by_size: α_0 = 0.75·2/1 = 1.5, α_1 = 0.75·2/3 = 0.5).  Round 1, λ = 0:
+#   client 0: → (1,0), then g = (−1,0) + 1.5(1,0) = (0.5,0) → (0.75,0); client 1: → (0,2),
+#   then g = (0,−2) + 0.5(0,2) = (0,−1) → (0,2.5).  λ_0 = (0.75,0), λ_1 = (0,2.5);
+#   θ^1 = mean θ_k + Σλ/4 = (0.375,1.25) + (0.1875,0.625) = (0.5625,1.875), drift ‖(0.1875,0.625)‖.
+#   Round 2: client 0, α_0λ_0 = (1.125,0): → (0.71875,0.9375) → (0.6796875,1.171875),
+#   λ_0 = (0.8671875,−0.703125); client 1, α_1λ_1 = (0,1.25): → (0.28125,2.3125)
+#   → (0.2109375,2.421875), λ_1 = (−0.3515625,3.046875).
+#   θ^2 = (0.4453125,1.796875) + ¼(0.515625,2.34375) = (0.57421875, 2.3828125).
+HAND_CASE = {
+    "config": {"alpha": 0.75},
+    "params": [(0.5625, 1.875), (0.57421875, 2.3828125)],
+    "drift": [math.hypot(0.1875, 0.625), math.hypot(0.12890625, 0.5859375)],
+}

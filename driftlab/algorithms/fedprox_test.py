@@ -85,3 +85,14 @@ def test_negative_mu_is_rejected_with_the_key(mu: float) -> None:
 def test_unknown_key_is_rejected() -> None:
     with pytest.raises(driftlab.ConfigError, match=r"algorithm\.alpha: unknown key; valid keys here: name, mu, aggregation"):
         driftlab.load_config({"algorithm": {"name": "fedprox", "alpha": 0.1}})
+
+
+# ---------------------------------------------------------------- the shared two-client round, by hand
+#
+# shared_test.test_two_client_rounds_match_hand_computation runs this case (its setup is described there).
+#
+# FedProx (μ = 1, weighted).  Each local problem ½‖θ−b‖² + ½‖θ−θ^{t−1}‖² has curvature 2,
+#   so one step of η = 0.5 lands on its minimiser (b + θ^{t−1})/2 and the second stays.
+#   θ^1 = ¼(1,0) + ¾(0,2) = (0.25, 1.5); round 2: (1.125,0.75), (0.125,2.75);
+#   θ^2 = ¼(1.125,0.75) + ¾(0.125,2.75) = (0.375, 2.25).
+HAND_CASE = {"config": {"mu": 1.0}, "params": [(0.25, 1.5), (0.375, 2.25)], "drift": None}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import torch
 
 import driftlab
@@ -85,3 +86,18 @@ def test_traffic_is_two_models_each_way_per_client() -> None:
         assert record["upload_bits"] == 2 * model_bits * 3
         assert record["download_bits"] == 2 * model_bits * 3
         assert record["drift_norm"] > 0
+
+
+# ---------------------------------------------------------------- the shared two-client round, by hand
+#
+# shared_test.test_two_client_rounds_match_hand_computation runs this case (its setup is described there).
+#
+# SCAFFOLD (η_g = 1).  Round 1 as FedAvg: y_0 = (1.5,0), y_1 = (0,3); c_k⁺ = (θ^0 − y_k)/(Kη)
+#   = (−1.5,0), (0,−3); θ^1 = (0,0) + mean Δy = (0.75,1.5); c = ¼ Σ Δc = (−0.375,−0.75), ‖c‖ = 0.375√5.
+#   Round 2: client 0, c − c_0 = (1.125,−0.75): → (0.8125,1.125) → (0.84375,0.9375);
+#   c_0⁺ = c_0 − c + (θ^1 − y_0) = (−1.21875,1.3125), Δc_0 = (0.28125,1.3125).
+#   client 1, c − c_1 = (−0.375,2.25): → (0.5625,1.625) → (0.46875,1.6875);
+#   c_1⁺ = (0.65625,−2.4375), Δc_1 = (0.65625,0.5625).
+#   θ^2 = θ^1 + mean Δy = (0.75,1.5) + (−0.09375,−0.1875) = (0.65625, 1.3125);
+#   c = (−0.375,−0.75) + ¼(0.9375,1.875) = (−0.140625,−0.28125), ‖c‖ = 0.140625√5.
+HAND_CASE = {"config": {}, "params": [(0.75, 1.5), (0.65625, 1.3125)], "drift": [0.375 * math.sqrt(5), 0.140625 * math.sqrt(5)]}

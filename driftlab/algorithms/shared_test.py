@@ -1,7 +1,7 @@
 """The shared list every algorithm in the registry must pass, and the quadratic harness the per-algorithm tests use.
 
-Shared list (parametrized over ``ALGORITHM_MODULES``; a new algorithm joins by
-adding a registry line and a row to ``HAND_CASES``):
+Shared list (parametrized over the registry's built-in algorithms; a new algorithm joins by
+its registry line, and its own test module's ``HAND_CASE``):
 
 * seeded determinism of a short ``driftlab.run``; another seed gives other numbers;
 * checkpoint/resume exactness, client state included: 2 rounds, resume to 4
@@ -18,7 +18,7 @@ does.  It lets the convergence tests run without the engine's data sets.
 
 from __future__ import annotations
 
-import math
+import importlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -28,12 +28,13 @@ import torch
 from safetensors.torch import load_file
 
 import driftlab
-from driftlab.algorithms import ALGORITHM_CONFIGS, ALGORITHM_MODULES
+from driftlab.algorithms import ALGORITHMS
+from driftlab.algorithms.registry import BUILT_IN
 from driftlab.optim.server import make_server_optimizer
 from driftlab.simulation.local_training import LocalSettings, corrected_step
 from driftlab.simulation.seam import Algorithm, ClientContext, ClientUpdate, RoundContext
 
-ALGORITHMS = sorted(ALGORITHM_MODULES)
+BUILT_IN_NAMES = sorted(BUILT_IN)
 
 # ---------------------------------------------------------------- quadratic harness
 
@@ -112,8 +113,8 @@ def run_quadratic(
 
 
 def build_algorithm(name: str, server_optimizer: str = "sgd", **hyperparameters: Any) -> Algorithm:
-    config = ALGORITHM_CONFIGS[name](name=name, **hyperparameters)
-    return ALGORITHM_MODULES[name].from_config(config, make_server_optimizer(server_optimizer))
+    entry = ALGORITHMS[name]
+    return entry.from_config(entry.config_type(name=name, **hyperparameters), make_server_optimizer(server_optimizer))
 
 
 # ---------------------------------------------------------------- full runs
@@ -136,7 +137,7 @@ def without_wall_time(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{k: v for k, v in record.items() if k != "round_seconds"} for record in records]
 
 
-@pytest.mark.parametrize("name", ALGORITHMS)
+@pytest.mark.parametrize("name", BUILT_IN_NAMES)
 def test_same_seed_same_numbers_other_seed_other_numbers(name: str) -> None:
     first = driftlab.run(tiny_config(name))
     second = driftlab.run(tiny_config(name))
@@ -149,7 +150,7 @@ def test_same_seed_same_numbers_other_seed_other_numbers(name: str) -> None:
     assert first.records[-1]["train_loss"] != other.records[-1]["train_loss"]
 
 
-@pytest.mark.parametrize("name", ALGORITHMS)
+@pytest.mark.parametrize("name", BUILT_IN_NAMES)
 def test_resume_from_checkpoint_is_exact_including_client_state(name: str, tmp_path: Path) -> None:
     straight = driftlab.run(tiny_config(name, rounds=4), tmp_path / "straight")
     driftlab.run(tiny_config(name, rounds=2, checkpoint_every=1), tmp_path / "resumed")
@@ -176,68 +177,9 @@ def test_resume_from_checkpoint_is_exact_including_client_state(name: str, tmp_p
 # b_0 = (2, 0), b_1 = (0, 4), n_0 = 1, n_1 = 3, n̄ = 2, θ^0 = (0, 0), K = 2 steps of
 # η = 0.5, two rounds with both clients.  All numbers are dyadic, so float64 is exact.
 #
-# FedAvg (weighted, w = 1/4, 3/4).  Round 1: client 0: (0,0) → (1,0) → (1.5,0); client 1:
-#   (0,0) → (0,2) → (0,3); θ^1 = ¼(1.5,0) + ¾(0,3) = (0.375, 2.25).  Round 2: client 0:
-#   → (1.1875,1.125) → (1.59375,0.5625); client 1: → (0.1875,3.125) → (0.09375,3.5625);
-#   θ^2 = ¼(1.59375,0.5625) + ¾(0.09375,3.5625) = (0.46875, 2.8125).
-# FedProx (μ = 1, weighted).  Each local problem ½‖θ−b‖² + ½‖θ−θ^{t−1}‖² has curvature 2,
-#   so one step of η = 0.5 lands on its minimiser (b + θ^{t−1})/2 and the second stays.
-#   θ^1 = ¼(1,0) + ¾(0,2) = (0.25, 1.5); round 2: (1.125,0.75), (0.125,2.75);
-#   θ^2 = ¼(1.125,0.75) + ¾(0.125,2.75) = (0.375, 2.25).
-# SCAFFOLD (η_g = 1).  Round 1 as FedAvg: y_0 = (1.5,0), y_1 = (0,3); c_k⁺ = (θ^0 − y_k)/(Kη)
-#   = (−1.5,0), (0,−3); θ^1 = (0,0) + mean Δy = (0.75,1.5); c = ¼ Σ Δc = (−0.375,−0.75), ‖c‖ = 0.375√5.
-#   Round 2: client 0, c − c_0 = (1.125,−0.75): → (0.8125,1.125) → (0.84375,0.9375);
-#   c_0⁺ = c_0 − c + (θ^1 − y_0) = (−1.21875,1.3125), Δc_0 = (0.28125,1.3125).
-#   client 1, c − c_1 = (−0.375,2.25): → (0.5625,1.625) → (0.46875,1.6875);
-#   c_1⁺ = (0.65625,−2.4375), Δc_1 = (0.65625,0.5625).
-#   θ^2 = θ^1 + mean Δy = (0.75,1.5) + (−0.09375,−0.1875) = (0.65625, 1.3125);
-#   c = (−0.375,−0.75) + ¼(0.9375,1.875) = (−0.140625,−0.28125), ‖c‖ = 0.140625√5.
-# FedDyn (α = 0.75, by_size: α_0 = 0.75·2/1 = 1.5, α_1 = 0.75·2/3 = 0.5).  Round 1, λ = 0:
-#   client 0: → (1,0), then g = (−1,0) + 1.5(1,0) = (0.5,0) → (0.75,0); client 1: → (0,2),
-#   then g = (0,−2) + 0.5(0,2) = (0,−1) → (0,2.5).  λ_0 = (0.75,0), λ_1 = (0,2.5);
-#   θ^1 = mean θ_k + Σλ/4 = (0.375,1.25) + (0.1875,0.625) = (0.5625,1.875), drift ‖(0.1875,0.625)‖.
-#   Round 2: client 0, α_0λ_0 = (1.125,0): → (0.71875,0.9375) → (0.6796875,1.171875),
-#   λ_0 = (0.8671875,−0.703125); client 1, α_1λ_1 = (0,1.25): → (0.28125,2.3125)
-#   → (0.2109375,2.421875), λ_1 = (−0.3515625,3.046875).
-#   θ^2 = (0.4453125,1.796875) + ¼(0.515625,2.34375) = (0.57421875, 2.3828125).
-# AdaBest (μ = 1, β = 0.5, uniform).  Round 1 as FedAvg's clients: θ_0 = (1.5,0), θ_1 = (0,3);
-#   h_0 = μ(θ^0 − θ_0) = (−1.5,0), h_1 = (0,−3); θ̄^1 = (0.75,1.5); h^1 = β(θ̄^0 − θ̄^1) =
-#   (−0.375,−0.75); θ^1 = θ̄^1 − h^1 = (1.125,2.25).  Round 2: client 0, −h_0 = (1.5,0):
-#   → (0.8125,1.125) → (0.65625,0.5625); client 1, −h_1 = (0,3): → (0.5625,1.625)
-#   → (0.28125,1.3125).  θ̄^2 = (0.46875,0.9375); h^2 = 0.5(0.28125,0.5625) = (0.140625,0.28125);
-#   θ^2 = (0.328125, 0.65625); h_0 = (−1.5,0) + (0.46875,1.6875) = (−1.03125,1.6875),
-#   h_1 = (0,−3) + (0.84375,0.9375) = (0.84375,−2.0625).
-# EFL (λ = 0.5, weighted, no compression; the diagonal Fisher is handed in, fixed: u_0 = (1,1),
-#   u_1 = (1,0.5)).  Round 1, U = V = 0: FedAvg's clients and average, θ^1 = (0.375, 2.25);
-#   v_0 = u_0⊙θ_0 = (1.5,0), v_1 = (0,1.5); U = (2,1.5), V = (1.5,1.5), ‖U‖ = 2.5.
-#   Round 2: λU = (1,0.75), V/U = (0.75,1).  client 0: g = (−1.625,2.25) + (−0.375,0.9375) → (1.375,0.65625),
-#   g = (−0.625,0.65625) + (0.625,−0.2578125) → (1.375,0.45703125); client 1: g = (0.375,−1.75) + (−0.375,0.9375)
-#   → (0.375,2.65625), g = (0.375,−1.34375) + (−0.375,1.2421875) → (0.375,2.70703125);
-#   θ^2 = ¼(1.375,0.45703125) + ¾(0.375,2.70703125) = (0.625, 2.14453125); U unchanged.
-
-SQRT5 = math.sqrt(5)
-HAND_CASES: dict[str, dict[str, Any]] = {
-    "fedavg": {"config": {}, "params": [(0.375, 2.25), (0.46875, 2.8125)], "drift": None},
-    "fedprox": {"config": {"mu": 1.0}, "params": [(0.25, 1.5), (0.375, 2.25)], "drift": None},
-    "scaffold": {"config": {}, "params": [(0.75, 1.5), (0.65625, 1.3125)], "drift": [0.375 * SQRT5, 0.140625 * SQRT5]},
-    "feddyn": {
-        "config": {"alpha": 0.75},
-        "params": [(0.5625, 1.875), (0.57421875, 2.3828125)],
-        "drift": [math.hypot(0.1875, 0.625), math.hypot(0.12890625, 0.5859375)],
-    },
-    "adabest": {
-        "config": {"mu": 1.0, "beta": 0.5},
-        "params": [(1.125, 2.25), (0.328125, 0.65625)],
-        "drift": [0.375 * SQRT5, 0.140625 * SQRT5],
-    },
-    "efl": {
-        "config": {"elastic": 0.5},
-        "fisher": [(1.0, 1.0), (1.0, 0.5)],
-        "params": [(0.375, 2.25), (0.625, 2.14453125)],
-        "drift": None,
-        "metrics": [{"fisher_sum_norm": 2.5}, {"fisher_sum_norm": 2.5}],
-    },
-}
+# Each algorithm's test module holds its case, computed by hand for this setup, as ``HAND_CASE``:
+# {"config": hyperparameters, "params": θ^1 and θ^2, "drift": drift_norm of rounds 1 and 2 or None,
+#  optionally "fisher" (a fixed diagonal Fisher per client) and "metrics" (other metrics of rounds 1 and 2)}.
 
 
 @dataclass(frozen=True)
@@ -272,13 +214,19 @@ def hand_round(
     return server, new_states, metrics
 
 
-def test_every_algorithm_has_a_hand_case() -> None:
-    assert sorted(HAND_CASES) == ALGORITHMS
+def hand_case(name: str) -> dict[str, Any]:
+    """The ``HAND_CASE`` of the algorithm's test module (``driftlab/algorithms/fedavg_test.py`` for fedavg)."""
+    return importlib.import_module(f"{ALGORITHMS[name].module}_test").HAND_CASE
 
 
-@pytest.mark.parametrize("name", ALGORITHMS)
+@pytest.mark.parametrize("name", BUILT_IN_NAMES)
+def test_every_algorithm_has_a_hand_case(name: str) -> None:
+    assert {"config", "params", "drift"} <= set(hand_case(name))
+
+
+@pytest.mark.parametrize("name", BUILT_IN_NAMES)
 def test_two_client_rounds_match_hand_computation(name: str) -> None:
-    case = HAND_CASES[name]
+    case = hand_case(name)
     algorithm = build_algorithm(name, **case["config"])
     initial = torch.zeros(2, dtype=torch.float64)
     server = algorithm.server_init(initial)
@@ -314,15 +262,7 @@ def test_fedavg_with_several_local_steps_converges_to_a_surrogate_not_the_minimi
     assert torch.allclose(one_step.server.params, problem.minimiser(), rtol=0, atol=1e-10)
 
 
-# What each algorithm does with partial work (stragglers) and dropouts, as its docstring says.
-KEEPS_PARTIAL_WORK = {"fedavg": False, "fedprox": True, "scaffold": True, "feddyn": True, "adabest": True, "efl": True}
-
-
-def test_every_algorithm_states_its_partial_work_rule() -> None:
-    assert set(KEEPS_PARTIAL_WORK) == set(ALGORITHMS)
-
-
-@pytest.mark.parametrize("name", ALGORITHMS)
+@pytest.mark.parametrize("name", BUILT_IN_NAMES)
 def test_partial_work_and_dropouts(name: str) -> None:
     overrides = [
         f"algorithm.name={name}",
@@ -338,7 +278,8 @@ def test_partial_work_and_dropouts(name: str) -> None:
     assert sum(r["num_incomplete"] for r in result.records) > 0 and sum(r["num_inactive"] for r in result.records) > 0
     for record in result.records:
         active = record["num_selected"] - record["num_inactive"]  # dropouts never report
-        expected = active if KEEPS_PARTIAL_WORK[name] else active - record["num_incomplete"]
+        # what the algorithm does with partial work (stragglers), as its registry entry and docstring say
+        expected = active if ALGORITHMS[name].keeps_partial_work else active - record["num_incomplete"]
         assert record["num_reporting"] == expected
         assert record["upload_bits"] % (32 * result.num_parameters) == 0
         assert (record["upload_bits"] == 0) == (record["num_reporting"] == 0)

@@ -18,6 +18,12 @@ of a config is reported in one message (the first 20, then how many more).
 ``describe_keys()`` lists every key with its meaning and default
 (``driftlab config``).
 
+An algorithm of your own is imported before validation from the modules a
+config names under ``plugins`` (module names, or paths of .py files relative to
+the config file) and from the entry-point group ``driftlab.algorithms``
+(``driftlab.algorithms.registry``); its ``[algorithm]`` section is then
+validated by its registered config type like a built-in's.
+
 A config file may build on a preset or on another file::
 
     base = "synthetic-fedavg"      # a preset, or a file relative to this file's folder
@@ -47,11 +53,13 @@ import math
 import tomllib
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
-from driftlab.algorithms import ALGORITHM_CONFIGS
+from driftlab.algorithms import registry
+from driftlab.errors import ConfigError
 from driftlab.experiments.datasets import DATA_SETS
 from driftlab.models import MODEL_NAMES
 from driftlab.optim.schedules import ExponentialSchedule, InverseTimeSchedule
@@ -68,10 +76,6 @@ MAX_LISTED_PROBLEMS = 20  # an error message lists this many problems, then says
 MAX_RATE = 1e6
 MAX_BATCH_SIZE = 1_000_000  # more than any client of any data set holds (MNIST on one client: 60,000)
 MAX_WIDTH = 65_536  # hidden widths, embeddings, channels: the model's memory is checked separately
-
-
-class ConfigError(ValueError):
-    """A configuration the run cannot start with; the message says which key and what is allowed."""
 
 
 def _rate(value: Any) -> float | ExponentialSchedule | InverseTimeSchedule:
@@ -362,7 +366,39 @@ class EvaluationConfig(_Section):
         return factor
 
 
-AlgorithmConfig = Annotated[Union[tuple(ALGORITHM_CONFIGS.values())], Field(discriminator="name")]
+DEFAULT_ALGORITHM = "fedavg"
+
+
+def _algorithm_section(value: Any) -> BaseModel:
+    """The ``[algorithm]`` table validated by the config type of the algorithm it names, looked up in the
+    registry now (not at import), so an algorithm a plugin registered validates like a built-in."""
+    if isinstance(value, BaseModel):
+        value = value.model_dump(mode="python")
+    if not isinstance(value, dict):
+        raise PydanticCustomError(
+            "algorithm_table", "expected a table such as [algorithm] name = \"fedavg\", got {value}", {"value": _short(value)}
+        )
+    name = value.get("name", DEFAULT_ALGORITHM)
+    entry = registry.lookup(name) if isinstance(name, str) else None
+    if entry is None:
+        raise PydanticCustomError("unknown_algorithm", "{message}", {"message": unknown_algorithm_message(name)})
+    return entry.config_type.model_validate({**value, "name": name})
+
+
+def unknown_algorithm_message(name: Any) -> str:
+    """What to say about an ``algorithm.name`` no registered algorithm has, and how to make it one."""
+    message = (
+        f"unknown algorithm {_short(name)}; valid algorithms: {', '.join(registry.names())}. "
+        "An algorithm of your own is imported by naming its module at the top of the config: "
+        'plugins = ["my_algorithm.py"] (docs/design.md, "Writing a plugin")'
+    )
+    problems = registry.load_entry_points()
+    if problems:
+        message += "; installed plugins that failed to load: " + "; ".join(problems)
+    return message
+
+
+AlgorithmConfig = Annotated[Any, BeforeValidator(_algorithm_section)]
 
 
 class ExperimentConfig(_Section):
@@ -387,7 +423,13 @@ class ExperimentConfig(_Section):
     checkpoint_every: int = Field(10, ge=1, description="write a checkpoint every N rounds (and at the end or on interruption)")
     data: DataConfig = DataConfig()
     model: ModelConfig = ModelConfig()
-    algorithm: AlgorithmConfig = Field(default_factory=lambda: next(iter(ALGORITHM_CONFIGS.values()))())
+    plugins: tuple[Annotated[str, Field(min_length=1)], ...] = Field(
+        (),
+        description='modules imported before the config is validated, to register algorithms of your own: module names, or paths of '
+        '.py files relative to this config file (or the working directory), e.g. ["my_algorithm.py"]; config.json records them, '
+        "so sweeps, resume and report import them too (docs/design.md, Writing a plugin)",
+    )
+    algorithm: AlgorithmConfig = Field(default_factory=lambda: registry.ALGORITHMS[DEFAULT_ALGORITHM].config_type())
     client: ClientConfig = ClientConfig()
     server: ServerConfig = ServerConfig()
     sampling: SamplingConfig = SamplingConfig()
@@ -418,7 +460,10 @@ class ExperimentConfig(_Section):
         return self
 
     def to_dict(self) -> dict[str, Any]:
-        return _plain(self.model_dump(mode="python"))
+        table = _plain(self.model_dump(mode="python"))
+        if not table.get("plugins"):
+            table.pop("plugins", None)  # a config of built-ins reads (and hashes) as it did before plugins existed
+        return table
 
     @field_validator("memory_budget")
     @classmethod
@@ -430,9 +475,10 @@ class ExperimentConfig(_Section):
         return budget
 
     def fingerprint(
-        self, ignore: tuple[str, ...] = ("rounds", "checkpoint_every", "device", "log", "state", "memory_budget")
+        self, ignore: tuple[str, ...] = ("rounds", "checkpoint_every", "device", "log", "state", "memory_budget", "plugins")
     ) -> str:
-        """A hash of everything that determines the numbers a run produces (not its length, where it runs or where it is logged)."""
+        """A hash of everything that determines the numbers a run produces (not its length, where it runs or where it is logged,
+        nor where its plugins' files are: the algorithm's name and hyperparameters are in the hash)."""
         content = {k: v for k, v in self.to_dict().items() if k not in ignore}
         return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -512,6 +558,11 @@ def _read_one(source: str | Path) -> tuple[dict[str, Any], str, str, Path | None
         except RecursionError:
             raise ConfigError(f"{origin} is nested too deeply to be a config (a config nests at most {MAX_NESTING} levels)") from None
     check_plain_values(table, origin)
+    plugins = table.get("plugins")
+    if folder is not None and isinstance(plugins, (str, list)):
+        # relative to this file, wherever the config is loaded from (a plain string is one plugin)
+        plugins = [plugins] if isinstance(plugins, str) else plugins
+        table["plugins"] = [registry.resolve_plugin(p, folder) if isinstance(p, str) and p else p for p in plugins]
     return table, origin, identity, folder
 
 
@@ -581,7 +632,7 @@ def merge_tables(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
 def _replaces_whole(key: str, below: dict[str, Any], value: dict[str, Any]) -> bool:
     if "kind" in value or "kind" in below:
         return True
-    return key == "algorithm" and value.get("name") not in (None, below.get("name", next(iter(ALGORITHM_CONFIGS))))
+    return key == "algorithm" and value.get("name") not in (None, below.get("name", DEFAULT_ALGORITHM))
 
 
 def parse_override(assignment: str) -> tuple[list[str], Any]:
@@ -633,11 +684,16 @@ def load_config(source: str | Path | dict[str, Any] | None = None, overrides: li
 
 
 def validate_config(table: dict[str, Any]) -> ExperimentConfig:
-    """The validated config, or one ``ConfigError`` listing every problem found (the first ``MAX_LISTED_PROBLEMS``)."""
+    """The validated config, or one ``ConfigError`` listing every problem found (the first ``MAX_LISTED_PROBLEMS``).
+
+    The config's ``plugins`` are imported first (a ConfigError naming the one that fails), so
+    the algorithms they register validate like the built-ins; paths are recorded absolute.
+    """
+    table = with_plugins_loaded(table)
     algorithm = table.get("algorithm")
     if isinstance(algorithm, dict) and "name" not in algorithm:
         # an [algorithm] section without `name` configures the default algorithm
-        table = {**table, "algorithm": {"name": next(iter(ALGORITHM_CONFIGS)), **algorithm}}
+        table = {**table, "algorithm": {"name": DEFAULT_ALGORITHM, **algorithm}}
     problems = _non_finite_numbers(table)
     config = None
     try:
@@ -647,10 +703,44 @@ def validate_config(table: dict[str, Any]) -> ExperimentConfig:
         # a non-finite schedule parameter also fails its schedule: report it once, at the parameter
         problems += [(key, message) for key, message in validation_problems(error, table) if not any(f == key or f.startswith(f"{key}.") for f in flagged)]
     if config is not None and not problems:
-        problems = _booleans_taken_as_numbers(table, config)
+        problems = _booleans_taken_as_numbers(table, config) + _server_step_conflicts(config)
     if problems:
         raise ConfigError(format_problems(problems))
     return config
+
+
+def with_plugins_loaded(table: Any) -> Any:
+    """``table`` with its ``plugins`` imported and their paths made absolute (relative ones are
+    taken from the working directory; a config file's own are resolved against its folder on reading).
+
+    A ``plugins`` value that is not a list of strings (or a table that is not one) is left for validation to report.
+    """
+    plugins = table.get("plugins") if isinstance(table, dict) else None
+    if isinstance(plugins, str) and plugins:
+        plugins = [plugins]  # `plugins=my_algorithm.py` on the command line: one plugin
+    if not isinstance(plugins, (list, tuple)) or not all(isinstance(p, str) and p for p in plugins):
+        return table
+    resolved = [registry.resolve_plugin(plugin) for plugin in plugins]
+    registry.load_plugins(resolved)
+    return {**table, "plugins": resolved}
+
+
+def config_from_record(table: dict[str, Any]) -> ExperimentConfig:
+    """A resolved config as a run recorded it (config.json, a sweep run's table): its plugins imported, then validated.
+
+    Raises pydantic's ValidationError for a table that is not a config, and ConfigError for a plugin that cannot be imported.
+    """
+    return ExperimentConfig.model_validate(with_plugins_loaded(table))
+
+
+def _server_step_conflicts(config: ExperimentConfig) -> list[tuple[str, str]]:
+    entry = registry.ALGORITHMS[config.algorithm.name]
+    if entry.owns_server_step and config.server.optimizer != "sgd":
+        return [(
+            "server.optimizer",
+            f"{entry.name} has its own server step and does not use a server optimizer; use sgd (got {config.server.optimizer!r})",
+        )]
+    return []
 
 
 def _non_finite_numbers(table: dict[str, Any]) -> list[tuple[str, str]]:
@@ -702,20 +792,12 @@ def validation_problems(error: ValidationError, table: dict[str, Any]) -> list[t
     problems = []
     for item in error.errors(include_url=False):
         loc = [str(part) for part in item["loc"] if not isinstance(part, int)]
-        # drop the discriminator tag pydantic inserts for tagged unions (algorithm.<name>.key)
-        if len(loc) >= 2 and loc[0] == "algorithm" and loc[1] in ALGORITHM_CONFIGS:
-            loc = [loc[0], *loc[2:]]
         key = ".".join(loc) or "(top level)"
         message = item["msg"].removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
             valid = ", ".join(_valid_keys(loc[:-1], table))
             message = f"unknown key; valid keys here: {valid}"
-        elif item["type"] == "union_tag_invalid":
-            tag = (item.get("ctx") or {}).get("tag", item["input"])
-            message = f"unknown algorithm {_short(tag)}; valid algorithms: {', '.join(ALGORITHM_CONFIGS)}"
-        elif item["type"] == "union_tag_not_found":
-            message = f"missing `name`; valid algorithms: {', '.join(ALGORITHM_CONFIGS)}"
-        elif "input" in item and item["type"] not in ("missing",) and "got " not in message:
+        elif "input" in item and item["type"] not in ("missing", "unknown_algorithm", "algorithm_table") and "got " not in message:
             message = f"{message} (got {_short(item['input'])})"
         problems.append((key, message))
     return problems
@@ -725,8 +807,9 @@ def _section_model(path: list[str], table: dict[str, Any]) -> type[BaseModel] | 
     model: type[BaseModel] = ExperimentConfig
     for part in path:
         if part == "algorithm" and model is ExperimentConfig:
-            name = (table.get("algorithm") or {}).get("name", next(iter(ALGORITHM_CONFIGS)))
-            model = ALGORITHM_CONFIGS.get(name, next(iter(ALGORITHM_CONFIGS.values())))
+            name = (table.get("algorithm") or {}).get("name", DEFAULT_ALGORITHM)
+            entry = registry.ALGORITHMS.get(name) if isinstance(name, str) else None
+            model = (entry or registry.ALGORITHMS[DEFAULT_ALGORITHM]).config_type
             continue
         annotation = model.model_fields[part].annotation if part in model.model_fields else None
         if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
@@ -755,7 +838,7 @@ def describe_keys() -> str:
                 continue
             default = info.get_default(call_default_factory=True)
             default_text = json.dumps(_plain(default)) if default is not None else "none"
-            description = info.description or ("which algorithm; one of " + ", ".join(ALGORITHM_CONFIGS) if prefix == "algorithm." and name == "name" else "")
+            description = info.description or ("which algorithm; one of " + ", ".join(registry.names()) if prefix == "algorithm." and name == "name" else "")
             lines.append(f"  {prefix}{name} = {default_text}\n      {description}")
         for name, sub in nested:
             lines.append(f"[{name}]")
@@ -763,9 +846,11 @@ def describe_keys() -> str:
 
     lines.append("[top level]")
     section("", ExperimentConfig)
-    for name, model in ALGORITHM_CONFIGS.items():
-        lines.append(f"[algorithm] when algorithm.name = {name!r}")
-        section("algorithm.", model)
+    for name in registry.names():
+        entry = registry.ALGORITHMS[name]
+        origin = "" if name in registry.BUILT_IN else f" (plugin {registry.plugin_source(entry) or entry.module})"
+        lines.append(f"[algorithm] when algorithm.name = {name!r}{origin}")
+        section("algorithm.", entry.config_type)
     lines.append(
         'Rates (client.lr, server.lr) and client.steps take a number or a schedule table: '
         '{kind="exponential", initial=0.1, decay=0.99} or {kind="inverse_time", a=1.0, b=10}.'

@@ -8,7 +8,7 @@ import pytest
 from pydantic import BaseModel
 
 import driftlab
-from driftlab.algorithms import ALGORITHM_CONFIGS
+from driftlab.algorithms import ALGORITHMS
 from driftlab.experiments.config import (
     ConfigError,
     ExperimentConfig,
@@ -74,7 +74,7 @@ def test_participation_must_be_in_zero_one():
 def test_unknown_algorithm_lists_the_algorithms():
     message = _error("algorithm.name=fedfoo")
     assert "unknown algorithm 'fedfoo'" in message
-    for name in ALGORITHM_CONFIGS:
+    for name in ALGORITHMS:
         assert name in message
 
 
@@ -239,8 +239,8 @@ def _leaf_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
 def test_describe_keys_lists_every_key_with_its_default():
     text = describe_keys()
     keys = _leaf_keys(ExperimentConfig)
-    for algorithm in ALGORITHM_CONFIGS.values():
-        keys += _leaf_keys(algorithm, "algorithm.")
+    for entry in ALGORITHMS.values():
+        keys += _leaf_keys(entry.config_type, "algorithm.")
     assert len(keys) > 30
     for key in keys:
         assert f"  {key} = " in text, key

@@ -52,16 +52,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from driftlab.experiments.config import ConfigError
+from driftlab.algorithms import registry
+from driftlab.experiments.config import ConfigError, with_plugins_loaded
 from driftlab.experiments.runner import CONFIG_FILE, METRICS_FILE, RUN_INFO_FILE
-from driftlab.experiments.sweep import ALGORITHM_LABELS, SWEEP_FILE, slug
+from driftlab.experiments.sweep import SWEEP_FILE, slug
 from driftlab.metrics.summary import cumulative_bits_through, first_round_reaching, model_equivalents_through
 
 # FedAvg with another server optimizer is a method of its own in the literature (Reddi et al. 2020, FedOpt).
 SERVER_OPTIMIZER_LABELS = {"momentum": "FedAvgM", "adam": "FedAdam", "adagrad": "FedAdagrad", "yogi": "FedYogi"}
 # Config keys that do not change what a run computes, or only how long it runs: runs differing only
 # in these (and the seed) are seeds of one method.
-IGNORED_KEYS = ("seed", "rounds", "device", "checkpoint_every", "backend", "evaluation.target_accuracy", "log")
+IGNORED_KEYS = ("seed", "rounds", "device", "checkpoint_every", "backend", "evaluation.target_accuracy", "log", "plugins")
 # Sections that define the problem rather than the method. The model is included: the same
 # algorithm on another network is another setting, not another row of the same table.
 SETTING_SECTIONS = ("data", "model", "sampling", "availability")
@@ -316,6 +317,10 @@ def read_run(path: Path) -> RunData:
     algorithm = config.get("algorithm") if isinstance(config, dict) else None
     if not isinstance(algorithm, dict) or "name" not in algorithm:
         raise ConfigError(f"{path / CONFIG_FILE} has no algorithm.name; is this a driftlab run directory?")
+    try:
+        with_plugins_loaded(config)  # the plugins the run used: their algorithms are labelled as their registry entries say
+    except ConfigError as error:
+        raise ConfigError(f"{path / CONFIG_FILE}: {error}") from None
     records, torn = read_metrics(path / METRICS_FILE)
     info_path = path / RUN_INFO_FILE
     info = read_json_file(info_path) if info_path.exists() else None
@@ -406,7 +411,7 @@ def algorithm_label(flat: dict[str, Any]) -> str:
     optimizer = flat.get("server.optimizer", "sgd")
     if name == "fedavg" and optimizer in SERVER_OPTIMIZER_LABELS:
         return SERVER_OPTIMIZER_LABELS[optimizer]
-    label = ALGORITHM_LABELS.get(name, name)
+    label = registry.label(name)
     return label if optimizer == "sgd" else f"{label} + server {optimizer}"
 
 
@@ -515,7 +520,7 @@ def cut_to_shortest(runs: Sequence[RunData]) -> int | None:
 def _method_order(run: RunData) -> tuple:
     """Papers' order: FedAvg (and its server-optimizer variants), FedProx, SCAFFOLD, FedDyn, AdaBest, EFL."""
     flat = flatten_config(run.config)
-    names = list(ALGORITHM_LABELS)
+    names = list(registry.ALGORITHMS)
     name = flat.get("algorithm.name")
     return (names.index(name) if name in names else len(names), flat.get("server.optimizer", "sgd") != "sgd", run.method)
 

@@ -49,15 +49,15 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Union
+from typing import Any, Callable, Iterator, Sequence, Union
 
 import torch
 from torch import nn
 from safetensors.torch import save_file
 
-from driftlab.algorithms import ALGORITHM_MODULES
+from driftlab.algorithms import registry
 from driftlab.compress import with_compression
-from driftlab.experiments.config import ConfigError, ExperimentConfig, load_config
+from driftlab.experiments.config import ConfigError, ExperimentConfig, config_from_record, load_config, read_config_source
 from driftlab.experiments.compatibility import check_sizes, checked_model
 from driftlab.experiments.datasets import DataSetupError, build_dataset, vocabulary_size
 from driftlab.experiments.trackers import check_trackers_installed, open_trackers
@@ -190,11 +190,11 @@ def _build_model(config: ExperimentConfig, data: Any, model: ModelSource) -> Fla
 def _build_algorithm(config: ExperimentConfig, flat_model: FlatModel) -> Algorithm:
     """The configured algorithm with its server optimizer, compressed when ``compression.ratio`` < 1."""
     server_optimizer = make_server_optimizer(config.server.optimizer, **config.server.optimizer_hyperparameters())
-    algorithm_module = ALGORITHM_MODULES[config.algorithm.name]
-    algorithm = algorithm_module.from_config(config.algorithm, server_optimizer)
+    entry = registry.ALGORITHMS[config.algorithm.name]
+    algorithm = entry.from_config(config.algorithm, server_optimizer)
     ratio = config.compression.ratio
     if ratio is None:
-        ratio = getattr(algorithm_module, "DEFAULT_COMPRESSION_RATIO", 1.0)
+        ratio = entry.default_compression_ratio
     return with_compression(algorithm, ratio, flat_model.numels) if ratio < 1 else algorithm
 
 
@@ -292,8 +292,17 @@ def run(
     model: ModelSource = None,
     progress_label: str | None = None,
     run_info: dict[str, Any] | None = None,
+    algorithm: registry.AlgorithmEntry | None = None,
 ) -> RunResult:
     """Run an experiment; write to ``out_dir`` when given (required for ``resume``).
+
+    ``algorithm`` runs an algorithm of your own, given as its registry entry
+    (``driftlab.algorithms.AlgorithmEntry``): it is registered, ``algorithm.name``
+    becomes its name (the config's ``[algorithm]`` keys are kept when the config
+    names it already, dropped when it names another algorithm) and the config's
+    ``plugins`` gain its module, so config.json lets resume, sweeps and reports
+    in other processes import it.  An entry defined in a script (``__main__``)
+    is not importable elsewhere: put it in a module to resume or report such runs.
 
     ``model`` trains your own ``torch.nn.Module`` instead of ``config.model``
     (a module, or a factory ``(input_shape, num_classes) -> module``); resume
@@ -312,6 +321,8 @@ def run(
         >>> [r["round"] for r in result.records]
         [1, 2]
     """
+    if algorithm is not None:
+        config, overrides = _with_algorithm(config, overrides, algorithm)
     if not isinstance(config, ExperimentConfig):
         config = load_config(config, overrides)
     elif overrides:
@@ -330,6 +341,33 @@ def run(
         return _run_in(out, config, resume, progress, model, progress_label, run_info or {})
     finally:
         lock.close()
+
+
+def _with_algorithm(
+    config: ExperimentConfig | dict[str, Any] | str | Path | None, overrides: Sequence[str], entry: registry.AlgorithmEntry
+) -> tuple[dict[str, Any], list[str]]:
+    """The config table and overrides of ``run(config, overrides=..., algorithm=entry)``, ``entry`` registered."""
+    if not isinstance(entry, registry.AlgorithmEntry):
+        raise ConfigError(
+            f"algorithm= takes a driftlab.algorithms.AlgorithmEntry (name, config type, from_config, label), got {type(entry).__name__}"
+        )
+    try:
+        registry.register(entry)
+    except ValueError as error:
+        raise ConfigError(f"algorithm=: {error}") from None
+    if isinstance(config, ExperimentConfig):
+        table = config.to_dict()
+    elif isinstance(config, dict):
+        table = dict(config)
+    elif config is None:
+        table = {}
+    else:
+        table = read_config_source(config)
+    source = registry.plugin_source(entry)
+    plugins = table.get("plugins") or []
+    if source is not None and isinstance(plugins, list) and source not in plugins:
+        table["plugins"] = [*plugins, source]
+    return table, [f"algorithm.name={entry.name}", *overrides]
 
 
 def _run_in(
@@ -672,7 +710,9 @@ def _read_run_config(path: Path) -> tuple[ExperimentConfig, bool]:
         if path.stat().st_size > _MAX_CONFIG_BYTES:
             raise ValueError(f"{path.stat().st_size} bytes, far more than a configuration")
         raw = json.loads(path.read_bytes().decode("utf-8"))
-        stored = ExperimentConfig.model_validate(raw)
+        stored = config_from_record(raw)
+    except ConfigError:
+        raise  # a plugin it records cannot be imported: the message says which and how to fix it
     except (OSError, ValueError, TypeError, RecursionError) as error:
         reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
         raise ConfigError(

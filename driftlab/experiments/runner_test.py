@@ -12,7 +12,6 @@ import struct
 import subprocess
 import sys
 import time
-import types
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +21,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 import driftlab
-from driftlab.algorithms import ALGORITHM_MODULES, fedavg
+from driftlab.algorithms import ALGORITHMS, fedavg
 from driftlab.data.federated import DataFileError
 from driftlab.experiments import runner
 from driftlab.experiments.config import ConfigError
@@ -260,7 +259,7 @@ class _Drift:
     h: torch.Tensor
 
 
-def _stateful_module():
+def _stateful_entry():
     def from_config(config, server_optimizer):
         base = fedavg.build(server_optimizer)
 
@@ -275,11 +274,11 @@ def _stateful_module():
             base, client_state_init=lambda theta: _Drift(torch.zeros_like(theta)), client_objective=client_objective, client_finish=client_finish
         )
 
-    return types.SimpleNamespace(from_config=from_config, Config=fedavg.Config)
+    return dataclasses.replace(ALGORITHMS["fedavg"], from_config=from_config)
 
 
 def test_interrupt_inside_a_round_of_a_stateful_algorithm_resumes_exactly(tmp_path, monkeypatch):
-    monkeypatch.setitem(ALGORITHM_MODULES, "fedavg", _stateful_module())
+    monkeypatch.setitem(ALGORITHMS, "fedavg", _stateful_entry())
     overrides = [*TINY, "checkpoint_every=100", "sampling.participation=1.0"]
     reference = tmp_path / "reference"
     driftlab.run(None, reference, overrides=overrides)
@@ -307,7 +306,7 @@ def test_interrupt_inside_a_round_of_a_stateful_algorithm_resumes_exactly(tmp_pa
 
 def test_stateful_toy_algorithm_resumes_exactly_between_rounds(tmp_path, monkeypatch):
     """Control for the test above: the same algorithm resumes exactly from a kill between rounds."""
-    monkeypatch.setitem(ALGORITHM_MODULES, "fedavg", _stateful_module())
+    monkeypatch.setitem(ALGORITHMS, "fedavg", _stateful_entry())
     overrides = [*TINY, "sampling.participation=1.0"]
     reference = tmp_path / "reference"
     driftlab.run(None, reference, overrides=overrides)

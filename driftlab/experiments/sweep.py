@@ -4,6 +4,7 @@ A sweep file (TOML; shipped ones are listed by ``driftlab presets``)::
 
     description = "FedProx Figure 1: mu = 0 vs mu = 1 on synthetic data"
     base = "synthetic-fedprox"          # a preset, or a config file relative to this file
+    plugins = ["my_algorithm.py"]       # optional: modules every run imports (paths relative to this file)
     overrides = ["rounds=100"]          # applied to every run: the scaled setting
     seeds = [0, 1]
     targets = [0.7]                     # target accuracies for the report
@@ -74,7 +75,16 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Literal, Sequence
 
-from driftlab.experiments.config import MAX_CONFIG_BYTES, ConfigError, ExperimentConfig, load_config, parse_override, read_config_source
+from driftlab.algorithms import registry
+from driftlab.experiments.config import (
+    MAX_CONFIG_BYTES,
+    ConfigError,
+    ExperimentConfig,
+    config_from_record,
+    load_config,
+    parse_override,
+    read_config_source,
+)
 
 if TYPE_CHECKING:
     from driftlab.executors import ExecutorOptions
@@ -89,9 +99,6 @@ RunStatus = Literal["pending", "running", "complete", "interrupted", "diverged",
 
 # Keys that change how a method computes (rows of a comparison) rather than the problem it solves.
 METHOD_SECTIONS = ("algorithm", "client", "server", "compression")
-
-ALGORITHM_LABELS = {"fedavg": "FedAvg", "fedprox": "FedProx", "scaffold": "SCAFFOLD", "feddyn": "FedDyn", "adabest": "AdaBest", "efl": "EFL"}
-
 
 @dataclass(frozen=True)
 class AxisValue:
@@ -128,6 +135,7 @@ class SweepSpec:
     steps_reference: str | None = None
     axes: tuple[Axis, ...] = ()
     scales: dict[str, Scale] = field(default_factory=dict)
+    plugins: tuple[str, ...] = ()  # imported for every run, after the base config's own (absolute paths or module names)
 
 
 @dataclass(frozen=True)
@@ -189,7 +197,7 @@ def load_sweep(source: str | Path) -> SweepSpec:
     return sweep_from_table(table, origin, name, folder)
 
 
-_TOP_KEYS = {"description", "base", "overrides", "seeds", "targets", "steps_reference", "axes", "scales", "name"}
+_TOP_KEYS = {"description", "base", "plugins", "overrides", "seeds", "targets", "steps_reference", "axes", "scales", "name"}
 
 
 def sweep_from_table(table: dict[str, Any], origin: str, name: str, folder: Path | None = None) -> SweepSpec:
@@ -229,9 +237,13 @@ def sweep_from_table(table: dict[str, Any], origin: str, name: str, folder: Path
     reference = table.get("steps_reference")
     if reference is not None and reference not in {v.label for a in axes if a.role == "method" for v in a.values}:
         raise ConfigError(f"{origin}: steps_reference={reference!r} is not a method label of any axis with role = \"method\"")
+    plugins = tuple(registry.resolve_plugin(plugin, folder) for plugin in _list(table, "plugins", origin, str))
+    if not all(plugins):
+        raise ConfigError(f"{origin}: `plugins` lists module names or paths of .py files, not empty strings")
     return SweepSpec(
         name=str(table.get("name", name)),
         base=base,
+        plugins=plugins,
         description=str(table.get("description", "")),
         overrides=tuple(_list(table, "overrides", origin, str)),
         seeds=validate_seeds(table.get("seeds", [0]), origin),
@@ -450,6 +462,11 @@ def plan(spec: SweepSpec, scale: str | None = None, extra_overrides: Sequence[st
     chosen = spec.scales.get(scale, Scale()) if scale else Scale()
     seeds = chosen.seeds or spec.seeds
     base_table = read_config_source(spec.base)
+    if spec.plugins:
+        # every run's config records the sweep's plugins too, so its own interpreter imports them
+        base_plugins = base_table.get("plugins", [])
+        base_plugins = base_plugins if isinstance(base_plugins, list) else [base_plugins]  # validation names a bad value
+        base_table = {**base_table, "plugins": [*base_plugins, *(p for p in spec.plugins if p not in base_plugins)]}
     combos: list[list[tuple[Axis, AxisValue]]] = [[]]
     for axis in spec.axes:
         combos = [combo + [(axis, value)] for combo in combos for value in axis.values]
@@ -474,7 +491,7 @@ def plan(spec: SweepSpec, scale: str | None = None, extra_overrides: Sequence[st
             except ConfigError as error:
                 labels = " / ".join(value.label for _, value in combo) or "the base config"
                 raise ConfigError(f"sweep {spec.name}, run {labels} (seed {seed}): {error}") from None
-            method = ", ".join(method_parts) or ALGORITHM_LABELS.get(config.algorithm.name, config.algorithm.name)
+            method = ", ".join(method_parts) or registry.label(config.algorithm.name)
             parts = [_dir_part(setting_values)] if setting_values else []
             run_dir = "/".join(["runs", *parts, _dir_part(method_values) if method_values else slug(method), f"seed-{seed}"])
             if run_dir in seen_dirs:
@@ -500,6 +517,7 @@ def sweep_document(spec: SweepSpec, runs: Sequence[PlannedRun], scale: str | Non
         "command_overrides": list(extra_overrides),
         "rounds": sorted({r.config.rounds for r in runs}),
         "base": spec.base,
+        "plugins": list(spec.plugins),
         "scale": scale or "default",
         "overrides": [*spec.overrides, *chosen.overrides, *extra_overrides],
         "seeds": list(chosen.seeds or spec.seeds),
@@ -575,7 +593,8 @@ def _worker(run_dir: str, config_table: dict[str, Any], resume: bool, threads: i
     signal.signal(signal.SIGTERM, _stop_at_first_termination)
     out = Path(run_dir)
     try:
-        run(ExperimentConfig.model_validate(config_table), out, resume=resume, run_info=run_info)
+        # The plugins the config records are imported here: this is a fresh interpreter.
+        run(config_from_record(config_table), out, resume=resume, run_info=run_info)
     except FloatingPointError:
         sys.exit(EXIT_DIVERGED)  # run.json holds the message
     except KeyboardInterrupt:
@@ -824,7 +843,9 @@ def check_run_directory(run_dir: Path, config: ExperimentConfig) -> None:
     if not stored.exists():
         return
     try:
-        previous = ExperimentConfig.model_validate(json.loads(stored.read_text()))
+        previous = config_from_record(json.loads(stored.read_text()))
+    except ConfigError:
+        raise
     except (json.JSONDecodeError, ValueError) as error:
         raise ConfigError(f"{stored} is not a valid run configuration ({error}); delete {run_dir} to run it again") from None
     if previous.fingerprint() != config.fingerprint():

@@ -216,6 +216,15 @@ def make_client_stores(
     return clients, latest
 
 
+def _sum_in_order(values: dict[int, torch.Tensor]) -> torch.Tensor:
+    """The sum of ``values`` in key order, so the result never depends on the order clients finished in."""
+    positions = sorted(values)
+    total = values[positions[0]].clone()
+    for position in positions[1:]:
+        total += values[position]
+    return total
+
+
 def disk_stores(state: SimulationState) -> dict[str, DiskClientStore]:
     """The state's stores that keep their states in files, by the name a checkpoint refers to them with."""
     named = (("clients", state.clients), ("latest_models", state.latest_models))
@@ -283,7 +292,7 @@ def run_round(
     settings = LocalSettings(learning_rate, plan.weight_decay, plan.clip_norm)
     messages: list[Any] = [None] * len(tasks)
     steps_done = [0] * len(tasks)
-    reporting_sum: torch.Tensor | None = None
+    reporting_finals: dict[int, torch.Tensor] = {}  # by position: summed in sample order below, not in completion order
     keep_reporting_mean = evaluate_after and sim.evaluation.model == "reporting_mean"
     for position, final_params, done in sim.backend.train(sim.model, start_params, tasks, settings, sim.training_data):
         steps_done[position] = done
@@ -295,7 +304,7 @@ def run_round(
         if state.latest_models is not None:
             state.latest_models.put(tasks[position].client_id, final_params)
         if keep_reporting_mean and messages[position] is not None:
-            reporting_sum = final_params if reporting_sum is None else reporting_sum + final_params
+            reporting_finals[position] = final_params
 
     reporting = [(task, message) for task, message in zip(tasks, messages) if message is not None]
     round_context = RoundContext(round=t, num_registered=len(registered), num_selected=len(sample.client_ids), server_learning_rate=server_lr)
@@ -323,8 +332,8 @@ def run_round(
     }
     new_state = SimulationState(t, server, state.clients, state.latest_models)
     if evaluate_after:
-        if sim.evaluation.model == "reporting_mean" and reporting_sum is not None:
-            evaluated = reporting_sum / len(reporting)
+        if sim.evaluation.model == "reporting_mean" and reporting_finals:
+            evaluated = _sum_in_order(reporting_finals) / len(reporting)
         elif sim.evaluation.model == "all_clients_mean":
             evaluated = all_clients_mean(sim, new_state, registered)
         else:

@@ -324,3 +324,26 @@ def test_state_store_auto_goes_to_disk_beyond_the_memory_budget(tmp_path):
     _, large = build_simulation(driftlab.load_config(base | {"memory_budget": 100}), state_dir=tmp_path)
     assert isinstance(small.clients, InMemoryClientStore) and isinstance(large.clients, DiskClientStore)
     assert large.clients.directory == tmp_path / "clients"
+
+
+def test_the_reporting_mean_does_not_depend_on_the_order_clients_finish_in(monkeypatch):
+    import driftlab
+    from driftlab.experiments import runner as runner_module
+
+    class Reversed:
+        """Yields the inner backend's clients in reverse, as parallel chunks finishing out of order may."""
+
+        def __init__(self, inner) -> None:
+            self.inner, self.name = inner, inner.name
+
+        def train(self, *args):
+            yield from reversed([(p, t.clone(), d) for p, t, d in self.inner.train(*args)])
+
+    overrides = ["rounds=2", "data.num_clients=6", "sampling.participation=1.0", "model.hidden=[8]", "evaluation.model=reporting_mean"]
+    in_order = driftlab.run(None, overrides=overrides)
+    original = dict(runner_module.BACKENDS)
+    for name, factory in original.items():
+        monkeypatch.setitem(runner_module.BACKENDS, name, lambda _f=factory, **options: Reversed(_f(**options)))
+    reversed_order = driftlab.run(None, overrides=overrides)
+    assert [r["test_loss"] for r in reversed_order.records] == [r["test_loss"] for r in in_order.records]
+    assert torch.equal(reversed_order.final_params, in_order.final_params)

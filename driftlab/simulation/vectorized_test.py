@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 import driftlab
-from driftlab.algorithms import ALGORITHM_MODULES
+from driftlab.algorithms.registry import BUILT_IN
 from driftlab.models import build_model
 from driftlab.simulation.flat import FlatModel
 from driftlab.simulation.local_training import (
@@ -271,7 +271,7 @@ def _end_to_end(algorithm: str, backend: str, extra: tuple[str, ...] = ()):
     return driftlab.run(None, overrides=overrides)
 
 
-@pytest.mark.parametrize("algorithm", sorted(ALGORITHM_MODULES))
+@pytest.mark.parametrize("algorithm", sorted(BUILT_IN))
 def test_every_algorithm_ends_with_the_same_model_on_both_backends(algorithm):
     sequential = _end_to_end(algorithm, "sequential")
     vectorized = _end_to_end(algorithm, "vectorized")
@@ -279,7 +279,7 @@ def test_every_algorithm_ends_with_the_same_model_on_both_backends(algorithm):
     assert [r["local_steps"] for r in vectorized.records] == [r["local_steps"] for r in sequential.records]
 
 
-@pytest.mark.parametrize("algorithm", sorted(ALGORITHM_MODULES))
+@pytest.mark.parametrize("algorithm", sorted(BUILT_IN))
 def test_every_algorithm_agrees_with_clipping_weight_decay_and_stragglers(algorithm):
     extra = ("client.clip_norm=1.0", "client.weight_decay=0.001", "availability.incomplete_probability=0.5")
     sequential = _end_to_end(algorithm, "sequential", extra)

@@ -1,0 +1,110 @@
+"""FedAvg with Nesterov momentum on the server: an algorithm of your own, as a driftlab plugin.
+
+The clients do what FedAvg's do; the server treats the average client change
+as a gradient and takes a Nesterov momentum step on it (Reddi et al. 2020's
+FedOpt family, with the look-ahead form PyTorch's ``SGD(nesterov=True)`` uses):
+
+    client k:  θ_k = K steps of SGD on f_k from θ^{t−1}           (no correction)
+    server:    q^t = Σ_{k∈P} w_k (θ^{t−1} − θ_k)                  (pseudo-gradient, w_k = n_k / Σ_P n_j)
+               m^t = β m^{t−1} + q^t,                 m^0 = 0
+               θ^t = θ^{t−1} − η_g (q^t + β m^t)
+
+At β = 0 and η_g = 1 this is FedAvg (θ^t = θ̄).  Every reporting client is
+averaged, stragglers' partial work included; if no client reports, nothing changes.
+
+Nothing of driftlab is edited to run it: a config names this file under
+``plugins`` (a path relative to the config or sweep file), and importing it
+registers the algorithm with one call at the bottom::
+
+    plugins = ["nesterov_avg.py"]
+    [algorithm]
+    name = "nesterov_avg"
+    momentum = 0.9
+
+Example:
+    >>> import torch
+    >>> from driftlab.simulation.seam import RoundContext
+    >>> algorithm = build(momentum=0.5)
+    >>> server = algorithm.server_init(torch.zeros(1))
+    >>> server, _ = algorithm.server_update(server, [ClientMessage(torch.ones(1), 1, 1)], RoundContext(1, 1, 1, 1.0))
+    >>> server.params   # q = −1, m = −1, θ = 0 − (−1 − 0.5)
+    tensor([1.5000])
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal, Sequence
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from driftlab.algorithms import AlgorithmEntry, register
+from driftlab.algorithms.aggregation import aggregation_weights, weighted_sum
+from driftlab.simulation.seam import NO_CORRECTION, Algorithm, ClientContext, ClientUpdate, GradientCorrection, RoundContext
+
+
+class Config(BaseModel):
+    """``[algorithm]`` section (the server step is this module's own: keep ``server.optimizer = "sgd"``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: Literal["nesterov_avg"] = "nesterov_avg"
+    momentum: float = Field(0.9, ge=0, lt=1, description="β, the server's Nesterov momentum")
+    aggregation: Literal["weighted", "uniform"] = Field("weighted", description="w_k = n_k / Σ n_j (weighted) or 1/|P| (uniform)")
+
+
+@dataclass(frozen=True)
+class ServerState:
+    params: torch.Tensor  # θ^t
+    momentum: torch.Tensor  # m^t
+
+
+@dataclass(frozen=True)
+class ClientMessage:
+    params: torch.Tensor  # θ_k, one model up
+    num_samples: int
+    multiplicity: int
+
+
+def build(momentum: float = 0.9, aggregation: str = "weighted") -> Algorithm:
+    """FedAvg whose server takes a Nesterov momentum step of momentum ``momentum`` (β) on the pseudo-gradient."""
+    if not 0 <= momentum < 1:
+        raise ValueError(f"momentum must be in [0, 1), got {momentum}")
+    aggregation_weights([1], [1], aggregation)  # validates the name before any work
+
+    def server_init(initial_params: torch.Tensor) -> ServerState:
+        return ServerState(initial_params, torch.zeros_like(initial_params))
+
+    def client_objective(server: ServerState, client_state: None, context: ClientContext) -> GradientCorrection:
+        return NO_CORRECTION
+
+    def client_finish(server: ServerState, client_state: None, context: ClientContext, update: ClientUpdate) -> tuple[None, ClientMessage]:
+        return None, ClientMessage(update.final_params, context.num_samples, context.multiplicity)
+
+    def server_update(server: ServerState, messages: Sequence[ClientMessage], context: RoundContext) -> tuple[ServerState, dict[str, float]]:
+        if not messages:
+            return server, {}
+        weights = aggregation_weights([m.num_samples for m in messages], [m.multiplicity for m in messages], aggregation)
+        pseudo_gradient = server.params - weighted_sum([m.params for m in messages], weights)
+        new_momentum = momentum * server.momentum + pseudo_gradient
+        params = server.params - context.server_learning_rate * (pseudo_gradient + momentum * new_momentum)
+        return ServerState(params, new_momentum), {"momentum_norm": float(torch.linalg.vector_norm(new_momentum))}
+
+    def broadcast(server: ServerState) -> torch.Tensor:
+        return server.params
+
+    return Algorithm(
+        name="nesterov_avg",
+        server_init=server_init,
+        client_objective=client_objective,
+        client_finish=client_finish,
+        server_update=server_update,
+        broadcast=broadcast,
+    )
+
+
+def from_config(config: Config, server_optimizer: Any) -> Algorithm:  # noqa: ARG001 - the server step is this module's own
+    return build(momentum=config.momentum, aggregation=config.aggregation)
+
+
+register(AlgorithmEntry("nesterov_avg", Config, from_config, label="Nesterov FedAvg", owns_server_step=True))
