@@ -60,10 +60,10 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Sequence
 
 import torch
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from driftlab.algorithms.aggregation import aggregation_weights, weighted_sum
-from driftlab.optim.schedules import ExponentialSchedule, InverseTimeSchedule, value_at
+from driftlab.optim.schedules import ExponentialSchedule, InverseTimeSchedule, schedule_from_table, value_at
 from driftlab.simulation.seam import NO_CORRECTION, Algorithm, ClientContext, ClientUpdate, GradientCorrection, RoundContext
 
 BetaSchedule = float | ExponentialSchedule | InverseTimeSchedule
@@ -78,14 +78,7 @@ def beta_value(value: Any) -> BetaSchedule:
             raise ValueError("must be in [0, 1]")
         return float(value)
     if isinstance(value, dict):
-        kinds = {"exponential": ExponentialSchedule, "inverse_time": InverseTimeSchedule}
-        if value.get("kind") not in kinds:
-            raise ValueError(f"a schedule needs kind = one of {sorted(kinds)}, got {value.get('kind')!r}")
-        try:
-            value = kinds[value["kind"]](**value)
-        except ValidationError as error:
-            details = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
-            raise ValueError(f"invalid {value['kind']} schedule: {details}") from None
+        value = schedule_from_table(value)
     if isinstance(value, ExponentialSchedule):
         if value.initial > 1:  # decay ≤ 1, so round 1 is the largest value
             raise ValueError(f"an exponential β schedule must start in [0, 1]: need initial ≤ 1, got initial = {value.initial}")
@@ -163,8 +156,6 @@ def build(mu: float = 0.02, beta: BetaSchedule = 0.96, aggregation: str = "unifo
         return ClientState(drift, context.round), message
 
     def server_update(server: ServerState, messages: Sequence[ClientMessage], context: RoundContext) -> tuple[ServerState, dict[str, float]]:
-        if context.server_learning_rate != 1.0:
-            raise ValueError(f"adabest has its own server step; set server.lr = 1 (got {context.server_learning_rate})")
         weights = aggregation_weights([m.num_samples for m in messages], [m.multiplicity for m in messages], aggregation)
         client_average = weighted_sum([m.params for m in messages], weights)
         beta_t = value_at(beta, context.round)

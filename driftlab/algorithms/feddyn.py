@@ -32,7 +32,8 @@ Choices where the sheet is silent:
     accumulated drift ``mean_S λ_k``), so it is rejected rather than given a
     meaning.
   * The server step is FedDyn's own: ``server.optimizer`` must be ``sgd`` and
-    ``server.lr`` 1 (anything else is an error, not silently ignored).
+    ``server.lr`` 1 (config validation refuses anything else, through the
+    registry entry's ``owns_server_step``, rather than ignoring it).
   * Sampling with replacement: a client drawn twice counts twice in
     ``mean_P θ_k`` but updates its ``λ_k`` (and ``Σ λ``) once.
   * Clipping: this module clips ``∇loss + α_k λ_k`` and adds ``α_k (θ − θ^{t−1})``
@@ -130,8 +131,6 @@ def build(alpha: float = 0.01, balance: str = "by_size") -> Algorithm:
         return ClientState(dual), ClientMessage(update.final_params, context.multiplicity)
 
     def server_update(server: ServerState, messages: Sequence[ClientMessage], context: RoundContext) -> tuple[ServerState, dict[str, float]]:
-        if context.server_learning_rate != 1.0:
-            raise ValueError(f"feddyn has its own server step; set server.lr = 1 (got {context.server_learning_rate})")
         weights = aggregation_weights([1] * len(messages), [m.multiplicity for m in messages], "uniform")
         client_average = weighted_sum([m.params for m in messages], weights)
         dual_sum = server.dual_sum

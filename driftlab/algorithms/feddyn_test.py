@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import pytest
 import torch
@@ -10,7 +11,6 @@ from safetensors.torch import load_file
 import driftlab
 from driftlab.algorithms import feddyn
 from driftlab.algorithms.shared_test import TINY, build_algorithm, heterogeneous_quadratics, run_quadratic
-from driftlab.optim.server import make_server_optimizer
 from driftlab.simulation.seam import ClientContext, ClientUpdate, RoundContext
 
 F64 = torch.float64
@@ -123,10 +123,22 @@ def test_non_positive_alpha_is_rejected_with_the_key(alpha: float) -> None:
 def test_server_optimizers_are_refused() -> None:
     with pytest.raises(driftlab.ConfigError, match="server.optimizer: feddyn has its own server step"):
         driftlab.run({**TINY, "algorithm": {"name": "feddyn"}, "server": {"optimizer": "adam"}})
-    algorithm = feddyn.from_config(feddyn.Config(), make_server_optimizer("sgd"))
-    server = algorithm.server_init(torch.zeros(2))
-    with pytest.raises(ValueError, match="server.lr = 1"):
-        algorithm.server_update(server, [feddyn.ClientMessage(torch.ones(2), 1)], RoundContext(1, 2, 1, 0.5))
+
+
+@pytest.mark.parametrize("name", ["feddyn", "adabest"])
+@pytest.mark.parametrize(
+    "lr, shown",
+    [(0.5, "0.5"), ({"kind": "exponential", "initial": 1.0, "decay": 0.99}, "ExponentialSchedule"), ({"kind": "inverse_time", "a": 2.0, "b": 1}, "InverseTimeSchedule")],
+)
+def test_a_server_lr_other_than_one_is_refused_by_config_validation(name: str, lr: object, shown: str) -> None:
+    with pytest.raises(driftlab.ConfigError, match=rf"server\.lr: {name} has its own server step; set server\.lr = 1 \(got {shown}"):
+        driftlab.load_config({"algorithm": {"name": name}, "server": {"lr": lr}})
+
+
+@pytest.mark.parametrize("lr", [1, 1.0, {"kind": "exponential", "initial": 1.0, "decay": 1.0}])
+def test_a_server_lr_of_one_in_every_round_is_accepted(lr: object) -> None:
+    for name in ("feddyn", "adabest"):
+        assert driftlab.load_config({"algorithm": {"name": name}, "server": {"lr": lr}}).algorithm.name == name
 
 
 # ---------------------------------------------------------------- the shared two-client round, by hand
@@ -146,3 +158,20 @@ HAND_CASE = {
     "params": [(0.5625, 1.875), (0.57421875, 2.3828125)],
     "drift": [math.hypot(0.1875, 0.625), math.hypot(0.12890625, 0.5859375)],
 }
+
+
+def test_an_own_server_step_that_uses_the_rate_keeps_server_lr(monkeypatch) -> None:
+    """``uses_server_lr`` (not ``owns_server_step``) decides the server.lr check: a plugin's own step may take η_g."""
+    from driftlab.algorithms import registry
+
+    own_step_with_rate = dataclasses.replace(registry.ALGORITHMS["adabest"], uses_server_lr=True)
+    monkeypatch.setitem(registry.ALGORITHMS, "adabest", own_step_with_rate)
+    assert driftlab.load_config({"algorithm": {"name": "adabest"}, "server": {"lr": 0.5}}).server.lr == 0.5
+    with pytest.raises(driftlab.ConfigError, match="server.optimizer: adabest has its own server step"):
+        driftlab.load_config({"algorithm": {"name": "adabest"}, "server": {"optimizer": "adam"}})
+
+
+def test_only_feddyn_and_adabest_fix_the_server_lr() -> None:
+    from driftlab.algorithms import registry
+
+    assert {name for name in registry.BUILT_IN if not registry.ALGORITHMS[name].uses_server_lr} == {"feddyn", "adabest"}

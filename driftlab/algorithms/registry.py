@@ -55,7 +55,8 @@ class AlgorithmEntry:
     ``from_config(config, server_optimizer)`` returns the
     ``driftlab.simulation.seam.Algorithm``.  ``owns_server_step``: the
     algorithm's server update is its own, so ``server.optimizer`` must stay
-    ``sgd``.  ``keeps_partial_work``: with its default hyperparameters, a
+    ``sgd``.  ``uses_server_lr``: False when that own step has no rate, so
+    ``server.lr`` must stay 1 (config validation checks both).  ``keeps_partial_work``: with its default hyperparameters, a
     straggler's partial work is aggregated (True) or dropped (False).
     ``default_compression_ratio`` is used when ``compression.ratio`` is unset.
     """
@@ -66,6 +67,7 @@ class AlgorithmEntry:
     label: str
     default_compression_ratio: float = 1.0
     owns_server_step: bool = False
+    uses_server_lr: bool = True
     keeps_partial_work: bool = True
 
     def __post_init__(self) -> None:

@@ -62,7 +62,8 @@ from driftlab.algorithms import registry
 from driftlab.errors import ConfigError
 from driftlab.experiments.datasets import DATA_SETS
 from driftlab.models import MODEL_NAMES
-from driftlab.optim.schedules import ExponentialSchedule, InverseTimeSchedule
+from driftlab.optim.schedules import ExponentialSchedule, InverseTimeSchedule, is_constant_one, schedule_from_table
+from driftlab.optim.server import NAMED_OPTIMIZERS
 
 PRESET_PACKAGE = "driftlab.experiments.presets"
 
@@ -103,17 +104,7 @@ def _number_or_schedule(value: Any, integer: bool) -> Any:
     if isinstance(value, (ExponentialSchedule, InverseTimeSchedule)):
         return _bounded_schedule(value, integer)
     if isinstance(value, dict):
-        kinds = {"exponential": ExponentialSchedule, "inverse_time": InverseTimeSchedule}
-        schedule_kind = value.get("kind")
-        if schedule_kind not in kinds:
-            raise ValueError(f"a schedule needs kind = one of {sorted(kinds)}, got {_short(schedule_kind)}")
-        if any(isinstance(v, bool) for v in value.values()):
-            raise ValueError(f"schedule parameters are numbers, not true/false: {_short(value)}")
-        try:
-            return _bounded_schedule(kinds[schedule_kind](**value), integer)
-        except ValidationError as error:
-            details = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
-            raise ValueError(f"invalid {schedule_kind} schedule: {details}") from None
+        return _bounded_schedule(schedule_from_table(value), integer)
     raise ValueError(
         f"expected {kind} or a schedule table such as "
         '{kind="exponential", initial=0.1, decay=0.99} or {kind="inverse_time", a=1.0, b=10}'
@@ -249,15 +240,8 @@ class ServerConfig(_Section):
 
     def optimizer_hyperparameters(self) -> dict[str, Any]:
         """Keyword arguments of ``driftlab.optim.server.make_server_optimizer`` for the chosen optimizer."""
-        chosen: dict[str, Any] = {}
-        if self.optimizer == "momentum":
-            chosen = {"beta": self.momentum}
-        elif self.optimizer == "adam":
-            chosen = {"beta1": self.beta1, "beta2": self.beta2, "epsilon": self.epsilon, "bias_correction": self.bias_correction}
-        elif self.optimizer == "adagrad":
-            chosen = {"epsilon": self.epsilon}
-        elif self.optimizer == "yogi":
-            chosen = {"beta1": self.beta1, "beta2": self.beta2, "epsilon": self.epsilon}
+        keys = NAMED_OPTIMIZERS[self.optimizer].config_keys
+        chosen = {argument: getattr(self, key) for argument, key in keys.items()}
         return {key: value for key, value in chosen.items() if value is not None}
 
 
@@ -735,12 +719,15 @@ def config_from_record(table: dict[str, Any]) -> ExperimentConfig:
 
 def _server_step_conflicts(config: ExperimentConfig) -> list[tuple[str, str]]:
     entry = registry.ALGORITHMS[config.algorithm.name]
+    problems = []
     if entry.owns_server_step and config.server.optimizer != "sgd":
-        return [(
+        problems.append((
             "server.optimizer",
             f"{entry.name} has its own server step and does not use a server optimizer; use sgd (got {config.server.optimizer!r})",
-        )]
-    return []
+        ))
+    if not entry.uses_server_lr and not is_constant_one(config.server.lr):
+        problems.append(("server.lr", f"{entry.name} has its own server step; set server.lr = 1 (got {_short(config.server.lr)})"))
+    return problems
 
 
 def _non_finite_numbers(table: dict[str, Any]) -> list[tuple[str, str]]:

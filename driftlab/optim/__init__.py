@@ -1,4 +1,4 @@
-"""Server optimizers (init/update pairs over flat parameter vectors)."""
+"""Server optimizers (init/update pairs over flat parameter vectors, built as chains of update transformations)."""
 
 from driftlab.optim.server import (
     SERVER_OPTIMIZER_NAMES,
@@ -8,9 +8,11 @@ from driftlab.optim.server import (
     ServerOptimizer,
     ServerOptimizerState,
     SgdState,
+    UpdateTransformation,
     YogiState,
     adagrad,
     adam,
+    chain,
     make_server_optimizer,
     momentum,
     sgd,
@@ -25,9 +27,11 @@ __all__ = [
     "ServerOptimizer",
     "ServerOptimizerState",
     "SgdState",
+    "UpdateTransformation",
     "YogiState",
     "adagrad",
     "adam",
+    "chain",
     "make_server_optimizer",
     "momentum",
     "sgd",

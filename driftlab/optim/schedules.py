@@ -13,7 +13,9 @@ In a config, any rate or count is a plain number (constant) or a table::
     steps = {kind = "inverse_time", a = 200, b = 1}
 
 Schedules are pydantic models so configs validate them; each is also a plain
-callable ``schedule(t) -> float``.
+callable ``schedule(t) -> float``.  ``schedule_from_table`` is the one parser of
+a schedule table: configs (rates and counts) and AdaBest's β both read theirs
+through it, then check the range their own quantity allows.
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ from __future__ import annotations
 import math
 from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 
 class ExponentialSchedule(BaseModel):
@@ -49,6 +53,42 @@ class InverseTimeSchedule(BaseModel):
 
 
 Schedule = Annotated[Union[ExponentialSchedule, InverseTimeSchedule], Field(discriminator="kind")]
+
+SCHEDULE_KINDS: dict[str, type[ExponentialSchedule] | type[InverseTimeSchedule]] = {
+    "exponential": ExponentialSchedule,
+    "inverse_time": InverseTimeSchedule,
+}
+
+
+def schedule_from_table(table: dict[str, Any]) -> ExponentialSchedule | InverseTimeSchedule:
+    """The schedule a table such as ``{kind = "exponential", initial = 0.1, decay = 0.99}`` describes.
+
+    Raises ValueError naming what is wrong: an unknown ``kind``, a true/false
+    parameter (pydantic would take it as 1 or 0), or the invalid parameters.
+    """
+    kind = table.get("kind")
+    if kind not in SCHEDULE_KINDS:
+        raise ValueError(f"a schedule needs kind = one of {sorted(SCHEDULE_KINDS)}, got {_short(kind)}")
+    if any(isinstance(value, bool) for value in table.values()):
+        raise ValueError(f"schedule parameters are numbers, not true/false: {_short(table)}")
+    try:
+        return SCHEDULE_KINDS[kind](**table)
+    except ValidationError as error:
+        details = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
+        raise ValueError(f"invalid {kind} schedule: {details}") from None
+
+
+def is_constant_one(rate: float | ExponentialSchedule | InverseTimeSchedule) -> bool:
+    """Whether ``rate`` is 1 in every round (the number 1, or an exponential schedule 1·1^(t−1))."""
+    if isinstance(rate, ExponentialSchedule):
+        return rate.initial == 1.0 and rate.decay == 1.0
+    return not isinstance(rate, InverseTimeSchedule) and rate == 1.0
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters, so a huge value cannot flood a message."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[: limit - 15]}... ({len(text)} characters)"
 
 
 def value_at(rate: float | ExponentialSchedule | InverseTimeSchedule, round_index: int) -> float:

@@ -8,7 +8,7 @@ from fractions import Fraction
 import pytest
 from pydantic import ValidationError
 
-from driftlab.optim.schedules import ExponentialSchedule, InverseTimeSchedule, steps_at, value_at
+from driftlab.optim.schedules import ExponentialSchedule, InverseTimeSchedule, is_constant_one, schedule_from_table, steps_at, value_at
 
 
 def test_exponential_by_hand():
@@ -65,3 +65,40 @@ def test_steps_at_is_not_thrown_off_by_floating_point_rounding():
 def test_invalid_schedules_are_rejected(make):
     with pytest.raises(ValidationError):
         make()
+
+
+@pytest.mark.parametrize(
+    "table, expected",
+    [
+        ({"kind": "exponential", "initial": 0.1, "decay": 0.998}, ExponentialSchedule(initial=0.1, decay=0.998)),  # docs: client/server lr
+        ({"kind": "inverse_time", "a": 200, "b": 1}, InverseTimeSchedule(a=200.0, b=1.0)),  # docs: client.steps
+        ({"kind": "exponential", "initial": 0.98, "decay": 0.999}, ExponentialSchedule(initial=0.98, decay=0.999)),  # AdaBest β
+        ({"initial": 0.1, "decay": 0.5, "kind": "exponential"}, ExponentialSchedule(initial=0.1, decay=0.5)),  # key order is free
+    ],
+)
+def test_schedule_from_table_reads_every_documented_form(table, expected):
+    assert schedule_from_table(table) == expected
+
+
+@pytest.mark.parametrize(
+    "table, message",
+    [
+        ({"initial": 0.1, "decay": 0.9}, "a schedule needs kind = one of ['exponential', 'inverse_time'], got None"),
+        ({"kind": "cosine", "initial": 0.1}, "a schedule needs kind = one of ['exponential', 'inverse_time'], got 'cosine'"),
+        ({"kind": "exponential", "initial": True, "decay": 0.9}, "schedule parameters are numbers, not true/false"),
+        ({"kind": "exponential", "initial": 0.1, "decay": 1.5}, "invalid exponential schedule: decay: Input should be less than or equal to 1"),
+        ({"kind": "inverse_time", "a": 1.0}, "invalid inverse_time schedule: b: Field required"),
+        ({"kind": "inverse_time", "a": 1.0, "b": 1, "c": 2}, "invalid inverse_time schedule: c: Extra inputs are not permitted"),
+    ],
+)
+def test_schedule_from_table_rejects_bad_tables_with_the_old_messages(table, message):
+    with pytest.raises(ValueError) as error:
+        schedule_from_table(table)
+    assert message in str(error.value)
+
+
+def test_is_constant_one():
+    assert is_constant_one(1.0) and is_constant_one(1) and is_constant_one(ExponentialSchedule(initial=1.0, decay=1.0))
+    assert not is_constant_one(0.5)
+    assert not is_constant_one(ExponentialSchedule(initial=1.0, decay=0.99))
+    assert not is_constant_one(InverseTimeSchedule(a=2.0, b=1.0))  # 1 in round 1 only

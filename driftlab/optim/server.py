@@ -1,8 +1,20 @@
-r"""Server optimizers for FedSGD / FedOpt: optax-style ``init`` / ``update`` pairs.
+r"""Server optimizers for FedSGD / FedOpt: optax-style ``init`` / ``update`` pairs, built as chains.
 
 A server optimizer turns the aggregated pseudo-gradient of a round into the
 next global model. FedAvg, FedAdam, FedAvgM, ... differ only in this step
 (``design/algorithms.md``, section "FedSGD / FedOpt").
+
+Each is a :func:`chain` of update transformations: a stage takes the update
+(the pseudo-gradient ``q`` at the start) and its own state and returns the
+transformed update and new state; the chain subtracts the result from the
+model. The stages are :func:`scale_by_momentum`, :func:`scale_by_second_moment`
+(the code Adam, Adagrad and Yogi share; they differ only in the rule for
+``v``: :func:`exponential_average`, :func:`running_sum`, :func:`yogi_step`)
+and :func:`scale_by_learning_rate` (the rate of this round, optionally with
+:func:`adam_bias_correction`). ``sgd = chain(scale_by_learning_rate())``,
+``adam = chain(scale_by_second_moment(exponential_average(β2), β1, ε),
+scale_by_learning_rate(adam_bias_correction(β1, β2)))``, and so on; each
+named optimizer computes exactly the floating-point operations it always did.
 
 References:
   * "Faster Federated Learning with Decaying Number of Local SGD Steps"
@@ -73,7 +85,10 @@ Updates (state starts at ``m = 0``, ``v = 0`` unless noted):
   Yogi default ``initial_accumulator = 1e-6 = (1e-3)²`` meets it.
 
 State is one small frozen dataclass per optimizer holding only tensors and
-ints, so it checkpoints as it is (``driftlab.simulation.checkpoint``).
+ints, so it checkpoints as it is (``driftlab.simulation.checkpoint``): a
+chain's state holds ``step`` and its stages' fields (``velocity``,
+``first_moment``, ``second_moment``), the checkpoint keys the named
+optimizers have always had.
 
 Bit-exactness of FedAvg as FedSGD: ``sgd`` computes ``params − η·q``. With
 ``η = 1.0`` the multiply is exact, so the result is ``params − q`` rounded
@@ -102,13 +117,12 @@ tensor([0.4000, 3.1000])
 >>> state.step
 1
 """
-
 from __future__ import annotations
 
 import inspect
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, make_dataclass
 from typing import Union
 
 import torch
@@ -117,19 +131,28 @@ __all__ = [
     "AdagradState",
     "AdamState",
     "MomentumState",
+    "NAMED_OPTIMIZERS",
     "SERVER_OPTIMIZER_NAMES",
     "ServerOptimizer",
     "ServerOptimizerState",
     "SgdState",
+    "UpdateTransformation",
     "YogiState",
     "adagrad",
     "adam",
+    "adam_bias_correction",
+    "chain",
+    "exponential_average",
     "make_server_optimizer",
     "momentum",
+    "running_sum",
+    "scale_by_learning_rate",
+    "scale_by_momentum",
+    "scale_by_second_moment",
     "sgd",
     "yogi",
+    "yogi_step",
 ]
-
 
 # ---------------------------------------------------------------------------
 # State types. eq=False: dataclass equality would compare tensors with `==`
@@ -207,41 +230,6 @@ class YogiState:
     first_moment: torch.Tensor
     second_moment: torch.Tensor
 
-
-ServerOptimizerState = Union[SgdState, MomentumState, AdamState, AdagradState, YogiState]
-
-_STATE_TYPES: dict[str, type] = {
-    "sgd": SgdState,
-    "momentum": MomentumState,
-    "adam": AdamState,
-    "adagrad": AdagradState,
-    "yogi": YogiState,
-}
-
-SERVER_OPTIMIZER_NAMES: tuple[str, ...] = tuple(_STATE_TYPES)
-
-
-@dataclass(frozen=True)
-class ServerOptimizer:
-    """A server optimizer as a pair of pure functions.
-
-    Attributes:
-      name: registry name (``"sgd"``, ``"momentum"``, ``"adam"``,
-        ``"adagrad"`` or ``"yogi"``); pass it to :func:`state_from_tensors`.
-      init: ``init(params) -> state``.
-      update: ``update(state, params, pseudo_gradient, learning_rate) ->
-        (new_params, new_state)``, where ``pseudo_gradient = θ^{t-1} −
-        aggregate(θ_k)``.
-    """
-
-    name: str
-    init: Callable[[torch.Tensor], ServerOptimizerState]
-    update: Callable[
-        [ServerOptimizerState, torch.Tensor, torch.Tensor, float],
-        tuple[torch.Tensor, ServerOptimizerState],
-    ]
-
-
 # ---------------------------------------------------------------------------
 # Validation helpers.
 # ---------------------------------------------------------------------------
@@ -303,12 +291,12 @@ def _check_like_params(name: str, tensor: object, params: torch.Tensor) -> None:
 
 def _check_update_inputs(
     optimizer_name: str,
+    state_type: type,
     state: object,
     params: torch.Tensor,
     pseudo_gradient: torch.Tensor,
     learning_rate: float,
 ) -> None:
-    state_type = _STATE_TYPES[optimizer_name]
     if not isinstance(state, state_type):
         raise TypeError(
             f"server optimizer {optimizer_name!r} expects a {state_type.__name__}, "
@@ -325,8 +313,197 @@ def _check_update_inputs(
         raise ValueError(f"learning_rate must be finite and >= 0, got {learning_rate!r}")
 
 
+ServerOptimizerState = Union[SgdState, MomentumState, AdamState, AdagradState, YogiState]
+
+
 # ---------------------------------------------------------------------------
-# Optimizers.
+# Update transformations and their chain.
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class UpdateTransformation:
+    """One stage of a server step: an update in, a transformed update out.
+
+    Attributes:
+      init: ``init(params) -> {field: tensor}``, the stage's state (empty for a
+        stateless stage); the field names become the chain state's fields.
+      update: ``update(update, fields, step, learning_rate) -> (update,
+        new_fields)``; ``step`` is ``t``, counting updates from 1.
+      stateless_rate: True only for :func:`scale_by_learning_rate` without a
+        correction or schedule, so a chain of it alone is FedSGD (see ``optim/apply.py``).
+    """
+
+    init: Callable[[torch.Tensor], dict[str, torch.Tensor]]
+    update: Callable[[torch.Tensor, dict[str, torch.Tensor], int, float], tuple[torch.Tensor, dict[str, torch.Tensor]]]
+    stateless_rate: bool = False
+
+
+def scale_by_learning_rate(
+    correction: Callable[[float, int], float] | None = None,
+    schedule: Callable[[int], float] | None = None,
+) -> UpdateTransformation:
+    """``u ← η_t u``: ``η_t = η`` or ``correction(η, t)`` (a Python float, so one tensor multiply).
+
+    ``η`` is the rate passed to the chain's ``update`` (the configured
+    ``server.lr``, a schedule of the round evaluated by the engine), or, with
+    ``schedule`` attached, ``schedule(t)`` of the update count ``t`` (such as a
+    ``driftlab.optim.schedules`` schedule; it counts updates, so a round in
+    which no client reported does not advance it).
+    """
+
+    def update(
+        direction: torch.Tensor, state: dict[str, torch.Tensor], step: int, learning_rate: float
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        rate = learning_rate if schedule is None else float(schedule(step))
+        step_size = rate if correction is None else correction(rate, step)
+        return step_size * direction, {}
+
+    plain = correction is None and schedule is None
+    return UpdateTransformation(init=lambda params: {}, update=update, stateless_rate=plain)
+
+
+def adam_bias_correction(beta1: float, beta2: float) -> Callable[[float, int], float]:
+    """``η_t = η √(1−β2^t)/(1−β1^t)``, for :func:`scale_by_learning_rate`."""
+    beta1 = _check_decay("beta1", beta1)
+    beta2 = _check_decay("beta2", beta2)
+
+    def correction(learning_rate: float, step: int) -> float:
+        # Python floats (double) for the scalar, whatever the params dtype.
+        return learning_rate * math.sqrt(1.0 - beta2**step) / (1.0 - beta1**step)
+
+    return correction
+
+
+def scale_by_momentum(beta: float = 0.9, nesterov: bool = False) -> UpdateTransformation:
+    """``v ← β v + u``; ``u ← v`` (plain) or ``u ← u + β v`` (Nesterov, with the updated v)."""
+    beta = _check_decay("beta", beta)
+    nesterov = _check_bool("nesterov", nesterov)
+
+    def update(
+        direction: torch.Tensor, state: dict[str, torch.Tensor], step: int, learning_rate: float
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        velocity = beta * state["velocity"] + direction
+        return (direction + beta * velocity if nesterov else velocity), {"velocity": velocity}
+
+    return UpdateTransformation(init=lambda params: {"velocity": torch.zeros_like(params)}, update=update)
+
+
+def exponential_average(beta2: float) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """Adam's second moment: ``v ← β2 v + (1 − β2) u²``."""
+    beta2 = _check_decay("beta2", beta2)
+    return lambda second_moment, squared: beta2 * second_moment + (1.0 - beta2) * squared
+
+
+def running_sum(second_moment: torch.Tensor, squared: torch.Tensor) -> torch.Tensor:
+    """Adagrad's second moment: ``v ← v + u²``."""
+    return second_moment + squared
+
+
+def yogi_step(beta2: float) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """Yogi's second moment: ``v ← v − (1 − β2) u² sign(v − u²)`` (sign of the previous v)."""
+    beta2 = _check_decay("beta2", beta2)
+    return lambda second_moment, squared: second_moment - (1.0 - beta2) * squared * torch.sign(second_moment - squared)
+
+
+def scale_by_second_moment(
+    second_moment_rule: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    beta1: float,
+    epsilon: float,
+    initial_accumulator: float = 0.0,
+) -> UpdateTransformation:
+    """Adam, Adagrad and Yogi's shared stage: ``m ← β1 m + (1−β1) u``; ``v ←
+    second_moment_rule(v, u²)`` (``v`` starts at ``initial_accumulator``);
+    ``u ← m / (√v + ε)``."""
+    beta1 = _check_decay("beta1", beta1)
+    epsilon = _check_positive("epsilon", epsilon)
+    initial_accumulator = _check_non_negative("initial_accumulator", initial_accumulator)
+
+    def init(params: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"first_moment": torch.zeros_like(params), "second_moment": torch.full_like(params, initial_accumulator)}
+
+    def update(
+        direction: torch.Tensor, state: dict[str, torch.Tensor], step: int, learning_rate: float
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        first_moment = beta1 * state["first_moment"] + (1.0 - beta1) * direction
+        second_moment = second_moment_rule(state["second_moment"], direction.square())
+        return first_moment / (second_moment.sqrt() + epsilon), {"first_moment": first_moment, "second_moment": second_moment}
+
+    return UpdateTransformation(init=init, update=update)
+
+
+@dataclass(frozen=True)
+class ServerOptimizer:
+    """A server optimizer as a pair of pure functions.
+
+    Attributes:
+      name: the configured name (``"sgd"``, ``"adam"``, ...) or ``"chain"``.
+      init: ``init(params) -> state``.
+      update: ``update(state, params, pseudo_gradient, learning_rate) ->
+        (new_params, new_state)``, where ``pseudo_gradient = θ^{t-1} −
+        aggregate(θ_k)``.
+      plain_step: the chain is ``scale_by_learning_rate()`` alone (FedSGD),
+        so at rate 1 the server step is the clients' average itself.
+    """
+
+    name: str
+    init: Callable[[torch.Tensor], ServerOptimizerState]
+    update: Callable[
+        [ServerOptimizerState, torch.Tensor, torch.Tensor, float],
+        tuple[torch.Tensor, ServerOptimizerState],
+    ]
+    plain_step: bool = False
+
+
+def chain(*transformations: UpdateTransformation, name: str = "chain", state_type: type | None = None) -> ServerOptimizer:
+    """The server step ``θ ← θ − u``, with ``u`` the pseudo-gradient passed through ``transformations`` in order.
+
+    The state is one frozen dataclass: ``step`` and every stage's fields, so it
+    checkpoints as ``step``, ``velocity``, ``first_moment``, ... (the layout the
+    named optimizers always had). ``state_type`` names that dataclass (the
+    named optimizers pass their own); two stages may not share a field name.
+    The learning rate (the server-lr schedule at this round, evaluated by the
+    engine) reaches every stage; :func:`scale_by_learning_rate` applies it.
+    """
+    if not transformations or not all(isinstance(t, UpdateTransformation) for t in transformations):
+        raise TypeError("chain takes one or more UpdateTransformation stages")
+    probe = torch.zeros(1)
+    stage_fields = [tuple(t.init(probe)) for t in transformations]
+    names = [field for stage in stage_fields for field in stage]
+    if len(set(names)) != len(names) or "step" in names:
+        raise ValueError(f"the stages of a chain need distinct state field names other than 'step', got {names}")
+    if state_type is None:
+        state_type = make_dataclass("ChainState", [("step", int), *((field, torch.Tensor) for field in names)], frozen=True, eq=False)
+    elif [field.name for field in fields(state_type)] != ["step", *names]:
+        raise ValueError(f"{state_type.__name__} must have the fields step, {', '.join(names)}")
+
+    def init(params: torch.Tensor) -> ServerOptimizerState:
+        _check_params(params)
+        values: dict[str, torch.Tensor] = {}
+        for transformation in transformations:
+            values.update(transformation.init(params))
+        return state_type(step=0, **values)
+
+    def update(
+        state: ServerOptimizerState, params: torch.Tensor, pseudo_gradient: torch.Tensor, learning_rate: float
+    ) -> tuple[torch.Tensor, ServerOptimizerState]:
+        _check_update_inputs(name, state_type, state, params, pseudo_gradient, learning_rate)
+        step = state.step + 1
+        direction = pseudo_gradient
+        values: dict[str, torch.Tensor] = {}
+        for transformation, own_fields in zip(transformations, stage_fields):
+            direction, new_values = transformation.update(
+                direction, {field: getattr(state, field) for field in own_fields}, step, learning_rate
+            )
+            values.update(new_values)
+        return params - direction, state_type(step=step, **values)
+
+    plain_step = len(transformations) == 1 and transformations[0].stateless_rate
+    return ServerOptimizer(name=name, init=init, update=update, plain_step=plain_step)
+
+
+# ---------------------------------------------------------------------------
+# The named optimizers: chains.
 # ---------------------------------------------------------------------------
 
 
@@ -339,21 +516,9 @@ def sgd() -> ServerOptimizer:
     exact, that is ``average`` bit for bit.
 
     Returns:
-      A :class:`ServerOptimizer` named ``"sgd"`` with :class:`SgdState`.
+      ``chain(scale_by_learning_rate())`` named ``"sgd"`` with :class:`SgdState`.
     """
-
-    def init(params: torch.Tensor) -> SgdState:
-        _check_params(params)
-        return SgdState(step=0)
-
-    def update(
-        state: SgdState, params: torch.Tensor, pseudo_gradient: torch.Tensor, learning_rate: float
-    ) -> tuple[torch.Tensor, SgdState]:
-        _check_update_inputs("sgd", state, params, pseudo_gradient, learning_rate)
-        new_params = params - learning_rate * pseudo_gradient
-        return new_params, SgdState(step=state.step + 1)
-
-    return ServerOptimizer(name="sgd", init=init, update=update)
+    return chain(scale_by_learning_rate(), name="sgd", state_type=SgdState)
 
 
 def momentum(beta: float = 0.9, nesterov: bool = False) -> ServerOptimizer:
@@ -369,31 +534,13 @@ def momentum(beta: float = 0.9, nesterov: bool = False) -> ServerOptimizer:
       nesterov: use the Nesterov form.
 
     Returns:
-      A :class:`ServerOptimizer` named ``"momentum"`` with :class:`MomentumState`.
+      ``chain(scale_by_momentum(beta, nesterov), scale_by_learning_rate())``
+      named ``"momentum"`` with :class:`MomentumState`.
 
     Raises:
       ValueError: if ``beta`` is outside [0, 1).
     """
-    beta = _check_decay("beta", beta)
-    nesterov = _check_bool("nesterov", nesterov)
-
-    def init(params: torch.Tensor) -> MomentumState:
-        _check_params(params)
-        return MomentumState(step=0, velocity=torch.zeros_like(params))
-
-    def update(
-        state: MomentumState, params: torch.Tensor, pseudo_gradient: torch.Tensor, learning_rate: float
-    ) -> tuple[torch.Tensor, MomentumState]:
-        _check_update_inputs("momentum", state, params, pseudo_gradient, learning_rate)
-        velocity = beta * state.velocity + pseudo_gradient
-        if nesterov:
-            direction = pseudo_gradient + beta * velocity
-        else:
-            direction = velocity
-        new_params = params - learning_rate * direction
-        return new_params, MomentumState(step=state.step + 1, velocity=velocity)
-
-    return ServerOptimizer(name="momentum", init=init, update=update)
+    return chain(scale_by_momentum(beta, nesterov), scale_by_learning_rate(), name="momentum", state_type=MomentumState)
 
 
 def adam(
@@ -417,38 +564,17 @@ def adam(
         Reddi et al.'s FedAdam (with ``epsilon`` as their τ).
 
     Returns:
-      A :class:`ServerOptimizer` named ``"adam"`` with :class:`AdamState`.
+      ``chain(scale_by_second_moment(exponential_average(β2), β1, ε),
+      scale_by_learning_rate(adam_bias_correction(β1, β2)))`` named
+      ``"adam"`` with :class:`AdamState`.
 
     Raises:
       ValueError: if a β is outside [0, 1) or ε is not > 0.
     """
-    beta1 = _check_decay("beta1", beta1)
-    beta2 = _check_decay("beta2", beta2)
-    epsilon = _check_positive("epsilon", epsilon)
     bias_correction = _check_bool("bias_correction", bias_correction)
-
-    def init(params: torch.Tensor) -> AdamState:
-        _check_params(params)
-        return AdamState(
-            step=0, first_moment=torch.zeros_like(params), second_moment=torch.zeros_like(params)
-        )
-
-    def update(
-        state: AdamState, params: torch.Tensor, pseudo_gradient: torch.Tensor, learning_rate: float
-    ) -> tuple[torch.Tensor, AdamState]:
-        _check_update_inputs("adam", state, params, pseudo_gradient, learning_rate)
-        step = state.step + 1
-        first_moment = beta1 * state.first_moment + (1.0 - beta1) * pseudo_gradient
-        second_moment = beta2 * state.second_moment + (1.0 - beta2) * pseudo_gradient.square()
-        if bias_correction:
-            # Python floats (double) for the scalar, whatever the params dtype.
-            step_size = learning_rate * math.sqrt(1.0 - beta2**step) / (1.0 - beta1**step)
-        else:
-            step_size = learning_rate
-        new_params = params - step_size * (first_moment / (second_moment.sqrt() + epsilon))
-        return new_params, AdamState(step=step, first_moment=first_moment, second_moment=second_moment)
-
-    return ServerOptimizer(name="adam", init=init, update=update)
+    moments = scale_by_second_moment(exponential_average(beta2), beta1, epsilon)
+    rate = scale_by_learning_rate(adam_bias_correction(beta1, beta2) if bias_correction else None)
+    return chain(moments, rate, name="adam", state_type=AdamState)
 
 
 def adagrad(
@@ -473,36 +599,15 @@ def adagrad(
       beta1: first-moment decay β1 in [0, 1).
 
     Returns:
-      A :class:`ServerOptimizer` named ``"adagrad"`` with :class:`AdagradState`.
+      ``chain(scale_by_second_moment(running_sum, β1, τ, initial_accumulator),
+      scale_by_learning_rate())`` named ``"adagrad"`` with :class:`AdagradState`.
 
     Raises:
       ValueError: if ε is not > 0, the initial accumulator is negative, or
         β1 is outside [0, 1).
     """
-    epsilon = _check_positive("epsilon", epsilon)
-    initial_accumulator = _check_non_negative("initial_accumulator", initial_accumulator)
-    beta1 = _check_decay("beta1", beta1)
-
-    def init(params: torch.Tensor) -> AdagradState:
-        _check_params(params)
-        return AdagradState(
-            step=0,
-            first_moment=torch.zeros_like(params),
-            second_moment=torch.full_like(params, initial_accumulator),
-        )
-
-    def update(
-        state: AdagradState, params: torch.Tensor, pseudo_gradient: torch.Tensor, learning_rate: float
-    ) -> tuple[torch.Tensor, AdagradState]:
-        _check_update_inputs("adagrad", state, params, pseudo_gradient, learning_rate)
-        first_moment = beta1 * state.first_moment + (1.0 - beta1) * pseudo_gradient
-        second_moment = state.second_moment + pseudo_gradient.square()
-        new_params = params - learning_rate * (first_moment / (second_moment.sqrt() + epsilon))
-        return new_params, AdagradState(
-            step=state.step + 1, first_moment=first_moment, second_moment=second_moment
-        )
-
-    return ServerOptimizer(name="adagrad", init=init, update=update)
+    moments = scale_by_second_moment(running_sum, beta1, epsilon, initial_accumulator)
+    return chain(moments, scale_by_learning_rate(), name="adagrad", state_type=AdagradState)
 
 
 def yogi(
@@ -526,49 +631,34 @@ def yogi(
       initial_accumulator: initial value of ``v``, ≥ 0.
 
     Returns:
-      A :class:`ServerOptimizer` named ``"yogi"`` with :class:`YogiState`.
+      ``chain(scale_by_second_moment(yogi_step(β2), β1, τ, initial_accumulator),
+      scale_by_learning_rate())`` named ``"yogi"`` with :class:`YogiState`.
 
     Raises:
       ValueError: if a β is outside [0, 1), ε is not > 0, or the initial
         accumulator is negative.
     """
-    beta1 = _check_decay("beta1", beta1)
-    beta2 = _check_decay("beta2", beta2)
-    epsilon = _check_positive("epsilon", epsilon)
-    initial_accumulator = _check_non_negative("initial_accumulator", initial_accumulator)
-
-    def init(params: torch.Tensor) -> YogiState:
-        _check_params(params)
-        return YogiState(
-            step=0,
-            first_moment=torch.zeros_like(params),
-            second_moment=torch.full_like(params, initial_accumulator),
-        )
-
-    def update(
-        state: YogiState, params: torch.Tensor, pseudo_gradient: torch.Tensor, learning_rate: float
-    ) -> tuple[torch.Tensor, YogiState]:
-        _check_update_inputs("yogi", state, params, pseudo_gradient, learning_rate)
-        first_moment = beta1 * state.first_moment + (1.0 - beta1) * pseudo_gradient
-        squared = pseudo_gradient.square()
-        second_moment = state.second_moment - (1.0 - beta2) * squared * torch.sign(
-            state.second_moment - squared
-        )
-        new_params = params - learning_rate * (first_moment / (second_moment.sqrt() + epsilon))
-        return new_params, YogiState(
-            step=state.step + 1, first_moment=first_moment, second_moment=second_moment
-        )
-
-    return ServerOptimizer(name="yogi", init=init, update=update)
+    moments = scale_by_second_moment(yogi_step(beta2), beta1, epsilon, initial_accumulator)
+    return chain(moments, scale_by_learning_rate(), name="yogi", state_type=YogiState)
 
 
-_CONSTRUCTORS: dict[str, Callable[..., ServerOptimizer]] = {
-    "sgd": sgd,
-    "momentum": momentum,
-    "adam": adam,
-    "adagrad": adagrad,
-    "yogi": yogi,
+@dataclass(frozen=True)
+class NamedOptimizer:
+    """A configurable server optimizer: its constructor and, per keyword, the ``[server]`` key that sets it."""
+
+    build: Callable[..., ServerOptimizer]
+    config_keys: dict[str, str]
+
+
+NAMED_OPTIMIZERS: dict[str, NamedOptimizer] = {
+    "sgd": NamedOptimizer(sgd, {}),
+    "momentum": NamedOptimizer(momentum, {"beta": "momentum"}),
+    "adam": NamedOptimizer(adam, {"beta1": "beta1", "beta2": "beta2", "epsilon": "epsilon", "bias_correction": "bias_correction"}),
+    "adagrad": NamedOptimizer(adagrad, {"epsilon": "epsilon"}),
+    "yogi": NamedOptimizer(yogi, {"beta1": "beta1", "beta2": "beta2", "epsilon": "epsilon"}),
 }
+
+SERVER_OPTIMIZER_NAMES: tuple[str, ...] = tuple(NAMED_OPTIMIZERS)
 
 
 def make_server_optimizer(name: str, **hyperparameters: object) -> ServerOptimizer:
@@ -586,11 +676,11 @@ def make_server_optimizer(name: str, **hyperparameters: object) -> ServerOptimiz
       ValueError: for an unknown name, an unknown hyperparameter (both list
         the valid choices) or an out-of-range hyperparameter.
     """
-    if name not in _CONSTRUCTORS:
+    if name not in NAMED_OPTIMIZERS:
         raise ValueError(
             f"unknown server optimizer {name!r}; valid names: {', '.join(SERVER_OPTIMIZER_NAMES)}"
         )
-    constructor = _CONSTRUCTORS[name]
+    constructor = NAMED_OPTIMIZERS[name].build
     accepted = list(inspect.signature(constructor).parameters)
     unknown = sorted(set(hyperparameters) - set(accepted))
     if unknown:

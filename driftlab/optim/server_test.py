@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import doctest
 import math
+import typing
 from dataclasses import fields
 
 import pytest
@@ -571,3 +572,199 @@ def test_boundary_hyperparameters_are_accepted():
         new_params, _ = optimizer.update(optimizer.init(params), params, q, 0.1)
         assert torch.isfinite(new_params).all()
         assert not torch.equal(new_params, params)
+
+
+# ---------------------------------------------------------------------------
+# Update transformations and chains.
+# ---------------------------------------------------------------------------
+
+CHAINS_OF_NAMED = {
+    "sgd": (lambda: sgd(), lambda: server.chain(server.scale_by_learning_rate())),
+    "momentum": (
+        lambda: momentum(beta=0.8),
+        lambda: server.chain(server.scale_by_momentum(0.8), server.scale_by_learning_rate()),
+    ),
+    "momentum_nesterov": (
+        lambda: momentum(beta=0.8, nesterov=True),
+        lambda: server.chain(server.scale_by_momentum(0.8, nesterov=True), server.scale_by_learning_rate()),
+    ),
+    "adam": (
+        lambda: adam(),
+        lambda: server.chain(
+            server.scale_by_second_moment(server.exponential_average(0.999), beta1=0.9, epsilon=1e-8),
+            server.scale_by_learning_rate(server.adam_bias_correction(0.9, 0.999)),
+        ),
+    ),
+    "adam_no_bias_correction": (
+        lambda: adam(bias_correction=False),
+        lambda: server.chain(
+            server.scale_by_second_moment(server.exponential_average(0.999), beta1=0.9, epsilon=1e-8),
+            server.scale_by_learning_rate(),
+        ),
+    ),
+    "adagrad": (
+        lambda: adagrad(initial_accumulator=0.1, beta1=0.5),
+        lambda: server.chain(
+            server.scale_by_second_moment(server.running_sum, beta1=0.5, epsilon=1e-3, initial_accumulator=0.1),
+            server.scale_by_learning_rate(),
+        ),
+    ),
+    "yogi": (
+        lambda: yogi(),
+        lambda: server.chain(
+            server.scale_by_second_moment(server.yogi_step(0.99), beta1=0.9, epsilon=1e-3, initial_accumulator=1e-6),
+            server.scale_by_learning_rate(),
+        ),
+    ),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("key", CHAINS_OF_NAMED)
+def test_a_chain_equals_the_named_optimizer_bit_for_bit(key, dtype):
+    make_named, make_chain = CHAINS_OF_NAMED[key]
+    params, pseudo_gradients = _params_and_pseudo_gradients(dtype, steps=4)
+    named_params, named_state = _run(make_named(), params, pseudo_gradients, learning_rate=0.3)
+    chain_params, chain_state = _run(make_chain(), params, pseudo_gradients, learning_rate=0.3)
+    _assert_bitwise_equal(chain_params, named_params)
+    assert chain_state.step == named_state.step == 4
+    # same checkpoint keys, same tensors: a checkpoint of one resumes the other
+    named_tensors, chain_tensors = state_to_tensors(named_state, "o"), state_to_tensors(chain_state, "o")
+    assert set(named_tensors) == set(chain_tensors)
+    for name, tensor in named_tensors.items():
+        _assert_bitwise_equal(chain_tensors[name], tensor)
+
+
+def test_named_optimizers_keep_the_checkpoint_keys_of_their_states():
+    """Checkpoints written before the optimizers became chains name these entries; they must still load."""
+    expected = {
+        "sgd": {"o/step"},
+        "momentum": {"o/step", "o/velocity"},
+        "adam": {"o/step", "o/first_moment", "o/second_moment"},
+        "adagrad": {"o/step", "o/first_moment", "o/second_moment"},
+        "yogi": {"o/step", "o/first_moment", "o/second_moment"},
+    }
+    params = torch.zeros(3)
+    for name, keys in expected.items():
+        assert set(state_to_tensors(make_server_optimizer(name).init(params), "o")) == keys, name
+
+
+def _one_stage_step(transformation, update, learning_rate=0.5, state=None, step=1):
+    if state is None:
+        state = transformation.init(update)
+    return transformation.update(update, state, step, learning_rate)
+
+
+def test_scale_by_learning_rate_by_hand():
+    direction, state = _one_stage_step(server.scale_by_learning_rate(), torch.tensor([2.0, -4.0], dtype=torch.float64))
+    _assert_hand(direction, [1.0, -2.0])
+    assert state == {}
+    # η_t = η √(1 − 0.75²)/(1 − 0.5²) at t = 2: 0.5 · √0.4375 / 0.75
+    corrected = server.scale_by_learning_rate(server.adam_bias_correction(0.5, 0.75))
+    direction, _ = _one_stage_step(corrected, torch.tensor([3.0], dtype=torch.float64), step=2)
+    _assert_hand(direction, [3.0 * (0.5 * math.sqrt(0.4375) / 0.75)])
+
+
+def test_scale_by_momentum_by_hand():
+    velocity = {"velocity": torch.tensor([1.0, -1.0], dtype=torch.float64)}
+    update = torch.tensor([2.0, 0.5], dtype=torch.float64)
+    direction, state = _one_stage_step(server.scale_by_momentum(0.5), update, state=velocity)
+    _assert_hand(state["velocity"], [2.5, 0.0])  # 0.5·v + u
+    _assert_hand(direction, [2.5, 0.0])
+    direction, state = _one_stage_step(server.scale_by_momentum(0.5, nesterov=True), update, state=velocity)
+    _assert_hand(direction, [2.0 + 0.5 * 2.5, 0.5 + 0.0])  # u + β·v_new
+
+
+@pytest.mark.parametrize(
+    "rule, expected_second_moment",
+    [
+        (server.exponential_average(0.75), [0.75 * 1.0 + 0.25 * 4.0, 0.75 * 4.0 + 0.25 * 1.0]),
+        (server.running_sum, [1.0 + 4.0, 4.0 + 1.0]),
+        (server.yogi_step(0.75), [1.0 - 0.25 * 4.0 * -1.0, 4.0 - 0.25 * 1.0 * 1.0]),  # sign(v − u²): −1, +1
+    ],
+)
+def test_scale_by_second_moment_by_hand(rule, expected_second_moment):
+    stage = server.scale_by_second_moment(rule, beta1=0.5, epsilon=0.5)
+    state = {"first_moment": torch.tensor([1.0, 1.0], dtype=torch.float64), "second_moment": torch.tensor([1.0, 4.0], dtype=torch.float64)}
+    direction, new_state = _one_stage_step(stage, torch.tensor([2.0, -1.0], dtype=torch.float64), state=state)
+    _assert_hand(new_state["first_moment"], [1.5, 0.0])  # 0.5·m + 0.5·u
+    _assert_hand(new_state["second_moment"], expected_second_moment)
+    _assert_hand(direction, [1.5 / (math.sqrt(expected_second_moment[0]) + 0.5), 0.0])
+
+
+def test_a_new_chain_has_its_own_state_that_checkpoints_and_resumes():
+    nesterov_adam = server.chain(
+        server.scale_by_momentum(0.5, nesterov=True),
+        server.scale_by_second_moment(server.exponential_average(0.9), beta1=0.0, epsilon=1e-3),
+        server.scale_by_learning_rate(),
+    )
+    params, pseudo_gradients = _params_and_pseudo_gradients(torch.float64, steps=3)
+    params, state = _run(nesterov_adam, params, pseudo_gradients[:2])
+    tensors = state_to_tensors(state, "o")
+    assert set(tensors) == {"o/step", "o/velocity", "o/first_moment", "o/second_moment"}
+    restored = state_from_tensors(nesterov_adam.init(params), tensors, "o", params.device)
+    continued, _ = nesterov_adam.update(state, params, pseudo_gradients[2], 0.1)
+    resumed, _ = nesterov_adam.update(restored, params, pseudo_gradients[2], 0.1)
+    _assert_bitwise_equal(resumed, continued)
+    assert not nesterov_adam.plain_step
+
+
+def test_chain_refuses_stages_that_share_a_state_field():
+    with pytest.raises(ValueError, match="distinct state field names"):
+        server.chain(server.scale_by_momentum(0.5), server.scale_by_momentum(0.9), server.scale_by_learning_rate())
+    with pytest.raises(TypeError, match="UpdateTransformation"):
+        server.chain()
+
+
+def test_only_the_plain_rate_chain_is_a_plain_step():
+    assert sgd().plain_step and server.chain(server.scale_by_learning_rate()).plain_step
+    assert not any(make_server_optimizer(name).plain_step for name in SERVER_OPTIMIZER_NAMES if name != "sgd")
+    assert not server.chain(server.scale_by_learning_rate(server.adam_bias_correction(0.9, 0.999))).plain_step
+
+
+def test_every_named_optimizer_reads_only_its_own_server_keys():
+    from driftlab.experiments.config import ServerConfig
+
+    chosen = {"momentum": 0.5, "beta1": 0.25, "beta2": 0.75, "epsilon": 0.125, "bias_correction": False}
+    expected = {
+        "sgd": {},
+        "momentum": {"beta": 0.5},
+        "adam": {"beta1": 0.25, "beta2": 0.75, "epsilon": 0.125, "bias_correction": False},
+        "adagrad": {"epsilon": 0.125},  # not beta1: FedAdagrad's default β1 is 0, the config's 0.9 is Adam's
+        "yogi": {"beta1": 0.25, "beta2": 0.75, "epsilon": 0.125},
+    }
+    assert set(expected) == set(SERVER_OPTIMIZER_NAMES)
+    assert typing.get_args(ServerConfig.model_fields["optimizer"].annotation) == SERVER_OPTIMIZER_NAMES  # config offers exactly these
+    for name, hyperparameters in expected.items():
+        assert ServerConfig(optimizer=name, **chosen).optimizer_hyperparameters() == hyperparameters, name
+        make_server_optimizer(name, **hyperparameters)  # every key is one its constructor takes
+
+
+def test_a_plain_rate_chain_at_rate_one_returns_the_average_itself():
+    from driftlab.optim.apply import apply_server_optimizer
+
+    params = torch.tensor([1.0], dtype=torch.float32)
+    average = torch.tensor([1e-20], dtype=torch.float32)  # params − (params − average) rounds to 0, not 1e-20
+    for optimizer in (sgd(), server.chain(server.scale_by_learning_rate())):
+        new_params, state = apply_server_optimizer(optimizer, optimizer.init(params), params, average, 1.0)
+        assert new_params is average and state.step == 1
+    momentum_params, _ = apply_server_optimizer(momentum(beta=0.0), momentum(beta=0.0).init(params), params, average, 1.0)
+    assert momentum_params is not average
+
+
+def test_a_schedule_attached_to_the_chain_sets_the_rate_by_update_count():
+    from driftlab.optim.schedules import ExponentialSchedule
+
+    decaying = server.chain(server.scale_by_learning_rate(schedule=ExponentialSchedule(initial=0.5, decay=0.5)))
+    assert not decaying.plain_step
+    params = torch.tensor([1.0], dtype=torch.float64)
+    state = decaying.init(params)
+    q = torch.tensor([1.0], dtype=torch.float64)
+    params, state = decaying.update(state, params, q, 1.0)  # t = 1: η = 0.5 (the passed 1.0 is not used)
+    _assert_hand(params, [0.5])
+    params, state = decaying.update(state, params, q, 1.0)  # t = 2: η = 0.25
+    _assert_hand(params, [0.25])
+    # with Adam's correction the scheduled rate is what gets corrected: t = 3, η = 0.125
+    corrected = server.scale_by_learning_rate(server.adam_bias_correction(0.5, 0.75), schedule=lambda t: 0.125)
+    direction, _ = corrected.update(torch.tensor([1.0], dtype=torch.float64), {}, 3, 1.0)
+    _assert_hand(direction, [0.125 * math.sqrt(1 - 0.75**3) / (1 - 0.5**3)])
