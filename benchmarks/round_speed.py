@@ -172,6 +172,7 @@ def workload(args: argparse.Namespace) -> dict[str, Any]:
         "local_epochs": args.epochs,
         "local_steps": args.steps,
         "algorithm": "fedavg",
+        "precision": args.precision,
         "clients_per_round": list(args.clients_per_round),
         "timed_rounds": args.rounds,
         "warmup_rounds": 1,
@@ -349,6 +350,7 @@ def driftlab_rounds(spec: dict[str, Any], inputs: torch.Tensor, targets: torch.T
                 "seed": 0,
                 "rounds": 1000,
                 "device": spec["device"],
+                "precision": spec.get("precision", "float32"),
                 "backend": ROW_BACKENDS[spec["row"]],
                 "data": driftlab_data_section(spec, Path(directory), inputs, targets),
                 "model": {"name": spec["model"], **spec["model_options"]},
@@ -359,7 +361,7 @@ def driftlab_rounds(spec: dict[str, Any], inputs: torch.Tensor, targets: torch.T
         )
         sim, state = build_simulation(config)
     if spec["row"] == "vmap":
-        sim.backend = VectorizedBackend(batched_layers=False)
+        sim.backend = VectorizedBackend(batched_layers=False, precision=spec.get("precision", "float32"))
     seconds = []
     for _ in range(1 + spec["timed_rounds"]):
         synchronize(spec["device"])
@@ -631,6 +633,10 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--epochs", type=int, default=None, help="local epochs (default 5; lstm: --steps)")
     parser.add_argument("--steps", type=int, default=None, help="local steps instead of epochs (lstm default 10)")
     parser.add_argument("--lr", type=float, default=0.1)
+    parser.add_argument(
+        "--precision", choices=("float32", "tf32", "bf16"), default="float32",
+        help="driftlab rows' local-step arithmetic (config key precision; tf32 needs cuda); the reference row stays float32",
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads of every row and of the matmul figure (default: torch's)")
     parser.add_argument("--random-data", action="store_true", help="random data of the workload's shape even when the real set is present")
     parser.add_argument("--in-process", action="store_true", help="run rows in this process (peak memory is then the whole run's)")
@@ -644,6 +650,8 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
         raise SystemExit(2)
     if args.epochs is not None and args.steps is not None:
         parser.error("give either --epochs or --steps, not both")
+    if args.precision == "tf32" and args.device != "cuda":
+        parser.error("--precision tf32 needs --device cuda (TensorFloat-32 is a GPU format); on a CPU use float32 or bf16")
     if args.threads is not None:
         if args.threads < 1:
             parser.error(f"--threads must be at least 1, got {args.threads}")

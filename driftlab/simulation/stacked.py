@@ -22,6 +22,10 @@ disjoint, so row ``k`` of the gradient is client ``k``'s own):
 Compared with ``torch.func.vmap`` this needs no batching rules (an LSTM has
 none on CPU) and has no per-operation transform overhead; the arithmetic is
 the module's own, so it agrees with the sequential backend to rounding.
+A chunk of one client runs the module's own forward instead (through
+``functional_call`` on a copy of the module per thread), so fused kernels such as
+oneDNN's LSTM do the work; on a CPU convolutional and recurrent networks train
+that way, one client per single-threaded worker.
 Only the zoo's classes (and ``nn.Sequential`` of the layers above) are
 recognised, by exact type: a subclass may change ``forward``.
 Whether this path is faster than training clients one by one depends on the
@@ -31,6 +35,8 @@ follows them.
 
 from __future__ import annotations
 
+import copy
+import threading
 from dataclasses import dataclass
 from typing import Callable
 
@@ -352,6 +358,7 @@ class StackedNetwork:
         self._model = model
         self._forward = forward
         self._activations_per_example: int | None = None
+        self._copies = threading.local()
 
     @staticmethod
     def match(model: FlatModel) -> "StackedNetwork | None":
@@ -372,6 +379,16 @@ class StackedNetwork:
     def flat_inputs(self, inputs: torch.Tensor) -> torch.Tensor:
         return inputs
 
+    def _module_for_this_thread(self, device: torch.device) -> nn.Module:
+        """A copy of the module per thread and device: ``functional_call`` swaps a module's parameters while it runs,
+        so chunks trained at once on several threads must not share one."""
+        copies = getattr(self._copies, "modules", None)
+        if copies is None:
+            copies = self._copies.modules = {}
+        if device not in copies:
+            copies[device] = copy.deepcopy(self._model.module).to(device)
+        return copies[device]
+
     def outputs(self, theta: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """``[n, B, classes]`` outputs of ``n`` clients on their own ``[n, B, ...]`` inputs, and the parameter leaves."""
         clients = theta.shape[0]
@@ -384,6 +401,10 @@ class StackedNetwork:
             named[name] = leaf
             leaves.append(leaf)
             offset += numel
+        if clients == 1:
+            # One client: the module's own forward, so its fused kernels (oneDNN's LSTM, say) do the work.
+            single = {name: leaf[0] for name, leaf in named.items()}
+            return torch.func.functional_call(self._module_for_this_thread(theta.device), single, (x[0],)).unsqueeze(0), leaves
         return self._forward(self._model.module, _Parameters(named, clients), x), leaves
 
     def loss_gradient(self, theta: torch.Tensor, x: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
@@ -429,4 +450,9 @@ def has_convolutions(module: nn.Module) -> bool:
     return any(isinstance(sub, (nn.Conv1d, nn.Conv2d, nn.Conv3d)) for sub in module.modules())
 
 
-__all__ = ["StackedNetwork", "has_convolutions"]
+def has_recurrent_layers(module: nn.Module) -> bool:
+    """Whether ``module`` has an LSTM or GRU: on a CPU one client per chunk runs oneDNN's fused recurrent kernels."""
+    return any(isinstance(sub, nn.RNNBase) for sub in module.modules())
+
+
+__all__ = ["StackedNetwork", "has_convolutions", "has_recurrent_layers"]

@@ -192,10 +192,26 @@ def test_zoo_models_take_batched_layers_and_auto_follows_the_measured_rule():
     assert has_convolutions(_flat(CASES[0][1]).module) and not has_convolutions(_flat(CASES[6][1]).module)
 
 
-def test_on_a_cpu_convolutional_networks_train_one_client_per_chunk_and_the_others_batch():
-    conv_model, start, tasks, data = _round_setup("sequential_conv_groupnorm", "none")
+def test_on_a_cpu_convolutional_and_recurrent_networks_train_one_client_per_chunk_and_the_others_batch():
     settings = LocalSettings(learning_rate=0.1)
     backend = VectorizedBackend(parallel_chunks=False)
-    assert backend.chunk_size(gradient_engine(conv_model), conv_model, start, tasks, settings, data) == 1
-    gru_model, gru_start, gru_tasks, gru_data = _round_setup("gru", "none")
-    assert backend.chunk_size(gradient_engine(gru_model), gru_model, gru_start, gru_tasks, settings, gru_data) == 3
+    for case_id in ("sequential_conv_groupnorm", "gru"):
+        model, start, tasks, data = _round_setup(case_id, "none")
+        assert backend.chunk_size(gradient_engine(model), model, start, tasks, settings, data) == 1, case_id
+    model, start, tasks, data = _round_setup("sequential_flatten_mlp", "none")
+    engine = gradient_engine(model, precision="bf16")  # a Linear/ReLU stack on the stacked layers
+    assert isinstance(engine, StackedNetwork)
+    assert backend.chunk_size(engine, model, start, tasks, settings, data) == 3
+
+
+def test_one_client_chunks_on_parallel_threads_use_their_own_module_copy():
+    # functional_call swaps a module's parameters while it runs; two threads sharing one module would mix clients.
+    model, start, tasks, data = _round_setup("gru", "mixed")
+    settings = LocalSettings(learning_rate=0.1, weight_decay=0.01)
+    expected = {p: t.clone() for p, t, _ in SequentialBackend().train(model, start, tasks, settings, data)}
+    backend = VectorizedBackend(max_chunk_clients=1)
+    assert backend.workers(start, len(tasks)) == min(torch.get_num_threads(), len(tasks))
+    for _ in range(3):
+        actual = {p: t.clone() for p, t, _ in backend.train(model, start, tasks, settings, data)}
+        for position, theta in expected.items():
+            torch.testing.assert_close(actual[position], theta, rtol=1e-12, atol=1e-12)

@@ -71,7 +71,7 @@ from driftlab.simulation.local_training import (
 from driftlab.simulation.randomness import example_keys
 from driftlab.simulation.precision import local_arithmetic
 from driftlab.simulation.seam import GradientCorrection
-from driftlab.simulation.stacked import StackedNetwork, has_convolutions
+from driftlab.simulation.stacked import StackedNetwork, has_convolutions, has_recurrent_layers
 
 logger = logging.getLogger(__name__)
 
@@ -409,9 +409,10 @@ class VectorizedBackend:
             corrections, activations and its batch schedule (default 1 GiB on a
             CPU; on a GPU, 80% of the device's free memory, shared by the chunks in flight).
         max_chunk_clients: at most this many clients per chunk; default on a CPU
-            ``CPU_CHUNK_CLIENTS``, or one client for convolutional networks, whose
-            per-client products are already large (docs/performance.md); no limit
-            beyond the budget on a GPU.
+            ``CPU_CHUNK_CLIENTS``, or one client for convolutional and recurrent
+            networks, whose per-client kernels (oneDNN's convolutions and fused
+            LSTM/GRU) are already efficient (docs/performance.md); no limit beyond
+            the budget on a GPU.
         batched_layers: use the batched layers (``LinearReluStack``,
             ``stacked.StackedNetwork``) where the model allows (``False`` forces
             ``vmap``; for benchmarks and tests).
@@ -545,7 +546,7 @@ class VectorizedBackend:
     def _default_cap(engine, model: FlatModel, device: torch.device) -> int | None:
         if device.type != "cpu":
             return None
-        if isinstance(engine, StackedNetwork) and has_convolutions(model.module):
+        if isinstance(engine, StackedNetwork) and (has_convolutions(model.module) or has_recurrent_layers(model.module)):
             return 1
         return CPU_CHUNK_CLIENTS
 
