@@ -152,6 +152,8 @@ def _layer(x, module: nn.Module, params: _Parameters, prefix: str):
     if kind is nn.GroupNorm:
         return _group_norm(x, module, params, prefix)
     if kind is nn.Linear:
+        if isinstance(x, Images):  # nn.Linear on [B, C, H, W] acts on W: no batched form here (the zoo flattens first)
+            raise TypeError("a Linear layer applied to image activations without a Flatten before it")
         return _linear(x, module, params, prefix)
     if kind is nn.ReLU:
         return _relu(x)
@@ -298,8 +300,7 @@ def _forward_mlp(module, params: _Parameters, inputs: torch.Tensor) -> torch.Ten
 
 
 def _forward_sequential(module, params: _Parameters, inputs: torch.Tensor) -> torch.Tensor:
-    first = next(iter(module.children()))
-    x = _images(inputs) if type(first) in (nn.Conv2d, nn.GroupNorm, nn.MaxPool2d) else Rows(inputs)
+    x = _images(inputs) if inputs.dim() == 5 else Rows(inputs)  # [C, B, channels, H, W] images, else feature rows
     out = _sequential(x, module, params, "")
     return out.rows().tensor if isinstance(out, Images) else out.tensor
 
@@ -324,6 +325,12 @@ def _supported(module: nn.Module) -> bool:
     zoo = _zoo()
     containers = {nn.Sequential, zoo._BasicBlockGN, zoo.FedDynCNN, zoo.FemnistCNN, zoo.ResNet18GN, zoo.VGG11, zoo.MLP,
                   zoo.MultinomialLogisticRegression, zoo.CharLSTM, zoo.CharGRU}
+    if type(module) is nn.Sequential:
+        # A user's Sequential is interpreted layer by layer: only the layers ``_layer`` knows, no zoo networks inside.
+        layers = {nn.Sequential, zoo._BasicBlockGN, nn.Conv2d, nn.GroupNorm, nn.Linear, nn.ReLU, nn.MaxPool2d, nn.Identity,
+                  nn.Flatten, nn.AdaptiveAvgPool2d}
+        if any(type(sub) not in layers for sub in module.modules()):
+            return False
     for sub in module.modules():
         kind = type(sub)
         if kind in containers or kind in (nn.ReLU, nn.Identity, nn.Linear, nn.GroupNorm):

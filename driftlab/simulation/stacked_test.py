@@ -215,3 +215,28 @@ def test_one_client_chunks_on_parallel_threads_use_their_own_module_copy():
         actual = {p: t.clone() for p, t, _ in backend.train(model, start, tasks, settings, data)}
         for position, theta in expected.items():
             torch.testing.assert_close(actual[position], theta, rtol=1e-12, atol=1e-12)
+
+
+def test_a_sequential_the_batched_layers_would_misread_falls_back_to_vmap_and_still_agrees(caplog):
+    import logging
+
+    # nn.Linear on [B, C, H, W] acts on the last axis: no Flatten, so the batched layers must not take it.
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Conv2d(2, 3, 3, padding=1), nn.ReLU(), nn.Linear(8, 4), nn.Flatten(), nn.Linear(3 * 8 * 4, 5))
+    model = FlatModel.wrap(module).to("cpu", torch.float64)
+    generator = torch.Generator().manual_seed(1)
+    data = TrainingData(torch.randn(12, 2, 8, 8, generator=generator, dtype=torch.float64), torch.randint(0, 5, (12,), generator=generator))
+    start = model.initial_parameters()
+    tasks = [ClientTask(k, torch.arange(6 * k, 6 * k + 6), batch_plan(0, 1, k, 6, 3, 2), NO_CORRECTION) for k in range(2)]
+    settings = LocalSettings(learning_rate=0.1)
+    backend = VectorizedBackend(max_chunk_clients=2, parallel_chunks=False)
+    with caplog.at_level(logging.WARNING, logger="driftlab.simulation.vectorized"):
+        actual = {p: t.clone() for p, t, _ in backend.train(model, start, tasks, settings, data)}
+    assert any("using vmap" in record.getMessage() for record in caplog.records)
+    expected = {p: t.clone() for p, t, _ in SequentialBackend().train(model, start, tasks, settings, data)}
+    for position, theta in expected.items():
+        torch.testing.assert_close(actual[position], theta, rtol=1e-12, atol=1e-12)
+
+
+def test_a_sequential_with_embeddings_or_recurrent_layers_is_not_read_layer_by_layer():
+    assert StackedNetwork.match(FlatModel.wrap(nn.Sequential(nn.Embedding(10, 4), nn.Flatten(), nn.Linear(12, 3)))) is None

@@ -556,6 +556,11 @@ class VectorizedBackend:
             engine = self._engine_of[1]
         else:
             engine = gradient_engine(model, self.batched_layers, self.precision)
+            if isinstance(engine, StackedNetwork):
+                problem = _stacked_problem(engine, model, start_params, tasks[0], data)
+                if problem is not None:
+                    logger.warning("vectorized backend: no batched layers for %s (%s); using vmap", type(model.module).__name__, problem)
+                    engine = None
             if engine is None:
                 engine = VmappedGradient(model)
                 problem = _vmap_problem(engine, start_params, tasks[0], data)
@@ -628,6 +633,27 @@ def _vmap_problem(engine: VmappedGradient, start_params: torch.Tensor, task: Cli
         engine.loss_gradient(theta, data.inputs[rows], data.targets[rows], schedule.weights[0], torch.empty_like(theta))
     except Exception as error:  # noqa: BLE001 - any failure means "not vmappable"; the message is logged
         return f"{type(error).__name__}: {error}"
+    return None
+
+
+def _stacked_problem(engine: StackedNetwork, model: FlatModel, start_params: torch.Tensor, task: ClientTask, data: TrainingData) -> str | None:
+    """Check the batched layers against the module on one client's first batch, as two different clients; why not, or ``None``.
+
+    Guards the layer-by-layer reading of a user's ``nn.Sequential``: a layout the
+    batched layers would compute differently is found here, not in the results.
+    """
+    positions = task.batches[0][task.batches[0] != PAD] if task.num_steps else np.zeros(1, dtype=np.int64)
+    rows = task.sample_indices[torch.as_tensor(positions[:4], device=task.sample_indices.device)]
+    x = data.inputs[rows]
+    theta = torch.stack([start_params, start_params * 0.5])  # two clients with different parameters
+    try:
+        with torch.no_grad():
+            stacked, _ = engine.outputs(theta, x.unsqueeze(0).expand(2, *x.shape).contiguous())
+            expected = torch.stack([model.forward(theta[0], x), model.forward(theta[1], x)])
+    except Exception as error:  # noqa: BLE001 - any failure means "use vmap"; the message is logged
+        return f"{type(error).__name__}: {error}"
+    if stacked.shape != expected.shape or not torch.allclose(stacked, expected, rtol=1e-4, atol=1e-5):
+        return "its batched outputs differ from the module's"
     return None
 
 
