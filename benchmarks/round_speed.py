@@ -173,6 +173,7 @@ def workload(args: argparse.Namespace) -> dict[str, Any]:
         "local_steps": args.steps,
         "algorithm": "fedavg",
         "precision": args.precision,
+        "max_chunk_clients": args.max_chunk_clients,
         "clients_per_round": list(args.clients_per_round),
         "timed_rounds": args.rounds,
         "warmup_rounds": 1,
@@ -362,6 +363,8 @@ def driftlab_rounds(spec: dict[str, Any], inputs: torch.Tensor, targets: torch.T
         sim, state = build_simulation(config)
     if spec["row"] == "vmap":
         sim.backend = VectorizedBackend(batched_layers=False, precision=spec.get("precision", "float32"))
+    if spec.get("max_chunk_clients") and isinstance(sim.backend, VectorizedBackend):
+        sim.backend.max_chunk_clients = spec["max_chunk_clients"]
     seconds = []
     for _ in range(1 + spec["timed_rounds"]):
         synchronize(spec["device"])
@@ -634,6 +637,10 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=None, help="local steps instead of epochs (lstm default 10)")
     parser.add_argument("--lr", type=float, default=0.1)
     parser.add_argument(
+        "--max-chunk-clients", type=int, default=None,
+        help="clients per chunk of the vectorized rows (default: the backend's own, docs/performance.md)",
+    )
+    parser.add_argument(
         "--precision", choices=("float32", "tf32", "bf16"), default="float32",
         help="driftlab rows' local-step arithmetic (config key precision; tf32 needs cuda); the reference row stays float32",
     )
@@ -675,9 +682,9 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     for key in ("num_clients", "samples", "batch_size", "rounds", "width"):
         if getattr(args, key) < 1:
             parser.error(f"--{key.replace('_', '-')} must be at least 1, got {getattr(args, key)}")
-    for key in ("epochs", "steps"):
+    for key in ("epochs", "steps", "max_chunk_clients"):
         if getattr(args, key) is not None and getattr(args, key) < 1:
-            parser.error(f"--{key} must be at least 1, got {getattr(args, key)}")
+            parser.error(f"--{key.replace('_', '-')} must be at least 1, got {getattr(args, key)}")
     if args.model in ("cnn", "resnet18_gn") and args.num_clients * args.samples < 5:
         parser.error("CIFAR-shaped workloads need at least 5 rows in all (--num-clients x --samples)")
     return args
