@@ -41,7 +41,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the driftlab of this checkout
 
 import driftlab  # noqa: E402
-from driftlab.experiments import runner  # noqa: E402
+from driftlab.experiments import assembly, runner  # noqa: E402
 
 ALGORITHMS = {
     "scaffold": ["algorithm.name=scaffold"],
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"{line['round']:>6} {line['distinct_clients']:>10} {line['round_seconds']:>9.2f} {checkpoint:>11} {line['peak_rss_mb']:>10.0f}", flush=True)
 
     parent = Path(tempfile.mkdtemp(prefix="driftlab-client-state-scale-", dir=args.dir))
-    runner.build_dataset, original_build = capped_synthetic, runner.build_dataset
+    assembly.build_dataset, original_build = capped_synthetic, assembly.build_dataset
     runner._checkpoint = timed_checkpoint
     started = time.perf_counter()
     try:
@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         state_dir = parent / "run" / runner.CLIENT_STATE_DIR
         store = "disk" if state_dir.exists() else "memory"
     finally:
-        runner.build_dataset, runner._checkpoint = original_build, original_checkpoint
+        assembly.build_dataset, runner._checkpoint = original_build, original_checkpoint
         if args.keep:
             print(f"run directory kept: {parent / 'run'}", file=sys.stderr)
         else:

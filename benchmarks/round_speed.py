@@ -340,7 +340,7 @@ def synchronize(device: str) -> None:
 def driftlab_rounds(spec: dict[str, Any], inputs: torch.Tensor, targets: torch.Tensor) -> tuple[list[float], int]:
     """Seconds of each round of driftlab FedAvg (engine ``run_round``: sampling, training, aggregation; no evaluation)."""
     from driftlab.experiments.config import load_config
-    from driftlab.experiments.runner import build_simulation
+    from driftlab.experiments.assembly import build_simulation
     from driftlab.simulation.engine import run_round
     from driftlab.simulation.vectorized import VectorizedBackend
 

@@ -10,6 +10,8 @@
     driftlab data list                              the data sets, partitions and models a config can name
     driftlab data describe CONFIG [key=value ...]   clients, samples per client, classes holding 80% of a client's data
     driftlab data download NAME --to DIR            fetch official files (checksummed, resumable); never needed for tests
+    driftlab flower new DIR --config CONFIG         a Flower app project running CONFIG (pip install "driftlab[flower]")
+    driftlab flower check CONFIG --rounds N         Flower's simulation engine vs the simulator, bit for bit (exit 0: equal)
 
 key=value overrides may stand anywhere after the command, before or after its options.
 An unexpected failure prints one line and the path of a log holding the traceback;
@@ -32,10 +34,16 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from driftlab.data.federated import DataFileError
-from driftlab.experiments.datasets import DataSetupError
-from driftlab.experiments.config import ConfigError, describe_keys, load_config, preset_names
-from driftlab.simulation.checkpoint import CheckpointError
+from driftlab.errors import ConfigError
+
+# Errors whose message says what to fix (exit code 2), besides ConfigError: (module, name). The modules
+# import torch, so they are imported by the commands that need them, never here (`driftlab report` and
+# `--help` import no torch); an error of a module that was not imported cannot have been raised.
+USER_ERRORS = (
+    ("driftlab.data.federated", "DataFileError"),
+    ("driftlab.experiments.datasets", "DataSetupError"),
+    ("driftlab.simulation.checkpoint", "CheckpointError"),
+)
 
 EPILOG_RUN = """examples:
   driftlab run synthetic-fedavg --out runs/fedavg
@@ -82,6 +90,24 @@ def _trackers_option(args: argparse.Namespace) -> tuple[str, ...] | None:
     return None if args.log is None else parse_tracker_list(args.log)
 
 
+class _RunHelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """`driftlab run --help`: the examples, then every configuration key, listed only when the help is shown
+    (listing them imports the config module, and torch, which parsing any other command line does not need)."""
+
+    def add_text(self, text: str | None) -> None:
+        if text == EPILOG_RUN:
+            from driftlab.experiments.config import describe_keys
+
+            text = EPILOG_RUN + "\n\nconfiguration keys:\n" + describe_keys()
+        super().add_text(text)
+
+
+def _user_errors() -> tuple[type[Exception], ...]:
+    """ConfigError and those of USER_ERRORS whose module is imported (evaluated when an error is being handled)."""
+    loaded = (getattr(sys.modules.get(module), name, None) for module, name in USER_ERRORS)
+    return (ConfigError, *(error for error in loaded if error is not None))
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="driftlab", description="Federated optimization simulator: FedAvg, FedOpt and drift-correcting algorithms.")
     parser.add_argument("--debug", action="store_true", help="print the full traceback of an unexpected error (it is always written to a log file)")
@@ -96,8 +122,8 @@ def _parser() -> argparse.ArgumentParser:
         "run",
         help="run one experiment",
         description="Run one experiment and write its config, per-round metrics and checkpoints to --out.",
-        epilog=EPILOG_RUN + "\n\nconfiguration keys:\n" + describe_keys(),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=EPILOG_RUN,
+        formatter_class=_RunHelpFormatter,
     )
     run.add_argument("config", help="a config file (.toml or .json) or a preset name (see `driftlab presets`)")
     run.add_argument("overrides", nargs="*", metavar="key=value", help="overrides such as client.lr=0.05")
@@ -178,7 +204,25 @@ def _parser() -> argparse.ArgumentParser:
     )
     download.add_argument("name", help="data set (see `driftlab data list`)")
     download.add_argument("--to", required=True, help="directory to write the files to")
-    for command in (*commands.choices.values(), *data_commands.choices.values()):
+
+    flower = commands.add_parser("flower", help="deploy a config on Flower: write an app project, check it against the simulator")
+    flower_commands = flower.add_subparsers(dest="flower_command", required=True)
+    flower_new = flower_commands.add_parser(
+        "new",
+        help="write a ready Flower app project (pyproject.toml, app module, README) for a config",
+        epilog="example: driftlab config synthetic-fedavg algorithm.name=scaffold --toml > scaffold.toml   then   "
+        "driftlab flower new scaffold-app --config scaffold.toml   then follow scaffold-app/README.md",
+    )
+    flower_new.add_argument("directory", metavar="DIR", help="a new or empty directory (nothing is overwritten)")
+    flower_new.add_argument("--config", required=True, help="a config file or preset (see `driftlab presets`)")
+    flower_check = flower_commands.add_parser(
+        "check", help="run a config under Flower's simulation engine and the sequential backend; exit 0 if the final models are equal bit for bit"
+    )
+    flower_check.add_argument("config", help="a config file or preset")
+    flower_check.add_argument("--rounds", type=int, default=3, help="rounds to run (default: 3)")
+    flower_check.add_argument("--nodes", type=int, help="virtual SuperNodes serving the clients round-robin (default: min(4, clients))")
+    flower_check.add_argument("--keep", metavar="DIR", help="keep the Flower run's directory here (new or empty) for `driftlab report`")
+    for command in (*commands.choices.values(), *data_commands.choices.values(), *flower_commands.choices.values()):
         # --debug after the command too; SUPPRESS keeps a command from resetting a --debug given before it
         command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return parser
@@ -217,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
         args = parse_arguments(argv)
         _check_named_files(args)
         return _dispatch(args)
-    except (ConfigError, DataFileError, DataSetupError, CheckpointError) as error:
+    except _user_errors() as error:
         print(f"driftlab: error: {error}", file=sys.stderr)
         return 2
     except FloatingPointError as error:
@@ -323,6 +367,24 @@ def _check_utf8_text(path: Path) -> None:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
+    # Each command imports what it needs: `report` and `sweep --status` read directories without torch.
+    if args.command == "report":
+        from driftlab.experiments.report import make_report
+
+        targets = _float_list(args.targets, "--targets") if args.targets else None
+        report = make_report(args.inputs, args.out, targets=targets, steps_reference=args.steps_reference, plots=not args.no_plots)
+        print(report.markdown)
+        print(f"report: {Path(args.out) / 'report.md'}")
+        return 0
+    if args.command == "sweep":
+        return _sweep_command(args)
+    if args.command == "flower":
+        from driftlab.flower.project import flower_command
+
+        return flower_command(args)
+
+    from driftlab.experiments.config import describe_keys, load_config, preset_names
+
     if args.command == "presets":
         from driftlab.experiments.sweep import load_sweep, sweep_names
 
@@ -335,16 +397,6 @@ def _dispatch(args: argparse.Namespace) -> int:
             print(f"  {name}")
             print(_wrapped(load_sweep(name).description))
         return 0
-    if args.command == "report":
-        from driftlab.experiments.report import make_report
-
-        targets = _float_list(args.targets, "--targets") if args.targets else None
-        report = make_report(args.inputs, args.out, targets=targets, steps_reference=args.steps_reference, plots=not args.no_plots)
-        print(report.markdown)
-        print(f"report: {Path(args.out) / 'report.md'}")
-        return 0
-    if args.command == "sweep":
-        return _sweep_command(args)
     if args.command == "config":
         if args.config is not None and "=" in args.config and not Path(args.config).exists():
             # `driftlab config client.lr=0.5`: an override, not a config file; resolve it on the defaults
@@ -486,14 +538,15 @@ def _float_list(text: str, option: str) -> list[float]:
 
 
 def _sweep_command(args: argparse.Namespace) -> int:
-    from driftlab.executors import ExecutorOptions, check_options
-    from driftlab.experiments.sweep import is_sweep_source, load_sweep, plan, run_status, run_sweep, sweep_from_config, sweep_names, validate_seeds
-
     if args.status is not None:
         from driftlab.experiments.sweep_status import format_status, sweep_status
 
         print(format_status(sweep_status(args.status)))
         return 0
+
+    from driftlab.executors import ExecutorOptions, check_options
+    from driftlab.experiments.config import preset_names
+    from driftlab.experiments.sweep import is_sweep_source, load_sweep, plan, run_status, run_sweep, sweep_from_config, sweep_names, validate_seeds
 
     seeds = None
     if args.seeds:
@@ -569,7 +622,7 @@ def _sweep_command(args: argparse.Namespace) -> int:
 
 def _data_command(args: argparse.Namespace) -> int:
     from driftlab.data.download import NOT_DOWNLOADABLE, dataset_names
-    from driftlab.experiments.config import PARTITIONS
+    from driftlab.experiments.config import PARTITIONS, load_config
     from driftlab.experiments.datasets import DATA_SETS, build_dataset, data_location, data_search_paths
     from driftlab.models import MODEL_NAMES
 

@@ -11,15 +11,16 @@ themselves from a plugin module with ``register(AlgorithmEntry(...))``
 
 from __future__ import annotations
 
+from driftlab.algorithm_labels import BUILT_IN_LABELS as LABELS
 from driftlab.algorithms import adabest, efl, fedavg, feddyn, fedprox, registry, scaffold
 from driftlab.algorithms.registry import ALGORITHMS, AlgorithmEntry, register
 
-register(AlgorithmEntry("fedavg", fedavg.Config, fedavg.from_config, label="FedAvg", keeps_partial_work=False))
-register(AlgorithmEntry("fedprox", fedprox.Config, fedprox.from_config, label="FedProx"))
-register(AlgorithmEntry("scaffold", scaffold.Config, scaffold.from_config, label="SCAFFOLD"))
-register(AlgorithmEntry("feddyn", feddyn.Config, feddyn.from_config, label="FedDyn", owns_server_step=True, uses_server_lr=False))
-register(AlgorithmEntry("adabest", adabest.Config, adabest.from_config, label="AdaBest", owns_server_step=True, uses_server_lr=False))
-register(AlgorithmEntry("efl", efl.Config, efl.from_config, label="EFL", default_compression_ratio=efl.DEFAULT_COMPRESSION_RATIO))
+register(AlgorithmEntry("fedavg", fedavg.Config, fedavg.from_config, label=LABELS["fedavg"], keeps_partial_work=False))
+register(AlgorithmEntry("fedprox", fedprox.Config, fedprox.from_config, label=LABELS["fedprox"]))
+register(AlgorithmEntry("scaffold", scaffold.Config, scaffold.from_config, label=LABELS["scaffold"]))
+register(AlgorithmEntry("feddyn", feddyn.Config, feddyn.from_config, label=LABELS["feddyn"], owns_server_step=True, uses_server_lr=False))
+register(AlgorithmEntry("adabest", adabest.Config, adabest.from_config, label=LABELS["adabest"], owns_server_step=True, uses_server_lr=False))
+register(AlgorithmEntry("efl", efl.Config, efl.from_config, label=LABELS["efl"], default_compression_ratio=efl.DEFAULT_COMPRESSION_RATIO))
 registry.BUILT_IN = tuple(ALGORITHMS)
 
 __all__ = ["ALGORITHMS", "AlgorithmEntry", "register"]

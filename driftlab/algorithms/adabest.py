@@ -119,6 +119,13 @@ class ServerState:
 
 
 @dataclass(frozen=True)
+class ClientView:
+    """What the server sends a selected client: θ^{t−1} (the server's θ̄ and h stay on the server)."""
+
+    params: torch.Tensor
+
+
+@dataclass(frozen=True)
 class ClientState:
     drift: torch.Tensor  # h_k
     last_round: int  # t'_k, the last round k reported (0 = never)
@@ -144,14 +151,14 @@ def build(mu: float = 0.02, beta: BetaSchedule = 0.96, aggregation: str = "unifo
     def client_state_init(initial_params: torch.Tensor) -> ClientState:
         return ClientState(drift=torch.zeros_like(initial_params), last_round=0)
 
-    def client_objective(server: ServerState, client: ClientState, context: ClientContext) -> GradientCorrection:
+    def client_objective(view: ClientView, client: ClientState, context: ClientContext) -> GradientCorrection:
         if mu == 0:
             return NO_CORRECTION  # h_k stays 0 forever: no term at all, so the step is FedAvg's to the bit
         return GradientCorrection(linear=-client.drift)
 
-    def client_finish(server: ServerState, client: ClientState, context: ClientContext, update: ClientUpdate) -> tuple[ClientState, ClientMessage]:
+    def client_finish(view: ClientView, client: ClientState, context: ClientContext, update: ClientUpdate) -> tuple[ClientState, ClientMessage]:
         rounds_since = context.round - client.last_round  # t − t'_k ≥ 1; h_k = 0 on first participation
-        drift = client.drift / rounds_since + mu * (server.params - update.final_params)
+        drift = client.drift / rounds_since + mu * (view.params - update.final_params)
         message = ClientMessage(update.final_params, context.num_samples, context.multiplicity)
         return ClientState(drift, context.round), message
 
@@ -166,18 +173,11 @@ def build(mu: float = 0.02, beta: BetaSchedule = 0.96, aggregation: str = "unifo
         params = client_average - server_drift
         return ServerState(params, client_average), {"drift_norm": float(torch.linalg.vector_norm(server_drift))}
 
-    def broadcast(server: ServerState) -> torch.Tensor:
-        return server.params
+    def broadcast(server: ServerState) -> ClientView:
+        return ClientView(server.params)
 
-    return Algorithm(
-        name="adabest",
-        server_init=server_init,
-        client_objective=client_objective,
-        client_finish=client_finish,
-        server_update=server_update,
-        broadcast=broadcast,
-        client_state_init=client_state_init,
-    )
+    return Algorithm("adabest", server_init, client_objective, client_finish, server_update, broadcast,
+                     client_state_init=client_state_init)
 
 
 def from_config(config: Config, server_optimizer: Any) -> Algorithm:  # noqa: ARG001

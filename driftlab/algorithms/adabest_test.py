@@ -36,15 +36,16 @@ def test_client_drift_is_damped_by_rounds_since_last_report() -> None:
     server = adabest.ServerState(vector(1, 1), vector(0, 0))
     client = adabest.ClientState(vector(3, -6), 2)
     context = ClientContext(4, 5, 10, 10.0, 10, 5, 0.1)
-    correction = algorithm.client_objective(server, client, context)
+    view = algorithm.broadcast(server)
+    correction = algorithm.client_objective(view, client, context)
     assert torch.equal(correction.linear, vector(-3, 6)) and correction.quadratic is None
-    state, message = algorithm.client_finish(server, client, context, ClientUpdate(server.params, vector(0, 3), 5))
+    state, message = algorithm.client_finish(view, client, context, ClientUpdate(view.params, vector(0, 3), 5))
     assert torch.equal(state.drift, vector(1.5, -3)) and state.last_round == 5
     assert torch.equal(message.params, vector(0, 3))
     # first participation (t'_k = 0, h_k = 0): only the new term
-    first, _ = algorithm.client_finish(server, algorithm.client_state_init(vector(1, 1)), context, ClientUpdate(server.params, vector(0, 3), 5))
+    first, _ = algorithm.client_finish(view, algorithm.client_state_init(vector(1, 1)), context, ClientUpdate(view.params, vector(0, 3), 5))
     assert torch.equal(first.drift, vector(0.5, -1)) and first.last_round == 5
-    assert adabest.build(mu=0.0, beta=0.5).client_objective(server, client, context) is NO_CORRECTION
+    assert adabest.build(mu=0.0, beta=0.5).client_objective(view, client, context) is NO_CORRECTION
 
 
 def test_server_step_with_a_beta_schedule() -> None:

@@ -84,6 +84,15 @@ class ServerState:
 
 
 @dataclass(frozen=True)
+class ClientView:
+    """What the server sends a selected client: θ, and U, V for the elastic term (None when λ = 0: not sent)."""
+
+    params: torch.Tensor
+    fisher_sum: torch.Tensor | None  # U
+    weighted_model_sum: torch.Tensor | None  # V
+
+
+@dataclass(frozen=True)
 class ClientState:
     fisher: torch.Tensor  # u_k last reported (0 before the first report)
     weighted_model: torch.Tensor  # v_k last reported
@@ -126,17 +135,17 @@ def build(
         zeros = torch.zeros_like(initial_params)
         return ClientState(zeros, zeros)
 
-    def client_objective(server: ServerState, client: ClientState, context: ClientContext) -> GradientCorrection:
+    def client_objective(view: ClientView, client: ClientState, context: ClientContext) -> GradientCorrection:
         if not uses_fisher:
             return NO_CORRECTION
         # λ(U⊙θ − V) = λU ⊙ (θ − V/U): the whole elastic term is a quadratic pull towards the
         # Fisher-weighted mean of the reported models, so clipping leaves it alone (algorithms.md).
         # Where U = 0 every u_i is 0, so V = 0 too and the coordinate has no pull.
-        fisher_sum = server.fisher_sum
-        reference = torch.where(fisher_sum > 0, server.weighted_model_sum / torch.where(fisher_sum > 0, fisher_sum, 1.0), 0.0)
+        fisher_sum = view.fisher_sum
+        reference = torch.where(fisher_sum > 0, view.weighted_model_sum / torch.where(fisher_sum > 0, fisher_sum, 1.0), 0.0)
         return GradientCorrection(quadratic=elastic * fisher_sum, reference=reference)
 
-    def client_finish(server: ServerState, client: ClientState, context: ClientContext, update: ClientUpdate):
+    def client_finish(view: ClientView, client: ClientState, context: ClientContext, update: ClientUpdate):
         if context.is_incomplete and incomplete == "drop":
             return client, None
         completed = update.steps_done / context.planned_steps
@@ -176,20 +185,13 @@ def build(
         metrics = {"fisher_sum_norm": float(torch.linalg.vector_norm(fisher_sum))} if uses_fisher else {}
         return ServerState(params, optimizer_state, fisher_sum, weighted_model_sum), metrics
 
-    def broadcast(server: ServerState):
+    def broadcast(server: ServerState) -> ClientView:
         if not uses_fisher:
-            return server.params
-        return (server.params, server.fisher_sum, server.weighted_model_sum)
+            return ClientView(server.params, None, None)
+        return ClientView(server.params, server.fisher_sum, server.weighted_model_sum)
 
-    return Algorithm(
-        name="efl",
-        server_init=server_init,
-        client_objective=client_objective,
-        client_finish=client_finish,
-        server_update=server_update,
-        broadcast=broadcast,
-        client_state_init=client_state_init,
-    )
+    return Algorithm("efl", server_init, client_objective, client_finish, server_update, broadcast,
+                     client_state_init=client_state_init)
 
 
 def from_config(config: Config, server_optimizer: Any) -> Algorithm:

@@ -26,7 +26,8 @@ from driftlab.metrics.communication import payload_bits
 from driftlab.models import build_model
 from driftlab.optim.server import make_server_optimizer
 from driftlab.simulation.availability import AvailabilityModel, steps_to_do
-from driftlab.simulation.engine import ClientDataComputation, RoundPlan, Simulation
+from driftlab.simulation.client import ClientDataComputation
+from driftlab.simulation.engine import RoundPlan, Simulation, client_data
 from driftlab.simulation.flat import FlatModel
 from driftlab.simulation.local_training import LocalSettings, SequentialBackend, corrected_step
 from driftlab.simulation.randomness import Stream, generator
@@ -60,7 +61,7 @@ def context(client_id: int, round_index: int, num_samples: int, planned: int, av
         mean_num_samples=4.0,
         num_registered=3,
         planned_steps=planned,
-        learning_rate=0.1,
+        client_lr=0.1,
         available_steps=available,
     )
 
@@ -92,7 +93,7 @@ def _two_client_round(incomplete: str):
     for client_id, n, final, done in ((1, 2, THETA_1, 4), (2, 6, THETA_2, 2)):
         state = algorithm.client_state_init(THETA)
         ctx = context(client_id, 1, n, planned=4, available=done)
-        _, message = algorithm.client_finish(server, state, ctx, ClientUpdate(THETA, final, done))
+        _, message = algorithm.client_finish(algorithm.broadcast(server), state, ctx, ClientUpdate(THETA, final, done))
         if message is not None:
             messages.append(message)
     new_server, _ = algorithm.server_update(server, messages, RoundContext(1, 3, 2, 1.0))
@@ -125,7 +126,7 @@ def test_adaptive_with_every_client_complete_is_the_weighted_average_exactly():
     algorithm = efl.build(sgd(), elastic=0.0)
     server = algorithm.server_init(THETA)
     messages = [
-        algorithm.client_finish(server, None, context(k, 1, n, 4, 4), ClientUpdate(THETA, final, 4))[1]
+        algorithm.client_finish(algorithm.broadcast(server), None, context(k, 1, n, 4, 4), ClientUpdate(THETA, final, 4))[1]
         for k, n, final in ((1, 2, THETA_1), (2, 6, THETA_2))
     ]
     new_server, metrics = algorithm.server_update(server, messages, RoundContext(1, 3, 2, 1.0))
@@ -137,8 +138,8 @@ def test_adaptive_weights_in_epochs_match_steps():
     """Whole epochs: E = 3 epochs of 2 steps, s = 2 epochs → E/s = 6/4 = 3/2 all the same."""
     algorithm = efl.build(sgd(), elastic=0.0)
     server = algorithm.server_init(THETA)
-    m1 = algorithm.client_finish(server, None, context(1, 1, 2, 6, 6), ClientUpdate(THETA, THETA_1, 6))[1]
-    m2 = algorithm.client_finish(server, None, context(2, 1, 2, 6, 4), ClientUpdate(THETA, THETA_2, 4))[1]
+    m1 = algorithm.client_finish(algorithm.broadcast(server), None, context(1, 1, 2, 6, 6), ClientUpdate(THETA, THETA_1, 6))[1]
+    m2 = algorithm.client_finish(algorithm.broadcast(server), None, context(2, 1, 2, 6, 4), ClientUpdate(THETA, THETA_2, 4))[1]
     new_server, _ = algorithm.server_update(server, [m1, m2], RoundContext(1, 3, 2, 1.0))
     expected = THETA + 0.5 * (THETA_1 - THETA) + 0.5 * 1.5 * (THETA_2 - THETA)
     assert torch.allclose(new_server.params, expected, rtol=0, atol=1e-12)
@@ -153,7 +154,7 @@ def test_client_objective_is_the_elastic_term():
     U = torch.tensor([2.0, 0.0, 4.0], dtype=torch.float64)
     V = torch.tensor([1.0, 0.0, -3.0], dtype=torch.float64)
     server = dataclasses.replace(server, fisher_sum=U, weighted_model_sum=V)
-    correction = algorithm.client_objective(server, algorithm.client_state_init(THETA), context(0, 1, 1, 4, 4))
+    correction = algorithm.client_objective(algorithm.broadcast(server), algorithm.client_state_init(THETA), context(0, 1, 1, 4, 4))
     assert correction.linear is None  # the elastic term is all quadratic, so clipping leaves it out
     assert correction.quadratic.tolist() == [1.0, 0.0, 2.0]  # λU
     assert correction.reference.tolist() == [0.5, 0.0, -0.75]  # V/U, 0 where U = 0
@@ -169,9 +170,9 @@ def test_client_objective_is_the_elastic_term():
 def test_lambda_zero_has_no_correction_no_fisher_pass_and_no_uv_traffic():
     algorithm = efl.build(sgd(), elastic=0.0)
     server = algorithm.server_init(THETA)
-    assert algorithm.client_objective(server, algorithm.client_state_init(THETA), context(0, 1, 1, 4, 4)) is NO_CORRECTION
+    assert algorithm.client_objective(algorithm.broadcast(server), algorithm.client_state_init(THETA), context(0, 1, 1, 4, 4)) is NO_CORRECTION
     fake = FakeFisher(1.0)
-    _, message = algorithm.client_finish(server, None, context(0, 1, 1, 4, 4), ClientUpdate(THETA, THETA_1, 4, fake))
+    _, message = algorithm.client_finish(algorithm.broadcast(server), None, context(0, 1, 1, 4, 4), ClientUpdate(THETA, THETA_1, 4, fake))
     assert fake.calls == []
     assert message.fisher_change is None and message.weighted_model_change is None
     assert payload_bits(message) == 32 * 3
@@ -182,7 +183,7 @@ def test_positive_lambda_needs_the_clients_data():
     algorithm = efl.build(sgd(), elastic=0.5)
     server = algorithm.server_init(THETA)
     with pytest.raises(RuntimeError, match="Fisher"):
-        algorithm.client_finish(server, algorithm.client_state_init(THETA), context(0, 1, 1, 4, 4), ClientUpdate(THETA, THETA_1, 4))
+        algorithm.client_finish(algorithm.broadcast(server), algorithm.client_state_init(THETA), context(0, 1, 1, 4, 4), ClientUpdate(THETA, THETA_1, 4))
 
 
 def test_elastic_term_is_added_after_clipping():
@@ -190,7 +191,7 @@ def test_elastic_term_is_added_after_clipping():
     U = torch.tensor([2.0, 1.0, 4.0], dtype=torch.float64)
     V = torch.tensor([1.0, 3.0, -3.0], dtype=torch.float64)
     server = dataclasses.replace(algorithm.server_init(THETA), fisher_sum=U, weighted_model_sum=V)
-    correction = algorithm.client_objective(server, algorithm.client_state_init(THETA), context(0, 1, 1, 4, 4))
+    correction = algorithm.client_objective(algorithm.broadcast(server), algorithm.client_state_init(THETA), context(0, 1, 1, 4, 4))
     theta = torch.tensor([0.3, -1.0, 2.0], dtype=torch.float64)
     grad = torch.tensor([3.0, 0.0, -4.0], dtype=torch.float64)  # ‖∇f‖ = 5
     stepped = corrected_step(theta, grad, correction, LocalSettings(0.1, clip_norm=1.0))
@@ -215,7 +216,7 @@ def test_u_v_are_sums_of_each_clients_latest_report():
             local = local.to(torch.float64)
             state = store.get(k) or algorithm.client_state_init(theta0)
             state, message = algorithm.client_finish(
-                server, state, context(k, t, 1, 4, 4), ClientUpdate(server.params, local, 4, fakes[k])
+                algorithm.broadcast(server), state, context(k, t, 1, 4, 4), ClientUpdate(server.params, local, 4, fakes[k])
             )
             store[k] = state
             messages.append(message)
@@ -233,8 +234,9 @@ def test_u_v_are_sums_of_each_clients_latest_report():
     assert torch.equal(store[1].fisher, u[1]) and torch.equal(store[0].weighted_model, u[0] * latest[0].double())
     assert [call[1] for call in fakes[0].calls] == [7, 7]
     # broadcast: θ, U, V
-    params, fisher_sum, weighted = algorithm.broadcast(server)
-    assert torch.equal(fisher_sum, server.fisher_sum) and torch.equal(weighted, server.weighted_model_sum)
+    view = algorithm.broadcast(server)
+    assert view == efl.ClientView(server.params, server.fisher_sum, server.weighted_model_sum)
+    assert not hasattr(view, "optimizer_state")  # the server optimizer's state stays on the server
     assert payload_bits(algorithm.broadcast(server)) == 3 * 32 * 3
 
 
@@ -244,7 +246,7 @@ def test_drop_keeps_u_v_of_an_incomplete_client():
     server = algorithm.server_init(theta0)
     state = algorithm.client_state_init(theta0)
     fake = FakeFisher(1.0)
-    new_state, message = algorithm.client_finish(server, state, context(0, 1, 1, 4, 2), ClientUpdate(theta0, THETA_1, 2, fake))
+    new_state, message = algorithm.client_finish(algorithm.broadcast(server), state, context(0, 1, 1, 4, 2), ClientUpdate(theta0, THETA_1, 2, fake))
     assert message is None and new_state is state and fake.calls == []
 
 
@@ -255,7 +257,7 @@ def test_compressed_efl_computes_fisher_at_the_local_model_and_sends_reconstruct
     server = algorithm.server_init(theta0)
     fake = FakeFisher(1.0)
     state, message = algorithm.client_finish(
-        server, algorithm.client_state_init(theta0), context(0, 1, 1, 4, 4), ClientUpdate(theta0, local, 4, fake)
+        algorithm.broadcast(server), algorithm.client_state_init(theta0), context(0, 1, 1, 4, 4), ClientUpdate(theta0, local, 4, fake)
     )
     assert torch.equal(fake.calls[0][0], local)
     assert message.payload.params.tolist() == [0.0, -2.5, 0.0, 2.5]
@@ -288,11 +290,16 @@ def _fisher_simulation(seed: int = 0) -> Simulation:
     model = FlatModel.wrap(build_model("mlr", (2,), 3)).to("cpu", torch.float64)
     assert model.names == ("linear.weight", "linear.bias") and model.numels == (6, 3)
     plan = RoundPlan(
-        seed=seed, participation=1.0, sampling="uniform", batch_size=10, client_lr=0.1, server_lr=1.0, local_epochs=None, local_steps=1
+        seed=seed, participation=1.0, sampling="uniform", batch_size=10, client_lr=0.1, server_lr=1.0, local_epochs=None, steps=1
     )
     theta = torch.tensor(FISHER_THETA, dtype=torch.float64)
     algorithm = efl.build(sgd(), elastic=0.5)
     return Simulation(model, data, algorithm, SequentialBackend(), plan, torch.device("cpu"), torch.float64, initial_params=theta)
+
+
+def _fisher_pass(sim: Simulation, client_id: int, round_index: int) -> ClientDataComputation:
+    """The Fisher pass on one client's own data, its sample drawn from (the run's seed, round, client id)."""
+    return ClientDataComputation(client_data(sim, client_id), sim.plan.seed, round_index, client_id)
 
 
 def _hand_fisher(rows: list[int]) -> list[float]:
@@ -317,14 +324,14 @@ def test_diagonal_fisher_of_softmax_regression_matches_hand_computation():
     sim = _fisher_simulation()
     theta = torch.tensor(FISHER_THETA, dtype=torch.float64)
     for client_id, rows in enumerate(CLIENT_ROWS):
-        fisher = ClientDataComputation(sim, client_id, 1).diagonal_fisher(theta, 128)
+        fisher = _fisher_pass(sim, client_id, 1).diagonal_fisher(theta, 128)
         assert fisher.dtype == torch.float64
         assert fisher.tolist() == pytest.approx(_hand_fisher(rows), abs=1e-14)
     # not the square of the mean gradient: the per-example structure matters
     mean_gradient_squared = torch.func.grad(sim.model.batch_loss)(theta, sim.training_data.inputs[:6], sim.training_data.targets[:6]) ** 2
     assert not torch.allclose(mean_gradient_squared, torch.tensor(_hand_fisher(CLIENT_ROWS[0]), dtype=torch.float64))
     # a chunk smaller than the client's rows gives the same numbers
-    chunked = ClientDataComputation(sim, 0, 1).diagonal_fisher(theta, 128, chunk=4)
+    chunked = _fisher_pass(sim, 0, 1).diagonal_fisher(theta, 128, chunk=4)
     assert chunked.tolist() == pytest.approx(_hand_fisher(CLIENT_ROWS[0]), abs=1e-14)
 
 
@@ -340,8 +347,8 @@ def test_diagonal_fisher_sample_is_seeded_per_seed_round_and_client():
     sim = _fisher_simulation(seed=0)
     chosen = {}
     for round_index in range(1, 7):
-        first = ClientDataComputation(sim, 0, round_index).diagonal_fisher(theta, 3)
-        again = ClientDataComputation(sim, 0, round_index).diagonal_fisher(theta, 3)
+        first = _fisher_pass(sim, 0, round_index).diagonal_fisher(theta, 3)
+        again = _fisher_pass(sim, 0, round_index).diagonal_fisher(theta, 3)
         assert torch.equal(first, again)
         chosen[round_index] = which_subset(first)
         # it is the (seed, round, client) stream's sample
@@ -349,10 +356,10 @@ def test_diagonal_fisher_sample_is_seeded_per_seed_round_and_client():
         assert list(chosen[round_index]) == sorted(np.array(CLIENT_ROWS[0])[rng.choice(6, size=3, replace=False)].tolist())
     assert len(set(chosen.values())) > 1  # other rounds, other samples
     other_seed = _fisher_simulation(seed=1)
-    other = {r: which_subset(ClientDataComputation(other_seed, 0, r).diagonal_fisher(theta, 3)) for r in range(1, 7)}
+    other = {r: which_subset(_fisher_pass(other_seed, 0, r).diagonal_fisher(theta, 3)) for r in range(1, 7)}
     assert other != chosen
     # max_examples ≥ n uses every example
-    full = ClientDataComputation(sim, 0, 1).diagonal_fisher(theta, 6)
+    full = _fisher_pass(sim, 0, 1).diagonal_fisher(theta, 6)
     assert full.tolist() == pytest.approx(_hand_fisher(CLIENT_ROWS[0]), abs=1e-14)
 
 
@@ -518,7 +525,7 @@ def test_availability_through_the_engine():
 
 def test_incomplete_work_with_fixed_steps_is_uniform_over_steps():
     plan = RoundPlan(
-        seed=0, participation=1.0, sampling="uniform", batch_size=10, client_lr=0.1, server_lr=1.0, local_epochs=None, local_steps=4
+        seed=0, participation=1.0, sampling="uniform", batch_size=10, client_lr=0.1, server_lr=1.0, local_epochs=None, steps=4
     )
     model = AvailabilityModel(0.0, 1.0)
     n = 20  # 2 steps per epoch

@@ -56,6 +56,13 @@ class ServerState:
 
 
 @dataclass(frozen=True)
+class ClientView:
+    """What the server sends a selected client: the model θ^{t−1} to start from."""
+
+    params: torch.Tensor
+
+
+@dataclass(frozen=True)
 class ClientMessage:
     params: torch.Tensor  # θ_k, one model up
     num_samples: int
@@ -72,10 +79,10 @@ def build(server_optimizer: Any, aggregation: str = "weighted", incomplete: str 
     def server_init(initial_params: torch.Tensor) -> ServerState:
         return ServerState(params=initial_params, optimizer_state=server_optimizer.init(initial_params))
 
-    def client_objective(server: ServerState, client_state: None, context: ClientContext) -> GradientCorrection:
+    def client_objective(view: ClientView, client_state: None, context: ClientContext) -> GradientCorrection:
         return NO_CORRECTION
 
-    def client_finish(server: ServerState, client_state: None, context: ClientContext, update: ClientUpdate) -> tuple[None, ClientMessage | None]:
+    def client_finish(view: ClientView, client_state: None, context: ClientContext, update: ClientUpdate) -> tuple[None, ClientMessage | None]:
         if context.is_incomplete and incomplete == "drop":
             return None, None
         return None, ClientMessage(update.final_params, context.num_samples, context.multiplicity)
@@ -88,17 +95,10 @@ def build(server_optimizer: Any, aggregation: str = "weighted", incomplete: str 
         )
         return ServerState(params, optimizer_state), {}
 
-    def broadcast(server: ServerState) -> torch.Tensor:
-        return server.params
+    def broadcast(server: ServerState) -> ClientView:
+        return ClientView(server.params)
 
-    return Algorithm(
-        name="fedavg",
-        server_init=server_init,
-        client_objective=client_objective,
-        client_finish=client_finish,
-        server_update=server_update,
-        broadcast=broadcast,
-    )
+    return Algorithm("fedavg", server_init, client_objective, client_finish, server_update, broadcast)
 
 
 def from_config(config: Config, server_optimizer: Any) -> Algorithm:

@@ -77,7 +77,7 @@ def _tiny_simulation(aggregation: str, server_optimizer: str = "sgd", server_lr:
         client_lr=LR,
         server_lr=server_lr,
         local_epochs=None,
-        local_steps=1,
+        steps=1,
     )
     theta0 = torch.tensor(THETA0, dtype=torch.float64)
     sim = Simulation(model, data, algorithm, SequentialBackend(), plan, torch.device("cpu"), torch.float64, initial_params=theta0)

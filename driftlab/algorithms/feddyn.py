@@ -92,6 +92,13 @@ class ServerState:
 
 
 @dataclass(frozen=True)
+class ClientView:
+    """What the server sends a selected client: θ^{t−1}, the start and the proximal reference."""
+
+    params: torch.Tensor
+
+
+@dataclass(frozen=True)
 class ClientState:
     dual: torch.Tensor  # λ_k (the paper's ∇L_k(θ_k) = −α λ_k)
 
@@ -122,12 +129,12 @@ def build(alpha: float = 0.01, balance: str = "by_size") -> Algorithm:
     def client_state_init(initial_params: torch.Tensor) -> ClientState:
         return ClientState(dual=torch.zeros_like(initial_params))
 
-    def client_objective(server: ServerState, client: ClientState, context: ClientContext) -> GradientCorrection:
+    def client_objective(view: ClientView, client: ClientState, context: ClientContext) -> GradientCorrection:
         alpha_k = client_alpha(alpha, balance, context)
-        return GradientCorrection(linear=alpha_k * client.dual, quadratic=alpha_k, reference=server.params)
+        return GradientCorrection(linear=alpha_k * client.dual, quadratic=alpha_k, reference=view.params)
 
-    def client_finish(server: ServerState, client: ClientState, context: ClientContext, update: ClientUpdate) -> tuple[ClientState, ClientMessage]:
-        dual = client.dual + (update.final_params - server.params)
+    def client_finish(view: ClientView, client: ClientState, context: ClientContext, update: ClientUpdate) -> tuple[ClientState, ClientMessage]:
+        dual = client.dual + (update.final_params - view.params)
         return ClientState(dual), ClientMessage(update.final_params, context.multiplicity)
 
     def server_update(server: ServerState, messages: Sequence[ClientMessage], context: RoundContext) -> tuple[ServerState, dict[str, float]]:
@@ -140,8 +147,8 @@ def build(alpha: float = 0.01, balance: str = "by_size") -> Algorithm:
         params = client_average + dual_mean
         return ServerState(params, dual_sum), {"drift_norm": float(torch.linalg.vector_norm(dual_mean))}
 
-    def broadcast(server: ServerState) -> torch.Tensor:
-        return server.params
+    def broadcast(server: ServerState) -> ClientView:
+        return ClientView(server.params)
 
     def client_joined(server: ServerState, client: ClientState) -> ServerState:
         # A returning client's λ_k counts in mean_S λ_k again (a new one's is 0).
@@ -150,17 +157,8 @@ def build(alpha: float = 0.01, balance: str = "by_size") -> Algorithm:
     def client_left(server: ServerState, client: ClientState) -> ServerState:
         return ServerState(server.params, server.dual_sum - client.dual)
 
-    return Algorithm(
-        name="feddyn",
-        server_init=server_init,
-        client_objective=client_objective,
-        client_finish=client_finish,
-        server_update=server_update,
-        broadcast=broadcast,
-        client_state_init=client_state_init,
-        client_joined=client_joined,
-        client_left=client_left,
-    )
+    return Algorithm("feddyn", server_init, client_objective, client_finish, server_update, broadcast,
+                     client_state_init=client_state_init, client_joined=client_joined, client_left=client_left)
 
 
 def from_config(config: Config, server_optimizer: Any) -> Algorithm:  # noqa: ARG001

@@ -18,16 +18,17 @@ F64 = torch.float64
 
 def test_correction_and_client_alpha_by_size() -> None:
     server = feddyn.ServerState(torch.tensor([1.0, 2.0], dtype=F64), torch.zeros(2, dtype=F64))
+    view = feddyn.build(alpha=0.1).broadcast(server)
     client = feddyn.ClientState(torch.tensor([0.5, -1.0], dtype=F64))
     small = ClientContext(0, 3, 25, 100.0, 10, 5, 0.1)  # n_k = 25, n̄ = 100: α_k = 0.1·100/25 = 0.4
-    correction = build_algorithm("feddyn", alpha=0.1).client_objective(server, client, small)
+    correction = build_algorithm("feddyn", alpha=0.1).client_objective(view, client, small)
     assert correction.quadratic == pytest.approx(0.4, rel=1e-15)
     assert torch.allclose(correction.linear, torch.tensor([0.2, -0.4], dtype=F64), rtol=1e-15)
     assert torch.equal(correction.reference, server.params)
-    constant = build_algorithm("feddyn", alpha=0.1, balance="none").client_objective(server, client, small)
+    constant = build_algorithm("feddyn", alpha=0.1, balance="none").client_objective(view, client, small)
     assert constant.quadratic == 0.1
     balanced = ClientContext(0, 3, 100, 100.0, 10, 5, 0.1)
-    assert build_algorithm("feddyn", alpha=0.1).client_objective(server, client, balanced).quadratic == 0.1
+    assert build_algorithm("feddyn", alpha=0.1).client_objective(view, client, balanced).quadratic == 0.1
 
 
 def test_client_dual_update() -> None:
@@ -35,7 +36,9 @@ def test_client_dual_update() -> None:
     server = feddyn.ServerState(torch.tensor([1.0, 2.0], dtype=F64), torch.zeros(2, dtype=F64))
     client = feddyn.ClientState(torch.tensor([0.5, -1.0], dtype=F64))
     context = ClientContext(0, 3, 10, 10.0, 10, 5, 0.1)
-    state, message = algorithm.client_finish(server, client, context, ClientUpdate(server.params, torch.tensor([0.0, 4.0], dtype=F64), 5))
+    view = algorithm.broadcast(server)
+    assert view == feddyn.ClientView(server.params)  # θ^{t−1} only: Σ λ stays on the server
+    state, message = algorithm.client_finish(view, client, context, ClientUpdate(view.params, torch.tensor([0.0, 4.0], dtype=F64), 5))
     # λ_k ← λ_k + (θ_k − θ^{t−1}) = (0.5, −1) + (−1, 2) = (−0.5, 1); the upload is θ_k (one model)
     assert torch.equal(state.dual, torch.tensor([-0.5, 1.0], dtype=F64))
     assert torch.equal(message.params, torch.tensor([0.0, 4.0], dtype=F64))

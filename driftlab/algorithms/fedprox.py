@@ -31,8 +31,8 @@ Example:
     >>> from driftlab.optim.server import make_server_optimizer
     >>> algorithm = fedprox.build(make_server_optimizer("sgd"), mu=0.01)
     >>> import torch
-    >>> server = algorithm.server_init(torch.zeros(3))
-    >>> algorithm.client_objective(server, None, None).quadratic
+    >>> view = algorithm.broadcast(algorithm.server_init(torch.zeros(3)))
+    >>> algorithm.client_objective(view, None, None).quadratic
     0.01
 """
 
@@ -45,6 +45,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from driftlab.algorithms import fedavg
 from driftlab.simulation.seam import NO_CORRECTION, Algorithm, ClientContext, GradientCorrection
+
+ClientView = fedavg.ClientView  # FedAvg's server half broadcasts θ^{t−1}, the proximal reference too
 
 
 class Config(BaseModel):
@@ -67,10 +69,10 @@ def build(server_optimizer: Any, mu: float = 0.01, aggregation: str = "weighted"
         raise ValueError(f"fedprox needs mu >= 0, got {mu}")
     server_half = fedavg.build(server_optimizer, aggregation=aggregation, incomplete="keep")
 
-    def client_objective(server: fedavg.ServerState, client_state: None, context: ClientContext) -> GradientCorrection:
+    def client_objective(view: ClientView, client_state: None, context: ClientContext) -> GradientCorrection:
         if mu == 0:
             return NO_CORRECTION  # no term at all, so the step is FedAvg's to the bit
-        return GradientCorrection(quadratic=mu, reference=server.params)
+        return GradientCorrection(quadratic=mu, reference=view.params)
 
     return dataclasses.replace(server_half, name="fedprox", client_objective=client_objective)
 

@@ -47,9 +47,9 @@ def test_correction_is_absent_at_mu_zero_and_proximal_otherwise() -> None:
     theta0 = torch.tensor([1.0, -2.0], dtype=torch.float64)
     context = ClientContext(0, 1, 10, 10.0, 4, 2, 0.1)
     zero = fedprox.build(make_server_optimizer("sgd"), mu=0.0)
-    assert zero.client_objective(zero.server_init(theta0), None, context) is NO_CORRECTION
+    assert zero.client_objective(zero.broadcast(zero.server_init(theta0)), None, context) is NO_CORRECTION
     algorithm = fedprox.build(make_server_optimizer("sgd"), mu=0.5)
-    correction = algorithm.client_objective(algorithm.server_init(theta0), None, context)
+    correction = algorithm.client_objective(algorithm.broadcast(algorithm.server_init(theta0)), None, context)
     assert correction.linear is None and correction.quadratic == 0.5 and torch.equal(correction.reference, theta0)
     # θ = (3, 0), ∇f = (1, 1): g = (1,1) + 0.5((3,0) − (1,−2)) = (2, 2);  θ − 0.1 g = (2.8, −0.2)
     theta = torch.tensor([3.0, 0.0], dtype=torch.float64)
@@ -66,7 +66,7 @@ def test_server_step_is_fedavgs_with_the_server_learning_rate() -> None:
     for client, (final, size) in enumerate([((4.0, 0.0), 1), ((0.0, 4.0), 3)]):
         context = ClientContext(client, 1, size, 2.0, 2, 5, 0.1)
         update = ClientUpdate(server.params, torch.tensor(final, dtype=torch.float64), 3)  # partial work is kept
-        state, message = algorithm.client_finish(server, None, context, update)
+        state, message = algorithm.client_finish(algorithm.broadcast(server), None, context, update)
         assert state is None
         messages.append(message)
     server, metrics = algorithm.server_update(server, messages, RoundContext(1, 2, 2, 0.5))

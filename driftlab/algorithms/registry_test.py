@@ -46,7 +46,8 @@ register(AlgorithmEntry("{name}", Config, from_config, label="{label}"))
 @pytest.fixture
 def fresh_registry(monkeypatch):
     """The registry as the built-ins leave it; whatever a test registers is gone afterwards."""
-    monkeypatch.setattr(registry, "ALGORITHMS", dict(registry.ALGORITHMS))
+    # Only the built-ins: plugins imported earlier in this process (the examples' doctests) are left out too.
+    monkeypatch.setattr(registry, "ALGORITHMS", {name: registry.ALGORITHMS[name] for name in registry.BUILT_IN})
     monkeypatch.setattr(registry, "_loaded_paths", {})
     monkeypatch.setattr(registry, "_entry_point_problems", [])  # no installed entry points in these tests
     return registry
@@ -131,7 +132,7 @@ def test_where_the_plugin_file_is_does_not_change_the_fingerprint(fresh_registry
     assert plain.fingerprint() == plain.model_copy(update={"plugins": ("/elsewhere/toy.py",)}).fingerprint()
 
 
-def test_an_unknown_algorithm_says_how_to_add_one():
+def test_an_unknown_algorithm_says_how_to_add_one(fresh_registry):
     with pytest.raises(driftlab.ConfigError) as raised:
         load_config(None, ["algorithm.name=nesterov_avg"])
     message = str(raised.value)

@@ -10,7 +10,7 @@ per client ``c_k``, model-sized, all starting at 0.
     server:    θ^t = θ^{t−1} + η_g mean_P Δy_k
                c   ← c + (|P|/N) mean_P Δc_k  =  c + (1/N) Σ_P Δc_k
 
-``η_l`` is the round's actual client learning rate (``ClientContext.learning_rate``,
+``η_l`` is the round's actual client learning rate (``ClientContext.client_lr``,
 so a decaying schedule is honoured) and ``K`` the number of steps the client
 actually did (``ClientUpdate.steps_done``).  ``N`` is the number of registered
 clients (``RoundContext.num_registered``), so ``c`` stays the mean of all
@@ -41,8 +41,9 @@ Example:
     >>> from driftlab.optim.server import make_server_optimizer
     >>> algorithm = scaffold.build(make_server_optimizer("sgd"))
     >>> server = algorithm.server_init(torch.zeros(3))
-    >>> [tuple(t.shape) for t in algorithm.broadcast(server)]
-    [(3,), (3,)]
+    >>> view = algorithm.broadcast(server)
+    >>> tuple(view.params.shape), tuple(view.control.shape)
+    ((3,), (3,))
 """
 
 from __future__ import annotations
@@ -72,6 +73,14 @@ class ServerState:
 
 
 @dataclass(frozen=True)
+class ClientView:
+    """What the server sends a selected client: θ^{t−1} and the server control variate c."""
+
+    params: torch.Tensor
+    control: torch.Tensor
+
+
+@dataclass(frozen=True)
 class ClientState:
     control: torch.Tensor  # c_k
 
@@ -94,17 +103,17 @@ def build(server_optimizer: Any) -> Algorithm:
     def client_state_init(initial_params: torch.Tensor) -> ClientState:
         return ClientState(control=torch.zeros_like(initial_params))
 
-    def client_objective(server: ServerState, client: ClientState, context: ClientContext) -> GradientCorrection:
-        return GradientCorrection(linear=server.control - client.control)
+    def client_objective(view: ClientView, client: ClientState, context: ClientContext) -> GradientCorrection:
+        return GradientCorrection(linear=view.control - client.control)
 
-    def client_finish(server: ServerState, client: ClientState, context: ClientContext, update: ClientUpdate) -> tuple[ClientState, ClientMessage]:
-        params_delta = update.final_params - server.params
+    def client_finish(view: ClientView, client: ClientState, context: ClientContext, update: ClientUpdate) -> tuple[ClientState, ClientMessage]:
+        params_delta = update.final_params - view.params
         if update.steps_done == 0:
             # No step, no gradient information: keep c_k (option II would divide by zero).
             new_control = client.control
         else:
-            step_scale = update.steps_done * context.learning_rate  # K η_l with the round's actual values
-            new_control = client.control - server.control + (server.params - update.final_params) / step_scale
+            step_scale = update.steps_done * context.client_lr  # K η_l with the round's actual values
+            new_control = client.control - view.control + (view.params - update.final_params) / step_scale
         message = ClientMessage(params_delta, new_control - client.control, context.multiplicity)
         return ClientState(new_control), message
 
@@ -122,18 +131,11 @@ def build(server_optimizer: Any) -> Algorithm:
         metrics = {"drift_norm": float(torch.linalg.vector_norm(control))}
         return ServerState(params, control, optimizer_state), metrics
 
-    def broadcast(server: ServerState) -> tuple[torch.Tensor, torch.Tensor]:
-        return server.params, server.control
+    def broadcast(server: ServerState) -> ClientView:
+        return ClientView(server.params, server.control)
 
-    return Algorithm(
-        name="scaffold",
-        server_init=server_init,
-        client_objective=client_objective,
-        client_finish=client_finish,
-        server_update=server_update,
-        broadcast=broadcast,
-        client_state_init=client_state_init,
-    )
+    return Algorithm("scaffold", server_init, client_objective, client_finish, server_update, broadcast,
+                     client_state_init=client_state_init)
 
 
 def from_config(config: Config, server_optimizer: Any) -> Algorithm:

@@ -25,14 +25,15 @@ def test_option_two_uses_actual_steps_and_learning_rate() -> None:
     server = scaffold.ServerState(vector(1, 1), vector(1, 0), make_server_optimizer("sgd").init(vector(1, 1)))
     client = scaffold.ClientState(vector(0, 2))
     context = ClientContext(3, 7, 10, 10.0, 10, 5, 0.25)
-    correction = algorithm.client_objective(server, client, context)
+    view = algorithm.broadcast(server)
+    correction = algorithm.client_objective(view, client, context)
     assert torch.equal(correction.linear, vector(1, -2)) and correction.quadratic is None
-    state, message = algorithm.client_finish(server, client, context, ClientUpdate(server.params, vector(0.5, 2), 4))
+    state, message = algorithm.client_finish(view, client, context, ClientUpdate(view.params, vector(0.5, 2), 4))
     assert torch.equal(state.control, vector(-0.5, 1))
     assert torch.equal(message.control_delta, vector(-0.5, -1))
     assert torch.equal(message.params_delta, vector(-0.5, 1))
     # no step done: no information, c_k kept
-    state, message = algorithm.client_finish(server, client, context, ClientUpdate(server.params, server.params, 0))
+    state, message = algorithm.client_finish(view, client, context, ClientUpdate(view.params, view.params, 0))
     assert torch.equal(state.control, client.control) and torch.equal(message.control_delta, vector(0, 0))
 
 

@@ -12,8 +12,8 @@ its registry line, and its own test module's ``HAND_CASE``):
 The quadratic harness (``Quadratics``, ``run_quadratic``) trains clients
 ``f_i(x) = ½ xᵀ A_i x − b_iᵀ x`` (diagonal ``A_i``) by full-batch GD through
 ``corrected_step``, the engine's own local step, and calls an algorithm's
-``client_objective``/``client_finish``/``server_update`` exactly as the engine
-does.  It lets the convergence tests run without the engine's data sets.
+``broadcast``/``client_objective``/``client_finish``/``server_update`` exactly as
+the engine does (the client halves get the client view).  It lets the convergence tests run without the engine's data sets.
 """
 
 from __future__ import annotations
@@ -100,11 +100,12 @@ def run_quadratic(
             else:
                 state = algorithm.client_state_init(initial) if algorithm.client_state_init else None
             context = ClientContext(client, t, sizes[client], mean_size, num_clients, steps, learning_rate)
-            correction = algorithm.client_objective(server, state, context)
-            theta = server.params
+            view = algorithm.broadcast(server)
+            correction = algorithm.client_objective(view, state, context)
+            theta = view.params
             for _ in range(steps):
                 theta = corrected_step(theta, problem.gradient(client, theta), correction, settings)
-            new_states[client], message = algorithm.client_finish(server, state, context, ClientUpdate(server.params, theta, steps))
+            new_states[client], message = algorithm.client_finish(view, state, context, ClientUpdate(view.params, theta, steps))
             messages.append(message)
         states.update(new_states)  # like the engine: states are written after every client of the round finished
         server, metrics = algorithm.server_update(server, messages, RoundContext(t, num_clients, len(chosen), 1.0))
@@ -201,13 +202,14 @@ def hand_round(
     new_states, messages = [], []
     for client in range(2):
         context = ClientContext(client, round_index, sizes[client], 2.0, 4, 2, 0.5)
-        correction = algorithm.client_objective(server, states[client], context)
-        theta = server.params
+        view = algorithm.broadcast(server)
+        correction = algorithm.client_objective(view, states[client], context)
+        theta = view.params
         for _ in range(2):
             theta = corrected_step(theta, theta - targets[client], correction, settings)
         computation = FixedFisher(fisher[client]) if fisher is not None else None
-        update = ClientUpdate(server.params, theta, 2, computation)
-        state, message = algorithm.client_finish(server, states[client], context, update)
+        update = ClientUpdate(view.params, theta, 2, computation)
+        state, message = algorithm.client_finish(view, states[client], context, update)
         new_states.append(state)
         messages.append(message)
     server, metrics = algorithm.server_update(server, messages, RoundContext(round_index, 4, 2, 1.0))

@@ -26,6 +26,14 @@ once per selected client: this assumes every client applies every round's
 broadcast (a multicast, as EFL's clients update ``ω^k ← ω^k + ST(Δ^G)``); a
 client that missed rounds would need the sum of the broadcasts it missed,
 which is not ternary and is not counted here.
+
+On a wire the upload is exactly what is counted: each ``CompressedPayload``
+also carries ST(Δ_k) as a ``TernaryVector`` and names the message field it
+stands for (the field that is θ_start + ST(Δ_k) or its change, found by its
+value, whatever the algorithm); ``wire_form()`` empties that field and
+``rebuilt(θ_start)`` recomputes it bit for bit (a deployment sends the first
+and calls the second).  The simulator's server reads the message itself.
+Downloads still travel dense (their bits are counted as ST, as above).
 """
 
 from __future__ import annotations
@@ -36,7 +44,7 @@ from typing import Any, Sequence
 
 import torch
 
-from driftlab.compress.ternary import compress_model
+from driftlab.compress.ternary import TernaryVector, compress_model
 from driftlab.metrics.communication import BITS_PER_ENTRY, payload_bits
 from driftlab.simulation.seam import Algorithm, ClientContext, ClientUpdate, RoundContext
 
@@ -59,11 +67,69 @@ class CompressedClientState:
 
 
 @dataclass(frozen=True)
+class CompressedClientView:
+    """The wrapped algorithm's client view, whose wire size is ``bits`` (its model part ST-compressed)."""
+
+    inner: Any
+    bits: int
+
+    @property
+    def params(self) -> torch.Tensor:
+        return self.inner.params
+
+
+# How a receiver rebuilds the wrapped message's model field from ST(Δ_k) (``CompressedPayload.model_form``).
+MODEL_SENT_DENSE = 0  # the message carries its model field itself (no field of it is θ_k or its change)
+MODEL_IS_FINAL = 1  # the field is θ_start + ST(Δ_k), the client's reconstructed final model
+MODEL_IS_CHANGE = 2  # the field is (θ_start + ST(Δ_k)) − θ_start
+
+
+@dataclass(frozen=True)
 class CompressedPayload:
-    """A message or broadcast whose wire size is ``bits`` (payload_bits reads it)."""
+    """A message whose wire size is ``bits`` (payload_bits reads it), with its model part also in compressed form.
+
+    ``payload`` is the wrapped algorithm's message as its client built it;
+    ``model`` is ST(Δ_k) as it travels (``TernaryVector``) and ``model_field``
+    the number of the message's field that is θ_start + ST(Δ_k) or its change
+    (``model_form``).  On a wire (a deployment) the message goes as
+    ``wire_form()``, that field emptied, so the bytes sent are the bits
+    counted; the receiver calls ``rebuilt(θ_start)``, which recomputes the
+    field with the client's own arithmetic, bit for bit.  A message none of
+    whose fields is θ_k or its change travels whole (``model`` None).
+    """
 
     payload: Any
     bits: int
+    model: TernaryVector | None = None
+    model_field: int = -1
+    model_form: int = MODEL_SENT_DENSE
+
+    def wire_form(self) -> "CompressedPayload":
+        """What travels: the message without its model field, which ``model`` carries compressed."""
+        if self.model_form == MODEL_SENT_DENSE:
+            return self
+        name = dataclasses.fields(self.payload)[self.model_field].name
+        return dataclasses.replace(self, payload=dataclasses.replace(self.payload, **{name: None}))
+
+    def rebuilt(self, start: torch.Tensor) -> "CompressedPayload":
+        """The message received in ``wire_form``, its model field recomputed from ``model`` and θ_start = ``start``;
+        ValueError for a form, field or compressed model that does not fit."""
+        if self.model_form == MODEL_SENT_DENSE:
+            if self.model is not None:
+                raise ValueError("a message sent whole carries no compressed model")
+            return self
+        fields = dataclasses.fields(self.payload) if dataclasses.is_dataclass(self.payload) else ()
+        if self.model is None or self.model_form not in (MODEL_IS_FINAL, MODEL_IS_CHANGE) or not 0 <= self.model_field < len(fields):
+            raise ValueError(f"model form {self.model_form} with field {self.model_field} and a compressed model {self.model is not None} do not fit the message")
+        name = fields[self.model_field].name
+        if getattr(self.payload, name) is not None:
+            raise ValueError(f"the message's field {name!r} is rebuilt from the compressed model, so it must arrive empty")
+        dense = self.model.to_dense().to(start.device)
+        if dense.shape != start.shape or dense.dtype != start.dtype:
+            raise ValueError(f"the compressed model is {dense.dtype} {tuple(dense.shape)}, the model is {start.dtype} {tuple(start.shape)}")
+        final = start + dense  # the client's own θ_start + ST(Δ_k)
+        value = final if self.model_form == MODEL_IS_FINAL else final - start
+        return dataclasses.replace(self, payload=dataclasses.replace(self.payload, **{name: value}))
 
 
 def with_compression(algorithm: Algorithm, ratio: float, tensor_sizes: Sequence[int]) -> Algorithm:
@@ -80,18 +146,18 @@ def with_compression(algorithm: Algorithm, ratio: float, tensor_sizes: Sequence[
         inner = algorithm.client_state_init(initial_params) if algorithm.client_state_init is not None else None
         return CompressedClientState(inner, torch.zeros_like(initial_params))
 
-    def client_objective(server: CompressedServerState, client: CompressedClientState, context: ClientContext):
-        return algorithm.client_objective(server.inner, client.inner, context)
+    def client_objective(view: CompressedClientView, client: CompressedClientState, context: ClientContext):
+        return algorithm.client_objective(view.inner, client.inner, context)
 
-    def client_finish(server: CompressedServerState, client: CompressedClientState, context: ClientContext, update: ClientUpdate):
+    def client_finish(view: CompressedClientView, client: CompressedClientState, context: ClientContext, update: ClientUpdate):
         delta = client.residual + (update.final_params - update.start_params)
         sent, bits = compress_model(delta, sizes, ratio)
         received = dataclasses.replace(update, final_params=update.start_params + sent, local_params=update.trained_params)
-        inner_state, message = algorithm.client_finish(server.inner, client.inner, context, received)
+        inner_state, message = algorithm.client_finish(view.inner, client.inner, context, received)
         if message is None:
             return CompressedClientState(inner_state, client.residual), None
         wire_bits = payload_bits(message) - model_bits + bits
-        return CompressedClientState(inner_state, delta - sent), CompressedPayload(message, wire_bits)
+        return CompressedClientState(inner_state, delta - sent), compressed_message(message, wire_bits, sent, sizes, update.start_params, received.final_params)
 
     def server_update(server: CompressedServerState, messages: Sequence[CompressedPayload], context: RoundContext):
         inner, metrics = algorithm.server_update(server.inner, [m.payload for m in messages], context)
@@ -100,23 +166,44 @@ def with_compression(algorithm: Algorithm, ratio: float, tensor_sizes: Sequence[
         inner = dataclasses.replace(inner, params=server.inner.params + sent)
         return CompressedServerState(inner, delta - sent, bits), metrics
 
-    def broadcast(server: CompressedServerState) -> CompressedPayload:
+    def broadcast(server: CompressedServerState) -> CompressedClientView:
         inner = algorithm.broadcast(server.inner)
-        return CompressedPayload(inner, payload_bits(inner) - model_bits + server.broadcast_bits)
+        return CompressedClientView(inner, payload_bits(inner) - model_bits + server.broadcast_bits)
 
     def membership_hook(hook):
         if hook is None:
             return None
         return lambda server, client: dataclasses.replace(server, inner=hook(server.inner, client.inner if client is not None else None))
 
-    return Algorithm(
-        name=algorithm.name,
-        client_joined=membership_hook(algorithm.client_joined),
-        client_left=membership_hook(algorithm.client_left),
-        server_init=server_init,
-        client_objective=client_objective,
-        client_finish=client_finish,
-        server_update=server_update,
-        broadcast=broadcast,
-        client_state_init=client_state_init,
-    )
+    joined, left = membership_hook(algorithm.client_joined), membership_hook(algorithm.client_left)
+    return Algorithm(algorithm.name, server_init, client_objective, client_finish, server_update, broadcast,
+                     client_state_init=client_state_init, client_joined=joined, client_left=left)
+
+
+def compressed_message(
+    message: Any, bits: int, sent: torch.Tensor, sizes: tuple[int, ...], start: torch.Tensor, final: torch.Tensor
+) -> CompressedPayload:
+    """``message`` and, when one of its fields is θ_k (``final``) or its change, that field's compressed form ST(Δ_k) (``sent``).
+
+    The field is found by what it holds, not by the algorithm's name: the
+    first top-level field that *is* ``final``, else the first equal to
+    ``final`` or to ``final − start`` (computed here as the server will).
+    """
+    fields = dataclasses.fields(message) if dataclasses.is_dataclass(message) else ()
+    values = [getattr(message, field.name) for field in fields]
+    found = next(((index, MODEL_IS_FINAL) for index, value in enumerate(values) if value is final), None)
+    if found is None:
+        change = final - start
+        for index, value in enumerate(values):
+            if isinstance(value, torch.Tensor) and value.shape == final.shape and value.dtype == final.dtype:
+                if torch.equal(value, final):
+                    found = (index, MODEL_IS_FINAL)
+                    break
+                if torch.equal(value, change):
+                    found = (index, MODEL_IS_CHANGE)
+                    break
+    if found is None:
+        return CompressedPayload(message, bits)
+    index, form = found
+    return CompressedPayload(message, bits, TernaryVector.from_dense(sent, sizes), index, form)
+

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 import torch
 
 import driftlab
@@ -11,6 +12,7 @@ from driftlab.algorithms import fedavg
 from driftlab.compress import compress_model, with_compression
 from driftlab.experiments.config import load_config
 from driftlab.experiments.runner import build_simulation
+from driftlab.metrics.communication import payload_bits
 from driftlab.optim.server import make_server_optimizer
 from driftlab.simulation.engine import run_round
 from driftlab.simulation.seam import ClientContext, ClientUpdate, RoundContext
@@ -28,7 +30,7 @@ def _context(client_id: int, round_index: int, num_samples: int, planned: int = 
         mean_num_samples=2.0,
         num_registered=2,
         planned_steps=planned,
-        learning_rate=0.1,
+        client_lr=0.1,
         available_steps=planned if available is None else available,
     )
 
@@ -52,7 +54,7 @@ def test_error_feedback_conserves_mass_on_both_sides():
             true_update = torch.randn(P, generator=generator, dtype=torch.float64) * (k + 1)
             update = ClientUpdate(start, start + true_update, 4)
             previous_residual = clients[k].residual
-            clients[k], message = algorithm.client_finish(server, clients[k], _context(k, t, samples[k]), update)
+            clients[k], message = algorithm.client_finish(algorithm.broadcast(server), clients[k], _context(k, t, samples[k]), update)
             sent = message.payload.params - start
             # what was sent is ST of (old residual + true update), per tensor
             expected_sent, expected_bits = compress_model(previous_residual + (update.final_params - start), SIZES, RATIO)
@@ -86,10 +88,10 @@ def test_dropped_message_keeps_the_clients_residual():
     server = algorithm.server_init(theta0)
     client = algorithm.client_state_init(theta0)
     first = torch.arange(1.0, P + 1, dtype=torch.float64)
-    client, message = algorithm.client_finish(server, client, _context(0, 1, 1), ClientUpdate(theta0, first, 4))
+    client, message = algorithm.client_finish(algorithm.broadcast(server), client, _context(0, 1, 1), ClientUpdate(theta0, first, 4))
     residual = client.residual.clone()
     assert float(residual.abs().max()) > 0
-    client, message = algorithm.client_finish(server, client, _context(0, 2, 1, available=2), ClientUpdate(theta0, 2 * first, 2))
+    client, message = algorithm.client_finish(algorithm.broadcast(server), client, _context(0, 2, 1, available=2), ClientUpdate(theta0, 2 * first, 2))
     assert message is None
     assert torch.equal(client.residual, residual)
 
@@ -98,15 +100,18 @@ def test_client_algorithm_sees_the_reconstructed_model_and_the_local_one():
     seen = {}
     inner = fedavg.build(make_server_optimizer("sgd"))
 
-    def spy(server, client, context, update):
-        seen["update"] = update
-        return inner.client_finish(server, client, context, update)
+    def spy(view, client, context, update):
+        seen["view"], seen["update"] = view, update
+        return inner.client_finish(view, client, context, update)
 
     algorithm = with_compression(dataclasses.replace(inner, client_finish=spy), 0.5, (4,))
     theta0 = torch.zeros(4, dtype=torch.float64)
     local = torch.tensor([1.0, -3.0, 0.5, 2.0], dtype=torch.float64)
     server = algorithm.server_init(theta0)
-    algorithm.client_finish(server, algorithm.client_state_init(theta0), _context(0, 1, 1), ClientUpdate(theta0, local, 4))
+    view = algorithm.broadcast(server)
+    algorithm.client_finish(view, algorithm.client_state_init(theta0), _context(0, 1, 1), ClientUpdate(theta0, local, 4))
+    assert seen["view"] == fedavg.ClientView(theta0)  # the wrapped algorithm gets its own view, unwrapped
+    assert payload_bits(view) == 32 * 4  # round 1 broadcasts a full model
     assert seen["update"].final_params.tolist() == [0.0, -2.5, 0.0, 2.5]  # ST keeps −3, 2 at μ = 2.5
     assert torch.equal(seen["update"].trained_params, local)
 
@@ -176,3 +181,65 @@ def test_ratio_one_is_no_compression_at_all():
     strip = lambda records: [{k: v for k, v in r.items() if k != "round_seconds"} for r in records]  # noqa: E731
     assert strip(plain.records) == strip(explicit.records)
     assert all(r["upload_bits"] == r["num_reporting"] * 32 * 610 for r in plain.records)
+
+
+def _compressed_round(name: str, ratio: float = 0.2):
+    """One client's compressed message of algorithm ``name`` (float32), with the round's start model."""
+    from driftlab.algorithms import adabest, efl, feddyn, scaffold
+
+    sgd = make_server_optimizer("sgd")
+    inner = {
+        "fedavg": lambda: fedavg.build(sgd),
+        "scaffold": lambda: scaffold.build(sgd),
+        "feddyn": lambda: feddyn.build(alpha=0.1),
+        "adabest": lambda: adabest.build(),
+        "efl": lambda: efl.build(sgd, elastic=0.5, fisher_examples=4),
+    }[name]()
+    sizes = (40, 24, 8)
+    algorithm = with_compression(inner, ratio, sizes)
+    generator = torch.Generator().manual_seed(11)
+    start = torch.randn(sum(sizes), generator=generator)
+    view = algorithm.broadcast(algorithm.server_init(start))
+
+    class Fisher:
+        def diagonal_fisher(self, params, max_examples):
+            return params.square() + 0.5
+
+    update = ClientUpdate(view.params, view.params + 0.1 * torch.randn(sum(sizes), generator=generator), 4, Fisher())
+    _, message = algorithm.client_finish(view, algorithm.client_state_init(start), _context(3, 1, 5), update)
+    return message, start
+
+
+def _equal(a, b) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if dataclasses.is_dataclass(a):
+        return type(a) is type(b) and all(_equal(getattr(a, f.name), getattr(b, f.name)) for f in dataclasses.fields(a))
+    return a == b
+
+
+@pytest.mark.parametrize(("name", "form"), [("fedavg", 1), ("scaffold", 2), ("feddyn", 1), ("adabest", 1), ("efl", 1)])
+def test_a_compressed_message_travels_compressed_and_is_rebuilt_bit_for_bit(name, form):
+    from driftlab.flower.wire import encode, payload_bytes
+
+    message, start = _compressed_round(name)
+    assert message.model_form == form and message.model is not None
+    field = dataclasses.fields(message.payload)[message.model_field].name
+    sent = message.wire_form()
+    assert getattr(sent.payload, field) is None and getattr(message.payload, field) is not None
+    on_wire = payload_bytes(encode(sent, run_fingerprint="run", round=1, client_id=3))
+    assert message.bits <= 8 * on_wire < message.bits + 8  # the bytes sent are the bits counted (rounded up to a byte)
+    assert _equal(sent.rebuilt(start), message)
+
+
+def test_a_rebuilt_message_needs_a_consistent_form():
+    message, start = _compressed_round("fedavg")
+    sent = message.wire_form()
+    with pytest.raises(ValueError, match="must arrive empty"):
+        message.rebuilt(start)
+    with pytest.raises(ValueError, match="do not fit the message"):
+        dataclasses.replace(sent, model_field=17).rebuilt(start)
+    with pytest.raises(ValueError, match="carries no compressed model"):
+        dataclasses.replace(sent, model_form=0).rebuilt(start)
+    with pytest.raises(ValueError, match=r"compressed model is torch.float32 \(72,\), the model is torch.float32 \(71,\)"):
+        sent.rebuilt(start[:71])

@@ -19,9 +19,13 @@ the paper's uncompressed baseline, rather than a ternary code of every entry.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Sequence
 
+import numpy as np
 import torch
+
+from driftlab.metrics.communication import BITS_PER_ENTRY
 
 
 def kept_entries(numel: int, ratio: float) -> int:
@@ -62,3 +66,115 @@ def compress_model(vector: torch.Tensor, tensor_sizes: Sequence[int], ratio: flo
     compressed = torch.cat([sparse_ternary(piece, ratio) for piece in pieces])
     bits = sum(ternary_bits(size, kept_entries(size, ratio)) for size in tensor_sizes)
     return compressed, bits
+
+
+@dataclass(frozen=True)
+class TernaryVector:
+    """ST(Δ) of a flat vector as it travels: for each model tensor (``sizes``) a scale and its kept entries.
+
+    ``counts[i]`` entries of piece ``i`` are non-zero, all ``±scales[i]``.  ``code``
+    is one little-endian bit stream (uint8): for each piece its ``counts[i]`` sign
+    bits (1 = negative), then the positions, as ``counts[i]`` indices of
+    ``⌈log2 n⌉`` bits or as an ``n``-bit mask, whichever is shorter (indices on a
+    tie), exactly the layout ``ternary_bits`` counts.  Scales travel in the dense
+    vector's dtype: 32 bits in an fp32 run (an fp64 test run sends 64-bit scales,
+    as it sends its dense tensors at 64 bits).  A kept entry that is exactly 0 is
+    not sent, so ``counts[i]`` can be below ``k`` (and the bits below
+    ``ternary_bits(n, k)``) when a piece has fewer than ``k`` non-zero entries.
+
+    The receiver should count ``payload_bits`` of what it decoded, never a
+    ``bits`` number the sender wrote into a ``CompressedPayload``.
+    """
+
+    sizes: tuple[int, ...]
+    counts: tuple[int, ...]
+    scales: torch.Tensor
+    code: torch.Tensor
+
+    @property
+    def bits(self) -> int:
+        """Bits on the wire, as ``payload_bits`` counts them (a 32-bit scale per piece)."""
+        return sum(ternary_bits(size, count) for size, count in zip(self.sizes, self.counts))
+
+    @staticmethod
+    def from_dense(vector: torch.Tensor, sizes: tuple[int, ...] | list[int]) -> "TernaryVector":
+        """Encode a dense ST output (``compress_model``'s): in each piece, the non-zero entries share one magnitude."""
+        sizes = tuple(int(size) for size in sizes)
+        if vector.dim() != 1 or not vector.is_floating_point() or sum(sizes) != vector.numel():
+            raise ValueError(
+                f"expected a flat floating vector of {sum(sizes)} entries (the tensor sizes {list(sizes)}), "
+                f"got {vector.dtype} of shape {tuple(vector.shape)}"
+            )
+        flat = vector.detach().to("cpu")
+        counts, scales, chunks = [], [], []
+        offset = 0
+        for piece, size in enumerate(sizes):
+            values = flat[offset : offset + size]
+            positions = torch.nonzero(values, as_tuple=True)[0]
+            kept = values[positions]
+            scale = kept[0].abs() if len(kept) else torch.zeros((), dtype=flat.dtype)
+            if not bool(torch.isfinite(kept).all()) or not bool((kept.abs() == scale).all()):
+                raise ValueError(
+                    f"piece {piece} (entries {offset}..{offset + size - 1}) is not a sparse ternary vector: its non-zero entries "
+                    "must all be ±μ for one finite μ; encode the output of compress_model / sparse_ternary"
+                )
+            counts.append(len(kept))
+            scales.append(scale)
+            chunks.append(_piece_bits((kept < 0).numpy(), positions.numpy(), size))
+            offset += size
+        stream = np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.uint8)
+        code = torch.from_numpy(np.packbits(stream, bitorder="little"))
+        scale_tensor = torch.stack(scales) if scales else torch.zeros(0, dtype=flat.dtype)
+        return TernaryVector(sizes, tuple(counts), scale_tensor, code)
+
+    def to_dense(self) -> torch.Tensor:
+        """The dense vector back, ``torch.equal`` to the one encoded; ValueError for an inconsistent code."""
+        self.check()
+        stream = np.unpackbits(self.code.cpu().numpy(), bitorder="little")
+        scales = self.scales.cpu()
+        out = torch.zeros(sum(self.sizes), dtype=scales.dtype)
+        offset, cursor = 0, 0
+        for piece, (size, count) in enumerate(zip(self.sizes, self.counts)):
+            negative = stream[cursor : cursor + count].astype(bool)
+            cursor += count
+            width = _index_width(size)
+            if count * width <= size:
+                bits = stream[cursor : cursor + count * width].reshape(count, width).astype(np.int64)
+                positions = (bits << np.arange(width, dtype=np.int64)).sum(axis=1)
+                cursor += count * width
+            else:
+                positions = np.flatnonzero(stream[cursor : cursor + size])
+                cursor += size
+            if len(positions) != count or (count and (positions.max() >= size or np.any(np.diff(positions) <= 0))):
+                raise ValueError(f"piece {piece}: positions {positions.tolist()[:8]}... are not {count} distinct increasing indices below {size}")
+            signs = torch.where(torch.from_numpy(negative), -1.0, 1.0).to(scales.dtype)
+            out[offset + torch.from_numpy(positions)] = scales[piece] * signs  # sparse_ternary's own product
+            offset += size
+        return out.to(self.scales.device)
+
+    def check(self) -> None:
+        """ValueError unless the counts, scales and code length agree with ``sizes``."""
+        if len(self.counts) != len(self.sizes) or tuple(self.scales.shape) != (len(self.sizes),):
+            raise ValueError(f"{len(self.sizes)} pieces need {len(self.sizes)} counts and scales, got {len(self.counts)} and {tuple(self.scales.shape)}")
+        for piece, (size, count) in enumerate(zip(self.sizes, self.counts)):
+            if not 0 <= count <= size:
+                raise ValueError(f"piece {piece} of {size} entries cannot keep {count}")
+        expected = math.ceil(sum(ternary_bits(size, count) - BITS_PER_ENTRY for size, count in zip(self.sizes, self.counts)) / 8)
+        if self.code.dtype != torch.uint8 or tuple(self.code.shape) != (expected,):
+            raise ValueError(f"code must be {expected} uint8 bytes for these counts, got {self.code.dtype} of shape {tuple(self.code.shape)}")
+        if not bool(torch.isfinite(self.scales).all()) or bool((self.scales < 0).any()):
+            raise ValueError("scales must be finite and non-negative")
+
+
+def _index_width(size: int) -> int:
+    return math.ceil(math.log2(size)) if size > 1 else 0
+
+
+def _piece_bits(negative: np.ndarray, positions: np.ndarray, size: int) -> np.ndarray:
+    count, width = len(positions), _index_width(size)
+    if count * width <= size:
+        places = ((positions.astype(np.int64)[:, None] >> np.arange(width, dtype=np.int64)) & 1).reshape(-1)
+    else:
+        places = np.zeros(size, dtype=np.int64)
+        places[positions] = 1
+    return np.concatenate([negative.astype(np.uint8), places.astype(np.uint8)])

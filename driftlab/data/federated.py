@@ -21,13 +21,18 @@ Example:
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
 
 import numpy as np
 import torch
 
-__all__ = ["DataFileError", "FederatedDataset", "classes_covering_fraction"]
+from driftlab.errors import ConfigError
+
+__all__ = ["DataFileError", "FederatedArrays", "FederatedDataset", "classes_covering_fraction", "federated_dataset_from_arrays"]
 
 
 class DataFileError(ValueError):
@@ -62,6 +67,10 @@ class FederatedDataset:
         multi_label: targets are float32 multi-hot rows ``[N, num_classes]``
             (0/1, any number of labels per example; StackOverflow's tags)
             instead of int64 class ids.
+        targets_are_classes: targets are class ids (or multi-hot rows with
+            ``multi_label``); False for targets of any dtype and shape with one
+            row per example, which only a loss of the user's own reads
+            (regression values; ``num_classes`` is then the model's output width).
         known_minimizer: the flat parameter vector minimising the global
             objective, for synthetic objectives where it is known in closed
             form (the quadratic clients); evaluation then reports the distance to it.
@@ -82,10 +91,15 @@ class FederatedDataset:
     known_minimizer: np.ndarray | None = None  # the global minimiser, for synthetic objectives that have one
     global_test_size: int | None = None  # the first rows of the test tensors that form the global test set (None: all)
     multi_label: bool = False  # targets are float multi-hot rows [N, num_classes] instead of class ids
+    targets_are_classes: bool = True  # False: targets of any shape for a loss of the user's own (regression)
 
     def __post_init__(self) -> None:
-        _check_split(self.train_inputs, self.train_targets, "train", self.num_classes, self.multi_label)
-        _check_split(self.test_inputs, self.test_targets, "test", self.num_classes, self.multi_label)
+        if self.targets_are_classes:
+            _check_split(self.train_inputs, self.train_targets, "train", self.num_classes, self.multi_label)
+            _check_split(self.test_inputs, self.test_targets, "test", self.num_classes, self.multi_label)
+        else:
+            _check_free_targets(self.train_inputs, self.train_targets, "train")
+            _check_free_targets(self.test_inputs, self.test_targets, "test")
         if tuple(self.train_inputs.shape[1:]) != tuple(self.test_inputs.shape[1:]):
             raise ValueError(
                 f"train and test inputs have different per-sample shapes: "
@@ -126,6 +140,22 @@ class FederatedDataset:
         """Shape of one input sample (the train tensor's shape without the first axis)."""
         return tuple(self.train_inputs.shape[1:])
 
+    @cached_property
+    def digest(self) -> str:
+        """SHA-256 of everything a run reads of the data: the tensors (dtype, shape, bytes), the partition and the task.
+
+        config.json records it for the user's own data, so a resume with other data is refused."""
+        hasher = hashlib.sha256()
+        header = [self.num_classes, self.multi_label, self.targets_are_classes, self.global_test_size]
+        hasher.update(repr(header).encode())
+        for tensor in (self.train_inputs, self.train_targets, self.test_inputs, self.test_targets):
+            _hash_array(hasher, tensor)
+        for group in (self.client_indices, self.client_test_indices or ()):
+            hasher.update(f"clients:{len(group)}".encode())
+            for indices in group:
+                _hash_array(hasher, indices)
+        return hasher.hexdigest()
+
     def describe(self) -> dict:
         """Summary statistics of the partition.
 
@@ -152,7 +182,7 @@ class FederatedDataset:
             "samples_per_client_median": float(np.median(sizes)),
             "samples_per_client_max": int(sizes.max()),
         }
-        if self.multi_label:  # no single class per example: the 80% statistic is undefined
+        if self.multi_label or not self.targets_are_classes:  # no single class per example: the 80% statistic is undefined
             return summary
         targets = self.train_targets.numpy()
         classes_80 = np.array(
@@ -254,3 +284,260 @@ def _checked_index_arrays(
                 "other rows are shared too); a partition must give every row to at most one client"
             )
     return tuple(checked)
+
+
+def _check_free_targets(inputs: torch.Tensor, targets: torch.Tensor, split: str) -> None:
+    """Targets a loss of the user's own reads: any shape, one row per example."""
+    if not isinstance(inputs, torch.Tensor) or not isinstance(targets, torch.Tensor):
+        raise ValueError(f"{split}_inputs and {split}_targets must be torch.Tensors, got {type(inputs).__name__} and {type(targets).__name__}")
+    if inputs.dim() < 1 or targets.dim() < 1 or inputs.shape[0] != targets.shape[0]:
+        raise ValueError(
+            f"{split}_inputs has {inputs.shape[0] if inputs.dim() else 0} rows but {split}_targets has "
+            f"{targets.shape[0] if targets.dim() else 0}; inputs and targets must have one row per sample"
+        )
+
+
+def _hash_array(hasher: Any, values: torch.Tensor | np.ndarray) -> None:
+    if isinstance(values, torch.Tensor):
+        tensor = values.detach().cpu().contiguous()
+        hasher.update(f"{tensor.dtype}{tuple(tensor.shape)}".encode())
+        values = tensor.reshape(-1).view(torch.uint8).numpy()  # bytes of any dtype, bfloat16 included
+    array = np.ascontiguousarray(values)
+    hasher.update(f"{array.dtype}{array.shape}".encode())
+    hasher.update(array.data.cast("B") if array.size else b"")
+
+
+# ---------------------------------------------------------------- the user's own data
+
+
+ArrayLike = Any  # a numpy array or a torch tensor
+
+
+@dataclass(frozen=True, eq=False)
+class FederatedArrays:
+    """Your own federated data, in memory: what ``driftlab.run(config, data=...)`` and a ``data.loader`` take.
+
+    Attributes:
+        train_inputs: ``[N, ...]`` numpy array or tensor, one row per training example.
+        train_targets: ``[N]`` integer class ids (a classifier: cross-entropy and accuracy by default), or
+            floating targets of any shape ``[N, ...]`` for a loss of your own (``loss=``; no accuracy).
+        train_client_ids: ``[N]`` integers: the client holding each training example, 0..C-1 with every
+            client holding at least one example.
+        test_inputs, test_targets: the global test set, like the training arrays.
+        test_client_ids: optional ``[M]``: each test example's client (its local test split, giving
+            ``client_test_accuracy_mean``); ``None``: the test set is global only.
+        num_classes: classes of integer targets; default: the largest class id in either split, plus one.
+
+    ``FederatedArrays.from_datasets`` builds one from map-style torch Datasets.
+
+    Example:
+        >>> import numpy as np
+        >>> arrays = FederatedArrays(
+        ...     train_inputs=np.zeros((5, 2), np.float32), train_targets=np.array([0, 1, 0, 1, 1]),
+        ...     train_client_ids=np.array([0, 0, 1, 1, 1]),
+        ...     test_inputs=np.zeros((2, 2), np.float32), test_targets=np.array([0, 1]))
+        >>> federated_dataset_from_arrays(arrays).client_sizes.tolist()
+        [2, 3]
+    """
+
+    train_inputs: ArrayLike
+    train_targets: ArrayLike
+    train_client_ids: ArrayLike
+    test_inputs: ArrayLike
+    test_targets: ArrayLike
+    test_client_ids: ArrayLike | None = None
+    num_classes: int | None = None
+
+    @classmethod
+    def from_datasets(
+        cls,
+        train: Any,
+        client_ids: Sequence[int] | ArrayLike,
+        test: Any,
+        test_client_ids: Sequence[int] | ArrayLike | None = None,
+        num_classes: int | None = None,
+    ) -> "FederatedArrays":
+        """Read map-style torch Datasets whose items are ``(input, target)`` into arrays, with one client id per training item.
+
+        Every item is read once (``len(dataset)`` items, by index) and stacked, so the inputs must all have one shape.
+        """
+        train_inputs, train_targets = _stacked_items(train, "train")
+        test_inputs, test_targets = _stacked_items(test, "test")
+        return cls(train_inputs, train_targets, _as_array(client_ids), test_inputs, test_targets,
+                   None if test_client_ids is None else _as_array(test_client_ids), num_classes)
+
+
+def _as_array(values: Any) -> Any:
+    return values if isinstance(values, (np.ndarray, torch.Tensor)) else np.asarray(values)
+
+
+def _stacked_items(dataset: Any, split: str) -> tuple[torch.Tensor, torch.Tensor]:
+    where = f"the {split} Dataset"
+    if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
+        raise ConfigError(
+            f"data: {where} is a {type(dataset).__name__}, not a map-style torch Dataset; give an object with "
+            "__len__ and __getitem__(index) -> (input, target), such as torch.utils.data.TensorDataset"
+        )
+    count = len(dataset)
+    if count == 0:
+        raise ConfigError(f"data: {where} is empty; give at least one (input, target) item")
+    inputs, targets = [], []
+    for index in range(count):
+        item = dataset[index]
+        if not isinstance(item, (tuple, list)) or len(item) != 2:
+            raise ConfigError(
+                f"data: item {index} of {where} is a {type(item).__name__}, not an (input, target) pair; "
+                "make __getitem__ return (input, target)"
+            )
+        inputs.append(torch.as_tensor(np.asarray(item[0]) if not isinstance(item[0], torch.Tensor) else item[0]))
+        targets.append(torch.as_tensor(item[1]))
+    for name, values in (("inputs", inputs), ("targets", targets)):
+        shapes = {tuple(value.shape) for value in values}
+        if len(shapes) > 1:
+            raise ConfigError(f"data: the {name} of {where} have different shapes {sorted(shapes)[:3]}; every item's {name[:-1]} must have one shape")
+    return torch.stack(inputs), torch.stack(targets)
+
+
+def federated_dataset_from_arrays(arrays: FederatedArrays, origin: str = "data", name: str = "custom") -> FederatedDataset:
+    """Your arrays as a FederatedDataset, every field checked; a ConfigError that names the field, what is wrong and the fix.
+
+    ``origin`` names where the arrays came from in messages (``data=``, ``data.loader 'mod:load'``).
+    """
+    if not isinstance(arrays, FederatedArrays):
+        raise ConfigError(
+            f"{origin}: expected driftlab.FederatedArrays (train/test inputs and targets and the client id of every "
+            f"training example), got {type(arrays).__name__}; build one with driftlab.FederatedArrays(...) or "
+            "driftlab.FederatedArrays.from_datasets(train_dataset, client_ids, test_dataset)"
+        )
+    train_x = _tensor(arrays.train_inputs, "train_inputs", origin)
+    train_y = _tensor(arrays.train_targets, "train_targets", origin)
+    test_x = _tensor(arrays.test_inputs, "test_inputs", origin)
+    test_y = _tensor(arrays.test_targets, "test_targets", origin)
+    train_ids = _client_id_array(arrays.train_client_ids, "train_client_ids", origin)
+    for split, x, y, ids in (("train", train_x, train_y, train_ids), ("test", test_x, test_y, None)):
+        _check_rows(x, y, ids, split, origin)
+    if tuple(train_x.shape[1:]) != tuple(test_x.shape[1:]):
+        raise ConfigError(
+            f"{origin}: train_inputs rows have shape {tuple(train_x.shape[1:])} but test_inputs rows {tuple(test_x.shape[1:])}; "
+            "preprocess both splits the same way"
+        )
+    for label, tensor in (("train_inputs", train_x), ("train_targets", train_y), ("test_inputs", test_x), ("test_targets", test_y)):
+        _check_finite(tensor, label, origin)
+    num_clients = _check_client_ids(train_ids, "train_client_ids", origin)
+    client_indices = _rows_by_client(train_ids, num_clients)
+    client_test_indices = None
+    if arrays.test_client_ids is not None:
+        test_ids = _client_id_array(arrays.test_client_ids, "test_client_ids", origin)
+        if len(test_ids) != len(test_y):
+            raise ConfigError(f"{origin}: test_client_ids has {len(test_ids)} entries but test_targets has {len(test_y)}; give one client id per test example")
+        if len(test_ids) and (test_ids.min() < 0 or test_ids.max() >= num_clients):
+            raise ConfigError(
+                f"{origin}: test_client_ids lie in [{test_ids.min()}, {test_ids.max()}] but the training data has clients 0..{num_clients - 1}; "
+                "use the training data's client ids"
+            )
+        client_test_indices = _rows_by_client(test_ids, num_clients)
+    classes = _is_integer(train_y)
+    if classes != _is_integer(test_y):
+        raise ConfigError(
+            f"{origin}: train_targets are {train_y.dtype} but test_targets are {test_y.dtype}; give both splits integer class ids, or both floating targets"
+        )
+    if classes:
+        num_classes = _number_of_classes(arrays.num_classes, train_y, test_y, origin)
+        train_y, test_y = train_y.long(), test_y.long()
+    else:
+        num_classes = int(np.prod(train_y.shape[1:], dtype=np.int64)) if train_y.dim() > 1 else 1
+    try:
+        return FederatedDataset(
+            name, train_x, train_y, test_x, test_y, client_indices, num_classes,
+            client_test_indices=client_test_indices, targets_are_classes=classes,
+        )
+    except ValueError as error:
+        raise ConfigError(f"{origin}: {error}") from None
+
+
+def _tensor(values: Any, field: str, origin: str) -> torch.Tensor:
+    if isinstance(values, torch.Tensor):
+        tensor = values.detach().cpu()
+    elif isinstance(values, np.ndarray):
+        if values.dtype == object or not (np.issubdtype(values.dtype, np.number) or values.dtype == np.bool_):
+            raise ConfigError(f"{origin}: {field} is a numpy array of {values.dtype}, not numbers; convert it with np.asarray(..., dtype=np.float32)")
+        tensor = torch.from_numpy(np.ascontiguousarray(values))
+    else:
+        raise ConfigError(f"{origin}: {field} is a {type(values).__name__}; give a numpy array or a torch tensor (np.asarray(values))")
+    if tensor.dim() == 0:
+        raise ConfigError(f"{origin}: {field} is a single number; give one row per example")
+    if tensor.is_complex():
+        raise ConfigError(f"{origin}: {field} is complex ({tensor.dtype}); give real numbers")
+    return tensor
+
+
+def _client_id_array(values: Any, field: str, origin: str) -> np.ndarray:
+    ids = values.detach().cpu().numpy() if isinstance(values, torch.Tensor) else np.asarray(values)
+    if ids.ndim != 1 or not (np.issubdtype(ids.dtype, np.integer) or (ids.size == 0 and ids.dtype == np.float64)):
+        raise ConfigError(f"{origin}: {field} must be a 1-D array of integer client ids, got {ids.dtype} of shape {ids.shape}; use np.asarray(ids, dtype=np.int64)")
+    return ids.astype(np.int64)
+
+
+def _check_rows(inputs: torch.Tensor, targets: torch.Tensor, ids: np.ndarray | None, split: str, origin: str) -> None:
+    counts = {f"{split}_inputs": inputs.shape[0], f"{split}_targets": targets.shape[0]}
+    if ids is not None:
+        counts[f"{split}_client_ids"] = len(ids)
+    if len(set(counts.values())) > 1:
+        listed = ", ".join(f"{key} {value}" for key, value in counts.items())
+        raise ConfigError(f"{origin}: the {split} arrays have different lengths ({listed}); give one row per {split} example in each")
+    if inputs.shape[0] == 0:
+        raise ConfigError(f"{origin}: {split}_inputs has no rows; give at least one {split} example")
+
+
+def _check_finite(tensor: torch.Tensor, field: str, origin: str) -> None:
+    if tensor.is_floating_point():
+        bad = ~torch.isfinite(tensor)
+        if bool(bad.any()):
+            row = int(bad.reshape(len(tensor), -1).any(dim=1).nonzero()[0, 0])
+            raise ConfigError(
+                f"{origin}: {field} holds {int(bad.sum())} NaN or infinite values (the first in row {row}); "
+                "remove or impute those rows (np.isfinite finds them)"
+            )
+
+
+def _check_client_ids(ids: np.ndarray, field: str, origin: str) -> int:
+    """The number of clients: the ids must be exactly 0..C-1, each holding an example."""
+    if ids.min() < 0:
+        raise ConfigError(f"{origin}: {field} holds negative ids (smallest {ids.min()}); number the clients 0..C-1, e.g. np.unique(ids, return_inverse=True)[1]")
+    counts = np.bincount(ids)
+    empty = np.flatnonzero(counts == 0)
+    if len(empty):
+        shown = ", ".join(map(str, empty[:5])) + (", ..." if len(empty) > 5 else "")
+        raise ConfigError(
+            f"{origin}: {field} must number the clients 0..C-1 with every client holding a training example, but "
+            f"{len(empty)} of the ids 0..{len(counts) - 1} hold none ({shown}); renumber them, e.g. "
+            "np.unique(ids, return_inverse=True)[1]"
+        )
+    return len(counts)
+
+
+def _rows_by_client(ids: np.ndarray, num_clients: int) -> tuple[np.ndarray, ...]:
+    order = np.argsort(ids, kind="stable")
+    bounds = np.searchsorted(ids[order], np.arange(num_clients + 1))
+    return tuple(order[bounds[k] : bounds[k + 1]].astype(np.int64) for k in range(num_clients))
+
+
+def _is_integer(tensor: torch.Tensor) -> bool:
+    return not tensor.is_floating_point() and tensor.dtype != torch.bool
+
+
+def _number_of_classes(given: int | None, train: torch.Tensor, test: torch.Tensor, origin: str) -> int:
+    if train.dim() != 1 or test.dim() != 1:
+        raise ConfigError(
+            f"{origin}: integer targets are class ids and must be 1-D, got train_targets of shape {tuple(train.shape)} and test_targets "
+            f"{tuple(test.shape)}; for other targets give floating values and a loss of your own (loss=)"
+        )
+    smallest = int(min(train.min(), test.min()))
+    if smallest < 0:
+        raise ConfigError(f"{origin}: class ids in the targets must be 0 or more, found {smallest}; number the classes 0..K-1")
+    largest = int(max(train.max(), test.max()))
+    if given is None:
+        return largest + 1
+    if isinstance(given, bool) or not isinstance(given, int) or given < 1 or given <= largest:
+        raise ConfigError(f"{origin}: num_classes={given!r}, but the targets hold class id {largest}; set num_classes to at least {largest + 1} (or leave it unset)")
+    return given

@@ -132,3 +132,115 @@ def test_bad_client_test_indices_rejected():
 
 def test_data_file_error_is_a_value_error():
     assert issubclass(DataFileError, ValueError)
+
+
+# ---------------------------------------------------------------- the user's own arrays
+
+from driftlab.data.federated import FederatedArrays, federated_dataset_from_arrays  # noqa: E402
+from driftlab.errors import ConfigError  # noqa: E402
+
+
+def _arrays(**changes):
+    rng = np.random.default_rng(0)
+    fields = dict(
+        train_inputs=rng.normal(size=(6, 3)).astype(np.float32),
+        train_targets=np.array([0, 1, 2, 0, 1, 1]),
+        train_client_ids=np.array([1, 0, 1, 2, 2, 0]),
+        test_inputs=rng.normal(size=(4, 3)).astype(np.float32),
+        test_targets=np.array([2, 1, 0, 0]),
+    )
+    fields.update(changes)
+    return FederatedArrays(**fields)
+
+
+def test_arrays_become_a_dataset_with_one_client_per_id():
+    dataset = federated_dataset_from_arrays(_arrays())
+    assert [idx.tolist() for idx in dataset.client_indices] == [[1, 5], [0, 2], [3, 4]]
+    assert dataset.num_classes == 3 and dataset.targets_are_classes and dataset.train_targets.dtype == torch.int64
+    assert dataset.name == "custom" and dataset.input_shape == (3,)
+
+
+def test_tensors_work_like_numpy_arrays_and_give_the_same_digest():
+    from_numpy = federated_dataset_from_arrays(_arrays())
+    arrays = _arrays()
+    from_torch = federated_dataset_from_arrays(
+        FederatedArrays(*(torch.as_tensor(getattr(arrays, name)) for name in ("train_inputs", "train_targets", "train_client_ids", "test_inputs", "test_targets")))
+    )
+    assert from_numpy.digest == from_torch.digest
+
+
+def test_the_digest_changes_with_any_value_or_client():
+    digest = federated_dataset_from_arrays(_arrays()).digest
+    moved = federated_dataset_from_arrays(_arrays(train_client_ids=np.array([1, 0, 1, 2, 0, 2])))
+    inputs = _arrays().train_inputs.copy()
+    inputs[5, 2] = np.nextafter(inputs[5, 2], np.float32(np.inf))
+    nudged = federated_dataset_from_arrays(_arrays(train_inputs=inputs))
+    assert len({digest, moved.digest, nudged.digest}) == 3
+
+
+def test_floating_targets_are_free_targets_with_their_width_as_outputs():
+    dataset = federated_dataset_from_arrays(_arrays(train_targets=np.ones((6, 2)), test_targets=np.zeros((4, 2))))
+    assert not dataset.targets_are_classes and dataset.num_classes == 2
+    assert "classes_for_80_percent_min" not in dataset.describe()
+
+
+def test_test_client_ids_give_each_client_its_test_rows():
+    dataset = federated_dataset_from_arrays(_arrays(test_client_ids=np.array([2, 0, 0, 2])))
+    assert [idx.tolist() for idx in dataset.client_test_indices] == [[1, 2], [], [0, 3]]
+
+
+@pytest.mark.parametrize(
+    "changes, fragments",
+    [
+        ({"train_targets": np.array([0, 1, 2, 0, 1])}, ["train arrays have different lengths", "train_targets 5", "one row per train example"]),
+        ({"train_client_ids": np.array([0, 1, 0])}, ["train_client_ids 3"]),
+        ({"test_inputs": np.zeros((3, 3), np.float32)}, ["test arrays have different lengths"]),
+        ({"test_inputs": np.zeros((4, 2), np.float32)}, ["rows have shape (3,)", "(2,)", "preprocess both splits the same way"]),
+        ({"train_inputs": np.where(np.eye(6, 3) > 0, np.nan, 0.0)}, ["train_inputs holds 3 NaN or infinite values", "first in row 0", "np.isfinite"]),
+        ({"test_targets": np.array([0.0, np.inf, 1.0, 0.0])}, ["test_targets holds 1 NaN", "row 1"]),
+        ({"train_client_ids": np.array([0, 0, 2, 2, 3, 3])}, ["0..C-1", "1 of the ids 0..3 hold none (1)", "np.unique(ids, return_inverse=True)[1]"]),
+        ({"train_client_ids": np.array([-1, 0, 0, 1, 1, 1])}, ["negative ids", "0..C-1"]),
+        ({"train_client_ids": np.array([0.0, 1, 0, 1, 1, 0])}, ["integer client ids", "np.int64"]),
+        ({"test_client_ids": np.array([0, 3, 0, 1])}, ["test_client_ids lie in [0, 3]", "clients 0..2"]),
+        ({"train_inputs": [[1.0, 2.0, 3.0]] * 6}, ["train_inputs is a list", "numpy array or a torch tensor"]),
+        ({"train_targets": np.array([0, 1, -2, 0, 1, 1])}, ["class ids", "found -2"]),
+        ({"num_classes": 2}, ["num_classes=2", "class id 2", "at least 3"]),
+        ({"test_targets": np.zeros(4, np.float32)}, ["train_targets are torch.int64 but test_targets are torch.float32"]),
+    ],
+)
+def test_bad_arrays_are_refused_with_what_to_fix(changes, fragments):
+    with pytest.raises(ConfigError) as error:
+        federated_dataset_from_arrays(_arrays(**changes), "data=")
+    message = str(error.value)
+    assert message.startswith("data=: ")
+    for fragment in fragments:
+        assert fragment in message, message
+
+
+def test_something_else_than_arrays_is_refused_naming_the_type():
+    with pytest.raises(ConfigError, match=r"data=: expected driftlab.FederatedArrays .* got dict; build one with"):
+        federated_dataset_from_arrays({"train_inputs": np.zeros(3)}, "data=")
+
+
+def test_torch_datasets_are_read_into_arrays():
+    from torch.utils.data import TensorDataset
+
+    arrays = _arrays()
+    train = TensorDataset(torch.as_tensor(arrays.train_inputs), torch.as_tensor(arrays.train_targets))
+    test = TensorDataset(torch.as_tensor(arrays.test_inputs), torch.as_tensor(arrays.test_targets))
+    read = FederatedArrays.from_datasets(train, list(arrays.train_client_ids), test)
+    assert federated_dataset_from_arrays(read).digest == federated_dataset_from_arrays(arrays).digest
+
+
+def test_a_dataset_whose_items_are_not_pairs_is_refused():
+    class Singles:
+        def __len__(self):
+            return 2
+
+        def __getitem__(self, index):
+            return torch.zeros(3)
+
+    with pytest.raises(ConfigError, match=r"item 0 of the train Dataset is a Tensor, not an \(input, target\) pair"):
+        FederatedArrays.from_datasets(Singles(), [0, 0], Singles())
+    with pytest.raises(ConfigError, match="not a map-style torch Dataset"):
+        FederatedArrays.from_datasets(iter([]), [0], Singles())

@@ -33,10 +33,10 @@ from driftlab.data.images import (
     load_cifar_tensors,
     load_emnist_tensors,
     load_fashion_mnist_tensors,
-    flip_crop_from_keys,
     load_image_folder,
     random_flip_crop,
 )
+from driftlab.simulation.augmentation import flip_crop_from_keys
 
 SHARED = Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
 REAL_CIFAR_JPEG = SHARED / "cifar10-jpeg" / "cifar10-jpeg.tar.gz"

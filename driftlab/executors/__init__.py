@@ -2,7 +2,7 @@
 
 Every executor does one thing: given run tasks (a run directory, its resolved
 config and the threads it may use), run each through the same worker entry point
-(``driftlab.experiments.sweep.worker_main``, a fresh interpreter per run) and
+(``driftlab.experiments.sweep.execution.worker_main``, a fresh interpreter per run) and
 report each run's exit code. The run directory is the only state, so any
 executor resumes, skips or retries what another one started, and every executor
 gives the same final models and metrics byte for byte (same threads per run).
@@ -100,11 +100,11 @@ def check_options(options: ExecutorOptions) -> None:
 def set_aside_held(tasks: list[RunTask], events: Events) -> tuple[list[TaskResult], list[RunTask]]:
     """Results for the tasks whose directory a live process holds (submitting them would only queue a job
     that exits at once), and the tasks left to submit."""
-    from driftlab.experiments import sweep  # looked up at call time: tests replace sweep.run_directory_holder
+    from driftlab.experiments.sweep import directory  # looked up at call time: tests replace directory.run_directory_holder
 
     held, runnable = [], []
     for task in tasks:
-        holder = sweep.run_directory_holder(task.run_dir)
+        holder = directory.run_directory_holder(task.run_dir)
         if holder is None:
             runnable.append(task)
         else:
@@ -119,7 +119,8 @@ def run_task(task: RunTask, job: dict[str, Any], on_start: Callable[[Any], None]
     Resume is decided now, not at submission: a requeued or retried job continues from what the
     directory holds. ``on_start`` gets the worker's Popen (to pass a pre-emption on to it).
     """
-    from driftlab.experiments.sweep import FAILURE_FILE, _start_worker, run_directory_holder
+    from driftlab.experiments.sweep.directory import FAILURE_FILE, run_directory_holder
+    from driftlab.experiments.sweep.execution import _start_worker
 
     holder = run_directory_holder(task.run_dir)
     if holder is not None:

@@ -16,7 +16,7 @@ from driftlab.executors import Events, ExecutorOptions, RunTask, TaskResult
 
 
 def execute(tasks: list[RunTask], options: ExecutorOptions, events: Events = Events()) -> list[TaskResult]:
-    from driftlab.experiments import sweep  # looked up at call time: tests replace sweep.run_directory_holder
+    from driftlab.experiments.sweep import directory, execution  # looked up at call time: tests replace directory.run_directory_holder
 
     jobs = max(1, min(options.jobs or 1, max(len(tasks), 1)))
     results: list[TaskResult] = []
@@ -29,20 +29,20 @@ def execute(tasks: list[RunTask], options: ExecutorOptions, events: Events = Eve
         terminated.append(signum)
         raise KeyboardInterrupt(f"terminated by signal {signum}")
 
-    if sweep._in_main_thread():
+    if execution._in_main_thread():
         signal.signal(signal.SIGTERM, terminate)
     try:
         while queue or active:
             while queue and len(active) < jobs:
                 task = queue.pop(0)
-                holder = sweep.run_directory_holder(task.run_dir)
+                holder = directory.run_directory_holder(task.run_dir)
                 if holder is not None:
                     results.append(TaskResult(task, None, started=False, holder=holder))
                     events.finished(results[-1])
                     continue
-                (task.run_dir / sweep.FAILURE_FILE).unlink(missing_ok=True)
+                (task.run_dir / directory.FAILURE_FILE).unlink(missing_ok=True)
                 resume = (task.run_dir / "config.json").exists()
-                process = sweep._start_worker(task.run_dir, task.config, resume, task.threads)
+                process = execution._start_worker(task.run_dir, task.config, resume, task.threads)
                 active[task.key] = (process, task, time.perf_counter())
                 events.started(task, resume, {})
             time.sleep(0.2)
@@ -74,6 +74,6 @@ def execute(tasks: list[RunTask], options: ExecutorOptions, events: Events = Eve
                 process.wait(timeout=60)
         raise
     finally:
-        if sweep._in_main_thread():
+        if execution._in_main_thread():
             signal.signal(signal.SIGTERM, previous_term)
     return results

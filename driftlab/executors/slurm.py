@@ -73,7 +73,7 @@ def _stop_worker(signum: int | None = None, frame: Any = None) -> None:  # noqa:
     Runs in a signal handler that interrupted ``Popen.wait``, whose lock it cannot take again:
     it waits by watching the process end (a zombie has ended) instead of calling ``wait``.
     """
-    from driftlab.experiments.sweep import process_gone
+    from driftlab.experiments.sweep.execution import process_gone
 
     for process in _workers:
         if process.returncode is None:

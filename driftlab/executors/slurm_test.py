@@ -6,7 +6,7 @@ import pytest
 from driftlab.executors import ExecutorOptions, check_options
 from driftlab.executors.conftest import assert_same_results, check_kill_and_resume, run_dirs, sweep
 from driftlab.experiments.config import ConfigError
-from driftlab.experiments.runner import read_run_info
+from driftlab.experiments.run_directory import read_run_info
 
 submitit = pytest.importorskip("submitit")
 

@@ -1,0 +1,2 @@
+"""Configs, runs, sweeps and reports. Importing this package imports none of its modules, so
+``driftlab.experiments.report`` (and ``driftlab report``) reads run directories without torch."""

@@ -422,6 +422,14 @@ def test_known_errors_keep_their_exit_codes(monkeypatch, capsys, temp_dir):
     _fail_with(monkeypatch, PermissionError(13, "Permission denied", "/data/secret"))
     assert cli.main(["presets"]) == 2
     assert capsys.readouterr().err == "driftlab: error: /data/secret: Permission denied\n"
+    from driftlab.data.federated import DataFileError
+    from driftlab.experiments.datasets import DataSetupError
+    from driftlab.simulation.checkpoint import CheckpointError
+
+    for error in (DataFileError("bad file x.npz"), DataSetupError("no data at y"), CheckpointError("checkpoint z is damaged")):
+        _fail_with(monkeypatch, error)
+        assert cli.main(["presets"]) == 2
+        assert capsys.readouterr().err == f"driftlab: error: {error}\n"
     assert not list(temp_dir.iterdir())  # known errors need no log
 
 
@@ -473,3 +481,36 @@ def test_demo_progress_is_one_line_per_run_with_the_demo_labels(tmp_path):
     assert [line.split(":")[0] for line in lines] == [label for label, _ in DEMO_RUNS]
     assert all(re.fullmatch(r"[\w-]+: 2 rounds, final accuracy \d\.\d{3}, \d+\.\d s", line) for line in lines), lines
     assert "\r" not in result.stderr
+
+
+# Run in a child interpreter where `import torch` fails: what succeeds there never imported it.
+TORCH_BLOCKED = "import sys; sys.modules['torch'] = None; from driftlab.cli import main; sys.exit(main(sys.argv[1:]))"
+
+
+@pytest.mark.slow
+def test_report_status_and_help_import_no_torch(tmp_path):
+    sweep = tmp_path / "sweep"
+    assert driftlab_cli("run", "synthetic-fedavg", *TINY, "--out", sweep / "runs" / "fedavg" / "seed-0", "--quiet").returncode == 0
+    planned = [{"dir": f"runs/fedavg/seed-{seed}", "setting": "", "method": "FedAvg", "seed": seed, "overrides": []} for seed in (0, 1)]
+    (sweep / "sweep.json").write_text(json.dumps({"format": 1, "name": "s", "base": "synthetic-fedavg", "rounds": [2], "runs": planned}))
+    here = driftlab_cli("report", sweep, "--out", tmp_path / "here")
+    assert here.returncode == 0, here.stderr
+
+    def blocked(*args: object) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-c", TORCH_BLOCKED, *map(str, args)], capture_output=True, text=True, timeout=120, cwd=REPO_ROOT)
+
+    report = blocked("report", sweep, "--out", tmp_path / "blocked")
+    assert report.returncode == 0, report.stderr
+    assert report.stdout == here.stdout.replace(str(tmp_path / "here"), str(tmp_path / "blocked"))
+    written = sorted(path.name for path in (tmp_path / "here").iterdir())
+    assert "report.md" in written and any(name.endswith(".png") for name in written)
+    assert sorted(path.name for path in (tmp_path / "blocked").iterdir()) == written
+    for name in written:
+        assert (tmp_path / "blocked" / name).read_bytes() == (tmp_path / "here" / name).read_bytes(), name
+    status = blocked("sweep", "--status", sweep)
+    assert status.returncode == 0, status.stderr
+    assert status.stdout.splitlines()[:2] == ["done         runs/fedavg/seed-0  2/2 rounds", "queued       runs/fedavg/seed-1  0/2 rounds"]
+    help_text = blocked("--help")
+    assert help_text.returncode == 0 and "report" in help_text.stdout, help_text.stderr
+    # the block is real: listing the config keys (`run --help`) imports the config module, and so torch
+    assert "torch" in blocked("run", "--help").stderr

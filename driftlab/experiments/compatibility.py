@@ -257,7 +257,14 @@ def probe_forward(config: ExperimentConfig, data: Any, flat_model: Any, device: 
                     raise _mismatch(
                         config, data, label, f"it returns outputs of shape {tuple(outputs.shape)} for {len(rows)} examples; expected {expected}"
                     )
-            flat_model.example_loss(outputs, targets)
+            losses = flat_model.example_loss(outputs, targets)
+            if not isinstance(losses, torch.Tensor) or tuple(losses.shape) != (len(rows),):
+                shape = tuple(losses.shape) if isinstance(losses, torch.Tensor) else type(losses).__name__
+                raise ConfigError(
+                    f"the loss {getattr(flat_model.example_loss, '__name__', 'given')} returned {shape} for a batch of {len(rows)} examples; "
+                    f"a loss returns one value per example, shape ({len(rows)},): reduce over every axis but the first "
+                    "(e.g. ((outputs - targets) ** 2).flatten(1).sum(1)), and do not take the mean over the batch"
+                )
     except ConfigError:
         raise
     except (ValueError, RuntimeError, IndexError, TypeError, AttributeError) as error:
@@ -276,6 +283,8 @@ def _mismatch(config: ExperimentConfig, data: Any, label: str, reason: str) -> C
     inputs = data.train_inputs
     if config.data.name in QUADRATIC_DATA:
         kind = "quadratic objectives, no classes"
+    elif not data.targets_are_classes:
+        kind = f"targets of shape {tuple(data.train_targets.shape[1:])}, not class ids"
     else:
         kind = f"{data.num_classes} tags, multi-label" if data.multi_label else f"{data.num_classes} classes"
     return ConfigError(

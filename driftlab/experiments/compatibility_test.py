@@ -14,7 +14,7 @@ from driftlab.data.federated import FederatedDataset
 from driftlab.experiments.compatibility import check_plan_size, check_sizes, checked_model, models_that_fit
 from driftlab.experiments.config import ConfigError, load_config
 from driftlab.experiments.datasets import build_dataset, data_location
-from driftlab.experiments.runner import _build_model
+from driftlab.experiments.assembly import build_model
 from driftlab.simulation.flat import FlatModel
 
 SMALL = {"rounds": 1, "data": {"num_clients": 5}}
@@ -62,7 +62,7 @@ def _token_data(num_classes: int = 7, length: int = 5) -> FederatedDataset:
 
 
 def _check(config, data, model=None):
-    return checked_model(config, data, lambda: _build_model(config, data, model).to("cpu", torch.float32), torch.device("cpu"), torch.float32, model)
+    return checked_model(config, data, lambda: build_model(config, data, model).to("cpu", torch.float32), torch.device("cpu"), torch.float32, model)
 
 
 def test_token_sequences_with_an_mlp_name_what_fits():
@@ -105,7 +105,7 @@ def test_probe_draws_no_random_numbers_and_keeps_results(tmp_path):
     state = torch.get_rng_state()
     flat = _check(config, data)
     assert torch.equal(torch.get_rng_state(), state)
-    reference = _build_model(config, data, None).initial_parameters()
+    reference = build_model(config, data, None).initial_parameters()
     assert torch.equal(flat.initial_parameters(), reference)
 
 

@@ -172,6 +172,39 @@ class DataConfig(_Section):
         "with probability 1/2 zero-padding by 4 and a random crop back; draws from (seed, round, client, step, slot), the same on every backend",
     )
     seed: int | None = Field(None, ge=0, description="seed of generation and partitioning; default: the experiment seed")
+    loader: str | None = Field(
+        None,
+        min_length=1,
+        description='data.name=custom: "module:function" or "path/to/file.py:function" (relative to the config file) of a function '
+        "returning driftlab.FederatedArrays; imported in every process (run, sweep, resume), so your data needs no driftlab.run(data=...)",
+    )
+    digest: str | None = Field(
+        None,
+        pattern=r"^[0-9a-f]{64}$",
+        description="data.name=custom: SHA-256 of your data, recorded by the run; a run or resume given other data stops with an error",
+    )
+
+    @model_validator(mode="after")
+    def _own_data_keys(self) -> "DataConfig":
+        if self.name != "custom":
+            given = [key for key in ("loader", "digest") if getattr(self, key) is not None]
+            if given:
+                raise ValueError(f'data.{given[0]} is for data of your own: set data.name = "custom" (got data.name = {self.name!r})')
+        elif self.partition not in (None, "natural"):
+            raise ValueError(
+                f'data.name = "custom" keeps your client ids as the clients; leave data.partition unset (got {self.partition!r})'
+            )
+        if self.loader is not None:
+            _check_function_reference(self.loader)
+        return self
+
+
+def _check_function_reference(reference: str) -> None:
+    source, separator, name = reference.rpartition(":")
+    if not separator or not source or not name.isidentifier():
+        raise ValueError(
+            f'expected "module:function" or "path/to/file.py:function", got {_short(reference)}'
+        )
 
 
 class ModelConfig(_Section):
@@ -187,6 +220,24 @@ class ModelConfig(_Section):
     groups: int = Field(2, ge=1, le=MAX_WIDTH, description="resnet18_gn: GroupNorm groups")
     resnet_stem: Literal["cifar", "imagenet"] = Field("cifar", description="resnet18_gn stem: cifar (3x3, no max-pool) or imagenet (FedDyn's code)")
     width: int = Field(64, ge=1, le=MAX_WIDTH, description="resnet18_gn/vgg11 base width")
+    loss: str | None = Field(
+        None,
+        min_length=1,
+        description='a loss of your own: "module:function" or "path/to/file.py:function" of fn(outputs, targets) -> one loss per '
+        "example [B]; none = cross-entropy (binary for multi-label data; the objective itself for quadratic data)",
+    )
+    classifier: bool | None = Field(
+        None,
+        description="report accuracy (outputs are class scores); none = yes for integer class-id targets, no for floating "
+        "targets (regression), multi-label and quadratic data",
+    )
+
+    @field_validator("loss")
+    @classmethod
+    def _loss_is_a_reference(cls, loss: str | None) -> str | None:
+        if loss is not None:
+            _check_function_reference(loss)
+        return loss
 
     def keyword_arguments(self) -> dict[str, Any]:
         """Keyword arguments of ``driftlab.models.build_model`` besides name, shape and classes."""
@@ -462,8 +513,19 @@ class ExperimentConfig(_Section):
         self, ignore: tuple[str, ...] = ("rounds", "checkpoint_every", "device", "log", "state", "memory_budget", "plugins")
     ) -> str:
         """A hash of everything that determines the numbers a run produces (not its length, where it runs or where it is logged,
-        nor where its plugins' files are: the algorithm's name and hyperparameters are in the hash)."""
+        nor where its plugins' files are: the algorithm's name and hyperparameters are in the hash).  Your own data is
+        ``data.name = "custom"`` here; its ``data.digest`` is compared on its own (``run_directory.check_run_directory``)."""
         content = {k: v for k, v in self.to_dict().items() if k not in ignore}
+        if isinstance(content.get("data"), dict):
+            # Your own data's loader path and digest: a sweep plans its runs without the digest (the run records it),
+            # and the run directory and the run check the digest themselves, with a message about the data.
+            content["data"].pop("loader", None)
+            content["data"].pop("digest", None)
+        loss = content.get("model", {}).get("loss") if isinstance(content.get("model"), dict) else None
+        if isinstance(loss, str) and ":" in loss:
+            # Like plugins: the loss's file name and function count, not the folder a checkout happens to be in.
+            where, function = loss.rsplit(":", 1)
+            content["model"]["loss"] = f"{Path(where).name}:{function}"
         return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -547,6 +609,8 @@ def _read_one(source: str | Path) -> tuple[dict[str, Any], str, str, Path | None
         # relative to this file, wherever the config is loaded from (a plain string is one plugin)
         plugins = [plugins] if isinstance(plugins, str) else plugins
         table["plugins"] = [registry.resolve_plugin(p, folder) if isinstance(p, str) and p else p for p in plugins]
+    if folder is not None:
+        table = with_function_paths_resolved(table, folder)
     return table, origin, identity, folder
 
 
@@ -673,7 +737,7 @@ def validate_config(table: dict[str, Any]) -> ExperimentConfig:
     The config's ``plugins`` are imported first (a ConfigError naming the one that fails), so
     the algorithms they register validate like the built-ins; paths are recorded absolute.
     """
-    table = with_plugins_loaded(table)
+    table = with_function_paths_resolved(with_plugins_loaded(table))
     algorithm = table.get("algorithm")
     if isinstance(algorithm, dict) and "name" not in algorithm:
         # an [algorithm] section without `name` configures the default algorithm
@@ -707,6 +771,70 @@ def with_plugins_loaded(table: Any) -> Any:
     resolved = [registry.resolve_plugin(plugin) for plugin in plugins]
     registry.load_plugins(resolved)
     return {**table, "plugins": resolved}
+
+
+FUNCTION_KEYS = (("data", "loader"), ("model", "loss"))  # "module:function" references, imported when the run needs them
+
+
+def with_function_paths_resolved(table: Any, folder: Path | None = None) -> Any:
+    """``table`` with the file paths of ``data.loader`` and ``model.loss`` made absolute: relative to ``folder``
+    (a config file's) like plugins, else to the working directory; module names are kept."""
+    if not isinstance(table, dict):
+        return table
+    resolved = dict(table)
+    for section, key in FUNCTION_KEYS:
+        values = resolved.get(section)
+        reference = values.get(key) if isinstance(values, dict) else None
+        if isinstance(reference, str) and ":" in reference:
+            source, _, name = reference.rpartition(":")
+            if source:
+                resolved[section] = {**values, key: f"{registry.resolve_plugin(source, folder)}:{name}"}
+    return resolved
+
+
+def import_function(reference: str, key: str) -> Any:
+    """The function a ``"module:function"`` or ``"path/to/file.py:function"`` reference names; a ConfigError naming ``key``
+    when it cannot be imported or is not a function.  A module name is looked up on sys.path, then in the working directory."""
+    import importlib
+    import sys
+
+    source, _, name = reference.rpartition(":")
+    try:
+        if registry.is_path(source):
+            module = _import_file(Path(source))
+        else:
+            try:
+                module = importlib.import_module(source)
+            except ModuleNotFoundError as error:
+                if error.name != source.split(".")[0] or str(Path.cwd()) in sys.path:
+                    raise
+                sys.path.insert(0, str(Path.cwd()))  # as `python -m` would have it: a module beside the user
+                module = importlib.import_module(source)
+    except Exception as error:  # noqa: BLE001 - the user's module failed, whatever the reason: one clear message
+        where = "a relative path is taken from the config file's folder, else from the working directory" if registry.is_path(source) else (
+            "the module must be importable from the working directory or an installed package; or name its file: \"path/to/file.py:function\""
+        )
+        raise ConfigError(f"{key} = {reference!r}: cannot import {source!r}: {registry.one_line(error)}; {where}") from None
+    function = getattr(module, name, None)
+    if function is None and source == "__main__":
+        raise ConfigError(
+            f"{key} = {reference!r} was defined in a script, which this process cannot import: pass it again from that script "
+            f"(driftlab.run(..., {'loss=' if key == 'model.loss' else 'data='}...)), or move it into a module and name that, "
+            f'e.g. {key} = "my_module.py:{name}"'
+        )
+    if not callable(function):
+        found = "has no" if function is None else f"has a {type(function).__name__}, not a"
+        raise ConfigError(f"{key} = {reference!r}: {source!r} {found} function {name!r}; name a function defined in that module")
+    return function
+
+
+def _import_file(path: Path) -> Any:
+    """The module of a .py file, imported as the registry imports plugin files: once per file, under a name of its own
+    (a file that is both a plugin and a loader runs once)."""
+    import sys
+
+    registry._import_file(path)
+    return sys.modules[registry._loaded_paths[str(path.resolve())]]
 
 
 def config_from_record(table: dict[str, Any]) -> ExperimentConfig:

@@ -506,3 +506,68 @@ def test_config_file_with_a_base_is_not_taken_for_a_sweep(tmp_path):
     config_file.write_text('base = "synthetic-fedavg"\nrounds = 3\n')
     sweep_file.write_text('base = "synthetic-fedavg"\nseeds = [0, 1]\noverrides = ["rounds=3"]\n')
     assert not is_sweep_source(config_file) and is_sweep_source(sweep_file)
+
+
+# ---------------------------------------------------------------- your own data and loss
+
+
+from driftlab.experiments.config import import_function, load_config as _load  # noqa: E402
+
+DIGEST = "0123456789abcdef" * 4
+
+
+@pytest.mark.parametrize(
+    "overrides, fragment",
+    [
+        (["data.loader=my_data.py:load"], 'data.loader is for data of your own: set data.name = "custom"'),
+        ([f"data.digest={DIGEST}"], 'data.digest is for data of your own: set data.name = "custom"'),
+        (["data.name=custom", "data.partition=iid"], "keeps your client ids as the clients; leave data.partition unset"),
+        (["data.name=custom", "data.loader=my_data.py"], 'expected "module:function" or "path/to/file.py:function"'),
+        (["data.name=custom", "data.digest=abc"], "data.digest: String should match pattern"),
+        (["model.loss=losses.py:"], 'expected "module:function"'),
+    ],
+)
+def test_own_data_and_loss_keys_are_checked(overrides, fragment):
+    with pytest.raises(ConfigError, match="invalid configuration") as error:
+        _load(None, overrides)
+    assert fragment in str(error.value)
+
+
+def test_a_loader_path_is_taken_from_the_config_files_folder(tmp_path, monkeypatch):
+    (tmp_path / "project").mkdir()
+    config = tmp_path / "project" / "own.toml"
+    config.write_text('[data]\nname = "custom"\nloader = "data/my_data.py:load"\n[model]\nloss = "losses:squared"\n')
+    monkeypatch.chdir(tmp_path)
+    loaded = _load(config)
+    assert loaded.data.loader == f"{(tmp_path / 'project' / 'data' / 'my_data.py').resolve()}:load"
+    assert loaded.model.loss == "losses:squared"  # a module name stays a module name
+    assert _load(None, ["data.name=custom", "data.loader=x.py:f"]).data.loader == f"{(tmp_path / 'x.py').resolve()}:f"
+
+
+def test_the_fingerprint_leaves_out_the_loader_path_and_the_digest_a_sweep_plans_without():
+    first = _load(None, ["data.name=custom", "data.loader=/a/my_data.py:load", f"data.digest={DIGEST}"])
+    moved = _load(None, ["data.name=custom", "data.loader=/b/my_data.py:load"])
+    assert first.fingerprint() == moved.fingerprint() != _load(None).fingerprint()
+    assert _load(None).fingerprint() == _load(None, ["model.classifier=none"]).fingerprint()  # unset keys leave old fingerprints alone
+
+
+def test_the_fingerprint_keeps_the_loss_files_name_and_function_not_its_folder():
+    here = _load(None, ["model.loss=/a/losses.py:squared"])
+    assert here.fingerprint() == _load(None, ["model.loss=/b/checkout/losses.py:squared"]).fingerprint()
+    assert here.fingerprint() != _load(None, ["model.loss=/a/losses.py:absolute"]).fingerprint()
+    assert here.fingerprint() != _load(None, ["model.loss=/a/other.py:squared"]).fingerprint()
+
+
+def test_import_function_names_the_key_and_the_fix(tmp_path):
+    (tmp_path / "losses.py").write_text("scale = 2.0\ndef squared(outputs, targets):\n    return (outputs - targets) ** 2\n")
+    assert import_function(f"{tmp_path / 'losses.py'}:squared", "model.loss").__name__ == "squared"
+    with pytest.raises(ConfigError, match=r"^model.loss = .*: .*losses.py' has a float, not a function 'scale'"):
+        import_function(f"{tmp_path / 'losses.py'}:scale", "model.loss")
+    with pytest.raises(ConfigError, match=r"was defined in a script, which this process cannot import: pass it again"):
+        import_function("__main__:my_loss_not_here", "model.loss")
+
+
+def test_describe_keys_lists_the_own_data_and_loss_keys():
+    text = describe_keys()
+    for key in ("data.loader", "data.digest", "model.loss", "model.classifier"):
+        assert f"  {key} = " in text

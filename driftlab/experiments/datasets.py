@@ -17,7 +17,8 @@ from typing import Callable
 import numpy as np
 import torch
 
-from driftlab.data.federated import DataFileError, FederatedDataset
+from driftlab.data.federated import DataFileError, FederatedDataset, federated_dataset_from_arrays
+from driftlab.errors import ConfigError
 from driftlab.simulation.randomness import Stream, generator
 
 REPOSITORY_ROOT = Path(__file__).resolve().parents[2]
@@ -189,6 +190,27 @@ def _stackoverflow(config, seed, path):
     )
 
 
+def _custom(config, seed, path):
+    """The user's data, from the function ``data.loader`` names (``driftlab.run(data=...)`` passes it directly instead)."""
+    if not config.loader:
+        raise ConfigError(
+            'data.name = "custom" is your own data, and this run was given none: pass it to driftlab.run(config, data=...) '
+            "(the same data again to resume), or set data.loader = \"module:function\" (or \"path/to/file.py:function\") "
+            "naming a function that returns driftlab.FederatedArrays, so that sweeps, `driftlab run` and resumes load it"
+        )
+    from driftlab.experiments.config import import_function
+
+    load = import_function(config.loader, "data.loader")
+    origin = f"data.loader {config.loader!r}"
+    try:
+        arrays = load()
+    except ConfigError:
+        raise
+    except Exception as error:  # noqa: BLE001 - the user's function failed: say so, with its own message
+        raise ConfigError(f"{origin} failed: {type(error).__name__}: {error}") from error
+    return federated_dataset_from_arrays(arrays, origin, "custom")
+
+
 def _characters(config) -> int:
     return 80  # LEAF's character vocabulary
 
@@ -224,6 +246,13 @@ DATA_SETS: dict[str, DataSetInfo] = {
     ),
     "sent140": DataSetInfo(
         "LEAF Sent140 JSON, one client per user, 25 tokens", "sent140-leaf", True, _sent140, lambda config: config.vocabulary_size
+    ),
+    "custom": DataSetInfo(
+        "your own data: driftlab.run(config, data=driftlab.FederatedArrays(...)), or data.loader = \"module:function\" returning one; "
+        "your client ids are the clients",
+        None,
+        True,
+        _custom,
     ),
 }
 
@@ -263,7 +292,7 @@ def build_dataset(config, seed: int) -> FederatedDataset:
     partition = config.partition or ("natural" if info.natural else "iid")
     try:
         return _build(config, info, path, partition, data_seed)
-    except DataFileError:
+    except (DataFileError, ConfigError):
         raise
     except ValueError as error:
         raise DataSetupError(f"data ({config.name}, partition={partition}, num_clients={config.num_clients}): {error}") from None
@@ -289,6 +318,18 @@ def _build(config, info: DataSetInfo, path: Path | None, partition: str, data_se
         dataset = FederatedDataset(config.name, train_x, train_y, test_x, test_y, client_indices, num_classes=num_classes)
     if config.client_test_fraction > 0 and dataset.client_test_indices is None:
         dataset = _with_client_test_splits(dataset, config.client_test_fraction, data_seed)
+    return dataset
+
+
+def prepared_custom_data(dataset: FederatedDataset, config, seed: int) -> FederatedDataset:
+    """Your own data set (``driftlab.run(data=...)``) as a run of this ``[data]`` config uses it, as ``build_dataset``
+    prepares a loader's: ``data.client_test_fraction`` of every client held out, seeded like the built-in data sets."""
+    data_seed = config.seed if config.seed is not None else seed
+    if config.client_test_fraction > 0 and dataset.client_test_indices is None:
+        try:
+            return _with_client_test_splits(dataset, config.client_test_fraction, data_seed)
+        except ValueError as error:
+            raise DataSetupError(f"data (custom): {error}") from None
     return dataset
 
 
@@ -370,4 +411,5 @@ def _with_client_test_splits(dataset: FederatedDataset, fraction: float, seed: i
         client_test_indices=client_test,
         known_minimizer=dataset.known_minimizer,
         global_test_size=offset,
+        targets_are_classes=dataset.targets_are_classes,
     )

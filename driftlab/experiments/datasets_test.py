@@ -30,7 +30,7 @@ from driftlab.data.federated import DataFileError
 from driftlab.experiments import datasets as datasets_module
 from driftlab.experiments.config import PARTITIONS, load_config
 from driftlab.experiments.datasets import DATA_SETS, build_dataset, default_data_root
-from driftlab.experiments.runner import build_simulation
+from driftlab.experiments.assembly import build_simulation
 from driftlab.simulation.engine import evaluate
 
 REPO_ROOT = Path(driftlab.__file__).resolve().parents[1]
@@ -233,7 +233,18 @@ GENERATED = {
     "feddyn_synthetic/3": (["data.num_clients=4", "data.feddyn_kind=3", "data.feddyn_heterogeneity=0.5"], "test_accuracy"),
     "quadratic1d": (["data.num_clients=4", "model.name=quadratic"], "distance_to_minimizer"),
     "quadratic": (["data.num_clients=4", "data.quadratic_dimension=3", "model.name=quadratic"], "distance_to_minimizer"),
+    "custom": (["data.loader=driftlab.experiments.datasets_test:four_clients"], "test_accuracy"),
 }
+
+
+def four_clients():
+    """A data loader (``data.loader``) of the kind a user writes: 4 clients of 6 examples, 3 classes."""
+    from driftlab.data.federated import FederatedArrays
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(24, 5)).astype(np.float32)
+    y = np.arange(24) % 3
+    return FederatedArrays(x, y, np.arange(24) // 6, x[:6], y[:6])
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

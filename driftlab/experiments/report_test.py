@@ -10,6 +10,8 @@ import csv
 import dataclasses
 import json
 import statistics
+import subprocess
+import sys
 from pathlib import Path
 from typing import Sequence
 
@@ -479,15 +481,15 @@ def test_captions_name_only_what_is_drawn(tmp_path):
     report = make_report([root], tmp_path / "report", targets=[0.6])
     norms = next(f for f in setting_figures(report.settings[0], []) if f.suffix == "norms")
     assert norms.caption == "‖θ‖ vs rounds" and len(norms.figure.axes) == 1
-    assert "‖h‖" not in report.markdown
+    assert "drift norm" not in report.markdown
     assert "![synthetic: ‖θ‖ vs rounds](synthetic-norms.png)" in report.markdown
     assert BAND_NOTE not in report.markdown  # one seed: no band, no word of one
 
     _write_run(root / "scaffold", _config("scaffold", rounds=3), _records([0.5, 0.6, 0.7], drift_norm=[0.1, 0.2, 0.3]))
     both = make_report([root], tmp_path / "both", targets=[0.6])
-    assert "![synthetic: ‖h‖ and ‖θ‖ vs rounds](synthetic-norms.png)" in both.markdown
+    assert "![synthetic: drift norm and ‖θ‖ vs rounds](synthetic-norms.png)" in both.markdown
     norms = next(f for f in setting_figures(both.settings[0], []) if f.suffix == "norms")
-    assert [axis.get_ylabel() for axis in norms.figure.axes] == ["‖h‖", "‖θ‖"]
+    assert [axis.get_ylabel() for axis in norms.figure.axes] == ["drift norm", "‖θ‖"]
     assert (tmp_path / "both" / "synthetic-norms.png").read_bytes()[:8] == PNG_SIGNATURE
 
 
@@ -622,3 +624,13 @@ def test_sweep_runs_keep_the_lengths_their_sweep_planned(tmp_path):
     assert sorted(run.rounds_done for run in report.runs) == [2, 4] and report.settings[0].cut_round is None
     assert "Cut to round" not in report.markdown
     assert "As run: 2 rounds (FedDyn), 4 rounds (FedAvg)" in report.markdown
+
+
+# ---------------------------------------------------------------- no torch
+
+
+def test_importing_the_report_imports_no_torch():
+    # Reading run directories needs no torch: a report can be made where the runs' machine is not.
+    code = "import sys; import driftlab.experiments.report; assert 'torch' not in sys.modules, 'torch was imported'"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr

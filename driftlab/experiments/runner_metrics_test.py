@@ -14,7 +14,8 @@ from safetensors import safe_open
 
 import driftlab
 from driftlab.cli import main
-from driftlab.experiments.runner import RunResult, read_run_info
+from driftlab.experiments.run_directory import read_run_info
+from driftlab.experiments.runner import RunResult
 
 # The quadratic clients, two of them, trained one by one: rounds take milliseconds.
 QUADRATIC = ["data.num_clients=2", "backend=sequential"]

@@ -22,8 +22,8 @@ from safetensors.torch import load_file
 
 import driftlab
 from driftlab.algorithms import ALGORITHMS, fedavg
-from driftlab.data.federated import DataFileError
-from driftlab.experiments import runner
+from driftlab.data.federated import DataFileError, FederatedArrays
+from driftlab.experiments import run_directory, runner
 from driftlab.experiments.config import ConfigError
 from driftlab.simulation import checkpoint as checkpoint_module
 from driftlab.simulation.seam import GradientCorrection
@@ -235,7 +235,7 @@ def test_interrupt_while_writing_a_metrics_line_loses_no_round(tmp_path, monkeyp
     driftlab.run(None, reference, overrides=overrides)
 
     out = tmp_path / "run"
-    real_append = runner._append_record
+    real_append = run_directory.append_record
 
     def torn_append(path, record):
         if record["round"] == 3:
@@ -244,10 +244,10 @@ def test_interrupt_while_writing_a_metrics_line_loses_no_round(tmp_path, monkeyp
             raise KeyboardInterrupt
         real_append(path, record)
 
-    monkeypatch.setattr(runner, "_append_record", torn_append)
+    monkeypatch.setattr(run_directory, "append_record", torn_append)
     with pytest.raises(KeyboardInterrupt):
         driftlab.run(None, out, overrides=overrides)
-    monkeypatch.setattr(runner, "_append_record", real_append)
+    monkeypatch.setattr(run_directory, "append_record", real_append)
     driftlab.run(None, out, resume=True, overrides=overrides)
     assert [r["round"] for r in _metrics(out)] == list(range(1, 7))
     _assert_same_run(out, reference)
@@ -897,3 +897,174 @@ def test_a_run_holds_its_directory_lock_for_the_whole_run_and_releases_it(tmp_pa
     assert lock_is_taken == [True, True]
     assert (out / ".lock").read_text().strip() == str(os.getpid())
     assert subprocess.run([sys.executable, "-c", _TRY_LOCK, str(out / ".lock")], timeout=60).returncode == 0
+
+
+# ------------------------------------------------------------------ your own data
+
+
+def _own_arrays(seed: int = 0, clients: int = 4) -> FederatedArrays:
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(12 * clients, 5)).astype(np.float32)
+    y = (x[:, 0] + x[:, 1] > 0).astype(np.int64) + (x[:, 2] > 0.5)
+    return FederatedArrays(x, y, np.arange(len(y)) % clients, x[:10], y[:10])
+
+
+OWN = {"rounds": 6, "seed": 1, "checkpoint_every": 2, "sampling": {"participation": 0.5}, "client": {"steps": 3, "batch_size": 4}}
+
+
+def _interrupted_at_round(out: Path, round_index: int, monkeypatch, **given) -> None:
+    real_run_round = runner.run_round
+
+    def failing(sim, state, *args, **kwargs):
+        if state.round + 1 == round_index:
+            raise KeyboardInterrupt
+        return real_run_round(sim, state, *args, **kwargs)
+
+    monkeypatch.setattr(runner, "run_round", failing)
+    with pytest.raises(KeyboardInterrupt):
+        driftlab.run(OWN, out, **given)
+    monkeypatch.setattr(runner, "run_round", real_run_round)
+
+
+def test_own_arrays_run_and_resume_bit_identically(tmp_path, monkeypatch):
+    reference = tmp_path / "reference"
+    result = driftlab.run(OWN, reference, data=_own_arrays())
+    stored = json.loads((reference / "config.json").read_text())
+    assert stored["data"]["name"] == "custom" and len(stored["data"]["digest"]) == 64
+    assert "test_accuracy" in result.records[-1]
+
+    out = tmp_path / "run"
+    _interrupted_at_round(out, 4, monkeypatch, data=_own_arrays())
+    assert [r["round"] for r in _metrics(out)] == [1, 2, 3]
+    driftlab.run(OWN, out, resume=True, data=_own_arrays())
+    _assert_same_run(out, reference)
+
+
+def test_resume_with_other_data_or_none_is_refused_and_changes_nothing(tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    _interrupted_at_round(out, 3, monkeypatch, data=_own_arrays())
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    with pytest.raises(ConfigError, match=r"cannot resume: the run in .* was started on data with digest [0-9a-f]{12}\.\.\. .*, but this run was given data with digest"):
+        driftlab.run(OWN, out, resume=True, data=_own_arrays(seed=1))
+    stored = out / "config.json"
+    with pytest.raises(ConfigError, match=r'data.name = "custom" is your own data, and this run was given none: pass it to driftlab.run\(config, data=...\)'):
+        driftlab.run(stored, out, resume=True)
+    with pytest.raises(ConfigError, match=r"is not the data this configuration records"):
+        driftlab.run(stored, out, resume=True, data=_own_arrays(seed=1))
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+
+
+def test_a_torch_dataset_with_client_ids_runs_like_the_same_arrays():
+    from torch.utils.data import Dataset
+
+    arrays = _own_arrays()
+
+    class Pairs(Dataset):
+        def __init__(self, x, y):
+            self.x, self.y = x, y
+
+        def __len__(self):
+            return len(self.y)
+
+        def __getitem__(self, index):
+            return torch.from_numpy(self.x[index]), int(self.y[index])
+
+    from_datasets = FederatedArrays.from_datasets(
+        Pairs(arrays.train_inputs, arrays.train_targets), arrays.train_client_ids.tolist(), Pairs(arrays.test_inputs, arrays.test_targets)
+    )
+    config = {**OWN, "rounds": 2}
+    assert torch.equal(driftlab.run(config, data=from_datasets).final_params, driftlab.run(config, data=arrays).final_params)
+
+
+LOADER = '''
+import numpy as np
+from pathlib import Path
+from driftlab.data.federated import FederatedArrays
+
+def load():
+    saved = np.load(Path(__file__).with_name("data.npz"))
+    return FederatedArrays(saved["x"], saved["y"], saved["ids"], saved["x"][:10], saved["y"][:10])
+
+def not_arrays():
+    return {"train_inputs": 1}
+'''
+
+
+def _loader_project(folder: Path, seed: int = 0) -> Path:
+    """A config file naming a loader beside it, and the data that loader reads."""
+    folder.mkdir(parents=True, exist_ok=True)
+    arrays = _own_arrays(seed)
+    np.savez(folder / "data.npz", x=arrays.train_inputs, y=arrays.train_targets, ids=arrays.train_client_ids)
+    (folder / "my_data.py").write_text(LOADER)
+    config = folder / "own.toml"
+    config.write_text(
+        'rounds = 4\nseed = 1\ncheckpoint_every = 2\n[data]\nname = "custom"\nloader = "my_data.py:load"\n'
+        "[sampling]\nparticipation = 0.5\n[client]\nsteps = 3\nbatch_size = 4\n"
+    )
+    return config
+
+
+def test_a_data_loader_runs_resumes_and_reports_through_the_cli(tmp_path, monkeypatch):
+    from driftlab import cli
+
+    config = _loader_project(tmp_path / "project")
+    monkeypatch.chdir(tmp_path)  # the loader is found from the config file's folder, not the working directory
+    out = tmp_path / "run"
+    assert cli.main(["run", str(config), "--out", str(out), "--quiet", "rounds=2"]) == 0
+    stored = json.loads((out / "config.json").read_text())
+    assert stored["data"]["loader"] == f"{(tmp_path / 'project' / 'my_data.py').resolve()}:load"
+    assert len(stored["data"]["digest"]) == 64
+    assert cli.main(["run", str(out / "config.json"), "--out", str(out), "--resume", "--quiet", "rounds=4"]) == 0
+    assert [r["round"] for r in _metrics(out)] == [1, 2, 3, 4]
+    same = driftlab.run(config, tmp_path / "in-process")
+    assert torch.equal(same.final_params, _final_params(out))
+    assert cli.main(["report", str(out), "--out", str(tmp_path / "report"), "--no-plots"]) == 0
+    assert (tmp_path / "report" / "report.md").is_file()
+
+
+def test_a_data_loader_whose_data_changed_refuses_to_resume(tmp_path, capsys):
+    from driftlab import cli
+
+    config = _loader_project(tmp_path / "project")
+    out = tmp_path / "run"
+    driftlab.run(config, out, overrides=["rounds=1"])
+    _loader_project(tmp_path / "project", seed=5)  # the file the loader reads now holds other data
+    assert cli.main(["run", str(out / "config.json"), "--out", str(out), "--resume", "--quiet", "rounds=2"]) == 2
+    error = capsys.readouterr().err
+    assert "driftlab: error: the data given (data.loader" in error and "is not the data this configuration records" in error
+
+
+@pytest.mark.parametrize(
+    "loader, fragments",
+    [
+        ("missing.py:load", ["data.loader = ", "cannot import", "FileNotFoundError", "relative path is taken from the config file's folder"]),
+        ("no_such_module_anywhere:load", ["cannot import 'no_such_module_anywhere'", "ModuleNotFoundError", "name its file"]),
+        ("my_data.py:absent", ["my_data.py' has no function 'absent'; name a function defined in that module"]),
+        ("my_data.py:not_arrays", ["expected driftlab.FederatedArrays", "got dict", "driftlab.FederatedArrays(...)"]),
+    ],
+)
+def test_a_bad_data_loader_is_a_clear_config_error(tmp_path, loader, fragments):
+    config = _loader_project(tmp_path)
+    with pytest.raises(ConfigError) as error:
+        driftlab.run(config, overrides=[f"data.loader={tmp_path / loader if '.py' in loader else loader}"])
+    for fragment in fragments:
+        assert fragment in str(error.value), str(error.value)
+
+
+@pytest.mark.slow
+def test_a_sweep_runs_a_data_loader_in_its_processes_and_resumes(tmp_path, capsys):
+    from driftlab import cli
+
+    config = _loader_project(tmp_path / "project")
+    sweep = tmp_path / "project" / "sweep.toml"
+    sweep.write_text(
+        f'base = "{config.name}"\nseeds = [0]\n[[axes]]\nname = "method"\nrole = "method"\n'
+        'values = [{ label = "FedAvg", set = ["algorithm.name=fedavg"] }, { label = "SCAFFOLD", set = ["algorithm.name=scaffold"] }]\n'
+    )
+    out = tmp_path / "sweep"
+    assert cli.main(["sweep", str(sweep), "--out", str(out), "--jobs", "1", "--no-report", "rounds=2"]) == 0
+    stored = [json.loads(path.read_text()) for path in sorted(out.rglob("config.json"))]
+    assert len(stored) == 2 and {c["data"]["digest"] for c in stored} == {driftlab.run(config, overrides=["rounds=1"]).config.data.digest}
+    capsys.readouterr()
+    assert cli.main(["sweep", str(sweep), "--out", str(out), "--jobs", "1", "--no-report", "rounds=2"]) == 0  # finished runs are kept
+    assert "2 already finished" in capsys.readouterr().out

@@ -4,7 +4,7 @@ Reads only ``sweep.json``, the sweep's ``jobs.json`` and each run directory (run
 failure.txt, the lock a live writer holds), so it tells the same for runs started by any
 executor, from any machine that sees the directory. States: done, running, queued
 (nothing written yet, possibly submitted), interrupted (resumes on the next sweep),
-failed (with the error's last lines), diverged.
+failed (with the error's last lines), diverged. Imports no torch.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from driftlab.experiments.config import ConfigError
-from driftlab.experiments.runner import read_run_info
-from driftlab.experiments.sweep import FAILURE_FILE, JOBS_FILE, SWEEP_FILE, run_directory_holder, run_status
+from driftlab.errors import ConfigError
+from driftlab.experiments.run_directory import read_run_info
+from driftlab.experiments.sweep.directory import FAILURE_FILE, JOBS_FILE, SWEEP_FILE, run_directory_holder, run_status
 
 State = Literal["done", "running", "queued", "interrupted", "failed", "diverged"]
 STATES: tuple[State, ...] = ("done", "running", "queued", "interrupted", "failed", "diverged")

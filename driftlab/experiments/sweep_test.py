@@ -444,7 +444,7 @@ def test_process_gone_tells_ended_processes_from_live_ones():
 
 def test_a_run_stops_at_the_first_termination_signal_and_ignores_the_next_ones():
     # A sweep killed outright signals each run once per exiting thread; only the first may interrupt the checkpoint.
-    from driftlab.experiments.sweep import _stop_at_first_termination
+    from driftlab.experiments.sweep.execution import _stop_at_first_termination
 
     previous = signal.signal(signal.SIGTERM, _stop_at_first_termination)
     try:
@@ -507,7 +507,7 @@ def test_runs_die_with_a_killed_sweep_and_the_rerun_equals_an_uninterrupted_swee
 def test_a_run_whose_directory_another_process_holds_is_not_started_twice(tmp_path, monkeypatch):
     import fcntl
 
-    from driftlab.experiments import sweep as sweep_module
+    from driftlab.experiments.sweep import directory
 
     spec = sweep_from_config("synthetic-fedprox", ["algorithm.mu=[0, 1]"], [0], name="s")
     extra = [*TINY, "rounds=2"]
@@ -524,7 +524,7 @@ def test_a_run_whose_directory_another_process_holds_is_not_started_twice(tmp_pa
         assert any("running elsewhere (pid 4242" in line for line in logged)
         assert sorted(os.listdir(held)) == [".lock"]  # not a byte written beside the other writer
         # Had the lock been taken after the sweep looked, the run itself refuses, and still writes nothing.
-        monkeypatch.setattr(sweep_module, "run_directory_holder", lambda run_dir: None)
+        monkeypatch.setattr(directory, "run_directory_holder", lambda run_dir: None)
         outcomes = run_sweep(spec, tmp_path, jobs=1, extra_overrides=extra, log=lambda _: None)
         assert [o.status for o in outcomes] == ["complete", "running"] and "running elsewhere" in outcomes[1].message
         assert sorted(os.listdir(held)) == [".lock"]
@@ -551,7 +551,7 @@ def test_readme_sweep_example_and_commands_are_valid(tmp_path):
     import shlex
 
     text = README.read_text()
-    example = re.search(r"```toml\n(.*?)```", text, re.S).group(1)
+    example = next(block for block in re.findall(r"```toml\n(.*?)```", text, re.S) if "[axes]" in block)  # the sweep example
     (tmp_path / "example.toml").write_text(example)
     runs = plan(load_sweep(tmp_path / "example.toml"))
     assert len(runs) == 12 and {r.method for r in runs} == {"FedAvg", "FedProx"}
@@ -615,3 +615,27 @@ def test_a_second_sweep_on_the_same_directory_is_refused(tmp_path):
         with pytest.raises(ConfigError, match="another `driftlab sweep` is running on"):
             run_sweep(spec, tmp_path, jobs=1, extra_overrides=[*TINY, "rounds=2"], log=lambda _: None)
     assert not (tmp_path / "runs").exists()
+
+
+def test_every_public_name_of_the_sweep_modules_is_importable_from_the_package():
+    import driftlab.experiments.sweep as package
+    from driftlab.experiments.sweep import directory, execution, planning, spec
+
+    modules = (spec, planning, directory, execution)
+    for module in modules:
+        for name in module.__all__:
+            assert getattr(package, name) is getattr(module, name), (module.__name__, name)
+    assert sorted(package.__all__) == sorted(name for module in modules for name in module.__all__)
+    assert set(package.__all__) <= set(dir(package))
+    with pytest.raises(AttributeError, match="has no attribute 'no_such_name'"):
+        package.no_such_name  # noqa: B018
+
+
+def test_the_sweep_directory_module_imports_no_torch():
+    # sweep_status and reports read sweep directories through it
+    code = (
+        "import sys; import driftlab.experiments.sweep.directory, driftlab.experiments.sweep_status; "
+        "assert 'torch' not in sys.modules, 'torch was imported'"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr

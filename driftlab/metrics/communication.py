@@ -12,13 +12,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-import torch
-
 BITS_PER_ENTRY = 32
 
 
 def payload_bits(payload: Any) -> int:
     """Bits to send ``payload``: a tensor, a dataclass of them, a sequence of them, or None."""
+    import torch  # here: reports read BITS_PER_ENTRY (through metrics.summary) without importing torch
+
     if payload is None or isinstance(payload, (int, float, bool, str)):
         return 0
     bits = getattr(payload, "bits", None)

@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch import nn
 
-from driftlab.data.images import flip_crop_from_keys
+from driftlab.simulation.augmentation import flip_crop_from_keys
 from driftlab.models import build_model
 from driftlab.simulation.flat import FlatModel
 from driftlab.simulation.local_training import ClientTask, LocalSettings, SequentialBackend, TrainingData, batch_plan, steps_for_epochs

@@ -2,12 +2,16 @@
 
 The engine owns *how* clients run (sampling, availability, minibatches, the
 training backend, client-state storage, bit accounting, evaluation); the
-algorithm owns *what* they compute, through the five functions of
+algorithm owns *what* they compute, through the functions of
 ``seam.Algorithm``.  The engine never looks at which algorithm it runs.
 
 A round is a pure step ``(state, round t) -> (state, record)``: all randomness
 comes from (seed, round, client id), so ``run_round`` on a restored state
-repeats an uninterrupted run bit for bit.
+repeats an uninterrupted run bit for bit.  It is three parts: ``plan_round``
+(the server's plan: who trains, with which view and context), the client
+phase (``simulation.client``: ``client_start``, the backend's local SGD,
+``client_end``) and ``finish_round`` (the server update over the messages in
+sample order, bits, metrics, divergence checks).
 
 Divergence: a round whose server model has a non-finite entry, whose record
 holds a non-finite number, or whose evaluated loss exceeds
@@ -22,10 +26,11 @@ trained and send nothing.  Both still received the broadcast.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 import torch
@@ -33,20 +38,14 @@ import torch
 from driftlab.data.federated import FederatedDataset
 from driftlab.metrics.communication import payload_bits
 from driftlab.optim.schedules import steps_at, value_at
+from driftlab.simulation.augmentation import flip_crop_from_keys
 from driftlab.simulation.availability import ALWAYS_AVAILABLE, AvailabilityModel, Membership, steps_to_do
+from driftlab.simulation.client import ClientData, ClientSettings, client_end, client_start
 from driftlab.simulation.flat import FlatModel
-from driftlab.simulation.local_training import (
-    ClientTask,
-    LocalSettings,
-    TrainingBackend,
-    TrainingData,
-    batch_plan,
-    steps_for_epochs,
-)
-from driftlab.data.images import flip_crop_from_keys
-from driftlab.simulation.randomness import Stream, augmentation_key, generator
+from driftlab.simulation.local_training import LocalSettings, TrainingBackend, TrainingData, steps_for_epochs
+from driftlab.simulation.randomness import Stream, generator
 from driftlab.simulation.sampling import sample_clients
-from driftlab.simulation.seam import Algorithm, ClientContext, ClientUpdate, RoundContext
+from driftlab.simulation.seam import Algorithm, ClientContext, RoundContext
 from driftlab.simulation.state_store import (
     ClientStateStore,
     DiskClientStore,
@@ -70,7 +69,7 @@ class RoundPlan:
     client_lr: Any
     server_lr: Any
     local_epochs: int | None
-    local_steps: Any  # int or a schedule, used when local_epochs is None
+    steps: Any  # K: an int or a schedule of the round (config client.steps), used when local_epochs is None
     weight_decay: float = 0.0
     clip_norm: float | None = None
     inexact_gamma: float | None = None  # FedProx's γ-inexact local solver; None: always do the planned steps
@@ -80,7 +79,7 @@ class RoundPlan:
     def planned_steps(self, num_samples: int, round_index: int) -> int:
         if self.local_epochs is not None:
             return steps_for_epochs(num_samples, self.batch_size, self.local_epochs)
-        return steps_at(self.local_steps, round_index)
+        return steps_at(self.steps, round_index)
 
     def steps_per_epoch(self, num_samples: int) -> int:
         return steps_for_epochs(num_samples, self.batch_size, 1)
@@ -231,123 +230,222 @@ def disk_stores(state: SimulationState) -> dict[str, DiskClientStore]:
     return {name: store for name, store in named if isinstance(store, DiskClientStore)}
 
 
+@dataclass(frozen=True)
+class RoundWork:
+    """A planned round (``plan_round``): who trains, from which view, with which contexts and settings; nothing trained yet."""
+
+    round: int
+    registered: np.ndarray  # S_t
+    server: Any  # the server state after the round's membership changes
+    view: Any  # algorithm.broadcast(server): what every selected client receives
+    selected: np.ndarray  # the sampled client ids, sorted and unique (multiplicities are in the contexts)
+    contexts: tuple[ClientContext, ...]  # the active clients' (those with steps to do), in sample order
+    settings: ClientSettings  # what every client needs of the round (seed, batch size, η_l, ...)
+    server_lr: float
+    num_inactive: int
+    num_incomplete: int
+    started: float  # time.perf_counter() when planning began, for the record's round_seconds
+
+
 def run_round(
     sim: Simulation, state: SimulationState, evaluate_after: bool = False, commit: bool = True
 ) -> tuple[SimulationState, dict[str, Any]]:
     """Run round ``state.round + 1``; returns the new state and the round's metrics record.
 
-    Client states written during the round are staged in the stores and
-    committed at the end; ``commit=False`` leaves that to the caller
-    (``commit_round``), which the runner does only once the round's record is
-    on disk, so an interruption anywhere leaves the stores at the last
-    completed round.
+    ``plan_round``, then every active client through ``client_start``, the
+    backend's local training and ``client_end`` (the functions a deployment
+    client runs too), then ``finish_round``.  Client states written during
+    the round are staged in the stores and committed at the end;
+    ``commit=False`` leaves that to the caller (``commit_round``), which the
+    runner does only once the round's record is on disk, so an interruption
+    anywhere leaves the stores at the last completed round.
     """
     if evaluate_after and sim.evaluation.divergence_factor:
         reference_losses(sim)  # once per process, outside the round's timing
+    work = plan_round(sim, state)
+    keep_models = evaluate_after and sim.evaluation.model == "reporting_mean"
+    messages, steps_done, reporting_models = _train_clients(sim, state, work, keep_models)
+    server, record = finish_round(
+        sim,
+        work,
+        messages,
+        steps_done,
+        evaluate_after=evaluate_after,
+        reporting_models=reporting_models,
+        latest_models=state.latest_models,
+    )
+    new_state = SimulationState(work.round, server, state.clients, state.latest_models)
+    if commit:
+        commit_round(new_state)
+    return new_state, record
+
+
+def plan_round(sim: Simulation, state: SimulationState) -> RoundWork:
+    """Round ``state.round + 1`` up to local training: membership changes, sampling, availability, the clients'
+    contexts, the view they receive and the round's rates.  Reads client states only for joining and leaving clients."""
     started = time.perf_counter()
     t = state.round + 1
     plan = sim.plan
     registered = sim.registered_at(t)
-    server_before = _apply_membership_changes(sim, state, t)
+    server = _apply_membership_changes(sim, state, t)
     sizes = sim.client_sizes[registered]
     sample = sample_clients(plan.seed, t, registered, sizes, plan.participation, plan.sampling)
-    learning_rate = value_at(plan.client_lr, t)
-    server_lr = value_at(plan.server_lr, t)
+    client_lr = value_at(plan.client_lr, t)
     mean_samples = float(sizes.mean())
-
     contexts: list[ClientContext] = []
-    tasks: list[ClientTask] = []
-    client_states = []
-    state.clients.prefetch(sample.client_ids.tolist())  # one batched read of the round's states
     num_inactive = num_incomplete = 0
     for client_id, multiplicity in zip(sample.client_ids.tolist(), sample.multiplicity.tolist()):
         num_samples = int(sim.client_sizes[client_id])
         planned = plan.planned_steps(num_samples, t)
-        per_epoch = plan.steps_per_epoch(num_samples)
         steps = steps_to_do(plan.availability, plan.seed, t, client_id, planned, plan.partial_work_epoch(num_samples))
         if steps == 0:
             num_inactive += 1
             continue
         num_incomplete += steps < planned
-        context = ClientContext(
-            client_id=client_id,
-            round=t,
-            num_samples=num_samples,
-            mean_num_samples=mean_samples,
-            num_registered=len(registered),
-            planned_steps=planned,
-            learning_rate=learning_rate,
-            multiplicity=multiplicity,
-            available_steps=steps,
+        contexts.append(
+            ClientContext(
+                client_id=client_id,
+                round=t,
+                num_samples=num_samples,
+                mean_num_samples=mean_samples,
+                num_registered=len(registered),
+                planned_steps=planned,
+                client_lr=client_lr,
+                multiplicity=multiplicity,
+                available_steps=steps,
+            )
         )
-        client_state = state.clients.get(client_id)
-        correction = sim.algorithm.client_objective(server_before, client_state, context)
-        batches = batch_plan(plan.seed, t, client_id, num_samples, plan.batch_size, steps)
-        contexts.append(context)
-        client_states.append(client_state)
-        augment_key = augmentation_key(plan.seed, t, client_id) if plan.augment else 0
-        tasks.append(ClientTask(client_id, sim.client_rows[client_id], batches, correction, plan.inexact_gamma, per_epoch, augment_key))
+    settings = ClientSettings(
+        seed=plan.seed,
+        batch_size=plan.batch_size,
+        local=LocalSettings(client_lr, plan.weight_decay, plan.clip_norm),
+        inexact_gamma=plan.inexact_gamma,
+        augment=plan.augment,
+        precision=getattr(sim.backend, "precision", "float32"),  # a deployment's client trains as this backend does
+    )
+    return RoundWork(
+        round=t,
+        registered=registered,
+        server=server,
+        view=sim.algorithm.broadcast(server),
+        selected=sample.client_ids,
+        contexts=tuple(contexts),
+        settings=settings,
+        server_lr=value_at(plan.server_lr, t),
+        num_inactive=num_inactive,
+        num_incomplete=int(num_incomplete),
+        started=started,
+    )
 
-    start_params = server_before.params
-    settings = LocalSettings(learning_rate, plan.weight_decay, plan.clip_norm)
-    messages: list[Any] = [None] * len(tasks)
-    steps_done = [0] * len(tasks)
-    reporting_finals: dict[int, torch.Tensor] = {}  # by position: summed in sample order below, not in completion order
-    keep_reporting_mean = evaluate_after and sim.evaluation.model == "reporting_mean"
-    for position, final_params, done in sim.backend.train(sim.model, start_params, tasks, settings, sim.training_data):
-        steps_done[position] = done
-        update = ClientUpdate(start_params, final_params, done, ClientDataComputation(sim, tasks[position].client_id, t))
-        new_client_state, messages[position] = sim.algorithm.client_finish(server_before, client_states[position], contexts[position], update)
-        # Staged at once (a disk store encodes it to bytes), and the round's lists let go of the client's tensors.
-        state.clients.put(tasks[position].client_id, new_client_state)
-        client_states[position] = new_client_state = None
-        if state.latest_models is not None:
-            state.latest_models.put(tasks[position].client_id, final_params)
-        if keep_reporting_mean and messages[position] is not None:
-            reporting_finals[position] = final_params
 
-    reporting = [(task, message) for task, message in zip(tasks, messages) if message is not None]
-    round_context = RoundContext(round=t, num_registered=len(registered), num_selected=len(sample.client_ids), server_learning_rate=server_lr)
-    download_bits = payload_bits(sim.algorithm.broadcast(server_before)) * len(sample.client_ids)
+def client_data(sim: Simulation, client_id: int) -> ClientData:
+    """Client ``client_id``'s data in the simulation: the shared training tensors and its rows."""
+    return ClientData(sim.model, sim.training_data, sim.client_rows[client_id])
+
+
+def _train_clients(
+    sim: Simulation, state: SimulationState, work: RoundWork, keep_models: bool
+) -> tuple[dict[int, Any], dict[int, int], dict[int, torch.Tensor]]:
+    """The round's client phase: ``client_start`` for every active client, the backend trains the tasks, ``client_end``
+    for each client as it finishes.  Returns the messages, steps done and (when ``keep_models``) final models by client id."""
+    state.clients.prefetch(work.selected.tolist())  # one batched read of the round's states
+    client_states = [state.clients.get(context.client_id) for context in work.contexts]
+    datas = [client_data(sim, context.client_id) for context in work.contexts]
+    tasks = [
+        client_start(sim.algorithm, work.view, client_state, context, data, work.settings)
+        for client_state, context, data in zip(client_states, work.contexts, datas)
+    ]
+    messages: dict[int, Any] = {}
+    steps_done: dict[int, int] = {}
+    final_models: dict[int, torch.Tensor] = {}
+    # closing(): a backend that changed process-wide settings (threads) restores them even if client_end raises.
+    with contextlib.closing(sim.backend.train(sim.model, work.view.params, tasks, work.settings.local, sim.training_data)) as trained:
+        for position, final_params, done in trained:
+            context = work.contexts[position]
+            new_client_state, message = client_end(
+                sim.algorithm, work.view, client_states[position], context, datas[position], work.settings, final_params, done
+            )
+            # Staged at once (a disk store encodes it to bytes), and the round's list lets go of the client's tensors.
+            state.clients.put(context.client_id, new_client_state)
+            client_states[position] = new_client_state = None
+            if state.latest_models is not None:
+                state.latest_models.put(context.client_id, final_params)
+            messages[context.client_id] = message
+            steps_done[context.client_id] = done
+            if keep_models and message is not None:
+                final_models[context.client_id] = final_params
+    return messages, steps_done, final_models
+
+
+def finish_round(
+    sim: Simulation,
+    work: RoundWork,
+    messages: Mapping[int, Any],
+    steps_done: Mapping[int, int],
+    *,
+    evaluate_after: bool = False,
+    reporting_models: Mapping[int, torch.Tensor] | None = None,
+    latest_models: ClientStateStore | None = None,
+) -> tuple[Any, dict[str, Any]]:
+    """The server half of a planned round: the new server state and the round's record.
+
+    ``messages`` and ``steps_done`` are keyed by client id, in any order (the
+    order clients finished in); a client missing from ``messages`` or whose
+    message is None sent nothing.  The server update, the bits and every mean
+    run over the messages in sample order (``work.contexts``), so the result
+    never depends on completion order.  ``reporting_models`` (the reporting
+    clients' final models) is needed only to evaluate the "reporting_mean"
+    model, ``latest_models`` (the store, staged states included) only for
+    "all_clients_mean".  Raises ``FloatingPointError`` on divergence (module
+    docstring).
+    """
+    t = work.round
+    if evaluate_after and sim.evaluation.divergence_factor:
+        reference_losses(sim)
+    reporting = [(context.client_id, messages[context.client_id]) for context in work.contexts if messages.get(context.client_id) is not None]
+    num_selected = len(work.selected)
+    round_context = RoundContext(round=t, num_registered=len(work.registered), num_selected=num_selected, server_learning_rate=work.server_lr)
+    download_bits = payload_bits(work.view) * num_selected
     if reporting:
-        server, algorithm_metrics = sim.algorithm.server_update(server_before, [message for _, message in reporting], round_context)
+        server, algorithm_metrics = sim.algorithm.server_update(work.server, [message for _, message in reporting], round_context)
     else:
-        server, algorithm_metrics = server_before, {}
+        server, algorithm_metrics = work.server, {}
     if not torch.isfinite(server.params).all():
         raise FloatingPointError(f"the run diverged in round {t}: the server model has non-finite entries; {DIVERGENCE_ADVICE}")
     record: dict[str, Any] = {
         "round": t,
-        "num_selected": len(sample.client_ids),
+        "num_selected": num_selected,
         "num_reporting": len(reporting),
-        "reporting_clients": [task.client_id for task, _ in reporting],
-        "num_inactive": num_inactive,
-        "num_incomplete": int(num_incomplete),
-        "local_steps": int(sum(steps_done)),  # a client drawn twice trains once
+        "reporting_clients": [client_id for client_id, _ in reporting],
+        "num_inactive": work.num_inactive,
+        "num_incomplete": work.num_incomplete,
+        "local_steps": int(sum(steps_done.get(context.client_id, 0) for context in work.contexts)),  # a client drawn twice trains once
         "upload_bits": int(sum(payload_bits(message) for _, message in reporting)),
         "download_bits": int(download_bits),
-        "client_lr": learning_rate,
-        "server_lr": server_lr,
+        "client_lr": work.settings.local.learning_rate,
+        "server_lr": work.server_lr,
         "model_norm": float(torch.linalg.vector_norm(server.params)),
         **algorithm_metrics,
     }
-    new_state = SimulationState(t, server, state.clients, state.latest_models)
     if evaluate_after:
-        if sim.evaluation.model == "reporting_mean" and reporting_finals:
-            evaluated = _sum_in_order(reporting_finals) / len(reporting)
+        if sim.evaluation.model == "reporting_mean" and reporting:
+            if reporting_models is None:
+                raise ValueError('evaluation.model "reporting_mean" needs the reporting clients\' final models (reporting_models)')
+            evaluated = _sum_in_order({i: reporting_models[client_id] for i, (client_id, _) in enumerate(reporting)}) / len(reporting)
         elif sim.evaluation.model == "all_clients_mean":
-            evaluated = all_clients_mean(sim, new_state, registered)
+            if latest_models is None:
+                raise ValueError('evaluation.model "all_clients_mean" needs the store of every client\'s latest model (latest_models)')
+            evaluated = all_clients_mean(sim, latest_models, work.registered)
         else:
             evaluated = server.params
         record.update(evaluate(sim, evaluated))
     if sim.evaluation.dissimilarity_every and t % sim.evaluation.dissimilarity_every == 0:
-        record.update(dissimilarity(sim, server.params, registered))
+        record.update(dissimilarity(sim, server.params, work.registered))
     problem = divergence(record, sim.initial_losses, sim.evaluation.divergence_factor)
     if problem is not None:
         raise FloatingPointError(f"the run diverged in round {t}: {problem}")
-    record["round_seconds"] = time.perf_counter() - started
-    if commit:
-        commit_round(new_state)
-    return new_state, record
+    record["round_seconds"] = time.perf_counter() - work.started
+    return server, record
 
 
 def _apply_membership_changes(sim: Simulation, state: SimulationState, round_index: int) -> Any:
@@ -377,41 +475,13 @@ def discard_round(state: SimulationState) -> None:
         state.latest_models.discard()
 
 
-@dataclass(frozen=True)
-class ClientDataComputation:
-    """``seam.ClientComputation`` on one client's rows; samples derive from (seed, round, client id)."""
-
-    sim: Simulation
-    client_id: int
-    round: int
-
-    def diagonal_fisher(self, params: torch.Tensor, max_examples: int, chunk: int = 256) -> torch.Tensor:
-        rows = self.sim.client_rows[self.client_id]
-        if max_examples < len(rows):
-            rng = generator(self.sim.plan.seed, Stream.FISHER_SAMPLE, self.round, self.client_id)
-            chosen = np.sort(rng.choice(len(rows), size=max_examples, replace=False))
-            rows = rows[torch.as_tensor(chosen, device=rows.device)]
-        model = self.sim.model
-
-        def example_loss(theta: torch.Tensor, inputs: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-            return model.example_loss(model.forward(theta, inputs[None]), target[None])[0]
-
-        per_example_gradients = torch.func.vmap(torch.func.grad(example_loss), in_dims=(None, 0, 0))
-        total = torch.zeros_like(params)
-        for start in range(0, len(rows), chunk):
-            part = rows[start : start + chunk]
-            gradients = per_example_gradients(params, self.sim.training_data.inputs[part], self.sim.training_data.targets[part])
-            total += (gradients**2).sum(0)
-        return total / len(rows)
-
-
-def all_clients_mean(sim: Simulation, state: SimulationState, registered: np.ndarray) -> torch.Tensor:
-    """Mean of every registered client's latest local model; clients never trained contribute θ⁰ (FedDyn's reporting)."""
-    assert state.latest_models is not None
+def all_clients_mean(sim: Simulation, latest_models: ClientStateStore, registered: np.ndarray) -> torch.Tensor:
+    """Mean of every registered client's latest local model (staged ones included); clients never trained
+    contribute θ⁰ (FedDyn's reporting)."""
     members = set(registered.tolist())
     total = torch.zeros_like(sim.initial_params)
     trained = 0
-    for client_id, params in state.latest_models.items(include_staged=True):
+    for client_id, params in latest_models.items(include_staged=True):
         if client_id in members:
             total += params
             trained += 1

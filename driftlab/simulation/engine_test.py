@@ -202,7 +202,7 @@ def _image_simulation(backend_name: str, augment: bool):
     torch.manual_seed(0)
     model = FlatModel.wrap(build_model("mlp", (3, 8, 8), 3, hidden=(16,))).to("cpu", torch.float64)
     theta = model.initial_parameters()
-    plan = RoundPlan(seed=3, participation=0.5, sampling="uniform", batch_size=4, client_lr=0.1, server_lr=1.0, local_epochs=1, local_steps=None, augment=augment)
+    plan = RoundPlan(seed=3, participation=0.5, sampling="uniform", batch_size=4, client_lr=0.1, server_lr=1.0, local_epochs=1, steps=None, augment=augment)
     algorithm = fedavg.build(make_server_optimizer("sgd"))
     sim = Simulation(model, data, algorithm, BACKENDS[backend_name](), plan, torch.device("cpu"), torch.float64, theta)
     return sim, SimulationState(0, algorithm.server_init(theta), InMemoryClientStore(None))

@@ -16,12 +16,15 @@ from driftlab.simulation.local_training import (
     PAD,
     ClientTask,
     LocalSettings,
+    BoundModule,
     SequentialBackend,
     TrainingData,
     batch_plan,
     corrected_step,
+    objective_gradient_norm,
     steps_for_epochs,
 )
+from driftlab.simulation.objectives import LocalObjective, LocalStep, LossTerm
 from driftlab.simulation.sampling import clients_per_round
 from driftlab.simulation.seam import NO_CORRECTION, GradientCorrection
 
@@ -168,6 +171,108 @@ def test_sequential_backend_is_minibatch_sgd_over_the_batch_plan():
         theta = theta - 0.3 * (gradient + 0.01 * theta)
     assert torch.allclose(result, theta, rtol=0, atol=1e-12)
     assert not torch.allclose(result, theta0)
+
+
+# ------------------------------------------------------------------ loss terms and local steps (objectives.py)
+
+
+def _one_client_setup():
+    torch.manual_seed(0)
+    inputs = torch.randn(9, 3, dtype=torch.float64)
+    targets = torch.tensor([0, 1, 2, 0, 1, 2, 0, 1, 2])
+    model = FlatModel.wrap(build_model("mlr", (3,), 3)).to("cpu", torch.float64)
+    rows = torch.tensor([8, 1, 4, 6, 2], dtype=torch.long)
+    return model, TrainingData(inputs, targets), rows
+
+
+def test_a_loss_term_is_differentiated_through_the_outputs_and_the_parameters_by_hand():
+    model, data, rows = _one_client_setup()
+    theta0 = model.initial_parameters()
+    batches = batch_plan(0, 1, 7, num_samples=5, batch_size=2, num_steps=3)
+    anchor = torch.linspace(-1, 1, theta0.numel(), dtype=torch.float64)
+
+    def term(batch, anchor):  # a function of the outputs (weighted batch mean) and of θ directly
+        return 0.3 * (batch.weights * batch.outputs.pow(2).sum(dim=1)).sum() + 0.2 * torch.sum((batch.params - anchor) ** 2)
+
+    settings = LocalSettings(0.3, clip_norm=0.8)
+    task = ClientTask(7, rows, batches, LocalObjective(loss_term=LossTerm(term, (anchor,))))
+    ((_, result, done),) = list(SequentialBackend().train(model, theta0, [task], settings, data))
+
+    theta = theta0.clone()
+    for step in range(3):
+        chosen = rows[[p for p in batches[step].tolist() if p != PAD]]
+        leaf = theta.clone().requires_grad_(True)
+        outputs = model.forward(leaf, data.inputs[chosen])
+        loss = torch.nn.functional.cross_entropy(outputs, data.targets[chosen]) + 0.3 * outputs.pow(2).sum(dim=1).mean() + 0.2 * torch.sum((leaf - anchor) ** 2)
+        (gradient,) = torch.autograd.grad(loss, leaf)
+        gradient = gradient * min(1.0, 0.8 / (float(gradient.norm()) + 1e-6))  # the term is clipped with the loss
+        theta = theta - 0.3 * gradient
+    assert done == 3
+    torch.testing.assert_close(result, theta, rtol=0, atol=1e-12)
+
+
+def test_the_stopping_norm_of_an_objective_with_a_loss_term_includes_the_term():
+    model, data, rows = _one_client_setup()
+    theta = model.initial_parameters()
+    shift = torch.linspace(0.5, -0.5, theta.numel(), dtype=torch.float64)
+    bound = BoundModule(model, theta)
+    settings = LocalSettings(0.1, weight_decay=0.01)
+    batches = batch_plan(0, 1, 7, 5, 2, 1)
+    # ⟨shift, θ⟩ as a loss term has the gradient of the linear correction a = shift
+    as_term = ClientTask(7, rows, batches, LossTerm(lambda batch, shift: torch.dot(batch.params, shift), (shift,)))
+    as_correction = ClientTask(7, rows, batches, GradientCorrection(linear=shift))
+    without = ClientTask(7, rows, batches, NO_CORRECTION)
+    norm = objective_gradient_norm(bound, theta, as_term, settings, data)
+    assert norm == pytest.approx(objective_gradient_norm(bound, theta, as_correction, settings, data), rel=1e-12)
+    assert norm != pytest.approx(objective_gradient_norm(bound, theta, without, settings, data), rel=1e-3)
+
+
+def test_a_local_step_keeps_its_state_across_steps_and_restarts_it_every_round():
+    model, data, rows = _one_client_setup()
+    theta0 = model.initial_parameters()
+    seen = []
+
+    def counting_sgd(params, gradient, state, learning_rate):
+        (count,) = state
+        seen.append(int(count))
+        return params - learning_rate * gradient, (count + 1,)
+
+    task = ClientTask(7, rows, batch_plan(0, 1, 7, 5, 2, 3), LocalObjective(local_step=LocalStep(counting_sgd, (torch.tensor(0),))))
+    default = ClientTask(7, rows, task.batches, NO_CORRECTION)
+    backend = SequentialBackend()
+    for _ in range(2):
+        ((_, final, done),) = list(backend.train(model, theta0, [task], LocalSettings(0.1), data))
+        ((_, expected, _),) = list(backend.train(model, theta0, [default], LocalSettings(0.1), data))
+        assert done == 3 and torch.equal(final, expected)
+    assert seen == [0, 1, 2, 0, 1, 2]
+
+
+# ------------------------------------------------------------------ clients on single-threaded threads
+
+
+def test_clients_on_parallel_threads_give_the_same_models_and_restore_the_thread_count():
+    torch.manual_seed(0)
+    inputs, targets = torch.randn(60, 1, 4, 4), torch.randint(0, 3, (60,))
+    model = FlatModel.wrap(build_model("mlp", (1, 4, 4), 3, hidden=(6,)))
+    theta0 = model.initial_parameters()
+    term = LossTerm(lambda batch, anchor: torch.sum((batch.params - anchor) ** 2), (theta0,))
+    objectives = [NO_CORRECTION, GradientCorrection(linear=torch.full_like(theta0, 0.01)), term, NO_CORRECTION, term, NO_CORRECTION]
+    tasks = [ClientTask(k, torch.arange(10 * k, 10 * k + 10), batch_plan(0, 1, k, 10, 3, 4 + k), objective) for k, objective in enumerate(objectives)]
+    settings, data = LocalSettings(0.1, clip_norm=1.0), TrainingData(inputs, targets)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        parallel = SequentialBackend()
+        assert parallel.workers(theta0, len(tasks)) == 2 and SequentialBackend(parallel_clients=False).workers(theta0, len(tasks)) == 1
+        for _ in range(2):  # a second round reuses the bound copies
+            together = {p: (t, d) for p, t, d in parallel.train(model, theta0, tasks, settings, data)}
+            assert torch.get_num_threads() == 2
+            alone = {p: (t, d) for p, t, d in SequentialBackend(parallel_clients=False).train(model, theta0, tasks, settings, data)}
+            assert sorted(together) == list(range(len(tasks)))
+            for position, (params, done) in alone.items():
+                assert together[position][1] == done and torch.equal(together[position][0], params)
+    finally:
+        torch.set_num_threads(threads)
 
 
 # ------------------------------------------------------------------ decaying K through a run

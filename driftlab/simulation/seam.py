@@ -1,20 +1,32 @@
 """The seam between the engine (how clients run) and an algorithm (what they compute).
 
-An algorithm is a frozen bundle of five pure functions, built by its module's
-``build(...)``; the engine calls them in this order every round::
+An algorithm is a frozen bundle of pure functions (``Algorithm`` below: a
+name, five functions every algorithm gives and three optional ones), built by
+its module's ``build(...)``.  Each round the engine calls them in this order::
 
     server_state = algorithm.server_init(θ0)                       # once
     client_state = algorithm.client_state_init(θ0)                 # per client, on first use
-    correction   = algorithm.client_objective(server_state, client_state, context)
-    ... the backend runs local SGD on  f_k(θ) + correction  from server_state.params ...
-    client_state, message = algorithm.client_finish(server_state, client_state, context, update)
+    view         = algorithm.broadcast(server_state)               # what every selected client receives
+    objective    = algorithm.client_objective(view, client_state, context)
+    ... the backend runs local SGD on  f_k(θ) + the objective's terms  from view.params ...
+    client_state, message = algorithm.client_finish(view, client_state, context, update)
     server_state, metrics = algorithm.server_update(server_state, messages, round_context)
 
+The client halves see the *client view* ``broadcast`` returns (a frozen
+dataclass of the module, e.g. ``scaffold.ClientView(params, control)``), never
+the server state: what a client may use is exactly what the server sends it,
+and its size is the download traffic (``payload_bits(view)``).  Every view has
+a ``params`` field, the model local training starts from.
+``driftlab.simulation.client.run_client`` is the one client code path built on
+these functions.
+
 Every algorithm in algorithms.md changes the local objective by an affine
-gradient correction ``∇ += a_k + D_k ⊙ (θ − θ_ref)``; that correction is the
-only thing an algorithm hands to a training backend, which is why every
-backend (sequential, vectorized, a Flower client) runs every algorithm and a
-new algorithm never touches the engine.
+gradient correction ``∇ += a_k + D_k ⊙ (θ − θ_ref)`` (``GradientCorrection``,
+the fast path); one whose local loss is not affine returns an
+``objectives.LocalObjective`` (a loss term, a local step of its own).  What
+``client_objective`` returns is the only thing an algorithm hands to a
+training backend, which is why every backend (sequential, vectorized, a Flower
+client) runs every algorithm and a new algorithm never touches the engine.
 
 State is explicit: server and client states are frozen dataclasses of tensors
 and numbers, returned anew, never mutated.  Client state lives in a store the
@@ -60,7 +72,7 @@ class ClientContext:
     mean_num_samples: float  # n̄ over all registered clients (FedDyn's α_k = α n̄ / n_k)
     num_registered: int  # N = |S_t|
     planned_steps: int  # K (or E·⌈n_k/B⌉) this client was asked to do
-    learning_rate: float  # the round's client learning rate η_l
+    client_lr: float  # the round's client learning rate η_l
     multiplicity: int = 1  # times the client was drawn (sampling with replacement)
     available_steps: int | None = None  # steps the client can do this round; fewer than planned for a straggler (None: all)
 
@@ -106,22 +118,26 @@ class RoundContext:
 
 @dataclass(frozen=True)
 class Algorithm:
-    """Five functions that are the whole of an algorithm (see the module docstring).
+    """The functions that are the whole of an algorithm (see the module docstring).
 
     ``server_init`` must return a state with a ``params`` field: the model the
-    clients start from and the one evaluated.  ``client_state_init`` is
-    ``None`` for algorithms without per-client state.  ``broadcast`` returns
-    what the server sends each selected client (for bit accounting).
-    ``client_joined``/``client_left``, when given, update the server state as a
-    client enters or leaves the registered set.
+    clients start from and the one evaluated.  ``broadcast`` returns the client
+    view: what the server sends each selected client, a frozen dataclass with a
+    ``params`` field whose ``payload_bits`` is the download traffic.
+    ``client_objective`` and ``client_finish`` take that view, never the server
+    state.  ``client_state_init`` is ``None`` for algorithms without
+    per-client state.  ``client_joined``/``client_left``, when given, update
+    the server state as a client enters or leaves the registered set.
     """
 
     name: str
     server_init: Callable[[torch.Tensor], Any]
-    client_objective: Callable[[Any, Any, ClientContext], GradientCorrection]
+    # (client view, client state, context) -> a GradientCorrection or an objectives.LocalObjective
+    client_objective: Callable[[Any, Any, ClientContext], Any]
+    # (client view, client state, context, update) -> (new client state, message or None)
     client_finish: Callable[[Any, Any, ClientContext, ClientUpdate], tuple[Any, Any]]
     server_update: Callable[[Any, Sequence[Any], RoundContext], tuple[Any, dict[str, float]]]
-    broadcast: Callable[[Any], Any]
+    broadcast: Callable[[Any], Any]  # server state -> client view
     client_state_init: Callable[[torch.Tensor], Any] | None = None
     # Registered-set changes (clients joining or leaving S_t), for algorithms whose server state
     # sums over all registered clients (FedDyn's Σ_S λ_k): (server, the client's state) -> server.

@@ -47,6 +47,18 @@ from torch import nn
 from driftlab.simulation.flat import FlatModel
 
 
+def module_for_this_thread(copies: threading.local, module: nn.Module, device: torch.device) -> nn.Module:
+    """This thread's copy of ``module`` on ``device``, kept in ``copies``: ``functional_call`` swaps a module's
+    parameters while it runs, so chunks trained at once on several threads must not share one.  Made on first
+    use, which must be outside ``torch.func`` transforms (copying a module sets ``.data``, which they refuse)."""
+    made = getattr(copies, "modules", None)
+    if made is None:
+        made = copies.modules = {}
+    if device not in made:
+        made[device] = copy.deepcopy(module).to(device)
+    return made[device]
+
+
 @dataclass(frozen=True)
 class Images:
     """Activations of ``clients`` clients as ``[B, clients·channels, H, W]``."""
@@ -387,14 +399,7 @@ class StackedNetwork:
         return inputs
 
     def _module_for_this_thread(self, device: torch.device) -> nn.Module:
-        """A copy of the module per thread and device: ``functional_call`` swaps a module's parameters while it runs,
-        so chunks trained at once on several threads must not share one."""
-        copies = getattr(self._copies, "modules", None)
-        if copies is None:
-            copies = self._copies.modules = {}
-        if device not in copies:
-            copies[device] = copy.deepcopy(self._model.module).to(device)
-        return copies[device]
+        return module_for_this_thread(self._copies, self._model.module, device)
 
     def outputs(self, theta: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """``[n, B, classes]`` outputs of ``n`` clients on their own ``[n, B, ...]`` inputs, and the parameter leaves."""

@@ -37,21 +37,32 @@ then applied as ``θ ← θ − η_l E``.  With clipping the gradient must be co
 before its norm is known, so it is written to a ``[C, P]`` buffer and the step
 above is applied in place, in the same order as ``local_training.corrected_step``.
 
+Non-affine local objectives (``objectives.LocalObjective``) take a general
+path: clients with a loss term get their gradient from
+``vmap(grad(objectives.objective_loss))`` (the term's per-client tensors
+stacked as rows, or shared), and a local step of the algorithm's own is applied
+client by client to the stack's rows after ``corrected_gradient_``.  A round's
+clients are split into groups (affine; a given loss-term function; local step
+only) and each group is chunked and trained on its own, so affine clients run
+exactly the code above.
+
 Chunks of clients are sized from a memory budget, so a round of 1,000 clients
 never holds more than a chunk's parameters, gradients and activations per
-worker.  On a CPU the chunks of batched layers run on one thread each, as many
-at once as torch has intra-op threads (``_map_chunks``): a client's GEMMs are
-too small to split well over threads.  Every chunk is deterministic, so the
+worker.  On a CPU the chunks (batched layers or ``vmap``) run on one thread
+each, as many at once as torch has intra-op threads (``_map_chunks``): a
+client's GEMMs are too small to split well over threads, and single-threaded
+kernels are not starved when other processes load the machine.  Every chunk is deterministic, so the
 results do not depend on the chunking or the threads (up to GEMM summation
 order); docs/performance.md has the measurements behind these choices.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 import math
-from concurrent.futures import ThreadPoolExecutor, as_completed
+import threading
 from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
@@ -67,11 +78,13 @@ from driftlab.simulation.local_training import (
     SequentialBackend,
     TrainingData,
     corrected_gradient_norm,
+    map_on_threads,
 )
+from driftlab.simulation.objectives import LocalObjective, LossTerm, as_local_objective, objective_loss
 from driftlab.simulation.randomness import example_keys
 from driftlab.simulation.precision import local_arithmetic
 from driftlab.simulation.seam import GradientCorrection
-from driftlab.simulation.stacked import StackedNetwork, has_convolutions, has_recurrent_layers
+from driftlab.simulation.stacked import StackedNetwork, has_convolutions, has_recurrent_layers, module_for_this_thread
 
 logger = logging.getLogger(__name__)
 
@@ -330,20 +343,36 @@ def _linear_relu_chain(module: nn.Module) -> list[nn.Linear] | None:
 
 
 class VmappedGradient:
-    """Any module: ``vmap`` over clients of ``grad`` of the masked mean loss through ``functional_call``."""
+    """Any module: ``vmap`` over clients of ``grad`` of the masked mean loss through ``functional_call``.
+
+    Each thread calls its own copy of the module: ``functional_call`` swaps a
+    module's parameters while it runs, so chunks trained at once on several
+    threads must not share one (``torch.func``'s transforms themselves are per thread).
+    """
 
     def __init__(self, model: FlatModel) -> None:
         def masked_loss(theta: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-            return (model.example_loss(model.forward(theta, inputs), targets) * weights).sum()
+            return (model.example_loss(self.forward(theta, inputs), targets) * weights).sum()
 
         self._gradient = torch.func.vmap(torch.func.grad(masked_loss))
         self._activations_per_example: int | None = None
         self._model = model
+        self._copies = threading.local()
+
+    def module_for_this_thread(self, device: torch.device) -> nn.Module:
+        """This thread's copy of the module (``stacked.module_for_this_thread``); ``loss_gradient`` asks for it
+        before entering ``torch.func``."""
+        return module_for_this_thread(self._copies, self._model.module, device)
+
+    def forward(self, theta: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
+        """``model.forward`` on this thread's copy of the module."""
+        return torch.func.functional_call(self._copies.modules[theta.device], self._model.unflatten(theta), (inputs,))
 
     def flat_inputs(self, inputs: torch.Tensor) -> torch.Tensor:
         return inputs
 
     def loss_gradient(self, theta: torch.Tensor, x: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        self.module_for_this_thread(theta.device)
         out.copy_(self._gradient(theta, x, targets, weights))
         return out
 
@@ -366,11 +395,104 @@ class VmappedGradient:
         return self._activations_per_example
 
 
+class TermGradients:
+    """One chunk's gradients of the mean loss plus its clients' ``LossTerm``: ``vmap`` over clients of
+    ``grad(objectives.objective_loss)``, the sequential backend's function.
+
+    The terms share one function (``_group_key``); each of their tensors is a
+    ``[C, ...]`` stack of the clients' own, or one tensor when every client
+    has the same object (FedProx's or MOON's global model), not copied.
+    """
+
+    def __init__(self, engine: VmappedGradient, terms: Sequence[LossTerm], like: torch.Tensor) -> None:
+        self.engine = engine
+        self.tensors: list[torch.Tensor] = []
+        dims: list[int | None] = []
+        for column in zip(*(term.tensors for term in terms)):
+            if all(tensor is column[0] for tensor in column):
+                self.tensors.append(column[0].to(like.device))
+                dims.append(None)
+            else:
+                self.tensors.append(torch.stack([tensor.to(like.device) for tensor in column]))
+                dims.append(0)
+        self.dims = tuple(dims)
+        loss = objective_loss(engine.forward, engine._model.example_loss, terms[0].function)
+        self._gradient = torch.func.vmap(torch.func.grad(loss), in_dims=(0, 0, 0, 0, *self.dims))
+        self._rows = slice(None)  # which clients' rows of the stacked tensors the gradients are for (a prefix, or one)
+
+    def flat_inputs(self, inputs: torch.Tensor) -> torch.Tensor:
+        return inputs
+
+    def client(self, k: int) -> "TermGradients":
+        """The same gradients for the chunk's client ``k`` alone (its rows of the stacked tensors)."""
+        single = copy.copy(self)
+        single._rows = slice(k, k + 1)
+        return single
+
+    def loss_gradient(self, theta: torch.Tensor, x: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """``out[k] = ∇_θ [Σ_i w_ki ℓ(θ_k; x_ki, y_ki) + term_k]`` for the ``n`` rows of ``theta``: the chunk's first ``n``
+        clients (or the one client of ``client(k)``)."""
+        rows = self._rows if self._rows != slice(None) else slice(0, theta.shape[0])
+        tensors = [tensor if dim is None else tensor[rows] for tensor, dim in zip(self.tensors, self.dims)]
+        self.engine.module_for_this_thread(theta.device)
+        out.copy_(self._gradient(theta, x, targets, weights, *tensors))
+        return out
+
+    def activation_elements(self, example: torch.Tensor, theta: torch.Tensor) -> int:
+        return self.engine.activation_elements(example, theta)
+
+
+def _normalized(task: ClientTask) -> ClientTask:
+    """``task`` with a ``GradientCorrection`` (an affine objective) or a non-affine ``LocalObjective``."""
+    if isinstance(task.correction, GradientCorrection):
+        return task
+    objective = as_local_objective(task.correction)
+    return dataclasses.replace(task, correction=objective.correction if objective.is_affine else objective)
+
+
+def _loss_term(task: ClientTask) -> LossTerm | None:
+    return None if isinstance(task.correction, GradientCorrection) else as_local_objective(task.correction).loss_term
+
+
+def _correction(task: ClientTask) -> GradientCorrection:
+    """The affine part of a task's objective."""
+    return task.correction if isinstance(task.correction, GradientCorrection) else as_local_objective(task.correction).correction
+
+
+def _group_key(objective: GradientCorrection | LocalObjective) -> tuple:
+    """Clients with equal keys are trained together: affine ones; a loss term (same function, same tensor shapes,
+    so they stack); a local step alone (applied row by row, any step).  ``objective`` is ``_normalized``."""
+    if isinstance(objective, GradientCorrection):
+        return ("affine",)
+    term = objective.loss_term
+    if term is None:
+        return ("step",)
+    return ("term", id(term.function), tuple((tuple(t.shape), t.dtype, t.device) for t in term.tensors))
+
+
+def _objective_elements(tasks: Sequence[ClientTask]) -> int:
+    """Floats per client of loss-term tensors and local-step state (an upper bound: shared tensors are counted too)."""
+    most = 0
+    for task in tasks:
+        if not isinstance(task.correction, GradientCorrection):
+            objective = as_local_objective(task.correction)
+            term, step = objective.loss_term, objective.local_step
+            count = sum(t.numel() for t in term.tensors) if term is not None else 0
+            count += sum(t.numel() for t in step.initial_state) if step is not None else 0
+            most = max(most, count)
+    return most
+
+
 # ---------------------------------------------------------------- the step
 
 
 def corrected_step_(theta: torch.Tensor, g: torch.Tensor, correction: StackedCorrection, settings: LocalSettings, scratch: torch.Tensor) -> None:
     """``local_training.corrected_step`` for a stack of clients, in place (``g`` is overwritten), same operation order."""
+    theta.sub_(corrected_gradient_(theta, g, correction, settings, scratch).mul_(settings.learning_rate))
+
+
+def corrected_gradient_(theta: torch.Tensor, g: torch.Tensor, correction: StackedCorrection, settings: LocalSettings, scratch: torch.Tensor) -> torch.Tensor:
+    """``local_training.corrected_gradient`` for a stack of clients, written into ``g`` (returned), same operation order."""
     if correction.linear is not None:
         g.add_(correction.linear)
     if settings.clip_norm is not None:
@@ -381,7 +503,7 @@ def corrected_step_(theta: torch.Tensor, g: torch.Tensor, correction: StackedCor
         g.add_(scratch.mul_(correction.quadratic))
     if settings.weight_decay:
         g.add_(torch.mul(theta, settings.weight_decay, out=scratch))
-    theta.sub_(g.mul_(settings.learning_rate))
+    return g
 
 
 def correction_terms(theta: torch.Tensor, correction: StackedCorrection, weight_decay: float, out: torch.Tensor) -> torch.Tensor | None:
@@ -453,6 +575,7 @@ class VectorizedBackend:
         self.devices = None if devices is None else tuple(torch.device(d) for d in devices)
         self._engine_of: tuple[nn.Module, object] | None = None  # (module, its engine or None), the last model trained
         self._fallback: SequentialBackend | None = None
+        self._term_engines: dict[tuple, VmappedGradient | None] = {}  # (module, term function) -> engine, see _term_engine
         self._replicas: dict[torch.device, TrainingData] = {}
         self._replicated: TrainingData | None = None  # the data the replicas were made from
 
@@ -465,13 +588,38 @@ class VectorizedBackend:
         if engine is None:
             yield from self._fallback.train(model, start_params, tasks, settings, data)
             return
+        if all(isinstance(task.correction, GradientCorrection) for task in tasks):
+            yield from self._train_group(engine, model, start_params, tasks, settings, data)
+            return
+        tasks = [_normalized(task) for task in tasks]
+        groups: dict[tuple, list[int]] = {}
+        for position, task in enumerate(tasks):
+            groups.setdefault(_group_key(task.correction), []).append(position)
+        for key, positions in groups.items():
+            group = [tasks[p] for p in positions]
+            group_engine = engine
+            if key[0] == "term":
+                group_engine = self._term_engine(model, start_params, group, data)
+                if group_engine is None:
+                    for index, final, done in self._fallback.train(model, start_params, group, settings, data):
+                        yield positions[index], final, done
+                    continue
+            for index, final, done in self._train_group(group_engine, model, start_params, group, settings, data):
+                yield positions[index], final, done
+
+    def _train_group(
+        self, engine, model: FlatModel, start_params: torch.Tensor, tasks: Sequence[ClientTask], settings: LocalSettings, data: TrainingData
+    ) -> Iterator[tuple[int, torch.Tensor, int]]:
+        """Chunk ``tasks`` (clients whose objectives one engine serves) and train the chunks."""
         home = start_params.device
         devices = self.devices or (home,)
         # Grouping by step count: neighbours in this order finish together, so chunks waste little.
         order = sorted(range(len(tasks)), key=lambda position: -tasks[position].num_steps)
-        # torch.func keeps its transform stack per process, not per thread: vmapped chunks run one at a time.
-        workers = self.workers(start_params, len(tasks), devices) if isinstance(engine, (LinearReluStack, StackedNetwork)) else 1
-        chunk_size = self.chunk_size(engine, model, start_params, tasks, settings, data, workers)
+        workers = self.workers(start_params, len(tasks), devices)
+        # Which clients share a chunk can change the last bits on the vmap path (not with the batched layers,
+        # whose clients never mix), so there the chunks are cut as for one worker: the same on any machine.
+        split = workers if isinstance(engine, (LinearReluStack, StackedNetwork)) else 1
+        chunk_size = self.chunk_size(engine, model, start_params, tasks, settings, data, split)
         chunks = list(enumerate(order[start : start + chunk_size] for start in range(0, len(order), chunk_size)))
         starts = {device: start_params.to(device) for device in devices}
 
@@ -479,7 +627,11 @@ class VectorizedBackend:
             index, positions = chunk
             device = devices[index % len(devices)]
             with local_arithmetic(self.precision, device):
-                finals, steps_done = _train_chunk(engine, starts[device], [tasks[p] for p in positions], settings, self._data_on(data, device))
+                chunk_engine = engine
+                chunk_tasks = [tasks[p] for p in positions]
+                if any(_loss_term(task) is not None for task in chunk_tasks):  # a term group: engine is the model's VmappedGradient
+                    chunk_engine = TermGradients(engine, [_loss_term(task) for task in chunk_tasks], starts[device])
+                finals, steps_done = _train_chunk(chunk_engine, starts[device], chunk_tasks, settings, self._data_on(data, device))
             return positions, finals.to(home), steps_done
 
         for positions, finals, steps_done in _map_chunks(train, chunks, workers):
@@ -519,7 +671,7 @@ class VectorizedBackend:
         capped on a CPU (see ``CPU_CHUNK_CLIENTS``) and split evenly over the workers."""
         element = start_params.element_size()
         # θ, a gradient (or correction-terms) buffer and a scratch buffer, plus the correction rows that differ per client.
-        params_rows = 3 + per_client_correction_rows([task.correction for task in tasks])
+        params_rows = 3 + per_client_correction_rows([_correction(task) for task in tasks])
         width = max((task.batches.shape[1] for task in tasks), default=1)
         steps = max(task.num_steps for task in tasks)
         if isinstance(engine, LinearReluStack):
@@ -528,7 +680,7 @@ class VectorizedBackend:
             activations = engine.activation_elements(data.inputs[0], start_params)
         if data.augment is not None:  # the augmented copy of the batch and the augmentation's temporaries (flip, padding)
             activations += 5 * data.inputs[0].numel()
-        per_client = element * (params_rows * model.num_parameters + width * activations) + steps * width * (8 + element)
+        per_client = element * (params_rows * model.num_parameters + width * activations + _objective_elements(tasks)) + steps * width * (8 + element)
         size = max(1, self.budget_bytes(start_params.device) // (workers * per_client))
         cap = self.max_chunk_clients or self._default_cap(engine, model, start_params.device)
         return int(min(size, cap or size, math.ceil(len(tasks) / workers)))
@@ -575,6 +727,36 @@ class VectorizedBackend:
         if engine is None and self._fallback is None:
             self._fallback = SequentialBackend(precision=self.precision)
         return engine
+
+
+    def _term_engine(self, model: FlatModel, start_params: torch.Tensor, tasks: Sequence[ClientTask], data: TrainingData):
+        """The model's ``VmappedGradient`` for clients whose loss term it can ``vmap``, or ``None`` (a warning, once per
+        model and term function: those clients train with the sequential backend)."""
+        function = _loss_term(tasks[0]).function
+        key = (model.module, function)
+        if key not in self._term_engines:
+            if any(module is not model.module for module, _ in self._term_engines) or len(self._term_engines) >= 64:
+                # A new model, or term functions made anew for every client (define them once in build):
+                # old entries would only keep their models and closures alive.
+                self._term_engines = {}
+            # One VmappedGradient (and its per-thread module copies) per model, whatever the term.
+            engine = next((e for e in self._term_engines.values() if e is not None), None) or VmappedGradient(model)
+            problem = _vmap_problem(engine, start_params, tasks[0], data)
+            if problem is None:
+                probe = TermGradients(engine, [_loss_term(tasks[0])] * 2, start_params)
+                problem = _vmap_problem(probe, start_params, tasks[0], data)
+            if problem is not None:
+                logger.warning(
+                    "vectorized backend: the loss term %s on %s cannot be vmapped (%s); training its clients with the sequential backend",
+                    getattr(function, "__qualname__", function),
+                    type(model.module).__name__,
+                    problem,
+                )
+                engine = None
+            self._term_engines[key] = engine
+        if self._term_engines[key] is None and self._fallback is None:
+            self._fallback = SequentialBackend(precision=self.precision)
+        return self._term_engines[key]
 
 
 def gradient_engine(model: FlatModel, batched_layers: bool = True, precision: str = "float32"):
@@ -658,32 +840,14 @@ def _stacked_problem(engine: StackedNetwork, model: FlatModel, start_params: tor
 
 
 def _map_chunks(train: Callable, chunks: list, workers: int) -> Iterator:
-    """``train`` over ``chunks``, in order with one worker, else as they finish on ``workers`` threads.
+    """``train`` over ``chunks``: ``local_training.map_on_threads``, one single-threaded chunk per worker thread.
 
     Chunk-level parallelism beats intra-op parallelism here: a client's GEMMs
     (50 x 784 x 200 for the standard MLP) are too small to split well over
     threads, and single-threaded kernels cannot be starved by a thread pool
-    oversubscribed by other processes.  Intra-op threads are set to one while
-    the chunks run (a process-wide setting) and restored after.
+    oversubscribed by other processes.
     """
-    if workers == 1:
-        yield from map(train, chunks)
-        return
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="driftlab-chunk") as pool:
-            pending = [pool.submit(train, chunk) for chunk in chunks[:workers]]
-            upcoming = iter(chunks[workers:])
-            while pending:
-                finished = next(as_completed(pending))
-                pending.remove(finished)
-                chunk = next(upcoming, None)
-                if chunk is not None:  # keep at most `workers` chunks in memory at once
-                    pending.append(pool.submit(train, chunk))
-                yield finished.result()
-    finally:
-        torch.set_num_threads(threads)
+    return map_on_threads(train, chunks, workers)
 
 
 def _train_chunk(
@@ -696,8 +860,13 @@ def _train_chunk(
     if max(steps_done) == 0:
         return theta, steps_done
     schedule = BatchSchedule.build(tasks, start_params.dtype, start_params.device)
-    correction = StackedCorrection.stack([task.correction for task in tasks], start_params)
-    fused = settings.clip_norm is None and isinstance(engine, LinearReluStack)
+    correction = StackedCorrection.stack([_correction(task) for task in tasks], start_params)
+    local_steps = [None if isinstance(task.correction, GradientCorrection) else as_local_objective(task.correction).local_step for task in tasks]
+    if all(step is None for step in local_steps):
+        local_steps = None
+    else:
+        step_states = [None if step is None else tuple(t.to(start_params.device) for t in step.initial_state) for step in local_steps]
+    fused = settings.clip_norm is None and isinstance(engine, LinearReluStack) and local_steps is None
     needs_scratch = not fused or not correction.is_empty or bool(settings.weight_decay)
     gradient = None if fused else torch.empty_like(theta)
     scratch = torch.empty_like(theta) if needs_scratch else None
@@ -726,9 +895,19 @@ def _train_chunk(
             engine.sgd_step_(block, x, targets, weights, settings.learning_rate)
             if extra is not None:
                 block.sub_(extra.mul_(settings.learning_rate))
-        else:
+        elif local_steps is None:
             g = engine.loss_gradient(block, x, targets, weights, gradient[:active])
             corrected_step_(block, g, block_correction, settings, scratch[:active])
+        else:
+            g = engine.loss_gradient(block, x, targets, weights, gradient[:active])
+            corrected_gradient_(block, g, block_correction, settings, scratch[:active])
+            for k in range(active):  # the algorithm's own step, client by client on its [P] rows (objectives.LocalStep)
+                if local_steps[k] is None:
+                    block[k].sub_(g[k].mul_(settings.learning_rate))
+                else:
+                    # Fresh tensors, as the sequential backend passes: a state that keeps its gradient must not alias the buffer.
+                    params, step_states[k] = local_steps[k].function(block[k].clone(), g[k].clone(), step_states[k], settings.learning_rate)
+                    block[k].copy_(params)
         stopping.after_step(step + 1, active, steps_done)
     return stopping.finals(theta), steps_done
 
@@ -741,7 +920,8 @@ def gather_rows(source: torch.Tensor, rows: torch.Tensor, out: torch.Tensor) -> 
 
 class _InexactStopping:
     """FedProx's γ-inexact local solver (algorithms.md): a client stops once ``‖∇h_k(θ)‖ ≤ γ ‖∇h_k(θ^{t−1})‖``,
-    with full local gradients, checked after each of its epochs; as ``local_training.train_one_client``.
+    with full local gradients (a loss term included, ``local_training.objective_gradient_norm``), checked after each of
+    its epochs; as ``local_training.train_one_client``.
 
     A stopped client keeps computing with the others (it is in the middle of the
     stack); its parameters at the stop are kept aside and returned instead.
@@ -758,14 +938,14 @@ class _InexactStopping:
         rows = self.tasks[k].sample_indices
         total = torch.zeros_like(theta)
         piece_gradient = torch.empty_like(theta)
+        engine = self.engine.client(k) if isinstance(self.engine, TermGradients) else self.engine
         inputs = self.engine.flat_inputs(self.data.inputs)
         for start in range(0, len(rows), FULL_GRADIENT_ROWS):
             part = rows[start : start + FULL_GRADIENT_ROWS]
             weights = torch.full((1, len(part)), 1.0 / len(part), dtype=theta.dtype, device=theta.device)
-            self.engine.loss_gradient(theta, inputs[part].unsqueeze(0), self.data.targets[part].unsqueeze(0), weights, piece_gradient)
+            engine.loss_gradient(theta, inputs[part].unsqueeze(0), self.data.targets[part].unsqueeze(0), weights, piece_gradient)
             total += piece_gradient * (len(part) / len(rows))
-        task_correction = self.tasks[k].correction
-        return corrected_gradient_norm(theta[0], total[0], task_correction, self.settings)
+        return corrected_gradient_norm(theta[0], total[0], _correction(self.tasks[k]), self.settings)
 
     def after_step(self, done: int, active: int, steps_done: list[int]) -> None:
         for k in self.watched:
@@ -790,6 +970,8 @@ __all__ = [
     "StackedCorrection",
     "VectorizedBackend",
     "VmappedGradient",
+    "TermGradients",
+    "corrected_gradient_",
     "corrected_step_",
     "correction_terms",
 ]

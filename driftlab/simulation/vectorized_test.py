@@ -28,8 +28,9 @@ from driftlab.simulation.local_training import (
     batch_plan,
     steps_for_epochs,
 )
+from driftlab.simulation.objectives import LocalObjective, LocalStep, LossTerm
 from driftlab.simulation.seam import NO_CORRECTION, GradientCorrection
-from driftlab.simulation.vectorized import BatchSchedule, LinearReluStack, StackedCorrection, VectorizedBackend
+from driftlab.simulation.vectorized import BatchSchedule, LinearReluStack, StackedCorrection, VectorizedBackend, VmappedGradient
 
 # float32: a few ulps of parameters of size ~0.1 after tens of steps; float64: the issue's 1e-12.
 TOLERANCE = {torch.float32: dict(rtol=1e-5, atol=2e-6), torch.float64: dict(rtol=1e-12, atol=1e-12)}
@@ -122,14 +123,16 @@ def test_a_round_matches_the_sequential_backend(dtype, model_name, kind, clip_no
 
 @pytest.mark.parametrize("model_name", ["mlp", "conv"])
 @pytest.mark.parametrize("clip_norm", [None, 0.5], ids=["noclip", "clip"])
-def test_the_vmap_path_matches_the_sequential_backend(model_name, clip_norm):
+def test_the_vmap_path_matches_the_sequential_backend(model_name, clip_norm, caplog):
     dtype = torch.float64
     model, data = _model(model_name, dtype), _data(dtype)
     start = model.initial_parameters()
     tasks = _tasks(_corrections("mixed", start))
     settings = LocalSettings(learning_rate=0.1, weight_decay=0.01, clip_norm=clip_norm)
     expected = _run(SequentialBackend(), model, start, tasks, settings, data)
-    _assert_agree(expected, _run(VectorizedBackend(batched_layers=False), model, start, tasks, settings, data), dtype)
+    with caplog.at_level(logging.WARNING, logger="driftlab.simulation.vectorized"):
+        _assert_agree(expected, _run(VectorizedBackend(batched_layers=False), model, start, tasks, settings, data), dtype)
+    assert "cannot be vmapped" not in caplog.text  # the vmap path really ran (its sequential fallback would agree too)
 
 
 def test_without_corrections_or_weight_decay_the_step_is_plain_sgd():
@@ -156,6 +159,30 @@ def test_many_small_chunks_give_the_same_models_as_one_chunk(clip_norm):
     assert one_chunk.chunk_size(LinearReluStack.match(model), model, start, tasks, settings, data) == len(tasks)
     assert tiny_budget.chunk_size(LinearReluStack.match(model), model, start, tasks, settings, data) == 1
     _assert_agree(_run(one_chunk, model, start, tasks, settings, data), _run(tiny_budget, model, start, tasks, settings, data), dtype)
+
+
+@pytest.mark.parametrize("objective", ["affine", "term"])
+def test_vmapped_chunks_on_parallel_threads_give_the_models_of_one_chunk(objective, caplog):
+    dtype = torch.float64
+    model, data = _model("conv", dtype), _data(dtype)
+    start = model.initial_parameters()
+    corrections = _corrections("mixed", start)
+    if objective == "term":
+        corrections = [LocalObjective(c, loss_term=LossTerm(_output_norm_term, (start + 0.01 * k,))) for k, c in enumerate(corrections)]
+    tasks = _tasks(corrections)
+    settings = LocalSettings(learning_rate=0.1, weight_decay=0.01, clip_norm=0.5)
+    one_chunk = VectorizedBackend(batched_layers=False, max_chunk_clients=len(tasks), parallel_chunks=False)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        parallel = VectorizedBackend(batched_layers=False, max_chunk_clients=2)  # three chunks on two single-threaded workers
+        assert parallel.workers(start, len(tasks)) == 2
+        with caplog.at_level(logging.WARNING, logger="driftlab.simulation.vectorized"):
+            _assert_agree(_run(one_chunk, model, start, tasks, settings, data), _run(parallel, model, start, tasks, settings, data), dtype)
+        assert "cannot be vmapped" not in caplog.text  # the vmap path really ran (its fallback would agree too)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_chunk_size_follows_the_memory_budget():
@@ -209,6 +236,67 @@ def test_a_module_vmap_cannot_handle_falls_back_to_sequential_with_a_warning(cap
     expected = _run(SequentialBackend(), model, start, tasks, settings, data)
     for position, (params, done) in expected.items():
         assert torch.equal(actual[position][0], params) and actual[position][1] == done
+
+
+# ------------------------------------------------------------------ non-affine objectives (objectives.py; more in objectives_test.py)
+
+
+def _output_norm_term(batch, reference):
+    """A loss term on the model's outputs, the (augmented) inputs and θ, with a per-client tensor."""
+    return 0.1 * (batch.weights * (batch.outputs.pow(2).sum(dim=1) + batch.inputs.flatten(1).mean(dim=1))).sum() + 0.05 * torch.sum(
+        (batch.params - reference) ** 2
+    )
+
+
+def _momentum(params, gradient, state, learning_rate):
+    (velocity,) = state
+    velocity = 0.8 * velocity + gradient
+    return params - learning_rate * velocity, (velocity,)
+
+
+def _scale_by_key(inputs: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """A toy augmentation: each example depends on its own input and key only."""
+    return inputs * (1 + 0.1 * (keys % 3).to(inputs.dtype).view(-1, *[1] * (inputs.dim() - 1)))
+
+
+@pytest.mark.parametrize("model_name", ["mlp", "conv"])
+def test_loss_terms_and_local_steps_see_augmented_batches_as_sequentially(model_name):
+    dtype = torch.float64
+    model, data = _model(model_name, dtype), dataclasses.replace(_data(dtype), augment=_scale_by_key)
+    start = model.initial_parameters()
+    references = [start + 0.01 * k for k in range(len(CLIENT_SIZES))]
+    objectives = [
+        LocalObjective(loss_term=LossTerm(_output_norm_term, (references[k],)), local_step=LocalStep(_momentum, (torch.zeros_like(start),)) if k % 2 else None)
+        for k in range(len(CLIENT_SIZES))
+    ]
+    tasks = [dataclasses.replace(task, augment_key=1000 + task.client_id) for task in _tasks(objectives, fixed_steps={2: 3})]
+    settings = LocalSettings(learning_rate=0.1, weight_decay=0.01, clip_norm=0.5)
+    _assert_agree(_run(SequentialBackend(), model, start, tasks, settings, data), _run(VectorizedBackend(), model, start, tasks, settings, data), dtype)
+
+
+def test_bare_terms_steps_and_affine_local_objectives_are_accepted_and_affine_ones_take_the_affine_path():
+    dtype = torch.float64
+    model, data = _model("mlp", dtype), _data(dtype)
+    start = model.initial_parameters()
+    corrections = _corrections("mixed", start)
+    settings = LocalSettings(learning_rate=0.1, weight_decay=0.01)
+    affine = _run(VectorizedBackend(), model, start, _tasks(corrections), settings, data)
+    wrapped = _run(VectorizedBackend(), model, start, _tasks([LocalObjective(correction=c) for c in corrections]), settings, data)
+    for position, (params, done) in affine.items():  # the same fused Linear/ReLU path, bit for bit
+        assert wrapped[position][1] == done and torch.equal(wrapped[position][0], params)
+    bare = [LossTerm(_output_norm_term, (start,)), LocalStep(_momentum, (torch.zeros_like(start),))] * 3
+    _assert_agree(_run(SequentialBackend(), model, start, _tasks(bare), settings, data), _run(VectorizedBackend(), model, start, _tasks(bare), settings, data), dtype)
+
+
+def test_chunks_hold_fewer_clients_when_each_brings_its_own_loss_term_tensors():
+    model, data = _model("mlp", torch.float32), _data(torch.float32)
+    start = model.initial_parameters()
+    shared = _tasks([LossTerm(_output_norm_term, (start,))] * len(CLIENT_SIZES)) * 50
+    own = _tasks([LossTerm(_output_norm_term, (torch.zeros(20, *start.shape),))] * len(CLIENT_SIZES)) * 50  # 20 models each
+    backend = VectorizedBackend(memory_budget_bytes=2_000_000, max_chunk_clients=10_000)
+    engine = VmappedGradient(model)
+    settings = LocalSettings(learning_rate=0.1)
+    assert backend.chunk_size(engine, model, start, own, settings, data) < backend.chunk_size(engine, model, start, shared, settings, data)
 
 
 # ------------------------------------------------------------------ pieces

@@ -41,6 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from driftlab.algorithms import AlgorithmEntry, register
 from driftlab.algorithms.aggregation import aggregation_weights, weighted_sum
+from driftlab.algorithms.fedavg import ClientMessage, ClientView  # the clients are FedAvg's: θ^{t−1} down, θ_k up
 from driftlab.simulation.seam import NO_CORRECTION, Algorithm, ClientContext, ClientUpdate, GradientCorrection, RoundContext
 
 
@@ -59,13 +60,6 @@ class ServerState:
     momentum: torch.Tensor  # m^t
 
 
-@dataclass(frozen=True)
-class ClientMessage:
-    params: torch.Tensor  # θ_k, one model up
-    num_samples: int
-    multiplicity: int
-
-
 def build(momentum: float = 0.9, aggregation: str = "weighted") -> Algorithm:
     """FedAvg whose server takes a Nesterov momentum step of momentum ``momentum`` (β) on the pseudo-gradient."""
     if not 0 <= momentum < 1:
@@ -75,10 +69,10 @@ def build(momentum: float = 0.9, aggregation: str = "weighted") -> Algorithm:
     def server_init(initial_params: torch.Tensor) -> ServerState:
         return ServerState(initial_params, torch.zeros_like(initial_params))
 
-    def client_objective(server: ServerState, client_state: None, context: ClientContext) -> GradientCorrection:
+    def client_objective(view: ClientView, client_state: None, context: ClientContext) -> GradientCorrection:
         return NO_CORRECTION
 
-    def client_finish(server: ServerState, client_state: None, context: ClientContext, update: ClientUpdate) -> tuple[None, ClientMessage]:
+    def client_finish(view: ClientView, client_state: None, context: ClientContext, update: ClientUpdate) -> tuple[None, ClientMessage]:
         return None, ClientMessage(update.final_params, context.num_samples, context.multiplicity)
 
     def server_update(server: ServerState, messages: Sequence[ClientMessage], context: RoundContext) -> tuple[ServerState, dict[str, float]]:
@@ -90,17 +84,10 @@ def build(momentum: float = 0.9, aggregation: str = "weighted") -> Algorithm:
         params = server.params - context.server_learning_rate * (pseudo_gradient + momentum * new_momentum)
         return ServerState(params, new_momentum), {"momentum_norm": float(torch.linalg.vector_norm(new_momentum))}
 
-    def broadcast(server: ServerState) -> torch.Tensor:
-        return server.params
+    def broadcast(server: ServerState) -> ClientView:
+        return ClientView(server.params)
 
-    return Algorithm(
-        name="nesterov_avg",
-        server_init=server_init,
-        client_objective=client_objective,
-        client_finish=client_finish,
-        server_update=server_update,
-        broadcast=broadcast,
-    )
+    return Algorithm("nesterov_avg", server_init, client_objective, client_finish, server_update, broadcast)
 
 
 def from_config(config: Config, server_optimizer: Any) -> Algorithm:  # noqa: ARG001 - the server step is this module's own

@@ -1,0 +1,254 @@
+"""Reports over finished (or unfinished) runs: the tables and figures the papers use to compare methods.
+
+``make_report(inputs, out_dir)`` reads run directories (``config.json`` +
+``metrics.jsonl`` [+ ``run.json``]), sweep directories (``sweep.json``) or any
+folder holding them, and writes into ``out_dir``::
+
+    report.md       per setting: communication to reach each target, accuracy, local SGD steps, run info, plots
+    targets.csv     rounds, model-equivalents and bits to each target (one row per setting, target, method)
+    savings.csv     the savings ratios of the communication tables (one row per method and baseline)
+    accuracy.csv    final and best test accuracy and BMTA (or train loss and distance) as mean and std over seeds
+    steps.csv       total local SGD steps, steps to each target, and their fraction of the reference method
+    runs.csv        one row per run: directory, seed, status, rounds done, wall time, machine, round it was cut to
+    <setting>-*.png the figures (<setting>: the sweep's directory name for the setting, else its label's slug)
+
+What is measured, and where it comes from:
+
+- Rounds and communication to reach a target test accuracy (FedDyn, Acar et al.
+  2021, Tables 1 and 2): the first *evaluated* round with ``test_accuracy >=
+  target``; communication in model-equivalents relative to one FedAvg round,
+  ``Σ_{t ≤ hit} upload_bits_t / (32 · P · |S_t|)`` (P parameters, |S_t| selected
+  clients), so a SCAFFOLD round counts 2 and a compressed upload a fraction; and
+  the exact bits up and down. A method that never reaches the target gets a
+  "N+" entry (N rounds run) and ratios against it are bounds.
+- Final and best test accuracy as mean ± sample standard deviation over seeds
+  (AdaBest Table 2), and EFL's BMTA, the best over rounds of the mean local
+  test accuracy of the clients.
+- Total local SGD steps and the steps spent to reach a target, as a fraction of
+  a reference method (the decaying-K paper's Table 1).
+- ``‖h‖`` and ``‖θ‖`` per round (AdaBest Figure 1) and FedProx's dissimilarity
+  ``B(θ)²`` and gradient variance (Li et al. 2020, Definition 2, Figure 4).
+
+Curves are means over seeds with a band of ± one sample standard deviation, the
+± of the tables; each caption names what its figure draws. Rows, legends and
+file names use a sweep's own labels. Stand-alone runs of one setting with
+different ``rounds`` are compared up to the shortest one's last round (a note
+names the runs cut); a sweep's runs keep the lengths the sweep planned.
+
+The package reads (``read``: run and sweep directories, no torch), labels stand-alone runs
+(``labels``), computes the tables' numbers and writes them as CSV (``tables``), renders the
+Markdown (``render``) and draws the figures (``plots``, matplotlib on demand). Importing it
+imports no torch: only a run's plugins may.
+
+Example:
+    >>> from driftlab.experiments.report import make_report
+    >>> report = make_report(["driftlab-demo"], "driftlab-demo/report", targets=[0.6])  # doctest: +SKIP
+    >>> print(report.markdown)                                                          # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from driftlab.errors import ConfigError
+from driftlab.experiments.report.labels import algorithm_label, flatten_config, label_standalone
+from driftlab.experiments.report.plots import BAND_LEGEND, BAND_NOTE, ReportFigure, figure_stems, plot_setting, setting_figures, target_style
+from driftlab.experiments.report.read import PendingRun, RunData, Setting, collect, cut_to_shortest, read_metrics, read_run, read_sweep
+from driftlab.experiments.report.render import (
+    accuracy_section,
+    communication_section,
+    cut_note,
+    runs_section,
+    steps_section,
+    sweep_summary,
+)
+from driftlab.experiments.report.tables import (
+    AccuracyRow,
+    Savings,
+    Spread,
+    StepsRow,
+    TargetOutcome,
+    TargetRow,
+    savings,
+    spread,
+    target_outcome,
+    target_row,
+    write_tables,
+)
+from driftlab.experiments.run_directory import METRICS_FILE
+
+
+@dataclass
+class Report:
+    """What ``make_report`` wrote, and the numbers behind it."""
+
+    markdown: str
+    files: list[Path]
+    runs: list[RunData]
+    settings: list[Setting]
+    targets: list[TargetRow]
+    savings: list[Savings]
+    accuracy: list[AccuracyRow]
+    steps: list[StepsRow]
+
+
+def make_report(
+    inputs: Sequence[str | Path],
+    out_dir: str | Path,
+    targets: Sequence[float] | None = None,
+    steps_reference: str | None = None,
+    plots: bool = True,
+) -> Report:
+    """Read the runs under ``inputs`` and write ``report.md``, CSV tables and figures into ``out_dir``.
+
+    Args:
+      inputs: run directories, sweep directories, or folders holding either anywhere beneath them.
+        A run reachable from two inputs counts once.
+      out_dir: where the report goes (created).
+      targets: target test accuracies (fractions); default: the sweeps' targets, else the runs'
+        ``evaluation.target_accuracy``.
+      steps_reference: the method label whose local SGD steps the others are compared with; default:
+        the sweep's ``steps_reference``, else the method with constant local work that spent most steps.
+      plots: write the PNG figures.
+
+    Returns:
+      A ``Report`` with the Markdown text, the files written and every number in the tables.
+
+    Raises:
+      ConfigError: an input that holds no runs, a malformed file (named, with its line), a bad target
+        or an unknown ``steps_reference``.
+    """
+    settings, documents = collect(inputs)
+    runs = [run for setting in settings for run in setting.runs]
+    chosen_targets = _targets_for(targets, documents, runs)
+    requested_reference = _reference_for(steps_reference, documents, settings)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+
+    target_rows: list[TargetRow] = []
+    savings_rows: list[Savings] = []
+    accuracy_rows: list[AccuracyRow] = []
+    step_rows: list[StepsRow] = []
+    files: list[Path] = []
+    lines = ["# driftlab report", ""]
+    sources = ", ".join(f"`{p}`" for p in inputs)
+    lines.append(f"{len(runs)} runs in {len(settings)} setting{'s' if len(settings) != 1 else ''}, read from {sources}.")
+    for document in documents:
+        lines.append(sweep_summary(document, [run for run in runs if run.sweep == str(document.get("name"))]))
+    lines.append("")
+    if chosen_targets and any(s.is_classifier for s in settings):
+        lines += [
+            "Communication is counted as in FedDyn (Acar et al. 2021) Tables 1 and 2: model-equivalents are uploaded bits "
+            "over 32 · parameters · selected clients, summed over rounds, so one FedAvg round counts 1 and one SCAFFOLD round 2; "
+            "bits are exact. A method that did not reach a target shows `N+`: the N rounds (and the communication) it spent "
+            "without reaching it, a lower bound; ratios against it are bounds (`>`, `<`). With several seeds an entry is the mean "
+            "over seeds, each seed that missed the target counted at the rounds it ran, so it is `+` unless every seed reached it. "
+            "The savings column \"vs X\" is X's model-equivalents over this method's.",
+            "",
+        ]
+    unknown_parameters = [run for run in runs if run.num_parameters is None]
+    if unknown_parameters:
+        lines += [f"{len(unknown_parameters)} runs have no run.json (parameter count unknown): their model-equivalent cells are empty.", ""]
+    torn = [run for run in runs if run.torn_line is not None]
+    for run in torn:
+        lines.append(f"`{run.path / METRICS_FILE}` line {run.torn_line} was torn (the run was killed mid-write) and is ignored.")
+    if torn:
+        lines.append("")
+
+    stems = figure_stems(settings)
+    for setting in settings:
+        lines += [f"## {setting.label}", ""]
+        lines += cut_note(setting)
+        by_method: dict[str, dict[float, TargetRow]] = {method: {} for method in setting.methods}
+        if setting.is_classifier:
+            for target in chosen_targets:
+                section, rows, entries = communication_section(setting, target)
+                lines += section
+                target_rows += rows
+                savings_rows += entries
+                for row in rows:
+                    by_method[row.method][target] = row
+            if not chosen_targets:
+                lines += ["No target accuracy given (pass targets, or set evaluation.target_accuracy in the runs): no communication tables.", ""]
+        section, rows = accuracy_section(setting)
+        lines += section
+        accuracy_rows += rows
+        section, rows = steps_section(setting, by_method, chosen_targets if setting.is_classifier else [], requested_reference)
+        lines += section
+        step_rows += rows
+        lines += runs_section(setting)
+
+        if plots:
+            figures = plot_setting(setting, out, chosen_targets if setting.is_classifier else [], stems[setting.label])
+            files += [path for _, path in figures]
+            if figures:
+                lines += ["### Figures", ""]
+                if any(figure.banded for figure, _ in figures):
+                    lines += [BAND_NOTE, ""]
+                for figure, path in figures:
+                    lines += [f"![{setting.label}: {figure.caption}]({path.name})", "", f"*{figure.caption[0].upper()}{figure.caption[1:]}.*", ""]
+
+    markdown = "\n".join(lines).rstrip() + "\n"
+    report_path = out / "report.md"
+    report_path.write_text(markdown)
+    files.insert(0, report_path)
+    files += write_tables(out, target_rows, savings_rows, accuracy_rows, step_rows, chosen_targets, settings)
+    return Report(markdown, files, runs, settings, target_rows, savings_rows, accuracy_rows, step_rows)
+
+
+def _targets_for(targets: Sequence[float] | None, documents: Sequence[dict[str, Any]], runs: Sequence[RunData]) -> list[float]:
+    if targets is not None:
+        chosen = [float(t) for t in targets]
+    elif any(document.get("targets") for document in documents):
+        chosen = [float(t) for document in documents for t in document.get("targets") or ()]
+    else:
+        chosen = [float(run.config["evaluation"]["target_accuracy"]) for run in runs if run.config.get("evaluation", {}).get("target_accuracy") is not None]
+    bad = [t for t in chosen if not 0 < t <= 1]
+    if bad:
+        raise ConfigError(f"target accuracies must be fractions in (0, 1], got {bad}; write 0.97 for 97%")
+    return sorted(set(chosen))
+
+
+def _reference_for(requested: str | None, documents: Sequence[dict[str, Any]], settings: Sequence[Setting]) -> str | None:
+    if requested is not None:
+        methods = {method for setting in settings for method in setting.methods}
+        if requested not in methods:
+            raise ConfigError(f"steps_reference {requested!r} is not a method of these runs; the methods are: {', '.join(sorted(methods))}")
+        return requested
+    return next((document["steps_reference"] for document in documents if document.get("steps_reference")), None)
+
+
+__all__ = [
+    "BAND_LEGEND",
+    "BAND_NOTE",
+    "AccuracyRow",
+    "PendingRun",
+    "Report",
+    "ReportFigure",
+    "RunData",
+    "Savings",
+    "Setting",
+    "Spread",
+    "StepsRow",
+    "TargetOutcome",
+    "TargetRow",
+    "algorithm_label",
+    "collect",
+    "cut_to_shortest",
+    "figure_stems",
+    "flatten_config",
+    "label_standalone",
+    "make_report",
+    "read_metrics",
+    "read_run",
+    "read_sweep",
+    "savings",
+    "setting_figures",
+    "spread",
+    "sweep_summary",
+    "target_outcome",
+    "target_row",
+    "target_style",
+]

@@ -1,0 +1,171 @@
+"""How a report names what it compares: settings and methods of stand-alone runs, from their configs.
+
+A sweep's runs carry the sweep's own labels (``sweep.json``); runs outside a sweep
+are labelled here. Algorithm names come from the built-in table
+(``driftlab.algorithm_labels``, no torch) or, for a plugin's algorithm, from its
+registry entry (its module, imported when the run was read, may import torch).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
+
+from driftlab.algorithm_labels import BUILT_IN_LABELS
+
+if TYPE_CHECKING:
+    from driftlab.experiments.report.read import RunData
+
+
+# FedAvg with another server optimizer is a method of its own in the literature (Reddi et al. 2020, FedOpt).
+SERVER_OPTIMIZER_LABELS = {"momentum": "FedAvgM", "adam": "FedAdam", "adagrad": "FedAdagrad", "yogi": "FedYogi"}
+# Config keys that do not change what a run computes, or only how long it runs: runs differing only
+# in these (and the seed) are seeds of one method.
+IGNORED_KEYS = ("seed", "rounds", "device", "checkpoint_every", "backend", "evaluation.target_accuracy", "log", "plugins")
+# Sections that define the problem rather than the method. The model is included: the same
+# algorithm on another network is another setting, not another row of the same table.
+SETTING_SECTIONS = ("data", "model", "sampling", "availability")
+
+
+def flatten_config(config: dict[str, Any]) -> dict[str, Any]:
+    """``{"client": {"lr": 0.1}}`` -> ``{"client.lr": 0.1}``; values (schedules, lists) stay whole."""
+    flat = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            for sub_key, sub_value in value.items():
+                flat[f"{key}.{sub_key}"] = sub_value
+        else:
+            flat[key] = value
+    return flat
+
+
+def display_value(value: Any) -> str:
+    """A config value as a reader wants it: ``0.01``, ``exponential(initial=10, decay=0.97)``."""
+    if isinstance(value, dict) and "kind" in value:
+        rest = ", ".join(f"{k}={display_value(v)}" for k, v in value.items() if k != "kind")
+        return f"{value['kind']}({rest})"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, sort_keys=True)
+    return str(value)
+
+
+def algorithm_label(flat: dict[str, Any]) -> str:
+    """The method's name as the papers spell it: FedAvg, FedAdam (FedAvg + server Adam), SCAFFOLD, ..."""
+    name = str(flat.get("algorithm.name"))
+    optimizer = flat.get("server.optimizer", "sgd")
+    if name == "fedavg" and optimizer in SERVER_OPTIMIZER_LABELS:
+        return SERVER_OPTIMIZER_LABELS[optimizer]
+    label = _name_label(name)
+    return label if optimizer == "sgd" else f"{label} + server {optimizer}"
+
+
+def _name_label(name: str) -> str:
+    if name in BUILT_IN_LABELS:
+        return BUILT_IN_LABELS[name]
+    from driftlab.algorithms import registry  # a plugin's algorithm: reading its run imported the plugin, which registered it
+
+    return registry.label(name)
+
+
+def _frozen(value: Any) -> str:
+    return json.dumps(value, sort_keys=True)
+
+
+def _split_keys(flat: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(setting keys, method keys) of a flattened config, without the ignored keys."""
+    kept = {k: v for k, v in flat.items() if k not in IGNORED_KEYS}
+    setting = {k: v for k, v in kept.items() if k.split(".")[0] in SETTING_SECTIONS}
+    method = {k: v for k, v in kept.items() if k not in setting}
+    return setting, method
+
+
+def _differing_keys(tables: Sequence[dict[str, Any]]) -> list[str]:
+    keys = sorted({key for table in tables for key in table})
+    return [key for key in keys if len({_frozen(table.get(key)) for table in tables}) > 1]
+
+
+def _describe(table: dict[str, Any], keys: Iterable[str]) -> str:
+    return ", ".join(f"{key}={display_value(table[key])}" for key in keys if key in table)
+
+
+def label_standalone(runs: Sequence[RunData]) -> None:
+    """Give runs outside a sweep a setting and a method label from their configs.
+
+    Runs whose configs agree except for the seed (and rounds, device, backend,
+    checkpointing) are seeds of one method; two of them that claim one seed are
+    told apart by those keys instead: "FedAvg (rounds=50)", "FedAvg (rounds=100)".
+    Settings are told apart by the data/model/sampling/availability keys that
+    differ between runs (else the data set's name); methods by their algorithm's
+    name, plus the keys that differ when several methods share that name:
+    "FedProx (algorithm.mu=0)".
+    """
+    splits = [_split_keys(flatten_config(run.config)) for run in runs]
+    by_data: dict[str, list[int]] = {}
+    for index, (setting, _) in enumerate(splits):
+        by_data.setdefault(display_value(setting.get("data.name", "runs")), []).append(index)
+    # Runs on different data sets are told apart by the data set's name alone; only runs on one
+    # data set need the keys that differ between them ("synthetic, sampling.participation=0.1").
+    for data_name, indices in by_data.items():
+        setting_keys = [key for key in _differing_keys([splits[i][0] for i in indices]) if key != "data.name"]
+        for index in indices:
+            runs[index].setting = ", ".join(filter(None, [data_name, _describe(splits[index][0], setting_keys)]))
+    by_setting: dict[str, list[int]] = {}
+    for index, run in enumerate(runs):
+        by_setting.setdefault(run.setting, []).append(index)
+    for indices in by_setting.values():
+        methods: dict[str, dict[str, Any]] = {}  # frozen method keys -> method keys
+        for index in indices:
+            methods.setdefault(_frozen(splits[index][1]), splits[index][1])
+        by_name: dict[str, list[dict[str, Any]]] = {}
+        for table in methods.values():
+            by_name.setdefault(algorithm_label(table), []).append(table)
+        labels = {}
+        for name, tables in by_name.items():
+            differing = _differing_keys(tables)
+            for table in tables:
+                detail = _describe(table, differing)
+                labels[_frozen(table)] = f"{name} ({detail})" if detail else name
+        for index in indices:
+            runs[index].method = labels[_frozen(splits[index][1])]
+    _split_same_seed_runs(runs)
+
+
+def _split_same_seed_runs(runs: Sequence[RunData]) -> None:
+    """Tell apart runs of one method that claim the same seed by the ignored keys they differ in: "FedAvg (rounds=50)".
+
+    Averaging them as seeds would pass off two runs of one seed as two seeds; a
+    short and a long run of one config are two rows instead (compared up to the
+    shorter one, see ``cut_to_shortest``).
+    """
+    groups: dict[tuple[str, str], list[RunData]] = {}
+    for run in runs:
+        groups.setdefault((run.setting, run.method), []).append(run)
+    for group in groups.values():
+        seeds = [run.seed for run in group]
+        if len(set(seeds)) == len(seeds):
+            continue
+        tables = [{k: v for k, v in flatten_config(run.config).items() if k in IGNORED_KEYS and k != "seed"} for run in group]
+        differing = _differing_keys(tables)
+        for run, table in zip(group, tables):
+            detail = _describe(table, differing)
+            if detail:  # no detail: the same config twice, which ``collect`` refuses
+                run.method = f"{run.method[:-1]}, {detail})" if run.method.endswith(")") else f"{run.method} ({detail})"
+
+
+def method_order(run: RunData) -> tuple:
+    """Papers' order: FedAvg (and its server-optimizer variants), FedProx, SCAFFOLD, FedDyn, AdaBest, EFL, then plugins."""
+    flat = flatten_config(run.config)
+    name = flat.get("algorithm.name")
+    return (_algorithm_rank(name), flat.get("server.optimizer", "sgd") != "sgd", run.method)
+
+
+def _algorithm_rank(name: Any) -> int:
+    built_in = tuple(BUILT_IN_LABELS)
+    if name in built_in:
+        return built_in.index(name)
+    from driftlab.algorithms import registry  # the built-ins first, then plugins in the order they registered
+
+    names = list(registry.ALGORITHMS)
+    return names.index(name) if name in names else len(names)

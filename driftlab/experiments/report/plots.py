@@ -1,0 +1,246 @@
+"""The report's figures: curves per method, the mean over seeds with a ± one-sample-std band.
+
+Test accuracy against rounds and against bits sent (with a line per target),
+training loss (and, for the quadratic, the distance to the minimizer), ``‖h‖``
+and ``‖θ‖`` per round (AdaBest Figure 1), and FedProx's dissimilarity ``B(θ)²``
+and gradient variance (Li et al. 2020, Definition 2, Figure 4). Each caption
+names what its figure draws. matplotlib is imported when a figure is drawn.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from driftlab.experiments.report.read import RunData, Setting
+from driftlab.experiments.report.render import format_target
+from driftlab.experiments.sweep.directory import slug
+
+
+# Target lines: a dash pattern and a grey each, told apart in the legend, in print and without colour.
+TARGET_STYLES = (
+    ("dotted", ":", "black"),
+    ("dashed", "--", "dimgray"),
+    ("dash-dotted", "-.", "black"),
+    ("long-dashed", (0, (8, 4)), "dimgray"),
+    ("densely dotted", (0, (1, 1)), "black"),
+)
+BAND_LEGEND = "shaded: ± 1 sample std over seeds"
+BAND_NOTE = (
+    "Lines are means over seeds; shaded bands are the mean ± one sample standard deviation over seeds "
+    "(ddof = 1, the ± of the tables), drawn where at least two seeds recorded the value."
+)
+# Short names for captions, long ones for the panels' titles.
+PANEL_NAMES = {"drift_norm": "drift norm", "model_norm": "‖θ‖", "dissimilarity_b2": "B(θ)²", "gradient_variance": "gradient variance"}
+
+
+@dataclass(frozen=True)
+class Series:
+    """One method's curve: x, the mean over seeds, and the sample standard deviation (None where under 2 seeds recorded it)."""
+
+    x: list[float]
+    mean: list[float]
+    std: list[float | None]
+
+
+@dataclass
+class ReportFigure:
+    """A figure of one setting, built but not yet saved, and a caption saying what it draws."""
+
+    suffix: str  # the file is <setting>-<suffix>.png
+    caption: str
+    figure: Any  # matplotlib.figure.Figure
+    banded: bool  # whether it shows a ± std band (BAND_NOTE applies)
+
+
+def _series(runs: Sequence[RunData], key: str, x_key: str = "round") -> Series:
+    """Mean and sample standard deviation of ``key`` over seeds at each round where some seed recorded it.
+
+    ``x_key="bits"`` puts the round at the cumulative bits up and down (mean over seeds at that round).
+    """
+    by_round: dict[int, list[tuple[float, float]]] = {}
+    for run in runs:
+        bits = 0
+        for record in run.records:
+            bits += record["upload_bits"] + record["download_bits"]
+            value = record.get(key)
+            if value is None or not math.isfinite(value):
+                continue
+            x = bits if x_key == "bits" else record["round"]
+            by_round.setdefault(record["round"], []).append((x, value))
+    series = Series([], [], [])
+    for round_ in sorted(by_round):
+        points = by_round[round_]
+        values = [v for _, v in points]
+        series.x.append(statistics.fmean(x for x, _ in points))
+        series.mean.append(statistics.fmean(values))
+        series.std.append(statistics.stdev(values) if len(values) >= 2 else None)
+    return series
+
+
+def _draw(axis, setting: Setting, key: str, x_key: str = "round", scale: float = 1.0) -> tuple[bool, bool]:
+    """Plot ``key`` per method, the mean over seeds with a ± sample-std band; whether a line and whether a band were drawn."""
+    drawn = banded = False
+    for method, runs in setting.methods.items():
+        series = _series(runs, key, x_key)
+        if not series.x:
+            continue
+        (line,) = axis.plot(
+            series.x, [scale * m for m in series.mean], label=method + (f" ({len(runs)} seeds)" if len(runs) > 1 else ""), linewidth=1.5,
+            # Markers show where the measurements are when they are sparse (evaluation or dissimilarity every N rounds).
+            marker="o" if len(series.x) <= 30 else None, markersize=3,
+        )
+        if any(std is not None for std in series.std):
+            # NaN leaves a gap where fewer than two seeds recorded the value.
+            low = [math.nan if s is None else scale * (m - s) for m, s in zip(series.mean, series.std)]
+            high = [math.nan if s is None else scale * (m + s) for m, s in zip(series.mean, series.std)]
+            axis.fill_between(series.x, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
+            banded = True
+        drawn = True
+    return drawn, banded
+
+
+def _legend(axis, banded: bool) -> None:
+    from matplotlib.patches import Patch
+
+    handles, labels = axis.get_legend_handles_labels()
+    if banded:
+        handles.append(Patch(facecolor="gray", alpha=0.3, label=BAND_LEGEND))
+        labels.append(BAND_LEGEND)
+    axis.legend(handles, labels, fontsize="small")
+
+
+def _drawable(setting: Setting, key: str) -> bool:
+    """Whether some run recorded a finite ``key`` (what ``_draw`` needs to draw a line)."""
+    return any(isinstance(r.get(key), (int, float)) and math.isfinite(r[key]) for run in setting.runs for r in run.records)
+
+
+def _all_positive(setting: Setting, key: str) -> bool:
+    values = [r[key] for run in setting.runs for r in run.records if key in r and r[key] is not None]
+    return bool(values) and all(v > 0 for v in values)
+
+
+def target_style(index: int) -> tuple[str, Any, str, float]:
+    """(name, dash pattern, colour, width) of the ``index``-th target line; every index gets its own."""
+    name, dash, colour = TARGET_STYLES[index % len(TARGET_STYLES)]
+    extra = index // len(TARGET_STYLES)
+    return (f"{'thick ' * extra}{name}", dash, colour, 1.2 + 1.0 * extra)
+
+
+def _captioned(what: str, banded: bool) -> str:
+    return what + ("; lines: mean over seeds, shaded: ± 1 sample std" if banded else "")
+
+
+def setting_figures(setting: Setting, targets: Sequence[float]) -> list[ReportFigure]:
+    """The figures of one setting whose data exists, each captioned from what was actually drawn on it."""
+    # The object-oriented API needs no pyplot state or backend switch, so a report made
+    # inside a notebook leaves its plotting setup alone.
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    figures: list[ReportFigure] = []
+
+    def panel(axis, key: str, title: str, ylabel: str, x_key: str = "round", scale: float = 1.0, log_y: bool = False) -> bool:
+        """Draw one quantity on ``axis``; whether it has a ± std band."""
+        _, banded = _draw(axis, setting, key, x_key, scale)
+        axis.set_title(title)
+        axis.set_xlabel("cumulative bits sent (upload + download)" if x_key == "bits" else "communication round")
+        axis.set_ylabel(ylabel)
+        if x_key == "bits":
+            axis.set_xscale("log")
+        else:
+            axis.xaxis.set_major_locator(MaxNLocator(integer=True))
+        if log_y and _all_positive(setting, key):
+            axis.set_yscale("log")
+        axis.grid(alpha=0.3, which="both")
+        return banded
+
+    if setting.is_classifier and _drawable(setting, "test_accuracy"):
+        for suffix, x_key, what in (("accuracy", "round", "rounds"), ("accuracy-vs-bits", "bits", "bits sent")):
+            figure = Figure(figsize=(7, 4.5))
+            axis = figure.subplots()
+            banded = panel(axis, "test_accuracy", f"{setting.label}: test accuracy vs {what}", "test accuracy (%)", x_key, scale=100)
+            styles = []
+            for index, target in enumerate(targets):
+                name, dash, colour, width = target_style(index)
+                axis.axhline(100 * target, color=colour, linestyle=dash, linewidth=width, label=f"target {format_target(target)}")
+                styles.append(f"{format_target(target)} {name}")
+            _legend(axis, banded)
+            caption = _captioned(f"test accuracy vs {what}", banded)
+            if styles:
+                caption += f"; target {'lines' if len(styles) > 1 else 'line'}: {', '.join(styles)}"
+            figures.append(ReportFigure(suffix, caption, figure, banded))
+    # Training loss is what FedProx's Figure 1 plots; for the quadratic, also the distance to x*.
+    curves = [("train_loss", "loss", "train loss")]
+    if not setting.is_classifier:
+        curves.append(("distance_to_minimizer", "distance", "distance to the minimizer ‖θ − x*‖"))
+    for key, suffix, ylabel in curves:
+        if _drawable(setting, key):
+            figure = Figure(figsize=(7, 4.5))
+            axis = figure.subplots()
+            # Log scale only when every value is positive: the quadratic's objective ½zx² − x is negative near x*.
+            banded = panel(axis, key, f"{setting.label}: {ylabel} vs rounds", ylabel, log_y=True)
+            _legend(axis, banded)
+            figures.append(ReportFigure(suffix, _captioned(f"{ylabel} vs rounds", banded), figure, banded))
+
+    for suffix, panels in (
+        ("norms", (("drift_norm", "drift norm (‖c‖, ‖mean λ_k‖ or ‖h‖: docs/algorithms.md)", "drift norm"), ("model_norm", "norm of the server model ‖θ‖", "‖θ‖"))),
+        (
+            "dissimilarity",
+            (("dissimilarity_b2", "dissimilarity B(θ)²", "B(θ)²"), ("gradient_variance", "gradient variance E‖∇F_k − ∇f‖²", "E‖∇F_k − ∇f‖²")),
+        ),
+    ):
+        present = [(key, title, ylabel) for key, title, ylabel in panels if _drawable(setting, key)]
+        if not present:
+            continue
+        figure = Figure(figsize=(6 * len(present), 4.5))
+        axes = figure.subplots(1, len(present), squeeze=False)[0]
+        banded = False
+        for axis, (key, title, ylabel) in zip(axes, present):
+            panel_banded = panel(axis, key, f"{setting.label}: {title}", ylabel, log_y=True)
+            _legend(axis, panel_banded)
+            banded = banded or panel_banded
+        what = " and ".join(PANEL_NAMES[key] for key, _, _ in present) + " vs rounds"
+        figures.append(ReportFigure(suffix, _captioned(what, banded), figure, banded))
+    return figures
+
+
+def plot_setting(setting: Setting, out_dir: Path, targets: Sequence[float], stem: str | None = None) -> list[tuple[ReportFigure, Path]]:
+    """Save the figures of one setting as ``<stem>-<suffix>.png`` (stem: the setting's slug); (figure, path) of each."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    written = []
+    for item in setting_figures(setting, targets):
+        item.figure.tight_layout()
+        path = out_dir / f"{stem or slug(setting.label)}-{item.suffix}.png"
+        FigureCanvasAgg(item.figure)
+        item.figure.savefig(path, dpi=120)
+        written.append((item, path))
+    return written
+
+
+_SAFE_STEM = re.compile(r"[a-z0-9][a-z0-9.+_-]*")
+
+
+def figure_stems(settings: Sequence[Setting]) -> dict[str, str]:
+    """A file-name stem per setting, unique within the report.
+
+    A sweep's setting keeps its directory name under ``runs/`` (the sweep's planning makes it
+    safe and unique: ``lr=-1`` and ``lr=1`` differ); other settings use the slug
+    of their label, numbered when two slugs collide.
+    """
+    stems: dict[str, str] = {}
+    used: set[str] = set()
+    for setting in settings:
+        directory = next((run.setting_dir for run in setting.runs if run.setting_dir), None)
+        base = directory if directory and _SAFE_STEM.fullmatch(directory) else slug(setting.label)
+        stem, number = base, 2
+        while stem in used:
+            stem, number = f"{base}-{number}", number + 1
+        used.add(stem)
+        stems[setting.label] = stem
+    return stems

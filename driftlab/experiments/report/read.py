@@ -1,0 +1,358 @@
+"""Reading run and sweep directories: what the report compares, grouped by setting, method and seed.
+
+A run directory holds ``config.json``, ``metrics.jsonl`` and (since it exists)
+``run.json``; a sweep directory ``sweep.json``, whose labels the sweep's runs keep.
+A metrics file torn by a kill mid-write is read up to its torn last line. Runs
+outside a sweep are labelled from their configs (``labels``); those of one
+setting with different ``rounds`` are cut to the shortest one's last round.
+Imports no torch (a run's plugins are imported, and they may).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from driftlab.errors import ConfigError
+from driftlab.experiments.report.labels import algorithm_label, flatten_config, label_standalone, method_order
+from driftlab.experiments.run_directory import CONFIG_FILE, METRICS_FILE, RUN_INFO_FILE
+from driftlab.experiments.sweep.directory import SWEEP_FILE
+
+
+REQUIRED_RECORD_KEYS = ("round", "num_selected", "local_steps", "upload_bits", "download_bits")
+
+
+@dataclass
+class RunData:
+    """One run directory as the report reads it, and where the report puts it (setting, method, seed)."""
+
+    path: Path
+    config: dict[str, Any]
+    records: list[dict[str, Any]]
+    info: dict[str, Any] | None  # run.json; None for runs written before it existed
+    setting: str = ""
+    method: str = ""
+    seed: int = 0
+    torn_line: int | None = None  # 1-based line of metrics.jsonl dropped because a kill tore it
+    sweep: str | None = None
+    # Rounds done before the report cut this run to the shortest run it is compared with (None: not cut).
+    truncated_from: int | None = None
+    setting_dir: str | None = None  # the sweep's directory name for the setting: a safe, unique file name
+
+    @property
+    def rounds_done(self) -> int:
+        """The last round the report uses (after a cut to the shortest compared run)."""
+        return self.records[-1]["round"] if self.records else 0
+
+    @property
+    def rounds_planned(self) -> int:
+        return int(self.config.get("rounds", self.rounds_done))
+
+    @property
+    def rounds_compared(self) -> int:
+        """The rounds this run is compared over: its planned rounds, or the round it was cut to."""
+        return self.rounds_done if self.truncated_from is not None else self.rounds_planned
+
+    @property
+    def status(self) -> str:
+        """run.json's status; without run.json, complete when every planned round is in the metrics."""
+        if self.info is not None and "status" in self.info:
+            return str(self.info["status"])
+        return "complete" if self.rounds_done >= self.rounds_planned else "unfinished"
+
+    @property
+    def finished(self) -> bool:
+        if self.truncated_from is not None:
+            return True  # it ran every compared round and more
+        return self.status in ("complete", "diverged", "failed") and not (self.status == "complete" and self.rounds_done < self.rounds_planned)
+
+    @property
+    def stopped_early(self) -> bool:
+        """Whether the run ended before the rounds it is compared over (diverged, interrupted, failed)."""
+        return self.truncated_from is None and not (self.status == "complete" and self.rounds_done >= self.rounds_planned)
+
+    @property
+    def num_parameters(self) -> int | None:
+        value = (self.info or {}).get("num_parameters")
+        return int(value) if value else None
+
+    @property
+    def diverged_at(self) -> int | None:
+        """The round whose update made the server model non-finite (the runner records the rounds before it)."""
+        return self.rounds_done + 1 if self.status == "diverged" and self.truncated_from is None else None
+
+    @property
+    def is_classifier(self) -> bool:
+        return any("test_accuracy" in r for r in self.records)
+
+    @property
+    def machine(self) -> str:
+        """The processor and torch threads run.json records ("unknown" without them)."""
+        machine = (self.info or {}).get("machine") or {}
+        if not machine:
+            return "unknown"
+        threads = machine.get("torch_threads")
+        return f"{machine.get('processor', 'unknown')}, {threads} threads" if threads else str(machine.get("processor", "unknown"))
+
+
+@dataclass(frozen=True)
+class PendingRun:
+    """A run a sweep planned that has no metrics yet."""
+
+    path: Path
+    setting: str
+    method: str
+    seed: int
+
+
+@dataclass
+class Setting:
+    label: str
+    methods: dict[str, list[RunData]]  # method label -> its runs (seeds), in report order
+    pending: list[PendingRun] = field(default_factory=list)
+    cut_round: int | None = None  # stand-alone runs of different lengths are compared up to this round
+
+    @property
+    def runs(self) -> list[RunData]:
+        return [run for runs in self.methods.values() for run in runs]
+
+    @property
+    def is_classifier(self) -> bool:
+        return any(run.is_classifier for run in self.runs)
+
+
+# ---------------------------------------------------------------- reading
+
+
+def read_json_file(path: Path) -> Any:
+    """A JSON file's content; a ConfigError naming the file and line when it is unreadable or malformed."""
+    try:
+        text = path.read_text()
+    except OSError as error:
+        raise ConfigError(f"cannot read {path}: {error.strerror or error}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ConfigError(
+            f"{path} is not valid JSON (line {error.lineno}, column {error.colno}: {error.msg}); "
+            "repair or delete the file (a run directory's files are rewritten by `driftlab run ... --resume`)"
+        ) from None
+
+
+def read_metrics(path: Path) -> tuple[list[dict[str, Any]], int | None]:
+    """The per-round records of ``metrics.jsonl`` and the line of a torn last record (None if intact).
+
+    A run killed mid-write leaves a partial last line; the rounds before it are
+    sound (the runner appends a round only once it is complete), so the report
+    reads up to it. A malformed line anywhere else means a damaged file.
+    """
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as error:
+        raise ConfigError(f"cannot read {path}: {error.strerror or error}") from None
+    numbered = [(number, line) for number, line in enumerate(lines, start=1) if line.strip()]
+    records, torn = [], None
+    for position, (number, line) in enumerate(numbered):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            if position == len(numbered) - 1:
+                torn = number
+                break
+            raise ConfigError(
+                f"{path} line {number} is not valid JSON ({error.msg}, column {error.colno}); only a torn last line "
+                "is skipped, so the file is damaged: resume the run to rewrite it, or delete the run directory"
+            ) from None
+        missing = [key for key in REQUIRED_RECORD_KEYS if not isinstance(record, dict) or key not in record]
+        if missing:
+            raise ConfigError(f"{path} line {number} lacks {', '.join(missing)}; is this a driftlab metrics file?")
+        records.append(record)
+    return records, torn
+
+
+def read_run(path: Path) -> RunData:
+    """A run directory's config, metrics and (when present) run.json."""
+    config = read_json_file(path / CONFIG_FILE)
+    algorithm = config.get("algorithm") if isinstance(config, dict) else None
+    if not isinstance(algorithm, dict) or "name" not in algorithm:
+        raise ConfigError(f"{path / CONFIG_FILE} has no algorithm.name; is this a driftlab run directory?")
+    if config.get("plugins"):
+        # The plugins the run used: their algorithms are labelled as their registry entries say. Only then is
+        # the config module (and the registry, and torch) imported: the built-ins' labels need neither.
+        from driftlab.experiments.config import with_plugins_loaded
+
+        try:
+            with_plugins_loaded(config)
+        except ConfigError as error:
+            raise ConfigError(f"{path / CONFIG_FILE}: {error}") from None
+    records, torn = read_metrics(path / METRICS_FILE)
+    info_path = path / RUN_INFO_FILE
+    info = read_json_file(info_path) if info_path.exists() else None
+    return RunData(path=path, config=config, records=records, info=info, seed=int(config.get("seed", 0)), torn_line=torn)
+
+
+def is_run_dir(path: Path) -> bool:
+    return (path / CONFIG_FILE).is_file() and (path / METRICS_FILE).is_file()
+
+
+def find_sources(root: Path) -> tuple[list[Path], list[Path]]:
+    """Sweep directories and stand-alone run directories at or beneath ``root`` (a sweep's runs belong to it)."""
+    if (root / SWEEP_FILE).is_file():
+        return [root], []
+    if is_run_dir(root):
+        return [], [root]
+    sweeps, runs = [], []
+    for child in sorted(p for p in root.iterdir() if p.is_dir()):
+        child_sweeps, child_runs = find_sources(child)
+        sweeps += child_sweeps
+        runs += child_runs
+    return sweeps, runs
+
+
+def _setting_dir(entry: dict[str, Any]) -> str | None:
+    """The setting's part of a sweep run's directory, ``runs/<setting>/<method>/seed-<s>`` (None without setting axes)."""
+    parts = str(entry["dir"]).split("/")
+    return parts[1] if entry.get("setting") and len(parts) == 4 and parts[0] == "runs" else None
+
+
+def read_sweep(path: Path) -> tuple[dict[str, Any], list[RunData], list[PendingRun]]:
+    """A sweep's document, its runs labelled by setting/method/seed as sweep.json says, and the planned runs not started."""
+    sweep_file = path / SWEEP_FILE
+    document = read_json_file(sweep_file)
+    if not isinstance(document, dict) or not isinstance(document.get("runs"), list):
+        raise ConfigError(f"{sweep_file} has no list of runs; is this a sweep directory written by `driftlab sweep`?")
+    if document.get("format", 1) != 1:
+        raise ConfigError(f"{sweep_file} has format {document.get('format')!r}; this driftlab reads format 1 (upgrade driftlab)")
+    name = str(document.get("name") or path.name)
+    runs, pending = [], []
+    for index, entry in enumerate(document["runs"]):
+        if not isinstance(entry, dict) or "dir" not in entry:
+            raise ConfigError(f"{sweep_file}: runs[{index}] has no 'dir'")
+        # A sweep without setting axes compares its methods in one setting named after the sweep.
+        setting = str(entry.get("setting") or name)
+        run_dir = path / entry["dir"]
+        if not is_run_dir(run_dir):
+            pending.append(PendingRun(run_dir, setting, str(entry.get("method", "")), int(entry.get("seed", 0))))
+            continue
+        run = read_run(run_dir)
+        run.setting, run.method, run.sweep = setting, str(entry.get("method") or algorithm_label(flatten_config(run.config))), name
+        run.seed = int(entry.get("seed", run.seed))
+        run.setting_dir = _setting_dir(entry)
+        runs.append(run)
+    return document, runs, pending
+
+
+def cut_to_shortest(runs: Sequence[RunData]) -> int | None:
+    """Cut runs of different lengths to the shortest one's planned rounds; the round they were cut to, or None.
+
+    Final accuracy at round 50 against final accuracy at round 100 compares
+    lengths, not methods. A cut run keeps its records up to that round and says
+    how far it really got (``truncated_from``).
+    """
+    if len({run.rounds_planned for run in runs}) < 2:
+        return None
+    cut = min(run.rounds_planned for run in runs)
+    for run in runs:
+        if run.rounds_done > cut:
+            run.truncated_from = run.rounds_done
+            run.records = [record for record in run.records if record["round"] <= cut]
+    return cut
+
+
+# ---------------------------------------------------------------- discovery
+
+
+def collect(inputs: Sequence[str | Path]) -> tuple[list[Setting], list[dict[str, Any]]]:
+    """The settings (with methods and seeds in report order) of every run under ``inputs``, and the sweep documents."""
+    if not inputs:
+        raise ConfigError("no inputs: pass run directories, sweep directories or folders that hold them")
+    sweep_dirs, run_dirs = [], []
+    for raw in inputs:
+        path = Path(raw).expanduser()
+        if path.is_file() and path.name in (CONFIG_FILE, METRICS_FILE, RUN_INFO_FILE, SWEEP_FILE):
+            path = path.parent  # a run's or sweep's own file stands for its directory
+        if not path.exists():
+            raise ConfigError(f"{raw}: no such directory; pass a run directory, a sweep directory or a folder that holds them")
+        if not path.is_dir():
+            raise ConfigError(f"{raw} is a file; pass the run or sweep directory (or a folder holding run directories)")
+        found_sweeps, found_runs = find_sources(path)
+        if not found_sweeps and not found_runs:
+            raise ConfigError(
+                f"{raw} is not a run directory (config.json + metrics.jsonl), not a sweep directory (sweep.json), "
+                "and holds none beneath it; point at the --out directory of `driftlab run`, `driftlab sweep` or `driftlab demo`"
+            )
+        sweep_dirs += found_sweeps
+        run_dirs += found_runs
+
+    documents, seen = [], set()
+    labelled: list[RunData] = []
+    pending: list[PendingRun] = []
+    for sweep_dir in _unique(sweep_dirs):
+        document, runs, planned = read_sweep(sweep_dir)
+        documents.append(document)
+        for run in runs:
+            if run.path.resolve() not in seen:  # two inputs can reach the same run
+                seen.add(run.path.resolve())
+                labelled.append(run)
+        pending += planned
+    # Runs picked out of a sweep (its runs/iid folder, say) keep the sweep's labels rather than raw config keys.
+    loose = [path for path in _unique(run_dirs) if path.resolve() not in seen]
+    for sweep_dir in _unique(filter(None, (_enclosing_sweep(path) for path in loose))):
+        wanted = {path.resolve() for path in loose}
+        try:
+            document, runs, _ = read_sweep(sweep_dir)
+        except ConfigError:
+            continue  # a damaged sweep.json above them: label them as stand-alone runs
+        picked = [run for run in runs if run.path.resolve() in wanted and run.path.resolve() not in seen]
+        if picked:
+            documents.append(document)
+            seen.update(run.path.resolve() for run in picked)
+            labelled += picked
+    standalone = [read_run(path) for path in loose if path.resolve() not in seen]
+    label_standalone(standalone)
+    # Settings in the order their first run was found; methods in the papers' order within them.
+    setting_order = {label: index for index, label in reversed(list(enumerate(run.setting for run in standalone)))}
+    standalone.sort(key=lambda run: (setting_order[run.setting], method_order(run)))
+    if not labelled and not standalone:
+        planned = f" ({len(pending)} planned runs have not started: run the sweep first)" if pending else ""
+        raise ConfigError(f"no runs found under {', '.join(map(str, inputs))}{planned}")
+
+    settings: dict[str, Setting] = {}
+    for run in [*labelled, *standalone]:
+        setting = settings.setdefault(run.setting, Setting(run.setting, {}))
+        setting.methods.setdefault(run.method, []).append(run)
+    for planned_run in pending:
+        settings.setdefault(planned_run.setting, Setting(planned_run.setting, {})).pending.append(planned_run)
+    for setting in settings.values():
+        for method, runs in setting.methods.items():
+            runs.sort(key=lambda run: run.seed)
+            for first, second in zip(runs, runs[1:]):
+                if first.seed == second.seed:
+                    # Averaging them would pass off two different runs (say, two scales of one sweep) as seeds.
+                    where = f" in setting {setting.label!r}" if setting.label else ""
+                    raise ConfigError(
+                        f"{first.path} and {second.path} are both seed {first.seed} of {method!r}{where} "
+                        "(two sweeps with the same labels, or one run copied twice); report them separately"
+                    )
+        # A sweep plans its runs' lengths (some give each method its own); stand-alone runs are compared like with like.
+        setting.cut_round = cut_to_shortest([run for run in setting.runs if run.sweep is None])
+    return [s for s in settings.values() if s.methods], documents
+
+
+def _enclosing_sweep(run_dir: Path) -> Path | None:
+    """The sweep directory above ``run_dir``, if any (its sweep.json may or may not list the run)."""
+    for parent in run_dir.resolve().parents:
+        if (parent / SWEEP_FILE).is_file():
+            return parent
+    return None
+
+
+def _unique(paths: Iterable[Path]) -> list[Path]:
+    seen, unique = set(), []
+    for path in paths:
+        if path.resolve() not in seen:
+            seen.add(path.resolve())
+            unique.append(path)
+    return unique

@@ -1,0 +1,299 @@
+"""The report as text: number formats, Markdown tables, and the sections of ``report.md``.
+
+Per setting: communication to reach each target (FedDyn Tables 1 and 2; ``N+``
+marks a lower bound, ``>``/``<`` a bounded ratio), accuracy (or loss and distance
+for a non-classifier) as mean ± sample standard deviation over seeds, local SGD
+steps against a reference method, and the runs behind them (seeds, rounds, status,
+wall time, machine); a sweep's own description and what was actually run lead.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any, Iterable, Sequence
+
+from driftlab.experiments.report.read import RunData, Setting
+from driftlab.experiments.report.tables import (
+    AccuracyRow,
+    Savings,
+    Spread,
+    StepsRow,
+    TargetRow,
+    accuracy_row,
+    choose_steps_reference,
+    savings,
+    steps_rows,
+    target_row,
+)
+
+
+def format_bits(bits: float) -> str:
+    """Bits in engineering units, three significant digits: ``1.27 Gbit``, ``58.6 kbit``, ``640 bit``."""
+    for factor, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(bits) >= factor:
+            return f"{bits / factor:.3g} {prefix}bit"
+    return f"{bits:.3g} bit"
+
+
+def format_percent(value: Spread | None) -> str:
+    """``97.21 ± 0.08%`` over seeds, ``97.21%`` for one seed, ``—`` when never measured."""
+    return _format_spread(value, ".2f", ".2f", scale=100, unit="%")
+
+
+def format_number(value: Spread | None) -> str:
+    """``0.3412 ± 0.012`` over seeds, ``0.3412`` for one seed, ``—`` when never measured."""
+    return _format_spread(value, ".4g", ".2g")
+
+
+def _format_spread(value: Spread | None, mean_format: str, std_format: str, scale: float = 1, unit: str = "") -> str:
+    if value is None:
+        return "—"
+    mean = format(scale * value.mean, mean_format)
+    if value.std is None:
+        return mean + unit
+    return f"{mean} ± {format(scale * value.std, std_format)}{unit}"
+
+
+def format_count(value: float) -> str:
+    """Whole numbers as such (``9``), means over seeds with one decimal (``9.5``)."""
+    return str(int(value)) if float(value).is_integer() else f"{value:.1f}"
+
+
+def format_target(target: float) -> str:
+    return f"{100 * target:g}%"
+
+
+def format_savings(entry: Savings) -> str:
+    """``3.4×``; ``>3.4×`` against a baseline that never reached the target; ``<3.4×`` for one that did not reach it itself."""
+    if entry.ratio is None:
+        return "—"
+    prefix = "" if entry.bound == "=" else entry.bound
+    return f"{prefix}{entry.ratio:.1f}×"
+
+
+def format_seconds(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def markdown_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
+    cells = [list(header), ["---"] * len(header), *[list(row) for row in rows]]
+    return "\n".join("| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in cells)
+
+
+def target_cells(row: TargetRow) -> tuple[str, str, str, str]:
+    """Rounds, model-equivalents, upload and download of a row, with "+" on lower bounds."""
+    plus = "+" if row.lower_bound else ""
+    if row.diverged_at is not None:
+        rounds = f"diverged at round {row.diverged_at}"
+    else:
+        rounds = f"{format_count(row.rounds)}{plus}"
+    equivalents = "" if row.model_equivalents is None else f"{row.model_equivalents:.1f}{plus}"
+    return rounds, equivalents, f"{format_bits(row.upload_bits)}{plus}", f"{format_bits(row.download_bits)}{plus}"
+
+
+def target_note(row: TargetRow, runs: Sequence[RunData]) -> str:
+    notes = []
+    if row.seeds > 1 and 0 < row.seeds_reached < row.seeds:
+        notes.append(f"{row.seeds_reached}/{row.seeds} seeds reached")
+    elif row.seeds_reached == 0:
+        notes.append("not reached" if row.seeds == 1 else f"0/{row.seeds} seeds reached")
+    if row.seeds_diverged:
+        notes.append(f"{row.seeds_diverged}/{row.seeds} diverged")
+    unfinished = sum(not run.finished for run in runs)
+    if unfinished:
+        notes.append(f"{unfinished} unfinished")
+    return "; ".join(notes)
+
+
+# ---------------------------------------------------------------- sections
+
+
+def sweep_summary(document: dict[str, Any], runs: Sequence[RunData]) -> str:
+    """A sweep's name, base, scale and description, then what was actually run: rounds and seeds read from its runs.
+
+    A sweep file's description speaks of its default scale ("200 rounds, about 10
+    minutes"); sweep.json keeps it apart from a note of what this sweep changed
+    (``run_note``: the scale, command-line overrides). Older sweep.json files have
+    the description alone, so the rounds and seeds of the runs themselves are always stated.
+    """
+    if "spec_description" in document:
+        description, note = document.get("spec_description") or "", str(document.get("run_note") or "")
+    else:
+        description, note = document.get("description") or "", ""
+    description = " ".join(str(description).split()) or _axes_description(document)
+    line = f"Sweep **{document.get('name', '')}** (base `{document.get('base', '')}`, scale {document.get('scale', 'default')}): {description}"
+    if note:
+        line += f" *{note}*"
+    as_run = _as_run(document, runs)
+    return f"{line} As run: {as_run}." if as_run else line
+
+
+def _axes_description(document: dict[str, Any]) -> str:
+    """``algorithm.mu ∈ {mu=0, mu=1}; seeds 0, 1`` for a sweep without a description (a --grid sweep of an older driftlab)."""
+    axes = [axis for axis in document.get("axes") or [] if isinstance(axis, dict)]
+    grid = " × ".join(f"{axis.get('name')} ∈ {{{', '.join(str(v.get('label')) for v in axis.get('values') or [] if isinstance(v, dict))}}}" for axis in axes)
+    return f"grid {grid}." if grid else "(no description)."
+
+
+def _as_run(document: dict[str, Any], runs: Sequence[RunData]) -> str:
+    """``20 rounds, seeds 0, 1`` or ``10 rounds (FedDyn, SCAFFOLD), 32 rounds (FedAvg); seed 0``, from the runs' configs."""
+    by_rounds: dict[int, list[str]] = {}
+    for run in runs:
+        methods = by_rounds.setdefault(run.rounds_planned, [])
+        if run.method not in methods:
+            methods.append(run.method)
+    if len(by_rounds) == 1:
+        rounds = f"{next(iter(by_rounds))} rounds"
+    else:
+        rounds = ", ".join(f"{n} rounds ({', '.join(methods)})" for n, methods in sorted(by_rounds.items()))
+    seeds = document.get("seeds") if isinstance(document.get("seeds"), list) else sorted({run.seed for run in runs})
+    seeds_text = f"seed{'s' if len(seeds) != 1 else ''} {', '.join(map(str, seeds))}" if seeds else ""
+    return "; ".join(filter(None, [rounds if runs else "", seeds_text]))
+
+
+def cut_note(setting: Setting) -> list[str]:
+    """Which runs the report cut to the shortest run's length, and how long they really ran."""
+    cut = [run for run in setting.runs if run.truncated_from is not None]
+    if not cut:
+        return []
+    listed = "; ".join(f"`{run.path}` ({run.method}, seed {run.seed}, ran {run.truncated_from} rounds)" for run in cut)
+    return [
+        f"These runs have different lengths, so every number and figure below compares them up to round {setting.cut_round}, "
+        f"the last round of the shortest. Cut to round {setting.cut_round}: {listed}.",
+        "",
+    ]
+
+
+def _incomplete_note(runs: Sequence[RunData]) -> str:
+    """`` (1 diverged at round 71)``: "final" numbers of a run that stopped early are not final."""
+    notes = [
+        f"diverged at round {run.diverged_at}" if run.status == "diverged" else f"{run.status} at round {run.rounds_done}"
+        for run in runs
+        if run.stopped_early
+    ]
+    return f" ({'; '.join(notes)})" if notes else ""
+
+
+def _status_summary(runs: Sequence[RunData], pending: int) -> str:
+    counts: dict[str, int] = {}
+    for run in runs:
+        if run.truncated_from is not None:
+            status = f"cut to round {run.rounds_done}"
+        else:
+            status = run.status if run.finished else "unfinished" if run.status == "complete" else run.status
+        counts[status] = counts.get(status, 0) + 1
+    if pending:
+        counts["not started"] = pending
+    return ", ".join(f"{n} {status}" for status, n in counts.items())
+
+
+def communication_section(setting: Setting, target: float) -> tuple[list[str], list[TargetRow], list[Savings]]:
+    """FedDyn Tables 1-2 for one target: rounds, model-equivalents and bits per method, and every pairwise saving."""
+    rows = [target_row(setting.label, method, method_runs, target) for method, method_runs in setting.methods.items()]
+    entries, table = [], []
+    for row in rows:
+        ratios = []
+        for baseline in rows:
+            if baseline.method == row.method:
+                ratios.append("·")
+                continue
+            entry = savings(row, baseline)
+            entries.append(entry)
+            ratios.append(format_savings(entry))
+        table.append([row.method, *target_cells(row), *ratios, target_note(row, setting.methods[row.method])])
+    header = ["method", "rounds", "model-equivalents", "upload", "download", *(f"vs {row.method}" for row in rows), "note"]
+    lines = [f"### Communication to reach {format_target(target)} test accuracy", "", markdown_table(header, table), ""]
+    return lines, rows, entries
+
+
+def accuracy_section(setting: Setting) -> tuple[list[str], list[AccuracyRow]]:
+    """Final and best accuracy and BMTA (AdaBest Table 2, EFL Table 2), or loss and distance for a non-classifier."""
+    rows = [accuracy_row(setting.label, method, method_runs) for method, method_runs in setting.methods.items()]
+    if setting.is_classifier:
+        show_bmta = any(row.best_client_accuracy for row in rows)
+        header = [
+            "method", "seeds", "final test accuracy", "best test accuracy",
+            *(["best mean client test accuracy (BMTA)"] if show_bmta else []), "final train loss",
+        ]
+        table = [
+            [row.method, str(row.seeds), format_percent(row.final_accuracy), format_percent(row.best_accuracy),
+             *([format_percent(row.best_client_accuracy)] if show_bmta else []), format_number(row.final_train_loss)]
+            for row in rows
+        ]
+        note = "Mean ± sample standard deviation over seeds (AdaBest Table 2)."
+        for row, method_runs in zip(table, setting.methods.values()):
+            row[0] += _incomplete_note(method_runs)
+        if show_bmta:
+            note += " BMTA is EFL's best over rounds of the mean local test accuracy of the clients."
+        title = "### Accuracy"
+    else:
+        header = ["method", "seeds", "final train loss", "final distance to the minimizer"]
+        table = [
+            [row.method + _incomplete_note(method_runs), str(row.seeds), format_number(row.final_train_loss), format_number(row.final_distance)]
+            for row, method_runs in zip(rows, setting.methods.values())
+        ]
+        note, title = "Mean ± sample standard deviation over seeds.", "### Loss and distance"
+    return [title, "", note, "", markdown_table(header, table), ""], rows
+
+
+def steps_section(
+    setting: Setting, by_method: dict[str, dict[float, TargetRow]], targets: Sequence[float], requested_reference: str | None
+) -> tuple[list[str], list[StepsRow]]:
+    """Total local SGD steps and steps to each target, as fractions of the reference method's (decaying-K Table 1)."""
+    reference = choose_steps_reference(setting, requested_reference)
+    rows = steps_rows(setting, by_method if targets else {}, reference)
+    header = ["method", "total local steps", f"fraction of {reference}"]
+    for target in targets:
+        header += [f"steps to {format_target(target)}", "fraction"]
+    table = []
+    for row in rows:
+        cells = [row.method, format_count(round(row.total_steps, 1)), _format_fraction(row.total_fraction)]
+        for target in targets:
+            to_target = row.to_target[target]
+            plus = "+" if to_target.lower_bound else ""
+            cells += [f"{format_count(round(to_target.local_steps, 1))}{plus}", _format_fraction(row.target_fraction[target])]
+        table.append(cells)
+    lines = [
+        "### Local SGD steps",
+        "",
+        f"Total local SGD steps over all clients and rounds (mean over seeds), as in the decaying-K paper's Table 1, relative to {reference}.",
+        "",
+        markdown_table(header, table),
+        "",
+    ]
+    return lines, rows
+
+
+def runs_section(setting: Setting) -> list[str]:
+    """Seeds, rounds, status, wall time, parameter count and machine per method: what a reproduction note cites."""
+    pending_by_method: dict[str, int] = {}
+    for planned in setting.pending:
+        pending_by_method[planned.method] = pending_by_method.get(planned.method, 0) + 1
+    table = []
+    for method, method_runs in setting.methods.items():
+        walls = [float(run.info["wall_seconds"]) for run in method_runs if run.info and run.info.get("wall_seconds") is not None]
+        done = sorted({run.rounds_done for run in method_runs})
+        planned_rounds = max(run.rounds_compared for run in method_runs)
+        done_text = f"{done[0]}" if len(done) == 1 else f"{done[0]}–{done[-1]}"
+        parameters = {run.num_parameters for run in method_runs} - {None}
+        table.append([
+            method,
+            ", ".join(str(run.seed) for run in method_runs),
+            f"{done_text}/{planned_rounds}",
+            _status_summary(method_runs, pending_by_method.pop(method, 0)),
+            format_seconds(statistics.fmean(walls)) if walls else "—",
+            ", ".join(str(p) for p in sorted(parameters)) or "unknown",
+            "; ".join(sorted({run.machine for run in method_runs})),
+        ])
+    for method, count in pending_by_method.items():
+        table.append([method, "", "0", f"{count} not started", "—", "—", "—"])
+    header = ["method", "seeds", "rounds done", "status", "wall time (mean)", "parameters", "machine"]
+    return ["### Runs", "", markdown_table(header, table), ""]
+
+
+def _format_fraction(value: float | None) -> str:
+    return "—" if value is None else f"{100 * value:.1f}%"

@@ -1,0 +1,78 @@
+"""A sweep directory: its files, the names of its run directories, and where each run stands.
+
+::
+
+    sweep.json                      the plan: axes, labels and every run's overrides (``driftlab.experiments.sweep.planning``)
+    jobs.json                       what the sweep submitted to SLURM or Ray: run directory -> job id, log paths
+    runs/<setting>/<method>/seed-<s>/   ordinary run directories (``driftlab.experiments.run_directory``),
+                                    plus failure.txt when the run's process failed
+
+Importing this module imports no torch: reports and ``driftlab sweep --status`` read
+sweep directories with it.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Literal
+
+from driftlab.experiments.run_directory import LOCK_FILE, METRICS_FILE, read_run_info
+
+SWEEP_FILE = "sweep.json"
+FAILURE_FILE = "failure.txt"
+JOBS_FILE = "jobs.json"  # the sweep's record of what it submitted to SLURM or Ray: run directory -> job id, log paths
+
+RunStatus = Literal["pending", "running", "complete", "interrupted", "diverged", "failed"]
+
+_SPELLED_OUT = {"%": "pct", "μ": "mu", "α": "alpha", "β": "beta", "γ": "gamma", "λ": "lambda", "η": "eta"}
+
+
+def slug(label: str) -> str:
+    """A directory name for a label: ``"Dirichlet 0.3, 10%"`` -> ``"dirichlet-0.3-10pct"``."""
+    text = label.lower()
+    for symbol, word in _SPELLED_OUT.items():
+        text = text.replace(symbol, word)
+    text = re.sub(r"[^a-z0-9.]+", "-", text).strip("-.")
+    return text or "x"
+
+
+def run_status(run_dir: Path, rounds: int) -> RunStatus:
+    """Where a planned run stands, from the files its run directory holds."""
+    if (run_dir / FAILURE_FILE).exists():
+        return "failed"
+    info = read_run_info(run_dir)
+    if info is None:
+        return "interrupted" if (run_dir / METRICS_FILE).exists() else "pending"
+    status = info.get("status")
+    if status == "complete" and info.get("rounds_done") == rounds:
+        return "complete"
+    if status == "complete":
+        return "interrupted"  # finished a shorter run; `rounds` was raised since, so it resumes
+    if status in ("diverged", "failed"):
+        return status
+    return "interrupted"  # running (killed without a chance to say so) or interrupted
+
+
+def run_directory_holder(run_dir: Path) -> int | None:
+    """The process id holding ``run_dir``'s lock (0 when it does not say), or None when no live process holds it.
+
+    Only a probe: the lock is released at once. Called under the sweep's own lock, before this sweep starts the run.
+    """
+    import fcntl  # POSIX only; imported here so that importing driftlab works everywhere
+
+    try:
+        handle = open(run_dir / LOCK_FILE, "rb")
+    except FileNotFoundError:
+        return None
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            found = re.search(rb"\d+", handle.read(64))
+            return int(found.group()) if found else 0
+        fcntl.flock(handle, fcntl.LOCK_UN)
+    return None
+
+
+__all__ = ["FAILURE_FILE", "JOBS_FILE", "SWEEP_FILE", "RunStatus", "run_directory_holder", "run_status", "slug"]
