@@ -184,7 +184,7 @@ def load_plugins(plugins: Sequence[str]) -> None:
     for plugin in plugins:
         try:
             if is_path(plugin):
-                _import_file(Path(plugin))
+                import_file(Path(plugin))
             else:
                 importlib.import_module(plugin)
         except Exception as error:  # noqa: BLE001 - a plugin's own failure, whatever it is, becomes one clear message
@@ -201,10 +201,11 @@ def load_plugins(plugins: Sequence[str]) -> None:
             raise ConfigError(f"plugins: cannot import plugin {plugin!r}: {one_line(error)}; {how}") from None
 
 
-def _import_file(path: Path) -> None:
+def import_file(path: Path) -> Any:
+    """The module of a ``.py`` file, imported once per file under a name of its own (plugins, data loaders, losses)."""
     resolved = str(path.resolve())
     if resolved in _loaded_paths:
-        return
+        return sys.modules[_loaded_paths[resolved]]
     if not path.is_file():
         raise FileNotFoundError(f"no such file: {resolved}")
     # A name of its own per file, so two plugins called plugin.py do not replace each other.
@@ -220,6 +221,7 @@ def _import_file(path: Path) -> None:
         del sys.modules[module_name]
         raise
     _loaded_paths[resolved] = module_name
+    return module
 
 
 def plugin_source(entry: AlgorithmEntry) -> str | None:

@@ -120,7 +120,7 @@ def run_task(task: RunTask, job: dict[str, Any], on_start: Callable[[Any], None]
     directory holds. ``on_start`` gets the worker's Popen (to pass a pre-emption on to it).
     """
     from driftlab.experiments.sweep.directory import FAILURE_FILE, run_directory_holder
-    from driftlab.experiments.sweep.execution import _start_worker
+    from driftlab.experiments.sweep.execution import start_worker
 
     holder = run_directory_holder(task.run_dir)
     if holder is not None:
@@ -128,7 +128,7 @@ def run_task(task: RunTask, job: dict[str, Any], on_start: Callable[[Any], None]
     (task.run_dir / FAILURE_FILE).unlink(missing_ok=True)
     resume = (task.run_dir / "config.json").exists()
     started = time.perf_counter()
-    process = _start_worker(task.run_dir, task.config, resume, task.threads, executor=job, cwd=task.cwd)
+    process = start_worker(task.run_dir, task.config, resume, task.threads, executor=job, cwd=task.cwd)
     on_start(process)
     try:
         code = process.wait()

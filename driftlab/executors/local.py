@@ -29,7 +29,7 @@ def execute(tasks: list[RunTask], options: ExecutorOptions, events: Events = Eve
         terminated.append(signum)
         raise KeyboardInterrupt(f"terminated by signal {signum}")
 
-    if execution._in_main_thread():
+    if execution.in_main_thread():
         signal.signal(signal.SIGTERM, terminate)
     try:
         while queue or active:
@@ -42,7 +42,7 @@ def execute(tasks: list[RunTask], options: ExecutorOptions, events: Events = Eve
                     continue
                 (task.run_dir / directory.FAILURE_FILE).unlink(missing_ok=True)
                 resume = (task.run_dir / "config.json").exists()
-                process = execution._start_worker(task.run_dir, task.config, resume, task.threads)
+                process = execution.start_worker(task.run_dir, task.config, resume, task.threads)
                 active[task.key] = (process, task, time.perf_counter())
                 events.started(task, resume, {})
             time.sleep(0.2)
@@ -74,6 +74,6 @@ def execute(tasks: list[RunTask], options: ExecutorOptions, events: Events = Eve
                 process.wait(timeout=60)
         raise
     finally:
-        if execution._in_main_thread():
+        if execution.in_main_thread():
             signal.signal(signal.SIGTERM, previous_term)
     return results

@@ -801,7 +801,7 @@ def import_function(reference: str, key: str) -> Any:
     source, _, name = reference.rpartition(":")
     try:
         if registry.is_path(source):
-            module = _import_file(Path(source))
+            module = registry.import_file(Path(source))
         else:
             try:
                 module = importlib.import_module(source)
@@ -826,15 +826,6 @@ def import_function(reference: str, key: str) -> Any:
         found = "has no" if function is None else f"has a {type(function).__name__}, not a"
         raise ConfigError(f"{key} = {reference!r}: {source!r} {found} function {name!r}; name a function defined in that module")
     return function
-
-
-def _import_file(path: Path) -> Any:
-    """The module of a .py file, imported as the registry imports plugin files: once per file, under a name of its own
-    (a file that is both a plugin and a loader runs once)."""
-    import sys
-
-    registry._import_file(path)
-    return sys.modules[registry._loaded_paths[str(path.resolve())]]
 
 
 def config_from_record(table: dict[str, Any]) -> ExperimentConfig:

@@ -356,17 +356,17 @@ class VmappedGradient:
 
         self._gradient = torch.func.vmap(torch.func.grad(masked_loss))
         self._activations_per_example: int | None = None
-        self._model = model
+        self.model = model
         self._copies = threading.local()
 
     def module_for_this_thread(self, device: torch.device) -> nn.Module:
         """This thread's copy of the module (``stacked.module_for_this_thread``); ``loss_gradient`` asks for it
         before entering ``torch.func``."""
-        return module_for_this_thread(self._copies, self._model.module, device)
+        return module_for_this_thread(self._copies, self.model.module, device)
 
     def forward(self, theta: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
         """``model.forward`` on this thread's copy of the module."""
-        return torch.func.functional_call(self._copies.modules[theta.device], self._model.unflatten(theta), (inputs,))
+        return torch.func.functional_call(self._copies.modules[theta.device], self.model.unflatten(theta), (inputs,))
 
     def flat_inputs(self, inputs: torch.Tensor) -> torch.Tensor:
         return inputs
@@ -382,12 +382,12 @@ class VmappedGradient:
             total = [example.numel()]
             hooks = [
                 leaf.register_forward_hook(lambda _m, _i, output: total.append(output.numel() if isinstance(output, torch.Tensor) else 0))
-                for leaf in self._model.module.modules()
+                for leaf in self.model.module.modules()
                 if not list(leaf.children())
             ]
             try:
                 with torch.no_grad():
-                    self._model.forward(theta, example.unsqueeze(0))
+                    self.model.forward(theta, example.unsqueeze(0))
             finally:
                 for hook in hooks:
                     hook.remove()
@@ -416,7 +416,7 @@ class TermGradients:
                 self.tensors.append(torch.stack([tensor.to(like.device) for tensor in column]))
                 dims.append(0)
         self.dims = tuple(dims)
-        loss = objective_loss(engine.forward, engine._model.example_loss, terms[0].function)
+        loss = objective_loss(engine.forward, engine.model.example_loss, terms[0].function)
         self._gradient = torch.func.vmap(torch.func.grad(loss), in_dims=(0, 0, 0, 0, *self.dims))
         self._rows = slice(None)  # which clients' rows of the stacked tensors the gradients are for (a prefix, or one)
 

@@ -10,7 +10,7 @@ elsewhere and never given a second writer.
 
 Where runs execute is the executor's business (``driftlab.executors``: local
 processes, SLURM jobs through submitit, Ray tasks); every one starts each run through
-``worker_main`` (``_start_worker``), so results are the same byte for byte.
+``worker_main`` (``start_worker``), so results are the same byte for byte.
 """
 
 from __future__ import annotations
@@ -284,7 +284,7 @@ def _write_json(path: Path, content: dict[str, Any]) -> None:
     write_atomically(path, lambda tmp: tmp.write_text(text))
 
 
-def _in_main_thread() -> bool:
+def in_main_thread() -> bool:
     import threading
 
     return threading.current_thread() is threading.main_thread()
@@ -293,7 +293,7 @@ def _in_main_thread() -> bool:
 # ---------------------------------------------------------------- a run's process
 
 
-def _start_worker(
+def start_worker(
     run_dir: Path, config: dict[str, Any], resume: bool, threads: int, executor: dict[str, Any] | None = None, cwd: str | None = None
 ) -> subprocess.Popen:
     """A fresh interpreter per run: nothing of the caller's script is re-imported (as multiprocessing's spawn would),
@@ -404,7 +404,7 @@ def _ask_for_parent_death_signal() -> bool:
 
 
 def worker_main(arguments: str) -> None:
-    """Entry point of a run's interpreter (see ``_start_worker``)."""
+    """Entry point of a run's interpreter (see ``start_worker``)."""
     parsed = json.loads(arguments)
     die_with_parent(parsed["parent"])
     if parsed.get("executor"):
