@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     checkpoint_seconds: list[float] = []
     checkpoint_bytes: list[int] = []
     store_bytes = {"written": 0}
-    original_checkpoint = runner._checkpoint
+    original_checkpoint = runner.write_checkpoint
 
     def timed_checkpoint(out: Path, config: Any, state: Any) -> None:
         started = time.perf_counter()
@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     parent = Path(tempfile.mkdtemp(prefix="driftlab-client-state-scale-", dir=args.dir))
     assembly.build_dataset, original_build = capped_synthetic, assembly.build_dataset
-    runner._checkpoint = timed_checkpoint
+    runner.write_checkpoint = timed_checkpoint
     started = time.perf_counter()
     try:
         print(f"{'round':>6} {'distinct':>10} {'round_s':>9} {'checkpoint_s':>11} {'peak_rss_mb':>10}", flush=True)
@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         state_dir = parent / "run" / runner.CLIENT_STATE_DIR
         store = "disk" if state_dir.exists() else "memory"
     finally:
-        assembly.build_dataset, runner._checkpoint = original_build, original_checkpoint
+        assembly.build_dataset, runner.write_checkpoint = original_build, original_checkpoint
         if args.keep:
             print(f"run directory kept: {parent / 'run'}", file=sys.stderr)
         else:

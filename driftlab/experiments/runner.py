@@ -245,11 +245,11 @@ def _run_in(
     sim, state = build_simulation(config, given.model, state_dir, data=given.data, loss=given.loss)
     records: list[dict[str, Any]] = []
     if out is not None:
-        records, state = _prepare_output(out, config, sim, state, resume)
+        records, state = prepare_output(out, config, sim, state, resume)
     # Opening a tracker logs the records it lacks, so every round reaches it once however the last process ended.
     trackers = open_trackers(out, config, records) if out is not None and config.log else None
 
-    info = _start_run_info(out, config, sim, state.round, run_info) if out is not None else None
+    info = start_run_info(out, config, sim, state.round, run_info) if out is not None else None
     reporter = progress if callable(progress) else None
     bar = None
     if progress is True:
@@ -261,7 +261,7 @@ def _run_in(
     try:
         while state.round < config.rounds:
             upcoming = state.round + 1
-            evaluate_after = _evaluates(config, upcoming)
+            evaluate_after = evaluates_after(config, upcoming)
             finished, record = run_round(sim, state, evaluate_after, commit=False)
             if out is not None:
                 run_directory.append_record(out / METRICS_FILE, record)
@@ -274,7 +274,7 @@ def _run_in(
             if trackers is not None:
                 trackers.log_round(record)
             if out is not None and (state.round % config.checkpoint_every == 0 or state.round == config.rounds):
-                _checkpoint(out, config, state)
+                write_checkpoint(out, config, state)
                 run_directory.write_metrics_csv(out, records)
                 last_saved = state.round
                 info.update("running", state.round)
@@ -288,7 +288,7 @@ def _run_in(
         discard_round(state)
         ending = _status_of(error)
         if out is not None and state.round > last_saved:
-            _checkpoint(out, config, state)
+            write_checkpoint(out, config, state)
         if out is not None:
             run_directory.write_metrics_csv(out, records)
         diverged = _divergence_error(error, out, state.round) if isinstance(error, FloatingPointError) else None
@@ -316,7 +316,8 @@ def _run_in(
     return RunResult(config, records, final_params, sim.model.num_parameters, out, summary)
 
 
-def _evaluates(config: ExperimentConfig, round_index: int) -> bool:
+def evaluates_after(config: ExperimentConfig, round_index: int) -> bool:
+    """Whether round ``round_index`` is evaluated: every ``evaluation.every`` rounds, and the last."""
     return round_index % config.evaluation.every == 0 or round_index == config.rounds
 
 
@@ -343,7 +344,7 @@ def _divergence_error(error: FloatingPointError, out: Path | None, last_healthy:
 
 
 
-def _start_run_info(out: Path, config: ExperimentConfig, sim: Simulation, start_round: int, extra: dict[str, Any]) -> run_directory.RunInfo:
+def start_run_info(out: Path, config: ExperimentConfig, sim: Simulation, start_round: int, extra: dict[str, Any]) -> run_directory.RunInfo:
     """``run.json`` as "running", with the parameter count, machine and versions (and a sweep's ``extra`` entries)."""
     import driftlab
 
@@ -370,7 +371,8 @@ class _ClientRecord:
     latest_model: torch.Tensor | None = None
 
 
-def _checkpoint(out: Path, config: ExperimentConfig, state: SimulationState) -> None:
+def write_checkpoint(out: Path, config: ExperimentConfig, state: SimulationState) -> None:
+    """``state`` as the run's checkpoint (atomically; disk client stores stay in their files, recorded by version)."""
     stores = disk_stores(state)  # these stay in their files: the checkpoint records their version
     clients = {client_id: _ClientRecord(client_state) for client_id, client_state in state.clients.items()} if "clients" not in stores else {}
     if state.latest_models is not None and "latest_models" not in stores:
@@ -379,7 +381,7 @@ def _checkpoint(out: Path, config: ExperimentConfig, state: SimulationState) -> 
     save_checkpoint(out / CHECKPOINT_FILE, state.round, state.server, clients, config.fingerprint(), stores)
 
 
-def _prepare_output(
+def prepare_output(
     out: Path, config: ExperimentConfig, sim: Simulation, state: SimulationState, resume: bool
 ) -> tuple[list[dict[str, Any]], SimulationState]:
     """For a resume: the checkpointed state and the records up to it.
@@ -416,7 +418,7 @@ def _prepare_output(
     records = run_directory.read_records(metrics_path, up_to_round=state.round)
     for record in records:
         # The old last round was evaluated because it was last; with more rounds it may not be.
-        if not _evaluates(config, record["round"]):
+        if not evaluates_after(config, record["round"]):
             for key in EVALUATION_KEYS:
                 record.pop(key, None)
     # Rewrite the metrics file without the rounds that will be recomputed.

@@ -1,0 +1,871 @@
+"""A deployment of a driftlab run: the server half and the node half, over any transport that moves bytes.
+
+This module knows nothing of Flower (``driftlab.flower.apps`` adapts it to a
+Flower ServerApp and ClientApp); it runs the simulator's own functions on
+both sides, so a deployment computes what the simulator computes:
+
+server (``DeploymentServer``)
+    asks the connected nodes which clients they host and their sample
+    counts (again whenever the set of connected nodes changes, so a restarted
+    node registers again by answering), plans the
+    round with the engine's ``plan_round`` (sampling, availability,
+    contexts), sends every active client its ``TrainRequest`` (the client
+    view, its ``ClientContext``, the round's ``ClientSettings``), decodes each
+    reply against the message the algorithm would produce (``wire.decode``),
+    aggregates the valid ones in sample order with ``finish_round``, writes
+    the run directory as ``driftlab run`` does (config.json, metrics.jsonl and
+    .csv, a checkpoint every round, final model, run.json) and tells each
+    node to commit or drop the client state it staged.
+node (``DeploymentClient``)
+    answers those requests for its clients: ``run_client`` from the client's
+    committed state (``node_state.NodeClientState``), the new state staged
+    until the server's word.
+
+A reply that is missing, late, an error, or rejected by ``wire.decode``
+(wrong shape, dtype, key, client, round; NaN or infinity; too large; a
+compressed message whose claimed bits are not what arrived) makes its
+client inactive this round, with the reason logged; the run goes on.
+
+Registration.  A client's sample count is frozen at its first registration
+(a count outside 1..2**40 is refused) and saved, so nodes cannot change the
+sampling weights later; a client stays with the node hosting it while that
+node is connected and still claims it (another node's claim is logged and
+ignored).  Why a node failed to register is logged, and named in the error
+when clients never register.
+
+Runs.  A fresh start makes a run id (``uuid4().hex``); envelopes and node
+states are tied to ``<config fingerprint>/<run id>`` (``run_fingerprint``), and
+a node keeps each run's client states in ``state_dir/<config
+fingerprint>/<run id>/``, so the same config run twice on one state
+directory starts each run from fresh client states; a resume keeps the id.
+
+Commit protocol.  After a round's record and checkpoint are on disk the
+server sends each client it asked a ``RoundOutcome`` (aggregated or not).
+The notice can be lost, so every ``TrainRequest`` also carries the last
+round whose reply from that client the server aggregated: the node first
+commits a staged state of exactly that round and drops any other, so node
+and server never disagree about a client's state (SCAFFOLD's ``c`` stays the
+mean of the ``c_k``, FedDyn's sum the sum of the ``λ_k``).  The server
+keeps the run id, the registered sample counts and, per round, the clients
+whose replies it accepted in ``deployment_rounds.json`` in the run
+directory, written before the checkpoint, so a restarted server resumes
+with the same knowledge.
+
+Refused at start (``check_deployable``): membership changes (``availability.events``,
+``initially_registered``) with an algorithm that updates the server state as
+clients join or leave (FedDyn's ``Σ λ_k``: the server would need every
+client's state), and evaluation models built from client models
+(``all_clients_mean``, ``reporting_mean``), which the server never receives.
+
+Transport: ``Transport.exchange(requests, timeout)`` sends (node id, bytes)
+requests and returns the replies that arrived in time (see ``Transport``);
+``InProcessTransport`` calls node handlers directly (tests, ``run_in_process``).
+
+The server evaluates as the simulator does, on the config's data set (test
+split and the clients' training data for ``train_loss``), so it needs that
+data set; nodes need only their own clients' examples (``load``) and the
+model (``deployment_model`` builds it from the config's data set; pass your
+own ``FlatModel`` where a node has no copy of it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import re
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Protocol, Sequence
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+
+from driftlab.algorithms import registry
+from driftlab.compress.error_feedback import CompressedPayload
+from driftlab.compress.ternary import compress_model
+from driftlab.data.federated import FederatedDataset
+from driftlab.errors import ConfigError
+from driftlab.experiments import run_directory
+from driftlab.experiments.assembly import build_algorithm, build_model, build_simulation, load_data, resolve_device
+from driftlab.experiments.config import ExperimentConfig, load_config
+from driftlab.experiments.runner import RunResult, evaluates_after, prepare_output, start_run_info, write_checkpoint
+from driftlab.flower import wire
+from driftlab.flower.node_state import NodeClientState
+from driftlab.metrics.communication import BITS_PER_ENTRY, payload_bits
+from driftlab.metrics.summary import summarize
+from driftlab.optim.schedules import value_at
+from driftlab.optim.server import make_server_optimizer
+from driftlab.simulation.augmentation import flip_crop_from_keys
+from driftlab.simulation.checkpoint import write_atomically
+from driftlab.simulation.client import ClientData, ClientSettings, run_client
+from driftlab.simulation.engine import SimulationState, finish_round, plan_round
+from driftlab.simulation.flat import FlatModel
+from driftlab.simulation.local_training import LocalSettings, TrainingData
+from driftlab.simulation.precision import parameter_dtype
+from driftlab.simulation.seam import Algorithm, ClientContext, ClientUpdate
+from driftlab.simulation.state_store import InMemoryClientStore
+
+LOGGER = logging.getLogger("driftlab.flower")
+ROUNDS_FILE = "deployment_rounds.json"  # per round, the clients whose replies the server accepted
+NODE = -1  # the client id in the envelope of a node's own messages (registration)
+_SLACK_BYTES = 1 << 16  # a message may exceed twice its template's size by this much (headers, scalars)
+_RUN_ID = re.compile(r"[0-9a-f]{32}")  # uuid4().hex, made by the server on a fresh start, kept by a resume
+MAX_NUM_SAMPLES = 1 << 40  # a registered count above this is refused (a node's claim, not a data set)
+
+
+def run_fingerprint(config_fingerprint: str, run_id: str) -> str:
+    """What a run's envelopes and node states are tied to: the same config run twice gets two run ids, so two of them."""
+    return f"{config_fingerprint}/{run_id}"
+
+
+# ---------------------------------------------------------------- messages (all travel through wire.encode)
+
+
+@dataclass(frozen=True)
+class RegistrationQuery:
+    """Server -> node, before each round: which clients do you host?"""
+
+    round: int  # the round about to be planned
+
+
+@dataclass(frozen=True)
+class Registration:
+    """Node -> server: the node's clients and their training examples."""
+
+    num_samples: torch.Tensor  # int64 [num_clients]: client k's training examples on this node, -1 where it hosts no client k
+
+
+@dataclass(frozen=True)
+class TrainRequest:
+    """Server -> node, for one client: train this round."""
+
+    view: Any  # algorithm.broadcast(server state)
+    context: ClientContext
+    settings: ClientSettings
+    aggregated_round: int  # the last round whose reply from this client the server aggregated; 0: none
+
+
+@dataclass(frozen=True)
+class TrainReply:
+    """Node -> server: the client's message (None: it sends nothing) and the local steps it did."""
+
+    message: Any  # the algorithm's message in its wire form (a compressed message without its dense model part)
+    steps_done: int
+
+
+@dataclass(frozen=True)
+class RoundOutcome:
+    """Server -> node, for one client, once the round is recorded: commit or drop the state staged in this round."""
+
+    aggregated: bool
+
+
+@dataclass(frozen=True)
+class Acknowledged:
+    """Node -> server: the client's committed round after a ``RoundOutcome`` (0: none)."""
+
+    committed_round: int
+
+
+class RequestRefused(ValueError):
+    """A node refuses a request (not for this run, not its client, a replay, a state it cannot continue from); the reason says why."""
+
+
+class NoReply(Exception):
+    """Raised by an ``InProcessTransport`` node handler: its reply misses the deadline (a late or lost reply)."""
+
+
+# ---------------------------------------------------------------- transport
+
+
+class Transport(Protocol):
+    """Moves request bytes to nodes and reply bytes back; the only thing a Flower adapter implements."""
+
+    def node_ids(self) -> list[int]:
+        """The nodes connected now."""
+        ...
+
+    def exchange(self, requests: Sequence[tuple[int, bytes]], timeout: float) -> dict[int, bytes | str]:
+        """Send every ``(node id, request)`` at once and wait at most ``timeout`` seconds.
+
+        Returns the replies by position in ``requests``: bytes, or a str for an
+        error reply (the node's handler failed; the str says why).  A position
+        missing from the result got no reply in time; a late reply is never returned.
+        """
+        ...
+
+
+@dataclass
+class InProcessTransport:
+    """Calls each node's handler (``DeploymentClient.handle``) directly, in request order.
+
+    A handler raising ``NoReply`` simulates a reply that misses the deadline;
+    any other exception becomes an error reply, as a Flower node's would.
+    """
+
+    nodes: dict[int, Callable[[bytes], bytes]]
+
+    def node_ids(self) -> list[int]:
+        return sorted(self.nodes)
+
+    def exchange(self, requests: Sequence[tuple[int, bytes]], timeout: float) -> dict[int, bytes | str]:  # noqa: ARG002
+        replies: dict[int, bytes | str] = {}
+        for position, (node_id, request) in enumerate(requests):
+            handler = self.nodes.get(node_id)
+            if handler is None:
+                continue
+            try:
+                replies[position] = handler(request)
+            except NoReply:
+                continue
+            except Exception as error:  # noqa: BLE001  (an error reply, as a remote node's)
+                replies[position] = f"{type(error).__name__}: {error}"
+        return replies
+
+
+# ---------------------------------------------------------------- what both sides derive from the config
+
+
+def check_deployable(config: ExperimentConfig, algorithm: Algorithm) -> None:
+    """ConfigError for a configuration a deployment cannot run (module docstring)."""
+    membership_changes = bool(config.availability.events) or config.availability.initially_registered is not None
+    if membership_changes and (algorithm.client_joined is not None or algorithm.client_left is not None):
+        raise ConfigError(
+            f"algorithm {config.algorithm.name!r} updates the server state when clients join or leave "
+            "(availability.events / availability.initially_registered), from those clients' states; in a deployment the "
+            "client states stay on the nodes, so the server cannot do that: remove availability.events and "
+            "availability.initially_registered, or choose an algorithm without client_joined/client_left"
+        )
+    if config.evaluation.model != "server":
+        raise ConfigError(
+            f'evaluation.model = "{config.evaluation.model}" evaluates a mean of client models, which a deployment\'s server '
+            'never receives (only the algorithm\'s messages travel); set evaluation.model = "server"'
+        )
+
+
+def check_config_deployable(config: ExperimentConfig) -> None:
+    """``check_deployable`` from the config alone (no data set or model is built): for the server's start and the CLI."""
+    check_deployable(config, _configured_algorithm(config))
+
+
+def _configured_algorithm(config: ExperimentConfig) -> Algorithm:
+    """The config's algorithm without its compression wrapper (which keeps the membership hooks): enough for ``check_deployable``."""
+    entry = registry.ALGORITHMS[config.algorithm.name]
+    return entry.from_config(config.algorithm, make_server_optimizer(config.server.optimizer, **config.server.optimizer_hyperparameters()))
+
+
+def round_settings(config: ExperimentConfig, round_index: int) -> ClientSettings:
+    """The round's ``ClientSettings`` as ``plan_round`` builds them, with the config's local precision (``run_client`` uses it)."""
+    return ClientSettings(
+        seed=config.seed,
+        batch_size=config.client.batch_size,
+        local=LocalSettings(value_at(config.client.lr, round_index), config.client.weight_decay, config.client.clip_norm),
+        inexact_gamma=config.client.inexact_gamma,
+        augment=config.data.augment,
+        precision=config.precision,
+    )
+
+
+def _context_template(client_id: int, round_index: int, config: ExperimentConfig) -> ClientContext:
+    return ClientContext(
+        client_id=client_id,
+        round=round_index,
+        num_samples=1,
+        mean_num_samples=1.0,
+        num_registered=1,
+        planned_steps=1,
+        client_lr=value_at(config.client.lr, round_index),
+        multiplicity=1,
+        available_steps=1,
+    )
+
+
+class _ZeroFisher:
+    def diagonal_fisher(self, params: torch.Tensor, max_examples: int) -> torch.Tensor:  # noqa: ARG002
+        return torch.zeros_like(params)
+
+
+def _wire_form(message: Any) -> Any:
+    """What of a message travels: a compressed message without its dense model part (``CompressedPayload.wire_form``)."""
+    wire_form = getattr(message, "wire_form", None)
+    return wire_form() if callable(wire_form) else message
+
+
+def _received(message: Any, start: torch.Tensor) -> Any:
+    """A message as its client built it, from its wire form and the round's θ_start (``CompressedPayload.rebuilt``)."""
+    rebuilt = getattr(message, "rebuilt", None)
+    return rebuilt(start) if callable(rebuilt) else message
+
+
+def reply_template(algorithm: Algorithm, view: Any, context: ClientContext) -> TrainReply:
+    """A reply of the structure ``context``'s client sends: the algorithm's own message for a made-up, non-trivial update."""
+    params = view.params
+    state = algorithm.client_state_init(params) if algorithm.client_state_init is not None else None
+    moved = params + torch.linspace(-1.0, 1.0, params.numel(), dtype=params.dtype, device=params.device)
+    complete = dataclasses.replace(context, available_steps=context.planned_steps)
+    _, message = algorithm.client_finish(view, state, complete, ClientUpdate(params, moved, max(1, context.planned_steps), _ZeroFisher()))
+    return TrainReply(_wire_form(message), 0)
+
+
+def _size_limit(template: Any) -> int:
+    return 2 * len(wire.encode(template, run_fingerprint="", round=0, client_id=0)) + _SLACK_BYTES
+
+
+def node_clients(num_clients: int, num_nodes: int, node_index: int) -> list[int]:
+    """The client ids node ``node_index`` of ``num_nodes`` hosts when clients are dealt round-robin."""
+    if not 0 <= node_index < num_nodes:
+        raise ValueError(f"node index {node_index} is not in 0..{num_nodes - 1}")
+    return list(range(node_index, num_clients, num_nodes))
+
+
+def dataset_loader(dataset: FederatedDataset) -> Callable[[int], tuple[torch.Tensor, torch.Tensor]]:
+    """``load(client_id) -> (inputs, targets)``: client ``client_id``'s training examples of ``dataset``."""
+
+    def load(client_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = torch.tensor(dataset.client_indices[client_id], dtype=torch.long)
+        return dataset.train_inputs[rows], dataset.train_targets[rows]
+
+    return load
+
+
+def deployment_model(config: ExperimentConfig, data: FederatedDataset | None = None) -> FlatModel:
+    """The model the simulator builds for ``config`` (architecture and loss), on the config's device and precision.
+
+    Its shape and classes come from the config's data set, loaded when ``data`` is not given.
+    """
+    data = data if data is not None else load_data(config)
+    return build_model(config, data, None).to(resolve_device(config.device), parameter_dtype(config.precision))
+
+
+# ---------------------------------------------------------------- the node
+
+
+class DeploymentClient:
+    """The clients ``client_ids`` of one node, answering the server's requests (``handle``).
+
+    ``load(client_id) -> (inputs, targets)`` gives a client's training
+    examples (tensors, one row per example; converted here to the run's
+    device and precision as the simulator converts its data); it is called
+    once per client, at registration.  ``state_dir`` keeps the clients'
+    states (``state_dir/<config fingerprint>/<run id>/client-<id>.safetensors``, the
+    run id taken from the server's requests); a new
+    ``DeploymentClient`` on the same directory continues from the committed
+    states.  ``model`` is the run's model (architecture and loss; its
+    weights do not matter, the server sends them); None builds it from the
+    config (``deployment_model``).
+    """
+
+    def __init__(
+        self,
+        config: ExperimentConfig,
+        client_ids: Sequence[int],
+        load: Callable[[int], tuple[torch.Tensor, torch.Tensor]],
+        state_dir: str | Path,
+        model: FlatModel | None = None,
+    ) -> None:
+        self.config = config
+        self.fingerprint = config.fingerprint()
+        self.client_ids = tuple(sorted({int(client_id) for client_id in client_ids}))
+        bad = [client_id for client_id in self.client_ids if not 0 <= client_id < config.data.num_clients]
+        if bad:
+            raise ConfigError(f"client ids {bad} are not clients of this run: data.num_clients = {config.data.num_clients}")
+        self.model = model if model is not None else deployment_model(config)
+        self.algorithm = build_algorithm(config, self.model)
+        check_deployable(config, self.algorithm)
+        self.device = resolve_device(config.device)
+        self.dtype = parameter_dtype(config.precision)
+        self.initial_params = self.model.initial_parameters().to(self.device, self.dtype)
+        self.state_dir = Path(state_dir) / self.fingerprint  # one subdirectory per run id (``run_fingerprint``)
+        self.run_id: str | None = None  # the run the last request came from; the server makes one per fresh start
+        self._load = load
+        self._data: dict[int, ClientData] = {}
+        self._states: dict[tuple[str, int], NodeClientState] = {}
+        self._view = self.algorithm.broadcast(self.algorithm.server_init(self.initial_params))
+        self.max_request_bytes = _size_limit(TrainRequest(self._view, _context_template(0, 1, config), round_settings(config, 1), 0))
+
+    # ------------------------------------------------------------------ requests
+
+    def handle(self, request: bytes) -> bytes:
+        """The reply to one request of the server; RequestRefused (or a CheckpointError for an unusable state file) otherwise."""
+        try:
+            envelope = wire.read_envelope(request, max_bytes=self.max_request_bytes)
+        except wire.MessageRejected as error:
+            raise RequestRefused(f"unreadable request: {error.reason}") from None
+        config_fingerprint, _, run_id = str(envelope.run_fingerprint).partition("/")
+        if config_fingerprint != self.fingerprint:
+            raise RequestRefused(f"request of run {envelope.run_fingerprint!r}; this node serves run {self.fingerprint!r} (same config on server and node?)")
+        if not _RUN_ID.fullmatch(run_id):
+            raise RequestRefused(f"request of run {envelope.run_fingerprint!r} without a run id (32 hex digits after the config's fingerprint)")
+        self.run_id = run_id
+        if type(envelope.round) is not int or envelope.round < 1:
+            raise RequestRefused(f"request for round {envelope.round!r}")
+        kinds = {wire.type_name(RegistrationQuery): self._register, wire.type_name(TrainRequest): self._train, wire.type_name(RoundOutcome): self._outcome}
+        answer = kinds.get(envelope.payload_type)
+        if answer is None:
+            raise RequestRefused(f"unknown request type {envelope.payload_type!r}")
+        return answer(request, envelope.round, envelope.client_id)
+
+    @property
+    def run_fingerprint(self) -> str:
+        """What the current run's envelopes carry: the config's fingerprint and the server's run id."""
+        return run_fingerprint(self.fingerprint, self.run_id or "")
+
+    def _decode(self, request: bytes, template: Any, round_index: int, client_id: int) -> Any:
+        try:
+            return wire.decode(
+                request, template, run_fingerprint=self.run_fingerprint, round=round_index, client_id=client_id, max_bytes=self.max_request_bytes
+            )
+        except wire.MessageRejected as error:
+            raise RequestRefused(f"malformed request: {error.reason}") from None
+
+    def _register(self, request: bytes, round_index: int, client_id: Any) -> bytes:
+        self._decode(request, RegistrationQuery(0), round_index, NODE)
+        counts = torch.full((self.config.data.num_clients,), -1, dtype=torch.int64)
+        for hosted in self.client_ids:
+            counts[hosted] = self._client_data(hosted).num_samples
+        return wire.encode(Registration(counts), run_fingerprint=self.run_fingerprint, round=round_index, client_id=NODE)
+
+    def _train(self, request: bytes, round_index: int, client_id: Any) -> bytes:
+        client_id = self._hosted(client_id)
+        template = TrainRequest(self._view, _context_template(client_id, round_index, self.config), round_settings(self.config, round_index), 0)
+        asked = self._decode(request, template, round_index, client_id)
+        if asked.context.client_id != client_id or asked.context.round != round_index:
+            raise RequestRefused(f"the request's context is for client {asked.context.client_id}, round {asked.context.round}")
+        data = self._client_data(client_id)
+        if asked.context.num_samples != data.num_samples:
+            raise RequestRefused(f"the server counts {asked.context.num_samples} examples for client {client_id}, the node holds {data.num_samples}")
+        node_state = self._state(client_id)
+        state = None
+        if node_state is not None:
+            # A replayed request must not touch the states: refused before anything is committed or dropped.  The same
+            # round again is no replay when its state is only staged: a restarted server runs that round anew.
+            committed, staged = node_state.committed_round or 0, node_state.staged_round
+            if round_index <= committed or (staged is not None and round_index < staged) or asked.aggregated_round >= round_index:
+                raise RequestRefused(
+                    f"replay: a request for round {round_index} (last aggregated round {asked.aggregated_round}), but client {client_id} "
+                    f"has committed round {committed}" + (f" and staged round {staged}" if staged is not None else "")
+                )
+            self._settle(node_state, asked.aggregated_round)
+            state = node_state.load()
+        new_state, message, steps_done = run_client(self.algorithm, asked.view, state, asked.context, data, asked.settings)
+        if node_state is not None:
+            node_state.stage(round_index, new_state)
+        return wire.encode(TrainReply(_wire_form(message), steps_done), run_fingerprint=self.run_fingerprint, round=round_index, client_id=client_id)
+
+    def _settle(self, node_state: NodeClientState, aggregated_round: int) -> int:
+        """Commit the staged state the server aggregated, drop any other; the committed round, checked against the server's."""
+        staged = node_state.staged_round
+        if staged is not None:
+            if staged == aggregated_round:
+                node_state.commit(staged)
+            else:
+                node_state.drop(staged)
+        committed = node_state.committed_round or 0
+        if committed != aggregated_round:
+            raise RequestRefused(
+                f"client {node_state.client_id}'s committed state is of round {committed}, but the server last aggregated its reply "
+                f"of round {aggregated_round}: this node's state directory {node_state.directory} is not the one the client trained "
+                "with (lost or replaced); the client stays inactive rather than break the algorithm's invariants"
+            )
+        return committed
+
+    def _outcome(self, request: bytes, round_index: int, client_id: Any) -> bytes:
+        client_id = self._hosted(client_id)
+        outcome = self._decode(request, RoundOutcome(False), round_index, client_id)
+        node_state = self._state(client_id)
+        committed = 0
+        if node_state is not None:
+            if node_state.staged_round == round_index:
+                if outcome.aggregated:
+                    node_state.commit(round_index)
+                else:
+                    node_state.drop(round_index)
+            committed = node_state.committed_round or 0
+        return wire.encode(Acknowledged(committed), run_fingerprint=self.run_fingerprint, round=round_index, client_id=client_id)
+
+    # ------------------------------------------------------------------ clients
+
+    def _hosted(self, client_id: Any) -> int:
+        if type(client_id) is not int or client_id not in self.client_ids:
+            raise RequestRefused(f"client {client_id!r} is not hosted on this node (it hosts {list(self.client_ids)})")
+        return client_id
+
+    def _client_data(self, client_id: int) -> ClientData:
+        if client_id not in self._data:
+            inputs, targets = self._load(client_id)
+            inputs, targets = torch.as_tensor(inputs), torch.as_tensor(targets)
+            if len(inputs) != len(targets):
+                raise ValueError(f"load({client_id}) gave {len(inputs)} inputs but {len(targets)} targets")
+            inputs = inputs.to(self.device, self.dtype if inputs.is_floating_point() else inputs.dtype)
+            targets = targets.to(self.device, self.dtype if targets.is_floating_point() else targets.dtype)
+            augment = flip_crop_from_keys if self.config.data.augment else None
+            rows = torch.arange(len(inputs), device=self.device)
+            self._data[client_id] = ClientData(self.model, TrainingData(inputs, targets, augment), rows)
+        return self._data[client_id]
+
+    def _state(self, client_id: int, run_id: str | None = None) -> NodeClientState | None:
+        """Client ``client_id``'s state in run ``run_id`` (default: the current run): each run of a config keeps its own directory."""
+        init = self.algorithm.client_state_init
+        if init is None:
+            return None
+        run_id = run_id or self.run_id
+        if run_id is None:
+            raise RequestRefused("no request of the server has named its run yet")
+        key = (run_id, client_id)
+        if key not in self._states:
+            initial = self.initial_params
+            self._states[key] = NodeClientState(
+                self.state_dir / run_id, client_id, run_fingerprint(self.fingerprint, run_id), init(initial), lambda: init(initial)
+            )
+        return self._states[key]
+
+    def committed_state(self, client_id: int, run_id: str | None = None) -> Any:
+        """Client ``client_id``'s committed state in run ``run_id`` (default: the current run; the run id is in the server's
+        ROUNDS_FILE); its initial state when none is committed, None for a stateless algorithm."""
+        node_state = self._state(self._hosted(client_id), run_id)
+        return node_state.load() if node_state is not None else None
+
+
+# ---------------------------------------------------------------- the server
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """Seconds the server waits for replies."""
+
+    register: float = 30.0  # each round's registration query
+    train: float = 600.0  # a round's training replies
+    commit: float = 10.0  # acknowledgements of the round's outcome (best effort)
+    first_registration: float = 120.0  # before the first round: until every client of the run has registered
+
+
+@dataclass(frozen=True)
+class Rejection:
+    round: int
+    client_id: int
+    reason: str
+
+
+@dataclass
+class DeploymentServer:
+    """The server of a deployment (module docstring): ``run()`` runs the remaining rounds and returns the RunResult.
+
+    ``out_dir`` becomes a run directory like ``driftlab run``'s (claimed and
+    locked the same way; ``resume`` continues from its checkpoint).  ``data``
+    is the run's data set for evaluation (the config's is loaded when None).
+    Every rejected, late, missing or error reply is logged (``log``, default
+    the "driftlab.flower" logger) and kept in ``rejections``.
+    """
+
+    config: ExperimentConfig
+    out_dir: str | Path
+    transport: Transport
+    resume: bool = False
+    data: FederatedDataset | None = None
+    timeouts: Timeouts = Timeouts()
+    log: Callable[[str], None] | None = None
+    max_reply_bytes: int | None = None  # None: twice the size of the algorithm's message, plus 64 KiB
+    rejections: list[Rejection] = field(default_factory=list)
+    server_state: Any = None  # the algorithm's server state after the last round run (None before)
+
+    def run(self) -> RunResult:
+        config = self.config if isinstance(self.config, ExperimentConfig) else load_config(self.config)
+        check_config_deployable(config)  # before the run directory is touched
+        out = run_directory.output_directory(self.out_dir)
+        lock = run_directory.claim_run_directory(out, config, self.resume)
+        try:
+            return self._run_in(out, config)
+        finally:
+            lock.close()
+
+    # ------------------------------------------------------------------ the run
+
+    def _run_in(self, out: Path, config: ExperimentConfig) -> RunResult:
+        # Only your own data goes in as data= (build_simulation's rule); a named data set is loaded from the config.
+        sim, state = build_simulation(config, data=self.data if config.data.name == "custom" else None)
+        check_deployable(config, sim.algorithm)
+        # The client states live on the nodes: the server's store stays empty.
+        state = SimulationState(0, state.server, InMemoryClientStore(None), None)
+        records, state = prepare_output(out, config, sim, state, self.resume)
+        self._hosts: dict[int, int] = {}
+        self._registered_nodes: list[int] | None = None  # the connected nodes at the last registration
+        self._refusals: dict[int, str] = {}  # per node, why its last registration failed
+        self._accepted, self._run_id, self._sizes = self._read_rounds(out, state.round, sim.data.num_clients)
+        self._write_accepted(out)  # the run id before any node hears it
+        self._upload_model_bits = _upload_model_bits(config, sim)
+        info = start_run_info(out, config, sim, state.round, {"deployment": True})
+        fingerprint = run_fingerprint(config.fingerprint(), self._run_id)
+        self._await_registration(sim, fingerprint, state.round + 1)
+        try:
+            while state.round < config.rounds:
+                state, record = self._round(out, config, sim, state, fingerprint)
+                records.append(record)
+                if state.round % config.checkpoint_every == 0 or state.round == config.rounds:
+                    run_directory.write_metrics_csv(out, records)
+                    info.update("running", state.round)
+        except BaseException as error:
+            run_directory.write_metrics_csv(out, records)
+            info.update("interrupted" if isinstance(error, KeyboardInterrupt) else "failed", state.round, message=str(error) or type(error).__name__)
+            raise
+        self.server_state = state.server
+        final_params = state.server.params
+        names = ",".join(sim.model.names)
+        write_atomically(
+            out / run_directory.FINAL_MODEL_FILE,
+            lambda tmp: save_file({"params": final_params.detach().cpu().contiguous()}, str(tmp), metadata={"parameter_names": names}),
+        )
+        run_directory.write_metrics_csv(out, records)
+        info.update("complete", state.round)
+        summary = summarize(records, config.evaluation.target_accuracy, sim.model.num_parameters)
+        return RunResult(config, records, final_params, sim.model.num_parameters, out, summary)
+
+    def _round(self, out: Path, config: ExperimentConfig, sim: Any, state: SimulationState, fingerprint: str) -> tuple[SimulationState, dict]:
+        t = state.round + 1
+        # Registering costs a round trip to every node: only when the connected nodes changed, a host is gone, or a
+        # node failed to register last time (a restarted Flower node connects under a new node id).
+        connected = sorted(self.transport.node_ids())
+        if connected != self._registered_nodes or self._refusals or any(node not in connected for node in self._hosts.values()):
+            self._register(sim, fingerprint, t, self.timeouts.register)
+        work = plan_round(sim, state)
+        settings = dataclasses.replace(work.settings, precision=config.precision)
+        asked: list[ClientContext] = []
+        requests: list[tuple[int, bytes]] = []
+        for context in work.contexts:
+            node = self._hosts.get(context.client_id)
+            if node is None:
+                self._reject(t, context.client_id, "not registered on any connected node")
+                continue
+            request = TrainRequest(work.view, context, settings, self._last_accepted(context.client_id, t))
+            asked.append(context)
+            requests.append((node, wire.encode(request, run_fingerprint=fingerprint, round=t, client_id=context.client_id)))
+        replies = self.transport.exchange(requests, self.timeouts.train)
+        messages: dict[int, Any] = {}
+        steps_done: dict[int, int] = {}
+        for position, context in enumerate(asked):
+            try:
+                reply = self._accept(replies.get(position), sim, work, context, fingerprint)
+            except wire.MessageRejected as error:
+                self._reject(t, context.client_id, error.reason)
+                continue
+            messages[context.client_id] = reply.message
+            steps_done[context.client_id] = reply.steps_done
+        accepted = [context for context in work.contexts if context.client_id in steps_done]
+        if work.contexts and not accepted:
+            (self.log or LOGGER.error)(f"round {t}: error: no reply of the {len(work.contexts)} clients asked was accepted; the model stays as it was")
+        # Clients whose replies were not accepted are inactive this round, as if the availability model had said so.
+        work = dataclasses.replace(work, contexts=tuple(accepted), num_inactive=work.num_inactive + len(work.contexts) - len(accepted))
+        server, record = finish_round(sim, work, messages, steps_done, evaluate_after=evaluates_after(config, t))
+        run_directory.append_record(out / run_directory.METRICS_FILE, record)
+        self._accepted[t] = [context.client_id for context in accepted]
+        self._write_accepted(out)
+        state = SimulationState(t, server, state.clients, None)
+        write_checkpoint(out, config, state)
+        notices = [
+            (node, wire.encode(RoundOutcome(context.client_id in steps_done), run_fingerprint=fingerprint, round=t, client_id=context.client_id))
+            for node, context in zip((request[0] for request in requests), asked)
+        ]
+        if notices:
+            self.transport.exchange(notices, self.timeouts.commit)  # best effort: the next TrainRequest says it again
+        return state, record
+
+    def _accept(self, reply: bytes | str | None, sim: Any, work: Any, context: ClientContext, fingerprint: str) -> TrainReply:
+        """The client's reply, decoded and checked, its message as the client built it; MessageRejected with the reason otherwise."""
+        if reply is None:
+            raise wire.MessageRejected(f"no reply within {self.timeouts.train:g} s (late, lost, or the node is down)")
+        if isinstance(reply, str):
+            raise wire.MessageRejected(f"error reply: {reply}")
+        template = reply_template(sim.algorithm, work.view, context)
+        limit = self.max_reply_bytes or _size_limit(template)
+        expected = dict(run_fingerprint=fingerprint, round=work.round, client_id=context.client_id, max_bytes=limit)
+        try:
+            decoded = wire.decode(reply, template, **expected)
+        except wire.MessageRejected as first:
+            try:  # an algorithm may send nothing (EFL dropping a straggler's work)
+                decoded = wire.decode(reply, TrainReply(None, 0), **expected)
+            except wire.MessageRejected:
+                raise first from None
+        bound = context.planned_steps if context.available_steps is None else context.available_steps
+        if not 0 <= decoded.steps_done <= bound:
+            raise wire.MessageRejected(f"reports {decoded.steps_done} local steps, the client was asked for at most {bound}")
+        try:
+            message = _received(decoded.message, work.view.params)
+        except ValueError as error:
+            raise wire.MessageRejected(f"compressed message does not fit: {error}") from None
+        if isinstance(message, CompressedPayload):
+            # The bits the metrics count are the server's own count of what arrived (client_finish's formula), never the sender's.
+            expected_bits = payload_bits(message.payload) + self._upload_model_bits
+            if type(message.bits) is not int or message.bits != expected_bits:
+                raise wire.MessageRejected(f"the compressed message claims {message.bits!r} bits, what arrived costs {expected_bits}")
+        return TrainReply(message, decoded.steps_done)
+
+    def _reject(self, round_index: int, client_id: int, reason: str) -> None:
+        self.rejections.append(Rejection(round_index, client_id, reason))
+        text = f"round {round_index}: client {client_id} inactive: {reason}"
+        (self.log or LOGGER.warning)(text)
+
+    # ------------------------------------------------------------------ registration
+
+    def _await_registration(self, sim: Any, fingerprint: str, round_index: int) -> None:
+        """Query the nodes until every client of the run has registered; ConfigError after ``timeouts.first_registration``."""
+        deadline = time.monotonic() + self.timeouts.first_registration
+        while True:
+            self._register(sim, fingerprint, round_index, min(self.timeouts.register, max(0.1, deadline - time.monotonic())))
+            missing = [client_id for client_id in range(len(self._sizes)) if client_id not in self._hosts]
+            if not missing:
+                return
+            if time.monotonic() >= deadline:
+                shown = ", ".join(str(client_id) for client_id in missing[:10]) + (", ..." if len(missing) > 10 else "")
+                reasons = "".join(f"; node {node} did not register: {reason}" for node, reason in sorted(self._refusals.items()))
+                raise ConfigError(
+                    f"{len(missing)} of the run's {len(self._sizes)} clients did not register within {self.timeouts.first_registration:g} s "
+                    f"(clients {shown}); start the nodes that host them (each node lists its client ids), or wait longer "
+                    f"(Timeouts.first_registration){reasons}"
+                )
+            time.sleep(0.5)
+
+    def _register(self, sim: Any, fingerprint: str, round_index: int, timeout: float) -> None:
+        """Ask every connected node for its clients (module docstring: a client's host and its frozen sample count)."""
+        warn = self.log or LOGGER.warning
+        nodes = sorted(self.transport.node_ids())
+        query = wire.encode(RegistrationQuery(round_index), run_fingerprint=fingerprint, round=round_index, client_id=NODE)
+        replies = self.transport.exchange([(node, query) for node in nodes], timeout)
+        self._refusals = {node: reason for node, reason in self._refusals.items() if node in nodes}
+        template = Registration(torch.zeros(len(self._sizes), dtype=torch.int64))
+        claims: dict[int, dict[int, int]] = {}  # node -> client -> count
+        for position, node in enumerate(nodes):
+            reply = replies.get(position)
+            if not isinstance(reply, bytes):
+                reason = f"no reply within {timeout:g} s" if reply is None else str(reply)
+                self._refusals[node] = reason
+                warn(f"round {round_index}: node {node} did not register: {reason}")
+                continue
+            try:
+                registration = wire.decode(
+                    reply, template, run_fingerprint=fingerprint, round=round_index, client_id=NODE, max_bytes=_size_limit(template)
+                )
+            except wire.MessageRejected as error:
+                self._refusals[node] = f"registration rejected: {error.reason}"
+                warn(f"round {round_index}: node {node} did not register: registration rejected: {error.reason}")
+                continue
+            self._refusals.pop(node, None)
+            counts = registration.num_samples.tolist()
+            claims[node] = {}
+            for client_id, count in enumerate(counts):
+                if count < 0:
+                    continue
+                if not 1 <= count <= MAX_NUM_SAMPLES:
+                    warn(f"round {round_index}: node {node} claims client {client_id} with {count} examples (1..{MAX_NUM_SAMPLES}); claim ignored")
+                    continue
+                claims[node][client_id] = count
+        # A client stays with the node hosting it while that node is connected and still claims it; else the first claimant.
+        owners = {client_id: host for client_id, host in self._hosts.items() if client_id in claims.get(host, {})}
+        for node, claimed in claims.items():
+            for client_id, count in claimed.items():
+                owner = owners.setdefault(client_id, node)
+                if owner != node:
+                    warn(f"round {round_index}: node {node} also claims client {client_id}; it stays with node {owner}")
+                    continue
+                if self._sizes[client_id] < 0:
+                    self._sizes[client_id] = count  # frozen at the first registration (kept in ROUNDS_FILE)
+                elif count != self._sizes[client_id]:
+                    warn(f"round {round_index}: node {node} reports {count} examples for client {client_id}, registered with "
+                         f"{int(self._sizes[client_id])}; the registered count stands")
+        self._hosts = {client_id: owners[client_id] for client_id in sorted(owners)}
+        self._registered_nodes = nodes
+        # The sampling and the clients' contexts use the registered sample counts.
+        if (self._sizes >= 0).all():
+            sim.client_sizes = self._sizes.copy()
+
+    # ------------------------------------------------------------------ accepted replies, per round
+
+    def _last_accepted(self, client_id: int, before: int) -> int:
+        rounds = [round_index for round_index, clients in self._accepted.items() if round_index < before and client_id in clients]
+        return max(rounds, default=0)
+
+    def _read_rounds(self, out: Path, up_to_round: int, num_clients: int) -> tuple[dict[int, list[int]], str, np.ndarray]:
+        """ROUNDS_FILE's accepted clients per round, run id and registered sample counts; a fresh start makes a new run id."""
+        path = out / ROUNDS_FILE
+        if up_to_round == 0:
+            return {}, uuid.uuid4().hex, np.full(num_clients, -1, dtype=np.int64)
+        if not path.exists():
+            raise ConfigError(f"cannot resume the deployment in {out}: {ROUNDS_FILE} is missing, so the nodes' client states cannot be matched")
+        try:
+            saved = json.loads(path.read_text())
+            table = {int(round_index): [int(client_id) for client_id in clients] for round_index, clients in saved["accepted"].items()}
+            run_id = str(saved["run_id"])
+            sizes = np.array([int(count) for count in saved["num_samples"]], dtype=np.int64)
+            if not _RUN_ID.fullmatch(run_id) or sizes.shape != (num_clients,):
+                raise ValueError(f"run id {run_id!r} and {len(sizes)} sample counts for {num_clients} clients")
+        except (ValueError, TypeError, AttributeError, KeyError) as error:
+            raise ConfigError(f"{path} is damaged ({error}); it holds the run id, the clients' registered sample counts and the clients whose replies each round aggregated") from None
+        return {round_index: clients for round_index, clients in table.items() if round_index <= up_to_round}, run_id, sizes
+
+    def _write_accepted(self, out: Path) -> None:
+        text = json.dumps(
+            {"run_id": self._run_id, "num_samples": self._sizes.tolist(), "accepted": {str(round_index): clients for round_index, clients in sorted(self._accepted.items())}}
+        )
+        write_atomically(out / ROUNDS_FILE, lambda temporary: temporary.write_text(text))
+
+
+def _upload_model_bits(config: ExperimentConfig, sim: Any) -> int:
+    """What a compressed message's bits add to its decoded payload's: ST(Δ_k)'s bits less the dense model's (``with_compression``)."""
+    ratio = config.compression.ratio
+    if ratio is None:
+        ratio = registry.ALGORITHMS[config.algorithm.name].default_compression_ratio
+    if ratio >= 1:
+        return 0
+    sizes = list(sim.model.numels)
+    _, bits = compress_model(torch.zeros(sum(sizes)), sizes, ratio)
+    return bits - BITS_PER_ENTRY * sum(sizes)
+
+
+def run_in_process(
+    config: ExperimentConfig | dict | str | Path,
+    out_dir: str | Path,
+    state_dir: str | Path,
+    *,
+    num_nodes: int = 3,
+    resume: bool = False,
+    data: FederatedDataset | None = None,
+) -> RunResult:
+    """A whole deployment in this process: ``num_nodes`` DeploymentClients (clients dealt round-robin) serving the config's data set,
+    behind an InProcessTransport, and the DeploymentServer writing ``out_dir``."""
+    config = config if isinstance(config, ExperimentConfig) else load_config(config)
+    data = data if data is not None else load_data(config)
+    model = deployment_model(config, data)
+    load = dataset_loader(data)
+    nodes = {
+        index: DeploymentClient(config, node_clients(data.num_clients, num_nodes, index), load, state_dir, model).handle for index in range(num_nodes)
+    }
+    return DeploymentServer(config, out_dir, InProcessTransport(nodes), resume=resume, data=data).run()
+
+
+__all__ = [
+    "Acknowledged",
+    "DeploymentClient",
+    "DeploymentServer",
+    "InProcessTransport",
+    "NoReply",
+    "Registration",
+    "RegistrationQuery",
+    "Rejection",
+    "RequestRefused",
+    "RoundOutcome",
+    "Timeouts",
+    "TrainReply",
+    "TrainRequest",
+    "Transport",
+    "check_config_deployable",
+    "check_deployable",
+    "dataset_loader",
+    "deployment_model",
+    "node_clients",
+    "run_fingerprint",
+    "reply_template",
+    "round_settings",
+    "run_in_process",
+]
