@@ -113,8 +113,14 @@ def register(entry: AlgorithmEntry) -> AlgorithmEntry:
 
 
 def _same_definition(first: AlgorithmEntry, second: AlgorithmEntry) -> bool:
-    # a plugin file loaded under two module names defines equal entries with distinct function objects
-    return (first.module, first.from_config.__qualname__, first.label) == (second.module, second.from_config.__qualname__, second.label)
+    # One plugin file imported twice (as a module and by its path, or by a doctest run) defines equal entries
+    # with distinct function objects and module names: the same source file and function make them the same.
+    return (_source_of(first), first.from_config.__qualname__, first.label) == (_source_of(second), second.from_config.__qualname__, second.label)
+
+
+def _source_of(entry: AlgorithmEntry) -> str:
+    code = getattr(entry.from_config, "__code__", None)
+    return str(Path(code.co_filename).resolve()) if code is not None else entry.module
 
 
 def lookup(name: str) -> AlgorithmEntry | None:

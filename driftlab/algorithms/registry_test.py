@@ -258,3 +258,18 @@ def test_the_nesterov_example_sweep_runs_resumes_and_reports_from_the_repository
     reported = driftlab_cli("report", out, "--out", out / "report", "--no-plots", cwd=tmp_path, process=True)
     assert reported.returncode == 0, reported.stderr
     assert "| Nesterov FedAvg | 2 |" in (out / "report" / "report.md").read_text()
+
+
+def test_one_plugin_file_imported_as_a_module_and_by_its_path_registers_once(fresh_registry, tmp_path, monkeypatch):
+    # The full test run imports examples/*.py for their doctests and again by path as plugins.
+    import importlib
+
+    path = write_plugin(tmp_path, "toy_twice", file="toy_twice_module.py")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.import_module("toy_twice_module")
+    registry.import_file(path)  # a second module object of the same file: the same algorithm, not a clash
+    assert list(fresh_registry.ALGORITHMS).count("toy_twice") == 1
+    other = write_plugin(tmp_path / "elsewhere", "toy_twice", file="toy_twice_module.py")
+    with pytest.raises(ValueError, match="'toy_twice' is already registered"):
+        registry.import_file(other)  # another file under the same name still clashes
+    monkeypatch.delitem(sys.modules, "toy_twice_module")
