@@ -29,10 +29,9 @@ class _Fisher:
 
 
 def _context(client_id, **overrides):
-    values = dict(client_id=client_id, round=3, num_samples=40 + client_id, mean_num_samples=45.0, num_registered=10, planned_steps=4, multiplicity=1)
-    # The client learning rate's field name is being unified (learning_rate -> client_lr).
-    names = {field.name for field in dataclasses.fields(ClientContext)}
-    values["client_lr" if "client_lr" in names else "learning_rate"] = 0.1
+    values = dict(
+        client_id=client_id, round=3, num_samples=40 + client_id, mean_num_samples=45.0, num_registered=10, planned_steps=4, multiplicity=1, client_lr=0.1
+    )
     values.update(overrides)
     return ClientContext(**values)
 

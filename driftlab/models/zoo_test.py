@@ -229,7 +229,7 @@ def _round(name, input_shape, num_classes, kwargs, integer_inputs):
         rows = torch.arange(offset, offset + size)
         tasks.append(ClientTask(client_id, rows, batch_plan(3, 1, client_id, size, 4, 2), correction))  # 2 steps of batch 4
         offset += size
-    return model, start, tasks, LocalSettings(learning_rate=0.05), data
+    return model, start, tasks, LocalSettings(client_lr=0.05), data
 
 
 @pytest.mark.parametrize("case", BACKEND_CASES, ids=[f"{c[0]}-{'x'.join(map(str, c[1]))}" for c in BACKEND_CASES])

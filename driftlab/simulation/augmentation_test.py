@@ -162,7 +162,7 @@ def test_backends_agree_with_augmentation(dtype, clip_norm):
     model, data = _model(dtype), _data(dtype)
     start = model.initial_parameters()
     tasks = _tasks(fixed_steps={2: 3, 4: 1})  # two clients stop early
-    settings = LocalSettings(learning_rate=0.1, weight_decay=0.01, clip_norm=clip_norm)
+    settings = LocalSettings(client_lr=0.1, weight_decay=0.01, clip_norm=clip_norm)
     expected = _run(SequentialBackend(), model, start, tasks, settings, data)
     _assert_agree(expected, _run(VectorizedBackend(), model, start, tasks, settings, data), dtype)
     # Augmentation did change training: the models differ clearly from un-augmented ones.
@@ -184,7 +184,7 @@ def test_vmap_path_agrees_with_augmentation_and_corrections():
         NO_CORRECTION,
     ]
     tasks = _tasks(corrections=corrections)
-    settings = LocalSettings(learning_rate=0.1, weight_decay=0.01)
+    settings = LocalSettings(client_lr=0.1, weight_decay=0.01)
     expected = _run(SequentialBackend(), model, start, tasks, settings, data)
     _assert_agree(expected, _run(VectorizedBackend(batched_layers=False), model, start, tasks, settings, data), dtype)
     _assert_agree(expected, _run(VectorizedBackend(), model, start, tasks, settings, data), dtype)
@@ -195,7 +195,7 @@ def test_chunking_does_not_change_augmented_training():
     model, data = _model(dtype), _data(dtype)
     start = model.initial_parameters()
     tasks = _tasks()
-    settings = LocalSettings(learning_rate=0.1, clip_norm=0.5)
+    settings = LocalSettings(client_lr=0.1, clip_norm=0.5)
     one_chunk = VectorizedBackend(max_chunk_clients=len(tasks), parallel_chunks=False)
     tiny_budget = VectorizedBackend(memory_budget_bytes=1)  # one client per chunk, chunks in parallel threads
     engine = LinearReluStack.match(model)
@@ -212,7 +212,7 @@ def test_augmented_training_is_repeatable_and_keys_matter():
     dtype = torch.float64
     model, data = _model(dtype), _data(dtype)
     start = model.initial_parameters()
-    settings = LocalSettings(learning_rate=0.1)
+    settings = LocalSettings(client_lr=0.1)
     first = _run(SequentialBackend(), model, start, _tasks(), settings, data)
     _assert_identical(first, _run(SequentialBackend(), model, start, _tasks(), settings, data))  # a resumed round: bit for bit
     _assert_identical(_run(VectorizedBackend(), model, start, _tasks(), settings, data), _run(VectorizedBackend(), model, start, _tasks(), settings, data))
@@ -226,7 +226,7 @@ def test_partial_work_is_a_prefix_of_full_work():
     dtype = torch.float64
     model, data = _model(dtype), _data(dtype)
     start = model.initial_parameters()
-    settings = LocalSettings(learning_rate=0.1)
+    settings = LocalSettings(client_lr=0.1)
     full = _tasks()[1]
     partial = ClientTask(full.client_id, full.sample_indices, full.batches[:3], full.correction, augment_key=full.augment_key)
     short_plan = _tasks(fixed_steps={1: 3})[1]
@@ -246,7 +246,7 @@ def test_augmentation_off_leaves_training_bit_identical(backend_kind):
     }[backend_kind]
     model = _model(dtype)
     start = model.initial_parameters()
-    settings = LocalSettings(learning_rate=0.1, weight_decay=0.01, clip_norm=0.5)
+    settings = LocalSettings(client_lr=0.1, weight_decay=0.01, clip_norm=0.5)
     off = _data(dtype, augment=None)
     unkeyed = [ClientTask(t.client_id, t.sample_indices, t.batches, t.correction) for t in _tasks()]
     reference = _run(make(), model, start, unkeyed, settings, off)
@@ -273,7 +273,7 @@ def test_augment_receives_each_example_with_its_own_key():
     tasks = _tasks()
     data = _data(dtype, augment=None)
     for name, backend in (("sequential", SequentialBackend()), ("vectorized", VectorizedBackend(parallel_chunks=False))):
-        _run(backend, model, start, tasks, LocalSettings(learning_rate=0.1), TrainingData(data.inputs, data.targets, recorder(name)))
+        _run(backend, model, start, tasks, LocalSettings(client_lr=0.1), TrainingData(data.inputs, data.targets, recorder(name)))
     real_examples = sum(int((t.batches != -1).sum()) for t in tasks)
     assert len(seen["sequential"]) == real_examples
     # The vectorized backend also augments padding slots (weight 0); every real example has the same key and image.
@@ -295,7 +295,7 @@ def test_the_stacked_convolution_path_agrees_with_augmentation(clip_norm):
     data = _data(dtype)
     start = model.initial_parameters()
     tasks = _tasks(fixed_steps={2: 3, 4: 1})
-    settings = LocalSettings(learning_rate=0.1, weight_decay=0.01, clip_norm=clip_norm)
+    settings = LocalSettings(client_lr=0.1, weight_decay=0.01, clip_norm=clip_norm)
     expected = _run(SequentialBackend(), model, start, tasks, settings, data)
     for backend in (VectorizedBackend(), VectorizedBackend(max_chunk_clients=len(tasks), parallel_chunks=False)):
         _assert_agree(expected, _run(backend, model, start, tasks, settings, data), dtype)

@@ -422,7 +422,7 @@ def finish_round(
         "local_steps": int(sum(steps_done.get(context.client_id, 0) for context in work.contexts)),  # a client drawn twice trains once
         "upload_bits": int(sum(payload_bits(message) for _, message in reporting)),
         "download_bits": int(download_bits),
-        "client_lr": work.settings.local.learning_rate,
+        "client_lr": work.settings.local.client_lr,
         "server_lr": work.server_lr,
         "model_norm": float(torch.linalg.vector_norm(server.params)),
         **algorithm_metrics,

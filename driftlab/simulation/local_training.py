@@ -80,7 +80,7 @@ def batch_plan(seed: int, round_index: int, client_id: int, num_samples: int, ba
 class LocalSettings:
     """Hyperparameters of one round's local SGD, shared by its clients."""
 
-    learning_rate: float
+    client_lr: float  # η_l of the round (config client.lr)
     weight_decay: float = 0.0
     clip_norm: float | None = None
 
@@ -148,7 +148,7 @@ def corrected_step(
     theta: torch.Tensor, loss_gradient: torch.Tensor, correction: GradientCorrection, settings: LocalSettings
 ) -> torch.Tensor:
     """One SGD step with the algorithm's correction (module docstring)."""
-    return theta - settings.learning_rate * corrected_gradient(theta, loss_gradient, correction, settings)
+    return theta - settings.client_lr * corrected_gradient(theta, loss_gradient, correction, settings)
 
 
 class BoundModule:
@@ -251,7 +251,7 @@ def train_one_client(
             if local_step is None:
                 theta = corrected_step(theta, gradient, correction, settings)
             else:
-                theta, step_state = local_step.function(theta, corrected_gradient(theta, gradient, correction, settings), step_state, settings.learning_rate)
+                theta, step_state = local_step.function(theta, corrected_gradient(theta, gradient, correction, settings), step_state, settings.client_lr)
         done = step + 1
         if inexact and done % task.steps_per_epoch == 0 and done < task.num_steps:
             if objective_gradient_norm(bound, theta, task, settings, data) <= threshold:

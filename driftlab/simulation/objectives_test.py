@@ -175,7 +175,7 @@ def test_a_plain_sgd_local_step_equals_the_default_step_bit_for_bit(clip_norm):
     model, data = _model("mlp"), _data()
     start = model.initial_parameters()
     corrections = [NO_CORRECTION, GradientCorrection(linear=_vector(start, 0.05, 1) - start), GradientCorrection(quadratic=0.3, reference=_vector(start, 0.01, 2)), NO_CORRECTION]
-    settings = LocalSettings(learning_rate=0.1, weight_decay=0.01, clip_norm=clip_norm)
+    settings = LocalSettings(client_lr=0.1, weight_decay=0.01, clip_norm=clip_norm)
     default = _run(SequentialBackend(), model, start, _tasks(corrections), settings, data)
     stepped = _run(SequentialBackend(), model, start, _tasks([LocalObjective(c, local_step=LocalStep(plain_sgd)) for c in corrections]), settings, data)
     for position, (params, done) in default.items():
@@ -193,7 +193,7 @@ def test_fedprox_as_a_loss_term_equals_its_affine_correction(backend, model_name
     start = model.initial_parameters()
     anchor = _vector(start, 0.01, 3)
     mus = [0.1, 0.3, 0.5, 1.0]
-    settings = LocalSettings(learning_rate=0.1, weight_decay=0.01)  # no clipping: the correction's term is never clipped
+    settings = LocalSettings(client_lr=0.1, weight_decay=0.01)  # no clipping: the correction's term is never clipped
     affine = _tasks([GradientCorrection(quadratic=mu, reference=anchor) for mu in mus])
     as_terms = _tasks([LocalObjective(loss_term=LossTerm(proximal_term, (anchor, torch.tensor(mu, dtype=DTYPE)))) for mu in mus])
     run = (lambda: SequentialBackend()) if backend == "sequential" else (lambda: VectorizedBackend())
@@ -231,7 +231,7 @@ def test_the_vectorized_backend_agrees_with_the_sequential_one(model_name, clip_
     else:
         objectives = [dataclasses.replace(t, local_step=s.local_step) for t, s in zip(_term_objectives(start), _step_objectives(start))]
     tasks = _tasks(objectives)
-    settings = LocalSettings(learning_rate=0.1, weight_decay=0.01, clip_norm=clip_norm)
+    settings = LocalSettings(client_lr=0.1, weight_decay=0.01, clip_norm=clip_norm)
     expected = _run(SequentialBackend(), model, start, tasks, settings, data)
     assert len({done for _, done in expected.values()}) > 1  # unequal step counts
     _assert_agree(expected, _run(VectorizedBackend(), model, start, tasks, settings, data))
@@ -242,7 +242,7 @@ def test_a_round_mixing_affine_term_and_step_clients_agrees_in_any_chunking():
     start = model.initial_parameters()
     objectives = [GradientCorrection(linear=_vector(start, 0.05, 7) - start), _term_objectives(start)[1], _step_objectives(start)[2], NO_CORRECTION]
     tasks = _tasks(objectives)
-    settings = LocalSettings(learning_rate=0.1, clip_norm=0.5)
+    settings = LocalSettings(client_lr=0.1, clip_norm=0.5)
     expected = _run(SequentialBackend(), model, start, tasks, settings, data)
     for backend in (VectorizedBackend(), VectorizedBackend(max_chunk_clients=1), VectorizedBackend(batched_layers=False, parallel_chunks=False)):
         _assert_agree(expected, _run(backend, model, start, tasks, settings, data))
@@ -253,7 +253,7 @@ def test_gamma_inexact_stopping_counts_the_loss_term_on_both_backends():
     start = model.initial_parameters()
     anchor = _vector(start, 0.01, 3)
     term = LossTerm(proximal_term, (anchor, torch.tensor(0.5, dtype=DTYPE)))
-    settings = LocalSettings(learning_rate=0.3)
+    settings = LocalSettings(client_lr=0.3)
     with_term, with_correction = [], []
     for task in _tasks([LocalObjective(loss_term=term)] * 4, epochs=6):
         per_epoch = steps_for_epochs(len(task.sample_indices), BATCH_SIZE, 1)
@@ -274,7 +274,7 @@ def test_a_loss_term_vmap_cannot_handle_trains_sequentially_with_a_warning(caplo
     model, data = _model("mlp"), _data()
     start = model.initial_parameters()
     tasks = _tasks([LocalObjective(loss_term=LossTerm(branching_term, (_vector(start, 0.01, 8),)))] * 4)
-    settings = LocalSettings(learning_rate=0.1)
+    settings = LocalSettings(client_lr=0.1)
     expected = _run(SequentialBackend(), model, start, tasks, settings, data)
     with caplog.at_level("WARNING", logger="driftlab.simulation.vectorized"):
         actual = _run(VectorizedBackend(), model, start, tasks, settings, data, fallback_expected=True)

@@ -58,7 +58,7 @@ def _cnn_round():
     start = model.initial_parameters()
     # One step each: over several steps float32 and bf16 trajectories drift apart on random data, so compare one gradient.
     tasks = [ClientTask(k, torch.arange(8 * k, 8 * k + 8), batch_plan(0, 1, k, 8, 4, 1), NO_CORRECTION) for k in range(3)]
-    return model, start, tasks, LocalSettings(learning_rate=0.1), data
+    return model, start, tasks, LocalSettings(client_lr=0.1), data
 
 
 def _train(backend, model, start, tasks, settings, data) -> dict[int, torch.Tensor]:

@@ -168,7 +168,7 @@ def _round_setup(case_id: str, kind: str):
 @pytest.mark.parametrize("clip_norm", [None, 0.3], ids=["noclip", "clip"])
 def test_a_round_with_corrections_clipping_and_weight_decay_matches_the_sequential_backend(case_id, kind, clip_norm):
     model, start, tasks, data = _round_setup(case_id, kind)
-    settings = LocalSettings(learning_rate=0.1, weight_decay=0.01, clip_norm=clip_norm)
+    settings = LocalSettings(client_lr=0.1, weight_decay=0.01, clip_norm=clip_norm)
     expected = {p: (t.clone(), d) for p, t, d in SequentialBackend().train(model, start, tasks, settings, data)}
     for backend in (VectorizedBackend(), VectorizedBackend(max_chunk_clients=3, parallel_chunks=False)):
         actual = {p: (t.clone(), d) for p, t, d in backend.train(model, start, tasks, settings, data)}
@@ -193,7 +193,7 @@ def test_zoo_models_take_batched_layers_and_auto_follows_the_measured_rule():
 
 
 def test_on_a_cpu_convolutional_and_recurrent_networks_train_one_client_per_chunk_and_the_others_batch():
-    settings = LocalSettings(learning_rate=0.1)
+    settings = LocalSettings(client_lr=0.1)
     backend = VectorizedBackend(parallel_chunks=False)
     for case_id in ("sequential_conv_groupnorm", "gru"):
         model, start, tasks, data = _round_setup(case_id, "none")
@@ -207,7 +207,7 @@ def test_on_a_cpu_convolutional_and_recurrent_networks_train_one_client_per_chun
 def test_one_client_chunks_on_parallel_threads_use_their_own_module_copy():
     # functional_call swaps a module's parameters while it runs; two threads sharing one module would mix clients.
     model, start, tasks, data = _round_setup("gru", "mixed")
-    settings = LocalSettings(learning_rate=0.1, weight_decay=0.01)
+    settings = LocalSettings(client_lr=0.1, weight_decay=0.01)
     expected = {p: t.clone() for p, t, _ in SequentialBackend().train(model, start, tasks, settings, data)}
     backend = VectorizedBackend(max_chunk_clients=1)
     assert backend.workers(start, len(tasks)) == min(torch.get_num_threads(), len(tasks))
@@ -228,7 +228,7 @@ def test_a_sequential_the_batched_layers_would_misread_falls_back_to_vmap_and_st
     data = TrainingData(torch.randn(12, 2, 8, 8, generator=generator, dtype=torch.float64), torch.randint(0, 5, (12,), generator=generator))
     start = model.initial_parameters()
     tasks = [ClientTask(k, torch.arange(6 * k, 6 * k + 6), batch_plan(0, 1, k, 6, 3, 2), NO_CORRECTION) for k in range(2)]
-    settings = LocalSettings(learning_rate=0.1)
+    settings = LocalSettings(client_lr=0.1)
     backend = VectorizedBackend(max_chunk_clients=2, parallel_chunks=False)
     with caplog.at_level(logging.WARNING, logger="driftlab.simulation.vectorized"):
         actual = {p: t.clone() for p, t, _ in backend.train(model, start, tasks, settings, data)}

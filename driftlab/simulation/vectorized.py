@@ -488,7 +488,7 @@ def _objective_elements(tasks: Sequence[ClientTask]) -> int:
 
 def corrected_step_(theta: torch.Tensor, g: torch.Tensor, correction: StackedCorrection, settings: LocalSettings, scratch: torch.Tensor) -> None:
     """``local_training.corrected_step`` for a stack of clients, in place (``g`` is overwritten), same operation order."""
-    theta.sub_(corrected_gradient_(theta, g, correction, settings, scratch).mul_(settings.learning_rate))
+    theta.sub_(corrected_gradient_(theta, g, correction, settings, scratch).mul_(settings.client_lr))
 
 
 def corrected_gradient_(theta: torch.Tensor, g: torch.Tensor, correction: StackedCorrection, settings: LocalSettings, scratch: torch.Tensor) -> torch.Tensor:
@@ -892,9 +892,9 @@ def _train_chunk(
         block_correction = correction.head(active)
         if fused:
             extra = correction_terms(block, block_correction, settings.weight_decay, scratch[:active]) if scratch is not None else None
-            engine.sgd_step_(block, x, targets, weights, settings.learning_rate)
+            engine.sgd_step_(block, x, targets, weights, settings.client_lr)
             if extra is not None:
-                block.sub_(extra.mul_(settings.learning_rate))
+                block.sub_(extra.mul_(settings.client_lr))
         elif local_steps is None:
             g = engine.loss_gradient(block, x, targets, weights, gradient[:active])
             corrected_step_(block, g, block_correction, settings, scratch[:active])
@@ -903,10 +903,10 @@ def _train_chunk(
             corrected_gradient_(block, g, block_correction, settings, scratch[:active])
             for k in range(active):  # the algorithm's own step, client by client on its [P] rows (objectives.LocalStep)
                 if local_steps[k] is None:
-                    block[k].sub_(g[k].mul_(settings.learning_rate))
+                    block[k].sub_(g[k].mul_(settings.client_lr))
                 else:
                     # Fresh tensors, as the sequential backend passes: a state that keeps its gradient must not alias the buffer.
-                    params, step_states[k] = local_steps[k].function(block[k].clone(), g[k].clone(), step_states[k], settings.learning_rate)
+                    params, step_states[k] = local_steps[k].function(block[k].clone(), g[k].clone(), step_states[k], settings.client_lr)
                     block[k].copy_(params)
         stopping.after_step(step + 1, active, steps_done)
     return stopping.finals(theta), steps_done

@@ -116,7 +116,7 @@ def test_a_round_matches_the_sequential_backend(dtype, model_name, kind, clip_no
     model, data = _model(model_name, dtype), _data(dtype)
     start = model.initial_parameters()
     tasks = _tasks(_corrections(kind, start), fixed_steps={2: 3, 4: 1})  # two clients stop early (incomplete work)
-    settings = LocalSettings(learning_rate=0.1, weight_decay=0.01, clip_norm=clip_norm)
+    settings = LocalSettings(client_lr=0.1, weight_decay=0.01, clip_norm=clip_norm)
     expected = _run(SequentialBackend(), model, start, tasks, settings, data)
     _assert_agree(expected, _run(VectorizedBackend(), model, start, tasks, settings, data), dtype)
 
@@ -128,7 +128,7 @@ def test_the_vmap_path_matches_the_sequential_backend(model_name, clip_norm, cap
     model, data = _model(model_name, dtype), _data(dtype)
     start = model.initial_parameters()
     tasks = _tasks(_corrections("mixed", start))
-    settings = LocalSettings(learning_rate=0.1, weight_decay=0.01, clip_norm=clip_norm)
+    settings = LocalSettings(client_lr=0.1, weight_decay=0.01, clip_norm=clip_norm)
     expected = _run(SequentialBackend(), model, start, tasks, settings, data)
     with caplog.at_level(logging.WARNING, logger="driftlab.simulation.vectorized"):
         _assert_agree(expected, _run(VectorizedBackend(batched_layers=False), model, start, tasks, settings, data), dtype)
@@ -140,7 +140,7 @@ def test_without_corrections_or_weight_decay_the_step_is_plain_sgd():
     model, data = _model("mlp", dtype), _data(dtype)
     start = model.initial_parameters()
     tasks = _tasks(_corrections("none", start))
-    settings = LocalSettings(learning_rate=0.05)
+    settings = LocalSettings(client_lr=0.05)
     _assert_agree(_run(SequentialBackend(), model, start, tasks, settings, data), _run(VectorizedBackend(), model, start, tasks, settings, data), dtype)
 
 
@@ -153,7 +153,7 @@ def test_many_small_chunks_give_the_same_models_as_one_chunk(clip_norm):
     model, data = _model("mlp", dtype), _data(dtype)
     start = model.initial_parameters()
     tasks = _tasks(_corrections("mixed", start))
-    settings = LocalSettings(learning_rate=0.1, weight_decay=0.01, clip_norm=clip_norm)
+    settings = LocalSettings(client_lr=0.1, weight_decay=0.01, clip_norm=clip_norm)
     one_chunk = VectorizedBackend(max_chunk_clients=len(tasks), parallel_chunks=False)
     tiny_budget = VectorizedBackend(memory_budget_bytes=1)  # forces one client per chunk, chunks run in parallel threads
     assert one_chunk.chunk_size(LinearReluStack.match(model), model, start, tasks, settings, data) == len(tasks)
@@ -170,7 +170,7 @@ def test_vmapped_chunks_on_parallel_threads_give_the_models_of_one_chunk(objecti
     if objective == "term":
         corrections = [LocalObjective(c, loss_term=LossTerm(_output_norm_term, (start + 0.01 * k,))) for k, c in enumerate(corrections)]
     tasks = _tasks(corrections)
-    settings = LocalSettings(learning_rate=0.1, weight_decay=0.01, clip_norm=0.5)
+    settings = LocalSettings(client_lr=0.1, weight_decay=0.01, clip_norm=0.5)
     one_chunk = VectorizedBackend(batched_layers=False, max_chunk_clients=len(tasks), parallel_chunks=False)
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
@@ -189,7 +189,7 @@ def test_chunk_size_follows_the_memory_budget():
     model, data = _model("mlp", torch.float32), _data(torch.float32)
     start = model.initial_parameters()
     tasks = _tasks(_corrections("none", start)) * 200  # 1,200 clients
-    settings = LocalSettings(learning_rate=0.1)
+    settings = LocalSettings(client_lr=0.1)
     engine = LinearReluStack.match(model)
     small = VectorizedBackend(memory_budget_bytes=200_000, max_chunk_clients=10_000).chunk_size(engine, model, start, tasks, settings, data)
     large = VectorizedBackend(memory_budget_bytes=20_000_000, max_chunk_clients=10_000).chunk_size(engine, model, start, tasks, settings, data)
@@ -205,7 +205,7 @@ def test_gamma_inexact_clients_stop_at_the_same_step_as_sequentially():
     for task in _tasks(_corrections("quadratic_scalar", start), fixed_steps=six_epochs):
         per_epoch = steps_for_epochs(len(task.sample_indices), BATCH_SIZE, 1)
         tasks.append(ClientTask(task.client_id, task.sample_indices, task.batches, task.correction, stop_gamma=0.9, steps_per_epoch=per_epoch))
-    settings = LocalSettings(learning_rate=0.3)
+    settings = LocalSettings(client_lr=0.3)
     expected = _run(SequentialBackend(), model, start, tasks, settings, data)
     assert any(done < task.num_steps for (_, done), task in zip(expected.values(), tasks))  # some client did stop early
     _assert_agree(expected, _run(VectorizedBackend(), model, start, tasks, settings, data), dtype)
@@ -229,7 +229,7 @@ def test_a_module_vmap_cannot_handle_falls_back_to_sequential_with_a_warning(cap
     model, data = FlatModel.wrap(_DataDependentBranch()).to("cpu", dtype), _data(dtype)
     start = model.initial_parameters()
     tasks = _tasks(_corrections("linear", start))
-    settings = LocalSettings(learning_rate=0.1)
+    settings = LocalSettings(client_lr=0.1)
     with caplog.at_level(logging.WARNING, logger="driftlab.simulation.vectorized"):
         actual = _run(VectorizedBackend(), model, start, tasks, settings, data)
     assert any("sequential" in record.getMessage() for record in caplog.records)
@@ -270,7 +270,7 @@ def test_loss_terms_and_local_steps_see_augmented_batches_as_sequentially(model_
         for k in range(len(CLIENT_SIZES))
     ]
     tasks = [dataclasses.replace(task, augment_key=1000 + task.client_id) for task in _tasks(objectives, fixed_steps={2: 3})]
-    settings = LocalSettings(learning_rate=0.1, weight_decay=0.01, clip_norm=0.5)
+    settings = LocalSettings(client_lr=0.1, weight_decay=0.01, clip_norm=0.5)
     _assert_agree(_run(SequentialBackend(), model, start, tasks, settings, data), _run(VectorizedBackend(), model, start, tasks, settings, data), dtype)
 
 
@@ -279,7 +279,7 @@ def test_bare_terms_steps_and_affine_local_objectives_are_accepted_and_affine_on
     model, data = _model("mlp", dtype), _data(dtype)
     start = model.initial_parameters()
     corrections = _corrections("mixed", start)
-    settings = LocalSettings(learning_rate=0.1, weight_decay=0.01)
+    settings = LocalSettings(client_lr=0.1, weight_decay=0.01)
     affine = _run(VectorizedBackend(), model, start, _tasks(corrections), settings, data)
     wrapped = _run(VectorizedBackend(), model, start, _tasks([LocalObjective(correction=c) for c in corrections]), settings, data)
     for position, (params, done) in affine.items():  # the same fused Linear/ReLU path, bit for bit
@@ -295,7 +295,7 @@ def test_chunks_hold_fewer_clients_when_each_brings_its_own_loss_term_tensors():
     own = _tasks([LossTerm(_output_norm_term, (torch.zeros(20, *start.shape),))] * len(CLIENT_SIZES)) * 50  # 20 models each
     backend = VectorizedBackend(memory_budget_bytes=2_000_000, max_chunk_clients=10_000)
     engine = VmappedGradient(model)
-    settings = LocalSettings(learning_rate=0.1)
+    settings = LocalSettings(client_lr=0.1)
     assert backend.chunk_size(engine, model, start, own, settings, data) < backend.chunk_size(engine, model, start, shared, settings, data)
 
 
@@ -399,7 +399,7 @@ def test_two_devices_give_the_same_models_as_one_and_reruns_are_bit_identical():
     model, data = _model("mlp", dtype), _data(dtype)
     start = model.initial_parameters()
     tasks = _tasks(_corrections("mixed", start))
-    settings = LocalSettings(learning_rate=0.1, weight_decay=0.01)
+    settings = LocalSettings(client_lr=0.1, weight_decay=0.01)
     one = _run(VectorizedBackend(max_chunk_clients=2), model, start, tasks, settings, data)
     two = _run(VectorizedBackend(max_chunk_clients=2, devices=["cpu", "cpu"]), model, start, tasks, settings, data)
     again = _run(VectorizedBackend(max_chunk_clients=2, devices=["cpu", "cpu"]), model, start, tasks, settings, data)
@@ -514,7 +514,7 @@ def test_a_cuda_round_has_no_host_syncs_and_matches_the_cpu(model_name):
     model, data = _model(model_name, torch.float32), _data(torch.float32)
     start = model.initial_parameters()
     tasks = _tasks(_corrections("mixed", start))
-    settings = LocalSettings(learning_rate=0.1, weight_decay=0.01)
+    settings = LocalSettings(client_lr=0.1, weight_decay=0.01)
     expected = _run(VectorizedBackend(), model, start, tasks, settings, data)
     model.to(cuda, torch.float32)
     def on_cuda(value):
