@@ -120,11 +120,16 @@ def is_classifier(config: ExperimentConfig, data: FederatedDataset, model: Model
     return data.targets_are_classes and not data.multi_label and not quadratic
 
 
+def configured_algorithm(config: ExperimentConfig) -> Algorithm:
+    """The configured algorithm with its server optimizer, not yet wrapped by compression."""
+    server_optimizer = make_server_optimizer(config.server.optimizer, **config.server.optimizer_hyperparameters())
+    return registry.ALGORITHMS[config.algorithm.name].from_config(config.algorithm, server_optimizer)
+
+
 def build_algorithm(config: ExperimentConfig, flat_model: FlatModel) -> Algorithm:
     """The configured algorithm with its server optimizer, compressed when ``compression.ratio`` < 1."""
-    server_optimizer = make_server_optimizer(config.server.optimizer, **config.server.optimizer_hyperparameters())
+    algorithm = configured_algorithm(config)
     entry = registry.ALGORITHMS[config.algorithm.name]
-    algorithm = entry.from_config(config.algorithm, server_optimizer)
     ratio = config.compression.ratio
     if ratio is None:
         ratio = entry.default_compression_ratio

@@ -90,7 +90,7 @@ from driftlab.compress.ternary import compress_model
 from driftlab.data.federated import FederatedDataset
 from driftlab.errors import ConfigError
 from driftlab.experiments import run_directory
-from driftlab.experiments.assembly import build_algorithm, build_model, build_simulation, load_data, resolve_device
+from driftlab.experiments.assembly import build_algorithm, build_model, configured_algorithm, build_simulation, load_data, resolve_device
 from driftlab.experiments.config import ExperimentConfig, load_config
 from driftlab.experiments.runner import RunResult, evaluates_after, prepare_output, start_run_info, write_checkpoint
 from driftlab.flower import wire
@@ -98,7 +98,6 @@ from driftlab.flower.node_state import NodeClientState
 from driftlab.metrics.communication import BITS_PER_ENTRY, payload_bits
 from driftlab.metrics.summary import summarize
 from driftlab.optim.schedules import value_at
-from driftlab.optim.server import make_server_optimizer
 from driftlab.simulation.augmentation import flip_crop_from_keys
 from driftlab.simulation.checkpoint import write_atomically
 from driftlab.simulation.client import ClientData, ClientSettings, run_client
@@ -249,13 +248,7 @@ def check_deployable(config: ExperimentConfig, algorithm: Algorithm) -> None:
 
 def check_config_deployable(config: ExperimentConfig) -> None:
     """``check_deployable`` from the config alone (no data set or model is built): for the server's start and the CLI."""
-    check_deployable(config, _configured_algorithm(config))
-
-
-def _configured_algorithm(config: ExperimentConfig) -> Algorithm:
-    """The config's algorithm without its compression wrapper (which keeps the membership hooks): enough for ``check_deployable``."""
-    entry = registry.ALGORITHMS[config.algorithm.name]
-    return entry.from_config(config.algorithm, make_server_optimizer(config.server.optimizer, **config.server.optimizer_hyperparameters()))
+    check_deployable(config, configured_algorithm(config))
 
 
 def round_settings(config: ExperimentConfig, round_index: int) -> ClientSettings:
