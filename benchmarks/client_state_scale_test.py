@@ -28,3 +28,15 @@ def test_tiny_run_reports_every_number_and_removes_its_files(capsys, tmp_path, a
     # every trained client's row written once per round it trained in: 4 rows of 60·16+16 + 16·40+40 + 40·10+10 float32 parameters
     assert report["store_bytes_written"] == 3 * 4 * 4 * (60 * 16 + 16 + 16 * 40 + 40 + 40 * 10 + 10)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_a_run_killed_in_a_checkpoint_resumes_to_the_same_bits(capsys, tmp_path):
+    arguments = [
+        "--algorithm", "scaffold", "--clients", "40", "--per-round", "4", "--rounds", "5", "--checkpoint-every", "2",
+        "--hidden", "16", "--store", "disk", "--dir", str(tmp_path), "--kill-at-checkpoint", "2",
+    ]
+    report = client_state_scale.main(arguments)
+    assert report["killed_at_checkpoint"] == 2 and report["killed_resume_identical"] is True
+    assert "child run killed in checkpoint 2" in capsys.readouterr().out
+    assert list(tmp_path.iterdir()) == []

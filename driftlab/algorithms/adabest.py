@@ -14,7 +14,7 @@ On first participation ``h_k = 0``, so the factor ``1/(t − t'_k)`` does not
 matter.  The server needs no knowledge of N.  ``β = μ = 0`` is FedAvg with
 uniform weights bit for bit: with ``μ = 0`` the clients get no correction at
 all, and with ``β_t = 0`` the server returns ``θ̄^t`` itself (the same
-``aggregation_weights``/``weighted_sum`` arithmetic FedAvg uses, and FedAvg's
+``aggregation.RunningMean`` arithmetic FedAvg uses, and FedAvg's
 SGD server at lr 1 also returns ``θ̄`` exactly, see ``optim/apply.py``).
 
 ``β`` is a number in [0, 1] or a schedule of the round (``{kind =
@@ -57,14 +57,14 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, Sequence
+from typing import Annotated, Any, Literal
 
 import torch
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from driftlab.algorithms.aggregation import aggregation_weights, weighted_sum
+from driftlab.algorithms.aggregation import RunningMean, check_aggregation, client_weight
 from driftlab.optim.schedules import ExponentialSchedule, InverseTimeSchedule, schedule_from_table, value_at
-from driftlab.simulation.seam import NO_CORRECTION, Algorithm, ClientContext, ClientUpdate, GradientCorrection, RoundContext
+from driftlab.simulation.seam import NO_CORRECTION, Algorithm, ClientContext, ClientUpdate, GradientCorrection, RoundContext, ServerFold
 
 BetaSchedule = float | ExponentialSchedule | InverseTimeSchedule
 
@@ -143,7 +143,7 @@ def build(mu: float = 0.02, beta: BetaSchedule = 0.96, aggregation: str = "unifo
     if mu < 0:
         raise ValueError(f"adabest needs mu >= 0, got {mu}")
     beta = beta_value(beta)
-    aggregation_weights([1], [1], aggregation)  # validates the name before any work
+    check_aggregation(aggregation)  # before any work
 
     def server_init(initial_params: torch.Tensor) -> ServerState:
         return ServerState(params=initial_params, client_average=initial_params)
@@ -162,9 +162,14 @@ def build(mu: float = 0.02, beta: BetaSchedule = 0.96, aggregation: str = "unifo
         message = ClientMessage(update.final_params, context.num_samples, context.multiplicity)
         return ClientState(drift, context.round), message
 
-    def server_update(server: ServerState, messages: Sequence[ClientMessage], context: RoundContext) -> tuple[ServerState, dict[str, float]]:
-        weights = aggregation_weights([m.num_samples for m in messages], [m.multiplicity for m in messages], aggregation)
-        client_average = weighted_sum([m.params for m in messages], weights)
+    def aggregation_start(server: ServerState, context: RoundContext) -> RunningMean:
+        return RunningMean()
+
+    def aggregation_add(client_models: RunningMean, message: ClientMessage) -> RunningMean:
+        return client_models.add(message.params, client_weight(message.num_samples, message.multiplicity, aggregation))
+
+    def aggregation_finish(server: ServerState, client_models: RunningMean, context: RoundContext) -> tuple[ServerState, dict[str, float]]:
+        client_average = client_models.value()
         beta_t = value_at(beta, context.round)
         if beta_t == 0:
             # h^t = 0: return θ̄^t itself so β = μ = 0 is FedAvg to the bit (no −0.0 subtraction).
@@ -176,8 +181,9 @@ def build(mu: float = 0.02, beta: BetaSchedule = 0.96, aggregation: str = "unifo
     def broadcast(server: ServerState) -> ClientView:
         return ClientView(server.params)
 
-    return Algorithm("adabest", server_init, client_objective, client_finish, server_update, broadcast,
-                     client_state_init=client_state_init)
+    fold = ServerFold(aggregation_start, aggregation_add, aggregation_finish)
+    return Algorithm("adabest", server_init, client_objective, client_finish, fold.server_update, broadcast,
+                     client_state_init=client_state_init, server_fold=fold)
 
 
 def from_config(config: Config, server_optimizer: Any) -> Algorithm:  # noqa: ARG001

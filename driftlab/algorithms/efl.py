@@ -50,14 +50,14 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal, Sequence
+from typing import Any, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from driftlab.algorithms.aggregation import aggregation_weights, weighted_sum
+from driftlab.algorithms.aggregation import RunningMean, check_aggregation, client_weight
 from driftlab.optim.apply import apply_server_optimizer
-from driftlab.simulation.seam import NO_CORRECTION, Algorithm, ClientContext, ClientUpdate, GradientCorrection, RoundContext
+from driftlab.simulation.seam import NO_CORRECTION, Algorithm, ClientContext, ClientUpdate, GradientCorrection, RoundContext, ServerFold
 
 DEFAULT_COMPRESSION_RATIO = 0.01
 
@@ -110,6 +110,18 @@ class ClientMessage:
     completed_fraction: float  # s_k / E
 
 
+@dataclass(frozen=True)
+class RoundSums:
+    """The server's running sums over a round's messages: ``Σ_P r_k θ_k``, the adaptive weights' extra
+    ``Σ_{incomplete} r_k (E/s_k − 1)(θ_k − θ)`` (None while no incomplete client reported), and U, V so far."""
+
+    client_models: RunningMean
+    incomplete_extra: torch.Tensor | None
+    start_params: torch.Tensor  # θ^{t−1}
+    fisher_sum: torch.Tensor
+    weighted_model_sum: torch.Tensor
+
+
 def build(
     server_optimizer: Any,
     elastic: float = 0.5,
@@ -124,7 +136,7 @@ def build(
         raise ValueError(f"fisher_examples must be >= 1, got {fisher_examples}")
     if incomplete not in ("adaptive", "plain", "drop"):
         raise ValueError(f"incomplete must be adaptive, plain or drop; got {incomplete!r}")
-    aggregation_weights([1], [1], aggregation)
+    check_aggregation(aggregation)
     uses_fisher = elastic > 0
 
     def server_init(initial_params: torch.Tensor) -> ServerState:
@@ -166,32 +178,40 @@ def build(
         )
         return new_state, message
 
-    def server_update(server: ServerState, messages: Sequence[ClientMessage], context: RoundContext):
-        weights = aggregation_weights([m.num_samples for m in messages], [m.multiplicity for m in messages], aggregation)
-        client_average = weighted_sum([m.params for m in messages], weights)
-        if incomplete == "adaptive":
+    def aggregation_start(server: ServerState, context: RoundContext) -> RoundSums:
+        return RoundSums(RunningMean(), None, server.params, server.fisher_sum, server.weighted_model_sum)
+
+    def aggregation_add(sums: RoundSums, message: ClientMessage) -> RoundSums:
+        weight = client_weight(message.num_samples, message.multiplicity, aggregation)
+        extra = sums.incomplete_extra
+        if incomplete == "adaptive" and message.completed_fraction < 1.0:
             # p_k − w_k = w_k (E/s_k − 1) for incomplete clients; zero (and skipped) for complete ones
-            for message, weight in zip(messages, weights):
-                if message.completed_fraction < 1.0:
-                    client_average = client_average + weight * (1.0 / message.completed_fraction - 1.0) * (message.params - server.params)
+            term = weight * (1.0 / message.completed_fraction - 1.0) * (message.params - sums.start_params)
+            extra = term if extra is None else extra + term
+        fisher_sum, weighted_model_sum = sums.fisher_sum, sums.weighted_model_sum
+        if uses_fisher:
+            fisher_sum = fisher_sum + message.fisher_change
+            weighted_model_sum = weighted_model_sum + message.weighted_model_change
+        return RoundSums(sums.client_models.add(message.params, weight), extra, sums.start_params, fisher_sum, weighted_model_sum)
+
+    def aggregation_finish(server: ServerState, sums: RoundSums, context: RoundContext):
+        client_average = sums.client_models.value()
+        if sums.incomplete_extra is not None:
+            client_average = client_average + sums.incomplete_extra / sums.client_models.weight
         params, optimizer_state = apply_server_optimizer(
             server_optimizer, server.optimizer_state, server.params, client_average, context.server_learning_rate
         )
-        fisher_sum, weighted_model_sum = server.fisher_sum, server.weighted_model_sum
-        if uses_fisher:
-            for message in messages:
-                fisher_sum = fisher_sum + message.fisher_change
-                weighted_model_sum = weighted_model_sum + message.weighted_model_change
-        metrics = {"fisher_sum_norm": float(torch.linalg.vector_norm(fisher_sum))} if uses_fisher else {}
-        return ServerState(params, optimizer_state, fisher_sum, weighted_model_sum), metrics
+        metrics = {"fisher_sum_norm": float(torch.linalg.vector_norm(sums.fisher_sum))} if uses_fisher else {}
+        return ServerState(params, optimizer_state, sums.fisher_sum, sums.weighted_model_sum), metrics
 
     def broadcast(server: ServerState) -> ClientView:
         if not uses_fisher:
             return ClientView(server.params, None, None)
         return ClientView(server.params, server.fisher_sum, server.weighted_model_sum)
 
-    return Algorithm("efl", server_init, client_objective, client_finish, server_update, broadcast,
-                     client_state_init=client_state_init)
+    fold = ServerFold(aggregation_start, aggregation_add, aggregation_finish)
+    return Algorithm("efl", server_init, client_objective, client_finish, fold.server_update, broadcast,
+                     client_state_init=client_state_init, server_fold=fold)
 
 
 def from_config(config: Config, server_optimizer: Any) -> Algorithm:

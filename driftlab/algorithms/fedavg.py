@@ -8,6 +8,8 @@ as algorithms.md states them:
                θ^t = ServerOpt(θ^{t−1}, q, η_g,t)
 
 with ``w_k = n_k / Σ_P n_j`` ("weighted", default) or ``1/|P|`` ("uniform").
+The server folds each message into ``Σ_P r_k θ_k`` and ``Σ_P r_k`` (``r_k = n_k``
+or 1) as it arrives and divides once (``aggregation.RunningMean``).
 SGD with ``η_g = 1`` is FedAvg itself (``θ^t = θ̄``); FedAdam is this module
 with the Adam server optimizer; FedAvgM with momentum.
 
@@ -28,14 +30,14 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal, Sequence
+from typing import Any, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from driftlab.algorithms.aggregation import aggregation_weights, weighted_sum
+from driftlab.algorithms.aggregation import RunningMean, check_aggregation, client_weight
 from driftlab.optim.apply import apply_server_optimizer
-from driftlab.simulation.seam import NO_CORRECTION, Algorithm, ClientContext, ClientUpdate, GradientCorrection, RoundContext
+from driftlab.simulation.seam import NO_CORRECTION, Algorithm, ClientContext, ClientUpdate, GradientCorrection, RoundContext, ServerFold
 
 
 class Config(BaseModel):
@@ -72,7 +74,7 @@ class ClientMessage:
 def build(server_optimizer: Any, aggregation: str = "weighted", incomplete: str = "drop") -> Algorithm:
     """FedAvg with ``server_optimizer`` (``driftlab.optim.server``), ``aggregation`` in {"weighted", "uniform"}
     and ``incomplete`` in {"drop", "keep"}."""
-    aggregation_weights([1], [1], aggregation)  # validates the name before any work
+    check_aggregation(aggregation)  # before any work
     if incomplete not in ("drop", "keep"):
         raise ValueError(f"incomplete must be 'drop' or 'keep', got {incomplete!r}")
 
@@ -87,18 +89,23 @@ def build(server_optimizer: Any, aggregation: str = "weighted", incomplete: str 
             return None, None
         return None, ClientMessage(update.final_params, context.num_samples, context.multiplicity)
 
-    def server_update(server: ServerState, messages: Sequence[ClientMessage], context: RoundContext) -> tuple[ServerState, dict[str, float]]:
-        weights = aggregation_weights([m.num_samples for m in messages], [m.multiplicity for m in messages], aggregation)
-        client_average = weighted_sum([m.params for m in messages], weights)
+    def aggregation_start(server: ServerState, context: RoundContext) -> RunningMean:
+        return RunningMean()
+
+    def aggregation_add(client_models: RunningMean, message: ClientMessage) -> RunningMean:
+        return client_models.add(message.params, client_weight(message.num_samples, message.multiplicity, aggregation))
+
+    def aggregation_finish(server: ServerState, client_models: RunningMean, context: RoundContext) -> tuple[ServerState, dict[str, float]]:
         params, optimizer_state = apply_server_optimizer(
-            server_optimizer, server.optimizer_state, server.params, client_average, context.server_learning_rate
+            server_optimizer, server.optimizer_state, server.params, client_models.value(), context.server_learning_rate
         )
         return ServerState(params, optimizer_state), {}
 
     def broadcast(server: ServerState) -> ClientView:
         return ClientView(server.params)
 
-    return Algorithm("fedavg", server_init, client_objective, client_finish, server_update, broadcast)
+    fold = ServerFold(aggregation_start, aggregation_add, aggregation_finish)
+    return Algorithm("fedavg", server_init, client_objective, client_finish, fold.server_update, broadcast, server_fold=fold)
 
 
 def from_config(config: Config, server_optimizer: Any) -> Algorithm:

@@ -180,10 +180,11 @@ def test_fedavg_new_params_are_exactly_the_weighted_average_of_client_models(mon
     assert sorted(finals) == ids and len(ids) == 3
     sizes = [int(sim.data.client_sizes[k]) for k in ids]
     assert len(set(sizes)) > 1  # unequal n_k, so weighted differs from uniform
-    total = float(sum(sizes))
-    expected = (sizes[0] / total) * finals[ids[0]]
+    # Σ_P n_k θ_k summed in sample order, then divided once by Σ_P n_k (the server's running sum).
+    weighted = float(sizes[0]) * finals[ids[0]]
     for k, n in zip(ids[1:], sizes[1:]):
-        expected = expected + (n / total) * finals[k]
+        weighted = weighted + float(n) * finals[k]
+    expected = weighted / float(sum(sizes))
     assert torch.equal(new_state.server.params, expected)
     uniform = sum(finals[k] for k in ids) / len(ids)
     assert not torch.allclose(new_state.server.params, uniform)

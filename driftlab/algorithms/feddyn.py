@@ -61,13 +61,13 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal, Sequence
+from typing import Any, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from driftlab.algorithms.aggregation import aggregation_weights, weighted_sum
-from driftlab.simulation.seam import Algorithm, ClientContext, ClientUpdate, GradientCorrection, RoundContext
+from driftlab.algorithms.aggregation import RunningMean
+from driftlab.simulation.seam import Algorithm, ClientContext, ClientUpdate, GradientCorrection, RoundContext, ServerFold
 
 BALANCES = ("by_size", "none")
 
@@ -109,6 +109,15 @@ class ClientMessage:
     multiplicity: int
 
 
+@dataclass(frozen=True)
+class RoundSums:
+    """The server's running sums over a round's messages: ``Σ_P θ_k`` (by multiplicity) and ``Σ_S λ_k`` so far."""
+
+    client_models: RunningMean
+    start_params: torch.Tensor  # θ^{t−1}
+    dual_sum: torch.Tensor
+
+
 def client_alpha(alpha: float, balance: str, context: ClientContext) -> float:
     """``α_k``: ``α · n̄ / n_k`` ("by_size") or ``α`` ("none")."""
     if balance == "by_size":
@@ -137,15 +146,21 @@ def build(alpha: float = 0.01, balance: str = "by_size") -> Algorithm:
         dual = client.dual + (update.final_params - view.params)
         return ClientState(dual), ClientMessage(update.final_params, context.multiplicity)
 
-    def server_update(server: ServerState, messages: Sequence[ClientMessage], context: RoundContext) -> tuple[ServerState, dict[str, float]]:
-        weights = aggregation_weights([1] * len(messages), [m.multiplicity for m in messages], "uniform")
-        client_average = weighted_sum([m.params for m in messages], weights)
-        dual_sum = server.dual_sum
-        for message in messages:  # each reporting client once, with the increment it added to its own λ_k
-            dual_sum = dual_sum + (message.params - server.params)
-        dual_mean = dual_sum / context.num_registered
-        params = client_average + dual_mean
-        return ServerState(params, dual_sum), {"drift_norm": float(torch.linalg.vector_norm(dual_mean))}
+    def aggregation_start(server: ServerState, context: RoundContext) -> RoundSums:
+        return RoundSums(RunningMean(), server.params, server.dual_sum)
+
+    def aggregation_add(sums: RoundSums, message: ClientMessage) -> RoundSums:
+        # Σ_S λ_k gains each reporting client once, with the increment it added to its own λ_k.
+        return RoundSums(
+            sums.client_models.add(message.params, float(message.multiplicity)),
+            sums.start_params,
+            sums.dual_sum + (message.params - sums.start_params),
+        )
+
+    def aggregation_finish(server: ServerState, sums: RoundSums, context: RoundContext) -> tuple[ServerState, dict[str, float]]:
+        dual_mean = sums.dual_sum / context.num_registered
+        params = sums.client_models.value() + dual_mean
+        return ServerState(params, sums.dual_sum), {"drift_norm": float(torch.linalg.vector_norm(dual_mean))}
 
     def broadcast(server: ServerState) -> ClientView:
         return ClientView(server.params)
@@ -157,8 +172,9 @@ def build(alpha: float = 0.01, balance: str = "by_size") -> Algorithm:
     def client_left(server: ServerState, client: ClientState) -> ServerState:
         return ServerState(server.params, server.dual_sum - client.dual)
 
-    return Algorithm("feddyn", server_init, client_objective, client_finish, server_update, broadcast,
-                     client_state_init=client_state_init, client_joined=client_joined, client_left=client_left)
+    fold = ServerFold(aggregation_start, aggregation_add, aggregation_finish)
+    return Algorithm("feddyn", server_init, client_objective, client_finish, fold.server_update, broadcast,
+                     client_state_init=client_state_init, client_joined=client_joined, client_left=client_left, server_fold=fold)
 
 
 def from_config(config: Config, server_optimizer: Any) -> Algorithm:  # noqa: ARG001

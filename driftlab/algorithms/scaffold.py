@@ -49,13 +49,13 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal, Sequence
+from typing import Any, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from driftlab.algorithms.aggregation import aggregation_weights, weighted_sum
-from driftlab.simulation.seam import Algorithm, ClientContext, ClientUpdate, GradientCorrection, RoundContext
+from driftlab.algorithms.aggregation import RunningMean
+from driftlab.simulation.seam import Algorithm, ClientContext, ClientUpdate, GradientCorrection, RoundContext, ServerFold
 
 
 class Config(BaseModel):
@@ -92,6 +92,14 @@ class ClientMessage:
     multiplicity: int
 
 
+@dataclass(frozen=True)
+class RoundSums:
+    """The server's running sums over a round's messages: ``Σ_P Δy_k`` (by multiplicity) and ``Σ_P Δc_k``."""
+
+    params_delta: RunningMean
+    control_delta_sum: torch.Tensor | None
+
+
 def build(server_optimizer: Any) -> Algorithm:
     """SCAFFOLD option II whose θ-update applies ``server_optimizer`` to ``q = −mean_P Δy_k``."""
 
@@ -117,25 +125,29 @@ def build(server_optimizer: Any) -> Algorithm:
         message = ClientMessage(params_delta, new_control - client.control, context.multiplicity)
         return ClientState(new_control), message
 
-    def server_update(server: ServerState, messages: Sequence[ClientMessage], context: RoundContext) -> tuple[ServerState, dict[str, float]]:
-        weights = aggregation_weights([1] * len(messages), [m.multiplicity for m in messages], "uniform")
-        mean_params_delta = weighted_sum([m.params_delta for m in messages], weights)
+    def aggregation_start(server: ServerState, context: RoundContext) -> RoundSums:
+        return RoundSums(RunningMean(), None)
+
+    def aggregation_add(sums: RoundSums, message: ClientMessage) -> RoundSums:
+        # Σ_P Δc_k counts each reporting client once, whatever its multiplicity.
+        control = message.control_delta if sums.control_delta_sum is None else sums.control_delta_sum + message.control_delta
+        return RoundSums(sums.params_delta.add(message.params_delta, float(message.multiplicity)), control)
+
+    def aggregation_finish(server: ServerState, sums: RoundSums, context: RoundContext) -> tuple[ServerState, dict[str, float]]:
         params, optimizer_state = server_optimizer.update(
-            server.optimizer_state, server.params, -mean_params_delta, context.server_learning_rate
+            server.optimizer_state, server.params, -sums.params_delta.value(), context.server_learning_rate
         )
-        # (|P|/N) mean_P Δc_k = (1/N) Σ_P Δc_k, each reporting client once.
-        control_delta_sum = messages[0].control_delta
-        for message in messages[1:]:
-            control_delta_sum = control_delta_sum + message.control_delta
-        control = server.control + control_delta_sum / context.num_registered
+        # (|P|/N) mean_P Δc_k = (1/N) Σ_P Δc_k.
+        control = server.control + sums.control_delta_sum / context.num_registered
         metrics = {"drift_norm": float(torch.linalg.vector_norm(control))}
         return ServerState(params, control, optimizer_state), metrics
 
     def broadcast(server: ServerState) -> ClientView:
         return ClientView(server.params, server.control)
 
-    return Algorithm("scaffold", server_init, client_objective, client_finish, server_update, broadcast,
-                     client_state_init=client_state_init)
+    fold = ServerFold(aggregation_start, aggregation_add, aggregation_finish)
+    return Algorithm("scaffold", server_init, client_objective, client_finish, fold.server_update, broadcast,
+                     client_state_init=client_state_init, server_fold=fold)
 
 
 def from_config(config: Config, server_optimizer: Any) -> Algorithm:

@@ -46,7 +46,7 @@ import torch
 
 from driftlab.compress.ternary import TernaryVector, compress_model
 from driftlab.metrics.communication import BITS_PER_ENTRY, payload_bits
-from driftlab.simulation.seam import Algorithm, ClientContext, ClientUpdate, RoundContext
+from driftlab.simulation.seam import Algorithm, ClientContext, ClientUpdate, RoundContext, ServerFold
 
 
 @dataclass(frozen=True)
@@ -159,8 +159,16 @@ def with_compression(algorithm: Algorithm, ratio: float, tensor_sizes: Sequence[
         wire_bits = payload_bits(message) - model_bits + bits
         return CompressedClientState(inner_state, delta - sent), compressed_message(message, wire_bits, sent, sizes, update.start_params, received.final_params)
 
-    def server_update(server: CompressedServerState, messages: Sequence[CompressedPayload], context: RoundContext):
-        inner, metrics = algorithm.server_update(server.inner, [m.payload for m in messages], context)
+    inner_fold = algorithm.fold()
+
+    def aggregation_start(server: CompressedServerState, context: RoundContext) -> Any:
+        return inner_fold.start(server.inner, context)
+
+    def aggregation_add(accumulator: Any, message: CompressedPayload) -> Any:
+        return inner_fold.add(accumulator, message.payload)
+
+    def aggregation_finish(server: CompressedServerState, accumulator: Any, context: RoundContext):
+        inner, metrics = inner_fold.finish(server.inner, accumulator, context)
         delta = server.residual + (inner.params - server.inner.params)
         sent, bits = compress_model(delta, sizes, ratio)
         inner = dataclasses.replace(inner, params=server.inner.params + sent)
@@ -176,8 +184,9 @@ def with_compression(algorithm: Algorithm, ratio: float, tensor_sizes: Sequence[
         return lambda server, client: dataclasses.replace(server, inner=hook(server.inner, client.inner if client is not None else None))
 
     joined, left = membership_hook(algorithm.client_joined), membership_hook(algorithm.client_left)
-    return Algorithm(algorithm.name, server_init, client_objective, client_finish, server_update, broadcast,
-                     client_state_init=client_state_init, client_joined=joined, client_left=left)
+    fold = ServerFold(aggregation_start, aggregation_add, aggregation_finish)
+    return Algorithm(algorithm.name, server_init, client_objective, client_finish, fold.server_update, broadcast,
+                     client_state_init=client_state_init, client_joined=joined, client_left=left, server_fold=fold)
 
 
 def compressed_message(

@@ -146,7 +146,7 @@ def test_end_to_end_server_moves_only_by_broadcast_st_and_conserves_mass():
         captured["aggregated"] = sum(w * (m.payload.params - server.params) for w, m in zip(weights.tolist(), messages))
         return original_update(server, messages, context)
 
-    sim.algorithm = dataclasses.replace(sim.algorithm, server_update=recording_update)
+    sim.algorithm = dataclasses.replace(sim.algorithm, server_update=recording_update, server_fold=None)  # the engine collects
     for _ in range(config.rounds):
         before = state.server.params
         state, record = run_round(sim, state)

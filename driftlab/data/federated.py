@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from driftlab.data.pixels import PixelNormalisation
 from driftlab.errors import ConfigError
 
 __all__ = ["DataFileError", "FederatedArrays", "FederatedDataset", "classes_covering_fraction", "federated_dataset_from_arrays"]
@@ -53,6 +54,10 @@ class FederatedDataset:
             images and features; integer token ids are accepted for text).
         train_targets: ``[N]`` int64 class ids in ``[0, num_classes)``.
         test_inputs: ``[M, *input_shape]``, preprocessed like ``train_inputs``.
+        input_normalisation: with uint8 image inputs, the normalisation applied
+            to every gathered batch (``data.pixels.PixelNormalisation``), a
+            quarter of the memory of normalised float32 images; ``None``: the
+            inputs are used as they are.
         test_targets: ``[M]`` int64 class ids.
         client_indices: one int64 array per client with row indices into the
             train tensors. Every client holds at least one row; no row belongs
@@ -92,8 +97,12 @@ class FederatedDataset:
     global_test_size: int | None = None  # the first rows of the test tensors that form the global test set (None: all)
     multi_label: bool = False  # targets are float multi-hot rows [N, num_classes] instead of class ids
     targets_are_classes: bool = True  # False: targets of any shape for a loss of the user's own (regression)
+    # uint8 image inputs kept as pixels, normalised batch by batch by this (data.pixels); None: inputs used as they are
+    input_normalisation: PixelNormalisation | None = None
 
     def __post_init__(self) -> None:
+        if self.input_normalisation is not None:
+            _check_pixels(self.train_inputs, self.test_inputs, self.input_normalisation)
         if self.targets_are_classes:
             _check_split(self.train_inputs, self.train_targets, "train", self.num_classes, self.multi_label)
             _check_split(self.test_inputs, self.test_targets, "test", self.num_classes, self.multi_label)
@@ -147,6 +156,8 @@ class FederatedDataset:
         config.json records it for the user's own data, so a resume with other data is refused."""
         hasher = hashlib.sha256()
         header = [self.num_classes, self.multi_label, self.targets_are_classes, self.global_test_size]
+        if self.input_normalisation is not None:  # float data keeps the digest it always had
+            header.append((self.input_normalisation.mean, self.input_normalisation.std))
         hasher.update(repr(header).encode())
         for tensor in (self.train_inputs, self.train_targets, self.test_inputs, self.test_targets):
             _hash_array(hasher, tensor)
@@ -216,6 +227,19 @@ def classes_covering_fraction(labels: np.ndarray, num_classes: int, fraction: fl
     needed = fraction * len(labels)
     covered = np.cumsum(counts)
     return int(np.searchsorted(covered, needed - 1e-9 * len(labels), side="left") + 1)
+
+
+def _check_pixels(train: torch.Tensor, test: torch.Tensor, normalisation: PixelNormalisation) -> None:
+    """Raise ValueError unless both splits are uint8 pixels with the normalisation's channels."""
+    for split, inputs in (("train", train), ("test", test)):
+        if not isinstance(inputs, torch.Tensor) or inputs.dtype != torch.uint8:
+            dtype = inputs.dtype if isinstance(inputs, torch.Tensor) else type(inputs).__name__
+            raise ValueError(f"input_normalisation is for uint8 pixels but {split}_inputs are {dtype}; give uint8 images or leave input_normalisation unset")
+        if normalisation.channels > 1 and (inputs.dim() < 4 or inputs.shape[-3] != normalisation.channels):
+            raise ValueError(
+                f"input_normalisation has {normalisation.channels} channels but {split}_inputs have shape {tuple(inputs.shape)}; "
+                "give images [n, c, h, w] with one mean and deviation per channel"
+            )
 
 
 def _check_split(inputs: torch.Tensor, targets: torch.Tensor, split: str, num_classes: int, multi_label: bool = False) -> None:
@@ -327,6 +351,9 @@ class FederatedArrays:
         test_client_ids: optional ``[M]``: each test example's client (its local test split, giving
             ``client_test_accuracy_mean``); ``None``: the test set is global only.
         num_classes: classes of integer targets; default: the largest class id in either split, plus one.
+        input_normalisation: for uint8 images ``[N, c, h, w]``, a ``driftlab.data.pixels.PixelNormalisation``:
+            the images stay uint8 (a quarter of float32's memory) and every batch is normalised as it is
+            gathered; ``None``: the inputs are used as given.
 
     ``FederatedArrays.from_datasets`` builds one from map-style torch Datasets.
 
@@ -347,6 +374,7 @@ class FederatedArrays:
     test_targets: ArrayLike
     test_client_ids: ArrayLike | None = None
     num_classes: int | None = None
+    input_normalisation: PixelNormalisation | None = None
 
     @classmethod
     def from_datasets(
@@ -449,7 +477,7 @@ def federated_dataset_from_arrays(arrays: FederatedArrays, origin: str = "data",
     try:
         return FederatedDataset(
             name, train_x, train_y, test_x, test_y, client_indices, num_classes,
-            client_test_indices=client_test_indices, targets_are_classes=classes,
+            client_test_indices=client_test_indices, targets_are_classes=classes, input_normalisation=arrays.input_normalisation,
         )
     except ValueError as error:
         raise ConfigError(f"{origin}: {error}") from None

@@ -48,6 +48,7 @@ import torch
 from driftlab.data import idx
 from driftlab.data.archive import ArchiveLimits, corrupt_file_error, iter_tar_members, open_decompressed, read_capped
 from driftlab.data.federated import DataFileError
+from driftlab.data.pixels import PixelNormalisation
 from driftlab.simulation.augmentation import check_images, flip_then_shift
 
 __all__ = [
@@ -64,14 +65,20 @@ __all__ = [
     "IMAGE_FOLDER_LIMITS",
     "MAX_IMAGE_PIXELS",
     "load_cifar10_image_folder",
+    "load_cifar10_image_folder_pixels",
+    "load_cifar_pixels",
     "load_cifar_tensors",
+    "load_emnist_pixels",
     "load_emnist_tensors",
+    "load_fashion_mnist_pixels",
     "load_fashion_mnist_tensors",
     "load_image_folder",
     "random_flip_crop",
 ]
 
 Tensors = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+# uint8 train images, labels, uint8 test images, labels and their normalisation (the ``load_*_pixels`` loaders).
+Pixels = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, PixelNormalisation]
 
 # Fashion-MNIST statistics of the training pixels (scaled to [0, 1]).
 FASHION_MNIST_MEAN = 0.2860
@@ -118,7 +125,7 @@ def _download_hint(name: str) -> str:
 # --- Fashion-MNIST -----------------------------------------------------------
 
 
-def load_fashion_mnist_tensors(root: str | os.PathLike) -> Tensors:
+def load_fashion_mnist_pixels(root: str | os.PathLike) -> Pixels:
     """Load Fashion-MNIST (Xiao, Rasul and Vollgraf 2017) from its four official IDX files.
 
     The files have MNIST's names and format (``train-images-idx3-ubyte.gz``,
@@ -127,8 +134,9 @@ def load_fashion_mnist_tensors(root: str | os.PathLike) -> Tensors:
     ``(p / 255 - 0.2860) / 0.3530``, Fashion-MNIST's own training statistics.
 
     Returns:
-        ``(train_x, train_y, test_x, test_y)``: float32 ``[n, 1, 28, 28]``
-        images and int64 labels in ``0..9`` (T-shirt/top ... ankle boot).
+        ``(train_x, train_y, test_x, test_y, normalisation)``: uint8 ``[n, 1, 28, 28]``
+        pixels, int64 labels in ``0..9`` (T-shirt/top ... ankle boot) and the
+        normalisation (``load_fashion_mnist_tensors`` applies it).
 
     Raises:
         DataFileError: a file is missing (the message lists the four expected
@@ -159,17 +167,24 @@ def load_fashion_mnist_tensors(root: str | os.PathLike) -> Tensors:
             "Fashion-MNIST files"
         )
     return (
-        _normalise_gray(train_images, FASHION_MNIST_MEAN, FASHION_MNIST_STD),
+        idx.gray_pixels(train_images),
         torch.from_numpy(train_labels.astype(np.int64)),
-        _normalise_gray(test_images, FASHION_MNIST_MEAN, FASHION_MNIST_STD),
+        idx.gray_pixels(test_images),
         torch.from_numpy(test_labels.astype(np.int64)),
+        PixelNormalisation((FASHION_MNIST_MEAN,), (FASHION_MNIST_STD,)),
     )
 
 
-def _normalise_gray(images: np.ndarray, mean: float, std: float) -> torch.Tensor:
-    """uint8 ``[n, h, w]`` -> float32 ``[n, 1, h, w]`` as ToTensor then Normalize((mean,), (std,))."""
-    x = torch.from_numpy(np.ascontiguousarray(images)).to(torch.float32).div_(255.0)
-    return x.sub_(mean).div_(std).unsqueeze(1)
+def load_fashion_mnist_tensors(root: str | os.PathLike) -> Tensors:
+    """``load_fashion_mnist_pixels`` normalised: float32 ``[n, 1, 28, 28]`` images, ``(p / 255 - 0.2860) / 0.3530``,
+    and int64 labels, as ``(train_x, train_y, test_x, test_y)``."""
+    return normalised(load_fashion_mnist_pixels(root))
+
+
+def normalised(pixels: Pixels) -> Tensors:
+    """A pixel loader's ``(train_x, train_y, test_x, test_y, normalisation)`` as normalised float32 tensors."""
+    train_x, train_y, test_x, test_y, normalisation = pixels
+    return normalisation(train_x), train_y, normalisation(test_x), test_y
 
 
 # --- EMNIST ----------------------------------------------------------------
@@ -193,7 +208,7 @@ EMNIST_SPLITS = {
 }
 
 
-def load_emnist_tensors(root: str | os.PathLike, split: str, normalisation: str = "train") -> Tensors:
+def load_emnist_pixels(root: str | os.PathLike, split: str, normalisation: str = "train") -> Pixels:
     """Load an EMNIST split (Cohen et al. 2017) from the official gzip bundle's IDX files.
 
     The files ``emnist-{letters,byclass}-{train,test}-{images-idx3,labels-idx1}-ubyte.gz``
@@ -221,7 +236,8 @@ def load_emnist_tensors(root: str | os.PathLike, split: str, normalisation: str 
             MNIST's constants (0.1307, 0.3081).
 
     Returns:
-        ``(train_x, train_y, test_x, test_y)``: float32 ``[n, 1, 28, 28]`` and int64 labels.
+        ``(train_x, train_y, test_x, test_y, normalisation)``: uint8 ``[n, 1, 28, 28]`` pixels, int64 labels
+        and the normalisation (``load_emnist_tensors`` applies it).
 
     Raises:
         DataFileError: a file is missing (the message lists the expected names,
@@ -255,11 +271,18 @@ def load_emnist_tensors(root: str | os.PathLike, split: str, normalisation: str 
     else:
         mean, std = _uint8_mean_std(train_images)
     return (
-        _normalise_gray(train_images, mean, std),
+        idx.gray_pixels(train_images),
         torch.from_numpy(train_labels),
-        _normalise_gray(test_images, mean, std),
+        idx.gray_pixels(test_images),
         torch.from_numpy(test_labels),
+        PixelNormalisation((mean,), (std,)),
     )
+
+
+def load_emnist_tensors(root: str | os.PathLike, split: str, normalisation: str = "train") -> Tensors:
+    """``load_emnist_pixels`` normalised: float32 ``[n, 1, 28, 28]`` images and int64 labels,
+    as ``(train_x, train_y, test_x, test_y)``."""
+    return normalised(load_emnist_pixels(root, split, normalisation))
 
 
 def _uint8_mean_std(images: np.ndarray) -> tuple[float, float]:
@@ -448,7 +471,7 @@ _CIFAR_PIXELS = 3 * 32 * 32
 _CIFAR_BINARY_LIMITS = ArchiveLimits(max_members=1_000, max_member_bytes=256 << 20, max_total_bytes=1 << 30)
 
 
-def load_cifar_tensors(root: str | os.PathLike, num_classes: int) -> Tensors:
+def load_cifar_pixels(root: str | os.PathLike, num_classes: int) -> Pixels:
     """Load CIFAR-10 or CIFAR-100 (Krizhevsky 2009) from the official binary version.
 
     The binary version is fixed-size records, so nothing is unpickled:
@@ -466,7 +489,8 @@ def load_cifar_tensors(root: str | os.PathLike, num_classes: int) -> Tensors:
     channel statistics (:data:`CIFAR10_MEAN`/``STD``, :data:`CIFAR100_MEAN`/``STD``).
 
     Returns:
-        ``(train_x, train_y, test_x, test_y)``: float32 ``[n, 3, 32, 32]`` and int64 labels.
+        ``(train_x, train_y, test_x, test_y, normalisation)``: uint8 ``[n, 3, 32, 32]`` pixels, int64 labels
+        and the normalisation (``load_cifar_tensors`` applies it).
 
     Raises:
         DataFileError: files missing (the message lists the accepted layouts
@@ -486,18 +510,15 @@ def load_cifar_tensors(root: str | os.PathLike, num_classes: int) -> Tensors:
         parsed = [_parse_cifar_records(contents[name][1], contents[name][0], name, spec) for name in files]
         images = np.concatenate([p[0] for p in parsed]) if len(parsed) > 1 else parsed[0][0]
         labels = np.concatenate([p[1] for p in parsed]) if len(parsed) > 1 else parsed[0][1]
-        splits.append((_normalise_chw(images, spec.mean, spec.std), torch.from_numpy(labels.astype(np.int64))))
+        splits.append((torch.from_numpy(np.ascontiguousarray(images)), torch.from_numpy(labels.astype(np.int64))))
     (train_x, train_y), (test_x, test_y) = splits
-    return train_x, train_y, test_x, test_y
+    return train_x, train_y, test_x, test_y, PixelNormalisation(spec.mean, spec.std)
 
 
-def _normalise_chw(images: np.ndarray, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
-    """uint8 ``[n, c, h, w]`` -> float32, as ToTensor then Normalize(mean, std)."""
-    x = torch.from_numpy(np.ascontiguousarray(images)).to(torch.float32).div_(255.0)
-    shape = (1, -1, 1, 1)
-    return x.sub_(torch.tensor(mean, dtype=torch.float32).view(shape)).div_(
-        torch.tensor(std, dtype=torch.float32).view(shape)
-    )
+def load_cifar_tensors(root: str | os.PathLike, num_classes: int) -> Tensors:
+    """``load_cifar_pixels`` normalised: float32 ``[n, 3, 32, 32]`` images, ``(p / 255 - mean[c]) / std[c]``,
+    and int64 labels, as ``(train_x, train_y, test_x, test_y)``."""
+    return normalised(load_cifar_pixels(root, num_classes))
 
 
 def _cifar_file_contents(root: Path, spec: _CifarSpec) -> dict[str, tuple[str, bytes]]:
@@ -599,6 +620,7 @@ def load_image_folder(
     *,
     image_size: tuple[int, int] | None = None,
     limits: ArchiveLimits = IMAGE_FOLDER_LIMITS,
+    as_pixels: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, tuple[str, ...]]:
     """Load an image classification folder ``<split>/<class>/<image>``, plain or as a tar archive.
 
@@ -629,6 +651,7 @@ def load_image_folder(
         limits: caps on the archive's entries, each file's bytes and the
             whole stream (:data:`IMAGE_FOLDER_LIMITS`); a folder's files are
             held to the per-file cap.
+        as_pixels: give the uint8 ``[n, c, h, w]`` pixels as decoded (``normalise`` is then not applied).
 
     Returns:
         ``(train_x, train_y, test_x, test_y, class_names)``: float32
@@ -691,7 +714,11 @@ def load_image_folder(
     gray = train_gray and test_gray
     for (u8, _), labels in decoded:
         chw = u8[..., :1] if gray else u8
-        x = torch.from_numpy(chw).permute(0, 3, 1, 2).contiguous().to(torch.float32).div_(255.0)
+        pixels = torch.from_numpy(chw).permute(0, 3, 1, 2).contiguous()
+        if as_pixels:
+            outputs.extend([pixels, torch.from_numpy(labels)])
+            continue
+        x = pixels.to(torch.float32).div_(255.0)
         if normalise is not None:
             mean, std = (torch.as_tensor(v, dtype=torch.float32).reshape(-1, 1, 1) for v in normalise)
             if mean.shape[0] not in (1, x.shape[1]) or std.shape[0] not in (1, x.shape[1]):
@@ -718,20 +745,26 @@ def load_cifar10_image_folder(
     Returns:
         ``(train_x, train_y, test_x, test_y, class_names)``, float32 ``[n, 3, 32, 32]``.
     """
-    result = load_image_folder(
-        path,
-        normalise=(CIFAR10_MEAN, CIFAR10_STD),
-        limit_per_class=limit_per_class,
-        image_size=(32, 32),
-        limits=CIFAR10_FOLDER_LIMITS,
-    )
+    train_x, train_y, test_x, test_y, classes, normalisation = load_cifar10_image_folder_pixels(path, limit_per_class)
+    return normalisation(train_x), train_y, normalisation(test_x), test_y, classes
+
+
+def load_cifar10_image_folder_pixels(
+    path: str | os.PathLike, limit_per_class: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, tuple[str, ...], PixelNormalisation]:
+    """``load_cifar10_image_folder`` keeping the uint8 ``[n, 3, 32, 32]`` pixels, with the CIFAR-10 normalisation it applies.
+
+    Returns:
+        ``(train_x, train_y, test_x, test_y, class_names, normalisation)``.
+    """
+    result = load_image_folder(path, limit_per_class=limit_per_class, image_size=(32, 32), limits=CIFAR10_FOLDER_LIMITS, as_pixels=True)
     train_x, class_names = result[0], result[4]
     if len(class_names) != 10 or tuple(train_x.shape[1:]) != (3, 32, 32):
         raise DataFileError(
             f"{path}: expected CIFAR-10, 10 classes of 32x32 RGB images, got {len(class_names)} classes "
             f"({', '.join(class_names)}) of shape {tuple(train_x.shape[1:])}"
         )
-    return result
+    return (*result, PixelNormalisation(CIFAR10_MEAN, CIFAR10_STD))
 
 
 def _image_folder_entries(

@@ -30,6 +30,7 @@ from driftlab.simulation.local_training import SequentialBackend
 from driftlab.simulation.precision import check_precision, parameter_dtype
 from driftlab.simulation.randomness import Stream, torch_seed
 from driftlab.simulation.seam import Algorithm
+from driftlab.simulation.state_store import parse_bytes
 from driftlab.simulation.vectorized import VectorizedBackend, auto_backend
 
 BACKENDS = {"sequential": SequentialBackend, "vectorized": VectorizedBackend}
@@ -203,7 +204,8 @@ def build_simulation(
         raise ConfigError(f"availability: {error}") from None
     try:
         sim = Simulation(
-            flat_model, data, algorithm, make_backend(config, flat_model, devices), plan, device, dtype, initial_params, evaluation, membership
+            flat_model, data, algorithm, make_backend(config, flat_model, devices), plan, device, dtype, initial_params, evaluation, membership,
+            memory_budget=parse_bytes(config.memory_budget) if config.memory_budget is not None else None,
         )
     except ValueError as error:
         raise ConfigError(str(error)) from None

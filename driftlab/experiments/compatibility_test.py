@@ -173,3 +173,13 @@ def test_model_memory_is_counted_without_allocating_it():
     message = _run_error("model.name=mlp", "model.hidden=[60000, 60000, 60000]")
     assert time.perf_counter() - started < 30
     assert "model 'mlp'" in message and "7,204,380,010 parameters" in message and "model.hidden" in message
+
+
+def test_capped_synthetic_clients_are_sized_by_their_cap():
+    uncapped = load_config(SMALL, ["data.name=synthetic", "data.num_clients=100000"])
+    capped = load_config(SMALL, ["data.name=synthetic", "data.num_clients=100000", "data.samples_per_client=10"])
+    with pytest.raises(ConfigError, match="data.num_clients"):
+        check_sizes(uncapped, memory_bytes=24 * 2**30)
+    check_sizes(capped, memory_bytes=24 * 2**30)  # 100,000 devices of at most 10 samples: about 1.4 GB
+    with pytest.raises(ConfigError, match="data.num_clients"):
+        check_sizes(capped, memory_bytes=2**30)

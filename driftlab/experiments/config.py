@@ -161,7 +161,8 @@ class DataConfig(_Section):
     quadratic_dimension: int = Field(10, ge=1, description="dimension of the multi-dimensional quadratic clients")
     quadratic_heterogeneity: float = Field(1.0, ge=0, description="spread of curvatures and linear terms across quadratic clients")
     max_clients: int | None = Field(None, ge=1, description="femnist, shakespeare, sent140: keep at most this many clients (largest first for shakespeare)")
-    samples_per_client: int | None = Field(None, ge=1, description="shakespeare: windows per role, e.g. 2000 for FedDyn's split; stackoverflow: at most this many per user")
+    samples_per_client: int | None = Field(None, ge=1, description="shakespeare: windows per role, e.g. 2000 for FedDyn's split; stackoverflow: at most this many per user; "
+        "synthetic, synthetic_iid: at most this many samples per device (train and test together)")
     min_samples_per_client: int = Field(0, ge=0, description="shakespeare: drop roles with fewer windows")
     vocabulary_size: int = Field(10_000, ge=3, description="sent140: tokens in the vocabulary, PAD and UNK included; stackoverflow: bag-of-words size")
     tag_count: int = Field(500, ge=1, description="stackoverflow: the most frequent tags predicted")
@@ -475,7 +476,8 @@ class ExperimentConfig(_Section):
     memory_budget: int | str | None = Field(
         None,
         description='memory the client states may take, in bytes or as "4GB", "512MB", "1.5GiB": state.store=auto '
-        "puts them on disk beyond it, and the disk store's row cache takes a sixteenth of it (at most 512 MiB); none = half of the machine's memory",
+        "puts them on disk beyond it, the disk store's row cache takes a sixteenth of it (at most 512 MiB), and a round trains its "
+        "clients in waves that fit an eighth of it; none = half of the machine's memory (waves of 1 GiB)",
     )
     log: tuple[Literal["tensorboard", "wandb", "mlflow"], ...] = Field(
         (),

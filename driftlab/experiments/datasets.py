@@ -68,7 +68,7 @@ class DataSetInfo:
     description: str
     default_location: str | None  # below the data root; None for generated data
     natural: bool  # has its own clients (default partition "natural")
-    load: Callable  # (config, seed, path) -> FederatedDataset, or the four tensors of a pooled data set
+    load: Callable  # (config, seed, path) -> FederatedDataset, or the four tensors of a pooled data set (images: uint8, and their PixelNormalisation fifth)
     vocabulary_size: Callable | None = None  # (config) -> token vocabulary for sequence models
     download_name: str | None = None  # the `driftlab data download` name that fetches its files
     num_classes: int | None = None  # classes of a pooled data set (not inferred from the labels present)
@@ -77,13 +77,15 @@ class DataSetInfo:
 def _synthetic(config, seed, path):
     from driftlab.data.synthetic import synthetic_federated
 
-    return synthetic_federated(config.synthetic_alpha, config.synthetic_beta, num_clients=config.num_clients, seed=seed)
+    return synthetic_federated(
+        config.synthetic_alpha, config.synthetic_beta, num_clients=config.num_clients, seed=seed, max_samples_per_client=config.samples_per_client
+    )
 
 
 def _synthetic_iid(config, seed, path):
     from driftlab.data.synthetic import synthetic_federated
 
-    return synthetic_federated(0.0, 0.0, iid=True, num_clients=config.num_clients, seed=seed)
+    return synthetic_federated(0.0, 0.0, iid=True, num_clients=config.num_clients, seed=seed, max_samples_per_client=config.samples_per_client)
 
 
 def _feddyn_synthetic(config, seed, path):
@@ -107,39 +109,40 @@ def _quadratic(config, seed, path):
 
 
 def _mnist(config, seed, path):
-    from driftlab.data.idx import load_mnist_tensors
+    from driftlab.data.idx import load_mnist_pixels
 
-    return load_mnist_tensors(path)
+    return load_mnist_pixels(path)
 
 
 def _fashion_mnist(config, seed, path):
-    from driftlab.data.images import load_fashion_mnist_tensors
+    from driftlab.data.images import load_fashion_mnist_pixels
 
-    return load_fashion_mnist_tensors(path)
+    return load_fashion_mnist_pixels(path)
 
 
 def _emnist(split):
     def load(config, seed, path):
-        from driftlab.data.images import load_emnist_tensors
+        from driftlab.data.images import load_emnist_pixels
 
-        return load_emnist_tensors(path, split)
+        return load_emnist_pixels(path, split)
 
     return load
 
 
 def _cifar(num_classes):
     def load(config, seed, path):
-        from driftlab.data.images import load_cifar_tensors
+        from driftlab.data.images import load_cifar_pixels
 
-        return load_cifar_tensors(path, num_classes)
+        return load_cifar_pixels(path, num_classes)
 
     return load
 
 
 def _cifar10_folder(config, seed, path):
-    from driftlab.data.images import load_cifar10_image_folder
+    from driftlab.data.images import load_cifar10_image_folder_pixels
 
-    return load_cifar10_image_folder(path, limit_per_class=config.limit_per_class)[:4]
+    train_x, train_y, test_x, test_y, _classes, normalisation = load_cifar10_image_folder_pixels(path, limit_per_class=config.limit_per_class)
+    return train_x, train_y, test_x, test_y, normalisation
 
 
 def _femnist(config, seed, path):
@@ -312,10 +315,14 @@ def _build(config, info: DataSetInfo, path: Path | None, partition: str, data_se
     else:
         if partition == "natural":
             raise DataFileError(f"data.partition=natural: {config.name} has no natural clients; use iid, dirichlet, ...")
-        train_x, train_y, test_x, test_y = loaded
+        # image loaders give uint8 pixels and their normalisation, applied batch by batch (a quarter of the memory)
+        train_x, train_y, test_x, test_y, *normalisation = loaded
         client_indices = split_over_clients(train_y.numpy(), config, partition, data_seed)
         num_classes = info.num_classes or int(max(train_y.max(), test_y.max())) + 1
-        dataset = FederatedDataset(config.name, train_x, train_y, test_x, test_y, client_indices, num_classes=num_classes)
+        dataset = FederatedDataset(
+            config.name, train_x, train_y, test_x, test_y, client_indices, num_classes=num_classes,
+            input_normalisation=normalisation[0] if normalisation else None,
+        )
     if config.client_test_fraction > 0 and dataset.client_test_indices is None:
         dataset = _with_client_test_splits(dataset, config.client_test_fraction, data_seed)
     return dataset
@@ -378,6 +385,7 @@ def _resplit(dataset: FederatedDataset, config, partition: str, seed: int) -> Fe
         tuple(np.sort(c) for c in clients),
         num_classes=dataset.num_classes,
         known_minimizer=dataset.known_minimizer,
+        input_normalisation=dataset.input_normalisation,
     )
 
 
@@ -412,4 +420,5 @@ def _with_client_test_splits(dataset: FederatedDataset, fraction: float, seed: i
         known_minimizer=dataset.known_minimizer,
         global_test_size=offset,
         targets_are_classes=dataset.targets_are_classes,
+        input_normalisation=dataset.input_normalisation,
     )

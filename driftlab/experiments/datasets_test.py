@@ -578,7 +578,7 @@ def test_client_test_accuracy_is_evaluated_on_the_held_out_rows_and_test_accurac
     # global test metrics: the official 20 rows only, identical with and without local splits
     assert metrics_split["test_accuracy"] == metrics_plain["test_accuracy"]
     assert metrics_split["test_loss"] == pytest.approx(metrics_plain["test_loss"])
-    predictions = sim_split.model.forward(params, sim_split.test_data.inputs).argmax(1)
+    predictions = sim_split.model.forward(params, sim_split.test_data.model_inputs(sim_split.test_data.inputs)).argmax(1)
     correct = (predictions == sim_split.test_data.targets).float()
     assert metrics_split["test_accuracy"] == pytest.approx(float(correct[:20].mean()))
     expected = np.mean([float(correct[torch.as_tensor(np.array(rows))].mean()) for rows in sim_split.data.client_test_indices])
@@ -930,3 +930,12 @@ def test_stackoverflow_describe_has_no_single_class_statistic(tmp_path):
     summary = data.describe()
     assert summary["clients"] == data.num_clients and summary["train_samples"] == len(data.train_targets)
     assert "classes_for_80_percent_min" not in summary
+
+
+def test_samples_per_client_caps_synthetic_devices():
+    for name in ("synthetic", "synthetic_iid"):
+        capped = build_dataset(load_config(None, [f"data.name={name}", "data.num_clients=30", "data.samples_per_client=10"]).data, 0)
+        full = build_dataset(load_config(None, [f"data.name={name}", "data.num_clients=30"]).data, 0)
+        sizes = [len(train) + len(test) for train, test in zip(capped.client_indices, capped.client_test_indices)]
+        assert max(sizes) == 10 and len(capped.client_indices) == 30
+        assert int(full.client_sizes.min()) > 10  # FedProx's devices hold at least 50 samples, so the cap is what bounded them

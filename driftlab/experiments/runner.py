@@ -73,6 +73,7 @@ from driftlab.experiments.trackers import check_trackers_installed, open_tracker
 from driftlab.metrics.summary import summarize
 from driftlab.simulation.checkpoint import load_checkpoint, save_checkpoint, write_atomically
 from driftlab.simulation.engine import EVALUATION_KEYS, Simulation, SimulationState, commit_round, discard_round, disk_stores, run_round
+from driftlab.simulation.latest_models import LatestModels
 
 
 @dataclass
@@ -363,6 +364,9 @@ def start_run_info(out: Path, config: ExperimentConfig, sim: Simulation, start_r
     return run_directory.RunInfo.start(out, config.rounds, start_round, sim.model.num_parameters, entries)
 
 
+LATEST_SUM, LATEST_COUNT = "latest_models_sum", "latest_models_count"  # the checkpoint's engine/ tensors
+
+
 @dataclass(frozen=True)
 class _ClientRecord:
     """What a checkpoint keeps per client: the algorithm's state and, when evaluated, the latest local model."""
@@ -378,7 +382,10 @@ def write_checkpoint(out: Path, config: ExperimentConfig, state: SimulationState
     if state.latest_models is not None and "latest_models" not in stores:
         for client_id, params in state.latest_models.items():
             clients[client_id] = _ClientRecord(clients[client_id].state if client_id in clients else None, params)
-    save_checkpoint(out / CHECKPOINT_FILE, state.round, state.server, clients, config.fingerprint(), stores)
+    engine_tensors = {}
+    if state.latest_sum is not None:  # the running sum of the latest models: resumed as is, so the bits go on unchanged
+        engine_tensors = {LATEST_SUM: state.latest_sum.total, LATEST_COUNT: torch.tensor(state.latest_sum.count, dtype=torch.int64)}
+    save_checkpoint(out / CHECKPOINT_FILE, state.round, state.server, clients, config.fingerprint(), stores, engine_tensors)
 
 
 def prepare_output(
@@ -413,7 +420,10 @@ def prepare_output(
             state.clients.put(client_id, record.state)
             if keeps_latest and record.latest_model is not None:
                 state.latest_models.put(client_id, record.latest_model)
-        state = SimulationState(loaded.round, loaded.server_state, state.clients, state.latest_models)
+        latest_sum = None
+        if keeps_latest and LATEST_SUM in loaded.engine_tensors and LATEST_COUNT in loaded.engine_tensors:
+            latest_sum = LatestModels(loaded.engine_tensors[LATEST_SUM], int(loaded.engine_tensors[LATEST_COUNT]))
+        state = SimulationState(loaded.round, loaded.server_state, state.clients, state.latest_models, latest_sum)
         commit_round(state)
     records = run_directory.read_records(metrics_path, up_to_round=state.round)
     for record in records:

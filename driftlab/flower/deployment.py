@@ -320,7 +320,10 @@ def dataset_loader(dataset: FederatedDataset) -> Callable[[int], tuple[torch.Ten
 
     def load(client_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         rows = torch.tensor(dataset.client_indices[client_id], dtype=torch.long)
-        return dataset.train_inputs[rows], dataset.train_targets[rows]
+        inputs = dataset.train_inputs[rows]
+        if dataset.input_normalisation is not None:  # a node holds only its clients' rows: normalised once, as the simulator's batches
+            inputs = dataset.input_normalisation(inputs)
+        return inputs, dataset.train_targets[rows]
 
     return load
 

@@ -143,19 +143,28 @@ def _reached(stage: str) -> None:
 
 
 STORE_PREFIX = "store/"
+ENGINE_PREFIX = "engine/"
 
 
 def save_checkpoint(
-    path: Path, round_index: int, server_state: Any, client_states: dict[int, Any], fingerprint: str, stores: dict[str, Any] | None = None
+    path: Path,
+    round_index: int,
+    server_state: Any,
+    client_states: dict[int, Any],
+    fingerprint: str,
+    stores: dict[str, Any] | None = None,
+    engine_tensors: dict[str, torch.Tensor] | None = None,
 ) -> None:
     """Write the checkpoint of round ``round_index``.
 
     ``client_states`` go into the file; ``stores`` (name -> ``DiskClientStore``) are
     flushed and referenced by their tables (``store/NAME/...``), and told once the
     file is in place, so their next commits spare the rows it refers to.
+    ``engine_tensors`` are the engine's own running values (``engine/NAME``).
     """
     stores = stores or {}
     tensors = state_to_tensors(server_state, "server")
+    tensors.update({f"{ENGINE_PREFIX}{name}": tensor.contiguous() for name, tensor in (engine_tensors or {}).items()})
     for client_id, client_state in client_states.items():
         tensors.update(state_to_tensors(client_state, f"client/{client_id}"))
     for name, store in stores.items():
@@ -189,6 +198,7 @@ class LoadedCheckpoint:
     client_states: dict[int, Any]
     # The tables of disk client-state stores (``store/NAME/...``), checksummed with the rest; {} for in-file states.
     store_tables: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
+    engine_tensors: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)  # by name, without the prefix
 
     def store_names(self) -> list[str]:
         return sorted({key[len(STORE_PREFIX) :].split("/", 1)[0] for key in self.store_tables})
@@ -244,7 +254,8 @@ def load_checkpoint(
         template = client_template() if client_template is not None else None
         client_states[client_id] = state_from_tensors(template, tensors, f"client/{client_id}", device)
     store_tables = {key: tensor for key, tensor in tensors.items() if key.startswith(STORE_PREFIX)}
-    return LoadedCheckpoint(round_index, server_state, client_states, store_tables)
+    engine_tensors = {key[len(ENGINE_PREFIX) :]: tensor.to(device) for key, tensor in tensors.items() if key.startswith(ENGINE_PREFIX)}
+    return LoadedCheckpoint(round_index, server_state, client_states, store_tables, engine_tensors)
 
 
 def _checkpoint_round(path: Path, text: str | None) -> int:

@@ -115,7 +115,7 @@ class ClientDataComputation:
         total = torch.zeros_like(params)
         for start in range(0, len(rows), chunk):
             part = rows[start : start + chunk]
-            gradients = per_example_gradients(params, training.inputs[part], training.targets[part])
+            gradients = per_example_gradients(params, training.batch(part), training.targets[part])
             total += (gradients**2).sum(0)
         return total / len(rows)
 

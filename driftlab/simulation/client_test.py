@@ -31,6 +31,7 @@ from driftlab.simulation.engine import (
 )
 from driftlab.simulation.flat import FlatModel
 from driftlab.simulation.local_training import LocalSettings, SequentialBackend, TrainingData
+from driftlab.simulation.seam import ServerFold
 
 F64 = torch.float64
 CLIENT_SIZES = (7, 10, 13, 18)  # unequal, so FedDyn's α_k and the batch plans differ per client
@@ -86,14 +87,15 @@ def _assert_identical(expected: Any, actual: Any, where: str) -> None:
 
 
 def _recording_server_update(sim: Simulation, seen: list) -> None:
-    """Make the simulation's algorithm record the messages its server update receives, in the order given."""
-    update = sim.algorithm.server_update
+    """Make the simulation's algorithm record the messages its server fold receives, in the order given."""
+    fold = sim.algorithm.fold()
 
-    def recording(server, messages, context):
-        seen.extend(messages)
-        return update(server, messages, context)
+    def recording(accumulator, message):
+        seen.append(message)
+        return fold.add(accumulator, message)
 
-    sim.algorithm = dataclasses.replace(sim.algorithm, server_update=recording)
+    recording_fold = ServerFold(fold.start, recording, fold.finish)
+    sim.algorithm = dataclasses.replace(sim.algorithm, server_update=recording_fold.server_update, server_fold=recording_fold)
 
 
 @pytest.mark.parametrize("name", ["scaffold", "feddyn", "efl", "efl_compressed"])

@@ -27,6 +27,7 @@ trained and send nothing.  Both still received the broadcast.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -44,6 +45,8 @@ from driftlab.simulation.client import ClientData, ClientSettings, client_end, c
 from driftlab.simulation.flat import FlatModel
 from driftlab.simulation.local_training import LocalSettings, TrainingBackend, TrainingData, steps_for_epochs
 from driftlab.simulation.randomness import Stream, generator
+from driftlab.simulation.latest_models import LatestModels, LatestModelsUpdate, all_clients_mean, summed_store
+from driftlab.simulation.ordered_fold import FoldedRound, OrderedFold
 from driftlab.simulation.sampling import sample_clients
 from driftlab.simulation.seam import Algorithm, ClientContext, RoundContext
 from driftlab.simulation.state_store import (
@@ -116,6 +119,8 @@ class Simulation:
     initial_params: torch.Tensor
     evaluation: EvaluationPlan = EvaluationPlan()
     membership: Membership | None = None  # None: every client registered in every round
+    # Bytes of RAM the run may hold for client states and round work (config memory_budget); None: half the machine's.
+    memory_budget: int | None = None
     training_data: TrainingData = field(init=False, repr=False)
     test_data: TrainingData = field(init=False, repr=False)
     client_rows: list[torch.Tensor] = field(init=False, repr=False)
@@ -137,11 +142,14 @@ class Simulation:
             augment = flip_crop_from_keys  # padding 4, crop with probability 1/2: the FedDyn authors' CIFAR augmentation
         # Multi-label targets are float (multi-hot) and take the arithmetic's dtype; class ids stay int64.
         targets_dtype = self.dtype if self.data.train_targets.is_floating_point() else self.data.train_targets.dtype
+        # uint8 pixels stay uint8 (inputs_dtype); each gathered batch is normalised in float32, then cast to the run's dtype.
+        pixels = self.data.input_normalisation
+        normalisation = None if pixels is None else dataclasses.replace(pixels, dtype=self.dtype)
         self.training_data = TrainingData(
-            self.data.train_inputs.to(self.device, inputs_dtype), self.data.train_targets.to(self.device, targets_dtype), augment
+            self.data.train_inputs.to(self.device, inputs_dtype), self.data.train_targets.to(self.device, targets_dtype), augment, normalisation
         )
         self.test_data = TrainingData(
-            self.data.test_inputs.to(self.device, inputs_dtype), self.data.test_targets.to(self.device, targets_dtype)
+            self.data.test_inputs.to(self.device, inputs_dtype), self.data.test_targets.to(self.device, targets_dtype), normalisation=normalisation
         )
         self.client_rows = [torch.tensor(rows, dtype=torch.long, device=self.device) for rows in self.data.client_indices]
         self.client_test_rows = (
@@ -173,8 +181,10 @@ class SimulationState:
     round: int  # last completed round (0 before training)
     server: Any
     clients: ClientStateStore
-    # Every client's latest local model, kept only when the evaluated model is "all_clients_mean".
+    # Every client's latest local model, kept only when the evaluated model is "all_clients_mean",
+    # and their running sum (None: not yet computed from the store, e.g. after an older checkpoint).
     latest_models: ClientStateStore | None = None
+    latest_sum: LatestModels | None = None
 
 
 STORE_KINDS = ("memory", "disk", "auto")
@@ -215,13 +225,25 @@ def make_client_stores(
     return clients, latest
 
 
-def _sum_in_order(values: dict[int, torch.Tensor]) -> torch.Tensor:
-    """The sum of ``values`` in key order, so the result never depends on the order clients finished in."""
-    positions = sorted(values)
-    total = values[positions[0]].clone()
-    for position in positions[1:]:
-        total += values[position]
-    return total
+# A round's client phase runs in waves whose client states, objectives and waiting messages fit this share of
+# memory_budget; the rest is the stores' caches and the states themselves when they are kept in memory.
+ROUND_SHARE_OF_BUDGET = 8
+# Without a configured budget, waves fit this much whatever the machine, so a run cuts its rounds the same way on
+# every machine (on the vectorized backend, which clients share a chunk can change the last bits).
+DEFAULT_WAVE_BYTES = 1 << 30
+
+
+def wave_size(sim: Simulation, client_state: Any) -> int:
+    """Clients trained together in one wave of a round: as many as ``memory_budget / ROUND_SHARE_OF_BUDGET`` holds
+    (``DEFAULT_WAVE_BYTES`` when no budget is configured).
+
+    Per client: its state read and its new state, and five model-sized vectors
+    (its objective's, its final model, its message's).  The messages are
+    folded into the server update as clients finish, so nothing outlives its wave.
+    """
+    budget = sim.memory_budget // ROUND_SHARE_OF_BUDGET if sim.memory_budget is not None else DEFAULT_WAVE_BYTES
+    per_client = 2 * (state_bytes(client_state) if client_state is not None else 0) + 5 * state_bytes(sim.initial_params)
+    return max(1, budget // max(1, per_client))
 
 
 def disk_stores(state: SimulationState) -> dict[str, DiskClientStore]:
@@ -254,7 +276,9 @@ def run_round(
 
     ``plan_round``, then every active client through ``client_start``, the
     backend's local training and ``client_end`` (the functions a deployment
-    client runs too), then ``finish_round``.  Client states written during
+    client runs too), in waves that fit the memory budget (``wave_size``),
+    each message folded into the server update as its client finishes, then
+    the round's record (``finish_folded_round``).  Client states written during
     the round are staged in the stores and committed at the end;
     ``commit=False`` leaves that to the caller (``commit_round``), which the
     runner does only once the round's record is on disk, so an interruption
@@ -264,20 +288,31 @@ def run_round(
         reference_losses(sim)  # once per process, outside the round's timing
     work = plan_round(sim, state)
     keep_models = evaluate_after and sim.evaluation.model == "reporting_mean"
-    messages, steps_done, reporting_models = _train_clients(sim, state, work, keep_models)
-    server, record = finish_round(
-        sim,
-        work,
-        messages,
-        steps_done,
-        evaluate_after=evaluate_after,
-        reporting_models=reporting_models,
-        latest_models=state.latest_models,
+    folding = start_fold(sim, work, keep_models)
+    latest = None
+    if state.latest_models is not None:
+        start = state.latest_sum if state.latest_sum is not None else summed_store(state.latest_models, sim.initial_params)
+        latest = LatestModelsUpdate(start, [context.client_id for context in work.contexts])
+    steps_done = _train_clients(sim, state, work, folding, latest)
+    latest_sum = latest.result() if latest is not None else None
+    server, record = finish_folded_round(
+        sim, work, folding.result(), steps_done, evaluate_after=evaluate_after, latest_models=state.latest_models, latest_sum=latest_sum
     )
-    new_state = SimulationState(work.round, server, state.clients, state.latest_models)
+    new_state = SimulationState(work.round, server, state.clients, state.latest_models, latest_sum)
     if commit:
         commit_round(new_state)
     return new_state, record
+
+
+def start_fold(sim: Simulation, work: RoundWork, keep_models: bool = False) -> OrderedFold:
+    """The round's server update, ready to take its active clients' messages in any order (``OrderedFold``)."""
+    return OrderedFold(
+        sim.algorithm.fold(), work.server, round_context(work), [context.client_id for context in work.contexts], keep_models
+    )
+
+
+def round_context(work: RoundWork) -> RoundContext:
+    return RoundContext(round=work.round, num_registered=len(work.registered), num_selected=len(work.selected), server_learning_rate=work.server_lr)
 
 
 def plan_round(sim: Simulation, state: SimulationState) -> RoundWork:
@@ -344,37 +379,41 @@ def client_data(sim: Simulation, client_id: int) -> ClientData:
 
 
 def _train_clients(
-    sim: Simulation, state: SimulationState, work: RoundWork, keep_models: bool
-) -> tuple[dict[int, Any], dict[int, int], dict[int, torch.Tensor]]:
-    """The round's client phase: ``client_start`` for every active client, the backend trains the tasks, ``client_end``
-    for each client as it finishes.  Returns the messages, steps done and (when ``keep_models``) final models by client id."""
-    state.clients.prefetch(work.selected.tolist())  # one batched read of the round's states
-    client_states = [state.clients.get(context.client_id) for context in work.contexts]
-    datas = [client_data(sim, context.client_id) for context in work.contexts]
-    tasks = [
-        client_start(sim.algorithm, work.view, client_state, context, data, work.settings)
-        for client_state, context, data in zip(client_states, work.contexts, datas)
-    ]
-    messages: dict[int, Any] = {}
+    sim: Simulation, state: SimulationState, work: RoundWork, folding: OrderedFold, latest: LatestModelsUpdate | None
+) -> dict[int, int]:
+    """The round's client phase, wave by wave: ``client_start`` for the wave's clients, the backend trains their tasks,
+    ``client_end`` for each as it finishes, its message folded into ``folding``.  Returns the steps each client did."""
     steps_done: dict[int, int] = {}
-    final_models: dict[int, torch.Tensor] = {}
-    # closing(): a backend that changed process-wide settings (threads) restores them even if client_end raises.
-    with contextlib.closing(sim.backend.train(sim.model, work.view.params, tasks, work.settings.local, sim.training_data)) as trained:
-        for position, final_params, done in trained:
-            context = work.contexts[position]
-            new_client_state, message = client_end(
-                sim.algorithm, work.view, client_states[position], context, datas[position], work.settings, final_params, done
-            )
-            # Staged at once (a disk store encodes it to bytes), and the round's list lets go of the client's tensors.
-            state.clients.put(context.client_id, new_client_state)
-            client_states[position] = new_client_state = None
-            if state.latest_models is not None:
-                state.latest_models.put(context.client_id, final_params)
-            messages[context.client_id] = message
-            steps_done[context.client_id] = done
-            if keep_models and message is not None:
-                final_models[context.client_id] = final_params
-    return messages, steps_done, final_models
+    contexts = work.contexts
+    initial = sim.algorithm.client_state_init
+    size = wave_size(sim, initial(sim.initial_params) if initial is not None else None)
+    for first in range(0, len(contexts), size):
+        wave = contexts[first : first + size]
+        state.clients.prefetch([context.client_id for context in wave])  # one batched read of the wave's states
+        if state.latest_models is not None:
+            state.latest_models.prefetch([context.client_id for context in wave])
+        client_states = [state.clients.get(context.client_id) for context in wave]
+        datas = [client_data(sim, context.client_id) for context in wave]
+        tasks = [
+            client_start(sim.algorithm, work.view, client_state, context, data, work.settings)
+            for client_state, context, data in zip(client_states, wave, datas)
+        ]
+        # closing(): a backend that changed process-wide settings (threads) restores them even if client_end raises.
+        with contextlib.closing(sim.backend.train(sim.model, work.view.params, tasks, work.settings.local, sim.training_data)) as trained:
+            for position, final_params, done in trained:
+                context = wave[position]
+                new_client_state, message = client_end(
+                    sim.algorithm, work.view, client_states[position], context, datas[position], work.settings, final_params, done
+                )
+                # Staged at once (a disk store writes it to its staging file); the wave's lists let go of the client's tensors.
+                state.clients.put(context.client_id, new_client_state)
+                client_states[position] = tasks[position] = new_client_state = None
+                if state.latest_models is not None:
+                    latest.add(context.client_id, final_params, state.latest_models.get(context.client_id))
+                    state.latest_models.put(context.client_id, final_params)
+                folding.add(context.client_id, message, final_params)
+                steps_done[context.client_id] = done
+    return steps_done
 
 
 def finish_round(
@@ -387,7 +426,7 @@ def finish_round(
     reporting_models: Mapping[int, torch.Tensor] | None = None,
     latest_models: ClientStateStore | None = None,
 ) -> tuple[Any, dict[str, Any]]:
-    """The server half of a planned round: the new server state and the round's record.
+    """The server half of a planned round from its collected messages: the new server state and the round's record.
 
     ``messages`` and ``steps_done`` are keyed by client id, in any order (the
     order clients finished in); a client missing from ``messages`` or whose
@@ -399,43 +438,62 @@ def finish_round(
     "all_clients_mean".  Raises ``FloatingPointError`` on divergence (module
     docstring).
     """
+    keep_models = evaluate_after and sim.evaluation.model == "reporting_mean"
+    if keep_models and reporting_models is None and any(message is not None for message in messages.values()):
+        raise ValueError('evaluation.model "reporting_mean" needs the reporting clients\' final models (reporting_models)')
+    folding = start_fold(sim, work, keep_models)
+    for context in work.contexts:
+        if context.client_id in messages:
+            model = reporting_models.get(context.client_id) if keep_models else None
+            folding.add(context.client_id, messages[context.client_id], model)
+    return finish_folded_round(sim, work, folding.result(), steps_done, evaluate_after=evaluate_after, latest_models=latest_models)
+
+
+def finish_folded_round(
+    sim: Simulation,
+    work: RoundWork,
+    folded: FoldedRound,
+    steps_done: Mapping[int, int],
+    *,
+    evaluate_after: bool = False,
+    latest_models: ClientStateStore | None = None,
+    latest_sum: LatestModels | None = None,
+) -> tuple[Any, dict[str, Any]]:
+    """The round's record once its messages are folded (``start_fold``): bits, norms, evaluation, divergence checks.
+
+    ``latest_sum`` is the running sum of the latest models after this round (``latest_models``); without it,
+    the "all_clients_mean" evaluation sums the store, staged models included."""
     t = work.round
     if evaluate_after and sim.evaluation.divergence_factor:
         reference_losses(sim)
-    reporting = [(context.client_id, messages[context.client_id]) for context in work.contexts if messages.get(context.client_id) is not None]
+    server = folded.server
     num_selected = len(work.selected)
-    round_context = RoundContext(round=t, num_registered=len(work.registered), num_selected=num_selected, server_learning_rate=work.server_lr)
-    download_bits = payload_bits(work.view) * num_selected
-    if reporting:
-        server, algorithm_metrics = sim.algorithm.server_update(work.server, [message for _, message in reporting], round_context)
-    else:
-        server, algorithm_metrics = work.server, {}
     if not torch.isfinite(server.params).all():
         raise FloatingPointError(f"the run diverged in round {t}: the server model has non-finite entries; {DIVERGENCE_ADVICE}")
     record: dict[str, Any] = {
         "round": t,
         "num_selected": num_selected,
-        "num_reporting": len(reporting),
-        "reporting_clients": [client_id for client_id, _ in reporting],
+        "num_reporting": len(folded.reporting_clients),
+        "reporting_clients": folded.reporting_clients,
         "num_inactive": work.num_inactive,
         "num_incomplete": work.num_incomplete,
         "local_steps": int(sum(steps_done.get(context.client_id, 0) for context in work.contexts)),  # a client drawn twice trains once
-        "upload_bits": int(sum(payload_bits(message) for _, message in reporting)),
-        "download_bits": int(download_bits),
+        "upload_bits": int(folded.upload_bits),
+        "download_bits": int(payload_bits(work.view) * num_selected),
         "client_lr": work.settings.local.client_lr,
         "server_lr": work.server_lr,
         "model_norm": float(torch.linalg.vector_norm(server.params)),
-        **algorithm_metrics,
+        **folded.metrics,
     }
     if evaluate_after:
-        if sim.evaluation.model == "reporting_mean" and reporting:
-            if reporting_models is None:
-                raise ValueError('evaluation.model "reporting_mean" needs the reporting clients\' final models (reporting_models)')
-            evaluated = _sum_in_order({i: reporting_models[client_id] for i, (client_id, _) in enumerate(reporting)}) / len(reporting)
+        if sim.evaluation.model == "reporting_mean" and folded.reporting_clients:
+            evaluated = folded.reporting_mean
         elif sim.evaluation.model == "all_clients_mean":
             if latest_models is None:
                 raise ValueError('evaluation.model "all_clients_mean" needs the store of every client\'s latest model (latest_models)')
-            evaluated = all_clients_mean(sim, latest_models, work.registered)
+            if latest_sum is None:
+                latest_sum = summed_store(latest_models, sim.initial_params, include_staged=True)
+            evaluated = all_clients_mean(latest_sum, latest_models, work.registered, sim.data.num_clients, sim.initial_params)
         else:
             evaluated = server.params
         record.update(evaluate(sim, evaluated))
@@ -473,20 +531,6 @@ def discard_round(state: SimulationState) -> None:
     state.clients.discard()
     if state.latest_models is not None:
         state.latest_models.discard()
-
-
-def all_clients_mean(sim: Simulation, latest_models: ClientStateStore, registered: np.ndarray) -> torch.Tensor:
-    """Mean of every registered client's latest local model (staged ones included); clients never trained
-    contribute θ⁰ (FedDyn's reporting)."""
-    members = set(registered.tolist())
-    total = torch.zeros_like(sim.initial_params)
-    trained = 0
-    for client_id, params in latest_models.items(include_staged=True):
-        if client_id in members:
-            total += params
-            trained += 1
-    total += (len(registered) - trained) * sim.initial_params
-    return total / len(registered)
 
 
 DIVERGENCE_ADVICE = "lower client.lr (or server.lr), or set client.clip_norm"
@@ -572,12 +616,8 @@ def evaluate(sim: Simulation, params: torch.Tensor) -> dict[str, float]:
     if sim.model.is_classifier:
         metrics["test_accuracy"] = test_correct / len(test_rows)
         if sim.client_test_rows is not None:
-            accuracies = []
-            for rows in sim.client_test_rows:
-                if len(rows):
-                    _, correct = _loss_and_correct(sim.model, params, test, rows, batch)
-                    accuracies.append(correct / len(rows))
-            if accuracies:
+            accuracies = _client_test_accuracies(sim, params)
+            if len(accuracies):
                 metrics["client_test_accuracy_mean"] = float(np.mean(accuracies))
     if sim.model.multi_label:
         metrics["test_recall_at_5"] = _recall_at_k(sim.model, params, test, test_rows, batch, k=5)
@@ -587,13 +627,32 @@ def evaluate(sim: Simulation, params: torch.Tensor) -> dict[str, float]:
     return metrics
 
 
+def _client_test_accuracies(sim: Simulation, params: torch.Tensor) -> list[float]:
+    """Each client's accuracy on its own test rows (clients without any left out), in client order.
+
+    One pass over all clients' test rows in evaluation batches, then a count per client: a forward
+    pass per client would cost 100,000 small passes with 100,000 clients.
+    """
+    lengths = [len(rows) for rows in sim.client_test_rows]
+    rows = torch.cat(sim.client_test_rows) if sim.client_test_rows else torch.zeros(0, dtype=torch.long)
+    hits = torch.zeros(len(rows), dtype=torch.int64)
+    batch = sim.evaluation.batch_size
+    for start in range(0, len(rows), batch):
+        chunk = rows[start : start + batch]
+        outputs = sim.model.forward(params, sim.test_data.batch(chunk))
+        hits[start : start + len(chunk)] = (outputs.argmax(dim=1) == sim.test_data.targets[chunk]).cpu()
+    bounds = np.cumsum([0, *lengths])
+    correct = np.add.reduceat(hits.numpy(), bounds[:-1]) if len(rows) else np.zeros(len(lengths), dtype=np.int64)
+    return [int(correct[k]) / n for k, n in enumerate(lengths) if n]
+
+
 def _recall_at_k(model: FlatModel, params: torch.Tensor, data: TrainingData, rows: torch.Tensor, batch_size: int, k: int) -> float:
     """Micro recall of the top-k labels: true labels among each example's k highest logits / all true labels
     (TFF's StackOverflow tag-prediction metric, ``Recall(top_k=5)``)."""
     hits, positives = 0.0, 0.0
     for start in range(0, len(rows), batch_size):
         chunk = rows[start : start + batch_size]
-        outputs = model.forward(params, data.inputs[chunk])
+        outputs = model.forward(params, data.batch(chunk))
         targets = data.targets[chunk]
         top = outputs.topk(min(k, outputs.shape[1]), dim=1).indices
         hits += float(targets.gather(1, top).sum())
@@ -605,7 +664,7 @@ def _loss_and_correct(model: FlatModel, params: torch.Tensor, data: TrainingData
     loss_sum, correct = 0.0, 0
     for start in range(0, len(rows), batch_size):
         chunk = rows[start : start + batch_size]
-        outputs = model.forward(params, data.inputs[chunk])
+        outputs = model.forward(params, data.batch(chunk))
         loss_sum += float(model.example_loss(outputs, data.targets[chunk]).sum())
         if model.is_classifier:
             correct += int((outputs.argmax(dim=1) == data.targets[chunk]).sum())
@@ -631,7 +690,7 @@ def dissimilarity(sim: Simulation, params: torch.Tensor, registered: np.ndarray 
         gradient = torch.zeros_like(params)
         for start in range(0, len(rows), sim.evaluation.batch_size):
             part = rows[start : start + sim.evaluation.batch_size]
-            gradient += loss_gradient(params, sim.training_data.inputs[part], sim.training_data.targets[part]) * (len(part) / len(rows))
+            gradient += loss_gradient(params, sim.training_data.batch(part), sim.training_data.targets[part]) * (len(part) / len(rows))
         global_gradient += weight * gradient
         mean_squared_norm += weight * float((gradient**2).sum())
     global_norm_squared = float((global_gradient**2).sum())

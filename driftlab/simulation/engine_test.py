@@ -1,5 +1,7 @@
 """Engine features: γ-inexact solver, dissimilarity, evaluated models, stragglers, quadratic convergence."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -347,3 +349,56 @@ def test_the_reporting_mean_does_not_depend_on_the_order_clients_finish_in(monke
     reversed_order = driftlab.run(None, overrides=overrides)
     assert [r["test_loss"] for r in reversed_order.records] == [r["test_loss"] for r in in_order.records]
     assert torch.equal(reversed_order.final_params, in_order.final_params)
+
+
+@pytest.mark.parametrize("backend", ["sequential", "vectorized"])
+def test_a_round_in_waves_matches_one_wave(backend):
+    # SCAFFOLD's state is 3,306 floats (13 KB), so a 200 KB budget leaves one eighth, 25 KB: one client per wave.
+    overrides = ["rounds=3", "data.num_clients=8", "sampling.participation=0.75", "algorithm.name=scaffold", f"backend={backend}"]
+    one_wave = driftlab.run(None, overrides=overrides)
+    config = driftlab.load_config(None, [*overrides, "memory_budget=200KB"])
+    sim, state = build_simulation(config)
+    assert engine_module.wave_size(sim, sim.algorithm.client_state_init(sim.initial_params)) == 1
+    sizes = []
+    train = sim.backend.train
+
+    def counting_train(model, start, tasks, *rest):
+        sizes.append(len(tasks))
+        return train(model, start, tasks, *rest)
+
+    sim.backend.train = counting_train
+    records = []
+    for _ in range(3):
+        state, record = run_round(sim, state, evaluate_after=True)
+        records.append(record)
+    assert sizes == [1] * 18  # 6 clients a round, one at a time
+    if backend == "sequential":  # every client trains on its own: the waves change nothing
+        assert torch.equal(state.server.params, one_wave.final_params)
+        strip = lambda rs: [{k: v for k, v in r.items() if k != "round_seconds"} for r in rs]  # noqa: E731
+        assert strip(records) == strip(one_wave.records)
+    else:  # batched kernels over chunks of 1 instead of 3 clients: the same to rounding
+        torch.testing.assert_close(state.server.params, one_wave.final_params, rtol=1e-5, atol=1e-6)
+
+
+def test_wave_size_follows_the_memory_budget_and_not_the_machine():
+    sim, _ = build_simulation(driftlab.load_config(None, ["memory_budget=80MB", "model.hidden=[8]"]))
+    params = sim.initial_params.numel() * 4
+    state = torch.zeros(sim.initial_params.numel())
+    assert engine_module.wave_size(sim, None) == 80_000_000 // 8 // (5 * params)
+    assert engine_module.wave_size(sim, state) == 80_000_000 // 8 // (7 * params)
+    default, _ = build_simulation(driftlab.load_config(None, ["model.hidden=[8]"]))
+    assert engine_module.wave_size(default, state) == 2**30 // (7 * params)
+
+
+def test_client_test_accuracies_are_each_clients_own_in_one_pass():
+    sim, state = build_simulation(driftlab.load_config(None, ["data.num_clients=12", "model.hidden=[8]"]))
+    sim.evaluation = dataclasses.replace(sim.evaluation, batch_size=7)  # batches that cut across clients
+    params = state.server.params + 0.3 * torch.randn(state.server.params.shape, generator=torch.Generator().manual_seed(1))
+    expected = []
+    for rows in sim.client_test_rows:  # one client at a time, as a reader would compute it
+        if len(rows):
+            outputs = sim.model.forward(params, sim.test_data.inputs[rows])
+            expected.append(int((outputs.argmax(dim=1) == sim.test_data.targets[rows]).sum()) / len(rows))
+    accuracies = engine_module._client_test_accuracies(sim, params)
+    assert accuracies == expected and len(set(accuracies)) > 1
+    assert evaluate(sim, params)["client_test_accuracy_mean"] == float(np.mean(expected))

@@ -20,7 +20,8 @@ run exactly the code above.
 A client's minibatches are fixed before training by ``batch_plan`` from
 (seed, round, client id), so every backend sees the same batches.  Data
 augmentation (``TrainingData.augment``), when on, is applied to each step's
-batch right after it is gathered; the draws of the example in column ``i`` of
+batch right after it is gathered (and normalised, for uint8 images kept with a
+``TrainingData.normalisation``); the draws of the example in column ``i`` of
 step ``s`` come from its key ``example_keys(task.augment_key, s, i)``
 (``randomness.py``), so they depend neither on the backend nor on how it
 groups clients.
@@ -39,6 +40,7 @@ from typing import Callable, Iterator, Protocol, Sequence
 import numpy as np
 import torch
 
+from driftlab.data.pixels import PixelNormalisation
 from driftlab.simulation.flat import FlatModel
 from driftlab.simulation.objectives import LocalObjective, LossTerm, as_local_objective, objective_loss
 from driftlab.simulation.precision import local_arithmetic
@@ -117,6 +119,19 @@ class TrainingData:
     # minibatch; each output example must depend only on its own input and key (e.g. ``augmentation.flip_crop_from_keys``).
     # Full local gradients (γ-inexact stopping) and evaluation use the inputs as they are.  None: off.
     augment: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+    # uint8 image inputs normalised batch by batch (``data.pixels``): every gathered batch goes through
+    # ``model_inputs`` before the model (and before augmentation, which pads the normalised image with zeros).
+    # None: the inputs are the model's inputs as they are.
+    normalisation: PixelNormalisation | None = None
+
+    def model_inputs(self, gathered: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Rows gathered from ``inputs`` as the model takes them: normalised when the inputs are pixels, else as they are
+        (``out``: a float32 buffer for the normalised values)."""
+        return gathered if self.normalisation is None else self.normalisation(gathered, out)
+
+    def batch(self, rows: torch.Tensor) -> torch.Tensor:
+        """The model's inputs of ``rows`` (``model_inputs`` of ``inputs[rows]``)."""
+        return self.model_inputs(self.inputs[rows])
 
 
 class TrainingBackend(Protocol):
@@ -185,7 +200,7 @@ class BoundModule:
         total = torch.zeros_like(theta)
         for start in range(0, len(rows), chunk):
             part = rows[start : start + chunk]
-            total += self.loss_gradient(theta, data.inputs[part], data.targets[part]) * (len(part) / len(rows))
+            total += self.loss_gradient(theta, data.batch(part), data.targets[part]) * (len(part) / len(rows))
         return total
 
     def forward(self, theta: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
@@ -204,7 +219,7 @@ class BoundModule:
         total = torch.zeros_like(theta)
         for start in range(0, len(rows), chunk):
             part = rows[start : start + chunk]
-            total += self.term_gradient(theta, data.inputs[part], data.targets[part], term) * (len(part) / len(rows))
+            total += self.term_gradient(theta, data.batch(part), data.targets[part], term) * (len(part) / len(rows))
         return total
 
 
@@ -240,7 +255,7 @@ def train_one_client(
     for step in range(task.num_steps):
         size = sizes[step]
         rows = task.sample_indices[batches[step, :size]]
-        inputs = data.inputs[rows]
+        inputs = data.batch(rows)
         if data.augment is not None:
             inputs = data.augment(inputs, example_keys(task.augment_key, step, slots[:size]))
         if term is None:

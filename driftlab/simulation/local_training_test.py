@@ -326,3 +326,57 @@ def test_tiny_data_set_trains_with_padding():
     task = ClientTask(0, torch.tensor([0, 1, 2]), batch_plan(0, 1, 0, 3, 2, 4), NO_CORRECTION)
     ((position, final, *_),) = list(SequentialBackend().train(model, theta0, [task], LocalSettings(0.1), TrainingData(data.train_inputs, data.train_targets)))
     assert position == 0 and torch.isfinite(final).all() and not torch.equal(final, theta0)
+
+
+# ------------------------------------------------------------------ uint8 images normalised batch by batch
+
+
+def _pixel_run(backend_name: str, data: FederatedDataset, model_name: str, augment: bool, dtype: torch.dtype, algorithm_name: str = "fedavg"):
+    """Final parameters after two rounds, and the evaluation at them."""
+    from driftlab.algorithms import fedavg, fedprox
+    from driftlab.experiments.runner import BACKENDS
+    from driftlab.optim.server import make_server_optimizer
+    from driftlab.simulation.engine import RoundPlan, Simulation, SimulationState, evaluate, run_round
+    from driftlab.simulation.state_store import InMemoryClientStore
+
+    torch.manual_seed(0)
+    model = FlatModel.wrap(build_model(model_name, tuple(data.input_shape), 3, hidden=(16,))).to("cpu", dtype)
+    theta = model.initial_parameters()
+    gamma = 0.9 if algorithm_name == "fedprox" else None
+    plan = RoundPlan(seed=3, participation=0.5, sampling="uniform", batch_size=4, client_lr=0.05, server_lr=1.0, local_epochs=2, steps=None, augment=augment, inexact_gamma=gamma)
+    algorithm = fedprox.build(make_server_optimizer("sgd"), mu=0.1) if gamma else fedavg.build(make_server_optimizer("sgd"))
+    sim = Simulation(model, data, algorithm, BACKENDS[backend_name](), plan, torch.device("cpu"), dtype, theta)
+    state = SimulationState(0, algorithm.server_init(theta), InMemoryClientStore(None))
+    for _ in range(2):
+        state, _ = run_round(sim, state)
+    return state.server.params, evaluate(sim, state.server.params)
+
+
+def _pixel_data(channels: int, size: int, normalise: bool) -> FederatedDataset:
+    from driftlab.data.pixels import PixelNormalisation
+
+    generator = torch.Generator().manual_seed(1)
+    pixels = torch.randint(0, 256, (48, channels, size, size), generator=generator, dtype=torch.uint8)
+    labels = torch.randint(0, 3, (48,), generator=generator)
+    norm = PixelNormalisation((0.1307,), (0.3081,)) if channels == 1 else PixelNormalisation((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616))
+    clients = tuple(np.arange(i * 10, i * 10 + 10) for i in range(4))
+    if normalise:  # as the loaders gave it: the whole set normalised up front
+        return FederatedDataset("float", norm(pixels[:40]), labels[:40], norm(pixels[40:]), labels[40:], clients, 3)
+    return FederatedDataset("pixels", pixels[:40], labels[:40], pixels[40:], labels[40:], clients, 3, input_normalisation=norm)
+
+
+@pytest.mark.parametrize("backend", ["sequential", "vectorized"])
+@pytest.mark.parametrize(
+    "channels, size, model_name, augment, dtype, algorithm_name",
+    [
+        (1, 8, "mlp", False, torch.float32, "fedavg"),  # MNIST-like; the vectorized backend's fused MLP
+        (1, 8, "mlp", False, torch.float64, "fedprox"),  # a float64 run, and γ-inexact stopping's full gradients
+        (3, 32, "cnn", True, torch.float32, "fedavg"),  # CIFAR-like with flip and pad-crop (padding the normalised image)
+    ],
+)
+def test_uint8_images_train_and_evaluate_bit_for_bit_as_their_normalised_floats(backend, channels, size, model_name, augment, dtype, algorithm_name):
+    floats, float_metrics = _pixel_run(backend, _pixel_data(channels, size, normalise=True), model_name, augment, dtype, algorithm_name)
+    pixels, pixel_metrics = _pixel_run(backend, _pixel_data(channels, size, normalise=False), model_name, augment, dtype, algorithm_name)
+    assert torch.equal(pixels, floats)
+    assert pixel_metrics == float_metrics
+    assert float_metrics["test_loss"] > 0

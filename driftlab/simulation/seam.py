@@ -12,6 +12,12 @@ its module's ``build(...)``.  Each round the engine calls them in this order::
     client_state, message = algorithm.client_finish(view, client_state, context, update)
     server_state, metrics = algorithm.server_update(server_state, messages, round_context)
 
+An algorithm may also give its server update as a fold (``ServerFold``:
+``start``, ``add`` per message in sample order, ``finish``); the engine then
+folds each message in as its client finishes and lets go of it, so a round's
+memory does not grow with its clients.  Its ``server_update`` is
+``ServerFold.server_update``, the same fold over a list.
+
 The client halves see the *client view* ``broadcast`` returns (a frozen
 dataclass of the module, e.g. ``scaffold.ClientView(params, control)``), never
 the server state: what a client may use is exactly what the server sends it,
@@ -117,6 +123,37 @@ class RoundContext:
 
 
 @dataclass(frozen=True)
+class ServerFold:
+    """``server_update`` as a fold over the round's messages in sample order.
+
+    ``start(server, round_context)`` gives an accumulator (e.g. running sums),
+    ``add(accumulator, message)`` a new one, and ``finish(server, accumulator,
+    round_context)`` the new server state and metrics.  ``finish`` is called
+    only when at least one message was added.
+    """
+
+    start: Callable[[Any, RoundContext], Any]
+    add: Callable[[Any, Any], Any]
+    finish: Callable[[Any, Any, RoundContext], tuple[Any, dict[str, float]]]
+
+    def server_update(self, server: Any, messages: Sequence[Any], context: RoundContext) -> tuple[Any, dict[str, float]]:
+        accumulator = self.start(server, context)
+        for message in messages:
+            accumulator = self.add(accumulator, message)
+        return self.finish(server, accumulator, context)
+
+
+def collecting_fold(server_update: Callable[[Any, Sequence[Any], RoundContext], tuple[Any, dict[str, float]]]) -> ServerFold:
+    """The fold of an algorithm that gives only ``server_update``: keep the messages, update once at the end."""
+
+    def add(messages: list, message: Any) -> list:
+        messages.append(message)  # the list is the fold's own, made by start()
+        return messages
+
+    return ServerFold(lambda server, context: [], add, lambda server, messages, context: server_update(server, messages, context))
+
+
+@dataclass(frozen=True)
 class Algorithm:
     """The functions that are the whole of an algorithm (see the module docstring).
 
@@ -128,6 +165,8 @@ class Algorithm:
     state.  ``client_state_init`` is ``None`` for algorithms without
     per-client state.  ``client_joined``/``client_left``, when given, update
     the server state as a client enters or leaves the registered set.
+    ``server_fold``, when given, is ``server_update`` as a fold (its
+    ``server_update`` must be ``server_fold.server_update``).
     """
 
     name: str
@@ -143,3 +182,17 @@ class Algorithm:
     # sums over all registered clients (FedDyn's Σ_S λ_k): (server, the client's state) -> server.
     client_joined: Callable[[Any, Any], Any] | None = None
     client_left: Callable[[Any, Any], Any] | None = None
+    # The server update as a fold (``ServerFold``), so the engine can stream messages into it; None: only server_update.
+    server_fold: ServerFold | None = None
+
+    def __post_init__(self) -> None:
+        if self.server_fold is not None and self.server_update != self.server_fold.server_update:
+            raise ValueError(
+                f"algorithm {self.name!r}: server_update is not server_fold.server_update, so the engine (which folds) and a "
+                "caller of server_update would compute different things; give server_update=fold.server_update, or "
+                "server_fold=None to have the engine call server_update on the collected messages"
+            )
+
+    def fold(self) -> ServerFold:
+        """How the engine aggregates a round: ``server_fold``, or ``server_update`` over the collected messages."""
+        return self.server_fold if self.server_fold is not None else collecting_fold(self.server_update)

@@ -28,7 +28,9 @@ Two implementations of the same methods:
     client-id order), not through a mapping: pages of a mapping count in the
     process's RSS, and a run touching 26 GB of state must not look like it
     uses 26 GB of memory.  A bounded LRU cache (``cache_bytes``) keeps recently
-    read or written rows.
+    read or written rows.  Staged rows stay in memory up to ``cache_bytes``
+    too; beyond that they go to a staging file (``staged.bin``, rewritten each
+    round) as they are put, so a round of many clients holds none of them.
 
 Incremental, atomic checkpoints of the disk store (copy-on-write row slots):
 every field has two files, slot 0 and slot 1, and every client row lives in
@@ -113,6 +115,8 @@ class InMemoryClientStore:
 
     def discard(self) -> None:
         self._staged = {}
+        self._staged_in_memory = 0
+        self._staging_rows = 0
 
     def items(self, include_staged: bool = False) -> Iterator[tuple[int, Any]]:
         """Committed states by client id; with ``include_staged``, as they will be after ``commit()``."""
@@ -136,6 +140,7 @@ class _Field:
 
 _STORE_TABLE_KEYS = ("client_ids", "slots", "sha256")
 _READ_BATCH = 64  # rows per batch when ``items`` walks the whole store
+STAGING_FILE = "staged.bin"  # a round's staged rows beyond the cache's size, in the order they were put
 
 
 class DiskClientStore:
@@ -169,7 +174,11 @@ class DiskClientStore:
         self._cache_bytes = int(cache_bytes)
         self._cache: OrderedDict[int, list[np.ndarray]] = OrderedDict()
         self._cached_bytes = 0
-        self._staged: dict[int, list[np.ndarray]] = {}
+        # Staged rows by client id: in memory (a list of rows), or the index of their place in the staging file.
+        self._staged: dict[int, list[np.ndarray] | int] = {}
+        self._staged_in_memory = 0  # bytes
+        self._staging_descriptor: int | None = None
+        self._staging_rows = 0  # places used in the staging file this round
         self._slot = np.full(self.num_clients, -1, dtype=np.int8)  # committed slot of each client's rows; -1: no state
         self._checkpointed_slot = np.full(self.num_clients, -1, dtype=np.int8)  # the slots the last checkpoint refers to
         self._sha256 = np.zeros((self.num_clients, len(self._fields), 32), dtype=np.uint8)
@@ -196,8 +205,20 @@ class DiskClientStore:
         return self._decode(rows)
 
     def put(self, client_id: int, state: Any) -> None:
-        if state is not None:
-            self._staged[int(client_id)] = self._encode(state)
+        if state is None:
+            return
+        client_id = int(client_id)
+        rows = self._encode(state)
+        previous = self._staged.get(client_id)
+        if isinstance(previous, int):
+            self._write_staged(previous, rows)  # a second put in one round reuses the client's place
+        elif previous is not None or self._staged_in_memory + self._row_bytes <= self._cache_bytes:
+            self._staged_in_memory += 0 if previous is not None else self._row_bytes
+            self._staged[client_id] = rows
+        else:
+            self._staged[client_id] = self._staging_rows
+            self._write_staged(self._staging_rows, rows)
+            self._staging_rows += 1
 
     def commit(self) -> None:
         """Write the staged rows in client-id order, then make them the committed states at once."""
@@ -209,7 +230,7 @@ class DiskClientStore:
         hashes = np.empty((len(ids), len(self._fields), 32), dtype=np.uint8)
         try:
             for position, (client_id, slot) in enumerate(zip(ids.tolist(), targets.tolist())):
-                rows = self._staged[client_id]
+                rows = self._staged_rows(client_id)
                 for index, row in enumerate(rows):
                     self._write_row(index, slot, client_id, row)
                     hashes[position, index] = np.frombuffer(hashlib.sha256(row).digest(), dtype=np.uint8)
@@ -222,20 +243,26 @@ class DiskClientStore:
         self._slot[ids] = targets
         self._sha256[ids] = hashes
         for client_id in ids.tolist():
-            self._remember(client_id, self._staged[client_id])
-        self._staged = {}
+            staged = self._staged[client_id]
+            if isinstance(staged, list):  # rows from the staging file are not worth a second read into the cache
+                self._remember(client_id, staged)
+            else:
+                self._forget(client_id)  # the cached rows are the replaced state
+        self.discard()
 
     def discard(self) -> None:
         self._staged = {}
+        self._staged_in_memory = 0
+        self._staging_rows = 0
 
     def items(self, include_staged: bool = False) -> Iterator[tuple[int, Any]]:
         """Committed states by client id (read in batches); with ``include_staged``, as they will be after ``commit()``."""
         present = set(np.flatnonzero(self._slot >= 0).tolist())
-        staged = dict(self._staged) if include_staged else {}
-        ids = sorted(present | set(staged))
+        staged = set(self._staged) if include_staged else set()
+        ids = sorted(present | staged)
         for start in range(0, len(ids), _READ_BATCH):
             batch = ids[start : start + _READ_BATCH]
-            rows = {c: staged[c] for c in batch if c in staged}
+            rows = {c: self._staged_rows(c) for c in batch if c in staged}
             rows.update(self._read_batch([c for c in batch if c not in rows]))
             for client_id in batch:
                 yield client_id, self._decode(rows[client_id])
@@ -316,6 +343,9 @@ class DiskClientStore:
         for descriptor in self._descriptors.values():
             os.close(descriptor)
         self._descriptors.clear()
+        if self._staging_descriptor is not None:
+            os.close(self._staging_descriptor)
+            self._staging_descriptor = None
 
     def __del__(self) -> None:
         try:
@@ -375,6 +405,28 @@ class DiskClientStore:
             done += count
         return row
 
+    def _write_staged(self, place: int, rows: list[np.ndarray]) -> None:
+        if self._staging_descriptor is None:
+            self._staging_descriptor = os.open(self.directory / STAGING_FILE, os.O_RDWR | os.O_CREAT)
+        view, offset = memoryview(np.concatenate(rows) if len(rows) > 1 else rows[0]), place * self._row_bytes
+        while len(view):
+            written = os.pwrite(self._staging_descriptor, view, offset)
+            view, offset = view[written:], offset + written
+
+    def _staged_rows(self, client_id: int) -> list[np.ndarray]:
+        staged = self._staged[client_id]
+        if isinstance(staged, list):
+            return staged
+        data = np.empty(self._row_bytes, dtype=np.uint8)
+        done, offset = 0, staged * self._row_bytes
+        while done < self._row_bytes:
+            count = os.preadv(self._staging_descriptor, [memoryview(data)[done:]], offset + done)
+            if count == 0:
+                raise OSError(f"{self.directory / STAGING_FILE} was cut short while this process used it")
+            done += count
+        bounds = np.cumsum([0] + [field.row_bytes for field in self._fields])
+        return [data[bounds[i] : bounds[i + 1]] for i in range(len(self._fields))]
+
     def _read_rows(self, client_id: int, slot: int) -> list[np.ndarray]:
         return [self._read_row(index, slot, client_id) for index in range(len(self._fields))]
 
@@ -390,6 +442,10 @@ class DiskClientStore:
         for position, client_id in enumerate(missing):
             out[client_id] = [by_field[index][position] for index in range(len(self._fields))]
         return out
+
+    def _forget(self, client_id: int) -> None:
+        if self._cache.pop(client_id, None) is not None:
+            self._cached_bytes -= self._row_bytes
 
     def _remember(self, client_id: int, rows: list[np.ndarray]) -> None:
         if self._row_bytes > self._cache_bytes:

@@ -235,3 +235,29 @@ def test_a_corrupted_store_file_stops_the_resume_with_a_clear_error(tmp_path):
         path.write_bytes(bytes(data))
     with pytest.raises(CheckpointError, match=r"client state file .*slot0 was changed after the checkpoint"):
         driftlab.run(None, tmp_path / "run", resume=True, overrides=[*overrides, "rounds=3"])
+
+
+def test_staged_rows_beyond_the_cache_go_to_the_staging_file(tmp_path):
+    row = _initial().drift.numel() * 8 + 8 + 8  # drift, last_round, scale
+    memory, disk = InMemoryClientStore(_initial), _disk(tmp_path, cache_bytes=2 * row)  # two rows stay in memory
+    for store in (memory, disk):
+        for client_id in (5, 1, 8, 3):
+            store.put(client_id, _state(float(client_id), 1))
+        store.put(8, _state(-8.0, 1))  # a second put in a round replaces the first (8 was spilled)
+        store.put(5, _state(-5.0, 1))  # (5 was kept in memory)
+    assert (tmp_path / "staged.bin").stat().st_size == 2 * row  # 8 and 3 went to the file
+    assert sum(isinstance(v, list) for v in disk._staged.values()) == 2
+    assert all(_same(a, b) for (_, a), (_, b) in zip(disk.items(include_staged=True), memory.items(include_staged=True)))
+    for store in (memory, disk):
+        store.commit()
+        store.put(3, _state(30.0, 2))  # round 2 reuses the staging file from its start
+        store.put(9, _state(90.0, 2))
+        store.put(2, _state(20.0, 2))
+        store.commit()
+    for client_id in range(10):
+        assert _same(disk.get(client_id), memory.get(client_id)), client_id
+    disk.put(4, _state(4.0, 3))
+    disk.put(6, _state(6.0, 3))
+    disk.put(7, _state(7.0, 3))
+    disk.discard()
+    assert [c for c, _ in disk.items(include_staged=True)] == [1, 2, 3, 5, 8, 9]

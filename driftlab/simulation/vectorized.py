@@ -677,9 +677,11 @@ class VectorizedBackend:
         if isinstance(engine, LinearReluStack):
             activations = engine.activation_elements(engine.flat_inputs(data.inputs[:1]).shape[1])
         else:
-            activations = engine.activation_elements(data.inputs[0], start_params)
+            activations = engine.activation_elements(data.batch(torch.zeros(1, dtype=torch.long, device=data.inputs.device))[0], start_params)
         if data.augment is not None:  # the augmented copy of the batch and the augmentation's temporaries (flip, padding)
             activations += 5 * data.inputs[0].numel()
+        if data.normalisation is not None:  # the normalised copy of the gathered pixels
+            activations += data.inputs[0].numel()
         per_client = element * (params_rows * model.num_parameters + width * activations + _objective_elements(tasks)) + steps * width * (8 + element)
         size = max(1, self.budget_bytes(start_params.device) // (workers * per_client))
         cap = self.max_chunk_clients or self._default_cap(engine, model, start_params.device)
@@ -812,7 +814,7 @@ def _vmap_problem(engine: VmappedGradient, start_params: torch.Tensor, task: Cli
     theta = start_params.unsqueeze(0).repeat(2, 1)
     rows = schedule.rows[0]
     try:
-        engine.loss_gradient(theta, data.inputs[rows], data.targets[rows], schedule.weights[0], torch.empty_like(theta))
+        engine.loss_gradient(theta, data.batch(rows), data.targets[rows], schedule.weights[0], torch.empty_like(theta))
     except Exception as error:  # noqa: BLE001 - any failure means "not vmappable"; the message is logged
         return f"{type(error).__name__}: {error}"
     return None
@@ -826,7 +828,7 @@ def _stacked_problem(engine: StackedNetwork, model: FlatModel, start_params: tor
     """
     positions = task.batches[0][task.batches[0] != PAD] if task.num_steps else np.zeros(1, dtype=np.int64)
     rows = task.sample_indices[torch.as_tensor(positions[:4], device=task.sample_indices.device)]
-    x = data.inputs[rows]
+    x = data.batch(rows)
     theta = torch.stack([start_params, start_params * 0.5])  # two clients with different parameters
     try:
         with torch.no_grad():
@@ -873,9 +875,15 @@ def _train_chunk(
     inputs = engine.flat_inputs(data.inputs)
     width = schedule.rows.shape[2]
     augment = data.augment
-    # With augmentation the batch is gathered in the inputs' own shape (the augmentation's), then flattened for the engine.
-    source = data.inputs if augment is not None else inputs
+    pixels = data.normalisation is not None
+    # With augmentation or pixels the batch is gathered in the inputs' own shape (the augmentation's and the
+    # normalisation's channels), normalised, augmented, then flattened for the engine.
+    source = data.inputs if augment is not None or pixels else inputs
     batch_inputs = source.new_empty((num_clients, width, *source.shape[1:]))
+    # A reused buffer for the float32 values the normalisation computes (a float64 run casts a copy of them instead).
+    normalised = None
+    if pixels and data.normalisation.dtype == torch.float32:
+        normalised = torch.empty(batch_inputs.shape, dtype=torch.float32, device=batch_inputs.device)
     if augment is not None:
         base_keys = _to_device(torch.tensor([task.augment_key for task in tasks], dtype=torch.int64), schedule.rows.device).unsqueeze(1)  # [C, 1]
         slots = torch.arange(width, device=schedule.rows.device).unsqueeze(0)  # [1, W]
@@ -884,9 +892,13 @@ def _train_chunk(
     for step, active in enumerate(schedule.active):
         rows = schedule.rows[step, :active]
         x = gather_rows(source, rows, batch_inputs[:active])
+        if pixels:
+            x = data.model_inputs(x, None if normalised is None else normalised[:active])
         if augment is not None:
             keys = example_keys(base_keys[:active], step, slots)  # [active, W]
-            x = augment(x.view(active * width, *x.shape[2:]), keys.reshape(-1)).reshape(active, width, *inputs.shape[1:])
+            x = augment(x.view(active * width, *x.shape[2:]), keys.reshape(-1))
+        if augment is not None or pixels:
+            x = x.reshape(active, width, *inputs.shape[1:])
         targets, weights = data.targets[rows], schedule.weights[step, :active]
         block = theta[:active]
         block_correction = correction.head(active)
@@ -939,11 +951,10 @@ class _InexactStopping:
         total = torch.zeros_like(theta)
         piece_gradient = torch.empty_like(theta)
         engine = self.engine.client(k) if isinstance(self.engine, TermGradients) else self.engine
-        inputs = self.engine.flat_inputs(self.data.inputs)
         for start in range(0, len(rows), FULL_GRADIENT_ROWS):
             part = rows[start : start + FULL_GRADIENT_ROWS]
             weights = torch.full((1, len(part)), 1.0 / len(part), dtype=theta.dtype, device=theta.device)
-            engine.loss_gradient(theta, inputs[part].unsqueeze(0), self.data.targets[part].unsqueeze(0), weights, piece_gradient)
+            engine.loss_gradient(theta, self.engine.flat_inputs(self.data.batch(part)).unsqueeze(0), self.data.targets[part].unsqueeze(0), weights, piece_gradient)
             total += piece_gradient * (len(part) / len(rows))
         return corrected_gradient_norm(theta[0], total[0], _correction(self.tasks[k]), self.settings)
 

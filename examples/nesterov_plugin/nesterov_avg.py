@@ -40,7 +40,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from driftlab.algorithms import AlgorithmEntry, register
-from driftlab.algorithms.aggregation import aggregation_weights, weighted_sum
+from driftlab.algorithms.aggregation import check_aggregation, client_weight, weighted_mean
 from driftlab.algorithms.fedavg import ClientMessage, ClientView  # the clients are FedAvg's: θ^{t−1} down, θ_k up
 from driftlab.simulation.seam import NO_CORRECTION, Algorithm, ClientContext, ClientUpdate, GradientCorrection, RoundContext
 
@@ -64,7 +64,7 @@ def build(momentum: float = 0.9, aggregation: str = "weighted") -> Algorithm:
     """FedAvg whose server takes a Nesterov momentum step of momentum ``momentum`` (β) on the pseudo-gradient."""
     if not 0 <= momentum < 1:
         raise ValueError(f"momentum must be in [0, 1), got {momentum}")
-    aggregation_weights([1], [1], aggregation)  # validates the name before any work
+    check_aggregation(aggregation)  # before any work
 
     def server_init(initial_params: torch.Tensor) -> ServerState:
         return ServerState(initial_params, torch.zeros_like(initial_params))
@@ -78,8 +78,8 @@ def build(momentum: float = 0.9, aggregation: str = "weighted") -> Algorithm:
     def server_update(server: ServerState, messages: Sequence[ClientMessage], context: RoundContext) -> tuple[ServerState, dict[str, float]]:
         if not messages:
             return server, {}
-        weights = aggregation_weights([m.num_samples for m in messages], [m.multiplicity for m in messages], aggregation)
-        pseudo_gradient = server.params - weighted_sum([m.params for m in messages], weights)
+        weights = [client_weight(m.num_samples, m.multiplicity, aggregation) for m in messages]
+        pseudo_gradient = server.params - weighted_mean([m.params for m in messages], weights)
         new_momentum = momentum * server.momentum + pseudo_gradient
         params = server.params - context.server_learning_rate * (pseudo_gradient + momentum * new_momentum)
         return ServerState(params, new_momentum), {"momentum_norm": float(torch.linalg.vector_norm(new_momentum))}

@@ -1,0 +1,47 @@
+"""Running means: hand-computed sums, the fold and the list form agree bit for bit, bad weights get clear errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from driftlab.algorithms.aggregation import RunningMean, check_aggregation, client_weight, weighted_mean
+
+
+def test_running_mean_is_the_weighted_sum_divided_once():
+    mean = RunningMean().add(torch.tensor([1.0, 2.0]), 3.0).add(torch.tensor([5.0, -2.0]), 1.0)
+    assert mean.weight == 4.0
+    assert torch.equal(mean.total, torch.tensor([8.0, 4.0]))  # 3·(1, 2) + (5, −2)
+    assert torch.equal(mean.value(), torch.tensor([2.0, 1.0]))
+
+
+def test_list_form_equals_the_fold_bit_for_bit():
+    generator = torch.Generator().manual_seed(0)
+    vectors = [torch.randn(1000, generator=generator) for _ in range(7)]
+    weights = [float(n) for n in (13, 7, 1, 250, 3, 3, 90)]
+    fold = RunningMean()
+    for vector, weight in zip(vectors, weights):
+        fold = fold.add(vector, weight)
+    assert torch.equal(weighted_mean(vectors, weights), fold.value())
+    # the order fixes the rounding: the mean is a sum in the order given, then one division
+    expected = weights[0] * vectors[0]
+    for vector, weight in zip(vectors[1:], weights[1:]):
+        expected = expected + weight * vector
+    assert torch.equal(fold.value(), expected / sum(weights))
+
+
+def test_client_weights_follow_the_mode_and_count_multiplicity():
+    assert client_weight(40, 1, "weighted") == 40.0
+    assert client_weight(40, 2, "weighted") == 80.0  # drawn twice: weighs as two draws
+    assert client_weight(40, 2, "uniform") == 2.0
+    with pytest.raises(ValueError, match="unknown aggregation 'mean'; valid: weighted, uniform"):
+        check_aggregation("mean")
+
+
+def test_empty_and_weightless_means_are_refused():
+    with pytest.raises(ValueError, match="cannot average zero vectors"):
+        RunningMean().value()
+    with pytest.raises(ValueError, match="weights sum to zero"):
+        RunningMean().add(torch.ones(2), 0.0).value()
+    with pytest.raises(ValueError):
+        weighted_mean([torch.ones(2)], [1.0, 2.0])  # one weight per vector
