@@ -15,10 +15,16 @@ temporary directory) and is removed when the script ends, unless ``--keep``.
 The data are ``data.name = "synthetic"`` with ``data.samples_per_client =
 --samples``, so the run's config.json describes them exactly.
 
-Prints one line per round (round, distinct clients trained so far, round and
-checkpoint seconds, peak RSS), then, as its last line, one JSON object:
-``peak_rss_mb`` (the process's peak resident set), ``distinct_clients_trained``,
-``median_round_seconds``, ``median_checkpoint_seconds``,
+Prints one line per round (round, distinct clients trained so far, round,
+evaluation and checkpoint seconds, peak RSS), then, as its last line, one JSON
+object: ``peak_rss_mb`` (the process's peak resident set),
+``distinct_clients_trained``, ``median_round_seconds`` (a round's record time:
+training, the server update and evaluation), ``median_evaluation_seconds`` and
+``median_round_seconds_without_evaluation`` (evaluation covers every client's
+test data, so it grows with the number of clients whatever the state store
+does), ``median_round_wall_seconds`` (from one round's record to the next's:
+the round, the commit of its client states to the store and, every
+``checkpoint_every`` rounds, the checkpoint), ``median_checkpoint_seconds``,
 ``checkpoint_bytes_written`` (bytes of the checkpoint files written, summed over
 checkpoints) and ``store_bytes_written`` (client-state rows the rounds wrote to
 the store's files, which each checkpoint fsyncs), with the settings.
@@ -52,6 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the driftlab of 
 
 import driftlab  # noqa: E402
 from driftlab.experiments import runner  # noqa: E402
+from driftlab.simulation import engine  # noqa: E402
 
 ALGORITHMS = {
     "scaffold": ["algorithm.name=scaffold"],
@@ -130,21 +137,38 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         stores = [s for s in (state.clients, state.latest_models) if s is not None and hasattr(s, "bytes_written")]
         store_bytes["written"] = sum(s.bytes_written for s in stores)
 
+    evaluation_seconds: dict[str, float] = {"last": 0.0}
+    original_evaluate = engine.evaluate
+
+    def timed_evaluate(sim: Any, params: Any) -> dict[str, float]:
+        started = time.perf_counter()
+        metrics = original_evaluate(sim, params)
+        evaluation_seconds["last"] += time.perf_counter() - started
+        return metrics
+
     trained: set[int] = set()
     lines: list[dict[str, Any]] = []
+    reported_at: list[float] = []
 
     def report(record: dict[str, Any]) -> None:
+        reported_at.append(time.perf_counter())
         trained.update(record["reporting_clients"])
         line = {
             "round": record["round"],
             "distinct_clients": len(trained),
             "round_seconds": record["round_seconds"],
+            "evaluation_seconds": evaluation_seconds["last"],
             "checkpoint_seconds": checkpoint_seconds[-1] if record["round"] % args.checkpoint_every == 0 or record["round"] == args.rounds else None,
             "peak_rss_mb": peak_rss_mb(),
         }
         lines.append(line)
+        evaluation_seconds["last"] = 0.0
         checkpoint = "" if line["checkpoint_seconds"] is None else f"{line['checkpoint_seconds']:.2f}"
-        print(f"{line['round']:>6} {line['distinct_clients']:>10} {line['round_seconds']:>9.2f} {checkpoint:>11} {line['peak_rss_mb']:>10.0f}", flush=True)
+        print(
+            f"{line['round']:>6} {line['distinct_clients']:>10} {line['round_seconds']:>9.2f} {line['evaluation_seconds']:>8.2f} "
+            f"{checkpoint:>11} {line['peak_rss_mb']:>10.0f}",
+            flush=True,
+        )
 
     parent = Path(tempfile.mkdtemp(prefix="driftlab-client-state-scale-", dir=args.dir))
     resumed = None
@@ -155,16 +179,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     except BaseException:
         shutil.rmtree(parent, ignore_errors=True)
         raise
-    runner.write_checkpoint = timed_checkpoint
+    runner.write_checkpoint, engine.evaluate = timed_checkpoint, timed_evaluate
     started = time.perf_counter()
     try:
-        print(f"{'round':>6} {'distinct':>10} {'round_s':>9} {'checkpoint_s':>11} {'peak_rss_mb':>10}", flush=True)
+        print(f"{'round':>6} {'distinct':>10} {'round_s':>9} {'eval_s':>8} {'checkpoint_s':>11} {'peak_rss_mb':>10}", flush=True)
         measured = driftlab.run(None, parent / "run", overrides=overrides(args), progress=report)
         wall = time.perf_counter() - started
         state_dir = parent / "run" / runner.CLIENT_STATE_DIR
         store = "disk" if state_dir.exists() else "memory"
     finally:
-        runner.write_checkpoint = original_checkpoint
+        runner.write_checkpoint, engine.evaluate = original_checkpoint, original_evaluate
         if args.keep:
             print(f"run directory kept: {parent / 'run'}", file=sys.stderr)
         else:
@@ -181,6 +205,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "peak_rss_mb": peak_rss_mb(),
         "distinct_clients_trained": len(trained),
         "median_round_seconds": statistics.median(line["round_seconds"] for line in lines),
+        # From one round's record to the next's: everything a round costs, the commit of its client states included.
+        "median_round_wall_seconds": statistics.median(b - a for a, b in zip(reported_at, reported_at[1:])) if len(reported_at) > 1 else None,
+        "median_evaluation_seconds": statistics.median(line["evaluation_seconds"] for line in lines),
+        "median_round_seconds_without_evaluation": statistics.median(line["round_seconds"] - line["evaluation_seconds"] for line in lines),
         "median_checkpoint_seconds": statistics.median(checkpoint_seconds) if checkpoint_seconds else None,
         "checkpoint_bytes_written": sum(checkpoint_bytes),
     }

@@ -10,8 +10,11 @@ comes from (seed, round, client id), so ``run_round`` on a restored state
 repeats an uninterrupted run bit for bit.  It is three parts: ``plan_round``
 (the server's plan: who trains, with which view and context), the client
 phase (``simulation.client``: ``client_start``, the backend's local SGD,
-``client_end``) and ``finish_round`` (the server update over the messages in
-sample order, bits, metrics, divergence checks).
+``client_end``, in waves that fit the memory budget, each message folded into
+the server update in sample order as its client finishes) and
+``finish_folded_round`` (bits, metrics, evaluation, divergence checks);
+``finish_round`` is the same finish for messages collected elsewhere (a
+deployment's).
 
 Divergence: a round whose server model has a non-finite entry, whose record
 holds a non-finite number, or whose evaluated loss exceeds
@@ -119,12 +122,14 @@ class Simulation:
     initial_params: torch.Tensor
     evaluation: EvaluationPlan = EvaluationPlan()
     membership: Membership | None = None  # None: every client registered in every round
-    # Bytes of RAM the run may hold for client states and round work (config memory_budget); None: half the machine's.
+    # Bytes of RAM the run may hold for client states and round work (config memory_budget); None: waves of
+    # DEFAULT_WAVE_BYTES (the stores' own choices take half the machine's memory).
     memory_budget: int | None = None
     training_data: TrainingData = field(init=False, repr=False)
     test_data: TrainingData = field(init=False, repr=False)
     client_rows: list[torch.Tensor] = field(init=False, repr=False)
     client_test_rows: list[torch.Tensor] | None = field(init=False, repr=False)
+    client_test_union: torch.Tensor | None = field(init=False, repr=False)  # every client's test rows, client after client
     union_rows: torch.Tensor = field(init=False, repr=False)
     train_loss_rows: torch.Tensor = field(init=False, repr=False)  # the rows train_loss is the mean over
     client_sizes: np.ndarray = field(init=False, repr=False)
@@ -157,6 +162,9 @@ class Simulation:
             if self.data.client_test_indices is None
             else [torch.tensor(rows, dtype=torch.long, device=self.device) for rows in self.data.client_test_indices]
         )
+        self.client_test_union = None
+        if self.client_test_rows is not None:
+            self.client_test_union = torch.cat(self.client_test_rows) if self.client_test_rows else torch.zeros(0, dtype=torch.long, device=self.device)
         self.union_rows = torch.cat(self.client_rows)
         self.train_loss_rows = self.union_rows
         sampled = self.evaluation.train_loss_clients
@@ -587,10 +595,13 @@ def _global_test_rows(sim: Simulation) -> torch.Tensor:
     return torch.arange(sim.data.global_test_size or len(sim.test_data.targets), device=sim.device)
 
 
-def _mean_losses(sim: Simulation, params: torch.Tensor, test_rows: torch.Tensor) -> tuple[dict[str, float], int]:
-    """Mean test loss over ``test_rows`` and mean train loss over the sampled clients' data, and the correct test predictions."""
+def _mean_losses(
+    sim: Simulation, params: torch.Tensor, test_rows: torch.Tensor, test_hits: torch.Tensor | None = None
+) -> tuple[dict[str, float], int]:
+    """Mean test loss over ``test_rows`` and mean train loss over the sampled clients' data, and the correct test predictions
+    (per row into ``test_hits`` when given)."""
     batch = sim.evaluation.batch_size
-    test_loss, test_correct = _loss_and_correct(sim.model, params, sim.test_data, test_rows, batch)
+    test_loss, test_correct = _loss_and_correct(sim.model, params, sim.test_data, test_rows, batch, test_hits)
     train_loss, _ = _loss_and_correct(sim.model, params, sim.training_data, sim.train_loss_rows, batch)
     return {"test_loss": test_loss / len(test_rows), "train_loss": train_loss / len(sim.train_loss_rows)}, test_correct
 
@@ -612,11 +623,13 @@ def evaluate(sim: Simulation, params: torch.Tensor) -> dict[str, float]:
     batch = sim.evaluation.batch_size
     test = sim.test_data
     test_rows = _global_test_rows(sim)
-    metrics, test_correct = _mean_losses(sim, params, test_rows)
+    per_client = sim.model.is_classifier and sim.client_test_rows is not None
+    test_hits = torch.zeros(len(test_rows), dtype=torch.int64) if per_client else None
+    metrics, test_correct = _mean_losses(sim, params, test_rows, test_hits)
     if sim.model.is_classifier:
         metrics["test_accuracy"] = test_correct / len(test_rows)
-        if sim.client_test_rows is not None:
-            accuracies = _client_test_accuracies(sim, params)
+        if per_client:
+            accuracies = _client_test_accuracies(sim, params, test_hits)
             if len(accuracies):
                 metrics["client_test_accuracy_mean"] = float(np.mean(accuracies))
     if sim.model.multi_label:
@@ -627,22 +640,27 @@ def evaluate(sim: Simulation, params: torch.Tensor) -> dict[str, float]:
     return metrics
 
 
-def _client_test_accuracies(sim: Simulation, params: torch.Tensor) -> list[float]:
+def _client_test_accuracies(sim: Simulation, params: torch.Tensor, global_hits: torch.Tensor | None = None) -> list[float]:
     """Each client's accuracy on its own test rows (clients without any left out), in client order.
 
     One pass over all clients' test rows in evaluation batches, then a count per client: a forward
-    pass per client would cost 100,000 small passes with 100,000 clients.
+    pass per client would cost 100,000 small passes with 100,000 clients.  ``global_hits``, the
+    correct predictions of the global test rows ``0..G-1``, are reused when every client's test
+    rows lie among them (client test splits usually make up the global test set).
     """
     lengths = [len(rows) for rows in sim.client_test_rows]
-    rows = torch.cat(sim.client_test_rows) if sim.client_test_rows else torch.zeros(0, dtype=torch.long)
-    hits = torch.zeros(len(rows), dtype=torch.int64)
-    batch = sim.evaluation.batch_size
-    for start in range(0, len(rows), batch):
-        chunk = rows[start : start + batch]
-        outputs = sim.model.forward(params, sim.test_data.batch(chunk))
-        hits[start : start + len(chunk)] = (outputs.argmax(dim=1) == sim.test_data.targets[chunk]).cpu()
-    bounds = np.cumsum([0, *lengths])
-    correct = np.add.reduceat(hits.numpy(), bounds[:-1]) if len(rows) else np.zeros(len(lengths), dtype=np.int64)
+    rows = sim.client_test_union
+    if global_hits is not None and (len(rows) == 0 or int(rows.max()) < len(global_hits)):
+        hits = global_hits[rows.cpu()]
+    else:
+        hits = torch.zeros(len(rows), dtype=torch.int64)
+        batch = sim.evaluation.batch_size
+        for start in range(0, len(rows), batch):
+            chunk = rows[start : start + batch]
+            outputs = sim.model.forward(params, sim.test_data.batch(chunk))
+            hits[start : start + len(chunk)] = (outputs.argmax(dim=1) == sim.test_data.targets[chunk]).cpu()
+    owner = np.repeat(np.arange(len(lengths)), lengths)  # the client of each row
+    correct = np.bincount(owner, weights=hits.numpy(), minlength=len(lengths))
     return [int(correct[k]) / n for k, n in enumerate(lengths) if n]
 
 
@@ -660,14 +678,20 @@ def _recall_at_k(model: FlatModel, params: torch.Tensor, data: TrainingData, row
     return hits / positives if positives > 0 else 0.0
 
 
-def _loss_and_correct(model: FlatModel, params: torch.Tensor, data: TrainingData, rows: torch.Tensor, batch_size: int) -> tuple[float, int]:
+def _loss_and_correct(
+    model: FlatModel, params: torch.Tensor, data: TrainingData, rows: torch.Tensor, batch_size: int, hits: torch.Tensor | None = None
+) -> tuple[float, int]:
+    """Summed loss and correct predictions over ``rows``; with ``hits`` (int64, one per row) also which rows were correct."""
     loss_sum, correct = 0.0, 0
     for start in range(0, len(rows), batch_size):
         chunk = rows[start : start + batch_size]
         outputs = model.forward(params, data.batch(chunk))
         loss_sum += float(model.example_loss(outputs, data.targets[chunk]).sum())
         if model.is_classifier:
-            correct += int((outputs.argmax(dim=1) == data.targets[chunk]).sum())
+            right = outputs.argmax(dim=1) == data.targets[chunk]
+            correct += int(right.sum())
+            if hits is not None:
+                hits[start : start + len(chunk)] = right.cpu()
     return loss_sum, correct
 
 

@@ -402,3 +402,14 @@ def test_client_test_accuracies_are_each_clients_own_in_one_pass():
     accuracies = engine_module._client_test_accuracies(sim, params)
     assert accuracies == expected and len(set(accuracies)) > 1
     assert evaluate(sim, params)["client_test_accuracy_mean"] == float(np.mean(expected))
+
+
+def test_clients_without_test_rows_are_left_out_of_the_mean_wherever_they_are():
+    sim, state = build_simulation(driftlab.load_config(None, ["data.num_clients=6", "model.hidden=[8]"]))
+    empty = torch.zeros(0, dtype=torch.long)
+    rows = sim.client_test_rows
+    sim.client_test_rows = [empty, rows[0], empty, rows[1], rows[2], empty]  # the first and last clients too
+    sim.client_test_union = torch.cat(sim.client_test_rows)
+    full = engine_module._client_test_accuracies(sim, state.server.params)
+    sim.client_test_rows, sim.client_test_union = rows[:3], torch.cat(rows[:3])
+    assert full == engine_module._client_test_accuracies(sim, state.server.params) and len(full) == 3

@@ -29,6 +29,8 @@ import torch
 
 from driftlab.simulation.ordered_fold import SampleOrder
 
+OUTSIDE_BATCH = 64  # models of clients outside S_t read at a time
+
 @dataclass(frozen=True)
 class LatestModels:
     """Σ_k θ_k^latest over the clients in the store (float64), and how many there are."""
@@ -87,11 +89,13 @@ def all_clients_mean(latest: LatestModels, store: Any, registered: np.ndarray, n
     total = latest.total.clone()
     trained = latest.count
     outside = np.setdiff1d(np.arange(num_clients), registered, assume_unique=True).tolist()
-    store.prefetch(outside)
-    for client_id in outside:
-        params = store.get(client_id)  # never staged: a client outside S_t does not train
-        if params is not None:
-            total -= params.to(torch.float64)
-            trained -= 1
+    for start in range(0, len(outside), OUTSIDE_BATCH):
+        batch = outside[start : start + OUTSIDE_BATCH]
+        store.prefetch(batch)  # a bounded batch: thousands of clients may have left
+        for client_id in batch:
+            params = store.get(client_id)  # never staged: a client outside S_t does not train
+            if params is not None:
+                total -= params.to(torch.float64)
+                trained -= 1
     total += (len(registered) - trained) * initial_params.to(torch.float64)
     return (total / len(registered)).to(initial_params.dtype)

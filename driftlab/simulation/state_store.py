@@ -24,13 +24,14 @@ Two implementations of the same methods:
     first write, so only rows of clients that trained take disk space; a file
     reads as ``numpy.memmap(path, dtype, shape=(N, P))`` for numpy dtypes).  Rows
     are read and written with ``pread``/``pwrite`` in batches (the engine
-    ``prefetch``-es a round's clients, ``commit`` writes the round's rows in
-    client-id order), not through a mapping: pages of a mapping count in the
+    ``prefetch``-es each wave's clients, ``commit`` writes and hashes the
+    round's rows on two threads), not through a mapping: pages of a mapping count in the
     process's RSS, and a run touching 26 GB of state must not look like it
     uses 26 GB of memory.  A bounded LRU cache (``cache_bytes``) keeps recently
     read or written rows.  Staged rows stay in memory up to ``cache_bytes``
-    too; beyond that they go to a staging file (``staged.bin``, rewritten each
-    round) as they are put, so a round of many clients holds none of them.
+    too; beyond that they go to a staging file (``staged.bin``, emptied when
+    the round commits or is discarded) as they are put, so a round of many
+    clients holds none of them.
 
 Incremental, atomic checkpoints of the disk store (copy-on-write row slots):
 every field has two files, slot 0 and slot 1, and every client row lives in
@@ -64,6 +65,7 @@ import json
 import os
 import re
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Protocol
@@ -115,8 +117,6 @@ class InMemoryClientStore:
 
     def discard(self) -> None:
         self._staged = {}
-        self._staged_in_memory = 0
-        self._staging_rows = 0
 
     def items(self, include_staged: bool = False) -> Iterator[tuple[int, Any]]:
         """Committed states by client id; with ``include_staged``, as they will be after ``commit()``."""
@@ -140,6 +140,7 @@ class _Field:
 
 _STORE_TABLE_KEYS = ("client_ids", "slots", "sha256")
 _READ_BATCH = 64  # rows per batch when ``items`` walks the whole store
+COMMIT_THREADS = 2
 STAGING_FILE = "staged.bin"  # a round's staged rows beyond the cache's size, in the order they were put
 
 
@@ -221,19 +222,30 @@ class DiskClientStore:
             self._staging_rows += 1
 
     def commit(self) -> None:
-        """Write the staged rows in client-id order, then make them the committed states at once."""
+        """Write the staged rows (on ``COMMIT_THREADS`` threads), then make them the committed states at once."""
         if not self._staged:
             return
         ids = np.array(sorted(self._staged), dtype=np.int64)
         # A client in the last checkpoint writes to the slot that checkpoint does not use; a new one to slot 0.
         targets = np.where(self._checkpointed_slot[ids] >= 0, 1 - self._checkpointed_slot[ids], 0).astype(np.int8)
         hashes = np.empty((len(ids), len(self._fields), 32), dtype=np.uint8)
+
+        def write_client(item: tuple[int, int, int]) -> None:
+            position, client_id, slot = item
+            for index, row in enumerate(self._staged_rows(client_id)):
+                self._write_row(index, slot, client_id, row)
+                hashes[position, index] = np.frombuffer(hashlib.sha256(row).digest(), dtype=np.uint8)
+
         try:
-            for position, (client_id, slot) in enumerate(zip(ids.tolist(), targets.tolist())):
-                rows = self._staged_rows(client_id)
-                for index, row in enumerate(rows):
-                    self._write_row(index, slot, client_id, row)
-                    hashes[position, index] = np.frombuffer(hashlib.sha256(row).digest(), dtype=np.uint8)
+            for index in range(len(self._fields)):  # opened here, not by two threads at once
+                for slot in set(targets.tolist()):
+                    self._descriptor(index, slot, create=True)
+            # pwrite and SHA-256 release the GIL: a round's rows are written and hashed on two threads. Order does not
+            # matter: no row the last checkpoint refers to is ever written, so a kill at any point leaves it intact.
+            with ThreadPoolExecutor(COMMIT_THREADS) as pool:
+                for _ in pool.map(write_client, zip(range(len(ids)), ids.tolist(), targets.tolist())):
+                    pass
+            self.bytes_written += len(ids) * self._row_bytes
         except BaseException as error:
             # Rows of the committed round may be half overwritten: never checkpoint this store again.
             self._failed = f"a commit broke off ({type(error).__name__}: {error})"
@@ -253,6 +265,8 @@ class DiskClientStore:
     def discard(self) -> None:
         self._staged = {}
         self._staged_in_memory = 0
+        if self._staging_rows and self._staging_descriptor is not None:
+            os.ftruncate(self._staging_descriptor, 0)  # the staging file never outlives its round's disk space
         self._staging_rows = 0
 
     def items(self, include_staged: bool = False) -> Iterator[tuple[int, Any]]:
@@ -336,7 +350,7 @@ class DiskClientStore:
         self._sha256[:] = 0
         self._sha256[ids] = hashes
         self._checkpointed_slot = self._slot.copy()
-        self._staged = {}
+        self.discard()
         self._failed = None
 
     def close(self) -> None:
@@ -389,7 +403,6 @@ class DiskClientStore:
         while len(view):
             written = os.pwrite(descriptor, view, offset)
             view, offset = view[written:], offset + written
-        self.bytes_written += row.nbytes
 
     def _read_row(self, index: int, slot: int, client_id: int) -> np.ndarray:
         field = self._fields[index]
