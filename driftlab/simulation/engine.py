@@ -654,11 +654,7 @@ def _client_test_accuracies(sim: Simulation, params: torch.Tensor, global_hits: 
         hits = global_hits[rows.cpu()]
     else:
         hits = torch.zeros(len(rows), dtype=torch.int64)
-        batch = sim.evaluation.batch_size
-        for start in range(0, len(rows), batch):
-            chunk = rows[start : start + batch]
-            outputs = sim.model.forward(params, sim.test_data.batch(chunk))
-            hits[start : start + len(chunk)] = (outputs.argmax(dim=1) == sim.test_data.targets[chunk]).cpu()
+        _loss_and_correct(sim.model, params, sim.test_data, rows, sim.evaluation.batch_size, hits)
     owner = np.repeat(np.arange(len(lengths)), lengths)  # the client of each row
     correct = np.bincount(owner, weights=hits.numpy(), minlength=len(lengths))
     return [int(correct[k]) / n for k, n in enumerate(lengths) if n]
