@@ -4,11 +4,23 @@ A refactor must prove it changed nothing: each case below is a 3-round run whose
 final server model and per-round metrics (wall times aside) hash to the digests in
 ``pinned_runs.json``.  The runs are float64 on one thread, so the digests hold for a
 fixed machine and torch build (bit-for-bit repeatability is promised for a fixed
-thread count and device layout, not across CPUs).
+thread count and device layout, not across CPUs): MKL picks its kernels by CPU vendor
+and instruction set, and the same code gives other last bits on an AMD and an Intel
+AVX-512 machine.  So the digests are stored per machine (``machine_key``: CPU vendor,
+torch's CPU capability and torch version), and a machine without digests fails with
+how to record them.
 
-A change that is *meant* to change results updates the digests, and the commit says why:
+A change that is *meant* to change results updates the digests of the machine it runs
+on, and the commit says why:
 
     DRIFTLAB_UPDATE_PINS=1 python -m pytest -q driftlab/experiments/pinned_runs_test.py
+
+A new machine records its digests from a commit whose numbers are trusted (the last
+one that passed elsewhere), never from the change under test:
+
+    git worktree add /tmp/pins <trusted commit> && cp driftlab/experiments/pinned_runs_test.py /tmp/pins/driftlab/experiments/
+    cd /tmp/pins && DRIFTLAB_UPDATE_PINS=1 python -m pytest -q driftlab/experiments/pinned_runs_test.py
+    # then copy /tmp/pins/driftlab/experiments/pinned_runs.json back and commit it, naming the commit
 """
 
 from __future__ import annotations
@@ -16,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import platform
 from pathlib import Path
 
 import pytest
@@ -57,11 +70,28 @@ def run_digests(case: str, backend: str) -> dict[str, str]:
     return {"final_model": hashlib.sha256(model).hexdigest(), "metrics": hashlib.sha256(metrics).hexdigest()}
 
 
+def cpu_vendor() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("vendor_id"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.machine() or "unknown"
+
+
+def machine_key() -> str:
+    """What decides the last bits of a float64 CPU run besides driftlab: vendor, instruction set, torch build."""
+    return f"{cpu_vendor()}, {torch.backends.cpu.get_cpu_capability()}, torch {torch.__version__}"
+
+
 @pytest.fixture(scope="module")
 def pins() -> dict[str, dict[str, str]]:
     stored = json.loads(PINS.read_text()) if PINS.exists() else {}
-    yield stored
+    machine = stored.setdefault(machine_key(), {})
+    yield machine
     if os.environ.get("DRIFTLAB_UPDATE_PINS"):
+        stored[machine_key()] = dict(sorted(machine.items()))
         PINS.write_text(json.dumps(dict(sorted(stored.items())), indent=1) + "\n")
 
 
@@ -73,12 +103,17 @@ def test_short_run_matches_its_pinned_digests(case, backend, pins):
     if os.environ.get("DRIFTLAB_UPDATE_PINS"):
         pins[key] = digests
         return
+    assert pins, (
+        f"no pinned digests for this machine ({machine_key()}); record them from a trusted commit as this module's docstring says"
+    )
     assert key in pins, f"no pinned digests for {key}; add them with DRIFTLAB_UPDATE_PINS=1"
-    assert digests == pins[key], f"{key} no longer gives the pinned final model and metrics"
+    assert digests == pins[key], f"{key} no longer gives the pinned final model and metrics on {machine_key()}"
 
 
 def test_every_case_is_pinned_and_nothing_else():
-    assert set(json.loads(PINS.read_text())) == {f"{case}/{backend}" for case in CASES for backend in BACKENDS}
+    expected = {f"{case}/{backend}" for case in CASES for backend in BACKENDS}
+    stored = json.loads(PINS.read_text())
+    assert stored and all(set(digests) == expected for digests in stored.values())
 
 
 def test_the_digest_sees_a_one_ulp_change_of_the_model(monkeypatch):
