@@ -51,7 +51,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-BASE = ["rounds=2", "client.epochs=1", "data.num_clients=6", "sampling.participation=0.5", "checkpoint_every=1"]
+# keep_checkpoint: the resume cases edit the checkpoint of the completed two-round run
+BASE = ["rounds=2", "client.epochs=1", "data.num_clients=6", "sampling.participation=0.5", "checkpoint_every=1", "keep_checkpoint=true"]
 TRACEBACK = "Traceback (most recent call last)"
 
 

@@ -11,7 +11,7 @@
     driftlab data describe CONFIG [key=value ...]   clients, samples per client, classes holding 80% of a client's data
     driftlab data download NAME --to DIR            fetch official files (checksummed, resumable); never needed for tests
     driftlab flower new DIR --config CONFIG         a Flower app project running CONFIG (pip install "driftlab[flower]")
-    driftlab flower check CONFIG --rounds N         Flower's simulation engine vs the simulator, bit for bit (exit 0: equal)
+    driftlab flower check CONFIG [key=value ...]    Flower's simulation engine vs the simulator, bit for bit (exit 0: equal)
 
 key=value overrides may stand anywhere after the command, before or after its options.
 An unexpected failure prints one line and the path of a log holding the traceback;
@@ -31,6 +31,7 @@ import tempfile
 import textwrap
 import time
 import traceback
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,8 @@ USER_ERRORS = (
     ("driftlab.experiments.datasets", "DataSetupError"),
     ("driftlab.simulation.checkpoint", "CheckpointError"),
 )
+
+EXIT_RUNS_HELD = 4  # `driftlab sweep`: some runs are held by other live processes, so the sweep is not finished
 
 EPILOG_RUN = """examples:
   driftlab run synthetic-fedavg --out runs/fedavg
@@ -59,12 +62,15 @@ EPILOG_SWEEP = """examples:
   driftlab sweep synthetic-fedprox --grid 'algorithm.mu=[0, 0.01, 1]' --seeds 0,1,2 --out runs/mu
   driftlab sweep mnist-fedavg --grid algorithm.name=fedavg,scaffold --grid data.partition=iid,dirichlet --out runs/grid
   driftlab sweep my-sweep.toml rounds=20 --jobs 1 --out runs/mine      key=value applies to every run
+  driftlab sweep synthetic-fedavg --grid algorithm.name=fedavg,fedprox 'name=fedprox:algorithm.mu=0.1' --out runs/prox
+                                                                        LABEL:key=value applies to that label's runs only
   driftlab sweep fedprox-figure1 --executor slurm --slurm-partition gpu --slurm-time 120 --out runs/fedprox-figure1
   driftlab sweep fedprox-figure1 --executor ray --ray-address auto --out runs/fedprox-figure1
   driftlab sweep --status runs/fedprox-figure1                          done, running, queued, failed ... per run
 
 Running the same command again skips finished runs and resumes interrupted ones from their
-checkpoints. A sweep file has base, overrides, seeds, targets, [scales.NAME] and [[axes]] with
+checkpoints; runs another live process holds are left to it, and the sweep then exits with
+code 4. A sweep file has base, overrides, seeds, targets, [scales.NAME] and [[axes]] with
 labelled values: the README shows one, and docs/reproduction.md the shipped ones and their results."""
 
 EPILOG_REPORT = """examples:
@@ -75,7 +81,7 @@ writes report.md, targets.csv, accuracy.csv, steps.csv and PNG plots to --out.""
 
 
 # Commands whose positional `key=value` overrides may also follow their options.
-TAKES_OVERRIDES = {("demo",), ("run",), ("config",), ("sweep",), ("data", "describe")}
+TAKES_OVERRIDES = {("demo",), ("run",), ("config",), ("sweep",), ("data", "describe"), ("flower", "check")}
 
 
 _LOG_HELP = (
@@ -216,9 +222,14 @@ def _parser() -> argparse.ArgumentParser:
     flower_new.add_argument("directory", metavar="DIR", help="a new or empty directory (nothing is overwritten)")
     flower_new.add_argument("--config", required=True, help="a config file or preset (see `driftlab presets`)")
     flower_check = flower_commands.add_parser(
-        "check", help="run a config under Flower's simulation engine and the sequential backend; exit 0 if the final models are equal bit for bit"
+        "check",
+        help="run a config under Flower's simulation engine and the sequential backend; exit 0 if the final models are equal bit for bit",
+        epilog="refused before anything runs, with the fix: evaluation.model other than server (the server never receives client "
+        "models: add evaluation.model=server), and membership events with FedDyn-like algorithms. "
+        "example: driftlab flower check synthetic-fedavg algorithm.name=scaffold --rounds 2",
     )
     flower_check.add_argument("config", help="a config file or preset")
+    flower_check.add_argument("overrides", nargs="*", metavar="key=value", help="overrides such as client.lr=0.05, as for `driftlab run`")
     flower_check.add_argument("--rounds", type=int, default=3, help="rounds to run (default: 3)")
     flower_check.add_argument("--nodes", type=int, help="virtual SuperNodes serving the clients round-robin (default: min(4, clients))")
     flower_check.add_argument("--keep", metavar="DIR", help="keep the Flower run's directory here (new or empty) for `driftlab report`")
@@ -237,7 +248,7 @@ def parse_arguments(argv: list[str]) -> argparse.Namespace:
     """
     parser = _parser()
     args, extras = parser.parse_known_args(argv)
-    command = (args.command, getattr(args, "data_command", None)) if args.command == "data" else (args.command,)
+    command = (args.command, getattr(args, "data_command", None) or getattr(args, "flower_command", None)) if args.command in ("data", "flower") else (args.command,)
     takes_overrides = command in TAKES_OVERRIDES
     unknown = [word for word in extras if not (takes_overrides and _looks_like_override(word))]
     if unknown:
@@ -268,8 +279,15 @@ def main(argv: list[str] | None = None) -> int:
         # A diverged run; the message names the round, the values, and the checkpoint kept (or that none exists).
         print(f"driftlab: error: {error}", file=sys.stderr)
         return 3
-    except KeyboardInterrupt:
-        print("driftlab: interrupted; the last completed round is checkpointed, continue with --resume", file=sys.stderr)
+    except KeyboardInterrupt as error:
+        # A run's RunInterrupted says what it saved and the command that continues it; any other interrupt of
+        # `driftlab run` came before the run claimed its directory (loading the config, importing a plugin).
+        if type(error).__name__ == "RunInterrupted":
+            print(f"driftlab: interrupted; {error}", file=sys.stderr)
+        elif getattr(args, "command", None) == "run":
+            print("driftlab: interrupted before the run started; nothing was saved", file=sys.stderr)
+        else:
+            print("driftlab: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
         # `driftlab sweep ... --dry-run | head`: the reader left; say nothing more.
@@ -282,6 +300,19 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as error:  # noqa: BLE001 - the last resort: never a traceback the user did not ask for
         debug = bool(getattr(args, "debug", False)) if args is not None else "--debug" in argv
         return _report_unexpected(error, argv, args, debug)
+
+
+def _show_run_warnings_plainly() -> None:
+    """A run's own warnings (``UnstableRunWarning``) as one ``driftlab: warning: ...`` line, without Python's source line."""
+    show = warnings.showwarning
+
+    def shown(message, category, filename, lineno, file=None, line=None):  # noqa: ANN001 - warnings.showwarning's signature
+        if category.__name__ == "UnstableRunWarning":
+            print(f"driftlab: warning: {message}", file=sys.stderr if file is None else file)
+        else:
+            show(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = shown
 
 
 ERROR_LOG = "error.log"
@@ -383,10 +414,9 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         return flower_command(args)
 
-    from driftlab.experiments.config import describe_keys, load_config, preset_names
-
     if args.command == "presets":
-        from driftlab.experiments.sweep import load_sweep, sweep_names
+        # read from the shipped files alone: listing them imports no torch
+        from driftlab.experiments.shipped import preset_names, sweep_description, sweep_names
 
         print("configs (driftlab run NAME --out DIR):")
         for name in preset_names():
@@ -395,8 +425,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         print("sweeps (driftlab sweep NAME --out DIR):")
         for name in sweep_names():
             print(f"  {name}")
-            print(_wrapped(load_sweep(name).description))
+            print(_wrapped(sweep_description(name)))
         return 0
+
+    from driftlab.experiments.config import describe_keys, load_config
     if args.command == "config":
         if args.config is not None and "=" in args.config and not Path(args.config).exists():
             # `driftlab config client.lr=0.5`: an override, not a config file; resolve it on the defaults
@@ -424,11 +456,15 @@ def _dispatch(args: argparse.Namespace) -> int:
     from driftlab.experiments.runner import install_termination_handler, run
 
     install_termination_handler()
+    _show_run_warnings_plainly()
     if args.command == "run":
         config = load_config(args.config, args.overrides)
         if args.log is not None:
             config = load_config(config.to_dict(), [f"log={json.dumps(list(_trackers_option(args)))}"])
-        result = run(config, args.out, resume=args.resume, progress=not args.quiet, progress_label=Path(args.out).name or config.algorithm.name)
+        result = run(
+            config, args.out, resume=args.resume, progress=not args.quiet, progress_label=Path(args.out).name or config.algorithm.name,
+            clean_up_refused=True,  # a run refused for a wrong data path (say) leaves no config.json behind in --out
+        )
         print(json.dumps(result.summary, indent=2))
         print(f"metrics: {args.out}/metrics.jsonl")
         return 0
@@ -445,16 +481,9 @@ def _dispatch(args: argparse.Namespace) -> int:
 
 def preset_description(name: str) -> str:
     """The comment lines at the top of a shipped preset, as one paragraph."""
-    from importlib import resources
+    from driftlab.experiments.shipped import preset_description as description
 
-    from driftlab.experiments.config import PRESET_PACKAGE
-
-    lines = []
-    for line in resources.files(PRESET_PACKAGE).joinpath(f"{name}.toml").read_text(encoding="utf-8").splitlines():
-        if not line.startswith("#"):
-            break
-        lines.append(line.lstrip("#").strip())
-    return " ".join(" ".join(lines).split())
+    return description(name)
 
 
 def _wrapped(text: str, indent: str = "      ") -> str:
@@ -587,8 +616,11 @@ def _sweep_command(args: argparse.Namespace) -> int:
     if not args.dry_run:
         check_options(executor)
     if args.dry_run:
+        from driftlab.experiments.sweep import run_directory_holder
+
         for r in plan(spec, args.scale, args.overrides):
-            print(f"{run_status(Path(args.out) / r.dir, r.config.rounds):<12s} {r.dir}   {' '.join(r.overrides)}")
+            held = run_directory_holder(Path(args.out) / r.dir) is not None  # another live process is running it
+            print(f"{'running' if held else run_status(Path(args.out) / r.dir, r.config.rounds):<12s} {r.dir}   {' '.join(r.overrides)}")
         return 0
     from driftlab.experiments.runner import install_termination_handler
 
@@ -604,7 +636,21 @@ def _sweep_command(args: argparse.Namespace) -> int:
     counts: dict[str, int] = {}
     for outcome in outcomes:
         counts[outcome.status] = counts.get(outcome.status, 0) + 1
-    print("sweep finished: " + ", ".join(f"{n} {status}" for status, n in sorted(counts.items())))
+    held = [o for o in outcomes if o.status == "running"]
+    summary = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+    if held:
+        # Runs another process holds (a sweep killed outright leaves its SLURM jobs going) are not finished: a
+        # `driftlab sweep ... && driftlab report ...` must not go on to report them.
+        print(f"sweep not finished: {summary}", file=sys.stderr)
+        for outcome in held:
+            print(f"  running: {outcome.run.dir}: {outcome.message}", file=sys.stderr)
+        print(
+            f"driftlab: {len(held)} run(s) of this sweep are running in other processes; wait for them to end (or stop them), "
+            f"then run the same command again to finish the sweep and write its report (exit code {EXIT_RUNS_HELD})",
+            file=sys.stderr,
+        )
+        return EXIT_RUNS_HELD
+    print("sweep finished: " + summary)
     failed = [o for o in outcomes if o.status == "failed"]
     for outcome in failed:
         print(f"  failed: {outcome.run.dir}: {outcome.message}", file=sys.stderr)

@@ -1,5 +1,5 @@
 """EFL: Elastic Federated Learning (Ma et al., "Towards Heterogeneous Clients with Elastic
-Federated Learning"; ../shared/papers/002_*, Algorithms 1 and 2), as algorithms.md states it.
+Federated Learning", Algorithms 1 and 2), as docs/update-rules.md states it.
 
 Elastic term over the clients ``i`` that have reported so far, with their latest
 local model ``θ_i`` and diagonal empirical Fisher ``I_i``:

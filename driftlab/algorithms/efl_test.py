@@ -441,6 +441,7 @@ RESUME = [
     "availability.inactive_probability=0.2",
     "checkpoint_every=1",
     "evaluation.every=2",
+    "keep_checkpoint=true",  # the final checkpoints are compared below
 ]
 
 

@@ -1,7 +1,7 @@
 """FedAvg (McMahan et al. 2017) with FedSGD/FedOpt server optimizers.
 
-Decaying-K paper (../shared/papers/003_*, Algorithm 3) and Reddi et al. 2020,
-as algorithms.md states them:
+Decaying-K paper (Algorithm 3) and Reddi et al. 2020,
+as docs/update-rules.md states them:
 
     client k:  θ_k = K steps of SGD on f_k from θ^{t−1}           (no correction)
     server:    q   = Σ_{k∈P} w_k (θ^{t−1} − θ_k) = θ^{t−1} − θ̄,    θ̄ = Σ_{k∈P} w_k θ_k

@@ -106,6 +106,7 @@ def test_low_participation_records_the_drift_norm_every_round(tmp_path) -> None:
     # AdaBest's Figure 1 setting in miniature: many clients, 4% participation.  The test pins the recording
     # (one finite ‖mean_S λ_k‖ per round, equal to the checkpointed state), not the claim that it grows.
     config = {**TINY, "rounds": 6, "data": {"num_clients": 50}, "sampling": {"participation": 0.04}, "algorithm": {"name": "feddyn", "alpha": 0.01}}
+    config["keep_checkpoint"] = True  # its server state is read below
     result = driftlab.run(config, tmp_path)
     norms = [record["drift_norm"] for record in result.records]
     assert len(norms) == 6 and all(norm > 0 and norm == norm for norm in norms)

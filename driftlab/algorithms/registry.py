@@ -35,6 +35,7 @@ import importlib
 import importlib.util
 import re
 import sys
+import traceback
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -123,6 +124,16 @@ def _source_of(entry: AlgorithmEntry) -> str:
     return str(Path(code.co_filename).resolve()) if code is not None else entry.module
 
 
+def is_plugin(entry: AlgorithmEntry) -> bool:
+    """Whether ``entry`` comes from a plugin (a config's ``plugins``, an entry point, a script), not driftlab itself."""
+    return entry.name not in BUILT_IN  # register() lets nothing else take a built-in's name
+
+
+def describe_plugin(entry: AlgorithmEntry) -> str:
+    """How messages name a plugin's algorithm: ``algorithm plugin 'moon' (/path/moon.py)`` (its source file, else its module)."""
+    return f"algorithm plugin {entry.name!r} ({_source_of(entry)})"
+
+
 def lookup(name: str) -> AlgorithmEntry | None:
     """The entry registered under ``name``, looking in installed entry points once when it is not (yet) known."""
     if name not in ALGORITHMS:
@@ -193,7 +204,9 @@ def load_plugins(plugins: Sequence[str]) -> None:
                 import_file(Path(plugin))
             else:
                 importlib.import_module(plugin)
-        except Exception as error:  # noqa: BLE001 - a plugin's own failure, whatever it is, becomes one clear message
+        except (Exception, KeyboardInterrupt, SystemExit) as error:  # noqa: BLE001 - a plugin's own failure becomes one clear message
+            # KeyboardInterrupt and SystemExit too: raised by a plugin's import, they would read as a run interrupted
+            # (or ended) after its checkpoint, though nothing ran.
             if is_path(plugin):
                 how = (
                     "check the path (a relative path is taken from the folder of the config or sweep file that names it, "
@@ -204,7 +217,15 @@ def load_plugins(plugins: Sequence[str]) -> None:
                     "install the package that provides it, or name its .py file instead "
                     "(plugins = [\"path/to/module.py\"], relative to the config file)"
                 )
-            raise ConfigError(f"plugins: cannot import plugin {plugin!r}: {one_line(error)}; {how}") from None
+            raise ConfigError(f"plugins: cannot import plugin {plugin!r}: {one_line(error)}{_raised_at(error)}; {how}") from None
+
+
+def _raised_at(error: BaseException) -> str:
+    """`` (raised at FILE, line N)``: the innermost frame of the traceback outside importlib, when it is not driftlab's."""
+    frames = [frame for frame in traceback.extract_tb(error.__traceback__) if "importlib" not in frame.filename]
+    if not frames or Path(frames[-1].filename).resolve().is_relative_to(Path(__file__).resolve().parents[1]):
+        return ""
+    return f" (raised at {Path(frames[-1].filename).resolve()}, line {frames[-1].lineno})"
 
 
 def import_file(path: Path) -> Any:

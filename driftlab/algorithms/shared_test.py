@@ -153,9 +153,9 @@ def test_same_seed_same_numbers_other_seed_other_numbers(name: str) -> None:
 
 @pytest.mark.parametrize("name", BUILT_IN_NAMES)
 def test_resume_from_checkpoint_is_exact_including_client_state(name: str, tmp_path: Path) -> None:
-    straight = driftlab.run(tiny_config(name, rounds=4), tmp_path / "straight")
-    driftlab.run(tiny_config(name, rounds=2, checkpoint_every=1), tmp_path / "resumed")
-    resumed = driftlab.run(tiny_config(name, rounds=4, checkpoint_every=1), tmp_path / "resumed", resume=True)
+    straight = driftlab.run(tiny_config(name, rounds=4, keep_checkpoint=True), tmp_path / "straight")
+    driftlab.run(tiny_config(name, rounds=2, checkpoint_every=1, keep_checkpoint=True), tmp_path / "resumed")
+    resumed = driftlab.run(tiny_config(name, rounds=4, checkpoint_every=1, keep_checkpoint=True), tmp_path / "resumed", resume=True)
     assert torch.equal(straight.final_params, resumed.final_params)
     assert [r["round"] for r in resumed.records] == [1, 2, 3, 4]
     assert without_wall_time(straight.records) == without_wall_time(resumed.records)

@@ -1,6 +1,6 @@
 """Compression with error feedback, as a combinator that wraps any algorithm.
 
-EFL (../shared/papers/002_*, Algorithm 1), algorithms.md "EFL":
+EFL (Algorithm 1), docs/update-rules.md "EFL":
 
     client k:  Δ_k = R_k + (θ_k − θ_start);   send ST(Δ_k);   R_k ← Δ_k − ST(Δ_k)
     server:    Δ = R + (θ_new − θ);          broadcast ST(Δ); R ← Δ − ST(Δ);   θ ← θ + ST(Δ)

@@ -1,6 +1,6 @@
 """ST: top-k sparsification followed by ternary quantization, and its exact bit cost.
 
-EFL (../shared/papers/002_*, Algorithm 2) as algorithms.md states it, per tensor ``T`` with ``n`` entries:
+EFL (Algorithm 2) as docs/update-rules.md states it, per tensor ``T`` with ``n`` entries:
 
     k = max(⌊q·n⌋, 1);   keep the k entries of largest |T|;
     μ = mean |T| over the kept entries;   ST(T) = μ·sign(T) on them, 0 elsewhere.

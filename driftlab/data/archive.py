@@ -35,7 +35,7 @@ from typing import BinaryIO
 
 from driftlab.data.federated import DataFileError
 
-__all__ = ["ArchiveLimits", "corrupt_file_error", "iter_tar_members", "open_decompressed", "read_decompressed"]
+__all__ = ["ArchiveLimits", "compression", "corrupt_file_error", "iter_tar_members", "open_decompressed", "read_decompressed"]
 
 _MAGICS = ((b"\x1f\x8b", "gzip"), (b"BZh", "bz2"), (b"\xfd7zXZ\x00", "xz"))
 # Errors a damaged compressed stream or tar archive raises while being read.
@@ -107,6 +107,12 @@ class _BoundedReader:
 
 def _compression(head: bytes) -> str | None:
     return next((name for magic, name in _MAGICS if head.startswith(magic)), None)
+
+
+def compression(path: str | os.PathLike) -> str | None:
+    """``"gzip"``, ``"bz2"`` or ``"xz"`` when ``path`` starts with that format's magic (its content is checksummed), else None."""
+    with open(path, "rb") as file:
+        return _compression(file.read(6))
 
 
 @contextlib.contextmanager

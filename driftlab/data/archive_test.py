@@ -7,15 +7,14 @@ import subprocess
 import sys
 import tarfile
 import zlib
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from driftlab.data.archive import ArchiveLimits, iter_tar_members, read_decompressed
 from driftlab.data.federated import DataFileError
+from driftlab.experiments.real_data import needs_real_data, real_data_path
 
-SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 GENEROUS = ArchiveLimits(max_members=1000, max_member_bytes=1 << 24, max_total_bytes=1 << 26)
 ANY = lambda member: True  # noqa: E731
 
@@ -302,14 +301,14 @@ def test_peak_memory_while_rejecting_two_gigabyte_bombs_stays_small(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not (SHARED / "femnist-leaf-subset").is_dir(), reason="shared LEAF sample not present")
-def test_real_archives_read_to_their_end_without_error():
+@pytest.mark.parametrize("name", [pytest.param(name, marks=needs_real_data(name)) for name in ("femnist", "cifar10_folder")])
+def test_real_archives_read_to_their_end_without_error(name):
     from driftlab.data.images import CIFAR10_FOLDER_LIMITS
     from driftlab.data.leaf import LEAF_ARCHIVE_LIMITS
 
-    leaf = list(iter_tar_members(SHARED / "femnist-leaf-subset" / "femnist-leaf-subset.tar.gz", LEAF_ARCHIVE_LIMITS, ANY, "x"))
-    assert len(leaf) == 40 and sum(len(c) for _, c in leaf) == 85_995_559
-    cifar = SHARED / "cifar10-jpeg" / "cifar10-jpeg.tar.gz"
-    if cifar.is_file():
-        images = sum(1 for _ in iter_tar_members(cifar, CIFAR10_FOLDER_LIMITS, ANY, "x"))
+    if name == "femnist":
+        leaf = list(iter_tar_members(real_data_path(name), LEAF_ARCHIVE_LIMITS, ANY, "x"))
+        assert len(leaf) == 40 and sum(len(c) for _, c in leaf) == 85_995_559
+    else:
+        images = sum(1 for _ in iter_tar_members(real_data_path(name), CIFAR10_FOLDER_LIMITS, ANY, "x"))
         assert images == 60_000

@@ -22,6 +22,7 @@ Example:
 from __future__ import annotations
 
 import hashlib
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -346,11 +347,14 @@ class FederatedArrays:
         train_targets: ``[N]`` integer class ids (a classifier: cross-entropy and accuracy by default), or
             floating targets of any shape ``[N, ...]`` for a loss of your own (``loss=``; no accuracy).
         train_client_ids: ``[N]`` integers: the client holding each training example, 0..C-1 with every
-            client holding at least one example.
+            client holding at least one example.  The arrays are used without a copy where they can be,
+            read-only ones (``np.load(mmap_mode="r")``) too; driftlab never writes into them.
         test_inputs, test_targets: the global test set, like the training arrays.
         test_client_ids: optional ``[M]``: each test example's client (its local test split, giving
             ``client_test_accuracy_mean``); ``None``: the test set is global only.
-        num_classes: classes of integer targets; default: the largest class id in either split, plus one.
+        num_classes: classes of integer targets; default: the largest class id in either split, plus one, which
+            needs at least half of the ids 0..largest to occur (a stray label such as 10**7 among 0..9 is refused
+            rather than made into 10**7 empty classes; set num_classes when most classes have no example).
         input_normalisation: for uint8 images ``[N, c, h, w]``, a ``driftlab.data.pixels.PixelNormalisation``:
             the images stay uint8 (a quarter of float32's memory) and every batch is normalised as it is
             gathered; ``None``: the inputs are used as given.
@@ -489,7 +493,7 @@ def _tensor(values: Any, field: str, origin: str) -> torch.Tensor:
     elif isinstance(values, np.ndarray):
         if values.dtype == object or not (np.issubdtype(values.dtype, np.number) or values.dtype == np.bool_):
             raise ConfigError(f"{origin}: {field} is a numpy array of {values.dtype}, not numbers; convert it with np.asarray(..., dtype=np.float32)")
-        tensor = torch.from_numpy(np.ascontiguousarray(values))
+        tensor = _from_numpy(np.ascontiguousarray(values))
     else:
         raise ConfigError(f"{origin}: {field} is a {type(values).__name__}; give a numpy array or a torch tensor (np.asarray(values))")
     if tensor.dim() == 0:
@@ -497,6 +501,20 @@ def _tensor(values: Any, field: str, origin: str) -> torch.Tensor:
     if tensor.is_complex():
         raise ConfigError(f"{origin}: {field} is complex ({tensor.dtype}); give real numbers")
     return tensor
+
+
+def _from_numpy(array: np.ndarray) -> torch.Tensor:
+    """``torch.from_numpy(array)``: the tensor shares the array's memory, read-only arrays (``np.load(mmap_mode="r")``,
+    ``np.frombuffer``) included, so nothing is copied.
+
+    Torch warns that it cannot mark a tensor over read-only memory read-only; driftlab never writes into a data
+    set's tensors (batches are gathered copies), so that one warning is silenced for this call only.
+    """
+    if array.flags.writeable:
+        return torch.from_numpy(array)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable", category=UserWarning)
+        return torch.from_numpy(array)
 
 
 def _client_id_array(values: Any, field: str, origin: str) -> np.ndarray:
@@ -529,9 +547,25 @@ def _check_finite(tensor: torch.Tensor, field: str, origin: str) -> None:
 
 
 def _check_client_ids(ids: np.ndarray, field: str, origin: str) -> int:
-    """The number of clients: the ids must be exactly 0..C-1, each holding an example."""
+    """The number of clients: the ids must be exactly 0..C-1, each holding an example.
+
+    Every client holds an example, so no id can reach the number of examples: a larger one is refused
+    before a count per id is allocated (one stray id 10**12 would otherwise ask for 8 TB).
+    """
     if ids.min() < 0:
-        raise ConfigError(f"{origin}: {field} holds negative ids (smallest {ids.min()}); number the clients 0..C-1, e.g. np.unique(ids, return_inverse=True)[1]")
+        index = int(np.argmin(ids))
+        raise ConfigError(
+            f"{origin}: {field} holds negative ids (smallest {ids.min()}, at {field}[{index}]); number the clients 0..C-1, "
+            "e.g. np.unique(ids, return_inverse=True)[1]"
+        )
+    largest = int(ids.max())
+    if largest >= len(ids):
+        index = int(np.argmax(ids))
+        raise ConfigError(
+            f"{origin}: {field}[{index}] is {largest:,}, but {len(ids):,} examples can hold at most {len(ids):,} clients "
+            f"(ids 0..{len(ids) - 1:,}, every client holding an example); fix that id, or renumber the clients 0..C-1, "
+            "e.g. np.unique(ids, return_inverse=True)[1]"
+        )
     counts = np.bincount(ids)
     empty = np.flatnonzero(counts == 0)
     if len(empty):
@@ -560,12 +594,45 @@ def _number_of_classes(given: int | None, train: torch.Tensor, test: torch.Tenso
             f"{origin}: integer targets are class ids and must be 1-D, got train_targets of shape {tuple(train.shape)} and test_targets "
             f"{tuple(test.shape)}; for other targets give floating values and a loss of your own (loss=)"
         )
-    smallest = int(min(train.min(), test.min()))
+    smallest, split, index = _extreme(train, test, largest=False)
     if smallest < 0:
-        raise ConfigError(f"{origin}: class ids in the targets must be 0 or more, found {smallest}; number the classes 0..K-1")
-    largest = int(max(train.max(), test.max()))
+        raise ConfigError(
+            f"{origin}: class ids in the targets must be 0 or more, found {smallest} at {split}_targets[{index}]; number the classes 0..K-1"
+        )
+    largest, split, index = _extreme(train, test, largest=True)
     if given is None:
+        _check_dense_classes(train, test, largest, f"{split}_targets[{index}]", origin)
         return largest + 1
     if isinstance(given, bool) or not isinstance(given, int) or given < 1 or given <= largest:
-        raise ConfigError(f"{origin}: num_classes={given!r}, but the targets hold class id {largest}; set num_classes to at least {largest + 1} (or leave it unset)")
+        raise ConfigError(
+            f"{origin}: num_classes={given!r}, but the targets hold class id {largest} (at {split}_targets[{index}]); "
+            f"set num_classes to at least {largest + 1} (or leave it unset)"
+        )
     return given
+
+
+def _extreme(train: torch.Tensor, test: torch.Tensor, largest: bool) -> tuple[int, str, int]:
+    """The largest (or smallest) class id of both splits, the split holding it and its first index there."""
+    found = []
+    for split, targets in (("train", train), ("test", test)):
+        index = int(targets.argmax() if largest else targets.argmin())  # the first occurrence
+        found.append((int(targets[index]), split, index))
+    return max(found, key=lambda item: item[0]) if largest else min(found, key=lambda item: item[0])
+
+
+def _check_dense_classes(train: torch.Tensor, test: torch.Tensor, largest: int, where: str, origin: str) -> None:
+    """Without ``num_classes`` the classes are 0..largest: refuse ids so sparse that most of those classes are empty.
+
+    One stray label (10**7 among ids 0..9) would otherwise make a model with 10**7 outputs and die allocating it;
+    a data set whose class ids are mostly present (at least half of 0..largest) is taken as it is.
+    """
+    present = torch.unique(torch.cat([train.reshape(-1).long(), test.reshape(-1).long()]))
+    if largest + 1 <= 2 * len(present):
+        return
+    below = f"the next largest is {int(present[-2]):,}" if len(present) > 1 else "it is the only one"
+    raise ConfigError(
+        f"{origin}: {where} is class id {largest:,}, but only {len(present):,} distinct class ids occur ({below}); class ids "
+        f"number the classes 0..K-1, so this would make {largest + 1:,} classes, most of them without an example. "
+        "Fix that label, renumber the classes (np.unique(targets, return_inverse=True)[1]), "
+        f"or set num_classes={largest + 1} if there really are that many classes"
+    )

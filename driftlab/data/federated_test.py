@@ -1,5 +1,7 @@
 """Tests for the FederatedDataset container and its validation."""
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -244,3 +246,87 @@ def test_a_dataset_whose_items_are_not_pairs_is_refused():
         FederatedArrays.from_datasets(Singles(), [0, 0], Singles())
     with pytest.raises(ConfigError, match="not a map-style torch Dataset"):
         FederatedArrays.from_datasets(iter([]), [0], Singles())
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        # one stray label among 0..2: refused, naming the value and where it is, before 10**7 classes exist
+        (
+            {"train_targets": np.array([0, 1, 2, 0, 10**7, 1])},
+            "data=: train_targets[4] is class id 10,000,000, but only 4 distinct class ids occur (the next largest is 2); class ids number "
+            "the classes 0..K-1, so this would make 10,000,001 classes, most of them without an example. Fix that label, renumber the "
+            "classes (np.unique(targets, return_inverse=True)[1]), or set num_classes=10000001 if there really are that many classes",
+        ),
+        ({"test_targets": np.array([2, 1, 0, 9])}, "data=: test_targets[3] is class id 9, but only 4 distinct class ids occur (the next largest is 2)"),
+        ({"train_targets": np.array([0, 1, 2, 0, -3, 1])}, "data=: class ids in the targets must be 0 or more, found -3 at train_targets[4]"),
+        ({"num_classes": 2}, "data=: num_classes=2, but the targets hold class id 2 (at train_targets[2]); set num_classes to at least 3"),
+        # a client id no partition of 6 examples can have: refused before a count per id is allocated
+        (
+            {"train_client_ids": np.array([1, 0, 10**12, 2, 2, 0])},
+            "data=: train_client_ids[2] is 1,000,000,000,000, but 6 examples can hold at most 6 clients (ids 0..5, every client holding "
+            "an example); fix that id, or renumber the clients 0..C-1, e.g. np.unique(ids, return_inverse=True)[1]",
+        ),
+        ({"train_client_ids": np.array([1, 0, 1, 2, -2, 0])}, "data=: train_client_ids holds negative ids (smallest -2, at train_client_ids[4])"),
+    ],
+)
+def test_stray_labels_and_client_ids_are_refused_by_value_and_index(changes, message):
+    with pytest.raises(ConfigError) as error:
+        federated_dataset_from_arrays(_arrays(**changes), "data=")
+    assert str(error.value).startswith(message), str(error.value)
+
+
+def test_sparse_class_ids_are_kept_when_half_occur_or_num_classes_says_so():
+    # ids {0, 1, 3}: 3 of the 4 classes 0..3 occur, taken as they are
+    assert federated_dataset_from_arrays(_arrays(train_targets=np.array([0, 1, 3, 0, 1, 1]))).num_classes == 4
+    # ids {0, 1, 2, 9}: stated by num_classes, accepted
+    stated = federated_dataset_from_arrays(_arrays(test_targets=np.array([2, 1, 0, 9]), num_classes=10))
+    assert stated.num_classes == 10
+
+
+def _peak_kib_of(script: str) -> tuple[str, int]:
+    import subprocess
+    import sys
+
+    code = "import resource\n" + script + "\nprint(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    *lines, peak = result.stdout.strip().splitlines()
+    return "\n".join(lines), int(peak)
+
+
+def test_a_stray_label_or_client_id_is_refused_in_little_memory():
+    """Issue 31: one stray label 10**7 made 10**7 classes and died at 5.7 GB; the refusal peaks far under 1 GB."""
+    message, peak = _peak_kib_of(
+        """
+import numpy as np
+import driftlab
+from driftlab.errors import ConfigError
+rng = np.random.default_rng(0)
+x = rng.normal(size=(20_000, 60)).astype(np.float32)
+y = rng.integers(0, 10, size=20_000)
+ids = np.arange(20_000) % 100
+for labels, clients in ((np.where(np.arange(20_000) == 777, 10**7, y), ids), (y, np.where(np.arange(20_000) == 5, 10**12, ids))):
+    try:
+        driftlab.run({"rounds": 1, "data": {"name": "custom"}}, None, data=driftlab.FederatedArrays(x, labels, clients, x[:100], y[:100]))
+    except ConfigError as error:
+        print(error)
+"""
+    )
+    labels, clients = message.splitlines()
+    assert labels.startswith("data=: train_targets[777] is class id 10,000,000, but only 11 distinct class ids occur (the next largest is 9)")
+    assert clients.startswith("data=: train_client_ids[5] is 1,000,000,000,000, but 20,000 examples can hold at most 20,000 clients")
+    assert peak < 2**20  # KiB: under 1 GiB resident
+
+
+def test_read_only_arrays_become_tensors_without_a_warning_or_a_copy():
+    arrays = _arrays()
+    for array in (arrays.train_inputs, arrays.train_targets, arrays.test_inputs):
+        array.flags.writeable = False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch's "non-writable tensors" UserWarning would fail here
+        dataset = federated_dataset_from_arrays(arrays)
+    assert dataset.train_inputs.data_ptr() == arrays.train_inputs.ctypes.data  # the same memory, not a copy
+    assert torch.equal(dataset.train_inputs, torch.tensor(arrays.train_inputs))
+    writable = _arrays()
+    assert federated_dataset_from_arrays(writable).train_inputs.data_ptr() == writable.train_inputs.ctypes.data

@@ -1,7 +1,8 @@
 """Tests for the IDX reader and the MNIST loaders.
 
-The tests write their own small IDX files; the real MNIST test runs only when
-the shared data directory ``../shared/data/mnist`` exists beside the repository.
+The tests write their own small IDX files; the real MNIST test runs only where
+the library finds MNIST without a ``data.root`` (``$DRIFTLAB_DATA/mnist``, else
+``./shared/data/mnist`` or ``../shared/data/mnist``) and skips otherwise.
 """
 
 import gzip
@@ -14,8 +15,7 @@ import torch
 
 from driftlab.data.federated import DataFileError
 from driftlab.data.idx import IDX_DTYPES, load_mnist, load_mnist_tensors, read_idx
-
-REAL_MNIST = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "mnist"
+from driftlab.experiments.real_data import real_data_path, real_data_skip_reason
 
 _CODES = {np.dtype(d.newbyteorder("=")): code for code, d in IDX_DTYPES.items()}
 
@@ -268,9 +268,10 @@ def test_mnist_header_beyond_the_official_count_is_refused(tmp_path):
 
 @pytest.fixture(scope="module")
 def real_mnist():
-    if not REAL_MNIST.is_dir():
-        pytest.skip(f"real MNIST not found at {REAL_MNIST}")
-    return load_mnist_tensors(REAL_MNIST)
+    path = real_data_path("mnist")
+    if path is None:
+        pytest.skip(real_data_skip_reason("mnist"))
+    return load_mnist_tensors(path)
 
 
 def test_real_mnist(real_mnist):

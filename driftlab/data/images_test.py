@@ -2,8 +2,9 @@
 
 Every loader is tested on small files the tests write in the official formats
 (IDX inside EMNIST's gzip.zip, CIFAR binary records in a tar.gz, image folders
-written with Pillow); the real CIFAR-10 JPEG tarball and MNIST files in
-``../shared/data`` are used when present and skipped otherwise.
+written with Pillow); the real CIFAR-10 JPEG tarball and MNIST files are used
+where the library finds them (``driftlab.experiments.real_data``) and skipped
+otherwise.
 """
 
 import gzip
@@ -36,11 +37,12 @@ from driftlab.data.images import (
     load_image_folder,
     random_flip_crop,
 )
+from driftlab.experiments.real_data import needs_real_data, real_data_path
 from driftlab.simulation.augmentation import flip_crop_from_keys
 
-SHARED = Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
-REAL_CIFAR_JPEG = SHARED / "cifar10-jpeg" / "cifar10-jpeg.tar.gz"
-REAL_MNIST = SHARED / "mnist"
+# where the library finds them without a data.root, or None
+REAL_CIFAR_JPEG = real_data_path("cifar10_folder")
+REAL_MNIST = real_data_path("mnist")
 
 
 # --- writers for the official formats ----------------------------------------
@@ -169,7 +171,7 @@ def test_fashion_mnist_refuses_mnist_digits(tmp_path):
         load_fashion_mnist_tensors(tmp_path)
 
 
-@pytest.mark.skipif(not REAL_MNIST.is_dir(), reason="shared MNIST files not present")
+@needs_real_data("mnist")
 def test_fashion_mnist_refuses_the_real_mnist_directory():
     with pytest.raises(DataFileError, match="not Fashion-MNIST"):
         load_fashion_mnist_tensors(REAL_MNIST)
@@ -497,7 +499,7 @@ def test_cifar10_image_folder_normalises_with_cifar10_statistics(tmp_path):
     torch.testing.assert_close(test_x, (raw[2] - mean) / std)
 
 
-@pytest.mark.skipif(not REAL_CIFAR_JPEG.is_file(), reason="shared CIFAR-10 JPEG tarball not present")
+@needs_real_data("cifar10_folder")
 def test_real_cifar10_jpeg_tarball_subset():
     train_x, train_y, test_x, test_y, classes = load_image_folder(REAL_CIFAR_JPEG, limit_per_class=50)
     assert classes == CIFAR10_CLASSES
@@ -630,7 +632,7 @@ def test_emnist_header_beyond_the_official_count_is_refused_before_reading(tmp_p
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not REAL_CIFAR_JPEG.is_file(), reason="shared CIFAR-10 JPEG tarball not present")
+@needs_real_data("cifar10_folder")
 def test_real_cifar10_jpeg_tarball_one_bit_flip_is_refused(tmp_path):
     raw = bytearray(REAL_CIFAR_JPEG.read_bytes())
     raw[len(raw) // 2] ^= 0x01

@@ -70,7 +70,7 @@ try:  # optional: about 2.5x faster on FEMNIST's float-heavy shards (the real su
 except ImportError:  # pragma: no cover - depends on the environment
     _json_loads = json.loads
 
-from driftlab.data.archive import ArchiveLimits, iter_tar_members, read_capped
+from driftlab.data.archive import ArchiveLimits, compression, iter_tar_members, read_capped
 from driftlab.data.federated import DataFileError, FederatedDataset
 
 __all__ = [
@@ -531,11 +531,24 @@ def _archive_shards(archive: Path) -> dict[str, list[tuple[str, Callable[[], obj
     the last shard; sizes are held to :data:`LEAF_ARCHIVE_LIMITS`.
     """
     found: dict[str, list] = collections.defaultdict(list)
+    unreadable: DataFileError | None = None
     wanted = lambda member: _shard_split(PurePosixPath(member.name).parts) is not None  # noqa: E731
     for name, content in iter_tar_members(archive, LEAF_ARCHIVE_LIMITS, wanted, "a LEAF data archive"):
         source = f"{archive}:{name}"
-        data = _parse_json(content, source)
+        try:
+            data = _parse_json(content, source)
+        except DataFileError as error:
+            # A flipped bit garbles a shard long before the gzip CRC at the end is checked: read on, so
+            # that a damaged download is reported as one, and blame the JSON only if the archive is intact.
+            unreadable = unreadable or error
+            continue
         found[_shard_split(PurePosixPath(name).parts)].append((source, lambda data=data: data))
+    if unreadable is not None:
+        if compression(archive) is None:
+            why = "a plain tar carries no checksum of its content, so if the archive was downloaded, download it again"
+        else:
+            why = "the archive's own checksums match, so the shard was damaged before it was archived"
+        raise DataFileError(f"{unreadable} ({why})")
     return found
 
 

@@ -1,8 +1,11 @@
 """Tests for the LEAF JSON readers, on small shards written in LEAF's format (and the real FEMNIST sample)."""
 
+import gzip
 import io
 import json
+import re
 import tarfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -18,8 +21,9 @@ from driftlab.data.leaf import (
     load_leaf_shakespeare,
     sent140_tokens,
 )
+from driftlab.experiments.real_data import needs_real_data, real_data_path
 
-REAL_FEMNIST = Path(__file__).resolve().parents[2].parent / "shared/data/femnist-leaf-subset/femnist-leaf-subset.tar.gz"
+REAL_FEMNIST = real_data_path("femnist")  # where the library finds it, or None
 
 
 def _shard(users: dict[str, tuple[list, list]]) -> dict:
@@ -197,6 +201,51 @@ def test_bit_flip_in_the_tarball_is_caught_by_the_gzip_crc(tmp_path):
     assert good.num_clients == 4
 
 
+def _stored_leaf_archive(tmp_path: Path, train_json: bytes | None = None, level: int = 0) -> tuple[Path, bytes]:
+    """A LEAF tar.gz from ``archive_test.tar_bytes``; level 0 stores the tar verbatim, so a flipped byte reaches the JSON."""
+    from driftlab.data.archive_test import tar_bytes
+
+    good = json.dumps(_shard({"w": ([_image(0.5), _image(0.25)], [1, 2])})).encode()
+    tar = tar_bytes({"femnist/train/all_data_0_train_9.json": train_json or good, "femnist/test/all_data_0_test_9.json": good})
+    archive = tmp_path / "leaf.tar.gz"
+    archive.write_bytes(gzip.compress(tar, compresslevel=level, mtime=0))
+    return archive, tar
+
+
+def test_a_flipped_byte_inside_a_shard_is_a_damaged_download_not_bad_json(tmp_path):
+    archive, _ = _stored_leaf_archive(tmp_path)
+    assert load_leaf_femnist(archive).num_clients == 1
+    raw = bytearray(archive.read_bytes())
+    raw[raw.index(b'"users"')] ^= 0x20  # the first shard's opening quote becomes a control character
+    archive.write_bytes(bytes(raw))
+    # the stream before its trailer: the first shard no longer parses, and only the CRC at the very end says why
+    garbled = zlib.decompressobj(-zlib.MAX_WBITS).decompress(bytes(raw[10:]))  # raw deflate after the header: no CRC check
+    with tarfile.open(fileobj=io.BytesIO(garbled)) as opened:
+        with pytest.raises(json.JSONDecodeError):
+            json.loads(opened.extractfile("femnist/train/all_data_0_train_9.json").read())
+    with pytest.raises(DataFileError) as error:
+        load_leaf_femnist(archive)
+    message = str(error.value)
+    assert re.search(r"leaf\.tar\.gz is corrupt \(CRC check failed .*\): download it again", message), message
+    assert "JSON" not in message and "preprocessing" not in message
+
+
+@pytest.mark.parametrize("compressed", [True, False], ids=["tar.gz", "plain-tar"])
+def test_bad_json_in_an_intact_archive_is_blamed_on_the_shard(tmp_path, compressed):
+    archive, tar = _stored_leaf_archive(tmp_path, train_json=b'{"users": [')
+    if not compressed:
+        archive = archive.with_suffix("")  # leaf.tar
+        archive.write_bytes(tar)
+    with pytest.raises(DataFileError) as error:
+        load_leaf_femnist(archive)
+    message = str(error.value)
+    assert f"{archive}:femnist/train/all_data_0_train_9.json: not valid JSON" in message
+    if compressed:
+        assert message.endswith("(the archive's own checksums match, so the shard was damaged before it was archived)")
+    else:
+        assert message.endswith("(a plain tar carries no checksum of its content, so if the archive was downloaded, download it again)")
+
+
 def test_every_single_bit_flip_in_the_compressed_data_is_an_error_or_exact(tmp_path):
     archive = _femnist_tar_gz(tmp_path)
     raw = archive.read_bytes()
@@ -253,7 +302,7 @@ def test_malformed_json_is_a_clear_error(tmp_path, content, message):
     assert "all_data_0_niid_0_keep_0_train_9.json" in str(error.value)
 
 
-@pytest.mark.skipif(not REAL_FEMNIST.is_file(), reason="real LEAF FEMNIST sample not present")
+@needs_real_data("femnist")
 def test_real_femnist_subset():
     ds = load_leaf_femnist(REAL_FEMNIST)
     assert ds.num_clients == 105

@@ -1,6 +1,6 @@
 """Heterogeneous quadratic clients whose global minimiser is known in closed form.
 
-Decaying-K paper (../shared/papers/003_*, Section 3): client ``i`` has
+Decaying-K paper (Section 3): client ``i`` has
 
     f_i(x) = ½ z_i x² − x,     z_i on a grid over [1, 3],    selected with p_i ∝ 1/√z_i,
 

@@ -11,8 +11,9 @@ import torch
 from driftlab.data.federated import DataFileError
 from driftlab.data.leaf import LEAF_ALL_LETTERS
 from driftlab.data.shakespeare import load_shakespeare_text, read_shakespeare_roles
+from driftlab.experiments.real_data import needs_real_data, real_data_path
 
-REAL_TEXT = Path(__file__).resolve().parents[2].parent / "shared/data/tinyshakespeare/input.txt.gz"
+REAL_TEXT = real_data_path("shakespeare")  # where the library finds it, or None
 
 TINY = """First Citizen:
 Before we proceed any further,
@@ -141,7 +142,7 @@ def test_text_larger_than_the_cap_is_refused_without_reading_it_all(tmp_path, mo
         read_shakespeare_roles(path)
 
 
-@pytest.mark.skipif(not REAL_TEXT.is_file(), reason="tiny-shakespeare not present")
+@needs_real_data("shakespeare")
 def test_real_tiny_shakespeare_feddyn_split():
     roles = read_shakespeare_roles(REAL_TEXT)
     assert len(roles) == 302  # 309 names as written; LEAF's uppercasing merges 7

@@ -8,7 +8,8 @@ requeues the job, which resumes from the checkpoint. A run whose job was cancell
 or never requeued resumes when the sweep runs again, on any executor. The job id
 and its log paths go into the run's ``run.json`` (``executor``) and the sweep's
 ``jobs.json``. ``--slurm-local`` runs the same jobs through submitit's local
-executor, as processes on this machine (tests, a laptop).
+executor, as processes on this machine (tests, a laptop), which stop (checkpointed)
+when the sweep ends, however it ends, as the local executor's runs do.
 """
 
 from __future__ import annotations
@@ -46,7 +47,15 @@ def check_available(options: ExecutorOptions) -> None:
 
 @dataclass(frozen=True)
 class SlurmRun:
-    """What each array task runs: the run's worker, waited for. submitit calls ``checkpoint`` on USR2 (pre-emption, time limit)."""
+    """What each array task runs: the run's worker, waited for. submitit calls ``checkpoint`` on USR2 (pre-emption, time limit).
+
+    ``sweep_pid`` (``--slurm-local`` only): the sweep on this machine; the job stops its run (checkpointed) when that
+    process ends, however it ends, as a local executor's runs do. submitit's local jobs are made to outlive the
+    session that submitted them, so a SIGKILLed sweep would otherwise leave them running. Cluster jobs outlive the
+    sweep as SLURM intends: the next sweep leaves them alone and says so.
+    """
+
+    sweep_pid: int = 0
 
     def __call__(self, task: RunTask) -> TaskResult:
         import submitit
@@ -57,6 +66,8 @@ class SlurmRun:
         # submitit ignores SIGTERM in the job's own process; pass it on so the run checkpoints (SLURM signals
         # every process, but submitit's local executor signals only this one).
         signal.signal(signal.SIGTERM, _stop_worker)
+        if self.sweep_pid:
+            stop_when_gone(self.sweep_pid)
         return run_task(task, job, on_start=_workers.append)
 
     def checkpoint(self, task: RunTask) -> Any:
@@ -65,6 +76,20 @@ class SlurmRun:
 
         _stop_worker()
         return submitit.helpers.DelayedSubmission(self, task)
+
+
+def stop_when_gone(pid: int, poll_seconds: float = 0.5) -> None:
+    """Send this process SIGTERM once process ``pid`` has ended (a daemon thread watches it)."""
+    import threading
+
+    from driftlab.experiments.sweep.execution import process_gone
+
+    def watch() -> None:
+        while not process_gone(pid):
+            time.sleep(poll_seconds)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="driftlab-sweep-watch", daemon=True).start()
 
 
 def _stop_worker(signum: int | None = None, frame: Any = None) -> None:  # noqa: ARG001
@@ -110,7 +135,7 @@ def execute(tasks: list[RunTask], options: ExecutorOptions, events: Events = Eve
     if not runnable:
         return results
     executor = make_executor(options, sweep_directory(runnable[0]) / LOG_FOLDER, options.slurm_cpus or runnable[0].threads)
-    jobs = executor.map_array(SlurmRun(), runnable)
+    jobs = executor.map_array(SlurmRun(sweep_pid=os.getpid() if options.slurm_local else 0), runnable)
     pending = {}
     submitted = time.perf_counter()
     for task, job in zip(runnable, jobs):

@@ -1,4 +1,7 @@
 import json
+import os
+import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -117,3 +120,83 @@ def test_cli_sweep_through_slurm_local_then_status_shows_each_run_done_with_its_
     for name, job in jobs.items():
         assert f"done         {name}  3/3 rounds  job {job['job_id']}" in lines
     assert lines[-1] == "4 runs: 4 done"
+
+
+def test_stop_when_gone_sends_sigterm_once_the_watched_process_has_ended():
+    import subprocess
+    import sys
+
+    watched = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    code = (
+        "import signal, sys, time\nfrom driftlab.executors.slurm import stop_when_gone\n"
+        "signal.signal(signal.SIGTERM, lambda *_: (print('terminated', flush=True), sys.exit(0)))\n"
+        f"stop_when_gone({watched.pid}, poll_seconds=0.05)\nprint('watching', flush=True)\ntime.sleep(60)\nprint('not stopped')"
+    )
+    watcher = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert watcher.stdout.readline() == "watching\n"
+        time.sleep(0.3)
+        assert watcher.poll() is None  # the watched process lives: nothing happens
+        os.kill(watched.pid, signal.SIGKILL)
+        watched.wait()
+        assert watcher.stdout.readline() == "terminated\n"
+        assert watcher.wait(timeout=30) == 0
+    finally:
+        for process in (watched, watcher):
+            if process.poll() is None:
+                os.kill(process.pid, signal.SIGKILL)
+                process.wait()
+
+
+def _sigterm_pending(pid: int) -> bool:
+    """Whether a SIGTERM waits for stopped process ``pid`` (its /proc status's pending-signal masks)."""
+    bit = 1 << (signal.SIGTERM - 1)
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return True  # gone: nothing left to stop
+    return any(line.startswith(("SigPnd:", "ShdPnd:")) and int(line.split()[1], 16) & bit for line in lines)
+
+
+@pytest.mark.slow
+def test_a_sigkilled_slurm_local_sweep_stops_its_jobs_and_the_rerun_finishes_them_exactly(tmp_path, long_reference):
+    # Before: the jobs ran on without the sweep, and the rerun printed "sweep finished: 1 running" with exit 0.
+    import subprocess
+    import sys
+
+    from driftlab.executors.conftest import LONG_RUN, long_spec, worker_pids
+
+    out = tmp_path / "long"  # a --grid sweep is named after its directory: the name of long_spec()
+    run_dir = run_dirs(out, long_spec(), LONG_RUN)[0]
+    command = [sys.executable, "-m", "driftlab.cli", "sweep", "synthetic-fedprox", *LONG_RUN, "--grid", "algorithm.mu=[1]", "--seeds", "0"]
+    swept = subprocess.Popen([*command, "--executor", "slurm", "--slurm-local", "--threads", "1", "--no-report", "--out", str(out)],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline and not ((run_dir / "metrics.jsonl").exists() and len((run_dir / "metrics.jsonl").read_text().splitlines()) >= 5):
+            time.sleep(0.05)
+        workers = worker_pids(run_dir.absolute())
+        assert workers, "the run finished before the sweep could be killed"
+        # The worker is held (SIGSTOP) until its job has told it to stop, so however loaded the machine, it cannot
+        # finish its last rounds in the time the job takes to see the sweep gone: the test sees the stop, not a race.
+        for pid in workers:
+            os.kill(pid, signal.SIGSTOP)
+        os.kill(swept.pid, signal.SIGKILL)
+        swept.wait()
+        deadline = time.time() + 60
+        while time.time() < deadline and not all(_sigterm_pending(pid) for pid in workers):
+            time.sleep(0.05)
+        for pid in workers:
+            os.kill(pid, signal.SIGCONT)
+        deadline = time.time() + 60  # it stops within a second or two; left alone it would finish its 40 rounds
+        while time.time() < deadline and worker_pids(run_dir.absolute()):
+            time.sleep(0.1)
+        assert not worker_pids(run_dir.absolute()), "the run went on without its sweep"
+    finally:
+        if swept.poll() is None:
+            swept.kill()
+            swept.wait()
+    assert json.loads((run_dir / "run.json").read_text())["rounds_done"] < 40, "the run went on to the end without its sweep"
+    outcomes = sweep(out, SLURM_LOCAL, long_spec(), LONG_RUN)
+    assert [o.status for o in outcomes] == ["complete"]
+    assert_same_results(out, long_reference, long_spec(), LONG_RUN)

@@ -9,6 +9,7 @@ Your own model (``model=``), loss (``loss=`` or ``model.loss``) and data (``user
 from __future__ import annotations
 
 import copy
+import dataclasses
 from pathlib import Path
 from typing import Any, Callable, Union
 
@@ -16,6 +17,7 @@ import torch
 from torch import nn
 
 from driftlab.algorithms import registry
+from driftlab.algorithms.plugin_guard import call_from_config
 from driftlab.compress import with_compression
 from driftlab.data.federated import FederatedDataset, federated_dataset_from_arrays
 from driftlab.experiments.compatibility import check_sizes, checked_model
@@ -122,9 +124,16 @@ def is_classifier(config: ExperimentConfig, data: FederatedDataset, model: Model
 
 
 def configured_algorithm(config: ExperimentConfig) -> Algorithm:
-    """The configured algorithm with its server optimizer, not yet wrapped by compression."""
+    """The configured algorithm with its server optimizer, not yet wrapped by compression.
+
+    A plugin's algorithm comes with its functions guarded (``plugin_guard``): what goes wrong in them names
+    the plugin and the function.  A built-in's is exactly what its ``from_config`` returns.
+    """
     server_optimizer = make_server_optimizer(config.server.optimizer, **config.server.optimizer_hyperparameters())
-    return registry.ALGORITHMS[config.algorithm.name].from_config(config.algorithm, server_optimizer)
+    entry = registry.ALGORITHMS[config.algorithm.name]
+    if registry.is_plugin(entry):
+        return call_from_config(entry, config.algorithm, server_optimizer, registry.describe_plugin(entry))
+    return entry.from_config(config.algorithm, server_optimizer)
 
 
 def build_algorithm(config: ExperimentConfig, flat_model: FlatModel) -> Algorithm:
@@ -134,7 +143,10 @@ def build_algorithm(config: ExperimentConfig, flat_model: FlatModel) -> Algorith
     ratio = config.compression.ratio
     if ratio is None:
         ratio = entry.default_compression_ratio
-    return with_compression(algorithm, ratio, flat_model.numels) if ratio < 1 else algorithm
+    if ratio >= 1:
+        return algorithm
+    # The compressed bundle calls the guarded functions, and names the plugin as the bundle it wraps does.
+    return dataclasses.replace(with_compression(algorithm, ratio, flat_model.numels), plugin=algorithm.plugin)
 
 
 def build_simulation(
@@ -192,6 +204,7 @@ def build_simulation(
         model=config.evaluation.model,
         dissimilarity_every=config.evaluation.dissimilarity_every,
         divergence_factor=config.evaluation.divergence_factor,
+        norm_growth_factor=config.evaluation.norm_growth_factor,
         train_loss_clients=config.evaluation.train_loss_clients,
     )
     try:
@@ -229,9 +242,11 @@ def client_stores(config: ExperimentConfig, sim: Simulation, kind: str, state_di
         return temporary
 
     keep_latest = config.evaluation.model == "all_clients_mean"
-    return make_client_stores(
+    clients, latest = make_client_stores(
         kind, sim.data.num_clients, sim.initial_params, sim.algorithm.client_state_init, keep_latest, directory, config.memory_budget
     )
+    clients.owner = sim.algorithm.plugin  # a state that cannot be stored names the plugin that made it
+    return clients, latest
 
 
 def load_data(config: ExperimentConfig) -> FederatedDataset:

@@ -77,7 +77,7 @@ def test_run_a_preset_with_overrides_then_resume_it(tmp_path):
     assert all(r["num_reporting"] == 2 and r["local_steps"] == 4 for r in records)
     config = json.loads((out / "config.json").read_text())
     assert config["client"]["steps"] == 2 and "epochs" not in config["client"] and config["client"]["lr"] == 0.01
-    assert (out / "final_model.safetensors").exists() and (out / "checkpoint.safetensors").exists()
+    assert (out / "final_model.safetensors").exists() and not (out / "checkpoint.safetensors").exists()  # keep_checkpoint=false
 
     # the README's resume command: the stored config.json is a valid CONFIG, here extended by two rounds
     resumed = driftlab_cli("run", out / "config.json", "--out", out, "--resume", "--quiet", "rounds=4", process=True)
@@ -250,8 +250,9 @@ def test_demo_writes_a_table_and_a_plot(tmp_path):
 def test_a_diverging_run_exits_3_with_advice_and_keeps_its_checkpoint(tmp_path):
     out = tmp_path / "diverged"
     result = subprocess.run(
-        # gradient descent with step 10 on curvatures in [1, 3] grows |x| ~20x per step: inf within 25 rounds
-        [sys.executable, "-m", "driftlab.cli", "run", "quadratic-constant-k", "client.lr=10", "rounds=40", "--out", str(out), "--quiet"],
+        # gradient descent with step 0.9 on curvatures in [1, 3] grows |x| ~1.7x per step: in round 3 the model's norm passes
+        # 1000 times its starting scale (evaluation.norm_growth_factor), after two healthy rounds
+        [sys.executable, "-m", "driftlab.cli", "run", "quadratic-constant-k", "client.lr=0.9", "rounds=40", "--out", str(out), "--quiet"],
         capture_output=True,
         text=True,
     )
@@ -514,3 +515,68 @@ def test_report_status_and_help_import_no_torch(tmp_path):
     assert help_text.returncode == 0 and "report" in help_text.stdout, help_text.stderr
     # the block is real: listing the config keys (`run --help`) imports the config module, and so torch
     assert "torch" in blocked("run", "--help").stderr
+
+
+def _hold_directory(run_dir: Path) -> subprocess.Popen:
+    """Another live process holding ``run_dir`` as a run holds it (its .lock, flocked, with its pid), until stopped."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable, "-c",
+            "import fcntl, os, sys, time\n"
+            "handle = open(sys.argv[1], 'a+'); fcntl.flock(handle, fcntl.LOCK_EX); handle.write(f'{os.getpid()}\\n'); handle.flush()\n"
+            "print('held', flush=True); time.sleep(300)",
+            str(run_dir / ".lock"),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdout.readline().strip() == "held"
+    return holder
+
+
+def test_a_sweep_whose_runs_another_process_holds_exits_4_and_never_says_finished(tmp_path):
+    # As after a SIGKILLed `--executor slurm --slurm-local` sweep, whose jobs go on: the rerun runs nothing there.
+    out = tmp_path / "sweep"
+    holders = [_hold_directory(out / "runs" / name / "seed-0") for name in ("mu-0", "mu-1")]
+    try:
+        result = driftlab_cli("sweep", "synthetic-fedprox", "--grid", "algorithm.mu=[0, 1]", *TINY, "--out", out)
+        assert result.returncode == cli.EXIT_RUNS_HELD == 4, result.stderr
+        assert "sweep finished" not in result.stdout + result.stderr
+        assert "sweep not finished: 2 running" in result.stderr
+        for holder, name in zip(holders, ("mu-0", "mu-1")):
+            assert f"running: runs/{name}/seed-0: running elsewhere (pid {holder.pid} holds its directory)" in result.stderr
+        assert "run the same command again" in result.stderr
+        assert not (out / "report").exists()  # an unfinished sweep is not reported as if it were done
+        assert sorted(os.listdir(out / "runs" / "mu-0" / "seed-0")) == [".lock"]  # nothing written beside the holder
+        listed = driftlab_cli("sweep", "synthetic-fedprox", "--grid", "algorithm.mu=[0, 1]", *TINY, "--out", out, "--dry-run")
+        assert [line.split()[:2] for line in listed.stdout.splitlines()] == [["running", "runs/mu-0/seed-0"], ["running", "runs/mu-1/seed-0"]]
+    finally:
+        for holder in holders:
+            os.kill(holder.pid, 15)
+            holder.wait(timeout=30)
+
+
+def test_help_and_presets_import_no_torch_and_list_the_same_as_with_it():
+    # `driftlab presets` reads the shipped files alone (driftlab.experiments.shipped): no torch, pydantic or numpy
+    code = (
+        "import sys, contextlib, io\nfrom driftlab.cli import main\n"
+        "for argv in (['--help'], ['presets'], ['sweep', '--help'], ['report', '--help']):\n"
+        "    with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
+        "        main(argv)\n"
+        "heavy = sorted(name for name in ('torch', 'numpy', 'pydantic', 'matplotlib') if name in sys.modules)\n"
+        "assert not heavy, heavy\n"
+        "sys.exit(main(['presets']))"
+    )
+    import shutil
+
+    columns = str(shutil.get_terminal_size((100, 24)).columns)  # descriptions wrap to the terminal: the same width in both
+    env = {**os.environ, "COLUMNS": columns}
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO_ROOT, env=env)
+    assert child.returncode == 0, child.stderr
+    from driftlab.experiments.sweep import load_sweep, sweep_names
+
+    listed = driftlab_cli("presets").stdout
+    assert child.stdout == listed
+    for name in sweep_names():  # what the light reading prints is the description the sweep loader reads
+        assert cli._wrapped(load_sweep(name).description) in listed, name

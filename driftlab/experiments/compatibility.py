@@ -15,8 +15,9 @@ Every failure is a ``ConfigError`` that says what was estimated, the limit, and
 what to change; a model that does not fit the data names the model, the data's
 input shape, dtype and classes, and the models that do fit.  The estimates are
 lower bounds of what the run will hold at once, so a refused config could not
-have run; the limit is the machine's physical memory (the GPU's for parameters
-on a CUDA device).  The forward pass draws no random numbers and costs
+have run; the limit is what this process may still allocate under the tightest of
+physical memory, its rlimits, its cgroup and its SLURM job (``driftlab.memory_limit``,
+named in the message; the GPU's memory for parameters on a CUDA device).  The forward pass draws no random numbers and costs
 milliseconds, so it leaves every result of a run unchanged.  (Counting ``gru``
 and ``resnet18_gn`` parameters on ``meta`` imports ``torch._dynamo`` once per
 process, about 2 s; the vectorized backend's ``vmap`` imports it anyway.)
@@ -25,7 +26,6 @@ process, about 2 s; the vectorized backend's ``vmap`` imports it anyway.)
 from __future__ import annotations
 
 import math
-import os
 from typing import Any, Callable
 
 import torch
@@ -33,6 +33,7 @@ from torch import nn
 
 from driftlab.experiments.config import ConfigError, ExperimentConfig
 from driftlab.experiments.datasets import DATA_SETS, vocabulary_size
+from driftlab.memory_limit import MemoryLimit, format_bytes, memory_limit
 from driftlab.models import build_model
 from driftlab.optim.schedules import steps_at
 
@@ -52,62 +53,66 @@ CAPPED_SYNTHETIC_BYTES = (6_000, 800)
 QUADRATIC_BYTES_PER_CLIENT_AND_DIMENSION = 8_000
 PARTITIONED_BYTES_PER_CLIENT = 200  # a numpy index array object, its rows, and the client's entry in the membership
 
-_FALLBACK_MEMORY = 16 * 2**30
+_size = format_bytes
+_GIVEN = "the memory given"  # the name of a limit passed as a byte count (tests, callers that know better)
 
 
-def machine_memory_bytes() -> int:
-    """Physical memory of this machine (16 GiB where the OS does not say)."""
-    try:
-        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
-    except (AttributeError, ValueError, OSError):
-        return _FALLBACK_MEMORY
-
-
-def _size(count: float) -> str:
-    count = float(min(count, 10**300))  # a schedule can ask for more than a float holds
-    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if count >= scale:
-            return f"{count / scale:.3g} {unit}"
-    return f"{int(count)} bytes"
+def _limit(memory_bytes: int | MemoryLimit | None) -> MemoryLimit:
+    """``memory_bytes`` as a limit (an int: this many bytes of memory, none of them held); None: the process's own."""
+    if memory_bytes is None:
+        return memory_limit()
+    if isinstance(memory_bytes, MemoryLimit):
+        return memory_bytes
+    return MemoryLimit(int(memory_bytes), 0, _GIVEN)
 
 
 def _count(number: int) -> str:
     return f"{number:,}" if number < 10**15 else f"{float(min(number, 10**300)):.3g}"
 
 
-def _too_large(key: str, what: str, estimate: float, limit: int, fix: str) -> ConfigError:
-    return ConfigError(f"{key}: {what} needs at least {_size(estimate)}, more than this machine's {_size(limit)} of memory; {fix}")
+def _too_large(key: str, what: str, estimate: float, limit: MemoryLimit, fix: str) -> ConfigError:
+    return ConfigError(f"{key}: {what} needs at least {_size(estimate)}, more than {_where(limit)}; {fix}")
+
+
+def _where(limit: MemoryLimit) -> str:
+    """The memory a check compared with, in words: which limit, how much of it is left."""
+    return f"this machine's {_size(limit.limit)} of memory" if limit.name == _GIVEN else limit.describe()
 
 
 # ---------------------------------------------------------------- sizes before the data
 
 
-def check_sizes(config: ExperimentConfig, memory_bytes: int | None = None) -> None:
-    """Refuse client counts and local work whose memory cannot exist, before anything is generated."""
-    limit = memory_bytes or machine_memory_bytes()
+def check_sizes(config: ExperimentConfig, memory_bytes: int | MemoryLimit | None = None) -> None:
+    """Refuse client counts and local work whose memory cannot exist, before anything is generated.
+
+    ``memory_bytes``: the memory to compare with (None: what this process may still allocate, ``memory_limit()``).
+    """
+    limit = _limit(memory_bytes)
+    room = limit.available
     data = config.data
     per_client = _bytes_per_client(config)
-    if per_client and data.num_clients * per_client > limit:
-        most = limit // per_client
+    if per_client and data.num_clients * per_client > room:
+        if data.name == "quadratic":
+            raise _quadratic_too_large(data.num_clients, data.quadratic_dimension, limit)
         raise _too_large(
             "data.num_clients",
             f"{data.name} data for {_count(data.num_clients)} clients (about {_size(per_client)} each)",
             data.num_clients * per_client,
             limit,
-            f"use at most about {_count(most)} clients here",
+            f"use at most about {_count(room // per_client)} clients here",
         )
     # Every client holds at least one example, so a plan row is at least one index wide.
     steps = _largest_step_count(config)
-    if steps is not None and steps * INDEX_BYTES > limit:
+    if steps is not None and steps * INDEX_BYTES > room:
         raise _too_large(
             "client.steps",
             f"the batch plan of {_count(steps)} local steps (which examples each step reads, {INDEX_BYTES} bytes per example)",
             steps * INDEX_BYTES,
             limit,
-            f"use fewer local steps (at most {_count(limit // INDEX_BYTES)} for a client of one example, fewer for larger batches)",
+            f"use fewer local steps (at most {_count(room // INDEX_BYTES)} for a client of one example, fewer for larger batches)",
         )
     epochs = config.client.local_epochs
-    if epochs is not None and epochs * INDEX_BYTES > limit:
+    if epochs is not None and epochs * INDEX_BYTES > room:
         raise _too_large(
             "client.epochs",
             f"the batch plan of {_count(epochs)} local epochs (every epoch lists each of the client's examples, {INDEX_BYTES} bytes each)",
@@ -115,6 +120,29 @@ def check_sizes(config: ExperimentConfig, memory_bytes: int | None = None) -> No
             limit,
             "use fewer local epochs",
         )
+
+
+def _quadratic_too_large(clients: int, dimension: int, limit: MemoryLimit) -> ConfigError:
+    """Quadratic data grow with clients x dimension: name the fixes that keep one of the two, or their product when neither does."""
+    products = limit.available // QUADRATIC_BYTES_PER_CLIENT_AND_DIMENSION  # the largest clients x dimension that fits
+    fixes = {}
+    if products // dimension >= 1:
+        fixes["data.num_clients"] = f"at most about {_count(products // dimension)} clients of dimension {_count(dimension)}"
+    if products // clients >= 1:
+        fixes["data.quadratic_dimension"] = f"a dimension of at most about {_count(products // clients)} for {_count(clients)} clients"
+    if fixes:
+        keys, fix = " or ".join(fixes), "use " + ", or ".join(fixes.values())
+    else:
+        keys = "data.num_clients x data.quadratic_dimension"
+        fix = f"keep data.num_clients x data.quadratic_dimension under about {_count(products)} (now {_count(clients * dimension)})"
+    return _too_large(
+        keys,
+        f"quadratic data of dimension {_count(dimension)} for {_count(clients)} clients "
+        f"(about {_size(QUADRATIC_BYTES_PER_CLIENT_AND_DIMENSION)} per client and dimension)",
+        clients * dimension * QUADRATIC_BYTES_PER_CLIENT_AND_DIMENSION,
+        limit,
+        fix,
+    )
 
 
 def _bytes_per_client(config: ExperimentConfig) -> int:
@@ -150,14 +178,14 @@ def checked_model(
     device: torch.device,
     dtype: torch.dtype,
     user_model: Any = None,
-    memory_bytes: int | None = None,
+    memory_bytes: int | MemoryLimit | None = None,
 ) -> Any:
     """``build()`` (the run's ``FlatModel`` on ``device``/``dtype``) once the plan and the model are known
     to fit in memory, after one forward pass on a few of ``data``'s training examples.
 
     ``user_model`` is the module or factory passed to ``driftlab.run`` (None: the zoo model ``config.model``).
     """
-    limit = memory_bytes or machine_memory_bytes()
+    limit = _limit(memory_bytes)
     check_plan_size(config, data, limit)
     label = _model_label(config, user_model)
     if user_model is None:
@@ -175,25 +203,29 @@ def checked_model(
     return flat_model
 
 
-def check_plan_size(config: ExperimentConfig, data: Any, memory_bytes: int | None = None) -> None:
-    """The batch plan of the largest client (``[steps, min(B, n_k)]`` int64, built before its first step) fits."""
-    limit = memory_bytes or machine_memory_bytes()
+def check_plan_size(config: ExperimentConfig, data: Any, memory_bytes: int | MemoryLimit | None = None) -> None:
+    """The batch plan of the largest client fits: ``local_training.batch_plan`` allocates it whole epochs at a time,
+    ``[⌈steps / per_epoch⌉ · per_epoch, min(B, n_k)]`` int64, before the client's first step."""
+    limit = _limit(memory_bytes)
+    room = limit.available
     sizes = data.client_sizes
     if len(sizes) == 0:
         return
     largest = int(sizes.max())
     batch = config.client.batch_size
     width = min(batch, largest)
+    per_epoch = math.ceil(largest / width)
     epochs = config.client.local_epochs
-    steps = epochs * math.ceil(largest / batch) if epochs is not None else _largest_step_count(config)
-    estimate = steps * width * INDEX_BYTES
-    if estimate <= limit:
+    steps = epochs * per_epoch if epochs is not None else _largest_step_count(config)
+    rows = -(-steps // per_epoch) * per_epoch  # the plan is cut from whole epochs
+    estimate = rows * width * INDEX_BYTES
+    if estimate <= room:
         return
     if epochs is not None:
-        most = max(1, limit // (math.ceil(largest / batch) * width * INDEX_BYTES))
+        most = max(1, room // (per_epoch * width * INDEX_BYTES))
         raise _too_large(
             "client.epochs",
-            f"the batch plan of the largest client ({_count(largest)} examples: {_count(epochs)} epochs x {_count(math.ceil(largest / batch))} steps "
+            f"the batch plan of the largest client ({_count(largest)} examples: {_count(epochs)} epochs x {_count(per_epoch)} steps "
             f"x {_count(width)} examples x {INDEX_BYTES} bytes)",
             estimate,
             limit,
@@ -201,10 +233,11 @@ def check_plan_size(config: ExperimentConfig, data: Any, memory_bytes: int | Non
         )
     raise _too_large(
         "client.steps",
-        f"the batch plan of the largest client ({_count(steps)} steps x {_count(width)} examples x {INDEX_BYTES} bytes)",
+        f"the batch plan of the largest client ({_count(largest)} examples: {_count(steps)} steps, cut from whole epochs of {_count(per_epoch)} steps, "
+        f"so {_count(rows)} rows x {_count(width)} examples x {INDEX_BYTES} bytes)",
         estimate,
         limit,
-        f"use at most about {_count(max(1, limit // (width * INDEX_BYTES)))} local steps here, or a smaller client.batch_size",
+        f"use at most about {_count(max(1, room // (width * INDEX_BYTES) // per_epoch * per_epoch))} local steps here, or a smaller client.batch_size",
     )
 
 
@@ -219,7 +252,7 @@ def _check_model_pairing(config: ExperimentConfig, data: Any, label: str) -> Non
         raise _mismatch(config, data, label, "the quadratic model is the parameter of the quadratic data sets only")
 
 
-def _check_model_memory(config: ExperimentConfig, data: Any, device: torch.device, dtype: torch.dtype, limit: int, label: str) -> None:
+def _check_model_memory(config: ExperimentConfig, data: Any, device: torch.device, dtype: torch.dtype, limit: MemoryLimit, label: str) -> None:
     """Parameters counted on the meta device (nothing allocated), times the copies a round holds at once."""
     try:
         with torch.random.fork_rng(devices=[]), torch.device("meta"):
@@ -232,15 +265,14 @@ def _check_model_memory(config: ExperimentConfig, data: Any, device: torch.devic
     per_round = max(1, math.ceil(config.sampling.participation * data.num_clients))
     copies = 2 + per_round  # the server model, its update, and one local model per client of a round
     estimate = parameters * copies * torch.empty((), dtype=dtype).element_size()
-    memory = limit
-    where = "this machine's"
+    memory, where = limit.available, _where(limit)
     if device.type == "cuda":
         memory = torch.cuda.get_device_properties(device).total_memory
-        where = f"{device}'s"
+        where = f"{device}'s {_size(memory)} of memory"
     if estimate > memory:
         raise ConfigError(
             f"model {label}: {_count(parameters)} parameters x {_count(copies)} copies (server model, update, one per client of a round) "
-            f"need at least {_size(estimate)}, more than {where} {_size(memory)} of memory; use a smaller model "
+            f"need at least {_size(estimate)}, more than {where}; use a smaller model "
             "(model.hidden, model.width, model.rnn_hidden) or fewer clients per round (sampling.participation)"
         )
 
@@ -305,7 +337,17 @@ def models_that_fit(data_name: str, data: Any) -> str:
     shape = tuple(data.train_inputs.shape[1:])
     if data_name in QUADRATIC_DATA:
         return "Quadratic data take model.name=quadratic only."
-    if not data.train_inputs.is_floating_point() and getattr(data, "input_normalisation", None) is None:
+    integers = not data.train_inputs.is_floating_point() and getattr(data, "input_normalisation", None) is None
+    if integers and (data.train_inputs.dtype == torch.uint8 or len(shape) != 1):
+        # uint8 or multi-axis integers are pixels, not token ids: the fix is their dtype, not a sequence model
+        dtype = str(data.train_inputs.dtype).removeprefix("torch.")
+        models = "cnn, femnist_cnn, resnet18_gn, vgg11, mlr or mlp" if len(shape) == 3 else "mlr or mlp"
+        return (
+            f"The inputs are {dtype} values, which only lstm/gru read (as token ids, one sequence (length,) per example); "
+            f"the other models compute in floating point: give float32 inputs (e.g. pixels / 255), or keep uint8 pixels and "
+            f"pass input_normalisation=driftlab.data.pixels.PixelNormalisation(mean, std) to FederatedArrays; then use {models}."
+        )
+    if integers:
         return (
             "Token sequences take model.name=lstm or gru (as shakespeare and sent140 do); "
             "for vector data (synthetic, mnist, stackoverflow) use mlr or mlp, for images cnn, femnist_cnn, resnet18_gn or vgg11."
@@ -325,4 +367,4 @@ def _first_line(error: BaseException) -> str:
     return line if len(line) <= 300 else line[:300] + "..."
 
 
-__all__ = ["check_sizes", "checked_model", "check_plan_size", "probe_forward", "models_that_fit", "machine_memory_bytes"]
+__all__ = ["check_sizes", "checked_model", "check_plan_size", "probe_forward", "models_that_fit"]

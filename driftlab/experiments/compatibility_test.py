@@ -13,7 +13,8 @@ import driftlab
 from driftlab.data.federated import FederatedDataset
 from driftlab.experiments.compatibility import check_plan_size, check_sizes, checked_model, models_that_fit
 from driftlab.experiments.config import ConfigError, load_config
-from driftlab.experiments.datasets import build_dataset, data_location
+from driftlab.experiments.datasets import build_dataset
+from driftlab.experiments.real_data import needs_real_data
 from driftlab.experiments.assembly import build_model
 from driftlab.simulation.flat import FlatModel
 
@@ -74,7 +75,7 @@ def test_token_sequences_with_an_mlp_name_what_fits():
     assert isinstance(_check(load_config(SMALL, ["model.name=lstm", "data.name=shakespeare"]), _token_data()), FlatModel)
 
 
-@pytest.mark.skipif(data_location(load_config(None, ["data.name=shakespeare"]).data) is None, reason="tinyshakespeare not present")
+@needs_real_data("shakespeare")
 def test_real_shakespeare_with_an_mlp():
     message = _run_error("data.name=shakespeare", "model.name=mlp", "data.max_clients=3", "data.samples_per_client=20")
     assert "model 'mlp'" in message and "'shakespeare'" in message and "(80,)" in message and "int64" in message and "lstm or gru" in message

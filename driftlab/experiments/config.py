@@ -50,6 +50,7 @@ import datetime
 import hashlib
 import json
 import math
+import re
 import tomllib
 from importlib import resources
 from pathlib import Path
@@ -61,11 +62,11 @@ from pydantic_core import PydanticCustomError
 from driftlab.algorithms import registry
 from driftlab.errors import ConfigError
 from driftlab.experiments.datasets import DATA_SETS
+from driftlab.experiments.shipped import PRESET_PACKAGE, preset_names  # noqa: F401 - PRESET_PACKAGE: re-exported
 from driftlab.models import MODEL_NAMES
 from driftlab.optim.schedules import ExponentialSchedule, InverseTimeSchedule, is_constant_one, schedule_from_table
 from driftlab.optim.server import NAMED_OPTIMIZERS
-
-PRESET_PACKAGE = "driftlab.experiments.presets"
+from driftlab.simulation.availability import ClientIds
 
 MAX_CONFIG_BYTES = 1_000_000  # the largest shipped preset is 2 kB; a megabyte is never a hand-written config
 MAX_NESTING = 32  # a config nests 5 levels at most (availability.events[i].join_range[j]); 32 leaves room, not recursion
@@ -194,6 +195,13 @@ class DataConfig(_Section):
         elif self.partition not in (None, "natural"):
             raise ValueError(
                 f'data.name = "custom" keeps your client ids as the clients; leave data.partition unset (got {self.partition!r})'
+            )
+        if self.name in ("quadratic", "quadratic1d") and self.partition not in (None, "natural", "iid"):
+            # the label-based partitions skew classes, and quadratic objectives have none (all labels 0)
+            raise ValueError(
+                f"data.partition = {self.partition!r} deals out examples by class, and {self.name}'s clients are "
+                "objectives with no classes; use data.partition = \"natural\" (the default: one objective per client) "
+                "or \"iid\" (the objectives grouped into clients at random)"
             )
         if self.loader is not None:
             _check_function_reference(self.loader)
@@ -328,11 +336,12 @@ class MembershipEventConfig(_Section):
             raise ValueError(f"a range [first, stop) needs 0 <= first < stop (it holds ids first..stop-1), got {list(bounds)}{hint}")
         return bounds
 
-    def joined(self) -> tuple[int, ...]:
-        return self.join + (tuple(range(*self.join_range)) if self.join_range else ())
+    def joined(self) -> ClientIds:
+        """The ids that register, the range unlisted: Membership checks its bounds against the data before listing it."""
+        return ClientIds(self.join, range(*self.join_range) if self.join_range else range(0))
 
-    def left(self) -> tuple[int, ...]:
-        return self.leave + (tuple(range(*self.leave_range)) if self.leave_range else ())
+    def left(self) -> ClientIds:
+        return ClientIds(self.leave, range(*self.leave_range) if self.leave_range else range(0))
 
 
 class AvailabilityConfig(_Section):
@@ -393,14 +402,35 @@ class EvaluationConfig(_Section):
         description="the run stops as diverged when an evaluated train or test loss exceeds this multiple of the initial model's "
         "(skipped where that loss is not positive); a non-finite loss or norm always is divergence; 0 = off",
     )
+    norm_growth_factor: float = Field(
+        1000.0,
+        ge=0,
+        description="the run stops as diverged when the server model's norm, tested every round (evaluated or not), exceeds this "
+        "multiple of the model's starting scale: the larger of the initial model's norm and √(number of parameters); 0 = off",
+    )
+    instability_factor: float = Field(
+        1.5,
+        ge=1,
+        description="a run is flagged unstable (a warning, \"instability\" in run.json and metrics.jsonl, a mark in reports) when its "
+        "evaluated train loss stays above this multiple of the initial model's for evaluation.instability_rounds rounds",
+    )
+    instability_rounds: int = Field(
+        5,
+        ge=0,
+        description="how many rounds the evaluated train loss must stay above evaluation.instability_factor times the initial "
+        "model's (at every evaluation from the first one above it) before the run is flagged unstable; 0 = off",
+    )
 
-    @field_validator("divergence_factor")
+    @field_validator("divergence_factor", "norm_growth_factor")
     @classmethod
     def _factor_is_a_growth(cls, factor: float) -> float:
         if 0 < factor <= 1:
-            raise ValueError(f"must be greater than 1 (a multiple of the initial loss), or 0 to turn the test off; got {factor!r}")
+            raise ValueError(f"must be greater than 1 (a multiple of the initial value), or 0 to turn the test off; got {factor!r}")
         return factor
 
+
+# [evaluation] keys left out of ExperimentConfig.fingerprint: they decide when a run is stopped or flagged, not its numbers.
+MONITORING_KEYS = ("norm_growth_factor", "instability_factor", "instability_rounds")
 
 DEFAULT_ALGORITHM = "fedavg"
 
@@ -423,8 +453,10 @@ def _algorithm_section(value: Any) -> BaseModel:
 
 def unknown_algorithm_message(name: Any) -> str:
     """What to say about an ``algorithm.name`` no registered algorithm has, and how to make it one."""
+    known = registry.names()
+    guess = did_you_mean(name, known) if isinstance(name, str) else None
     message = (
-        f"unknown algorithm {_short(name)}; valid algorithms: {', '.join(registry.names())}. "
+        f"unknown algorithm {_short(name)}{f' (did you mean {guess!r}?)' if guess else ''}; valid algorithms: {', '.join(known)}. "
         "An algorithm of your own is imported by naming its module at the top of the config: "
         'plugins = ["my_algorithm.py"] (docs/design.md, "Writing a plugin")'
     )
@@ -457,6 +489,12 @@ class ExperimentConfig(_Section):
         "sequential for other modules on a CPU)",
     )
     checkpoint_every: int = Field(10, ge=1, description="write a checkpoint every N rounds (and at the end or on interruption)")
+    keep_checkpoint: bool = Field(
+        False,
+        description="keep the last checkpoint (and the disk store's client_state folder) once the run completes; by default a completed "
+        "run keeps its final model and metrics only, and raising rounds later re-runs it from round 0 (the same numbers, the time again) "
+        "instead of continuing from the checkpoint; interrupted, failed and diverged runs always keep theirs",
+    )
     data: DataConfig = DataConfig()
     model: ModelConfig = ModelConfig()
     plugins: tuple[Annotated[str, Field(min_length=1)], ...] = Field(
@@ -477,7 +515,7 @@ class ExperimentConfig(_Section):
         None,
         description='memory the client states may take, in bytes or as "4GB", "512MB", "1.5GiB": state.store=auto '
         "puts them on disk beyond it, the disk store's row cache takes a sixteenth of it (at most 512 MiB), and a round trains its "
-        "clients in waves that fit an eighth of it; none = half of the machine's memory (waves of 1 GiB)",
+        "clients in waves that fit an eighth of it; none = half of the memory the process may hold (physical, ulimit, cgroup, SLURM) (waves of 1 GiB)",
     )
     log: tuple[Literal["tensorboard", "wandb", "mlflow"], ...] = Field(
         (),
@@ -512,12 +550,17 @@ class ExperimentConfig(_Section):
         return budget
 
     def fingerprint(
-        self, ignore: tuple[str, ...] = ("rounds", "checkpoint_every", "device", "log", "state", "memory_budget", "plugins")
+        self, ignore: tuple[str, ...] = ("rounds", "checkpoint_every", "keep_checkpoint", "device", "log", "state", "memory_budget", "plugins")
     ) -> str:
         """A hash of everything that determines the numbers a run produces (not its length, where it runs or where it is logged,
         nor where its plugins' files are: the algorithm's name and hyperparameters are in the hash).  Your own data is
         ``data.name = "custom"`` here; its ``data.digest`` is compared on its own (``run_directory.check_run_directory``)."""
         content = {k: v for k, v in self.to_dict().items() if k not in ignore}
+        if isinstance(content.get("evaluation"), dict):
+            # Thresholds that only watch the numbers (when a run is stopped or flagged), never change them: a run
+            # stopped by one resumes with another, and runs written before these keys existed still resume.
+            for key in MONITORING_KEYS:
+                content["evaluation"].pop(key, None)
         if isinstance(content.get("data"), dict):
             # Your own data's loader path and digest: a sweep plans its runs without the digest (the run records it),
             # and the run directory and the run check the digest themselves, with a message about the data.
@@ -542,10 +585,6 @@ def _plain(value: Any) -> Any:
 
 
 # ---------------------------------------------------------------- loading and overrides
-
-
-def preset_names() -> list[str]:
-    return sorted(p.name[: -len(".toml")] for p in resources.files(PRESET_PACKAGE).iterdir() if p.name.endswith(".toml"))
 
 
 def read_config_source(source: str | Path) -> dict[str, Any]:
@@ -580,14 +619,16 @@ def _read_one(source: str | Path) -> tuple[dict[str, Any], str, str, Path | None
     path = Path(source)
     if path.is_file():
         origin = str(path)
-        text = _read_text(path)
+        text = read_config_text(path)
         identity, folder = str(path.resolve()), path.parent
     elif str(source) in preset_names():
         origin = f"preset {source}"
         text = resources.files(PRESET_PACKAGE).joinpath(f"{source}.toml").read_text()
         identity, folder = origin, None
     else:
-        raise ConfigError(f"{str(source)[:200]!r} is neither a config file nor a preset; presets: {', '.join(preset_names())}")
+        guess = did_you_mean(str(source)[:200], preset_names())
+        hint = f" (did you mean {guess!r}?)" if guess else ""
+        raise ConfigError(f"{str(source)[:200]!r} is neither a config file nor a preset{hint}; presets: {', '.join(preset_names())}")
     if path.is_file() and path.suffix.lower() == ".json":
         # the resolved config a run writes (config.json), so `driftlab run DIR/config.json --out DIR --resume` works
         try:
@@ -599,12 +640,7 @@ def _read_one(source: str | Path) -> tuple[dict[str, Any], str, str, Path | None
         if not isinstance(table, dict):
             raise ConfigError(f"{origin} must hold a JSON object (a table of sections), got {type(table).__name__}")
     else:
-        try:
-            table = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as error:
-            raise ConfigError(f"{origin} is not valid TOML: {error}") from None
-        except RecursionError:
-            raise ConfigError(f"{origin} is nested too deeply to be a config (a config nests at most {MAX_NESTING} levels)") from None
+        table = parse_toml(text, origin)
     check_plain_values(table, origin)
     plugins = table.get("plugins")
     if folder is not None and isinstance(plugins, (str, list)):
@@ -616,7 +652,7 @@ def _read_one(source: str | Path) -> tuple[dict[str, Any], str, str, Path | None
     return table, origin, identity, folder
 
 
-def _read_text(path: Path) -> str:
+def read_config_text(path: Path) -> str:
     """The file's text, refused before parsing when it is larger than a config can be or not UTF-8."""
     try:
         with open(path, "rb") as handle:
@@ -634,6 +670,59 @@ def _read_text(path: Path) -> str:
         raise ConfigError(
             f"{path} is not UTF-8 text (byte {error.start} is {data[error.start:error.start + 1]!r}); save it as UTF-8"
         ) from None
+
+
+# What the TOML pre-scan looks at: strings and comments (skipped whole), the characters that end a key or open
+# and close a nesting level, and dots. Multi-line strings first, so that their quotes are not read as two strings.
+_TOML_TOKENS = re.compile(
+    r'"""(?:[^\\]|\\.)*?"""|\'\'\'.*?\'\'\'|"(?:[^"\\\n]|\\.)*"|\'[^\'\n]*\'|#[^\n]*|[=,\n\[\]{}.]',
+    re.DOTALL,
+)
+
+
+def check_toml_shape(text: str, origin: str) -> None:
+    """Refuse TOML whose dotted keys have more than ``MAX_NESTING`` parts or whose brackets nest deeper, from the raw text.
+
+    Runs before ``tomllib``, which needs memory quadratic in a dotted key's parts (a 339 kB file holding one
+    key of 50,000 parts took 7.8 GB) and recurses once per bracket; this scan is one pass that allocates
+    nothing that grows with the input. Dots inside strings and comments do not count; a number's dot
+    (``0.5``) is one part of whatever follows the last ``=``, ``,`` or bracket, so it never comes near the bound.
+    """
+    dots = depth = 0
+    line, line_start = 1, 0
+    for token in _TOML_TOKENS.finditer(text):
+        kind = token.group()
+        if kind == ".":
+            dots += 1
+            if dots > MAX_NESTING:
+                raise ConfigError(
+                    f"{origin}: line {line}: a dotted key nested more than {MAX_NESTING} levels deep "
+                    f"(starting {text[line_start:line_start + 40].splitlines()[0]!r}); a config is sections of keys, "
+                    "with at most a schedule table or a list of events inside"
+                )
+            continue
+        dots = 0
+        if kind in ("[", "{"):
+            depth += 1
+            if depth > MAX_NESTING:
+                raise ConfigError(f"{origin}: line {line} is nested too deeply to be a config (a config nests at most {MAX_NESTING} levels)")
+        elif kind in ("]", "}"):
+            depth = max(0, depth - 1)
+        elif "\n" in kind:
+            line += kind.count("\n")
+            line_start = token.start() + kind.rindex("\n") + 1
+
+
+def parse_toml(text: str, origin: str) -> dict[str, Any]:
+    """``tomllib.loads(text)``, refused with a ConfigError naming ``origin`` when it is not TOML or not shaped like a config
+    (``check_toml_shape``: bounded before ``tomllib`` allocates)."""
+    check_toml_shape(text, origin)
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"{origin} is not valid TOML: {error}") from None
+    except RecursionError:
+        raise ConfigError(f"{origin} is nested too deeply to be a config (a config nests at most {MAX_NESTING} levels)") from None
 
 
 def check_plain_values(table: Any, origin: str) -> None:
@@ -691,6 +780,11 @@ def parse_override(assignment: str) -> tuple[list[str], Any]:
     if not sep or not key.strip():
         raise ConfigError(f"override {_short(assignment)} is not of the form section.key=value (for example client.lr=0.05)")
     raw = raw.strip()
+    path = key.strip().split(".")
+    if len(path) > MAX_NESTING:
+        raise ConfigError(f"override {key.strip()[:100]}...: a key has at most {MAX_NESTING} dotted parts (section.key), got {len(path)}")
+    if "[" in raw or "{" in raw:
+        check_toml_shape(f"value = {raw}", f"override {key.strip()[:100]}")
     try:
         value = tomllib.loads(f"value = {raw}")["value"]
     except tomllib.TOMLDecodeError:
@@ -700,7 +794,7 @@ def parse_override(assignment: str) -> tuple[list[str], Any]:
     if raw.lower() in ("none", "null"):
         value = None
     check_plain_values(value, f"override {key.strip()[:100]}")
-    return key.strip().split("."), value
+    return path, value
 
 
 def apply_overrides(table: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
@@ -903,12 +997,65 @@ def validation_problems(error: ValidationError, table: dict[str, Any]) -> list[t
         key = ".".join(loc) or "(top level)"
         message = item["msg"].removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
-            valid = ", ".join(_valid_keys(loc[:-1], table))
-            message = f"unknown key; valid keys here: {valid}"
+            valid = _valid_keys(loc[:-1], table)
+            message = f"unknown key; valid keys here: {', '.join(valid)}{_key_hint(loc, valid, table)}"
         elif "input" in item and item["type"] not in ("missing", "unknown_algorithm", "algorithm_table") and "got " not in message:
             message = f"{message} (got {_short(item['input'])})"
         problems.append((key, message))
     return problems
+
+
+# Names people carry over from other libraries, for a key with the same meaning here ("did you mean").
+KEY_ALIASES = {
+    "learning_rate": "lr", "step_size": "lr", "local_lr": "lr", "batch": "batch_size", "bs": "batch_size",
+    "local_epochs": "epochs", "num_epochs": "epochs", "local_steps": "steps", "num_steps": "steps", "num_rounds": "rounds",
+    "communication_rounds": "rounds", "clients": "num_clients", "n_clients": "num_clients", "fraction": "participation",
+    "participation_rate": "participation", "dataset": "name", "alpha": "dirichlet_alpha",
+}
+
+
+def did_you_mean(name: str, choices: list[str]) -> str | None:
+    """The choice ``name`` was most likely meant to be (a known alias, else the closest spelling), or None."""
+    alias = KEY_ALIASES.get(name)
+    if alias in choices:
+        return alias
+    import difflib
+
+    close = difflib.get_close_matches(name, choices, n=1, cutoff=0.6)
+    if not close:
+        close = difflib.get_close_matches(name.lower(), [choice.lower() for choice in choices], n=1, cutoff=0.6)
+        close = [choice for choice in choices if choice.lower() in close]
+    return close[0] if close else None
+
+
+def _key_hint(loc: list[str], valid: list[str], table: dict[str, Any]) -> str:
+    """``; did you mean client.lr?`` for a misspelt key, or where else the key exists: another section, or the algorithms that own it."""
+    name = loc[-1]
+    guess = did_you_mean(name, valid)
+    if guess is not None:
+        return f"; did you mean {'.'.join([*loc[:-1], guess])}?"
+    if loc[:-1] == ["algorithm"]:
+        owners = algorithms_with_key(name)
+        algorithm = table.get("algorithm")
+        current = algorithm.get("name", DEFAULT_ALGORITHM) if isinstance(algorithm, dict) else DEFAULT_ALGORITHM
+        if owners:
+            return f"; {name} is a key of {', '.join(repr(o) for o in owners)}, not of {_short(current)}"
+    elsewhere = [f"{section}.{name}" for section, model in _sections() if section and section != ".".join(loc[:-1]) and name in model.model_fields]
+    return f"; did you mean {' or '.join(elsewhere)}?" if elsewhere else ""
+
+
+def algorithms_with_key(key: str) -> list[str]:
+    """The registered algorithms whose ``[algorithm]`` section has ``key`` (``mu``: fedprox)."""
+    return [name for name, entry in registry.ALGORITHMS.items() if key in entry.config_type.model_fields and key != "name"]
+
+
+def _sections() -> list[tuple[str, type[BaseModel]]]:
+    """(name, model) of every section of a config; the top level is named ""."""
+    found = [("", ExperimentConfig)]
+    for name, info in ExperimentConfig.model_fields.items():
+        if isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel):
+            found.append((name, info.annotation))
+    return found
 
 
 def _section_model(path: list[str], table: dict[str, Any]) -> type[BaseModel] | None:

@@ -339,6 +339,68 @@ def test_deep_nesting_is_a_config_error_not_a_recursion_error(tmp_path):
     assert "nested more than" in _error(source=deep)
 
 
+@pytest.mark.parametrize(
+    "override, hint",
+    [
+        ("client.learning_rate=0.1", "; did you mean client.lr?"),  # a name from another library
+        ("client.lrr=0.1", "; did you mean client.lr?"),  # a typo
+        ("client.Batch_Size=5", "; did you mean client.batch_size?"),
+        ("client.participation=0.5", "; did you mean sampling.participation?"),  # a key of another section
+        ("algorithm.mu=1", "; mu is a key of 'fedprox', 'adabest', not of 'fedavg'"),  # a key of another algorithm
+    ],
+)
+def test_an_unknown_key_says_what_was_likely_meant(override, hint, built_in_algorithms_only):
+    key = override.split("=")[0]
+    line = next(line for line in _error(override).splitlines() if line.startswith(f"  {key}:"))
+    assert line.endswith(hint), line
+    assert line.startswith(f"  {key}: unknown key; valid keys here: ")
+
+
+def test_an_unknown_key_far_from_every_key_gets_no_guess():
+    line = _error("client.zzzqqq=1").splitlines()[1]
+    assert line == "  client.zzzqqq: unknown key; valid keys here: lr, batch_size, epochs, steps, weight_decay, clip_norm, inexact_gamma"
+
+
+def test_unknown_presets_and_algorithms_say_what_was_likely_meant(built_in_algorithms_only):
+    assert "'synthetic-fedavgg' is neither a config file nor a preset (did you mean 'synthetic-fedavg'?); presets: " in _error(
+        source="synthetic-fedavgg"
+    )
+    assert "unknown algorithm 'FedProx' (did you mean 'fedprox'?); valid algorithms: fedavg, " in _error("algorithm.name=FedProx")
+    assert "unknown algorithm 'scafold' (did you mean 'scaffold'?)" in _error("algorithm.name=scafold")
+    assert "did you mean" not in _error("algorithm.name=nesterov_avg")
+
+
+def test_a_dotted_key_of_50000_parts_is_refused_before_tomllib_in_little_memory(tmp_path):
+    import tracemalloc
+
+    path = tmp_path / "bomb.toml"
+    path.write_text("rounds = 5\n" + "x." * 50_000 + "x = 1\n")  # 100 kB; tomllib needs gigabytes for it
+    tracemalloc.start()
+    try:
+        message = _error(source=path)
+        for text in ("[x." * 50_000 + "x]\n", "a = {" + "x." * 50_000 + "x = 1}\n", "a = " + "{b = " * 50_000 + "1" + "}" * 50_000):
+            path.write_text(text)
+            assert "nested" in _error(source=path)
+        assert "a key has at most 32 dotted parts" in _error("x." * 50_000 + "x=1")
+        assert "override client.lr: line 1: a dotted key nested more than 32" in _error("client.lr={" + "x." * 50_000 + "x = 1}")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert message.startswith(f"{path}: line 2: a dotted key nested more than 32 levels deep (starting 'x.x.x.x")
+    assert peak < 10_000_000
+
+
+def test_dots_and_brackets_in_strings_comments_and_numbers_are_not_nesting(tmp_path):
+    path = tmp_path / "fine.toml"
+    dots = ".".join(["a"] * 40)
+    path.write_text(
+        f'# {dots} [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[\n[data]\nroot = "{dots}"\nloader = \'{dots}:f\'\n'
+        f"[client]\nlr = 0.5\n[model]\nhidden = [{', '.join(['1'] * 40)}]\n"
+        f'[algorithm]\nname = """{dots}\n[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[["""\n'
+    )
+    assert "unknown algorithm" in _error(source=path)  # read and validated: the scan refused nothing
+
+
 def test_error_text_is_bounded():
     table = {f"key_{i}": 1 for i in range(500)}
     message = _error(source=table)

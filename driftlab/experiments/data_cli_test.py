@@ -22,7 +22,8 @@ from driftlab.data.download import NOT_DOWNLOADABLE, dataset_names
 from driftlab.experiments.config import PARTITIONS
 from driftlab.experiments.datasets import DATA_SETS
 from driftlab.experiments import cli_test
-from driftlab.experiments.datasets_test import REAL_MNIST, write_leaf, write_mnist
+from driftlab.experiments.datasets_test import write_leaf, write_mnist
+from driftlab.experiments.real_data import needs_real_data, real_data_path
 from driftlab.models import MODEL_NAMES
 
 PRESET = "synthetic-fedavg"
@@ -153,9 +154,10 @@ def test_data_describe_a_dirichlet_partition_of_mnist_files(tmp_path):
     assert int(values["classes_for_80_percent_max"]) <= 8
 
 
-@pytest.mark.skipif(not REAL_MNIST.is_dir(), reason=f"real MNIST not found at {REAL_MNIST}")
+@needs_real_data("mnist")
 def test_data_describe_real_mnist_with_a_dirichlet_partition():
-    result = driftlab_cli("data", "describe", "mnist-fedavg", "data.partition=dirichlet", "data.dirichlet_alpha=0.3")
+    real = real_data_path("mnist")  # given as data.root: driftlab_cli leaves $DRIFTLAB_DATA out
+    result = driftlab_cli("data", "describe", "mnist-fedavg", f"data.root={real}", "data.partition=dirichlet", "data.dirichlet_alpha=0.3")
     assert result.returncode == 0, result.stderr
     values = _describe_values(result.stdout)
     assert values["clients"] == "100" and values["train_samples"] == "60000" and values["test_samples"] == "10000"

@@ -55,10 +55,14 @@ def _same_place(a: Path, b: Path) -> bool:
         return a == b
 
 
+def find_data(name: str) -> Path | None:
+    """The first of ``data_search_paths(name)`` that exists, or None when none does (the files are absent)."""
+    return next((path for path in data_search_paths(name) if path.exists()), None)
+
+
 def default_data_root(name: str) -> Path:
-    """The first of ``data_search_paths(name)`` that exists, else the first of them (for the error message)."""
-    candidates = data_search_paths(name)
-    return next((path for path in candidates if path.exists()), candidates[0])
+    """The first of ``data_search_paths(name)`` that exists, else the first of them (for messages; it may not exist)."""
+    return find_data(name) or data_search_paths(name)[0]
 
 
 @dataclass(frozen=True)
@@ -261,12 +265,16 @@ DATA_SETS: dict[str, DataSetInfo] = {
 
 
 def data_location(config) -> Path | None:
+    """Where the ``[data]`` config's files are: ``data.root``, else the first search path that holds them.
+
+    None when there is nothing to read: generated data, or files that are
+    absent (``missing_data_message`` then says where they were looked for).
+    """
     info = DATA_SETS[config.name]
     if info.default_location is None:
         return None
-    if config.root:
-        return Path(config.root).expanduser()
-    return default_data_root(info.default_location)
+    path = Path(config.root).expanduser() if config.root else find_data(info.default_location)
+    return path if path is not None and path.exists() else None
 
 
 def missing_data_message(config) -> str:
@@ -282,7 +290,61 @@ def missing_data_message(config) -> str:
         fixes.append(f"DRIFTLAB_DATA=DIR (a folder holding {folder})")
     if info.download_name:
         fixes.append(f"fetch them with `driftlab data download {info.download_name} --to DIR`, then data.root=DIR")
-    return f"{config.name}: {where}. The files: {info.description}. Fix with one of: " + "; ".join(fixes)
+    return f"{config.name}: {where}. The files: {info.description}. Fix with one of: " + "; ".join(fixes) + near_miss_hint(config)
+
+
+def near_miss_hint(config) -> str:
+    """A sentence naming the setting that reaches the files when ``data.root`` or ``$DRIFTLAB_DATA`` is one folder off ("" if none).
+
+    A path one level too high (the folder holding the CIFAR tarball, the data
+    folder holding ``mnist/``) or too low (a file inside the MNIST folder) is
+    the commonest slip; the candidates are judged by the names the default
+    location uses, so nothing is loaded to find them.
+    """
+    location = DATA_SETS[config.name].default_location
+    if location is None:
+        return ""
+    if config.root:
+        root = Path(config.root).expanduser()
+        found = _near_misses(root if root.exists() else root.parent, location, is_root=root.exists())
+        settings = [f"data.root={path}" for path in found if not _same_place(path, root)]
+    elif os.environ.get("DRIFTLAB_DATA"):
+        base = Path(os.environ["DRIFTLAB_DATA"]).expanduser()
+        folders = [base.parent, base.parent.parent, *_children(base, directories=True)]
+        settings = [f"DRIFTLAB_DATA={folder}" for folder in folders if (folder / location).exists() and not _same_place(folder, base)]
+    else:
+        return ""
+    if not settings:
+        return ""
+    return f". Near miss: the files look one folder off; try {' or '.join(list(dict.fromkeys(settings))[:3])}"
+
+
+def _near_misses(root: Path, location: str, is_root: bool) -> list[Path]:
+    """Paths near ``root`` that look like ``location``'s files: its tail below ``root``, a file of its kind in ``root``, or ``root``'s folder."""
+    parts = Path(location).parts
+    target = Path(parts[-1])
+    found = [root / Path(*parts[i:]) for i in range(len(parts)) if (root / Path(*parts[i:])).exists()]
+    suffix = "".join(target.suffixes)
+    if suffix and is_root:  # a file (a tarball, a gzipped text): one of that kind in the folder given
+        found += [child for child in _children(root, directories=False) if child.name.endswith(suffix)]
+    elif is_root and root.is_file():  # a folder is expected and data.root names a file in it
+        found.append(root.parent)
+    return found
+
+
+def _children(folder: Path, directories: bool, limit: int = 1000) -> list[Path]:
+    """Up to ``limit`` entries of ``folder`` (folders or files), sorted; none when it cannot be listed."""
+    try:
+        with os.scandir(folder) as entries:
+            chosen = []
+            for count, entry in enumerate(entries):
+                if count >= limit:
+                    break
+                if (entry.is_dir() if directories else entry.is_file()):
+                    chosen.append(Path(entry.path))
+    except OSError:
+        return []
+    return sorted(chosen)
 
 
 def build_dataset(config, seed: int) -> FederatedDataset:
@@ -290,12 +352,17 @@ def build_dataset(config, seed: int) -> FederatedDataset:
     data_seed = config.seed if config.seed is not None else seed
     info = DATA_SETS[config.name]
     path = data_location(config)
-    if path is not None and not path.exists():
+    if path is None and info.default_location is not None:
         raise DataFileError(missing_data_message(config))
     partition = config.partition or ("natural" if info.natural else "iid")
     try:
         return _build(config, info, path, partition, data_seed)
-    except (DataFileError, ConfigError):
+    except DataFileError as error:
+        hint = near_miss_hint(config)
+        if hint:
+            raise DataFileError(f"{str(error).rstrip('.')}{hint}") from None
+        raise
+    except ConfigError:
         raise
     except ValueError as error:
         raise DataSetupError(f"data ({config.name}, partition={partition}, num_clients={config.num_clients}): {error}") from None

@@ -6,8 +6,10 @@ here they are reached the way a user reaches them, through ``[data]`` and
 ``driftlab.run`` on both training backends. File-based data sets are written
 here, tiny, in their official formats (IDX, the EMNIST gzip bundle, CIFAR
 binary records, an image folder tarball, LEAF JSON shards, raw Shakespeare
-text) and passed with ``data.root``; tests on the real files in
-``../shared/data`` skip when those are absent. Nothing uses the network.
+text) and passed with ``data.root``; tests on the real files find them as a
+run without ``data.root`` does (``$DRIFTLAB_DATA``, else ``./shared/data`` and
+``../shared/data``: ``driftlab.experiments.real_data``) and skip when they are
+absent. Nothing uses the network.
 """
 
 from __future__ import annotations
@@ -31,14 +33,10 @@ from driftlab.experiments import datasets as datasets_module
 from driftlab.experiments.config import PARTITIONS, load_config
 from driftlab.experiments.datasets import DATA_SETS, build_dataset, default_data_root
 from driftlab.experiments.assembly import build_simulation
+from driftlab.experiments.real_data import needs_real_data, real_data_path
 from driftlab.simulation.engine import evaluate
 
 REPO_ROOT = Path(driftlab.__file__).resolve().parents[1]
-SHARED = REPO_ROOT.parent / "shared" / "data"
-REAL_MNIST = SHARED / "mnist"
-REAL_CIFAR10_FOLDER = SHARED / "cifar10-jpeg" / "cifar10-jpeg.tar.gz"
-REAL_FEMNIST = SHARED / "femnist-leaf-subset" / "femnist-leaf-subset.tar.gz"
-REAL_SHAKESPEARE = SHARED / "tinyshakespeare" / "input.txt.gz"
 
 BACKENDS = ("sequential", "vectorized")
 ONE_ROUND = ["rounds=1", "client.steps=1", "client.batch_size=4", "sampling.participation=0.5", "evaluation.every=1"]
@@ -360,38 +358,30 @@ def test_file_based_loaders_read_what_was_written(tmp_path):
 # --------------------------------------------------------------------------- the real files
 
 
-def _real(path: Path):
-    return pytest.mark.skipif(not path.exists(), reason=f"real data not found at {path}")
-
-
 REAL = {
-    "mnist": (REAL_MNIST, "mlr", ["data.partition=dirichlet", "data.num_clients=10", "sampling.participation=0.2"]),
-    "cifar10_folder": (REAL_CIFAR10_FOLDER, "cnn", ["data.limit_per_class=3", "data.num_clients=4"]),
-    "femnist": (REAL_FEMNIST, "femnist_cnn", ["data.max_clients=4"]),
-    "shakespeare": (REAL_SHAKESPEARE, "lstm", ["data.max_clients=4", "data.samples_per_client=200", "model.rnn_hidden=16"]),
+    "mnist": ("mlr", ["data.partition=dirichlet", "data.num_clients=10", "sampling.participation=0.2"]),
+    "cifar10_folder": ("cnn", ["data.limit_per_class=3", "data.num_clients=4"]),
+    "femnist": ("femnist_cnn", ["data.max_clients=4"]),
+    "shakespeare": ("lstm", ["data.max_clients=4", "data.samples_per_client=200", "model.rnn_hidden=16"]),
 }
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize(
-    "name", [pytest.param(name, marks=_real(path)) for name, (path, _, _) in REAL.items()]
-)
-def test_real_files_run_one_round(name, backend, monkeypatch):
-    """The real files at their default locations, with no data.root: the defaults point at them."""
-    monkeypatch.delenv("DRIFTLAB_DATA", raising=False)
-    path, model, extra = REAL[name]
+@pytest.mark.parametrize("name", [pytest.param(name, marks=needs_real_data(name)) for name in REAL])
+def test_real_files_run_one_round(name, backend):
+    """The real files where a run without data.root finds them ($DRIFTLAB_DATA, else the shared folders)."""
+    model, extra = REAL[name]
     result = driftlab.run(None, overrides=[*ONE_ROUND, f"data.name={name}", f"model.name={model}", f"backend={backend}", *extra])
     (record,) = result.records
     assert RECORD_KEYS <= record.keys()
     assert 0.0 <= record["test_accuracy"] <= 1.0
     if DATA_SETS[name].natural:
         assert 0.0 <= record["client_test_accuracy_mean"] <= 1.0
-    assert datasets_module.data_location(result.config.data) == default_data_root(DATA_SETS[name].default_location)
+    assert datasets_module.data_location(result.config.data) == real_data_path(name)
 
 
-@_real(REAL_MNIST)
-def test_real_mnist_dirichlet_partition_is_skewed(monkeypatch):
-    monkeypatch.delenv("DRIFTLAB_DATA", raising=False)
+@needs_real_data("mnist")
+def test_real_mnist_dirichlet_partition_is_skewed():
     data = build_dataset(load_config(None, ["data.name=mnist", "data.partition=dirichlet", "data.num_clients=20", "data.dirichlet_alpha=0.1"]).data, 0)
     assert len(data.train_targets) == 60000 and len(data.test_targets) == 10000
     assert data.client_sizes.sum() == 60000 and data.client_sizes.tolist() == [3000] * 20  # balanced quotas
@@ -787,6 +777,98 @@ def test_data_root_wins_over_driftlab_data(tmp_path, monkeypatch):
     config = load_config(None, ["data.name=mnist", f"data.root={root}", "data.num_clients=5"]).data
     assert datasets_module.data_location(config) == root
     assert len(build_dataset(config, 0).train_targets) == 20
+
+
+def test_absent_files_have_no_location(tmp_path, monkeypatch):
+    """data_location is None when nothing is there (a skipif on it fires), the path once the files exist."""
+    monkeypatch.setenv("DRIFTLAB_DATA", str(tmp_path / "data"))
+    config = load_config(None, ["data.name=mnist", "data.num_clients=5"]).data
+    assert datasets_module.find_data("mnist") is None and datasets_module.data_location(config) is None
+    assert real_data_path("mnist") is None
+    assert datasets_module.data_location(load_config(None, ["data.name=mnist", f"data.root={tmp_path / 'nowhere'}"]).data) is None
+    assert datasets_module.data_location(load_config(None, ["data.name=synthetic"]).data) is None  # generated: no files
+    write_mnist(tmp_path / "data" / "mnist", n_train=20, n_test=10)
+    assert datasets_module.data_location(config) == real_data_path("mnist") == tmp_path / "data" / "mnist"
+    assert len(build_dataset(config, 0).train_targets) == 20
+
+
+def test_real_data_skip_reason_names_where_the_library_looked(tmp_path, monkeypatch):
+    from driftlab.experiments.real_data import needs_real_data, real_data_skip_reason
+
+    monkeypatch.setenv("DRIFTLAB_DATA", str(tmp_path / "data"))
+    reason = real_data_skip_reason("cifar10_folder")
+    where = tmp_path / "data" / "cifar10-jpeg" / "cifar10-jpeg.tar.gz"
+    assert reason == f"real cifar10_folder data not found; looked in {where} (set DRIFTLAB_DATA=DIR, a folder holding cifar10-jpeg/cifar10-jpeg.tar.gz)"
+    mark = needs_real_data("cifar10_folder").mark
+    assert mark.args == (True,) and mark.kwargs["reason"] == reason
+    write_image_folder(where)
+    assert needs_real_data("cifar10_folder").mark.args == (False,)
+
+
+def _one_off(tmp_path: Path, name: str) -> tuple[Path, Path]:
+    """The data set's files at their default layout under tmp_path/data: (the data folder, the files' path)."""
+    data = tmp_path / "data"
+    files = data / DATA_SETS[name].default_location
+    if name == "mnist":
+        write_mnist(files, n_train=20, n_test=10)
+    else:
+        write_image_folder(files)
+    return data, files
+
+
+@pytest.mark.parametrize(
+    "name, given",
+    [
+        ("cifar10_folder", lambda data, files: files.parent),  # the folder holding the tarball (issue 30)
+        ("cifar10_folder", lambda data, files: data),  # the data folder, two levels up
+        ("mnist", lambda data, files: data),  # the folder holding mnist/
+        ("mnist", lambda data, files: files / "train-images-idx3-ubyte.gz"),  # a file inside the MNIST folder
+        ("mnist", lambda data, files: data / "minst"),  # a misspelt folder beside the right one
+    ],
+    ids=["cifar-tarball-folder", "cifar-data-folder", "mnist-data-folder", "mnist-file", "mnist-typo"],
+)
+def test_a_data_root_one_folder_off_gets_a_hint(tmp_path, name, given):
+    data, files = _one_off(tmp_path, name)
+    root = given(data, files)
+    with pytest.raises(DataFileError) as error:
+        build_dataset(load_config(None, [f"data.name={name}", f"data.root={root}", "data.num_clients=2"]).data, 0)
+    message = str(error.value)
+    assert message.endswith(f". Near miss: the files look one folder off; try data.root={files}"), message
+    assert ".." not in message
+    assert len(build_dataset(load_config(None, [f"data.name={name}", f"data.root={files}", "data.num_clients=2"]).data, 0).test_targets) > 0
+
+
+@pytest.mark.parametrize("off", ["parent", "child"])
+def test_driftlab_data_one_folder_off_gets_a_hint(tmp_path, monkeypatch, off):
+    data, files = _one_off(tmp_path, "mnist")
+    (data / "unrelated").mkdir()
+    monkeypatch.setenv("DRIFTLAB_DATA", str(files if off == "parent" else tmp_path))  # the mnist folder itself; the folder above data/
+    with pytest.raises(DataFileError) as error:
+        build_dataset(load_config(None, ["data.name=mnist"]).data, 0)
+    assert str(error.value).endswith(f". Near miss: the files look one folder off; try DRIFTLAB_DATA={data}")
+
+
+def test_no_hint_for_a_damaged_file_at_the_right_path_or_nothing_near(tmp_path):
+    data, files = _one_off(tmp_path, "cifar10_folder")
+    files.write_bytes(files.read_bytes()[:100])  # truncated where it should be
+    for root in (files, tmp_path / "elsewhere"):
+        with pytest.raises(DataFileError) as error:
+            build_dataset(load_config(None, ["data.name=cifar10_folder", f"data.root={root}"]).data, 0)
+        assert "Near miss" not in str(error.value)
+
+
+@pytest.mark.parametrize("name", ["quadratic1d", "quadratic"])
+@pytest.mark.parametrize("partition", [p for p in PARTITIONS if p not in ("natural", "iid")])
+def test_quadratic_data_refuse_the_label_based_partitions(name, partition):
+    """Quadratic objectives have no classes to skew (issue 31: dirichlet on quadratic1d was silently accepted)."""
+    with pytest.raises(driftlab.ConfigError) as error:
+        load_config(None, [f"data.name={name}", "model.name=quadratic", f"data.partition={partition}"])
+    message = str(error.value)
+    assert f"data.partition = {partition!r} deals out examples by class, and {name}'s clients are objectives with no classes" in message
+    assert 'use data.partition = "natural" (the default: one objective per client) or "iid"' in message
+    for allowed in ("natural", "iid"):
+        data = build_dataset(load_config(None, [f"data.name={name}", "model.name=quadratic", f"data.partition={allowed}", "data.num_clients=4"]).data, 0)
+        assert data.num_clients == 4 and data.known_minimizer is not None
 
 
 @pytest.mark.parametrize("name", ["mnist", "femnist"])

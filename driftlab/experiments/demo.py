@@ -36,7 +36,7 @@ def run_demo(out_dir: str | Path = "driftlab-demo", overrides: tuple[str, ...] =
     for label, run_overrides in DEMO_RUNS:
         config = load_config(DEMO_BASE, [*run_overrides, *overrides])
         run_dir = out / label.lower()
-        resume = (run_dir / "checkpoint.safetensors").exists()
+        resume = (run_dir / "config.json").exists()  # a run of an earlier demo: finished (kept as is) or to continue
         results.append((label, run(config, run_dir, resume=resume, progress=progress, progress_label=label)))
     table = summary_table(results)
     (out / "summary.md").write_text(table + "\n")

@@ -5,6 +5,9 @@ the demo), so when the stream is not a terminal (nor a notebook, where tqdm draw
 a widget) the run is reported once, when it ends::
 
     FedAdam: 40 rounds, final accuracy 0.812, 12.3 s
+
+A warning about the run (``warn``: the instability warning) is written at once, as
+its own line, in both forms: above the bar on a terminal, as a line of its own in a log.
 """
 
 from __future__ import annotations
@@ -18,11 +21,14 @@ from typing import Any, Protocol, TextIO
 class RoundProgress(Protocol):
     def update(self, record: dict[str, Any]) -> None: ...
 
+    def warn(self, message: str) -> None: ...
+
     def close(self) -> None: ...
 
 
 def round_progress(label: str, total_rounds: int, initial_round: int = 0, stream: TextIO | None = None) -> RoundProgress:
-    """A progress reporter for one run: call ``update(record)`` after every round and ``close()`` at the end.
+    """A progress reporter for one run: call ``update(record)`` after every round, ``warn(message)`` to say
+    something about the run at once, and ``close()`` at the end.
 
     ``stream`` defaults to standard error, where tqdm writes.
     """
@@ -57,11 +63,15 @@ class _Bar:
         from tqdm.auto import tqdm
 
         self._bar = tqdm(total=total_rounds, initial=initial_round, desc=label, unit="round", leave=True, file=stream)
+        self._label, self._stream = label, stream
 
     def update(self, record: dict[str, Any]) -> None:
         self._bar.update(1)
         if "test_accuracy" in record:
             self._bar.set_postfix(acc=f"{record['test_accuracy']:.3f}")
+
+    def warn(self, message: str) -> None:
+        self._bar.write(f"{self._label}: warning: {message}", file=self._stream)  # above the bar, which is redrawn below
 
     def close(self) -> None:
         self._bar.close()
@@ -87,6 +97,10 @@ class SummaryLine:
         self.round = int(record.get("round", self.round + 1))
         if "test_accuracy" in record:
             self.accuracy = record["test_accuracy"]
+
+    def warn(self, message: str) -> None:
+        self.stream.write(f"{self.label}: warning: {message}\n")
+        self.stream.flush()
 
     def close(self) -> None:
         if self.closed:

@@ -87,3 +87,20 @@ def test_default_stream_is_stderr_and_a_closed_stream_is_no_terminal(stream, cap
     else:
         stream.close()
         assert isinstance(round_progress("x", 1, 0, stream), SummaryLine)
+
+
+def test_a_warning_is_its_own_line_at_once_in_a_log_and_above_the_bar_on_a_terminal():
+    stream = io.StringIO()
+    progress = round_progress("FedAvg", 3, 0, stream)
+    _feed(progress, [1], close=False)
+    progress.warn("unstable run: ...")
+    assert stream.getvalue() == "FedAvg: warning: unstable run: ...\n"  # at once, not when the run ends
+    _feed(progress, [2, 3])
+    assert stream.getvalue().startswith("FedAvg: warning: unstable run: ...\nFedAvg: 3 rounds, final accuracy 0.030, ")
+    terminal = Terminal()
+    bar = round_progress("FedAvg", 3, 0, terminal)
+    _feed(bar, [1], close=False)
+    bar.warn("unstable run: ...")
+    _feed(bar, [2, 3])
+    shown = terminal.getvalue()
+    assert shown.count("FedAvg: warning: unstable run: ...\n") == 1 and "3/3" in shown.split("warning")[1]

@@ -634,3 +634,130 @@ def test_importing_the_report_imports_no_torch():
     code = "import sys; import driftlab.experiments.report; assert 'torch' not in sys.modules, 'torch was imported'"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
+
+
+# ---------------------------------------------------------------- labels are data, never code
+
+
+def test_a_report_never_imports_the_plugins_its_runs_name(tmp_path):
+    # Reading a shared results folder must not run the code it holds: a plugin that would leave a marker.
+    marker = tmp_path / "imported"
+    plugin = tmp_path / "evil_plugin.py"
+    plugin.write_text(f"from pathlib import Path\nPath({str(marker)!r}).write_text('ran')\n")
+    config = _config("fedavg")
+    config["algorithm"] = {"name": "evil_alg"}
+    config["plugins"] = [str(plugin)]
+    _write_run(tmp_path / "plugin-run", config, _records([0.5, 0.7]))
+    _write_run(tmp_path / "fedavg-run", _config("fedavg"), _records([0.5, 0.6]))
+    report = make_report([tmp_path / "plugin-run", tmp_path / "fedavg-run"], tmp_path / "report", targets=[0.65], plots=False)
+    assert not marker.exists()
+    # the plugin's algorithm is labelled by the name config.json records, after the built-ins
+    assert list(report.settings[0].methods) == ["FedAvg", "evil_alg"]
+    assert _row(report, "evil_alg", 0.65).rounds == 2
+    # and through the command line too
+    result = subprocess.run(
+        [sys.executable, "-c", "import sys; from driftlab.cli import main; sys.exit(main(sys.argv[1:]))", "report", str(tmp_path / "plugin-run"), "--out", str(tmp_path / "cli-report"), "--no-plots"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "evil_alg" in (tmp_path / "cli-report" / "report.md").read_text() and not marker.exists()
+
+
+def test_settings_outside_a_runs_identity_never_enter_labels(tmp_path):
+    # A run resumed with a tracker on is the same run: its label must not grow `log=["wandb"]`, even beside
+    # a copy of it without the tracker (two runs of one seed are told apart only by what changes results).
+    tracked = _config(rounds=3)
+    tracked["log"] = ["wandb"]
+    tracked["memory_budget"] = "1GB"
+    tracked["state"] = {**tracked.get("state", {}), "store": "disk"}
+    _write_run(tmp_path / "tracked", tracked, _records([0.5, 0.6, 0.7]))
+    _write_run(tmp_path / "other-seed", _config(seed=1, rounds=3), _records([0.5, 0.6, 0.8]))
+    report = make_report([tmp_path], tmp_path / "report", targets=[0.8], plots=False)
+    assert list(report.settings[0].methods) == ["FedAvg"]
+    assert "wandb" not in report.markdown and "memory_budget" not in report.markdown and "state.store" not in report.markdown
+    # two copies of one seed that differ only in such keys are one config twice, which is refused
+    _write_run(tmp_path / "untracked", _config(rounds=3), _records([0.5, 0.6, 0.7]))
+    with pytest.raises(ConfigError, match="both seed 0 of 'FedAvg'"):
+        make_report([tmp_path], tmp_path / "report2", targets=[0.8], plots=False)
+
+
+def test_a_damaged_metrics_line_gets_a_fix_a_resume_would_accept(tmp_path):
+    run = _write_run(tmp_path / "run", _config(), _records([0.5, 0.6, 0.7]))
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    (run / "metrics.jsonl").write_text("\n".join([lines[0], "{not json", lines[2]]) + "\n")
+    with pytest.raises(ConfigError) as error:
+        make_report([run], tmp_path / "report", plots=False)
+    message = str(error.value)
+    assert "resume the run to rewrite" not in message
+    assert "a resume refuses it too" in message and "restore metrics.jsonl from a backup, or run again with a new --out directory" in message
+
+
+# ---------------------------------------------------------------- small scale: ticks, targets, unreached tables
+
+
+def test_log_axes_only_over_a_wide_span_and_targets_only_within_reach():
+    from driftlab.experiments.report.plots import drawn_targets, round_axis_limits, use_log_scale
+
+    assert use_log_scale([0.1, 1.0, 5.0]) and not use_log_scale([2.2975, 2.31]) and not use_log_scale([-1.0, 100.0])
+    assert not use_log_scale([]) and use_log_scale([1.0, float("nan"), 10.0])
+    # curves at 10% (best 0.12): 80% and 85% are left to a note, 20% is drawn (within 10 points: 0.12 + 0.10 >= 0.2)
+    assert drawn_targets([0.2, 0.8, 0.85], 0.12) == ([0.2], [0.8, 0.85])
+    assert drawn_targets([0.8], None) == ([], [0.8])
+    assert round_axis_limits(2) == pytest.approx((-0.08, 2.08)) and round_axis_limits(0) == pytest.approx((-0.04, 1.04))
+
+
+def test_a_two_round_run_gets_integer_round_ticks_plain_labels_and_a_note_for_far_targets(tmp_path):
+    from driftlab.experiments.report.read import collect
+
+    _write_run(tmp_path / "fedavg", _config(rounds=2), _records([0.10, 0.12], train_loss=[2.2975, 2.2968]))
+    _write_run(tmp_path / "fedprox", _config("fedprox", rounds=2), _records([0.09, 0.11], train_loss=[2.2980, 2.2970]))
+    settings, _ = collect([tmp_path])
+    figures = {figure.suffix: figure for figure in setting_figures(settings[0], [0.8, 0.85])}
+    accuracy = figures["accuracy"]
+    axis = accuracy.figure.axes[0]
+    assert axis.get_xlim() == pytest.approx((-0.08, 2.08))
+    ticks = [tick for tick in axis.get_xticks() if -0.08 <= tick <= 2.08]
+    assert ticks == [0, 1, 2]
+    assert not [line for line in axis.get_lines() if line.get_label().startswith("target")]  # no 80% line over curves at 12%
+    assert accuracy.caption.endswith("; target 80%, 85% not drawn: far above the best accuracy any run recorded (12.0%)")
+    loss_axis = figures["loss"].figure.axes[0]
+    assert loss_axis.get_yscale() == "linear"  # 2.2968..2.2980 spans no factor of 10
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(loss_axis.figure).draw()
+    labels = [label.get_text() for label in loss_axis.get_yticklabels()]
+    assert labels and all("×" not in text and "e" not in text for text in labels)
+    assert loss_axis.yaxis.get_major_formatter().get_offset() == ""
+    report = make_report([tmp_path], tmp_path / "report", targets=[0.8, 0.85], plots=False)
+    # one compact table for the targets no method reached, not one identical table per target
+    assert report.markdown.count("### Communication") == 1
+    assert "### Communication: no method reached 80%, 85% test accuracy" in report.markdown
+    assert _markdown_row(report.markdown, "FedAvg")[1] == "2+"
+    assert {(row.method, row.target) for row in report.targets} == {(m, t) for m in ("FedAvg", "FedProx") for t in (0.8, 0.85)}
+
+
+def test_a_target_some_method_reached_keeps_its_own_table(tmp_path):
+    _three_methods(tmp_path)
+    report = make_report([tmp_path], tmp_path / "report", targets=[0.8, 0.95], plots=False)
+    assert "### Communication to reach 80% test accuracy" in report.markdown
+    assert "### Communication: no method reached 95% test accuracy" in report.markdown
+
+
+def test_unstable_and_diverged_runs_are_marked(tmp_path):
+    message = "train loss above 1x the initial model's (2.996) for 3 rounds in a row: lower client.lr"
+    records = _records([0.5, 0.3, 0.2, 0.4], train_loss=[3.5, 9.0, 12.0, 11.0])
+    records[2]["instability"] = message
+    _write_run(tmp_path / "fedavg", _config(rounds=4), records, instability={"round": 3, "message": message})
+    # without run.json the flag in the record is enough
+    scaffold = _records([0.5, 0.5, 0.6, 0.6])
+    scaffold[1]["instability"] = "loss stayed up"
+    _write_run(tmp_path / "scaffold", _config("scaffold", rounds=4), scaffold, info=False)
+    _write_run(tmp_path / "fedprox", _config("fedprox", rounds=4), _records([0.5, 0.6]), status="diverged")
+    report = make_report([tmp_path], tmp_path / "report", targets=[0.8], plots=False)
+    assert f"⚠ Unstable (marked † below): FedAvg, seed 0 (from round 3: {message}); SCAFFOLD, seed 0 (from round 2: loss stayed up)." in report.markdown
+    assert "⚠ Diverged: FedProx, seed 0 (at round 3)." in report.markdown
+    accuracy = report.markdown.split("### Accuracy")[1]
+    assert _markdown_row(accuracy, "FedAvg †")[2] == "40.00%"
+    assert _markdown_row(accuracy, "FedProx (diverged at round 3)")
+    stable = _write_run(tmp_path / "stable" / "run", _config(rounds=2), _records([0.5, 0.6]))
+    assert "Unstable" not in make_report([stable], tmp_path / "report2", plots=False).markdown

@@ -8,11 +8,12 @@ An output directory holds::
                               round, empty where a round lacks a key, lists JSON-encoded; rewritten from the
                               run's records at every checkpoint and when the run ends or stops (after
                               a kill it may trail metrics.jsonl until the next checkpoint)
-    checkpoint.safetensors    the last checkpoint (atomic, no pickle)
-    client_state/             with the disk client-state store: its files, which the checkpoint refers to
+    checkpoint.safetensors    the last checkpoint (atomic, no pickle); a completed run removes it unless keep_checkpoint
+    client_state/             with the disk client-state store: its files, which the checkpoint refers to (removed with it)
     final_model.safetensors   the final server model, written when the run completes
     run.json                  status (running, complete, interrupted, diverged, failed), rounds done,
-                              wall time summed over resumes, parameter count, machine and versions
+                              wall time summed over resumes, parameter count, machine and versions, and
+                              "instability": {"round", "message"} when the run was flagged unstable
     .lock                     flock'ed by the process writing the directory (holds its PID)
     tensorboard/ mlruns/ wandb/   with ``log = [...]``: the trackers' files (driftlab.experiments.trackers)
 
@@ -111,11 +112,58 @@ def claim_run_directory(out: Path, config: ExperimentConfig, resume: bool) -> An
     return lock
 
 
+@dataclass(frozen=True)
+class DirectoryBefore:
+    """What a run's output directory was before the run claimed it: which folders of its path the run will
+    create, and whether it was empty and had a lock file.  ``remove_refused_run`` undoes exactly the run's part."""
+
+    missing: tuple[Path, ...]  # the folders of ``out``'s path that did not exist, deepest first
+    empty: bool  # it held nothing visible (``visible_entries``): whatever is there later is the run's
+    had_lock: bool
+
+    @classmethod
+    def of(cls, out: Path) -> "DirectoryBefore":
+        missing = []
+        folder = out
+        while not folder.exists() and folder != folder.parent:
+            missing.append(folder)
+            folder = folder.parent
+        return cls(tuple(missing), not visible_entries(out), (out / LOCK_FILE).exists())
+
+
+def remove_refused_run(out: Path, before: DirectoryBefore) -> None:
+    """Remove what a run refused before its first round wrote into ``out`` (its config.json, run.json, lock file,
+    client-state folder), with its lock held; nothing of an earlier run is ever removed.
+
+    Only a folder the run created or found empty is cleaned: everything visible in it is the run's.  Folders the
+    run created are removed when empty; a lock file that was there before stays (another process may hold it open).
+    Best effort: a file that cannot be removed is left, never an error hiding the refusal.
+    """
+    import shutil
+
+    if not before.empty:
+        return
+    try:
+        for name in visible_entries(out):
+            entry = out / name
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+        if not before.had_lock:
+            (out / LOCK_FILE).unlink(missing_ok=True)
+        for folder in before.missing:  # deepest first; a folder someone else wrote into meanwhile is not empty: kept
+            folder.rmdir()
+    except (OSError, ConfigError):
+        pass
+
+
 def lock_run_directory(out: Path) -> Any:
     """An exclusive ``flock`` on ``out/.lock`` (which records our PID), or RunDirectoryBusy.
 
-    The lock file is never deleted: a process still waiting on a deleted inode would
-    believe it holds the lock while a third one locks the new file.
+    The lock file is never deleted while a run may follow in the folder: a process still
+    waiting on a deleted inode would believe it holds the lock while a third one locks the
+    new file (``remove_refused_run`` deletes the one a refused run created, with its folder).
     """
     import fcntl  # POSIX only; imported here so that importing driftlab works everywhere
 
@@ -384,6 +432,7 @@ __all__ = [
     "RUN_FILES",
     "RUN_INFO_FILE",
     "RunDirectoryBusy",
+    "DirectoryBefore",
     "RunInfo",
     "append_record",
     "check_run_directory",
@@ -393,6 +442,7 @@ __all__ = [
     "read_records",
     "read_run_config",
     "read_run_info",
+    "remove_refused_run",
     "write_config",
     "write_metrics_csv",
     "write_records",

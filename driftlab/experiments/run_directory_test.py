@@ -104,3 +104,31 @@ def test_resuming_with_other_data_names_the_data_not_just_the_config(tmp_path):
     with pytest.raises(ConfigError, match=r"but this run was given the config's own data set"):
         run_directory.check_run_directory(tmp_path, load_config(None), resume=True)
     run_directory.check_run_directory(tmp_path, started, resume=True)  # the same data: no error
+
+
+def test_a_refused_run_removes_only_what_it_created(tmp_path):
+    config = load_config(None)
+    new = tmp_path / "a" / "b"
+    before = run_directory.DirectoryBefore.of(new)
+    assert before.missing == (new, tmp_path / "a") and before.empty and not before.had_lock
+    lock = run_directory.claim_run_directory(new, config, resume=False)
+    (tmp_path / "a" / "notes.txt").write_text("someone else's")  # written beside it meanwhile: keeps its folder
+    run_directory.remove_refused_run(new, before)
+    lock.close()
+    assert not new.exists() and sorted(p.name for p in (tmp_path / "a").iterdir()) == ["notes.txt"]
+
+    used = tmp_path / "used"  # empty but for the lock file an earlier run left: that file stays
+    run_directory.claim_run_directory(used, config, resume=False).close()
+    (used / "config.json").unlink()
+    before = run_directory.DirectoryBefore.of(used)
+    assert before.empty and before.had_lock
+    lock = run_directory.claim_run_directory(used, config, resume=False)
+    run_directory.remove_refused_run(used, before)
+    lock.close()
+    assert [p.name for p in used.iterdir()] == [".lock"]
+
+    earlier = tmp_path / "earlier"  # an earlier run's config.json: not the refused run's to remove
+    run_directory.claim_run_directory(earlier, config, resume=False).close()
+    before = run_directory.DirectoryBefore.of(earlier)
+    run_directory.remove_refused_run(earlier, before)
+    assert (earlier / "config.json").exists()

@@ -25,11 +25,11 @@ from driftlab.algorithms import ALGORITHMS, fedavg
 from driftlab.data.federated import DataFileError, FederatedArrays
 from driftlab.experiments import run_directory, runner
 from driftlab.experiments.config import ConfigError
+from driftlab.experiments.real_data import needs_real_data
 from driftlab.simulation import checkpoint as checkpoint_module
 from driftlab.simulation.seam import GradientCorrection
 
 REPO_ROOT = Path(driftlab.__file__).resolve().parents[1]
-MNIST_DIR = REPO_ROOT.parent / "shared" / "data" / "mnist"
 
 TINY = ["rounds=6", "data.num_clients=6", "sampling.participation=0.5", "client.steps=3", "checkpoint_every=2", "seed=1"]
 OPTIMIZERS = {"sgd": [], "adam": ["server.optimizer=adam", "server.lr=0.01"]}
@@ -65,7 +65,7 @@ def reference_runs(tmp_path_factory) -> dict[str, Path]:
     runs = {}
     for name, extra in OPTIMIZERS.items():
         out = tmp_path_factory.mktemp(f"reference-{name}") / "run"
-        driftlab.run(None, out, overrides=[*TINY, *extra])
+        driftlab.run(None, out, overrides=[*TINY, *extra, "keep_checkpoint=true"])  # tests edit its final checkpoint
         runs[name] = out
     return runs
 
@@ -89,10 +89,10 @@ def test_same_seed_same_metrics_different_seed_differs():
 def test_outputs_of_a_run(tmp_path):
     out = tmp_path / "run"
     result = driftlab.run(None, out, overrides=TINY)
-    assert {p.name for p in out.iterdir()} >= {"config.json", "metrics.jsonl", "checkpoint.safetensors", "final_model.safetensors"}
+    assert {p.name for p in out.iterdir()} >= {"config.json", "metrics.jsonl", "final_model.safetensors"}
     assert _metrics(out) == result.records
     assert torch.equal(_final_params(out), result.final_params)
-    assert _checkpoint_round(out) == 6
+    assert not (out / "checkpoint.safetensors").exists()  # keep_checkpoint=false: a completed run drops it
     assert json.loads((out / "config.json").read_text())["rounds"] == 6
     assert result.frame().shape[0] == 6
 
@@ -492,14 +492,13 @@ def test_missing_mnist_directory(tmp_path):
         driftlab.run(None, overrides=[*MNIST_TINY, f"data.root={tmp_path / 'nowhere'}"])
 
 
-@pytest.mark.skipif(not MNIST_DIR.is_dir(), reason=f"real MNIST not found at {MNIST_DIR}")
+@needs_real_data("mnist")
 def test_real_mnist_two_rounds(tmp_path):
     result = driftlab.run(
         None,
         tmp_path / "run",
         overrides=[
             "data.name=mnist",
-            f"data.root={MNIST_DIR}",
             "data.num_clients=100",
             "rounds=2",
             "sampling.participation=0.05",
@@ -583,7 +582,7 @@ def test_a_users_module_or_factory_is_trained_instead_of_the_zoo_model(tmp_path)
     assert not torch.equal(given.final_params, initial)
 
     # resuming needs the same module again and continues exactly
-    driftlab.run(None, tmp_path / "run", overrides=[*overrides, "rounds=1", "checkpoint_every=1"], model=factory)
+    driftlab.run(None, tmp_path / "run", overrides=[*overrides, "rounds=1", "checkpoint_every=1", "keep_checkpoint=true"], model=factory)
     resumed = driftlab.run(None, tmp_path / "run", resume=True, overrides=overrides, model=factory)
     assert torch.equal(resumed.final_params, first.final_params)
 
@@ -1068,3 +1067,117 @@ def test_a_sweep_runs_a_data_loader_in_its_processes_and_resumes(tmp_path, capsy
     capsys.readouterr()
     assert cli.main(["sweep", str(sweep), "--out", str(out), "--jobs", "1", "--no-report", "rounds=2"]) == 0  # finished runs are kept
     assert "2 already finished" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------ what an interrupted, failed or refused run says and leaves
+
+
+def _stopped_before_round(round_index: int, error: BaseException, monkeypatch) -> None:
+    real_run_round = runner.run_round
+
+    def stopping(sim, state, *args, **kwargs):
+        if state.round + 1 == round_index:
+            raise error
+        return real_run_round(sim, state, *args, **kwargs)
+
+    monkeypatch.setattr(runner, "run_round", stopping)
+
+
+def test_an_interrupt_prints_what_was_saved_and_the_exact_command_that_continues_the_run(tmp_path, monkeypatch, capsys):
+    from driftlab.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    out = Path("runs") / "tiny"  # relative, as given: the command to continue is the same, from the same folder
+    Path("defaults.toml").write_text("")  # the defaults, as driftlab.run(None) has them
+    _stopped_before_round(4, KeyboardInterrupt(), monkeypatch)
+    assert main(["run", "defaults.toml", *TINY, "--out", str(out), "--quiet"]) == 130
+    command = "driftlab run runs/tiny/config.json --out runs/tiny --resume"
+    assert capsys.readouterr().err == f"driftlab: interrupted; round 3 is checkpointed in runs/tiny; continue with `{command}`\n"
+    info = run_directory.read_run_info(out)
+    assert (info["status"], info["rounds_done"]) == ("interrupted", 3) and command in info["message"]
+    monkeypatch.undo()
+    monkeypatch.chdir(tmp_path)
+    assert main(command.split()[1:] + ["--quiet"]) == 0
+    assert [r["round"] for r in _metrics(out)] == list(range(1, 7)) and run_directory.read_run_info(out)["status"] == "complete"
+
+
+def test_an_interrupt_before_any_checkpoint_says_so(tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    _stopped_before_round(1, KeyboardInterrupt("terminated by signal 15"), monkeypatch)
+    with pytest.raises(runner.RunInterrupted) as caught:
+        driftlab.run(None, out, overrides=TINY)
+    assert str(caught.value) == (
+        f"terminated by signal 15: no round was completed, so {out} holds no checkpoint, only the run's config.json; "
+        f"start it again with `driftlab run {out}/config.json --out {out} --resume`"
+    )
+    with pytest.raises(runner.RunInterrupted, match=r"^terminated by signal 15: nothing was saved: the run has no output directory \(--out\)$"):
+        driftlab.run(None, overrides=TINY)
+
+
+def test_an_interrupt_before_the_run_starts_does_not_claim_a_checkpoint(tmp_path, monkeypatch, capsys):
+    from driftlab.cli import main
+    from driftlab.experiments import config as config_module
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt  # as Ctrl-C while a plugin is imported
+
+    monkeypatch.setattr(config_module, "load_config", interrupted)
+    assert main(["run", "synthetic-fedavg", "--out", str(tmp_path / "run")]) == 130
+    assert capsys.readouterr().err == "driftlab: interrupted before the run started; nothing was saved\n"
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_failure_while_stopping_never_leaves_run_json_running_nor_hides_the_error(tmp_path, monkeypatch):
+    def unsavable(out, config, state):
+        raise TypeError("a list is no tensor")  # as a client state no checkpoint can hold
+
+    monkeypatch.setattr(runner, "write_checkpoint", unsavable)
+    note = "While stopping, writing the checkpoint of round 2 failed (TypeError: a list is no tensor)"
+    out = tmp_path / "failed"
+    _stopped_before_round(3, RuntimeError("boom"), monkeypatch)
+    with pytest.raises(RuntimeError) as caught:
+        driftlab.run(None, out, overrides=[*TINY, "checkpoint_every=100"])
+    assert caught.value.args == ("boom",) and caught.value.__notes__ == [note]  # the original error, with a note
+    info = run_directory.read_run_info(out)
+    assert (info["status"], info["rounds_done"], info["message"]) == ("failed", 2, f"boom. {note}")
+
+    out = tmp_path / "interrupted"
+    _stopped_before_round(3, KeyboardInterrupt(), monkeypatch)
+    with pytest.raises(runner.RunInterrupted) as caught:
+        driftlab.run(None, out, overrides=[*TINY, "checkpoint_every=100"])
+    assert str(caught.value) == (
+        f"no checkpoint could be written for rounds 1-2, so {out} holds no checkpoint, only the run's config.json; "
+        f"start it again with `driftlab run {out}/config.json --out {out} --resume`. {note}"
+    )
+    info = run_directory.read_run_info(out)
+    assert (info["status"], info["rounds_done"], info["message"]) == ("interrupted", 2, str(caught.value))
+
+
+def test_a_divergence_message_says_which_checkpoint_was_kept_when_the_last_could_not_be_written(tmp_path):
+    error = FloatingPointError("the run diverged in round 5: model_norm is 1e+09")
+    assert str(runner._divergence_error(error, tmp_path, 4, 2)) == (
+        f"the run diverged in round 5: model_norm is 1e+09. The checkpoint of round 2 is kept in {tmp_path / 'checkpoint.safetensors'} "
+        f"(round 4's could not be written); {tmp_path / 'metrics.jsonl'} and metrics.csv hold rounds 1-4"
+    )
+    assert str(runner._divergence_error(error, tmp_path, 4, 0)).endswith(
+        f"No checkpoint exists (round 4's could not be written); {tmp_path / 'metrics.jsonl'} and metrics.csv hold rounds 1-4"
+    )
+
+
+def test_a_run_refused_for_a_wrong_data_path_leaves_nothing_in_its_output_directory(tmp_path, capsys):
+    from driftlab.cli import main
+
+    wrong = ["run", "mnist-fedavg", f"data.root={tmp_path / 'absent'}", "--quiet", "--out"]
+    assert main([*wrong, str(tmp_path / "new" / "run")]) == 2
+    assert "data.root" in capsys.readouterr().err and not (tmp_path / "new").exists()  # the folders it created are gone
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main([*wrong, str(empty)]) == 2 and list(empty.iterdir()) == []
+    # A folder an earlier run started in (its config.json, no round yet) is not the refused run's to empty.
+    earlier = tmp_path / "earlier"
+    run_directory.claim_run_directory(earlier, driftlab.load_config(None), resume=False).close()
+    assert main([*wrong, str(earlier)]) == 2 and (earlier / "config.json").exists()
+    # The library keeps the config.json: a sweep resumes its failed runs from it.
+    with pytest.raises(DataFileError):
+        driftlab.run("mnist-fedavg", tmp_path / "library", overrides=[f"data.root={tmp_path / 'absent'}"])
+    assert (tmp_path / "library" / "config.json").exists()

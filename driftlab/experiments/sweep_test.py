@@ -194,6 +194,77 @@ def test_a_bad_key_in_any_run_fails_the_plan_and_names_the_run():
         plan(tiny_spec(axes=[{"name": "mu", "values": values}]))
 
 
+def _method_spec(**changes) -> SweepSpec:
+    methods = [
+        {"label": "FedAvg", "set": ["algorithm.name=fedavg"]},
+        {"label": "FedProx", "set": ["algorithm.name=fedprox", "algorithm.mu=0.01"]},
+        {"label": "SCAFFOLD", "set": ["algorithm.name=scaffold"]},
+    ]
+    return tiny_spec(seeds=[0], axes=[{"name": "method", "role": "method", "values": methods}], **changes)
+
+
+def test_a_scoped_override_sets_a_key_for_the_runs_of_one_label_only():
+    runs = plan(_method_spec(), extra_overrides=["FedProx:algorithm.mu=0.5", "rounds=2"])
+    assert [r.config.rounds for r in runs] == [2, 2, 2]
+    assert [r.overrides[-4:] for r in runs] == [
+        ("rounds=3", "algorithm.name=fedavg", "rounds=2", "seed=0"),
+        ("algorithm.mu=0.01", "algorithm.mu=0.5", "rounds=2", "seed=0"),
+        ("rounds=3", "algorithm.name=scaffold", "rounds=2", "seed=0"),
+    ]
+    assert runs[1].config.algorithm.mu == 0.5
+    # in the sweep file's own overrides too, and a label holding "=" (a --grid's) scopes as well
+    runs = plan(_method_spec(overrides=[*TINY, "rounds=3", "FedProx:algorithm.mu=0.25"]))
+    assert runs[1].config.algorithm.mu == 0.01  # the axis value's `set` comes after the sweep's overrides
+    grid = sweep_from_config("synthetic-fedprox", ["algorithm.name=fedavg,fedprox"], [0], name="g")
+    runs = plan(grid, extra_overrides=[*TINY, "rounds=2", "name=fedprox:algorithm.mu=0.3"])
+    assert [getattr(r.config.algorithm, "mu", None) for r in runs] == [None, 0.3]
+
+
+def test_a_sweep_wide_key_of_one_method_names_its_owners_and_the_scoped_form(built_in_algorithms_only):
+    with pytest.raises(ConfigError) as raised:
+        plan(_method_spec(), extra_overrides=["algorithm.mu=0.5"])
+    message = str(raised.value)
+    assert "run FedAvg (seed 0)" in message and "mu is a key of 'fedprox', 'adabest', not of 'fedavg'" in message
+    assert (
+        "'algorithm.mu=0.5' is set for every run of the sweep, but algorithm.mu is a key of fedprox, adabest only, which the runs of "
+        "'FedProx' use; set it for those runs alone with a scoped override: 'FedProx:algorithm.mu=0.5'"
+    ) in message
+
+
+def test_a_scope_that_is_no_label_is_refused_with_the_labels():
+    with pytest.raises(ConfigError) as raised:
+        plan(_method_spec(), extra_overrides=["Fedprox:algorithm.mu=0.5"])
+    assert str(raised.value) == (
+        "override 'Fedprox:algorithm.mu=0.5': 'Fedprox' is not the label of a value of the sweep's axes, so it cannot scope the "
+        "override (did you mean 'FedProx'?); labels: 'FedAvg', 'FedProx', 'SCAFFOLD'"
+    )
+    from driftlab.experiments.sweep import scoped_override
+
+    # a colon inside a value is no scope
+
+    assert scoped_override("data.loader=my_module:load", ["FedAvg"]) == (None, "data.loader=my_module:load")
+    assert scoped_override("FedAvg: client.lr = 0.1", ["FedAvg"]) == ("FedAvg", " client.lr = 0.1")
+
+
+def test_a_dotted_key_bomb_or_a_deep_grid_is_refused_in_little_memory(tmp_path):
+    import tracemalloc
+
+    bomb = tmp_path / "bomb.toml"
+    bomb.write_text("base = \"synthetic-fedavg\"\n" + "x." * 50_000 + "x = 1\n")  # tomllib took 7.8 GB on this
+    tracemalloc.start()
+    try:
+        with pytest.raises(ConfigError, match=r"bomb.toml: line 2: a dotted key nested more than 32 levels deep"):
+            load_sweep(bomb)
+        with pytest.raises(ConfigError, match=r"line 1 is nested too deeply .*at most 32 levels"):
+            sweep_from_config("synthetic-fedavg", ["client.lr=" + "[" * 50_000 + "]" * 50_000], [0], name="deep")
+        with pytest.raises(ConfigError, match=r"nested too deeply"):
+            sweep_from_config("synthetic-fedavg", ["client.lr=0.1,{a=" + "[" * 50_000 + "]" * 50_000 + "}"], [0], name="deep")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 5_000_000  # the texts themselves are 100 kB each
+
+
 @pytest.mark.parametrize(
     "changes, message",
     [
@@ -308,7 +379,7 @@ def test_sweep_runs_in_parallel_skips_finished_runs_and_extends_rounds_exactly(t
     again = run_sweep(spec, tmp_path / "s", jobs=2, log=logged.append)
     assert [o.status for o in again] == ["complete"] * 4 and "4 already finished, 0 to run" in logged[0]
 
-    # more rounds: every run resumes from its checkpoint and matches a run made in one go
+    # more rounds: every run resumes (from round 0: a completed run keeps no checkpoint by default) and matches a run made in one go
     logged.clear()
     run_sweep(spec, tmp_path / "s", jobs=1, extra_overrides=["rounds=5"], log=logged.append)
     assert sum("(resuming)" in line for line in logged) == 4

@@ -14,7 +14,7 @@ it is all that changes when Flower's API does (it is written for flwr 1.41).
     ``resume = true`` continues it from its checkpoint; the timeouts of
     ``deployment.Timeouts`` are the run config's ``register-timeout``,
     ``train-timeout``, ``commit-timeout`` and ``first-registration-timeout``
-    (seconds).
+    (seconds); ``reply-bound`` is ``DeploymentServer.reply_bound`` (0: off).
 ``client_app(config, load)``
     the ClientApp: the bytes of each request go to the node's
     ``DeploymentClient`` and its reply bytes go back; an error becomes a
@@ -32,6 +32,7 @@ it is all that changes when Flower's API does (it is written for flwr 1.41).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import threading
 import time
@@ -160,6 +161,7 @@ def server_app(
     timeouts: deployment.Timeouts | None = None,
     data: Any = None,
     log: Callable[[str], None] | None = None,
+    reply_bound: float | None = deployment.DEFAULT_REPLY_BOUND,
 ) -> ServerApp:
     """The ServerApp running ``config`` (an ExperimentConfig, a config file, a preset name or a table; module docstring).
 
@@ -184,11 +186,25 @@ def server_app(
             data=data,
             timeouts=_timeouts(run_config, timeouts),
             log=log or _print_line,
+            reply_bound=_reply_bound(run_config, reply_bound),
         )
         result = server.run()
-        _print_line(f"run complete: {len(result.records)} rounds in {directory}")
+        (log or _print_line)(f"run complete: {len(result.records)} rounds in {directory}")
 
     return app
+
+
+def _reply_bound(run_config: Mapping[str, Any], default: float | None) -> float | None:
+    """The run config's ``reply-bound`` (0: no bound), else ``default``."""
+    if "reply-bound" not in run_config:
+        return default
+    value = run_config["reply-bound"]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (value == 0 or 1 <= value < float("inf")):
+        raise ConfigError(
+            f"run config reply-bound = {value!r}: give a factor of at least 1 over the round's median reply (default "
+            f"{deployment.DEFAULT_REPLY_BOUND:g}), or 0 for no bound"
+        )
+    return float(value) if value else None
 
 
 def _flag(run_config: Mapping[str, Any], key: str, default: bool) -> bool:
@@ -294,6 +310,14 @@ def _experiment_config(config: Any) -> Any:
 # ---------------------------------------------------------------- the simulation engine
 
 
+class _WithoutRunSimulationDeprecation(logging.Filter):
+    """Drops Flower's (ANSI-coloured) notice that ``run_simulation`` is deprecated: it is the only in-process
+    simulation engine Flower offers, and a user of ``simulate`` has nothing to change."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (str(record.msg).lstrip().startswith("DEPRECATED FEATURE") and "run_simulation" in str(record.args))
+
+
 def simulate(
     config: Any,
     out_dir: str | Path,
@@ -311,12 +335,17 @@ def simulate(
     from flwr.simulation import run_simulation
 
     experiment = _experiment_config(config)
-    run_simulation(
-        server_app=server_app(experiment, out_dir=out_dir, timeouts=timeouts, log=log),
-        client_app=client_app(experiment, state_dir=state_dir),
-        num_supernodes=int(num_nodes),
-        backend_config={
-            "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-            "init_args": {"num_cpus": max(1, min(int(num_nodes), os.cpu_count() or 1)), "include_dashboard": False},
-        },
-    )
+    quiet = _WithoutRunSimulationDeprecation()
+    logging.getLogger("flwr").addFilter(quiet)
+    try:
+        run_simulation(
+            server_app=server_app(experiment, out_dir=out_dir, timeouts=timeouts, log=log),
+            client_app=client_app(experiment, state_dir=state_dir),
+            num_supernodes=int(num_nodes),
+            backend_config={
+                "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+                "init_args": {"num_cpus": max(1, min(int(num_nodes), os.cpu_count() or 1)), "include_dashboard": False},
+            },
+        )
+    finally:
+        logging.getLogger("flwr").removeFilter(quiet)

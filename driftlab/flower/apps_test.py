@@ -310,6 +310,18 @@ def test_run_config_sets_the_timeouts_and_refuses_what_is_not_seconds():
     assert (timeouts.train, timeouts.register, timeouts.commit) == (12.0, 3.5, deployment.Timeouts().commit)
     with pytest.raises(ConfigError, match="run config commit-timeout = 'soon': give a positive number of seconds"):
         apps._timeouts({"commit-timeout": "soon"}, None)
+
+
+def test_run_config_sets_the_reply_bound_zero_turns_it_off_and_nonsense_is_refused():
+    from driftlab.errors import ConfigError
+    from driftlab.flower import apps
+
+    assert apps._reply_bound({}, 100.0) == 100.0
+    assert apps._reply_bound({"reply-bound": 20}, 100.0) == 20.0
+    assert apps._reply_bound({"reply-bound": 0}, 100.0) is None
+    for value in (0.5, -3, "big", True, float("inf")):
+        with pytest.raises(ConfigError, match=r"run config reply-bound = .*: give a factor of at least 1 over the round's median reply \(default 1000\), or 0 for no bound"):
+            apps._reply_bound({"reply-bound": value}, 100.0)
     with pytest.raises(ConfigError, match="run config resume = 'yes': give true or false"):
         apps._flag({"resume": "yes"}, "resume", False)
 
@@ -403,3 +415,30 @@ def test_importing_the_apps_without_flower_says_how_to_install_it(tmp_path):
     result = subprocess.run([sys.executable, "-c", command], capture_output=True, text=True, timeout=120, env=environment)
     assert result.returncode == 2
     assert result.stderr.strip() == 'driftlab: error: `driftlab flower` needs Flower, an optional extra of driftlab: pip install "driftlab[flower]"'
+
+
+def test_the_simulation_hides_only_flowers_run_simulation_deprecation_notice():
+    pytest.importorskip("flwr")
+    import logging
+
+    from flwr.common.logger import warn_deprecated_feature
+
+    from driftlab.flower.apps import _WithoutRunSimulationDeprecation
+
+    records = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append(record.getMessage())
+
+    logger = logging.getLogger("flwr")
+    handler, quiet = Keep(), _WithoutRunSimulationDeprecation()
+    logger.addHandler(handler)
+    logger.addFilter(quiet)
+    try:
+        warn_deprecated_feature("The `run_simulation` function is deprecated and will be removed in a future version of Flower.")
+        warn_deprecated_feature("Passing `enable_tf_gpu_growth=True` is deprecated.")
+    finally:
+        logger.removeFilter(quiet)
+        logger.removeHandler(handler)
+    assert len(records) == 1 and "enable_tf_gpu_growth" in records[0]

@@ -26,12 +26,64 @@ A reply that is missing, late, an error, or rejected by ``wire.decode``
 compressed message whose claimed bits are not what arrived) makes its
 client inactive this round, with the reason logged; the run goes on.
 
-Registration.  A client's sample count is frozen at its first registration
-(a count outside 1..2**40 is refused) and saved, so nodes cannot change the
-sampling weights later; a client stays with the node hosting it while that
-node is connected and still claims it (another node's claim is logged and
-ignored).  Why a node failed to register is logged, and named in the error
-when clients never register.
+What the server planned, a reply cannot change.  The server computes the
+message the client would send had its model not moved (``planned_message``:
+the algorithm's own ``client_finish`` on the round's context and the reply's
+local steps) and refuses a reply whose scalars differ from it: the sample
+count n_k (the registered one), the multiplicity (the sampling's), an
+incomplete client's completed fraction.  The local steps must be the steps
+asked for (1 to those with the γ-inexact solver, the only early stop).  So
+the aggregation weights the algorithms read from a message (FedAvg's
+``client_weight(num_samples, multiplicity)``) are the server's own.
+
+Every reply is bounded before it is folded.  All replies of a round arrive
+before any is aggregated, so each tensor of each reply is measured first:
+its distance from the same tensor of ``planned_message`` (for a final model,
+‖θ_k − θ^{t−1}‖; a compressed model is measured after it is rebuilt, so
+ternary scales are bounded too), and a reply farther than ``reply_bound``
+(default 1000; the Flower run config's ``reply-bound``, 0 for none) times
+that tensor's scale is refused (``out_of_bounds``): its client is inactive
+this round, as for a malformed reply.  A tensor's scale is the largest lower
+median of its distances in the run's rounds so far, this one included (kept
+in ROUNDS_FILE).  The run ends as diverged only when the aggregate is
+(``finish_round``'s checks).  The median is robust while honest replies are
+more than half of a round's; a tensor whose scale is 0 is not bounded.  An
+honest client whose update is 1000 times that scale would be dropped too:
+raise ``reply-bound`` for such runs.
+
+The node trusts its own config, not the server: a request whose round
+settings (learning rate, precision, batch size, clipping, seed, ...),
+planned steps, available steps (1..planned), multiplicity or client count
+differ from what the node's config gives is refused with both values
+(``RequestRefused``; the server logs it and the client is inactive).
+
+Registration and who holds a client.  A node registers with each client's
+sample count and a registration token, a 16-byte secret the node makes for
+the client in its state directory the first time (``node_state
+.registration_token``), written before it is ever sent.  The server pins
+the count (a count outside 1..2**40 is refused) and the token's SHA-256 at
+the client's first registration and keeps both in ROUNDS_FILE (the digest
+only, so a results folder proves nothing); from then on the client goes
+only to a node that sends the same token (the node hosting it stays its
+host while it still claims it), so a node cannot take over a client another
+node registered, before or after restarts of either side.  A node
+restarted on the same state directory keeps its clients.  What tokens
+cannot prevent (trust on first use): the server cannot know who really
+holds a client's data, so on a fresh start a node that claims a client
+before its real host registers gets it (and the real host's claim is
+refused for the run); a client claimed by two nodes in the same first
+registration goes to neither (logged as an error; the start fails naming
+both if it stays contested), so a hostile node present at the start can
+delay it but takes nothing claimed at the same time.  Binding clients to
+machines needs authenticated nodes (Flower's SuperNode authentication,
+``flower-superlink --enable-supernode-auth``) and TLS.  Why a node failed to
+register is logged, and named in the error when clients never register.
+
+Integrity on the wire.  ``wire.decode`` checks structure, shapes, dtypes
+and finiteness, not authenticity: a flipped bit inside a tensor's bytes
+decodes as another valid value (the bounds above catch only large changes),
+and tokens travel in the clear.  Integrity and secrecy depend on the
+transport: run Flower with TLS (never ``--insecure`` off one machine).
 
 Runs.  A fresh start makes a run id (``uuid4().hex``); envelopes and node
 states are tied to ``<config fingerprint>/<run id>`` (``run_fingerprint``), and
@@ -71,8 +123,10 @@ own ``FlatModel`` where a node has no copy of it).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
+import math
 import re
 import time
 import uuid
@@ -86,6 +140,7 @@ from safetensors.torch import save_file
 
 from driftlab.algorithms import registry
 from driftlab.compress.error_feedback import CompressedPayload
+from driftlab.compress.ternary import TernaryVector
 from driftlab.compress.ternary import compress_model
 from driftlab.data.federated import FederatedDataset
 from driftlab.errors import ConfigError
@@ -94,14 +149,14 @@ from driftlab.experiments.assembly import build_algorithm, build_model, configur
 from driftlab.experiments.config import ExperimentConfig, load_config
 from driftlab.experiments.runner import RunResult, evaluates_after, prepare_output, start_run_info, write_checkpoint
 from driftlab.flower import wire
-from driftlab.flower.node_state import NodeClientState
+from driftlab.flower.node_state import TOKEN_BYTES, NodeClientState, registration_token
 from driftlab.metrics.communication import BITS_PER_ENTRY, payload_bits
 from driftlab.metrics.summary import summarize
 from driftlab.optim.schedules import value_at
 from driftlab.simulation.augmentation import flip_crop_from_keys
 from driftlab.simulation.checkpoint import write_atomically
 from driftlab.simulation.client import ClientData, ClientSettings, run_client
-from driftlab.simulation.engine import SimulationState, finish_round, plan_round
+from driftlab.simulation.engine import RoundPlan, SimulationState, finish_round, plan_round
 from driftlab.simulation.flat import FlatModel
 from driftlab.simulation.local_training import LocalSettings, TrainingData
 from driftlab.simulation.precision import parameter_dtype
@@ -113,6 +168,7 @@ ROUNDS_FILE = "deployment_rounds.json"  # per round, the clients whose replies t
 NODE = -1  # the client id in the envelope of a node's own messages (registration)
 _SLACK_BYTES = 1 << 16  # a message may exceed twice its template's size by this much (headers, scalars)
 _RUN_ID = re.compile(r"[0-9a-f]{32}")  # uuid4().hex, made by the server on a fresh start, kept by a resume
+_DIGEST = re.compile(r"[0-9a-f]{64}")  # a registration token's SHA-256, as ROUNDS_FILE keeps it
 MAX_NUM_SAMPLES = 1 << 40  # a registered count above this is refused (a node's claim, not a data set)
 
 
@@ -133,9 +189,10 @@ class RegistrationQuery:
 
 @dataclass(frozen=True)
 class Registration:
-    """Node -> server: the node's clients and their training examples."""
+    """Node -> server: the node's clients, their training examples and the tokens that prove the node holds them."""
 
     num_samples: torch.Tensor  # int64 [num_clients]: client k's training examples on this node, -1 where it hosts no client k
+    tokens: torch.Tensor  # uint8 [num_clients, TOKEN_BYTES]: client k's registration token (node_state.registration_token); 0 elsewhere
 
 
 @dataclass(frozen=True)
@@ -304,6 +361,98 @@ def reply_template(algorithm: Algorithm, view: Any, context: ClientContext) -> T
     return TrainReply(_wire_form(message), 0)
 
 
+def planned_message(algorithm: Algorithm, view: Any, context: ClientContext, steps_done: int, moved: bool = False) -> Any:
+    """The message ``context``'s client sends after ``steps_done`` local steps that left its model where it started.
+
+    Its scalars are what the server planned (``num_samples``, ``multiplicity``,
+    an incomplete client's completed fraction); its tensors are where a
+    client's message stands when it did not move, what a reply's distance is
+    measured from (``out_of_bounds``).  ``moved``: after a made-up move instead
+    (``reply_template``'s), for an algorithm that cannot finish a client that did not move.
+    """
+    params = view.params
+    state = algorithm.client_state_init(params) if algorithm.client_state_init is not None else None
+    final = params + torch.linspace(-1.0, 1.0, params.numel(), dtype=params.dtype, device=params.device) if moved else params
+    _, message = algorithm.client_finish(view, state, context, ClientUpdate(params, final, steps_done, _ZeroFisher()))
+    return message
+
+
+def _check_planned(received: Any, planned: Any, path: str, distances: dict[str, float]) -> None:
+    """MessageRejected where a scalar of ``received`` is not ``planned``'s; each tensor's distance from ``planned``'s into ``distances``.
+
+    A compressed message's ``bits`` (checked against the server's own count)
+    and its ``TernaryVector`` (data; the field rebuilt from it is measured) are
+    not compared.
+    """
+    if isinstance(planned, TernaryVector):
+        return
+    if planned is None or received is None:
+        if planned is not received:
+            raise wire.MessageRejected(f"{path} is {'empty' if received is None else 'sent'}, the server planned it {'empty' if planned is None else 'sent'}")
+        return
+    if isinstance(planned, torch.Tensor):
+        if received.is_floating_point() and not bool(torch.isfinite(received).all()):
+            raise wire.MessageRejected(f"{path}: non-finite values once rebuilt")
+        if planned.is_floating_point() and bool(torch.isfinite(planned).all()):  # else no reference to measure from
+            distance = float(torch.linalg.vector_norm(received.double() - planned.double()))
+            distances[path] = distance if math.isfinite(distance) else math.inf
+        return
+    if isinstance(planned, tuple):
+        for index, (item, planned_item) in enumerate(zip(received, planned)):
+            _check_planned(item, planned_item, f"{path}/{index}", distances)
+        return
+    if dataclasses.is_dataclass(planned):
+        for name in (field.name for field in dataclasses.fields(planned)):
+            if not (isinstance(planned, CompressedPayload) and name == "bits"):
+                _check_planned(getattr(received, name), getattr(planned, name), f"{path}/{name}", distances)
+        return
+    if type(received) is not type(planned) or received != planned:
+        raise wire.MessageRejected(f"{path} is {_shown(received)}, the server planned {planned!r} (its registration and its plan decide it)")
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:20]}...{text[-10:]} ({len(text)} characters)"
+
+
+# Far above how much honest replies of a round differ, far below finite garbage (parameters x1e6, ternary scales 1e30).
+DEFAULT_REPLY_BOUND = 1000.0
+
+
+def out_of_bounds(
+    distances: dict[int, dict[str, float]], factor: float | None, scales: dict[str, float] | None = None
+) -> tuple[dict[int, str], dict[str, float]]:
+    """The clients whose reply is out of the round's bounds, with the reason, and the tensors' scales after this round.
+
+    A reply is out of bounds when one of its tensors is farther from where a client that did not move would send it
+    (``planned_message``) than ``factor`` times the tensor's scale: the largest lower median of that tensor's distances
+    in any round so far, this one included (``scales`` holds those of the earlier rounds).  The median is robust while
+    honest replies are more than half of a round's; the lower one, so that one reply of two cannot set its own bound;
+    the largest so far, so that a client reporting a state's change for the first time (EFL's u_k, v_k, whole) is
+    measured against the rounds when most clients did.  A tensor whose scale is 0 is not bounded, nor is any when
+    ``factor`` is None.
+    """
+    scales = dict(scales or {})
+    rejected: dict[int, str] = {}
+    paths = sorted({path for by_path in distances.values() for path in by_path})
+    for path in paths:
+        values = sorted(by_path[path] for by_path in distances.values() if path in by_path)
+        median = values[(len(values) - 1) // 2]
+        if math.isfinite(median):
+            scales[path] = max(scales.get(path, 0.0), median)
+        scale = scales.get(path, 0.0)
+        if factor is None or not scale > 0:
+            continue
+        for client_id, by_path in distances.items():
+            distance = by_path.get(path)
+            if distance is not None and distance > factor * scale and client_id not in rejected:
+                rejected[client_id] = (
+                    f"out of bounds: {path} is {distance:.3g} from where a client that did not move sends it, more than "
+                    f"{factor:g} x its scale {scale:.3g} (the largest median of the run's rounds; reply bound)"
+                )
+    return rejected, scales
+
+
 def _size_limit(template: Any) -> int:
     return 2 * len(wire.encode(template, run_fingerprint="", round=0, client_id=0)) + _SLACK_BYTES
 
@@ -381,6 +530,17 @@ class DeploymentClient:
         self._data: dict[int, ClientData] = {}
         self._states: dict[tuple[str, int], NodeClientState] = {}
         self._view = self.algorithm.broadcast(self.algorithm.server_init(self.initial_params))
+        # Only planned_steps is used: the local work this node's config plans (the server's requests are checked against it).
+        self._plan = RoundPlan(
+            seed=config.seed,
+            participation=config.sampling.participation,
+            sampling=config.sampling.mode,
+            batch_size=config.client.batch_size,
+            client_lr=config.client.lr,
+            server_lr=config.server.lr,
+            local_epochs=config.client.local_epochs,
+            steps=config.client.steps,
+        )
         self.max_request_bytes = _size_limit(TrainRequest(self._view, _context_template(0, 1, config), round_settings(config, 1), 0))
 
     # ------------------------------------------------------------------ requests
@@ -421,9 +581,11 @@ class DeploymentClient:
     def _register(self, request: bytes, round_index: int, client_id: Any) -> bytes:
         self._decode(request, RegistrationQuery(0), round_index, NODE)
         counts = torch.full((self.config.data.num_clients,), -1, dtype=torch.int64)
+        tokens = torch.zeros((self.config.data.num_clients, TOKEN_BYTES), dtype=torch.uint8)
         for hosted in self.client_ids:
             counts[hosted] = self._client_data(hosted).num_samples
-        return wire.encode(Registration(counts), run_fingerprint=self.run_fingerprint, round=round_index, client_id=NODE)
+            tokens[hosted] = torch.frombuffer(bytearray(registration_token(self.state_dir / str(self.run_id), hosted)), dtype=torch.uint8)
+        return wire.encode(Registration(counts, tokens), run_fingerprint=self.run_fingerprint, round=round_index, client_id=NODE)
 
     def _train(self, request: bytes, round_index: int, client_id: Any) -> bytes:
         client_id = self._hosted(client_id)
@@ -434,6 +596,7 @@ class DeploymentClient:
         data = self._client_data(client_id)
         if asked.context.num_samples != data.num_samples:
             raise RequestRefused(f"the server counts {asked.context.num_samples} examples for client {client_id}, the node holds {data.num_samples}")
+        self._check_asked(asked, round_index, data.num_samples)
         node_state = self._state(client_id)
         state = None
         if node_state is not None:
@@ -451,6 +614,39 @@ class DeploymentClient:
         if node_state is not None:
             node_state.stage(round_index, new_state)
         return wire.encode(TrainReply(_wire_form(message), steps_done), run_fingerprint=self.run_fingerprint, round=round_index, client_id=client_id)
+
+    def _check_asked(self, asked: TrainRequest, round_index: int, num_samples: int) -> None:
+        """RequestRefused for work this node's config does not give: the node trains only what its own config plans.
+
+        A server (or whoever speaks for it) asking for 10**9 steps, an unknown
+        precision or another learning rate would otherwise make the node
+        allocate, compute or train whatever it is told.
+        """
+        settings = round_settings(self.config, round_index)
+        if asked.settings != settings:
+            raise RequestRefused(
+                f"the server asks for the round settings {asked.settings}, this node's config gives {settings} "
+                "(same config on server and node?)"
+            )
+        context = asked.context
+        lr = value_at(self.config.client.lr, round_index)
+        if context.client_lr != lr:
+            raise RequestRefused(f"the server asks for client learning rate {context.client_lr!r} in round {round_index}, this node's config gives {lr!r}")
+        planned = self._plan.planned_steps(num_samples, round_index)
+        if context.planned_steps != planned:
+            raise RequestRefused(
+                f"the server plans {context.planned_steps} local steps for client {context.client_id} in round {round_index}, "
+                f"this node's config plans {planned}"
+            )
+        if context.available_steps is not None and not 1 <= context.available_steps <= planned:
+            raise RequestRefused(f"the server makes {context.available_steps} local steps available, the plan is 1..{planned}")
+        clients = self.config.data.num_clients
+        if not 1 <= context.multiplicity <= clients or not 1 <= context.num_registered <= clients:
+            raise RequestRefused(
+                f"multiplicity {context.multiplicity} and {context.num_registered} registered clients: this run has {clients} clients"
+            )
+        if not (math.isfinite(context.mean_num_samples) and 0 < context.mean_num_samples <= MAX_NUM_SAMPLES):
+            raise RequestRefused(f"mean number of examples {context.mean_num_samples!r}: expected a count in (0, {MAX_NUM_SAMPLES}]")
 
     def _settle(self, node_state: NodeClientState, aggregated_round: int) -> int:
         """Commit the staged state the server aggregated, drop any other; the committed round, checked against the server's."""
@@ -565,6 +761,7 @@ class DeploymentServer:
     timeouts: Timeouts = Timeouts()
     log: Callable[[str], None] | None = None
     max_reply_bytes: int | None = None  # None: twice the size of the algorithm's message, plus 64 KiB
+    reply_bound: float | None = DEFAULT_REPLY_BOUND  # out_of_bounds's factor over the round's median; None: no bound
     rejections: list[Rejection] = field(default_factory=list)
     server_state: Any = None  # the algorithm's server state after the last round run (None before)
 
@@ -590,13 +787,15 @@ class DeploymentServer:
         self._hosts: dict[int, int] = {}
         self._registered_nodes: list[int] | None = None  # the connected nodes at the last registration
         self._refusals: dict[int, str] = {}  # per node, why its last registration failed
-        self._accepted, self._run_id, self._sizes = self._read_rounds(out, state.round, sim.data.num_clients)
+        self._accepted, self._run_id, self._sizes, self._tokens, self._scales = self._read_rounds(out, state.round, sim.data.num_clients)
+        self._contested: dict[int, list[int]] = {}  # clients claimed by several nodes at their first registration
+        self._out = out
         self._write_accepted(out)  # the run id before any node hears it
         self._upload_model_bits = _upload_model_bits(config, sim)
         info = start_run_info(out, config, sim, state.round, {"deployment": True})
         fingerprint = run_fingerprint(config.fingerprint(), self._run_id)
-        self._await_registration(sim, fingerprint, state.round + 1)
         try:
+            self._await_registration(sim, fingerprint, state.round + 1)  # inside: a start that fails is recorded as failed
             while state.round < config.rounds:
                 state, record = self._round(out, config, sim, state, fingerprint)
                 records.append(record)
@@ -641,14 +840,20 @@ class DeploymentServer:
         replies = self.transport.exchange(requests, self.timeouts.train)
         messages: dict[int, Any] = {}
         steps_done: dict[int, int] = {}
+        distances: dict[int, dict[str, float]] = {}
         for position, context in enumerate(asked):
             try:
-                reply = self._accept(replies.get(position), sim, work, context, fingerprint)
+                reply, distances[context.client_id] = self._accept(replies.get(position), config, sim, work, context, fingerprint)
             except wire.MessageRejected as error:
                 self._reject(t, context.client_id, error.reason)
                 continue
             messages[context.client_id] = reply.message
             steps_done[context.client_id] = reply.steps_done
+        # Every reply of the round has arrived before any is folded, so each is bounded by the round's median first.
+        rejected, self._scales = out_of_bounds({client: distances[client] for client in steps_done}, self.reply_bound, self._scales)
+        for client_id, reason in rejected.items():
+            self._reject(t, client_id, reason)
+            del messages[client_id], steps_done[client_id]
         accepted = [context for context in work.contexts if context.client_id in steps_done]
         if work.contexts and not accepted:
             (self.log or LOGGER.error)(f"round {t}: error: no reply of the {len(work.contexts)} clients asked was accepted; the model stays as it was")
@@ -668,8 +873,11 @@ class DeploymentServer:
             self.transport.exchange(notices, self.timeouts.commit)  # best effort: the next TrainRequest says it again
         return state, record
 
-    def _accept(self, reply: bytes | str | None, sim: Any, work: Any, context: ClientContext, fingerprint: str) -> TrainReply:
-        """The client's reply, decoded and checked, its message as the client built it; MessageRejected with the reason otherwise."""
+    def _accept(
+        self, reply: bytes | str | None, config: ExperimentConfig, sim: Any, work: Any, context: ClientContext, fingerprint: str
+    ) -> tuple[TrainReply, dict[str, float]]:
+        """The client's reply, decoded and checked, its message as the client built it, and how far each of the message's
+        tensors is from a client's that did not move (``planned_message``); MessageRejected with the reason otherwise."""
         if reply is None:
             raise wire.MessageRejected(f"no reply within {self.timeouts.train:g} s (late, lost, or the node is down)")
         if isinstance(reply, str):
@@ -685,8 +893,11 @@ class DeploymentServer:
             except wire.MessageRejected:
                 raise first from None
         bound = context.planned_steps if context.available_steps is None else context.available_steps
-        if not 0 <= decoded.steps_done <= bound:
-            raise wire.MessageRejected(f"reports {decoded.steps_done} local steps, the client was asked for at most {bound}")
+        # Local training stops early only with the γ-inexact solver, and then after at least one step.
+        least = 1 if config.client.inexact_gamma is not None else bound
+        if not least <= decoded.steps_done <= bound:
+            asked = f"exactly {bound}" if least == bound else f"1 to {bound}"
+            raise wire.MessageRejected(f"reports {decoded.steps_done} local steps, the client was asked for {asked}")
         try:
             message = _received(decoded.message, work.view.params)
         except ValueError as error:
@@ -696,7 +907,14 @@ class DeploymentServer:
             expected_bits = payload_bits(message.payload) + self._upload_model_bits
             if type(message.bits) is not int or message.bits != expected_bits:
                 raise wire.MessageRejected(f"the compressed message claims {message.bits!r} bits, what arrived costs {expected_bits}")
-        return TrainReply(message, decoded.steps_done)
+        distances: dict[str, float] | None = {}
+        if message is not None:
+            try:
+                planned = planned_message(sim.algorithm, work.view, context, decoded.steps_done)
+            except Exception:  # noqa: BLE001  (a plugin that cannot finish a client that did not move: scalars only)
+                planned, distances = planned_message(sim.algorithm, work.view, context, decoded.steps_done, moved=True), None
+            _check_planned(message, planned, "message", distances if distances is not None else {})
+        return TrainReply(message, decoded.steps_done), distances or {}
 
     def _reject(self, round_index: int, client_id: int, reason: str) -> None:
         self.rejections.append(Rejection(round_index, client_id, reason))
@@ -716,6 +934,11 @@ class DeploymentServer:
             if time.monotonic() >= deadline:
                 shown = ", ".join(str(client_id) for client_id in missing[:10]) + (", ..." if len(missing) > 10 else "")
                 reasons = "".join(f"; node {node} did not register: {reason}" for node, reason in sorted(self._refusals.items()))
+                reasons += "".join(
+                    f"; client {client_id} is claimed by nodes {', '.join(map(str, nodes))} (one of them does not hold it: stop the "
+                    "node whose client ids are wrong)"
+                    for client_id, nodes in sorted(self._contested.items())[:10]
+                )
                 raise ConfigError(
                     f"{len(missing)} of the run's {len(self._sizes)} clients did not register within {self.timeouts.first_registration:g} s "
                     f"(clients {shown}); start the nodes that host them (each node lists its client ids), or wait longer "
@@ -730,8 +953,8 @@ class DeploymentServer:
         query = wire.encode(RegistrationQuery(round_index), run_fingerprint=fingerprint, round=round_index, client_id=NODE)
         replies = self.transport.exchange([(node, query) for node in nodes], timeout)
         self._refusals = {node: reason for node, reason in self._refusals.items() if node in nodes}
-        template = Registration(torch.zeros(len(self._sizes), dtype=torch.int64))
-        claims: dict[int, dict[int, int]] = {}  # node -> client -> count
+        template = Registration(torch.zeros(len(self._sizes), dtype=torch.int64), torch.zeros((len(self._sizes), TOKEN_BYTES), dtype=torch.uint8))
+        claims: dict[int, list[tuple[int, int, str]]] = {}  # client -> [(node, count, token digest)]
         for position, node in enumerate(nodes):
             reply = replies.get(position)
             if not isinstance(reply, bytes):
@@ -749,32 +972,71 @@ class DeploymentServer:
                 continue
             self._refusals.pop(node, None)
             counts = registration.num_samples.tolist()
-            claims[node] = {}
+            absurd: list[str] = []
             for client_id, count in enumerate(counts):
                 if count < 0:
                     continue
                 if not 1 <= count <= MAX_NUM_SAMPLES:
-                    warn(f"round {round_index}: node {node} claims client {client_id} with {count} examples (1..{MAX_NUM_SAMPLES}); claim ignored")
+                    absurd.append(f"{client_id} with {count}")
                     continue
-                claims[node][client_id] = count
-        # A client stays with the node hosting it while that node is connected and still claims it; else the first claimant.
-        owners = {client_id: host for client_id, host in self._hosts.items() if client_id in claims.get(host, {})}
-        for node, claimed in claims.items():
-            for client_id, count in claimed.items():
-                owner = owners.setdefault(client_id, node)
-                if owner != node:
-                    warn(f"round {round_index}: node {node} also claims client {client_id}; it stays with node {owner}")
-                    continue
-                if self._sizes[client_id] < 0:
-                    self._sizes[client_id] = count  # frozen at the first registration (kept in ROUNDS_FILE)
-                elif count != self._sizes[client_id]:
-                    warn(f"round {round_index}: node {node} reports {count} examples for client {client_id}, registered with "
-                         f"{int(self._sizes[client_id])}; the registered count stands")
+                digest = hashlib.sha256(registration.tokens[client_id].numpy().tobytes()).hexdigest()
+                claims.setdefault(client_id, []).append((node, count, digest))
+            if absurd:
+                warn(f"round {round_index}: node {node} claims clients {_listed(absurd)} examples (1..{MAX_NUM_SAMPLES}); claims ignored")
+        pinned_before = len(self._tokens)
+        owners, refused, contested = self._owners(claims)
+        for node, clients in sorted(refused.items()):
+            warn(f"round {round_index}: node {node} claims clients {_listed(clients)} without their registration tokens; "
+                 "refused (each stays with the node holding its token)")
+        for client_id, (node, count) in owners.items():
+            if self._sizes[client_id] < 0:
+                self._sizes[client_id] = count  # frozen at the first registration (kept in ROUNDS_FILE)
+            elif count != self._sizes[client_id]:
+                warn(f"round {round_index}: node {node} reports {count} examples for client {client_id}, registered with "
+                     f"{int(self._sizes[client_id])}; the registered count stands")
+        self._contested = contested
+        for client_id, claimants in sorted(contested.items()):
+            warn(f"round {round_index}: error: client {client_id} is claimed by nodes {', '.join(map(str, claimants))} at its first "
+                 "registration; it is registered to none of them until only one claims it")
+        owners = {client_id: node for client_id, (node, _) in owners.items()}
         self._hosts = {client_id: owners[client_id] for client_id in sorted(owners)}
         self._registered_nodes = nodes
+        if len(self._tokens) != pinned_before:
+            self._write_accepted(self._out)  # a token is pinned on disk before its client trains
         # The sampling and the clients' contexts use the registered sample counts.
         if (self._sizes >= 0).all():
             sim.client_sizes = self._sizes.copy()
+
+    def _owners(self, claims: dict[int, list[tuple[int, int, str]]]) -> tuple[dict[int, tuple[int, int]], dict[int, list[int]], dict[int, list[int]]]:
+        """Who hosts each claimed client (node, count); the clients each node claimed without their token; contested clients.
+
+        A client with a pinned token goes to a node sending that token (the
+        node hosting it now while it still does); a client without one (its
+        first registration) to its only claimant, whose token is pinned then;
+        claimed by several nodes at once, it is contested and goes to none.
+        """
+        owners: dict[int, tuple[int, int]] = {}
+        refused: dict[int, list[int]] = {}
+        contested: dict[int, list[int]] = {}
+        for client_id, claimants in sorted(claims.items()):
+            pinned = self._tokens.get(client_id)
+            if pinned is None:
+                if len(claimants) > 1:
+                    contested[client_id] = [node for node, _, _ in claimants]
+                    continue
+                node, count, digest = claimants[0]
+                self._tokens[client_id] = digest
+                owners[client_id] = (node, count)
+                continue
+            valid = {node: count for node, count, digest in claimants if digest == pinned}
+            for node, _, digest in claimants:
+                if digest != pinned:
+                    refused.setdefault(node, []).append(client_id)
+            if valid:
+                host = self._hosts.get(client_id)
+                node = host if host in valid else min(valid)
+                owners[client_id] = (node, valid[node])
+        return owners, refused, contested
 
     # ------------------------------------------------------------------ accepted replies, per round
 
@@ -782,11 +1044,14 @@ class DeploymentServer:
         rounds = [round_index for round_index, clients in self._accepted.items() if round_index < before and client_id in clients]
         return max(rounds, default=0)
 
-    def _read_rounds(self, out: Path, up_to_round: int, num_clients: int) -> tuple[dict[int, list[int]], str, np.ndarray]:
-        """ROUNDS_FILE's accepted clients per round, run id and registered sample counts; a fresh start makes a new run id."""
+    def _read_rounds(
+        self, out: Path, up_to_round: int, num_clients: int
+    ) -> tuple[dict[int, list[int]], str, np.ndarray, dict[int, str], dict[str, float]]:
+        """ROUNDS_FILE's accepted clients per round, run id, registered sample counts, pinned token digests (SHA-256)
+        and the reply tensors' scales (``out_of_bounds``); a fresh start makes a new run id."""
         path = out / ROUNDS_FILE
         if up_to_round == 0:
-            return {}, uuid.uuid4().hex, np.full(num_clients, -1, dtype=np.int64)
+            return {}, uuid.uuid4().hex, np.full(num_clients, -1, dtype=np.int64), {}, {}
         if not path.exists():
             raise ConfigError(f"cannot resume the deployment in {out}: {ROUNDS_FILE} is missing, so the nodes' client states cannot be matched")
         try:
@@ -796,15 +1061,34 @@ class DeploymentServer:
             sizes = np.array([int(count) for count in saved["num_samples"]], dtype=np.int64)
             if not _RUN_ID.fullmatch(run_id) or sizes.shape != (num_clients,):
                 raise ValueError(f"run id {run_id!r} and {len(sizes)} sample counts for {num_clients} clients")
+            # A file written before tokens existed has none: its clients' tokens are pinned at their next registration.
+            tokens = {int(client_id): str(digest) for client_id, digest in saved.get("token_sha256", {}).items()}
+            if any(not 0 <= client_id < num_clients or not _DIGEST.fullmatch(digest) for client_id, digest in tokens.items()):
+                raise ValueError("a token digest that is not a client's SHA-256")
+            # Scales as of the last round written: a resume from an older checkpoint goes on from those (a looser bound, never a tighter one).
+            scales = {str(name): float(value) for name, value in saved.get("reply_scales", {}).items()}
+            if any(not (math.isfinite(value) and value >= 0) for value in scales.values()):
+                raise ValueError("a reply scale that is not a finite distance")
         except (ValueError, TypeError, AttributeError, KeyError) as error:
             raise ConfigError(f"{path} is damaged ({error}); it holds the run id, the clients' registered sample counts and the clients whose replies each round aggregated") from None
-        return {round_index: clients for round_index, clients in table.items() if round_index <= up_to_round}, run_id, sizes
+        return {round_index: clients for round_index, clients in table.items() if round_index <= up_to_round}, run_id, sizes, tokens, scales
 
     def _write_accepted(self, out: Path) -> None:
         text = json.dumps(
-            {"run_id": self._run_id, "num_samples": self._sizes.tolist(), "accepted": {str(round_index): clients for round_index, clients in sorted(self._accepted.items())}}
+            {
+                "run_id": self._run_id,
+                "num_samples": self._sizes.tolist(),
+                "token_sha256": {str(client_id): digest for client_id, digest in sorted(self._tokens.items())},  # digests only: the file proves nothing
+                "reply_scales": dict(sorted(self._scales.items())),
+                "accepted": {str(round_index): clients for round_index, clients in sorted(self._accepted.items())},
+            }
         )
         write_atomically(out / ROUNDS_FILE, lambda temporary: temporary.write_text(text))
+
+
+def _listed(items: Sequence[Any], shown: int = 10) -> str:
+    """``items`` joined by commas, the first ``shown`` of them (a node may claim 100,000 clients in one message)."""
+    return ", ".join(str(item) for item in items[:shown]) + (f", ... ({len(items)} in all)" if len(items) > shown else "")
 
 
 def _upload_model_bits(config: ExperimentConfig, sim: Any) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import struct
 from collections import Counter
@@ -255,7 +256,7 @@ def test_a_node_with_another_config_is_named_with_its_reason_when_its_clients_ne
 
 
 def test_a_client_stays_with_its_node_when_another_claims_it_and_absurd_counts_are_refused(tmp_path):
-    """Node 5 connects in round 2 and claims client 0 (hosted by node 10) and clients 1 and 3 with 0 and 2**62 examples."""
+    """Node 5 connects in round 2 and claims client 0 (hosted by node 10, without its token) and clients 1 and 3 with 0 and 2**62 examples."""
     from driftlab.flower.deployment import Registration, RegistrationQuery
 
     config = _config(*ALGORITHMS["scaffold"], rounds=3)
@@ -271,7 +272,8 @@ def test_a_client_stays_with_its_node_when_another_claims_it_and_absurd_counts_a
             raise RuntimeError("not my client")
         counts = torch.full((8,), -1, dtype=torch.int64)
         counts[0], counts[1], counts[3] = sizes[0], 0, 2**62
-        return wire.encode(Registration(counts), run_fingerprint=envelope.run_fingerprint, round=envelope.round, client_id=-1)
+        tokens = torch.full((8, 16), 7, dtype=torch.uint8)
+        return wire.encode(Registration(counts, tokens), run_fingerprint=envelope.run_fingerprint, round=envelope.round, client_id=-1)
 
     transport = InProcessTransport({10 + index: nodes.handler(index) for index in range(3)})
 
@@ -286,10 +288,13 @@ def test_a_client_stays_with_its_node_when_another_claims_it_and_absurd_counts_a
     result = server.run()
     assert not asked_of_5 and not server.rejections
     assert torch.equal(result.final_params, honest.final_params)
-    assert "round 2: node 5 also claims client 0; it stays with node 10" in lines
-    assert f"round 2: node 5 claims client 1 with 0 examples (1..{2**40}); claim ignored" in lines
-    assert f"round 2: node 5 claims client 3 with {2**62} examples (1..{2**40}); claim ignored" in lines
-    assert json.loads((tmp_path / "out" / "deployment_rounds.json").read_text())["num_samples"] == sizes
+    assert "round 2: node 5 claims clients 0 without their registration tokens; refused (each stays with the node holding its token)" in lines
+    assert f"round 2: node 5 claims clients 1 with 0, 3 with {2**62} examples (1..{2**40}); claims ignored" in lines
+    saved = json.loads((tmp_path / "out" / "deployment_rounds.json").read_text())
+    assert saved["num_samples"] == sizes
+    # The server keeps each client's token digest, never the token; the node keeps the token in its state directory.
+    token = (tmp_path / "state" / config.fingerprint() / saved["run_id"] / "client-0.token").read_bytes()
+    assert saved["token_sha256"]["0"] == hashlib.sha256(token).hexdigest() and len(token) == 16
 
 
 # ---------------------------------------------------------------- late replies, restarts (issue test 4)

@@ -50,6 +50,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 from pathlib import Path
 from typing import Any, Callable
 
@@ -224,6 +225,33 @@ class NodeClientState:
         for round, path in self._staged_files():
             if committed is not None and round <= committed:
                 path.unlink(missing_ok=True)
+
+
+TOKEN_BYTES = 16
+
+
+def registration_token(directory: str | Path, client_id: int) -> bytes:
+    """The secret this node proves it holds client ``client_id`` with, in ``directory/client-<id>.token``.
+
+    Made (``secrets.token_bytes``) and written atomically the first time it is
+    asked for, so it is on disk before it is ever sent: the server pins the
+    first token a client registers with and accepts the client later only
+    from a node that sends the same token (``deployment`` module docstring).
+    A file of another length is refused (CheckpointError), never replaced: a
+    new token would lose the client for the run.
+    """
+    path = Path(directory) / f"client-{int(client_id)}.token"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        token = secrets.token_bytes(TOKEN_BYTES)
+        write_atomically(path, lambda temporary: temporary.write_bytes(token))
+    token = path.read_bytes()
+    if len(token) != TOKEN_BYTES:
+        raise CheckpointError(
+            f"{path} holds {len(token)} bytes, a registration token has {TOKEN_BYTES}: it was damaged or replaced; restore it "
+            "from a backup (without it the server does not give this node the client again in this run)"
+        )
+    return token
 
 
 def _fsync_directory(directory: Path) -> None:

@@ -6,7 +6,7 @@ import torch
 
 from driftlab.algorithms import efl, scaffold
 from driftlab.compress.error_feedback import with_compression
-from driftlab.flower.node_state import NodeClientState
+from driftlab.flower.node_state import NodeClientState, registration_token
 from driftlab.optim.server import make_server_optimizer
 from driftlab.simulation.checkpoint import CheckpointError
 
@@ -185,3 +185,14 @@ def test_staged_round_names_the_state_waiting_for_the_server(tmp_path):
     assert _node(tmp_path).staged_round == 3  # a restarted node still knows it
     node.commit(3)
     assert node.staged_round is None and node.committed_round == 3
+
+
+def test_a_registration_token_is_made_once_kept_across_restarts_and_survives_the_state_clean_up(tmp_path):
+    token = registration_token(tmp_path / "run", 4)
+    assert len(token) == 16 and (tmp_path / "run" / "client-4.token").read_bytes() == token
+    _node(tmp_path / "run", client_id=4)  # a restarted node's clean-up keeps the token
+    assert registration_token(tmp_path / "run", 4) == token
+    assert registration_token(tmp_path / "run", 5) != token  # one secret per client
+    (tmp_path / "run" / "client-4.token").write_bytes(b"short")
+    with pytest.raises(CheckpointError, match="client-4.token holds 5 bytes, a registration token has 16: it was damaged or replaced"):
+        registration_token(tmp_path / "run", 4)

@@ -22,7 +22,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from driftlab.errors import ConfigError
 
@@ -88,6 +88,9 @@ first-registration-timeout = 120.0
 register-timeout = 30.0
 train-timeout = 600.0
 commit-timeout = 10.0
+# A reply farther from "did not move" than this multiple of the round's median reply is dropped (its client inactive
+# that round) instead of entering the aggregate; 0: no bound.
+reply-bound = 1000.0
 '''
     apps = f'''"""The Flower apps of this project: driftlab's server and client halves for {CONFIG_NAME} (written by `driftlab flower new`)."""
 
@@ -137,18 +140,23 @@ driftlab report {run_dir} --out report
 
 Node `i` of `n` serves the driftlab clients `i, i+n, i+2n, ...`; `client-ids='0,3,7'` names them instead.
 The run config in `pyproject.toml` (`out-dir`, `resume`, `first-registration-timeout`, `register-timeout`,
-`train-timeout`, `commit-timeout`) can be changed per run: `flwr run . loopback --stream -c 'train-timeout=120'`.
+`train-timeout`, `commit-timeout`, `reply-bound`) can be changed per run: `flwr run . loopback --stream -c 'train-timeout=120'`.
 Each node keeps its clients' states (SCAFFOLD's controls, FedDyn's λ, error-feedback residuals) in `state-dir`.
 `driftlab flower check {source} --rounds 3` compares Flower's simulation engine with the simulator bit for bit.
 
 ## On real devices
 
 - Run `flower-superlink` on a machine the devices reach; it listens on one port (`--port`).
-- Use TLS instead of `--insecure`: the SuperLink gets `--ssl-ca-certfile`, `--ssl-certfile` and `--ssl-keyfile`,
+- Use TLS instead of `--insecure` (driftlab's wire format checks the structure of what arrives, not its integrity:
+  a flipped bit decodes as another valid value; TLS is what protects the bytes): the SuperLink gets `--ssl-ca-certfile`, `--ssl-certfile` and `--ssl-keyfile`,
   each SuperNode `--root-certificates CA.pem`, and the `[superlink.NAME]` entry of `$FLWR_HOME/config.toml`
   `root-certificates = "CA.pem"` instead of `insecure = true`.
 - On each device: `flower-supernode --superlink HOST:PORT --node-config "client-ids='K' state-dir='/var/lib/driftlab'"`,
   and set `load_client_data` in `{PACKAGE}/apps.py` to read the device's own data.
+- Keep each node's `state-dir`: besides the client states it holds each client's registration token, which the
+  server pins at the client's first registration; a node without it cannot get its clients back in that run, and no
+  other node can take them. Add SuperNode authentication (`flower-superlink --enable-supernode-auth`) so that only
+  your devices can register at all.
 - Restarted nodes re-register and continue from their committed states; `flwr run . NAME -c 'resume=true'`
   continues a run whose server stopped.
 '''
@@ -207,11 +215,15 @@ class CheckResult:
         )
 
 
-def check(config: Any, rounds: int, num_nodes: int | None = None, keep: str | Path | None = None) -> CheckResult:
-    """Run ``config`` for ``rounds`` rounds under Flower's simulation engine and under the sequential backend; compare.
+def check(
+    config: Any, rounds: int, num_nodes: int | None = None, keep: str | Path | None = None, overrides: Sequence[str] = ()
+) -> CheckResult:
+    """Run ``config`` (with ``overrides``, ``key=value`` as for ``driftlab run``) for ``rounds`` rounds under Flower's
+    simulation engine and under the sequential backend; compare.
 
     ``num_nodes`` virtual SuperNodes (default: min(4, clients)) serve the clients round-robin.
     ``keep``: a new or empty directory to keep the Flower run's directory in (default: a temporary one, removed).
+    What a deployment cannot run is refused before either run starts (``refusal``).
     """
     import torch
     from safetensors.torch import load_file
@@ -222,17 +234,18 @@ def check(config: Any, rounds: int, num_nodes: int | None = None, keep: str | Pa
 
     if rounds < 1:
         raise ConfigError(f"--rounds {rounds}: give at least 1 round")
+    source = str(config) if not hasattr(config, "to_dict") else "CONFIG"
     base = config.to_dict() if hasattr(config, "to_dict") else config
-    config = load_config(base, [f"rounds={int(rounds)}", 'backend="sequential"'])
+    config = load_config(base, [*overrides, f"rounds={int(rounds)}", 'backend="sequential"'])
     clients = config.data.num_clients
     nodes = num_nodes if num_nodes is not None else min(4, clients)
     if not 1 <= nodes <= clients:
         raise ConfigError(f"--nodes {nodes}: give between 1 and the config's {clients} clients")
     if keep is not None and Path(keep).exists() and (not Path(keep).is_dir() or any(Path(keep).iterdir())):
         raise ConfigError(f"--keep {keep}: give a new or empty directory for the Flower run (nothing is overwritten)")
-    from driftlab.flower.deployment import check_config_deployable
-
-    check_config_deployable(config)  # before either run starts
+    problem = refusal(config, source, overrides)
+    if problem is not None:
+        raise ConfigError(problem)  # before either run starts
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")  # before flwr is imported; the user's own setting wins
     os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
     os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
@@ -242,7 +255,7 @@ def check(config: Any, rounds: int, num_nodes: int | None = None, keep: str | Pa
     work = Path(tempfile.mkdtemp(prefix="driftlab-flower-check-"))
     try:
         out = Path(keep) if keep is not None else work / "flower-run"
-        apps.simulate(config, out, num_nodes=nodes, state_dir=work / "node-state")
+        apps.simulate(config, out, num_nodes=nodes, state_dir=work / "node-state", log=_check_log(keep is None))
         final = out / FINAL_MODEL_FILE
         if not final.exists():
             raise RuntimeError(f"the Flower simulation ended without a final model in {out}; its log above says why")
@@ -255,6 +268,39 @@ def check(config: Any, rounds: int, num_nodes: int | None = None, keep: str | Pa
     difference = 0.0 if equal else float((actual.double() - expected.double()).abs().max()) if same_shape else float("inf")
     return CheckResult(int(rounds), nodes, int(expected.numel()), bool(equal), difference, Path(keep) if keep is not None else None)
 
+
+
+def refusal(config: Any, source: str, overrides: Sequence[str] = ()) -> str | None:
+    """Why a deployment (so ``driftlab flower check``) cannot run ``config``, with the command that fixes it; None: it can.
+
+    The shipped presets that evaluate a mean of client models (``evaluation.model``) are the usual case: the
+    deployment's server never receives client models, so the check runs them with ``evaluation.model=server``.
+    """
+    from driftlab.flower.deployment import check_config_deployable
+
+    if config.evaluation.model != "server":
+        kept = [override for override in overrides if not override.replace(" ", "").startswith("evaluation.model=")]
+        command = " ".join(["driftlab flower check", source, *kept, "evaluation.model=server"])
+        return (
+            f'{source} sets evaluation.model = "{config.evaluation.model}", a mean of client models, which a deployment\'s server '
+            f"never receives (only the algorithm's messages travel); check the deployment with the server's model: {command}"
+        )
+    try:
+        check_config_deployable(config)
+    except ConfigError as error:
+        return str(error)
+    return None
+
+
+def _check_log(temporary: bool) -> Any:
+    """The Flower run's log lines for ``check``: its run directory is not named when it is removed as the check returns."""
+
+    def log(text: str) -> None:
+        if temporary and text.startswith("run complete:"):
+            text = text.split(" in ", 1)[0] + " (in a temporary directory removed when the check ends; --keep DIR keeps it for `driftlab report`)"
+        print(f"driftlab: {text}", flush=True)
+
+    return log
 
 
 # ---------------------------------------------------------------- the command line
@@ -276,7 +322,7 @@ def flower_command(args: Any) -> int:
         print(f"next: the commands in {directory / 'README.md'} (a SuperLink, SuperNodes, then `flwr run {directory} NAME --stream`)")
         return 0
     if args.flower_command == "check":
-        result = check(args.config, args.rounds, num_nodes=args.nodes, keep=args.keep)
+        result = check(args.config, args.rounds, num_nodes=args.nodes, keep=args.keep, overrides=getattr(args, "overrides", None) or ())
         print(result.describe())
         if result.flower_run is not None:
             print(f"the Flower run: {result.flower_run}")

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from driftlab import cli
+from driftlab.experiments.config import load_config
 from driftlab.flower import project
 
 TINY = """\
@@ -110,7 +111,7 @@ def test_new_and_check_refuse_a_config_a_deployment_cannot_run_before_writing_or
 
     monkeypatch.setattr(runner, "run", lambda *args, **kwargs: pytest.fail("flower check ran an undeployable config"))
     assert cli.main(["flower", "check", str(bad), "--rounds", "1", "--keep", str(tmp_path / "kept")]) == 2
-    assert 'set evaluation.model = "server"' in capsys.readouterr().err
+    assert f"the server's model: driftlab flower check {bad} evaluation.model=server" in capsys.readouterr().err
     assert not (tmp_path / "kept").exists()
 
 
@@ -188,6 +189,8 @@ def test_check_runs_the_simulation_engine_and_finds_the_models_equal(tmp_path, t
     assert "after 2 rounds, the final model of Flower's simulation engine (2 nodes)" in out and "equal bit for bit" in out, result.stderr
     assert result.returncode == 0, result.stderr
     assert [json.loads(line)["round"] for line in (keep / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+    assert f"driftlab: run complete: 2 rounds in {keep}" in out  # kept: named; a temporary one is not (_check_log)
+    assert "DEPRECATED FEATURE" not in out + result.stderr and "\x1b[93m" not in out + result.stderr
 
 
 def test_check_refuses_bad_rounds_nodes_and_a_used_keep_directory_before_running(tmp_path, tiny, with_flower, capsys):
@@ -201,3 +204,48 @@ def test_check_refuses_bad_rounds_nodes_and_a_used_keep_directory_before_running
     assert cli.main(["flower", "check", str(tiny), "--keep", str(keep)]) == 2
     assert f"--keep {keep}: give a new or empty directory" in capsys.readouterr().err
     assert (keep / "notes.txt").read_text() == "mine" and len(list(keep.iterdir())) == 1
+
+
+def test_check_takes_overrides_like_run(tmp_path, tiny, with_flower, monkeypatch, capsys):
+    pytest.importorskip("flwr")
+    from safetensors.torch import save_file
+
+    from driftlab.flower import apps
+
+    seen = []
+
+    def simulate_exactly(config, out, *, num_nodes, state_dir, **_):
+        import driftlab
+
+        seen.append((config.client.lr, config.rounds, config.backend))
+        Path(out).mkdir(parents=True)
+        save_file({"params": driftlab.run(config).final_params}, str(Path(out) / "final_model.safetensors"))
+
+    monkeypatch.setattr(apps, "simulate", simulate_exactly)
+    assert cli.main(["flower", "check", str(tiny), "client.lr=0.07", "--rounds", "1", "sampling.participation=1.0"]) == 0
+    assert seen == [(0.07, 1, "sequential")]
+    assert "equal bit for bit" in capsys.readouterr().out
+
+
+def test_check_refuses_a_mean_of_client_models_before_running_with_the_command_that_fixes_it(tiny, with_flower, monkeypatch, capsys):
+    from driftlab.flower import project as flower_project
+
+    monkeypatch.setattr("driftlab.experiments.runner.run", lambda *a, **k: pytest.fail("ran although the config is refused"))
+    assert cli.main(["flower", "check", str(tiny), "evaluation.model=all_clients_mean", "client.lr=0.07"]) == 2
+    error = capsys.readouterr().err
+    assert f'{tiny} sets evaluation.model = "all_clients_mean", a mean of client models, which a deployment\'s server never receives' in error
+    assert f"check the deployment with the server's model: driftlab flower check {tiny} client.lr=0.07 evaluation.model=server" in error
+    assert flower_project.refusal(load_config(str(tiny)), "tiny") is None
+
+
+def test_a_check_without_keep_does_not_name_its_temporary_run_directory(capsys):
+    from driftlab.flower.project import _check_log
+
+    _check_log(temporary=True)("run complete: 2 rounds in /tmp/driftlab-flower-check-x/flower-run")
+    _check_log(temporary=False)("run complete: 2 rounds in kept")
+    _check_log(temporary=True)("round 2: client 1 inactive: no reply")
+    assert capsys.readouterr().out.splitlines() == [
+        "driftlab: run complete: 2 rounds (in a temporary directory removed when the check ends; --keep DIR keeps it for `driftlab report`)",
+        "driftlab: run complete: 2 rounds in kept",
+        "driftlab: round 2: client 1 inactive: no reply",
+    ]

@@ -21,7 +21,12 @@ or ``eval`` is involved.  Everything that does not match raises
 unreadable blob, another run's fingerprint, another client's id, a round
 other than the expected one (an older round is a replay), a missing or
 unexpected field, a wrong dataclass type, tuple length, tensor shape or
-dtype, a scalar of the wrong type, and any NaN or infinity.
+dtype, a scalar of the wrong type, and any NaN or infinity.  It does not
+authenticate: a blob carries no checksum or signature, so a flipped bit
+inside a tensor's bytes decodes as another valid value.  Integrity (and
+secrecy) on the wire depend on the transport: Flower with TLS.  What a
+valid message may say is bounded by the deployment (``deployment``
+module docstring: planned weights, reply bounds, the node's own config).
 
 Compressed uploads travel compressed.  ``TernaryVector`` (defined in
 compress/ternary.py, importable from here) is ST(Δ) as it goes on the wire: per model tensor a scale μ,

@@ -1,6 +1,6 @@
 """Bits on the wire.
 
-benchmarks.md / algorithms.md: uncompressed tensors cost 32 bits per entry,
+docs/update-rules.md: uncompressed tensors cost 32 bits per entry,
 whatever dtype the simulation computes in (an fp64 test run still models fp32
 traffic).  A compressed payload type carries its own exact count in a ``bits``
 attribute.  Scalars such as a client's sample count are not counted: the

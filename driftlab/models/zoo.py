@@ -1,7 +1,7 @@
 """The model zoo: plain ``torch.nn`` modules used by the papers.
 
 Every model is an ordinary module, so users can pass their own instead.
-Shapes follow ../shared/design/benchmarks.md (FedDyn authors' code unless noted):
+Shapes follow the papers' benchmarks (FedDyn authors' code unless noted):
 
 ============  ==========================================  =====================================
 name          module                                      papers

@@ -1,6 +1,6 @@
 """Schedules: rates and step counts as functions of the round ``t`` (rounds count from 1).
 
-Decaying-K paper (../shared/papers/003_*), algorithms.md "Schedules":
+Decaying-K paper, docs/update-rules.md "Schedules":
 
 * exponential:  ``x_t = x_0 · d^(t−1)``  (client lr ``γ_t``, server lr ``η_t``,
   FedDyn/AdaBest ``lr_decay``, decaying local steps ``K_t``);

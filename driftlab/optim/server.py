@@ -2,7 +2,7 @@ r"""Server optimizers for FedSGD / FedOpt: optax-style ``init`` / ``update`` pai
 
 A server optimizer turns the aggregated pseudo-gradient of a round into the
 next global model. FedAvg, FedAdam, FedAvgM, ... differ only in this step
-(``design/algorithms.md``, section "FedSGD / FedOpt").
+(``docs/update-rules.md``, section "FedSGD / FedOpt").
 
 Each is a :func:`chain` of update transformations: a stage takes the update
 (the pseudo-gradient ``q`` at the start) and its own state and returns the

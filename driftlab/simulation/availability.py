@@ -19,6 +19,8 @@ with partial work and dropouts is the algorithm's business (its docstring says).
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -66,12 +68,45 @@ def steps_to_do(model: AvailabilityModel, seed: int, round_index: int, client_id
 
 
 @dataclass(frozen=True)
+class ClientIds:
+    """Client ids listed one by one and a range ``[first, stop)`` (config ``join``/``join_range``), the range never listed.
+
+    A range can name more ids than exist (``join_range = [0, 10**12]``); ``Membership`` checks its bounds
+    against the data set's clients before it lists any, so a typo costs an error, not the memory of 10**12 ids.
+    """
+
+    ids: tuple[int, ...] = ()
+    span: range = range(0)
+
+    def __len__(self) -> int:
+        return len(self.ids) + len(self.span)
+
+    def __iter__(self) -> Iterator[int]:
+        return itertools.chain(self.ids, self.span)
+
+    def __eq__(self, other: object) -> bool:
+        """Equal to any ids in the same order: another ``ClientIds``, or a tuple such as ``(2, 3, 4)``."""
+        if not isinstance(other, (ClientIds, tuple)) or len(self) != len(other):
+            return False
+        return all(mine == theirs for mine, theirs in zip(self, other))
+
+    def bounds(self) -> tuple[int, int] | None:
+        """The smallest and largest id, found without listing the range; None when there are none."""
+        ends = [*self.ids, *((self.span[0], self.span[-1]) if len(self.span) else ())]
+        return (min(ends), max(ends)) if ends else None
+
+
+@dataclass(frozen=True)
 class MembershipEvent:
-    """At the start of round ``round``, clients ``join`` register and clients ``leave`` deregister."""
+    """At the start of round ``round``, clients ``join`` register and clients ``leave`` deregister.
+
+    A client cannot both join and leave in one round (in one event or two of the same round): which
+    comes first would decide whether it is registered, so ``Membership`` refuses it.
+    """
 
     round: int
-    join: tuple[int, ...] = ()
-    leave: tuple[int, ...] = ()
+    join: tuple[int, ...] | ClientIds = ()
+    leave: tuple[int, ...] | ClientIds = ()
 
 
 @dataclass(frozen=True)
@@ -96,9 +131,13 @@ class Membership:
         for event in self.events:
             if event.round < 1:
                 raise ValueError(f"a membership event's round must be >= 1, got {event.round}")
-            for client_id in (*event.join, *event.leave):
-                if not 0 <= client_id < self.num_clients:
-                    raise ValueError(f"round {event.round}: client {client_id} does not exist; the data set has clients 0..{self.num_clients - 1}")
+            for ids in (event.join, event.leave):
+                for client_id in _bounds(ids):  # before any range is listed
+                    if not 0 <= client_id < self.num_clients:
+                        raise ValueError(
+                            f"round {event.round}: client {client_id} does not exist; the data set has clients 0..{self.num_clients - 1}"
+                        )
+        _check_one_change_per_round(self.events)
         for t in sorted({event.round for event in self.events}):
             if len(self.registered_at(t)) == 0:
                 raise ValueError(f"round {t}: the membership events leave no registered client")
@@ -128,3 +167,29 @@ class Membership:
         before = set(self.registered_at(round_index - 1).tolist())
         after = set(self.registered_at(round_index).tolist())
         return np.array(sorted(after - before), dtype=np.int64), np.array(sorted(before - after), dtype=np.int64)
+
+
+def _bounds(ids: tuple[int, ...] | ClientIds) -> tuple[int, ...]:
+    """The smallest and largest of ``ids`` (none when empty), without listing a ``ClientIds`` range."""
+    if isinstance(ids, ClientIds):
+        bounds = ids.bounds()
+        return bounds if bounds is not None else ()
+    return (min(ids), max(ids)) if len(ids) else ()
+
+
+def _check_one_change_per_round(events: Sequence[MembershipEvent]) -> None:
+    """Refuse a client that joins and leaves in the same round (ids already checked against the data set)."""
+    rounds: dict[int, tuple[set[int], set[int]]] = {}
+    for event in events:
+        joined, left = rounds.setdefault(event.round, (set(), set()))
+        joined.update(event.join)
+        left.update(event.leave)
+    for round_index, (joined, left) in sorted(rounds.items()):
+        both = sorted(joined & left)
+        if both:
+            shown = ", ".join(map(str, both[:10])) + (f", ... ({len(both)} in all)" if len(both) > 10 else "")
+            raise ValueError(
+                f"round {round_index}: client{'s' if len(both) > 1 else ''} {shown} both join and leave; a client changes its "
+                "registration at most once per round, so remove it from the join or the leave list of that round (or move one "
+                "change to another round)"
+            )

@@ -90,3 +90,35 @@ def test_static_membership_is_every_client():
 def test_bad_membership_is_rejected(kwargs, message):
     with pytest.raises(ValueError, match=message):
         Membership(10, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "events, message",
+    [
+        ((MembershipEvent(3, join=(4, 5), leave=(5,)),), "round 3: client 5 both join and leave; a client changes its registration at most once per round"),
+        # the same in two events of one round: which came first would decide, so it is refused too
+        ((MembershipEvent(4, leave=(1, 2)), MembershipEvent(4, join=(2, 1, 7))), "round 4: clients 1, 2 both join and leave"),
+    ],
+)
+def test_a_client_joining_and_leaving_in_one_round_is_refused(events, message):
+    with pytest.raises(ValueError) as error:
+        Membership(10, 4, events)
+    assert str(error.value).startswith(message)
+    assert "remove it from the join or the leave list of that round (or move one change to another round)" in str(error.value)
+
+
+def test_joining_and_leaving_in_different_rounds_is_kept():
+    membership = Membership(10, 4, (MembershipEvent(3, join=(5,)), MembershipEvent(4, leave=(5,))))
+    assert [membership.registered_at(t).tolist() for t in (3, 4)] == [[0, 1, 2, 3, 5], [0, 1, 2, 3]]
+
+
+def test_ranges_are_checked_before_they_are_listed():
+    from driftlab.simulation.availability import ClientIds
+
+    ids = ClientIds((2,), range(5, 8))
+    assert list(ids) == [2, 5, 6, 7] and len(ids) == 4 and ids.bounds() == (2, 7) and ids == (2, 5, 6, 7)
+    membership = Membership(10, 2, (MembershipEvent(2, join=ClientIds((), range(5, 8))),))
+    assert membership.registered_at(2).tolist() == [0, 1, 5, 6, 7]
+    # 10**12 ids: refused from the bounds at once (listing them would need terabytes)
+    with pytest.raises(ValueError, match=r"round 2: client 999999999999 does not exist; the data set has clients 0\.\.9"):
+        Membership(10, 2, (MembershipEvent(2, join=ClientIds((), range(0, 10**12))),))

@@ -22,6 +22,11 @@ one (fsync-ed in the store's files); see state_store.py for why this is atomic.
 The stages of a write call ``_reached(stage)``, which tests replace to
 interrupt a checkpoint at each of them.
 
+A checkpoint exists to continue a run: a run that completes removes it
+(``keep_checkpoint = false``, the default; ``runner.drop_checkpoint``) and keeps
+its final model, and the engine's own running values go in compactly
+(``latest_models.checkpoint_tensors``), so tiny runs stay light on disk.
+
 States are frozen dataclasses of tensors, numbers and nested dataclasses;
 ``state_to_tensors`` flattens them to ``{"prefix/field/sub": tensor}`` and
 ``state_from_tensors`` fills a template of the same structure (the freshly

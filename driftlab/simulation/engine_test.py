@@ -10,7 +10,7 @@ import driftlab
 from driftlab.data.quadratic import scalar_quadratic_clients, surrogate_minimizer
 from driftlab.experiments.runner import build_simulation
 from driftlab.simulation import engine as engine_module
-from driftlab.simulation.engine import dissimilarity, divergence, evaluate, reference_losses, run_round
+from driftlab.simulation.engine import dissimilarity, divergence, evaluate, norm_growth, norm_scale, reference_losses, run_round
 
 QUADRATIC = {
     "data": {"name": "quadratic1d", "num_clients": 8},
@@ -252,9 +252,39 @@ def test_divergence_compares_evaluated_losses_with_the_initial_models():
     assert divergence({"round": 1, "train_loss": 1e300}, {"train_loss": 0.0, "test_loss": -1.0}, 1000.0) is None
 
 
+def test_the_norm_test_compares_with_the_starting_scale_floored_at_parameters_of_size_1():
+    assert norm_scale(torch.zeros(4)) == 2.0  # √4: a model that starts at 0 (the quadratic clients' x⁰)
+    assert norm_scale(torch.full((4,), 3.0)) == 6.0  # its own norm when that is larger
+    assert norm_growth(2000.0, 2.0, 1000.0) is None  # at most the factor: healthy
+    problem = norm_growth(2002.0, 2.0, 1000.0)
+    assert problem.startswith(
+        "model_norm is 2002, 1e+03 times the model's starting scale 2 (the larger of the initial model's norm and √(number of parameters)), "
+        "more than evaluation.norm_growth_factor=1000; lower client.lr"
+    )
+    assert problem.endswith("or raise evaluation.norm_growth_factor (0 = off) if so large a model is expected")
+    assert norm_growth(1e300, 2.0, 0.0) is None  # 0: off
+
+
+def test_the_norm_test_runs_in_rounds_without_evaluation():
+    # GD with step 0.9 on curvatures in [1, 3] from x⁰ = 0, 10 steps a round: |x| passes 1000 = 1000·√1 in round 3.
+    config = driftlab.load_config("quadratic-constant-k", ["client.lr=0.9", "evaluation.every=100"])
+    sim, state = build_simulation(config)
+    assert sim.norm_scale == 1.0
+    for _ in range(2):
+        state, record = run_round(sim, state, evaluate_after=False)
+        assert "train_loss" not in record and record["model_norm"] <= 1000
+    with pytest.raises(FloatingPointError, match=r"^the run diverged in round 3: model_norm is 1816, 1\.82e\+03 times"):
+        run_round(sim, state, evaluate_after=False, commit=False)
+    unchecked, _ = build_simulation(driftlab.load_config("quadratic-constant-k", ["client.lr=0.9", "evaluation.norm_growth_factor=0"]))
+    assert unchecked.evaluation.norm_growth_factor == 0.0 and sim.evaluation.norm_growth_factor == 1000.0
+
+
 def test_a_round_whose_loss_overflows_raises_and_returns_no_record():
     # 25 GD steps of size 1e5 on curvatures in [1, 3]: |x| grows ~(3e5)^25 ≈ 1e137 per round; x stays finite in round 2, ½ z x² does not
-    config = driftlab.load_config(quadratic(rounds=3, backend="sequential", data={"num_clients": 2}, client={"lr": 1e5, "steps": 25}))
+    # (the norm test, which stops this run in round 1, is off: this is the finiteness test)
+    config = driftlab.load_config(
+        quadratic(rounds=3, backend="sequential", data={"num_clients": 2}, client={"lr": 1e5, "steps": 25}, evaluation={"norm_growth_factor": 0})
+    )
     sim, state = build_simulation(config)
     state, record = run_round(sim, state, evaluate_after=True)
     assert record["round"] == 1 and np.isfinite(record["test_loss"])

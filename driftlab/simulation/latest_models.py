@@ -9,9 +9,16 @@ latest model on each evaluation is a pass over the whole store (26 GB at
 
 and a client that trains adds ``θ_k^new − θ_k^old`` to it, in sample order,
 so the rounding never depends on which client finished first.  The sum is
-part of the run's checkpoint (``engine/latest_models_sum``), so a resumed run
-continues with the same bits; a state without one (an older checkpoint) gets
-it from one pass over the store.  The mean over the registered set ``S_t`` is
+part of the run's checkpoint, so a resumed run continues with the same bits; a
+state without one (an older checkpoint) gets it from one pass over the store.
+When the latest models go into the checkpoint file themselves (the in-memory
+store), the sum is stored as the few entries where it differs from a fresh sum
+over them (``checkpoint_tensors``): float32 models summed in float64 are
+almost always exact, so a 20-client run's checkpoint does not carry a float64
+copy of the model (twice the model's bytes) for a handful of rounding
+differences; with the disk store (no pass over every client at each
+checkpoint) or dense differences it is stored whole.  The mean over the
+registered set ``S_t`` is
 
     (Σ − Σ_{k trained, k ∉ S_t} θ_k + (|S_t| − #{k trained, k ∈ S_t}) θ⁰) / |S_t|
 
@@ -30,6 +37,8 @@ import torch
 from driftlab.simulation.ordered_fold import SampleOrder
 
 OUTSIDE_BATCH = 64  # models of clients outside S_t read at a time
+# A checkpoint's engine/ tensors: the count, and either the whole sum or the entries where it differs from a fresh one.
+SUM, COUNT, FIX_INDEX, FIX_VALUE = "latest_models_sum", "latest_models_count", "latest_models_sum_fix_index", "latest_models_sum_fix_value"
 
 @dataclass(frozen=True)
 class LatestModels:
@@ -48,6 +57,41 @@ def summed_store(store: Any, like: torch.Tensor, include_staged: bool = False) -
         total += params.to(torch.float64)
         count += 1
     return LatestModels(total, count)
+
+
+def checkpoint_tensors(latest: LatestModels, store: Any | None) -> dict[str, torch.Tensor]:
+    """``latest`` as a checkpoint's engine/ tensors (names without the prefix).
+
+    ``store`` holds the committed latest models when the checkpoint file carries them
+    too: the sum is then written as the entries where it differs, bit for bit, from
+    ``summed_store(store)`` (their indices and values), unless those are as large as
+    the sum itself.  ``store`` None (the models stay in a disk store's files): the whole sum.
+    """
+    count = torch.tensor(latest.count, dtype=torch.int64)
+    total = latest.total.reshape(-1)
+    if store is not None:
+        fresh = summed_store(store, total).total
+        differs = torch.nonzero(fresh.view(torch.int64) != total.view(torch.int64)).reshape(-1)
+        if 2 * differs.numel() < total.numel():  # an int64 index and a float64 value per entry
+            return {COUNT: count, FIX_INDEX: differs, FIX_VALUE: total[differs]}
+    return {SUM: latest.total, COUNT: count}
+
+
+def from_checkpoint_tensors(tensors: dict[str, torch.Tensor], store: Any, like: torch.Tensor) -> LatestModels | None:
+    """The ``LatestModels`` that ``checkpoint_tensors`` wrote, bit for bit; None when ``tensors`` hold none (an older checkpoint).
+
+    ``store`` holds the checkpoint's latest models, staged or committed (they are read with ``include_staged``).
+    """
+    if COUNT not in tensors:
+        return None
+    count = int(tensors[COUNT])
+    if SUM in tensors:
+        return LatestModels(tensors[SUM], count)
+    if FIX_INDEX not in tensors or FIX_VALUE not in tensors:
+        return None
+    total = summed_store(store, like.reshape(-1), include_staged=True).total
+    total[tensors[FIX_INDEX].to(total.device)] = tensors[FIX_VALUE].to(total.device)
+    return LatestModels(total.reshape(like.shape), count)
 
 
 @dataclass

@@ -166,7 +166,10 @@ class Algorithm:
     per-client state.  ``client_joined``/``client_left``, when given, update
     the server state as a client enters or leaves the registered set.
     ``server_fold``, when given, is ``server_update`` as a fold (its
-    ``server_update`` must be ``server_fold.server_update``).
+    ``server_update`` must be ``server_fold.server_update``).  ``plugin``
+    names the plugin that provides the algorithm ("algorithm plugin 'moon'
+    (/path/moon.py)"; None for a built-in): messages about what its numbers
+    did (a divergence) name it as a possible cause (``plugin_note``).
     """
 
     name: str
@@ -184,6 +187,7 @@ class Algorithm:
     client_left: Callable[[Any, Any], Any] | None = None
     # The server update as a fold (``ServerFold``), so the engine can stream messages into it; None: only server_update.
     server_fold: ServerFold | None = None
+    plugin: str | None = None  # set by driftlab.algorithms.plugin_guard, which also wraps the functions of a plugin
 
     def __post_init__(self) -> None:
         if self.server_fold is not None and self.server_update != self.server_fold.server_update:
@@ -196,3 +200,13 @@ class Algorithm:
     def fold(self) -> ServerFold:
         """How the engine aggregates a round: ``server_fold``, or ``server_update`` over the collected messages."""
         return self.server_fold if self.server_fold is not None else collecting_fold(self.server_update)
+
+
+def plugin_note(algorithm: Algorithm) -> str:
+    """For a message about a run's numbers: "" for a built-in algorithm, else a clause naming the plugin as a possible cause."""
+    if algorithm.plugin is None:
+        return ""
+    return (
+        f"; the algorithm is {algorithm.plugin}, whose functions compute the server model and the messages, "
+        "so the plugin could be at fault rather than the learning rate"
+    )

@@ -49,3 +49,15 @@ def test_replacing_server_update_alone_is_refused_with_the_fix():
         dataclasses.replace(algorithm, server_update=lambda server, messages, context: (server, {}))
     replaced = dataclasses.replace(algorithm, server_update=lambda server, messages, context: (server, {}), server_fold=None)
     assert isinstance(replaced.fold(), ServerFold) and replaced.server_fold is None
+
+
+def test_the_plugin_note_names_a_plugin_and_nothing_for_a_built_in():
+    from driftlab.simulation.seam import plugin_note
+
+    built_in = fedavg.build(make_server_optimizer("sgd"))
+    assert plugin_note(built_in) == ""
+    plugin = dataclasses.replace(built_in, plugin="algorithm plugin 'toy' (/x/toy.py)")
+    assert plugin_note(plugin) == (
+        "; the algorithm is algorithm plugin 'toy' (/x/toy.py), whose functions compute the server model and the messages, "
+        "so the plugin could be at fault rather than the learning rate"
+    )

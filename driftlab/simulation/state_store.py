@@ -12,6 +12,13 @@ interrupted half way (Ctrl-C, an error in the server update or evaluation) is
 ``discard()``-ed, and the store still holds exactly the states of the last
 completed round, which is what the runner checkpoints.
 
+Both stores check every state put against the states before it
+(``state_difference``): a state of a type a checkpoint cannot hold (a list, a
+dict), or one whose structure, dtypes or shapes changed since the first round,
+is refused with ``ClientStateError`` naming the client, what changed and the
+store's ``owner`` (the algorithm plugin, when one is in use), so no run ends
+with a checkpoint it cannot resume.
+
 Two implementations of the same methods:
 
 ``InMemoryClientStore``
@@ -60,6 +67,7 @@ exist in both slots (at most twice the state of the clients that trained).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -73,6 +81,8 @@ from typing import Any, Callable, Iterable, Iterator, Protocol
 import numpy as np
 import torch
 
+from driftlab.errors import ClientStateError
+from driftlab.memory_limit import memory_limit
 from driftlab.simulation.checkpoint import CheckpointError, state_from_tensors, state_to_tensors
 
 
@@ -92,13 +102,129 @@ class ClientStateStore(Protocol):
     def __len__(self) -> int: ...
 
 
-class InMemoryClientStore:
-    """Client states in a dict.  ``initial`` builds the state of a client that has not trained yet."""
+# ---------------------------------------------------------------- the layout of a client state
 
-    def __init__(self, initial: Callable[[], Any] | None) -> None:
+# What a checkpoint can hold of a state (``checkpoint.state_to_tensors``), as plain tuples that keep no tensor alive:
+#   None | ("tensor", dtype, shape) | ("number", bool | int | float) | ("tuple", (layout, ...))
+#   | ("dataclass", type, (field name, ...), (layout, ...))
+# Built on every put, so kept cheap (a few microseconds for a state of a few fields): no strings until an error.
+Layout = Any
+STORABLE = "client states hold tensors, numbers (bool, int, float), tuples and dataclasses of them, or None"
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def state_layout(state: Any) -> Layout:
+    """The structure, types, dtypes and shapes of ``state``; ``ClientStateError`` naming where it holds what a
+    checkpoint cannot (a list, a dict, a string, another object)."""
+    try:
+        return _layout(state)
+    except _Unstorable:
+        raise ClientStateError(_unstorable(state, "state") or f"state cannot be stored: {STORABLE}") from None
+
+
+class _Unstorable(Exception):
+    pass
+
+
+def _layout(state: Any) -> Layout:
+    if state is None:
+        return None
+    kind = type(state)
+    if kind is torch.Tensor or isinstance(state, torch.Tensor):
+        return ("tensor", state.dtype, state.shape)
+    if kind is tuple:
+        return ("tuple", tuple(_layout(item) for item in state))
+    names = _FIELD_NAMES.get(kind)
+    if names is None and dataclasses.is_dataclass(kind):
+        names = _FIELD_NAMES[kind] = tuple(f.name for f in dataclasses.fields(kind))
+    if names is not None:
+        return ("dataclass", kind, names, tuple(_layout(getattr(state, name)) for name in names))
+    if isinstance(state, (bool, int, float)):
+        return ("number", bool if isinstance(state, bool) else int if isinstance(state, int) else float)
+    if isinstance(state, tuple):
+        return ("tuple", tuple(_layout(item) for item in state))
+    raise _Unstorable
+
+
+def _unstorable(state: Any, path: str) -> str | None:
+    """Where in ``state`` (at ``path``) a checkpoint cannot hold a value, and what to do (the message of ``state_layout``)."""
+    try:
+        _layout(state)
+        return None
+    except _Unstorable:
+        pass
+    if dataclasses.is_dataclass(state):
+        parts = ((f"{path}.{f.name}", getattr(state, f.name)) for f in dataclasses.fields(state))
+    elif isinstance(state, tuple):
+        parts = ((f"{path}[{index}]", item) for index, item in enumerate(state))
+    else:
+        hint = "; return a tuple instead" if isinstance(state, list) else ""
+        return f"{path} is a {type(state).__name__}, which a checkpoint cannot hold: {STORABLE}{hint}"
+    return next((found for found in (_unstorable(item, where) for where, item in parts) if found is not None), None)
+
+
+def describe_layout(layout: Layout) -> str:
+    """``layout`` in words: "a float32 tensor of shape (609,)", "a ClientState", "an int", "None"."""
+    if layout is None:
+        return "None"
+    kind = layout[0]
+    if kind == "tensor":
+        return f"a {str(layout[1]).removeprefix('torch.')} tensor of shape {tuple(layout[2])}"
+    if kind == "number":
+        return f"{'an' if layout[1] is int else 'a'} {layout[1].__name__}"
+    if kind == "tuple":
+        return f"a tuple of {len(layout[1])}"
+    return f"a {layout[1].__qualname__}"
+
+
+def layout_difference(new: Layout, old: Layout, reference: str = "the earlier state", path: str = "state", none_matches: bool = True) -> str | None:
+    """The first place where layout ``new`` differs from ``old`` ("state.control is a float32 tensor of shape (10,),
+    not a float32 tensor of shape (9,) as in the earlier state"), or None.  With ``none_matches``, None on either side
+    matches anything (a checkpoint restores a field that is None in the template from what was stored, and stores
+    nothing for None)."""
+    if new == old:
+        return None
+    changed = f"{path} is {describe_layout(new)}, not {describe_layout(old)} as in {reference}"
+    if new is None or old is None:
+        return None if none_matches else changed
+    if new[0] != old[0] or (new[0] in ("number", "dataclass") and new[1] is not old[1]) or (new[0] == "tuple" and len(new[1]) != len(old[1])):
+        return changed
+    if new[0] == "tensor":
+        return changed
+    if new[0] == "tuple":
+        items = ((f"{path}[{index}]", a, b) for index, (a, b) in enumerate(zip(new[1], old[1])))
+    elif new[0] == "dataclass":
+        items = ((f"{path}.{name}", a, b) for name, a, b in zip(new[2], new[3], old[3]))
+    else:
+        return None
+    found = (layout_difference(a, b, reference, where, none_matches) for where, a, b in items)
+    return next((problem for problem in found if problem is not None), None)
+
+
+def _refuse(client_id: int, problem: str, owner: str | None, fix: str) -> ClientStateError:
+    by = f" (made by {owner})" if owner else ""
+    return ClientStateError(f"the new state of client {client_id}{by} cannot be stored: {problem}; {fix}")
+
+
+CHANGED_FIX = (
+    "an algorithm's client states must keep one structure, dtype and shape in every round (those of the first round's "
+    "states and of client_state_init's), or no checkpoint of them could be resumed"
+)
+
+
+class InMemoryClientStore:
+    """Client states in a dict.  ``initial`` builds the state of a client that has not trained yet.
+
+    Every state put is checked against the layout of the first one (and that one against ``initial()``'s),
+    None matching anything, as a checkpoint restores it; ``owner`` names the algorithm in the errors.
+    """
+
+    def __init__(self, initial: Callable[[], Any] | None, owner: str | None = None) -> None:
         self._initial = initial
         self._states: dict[int, Any] = {}
         self._staged: dict[int, Any] = {}
+        self.owner = owner
+        self._layout: Layout = None  # of the first state put (None: none yet)
 
     def get(self, client_id: int) -> Any:
         state = self._states.get(client_id)
@@ -107,8 +233,26 @@ class InMemoryClientStore:
         return state
 
     def put(self, client_id: int, state: Any) -> None:
-        if state is not None:
-            self._staged[int(client_id)] = state
+        if state is None:
+            return
+        self._check(int(client_id), state)
+        self._staged[int(client_id)] = state
+
+    def _check(self, client_id: int, state: Any) -> None:
+        try:
+            layout = state_layout(state)
+        except ClientStateError as error:
+            raise _refuse(client_id, str(error), self.owner, "change the algorithm's client_finish") from None
+        if self._layout is None:
+            initial = self._initial() if self._initial is not None else None
+            problem = layout_difference(layout, state_layout(initial), "client_state_init's state") if initial is not None else None
+            if problem is not None:
+                raise _refuse(client_id, problem, self.owner, CHANGED_FIX)
+            self._layout = layout
+            return
+        problem = layout_difference(layout, self._layout, "the states stored before it")
+        if problem is not None:
+            raise _refuse(client_id, problem, self.owner, CHANGED_FIX)
 
     def commit(self) -> None:
         # One dict.update: a signal cannot land half way through it.
@@ -160,11 +304,14 @@ class DiskClientStore:
         template: Any,
         initial: Callable[[], Any] | None,
         cache_bytes: int = 256 << 20,
+        owner: str | None = None,
     ) -> None:
         self.directory = Path(directory)
+        self.owner = owner  # who makes the states (an algorithm plugin), named when one cannot be stored
         self.num_clients = int(num_clients)
         self._template = template
         self._initial = initial
+        self._template_layout = state_layout(template)
         layout = state_to_tensors(template, "state")
         if not layout:
             raise ValueError("DiskClientStore needs a template with at least one tensor or number")
@@ -209,7 +356,7 @@ class DiskClientStore:
         if state is None:
             return
         client_id = int(client_id)
-        rows = self._encode(state)
+        rows = self._encode(state, client_id)
         previous = self._staged.get(client_id)
         if isinstance(previous, int):
             self._write_staged(previous, rows)  # a second put in one round reuses the client's place
@@ -472,22 +619,17 @@ class DiskClientStore:
             self._cache.popitem(last=False)
             self._cached_bytes -= self._row_bytes
 
-    def _encode(self, state: Any) -> list[np.ndarray]:
+    def _encode(self, state: Any, client_id: int) -> list[np.ndarray]:
+        try:
+            layout = state_layout(state)
+        except ClientStateError as error:
+            raise _refuse(client_id, str(error), self.owner, "change the algorithm's client_finish") from None
+        # The files hold exactly client_state_init's fields: a None there is no field, so it cannot become a tensor.
+        problem = layout_difference(layout, self._template_layout, "client_state_init's state (whose layout the disk store's files hold)", none_matches=False)
+        if problem is not None:
+            raise _refuse(client_id, problem, self.owner, CHANGED_FIX + " (a field that starts empty needs a tensor of zeros there, not None)")
         tensors = state_to_tensors(state, "state")
-        if tensors.keys() != {field.name for field in self._fields}:
-            raise ValueError(
-                f"a client state with fields {sorted(tensors)} does not fit the store's layout {[f.name for f in self._fields]}; "
-                "an algorithm's client states must keep the structure of client_state_init's"
-            )
-        rows = []
-        for field in self._fields:
-            tensor = tensors[field.name]
-            if tensor.dtype != field.dtype or tuple(tensor.shape) != field.shape:
-                raise ValueError(
-                    f"client state field {field.name} is {tensor.dtype} {tuple(tensor.shape)}, the store holds {field.dtype} {field.shape}"
-                )
-            rows.append(tensor.reshape(-1).view(torch.uint8).numpy())
-        return rows
+        return [tensors[field.name].reshape(-1).view(torch.uint8).numpy() for field in self._fields]
 
     def _decode(self, rows: list[np.ndarray]) -> Any:
         tensors = {
@@ -527,14 +669,7 @@ def parse_bytes(value: int | str) -> int:
     return count
 
 
-def machine_memory_bytes() -> int:
-    """Physical memory of the machine (8 GiB where the platform does not say)."""
-    try:
-        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-    except (ValueError, OSError, AttributeError):
-        return 8 << 30
-
-
 def default_memory_budget() -> int:
-    """Half of the machine's memory: room for the data, the model and the round besides the client states."""
-    return machine_memory_bytes() // 2
+    """Half of the memory this process may hold (the tightest of physical memory, its rlimits, its cgroup and its
+    SLURM job: ``driftlab.memory_limit``): room for the data, the model and the round besides the client states."""
+    return memory_limit().limit // 2

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import driftlab
+from driftlab.errors import ClientStateError
 from driftlab.experiments.config import ConfigError
 from driftlab.simulation.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from driftlab.simulation.engine import make_client_stores
@@ -72,8 +73,12 @@ def test_disk_store_stages_commits_and_discards_like_the_memory_store(tmp_path, 
 
 def test_disk_store_refuses_a_state_of_another_structure(tmp_path):
     store = _disk(tmp_path)
-    with pytest.raises(ValueError, match="State.drift|state/drift"):
+    with pytest.raises(ClientStateError) as refused:
         store.put(0, State(torch.zeros(2, 3, dtype=torch.float32), 0))
+    assert str(refused.value).startswith(
+        "the new state of client 0 cannot be stored: state.drift is a float32 tensor of shape (2, 3), not a float64 tensor of "
+        "shape (2, 3) as in client_state_init's state (whose layout the disk store's files hold); "
+    )
 
 
 def test_commits_after_a_checkpoint_never_touch_the_rows_it_refers_to(tmp_path):
@@ -167,13 +172,15 @@ def _strip(records):
 def test_disk_store_runs_are_bit_identical_to_memory_store_runs(tmp_path, algorithm):
     overrides = [*BASE, *ALGORITHMS[algorithm]]
     memory = driftlab.run(None, overrides=[*overrides, "state.store=memory"])
-    disk = driftlab.run(None, tmp_path / "run", overrides=[*overrides, "state.store=disk", "checkpoint_every=1"])
+    disk = driftlab.run(None, tmp_path / "run", overrides=[*overrides, "state.store=disk", "checkpoint_every=1", "keep_checkpoint=true"])
     assert torch.equal(memory.final_params, disk.final_params)
     assert _strip(memory.records) == _strip(disk.records)
     checkpoint = json.loads((tmp_path / "run" / "client_state" / "clients" / "manifest.json").read_text())
     assert checkpoint["num_clients"] == 8
     # A resume with more rounds continues from the disk store's files, and with the memory store too.
-    longer = driftlab.run(None, tmp_path / "run", resume=True, overrides=[*overrides, "state.store=memory", "rounds=5", "checkpoint_every=1"])
+    longer = driftlab.run(
+        None, tmp_path / "run", resume=True, overrides=[*overrides, "state.store=memory", "rounds=5", "checkpoint_every=1", "keep_checkpoint=true"]
+    )
     uninterrupted = driftlab.run(None, overrides=[*overrides, "state.store=memory", "rounds=5"])
     assert torch.equal(longer.final_params, uninterrupted.final_params)
     assert _strip(longer.records) == _strip(uninterrupted.records)
@@ -226,7 +233,7 @@ def test_a_kill_mid_checkpoint_or_mid_commit_resumes_bit_identically(tmp_path, s
 
 
 def test_a_corrupted_store_file_stops_the_resume_with_a_clear_error(tmp_path):
-    overrides = [*BASE, *ALGORITHMS["adabest"], "rounds=2", "state.store=disk"]
+    overrides = [*BASE, *ALGORITHMS["adabest"], "rounds=2", "state.store=disk", "keep_checkpoint=true"]  # a completed run keeps it
     driftlab.run(None, tmp_path / "run", overrides=overrides)
     for path in (tmp_path / "run" / "client_state" / "clients").glob("*.slot0"):
         data = bytearray(path.read_bytes())

@@ -24,7 +24,7 @@ def _sweep(out: Path, *overrides: str) -> subprocess.CompletedProcess:
 @pytest.mark.slow
 def test_the_sweep_runs_resumes_exactly_and_reports_from_the_repository_root(tmp_path):
     resumed, straight = tmp_path / "resumed", tmp_path / "straight"
-    _sweep(resumed, "rounds=3", "checkpoint_every=1", "--no-report")
+    _sweep(resumed, "rounds=3", "checkpoint_every=1", "keep_checkpoint=true", "--no-report")  # kept: the next call continues it
     _sweep(resumed, "rounds=5", "checkpoint_every=1")  # the same directory: continues both runs from round 3
     _sweep(straight, "rounds=5", "checkpoint_every=1", "--no-report")
 

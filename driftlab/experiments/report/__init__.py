@@ -60,7 +60,9 @@ from driftlab.experiments.report.render import (
     accuracy_section,
     communication_section,
     cut_note,
+    instability_note,
     runs_section,
+    unreached_section,
     steps_section,
     sweep_summary,
 )
@@ -161,15 +163,22 @@ def make_report(
     for setting in settings:
         lines += [f"## {setting.label}", ""]
         lines += cut_note(setting)
+        lines += instability_note(setting.runs)
         by_method: dict[str, dict[float, TargetRow]] = {method: {} for method in setting.methods}
         if setting.is_classifier:
+            unreached: list[tuple[float, list[TargetRow]]] = []
             for target in chosen_targets:
                 section, rows, entries = communication_section(setting, target)
-                lines += section
+                if any(row.seeds_reached for row in rows):
+                    lines += section
+                else:
+                    unreached.append((target, rows))  # identical tables: one compact table for all of them
                 target_rows += rows
                 savings_rows += entries
                 for row in rows:
                     by_method[row.method][target] = row
+            if unreached:
+                lines += unreached_section(setting, [target for target, _ in unreached], unreached[0][1])
             if not chosen_targets:
                 lines += ["No target accuracy given (pass targets, or set evaluation.target_accuracy in the runs): no communication tables.", ""]
         section, rows = accuracy_section(setting)

@@ -2,8 +2,10 @@
 
 A sweep's runs carry the sweep's own labels (``sweep.json``); runs outside a sweep
 are labelled here. Algorithm names come from the built-in table
-(``driftlab.algorithm_labels``, no torch) or, for a plugin's algorithm, from its
-registry entry (its module, imported when the run was read, may import torch).
+(``driftlab.algorithm_labels``, no torch) or, for a plugin's algorithm, its name as
+config.json records it: a report never imports a run's plugins (that would run code
+from the folder it reads). Keys outside a run's identity (trackers, plugins' paths,
+checkpointing, memory limits) never enter a label.
 """
 
 from __future__ import annotations
@@ -21,7 +23,13 @@ if TYPE_CHECKING:
 SERVER_OPTIMIZER_LABELS = {"momentum": "FedAvgM", "adam": "FedAdam", "adagrad": "FedAdagrad", "yogi": "FedYogi"}
 # Config keys that do not change what a run computes, or only how long it runs: runs differing only
 # in these (and the seed) are seeds of one method.
-IGNORED_KEYS = ("seed", "rounds", "device", "checkpoint_every", "backend", "evaluation.target_accuracy", "log", "plugins")
+IGNORED_KEYS = (
+    "seed", "rounds", "device", "checkpoint_every", "keep_checkpoint", "backend", "evaluation.target_accuracy",
+    "log", "plugins", "state", "memory_budget",
+)
+# Of those, the keys outside a run's identity (``ExperimentConfig.fingerprint`` ignores them): they never
+# tell two runs apart, even two that claim one seed (a run resumed with a tracker on is the same run).
+NOT_IDENTITY_KEYS = ("log", "plugins", "state", "memory_budget", "checkpoint_every", "keep_checkpoint", "device")
 # Sections that define the problem rather than the method. The model is included: the same
 # algorithm on another network is another setting, not another row of the same table.
 SETTING_SECTIONS = ("data", "model", "sampling", "availability")
@@ -62,20 +70,22 @@ def algorithm_label(flat: dict[str, Any]) -> str:
 
 
 def _name_label(name: str) -> str:
-    if name in BUILT_IN_LABELS:
-        return BUILT_IN_LABELS[name]
-    from driftlab.algorithms import registry  # a plugin's algorithm: reading its run imported the plugin, which registered it
-
-    return registry.label(name)
+    # A plugin's algorithm keeps the name its config records: its label lives in code the report does not run.
+    return BUILT_IN_LABELS.get(name, name)
 
 
 def _frozen(value: Any) -> str:
     return json.dumps(value, sort_keys=True)
 
 
+def _listed(key: str, keys: tuple[str, ...]) -> bool:
+    """Whether a flattened key, or the section it belongs to (``state`` for ``state.store``), is in ``keys``."""
+    return key in keys or key.split(".")[0] in keys
+
+
 def _split_keys(flat: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """(setting keys, method keys) of a flattened config, without the ignored keys."""
-    kept = {k: v for k, v in flat.items() if k not in IGNORED_KEYS}
+    kept = {k: v for k, v in flat.items() if not _listed(k, IGNORED_KEYS)}
     setting = {k: v for k, v in kept.items() if k.split(".")[0] in SETTING_SECTIONS}
     method = {k: v for k, v in kept.items() if k not in setting}
     return setting, method
@@ -146,7 +156,10 @@ def _split_same_seed_runs(runs: Sequence[RunData]) -> None:
         seeds = [run.seed for run in group]
         if len(set(seeds)) == len(seeds):
             continue
-        tables = [{k: v for k, v in flatten_config(run.config).items() if k in IGNORED_KEYS and k != "seed"} for run in group]
+        tables = [
+            {k: v for k, v in flatten_config(run.config).items() if _listed(k, IGNORED_KEYS) and k != "seed" and not _listed(k, NOT_IDENTITY_KEYS)}
+            for run in group
+        ]
         differing = _differing_keys(tables)
         for run, table in zip(group, tables):
             detail = _describe(table, differing)
@@ -163,9 +176,4 @@ def method_order(run: RunData) -> tuple:
 
 def _algorithm_rank(name: Any) -> int:
     built_in = tuple(BUILT_IN_LABELS)
-    if name in built_in:
-        return built_in.index(name)
-    from driftlab.algorithms import registry  # the built-ins first, then plugins in the order they registered
-
-    names = list(registry.ALGORITHMS)
-    return names.index(name) if name in names else len(names)
+    return built_in.index(name) if name in built_in else len(built_in)  # plugins after the built-ins, by label

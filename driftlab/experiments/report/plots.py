@@ -119,9 +119,38 @@ def _drawable(setting: Setting, key: str) -> bool:
     return any(isinstance(r.get(key), (int, float)) and math.isfinite(r[key]) for run in setting.runs for r in run.records)
 
 
-def _all_positive(setting: Setting, key: str) -> bool:
-    values = [r[key] for run in setting.runs for r in run.records if key in r and r[key] is not None]
-    return bool(values) and all(v > 0 for v in values)
+
+# A log axis only pays when the values span at least this factor; over a narrower range it shows
+# labels like 2.2975×10^0 and no more than a linear one would.
+LOG_SPAN = 10.0
+# A target line is drawn only within this many percentage points of the best accuracy drawn: an 80%
+# line over curves at 10% squeezes the curves flat against the bottom of the axis.
+TARGET_REACH_POINTS = 10.0
+
+
+def use_log_scale(values: Sequence[float]) -> bool:
+    """Whether a log axis suits ``values``: all positive and spanning at least ``LOG_SPAN``."""
+    finite = [v for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
+    return bool(finite) and min(finite) > 0 and max(finite) / min(finite) >= LOG_SPAN
+
+
+def drawn_targets(targets: Sequence[float], best_accuracy: float | None) -> tuple[list[float], list[float]]:
+    """(targets drawn, targets left to a note): a target is drawn when within ``TARGET_REACH_POINTS`` of the best accuracy (fractions)."""
+    if best_accuracy is None:
+        return [], list(targets)
+    reach = best_accuracy + TARGET_REACH_POINTS / 100
+    return [t for t in targets if t <= reach], [t for t in targets if t > reach]
+
+
+def round_axis_limits(last_round: int) -> tuple[float, float]:
+    """The round axis spans round 0 (the initial model) to the last round, at least one round wide, with a
+    margin of 4% each side so that the markers at both ends are drawn whole."""
+    span = float(max(1, last_round))
+    return (-0.04 * span, 1.04 * span)
+
+
+def _values(setting: Setting, key: str) -> list[float]:
+    return [r[key] for run in setting.runs for r in run.records if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
 
 
 def target_style(index: int) -> tuple[str, Any, str, float]:
@@ -140,7 +169,7 @@ def setting_figures(setting: Setting, targets: Sequence[float]) -> list[ReportFi
     # The object-oriented API needs no pyplot state or backend switch, so a report made
     # inside a notebook leaves its plotting setup alone.
     from matplotlib.figure import Figure
-    from matplotlib.ticker import MaxNLocator
+    from matplotlib.ticker import MaxNLocator, ScalarFormatter
 
     figures: list[ReportFigure] = []
 
@@ -154,8 +183,12 @@ def setting_figures(setting: Setting, targets: Sequence[float]) -> list[ReportFi
             axis.set_xscale("log")
         else:
             axis.xaxis.set_major_locator(MaxNLocator(integer=True))
-        if log_y and _all_positive(setting, key):
+            axis.set_xlim(*round_axis_limits(max((run.rounds_done for run in setting.runs), default=1)))
+        if log_y and use_log_scale(_values(setting, key)):
             axis.set_yscale("log")
+        else:
+            axis.yaxis.set_major_formatter(ScalarFormatter(useOffset=False))  # plain numbers, no ×10^k offset
+            axis.ticklabel_format(axis="y", style="plain", useOffset=False)
         axis.grid(alpha=0.3, which="both")
         return banded
 
@@ -165,7 +198,11 @@ def setting_figures(setting: Setting, targets: Sequence[float]) -> list[ReportFi
             axis = figure.subplots()
             banded = panel(axis, "test_accuracy", f"{setting.label}: test accuracy vs {what}", "test accuracy (%)", x_key, scale=100)
             styles = []
+            accuracies = _values(setting, "test_accuracy")
+            shown, beyond = drawn_targets(targets, max(accuracies) if accuracies else None)
             for index, target in enumerate(targets):
+                if target not in shown:
+                    continue
                 name, dash, colour, width = target_style(index)
                 axis.axhline(100 * target, color=colour, linestyle=dash, linewidth=width, label=f"target {format_target(target)}")
                 styles.append(f"{format_target(target)} {name}")
@@ -173,6 +210,9 @@ def setting_figures(setting: Setting, targets: Sequence[float]) -> list[ReportFi
             caption = _captioned(f"test accuracy vs {what}", banded)
             if styles:
                 caption += f"; target {'lines' if len(styles) > 1 else 'line'}: {', '.join(styles)}"
+            if beyond:
+                listed = ", ".join(format_target(t) for t in beyond)
+                caption += f"; target {listed} not drawn: far above the best accuracy any run recorded ({100 * max(accuracies):.1f}%)"
             figures.append(ReportFigure(suffix, caption, figure, banded))
     # Training loss is what FedProx's Figure 1 plots; for the quadratic, also the distance to x*.
     curves = [("train_loss", "loss", "train loss")]

@@ -5,7 +5,7 @@ A run directory holds ``config.json``, ``metrics.jsonl`` and (since it exists)
 A metrics file torn by a kill mid-write is read up to its torn last line. Runs
 outside a sweep are labelled from their configs (``labels``); those of one
 setting with different ``rounds`` are cut to the shortest one's last round.
-Imports no torch (a run's plugins are imported, and they may).
+Imports no torch and never a run's plugins: a report reads records (config.json as data), not code.
 """
 
 from __future__ import annotations
@@ -82,6 +82,18 @@ class RunData:
     def diverged_at(self) -> int | None:
         """The round whose update made the server model non-finite (the runner records the rounds before it)."""
         return self.rounds_done + 1 if self.status == "diverged" and self.truncated_from is None else None
+
+    @property
+    def instability(self) -> dict[str, Any] | None:
+        """``{"round": R, "message": ...}`` when the runner flagged the run unstable (its loss stayed above the
+        initial model's): from run.json, else from the first record holding the flag; None when not flagged."""
+        flagged = (self.info or {}).get("instability")
+        if isinstance(flagged, dict) and "round" in flagged:
+            return {"round": int(flagged["round"]), "message": str(flagged.get("message", ""))}
+        for record in self.records:
+            if record.get("instability"):
+                return {"round": int(record["round"]), "message": str(record["instability"])}
+        return None
 
     @property
     def is_classifier(self) -> bool:
@@ -163,7 +175,8 @@ def read_metrics(path: Path) -> tuple[list[dict[str, Any]], int | None]:
                 break
             raise ConfigError(
                 f"{path} line {number} is not valid JSON ({error.msg}, column {error.colno}); only a torn last line "
-                "is skipped, so the file is damaged: resume the run to rewrite it, or delete the run directory"
+                "is skipped, so the file was damaged after it was written (a resume refuses it too): restore "
+                f"{path.name} from a backup, or run again with a new --out directory"
             ) from None
         missing = [key for key in REQUIRED_RECORD_KEYS if not isinstance(record, dict) or key not in record]
         if missing:
@@ -178,15 +191,8 @@ def read_run(path: Path) -> RunData:
     algorithm = config.get("algorithm") if isinstance(config, dict) else None
     if not isinstance(algorithm, dict) or "name" not in algorithm:
         raise ConfigError(f"{path / CONFIG_FILE} has no algorithm.name; is this a driftlab run directory?")
-    if config.get("plugins"):
-        # The plugins the run used: their algorithms are labelled as their registry entries say. Only then is
-        # the config module (and the registry, and torch) imported: the built-ins' labels need neither.
-        from driftlab.experiments.config import with_plugins_loaded
-
-        try:
-            with_plugins_loaded(config)
-        except ConfigError as error:
-            raise ConfigError(f"{path / CONFIG_FILE}: {error}") from None
+    # The run's ``plugins`` are never imported: reading a results folder must not run code it holds.
+    # A plugin's algorithm is labelled by the name config.json records (see ``labels``).
     records, torn = read_metrics(path / METRICS_FILE)
     info_path = path / RUN_INFO_FILE
     info = read_json_file(info_path) if info_path.exists() else None

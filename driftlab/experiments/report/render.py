@@ -210,6 +210,44 @@ def communication_section(setting: Setting, target: float) -> tuple[list[str], l
     return lines, rows, entries
 
 
+def unreached_section(setting: Setting, targets: Sequence[float], rows: Sequence[TargetRow]) -> list[str]:
+    """One table for the targets no method reached: their tables would be identical (every entry ``N+``).
+
+    ``rows`` are the target rows of one of them (any: unreached, they hold the same rounds and bits).
+    """
+    listed = ", ".join(format_target(target) for target in targets)
+    table = [[row.method, *target_cells(row), target_note(row, setting.methods[row.method])] for row in rows]
+    header = ["method", "rounds", "model-equivalents", "upload", "download", "note"]
+    return [
+        f"### Communication: no method reached {listed} test accuracy",
+        "",
+        f"What each method spent without reaching {'any of these targets' if len(targets) > 1 else 'it'} (lower bounds).",
+        "",
+        markdown_table(header, table),
+        "",
+    ]
+
+
+def instability_note(runs: Sequence[RunData]) -> list[str]:
+    """A line naming the runs whose loss stayed above the initial model's (the runner's instability flag) and the diverged ones."""
+    unstable = [run for run in runs if run.instability is not None]
+    diverged = [run for run in runs if run.diverged_at is not None]
+    lines = []
+    if unstable:
+        listed = "; ".join(
+            f"{run.method}, seed {run.seed} (from round {run.instability['round']}: {run.instability['message']})" for run in unstable
+        )
+        lines.append(f"⚠ Unstable (marked † below): {listed}.")
+    if diverged:
+        lines.append("⚠ Diverged: " + "; ".join(f"{run.method}, seed {run.seed} (at round {run.diverged_at})" for run in diverged) + ".")
+    return [" ".join(lines), ""] if lines else []
+
+
+def stability_mark(runs: Sequence[RunData]) -> str:
+    """``†`` after a method some of whose runs the runner flagged unstable (see ``instability_note``)."""
+    return " †" if any(run.instability is not None for run in runs) else ""
+
+
 def accuracy_section(setting: Setting) -> tuple[list[str], list[AccuracyRow]]:
     """Final and best accuracy and BMTA (AdaBest Table 2, EFL Table 2), or loss and distance for a non-classifier."""
     rows = [accuracy_row(setting.label, method, method_runs) for method, method_runs in setting.methods.items()]
@@ -226,14 +264,14 @@ def accuracy_section(setting: Setting) -> tuple[list[str], list[AccuracyRow]]:
         ]
         note = "Mean ± sample standard deviation over seeds (AdaBest Table 2)."
         for row, method_runs in zip(table, setting.methods.values()):
-            row[0] += _incomplete_note(method_runs)
+            row[0] += stability_mark(method_runs) + _incomplete_note(method_runs)
         if show_bmta:
             note += " BMTA is EFL's best over rounds of the mean local test accuracy of the clients."
         title = "### Accuracy"
     else:
         header = ["method", "seeds", "final train loss", "final distance to the minimizer"]
         table = [
-            [row.method + _incomplete_note(method_runs), str(row.seeds), format_number(row.final_train_loss), format_number(row.final_distance)]
+            [row.method + stability_mark(method_runs) + _incomplete_note(method_runs), str(row.seeds), format_number(row.final_train_loss), format_number(row.final_distance)]
             for row, method_runs in zip(rows, setting.methods.values())
         ]
         note, title = "Mean ± sample standard deviation over seeds.", "### Loss and distance"

@@ -36,7 +36,7 @@ _EXPORTS: dict[str, str] = {
         ),
         "spec",
     ),
-    **dict.fromkeys(("SWEEP_FORMAT", "PlannedRun", "plan", "run_note", "sweep_document"), "planning"),
+    **dict.fromkeys(("SWEEP_FORMAT", "PlannedRun", "plan", "run_note", "scoped_override", "sweep_document"), "planning"),
     **dict.fromkeys(("FAILURE_FILE", "JOBS_FILE", "SWEEP_FILE", "RunStatus", "run_directory_holder", "run_status", "slug"), "directory"),
     **dict.fromkeys(
         (

@@ -228,12 +228,13 @@ def _check_existing(out: Path, document: dict[str, Any]) -> None:
         if r["dir"] in planned and before != now:
             raise ConfigError(
                 f"{out}/{r['dir']} was run with overrides {r.get('overrides')} but the sweep now gives it {planned[r['dir']]}; "
-                "only rounds may change when continuing a sweep; choose another --out directory"
+                "only rounds may change when continuing a sweep (and keep_checkpoint); choose another --out directory"
             )
 
 
 def _without_rounds(overrides: Sequence[str]) -> list[str]:
-    return [o for o in overrides if not o.replace(" ", "").startswith("rounds=")]
+    # Neither changes a number a run computes (nor its fingerprint): a sweep may be extended, keeping checkpoints or not.
+    return [o for o in overrides if not o.replace(" ", "").startswith(("rounds=", "keep_checkpoint="))]
 
 
 def _elsewhere(pid: int) -> str:

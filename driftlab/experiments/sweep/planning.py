@@ -2,7 +2,9 @@
 
 Overrides apply in order: ``overrides``, the scale's overrides, the axes' ``set``
 (each followed by its ``at_scale`` entry for the chosen scale) in axis order, then
-the command line's ``key=value``; the seed comes last. Each run's directory is
+the command line's ``key=value``; the seed comes last. An override written
+``LABEL:key=value`` (``scoped_override``) applies only to the runs of the axis value
+labelled LABEL, such as one method's key (``FedProx:algorithm.mu=0.1``). Each run's directory is
 ``runs/<setting>/<method>/seed-<s>`` (``runs/<method>/seed-<s>`` without setting
 axes). Its ``description`` in ``sweep.json`` is the sweep's, followed by a
 ``run_note`` such as ``(run here with: scale paper (rounds=3000); rounds=5)``
@@ -11,11 +13,21 @@ when what ran is not the default scale the sweep's description describes.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from driftlab.algorithms import registry
-from driftlab.experiments.config import ConfigError, ExperimentConfig, load_config, read_config_source
+from driftlab.experiments.config import (
+    DEFAULT_ALGORITHM,
+    ConfigError,
+    ExperimentConfig,
+    algorithms_with_key,
+    apply_overrides,
+    did_you_mean,
+    load_config,
+    read_config_source,
+)
 from driftlab.experiments.sweep.directory import slug
 from driftlab.experiments.sweep.spec import Axis, AxisValue, Scale, SweepSpec
 
@@ -54,13 +66,16 @@ def plan(spec: SweepSpec, scale: str | None = None, extra_overrides: Sequence[st
     combos: list[list[tuple[Axis, AxisValue]]] = [[]]
     for axis in spec.axes:
         combos = [combo + [(axis, value)] for combo in combos for value in axis.values]
+    labels = [value.label for axis in spec.axes for value in axis.values]
+    shared = [scoped_override(a, labels) for a in [*spec.overrides, *chosen.overrides]]
+    extra = [scoped_override(a, labels) for a in extra_overrides]
     runs, seen_dirs = [], {}
     for combo in combos:
         setting_values = [value for axis, value in combo if axis.role == "setting"]
         method_values = [value for axis, value in combo if axis.role == "method"]
         setting = ", ".join(value.label for value in setting_values)
         method_parts = [value.label for value in method_values]
-        assignments = [*spec.overrides, *chosen.overrides, *(a for _, value in combo for a in value.assignments(scale)), *extra_overrides]
+        assignments = _run_assignments(combo, shared, extra, scale)
         seed_assignments = [a for a in assignments if a.split("=", 1)[0].strip() == "seed"]
         if seed_assignments:
             # Every run's seed comes from the sweep's seed list; a `seed=` override would be replaced without a word.
@@ -73,8 +88,9 @@ def plan(spec: SweepSpec, scale: str | None = None, extra_overrides: Sequence[st
             try:
                 config = load_config(base_table, overrides)
             except ConfigError as error:
-                labels = " / ".join(value.label for _, value in combo) or "the base config"
-                raise ConfigError(f"sweep {spec.name}, run {labels} (seed {seed}): {error}") from None
+                names = " / ".join(value.label for _, value in combo) or "the base config"
+                hint = _scope_hint(str(error), base_table, spec.axes, combos, shared, extra, scale)
+                raise ConfigError(f"sweep {spec.name}, run {names} (seed {seed}): {error}{hint}") from None
             method = ", ".join(method_parts) or registry.label(config.algorithm.name)
             parts = [_dir_part(setting_values)] if setting_values else []
             run_dir = "/".join(["runs", *parts, _dir_part(method_values) if method_values else slug(method), f"seed-{seed}"])
@@ -86,6 +102,90 @@ def plan(spec: SweepSpec, scale: str | None = None, extra_overrides: Sequence[st
             seen_dirs[run_dir] = (setting, method)
             runs.append(PlannedRun(run_dir, setting, method, seed, overrides, config))
     return runs
+
+
+Scoped = list[tuple[str | None, str]]  # (the label an override is scoped to, or None: every run; the plain key=value)
+
+
+def _run_assignments(combo: list[tuple[Axis, AxisValue]], shared: Scoped, extra: Scoped, scale: str | None) -> list[str]:
+    """One run's overrides in order: the sweep's (and its scale's), its axis values' ``set``, the command line's;
+    a scoped override only where its label is one of the run's."""
+    in_run = {value.label for _, value in combo}
+    return [
+        *(a for scope, a in shared if scope is None or scope in in_run),
+        *(a for _, value in combo for a in value.assignments(scale)),
+        *(a for scope, a in extra if scope is None or scope in in_run),
+    ]
+
+
+def scoped_override(assignment: str, labels: Sequence[str]) -> tuple[str | None, str]:
+    """``"FedProx:algorithm.mu=1"`` -> ``("FedProx", "algorithm.mu=1")``: an override for the runs of one axis value only;
+    ``"algorithm.mu=1"`` -> ``(None, "algorithm.mu=1")``, for every run.
+
+    The scope is the text before the first ``:`` that is followed by ``key=``; it must be the label of an axis value
+    (labels may hold ``=``, as a --grid's ``mu=0`` does). A value holding a colon (``data.loader=mod:fn``) is no scope.
+    """
+    for found in _SCOPE.finditer(assignment):
+        scope, rest = assignment[: found.start()], assignment[found.start() + 1 :]
+        if scope in labels:
+            return scope, rest
+        if "=" not in scope:
+            known = ", ".join(repr(label) for label in labels) or "none (the sweep has no axes)"
+            guess = did_you_mean(scope, list(labels))
+            raise ConfigError(
+                f"override {assignment[:200]!r}: {scope[:100]!r} is not the label of a value of the sweep's axes, so it cannot "
+                f"scope the override{f' (did you mean {guess!r}?)' if guess else ''}; labels: {known}"
+            )
+    return None, assignment
+
+
+_SCOPE = re.compile(r":(?=\s*[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*\s*=)")
+
+
+def _scope_hint(
+    message: str,
+    base_table: dict[str, Any],
+    axes: Sequence[Axis],
+    combos: list[list[tuple[Axis, AxisValue]]],
+    shared: Scoped,
+    extra: Scoped,
+    scale: str | None,
+) -> str:
+    """For an ``algorithm.KEY: unknown key`` caused by a sweep-wide override: which algorithms own the key, and the
+    scoped overrides (``LABEL:algorithm.KEY=value``) that set it for the runs that use them only."""
+    for scope, assignment in [*shared, *extra]:
+        key = assignment.split("=", 1)[0].strip()
+        parts = key.split(".")
+        if scope is not None or len(parts) != 2 or parts[0] != "algorithm" or f"{key}: unknown key" not in message:
+            continue
+        owners = algorithms_with_key(parts[1])
+        without = ([(s, a) for s, a in shared if a != assignment], [(s, a) for s, a in extra if a != assignment])
+        owning = [_algorithm_name(base_table, _run_assignments(combo, *without, scale)) in owners for combo in combos]
+        # axis values all of whose runs use an owner: each label scopes the override to runs that have the key
+        fitting = [
+            value.label
+            for axis in axes
+            for value in axis.values
+            if all(own for combo, own in zip(combos, owning) if any(v is value for _, v in combo))
+        ]
+        intro = f"\n{assignment!r} is set for every run of the sweep, but {key} is a key of {', '.join(owners)} only"
+        if not fitting:
+            return f"{intro}; set it in the `set` of the axis values whose runs use {' or '.join(owners)} (a sweep file)"
+        scoped = " ".join(f"'{label}:{assignment}'" for label in fitting)
+        return (
+            f"{intro}, which the runs of {' and '.join(repr(label) for label in fitting)} use; "
+            f"set it for those runs alone with a scoped override: {scoped}"
+        )
+    return ""
+
+
+def _algorithm_name(base_table: dict[str, Any], assignments: list[str]) -> str | None:
+    """The algorithm a run's overrides name, read without validating them (None when they cannot even be applied)."""
+    try:
+        algorithm = apply_overrides(base_table, assignments).get("algorithm", {})
+    except ConfigError:
+        return None
+    return algorithm.get("name", DEFAULT_ALGORITHM) if isinstance(algorithm, dict) else None
 
 
 def sweep_document(spec: SweepSpec, runs: Sequence[PlannedRun], scale: str | None, extra_overrides: Sequence[str]) -> dict[str, Any]:
@@ -124,4 +224,4 @@ def run_note(spec: SweepSpec, scale: str | None, extra_overrides: Sequence[str])
     return f"(run here with: {'; '.join(parts)})" if parts else ""
 
 
-__all__ = ["SWEEP_FORMAT", "PlannedRun", "plan", "run_note", "sweep_document"]
+__all__ = ["SWEEP_FORMAT", "PlannedRun", "plan", "run_note", "scoped_override", "sweep_document"]

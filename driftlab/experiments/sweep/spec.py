@@ -33,6 +33,8 @@ A sweep file (TOML; shipped ones are listed by ``driftlab presets``)::
 Overrides apply in order: ``overrides``, the scale's overrides, the axes' ``set``
 (each followed by its ``at_scale`` entry for the chosen scale) in axis order, then
 the command line's ``key=value``; the seed comes last (``driftlab.experiments.sweep.planning``).
+``LABEL:key=value`` in ``overrides`` or on the command line applies to the runs of the
+axis value labelled LABEL only.
 
 A sweep without a file, ``--grid client.lr=[0.1, 0.2]`` on a config, labels its
 values by the key's last part (``lr=0.1``; more of it where two keys end alike)
@@ -50,10 +52,9 @@ from pathlib import Path
 from typing import Any, Literal, Sequence
 
 from driftlab.algorithms import registry
-from driftlab.experiments.config import MAX_CONFIG_BYTES, ConfigError, parse_override
+from driftlab.experiments.config import MAX_CONFIG_BYTES, ConfigError, check_toml_shape, parse_override, parse_toml, read_config_text
+from driftlab.experiments.shipped import SWEEP_PACKAGE, sweep_names
 from driftlab.experiments.sweep.directory import slug
-
-SWEEP_PACKAGE = "driftlab.experiments.sweeps"
 
 Role = Literal["setting", "method"]
 
@@ -102,11 +103,6 @@ class SweepSpec:
 # ---------------------------------------------------------------- reading sweep files
 
 
-def sweep_names() -> list[str]:
-    """The shipped sweep presets (the papers' headline experiments)."""
-    return sorted(p.name[: -len(".toml")] for p in resources.files(SWEEP_PACKAGE).iterdir() if p.name.endswith(".toml"))
-
-
 def is_sweep_source(source: str | Path) -> bool:
     """Whether ``source`` names a sweep (a shipped sweep or a TOML file with ``base``/``[[axes]]``) rather than a config."""
     if str(source) in sweep_names():
@@ -116,9 +112,9 @@ def is_sweep_source(source: str | Path) -> bool:
         if path.stat().st_size > MAX_CONFIG_BYTES:
             return False  # load_config refuses it with the reason
         try:
-            table = tomllib.loads(path.read_text())
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError, RecursionError):
-            return False
+            table = parse_toml(read_config_text(path), str(path))
+        except ConfigError:
+            return False  # load_config refuses it with the reason
         # a config file may build on a `base` too; a sweep file holds nothing but sweep keys
         return "axes" in table or ("base" in table and set(table) <= _TOP_KEYS)
     return False
@@ -128,16 +124,12 @@ def load_sweep(source: str | Path) -> SweepSpec:
     """Read a sweep file or a shipped sweep preset, with errors that name the key at fault."""
     path = Path(source)
     if path.is_file():
-        text, origin, folder, name = path.read_text(), str(path), path.parent, path.stem
+        text, origin, folder, name = read_config_text(path), str(path), path.parent, path.stem
     elif str(source) in sweep_names():
         text, origin, folder, name = resources.files(SWEEP_PACKAGE).joinpath(f"{source}.toml").read_text(), f"sweep {source}", None, str(source)
     else:
         raise ConfigError(f"{source!r} is neither a sweep file nor a shipped sweep; shipped sweeps: {', '.join(sweep_names())}")
-    try:
-        table = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as error:
-        raise ConfigError(f"{origin} is not valid TOML: {error}") from None
-    return sweep_from_table(table, origin, name, folder)
+    return sweep_from_table(parse_toml(text, origin), origin, name, folder)
 
 
 _TOP_KEYS = {"description", "base", "plugins", "overrides", "seeds", "targets", "steps_reference", "axes", "scales", "name"}
@@ -294,6 +286,8 @@ def grid_axis(assignment: str, label_key: str | None = None) -> Axis:
 
 def _grid_literals(assignment: str, raw: str) -> list[str]:
     """The values of one --grid as TOML literals; anything that is not exactly one of the two forms is an error."""
+    # bounded before tomllib, which recurses once per bracket: a value nested 50,000 deep is refused here
+    check_toml_shape(f"v = {raw}", f"--grid {assignment[:100]!r}")
     if raw.startswith("[") or raw.endswith("]"):
         try:
             values = tomllib.loads(f"v = {raw}")["v"]
