@@ -223,9 +223,12 @@ def test_a_plugin_run_resumes_and_reports_in_fresh_interpreters(fresh_registry, 
     report = driftlab_cli("report", out, "--out", tmp_path / "report", "--no-plots", process=True)
     assert report.returncode == 0, report.stderr
     assert "| Toy fresh |" in (tmp_path / "report" / "report.md").read_text()
-    plugin.unlink()  # the plugin is gone: resume and report say so, naming it
-    again = driftlab_cli("report", out, "--out", tmp_path / "report2", "--no-plots", process=True)
+    plugin.unlink()  # the plugin is gone: a resume says so, naming it; a report reads records only and never needed it
+    again = driftlab_cli("run", out / "config.json", "--out", out, "--resume", "rounds=4", "--quiet", process=True)
     assert again.returncode == 2 and f"cannot import plugin '{plugin.resolve()}'" in again.stderr and "Traceback" not in again.stderr
+    report = driftlab_cli("report", out, "--out", tmp_path / "report2", "--no-plots", process=True)
+    assert report.returncode == 0, report.stderr
+    assert "| Toy fresh |" in (tmp_path / "report2" / "report.md").read_text()
 
 
 @pytest.mark.slow

@@ -407,6 +407,12 @@ def test_real_runs_end_to_end(tmp_path):
     assert savings(fedprox, scaffold).ratio == 2.0
     assert all(run.status == "complete" and run.rounds_done == 3 for run in report.runs)
     assert (tmp_path / "report" / "synthetic-norms.png").read_bytes()[:8] == PNG_SIGNATURE
+    # run.json records the label and the initial model's losses the divergence test computed: round 0 of the curves
+    run = report.settings[0].methods["FedProx"][0]
+    assert run.info["algorithm_label"] == "FedProx" and set(run.initial) == {"train_loss", "test_loss"}
+    from driftlab.experiments.report.plots import _series
+
+    assert _series([run], "train_loss").x == [0, 1, 2, 3] and _series([run], "train_loss").mean[0] == run.initial["train_loss"]
 
 
 def test_the_same_run_twice_is_refused(tmp_path):
@@ -647,13 +653,16 @@ def test_a_report_never_imports_the_plugins_its_runs_name(tmp_path):
     config = _config("fedavg")
     config["algorithm"] = {"name": "evil_alg"}
     config["plugins"] = [str(plugin)]
-    _write_run(tmp_path / "plugin-run", config, _records([0.5, 0.7]))
+    _write_run(tmp_path / "plugin-run", config, _records([0.5, 0.7]), algorithm_label="Evil Avg")
     _write_run(tmp_path / "fedavg-run", _config("fedavg"), _records([0.5, 0.6]))
     report = make_report([tmp_path / "plugin-run", tmp_path / "fedavg-run"], tmp_path / "report", targets=[0.65], plots=False)
     assert not marker.exists()
-    # the plugin's algorithm is labelled by the name config.json records, after the built-ins
-    assert list(report.settings[0].methods) == ["FedAvg", "evil_alg"]
-    assert _row(report, "evil_alg", 0.65).rounds == 2
+    # the plugin's algorithm is labelled as run.json records it, after the built-ins
+    assert list(report.settings[0].methods) == ["FedAvg", "Evil Avg"]
+    assert _row(report, "Evil Avg", 0.65).rounds == 2
+    # without run.json (or the label in it) the name config.json records
+    (tmp_path / "plugin-run" / "run.json").unlink()
+    assert list(make_report([tmp_path / "plugin-run"], tmp_path / "report0", plots=False).settings[0].methods) == ["evil_alg"]
     # and through the command line too
     result = subprocess.run(
         [sys.executable, "-c", "import sys; from driftlab.cli import main; sys.exit(main(sys.argv[1:]))", "report", str(tmp_path / "plugin-run"), "--out", str(tmp_path / "cli-report"), "--no-plots"],
@@ -761,3 +770,20 @@ def test_unstable_and_diverged_runs_are_marked(tmp_path):
     assert _markdown_row(accuracy, "FedProx (diverged at round 3)")
     stable = _write_run(tmp_path / "stable" / "run", _config(rounds=2), _records([0.5, 0.6]))
     assert "Unstable" not in make_report([stable], tmp_path / "report2", plots=False).markdown
+
+
+def test_curves_start_at_round_0_where_run_json_records_the_initial_model():
+    from driftlab.experiments.report.plots import _series
+    from driftlab.experiments.report.read import RunData
+
+    def run(seed: int, initial: dict | None) -> RunData:
+        info = {"status": "complete"} if initial is None else {"status": "complete", "initial": initial}
+        return RunData(Path(f"s{seed}"), _config(seed=seed, rounds=2), _records([0.3, 0.4], train_loss=[2.0, 1.5]), info, seed=seed)
+
+    both = [run(0, {"train_loss": 3.0, "test_accuracy": 0.1}), run(1, {"train_loss": 2.0, "test_accuracy": 0.1})]
+    series = _series(both, "train_loss")
+    assert (series.x, series.mean) == ([0, 1, 2], [2.5, 2.0, 1.5])
+    assert series.std[0] == pytest.approx(0.7071067811865476)
+    assert _series(both, "test_accuracy").mean[0] == 0.1
+    assert _series(both, "train_loss", "bits").x[0] > 0  # no round 0 on a log axis of bits
+    assert _series([run(0, None)], "train_loss").x == [1, 2]  # runs without it start at round 1

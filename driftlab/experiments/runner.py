@@ -355,6 +355,10 @@ def _run_in(
         )
         if state.round == start_round:  # nothing left to run (a finished run resumed): the loop wrote no table
             run_directory.write_metrics_csv(out, records)
+        if sim.initial_losses is not None:
+            # The initial model's losses the divergence test already computed (nothing is evaluated for this):
+            # the report's curves start from them at round 0.
+            info.content["initial"] = dict(sim.initial_losses)
         info.update("complete", state.round)
         if not config.keep_checkpoint:
             drop_checkpoint(out)
@@ -502,6 +506,8 @@ def start_run_info(out: Path, config: ExperimentConfig, sim: Simulation, start_r
             "backend": getattr(sim.backend, "name", type(sim.backend).__name__),  # what backend=auto resolved to
         },
         "versions": {"driftlab": driftlab.__version__, "torch": torch.__version__, "python": platform.python_version()},
+        # The method's name as its registry entry spells it: `driftlab report` reads it as data, never importing a plugin.
+        "algorithm_label": registry.label(config.algorithm.name),
         **extra,
     }
     return run_directory.RunInfo.start(out, config.rounds, start_round, sim.model.num_parameters, entries)

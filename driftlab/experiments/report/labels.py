@@ -2,9 +2,9 @@
 
 A sweep's runs carry the sweep's own labels (``sweep.json``); runs outside a sweep
 are labelled here. Algorithm names come from the built-in table
-(``driftlab.algorithm_labels``, no torch) or, for a plugin's algorithm, its name as
-config.json records it: a report never imports a run's plugins (that would run code
-from the folder it reads). Keys outside a run's identity (trackers, plugins' paths,
+(``driftlab.algorithm_labels``, no torch) or, for a plugin's algorithm, the label its
+run.json records (else its name in config.json): a report never imports a run's
+plugins (that would run code from the folder it reads). Keys outside a run's identity (trackers, plugins' paths,
 checkpointing, memory limits) never enter a label.
 """
 
@@ -59,19 +59,29 @@ def display_value(value: Any) -> str:
     return str(value)
 
 
-def algorithm_label(flat: dict[str, Any]) -> str:
-    """The method's name as the papers spell it: FedAvg, FedAdam (FedAvg + server Adam), SCAFFOLD, ..."""
+def algorithm_label(flat: dict[str, Any], recorded: dict[str, str] | None = None) -> str:
+    """The method's name as the papers spell it: FedAvg, FedAdam (FedAvg + server Adam), SCAFFOLD, ...
+
+    ``recorded`` maps a plugin's algorithm name to the label its runs' run.json recorded
+    (``algorithm_label``); without one a plugin's algorithm keeps its name.
+    """
     name = str(flat.get("algorithm.name"))
     optimizer = flat.get("server.optimizer", "sgd")
     if name == "fedavg" and optimizer in SERVER_OPTIMIZER_LABELS:
         return SERVER_OPTIMIZER_LABELS[optimizer]
-    label = _name_label(name)
+    label = BUILT_IN_LABELS.get(name) or (recorded or {}).get(name) or name
     return label if optimizer == "sgd" else f"{label} + server {optimizer}"
 
 
-def _name_label(name: str) -> str:
-    # A plugin's algorithm keeps the name its config records: its label lives in code the report does not run.
-    return BUILT_IN_LABELS.get(name, name)
+def recorded_labels(runs: Sequence[RunData]) -> dict[str, str]:
+    """Algorithm name -> the label run.json recorded for it (the registry entry's, written by the runner)."""
+    labels = {}
+    for run in runs:
+        label = (run.info or {}).get("algorithm_label")
+        name = (run.config.get("algorithm") or {}).get("name")
+        if isinstance(label, str) and label and isinstance(name, str):
+            labels.setdefault(name, label)
+    return labels
 
 
 def _frozen(value: Any) -> str:
@@ -112,6 +122,7 @@ def label_standalone(runs: Sequence[RunData]) -> None:
     "FedProx (algorithm.mu=0)".
     """
     splits = [_split_keys(flatten_config(run.config)) for run in runs]
+    recorded = recorded_labels(runs)
     by_data: dict[str, list[int]] = {}
     for index, (setting, _) in enumerate(splits):
         by_data.setdefault(display_value(setting.get("data.name", "runs")), []).append(index)
@@ -130,7 +141,7 @@ def label_standalone(runs: Sequence[RunData]) -> None:
             methods.setdefault(_frozen(splits[index][1]), splits[index][1])
         by_name: dict[str, list[dict[str, Any]]] = {}
         for table in methods.values():
-            by_name.setdefault(algorithm_label(table), []).append(table)
+            by_name.setdefault(algorithm_label(table, recorded), []).append(table)
         labels = {}
         for name, tables in by_name.items():
             differing = _differing_keys(tables)

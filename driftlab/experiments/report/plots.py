@@ -61,9 +61,14 @@ def _series(runs: Sequence[RunData], key: str, x_key: str = "round") -> Series:
     """Mean and sample standard deviation of ``key`` over seeds at each round where some seed recorded it.
 
     ``x_key="bits"`` puts the round at the cumulative bits up and down (mean over seeds at that round).
+    Against rounds the curve starts at round 0 with the initial model's value where run.json records it
+    (``RunData.initial``); a log axis of bits has no 0, so that one starts at round 1.
     """
     by_round: dict[int, list[tuple[float, float]]] = {}
     for run in runs:
+        start = run.initial.get(key)
+        if x_key == "round" and start is not None and math.isfinite(start):
+            by_round.setdefault(0, []).append((0, start))
         bits = 0
         for record in run.records:
             bits += record["upload_bits"] + record["download_bits"]

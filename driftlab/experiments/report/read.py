@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from driftlab.errors import ConfigError
-from driftlab.experiments.report.labels import algorithm_label, flatten_config, label_standalone, method_order
+from driftlab.experiments.report.labels import algorithm_label, flatten_config, label_standalone, method_order, recorded_labels
 from driftlab.experiments.run_directory import CONFIG_FILE, METRICS_FILE, RUN_INFO_FILE
 from driftlab.experiments.sweep.directory import SWEEP_FILE
 
@@ -82,6 +82,15 @@ class RunData:
     def diverged_at(self) -> int | None:
         """The round whose update made the server model non-finite (the runner records the rounds before it)."""
         return self.rounds_done + 1 if self.status == "diverged" and self.truncated_from is None else None
+
+    @property
+    def initial(self) -> dict[str, float]:
+        """The initial model's evaluation (round 0: ``train_loss``, ``test_loss``, ``test_accuracy``) when run.json
+        records it under ``"initial"``; empty otherwise (runs written before it was recorded)."""
+        initial = (self.info or {}).get("initial")
+        if not isinstance(initial, dict):
+            return {}
+        return {k: float(v) for k, v in initial.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
     @property
     def instability(self) -> dict[str, Any] | None:
@@ -192,7 +201,7 @@ def read_run(path: Path) -> RunData:
     if not isinstance(algorithm, dict) or "name" not in algorithm:
         raise ConfigError(f"{path / CONFIG_FILE} has no algorithm.name; is this a driftlab run directory?")
     # The run's ``plugins`` are never imported: reading a results folder must not run code it holds.
-    # A plugin's algorithm is labelled by the name config.json records (see ``labels``).
+    # A plugin's algorithm is labelled as run.json records it, else by its name in config.json (see ``labels``).
     records, torn = read_metrics(path / METRICS_FILE)
     info_path = path / RUN_INFO_FILE
     info = read_json_file(info_path) if info_path.exists() else None
@@ -243,7 +252,8 @@ def read_sweep(path: Path) -> tuple[dict[str, Any], list[RunData], list[PendingR
             pending.append(PendingRun(run_dir, setting, str(entry.get("method", "")), int(entry.get("seed", 0))))
             continue
         run = read_run(run_dir)
-        run.setting, run.method, run.sweep = setting, str(entry.get("method") or algorithm_label(flatten_config(run.config))), name
+        fallback = algorithm_label(flatten_config(run.config), recorded_labels([run]))
+        run.setting, run.method, run.sweep = setting, str(entry.get("method") or fallback), name
         run.seed = int(entry.get("seed", run.seed))
         run.setting_dir = _setting_dir(entry)
         runs.append(run)
