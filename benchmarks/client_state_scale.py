@@ -85,6 +85,7 @@ def overrides(args: argparse.Namespace) -> list[str]:
         f"client.batch_size={args.samples}",
         "client.lr=0.05",
         f"checkpoint_every={args.checkpoint_every}",
+        "keep_checkpoint=true",  # the store and the checkpoint are what is measured: kept when the run completes
         f"state.store={args.store}",
         f"evaluation.every={args.evaluate_every}",
         f"evaluation.model={args.evaluation_model}",

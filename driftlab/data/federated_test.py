@@ -288,7 +288,8 @@ def _peak_kib_of(script: str) -> tuple[str, int]:
     import subprocess
     import sys
 
-    code = "import resource\n" + script + "\nprint(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"
+    # VmHWM is this process image's own peak: ru_maxrss would carry over the forking parent's peak across exec
+    code = script + '\nprint(next(int(line.split()[1]) for line in open(\"/proc/self/status\") if line.startswith(\"VmHWM:\")))'
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     *lines, peak = result.stdout.strip().splitlines()

@@ -149,6 +149,25 @@ def build_algorithm(config: ExperimentConfig, flat_model: FlatModel) -> Algorith
     return dataclasses.replace(with_compression(algorithm, ratio, flat_model.numels), plugin=algorithm.plugin)
 
 
+def round_plan(config: ExperimentConfig) -> RoundPlan:
+    """The engine's ``RoundPlan`` for ``config``: the simulator's, and the deployment node's reference for the server's requests."""
+    return RoundPlan(
+        seed=config.seed,
+        participation=config.sampling.participation,
+        sampling=config.sampling.mode,
+        batch_size=config.client.batch_size,
+        client_lr=config.client.lr,
+        server_lr=config.server.lr,
+        local_epochs=config.client.local_epochs,
+        steps=config.client.steps,
+        weight_decay=config.client.weight_decay,
+        clip_norm=config.client.clip_norm,
+        inexact_gamma=config.client.inexact_gamma,
+        augment=config.data.augment,
+        availability=AvailabilityModel(config.availability.inactive_probability, config.availability.incomplete_probability),
+    )
+
+
 def build_simulation(
     config: ExperimentConfig,
     model: ModelSource = None,
@@ -184,21 +203,7 @@ def build_simulation(
     flat_model = checked_model(config, data, lambda: build_model(config, data, model, loss).to(device, dtype), device, dtype, model)
     initial_params = flat_model.initial_parameters().to(device, dtype)
     algorithm = build_algorithm(config, flat_model)
-    plan = RoundPlan(
-        seed=config.seed,
-        participation=config.sampling.participation,
-        sampling=config.sampling.mode,
-        batch_size=config.client.batch_size,
-        client_lr=config.client.lr,
-        server_lr=config.server.lr,
-        local_epochs=config.client.local_epochs,
-        steps=config.client.steps,
-        weight_decay=config.client.weight_decay,
-        clip_norm=config.client.clip_norm,
-        inexact_gamma=config.client.inexact_gamma,
-        augment=config.data.augment,
-        availability=AvailabilityModel(config.availability.inactive_probability, config.availability.incomplete_probability),
-    )
+    plan = round_plan(config)
     evaluation = EvaluationPlan(
         every=config.evaluation.every,
         model=config.evaluation.model,

@@ -36,9 +36,15 @@ from driftlab.experiments.datasets import DATA_SETS, vocabulary_size
 from driftlab.memory_limit import MemoryLimit, format_bytes, memory_limit
 from driftlab.models import build_model
 from driftlab.optim.schedules import steps_at
+from driftlab.simulation.sampling import clients_per_round
 
 PROBE_EXAMPLES = 4  # examples of the forward pass: enough to catch batch-dimension mistakes, cheap for any model
 INDEX_BYTES = 8  # the batch plan is int64 positions
+# What a trained client holds per plan entry at its peak: the plan, and the vectorized backend's batch schedule built
+# from it (positions, gathered rows, weights in up to float64, the masks and np.where's temporary: 40 more bytes).
+PLAN_ENTRY_BYTES = 48
+# Per local step: the sequential backend's list of batch sizes (a Python int and its slot) and the schedule's counts.
+PLAN_STEP_BYTES = 48
 QUADRATIC_DATA = ("quadratic", "quadratic1d")
 # Peak bytes per client while generating a data set, measured (tracemalloc, numpy) and rounded down,
 # so the estimate stays a lower bound; a partitioned pooled data set costs an index array per client.
@@ -204,13 +210,17 @@ def checked_model(
 
 
 def check_plan_size(config: ExperimentConfig, data: Any, memory_bytes: int | MemoryLimit | None = None) -> None:
-    """The batch plan of the largest client fits: ``local_training.batch_plan`` allocates it whole epochs at a time,
-    ``[⌈steps / per_epoch⌉ · per_epoch, min(B, n_k)]`` int64, before the client's first step."""
+    """The batch plans of a round's clients fit: ``local_training.batch_plan`` allocates a client's whole epochs at a
+    time, ``[⌈steps / per_epoch⌉ · per_epoch, min(B, n_k)]`` int64, before its first step, and a round builds the plans
+    of a wave's clients together (a wave may hold the whole round), so the largest client's plan times the round's
+    clients must fit."""
     limit = _limit(memory_bytes)
-    room = limit.available
     sizes = data.client_sizes
     if len(sizes) == 0:
         return
+    together = min(len(sizes), clients_per_round(config.sampling.participation, len(sizes)))
+    room = limit.available // together
+    each = f" for each of the {_count(together)} clients a round trains together" if together > 1 else ""
     largest = int(sizes.max())
     batch = config.client.batch_size
     width = min(batch, largest)
@@ -218,15 +228,17 @@ def check_plan_size(config: ExperimentConfig, data: Any, memory_bytes: int | Mem
     epochs = config.client.local_epochs
     steps = epochs * per_epoch if epochs is not None else _largest_step_count(config)
     rows = -(-steps // per_epoch) * per_epoch  # the plan is cut from whole epochs
-    estimate = rows * width * INDEX_BYTES
+    per_row = width * PLAN_ENTRY_BYTES + PLAN_STEP_BYTES
+    estimate = rows * per_row
     if estimate <= room:
         return
+    estimate *= together
     if epochs is not None:
-        most = max(1, room // (per_epoch * width * INDEX_BYTES))
+        most = max(1, room // (per_epoch * per_row))
         raise _too_large(
             "client.epochs",
             f"the batch plan of the largest client ({_count(largest)} examples: {_count(epochs)} epochs x {_count(per_epoch)} steps "
-            f"x {_count(width)} examples x {INDEX_BYTES} bytes)",
+            f"x ({_count(width)} examples x {PLAN_ENTRY_BYTES} bytes + {PLAN_STEP_BYTES} bytes), with what the backends build from it){each}",
             estimate,
             limit,
             f"use at most about {_count(most)} local epochs here",
@@ -234,10 +246,11 @@ def check_plan_size(config: ExperimentConfig, data: Any, memory_bytes: int | Mem
     raise _too_large(
         "client.steps",
         f"the batch plan of the largest client ({_count(largest)} examples: {_count(steps)} steps, cut from whole epochs of {_count(per_epoch)} steps, "
-        f"so {_count(rows)} rows x {_count(width)} examples x {INDEX_BYTES} bytes)",
+        f"so {_count(rows)} rows x ({_count(width)} examples x {PLAN_ENTRY_BYTES} bytes + {PLAN_STEP_BYTES} bytes), with what the backends "
+        f"build from it){each}",
         estimate,
         limit,
-        f"use at most about {_count(max(1, room // (width * INDEX_BYTES) // per_epoch * per_epoch))} local steps here, or a smaller client.batch_size",
+        f"use at most about {_count(max(1, room // per_row // per_epoch * per_epoch))} local steps here, or a smaller client.batch_size",
     )
 
 

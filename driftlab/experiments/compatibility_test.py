@@ -163,10 +163,22 @@ def test_plan_estimate_uses_the_largest_client():
     config = load_config(SMALL, ["client.epochs=3", "client.batch_size=10"])
     data = build_dataset(config.data, config.seed)
     largest = int(data.client_sizes.max())
-    needed = 3 * -(-largest // 10) * 10 * 8
+    needed = 3 * -(-largest // 10) * (10 * 48 + 48)  # rows x (entries x 48 bytes + 48 bytes a step): plan and schedule
     check_plan_size(config, data, memory_bytes=needed)
     with pytest.raises(ConfigError, match=f"largest client \\({largest:,} examples: 3 epochs"):
         check_plan_size(config, data, memory_bytes=needed - 1)
+
+
+def test_plan_estimate_counts_every_client_a_round_trains_together():
+    """A wave builds its clients' plans together: steps=10**8 passed a 23.5 GiB machine as one client's 7.45 GiB plan, and
+    a round of three was killed at 23.2 GiB of RSS."""
+    config = load_config(SMALL, ["client.epochs=3", "client.batch_size=10", "sampling.participation=0.6"])  # 3 of 5 a round
+    data = build_dataset(config.data, config.seed)
+    largest = int(data.client_sizes.max())
+    one = 3 * -(-largest // 10) * (10 * 48 + 48)
+    check_plan_size(config, data, memory_bytes=3 * one)
+    with pytest.raises(ConfigError, match=r"3 epochs x .*\) for each of the 3 clients a round trains together"):
+        check_plan_size(config, data, memory_bytes=3 * one - 1)
 
 
 def test_model_memory_is_counted_without_allocating_it():

@@ -358,7 +358,8 @@ def _run_in(
         if sim.initial_losses is not None:
             # The initial model's losses the divergence test already computed (nothing is evaluated for this):
             # the report's curves start from them at round 0.
-            info.content["initial"] = dict(sim.initial_losses)
+            accuracy = {} if sim.initial_accuracy is None else {"test_accuracy": sim.initial_accuracy}
+            info.content["initial"] = {**sim.initial_losses, **accuracy}
         info.update("complete", state.round)
         if not config.keep_checkpoint:
             drop_checkpoint(out)

@@ -1181,3 +1181,13 @@ def test_a_run_refused_for_a_wrong_data_path_leaves_nothing_in_its_output_direct
     with pytest.raises(DataFileError):
         driftlab.run("mnist-fedavg", tmp_path / "library", overrides=[f"data.root={tmp_path / 'absent'}"])
     assert (tmp_path / "library" / "config.json").exists()
+
+
+def test_run_json_records_the_initial_models_evaluation_for_the_reports_round_0(tmp_path):
+    from driftlab.simulation.engine import evaluate
+
+    result = driftlab.run(None, tmp_path / "run", overrides=TINY)
+    initial = json.loads((tmp_path / "run" / "run.json").read_text())["initial"]
+    sim, _ = runner.build_simulation(result.config)
+    expected = evaluate(sim, sim.initial_params)  # the same model, evaluated as a round's record evaluates it
+    assert initial == {key: expected[key] for key in ("train_loss", "test_loss", "test_accuracy")}

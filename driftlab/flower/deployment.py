@@ -145,7 +145,15 @@ from driftlab.compress.ternary import compress_model
 from driftlab.data.federated import FederatedDataset
 from driftlab.errors import ConfigError
 from driftlab.experiments import run_directory
-from driftlab.experiments.assembly import build_algorithm, build_model, configured_algorithm, build_simulation, load_data, resolve_device
+from driftlab.experiments.assembly import (
+    build_algorithm,
+    build_model,
+    build_simulation,
+    configured_algorithm,
+    load_data,
+    resolve_device,
+    round_plan,
+)
 from driftlab.experiments.config import ExperimentConfig, load_config
 from driftlab.experiments.runner import RunResult, evaluates_after, prepare_output, start_run_info, write_checkpoint
 from driftlab.flower import wire
@@ -156,7 +164,7 @@ from driftlab.optim.schedules import value_at
 from driftlab.simulation.augmentation import flip_crop_from_keys
 from driftlab.simulation.checkpoint import write_atomically
 from driftlab.simulation.client import ClientData, ClientSettings, run_client
-from driftlab.simulation.engine import RoundPlan, SimulationState, finish_round, plan_round
+from driftlab.simulation.engine import SimulationState, finish_round, plan_round
 from driftlab.simulation.flat import FlatModel
 from driftlab.simulation.local_training import LocalSettings, TrainingData
 from driftlab.simulation.precision import parameter_dtype
@@ -530,17 +538,8 @@ class DeploymentClient:
         self._data: dict[int, ClientData] = {}
         self._states: dict[tuple[str, int], NodeClientState] = {}
         self._view = self.algorithm.broadcast(self.algorithm.server_init(self.initial_params))
-        # Only planned_steps is used: the local work this node's config plans (the server's requests are checked against it).
-        self._plan = RoundPlan(
-            seed=config.seed,
-            participation=config.sampling.participation,
-            sampling=config.sampling.mode,
-            batch_size=config.client.batch_size,
-            client_lr=config.client.lr,
-            server_lr=config.server.lr,
-            local_epochs=config.client.local_epochs,
-            steps=config.client.steps,
-        )
+        # The round plan of the simulator for this config: its planned_steps are what the server may ask of this node.
+        self._plan = round_plan(config)
         self.max_request_bytes = _size_limit(TrainRequest(self._view, _context_template(0, 1, config), round_settings(config, 1), 0))
 
     # ------------------------------------------------------------------ requests

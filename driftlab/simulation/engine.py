@@ -143,6 +143,8 @@ class Simulation:
     client_sizes: np.ndarray = field(init=False, repr=False)
     # The initial model's evaluated losses, the reference of the divergence test; computed on first use.
     initial_losses: dict[str, float] | None = field(init=False, repr=False, default=None)
+    # The initial model's test accuracy (classifiers), computed with initial_losses: a report's round-0 point.
+    initial_accuracy: float | None = field(init=False, repr=False, default=None)
     # The model's starting scale, the norm test's reference (``norm_scale``): fixed by the initial model and its size.
     norm_scale: float = field(init=False, repr=False)
 
@@ -629,8 +631,11 @@ def reference_losses(sim: Simulation) -> dict[str, float]:
     Evaluation draws no random numbers, so computing them changes no result.
     """
     if sim.initial_losses is None:
+        rows = _global_test_rows(sim)
         with torch.no_grad():
-            sim.initial_losses, _ = _mean_losses(sim, sim.initial_params, _global_test_rows(sim))
+            sim.initial_losses, correct = _mean_losses(sim, sim.initial_params, rows)
+        if sim.model.is_classifier:
+            sim.initial_accuracy = correct / len(rows)
     return sim.initial_losses
 
 
