@@ -409,7 +409,7 @@ def test_real_runs_end_to_end(tmp_path):
     assert (tmp_path / "report" / "synthetic-norms.png").read_bytes()[:8] == PNG_SIGNATURE
     # run.json records the label and the initial model's losses the divergence test computed: round 0 of the curves
     run = report.settings[0].methods["FedProx"][0]
-    assert run.info["algorithm_label"] == "FedProx" and set(run.initial) == {"train_loss", "test_loss"}
+    assert run.info["algorithm_label"] == "FedProx" and set(run.initial) == {"train_loss", "test_loss", "test_accuracy"}
     from driftlab.experiments.report.plots import _series
 
     assert _series([run], "train_loss").x == [0, 1, 2, 3] and _series([run], "train_loss").mean[0] == run.initial["train_loss"]
