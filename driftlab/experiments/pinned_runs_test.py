@@ -35,6 +35,7 @@ import pytest
 import torch
 
 import driftlab
+from driftlab.experiments.run_directory import cpu_info
 
 PINS = Path(__file__).with_name("pinned_runs.json")
 BASE = [
@@ -70,19 +71,10 @@ def run_digests(case: str, backend: str) -> dict[str, str]:
     return {"final_model": hashlib.sha256(model).hexdigest(), "metrics": hashlib.sha256(metrics).hexdigest()}
 
 
-def cpu_vendor() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("vendor_id"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.machine() or "unknown"
-
-
 def machine_key() -> str:
     """What decides the last bits of a float64 CPU run besides driftlab: vendor, instruction set, torch build."""
-    return f"{cpu_vendor()}, {torch.backends.cpu.get_cpu_capability()}, torch {torch.__version__}"
+    vendor = cpu_info("vendor_id") or platform.machine() or "unknown"
+    return f"{vendor}, {torch.backends.cpu.get_cpu_capability()}, torch {torch.__version__}"
 
 
 @pytest.fixture(scope="module")

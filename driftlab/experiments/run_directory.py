@@ -412,13 +412,18 @@ class RunInfo:
 
 
 def processor_name() -> str:
+    return cpu_info("model name") or platform.processor() or "unknown"
+
+
+def cpu_info(field: str) -> str | None:
+    """The first ``field`` of ``/proc/cpuinfo`` (``model name``, ``vendor_id``), or None where there is none."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
+            if line.startswith(field):
                 return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return platform.processor() or "unknown"
+    return None
 
 
 __all__ = [
@@ -436,6 +441,7 @@ __all__ = [
     "RunInfo",
     "append_record",
     "check_run_directory",
+    "cpu_info",
     "claim_run_directory",
     "lock_run_directory",
     "output_directory",
