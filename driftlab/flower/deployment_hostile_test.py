@@ -28,7 +28,17 @@ from driftlab.flower.deployment import (
     TrainRequest,
     out_of_bounds,
 )
-from driftlab.flower.deployment_test import ALGORITHMS, _config, _deploy, _is, _join, _metrics, _Nodes, _split
+from driftlab.flower.deployment_test import (
+    ALGORITHMS,
+    _config,
+    _deploy,
+    _is,
+    _join,
+    _metrics,
+    _Nodes,
+    _run_with_a_node_joining_in_round_2,
+    _split,
+)
 
 NUM_NODES = 4  # clients 0 and 4 are node 0's: at most 2 of a round's 4 replies, so the round's median stays honest
 HOSTILE = 0  # the hostile node's index
@@ -209,17 +219,7 @@ def test_a_node_claiming_every_client_after_the_first_registration_gets_none(tmp
     honest, _ = _deploy(config, tmp_path / "honest", _Nodes(config, tmp_path / "honest_state"))
     nodes = _Nodes(config, tmp_path / "state")
     hostile, asked = _claims_all([len(indices) for indices in nodes.data.client_indices])
-    transport = InProcessTransport({10 + index: nodes.handler(index) for index in range(3)})
-
-    def joins_in_round_2(client, request):
-        if _is(request, RoundOutcome, 1):
-            transport.nodes[5] = hostile
-        return client.handle(request)
-
-    nodes.intercept = joins_in_round_2
-    lines: list[str] = []
-    server = DeploymentServer(config, tmp_path / "out", transport, log=lines.append)
-    result = server.run()
+    server, result, lines = _run_with_a_node_joining_in_round_2(config, tmp_path / "out", nodes, hostile)
     assert not asked and not server.rejections
     assert torch.equal(result.final_params, honest.final_params)
     assert "round 2: node 5 claims clients 0, 1, 2, 3, 4, 5, 6, 7 without their registration tokens; refused" in lines[0]

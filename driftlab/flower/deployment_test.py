@@ -255,6 +255,22 @@ def test_a_node_with_another_config_is_named_with_its_reason_when_its_clients_ne
     assert any(line.startswith("round 1: node 2 did not register: RequestRefused") for line in lines), lines
 
 
+def _run_with_a_node_joining_in_round_2(config, out, nodes, joining):
+    """A deployment on ``nodes`` (3 of them) that node 5, answering with ``joining``, joins after round 1: its server,
+    result and log lines."""
+    transport = InProcessTransport({10 + index: nodes.handler(index) for index in range(3)})
+
+    def joins_in_round_2(client, request):
+        if _is(request, RoundOutcome, 1):
+            transport.nodes[5] = joining
+        return client.handle(request)
+
+    nodes.intercept = joins_in_round_2
+    lines: list[str] = []
+    server = DeploymentServer(config, out, transport, log=lines.append)
+    return server, server.run(), lines
+
+
 def test_a_client_stays_with_its_node_when_another_claims_it_and_absurd_counts_are_refused(tmp_path):
     """Node 5 connects in round 2 and claims client 0 (hosted by node 10, without its token) and clients 1 and 3 with 0 and 2**62 examples."""
     from driftlab.flower.deployment import Registration, RegistrationQuery
@@ -275,17 +291,7 @@ def test_a_client_stays_with_its_node_when_another_claims_it_and_absurd_counts_a
         tokens = torch.full((8, 16), 7, dtype=torch.uint8)
         return wire.encode(Registration(counts, tokens), run_fingerprint=envelope.run_fingerprint, round=envelope.round, client_id=-1)
 
-    transport = InProcessTransport({10 + index: nodes.handler(index) for index in range(3)})
-
-    def joins_in_round_2(client, request):
-        if _is(request, RoundOutcome, 1):
-            transport.nodes[5] = hostile
-        return client.handle(request)
-
-    nodes.intercept = joins_in_round_2
-    lines: list[str] = []
-    server = DeploymentServer(config, tmp_path / "out", transport, log=lines.append)
-    result = server.run()
+    server, result, lines = _run_with_a_node_joining_in_round_2(config, tmp_path / "out", nodes, hostile)
     assert not asked_of_5 and not server.rejections
     assert torch.equal(result.final_params, honest.final_params)
     assert "round 2: node 5 claims clients 0 without their registration tokens; refused (each stays with the node holding its token)" in lines
