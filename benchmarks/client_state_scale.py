@@ -57,7 +57,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the driftlab of this checkout
 
 import driftlab  # noqa: E402
-from driftlab.experiments import runner  # noqa: E402
+from driftlab.experiments import lifecycle, runner  # noqa: E402
 from driftlab.simulation import engine  # noqa: E402
 
 ALGORITHMS = {
@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     checkpoint_seconds: list[float] = []
     checkpoint_bytes: list[int] = []
     store_bytes = {"written": 0}
-    original_checkpoint = runner.write_checkpoint
+    original_checkpoint = lifecycle.write_checkpoint  # the lifecycle writes every run's checkpoints
 
     def timed_checkpoint(out: Path, config: Any, state: Any) -> None:
         started = time.perf_counter()
@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     except BaseException:
         shutil.rmtree(parent, ignore_errors=True)
         raise
-    runner.write_checkpoint, engine.evaluate = timed_checkpoint, timed_evaluate
+    lifecycle.write_checkpoint, engine.evaluate = timed_checkpoint, timed_evaluate
     started = time.perf_counter()
     try:
         print(f"{'round':>6} {'distinct':>10} {'round_s':>9} {'eval_s':>8} {'checkpoint_s':>11} {'peak_rss_mb':>10}", flush=True)
@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         state_dir = parent / "run" / runner.CLIENT_STATE_DIR
         store = "disk" if state_dir.exists() else "memory"
     finally:
-        runner.write_checkpoint, engine.evaluate = original_checkpoint, original_evaluate
+        lifecycle.write_checkpoint, engine.evaluate = original_checkpoint, original_evaluate
         if args.keep:
             print(f"run directory kept: {parent / 'run'}", file=sys.stderr)
         else:

@@ -164,21 +164,19 @@ def _parser() -> argparse.ArgumentParser:
     sweep.add_argument("--grid", action="append", default=[], metavar="KEY=VALUES", help="an axis: KEY=[v1, v2] (TOML list) or KEY=v1,v2; repeatable")
     sweep.add_argument("--seeds", help="comma-separated seeds, e.g. 0,1,2 (default: the sweep's seeds, or 0)")
     sweep.add_argument("--scale", help="a named scale of the sweep file, e.g. paper (the paper's full scale)")
-    sweep.add_argument("--jobs", type=int, help="parallel processes (default: the number of cores)")
     sweep.add_argument("--retry-diverged", action="store_true", help="run diverged runs again (they are skipped by default: reruns are identical)")
     sweep.add_argument("--dry-run", action="store_true", help="list the runs and their status without running anything")
     sweep.add_argument("--no-report", action="store_true", help="do not write DIR/report when the sweep ends")
     sweep.add_argument("--status", metavar="DIR", help="show each run of the sweep in DIR (done, running, queued, interrupted, failed, diverged) and exit")
-    sweep.add_argument("--executor", choices=["local", "slurm", "ray"], default="local", help="where runs execute (default: local processes)")
-    sweep.add_argument("--threads", type=int, help="torch threads per run (default: local: the cores split between --jobs; slurm: --slurm-cpus; ray: 1)")
-    sweep.add_argument("--slurm-partition", help="SLURM partition of the jobs")
-    sweep.add_argument("--slurm-time", type=int, default=60, metavar="MINUTES", help="time limit of each SLURM job in minutes (default: 60)")
-    sweep.add_argument("--slurm-cpus", type=int, help="CPUs per SLURM job (default: the run's threads)")
-    sweep.add_argument("--slurm-gpus", type=int, default=0, help="GPUs per SLURM job (default: 0)")
-    sweep.add_argument("--slurm-mem", type=int, metavar="GB", help="memory per SLURM job in GB (default: the partition's)")
-    sweep.add_argument("--slurm-array-parallelism", type=int, default=256, help="SLURM jobs of the sweep running at once (default: 256)")
-    sweep.add_argument("--slurm-local", action="store_true", help="run the SLURM jobs on this machine through submitit's local executor (no cluster)")
-    sweep.add_argument("--ray-address", default="auto", help="the Ray cluster to run on (default: auto, a running cluster, else a local Ray)")
+    from driftlab.executors.registry import command_line_options, names as executor_names
+
+    sweep.add_argument(
+        "--executor", default="local", metavar="NAME",
+        help=f"where runs execute: {', '.join(executor_names())}, or one a plugin of the sweep registers (default: local processes)",
+    )
+    sweep.add_argument("--threads", type=int, help="torch threads per run (default: the executor's; local: the cores split between the runs)")
+    for option in command_line_options():  # each executor's own flags, from its registry entry
+        sweep.add_argument(option.flag, **option.argparse_keywords())
     sweep.add_argument("--log", metavar="TRACKERS", help=_LOG_HELP + " of every run")
 
     report = commands.add_parser(
@@ -573,7 +571,7 @@ def _sweep_command(args: argparse.Namespace) -> int:
         print(format_status(sweep_status(args.status)))
         return 0
 
-    from driftlab.executors import ExecutorOptions, check_options
+    from driftlab.executors.registry import options_from_arguments
     from driftlab.experiments.config import preset_names
     from driftlab.experiments.sweep import is_sweep_source, load_sweep, plan, run_status, run_sweep, sweep_from_config, sweep_names, validate_seeds
 
@@ -599,22 +597,10 @@ def _sweep_command(args: argparse.Namespace) -> int:
             spec = dataclasses.replace(spec, seeds=tuple(seeds), scales={k: dataclasses.replace(v, seeds=None) for k, v in spec.scales.items()})
     else:
         spec = sweep_from_config(args.sweep, args.grid, seeds or [0], name=Path(args.out).name or "sweep")
-    if args.jobs is not None and args.jobs < 1:
-        raise ConfigError(f"--jobs must be at least 1, got {args.jobs}")
-    executor = ExecutorOptions(
-        name=args.executor,
-        jobs=args.jobs,
-        slurm_partition=args.slurm_partition,
-        slurm_time=args.slurm_time,
-        slurm_cpus=args.slurm_cpus,
-        slurm_gpus=args.slurm_gpus,
-        slurm_mem=args.slurm_mem,
-        slurm_array_parallelism=args.slurm_array_parallelism,
-        slurm_local=args.slurm_local,
-        ray_address=args.ray_address,
-    )
-    if not args.dry_run:
-        check_options(executor)
+    from driftlab.plugins import load_plugins
+
+    load_plugins(spec.plugins)  # an executor a plugin of the sweep file registers, with its flags
+    executor = options_from_arguments(args.executor, args)  # checked by run_sweep, once the base config's plugins are in
     if args.dry_run:
         from driftlab.experiments.sweep import run_directory_holder
 
@@ -627,7 +613,7 @@ def _sweep_command(args: argparse.Namespace) -> int:
     install_termination_handler()
     try:
         outcomes = run_sweep(
-            spec, args.out, jobs=args.jobs, scale=args.scale, extra_overrides=args.overrides, retry_diverged=args.retry_diverged, trackers=_trackers_option(args),
+            spec, args.out, scale=args.scale, extra_overrides=args.overrides, retry_diverged=args.retry_diverged, trackers=_trackers_option(args),
             executor=executor, threads=args.threads,
         )
     except KeyboardInterrupt:
@@ -667,24 +653,27 @@ def _sweep_command(args: argparse.Namespace) -> int:
 
 
 def _data_command(args: argparse.Namespace) -> int:
-    from driftlab.data.download import NOT_DOWNLOADABLE, dataset_names
+    from driftlab.data import registry as data_sets
+    from driftlab.models import registry as model_registry
+    from driftlab.data.download import NOT_DOWNLOADABLE
     from driftlab.experiments.config import PARTITIONS, load_config
-    from driftlab.experiments.datasets import DATA_SETS, build_dataset, data_location, data_search_paths
-    from driftlab.models import MODEL_NAMES
+    from driftlab.experiments.datasets import build_dataset, data_location, data_search_paths
 
     if args.data_command == "list":
         print("data sets (data.name), and whether their files are where data.root's default looks:")
-        for name, info in DATA_SETS.items():
-            print(f"  {name:18s} {info.description}")
-            if info.default_location:
-                looked = data_search_paths(info.default_location)
+        for name in data_sets.REGISTRY.names():  # the built-ins, then installed plugins (entry point driftlab.datasets)
+            info = data_sets.REGISTRY.entries[name]
+            origin = f" ({data_sets.REGISTRY.describe(info)})" if data_sets.REGISTRY.is_plugin(info) else ""
+            print(f"  {name:18s} {info.description}{origin}")
+            if info.location:
+                looked = data_search_paths(info.location)
                 found = next((path for path in looked if path.exists()), None)
                 state = f"present: {found}" if found else f"missing: looked in {', '.join(map(str, looked))}"
                 print(f"  {'':18s} [{state}]")
         print("  (files elsewhere: data.root=PATH, or DRIFTLAB_DATA=DIR holding the folders named above)")
         print("partitions (data.partition): " + ", ".join(PARTITIONS))
-        print("models (model.name): " + ", ".join(MODEL_NAMES))
-        print("downloadable (driftlab data download NAME --to DIR): " + ", ".join(dataset_names()))
+        print("models (model.name): " + ", ".join(model_registry.names()))
+        print("downloadable (driftlab data download NAME --to DIR): " + ", ".join(sorted(data_sets.downloads())))
         for name, reason in NOT_DOWNLOADABLE.items():
             print(f"  {name}: {reason}")
         return 0
@@ -699,7 +688,7 @@ def _data_command(args: argparse.Namespace) -> int:
         from driftlab.data.download import DownloadError, download
 
         try:
-            for path in download(args.name, args.to):
+            for path in download(args.name, args.to, registry=data_sets.downloads()):
                 print(path)
         except DownloadError as error:
             print(f"driftlab: error: {error}", file=sys.stderr)

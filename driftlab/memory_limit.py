@@ -31,7 +31,10 @@ try:
 except ImportError:  # Windows: no rlimits, and no /proc either
     resource = None  # type: ignore[assignment]
 
-FALLBACK_PHYSICAL_BYTES = 16 * 2**30  # where the platform does not say
+# Where the platform does not say (no sysconf: Windows): 16 GiB, a common laptop or workstation today.  A guess too
+# high lets a size check pass that the machine then refuses; one too low refuses runs that would fit.  Both only
+# where nothing else is known, and every other limit (rlimits, cgroup, SLURM) still applies beneath it.
+FALLBACK_PHYSICAL_BYTES = 16 * 2**30
 SLURM_UNIT = 2**20  # SLURM's --mem and --mem-per-cpu count MiB ("M")
 # cgroup v1 writes "no limit" as the largest page-aligned signed 64-bit number; anything this large is no limit.
 UNLIMITED = 2**62
@@ -72,6 +75,13 @@ def memory_limit(
 ) -> MemoryLimit:
     """The ceiling that leaves this process the least memory (physical memory where nothing else applies)."""
     return min(memory_limits(environ, cgroup_root, proc), key=lambda limit: (limit.available, limit.limit))
+
+
+def machine_memory_bytes() -> int:
+    """Bytes this process may hold in all: the tightest limit's ``limit`` (``memory_limit``), the one reading of the
+    machine's memory that budgets start from (``simulation.memory_budget``); ``FALLBACK_PHYSICAL_BYTES`` where
+    the platform does not say."""
+    return memory_limit().limit
 
 
 def memory_limits(
@@ -212,4 +222,4 @@ def _positive_int(text: str | None) -> int | None:
     return int(text) if text.isdigit() and int(text) > 0 else None
 
 
-__all__ = ["MemoryLimit", "memory_limit", "memory_limits", "format_bytes", "cgroup_limit", "slurm_limit", "process_usage", "physical_memory"]
+__all__ = ["MemoryLimit", "machine_memory_bytes", "memory_limit", "memory_limits", "format_bytes", "cgroup_limit", "slurm_limit", "process_usage", "physical_memory"]

@@ -124,10 +124,11 @@ def test_size_checks_name_the_limit_that_refused(monkeypatch):
 
 
 def test_the_default_memory_budget_is_half_the_tightest_limit(monkeypatch):
-    from driftlab.simulation import state_store
+    from driftlab.simulation.memory_budget import MemoryBudget
 
-    monkeypatch.setattr(state_store, "memory_limit", lambda: ml.MemoryLimit(6 * GIB, GIB, "x"))
-    assert state_store.default_memory_budget() == 3 * GIB
+    monkeypatch.setattr(ml, "memory_limits", lambda *a: [ml.MemoryLimit(64 * GIB, GIB, "ram"), ml.MemoryLimit(6 * GIB, GIB, "x")])
+    assert ml.machine_memory_bytes() == 6 * GIB  # the tightest limit, not physical memory
+    assert MemoryBudget().host_bytes == 3 * GIB
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_AS and /proc are Linux's")

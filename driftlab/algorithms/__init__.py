@@ -21,6 +21,7 @@ register(AlgorithmEntry("scaffold", scaffold.Config, scaffold.from_config, label
 register(AlgorithmEntry("feddyn", feddyn.Config, feddyn.from_config, label=LABELS["feddyn"], owns_server_step=True, uses_server_lr=False))
 register(AlgorithmEntry("adabest", adabest.Config, adabest.from_config, label=LABELS["adabest"], owns_server_step=True, uses_server_lr=False))
 register(AlgorithmEntry("efl", efl.Config, efl.from_config, label=LABELS["efl"], default_compression_ratio=efl.DEFAULT_COMPRESSION_RATIO))
-registry.BUILT_IN = tuple(ALGORITHMS)
+registry.REGISTRY.finish_built_ins()
+registry.BUILT_IN = registry.REGISTRY.built_in
 
 __all__ = ["ALGORITHMS", "AlgorithmEntry", "register"]

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import driftlab
+from driftlab import plugins
 from driftlab.algorithms import AlgorithmEntry, fedavg, registry
 from driftlab.experiments.cli_test import REPO_ROOT, driftlab_cli
 from driftlab.experiments.config import describe_keys, load_config
@@ -47,9 +48,11 @@ register(AlgorithmEntry("{name}", Config, from_config, label="{label}"))
 def fresh_registry(monkeypatch):
     """The registry as the built-ins leave it; whatever a test registers is gone afterwards."""
     # Only the built-ins: plugins imported earlier in this process (the examples' doctests) are left out too.
-    monkeypatch.setattr(registry, "ALGORITHMS", {name: registry.ALGORITHMS[name] for name in registry.BUILT_IN})
-    monkeypatch.setattr(registry, "_loaded_paths", {})
-    monkeypatch.setattr(registry, "_entry_point_problems", [])  # no installed entry points in these tests
+    built_ins = {name: registry.ALGORITHMS[name] for name in registry.BUILT_IN}
+    monkeypatch.setattr(registry.REGISTRY, "entries", built_ins)
+    monkeypatch.setattr(registry, "ALGORITHMS", built_ins)
+    monkeypatch.setattr(plugins, "_loaded_paths", {})
+    monkeypatch.setattr(registry.REGISTRY, "_entry_point_problems", [])  # no installed entry points in these tests
     return registry
 
 
@@ -184,8 +187,8 @@ def test_an_entry_point_registers_its_algorithm_and_a_broken_one_is_named(fresh_
         metadata.EntryPoint(name="toy", value="toy_entry_point_module", group=registry.ENTRY_POINT_GROUP),
         metadata.EntryPoint(name="gone", value="gone_module_of_a_package", group=registry.ENTRY_POINT_GROUP),
     ]
-    monkeypatch.setattr(registry.metadata, "entry_points", lambda group: points if group == registry.ENTRY_POINT_GROUP else [])
-    monkeypatch.setattr(registry, "_entry_point_problems", None)  # not read yet in this "process"
+    monkeypatch.setattr(plugins.metadata, "entry_points", lambda group: points if group == registry.ENTRY_POINT_GROUP else [])
+    monkeypatch.setattr(registry.REGISTRY, "_entry_point_problems", None)  # not read yet in this "process"
     assert load_config(None, ["algorithm.name=toy_entry_point"]).algorithm.flavour == "uniform"
     with pytest.raises(driftlab.ConfigError) as raised:
         load_config(None, ["algorithm.name=toy_missing"])
@@ -270,9 +273,9 @@ def test_one_plugin_file_imported_as_a_module_and_by_its_path_registers_once(fre
     path = write_plugin(tmp_path, "toy_twice", file="toy_twice_module.py")
     monkeypatch.syspath_prepend(str(tmp_path))
     importlib.import_module("toy_twice_module")
-    registry.import_file(path)  # a second module object of the same file: the same algorithm, not a clash
+    plugins.import_file(path)  # a second module object of the same file: the same algorithm, not a clash
     assert list(fresh_registry.ALGORITHMS).count("toy_twice") == 1
     other = write_plugin(tmp_path / "elsewhere", "toy_twice", file="toy_twice_module.py")
     with pytest.raises(ValueError, match="'toy_twice' is already registered"):
-        registry.import_file(other)  # another file under the same name still clashes
+        plugins.import_file(other)  # another file under the same name still clashes
     monkeypatch.delitem(sys.modules, "toy_twice_module")

@@ -31,8 +31,9 @@ On a wire the upload is exactly what is counted: each ``CompressedPayload``
 also carries ST(Δ_k) as a ``TernaryVector`` and names the message field it
 stands for (the field that is θ_start + ST(Δ_k) or its change, found by its
 value, whatever the algorithm); ``wire_form()`` empties that field and
-``rebuilt(θ_start)`` recomputes it bit for bit (a deployment sends the first
-and calls the second).  The simulator's server reads the message itself.
+``rebuilt(θ_start)`` recomputes it bit for bit; the compressed algorithm's
+``codec`` (``compressed_codec``) does both for a deployment, which never names
+the payload type.  The simulator's server reads the message itself.
 Downloads still travel dense (their bits are counted as ST, as above).
 """
 
@@ -46,7 +47,7 @@ import torch
 
 from driftlab.compress.ternary import TernaryVector, compress_model
 from driftlab.metrics.communication import BITS_PER_ENTRY, payload_bits
-from driftlab.simulation.seam import Algorithm, ClientContext, ClientUpdate, RoundContext, ServerFold
+from driftlab.simulation.seam import Algorithm, ClientContext, ClientUpdate, MessageCodec, RoundContext, ServerFold
 
 
 @dataclass(frozen=True)
@@ -185,8 +186,33 @@ def with_compression(algorithm: Algorithm, ratio: float, tensor_sizes: Sequence[
 
     joined, left = membership_hook(algorithm.client_joined), membership_hook(algorithm.client_left)
     fold = ServerFold(aggregation_start, aggregation_add, aggregation_finish)
+    _, upload_bits = compress_model(torch.zeros(num_parameters), sizes, ratio)  # ST's bits depend on the sizes only
+    codec = compressed_codec(upload_bits - model_bits)
     return Algorithm(algorithm.name, server_init, client_objective, client_finish, fold.server_update, broadcast,
-                     client_state_init=client_state_init, client_joined=joined, client_left=left, server_fold=fold)
+                     client_state_init=client_state_init, client_joined=joined, client_left=left, server_fold=fold,
+                     codec=codec)
+
+
+def compressed_codec(model_bits_saved: int) -> MessageCodec:
+    """How a ``CompressedPayload`` travels (``MessageCodec``): as ``wire_form()``, its model field empty, and received as
+    ``rebuilt(θ_start)``, its ``bits`` checked against the receiver's own count of what arrived (``client_finish``'s
+    formula: the payload's bits plus ``model_bits_saved``, ST(Δ_k)'s bits less the dense model's), never the sender's."""
+
+    def from_wire(sent: Any, start_params: torch.Tensor) -> CompressedPayload:
+        if not isinstance(sent, CompressedPayload):
+            arrived = type(sent).__name__
+            raise ValueError(f"compressed message does not fit: a {arrived} arrived, a compressed message was expected")
+        try:
+            message = sent.rebuilt(start_params)
+        except ValueError as error:
+            raise ValueError(f"compressed message does not fit: {error}") from None
+        expected = payload_bits(message.payload) + model_bits_saved
+        if type(message.bits) is not int or message.bits != expected:
+            raise ValueError(f"the compressed message claims {message.bits!r} bits, what arrived costs {expected}")
+        return message
+
+    # bits: checked by from_wire; model: ST(Δ_k) itself, data (the field rebuilt from it is compared and measured)
+    return MessageCodec(to_wire=CompressedPayload.wire_form, from_wire=from_wire, unplanned=("bits", "model"))
 
 
 def compressed_message(

@@ -220,7 +220,7 @@ def _equal(a, b) -> bool:
 
 @pytest.mark.parametrize(("name", "form"), [("fedavg", 1), ("scaffold", 2), ("feddyn", 1), ("adabest", 1), ("efl", 1)])
 def test_a_compressed_message_travels_compressed_and_is_rebuilt_bit_for_bit(name, form):
-    from driftlab.flower.wire import encode, payload_bytes
+    from driftlab.deploy.wire import encode, payload_bytes
 
     message, start = _compressed_round(name)
     assert message.model_form == form and message.model is not None
@@ -230,6 +230,29 @@ def test_a_compressed_message_travels_compressed_and_is_rebuilt_bit_for_bit(name
     on_wire = payload_bytes(encode(sent, run_fingerprint="run", round=1, client_id=3))
     assert message.bits <= 8 * on_wire < message.bits + 8  # the bytes sent are the bits counted (rounded up to a byte)
     assert _equal(sent.rebuilt(start), message)
+
+
+@pytest.mark.parametrize("name", ["fedavg", "scaffold", "efl"])
+def test_the_compressed_algorithms_codec_sends_the_wire_form_and_rebuilds_the_message_checking_its_bits(name):
+    message, start = _compressed_round(name)
+    codec = with_compression(fedavg.build(make_server_optimizer("sgd")), 0.2, (40, 24, 8)).codec
+    assert _equal(codec.to_wire(message), message.wire_form())
+    assert _equal(codec.from_wire(codec.to_wire(message), start), message)
+    assert codec.unplanned == ("bits", "model")  # checked by from_wire, and ST(Δ_k) itself: never compared with a plan
+    forged = dataclasses.replace(codec.to_wire(message), bits=message.bits - 1)
+    with pytest.raises(ValueError, match=f"^the compressed message claims {message.bits - 1} bits, what arrived costs {message.bits}$"):
+        codec.from_wire(forged, start)
+    with pytest.raises(ValueError, match="^compressed message does not fit: .*must arrive empty"):
+        codec.from_wire(message, start)  # sent with its model field: the dense model would travel
+    with pytest.raises(ValueError, match="^compressed message does not fit: a [A-Za-z]+ arrived, a compressed message was expected$"):
+        codec.from_wire(message.payload, start)
+
+
+def test_an_uncompressed_algorithm_sends_its_messages_as_they_are():
+    algorithm = fedavg.build(make_server_optimizer("sgd"))
+    message = fedavg.ClientMessage(torch.ones(3), 5, 1)
+    assert algorithm.codec.to_wire(message) is message and algorithm.codec.from_wire(message, torch.zeros(3)) is message
+    assert algorithm.codec.unplanned == ()
 
 
 def test_a_rebuilt_message_needs_a_consistent_form():

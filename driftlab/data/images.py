@@ -21,9 +21,9 @@ elsewhere.
 
 Preprocessing follows the FedDyn authors' code (``utils_dataset.py``): pixels
 are scaled to [0, 1] then normalised per channel, and CIFAR training uses a
-random horizontal flip and a random pad-4 crop (:func:`random_flip_crop`;
-the training backends use ``driftlab.simulation.augmentation.flip_crop_from_keys``,
-the same augmentation with the draws taken from per-example keys).
+random horizontal flip and a random pad-4 crop, which the training backends
+apply batch by batch (``driftlab.simulation.augmentation.flip_crop_from_keys``,
+with the draws taken from per-example keys).
 
 Example:
     >>> train_x, train_y, test_x, test_y = load_cifar_tensors("data/cifar-10-binary.tar.gz", 10)  # doctest: +SKIP
@@ -49,7 +49,6 @@ from driftlab.data import idx
 from driftlab.data.archive import ArchiveLimits, corrupt_file_error, iter_tar_members, open_decompressed, read_capped
 from driftlab.data.federated import DataFileError
 from driftlab.data.pixels import PixelNormalisation
-from driftlab.simulation.augmentation import check_images, flip_then_shift
 
 __all__ = [
     "CIFAR100_MEAN",
@@ -73,7 +72,6 @@ __all__ = [
     "load_fashion_mnist_pixels",
     "load_fashion_mnist_tensors",
     "load_image_folder",
-    "random_flip_crop",
 ]
 
 Tensors = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
@@ -904,46 +902,3 @@ def _undecodable(label: str, error: BaseException) -> DataFileError:
         f"{label}: cannot decode the image ({type(error).__name__}: {error}); the file is corrupt or not an "
         "image: download the data set again"
     )
-
-
-# --- augmentation ------------------------------------------------------------
-
-
-def random_flip_crop(
-    images: torch.Tensor,
-    generator: torch.Generator,
-    padding: int = 4,
-    crop_probability: float = 0.5,
-) -> torch.Tensor:
-    """CIFAR training augmentation of the FedDyn authors' code, batched and vectorised.
-
-    For every image independently: a horizontal flip with probability 1/2;
-    then, with probability ``crop_probability``, zero-padding by ``padding``
-    pixels on each side and a random crop back to the original size (both
-    offsets uniform in ``0..2*padding``). The FedDyn code
-    (``utils_dataset.Dataset.__getitem__``) crops with probability 1/2 and
-    pads the *normalised* image with zeros, which is what this does when
-    given normalised images; ``crop_probability=1`` is torchvision's
-    ``RandomCrop(32, padding=4)`` after ``RandomHorizontalFlip``.
-
-    The random draws come from ``generator`` only (three draws of fixed size
-    per call), so the result is a function of the images and the generator's
-    state. No Python loop over images.
-
-    Args:
-        images: ``[n, c, h, w]`` float tensor.
-        generator: a CPU ``torch.Generator``.
-        padding: pixels of zero padding on each side before cropping.
-        crop_probability: probability of the pad-and-crop step.
-
-    Returns:
-        A new ``[n, c, h, w]`` tensor; ``images`` is not modified.
-    """
-    check_images(images, padding)
-    n, c, h, w = images.shape
-    device = images.device
-    flip = (torch.rand(n, generator=generator) < 0.5).to(device)
-    crop = torch.rand(n, generator=generator) < crop_probability
-    offsets = torch.randint(0, 2 * padding + 1, (n, 2), generator=generator)
-    offsets = torch.where(crop[:, None], offsets, torch.full_like(offsets, padding)).to(device)
-    return flip_then_shift(images, flip, offsets, padding)

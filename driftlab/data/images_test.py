@@ -35,10 +35,9 @@ from driftlab.data.images import (
     load_emnist_tensors,
     load_fashion_mnist_tensors,
     load_image_folder,
-    random_flip_crop,
 )
 from driftlab.experiments.real_data import needs_real_data, real_data_path
-from driftlab.simulation.augmentation import flip_crop_from_keys
+from driftlab.simulation.augmentation import check_images, flip_crop_from_keys, flip_then_shift
 
 # where the library finds them without a data.root, or None
 REAL_CIFAR_JPEG = real_data_path("cifar10_folder")
@@ -644,6 +643,47 @@ def test_real_cifar10_jpeg_tarball_one_bit_flip_is_refused(tmp_path):
 
 
 # --- augmentation -----------------------------------------------------------------
+
+
+def random_flip_crop(
+    images: torch.Tensor,
+    generator: torch.Generator,
+    padding: int = 4,
+    crop_probability: float = 0.5,
+) -> torch.Tensor:
+    """CIFAR training augmentation of the FedDyn authors' code, batched, with the draws from a generator: the
+    reference these tests hold ``flip_then_shift`` (what the backends apply) to.
+
+    For every image independently: a horizontal flip with probability 1/2;
+    then, with probability ``crop_probability``, zero-padding by ``padding``
+    pixels on each side and a random crop back to the original size (both
+    offsets uniform in ``0..2*padding``). The FedDyn code
+    (``utils_dataset.Dataset.__getitem__``) crops with probability 1/2 and
+    pads the *normalised* image with zeros, which is what this does when
+    given normalised images; ``crop_probability=1`` is torchvision's
+    ``RandomCrop(32, padding=4)`` after ``RandomHorizontalFlip``.
+
+    The random draws come from ``generator`` only (three draws of fixed size
+    per call), so the result is a function of the images and the generator's
+    state. No Python loop over images.
+
+    Args:
+        images: ``[n, c, h, w]`` float tensor.
+        generator: a CPU ``torch.Generator``.
+        padding: pixels of zero padding on each side before cropping.
+        crop_probability: probability of the pad-and-crop step.
+
+    Returns:
+        A new ``[n, c, h, w]`` tensor; ``images`` is not modified.
+    """
+    check_images(images, padding)
+    n, c, h, w = images.shape
+    device = images.device
+    flip = (torch.rand(n, generator=generator) < 0.5).to(device)
+    crop = torch.rand(n, generator=generator) < crop_probability
+    offsets = torch.randint(0, 2 * padding + 1, (n, 2), generator=generator)
+    offsets = torch.where(crop[:, None], offsets, torch.full_like(offsets, padding)).to(device)
+    return flip_then_shift(images, flip, offsets, padding)
 
 
 def _reference_flip_crop(images, flip, crop, offsets, padding=4):

@@ -45,7 +45,7 @@ def metrics(run_dir: Path) -> list[dict]:
 
 
 def assert_same_results(out: Path, reference: Path, spec=None, overrides=FOUR_RUNS) -> None:
-    for run_dir, expected in zip(run_dirs(out, spec, overrides), run_dirs(reference, spec, overrides)):
+    for run_dir, expected in zip(run_dirs(out, spec, overrides), run_dirs(reference, spec, overrides), strict=True):
         assert (run_dir / "final_model.safetensors").read_bytes() == (expected / "final_model.safetensors").read_bytes(), run_dir
         assert metrics(run_dir) == metrics(expected), run_dir
 

@@ -11,12 +11,27 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any
 
-from driftlab.executors import Events, ExecutorOptions, RunTask, TaskResult, run_task, set_aside_held
-from driftlab.experiments.config import ConfigError
+from driftlab.errors import ConfigError
+from driftlab.executors.processes import run_task, set_aside_held
+from driftlab.executors.registry import CliOption
+from driftlab.executors.tasks import NO_EVENTS, Events, RunTask, TaskResult, absolute
 
 POLL_SECONDS = 0.5
+
+
+@dataclass(frozen=True)
+class RayOptions:
+    address: str = "auto"  # the cluster to join; auto: a running one, else a local Ray started for the sweep
+
+
+CLI_OPTIONS = (CliOption("--ray-address", "address", str, "the Ray cluster to run on (default: auto, a running cluster, else a local Ray)"),)
+
+
+def check(options: RayOptions) -> None:  # noqa: ARG001 - every address is tried when the sweep starts
+    check_available()
 
 
 def check_available() -> None:
@@ -37,7 +52,10 @@ def connect(address: str) -> bool:
         return False
     except ConnectionError as error:
         if address != "auto":
-            raise ConfigError(f"cannot reach the Ray cluster at --ray-address {address} ({error}); start it with `ray start --head`, or give its address") from None
+            raise ConfigError(
+                f"cannot reach the Ray cluster at --ray-address {address} ({error}); "
+                "start it with `ray start --head`, or give its address"
+            ) from None
     print(
         "driftlab: no running Ray cluster found (--ray-address auto); starting a local Ray on this machine for this sweep, "
         "stopped when the sweep ends",
@@ -60,13 +78,13 @@ def _ray_run(task: RunTask) -> TaskResult:
     return run_task(task, job)
 
 
-def execute(tasks: list[RunTask], options: ExecutorOptions, events: Events = Events()) -> list[TaskResult]:
+def execute(tasks: list[RunTask], options: RayOptions, events: Events = NO_EVENTS) -> list[TaskResult]:
     import ray
 
-    results, runnable = set_aside_held(tasks, events)
+    results, runnable = set_aside_held([absolute(task) for task in tasks], events)
     if not runnable:
         return results
-    started_ray = connect(options.ray_address)
+    started_ray = connect(options.address)
     pending: dict[Any, tuple[RunTask, dict[str, Any], float]] = {}
     try:
         remote = ray.remote(max_retries=0)(_ray_run)  # a lost task is resumed by running the sweep again

@@ -23,8 +23,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from driftlab.executors import Events, ExecutorOptions, RunTask, TaskResult, run_task, set_aside_held
-from driftlab.experiments.config import ConfigError
+from driftlab.errors import ConfigError
+from driftlab.executors.processes import process_gone, run_task, set_aside_held
+from driftlab.executors.registry import SWITCH, CliOption, Layout
+from driftlab.executors.tasks import NO_EVENTS, Events, RunTask, TaskResult, absolute
 
 LOG_FOLDER = "slurm-logs"  # in the sweep directory: submitit's pickles and each job's stdout/stderr
 POLL_SECONDS = 1.0
@@ -33,12 +35,50 @@ STOP_SECONDS = 300  # for a run to save its checkpoint once told to stop
 _workers: list[Any] = []  # this job's worker process, for `checkpoint` (a Popen cannot travel in the pickled job)
 
 
-def check_available(options: ExecutorOptions) -> None:
+@dataclass(frozen=True)
+class SlurmOptions:
+    partition: str | None = None
+    time: int = 60  # minutes per job
+    cpus: int | None = None  # CPUs per job (default: the run's threads)
+    gpus: int = 0  # GPUs per job
+    mem: int | None = None  # GB per job (default: the cluster's)
+    array_parallelism: int = 256  # jobs of the array running at once
+    local: bool = False  # submitit's LocalExecutor: the same jobs as processes on this machine
+
+
+CLI_OPTIONS = (
+    CliOption("--slurm-partition", "partition", str, "SLURM partition of the jobs"),
+    CliOption("--slurm-time", "time", int, "time limit of each SLURM job in minutes (default: 60)", "MINUTES"),
+    CliOption("--slurm-cpus", "cpus", int, "CPUs per SLURM job (default: the run's threads)"),
+    CliOption("--slurm-gpus", "gpus", int, "GPUs per SLURM job (default: 0)"),
+    CliOption("--slurm-mem", "mem", int, "memory per SLURM job in GB (default: the partition's)", "GB"),
+    CliOption("--slurm-array-parallelism", "array_parallelism", int, "SLURM jobs of the sweep running at once (default: 256)"),
+    CliOption("--slurm-local", "local", SWITCH, "run the SLURM jobs on this machine through submitit's local executor (no cluster)"),
+)
+
+
+def check(options: SlurmOptions) -> None:
+    """Refuse impossible options, and a machine that cannot submit the jobs, before anything is planned or written."""
+    for name in ("time", "cpus", "mem", "array_parallelism"):
+        value = getattr(options, name)
+        if value is not None and value < 1:
+            raise ConfigError(f"--slurm-{name.replace('_', '-')} must be at least 1, got {value}")
+    if options.gpus < 0:
+        raise ConfigError(f"--slurm-gpus must be 0 or more, got {options.gpus}")
+    check_available(options)
+
+
+def layout(options: SlurmOptions, pending: int) -> Layout:  # noqa: ARG001 - every run is a job of its own
+    """A run's threads are its job's CPUs (``--slurm-cpus``), else 1."""
+    return Layout(options.cpus or 1, "as slurm jobs")
+
+
+def check_available(options: SlurmOptions) -> None:
     try:
         import submitit  # noqa: F401
     except ImportError:
         raise ConfigError("--executor slurm needs submitit: pip install 'driftlab[slurm]'") from None
-    if not options.slurm_local and shutil.which("sbatch") is None:
+    if not options.local and shutil.which("sbatch") is None:
         raise ConfigError(
             "--executor slurm needs SLURM's sbatch on PATH (run the sweep on the cluster's login node); "
             "to run the same jobs on this machine, add --slurm-local"
@@ -82,8 +122,6 @@ def stop_when_gone(pid: int, poll_seconds: float = 0.5) -> None:
     """Send this process SIGTERM once process ``pid`` has ended (a daemon thread watches it)."""
     import threading
 
-    from driftlab.experiments.sweep.execution import process_gone
-
     def watch() -> None:
         while not process_gone(pid):
             time.sleep(poll_seconds)
@@ -98,8 +136,6 @@ def _stop_worker(signum: int | None = None, frame: Any = None) -> None:  # noqa:
     Runs in a signal handler that interrupted ``Popen.wait``, whose lock it cannot take again:
     it waits by watching the process end (a zombie has ended) instead of calling ``wait``.
     """
-    from driftlab.experiments.sweep.execution import process_gone
-
     for process in _workers:
         if process.returncode is None:
             with contextlib.suppress(ProcessLookupError):
@@ -114,31 +150,31 @@ def sweep_directory(task: RunTask) -> Path:
     return task.run_dir.parents[len(Path(task.key).parts) - 1]
 
 
-def make_executor(options: ExecutorOptions, folder: Path, cpus: int) -> Any:
+def make_executor(options: SlurmOptions, folder: Path, cpus: int) -> Any:
     import submitit
 
-    executor = submitit.AutoExecutor(folder=folder / "%j", cluster="local" if options.slurm_local else "slurm")
-    parameters: dict[str, Any] = {"name": "driftlab", "timeout_min": options.slurm_time, "cpus_per_task": cpus, "gpus_per_node": options.slurm_gpus}
-    if options.slurm_mem is not None:
-        parameters["mem_gb"] = options.slurm_mem
-    if not options.slurm_local:
-        parameters["slurm_array_parallelism"] = options.slurm_array_parallelism
-        if options.slurm_partition:
-            parameters["slurm_partition"] = options.slurm_partition
+    executor = submitit.AutoExecutor(folder=folder / "%j", cluster="local" if options.local else "slurm")
+    parameters: dict[str, Any] = {"name": "driftlab", "timeout_min": options.time, "cpus_per_task": cpus, "gpus_per_node": options.gpus}
+    if options.mem is not None:
+        parameters["mem_gb"] = options.mem
+    if not options.local:
+        parameters["slurm_array_parallelism"] = options.array_parallelism
+        if options.partition:
+            parameters["slurm_partition"] = options.partition
     executor.update_parameters(**parameters)
     return executor
 
 
-def execute(tasks: list[RunTask], options: ExecutorOptions, events: Events = Events()) -> list[TaskResult]:
+def execute(tasks: list[RunTask], options: SlurmOptions, events: Events = NO_EVENTS) -> list[TaskResult]:
     check_available(options)
-    results, runnable = set_aside_held(tasks, events)
+    results, runnable = set_aside_held([absolute(task) for task in tasks], events)
     if not runnable:
         return results
-    executor = make_executor(options, sweep_directory(runnable[0]) / LOG_FOLDER, options.slurm_cpus or runnable[0].threads)
-    jobs = executor.map_array(SlurmRun(sweep_pid=os.getpid() if options.slurm_local else 0), runnable)
+    executor = make_executor(options, sweep_directory(runnable[0]) / LOG_FOLDER, options.cpus or runnable[0].threads)
+    jobs = executor.map_array(SlurmRun(sweep_pid=os.getpid() if options.local else 0), runnable)
     pending = {}
     submitted = time.perf_counter()
-    for task, job in zip(runnable, jobs):
+    for task, job in zip(runnable, jobs, strict=True):
         info = {"executor": "slurm", "job_id": str(job.job_id), "stdout": str(job.paths.stdout), "stderr": str(job.paths.stderr)}
         pending[info["job_id"]] = (job, task, info)
         events.started(task, (task.run_dir / "config.json").exists(), info)
@@ -166,7 +202,8 @@ def _result(job: Any, task: RunTask, info: dict[str, Any], seconds: float) -> Ta
         result = job.result()
     except Exception as error:  # noqa: BLE001 - the job died before its run could say why (killed, out of time, no node)
         first = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
-        return TaskResult(task, None, seconds, job={**info, "error": f"SLURM job {info['job_id']} ended without its run's result ({first}); see {info['stderr']}"})
+        error = f"SLURM job {info['job_id']} ended without its run's result ({first}); see {info['stderr']}"
+        return TaskResult(task, None, seconds, job={**info, "error": error})
     if not isinstance(result, TaskResult):
         return TaskResult(task, None, seconds, job={**info, "error": f"SLURM job {info['job_id']} returned {result!r}; see {info['stderr']}"})
     return replace(result, task=task, job={**info, **result.job})

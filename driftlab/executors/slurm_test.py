@@ -6,14 +6,14 @@ from pathlib import Path
 
 import pytest
 
+from driftlab.errors import ConfigError
 from driftlab.executors import ExecutorOptions, check_options
 from driftlab.executors.conftest import assert_same_results, check_kill_and_resume, run_dirs, sweep
-from driftlab.experiments.config import ConfigError
 from driftlab.experiments.run_directory import read_run_info
 
 submitit = pytest.importorskip("submitit")
 
-SLURM_LOCAL = ExecutorOptions("slurm", slurm_local=True)
+SLURM_LOCAL = ExecutorOptions("slurm", local=True)
 
 
 def test_without_sbatch_the_slurm_executor_stops_with_what_to_do(monkeypatch):
@@ -21,14 +21,14 @@ def test_without_sbatch_the_slurm_executor_stops_with_what_to_do(monkeypatch):
 
     monkeypatch.setattr(slurm.shutil, "which", lambda name: None)
     with pytest.raises(ConfigError, match="needs SLURM's sbatch on PATH.*add --slurm-local"):
-        check_options(ExecutorOptions("slurm", slurm_partition="gpu"))
+        check_options(ExecutorOptions("slurm", partition="gpu"))
     check_options(SLURM_LOCAL)  # submitit's local executor needs no cluster
 
 
 def test_slurm_options_become_the_jobs_parameters(tmp_path):
-    from driftlab.executors.slurm import make_executor
+    from driftlab.executors.slurm import SlurmOptions, make_executor
 
-    executor = make_executor(ExecutorOptions("slurm", slurm_time=120, slurm_gpus=1, slurm_mem=8, slurm_local=True), tmp_path, cpus=2)
+    executor = make_executor(SlurmOptions(time=120, gpus=1, mem=8, local=True), tmp_path, cpus=2)
     assert (executor.parameters["timeout_min"], executor.parameters["gpus_per_node"]) == (120, 1)
 
 
@@ -110,7 +110,8 @@ def test_cli_sweep_through_slurm_local_then_status_shows_each_run_done_with_its_
 
     out = tmp_path / "cli"
     command = [sys.executable, "-m", "driftlab.cli", "sweep", "synthetic-fedprox", *FOUR_RUNS, "--grid", "algorithm.mu=[0, 1]", "--seeds", "0,1"]
-    result = subprocess.run([*command, "--executor", "slurm", "--slurm-local", "--threads", "1", "--no-report", "--out", str(out)], capture_output=True, text=True, timeout=300)
+    options = ["--executor", "slurm", "--slurm-local", "--threads", "1", "--no-report", "--out", str(out)]
+    result = subprocess.run([*command, *options], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("  submit  ") == 4 and "sweep finished: 4 complete" in result.stdout
     status = subprocess.run([sys.executable, "-m", "driftlab.cli", "sweep", "--status", str(out)], capture_output=True, text=True, timeout=120)

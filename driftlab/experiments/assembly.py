@@ -19,12 +19,14 @@ from torch import nn
 from driftlab.algorithms import registry
 from driftlab.algorithms.plugin_guard import call_from_config
 from driftlab.compress import with_compression
+from driftlab.data.registry import DEFAULT_DATA_SET, DataSection
 from driftlab.data.federated import FederatedDataset, federated_dataset_from_arrays
 from driftlab.experiments.compatibility import check_sizes, checked_model
-from driftlab.experiments.config import ConfigError, DataConfig, ExperimentConfig, import_function, validate_config
+from driftlab.experiments.config import ConfigError, ExperimentConfig, validate_config
+from driftlab.plugins import import_function
 from driftlab.experiments.datasets import DataSetupError, build_dataset, prepared_custom_data, vocabulary_size
-from driftlab.models import build_model as build_zoo_model
-from driftlab.optim.server import make_server_optimizer
+from driftlab.models import registry as models
+from driftlab.optim.registry import build_server_optimizer
 from driftlab.simulation.availability import AvailabilityModel, Membership, MembershipEvent
 from driftlab.simulation.engine import EvaluationPlan, RoundPlan, Simulation, SimulationState, make_client_stores
 from driftlab.simulation.flat import FlatModel, binary_cross_entropy_per_example, objective_per_example
@@ -32,7 +34,7 @@ from driftlab.simulation.local_training import SequentialBackend
 from driftlab.simulation.precision import check_precision, parameter_dtype
 from driftlab.simulation.randomness import Stream, torch_seed
 from driftlab.simulation.seam import Algorithm
-from driftlab.simulation.state_store import parse_bytes
+from driftlab.simulation.memory_budget import MemoryBudget, placed_bytes
 from driftlab.simulation.vectorized import VectorizedBackend, auto_backend
 
 BACKENDS = {"sequential": SequentialBackend, "vectorized": VectorizedBackend}
@@ -66,12 +68,14 @@ def resolve_backend(name: str, model: FlatModel | None = None, device: torch.dev
     return auto_backend(model, device)
 
 
-def make_backend(config: ExperimentConfig, model: FlatModel, devices: tuple[torch.device, ...]):
+def make_backend(config: ExperimentConfig, model: FlatModel, devices: tuple[torch.device, ...], budget: MemoryBudget | None = None):
+    """The config's training backend; the vectorized one sizes its chunks from ``budget`` (the run's ``MemoryBudget``)."""
     name = resolve_backend(config.backend, model, devices[0])
     if len(devices) > 1 and name != "vectorized":
         raise ConfigError(f"device={config.device!r} lists several GPUs, which only backend=vectorized uses; set backend=vectorized (or auto)")
     if name == "vectorized":
-        return BACKENDS[name](precision=config.precision, devices=devices if len(devices) > 1 else None)
+        several = devices if len(devices) > 1 else None
+        return BACKENDS[name](precision=config.precision, devices=several, memory_budget=budget or MemoryBudget())
     return BACKENDS[name](precision=config.precision)
 
 
@@ -80,7 +84,8 @@ ExampleLoss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (outputs, 
 
 
 def build_model(config: ExperimentConfig, data: FederatedDataset, model: ModelSource, loss: ExampleLoss | None = None) -> FlatModel:
-    """The zoo model ``config.model`` names, or the user's, initialised from (seed, MODEL_INIT), with its loss.
+    """The model ``config.model`` names (the zoo's or a plugin's, built by its registry entry), or the user's module or
+    factory (``model=``), initialised from (seed, MODEL_INIT), with its loss.
 
     The loss is ``loss``, else the function ``model.loss`` names, else the data's: cross-entropy on class
     ids, binary cross-entropy on multi-label rows, the objective itself for quadratic data.  Accuracy is
@@ -89,9 +94,7 @@ def build_model(config: ExperimentConfig, data: FederatedDataset, model: ModelSo
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(torch_seed(config.seed, Stream.MODEL_INIT))
         if model is None:
-            module = build_zoo_model(
-                config.model.name, data.input_shape, data.num_classes, vocab_size=vocabulary_size(config.data), **config.model.keyword_arguments()
-            )
+            module = build_configured_model(config, data.input_shape, data.num_classes)
         elif isinstance(model, nn.Module):
             module = copy.deepcopy(model)
         else:
@@ -101,7 +104,7 @@ def build_model(config: ExperimentConfig, data: FederatedDataset, model: ModelSo
     classifier = is_classifier(config, data, model)
     if loss is not None:
         return FlatModel.wrap(module, example_loss=loss, is_classifier=classifier, multi_label=data.multi_label)
-    if model is None and config.model.name == "quadratic":
+    if model is None and models.MODELS[config.model.name].reads_objectives:
         return FlatModel.wrap(module, example_loss=objective_per_example, is_classifier=False)
     if data.multi_label:
         return FlatModel.wrap(module, example_loss=binary_cross_entropy_per_example, is_classifier=False, multi_label=True)
@@ -119,8 +122,14 @@ def is_classifier(config: ExperimentConfig, data: FederatedDataset, model: Model
     floating (regression) targets, multi-label rows and the quadratic objectives."""
     if config.model.classifier is not None:
         return config.model.classifier
-    quadratic = model is None and config.model.name == "quadratic"
+    quadratic = model is None and models.MODELS[config.model.name].reads_objectives
     return data.targets_are_classes and not data.multi_label and not quadratic
+
+
+def build_configured_model(config: ExperimentConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """The module of the model ``config.model`` names, built by its registry entry from its ``[model]`` section."""
+    entry = models.MODELS[config.model.name]
+    return models.build_module(entry, config.model, input_shape, num_classes, vocab_size=vocabulary_size(config.data))
 
 
 def configured_algorithm(config: ExperimentConfig) -> Algorithm:
@@ -129,7 +138,7 @@ def configured_algorithm(config: ExperimentConfig) -> Algorithm:
     A plugin's algorithm comes with its functions guarded (``plugin_guard``): what goes wrong in them names
     the plugin and the function.  A built-in's is exactly what its ``from_config`` returns.
     """
-    server_optimizer = make_server_optimizer(config.server.optimizer, **config.server.optimizer_hyperparameters())
+    server_optimizer = build_server_optimizer(config.server)  # a plugin's that fails: a ConfigError naming its file
     entry = registry.ALGORITHMS[config.algorithm.name]
     if registry.is_plugin(entry):
         return call_from_config(entry, config.algorithm, server_optimizer, registry.describe_plugin(entry))
@@ -220,10 +229,13 @@ def build_simulation(
         )
     except ValueError as error:
         raise ConfigError(f"availability: {error}") from None
+    # The one place memory_budget is parsed; the stores, the waves and the backend's chunks are sized from it.
+    resident = placed_bytes((data.train_inputs, data.train_targets, data.test_inputs, data.test_targets), dtype)
+    budget = MemoryBudget.for_run(config.memory_budget, devices, resident)
     try:
         sim = Simulation(
-            flat_model, data, algorithm, make_backend(config, flat_model, devices), plan, device, dtype, initial_params, evaluation, membership,
-            memory_budget=parse_bytes(config.memory_budget) if config.memory_budget is not None else None,
+            flat_model, data, algorithm, make_backend(config, flat_model, devices, budget), plan, device, dtype, initial_params, evaluation,
+            membership, memory_budget=budget,
         )
     except ValueError as error:
         raise ConfigError(str(error)) from None
@@ -248,7 +260,7 @@ def client_stores(config: ExperimentConfig, sim: Simulation, kind: str, state_di
 
     keep_latest = config.evaluation.model == "all_clients_mean"
     clients, latest = make_client_stores(
-        kind, sim.data.num_clients, sim.initial_params, sim.algorithm.client_state_init, keep_latest, directory, config.memory_budget
+        kind, sim.data.num_clients, sim.initial_params, sim.algorithm.client_state_init, keep_latest, directory, sim.memory_budget
     )
     clients.owner = sim.algorithm.plugin  # a state that cannot be stored names the plugin that made it
     return clients, latest
@@ -277,7 +289,7 @@ def user_data(config: ExperimentConfig, data: Any) -> tuple[ExperimentConfig, Fe
             return config, None
         dataset = load_data(config)
     else:
-        if config.data.name not in ("custom", DataConfig.model_fields["name"].default):
+        if config.data.name not in ("custom", DEFAULT_DATA_SET):
             raise ConfigError(
                 f"data= is your own data, but the config names data set {config.data.name!r}; set data.name = \"custom\" or leave data.name unset"
             )
@@ -289,7 +301,9 @@ def user_data(config: ExperimentConfig, data: Any) -> tuple[ExperimentConfig, Fe
         if config.data.name == "custom":
             check_digest(config, dataset)
     table = config.to_dict()
-    table["data"] = {**table["data"], "name": "custom", "digest": dataset.digest}
+    # the keys every data set shares carry over to your own data; the default data set's own keys do not apply to it
+    shared = {key: value for key, value in table["data"].items() if key in DataSection.model_fields or config.data.name == "custom"}
+    table["data"] = {**shared, "name": "custom", "digest": dataset.digest}
     return validate_config(table), dataset
 
 

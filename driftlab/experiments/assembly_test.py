@@ -171,7 +171,7 @@ def test_regression_targets_keep_their_kind_when_clients_hold_out_test_rows():
 
 
 def test_a_loss_imported_from_a_file_is_recorded_by_its_path(tmp_path):
-    from driftlab.experiments.config import import_function
+    from driftlab.plugins import import_function
 
     (tmp_path / "losses.py").write_text("def squared(outputs, targets):\n    return 0.5 * (outputs.squeeze(1) - targets) ** 2\n")
     loss = import_function(f"{tmp_path / 'losses.py'}:squared", "model.loss")

@@ -20,6 +20,9 @@ import pytest
 
 import driftlab
 from driftlab import cli
+from driftlab.data.registry import DATA_SETS
+from driftlab.models.registry import MODELS
+from driftlab.optim.registry import REGISTRY as SERVER_REGISTRY
 from driftlab.experiments.config import ExperimentConfig, load_config, preset_names
 
 REPO_ROOT = Path(driftlab.__file__).resolve().parents[1]
@@ -124,9 +127,17 @@ def test_preset_description_is_the_leading_comment_block():
 def test_config_command_lists_every_key():
     result = driftlab_cli("config")
     assert result.returncode == 0
-    for section in ("data", "model", "client", "server", "sampling", "evaluation"):
+    for section in ("client", "sampling", "evaluation"):
         for key in ExperimentConfig.model_fields[section].annotation.model_fields:
             assert f"{section}.{key} = " in result.stdout, f"{section}.{key}"
+    for section, registry in (("model", MODELS), ("server", SERVER_REGISTRY.entries)):  # one section per model, per optimizer
+        for entry in registry.values():
+            for key in entry.config_type.model_fields:
+                if key not in ("name", "optimizer"):
+                    assert f"{section}.{key} = " in result.stdout or f"{section}.{key} (required)" in result.stdout, key
+    for data_set in DATA_SETS.values():  # [data] is one section per data set
+        for key in data_set.config_type.model_fields:
+            assert f"data.{key} = " in result.stdout, f"data.{key} of {data_set.name}"
     for key in ("seed", "rounds", "device", "precision", "checkpoint_every"):
         assert f"  {key} = " in result.stdout
 
@@ -152,6 +163,7 @@ def test_config_toml_round_trips_through_a_file(tmp_path, capsys):
         "client.epochs=none",
         'availability.events=[{round=2, join=[1, 2]}, {round=3, leave_range=[0, 2]}]',
         "availability.initially_registered=10",
+        'model.name=mlp',
         'model.hidden=[64, 32]',
         "evaluation.target_accuracy=0.55",
     ]

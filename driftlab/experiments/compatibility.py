@@ -32,9 +32,11 @@ import torch
 from torch import nn
 
 from driftlab.experiments.config import ConfigError, ExperimentConfig
-from driftlab.experiments.datasets import DATA_SETS, vocabulary_size
+from driftlab.data.builtins import QUADRATIC_BYTES_PER_CLIENT_AND_DIMENSION
+from driftlab.data.registry import entry_of
+from driftlab.experiments.datasets import vocabulary_size
 from driftlab.memory_limit import MemoryLimit, format_bytes, memory_limit
-from driftlab.models import build_model
+from driftlab.models import registry as models
 from driftlab.optim.schedules import steps_at
 from driftlab.simulation.sampling import clients_per_round
 
@@ -46,17 +48,8 @@ PLAN_ENTRY_BYTES = 48
 # Per local step: the sequential backend's list of batch sizes (a Python int and its slot) and the schedule's counts.
 PLAN_STEP_BYTES = 48
 QUADRATIC_DATA = ("quadratic", "quadratic1d")
-# Peak bytes per client while generating a data set, measured (tracemalloc, numpy) and rounded down,
-# so the estimate stays a lower bound; a partitioned pooled data set costs an index array per client.
-GENERATED_BYTES_PER_CLIENT = {
-    "synthetic": 400_000,
-    "synthetic_iid": 400_000,
-    "feddyn_synthetic": 200_000,
-    "quadratic1d": 20_000,
-}
-# With data.samples_per_client = c, FedProx synthetic devices peak at about 7,400 + 870 c bytes each (measured, c = 10, 100).
-CAPPED_SYNTHETIC_BYTES = (6_000, 800)
-QUADRATIC_BYTES_PER_CLIENT_AND_DIMENSION = 8_000
+# A generated data set's bytes per client are its entry's size_estimate (driftlab.data.builtins measured them);
+# a partitioned pooled data set costs an index array per client.
 PARTITIONED_BYTES_PER_CLIENT = 200  # a numpy index array object, its rows, and the client's entry in the membership
 
 _size = format_bytes
@@ -153,15 +146,10 @@ def _quadratic_too_large(clients: int, dimension: int, limit: MemoryLimit) -> Co
 
 def _bytes_per_client(config: ExperimentConfig) -> int:
     data = config.data
-    if data.name in ("synthetic", "synthetic_iid") and data.samples_per_client is not None:
-        fixed, per_sample = CAPPED_SYNTHETIC_BYTES
-        return min(GENERATED_BYTES_PER_CLIENT[data.name], fixed + per_sample * data.samples_per_client)
-    if data.name in GENERATED_BYTES_PER_CLIENT:
-        return GENERATED_BYTES_PER_CLIENT[data.name]
-    if data.name == "quadratic":
-        return QUADRATIC_BYTES_PER_CLIENT_AND_DIMENSION * data.quadratic_dimension
-    info = DATA_SETS[data.name]
-    if info.natural and data.partition in (None, "natural"):
+    entry = entry_of(data)
+    if entry.size_estimate is not None:
+        return int(entry.size_estimate(data))
+    if entry.natural_clients and data.partition in (None, "natural"):
         return 0  # the data set's own clients: num_clients is not used
     return PARTITIONED_BYTES_PER_CLIENT
 
@@ -259,9 +247,10 @@ def _check_model_pairing(config: ExperimentConfig, data: Any, label: str) -> Non
     # vectors without an error, and any classifier runs on the quadratics' [a, b] rows, so only
     # the names can tell these mismatches.
     quadratic_data = config.data.name in QUADRATIC_DATA
-    if quadratic_data and config.model.name != "quadratic":
+    objective_model = models.MODELS[config.model.name].reads_objectives
+    if quadratic_data and not objective_model:
         raise _mismatch(config, data, label, "quadratic data are objectives ½·a·x² − b·x, not examples to classify")
-    if config.model.name == "quadratic" and not quadratic_data:
+    if objective_model and not quadratic_data:
         raise _mismatch(config, data, label, "the quadratic model is the parameter of the quadratic data sets only")
 
 
@@ -269,9 +258,8 @@ def _check_model_memory(config: ExperimentConfig, data: Any, device: torch.devic
     """Parameters counted on the meta device (nothing allocated), times the copies a round holds at once."""
     try:
         with torch.random.fork_rng(devices=[]), torch.device("meta"):
-            module = build_model(
-                config.model.name, data.input_shape, data.num_classes, vocab_size=vocabulary_size(config.data), **config.model.keyword_arguments()
-            )
+            entry = models.MODELS[config.model.name]
+            module = models.build_module(entry, config.model, data.input_shape, data.num_classes, vocab_size=vocabulary_size(config.data))
     except (ValueError, RuntimeError, IndexError, TypeError) as error:
         raise _mismatch(config, data, label, _first_line(error)) from error
     parameters = sum(p.numel() for p in module.parameters())
@@ -285,9 +273,15 @@ def _check_model_memory(config: ExperimentConfig, data: Any, device: torch.devic
     if estimate > memory:
         raise ConfigError(
             f"model {label}: {_count(parameters)} parameters x {_count(copies)} copies (server model, update, one per client of a round) "
-            f"need at least {_size(estimate)}, more than {where}; use a smaller model "
-            "(model.hidden, model.width, model.rnn_hidden) or fewer clients per round (sampling.participation)"
+            f"need at least {_size(estimate)}, more than {where}; use a smaller model{_size_keys(config)} "
+            "or fewer clients per round (sampling.participation)"
         )
+
+
+def _size_keys(config: ExperimentConfig) -> str:
+    """`` (model.hidden)``: the keys of the configured model's own section, which set its size."""
+    own = [key for key in type(config.model).model_fields if key not in models.ModelSection.model_fields and key != "name"]
+    return f" ({', '.join(f'model.{key}' for key in own)})" if own else ""
 
 
 def probe_forward(config: ExperimentConfig, data: Any, flat_model: Any, device: torch.device, dtype: torch.dtype, label: str) -> None:
@@ -346,32 +340,42 @@ def _mismatch(config: ExperimentConfig, data: Any, label: str, reason: str) -> C
 
 
 def models_that_fit(data_name: str, data: Any) -> str:
-    """Which zoo models take this data, in words."""
+    """Which registered models take this data, in words (from each entry's ``inputs``)."""
     shape = tuple(data.train_inputs.shape[1:])
+    vectors, images, sequences = models.names_reading("vectors"), models.names_reading("images"), models.names_reading("sequences")
+    image_only = [name for name in images if name not in vectors]
     if data_name in QUADRATIC_DATA:
-        return "Quadratic data take model.name=quadratic only."
+        return f"Quadratic data take model.name={_either(models.names_reading('objectives'))} only."
     integers = not data.train_inputs.is_floating_point() and getattr(data, "input_normalisation", None) is None
     if integers and (data.train_inputs.dtype == torch.uint8 or len(shape) != 1):
         # uint8 or multi-axis integers are pixels, not token ids: the fix is their dtype, not a sequence model
         dtype = str(data.train_inputs.dtype).removeprefix("torch.")
-        models = "cnn, femnist_cnn, resnet18_gn, vgg11, mlr or mlp" if len(shape) == 3 else "mlr or mlp"
+        fitting = _either(image_only + vectors) if len(shape) == 3 else _either(vectors)
         return (
-            f"The inputs are {dtype} values, which only lstm/gru read (as token ids, one sequence (length,) per example); "
+            f"The inputs are {dtype} values, which only {'/'.join(sequences)} read (as token ids, one sequence (length,) per example); "
             f"the other models compute in floating point: give float32 inputs (e.g. pixels / 255), or keep uint8 pixels and "
-            f"pass input_normalisation=driftlab.data.pixels.PixelNormalisation(mean, std) to FederatedArrays; then use {models}."
+            f"pass input_normalisation=driftlab.data.pixels.PixelNormalisation(mean, std) to FederatedArrays; then use {fitting}."
         )
     if integers:
         return (
-            "Token sequences take model.name=lstm or gru (as shakespeare and sent140 do); "
-            "for vector data (synthetic, mnist, stackoverflow) use mlr or mlp, for images cnn, femnist_cnn, resnet18_gn or vgg11."
+            f"Token sequences take model.name={_either(sequences)} (as shakespeare and sent140 do); "
+            f"for vector data (synthetic, mnist, stackoverflow) use {_either(vectors)}, for images {_either(image_only)}."
         )
     if len(shape) == 3:
-        return "Images take model.name=mlr, mlp, cnn, femnist_cnn, resnet18_gn or vgg11; lstm/gru need token sequences (shakespeare, sent140)."
-    square = len(shape) == 1 and math.isqrt(shape[0]) ** 2 == shape[0]
+        return f"Images take model.name={_either(images)}; {'/'.join(sequences)} need token sequences (shakespeare, sent140)."
+    square = [name for name in models.names_reading("square_vectors") if name not in vectors]
+    square_fits = len(shape) == 1 and math.isqrt(shape[0]) ** 2 == shape[0] and square
+    flat_images = f" (or {_either(square)}, for flat square images)" if square_fits else ""
+    needs_images = [name for name in image_only if name not in square]
     return (
-        "Vectors take model.name=mlr or mlp" + (" (or femnist_cnn, for flat square images)" if square else "")
-        + "; cnn, resnet18_gn and vgg11 need images (cifar10, cifar100), lstm/gru need token sequences (shakespeare, sent140)."
+        f"Vectors take model.name={_either(vectors)}{flat_images}; {_either(needs_images, 'and')} need images (cifar10, cifar100), "
+        f"{'/'.join(sequences)} need token sequences (shakespeare, sent140)."
     )
+
+
+def _either(names: list[str], word: str = "or") -> str:
+    """``a, b or c``."""
+    return f"{', '.join(names[:-1])} {word} {names[-1]}" if len(names) > 1 else "".join(names)
 
 
 def _first_line(error: BaseException) -> str:

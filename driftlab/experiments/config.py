@@ -54,70 +54,29 @@ import re
 import tomllib
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Callable, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from driftlab.algorithms import registry
 from driftlab.errors import ConfigError
-from driftlab.experiments.datasets import DATA_SETS
+from driftlab.data import registry as data_sets
+from driftlab.data.registry import DEFAULT_DATA_SET, PARTITIONS  # noqa: F401 - PARTITIONS: re-exported
 from driftlab.experiments.shipped import PRESET_PACKAGE, preset_names  # noqa: F401 - PRESET_PACKAGE: re-exported
-from driftlab.models import MODEL_NAMES
-from driftlab.optim.schedules import ExponentialSchedule, InverseTimeSchedule, is_constant_one, schedule_from_table
-from driftlab.optim.server import NAMED_OPTIMIZERS
+from driftlab.models import registry as models
+from driftlab.plugins import did_you_mean, load_plugins, resolve_plugin
+from driftlab.optim import registry as server_optimizers
+from driftlab.optim.schedules import MAX_RATE, Count, Rate, is_constant_one  # noqa: F401 - MAX_RATE: re-exported
 from driftlab.simulation.availability import ClientIds
+from driftlab.simulation.memory_budget import parse_bytes
 
 MAX_CONFIG_BYTES = 1_000_000  # the largest shipped preset is 2 kB; a megabyte is never a hand-written config
 MAX_NESTING = 32  # a config nests 5 levels at most (availability.events[i].join_range[j]); 32 leaves room, not recursion
 MAX_BASE_CHAIN = 16  # files built on files built on files ...
 MAX_LISTED_PROBLEMS = 20  # an error message lists this many problems, then says how many more
-# Learning rates above 1e6 are typos (1e6 for 1e-6, 1e308): the largest rate any method here uses is
-# O(10) (server lr of FedAvgM/FedAdam sweeps), and a step of 1e6 times an O(1) gradient already leaves
-# any sensible parameter range, while rates up to 1e6 stay representable after any float32 arithmetic.
-MAX_RATE = 1e6
 MAX_BATCH_SIZE = 1_000_000  # more than any client of any data set holds (MNIST on one client: 60,000)
 MAX_WIDTH = 65_536  # hidden widths, embeddings, channels: the model's memory is checked separately
-
-
-def _rate(value: Any) -> float | ExponentialSchedule | InverseTimeSchedule:
-    return _number_or_schedule(value, integer=False)
-
-
-def _count(value: Any) -> int | ExponentialSchedule | InverseTimeSchedule:
-    return _number_or_schedule(value, integer=True)
-
-
-def _number_or_schedule(value: Any, integer: bool) -> Any:
-    kind = "a positive integer" if integer else "a positive number"
-    if isinstance(value, bool):
-        raise ValueError(f"expected {kind} or a schedule table, got {value!r}")
-    if isinstance(value, (int, float)):
-        if not math.isfinite(value):
-            raise ValueError(f"expected {kind}, got {value!r}")
-        if integer and (not float(value).is_integer()):
-            raise ValueError(f"expected {kind}, got {value!r}")
-        if value <= 0:
-            raise ValueError(f"must be > 0, got {value!r}")
-        if not integer and value > MAX_RATE:
-            raise ValueError(f"must be at most {MAX_RATE:g} (a larger rate is a typo such as 1e6 for 1e-6), got {value!r}")
-        return int(value) if integer else float(value)
-    if isinstance(value, (ExponentialSchedule, InverseTimeSchedule)):
-        return _bounded_schedule(value, integer)
-    if isinstance(value, dict):
-        return _bounded_schedule(schedule_from_table(value), integer)
-    raise ValueError(
-        f"expected {kind} or a schedule table such as "
-        '{kind="exponential", initial=0.1, decay=0.99} or {kind="inverse_time", a=1.0, b=10}'
-        f", got {_short(value)}"
-    )
-
-
-def _bounded_schedule(schedule: ExponentialSchedule | InverseTimeSchedule, integer: bool) -> ExponentialSchedule | InverseTimeSchedule:
-    # both kinds decrease with the round, so round 1 holds the largest value
-    if not integer and schedule(1) > MAX_RATE:
-        raise ValueError(f"the schedule's round-1 rate {schedule(1):g} is above {MAX_RATE:g} (a typo such as 1e6 for 1e-6?)")
-    return schedule
 
 
 def _short(value: Any, limit: int = 80) -> str:
@@ -126,86 +85,8 @@ def _short(value: Any, limit: int = 80) -> str:
     return text if len(text) <= limit else f"{text[: limit - 15]}... ({len(text)} characters)"
 
 
-Rate = Annotated[Any, BeforeValidator(_rate)]
-Count = Annotated[Any, BeforeValidator(_count)]
-
-
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
-
-DataSetName = Literal[tuple(DATA_SETS)]  # type: ignore[valid-type]
-PARTITIONS = ("natural", "iid", "dirichlet", "dirichlet_classwise", "classes_per_client", "power_law")
-
-
-class DataConfig(_Section):
-    name: DataSetName = Field("synthetic", description="data set; `driftlab data list` describes each")
-    root: str | None = Field(None, min_length=1, description="where the data set's official files are; default: its folder under $DRIFTLAB_DATA, else the first of ./shared/data, ../shared/data and the source checkout's ../shared/data that holds it")
-    num_clients: int = Field(30, ge=1, description="number of clients (devices) of generated data and of partitioned pooled data")
-    partition: Literal[PARTITIONS] | None = Field(  # type: ignore[valid-type]
-        None,
-        description="natural (the data set's own clients), iid, dirichlet (client-prior form, FedDyn), dirichlet_classwise "
-        "(Hsu et al.), classes_per_client (shards), power_law (FedProx MNIST); none = natural where it exists, else iid",
-    )
-    quotas: Literal["balanced", "lognormal"] = Field("balanced", description="client sizes for iid, dirichlet and classes_per_client: balanced or lognormal (FedDyn)")
-    lognormal_sigma: float = Field(0.3, ge=0, description="σ of lognormal quotas (FedDyn uses 0.3)")
-    dirichlet_alpha: float = Field(0.3, gt=0, description="concentration α of the Dirichlet partitions (smaller is more heterogeneous)")
-    min_client_size: int = Field(10, ge=0, description="dirichlet_classwise: redraw until every client has at least this many samples")
-    classes_per_client: int = Field(2, ge=1, description="classes_per_client and power_law: classes each client holds")
-    client_test_fraction: float = Field(
-        0.0, ge=0, lt=1, description="hold out this fraction of every client's data as its local test split (0 = off; data sets with their own keep theirs)"
-    )
-    synthetic_alpha: float = Field(1.0, ge=0, description="α of synthetic(α,β): variance of the shared mean of each device's W_k, b_k")
-    synthetic_beta: float = Field(1.0, ge=0, description="β of synthetic(α,β): how much local data differs")
-    feddyn_kind: int = Field(1, ge=0, le=3, description="feddyn_synthetic: heterogeneity type 1, 2 or 3 (0: homogeneous)")
-    feddyn_heterogeneity: float = Field(1.0, ge=0, description="feddyn_synthetic: the γ of the chosen type")
-    quadratic_dimension: int = Field(10, ge=1, description="dimension of the multi-dimensional quadratic clients")
-    quadratic_heterogeneity: float = Field(1.0, ge=0, description="spread of curvatures and linear terms across quadratic clients")
-    max_clients: int | None = Field(None, ge=1, description="femnist, shakespeare, sent140: keep at most this many clients (largest first for shakespeare)")
-    samples_per_client: int | None = Field(None, ge=1, description="shakespeare: windows per role, e.g. 2000 for FedDyn's split; stackoverflow: at most this many per user; "
-        "synthetic, synthetic_iid: at most this many samples per device (train and test together)")
-    min_samples_per_client: int = Field(0, ge=0, description="shakespeare: drop roles with fewer windows")
-    vocabulary_size: int = Field(10_000, ge=3, description="sent140: tokens in the vocabulary, PAD and UNK included; stackoverflow: bag-of-words size")
-    tag_count: int = Field(500, ge=1, description="stackoverflow: the most frequent tags predicted")
-    limit_per_class: int | None = Field(None, ge=1, description="cifar10_folder: read at most this many images per class and split")
-    augment: bool = Field(
-        False,
-        description="image data (CIFAR): train on augmented minibatches as the FedDyn code does, a random horizontal flip, then "
-        "with probability 1/2 zero-padding by 4 and a random crop back; draws from (seed, round, client, step, slot), the same on every backend",
-    )
-    seed: int | None = Field(None, ge=0, description="seed of generation and partitioning; default: the experiment seed")
-    loader: str | None = Field(
-        None,
-        min_length=1,
-        description='data.name=custom: "module:function" or "path/to/file.py:function" (relative to the config file) of a function '
-        "returning driftlab.FederatedArrays; imported in every process (run, sweep, resume), so your data needs no driftlab.run(data=...)",
-    )
-    digest: str | None = Field(
-        None,
-        pattern=r"^[0-9a-f]{64}$",
-        description="data.name=custom: SHA-256 of your data, recorded by the run; a run or resume given other data stops with an error",
-    )
-
-    @model_validator(mode="after")
-    def _own_data_keys(self) -> "DataConfig":
-        if self.name != "custom":
-            given = [key for key in ("loader", "digest") if getattr(self, key) is not None]
-            if given:
-                raise ValueError(f'data.{given[0]} is for data of your own: set data.name = "custom" (got data.name = {self.name!r})')
-        elif self.partition not in (None, "natural"):
-            raise ValueError(
-                f'data.name = "custom" keeps your client ids as the clients; leave data.partition unset (got {self.partition!r})'
-            )
-        if self.name in ("quadratic", "quadratic1d") and self.partition not in (None, "natural", "iid"):
-            # the label-based partitions skew classes, and quadratic objectives have none (all labels 0)
-            raise ValueError(
-                f"data.partition = {self.partition!r} deals out examples by class, and {self.name}'s clients are "
-                "objectives with no classes; use data.partition = \"natural\" (the default: one objective per client) "
-                "or \"iid\" (the objectives grouped into clients at random)"
-            )
-        if self.loader is not None:
-            _check_function_reference(self.loader)
-        return self
 
 
 def _check_function_reference(reference: str) -> None:
@@ -214,51 +95,6 @@ def _check_function_reference(reference: str) -> None:
         raise ValueError(
             f'expected "module:function" or "path/to/file.py:function", got {_short(reference)}'
         )
-
-
-class ModelConfig(_Section):
-    name: Literal[MODEL_NAMES] = Field(  # type: ignore[valid-type]
-        "mlr",
-        description="mlr (multinomial logistic regression), mlp, cnn (FedDyn CIFAR CNN), femnist_cnn, lstm, gru, resnet18_gn, "
-        "vgg11, quadratic (the parameter x of the quadratic clients)",
-    )
-    hidden: tuple[Annotated[int, Field(ge=1, le=MAX_WIDTH)], ...] = Field((200, 200), max_length=64, description="hidden widths of the mlp (784-200-200-10 by default; (100, 100) for EMNIST-L)")
-    rnn_hidden: int | None = Field(None, ge=1, le=MAX_WIDTH, description="lstm/gru hidden units; none = 100 for lstm (FedDyn), 256 for gru")
-    rnn_layers: int = Field(2, ge=1, le=64, description="lstm/gru layers")
-    embedding_dim: int = Field(8, ge=1, le=MAX_WIDTH, description="lstm/gru character embedding size")
-    groups: int = Field(2, ge=1, le=MAX_WIDTH, description="resnet18_gn: GroupNorm groups")
-    resnet_stem: Literal["cifar", "imagenet"] = Field("cifar", description="resnet18_gn stem: cifar (3x3, no max-pool) or imagenet (FedDyn's code)")
-    width: int = Field(64, ge=1, le=MAX_WIDTH, description="resnet18_gn/vgg11 base width")
-    loss: str | None = Field(
-        None,
-        min_length=1,
-        description='a loss of your own: "module:function" or "path/to/file.py:function" of fn(outputs, targets) -> one loss per '
-        "example [B]; none = cross-entropy (binary for multi-label data; the objective itself for quadratic data)",
-    )
-    classifier: bool | None = Field(
-        None,
-        description="report accuracy (outputs are class scores); none = yes for integer class-id targets, no for floating "
-        "targets (regression), multi-label and quadratic data",
-    )
-
-    @field_validator("loss")
-    @classmethod
-    def _loss_is_a_reference(cls, loss: str | None) -> str | None:
-        if loss is not None:
-            _check_function_reference(loss)
-        return loss
-
-    def keyword_arguments(self) -> dict[str, Any]:
-        """Keyword arguments of ``driftlab.models.build_model`` besides name, shape and classes."""
-        return {
-            "hidden": self.hidden,
-            "rnn_hidden": self.rnn_hidden,
-            "rnn_layers": self.rnn_layers,
-            "embedding_dim": self.embedding_dim,
-            "groups": self.groups,
-            "resnet_stem": self.resnet_stem,
-            "width": self.width,
-        }
 
 
 class ClientConfig(_Section):
@@ -285,24 +121,6 @@ class ClientConfig(_Section):
         if self.steps is not None:
             return None
         return self.epochs if self.epochs is not None else 1
-
-
-class ServerConfig(_Section):
-    optimizer: Literal["sgd", "momentum", "adam", "adagrad", "yogi"] = Field(
-        "sgd", description="server optimizer on the pseudo-gradient: sgd (FedAvg at lr 1), momentum (FedAvgM), adam (FedAdam), adagrad, yogi"
-    )
-    lr: Rate = Field(1.0, description="server learning rate η_g: a number or a schedule table")
-    momentum: float = Field(0.9, ge=0, lt=1, description="momentum β (optimizer = momentum)")
-    beta1: float = Field(0.9, ge=0, lt=1, description="Adam/Yogi β1")
-    beta2: float | None = Field(None, ge=0, lt=1, description="Adam/Yogi β2; none = the optimizer's default (adam 0.999, yogi 0.99)")
-    epsilon: float | None = Field(None, gt=0, description="ε (τ) of adam, adagrad, yogi; none = the optimizer's default (adam 1e-8, adagrad and yogi 1e-3)")
-    bias_correction: bool = Field(True, description="Adam bias correction (the decaying-K paper's Algorithm 3 has it; Reddi's has not)")
-
-    def optimizer_hyperparameters(self) -> dict[str, Any]:
-        """Keyword arguments of ``driftlab.optim.server.make_server_optimizer`` for the chosen optimizer."""
-        keys = NAMED_OPTIMIZERS[self.optimizer].config_keys
-        chosen = {argument: getattr(self, key) for argument, key in keys.items()}
-        return {key: value for key, value in chosen.items() if value is not None}
 
 
 class SamplingConfig(_Section):
@@ -469,6 +287,128 @@ def unknown_algorithm_message(name: Any) -> str:
 AlgorithmConfig = Annotated[Any, BeforeValidator(_algorithm_section)]
 
 
+# The flat [model], [data] and [server] sections of driftlab before they became tagged unions (one config type per
+# registered model, data set and server optimizer), with their defaults (None values left out, as to_dict leaves them).
+# Two uses: a config.json written then names every key of every kind at its default, and such a key of another kind
+# at its old default is dropped on reading (it never had an effect); and the fingerprint hashes each section
+# completed with these defaults, so every config keeps the fingerprint it had, and old runs still resume.
+LEGACY_FLAT_DEFAULTS: dict[str, dict[str, Any]] = {
+    "model": {
+        "name": "mlr", "hidden": [200, 200], "rnn_layers": 2, "embedding_dim": 8, "groups": 2, "resnet_stem": "cifar",
+        "width": 64,
+    },
+    "data": {
+        "name": "synthetic", "num_clients": 30, "quotas": "balanced", "lognormal_sigma": 0.3, "dirichlet_alpha": 0.3,
+        "min_client_size": 10, "classes_per_client": 2, "client_test_fraction": 0.0, "synthetic_alpha": 1.0,
+        "synthetic_beta": 1.0, "feddyn_kind": 1, "feddyn_heterogeneity": 1.0, "quadratic_dimension": 10,
+        "quadratic_heterogeneity": 1.0, "min_samples_per_client": 0, "vocabulary_size": 10000, "tag_count": 500,
+        "augment": False,
+    },
+    "server": {"optimizer": "sgd", "lr": 1.0, "momentum": 0.9, "beta1": 0.9, "bias_correction": True},
+}
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same_value(x, y) for x, y in zip(a, b))
+    return type(a) is type(b) and a == b if isinstance(a, bool) or isinstance(b, bool) else a == b
+
+
+# section -> (registry_of, tag, default) of every tagged-union section (registered_section), for the merging of tables
+TAGGED_SECTIONS: dict[str, tuple[Any, str, str]] = {}
+
+
+def kind_keys(section: str, name: Any) -> set[str] | None:
+    """The keys section ``section`` takes when its tag names ``name`` (None: not a tagged section, or an unknown name)."""
+    if section not in TAGGED_SECTIONS or not isinstance(name, str):
+        return None
+    registry_of, _, _ = TAGGED_SECTIONS[section]
+    entry = registry_of().lookup(name)
+    return None if entry is None else set(entry.config_type.model_fields)
+
+
+def without_other_kinds_keys(section: str, table: dict[str, Any], name: Any) -> dict[str, Any]:
+    """``table`` (a tagged section) switched to ``name``: the keys the new kind does not take are dropped (the old
+    kind's own keys), its shared keys kept, as switching ``algorithm.name`` drops the old algorithm's keys."""
+    keys = kind_keys(section, name)
+    return dict(table) if keys is None else {key: value for key, value in table.items() if key in keys}
+
+
+def registered_section(section: str, registry_of: Any, tag: str, default: str) -> Any:
+    """The type of a config section that is a tagged union over a registry's entries, like ``[algorithm]``.
+
+    ``section`` is the table's name ("model"), ``registry_of()`` returns the ``driftlab.plugins.Registry`` (called at
+    validation time, so an entry a plugin registered validates like a built-in), ``tag`` is the key that names the
+    entry ("name"; "optimizer" for [server]) and ``default`` the entry used when the tag is absent.  The table is
+    validated by the entry's ``config_type``.  A key of the old flat section that the entry does not take is
+    dropped when it holds its old default (config.json written before the sections were split), and refused
+    otherwise, naming the kinds that take it.
+    """
+
+    TAGGED_SECTIONS[section] = (registry_of, tag, default)
+
+    def validate(value: Any) -> BaseModel:
+        registry = registry_of()
+        if isinstance(value, BaseModel):
+            value = value.model_dump(mode="python")
+        if not isinstance(value, dict):
+            raise PydanticCustomError(
+                f"{section}_table", "expected a table such as [{section}] {tag} = \"{default}\", got {value}",
+                {"section": section, "tag": tag, "default": default, "value": _short(value)},
+            )
+        name = value.get(tag, default)
+        entry = registry.lookup(name) if isinstance(name, str) else None
+        if entry is None:
+            raise PydanticCustomError(f"unknown_{section}", "{message}", {"message": registry.unknown_message(name, f"{section}.{tag}")})
+        fields = entry.config_type.model_fields
+        legacy = LEGACY_FLAT_DEFAULTS.get(section, {})
+        table = {}
+        for key, item in value.items():
+            if key not in fields and item is None:
+                continue  # `data.limit_per_class = none` (a sweep's default for a key of some data sets): the key unset
+            if key not in fields and key in legacy and _same_value(item, legacy[key]):
+                continue  # an old config.json's key of another kind, at the default it had: it never changed anything
+            if key not in fields and key != tag:
+                owners = [other for other in registry.names() if key in registry.lookup(other).config_type.model_fields]
+                if owners:
+                    raise PydanticCustomError(
+                        f"{section}_key_of_another_kind", "{message}",
+                        {"message": f"{section}.{key} is a key of {', '.join(owners)}, not of {section}.{tag} = {name!r}, "
+                         f"whose keys are: {', '.join(k for k in fields if k != tag)}; remove it, or set {section}.{tag} to one of those"},
+                    )
+            table[key] = item
+        return entry.config_type.model_validate({**table, tag: name})
+
+    return Annotated[Any, BeforeValidator(validate)]
+
+
+def legacy_flat_form(content: dict[str, Any]) -> dict[str, Any]:
+    """``content`` (a to_dict table) with each tagged section completed by the old flat defaults it leaves out: the
+    form fingerprints are computed from, so a config hashes as it did before the sections became tagged unions."""
+    completed = dict(content)
+    for section, defaults in LEGACY_FLAT_DEFAULTS.items():
+        if isinstance(completed.get(section), dict):
+            completed[section] = {**defaults, **completed[section]}
+    return completed
+
+
+# [data]: a tagged union over the registered data sets (driftlab.data.registry); every data set's section subclasses
+# driftlab.data.registry.DataSection, the keys all share, and holds its own keys besides.
+DataConfig = registered_section("data", lambda: data_sets.REGISTRY, "name", DEFAULT_DATA_SET)
+
+# [model]: a tagged union over the registered models (driftlab.models.registry); every model's section subclasses
+# driftlab.models.ModelSection (loss, classifier) and holds its own keys besides (mlp: hidden; lstm: rnn_hidden, ...).
+DEFAULT_MODEL = "mlr"
+ModelConfig = registered_section("model", lambda: models.REGISTRY, "name", DEFAULT_MODEL)
+
+# [server]: a tagged union over the registered server optimizers (driftlab.optim.registry), named by server.optimizer;
+# every optimizer's section subclasses driftlab.optim.registry.ServerOptimizerConfig (lr) and holds its own keys besides
+# (momentum: momentum; adam: beta1, beta2, epsilon, bias_correction; chain: transforms, the stages of a chain in TOML).
+ServerConfig = registered_section(
+    "server", lambda: server_optimizers.REGISTRY, server_optimizers.TAG, server_optimizers.DEFAULT
+)
+
+
 class ExperimentConfig(_Section):
     seed: int = Field(0, ge=0, description="experiment seed: client samples, minibatches and initialisation derive from it")
     rounds: int = Field(100, ge=1, le=10_000_000, description="communication rounds (at most 10 million: a record is kept per round)")
@@ -495,8 +435,8 @@ class ExperimentConfig(_Section):
         "run keeps its final model and metrics only, and raising rounds later re-runs it from round 0 (the same numbers, the time again) "
         "instead of continuing from the checkpoint; interrupted, failed and diverged runs always keep theirs",
     )
-    data: DataConfig = DataConfig()
-    model: ModelConfig = ModelConfig()
+    data: DataConfig = Field(default_factory=lambda: data_sets.REGISTRY.entries[DEFAULT_DATA_SET].config_type())
+    model: ModelConfig = Field(default_factory=lambda: models.MODELS[DEFAULT_MODEL].config_type())
     plugins: tuple[Annotated[str, Field(min_length=1)], ...] = Field(
         (),
         description='modules imported before the config is validated, to register algorithms of your own: module names, or paths of '
@@ -505,7 +445,7 @@ class ExperimentConfig(_Section):
     )
     algorithm: AlgorithmConfig = Field(default_factory=lambda: registry.ALGORITHMS[DEFAULT_ALGORITHM].config_type())
     client: ClientConfig = ClientConfig()
-    server: ServerConfig = ServerConfig()
+    server: ServerConfig = Field(default_factory=lambda: server_optimizers.REGISTRY.entries["sgd"].config_type())
     sampling: SamplingConfig = SamplingConfig()
     availability: AvailabilityConfig = AvailabilityConfig()
     compression: CompressionConfig = CompressionConfig()
@@ -515,7 +455,9 @@ class ExperimentConfig(_Section):
         None,
         description='memory the client states may take, in bytes or as "4GB", "512MB", "1.5GiB": state.store=auto '
         "puts them on disk beyond it, the disk store's row cache takes a sixteenth of it (at most 512 MiB), and a round trains its "
-        "clients in waves that fit an eighth of it; none = half of the memory the process may hold (physical, ulimit, cgroup, SLURM) (waves of 1 GiB)",
+        "clients in waves (and the vectorized backend its CPU chunks) that fit an eighth of it; none = half of the memory the "
+        "process may hold (physical, ulimit, cgroup, SLURM) (waves of 1 GiB). A GPU's chunks take 80% of its memory, split "
+        "between the runs sharing it (DRIFTLAB_GPU_SHARE=N)",
     )
     log: tuple[Literal["tensorboard", "wandb", "mlflow"], ...] = Field(
         (),
@@ -543,8 +485,6 @@ class ExperimentConfig(_Section):
     @field_validator("memory_budget")
     @classmethod
     def _budget_is_bytes(cls, budget: int | str | None) -> int | str | None:
-        from driftlab.simulation.state_store import parse_bytes
-
         if budget is not None:
             parse_bytes(budget)
         return budget
@@ -555,7 +495,7 @@ class ExperimentConfig(_Section):
         """A hash of everything that determines the numbers a run produces (not its length, where it runs or where it is logged,
         nor where its plugins' files are: the algorithm's name and hyperparameters are in the hash).  Your own data is
         ``data.name = "custom"`` here; its ``data.digest`` is compared on its own (``run_directory.check_run_directory``)."""
-        content = {k: v for k, v in self.to_dict().items() if k not in ignore}
+        content = legacy_flat_form({k: v for k, v in self.to_dict().items() if k not in ignore})
         if isinstance(content.get("evaluation"), dict):
             # Thresholds that only watch the numbers (when a run is stopped or flagged), never change them: a run
             # stopped by one resumes with another, and runs written before these keys existed still resume.
@@ -646,7 +586,7 @@ def _read_one(source: str | Path) -> tuple[dict[str, Any], str, str, Path | None
     if folder is not None and isinstance(plugins, (str, list)):
         # relative to this file, wherever the config is loaded from (a plain string is one plugin)
         plugins = [plugins] if isinstance(plugins, str) else plugins
-        table["plugins"] = [registry.resolve_plugin(p, folder) if isinstance(p, str) and p else p for p in plugins]
+        table["plugins"] = [resolve_plugin(p, folder) if isinstance(p, str) and p else p for p in plugins]
     if folder is not None:
         table = with_function_paths_resolved(table, folder)
     return table, origin, identity, folder
@@ -762,6 +702,10 @@ def merge_tables(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
         if isinstance(value, str) and value.strip().lower() == "none":
             merged.pop(key, None)
         elif isinstance(value, dict) and isinstance(below, dict) and not _replaces_whole(key, below, value):
+            if key in TAGGED_SECTIONS:
+                tag = TAGGED_SECTIONS[key][1]
+                if value.get(tag) not in (None, below.get(tag, TAGGED_SECTIONS[key][2])):
+                    below = without_other_kinds_keys(key, below, value[tag])  # another kind: the base's own keys go
             merged[key] = merge_tables(below, value)
         else:
             merged[key] = value
@@ -810,6 +754,11 @@ def apply_overrides(table: dict[str, Any], overrides: list[str]) -> dict[str, An
         if path[0] == "algorithm" and path[-1] == "name" and len(path) == 2 and node.get("name") not in (None, value):
             # switching algorithm: the old algorithm's keys do not apply to the new one
             node.clear()
+        elif len(path) == 2 and path[0] in TAGGED_SECTIONS and path[1] == TAGGED_SECTIONS[path[0]][1]:
+            if node.get(path[1], TAGGED_SECTIONS[path[0]][2]) != value:  # switching model, data set or server optimizer
+                kept = without_other_kinds_keys(path[0], node, value)
+                node.clear()
+                node.update(kept)
         node[path[-1]] = value
     return table
 
@@ -864,8 +813,8 @@ def with_plugins_loaded(table: Any) -> Any:
         plugins = [plugins]  # `plugins=my_algorithm.py` on the command line: one plugin
     if not isinstance(plugins, (list, tuple)) or not all(isinstance(p, str) and p for p in plugins):
         return table
-    resolved = [registry.resolve_plugin(plugin) for plugin in plugins]
-    registry.load_plugins(resolved)
+    resolved = [resolve_plugin(plugin) for plugin in plugins]
+    load_plugins(resolved)
     return {**table, "plugins": resolved}
 
 
@@ -884,44 +833,8 @@ def with_function_paths_resolved(table: Any, folder: Path | None = None) -> Any:
         if isinstance(reference, str) and ":" in reference:
             source, _, name = reference.rpartition(":")
             if source:
-                resolved[section] = {**values, key: f"{registry.resolve_plugin(source, folder)}:{name}"}
+                resolved[section] = {**values, key: f"{resolve_plugin(source, folder)}:{name}"}
     return resolved
-
-
-def import_function(reference: str, key: str) -> Any:
-    """The function a ``"module:function"`` or ``"path/to/file.py:function"`` reference names; a ConfigError naming ``key``
-    when it cannot be imported or is not a function.  A module name is looked up on sys.path, then in the working directory."""
-    import importlib
-    import sys
-
-    source, _, name = reference.rpartition(":")
-    try:
-        if registry.is_path(source):
-            module = registry.import_file(Path(source))
-        else:
-            try:
-                module = importlib.import_module(source)
-            except ModuleNotFoundError as error:
-                if error.name != source.split(".")[0] or str(Path.cwd()) in sys.path:
-                    raise
-                sys.path.insert(0, str(Path.cwd()))  # as `python -m` would have it: a module beside the user
-                module = importlib.import_module(source)
-    except Exception as error:  # noqa: BLE001 - the user's module failed, whatever the reason: one clear message
-        where = "a relative path is taken from the config file's folder, else from the working directory" if registry.is_path(source) else (
-            "the module must be importable from the working directory or an installed package; or name its file: \"path/to/file.py:function\""
-        )
-        raise ConfigError(f"{key} = {reference!r}: cannot import {source!r}: {registry.one_line(error)}; {where}") from None
-    function = getattr(module, name, None)
-    if function is None and source == "__main__":
-        raise ConfigError(
-            f"{key} = {reference!r} was defined in a script, which this process cannot import: pass it again from that script "
-            f"(driftlab.run(..., {'loss=' if key == 'model.loss' else 'data='}...)), or move it into a module and name that, "
-            f'e.g. {key} = "my_module.py:{name}"'
-        )
-    if not callable(function):
-        found = "has no" if function is None else f"has a {type(function).__name__}, not a"
-        raise ConfigError(f"{key} = {reference!r}: {source!r} {found} function {name!r}; name a function defined in that module")
-    return function
 
 
 def config_from_record(table: dict[str, Any]) -> ExperimentConfig:
@@ -967,7 +880,8 @@ def _booleans_taken_as_numbers(table: dict[str, Any], config: BaseModel) -> list
     while pending:
         given, validated, key = pending.pop()
         if isinstance(given, bool):
-            if not isinstance(validated, bool):
+            # None: a key the section dropped (another kind's, at its old default), so not read as a number either
+            if validated is not None and not isinstance(validated, bool):
                 problems.append((key, f"expected a number, got {str(given).lower()}"))
         elif isinstance(given, dict) and isinstance(validated, BaseModel):
             for name, child in given.items():
@@ -999,33 +913,16 @@ def validation_problems(error: ValidationError, table: dict[str, Any]) -> list[t
         if item["type"] == "extra_forbidden":
             valid = _valid_keys(loc[:-1], table)
             message = f"unknown key; valid keys here: {', '.join(valid)}{_key_hint(loc, valid, table)}"
-        elif "input" in item and item["type"] not in ("missing", "unknown_algorithm", "algorithm_table") and "got " not in message:
+        elif (
+            "input" in item
+            and item["type"] not in ("missing", "unknown_algorithm", "algorithm_table")
+            and not item["type"].startswith("unknown_")
+            and not item["type"].endswith(("_table", "_key_of_another_kind"))
+            and "got " not in message
+        ):
             message = f"{message} (got {_short(item['input'])})"
         problems.append((key, message))
     return problems
-
-
-# Names people carry over from other libraries, for a key with the same meaning here ("did you mean").
-KEY_ALIASES = {
-    "learning_rate": "lr", "step_size": "lr", "local_lr": "lr", "batch": "batch_size", "bs": "batch_size",
-    "local_epochs": "epochs", "num_epochs": "epochs", "local_steps": "steps", "num_steps": "steps", "num_rounds": "rounds",
-    "communication_rounds": "rounds", "clients": "num_clients", "n_clients": "num_clients", "fraction": "participation",
-    "participation_rate": "participation", "dataset": "name", "alpha": "dirichlet_alpha",
-}
-
-
-def did_you_mean(name: str, choices: list[str]) -> str | None:
-    """The choice ``name`` was most likely meant to be (a known alias, else the closest spelling), or None."""
-    alias = KEY_ALIASES.get(name)
-    if alias in choices:
-        return alias
-    import difflib
-
-    close = difflib.get_close_matches(name, choices, n=1, cutoff=0.6)
-    if not close:
-        close = difflib.get_close_matches(name.lower(), [choice.lower() for choice in choices], n=1, cutoff=0.6)
-        close = [choice for choice in choices if choice.lower() in close]
-    return close[0] if close else None
 
 
 def _key_hint(loc: list[str], valid: list[str], table: dict[str, Any]) -> str:
@@ -1040,7 +937,14 @@ def _key_hint(loc: list[str], valid: list[str], table: dict[str, Any]) -> str:
         current = algorithm.get("name", DEFAULT_ALGORITHM) if isinstance(algorithm, dict) else DEFAULT_ALGORITHM
         if owners:
             return f"; {name} is a key of {', '.join(repr(o) for o in owners)}, not of {_short(current)}"
+    if loc[:-1] == ["server"]:  # a misspelt key of another optimizer (server.betaa with optimizer = "sgd")
+        entries = server_optimizers.REGISTRY.entries
+        guess = did_you_mean(name, sorted({key for entry in entries.values() for key in entry.config_type.model_fields}))
+        if guess is not None:
+            owners = " or ".join(repr(other) for other, entry in entries.items() if guess in entry.config_type.model_fields)
+            return f"; did you mean server.{guess} (a key of server.optimizer = {owners})?"
     elsewhere = [f"{section}.{name}" for section, model in _sections() if section and section != ".".join(loc[:-1]) and name in model.model_fields]
+    elsewhere = list(dict.fromkeys(elsewhere))  # [model] is listed once per model
     return f"; did you mean {' or '.join(elsewhere)}?" if elsewhere else ""
 
 
@@ -1055,6 +959,9 @@ def _sections() -> list[tuple[str, type[BaseModel]]]:
     for name, info in ExperimentConfig.model_fields.items():
         if isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel):
             found.append((name, info.annotation))
+    found.append(("data", data_sets.DataSection))  # the keys every data set has
+    found.append(("server", server_optimizers.ServerOptimizerConfig))  # the key every server optimizer has (lr)
+    found += [("model", entry.config_type) for entry in models.MODELS.values()]  # [model]: each model's keys
     return found
 
 
@@ -1065,6 +972,22 @@ def _section_model(path: list[str], table: dict[str, Any]) -> type[BaseModel] | 
             name = (table.get("algorithm") or {}).get("name", DEFAULT_ALGORITHM)
             entry = registry.ALGORITHMS.get(name) if isinstance(name, str) else None
             model = (entry or registry.ALGORITHMS[DEFAULT_ALGORITHM]).config_type
+            continue
+        if part == "model" and model is ExperimentConfig:
+            section = table.get("model")
+            name = section.get("name", DEFAULT_MODEL) if isinstance(section, dict) else DEFAULT_MODEL
+            entry = models.MODELS.get(name) if isinstance(name, str) else None
+            model = (entry or models.MODELS[DEFAULT_MODEL]).config_type
+            continue
+        if part == "server" and model is ExperimentConfig:
+            name = (table.get("server") or {}).get(server_optimizers.TAG, server_optimizers.DEFAULT)
+            entry = server_optimizers.REGISTRY.entries.get(name) if isinstance(name, str) else None
+            model = (entry or server_optimizers.REGISTRY.entries[server_optimizers.DEFAULT]).config_type
+            continue
+        if part == "data" and model is ExperimentConfig:
+            name = (table.get("data") or {}).get("name", DEFAULT_DATA_SET)
+            entry = data_sets.lookup(name) if isinstance(name, str) else None
+            model = (entry or data_sets.lookup(DEFAULT_DATA_SET)).config_type
             continue
         annotation = model.model_fields[part].annotation if part in model.model_fields else None
         if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
@@ -1078,21 +1001,63 @@ def _valid_keys(path: list[str], table: dict[str, Any]) -> list[str]:
     return list(model.model_fields) if model else []
 
 
+def _describe_server_keys(lines: list[str], section: Callable[..., None]) -> None:
+    """The [server] part of ``describe_keys``: server.optimizer and lr, each optimizer's own keys, each stage's."""
+    base = server_optimizers.ServerOptimizerConfig
+    known = server_optimizers.names()
+    lines.append(f"[server] keys of every server optimizer; server.optimizer is one of {', '.join(known)}")
+    lines.append(
+        f'  server.optimizer = "{server_optimizers.DEFAULT}"\n      which server optimizer: one of {", ".join(known)}'
+    )
+    section("server.", base)
+    optimizers = server_optimizers.REGISTRY
+    for name in known:
+        entry = optimizers.entries[name]
+        own = [key for key in entry.config_type.model_fields if key not in (*base.model_fields, server_optimizers.TAG)]
+        origin = f" (plugin {optimizers.plugin_source(entry) or optimizers.module(entry)})" if optimizers.is_plugin(entry) else ""
+        lines.append(f"[server] when server.optimizer = {name!r}: {server_optimizers.label(name)}{origin}")
+        section("server.", entry.config_type, own)
+    stages = server_optimizers.TRANSFORMATIONS
+    for name in stages.names():
+        entry = stages.entries[name]
+        origin = f" (plugin {stages.plugin_source(entry) or stages.module(entry)})" if stages.is_plugin(entry) else ""
+        applies = "; applies server.lr" if entry.applies_lr else ""
+        lines.append(f'[[server.transforms]] name = {name!r}: a stage of optimizer = "chain"{applies}{origin}')
+        section("server.transforms[].", entry.config_type, [k for k in entry.config_type.model_fields if k != "name"])
+
+
+def _describe_model_keys(lines: list[str], section: Any) -> None:
+    """[model]: the keys every model has once, then each registered model's own keys."""
+    lines.append(f"[model] keys of every model; model.name is one of {', '.join(models.names())} (default {DEFAULT_MODEL!r})")
+    section("model.", models.ModelSection)
+    for name in models.names():
+        entry = models.MODELS[name]
+        own = [key for key in entry.config_type.model_fields if key != "name" and key not in models.ModelSection.model_fields]
+        plugin = models.REGISTRY.is_plugin(entry)
+        origin = f" (plugin {models.REGISTRY.plugin_source(entry) or models.REGISTRY.module(entry)})" if plugin else ""
+        lines.append(f"[model] when model.name = {name!r}{origin}: {entry.description or 'no keys of its own'}")
+        if own:
+            section("model.", entry.config_type, own)
+
+
 def describe_keys() -> str:
     """Every key with its type, default and meaning, section by section."""
     lines: list[str] = []
 
-    def section(prefix: str, model: type[BaseModel]) -> None:
+    def section(prefix: str, model: type[BaseModel], only: list[str] | None = None) -> None:
         nested = []
         for name, info in model.model_fields.items():
             annotation = info.annotation
             if isinstance(annotation, type) and issubclass(annotation, BaseModel):
                 nested.append((name, annotation))
                 continue
-            if prefix == "" and name == "algorithm":
-                continue
             default = info.get_default(call_default_factory=True)
-            default_text = json.dumps(_plain(default)) if default is not None else "none"
+            if (prefix == "" and isinstance(default, BaseModel)) or (only is not None and name not in only):
+                continue  # a tagged section ([algorithm], [data]), listed entry by entry below; or a key listed already
+            if info.is_required():
+                default_text = "(required)"  # no default: a plugin's key, or a chain stage's such as max_norm
+            else:
+                default_text = json.dumps(_plain(default)) if default is not None else "none"
             description = info.description or ("which algorithm; one of " + ", ".join(registry.names()) if prefix == "algorithm." and name == "name" else "")
             lines.append(f"  {prefix}{name} = {default_text}\n      {description}")
         for name, sub in nested:
@@ -1106,6 +1071,17 @@ def describe_keys() -> str:
         origin = "" if name in registry.BUILT_IN else f" (plugin {registry.plugin_source(entry) or entry.module})"
         lines.append(f"[algorithm] when algorithm.name = {name!r}{origin}")
         section("algorithm.", entry.config_type)
+    lines.append(f"[data] keys of every data set; data.name is one of {', '.join(data_sets.REGISTRY.names())}")
+    section("data.", data_sets.DataSection)
+    for name in data_sets.REGISTRY.names():
+        data_set = data_sets.REGISTRY.entries[name]
+        if data_set.own_keys:
+            plugin = data_sets.REGISTRY.is_plugin(data_set)
+            origin = f" (plugin {data_sets.REGISTRY.plugin_source(data_set) or data_sets.REGISTRY.module(data_set)})" if plugin else ""
+            lines.append(f"[data] when data.name = {name!r}{origin}")
+            section("data.", data_set.config_type, data_set.own_keys)
+    _describe_model_keys(lines, section)
+    _describe_server_keys(lines, section)
     lines.append(
         'Rates (client.lr, server.lr) and client.steps take a number or a schedule table: '
         '{kind="exponential", initial=0.1, decay=0.99} or {kind="inverse_time", a=1.0, b=10}.'

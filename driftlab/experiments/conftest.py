@@ -10,4 +10,6 @@ def built_in_algorithms_only(monkeypatch):
     """The registry as a fresh process has it: plugins other tests registered (MOON's mu, nesterov_avg) are out of sight."""
     from driftlab.algorithms import registry
 
-    monkeypatch.setattr(registry, "ALGORITHMS", {name: registry.ALGORITHMS[name] for name in registry.BUILT_IN})
+    built_ins = {name: registry.ALGORITHMS[name] for name in registry.BUILT_IN}
+    monkeypatch.setattr(registry.REGISTRY, "entries", built_ins)
+    monkeypatch.setattr(registry, "ALGORITHMS", built_ins)

@@ -96,8 +96,8 @@ def test_data_list_names_every_data_set_partition_and_model():
     for name in NOT_DOWNLOADABLE:
         assert f"  {name}: " in out
     for name, info in DATA_SETS.items():
-        if info.default_location:
-            assert info.default_location in out
+        if info.location:
+            assert info.location in out
 
 
 def test_data_list_marks_what_is_on_disk_and_where_it_looked(tmp_path, monkeypatch, capsys):
@@ -112,7 +112,7 @@ def test_data_list_marks_what_is_on_disk_and_where_it_looked(tmp_path, monkeypat
     for previous, line in zip(lines, lines[1:]):
         if line.strip().startswith("["):
             marks[previous.split()[0]] = line.strip()
-    assert set(marks) == {name for name, info in DATA_SETS.items() if info.default_location}
+    assert set(marks) == {name for name, info in DATA_SETS.items() if info.location}
     assert marks["mnist"] == f"[present: {data / 'mnist'}]"
     assert marks["fashion_mnist"] == f"[missing: looked in {data / 'fashion-mnist'}]"
     assert "generated" not in marks  # generated data sets need no files

@@ -316,7 +316,7 @@ def test_every_data_set_has_a_test_through_the_config():
     """A name added to DATA_SETS without a case here fails this test."""
     covered = {case.split("/")[0] for case in GENERATED} | {spec[0] for spec in FILE_BASED.values()} | {"stackoverflow"}
     assert covered == set(DATA_SETS)
-    generated = {name for name, info in DATA_SETS.items() if info.default_location is None}
+    generated = {name for name, info in DATA_SETS.items() if info.location is None}
     assert generated == {case.split("/")[0] for case in GENERATED}
 
 
@@ -334,7 +334,7 @@ def test_file_based_data_sets_run_one_round(tmp_path, case, backend):
     sim, _ = build_simulation(result.config)
     assert sim.data.input_shape == shape and sim.data.num_classes == classes
     assert result.num_parameters == sim.model.num_parameters
-    if DATA_SETS[name].natural:
+    if DATA_SETS[name].natural_clients:
         assert sim.data.client_test_indices is not None and "client_test_accuracy_mean" in record
         assert 0.0 <= record["client_test_accuracy_mean"] <= 1.0
     else:
@@ -375,7 +375,7 @@ def test_real_files_run_one_round(name, backend):
     (record,) = result.records
     assert RECORD_KEYS <= record.keys()
     assert 0.0 <= record["test_accuracy"] <= 1.0
-    if DATA_SETS[name].natural:
+    if DATA_SETS[name].natural_clients:
         assert 0.0 <= record["client_test_accuracy_mean"] <= 1.0
     assert datasets_module.data_location(result.config.data) == real_data_path(name)
 
@@ -701,7 +701,7 @@ def test_tiny_resnet_and_vgg_train_a_round(tmp_path, backend):
 # =========================================================================== missing files
 
 
-DOWNLOADABLE = {name: info.download_name for name, info in DATA_SETS.items() if info.download_name}
+DOWNLOADABLE = {name: info.download.name for name, info in DATA_SETS.items() if info.download}
 
 
 def test_downloadable_data_sets_are_the_ones_with_official_files():
@@ -721,7 +721,7 @@ def test_downloadable_data_sets_are_the_ones_with_official_files():
     assert set(DOWNLOADABLE.values()) == set(dataset_names())  # every download feeds a data set
 
 
-@pytest.mark.parametrize("name", [name for name, info in DATA_SETS.items() if info.default_location is not None])
+@pytest.mark.parametrize("name", [name for name, info in DATA_SETS.items() if info.location is not None])
 def test_a_missing_path_names_the_path_the_data_set_and_the_download_command(tmp_path, name):
     missing = tmp_path / "nowhere" / "at-all"
     out = tmp_path / "run"
@@ -740,7 +740,7 @@ def test_a_missing_path_names_the_path_the_data_set_and_the_download_command(tmp
 @pytest.mark.parametrize("name", ["mnist", "cifar10_folder", "femnist"])
 def test_a_missing_default_location_follows_driftlab_data(tmp_path, monkeypatch, name):
     monkeypatch.setenv("DRIFTLAB_DATA", str(tmp_path / "data"))
-    expected = tmp_path / "data" / DATA_SETS[name].default_location
+    expected = tmp_path / "data" / DATA_SETS[name].location
     with pytest.raises(DataFileError) as error:
         build_dataset(load_config(None, [f"data.name={name}"]).data, 0)
     assert str(expected) in str(error.value)
@@ -808,7 +808,7 @@ def test_real_data_skip_reason_names_where_the_library_looked(tmp_path, monkeypa
 def _one_off(tmp_path: Path, name: str) -> tuple[Path, Path]:
     """The data set's files at their default layout under tmp_path/data: (the data folder, the files' path)."""
     data = tmp_path / "data"
-    files = data / DATA_SETS[name].default_location
+    files = data / DATA_SETS[name].location
     if name == "mnist":
         write_mnist(files, n_train=20, n_test=10)
     else:
@@ -879,7 +879,7 @@ def test_missing_default_data_says_where_it_looked_and_every_fix(tmp_path, monke
     with pytest.raises(DataFileError) as error:
         build_dataset(load_config(None, [f"data.name={name}"]).data, 0)
     message = str(error.value)
-    folder = DATA_SETS[name].default_location
+    folder = DATA_SETS[name].location
     assert f"looked in {tmp_path / 'shared' / 'data' / folder}, {tmp_path.parent / 'shared' / 'data' / folder}" in message
     assert "site-packages" not in message
     assert "data.root=PATH" in message and f"DRIFTLAB_DATA=DIR (a folder holding {folder})" in message

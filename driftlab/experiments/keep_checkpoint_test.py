@@ -16,7 +16,7 @@ from driftlab.experiments.config import ConfigError, load_config
 # FedDyn keeps a state per client, and the all-clients mean keeps every client's latest model: the heaviest checkpoint.
 TINY = [
     "rounds=4", "seed=3", "data.num_clients=6", "sampling.participation=0.5", "client.steps=2", "checkpoint_every=2",
-    "model.hidden=[8]", "algorithm.name=feddyn", "evaluation.model=all_clients_mean",
+    "algorithm.name=feddyn", "evaluation.model=all_clients_mean",
 ]
 
 

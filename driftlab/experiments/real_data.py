@@ -26,13 +26,13 @@ __all__ = ["needs_real_data", "real_data_path", "real_data_skip_reason"]
 
 def real_data_path(name: str) -> Path | None:
     """The real files of data set ``name`` (a ``data.name``) where the library finds them, or None when absent."""
-    location = DATA_SETS[name].default_location
+    location = DATA_SETS[name].location
     return None if location is None else find_data(location)
 
 
 def real_data_skip_reason(name: str) -> str:
     """Why a test on ``name``'s real files skips: where the library looked, and how to point it at the files."""
-    location = DATA_SETS[name].default_location
+    location = DATA_SETS[name].location
     looked = ", ".join(str(path) for path in data_search_paths(location))
     return f"real {name} data not found; looked in {looked} (set DRIFTLAB_DATA=DIR, a folder holding {location})"
 

@@ -244,13 +244,13 @@ def check_run_directory(out: Path, config: ExperimentConfig, resume: bool) -> No
     if not has_results and not complete:
         what = f"{stored_path} was not written by a driftlab run" if stored is not None else "no config.json, metrics.jsonl or checkpoint"
         raise ConfigError(f"nothing to resume in {out}: it holds no driftlab run ({what}); run without --resume into a new or empty directory")
-    if stored is not None and stored.data.digest != config.data.digest:
+    if stored is not None and getattr(stored.data, "digest", None) != getattr(config.data, "digest", None):
         def described(digest: str | None) -> str:
             return f"data with digest {digest[:12]}..." if digest else "the config's own data set"
 
         raise ConfigError(
-            f"cannot resume: the run in {out} was started on {described(stored.data.digest)} (data.digest in {stored_path}), "
-            f"but this run was given {described(config.data.digest)}; resume with the data the run started with "
+            f"cannot resume: the run in {out} was started on {described(getattr(stored.data, 'digest', None))} (data.digest in {stored_path}), "
+            f"but this run was given {described(getattr(config.data, 'digest', None))}; resume with the data the run started with "
             "(the same data= or data.loader), or start a new run with a new --out directory"
         )
     if stored is not None and stored.fingerprint() != config.fingerprint():

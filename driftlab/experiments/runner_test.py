@@ -23,7 +23,7 @@ from safetensors.torch import load_file
 import driftlab
 from driftlab.algorithms import ALGORITHMS, fedavg
 from driftlab.data.federated import DataFileError, FederatedArrays
-from driftlab.experiments import run_directory, runner
+from driftlab.experiments import lifecycle, run_directory, runner
 from driftlab.experiments.config import ConfigError
 from driftlab.experiments.real_data import needs_real_data
 from driftlab.simulation import checkpoint as checkpoint_module
@@ -1131,7 +1131,7 @@ def test_a_failure_while_stopping_never_leaves_run_json_running_nor_hides_the_er
     def unsavable(out, config, state):
         raise TypeError("a list is no tensor")  # as a client state no checkpoint can hold
 
-    monkeypatch.setattr(runner, "write_checkpoint", unsavable)
+    monkeypatch.setattr(lifecycle, "write_checkpoint", unsavable)
     note = "While stopping, writing the checkpoint of round 2 failed (TypeError: a list is no tensor)"
     out = tmp_path / "failed"
     _stopped_before_round(3, RuntimeError("boom"), monkeypatch)
@@ -1155,11 +1155,11 @@ def test_a_failure_while_stopping_never_leaves_run_json_running_nor_hides_the_er
 
 def test_a_divergence_message_says_which_checkpoint_was_kept_when_the_last_could_not_be_written(tmp_path):
     error = FloatingPointError("the run diverged in round 5: model_norm is 1e+09")
-    assert str(runner._divergence_error(error, tmp_path, 4, 2)) == (
+    assert str(lifecycle._divergence_error(error, tmp_path, 4, 2)) == (
         f"the run diverged in round 5: model_norm is 1e+09. The checkpoint of round 2 is kept in {tmp_path / 'checkpoint.safetensors'} "
         f"(round 4's could not be written); {tmp_path / 'metrics.jsonl'} and metrics.csv hold rounds 1-4"
     )
-    assert str(runner._divergence_error(error, tmp_path, 4, 0)).endswith(
+    assert str(lifecycle._divergence_error(error, tmp_path, 4, 0)).endswith(
         f"No checkpoint exists (round 4's could not be written); {tmp_path / 'metrics.jsonl'} and metrics.csv hold rounds 1-4"
     )
 

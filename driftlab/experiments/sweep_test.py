@@ -515,7 +515,7 @@ def test_process_gone_tells_ended_processes_from_live_ones():
 
 def test_a_run_stops_at_the_first_termination_signal_and_ignores_the_next_ones():
     # A sweep killed outright signals each run once per exiting thread; only the first may interrupt the checkpoint.
-    from driftlab.experiments.sweep.execution import _stop_at_first_termination
+    from driftlab.executors.worker import _stop_at_first_termination
 
     previous = signal.signal(signal.SIGTERM, _stop_at_first_termination)
     try:
@@ -578,6 +578,7 @@ def test_runs_die_with_a_killed_sweep_and_the_rerun_equals_an_uninterrupted_swee
 def test_a_run_whose_directory_another_process_holds_is_not_started_twice(tmp_path, monkeypatch):
     import fcntl
 
+    from driftlab.executors import processes
     from driftlab.experiments.sweep import directory
 
     spec = sweep_from_config("synthetic-fedprox", ["algorithm.mu=[0, 1]"], [0], name="s")
@@ -596,6 +597,7 @@ def test_a_run_whose_directory_another_process_holds_is_not_started_twice(tmp_pa
         assert sorted(os.listdir(held)) == [".lock"]  # not a byte written beside the other writer
         # Had the lock been taken after the sweep looked, the run itself refuses, and still writes nothing.
         monkeypatch.setattr(directory, "run_directory_holder", lambda run_dir: None)
+        monkeypatch.setattr(processes, "run_directory_holder", lambda run_dir: None)
         outcomes = run_sweep(spec, tmp_path, jobs=1, extra_overrides=extra, log=lambda _: None)
         assert [o.status for o in outcomes] == ["complete", "running"] and "running elsewhere" in outcomes[1].message
         assert sorted(os.listdir(held)) == [".lock"]

@@ -2,9 +2,7 @@
 
 ``apps`` is the only module that imports ``flwr`` (importing it without Flower
 raises an error saying ``pip install "driftlab[flower]"``): ``server_app`` and
-``client_app`` build a Flower ServerApp and ClientApp from a driftlab config.
-The rest imports without ``flwr``: ``wire`` (the pickle-free message format
-with validation), ``node_state`` (a client's state on the node's disk),
-``deployment`` (the server and node halves of a deployment over any byte
-transport) and ``project`` (``driftlab flower new`` and ``check``).
+``client_app`` build a Flower ServerApp and ClientApp from a driftlab config,
+around the transport-agnostic deployment of ``driftlab.deploy``.  ``project``
+(``driftlab flower new`` and ``check``) imports without ``flwr``.
 """

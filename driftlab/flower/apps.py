@@ -1,6 +1,6 @@
 """The Flower glue: a ``ServerApp`` and a ``ClientApp`` that run a driftlab config on Flower (``pip install "driftlab[flower]"``).
 
-Everything an algorithm computes happens in ``driftlab.flower.deployment``
+Everything an algorithm computes happens in ``driftlab.deploy``
 (``DeploymentServer`` on the server, ``DeploymentClient`` on each node), which
 exchanges opaque bytes; this module only carries those bytes over Flower, so
 it is all that changes when Flower's API does (it is written for flwr 1.41).
@@ -12,7 +12,7 @@ it is all that changes when Flower's API does (it is written for flwr 1.41).
     it is never used (the server treats its client as inactive).  The run
     directory comes from the run config's ``out-dir`` (or ``out_dir=``);
     ``resume = true`` continues it from its checkpoint; the timeouts of
-    ``deployment.Timeouts`` are the run config's ``register-timeout``,
+    ``driftlab.deploy.server.Timeouts`` are the run config's ``register-timeout``,
     ``train-timeout``, ``commit-timeout`` and ``first-registration-timeout``
     (seconds); ``reply-bound`` is ``DeploymentServer.reply_bound`` (0: off).
 ``client_app(config, load)``
@@ -52,7 +52,9 @@ except ModuleNotFoundError as error:  # only a missing flwr; any other import pr
 import torch
 
 from driftlab.errors import ConfigError
-from driftlab.flower import deployment
+from driftlab.deploy.messages import dataset_loader, deployment_model, node_clients
+from driftlab.deploy.node import DeploymentClient
+from driftlab.deploy.server import DEFAULT_REPLY_BOUND, DeploymentServer, Timeouts
 
 RECORD_KEY = "driftlab"  # the RecordDict entry holding the bytes of a request or reply
 BLOB_KEY = "blob"
@@ -101,7 +103,7 @@ def reply_value(reply: Message) -> bytes | str:
 
 
 class GridTransport:
-    """``deployment.Transport`` over a Flower ``Grid``: push every request at once, pull replies until the deadline."""
+    """``driftlab.deploy.messages.Transport`` over a Flower ``Grid``: push every request at once, pull replies until the deadline."""
 
     def __init__(self, grid: Grid, poll_seconds: float = POLL_SECONDS) -> None:
         self.grid = grid
@@ -139,9 +141,9 @@ class GridTransport:
         return replies  # a request still pending had no reply before the deadline: it is left out, never returned later
 
 
-def _timeouts(run_config: Mapping[str, Any], given: deployment.Timeouts | None) -> deployment.Timeouts:
+def _timeouts(run_config: Mapping[str, Any], given: Timeouts | None) -> Timeouts:
     """``given`` (default ``Timeouts()``) with the run config's ``<field>-timeout`` keys applied (``train-timeout``, ...)."""
-    timeouts = given if given is not None else deployment.Timeouts()
+    timeouts = given if given is not None else Timeouts()
     changes = {}
     for field in dataclasses.fields(timeouts):
         key = field.name.replace("_", "-") + "-timeout"  # register-timeout, train-timeout, ...
@@ -158,10 +160,10 @@ def server_app(
     *,
     out_dir: str | Path | None = None,
     resume: bool = False,
-    timeouts: deployment.Timeouts | None = None,
+    timeouts: Timeouts | None = None,
     data: Any = None,
     log: Callable[[str], None] | None = None,
-    reply_bound: float | None = deployment.DEFAULT_REPLY_BOUND,
+    reply_bound: float | None = DEFAULT_REPLY_BOUND,
 ) -> ServerApp:
     """The ServerApp running ``config`` (an ExperimentConfig, a config file, a preset name or a table; module docstring).
 
@@ -178,7 +180,7 @@ def server_app(
         directory = run_config.get("out-dir", out_dir)
         if not directory:
             raise ConfigError('the ServerApp needs a run directory: set out-dir in [tool.flwr.app.config] (or flwr run -c \'out-dir="DIR"\')')
-        server = deployment.DeploymentServer(
+        server = DeploymentServer(
             experiment,
             Path(str(directory)).expanduser(),
             GridTransport(grid),
@@ -202,7 +204,7 @@ def _reply_bound(run_config: Mapping[str, Any], default: float | None) -> float 
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not (value == 0 or 1 <= value < float("inf")):
         raise ConfigError(
             f"run config reply-bound = {value!r}: give a factor of at least 1 over the round's median reply (default "
-            f"{deployment.DEFAULT_REPLY_BOUND:g}), or 0 for no bound"
+            f"{DEFAULT_REPLY_BOUND:g}), or 0 for no bound"
         )
     return float(value) if value else None
 
@@ -237,7 +239,7 @@ def node_client_ids(node_config: Mapping[str, Any], num_clients: int) -> list[in
                 f"node config partition-id = {partition!r}, num-partitions = {partitions!r}: give 0 <= partition-id < num-partitions "
                 "(integers), e.g. --node-config \"partition-id=0 num-partitions=3\""
             )
-        return list(deployment.node_clients(num_clients, partitions, partition))
+        return list(node_clients(num_clients, partitions, partition))
     raise ConfigError(
         'the node config says which driftlab clients this node serves: --node-config "client-ids=\'0,3,7\'" '
         'or --node-config "partition-id=0 num-partitions=3"'
@@ -245,9 +247,9 @@ def node_client_ids(node_config: Mapping[str, Any], num_clients: int) -> list[in
 
 
 # The DeploymentClients of this process, by (ClientApp, node's clients, state directory): a node keeps one and
-# reuses it (deployment.DeploymentClient asks for that).  Module level because Flower's simulation engine sends
+# reuses it (DeploymentClient asks for that).  Module level because Flower's simulation engine sends
 # each message with a pickled copy of the ClientApp to a worker process; the copies share this process's entry.
-_NODE_CLIENTS: dict[tuple[Any, ...], deployment.DeploymentClient] = {}
+_NODE_CLIENTS: dict[tuple[Any, ...], DeploymentClient] = {}
 _NODE_CLIENTS_LOCK = threading.Lock()
 
 
@@ -261,7 +263,7 @@ class _NodeClients:
     model: Any
     token: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex)  # this ClientApp, across pickled copies
 
-    def for_node(self, node_config: Mapping[str, Any]) -> deployment.DeploymentClient:
+    def for_node(self, node_config: Mapping[str, Any]) -> DeploymentClient:
         client_ids = node_client_ids(node_config, self.config.data.num_clients)
         state_dir = Path(str(node_config.get("state-dir") or self.state_dir or DEFAULT_STATE_DIR)).expanduser()
         key = (self.token, tuple(client_ids), str(state_dir))
@@ -273,9 +275,9 @@ class _NodeClients:
                     from driftlab.experiments.assembly import load_data
 
                     dataset = load_data(self.config)
-                    load = deployment.dataset_loader(dataset)
-                    model = model if model is not None else deployment.deployment_model(self.config, dataset)
-                _NODE_CLIENTS[key] = deployment.DeploymentClient(self.config, client_ids, load, state_dir, model=model)
+                    load = dataset_loader(dataset)
+                    model = model if model is not None else deployment_model(self.config, dataset)
+                _NODE_CLIENTS[key] = DeploymentClient(self.config, client_ids, load, state_dir, model=model)
             return _NODE_CLIENTS[key]
 
 
@@ -312,7 +314,8 @@ def _experiment_config(config: Any) -> Any:
 
 class _WithoutRunSimulationDeprecation(logging.Filter):
     """Drops Flower's (ANSI-coloured) notice that ``run_simulation`` is deprecated: it is the only in-process
-    simulation engine Flower offers, and a user of ``simulate`` has nothing to change."""
+    simulation engine Flower offers (flwr 1.41 and 1.42; why its replacement does not fit: the comment in
+    ``simulate``), and a user of ``simulate`` has nothing to change."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not (str(record.msg).lstrip().startswith("DEPRECATED FEATURE") and "run_simulation" in str(record.args))
@@ -324,7 +327,7 @@ def simulate(
     *,
     num_nodes: int,
     state_dir: str | Path,
-    timeouts: deployment.Timeouts | None = None,
+    timeouts: Timeouts | None = None,
     log: Callable[[str], None] | None = None,
 ) -> None:
     """Run ``config`` under Flower's simulation engine (Ray) with ``num_nodes`` virtual SuperNodes, writing ``out_dir``.
@@ -338,6 +341,15 @@ def simulate(
     quiet = _WithoutRunSimulationDeprecation()
     logging.getLogger("flwr").addFilter(quiet)
     try:
+        # Deprecated, yet the only way to run the simulation engine in this process with the apps built above. Its
+        # replacement, `flwr run` (flwr 1.41-1.42, flwr/cli/run/run.py), takes a Flower App directory (a pyproject.toml
+        # whose [tool.flwr.app.components] name the apps as "module:attribute", so they cannot close over `config`),
+        # builds a FAB of it and submits it over HTTP to a SuperLink: for a local run `ensure_local_superlink`
+        # (flwr/cli/local_superlink.py) spawns a detached `flower-superlink --simulation` process on 127.0.0.1 ports
+        # 39091 and 39093 that outlives the command and keeps its state under $FLWR_HOME. That SuperLink then
+        # starts `flwr-simulation` (`flwr.simulation.run_simulation_process`), a further process that pulls the FAB
+        # through the Runtime API, installs it and imports the apps. The engine underneath, `_run_simulation`, is
+        # private. So: no in-process, port-free replacement exists yet; move when Flower offers one.
         run_simulation(
             server_app=server_app(experiment, out_dir=out_dir, timeouts=timeouts, log=log),
             client_app=client_app(experiment, state_dir=state_dir),

@@ -30,6 +30,7 @@ from driftlab.experiments.config import load_config  # noqa: E402
 TINY = """\
 seed = 0
 rounds = 3
+keep_checkpoint = true  # the test reads the checkpoint of the completed run
 
 [data]
 name = "synthetic"
@@ -203,8 +204,9 @@ def test_loopback_deployment_of_scaffold_equals_the_simulator(tmp_path):
 @pytest.mark.slow
 def test_a_node_killed_mid_run_leaves_fewer_reporters_and_scaffold_invariant(tmp_path):
     from driftlab.experiments.assembly import build_algorithm
-    from driftlab.flower import deployment
-    from driftlab.flower.node_state import NodeClientState
+    from driftlab.deploy import messages
+    from driftlab.deploy.node_state import NodeClientState
+    from driftlab.deploy.server import ROUNDS_FILE
     from driftlab.simulation.checkpoint import load_checkpoint
 
     config_path, project = new_project(tmp_path)
@@ -231,7 +233,7 @@ def test_a_node_killed_mid_run_leaves_fewer_reporters_and_scaffold_invariant(tmp
     assert runner.returncode == 0, flower_logs(tmp_path)
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
     assert [record["round"] for record in records] == [1, 2, 3]
-    lost = set(deployment.node_clients(config.data.num_clients, NUM_NODES, killed))
+    lost = set(messages.node_clients(config.data.num_clients, NUM_NODES, killed))
     # After the kill the node's clients never report; the others still do.
     for record in records[1:]:
         assert not lost & set(record["reporting_clients"]), record
@@ -239,21 +241,21 @@ def test_a_node_killed_mid_run_leaves_fewer_reporters_and_scaffold_invariant(tmp
     assert sum(record["num_reporting"] for record in records[1:]) < sum(record["num_selected"] for record in records[1:])
 
     # SCAFFOLD's server control is the mean over all clients of the controls the nodes keep.
-    model = deployment.deployment_model(config)
+    model = messages.deployment_model(config)
     algorithm = build_algorithm(config, model)
     initial = model.initial_parameters()
     server_template = algorithm.server_init(initial)
     checkpoint = load_checkpoint(run_dir / "checkpoint.safetensors", server_template, None, config.fingerprint(), torch.device("cpu"))
     assert checkpoint.round == 3
     server = checkpoint.server_state
-    rounds = json.loads((run_dir / deployment.ROUNDS_FILE).read_text())
+    rounds = json.loads((run_dir / ROUNDS_FILE).read_text())
     accepted = {int(k): v for k, v in rounds["accepted"].items()}
     run_id = rounds["run_id"]
     controls = []
     for client_id in range(config.data.num_clients):
         node = client_id % NUM_NODES
         state = NodeClientState(
-            tmp_path / f"node-{node}" / config.fingerprint() / run_id, client_id, deployment.run_fingerprint(config.fingerprint(), run_id),
+            tmp_path / f"node-{node}" / config.fingerprint() / run_id, client_id, messages.run_fingerprint(config.fingerprint(), run_id),
             algorithm.client_state_init(initial),
             lambda: algorithm.client_state_init(initial),
         )
@@ -304,10 +306,11 @@ def test_node_config_names_the_clients_of_a_node():
 
 def test_run_config_sets_the_timeouts_and_refuses_what_is_not_seconds():
     from driftlab.errors import ConfigError
-    from driftlab.flower import apps, deployment
+    from driftlab.deploy import server
+    from driftlab.flower import apps
 
     timeouts = apps._timeouts({"train-timeout": 12, "register-timeout": 3.5, "out-dir": "x"}, None)
-    assert (timeouts.train, timeouts.register, timeouts.commit) == (12.0, 3.5, deployment.Timeouts().commit)
+    assert (timeouts.train, timeouts.register, timeouts.commit) == (12.0, 3.5, server.Timeouts().commit)
     with pytest.raises(ConfigError, match="run config commit-timeout = 'soon': give a positive number of seconds"):
         apps._timeouts({"commit-timeout": "soon"}, None)
 

@@ -181,7 +181,7 @@ def write_project(directory: str | Path, config: Any, source: str = "") -> list[
         raise ConfigError(f"{directory} is a file, not a directory: give a new or empty directory for the Flower project")
     if directory.is_dir() and any(directory.iterdir()):
         raise ConfigError(f"{directory} is not empty; the Flower project is written only into a new or empty directory (nothing is overwritten)")
-    from driftlab.flower.deployment import check_config_deployable
+    from driftlab.deploy.messages import check_config_deployable
 
     check_config_deployable(config)  # a project that could only fail on the SuperLink is never written
     files = project_files(config, directory, source or config.algorithm.name)
@@ -276,7 +276,7 @@ def refusal(config: Any, source: str, overrides: Sequence[str] = ()) -> str | No
     The shipped presets that evaluate a mean of client models (``evaluation.model``) are the usual case: the
     deployment's server never receives client models, so the check runs them with ``evaluation.model=server``.
     """
-    from driftlab.flower.deployment import check_config_deployable
+    from driftlab.deploy.messages import check_config_deployable
 
     if config.evaluation.model != "server":
         kept = [override for override in overrides if not override.replace(" ", "").startswith("evaluation.model=")]

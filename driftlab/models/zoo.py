@@ -17,12 +17,16 @@ vgg11         :func:`vgg11`                               EFL (CIFAR-100)
 quadratic     ``QuadraticObjective``                      decaying-K Section 3
 ============  ==========================================  =====================================
 
-Training backends: every model trains on both. The vectorized backend uses
-its batched layers for ``mlr``/``mlp`` and ``torch.func.vmap`` for all the
-others, ``nn.LSTM``/``nn.GRU`` included (torch 2.13 vmaps them; were a torch
-version unable to, the backend would log a warning and train those clients one
-by one with the sequential backend). ``models/zoo_test.py`` checks that one
-round of every model gives the same parameters on both backends (float64, 1e-10).
+Each model is registered as a ``ModelEntry`` (``driftlab.models.registry``) by
+``driftlab.models`` with its ``[model]`` config type, its build function and its
+batched forward (``driftlab.models.batched``), exactly as a plugin registers a
+model of its own.
+
+Training backends: every model trains on both. The vectorized backend runs
+each model's batched forward (``models/batched.py``, written with the layers of
+``models/layers.py``) for a stack of clients, and ``torch.func.vmap`` for
+modules without one. ``models/zoo_test.py`` checks that one round of every
+model gives the same parameters on both backends (float64, 1e-10).
 
 No dropout and no batch normalisation anywhere: a client's local step must be
 a deterministic function of its parameters and batch (both backends agree to
@@ -33,9 +37,13 @@ are what the FedDyn authors replace with GroupNorm in ResNet-18.
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 import torch
+from pydantic import Field
 from torch import nn
+
+from driftlab.models.registry import MAX_WIDTH, ModelSection, Width
 
 
 class MultinomialLogisticRegression(nn.Module):
@@ -65,7 +73,7 @@ class MLP(nn.Module):
         super().__init__()
         widths = (in_features, *hidden)
         layers: list[nn.Module] = []
-        for width_in, width_out in zip(widths[:-1], widths[1:]):
+        for width_in, width_out in zip(widths[:-1], widths[1:], strict=True):
             layers += [nn.Linear(width_in, width_out), nn.ReLU()]
         layers.append(nn.Linear(widths[-1], num_classes))
         self.layers = nn.Sequential(*layers)
@@ -225,7 +233,7 @@ class CharGRU(_CharRNN):
         super().__init__(vocab_size, embedding_dim, hidden, layers, num_classes)
 
 
-class _BasicBlockGN(nn.Module):
+class BasicBlockGN(nn.Module):
     """torchvision's ResNet ``BasicBlock`` with GroupNorm: conv3x3-GN-ReLU-conv3x3-GN, + shortcut, ReLU."""
 
     def __init__(self, in_channels: int, out_channels: int, stride: int, groups: int) -> None:
@@ -294,7 +302,7 @@ class ResNet18GN(nn.Module):
         previous = width
         for index, out in enumerate(channels, start=1):
             stride = 1 if index == 1 else 2
-            layer = nn.Sequential(_BasicBlockGN(previous, out, stride, groups), _BasicBlockGN(out, out, 1, groups))
+            layer = nn.Sequential(BasicBlockGN(previous, out, stride, groups), BasicBlockGN(out, out, 1, groups))
             setattr(self, f"layer{index}", layer)
             previous = out
         self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
@@ -451,3 +459,65 @@ def build_model(
             raise ValueError(f"model quadratic needs quadratic data (rows [a, b]); got inputs of shape {input_shape}")
         return QuadraticObjective(input_shape[0] // 2)
     raise ValueError(f"unknown model {name!r}; valid models: {', '.join(MODEL_NAMES)}")
+
+
+# ---------------------------------------------------------------- [model] sections and builds of the registry entries
+# Each model's own keys, with the defaults the flat [model] section had (so configs keep their fingerprints);
+# driftlab.models registers each with its build and batched forward.
+
+
+class MLRConfig(ModelSection):
+    name: Literal["mlr"] = "mlr"
+
+
+class MLPConfig(ModelSection):
+    name: Literal["mlp"] = "mlp"
+    hidden: tuple[Width, ...] = Field(
+        (200, 200), max_length=64, description="hidden widths of the mlp (784-200-200-10 by default; (100, 100) for EMNIST-L)"
+    )
+
+
+class CNNConfig(ModelSection):
+    name: Literal["cnn"] = "cnn"
+
+
+class FemnistCNNConfig(ModelSection):
+    name: Literal["femnist_cnn"] = "femnist_cnn"
+
+
+class _RNNConfig(ModelSection):
+    rnn_hidden: int | None = Field(None, ge=1, le=MAX_WIDTH, description="lstm/gru hidden units; none = 100 for lstm (FedDyn), 256 for gru")
+    rnn_layers: int = Field(2, ge=1, le=64, description="lstm/gru layers")
+    embedding_dim: int = Field(8, ge=1, le=MAX_WIDTH, description="lstm/gru character embedding size")
+
+
+class LSTMConfig(_RNNConfig):
+    name: Literal["lstm"] = "lstm"
+
+
+class GRUConfig(_RNNConfig):
+    name: Literal["gru"] = "gru"
+
+
+class ResNet18GNConfig(ModelSection):
+    name: Literal["resnet18_gn"] = "resnet18_gn"
+    groups: int = Field(2, ge=1, le=MAX_WIDTH, description="resnet18_gn: GroupNorm groups")
+    resnet_stem: Literal["cifar", "imagenet"] = Field("cifar", description="resnet18_gn stem: cifar (3x3, no max-pool) or imagenet (FedDyn's code)")
+    width: int = Field(64, ge=1, le=MAX_WIDTH, description="resnet18_gn/vgg11 base width")
+
+
+class VGG11Config(ModelSection):
+    name: Literal["vgg11"] = "vgg11"
+    width: int = Field(64, ge=1, le=MAX_WIDTH, description="resnet18_gn/vgg11 base width")
+
+
+class QuadraticConfig(ModelSection):
+    name: Literal["quadratic"] = "quadratic"
+
+
+def build_from_section(section: ModelSection, input_shape: tuple[int, ...], num_classes: int, vocab_size: int | None = None) -> nn.Module:
+    """A zoo model from its validated ``[model]`` section: ``build_model`` with the section's own keys."""
+    options = section.model_dump(exclude={"name", "loss", "classifier"})
+    if "rnn_hidden" in options:
+        options["vocab_size"] = vocab_size
+    return build_model(section.name, input_shape, num_classes, **options)

@@ -225,7 +225,7 @@ def _round(name, input_shape, num_classes, kwargs, integer_inputs):
     start = model.initial_parameters()
     corrections = [NO_CORRECTION, GradientCorrection(linear=torch.full_like(start, 0.01), quadratic=0.1, reference=start)]
     tasks, offset = [], 0
-    for client_id, (size, correction) in enumerate(zip(CLIENT_SIZES, corrections)):
+    for client_id, (size, correction) in enumerate(zip(CLIENT_SIZES, corrections, strict=True)):
         rows = torch.arange(offset, offset + size)
         tasks.append(ClientTask(client_id, rows, batch_plan(3, 1, client_id, size, 4, 2), correction))  # 2 steps of batch 4
         offset += size

@@ -21,11 +21,9 @@ through it, then check the range their own quantity allows.
 from __future__ import annotations
 
 import math
-from typing import Annotated, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
-from typing import Any
-
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 
 class ExponentialSchedule(BaseModel):
@@ -89,6 +87,60 @@ def _short(value: Any, limit: int = 80) -> str:
     """``repr(value)`` cut to ``limit`` characters, so a huge value cannot flood a message."""
     text = repr(value)
     return text if len(text) <= limit else f"{text[: limit - 15]}... ({len(text)} characters)"
+
+
+# Learning rates above 1e6 are typos (1e6 for 1e-6, 1e308): the largest rate any method here uses is
+# O(10) (server lr of FedAvgM/FedAdam sweeps), and a step of 1e6 times an O(1) gradient already leaves
+# any sensible parameter range, while rates up to 1e6 stay representable after any float32 arithmetic.
+MAX_RATE = 1e6
+
+
+def number_or_schedule(value: Any, integer: bool) -> Any:
+    """A config's rate (``integer=False``) or step count (``integer=True``): a positive number, or a schedule
+    (a table, or a schedule already built); a ValueError saying what is allowed otherwise.
+
+    Here, not in ``experiments/config.py``, so the config types of other packages (the server optimizers'
+    ``lr``) validate their rates by the same rule without importing the config module.
+    """
+    kind = "a positive integer" if integer else "a positive number"
+    if isinstance(value, bool):
+        raise ValueError(f"expected {kind} or a schedule table, got {value!r}")
+    if isinstance(value, (int, float)):
+        if not math.isfinite(value):
+            raise ValueError(f"expected {kind}, got {value!r}")
+        if integer and (not float(value).is_integer()):
+            raise ValueError(f"expected {kind}, got {value!r}")
+        if value <= 0:
+            raise ValueError(f"must be > 0, got {value!r}")
+        if not integer and value > MAX_RATE:
+            raise ValueError(
+                f"must be at most {MAX_RATE:g} (a larger rate is a typo such as 1e6 for 1e-6), got {value!r}"
+            )
+        return int(value) if integer else float(value)
+    if isinstance(value, (ExponentialSchedule, InverseTimeSchedule)):
+        return _bounded_schedule(value, integer)
+    if isinstance(value, dict):
+        return _bounded_schedule(schedule_from_table(value), integer)
+    raise ValueError(
+        f"expected {kind} or a schedule table such as "
+        '{kind="exponential", initial=0.1, decay=0.99} or {kind="inverse_time", a=1.0, b=10}'
+        f", got {_short(value)}"
+    )
+
+
+def _bounded_schedule(
+    schedule: ExponentialSchedule | InverseTimeSchedule, integer: bool
+) -> ExponentialSchedule | InverseTimeSchedule:
+    # both kinds decrease with the round, so round 1 holds the largest value
+    if not integer and schedule(1) > MAX_RATE:
+        raise ValueError(
+            f"the schedule's round-1 rate {schedule(1):g} is above {MAX_RATE:g} (a typo such as 1e6 for 1e-6?)"
+        )
+    return schedule
+
+
+Rate = Annotated[Any, BeforeValidator(lambda value: number_or_schedule(value, integer=False))]
+Count = Annotated[Any, BeforeValidator(lambda value: number_or_schedule(value, integer=True))]
 
 
 def value_at(rate: float | ExponentialSchedule | InverseTimeSchedule, round_index: int) -> float:

@@ -15,6 +15,9 @@ and :func:`scale_by_learning_rate` (the rate of this round, optionally with
 ``adam = chain(scale_by_second_moment(exponential_average(β2), β1, ε),
 scale_by_learning_rate(adam_bias_correction(β1, β2)))``, and so on; each
 named optimizer computes exactly the floating-point operations it always did.
+:func:`clip_by_global_norm` is a stage no named optimizer uses, for chains of
+your own. A config names an optimizer, or states a chain stage by stage, through
+the registry (``driftlab.optim.registry``, ``[server] optimizer = "chain"``).
 
 References:
   * "Faster Federated Learning with Decaying Number of Local SGD Steps"
@@ -130,8 +133,8 @@ import torch
 __all__ = [
     "AdagradState",
     "AdamState",
+    "CONSTRUCTORS",
     "MomentumState",
-    "NAMED_OPTIMIZERS",
     "SERVER_OPTIMIZER_NAMES",
     "ServerOptimizer",
     "ServerOptimizerState",
@@ -142,6 +145,7 @@ __all__ = [
     "adam",
     "adam_bias_correction",
     "chain",
+    "clip_by_global_norm",
     "exponential_average",
     "make_server_optimizer",
     "momentum",
@@ -353,14 +357,14 @@ def scale_by_learning_rate(
     """
 
     def update(
-        direction: torch.Tensor, state: dict[str, torch.Tensor], step: int, learning_rate: float
+        direction: torch.Tensor, _state: dict[str, torch.Tensor], step: int, learning_rate: float
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         rate = learning_rate if schedule is None else float(schedule(step))
         step_size = rate if correction is None else correction(rate, step)
         return step_size * direction, {}
 
     plain = correction is None and schedule is None
-    return UpdateTransformation(init=lambda params: {}, update=update, stateless_rate=plain)
+    return UpdateTransformation(init=lambda _params: {}, update=update, stateless_rate=plain)
 
 
 def adam_bias_correction(beta1: float, beta2: float) -> Callable[[float, int], float]:
@@ -381,12 +385,31 @@ def scale_by_momentum(beta: float = 0.9, nesterov: bool = False) -> UpdateTransf
     nesterov = _check_bool("nesterov", nesterov)
 
     def update(
-        direction: torch.Tensor, state: dict[str, torch.Tensor], step: int, learning_rate: float
+        direction: torch.Tensor, state: dict[str, torch.Tensor], _step: int, _learning_rate: float
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         velocity = beta * state["velocity"] + direction
         return (direction + beta * velocity if nesterov else velocity), {"velocity": velocity}
 
     return UpdateTransformation(init=lambda params: {"velocity": torch.zeros_like(params)}, update=update)
+
+
+def clip_by_global_norm(max_norm: float) -> UpdateTransformation:
+    """``u ← u · min(1, c / ‖u‖₂)``: the whole update (one flat vector, so its global norm) cut to norm ``c``.
+
+    Server-side clipping of the pseudo-gradient, as in optax's ``clip_by_global_norm`` and the clipped
+    aggregation of DP-FedAvg (McMahan et al., "Learning Differentially Private Recurrent Language Models",
+    2018), here without noise. Stateless; an update within the norm passes through untouched (no multiply),
+    and the factor is a Python float, so one tensor multiply when it is cut.
+    """
+    max_norm = _check_positive("max_norm", max_norm)
+
+    def update(
+        direction: torch.Tensor, _state: dict[str, torch.Tensor], _step: int, _learning_rate: float
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        norm = float(torch.linalg.vector_norm(direction))
+        return (direction if norm <= max_norm else (max_norm / norm) * direction), {}
+
+    return UpdateTransformation(init=lambda _params: {}, update=update)
 
 
 def exponential_average(beta2: float) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
@@ -423,7 +446,7 @@ def scale_by_second_moment(
         return {"first_moment": torch.zeros_like(params), "second_moment": torch.full_like(params, initial_accumulator)}
 
     def update(
-        direction: torch.Tensor, state: dict[str, torch.Tensor], step: int, learning_rate: float
+        direction: torch.Tensor, state: dict[str, torch.Tensor], _step: int, _learning_rate: float
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         first_moment = beta1 * state["first_moment"] + (1.0 - beta1) * direction
         second_moment = second_moment_rule(state["second_moment"], direction.square())
@@ -491,7 +514,7 @@ def chain(*transformations: UpdateTransformation, name: str = "chain", state_typ
         step = state.step + 1
         direction = pseudo_gradient
         values: dict[str, torch.Tensor] = {}
-        for transformation, own_fields in zip(transformations, stage_fields):
+        for transformation, own_fields in zip(transformations, stage_fields, strict=True):
             direction, new_values = transformation.update(
                 direction, {field: getattr(state, field) for field in own_fields}, step, learning_rate
             )
@@ -642,23 +665,13 @@ def yogi(
     return chain(moments, scale_by_learning_rate(), name="yogi", state_type=YogiState)
 
 
-@dataclass(frozen=True)
-class NamedOptimizer:
-    """A configurable server optimizer: its constructor and, per keyword, the ``[server]`` key that sets it."""
-
-    build: Callable[..., ServerOptimizer]
-    config_keys: dict[str, str]
-
-
-NAMED_OPTIMIZERS: dict[str, NamedOptimizer] = {
-    "sgd": NamedOptimizer(sgd, {}),
-    "momentum": NamedOptimizer(momentum, {"beta": "momentum"}),
-    "adam": NamedOptimizer(adam, {"beta1": "beta1", "beta2": "beta2", "epsilon": "epsilon", "bias_correction": "bias_correction"}),
-    "adagrad": NamedOptimizer(adagrad, {"epsilon": "epsilon"}),
-    "yogi": NamedOptimizer(yogi, {"beta1": "beta1", "beta2": "beta2", "epsilon": "epsilon"}),
+# The named optimizers by name, for code that builds one by keyword arguments (``make_server_optimizer``). A config
+# names them through the registry (``driftlab.optim.registry``), whose entries read their own [server] keys.
+CONSTRUCTORS: dict[str, Callable[..., ServerOptimizer]] = {
+    "sgd": sgd, "momentum": momentum, "adam": adam, "adagrad": adagrad, "yogi": yogi,
 }
 
-SERVER_OPTIMIZER_NAMES: tuple[str, ...] = tuple(NAMED_OPTIMIZERS)
+SERVER_OPTIMIZER_NAMES: tuple[str, ...] = tuple(CONSTRUCTORS)
 
 
 def make_server_optimizer(name: str, **hyperparameters: object) -> ServerOptimizer:
@@ -676,11 +689,11 @@ def make_server_optimizer(name: str, **hyperparameters: object) -> ServerOptimiz
       ValueError: for an unknown name, an unknown hyperparameter (both list
         the valid choices) or an out-of-range hyperparameter.
     """
-    if name not in NAMED_OPTIMIZERS:
+    if name not in CONSTRUCTORS:
         raise ValueError(
             f"unknown server optimizer {name!r}; valid names: {', '.join(SERVER_OPTIMIZER_NAMES)}"
         )
-    constructor = NAMED_OPTIMIZERS[name].build
+    constructor = CONSTRUCTORS[name]
     accepted = list(inspect.signature(constructor).parameters)
     unknown = sorted(set(hyperparameters) - set(accepted))
     if unknown:

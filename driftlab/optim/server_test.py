@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import doctest
 import math
-import typing
 from dataclasses import fields
 
 import pytest
@@ -231,7 +230,7 @@ def test_registry_names_and_state_types():
     assert SERVER_OPTIMIZER_NAMES == ("sgd", "momentum", "adam", "adagrad", "yogi")
     params = torch.zeros(3)
     expected_types = [SgdState, MomentumState, AdamState, AdagradState, YogiState]
-    for name, state_type in zip(SERVER_OPTIMIZER_NAMES, expected_types):
+    for name, state_type in zip(SERVER_OPTIMIZER_NAMES, expected_types, strict=True):
         optimizer = make_server_optimizer(name)
         assert optimizer.name == name
         assert type(optimizer.init(params)) is state_type
@@ -397,10 +396,10 @@ def _adam_by_hand(bias_correction, beta1=0.9, beta2=0.999, epsilon=1e-8, eta=0.1
     params, m, v = list(ADAM_PARAMS), [0.0, 0.0], [0.0, 0.0]
     history = []
     for t, q in enumerate([ADAM_Q1, ADAM_Q2], start=1):
-        m = [beta1 * m_i + (1.0 - beta1) * q_i for m_i, q_i in zip(m, q)]
-        v = [beta2 * v_i + (1.0 - beta2) * (q_i * q_i) for v_i, q_i in zip(v, q)]
+        m = [beta1 * m_i + (1.0 - beta1) * q_i for m_i, q_i in zip(m, q, strict=True)]
+        v = [beta2 * v_i + (1.0 - beta2) * (q_i * q_i) for v_i, q_i in zip(v, q, strict=True)]
         step_size = eta * math.sqrt(1.0 - beta2**t) / (1.0 - beta1**t) if bias_correction else eta
-        params = [p - step_size * (m_i / (math.sqrt(v_i) + epsilon)) for p, m_i, v_i in zip(params, m, v)]
+        params = [p - step_size * (m_i / (math.sqrt(v_i) + epsilon)) for p, m_i, v_i in zip(params, m, v, strict=True)]
         history.append((list(params), list(m), list(v)))
     return history
 
@@ -411,7 +410,7 @@ def test_adam_two_steps_by_hand(bias_correction):
     optimizer = adam(bias_correction=bias_correction)
     params = torch.tensor(ADAM_PARAMS, dtype=torch.float64)
     state = optimizer.init(params)
-    for (expected_params, expected_m, expected_v), q in zip(expected, [ADAM_Q1, ADAM_Q2]):
+    for (expected_params, expected_m, expected_v), q in zip(expected, [ADAM_Q1, ADAM_Q2], strict=True):
         params, state = optimizer.update(state, params, torch.tensor(q, dtype=torch.float64), 0.1)
         _assert_hand(state.first_moment, expected_m)
         _assert_hand(state.second_moment, expected_v)
@@ -426,7 +425,7 @@ def test_adam_first_step_closed_form():
     params = torch.tensor(ADAM_PARAMS, dtype=torch.float64)
     new_params, state = optimizer.update(optimizer.init(params), params, torch.tensor(ADAM_Q1, dtype=torch.float64), 0.1)
     scaled_epsilon = 1e-8 / math.sqrt(1.0 - 0.999)
-    closed_form = [p - 0.1 * q / (abs(q) + scaled_epsilon) for p, q in zip(ADAM_PARAMS, ADAM_Q1)]
+    closed_form = [p - 0.1 * q / (abs(q) + scaled_epsilon) for p, q in zip(ADAM_PARAMS, ADAM_Q1, strict=True)]
     torch.testing.assert_close(new_params, torch.tensor(closed_form, dtype=torch.float64), rtol=1e-14, atol=0.0)
     assert new_params.tolist() == pytest.approx([0.9, -0.9], abs=1e-6)
     # m1 = 0.1 q, v1 = 0.001 q²
@@ -474,9 +473,9 @@ def test_adagrad_with_initial_accumulator_and_momentum_two_steps_by_hand():
     p, m, v = [0.0, 0.0], [0.0, 0.0], [v0, v0]
     for q in ([0.5, -1.0], [1.5, 0.25]):
         params, state = optimizer.update(state, params, torch.tensor(q, dtype=torch.float64), eta)
-        m = [beta1 * m_i + (1.0 - beta1) * q_i for m_i, q_i in zip(m, q)]
-        v = [v_i + q_i * q_i for v_i, q_i in zip(v, q)]
-        p = [p_i - eta * (m_i / (math.sqrt(v_i) + tau)) for p_i, m_i, v_i in zip(p, m, v)]
+        m = [beta1 * m_i + (1.0 - beta1) * q_i for m_i, q_i in zip(m, q, strict=True)]
+        v = [v_i + q_i * q_i for v_i, q_i in zip(v, q, strict=True)]
+        p = [p_i - eta * (m_i / (math.sqrt(v_i) + tau)) for p_i, m_i, v_i in zip(p, m, v, strict=True)]
         _assert_hand(state.first_moment, m)
         _assert_hand(state.second_moment, v)
         _assert_hand(params, p)
@@ -495,7 +494,7 @@ def test_yogi_one_step_by_hand_default_accumulator():
     v = [v0 - (1.0 - beta2) * (q_i * q_i) * -1.0 for q_i in q]
     _assert_hand(state.first_moment, m)
     _assert_hand(state.second_moment, v)
-    _assert_hand(new_params, [p - eta * (m_i / (math.sqrt(v_i) + tau)) for p, m_i, v_i in zip([1.0, -1.0], m, v)])
+    _assert_hand(new_params, [p - eta * (m_i / (math.sqrt(v_i) + tau)) for p, m_i, v_i in zip([1.0, -1.0], m, v, strict=True)])
 
 
 def test_yogi_one_step_by_hand_both_signs():
@@ -722,22 +721,24 @@ def test_only_the_plain_rate_chain_is_a_plain_step():
     assert not server.chain(server.scale_by_learning_rate(server.adam_bias_correction(0.9, 0.999))).plain_step
 
 
-def test_every_named_optimizer_reads_only_its_own_server_keys():
-    from driftlab.experiments.config import ServerConfig
+def test_clip_by_global_norm_by_hand():
+    clip = server.clip_by_global_norm(1.0)
+    long = torch.tensor([3.0, 4.0], dtype=torch.float64)  # norm 5
+    direction, state = clip.update(long, {}, 1, 0.1)
+    _assert_hand(direction, [0.6, 0.8])
+    assert state == {} and clip.init(long) == {}
+    short = torch.tensor([0.6, 0.0], dtype=torch.float64)
+    assert clip.update(short, {}, 1, 0.1)[0] is short  # within the norm: passed on untouched, no rounding
+    with pytest.raises(ValueError, match="max_norm must be finite and > 0"):
+        server.clip_by_global_norm(0.0)
 
-    chosen = {"momentum": 0.5, "beta1": 0.25, "beta2": 0.75, "epsilon": 0.125, "bias_correction": False}
-    expected = {
-        "sgd": {},
-        "momentum": {"beta": 0.5},
-        "adam": {"beta1": 0.25, "beta2": 0.75, "epsilon": 0.125, "bias_correction": False},
-        "adagrad": {"epsilon": 0.125},  # not beta1: FedAdagrad's default β1 is 0, the config's 0.9 is Adam's
-        "yogi": {"beta1": 0.25, "beta2": 0.75, "epsilon": 0.125},
-    }
-    assert set(expected) == set(SERVER_OPTIMIZER_NAMES)
-    assert typing.get_args(ServerConfig.model_fields["optimizer"].annotation) == SERVER_OPTIMIZER_NAMES  # config offers exactly these
-    for name, hyperparameters in expected.items():
-        assert ServerConfig(optimizer=name, **chosen).optimizer_hyperparameters() == hyperparameters, name
-        make_server_optimizer(name, **hyperparameters)  # every key is one its constructor takes
+
+def test_a_clipped_chain_steps_at_most_lr_times_the_norm():
+    clipped = server.chain(server.clip_by_global_norm(2.0), server.scale_by_learning_rate())
+    params = torch.zeros(4, dtype=torch.float64)
+    new_params, state = clipped.update(clipped.init(params), params, torch.full((4,), 10.0, dtype=torch.float64), 0.5)
+    _assert_hand(new_params, [-0.5] * 4)  # q = (10, 10, 10, 10) cut to norm 2 = (1, 1, 1, 1), times η = 0.5
+    assert state.step == 1 and [field.name for field in fields(state)] == ["step"]
 
 
 def test_a_plain_rate_chain_at_rate_one_returns_the_average_itself():

@@ -58,12 +58,11 @@ from driftlab.simulation.latest_models import LatestModels, LatestModelsUpdate, 
 from driftlab.simulation.ordered_fold import FoldedRound, OrderedFold
 from driftlab.simulation.sampling import sample_clients
 from driftlab.simulation.seam import Algorithm, ClientContext, RoundContext, plugin_note
+from driftlab.simulation.memory_budget import MemoryBudget
 from driftlab.simulation.state_store import (
     ClientStateStore,
     DiskClientStore,
     InMemoryClientStore,
-    default_memory_budget,
-    parse_bytes,
     state_bytes,
 )
 
@@ -130,9 +129,9 @@ class Simulation:
     initial_params: torch.Tensor
     evaluation: EvaluationPlan = EvaluationPlan()
     membership: Membership | None = None  # None: every client registered in every round
-    # Bytes of RAM the run may hold for client states and round work (config memory_budget); None: waves of
-    # DEFAULT_WAVE_BYTES (the stores' own choices take half the machine's memory).
-    memory_budget: int | None = None
+    # The run's memory budget (config memory_budget, parsed once by assembly): waves, store caches and chunks
+    # are sized from it.  The default is the unconfigured budget (half the machine; waves of 1 GiB).
+    memory_budget: MemoryBudget = MemoryBudget()
     training_data: TrainingData = field(init=False, repr=False)
     test_data: TrainingData = field(init=False, repr=False)
     client_rows: list[torch.Tensor] = field(init=False, repr=False)
@@ -218,51 +217,43 @@ def make_client_stores(
     client_initial: Any,
     keep_latest_models: bool,
     directory: Any,
-    memory_budget: int | str | None = None,
+    memory_budget: MemoryBudget = MemoryBudget(),
 ) -> tuple[ClientStateStore, ClientStateStore | None]:
     """The store of the algorithm's client states and, when ``keep_latest_models``, of every client's latest model.
 
     ``kind`` "auto" means disk when ``num_clients`` states (and latest models) would take more
-    than ``memory_budget`` (bytes or "4GB"; None: half of the machine's memory).  Disk stores live
-    in ``directory``/clients and ``directory``/latest_models; ``directory`` is a callable giving
-    the directory, so a memory run never creates one.
+    than ``memory_budget.host_bytes`` (the configured budget, else half of the machine's memory).
+    Disk stores live in ``directory``/clients and ``directory``/latest_models; ``directory`` is a
+    callable giving the directory, so a memory run never creates one.
     """
     if kind not in STORE_KINDS:
         raise ValueError(f"unknown client-state store {kind!r}; valid: {', '.join(STORE_KINDS)}")
-    budget = parse_bytes(memory_budget) if memory_budget is not None else default_memory_budget()
+    if not isinstance(memory_budget, MemoryBudget):
+        raise TypeError(f"memory_budget must be a MemoryBudget (MemoryBudget.for_run parses the setting), got {memory_budget!r}")
     template = client_initial(initial_params) if client_initial is not None else None
     per_client = (state_bytes(template) if template is not None else 0) + (state_bytes(initial_params) if keep_latest_models else 0)
     if kind == "auto":
-        kind = "disk" if per_client * num_clients > budget else "memory"
+        kind = "disk" if per_client * num_clients > memory_budget.host_bytes else "memory"
     initial = (lambda: client_initial(initial_params)) if client_initial is not None else None
     if kind == "memory":
         return InMemoryClientStore(initial), InMemoryClientStore(None) if keep_latest_models else None
     root = directory()
     stores = [template is not None, keep_latest_models]
-    # Rows of randomly sampled clients are rarely read twice soon: a small cache, the page cache does the rest.
-    cache = min(budget // 16, 512 << 20) // max(1, sum(stores))
+    cache = memory_budget.cache_bytes(sum(stores))
     clients = DiskClientStore(root / "clients", num_clients, template, initial, cache) if template is not None else InMemoryClientStore(None)
     latest = DiskClientStore(root / "latest_models", num_clients, initial_params, None, cache) if keep_latest_models else None
     return clients, latest
 
 
-# A round's client phase runs in waves whose client states, objectives and waiting messages fit this share of
-# memory_budget; the rest is the stores' caches and the states themselves when they are kept in memory.
-ROUND_SHARE_OF_BUDGET = 8
-# Without a configured budget, waves fit this much whatever the machine, so a run cuts its rounds the same way on
-# every machine (on the vectorized backend, which clients share a chunk can change the last bits).
-DEFAULT_WAVE_BYTES = 1 << 30
-
-
 def wave_size(sim: Simulation, client_state: Any) -> int:
-    """Clients trained together in one wave of a round: as many as ``memory_budget / ROUND_SHARE_OF_BUDGET`` holds
-    (``DEFAULT_WAVE_BYTES`` when no budget is configured).
+    """Clients trained together in one wave of a round: as many as ``sim.memory_budget.round_bytes`` holds
+    (an eighth of a configured budget, else 1 GiB whatever the machine: ``memory_budget.ROUND_SHARE``).
 
     Per client: its state read and its new state, and five model-sized vectors
     (its objective's, its final model, its message's).  The messages are
     folded into the server update as clients finish, so nothing outlives its wave.
     """
-    budget = sim.memory_budget // ROUND_SHARE_OF_BUDGET if sim.memory_budget is not None else DEFAULT_WAVE_BYTES
+    budget = sim.memory_budget.round_bytes
     per_client = 2 * (state_bytes(client_state) if client_state is not None else 0) + 5 * state_bytes(sim.initial_params)
     return max(1, budget // max(1, per_client))
 
@@ -371,14 +362,8 @@ def plan_round(sim: Simulation, state: SimulationState) -> RoundWork:
                 available_steps=steps,
             )
         )
-    settings = ClientSettings(
-        seed=plan.seed,
-        batch_size=plan.batch_size,
-        local=LocalSettings(client_lr, plan.weight_decay, plan.clip_norm),
-        inexact_gamma=plan.inexact_gamma,
-        augment=plan.augment,
-        precision=getattr(sim.backend, "precision", "float32"),  # a deployment's client trains as this backend does
-    )
+    # a deployment's client trains as this backend does
+    settings = client_settings(plan, t, getattr(sim.backend, "precision", "float32"))
     return RoundWork(
         round=t,
         registered=registered,
@@ -391,6 +376,19 @@ def plan_round(sim: Simulation, state: SimulationState) -> RoundWork:
         num_inactive=num_inactive,
         num_incomplete=int(num_incomplete),
         started=started,
+    )
+
+
+def client_settings(plan: RoundPlan, round_index: int, precision: str) -> ClientSettings:
+    """What every client of round ``round_index`` needs of it (seed, batch size, η_l, ...): ``plan_round``'s, and what a
+    deployment's node checks a request against (from its own config's plan), so the two cannot drift apart."""
+    return ClientSettings(
+        seed=plan.seed,
+        batch_size=plan.batch_size,
+        local=LocalSettings(value_at(plan.client_lr, round_index), plan.weight_decay, plan.clip_norm),
+        inexact_gamma=plan.inexact_gamma,
+        augment=plan.augment,
+        precision=precision,
     )
 
 

@@ -371,7 +371,7 @@ def test_the_reporting_mean_does_not_depend_on_the_order_clients_finish_in(monke
         def train(self, *args):
             yield from reversed([(p, t.clone(), d) for p, t, d in self.inner.train(*args)])
 
-    overrides = ["rounds=2", "data.num_clients=6", "sampling.participation=1.0", "model.hidden=[8]", "evaluation.model=reporting_mean"]
+    overrides = ["rounds=2", "data.num_clients=6", "sampling.participation=1.0", "evaluation.model=reporting_mean"]
     in_order = driftlab.run(None, overrides=overrides)
     original = dict(runner_module.BACKENDS)
     for name, factory in original.items():
@@ -411,17 +411,17 @@ def test_a_round_in_waves_matches_one_wave(backend):
 
 
 def test_wave_size_follows_the_memory_budget_and_not_the_machine():
-    sim, _ = build_simulation(driftlab.load_config(None, ["memory_budget=80MB", "model.hidden=[8]"]))
+    sim, _ = build_simulation(driftlab.load_config(None, ["memory_budget=80MB"]))
     params = sim.initial_params.numel() * 4
     state = torch.zeros(sim.initial_params.numel())
     assert engine_module.wave_size(sim, None) == 80_000_000 // 8 // (5 * params)
     assert engine_module.wave_size(sim, state) == 80_000_000 // 8 // (7 * params)
-    default, _ = build_simulation(driftlab.load_config(None, ["model.hidden=[8]"]))
+    default, _ = build_simulation(driftlab.load_config(None))
     assert engine_module.wave_size(default, state) == 2**30 // (7 * params)
 
 
 def test_client_test_accuracies_are_each_clients_own_in_one_pass():
-    sim, state = build_simulation(driftlab.load_config(None, ["data.num_clients=12", "model.hidden=[8]"]))
+    sim, state = build_simulation(driftlab.load_config(None, ["data.num_clients=12"]))
     sim.evaluation = dataclasses.replace(sim.evaluation, batch_size=7)  # batches that cut across clients
     params = state.server.params + 0.3 * torch.randn(state.server.params.shape, generator=torch.Generator().manual_seed(1))
     expected = []
@@ -435,7 +435,7 @@ def test_client_test_accuracies_are_each_clients_own_in_one_pass():
 
 
 def test_clients_without_test_rows_are_left_out_of_the_mean_wherever_they_are():
-    sim, state = build_simulation(driftlab.load_config(None, ["data.num_clients=6", "model.hidden=[8]"]))
+    sim, state = build_simulation(driftlab.load_config(None, ["data.num_clients=6"]))
     empty = torch.zeros(0, dtype=torch.long)
     rows = sim.client_test_rows
     sim.client_test_rows = [empty, rows[0], empty, rows[1], rows[2], empty]  # the first and last clients too

@@ -83,7 +83,7 @@ def test_the_mean_counts_untrained_clients_at_theta0_and_leaves_out_unregistered
 @pytest.mark.slow
 def test_a_resumed_all_clients_mean_run_continues_with_the_same_bits(tmp_path):
     overrides = [
-        "rounds=4", "data.num_clients=8", "sampling.participation=0.5", "model.hidden=[8]",
+        "rounds=4", "data.num_clients=8", "sampling.participation=0.5",
         "algorithm.name=feddyn", "evaluation.model=all_clients_mean", "checkpoint_every=2",
     ]
     whole = driftlab.run(None, overrides=overrides)

@@ -88,7 +88,7 @@ def test_bf16_is_the_same_on_both_backends_to_bf16_rounding():
 
 
 def test_a_bf16_run_aggregates_in_float32_and_is_repeatable():
-    overrides = ["precision=bf16", "rounds=2", "data.num_clients=4", "model.hidden=[8]", "client.epochs=1"]
+    overrides = ["precision=bf16", "rounds=2", "data.num_clients=4", "client.epochs=1"]
     first, second = driftlab.run(None, overrides=overrides), driftlab.run(None, overrides=overrides)
     assert first.final_params.dtype == torch.float32
     assert torch.equal(first.final_params, second.final_params)

@@ -153,6 +153,37 @@ def collecting_fold(server_update: Callable[[Any, Sequence[Any], RoundContext], 
     return ServerFold(lambda server, context: [], add, lambda server, messages, context: server_update(server, messages, context))
 
 
+def _as_sent(message: Any) -> Any:
+    return message
+
+
+def _as_built(sent: Any, start_params: torch.Tensor) -> Any:  # noqa: ARG001
+    return sent
+
+
+@dataclass(frozen=True)
+class MessageCodec:
+    """How an algorithm's client message travels on a wire (a deployment); the simulator hands messages over as they are.
+
+    ``to_wire(message)`` is what the client sends (never called with None, a
+    client that sends nothing); ``from_wire(sent, start_params)`` is the message
+    as its client built it, from what arrived and the round's θ_start, or a
+    ValueError saying what does not fit.  ``unplanned`` names the top-level
+    fields of a message a server does not compare with the message it planned
+    (the deployment's ``planned_message``): ``from_wire`` checked them itself,
+    or they are data.  The default sends the message itself.  Compression
+    (``driftlab.compress.error_feedback``) sends its model part compressed
+    through its codec, so a transport never names a payload type.
+    """
+
+    to_wire: Callable[[Any], Any] = _as_sent
+    from_wire: Callable[[Any, torch.Tensor], Any] = _as_built
+    unplanned: tuple[str, ...] = ()
+
+
+PLAIN_CODEC = MessageCodec()
+
+
 @dataclass(frozen=True)
 class Algorithm:
     """The functions that are the whole of an algorithm (see the module docstring).
@@ -170,6 +201,7 @@ class Algorithm:
     names the plugin that provides the algorithm ("algorithm plugin 'moon'
     (/path/moon.py)"; None for a built-in): messages about what its numbers
     did (a divergence) name it as a possible cause (``plugin_note``).
+    ``codec`` says how its messages travel on a wire (``MessageCodec``).
     """
 
     name: str
@@ -188,6 +220,7 @@ class Algorithm:
     # The server update as a fold (``ServerFold``), so the engine can stream messages into it; None: only server_update.
     server_fold: ServerFold | None = None
     plugin: str | None = None  # set by driftlab.algorithms.plugin_guard, which also wraps the functions of a plugin
+    codec: MessageCodec = PLAIN_CODEC  # how its messages travel on a wire (a deployment)
 
     def __post_init__(self) -> None:
         if self.server_fold is not None and self.server_update != self.server_fold.server_update:

@@ -82,7 +82,6 @@ import numpy as np
 import torch
 
 from driftlab.errors import ClientStateError
-from driftlab.memory_limit import memory_limit
 from driftlab.simulation.checkpoint import CheckpointError, state_from_tensors, state_to_tensors
 
 
@@ -647,29 +646,3 @@ def _device_of(template: Any) -> torch.device:
 def state_bytes(template: Any) -> int:
     """Bytes one client's state of ``template``'s structure takes."""
     return sum(t.numel() * t.element_size() for t in state_to_tensors(template, "state").values())
-
-
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-
-
-def parse_bytes(value: int | str) -> int:
-    """``4000000``, ``"4GB"`` (10⁹ bytes), ``"1.5GiB"`` (2³⁰ bytes) ... as a byte count; ValueError otherwise."""
-    if isinstance(value, bool):
-        raise ValueError(f"expected a byte count such as 4000000000 or '4GB', got {value!r}")
-    if isinstance(value, int):
-        if value <= 0:
-            raise ValueError(f"must be a positive number of bytes, got {value}")
-        return value
-    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?)\s*([A-Za-z]*)\s*", str(value))
-    if match is None or match.group(2).lower() not in _UNITS:
-        raise ValueError(f"expected a byte count such as 4000000000, '4GB', '512MB' or '1.5GiB', got {value!r}")
-    count = int(float(match.group(1)) * _UNITS[match.group(2).lower()])
-    if count <= 0:
-        raise ValueError(f"must be a positive number of bytes, got {value!r}")
-    return count
-
-
-def default_memory_budget() -> int:
-    """Half of the memory this process may hold (the tightest of physical memory, its rlimits, its cgroup and its
-    SLURM job: ``driftlab.memory_limit``): room for the data, the model and the round besides the client states."""
-    return memory_limit().limit // 2

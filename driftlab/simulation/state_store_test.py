@@ -15,10 +15,10 @@ import torch
 
 import driftlab
 from driftlab.errors import ClientStateError
-from driftlab.experiments.config import ConfigError
 from driftlab.simulation.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from driftlab.simulation.engine import make_client_stores
-from driftlab.simulation.state_store import DiskClientStore, InMemoryClientStore, parse_bytes
+from driftlab.simulation.memory_budget import MemoryBudget
+from driftlab.simulation.state_store import DiskClientStore, InMemoryClientStore
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 
@@ -136,17 +136,12 @@ def test_checkpoint_file_checksums_the_store_table(tmp_path):
         load_checkpoint(tmp_path / "c.safetensors", server, None, "fp", torch.device("cpu"))
 
 
-def test_byte_counts_and_the_automatic_choice_of_store(tmp_path):
-    assert parse_bytes("4GB") == 4 * 10**9 and parse_bytes("1.5GiB") == 3 * 2**29 and parse_bytes(512) == 512
-    for bad in ("4XB", "-1", "", 0, True):
-        with pytest.raises(ValueError):
-            parse_bytes(bad)
-    with pytest.raises(ConfigError, match="memory_budget: expected a byte count"):
-        driftlab.load_config(None, ["memory_budget=lots"])
+def test_the_automatic_choice_of_store_follows_the_budget(tmp_path):
     params = torch.zeros(100, dtype=torch.float64)  # 800 bytes a state
     initial = lambda theta: State(torch.zeros_like(theta), 0)  # noqa: E731
-    small, _ = make_client_stores("auto", 10, params, initial, False, lambda: tmp_path, 10_000)
-    large, latest = make_client_stores("auto", 10, params, initial, True, lambda: tmp_path, 10_000)  # + 800 of latest model
+    budget = MemoryBudget(10_000)
+    small, _ = make_client_stores("auto", 10, params, initial, False, lambda: tmp_path, budget)
+    large, latest = make_client_stores("auto", 10, params, initial, True, lambda: tmp_path, budget)  # + 800 of latest model
     assert isinstance(small, InMemoryClientStore) and isinstance(large, DiskClientStore) and isinstance(latest, DiskClientStore)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["clients", "latest_models"]
 

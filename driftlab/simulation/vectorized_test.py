@@ -28,9 +28,10 @@ from driftlab.simulation.local_training import (
     batch_plan,
     steps_for_epochs,
 )
+from driftlab.simulation.memory_budget import MemoryBudget
 from driftlab.simulation.objectives import LocalObjective, LocalStep, LossTerm
 from driftlab.simulation.seam import NO_CORRECTION, GradientCorrection
-from driftlab.simulation.vectorized import BatchSchedule, LinearReluStack, StackedCorrection, VectorizedBackend, VmappedGradient
+from driftlab.simulation.vectorized import LinearReluStack, VectorizedBackend
 
 # float32: a few ulps of parameters of size ~0.1 after tens of steps; float64: the 1e-12.
 TOLERANCE = {torch.float32: dict(rtol=1e-5, atol=2e-6), torch.float64: dict(rtol=1e-12, atol=1e-12)}
@@ -185,17 +186,6 @@ def test_vmapped_chunks_on_parallel_threads_give_the_models_of_one_chunk(objecti
         torch.set_num_threads(threads)
 
 
-def test_chunk_size_follows_the_memory_budget():
-    model, data = _model("mlp", torch.float32), _data(torch.float32)
-    start = model.initial_parameters()
-    tasks = _tasks(_corrections("none", start)) * 200  # 1,200 clients
-    settings = LocalSettings(client_lr=0.1)
-    engine = LinearReluStack.match(model)
-    small = VectorizedBackend(memory_budget_bytes=200_000, max_chunk_clients=10_000).chunk_size(engine, model, start, tasks, settings, data)
-    large = VectorizedBackend(memory_budget_bytes=20_000_000, max_chunk_clients=10_000).chunk_size(engine, model, start, tasks, settings, data)
-    assert 1 <= small < large <= len(tasks)
-
-
 def test_gamma_inexact_clients_stop_at_the_same_step_as_sequentially():
     dtype = torch.float64
     model, data = _model("mlr", dtype), _data(dtype)
@@ -288,55 +278,6 @@ def test_bare_terms_steps_and_affine_local_objectives_are_accepted_and_affine_on
     _assert_agree(_run(SequentialBackend(), model, start, _tasks(bare), settings, data), _run(VectorizedBackend(), model, start, _tasks(bare), settings, data), dtype)
 
 
-def test_chunks_hold_fewer_clients_when_each_brings_its_own_loss_term_tensors():
-    model, data = _model("mlp", torch.float32), _data(torch.float32)
-    start = model.initial_parameters()
-    shared = _tasks([LossTerm(_output_norm_term, (start,))] * len(CLIENT_SIZES)) * 50
-    own = _tasks([LossTerm(_output_norm_term, (torch.zeros(20, *start.shape),))] * len(CLIENT_SIZES)) * 50  # 20 models each
-    backend = VectorizedBackend(memory_budget_bytes=2_000_000, max_chunk_clients=10_000)
-    engine = VmappedGradient(model)
-    settings = LocalSettings(client_lr=0.1)
-    assert backend.chunk_size(engine, model, start, own, settings, data) < backend.chunk_size(engine, model, start, shared, settings, data)
-
-
-# ------------------------------------------------------------------ pieces
-
-
-def test_the_batch_schedule_pads_short_batches_with_zero_weight_and_sorts_out_finished_clients():
-    tasks = _tasks([NO_CORRECTION] * len(CLIENT_SIZES))
-    ordered = sorted(tasks, key=lambda task: -task.num_steps)
-    schedule = BatchSchedule.build(ordered, torch.float64, torch.device("cpu"))
-    assert schedule.active[0] == len(tasks) and schedule.active[-1] == sum(t.num_steps == ordered[0].num_steps for t in ordered)
-    for k, task in enumerate(ordered):
-        for step in range(task.num_steps):
-            positions = task.batches[step][task.batches[step] >= 0]
-            weights = schedule.weights[step, k]
-            assert torch.equal(schedule.rows[step, k, : len(positions)], task.sample_indices[torch.as_tensor(positions)])
-            torch.testing.assert_close(weights.sum(), torch.tensor(1.0, dtype=torch.float64))
-            assert int((weights > 0).sum()) == len(positions)
-
-
-def test_stacked_corrections_share_a_common_reference_and_zero_the_absent_terms():
-    start = torch.arange(4.0)
-    reference = start + 1
-    stacked = StackedCorrection.stack(
-        [NO_CORRECTION, GradientCorrection(quadratic=0.5, reference=reference), GradientCorrection(linear=torch.ones(4))], start
-    )
-    assert stacked.reference.shape == (1, 4) and torch.equal(stacked.reference[0], reference)
-    assert torch.equal(stacked.quadratic, torch.tensor([[0.0], [0.5], [0.0]]))
-    assert torch.equal(stacked.linear, torch.tensor([[0.0] * 4, [0.0] * 4, [1.0] * 4]))
-    assert StackedCorrection.stack([NO_CORRECTION] * 3, start).is_empty
-
-
-def test_only_linear_relu_stacks_under_cross_entropy_take_the_batched_layers():
-    assert LinearReluStack.match(_model("mlr", torch.float32)) is not None
-    assert LinearReluStack.match(_model("mlp", torch.float32)) is not None
-    assert LinearReluStack.match(_model("conv", torch.float32)) is None
-    sequential = nn.Sequential(nn.Flatten(), nn.Linear(64, 8), nn.ReLU(), nn.Linear(8, 10))
-    assert LinearReluStack.match(FlatModel.wrap(sequential)) is not None
-    assert LinearReluStack.match(FlatModel.wrap(nn.Sequential(nn.Flatten(), nn.Linear(64, 8), nn.Tanh(), nn.Linear(8, 10)))) is None
-
-
 # ------------------------------------------------------------------ end to end, every algorithm
 
 
@@ -390,7 +331,7 @@ def test_auto_backend_follows_the_rule_for_the_model_and_is_recorded():
 def test_run_json_records_the_backend_auto_chose(tmp_path):
     import json
 
-    driftlab.run(None, overrides=["rounds=1", "data.num_clients=4", "model.hidden=[8]"], out_dir=tmp_path / "run")
+    driftlab.run(None, overrides=["rounds=1", "data.num_clients=4"], out_dir=tmp_path / "run")
     assert json.loads((tmp_path / "run" / "run.json").read_text())["machine"]["backend"] == "vectorized"
 
 
@@ -407,11 +348,17 @@ def test_two_devices_give_the_same_models_as_one_and_reruns_are_bit_identical():
         assert torch.equal(one[position][0], two[position][0]) and torch.equal(two[position][0], again[position][0])
 
 
-def test_a_gpu_budget_comes_from_its_free_memory(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (10_000_000, 80_000_000))
-    assert VectorizedBackend().budget_bytes(torch.device("cuda")) == 8_000_000
-    assert VectorizedBackend(memory_budget_bytes=123).budget_bytes(torch.device("cuda")) == 123
+def test_the_chunk_budget_comes_from_the_runs_memory_budget(monkeypatch):
+    # A GPU measured now (no budget measured it): 80% of its memory split between the runs sharing it, capped by 80%
+    # of what was free.
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (70_000_000, 80_000_000))
+    assert VectorizedBackend().budget_bytes(torch.device("cuda:0")) == 56_000_000  # alone: 80% of the free 70 MB
+    shared = VectorizedBackend(memory_budget=MemoryBudget(gpu_share=2))
+    assert shared.budget_bytes(torch.device("cuda:0")) == 32_000_000  # one of two runs: 80% of 80 MB, halved
+    assert VectorizedBackend(memory_budget_bytes=123).budget_bytes(torch.device("cuda:0")) == 123
+    # On a CPU the chunks work inside the round's share: an eighth of a configured budget, else 1 GiB.
     assert VectorizedBackend().budget_bytes(torch.device("cpu")) == 1 << 30
+    assert VectorizedBackend(memory_budget=MemoryBudget(80_000_000)).budget_bytes(torch.device("cpu")) == 10_000_000
 
 
 # ------------------------------------------------------------------ with top-k compression

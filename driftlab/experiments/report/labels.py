@@ -11,12 +11,10 @@ checkpointing, memory limits) never enter a label.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any, Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 from driftlab.algorithm_labels import BUILT_IN_LABELS
-
-if TYPE_CHECKING:
-    from driftlab.experiments.report.read import RunData
+from driftlab.experiments.report.run_data import RunData
 
 
 # FedAvg with another server optimizer is a method of its own in the literature (Reddi et al. 2020, FedOpt).

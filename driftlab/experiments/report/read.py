@@ -16,106 +16,13 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from driftlab.errors import ConfigError
+from driftlab.experiments.report.run_data import RunData
 from driftlab.experiments.report.labels import algorithm_label, flatten_config, label_standalone, method_order, recorded_labels
 from driftlab.experiments.run_directory import CONFIG_FILE, METRICS_FILE, RUN_INFO_FILE
 from driftlab.experiments.sweep.directory import SWEEP_FILE
 
 
 REQUIRED_RECORD_KEYS = ("round", "num_selected", "local_steps", "upload_bits", "download_bits")
-
-
-@dataclass
-class RunData:
-    """One run directory as the report reads it, and where the report puts it (setting, method, seed)."""
-
-    path: Path
-    config: dict[str, Any]
-    records: list[dict[str, Any]]
-    info: dict[str, Any] | None  # run.json; None for runs written before it existed
-    setting: str = ""
-    method: str = ""
-    seed: int = 0
-    torn_line: int | None = None  # 1-based line of metrics.jsonl dropped because a kill tore it
-    sweep: str | None = None
-    # Rounds done before the report cut this run to the shortest run it is compared with (None: not cut).
-    truncated_from: int | None = None
-    setting_dir: str | None = None  # the sweep's directory name for the setting: a safe, unique file name
-
-    @property
-    def rounds_done(self) -> int:
-        """The last round the report uses (after a cut to the shortest compared run)."""
-        return self.records[-1]["round"] if self.records else 0
-
-    @property
-    def rounds_planned(self) -> int:
-        return int(self.config.get("rounds", self.rounds_done))
-
-    @property
-    def rounds_compared(self) -> int:
-        """The rounds this run is compared over: its planned rounds, or the round it was cut to."""
-        return self.rounds_done if self.truncated_from is not None else self.rounds_planned
-
-    @property
-    def status(self) -> str:
-        """run.json's status; without run.json, complete when every planned round is in the metrics."""
-        if self.info is not None and "status" in self.info:
-            return str(self.info["status"])
-        return "complete" if self.rounds_done >= self.rounds_planned else "unfinished"
-
-    @property
-    def finished(self) -> bool:
-        if self.truncated_from is not None:
-            return True  # it ran every compared round and more
-        return self.status in ("complete", "diverged", "failed") and not (self.status == "complete" and self.rounds_done < self.rounds_planned)
-
-    @property
-    def stopped_early(self) -> bool:
-        """Whether the run ended before the rounds it is compared over (diverged, interrupted, failed)."""
-        return self.truncated_from is None and not (self.status == "complete" and self.rounds_done >= self.rounds_planned)
-
-    @property
-    def num_parameters(self) -> int | None:
-        value = (self.info or {}).get("num_parameters")
-        return int(value) if value else None
-
-    @property
-    def diverged_at(self) -> int | None:
-        """The round whose update made the server model non-finite (the runner records the rounds before it)."""
-        return self.rounds_done + 1 if self.status == "diverged" and self.truncated_from is None else None
-
-    @property
-    def initial(self) -> dict[str, float]:
-        """The initial model's evaluation (round 0: ``train_loss``, ``test_loss``, ``test_accuracy``) when run.json
-        records it under ``"initial"``; empty otherwise (runs written before it was recorded)."""
-        initial = (self.info or {}).get("initial")
-        if not isinstance(initial, dict):
-            return {}
-        return {k: float(v) for k, v in initial.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-
-    @property
-    def instability(self) -> dict[str, Any] | None:
-        """``{"round": R, "message": ...}`` when the runner flagged the run unstable (its loss stayed above the
-        initial model's): from run.json, else from the first record holding the flag; None when not flagged."""
-        flagged = (self.info or {}).get("instability")
-        if isinstance(flagged, dict) and "round" in flagged:
-            return {"round": int(flagged["round"]), "message": str(flagged.get("message", ""))}
-        for record in self.records:
-            if record.get("instability"):
-                return {"round": int(record["round"]), "message": str(record["instability"])}
-        return None
-
-    @property
-    def is_classifier(self) -> bool:
-        return any("test_accuracy" in r for r in self.records)
-
-    @property
-    def machine(self) -> str:
-        """The processor and torch threads run.json records ("unknown" without them)."""
-        machine = (self.info or {}).get("machine") or {}
-        if not machine:
-            return "unknown"
-        threads = machine.get("torch_threads")
-        return f"{machine.get('processor', 'unknown')}, {threads} threads" if threads else str(machine.get("processor", "unknown"))
 
 
 @dataclass(frozen=True)

@@ -17,10 +17,11 @@ import re
 from pathlib import Path
 from typing import Literal
 
-from driftlab.experiments.run_directory import LOCK_FILE, METRICS_FILE, read_run_info
+# A run directory's lock and its failure.txt are the executors' (their workers write them); re-exported here.
+from driftlab.executors.processes import FAILURE_FILE, run_directory_holder
+from driftlab.experiments.run_directory import METRICS_FILE, read_run_info
 
 SWEEP_FILE = "sweep.json"
-FAILURE_FILE = "failure.txt"
 JOBS_FILE = "jobs.json"  # the sweep's record of what it submitted to SLURM or Ray: run directory -> job id, log paths
 
 RunStatus = Literal["pending", "running", "complete", "interrupted", "diverged", "failed"]
@@ -52,27 +53,6 @@ def run_status(run_dir: Path, rounds: int) -> RunStatus:
     if status in ("diverged", "failed"):
         return status
     return "interrupted"  # running (killed without a chance to say so) or interrupted
-
-
-def run_directory_holder(run_dir: Path) -> int | None:
-    """The process id holding ``run_dir``'s lock (0 when it does not say), or None when no live process holds it.
-
-    Only a probe: the lock is released at once. Called under the sweep's own lock, before this sweep starts the run.
-    """
-    import fcntl  # POSIX only; imported here so that importing driftlab works everywhere
-
-    try:
-        handle = open(run_dir / LOCK_FILE, "rb")
-    except FileNotFoundError:
-        return None
-    with handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            found = re.search(rb"\d+", handle.read(64))
-            return int(found.group()) if found else 0
-        fcntl.flock(handle, fcntl.LOCK_UN)
-    return None
 
 
 __all__ = ["FAILURE_FILE", "JOBS_FILE", "SWEEP_FILE", "RunStatus", "run_directory_holder", "run_status", "slug"]

@@ -9,8 +9,11 @@ dies; a run whose directory another live process holds is reported as running
 elsewhere and never given a second writer.
 
 Where runs execute is the executor's business (``driftlab.executors``: local
-processes, SLURM jobs through submitit, Ray tasks); every one starts each run through
-``worker_main`` (``start_worker``), so results are the same byte for byte.
+processes, SLURM jobs through submitit, Ray tasks, an executor a plugin registers);
+every one starts each run through the same entry point (``driftlab.executors.worker``),
+so results are the same byte for byte. This module imports the executors; they never
+import the sweep. ``worker_main``, ``die_with_parent``, ``process_gone`` and the exit
+codes are re-exported from there, where they now live.
 """
 
 from __future__ import annotations
@@ -20,23 +23,23 @@ import dataclasses
 import json
 import os
 import signal
-import subprocess
-import sys
-import time
-import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import Any, Callable, Sequence
 
-from driftlab.experiments.config import ConfigError, ExperimentConfig, config_from_record
-from driftlab.experiments.run_directory import CONFIG_FILE, RunDirectoryBusy, read_run_info, write_atomically
-from driftlab.experiments.sweep import directory
+from driftlab.errors import ConfigError
+from driftlab.executors import processes
+from driftlab.executors.processes import EXIT_BUSY, EXIT_COMPLETE, EXIT_DIVERGED, EXIT_FAILED, EXIT_INTERRUPTED
+from driftlab.executors.processes import process_gone
+from driftlab.executors.registry import ExecutorEntry, ExecutorOptions, resolve
+from driftlab.executors.tasks import Events, RunTask, TaskResult
+# re-exported: the worker's entry point lived here, and driftlab.experiments.sweep still offers it
+from driftlab.executors.worker import die_with_parent, worker_main
+from driftlab.experiments.config import ExperimentConfig, config_from_record
+from driftlab.experiments.run_directory import CONFIG_FILE, read_run_info, write_atomically
 from driftlab.experiments.sweep.directory import FAILURE_FILE, JOBS_FILE, SWEEP_FILE, RunStatus, run_status
 from driftlab.experiments.sweep.planning import PlannedRun, plan, sweep_document
 from driftlab.experiments.sweep.spec import SweepSpec
-
-if TYPE_CHECKING:
-    from driftlab.executors import ExecutorOptions
 
 
 @dataclass(frozen=True)
@@ -63,21 +66,18 @@ def run_sweep(
     """Run every pending run of ``spec`` on ``executor`` (default: up to ``jobs`` local processes); returns each run's outcome.
 
     Locally, threads are split between processes (``torch.set_num_threads``), so a
-    2-core machine runs two single-threaded runs at once; SLURM jobs and Ray tasks
-    use ``threads`` (default: --slurm-cpus, else 1). Ctrl-C or SIGTERM stops every
-    run at its last completed round, checkpointed; run the sweep again to resume,
-    on any executor.
+    2-core machine runs two single-threaded runs at once; other executors use
+    ``threads``, by default their entry's (``Layout``: SLURM's --slurm-cpus, else 1).
+    Ctrl-C or SIGTERM stops every run at its last completed round, checkpointed; run
+    the sweep again to resume, on any executor. An executor a plugin registers can be
+    named: the sweep's plugins are imported (by planning its runs) before it is looked up.
     """
-    from driftlab.executors import ExecutorOptions, check_options
-
-    options = executor or ExecutorOptions()
-    if jobs is not None:
-        options = dataclasses.replace(options, jobs=jobs)
     if threads is not None and threads < 1:
         raise ConfigError(f"threads per run must be at least 1, got {threads}")
-    check_options(options)
     out = Path(out_dir)
-    runs = plan(spec, scale, extra_overrides)
+    runs = plan(spec, scale, extra_overrides)  # imports the plugins of the sweep and its base config
+    entry, options = _executor(executor or ExecutorOptions(), jobs)
+    entry.check(options)
     if trackers is not None:  # --log: not an override, so a sweep's runs can be resumed with logging turned on or off
         runs = [dataclasses.replace(r, config=r.config.model_copy(update={"log": tuple(trackers)})) for r in runs]
     from driftlab.experiments.trackers import check_trackers_installed
@@ -90,20 +90,30 @@ def run_sweep(
         for r in runs:
             check_run_directory(out / r.dir, r.config)
         _write_json(out / SWEEP_FILE, document)
-        return _run_planned(spec, out, runs, options, threads, retry_diverged, log)
+        return _run_planned(spec, out, runs, entry, options, threads, retry_diverged, log)
+
+
+def _executor(executor: ExecutorOptions, jobs: int | None) -> tuple[ExecutorEntry, Any]:
+    """The executor's entry and options, with ``jobs`` (``run_sweep``'s parallel processes) set on options that have it."""
+    entry, options = resolve(executor)
+    if jobs is None:
+        return entry, options
+    if "jobs" not in entry.option_names():
+        names = ", ".join(entry.option_names()) or "none"
+        raise ConfigError(f"jobs={jobs}: executor {entry.name!r} has no jobs option (its options: {names})")
+    return entry, dataclasses.replace(options, jobs=jobs)
 
 
 def _run_planned(
     spec: SweepSpec,
     out: Path,
     runs: list[PlannedRun],
-    options: ExecutorOptions,
+    entry: ExecutorEntry,
+    options: Any,
     threads: int | None,
     retry_diverged: bool,
     log: Callable[[str], None],
 ) -> list[RunOutcome]:
-    from driftlab.executors import Events, RunTask, TaskResult, execute
-
     outcomes: dict[str, RunOutcome] = {}
     todo: list[PlannedRun] = []
     for r in runs:
@@ -113,15 +123,9 @@ def _run_planned(
         else:
             todo.append(r)
     skipped = len(runs) - len(todo)
-    if options.name == "local":
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1  # the cores this process may use
-        jobs = max(1, min(options.jobs or cores, max(len(todo), 1)))
-        threads = threads or max(1, cores // jobs)
-        options = dataclasses.replace(options, jobs=jobs)
-        log(f"sweep {spec.name}: {len(runs)} runs, {skipped} already finished, {len(todo)} to run in {jobs} process(es) x {threads} thread(s)")
-    else:
-        threads = threads or (options.slurm_cpus if options.name == "slurm" else None) or 1
-        log(f"sweep {spec.name}: {len(runs)} runs, {skipped} already finished, {len(todo)} to run as {options.name} jobs x {threads} thread(s)")
+    layout = entry.layout_for(options, len(todo))
+    threads = threads or layout.threads
+    log(f"sweep {spec.name}: {len(runs)} runs, {skipped} already finished, {len(todo)} to run {layout.where} x {threads} thread(s)")
 
     by_key = {r.dir: r for r in todo}
     done = skipped
@@ -130,7 +134,7 @@ def _run_planned(
     def started(task: RunTask, resume: bool, job: dict[str, Any]) -> None:
         if job.get("job_id"):
             submitted[task.key] = job
-            _write_json(out / JOBS_FILE, {"executor": options.name, "runs": submitted})
+            _write_json(out / JOBS_FILE, {"executor": entry.name, "runs": submitted})
             log(f"  submit  {_name(by_key[task.key])}  (job {job['job_id']})" + ("  (resuming)" if resume else ""))
         else:
             log(f"  start  {_name(by_key[task.key])}" + ("  (resuming)" if resume else ""))
@@ -144,7 +148,7 @@ def _run_planned(
             log(f"  running  {_name(r)}  [{done}/{len(runs)}]  {outcomes[r.dir].message}")
             return
         status = _status_from_exit(result.exit_code)
-        message = _elsewhere(directory.run_directory_holder(out / r.dir) or 0) if status == "running" else _message(out / r.dir)
+        message = _elsewhere(processes.run_directory_holder(out / r.dir) or 0) if status == "running" else _message(out / r.dir)
         outcome = RunOutcome(r, status, message or result.job.get("error", "") or _exit_message(result.exit_code), result.seconds)
         outcomes[r.dir] = outcome
         log(f"  {status:<8s} {_name(r)}  [{done}/{len(runs)}, {_duration(outcome.seconds)}]" + (f"  {outcome.message}" if outcome.message else ""))
@@ -152,12 +156,11 @@ def _run_planned(
     def interrupted() -> None:
         log("sweep interrupted: stopping runs at their last completed round (checkpointed); run the same command again to resume")
 
-    local = options.name == "local"
-    tasks = [RunTask(r.dir, out / r.dir if local else (out / r.dir).absolute(), r.config.to_dict(), threads, _name(r), os.getcwd()) for r in todo]
-    previous = _read_jobs(out)
-    if previous and not local:
-        submitted.update(previous.get("runs", {}))
-    execute(tasks, options, Events(started, finished, interrupted))
+    # Run directories as the sweep names them, with its working directory: an executor whose workers run
+    # elsewhere makes them absolute (``executors.tasks.absolute``).
+    tasks = [RunTask(r.dir, out / r.dir, r.config.to_dict(), threads, _name(r), os.getcwd()) for r in todo]
+    submitted.update(_read_jobs(out).get("runs", {}))  # jobs.json keeps the jobs of earlier invocations too
+    entry.execute(tasks, options, Events(started, finished, interrupted))
     return [outcomes[r.dir] for r in runs if r.dir in outcomes]
 
 
@@ -285,136 +288,7 @@ def _write_json(path: Path, content: dict[str, Any]) -> None:
     write_atomically(path, lambda tmp: tmp.write_text(text))
 
 
-def in_main_thread() -> bool:
-    import threading
-
-    return threading.current_thread() is threading.main_thread()
-
-
-# ---------------------------------------------------------------- a run's process
-
-
-def start_worker(
-    run_dir: Path, config: dict[str, Any], resume: bool, threads: int, executor: dict[str, Any] | None = None, cwd: str | None = None
-) -> subprocess.Popen:
-    """A fresh interpreter per run: nothing of the caller's script is re-imported (as multiprocessing's spawn would),
-    and it shares the terminal's process group, so Ctrl-C reaches it and it checkpoints.
-
-    ``config`` is the resolved config table; ``executor`` (job id, log paths) goes into the run's run.json;
-    ``cwd`` is where relative paths of the config (data.root) are read from: the sweep's working directory.
-    """
-    arguments = {"run_dir": str(run_dir), "config": config, "resume": resume, "threads": threads, "parent": os.getpid()}
-    if executor:
-        arguments["executor"] = executor
-    arguments = json.dumps(arguments)
-    return subprocess.Popen([sys.executable, "-c", "import sys; from driftlab.experiments.sweep.execution import worker_main; worker_main(sys.argv[1])", arguments], cwd=cwd)
-
-
-# Exit codes of a run's process; a run killed by a signal shows as minus the signal's number.
-EXIT_COMPLETE, EXIT_FAILED, EXIT_DIVERGED, EXIT_BUSY, EXIT_INTERRUPTED = 0, 1, 3, 4, 130
-
-
-def _worker(run_dir: str, config_table: dict[str, Any], resume: bool, threads: int, run_info: dict[str, Any]) -> None:
-    """Child process: one run; exits with EXIT_COMPLETE, EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_BUSY (another process
-    holds the run directory: nothing written) or EXIT_FAILED (see failure.txt)."""
-    import torch
-
-    from driftlab.experiments.runner import run
-
-    torch.set_num_threads(threads)
-    signal.signal(signal.SIGTERM, _stop_at_first_termination)
-    out = Path(run_dir)
-    try:
-        # The plugins the config records are imported here: this is a fresh interpreter.
-        run(config_from_record(config_table), out, resume=resume, run_info=run_info)
-    except FloatingPointError:
-        sys.exit(EXIT_DIVERGED)  # run.json holds the message
-    except KeyboardInterrupt:
-        sys.exit(EXIT_INTERRUPTED)
-    except RunDirectoryBusy as error:
-        print(f"driftlab: {error}", file=sys.stderr)
-        sys.exit(EXIT_BUSY)  # the directory is another process's: write nothing into it
-    except BaseException as error:  # noqa: BLE001 - any failure is recorded for the sweep and the user
-        out.mkdir(parents=True, exist_ok=True)
-        detail = str(error) if isinstance(error, ConfigError) else traceback.format_exc()
-        (out / FAILURE_FILE).write_text(f"{type(error).__name__}: {error}\n\n{detail}")
-        sys.exit(EXIT_FAILED)
-
-
-def _stop_at_first_termination(signum, frame):  # noqa: ARG001
-    """SIGTERM: stop the run (it checkpoints, then exits); later ones are ignored so they cannot cut the checkpoint short.
-
-    A sweep killed outright sends several: the parent-death signal comes again as each of the
-    sweep's threads in turn exits and the run is handed to the next.
-    """
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    raise KeyboardInterrupt(f"terminated by signal {signum}")
-
-
-PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
-
-
-def die_with_parent(parent: int) -> None:
-    """Make this run's process stop (SIGTERM: checkpoint, then exit) when the sweep that started it dies.
-
-    Without this, a sweep killed with SIGKILL leaves its runs going, and the next sweep on the directory
-    would start a second writer on each. Linux delivers SIGTERM on the parent's death (prctl); elsewhere
-    a daemon thread watches for this process being handed to another parent.
-    """
-    first_parent = os.getppid()  # `parent`, unless sys.executable is a wrapper that forks
-    if not _ask_for_parent_death_signal():
-        import threading
-
-        def watch() -> None:
-            while os.getppid() == first_parent:
-                time.sleep(0.5)
-            os.kill(os.getpid(), signal.SIGTERM)
-
-        threading.Thread(target=watch, name="driftlab-parent-watch", daemon=True).start()
-    if first_parent != parent and process_gone(parent):  # the sweep died before the request above took effect
-        sys.exit(EXIT_INTERRUPTED)
-
-
-def process_gone(pid: int) -> bool:
-    """Whether process ``pid`` has ended (a zombie waiting to be reaped has ended)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return Path("/proc/self").exists()  # no /proc at all (macOS): os.kill said it lives
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
-
-
-def _ask_for_parent_death_signal() -> bool:
-    if not sys.platform.startswith("linux"):
-        return False
-    import ctypes
-
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0) == 0
-    except (OSError, AttributeError):
-        return False
-
-
-def worker_main(arguments: str) -> None:
-    """Entry point of a run's interpreter (see ``start_worker``)."""
-    parsed = json.loads(arguments)
-    die_with_parent(parsed["parent"])
-    if parsed.get("executor"):
-        if parsed["executor"].get("executor") == "slurm" and hasattr(signal, "SIGUSR2"):
-            # SLURM's pre-emption warning (submitit's USR2) may reach every process of the job, and would kill
-            # this one outright; the job's own process handles it by stopping this run (SIGTERM: checkpoint, exit).
-            signal.signal(signal.SIGUSR2, signal.SIG_IGN)
-    run_info = {"executor": parsed["executor"]} if parsed.get("executor") else {}
-    _worker(parsed["run_dir"], parsed["config"], parsed["resume"], parsed["threads"], run_info)
-
-
-__all__ = ["EXIT_BUSY", "EXIT_COMPLETE", "EXIT_DIVERGED", "EXIT_FAILED", "EXIT_INTERRUPTED", "RunOutcome", "die_with_parent", "process_gone", "run_sweep", "worker_main"]
+__all__ = [
+    "EXIT_BUSY", "EXIT_COMPLETE", "EXIT_DIVERGED", "EXIT_FAILED", "EXIT_INTERRUPTED", "RunOutcome", "die_with_parent",
+    "process_gone", "run_sweep", "worker_main",
+]

@@ -18,17 +18,17 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from driftlab.algorithms import registry
+from driftlab.errors import ConfigError
 from driftlab.experiments.config import (
     DEFAULT_ALGORITHM,
-    ConfigError,
     ExperimentConfig,
     algorithms_with_key,
     apply_overrides,
-    did_you_mean,
     load_config,
     read_config_source,
 )
 from driftlab.experiments.sweep.directory import slug
+from driftlab.plugins import did_you_mean
 from driftlab.experiments.sweep.spec import Axis, AxisValue, Scale, SweepSpec
 
 SWEEP_FORMAT = 1

@@ -51,10 +51,11 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, Sequence
 
-from driftlab.algorithms import registry
-from driftlab.experiments.config import MAX_CONFIG_BYTES, ConfigError, check_toml_shape, parse_override, parse_toml, read_config_text
+from driftlab.errors import ConfigError
+from driftlab.experiments.config import MAX_CONFIG_BYTES, check_toml_shape, parse_override, parse_toml, read_config_text
 from driftlab.experiments.shipped import SWEEP_PACKAGE, sweep_names
 from driftlab.experiments.sweep.directory import slug
+from driftlab.plugins import resolve_plugin
 
 Role = Literal["setting", "method"]
 
@@ -172,7 +173,7 @@ def sweep_from_table(table: dict[str, Any], origin: str, name: str, folder: Path
     reference = table.get("steps_reference")
     if reference is not None and reference not in {v.label for a in axes if a.role == "method" for v in a.values}:
         raise ConfigError(f"{origin}: steps_reference={reference!r} is not a method label of any axis with role = \"method\"")
-    plugins = tuple(registry.resolve_plugin(plugin, folder) for plugin in _list(table, "plugins", origin, str))
+    plugins = tuple(resolve_plugin(plugin, folder) for plugin in _list(table, "plugins", origin, str))
     if not all(plugins):
         raise ConfigError(f"{origin}: `plugins` lists module names or paths of .py files, not empty strings")
     return SweepSpec(

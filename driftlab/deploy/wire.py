@@ -25,7 +25,7 @@ dtype, a scalar of the wrong type, and any NaN or infinity.  It does not
 authenticate: a blob carries no checksum or signature, so a flipped bit
 inside a tensor's bytes decodes as another valid value.  Integrity (and
 secrecy) on the wire depend on the transport: Flower with TLS.  What a
-valid message may say is bounded by the deployment (``deployment``
+valid message may say is bounded by the deployment (``driftlab.deploy.server``
 module docstring: planned weights, reply bounds, the node's own config).
 
 Compressed uploads travel compressed.  ``TernaryVector`` (defined in

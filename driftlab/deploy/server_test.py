@@ -16,10 +16,8 @@ from safetensors.torch import save as save_safetensors
 import driftlab
 from driftlab.experiments.config import ConfigError, load_config
 from driftlab.experiments.report import make_report
-from driftlab.flower import wire
-from driftlab.flower.deployment import (
-    DeploymentClient,
-    DeploymentServer,
+from driftlab.deploy import wire
+from driftlab.deploy.messages import (
     InProcessTransport,
     NoReply,
     RoundOutcome,
@@ -27,14 +25,16 @@ from driftlab.flower.deployment import (
     dataset_loader,
     deployment_model,
     node_clients,
-    run_in_process,
 )
+from driftlab.deploy.node import DeploymentClient
+from driftlab.deploy.server import DeploymentServer, run_in_process
 from driftlab.experiments.assembly import load_data
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 BASE = [
     "seed=0", "precision=float64", "data.name=synthetic", "data.num_clients=8", "sampling.participation=0.5",
     "model.name=mlp", "model.hidden=[8]", "client.epochs=1", "client.batch_size=10", "client.lr=0.05", "backend=sequential",
+    "keep_checkpoint=true",  # several tests extend a completed run, which continues from its checkpoint only when it keeps it
 ]
 ALGORITHMS: dict[str, list[str]] = {
     "fedavg": ["algorithm.name=fedavg"],
@@ -168,7 +168,7 @@ def test_the_same_config_run_twice_on_one_state_directory_equals_the_simulator_b
 
 
 def test_nodes_are_asked_to_register_again_only_when_the_connected_nodes_change(tmp_path):
-    from driftlab.flower.deployment import RegistrationQuery
+    from driftlab.deploy.messages import RegistrationQuery
 
     config = _config(*ALGORITHMS["fedavg"], rounds=4)
     queries: list[int] = []
@@ -233,7 +233,7 @@ def test_clients_that_never_register_stop_the_run_with_their_ids(tmp_path):
     config = _config("algorithm.name=fedavg", rounds=1)
     nodes = _Nodes(config, tmp_path / "state")
     transport = InProcessTransport({0: nodes.handler(0), 1: nodes.handler(1)})  # node 2 (clients 2, 5) never starts
-    from driftlab.flower.deployment import Timeouts
+    from driftlab.deploy.server import Timeouts
 
     server = DeploymentServer(config, tmp_path / "out", transport, timeouts=Timeouts(first_registration=0.0), log=lambda text: None)
     with pytest.raises(ConfigError, match=r"2 of the run's 8 clients did not register .*clients 2, 5"):
@@ -245,7 +245,7 @@ def test_a_node_with_another_config_is_named_with_its_reason_when_its_clients_ne
     nodes = _Nodes(config, tmp_path / "state")
     other = _Nodes(config.model_copy(update={"client": config.client.model_copy(update={"lr": 0.07})}), tmp_path / "other_state")
     transport = InProcessTransport({0: nodes.handler(0), 1: nodes.handler(1), 2: other.handler(2)})
-    from driftlab.flower.deployment import Timeouts
+    from driftlab.deploy.server import Timeouts
 
     lines: list[str] = []
     server = DeploymentServer(config, tmp_path / "out", transport, timeouts=Timeouts(first_registration=0.0), log=lines.append)
@@ -273,7 +273,7 @@ def _run_with_a_node_joining_in_round_2(config, out, nodes, joining):
 
 def test_a_client_stays_with_its_node_when_another_claims_it_and_absurd_counts_are_refused(tmp_path):
     """Node 5 connects in round 2 and claims client 0 (hosted by node 10, without its token) and clients 1 and 3 with 0 and 2**62 examples."""
-    from driftlab.flower.deployment import Registration, RegistrationQuery
+    from driftlab.deploy.messages import Registration, RegistrationQuery
 
     config = _config(*ALGORITHMS["scaffold"], rounds=3)
     honest, _ = _deploy(config, tmp_path / "honest", _Nodes(config, tmp_path / "honest_state"))
@@ -593,3 +593,76 @@ def test_a_replayed_train_request_is_refused_and_leaves_the_staged_state_alone(t
     with pytest.raises(Exception, match=f"replay: a request for round {older}"):
         node.handle(requests[(older, client_id)])
     assert node._state(client_id).staged_round == 3  # still waiting for the server's word
+
+
+# ---------------------------------------------------------------- the run's life: the simulator's (experiments.lifecycle)
+
+
+def test_a_deployment_logs_every_round_to_its_trackers_once(tmp_path):
+    pytest.importorskip("tensorboard")
+    from driftlab.experiments.trackers_test import _assert_same_series, _expected, _tensorboard_series
+
+    config = _config(*ALGORITHMS["fedavg"], "log=[\"tensorboard\"]", rounds=3)
+    _deploy(config, tmp_path / "out", _Nodes(config, tmp_path / "state"))
+    assert [step for step, _ in _tensorboard_series(tmp_path / "out")["model_norm"]] == [1, 2, 3]
+    _assert_same_series(_tensorboard_series(tmp_path / "out"), _expected(tmp_path / "out"))
+
+
+def _diverging(*extra: str):
+    # The loss climbs from round 1 on (client.lr far too large) but every reply stays finite, so the nodes' messages
+    # are aggregated and the evaluated loss crosses divergence_factor x the initial model's in a later round.
+    return _config(*ALGORITHMS["fedavg"], *DIVERGING, *extra, rounds=6)
+
+
+DIVERGING = ["client.lr=0.5", "evaluation.divergence_factor=3", "checkpoint_every=100"]
+
+
+def test_a_diverging_deployment_stops_as_the_simulator_does_naming_the_last_checkpoint(tmp_path):
+    config = _diverging()
+    with pytest.raises(FloatingPointError) as simulated:
+        driftlab.run(config, tmp_path / "run")
+    with pytest.raises(FloatingPointError) as deployed:
+        _deploy(config, tmp_path / "deployed", _Nodes(config, tmp_path / "state"))
+    message = str(deployed.value)
+    assert message == str(simulated.value).replace(str(tmp_path / "run"), str(tmp_path / "deployed"))
+    info = json.loads((tmp_path / "deployed" / "run.json").read_text())
+    diverged_in = int(message.split("diverged in round ")[1].split(":")[0])
+    assert diverged_in >= 2 and (info["status"], info["rounds_done"]) == ("diverged", diverged_in - 1)
+    assert f"The checkpoint of round {diverged_in - 1}, the last healthy round, is kept in {tmp_path / 'deployed'}" in message
+    assert len(run_directory_records(tmp_path / "deployed")) == diverged_in - 1  # the diverged round is not recorded
+
+
+def test_a_completed_deployment_drops_its_checkpoint_unless_keep_checkpoint(tmp_path):
+    for keep in (False, True):
+        config = _config(*ALGORITHMS["scaffold"], f"keep_checkpoint={str(keep).lower()}", rounds=2)
+        out = tmp_path / f"keep-{keep}"
+        _deploy(config, out, _Nodes(config, tmp_path / f"state-{keep}"))
+        assert json.loads((out / "run.json").read_text())["status"] == "complete"
+        assert (out / "final_model.safetensors").exists() and (out / "checkpoint.safetensors").exists() == keep
+
+
+def test_a_signal_while_a_deployment_round_commits_waits_until_the_round_is_committed(tmp_path, monkeypatch):
+    import signal
+
+    from driftlab.deploy import server as server_module
+
+    config = _config(*ALGORITHMS["scaffold"], rounds=4)
+    real_write = server_module.DeploymentServer._write_accepted
+    interrupted: list[int] = []
+
+    def ctrl_c_while_writing(self, out):
+        if 2 in self._accepted and not interrupted:
+            interrupted.append(2)
+            signal.raise_signal(signal.SIGINT)  # held until the commit is done
+        real_write(self, out)
+
+    monkeypatch.setattr(server_module.DeploymentServer, "_write_accepted", ctrl_c_while_writing)
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt) as caught:
+        _deploy(config, out, _Nodes(config, tmp_path / "state"))
+    assert interrupted == [2]
+    assert str(caught.value).startswith(f"round 2 is checkpointed in {out}; continue with the deployment's server on {out} again")
+    info = json.loads((out / "run.json").read_text())
+    assert (info["status"], info["rounds_done"]) == ("interrupted", 2)
+    assert [record["round"] for record in run_directory_records(out)] == [1, 2]
+    assert "2" in json.loads((out / "deployment_rounds.json").read_text())["accepted"]  # the commit ran to its end

@@ -16,19 +16,17 @@ import pytest
 import torch
 
 from driftlab.experiments.config import ConfigError
-from driftlab.flower import wire
-from driftlab.flower.deployment import (
-    DeploymentServer,
+from driftlab.deploy import wire
+from driftlab.deploy.messages import (
     InProcessTransport,
     NoReply,
     Registration,
     RegistrationQuery,
     RoundOutcome,
-    Timeouts,
     TrainRequest,
-    out_of_bounds,
 )
-from driftlab.flower.deployment_test import (
+from driftlab.deploy.server import DeploymentServer, Timeouts, out_of_bounds
+from driftlab.deploy.server_test import (
     ALGORITHMS,
     _config,
     _deploy,
@@ -291,7 +289,7 @@ def test_an_algorithm_that_cannot_finish_a_client_that_did_not_move_still_has_it
     """A plugin may divide by its update's norm: the server then checks the planned scalars on a made-up move and
     bounds nothing (no reference to measure from); an honest run still equals the simulator."""
     import driftlab
-    from driftlab.flower import deployment
+    from driftlab.deploy import server as deployment
 
     real = deployment.planned_message
 
@@ -311,7 +309,7 @@ def test_an_algorithm_that_cannot_finish_a_client_that_did_not_move_still_has_it
 
 
 def test_a_tensor_without_a_finite_reference_is_not_measured():
-    from driftlab.flower.deployment import _check_planned
+    from driftlab.deploy.server import _check_planned
 
     distances = {}
     _check_planned((torch.ones(3), torch.ones(2)), (torch.full((3,), float("nan")), torch.zeros(2)), "message", distances)

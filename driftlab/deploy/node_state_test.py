@@ -6,7 +6,7 @@ import torch
 
 from driftlab.algorithms import efl, scaffold
 from driftlab.compress.error_feedback import with_compression
-from driftlab.flower.node_state import NodeClientState, registration_token
+from driftlab.deploy.node_state import NodeClientState, registration_token
 from driftlab.optim.server import make_server_optimizer
 from driftlab.simulation.checkpoint import CheckpointError
 

@@ -12,7 +12,7 @@ from safetensors.torch import save as save_safetensors
 from driftlab.algorithms import adabest, efl, fedavg, feddyn, fedprox, scaffold
 from driftlab.compress.error_feedback import CompressedPayload
 from driftlab.compress.ternary import compress_model
-from driftlab.flower.wire import MessageRejected, TernaryVector, decode, encode, payload_bytes
+from driftlab.deploy.wire import MessageRejected, TernaryVector, decode, encode, payload_bytes
 from driftlab.metrics.communication import BITS_PER_ENTRY, payload_bits
 from driftlab.optim.server import make_server_optimizer
 from driftlab.simulation.seam import ClientContext, ClientUpdate
@@ -341,11 +341,12 @@ def test_inconsistent_compressed_vectors_are_rejected():
     _rejected(_send(dataclasses.replace(payload, payload=dataclasses.replace(payload.payload, params_delta=bad))), template, "are not 3 distinct increasing indices below 30")
 
 
-def test_the_package_imports_without_flower():
+def test_the_deploy_package_and_the_flower_project_module_import_without_flower():
     import subprocess
     import sys
 
-    code = "import sys, driftlab.flower.wire, driftlab.flower.node_state; assert 'flwr' not in sys.modules, 'flwr was imported'"
+    modules = "driftlab.deploy.wire, driftlab.deploy.node_state, driftlab.deploy.messages, driftlab.deploy.node, driftlab.deploy.server"
+    code = f"import sys, {modules}, driftlab.flower.project; assert 'flwr' not in sys.modules, 'flwr was imported'"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
 
@@ -364,7 +365,7 @@ def test_strings_round_trip_and_a_string_of_another_type_is_rejected():
 
 
 def test_the_envelope_is_read_before_decoding_and_names_the_payload_type():
-    from driftlab.flower.wire import Envelope, read_envelope, type_name
+    from driftlab.deploy.wire import Envelope, read_envelope, type_name
 
     envelope = read_envelope(_send(_Named("bf16", 3), round=4, client_id=2), max_bytes=LIMIT)
     assert envelope == Envelope(RUN, 4, 2, type_name(_Named))

@@ -1,8 +1,11 @@
 """A deployment of a driftlab run: the server half and the node half, over any transport that moves bytes.
 
-This module knows nothing of Flower (``driftlab.flower.apps`` adapts it to a
+This package knows nothing of Flower (``driftlab.flower.apps`` adapts it to a
 Flower ServerApp and ClientApp); it runs the simulator's own functions on
-both sides, so a deployment computes what the simulator computes:
+both sides, so a deployment computes what the simulator computes, and the
+server runs the simulator's run lifecycle (``driftlab.experiments.lifecycle``),
+so its run directory, trackers, signals, divergence and ``keep_checkpoint``
+behave as ``driftlab run``'s:
 
 server (``DeploymentServer``)
     asks the connected nodes which clients they host and their sample
@@ -132,231 +135,53 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
-from safetensors.torch import save_file
 
-from driftlab.algorithms import registry
-from driftlab.compress.error_feedback import CompressedPayload
-from driftlab.compress.ternary import TernaryVector
-from driftlab.compress.ternary import compress_model
 from driftlab.data.federated import FederatedDataset
-from driftlab.errors import ConfigError
-from driftlab.experiments import run_directory
-from driftlab.experiments.assembly import (
-    build_algorithm,
-    build_model,
-    build_simulation,
-    configured_algorithm,
-    load_data,
-    resolve_device,
-    round_plan,
+from driftlab.deploy import wire
+from driftlab.deploy.messages import (
+    MAX_NUM_SAMPLES,
+    NODE,
+    RUN_ID,
+    InProcessTransport,
+    Registration,
+    RegistrationQuery,
+    RoundOutcome,
+    TrainReply,
+    TrainRequest,
+    Transport,
+    check_config_deployable,
+    check_deployable,
+    dataset_loader,
+    deployment_model,
+    node_clients,
+    run_fingerprint,
+    size_limit,
 )
+from driftlab.deploy.node import DeploymentClient
+from driftlab.deploy.node_state import TOKEN_BYTES
+from driftlab.errors import ConfigError
+from driftlab.experiments.assembly import build_simulation, load_data
 from driftlab.experiments.config import ExperimentConfig, load_config
-from driftlab.experiments.runner import RunResult, evaluates_after, prepare_output, start_run_info, write_checkpoint
-from driftlab.flower import wire
-from driftlab.flower.node_state import TOKEN_BYTES, NodeClientState, registration_token
-from driftlab.metrics.communication import BITS_PER_ENTRY, payload_bits
-from driftlab.metrics.summary import summarize
-from driftlab.optim.schedules import value_at
-from driftlab.simulation.augmentation import flip_crop_from_keys
+from driftlab.experiments import run_directory
+from driftlab.experiments.lifecycle import RunResult, run_rounds
+from driftlab.experiments.trackers import check_trackers_installed
 from driftlab.simulation.checkpoint import write_atomically
-from driftlab.simulation.client import ClientData, ClientSettings, run_client
-from driftlab.simulation.engine import SimulationState, finish_round, plan_round
-from driftlab.simulation.flat import FlatModel
-from driftlab.simulation.local_training import LocalSettings, TrainingData
-from driftlab.simulation.precision import parameter_dtype
+from driftlab.simulation.engine import Simulation, SimulationState, finish_round, plan_round
 from driftlab.simulation.seam import Algorithm, ClientContext, ClientUpdate
 from driftlab.simulation.state_store import InMemoryClientStore
 
-LOGGER = logging.getLogger("driftlab.flower")
+LOGGER = logging.getLogger("driftlab.deploy")
 ROUNDS_FILE = "deployment_rounds.json"  # per round, the clients whose replies the server accepted
-NODE = -1  # the client id in the envelope of a node's own messages (registration)
-_SLACK_BYTES = 1 << 16  # a message may exceed twice its template's size by this much (headers, scalars)
-_RUN_ID = re.compile(r"[0-9a-f]{32}")  # uuid4().hex, made by the server on a fresh start, kept by a resume
 _DIGEST = re.compile(r"[0-9a-f]{64}")  # a registration token's SHA-256, as ROUNDS_FILE keeps it
-MAX_NUM_SAMPLES = 1 << 40  # a registered count above this is refused (a node's claim, not a data set)
-
-
-def run_fingerprint(config_fingerprint: str, run_id: str) -> str:
-    """What a run's envelopes and node states are tied to: the same config run twice gets two run ids, so two of them."""
-    return f"{config_fingerprint}/{run_id}"
-
-
-# ---------------------------------------------------------------- messages (all travel through wire.encode)
-
-
-@dataclass(frozen=True)
-class RegistrationQuery:
-    """Server -> node, before each round: which clients do you host?"""
-
-    round: int  # the round about to be planned
-
-
-@dataclass(frozen=True)
-class Registration:
-    """Node -> server: the node's clients, their training examples and the tokens that prove the node holds them."""
-
-    num_samples: torch.Tensor  # int64 [num_clients]: client k's training examples on this node, -1 where it hosts no client k
-    tokens: torch.Tensor  # uint8 [num_clients, TOKEN_BYTES]: client k's registration token (node_state.registration_token); 0 elsewhere
-
-
-@dataclass(frozen=True)
-class TrainRequest:
-    """Server -> node, for one client: train this round."""
-
-    view: Any  # algorithm.broadcast(server state)
-    context: ClientContext
-    settings: ClientSettings
-    aggregated_round: int  # the last round whose reply from this client the server aggregated; 0: none
-
-
-@dataclass(frozen=True)
-class TrainReply:
-    """Node -> server: the client's message (None: it sends nothing) and the local steps it did."""
-
-    message: Any  # the algorithm's message in its wire form (a compressed message without its dense model part)
-    steps_done: int
-
-
-@dataclass(frozen=True)
-class RoundOutcome:
-    """Server -> node, for one client, once the round is recorded: commit or drop the state staged in this round."""
-
-    aggregated: bool
-
-
-@dataclass(frozen=True)
-class Acknowledged:
-    """Node -> server: the client's committed round after a ``RoundOutcome`` (0: none)."""
-
-    committed_round: int
-
-
-class RequestRefused(ValueError):
-    """A node refuses a request (not for this run, not its client, a replay, a state it cannot continue from); the reason says why."""
-
-
-class NoReply(Exception):
-    """Raised by an ``InProcessTransport`` node handler: its reply misses the deadline (a late or lost reply)."""
-
-
-# ---------------------------------------------------------------- transport
-
-
-class Transport(Protocol):
-    """Moves request bytes to nodes and reply bytes back; the only thing a Flower adapter implements."""
-
-    def node_ids(self) -> list[int]:
-        """The nodes connected now."""
-        ...
-
-    def exchange(self, requests: Sequence[tuple[int, bytes]], timeout: float) -> dict[int, bytes | str]:
-        """Send every ``(node id, request)`` at once and wait at most ``timeout`` seconds.
-
-        Returns the replies by position in ``requests``: bytes, or a str for an
-        error reply (the node's handler failed; the str says why).  A position
-        missing from the result got no reply in time; a late reply is never returned.
-        """
-        ...
-
-
-@dataclass
-class InProcessTransport:
-    """Calls each node's handler (``DeploymentClient.handle``) directly, in request order.
-
-    A handler raising ``NoReply`` simulates a reply that misses the deadline;
-    any other exception becomes an error reply, as a Flower node's would.
-    """
-
-    nodes: dict[int, Callable[[bytes], bytes]]
-
-    def node_ids(self) -> list[int]:
-        return sorted(self.nodes)
-
-    def exchange(self, requests: Sequence[tuple[int, bytes]], timeout: float) -> dict[int, bytes | str]:  # noqa: ARG002
-        replies: dict[int, bytes | str] = {}
-        for position, (node_id, request) in enumerate(requests):
-            handler = self.nodes.get(node_id)
-            if handler is None:
-                continue
-            try:
-                replies[position] = handler(request)
-            except NoReply:
-                continue
-            except Exception as error:  # noqa: BLE001  (an error reply, as a remote node's)
-                replies[position] = f"{type(error).__name__}: {error}"
-        return replies
-
-
-# ---------------------------------------------------------------- what both sides derive from the config
-
-
-def check_deployable(config: ExperimentConfig, algorithm: Algorithm) -> None:
-    """ConfigError for a configuration a deployment cannot run (module docstring)."""
-    membership_changes = bool(config.availability.events) or config.availability.initially_registered is not None
-    if membership_changes and (algorithm.client_joined is not None or algorithm.client_left is not None):
-        raise ConfigError(
-            f"algorithm {config.algorithm.name!r} updates the server state when clients join or leave "
-            "(availability.events / availability.initially_registered), from those clients' states; in a deployment the "
-            "client states stay on the nodes, so the server cannot do that: remove availability.events and "
-            "availability.initially_registered, or choose an algorithm without client_joined/client_left"
-        )
-    if config.evaluation.model != "server":
-        raise ConfigError(
-            f'evaluation.model = "{config.evaluation.model}" evaluates a mean of client models, which a deployment\'s server '
-            'never receives (only the algorithm\'s messages travel); set evaluation.model = "server"'
-        )
-
-
-def check_config_deployable(config: ExperimentConfig) -> None:
-    """``check_deployable`` from the config alone (no data set or model is built): for the server's start and the CLI."""
-    check_deployable(config, configured_algorithm(config))
-
-
-def round_settings(config: ExperimentConfig, round_index: int) -> ClientSettings:
-    """The round's ``ClientSettings`` as ``plan_round`` builds them, with the config's local precision (``run_client`` uses it)."""
-    return ClientSettings(
-        seed=config.seed,
-        batch_size=config.client.batch_size,
-        local=LocalSettings(value_at(config.client.lr, round_index), config.client.weight_decay, config.client.clip_norm),
-        inexact_gamma=config.client.inexact_gamma,
-        augment=config.data.augment,
-        precision=config.precision,
-    )
-
-
-def _context_template(client_id: int, round_index: int, config: ExperimentConfig) -> ClientContext:
-    return ClientContext(
-        client_id=client_id,
-        round=round_index,
-        num_samples=1,
-        mean_num_samples=1.0,
-        num_registered=1,
-        planned_steps=1,
-        client_lr=value_at(config.client.lr, round_index),
-        multiplicity=1,
-        available_steps=1,
-    )
 
 
 class _ZeroFisher:
     def diagonal_fisher(self, params: torch.Tensor, max_examples: int) -> torch.Tensor:  # noqa: ARG002
         return torch.zeros_like(params)
-
-
-def _wire_form(message: Any) -> Any:
-    """What of a message travels: a compressed message without its dense model part (``CompressedPayload.wire_form``)."""
-    wire_form = getattr(message, "wire_form", None)
-    return wire_form() if callable(wire_form) else message
-
-
-def _received(message: Any, start: torch.Tensor) -> Any:
-    """A message as its client built it, from its wire form and the round's θ_start (``CompressedPayload.rebuilt``)."""
-    rebuilt = getattr(message, "rebuilt", None)
-    return rebuilt(start) if callable(rebuilt) else message
 
 
 def reply_template(algorithm: Algorithm, view: Any, context: ClientContext) -> TrainReply:
@@ -366,7 +191,7 @@ def reply_template(algorithm: Algorithm, view: Any, context: ClientContext) -> T
     moved = params + torch.linspace(-1.0, 1.0, params.numel(), dtype=params.dtype, device=params.device)
     complete = dataclasses.replace(context, available_steps=context.planned_steps)
     _, message = algorithm.client_finish(view, state, complete, ClientUpdate(params, moved, max(1, context.planned_steps), _ZeroFisher()))
-    return TrainReply(_wire_form(message), 0)
+    return TrainReply(algorithm.codec.to_wire(message) if message is not None else None, 0)
 
 
 def planned_message(algorithm: Algorithm, view: Any, context: ClientContext, steps_done: int, moved: bool = False) -> Any:
@@ -385,15 +210,12 @@ def planned_message(algorithm: Algorithm, view: Any, context: ClientContext, ste
     return message
 
 
-def _check_planned(received: Any, planned: Any, path: str, distances: dict[str, float]) -> None:
+def _check_planned(received: Any, planned: Any, path: str, distances: dict[str, float], unplanned: tuple[str, ...] = ()) -> None:
     """MessageRejected where a scalar of ``received`` is not ``planned``'s; each tensor's distance from ``planned``'s into ``distances``.
 
-    A compressed message's ``bits`` (checked against the server's own count)
-    and its ``TernaryVector`` (data; the field rebuilt from it is measured) are
-    not compared.
+    The top-level fields ``unplanned`` (the codec's, ``MessageCodec.unplanned``: a compressed message's ``bits``,
+    which the codec checked, and its compressed model, whose rebuilt field is measured) are not compared.
     """
-    if isinstance(planned, TernaryVector):
-        return
     if planned is None or received is None:
         if planned is not received:
             raise wire.MessageRejected(f"{path} is {'empty' if received is None else 'sent'}, the server planned it {'empty' if planned is None else 'sent'}")
@@ -411,7 +233,7 @@ def _check_planned(received: Any, planned: Any, path: str, distances: dict[str, 
         return
     if dataclasses.is_dataclass(planned):
         for name in (field.name for field in dataclasses.fields(planned)):
-            if not (isinstance(planned, CompressedPayload) and name == "bits"):
+            if name not in unplanned:
                 _check_planned(getattr(received, name), getattr(planned, name), f"{path}/{name}", distances)
         return
     if type(received) is not type(planned) or received != planned:
@@ -461,266 +283,6 @@ def out_of_bounds(
     return rejected, scales
 
 
-def _size_limit(template: Any) -> int:
-    return 2 * len(wire.encode(template, run_fingerprint="", round=0, client_id=0)) + _SLACK_BYTES
-
-
-def node_clients(num_clients: int, num_nodes: int, node_index: int) -> list[int]:
-    """The client ids node ``node_index`` of ``num_nodes`` hosts when clients are dealt round-robin."""
-    if not 0 <= node_index < num_nodes:
-        raise ValueError(f"node index {node_index} is not in 0..{num_nodes - 1}")
-    return list(range(node_index, num_clients, num_nodes))
-
-
-def dataset_loader(dataset: FederatedDataset) -> Callable[[int], tuple[torch.Tensor, torch.Tensor]]:
-    """``load(client_id) -> (inputs, targets)``: client ``client_id``'s training examples of ``dataset``."""
-
-    def load(client_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-        rows = torch.tensor(dataset.client_indices[client_id], dtype=torch.long)
-        inputs = dataset.train_inputs[rows]
-        if dataset.input_normalisation is not None:  # a node holds only its clients' rows: normalised once, as the simulator's batches
-            inputs = dataset.input_normalisation(inputs)
-        return inputs, dataset.train_targets[rows]
-
-    return load
-
-
-def deployment_model(config: ExperimentConfig, data: FederatedDataset | None = None) -> FlatModel:
-    """The model the simulator builds for ``config`` (architecture and loss), on the config's device and precision.
-
-    Its shape and classes come from the config's data set, loaded when ``data`` is not given.
-    """
-    data = data if data is not None else load_data(config)
-    return build_model(config, data, None).to(resolve_device(config.device), parameter_dtype(config.precision))
-
-
-# ---------------------------------------------------------------- the node
-
-
-class DeploymentClient:
-    """The clients ``client_ids`` of one node, answering the server's requests (``handle``).
-
-    ``load(client_id) -> (inputs, targets)`` gives a client's training
-    examples (tensors, one row per example; converted here to the run's
-    device and precision as the simulator converts its data); it is called
-    once per client, at registration.  ``state_dir`` keeps the clients'
-    states (``state_dir/<config fingerprint>/<run id>/client-<id>.safetensors``, the
-    run id taken from the server's requests); a new
-    ``DeploymentClient`` on the same directory continues from the committed
-    states.  ``model`` is the run's model (architecture and loss; its
-    weights do not matter, the server sends them); None builds it from the
-    config (``deployment_model``).
-    """
-
-    def __init__(
-        self,
-        config: ExperimentConfig,
-        client_ids: Sequence[int],
-        load: Callable[[int], tuple[torch.Tensor, torch.Tensor]],
-        state_dir: str | Path,
-        model: FlatModel | None = None,
-    ) -> None:
-        self.config = config
-        self.fingerprint = config.fingerprint()
-        self.client_ids = tuple(sorted({int(client_id) for client_id in client_ids}))
-        bad = [client_id for client_id in self.client_ids if not 0 <= client_id < config.data.num_clients]
-        if bad:
-            raise ConfigError(f"client ids {bad} are not clients of this run: data.num_clients = {config.data.num_clients}")
-        self.model = model if model is not None else deployment_model(config)
-        self.algorithm = build_algorithm(config, self.model)
-        check_deployable(config, self.algorithm)
-        self.device = resolve_device(config.device)
-        self.dtype = parameter_dtype(config.precision)
-        self.initial_params = self.model.initial_parameters().to(self.device, self.dtype)
-        self.state_dir = Path(state_dir) / self.fingerprint  # one subdirectory per run id (``run_fingerprint``)
-        self.run_id: str | None = None  # the run the last request came from; the server makes one per fresh start
-        self._load = load
-        self._data: dict[int, ClientData] = {}
-        self._states: dict[tuple[str, int], NodeClientState] = {}
-        self._view = self.algorithm.broadcast(self.algorithm.server_init(self.initial_params))
-        # The round plan of the simulator for this config: its planned_steps are what the server may ask of this node.
-        self._plan = round_plan(config)
-        self.max_request_bytes = _size_limit(TrainRequest(self._view, _context_template(0, 1, config), round_settings(config, 1), 0))
-
-    # ------------------------------------------------------------------ requests
-
-    def handle(self, request: bytes) -> bytes:
-        """The reply to one request of the server; RequestRefused (or a CheckpointError for an unusable state file) otherwise."""
-        try:
-            envelope = wire.read_envelope(request, max_bytes=self.max_request_bytes)
-        except wire.MessageRejected as error:
-            raise RequestRefused(f"unreadable request: {error.reason}") from None
-        config_fingerprint, _, run_id = str(envelope.run_fingerprint).partition("/")
-        if config_fingerprint != self.fingerprint:
-            raise RequestRefused(f"request of run {envelope.run_fingerprint!r}; this node serves run {self.fingerprint!r} (same config on server and node?)")
-        if not _RUN_ID.fullmatch(run_id):
-            raise RequestRefused(f"request of run {envelope.run_fingerprint!r} without a run id (32 hex digits after the config's fingerprint)")
-        self.run_id = run_id
-        if type(envelope.round) is not int or envelope.round < 1:
-            raise RequestRefused(f"request for round {envelope.round!r}")
-        kinds = {wire.type_name(RegistrationQuery): self._register, wire.type_name(TrainRequest): self._train, wire.type_name(RoundOutcome): self._outcome}
-        answer = kinds.get(envelope.payload_type)
-        if answer is None:
-            raise RequestRefused(f"unknown request type {envelope.payload_type!r}")
-        return answer(request, envelope.round, envelope.client_id)
-
-    @property
-    def run_fingerprint(self) -> str:
-        """What the current run's envelopes carry: the config's fingerprint and the server's run id."""
-        return run_fingerprint(self.fingerprint, self.run_id or "")
-
-    def _decode(self, request: bytes, template: Any, round_index: int, client_id: int) -> Any:
-        try:
-            return wire.decode(
-                request, template, run_fingerprint=self.run_fingerprint, round=round_index, client_id=client_id, max_bytes=self.max_request_bytes
-            )
-        except wire.MessageRejected as error:
-            raise RequestRefused(f"malformed request: {error.reason}") from None
-
-    def _register(self, request: bytes, round_index: int, client_id: Any) -> bytes:
-        self._decode(request, RegistrationQuery(0), round_index, NODE)
-        counts = torch.full((self.config.data.num_clients,), -1, dtype=torch.int64)
-        tokens = torch.zeros((self.config.data.num_clients, TOKEN_BYTES), dtype=torch.uint8)
-        for hosted in self.client_ids:
-            counts[hosted] = self._client_data(hosted).num_samples
-            tokens[hosted] = torch.frombuffer(bytearray(registration_token(self.state_dir / str(self.run_id), hosted)), dtype=torch.uint8)
-        return wire.encode(Registration(counts, tokens), run_fingerprint=self.run_fingerprint, round=round_index, client_id=NODE)
-
-    def _train(self, request: bytes, round_index: int, client_id: Any) -> bytes:
-        client_id = self._hosted(client_id)
-        template = TrainRequest(self._view, _context_template(client_id, round_index, self.config), round_settings(self.config, round_index), 0)
-        asked = self._decode(request, template, round_index, client_id)
-        if asked.context.client_id != client_id or asked.context.round != round_index:
-            raise RequestRefused(f"the request's context is for client {asked.context.client_id}, round {asked.context.round}")
-        data = self._client_data(client_id)
-        if asked.context.num_samples != data.num_samples:
-            raise RequestRefused(f"the server counts {asked.context.num_samples} examples for client {client_id}, the node holds {data.num_samples}")
-        self._check_asked(asked, round_index, data.num_samples)
-        node_state = self._state(client_id)
-        state = None
-        if node_state is not None:
-            # A replayed request must not touch the states: refused before anything is committed or dropped.  The same
-            # round again is no replay when its state is only staged: a restarted server runs that round anew.
-            committed, staged = node_state.committed_round or 0, node_state.staged_round
-            if round_index <= committed or (staged is not None and round_index < staged) or asked.aggregated_round >= round_index:
-                raise RequestRefused(
-                    f"replay: a request for round {round_index} (last aggregated round {asked.aggregated_round}), but client {client_id} "
-                    f"has committed round {committed}" + (f" and staged round {staged}" if staged is not None else "")
-                )
-            self._settle(node_state, asked.aggregated_round)
-            state = node_state.load()
-        new_state, message, steps_done = run_client(self.algorithm, asked.view, state, asked.context, data, asked.settings)
-        if node_state is not None:
-            node_state.stage(round_index, new_state)
-        return wire.encode(TrainReply(_wire_form(message), steps_done), run_fingerprint=self.run_fingerprint, round=round_index, client_id=client_id)
-
-    def _check_asked(self, asked: TrainRequest, round_index: int, num_samples: int) -> None:
-        """RequestRefused for work this node's config does not give: the node trains only what its own config plans.
-
-        A server (or whoever speaks for it) asking for 10**9 steps, an unknown
-        precision or another learning rate would otherwise make the node
-        allocate, compute or train whatever it is told.
-        """
-        settings = round_settings(self.config, round_index)
-        if asked.settings != settings:
-            raise RequestRefused(
-                f"the server asks for the round settings {asked.settings}, this node's config gives {settings} "
-                "(same config on server and node?)"
-            )
-        context = asked.context
-        lr = value_at(self.config.client.lr, round_index)
-        if context.client_lr != lr:
-            raise RequestRefused(f"the server asks for client learning rate {context.client_lr!r} in round {round_index}, this node's config gives {lr!r}")
-        planned = self._plan.planned_steps(num_samples, round_index)
-        if context.planned_steps != planned:
-            raise RequestRefused(
-                f"the server plans {context.planned_steps} local steps for client {context.client_id} in round {round_index}, "
-                f"this node's config plans {planned}"
-            )
-        if context.available_steps is not None and not 1 <= context.available_steps <= planned:
-            raise RequestRefused(f"the server makes {context.available_steps} local steps available, the plan is 1..{planned}")
-        clients = self.config.data.num_clients
-        if not 1 <= context.multiplicity <= clients or not 1 <= context.num_registered <= clients:
-            raise RequestRefused(
-                f"multiplicity {context.multiplicity} and {context.num_registered} registered clients: this run has {clients} clients"
-            )
-        if not (math.isfinite(context.mean_num_samples) and 0 < context.mean_num_samples <= MAX_NUM_SAMPLES):
-            raise RequestRefused(f"mean number of examples {context.mean_num_samples!r}: expected a count in (0, {MAX_NUM_SAMPLES}]")
-
-    def _settle(self, node_state: NodeClientState, aggregated_round: int) -> int:
-        """Commit the staged state the server aggregated, drop any other; the committed round, checked against the server's."""
-        staged = node_state.staged_round
-        if staged is not None:
-            if staged == aggregated_round:
-                node_state.commit(staged)
-            else:
-                node_state.drop(staged)
-        committed = node_state.committed_round or 0
-        if committed != aggregated_round:
-            raise RequestRefused(
-                f"client {node_state.client_id}'s committed state is of round {committed}, but the server last aggregated its reply "
-                f"of round {aggregated_round}: this node's state directory {node_state.directory} is not the one the client trained "
-                "with (lost or replaced); the client stays inactive rather than break the algorithm's invariants"
-            )
-        return committed
-
-    def _outcome(self, request: bytes, round_index: int, client_id: Any) -> bytes:
-        client_id = self._hosted(client_id)
-        outcome = self._decode(request, RoundOutcome(False), round_index, client_id)
-        node_state = self._state(client_id)
-        committed = 0
-        if node_state is not None:
-            if node_state.staged_round == round_index:
-                if outcome.aggregated:
-                    node_state.commit(round_index)
-                else:
-                    node_state.drop(round_index)
-            committed = node_state.committed_round or 0
-        return wire.encode(Acknowledged(committed), run_fingerprint=self.run_fingerprint, round=round_index, client_id=client_id)
-
-    # ------------------------------------------------------------------ clients
-
-    def _hosted(self, client_id: Any) -> int:
-        if type(client_id) is not int or client_id not in self.client_ids:
-            raise RequestRefused(f"client {client_id!r} is not hosted on this node (it hosts {list(self.client_ids)})")
-        return client_id
-
-    def _client_data(self, client_id: int) -> ClientData:
-        if client_id not in self._data:
-            inputs, targets = self._load(client_id)
-            inputs, targets = torch.as_tensor(inputs), torch.as_tensor(targets)
-            if len(inputs) != len(targets):
-                raise ValueError(f"load({client_id}) gave {len(inputs)} inputs but {len(targets)} targets")
-            inputs = inputs.to(self.device, self.dtype if inputs.is_floating_point() else inputs.dtype)
-            targets = targets.to(self.device, self.dtype if targets.is_floating_point() else targets.dtype)
-            augment = flip_crop_from_keys if self.config.data.augment else None
-            rows = torch.arange(len(inputs), device=self.device)
-            self._data[client_id] = ClientData(self.model, TrainingData(inputs, targets, augment), rows)
-        return self._data[client_id]
-
-    def _state(self, client_id: int, run_id: str | None = None) -> NodeClientState | None:
-        """Client ``client_id``'s state in run ``run_id`` (default: the current run): each run of a config keeps its own directory."""
-        init = self.algorithm.client_state_init
-        if init is None:
-            return None
-        run_id = run_id or self.run_id
-        if run_id is None:
-            raise RequestRefused("no request of the server has named its run yet")
-        key = (run_id, client_id)
-        if key not in self._states:
-            initial = self.initial_params
-            self._states[key] = NodeClientState(
-                self.state_dir / run_id, client_id, run_fingerprint(self.fingerprint, run_id), init(initial), lambda: init(initial)
-            )
-        return self._states[key]
-
-    def committed_state(self, client_id: int, run_id: str | None = None) -> Any:
-        """Client ``client_id``'s committed state in run ``run_id`` (default: the current run; the run id is in the server's
-        ROUNDS_FILE); its initial state when none is committed, None for a stateless algorithm."""
-        node_state = self._state(self._hosted(client_id), run_id)
-        return node_state.load() if node_state is not None else None
-
-
 # ---------------------------------------------------------------- the server
 
 
@@ -749,7 +311,9 @@ class DeploymentServer:
     locked the same way; ``resume`` continues from its checkpoint).  ``data``
     is the run's data set for evaluation (the config's is loaded when None).
     Every rejected, late, missing or error reply is logged (``log``, default
-    the "driftlab.flower" logger) and kept in ``rejections``.
+    the "driftlab.deploy" logger) and kept in ``rejections``.  The run's life
+    (resume, checkpoints, trackers, signals, divergence, ``keep_checkpoint``)
+    is ``driftlab.experiments.lifecycle``'s, as for ``driftlab run``.
     """
 
     config: ExperimentConfig
@@ -767,6 +331,8 @@ class DeploymentServer:
     def run(self) -> RunResult:
         config = self.config if isinstance(self.config, ExperimentConfig) else load_config(self.config)
         check_config_deployable(config)  # before the run directory is touched
+        if config.log:
+            check_trackers_installed(config.log)  # before any work, as driftlab run
         out = run_directory.output_directory(self.out_dir)
         lock = run_directory.claim_run_directory(out, config, self.resume)
         try:
@@ -782,7 +348,13 @@ class DeploymentServer:
         check_deployable(config, sim.algorithm)
         # The client states live on the nodes: the server's store stays empty.
         state = SimulationState(0, state.server, InMemoryClientStore(None), None)
-        records, state = prepare_output(out, config, sim, state, self.resume)
+        rounds = _ServerRounds(self, out, config, sim)
+        result = run_rounds(rounds, out, config, sim, state, resume=self.resume, run_info={"deployment": True})
+        self.server_state = rounds.state.server
+        return result
+
+    def _start(self, out: Path, sim: Simulation, state: SimulationState) -> None:
+        """What the server knows of the run's nodes and clients, from ROUNDS_FILE on a resume (a new run id otherwise)."""
         self._hosts: dict[int, int] = {}
         self._registered_nodes: list[int] | None = None  # the connected nodes at the last registration
         self._refusals: dict[int, str] = {}  # per node, why its last registration failed
@@ -790,34 +362,11 @@ class DeploymentServer:
         self._contested: dict[int, list[int]] = {}  # clients claimed by several nodes at their first registration
         self._out = out
         self._write_accepted(out)  # the run id before any node hears it
-        self._upload_model_bits = _upload_model_bits(config, sim)
-        info = start_run_info(out, config, sim, state.round, {"deployment": True})
-        fingerprint = run_fingerprint(config.fingerprint(), self._run_id)
-        try:
-            self._await_registration(sim, fingerprint, state.round + 1)  # inside: a start that fails is recorded as failed
-            while state.round < config.rounds:
-                state, record = self._round(out, config, sim, state, fingerprint)
-                records.append(record)
-                if state.round % config.checkpoint_every == 0 or state.round == config.rounds:
-                    run_directory.write_metrics_csv(out, records)
-                    info.update("running", state.round)
-        except BaseException as error:
-            run_directory.write_metrics_csv(out, records)
-            info.update("interrupted" if isinstance(error, KeyboardInterrupt) else "failed", state.round, message=str(error) or type(error).__name__)
-            raise
-        self.server_state = state.server
-        final_params = state.server.params
-        names = ",".join(sim.model.names)
-        write_atomically(
-            out / run_directory.FINAL_MODEL_FILE,
-            lambda tmp: save_file({"params": final_params.detach().cpu().contiguous()}, str(tmp), metadata={"parameter_names": names}),
-        )
-        run_directory.write_metrics_csv(out, records)
-        info.update("complete", state.round)
-        summary = summarize(records, config.evaluation.target_accuracy, sim.model.num_parameters)
-        return RunResult(config, records, final_params, sim.model.num_parameters, out, summary)
 
-    def _round(self, out: Path, config: ExperimentConfig, sim: Any, state: SimulationState, fingerprint: str) -> tuple[SimulationState, dict]:
+    def _round(
+        self, config: ExperimentConfig, sim: Simulation, state: SimulationState, fingerprint: str, evaluate_after: bool
+    ) -> tuple[SimulationState, dict, _StagedRound]:
+        """Round ``state.round + 1`` with the nodes, up to its record: the new state, the record and what ``commit`` keeps."""
         t = state.round + 1
         # Registering costs a round trip to every node: only when the connected nodes changed, a host is gone, or a
         # node failed to register last time (a restarted Flower node connects under a new node id).
@@ -825,7 +374,7 @@ class DeploymentServer:
         if connected != self._registered_nodes or self._refusals or any(node not in connected for node in self._hosts.values()):
             self._register(sim, fingerprint, t, self.timeouts.register)
         work = plan_round(sim, state)
-        settings = dataclasses.replace(work.settings, precision=config.precision)
+        settings = dataclasses.replace(work.settings, precision=config.precision)  # the nodes train at the config's precision
         asked: list[ClientContext] = []
         requests: list[tuple[int, bytes]] = []
         for context in work.contexts:
@@ -849,7 +398,7 @@ class DeploymentServer:
             messages[context.client_id] = reply.message
             steps_done[context.client_id] = reply.steps_done
         # Every reply of the round has arrived before any is folded, so each is bounded by the round's median first.
-        rejected, self._scales = out_of_bounds({client: distances[client] for client in steps_done}, self.reply_bound, self._scales)
+        rejected, scales = out_of_bounds({client: distances[client] for client in steps_done}, self.reply_bound, self._scales)
         for client_id, reason in rejected.items():
             self._reject(t, client_id, reason)
             del messages[client_id], steps_done[client_id]
@@ -858,19 +407,24 @@ class DeploymentServer:
             (self.log or LOGGER.error)(f"round {t}: error: no reply of the {len(work.contexts)} clients asked was accepted; the model stays as it was")
         # Clients whose replies were not accepted are inactive this round, as if the availability model had said so.
         work = dataclasses.replace(work, contexts=tuple(accepted), num_inactive=work.num_inactive + len(work.contexts) - len(accepted))
-        server, record = finish_round(sim, work, messages, steps_done, evaluate_after=evaluates_after(config, t))
-        run_directory.append_record(out / run_directory.METRICS_FILE, record)
-        self._accepted[t] = [context.client_id for context in accepted]
-        self._write_accepted(out)
-        state = SimulationState(t, server, state.clients, None)
-        write_checkpoint(out, config, state)
+        server, record = finish_round(sim, work, messages, steps_done, evaluate_after=evaluate_after)
         notices = [
             (node, wire.encode(RoundOutcome(context.client_id in steps_done), run_fingerprint=fingerprint, round=t, client_id=context.client_id))
             for node, context in zip((request[0] for request in requests), asked)
         ]
-        if notices:
-            self.transport.exchange(notices, self.timeouts.commit)  # best effort: the next TrainRequest says it again
-        return state, record
+        staged = _StagedRound(t, [context.client_id for context in accepted], scales, notices)
+        return SimulationState(t, server, state.clients, None), record, staged
+
+    def _commit(self, staged: _StagedRound) -> None:
+        """The round's accepted clients and reply scales, kept in ROUNDS_FILE (before the checkpoint that holds the round)."""
+        self._accepted[staged.round] = staged.accepted
+        self._scales = staged.scales
+        self._write_accepted(self._out)
+
+    def _notify(self, staged: _StagedRound) -> None:
+        """Tell each client asked whether its reply was aggregated, once the round's checkpoint is on disk."""
+        if staged.notices:
+            self.transport.exchange(staged.notices, self.timeouts.commit)  # best effort: the next TrainRequest says it again
 
     def _accept(
         self, reply: bytes | str | None, config: ExperimentConfig, sim: Any, work: Any, context: ClientContext, fingerprint: str
@@ -882,7 +436,7 @@ class DeploymentServer:
         if isinstance(reply, str):
             raise wire.MessageRejected(f"error reply: {reply}")
         template = reply_template(sim.algorithm, work.view, context)
-        limit = self.max_reply_bytes or _size_limit(template)
+        limit = self.max_reply_bytes or size_limit(template)
         expected = dict(run_fingerprint=fingerprint, round=work.round, client_id=context.client_id, max_bytes=limit)
         try:
             decoded = wire.decode(reply, template, **expected)
@@ -897,22 +451,20 @@ class DeploymentServer:
         if not least <= decoded.steps_done <= bound:
             asked = f"exactly {bound}" if least == bound else f"1 to {bound}"
             raise wire.MessageRejected(f"reports {decoded.steps_done} local steps, the client was asked for {asked}")
-        try:
-            message = _received(decoded.message, work.view.params)
-        except ValueError as error:
-            raise wire.MessageRejected(f"compressed message does not fit: {error}") from None
-        if isinstance(message, CompressedPayload):
-            # The bits the metrics count are the server's own count of what arrived (client_finish's formula), never the sender's.
-            expected_bits = payload_bits(message.payload) + self._upload_model_bits
-            if type(message.bits) is not int or message.bits != expected_bits:
-                raise wire.MessageRejected(f"the compressed message claims {message.bits!r} bits, what arrived costs {expected_bits}")
+        codec = sim.algorithm.codec
+        message = None
+        if decoded.message is not None:
+            try:  # the message as its client built it (a compressed one rebuilt, its claimed bits checked)
+                message = codec.from_wire(decoded.message, work.view.params)
+            except ValueError as error:
+                raise wire.MessageRejected(str(error)) from None
         distances: dict[str, float] | None = {}
         if message is not None:
             try:
                 planned = planned_message(sim.algorithm, work.view, context, decoded.steps_done)
             except Exception:  # noqa: BLE001  (a plugin that cannot finish a client that did not move: scalars only)
                 planned, distances = planned_message(sim.algorithm, work.view, context, decoded.steps_done, moved=True), None
-            _check_planned(message, planned, "message", distances if distances is not None else {})
+            _check_planned(message, planned, "message", distances if distances is not None else {}, codec.unplanned)
         return TrainReply(message, decoded.steps_done), distances or {}
 
     def _reject(self, round_index: int, client_id: int, reason: str) -> None:
@@ -963,7 +515,7 @@ class DeploymentServer:
                 continue
             try:
                 registration = wire.decode(
-                    reply, template, run_fingerprint=fingerprint, round=round_index, client_id=NODE, max_bytes=_size_limit(template)
+                    reply, template, run_fingerprint=fingerprint, round=round_index, client_id=NODE, max_bytes=size_limit(template)
                 )
             except wire.MessageRejected as error:
                 self._refusals[node] = f"registration rejected: {error.reason}"
@@ -1058,7 +610,7 @@ class DeploymentServer:
             table = {int(round_index): [int(client_id) for client_id in clients] for round_index, clients in saved["accepted"].items()}
             run_id = str(saved["run_id"])
             sizes = np.array([int(count) for count in saved["num_samples"]], dtype=np.int64)
-            if not _RUN_ID.fullmatch(run_id) or sizes.shape != (num_clients,):
+            if not RUN_ID.fullmatch(run_id) or sizes.shape != (num_clients,):
                 raise ValueError(f"run id {run_id!r} and {len(sizes)} sample counts for {num_clients} clients")
             # A file written before tokens existed has none: its clients' tokens are pinned at their next registration.
             tokens = {int(client_id): str(digest) for client_id, digest in saved.get("token_sha256", {}).items()}
@@ -1085,21 +637,64 @@ class DeploymentServer:
         write_atomically(out / ROUNDS_FILE, lambda temporary: temporary.write_text(text))
 
 
+@dataclass(frozen=True)
+class _StagedRound:
+    """A round the server ran but has not committed: its accepted clients, reply scales and the nodes' notices."""
+
+    round: int
+    accepted: list[int]
+    scales: dict[str, float]
+    notices: list[tuple[int, bytes]]
+
+
+class _ServerRounds:
+    """The deployment's rounds as a ``lifecycle.RoundDriver``: registration before the first, each round exchanged
+    with the nodes and committed to ROUNDS_FILE, the nodes told each round's outcome after its checkpoint."""
+
+    # A node commits a round's client state when told the round is aggregated, which must never precede the
+    # checkpoint that holds the round: so a checkpoint every round, whatever checkpoint_every says.
+    checkpoints_every_round = True
+
+    def __init__(self, server: DeploymentServer, out: Path, config: ExperimentConfig, sim: Simulation) -> None:
+        self.server, self.out, self.config, self.sim = server, out, config, sim
+        self.state: SimulationState | None = None  # the last committed state
+        self.fingerprint = ""
+        self._staged: _StagedRound | None = None
+
+    def prepare(self, state: SimulationState) -> None:
+        self.server._start(self.out, self.sim, state)
+        self.fingerprint = run_fingerprint(self.config.fingerprint(), self.server._run_id)
+        self.state = state
+
+    def before_rounds(self, state: SimulationState) -> None:
+        self.server._await_registration(self.sim, self.fingerprint, state.round + 1)
+
+    def run_round(self, state: SimulationState, evaluate_after: bool) -> tuple[SimulationState, dict[str, Any]]:
+        finished, record, self._staged = self.server._round(self.config, self.sim, state, self.fingerprint, evaluate_after)
+        return finished, record
+
+    def commit(self, state: SimulationState) -> None:
+        self.server._commit(self._staged)
+        self.state = state
+
+    def discard(self, state: SimulationState) -> None:
+        """Forget the stopped round: its nodes drop what they staged when a request names the last aggregated round."""
+        self._staged = None
+
+    def round_done(self, state: SimulationState) -> None:
+        staged, self._staged = self._staged, None
+        self.server._notify(staged)
+
+    def how_to_continue(self, out: Path) -> str:
+        return (
+            f"the deployment's server on {out} again with resume=True (a Flower app: `flwr run . FEDERATION -c 'resume=true'` "
+            "in its project directory)"
+        )
+
+
 def _listed(items: Sequence[Any], shown: int = 10) -> str:
     """``items`` joined by commas, the first ``shown`` of them (a node may claim 100,000 clients in one message)."""
     return ", ".join(str(item) for item in items[:shown]) + (f", ... ({len(items)} in all)" if len(items) > shown else "")
-
-
-def _upload_model_bits(config: ExperimentConfig, sim: Any) -> int:
-    """What a compressed message's bits add to its decoded payload's: ST(Δ_k)'s bits less the dense model's (``with_compression``)."""
-    ratio = config.compression.ratio
-    if ratio is None:
-        ratio = registry.ALGORITHMS[config.algorithm.name].default_compression_ratio
-    if ratio >= 1:
-        return 0
-    sizes = list(sim.model.numels)
-    _, bits = compress_model(torch.zeros(sum(sizes)), sizes, ratio)
-    return bits - BITS_PER_ENTRY * sum(sizes)
 
 
 def run_in_process(
@@ -1124,27 +719,13 @@ def run_in_process(
 
 
 __all__ = [
-    "Acknowledged",
-    "DeploymentClient",
+    "DEFAULT_REPLY_BOUND",
     "DeploymentServer",
-    "InProcessTransport",
-    "NoReply",
-    "Registration",
-    "RegistrationQuery",
+    "ROUNDS_FILE",
     "Rejection",
-    "RequestRefused",
-    "RoundOutcome",
     "Timeouts",
-    "TrainReply",
-    "TrainRequest",
-    "Transport",
-    "check_config_deployable",
-    "check_deployable",
-    "dataset_loader",
-    "deployment_model",
-    "node_clients",
-    "run_fingerprint",
+    "out_of_bounds",
+    "planned_message",
     "reply_template",
-    "round_settings",
     "run_in_process",
 ]

@@ -236,7 +236,7 @@ def registration_token(directory: str | Path, client_id: int) -> bytes:
     Made (``secrets.token_bytes``) and written atomically the first time it is
     asked for, so it is on disk before it is ever sent: the server pins the
     first token a client registers with and accepts the client later only
-    from a node that sends the same token (``deployment`` module docstring).
+    from a node that sends the same token (``driftlab.deploy.server`` module docstring).
     A file of another length is refused (CheckpointError), never replaced: a
     new token would lose the client for the run.
     """

@@ -1,0 +1,33 @@
+"""What every test of driftlab shares: each test starts from the registries and imported plugin files it found.
+
+A test that registers a plugin (a model, a data set, an algorithm, ...) from a file in its own temporary
+folder must not leave it behind: the next test's plugin of the same name from another folder would clash
+with it, and messages that list the registered names would list it.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from driftlab import plugins
+
+
+@pytest.fixture(autouse=True)
+def registries_as_found():
+    """Restore every registry's entries (in place: modules hold aliases of the dicts) and the record of imported
+    plugin files after each test."""
+    # Import every kind's package first, so its built-ins are registered before the snapshot.
+    import driftlab.algorithms  # noqa: F401
+    import driftlab.data  # noqa: F401
+    import driftlab.executors  # noqa: F401
+    import driftlab.models  # noqa: F401
+    import driftlab.optim  # noqa: F401
+
+    entries = [(registry, dict(registry.entries)) for registry in plugins.REGISTRIES]
+    loaded = dict(plugins._loaded_paths)
+    yield
+    for registry, found in entries:
+        registry.entries.clear()
+        registry.entries.update(found)
+    plugins._loaded_paths.clear()
+    plugins._loaded_paths.update(loaded)

@@ -1,0 +1,120 @@
+"""The entry point of a run's interpreter, started by every executor through ``processes.start_worker``.
+
+One run per process: it claims the run directory, runs (or resumes) the config it was
+given, and says how it ended by its exit code (``processes.EXIT_*``); a failure leaves
+``failure.txt`` in the run directory. It stops, checkpointed, when the process that
+started it (the sweep, a SLURM job, a Ray task) dies, however it dies.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from driftlab.errors import ConfigError
+from driftlab.executors.processes import (
+    EXIT_BUSY,
+    EXIT_DIVERGED,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    FAILURE_FILE,
+    process_gone,
+)
+from driftlab.experiments.config import config_from_record
+from driftlab.experiments.run_directory import RunDirectoryBusy
+
+
+def _worker(run_dir: str, config_table: dict[str, Any], resume: bool, threads: int, run_info: dict[str, Any]) -> None:
+    """Child process: one run; exits with EXIT_COMPLETE, EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_BUSY (another process
+    holds the run directory: nothing written) or EXIT_FAILED (see failure.txt)."""
+    import torch
+
+    from driftlab.experiments.runner import run
+
+    torch.set_num_threads(threads)
+    signal.signal(signal.SIGTERM, _stop_at_first_termination)
+    out = Path(run_dir)
+    try:
+        # The plugins the config records are imported here: this is a fresh interpreter.
+        run(config_from_record(config_table), out, resume=resume, run_info=run_info)
+    except FloatingPointError:
+        sys.exit(EXIT_DIVERGED)  # run.json holds the message
+    except KeyboardInterrupt:
+        sys.exit(EXIT_INTERRUPTED)
+    except RunDirectoryBusy as error:
+        print(f"driftlab: {error}", file=sys.stderr)
+        sys.exit(EXIT_BUSY)  # the directory is another process's: write nothing into it
+    except BaseException as error:  # noqa: BLE001 - any failure is recorded for the sweep and the user
+        out.mkdir(parents=True, exist_ok=True)
+        detail = str(error) if isinstance(error, ConfigError) else traceback.format_exc()
+        (out / FAILURE_FILE).write_text(f"{type(error).__name__}: {error}\n\n{detail}")
+        sys.exit(EXIT_FAILED)
+
+
+def _stop_at_first_termination(signum, frame):  # noqa: ARG001
+    """SIGTERM: stop the run (it checkpoints, then exits); later ones are ignored, so they cannot cut the checkpoint
+    short.
+
+    A sweep killed outright sends several: the parent-death signal comes again as each of the
+    sweep's threads in turn exits and the run is handed to the next.
+    """
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise KeyboardInterrupt(f"terminated by signal {signum}")
+
+
+PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+
+
+def die_with_parent(parent: int) -> None:
+    """Make this run's process stop (SIGTERM: checkpoint, then exit) when the sweep that started it dies.
+
+    Without this, a sweep killed with SIGKILL leaves its runs going, and the next sweep on the directory
+    would start a second writer on each. Linux delivers SIGTERM on the parent's death (prctl); elsewhere
+    a daemon thread watches for this process being handed to another parent.
+    """
+    first_parent = os.getppid()  # `parent`, unless sys.executable is a wrapper that forks
+    if not _ask_for_parent_death_signal():
+        import threading
+
+        def watch() -> None:
+            while os.getppid() == first_parent:
+                time.sleep(0.5)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        threading.Thread(target=watch, name="driftlab-parent-watch", daemon=True).start()
+    if first_parent != parent and process_gone(parent):  # the sweep died before the request above took effect
+        sys.exit(EXIT_INTERRUPTED)
+
+
+def _ask_for_parent_death_signal() -> bool:
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def worker_main(arguments: str) -> None:
+    """Entry point of a run's interpreter (see ``processes.start_worker``): ``arguments`` is its JSON."""
+    parsed = json.loads(arguments)
+    die_with_parent(parsed["parent"])
+    if parsed.get("executor"):
+        if parsed["executor"].get("executor") == "slurm" and hasattr(signal, "SIGUSR2"):
+            # SLURM's pre-emption warning (submitit's USR2) may reach every process of the job, and would kill
+            # this one outright; the job's own process handles it by stopping this run (SIGTERM: checkpoint, exit).
+            signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+    run_info = {"executor": parsed["executor"]} if parsed.get("executor") else {}
+    _worker(parsed["run_dir"], parsed["config"], parsed["resume"], parsed["threads"], run_info)
+
+
+__all__ = ["die_with_parent", "worker_main"]

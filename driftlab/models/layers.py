@@ -1,0 +1,296 @@
+"""Batched layers: one forward pass of a layer for a stack of ``C`` clients, each with its own parameters.
+
+The vectorized backend (``driftlab.simulation.stacked``) trains the ``C`` clients of a chunk as one
+``[C, P]`` matrix ``Θ``.  A model's *batched forward* (``ModelEntry.batched_forward``, the zoo's in
+``driftlab.models.batched``) is written with the layers here, and autograd takes the gradient of the
+summed masked losses (the clients' parameters are disjoint, so row ``k`` of the gradient is client ``k``'s own):
+
+* images are kept as ``[B, C·ch, H, W]``, client ``k``'s channels in block ``k``, so a convolution of every
+  client is one grouped convolution (``groups = C·g``, weights ``[C·out, in/g, kh, kw]``), GroupNorm is one
+  ``group_norm`` with ``C·G`` groups, and pooling, ReLU and residual additions act channel by channel as they are;
+* feature rows are ``[C, B, F]`` and a Linear layer is one ``baddbmm``;
+* an embedding of every client is one lookup in the ``[C·V, E]`` table with ids offset by ``k·V``;
+* an LSTM or GRU layer projects every time step's input with one ``bmm`` and runs its recurrence as one
+  ``baddbmm`` per step over all clients (PyTorch's gate order and two-bias layout, ``i f g o`` and ``r z n``).
+
+Compared with ``torch.func.vmap`` this needs no batching rules (an LSTM has none on CPU) and has no
+per-operation transform overhead; the arithmetic is the module's own, so it agrees with the sequential
+backend to rounding.  These functions live with the models (not in ``simulation``) because models are
+below the simulation: the zoo's batched forwards and a plugin's use them, and the simulation finds them
+through the model registry.
+
+A ``nn.Sequential`` is read layer by layer (``sequential``) when every layer is one of those here or a block
+registered with ``register_block`` (the zoo's ResNet block); ``supported`` says whether a module's layers
+all have an exact batched form in the settings they use.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True)
+class Images:
+    """Activations of ``clients`` clients as ``[B, clients·channels, H, W]``."""
+
+    tensor: torch.Tensor
+    clients: int
+
+    def rows(self) -> "Rows":
+        """``flatten(1)`` of each client's ``[channels, H, W]`` example, as ``[clients, B, channels·H·W]``."""
+        batch = self.tensor.shape[0]
+        return Rows(self.tensor.reshape(batch, self.clients, -1).transpose(0, 1))
+
+
+@dataclass(frozen=True)
+class Rows:
+    """Activations as ``[clients, B, ...]``."""
+
+    tensor: torch.Tensor
+
+
+class Parameters:
+    """A module's parameters for the chunk, ``[C, *shape]`` leaves looked up by qualified name."""
+
+    def __init__(self, leaves: dict[str, torch.Tensor], clients: int) -> None:
+        self.leaves, self.clients = leaves, clients
+
+    def get(self, prefix: str, name: str, module: nn.Module) -> torch.Tensor | None:
+        """The stacked ``prefix + name`` parameter, or None where ``module`` has none (a layer built with ``bias=False``)."""
+        if getattr(module, name, None) is None:
+            return None
+        return self.leaves[prefix + name]
+
+
+def images(inputs: torch.Tensor) -> Images:
+    """``[C, B, ch, H, W]`` inputs → ``[B, C·ch, H, W]``."""
+    clients, batch = inputs.shape[:2]
+    return Images(inputs.transpose(0, 1).reshape(batch, clients * inputs.shape[2], *inputs.shape[3:]), clients)
+
+
+# ---------------------------------------------------------------- layers
+
+
+def conv(x: Images, module: nn.Conv2d, params: Parameters, prefix: str) -> Images:
+    """Every client's ``Conv2d`` as one grouped convolution."""
+    weight = params.get(prefix, "weight", module)
+    bias = params.get(prefix, "bias", module)
+    clients = x.clients
+    out = F.conv2d(
+        x.tensor,
+        weight.reshape(clients * module.out_channels, *module.weight.shape[1:]),
+        None if bias is None else bias.reshape(-1),
+        stride=module.stride,
+        padding=module.padding,
+        dilation=module.dilation,
+        groups=clients * module.groups,
+    )
+    return Images(out, clients)
+
+
+def group_norm(x: Images, module: nn.GroupNorm, params: Parameters, prefix: str) -> Images:
+    """Every client's ``GroupNorm`` as one ``group_norm`` with ``C·G`` groups."""
+    weight = params.get(prefix, "weight", module)
+    bias = params.get(prefix, "bias", module)
+    out = F.group_norm(
+        x.tensor,
+        x.clients * module.num_groups,
+        None if weight is None else weight.reshape(-1),
+        None if bias is None else bias.reshape(-1),
+        module.eps,
+    )
+    return Images(out, x.clients)
+
+
+def linear(x: Images | Rows, module: nn.Linear, params: Parameters, prefix: str) -> Rows:
+    """Every client's ``Linear`` as one ``baddbmm`` (images are flattened first, as ``flatten(1)``)."""
+    rows = x.rows() if isinstance(x, Images) else x
+    weight = params.get(prefix, "weight", module)
+    bias = params.get(prefix, "bias", module)
+    flat = rows.tensor.reshape(rows.tensor.shape[0], -1, rows.tensor.shape[-1])
+    if bias is None:
+        out = torch.bmm(flat, weight.transpose(1, 2))
+    else:
+        out = torch.baddbmm(bias.unsqueeze(1), flat, weight.transpose(1, 2))
+    return Rows(out.reshape(*rows.tensor.shape[:-1], module.out_features))
+
+
+def elementwise(x: Images | Rows, function: Callable[[torch.Tensor], torch.Tensor]) -> Images | Rows:
+    """``function`` applied to the activations, which keep their layout (ReLU, pooling, a residual's sum)."""
+    return Images(function(x.tensor), x.clients) if isinstance(x, Images) else Rows(function(x.tensor))
+
+
+def relu(x: Images | Rows) -> Images | Rows:
+    return elementwise(x, torch.relu)
+
+
+def max_pool(x: Images, module: nn.MaxPool2d) -> Images:
+    return elementwise(
+        x,
+        lambda t: F.max_pool2d(t, module.kernel_size, module.stride, module.padding, module.dilation, ceil_mode=module.ceil_mode),
+    )
+
+
+def mean_pool(x: Images) -> Images:
+    """``AdaptiveAvgPool2d(1)``: each channel's mean, kept as ``[B, C·ch, 1, 1]``."""
+    return elementwise(x, lambda t: t.mean(dim=(2, 3), keepdim=True))
+
+
+def embedding(ids: torch.Tensor, module: nn.Embedding, params: Parameters, prefix: str) -> torch.Tensor:
+    """``[C, B, T]`` ids → ``[C, B, T, E]``: client ``k`` reads rows ``k·V + id`` of the stacked tables."""
+    table = params.get(prefix, "weight", module)
+    clients, vocabulary = table.shape[0], table.shape[1]
+    offsets = torch.arange(clients, device=ids.device).mul_(vocabulary).view(clients, *([1] * (ids.dim() - 1)))
+    return F.embedding(ids + offsets, table.reshape(clients * vocabulary, -1))
+
+
+def _recurrent_weights(module: nn.RNNBase, params: Parameters, prefix: str, layer: int) -> list[torch.Tensor | None]:
+    kinds = ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
+    return [params.get(prefix, f"{kind}_l{layer}", module) for kind in kinds]
+
+
+def lstm_layer(x: torch.Tensor, module: nn.LSTM, params: Parameters, layer: int, prefix: str = "rnn.") -> torch.Tensor:
+    """One LSTM layer over ``[C, B, T, in]`` → ``[C, B, T, H]`` (PyTorch's equations, gates ``i f g o``, zero initial state)."""
+    w_ih, w_hh, b_ih, b_hh = _recurrent_weights(module, params, prefix, layer)
+    clients, batch, steps, _ = x.shape
+    hidden = module.hidden_size
+    # Time-major, so each step's slice is contiguous and unbind's backward is one stack.
+    inputs = x.transpose(1, 2).reshape(clients, steps * batch, -1)
+    bias = None if b_ih is None else (b_ih + b_hh).unsqueeze(1)
+    projected = torch.bmm(inputs, w_ih.transpose(1, 2)) if bias is None else torch.baddbmm(bias, inputs, w_ih.transpose(1, 2))
+    recurrent = w_hh.transpose(1, 2)
+    h = x.new_zeros(clients, batch, hidden)
+    c = x.new_zeros(clients, batch, hidden)
+    outputs = []
+    for step_input in projected.view(clients, steps, batch, 4 * hidden).unbind(1):
+        gates = torch.baddbmm(step_input, h, recurrent)
+        i, f, g, o = gates.chunk(4, dim=2)
+        c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+        h = torch.sigmoid(o) * torch.tanh(c)
+        outputs.append(h)
+    return torch.stack(outputs, dim=2)
+
+
+def gru_layer(x: torch.Tensor, module: nn.GRU, params: Parameters, layer: int, prefix: str = "rnn.") -> torch.Tensor:
+    """One GRU layer (gates ``r z n``; ``n = tanh(W_in x + b_in + r ⊙ (W_hn h + b_hn))``, ``h' = (1−z) ⊙ n + z ⊙ h``)."""
+    w_ih, w_hh, b_ih, b_hh = _recurrent_weights(module, params, prefix, layer)
+    clients, batch, steps, _ = x.shape
+    hidden = module.hidden_size
+    inputs = x.transpose(1, 2).reshape(clients, steps * batch, -1)
+    projected = torch.bmm(inputs, w_ih.transpose(1, 2)) if b_ih is None else torch.baddbmm(b_ih.unsqueeze(1), inputs, w_ih.transpose(1, 2))
+    recurrent = w_hh.transpose(1, 2)
+    h = x.new_zeros(clients, batch, hidden)
+    outputs = []
+    for step_input in projected.view(clients, steps, batch, 3 * hidden).unbind(1):
+        hidden_part = torch.bmm(h, recurrent) if b_hh is None else torch.baddbmm(b_hh.unsqueeze(1), h, recurrent)
+        x_r, x_z, x_n = step_input.chunk(3, dim=2)
+        h_r, h_z, h_n = hidden_part.chunk(3, dim=2)
+        r = torch.sigmoid(x_r + h_r)
+        z = torch.sigmoid(x_z + h_z)
+        n = torch.tanh(x_n + r * h_n)
+        h = n + z * (h - n)
+        outputs.append(h)
+    return torch.stack(outputs, dim=2)
+
+
+# ---------------------------------------------------------------- sequential dispatch
+
+# Blocks with a batched form of their own that may sit inside a Sequential (the zoo's ResNet block), by exact type.
+_BLOCKS: dict[type, Callable] = {}
+
+
+def register_block(block_type: type, forward: Callable) -> None:
+    """Let ``sequential`` run ``block_type`` (exact type) with ``forward(x, block, params, prefix)``."""
+    _BLOCKS[block_type] = forward
+
+
+def sequential(x, module: nn.Sequential, params: Parameters, prefix: str):
+    """The children of ``module`` one after another (``layer``)."""
+    for name, child in module.named_children():
+        x = layer(x, child, params, f"{prefix}{name}.")
+    return x
+
+
+def layer(x, module: nn.Module, params: Parameters, prefix: str):
+    """One module of a recognised network (``supported`` has checked every type and setting beforehand)."""
+    kind = type(module)
+    if kind is nn.Conv2d:
+        return conv(x, module, params, prefix)
+    if kind is nn.GroupNorm:
+        return group_norm(x, module, params, prefix)
+    if kind is nn.Linear:
+        if isinstance(x, Images):  # nn.Linear on [B, C, H, W] acts on W: no batched form here (the zoo flattens first)
+            raise TypeError("a Linear layer applied to image activations without a Flatten before it")
+        return linear(x, module, params, prefix)
+    if kind is nn.ReLU:
+        return relu(x)
+    if kind is nn.MaxPool2d:
+        return max_pool(x, module)
+    if kind is nn.Identity:
+        return x
+    if kind is nn.Flatten:
+        return x.rows() if isinstance(x, Images) else Rows(x.tensor.reshape(*x.tensor.shape[:2], -1))
+    if kind is nn.AdaptiveAvgPool2d:
+        return mean_pool(x)
+    if kind is nn.Sequential:
+        return sequential(x, module, params, prefix)
+    if kind in _BLOCKS:
+        return _BLOCKS[kind](x, module, params, prefix)
+    raise TypeError(f"no batched form for {kind.__name__}")  # unreachable after supported()
+
+
+def forward_sequential(module: nn.Sequential, params: Parameters, inputs: torch.Tensor) -> torch.Tensor:
+    """The batched forward of a user's ``nn.Sequential``: ``[C, B, ch, H, W]`` images or ``[C, B, F]`` rows in."""
+    x = images(inputs) if inputs.dim() == 5 else Rows(inputs)
+    out = sequential(x, module, params, "")
+    return out.rows().tensor if isinstance(out, Images) else out.tensor
+
+
+# Layers ``layer`` reads inside a user's Sequential (embeddings and recurrent layers need a model's own forward).
+SEQUENTIAL_LAYERS = (nn.Sequential, nn.Conv2d, nn.GroupNorm, nn.Linear, nn.ReLU, nn.MaxPool2d, nn.Identity, nn.Flatten, nn.AdaptiveAvgPool2d)
+
+
+def supported(module: nn.Module, containers: tuple[type, ...] = ()) -> bool:
+    """Every submodule of ``module`` is one of ``containers`` (types whose batched forward reads their children
+    themselves) or a layer with a batched form here, in a setting it reproduces exactly."""
+    if type(module) is nn.Sequential:
+        # A user's Sequential is interpreted layer by layer: only the layers ``layer`` knows, no whole networks inside.
+        if any(type(sub) not in SEQUENTIAL_LAYERS and type(sub) not in _BLOCKS for sub in module.modules()):
+            return False
+    known = (nn.Sequential, *_BLOCKS, *containers)
+    for sub in module.modules():
+        kind = type(sub)
+        if kind in known or kind in (nn.ReLU, nn.Identity, nn.Linear, nn.GroupNorm):
+            continue
+        if kind is nn.Conv2d:
+            if sub.padding_mode != "zeros" or isinstance(sub.padding, str):
+                return False
+        elif kind is nn.MaxPool2d:
+            if sub.return_indices:
+                return False
+        elif kind is nn.Flatten:
+            if (sub.start_dim, sub.end_dim) != (1, -1):
+                return False
+        elif kind is nn.AdaptiveAvgPool2d:
+            if tuple(torch.nn.modules.utils._pair(sub.output_size)) != (1, 1):
+                return False
+        elif kind is nn.Embedding:
+            if sub.max_norm is not None or sub.scale_grad_by_freq or sub.sparse:
+                return False
+        elif kind in (nn.LSTM, nn.GRU):
+            if not sub.batch_first or sub.bidirectional or sub.dropout or getattr(sub, "proj_size", 0):
+                return False
+        else:
+            return False
+    return True
+
+
+__all__ = [
+    "Images", "Parameters", "Rows", "conv", "elementwise", "embedding", "forward_sequential", "group_norm", "gru_layer",
+    "images", "layer", "linear", "lstm_layer", "max_pool", "mean_pool", "register_block", "relu", "sequential", "supported",
+]
