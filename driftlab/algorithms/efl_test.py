@@ -27,7 +27,8 @@ from driftlab.models import build_model
 from driftlab.optim.server import make_server_optimizer
 from driftlab.simulation.availability import AvailabilityModel, steps_to_do
 from driftlab.simulation.client import ClientDataComputation
-from driftlab.simulation.engine import RoundPlan, Simulation, client_data
+from driftlab.simulation.engine import client_data
+from driftlab.simulation.setup import RoundPlan, Simulation
 from driftlab.simulation.flat import FlatModel
 from driftlab.simulation.local_training import LocalSettings, SequentialBackend, corrected_step
 from driftlab.simulation.randomness import Stream, generator

@@ -170,7 +170,8 @@ from driftlab.experiments import run_directory
 from driftlab.experiments.lifecycle import RunResult, run_rounds
 from driftlab.experiments.trackers import check_trackers_installed
 from driftlab.simulation.checkpoint import write_atomically
-from driftlab.simulation.engine import Simulation, SimulationState, finish_round, plan_round
+from driftlab.simulation.engine import finish_round, plan_round
+from driftlab.simulation.setup import Simulation, SimulationState
 from driftlab.simulation.seam import Algorithm, ClientContext, ClientUpdate
 from driftlab.simulation.state_store import InMemoryClientStore
 

@@ -28,7 +28,7 @@ from driftlab.experiments.datasets import DataSetupError, build_dataset, prepare
 from driftlab.models import registry as models
 from driftlab.optim.registry import build_server_optimizer
 from driftlab.simulation.availability import AvailabilityModel, Membership, MembershipEvent
-from driftlab.simulation.engine import EvaluationPlan, RoundPlan, Simulation, SimulationState, make_client_stores
+from driftlab.simulation.setup import EvaluationPlan, RoundPlan, Simulation, SimulationState, make_client_stores
 from driftlab.simulation.flat import FlatModel, binary_cross_entropy_per_example, objective_per_example
 from driftlab.simulation.local_training import SequentialBackend
 from driftlab.simulation.precision import check_precision, parameter_dtype

@@ -34,7 +34,7 @@ from driftlab.experiments.config import PARTITIONS, load_config
 from driftlab.experiments.datasets import DATA_SETS, build_dataset, default_data_root
 from driftlab.experiments.assembly import build_simulation
 from driftlab.experiments.real_data import needs_real_data, real_data_path
-from driftlab.simulation.engine import evaluate
+from driftlab.simulation.evaluation import evaluate
 
 REPO_ROOT = Path(driftlab.__file__).resolve().parents[1]
 
@@ -983,7 +983,7 @@ def test_stackoverflow_runs_as_multi_label_tag_prediction(tmp_path, backend):
 
 def test_stackoverflow_recall_at_5_by_hand(tmp_path):
     from driftlab.data.stackoverflow_test import _write_sqlite
-    from driftlab.simulation.engine import evaluate
+    from driftlab.simulation.evaluation import evaluate
 
     database = _write_sqlite(tmp_path / "stackoverflow.sqlite")
     config = load_config(None, ["data.name=stackoverflow", f"data.root={database}", "model.name=mlr", "precision=float64"])

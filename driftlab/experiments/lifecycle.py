@@ -75,14 +75,9 @@ from driftlab.experiments.trackers import open_trackers
 from driftlab.metrics.summary import summarize
 from driftlab.simulation import latest_models
 from driftlab.simulation.checkpoint import load_checkpoint, save_checkpoint, write_atomically
-from driftlab.simulation.engine import (
-    EVALUATION_KEYS,
-    Simulation,
-    SimulationState,
-    commit_round,
-    disk_stores,
-    reference_losses,
-)
+from driftlab.simulation.engine import commit_round
+from driftlab.simulation.setup import Simulation, SimulationState, disk_stores
+from driftlab.simulation.evaluation import EVALUATION_KEYS, reference_losses
 
 
 class RoundDriver(Protocol):

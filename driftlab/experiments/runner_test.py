@@ -1184,7 +1184,7 @@ def test_a_run_refused_for_a_wrong_data_path_leaves_nothing_in_its_output_direct
 
 
 def test_run_json_records_the_initial_models_evaluation_for_the_reports_round_0(tmp_path):
-    from driftlab.simulation.engine import evaluate
+    from driftlab.simulation.evaluation import evaluate
 
     result = driftlab.run(None, tmp_path / "run", overrides=TINY)
     initial = json.loads((tmp_path / "run" / "run.json").read_text())["initial"]

@@ -179,7 +179,7 @@ class _TensorBoard:
         # purge_step=0 hides every event an earlier process wrote (TensorBoard reads the folder's files in name
         # order, which starts with the creation second); the kept records are then replayed.
         self.writer = SummaryWriter(str(folder), purge_step=0 if earlier else None)
-        from driftlab.simulation.engine import EVALUATION_KEYS
+        from driftlab.simulation.evaluation import EVALUATION_KEYS
 
         # The HParams dashboard's columns: the evaluation series this folder's scalars hold (the values come from them).
         for summary in hparams(flat_config(config), {name: 0.0 for name in EVALUATION_KEYS}):

@@ -17,18 +17,9 @@ from driftlab.data.federated import FederatedDataset
 from driftlab.models import build_model
 from driftlab.optim.server import make_server_optimizer
 from driftlab.simulation.client import ClientData, ClientSettings, client_end, client_start, run_client
-from driftlab.simulation.engine import (
-    EvaluationPlan,
-    RoundPlan,
-    Simulation,
-    SimulationState,
-    client_data,
-    evaluate,
-    finish_round,
-    make_client_stores,
-    plan_round,
-    run_round,
-)
+from driftlab.simulation.engine import client_data, finish_round, plan_round, run_round
+from driftlab.simulation.setup import EvaluationPlan, RoundPlan, Simulation, SimulationState, make_client_stores
+from driftlab.simulation.evaluation import evaluate
 from driftlab.simulation.flat import FlatModel
 from driftlab.simulation.local_training import LocalSettings, SequentialBackend, TrainingData
 from driftlab.simulation.seam import ServerFold

@@ -10,7 +10,10 @@ import driftlab
 from driftlab.data.quadratic import scalar_quadratic_clients, surrogate_minimizer
 from driftlab.experiments.runner import build_simulation
 from driftlab.simulation import engine as engine_module
-from driftlab.simulation.engine import dissimilarity, divergence, evaluate, norm_growth, norm_scale, reference_losses, run_round
+from driftlab.simulation import evaluation as evaluation_module
+from driftlab.simulation.engine import run_round
+from driftlab.simulation.setup import norm_scale
+from driftlab.simulation.evaluation import dissimilarity, divergence, evaluate, norm_growth, reference_losses
 
 QUADRATIC = {
     "data": {"name": "quadratic1d", "num_clients": 8},
@@ -193,7 +196,7 @@ def _image_simulation(backend_name: str, augment: bool):
     from driftlab.experiments.runner import BACKENDS
     from driftlab.models import build_model
     from driftlab.optim.server import make_server_optimizer
-    from driftlab.simulation.engine import RoundPlan, Simulation, SimulationState
+    from driftlab.simulation.setup import RoundPlan, Simulation, SimulationState
     from driftlab.simulation.flat import FlatModel
     from driftlab.simulation.state_store import InMemoryClientStore
 
@@ -324,7 +327,7 @@ def test_train_loss_is_over_a_fixed_seeded_sample_of_clients_unless_all_are_aske
     chosen = [k for k, rows in enumerate(sampled.client_rows) if bool(torch.isin(rows, sampled.train_loss_rows).all())]
     assert len(chosen) == 3 and len(sampled.train_loss_rows) == sum(len(sampled.client_rows[k]) for k in chosen)
     params = sampled.initial_params
-    total, _ = engine_module._loss_and_correct(sampled.model, params, sampled.training_data, sampled.train_loss_rows, 4096)
+    total, _ = evaluation_module._loss_and_correct(sampled.model, params, sampled.training_data, sampled.train_loss_rows, 4096)
     assert evaluate(sampled, params)["train_loss"] == pytest.approx(total / len(sampled.train_loss_rows), rel=1e-12)
     assert evaluate(every, params)["train_loss"] != evaluate(sampled, params)["train_loss"]
 
@@ -429,7 +432,7 @@ def test_client_test_accuracies_are_each_clients_own_in_one_pass():
         if len(rows):
             outputs = sim.model.forward(params, sim.test_data.inputs[rows])
             expected.append(int((outputs.argmax(dim=1) == sim.test_data.targets[rows]).sum()) / len(rows))
-    accuracies = engine_module._client_test_accuracies(sim, params)
+    accuracies = evaluation_module._client_test_accuracies(sim, params)
     assert accuracies == expected and len(set(accuracies)) > 1
     assert evaluate(sim, params)["client_test_accuracy_mean"] == float(np.mean(expected))
 
@@ -440,6 +443,6 @@ def test_clients_without_test_rows_are_left_out_of_the_mean_wherever_they_are():
     rows = sim.client_test_rows
     sim.client_test_rows = [empty, rows[0], empty, rows[1], rows[2], empty]  # the first and last clients too
     sim.client_test_union = torch.cat(sim.client_test_rows)
-    full = engine_module._client_test_accuracies(sim, state.server.params)
+    full = evaluation_module._client_test_accuracies(sim, state.server.params)
     sim.client_test_rows, sim.client_test_union = rows[:3], torch.cat(rows[:3])
-    assert full == engine_module._client_test_accuracies(sim, state.server.params) and len(full) == 3
+    assert full == evaluation_module._client_test_accuracies(sim, state.server.params) and len(full) == 3

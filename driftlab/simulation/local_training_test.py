@@ -336,7 +336,9 @@ def _pixel_run(backend_name: str, data: FederatedDataset, model_name: str, augme
     from driftlab.algorithms import fedavg, fedprox
     from driftlab.experiments.runner import BACKENDS
     from driftlab.optim.server import make_server_optimizer
-    from driftlab.simulation.engine import RoundPlan, Simulation, SimulationState, evaluate, run_round
+    from driftlab.simulation.engine import run_round
+    from driftlab.simulation.setup import RoundPlan, Simulation, SimulationState
+    from driftlab.simulation.evaluation import evaluate
     from driftlab.simulation.state_store import InMemoryClientStore
 
     torch.manual_seed(0)

@@ -128,7 +128,7 @@ def test_memory_budget_is_parsed_in_one_place_and_every_share_derives_from_the_s
 
 
 def test_the_stores_take_a_memory_budget_not_a_setting(tmp_path):
-    from driftlab.simulation.engine import make_client_stores
+    from driftlab.simulation.setup import make_client_stores
 
     with pytest.raises(TypeError, match="memory_budget must be a MemoryBudget"):
         make_client_stores("auto", 10, torch.zeros(3), None, False, lambda: tmp_path, "4GB")

@@ -16,7 +16,7 @@ import torch
 import driftlab
 from driftlab.errors import ClientStateError
 from driftlab.simulation.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from driftlab.simulation.engine import make_client_stores
+from driftlab.simulation.setup import make_client_stores
 from driftlab.simulation.memory_budget import MemoryBudget
 from driftlab.simulation.state_store import DiskClientStore, InMemoryClientStore
 

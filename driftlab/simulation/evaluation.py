@@ -1,0 +1,225 @@
+"""Evaluation of a server model and the divergence tests (``driftlab.simulation.round.engine`` calls them after a round).
+
+``evaluate``: train and test loss and accuracy of the evaluated model (``EvaluationPlan.model``); per-client test
+accuracy; recall@5 for multi-label data; distance to the known minimiser of quadratic data.  ``dissimilarity``:
+the (G, B)-dissimilarity B(θ)² and the gradient variance of FedProx's Definition 3 (Li et al. 2020).
+
+Divergence: a record with a non-finite number, an evaluated loss above ``EvaluationPlan.divergence_factor`` times
+the initial model's (``reference_losses``), or a server-model norm above ``EvaluationPlan.norm_growth_factor`` times
+the model's starting scale (``norm_growth``; the scale is ``setup.norm_scale``) is divergence.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+
+from driftlab.simulation.flat import FlatModel
+from driftlab.simulation.local_training import TrainingData
+
+from driftlab.simulation.setup import Simulation
+
+
+DIVERGENCE_ADVICE = "lower client.lr (or server.lr), or set client.clip_norm"
+
+
+LOSS_KEYS = ("train_loss", "test_loss")  # the evaluated losses the divergence test compares with the initial model's
+
+
+def divergence(record: dict[str, Any], initial_losses: dict[str, float] | None, factor: float) -> str | None:
+    """Why a round's record shows divergence, with what to try; None for a healthy round.
+
+    A round diverged when any number it recorded is non-finite (losses, norms, accuracies,
+    the algorithm's metrics), or when ``factor`` > 0 and an evaluated loss exceeds ``factor``
+    times the initial model's.  A round-1 blow-up already is such a jump, so the reference
+    is the model before round 1, not round 1's.  The test is skipped for a loss whose
+    initial value is not positive (an objective such as the quadratic clients' can be negative).
+    """
+    non_finite = [f"{key}={value}" for key, value in record.items() if not _all_finite(value)]
+    if non_finite:
+        return f"non-finite values {', '.join(non_finite)}; {DIVERGENCE_ADVICE}"
+    if not factor or not initial_losses:
+        return None
+    for key in LOSS_KEYS:
+        initial, value = initial_losses.get(key), record.get(key)
+        if value is not None and initial is not None and initial > 0 and value > factor * initial:
+            return (
+                f"{key} is {value:.4g}, {value / initial:.3g} times the initial model's {initial:.4g} "
+                f"(more than evaluation.divergence_factor={factor:g}); {DIVERGENCE_ADVICE}, "
+                "or raise evaluation.divergence_factor (0 = off) if such a loss is expected"
+            )
+    return None
+
+
+def norm_growth(model_norm: float, scale: float, factor: float) -> str | None:
+    """Why a round's server model norm shows divergence, with what to try; None for a healthy round (or ``factor`` 0).
+
+    The norm is recorded every round, so this test runs in rounds without evaluation too.  It compares
+    with the starting scale rather than with the previous round's norm: a diverging run may grow its
+    norm tenfold a round and never a thousandfold in one (MNIST with η_l = 3: 12.6, 127, 1463, 30094),
+    which a round-to-round test misses, while a healthy run's norm stays within a small multiple of
+    its starting scale.
+    """
+    if not factor or not math.isfinite(model_norm) or model_norm <= factor * scale:
+        return None
+    return (
+        f"model_norm is {model_norm:.4g}, {model_norm / scale:.3g} times the model's starting scale {scale:.4g} "
+        f"(the larger of the initial model's norm and √(number of parameters)), more than evaluation.norm_growth_factor={factor:g}; "
+        f"{DIVERGENCE_ADVICE}, or raise evaluation.norm_growth_factor (0 = off) if so large a model is expected"
+    )
+
+
+def _all_finite(value: Any) -> bool:
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, (list, tuple)):
+        return all(_all_finite(item) for item in value)
+    if isinstance(value, dict):
+        return all(_all_finite(item) for item in value.values())
+    return True
+
+
+def reference_losses(sim: Simulation) -> dict[str, float]:
+    """The initial model's evaluated losses, the divergence test's reference; computed once per simulation.
+
+    Evaluation draws no random numbers, so computing them changes no result.
+    """
+    if sim.initial_losses is None:
+        rows = _global_test_rows(sim)
+        with torch.no_grad():
+            sim.initial_losses, correct = _mean_losses(sim, sim.initial_params, rows)
+        if sim.model.is_classifier:
+            sim.initial_accuracy = correct / len(rows)
+    return sim.initial_losses
+
+
+def _global_test_rows(sim: Simulation) -> torch.Tensor:
+    return torch.arange(sim.data.global_test_size or len(sim.test_data.targets), device=sim.device)
+
+
+def _mean_losses(
+    sim: Simulation, params: torch.Tensor, test_rows: torch.Tensor, test_hits: torch.Tensor | None = None
+) -> tuple[dict[str, float], int]:
+    """Mean test loss over ``test_rows`` and mean train loss over the sampled clients' data, and the correct test predictions
+    (per row into ``test_hits`` when given)."""
+    batch = sim.evaluation.batch_size
+    test_loss, test_correct = _loss_and_correct(sim.model, params, sim.test_data, test_rows, batch, test_hits)
+    train_loss, _ = _loss_and_correct(sim.model, params, sim.training_data, sim.train_loss_rows, batch)
+    return {"test_loss": test_loss / len(test_rows), "train_loss": train_loss / len(sim.train_loss_rows)}, test_correct
+
+
+# What `evaluate` may add to a round's record; a resumed run whose evaluation schedule changed drops them
+# from rounds the new schedule does not evaluate, so its metrics match a run made in one go.
+EVALUATION_KEYS = ("test_loss", "train_loss", "test_accuracy", "client_test_accuracy_mean", "test_recall_at_5", "distance_to_minimizer")
+
+
+@torch.no_grad()
+def evaluate(sim: Simulation, params: torch.Tensor) -> dict[str, float]:
+    """Test accuracy and loss on the global test set; train loss over the data of ``evaluation.train_loss_clients``
+    clients (a sample fixed by the seed; every client's when 0 or at least the number of clients).
+
+    With per-client test splits, also the mean of the clients' local test
+    accuracies (EFL's per-client accuracy).  For objectives with a known
+    minimiser, the distance to it.
+    """
+    batch = sim.evaluation.batch_size
+    test = sim.test_data
+    test_rows = _global_test_rows(sim)
+    per_client = sim.model.is_classifier and sim.client_test_rows is not None
+    test_hits = torch.zeros(len(test_rows), dtype=torch.int64) if per_client else None
+    metrics, test_correct = _mean_losses(sim, params, test_rows, test_hits)
+    if sim.model.is_classifier:
+        metrics["test_accuracy"] = test_correct / len(test_rows)
+        if per_client:
+            accuracies = _client_test_accuracies(sim, params, test_hits)
+            if len(accuracies):
+                metrics["client_test_accuracy_mean"] = float(np.mean(accuracies))
+    if sim.model.multi_label:
+        metrics["test_recall_at_5"] = _recall_at_k(sim.model, params, test, test_rows, batch, k=5)
+    if sim.data.known_minimizer is not None:
+        minimizer = torch.as_tensor(sim.data.known_minimizer, dtype=params.dtype, device=params.device)
+        metrics["distance_to_minimizer"] = float(torch.linalg.vector_norm(params - minimizer))
+    return metrics
+
+
+def _client_test_accuracies(sim: Simulation, params: torch.Tensor, global_hits: torch.Tensor | None = None) -> list[float]:
+    """Each client's accuracy on its own test rows (clients without any left out), in client order.
+
+    One pass over all clients' test rows in evaluation batches, then a count per client: a forward
+    pass per client would cost 100,000 small passes with 100,000 clients.  ``global_hits``, the
+    correct predictions of the global test rows ``0..G-1``, are reused when every client's test
+    rows lie among them (client test splits usually make up the global test set).
+    """
+    lengths = [len(rows) for rows in sim.client_test_rows]
+    rows = sim.client_test_union
+    if global_hits is not None and (len(rows) == 0 or int(rows.max()) < len(global_hits)):
+        hits = global_hits[rows.cpu()]
+    else:
+        hits = torch.zeros(len(rows), dtype=torch.int64)
+        _loss_and_correct(sim.model, params, sim.test_data, rows, sim.evaluation.batch_size, hits)
+    owner = np.repeat(np.arange(len(lengths)), lengths)  # the client of each row
+    correct = np.bincount(owner, weights=hits.numpy(), minlength=len(lengths))
+    return [int(correct[k]) / n for k, n in enumerate(lengths) if n]
+
+
+def _recall_at_k(model: FlatModel, params: torch.Tensor, data: TrainingData, rows: torch.Tensor, batch_size: int, k: int) -> float:
+    """Micro recall of the top-k labels: true labels among each example's k highest logits / all true labels
+    (TFF's StackOverflow tag-prediction metric, ``Recall(top_k=5)``)."""
+    hits, positives = 0.0, 0.0
+    for start in range(0, len(rows), batch_size):
+        chunk = rows[start : start + batch_size]
+        outputs = model.forward(params, data.batch(chunk))
+        targets = data.targets[chunk]
+        top = outputs.topk(min(k, outputs.shape[1]), dim=1).indices
+        hits += float(targets.gather(1, top).sum())
+        positives += float(targets.sum())
+    return hits / positives if positives > 0 else 0.0
+
+
+def _loss_and_correct(
+    model: FlatModel, params: torch.Tensor, data: TrainingData, rows: torch.Tensor, batch_size: int, hits: torch.Tensor | None = None
+) -> tuple[float, int]:
+    """Summed loss and correct predictions over ``rows``; with ``hits`` (int64, one per row) also which rows were correct."""
+    loss_sum, correct = 0.0, 0
+    for start in range(0, len(rows), batch_size):
+        chunk = rows[start : start + batch_size]
+        outputs = model.forward(params, data.batch(chunk))
+        loss_sum += float(model.example_loss(outputs, data.targets[chunk]).sum())
+        if model.is_classifier:
+            right = outputs.argmax(dim=1) == data.targets[chunk]
+            correct += int(right.sum())
+            if hits is not None:
+                hits[start : start + len(chunk)] = right.cpu()
+    return loss_sum, correct
+
+
+def dissimilarity(sim: Simulation, params: torch.Tensor, registered: np.ndarray | None = None) -> dict[str, float | None]:
+    """FedProx Definition 2 at the server model, over all registered clients with ``p_k = n_k / n``:
+
+        B(θ)² = E_k ‖∇F_k(θ)‖² / ‖∇f(θ)‖²,    variance = E_k ‖∇F_k(θ) − ∇f(θ)‖²,    ∇f = E_k ∇F_k.
+
+    B(θ)² is None (null in metrics.jsonl) where ∇f(θ) = 0 and the ratio is undefined.
+    """
+    if registered is None:
+        registered = sim.registered_at(1)
+    loss_gradient = torch.func.grad(sim.model.batch_loss)
+    weights = sim.client_sizes[registered] / sim.client_sizes[registered].sum()
+    # One pass, no [N, P] table: E‖g_k − ḡ‖² = E‖g_k‖² − ‖ḡ‖² (clamped at 0 against rounding).
+    global_gradient = torch.zeros_like(params)
+    mean_squared_norm = 0.0
+    for client_id, weight in zip(registered.tolist(), weights.tolist()):
+        rows = sim.client_rows[client_id]
+        gradient = torch.zeros_like(params)
+        for start in range(0, len(rows), sim.evaluation.batch_size):
+            part = rows[start : start + sim.evaluation.batch_size]
+            gradient += loss_gradient(params, sim.training_data.batch(part), sim.training_data.targets[part]) * (len(part) / len(rows))
+        global_gradient += weight * gradient
+        mean_squared_norm += weight * float((gradient**2).sum())
+    global_norm_squared = float((global_gradient**2).sum())
+    return {
+        "dissimilarity_b2": mean_squared_norm / global_norm_squared if global_norm_squared > 0 else None,
+        "gradient_variance": max(0.0, mean_squared_norm - global_norm_squared),
+    }
