@@ -58,7 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the driftlab of 
 
 import driftlab  # noqa: E402
 from driftlab.experiments import lifecycle, runner  # noqa: E402
-from driftlab.simulation import engine  # noqa: E402
+from driftlab.simulation.round import engine  # noqa: E402
 
 ALGORITHMS = {
     "scaffold": ["algorithm.name=scaffold"],
@@ -243,7 +243,7 @@ def _killed_and_resumed(argv: list[str], checkpoint: int, out: Path) -> str:
 
 
 def _die_in_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
-    from driftlab.simulation import checkpoint
+    from driftlab.simulation.state import checkpoint
 
     seen = {"count": 0}
 

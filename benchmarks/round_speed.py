@@ -341,8 +341,8 @@ def driftlab_rounds(spec: dict[str, Any], inputs: torch.Tensor, targets: torch.T
     """Seconds of each round of driftlab FedAvg (engine ``run_round``: sampling, training, aggregation; no evaluation)."""
     from driftlab.experiments.config import load_config
     from driftlab.experiments.assembly import build_simulation
-    from driftlab.simulation.engine import run_round
-    from driftlab.simulation.vectorized import VectorizedBackend
+    from driftlab.simulation.round.engine import run_round
+    from driftlab.simulation.backends.vectorized import VectorizedBackend
 
     work = {"steps": spec["local_steps"]} if spec["local_steps"] is not None else {"epochs": spec["local_epochs"]}
     with tempfile.TemporaryDirectory() as directory:

@@ -43,7 +43,7 @@ from driftlab.errors import ConfigError
 USER_ERRORS = (
     ("driftlab.data.federated", "DataFileError"),
     ("driftlab.experiments.datasets", "DataSetupError"),
-    ("driftlab.simulation.checkpoint", "CheckpointError"),
+    ("driftlab.simulation.state.checkpoint", "CheckpointError"),
 )
 
 EXIT_RUNS_HELD = 4  # `driftlab sweep`: some runs are held by other live processes, so the sweep is not finished

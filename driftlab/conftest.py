@@ -31,3 +31,16 @@ def registries_as_found():
         registry.entries.update(found)
     plugins._loaded_paths.clear()
     plugins._loaded_paths.update(loaded)
+
+
+@pytest.fixture
+def built_ins_only():
+    """Every registry as a fresh process has it before any plugin is imported: only driftlab's own entries.
+
+    The examples' plugin modules register their entries when pytest imports them to collect their doctests;
+    a test whose expectations list the registered names, or that registers a plugin of the same name from
+    another file, asks for this."""
+    for registry in plugins.REGISTRIES:
+        for name in [name for name in registry.entries if name not in registry.built_in]:
+            del registry.entries[name]  # in place: modules hold aliases of the dict; registries_as_found restores it
+    yield

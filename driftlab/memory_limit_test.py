@@ -124,7 +124,7 @@ def test_size_checks_name_the_limit_that_refused(monkeypatch):
 
 
 def test_the_default_memory_budget_is_half_the_tightest_limit(monkeypatch):
-    from driftlab.simulation.memory_budget import MemoryBudget
+    from driftlab.simulation.state.memory_budget import MemoryBudget
 
     monkeypatch.setattr(ml, "memory_limits", lambda *a: [ml.MemoryLimit(64 * GIB, GIB, "ram"), ml.MemoryLimit(6 * GIB, GIB, "x")])
     assert ml.machine_memory_bytes() == 6 * GIB  # the tightest limit, not physical memory

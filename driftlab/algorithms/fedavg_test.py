@@ -14,12 +14,12 @@ from driftlab.data.federated import FederatedDataset
 from driftlab.experiments import runner as runner_module
 from driftlab.models import build_model
 from driftlab.optim.server import make_server_optimizer
-from driftlab.simulation.engine import run_round
-from driftlab.simulation.setup import RoundPlan, Simulation, SimulationState
-from driftlab.simulation.flat import FlatModel
-from driftlab.simulation.local_training import SequentialBackend
+from driftlab.simulation.round.engine import run_round
+from driftlab.simulation.round.setup import RoundPlan, Simulation, SimulationState
+from driftlab.simulation.backends.flat import FlatModel
+from driftlab.simulation.backends.local_training import SequentialBackend
 from driftlab.simulation.seam import RoundContext
-from driftlab.simulation.state_store import InMemoryClientStore
+from driftlab.simulation.state.state_store import InMemoryClientStore
 
 # ------------------------------------------------------------------ a round by hand
 

@@ -9,7 +9,7 @@ import driftlab
 from driftlab.algorithms import fedprox
 from driftlab.algorithms.shared_test import TINY, without_wall_time
 from driftlab.optim.server import make_server_optimizer
-from driftlab.simulation.local_training import LocalSettings, corrected_step
+from driftlab.simulation.backends.local_training import LocalSettings, corrected_step
 from driftlab.simulation.seam import NO_CORRECTION, ClientContext, ClientUpdate, RoundContext
 
 

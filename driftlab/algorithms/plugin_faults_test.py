@@ -33,7 +33,7 @@ import torch
 from pydantic import BaseModel, ConfigDict
 
 from driftlab.algorithms import AlgorithmEntry, fedavg, register
-from driftlab.simulation.objectives import LocalObjective, LocalStep, LossTerm
+from driftlab.simulation.backends.objectives import LocalObjective, LocalStep, LossTerm
 
 
 class Config(BaseModel):
@@ -318,7 +318,7 @@ def test_a_list_as_client_state_fails_the_run_cleanly_on_both_stores(fresh_regis
 
 
 def test_the_store_names_the_plugin_that_made_a_state(tmp_path):
-    from driftlab.simulation.state_store import DiskClientStore, InMemoryClientStore
+    from driftlab.simulation.state.state_store import DiskClientStore, InMemoryClientStore
 
     owner = "algorithm plugin 'toy' (/x/toy.py)"
     memory = InMemoryClientStore(lambda: (torch.zeros(2), 0), owner=owner)
@@ -336,7 +336,7 @@ def test_the_store_names_the_plugin_that_made_a_state(tmp_path):
 
 
 def test_a_field_that_starts_as_none_may_fill_in_on_the_memory_store_and_resumes(tmp_path):
-    from driftlab.simulation.state_store import InMemoryClientStore
+    from driftlab.simulation.state.state_store import InMemoryClientStore
 
     memory = InMemoryClientStore(lambda: (None, 0))
     memory.put(0, (torch.zeros(2), 1))  # None in client_state_init's state: a checkpoint restores what was stored
@@ -360,7 +360,7 @@ def test_guarding_keeps_a_vmapped_loss_term_vmapped_and_every_number(fresh_regis
 def test_clients_sharing_a_term_function_still_share_it_after_wrapping():
     from driftlab.algorithms import fedavg
     from driftlab.optim.server import make_server_optimizer
-    from driftlab.simulation.objectives import LocalObjective, LossTerm
+    from driftlab.simulation.backends.objectives import LocalObjective, LossTerm
     from driftlab.simulation.seam import ClientContext
 
     def term(batch, anchor):
@@ -385,7 +385,7 @@ def test_a_compressed_plugin_keeps_its_guard_and_its_name(fresh_registry, tmp_pa
         run_plugin(path, "compressed_fails", "compression.ratio=0.3")
     from driftlab.experiments.assembly import build_algorithm
     from driftlab.experiments.config import load_config
-    from driftlab.simulation.flat import FlatModel
+    from driftlab.simulation.backends.flat import FlatModel
 
     config = load_config(None, [f"plugins=['{healthy}']", "algorithm.name=compressed_ok", "compression.ratio=0.3"])
     compressed = build_algorithm(config, FlatModel.wrap(torch.nn.Linear(2, 1)))

@@ -40,9 +40,9 @@ from typing import Any, Callable
 import torch
 
 from driftlab.errors import ClientStateError, ConfigError, PluginError
-from driftlab.simulation.objectives import LocalObjective, LocalStep, LossTerm
+from driftlab.simulation.backends.objectives import LocalObjective, LocalStep, LossTerm
 from driftlab.simulation.seam import Algorithm, ClientContext, GradientCorrection, ServerFold
-from driftlab.simulation.state_store import layout_difference, state_layout
+from driftlab.simulation.state.state_store import layout_difference, state_layout
 
 PASSED_THROUGH = (MemoryError, torch.OutOfMemoryError)  # resource errors keep their type: they are not the plugin's fault
 _WRAPPED_LIMIT = 64  # term and step functions remembered per algorithm (a plugin making new ones per client gets no unbounded cache)
@@ -206,7 +206,7 @@ class _Guard:
         # The term and step functions are wrapped in place of the objective the backends get (see ``client_objective``).
         if not isinstance(objective, (GradientCorrection, LocalObjective, LossTerm, LocalStep)):
             raise self.refuse(
-                name, f"{_a(objective)}; it must return a GradientCorrection or a LocalObjective (driftlab.simulation.objectives)", args
+                name, f"{_a(objective)}; it must return a GradientCorrection or a LocalObjective (driftlab.simulation.backends.objectives)", args
             )
         correction = objective.correction if isinstance(objective, LocalObjective) else objective if isinstance(objective, GradientCorrection) else None
         if correction is None or self.model is None:

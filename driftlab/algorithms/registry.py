@@ -89,35 +89,14 @@ ALGORITHMS: dict[str, AlgorithmEntry] = REGISTRY.entries  # in registration orde
 BUILT_IN: tuple[str, ...] = ()  # set by driftlab.algorithms once the built-ins are registered
 
 
-def register(entry: AlgorithmEntry) -> AlgorithmEntry:
-    """Add ``entry`` to the registry (what a plugin module calls at import); returns it.
-
-    Registering the same entry again (a module imported twice) does nothing; another
-    algorithm under a name already taken is an error.
-    """
-    if not isinstance(entry, AlgorithmEntry):
-        raise TypeError(f"register() takes an AlgorithmEntry, got {type(entry).__name__}")
-    return REGISTRY.register(entry)
-
-
-def is_plugin(entry: AlgorithmEntry) -> bool:
-    """Whether ``entry`` comes from a plugin (a config's ``plugins``, an entry point, a script), not driftlab itself."""
-    return REGISTRY.is_plugin(entry)
-
-
-def describe_plugin(entry: AlgorithmEntry) -> str:
-    """How messages name a plugin's algorithm: ``algorithm plugin 'moon' (/path/moon.py)`` (its source file, else its module)."""
-    return REGISTRY.describe(entry)
-
-
-def lookup(name: str) -> AlgorithmEntry | None:
-    """The entry registered under ``name``, looking in installed entry points once when it is not (yet) known."""
-    return REGISTRY.lookup(name)
-
-
-def names() -> list[str]:
-    """Every algorithm a config can name now: the built-ins, installed entry points and plugins imported so far."""
-    return REGISTRY.names()
+# The kind's registry functions are the Registry's own (driftlab.plugins.Registry documents them).
+register = REGISTRY.register
+lookup = REGISTRY.lookup
+names = REGISTRY.names
+is_plugin = REGISTRY.is_plugin
+describe_plugin = REGISTRY.describe
+load_entry_points = REGISTRY.load_entry_points
+plugin_source = REGISTRY.plugin_source
 
 
 def label(name: str) -> str:
@@ -126,13 +105,3 @@ def label(name: str) -> str:
     return entry.label if entry is not None else name
 
 
-def load_entry_points() -> list[str]:
-    """Import the installed entry points of group ``driftlab.algorithms`` (once per process); the problems met."""
-    return REGISTRY.load_entry_points()
-
-
-def plugin_source(entry: AlgorithmEntry) -> str | None:
-    """What a config's ``plugins`` must name for another process to register ``entry``: the path of the
-    .py file it was loaded from, or its module's name; None when it was defined in a script (``__main__``)
-    or another module that cannot be imported by name."""
-    return REGISTRY.plugin_source(entry)

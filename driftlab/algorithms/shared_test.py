@@ -31,7 +31,7 @@ import driftlab
 from driftlab.algorithms import ALGORITHMS
 from driftlab.algorithms.registry import BUILT_IN
 from driftlab.optim.server import make_server_optimizer
-from driftlab.simulation.local_training import LocalSettings, corrected_step
+from driftlab.simulation.backends.local_training import LocalSettings, corrected_step
 from driftlab.simulation.seam import Algorithm, ClientContext, ClientUpdate, RoundContext
 
 BUILT_IN_NAMES = sorted(BUILT_IN)

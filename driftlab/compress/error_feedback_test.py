@@ -14,7 +14,7 @@ from driftlab.experiments.config import load_config
 from driftlab.experiments.runner import build_simulation
 from driftlab.metrics.communication import payload_bits
 from driftlab.optim.server import make_server_optimizer
-from driftlab.simulation.engine import run_round
+from driftlab.simulation.round.engine import run_round
 from driftlab.simulation.seam import ClientContext, ClientUpdate, RoundContext
 
 SIZES = (6, 3)  # two "tensors" in a flat vector of 9

@@ -22,7 +22,7 @@ elsewhere.
 Preprocessing follows the FedDyn authors' code (``utils_dataset.py``): pixels
 are scaled to [0, 1] then normalised per channel, and CIFAR training uses a
 random horizontal flip and a random pad-4 crop, which the training backends
-apply batch by batch (``driftlab.simulation.augmentation.flip_crop_from_keys``,
+apply batch by batch (``driftlab.simulation.backends.augmentation.flip_crop_from_keys``,
 with the draws taken from per-example keys).
 
 Example:

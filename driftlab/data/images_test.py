@@ -37,7 +37,7 @@ from driftlab.data.images import (
     load_image_folder,
 )
 from driftlab.experiments.real_data import needs_real_data, real_data_path
-from driftlab.simulation.augmentation import check_images, flip_crop_from_keys, flip_then_shift
+from driftlab.simulation.backends.augmentation import check_images, flip_crop_from_keys, flip_then_shift
 
 # where the library finds them without a data.root, or None
 REAL_CIFAR_JPEG = real_data_path("cifar10_folder")

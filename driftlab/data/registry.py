@@ -203,20 +203,9 @@ REGISTRY: Registry[DataSetEntry] = Registry("data set", ENTRY_POINT_GROUP, DataS
 DATA_SETS: dict[str, DataSetEntry] = REGISTRY.entries  # in registration order: the built-ins, then plugins
 
 
-def register(entry: DataSetEntry) -> DataSetEntry:
-    """Add ``entry`` to the registry (what a plugin module calls at import); returns it.
-
-    Registering the same entry again (a module imported twice) does nothing; another data set
-    under a name already taken is a ValueError.
-    """
-    if not isinstance(entry, DataSetEntry):
-        raise TypeError(f"register() takes a DataSetEntry, got {type(entry).__name__}")
-    return REGISTRY.register(entry)
-
-
-def lookup(name: str) -> DataSetEntry | None:
-    """The entry registered under ``name``, looking in installed entry points once when it is not (yet) known."""
-    return REGISTRY.lookup(name)
+# The kind's registry functions are the Registry's own (driftlab.plugins.Registry documents them).
+register = REGISTRY.register
+lookup = REGISTRY.lookup
 
 
 def entry_of(section: Any) -> DataSetEntry:

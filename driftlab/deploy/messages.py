@@ -19,9 +19,9 @@ from driftlab.errors import ConfigError
 from driftlab.experiments.assembly import build_model, configured_algorithm, load_data, resolve_device
 from driftlab.experiments.config import ExperimentConfig
 from driftlab.deploy import wire
-from driftlab.simulation.client import ClientSettings
-from driftlab.simulation.flat import FlatModel
-from driftlab.simulation.precision import parameter_dtype
+from driftlab.simulation.round.client import ClientSettings
+from driftlab.simulation.backends.flat import FlatModel
+from driftlab.simulation.backends.precision import parameter_dtype
 from driftlab.simulation.seam import Algorithm, ClientContext
 
 NODE = -1  # the client id in the envelope of a node's own messages (registration)

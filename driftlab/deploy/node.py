@@ -36,12 +36,12 @@ from driftlab.deploy.node_state import TOKEN_BYTES, NodeClientState, registratio
 from driftlab.errors import ConfigError
 from driftlab.experiments.assembly import build_algorithm, resolve_device, round_plan
 from driftlab.experiments.config import ExperimentConfig
-from driftlab.simulation.augmentation import flip_crop_from_keys
-from driftlab.simulation.client import ClientData, ClientSettings, run_client
-from driftlab.simulation.engine import client_settings
-from driftlab.simulation.flat import FlatModel
-from driftlab.simulation.local_training import TrainingData
-from driftlab.simulation.precision import parameter_dtype
+from driftlab.simulation.backends.augmentation import flip_crop_from_keys
+from driftlab.simulation.round.client import ClientData, ClientSettings, run_client
+from driftlab.simulation.round.engine import client_settings
+from driftlab.simulation.backends.flat import FlatModel
+from driftlab.simulation.backends.local_training import TrainingData
+from driftlab.simulation.backends.precision import parameter_dtype
 from driftlab.simulation.seam import ClientContext
 
 

@@ -58,7 +58,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
-from driftlab.simulation.checkpoint import CheckpointError, checkpoint_checksum, state_from_tensors, state_to_tensors, write_atomically
+from driftlab.simulation.state.checkpoint import CheckpointError, checkpoint_checksum, state_from_tensors, state_to_tensors, write_atomically
 
 NODE_STATE_FORMAT = "driftlab-node-state/1"
 _PREFIX = "state"

@@ -8,7 +8,7 @@ from driftlab.algorithms import efl, scaffold
 from driftlab.compress.error_feedback import with_compression
 from driftlab.deploy.node_state import NodeClientState, registration_token
 from driftlab.optim.server import make_server_optimizer
-from driftlab.simulation.checkpoint import CheckpointError
+from driftlab.simulation.state.checkpoint import CheckpointError
 
 RUN = "0123456789abcdef"
 P = 12

@@ -169,11 +169,11 @@ from driftlab.experiments.config import ExperimentConfig, load_config
 from driftlab.experiments import run_directory
 from driftlab.experiments.lifecycle import RunResult, run_rounds
 from driftlab.experiments.trackers import check_trackers_installed
-from driftlab.simulation.checkpoint import write_atomically
-from driftlab.simulation.engine import finish_round, plan_round
-from driftlab.simulation.setup import Simulation, SimulationState
+from driftlab.simulation.state.checkpoint import write_atomically
+from driftlab.simulation.round.engine import finish_round, plan_round
+from driftlab.simulation.round.setup import Simulation, SimulationState
 from driftlab.simulation.seam import Algorithm, ClientContext, ClientUpdate
-from driftlab.simulation.state_store import InMemoryClientStore
+from driftlab.simulation.state.state_store import InMemoryClientStore
 
 LOGGER = logging.getLogger("driftlab.deploy")
 ROUNDS_FILE = "deployment_rounds.json"  # per round, the clients whose replies the server accepted

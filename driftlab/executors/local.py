@@ -5,7 +5,7 @@ reaches the whole process group, and a SIGTERM sent to the sweep alone is passed
 
 Runs started together on one GPU split its memory: each worker is told how many of the
 sweep's runs share its GPU (``DRIFTLAB_GPU_SHARE``, read by the run's memory budget,
-``driftlab.simulation.memory_budget``), so that two runs do not each plan for 80% of it.
+``driftlab.simulation.state.memory_budget``), so that two runs do not each plan for 80% of it.
 """
 
 from __future__ import annotations

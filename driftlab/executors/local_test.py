@@ -59,7 +59,7 @@ def test_a_run_held_by_a_live_process_is_not_started(tmp_path):
 
 
 def test_the_gpu_share_variable_is_the_one_the_memory_budget_reads():
-    from driftlab.simulation.memory_budget import GPU_SHARE_VARIABLE as READ, gpu_share
+    from driftlab.simulation.state.memory_budget import GPU_SHARE_VARIABLE as READ, gpu_share
 
     assert GPU_SHARE_VARIABLE == READ
     assert gpu_share({GPU_SHARE_VARIABLE: "3"}) == 3

@@ -140,21 +140,10 @@ class ExecutorEntry:
 REGISTRY: Registry[ExecutorEntry] = Registry("executor", ENTRY_POINT_GROUP, ExecutorEntry, lambda entry: entry.execute)
 
 
-def register(entry: ExecutorEntry) -> ExecutorEntry:
-    """Add ``entry`` to the registry (what a plugin module calls at import); returns it."""
-    if not isinstance(entry, ExecutorEntry):
-        raise TypeError(f"register() takes an ExecutorEntry, got {type(entry).__name__}")
-    return REGISTRY.register(entry)
-
-
-def lookup(name: str) -> ExecutorEntry | None:
-    """The entry registered under ``name``, looking in installed entry points once when it is not (yet) known."""
-    return REGISTRY.lookup(name)
-
-
-def names() -> list[str]:
-    """Every executor a sweep can name now: the built-ins, installed entry points and plugins imported so far."""
-    return REGISTRY.names()
+# The kind's registry functions are the Registry's own (driftlab.plugins.Registry documents them).
+register = REGISTRY.register
+lookup = REGISTRY.lookup
+names = REGISTRY.names
 
 
 def find(name: str) -> ExecutorEntry:

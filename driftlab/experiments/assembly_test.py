@@ -12,7 +12,7 @@ import driftlab
 from driftlab.data.federated import FederatedArrays, federated_dataset_from_arrays
 from driftlab.experiments.assembly import build_model, build_simulation, is_classifier, user_data
 from driftlab.experiments.config import ConfigError, load_config
-from driftlab.simulation.vectorized import LinearReluStack
+from driftlab.simulation.backends.vectorized import LinearReluStack
 
 BACKENDS = ("sequential", "vectorized")
 

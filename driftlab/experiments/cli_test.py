@@ -437,7 +437,7 @@ def test_known_errors_keep_their_exit_codes(monkeypatch, capsys, temp_dir):
     assert capsys.readouterr().err == "driftlab: error: /data/secret: Permission denied\n"
     from driftlab.data.federated import DataFileError
     from driftlab.experiments.datasets import DataSetupError
-    from driftlab.simulation.checkpoint import CheckpointError
+    from driftlab.simulation.state.checkpoint import CheckpointError
 
     for error in (DataFileError("bad file x.npz"), DataSetupError("no data at y"), CheckpointError("checkpoint z is damaged")):
         _fail_with(monkeypatch, error)

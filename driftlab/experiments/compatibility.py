@@ -38,7 +38,7 @@ from driftlab.experiments.datasets import vocabulary_size
 from driftlab.memory_limit import MemoryLimit, format_bytes, memory_limit
 from driftlab.models import registry as models
 from driftlab.optim.schedules import steps_at
-from driftlab.simulation.sampling import clients_per_round
+from driftlab.simulation.round.sampling import clients_per_round
 
 PROBE_EXAMPLES = 4  # examples of the forward pass: enough to catch batch-dimension mistakes, cheap for any model
 INDEX_BYTES = 8  # the batch plan is int64 positions

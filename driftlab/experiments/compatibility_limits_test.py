@@ -41,7 +41,7 @@ def test_quadratic_clients_and_dimension_name_each_fix_that_fits():
     assert neither.endswith("keep data.num_clients x data.quadratic_dimension under about 2,147,483 (now 1e+16)")
 
 
-def test_uint8_images_with_mlr_are_told_about_floats_and_normalisation_not_token_sequences():
+def test_uint8_images_with_mlr_are_told_about_floats_and_normalisation_not_token_sequences(built_ins_only):
     rng = np.random.default_rng(0)
     images = rng.integers(0, 256, size=(40, 1, 8, 8)).astype(np.uint8)
     labels = np.arange(40) % 3

@@ -16,7 +16,7 @@ from driftlab.experiments.config import ConfigError, load_config
 from driftlab.experiments.datasets import build_dataset
 from driftlab.experiments.real_data import needs_real_data
 from driftlab.experiments.assembly import build_model
-from driftlab.simulation.flat import FlatModel
+from driftlab.simulation.backends.flat import FlatModel
 
 SMALL = {"rounds": 1, "data": {"num_clients": 5}}
 
@@ -43,7 +43,7 @@ def _run_error(*overrides, model=None, out=None) -> str:
         (["model.name=quadratic"], ["model 'quadratic'", "'synthetic'", "quadratic data sets only", "mlr or mlp"]),
     ],
 )
-def test_model_data_mismatch_is_a_config_error_before_training(tmp_path, overrides, fragments):
+def test_model_data_mismatch_is_a_config_error_before_training(tmp_path, overrides, fragments, built_ins_only):
     out = tmp_path / "run"
     message = _run_error(*overrides, out=out)
     for fragment in fragments:

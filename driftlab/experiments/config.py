@@ -68,8 +68,8 @@ from driftlab.models import registry as models
 from driftlab.plugins import did_you_mean, load_plugins, resolve_plugin
 from driftlab.optim import registry as server_optimizers
 from driftlab.optim.schedules import MAX_RATE, Count, Rate, is_constant_one  # noqa: F401 - MAX_RATE: re-exported
-from driftlab.simulation.availability import ClientIds
-from driftlab.simulation.memory_budget import parse_bytes
+from driftlab.simulation.round.availability import ClientIds
+from driftlab.simulation.state.memory_budget import parse_bytes
 
 MAX_CONFIG_BYTES = 1_000_000  # the largest shipped preset is 2 kB; a megabyte is never a hand-written config
 MAX_NESTING = 32  # a config nests 5 levels at most (availability.events[i].join_range[j]); 32 leaves room, not recursion

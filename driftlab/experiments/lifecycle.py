@@ -73,10 +73,10 @@ from driftlab.experiments.run_directory import (
 )
 from driftlab.experiments.trackers import open_trackers
 from driftlab.metrics.summary import summarize
-from driftlab.simulation import latest_models
-from driftlab.simulation.checkpoint import load_checkpoint, save_checkpoint, write_atomically
-from driftlab.simulation.engine import commit_round
-from driftlab.simulation.setup import Simulation, SimulationState, disk_stores
+from driftlab.simulation.round import latest_models
+from driftlab.simulation.state.checkpoint import load_checkpoint, save_checkpoint, write_atomically
+from driftlab.simulation.round.engine import commit_round
+from driftlab.simulation.round.setup import Simulation, SimulationState, disk_stores
 from driftlab.simulation.evaluation import EVALUATION_KEYS, reference_losses
 
 

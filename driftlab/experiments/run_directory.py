@@ -62,8 +62,8 @@ class RunDirectoryBusy(ConfigError):
 
 
 def write_atomically(path: Path, write: Callable[[Path], None]) -> None:
-    """``driftlab.simulation.checkpoint.write_atomically``, imported when first needed (it imports torch)."""
-    from driftlab.simulation.checkpoint import write_atomically as write_file
+    """``driftlab.simulation.state.checkpoint.write_atomically``, imported when first needed (it imports torch)."""
+    from driftlab.simulation.state.checkpoint import write_atomically as write_file
 
     write_file(path, write)
 

@@ -67,8 +67,8 @@ from driftlab.experiments.run_directory import (  # noqa: F401  (the file names 
     read_run_info,
 )
 from driftlab.experiments.trackers import check_trackers_installed
-from driftlab.simulation.engine import commit_round, discard_round, run_round
-from driftlab.simulation.setup import Simulation, SimulationState
+from driftlab.simulation.round.engine import commit_round, discard_round, run_round
+from driftlab.simulation.round.setup import Simulation, SimulationState
 
 
 def run(

@@ -26,7 +26,7 @@ from driftlab.data.federated import DataFileError, FederatedArrays
 from driftlab.experiments import lifecycle, run_directory, runner
 from driftlab.experiments.config import ConfigError
 from driftlab.experiments.real_data import needs_real_data
-from driftlab.simulation import checkpoint as checkpoint_module
+from driftlab.simulation.state import checkpoint as checkpoint_module
 from driftlab.simulation.seam import GradientCorrection
 
 REPO_ROOT = Path(driftlab.__file__).resolve().parents[1]
@@ -283,7 +283,7 @@ def test_interrupt_inside_a_round_of_a_stateful_algorithm_resumes_exactly(tmp_pa
     reference = tmp_path / "reference"
     driftlab.run(None, reference, overrides=overrides)
 
-    from driftlab.simulation import engine
+    from driftlab.simulation.round import engine
 
     real_evaluate = engine.evaluate
     calls = []

@@ -207,7 +207,7 @@ def test_a_node_killed_mid_run_leaves_fewer_reporters_and_scaffold_invariant(tmp
     from driftlab.deploy import messages
     from driftlab.deploy.node_state import NodeClientState
     from driftlab.deploy.server import ROUNDS_FILE
-    from driftlab.simulation.checkpoint import load_checkpoint
+    from driftlab.simulation.state.checkpoint import load_checkpoint
 
     config_path, project = new_project(tmp_path)
     config = load_config(config_path)

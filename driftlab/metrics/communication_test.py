@@ -9,7 +9,7 @@ import torch
 
 import driftlab
 from driftlab.metrics.communication import BITS_PER_ENTRY, model_equivalents, payload_bits
-from driftlab.simulation.sampling import clients_per_round
+from driftlab.simulation.round.sampling import clients_per_round
 
 
 def test_payload_bits_of_tensors_count_32_bits_per_entry_whatever_the_dtype():

@@ -3,7 +3,7 @@
 A batched forward is ``forward(module, params, inputs) -> outputs``: ``inputs`` are ``[C, B, *example]``
 (one row of examples per client), ``params`` the clients' stacked parameters (``layers.Parameters``) and the
 outputs ``[C, B, classes]``.  It must compute exactly what ``module(inputs[k])`` computes with client ``k``'s
-parameters (``simulation/stacked_test.py`` checks every one against the module, client by client, to 1e-12).
+parameters (``simulation/backends/stacked_test.py`` checks every one against the module, client by client, to 1e-12).
 Each is named by its model's registry entry (``ModelEntry.batched_forward``), which the vectorized
 backend looks up by the module's exact type (``registry.batched_form``).
 """

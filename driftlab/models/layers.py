@@ -1,6 +1,6 @@
 """Batched layers: one forward pass of a layer for a stack of ``C`` clients, each with its own parameters.
 
-The vectorized backend (``driftlab.simulation.stacked``) trains the ``C`` clients of a chunk as one
+The vectorized backend (``driftlab.simulation.backends.stacked``) trains the ``C`` clients of a chunk as one
 ``[C, P]`` matrix ``Θ``.  A model's *batched forward* (``ModelEntry.batched_forward``, the zoo's in
 ``driftlab.models.batched``) is written with the layers here, and autograd takes the gradient of the
 summed masked losses (the clients' parameters are disjoint, so row ``k`` of the gradient is client ``k``'s own):

@@ -132,25 +132,10 @@ REGISTRY: Registry[ModelEntry] = Registry("model", ENTRY_POINT_GROUP, ModelEntry
 MODELS: dict[str, ModelEntry] = REGISTRY.entries  # in registration order: the zoo, then plugins
 
 
-def register(entry: ModelEntry) -> ModelEntry:
-    """Add ``entry`` to the registry (what a plugin module calls at import); returns it.
-
-    Registering the same entry again (a module imported twice) does nothing; another
-    model under a name already taken is an error.
-    """
-    if not isinstance(entry, ModelEntry):
-        raise TypeError(f"register() takes a ModelEntry, got {type(entry).__name__}")
-    return REGISTRY.register(entry)
-
-
-def lookup(name: str) -> ModelEntry | None:
-    """The entry registered under ``name``, looking in installed entry points once when it is not (yet) known."""
-    return REGISTRY.lookup(name)
-
-
-def names() -> list[str]:
-    """Every model a config can name now: the zoo, installed entry points and plugins imported so far."""
-    return REGISTRY.names()
+# The kind's registry functions are the Registry's own (driftlab.plugins.Registry documents them).
+register = REGISTRY.register
+lookup = REGISTRY.lookup
+names = REGISTRY.names
 
 
 def names_reading(kind: str) -> list[str]:

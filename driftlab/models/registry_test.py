@@ -17,8 +17,8 @@ from driftlab import plugins
 from driftlab.errors import ConfigError
 from driftlab.experiments.config import LEGACY_FLAT_DEFAULTS, describe_keys, load_config
 from driftlab.models import MODEL_NAMES, ModelEntry, ModelSection, registry, zoo
-from driftlab.simulation.flat import FlatModel
-from driftlab.simulation.stacked import StackedNetwork
+from driftlab.simulation.backends.flat import FlatModel
+from driftlab.simulation.backends.stacked import StackedNetwork
 
 # Fingerprints of shipped presets recorded before [model] became a tagged union: runs made then must still resume.
 PINNED_FINGERPRINTS = {
@@ -186,7 +186,7 @@ def _config(plugin: Path, *overrides: str):
     )
 
 
-def test_a_plugin_model_is_named_in_a_config_and_its_own_keys_are_validated(plugin):
+def test_a_plugin_model_is_named_in_a_config_and_its_own_keys_are_validated(plugin, built_ins_only):
     config = _config(plugin, "model.channels=2")
     assert config.model.name == "tiny_cnn" and config.model.channels == 2
     with pytest.raises(ConfigError, match=r"model.channels: Input should be greater than or equal to 1"):
@@ -198,7 +198,7 @@ def test_a_plugin_model_is_named_in_a_config_and_its_own_keys_are_validated(plug
     assert "[model] when model.name = 'tiny_cnn' (plugin " in describe_keys()
 
 
-def test_a_plugin_model_trains_alike_on_both_backends_and_config_json_records_the_plugin(plugin, tmp_path):
+def test_a_plugin_model_trains_alike_on_both_backends_and_config_json_records_the_plugin(plugin, tmp_path, built_ins_only):
     finals = {}
     for backend in ("sequential", "vectorized"):
         result = driftlab.run(_config(plugin, f"backend={backend}"), tmp_path / backend)
@@ -210,7 +210,7 @@ def test_a_plugin_model_trains_alike_on_both_backends_and_config_json_records_th
     assert load_config(tmp_path / "vectorized" / "config.json").fingerprint() == _config(plugin, "backend=vectorized").fingerprint()
 
 
-def test_a_plugin_models_batched_forward_gives_each_client_its_own_gradient(plugin):
+def test_a_plugin_models_batched_forward_gives_each_client_its_own_gradient(plugin, built_ins_only):
     _config(plugin)  # imports the plugin
     entry = registry.lookup("tiny_cnn")
     torch.manual_seed(0)

@@ -10,10 +10,10 @@ from torch import nn
 
 from driftlab.models import MODEL_NAMES, build_model
 from driftlab.models.zoo import CharGRU, CharLSTM, FedDynCNN, FemnistCNN, resnet18_groupnorm, vgg11
-from driftlab.simulation.flat import FlatModel
-from driftlab.simulation.local_training import ClientTask, LocalSettings, SequentialBackend, TrainingData, batch_plan
+from driftlab.simulation.backends.flat import FlatModel
+from driftlab.simulation.backends.local_training import ClientTask, LocalSettings, SequentialBackend, TrainingData, batch_plan
 from driftlab.simulation.seam import NO_CORRECTION, GradientCorrection
-from driftlab.simulation.vectorized import VectorizedBackend
+from driftlab.simulation.backends.vectorized import VectorizedBackend
 
 
 def _count(module: nn.Module) -> int:
@@ -236,7 +236,7 @@ def _round(name, input_shape, num_classes, kwargs, integer_inputs):
 def test_one_round_agrees_on_both_backends(case, caplog):
     model, start, tasks, settings, data = _round(*case)
     expected = {p: (theta.clone(), done) for p, theta, done in SequentialBackend().train(model, start, tasks, settings, data)}
-    with caplog.at_level(logging.WARNING, logger="driftlab.simulation.vectorized"):
+    with caplog.at_level(logging.WARNING, logger="driftlab.simulation.backends.vectorized"):
         actual = {p: (theta.clone(), done) for p, theta, done in VectorizedBackend().train(model, start, tasks, settings, data)}
     # Every zoo model takes the vectorized path itself (batched layers: LinearReluStack for the MLP,
     # stacked.StackedNetwork for the rest), so there is no sequential fallback.

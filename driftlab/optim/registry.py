@@ -168,14 +168,9 @@ def register(entry: ServerOptimizerEntry | TransformationEntry) -> ServerOptimiz
     return REGISTRY.register(entry)
 
 
-def lookup(name: str) -> ServerOptimizerEntry | None:
-    """The server optimizer registered under ``name`` (reading installed entry points once when it is not known)."""
-    return REGISTRY.lookup(name)
-
-
-def names() -> list[str]:
-    """Every server optimizer a config can name now: built-ins, installed entry points and plugins imported so far."""
-    return REGISTRY.names()
+# The kind's registry functions are the Registry's own (driftlab.plugins.Registry documents them).
+lookup = REGISTRY.lookup
+names = REGISTRY.names
 
 
 def label(name: str) -> str:

@@ -25,7 +25,7 @@ from driftlab.optim.registry import (
     TransformationEntry,
     build_server_optimizer,
 )
-from driftlab.simulation.checkpoint import state_to_tensors
+from driftlab.simulation.state.checkpoint import state_to_tensors
 
 TINY = [
     "rounds=4", "data.num_clients=6", "sampling.participation=0.5", "client.steps=3", "seed=1", "evaluation.every=2",

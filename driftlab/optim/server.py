@@ -88,7 +88,7 @@ Updates (state starts at ``m = 0``, ``v = 0`` unless noted):
   Yogi default ``initial_accumulator = 1e-6 = (1e-3)²`` meets it.
 
 State is one small frozen dataclass per optimizer holding only tensors and
-ints, so it checkpoints as it is (``driftlab.simulation.checkpoint``): a
+ints, so it checkpoints as it is (``driftlab.simulation.state.checkpoint``): a
 chain's state holds ``step`` and its stages' fields (``velocity``,
 ``first_moment``, ``second_moment``), the checkpoint keys the named
 optimizers have always had.

@@ -14,7 +14,7 @@ from dataclasses import fields
 import pytest
 import safetensors.torch
 
-from driftlab.simulation.checkpoint import state_from_tensors, state_to_tensors
+from driftlab.simulation.state.checkpoint import state_from_tensors, state_to_tensors
 import torch
 
 from driftlab.optim import server

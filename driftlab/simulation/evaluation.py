@@ -17,10 +17,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from driftlab.simulation.flat import FlatModel
-from driftlab.simulation.local_training import TrainingData
+from driftlab.simulation.backends.flat import FlatModel
+from driftlab.simulation.backends.local_training import TrainingData
 
-from driftlab.simulation.setup import Simulation
+from driftlab.simulation.round.setup import Simulation
 
 
 DIVERGENCE_ADVICE = "lower client.lr (or server.lr), or set client.clip_norm"

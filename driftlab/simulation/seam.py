@@ -23,7 +23,7 @@ dataclass of the module, e.g. ``scaffold.ClientView(params, control)``), never
 the server state: what a client may use is exactly what the server sends it,
 and its size is the download traffic (``payload_bits(view)``).  Every view has
 a ``params`` field, the model local training starts from.
-``driftlab.simulation.client.run_client`` is the one client code path built on
+``driftlab.simulation.round.client.run_client`` is the one client code path built on
 these functions.
 
 Every algorithm in algorithms.md changes the local objective by an affine

@@ -18,7 +18,7 @@ between rounds.  (FedAvgM of Hsu, Qi, Brown 2019 is momentum on the *server*:
 ``server.optimizer = "sgd"`` with ``server.momentum`` in driftlab.)  At β = 0 this
 is FedAvg step for step.
 
-The momentum is a ``LocalStep`` (``driftlab.simulation.objectives``): the
+The momentum is a ``LocalStep`` (``driftlab.simulation.backends.objectives``): the
 algorithm's own local update in place of ``θ ← θ − η_l g``; both training
 backends run it.  Nothing of driftlab is edited: a config or sweep names this
 file under ``plugins`` and importing it registers the algorithm::
@@ -45,7 +45,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from driftlab.algorithms import AlgorithmEntry, fedavg, register
-from driftlab.simulation.objectives import LocalObjective, LocalStep
+from driftlab.simulation.backends.objectives import LocalObjective, LocalStep
 from driftlab.simulation.seam import Algorithm, ClientContext
 
 NAME = "fedavg_client_momentum"

@@ -18,7 +18,7 @@ the paper's form.  The previous model is the client's last local model; a
 client that has not trained yet uses the initial model θ^0.  μ = 1 and τ = 0.5
 are the paper's defaults for most of its data sets (μ = 5 for CIFAR-10).
 
-The term is a ``LossTerm`` (``driftlab.simulation.objectives``): the global and
+The term is a ``LossTerm`` (``driftlab.simulation.backends.objectives``): the global and
 previous models are its tensors, so the vectorized backend batches the
 clients' terms with ``vmap``.  A config or sweep names this file under
 ``plugins``::
@@ -30,7 +30,7 @@ clients' terms with ``vmap``.  A config or sweep names this file under
 
 Example:
     >>> import torch
-    >>> from driftlab.simulation.objectives import LocalBatch
+    >>> from driftlab.simulation.backends.objectives import LocalBatch
     >>> term = contrastive_term(mu=1.0, temperature=0.5)
     >>> outputs = torch.tensor([[1.0, 0.0]])
     >>> batch = LocalBatch(torch.zeros(1), outputs, torch.zeros(1, 1), torch.zeros(1), torch.ones(1), lambda p, x: p.expand(1, 2))
@@ -50,7 +50,7 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 
 from driftlab.algorithms import AlgorithmEntry, fedavg, register
-from driftlab.simulation.objectives import LocalBatch, LocalObjective, LossTerm
+from driftlab.simulation.backends.objectives import LocalBatch, LocalObjective, LossTerm
 from driftlab.simulation.seam import Algorithm, ClientContext, ClientUpdate
 
 

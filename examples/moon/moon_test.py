@@ -15,11 +15,11 @@ import torch
 
 from driftlab.models import build_model
 from driftlab.optim.server import make_server_optimizer
-from driftlab.simulation.flat import FlatModel
-from driftlab.simulation.local_training import ClientTask, LocalSettings, SequentialBackend, TrainingData, batch_plan
-from driftlab.simulation.objectives import LocalBatch
+from driftlab.simulation.backends.flat import FlatModel
+from driftlab.simulation.backends.local_training import ClientTask, LocalSettings, SequentialBackend, TrainingData, batch_plan
+from driftlab.simulation.backends.objectives import LocalBatch
 from driftlab.simulation.seam import ClientContext
-from driftlab.simulation.vectorized import VectorizedBackend
+from driftlab.simulation.backends.vectorized import VectorizedBackend
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent

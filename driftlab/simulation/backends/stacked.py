@@ -1,0 +1,151 @@
+"""The vectorized backend's gradient engine for models with a batched forward: one forward pass for a stack of clients.
+
+The vectorized backend (``vectorized.py``) trains the ``C`` clients of a chunk
+as one ``[C, P]`` matrix ``Θ``.  For Linear/ReLU stacks it has hand-written
+layers; for every other model with a *batched forward* (a model registry entry's
+``batched_forward``, found by the module's exact type, or the layer-by-layer
+reading of an ``nn.Sequential``: ``driftlab.models.registry.batched_form``)
+this module runs *one* forward pass for all ``C`` clients, each with its own
+parameters, and lets autograd take the gradient of the summed masked losses
+(the clients' parameters are disjoint, so row ``k`` of the gradient is client
+``k``'s own).  The batched layers themselves (grouped convolutions, GroupNorm,
+``baddbmm`` linear layers, embeddings, LSTM/GRU recurrences) are in
+``driftlab.models.layers``, and the zoo's forwards in ``driftlab.models.batched``:
+models sit below the simulation, which finds them through the registry.
+
+A chunk of one client runs the module's own forward instead (through
+``functional_call`` on a copy of the module per thread), so fused kernels such as
+oneDNN's LSTM do the work; on a CPU convolutional and recurrent networks train
+that way, one client per single-threaded worker.
+Whether this path is faster than training clients one by one depends on the
+device: docs/performance.md has the measurements, and ``backend=auto``
+follows them.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from typing import Callable
+
+import torch
+from torch import nn
+
+from driftlab.models.layers import Parameters
+from driftlab.models.registry import batched_form
+from driftlab.simulation.backends.flat import FlatModel
+
+
+def module_for_this_thread(copies: threading.local, module: nn.Module, device: torch.device) -> nn.Module:
+    """This thread's copy of ``module`` on ``device``, kept in ``copies``: ``functional_call`` swaps a module's
+    parameters while it runs, so chunks trained at once on several threads must not share one.  Made on first
+    use, which must be outside ``torch.func`` transforms (copying a module sets ``.data``, which they refuse)."""
+    made = getattr(copies, "modules", None)
+    if made is None:
+        made = copies.modules = {}
+    if device not in made:
+        made[device] = copy.deepcopy(module).to(device)
+    return made[device]
+
+
+class StackedNetwork:
+    """The gradient engine of the vectorized backend for modules with a batched forward (module docstring)."""
+
+    def __init__(self, model: FlatModel, forward: Callable) -> None:
+        self._model = model
+        self._forward = forward
+        self._activations_per_example: int | None = None
+        self._copies = threading.local()
+
+    @staticmethod
+    def match(model: FlatModel) -> "StackedNetwork | None":
+        """The batched form of ``model``, or ``None`` when its module has none (``registry.batched_form``)."""
+        module = model.module
+        forward = batched_form(module)
+        if forward is None:
+            return None
+        if type(module) is nn.Sequential and len(module) == 0:
+            return None
+        trainable = {name for name, p in module.named_parameters() if p.requires_grad}
+        if trainable != set(model.names) or len(trainable) != len(list(module.parameters())):
+            return None  # a frozen parameter is not in θ: the generic path handles it
+        if any(b is not None and b.numel() for b in module.buffers()):
+            return None  # buffers (running statistics) have no per-client form here
+        return StackedNetwork(model, forward)
+
+    def flat_inputs(self, inputs: torch.Tensor) -> torch.Tensor:
+        return inputs
+
+    def _module_for_this_thread(self, device: torch.device) -> nn.Module:
+        return module_for_this_thread(self._copies, self._model.module, device)
+
+    def outputs(self, theta: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """``[n, B, classes]`` outputs of ``n`` clients on their own ``[n, B, ...]`` inputs, and the parameter leaves."""
+        clients = theta.shape[0]
+        leaves = []
+        named = {}
+        offset = 0
+        for name, shape, numel in zip(self._model.names, self._model.shapes, self._model.numels, strict=True):
+            # A detached view shares Θ's storage; its own leaf keeps autograd from building [n, P] slice gradients.
+            leaf = theta[:, offset : offset + numel].detach().view(clients, *shape).requires_grad_()
+            named[name] = leaf
+            leaves.append(leaf)
+            offset += numel
+        if clients == 1:
+            # One client: the module's own forward, so its fused kernels (oneDNN's LSTM, say) do the work.
+            single = {name: leaf[0] for name, leaf in named.items()}
+            return torch.func.functional_call(self._module_for_this_thread(theta.device), single, (x[0],)).unsqueeze(0), leaves
+        return self._forward(self._model.module, Parameters(named, clients), x), leaves
+
+    def loss_gradient(self, theta: torch.Tensor, x: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """``out[k] = ∇_θ Σ_i w_ki ℓ(θ_k; x_ki, y_ki)`` for the ``n`` rows of ``theta`` (``[n, P]``)."""
+        with torch.enable_grad():
+            outputs, leaves = self.outputs(theta, x)
+            flat_outputs = outputs.reshape(-1, *outputs.shape[2:])
+            flat_targets = targets.reshape(-1, *targets.shape[2:])
+            loss = (self._model.example_loss(flat_outputs, flat_targets).to(weights.dtype) * weights.reshape(-1)).sum()
+            gradients = torch.autograd.grad(loss, leaves)
+        offset = 0
+        for gradient, numel in zip(gradients, self._model.numels, strict=True):
+            out[:, offset : offset + numel].copy_(gradient.reshape(gradient.shape[0], -1))
+            offset += numel
+        return out
+
+    def activation_elements(self, example: torch.Tensor, theta: torch.Tensor) -> int:
+        """Floats kept per example for the backward pass (leaf outputs x 3; recurrent layers: their gates and states per step)."""
+        if self._activations_per_example is None:
+            total = [example.numel()]
+
+            def count(module, _inputs, output):
+                if isinstance(module, (nn.LSTM, nn.GRU)):
+                    steps = output[0].shape[1]
+                    gates = 4 if isinstance(module, nn.LSTM) else 3
+                    total.append(steps * module.num_layers * module.hidden_size * (gates + 4))
+                elif isinstance(output, torch.Tensor):
+                    total.append(output.numel())
+
+            leaves = [
+                leaf for leaf in self._model.module.modules() if not list(leaf.children()) or isinstance(leaf, (nn.LSTM, nn.GRU))
+            ]
+            hooks = [leaf.register_forward_hook(count) for leaf in leaves]
+            try:
+                with torch.no_grad():
+                    self._model.forward(theta[0] if theta.dim() == 2 else theta, example.unsqueeze(0))
+            finally:
+                for hook in hooks:
+                    hook.remove()
+            self._activations_per_example = 3 * sum(total)
+        return self._activations_per_example
+
+
+def has_convolutions(module: nn.Module) -> bool:
+    """Whether ``module`` has a convolution: its clients' products are already large, so on a CPU a chunk is one client."""
+    return any(isinstance(sub, (nn.Conv1d, nn.Conv2d, nn.Conv3d)) for sub in module.modules())
+
+
+def has_recurrent_layers(module: nn.Module) -> bool:
+    """Whether ``module`` has an LSTM or GRU: on a CPU one client per chunk runs oneDNN's fused recurrent kernels."""
+    return any(isinstance(sub, nn.RNNBase) for sub in module.modules())
+
+
+__all__ = ["StackedNetwork", "has_convolutions", "has_recurrent_layers"]

@@ -1,0 +1,172 @@
+"""One client's round, with explicit inputs and outputs: the one client code path.
+
+Every backend and every deployment runs a client through these functions::
+
+    task = client_start(algorithm, view, client_state, context, client_data, settings)
+    ... local SGD of task from view.params (a backend trains many tasks at once) ...
+    new_state, message = client_end(algorithm, view, client_state, context, client_data, settings, final_params, steps_done)
+
+``run_client`` is the three in a row for one client, with the sequential
+backend's local SGD (``local_training.train_one_client``); a deployment client
+and the tests call it.  The engine calls ``client_start`` for every active
+client of a round, lets its backend train the tasks (one by one, or many
+clients per chunk), and calls ``client_end`` for each client as it finishes,
+so every backend runs the same client code.
+
+A client sees only what a real one would: the algorithm's client view (what
+the server broadcast), its own state, its ``ClientContext``, its data and the
+round's settings.  All its random draws (minibatches, augmentation, EFL's
+Fisher sample) derive from (seed, round, client id).
+
+Example (one SCAFFOLD client with ten examples of its own):
+    >>> import torch
+    >>> from driftlab.algorithms import scaffold
+    >>> from driftlab.optim.server import make_server_optimizer
+    >>> from driftlab.simulation.backends.flat import FlatModel
+    >>> from driftlab.simulation.backends.local_training import LocalSettings, TrainingData
+    >>> from driftlab.simulation.seam import ClientContext
+    >>> model = FlatModel.wrap(torch.nn.Linear(4, 3))
+    >>> data = ClientData(model, TrainingData(torch.randn(10, 4), torch.randint(0, 3, (10,))), rows=torch.arange(10))
+    >>> algorithm = scaffold.build(make_server_optimizer("sgd"))
+    >>> view = algorithm.broadcast(algorithm.server_init(model.initial_parameters()))
+    >>> context = ClientContext(client_id=0, round=1, num_samples=10, mean_num_samples=10.0, num_registered=1, planned_steps=6, client_lr=0.1)
+    >>> settings = ClientSettings(seed=0, batch_size=4, local=LocalSettings(0.1))
+    >>> state, message, steps = run_client(algorithm, view, algorithm.client_state_init(view.params), context, data, settings)
+    >>> steps, tuple(message.control_delta.shape)
+    (6, (15,))
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from driftlab.simulation.backends.flat import FlatModel
+from driftlab.simulation.backends.local_training import (
+    BoundModule,
+    ClientTask,
+    LocalSettings,
+    TrainingData,
+    batch_plan,
+    single_threaded_clients,
+    steps_for_epochs,
+    train_one_client,
+)
+from driftlab.simulation.backends.precision import local_arithmetic
+from driftlab.simulation.round.randomness import Stream, augmentation_key, generator
+from driftlab.simulation.seam import Algorithm, ClientContext, ClientUpdate
+
+
+@dataclass(frozen=True)
+class ClientData:
+    """What a client holds: the model it trains (architecture and loss) and its training examples.
+
+    ``rows`` are the client's rows of ``training``: a simulation shares one
+    ``TrainingData`` among all clients, a node passes its own tensors with
+    ``rows = torch.arange(n)``.
+    """
+
+    model: FlatModel
+    training: TrainingData
+    rows: torch.Tensor  # int64, on the data's device
+
+    @property
+    def num_samples(self) -> int:
+        return len(self.rows)
+
+
+@dataclass(frozen=True)
+class ClientSettings:
+    """What a client needs of the round besides the view and its context: the same for every client of the round."""
+
+    seed: int  # the run's seed: a client's draws derive from (seed, round, client id)
+    batch_size: int
+    local: LocalSettings  # η_l of the round, weight decay, clipping
+    inexact_gamma: float | None = None  # FedProx's γ-inexact local solver; None: always do the steps asked for
+    augment: bool = False  # draw augmentation keys (the augmentation itself is ``ClientData.training.augment``)
+    precision: str = "float32"  # run_client's local arithmetic (precision.PRECISIONS); the engine's backends have their own
+
+
+@dataclass(frozen=True)
+class ClientDataComputation:
+    """``seam.ClientComputation`` on one client's data; its samples derive from (seed, round, client id)."""
+
+    data: ClientData
+    seed: int
+    round: int
+    client_id: int
+
+    def diagonal_fisher(self, params: torch.Tensor, max_examples: int, chunk: int = 256) -> torch.Tensor:
+        rows = self.data.rows
+        if max_examples < len(rows):
+            rng = generator(self.seed, Stream.FISHER_SAMPLE, self.round, self.client_id)
+            chosen = np.sort(rng.choice(len(rows), size=max_examples, replace=False))
+            rows = rows[torch.as_tensor(chosen, device=rows.device)]
+        model = self.data.model
+        training = self.data.training
+
+        def example_loss(theta: torch.Tensor, inputs: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+            return model.example_loss(model.forward(theta, inputs[None]), target[None])[0]
+
+        per_example_gradients = torch.func.vmap(torch.func.grad(example_loss), in_dims=(None, 0, 0))
+        total = torch.zeros_like(params)
+        for start in range(0, len(rows), chunk):
+            part = rows[start : start + chunk]
+            gradients = per_example_gradients(params, training.batch(part), training.targets[part])
+            total += (gradients**2).sum(0)
+        return total / len(rows)
+
+
+def steps_to_train(context: ClientContext) -> int:
+    """The steps the client is asked for this round: all planned ones unless the availability model cut them."""
+    return context.planned_steps if context.available_steps is None else context.available_steps
+
+
+def client_start(
+    algorithm: Algorithm, view: Any, client_state: Any, context: ClientContext, client_data: ClientData, settings: ClientSettings
+) -> ClientTask:
+    """The client's local work this round: the algorithm's local objective, its minibatch plan and augmentation key."""
+    correction = algorithm.client_objective(view, client_state, context)
+    num_samples = client_data.num_samples
+    batches = batch_plan(settings.seed, context.round, context.client_id, num_samples, settings.batch_size, steps_to_train(context))
+    per_epoch = steps_for_epochs(num_samples, settings.batch_size, 1)
+    augment_key = augmentation_key(settings.seed, context.round, context.client_id) if settings.augment else 0
+    return ClientTask(context.client_id, client_data.rows, batches, correction, settings.inexact_gamma, per_epoch, augment_key)
+
+
+def client_end(
+    algorithm: Algorithm,
+    view: Any,
+    client_state: Any,
+    context: ClientContext,
+    client_data: ClientData,
+    settings: ClientSettings,
+    final_params: torch.Tensor,
+    steps_done: int,
+) -> tuple[Any, Any]:
+    """The client's new state and its message (None: it sends nothing) after local training ended at ``final_params``."""
+    computation = ClientDataComputation(client_data, settings.seed, context.round, context.client_id)
+    update = ClientUpdate(view.params, final_params, steps_done, computation)
+    return algorithm.client_finish(view, client_state, context, update)
+
+
+def run_client(
+    algorithm: Algorithm, view: Any, client_state: Any, context: ClientContext, client_data: ClientData, settings: ClientSettings
+) -> tuple[Any, Any, int]:
+    """One client's whole round: ``client_start``, its local SGD from ``view.params``, ``client_end``.
+
+    Returns the new client state, the message (None: nothing sent) and the
+    local steps done; bit for bit what the engine's sequential backend
+    computes for this client.
+    """
+    # Single-threaded on a CPU, start to end, as the sequential backend runs a client and its client_end.
+    with single_threaded_clients(view.params.device):
+        task = client_start(algorithm, view, client_state, context, client_data, settings)
+        bound = BoundModule(client_data.model, view.params)
+        with local_arithmetic(settings.precision, view.params.device):
+            final_params, steps_done = train_one_client(bound, view.params, task, settings.local, client_data.training)
+        new_state, message = client_end(algorithm, view, client_state, context, client_data, settings, final_params, steps_done)
+    return new_state, message, steps_done

@@ -1,0 +1,349 @@
+"""The round loop: sample clients, train them, let the algorithm aggregate, evaluate.
+
+The engine owns *how* clients run (sampling, availability, minibatches, the
+training backend, client-state storage, bit accounting, evaluation); the
+algorithm owns *what* they compute, through the functions of
+``seam.Algorithm``.  The engine never looks at which algorithm it runs.
+
+A round is a pure step ``(state, round t) -> (state, record)``: all randomness
+comes from (seed, round, client id), so ``run_round`` on a restored state
+repeats an uninterrupted run bit for bit.  It is three parts: ``plan_round``
+(the server's plan: who trains, with which view and context), the client
+phase (``simulation.client``: ``client_start``, the backend's local SGD,
+``client_end``, in waves that fit the memory budget, each message folded into
+the server update in sample order as its client finishes) and
+``finish_folded_round`` (bits, metrics, evaluation, divergence checks);
+``finish_round`` is the same finish for messages collected elsewhere (a
+deployment's).
+
+Divergence: a round whose server model has a non-finite entry, whose record
+holds a non-finite number, whose evaluated loss exceeds
+``EvaluationPlan.divergence_factor`` times the initial model's, or whose server
+model's norm exceeds ``EvaluationPlan.norm_growth_factor`` times the model's
+starting scale (``Simulation.norm_scale``) raises ``FloatingPointError`` naming
+the round and the values; it returns no record, so nothing non-finite is ever
+recorded.  The norm is computed every round, so the norm test runs in every
+round, evaluated or not: a model that blows up between two evaluations is
+stopped in the round it does, not recorded and checkpointed as healthy until the
+next evaluation (a loss that explodes while the norm stays moderate is still
+seen only where it is evaluated).
+
+Messages: a client whose ``client_finish`` returns ``None`` as its message sends
+nothing (an algorithm dropping incomplete work); inactive clients are not
+trained and send nothing.  Both still received the broadcast.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+
+from driftlab.metrics.communication import payload_bits
+from driftlab.optim.schedules import value_at
+from driftlab.simulation.round.availability import steps_to_do
+from driftlab.simulation.round.client import ClientData, ClientSettings, client_end, client_start
+from driftlab.simulation.backends.local_training import LocalSettings
+from driftlab.simulation.round.latest_models import LatestModels, LatestModelsUpdate, all_clients_mean, summed_store
+from driftlab.simulation.round.ordered_fold import FoldedRound, OrderedFold
+from driftlab.simulation.round.sampling import sample_clients
+from driftlab.simulation.seam import ClientContext, RoundContext, plugin_note
+from driftlab.simulation.state.state_store import (
+    ClientStateStore,
+)
+from driftlab.simulation.evaluation import DIVERGENCE_ADVICE, dissimilarity, divergence, evaluate, norm_growth, reference_losses
+from driftlab.simulation.round.setup import RoundPlan, Simulation, SimulationState, wave_size
+
+
+@dataclass(frozen=True)
+class RoundWork:
+    """A planned round (``plan_round``): who trains, from which view, with which contexts and settings; nothing trained yet."""
+
+    round: int
+    registered: np.ndarray  # S_t
+    server: Any  # the server state after the round's membership changes
+    view: Any  # algorithm.broadcast(server): what every selected client receives
+    selected: np.ndarray  # the sampled client ids, sorted and unique (multiplicities are in the contexts)
+    contexts: tuple[ClientContext, ...]  # the active clients' (those with steps to do), in sample order
+    settings: ClientSettings  # what every client needs of the round (seed, batch size, η_l, ...)
+    server_lr: float
+    num_inactive: int
+    num_incomplete: int
+    started: float  # time.perf_counter() when planning began, for the record's round_seconds
+
+
+def run_round(
+    sim: Simulation, state: SimulationState, evaluate_after: bool = False, commit: bool = True
+) -> tuple[SimulationState, dict[str, Any]]:
+    """Run round ``state.round + 1``; returns the new state and the round's metrics record.
+
+    ``plan_round``, then every active client through ``client_start``, the
+    backend's local training and ``client_end`` (the functions a deployment
+    client runs too), in waves that fit the memory budget (``wave_size``),
+    each message folded into the server update as its client finishes, then
+    the round's record (``finish_folded_round``).  Client states written during
+    the round are staged in the stores and committed at the end;
+    ``commit=False`` leaves that to the caller (``commit_round``), which the
+    runner does only once the round's record is on disk, so an interruption
+    anywhere leaves the stores at the last completed round.
+    """
+    if evaluate_after and sim.evaluation.divergence_factor:
+        reference_losses(sim)  # once per process, outside the round's timing
+    work = plan_round(sim, state)
+    keep_models = evaluate_after and sim.evaluation.model == "reporting_mean"
+    folding = start_fold(sim, work, keep_models)
+    latest = None
+    if state.latest_models is not None:
+        start = state.latest_sum if state.latest_sum is not None else summed_store(state.latest_models, sim.initial_params)
+        latest = LatestModelsUpdate(start, [context.client_id for context in work.contexts])
+    steps_done = _train_clients(sim, state, work, folding, latest)
+    latest_sum = latest.result() if latest is not None else None
+    server, record = finish_folded_round(
+        sim, work, folding.result(), steps_done, evaluate_after=evaluate_after, latest_models=state.latest_models, latest_sum=latest_sum
+    )
+    new_state = SimulationState(work.round, server, state.clients, state.latest_models, latest_sum)
+    if commit:
+        commit_round(new_state)
+    return new_state, record
+
+
+def start_fold(sim: Simulation, work: RoundWork, keep_models: bool = False) -> OrderedFold:
+    """The round's server update, ready to take its active clients' messages in any order (``OrderedFold``)."""
+    return OrderedFold(
+        sim.algorithm.fold(), work.server, round_context(work), [context.client_id for context in work.contexts], keep_models
+    )
+
+
+def round_context(work: RoundWork) -> RoundContext:
+    return RoundContext(round=work.round, num_registered=len(work.registered), num_selected=len(work.selected), server_learning_rate=work.server_lr)
+
+
+def plan_round(sim: Simulation, state: SimulationState) -> RoundWork:
+    """Round ``state.round + 1`` up to local training: membership changes, sampling, availability, the clients'
+    contexts, the view they receive and the round's rates.  Reads client states only for joining and leaving clients."""
+    started = time.perf_counter()
+    t = state.round + 1
+    plan = sim.plan
+    registered = sim.registered_at(t)
+    server = _apply_membership_changes(sim, state, t)
+    sizes = sim.client_sizes[registered]
+    sample = sample_clients(plan.seed, t, registered, sizes, plan.participation, plan.sampling)
+    client_lr = value_at(plan.client_lr, t)
+    mean_samples = float(sizes.mean())
+    contexts: list[ClientContext] = []
+    num_inactive = num_incomplete = 0
+    for client_id, multiplicity in zip(sample.client_ids.tolist(), sample.multiplicity.tolist()):
+        num_samples = int(sim.client_sizes[client_id])
+        planned = plan.planned_steps(num_samples, t)
+        steps = steps_to_do(plan.availability, plan.seed, t, client_id, planned, plan.partial_work_epoch(num_samples))
+        if steps == 0:
+            num_inactive += 1
+            continue
+        num_incomplete += steps < planned
+        contexts.append(
+            ClientContext(
+                client_id=client_id,
+                round=t,
+                num_samples=num_samples,
+                mean_num_samples=mean_samples,
+                num_registered=len(registered),
+                planned_steps=planned,
+                client_lr=client_lr,
+                multiplicity=multiplicity,
+                available_steps=steps,
+            )
+        )
+    # a deployment's client trains as this backend does
+    settings = client_settings(plan, t, getattr(sim.backend, "precision", "float32"))
+    return RoundWork(
+        round=t,
+        registered=registered,
+        server=server,
+        view=sim.algorithm.broadcast(server),
+        selected=sample.client_ids,
+        contexts=tuple(contexts),
+        settings=settings,
+        server_lr=value_at(plan.server_lr, t),
+        num_inactive=num_inactive,
+        num_incomplete=int(num_incomplete),
+        started=started,
+    )
+
+
+def client_settings(plan: RoundPlan, round_index: int, precision: str) -> ClientSettings:
+    """What every client of round ``round_index`` needs of it (seed, batch size, η_l, ...): ``plan_round``'s, and what a
+    deployment's node checks a request against (from its own config's plan), so the two cannot drift apart."""
+    return ClientSettings(
+        seed=plan.seed,
+        batch_size=plan.batch_size,
+        local=LocalSettings(value_at(plan.client_lr, round_index), plan.weight_decay, plan.clip_norm),
+        inexact_gamma=plan.inexact_gamma,
+        augment=plan.augment,
+        precision=precision,
+    )
+
+
+def client_data(sim: Simulation, client_id: int) -> ClientData:
+    """Client ``client_id``'s data in the simulation: the shared training tensors and its rows."""
+    return ClientData(sim.model, sim.training_data, sim.client_rows[client_id])
+
+
+def _train_clients(
+    sim: Simulation, state: SimulationState, work: RoundWork, folding: OrderedFold, latest: LatestModelsUpdate | None
+) -> dict[int, int]:
+    """The round's client phase, wave by wave: ``client_start`` for the wave's clients, the backend trains their tasks,
+    ``client_end`` for each as it finishes, its message folded into ``folding``.  Returns the steps each client did."""
+    steps_done: dict[int, int] = {}
+    contexts = work.contexts
+    initial = sim.algorithm.client_state_init
+    size = wave_size(sim, initial(sim.initial_params) if initial is not None else None)
+    for first in range(0, len(contexts), size):
+        wave = contexts[first : first + size]
+        state.clients.prefetch([context.client_id for context in wave])  # one batched read of the wave's states
+        if state.latest_models is not None:
+            state.latest_models.prefetch([context.client_id for context in wave])
+        client_states = [state.clients.get(context.client_id) for context in wave]
+        datas = [client_data(sim, context.client_id) for context in wave]
+        tasks = [
+            client_start(sim.algorithm, work.view, client_state, context, data, work.settings)
+            for client_state, context, data in zip(client_states, wave, datas)
+        ]
+        # closing(): a backend that changed process-wide settings (threads) restores them even if client_end raises.
+        with contextlib.closing(sim.backend.train(sim.model, work.view.params, tasks, work.settings.local, sim.training_data)) as trained:
+            for position, final_params, done in trained:
+                context = wave[position]
+                new_client_state, message = client_end(
+                    sim.algorithm, work.view, client_states[position], context, datas[position], work.settings, final_params, done
+                )
+                # Staged at once (a disk store writes it to its staging file); the wave's lists let go of the client's tensors.
+                state.clients.put(context.client_id, new_client_state)
+                client_states[position] = tasks[position] = new_client_state = None
+                if state.latest_models is not None:
+                    latest.add(context.client_id, final_params, state.latest_models.get(context.client_id))
+                    state.latest_models.put(context.client_id, final_params)
+                folding.add(context.client_id, message, final_params)
+                steps_done[context.client_id] = done
+    return steps_done
+
+
+def finish_round(
+    sim: Simulation,
+    work: RoundWork,
+    messages: Mapping[int, Any],
+    steps_done: Mapping[int, int],
+    *,
+    evaluate_after: bool = False,
+    reporting_models: Mapping[int, torch.Tensor] | None = None,
+    latest_models: ClientStateStore | None = None,
+) -> tuple[Any, dict[str, Any]]:
+    """The server half of a planned round from its collected messages: the new server state and the round's record.
+
+    ``messages`` and ``steps_done`` are keyed by client id, in any order (the
+    order clients finished in); a client missing from ``messages`` or whose
+    message is None sent nothing.  The server update, the bits and every mean
+    run over the messages in sample order (``work.contexts``), so the result
+    never depends on completion order.  ``reporting_models`` (the reporting
+    clients' final models) is needed only to evaluate the "reporting_mean"
+    model, ``latest_models`` (the store, staged states included) only for
+    "all_clients_mean".  Raises ``FloatingPointError`` on divergence (module
+    docstring).
+    """
+    keep_models = evaluate_after and sim.evaluation.model == "reporting_mean"
+    if keep_models and reporting_models is None and any(message is not None for message in messages.values()):
+        raise ValueError('evaluation.model "reporting_mean" needs the reporting clients\' final models (reporting_models)')
+    folding = start_fold(sim, work, keep_models)
+    for context in work.contexts:
+        if context.client_id in messages:
+            model = reporting_models.get(context.client_id) if keep_models else None
+            folding.add(context.client_id, messages[context.client_id], model)
+    return finish_folded_round(sim, work, folding.result(), steps_done, evaluate_after=evaluate_after, latest_models=latest_models)
+
+
+def finish_folded_round(
+    sim: Simulation,
+    work: RoundWork,
+    folded: FoldedRound,
+    steps_done: Mapping[int, int],
+    *,
+    evaluate_after: bool = False,
+    latest_models: ClientStateStore | None = None,
+    latest_sum: LatestModels | None = None,
+) -> tuple[Any, dict[str, Any]]:
+    """The round's record once its messages are folded (``start_fold``): bits, norms, evaluation, divergence checks.
+
+    ``latest_sum`` is the running sum of the latest models after this round (``latest_models``); without it,
+    the "all_clients_mean" evaluation sums the store, staged models included."""
+    t = work.round
+    if evaluate_after and sim.evaluation.divergence_factor:
+        reference_losses(sim)
+    server = folded.server
+    num_selected = len(work.selected)
+    if not torch.isfinite(server.params).all():
+        raise FloatingPointError(f"the run diverged in round {t}: the server model has non-finite entries; {DIVERGENCE_ADVICE}{plugin_note(sim.algorithm)}")
+    record: dict[str, Any] = {
+        "round": t,
+        "num_selected": num_selected,
+        "num_reporting": len(folded.reporting_clients),
+        "reporting_clients": folded.reporting_clients,
+        "num_inactive": work.num_inactive,
+        "num_incomplete": work.num_incomplete,
+        "local_steps": int(sum(steps_done.get(context.client_id, 0) for context in work.contexts)),  # a client drawn twice trains once
+        "upload_bits": int(folded.upload_bits),
+        "download_bits": int(payload_bits(work.view) * num_selected),
+        "client_lr": work.settings.local.client_lr,
+        "server_lr": work.server_lr,
+        "model_norm": float(torch.linalg.vector_norm(server.params)),
+        **folded.metrics,
+    }
+    if evaluate_after:
+        if sim.evaluation.model == "reporting_mean" and folded.reporting_clients:
+            evaluated = folded.reporting_mean
+        elif sim.evaluation.model == "all_clients_mean":
+            if latest_models is None:
+                raise ValueError('evaluation.model "all_clients_mean" needs the store of every client\'s latest model (latest_models)')
+            if latest_sum is None:
+                latest_sum = summed_store(latest_models, sim.initial_params, include_staged=True)
+            evaluated = all_clients_mean(latest_sum, latest_models, work.registered, sim.data.num_clients, sim.initial_params)
+        else:
+            evaluated = server.params
+        record.update(evaluate(sim, evaluated))
+    if sim.evaluation.dissimilarity_every and t % sim.evaluation.dissimilarity_every == 0:
+        record.update(dissimilarity(sim, server.params, work.registered))
+    problem = divergence(record, sim.initial_losses, sim.evaluation.divergence_factor)
+    if problem is None:
+        problem = norm_growth(record["model_norm"], sim.norm_scale, sim.evaluation.norm_growth_factor)
+    if problem is not None:
+        raise FloatingPointError(f"the run diverged in round {t}: {problem}{plugin_note(sim.algorithm)}")
+    record["round_seconds"] = time.perf_counter() - work.started
+    return server, record
+
+
+def _apply_membership_changes(sim: Simulation, state: SimulationState, round_index: int) -> Any:
+    """The server state after the clients that join or leave at the start of this round are accounted for."""
+    server = state.server
+    joined, left = sim.membership.changes_at(round_index)
+    if sim.algorithm.client_joined is not None:
+        for client_id in joined.tolist():
+            server = sim.algorithm.client_joined(server, state.clients.get(client_id))
+    if sim.algorithm.client_left is not None:
+        for client_id in left.tolist():
+            server = sim.algorithm.client_left(server, state.clients.get(client_id))
+    return server
+
+
+def commit_round(state: SimulationState) -> None:
+    """Make the client states staged by ``run_round`` take effect."""
+    state.clients.commit()
+    if state.latest_models is not None:
+        state.latest_models.commit()
+
+
+def discard_round(state: SimulationState) -> None:
+    """Forget client states staged by an interrupted round."""
+    state.clients.discard()
+    if state.latest_models is not None:
+        state.latest_models.discard()

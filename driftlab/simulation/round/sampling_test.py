@@ -1,0 +1,91 @@
+"""Seeded client sampling: uniform without replacement, and n_k/n-weighted draws with multiplicity."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from driftlab.simulation.round.sampling import clients_per_round, sample_clients
+
+
+def test_clients_per_round_is_max_one_round_pn():
+    assert clients_per_round(0.1, 30) == 3
+    assert clients_per_round(0.2, 30) == 6
+    assert clients_per_round(1.0, 7) == 7
+    assert clients_per_round(0.01, 30) == 1  # round(0.3) = 0 -> at least one
+    assert clients_per_round(0.26, 10) == 3
+
+
+def test_uniform_without_replacement():
+    registered = np.arange(20)
+    sizes = np.arange(1, 21)
+    for t in range(1, 30):
+        sample = sample_clients(5, t, registered, sizes, 0.25, "uniform")
+        ids = sample.client_ids
+        assert len(ids) == 5
+        assert len(np.unique(ids)) == 5
+        assert np.all(np.diff(ids) > 0)  # sorted, unique
+        assert set(ids.tolist()) <= set(registered.tolist())
+        assert sample.multiplicity.tolist() == [1] * 5
+        assert ids.dtype == np.int64
+
+
+def test_uniform_samples_from_the_registered_ids_not_positions():
+    registered = np.array([3, 7, 10, 12, 40])
+    sample = sample_clients(0, 1, registered, np.ones(5), 0.6, "uniform")
+    assert len(sample.client_ids) == 3
+    assert set(sample.client_ids.tolist()) <= {3, 7, 10, 12, 40}
+
+
+def test_sampling_is_a_function_of_seed_and_round():
+    registered, sizes = np.arange(30), np.full(30, 10)
+    for mode in ("uniform", "weighted"):
+        a = sample_clients(1, 4, registered, sizes, 0.2, mode)
+        b = sample_clients(1, 4, registered, sizes, 0.2, mode)
+        assert np.array_equal(a.client_ids, b.client_ids) and np.array_equal(a.multiplicity, b.multiplicity)
+        by_round = {tuple(sample_clients(1, t, registered, sizes, 0.2, mode).client_ids) for t in range(1, 11)}
+        assert len(by_round) > 5  # different rounds draw different clients
+        by_seed = {tuple(sample_clients(s, 4, registered, sizes, 0.2, mode).client_ids) for s in range(10)}
+        assert len(by_seed) > 5
+
+
+def test_uniform_inclusion_frequency_is_m_over_n():
+    registered, sizes = np.arange(10), np.arange(1, 11)
+    counts = np.zeros(10)
+    rounds = 3000
+    for t in range(1, rounds + 1):
+        counts[sample_clients(11, t, registered, sizes, 0.3, "uniform").client_ids] += 1
+    # each client is in a round's sample with probability 3/10, whatever its size
+    assert np.allclose(counts / rounds, 0.3, atol=0.04)
+
+
+def test_weighted_draws_have_frequency_n_k_over_n():
+    registered = np.arange(6)
+    sizes = np.array([1, 2, 3, 4, 10, 30])
+    draws = np.zeros(6)
+    rounds = 2000
+    for t in range(1, rounds + 1):
+        sample = sample_clients(7, t, registered, sizes, 0.5, "weighted")
+        assert sample.multiplicity.sum() == 3  # K = round(0.5·6) draws with replacement
+        assert np.all(np.diff(sample.client_ids) > 0)
+        assert np.all(sample.multiplicity >= 1)
+        draws[sample.client_ids] += sample.multiplicity
+    frequency = draws / draws.sum()
+    assert np.allclose(frequency, sizes / sizes.sum(), atol=0.02)
+
+
+def test_weighted_mode_counts_repeated_draws():
+    # one dominant client: it is drawn several times in a round and reported once with its multiplicity
+    registered, sizes = np.arange(4), np.array([1000, 1, 1, 1])
+    sample = sample_clients(0, 1, registered, sizes, 1.0, "weighted")
+    assert sample.multiplicity.sum() == 4
+    assert 0 in sample.client_ids.tolist()
+    assert sample.multiplicity[sample.client_ids.tolist().index(0)] >= 2
+    assert len(sample.client_ids) < 4
+
+
+def test_sampling_errors():
+    with pytest.raises(ValueError, match="uniform, weighted"):
+        sample_clients(0, 1, np.arange(3), np.ones(3), 0.5, "stratified")
+    with pytest.raises(ValueError, match="no registered clients"):
+        sample_clients(0, 1, np.array([], dtype=np.int64), np.array([]), 0.5, "uniform")
