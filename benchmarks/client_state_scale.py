@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import json
 import os
 import subprocess
@@ -56,9 +57,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the driftlab of this checkout
 
-import driftlab  # noqa: E402
-from driftlab.experiments import lifecycle, runner  # noqa: E402
-from driftlab.simulation.round import engine  # noqa: E402
+import driftlab
+from driftlab.experiments import lifecycle, runner
+from driftlab.simulation.round import engine
 
 ALGORITHMS = {
     "scaffold": ["algorithm.name=scaffold"],
@@ -207,7 +208,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "distinct_clients_trained": len(trained),
         "median_round_seconds": statistics.median(line["round_seconds"] for line in lines),
         # From one round's record to the next's: everything a round costs, the commit of its client states included.
-        "median_round_wall_seconds": statistics.median(b - a for a, b in zip(reported_at, reported_at[1:])) if len(reported_at) > 1 else None,
+        "median_round_wall_seconds": statistics.median(b - a for a, b in itertools.pairwise(reported_at)) if len(reported_at) > 1 else None,
         "median_evaluation_seconds": statistics.median(line["evaluation_seconds"] for line in lines),
         "median_round_seconds_without_evaluation": statistics.median(line["round_seconds"] - line["evaluation_seconds"] for line in lines),
         "median_checkpoint_seconds": statistics.median(checkpoint_seconds) if checkpoint_seconds else None,

@@ -186,7 +186,8 @@ def file_cases() -> list[Case]:
         Case("sweep:empty-values", ["sweep", "synthetic-fedavg", "--grid", "client.lr=", "--dry-run", "--out", "sw"], "error", None, "file"),
         Case("sweep:no-equals", ["sweep", "synthetic-fedavg", "--grid", "client.lr", "--dry-run", "--out", "sw"], "error", None, "file"),
         Case("sweep:unknown-key", ["sweep", "synthetic-fedavg", "--grid", "client.nope=1,2", "--dry-run", "--out", "sw"], "error", None, "file"),
-        Case("sweep:override-after-grid", ["sweep", "synthetic-fedavg", "--grid", "client.lr=0.1,0.2", "rounds=6", "--dry-run", "--out", "sw"], "ok", None, "file"),
+        Case("sweep:override-after-grid", ["sweep", "synthetic-fedavg", "--grid", "client.lr=0.1,0.2", "rounds=6", "--dry-run", "--out", "sw"],
+             "ok", None, "file"),
         Case("sweep:bad-seeds", ["sweep", "synthetic-fedavg", "--seeds", "0,x", "--dry-run", "--out", "sw"], "error", None, "file"),
         Case("sweep:binary-file", ["sweep", "s.toml", "--dry-run", "--out", "sw"], "error", _writer("s.toml", bytes(range(256))), "file"),
     ]
@@ -240,7 +241,10 @@ def folder_cases(finished_run: Path) -> list[Case]:
         Case("out:dev-null", [*run, "--out", "/dev/null"], "error", None, "folder"),
         Case("out:a-file", [*run, "--out", "f.txt"], "error", _writer("f.txt", b"mine\n"), "folder"),
         Case("out:user-folder", [*run, "--out", "mine"], "error",
-             lambda f: ((f / "mine").mkdir(), (f / "mine" / "config.json").write_text('{"mine": true}\n'), (f / "mine" / "notes.txt").write_text("x")), "folder"),
+             lambda f: (
+                 (f / "mine").mkdir(), (f / "mine" / "config.json").write_text('{"mine": true}\n'), (f / "mine" / "notes.txt").write_text("x")
+             ),
+             "folder"),
         Case("out:new-folder", [*run, "--out", "fresh/nested"], "ok", None, "folder"),
         Case("out:existing-run-no-resume", [*run, "--out", "out"], "error", copy_run, "folder"),
         Case("resume:empty-folder", [*run, "--out", "empty", "--resume"], "error", lambda f: (f / "empty").mkdir(), "folder"),
@@ -252,7 +256,8 @@ def folder_cases(finished_run: Path) -> list[Case]:
         Case("resume:checkpoint-bit-flip", resume, "error", edit(flip_checkpoint_bit), "folder"),
         Case("resume:checkpoint-float16", resume, "error", edit(lambda o: rewrite_checkpoint(o, tensors_change=to_half)), "folder"),
         Case("resume:checkpoint-stale-round", resume, "error", edit(lambda o: rewrite_checkpoint(o, metadata_change=lambda m: m.update(round="1"))), "folder"),
-        Case("resume:checkpoint-negative-round", resume, "error", edit(lambda o: rewrite_checkpoint(o, metadata_change=lambda m: m.update(round="-3"))), "folder"),
+        Case("resume:checkpoint-negative-round", resume, "error",
+             edit(lambda o: rewrite_checkpoint(o, metadata_change=lambda m: m.update(round="-3"))), "folder"),
         Case("resume:checkpoint-truncated", resume, "error",
              edit(lambda o: (o / "checkpoint.safetensors").write_bytes((o / "checkpoint.safetensors").read_bytes()[:100])), "folder"),
         Case("resume:metrics-garbage-middle", resume, "error", edit(lambda o: metrics_lines(o, lambda ls: [ls[0], "garbage{", *ls[1:]])), "folder"),
@@ -464,7 +469,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch  # noqa: F401  - imported before forking so every case starts warm
 
-    import driftlab.cli  # noqa: F401
+    import driftlab.cli
     import driftlab.experiments.runner  # noqa: F401
 
     kinds = set(args.kinds.split(","))

@@ -42,7 +42,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from driftlab.data.partition import (  # noqa: E402
+from driftlab.data.partition import (
     balanced_quotas,
     dirichlet_classwise_partition,
     dirichlet_client_prior_partition,

@@ -246,7 +246,11 @@ def parse_arguments(argv: list[str]) -> argparse.Namespace:
     """
     parser = _parser()
     args, extras = parser.parse_known_args(argv)
-    command = (args.command, getattr(args, "data_command", None) or getattr(args, "flower_command", None)) if args.command in ("data", "flower") else (args.command,)
+    command = (
+        (args.command, getattr(args, "data_command", None) or getattr(args, "flower_command", None))
+        if args.command in ("data", "flower")
+        else (args.command,)
+    )
     takes_overrides = command in TAKES_OVERRIDES
     unknown = [word for word in extras if not (takes_overrides and _looks_like_override(word))]
     if unknown:
@@ -304,7 +308,7 @@ def _show_run_warnings_plainly() -> None:
     """A run's own warnings (``UnstableRunWarning``) as one ``driftlab: warning: ...`` line, without Python's source line."""
     show = warnings.showwarning
 
-    def shown(message, category, filename, lineno, file=None, line=None):  # noqa: ANN001 - warnings.showwarning's signature
+    def shown(message, category, filename, lineno, file=None, line=None):  # warnings.showwarning's signature
         if category.__name__ == "UnstableRunWarning":
             print(f"driftlab: warning: {message}", file=sys.stderr if file is None else file)
         else:

@@ -17,10 +17,10 @@ def registries_as_found():
     """Restore every registry's entries (in place: modules hold aliases of the dicts) and the record of imported
     plugin files after each test."""
     # Import every kind's package first, so its built-ins are registered before the snapshot.
-    import driftlab.algorithms  # noqa: F401
-    import driftlab.data  # noqa: F401
-    import driftlab.executors  # noqa: F401
-    import driftlab.models  # noqa: F401
+    import driftlab.algorithms
+    import driftlab.data
+    import driftlab.executors
+    import driftlab.models
     import driftlab.optim  # noqa: F401
 
     entries = [(registry, dict(registry.entries)) for registry in plugins.REGISTRIES]

@@ -87,6 +87,11 @@ def test_the_configured_rule_families_are_the_ones_enforced(ruff):
     assert _codes(source, "driftlab/example.py") == ["ARG001", "B905", "BLE001", "F401", "N802"]
 
 
+def test_a_noqa_that_silences_nothing_is_refused(ruff):
+    assert _codes("import os  # noqa: F401\n\nprint(os.sep)\n", "driftlab/example.py") == ["RUF100"]
+    assert _codes("import os  # noqa: F401\n", "driftlab/example.py") == []
+
+
 def test_long_lines_are_refused_past_160_characters(ruff):
     def assignment(length: int) -> str:
         return "x = '" + "a" * (length - len("x = ''")) + "'\n"

@@ -222,4 +222,7 @@ def _positive_int(text: str | None) -> int | None:
     return int(text) if text.isdigit() and int(text) > 0 else None
 
 
-__all__ = ["MemoryLimit", "machine_memory_bytes", "memory_limit", "memory_limits", "format_bytes", "cgroup_limit", "slurm_limit", "process_usage", "physical_memory"]
+__all__ = [
+    "MemoryLimit", "machine_memory_bytes", "memory_limit", "memory_limits", "format_bytes", "cgroup_limit", "slurm_limit", "process_usage",
+    "physical_memory",
+]

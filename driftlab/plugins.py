@@ -49,6 +49,29 @@ Entry = TypeVar("Entry")
 REGISTRIES: list[Registry] = []  # every registry made, each kind's (what the tests restore after each test)
 
 
+def check_entry_name(kind: str, name: Any) -> None:
+    """Refuse a name a config could not state: one word of lower-case letters, digits and _.
+
+    Every entry type asks this first in its ``__post_init__``, so a bad entry fails where it is made."""
+    if not isinstance(name, str) or not NAME.fullmatch(name):
+        article = "an" if kind[:1] in ("a", "e", "i", "o", "u") else "a"
+        raise ValueError(
+            f"{article} {kind}'s name is lower-case letters, digits and _, starting with a letter; got {name!r}"
+        )
+
+
+def check_config_type(kind: str, name: str, config_type: Any, base: type, base_name: str, tag: str = "name") -> None:
+    """Refuse a config type that cannot stand in its kind's tagged union (``[algorithm]``, ``[model]``, ...).
+
+    It must subclass ``base`` (``base_name``: how the message names it, and why) and its ``tag`` field must
+    default to the entry's name: the tag's value is how the union picks the config type of a section."""
+    if not (isinstance(config_type, type) and issubclass(config_type, base)):
+        raise ValueError(f"{kind} {name!r}: config_type must subclass {base_name}")
+    field = config_type.model_fields.get(tag)
+    if field is None or field.default != name:
+        raise ValueError(f'{kind} {name!r}: config_type must have a field `{tag}: Literal["{name}"] = "{name}"`')
+
+
 class Registry(Generic[Entry]):
     """The entries of one kind, by name, in registration order (the built-ins first, then plugins).
 
@@ -76,8 +99,7 @@ class Registry(Generic[Entry]):
         if not isinstance(entry, self.entry_type):
             raise TypeError(f"register() takes a {self.entry_type.__name__}, got {type(entry).__name__}")
         name = entry.name  # type: ignore[attr-defined]
-        if not isinstance(name, str) or not NAME.fullmatch(name):
-            raise ValueError(f"a {self.kind}'s name is lower-case letters, digits and _, starting with a letter; got {name!r}")
+        check_entry_name(self.kind, name)
         existing = self.entries.get(name)
         if existing is not None and existing != entry and not self._same_definition(existing, entry):
             where = f"a built-in {self.kind}" if name in self.built_in else f"already registered by {self.module(existing)}"

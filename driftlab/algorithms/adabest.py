@@ -186,7 +186,7 @@ def build(mu: float = 0.02, beta: BetaSchedule = 0.96, aggregation: str = "unifo
                      client_state_init=client_state_init, server_fold=fold)
 
 
-def from_config(config: Config, server_optimizer: Any) -> Algorithm:  # noqa: ARG001
+def from_config(config: Config, server_optimizer: Any) -> Algorithm:
     """Build from ``config``.  AdaBest's server step is its own: ``server_optimizer`` is not used, and the
     registry entry's ``owns_server_step`` makes config validation refuse any but plain SGD."""
     return build(mu=config.mu, beta=config.beta, aggregation=config.aggregation)

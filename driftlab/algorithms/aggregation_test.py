@@ -20,12 +20,12 @@ def test_list_form_equals_the_fold_bit_for_bit():
     vectors = [torch.randn(1000, generator=generator) for _ in range(7)]
     weights = [float(n) for n in (13, 7, 1, 250, 3, 3, 90)]
     fold = RunningMean()
-    for vector, weight in zip(vectors, weights):
+    for vector, weight in zip(vectors, weights, strict=True):
         fold = fold.add(vector, weight)
     assert torch.equal(weighted_mean(vectors, weights), fold.value())
     # the order fixes the rounding: the mean is a sum in the order given, then one division
     expected = weights[0] * vectors[0]
-    for vector, weight in zip(vectors[1:], weights[1:]):
+    for vector, weight in zip(vectors[1:], weights[1:], strict=True):
         expected = expected + weight * vector
     assert torch.equal(fold.value(), expected / sum(weights))
 

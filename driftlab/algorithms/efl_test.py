@@ -54,7 +54,11 @@ def sgd() -> object:
     return make_server_optimizer("sgd")
 
 
-def context(client_id: int, round_index: int, num_samples: int, planned: int, available: int) -> ClientContext:
+def context(
+    client_id: int, round_index: int, num_samples: int, planned: int = 4, available: int | None = None
+) -> ClientContext:
+    """Client ``client_id``'s context in round ``round_index``: ``available`` local steps (``planned`` when None)
+    of the ``planned`` ones, at client_lr 0.1.  Shared with compress/error_feedback_test.py."""
     return ClientContext(
         client_id=client_id,
         round=round_index,
@@ -63,7 +67,7 @@ def context(client_id: int, round_index: int, num_samples: int, planned: int, av
         num_registered=3,
         planned_steps=planned,
         client_lr=0.1,
-        available_steps=available,
+        available_steps=planned if available is None else available,
     )
 
 
@@ -104,7 +108,7 @@ def _two_client_round(incomplete: str):
 def test_adaptive_weights_by_hand():
     params, messages = _two_client_round("adaptive")
     # w = 2/8, 6/8; p_1 = 1/4, p_2 = 3/4 · E/s = 3/4 · 4/2 = 3/2;  θ⁺ = θ + Σ p_k (θ_k − θ)
-    expected = [t + 0.25 * (a - t) + 1.5 * (b - t) for t, a, b in zip(THETA.tolist(), THETA_1.tolist(), THETA_2.tolist())]
+    expected = [t + 0.25 * (a - t) + 1.5 * (b - t) for t, a, b in zip(THETA.tolist(), THETA_1.tolist(), THETA_2.tolist(), strict=True)]
     assert expected == pytest.approx([-0.375, -2.5, 3.375], abs=1e-15)
     assert params.tolist() == pytest.approx(expected, abs=1e-12)
     assert [m.completed_fraction for m in messages] == [1.0, 0.5]
@@ -112,7 +116,7 @@ def test_adaptive_weights_by_hand():
 
 def test_plain_weights_by_hand():
     params, _ = _two_client_round("plain")
-    expected = [0.25 * a + 0.75 * b for a, b in zip(THETA_1.tolist(), THETA_2.tolist())]
+    expected = [0.25 * a + 0.75 * b for a, b in zip(THETA_1.tolist(), THETA_2.tolist(), strict=True)]
     assert params.tolist() == pytest.approx(expected, abs=1e-12)
     assert params.tolist() == pytest.approx([0.375, -2.125, 1.875], abs=1e-12)
 
@@ -163,7 +167,7 @@ def test_client_objective_is_the_elastic_term():
     theta = torch.tensor([0.3, -1.0, 2.0], dtype=torch.float64)
     grad = torch.tensor([0.1, 0.2, -0.4], dtype=torch.float64)
     stepped = corrected_step(theta, grad, correction, LocalSettings(0.1))
-    expected = [t - 0.1 * (g + 0.5 * (u * t - v)) for t, g, u, v in zip(theta.tolist(), grad.tolist(), U.tolist(), V.tolist())]
+    expected = [t - 0.1 * (g + 0.5 * (u * t - v)) for t, g, u, v in zip(theta.tolist(), grad.tolist(), U.tolist(), V.tolist(), strict=True)]
     assert expected == pytest.approx([0.31, -1.02, 1.49], abs=1e-15)
     assert stepped.tolist() == pytest.approx(expected, abs=1e-14)
 

@@ -54,7 +54,7 @@ def _hand_gradient(theta: list[float], rows: list[int]) -> list[float]:
 
 def _hand_client_model(rows: list[int]) -> list[float]:
     g = _hand_gradient(THETA0, rows)
-    return [t - LR * gi for t, gi in zip(THETA0, g)]
+    return [t - LR * gi for t, gi in zip(THETA0, g, strict=True)]
 
 
 def _tiny_simulation(aggregation: str, server_optimizer: str = "sgd", server_lr: float = 1.0) -> tuple[Simulation, SimulationState]:
@@ -91,11 +91,11 @@ def test_fedavg_round_on_two_clients_matches_hand_computation():
 
     client0, client1 = _hand_client_model([0, 1]), _hand_client_model([2])
     # w_k = n_k / Σ n_j = 2/3 and 1/3
-    expected = [2 / 3 * a + 1 / 3 * b for a, b in zip(client0, client1)]
+    expected = [2 / 3 * a + 1 / 3 * b for a, b in zip(client0, client1, strict=True)]
     assert new_state.round == 1
     assert new_state.server.params.tolist() == pytest.approx(expected, abs=1e-12)
     # sanity: the hand numbers are not trivially the start point
-    assert max(abs(e - t) for e, t in zip(expected, THETA0)) > 1e-3
+    assert max(abs(e - t) for e, t in zip(expected, THETA0, strict=True)) > 1e-3
     assert record["round"] == 1
     assert record["reporting_clients"] == [0, 1]
     assert record["num_reporting"] == 2
@@ -108,7 +108,7 @@ def test_fedavg_uniform_aggregation_is_plain_mean():
     sim, state = _tiny_simulation("uniform")
     new_state, _ = run_round(sim, state)
     client0, client1 = _hand_client_model([0, 1]), _hand_client_model([2])
-    expected = [(a + b) / 2 for a, b in zip(client0, client1)]
+    expected = [(a + b) / 2 for a, b in zip(client0, client1, strict=True)]
     assert new_state.server.params.tolist() == pytest.approx(expected, abs=1e-12)
 
 
@@ -117,8 +117,8 @@ def test_fedsgd_server_lr_scales_the_pseudo_gradient():
     sim, state = _tiny_simulation("weighted", server_lr=0.5)
     new_state, record = run_round(sim, state)
     client0, client1 = _hand_client_model([0, 1]), _hand_client_model([2])
-    average = [2 / 3 * a + 1 / 3 * b for a, b in zip(client0, client1)]
-    expected = [t - 0.5 * (t - m) for t, m in zip(THETA0, average)]
+    average = [2 / 3 * a + 1 / 3 * b for a, b in zip(client0, client1, strict=True)]
+    expected = [t - 0.5 * (t - m) for t, m in zip(THETA0, average, strict=True)]
     assert new_state.server.params.tolist() == pytest.approx(expected, abs=1e-12)
     assert record["server_lr"] == 0.5
 
@@ -183,7 +183,7 @@ def test_fedavg_new_params_are_exactly_the_weighted_average_of_client_models(mon
     assert len(set(sizes)) > 1  # unequal n_k, so weighted differs from uniform
     # Σ_P n_k θ_k summed in sample order, then divided once by Σ_P n_k (the server's running sum).
     weighted = float(sizes[0]) * finals[ids[0]]
-    for k, n in zip(ids[1:], sizes[1:]):
+    for k, n in zip(ids[1:], sizes[1:], strict=True):
         weighted = weighted + float(n) * finals[k]
     expected = weighted / float(sum(sizes))
     assert torch.equal(new_state.server.params, expected)
@@ -211,7 +211,7 @@ def test_fedadam_first_step_by_hand(bias_correction):
 
     expected = []
     step_size = lr * math.sqrt(1 - beta2) / (1 - beta1) if bias_correction else lr
-    for t, a, b in zip(theta0, client_a, client_b):
+    for t, a, b in zip(theta0, client_a, client_b, strict=True):
         q = t - (0.75 * a + 0.25 * b)
         m = (1 - beta1) * q
         v = (1 - beta2) * q * q
@@ -220,7 +220,7 @@ def test_fedadam_first_step_by_hand(bias_correction):
     assert new_server.optimizer_state.step == 1
     if bias_correction:
         # the textbook property: Adam's bias-corrected first step moves each coordinate by ≈ η against sign(q)
-        moved = [abs(n - t) for n, t in zip(new_server.params.tolist(), theta0)]
+        moved = [abs(n - t) for n, t in zip(new_server.params.tolist(), theta0, strict=True)]
         for coordinate, distance in enumerate(moved):
             q = theta0[coordinate] - (0.75 * client_a[coordinate] + 0.25 * client_b[coordinate])
             assert distance == pytest.approx(lr if abs(q) > 1e-6 else 0.0, rel=1e-4, abs=1e-9)

@@ -177,7 +177,7 @@ def build(alpha: float = 0.01, balance: str = "by_size") -> Algorithm:
                      client_state_init=client_state_init, client_joined=client_joined, client_left=client_left, server_fold=fold)
 
 
-def from_config(config: Config, server_optimizer: Any) -> Algorithm:  # noqa: ARG001
+def from_config(config: Config, server_optimizer: Any) -> Algorithm:
     """Build from ``config``.  FedDyn's server step is its own: ``server_optimizer`` is not used, and the
     registry entry's ``owns_server_step`` makes config validation refuse any but plain SGD."""
     return build(alpha=config.alpha, balance=config.balance)

@@ -80,7 +80,7 @@ def test_lambda_form_equals_the_papers_h_form_under_partial_participation() -> N
     run = run_quadratic(Recording(), problem, initial, len(schedule), steps=4, learning_rate=0.1, participants=lambda t: schedule[t - 1])
     h = torch.zeros(3, dtype=F64)
     theta = initial
-    for (previous, client_models), metrics in zip(recorded, run.metrics):
+    for (previous, client_models), metrics in zip(recorded, run.metrics, strict=True):
         assert torch.allclose(previous, theta, rtol=0, atol=1e-13)
         h = h - alpha / num_clients * sum(model - previous for model in client_models)
         theta = sum(client_models) / len(client_models) - h / alpha
@@ -132,7 +132,11 @@ def test_server_optimizers_are_refused() -> None:
 @pytest.mark.parametrize("name", ["feddyn", "adabest"])
 @pytest.mark.parametrize(
     "lr, shown",
-    [(0.5, "0.5"), ({"kind": "exponential", "initial": 1.0, "decay": 0.99}, "ExponentialSchedule"), ({"kind": "inverse_time", "a": 2.0, "b": 1}, "InverseTimeSchedule")],
+    [
+        (0.5, "0.5"),
+        ({"kind": "exponential", "initial": 1.0, "decay": 0.99}, "ExponentialSchedule"),
+        ({"kind": "inverse_time", "a": 2.0, "b": 1}, "InverseTimeSchedule"),
+    ],
 )
 def test_a_server_lr_other_than_one_is_refused_by_config_validation(name: str, lr: object, shown: str) -> None:
     with pytest.raises(driftlab.ConfigError, match=rf"server\.lr: {name} has its own server step; set server\.lr = 1 \(got {shown}"):

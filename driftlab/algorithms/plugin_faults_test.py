@@ -230,7 +230,11 @@ def test_an_exception_names_the_client_and_round_and_keeps_the_original_as_its_c
 def test_from_config_returning_none_or_raising_is_named(fresh_registry, tmp_path):
     path = write_broken(tmp_path, "returns_none", "def from_config(config, server_optimizer):\n    return None")
     # from_config is redefined inside the outer from_config: make the module-level one return None instead
-    path.write_text(path.read_text().replace("def from_config(config, server_optimizer):\n    base =", "def from_config(config, server_optimizer):\n    return None\n    base =", 1))
+    path.write_text(
+        path.read_text().replace(
+            "def from_config(config, server_optimizer):\n    base =", "def from_config(config, server_optimizer):\n    return None\n    base =", 1
+        )
+    )
     with pytest.raises(PluginError) as raised:
         run_plugin(path, "returns_none")
     assert str(raised.value) == (
@@ -341,7 +345,10 @@ def test_a_field_that_starts_as_none_may_fill_in_on_the_memory_store_and_resumes
     memory = InMemoryClientStore(lambda: (None, 0))
     memory.put(0, (torch.zeros(2), 1))  # None in client_state_init's state: a checkpoint restores what was stored
     memory.put(1, (torch.zeros(2), 1))
-    with pytest.raises(ClientStateError, match=r"state\[0\] is a float32 tensor of shape \(5,\), not a float32 tensor of shape \(2,\) as in the states stored before it"):
+    with pytest.raises(
+        ClientStateError,
+        match=r"state\[0\] is a float32 tensor of shape \(5,\), not a float32 tensor of shape \(2,\) as in the states stored before it",
+    ):
         memory.put(2, (torch.zeros(5), 1))
 
 

@@ -61,7 +61,7 @@ def call_from_config(entry: Any, config: Any, server_optimizer: Any, who: str) -
         raise ConfigError(f"{who}: {error}") from error
     except PASSED_THROUGH:
         raise
-    except Exception as error:  # noqa: BLE001 - whatever the plugin raises is named, then chained
+    except Exception as error:  # whatever the plugin raises is named, then chained
         raise _failure(who, entry.name, "from_config", error) from error
     if not isinstance(algorithm, Algorithm):
         hint = " (does it end without `return`?)" if algorithm is None else ""
@@ -126,7 +126,7 @@ class _Guard:
                 return function(*args, **kwargs)
             except (PluginError, *PASSED_THROUGH):
                 raise
-            except Exception as error:  # noqa: BLE001 - whatever the plugin raises is named, then chained
+            except Exception as error:  # whatever the plugin raises is named, then chained
                 raise _failure(who, plugin, name, error, _client_of(args)) from error
 
         return plugin_function
@@ -219,7 +219,8 @@ class _Guard:
                     name, f"a GradientCorrection whose {field} has shape {tuple(value.shape)}; it must be the model's shape {shape}", args
                 )
 
-    def check_term(self, name: str, args: tuple, value: Any) -> None:
+    # guard.once calls each check as check(name, args, value); a loss term's value is checked without its arguments
+    def check_term(self, name: str, args: tuple, value: Any) -> None:  # noqa: ARG002
         # Inside vmap a tensor shows its one client's shape: a term gives one number per client.
         if not isinstance(value, torch.Tensor) or value.dim() != 0:
             shape = f"a tensor of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else _a(value)

@@ -33,7 +33,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from driftlab.plugins import NAME, Registry
+from pydantic import BaseModel
+
+from driftlab.plugins import Registry, check_config_type, check_entry_name
 
 ENTRY_POINT_GROUP = "driftlab.algorithms"
 
@@ -63,14 +65,10 @@ class AlgorithmEntry:
     keeps_partial_work: bool = True
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not NAME.fullmatch(self.name):
-            raise ValueError(f"an algorithm's name is lower-case letters, digits and _, starting with a letter; got {self.name!r}")
-        fields = getattr(self.config_type, "model_fields", None)
-        if fields is None or "name" not in fields or fields["name"].default != self.name:
-            raise ValueError(
-                f"algorithm {self.name!r}: config_type must be a pydantic model with a field "
-                f'`name: Literal["{self.name}"] = "{self.name}"`'
-            )
+        check_entry_name("algorithm", self.name)
+        check_config_type(
+            "algorithm", self.name, self.config_type, BaseModel, "pydantic.BaseModel (the [algorithm] section)"
+        )
         if not callable(self.from_config):
             raise ValueError(f"algorithm {self.name!r}: from_config must be a function (config, server_optimizer) -> Algorithm")
         if not isinstance(self.label, str) or not self.label.strip():

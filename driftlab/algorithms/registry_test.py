@@ -155,7 +155,9 @@ def test_a_plugin_that_cannot_be_imported_stops_with_one_clear_line(fresh_regist
     with pytest.raises(driftlab.ConfigError) as raised:
         load_config(None, [f"plugins=['{broken}']"])
     message = str(raised.value)
-    assert message.startswith(f"plugins: cannot import plugin '{broken}': RuntimeError: the plugin is broken (raised at {broken.resolve()}, line 2); check the path")
+    assert message.startswith(
+        f"plugins: cannot import plugin '{broken}': RuntimeError: the plugin is broken (raised at {broken.resolve()}, line 2); check the path"
+    )
     assert "second line" not in message and "Traceback" not in message
     assert not any(name.startswith("driftlab_plugin_broken") for name in sys.modules)  # a failed import leaves nothing behind
     missing = tmp_path / "missing.py"

@@ -121,7 +121,9 @@ class CompressedPayload:
             return self
         fields = dataclasses.fields(self.payload) if dataclasses.is_dataclass(self.payload) else ()
         if self.model is None or self.model_form not in (MODEL_IS_FINAL, MODEL_IS_CHANGE) or not 0 <= self.model_field < len(fields):
-            raise ValueError(f"model form {self.model_form} with field {self.model_field} and a compressed model {self.model is not None} do not fit the message")
+            raise ValueError(
+                f"model form {self.model_form} with field {self.model_field} and a compressed model {self.model is not None} do not fit the message"
+            )
         name = fields[self.model_field].name
         if getattr(self.payload, name) is not None:
             raise ValueError(f"the message's field {name!r} is rebuilt from the compressed model, so it must arrive empty")

@@ -9,30 +9,18 @@ import torch
 
 import driftlab
 from driftlab.algorithms import fedavg
+from driftlab.algorithms.efl_test import context
 from driftlab.compress import compress_model, with_compression
 from driftlab.experiments.config import load_config
 from driftlab.experiments.runner import build_simulation
 from driftlab.metrics.communication import payload_bits
 from driftlab.optim.server import make_server_optimizer
 from driftlab.simulation.round.engine import run_round
-from driftlab.simulation.seam import ClientContext, ClientUpdate, RoundContext
+from driftlab.simulation.seam import ClientUpdate, RoundContext
 
 SIZES = (6, 3)  # two "tensors" in a flat vector of 9
 RATIO = 0.34  # k = 2 of 6, 1 of 3
 P = sum(SIZES)
-
-
-def _context(client_id: int, round_index: int, num_samples: int, planned: int = 4, available: int | None = None) -> ClientContext:
-    return ClientContext(
-        client_id=client_id,
-        round=round_index,
-        num_samples=num_samples,
-        mean_num_samples=2.0,
-        num_registered=2,
-        planned_steps=planned,
-        client_lr=0.1,
-        available_steps=planned if available is None else available,
-    )
 
 
 def test_error_feedback_conserves_mass_on_both_sides():
@@ -54,7 +42,7 @@ def test_error_feedback_conserves_mass_on_both_sides():
             true_update = torch.randn(P, generator=generator, dtype=torch.float64) * (k + 1)
             update = ClientUpdate(start, start + true_update, 4)
             previous_residual = clients[k].residual
-            clients[k], message = algorithm.client_finish(algorithm.broadcast(server), clients[k], _context(k, t, samples[k]), update)
+            clients[k], message = algorithm.client_finish(algorithm.broadcast(server), clients[k], context(k, t, samples[k]), update)
             sent = message.payload.params - start
             # what was sent is ST of (old residual + true update), per tensor
             expected_sent, expected_bits = compress_model(previous_residual + (update.final_params - start), SIZES, RATIO)
@@ -88,10 +76,10 @@ def test_dropped_message_keeps_the_clients_residual():
     server = algorithm.server_init(theta0)
     client = algorithm.client_state_init(theta0)
     first = torch.arange(1.0, P + 1, dtype=torch.float64)
-    client, message = algorithm.client_finish(algorithm.broadcast(server), client, _context(0, 1, 1), ClientUpdate(theta0, first, 4))
+    client, message = algorithm.client_finish(algorithm.broadcast(server), client, context(0, 1, 1), ClientUpdate(theta0, first, 4))
     residual = client.residual.clone()
     assert float(residual.abs().max()) > 0
-    client, message = algorithm.client_finish(algorithm.broadcast(server), client, _context(0, 2, 1, available=2), ClientUpdate(theta0, 2 * first, 2))
+    client, message = algorithm.client_finish(algorithm.broadcast(server), client, context(0, 2, 1, available=2), ClientUpdate(theta0, 2 * first, 2))
     assert message is None
     assert torch.equal(client.residual, residual)
 
@@ -109,7 +97,7 @@ def test_client_algorithm_sees_the_reconstructed_model_and_the_local_one():
     local = torch.tensor([1.0, -3.0, 0.5, 2.0], dtype=torch.float64)
     server = algorithm.server_init(theta0)
     view = algorithm.broadcast(server)
-    algorithm.client_finish(view, algorithm.client_state_init(theta0), _context(0, 1, 1), ClientUpdate(theta0, local, 4))
+    algorithm.client_finish(view, algorithm.client_state_init(theta0), context(0, 1, 1), ClientUpdate(theta0, local, 4))
     assert seen["view"] == fedavg.ClientView(theta0)  # the wrapped algorithm gets its own view, unwrapped
     assert payload_bits(view) == 32 * 4  # round 1 broadcasts a full model
     assert seen["update"].final_params.tolist() == [0.0, -2.5, 0.0, 2.5]  # ST keeps −3, 2 at μ = 2.5
@@ -143,7 +131,7 @@ def test_end_to_end_server_moves_only_by_broadcast_st_and_conserves_mass():
     def recording_update(server, messages, context):
         weights = torch.tensor([m.payload.num_samples * m.payload.multiplicity for m in messages], dtype=torch.float64)
         weights = weights / weights.sum()
-        captured["aggregated"] = sum(w * (m.payload.params - server.params) for w, m in zip(weights.tolist(), messages))
+        captured["aggregated"] = sum(w * (m.payload.params - server.params) for w, m in zip(weights.tolist(), messages, strict=True))
         return original_update(server, messages, context)
 
     sim.algorithm = dataclasses.replace(sim.algorithm, server_update=recording_update, server_fold=None)  # the engine collects
@@ -152,7 +140,7 @@ def test_end_to_end_server_moves_only_by_broadcast_st_and_conserves_mass():
         state, record = run_round(sim, state)
         step = state.server.params - before
         # each move is ST-shaped per tensor: ≤ k non-zeros, all of one magnitude
-        for piece, kept in zip(torch.split(step, numels), (60, 1)):
+        for piece, kept in zip(torch.split(step, numels), (60, 1), strict=True):
             nonzero = piece[piece != 0]
             assert 0 < len(nonzero) <= kept
             assert torch.allclose(nonzero.abs(), nonzero.abs().mean().expand(len(nonzero)), rtol=1e-9, atol=0)
@@ -206,7 +194,7 @@ def _compressed_round(name: str, ratio: float = 0.2):
             return params.square() + 0.5
 
     update = ClientUpdate(view.params, view.params + 0.1 * torch.randn(sum(sizes), generator=generator), 4, Fisher())
-    _, message = algorithm.client_finish(view, algorithm.client_state_init(start), _context(3, 1, 5), update)
+    _, message = algorithm.client_finish(view, algorithm.client_state_init(start), context(3, 1, 5), update)
     return message, start
 
 

@@ -94,7 +94,7 @@ class TernaryVector:
     @property
     def bits(self) -> int:
         """Bits on the wire, as ``payload_bits`` counts them (a 32-bit scale per piece)."""
-        return sum(ternary_bits(size, count) for size, count in zip(self.sizes, self.counts))
+        return sum(ternary_bits(size, count) for size, count in zip(self.sizes, self.counts, strict=True))
 
     @staticmethod
     def from_dense(vector: torch.Tensor, sizes: tuple[int, ...] | list[int]) -> "TernaryVector":
@@ -134,7 +134,7 @@ class TernaryVector:
         scales = self.scales.cpu()
         out = torch.zeros(sum(self.sizes), dtype=scales.dtype)
         offset, cursor = 0, 0
-        for piece, (size, count) in enumerate(zip(self.sizes, self.counts)):
+        for piece, (size, count) in enumerate(zip(self.sizes, self.counts, strict=True)):
             negative = stream[cursor : cursor + count].astype(bool)
             cursor += count
             width = _index_width(size)
@@ -156,10 +156,10 @@ class TernaryVector:
         """ValueError unless the counts, scales and code length agree with ``sizes``."""
         if len(self.counts) != len(self.sizes) or tuple(self.scales.shape) != (len(self.sizes),):
             raise ValueError(f"{len(self.sizes)} pieces need {len(self.sizes)} counts and scales, got {len(self.counts)} and {tuple(self.scales.shape)}")
-        for piece, (size, count) in enumerate(zip(self.sizes, self.counts)):
+        for piece, (size, count) in enumerate(zip(self.sizes, self.counts, strict=True)):
             if not 0 <= count <= size:
                 raise ValueError(f"piece {piece} of {size} entries cannot keep {count}")
-        expected = math.ceil(sum(ternary_bits(size, count) - BITS_PER_ENTRY for size, count in zip(self.sizes, self.counts)) / 8)
+        expected = math.ceil(sum(ternary_bits(size, count) - BITS_PER_ENTRY for size, count in zip(self.sizes, self.counts, strict=True)) / 8)
         if self.code.dtype != torch.uint8 or tuple(self.code.shape) != (expected,):
             raise ValueError(f"code must be {expected} uint8 bytes for these counts, got {self.code.dtype} of shape {tuple(self.code.shape)}")
         if not bool(torch.isfinite(self.scales).all()) or bool((self.scales < 0).any()):

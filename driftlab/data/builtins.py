@@ -359,7 +359,7 @@ def _custom(section: CustomData, seed: int, path: Path | None) -> Any:
         arrays = load()
     except ConfigError:
         raise
-    except Exception as error:  # noqa: BLE001 - the user's function failed: say so, with its own message
+    except Exception as error:  # the user's function failed: say so, with its own message
         raise ConfigError(f"{origin} failed: {type(error).__name__}: {error}") from error
     return federated_dataset_from_arrays(arrays, origin, "custom")
 

@@ -36,7 +36,7 @@ class _Server:
         server = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self):  # noqa: N802 (http.server's naming)
+            def do_GET(self):  # http.server's naming
                 server.requests.append((self.path, self.headers.get("Range")))
                 file = server.root / self.path.lstrip("/")
                 if not file.is_file():

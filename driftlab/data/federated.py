@@ -520,7 +520,10 @@ def _from_numpy(array: np.ndarray) -> torch.Tensor:
 def _client_id_array(values: Any, field: str, origin: str) -> np.ndarray:
     ids = values.detach().cpu().numpy() if isinstance(values, torch.Tensor) else np.asarray(values)
     if ids.ndim != 1 or not (np.issubdtype(ids.dtype, np.integer) or (ids.size == 0 and ids.dtype == np.float64)):
-        raise ConfigError(f"{origin}: {field} must be a 1-D array of integer client ids, got {ids.dtype} of shape {ids.shape}; use np.asarray(ids, dtype=np.int64)")
+        raise ConfigError(
+            f"{origin}: {field} must be a 1-D array of integer client ids, got {ids.dtype} of shape {ids.shape}; "
+            "use np.asarray(ids, dtype=np.int64)"
+        )
     return ids.astype(np.int64)
 
 

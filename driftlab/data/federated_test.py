@@ -166,7 +166,12 @@ def test_tensors_work_like_numpy_arrays_and_give_the_same_digest():
     from_numpy = federated_dataset_from_arrays(_arrays())
     arrays = _arrays()
     from_torch = federated_dataset_from_arrays(
-        FederatedArrays(*(torch.as_tensor(getattr(arrays, name)) for name in ("train_inputs", "train_targets", "train_client_ids", "test_inputs", "test_targets")))
+        FederatedArrays(
+            *(
+                torch.as_tensor(getattr(arrays, name))
+                for name in ("train_inputs", "train_targets", "train_client_ids", "test_inputs", "test_targets")
+            )
+        )
     )
     assert from_numpy.digest == from_torch.digest
 

@@ -201,11 +201,14 @@ def load_mnist(root: str | os.PathLike) -> tuple[np.ndarray, np.ndarray, np.ndar
         images_path = _find_mnist_file(root, split, "images")
         labels_path = _find_mnist_file(root, split, "labels")
         limit = _MNIST_COUNTS[split]
+        # read_idx calls check_header before it returns: each lambda runs within this iteration, on this split's names
         images = read_idx(
-            images_path, check_header=lambda d, s: _check_mnist_images(d, s, images_path, labels_path, split, limit)
+            images_path,
+            check_header=lambda d, s: _check_mnist_images(d, s, images_path, labels_path, split, limit),  # noqa: B023
         )
         labels = read_idx(
-            labels_path, check_header=lambda d, s: _check_mnist_labels(d, s, labels_path, images_path, split, limit)
+            labels_path,
+            check_header=lambda d, s: _check_mnist_labels(d, s, labels_path, images_path, split, limit),  # noqa: B023
         )
         _check_mnist_label_values(labels, labels_path)
         if len(images) != len(labels):

@@ -129,7 +129,7 @@ def _fake_mnist(root: Path, *, n_train=6, n_test=4, names=None, compress=True) -
 def test_load_mnist_official_names(tmp_path, compress):
     written = _fake_mnist(tmp_path, compress=compress)
     loaded = load_mnist(tmp_path)
-    for array, expected in zip(loaded, written.values()):
+    for array, expected in zip(loaded, written.values(), strict=True):
         np.testing.assert_array_equal(array, expected)
 
 
@@ -234,7 +234,11 @@ def test_declared_size_is_checked_before_anything_is_allocated(tmp_path):
     # The header declares 4e9 x 4e9 float64 (far past any memory); the file is 24 bytes.
     header = bytes([0, 0, 0x0E, 2]) + struct.pack(">2I", 4_000_000_000, 4_000_000_000)
     path = _write(tmp_path / "huge", header + bytes(8))
-    with pytest.raises(DataFileError, match=r"declares shape \(4000000000, 4000000000\) of float64, 128,000,000,000,000,000,000 bytes of data, more than the 1,073,741,824 allowed"):
+    with pytest.raises(
+        DataFileError,
+        match=r"declares shape \(4000000000, 4000000000\) of float64, 128,000,000,000,000,000,000 bytes of data, "
+        r"more than the 1,073,741,824 allowed",
+    ):
         read_idx(path)
     small = _write(tmp_path / "small", _idx_bytes(np.zeros(100, dtype=np.uint8)))
     with pytest.raises(DataFileError, match="more than the 99 allowed"):

@@ -858,7 +858,7 @@ def _decode_images(
                 )
             try:
                 image.load()
-            except Exception as error:  # noqa: BLE001 - Pillow's decoders raise many types on damaged data
+            except Exception as error:  # Pillow's decoders raise many types on damaged data
                 raise _undecodable(label, error) from error
             if out is None:
                 out = np.empty((len(items), expected[1], expected[0], 3), dtype=np.uint8)
@@ -887,7 +887,7 @@ def _open_image(data: bytes, name: str, label: str):
             return Image.open(io.BytesIO(data), formats=(suffix_format,) if suffix_format else None)
         except UnidentifiedImageError:
             return Image.open(io.BytesIO(data))
-    except Exception as error:  # noqa: BLE001 - Pillow's plugins raise many types on damaged headers
+    except Exception as error:  # Pillow's plugins raise many types on damaged headers
         raise _undecodable(label, error) from error
 
 

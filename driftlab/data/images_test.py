@@ -127,7 +127,7 @@ def _image_folder_members(
     """``{member name: bytes}`` of an image folder and the pixels of each image by name."""
     members, pixels = {}, {}
     ext = ".png" if fmt == "PNG" else ".jpg"
-    for split, count in zip(("train", "test"), per_class):
+    for split, count in zip(("train", "test"), per_class, strict=True):
         for cls in classes:
             for k in range(count):
                 shape = (8, 6) if gray else (8, 6, 3)
@@ -626,7 +626,10 @@ def test_emnist_header_beyond_the_official_count_is_refused_before_reading(tmp_p
     with zipfile.ZipFile(tmp_path / "gzip.zip", "w") as bundle:
         for member, array in arrays.items():
             bundle.writestr(f"gzip/{member}", gzip.compress(header if member == name else _idx(array)))
-    with pytest.raises(DataFileError, match=r"test-labels-idx1-ubyte\.gz: the IDX header declares 10,000,000 labels but the official EMNIST letters test split has 20,800"):
+    with pytest.raises(
+        DataFileError,
+        match=r"test-labels-idx1-ubyte\.gz: the IDX header declares 10,000,000 labels but the official EMNIST letters test split has 20,800",
+    ):
         load_emnist_tensors(tmp_path, "letters")
 
 
@@ -689,7 +692,7 @@ def random_flip_crop(
 def _reference_flip_crop(images, flip, crop, offsets, padding=4):
     """Per-image loop as in FedDyn's Dataset.__getitem__, driven by given draws."""
     out = []
-    for img, f, c, (dy, dx) in zip(images, flip, crop, offsets):
+    for img, f, c, (dy, dx) in zip(images, flip, crop, offsets, strict=True):
         if f:
             img = img.flip(-1)
         if c:
@@ -755,7 +758,9 @@ def test_flip_crop_from_keys_by_hand():
     shifted = flip_crop_from_keys(image, _keys(0), padding=1)
     assert shifted[0, 0].tolist() == [[0, 0, 0, 0], [0, 1, 2, 3], [0, 5, 6, 7]]
     # Largest row and column bits: offsets (2p, 2p), content moves up-left; with the flip, flipped first.
-    up_left = flip_crop_from_keys(image.expand(2, 1, 3, 4), _keys(_key(row_bits=0xFFFF, col_bits=0xFFFF), _key(flip=1, row_bits=0xFFFF, col_bits=0xFFFF)), padding=1)
+    up_left = flip_crop_from_keys(
+        image.expand(2, 1, 3, 4), _keys(_key(row_bits=0xFFFF, col_bits=0xFFFF), _key(flip=1, row_bits=0xFFFF, col_bits=0xFFFF)), padding=1
+    )
     assert up_left[0, 0].tolist() == [[6, 7, 8, 0], [10, 11, 12, 0], [0, 0, 0, 0]]
     assert up_left[1, 0].tolist() == [[7, 6, 5, 0], [11, 10, 9, 0], [0, 0, 0, 0]]
     # Row offset from bits 32-47 (⌊v·3/2^16⌋: 0x5555 → 0, 0x5556 → 1, 0xAAAB → 2), column offset p (v = 0x8000): a vertical shift.

@@ -437,7 +437,7 @@ def _assemble(
 
 def _ranges(sizes: np.ndarray) -> tuple[np.ndarray, ...]:
     starts = np.r_[0, np.cumsum(sizes)[:-1]]
-    return tuple(np.arange(start, start + size, dtype=np.int64) for start, size in zip(starts, sizes))
+    return tuple(np.arange(start, start + size, dtype=np.int64) for start, size in zip(starts, sizes, strict=True))
 
 
 def _integer_labels(ys: list, num_classes: int, where: str) -> np.ndarray:
@@ -471,7 +471,7 @@ def _validated(data: object, source: str) -> dict:
             f"{source}: 'users' lists {len(users)} users but 'num_samples' has {len(counts)} entries; "
             "expected one count per user"
         )
-    for user, count in zip(users, counts):
+    for user, count in zip(users, counts, strict=True):
         if not isinstance(count, int) or isinstance(count, bool) or count < 0:
             raise DataFileError(
                 f"{source}: 'num_samples' must hold non-negative integers, found {count!r:.40} for user {user!r:.80}"
@@ -516,10 +516,11 @@ def _shard_split(parts: tuple[str, ...]) -> str | None:
 
 def _directory_shards(root: Path) -> dict[str, list[tuple[str, Callable[[], object]]]]:
     found: dict[str, list] = collections.defaultdict(list)
+    what = "one LEAF shard (read whole into memory; LEAF's shards are far smaller)"
     for file in sorted(root.rglob("*.json")):
         split = _shard_split(file.parts)
         if split and file.is_file():
-            found[split].append((str(file), lambda file=file: _parse_json(read_capped(file, MAX_SHARD_BYTES, "one LEAF shard (read whole into memory; LEAF's shards are far smaller)"), str(file))))
+            found[split].append((str(file), lambda file=file: _parse_json(read_capped(file, MAX_SHARD_BYTES, what), str(file))))
     return found
 
 

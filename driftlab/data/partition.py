@@ -691,13 +691,20 @@ def _check_counts(num_samples: int, num_clients: int) -> None:
         )
 
 
-def _check_quotas(quotas: np.ndarray, num_samples: int) -> np.ndarray:
-    quotas = np.asarray(quotas)
-    if quotas.ndim != 1 or len(quotas) == 0 or not np.issubdtype(quotas.dtype, np.integer):
+def _integer_vector(values, name: str, meaning: str, hint: str) -> np.ndarray:
+    """``values`` as a non-empty 1-D integer array; else a ValueError saying what it holds and how to fix it."""
+    array = np.asarray(values)
+    if array.ndim != 1 or len(array) == 0 or not np.issubdtype(array.dtype, np.integer):
         raise ValueError(
-            f"quotas must be a non-empty 1-D integer array (samples per client), got {quotas.dtype} "
-            f"of shape {quotas.shape}; build it with balanced_quotas or lognormal_quotas"
+            f"{name} must be a non-empty 1-D integer array {meaning}, got {array.dtype} of shape {array.shape}; {hint}"
         )
+    return array
+
+
+def _check_quotas(quotas: np.ndarray, num_samples: int) -> np.ndarray:
+    quotas = _integer_vector(
+        quotas, "quotas", "(samples per client)", "build it with balanced_quotas or lognormal_quotas"
+    )
     if quotas.min() < 1:
         raise ValueError(
             f"every client needs a quota of at least 1 sample, but client {int(np.argmin(quotas))} "
@@ -712,12 +719,7 @@ def _check_quotas(quotas: np.ndarray, num_samples: int) -> np.ndarray:
 
 
 def _check_labels(labels: np.ndarray, num_classes: int | None) -> np.ndarray:
-    labels = np.asarray(labels)
-    if labels.ndim != 1 or len(labels) == 0 or not np.issubdtype(labels.dtype, np.integer):
-        raise ValueError(
-            f"labels must be a non-empty 1-D integer array of class ids, got {labels.dtype} of shape "
-            f"{labels.shape}; for a torch tensor pass tensor.numpy()"
-        )
+    labels = _integer_vector(labels, "labels", "of class ids", "for a torch tensor pass tensor.numpy()")
     if labels.min() < 0:
         raise ValueError(f"labels must be non-negative class ids, found {int(labels.min())}")
     if num_classes is not None and labels.max() >= num_classes:

@@ -117,15 +117,6 @@ def test_iid_partition_with_smaller_total_leaves_samples_unassigned():
     _assert_partition(parts, [2, 2], 10, covers_all=False)
 
 
-def test_iid_partition_deterministic_and_seed_dependent():
-    quotas = balanced_quotas(1000, 10)
-    a = iid_partition(1000, quotas, np.random.default_rng(5))
-    b = iid_partition(1000, quotas, np.random.default_rng(5))
-    c = iid_partition(1000, quotas, np.random.default_rng(6))
-    assert all(np.array_equal(x, y) for x, y in zip(a, b))
-    assert not all(np.array_equal(x, y) for x, y in zip(a, c))
-
-
 def test_iid_partition_mixes_classes_like_the_whole_set():
     labels = _balanced_labels(10, 600)
     parts = iid_partition(len(labels), balanced_quotas(len(labels), 10), np.random.default_rng(0))
@@ -201,16 +192,6 @@ def test_dirichlet_with_smaller_total_uses_a_subset():
     labels = _balanced_labels(4, 25)
     parts = dirichlet_client_prior_partition(labels, np.array([10, 20]), 1.0, np.random.default_rng(0))
     _assert_partition(parts, [10, 20], 100, covers_all=False)
-
-
-def test_dirichlet_deterministic_and_seed_dependent():
-    labels = _balanced_labels(10, 100)
-    quotas = balanced_quotas(1000, 20)
-    a = dirichlet_client_prior_partition(labels, quotas, 0.3, np.random.default_rng(7))
-    b = dirichlet_client_prior_partition(labels, quotas, 0.3, np.random.default_rng(7))
-    c = dirichlet_client_prior_partition(labels, quotas, 0.3, np.random.default_rng(8))
-    assert all(np.array_equal(x, y) for x, y in zip(a, b))
-    assert not all(np.array_equal(x, y) for x, y in zip(a, c))
 
 
 def _median_classes_for_80_percent(labels, parts, num_classes=10):
@@ -297,7 +278,7 @@ def _assert_disjoint_sorted(parts, num_samples):
 
 
 def _same(a, b):
-    return len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b))
+    return len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
 
 
 def _classes_held(labels, parts):
@@ -313,14 +294,6 @@ def test_classwise_dirichlet_covers_every_sample_once_and_respects_the_minimum()
     assert len(parts) == 30
     assert len(_assert_disjoint_sorted(parts, len(labels))) == len(labels)
     assert min(len(p) for p in parts) >= 20
-
-
-def test_classwise_dirichlet_deterministic_and_seed_dependent():
-    labels = _balanced_labels(10, 100)
-    a = dirichlet_classwise_partition(labels, 10, 0.5, np.random.default_rng(3))
-    b = dirichlet_classwise_partition(labels, 10, 0.5, np.random.default_rng(3))
-    c = dirichlet_classwise_partition(labels, 10, 0.5, np.random.default_rng(4))
-    assert _same(a, b) and not _same(a, c)
 
 
 def test_classwise_dirichlet_small_alpha_gives_few_classes_large_alpha_many():
@@ -426,14 +399,6 @@ def test_classes_per_client_with_quotas_has_exact_sizes():
     _assert_disjoint_sorted(parts, len(labels))
 
 
-def test_classes_per_client_deterministic_and_seed_dependent():
-    labels = _balanced_labels(10, 60)
-    a = classes_per_client_partition(labels, 10, 2, np.random.default_rng(1))
-    b = classes_per_client_partition(labels, 10, 2, np.random.default_rng(1))
-    c = classes_per_client_partition(labels, 10, 2, np.random.default_rng(2))
-    assert _same(a, b) and not _same(a, c)
-
-
 @pytest.mark.parametrize(
     "kwargs, message",
     [
@@ -478,14 +443,6 @@ def test_power_law_sigma_zero_gives_equal_shares():
     parts = power_law_partition(labels, 8, 2, np.random.default_rng(0), sigma=0.0)
     # each class has 4 slots: 5 each, then (100 - 20) / 4 = 20 more each
     assert [len(p) for p in parts] == [50] * 8
-
-
-def test_power_law_deterministic_and_seed_dependent():
-    labels = _balanced_labels(10, 100)
-    a = power_law_partition(labels, 20, 2, np.random.default_rng(1))
-    b = power_law_partition(labels, 20, 2, np.random.default_rng(1))
-    c = power_law_partition(labels, 20, 2, np.random.default_rng(2))
-    assert _same(a, b) and not _same(a, c)
 
 
 @pytest.mark.parametrize(
@@ -549,7 +506,7 @@ def test_split_client_test_partitions_each_client_with_the_fedprox_sizes():
     # train = floor(0.9 n) (FedProx's int(0.9 * n)), but never zero
     assert [len(t) for t in train] == [9, 13, 1, 1]
     assert [len(t) for t in test] == [1, 2, 0, 1]
-    for client, a, b in zip(clients, train, test):
+    for client, a, b in zip(clients, train, test, strict=True):
         assert a.dtype == np.int64 and b.dtype == np.int64
         assert np.all(np.diff(a) > 0) and np.all(np.diff(b) > 0)
         np.testing.assert_array_equal(np.sort(np.concatenate([a, b])), client)
@@ -581,3 +538,27 @@ def test_split_client_test_is_random_and_deterministic_or_takes_the_last_samples
 def test_split_client_test_errors(clients, fraction, rng, message):
     with pytest.raises(ValueError, match=message):
         split_client_test(clients, fraction, rng)
+
+
+# --- every partition ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "partition, seed",
+    [
+        (lambda rng: iid_partition(1000, balanced_quotas(1000, 10), rng), 5),
+        (
+            lambda rng: dirichlet_client_prior_partition(
+                _balanced_labels(10, 100), balanced_quotas(1000, 20), 0.3, rng
+            ),
+            7,
+        ),
+        (lambda rng: dirichlet_classwise_partition(_balanced_labels(10, 100), 10, 0.5, rng), 3),
+        (lambda rng: classes_per_client_partition(_balanced_labels(10, 60), 10, 2, rng), 1),
+        (lambda rng: power_law_partition(_balanced_labels(10, 100), 20, 2, rng), 1),
+    ],
+    ids=["iid", "dirichlet_client_prior", "dirichlet_classwise", "classes_per_client", "power_law"],
+)
+def test_every_partition_is_deterministic_and_seed_dependent(partition, seed):
+    first, again, other = (partition(np.random.default_rng(s)) for s in (seed, seed, seed + 1))
+    assert _same(first, again) and not _same(first, other)

@@ -56,7 +56,10 @@ def quadratic_federated(
     linear = np.atleast_2d(np.asarray(linear, dtype=np.float64))
     weights = np.asarray(weights, dtype=np.float64)
     if curvatures.shape != linear.shape or curvatures.shape[0] != len(weights):
-        raise ValueError(f"need curvatures and linear terms of one shape [clients, dim] and one weight per client; got {curvatures.shape}, {linear.shape}, {weights.shape}")
+        raise ValueError(
+            "need curvatures and linear terms of one shape [clients, dim] and one weight per client; "
+            f"got {curvatures.shape}, {linear.shape}, {weights.shape}"
+        )
     if (curvatures <= 0).any():
         raise ValueError("curvatures must be > 0 so every client's objective is strongly convex")
     if (weights <= 0).any():

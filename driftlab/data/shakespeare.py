@@ -276,7 +276,7 @@ def _train_count(role: ShakespeareRole, samples_per_client: int | None, gap: int
 
 def _ranges(sizes: list[int]) -> tuple[np.ndarray, ...]:
     starts = np.r_[0, np.cumsum(sizes)[:-1]].astype(np.int64)
-    return tuple(np.arange(start, start + size, dtype=np.int64) for start, size in zip(starts, sizes))
+    return tuple(np.arange(start, start + size, dtype=np.int64) for start, size in zip(starts, sizes, strict=True))
 
 
 def _read_text(path: Path) -> str:

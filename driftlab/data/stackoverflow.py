@@ -435,4 +435,4 @@ class _SqliteReader:
 
 def _ranges(sizes: list[int]) -> tuple[np.ndarray, ...]:
     starts = np.r_[0, np.cumsum(sizes)[:-1]].astype(np.int64)
-    return tuple(np.arange(start, start + size, dtype=np.int64) for start, size in zip(starts, sizes))
+    return tuple(np.arange(start, start + size, dtype=np.int64) for start, size in zip(starts, sizes, strict=True))

@@ -113,7 +113,7 @@ def synthetic_federated(
         ``"synthetic_iid"`` with float32 inputs ``[n, dimension]``, int64
         targets, contiguous client index ranges and ``client_test_indices``.
     """
-    _check_arguments(alpha, beta, iid, num_clients, dimension, num_classes, seed, test_fraction, max_samples_per_client)
+    _check_arguments(alpha, beta, num_clients, dimension, num_classes, seed, test_fraction, max_samples_per_client)
     rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, _STREAM_TAG])))
 
     sizes = _device_sizes(num_clients, rng, max_samples_per_client)
@@ -199,21 +199,23 @@ def _split_per_device(
         train_targets=torch.from_numpy(targets[is_train]),
         test_inputs=torch.from_numpy(inputs[~is_train].astype(np.float32)),
         test_targets=torch.from_numpy(targets[~is_train]),
-        client_indices=_contiguous_ranges(train_sizes),
+        client_indices=contiguous_ranges(train_sizes),
         num_classes=num_classes,
-        client_test_indices=_contiguous_ranges(test_sizes),
+        client_test_indices=contiguous_ranges(test_sizes),
     )
 
 
-def _contiguous_ranges(sizes: np.ndarray) -> tuple[np.ndarray, ...]:
+def contiguous_ranges(sizes: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Consecutive index blocks of the given sizes: sizes (2, 3) -> ([0, 1], [2, 3, 4]).
+
+    Generated data sets store each client's rows together, so a client's indices are one block."""
     starts = np.r_[0, np.cumsum(sizes)[:-1]]
-    return tuple(np.arange(start, start + size, dtype=np.int64) for start, size in zip(starts, sizes))
+    return tuple(np.arange(start, start + size, dtype=np.int64) for start, size in zip(starts, sizes, strict=True))
 
 
 def _check_arguments(
     alpha: float,
     beta: float,
-    iid: bool,
     num_clients: int,
     dimension: int,
     num_classes: int,

@@ -91,7 +91,7 @@ def test_max_samples_per_client_caps_the_same_draws():
 def test_deterministic_per_seed_and_different_across_seeds():
     a, b = synthetic_federated(1, 1, seed=3), synthetic_federated(1, 1, seed=3)
     assert torch.equal(a.train_inputs, b.train_inputs) and torch.equal(a.train_targets, b.train_targets)
-    assert all(np.array_equal(x, y) for x, y in zip(a.client_indices, b.client_indices))
+    assert all(np.array_equal(x, y) for x, y in zip(a.client_indices, b.client_indices, strict=True))
     c = synthetic_federated(1, 1, seed=4)
     assert not np.array_equal(a.client_sizes, c.client_sizes)
 

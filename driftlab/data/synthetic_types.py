@@ -56,6 +56,7 @@ import numpy as np
 import torch
 
 from driftlab.data.federated import FederatedDataset
+from driftlab.data.synthetic import contiguous_ranges
 
 __all__ = ["FEDDYN_SYNTHETIC_KINDS", "feddyn_synthetic"]
 
@@ -147,7 +148,7 @@ def _split_per_device(
     is_train = np.arange(len(targets)) - np.repeat(device_start, sizes) < np.repeat(train_sizes, sizes)
     train_x = torch.from_numpy(inputs[is_train].astype(np.float32))
     train_y = torch.from_numpy(targets[is_train])
-    clients = _ranges(train_sizes)
+    clients = contiguous_ranges(train_sizes)
     if test_fraction == 0:
         # The authors' evaluation: the test set is the training set.
         return FederatedDataset(name, train_x, train_y, train_x.clone(), train_y.clone(), clients, num_classes, clients)
@@ -159,13 +160,8 @@ def _split_per_device(
         test_targets=torch.from_numpy(targets[~is_train]),
         client_indices=clients,
         num_classes=num_classes,
-        client_test_indices=_ranges(sizes - train_sizes),
+        client_test_indices=contiguous_ranges(sizes - train_sizes),
     )
-
-
-def _ranges(sizes: np.ndarray) -> tuple[np.ndarray, ...]:
-    starts = np.r_[0, np.cumsum(sizes)[:-1]]
-    return tuple(np.arange(start, start + size, dtype=np.int64) for start, size in zip(starts, sizes))
 
 
 def _check_arguments(

@@ -125,7 +125,8 @@ class DeploymentClient:
         except wire.MessageRejected as error:
             raise RequestRefused(f"malformed request: {error.reason}") from None
 
-    def _register(self, request: bytes, round_index: int, client_id: Any) -> bytes:
+    # every handler in `kinds` (above) is called as handler(request, round_index, client_id); registration is the node's own
+    def _register(self, request: bytes, round_index: int, client_id: Any) -> bytes:  # noqa: ARG002
         self._decode(request, RegistrationQuery(0), round_index, NODE)
         counts = torch.full((self.config.data.num_clients,), -1, dtype=torch.int64)
         tokens = torch.zeros((self.config.data.num_clients, TOKEN_BYTES), dtype=torch.uint8)

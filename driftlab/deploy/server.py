@@ -229,7 +229,10 @@ def _check_planned(received: Any, planned: Any, path: str, distances: dict[str, 
             distances[path] = distance if math.isfinite(distance) else math.inf
         return
     if isinstance(planned, tuple):
-        for index, (item, planned_item) in enumerate(zip(received, planned)):
+        if not isinstance(received, tuple) or len(received) != len(planned):
+            sent = f"a {type(received).__name__}" if not isinstance(received, tuple) else f"a tuple of length {len(received)}"
+            raise wire.MessageRejected(f"{path} is {sent}, the server planned a tuple of length {len(planned)}")
+        for index, (item, planned_item) in enumerate(zip(received, planned, strict=True)):
             _check_planned(item, planned_item, f"{path}/{index}", distances)
         return
     if dataclasses.is_dataclass(planned):
@@ -411,7 +414,7 @@ class DeploymentServer:
         server, record = finish_round(sim, work, messages, steps_done, evaluate_after=evaluate_after)
         notices = [
             (node, wire.encode(RoundOutcome(context.client_id in steps_done), run_fingerprint=fingerprint, round=t, client_id=context.client_id))
-            for node, context in zip((request[0] for request in requests), asked)
+            for node, context in zip((request[0] for request in requests), asked, strict=True)
         ]
         staged = _StagedRound(t, [context.client_id for context in accepted], scales, notices)
         return SimulationState(t, server, state.clients, None), record, staged
@@ -622,7 +625,10 @@ class DeploymentServer:
             if any(not (math.isfinite(value) and value >= 0) for value in scales.values()):
                 raise ValueError("a reply scale that is not a finite distance")
         except (ValueError, TypeError, AttributeError, KeyError) as error:
-            raise ConfigError(f"{path} is damaged ({error}); it holds the run id, the clients' registered sample counts and the clients whose replies each round aggregated") from None
+            raise ConfigError(
+                f"{path} is damaged ({error}); it holds the run id, the clients' registered sample counts "
+                "and the clients whose replies each round aggregated"
+            ) from None
         return {round_index: clients for round_index, clients in table.items() if round_index <= up_to_round}, run_id, sizes, tokens, scales
 
     def _write_accepted(self, out: Path) -> None:
@@ -678,11 +684,11 @@ class _ServerRounds:
         self.server._commit(self._staged)
         self.state = state
 
-    def discard(self, state: SimulationState) -> None:
+    def discard(self, state: SimulationState) -> None:  # noqa: ARG002 - the RoundDriver protocol's signature
         """Forget the stopped round: its nodes drop what they staged when a request names the last aggregated round."""
         self._staged = None
 
-    def round_done(self, state: SimulationState) -> None:
+    def round_done(self, state: SimulationState) -> None:  # noqa: ARG002 - the RoundDriver protocol's signature
         staged, self._staged = self._staged, None
         self.server._notify(staged)
 

@@ -20,14 +20,13 @@ from driftlab.deploy import wire
 from driftlab.deploy.messages import (
     InProcessTransport,
     NoReply,
-    Registration,
-    RegistrationQuery,
     RoundOutcome,
     TrainRequest,
 )
 from driftlab.deploy.server import DeploymentServer, Timeouts, out_of_bounds
 from driftlab.deploy.server_test import (
     ALGORITHMS,
+    _claiming_node,
     _config,
     _deploy,
     _is,
@@ -97,7 +96,7 @@ def _set(*path_and_value):
 
 
 def _scaled(key, make):
-    def edit(tensors, fields):  # noqa: ARG001
+    def edit(tensors, fields):
         tensors[key] = make(tensors[key])
 
     return edit
@@ -131,7 +130,9 @@ CASES = {
         _reply_edit(_scaled("payload/message/model/scales", lambda t: torch.full_like(t, 1e30))),
         "out of bounds: message/payload/params is",
     ),
-    "asks for 10**6 steps": (FEDAVG, _request_edit(_set("context", "available_steps", 10**6)), "the server makes 1000000 local steps available, the plan is 1.."),
+    "asks for 10**6 steps": (
+        FEDAVG, _request_edit(_set("context", "available_steps", 10**6)), "the server makes 1000000 local steps available, the plan is 1.."
+    ),
     "asks for 10**9 steps": (FEDAVG, _request_edit(_set("context", "available_steps", 10**9)), "the server makes 1000000000 local steps available"),
     "asks for 10**6 planned steps": (FEDAVG, _request_edit(_set("context", "planned_steps", 10**6)), "the server plans 1000000 local steps for client"),
     "asks for precision bogus": (FEDAVG, _request_edit(_set("settings", "precision", "bogus")), "precision='bogus'"),
@@ -196,27 +197,11 @@ def test_a_node_refusing_a_request_says_what_its_config_plans(tmp_path):
 # ---------------------------------------------------------------- registration: tokens pin clients to their nodes
 
 
-def _claims_all(sizes, token_byte=7):
-    """A node handler registering every client with its true count and a made-up token, answering nothing else."""
-    asked: list[bytes] = []
-
-    def handler(request):
-        envelope = wire.read_envelope(request, max_bytes=1 << 30)
-        if envelope.payload_type != wire.type_name(RegistrationQuery):
-            asked.append(request)
-            raise RuntimeError("not my client")
-        counts = torch.tensor(sizes, dtype=torch.int64)
-        tokens = torch.full((len(sizes), 16), token_byte, dtype=torch.uint8)
-        return wire.encode(Registration(counts, tokens), run_fingerprint=envelope.run_fingerprint, round=envelope.round, client_id=-1)
-
-    return handler, asked
-
-
 def test_a_node_claiming_every_client_after_the_first_registration_gets_none(tmp_path):
     config = _config(*ALGORITHMS["scaffold"], rounds=3)
     honest, _ = _deploy(config, tmp_path / "honest", _Nodes(config, tmp_path / "honest_state"))
     nodes = _Nodes(config, tmp_path / "state")
-    hostile, asked = _claims_all([len(indices) for indices in nodes.data.client_indices])
+    hostile, asked = _claiming_node(torch.tensor([len(indices) for indices in nodes.data.client_indices]))
     server, result, lines = _run_with_a_node_joining_in_round_2(config, tmp_path / "out", nodes, hostile)
     assert not asked and not server.rejections
     assert torch.equal(result.final_params, honest.final_params)
@@ -228,7 +213,7 @@ def test_a_node_claiming_every_client_at_the_first_registration_takes_none_and_t
     naming them (a node registering alone before the real hosts would get them: the documented limit of the tokens)."""
     config = _config(*ALGORITHMS["fedavg"], rounds=2)
     nodes = _Nodes(config, tmp_path / "state")
-    hostile, asked = _claims_all([len(indices) for indices in nodes.data.client_indices])
+    hostile, asked = _claiming_node(torch.tensor([len(indices) for indices in nodes.data.client_indices]))
     transport = InProcessTransport({**{10 + index: nodes.handler(index) for index in range(3)}, 5: hostile})
     lines: list[str] = []
     server = DeploymentServer(config, tmp_path / "out", transport, log=lines.append, timeouts=Timeouts(first_registration=0.2))
@@ -328,7 +313,7 @@ def test_a_resumed_server_keeps_the_pinned_tokens(tmp_path):
     nodes = _Nodes(config, tmp_path / "state")
     _deploy(config.model_copy(update={"rounds": 2}), tmp_path / "out", nodes)
     nodes.restart()
-    hostile, asked = _claims_all([len(indices) for indices in nodes.data.client_indices])
+    hostile, asked = _claiming_node(torch.tensor([len(indices) for indices in nodes.data.client_indices]))
     transport = InProcessTransport({5: hostile})
     calls = []
 

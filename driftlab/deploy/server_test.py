@@ -20,6 +20,8 @@ from driftlab.deploy import wire
 from driftlab.deploy.messages import (
     InProcessTransport,
     NoReply,
+    Registration,
+    RegistrationQuery,
     RoundOutcome,
     TrainRequest,
     dataset_loader,
@@ -27,7 +29,7 @@ from driftlab.deploy.messages import (
     node_clients,
 )
 from driftlab.deploy.node import DeploymentClient
-from driftlab.deploy.server import DeploymentServer, run_in_process
+from driftlab.deploy.server import DeploymentServer, _check_planned, run_in_process
 from driftlab.experiments.assembly import load_data
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -255,6 +257,24 @@ def test_a_node_with_another_config_is_named_with_its_reason_when_its_clients_ne
     assert any(line.startswith("round 1: node 2 did not register: RequestRefused") for line in lines), lines
 
 
+def _claiming_node(counts: torch.Tensor):
+    """A hostile node's handler: it registers the clients of ``counts`` (client id -> example count, -1: not claimed)
+    with a made-up token and answers nothing else.  Returns it and the list of the other requests it was sent."""
+    asked: list[bytes] = []
+
+    def handler(request):
+        envelope = wire.read_envelope(request, max_bytes=1 << 30)
+        if envelope.payload_type != wire.type_name(RegistrationQuery):
+            asked.append(request)
+            raise RuntimeError("not my client")
+        tokens = torch.full((len(counts), 16), 7, dtype=torch.uint8)
+        return wire.encode(
+            Registration(counts, tokens), run_fingerprint=envelope.run_fingerprint, round=envelope.round, client_id=-1
+        )
+
+    return handler, asked
+
+
 def _run_with_a_node_joining_in_round_2(config, out, nodes, joining):
     """A deployment on ``nodes`` (3 of them) that node 5, answering with ``joining``, joins after round 1: its server,
     result and log lines."""
@@ -273,24 +293,13 @@ def _run_with_a_node_joining_in_round_2(config, out, nodes, joining):
 
 def test_a_client_stays_with_its_node_when_another_claims_it_and_absurd_counts_are_refused(tmp_path):
     """Node 5 connects in round 2 and claims client 0 (hosted by node 10, without its token) and clients 1 and 3 with 0 and 2**62 examples."""
-    from driftlab.deploy.messages import Registration, RegistrationQuery
-
     config = _config(*ALGORITHMS["scaffold"], rounds=3)
     honest, _ = _deploy(config, tmp_path / "honest", _Nodes(config, tmp_path / "honest_state"))
     nodes = _Nodes(config, tmp_path / "state")
     sizes = [len(indices) for indices in nodes.data.client_indices]
-    asked_of_5: list[bytes] = []
-
-    def hostile(request):
-        envelope = wire.read_envelope(request, max_bytes=1 << 30)
-        if envelope.payload_type != wire.type_name(RegistrationQuery):
-            asked_of_5.append(request)
-            raise RuntimeError("not my client")
-        counts = torch.full((8,), -1, dtype=torch.int64)
-        counts[0], counts[1], counts[3] = sizes[0], 0, 2**62
-        tokens = torch.full((8, 16), 7, dtype=torch.uint8)
-        return wire.encode(Registration(counts, tokens), run_fingerprint=envelope.run_fingerprint, round=envelope.round, client_id=-1)
-
+    counts = torch.full((8,), -1, dtype=torch.int64)
+    counts[0], counts[1], counts[3] = sizes[0], 0, 2**62
+    hostile, asked_of_5 = _claiming_node(counts)
     server, result, lines = _run_with_a_node_joining_in_round_2(config, tmp_path / "out", nodes, hostile)
     assert not asked_of_5 and not server.rejections
     assert torch.equal(result.final_params, honest.final_params)
@@ -555,7 +564,9 @@ def test_a_node_refuses_requests_of_another_run_client_or_a_replayed_round(tmp_p
 
 @pytest.mark.parametrize("algorithm", ["fedavg", "scaffold"])
 def test_compressed_uploads_cost_on_the_wire_the_bits_the_metrics_count(tmp_path, algorithm):
-    config = load_config(None, [*[o for o in BASE if not o.startswith("precision")], "precision=float32", "rounds=2", *ALGORITHMS[algorithm], "compression.ratio=0.1"])
+    config = load_config(
+        None, [*[o for o in BASE if not o.startswith("precision")], "precision=float32", "rounds=2", *ALGORITHMS[algorithm], "compression.ratio=0.1"]
+    )
     sent: dict[tuple[int, int], int] = {}
 
     def intercept(client, request):
@@ -666,3 +677,15 @@ def test_a_signal_while_a_deployment_round_commits_waits_until_the_round_is_comm
     assert (info["status"], info["rounds_done"]) == ("interrupted", 2)
     assert [record["round"] for record in run_directory_records(out)] == [1, 2]
     assert "2" in json.loads((out / "deployment_rounds.json").read_text())["accepted"]  # the commit ran to its end
+
+
+def test_a_reply_tuple_of_another_length_than_planned_is_rejected_not_cut_short():
+    # compared item by item, a shorter tuple would skip the planned items it lacks and a longer one smuggle extra ones
+    planned = (torch.zeros(2), 3)
+    wrong = (((torch.zeros(2),), "a tuple of length 1"), ((torch.zeros(2), 3, 4), "a tuple of length 3"), ([torch.zeros(2), 3], "a list"))
+    for received, sent in wrong:
+        with pytest.raises(wire.MessageRejected, match=f"^message/state is {sent}, the server planned a tuple of length 2$"):
+            _check_planned(received, planned, "message/state", {})
+    distances: dict[str, float] = {}
+    _check_planned((torch.ones(2), 3), planned, "message/state", distances)
+    assert distances == {"message/state/0": pytest.approx(2**0.5)}

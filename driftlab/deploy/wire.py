@@ -53,7 +53,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
-from driftlab.compress.ternary import TernaryVector  # noqa: F401  (sent as part of compressed messages; importable from here)
+from driftlab.compress.ternary import TernaryVector  # sent as part of compressed messages; importable from here
 
 WIRE_FORMAT = "driftlab-wire/1"
 _METADATA_KEY = "driftlab"
@@ -227,7 +227,7 @@ def _decode_node(node: Any, template: Any, path: str, tensors: dict[str, torch.T
         items = node.get("items")
         if not isinstance(items, list) or len(items) != len(template):
             raise MessageRejected(f"{path}: expected a tuple of {len(template)} items, got {len(items) if isinstance(items, list) else items!r}")
-        return tuple(_decode_node(item, sub, f"{path}/{index}", tensors, used) for index, (item, sub) in enumerate(zip(items, template)))
+        return tuple(_decode_node(item, sub, f"{path}/{index}", tensors, used) for index, (item, sub) in enumerate(zip(items, template, strict=True)))
     # a dataclass (_kind_of accepts nothing else)
     if node.get("type") != _type_name(type(template)):
         raise MessageRejected(f"{path}: expected a {_type_name(type(template))}, got a {node.get('type')!r}")

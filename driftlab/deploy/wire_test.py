@@ -65,7 +65,7 @@ def _same(a, b):
     if dataclasses.is_dataclass(a):
         return type(a) is type(b) and all(_same(getattr(a, f.name), getattr(b, f.name)) for f in dataclasses.fields(a))
     if isinstance(a, tuple):
-        return isinstance(b, tuple) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+        return isinstance(b, tuple) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
     return type(a) is type(b) and a == b
 
 
@@ -112,7 +112,7 @@ def test_views_states_and_messages_of_every_algorithm_round_trip_exactly(name):
     algorithm = _algorithms()[name]
     template = _round(algorithm, 2, seed=1)
     payloads = _round(algorithm, 7, seed=2)
-    for payload, expected in zip(payloads, template):
+    for payload, expected in zip(payloads, template, strict=True):
         decoded = _receive(_send(payload), expected)
         assert _same(decoded, payload)
 
@@ -238,7 +238,11 @@ def test_a_future_round_is_rejected():
 
 def test_wrong_run_fingerprint_is_rejected():
     message = _scaffold_message()
-    _rejected(_send(message, run_fingerprint="feedfacefeedface"), message, "message belongs to run 'feedfacefeedface', this run's config fingerprint is '0123456789abcdef'")
+    _rejected(
+        _send(message, run_fingerprint="feedfacefeedface"),
+        message,
+        "message belongs to run 'feedfacefeedface', this run's config fingerprint is '0123456789abcdef'",
+    )
 
 
 @pytest.mark.parametrize(
@@ -338,7 +342,8 @@ def test_inconsistent_compressed_vectors_are_rejected():
     stream[count : count + 5] = [1, 1, 1, 1, 1]
     packed = torch.tensor([sum(bit << j for j, bit in enumerate(stream[i : i + 8])) for i in range(0, len(stream), 8)], dtype=torch.uint8)
     bad = dataclasses.replace(payload.payload.params_delta, code=packed)
-    _rejected(_send(dataclasses.replace(payload, payload=dataclasses.replace(payload.payload, params_delta=bad))), template, "are not 3 distinct increasing indices below 30")
+    sent = _send(dataclasses.replace(payload, payload=dataclasses.replace(payload.payload, params_delta=bad)))
+    _rejected(sent, template, "are not 3 distinct increasing indices below 30")
 
 
 def test_the_deploy_package_and_the_flower_project_module_import_without_flower():

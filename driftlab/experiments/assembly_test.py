@@ -157,7 +157,9 @@ def test_data_given_in_process_and_through_a_loader_are_the_same_run():
     """Both are prepared alike (client_test_fraction held out) and record the same digest, so either can resume the other."""
     held_out = ["data.client_test_fraction=0.25", "rounds=1", "sampling.participation=1.0"]
     given, given_data = user_data(load_config(None, held_out), _classification())
-    loaded, loaded_data = user_data(load_config(None, [*held_out, "data.name=custom", "data.loader=driftlab.experiments.assembly_test:classification_arrays"]), None)
+    loaded, loaded_data = user_data(
+        load_config(None, [*held_out, "data.name=custom", "data.loader=driftlab.experiments.assembly_test:classification_arrays"]), None
+    )
     assert given.data.digest == loaded.data.digest
     assert [len(rows) for rows in given_data.client_test_indices] == [len(rows) for rows in loaded_data.client_test_indices] != [0, 0, 0, 0]
     record = driftlab.run(given, data=_classification()).records[-1]

@@ -556,7 +556,7 @@ def test_a_sweep_whose_runs_another_process_holds_exits_4_and_never_says_finishe
         assert result.returncode == cli.EXIT_RUNS_HELD == 4, result.stderr
         assert "sweep finished" not in result.stdout + result.stderr
         assert "sweep not finished: 2 running" in result.stderr
-        for holder, name in zip(holders, ("mu-0", "mu-1")):
+        for holder, name in zip(holders, ("mu-0", "mu-1"), strict=True):
             assert f"running: runs/{name}/seed-0: running elsewhere (pid {holder.pid} holds its directory)" in result.stderr
         assert "run the same command again" in result.stderr
         assert not (out / "report").exists()  # an unfinished sweep is not reported as if it were done

@@ -101,24 +101,23 @@ def check_sizes(config: ExperimentConfig, memory_bytes: int | MemoryLimit | None
             f"use at most about {_count(room // per_client)} clients here",
         )
     # Every client holds at least one example, so a plan row is at least one index wide.
-    steps = _largest_step_count(config)
-    if steps is not None and steps * INDEX_BYTES > room:
-        raise _too_large(
+    plans = (  # (key, its count, what the plan of that many holds, the fix)
+        (
             "client.steps",
-            f"the batch plan of {_count(steps)} local steps (which examples each step reads, {INDEX_BYTES} bytes per example)",
-            steps * INDEX_BYTES,
-            limit,
+            _largest_step_count(config),
+            f"local steps (which examples each step reads, {INDEX_BYTES} bytes per example)",
             f"use fewer local steps (at most {_count(room // INDEX_BYTES)} for a client of one example, fewer for larger batches)",
-        )
-    epochs = config.client.local_epochs
-    if epochs is not None and epochs * INDEX_BYTES > room:
-        raise _too_large(
+        ),
+        (
             "client.epochs",
-            f"the batch plan of {_count(epochs)} local epochs (every epoch lists each of the client's examples, {INDEX_BYTES} bytes each)",
-            epochs * INDEX_BYTES,
-            limit,
+            config.client.local_epochs,
+            f"local epochs (every epoch lists each of the client's examples, {INDEX_BYTES} bytes each)",
             "use fewer local epochs",
-        )
+        ),
+    )
+    for key, count, holding, fix in plans:
+        if count is not None and count * INDEX_BYTES > room:
+            raise _too_large(key, f"the batch plan of {_count(count)} {holding}", count * INDEX_BYTES, limit, fix)
 
 
 def _quadratic_too_large(clients: int, dimension: int, limit: MemoryLimit) -> ConfigError:

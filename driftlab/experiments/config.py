@@ -63,7 +63,7 @@ from driftlab.algorithms import registry
 from driftlab.errors import ConfigError
 from driftlab.data import registry as data_sets
 from driftlab.data.registry import DEFAULT_DATA_SET, PARTITIONS  # noqa: F401 - PARTITIONS: re-exported
-from driftlab.experiments.shipped import PRESET_PACKAGE, preset_names  # noqa: F401 - PRESET_PACKAGE: re-exported
+from driftlab.experiments.shipped import PRESET_PACKAGE, preset_names  # PRESET_PACKAGE: re-exported
 from driftlab.models import registry as models
 from driftlab.plugins import did_you_mean, load_plugins, resolve_plugin
 from driftlab.optim import registry as server_optimizers
@@ -310,7 +310,7 @@ LEGACY_FLAT_DEFAULTS: dict[str, dict[str, Any]] = {
 
 def _same_value(a: Any, b: Any) -> bool:
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(_same_value(x, y) for x, y in zip(a, b))
+        return len(a) == len(b) and all(_same_value(x, y) for x, y in zip(a, b, strict=True))
     return type(a) is type(b) and a == b if isinstance(a, bool) or isinstance(b, bool) else a == b
 
 
@@ -887,7 +887,7 @@ def _booleans_taken_as_numbers(table: dict[str, Any], config: BaseModel) -> list
             for name, child in given.items():
                 pending.append((child, getattr(validated, name, None), f"{key}.{name}" if key else str(name)))
         elif isinstance(given, (list, tuple)) and isinstance(validated, (list, tuple)) and len(given) == len(validated):
-            pending.extend((child, out, key) for child, out in zip(given, validated))
+            pending.extend((child, out, key) for child, out in zip(given, validated, strict=True))
     return sorted(problems)
 
 

@@ -543,7 +543,9 @@ def test_config_file_builds_on_a_preset(tmp_path):
 def test_base_file_is_relative_to_the_file_and_chains(tmp_path):
     (tmp_path / "sub").mkdir()
     (tmp_path / "common.toml").write_text('base = "synthetic-fedavg"\nseed = 4\n[client]\nlr = {kind = "exponential", initial = 0.2, decay = 0.9}\n')
-    (tmp_path / "sub" / "run.toml").write_text('base = "../common.toml"\nrounds = 3\n[client]\nlr = {kind = "inverse_time", a = 1.0, b = 10}\nepochs = "none"\nsteps = 5\n')
+    (tmp_path / "sub" / "run.toml").write_text(
+        'base = "../common.toml"\nrounds = 3\n[client]\nlr = {kind = "inverse_time", a = 1.0, b = 10}\nepochs = "none"\nsteps = 5\n'
+    )
     config = load_config(tmp_path / "sub" / "run.toml")
     assert (config.seed, config.rounds, config.client.steps, config.client.epochs) == (4, 3, 5, None)
     assert config.client.lr == InverseTimeSchedule(a=1.0, b=10)  # a schedule table replaces the base's whole

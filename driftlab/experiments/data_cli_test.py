@@ -10,6 +10,7 @@ with names it refuses before any connection is made.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -95,7 +96,7 @@ def test_data_list_names_every_data_set_partition_and_model():
     assert all(name in downloadable for name in dataset_names())
     for name in NOT_DOWNLOADABLE:
         assert f"  {name}: " in out
-    for name, info in DATA_SETS.items():
+    for info in DATA_SETS.values():
         if info.location:
             assert info.location in out
 
@@ -109,7 +110,7 @@ def test_data_list_marks_what_is_on_disk_and_where_it_looked(tmp_path, monkeypat
     assert cli.main(["data", "list"]) == 0
     lines = capsys.readouterr().out.splitlines()
     marks = {}
-    for previous, line in zip(lines, lines[1:]):
+    for previous, line in itertools.pairwise(lines):
         if line.strip().startswith("["):
             marks[previous.split()[0]] = line.strip()
     assert set(marks) == {name for name, info in DATA_SETS.items() if info.location}
@@ -272,7 +273,10 @@ def test_run_help_lists_the_new_keys():
 
 
 def test_config_resolves_the_new_keys():
-    result = driftlab_cli("config", PRESET, "data.name=cifar10", "data.partition=dirichlet_classwise", "model.name=resnet18_gn", "model.width=8", "model.resnet_stem=imagenet")
+    result = driftlab_cli(
+        "config", PRESET, "data.name=cifar10", "data.partition=dirichlet_classwise", "model.name=resnet18_gn", "model.width=8",
+        "model.resnet_stem=imagenet",
+    )
     assert result.returncode == 0, result.stderr
     resolved = json.loads(result.stdout)
     assert resolved["data"]["partition"] == "dirichlet_classwise" and resolved["data"]["name"] == "cifar10"
@@ -281,7 +285,11 @@ def test_config_resolves_the_new_keys():
 
 @pytest.mark.parametrize(
     "override, fragment",
-    [("data.partition=shards", "data.partition"), ("model.resnet_stem=tiny", "model.resnet_stem"), ("data.client_test_fraction=1.0", "data.client_test_fraction")],
+    [
+        ("data.partition=shards", "data.partition"),
+        ("model.resnet_stem=tiny", "model.resnet_stem"),
+        ("data.client_test_fraction=1.0", "data.client_test_fraction"),
+    ],
 )
 def test_bad_values_of_the_new_keys_are_refused(override, fragment):
     result = driftlab_cli("config", PRESET, override)

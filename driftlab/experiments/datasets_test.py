@@ -303,7 +303,9 @@ FILE_BASED = {
         "shakespeare_leaf", lambda tmp: write_leaf(tmp / "shk", "shakespeare", tarball=True), "gru", ["model.rnn_hidden=8", "model.rnn_layers=1"], ((80,), 80)
     ),
     "sent140": ("sent140", lambda tmp: write_leaf(tmp / "s140", "sent140"), "lstm", ["model.rnn_hidden=8", "data.vocabulary_size=50"], ((25,), 2)),
-    "sent140/gru": ("sent140", lambda tmp: write_leaf(tmp / "s140", "sent140", tarball=True), "gru", ["model.rnn_hidden=8", "data.vocabulary_size=30"], ((25,), 2)),
+    "sent140/gru": (
+        "sent140", lambda tmp: write_leaf(tmp / "s140", "sent140", tarball=True), "gru", ["model.rnn_hidden=8", "data.vocabulary_size=30"], ((25,), 2)
+    ),
     "shakespeare": ("shakespeare", lambda tmp: write_shakespeare(tmp / "input.txt"), "lstm", ["model.rnn_hidden=8"], ((80,), 80)),
     "shakespeare/gz": (
         "shakespeare", lambda tmp: write_shakespeare(tmp / "input.txt.gz", gzipped=True), "gru",
@@ -350,7 +352,16 @@ def test_file_based_loaders_read_what_was_written(tmp_path):
     femnist = build_dataset(load_config(None, ["data.name=femnist", f"data.root={write_leaf(tmp_path / 'f', 'femnist')}", "data.max_clients=3"]).data, 0)
     assert femnist.num_clients == 3 and femnist.client_sizes.tolist() == [6, 8, 10]
     folder = build_dataset(
-        load_config(None, ["data.name=cifar10_folder", f"data.root={write_image_folder(tmp_path / 'c.tar.gz', per_class=3)}", "data.limit_per_class=2", "data.num_clients=4"]).data, 0
+        load_config(
+            None,
+            [
+                "data.name=cifar10_folder",
+                f"data.root={write_image_folder(tmp_path / 'c.tar.gz', per_class=3)}",
+                "data.limit_per_class=2",
+                "data.num_clients=4",
+            ],
+        ).data,
+        0,
     )
     assert len(folder.train_targets) == 20 and len(folder.test_targets) == 10
 
@@ -433,7 +444,7 @@ def test_every_partition_through_the_config(tmp_path, partition):
         assert max(classes) <= 2
     # the same config gives the same partition; a run on it trains
     again = _data(tmp_path, f"data.partition={partition}", *POOLED_PARTITIONS[partition])
-    assert all(np.array_equal(a, b) for a, b in zip(data.client_indices, again.client_indices))
+    assert all(np.array_equal(a, b) for a, b in zip(data.client_indices, again.client_indices, strict=True))
 
 
 @pytest.mark.parametrize("partition", list(POOLED_PARTITIONS))
@@ -441,7 +452,10 @@ def test_every_partition_runs_a_round(tmp_path, partition):
     write_mnist(tmp_path / "mnist", n_train=200, n_test=20)
     result = driftlab.run(
         None,
-        overrides=[*ONE_ROUND, "data.name=mnist", f"data.root={tmp_path / 'mnist'}", "data.num_clients=5", f"data.partition={partition}", *POOLED_PARTITIONS[partition]],
+        overrides=[
+            *ONE_ROUND, "data.name=mnist", f"data.root={tmp_path / 'mnist'}", "data.num_clients=5", f"data.partition={partition}",
+            *POOLED_PARTITIONS[partition],
+        ],
     )
     assert 0.0 <= result.records[0]["test_accuracy"] <= 1.0
 
@@ -488,7 +502,9 @@ def test_a_natural_data_set_is_pooled_and_resplit(tmp_path, partition):
 
 def test_max_clients_then_resplit_pools_only_the_kept_clients(tmp_path):
     root = write_leaf(tmp_path / "femnist", "femnist", num_users=5)
-    resplit = build_dataset(load_config(None, ["data.name=femnist", f"data.root={root}", "data.max_clients=2", "data.partition=iid", "data.num_clients=2"]).data, 0)
+    resplit = build_dataset(
+        load_config(None, ["data.name=femnist", f"data.root={root}", "data.max_clients=2", "data.partition=iid", "data.num_clients=2"]).data, 0
+    )
     assert resplit.client_sizes.sum() == 6 + 8
 
 
@@ -505,7 +521,7 @@ def test_quotas_balanced_and_lognormal(tmp_path):
 
 
 def _same_partition(a, b) -> bool:
-    return len(a.client_indices) == len(b.client_indices) and all(np.array_equal(x, y) for x, y in zip(a.client_indices, b.client_indices))
+    return len(a.client_indices) == len(b.client_indices) and all(np.array_equal(x, y) for x, y in zip(a.client_indices, b.client_indices, strict=True))
 
 
 @pytest.mark.parametrize("partition", list(POOLED_PARTITIONS))
@@ -545,7 +561,7 @@ def test_client_test_fraction_hand_checked_tiny_case(tmp_path):
     assert [c.tolist() for c in split.client_test_indices] == [[20, 21], [22, 23], [24, 25], [26, 27]]
     # the official test rows are untouched
     assert torch.equal(split.test_inputs[:20], plain.test_inputs) and torch.equal(split.test_targets[:20], plain.test_targets)
-    for before, train_rows, test_rows in zip(plain.client_indices, split.client_indices, split.client_test_indices):
+    for before, train_rows, test_rows in zip(plain.client_indices, split.client_indices, split.client_test_indices, strict=True):
         held_out = np.setdiff1d(before, train_rows)
         assert len(held_out) == 2 and set(train_rows) <= set(before)
         # the held-out rows are the client's own rows, copied into the test tensors, and gone from training
@@ -553,7 +569,7 @@ def test_client_test_fraction_hand_checked_tiny_case(tmp_path):
         assert torch.equal(split.test_inputs[test_rows], split.train_inputs[held_out])
         assert torch.equal(split.test_targets[test_rows], split.train_targets[held_out])
     train_union = np.concatenate(split.client_indices)
-    held_union = np.concatenate([np.setdiff1d(b, t) for b, t in zip(plain.client_indices, split.client_indices)])
+    held_union = np.concatenate([np.setdiff1d(b, t) for b, t in zip(plain.client_indices, split.client_indices, strict=True)])
     assert np.intersect1d(train_union, held_union).size == 0
 
 
@@ -583,7 +599,11 @@ def test_client_test_fraction_after_a_resplit_of_natural_data(tmp_path, backend)
     root = write_leaf(tmp_path / "femnist", "femnist", num_users=4)
     natural = build_dataset(load_config(None, ["data.name=femnist", f"data.root={root}"]).data, 0)
     config = load_config(
-        None, [*ONE_ROUND, "data.name=femnist", f"data.root={root}", "data.partition=iid", "data.num_clients=3", "data.client_test_fraction=0.25", f"backend={backend}"]
+        None,
+        [
+            *ONE_ROUND, "data.name=femnist", f"data.root={root}", "data.partition=iid", "data.num_clients=3", "data.client_test_fraction=0.25",
+            f"backend={backend}",
+        ],
     )
     data = build_dataset(config.data, 0)
     assert data.global_test_size == len(natural.test_targets)
@@ -605,7 +625,9 @@ def test_data_sets_with_their_own_client_splits_keep_them(tmp_path):
 def test_shakespeare_test_fraction_comes_from_client_test_fraction(tmp_path):
     path = write_shakespeare(tmp_path / "input.txt")
     default = build_dataset(load_config(None, ["data.name=shakespeare", f"data.root={path}", "data.samples_per_client=100"]).data, 0)
-    half = build_dataset(load_config(None, ["data.name=shakespeare", f"data.root={path}", "data.samples_per_client=100", "data.client_test_fraction=0.5"]).data, 0)
+    half = build_dataset(
+        load_config(None, ["data.name=shakespeare", f"data.root={path}", "data.samples_per_client=100", "data.client_test_fraction=0.5"]).data, 0
+    )
     assert set(default.client_sizes.tolist()) == {80} and set(half.client_sizes.tolist()) == {50}
     assert {len(t) for t in half.client_test_indices} == {50}
 
@@ -678,7 +700,10 @@ def test_sent140_vocabulary_size_reaches_the_embedding(tmp_path):
 @pytest.mark.parametrize("stem", ["cifar", "imagenet"])
 def test_resnet_keys_reach_the_module(tmp_path, stem):
     root = write_cifar10(tmp_path / "cifar10", per_batch=10)
-    model = _built("data.name=cifar10", f"data.root={root}", "data.num_clients=2", "model.name=resnet18_gn", "model.width=4", "model.groups=4", f"model.resnet_stem={stem}")
+    model = _built(
+        "data.name=cifar10", f"data.root={root}", "data.num_clients=2", "model.name=resnet18_gn", "model.width=4", "model.groups=4",
+        f"model.resnet_stem={stem}",
+    )
     assert model.num_parameters == _resnet_parameters(4, stem, 10)
     assert model.module.bn1.num_groups == 4 and model.module.layer4[1].bn2.num_groups == 4
     assert model.module.conv1.kernel_size == ((3, 3) if stem == "cifar" else (7, 7))
@@ -694,7 +719,8 @@ def test_vgg_width_reaches_the_module(tmp_path):
 def test_tiny_resnet_and_vgg_train_a_round(tmp_path, backend):
     root = write_cifar10(tmp_path / "cifar10", per_batch=4)
     for model in (["model.name=resnet18_gn", "model.width=2", "model.groups=2"], ["model.name=vgg11", "model.width=2"]):
-        record = driftlab.run(None, overrides=[*ONE_ROUND, "data.name=cifar10", f"data.root={root}", "data.num_clients=2", f"backend={backend}", *model]).records[0]
+        overrides = [*ONE_ROUND, "data.name=cifar10", f"data.root={root}", "data.num_clients=2", f"backend={backend}", *model]
+        record = driftlab.run(None, overrides=overrides).records[0]
         assert 0.0 <= record["test_accuracy"] <= 1.0
 
 
@@ -1018,6 +1044,6 @@ def test_samples_per_client_caps_synthetic_devices():
     for name in ("synthetic", "synthetic_iid"):
         capped = build_dataset(load_config(None, [f"data.name={name}", "data.num_clients=30", "data.samples_per_client=10"]).data, 0)
         full = build_dataset(load_config(None, [f"data.name={name}", "data.num_clients=30"]).data, 0)
-        sizes = [len(train) + len(test) for train, test in zip(capped.client_indices, capped.client_test_indices)]
+        sizes = [len(train) + len(test) for train, test in zip(capped.client_indices, capped.client_test_indices, strict=True)]
         assert max(sizes) == 10 and len(capped.client_indices) == 30
         assert int(full.client_sizes.min()) > 10  # FedProx's devices hold at least 50 samples, so the cap is what bounded them

@@ -105,7 +105,7 @@ def test_the_demo_runs_again_into_its_folder_and_returns_the_same_runs(tmp_path)
     first = run_demo(tmp_path, overrides, progress=False)
     again = run_demo(tmp_path, overrides, progress=False)  # its runs completed and dropped their checkpoints
     assert [label for label, _ in again] == [label for label, _ in first]
-    for (_, a), (_, b) in zip(first, again):
+    for (_, a), (_, b) in zip(first, again, strict=True):
         assert a.records == b.records and torch.equal(a.final_params, b.final_params)
 
 

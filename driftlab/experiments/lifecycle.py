@@ -189,9 +189,8 @@ def run_rounds(
                 reporter(record)
     except BaseException as error:
         ending = _status_of(error)
-        with (
-            _signals_ignored()
-        ):  # a second Ctrl-C must not cut the checkpoint or run.json short: the run is stopping already
+        # A second Ctrl-C must not cut the checkpoint or run.json short: the run is stopping already.
+        with _signals_ignored():
             replacement = _save_on_the_way_out(error, ending, out, config, driver, state, records, last_saved, info)
         if replacement is None:
             raise
@@ -203,7 +202,7 @@ def run_rounds(
             trackers.close(ending)
     final_params = state.server.params
     if out is not None:
-        _finish_output(out, config, sim, records, final_params, info, wrote_table=state.round > start_round)
+        _finish_output(out, sim, records, final_params, info, wrote_table=state.round > start_round)
         info.update("complete", state.round)
         if not config.keep_checkpoint:
             drop_checkpoint(out)
@@ -213,7 +212,6 @@ def run_rounds(
 
 def _finish_output(
     out: Path,
-    config: ExperimentConfig,
     sim: Simulation,
     records: list[dict[str, Any]],
     final_params: torch.Tensor,
@@ -465,9 +463,10 @@ def prepare_output(
         client_init = sim.algorithm.client_state_init
         initial = state.server.params
         keeps_latest = state.latest_models is not None
-        template = lambda: _ClientRecord(
-            client_init(initial) if client_init else None, initial if keeps_latest else None
-        )  # noqa: E731
+
+        def template() -> _ClientRecord:
+            return _ClientRecord(client_init(initial) if client_init else None, initial if keeps_latest else None)
+
         loaded = load_checkpoint(checkpoint_path, state.server, template, config.fingerprint(), sim.device)
         if loaded.round > config.rounds:
             raise ConfigError(
@@ -562,10 +561,11 @@ def _signals_deferred() -> Iterator[None]:
         yield
         return
     received: list[int] = []
-    previous = {
-        sig: signal.signal(sig, lambda signum, frame: received.append(signum))
-        for sig in (signal.SIGINT, signal.SIGTERM)
-    }
+
+    def defer(signum: int, frame: Any) -> None:  # noqa: ARG001 - the signal module calls handler(signum, frame)
+        received.append(signum)
+
+    previous = {sig: signal.signal(sig, defer) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:

@@ -86,7 +86,11 @@ def _write_run(path: Path, config: dict, records: list[dict], status: str = "com
 def _three_methods(root: Path) -> Path:
     """FedAvg reaches 80% at round 4 (4 models up), SCAFFOLD at round 1 (2 models up), FedProx never (5 rounds)."""
     _write_run(root / "fedavg", _config("fedavg"), _records([0.5, 0.6, 0.7, 0.8, 0.85]))
-    _write_run(root / "scaffold", _config("scaffold"), _records([0.82, 0.84, 0.86, 0.88, 0.9], upload_per_round=2 * ONE_MODEL_BITS, drift_norm=[0.1, 0.2, 0.3, 0.4, 0.5]))
+    _write_run(
+        root / "scaffold",
+        _config("scaffold"),
+        _records([0.82, 0.84, 0.86, 0.88, 0.9], upload_per_round=2 * ONE_MODEL_BITS, drift_norm=[0.1, 0.2, 0.3, 0.4, 0.5]),
+    )
     prox = _config("fedprox")
     prox["algorithm"]["mu"] = 1.0
     _write_run(root / "fedprox", prox, _records([0.5, 0.6, 0.65, 0.7, 0.7]))
@@ -341,13 +345,18 @@ def test_bad_inputs_raise_config_errors_that_say_what_to_do(tmp_path, make_input
     assert expected in str(error.value)
 
 
-def test_damaged_metrics_and_bad_arguments(tmp_path):
+def _report_of_a_damaged_metrics_line(tmp_path) -> str:
+    """The message of a report over a run whose metrics.jsonl has a broken second line."""
     run = _write_run(tmp_path / "run", _config(), _records([0.5, 0.6, 0.7]))
     lines = (run / "metrics.jsonl").read_text().splitlines()
     (run / "metrics.jsonl").write_text("\n".join([lines[0], "{not json", lines[2]]) + "\n")
     with pytest.raises(ConfigError) as error:
         make_report([run], tmp_path / "report", plots=False)
-    assert "metrics.jsonl line 2 is not valid JSON" in str(error.value)
+    return str(error.value)
+
+
+def test_damaged_metrics_and_bad_arguments(tmp_path):
+    assert "metrics.jsonl line 2 is not valid JSON" in _report_of_a_damaged_metrics_line(tmp_path)
 
     good = _write_run(tmp_path / "good", _config(), _records([0.5]))
     with pytest.raises(ConfigError, match=r"fractions in \(0, 1\].*0.97"):
@@ -363,7 +372,11 @@ def test_damaged_metrics_and_bad_arguments(tmp_path):
 
 def test_plots_are_written_and_linked(tmp_path):
     root = _three_methods(tmp_path / "runs")
-    _write_run(root / "fedavg-seed1", _config("fedavg", seed=1), _records([0.55, 0.65, 0.75, 0.8, 0.8], dissimilarity_b2=[None, 2.0, None, 3.0, None], gradient_variance=[None, 5.0, None, 4.0, None]))
+    _write_run(
+        root / "fedavg-seed1",
+        _config("fedavg", seed=1),
+        _records([0.55, 0.65, 0.75, 0.8, 0.8], dissimilarity_b2=[None, 2.0, None, 3.0, None], gradient_variance=[None, 5.0, None, 4.0, None]),
+    )
     report = make_report([root], tmp_path / "report", targets=[0.8])
     pngs = sorted(p.name for p in report.files if p.suffix == ".png")
     assert pngs == ["synthetic-accuracy-vs-bits.png", "synthetic-accuracy.png", "synthetic-dissimilarity.png", "synthetic-loss.png", "synthetic-norms.png"]
@@ -455,10 +468,10 @@ def test_band_is_mean_plus_minus_sample_std_as_the_tables_and_says_so(tmp_path):
     (band,) = axis.collections  # SCAFFOLD has one seed: no band
     ys = band.get_paths()[0].vertices[:, 1]
     seeds = [[50, 60, 70, 80], [40, 50, 60, 60]]
-    means = [statistics.fmean(pair) for pair in zip(*seeds)]
-    stds = [statistics.stdev(pair) for pair in zip(*seeds)]  # ddof=1, as the ± of the accuracy table
-    assert ys.min() == pytest.approx(min(m - s for m, s in zip(means, stds)))  # 45 − 7.07, not the min 40
-    assert ys.max() == pytest.approx(max(m + s for m, s in zip(means, stds)))  # 70 + 14.1, not the max 80
+    means = [statistics.fmean(pair) for pair in zip(*seeds, strict=True)]
+    stds = [statistics.stdev(pair) for pair in zip(*seeds, strict=True)]  # ddof=1, as the ± of the accuracy table
+    assert ys.min() == pytest.approx(min(m - s for m, s in zip(means, stds, strict=True)))  # 45 − 7.07, not the min 40
+    assert ys.max() == pytest.approx(max(m + s for m, s in zip(means, stds, strict=True)))  # 70 + 14.1, not the max 80
     legend = [text.get_text() for text in axis.get_legend().get_texts()]
     assert "FedAvg (2 seeds)" in legend and BAND_LEGEND in legend
     assert accuracy.banded and "lines: mean over seeds, shaded: ± 1 sample std" in accuracy.caption
@@ -665,7 +678,10 @@ def test_a_report_never_imports_the_plugins_its_runs_name(tmp_path):
     assert list(make_report([tmp_path / "plugin-run"], tmp_path / "report0", plots=False).settings[0].methods) == ["evil_alg"]
     # and through the command line too
     result = subprocess.run(
-        [sys.executable, "-c", "import sys; from driftlab.cli import main; sys.exit(main(sys.argv[1:]))", "report", str(tmp_path / "plugin-run"), "--out", str(tmp_path / "cli-report"), "--no-plots"],
+        [
+            sys.executable, "-c", "import sys; from driftlab.cli import main; sys.exit(main(sys.argv[1:]))",
+            "report", str(tmp_path / "plugin-run"), "--out", str(tmp_path / "cli-report"), "--no-plots",
+        ],
         capture_output=True, text=True, timeout=120,
     )
     assert result.returncode == 0, result.stderr
@@ -691,12 +707,7 @@ def test_settings_outside_a_runs_identity_never_enter_labels(tmp_path):
 
 
 def test_a_damaged_metrics_line_gets_a_fix_a_resume_would_accept(tmp_path):
-    run = _write_run(tmp_path / "run", _config(), _records([0.5, 0.6, 0.7]))
-    lines = (run / "metrics.jsonl").read_text().splitlines()
-    (run / "metrics.jsonl").write_text("\n".join([lines[0], "{not json", lines[2]]) + "\n")
-    with pytest.raises(ConfigError) as error:
-        make_report([run], tmp_path / "report", plots=False)
-    message = str(error.value)
+    message = _report_of_a_damaged_metrics_line(tmp_path)
     assert "resume the run to rewrite" not in message
     assert "a resume refuses it too" in message and "restore metrics.jsonl from a backup, or run again with a new --out directory" in message
 

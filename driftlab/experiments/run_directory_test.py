@@ -99,7 +99,10 @@ def test_resuming_with_other_data_names_the_data_not_just_the_config(tmp_path):
     run_directory.claim_run_directory(tmp_path, started, resume=False).close()
     (tmp_path / run_directory.METRICS_FILE).write_text(json.dumps({"round": 1}) + "\n")
     other = load_config(None, [*custom, f"data.digest={'b' * 64}"])
-    with pytest.raises(ConfigError, match=r"started on data with digest aaaaaaaaaaaa\.\.\. .* given data with digest bbbbbbbbbbbb\.\.\.; resume with the data the run started with"):
+    with pytest.raises(
+        ConfigError,
+        match=r"started on data with digest aaaaaaaaaaaa\.\.\. .* given data with digest bbbbbbbbbbbb\.\.\.; resume with the data the run started with",
+    ):
         run_directory.check_run_directory(tmp_path, other, resume=True)
     with pytest.raises(ConfigError, match=r"but this run was given the config's own data set"):
         run_directory.check_run_directory(tmp_path, load_config(None), resume=True)

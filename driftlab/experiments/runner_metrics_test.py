@@ -52,9 +52,9 @@ def _assert_csv_matches(out: Path, records: list[dict]) -> None:
         expected_columns += [key for key in record if key not in expected_columns]
     assert columns == expected_columns
     assert len(rows) == len(records)
-    for row, record in zip(rows, records):
+    for row, record in zip(rows, records, strict=True):
         assert len(row) == len(columns)
-        for column, cell in zip(columns, row):
+        for column, cell in zip(columns, row, strict=True):
             if record.get(column) is None:
                 assert cell == ""
             else:

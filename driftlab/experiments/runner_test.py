@@ -100,17 +100,23 @@ def test_outputs_of_a_run(tmp_path):
 # ------------------------------------------------------------------ resume exactness
 
 
-@pytest.mark.parametrize("optimizer", list(OPTIMIZERS))
-def test_resume_after_a_kill_between_checkpoints_is_exact(tmp_path, reference_runs, optimizer):
-    """Copy the output directory as it is on disk right after round 5 (checkpoint at 4): that is what a SIGKILL leaves."""
-    out = tmp_path / "run"
-    killed = tmp_path / "killed"
+def _killed_after_round(tmp_path: Path, round_index: int, overrides: list[str]) -> tuple[Path, Path]:
+    """Run to the end in ``tmp_path/run``, copying the output directory as it is on disk right after round
+    ``round_index`` to ``tmp_path/killed``: what a SIGKILL at that moment leaves.  Returns (run, killed)."""
+    out, killed = tmp_path / "run", tmp_path / "killed"
 
     def snapshot(record):
-        if record["round"] == 5:
+        if record["round"] == round_index:
             shutil.copytree(out, killed)
 
-    driftlab.run(None, out, overrides=[*TINY, *OPTIMIZERS[optimizer]], progress=snapshot)
+    driftlab.run(None, out, overrides=overrides, progress=snapshot)
+    return out, killed
+
+
+@pytest.mark.parametrize("optimizer", list(OPTIMIZERS))
+def test_resume_after_a_kill_between_checkpoints_is_exact(tmp_path, reference_runs, optimizer):
+    """The output directory as it is on disk right after round 5 (checkpoint at 4) resumes exactly."""
+    _, killed = _killed_after_round(tmp_path, 5, [*TINY, *OPTIMIZERS[optimizer]])
     assert _checkpoint_round(killed) == 4 and len(_metrics(killed)) == 5
     assert not (killed / "final_model.safetensors").exists()
 
@@ -173,14 +179,7 @@ def test_kill_at_the_rename_of_a_checkpoint(tmp_path, monkeypatch, reference_run
 
 
 def test_a_torn_last_metrics_line_is_dropped_on_resume(tmp_path, reference_runs):
-    out = tmp_path / "run"
-    killed = tmp_path / "killed"
-
-    def snapshot(record):
-        if record["round"] == 4:  # checkpoint at 4, metrics through 4
-            shutil.copytree(out, killed)
-
-    driftlab.run(None, out, overrides=TINY, progress=snapshot)
+    out, killed = _killed_after_round(tmp_path, 4, TINY)  # checkpoint at 4, metrics through 4
     full_line_5 = (out / "metrics.jsonl").read_text().splitlines()[4]
     with open(killed / "metrics.jsonl", "a") as handle:
         handle.write(full_line_5[: len(full_line_5) // 2])  # killed while writing round 5's line
@@ -192,33 +191,17 @@ def test_a_torn_last_metrics_line_is_dropped_on_resume(tmp_path, reference_runs)
 
 
 def test_resume_without_any_checkpoint_starts_over_exactly(tmp_path, reference_runs):
-    out = tmp_path / "run"
-    killed = tmp_path / "killed"
-
-    def snapshot(record):
-        if record["round"] == 1:  # metrics written, no checkpoint yet
-            shutil.copytree(out, killed)
-
-    driftlab.run(None, out, overrides=TINY, progress=snapshot)
+    _, killed = _killed_after_round(tmp_path, 1, TINY)  # metrics written, no checkpoint yet
     assert not (killed / "checkpoint.safetensors").exists()
     driftlab.run(None, killed, resume=True, overrides=TINY)
     _assert_same_run(killed, reference_runs["sgd"])
 
 
-def test_keyboard_interrupt_leaves_a_checkpoint_of_the_last_completed_round(tmp_path, monkeypatch):
-    overrides = [*TINY, "checkpoint_every=100"]
-    reference = tmp_path / "reference"
-    driftlab.run(None, reference, overrides=overrides)
-
+def test_keyboard_interrupt_leaves_a_checkpoint_of_the_last_completed_round(tmp_path, monkeypatch, reference_runs):
+    overrides = [*TINY, "checkpoint_every=100"]  # no checkpoint but the one the interrupt writes
     out = tmp_path / "run"
     real_run_round = runner.run_round
-
-    def interrupt_before_round_3(sim, state, *args, **kwargs):
-        if state.round == 2:
-            raise KeyboardInterrupt
-        return real_run_round(sim, state, *args, **kwargs)
-
-    monkeypatch.setattr(runner, "run_round", interrupt_before_round_3)
+    _stopped_before_round(3, KeyboardInterrupt(), monkeypatch)
     with pytest.raises(KeyboardInterrupt):
         driftlab.run(None, out, overrides=overrides)
     assert _checkpoint_round(out) == 2
@@ -226,14 +209,11 @@ def test_keyboard_interrupt_leaves_a_checkpoint_of_the_last_completed_round(tmp_
 
     monkeypatch.setattr(runner, "run_round", real_run_round)
     driftlab.run(None, out, resume=True, overrides=overrides)
-    _assert_same_run(out, reference)
+    _assert_same_run(out, reference_runs["sgd"])
 
 
-def test_interrupt_while_writing_a_metrics_line_loses_no_round(tmp_path, monkeypatch):
+def test_interrupt_while_writing_a_metrics_line_loses_no_round(tmp_path, monkeypatch, reference_runs):
     overrides = [*TINY, "checkpoint_every=100"]
-    reference = tmp_path / "reference"
-    driftlab.run(None, reference, overrides=overrides)
-
     out = tmp_path / "run"
     real_append = run_directory.append_record
 
@@ -250,7 +230,7 @@ def test_interrupt_while_writing_a_metrics_line_loses_no_round(tmp_path, monkeyp
     monkeypatch.setattr(run_directory, "append_record", real_append)
     driftlab.run(None, out, resume=True, overrides=overrides)
     assert [r["round"] for r in _metrics(out)] == list(range(1, 7))
-    _assert_same_run(out, reference)
+    _assert_same_run(out, reference_runs["sgd"])
 
 
 # A toy algorithm with per-client state (like SCAFFOLD's c_k): the state feeds the local objective.
@@ -310,13 +290,7 @@ def test_stateful_toy_algorithm_resumes_exactly_between_rounds(tmp_path, monkeyp
     overrides = [*TINY, "sampling.participation=1.0"]
     reference = tmp_path / "reference"
     driftlab.run(None, reference, overrides=overrides)
-    out, killed = tmp_path / "run", tmp_path / "killed"
-
-    def snapshot(record):
-        if record["round"] == 3:
-            shutil.copytree(out, killed)
-
-    driftlab.run(None, out, overrides=overrides, progress=snapshot)
+    _, killed = _killed_after_round(tmp_path, 3, overrides)
     driftlab.run(None, killed, resume=True, overrides=overrides)
     _assert_same_run(killed, reference)
     monkeypatch.undo()
@@ -913,13 +887,7 @@ OWN = {"rounds": 6, "seed": 1, "checkpoint_every": 2, "sampling": {"participatio
 
 def _interrupted_at_round(out: Path, round_index: int, monkeypatch, **given) -> None:
     real_run_round = runner.run_round
-
-    def failing(sim, state, *args, **kwargs):
-        if state.round + 1 == round_index:
-            raise KeyboardInterrupt
-        return real_run_round(sim, state, *args, **kwargs)
-
-    monkeypatch.setattr(runner, "run_round", failing)
+    _stopped_before_round(round_index, KeyboardInterrupt(), monkeypatch)
     with pytest.raises(KeyboardInterrupt):
         driftlab.run(OWN, out, **given)
     monkeypatch.setattr(runner, "run_round", real_run_round)
@@ -943,7 +911,9 @@ def test_resume_with_other_data_or_none_is_refused_and_changes_nothing(tmp_path,
     out = tmp_path / "run"
     _interrupted_at_round(out, 3, monkeypatch, data=_own_arrays())
     before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
-    with pytest.raises(ConfigError, match=r"cannot resume: the run in .* was started on data with digest [0-9a-f]{12}\.\.\. .*, but this run was given data with digest"):
+    with pytest.raises(
+        ConfigError, match=r"cannot resume: the run in .* was started on data with digest [0-9a-f]{12}\.\.\. .*, but this run was given data with digest"
+    ):
         driftlab.run(OWN, out, resume=True, data=_own_arrays(seed=1))
     stored = out / "config.json"
     with pytest.raises(ConfigError, match=r'data.name = "custom" is your own data, and this run was given none: pass it to driftlab.run\(config, data=...\)'):
@@ -1073,6 +1043,7 @@ def test_a_sweep_runs_a_data_loader_in_its_processes_and_resumes(tmp_path, capsy
 
 
 def _stopped_before_round(round_index: int, error: BaseException, monkeypatch) -> None:
+    """Make the run raise ``error`` where round ``round_index`` would start (rounds before it complete)."""
     real_run_round = runner.run_round
 
     def stopping(sim, state, *args, **kwargs):

@@ -439,24 +439,50 @@ def test_run_status_reads_the_run_directory(tmp_path):
     assert run_status(run_dir, 5) == "failed"
 
 
-@pytest.mark.slow
-def test_a_terminated_sweep_checkpoints_its_runs_and_resumes_to_identical_results(tmp_path):
+def _long_sweep(tmp_path: Path, epochs: int) -> tuple[list[str], list[Path]]:
+    """A sweep of two FedProx runs (mu 0 and 1) of 400 rounds, too long to finish within a test: the ``driftlab
+    sweep`` command that runs it into ``tmp_path/out`` (its last word), and the two runs' directories."""
     sweep_file = tmp_path / "s.toml"
     sweep_file.write_text(
         'base = "synthetic-fedprox"\n'
-        'overrides = ["data.num_clients=6", "client.epochs=2", "sampling.participation=0.5", "rounds=400", "checkpoint_every=1000"]\n'
+        f'overrides = ["data.num_clients=6", "client.epochs={epochs}", "sampling.participation=0.5", "rounds=400", '
+        '"checkpoint_every=1000"]\n'
         "seeds = [0]\n"
         '[[axes]]\nname = "mu"\nvalues = [{ label = "a", set = ["algorithm.mu=0"] }, { label = "b", set = ["algorithm.mu=1"] }]\n'
     )
     out = tmp_path / "out"
     command = [sys.executable, "-m", "driftlab.cli", "sweep", str(sweep_file), "--jobs", "2", "--no-report", "--out", str(out)]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    run_dirs = [out / "runs" / "a" / "seed-0", out / "runs" / "b" / "seed-0"]
+    return command, [out / "runs" / "a" / "seed-0", out / "runs" / "b" / "seed-0"]
+
+
+def _wait_for_five_rounds(run_dirs: list[Path]) -> None:
+    """Wait (two minutes at most) until every run has written the metrics of 5 rounds."""
     deadline = time.time() + 120
     while time.time() < deadline and not all(
         (d / "metrics.jsonl").exists() and len((d / "metrics.jsonl").read_text().splitlines()) >= 5 for d in run_dirs
     ):
         time.sleep(0.2)
+
+
+def _assert_the_rerun_equals_an_uninterrupted_sweep(tmp_path: Path, command: list[str]) -> str:
+    """Run the interrupted sweep's command again: both runs resume, and their metrics equal those of the same sweep
+    run straight through into ``tmp_path/straight``.  Returns the rerun's output."""
+    resumed = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr
+    assert resumed.stdout.count("(resuming)") == 2
+    straight = subprocess.run([*command[:-1], str(tmp_path / "straight")], capture_output=True, text=True, timeout=600)
+    assert straight.returncode == 0, straight.stderr
+    for name in ("a", "b"):
+        run = Path("runs") / name / "seed-0"
+        assert metrics(tmp_path / "out" / run) == metrics(tmp_path / "straight" / run)
+    return resumed.stdout
+
+
+@pytest.mark.slow
+def test_a_terminated_sweep_checkpoints_its_runs_and_resumes_to_identical_results(tmp_path):
+    command, run_dirs = _long_sweep(tmp_path, epochs=2)
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _wait_for_five_rounds(run_dirs)
     process.send_signal(signal.SIGTERM)
     _, stderr = process.communicate(timeout=120)
     assert process.returncode == 130, stderr
@@ -464,14 +490,7 @@ def test_a_terminated_sweep_checkpoints_its_runs_and_resumes_to_identical_result
         info = read_run_info(run_dir)
         assert info["status"] == "interrupted" and 5 <= info["rounds_done"] < 400
         assert (run_dir / "checkpoint.safetensors").exists()
-
-    resumed = subprocess.run(command, capture_output=True, text=True, timeout=600)
-    assert resumed.returncode == 0, resumed.stderr
-    assert resumed.stdout.count("(resuming)") == 2
-    straight = subprocess.run([*command[:-1], str(tmp_path / "straight")], capture_output=True, text=True)
-    assert straight.returncode == 0, straight.stderr
-    for name in ("a", "b"):
-        assert metrics(out / "runs" / name / "seed-0") == metrics(tmp_path / "straight" / "runs" / name / "seed-0")
+    _assert_the_rerun_equals_an_uninterrupted_sweep(tmp_path, command)
 
 
 
@@ -530,24 +549,11 @@ def test_a_run_stops_at_the_first_termination_signal_and_ignores_the_next_ones()
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the sweep's workers through /proc")
 def test_runs_die_with_a_killed_sweep_and_the_rerun_equals_an_uninterrupted_sweep(tmp_path):
-    sweep_file = tmp_path / "s.toml"
-    sweep_file.write_text(
-        'base = "synthetic-fedprox"\n'
-        'overrides = ["data.num_clients=6", "client.epochs=1", "sampling.participation=0.5", "rounds=400", "checkpoint_every=1000"]\n'
-        "seeds = [0]\n"
-        '[[axes]]\nname = "mu"\nvalues = [{ label = "a", set = ["algorithm.mu=0"] }, { label = "b", set = ["algorithm.mu=1"] }]\n'
-    )
-    out = tmp_path / "out"
-    command = [sys.executable, "-m", "driftlab.cli", "sweep", str(sweep_file), "--jobs", "2", "--no-report", "--out", str(out)]
-    run_dirs = [out / "runs" / "a" / "seed-0", out / "runs" / "b" / "seed-0"]
+    command, run_dirs = _long_sweep(tmp_path, epochs=1)
     sweep = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     workers: list[int] = []
     try:
-        deadline = time.time() + 120
-        while time.time() < deadline and not all(
-            (d / "metrics.jsonl").exists() and len((d / "metrics.jsonl").read_text().splitlines()) >= 5 for d in run_dirs
-        ):
-            time.sleep(0.2)
+        _wait_for_five_rounds(run_dirs)
         workers = _children(sweep.pid)
         assert len(workers) == 2
         sweep.kill()  # SIGKILL to the sweep alone: no chance to pass anything on to its runs
@@ -564,14 +570,7 @@ def test_runs_die_with_a_killed_sweep_and_the_rerun_equals_an_uninterrupted_swee
         _stop([sweep.pid, *workers])
         with contextlib.suppress(subprocess.TimeoutExpired):
             sweep.wait(timeout=30)
-
-    resumed = subprocess.run(command, capture_output=True, text=True, timeout=600)
-    assert resumed.returncode == 0, resumed.stderr
-    assert resumed.stdout.count("(resuming)") == 2 and "running elsewhere" not in resumed.stdout
-    straight = subprocess.run([*command[:-1], str(tmp_path / "straight")], capture_output=True, text=True, timeout=600)
-    assert straight.returncode == 0, straight.stderr
-    for name in ("a", "b"):
-        assert metrics(out / "runs" / name / "seed-0") == metrics(tmp_path / "straight" / "runs" / name / "seed-0")
+    assert "running elsewhere" not in _assert_the_rerun_equals_an_uninterrupted_sweep(tmp_path, command)
 
 
 @pytest.mark.slow

@@ -211,7 +211,10 @@ def _wait_past_second(second: int) -> None:
     """Sleep until the clock is past ``second``, so a new event file sorts after the earlier ones (at most 2 s:
     a file from further ahead comes from a clock that disagrees with ours, which waiting cannot mend)."""
     if second + 1 - time.time() > 2:
-        warnings.warn(f"an event file in the TensorBoard folder is dated {second}, ahead of this machine's clock; TensorBoard may show stale points", stacklevel=3)
+        warnings.warn(
+            f"an event file in the TensorBoard folder is dated {second}, ahead of this machine's clock; TensorBoard may show stale points",
+            stacklevel=3,
+        )
         return
     while time.time() < second + 1:
         time.sleep(second + 1 - time.time() + 0.01)

@@ -22,10 +22,10 @@ import pytest
 
 pytest.importorskip("flwr")
 
-import torch  # noqa: E402
+import torch
 
-from driftlab import cli  # noqa: E402
-from driftlab.experiments.config import load_config  # noqa: E402
+from driftlab import cli
+from driftlab.experiments.config import load_config
 
 TINY = """\
 seed = 0
@@ -323,7 +323,9 @@ def test_run_config_sets_the_reply_bound_zero_turns_it_off_and_nonsense_is_refus
     assert apps._reply_bound({"reply-bound": 20}, 100.0) == 20.0
     assert apps._reply_bound({"reply-bound": 0}, 100.0) is None
     for value in (0.5, -3, "big", True, float("inf")):
-        with pytest.raises(ConfigError, match=r"run config reply-bound = .*: give a factor of at least 1 over the round's median reply \(default 1000\), or 0 for no bound"):
+        with pytest.raises(
+            ConfigError, match=r"run config reply-bound = .*: give a factor of at least 1 over the round's median reply \(default 1000\), or 0 for no bound"
+        ):
             apps._reply_bound({"reply-bound": value}, 100.0)
     with pytest.raises(ConfigError, match="run config resume = 'yes': give true or false"):
         apps._flag({"resume": "yes"}, "resume", False)

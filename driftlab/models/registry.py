@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from torch import nn
 
 from driftlab.models import layers
-from driftlab.plugins import NAME, Registry
+from driftlab.plugins import Registry, check_config_type, check_entry_name
 
 ENTRY_POINT_GROUP = "driftlab.models"
 MAX_WIDTH = 65_536  # hidden widths, embeddings, channels: the model's memory is checked separately (compatibility)
@@ -96,19 +96,12 @@ class ModelEntry:
     module_types: tuple[type, ...] = field(default=())
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not NAME.fullmatch(self.name):
-            raise ValueError(f"a model's name is lower-case letters, digits and _, starting with a letter; got {self.name!r}")
-        fields = getattr(self.config_type, "model_fields", None)
-        if fields is None or "name" not in fields or fields["name"].default != self.name:
-            raise ValueError(
-                f"model {self.name!r}: config_type must be a pydantic model with a field "
-                f'`name: Literal["{self.name}"] = "{self.name}"`'
-            )
-        if not issubclass(self.config_type, ModelSection):
-            raise ValueError(
-                f"model {self.name!r}: config_type must subclass driftlab.models.ModelSection (it brings the keys every "
-                f"model has: loss, classifier); declare it as `class Config(ModelSection): ...`"
-            )
+        check_entry_name("model", self.name)
+        check_config_type(
+            "model", self.name, self.config_type, ModelSection,
+            "driftlab.models.ModelSection (it brings the keys every model has: loss, classifier); "
+            "declare it as `class Config(ModelSection): ...`",
+        )
         if not callable(self.build):
             raise ValueError(f"model {self.name!r}: build must be a function (section, input_shape, num_classes) -> nn.Module")
         unknown = [kind for kind in self.inputs if kind not in INPUT_KINDS] if isinstance(self.inputs, tuple) else [self.inputs]

@@ -43,6 +43,7 @@ import torch
 from pydantic import Field
 from torch import nn
 
+from driftlab.models import registry
 from driftlab.models.registry import MAX_WIDTH, ModelSection, Width
 
 
@@ -397,10 +398,13 @@ def build_model(
     width: int = 64,
     femnist_padding: int = 0,
 ) -> nn.Module:
-    """Build a zoo model by name for inputs of ``input_shape`` (without the batch dimension).
+    """Build a registered model by name for inputs of ``input_shape`` (without the batch dimension).
+
+    The Python face of the registry: the keyword arguments that are keys of the model's ``[model]`` section
+    fill it, and the entry's build makes the module (the zoo's builds are below, one per model).
 
     Args:
-        name: one of :data:`MODEL_NAMES` (table in the module docstring).
+        name: a registered model (the zoo: :data:`MODEL_NAMES`, table in the module docstring).
         input_shape: one example's shape: ``(C, H, W)`` for images (``cnn``,
             ``resnet18_gn``, ``vgg11``; ``femnist_cnn`` also takes a flat
             ``(784,)``), ``(T,)`` character ids for ``lstm``/``gru``, anything for ``mlr``/``mlp``.
@@ -414,51 +418,42 @@ def build_model(
         groups: GroupNorm groups of ``resnet18_gn`` (2).
         resnet_stem: ``"cifar"`` (3x3, no max-pool) or ``"imagenet"`` (FedDyn's torchvision layout).
         width: base channel count of ``resnet18_gn`` and ``vgg11`` (64; smaller for tests).
-        femnist_padding: 0 (Keras "valid", default) or 1 ("same") for ``femnist_cnn``.
+        femnist_padding: 0 (Keras "valid", default) or 1 ("same") for ``femnist_cnn`` (not a config key: the
+            papers' FEMNIST CNN is "valid"; "same" is for tests of the stacked layers).
     """
-    input_shape = tuple(int(size) for size in input_shape)
-    in_features = 1
-    for size in input_shape:
-        in_features *= size
-    if name == "mlr":
-        return MultinomialLogisticRegression(in_features, num_classes)
-    if name == "mlp":
-        return MLP(in_features, tuple(hidden), num_classes)
-    if name in ("cnn", "resnet18_gn", "vgg11"):
-        if len(input_shape) != 3:
-            raise ValueError(f"model {name} needs image inputs of shape (channels, height, width); got {input_shape}")
-        channels, height, image_width = input_shape
-        if name == "cnn":
-            return FedDynCNN(num_classes, in_channels=channels, image_size=(height, image_width))
-        if name == "resnet18_gn":
-            return resnet18_groupnorm(num_classes, groups=groups, in_channels=channels, stem=resnet_stem, width=width)
-        return vgg11(num_classes, in_channels=channels, image_size=(height, image_width), width=width)
-    if name == "femnist_cnn":
-        if len(input_shape) == 3:
-            channels, height, image_width = input_shape
-        elif len(input_shape) == 1 and math.isqrt(input_shape[0]) ** 2 == input_shape[0]:
-            channels, height, image_width = 1, math.isqrt(input_shape[0]), math.isqrt(input_shape[0])
-        else:
-            raise ValueError(f"model femnist_cnn needs (channels, height, width) or flat square images like (784,); got {input_shape}")
-        return FemnistCNN(num_classes, in_channels=channels, image_size=(height, image_width), padding=femnist_padding)
-    if name in ("lstm", "gru"):
-        if len(input_shape) != 1:
-            raise ValueError(f"model {name} needs sequences of character ids, inputs of shape (length,); got {input_shape}")
-        model_class = CharLSTM if name == "lstm" else CharGRU
-        return model_class(
-            vocab_size=vocab_size or num_classes,
-            embedding_dim=embedding_dim,
-            hidden=rnn_hidden or RNN_DEFAULT_HIDDEN[name],
-            layers=rnn_layers,
-            num_classes=num_classes,
-        )
-    if name == "quadratic":
-        from driftlab.data.quadratic import QuadraticObjective
+    entry = registry.lookup(name)
+    if entry is None:
+        raise ValueError(f"unknown model {name!r}; valid models: {', '.join(registry.names())}")
+    given = {
+        "hidden": tuple(hidden), "rnn_hidden": rnn_hidden, "rnn_layers": rnn_layers, "embedding_dim": embedding_dim,
+        "groups": groups, "resnet_stem": resnet_stem, "width": width,
+    }
+    # Not validated, as the modules check their own arguments (the config validated a run's section already).
+    section = entry.config_type.model_construct(**{key: value for key, value in given.items() if key in entry.config_type.model_fields})
+    if name == "femnist_cnn" and femnist_padding:
+        return femnist_cnn_module(tuple(input_shape), num_classes, femnist_padding)
+    return entry.build(section, tuple(int(size) for size in input_shape), num_classes, vocab_size)
 
-        if len(input_shape) != 1 or input_shape[0] % 2:
-            raise ValueError(f"model quadratic needs quadratic data (rows [a, b]); got inputs of shape {input_shape}")
-        return QuadraticObjective(input_shape[0] // 2)
-    raise ValueError(f"unknown model {name!r}; valid models: {', '.join(MODEL_NAMES)}")
+
+def _in_features(input_shape: tuple[int, ...]) -> int:
+    return math.prod(input_shape)
+
+
+def _image_shape(name: str, input_shape: tuple[int, ...]) -> tuple[int, int, int]:
+    if len(input_shape) != 3:
+        raise ValueError(f"model {name} needs image inputs of shape (channels, height, width); got {input_shape}")
+    return input_shape  # type: ignore[return-value]
+
+
+def femnist_cnn_module(input_shape: tuple[int, ...], num_classes: int, padding: int = 0) -> FemnistCNN:
+    """The FEMNIST CNN for ``(C, H, W)`` images or flat square ones like ``(784,)``."""
+    if len(input_shape) == 3:
+        channels, height, image_width = input_shape
+    elif len(input_shape) == 1 and math.isqrt(input_shape[0]) ** 2 == input_shape[0]:
+        channels, height, image_width = 1, math.isqrt(input_shape[0]), math.isqrt(input_shape[0])
+    else:
+        raise ValueError(f"model femnist_cnn needs (channels, height, width) or flat square images like (784,); got {input_shape}")
+    return FemnistCNN(num_classes, in_channels=channels, image_size=(height, image_width), padding=padding)
 
 
 # ---------------------------------------------------------------- [model] sections and builds of the registry entries
@@ -515,9 +510,58 @@ class QuadraticConfig(ModelSection):
     name: Literal["quadratic"] = "quadratic"
 
 
-def build_from_section(section: ModelSection, input_shape: tuple[int, ...], num_classes: int, vocab_size: int | None = None) -> nn.Module:
-    """A zoo model from its validated ``[model]`` section: ``build_model`` with the section's own keys."""
-    options = section.model_dump(exclude={"name", "loss", "classifier"})
-    if "rnn_hidden" in options:
-        options["vocab_size"] = vocab_size
-    return build_model(section.name, input_shape, num_classes, **options)
+# Each zoo model's build: (its [model] section, one example's input shape, classes, vocabulary) -> the module.
+
+
+def build_mlr(section: MLRConfig, input_shape: tuple[int, ...], num_classes: int, vocab_size: int | None = None) -> nn.Module:
+    return MultinomialLogisticRegression(_in_features(input_shape), num_classes)
+
+
+def build_mlp(section: MLPConfig, input_shape: tuple[int, ...], num_classes: int, vocab_size: int | None = None) -> nn.Module:
+    return MLP(_in_features(input_shape), tuple(section.hidden), num_classes)
+
+
+def build_cnn(section: CNNConfig, input_shape: tuple[int, ...], num_classes: int, vocab_size: int | None = None) -> nn.Module:
+    channels, height, image_width = _image_shape("cnn", input_shape)
+    return FedDynCNN(num_classes, in_channels=channels, image_size=(height, image_width))
+
+
+def build_femnist_cnn(
+    section: FemnistCNNConfig, input_shape: tuple[int, ...], num_classes: int, vocab_size: int | None = None
+) -> nn.Module:
+    return femnist_cnn_module(input_shape, num_classes)
+
+
+def build_char_rnn(section: _RNNConfig, input_shape: tuple[int, ...], num_classes: int, vocab_size: int | None = None) -> nn.Module:
+    if len(input_shape) != 1:
+        raise ValueError(f"model {section.name} needs sequences of character ids, inputs of shape (length,); got {input_shape}")
+    model_class = CharLSTM if section.name == "lstm" else CharGRU
+    return model_class(
+        vocab_size=vocab_size or num_classes,
+        embedding_dim=section.embedding_dim,
+        hidden=section.rnn_hidden or RNN_DEFAULT_HIDDEN[section.name],
+        layers=section.rnn_layers,
+        num_classes=num_classes,
+    )
+
+
+def build_resnet18_gn(
+    section: ResNet18GNConfig, input_shape: tuple[int, ...], num_classes: int, vocab_size: int | None = None
+) -> nn.Module:
+    channels, _, _ = _image_shape("resnet18_gn", input_shape)
+    return resnet18_groupnorm(num_classes, groups=section.groups, in_channels=channels, stem=section.resnet_stem, width=section.width)
+
+
+def build_vgg11(section: VGG11Config, input_shape: tuple[int, ...], num_classes: int, vocab_size: int | None = None) -> nn.Module:
+    channels, height, image_width = _image_shape("vgg11", input_shape)
+    return vgg11(num_classes, in_channels=channels, image_size=(height, image_width), width=section.width)
+
+
+def build_quadratic(
+    section: QuadraticConfig, input_shape: tuple[int, ...], num_classes: int, vocab_size: int | None = None
+) -> nn.Module:
+    from driftlab.data.quadratic import QuadraticObjective
+
+    if len(input_shape) != 1 or input_shape[0] % 2:
+        raise ValueError(f"model quadratic needs quadratic data (rows [a, b]); got inputs of shape {input_shape}")
+    return QuadraticObjective(input_shape[0] // 2)

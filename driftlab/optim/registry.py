@@ -54,7 +54,7 @@ from pydantic_core import PydanticCustomError
 from driftlab.errors import ConfigError
 from driftlab.optim.schedules import Rate
 from driftlab.optim.server import ServerOptimizer, UpdateTransformation
-from driftlab.plugins import NAME, Registry, did_you_mean, one_line
+from driftlab.plugins import Registry, check_config_type, check_entry_name, did_you_mean, one_line
 
 ENTRY_POINT_GROUP = "driftlab.server_optimizers"
 TRANSFORMATION_GROUP = "driftlab.server_transformations"
@@ -79,11 +79,6 @@ class TransformationConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
-def _tag_default(config_type: Any, tag: str) -> Any:
-    fields = getattr(config_type, "model_fields", None)
-    return fields[tag].default if fields is not None and tag in fields else None
-
-
 @dataclass(frozen=True)
 class ServerOptimizerEntry:
     """A server optimizer a config can name: ``build(section)`` returns the ``ServerOptimizer`` for a validated
@@ -95,21 +90,12 @@ class ServerOptimizerEntry:
     label: str | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not NAME.fullmatch(self.name):
-            raise ValueError(
-                "a server optimizer's name is lower-case letters, digits and _, starting with a letter; "
-                f"got {self.name!r}"
-            )
-        if not (isinstance(self.config_type, type) and issubclass(self.config_type, ServerOptimizerConfig)):
-            raise ValueError(
-                f"server optimizer {self.name!r}: config_type must subclass "
-                "driftlab.optim.registry.ServerOptimizerConfig (it holds server.lr, which every optimizer has)"
-            )
-        if _tag_default(self.config_type, TAG) != self.name:
-            raise ValueError(
-                f'server optimizer {self.name!r}: config_type must have a field `optimizer: Literal["{self.name}"] = '
-                f'"{self.name}"`'
-            )
+        check_entry_name("server optimizer", self.name)
+        check_config_type(
+            "server optimizer", self.name, self.config_type, ServerOptimizerConfig,
+            "driftlab.optim.registry.ServerOptimizerConfig (it holds server.lr, which every optimizer has)",
+            tag=TAG,
+        )
         if not callable(self.build):
             raise ValueError(f"server optimizer {self.name!r}: build must be a function (section) -> ServerOptimizer")
         if self.label is not None and (not isinstance(self.label, str) or not self.label.strip()):
@@ -130,21 +116,11 @@ class TransformationEntry:
     applies_lr: bool = False
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not NAME.fullmatch(self.name):
-            raise ValueError(
-                "a server transformation's name is lower-case letters, digits and _, starting with a letter; "
-                f"got {self.name!r}"
-            )
-        if not (isinstance(self.config_type, type) and issubclass(self.config_type, TransformationConfig)):
-            raise ValueError(
-                f"server transformation {self.name!r}: config_type must subclass "
-                "driftlab.optim.registry.TransformationConfig"
-            )
-        if _tag_default(self.config_type, "name") != self.name:
-            raise ValueError(
-                f'server transformation {self.name!r}: config_type must have a field `name: Literal["{self.name}"] = '
-                f'"{self.name}"`'
-            )
+        check_entry_name("server transformation", self.name)
+        check_config_type(
+            "server transformation", self.name, self.config_type, TransformationConfig,
+            "driftlab.optim.registry.TransformationConfig",
+        )
         if not callable(self.build):
             raise ValueError(
                 f"server transformation {self.name!r}: build must be a function (config) -> UpdateTransformation"
@@ -191,7 +167,7 @@ def build_server_optimizer(section: Any) -> ServerOptimizer:
         return entry.build(section)
     try:
         optimizer = entry.build(section)
-    except Exception as error:  # noqa: BLE001 - a plugin's failure, whatever it is, becomes one message naming it
+    except Exception as error:  # a plugin's failure, whatever it is, becomes one message naming it
         raise ConfigError(f"{REGISTRY.describe(entry)}: build failed: {one_line(error)}") from error
     if not isinstance(optimizer, ServerOptimizer):
         raise ConfigError(

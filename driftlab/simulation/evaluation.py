@@ -210,7 +210,7 @@ def dissimilarity(sim: Simulation, params: torch.Tensor, registered: np.ndarray 
     # One pass, no [N, P] table: E‖g_k − ḡ‖² = E‖g_k‖² − ‖ḡ‖² (clamped at 0 against rounding).
     global_gradient = torch.zeros_like(params)
     mean_squared_norm = 0.0
-    for client_id, weight in zip(registered.tolist(), weights.tolist()):
+    for client_id, weight in zip(registered.tolist(), weights.tolist(), strict=True):
         rows = sim.client_rows[client_id]
         gradient = torch.zeros_like(params)
         for start in range(0, len(rows), sim.evaluation.batch_size):

@@ -146,11 +146,14 @@ class ServerFold:
 def collecting_fold(server_update: Callable[[Any, Sequence[Any], RoundContext], tuple[Any, dict[str, float]]]) -> ServerFold:
     """The fold of an algorithm that gives only ``server_update``: keep the messages, update once at the end."""
 
+    def start(server: Any, context: RoundContext) -> list:  # noqa: ARG001 - ServerFold calls start(server, context)
+        return []  # whatever the server and round: the messages are folded at the end, by server_update
+
     def add(messages: list, message: Any) -> list:
         messages.append(message)  # the list is the fold's own, made by start()
         return messages
 
-    return ServerFold(lambda server, context: [], add, lambda server, messages, context: server_update(server, messages, context))
+    return ServerFold(start, add, lambda server, messages, context: server_update(server, messages, context))
 
 
 def _as_sent(message: Any) -> Any:

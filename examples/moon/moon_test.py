@@ -68,7 +68,8 @@ def test_a_round_of_moon_clients_trains_alike_on_both_backends():
     settings = LocalSettings(0.1)
     expected = {p: (t.clone(), d) for p, t, d in SequentialBackend().train(model, start, tasks, settings, data)}
     actual = {p: (t.clone(), d) for p, t, d in VectorizedBackend().train(model, start, tasks, settings, data)}
-    plain = {p: t.clone() for p, t, _ in SequentialBackend().train(model, start, [ClientTask(t.client_id, t.sample_indices, t.batches, t.correction.correction) for t in tasks], settings, data)}
+    plain_tasks = [ClientTask(t.client_id, t.sample_indices, t.batches, t.correction.correction) for t in tasks]
+    plain = {p: t.clone() for p, t, _ in SequentialBackend().train(model, start, plain_tasks, settings, data)}
     for position, (params, done) in expected.items():
         assert actual[position][1] == done
         torch.testing.assert_close(actual[position][0], params, rtol=1e-12, atol=1e-12)

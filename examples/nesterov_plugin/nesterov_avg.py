@@ -90,7 +90,7 @@ def build(momentum: float = 0.9, aggregation: str = "weighted") -> Algorithm:
     return Algorithm("nesterov_avg", server_init, client_objective, client_finish, server_update, broadcast)
 
 
-def from_config(config: Config, server_optimizer: Any) -> Algorithm:  # noqa: ARG001 - the server step is this module's own
+def from_config(config: Config, server_optimizer: Any) -> Algorithm:  # the server step is this module's own
     return build(momentum=config.momentum, aggregation=config.aggregation)
 
 

@@ -170,7 +170,7 @@ def _split_same_seed_runs(runs: Sequence[RunData]) -> None:
             for run in group
         ]
         differing = _differing_keys(tables)
-        for run, table in zip(group, tables):
+        for run, table in zip(group, tables, strict=True):
             detail = _describe(table, differing)
             if detail:  # no detail: the same config twice, which ``collect`` refuses
                 run.method = f"{run.method[:-1]}, {detail})" if run.method.endswith(")") else f"{run.method} ({detail})"

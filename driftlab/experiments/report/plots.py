@@ -101,8 +101,8 @@ def _draw(axis, setting: Setting, key: str, x_key: str = "round", scale: float =
         )
         if any(std is not None for std in series.std):
             # NaN leaves a gap where fewer than two seeds recorded the value.
-            low = [math.nan if s is None else scale * (m - s) for m, s in zip(series.mean, series.std)]
-            high = [math.nan if s is None else scale * (m + s) for m, s in zip(series.mean, series.std)]
+            low = [math.nan if s is None else scale * (m - s) for m, s in zip(series.mean, series.std, strict=True)]
+            high = [math.nan if s is None else scale * (m + s) for m, s in zip(series.mean, series.std, strict=True)]
             axis.fill_between(series.x, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
             banded = True
         drawn = True
@@ -233,7 +233,10 @@ def setting_figures(setting: Setting, targets: Sequence[float]) -> list[ReportFi
             figures.append(ReportFigure(suffix, _captioned(f"{ylabel} vs rounds", banded), figure, banded))
 
     for suffix, panels in (
-        ("norms", (("drift_norm", "drift norm (‖c‖, ‖mean λ_k‖ or ‖h‖: docs/algorithms.md)", "drift norm"), ("model_norm", "norm of the server model ‖θ‖", "‖θ‖"))),
+        (
+            "norms",
+            (("drift_norm", "drift norm (‖c‖, ‖mean λ_k‖ or ‖h‖: docs/algorithms.md)", "drift norm"), ("model_norm", "norm of the server model ‖θ‖", "‖θ‖")),
+        ),
         (
             "dissimilarity",
             (("dissimilarity_b2", "dissimilarity B(θ)²", "B(θ)²"), ("gradient_variance", "gradient variance E‖∇F_k − ∇f‖²", "E‖∇F_k − ∇f‖²")),
@@ -245,7 +248,7 @@ def setting_figures(setting: Setting, targets: Sequence[float]) -> list[ReportFi
         figure = Figure(figsize=(6 * len(present), 4.5))
         axes = figure.subplots(1, len(present), squeeze=False)[0]
         banded = False
-        for axis, (key, title, ylabel) in zip(axes, present):
+        for axis, (key, title, ylabel) in zip(axes, present, strict=True):
             panel_banded = panel(axis, key, f"{setting.label}: {title}", ylabel, log_y=True)
             _legend(axis, panel_banded)
             banded = banded or panel_banded

@@ -10,6 +10,7 @@ Imports no torch and never a run's plugins: a report reads records (config.json 
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -251,7 +252,7 @@ def collect(inputs: Sequence[str | Path]) -> tuple[list[Setting], list[dict[str,
     for setting in settings.values():
         for method, runs in setting.methods.items():
             runs.sort(key=lambda run: run.seed)
-            for first, second in zip(runs, runs[1:]):
+            for first, second in itertools.pairwise(runs):
                 if first.seed == second.seed:
                     # Averaging them would pass off two different runs (say, two scales of one sweep) as seeds.
                     where = f" in setting {setting.label!r}" if setting.label else ""

@@ -263,7 +263,7 @@ def accuracy_section(setting: Setting) -> tuple[list[str], list[AccuracyRow]]:
             for row in rows
         ]
         note = "Mean ± sample standard deviation over seeds (AdaBest Table 2)."
-        for row, method_runs in zip(table, setting.methods.values()):
+        for row, method_runs in zip(table, setting.methods.values(), strict=True):
             row[0] += stability_mark(method_runs) + _incomplete_note(method_runs)
         if show_bmta:
             note += " BMTA is EFL's best over rounds of the mean local test accuracy of the clients."
@@ -271,8 +271,13 @@ def accuracy_section(setting: Setting) -> tuple[list[str], list[AccuracyRow]]:
     else:
         header = ["method", "seeds", "final train loss", "final distance to the minimizer"]
         table = [
-            [row.method + stability_mark(method_runs) + _incomplete_note(method_runs), str(row.seeds), format_number(row.final_train_loss), format_number(row.final_distance)]
-            for row, method_runs in zip(rows, setting.methods.values())
+            [
+                row.method + stability_mark(method_runs) + _incomplete_note(method_runs),
+                str(row.seeds),
+                format_number(row.final_train_loss),
+                format_number(row.final_distance),
+            ]
+            for row, method_runs in zip(rows, setting.methods.values(), strict=True)
         ]
         note, title = "Mean ± sample standard deviation over seeds.", "### Loss and distance"
     return [title, "", note, "", markdown_table(header, table), ""], rows

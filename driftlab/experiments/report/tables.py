@@ -300,7 +300,8 @@ def write_tables(
             out / "runs.csv",
             ["setting", "method", "seed", "path", "status", "rounds_done", "rounds", "num_parameters", "wall_seconds", "machine", "cut_to_round"],
             [[s.label, run.method, run.seed, str(run.path), run.status, run.truncated_from or run.rounds_done, run.rounds_planned,
-              run.num_parameters or "", _csv_number((run.info or {}).get("wall_seconds")), run.machine, run.rounds_done if run.truncated_from is not None else ""]
+              run.num_parameters or "", _csv_number((run.info or {}).get("wall_seconds")), run.machine,
+              run.rounds_done if run.truncated_from is not None else ""]
              for s in settings for run in s.runs],
         )
     )

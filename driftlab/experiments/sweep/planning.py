@@ -166,7 +166,7 @@ def _scope_hint(
             value.label
             for axis in axes
             for value in axis.values
-            if all(own for combo, own in zip(combos, owning) if any(v is value for _, v in combo))
+            if all(own for combo, own in zip(combos, owning, strict=True) if any(v is value for _, v in combo))
         ]
         intro = f"\n{assignment!r} is set for every run of the sweep, but {key} is a key of {', '.join(owners)} only"
         if not fitting:

@@ -359,7 +359,7 @@ def sweep_from_config(base: str, grid: Sequence[str], seeds: Sequence[int], name
     names = [a.name for a in axes]
     if len(set(names)) != len(names):
         raise ConfigError(f"--grid names a key twice: {names}; list all of its values in one --grid")
-    axes = tuple(grid_axis(g, short) for g, short in zip(grid, short_keys(names)))
+    axes = tuple(grid_axis(g, short) for g, short in zip(grid, short_keys(names), strict=True))
     seeds = validate_seeds(list(seeds), "--seeds")
     return SweepSpec(name=name, base=base, description=grid_description(base, axes, seeds), seeds=seeds, axes=axes)
 

@@ -22,8 +22,8 @@ from driftlab.simulation.backends.local_training import ClientTask, LocalSetting
 from driftlab.simulation.round.randomness import augmentation_key, example_keys, mix64
 from driftlab.simulation.seam import NO_CORRECTION, GradientCorrection
 from driftlab.simulation.backends.vectorized import LinearReluStack, VectorizedBackend
+from driftlab.simulation.backends.vectorized_test import assert_agree, run_backend
 
-TOLERANCE = {torch.float32: dict(rtol=1e-5, atol=2e-6), torch.float64: dict(rtol=1e-12, atol=1e-12)}
 CLIENT_SIZES = (37, 50, 23, 7, 64)  # 7 < B: batches narrower than the others'; 37, 23: short last batches
 BATCH_SIZE = 10
 SEED, ROUND = 11, 3
@@ -86,7 +86,9 @@ def test_keys_differ_across_rounds_clients_steps_and_slots_and_flip_half_the_tim
     rounds, clients, steps, slots = 8, 25, 50, 10
     table = torch.stack(
         [
-            torch.stack([example_keys(augmentation_key(SEED, t, k), torch.arange(steps).unsqueeze(1), torch.arange(slots).unsqueeze(0)) for k in range(clients)])
+            torch.stack(
+                [example_keys(augmentation_key(SEED, t, k), torch.arange(steps).unsqueeze(1), torch.arange(slots).unsqueeze(0)) for k in range(clients)]
+            )
             for t in range(1, rounds + 1)
         ]
     )  # [rounds, clients, steps, slots]
@@ -135,18 +137,6 @@ def _tasks(round_index: int = ROUND, fixed_steps: dict[int, int] | None = None, 
     return tasks
 
 
-def _run(backend, model, start, tasks, settings, data) -> dict[int, tuple[torch.Tensor, int]]:
-    results = {position: (params.clone(), done) for position, params, done in backend.train(model, start, tasks, settings, data)}
-    assert sorted(results) == list(range(len(tasks)))
-    return results
-
-
-def _assert_agree(expected: dict, actual: dict, dtype: torch.dtype) -> None:
-    for position, (params, done) in expected.items():
-        assert actual[position][1] == done
-        torch.testing.assert_close(actual[position][0], params, **TOLERANCE[dtype])
-
-
 def _assert_identical(expected: dict, actual: dict) -> None:
     for position, (params, done) in expected.items():
         assert actual[position][1] == done and torch.equal(actual[position][0], params)
@@ -163,10 +153,10 @@ def test_backends_agree_with_augmentation(dtype, clip_norm):
     start = model.initial_parameters()
     tasks = _tasks(fixed_steps={2: 3, 4: 1})  # two clients stop early
     settings = LocalSettings(client_lr=0.1, weight_decay=0.01, clip_norm=clip_norm)
-    expected = _run(SequentialBackend(), model, start, tasks, settings, data)
-    _assert_agree(expected, _run(VectorizedBackend(), model, start, tasks, settings, data), dtype)
+    expected = run_backend(SequentialBackend(), model, start, tasks, settings, data)
+    assert_agree(expected, run_backend(VectorizedBackend(), model, start, tasks, settings, data), dtype)
     # Augmentation did change training: the models differ clearly from un-augmented ones.
-    plain = _run(SequentialBackend(), model, start, tasks, settings, _data(dtype, augment=None))
+    plain = run_backend(SequentialBackend(), model, start, tasks, settings, _data(dtype, augment=None))
     assert _max_difference(expected, plain) > 1e-3
 
 
@@ -185,9 +175,9 @@ def test_vmap_path_agrees_with_augmentation_and_corrections():
     ]
     tasks = _tasks(corrections=corrections)
     settings = LocalSettings(client_lr=0.1, weight_decay=0.01)
-    expected = _run(SequentialBackend(), model, start, tasks, settings, data)
-    _assert_agree(expected, _run(VectorizedBackend(batched_layers=False), model, start, tasks, settings, data), dtype)
-    _assert_agree(expected, _run(VectorizedBackend(), model, start, tasks, settings, data), dtype)
+    expected = run_backend(SequentialBackend(), model, start, tasks, settings, data)
+    assert_agree(expected, run_backend(VectorizedBackend(batched_layers=False), model, start, tasks, settings, data), dtype)
+    assert_agree(expected, run_backend(VectorizedBackend(), model, start, tasks, settings, data), dtype)
 
 
 def test_chunking_does_not_change_augmented_training():
@@ -199,13 +189,13 @@ def test_chunking_does_not_change_augmented_training():
     one_chunk = VectorizedBackend(max_chunk_clients=len(tasks), parallel_chunks=False)
     tiny_budget = VectorizedBackend(memory_budget_bytes=1)  # one client per chunk, chunks in parallel threads
     engine = LinearReluStack.match(model)
-    assert one_chunk.chunk_size(engine, model, start, tasks, settings, data) == len(tasks)
-    assert tiny_budget.chunk_size(engine, model, start, tasks, settings, data) == 1
-    together = _run(one_chunk, model, start, tasks, settings, data)
-    _assert_agree(together, _run(tiny_budget, model, start, tasks, settings, data), dtype)
+    assert one_chunk.chunk_size(engine, model, start, tasks, data) == len(tasks)
+    assert tiny_budget.chunk_size(engine, model, start, tasks, data) == 1
+    together = run_backend(one_chunk, model, start, tasks, settings, data)
+    assert_agree(together, run_backend(tiny_budget, model, start, tasks, settings, data), dtype)
     # A client trained alone gets the same model as in the round (its keys do not depend on its companions).
-    alone = _run(one_chunk, model, start, tasks[3:4], settings, data)
-    _assert_agree({0: together[3]}, alone, dtype)
+    alone = run_backend(one_chunk, model, start, tasks[3:4], settings, data)
+    assert_agree({0: together[3]}, alone, dtype)
 
 
 def test_augmented_training_is_repeatable_and_keys_matter():
@@ -213,12 +203,14 @@ def test_augmented_training_is_repeatable_and_keys_matter():
     model, data = _model(dtype), _data(dtype)
     start = model.initial_parameters()
     settings = LocalSettings(client_lr=0.1)
-    first = _run(SequentialBackend(), model, start, _tasks(), settings, data)
-    _assert_identical(first, _run(SequentialBackend(), model, start, _tasks(), settings, data))  # a resumed round: bit for bit
-    _assert_identical(_run(VectorizedBackend(), model, start, _tasks(), settings, data), _run(VectorizedBackend(), model, start, _tasks(), settings, data))
+    first = run_backend(SequentialBackend(), model, start, _tasks(), settings, data)
+    _assert_identical(first, run_backend(SequentialBackend(), model, start, _tasks(), settings, data))  # a resumed round: bit for bit
+    _assert_identical(
+        run_backend(VectorizedBackend(), model, start, _tasks(), settings, data), run_backend(VectorizedBackend(), model, start, _tasks(), settings, data)
+    )
     # Same batches, other keys (the next round's): other augmentations, other models.
     rekeyed = [ClientTask(t.client_id, t.sample_indices, t.batches, t.correction, augment_key=augmentation_key(SEED, ROUND + 1, t.client_id)) for t in _tasks()]
-    assert _max_difference(first, _run(SequentialBackend(), model, start, rekeyed, settings, data)) > 1e-3
+    assert _max_difference(first, run_backend(SequentialBackend(), model, start, rekeyed, settings, data)) > 1e-3
 
 
 def test_partial_work_is_a_prefix_of_full_work():
@@ -232,7 +224,7 @@ def test_partial_work_is_a_prefix_of_full_work():
     short_plan = _tasks(fixed_steps={1: 3})[1]
     assert np.array_equal(short_plan.batches, partial.batches) and short_plan.augment_key == partial.augment_key
     backend = SequentialBackend()
-    _assert_identical(_run(backend, model, start, [partial], settings, data), _run(backend, model, start, [short_plan], settings, data))
+    _assert_identical(run_backend(backend, model, start, [partial], settings, data), run_backend(backend, model, start, [short_plan], settings, data))
 
 
 @pytest.mark.parametrize("backend_kind", ["sequential", "vectorized", "vmap"])
@@ -249,9 +241,9 @@ def test_augmentation_off_leaves_training_bit_identical(backend_kind):
     settings = LocalSettings(client_lr=0.1, weight_decay=0.01, clip_norm=0.5)
     off = _data(dtype, augment=None)
     unkeyed = [ClientTask(t.client_id, t.sample_indices, t.batches, t.correction) for t in _tasks()]
-    reference = _run(make(), model, start, unkeyed, settings, off)
-    _assert_identical(reference, _run(make(), model, start, _tasks(), settings, off))
-    _assert_identical(reference, _run(make(), model, start, _tasks(), settings, _data(dtype, augment=lambda x, keys: x)))
+    reference = run_backend(make(), model, start, unkeyed, settings, off)
+    _assert_identical(reference, run_backend(make(), model, start, _tasks(), settings, off))
+    _assert_identical(reference, run_backend(make(), model, start, _tasks(), settings, _data(dtype, augment=lambda x, keys: x)))
 
 
 def test_augment_receives_each_example_with_its_own_key():
@@ -264,7 +256,7 @@ def test_augment_receives_each_example_with_its_own_key():
     def recorder(name):
         def augment(images: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
             assert images.shape[1:] == SHAPE and keys.dtype == torch.int64 and keys.shape == images.shape[:1]
-            for image, key in zip(images, keys.tolist()):
+            for image, key in zip(images, keys.tolist(), strict=True):
                 seen[name].setdefault(key, image.clone())
             return images
 
@@ -273,7 +265,7 @@ def test_augment_receives_each_example_with_its_own_key():
     tasks = _tasks()
     data = _data(dtype, augment=None)
     for name, backend in (("sequential", SequentialBackend()), ("vectorized", VectorizedBackend(parallel_chunks=False))):
-        _run(backend, model, start, tasks, LocalSettings(client_lr=0.1), TrainingData(data.inputs, data.targets, recorder(name)))
+        run_backend(backend, model, start, tasks, LocalSettings(client_lr=0.1), TrainingData(data.inputs, data.targets, recorder(name)))
     real_examples = sum(int((t.batches != -1).sum()) for t in tasks)
     assert len(seen["sequential"]) == real_examples
     # The vectorized backend also augments padding slots (weight 0); every real example has the same key and image.
@@ -296,6 +288,6 @@ def test_the_stacked_convolution_path_agrees_with_augmentation(clip_norm):
     start = model.initial_parameters()
     tasks = _tasks(fixed_steps={2: 3, 4: 1})
     settings = LocalSettings(client_lr=0.1, weight_decay=0.01, clip_norm=clip_norm)
-    expected = _run(SequentialBackend(), model, start, tasks, settings, data)
+    expected = run_backend(SequentialBackend(), model, start, tasks, settings, data)
     for backend in (VectorizedBackend(), VectorizedBackend(max_chunk_clients=len(tasks), parallel_chunks=False)):
-        _assert_agree(expected, _run(backend, model, start, tasks, settings, data), dtype)
+        assert_agree(expected, run_backend(backend, model, start, tasks, settings, data), dtype)

@@ -29,7 +29,8 @@ def binary_cross_entropy_per_example(outputs: torch.Tensor, targets: torch.Tenso
     return F.binary_cross_entropy_with_logits(outputs, targets, reduction="none").mean(dim=1)
 
 
-def objective_per_example(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+# targets: every per-example loss is called as loss(outputs, targets)
+def objective_per_example(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:  # noqa: ARG001
     """For models whose output already is each example's objective value (the quadratic clients)."""
     return outputs
 
@@ -89,7 +90,7 @@ class FlatModel:
     def unflatten(self, theta: torch.Tensor) -> dict[str, torch.Tensor]:
         """Views of ``theta`` shaped like the module's parameters."""
         pieces = torch.split(theta, self.numels)
-        return {name: piece.view(shape) for name, piece, shape in zip(self.names, pieces, self.shapes)}
+        return {name: piece.view(shape) for name, piece, shape in zip(self.names, pieces, self.shapes, strict=True)}
 
     def forward(self, theta: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
         return functional_call(self.module, self.unflatten(theta), (inputs,))

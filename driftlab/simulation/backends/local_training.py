@@ -183,7 +183,7 @@ class BoundModule:
         self.theta = torch.zeros_like(like)
         self.gradient = torch.zeros_like(like)
         parameters = dict(self.module.named_parameters())
-        for name, theta_view, grad_view in zip(model.names, model.unflatten(self.theta).values(), model.unflatten(self.gradient).values()):
+        for name, theta_view, grad_view in zip(model.names, model.unflatten(self.theta).values(), model.unflatten(self.gradient).values(), strict=True):
             parameters[name].data = theta_view
             parameters[name].grad = grad_view
 

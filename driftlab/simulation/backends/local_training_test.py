@@ -345,7 +345,10 @@ def _pixel_run(backend_name: str, data: FederatedDataset, model_name: str, augme
     model = FlatModel.wrap(build_model(model_name, tuple(data.input_shape), 3, hidden=(16,))).to("cpu", dtype)
     theta = model.initial_parameters()
     gamma = 0.9 if algorithm_name == "fedprox" else None
-    plan = RoundPlan(seed=3, participation=0.5, sampling="uniform", batch_size=4, client_lr=0.05, server_lr=1.0, local_epochs=2, steps=None, augment=augment, inexact_gamma=gamma)
+    plan = RoundPlan(
+        seed=3, participation=0.5, sampling="uniform", batch_size=4, client_lr=0.05, server_lr=1.0, local_epochs=2, steps=None, augment=augment,
+        inexact_gamma=gamma,
+    )
     algorithm = fedprox.build(make_server_optimizer("sgd"), mu=0.1) if gamma else fedavg.build(make_server_optimizer("sgd"))
     sim = Simulation(model, data, algorithm, BACKENDS[backend_name](), plan, torch.device("cpu"), dtype, theta)
     state = SimulationState(0, algorithm.server_init(theta), InMemoryClientStore(None))

@@ -52,7 +52,7 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import torch
 
@@ -68,6 +68,15 @@ class LocalBatch(NamedTuple):
     targets: torch.Tensor  # [B, ...]
     weights: torch.Tensor  # [B]: 1/|batch| on real examples, 0 on padding; a batch mean of h is Σ_i weights_i h_i
     forward: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (flat params [P], inputs) -> outputs: another model's view
+
+
+def _check_function_and_tensors(owner: str, function: Any, tensors_field: str, tensors: Any) -> None:
+    """A part of a local objective an algorithm supplies is a callable and a tuple of tensors (what the vectorized
+    backend batches over clients); ``owner`` and ``tensors_field`` name them in the message."""
+    if not callable(function):
+        raise TypeError(f"{owner}.function must be callable, got {type(function).__name__}")
+    if not isinstance(tensors, tuple) or not all(isinstance(t, torch.Tensor) for t in tensors):
+        raise TypeError(f"{owner}.{tensors_field} must be a tuple of tensors")
 
 
 @dataclass(frozen=True)
@@ -86,10 +95,7 @@ class LossTerm:
     tensors: tuple[torch.Tensor, ...] = ()
 
     def __post_init__(self) -> None:
-        if not callable(self.function):
-            raise TypeError(f"LossTerm.function must be callable, got {type(self.function).__name__}")
-        if not isinstance(self.tensors, tuple) or not all(isinstance(t, torch.Tensor) for t in self.tensors):
-            raise TypeError("LossTerm.tensors must be a tuple of tensors")
+        _check_function_and_tensors("LossTerm", self.function, "tensors", self.tensors)
 
 
 @dataclass(frozen=True)
@@ -106,10 +112,7 @@ class LocalStep:
     initial_state: tuple[torch.Tensor, ...] = ()
 
     def __post_init__(self) -> None:
-        if not callable(self.function):
-            raise TypeError(f"LocalStep.function must be callable, got {type(self.function).__name__}")
-        if not isinstance(self.initial_state, tuple) or not all(isinstance(t, torch.Tensor) for t in self.initial_state):
-            raise TypeError("LocalStep.initial_state must be a tuple of tensors")
+        _check_function_and_tensors("LocalStep", self.function, "initial_state", self.initial_state)
 
 
 @dataclass(frozen=True)

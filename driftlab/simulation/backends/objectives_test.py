@@ -44,7 +44,7 @@ def _data() -> TrainingData:
 
 def _tasks(objectives: list, epochs: int = 2, **task_fields) -> list[ClientTask]:
     tasks, offset = [], 0
-    for client_id, (size, objective) in enumerate(zip(CLIENT_SIZES, objectives)):
+    for client_id, (size, objective) in enumerate(zip(CLIENT_SIZES, objectives, strict=True)):
         steps = steps_for_epochs(size, BATCH_SIZE, epochs) - (client_id % 2)  # unequal, and not always whole epochs
         tasks.append(ClientTask(client_id, torch.arange(offset, offset + size), batch_plan(3, 1, client_id, size, BATCH_SIZE, steps), objective, **task_fields))
         offset += size
@@ -174,7 +174,12 @@ def test_client_momentum_two_steps_by_hand(backend):
 def test_a_plain_sgd_local_step_equals_the_default_step_bit_for_bit(clip_norm):
     model, data = _model("mlp"), _data()
     start = model.initial_parameters()
-    corrections = [NO_CORRECTION, GradientCorrection(linear=_vector(start, 0.05, 1) - start), GradientCorrection(quadratic=0.3, reference=_vector(start, 0.01, 2)), NO_CORRECTION]
+    corrections = [
+        NO_CORRECTION,
+        GradientCorrection(linear=_vector(start, 0.05, 1) - start),
+        GradientCorrection(quadratic=0.3, reference=_vector(start, 0.01, 2)),
+        NO_CORRECTION,
+    ]
     settings = LocalSettings(client_lr=0.1, weight_decay=0.01, clip_norm=clip_norm)
     default = _run(SequentialBackend(), model, start, _tasks(corrections), settings, data)
     stepped = _run(SequentialBackend(), model, start, _tasks([LocalObjective(c, local_step=LocalStep(plain_sgd)) for c in corrections]), settings, data)
@@ -229,7 +234,7 @@ def test_the_vectorized_backend_agrees_with_the_sequential_one(model_name, clip_
     elif kind == "step":
         objectives = _step_objectives(start)
     else:
-        objectives = [dataclasses.replace(t, local_step=s.local_step) for t, s in zip(_term_objectives(start), _step_objectives(start))]
+        objectives = [dataclasses.replace(t, local_step=s.local_step) for t, s in zip(_term_objectives(start), _step_objectives(start), strict=True)]
     tasks = _tasks(objectives)
     settings = LocalSettings(client_lr=0.1, weight_decay=0.01, clip_norm=clip_norm)
     expected = _run(SequentialBackend(), model, start, tasks, settings, data)
@@ -260,7 +265,7 @@ def test_gamma_inexact_stopping_counts_the_loss_term_on_both_backends():
         with_term.append(dataclasses.replace(task, stop_gamma=0.9, steps_per_epoch=per_epoch))
         with_correction.append(dataclasses.replace(with_term[-1], correction=GradientCorrection(quadratic=0.5, reference=anchor)))
     expected = _run(SequentialBackend(), model, start, with_term, settings, data)
-    assert any(done < task.num_steps for (_, done), task in zip(expected.values(), with_term))  # some client did stop early
+    assert any(done < task.num_steps for (_, done), task in zip(expected.values(), with_term, strict=True))  # some client did stop early
     _assert_agree(expected, _run(VectorizedBackend(), model, start, with_term, settings, data))
     # The term's full gradient is the correction's: the same clients stop at the same steps.
     _assert_agree(expected, _run(SequentialBackend(), model, start, with_correction, settings, data))

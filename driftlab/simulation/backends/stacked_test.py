@@ -145,7 +145,11 @@ def _corrections(kind: str, start: torch.Tensor) -> list[GradientCorrection]:
         return [GradientCorrection(quadratic=0.3 + 0.1 * k, reference=reference) for k in range(3)]
     if kind == "quadratic_tensor":
         return [GradientCorrection(quadratic=vector(0.2).abs(), reference=start + vector(0.01)) for _ in range(3)]
-    return [NO_CORRECTION, GradientCorrection(linear=vector(0.05), quadratic=0.5, reference=start), GradientCorrection(quadratic=vector(0.2).abs(), reference=start)]
+    return [
+        NO_CORRECTION,
+        GradientCorrection(linear=vector(0.05), quadratic=0.5, reference=start),
+        GradientCorrection(quadratic=vector(0.2).abs(), reference=start),
+    ]
 
 
 def _round_setup(case_id: str, kind: str):
@@ -156,7 +160,7 @@ def _round_setup(case_id: str, kind: str):
     data = TrainingData(_inputs(shape, n, generator), torch.randint(0, classes, (n,), generator=generator))
     start = model.initial_parameters()
     tasks, offset = [], 0
-    for client_id, (size, correction) in enumerate(zip(SIZES, _corrections(kind, start))):
+    for client_id, (size, correction) in enumerate(zip(SIZES, _corrections(kind, start), strict=True)):
         steps = 2 * -(-size // 4) - client_id  # unequal work: client 1 and 2 stop short of two epochs
         tasks.append(ClientTask(client_id, torch.arange(offset, offset + size), batch_plan(5, 1, client_id, size, 4, steps), correction))
         offset += size
@@ -193,15 +197,14 @@ def test_zoo_models_take_batched_layers_and_auto_follows_the_measured_rule():
 
 
 def test_on_a_cpu_convolutional_and_recurrent_networks_train_one_client_per_chunk_and_the_others_batch():
-    settings = LocalSettings(client_lr=0.1)
     backend = VectorizedBackend(parallel_chunks=False)
     for case_id in ("sequential_conv_groupnorm", "gru"):
         model, start, tasks, data = _round_setup(case_id, "none")
-        assert backend.chunk_size(gradient_engine(model), model, start, tasks, settings, data) == 1, case_id
+        assert backend.chunk_size(gradient_engine(model), model, start, tasks, data) == 1, case_id
     model, start, tasks, data = _round_setup("sequential_flatten_mlp", "none")
     engine = gradient_engine(model, precision="bf16")  # a Linear/ReLU stack on the stacked layers
     assert isinstance(engine, StackedNetwork)
-    assert backend.chunk_size(engine, model, start, tasks, settings, data) == 3
+    assert backend.chunk_size(engine, model, start, tasks, data) == 3
 
 
 def test_one_client_chunks_on_parallel_threads_use_their_own_module_copy():

@@ -1,16 +1,10 @@
 """The vectorized training backend: all clients of a round do local SGD together.
 
-algorithms.md ("Local training") and the seam (``seam.py``): client ``k`` runs
-``K_k`` steps of
-
-    g_k = ∇ℓ(θ_k; batch_k,s) + a_k                       (linear correction)
-    g_k ← g_k · min(1, c / (‖g_k‖ + 1e-6))                (optional clipping, per client)
-    g_k ← g_k + D_k ⊙ (θ_k − θ_ref,k) + wd · θ_k          (quadratic term, weight decay)
-    θ_k ← θ_k − η_l g_k
-
-from ``θ_k = θ^{t−1}``.  Here the ``C`` clients of a chunk are stacked into a
-``[C, P]`` matrix ``Θ`` and every step is a handful of batched operations on
-``Θ`` whatever ``C`` is:
+Client ``k`` runs ``K_k`` steps of corrected local SGD from ``θ_k = θ^{t−1}``:
+the update of algorithms.md ("Local training") and the seam (``seam.py``),
+written out in ``vectorized_step.py``, which does one chunk's steps.  Here the
+``C`` clients of a chunk are stacked into a ``[C, P]`` matrix ``Θ`` and every
+step is a handful of batched operations on ``Θ`` whatever ``C`` is:
 
 * the step's minibatch of every client is gathered with one index operation
   (``rows[s]``, a ``[C, B]`` table of sample rows), and augmented, when
@@ -203,7 +197,7 @@ class VectorizedBackend:
         # Which clients share a chunk can change the last bits on the vmap path (not with the batched layers,
         # whose clients never mix), so there the chunks are cut as for one worker: the same on any machine.
         split = workers if isinstance(engine, (LinearReluStack, StackedNetwork)) else 1
-        chunk_size = self.chunk_size(engine, model, start_params, tasks, settings, data, split)
+        chunk_size = self.chunk_size(engine, model, start_params, tasks, data, split)
         chunks = list(enumerate(order[start : start + chunk_size] for start in range(0, len(order), chunk_size)))
         starts = {device: start_params.to(device) for device in devices}
 
@@ -247,7 +241,6 @@ class VectorizedBackend:
         model: FlatModel,
         start_params: torch.Tensor,
         tasks: Sequence[ClientTask],
-        settings: LocalSettings,
         data: TrainingData,
         workers: int = 1,
     ) -> int:

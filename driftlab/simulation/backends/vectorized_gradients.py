@@ -60,7 +60,7 @@ class LinearReluStack:
         linears = _linear_relu_chain(model.module)
         if linears is None:
             return None
-        offsets = dict(zip(model.names, (sum(model.numels[:i]) for i in range(len(model.names)))))
+        offsets = dict(zip(model.names, (sum(model.numels[:i]) for i in range(len(model.names))), strict=True))
         names = {id(p): name for name, p in model.module.named_parameters()}
         layers = []
         for linear in linears:
@@ -232,7 +232,7 @@ class TermGradients:
         self.engine = engine
         self.tensors: list[torch.Tensor] = []
         dims: list[int | None] = []
-        for column in zip(*(term.tensors for term in terms)):
+        for column in zip(*(term.tensors for term in terms), strict=True):
             if all(tensor is column[0] for tensor in column):
                 self.tensors.append(column[0].to(like.device))
                 dims.append(None)
@@ -257,7 +257,7 @@ class TermGradients:
         """``out[k] = ∇_θ [Σ_i w_ki ℓ(θ_k; x_ki, y_ki) + term_k]`` for the ``n`` rows of ``theta``: the chunk's first ``n``
         clients (or the one client of ``client(k)``)."""
         rows = self._rows if self._rows != slice(None) else slice(0, theta.shape[0])
-        tensors = [tensor if dim is None else tensor[rows] for tensor, dim in zip(self.tensors, self.dims)]
+        tensors = [tensor if dim is None else tensor[rows] for tensor, dim in zip(self.tensors, self.dims, strict=True)]
         self.engine.module_for_this_thread(theta.device)
         out.copy_(self._gradient(theta, x, targets, weights, *tensors))
         return out

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import torch
 
-from driftlab.simulation.backends.local_training import LocalSettings
 from driftlab.simulation.backends.objectives import LossTerm
 from driftlab.simulation.backends.vectorized import VectorizedBackend
 from driftlab.simulation.backends.vectorized_gradients import LinearReluStack, VmappedGradient
@@ -31,10 +30,9 @@ def test_chunk_size_follows_the_memory_budget():
     model, data = _model("mlp", torch.float32), _data(torch.float32)
     start = model.initial_parameters()
     tasks = _tasks(_corrections("none", start)) * 200  # 1,200 clients
-    settings = LocalSettings(client_lr=0.1)
     engine = LinearReluStack.match(model)
-    small = VectorizedBackend(memory_budget_bytes=200_000, max_chunk_clients=10_000).chunk_size(engine, model, start, tasks, settings, data)
-    large = VectorizedBackend(memory_budget_bytes=20_000_000, max_chunk_clients=10_000).chunk_size(engine, model, start, tasks, settings, data)
+    small = VectorizedBackend(memory_budget_bytes=200_000, max_chunk_clients=10_000).chunk_size(engine, model, start, tasks, data)
+    large = VectorizedBackend(memory_budget_bytes=20_000_000, max_chunk_clients=10_000).chunk_size(engine, model, start, tasks, data)
     assert 1 <= small < large <= len(tasks)
 
 
@@ -45,5 +43,4 @@ def test_chunks_hold_fewer_clients_when_each_brings_its_own_loss_term_tensors():
     own = _tasks([LossTerm(_output_norm_term, (torch.zeros(20, *start.shape),))] * len(CLIENT_SIZES)) * 50  # 20 models each
     backend = VectorizedBackend(memory_budget_bytes=2_000_000, max_chunk_clients=10_000)
     engine = VmappedGradient(model)
-    settings = LocalSettings(client_lr=0.1)
-    assert backend.chunk_size(engine, model, start, own, settings, data) < backend.chunk_size(engine, model, start, shared, settings, data)
+    assert backend.chunk_size(engine, model, start, own, data) < backend.chunk_size(engine, model, start, shared, data)

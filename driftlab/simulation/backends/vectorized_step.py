@@ -163,7 +163,8 @@ class InexactStopping:
         for start in range(0, len(rows), FULL_GRADIENT_ROWS):
             part = rows[start : start + FULL_GRADIENT_ROWS]
             weights = torch.full((1, len(part)), 1.0 / len(part), dtype=theta.dtype, device=theta.device)
-            engine.loss_gradient(theta, self.engine.flat_inputs(self.data.batch(part)).unsqueeze(0), self.data.targets[part].unsqueeze(0), weights, piece_gradient)
+            inputs = self.engine.flat_inputs(self.data.batch(part)).unsqueeze(0)
+            engine.loss_gradient(theta, inputs, self.data.targets[part].unsqueeze(0), weights, piece_gradient)
             total += piece_gradient * (len(part) / len(rows))
         return corrected_gradient_norm(theta[0], total[0], affine_correction(self.tasks[k]), self.settings)
 

@@ -86,7 +86,7 @@ def _corrections(kind: str, start: torch.Tensor) -> list[GradientCorrection]:
 def _tasks(corrections: list[GradientCorrection], fixed_steps: dict[int, int] | None = None) -> list[ClientTask]:
     """Clients with unequal sizes; 2 epochs each (unequal step counts) unless ``fixed_steps`` overrides."""
     tasks, offset = [], 0
-    for client_id, (size, correction) in enumerate(zip(CLIENT_SIZES, corrections)):
+    for client_id, (size, correction) in enumerate(zip(CLIENT_SIZES, corrections, strict=True)):
         steps = (fixed_steps or {}).get(client_id, steps_for_epochs(size, BATCH_SIZE, 2))
         rows = torch.arange(offset + 5, offset + 5 + size)[torch.randperm(size, generator=torch.Generator().manual_seed(client_id))]
         tasks.append(ClientTask(client_id, rows, batch_plan(7, 1, client_id, size, BATCH_SIZE, steps), correction))
@@ -94,13 +94,17 @@ def _tasks(corrections: list[GradientCorrection], fixed_steps: dict[int, int] | 
     return tasks
 
 
-def _run(backend, model, start, tasks, settings, data) -> dict[int, tuple[torch.Tensor, int]]:
+def run_backend(backend, model, start, tasks, settings, data) -> dict[int, tuple[torch.Tensor, int]]:
+    """Train ``tasks`` on ``backend``: {task position: (final parameters, steps done)}, every task answered once.
+
+    Shared with augmentation_test.py."""
     results = {position: (params.clone(), done) for position, params, done in backend.train(model, start, tasks, settings, data)}
     assert sorted(results) == list(range(len(tasks)))
     return results
 
 
-def _assert_agree(expected: dict, actual: dict, dtype: torch.dtype) -> None:
+def assert_agree(expected: dict, actual: dict, dtype: torch.dtype) -> None:
+    """The same steps done and the same parameters up to ``dtype``'s TOLERANCE, task by task."""
     for position, (params, done) in expected.items():
         assert actual[position][1] == done
         torch.testing.assert_close(actual[position][0], params, **TOLERANCE[dtype])
@@ -118,8 +122,8 @@ def test_a_round_matches_the_sequential_backend(dtype, model_name, kind, clip_no
     start = model.initial_parameters()
     tasks = _tasks(_corrections(kind, start), fixed_steps={2: 3, 4: 1})  # two clients stop early (incomplete work)
     settings = LocalSettings(client_lr=0.1, weight_decay=0.01, clip_norm=clip_norm)
-    expected = _run(SequentialBackend(), model, start, tasks, settings, data)
-    _assert_agree(expected, _run(VectorizedBackend(), model, start, tasks, settings, data), dtype)
+    expected = run_backend(SequentialBackend(), model, start, tasks, settings, data)
+    assert_agree(expected, run_backend(VectorizedBackend(), model, start, tasks, settings, data), dtype)
 
 
 @pytest.mark.parametrize("model_name", ["mlp", "conv"])
@@ -130,9 +134,9 @@ def test_the_vmap_path_matches_the_sequential_backend(model_name, clip_norm, cap
     start = model.initial_parameters()
     tasks = _tasks(_corrections("mixed", start))
     settings = LocalSettings(client_lr=0.1, weight_decay=0.01, clip_norm=clip_norm)
-    expected = _run(SequentialBackend(), model, start, tasks, settings, data)
+    expected = run_backend(SequentialBackend(), model, start, tasks, settings, data)
     with caplog.at_level(logging.WARNING, logger="driftlab.simulation.backends.vectorized"):
-        _assert_agree(expected, _run(VectorizedBackend(batched_layers=False), model, start, tasks, settings, data), dtype)
+        assert_agree(expected, run_backend(VectorizedBackend(batched_layers=False), model, start, tasks, settings, data), dtype)
     assert "cannot be vmapped" not in caplog.text  # the vmap path really ran (its sequential fallback would agree too)
 
 
@@ -142,7 +146,9 @@ def test_without_corrections_or_weight_decay_the_step_is_plain_sgd():
     start = model.initial_parameters()
     tasks = _tasks(_corrections("none", start))
     settings = LocalSettings(client_lr=0.05)
-    _assert_agree(_run(SequentialBackend(), model, start, tasks, settings, data), _run(VectorizedBackend(), model, start, tasks, settings, data), dtype)
+    assert_agree(
+        run_backend(SequentialBackend(), model, start, tasks, settings, data), run_backend(VectorizedBackend(), model, start, tasks, settings, data), dtype
+    )
 
 
 # ------------------------------------------------------------------ chunks, early stopping, fallback
@@ -157,9 +163,9 @@ def test_many_small_chunks_give_the_same_models_as_one_chunk(clip_norm):
     settings = LocalSettings(client_lr=0.1, weight_decay=0.01, clip_norm=clip_norm)
     one_chunk = VectorizedBackend(max_chunk_clients=len(tasks), parallel_chunks=False)
     tiny_budget = VectorizedBackend(memory_budget_bytes=1)  # forces one client per chunk, chunks run in parallel threads
-    assert one_chunk.chunk_size(LinearReluStack.match(model), model, start, tasks, settings, data) == len(tasks)
-    assert tiny_budget.chunk_size(LinearReluStack.match(model), model, start, tasks, settings, data) == 1
-    _assert_agree(_run(one_chunk, model, start, tasks, settings, data), _run(tiny_budget, model, start, tasks, settings, data), dtype)
+    assert one_chunk.chunk_size(LinearReluStack.match(model), model, start, tasks, data) == len(tasks)
+    assert tiny_budget.chunk_size(LinearReluStack.match(model), model, start, tasks, data) == 1
+    assert_agree(run_backend(one_chunk, model, start, tasks, settings, data), run_backend(tiny_budget, model, start, tasks, settings, data), dtype)
 
 
 @pytest.mark.parametrize("objective", ["affine", "term"])
@@ -179,7 +185,7 @@ def test_vmapped_chunks_on_parallel_threads_give_the_models_of_one_chunk(objecti
         parallel = VectorizedBackend(batched_layers=False, max_chunk_clients=2)  # three chunks on two single-threaded workers
         assert parallel.workers(start, len(tasks)) == 2
         with caplog.at_level(logging.WARNING, logger="driftlab.simulation.backends.vectorized"):
-            _assert_agree(_run(one_chunk, model, start, tasks, settings, data), _run(parallel, model, start, tasks, settings, data), dtype)
+            assert_agree(run_backend(one_chunk, model, start, tasks, settings, data), run_backend(parallel, model, start, tasks, settings, data), dtype)
         assert "cannot be vmapped" not in caplog.text  # the vmap path really ran (its fallback would agree too)
         assert torch.get_num_threads() == 2
     finally:
@@ -196,9 +202,9 @@ def test_gamma_inexact_clients_stop_at_the_same_step_as_sequentially():
         per_epoch = steps_for_epochs(len(task.sample_indices), BATCH_SIZE, 1)
         tasks.append(ClientTask(task.client_id, task.sample_indices, task.batches, task.correction, stop_gamma=0.9, steps_per_epoch=per_epoch))
     settings = LocalSettings(client_lr=0.3)
-    expected = _run(SequentialBackend(), model, start, tasks, settings, data)
-    assert any(done < task.num_steps for (_, done), task in zip(expected.values(), tasks))  # some client did stop early
-    _assert_agree(expected, _run(VectorizedBackend(), model, start, tasks, settings, data), dtype)
+    expected = run_backend(SequentialBackend(), model, start, tasks, settings, data)
+    assert any(done < task.num_steps for (_, done), task in zip(expected.values(), tasks, strict=True))  # some client did stop early
+    assert_agree(expected, run_backend(VectorizedBackend(), model, start, tasks, settings, data), dtype)
 
 
 class _DataDependentBranch(nn.Module):
@@ -221,9 +227,9 @@ def test_a_module_vmap_cannot_handle_falls_back_to_sequential_with_a_warning(cap
     tasks = _tasks(_corrections("linear", start))
     settings = LocalSettings(client_lr=0.1)
     with caplog.at_level(logging.WARNING, logger="driftlab.simulation.backends.vectorized"):
-        actual = _run(VectorizedBackend(), model, start, tasks, settings, data)
+        actual = run_backend(VectorizedBackend(), model, start, tasks, settings, data)
     assert any("sequential" in record.getMessage() for record in caplog.records)
-    expected = _run(SequentialBackend(), model, start, tasks, settings, data)
+    expected = run_backend(SequentialBackend(), model, start, tasks, settings, data)
     for position, (params, done) in expected.items():
         assert torch.equal(actual[position][0], params) and actual[position][1] == done
 
@@ -261,7 +267,9 @@ def test_loss_terms_and_local_steps_see_augmented_batches_as_sequentially(model_
     ]
     tasks = [dataclasses.replace(task, augment_key=1000 + task.client_id) for task in _tasks(objectives, fixed_steps={2: 3})]
     settings = LocalSettings(client_lr=0.1, weight_decay=0.01, clip_norm=0.5)
-    _assert_agree(_run(SequentialBackend(), model, start, tasks, settings, data), _run(VectorizedBackend(), model, start, tasks, settings, data), dtype)
+    assert_agree(
+        run_backend(SequentialBackend(), model, start, tasks, settings, data), run_backend(VectorizedBackend(), model, start, tasks, settings, data), dtype
+    )
 
 
 def test_bare_terms_steps_and_affine_local_objectives_are_accepted_and_affine_ones_take_the_affine_path():
@@ -270,12 +278,16 @@ def test_bare_terms_steps_and_affine_local_objectives_are_accepted_and_affine_on
     start = model.initial_parameters()
     corrections = _corrections("mixed", start)
     settings = LocalSettings(client_lr=0.1, weight_decay=0.01)
-    affine = _run(VectorizedBackend(), model, start, _tasks(corrections), settings, data)
-    wrapped = _run(VectorizedBackend(), model, start, _tasks([LocalObjective(correction=c) for c in corrections]), settings, data)
+    affine = run_backend(VectorizedBackend(), model, start, _tasks(corrections), settings, data)
+    wrapped = run_backend(VectorizedBackend(), model, start, _tasks([LocalObjective(correction=c) for c in corrections]), settings, data)
     for position, (params, done) in affine.items():  # the same fused Linear/ReLU path, bit for bit
         assert wrapped[position][1] == done and torch.equal(wrapped[position][0], params)
     bare = [LossTerm(_output_norm_term, (start,)), LocalStep(_momentum, (torch.zeros_like(start),))] * 3
-    _assert_agree(_run(SequentialBackend(), model, start, _tasks(bare), settings, data), _run(VectorizedBackend(), model, start, _tasks(bare), settings, data), dtype)
+    assert_agree(
+        run_backend(SequentialBackend(), model, start, _tasks(bare), settings, data),
+        run_backend(VectorizedBackend(), model, start, _tasks(bare), settings, data),
+        dtype,
+    )
 
 
 # ------------------------------------------------------------------ end to end, every algorithm
@@ -341,9 +353,9 @@ def test_two_devices_give_the_same_models_as_one_and_reruns_are_bit_identical():
     start = model.initial_parameters()
     tasks = _tasks(_corrections("mixed", start))
     settings = LocalSettings(client_lr=0.1, weight_decay=0.01)
-    one = _run(VectorizedBackend(max_chunk_clients=2), model, start, tasks, settings, data)
-    two = _run(VectorizedBackend(max_chunk_clients=2, devices=["cpu", "cpu"]), model, start, tasks, settings, data)
-    again = _run(VectorizedBackend(max_chunk_clients=2, devices=["cpu", "cpu"]), model, start, tasks, settings, data)
+    one = run_backend(VectorizedBackend(max_chunk_clients=2), model, start, tasks, settings, data)
+    two = run_backend(VectorizedBackend(max_chunk_clients=2, devices=["cpu", "cpu"]), model, start, tasks, settings, data)
+    again = run_backend(VectorizedBackend(max_chunk_clients=2, devices=["cpu", "cpu"]), model, start, tasks, settings, data)
     for position in one:
         assert torch.equal(one[position][0], two[position][0]) and torch.equal(two[position][0], again[position][0])
 
@@ -419,10 +431,11 @@ def test_with_compression_the_first_rounds_updates_agree_to_rounding_before_the_
     sequential = _first_round_uploads("sequential", precision)
     vectorized = _first_round_uploads("vectorized", precision)
     assert len(sequential) == len(vectorized) == 3
-    for (delta_s, sent_s), (delta_v, sent_v) in zip(sequential, vectorized):
+    for (delta_s, sent_s), (delta_v, sent_v) in zip(sequential, vectorized, strict=True):
         assert float(delta_s.abs().max()) > 1e-3  # the clients really trained
         torch.testing.assert_close(delta_v, delta_s, **tolerance)
-        assert int((sent_s != 0).sum()) < delta_s.numel() // 10  # and what they sent really was top-k compressed
+        for sent in (sent_s, sent_v):  # and what they sent really was top-k compressed
+            assert int((sent != 0).sum()) < delta_s.numel() // 10
 
 
 def test_with_compression_off_efl_ends_with_the_same_model_on_both_backends():
@@ -462,7 +475,7 @@ def test_a_cuda_round_has_no_host_syncs_and_matches_the_cpu(model_name):
     start = model.initial_parameters()
     tasks = _tasks(_corrections("mixed", start))
     settings = LocalSettings(client_lr=0.1, weight_decay=0.01)
-    expected = _run(VectorizedBackend(), model, start, tasks, settings, data)
+    expected = run_backend(VectorizedBackend(), model, start, tasks, settings, data)
     model.to(cuda, torch.float32)
     def on_cuda(value):
         return value.to(cuda) if isinstance(value, torch.Tensor) else value
@@ -477,7 +490,7 @@ def test_a_cuda_round_has_no_host_syncs_and_matches_the_cpu(model_name):
     ]
     data_cuda = TrainingData(data.inputs.to(cuda), data.targets.to(cuda))
     backend = VectorizedBackend()
-    _run(backend, model, start.to(cuda), moved, settings, data_cuda)  # warm-up: engine choice and vmap probe may sync
+    run_backend(backend, model, start.to(cuda), moved, settings, data_cuda)  # warm-up: engine choice and vmap probe may sync
     torch.cuda.set_sync_debug_mode("error")
     try:
         actual = {p: (t, d) for p, t, d in backend.train(model, start.to(cuda), moved, settings, data_cuda)}

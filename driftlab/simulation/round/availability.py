@@ -88,7 +88,7 @@ class ClientIds:
         """Equal to any ids in the same order: another ``ClientIds``, or a tuple such as ``(2, 3, 4)``."""
         if not isinstance(other, (ClientIds, tuple)) or len(self) != len(other):
             return False
-        return all(mine == theirs for mine, theirs in zip(self, other))
+        return all(mine == theirs for mine, theirs in zip(self, other, strict=True))
 
     def bounds(self) -> tuple[int, int] | None:
         """The smallest and largest id, found without listing the range; None when there are none."""

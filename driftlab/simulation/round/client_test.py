@@ -71,7 +71,7 @@ def _assert_identical(expected: Any, actual: Any, where: str) -> None:
             _assert_identical(getattr(expected, field.name), getattr(actual, field.name), f"{where}.{field.name}")
     elif isinstance(expected, (tuple, list)):
         assert len(expected) == len(actual), where
-        for index, (a, b) in enumerate(zip(expected, actual)):
+        for index, (a, b) in enumerate(zip(expected, actual, strict=True)):
             _assert_identical(a, b, f"{where}[{index}]")
     else:
         assert expected == actual, where
@@ -100,7 +100,7 @@ def test_run_client_reproduces_the_engines_sequential_round_bit_for_bit(name):
     _recording_server_update(sim, messages)
     after, record = run_round(sim, state)
     assert record["reporting_clients"] == [context.client_id for context in work.contexts] and len(messages) == 3
-    for context, engine_message in zip(work.contexts, messages):
+    for context, engine_message in zip(work.contexts, messages, strict=True):
         client_id = context.client_id
         new_state, message, steps_done = run_client(algorithm, work.view, before[client_id], context, client_data(sim, client_id), work.settings)
         assert steps_done == context.planned_steps

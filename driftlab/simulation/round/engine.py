@@ -136,7 +136,7 @@ def plan_round(sim: Simulation, state: SimulationState) -> RoundWork:
     mean_samples = float(sizes.mean())
     contexts: list[ClientContext] = []
     num_inactive = num_incomplete = 0
-    for client_id, multiplicity in zip(sample.client_ids.tolist(), sample.multiplicity.tolist()):
+    for client_id, multiplicity in zip(sample.client_ids.tolist(), sample.multiplicity.tolist(), strict=True):
         num_samples = int(sim.client_sizes[client_id])
         planned = plan.planned_steps(num_samples, t)
         steps = steps_to_do(plan.availability, plan.seed, t, client_id, planned, plan.partial_work_epoch(num_samples))
@@ -210,7 +210,7 @@ def _train_clients(
         datas = [client_data(sim, context.client_id) for context in wave]
         tasks = [
             client_start(sim.algorithm, work.view, client_state, context, data, work.settings)
-            for client_state, context, data in zip(client_states, wave, datas)
+            for client_state, context, data in zip(client_states, wave, datas, strict=True)
         ]
         # closing(): a backend that changed process-wide settings (threads) restores them even if client_end raises.
         with contextlib.closing(sim.backend.train(sim.model, work.view.params, tasks, work.settings.local, sim.training_data)) as trained:

@@ -119,7 +119,7 @@ def test_fedavg_drops_stragglers_unless_told_to_keep_them():
     }
     dropped = driftlab.run(base)
     kept = driftlab.run(base | {"algorithm": {"name": "fedavg", "incomplete": "keep"}})
-    for drop_record, keep_record in zip(dropped.records, kept.records):
+    for drop_record, keep_record in zip(dropped.records, kept.records, strict=True):
         assert keep_record["num_reporting"] == 6
         assert drop_record["num_reporting"] == 6 - drop_record["num_incomplete"]
         assert drop_record["upload_bits"] == keep_record["upload_bits"] * drop_record["num_reporting"] // 6

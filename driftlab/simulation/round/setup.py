@@ -174,6 +174,8 @@ class SimulationState:
 
 
 STORE_KINDS = ("memory", "disk", "auto")
+# no configured budget: half of the machine's memory, asked when needed; MemoryBudget is frozen, so one is shared
+_UNCONFIGURED_BUDGET = MemoryBudget()
 
 
 def make_client_stores(
@@ -183,7 +185,7 @@ def make_client_stores(
     client_initial: Any,
     keep_latest_models: bool,
     directory: Any,
-    memory_budget: MemoryBudget = MemoryBudget(),
+    memory_budget: MemoryBudget = _UNCONFIGURED_BUDGET,
 ) -> tuple[ClientStateStore, ClientStateStore | None]:
     """The store of the algorithm's client states and, when ``keep_latest_models``, of every client's latest model.
 

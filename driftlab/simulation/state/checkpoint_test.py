@@ -69,7 +69,7 @@ def test_state_round_trip_keeps_values_types_and_dtypes():
     assert restored.optimizer_state.step == 7 and isinstance(restored.optimizer_state.step, int)
     assert restored.optimizer_state.scale == 0.1 * 1.5
     assert restored.optimizer_state.on is True
-    assert all(torch.equal(a, b) for a, b in zip(restored.optimizer_state.moments, state.optimizer_state.moments))
+    assert all(torch.equal(a, b) for a, b in zip(restored.optimizer_state.moments, state.optimizer_state.moments, strict=True))
 
 
 def test_save_and_load_checkpoint(tmp_path):

@@ -191,9 +191,9 @@ def layout_difference(new: Layout, old: Layout, reference: str = "the earlier st
     if new[0] == "tensor":
         return changed
     if new[0] == "tuple":
-        items = ((f"{path}[{index}]", a, b) for index, (a, b) in enumerate(zip(new[1], old[1])))
+        items = ((f"{path}[{index}]", a, b) for index, (a, b) in enumerate(zip(new[1], old[1], strict=True)))
     elif new[0] == "dataclass":
-        items = ((f"{path}.{name}", a, b) for name, a, b in zip(new[2], new[3], old[3]))
+        items = ((f"{path}.{name}", a, b) for name, a, b in zip(new[2], new[3], old[3], strict=True))
     else:
         return None
     found = (layout_difference(a, b, reference, where, none_matches) for where, a, b in items)
@@ -389,7 +389,7 @@ class DiskClientStore:
             # pwrite and SHA-256 release the GIL: a round's rows are written and hashed on two threads. Order does not
             # matter: no row the last checkpoint refers to is ever written, so a kill at any point leaves it intact.
             with ThreadPoolExecutor(COMMIT_THREADS) as pool:
-                for _ in pool.map(write_client, zip(range(len(ids)), ids.tolist(), targets.tolist())):
+                for _ in pool.map(write_client, zip(range(len(ids)), ids.tolist(), targets.tolist(), strict=True)):
                     pass
             self.bytes_written += len(ids) * self._row_bytes
         except BaseException as error:
@@ -479,7 +479,8 @@ class DiskClientStore:
         self._cache.clear()
         self._cached_bytes = 0
         for start in range(0, len(ids), _READ_BATCH):
-            for client_id, slot, expected in zip(ids[start : start + _READ_BATCH].tolist(), slots[start : start + _READ_BATCH].tolist(), hashes[start : start + _READ_BATCH]):
+            batch = slice(start, start + _READ_BATCH)
+            for client_id, slot, expected in zip(ids[batch].tolist(), slots[batch].tolist(), hashes[batch], strict=True):
                 for index, field in enumerate(self._fields):
                     path = self._path(index, slot)
                     try:
@@ -632,7 +633,7 @@ class DiskClientStore:
 
     def _decode(self, rows: list[np.ndarray]) -> Any:
         tensors = {
-            field.name: torch.from_numpy(row.copy()).view(field.dtype).reshape(field.shape) for field, row in zip(self._fields, rows)
+            field.name: torch.from_numpy(row.copy()).view(field.dtype).reshape(field.shape) for field, row in zip(self._fields, rows, strict=True)
         }
         return state_from_tensors(self._template, tensors, "state", _device_of(self._template))
 

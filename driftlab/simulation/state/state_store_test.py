@@ -65,7 +65,7 @@ def test_disk_store_stages_commits_and_discards_like_the_memory_store(tmp_path, 
     for client_id in range(10):
         assert _same(disk.get(client_id), memory.get(client_id))
     disk.prefetch([9, 3, 0])
-    assert all(_same(a, b) for (_, a), (_, b) in zip(disk.items(), memory.items()))
+    assert all(_same(a, b) for (_, a), (_, b) in zip(disk.items(), memory.items(), strict=True))
     # A state handed out is the caller's: changing it in place changes nothing stored.
     disk.get(3).drift.add_(100.0)
     assert _same(disk.get(3), memory.get(3))
@@ -81,11 +81,16 @@ def test_disk_store_refuses_a_state_of_another_structure(tmp_path):
     )
 
 
-def test_commits_after_a_checkpoint_never_touch_the_rows_it_refers_to(tmp_path):
-    store = _disk(tmp_path / "clients")
+def _checkpointed_store(directory: Path) -> tuple[DiskClientStore, dict[str, torch.Tensor]]:
+    """A disk store holding client 2's state (1.0, round 1), and the table a checkpoint of it records."""
+    store = _disk(directory)
     store.put(2, _state(1.0, 1))
     store.commit()
-    table = store.checkpoint_table("store/clients")
+    return store, store.checkpoint_table("store/clients")
+
+
+def test_commits_after_a_checkpoint_never_touch_the_rows_it_refers_to(tmp_path):
+    store, table = _checkpointed_store(tmp_path / "clients")
     store.checkpoint_written()
     files_before = {p.name: p.read_bytes() for p in (tmp_path / "clients").glob("*.slot0")}
     for round_index in (2, 3):  # overwritten twice before the next checkpoint
@@ -99,10 +104,7 @@ def test_commits_after_a_checkpoint_never_touch_the_rows_it_refers_to(tmp_path):
 
 
 def test_a_changed_or_missing_store_file_is_a_checkpoint_error(tmp_path):
-    store = _disk(tmp_path / "clients")
-    store.put(2, _state(1.0, 1))
-    store.commit()
-    table = store.checkpoint_table("store/clients")
+    store, table = _checkpointed_store(tmp_path / "clients")
     store.close()
     field_file = next((tmp_path / "clients").glob("00-*.slot0"))
     data = bytearray(field_file.read_bytes())
@@ -249,7 +251,7 @@ def test_staged_rows_beyond_the_cache_go_to_the_staging_file(tmp_path):
         store.put(5, _state(-5.0, 1))  # (5 was kept in memory)
     assert (tmp_path / "staged.bin").stat().st_size == 2 * row  # 8 and 3 went to the file
     assert sum(isinstance(v, list) for v in disk._staged.values()) == 2
-    assert all(_same(a, b) for (_, a), (_, b) in zip(disk.items(include_staged=True), memory.items(include_staged=True)))
+    assert all(_same(a, b) for (_, a), (_, b) in zip(disk.items(include_staged=True), memory.items(include_staged=True), strict=True))
     for store in (memory, disk):
         store.commit()
         store.put(3, _state(30.0, 2))  # round 2 reuses the staging file from its start
