@@ -396,7 +396,6 @@ def build_model(
     groups: int = 2,
     resnet_stem: str = "cifar",
     width: int = 64,
-    femnist_padding: int = 0,
 ) -> nn.Module:
     """Build a registered model by name for inputs of ``input_shape`` (without the batch dimension).
 
@@ -418,8 +417,6 @@ def build_model(
         groups: GroupNorm groups of ``resnet18_gn`` (2).
         resnet_stem: ``"cifar"`` (3x3, no max-pool) or ``"imagenet"`` (FedDyn's torchvision layout).
         width: base channel count of ``resnet18_gn`` and ``vgg11`` (64; smaller for tests).
-        femnist_padding: 0 (Keras "valid", default) or 1 ("same") for ``femnist_cnn`` (not a config key: the
-            papers' FEMNIST CNN is "valid"; "same" is for tests of the stacked layers).
     """
     entry = registry.lookup(name)
     if entry is None:
@@ -430,8 +427,6 @@ def build_model(
     }
     # Not validated, as the modules check their own arguments (the config validated a run's section already).
     section = entry.config_type.model_construct(**{key: value for key, value in given.items() if key in entry.config_type.model_fields})
-    if name == "femnist_cnn" and femnist_padding:
-        return femnist_cnn_module(tuple(input_shape), num_classes, femnist_padding)
     return entry.build(section, tuple(int(size) for size in input_shape), num_classes, vocab_size)
 
 

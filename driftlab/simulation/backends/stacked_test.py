@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from driftlab.models import build_model
+from driftlab.models.zoo import femnist_cnn_module
 from driftlab.simulation.backends.flat import FlatModel
 from driftlab.simulation.backends.local_training import ClientTask, LocalSettings, SequentialBackend, TrainingData, batch_plan
 from driftlab.simulation.seam import NO_CORRECTION, GradientCorrection
@@ -22,7 +23,7 @@ from driftlab.simulation.backends.vectorized import VectorizedBackend, auto_back
 CASES = [
     ("feddyn_cnn", lambda: build_model("cnn", (3, 16, 16), 5), (3, 16, 16), 5),
     ("femnist_cnn_flat", lambda: build_model("femnist_cnn", (144,), 6), (144,), 6),
-    ("femnist_cnn_same", lambda: build_model("femnist_cnn", (1, 12, 12), 6, femnist_padding=1), (1, 12, 12), 6),
+    ("femnist_cnn_same", lambda: femnist_cnn_module((1, 12, 12), 6, padding=1), (1, 12, 12), 6),
     ("resnet18_gn_cifar", lambda: build_model("resnet18_gn", (3, 8, 8), 5, width=4), (3, 8, 8), 5),
     ("resnet18_gn_imagenet", lambda: build_model("resnet18_gn", (3, 16, 16), 5, width=4, resnet_stem="imagenet"), (3, 16, 16), 5),
     ("vgg11", lambda: build_model("vgg11", (3, 32, 32), 5, width=2), (3, 32, 32), 5),
