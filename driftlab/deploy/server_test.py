@@ -669,8 +669,14 @@ def test_a_signal_while_a_deployment_round_commits_waits_until_the_round_is_comm
 
     monkeypatch.setattr(server_module.DeploymentServer, "_write_accepted", ctrl_c_while_writing)
     out = tmp_path / "out"
-    with pytest.raises(KeyboardInterrupt) as caught:
-        _deploy(config, out, _Nodes(config, tmp_path / "state"))
+    # Ctrl-C as a terminal delivers it: a test run started in the background inherits SIGINT ignored, and the
+    # deferral rightly keeps whatever handling the process had.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt) as caught:
+            _deploy(config, out, _Nodes(config, tmp_path / "state"))
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert interrupted == [2]
     assert str(caught.value).startswith(f"round 2 is checkpointed in {out}; continue with the deployment's server on {out} again")
     info = json.loads((out / "run.json").read_text())
