@@ -181,7 +181,7 @@ class Registry(Generic[Entry]):
         shown = repr(name) if len(repr(name)) <= 80 else f"{repr(name)[:77]}... ({len(repr(name))} characters)"
         message = (
             f"{key}: unknown {self.kind} {shown}{f' (did you mean {guess!r}?)' if guess else ''}; "
-            f"valid: {', '.join(known)}. A {self.kind} of your own is registered by a plugin named at the top of the "
+            f"valid: {', '.join(known)}. {'An' if self.kind[0] in 'aeiou' else 'A'} {self.kind} of your own is registered by a plugin named at the top of the "
             'config: plugins = ["my_plugin.py"] (docs/design.md, "Writing a plugin")'
         )
         problems = self.load_entry_points()
