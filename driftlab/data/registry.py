@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from driftlab.data.download import RemoteFile
 from driftlab.errors import ConfigError
-from driftlab.plugins import NAME, Registry
+from driftlab.plugins import Registry, check_entry_name
 
 ENTRY_POINT_GROUP = "driftlab.datasets"
 DEFAULT_DATA_SET = "synthetic"  # the data set of a config that names none
@@ -107,10 +107,7 @@ class Download:
     files: tuple[RemoteFile, ...]
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not NAME.fullmatch(self.name):
-            raise ValueError(
-                f"a download's name is lower-case letters, digits and _, starting with a letter; got {self.name!r}"
-            )
+        check_entry_name("download", self.name)
         if not self.files or not all(isinstance(remote, RemoteFile) for remote in self.files):
             raise ValueError(
                 f"download {self.name!r}: files must be a non-empty tuple of driftlab.data.download.RemoteFile"
@@ -148,10 +145,7 @@ class DataSetEntry:
     vocabulary: Callable[[Any], int] | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not NAME.fullmatch(self.name):
-            raise ValueError(
-                f"a data set's name is lower-case letters, digits and _, starting with a letter; got {self.name!r}"
-            )
+        check_entry_name("data set", self.name)
         if not (isinstance(self.config_type, type) and issubclass(self.config_type, DataSection)):
             raise ValueError(
                 f"data set {self.name!r}: config_type must subclass driftlab.data.registry.DataSection (the keys every "

@@ -35,7 +35,7 @@ from typing import Any, Callable, Mapping
 
 from driftlab.errors import ConfigError
 from driftlab.executors.tasks import NO_EVENTS, Events, RunTask, TaskResult
-from driftlab.plugins import NAME, Registry
+from driftlab.plugins import Registry, check_entry_name
 
 ENTRY_POINT_GROUP = "driftlab.executors"
 SWITCH = bool  # CliOption.type of a flag that takes no value (store_true)
@@ -102,10 +102,7 @@ class ExecutorEntry:
     layout: Callable[[Any, int], Layout] | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not NAME.fullmatch(self.name):
-            raise ValueError(
-                f"an executor's name is lower-case letters, digits and _, starting with a letter; got {self.name!r}"
-            )
+        check_entry_name("executor", self.name)
         if not (isinstance(self.options_type, type) and dataclasses.is_dataclass(self.options_type)):
             raise ValueError(
                 f"executor {self.name!r}: options_type must be a frozen dataclass (a field with a default per option)"
