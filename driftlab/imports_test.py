@@ -20,8 +20,10 @@ FORBIDDEN = {
     "driftlab.data": ("driftlab.simulation", "driftlab.experiments", "driftlab.executors", "driftlab.deploy", "driftlab.flower", "driftlab.cli"),
     "driftlab.models": ("driftlab.simulation", "driftlab.experiments", "driftlab.executors", "driftlab.deploy", "driftlab.flower", "driftlab.cli"),
     "driftlab.optim": ("driftlab.simulation", "driftlab.experiments", "driftlab.executors", "driftlab.deploy", "driftlab.flower", "driftlab.cli"),
-    "driftlab.simulation": ("driftlab.experiments", "driftlab.executors", "driftlab.deploy", "driftlab.flower", "driftlab.cli"),
-    "driftlab.algorithms": ("driftlab.experiments", "driftlab.executors", "driftlab.deploy", "driftlab.flower", "driftlab.cli"),
+    "driftlab.simulation": ("driftlab.privacy", "driftlab.experiments", "driftlab.executors", "driftlab.deploy", "driftlab.flower", "driftlab.cli"),
+    "driftlab.algorithms": ("driftlab.privacy", "driftlab.experiments", "driftlab.executors", "driftlab.deploy", "driftlab.flower", "driftlab.cli"),
+    # privacy wraps any algorithm through the seam's PrivacyForm, so it never names one
+    "driftlab.privacy": ("driftlab.algorithms", "driftlab.experiments", "driftlab.executors", "driftlab.deploy", "driftlab.flower", "driftlab.cli"),
     "driftlab.executors": ("driftlab.experiments.sweep", "driftlab.deploy", "driftlab.flower", "driftlab.cli"),
     "driftlab.experiments": ("driftlab.cli",),
     "driftlab.deploy": ("driftlab.flower", "driftlab.cli"),

@@ -45,6 +45,17 @@ steps it did; a client that does not report sends nothing, keeps ``h_k`` and
 
 Metric ``drift_norm`` = ``‖h^t‖``.
 
+Under ``[privacy]``: a message reveals ``x_k = θ_k − θ^{t−1}``.  With
+``aggregation = "uniform"`` (the paper's) the server update is linear in
+``Σ_P x_k`` with unit weight per message: ``θ̄^t = θ^{t−1} + Σ_P x_k / m`` with
+the public expected cohort m (``RoundContext.mean_denominator``), and
+``h^t``, ``θ^t`` are fixed affine functions of ``θ̄^t`` given the public
+``θ̄^{t−1}``.  Clipped to C, one client moves the sum by at most C; the noise
+N(0, σ²) on it reaches ``θ̄^t`` as σ/m and ``θ^t`` as (1 + β_t)σ/m.  The promise
+holds for multiplicity 1 (poisson or uniform sampling).  ``aggregation =
+"weighted"`` has no form (its weights n_k are private and unbounded); ``h_k``
+never leaves the client.
+
 Example:
     >>> import torch
     >>> from driftlab.algorithms import adabest
@@ -63,6 +74,7 @@ import torch
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from driftlab.algorithms.aggregation import RunningMean, check_aggregation, client_weight
+from driftlab.algorithms.aggregation import WEIGHTED_REFUSAL, ChangeSums, model_change_form
 from driftlab.optim.schedules import ExponentialSchedule, InverseTimeSchedule, schedule_from_table, value_at
 from driftlab.simulation.seam import NO_CORRECTION, Algorithm, ClientContext, ClientUpdate, GradientCorrection, RoundContext, ServerFold
 
@@ -162,14 +174,19 @@ def build(mu: float = 0.02, beta: BetaSchedule = 0.96, aggregation: str = "unifo
         message = ClientMessage(update.final_params, context.num_samples, context.multiplicity)
         return ClientState(drift, context.round), message
 
-    def aggregation_start(server: ServerState, context: RoundContext) -> RunningMean:
+    def aggregation_start(server: ServerState, context: RoundContext) -> RunningMean | ChangeSums:
+        if context.mean_denominator is not None:
+            # A private round: θ̄^t = θ^{t−1} + Σ_P (θ_k − θ^{t−1}) / m depends on the released changes only.
+            return ChangeSums(server.params, RunningMean())
         return RunningMean()
 
-    def aggregation_add(client_models: RunningMean, message: ClientMessage) -> RunningMean:
+    def aggregation_add(client_models: RunningMean | ChangeSums, message: ClientMessage) -> RunningMean | ChangeSums:
         return client_models.add(message.params, client_weight(message.num_samples, message.multiplicity, aggregation))
 
-    def aggregation_finish(server: ServerState, client_models: RunningMean, context: RoundContext) -> tuple[ServerState, dict[str, float]]:
-        client_average = client_models.value()
+    def aggregation_finish(
+        server: ServerState, client_models: RunningMean | ChangeSums, context: RoundContext
+    ) -> tuple[ServerState, dict[str, float]]:
+        client_average = client_models.value(context.mean_denominator)
         beta_t = value_at(beta, context.round)
         if beta_t == 0:
             # h^t = 0: return θ̄^t itself so β = μ = 0 is FedAvg to the bit (no −0.0 subtraction).
@@ -181,9 +198,13 @@ def build(mu: float = 0.02, beta: BetaSchedule = 0.96, aggregation: str = "unifo
     def broadcast(server: ServerState) -> ClientView:
         return ClientView(server.params)
 
+    # Unit weight: uniform aggregation counts a message by its multiplicity, 1 under poisson or uniform sampling.
+    form = model_change_form(lambda params: ClientMessage(params, num_samples=1, multiplicity=1))
+    private = aggregation == "uniform"
     fold = ServerFold(aggregation_start, aggregation_add, aggregation_finish)
     return Algorithm("adabest", server_init, client_objective, client_finish, fold.server_update, broadcast,
-                     client_state_init=client_state_init, server_fold=fold)
+                     client_state_init=client_state_init, server_fold=fold,
+                     privacy=form if private else None, privacy_refusal=None if private else WEIGHTED_REFUSAL)
 
 
 def from_config(config: Config, server_optimizer: Any) -> Algorithm:

@@ -126,3 +126,15 @@ HAND_CASE = {
     "params": [(1.125, 2.25), (0.328125, 0.65625)],
     "drift": [0.375 * math.sqrt(5), 0.140625 * math.sqrt(5)],
 }
+
+
+def test_adabest_private_round_with_beta_zero_returns_the_mean_of_changes_over_the_denominator():
+    algorithm = adabest.build(mu=0.0, beta=0.0)
+    server = algorithm.server_init(vector(2.0, 2.0))
+    messages = [adabest.ClientMessage(vector(4.0, 2.0), 5, 1), adabest.ClientMessage(vector(2.0, 6.0), 7, 1)]
+    new_server, metrics = algorithm.server_update(server, messages, RoundContext(1, 10, 2, 1.0, mean_denominator=8.0))
+    # θ̄ = (2, 2) + ((2, 0) + (0, 4))/8 = (2.25, 2.5); β = 0: θ = θ̄ itself
+    assert torch.equal(new_server.params, vector(2.25, 2.5)) and new_server.params is new_server.client_average
+    assert metrics == {"drift_norm": 0.0}
+    refused = adabest.build(aggregation="weighted")
+    assert refused.privacy is None and 'set algorithm.aggregation = "uniform"' in refused.privacy_refusal

@@ -3,6 +3,10 @@
 No paper owns these, so they live here; everything paper-specific stays in the
 algorithm's own module.
 
+A private round (``RoundContext.mean_denominator`` set) sums the changes
+``θ_k − θ^{t−1}`` instead (``ChangeSums``), and the algorithms that upload one
+model share their ``PrivacyForm`` (``model_change_form``).
+
 A mean is kept as a running sum, ``Σ_k r_k v_k`` and ``Σ_k r_k``, divided once
 at the end (``RunningMean``): the server can fold each message in as it
 arrives, in sample order, and a round never holds its messages together.  The
@@ -11,12 +15,20 @@ list form (``weighted_mean``) is the same fold, so both give the same bits.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
+from driftlab.simulation.seam import PrivacyForm
+
 AGGREGATIONS = ("weighted", "uniform")
+
+WEIGHTED_REFUSAL = (
+    'aggregation = "weighted" weighs each client by its sample count n_k, which is private and unbounded, '
+    'so no clip bounds one client\'s influence: set algorithm.aggregation = "uniform"'
+)
 
 
 def check_aggregation(mode: str) -> str:
@@ -48,10 +60,15 @@ class RunningMean:
         term = vector * weight
         return RunningMean(term if self.total is None else self.total + term, self.weight + weight)
 
-    def value(self) -> torch.Tensor:
-        """``Σ_k r_k v_k / Σ_k r_k``."""
+    def value(self, denominator: float | None = None) -> torch.Tensor:
+        """``Σ_k r_k v_k / Σ_k r_k``, or ``Σ_k r_k v_k / denominator`` when a public denominator is given
+        (``RoundContext.mean_denominator``: the expected cohort of a private round)."""
         if self.total is None:
             raise ValueError("cannot average zero vectors")
+        if denominator is not None:
+            if not denominator > 0:
+                raise ValueError(f"a mean's denominator must be positive, got {denominator}")
+            return self.total / denominator
         if self.weight <= 0:
             raise ValueError("aggregation weights sum to zero: no client reported any work")
         return self.total / self.weight
@@ -63,3 +80,40 @@ def weighted_mean(vectors: Sequence[torch.Tensor], weights: Sequence[float]) -> 
     for vector, weight in zip(vectors, weights, strict=True):
         mean = mean.add(vector, weight)
     return mean.value()
+
+
+@dataclass(frozen=True)
+class ChangeSums:
+    """A private round's running sum ``Σ_P r_k (θ_k − θ^{t−1})``, kept when ``RoundContext.mean_denominator`` is set:
+    the mean is then ``θ^{t−1} + Σ_P r_k (θ_k − θ^{t−1}) / m``, a function of the released changes alone
+    (``Σ_P r_k θ_k / m`` would carry ``|P| θ^{t−1} / m``, and ``|P|`` is private)."""
+
+    start_params: torch.Tensor  # θ^{t−1}
+    changes: RunningMean
+
+    def add(self, params: torch.Tensor, weight: float) -> "ChangeSums":
+        return ChangeSums(self.start_params, self.changes.add(params - self.start_params, weight))
+
+    def value(self, denominator: float) -> torch.Tensor:
+        return self.start_params + self.changes.value(denominator)
+
+
+def model_change_form(make_carrier: Any) -> PrivacyForm:
+    """The ``PrivacyForm`` of a message whose ``params`` field is θ_k: it releases ``θ_k − view.params``.
+
+    ``make_carrier(params)`` builds the message the fold counts once with unit weight (the server's noise);
+    a message's other fields are kept as they are.  Shared by the algorithms that upload one model
+    (FedAvg, FedProx, FedDyn, AdaBest).
+    """
+
+    def release(view: Any, message: Any) -> torch.Tensor:
+        return message.params - view.params
+
+    def size(view: Any) -> int:
+        return view.params.numel()
+
+    def restore(view: Any, message: Any, vector: torch.Tensor) -> Any:
+        params = view.params + vector
+        return make_carrier(params) if message is None else dataclasses.replace(message, params=params)
+
+    return PrivacyForm(release, restore, size=size)

@@ -37,6 +37,19 @@ sparsity q; the default 0.01 is ours.  ``λ = 0`` switches off the elastic
 term, the Fisher pass and the u/v traffic; with ``λ = 0``, no compression and
 every client complete, EFL is FedAvg bit for bit.
 
+Under ``[privacy]``: a message reveals ``x_k = cat(θ_k − θ, u_k − u_k^old,
+v_k − v_k^old)`` (``θ_k − θ`` alone when λ = 0), clipped as one vector to norm
+C.  With ``aggregation = "uniform"`` and ``incomplete`` "plain" or "drop" the
+server update is linear in ``Σ_P x_k`` with unit weight per message:
+``θ⁺ = θ + Σ_P (θ_k − θ) / m`` with the public expected cohort m
+(``RoundContext.mean_denominator``), and U, V gain the Fisher parts of the sum
+undivided.  One client moves the sum by at most C; the noise N(0, σ²) on it
+reaches θ as σ/m and U, V as σ, accumulating over rounds (a noisy U can lose
+its positivity: the elastic term is then noise-dominated; prefer λ = 0 or small
+noise).  The promise holds for multiplicity 1.  ``aggregation = "weighted"``
+(private, unbounded n_k) and ``incomplete = "adaptive"`` (a straggler's
+weight E/s_k, up to E at s_k = 1) have no form.
+
 Traffic: up θ_k (compressed Δ_k) plus u_k, v_k; down θ (compressed Δ) plus U, V,
 all u/v/U/V at 32 bits per entry.
 
@@ -49,6 +62,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -56,10 +70,24 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from driftlab.algorithms.aggregation import RunningMean, check_aggregation, client_weight
+from driftlab.algorithms.aggregation import WEIGHTED_REFUSAL
 from driftlab.optim.apply import apply_server_optimizer
-from driftlab.simulation.seam import NO_CORRECTION, Algorithm, ClientContext, ClientUpdate, GradientCorrection, RoundContext, ServerFold
+from driftlab.simulation.seam import (
+    NO_CORRECTION,
+    Algorithm,
+    ClientContext,
+    ClientUpdate,
+    GradientCorrection,
+    PrivacyForm,
+    RoundContext,
+    ServerFold,
+)
 
 DEFAULT_COMPRESSION_RATIO = 0.01
+ADAPTIVE_REFUSAL = (
+    'incomplete = "adaptive" weighs a straggler by E/s_k, which no clip bounds (up to E times a complete client): '
+    'set algorithm.incomplete = "drop" or "plain"'
+)
 
 
 class Config(BaseModel):
@@ -115,11 +143,51 @@ class RoundSums:
     """The server's running sums over a round's messages: ``Σ_P r_k θ_k``, the adaptive weights' extra
     ``Σ_{incomplete} r_k (E/s_k − 1)(θ_k − θ)`` (None while no incomplete client reported), and U, V so far."""
 
-    client_models: RunningMean
+    client_models: RunningMean  # Σ_P r_k θ_k, or Σ_P r_k (θ_k − θ) when relative
     incomplete_extra: torch.Tensor | None
     start_params: torch.Tensor  # θ^{t−1}
     fisher_sum: torch.Tensor
     weighted_model_sum: torch.Tensor
+    # A private round (RoundContext.mean_denominator set) sums the changes θ_k − θ, so that its mean
+    # θ + Σ_P r_k (θ_k − θ) / m depends on the released changes only (not on the private |P|).
+    relative: bool = False
+
+
+def privacy_refusal(incomplete: str, aggregation: str) -> str | None:
+    """Why EFL with these options has no ``PrivacyForm`` (naming the fix), or None when it has one."""
+    reasons = [WEIGHTED_REFUSAL] if aggregation == "weighted" else []
+    if incomplete == "adaptive":
+        reasons.append(ADAPTIVE_REFUSAL)
+    return "; ".join(reasons) or None
+
+
+def privacy_form(uses_fisher: bool) -> PrivacyForm:
+    """EFL's ``PrivacyForm``: a message releases ``cat(θ_k − θ, u_k − u_k^old, v_k − v_k^old)`` (``θ_k − θ`` alone
+    without the Fisher); the carrier counts once with unit weight (multiplicity 1, complete)."""
+
+    def release(view: ClientView, message: ClientMessage) -> torch.Tensor:
+        change = message.params - view.params
+        if not uses_fisher:
+            return change
+        return torch.cat((change, message.fisher_change, message.weighted_model_change))
+
+    def restore(view: ClientView, message: ClientMessage | None, vector: torch.Tensor) -> ClientMessage:
+        if uses_fisher:
+            change, fisher_change, weighted_model_change = vector.split(view.params.numel())
+        else:
+            change, fisher_change, weighted_model_change = vector, None, None
+        params = view.params + change
+        if message is None:
+            return ClientMessage(params, fisher_change, weighted_model_change, num_samples=1, multiplicity=1,
+                                 completed_fraction=1.0)
+        return dataclasses.replace(
+            message, params=params, fisher_change=fisher_change, weighted_model_change=weighted_model_change
+        )
+
+    def size(view: ClientView) -> int:
+        return (3 if uses_fisher else 1) * view.params.numel()
+
+    return PrivacyForm(release, restore, size=size)
 
 
 def build(
@@ -179,7 +247,8 @@ def build(
         return new_state, message
 
     def aggregation_start(server: ServerState, context: RoundContext) -> RoundSums:
-        return RoundSums(RunningMean(), None, server.params, server.fisher_sum, server.weighted_model_sum)
+        relative = context.mean_denominator is not None
+        return RoundSums(RunningMean(), None, server.params, server.fisher_sum, server.weighted_model_sum, relative)
 
     def aggregation_add(sums: RoundSums, message: ClientMessage) -> RoundSums:
         weight = client_weight(message.num_samples, message.multiplicity, aggregation)
@@ -192,12 +261,18 @@ def build(
         if uses_fisher:
             fisher_sum = fisher_sum + message.fisher_change
             weighted_model_sum = weighted_model_sum + message.weighted_model_change
-        return RoundSums(sums.client_models.add(message.params, weight), extra, sums.start_params, fisher_sum, weighted_model_sum)
+        model = message.params - sums.start_params if sums.relative else message.params
+        client_models = sums.client_models.add(model, weight)
+        return RoundSums(client_models, extra, sums.start_params, fisher_sum, weighted_model_sum, sums.relative)
 
     def aggregation_finish(server: ServerState, sums: RoundSums, context: RoundContext):
-        client_average = sums.client_models.value()
+        denominator = context.mean_denominator
+        client_average = sums.client_models.value(denominator)
+        if sums.relative:
+            client_average = sums.start_params + client_average
         if sums.incomplete_extra is not None:
-            client_average = client_average + sums.incomplete_extra / sums.client_models.weight
+            weight = sums.client_models.weight if denominator is None else denominator
+            client_average = client_average + sums.incomplete_extra / weight
         params, optimizer_state = apply_server_optimizer(
             server_optimizer, server.optimizer_state, server.params, client_average, context.server_learning_rate
         )
@@ -209,9 +284,11 @@ def build(
             return ClientView(server.params, None, None)
         return ClientView(server.params, server.fisher_sum, server.weighted_model_sum)
 
+    refusal = privacy_refusal(incomplete, aggregation)
     fold = ServerFold(aggregation_start, aggregation_add, aggregation_finish)
     return Algorithm("efl", server_init, client_objective, client_finish, fold.server_update, broadcast,
-                     client_state_init=client_state_init, server_fold=fold)
+                     client_state_init=client_state_init, server_fold=fold,
+                     privacy=privacy_form(uses_fisher) if refusal is None else None, privacy_refusal=refusal)
 
 
 def from_config(config: Config, server_optimizer: Any) -> Algorithm:

@@ -611,3 +611,32 @@ HAND_CASE = {
     "drift": None,
     "metrics": [{"fisher_sum_norm": 2.5}, {"fisher_sum_norm": 2.5}],
 }
+
+
+def test_adaptive_extra_divides_by_the_public_denominator_when_set():
+    # The adaptive weights have no privacy form (E/s_k is unbounded by any clip), but the fold still honours
+    # RoundContext.mean_denominator everywhere it takes a mean: the extra Σ (E/s_k − 1)(θ_k − θ) too.
+    algorithm = efl.build(sgd(), elastic=0.0, incomplete="adaptive", aggregation="uniform")
+    assert algorithm.privacy is None and '"drop" or "plain"' in algorithm.privacy_refusal
+    server = algorithm.server_init(torch.zeros(2, dtype=torch.float64))
+    messages = [
+        efl.ClientMessage(torch.tensor([2.0, 0.0], dtype=torch.float64), None, None, 10, 1, 1.0),
+        efl.ClientMessage(torch.tensor([0.0, 2.0], dtype=torch.float64), None, None, 10, 1, 0.5),
+    ]
+    private, _ = algorithm.server_update(server, messages, RoundContext(1, 10, 2, 1.0, mean_denominator=4.0))
+    # ((2, 0) + (0, 2))/4 + 1·(2 − 1)·(0, 2)/4 = (0.5, 1)
+    assert torch.equal(private.params, torch.tensor([0.5, 1.0], dtype=torch.float64))
+    plain, _ = algorithm.server_update(server, messages, RoundContext(1, 10, 2, 1.0))
+    assert torch.equal(plain.params, torch.tensor([1.0, 2.0], dtype=torch.float64))  # (1, 1) + (0, 2)/2
+
+
+def test_efl_releases_the_model_change_and_the_fisher_changes_in_one_vector():
+    algorithm = efl.build(sgd(), elastic=0.5, incomplete="drop", aggregation="uniform")
+    view = algorithm.broadcast(algorithm.server_init(torch.tensor([1.0, 1.0])))
+    change_u, change_v = torch.tensor([0.5, 0.25]), torch.tensor([1.0, 0.75])
+    message = efl.ClientMessage(torch.tensor([2.0, 3.0]), change_u, change_v, 9, 1, 1.0)
+    x = algorithm.privacy.release(view, message)
+    assert torch.equal(x, torch.tensor([1.0, 2.0, 0.5, 0.25, 1.0, 0.75]))
+    carrier = algorithm.privacy.restore(view, None, x)
+    assert (carrier.multiplicity, carrier.completed_fraction) == (1, 1.0)
+    assert torch.equal(carrier.params, message.params) and torch.equal(carrier.fisher_change, message.fisher_change)

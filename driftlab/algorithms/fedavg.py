@@ -19,6 +19,18 @@ uploaded, as in the FedProx authors' FedAvg baseline); ``"keep"`` averages them
 like everyone else.  An inactive client sends nothing.  If no client reports,
 the server model stays as it is.
 
+Under ``[privacy]`` (client-level DP, ``driftlab.privacy``): a message reveals
+``x_k = θ_k − θ^{t−1}`` (``Algorithm.privacy``).  With ``aggregation =
+"uniform"`` the fold is ``θ̄ = θ^{t−1} + Σ_P x_k / m``, linear in the released
+vectors with unit weight per message, so clipping each ``x_k`` to norm C makes
+the sensitivity of ``Σ_P x_k`` C (adding or removing one client) and the
+server's noise N(0, σ²) on that sum is noise σ/m on ``θ̄``; ``m`` is the public
+``RoundContext.mean_denominator`` (the expected cohort qN), since ``|P|`` is
+itself private.  The promise holds for multiplicity 1 (poisson or uniform
+sampling; a client drawn twice by ``sampling.mode = "weighted"`` would weigh
+twice).  ``aggregation = "weighted"`` has no form: its weights ``n_k`` are
+private and unbounded.
+
 Example:
     >>> from driftlab.algorithms import fedavg
     >>> from driftlab.optim.server import make_server_optimizer
@@ -35,10 +47,24 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from driftlab.algorithms.aggregation import RunningMean, check_aggregation, client_weight
+from driftlab.algorithms.aggregation import (
+    WEIGHTED_REFUSAL,
+    ChangeSums,
+    RunningMean,
+    check_aggregation,
+    client_weight,
+    model_change_form,
+)
 from driftlab.optim.apply import apply_server_optimizer
-from driftlab.simulation.seam import NO_CORRECTION, Algorithm, ClientContext, ClientUpdate, GradientCorrection, RoundContext, ServerFold
-
+from driftlab.simulation.seam import (
+    NO_CORRECTION,
+    Algorithm,
+    ClientContext,
+    ClientUpdate,
+    GradientCorrection,
+    RoundContext,
+    ServerFold,
+)
 
 class Config(BaseModel):
     """``[algorithm]`` section for FedAvg (the server optimizer is chosen in ``[server]``)."""
@@ -89,23 +115,32 @@ def build(server_optimizer: Any, aggregation: str = "weighted", incomplete: str 
             return None, None
         return None, ClientMessage(update.final_params, context.num_samples, context.multiplicity)
 
-    def aggregation_start(server: ServerState, context: RoundContext) -> RunningMean:
+    def aggregation_start(server: ServerState, context: RoundContext) -> RunningMean | ChangeSums:
+        if context.mean_denominator is not None:
+            return ChangeSums(server.params, RunningMean())
         return RunningMean()
 
-    def aggregation_add(client_models: RunningMean, message: ClientMessage) -> RunningMean:
+    def aggregation_add(client_models: RunningMean | ChangeSums, message: ClientMessage) -> RunningMean | ChangeSums:
         return client_models.add(message.params, client_weight(message.num_samples, message.multiplicity, aggregation))
 
-    def aggregation_finish(server: ServerState, client_models: RunningMean, context: RoundContext) -> tuple[ServerState, dict[str, float]]:
+    def aggregation_finish(
+        server: ServerState, client_models: RunningMean | ChangeSums, context: RoundContext
+    ) -> tuple[ServerState, dict[str, float]]:
+        client_average = client_models.value(context.mean_denominator)
         params, optimizer_state = apply_server_optimizer(
-            server_optimizer, server.optimizer_state, server.params, client_models.value(), context.server_learning_rate
+            server_optimizer, server.optimizer_state, server.params, client_average, context.server_learning_rate
         )
         return ServerState(params, optimizer_state), {}
 
     def broadcast(server: ServerState) -> ClientView:
         return ClientView(server.params)
 
+    # Unit weight: uniform aggregation counts a message by its multiplicity, 1 under poisson or uniform sampling.
+    form = model_change_form(lambda params: ClientMessage(params, num_samples=1, multiplicity=1))
+    private = aggregation == "uniform"
     fold = ServerFold(aggregation_start, aggregation_add, aggregation_finish)
-    return Algorithm("fedavg", server_init, client_objective, client_finish, fold.server_update, broadcast, server_fold=fold)
+    return Algorithm("fedavg", server_init, client_objective, client_finish, fold.server_update, broadcast,
+                     server_fold=fold, privacy=form if private else None, privacy_refusal=None if private else WEIGHTED_REFUSAL)
 
 
 def from_config(config: Config, server_optimizer: Any) -> Algorithm:

@@ -256,3 +256,28 @@ def test_fedavg_rejects_unknown_aggregation():
 #   → (1.1875,1.125) → (1.59375,0.5625); client 1: → (0.1875,3.125) → (0.09375,3.5625);
 #   θ^2 = ¼(1.59375,0.5625) + ¾(0.09375,3.5625) = (0.46875, 2.8125).
 HAND_CASE = {"config": {}, "params": [(0.375, 2.25), (0.46875, 2.8125)], "drift": None}
+
+
+def test_fedavg_private_round_averages_changes_over_the_public_denominator():
+    # mean_denominator m: θ + Σ_P r_k (θ_k − θ) / m; a client drawn twice (multiplicity 2) still counts twice,
+    # which is why the privacy form's promise is for multiplicity 1 (poisson or uniform sampling).
+    algorithm = fedavg.build(make_server_optimizer("sgd"), aggregation="uniform")
+    server = algorithm.server_init(torch.tensor([1.0, 1.0]))
+    messages = [
+        fedavg.ClientMessage(torch.tensor([3.0, 1.0]), 10, 2),
+        fedavg.ClientMessage(torch.tensor([1.0, 5.0]), 10, 1),
+    ]
+    new_server, _ = algorithm.server_update(server, messages, RoundContext(1, 10, 2, 1.0, mean_denominator=4.0))
+    assert torch.equal(new_server.params, torch.tensor([2.0, 2.0]))  # (1, 1) + (2·(2, 0) + (0, 4))/4
+    plain, _ = algorithm.server_update(server, messages, RoundContext(1, 10, 2, 1.0))
+    assert torch.equal(plain.params, torch.tensor([7.0 / 3.0, 7.0 / 3.0]))  # (2·(3, 1) + (1, 5))/3
+
+
+def test_fedavg_privacy_form_only_with_uniform_aggregation():
+    weighted = fedavg.build(make_server_optimizer("sgd"), aggregation="weighted", incomplete="keep")
+    assert weighted.privacy is None and 'set algorithm.aggregation = "uniform"' in weighted.privacy_refusal
+    uniform = fedavg.build(make_server_optimizer("sgd"), aggregation="uniform", incomplete="keep")
+    view = uniform.broadcast(uniform.server_init(torch.tensor([1.0, 2.0])))
+    carrier = uniform.privacy.restore(view, None, torch.tensor([0.5, -1.0]))
+    assert isinstance(carrier, fedavg.ClientMessage) and carrier.multiplicity == 1
+    assert torch.equal(carrier.params, torch.tensor([1.5, 1.0]))

@@ -49,6 +49,17 @@ number of steps it did (its ``λ_k`` moves by what it did); a client that does
 not report sends nothing and keeps its ``λ_k``, which still counts in
 ``mean_S λ_k``.
 
+Under ``[privacy]``: a message reveals ``x_k = θ_k − θ^{t−1}``, the increment
+the server adds to ``Σ_S λ_k`` too.  The server update is linear in ``Σ_P x_k``
+with unit weight per message: ``mean_P θ_k = θ^{t−1} + Σ_P x_k / m`` with the
+public expected cohort m (``RoundContext.mean_denominator``), and ``Σ_S λ_k``
+gains ``Σ_P x_k`` (divided by the public N in ``mean_S λ_k``).  Clipped to C,
+one client moves ``Σ_P x_k`` by at most C; the server's noise N(0, σ²) on that
+sum reaches ``mean_P θ_k`` as σ/m and stays in ``Σ_S λ_k`` (σ/N in θ, summed over
+rounds: the server's λ-sum is a released aggregate).  The promise holds for
+multiplicity 1 (a client drawn twice counts twice in the mean, once in the
+λ-sum).  ``λ_k`` itself never leaves the client.
+
 Example:
     >>> import torch
     >>> from driftlab.algorithms import feddyn
@@ -67,6 +78,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from driftlab.algorithms.aggregation import RunningMean
+from driftlab.algorithms.aggregation import model_change_form
 from driftlab.simulation.seam import Algorithm, ClientContext, ClientUpdate, GradientCorrection, RoundContext, ServerFold
 
 BALANCES = ("by_size", "none")
@@ -113,9 +125,12 @@ class ClientMessage:
 class RoundSums:
     """The server's running sums over a round's messages: ``Σ_P θ_k`` (by multiplicity) and ``Σ_S λ_k`` so far."""
 
-    client_models: RunningMean
+    client_models: RunningMean  # Σ_P θ_k, or Σ_P (θ_k − θ^{t−1}) when relative
     start_params: torch.Tensor  # θ^{t−1}
     dual_sum: torch.Tensor
+    # A private round (RoundContext.mean_denominator set) sums the changes θ_k − θ^{t−1}, so that its mean
+    # θ^{t−1} + Σ_P (θ_k − θ^{t−1}) / m depends on the released changes only (not on the private |P|).
+    relative: bool = False
 
 
 def client_alpha(alpha: float, balance: str, context: ClientContext) -> float:
@@ -147,19 +162,25 @@ def build(alpha: float = 0.01, balance: str = "by_size") -> Algorithm:
         return ClientState(dual), ClientMessage(update.final_params, context.multiplicity)
 
     def aggregation_start(server: ServerState, context: RoundContext) -> RoundSums:
-        return RoundSums(RunningMean(), server.params, server.dual_sum)
+        return RoundSums(RunningMean(), server.params, server.dual_sum, relative=context.mean_denominator is not None)
 
     def aggregation_add(sums: RoundSums, message: ClientMessage) -> RoundSums:
         # Σ_S λ_k gains each reporting client once, with the increment it added to its own λ_k.
+        change = message.params - sums.start_params
         return RoundSums(
-            sums.client_models.add(message.params, float(message.multiplicity)),
+            sums.client_models.add(change if sums.relative else message.params, float(message.multiplicity)),
             sums.start_params,
-            sums.dual_sum + (message.params - sums.start_params),
+            sums.dual_sum + change,
+            sums.relative,
         )
 
     def aggregation_finish(server: ServerState, sums: RoundSums, context: RoundContext) -> tuple[ServerState, dict[str, float]]:
         dual_mean = sums.dual_sum / context.num_registered
-        params = sums.client_models.value() + dual_mean
+        if sums.relative:
+            client_mean = sums.start_params + sums.client_models.value(context.mean_denominator)
+        else:
+            client_mean = sums.client_models.value()
+        params = client_mean + dual_mean
         return ServerState(params, sums.dual_sum), {"drift_norm": float(torch.linalg.vector_norm(dual_mean))}
 
     def broadcast(server: ServerState) -> ClientView:
@@ -174,7 +195,8 @@ def build(alpha: float = 0.01, balance: str = "by_size") -> Algorithm:
 
     fold = ServerFold(aggregation_start, aggregation_add, aggregation_finish)
     return Algorithm("feddyn", server_init, client_objective, client_finish, fold.server_update, broadcast,
-                     client_state_init=client_state_init, client_joined=client_joined, client_left=client_left, server_fold=fold)
+                     client_state_init=client_state_init, client_joined=client_joined, client_left=client_left,
+                     server_fold=fold, privacy=model_change_form(lambda params: ClientMessage(params, multiplicity=1)))
 
 
 def from_config(config: Config, server_optimizer: Any) -> Algorithm:

@@ -183,3 +183,16 @@ def test_only_feddyn_and_adabest_fix_the_server_lr() -> None:
     from driftlab.algorithms import registry
 
     assert {name for name in registry.BUILT_IN if not registry.ALGORITHMS[name].uses_server_lr} == {"feddyn", "adabest"}
+
+
+def test_feddyn_private_round_means_changes_over_the_denominator_and_sums_them_once_into_the_lambda_sum():
+    algorithm = feddyn.build(alpha=0.1)
+    server = feddyn.ServerState(params=torch.tensor([1.0, 1.0]), dual_sum=torch.tensor([0.0, 4.0]))
+    # A client drawn twice counts twice in the mean but once in Σλ (so the form's promise is for multiplicity 1).
+    messages = [feddyn.ClientMessage(torch.tensor([3.0, 1.0]), 2), feddyn.ClientMessage(torch.tensor([1.0, 5.0]), 1)]
+    new_server, _ = algorithm.server_update(server, messages, RoundContext(1, 4, 2, 1.0, mean_denominator=4.0))
+    # mean = (1, 1) + (2·(2, 0) + (0, 4))/4 = (2, 2); Σλ = (0, 4) + (2, 0) + (0, 4) = (2, 8); θ = (2, 2) + (0.5, 2)
+    assert torch.equal(new_server.dual_sum, torch.tensor([2.0, 8.0]))
+    assert torch.equal(new_server.params, torch.tensor([2.5, 4.0]))
+    view = algorithm.broadcast(server)
+    assert torch.equal(algorithm.privacy.release(view, messages[0]), torch.tensor([2.0, 0.0]))

@@ -35,6 +35,15 @@ Communication: two model-sized vectors each way per client (``Δy_k, Δc_k`` up;
 
 Metric ``drift_norm`` = ``‖c‖`` after the update.
 
+Under ``[privacy]``: a message reveals ``x_k = cat(Δy_k, Δc_k)`` (both fields,
+clipped together to norm C: one client changes ``Σ_P x_k`` by at most C).  The
+server update is linear in ``Σ_P x_k`` with unit weight per message:
+``mean_P Δy_k = Σ_P Δy_k / m`` with the public expected cohort m
+(``RoundContext.mean_denominator``) and ``c += Σ_P Δc_k / N`` as ever, so noise
+N(0, σ²) on the sum reaches θ as σ/m (times η_g) and c as σ/N.  The promise
+holds for multiplicity 1 (a client drawn twice counts twice in ``Σ Δy_k`` but
+once in ``Σ Δc_k``).  ``c_k`` itself never leaves the client.
+
 Example:
     >>> import torch
     >>> from driftlab.algorithms import scaffold
@@ -55,7 +64,15 @@ import torch
 from pydantic import BaseModel, ConfigDict
 
 from driftlab.algorithms.aggregation import RunningMean
-from driftlab.simulation.seam import Algorithm, ClientContext, ClientUpdate, GradientCorrection, RoundContext, ServerFold
+from driftlab.simulation.seam import (
+    Algorithm,
+    ClientContext,
+    ClientUpdate,
+    GradientCorrection,
+    PrivacyForm,
+    RoundContext,
+    ServerFold,
+)
 
 
 class Config(BaseModel):
@@ -100,6 +117,24 @@ class RoundSums:
     control_delta_sum: torch.Tensor | None
 
 
+def privacy_form() -> PrivacyForm:
+    """SCAFFOLD's ``PrivacyForm``: a message releases ``cat(Δy_k, Δc_k)``; the carrier counts once (multiplicity 1)."""
+
+    def release(view: ClientView, message: ClientMessage) -> torch.Tensor:
+        return torch.cat((message.params_delta, message.control_delta))
+
+    def restore(view: ClientView, message: ClientMessage | None, vector: torch.Tensor) -> ClientMessage:
+        params_delta, control_delta = vector.split(view.params.numel())
+        if message is None:
+            return ClientMessage(params_delta, control_delta, multiplicity=1)
+        return ClientMessage(params_delta, control_delta, message.multiplicity)
+
+    def size(view: ClientView) -> int:
+        return 2 * view.params.numel()
+
+    return PrivacyForm(release, restore, size=size)
+
+
 def build(server_optimizer: Any) -> Algorithm:
     """SCAFFOLD option II whose θ-update applies ``server_optimizer`` to ``q = −mean_P Δy_k``."""
 
@@ -134,8 +169,10 @@ def build(server_optimizer: Any) -> Algorithm:
         return RoundSums(sums.params_delta.add(message.params_delta, float(message.multiplicity)), control)
 
     def aggregation_finish(server: ServerState, sums: RoundSums, context: RoundContext) -> tuple[ServerState, dict[str, float]]:
+        # mean_P Δy_k; a private round divides by its public expected cohort (RoundContext.mean_denominator).
+        mean_params_delta = sums.params_delta.value(context.mean_denominator)
         params, optimizer_state = server_optimizer.update(
-            server.optimizer_state, server.params, -sums.params_delta.value(), context.server_learning_rate
+            server.optimizer_state, server.params, -mean_params_delta, context.server_learning_rate
         )
         # (|P|/N) mean_P Δc_k = (1/N) Σ_P Δc_k.
         control = server.control + sums.control_delta_sum / context.num_registered
@@ -147,7 +184,7 @@ def build(server_optimizer: Any) -> Algorithm:
 
     fold = ServerFold(aggregation_start, aggregation_add, aggregation_finish)
     return Algorithm("scaffold", server_init, client_objective, client_finish, fold.server_update, broadcast,
-                     client_state_init=client_state_init, server_fold=fold)
+                     client_state_init=client_state_init, server_fold=fold, privacy=privacy_form())
 
 
 def from_config(config: Config, server_optimizer: Any) -> Algorithm:

@@ -102,3 +102,27 @@ def test_traffic_is_two_models_each_way_per_client() -> None:
 #   θ^2 = θ^1 + mean Δy = (0.75,1.5) + (−0.09375,−0.1875) = (0.65625, 1.3125);
 #   c = (−0.375,−0.75) + ¼(0.9375,1.875) = (−0.140625,−0.28125), ‖c‖ = 0.140625√5.
 HAND_CASE = {"config": {}, "params": [(0.75, 1.5), (0.65625, 1.3125)], "drift": [0.375 * math.sqrt(5), 0.140625 * math.sqrt(5)]}
+
+
+def test_scaffold_private_round_divides_the_model_mean_by_the_denominator_and_the_control_sum_by_n():
+    algorithm = scaffold.build(make_server_optimizer("sgd"))
+    server = algorithm.server_init(vector(0.0, 0.0))
+    # A client drawn twice: Δy counts twice in the mean, Δc once (so the form's promise is for multiplicity 1).
+    messages = [scaffold.ClientMessage(vector(2.0, 0.0), vector(4.0, 0.0), 2),
+                scaffold.ClientMessage(vector(0.0, 4.0), vector(0.0, 4.0), 1)]
+    new_server, _ = algorithm.server_update(server, messages, RoundContext(1, 8, 2, 1.0, mean_denominator=4.0))
+    assert torch.equal(new_server.params, vector(1.0, 1.0))  # (2·(2, 0) + (0, 4))/4
+    assert torch.equal(new_server.control, vector(0.5, 0.5))  # ((4, 0) + (0, 4))/8, as without privacy
+    plain, _ = algorithm.server_update(server, messages, RoundContext(1, 8, 2, 1.0))
+    assert torch.equal(plain.params, vector(4.0 / 3.0, 4.0 / 3.0))
+    assert torch.equal(plain.control, vector(0.5, 0.5))
+
+
+def test_scaffold_releases_both_deltas_in_field_order():
+    algorithm = scaffold.build(make_server_optimizer("sgd"))
+    view = algorithm.broadcast(algorithm.server_init(vector(5.0, 5.0)))
+    message = scaffold.ClientMessage(vector(1.0, 2.0), vector(3.0, 4.0), 1)
+    assert torch.equal(algorithm.privacy.release(view, message), vector(1.0, 2.0, 3.0, 4.0))
+    carrier = algorithm.privacy.restore(view, None, vector(-1.0, -2.0, -3.0, -4.0))
+    assert torch.equal(carrier.params_delta, vector(-1.0, -2.0))
+    assert torch.equal(carrier.control_delta, vector(-3.0, -4.0)) and carrier.multiplicity == 1

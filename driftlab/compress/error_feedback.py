@@ -34,12 +34,28 @@ value, whatever the algorithm); ``wire_form()`` empties that field and
 ``rebuilt(θ_start)`` recomputes it bit for bit; the compressed algorithm's
 ``codec`` (``compressed_codec``) does both for a deployment, which never names
 the payload type.  The simulator's server reads the message itself.
-Downloads still travel dense (their bits are counted as ST, as above).
+Downloads still travel dense (their bits are counted as ST, as above).  A
+message none of whose fields is θ_k or its change is sent whole and costs its
+whole ``payload_bits``: nothing of it travels compressed.
+
+Client-level DP (``driftlab.privacy``) wraps this combinator, in this order:
+``with_privacy(with_compression(algorithm))``.  Privacy clips what the client
+actually uploads, the compressed message, because the residual carries earlier
+rounds' updates into each upload: a clip of θ_k − θ_start before compression
+would bound nothing that is sent.  The compressed algorithm's ``PrivacyForm``
+is the wrapped algorithm's, read through the payload (``compressed_privacy``):
+it releases what the payload reveals, and clips a compressed message by
+scaling its ternary μ (``TernaryVector.scaled``), so a clipped message still
+travels compressed at the same bits.  What clipping removes is not fed back
+into the client's residual (R_k keeps Δ_k − ST(Δ_k)): fed back, the residual
+would carry the clipped-away part into later uploads, whose own clip bounds
+them anyway, so it would only grow the residual without passing the bound.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -47,7 +63,15 @@ import torch
 
 from driftlab.compress.ternary import TernaryVector, compress_model
 from driftlab.metrics.communication import BITS_PER_ENTRY, payload_bits
-from driftlab.simulation.seam import Algorithm, ClientContext, ClientUpdate, MessageCodec, RoundContext, ServerFold
+from driftlab.simulation.seam import (
+    Algorithm,
+    ClientContext,
+    ClientUpdate,
+    MessageCodec,
+    PrivacyForm,
+    RoundContext,
+    ServerFold,
+)
 
 
 @dataclass(frozen=True)
@@ -187,18 +211,62 @@ def with_compression(algorithm: Algorithm, ratio: float, tensor_sizes: Sequence[
         return lambda server, client: dataclasses.replace(server, inner=hook(server.inner, client.inner if client is not None else None))
 
     joined, left = membership_hook(algorithm.client_joined), membership_hook(algorithm.client_left)
-    fold = ServerFold(aggregation_start, aggregation_add, aggregation_finish)
+    fold = ServerFold(aggregation_start, aggregation_add, aggregation_finish, finishes_empty=inner_fold.finishes_empty)
     _, upload_bits = compress_model(torch.zeros(num_parameters), sizes, ratio)  # ST's bits depend on the sizes only
     codec = compressed_codec(upload_bits - model_bits)
+    privacy = compressed_privacy(algorithm.privacy) if algorithm.privacy is not None else None
     return Algorithm(algorithm.name, server_init, client_objective, client_finish, fold.server_update, broadcast,
                      client_state_init=client_state_init, client_joined=joined, client_left=left, server_fold=fold,
-                     codec=codec)
+                     codec=codec, privacy=privacy, privacy_refusal=algorithm.privacy_refusal)
+
+
+def compressed_privacy(form: PrivacyForm) -> PrivacyForm:
+    """The ``PrivacyForm`` of a compressed algorithm whose wrapped algorithm has ``form`` (module docstring).
+
+    ``release``: what the payload reveals, ``form.release(view.inner, m.payload)``.
+    ``restore(view, None, v)``: a carrier, the wrapped form's carrier in a ``CompressedPayload`` of 0 bits (the
+    server folds it itself; it is never sent).  ``restore(view, m, v)``: the payload restored and sent dense (its
+    model field is no longer ternary: local noise), at the bits of its dense payload.
+    ``scaled(view, m, s)``: for a message that carries ST(Δ_k), the message whose ternary is the same signs and
+    positions with each μ times s (same bits), whose model field is rebuilt from it exactly as its receiver
+    rebuilds it (``rebuilt(view.params)``), and whose other released fields are scaled by the wrapped form, so a
+    clipped message still travels compressed and arrives equal to itself; for a message sent dense, the wrapped
+    form's scale of its payload (its bits stay).  A negative factor (never a clip) restores the scaled vector dense.
+    """
+
+    def release(view: CompressedClientView, message: CompressedPayload) -> torch.Tensor:
+        return form.release(view.inner, message.payload)
+
+    def restore(
+        view: CompressedClientView, message: CompressedPayload | None, vector: torch.Tensor
+    ) -> CompressedPayload:
+        if message is None:
+            return CompressedPayload(form.restore(view.inner, None, vector), bits=0)
+        payload = form.restore(view.inner, message.payload, vector)
+        return CompressedPayload(payload, payload_bits(payload))
+
+    def scaled(view: CompressedClientView, message: CompressedPayload, factor: float) -> CompressedPayload:
+        if message.model is None:
+            return dataclasses.replace(message, payload=form.scale(view.inner, message.payload, factor))
+        if not (math.isfinite(factor) and factor >= 0):
+            return restore(view, message, release(view, message) * factor)
+        payload = form.scale(view.inner, message.payload, factor)  # the fields other than the model's
+        name = dataclasses.fields(payload)[message.model_field].name
+        emptied = dataclasses.replace(payload, **{name: None})
+        sent = dataclasses.replace(message, payload=emptied, model=message.model.scaled(factor))
+        return sent.rebuilt(view.params)  # the model field as the receiver computes it, bit for bit
+
+    def size(view: CompressedClientView) -> int:
+        return form.size(view.inner)
+
+    return PrivacyForm(release, restore, scaled, size=None if form.size is None else size)
 
 
 def compressed_codec(model_bits_saved: int) -> MessageCodec:
     """How a ``CompressedPayload`` travels (``MessageCodec``): as ``wire_form()``, its model field empty, and received as
     ``rebuilt(θ_start)``, its ``bits`` checked against the receiver's own count of what arrived (``client_finish``'s
-    formula: the payload's bits plus ``model_bits_saved``, ST(Δ_k)'s bits less the dense model's), never the sender's."""
+    formula: the payload's bits plus ``model_bits_saved``, ST(Δ_k)'s bits less the dense model's; a message sent
+    whole, its payload's bits), never the sender's."""
 
     def from_wire(sent: Any, start_params: torch.Tensor) -> CompressedPayload:
         if not isinstance(sent, CompressedPayload):
@@ -208,7 +276,8 @@ def compressed_codec(model_bits_saved: int) -> MessageCodec:
             message = sent.rebuilt(start_params)
         except ValueError as error:
             raise ValueError(f"compressed message does not fit: {error}") from None
-        expected = payload_bits(message.payload) + model_bits_saved
+        # a message sent whole (no field of it is θ_k or its change, or it was restored dense) costs its whole payload
+        expected = payload_bits(message.payload) + (model_bits_saved if message.model_form != MODEL_SENT_DENSE else 0)
         if type(message.bits) is not int or message.bits != expected:
             raise ValueError(f"the compressed message claims {message.bits!r} bits, what arrived costs {expected}")
         return message
@@ -220,7 +289,8 @@ def compressed_codec(model_bits_saved: int) -> MessageCodec:
 def compressed_message(
     message: Any, bits: int, sent: torch.Tensor, sizes: tuple[int, ...], start: torch.Tensor, final: torch.Tensor
 ) -> CompressedPayload:
-    """``message`` and, when one of its fields is θ_k (``final``) or its change, that field's compressed form ST(Δ_k) (``sent``).
+    """``message`` and, when one of its fields is θ_k (``final``) or its change, that field's compressed form
+    ST(Δ_k) (``sent``) at ``bits``; otherwise ``message`` alone, sent whole at its own ``payload_bits``.
 
     The field is found by what it holds, not by the algorithm's name: the
     first top-level field that *is* ``final``, else the first equal to
@@ -240,7 +310,7 @@ def compressed_message(
                     found = (index, MODEL_IS_CHANGE)
                     break
     if found is None:
-        return CompressedPayload(message, bits)
+        return CompressedPayload(message, payload_bits(message))  # sent whole: nothing of it travels compressed
     index, form = found
     return CompressedPayload(message, bits, TernaryVector.from_dense(sent, sizes), index, form)
 

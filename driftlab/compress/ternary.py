@@ -152,6 +152,16 @@ class TernaryVector:
             offset += size
         return out.to(self.scales.device)
 
+    def scaled(self, factor: float) -> "TernaryVector":
+        """The same signs and positions with each piece's μ times ``factor`` ≥ 0: ``factor`` times the vector, still
+        ternary and of the same bits (client-level DP clips a compressed upload this way, so it travels compressed).
+
+        ``to_dense`` of the result is ``μ·factor·sign`` on the kept entries, the receiver's own product; ValueError for
+        a negative or non-finite factor (a sign flip would change the code, not the scales)."""
+        if not (math.isfinite(factor) and factor >= 0):
+            raise ValueError(f"a ternary vector scales by a finite factor ≥ 0, got {factor}")
+        return TernaryVector(self.sizes, self.counts, self.scales * factor, self.code)
+
     def check(self) -> None:
         """ValueError unless the counts, scales and code length agree with ``sizes``."""
         if len(self.counts) != len(self.sizes) or tuple(self.scales.shape) != (len(self.sizes),):

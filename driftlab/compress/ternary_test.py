@@ -7,6 +7,7 @@ import torch
 
 from driftlab.algorithms import fedavg
 from driftlab.compress import compress_model, kept_entries, sparse_ternary, ternary_bits, with_compression
+from driftlab.compress.ternary import TernaryVector
 from driftlab.optim.server import make_server_optimizer
 
 # n = 10, q = 0.3: k = 3; the three largest |T| are −4.0 (index 7), −3.0 (index 1), 2.0 (index 3).
@@ -121,3 +122,24 @@ def test_bad_ratio_is_rejected(ratio):
 def test_tensor_sizes_must_cover_the_vector():
     with pytest.raises(ValueError, match="tensor sizes"):
         compress_model(torch.zeros(5), (3, 1), 0.5)
+
+
+def test_a_scaled_ternary_vector_keeps_its_signs_positions_and_bits_and_scales_each_mu():
+    first = torch.tensor(HAND, dtype=torch.float64)
+    second = torch.tensor([0.5, -0.25, 2.5, 1.0], dtype=torch.float64)
+    out, bits = compress_model(torch.cat([first, second]), (10, 4), 0.3)
+    code = TernaryVector.from_dense(out, (10, 4))
+    half = code.scaled(0.5)
+    # μ = 3 for the first tensor, 2.5 for the second: halved, on the same entries with the same signs
+    assert half.to_dense().tolist() == [0.0, -1.5, 0.0, 1.5, 0.0, 0.0, 0.0, -1.5, 0.0, 0.0] + [0.0, 0.0, 1.25, 0.0]
+    assert half.scales.tolist() == [1.5, 1.25] and half.counts == code.counts == (3, 1)
+    assert torch.equal(half.code, code.code) and half.sizes == code.sizes
+    assert half.bits == code.bits == bits
+    assert torch.equal(code.scaled(1.0).to_dense(), out)  # scaling by 1 is the vector itself, bit for bit
+
+
+@pytest.mark.parametrize("factor", [-0.5, float("inf"), float("nan")])
+def test_a_ternary_vector_scales_only_by_a_finite_non_negative_factor(factor):
+    code = TernaryVector.from_dense(compress_model(torch.tensor(HAND, dtype=torch.float64), (10,), 0.3)[0], (10,))
+    with pytest.raises(ValueError, match="finite factor ≥ 0"):
+        code.scaled(factor)

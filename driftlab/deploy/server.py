@@ -164,7 +164,7 @@ from driftlab.deploy.messages import (
 from driftlab.deploy.node import DeploymentClient
 from driftlab.deploy.node_state import TOKEN_BYTES
 from driftlab.errors import ConfigError
-from driftlab.experiments.assembly import build_simulation, load_data
+from driftlab.experiments.assembly import build_simulation, load_data, privacy_run_info
 from driftlab.experiments.config import ExperimentConfig, load_config
 from driftlab.experiments import run_directory
 from driftlab.experiments.lifecycle import RunResult, run_rounds
@@ -214,8 +214,9 @@ def planned_message(algorithm: Algorithm, view: Any, context: ClientContext, ste
 def _check_planned(received: Any, planned: Any, path: str, distances: dict[str, float], unplanned: tuple[str, ...] = ()) -> None:
     """MessageRejected where a scalar of ``received`` is not ``planned``'s; each tensor's distance from ``planned``'s into ``distances``.
 
-    The top-level fields ``unplanned`` (the codec's, ``MessageCodec.unplanned``: a compressed message's ``bits``,
-    which the codec checked, and its compressed model, whose rebuilt field is measured) are not compared.
+    The fields ``unplanned`` (the codec's, ``MessageCodec.unplanned``: a compressed message's ``bits``,
+    which the codec checked, and its compressed model, whose rebuilt field is measured) are not compared; a name
+    ``outer/inner`` is a field of a nested message (a private message wrapping a compressed one).
     """
     if planned is None or received is None:
         if planned is not received:
@@ -238,7 +239,8 @@ def _check_planned(received: Any, planned: Any, path: str, distances: dict[str, 
     if dataclasses.is_dataclass(planned):
         for name in (field.name for field in dataclasses.fields(planned)):
             if name not in unplanned:
-                _check_planned(getattr(received, name), getattr(planned, name), f"{path}/{name}", distances)
+                nested = tuple(entry.split("/", 1)[1] for entry in unplanned if entry.startswith(f"{name}/"))
+                _check_planned(getattr(received, name), getattr(planned, name), f"{path}/{name}", distances, nested)
         return
     if type(received) is not type(planned) or received != planned:
         raise wire.MessageRejected(f"{path} is {_shown(received)}, the server planned {planned!r} (its registration and its plan decide it)")
@@ -353,7 +355,7 @@ class DeploymentServer:
         # The client states live on the nodes: the server's store stays empty.
         state = SimulationState(0, state.server, InMemoryClientStore(None), None)
         rounds = _ServerRounds(self, out, config, sim)
-        result = run_rounds(rounds, out, config, sim, state, resume=self.resume, run_info={"deployment": True})
+        result = run_rounds(rounds, out, config, sim, state, resume=self.resume, run_info={"deployment": True, **privacy_run_info(config, sim.data.num_clients)})
         self.server_state = rounds.state.server
         return result
 
@@ -389,7 +391,8 @@ class DeploymentServer:
             request = TrainRequest(work.view, context, settings, self._last_accepted(context.client_id, t))
             asked.append(context)
             requests.append((node, wire.encode(request, run_fingerprint=fingerprint, round=t, client_id=context.client_id)))
-        replies = self.transport.exchange(requests, self.timeouts.train)
+        # A round that asks nobody (poisson sampling selected no client, or none is hosted) waits for nothing.
+        replies = self.transport.exchange(requests, self.timeouts.train) if requests else {}
         messages: dict[int, Any] = {}
         steps_done: dict[int, int] = {}
         distances: dict[int, dict[str, float]] = {}

@@ -695,3 +695,62 @@ def test_a_reply_tuple_of_another_length_than_planned_is_rejected_not_cut_short(
     distances: dict[str, float] = {}
     _check_planned((torch.ones(2), 3), planned, "message/state", distances)
     assert distances == {"message/state/0": pytest.approx(2**0.5)}
+
+
+# ---------------------------------------------------------------- rounds that select nobody (poisson sampling)
+
+
+class _NoEmptyExchange(InProcessTransport):
+    """A transport that would wait its whole timeout on an empty exchange: the server must not ask it for one."""
+
+    def exchange(self, requests, timeout):
+        assert requests, "the server asked the nodes an empty exchange (a real transport could wait out its timeout)"
+        return super().exchange(requests, timeout)
+
+
+def test_a_deployment_round_that_selects_nobody_asks_no_node_and_equals_the_simulator(tmp_path):
+    # seed 0, 8 clients, q = 0.1: rounds 1 and 5 select nobody (the first round before any client trained)
+    config = _config(*ALGORITHMS["scaffold"], "sampling.mode=poisson", "sampling.participation=0.1", rounds=6)
+    simulated = driftlab.run(config)
+    assert [r["round"] for r in simulated.records if r["num_selected"] == 0] == [1, 5]
+    asked: list[int] = []
+
+    def intercept(client, request):
+        if _is(request, TrainRequest):
+            asked.append(wire.read_envelope(request, max_bytes=1 << 30).round)
+        return client.handle(request)
+
+    nodes = _Nodes(config, tmp_path / "state", intercept)
+    transport = _NoEmptyExchange(nodes.transport().nodes)
+    lines: list[str] = []
+    result = DeploymentServer(config.model_copy(update={"rounds": 5}), tmp_path / "out", transport, log=lines.append).run()
+    assert 1 not in asked and 5 not in asked and len(result.records) == 5
+    assert not [line for line in lines if "error" in line], lines  # nobody to ask is no failure
+    resumed = DeploymentServer(config, tmp_path / "out", transport, resume=True, log=lines.append).run()  # resumes after round 5
+    assert torch.equal(resumed.final_params, simulated.final_params)
+    assert _metrics(resumed.records) == _metrics(simulated.records)
+    assert _metrics(run_directory_records(tmp_path / "out")) == _metrics(simulated.records)
+
+
+# ---------------------------------------------------------------- client-level DP ([privacy]) deployed
+
+
+PRIVATE_CASES = {
+    # SCAFFOLD with clip 1, z 1 and poisson sampling: clipped on the nodes, bounded again and noised at the server
+    "central": [*ALGORITHMS["scaffold"], "sampling.mode=poisson", "privacy.clip=1", "privacy.noise_multiplier=1",
+                "privacy.delta=1e-3"],
+    # adaptive clipping: the clip travels with the broadcast and each client's bit with its message
+    "adaptive": ["algorithm.name=fedavg", "algorithm.aggregation=uniform", "sampling.participation=1",
+                 "privacy.clip=0.1", "privacy.noise_multiplier=0.5", "privacy.adaptive=true", "privacy.count_noise=1"],
+}
+
+
+@pytest.mark.parametrize("case", list(PRIVATE_CASES))
+def test_a_private_deployment_equals_the_simulator_bit_for_bit(tmp_path, case):
+    config = _config(*PRIVATE_CASES[case], rounds=4)
+    simulated = driftlab.run(config, tmp_path / "simulated")
+    deployed = run_in_process(config, tmp_path / "deployed", tmp_path / "node_state", num_nodes=3)
+    assert torch.equal(deployed.final_params, simulated.final_params)
+    assert _metrics(deployed.records) == _metrics(simulated.records)
+    assert all(record["privacy_noise_std"] > 0 for record in deployed.records)
+    assert any(record["privacy_clipped_fraction"] > 0 for record in deployed.records)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 from pathlib import Path
 from typing import Any, Callable, Union
 
@@ -27,12 +28,16 @@ from driftlab.plugins import import_function
 from driftlab.experiments.datasets import DataSetupError, build_dataset, prepared_custom_data, vocabulary_size
 from driftlab.models import registry as models
 from driftlab.optim.registry import build_server_optimizer
+from driftlab.privacy import accounting
+from driftlab.privacy.mechanism import no_form_refusal, with_privacy
+from driftlab.privacy.settings import AdaptiveClipping, PrivacySettings
 from driftlab.simulation.round.availability import AvailabilityModel, Membership, MembershipEvent
 from driftlab.simulation.round.setup import EvaluationPlan, RoundPlan, Simulation, SimulationState, make_client_stores
 from driftlab.simulation.backends.flat import FlatModel, binary_cross_entropy_per_example, objective_per_example
 from driftlab.simulation.backends.local_training import SequentialBackend
 from driftlab.simulation.backends.precision import check_precision, parameter_dtype
 from driftlab.simulation.round.randomness import Stream, torch_seed
+from driftlab.simulation.round.sampling import clients_per_round
 from driftlab.simulation.seam import Algorithm
 from driftlab.simulation.state.memory_budget import MemoryBudget, placed_bytes
 from driftlab.simulation.backends.vectorized import VectorizedBackend, auto_backend
@@ -145,17 +150,149 @@ def configured_algorithm(config: ExperimentConfig) -> Algorithm:
     return entry.from_config(config.algorithm, server_optimizer)
 
 
-def build_algorithm(config: ExperimentConfig, flat_model: FlatModel) -> Algorithm:
-    """The configured algorithm with its server optimizer, compressed when ``compression.ratio`` < 1."""
+def build_algorithm(config: ExperimentConfig, flat_model: FlatModel, num_clients: int | None = None) -> Algorithm:
+    """The configured algorithm with its server optimizer, compressed when ``compression.ratio`` < 1, and made
+    private by ``[privacy]``: ``with_privacy(with_compression(algorithm))``, so what is clipped and noised is what
+    a client sends.  ``num_clients`` is the data's N (``privacy_settings``); None: ``data.num_clients``.
+    """
     algorithm = configured_algorithm(config)
     entry = registry.ALGORITHMS[config.algorithm.name]
     ratio = config.compression.ratio
     if ratio is None:
         ratio = entry.default_compression_ratio
-    if ratio >= 1:
-        return algorithm
-    # The compressed bundle calls the guarded functions, and names the plugin as the bundle it wraps does.
-    return dataclasses.replace(with_compression(algorithm, ratio, flat_model.numels), plugin=algorithm.plugin)
+    built = algorithm
+    if ratio < 1:
+        # The compressed bundle calls the guarded functions, and names the plugin as the bundle it wraps does.
+        built = dataclasses.replace(with_compression(algorithm, ratio, flat_model.numels), plugin=algorithm.plugin)
+    if config.privacy is None:
+        return built
+    check_privacy_form(config, built)
+    settings = privacy_settings(config, config.data.num_clients if num_clients is None else num_clients)
+    try:
+        private = with_privacy(built, settings)
+    except ConfigError:
+        raise
+    except ValueError as error:  # the mechanism's refusal of a form it cannot use: a configuration to change
+        raise ConfigError(f"[privacy]: {error}") from None
+    return dataclasses.replace(private, plugin=algorithm.plugin)
+
+
+def check_privacy_form(config: ExperimentConfig, algorithm: Algorithm | None = None) -> None:
+    """ConfigError when ``[privacy]`` is set and the algorithm (the configured one, or ``algorithm``) gives no
+    ``PrivacyForm``: its refusal (``Algorithm.privacy_refusal``, naming the option to change), or what a plugin
+    lacks.  Called before any data is loaded (``build_simulation``) and again on the algorithm that is wrapped."""
+    if config.privacy is None:
+        return
+    algorithm = configured_algorithm(config) if algorithm is None else algorithm
+    if algorithm.privacy is not None:
+        return
+    if algorithm.privacy_refusal is not None:
+        raise ConfigError(f"[privacy] with algorithm {config.algorithm.name!r}: {algorithm.privacy_refusal}")
+    raise ConfigError(f"[privacy]: {no_form_refusal(config.algorithm.name)}")
+
+
+def privacy_settings(config: ExperimentConfig, num_clients: int) -> PrivacySettings | None:
+    """What ``config.privacy`` resolves to for a run on ``num_clients`` clients (None without ``[privacy]``).
+
+    q is ``sampling.participation`` with poisson sampling, else the fixed cohort m over N (1 with full participation);
+    the expected cohort m = q·N is the public denominator of means under central noise; the population is
+    ``privacy.population``, else N.  A ``target_epsilon`` is turned into the noise multiplier that spends at most it
+    in ``config.rounds`` rounds (``accounting.noise_multiplier_for``; local noise: its multiplier z/2 at q = 1).
+    ConfigError, before any round, for δ not below 1/population, a target no noise reaches, or adaptive
+    clipping whose count noise leaves the update no privacy.
+    """
+    privacy = config.privacy
+    if privacy is None:
+        return None
+    if num_clients < 1:
+        raise ConfigError("[privacy] needs clients: the data has none")
+    sampling = config.sampling
+    if sampling.mode == "poisson":
+        rate, cohort = sampling.participation, sampling.participation * num_clients
+    else:
+        cohort = clients_per_round(sampling.participation, num_clients)
+        rate = cohort / num_clients
+    population = privacy.population if privacy.population is not None else num_clients
+    delta = privacy.delta
+    if delta is not None and not delta < 1 / population:
+        whose = "privacy.population" if privacy.population is not None else "clients"
+        raise ConfigError(
+            f"privacy.delta = {delta:g} is not below 1/N = {1 / population:g} for N = {population} {whose}: a δ that "
+            f"large allows publishing some client's data outright; set privacy.delta below {1 / population:g} (e.g. "
+            f"{_suggested_delta(population):g})"
+        )
+    noise_multiplier = privacy.noise_multiplier
+    accounting_rate = rate if privacy.noise_cohort_size is None else min(1.0, privacy.noise_cohort_size / population)
+    if privacy.target_epsilon is not None:
+        noise_multiplier = _noise_multiplier_for(config, accounting_rate)
+    adaptive = None
+    if privacy.adaptive:
+        count_noise = privacy.count_noise if privacy.count_noise is not None else cohort / 20  # Andrew et al. 2021
+        adaptive = AdaptiveClipping(privacy.target_quantile, privacy.clip_learning_rate, count_noise)
+    try:
+        settings = PrivacySettings(
+            clip=privacy.clip,
+            noise_multiplier=noise_multiplier,
+            seed=config.seed,
+            sampling_rate=rate,
+            expected_cohort=cohort,
+            population=population,
+            noise=privacy.noise,
+            delta=delta,
+            accountant=privacy.accountant,
+            noise_cohort_size=privacy.noise_cohort_size,
+            adaptive=adaptive,
+        )
+        settings.update_noise_multiplier  # noqa: B018 - raises when σ_b leaves the update no privacy
+    except ValueError as error:
+        raise ConfigError(f"[privacy]: {error}") from None
+    return settings
+
+
+def _suggested_delta(population: int) -> float:
+    """A power of ten at most 1/(10·N): the usual δ ≪ 1/N."""
+    return 10.0 ** math.floor(math.log10(1 / (10 * population)))
+
+
+def _noise_multiplier_for(config: ExperimentConfig, accounting_rate: float) -> float:
+    """The noise multiplier that spends at most ``privacy.target_epsilon`` (within 0.5%) in ``config.rounds`` rounds."""
+    privacy = config.privacy
+    local = privacy.noise == "local"
+    try:
+        # local noise: each client's own messages, sensitivity 2C (multiplier z/2), every round (q = 1)
+        z = accounting.noise_multiplier_for(
+            privacy.target_epsilon, privacy.delta, 1.0 if local else accounting_rate, config.rounds, privacy.accountant
+        )
+    except ConfigError:
+        raise
+    except ValueError as error:
+        raise ConfigError(f"privacy.target_epsilon = {privacy.target_epsilon:g}: {error}") from None
+    return 2 * z if local else z
+
+
+def privacy_run_info(config: ExperimentConfig, num_clients: int) -> dict[str, Any]:
+    """run.json's ``privacy`` entry: the resolved noise multiplier, accountant, δ, the rates and the run's ε.
+
+    ``epsilon`` is ε after the run's ``rounds`` (its final ε when it completes; the metrics hold each round's),
+    ``"inf"`` without noise; absent without δ.  Empty without ``[privacy]``.
+    """
+    settings = privacy_settings(config, num_clients)
+    if settings is None:
+        return {}
+    info: dict[str, Any] = {
+        "noise_multiplier": settings.noise_multiplier,
+        "noise": settings.noise,
+        "accountant": settings.accountant,
+        "delta": settings.delta,
+        "sampling_rate": settings.accounting_rate,
+        "expected_cohort": settings.expected_cohort,
+        "population": settings.population,
+        "rounds": config.rounds,
+    }
+    epsilon = accounting.run_epsilon(settings, config.rounds)
+    if epsilon is not None:
+        info["epsilon"] = "inf" if math.isinf(epsilon) else epsilon  # strict JSON, as the report reads it
+    return {"privacy": info}
 
 
 def round_plan(config: ExperimentConfig) -> RoundPlan:
@@ -203,6 +340,7 @@ def build_simulation(
     if problem is not None:
         raise ConfigError(problem)
     dtype = parameter_dtype(config.precision)
+    check_privacy_form(config)  # before the data: an algorithm [privacy] cannot make private
     check_sizes(config)  # before the data: client counts and local work against the machine's memory
     if data is None:
         data = load_data(config)
@@ -211,7 +349,7 @@ def build_simulation(
     # the batch plan and the model's memory, then one forward pass on real examples (ConfigError on a mismatch)
     flat_model = checked_model(config, data, lambda: build_model(config, data, model, loss).to(device, dtype), device, dtype, model)
     initial_params = flat_model.initial_parameters().to(device, dtype)
-    algorithm = build_algorithm(config, flat_model)
+    algorithm = build_algorithm(config, flat_model, data.num_clients)  # [privacy]'s δ and cohort need the data's N
     plan = round_plan(config)
     evaluation = EvaluationPlan(
         every=config.evaluation.every,
@@ -327,10 +465,13 @@ __all__ = [
     "build_model",
     "build_simulation",
     "check_digest",
+    "check_privacy_form",
     "client_stores",
     "is_classifier",
     "load_data",
     "make_backend",
+    "privacy_run_info",
+    "privacy_settings",
     "resolve_backend",
     "resolve_device",
     "resolve_devices",

@@ -205,6 +205,8 @@ def check_plan_size(config: ExperimentConfig, data: Any, memory_bytes: int | Mem
     sizes = data.client_sizes
     if len(sizes) == 0:
         return
+    # A poisson round's size varies around this expected count and may exceed it; the estimate stays a lower bound of
+    # what the run holds (a round of the expected size), and the engine's waves (setup.wave_size) bound any round's models.
     together = min(len(sizes), clients_per_round(config.sampling.participation, len(sizes)))
     room = limit.available // together
     each = f" for each of the {_count(together)} clients a round trains together" if together > 1 else ""
@@ -262,6 +264,7 @@ def _check_model_memory(config: ExperimentConfig, data: Any, device: torch.devic
     except (ValueError, RuntimeError, IndexError, TypeError) as error:
         raise _mismatch(config, data, label, _first_line(error)) from error
     parameters = sum(p.numel() for p in module.parameters())
+    # sampling.mode "poisson": the expected clients of a round (a round may have more, trained in waves of setup.wave_size)
     per_round = max(1, math.ceil(config.sampling.participation * data.num_clients))
     copies = 2 + per_round  # the server model, its update, and one local model per client of a round
     estimate = parameters * copies * torch.empty((), dtype=dtype).element_size()

@@ -52,11 +52,14 @@ import json
 import math
 import re
 import tomllib
+import types
+import typing
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Callable, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import field_serializer
 from pydantic_core import PydanticCustomError
 
 from driftlab.algorithms import registry
@@ -67,7 +70,7 @@ from driftlab.experiments.shipped import PRESET_PACKAGE, preset_names  # PRESET_
 from driftlab.models import registry as models
 from driftlab.plugins import did_you_mean, load_plugins, resolve_plugin
 from driftlab.optim import registry as server_optimizers
-from driftlab.optim.schedules import MAX_RATE, Count, Rate, is_constant_one  # noqa: F401 - MAX_RATE: re-exported
+from driftlab.optim.schedules import MAX_RATE, Count, Rate, is_constant_one  # MAX_RATE: re-exported too
 from driftlab.simulation.round.availability import ClientIds
 from driftlab.simulation.state.memory_budget import parse_bytes
 
@@ -124,11 +127,18 @@ class ClientConfig(_Section):
 
 
 class SamplingConfig(_Section):
-    participation: float = Field(0.1, gt=0, le=1, description="fraction of registered clients selected per round, in (0, 1]")
-    mode: Literal["uniform", "weighted"] = Field(
+    participation: float = Field(
+        0.1,
+        gt=0,
+        le=1,
+        description="fraction of registered clients selected per round, in (0, 1] (poisson: each one's probability)",
+    )
+    mode: Literal["uniform", "weighted", "poisson"] = Field(
         "uniform",
         description="uniform: without replacement; weighted: draws with probability n_k/n (FedProx Algorithm 2, "
-        "which pairs it with a simple average: algorithm.aggregation=uniform)",
+        "which pairs it with a simple average: algorithm.aggregation=uniform); poisson: each registered client "
+        "independently with probability participation, a cohort of varying size that may be empty (the sampling "
+        "DP accounting assumes: [privacy] noise with participation below 1 needs it)",
     )
 
 
@@ -187,6 +197,149 @@ class CompressionConfig(_Section):
         description="ST compression (top-k + ternary, error feedback both ways) keeping this fraction q of each tensor; "
         "1 = uncompressed; none = the algorithm's default (EFL 0.01, others 1)",
     )
+
+
+ADAPTIVE_KEYS = ("target_quantile", "clip_learning_rate", "count_noise")  # [privacy] keys of adaptive clipping only
+
+
+class PrivacyConfig(_Section):
+    """``[privacy]``: client-level differential privacy (``driftlab.privacy``); a config without it is not private.
+
+    Each reporting client's message is clipped to L2 norm ``clip`` as the algorithm's ``PrivacyForm`` releases it,
+    and Gaussian noise of std ``noise_multiplier · clip`` is added to the round's sum (DP-FedAvg, McMahan et al.,
+    "Learning Differentially Private Recurrent Language Models", ICLR 2018), or to each message (``noise = "local"``).
+    The checks that need the data's number of clients (δ below 1/N, the noise a target ε needs) are made by
+    ``driftlab.experiments.assembly`` before any round.
+    """
+
+    clip: float = Field(
+        math.inf,
+        gt=0,
+        allow_inf_nan=True,
+        description="L2 norm C each reporting client's message (the whole of what it reveals) is clipped to before "
+        "the fold; inf = no clipping (McMahan et al. 2018); the initial C_0 with privacy.adaptive",
+    )
+    noise_multiplier: float = Field(
+        0.0,
+        ge=0,
+        description="z: Gaussian noise of std z·clip on the round's sum of clipped messages (central) or on each "
+        "message (local); 0 = no noise; give privacy.target_epsilon instead to have it computed",
+    )
+    target_epsilon: float | None = Field(
+        None,
+        gt=0,
+        description="the ε the run may spend in its rounds at privacy.delta: the noise multiplier is computed for it "
+        "(instead of privacy.noise_multiplier) with the accountant, for the sampling rate and rounds of the run",
+    )
+    delta: float | None = Field(
+        None,
+        gt=0,
+        lt=1,
+        description="δ of the (ε, δ) guarantee, below 1/number of clients; set: ε after every round in the metrics "
+        "(privacy_epsilon) and run.json; none = not accounted",
+    )
+    accountant: Literal["rdp", "prv"] = Field(
+        "rdp",
+        description="rdp: Rényi DP of the sampled Gaussian mechanism (Mironov et al. 2019); prv: privacy loss random "
+        "variables (Gopi et al., NeurIPS 2021), tighter and slower; both Opacus's (extra driftlab[privacy])",
+    )
+    noise: Literal["central", "local"] = Field(
+        "central",
+        description="central: noise once on the sum at a trusted server, means divide by the expected cohort q·N; "
+        "local: noise on each client's message before it is sent (ε of each client's own messages, no amplification)",
+    )
+    noise_cohort_size: float | None = Field(
+        None,
+        gt=0,
+        description="M: central noise calibrated as if a cohort of M clients reported (std z·clip·m/M, pfl-research's "
+        "noise_cohort_size), and ε accounted for a cohort of M out of privacy.population; none = the run's own cohort",
+    )
+    population: int | None = Field(
+        None,
+        ge=1,
+        description="the population privacy.noise_cohort_size's cohort is drawn from (the accountant's "
+        "q = M/population); none = the data's number of clients",
+    )
+    adaptive: bool = Field(
+        False,
+        description="adaptive clipping (Andrew et al., \"Differentially Private Learning with Adaptive Clipping\", "
+        "NeurIPS 2021): the clip follows the target quantile of the clients' norms, C ← C·exp(−η(b̃ − γ))",
+    )
+    target_quantile: float = Field(
+        0.5, ge=0, le=1, description="γ: the fraction of clients adaptive clipping aims to leave unclipped"
+    )
+    clip_learning_rate: float = Field(0.2, gt=0, le=MAX_RATE, description="η_C of adaptive clipping's geometric update")
+    count_noise: float | None = Field(
+        None,
+        gt=0,
+        description="σ_b: std of the noise on adaptive clipping's count of unclipped clients; none = m/20 for the "
+        "expected cohort m, as Andrew et al. suggest (it must exceed noise_multiplier/2)",
+    )
+
+    @field_serializer("clip")
+    def _clip_as_text_when_unbounded(self, clip: float) -> float | str:
+        # "inf" rather than a float: config.json stays strict JSON (no Infinity literal), and it reads back as inf
+        return "inf" if math.isinf(clip) else clip
+
+    @model_validator(mode="after")
+    def _settings_agree(self) -> "PrivacyConfig":
+        # Each message says "got": the whole section is not repeated after it (validation_problems).
+        noise = f"noise_multiplier {self.noise_multiplier:g}" if self.target_epsilon is None else "a target_epsilon"
+        if self.noised and math.isinf(self.clip):
+            raise ValueError(
+                f"noise without clipping (got {noise} and clip inf): the noise is z·clip, and an unclipped message "
+                "can be anything; set privacy.clip to a finite norm (e.g. 1.0)"
+            )
+        if self.target_epsilon is not None and self.noise_multiplier > 0:
+            raise ValueError(
+                f"give privacy.target_epsilon or privacy.noise_multiplier, not both (got {self.target_epsilon:g} and "
+                f"{self.noise_multiplier:g}): the noise multiplier is computed from the target; remove "
+                "privacy.noise_multiplier"
+            )
+        if self.target_epsilon is not None and self.delta is None:
+            raise ValueError(
+                f"privacy.target_epsilon needs privacy.delta (got target_epsilon {self.target_epsilon:g} without it): "
+                "ε holds at a δ; set privacy.delta below 1/number of clients, e.g. 1e-5"
+            )
+        if self.population is not None and self.noise_cohort_size is None:
+            raise ValueError(
+                f"privacy.population is the population privacy.noise_cohort_size's cohort is drawn from (got "
+                f"population {self.population} without it): set privacy.noise_cohort_size too, or remove "
+                "privacy.population"
+            )
+        if self.noise_cohort_size is not None and self.noise == "local":
+            raise ValueError(
+                f"privacy.noise_cohort_size calibrates the central noise on the sum (got {self.noise_cohort_size:g} "
+                'with noise "local"): remove it, or set privacy.noise = "central"'
+            )
+        if self.adaptive and self.noise == "local":
+            raise ValueError(
+                "adaptive clipping noises the count of unclipped clients at the server, which local noise does not "
+                'trust (got adaptive true with noise "local"): set privacy.noise = "central", or '
+                "privacy.adaptive = false"
+            )
+        if self.adaptive and math.isinf(self.clip):
+            raise ValueError(
+                "adaptive clipping starts from privacy.clip (got clip inf): set it to a finite initial clip (e.g. 0.1)"
+            )
+        defaults = type(self).model_fields
+        stray = [key for key in ADAPTIVE_KEYS if getattr(self, key) != defaults[key].default]
+        if stray and not self.adaptive:
+            raise ValueError(
+                f"privacy.{stray[0]} is a setting of adaptive clipping (got {getattr(self, stray[0]):g} with adaptive "
+                "false): set privacy.adaptive = true, or remove it"
+            )
+        return self
+
+    @property
+    def noised(self) -> bool:
+        """Whether the run adds noise (a noise multiplier, given or computed from a target ε)."""
+        return self.noise_multiplier > 0 or self.target_epsilon is not None
+
+    @property
+    def accounted_centrally(self) -> bool:
+        """Central noise: its ε is the sampled Gaussian mechanism's, which assumes each client sampled independently."""
+        return self.noised and self.noise == "central"
 
 
 class StateConfig(_Section):
@@ -451,6 +604,11 @@ class ExperimentConfig(_Section):
     compression: CompressionConfig = CompressionConfig()
     evaluation: EvaluationConfig = EvaluationConfig()
     state: StateConfig = StateConfig()
+    privacy: PrivacyConfig | None = Field(
+        None,
+        description="client-level differential privacy: clipping, noise, accounting (the [privacy] keys); "
+        "absent = not private",
+    )
     memory_budget: int | str | None = Field(
         None,
         description='memory the client states may take, in bytes or as "4GB", "512MB", "1.5GiB": state.store=auto '
@@ -496,6 +654,9 @@ class ExperimentConfig(_Section):
         nor where its plugins' files are: the algorithm's name and hyperparameters are in the hash).  Your own data is
         ``data.name = "custom"`` here; its ``data.digest`` is compared on its own (``run_directory.check_run_directory``)."""
         content = legacy_flat_form({k: v for k, v in self.to_dict().items() if k not in ignore})
+        if "rounds" in ignore and isinstance(content.get("privacy"), dict) and "target_epsilon" in content["privacy"]:
+            # The noise multiplier of a target ε is computed for the run's rounds: they change its every number.
+            content["privacy"]["rounds"] = self.rounds
         if isinstance(content.get("evaluation"), dict):
             # Thresholds that only watch the numbers (when a run is stopped or flagged), never change them: a run
             # stopped by one resumes with another, and runs written before these keys existed still resume.
@@ -797,6 +958,7 @@ def validate_config(table: dict[str, Any]) -> ExperimentConfig:
         problems += [(key, message) for key, message in validation_problems(error, table) if not any(f == key or f.startswith(f"{key}.") for f in flagged)]
     if config is not None and not problems:
         problems = _booleans_taken_as_numbers(table, config) + _server_step_conflicts(config)
+        problems += _privacy_conflicts(config)
     if problems:
         raise ConfigError(format_problems(problems))
     return config
@@ -858,6 +1020,50 @@ def _server_step_conflicts(config: ExperimentConfig) -> list[tuple[str, str]]:
     return problems
 
 
+UNBOUNDED = {("privacy.clip", math.inf)}  # (key, value): +inf meaning "no bound" (privacy.clip = inf: no clipping)
+
+
+def _privacy_conflicts(config: ExperimentConfig) -> list[tuple[str, str]]:
+    """What ``[privacy]`` cannot be combined with, by key: the sampling, membership changes, compression of local noise.
+
+    The checks that need the data (δ below 1/N, a reachable target ε) are ``assembly.privacy_settings``'s.
+    """
+    privacy = config.privacy
+    if privacy is None:
+        return []
+    problems = []
+    sampling = config.sampling
+    if sampling.mode == "weighted":
+        problems.append((
+            "sampling.mode",
+            "weighted sampling draws clients with probability n_k/n, which reveals their private data sizes; with "
+            '[privacy] set sampling.mode = "poisson" (or "uniform")',
+        ))
+    elif privacy.accounted_centrally and not (sampling.mode == "poisson" or sampling.participation == 1):
+        problems.append((
+            "sampling.mode",
+            f"central noise is accounted for clients sampled independently, not for a fixed cohort of "
+            f'{sampling.participation:g} of them: set sampling.mode = "poisson" (or sampling.participation = 1)',
+        ))
+    for key in ("events", "initially_registered"):
+        if getattr(config.availability, key) not in ((), None):
+            problems.append((
+                f"availability.{key}",
+                "[privacy] needs a fixed population of clients (its sampling rate and δ below 1/N): remove "
+                f"availability.{key}, or remove [privacy]",
+            ))
+    ratio = config.compression.ratio
+    if ratio is None:
+        ratio = registry.ALGORITHMS[config.algorithm.name].default_compression_ratio
+    if privacy.noise == "local" and ratio < 1:
+        problems.append((
+            "privacy.noise",
+            f"local noise is drawn for the message a client sends, which compression (ratio {ratio:g}) then cuts down, "
+            'keeping part of the message and its noise: set compression.ratio = 1, or privacy.noise = "central"',
+        ))
+    return problems
+
+
 def _non_finite_numbers(table: dict[str, Any]) -> list[tuple[str, str]]:
     # pydantic lets inf through `ge`/`gt` bounds and algorithm configs are not _Sections
     problems = []
@@ -868,7 +1074,7 @@ def _non_finite_numbers(table: dict[str, Any]) -> list[tuple[str, str]]:
             pending.extend((child, f"{key}.{name}" if key else str(name)) for name, child in value.items())
         elif isinstance(value, (list, tuple)):
             pending.extend((child, key) for child in value)
-        elif isinstance(value, float) and not math.isfinite(value):
+        elif isinstance(value, float) and not math.isfinite(value) and (key, value) not in UNBOUNDED:
             problems.append((key, f"must be a finite number, got {value!r}"))
     return sorted(problems)
 
@@ -953,12 +1159,20 @@ def algorithms_with_key(key: str) -> list[str]:
     return [name for name, entry in registry.ALGORITHMS.items() if key in entry.config_type.model_fields and key != "name"]
 
 
+def _section_type(annotation: Any) -> type[BaseModel] | None:
+    """The section type of a field: ``ClientConfig``, or ``PrivacyConfig`` of an optional ``PrivacyConfig | None``."""
+    options = typing.get_args(annotation) if isinstance(annotation, types.UnionType) else (annotation,)
+    sections = [option for option in options if isinstance(option, type) and issubclass(option, BaseModel)]
+    return sections[0] if len(sections) == 1 and all(o in (sections[0], type(None)) for o in options) else None
+
+
 def _sections() -> list[tuple[str, type[BaseModel]]]:
     """(name, model) of every section of a config; the top level is named ""."""
     found = [("", ExperimentConfig)]
     for name, info in ExperimentConfig.model_fields.items():
-        if isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel):
-            found.append((name, info.annotation))
+        section = _section_type(info.annotation)
+        if section is not None:
+            found.append((name, section))
     found.append(("data", data_sets.DataSection))  # the keys every data set has
     found.append(("server", server_optimizers.ServerOptimizerConfig))  # the key every server optimizer has (lr)
     found += [("model", entry.config_type) for entry in models.MODELS.values()]  # [model]: each model's keys
@@ -989,8 +1203,8 @@ def _section_model(path: list[str], table: dict[str, Any]) -> type[BaseModel] | 
             entry = data_sets.lookup(name) if isinstance(name, str) else None
             model = (entry or data_sets.lookup(DEFAULT_DATA_SET)).config_type
             continue
-        annotation = model.model_fields[part].annotation if part in model.model_fields else None
-        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+        annotation = _section_type(model.model_fields[part].annotation) if part in model.model_fields else None
+        if annotation is None:
             return None
         model = annotation
     return model
@@ -1047,10 +1261,11 @@ def describe_keys() -> str:
     def section(prefix: str, model: type[BaseModel], only: list[str] | None = None) -> None:
         nested = []
         for name, info in model.model_fields.items():
-            annotation = info.annotation
-            if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            annotation = _section_type(info.annotation)
+            if annotation is not None:
                 nested.append((name, annotation))
-                continue
+                if info.default is not None:
+                    continue  # an optional section ([privacy]) is also a key, absent (none) by default
             default = info.get_default(call_default_factory=True)
             if (prefix == "" and isinstance(default, BaseModel)) or (only is not None and name not in only):
                 continue  # a tagged section ([algorithm], [data]), listed entry by entry below; or a key listed already
@@ -1058,6 +1273,7 @@ def describe_keys() -> str:
                 default_text = "(required)"  # no default: a plugin's key, or a chain stage's such as max_norm
             else:
                 default_text = json.dumps(_plain(default)) if default is not None else "none"
+                default_text = "inf" if default == math.inf else default_text  # privacy.clip: TOML's inf, not JSON's
             description = info.description or ("which algorithm; one of " + ", ".join(registry.names()) if prefix == "algorithm." and name == "name" else "")
             lines.append(f"  {prefix}{name} = {default_text}\n      {description}")
         for name, sub in nested:

@@ -34,6 +34,7 @@ from driftlab.experiments.assembly import (  # noqa: F401  (importable from here
     ModelSource,
     build_simulation,
     client_stores,
+    privacy_run_info,
     resolve_backend,
     resolve_device,
     resolve_devices,
@@ -234,6 +235,9 @@ def _run_in(
     """The run itself; ``out``, when given, is claimed (locked, checked, config.json written) by the caller."""
     state_dir = out / CLIENT_STATE_DIR if out is not None else None
     sim, state = build_simulation(config, given.model, state_dir, data=given.data, loss=given.loss)
+    # [privacy]: run.json records the noise multiplier as resolved (a target ε's), the accountant, δ and the run's ε
+    if out is not None:
+        run_info = {**privacy_run_info(config, sim.data.num_clients), **run_info}
     return run_rounds(
         SimulatorDriver(sim), out, config, sim, state, resume=resume, progress=progress, progress_label=progress_label, run_info=run_info
     )

@@ -202,6 +202,32 @@ def test_loopback_deployment_of_scaffold_equals_the_simulator(tmp_path):
 
 
 @pytest.mark.slow
+def test_loopback_deployment_of_private_scaffold_equals_the_simulator(tmp_path):
+    # [privacy] on Flower: clip 1, z 1, poisson sampling (a round may ask nobody), ε accounted: the simulator's run
+    config = tmp_path / "private.toml"
+    config.write_text(TINY + 'mode = "poisson"\n\n[privacy]\nclip = 1.0\nnoise_multiplier = 1.0\ndelta = 0.001\n')
+    project = tmp_path / "project"
+    assert cli.main(["flower", "new", str(project), "--config", str(config)]) == 0
+    run_dir = project / "run"
+    with loopback(tmp_path) as flower:
+        timeouts = "train-timeout=60 register-timeout=30 commit-timeout=2"
+        runner = flwr_run(project, flower["environment"], tmp_path / "flwr-run.log", timeouts)
+        flower["processes"].append(runner)
+        try:
+            runner.wait(RUN_SECONDS)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"flwr run did not finish within {RUN_SECONDS} s\n{flower_logs(tmp_path)}")
+    assert runner.returncode == 0, flower_logs(tmp_path)
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    import driftlab
+
+    simulated = driftlab.run(load_config(config, ['backend="sequential"']))
+    assert torch.equal(final_model(run_dir), simulated.final_params)
+    keys = ("privacy_epsilon", "privacy_noise_std", "privacy_clipped_fraction", "reporting_clients", "test_loss")
+    assert [[r[k] for k in keys] for r in records] == [[r[k] for k in keys] for r in simulated.records]
+
+
+@pytest.mark.slow
 def test_a_node_killed_mid_run_leaves_fewer_reporters_and_scaffold_invariant(tmp_path):
     from driftlab.experiments.assembly import build_algorithm
     from driftlab.deploy import messages

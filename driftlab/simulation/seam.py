@@ -120,6 +120,10 @@ class RoundContext:
     num_registered: int
     num_selected: int
     server_learning_rate: float
+    # When set, a mean over the reporting clients divides by this public number instead of its weight sum Σ_P r_k:
+    # client-level DP with central noise (driftlab.privacy) sets it to the expected cohort q·N, because the number
+    # of clients that reported is itself private (McMahan et al. 2018's fixed-denominator estimator).
+    mean_denominator: float | None = None
 
 
 @dataclass(frozen=True)
@@ -135,6 +139,9 @@ class ServerFold:
     start: Callable[[Any, RoundContext], Any]
     add: Callable[[Any, Any], Any]
     finish: Callable[[Any, Any, RoundContext], tuple[Any, dict[str, float]]]
+    # True: ``finish`` is called in a round where no client reported too (a private round releases its noise even
+    # then, and its clip and accounting move on); False: such a round leaves the server state as it is.
+    finishes_empty: bool = False
 
     def server_update(self, server: Any, messages: Sequence[Any], context: RoundContext) -> tuple[Any, dict[str, float]]:
         accumulator = self.start(server, context)
@@ -171,10 +178,11 @@ class MessageCodec:
     ``to_wire(message)`` is what the client sends (never called with None, a
     client that sends nothing); ``from_wire(sent, start_params)`` is the message
     as its client built it, from what arrived and the round's θ_start, or a
-    ValueError saying what does not fit.  ``unplanned`` names the top-level
-    fields of a message a server does not compare with the message it planned
-    (the deployment's ``planned_message``): ``from_wire`` checked them itself,
-    or they are data.  The default sends the message itself.  Compression
+    ValueError saying what does not fit.  ``unplanned`` names the fields
+    of a message a server does not compare with the message it planned (the
+    deployment's ``planned_message``): ``from_wire`` checked them itself, or
+    they are data; ``"payload/bits"`` names a field of the nested message in
+    field ``payload`` (a wrapper's codec over its inner algorithm's).  The default sends the message itself.  Compression
     (``driftlab.compress.error_feedback``) sends its model part compressed
     through its codec, so a transport never names a payload type.
     """
@@ -185,6 +193,48 @@ class MessageCodec:
 
 
 PLAIN_CODEC = MessageCodec()
+
+
+@dataclass(frozen=True)
+class PrivacyForm:
+    """What a client's message reveals, as one flat vector: how client-level DP (``driftlab.privacy``) clips and noises it.
+
+    ``release(view, message)`` is the flat ``[D]`` vector the message reveals
+    beyond what the server sent (``view``): for a message that carries θ_k,
+    ``θ_k − view.params``; for one that carries changes (SCAFFOLD's Δy_k,
+    Δc_k), the changes themselves, concatenated in field order.
+    ``restore(view, message, vector)`` is the message that reveals exactly
+    ``vector`` (its other fields as in ``message``); with ``message=None`` it
+    builds one from ``vector`` alone that the fold counts once with unit
+    weight (the carrier of the server's noise).  ``scaled(view, message,
+    scale)``, when given, is the message whose released vector is ``scale``
+    times its own, built so that it still travels as the algorithm sends it
+    (compression scales its ternary μ); None: ``restore`` of the scaled vector.
+    ``size(view)`` is the length D of the released vector.
+
+    An algorithm that gives a form promises that its server update depends on
+    the round's messages only through ``Σ_P release(m_k)`` (each message with
+    unit weight: its aggregation weighs clients alike) and public numbers, and
+    that its means over reporting clients divide by
+    ``RoundContext.mean_denominator`` when that is set.  Then the sensitivity
+    of the server update to one client is the clip norm, and noise added to
+    the sum (a carrier message) is noise on the algorithm's aggregate, scaled
+    as the algorithm scales it.  ``Algorithm.privacy_refusal`` says why a
+    configuration has no form (its weights depend on n_k, ...), naming the fix.
+    """
+
+    release: Callable[[Any, Any], torch.Tensor]
+    restore: Callable[[Any, Any, torch.Tensor], Any]
+    scaled: Callable[[Any, Any, float], Any] | None = None
+    # size(view): D, the length of the released vector (the server draws its noise before any client reports);
+    # None: found from the message a client that did not move would send (driftlab.privacy.mechanism).
+    size: Callable[[Any], int] | None = None
+
+    def scale(self, view: Any, message: Any, factor: float) -> Any:
+        """``message`` with its released vector multiplied by ``factor``."""
+        if self.scaled is not None:
+            return self.scaled(view, message, factor)
+        return self.restore(view, message, self.release(view, message) * factor)
 
 
 @dataclass(frozen=True)
@@ -224,6 +274,10 @@ class Algorithm:
     server_fold: ServerFold | None = None
     plugin: str | None = None  # set by driftlab.algorithms.plugin_guard, which also wraps the functions of a plugin
     codec: MessageCodec = PLAIN_CODEC  # how its messages travel on a wire (a deployment)
+    # What a message reveals, for client-level DP (PrivacyForm); None: this configuration cannot be made private,
+    # and privacy_refusal says why and what to change (None there too: the algorithm gives no form at all).
+    privacy: PrivacyForm | None = None
+    privacy_refusal: str | None = None
 
     def __post_init__(self) -> None:
         if self.server_fold is not None and self.server_update != self.server_fold.server_update:

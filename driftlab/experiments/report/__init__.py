@@ -10,7 +10,9 @@ folder holding them, and writes into ``out_dir``::
     accuracy.csv    final and best test accuracy and BMTA (or train loss and distance) as mean and std over seeds
     steps.csv       total local SGD steps, steps to each target, and their fraction of the reference method
     runs.csv        one row per run: directory, seed, status, rounds done, wall time, machine, round it was cut to
+    privacy.csv     with private runs: each method's final test accuracy and ε per privacy configuration
     <setting>-*.png the figures (<setting>: the sweep's directory name for the setting, else its label's slug)
+    privacy-utility.png  with private runs: test accuracy against ε, a panel per setting, a line per method
 
 What is measured, and where it comes from:
 
@@ -28,6 +30,10 @@ What is measured, and where it comes from:
   a reference method (the decaying-K paper's Table 1).
 - ``‖h‖`` and ``‖θ‖`` per round (AdaBest Figure 1) and FedProx's dissimilarity
   ``B(θ)²`` and gradient variance (Li et al. 2020, Definition 2, Figure 4).
+- With client-level differential privacy (``[privacy]``): ε(δ) at the end of each run beside
+  its accuracy (``epsilon``; ∞ without noise), and accuracy against ε (``privacy_utility``: the
+  points of a sweep axis over noise multipliers, or each run's rounds at one noise level).
+  A report of runs without ``[privacy]`` has no ε column and no privacy file.
 
 Curves are means over seeds with a band of ± one sample standard deviation, the
 ± of the tables; each caption names what its figure draws. Rows, legends and
@@ -53,14 +59,35 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from driftlab.errors import ConfigError
+from driftlab.experiments.report.epsilon import EpsilonSummary, epsilon_summary, is_private, run_epsilon
 from driftlab.experiments.report.labels import algorithm_label, flatten_config, label_standalone
-from driftlab.experiments.report.plots import BAND_LEGEND, BAND_NOTE, ReportFigure, figure_stems, plot_setting, setting_figures, target_style
+from driftlab.experiments.report.plots import (
+    BAND_LEGEND,
+    BAND_NOTE,
+    ReportFigure,
+    figure_stems,
+    plot_privacy,
+    plot_setting,
+    privacy_figure,
+    setting_figures,
+    target_style,
+)
+from driftlab.experiments.report.privacy_utility import (
+    PrivacyLine,
+    PrivacyPanel,
+    PrivacyPoint,
+    PrivacyUtility,
+    privacy_utility,
+    write_privacy_csv,
+)
 from driftlab.experiments.report.read import PendingRun, RunData, Setting, collect, cut_to_shortest, read_metrics, read_run, read_sweep
 from driftlab.experiments.report.render import (
     accuracy_section,
     communication_section,
     cut_note,
     instability_note,
+    privacy_note,
+    privacy_utility_section,
     runs_section,
     unreached_section,
     steps_section,
@@ -94,6 +121,7 @@ class Report:
     savings: list[Savings]
     accuracy: list[AccuracyRow]
     steps: list[StepsRow]
+    privacy: PrivacyUtility | None = None  # None: no run had a [privacy] section
 
 
 def make_report(
@@ -164,6 +192,7 @@ def make_report(
         lines += [f"## {setting.label}", ""]
         lines += cut_note(setting)
         lines += instability_note(setting.runs)
+        lines += privacy_note(setting)
         by_method: dict[str, dict[float, TargetRow]] = {method: {} for method in setting.methods}
         if setting.is_classifier:
             unreached: list[tuple[float, list[TargetRow]]] = []
@@ -199,12 +228,21 @@ def make_report(
                 for figure, path in figures:
                     lines += [f"![{setting.label}: {figure.caption}]({path.name})", "", f"*{figure.caption[0].upper()}{figure.caption[1:]}.*", ""]
 
+    utility = privacy_utility(settings, documents)
+    if utility is not None:
+        drawn = plot_privacy(utility, out) if plots else None
+        if drawn is not None:
+            files.append(drawn[1])
+        lines += privacy_utility_section(utility, None if drawn is None else (drawn[1].name, drawn[0].caption))
+
     markdown = "\n".join(lines).rstrip() + "\n"
     report_path = out / "report.md"
     report_path.write_text(markdown)
     files.insert(0, report_path)
     files += write_tables(out, target_rows, savings_rows, accuracy_rows, step_rows, chosen_targets, settings)
-    return Report(markdown, files, runs, settings, target_rows, savings_rows, accuracy_rows, step_rows)
+    if utility is not None:
+        files.append(write_privacy_csv(out, utility))
+    return Report(markdown, files, runs, settings, target_rows, savings_rows, accuracy_rows, step_rows, utility)
 
 
 def _targets_for(targets: Sequence[float] | None, documents: Sequence[dict[str, Any]], runs: Sequence[RunData]) -> list[float]:
@@ -233,7 +271,12 @@ __all__ = [
     "BAND_LEGEND",
     "BAND_NOTE",
     "AccuracyRow",
+    "EpsilonSummary",
     "PendingRun",
+    "PrivacyLine",
+    "PrivacyPanel",
+    "PrivacyPoint",
+    "PrivacyUtility",
     "Report",
     "ReportFigure",
     "RunData",
@@ -246,13 +289,19 @@ __all__ = [
     "algorithm_label",
     "collect",
     "cut_to_shortest",
+    "epsilon_summary",
     "figure_stems",
     "flatten_config",
+    "is_private",
     "label_standalone",
     "make_report",
+    "plot_privacy",
+    "privacy_figure",
+    "privacy_utility",
     "read_metrics",
     "read_run",
     "read_sweep",
+    "run_epsilon",
     "savings",
     "setting_figures",
     "spread",

@@ -31,6 +31,10 @@ NOT_IDENTITY_KEYS = ("log", "plugins", "state", "memory_budget", "checkpoint_eve
 # Sections that define the problem rather than the method. The model is included: the same
 # algorithm on another network is another setting, not another row of the same table.
 SETTING_SECTIONS = ("data", "model", "sampling", "availability")
+# A run with a [privacy] section is the differentially private variant of its method, named as the papers
+# name it (DP-FedAvg, McMahan et al. 2018; DP-SCAFFOLD, Noble et al. 2022).
+PRIVACY_SECTION = "privacy"
+PRIVATE_PREFIX = "DP-"
 
 
 def flatten_config(config: dict[str, Any]) -> dict[str, Any]:
@@ -117,7 +121,8 @@ def label_standalone(runs: Sequence[RunData]) -> None:
     Settings are told apart by the data/model/sampling/availability keys that
     differ between runs (else the data set's name); methods by their algorithm's
     name, plus the keys that differ when several methods share that name:
-    "FedProx (algorithm.mu=0)".
+    "FedProx (algorithm.mu=0)". A run with a ``[privacy]`` section is "DP-" its method
+    ("DP-FedAvg"), told apart from other private runs by the privacy keys that differ.
     """
     splits = [_split_keys(flatten_config(run.config)) for run in runs]
     recorded = recorded_labels(runs)
@@ -139,7 +144,10 @@ def label_standalone(runs: Sequence[RunData]) -> None:
             methods.setdefault(_frozen(splits[index][1]), splits[index][1])
         by_name: dict[str, list[dict[str, Any]]] = {}
         for table in methods.values():
-            by_name.setdefault(algorithm_label(table, recorded), []).append(table)
+            # Private runs are named apart, so their privacy keys tell them apart from each other only.
+            private = any(_listed(key, (PRIVACY_SECTION,)) for key in table)
+            name = f"{PRIVATE_PREFIX if private else ''}{algorithm_label(table, recorded)}"
+            by_name.setdefault(name, []).append(table)
         labels = {}
         for name, tables in by_name.items():
             differing = _differing_keys(tables)
@@ -177,10 +185,12 @@ def _split_same_seed_runs(runs: Sequence[RunData]) -> None:
 
 
 def method_order(run: RunData) -> tuple:
-    """Papers' order: FedAvg (and its server-optimizer variants), FedProx, SCAFFOLD, FedDyn, AdaBest, EFL, then plugins."""
+    """Papers' order: FedAvg (and its server-optimizer variants), FedProx, SCAFFOLD, FedDyn, AdaBest, EFL, then plugins;
+    a method's private variants (DP-) after it."""
     flat = flatten_config(run.config)
     name = flat.get("algorithm.name")
-    return (_algorithm_rank(name), flat.get("server.optimizer", "sgd") != "sgd", run.method)
+    private = any(_listed(key, (PRIVACY_SECTION,)) for key in flat)
+    return (_algorithm_rank(name), flat.get("server.optimizer", "sgd") != "sgd", private, run.method)
 
 
 def _algorithm_rank(name: Any) -> int:

@@ -4,7 +4,9 @@ Per setting: communication to reach each target (FedDyn Tables 1 and 2; ``N+``
 marks a lower bound, ``>``/``<`` a bounded ratio), accuracy (or loss and distance
 for a non-classifier) as mean ± sample standard deviation over seeds, local SGD
 steps against a reference method, and the runs behind them (seeds, rounds, status,
-wall time, machine); a sweep's own description and what was actually run lead.
+wall time, machine); a sweep's own description and what was actually run lead. Where a
+setting has private runs, an ε column (``format_epsilon``) sits beside accuracy and rounds, with a note
+on what it covers (``privacy_note``); the privacy-utility section closes the report.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from __future__ import annotations
 import statistics
 from typing import Any, Iterable, Sequence
 
+from driftlab.experiments.report.epsilon import EpsilonSummary, any_private, epsilon_summary
+from driftlab.experiments.report.privacy_utility import PRIVACY_CSV, PrivacyUtility
 from driftlab.experiments.report.read import RunData, Setting
 from driftlab.experiments.report.tables import (
     AccuracyRow,
@@ -69,6 +73,40 @@ def format_savings(entry: Savings) -> str:
         return "—"
     prefix = "" if entry.bound == "=" else entry.bound
     return f"{prefix}{entry.ratio:.1f}×"
+
+
+def format_epsilon(value: EpsilonSummary | None) -> str:
+    """``2.31`` (the seeds' shared ε), ``2.31 (seeds 2.05–2.57)`` when they differ, ``∞`` without noise, ``—`` when
+    not accounted."""
+    if value is None or not value.accounted:
+        return "—"
+    text = _epsilon_text(value.mean)
+    return f"{text} (seeds {_epsilon_text(value.low)}–{_epsilon_text(value.high)})" if value.seeds_differ else text
+
+
+def _epsilon_text(epsilon: float | None) -> str:
+    return "—" if epsilon is None else "∞" if epsilon == float("inf") else f"{epsilon:.3g}"
+
+
+def format_delta(deltas: Sequence[float]) -> str:
+    return ", ".join(f"{delta:g}" for delta in deltas)
+
+
+def privacy_note(setting: Setting) -> list[str]:
+    """What the ε column of a setting with private runs means; nothing for a setting without them."""
+    if not any_private(setting.runs):
+        return []
+    deltas = sorted({d for runs in setting.methods.values() for d in epsilon_summary(runs).deltas})
+    at = ""
+    if deltas:
+        at = f" at δ = {format_delta(deltas)}" if len(deltas) == 1 else f" at each run's δ ({format_delta(deltas)})"
+    return [
+        f"ε: client-level (ε, δ)-differential privacy{at} of everything the server released through the last round "
+        "(every round's model, not only the best one), mean over seeds; ∞: no noise (no [privacy] section, or "
+        "noise_multiplier 0); —: not accounted (privacy.delta unset). With central noise the server is trusted; "
+        "metrics computed on clients' data (train loss, client accuracies) are diagnostics outside the guarantee.",
+        "",
+    ]
 
 
 def format_seconds(seconds: float) -> str:
@@ -194,6 +232,7 @@ def _status_summary(runs: Sequence[RunData], pending: int) -> str:
 def communication_section(setting: Setting, target: float) -> tuple[list[str], list[TargetRow], list[Savings]]:
     """FedDyn Tables 1-2 for one target: rounds, model-equivalents and bits per method, and every pairwise saving."""
     rows = [target_row(setting.label, method, method_runs, target) for method, method_runs in setting.methods.items()]
+    private = any_private(setting.runs)
     entries, table = [], []
     for row in rows:
         ratios = []
@@ -204,8 +243,12 @@ def communication_section(setting: Setting, target: float) -> tuple[list[str], l
             entry = savings(row, baseline)
             entries.append(entry)
             ratios.append(format_savings(entry))
-        table.append([row.method, *target_cells(row), *ratios, target_note(row, setting.methods[row.method])])
-    header = ["method", "rounds", "model-equivalents", "upload", "download", *(f"vs {row.method}" for row in rows), "note"]
+        note = target_note(row, setting.methods[row.method])
+        table.append([row.method, *_epsilon_cell(row.epsilon, private), *target_cells(row), *ratios, note])
+    header = [
+        "method", *_epsilon_header(private), "rounds", "model-equivalents", "upload", "download",
+        *(f"vs {row.method}" for row in rows), "note",
+    ]
     lines = [f"### Communication to reach {format_target(target)} test accuracy", "", markdown_table(header, table), ""]
     return lines, rows, entries
 
@@ -216,8 +259,13 @@ def unreached_section(setting: Setting, targets: Sequence[float], rows: Sequence
     ``rows`` are the target rows of one of them (any: unreached, they hold the same rounds and bits).
     """
     listed = ", ".join(format_target(target) for target in targets)
-    table = [[row.method, *target_cells(row), target_note(row, setting.methods[row.method])] for row in rows]
-    header = ["method", "rounds", "model-equivalents", "upload", "download", "note"]
+    private = any_private(setting.runs)
+    notes = [target_note(row, setting.methods[row.method]) for row in rows]
+    table = [
+        [row.method, *_epsilon_cell(row.epsilon, private), *target_cells(row), note]
+        for row, note in zip(rows, notes, strict=True)
+    ]
+    header = ["method", *_epsilon_header(private), "rounds", "model-equivalents", "upload", "download", "note"]
     return [
         f"### Communication: no method reached {listed} test accuracy",
         "",
@@ -251,15 +299,17 @@ def stability_mark(runs: Sequence[RunData]) -> str:
 def accuracy_section(setting: Setting) -> tuple[list[str], list[AccuracyRow]]:
     """Final and best accuracy and BMTA (AdaBest Table 2, EFL Table 2), or loss and distance for a non-classifier."""
     rows = [accuracy_row(setting.label, method, method_runs) for method, method_runs in setting.methods.items()]
+    private = any_private(setting.runs)
     if setting.is_classifier:
         show_bmta = any(row.best_client_accuracy for row in rows)
         header = [
-            "method", "seeds", "final test accuracy", "best test accuracy",
+            "method", "seeds", *_epsilon_header(private), "final test accuracy", "best test accuracy",
             *(["best mean client test accuracy (BMTA)"] if show_bmta else []), "final train loss",
         ]
         table = [
-            [row.method, str(row.seeds), format_percent(row.final_accuracy), format_percent(row.best_accuracy),
-             *([format_percent(row.best_client_accuracy)] if show_bmta else []), format_number(row.final_train_loss)]
+            [row.method, str(row.seeds), *_epsilon_cell(row.epsilon, private), format_percent(row.final_accuracy),
+             format_percent(row.best_accuracy), *([format_percent(row.best_client_accuracy)] if show_bmta else []),
+             format_number(row.final_train_loss)]
             for row in rows
         ]
         note = "Mean ± sample standard deviation over seeds (AdaBest Table 2)."
@@ -269,11 +319,12 @@ def accuracy_section(setting: Setting) -> tuple[list[str], list[AccuracyRow]]:
             note += " BMTA is EFL's best over rounds of the mean local test accuracy of the clients."
         title = "### Accuracy"
     else:
-        header = ["method", "seeds", "final train loss", "final distance to the minimizer"]
+        header = ["method", "seeds", *_epsilon_header(private), "final train loss", "final distance to the minimizer"]
         table = [
             [
                 row.method + stability_mark(method_runs) + _incomplete_note(method_runs),
                 str(row.seeds),
+                *_epsilon_cell(row.epsilon, private),
                 format_number(row.final_train_loss),
                 format_number(row.final_distance),
             ]
@@ -336,6 +387,41 @@ def runs_section(setting: Setting) -> list[str]:
         table.append([method, "", "0", f"{count} not started", "—", "—", "—"])
     header = ["method", "seeds", "rounds done", "status", "wall time (mean)", "parameters", "machine"]
     return ["### Runs", "", markdown_table(header, table), ""]
+
+
+def privacy_utility_section(utility: PrivacyUtility, figure: tuple[str, str] | None) -> list[str]:
+    """The report's privacy-utility section: what the figure ((file name, caption)) shows and where its points come
+    from, or why nothing was drawn; the points are in privacy.csv either way."""
+    lines = ["## Privacy and utility", ""]
+    if figure is not None:
+        if utility.by_rounds:
+            lines.append(
+                "Each method ran at one noise level, so the figure follows each run's ε (accounted after every round) "
+                "against its test accuracy at that round. For one point per noise level, sweep an axis of noise "
+                "multipliers: `driftlab sweep CONFIG --grid 'privacy.noise_multiplier=[0.5, 1, 2]'`."
+            )
+        else:
+            lines.append(
+                "One point per privacy configuration of a method (the values of the sweep's privacy axis, or the "
+                "privacy keys that tell its runs apart): the final test accuracy against the ε spent by the end of the "
+                "run, means over seeds."
+            )
+        name, caption = figure
+        lines += ["", f"![privacy and utility: {caption}]({name})", "", f"*{caption[0].upper()}{caption[1:]}.*"]
+    elif not any(panel.drawable for panel in utility.panels):
+        lines.append("No private run recorded an ε beside a test accuracy (privacy.delta unset?): nothing to draw.")
+    if len(lines) > 2:
+        lines.append("")
+    return [*lines, f"The points, one row per method and privacy configuration: `{PRIVACY_CSV}`.", ""]
+
+
+def _epsilon_header(private: bool) -> list[str]:
+    """The ε column's header where a table has private runs (``privacy_note`` says what it means); else no column."""
+    return ["ε"] if private else []
+
+
+def _epsilon_cell(value: EpsilonSummary | None, private: bool) -> list[str]:
+    return [format_epsilon(value)] if private else []
 
 
 def _format_fraction(value: float | None) -> str:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from driftlab.experiments.report.epsilon import EpsilonSummary, any_private, epsilon_summary
 from driftlab.experiments.report.read import RunData, Setting
 from driftlab.metrics.summary import cumulative_bits_through, first_round_reaching, model_equivalents_through
 
@@ -50,6 +51,7 @@ class TargetRow:
     local_steps: float
     lower_bound: bool
     diverged_at: int | None
+    epsilon: EpsilonSummary | None = None  # ε at the end of the runs (not at the round that reached the target)
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,7 @@ class AccuracyRow:
     best_client_accuracy: Spread | None  # EFL's BMTA
     final_train_loss: Spread | None
     final_distance: Spread | None
+    epsilon: EpsilonSummary | None = None  # ε at the end of the runs: what releasing every round's model cost
 
 
 @dataclass(frozen=True)
@@ -143,6 +146,7 @@ def target_row(setting: str, method: str, runs: Sequence[RunData], target: float
         local_steps=statistics.fmean(o.local_steps for o in outcomes),
         lower_bound=not all(o.reached for o in outcomes),
         diverged_at=min(diverged) if diverged else None,
+        epsilon=epsilon_summary(runs),
     )
 
 
@@ -188,6 +192,7 @@ def accuracy_row(setting: str, method: str, runs: Sequence[RunData]) -> Accuracy
         best_client_accuracy=spread([_best(run.records, "client_test_accuracy_mean") for run in runs]),
         final_train_loss=spread([_last(run.records, "train_loss") for run in runs]),
         final_distance=spread([_last(run.records, "distance_to_minimizer") for run in runs]),
+        epsilon=epsilon_summary(runs),
     )
 
 
@@ -253,6 +258,17 @@ def _spread_columns(value: Spread | None) -> list[str]:
     return ["", ""] if value is None else [_csv_number(value.mean), _csv_number(value.std)]
 
 
+EPSILON_COLUMNS = ("epsilon", "epsilon_min", "epsilon_max", "delta")
+
+
+def epsilon_columns(value: EpsilonSummary | None) -> list[str]:
+    """ε's mean, min and max over seeds (``inf``: no noise; empty: not accounted) and δ (``;`` between several)."""
+    if value is None:
+        return ["", "", "", ""]
+    deltas = ";".join(_csv_number(delta) for delta in value.deltas)
+    return [_csv_number(value.mean), _csv_number(value.low), _csv_number(value.high), deltas]
+
+
 def write_tables(
     out: Path,
     target_rows: Sequence[TargetRow],
@@ -262,15 +278,26 @@ def write_tables(
     targets: Sequence[float],
     settings: Sequence[Setting],
 ) -> list[Path]:
-    """The tables' numbers, unformatted: fractions (not percentages), bits, and explicit bound flags."""
+    """The tables' numbers, unformatted: fractions (not percentages), bits, and explicit bound flags.
+
+    When some run is private, targets.csv and accuracy.csv end with ε at the end of the runs and its δ
+    (``EPSILON_COLUMNS``); a report without private runs has the columns it always had.
+    """
+    private = any_private([run for setting in settings for run in setting.runs])
+    extra_header = list(EPSILON_COLUMNS) if private else []
+
+    def extra(value: EpsilonSummary | None) -> list[str]:
+        return epsilon_columns(value) if private else []
+
     files = [
         write_csv(
             out / "targets.csv",
             ["setting", "target", "method", "seeds", "seeds_reached", "seeds_diverged", "lower_bound", "rounds",
-             "model_equivalents", "upload_bits", "download_bits", "local_steps", "diverged_at_round"],
+             "model_equivalents", "upload_bits", "download_bits", "local_steps", "diverged_at_round", *extra_header],
             [[r.setting, _csv_number(r.target), r.method, r.seeds, r.seeds_reached, r.seeds_diverged, int(r.lower_bound),
               _csv_number(r.rounds), _csv_number(r.model_equivalents), _csv_number(r.upload_bits), _csv_number(r.download_bits),
-              _csv_number(r.local_steps), "" if r.diverged_at is None else r.diverged_at] for r in target_rows],
+              _csv_number(r.local_steps), "" if r.diverged_at is None else r.diverged_at, *extra(r.epsilon)]
+             for r in target_rows],
         ),
         write_csv(
             out / "savings.csv",
@@ -280,9 +307,11 @@ def write_tables(
         write_csv(
             out / "accuracy.csv",
             ["setting", "method", "seeds", "final_accuracy_mean", "final_accuracy_std", "best_accuracy_mean", "best_accuracy_std",
-             "bmta_mean", "bmta_std", "final_train_loss_mean", "final_train_loss_std", "final_distance_mean", "final_distance_std"],
+             "bmta_mean", "bmta_std", "final_train_loss_mean", "final_train_loss_std", "final_distance_mean",
+             "final_distance_std", *extra_header],
             [[r.setting, r.method, r.seeds, *_spread_columns(r.final_accuracy), *_spread_columns(r.best_accuracy),
-              *_spread_columns(r.best_client_accuracy), *_spread_columns(r.final_train_loss), *_spread_columns(r.final_distance)]
+              *_spread_columns(r.best_client_accuracy), *_spread_columns(r.final_train_loss),
+              *_spread_columns(r.final_distance), *extra(r.epsilon)]
              for r in accuracy_rows],
         ),
     ]

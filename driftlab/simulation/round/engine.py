@@ -31,6 +31,14 @@ seen only where it is evaluated).
 Messages: a client whose ``client_finish`` returns ``None`` as its message sends
 nothing (an algorithm dropping incomplete work); inactive clients are not
 trained and send nothing.  Both still received the broadcast.
+
+A round may select nobody (``sampling.mode = "poisson"``), or every client it
+selected may drop out or send nothing.  It is still a round: nobody trains, the
+server state stays unless the algorithm's fold ``finishes_empty`` (a private
+fold releases its noise and moves its clip on: ``OrderedFold`` calls its
+``finish`` then), the record says so (``num_selected``/``num_reporting`` 0,
+no bits, no local steps), and evaluation runs as scheduled (the
+"reporting_mean" model of a round where nobody reported is the server's).
 """
 
 from __future__ import annotations

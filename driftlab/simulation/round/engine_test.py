@@ -1,6 +1,7 @@
 """Engine features: γ-inexact solver, dissimilarity, evaluated models, stragglers, quadratic convergence."""
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -446,3 +447,143 @@ def test_clients_without_test_rows_are_left_out_of_the_mean_wherever_they_are():
     full = evaluation_module._client_test_accuracies(sim, state.server.params)
     sim.client_test_rows, sim.client_test_union = rows[:3], torch.cat(rows[:3])
     assert full == evaluation_module._client_test_accuracies(sim, state.server.params) and len(full) == 3
+
+
+# ------------------------------------------------------------------ rounds that select nobody (poisson sampling)
+
+# seed 0, 10 clients, q = 0.08: rounds 5, 7 and 8 select nobody (the sampling test pins the draw itself)
+SPARSE = {
+    "rounds": 8,
+    "seed": 0,
+    "precision": "float64",
+    "data": {"num_clients": 10},
+    "client": {"steps": 2},
+    "sampling": {"participation": 0.08, "mode": "poisson"},
+    "evaluation": {"model": "reporting_mean"},
+}
+SPARSE_EMPTY_ROUNDS = [5, 7, 8]
+
+
+def _strip(records):
+    return [{k: v for k, v in r.items() if k != "round_seconds"} for r in records]
+
+
+def _check_empty_rounds_recorded_honestly(records, num_parameters):
+    assert [r["round"] for r in records if r["num_selected"] == 0] == SPARSE_EMPTY_ROUNDS
+    view_bits = 2 * 32 * num_parameters  # SCAFFOLD's view: θ and c, at 32 bits an entry whatever the precision
+    for before, record in zip(records, records[1:], strict=False):
+        if record["num_selected"] == 0:
+            assert record["num_reporting"] == 0 and record["reporting_clients"] == []
+            assert record["upload_bits"] == 0 and record["download_bits"] == 0 and record["local_steps"] == 0
+            assert record["num_inactive"] == 0 and record["num_incomplete"] == 0
+            # nobody reported: the server model stays, and the evaluation (scheduled every round) is of that model
+            assert record["model_norm"] == before["model_norm"]
+            assert record["test_loss"] == before["test_loss"] and "train_loss" in record
+        else:
+            assert record["num_reporting"] == record["num_selected"] > 0
+            assert record["download_bits"] == record["num_selected"] * view_bits
+
+
+@pytest.mark.parametrize("backend", ["sequential", "vectorized"])
+def test_rounds_that_select_nobody_run_and_are_recorded_as_such_on_both_backends(backend):
+    result = driftlab.run(SPARSE | {"backend": backend, "algorithm": {"name": "scaffold"}})
+    _check_empty_rounds_recorded_honestly(result.records, result.num_parameters)
+    assert len(result.records) == 8
+
+
+def test_the_mean_of_every_clients_model_is_evaluated_in_rounds_that_select_nobody():
+    result = driftlab.run(SPARSE | {"evaluation": {"model": "all_clients_mean"}})
+    losses = {r["round"]: r["test_loss"] for r in result.records}
+    for t in SPARSE_EMPTY_ROUNDS:  # nobody's latest model changed: the same mean, the same loss
+        assert losses[t] == losses[t - 1]
+    assert len(set(losses.values())) > 1
+
+
+def test_a_run_with_empty_rounds_resumes_bit_for_bit(tmp_path):
+    config = SPARSE | {"algorithm": {"name": "scaffold"}, "checkpoint_every": 1, "keep_checkpoint": True}
+    straight = driftlab.run(config)
+    driftlab.run(config | {"rounds": 5}, tmp_path / "run")  # stops after round 5, which selected nobody
+    resumed = driftlab.run(config, tmp_path / "run", resume=True)
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["resumed_from_round"] == 5
+    assert torch.equal(straight.final_params, resumed.final_params)
+    assert _strip(straight.records) == _strip(resumed.records)
+    _check_empty_rounds_recorded_honestly(resumed.records, resumed.num_parameters)
+
+
+def _finishing_empty(algorithm, calls: list):
+    """``algorithm`` whose fold ``finishes_empty``: its finish is counted (the round's num_selected), and with no
+    message folded it returns the server state as it was, with a metric saying it ran."""
+    fold = algorithm.fold()
+
+    def start(server, context):
+        return fold.start(server, context), 0
+
+    def add(accumulator, message):
+        inner, count = accumulator
+        return fold.add(inner, message), count + 1
+
+    def finish(server, accumulator, context):
+        calls.append(context.num_selected)
+        inner, count = accumulator
+        return (server, {"empty_finish": 1.0}) if count == 0 else fold.finish(server, inner, context)
+
+    folding = dataclasses.replace(fold, start=start, add=add, finish=finish, finishes_empty=True)
+    return dataclasses.replace(algorithm, server_fold=folding, server_update=folding.server_update)
+
+
+@pytest.mark.parametrize("finishes_empty", [True, False])
+def test_an_empty_round_calls_the_folds_finish_only_when_it_finishes_empty(finishes_empty):
+    sim, state = build_simulation(driftlab.load_config(SPARSE))
+    calls: list = []
+    if finishes_empty:
+        sim.algorithm = _finishing_empty(sim.algorithm, calls)
+    records = []
+    for _ in range(8):
+        state, record = run_round(sim, state, evaluate_after=True)
+        records.append(record)
+    empty = [r for r in records if r["round"] in SPARSE_EMPTY_ROUNDS]
+    assert all(r["num_selected"] == 0 for r in empty)
+    if finishes_empty:
+        assert calls == [r["num_selected"] for r in records]  # every round finished, the empty ones too
+        assert all(r["empty_finish"] == 1.0 for r in empty)
+        assert not any("empty_finish" in r for r in records if r not in empty)
+    else:
+        assert not any("empty_finish" in r for r in records)
+    plain = driftlab.run(SPARSE)
+    assert torch.equal(state.server.params, plain.final_params)  # this finish changes nothing else
+
+
+def test_a_round_whose_selected_clients_all_drop_out_is_recorded_and_keeps_the_model():
+    # every selected client inactive: the round's sample is not empty, but nobody trains or reports
+    config = {"rounds": 3, "data": {"num_clients": 6}, "sampling": {"participation": 0.5}, "availability": {"inactive_probability": 1.0}}
+    sim, state = build_simulation(driftlab.load_config(config))
+    initial = state.server.params.clone()
+    calls: list = []
+    sim.algorithm = _finishing_empty(sim.algorithm, calls)
+    state, record = run_round(sim, state, evaluate_after=True)
+    assert record["num_selected"] == 3 and record["num_inactive"] == 3
+    assert record["num_reporting"] == 0 and record["upload_bits"] == 0 and record["local_steps"] == 0
+    assert record["download_bits"] == 3 * 32 * sim.initial_params.numel()  # they received the broadcast
+    assert torch.equal(state.server.params, initial) and "test_loss" in record
+    assert calls == [3]  # a fold that finishes empty is finished here too
+
+
+def test_a_poisson_round_larger_than_its_expected_cohort_still_trains_in_waves_of_the_budget():
+    # q = 0.5 of 8 clients: m = 4 expected, rounds of 2 to 7; a 200 KB budget holds one SCAFFOLD client per wave
+    overrides = ["rounds=6", "data.num_clients=8", "sampling.participation=0.5", "sampling.mode=poisson", "algorithm.name=scaffold"]
+    sim, state = build_simulation(driftlab.load_config(None, [*overrides, "memory_budget=200KB"]))
+    assert engine_module.wave_size(sim, sim.algorithm.client_state_init(sim.initial_params)) == 1
+    sizes = []
+    train = sim.backend.train
+
+    def counting_train(model, start, tasks, *rest):
+        sizes.append(len(tasks))
+        return train(model, start, tasks, *rest)
+
+    sim.backend.train = counting_train
+    selected = []
+    for _ in range(6):
+        state, record = run_round(sim, state)
+        selected.append(record["num_selected"])
+    assert max(selected) > 4  # a round above the expected cohort
+    assert sizes == [1] * sum(selected)

@@ -98,7 +98,7 @@ class OrderedFold:
     def result(self) -> FoldedRound:
         for ready_id, (ready_message, ready_model) in self._queue.rest():
             self._take(ready_id, ready_message, ready_model)
-        if self._reporting:
+        if self._reporting or self.fold.finishes_empty:
             server, metrics = self.fold.finish(self.server, self._accumulator, self.context)
         else:
             server, metrics = self.server, {}

@@ -82,3 +82,38 @@ def test_unknown_and_repeated_clients_are_refused():
     folding.add(1, torch.tensor(1.0))
     with pytest.raises(ValueError, match="client 1 finished twice"):
         folding.add(1, torch.tensor(1.0))
+
+
+def _counting_fold(finishes_empty: bool, finished: list) -> ServerFold:
+    """A fold that counts the messages it took and records every finish (the count it saw)."""
+
+    def finish(server, count, context):
+        finished.append(count)
+        return server + 100.0, {"messages": float(count)}
+
+    return ServerFold(lambda server, context: 0, lambda count, message: count + 1, finish, finishes_empty=finishes_empty)
+
+
+@pytest.mark.parametrize("order", [[], [1, 2]], ids=["nobody selected", "nobody sent anything"])
+def test_an_empty_round_is_finished_only_by_a_fold_that_finishes_empty(order):
+    for finishes_empty in (True, False):
+        finished: list = []
+        folding = OrderedFold(_counting_fold(finishes_empty, finished), torch.tensor(5.0), CONTEXT, order)
+        for client_id in order:
+            folding.add(client_id, None)
+        result = folding.result()
+        assert result.reporting_clients == [] and result.upload_bits == 0 and result.reporting_mean is None
+        if finishes_empty:  # finish ran on the empty accumulator: its state and metrics are the round's
+            assert finished == [0] and float(result.server) == 105.0 and result.metrics == {"messages": 0.0}
+        else:  # finish never ran: the state stays and there are no metrics
+            assert finished == [] and float(result.server) == 5.0 and result.metrics == {}
+
+
+def test_a_fold_that_finishes_empty_finishes_a_round_with_messages_once():
+    finished: list = []
+    folding = OrderedFold(_counting_fold(True, finished), torch.tensor(5.0), CONTEXT, [1, 2, 3], keep_models=True)
+    folding.add(2, torch.tensor(1.0), torch.tensor([4.0]))
+    folding.add(1, None, torch.tensor([9.0]))
+    result = folding.result()
+    assert finished == [1] and result.metrics == {"messages": 1.0} and result.reporting_clients == [2]
+    assert torch.equal(result.reporting_mean, torch.tensor([4.0]))

@@ -32,6 +32,9 @@ class Stream(enum.IntEnum):
     DATA_GENERATION = 7
     AUGMENTATION = 8
     EVALUATION_SAMPLE = 9  # the clients whose data the train loss is evaluated on
+    PRIVACY_NOISE = 10  # central DP noise on a round's sum (driftlab.privacy)
+    PRIVACY_LOCAL_NOISE = 11  # local DP noise on one client's message
+    PRIVACY_CLIP_COUNT = 12  # the noise on adaptive clipping's count of unclipped clients
 
 
 NO_CLIENT = -1

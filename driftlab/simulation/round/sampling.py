@@ -1,12 +1,31 @@
 """Seeded client sampling: which registered clients are asked to train in round t.
 
-Two modes (FedProx paper and authors' code, algorithms.md "FedProx"):
+Three modes, each drawn from (seed, ``Stream.CLIENT_SAMPLING``, round) alone:
 
-* ``uniform``: ``m`` clients uniformly without replacement (the authors' code,
-  used with ``n_k``-weighted averaging);
+* ``uniform``: ``m`` clients uniformly without replacement (the FedProx
+  authors' code, used with ``n_k``-weighted averaging);
 * ``weighted``: ``m`` independent draws with probability ``p_k = n_k / n``
   (FedProx Algorithm 2, used with a simple average).  A client drawn twice is
-  trained once and counts twice (``multiplicity``).
+  trained once and counts twice (``multiplicity``);
+* ``poisson``: every registered client independently with probability
+  ``q = participation``, so the cohort's size varies (Binomial(N, q)) and a
+  round may select nobody.  This is the sampling that client-level DP
+  accounting assumes: the privacy amplification of the sampled Gaussian
+  mechanism (Mironov, Talwar and Zhang 2019, "Rényi Differential Privacy of
+  the Sampled Gaussian Mechanism"; Abadi et al. 2016, "Deep Learning with
+  Differential Privacy"; McMahan et al. 2018 for clients) holds when each
+  client's participation is an independent coin of probability q, which a
+  fixed-size cohort is not.
+
+``m = clients_per_round(participation, N)`` is the cohort of ``uniform`` and
+``weighted`` and the *expected* cohort of ``poisson``.  Memory planning sizes
+a round by it (``experiments.compatibility``: the batch plans and model copies
+of a round's clients, estimates that are lower bounds of what a run holds); a
+poisson round may exceed it.  What a round holds at once stays bounded
+whatever its size: the engine trains a round in waves of ``setup.wave_size``
+clients, a number fixed by the memory budget and the model's size, never by
+the cohort, and folds each message into the server update as its client
+finishes (``ordered_fold``).
 """
 
 from __future__ import annotations
@@ -18,7 +37,7 @@ import numpy as np
 
 from driftlab.simulation.round.randomness import Stream, generator
 
-SAMPLING_MODES = ("uniform", "weighted")
+SAMPLING_MODES = ("uniform", "weighted", "poisson")
 
 
 @dataclass(frozen=True)
@@ -35,10 +54,17 @@ def clients_per_round(participation: float, num_registered: int) -> int:
 def sample_clients(
     seed: int, round_index: int, registered: np.ndarray, sizes: np.ndarray, participation: float, mode: str
 ) -> ClientSample:
-    """Draw round ``round_index``'s clients from ``registered`` (ids) with sample counts ``sizes``."""
+    """Draw round ``round_index``'s clients from ``registered`` (ids) with sample counts ``sizes``.
+
+    ``poisson`` draws one uniform number per registered client, in the order of ``registered``, and takes the
+    clients whose number is below ``participation``: client k's draw does not depend on the others' outcomes, and
+    the sample may be empty."""
     if len(registered) == 0:
         raise ValueError(f"round {round_index}: no registered clients to sample from")
     rng = generator(seed, Stream.CLIENT_SAMPLING, round_index)
+    if mode == "poisson":
+        chosen = np.sort(np.asarray(registered)[rng.random(len(registered)) < participation])
+        return ClientSample(chosen.astype(np.int64), np.ones(len(chosen), dtype=np.int64))
     count = clients_per_round(participation, len(registered))
     if mode == "uniform":
         chosen = np.sort(rng.choice(registered, size=count, replace=False))

@@ -1,10 +1,11 @@
-"""Seeded client sampling: uniform without replacement, and n_k/n-weighted draws with multiplicity."""
+"""Seeded client sampling: uniform without replacement, n_k/n-weighted draws with multiplicity, and poisson."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from driftlab.simulation.round.randomness import Stream
 from driftlab.simulation.round.sampling import clients_per_round, sample_clients
 
 
@@ -39,7 +40,7 @@ def test_uniform_samples_from_the_registered_ids_not_positions():
 
 def test_sampling_is_a_function_of_seed_and_round():
     registered, sizes = np.arange(30), np.full(30, 10)
-    for mode in ("uniform", "weighted"):
+    for mode in ("uniform", "weighted", "poisson"):
         a = sample_clients(1, 4, registered, sizes, 0.2, mode)
         b = sample_clients(1, 4, registered, sizes, 0.2, mode)
         assert np.array_equal(a.client_ids, b.client_ids) and np.array_equal(a.multiplicity, b.multiplicity)
@@ -85,7 +86,66 @@ def test_weighted_mode_counts_repeated_draws():
 
 
 def test_sampling_errors():
-    with pytest.raises(ValueError, match="uniform, weighted"):
+    with pytest.raises(ValueError, match="uniform, weighted, poisson"):
         sample_clients(0, 1, np.arange(3), np.ones(3), 0.5, "stratified")
     with pytest.raises(ValueError, match="no registered clients"):
         sample_clients(0, 1, np.array([], dtype=np.int64), np.array([]), 0.5, "uniform")
+
+
+# ------------------------------------------------------------------ poisson
+
+
+def _uniform_draws(seed: int, round_index: int, count: int) -> np.ndarray:
+    """The round's draws written out from the generator's definition: (seed, stream, round, client id + 1)."""
+    entropy = (seed, int(Stream.CLIENT_SAMPLING), round_index, 0)
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(entropy))).random(count)
+
+
+def test_poisson_takes_the_clients_whose_own_draw_is_below_q():
+    draws = _uniform_draws(5, 3, 8)
+    # by hand: the draws are 0.767 0.778 0.476 0.171 0.592 0.383 0.785 0.852, so q = 0.4 takes clients 3 and 5
+    assert np.round(draws, 3).tolist() == [0.767, 0.778, 0.476, 0.171, 0.592, 0.383, 0.785, 0.852]
+    sample = sample_clients(5, 3, np.arange(8), np.ones(8), 0.4, "poisson")
+    assert sample.client_ids.tolist() == [3, 5]
+    assert sample.multiplicity.tolist() == [1, 1]
+    assert sample.client_ids.dtype == np.int64 and sample.multiplicity.dtype == np.int64
+
+
+def test_poisson_gives_the_kth_registered_client_the_kth_draw_whatever_the_others_do():
+    registered = np.array([3, 7, 10, 12, 40, 41])
+    draws = _uniform_draws(2, 9, len(registered))
+    for q in (0.1, 0.3, 0.5, 0.7, 0.9):
+        sample = sample_clients(2, 9, registered, np.ones(6), q, "poisson")
+        assert sample.client_ids.tolist() == registered[draws < q].tolist()
+    # so a larger q keeps every client a smaller one took (each client's coin is its own draw)
+    small = set(sample_clients(2, 9, registered, np.ones(6), 0.2, "poisson").client_ids.tolist())
+    large = set(sample_clients(2, 9, registered, np.ones(6), 0.6, "poisson").client_ids.tolist())
+    assert small <= large
+
+
+def test_poisson_may_select_nobody_and_q_one_selects_everybody():
+    registered, sizes = np.arange(20), np.ones(20)
+    samples = [sample_clients(0, t, registered, sizes, 0.05, "poisson") for t in range(1, 30)]
+    empty = [sample for sample in samples if len(sample.client_ids) == 0]
+    assert len(empty) >= 5  # (0.95)^20 = 0.36 of the rounds
+    assert all(sample.client_ids.shape == (0,) and sample.multiplicity.shape == (0,) for sample in empty)
+    assert all(sample.client_ids.dtype == np.int64 for sample in empty)
+    assert {len(sample.client_ids) for sample in samples} >= {0, 1, 2}  # the cohort's size varies
+    everybody = sample_clients(0, 1, np.array([4, 9, 11]), np.ones(3), 1.0, "poisson")
+    assert everybody.client_ids.tolist() == [4, 9, 11]
+
+
+def test_poisson_counts_are_binomial_n_q():
+    n, q, rounds = 40, 0.1, 3000
+    registered, sizes = np.arange(n), np.arange(1, n + 1)
+    counts = np.array([len(sample_clients(13, t, registered, sizes, q, "poisson").client_ids) for t in range(1, rounds + 1)])
+    variance = n * q * (1 - q)  # 3.6
+    # the mean of 3000 Binomial(40, 0.1) counts is 4 with standard error √(3.6/3000) = 0.035: 4 standard errors
+    assert abs(counts.mean() - n * q) < 4 * np.sqrt(variance / rounds)
+    assert counts.var() == pytest.approx(variance, rel=0.1)  # a fixed-size cohort would have no variance
+    # P(nobody) = 0.9^40 = 0.0148: about 44 of 3000 rounds, standard deviation 6.6
+    assert abs((counts == 0).sum() - rounds * (1 - q) ** n) < 4 * np.sqrt(rounds * (1 - q) ** n)
+    inclusion = np.zeros(n)
+    for t in range(1, 1001):
+        inclusion[sample_clients(13, t, registered, sizes, q, "poisson").client_ids] += 1
+    assert np.allclose(inclusion / 1000, q, atol=4 * np.sqrt(q * (1 - q) / 1000))  # whatever n_k
