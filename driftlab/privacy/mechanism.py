@@ -32,9 +32,11 @@ bit on every backend and a resumed run draws what an uninterrupted one does.
 Adaptive clipping (Andrew, Thakkar, McMahan and Ramaswamy, "Differentially
 Private Learning with Adaptive Clipping", NeurIPS 2021), geometric update::
 
-    b_k = 1[‖x_k‖ ≤ C_t],   b̃ = (Σ_P b_k + N(0, σ_b²)) / m,   C_{t+1} = C_t · exp(−η_C (b̃ − γ))
+    b_k = 1[‖x_k‖ ≤ C_t],   b̃ = clamp((Σ_P (b_k − ½) + N(0, σ_b²)) / m + ½, 0, 1),
+    C_{t+1} = C_t · exp(−η_C (b̃ − γ))
 
-with the update's multiplier z_Δ = (z^−2 − (2σ_b)^−2)^−1/2 in σ above
+(the count centred on ½, as their Algorithm 1 and tensorflow_privacy's
+quantile estimator do, so that one client moves it by at most ½), with the update's multiplier z_Δ = (z^−2 − (2σ_b)^−2)^−1/2 in σ above
 (``PrivacySettings.update_noise_multiplier``), so that the round is a
 Gaussian mechanism of multiplier z.  C_t travels with the broadcast
 (``PrivateClientView``) and b_k with the message (``PrivateMessage``); without
@@ -202,10 +204,13 @@ def count_noise(settings: PrivacySettings, round_index: int) -> float:
     )
 
 
-def next_clip(settings: PrivacySettings, clip: float, within: int, round_index: int) -> float:
-    """C_{t+1} = C_t exp(−η_C (b̃ − γ)), b̃ = (Σ_P b_k + N(0, σ_b²)) / m (Andrew et al. 2021, geometric update)."""
+def next_clip(settings: PrivacySettings, clip: float, within: int, reporting: int, round_index: int) -> float:
+    """C_{t+1} = C_t exp(−η_C (b̃ − γ)), b̃ = clamp((Σ_P (b_k − ½) + N(0, σ_b²)) / m + ½, 0, 1) (Andrew et al. 2021,
+    geometric update).  Each term b_k − ½ is ±½, so adding or removing a client moves the sum by at most ½: the
+    count's multiplier is 2σ_b, which ``PrivacySettings.update_noise_multiplier`` composes with the update's."""
     adaptive = settings.adaptive
-    fraction = (within + count_noise(settings, round_index)) / settings.expected_cohort
+    centred = within - reporting / 2 + count_noise(settings, round_index)
+    fraction = min(1.0, max(0.0, centred / settings.expected_cohort + 0.5))
     return clip * math.exp(-adaptive.learning_rate * (fraction - adaptive.target_quantile))
 
 
@@ -308,7 +313,7 @@ def with_privacy(algorithm: Algorithm, settings: PrivacySettings) -> Algorithm:
             inner, metrics = inner_fold.finish(server.inner, sums.inner, private_context(context))
         else:
             inner, metrics = server.inner, {}
-        clip = next_clip(settings, server.clip, sums.within, context.round) if adaptive else server.clip
+        clip = next_clip(settings, server.clip, sums.within, sums.reporting, context.round) if adaptive else server.clip
         metrics = {**metrics, **privacy_metrics(settings, sums, context.round, local)}
         return PrivateServerState(inner, clip, server.dimension), metrics
 

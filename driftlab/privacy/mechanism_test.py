@@ -411,7 +411,8 @@ def test_adaptive_clipping_moves_the_clip_by_the_noised_count():
     assert [message.within_clip for message in messages] == [True, True, False, False, True]
     new, metrics = private.server_update(server, messages, round_context(1, 5))
     noise = float(generator(SEED, Stream.PRIVACY_CLIP_COUNT, 1).standard_normal()) * 0.5
-    fraction = (3 + noise) / 4.0  # b̃ = (Σ b_k + N(0, σ_b²)) / m
+    fraction = (3 - 5 / 2 + noise) / 4.0 + 0.5  # b̃ = (Σ (b_k − ½) + N(0, σ_b²)) / m + ½ (within [0, 1] here)
+    assert 0 < fraction < 1
     expected = 1.0 * math.exp(-0.2 * (fraction - 0.5))
     assert new.clip == pytest.approx(expected, rel=1e-15)
     assert metrics["privacy_clip"] == 1.0 and metrics["privacy_clipped_fraction"] == pytest.approx(2 / 5)
@@ -419,11 +420,21 @@ def test_adaptive_clipping_moves_the_clip_by_the_noised_count():
     assert private.broadcast(new).clip == new.clip
     second = client_messages(private, new, [5.0], round_index=2)[0]
     assert float(second.payload.change.norm()) == pytest.approx(new.clip, rel=1e-12)
-    # an empty round still moves the clip (nobody within: b̃ = noise / m)
+    # an empty round still moves the clip (nobody reported: b̃ = noise / m + ½)
     after, _ = private.server_update(new, [], round_context(2, 0))
     noise2 = float(generator(SEED, Stream.PRIVACY_CLIP_COUNT, 2).standard_normal()) * 0.5
-    assert after.clip == pytest.approx(new.clip * math.exp(-0.2 * (noise2 / 4.0 - 0.5)), rel=1e-15)
+    assert after.clip == pytest.approx(new.clip * math.exp(-0.2 * (noise2 / 4.0 + 0.5 - 0.5)), rel=1e-15)
     assert after.inner is new.inner
+
+
+def test_adaptive_clipping_clamps_the_noised_fraction_to_0_and_1():
+    loud = settings(clip=1.0, adaptive=dataclasses.replace(ADAPTIVE, count_noise=1e6))
+    private = with_privacy(mean_algorithm(), loud)
+    server = private.server_init(theta0())
+    new, _ = private.server_update(server, [], round_context(1, 0))
+    drawn = float(generator(SEED, Stream.PRIVACY_CLIP_COUNT, 1).standard_normal())
+    fraction = 1.0 if drawn > 0 else 0.0  # a noise of 1e6 puts b̃ far outside [0, 1] before the clamp
+    assert new.clip == pytest.approx(math.exp(-0.2 * (fraction - 0.5)), rel=1e-15)
 
 
 def test_adaptive_clipping_noises_the_update_with_z_delta():

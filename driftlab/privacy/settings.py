@@ -19,10 +19,11 @@ ACCOUNTANTS = ("rdp", "prv")
 class AdaptiveClipping:
     """Andrew et al., "Differentially Private Learning with Adaptive Clipping" (NeurIPS 2021), geometric update:
 
-        b_k = 1[‖x_k‖ ≤ C_t],   b̃ = (Σ_P b_k + N(0, σ_b²)) / m,   C_{t+1} = C_t · exp(−η_C (b̃ − γ))
+        b_k = 1[‖x_k‖ ≤ C_t],   b̃ = clamp((Σ_P (b_k − ½) + N(0, σ_b²)) / m + ½, 0, 1),   C_{t+1} = C_t · exp(−η_C (b̃ − γ))
 
     with the update noise multiplier ``z_Δ = (z^−2 − (2σ_b)^−2)^−1/2`` so that the
-    round as a whole is a Gaussian mechanism of multiplier ``z`` (their Theorem 1).
+    round as a whole is a Gaussian mechanism of multiplier ``z`` (their Theorem 1): the centred count moves by at
+    most ½ per client, so its multiplier is 2σ_b, and z^−2 = z_Δ^−2 + (2σ_b)^−2.
     """
 
     target_quantile: float  # γ in [0, 1]
