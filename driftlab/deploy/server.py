@@ -355,7 +355,8 @@ class DeploymentServer:
         # The client states live on the nodes: the server's store stays empty.
         state = SimulationState(0, state.server, InMemoryClientStore(None), None)
         rounds = _ServerRounds(self, out, config, sim)
-        result = run_rounds(rounds, out, config, sim, state, resume=self.resume, run_info={"deployment": True, **privacy_run_info(config, sim.data.num_clients)})
+        run_info = {"deployment": True, **privacy_run_info(config, sim.data.num_clients)}
+        result = run_rounds(rounds, out, config, sim, state, resume=self.resume, run_info=run_info)
         self.server_state = rounds.state.server
         return result
 
