@@ -69,8 +69,7 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from driftlab.algorithms.aggregation import RunningMean, check_aggregation, client_weight
-from driftlab.algorithms.aggregation import WEIGHTED_REFUSAL
+from driftlab.algorithms.aggregation import WEIGHTED_REFUSAL, RunningMean, check_aggregation, client_weight
 from driftlab.optim.apply import apply_server_optimizer
 from driftlab.simulation.seam import (
     NO_CORRECTION,

@@ -27,7 +27,7 @@ it early — both engine features) is averaged like any other; a client that
 does not report sends nothing and is left out of the average.
 
 Under ``[privacy]``: the server half is FedAvg's, and so is the form
-(``fedavg.model_change_form``): a message reveals ``θ_k − θ^{t−1}``, clipped to
+(``aggregation.model_change_form``): a message reveals ``θ_k − θ^{t−1}``, clipped to
 C it has sensitivity C on the sum, and the noise reaches ``θ̄`` divided by the
 expected cohort m.  Only ``aggregation = "uniform"`` has a form (the n_k weights
 are private and unbounded), and only for multiplicity 1 (poisson or uniform
