@@ -393,14 +393,7 @@ def test_a_round_in_waves_matches_one_wave(backend):
     config = driftlab.load_config(None, [*overrides, "memory_budget=200KB"])
     sim, state = build_simulation(config)
     assert engine_module.wave_size(sim, sim.algorithm.client_state_init(sim.initial_params)) == 1
-    sizes = []
-    train = sim.backend.train
-
-    def counting_train(model, start, tasks, *rest):
-        sizes.append(len(tasks))
-        return train(model, start, tasks, *rest)
-
-    sim.backend.train = counting_train
+    sizes = count_wave_sizes(sim)
     records = []
     for _ in range(3):
         state, record = run_round(sim, state, evaluate_after=True)
@@ -568,11 +561,8 @@ def test_a_round_whose_selected_clients_all_drop_out_is_recorded_and_keeps_the_m
     assert calls == [3]  # a fold that finishes empty is finished here too
 
 
-def test_a_poisson_round_larger_than_its_expected_cohort_still_trains_in_waves_of_the_budget():
-    # q = 0.5 of 8 clients: m = 4 expected, rounds of 2 to 7; a 200 KB budget holds one SCAFFOLD client per wave
-    overrides = ["rounds=6", "data.num_clients=8", "sampling.participation=0.5", "sampling.mode=poisson", "algorithm.name=scaffold"]
-    sim, state = build_simulation(driftlab.load_config(None, [*overrides, "memory_budget=200KB"]))
-    assert engine_module.wave_size(sim, sim.algorithm.client_state_init(sim.initial_params)) == 1
+def count_wave_sizes(sim) -> list[int]:
+    """The number of clients of each wave ``sim``'s backend trains from now on, appended as they are trained."""
     sizes = []
     train = sim.backend.train
 
@@ -581,6 +571,15 @@ def test_a_poisson_round_larger_than_its_expected_cohort_still_trains_in_waves_o
         return train(model, start, tasks, *rest)
 
     sim.backend.train = counting_train
+    return sizes
+
+
+def test_a_poisson_round_larger_than_its_expected_cohort_still_trains_in_waves_of_the_budget():
+    # q = 0.5 of 8 clients: m = 4 expected, rounds of 2 to 7; a 200 KB budget holds one SCAFFOLD client per wave
+    overrides = ["rounds=6", "data.num_clients=8", "sampling.participation=0.5", "sampling.mode=poisson", "algorithm.name=scaffold"]
+    sim, state = build_simulation(driftlab.load_config(None, [*overrides, "memory_budget=200KB"]))
+    assert engine_module.wave_size(sim, sim.algorithm.client_state_init(sim.initial_params)) == 1
+    sizes = count_wave_sizes(sim)
     selected = []
     for _ in range(6):
         state, record = run_round(sim, state)
