@@ -492,7 +492,10 @@ def _wrapped(text: str, indent: str = "      ") -> str:
     """A description as a paragraph wrapped to the terminal (at most 100 columns), never cut."""
     width = max(40, min(100, shutil.get_terminal_size((100, 24)).columns))
     paragraph = " ".join(text.split())
-    return textwrap.fill(paragraph, width=width, initial_indent=indent, subsequent_indent=indent) if paragraph else f"{indent}(no description)"
+    if not paragraph:
+        return f"{indent}(no description)"
+    # break_on_hyphens=False: "DP-SCAFFOLD" split after its hyphen would read "DP- SCAFFOLD" once joined again
+    return textwrap.fill(paragraph, width=width, initial_indent=indent, subsequent_indent=indent, break_on_hyphens=False)
 
 
 # ----------------------------------------------------------------- TOML output (tomllib only reads)

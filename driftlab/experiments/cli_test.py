@@ -119,6 +119,13 @@ def test_presets_command_shows_every_description_whole():
     assert "`--scale paper` runs the paper's 3000." in listed["decaying-k-quadratic"]
 
 
+def test_a_wrapped_description_never_splits_a_hyphenated_word():
+    # "DP-SCAFFOLD" cut after its hyphen would read as "DP- SCAFFOLD" once the lines are joined again
+    for padding in range(60, 110):
+        lines = cli._wrapped("x" * padding + " DP-SCAFFOLD is ahead").splitlines()
+        assert any("DP-SCAFFOLD" in line for line in lines), padding
+
+
 def test_preset_description_is_the_leading_comment_block():
     text = cli.preset_description("mnist-fedavg")
     assert text.startswith("FedDyn Table 2 setting with FedAvg: MNIST, 100 clients") and "seed" not in text and "#" not in text
