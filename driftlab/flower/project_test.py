@@ -190,7 +190,10 @@ def test_check_runs_the_simulation_engine_and_finds_the_models_equal(tmp_path, t
     assert result.returncode == 0, result.stderr
     assert [json.loads(line)["round"] for line in (keep / "metrics.jsonl").read_text().splitlines()] == [1, 2]
     assert f"driftlab: run complete: 2 rounds in {keep}" in out  # kept: named; a temporary one is not (_check_log)
-    assert "DEPRECATED FEATURE" not in out + result.stderr and "\x1b[93m" not in out + result.stderr
+    # Flower's actors log "Manually terminating ClientAppActor" (a yellow WARNING) at every normal shutdown; Ray
+    # forwards it only when the driver is still reading then, so it comes and goes with timing: not a notice to act on.
+    shown = "\n".join(line for line in (out + result.stderr).splitlines() if "Manually terminating ClientAppActor" not in line)
+    assert "DEPRECATED FEATURE" not in shown and "\x1b[93m" not in shown
 
 
 def test_check_refuses_bad_rounds_nodes_and_a_used_keep_directory_before_running(tmp_path, tiny, with_flower, capsys):
