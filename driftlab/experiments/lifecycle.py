@@ -74,6 +74,7 @@ from driftlab.experiments.run_directory import (
 from driftlab.experiments.trackers import open_trackers
 from driftlab.metrics.summary import summarize
 from driftlab.simulation.round import latest_models
+from driftlab.simulation.asynchronous.checkpointing import in_flight_tensors, restore_in_flight
 from driftlab.simulation.state.checkpoint import load_checkpoint, save_checkpoint, write_atomically
 from driftlab.simulation.round.engine import commit_round
 from driftlab.simulation.round.setup import Simulation, SimulationState, disk_stores
@@ -413,6 +414,8 @@ def start_run_info(
     return run_directory.RunInfo.start(out, config.rounds, start_round, sim.model.num_parameters, entries)
 
 
+CLOCK = "clock"  # the checkpoint's engine/clock: simulated seconds at the end of its round
+
 LATEST_SUM, LATEST_COUNT = (
     latest_models.SUM,
     latest_models.COUNT,
@@ -442,6 +445,10 @@ def write_checkpoint(out: Path, config: ExperimentConfig, state: SimulationState
     if state.latest_sum is not None:  # the running sum of the latest models: resumed as is, so the bits go on unchanged
         in_file = state.latest_models if "latest_models" not in stores else None  # compact beside the models it sums
         engine_tensors = latest_models.checkpoint_tensors(state.latest_sum, in_file)
+    if state.clock is not None:  # simulated time ([system]): the next round starts where this one ended
+        engine_tensors[CLOCK] = torch.tensor(state.clock, dtype=torch.float64)
+    if state.in_flight is not None:  # an asynchronous run: the clients in flight, their results, their start models
+        engine_tensors.update(in_flight_tensors(state.in_flight))
     save_checkpoint(
         out / CHECKPOINT_FILE, state.round, state.server, clients, config.fingerprint(), stores, engine_tensors
     )
@@ -485,7 +492,11 @@ def prepare_output(
         latest_sum = None
         if keeps_latest:
             latest_sum = latest_models.from_checkpoint_tensors(loaded.engine_tensors, state.latest_models, initial)
-        state = SimulationState(loaded.round, loaded.server_state, state.clients, state.latest_models, latest_sum)
+        clock = float(loaded.engine_tensors[CLOCK].item()) if CLOCK in loaded.engine_tensors else state.clock
+        in_flight = restore_in_flight(sim, loaded.engine_tensors) if sim.asynchronous is not None else None
+        state = SimulationState(
+            loaded.round, loaded.server_state, state.clients, state.latest_models, latest_sum, clock, in_flight
+        )
         commit_round(state)
     else:
         state = (

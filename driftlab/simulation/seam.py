@@ -278,6 +278,13 @@ class Algorithm:
     # and privacy_refusal says why and what to change (None there too: the algorithm gives no form at all).
     privacy: PrivacyForm | None = None
     privacy_refusal: str | None = None
+    # Asynchronous training (FedBuff, driftlab.simulation.asynchronous): True declares that the server update, fed
+    # staleness-weighted changes of clients that started from older models (each stale message's ``privacy.release``
+    # moved onto the current model with ``privacy.restore``, unit weight, means over the buffer), is a stated
+    # asynchronous rule of this algorithm; it needs ``privacy`` (the form).  False: ``asynchronous_refusal`` says why
+    # not and what to run instead (None there: the algorithm declares no asynchronous rule).
+    asynchronous: bool = False
+    asynchronous_refusal: str | None = None
 
     def __post_init__(self) -> None:
         if self.server_fold is not None and self.server_update != self.server_fold.server_update:
@@ -286,6 +293,20 @@ class Algorithm:
                 "caller of server_update would compute different things; give server_update=fold.server_update, or "
                 "server_fold=None to have the engine call server_update on the collected messages"
             )
+
+    def asynchronous_problem(self) -> str | None:
+        """Why this algorithm cannot run asynchronously, with the fix (None: it can)."""
+        if self.asynchronous and self.privacy is not None:
+            return None
+        if self.asynchronous:
+            return (
+                f"algorithm {self.name!r} declares an asynchronous rule but gives no PrivacyForm, through which a stale "
+                "client's change is moved onto the current model; give Algorithm(privacy=PrivacyForm(...))"
+            )
+        return self.asynchronous_refusal or (
+            f"algorithm {self.name!r} declares no asynchronous rule (Algorithm.asynchronous); run it synchronously "
+            "(remove [asynchronous]), or use fedavg or fedprox with aggregation = \"uniform\""
+        )
 
     def fold(self) -> ServerFold:
         """How the engine aggregates a round: ``server_fold``, or ``server_update`` over the collected messages."""

@@ -35,6 +35,8 @@ class Stream(enum.IntEnum):
     PRIVACY_NOISE = 10  # central DP noise on a round's sum (driftlab.privacy)
     PRIVACY_LOCAL_NOISE = 11  # local DP noise on one client's message
     PRIVACY_CLIP_COUNT = 12  # the noise on adaptive clipping's count of unclipped clients
+    SYSTEM_PROFILE = 13  # a client's device speed and bandwidths (driftlab.simulation.time.profiles)
+    ASYNC_DISPATCH = 14  # which idle client an asynchronous run dispatches next, and its training seed
 
 
 NO_CLIENT = -1

@@ -23,6 +23,7 @@ from driftlab.simulation.round.randomness import Stream, generator
 from driftlab.simulation.round.latest_models import LatestModels
 from driftlab.simulation.seam import Algorithm
 from driftlab.simulation.state.memory_budget import MemoryBudget
+from driftlab.simulation.time.plan import AsynchronousPlan, SystemPlan
 from driftlab.simulation.state.state_store import (
     ClientStateStore,
     DiskClientStore,
@@ -98,6 +99,10 @@ class Simulation:
     # The run's memory budget (config memory_budget, parsed once by assembly): waves, store caches and chunks
     # are sized from it.  The default is the unconfigured budget (half the machine; waves of 1 GiB).
     memory_budget: MemoryBudget = MemoryBudget()
+    # Simulated time (config [system]): device profiles, deadline, over-selection; None: rounds are not timed.
+    system: SystemPlan | None = None
+    # Asynchronous FedBuff (config [asynchronous]; needs system); None: synchronous rounds.
+    asynchronous: AsynchronousPlan | None = None
     training_data: TrainingData = field(init=False, repr=False)
     test_data: TrainingData = field(init=False, repr=False)
     client_rows: list[torch.Tensor] = field(init=False, repr=False)
@@ -171,6 +176,11 @@ class SimulationState:
     # and their running sum (None: not yet computed from the store, e.g. after an older checkpoint).
     latest_models: ClientStateStore | None = None
     latest_sum: LatestModels | None = None
+    # Simulated seconds at the end of the last completed round (``[system]``, driftlab.simulation.time); None: untimed.
+    clock: float | None = None
+    # An asynchronous run's engine state between server updates (``driftlab.simulation.asynchronous``: the clients in
+    # flight, their held results, the model versions they started from); None: synchronous rounds.
+    in_flight: Any = None
 
 
 STORE_KINDS = ("memory", "disk", "auto")
