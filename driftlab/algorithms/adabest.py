@@ -107,6 +107,15 @@ def beta_value(value: Any) -> BetaSchedule:
 
 Beta = Annotated[Any, BeforeValidator(beta_value)]
 
+# Why FedBuff cannot run AdaBest as it stands (Algorithm.asynchronous_refusal; docs/algorithms.md, "Asynchronous").
+ASYNCHRONOUS_REFUSAL = (
+    "AdaBest's client divides h_k by t − t'_k, the rounds since it last reported, which is 0 when FedBuff dispatches "
+    "a client again at the same model version, and its server's h = β(θ̄^{t−1} − θ̄^t) reads the difference of "
+    "consecutive averages as client drift, where FedBuff's consecutive buffers hold changes from different model "
+    "versions (no published asynchronous AdaBest rule was found): "
+    "run adabest synchronously (remove [asynchronous]), or use fedavg or fedprox with aggregation = \"uniform\""
+)
+
 
 class Config(BaseModel):
     """``[algorithm]`` section for AdaBest (it has its own server step: keep ``server.optimizer = "sgd"``, ``server.lr = 1``)."""
@@ -204,7 +213,8 @@ def build(mu: float = 0.02, beta: BetaSchedule = 0.96, aggregation: str = "unifo
     fold = ServerFold(aggregation_start, aggregation_add, aggregation_finish)
     return Algorithm("adabest", server_init, client_objective, client_finish, fold.server_update, broadcast,
                      client_state_init=client_state_init, server_fold=fold,
-                     privacy=form if private else None, privacy_refusal=None if private else WEIGHTED_REFUSAL)
+                     privacy=form if private else None, privacy_refusal=None if private else WEIGHTED_REFUSAL,
+                     asynchronous_refusal=ASYNCHRONOUS_REFUSAL)
 
 
 def from_config(config: Config, server_optimizer: Any) -> Algorithm:

@@ -88,6 +88,16 @@ ADAPTIVE_REFUSAL = (
     'set algorithm.incomplete = "drop" or "plain"'
 )
 
+# Why FedBuff cannot run EFL as it stands (Algorithm.asynchronous_refusal; docs/algorithms.md, "Asynchronous").
+ASYNCHRONOUS_REFUSAL = (
+    "EFL's server keeps U = Σ_i u_i and V = Σ_i u_i ⊙ θ_i by adding the changes the clients made to their own u_k, "
+    "v_k, and weighs a straggler by E/s_k: FedBuff weights a stale message by s(τ), so U and V would gain s(τ) times "
+    "changes the clients made whole, and its buffer mean has equal weights (no published asynchronous EFL rule was "
+    "found; EFL with elastic = 0, incomplete = \"plain\", aggregation = \"uniform\" and compression.ratio = 1 is "
+    "FedAvg): "
+    "run efl synchronously (remove [asynchronous]), or use fedavg or fedprox with aggregation = \"uniform\""
+)
+
 
 class Config(BaseModel):
     """``[algorithm]`` section for EFL (compression is ``[compression] ratio``, default 0.01 for EFL)."""
@@ -287,7 +297,8 @@ def build(
     fold = ServerFold(aggregation_start, aggregation_add, aggregation_finish)
     return Algorithm("efl", server_init, client_objective, client_finish, fold.server_update, broadcast,
                      client_state_init=client_state_init, server_fold=fold,
-                     privacy=privacy_form(uses_fisher) if refusal is None else None, privacy_refusal=refusal)
+                     privacy=privacy_form(uses_fisher) if refusal is None else None, privacy_refusal=refusal,
+                     asynchronous_refusal=ASYNCHRONOUS_REFUSAL)
 
 
 def from_config(config: Config, server_optimizer: Any) -> Algorithm:

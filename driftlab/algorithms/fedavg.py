@@ -31,6 +31,17 @@ sampling; a client drawn twice by ``sampling.mode = "weighted"`` would weigh
 twice).  ``aggregation = "weighted"`` has no form: its weights ``n_k`` are
 private and unbounded.
 
+Asynchronously (``[asynchronous]``, FedBuff: Nguyen et al., AISTATS 2022,
+Algorithm 1), with ``aggregation = "uniform"`` only: the server holds each
+arriving change ``Δ_k = θ_k − θ^{v_k}`` (``v_k`` the version the client started
+from, ``τ_k = v − v_k``) and, after ``B`` arrivals, runs this fold on the
+carriers ``θ^v + s(τ_k) Δ_k`` with unit weight and ``mean_denominator = B``:
+
+    θ̄ = θ^v + (1/B) Σ_buffer s(τ_k) Δ_k,    θ^{v+1} = ServerOpt(θ^v, θ^v − θ̄, η_g)
+
+(FedBuff's ``x ← x − η_g Δ̄`` is SGD here).  ``"weighted"`` is refused: FedBuff's
+buffer mean has equal weights.
+
 Example:
     >>> from driftlab.algorithms import fedavg
     >>> from driftlab.optim.server import make_server_optimizer
@@ -65,6 +76,12 @@ from driftlab.simulation.seam import (
     RoundContext,
     ServerFold,
 )
+
+FEDBUFF_WEIGHTED_REFUSAL = (
+    'FedBuff averages the buffered changes with equal weights (Nguyen et al. 2022, Algorithm 1); '
+    'set algorithm.aggregation = "uniform"'
+)
+
 
 class Config(BaseModel):
     """``[algorithm]`` section for FedAvg (the server optimizer is chosen in ``[server]``)."""
@@ -139,8 +156,12 @@ def build(server_optimizer: Any, aggregation: str = "weighted", incomplete: str 
     form = model_change_form(lambda params: ClientMessage(params, num_samples=1, multiplicity=1))
     private = aggregation == "uniform"
     fold = ServerFold(aggregation_start, aggregation_add, aggregation_finish)
+    # FedBuff's server step is this fold fed the buffer's staleness-weighted changes as unit-weight carriers
+    # (mean_denominator = B): θ ← ServerOpt(θ, −(1/B) Σ s(τ_k) Δ_k), its Algorithm 1 with a FedOpt server.
     return Algorithm("fedavg", server_init, client_objective, client_finish, fold.server_update, broadcast,
-                     server_fold=fold, privacy=form if private else None, privacy_refusal=None if private else WEIGHTED_REFUSAL)
+                     server_fold=fold, privacy=form if private else None, privacy_refusal=None if private else WEIGHTED_REFUSAL,
+                     asynchronous=aggregation == "uniform",
+                     asynchronous_refusal=None if aggregation == "uniform" else FEDBUFF_WEIGHTED_REFUSAL)
 
 
 def from_config(config: Config, server_optimizer: Any) -> Algorithm:

@@ -83,6 +83,15 @@ from driftlab.simulation.seam import Algorithm, ClientContext, ClientUpdate, Gra
 
 BALANCES = ("by_size", "none")
 
+# Why FedBuff cannot run FedDyn as it stands (Algorithm.asynchronous_refusal; docs/algorithms.md, "Asynchronous").
+ASYNCHRONOUS_REFUSAL = (
+    "FedDyn's server adds each client's λ-increment θ_k − θ^{t−1} to Σ_S λ_k and its dynamic regulariser pulls every "
+    "client of a round towards that round's θ^{t−1}: FedBuff weights a stale change by s(τ), so Σ_S λ_k would gain "
+    "s(τ)(θ_k − θ^{v_k}) where λ_k gained the whole change, and a stale client's regulariser is centred on an old model "
+    "(no published asynchronous FedDyn rule was found): "
+    "run feddyn synchronously (remove [asynchronous]), or use fedavg or fedprox with aggregation = \"uniform\""
+)
+
 
 class Config(BaseModel):
     """``[algorithm]`` section for FedDyn (it has its own server step: keep ``server.optimizer = "sgd"``, ``server.lr = 1``)."""
@@ -196,7 +205,8 @@ def build(alpha: float = 0.01, balance: str = "by_size") -> Algorithm:
     fold = ServerFold(aggregation_start, aggregation_add, aggregation_finish)
     return Algorithm("feddyn", server_init, client_objective, client_finish, fold.server_update, broadcast,
                      client_state_init=client_state_init, client_joined=client_joined, client_left=client_left,
-                     server_fold=fold, privacy=model_change_form(lambda params: ClientMessage(params, multiplicity=1)))
+                     server_fold=fold, privacy=model_change_form(lambda params: ClientMessage(params, multiplicity=1)),
+                     asynchronous_refusal=ASYNCHRONOUS_REFUSAL)
 
 
 def from_config(config: Config, server_optimizer: Any) -> Algorithm:

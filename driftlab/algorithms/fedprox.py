@@ -33,6 +33,11 @@ expected cohort m.  Only ``aggregation = "uniform"`` has a form (the n_k weights
 are private and unbounded), and only for multiplicity 1 (poisson or uniform
 sampling, not Algorithm 2's draws with replacement).
 
+Asynchronously (``[asynchronous]``, FedBuff): the server half, and with it its
+declaration, is FedAvg's (``fedavg`` module docstring): ``aggregation =
+"uniform"`` only.  A client's proximal reference is the model ``θ^{v_k}`` it was
+dispatched with, the one its change ``Δ_k`` is measured from.
+
 Example:
     >>> from driftlab.algorithms import fedprox
     >>> from driftlab.optim.server import make_server_optimizer

@@ -104,6 +104,20 @@ class CompressedClientView:
 
 
 # How a receiver rebuilds the wrapped message's model field from ST(Δ_k) (``CompressedPayload.model_form``).
+# Why FedBuff refuses a compressed algorithm (Algorithm.asynchronous_refusal), whatever the wrapped one declares.
+ASYNCHRONOUS_REFUSAL = (
+    "a compressed upload's size is known only once its client has trained, and the asynchronous event order needs "
+    "every arrival time at dispatch; the server's ST(Δ) broadcast also assumes every client applies every update, "
+    "which a client in flight across several does not: set compression.ratio = 1"
+)
+
+
+def asynchronous_refusal(algorithm: Algorithm) -> str:
+    """The compressed ``algorithm``'s refusal: compression's, then the wrapped algorithm's own when it has one."""
+    inner = algorithm.asynchronous_problem()
+    return ASYNCHRONOUS_REFUSAL if inner is None else f"{ASYNCHRONOUS_REFUSAL}; and {inner}"
+
+
 MODEL_SENT_DENSE = 0  # the message carries its model field itself (no field of it is θ_k or its change)
 MODEL_IS_FINAL = 1  # the field is θ_start + ST(Δ_k), the client's reconstructed final model
 MODEL_IS_CHANGE = 2  # the field is (θ_start + ST(Δ_k)) − θ_start
@@ -217,7 +231,8 @@ def with_compression(algorithm: Algorithm, ratio: float, tensor_sizes: Sequence[
     privacy = compressed_privacy(algorithm.privacy) if algorithm.privacy is not None else None
     return Algorithm(algorithm.name, server_init, client_objective, client_finish, fold.server_update, broadcast,
                      client_state_init=client_state_init, client_joined=joined, client_left=left, server_fold=fold,
-                     codec=codec, privacy=privacy, privacy_refusal=algorithm.privacy_refusal)
+                     codec=codec, privacy=privacy, privacy_refusal=algorithm.privacy_refusal,
+                     asynchronous_refusal=asynchronous_refusal(algorithm))
 
 
 def compressed_privacy(form: PrivacyForm) -> PrivacyForm:

@@ -146,6 +146,12 @@ class InProcessTransport:
 
 def check_deployable(config: ExperimentConfig, algorithm: Algorithm) -> None:
     """ConfigError for a configuration a deployment cannot run (module docstring)."""
+    timed = [f"[{name}]" for name, section in (("system", config.system), ("asynchronous", config.asynchronous)) if section is not None]
+    if timed:
+        raise ConfigError(
+            f"a deployment runs in real time, and {' and '.join(timed)} simulate{'s' if len(timed) == 1 else ''} time, which "
+            f"only the simulator has: remove {' and '.join(timed)}, or run the config with driftlab run"
+        )
     membership_changes = bool(config.availability.events) or config.availability.initially_registered is not None
     if membership_changes and (algorithm.client_joined is not None or algorithm.client_left is not None):
         raise ConfigError(

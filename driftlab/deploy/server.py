@@ -110,7 +110,8 @@ Refused at start (``check_deployable``): membership changes (``availability.even
 ``initially_registered``) with an algorithm that updates the server state as
 clients join or leave (FedDyn's ``Σ λ_k``: the server would need every
 client's state), and evaluation models built from client models
-(``all_clients_mean``, ``reporting_mean``), which the server never receives.
+(``all_clients_mean``, ``reporting_mean``), which the server never receives;
+simulated time (``[system]``, ``[asynchronous]``): a deployment runs in real time.
 
 Transport: ``Transport.exchange(requests, timeout)`` sends (node id, bytes)
 requests and returns the replies that arrived in time (see ``Transport``);

@@ -14,7 +14,7 @@ from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
 import driftlab
-from driftlab.experiments.config import ConfigError, load_config
+from driftlab.experiments.config import AsynchronousConfig, ConfigError, load_config
 from driftlab.experiments.report import make_report
 from driftlab.deploy import wire
 from driftlab.deploy.messages import (
@@ -24,6 +24,7 @@ from driftlab.deploy.messages import (
     RegistrationQuery,
     RoundOutcome,
     TrainRequest,
+    check_config_deployable,
     dataset_loader,
     deployment_model,
     node_clients,
@@ -222,6 +223,18 @@ def test_the_mean_of_every_clients_model_is_refused(tmp_path):
     config = _config("algorithm.name=feddyn", "evaluation.model=all_clients_mean")
     with pytest.raises(ConfigError, match='set evaluation.model = "server"'):
         DeploymentServer(config, tmp_path / "out", InProcessTransport({})).run()
+
+
+def test_simulated_time_is_refused_before_the_run_directory_is_touched(tmp_path):
+    timed = _config("system.speed_median=50")
+    with pytest.raises(ConfigError, match=r"a deployment runs in real time, and \[system\] simulates time") as caught:
+        DeploymentServer(timed, tmp_path / "out", InProcessTransport({})).run()
+    assert "remove [system], or run the config with driftlab run" in str(caught.value)
+    assert not (tmp_path / "out").exists()
+    # (built past the config's own checks, which ask [asynchronous] for a default sampling)
+    asynchronous = timed.model_copy(update={"asynchronous": AsynchronousConfig(concurrency=4, buffer=2)})
+    with pytest.raises(ConfigError, match=r"\[system\] and \[asynchronous\] simulate time"):
+        check_config_deployable(asynchronous)
 
 
 def test_membership_events_are_fine_for_an_algorithm_without_membership_hooks(tmp_path):

@@ -40,6 +40,8 @@ from driftlab.simulation.round.randomness import Stream, torch_seed
 from driftlab.simulation.round.sampling import clients_per_round
 from driftlab.simulation.seam import Algorithm
 from driftlab.simulation.state.memory_budget import MemoryBudget, placed_bytes
+from driftlab.simulation.time.plan import AsynchronousPlan, SystemPlan
+from driftlab.simulation.time.profiles import TraceProfiles, profiles_for
 from driftlab.simulation.backends.vectorized import VectorizedBackend, auto_backend
 
 BACKENDS = {"sequential": SequentialBackend, "vectorized": VectorizedBackend}
@@ -295,6 +297,52 @@ def privacy_run_info(config: ExperimentConfig, num_clients: int) -> dict[str, An
     return {"privacy": info}
 
 
+def check_asynchronous(config: ExperimentConfig, algorithm: Algorithm | None = None) -> None:
+    """ConfigError when ``[asynchronous]`` is set and the algorithm (the configured one, or ``algorithm``) cannot run
+    asynchronously: ``Algorithm.asynchronous_problem``'s reason and fix.  Called before any data is loaded."""
+    if config.asynchronous is None:
+        return
+    algorithm = configured_algorithm(config) if algorithm is None else algorithm
+    problem = algorithm.asynchronous_problem()
+    if problem is not None:
+        raise ConfigError(f"[asynchronous]: {problem}")
+
+
+def system_plan(config: ExperimentConfig, num_clients: int) -> SystemPlan | None:
+    """The engine's ``SystemPlan`` for ``config.system`` on ``num_clients`` clients (None without ``[system]``); a
+    trace that cannot be used is a ConfigError naming the file, line and column."""
+    system = config.system
+    if system is None:
+        return None
+    try:
+        profiles = profiles_for(system, config.seed, num_clients)
+        return SystemPlan(profiles, system.deadline, system.deadline_mode, system.over_selection)
+    except ValueError as error:
+        raise ConfigError(f"system.trace: {error}" if system.profiles == "trace" else f"[system]: {error}") from None
+
+
+def asynchronous_plan(config: ExperimentConfig) -> AsynchronousPlan | None:
+    """The engine's ``AsynchronousPlan`` for ``config.asynchronous`` (None without ``[asynchronous]``)."""
+    section = config.asynchronous
+    if section is None:
+        return None
+    try:
+        return AsynchronousPlan(section.concurrency, section.buffer, section.staleness)
+    except ValueError as error:
+        raise ConfigError(f"[asynchronous]: {error}") from None
+
+
+def system_run_info(config: ExperimentConfig, plan: SystemPlan | None) -> dict[str, Any]:
+    """run.json's ``system`` entry: the profiles' kind, and a trace's path and SHA-256 (of the bytes the run read).
+    Empty without ``[system]``."""
+    if config.system is None or plan is None:
+        return {}
+    info: dict[str, Any] = {"profiles": config.system.profiles}
+    if isinstance(plan.profiles, TraceProfiles):
+        info.update(trace=plan.profiles.source, sha256=plan.profiles.sha256)
+    return {"system": info}
+
+
 def round_plan(config: ExperimentConfig) -> RoundPlan:
     """The engine's ``RoundPlan`` for ``config``: the simulator's, and the deployment node's reference for the server's requests."""
     return RoundPlan(
@@ -341,11 +389,13 @@ def build_simulation(
         raise ConfigError(problem)
     dtype = parameter_dtype(config.precision)
     check_privacy_form(config)  # before the data: an algorithm [privacy] cannot make private
+    check_asynchronous(config)  # before the data: an algorithm FedBuff cannot run
     check_sizes(config)  # before the data: client counts and local work against the machine's memory
     if data is None:
         data = load_data(config)
     elif config.data.name != "custom":
         raise ConfigError(f'data= is your own data, but the config names data set {config.data.name!r}; set data.name = "custom"')
+    system = system_plan(config, data.num_clients)  # a trace needs the data's N; read before the model is built
     # the batch plan and the model's memory, then one forward pass on real examples (ConfigError on a mismatch)
     flat_model = checked_model(config, data, lambda: build_model(config, data, model, loss).to(device, dtype), device, dtype, model)
     initial_params = flat_model.initial_parameters().to(device, dtype)
@@ -373,12 +423,13 @@ def build_simulation(
     try:
         sim = Simulation(
             flat_model, data, algorithm, make_backend(config, flat_model, devices, budget), plan, device, dtype, initial_params, evaluation,
-            membership, memory_budget=budget,
+            membership, memory_budget=budget, system=system, asynchronous=asynchronous_plan(config),
         )
     except ValueError as error:
         raise ConfigError(str(error)) from None
     store, latest_models = client_stores(config, sim, config.state.store, state_dir)
-    return sim, SimulationState(0, algorithm.server_init(initial_params), store, latest_models)
+    clock = None if system is None else 0.0  # simulated seconds; untimed runs keep None (their records are unchanged)
+    return sim, SimulationState(0, algorithm.server_init(initial_params), store, latest_models, clock=clock)
 
 
 def client_stores(config: ExperimentConfig, sim: Simulation, kind: str, state_dir: Path | None) -> tuple[Any, Any]:
@@ -464,6 +515,8 @@ __all__ = [
     "build_algorithm",
     "build_model",
     "build_simulation",
+    "asynchronous_plan",
+    "check_asynchronous",
     "check_digest",
     "check_privacy_form",
     "client_stores",
@@ -475,5 +528,7 @@ __all__ = [
     "resolve_backend",
     "resolve_device",
     "resolve_devices",
+    "system_plan",
+    "system_run_info",
     "user_data",
 ]

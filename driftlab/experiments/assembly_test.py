@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 import pytest
 import torch
@@ -10,7 +12,7 @@ from torch import nn
 
 import driftlab
 from driftlab.data.federated import FederatedArrays, federated_dataset_from_arrays
-from driftlab.experiments.assembly import build_model, build_simulation, is_classifier, user_data
+from driftlab.experiments.assembly import build_model, build_simulation, is_classifier, system_run_info, user_data
 from driftlab.experiments.config import ConfigError, load_config
 from driftlab.simulation.backends.vectorized import LinearReluStack
 
@@ -180,3 +182,78 @@ def test_a_loss_imported_from_a_file_is_recorded_by_its_path(tmp_path):
     arrays, _, _ = least_squares()
     result = driftlab.run({"rounds": 1}, data=arrays, model=nn.Linear(3, 1), loss=loss)
     assert result.config.model.loss == f"{(tmp_path / 'losses.py').resolve()}:squared"
+
+
+# ---------------------------------------------------------------- [system] and [asynchronous]
+
+
+def _timed_simulation(table: dict, model=None):
+    config, data = user_data(load_config(table), _classification())
+    return config, *build_simulation(config, model, data=data)
+
+
+def test_system_gives_the_plan_and_starts_the_clock_at_zero():
+    from driftlab.simulation.time.plan import SystemPlan
+    from driftlab.simulation.time.profiles import LognormalProfiles
+
+    config, sim, state = _timed_simulation({"seed": 3, "system": {"speed_median": 50.0, "deadline": 20.0, "over_selection": 0.5}})
+    assert sim.system == SystemPlan(LognormalProfiles(3, 50.0, 0.5, 2e7, 5e6, 0.5), 20.0, "partial", 0.5)
+    assert state.clock == 0.0 and sim.asynchronous is None
+    assert system_run_info(config, sim.system) == {"system": {"profiles": "lognormal"}}
+    untimed, sim, state = _timed_simulation({"seed": 3})
+    assert sim.system is None and state.clock is None and system_run_info(untimed, sim.system) == {}
+
+
+def test_a_trace_is_read_for_the_datas_clients_and_recorded_by_its_digest(tmp_path):
+    trace = tmp_path / "devices.csv"
+    trace.write_text("client,speed,download,upload,start,end\n" + "".join(f"{k},{k + 1},1e6,1e5,0,100\n" for k in range(4)))
+    config, sim, _ = _timed_simulation({"system": {"profiles": "trace", "trace": str(trace)}})
+    assert sim.system.profiles.profile(2, 50.0).speed == 3.0 and sim.system.profiles.profile(2, 100.0) is None
+    assert system_run_info(config, sim.system) == {
+        "system": {"profiles": "trace", "trace": str(trace), "sha256": hashlib.sha256(trace.read_bytes()).hexdigest()}
+    }
+
+
+def test_a_bad_trace_is_a_config_error_before_the_model_is_built(tmp_path):
+    trace = tmp_path / "devices.csv"
+    trace.write_text("client,speed,download,upload\n0,1,1,1\n1,1,1,1\n")  # the data has 4 clients
+    built = []
+
+    def factory(input_shape, num_classes):
+        built.append(input_shape)
+        return nn.Linear(4, 3)
+
+    with pytest.raises(ConfigError, match=r"^system.trace: .*devices.csv: 2 of the data set's 4 clients have no row \(client 2, 3\)"):
+        _timed_simulation({"system": {"profiles": "trace", "trace": str(trace)}}, model=factory)
+    assert built == []
+
+
+def test_asynchronous_gives_the_plan_for_an_algorithm_that_may_run_so():
+    from driftlab.simulation.time.plan import AsynchronousPlan
+
+    table = {"system": {}, "asynchronous": {"concurrency": 3, "buffer": 2, "staleness": "constant"}}
+    _, sim, state = _timed_simulation({**table, "algorithm": {"name": "fedavg", "aggregation": "uniform"}})
+    assert sim.asynchronous == AsynchronousPlan(3, 2, "constant") and state.clock == 0.0
+
+
+@pytest.mark.parametrize(
+    "algorithm, fragment",
+    [
+        ({"name": "fedavg"}, 'set algorithm.aggregation = "uniform"'),  # weighted: not FedBuff's equal-weight mean
+        ({"name": "scaffold"}, "scaffold"),
+    ],
+)
+def test_asynchronous_with_an_algorithm_that_cannot_is_refused_before_the_data(algorithm, fragment, monkeypatch):
+    from driftlab.experiments import assembly
+
+    config = load_config({"system": {}, "asynchronous": {"concurrency": 3, "buffer": 2}, "algorithm": algorithm})
+    problem = assembly.configured_algorithm(config).asynchronous_problem()
+    assert problem is not None and fragment in problem
+
+    def no_data(config):
+        raise AssertionError("the data was loaded before the refusal")
+
+    monkeypatch.setattr(assembly, "load_data", no_data)
+    with pytest.raises(ConfigError) as error:
+        build_simulation(config)
+    assert str(error.value) == f"[asynchronous]: {problem}"

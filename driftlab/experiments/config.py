@@ -400,7 +400,11 @@ class AsynchronousConfig(_Section):
     """``[asynchronous]``: buffered asynchronous aggregation (FedBuff: Nguyen et al., "Federated Learning with Buffered
     Asynchronous Aggregation", AISTATS 2022) on the simulated clock of ``[system]``; ``rounds`` counts server updates."""
 
-    concurrency: int = Field(100, ge=1, le=1_000_000, description="C: clients training at once; a finished client's slot is refilled at once")
+    concurrency: int = Field(
+        100, ge=1, le=1_000_000,
+        description="C: clients training at once, each picked uniformly among idle clients; a finished client's slot is "
+        "refilled at once (replaces sampling.participation, which an asynchronous run does not read)",
+    )
     buffer: int = Field(10, ge=1, le=1_000_000, description="B (the paper's K): the server updates after every B arrivals")
     staleness: Literal["sqrt", "constant"] = Field(
         "sqrt",
@@ -752,6 +756,11 @@ class ExperimentConfig(_Section):
             # and the run directory and the run check the digest themselves, with a message about the data.
             content["data"].pop("loader", None)
             content["data"].pop("digest", None)
+        trace = content.get("system", {}).get("trace") if isinstance(content.get("system"), dict) else None
+        if isinstance(trace, str):
+            # The trace's file name counts, not the folder a checkout is in; its bytes are checked on resume against
+            # the SHA-256 run.json records (run_directory.check_trace)
+            content["system"]["trace"] = Path(trace).name
         loss = content.get("model", {}).get("loss") if isinstance(content.get("model"), dict) else None
         if isinstance(loss, str) and ":" in loss:
             # Like plugins: the loss's file name and function count, not the folder a checkout happens to be in.
@@ -1043,7 +1052,7 @@ def validate_config(table: dict[str, Any]) -> ExperimentConfig:
         problems += [(key, message) for key, message in validation_problems(error, table) if not any(f == key or f.startswith(f"{key}.") for f in flagged)]
     if config is not None and not problems:
         problems = _booleans_taken_as_numbers(table, config) + _server_step_conflicts(config)
-        problems += _privacy_conflicts(config)
+        problems += _privacy_conflicts(config) + _system_conflicts(config)
     if problems:
         raise ConfigError(format_problems(problems))
     return config
@@ -1081,7 +1090,19 @@ def with_function_paths_resolved(table: Any, folder: Path | None = None) -> Any:
             source, _, name = reference.rpartition(":")
             if source:
                 resolved[section] = {**values, key: f"{resolve_plugin(source, folder)}:{name}"}
-    return resolved
+    return _with_trace_resolved(resolved, folder)
+
+
+def _with_trace_resolved(table: dict[str, Any], folder: Path | None) -> dict[str, Any]:
+    """``system.trace`` made absolute like a plugin's path: relative to ``folder`` (the config file's) when the file is
+    there or not in the working directory, else to the working directory."""
+    system = table.get("system")
+    trace = system.get("trace") if isinstance(system, dict) else None
+    if not isinstance(trace, str) or not trace or Path(trace).expanduser().is_absolute():
+        return table
+    given = Path(trace).expanduser()
+    path = folder / given if folder is not None and ((folder / given).is_file() or not given.is_file()) else given
+    return {**table, "system": {**system, "trace": str(path.resolve())}}
 
 
 def config_from_record(table: dict[str, Any]) -> ExperimentConfig:
@@ -1145,6 +1166,65 @@ def _privacy_conflicts(config: ExperimentConfig) -> list[tuple[str, str]]:
             "privacy.noise",
             f"local noise is drawn for the message a client sends, which compression (ratio {ratio:g}) then cuts down, "
             'keeping part of the message and its noise: set compression.ratio = 1, or privacy.noise = "central"',
+        ))
+    return problems
+
+
+def _system_conflicts(config: ExperimentConfig) -> list[tuple[str, str]]:
+    """What ``[asynchronous]`` (FedBuff on the simulated clock) cannot be combined with, and over-selection with poisson
+    sampling; by key.  The algorithm's own refusal (``Algorithm.asynchronous_problem``) is assembly's check."""
+    problems = []
+    system, sampling = config.system, config.sampling
+    if system is not None and system.over_selection > 0 and sampling.mode == "poisson":
+        problems.append((
+            "system.over_selection",
+            "a poisson cohort has no fixed size to over-select: set system.over_selection = 0, or sampling.mode = "
+            '"uniform"',
+        ))
+    if config.asynchronous is None:
+        return problems
+    remove = "or remove [asynchronous]"
+    if system is None:
+        problems.append((
+            "asynchronous",
+            "asynchronous rounds run on the simulated clock of [system]: add a [system] section (its defaults draw "
+            f"lognormal devices), {remove}",
+        ))
+    if config.privacy is not None:
+        problems.append(("privacy", f"[privacy] is not accounted for asynchronous updates: remove [privacy], {remove}"))
+    ratio = config.compression.ratio
+    if ratio is None:
+        ratio = registry.ALGORITHMS[config.algorithm.name].default_compression_ratio
+    if ratio < 1:
+        whose = "" if config.compression.ratio is not None else f", {config.algorithm.name}'s default"
+        problems.append((
+            "compression.ratio",
+            f"asynchronous messages are sent uncompressed (ratio {ratio:g}{whose}): set compression.ratio = 1, {remove}",
+        ))
+    for key in ("inactive_probability", "incomplete_probability"):
+        if getattr(config.availability, key) > 0:
+            problems.append((
+                f"availability.{key}",
+                f"an asynchronous client's availability and work come from [system] (its device and trace windows): set "
+                f"availability.{key} = 0, {remove}",
+            ))
+    if system is not None and system.deadline is not None:
+        problems.append((
+            "system.deadline",
+            f"a deadline times synchronous rounds; an asynchronous server waits for its buffer: remove system.deadline, {remove}",
+        ))
+    if system is not None and system.over_selection > 0:
+        problems.append((
+            "system.over_selection",
+            f"over-selection is for synchronous rounds: set system.over_selection = 0, {remove}",
+        ))
+    if sampling.mode != "uniform":
+        # sampling.participation is simply not read (presets set it for their synchronous runs); a mode is a promise
+        # about who is drawn (n_k-weighted, independent coins) that an asynchronous run would not keep
+        problems.append((
+            "sampling.mode",
+            f"an asynchronous run dispatches idle clients uniformly, asynchronous.concurrency at a time, instead of "
+            f'sampling {sampling.mode} cohorts: set sampling.mode = "uniform", {remove}',
         ))
     return problems
 

@@ -648,3 +648,60 @@ def test_describe_keys_lists_the_own_data_and_loss_keys():
     text = describe_keys()
     for key in ("data.loader", "data.digest", "model.loss", "model.classifier"):
         assert f"  {key} = " in text
+
+
+# ---------------------------------------------------------------- [system] and [asynchronous]
+
+TIMED = ["system.profiles=lognormal"]
+ASYNCHRONOUS = TIMED + ["asynchronous.concurrency=4", "asynchronous.buffer=2"]
+
+
+@pytest.mark.parametrize(
+    "overrides, key, fragment",
+    [
+        (["asynchronous.buffer=2"], "asynchronous", "add a [system] section"),
+        (ASYNCHRONOUS + ["privacy.clip=1.0"], "privacy", "remove [privacy], or remove [asynchronous]"),
+        (ASYNCHRONOUS + ["compression.ratio=0.5"], "compression.ratio", "uncompressed (ratio 0.5): set compression.ratio = 1"),
+        (ASYNCHRONOUS + ["algorithm.name=efl"], "compression.ratio", "(ratio 0.01, efl's default): set compression.ratio = 1"),
+        (ASYNCHRONOUS + ["availability.inactive_probability=0.1"], "availability.inactive_probability", "set availability.inactive_probability = 0"),
+        (ASYNCHRONOUS + ["availability.incomplete_probability=0.1"], "availability.incomplete_probability", "come from [system]"),
+        (ASYNCHRONOUS + ["system.deadline=10"], "system.deadline", "remove system.deadline"),
+        (ASYNCHRONOUS + ["system.over_selection=0.3"], "system.over_selection", "over-selection is for synchronous rounds"),
+        (ASYNCHRONOUS + ["sampling.mode=weighted"], "sampling.mode", 'instead of sampling weighted cohorts: set sampling.mode = "uniform"'),
+        (ASYNCHRONOUS + ["sampling.mode=poisson"], "sampling.mode", "asynchronous.concurrency at a time"),
+        (TIMED + ["system.over_selection=0.3", "sampling.mode=poisson"], "system.over_selection", "a poisson cohort has no fixed size"),
+    ],
+)
+def test_what_asynchronous_and_over_selection_cannot_be_combined_with(overrides, key, fragment):
+    message = _error(*overrides)
+    assert f"  {key}: " in message and fragment in message
+
+
+def test_timed_and_asynchronous_configs_that_combine():
+    # a preset's participation (for its synchronous runs) is not read by an asynchronous run, so it is no conflict
+    config = load_config(None, ASYNCHRONOUS + ["sampling.participation=0.5", "compression.ratio=1", "availability.events=[]"])
+    assert config.asynchronous.concurrency == 4 and config.system.profiles == "lognormal"
+    timed = load_config(None, TIMED + ["system.deadline=10", "system.over_selection=0.3", "sampling.participation=0.5"])
+    assert timed.system.deadline == 10 and timed.asynchronous is None
+    assert "  system.over_selection: " in _error(*ASYNCHRONOUS, "system.over_selection=0.3", "sampling.mode=poisson")
+
+
+def test_a_trace_path_is_taken_from_the_config_files_folder(tmp_path, monkeypatch):
+    (tmp_path / "project").mkdir()
+    config = tmp_path / "project" / "timed.toml"
+    config.write_text('[system]\nprofiles = "trace"\ntrace = "traces/devices.csv"\n')
+    monkeypatch.chdir(tmp_path)
+    assert load_config(config).system.trace == str((tmp_path / "project" / "traces" / "devices.csv").resolve())
+    (tmp_path / "here.csv").write_text("")
+    config.write_text('[system]\nprofiles = "trace"\ntrace = "here.csv"\n')  # not beside the config, but in the working directory
+    assert load_config(config).system.trace == str((tmp_path / "here.csv").resolve())
+    assert load_config(None, ["system.profiles=trace", "system.trace=x.csv"]).system.trace == str((tmp_path / "x.csv").resolve())
+    assert load_config(None, ["system.profiles=trace", "system.trace=/abs/x.csv"]).system.trace == "/abs/x.csv"
+    assert load_config(None).system is None
+
+
+def test_describe_keys_lists_the_system_and_asynchronous_keys():
+    text = describe_keys()
+    for key in ("system.profiles", "system.trace", "system.deadline", "system.over_selection", "asynchronous.concurrency", "asynchronous.buffer"):
+        assert f"  {key} = " in text
+    assert text.index("\n[system]\n") < text.index("  system.profiles = ") < text.index("\n[asynchronous]\n")

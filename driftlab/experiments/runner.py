@@ -38,6 +38,7 @@ from driftlab.experiments.assembly import (  # noqa: F401  (importable from here
     resolve_backend,
     resolve_device,
     resolve_devices,
+    system_run_info,
     user_data,
 )
 from driftlab.experiments.config import ExperimentConfig, load_config, read_config_source
@@ -68,6 +69,7 @@ from driftlab.experiments.run_directory import (  # noqa: F401  (the file names 
     read_run_info,
 )
 from driftlab.experiments.trackers import check_trackers_installed
+from driftlab.simulation.asynchronous.engine import asynchronous_problem, run_update
 from driftlab.simulation.round.engine import commit_round, discard_round, run_round
 from driftlab.simulation.round.setup import Simulation, SimulationState
 
@@ -237,10 +239,27 @@ def _run_in(
     sim, state = build_simulation(config, given.model, state_dir, data=given.data, loss=given.loss)
     # [privacy]: run.json records the noise multiplier as resolved (a target ε's), the accountant, δ and the run's ε
     if out is not None:
-        run_info = {**privacy_run_info(config, sim.data.num_clients), **run_info}
+        system = system_run_info(config, sim.system)
+        if resume:
+            check_trace_unchanged(out, system)
+        run_info = {**privacy_run_info(config, sim.data.num_clients), **system, **run_info}
+    driver = AsynchronousDriver(sim) if sim.asynchronous is not None else SimulatorDriver(sim)
     return run_rounds(
-        SimulatorDriver(sim), out, config, sim, state, resume=resume, progress=progress, progress_label=progress_label, run_info=run_info
+        driver, out, config, sim, state, resume=resume, progress=progress, progress_label=progress_label, run_info=run_info
     )
+
+
+def check_trace_unchanged(out: Path, system: dict[str, Any]) -> None:
+    """Refuse to resume a run whose device trace (``system.trace``) is not the file it started with: its bytes set
+    every client's timing, and so who reports and when (the fingerprint holds the trace's file name only)."""
+    started = (read_run_info(out) or {}).get("system") or {}
+    before, now = started.get("sha256"), system.get("system", {}).get("sha256")
+    if isinstance(before, str) and now is not None and before != now:
+        raise ConfigError(
+            f"cannot resume: the run in {out} started with a device trace of SHA-256 {before[:12]}... ({started.get('trace')}), "
+            f"but system.trace ({system['system'].get('trace')}) now has SHA-256 {now[:12]}...; resume with the trace the run "
+            "started with, or start a new run in another --out directory"
+        )
 
 
 @dataclass(frozen=True)
@@ -273,6 +292,20 @@ class SimulatorDriver:
         return f"`{resume_command(out)}`"
 
 
+@dataclass(frozen=True)
+class AsynchronousDriver(SimulatorDriver):
+    """FedBuff's server updates (``driftlab.simulation.asynchronous``): each "round" is one server update, the clients
+    in flight carried in ``SimulationState.in_flight``; refuses, before any work, a simulation that cannot run so."""
+
+    def __post_init__(self) -> None:
+        problem = asynchronous_problem(self.sim)
+        if problem is not None:
+            raise ConfigError(f"[asynchronous]: {problem}")
+
+    def run_round(self, state: SimulationState, evaluate_after: bool) -> tuple[SimulationState, dict[str, Any]]:
+        return run_update(self.sim, state, evaluate_after)
+
+
 # Errors that refuse a run before it starts: a configuration or data problem the message says how to fix.
 REFUSALS = (ConfigError, DataFileError, DataSetupError)
 
@@ -282,6 +315,7 @@ __all__ = [
     "RunDirectoryBusy",
     "RunInterrupted",
     "SimulatorDriver",
+    "AsynchronousDriver",
     "run",
     "resume_command",
     "build_simulation",

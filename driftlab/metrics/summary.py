@@ -1,4 +1,10 @@
-"""Reading a run's per-round records the way the papers report them."""
+"""Reading a run's per-round records the way the papers report them.
+
+Timed runs (a ``[system]`` section: ``driftlab.simulation.time``) record each round's simulated
+``time_start`` and ``time_end`` in seconds; their summaries also give the simulated time to reach a
+target (FedBuff, Nguyen et al. 2022, compares methods by it) and the whole run's. Untimed runs'
+summaries have neither key.
+"""
 
 from __future__ import annotations
 
@@ -43,12 +49,22 @@ def model_equivalents_through(records: Sequence[dict[str, Any]], round_index: in
     )
 
 
+def simulated_time(records: Sequence[dict[str, Any]]) -> float | None:
+    """The simulated seconds at the end of the last timed round (``time_end``); None for an untimed run."""
+    end = last_value(records, "time_end")
+    return None if end is None else float(end)
+
+
 def summarize(records: Sequence[dict[str, Any]], target: float | None, num_parameters: int) -> dict[str, Any]:
     """Final and best accuracy; rounds, uploaded model-equivalents and bits to reach ``target``.
 
     Model-equivalents count each round's upload in uncompressed models per
     selected client, so one FedAvg round counts 1 and one SCAFFOLD round 2
     (FedDyn Tables 1 and 2); compressed uploads count their exact bits.
+
+    A timed run's summary adds ``simulated_time`` (the last round's ``time_end``) and
+    ``time_to_target``, the ``time_end`` of the round that reached ``target``
+    (None when not reached): ``t_target = time_end(hit)``. An untimed run's has neither key.
     """
     scored = evaluated(records)
     summary: dict[str, Any] = {
@@ -62,6 +78,10 @@ def summarize(records: Sequence[dict[str, Any]], target: float | None, num_param
         "models_to_target": None,
         "bits_to_target": None,
     }
+    total_time = simulated_time(records)
+    if total_time is not None:
+        summary["simulated_time"] = total_time
+        summary["time_to_target"] = None
     distance = last_value(records, "distance_to_minimizer")
     if distance is not None:
         summary["final_distance_to_minimizer"] = distance
@@ -72,4 +92,6 @@ def summarize(records: Sequence[dict[str, Any]], target: float | None, num_param
             summary["rounds_to_target"] = hit["round"]
             summary["models_to_target"] = model_equivalents_through(records, hit["round"], num_parameters)
             summary["bits_to_target"] = upload + download
+            if total_time is not None and "time_end" in hit:
+                summary["time_to_target"] = float(hit["time_end"])
     return summary

@@ -38,6 +38,35 @@ def test_summary_without_target_or_records():
     assert empty["rounds"] == 0 and empty["final_accuracy"] is None and empty["best_accuracy"] is None
 
 
+def _timed(records, round_seconds=(3.0, 4.5, 2.0, 6.0, 1.5)):
+    """``records`` with the clock of a timed run: each round starts when the previous one ended."""
+    clock, timed = 0.0, []
+    for record, seconds in zip(records, round_seconds, strict=True):
+        timed.append({**record, "time_start": clock, "time_end": clock + seconds})
+        clock += seconds
+    return timed
+
+
+def test_timed_summary_gives_the_simulated_time_to_the_target_and_in_all():
+    records = _timed(_records())
+    s = summarize(records, 0.7, num_parameters=1)
+    # round 4 reaches 0.7; it ends at 3 + 4.5 + 2 + 6 = 15.5 s; the run at 17 s
+    assert s["time_to_target"] == 15.5 and s["simulated_time"] == 17.0
+    assert s["rounds_to_target"] == 4  # the other keys are the untimed run's
+    assert {k: v for k, v in s.items() if k not in ("time_to_target", "simulated_time")} == summarize(_records(), 0.7, 1)
+    missed = summarize(records, 0.9, 1)
+    assert missed["time_to_target"] is None and missed["simulated_time"] == 17.0
+    assert summarize(records, None, 1)["time_to_target"] is None
+
+
+def test_untimed_summary_has_no_time_keys_and_keeps_its_key_order():
+    s = summarize(_records(), 0.7, num_parameters=1)
+    assert list(s) == [
+        "rounds", "final_accuracy", "best_accuracy", "final_train_loss", "local_steps", "target_accuracy",
+        "rounds_to_target", "models_to_target", "bits_to_target",
+    ]
+
+
 def test_fedavg_models_to_target_equals_rounds_to_target():
     overrides = ["rounds=6", "data.num_clients=8", "sampling.participation=0.5", "client.steps=5", "client.lr=0.05"]
     base = driftlab.run(None, overrides=overrides)

@@ -91,6 +91,13 @@ SERVER_TOLERANCE = 1e-5
 
 PRIVATE_ALREADY = "the algorithm is private already"
 
+# Why FedBuff refuses a private algorithm (Algorithm.asynchronous_refusal), whatever the wrapped one declares.
+ASYNCHRONOUS_REFUSAL = (
+    "client-level DP's accounting composes rounds in which every registered client takes part independently with "
+    "probability q, with means over the expected cohort qN; FedBuff dispatches clients one at a time from the idle ones "
+    "and averages buffers of B arrivals, which that accounting does not cover: remove [privacy] or [asynchronous]"
+)
+
 
 def no_form_refusal(name: str) -> str:
     """The refusal of an algorithm (a plugin's, typically) that gives neither a form nor a reason."""
@@ -99,6 +106,12 @@ def no_form_refusal(name: str) -> str:
         "cannot be bounded; give Algorithm(privacy=PrivacyForm(release, restore)) (docs/design.md, Client-level "
         "differential privacy)"
     )
+
+
+def asynchronous_refusal(algorithm: Algorithm) -> str:
+    """The private ``algorithm``'s refusal: privacy's, then the wrapped algorithm's own when it has one."""
+    inner = algorithm.asynchronous_problem()
+    return ASYNCHRONOUS_REFUSAL if inner is None else f"{ASYNCHRONOUS_REFUSAL}; and {inner}"
 
 
 @dataclass(frozen=True)
@@ -342,6 +355,7 @@ def with_privacy(algorithm: Algorithm, settings: PrivacySettings) -> Algorithm:
         codec=private_codec(algorithm.codec) if adaptive else algorithm.codec,
         privacy=None,
         privacy_refusal=PRIVATE_ALREADY,
+        asynchronous_refusal=asynchronous_refusal(algorithm),
     )
 
 

@@ -10,6 +10,7 @@ folder holding them, and writes into ``out_dir``::
     accuracy.csv    final and best test accuracy and BMTA (or train loss and distance) as mean and std over seeds
     steps.csv       total local SGD steps, steps to each target, and their fraction of the reference method
     runs.csv        one row per run: directory, seed, status, rounds done, wall time, machine, round it was cut to
+                    (with timed runs, targets.csv, accuracy.csv and runs.csv add simulated seconds)
     privacy.csv     with private runs: each method's final test accuracy and ε per privacy configuration
     <setting>-*.png the figures (<setting>: the sweep's directory name for the setting, else its label's slug)
     privacy-utility.png  with private runs: test accuracy against ε, a panel per setting, a line per method
@@ -34,6 +35,11 @@ What is measured, and where it comes from:
   its accuracy (``epsilon``; ∞ without noise), and accuracy against ε (``privacy_utility``: the
   points of a sweep axis over noise multipliers, or each run's rounds at one noise level).
   A report of runs without ``[privacy]`` has no ε column and no privacy file.
+- With simulated time (``[system]``): the simulated seconds at the end of the first evaluated round
+  reaching each target (``time to target``; FedBuff, Nguyen et al. 2022, compares synchronous and
+  asynchronous training by it), the whole run's simulated time, and test accuracy and training loss
+  against simulated time (``<setting>-time.png``). An asynchronous (FedBuff) run's rounds are server
+  updates, and its curves and rows say so. A report of untimed runs has none of these.
 
 Curves are means over seeds with a band of ± one sample standard deviation, the
 ± of the tables; each caption names what its figure draws. Rows, legends and
@@ -92,6 +98,7 @@ from driftlab.experiments.report.render import (
     unreached_section,
     steps_section,
     sweep_summary,
+    time_note,
 )
 from driftlab.experiments.report.tables import (
     AccuracyRow,
@@ -193,6 +200,7 @@ def make_report(
         lines += cut_note(setting)
         lines += instability_note(setting.runs)
         lines += privacy_note(setting)
+        lines += time_note(setting)
         by_method: dict[str, dict[float, TargetRow]] = {method: {} for method in setting.methods}
         if setting.is_classifier:
             unreached: list[tuple[float, list[TargetRow]]] = []

@@ -29,12 +29,21 @@ IGNORED_KEYS = (
 # tell two runs apart, even two that claim one seed (a run resumed with a tracker on is the same run).
 NOT_IDENTITY_KEYS = ("log", "plugins", "state", "memory_budget", "checkpoint_every", "keep_checkpoint", "device")
 # Sections that define the problem rather than the method. The model is included: the same
-# algorithm on another network is another setting, not another row of the same table.
-SETTING_SECTIONS = ("data", "model", "sampling", "availability")
+# algorithm on another network is another setting, not another row of the same table. So are the
+# clients' devices ([system]: speeds, bandwidths, trace), but not how the server waits for them.
+SETTING_SECTIONS = ("data", "model", "sampling", "availability", "system")
+# [system] keys that are the server's choice (how long it waits, how many it over-selects): method keys.
+SERVER_SYSTEM_KEYS = ("system.deadline", "system.deadline_mode", "system.over_selection")
 # A run with a [privacy] section is the differentially private variant of its method, named as the papers
 # name it (DP-FedAvg, McMahan et al. 2018; DP-SCAFFOLD, Noble et al. 2022).
 PRIVACY_SECTION = "privacy"
 PRIVATE_PREFIX = "DP-"
+# A run with an [asynchronous] section is buffered asynchronous aggregation: FedAvg so run is FedBuff (Nguyen et
+# al. 2022); another algorithm is "FedBuff (FedProx)".
+ASYNCHRONOUS_SECTION = "asynchronous"
+SYSTEM_SECTION = "system"
+SAMPLING_SECTION = "sampling"
+ASYNCHRONOUS_NAME = "FedBuff"
 
 
 def flatten_config(config: dict[str, Any]) -> dict[str, Any]:
@@ -75,6 +84,11 @@ def algorithm_label(flat: dict[str, Any], recorded: dict[str, str] | None = None
     return label if optimizer == "sgd" else f"{label} + server {optimizer}"
 
 
+def asynchronous_label(label: str) -> str:
+    """An asynchronous run's method name: FedAvg run asynchronously is FedBuff; another method keeps its name inside."""
+    return ASYNCHRONOUS_NAME if label == "FedAvg" else f"{ASYNCHRONOUS_NAME} ({label})"
+
+
 def recorded_labels(runs: Sequence[RunData]) -> dict[str, str]:
     """Algorithm name -> the label run.json recorded for it (the registry entry's, written by the runner)."""
     labels = {}
@@ -98,7 +112,11 @@ def _listed(key: str, keys: tuple[str, ...]) -> bool:
 def _split_keys(flat: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """(setting keys, method keys) of a flattened config, without the ignored keys."""
     kept = {k: v for k, v in flat.items() if not _listed(k, IGNORED_KEYS)}
-    setting = {k: v for k, v in kept.items() if k.split(".")[0] in SETTING_SECTIONS}
+    if any(_listed(key, (ASYNCHRONOUS_SECTION,)) for key in kept):
+        # An asynchronous run samples no cohorts (its [sampling] is the refused-otherwise default): those keys
+        # say nothing about it, so it shares the setting of synchronous runs whatever their participation.
+        kept = {k: v for k, v in kept.items() if not _listed(k, (SAMPLING_SECTION,))}
+    setting = {k: v for k, v in kept.items() if k.split(".")[0] in SETTING_SECTIONS and k not in SERVER_SYSTEM_KEYS}
     method = {k: v for k, v in kept.items() if k not in setting}
     return setting, method
 
@@ -108,8 +126,31 @@ def _differing_keys(tables: Sequence[dict[str, Any]]) -> list[str]:
     return [key for key in keys if len({_frozen(table.get(key)) for table in tables}) > 1]
 
 
+def _differing_setting_keys(tables: Sequence[dict[str, Any]], asynchronous: Sequence[bool]) -> list[str]:
+    """``_differing_keys`` of setting tables, where an asynchronous run's missing [sampling] keys differ from nothing."""
+    synchronous = [table for table, is_asynchronous in zip(tables, asynchronous, strict=True) if not is_asynchronous]
+    sampling = set(_differing_keys(synchronous))
+    return [key for key in _differing_keys(tables) if not _listed(key, (SAMPLING_SECTION,)) or key in sampling]
+
+
 def _describe(table: dict[str, Any], keys: Iterable[str]) -> str:
     return ", ".join(f"{key}={display_value(table[key])}" for key in keys if key in table)
+
+
+def _timed(table: dict[str, Any]) -> bool:
+    return any(_listed(key, (SYSTEM_SECTION,)) for key in table)
+
+
+def _describe_setting(table: dict[str, Any], keys: Sequence[str], tables: Sequence[dict[str, Any]]) -> str:
+    """A setting's differing keys; where timed and untimed runs meet, "timed"/"untimed" stands for the [system] keys
+    that differ only by being there, and the timed runs are told apart by those that differ among them."""
+    if all(_timed(other) for other in tables) or not any(_timed(other) for other in tables):
+        return _describe(table, keys)
+    if not _timed(table):
+        return ", ".join(filter(None, ["untimed", _describe(table, [key for key in keys if not _listed(key, (SYSTEM_SECTION,))])]))
+    among_timed = set(_differing_keys([other for other in tables if _timed(other)]))
+    shown = [key for key in keys if not _listed(key, (SYSTEM_SECTION,)) or key in among_timed]
+    return ", ".join(filter(None, ["timed", _describe(table, shown)]))
 
 
 def label_standalone(runs: Sequence[RunData]) -> None:
@@ -122,7 +163,9 @@ def label_standalone(runs: Sequence[RunData]) -> None:
     differ between runs (else the data set's name); methods by their algorithm's
     name, plus the keys that differ when several methods share that name:
     "FedProx (algorithm.mu=0)". A run with a ``[privacy]`` section is "DP-" its method
-    ("DP-FedAvg"), told apart from other private runs by the privacy keys that differ.
+    ("DP-FedAvg"), told apart from other private runs by the privacy keys that differ; one with an
+    ``[asynchronous]`` section is "FedBuff" (FedAvg) or "FedBuff (FedProx)". The clients' devices
+    (``[system]``) are part of the setting; the server's deadline and over-selection are method keys.
     """
     splits = [_split_keys(flatten_config(run.config)) for run in runs]
     recorded = recorded_labels(runs)
@@ -132,9 +175,11 @@ def label_standalone(runs: Sequence[RunData]) -> None:
     # Runs on different data sets are told apart by the data set's name alone; only runs on one
     # data set need the keys that differ between them ("synthetic, sampling.participation=0.1").
     for data_name, indices in by_data.items():
-        setting_keys = [key for key in _differing_keys([splits[i][0] for i in indices]) if key != "data.name"]
+        tables = [splits[i][0] for i in indices]
+        asynchronous = [any(_listed(key, (ASYNCHRONOUS_SECTION,)) for key in splits[i][1]) for i in indices]
+        setting_keys = [key for key in _differing_setting_keys(tables, asynchronous) if key != "data.name"]
         for index in indices:
-            runs[index].setting = ", ".join(filter(None, [data_name, _describe(splits[index][0], setting_keys)]))
+            runs[index].setting = ", ".join(filter(None, [data_name, _describe_setting(splits[index][0], setting_keys, tables)]))
     by_setting: dict[str, list[int]] = {}
     for index, run in enumerate(runs):
         by_setting.setdefault(run.setting, []).append(index)
@@ -147,6 +192,8 @@ def label_standalone(runs: Sequence[RunData]) -> None:
             # Private runs are named apart, so their privacy keys tell them apart from each other only.
             private = any(_listed(key, (PRIVACY_SECTION,)) for key in table)
             name = f"{PRIVATE_PREFIX if private else ''}{algorithm_label(table, recorded)}"
+            if any(_listed(key, (ASYNCHRONOUS_SECTION,)) for key in table):
+                name = asynchronous_label(name)
             by_name.setdefault(name, []).append(table)
         labels = {}
         for name, tables in by_name.items():
@@ -186,11 +233,12 @@ def _split_same_seed_runs(runs: Sequence[RunData]) -> None:
 
 def method_order(run: RunData) -> tuple:
     """Papers' order: FedAvg (and its server-optimizer variants), FedProx, SCAFFOLD, FedDyn, AdaBest, EFL, then plugins;
-    a method's private variants (DP-) after it."""
+    a method's private variants (DP-), then its asynchronous ones (FedBuff), after it."""
     flat = flatten_config(run.config)
     name = flat.get("algorithm.name")
     private = any(_listed(key, (PRIVACY_SECTION,)) for key in flat)
-    return (_algorithm_rank(name), flat.get("server.optimizer", "sgd") != "sgd", private, run.method)
+    asynchronous = any(_listed(key, (ASYNCHRONOUS_SECTION,)) for key in flat)
+    return (_algorithm_rank(name), flat.get("server.optimizer", "sgd") != "sgd", private, asynchronous, run.method)
 
 
 def _algorithm_rank(name: Any) -> int:

@@ -31,3 +31,22 @@ def test_server_optimizers_name_fedopt_methods_and_unknown_algorithms_keep_their
     assert [(run.config["algorithm"]["name"], run.method) for run in ordered] == [
         ("fedavg", ""), ("fedavg", "FedAdam"), ("fedprox", ""), ("not_registered", ""),
     ]
+
+
+def test_asynchronous_runs_are_fedbuff_after_their_synchronous_method_and_keep_the_synchronous_setting():
+    from driftlab.experiments.report.labels import asynchronous_label, label_standalone
+
+    assert asynchronous_label("FedAvg") == "FedBuff" and asynchronous_label("FedProx") == "FedBuff (FedProx)"
+    system = {"profiles": "lognormal", "speed_median": 100.0, "deadline": None}
+
+    def run(name: str, participation: float, asynchronous: bool) -> RunData:
+        config = {"algorithm": {"name": name}, "data": {"name": "synthetic"}, "sampling": {"participation": participation}, "system": system}
+        if asynchronous:
+            config["asynchronous"] = {"concurrency": 10, "buffer": 5}
+        return RunData(Path(f"{name}-{asynchronous}"), config, [], None)
+
+    runs = [run("fedprox", 0.1, True), run("fedavg", 0.1, True), run("fedavg", 0.5, False), run("fedprox", 0.5, False)]
+    label_standalone(runs)
+    assert [r.method for r in runs] == ["FedBuff (FedProx)", "FedBuff", "FedAvg", "FedProx"]
+    assert {r.setting for r in runs} == {"synthetic"}  # an asynchronous run's [sampling] defaults differ from nothing
+    assert [r.method for r in sorted(runs, key=method_order)] == ["FedAvg", "FedBuff", "FedProx", "FedBuff (FedProx)"]

@@ -3,8 +3,12 @@
 Test accuracy against rounds and against bits sent (with a line per target),
 training loss (and, for the quadratic, the distance to the minimizer), ``‖h‖``
 and ``‖θ‖`` per round (AdaBest Figure 1), and FedProx's dissimilarity ``B(θ)²``
-and gradient variance (Li et al. 2020, Definition 2, Figure 4). Each caption
-names what its figure draws. matplotlib is imported when a figure is drawn.
+and gradient variance (Li et al. 2020, Definition 2, Figure 4). With timed runs
+(``[system]``), test accuracy and training loss against simulated time, the axis
+FedBuff (Nguyen et al. 2022) compares synchronous and asynchronous training on;
+an asynchronous run's rounds are server updates, and its legend entry and the
+round axis say so. Each caption names what its figure draws. matplotlib is
+imported when a figure is drawn.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from typing import Any, Sequence
 
 from driftlab.experiments.report.privacy_utility import PrivacyUtility
 from driftlab.experiments.report.read import RunData, Setting
-from driftlab.experiments.report.render import format_delta, format_target
+from driftlab.experiments.report.render import duration_unit, format_delta, format_target
 from driftlab.experiments.sweep.directory import slug
 
 
@@ -61,22 +65,26 @@ class ReportFigure:
 def _series(runs: Sequence[RunData], key: str, x_key: str = "round") -> Series:
     """Mean and sample standard deviation of ``key`` over seeds at each round where some seed recorded it.
 
-    ``x_key="bits"`` puts the round at the cumulative bits up and down (mean over seeds at that round).
-    Against rounds the curve starts at round 0 with the initial model's value where run.json records it
-    (``RunData.initial``); a log axis of bits has no 0, so that one starts at round 1.
+    ``x_key="bits"`` puts the round at the cumulative bits up and down (mean over seeds at that round);
+    ``x_key="time"`` at the simulated ``time_end`` of the round (mean over the timed seeds; untimed runs
+    have no point). Against rounds and time the curve starts at round 0, time 0, with the initial model's
+    value where run.json records it (``RunData.initial``); a log axis of bits has no 0, so that one starts
+    at round 1.
     """
     by_round: dict[int, list[tuple[float, float]]] = {}
     for run in runs:
+        if x_key == "time" and not run.timed:
+            continue
         start = run.initial.get(key)
-        if x_key == "round" and start is not None and math.isfinite(start):
+        if x_key in ("round", "time") and start is not None and math.isfinite(start):
             by_round.setdefault(0, []).append((0, start))
         bits = 0
         for record in run.records:
             bits += record["upload_bits"] + record["download_bits"]
             value = record.get(key)
-            if value is None or not math.isfinite(value):
+            if value is None or not math.isfinite(value) or (x_key == "time" and not isinstance(record.get("time_end"), (int, float))):
                 continue
-            x = bits if x_key == "bits" else record["round"]
+            x = bits if x_key == "bits" else record["time_end"] if x_key == "time" else record["round"]
             by_round.setdefault(record["round"], []).append((x, value))
     series = Series([], [], [])
     for round_ in sorted(by_round):
@@ -88,15 +96,47 @@ def _series(runs: Sequence[RunData], key: str, x_key: str = "round") -> Series:
     return series
 
 
-def _draw(axis, setting: Setting, key: str, x_key: str = "round", scale: float = 1.0) -> tuple[bool, bool]:
-    """Plot ``key`` per method, the mean over seeds with a ± sample-std band; whether a line and whether a band were drawn."""
+# Method labels that already say a run is asynchronous (the report names asynchronous FedAvg "FedBuff").
+ASYNCHRONOUS_WORDS = ("async", "fedbuff")
+
+
+def curve_label(method: str, runs: Sequence[RunData]) -> str:
+    """A method's legend entry: its label, its seeds when several, and "asynchronous" for a FedBuff run whose label
+    does not say so already (its rounds are server updates)."""
+    label = method + (f" ({len(runs)} seeds)" if len(runs) > 1 else "")
+    if any(run.asynchronous for run in runs) and not any(word in method.lower() for word in ASYNCHRONOUS_WORDS):
+        label += ", asynchronous"
+    return label
+
+
+def rounds_name(setting: Setting) -> str:
+    """What a setting's "rounds" are: communication rounds, an asynchronous run's server updates, or both."""
+    kinds = {run.asynchronous for run in setting.runs}
+    if kinds == {True}:
+        return "server updates"
+    return "rounds (asynchronous runs: server updates)" if True in kinds else "rounds"
+
+
+def round_axis_label(setting: Setting) -> str:
+    kinds = {run.asynchronous for run in setting.runs}
+    if kinds == {True}:
+        return "server update"
+    return "communication round (asynchronous runs: server update)" if True in kinds else "communication round"
+
+
+def _draw(axis, setting: Setting, key: str, x_key: str = "round", scale: float = 1.0, x_scale: float = 1.0) -> tuple[bool, bool]:
+    """Plot ``key`` per method, the mean over seeds with a ± sample-std band; whether a line and whether a band were drawn.
+
+    ``x_scale`` multiplies x (simulated seconds into the axis's unit)."""
     drawn = banded = False
     for method, runs in setting.methods.items():
         series = _series(runs, key, x_key)
         if not series.x:
             continue
+        if x_scale != 1.0:
+            series = Series([x_scale * x for x in series.x], series.mean, series.std)
         (line,) = axis.plot(
-            series.x, [scale * m for m in series.mean], label=method + (f" ({len(runs)} seeds)" if len(runs) > 1 else ""), linewidth=1.5,
+            series.x, [scale * m for m in series.mean], label=curve_label(method, runs), linewidth=1.5,
             # Markers show where the measurements are when they are sparse (evaluation or dissimilarity every N rounds).
             marker="o" if len(series.x) <= 30 else None, markersize=3,
         )
@@ -120,9 +160,21 @@ def _legend(axis, banded: bool) -> None:
     axis.legend(handles, labels, fontsize="small")
 
 
-def _drawable(setting: Setting, key: str) -> bool:
-    """Whether some run recorded a finite ``key`` (what ``_draw`` needs to draw a line)."""
-    return any(isinstance(r.get(key), (int, float)) and math.isfinite(r[key]) for run in setting.runs for r in run.records)
+def _drawable(setting: Setting, key: str, timed: bool = False) -> bool:
+    """Whether some run (some timed run, with ``timed``) recorded a finite ``key`` (what ``_draw`` needs to draw a line)."""
+    return any(
+        isinstance(r.get(key), (int, float)) and math.isfinite(r[key]) and (not timed or isinstance(r.get("time_end"), (int, float)))
+        for run in setting.runs
+        if run.timed or not timed
+        for r in run.records
+    )
+
+
+def time_axis(setting: Setting) -> tuple[str, float]:
+    """(unit, units per simulated second) of a setting's time axis: s, min or h, chosen by its longest timed run."""
+    span = max((run.simulated_time or 0.0 for run in setting.runs if run.timed), default=0.0)
+    unit, per_unit = duration_unit(span)
+    return unit, 1.0 / per_unit
 
 
 
@@ -179,14 +231,23 @@ def setting_figures(setting: Setting, targets: Sequence[float]) -> list[ReportFi
 
     figures: list[ReportFigure] = []
 
+    rounds = rounds_name(setting)
+    time_unit, time_scale = time_axis(setting)
+
     def panel(axis, key: str, title: str, ylabel: str, x_key: str = "round", scale: float = 1.0, log_y: bool = False) -> bool:
         """Draw one quantity on ``axis``; whether it has a ± std band."""
-        _, banded = _draw(axis, setting, key, x_key, scale)
+        _, banded = _draw(axis, setting, key, x_key, scale, time_scale if x_key == "time" else 1.0)
         axis.set_title(title)
-        axis.set_xlabel("cumulative bits sent (upload + download)" if x_key == "bits" else "communication round")
+        axis.set_xlabel(
+            "cumulative bits sent (upload + download)" if x_key == "bits"
+            else f"simulated time ({time_unit})" if x_key == "time" else round_axis_label(setting)
+        )
         axis.set_ylabel(ylabel)
         if x_key == "bits":
             axis.set_xscale("log")
+        elif x_key == "time":
+            axis.xaxis.set_major_formatter(ScalarFormatter(useOffset=False))  # plain numbers in the chosen unit
+            axis.ticklabel_format(axis="x", style="plain", useOffset=False)
         else:
             axis.xaxis.set_major_locator(MaxNLocator(integer=True))
             axis.set_xlim(*round_axis_limits(max((run.rounds_done for run in setting.runs), default=1)))
@@ -199,7 +260,7 @@ def setting_figures(setting: Setting, targets: Sequence[float]) -> list[ReportFi
         return banded
 
     if setting.is_classifier and _drawable(setting, "test_accuracy"):
-        for suffix, x_key, what in (("accuracy", "round", "rounds"), ("accuracy-vs-bits", "bits", "bits sent")):
+        for suffix, x_key, what in (("accuracy", "round", rounds), ("accuracy-vs-bits", "bits", "bits sent")):
             figure = Figure(figsize=(7, 4.5))
             axis = figure.subplots()
             banded = panel(axis, "test_accuracy", f"{setting.label}: test accuracy vs {what}", "test accuracy (%)", x_key, scale=100)
@@ -229,9 +290,9 @@ def setting_figures(setting: Setting, targets: Sequence[float]) -> list[ReportFi
             figure = Figure(figsize=(7, 4.5))
             axis = figure.subplots()
             # Log scale only when every value is positive: the quadratic's objective ½zx² − x is negative near x*.
-            banded = panel(axis, key, f"{setting.label}: {ylabel} vs rounds", ylabel, log_y=True)
+            banded = panel(axis, key, f"{setting.label}: {ylabel} vs {rounds}", ylabel, log_y=True)
             _legend(axis, banded)
-            figures.append(ReportFigure(suffix, _captioned(f"{ylabel} vs rounds", banded), figure, banded))
+            figures.append(ReportFigure(suffix, _captioned(f"{ylabel} vs {rounds}", banded), figure, banded))
 
     for suffix, panels in (
         (
@@ -253,9 +314,51 @@ def setting_figures(setting: Setting, targets: Sequence[float]) -> list[ReportFi
             panel_banded = panel(axis, key, f"{setting.label}: {title}", ylabel, log_y=True)
             _legend(axis, panel_banded)
             banded = banded or panel_banded
-        what = " and ".join(PANEL_NAMES[key] for key, _, _ in present) + " vs rounds"
+        what = " and ".join(PANEL_NAMES[key] for key, _, _ in present) + f" vs {rounds}"
         figures.append(ReportFigure(suffix, _captioned(what, banded), figure, banded))
+    timed = time_figure(setting, targets, panel)
+    if timed is not None:  # beside the accuracy figures: time is the other axis runs are compared on
+        figures.insert(sum(f.suffix in ("accuracy", "accuracy-vs-bits") for f in figures), timed)
     return figures
+
+
+def time_figure(setting: Setting, targets: Sequence[float], panel) -> ReportFigure | None:
+    """Test accuracy (with the target lines) and training loss against simulated time, a panel each, when some run
+    of the setting is timed; None otherwise. ``panel`` draws one quantity (``setting_figures``)."""
+    from matplotlib.figure import Figure
+
+    present = [
+        (key, ylabel, scale, log_y)
+        for key, ylabel, scale, log_y in (("test_accuracy", "test accuracy (%)", 100.0, False), ("train_loss", "train loss", 1.0, True))
+        if (key != "test_accuracy" or setting.is_classifier) and _drawable(setting, key, timed=True)
+    ]
+    if not present:
+        return None
+    unit, _ = time_axis(setting)
+    figure = Figure(figsize=(6 * len(present), 4.5))
+    axes = figure.subplots(1, len(present), squeeze=False)[0]
+    banded, styles = False, []
+    for axis, (key, ylabel, scale, log_y) in zip(axes, present, strict=True):
+        name = ylabel.removesuffix(" (%)")
+        panel_banded = panel(axis, key, f"{setting.label}: {name} vs simulated time", ylabel, "time", scale, log_y)
+        if key == "test_accuracy":
+            accuracies = _values(setting, "test_accuracy")
+            shown, _ = drawn_targets(targets, max(accuracies) if accuracies else None)
+            for index, target in enumerate(targets):
+                if target in shown:
+                    line_name, dash, colour, width = target_style(index)
+                    axis.axhline(100 * target, color=colour, linestyle=dash, linewidth=width, label=f"target {format_target(target)}")
+                    styles.append(f"{format_target(target)} {line_name}")
+        _legend(axis, panel_banded)
+        banded = banded or panel_banded
+    names = " and ".join(ylabel.removesuffix(" (%)") for _, ylabel, _, _ in present)
+    caption = _captioned(f"{names} vs simulated time ({unit}; a point per round at its end, mean over seeds)", banded)
+    if styles:
+        caption += f"; target {'lines' if len(styles) > 1 else 'line'}: {', '.join(styles)}"
+    untimed = [method for method, runs in setting.methods.items() if not any(run.timed for run in runs)]
+    if untimed:
+        caption += f"; untimed runs not drawn: {', '.join(untimed)}"
+    return ReportFigure("time", caption, figure, banded)
 
 
 def plot_setting(setting: Setting, out_dir: Path, targets: Sequence[float], stem: str | None = None) -> list[tuple[ReportFigure, Path]]:

@@ -18,7 +18,14 @@ from typing import Any, Iterable, Sequence
 
 from driftlab.errors import ConfigError
 from driftlab.experiments.report.run_data import RunData
-from driftlab.experiments.report.labels import algorithm_label, flatten_config, label_standalone, method_order, recorded_labels
+from driftlab.experiments.report.labels import (
+    algorithm_label,
+    asynchronous_label,
+    flatten_config,
+    label_standalone,
+    method_order,
+    recorded_labels,
+)
 from driftlab.experiments.run_directory import CONFIG_FILE, METRICS_FILE, RUN_INFO_FILE
 from driftlab.experiments.sweep.directory import SWEEP_FILE
 
@@ -42,6 +49,8 @@ class Setting:
     methods: dict[str, list[RunData]]  # method label -> its runs (seeds), in report order
     pending: list[PendingRun] = field(default_factory=list)
     cut_round: int | None = None  # stand-alone runs of different lengths are compared up to this round
+    # Stand-alone asynchronous runs are cut among themselves, to this server update: an update is no round.
+    cut_update: int | None = None
 
     @property
     def runs(self) -> list[RunData]:
@@ -161,6 +170,7 @@ def read_sweep(path: Path) -> tuple[dict[str, Any], list[RunData], list[PendingR
             continue
         run = read_run(run_dir)
         fallback = algorithm_label(flatten_config(run.config), recorded_labels([run]))
+        fallback = asynchronous_label(fallback) if run.asynchronous else fallback
         run.setting, run.method, run.sweep = setting, str(entry.get("method") or fallback), name
         run.seed = int(entry.get("seed", run.seed))
         run.setting_dir = _setting_dir(entry)
@@ -260,8 +270,11 @@ def collect(inputs: Sequence[str | Path]) -> tuple[list[Setting], list[dict[str,
                         f"{first.path} and {second.path} are both seed {first.seed} of {method!r}{where} "
                         "(two sweeps with the same labels, or one run copied twice); report them separately"
                     )
-        # A sweep plans its runs' lengths (some give each method its own); stand-alone runs are compared like with like.
-        setting.cut_round = cut_to_shortest([run for run in setting.runs if run.sweep is None])
+        # A sweep plans its runs' lengths (some give each method its own); stand-alone runs are compared like with like,
+        # and an asynchronous run's server updates are not rounds: FedBuff's 200 updates are not cut to FedAvg's 50 rounds.
+        standalone_runs = [run for run in setting.runs if run.sweep is None]
+        setting.cut_round = cut_to_shortest([run for run in standalone_runs if not run.asynchronous])
+        setting.cut_update = cut_to_shortest([run for run in standalone_runs if run.asynchronous])
     return [s for s in settings.values() if s.methods], documents
 
 

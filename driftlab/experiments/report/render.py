@@ -6,7 +6,10 @@ for a non-classifier) as mean ± sample standard deviation over seeds, local SGD
 steps against a reference method, and the runs behind them (seeds, rounds, status,
 wall time, machine); a sweep's own description and what was actually run lead. Where a
 setting has private runs, an ε column (``format_epsilon``) sits beside accuracy and rounds, with a note
-on what it covers (``privacy_note``); the privacy-utility section closes the report.
+on what it covers (``privacy_note``); the privacy-utility section closes the report. Where a setting has
+timed runs (``[system]``), a "time to target" column sits beside the rounds and a "simulated time" column
+ends the accuracy table (``time_note`` says what they measure, and that an asynchronous run's rounds are
+server updates).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from driftlab.experiments.report.tables import (
     StepsRow,
     TargetRow,
     accuracy_row,
+    any_timed,
     choose_steps_reference,
     savings,
     steps_rows,
@@ -109,12 +113,47 @@ def privacy_note(setting: Setting) -> list[str]:
     ]
 
 
-def format_seconds(seconds: float) -> str:
+def duration_unit(seconds: float) -> tuple[str, float]:
+    """(unit, seconds per unit) a span of ``seconds`` reads best in: s under 2 min, min under 2 h, else h."""
     if seconds < 120:
-        return f"{seconds:.1f} s"
+        return "s", 1.0
     if seconds < 7200:
-        return f"{seconds / 60:.1f} min"
-    return f"{seconds / 3600:.1f} h"
+        return "min", 60.0
+    return "h", 3600.0
+
+
+def format_seconds(seconds: float) -> str:
+    unit, per_unit = duration_unit(seconds)
+    return f"{seconds / per_unit:.1f} {unit}"
+
+
+def format_duration(value: Spread | None) -> str:
+    """Simulated time over seeds in the mean's unit: ``12.5 ± 0.8 min``, ``45.0 s`` for one seed, ``—`` when untimed."""
+    if value is None:
+        return "—"
+    unit, per_unit = duration_unit(value.mean)
+    return _format_spread(Spread(value.mean / per_unit, None if value.std is None else value.std / per_unit, value.count), ".1f", ".1f", unit=f" {unit}")
+
+
+def time_note(setting: Setting) -> list[str]:
+    """What the time columns of a setting with timed runs mean, and what an asynchronous run's rounds are; nothing
+    for a setting without timed runs."""
+    if not any_timed(setting.runs):
+        return []
+    lines = [
+        "Simulated time ([system]: each client's download, local steps and upload at its device's speed and bandwidths; "
+        "a synchronous round lasts until its slowest counted client arrives): *time to target* is the simulated time at the "
+        "end of the first evaluated round reaching the target (`+`: spent without reaching it), *simulated time* the "
+        "whole run's, mean over seeds; —: an untimed run."
+    ]
+    asynchronous = sorted({run.method for run in setting.runs if run.asynchronous})
+    if asynchronous:
+        lines.append(
+            f"Asynchronous methods ({', '.join(asynchronous)}) aggregate buffered client updates (FedBuff, Nguyen et al. 2022): "
+            "their rounds are server updates, each folding the buffer's client updates however stale, so compare them with "
+            "synchronous methods by simulated time, not rounds."
+        )
+    return [" ".join(lines), ""]
 
 
 def markdown_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
@@ -195,15 +234,25 @@ def _as_run(document: dict[str, Any], runs: Sequence[RunData]) -> str:
 
 def cut_note(setting: Setting) -> list[str]:
     """Which runs the report cut to the shortest run's length, and how long they really ran."""
-    cut = [run for run in setting.runs if run.truncated_from is not None]
-    if not cut:
-        return []
-    listed = "; ".join(f"`{run.path}` ({run.method}, seed {run.seed}, ran {run.truncated_from} rounds)" for run in cut)
-    return [
-        f"These runs have different lengths, so every number and figure below compares them up to round {setting.cut_round}, "
-        f"the last round of the shortest. Cut to round {setting.cut_round}: {listed}.",
-        "",
-    ]
+    cut = [run for run in setting.runs if run.truncated_from is not None and not run.asynchronous]
+    cut_asynchronous = [run for run in setting.runs if run.truncated_from is not None and run.asynchronous]
+    lines = []
+    if cut:
+        listed = "; ".join(f"`{run.path}` ({run.method}, seed {run.seed}, ran {run.truncated_from} rounds)" for run in cut)
+        lines += [
+            f"These runs have different lengths, so every number and figure below compares them up to round {setting.cut_round}, "
+            f"the last round of the shortest. Cut to round {setting.cut_round}: {listed}.",
+            "",
+        ]
+    if cut_asynchronous:
+        listed = "; ".join(f"`{run.path}` ({run.method}, seed {run.seed}, ran {run.truncated_from} updates)" for run in cut_asynchronous)
+        lines += [
+            f"These asynchronous runs have different lengths, so every number and figure below compares them up to server update "
+            f"{setting.cut_update}, the last of the shortest (synchronous runs are not cut to it: an update is not a round). "
+            f"Cut to update {setting.cut_update}: {listed}.",
+            "",
+        ]
+    return lines
 
 
 def _incomplete_note(runs: Sequence[RunData]) -> str:
@@ -233,6 +282,7 @@ def communication_section(setting: Setting, target: float) -> tuple[list[str], l
     """FedDyn Tables 1-2 for one target: rounds, model-equivalents and bits per method, and every pairwise saving."""
     rows = [target_row(setting.label, method, method_runs, target) for method, method_runs in setting.methods.items()]
     private = any_private(setting.runs)
+    timed = any_timed(setting.runs)
     entries, table = [], []
     for row in rows:
         ratios = []
@@ -244,9 +294,9 @@ def communication_section(setting: Setting, target: float) -> tuple[list[str], l
             entries.append(entry)
             ratios.append(format_savings(entry))
         note = target_note(row, setting.methods[row.method])
-        table.append([row.method, *_epsilon_cell(row.epsilon, private), *target_cells(row), *ratios, note])
+        table.append([row.method, *_epsilon_cell(row.epsilon, private), *_with_time(target_cells(row), row, timed), *ratios, note])
     header = [
-        "method", *_epsilon_header(private), "rounds", "model-equivalents", "upload", "download",
+        "method", *_epsilon_header(private), *_with_time_header(("rounds", "model-equivalents", "upload", "download"), timed),
         *(f"vs {row.method}" for row in rows), "note",
     ]
     lines = [f"### Communication to reach {format_target(target)} test accuracy", "", markdown_table(header, table), ""]
@@ -260,12 +310,13 @@ def unreached_section(setting: Setting, targets: Sequence[float], rows: Sequence
     """
     listed = ", ".join(format_target(target) for target in targets)
     private = any_private(setting.runs)
+    timed = any_timed(setting.runs)
     notes = [target_note(row, setting.methods[row.method]) for row in rows]
     table = [
-        [row.method, *_epsilon_cell(row.epsilon, private), *target_cells(row), note]
+        [row.method, *_epsilon_cell(row.epsilon, private), *_with_time(target_cells(row), row, timed), note]
         for row, note in zip(rows, notes, strict=True)
     ]
-    header = ["method", *_epsilon_header(private), "rounds", "model-equivalents", "upload", "download", "note"]
+    header = ["method", *_epsilon_header(private), *_with_time_header(("rounds", "model-equivalents", "upload", "download"), timed), "note"]
     return [
         f"### Communication: no method reached {listed} test accuracy",
         "",
@@ -300,16 +351,17 @@ def accuracy_section(setting: Setting) -> tuple[list[str], list[AccuracyRow]]:
     """Final and best accuracy and BMTA (AdaBest Table 2, EFL Table 2), or loss and distance for a non-classifier."""
     rows = [accuracy_row(setting.label, method, method_runs) for method, method_runs in setting.methods.items()]
     private = any_private(setting.runs)
+    timed = any_timed(setting.runs)
     if setting.is_classifier:
         show_bmta = any(row.best_client_accuracy for row in rows)
         header = [
             "method", "seeds", *_epsilon_header(private), "final test accuracy", "best test accuracy",
-            *(["best mean client test accuracy (BMTA)"] if show_bmta else []), "final train loss",
+            *(["best mean client test accuracy (BMTA)"] if show_bmta else []), "final train loss", *_time_header(timed),
         ]
         table = [
             [row.method, str(row.seeds), *_epsilon_cell(row.epsilon, private), format_percent(row.final_accuracy),
              format_percent(row.best_accuracy), *([format_percent(row.best_client_accuracy)] if show_bmta else []),
-             format_number(row.final_train_loss)]
+             format_number(row.final_train_loss), *_time_cell(row, timed)]
             for row in rows
         ]
         note = "Mean ± sample standard deviation over seeds (AdaBest Table 2)."
@@ -319,7 +371,7 @@ def accuracy_section(setting: Setting) -> tuple[list[str], list[AccuracyRow]]:
             note += " BMTA is EFL's best over rounds of the mean local test accuracy of the clients."
         title = "### Accuracy"
     else:
-        header = ["method", "seeds", *_epsilon_header(private), "final train loss", "final distance to the minimizer"]
+        header = ["method", "seeds", *_epsilon_header(private), "final train loss", "final distance to the minimizer", *_time_header(timed)]
         table = [
             [
                 row.method + stability_mark(method_runs) + _incomplete_note(method_runs),
@@ -327,6 +379,7 @@ def accuracy_section(setting: Setting) -> tuple[list[str], list[AccuracyRow]]:
                 *_epsilon_cell(row.epsilon, private),
                 format_number(row.final_train_loss),
                 format_number(row.final_distance),
+                *_time_cell(row, timed),
             ]
             for row, method_runs in zip(rows, setting.methods.values(), strict=True)
         ]
@@ -422,6 +475,27 @@ def _epsilon_header(private: bool) -> list[str]:
 
 def _epsilon_cell(value: EpsilonSummary | None, private: bool) -> list[str]:
     return [format_epsilon(value)] if private else []
+
+
+def _with_time_header(columns: Sequence[str], timed: bool) -> list[str]:
+    """The communication table's columns, with "time to target" after the rounds where the setting has timed runs."""
+    return [columns[0], "time to target", *columns[1:]] if timed else list(columns)
+
+
+def _with_time(cells: Sequence[str], row: TargetRow, timed: bool) -> list[str]:
+    """``target_cells`` with the simulated time to the target after the rounds (``+`` on lower bounds, — when untimed)."""
+    if not timed:
+        return list(cells)
+    time = "—" if row.time is None else f"{format_seconds(row.time)}{'+' if row.lower_bound else ''}"
+    return [cells[0], time, *cells[1:]]
+
+
+def _time_header(timed: bool) -> list[str]:
+    return ["simulated time"] if timed else []
+
+
+def _time_cell(row: AccuracyRow, timed: bool) -> list[str]:
+    return [format_duration(row.simulated_time)] if timed else []
 
 
 def _format_fraction(value: float | None) -> str:

@@ -89,6 +89,24 @@ class RunData:
         return None
 
     @property
+    def timed(self) -> bool:
+        """Whether the run ran on a simulated clock (a ``[system]`` section): its records carry ``time_start`` and
+        ``time_end`` in simulated seconds."""
+        return isinstance(self.config.get("system"), dict) or any("time_end" in r for r in self.records)
+
+    @property
+    def asynchronous(self) -> bool:
+        """Whether the run is asynchronous (FedBuff, an ``[asynchronous]`` section): its "rounds" are server updates,
+        each folding the buffer's B client updates, not synchronous rounds."""
+        return isinstance(self.config.get("asynchronous"), dict) or any("mean_staleness" in r for r in self.records)
+
+    @property
+    def simulated_time(self) -> float | None:
+        """The simulated seconds at the end of the last round the report uses (None: untimed, or no timed record)."""
+        end = next((r["time_end"] for r in reversed(self.records) if isinstance(r.get("time_end"), (int, float))), None)
+        return None if end is None else float(end)
+
+    @property
     def is_classifier(self) -> bool:
         return any("test_accuracy" in r for r in self.records)
 

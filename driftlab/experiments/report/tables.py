@@ -1,6 +1,9 @@
 """The numbers behind the report's tables, and the CSV files that hold them unformatted.
 
 What each number measures, and which paper's table it reproduces: ``driftlab.experiments.report``.
+Timed runs (``[system]``) add the simulated time to reach each target and the whole run's simulated time
+(FedBuff, Nguyen et al. 2022, compares methods by time to a target accuracy); a report without timed runs has
+the columns it always had.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ class TargetOutcome:
     download_bits: int
     local_steps: int
     diverged_at: int | None = None  # set when the run diverged without reaching the target
+    time: float | None = None  # simulated seconds at the end of the round reached (or of the last round); None: untimed
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,7 @@ class TargetRow:
     lower_bound: bool
     diverged_at: int | None
     epsilon: EpsilonSummary | None = None  # ε at the end of the runs (not at the round that reached the target)
+    time: float | None = None  # mean over seeds of the simulated seconds to the target (spent, on lower bounds); None unless every seed is timed
 
 
 @dataclass(frozen=True)
@@ -91,6 +96,7 @@ class AccuracyRow:
     final_train_loss: Spread | None
     final_distance: Spread | None
     epsilon: EpsilonSummary | None = None  # ε at the end of the runs: what releasing every round's model cost
+    simulated_time: Spread | None = None  # the timed seeds' simulated seconds at their last compared round
 
 
 @dataclass(frozen=True)
@@ -109,6 +115,7 @@ def target_outcome(run: RunData, target: float) -> TargetOutcome:
 
     Model-equivalents: ``Σ_{t ≤ hit} upload_bits_t / (32 · P · |S_t|)`` (FedDyn Tables 1, 2):
     one FedAvg round is 1, a SCAFFOLD round (model and control variate) 2.
+    A timed run's ``time`` is the simulated ``time_end`` of that round.
     A run that never reaches the target reports its whole run instead.
     """
     hit = first_round_reaching(run.records, target)
@@ -124,7 +131,14 @@ def target_outcome(run: RunData, target: float) -> TargetOutcome:
         download_bits=download,
         local_steps=sum(r["local_steps"] for r in spent),
         diverged_at=run.diverged_at if hit is None else None,
+        time=time_through(spent),
     )
+
+
+def time_through(records: Sequence[dict[str, Any]]) -> float | None:
+    """The simulated ``time_end`` of the last of ``records`` that has one (None: untimed records)."""
+    end = _last(records, "time_end")
+    return None if end is None else float(end)
 
 
 def target_row(setting: str, method: str, runs: Sequence[RunData], target: float) -> TargetRow:
@@ -147,6 +161,7 @@ def target_row(setting: str, method: str, runs: Sequence[RunData], target: float
         lower_bound=not all(o.reached for o in outcomes),
         diverged_at=min(diverged) if diverged else None,
         epsilon=epsilon_summary(runs),
+        time=None if any(o.time is None for o in outcomes) else statistics.fmean(o.time for o in outcomes),
     )
 
 
@@ -193,6 +208,7 @@ def accuracy_row(setting: str, method: str, runs: Sequence[RunData]) -> Accuracy
         final_train_loss=spread([_last(run.records, "train_loss") for run in runs]),
         final_distance=spread([_last(run.records, "distance_to_minimizer") for run in runs]),
         epsilon=epsilon_summary(runs),
+        simulated_time=spread([run.simulated_time for run in runs]),
     )
 
 
@@ -261,6 +277,11 @@ def _spread_columns(value: Spread | None) -> list[str]:
 EPSILON_COLUMNS = ("epsilon", "epsilon_min", "epsilon_max", "delta")
 
 
+def any_timed(runs: Sequence[RunData]) -> bool:
+    """Whether some run ran on a simulated clock: the tables then carry simulated time."""
+    return any(run.timed for run in runs)
+
+
 def epsilon_columns(value: EpsilonSummary | None) -> list[str]:
     """ε's mean, min and max over seeds (``inf``: no noise; empty: not accounted) and δ (``;`` between several)."""
     if value is None:
@@ -281,22 +302,31 @@ def write_tables(
     """The tables' numbers, unformatted: fractions (not percentages), bits, and explicit bound flags.
 
     When some run is private, targets.csv and accuracy.csv end with ε at the end of the runs and its δ
-    (``EPSILON_COLUMNS``); a report without private runs has the columns it always had.
+    (``EPSILON_COLUMNS``); when some run is timed, simulated seconds come before them: ``time_to_target``
+    (targets.csv), ``simulated_time_mean``/``_std`` (accuracy.csv) and ``simulated_time`` (runs.csv), empty for
+    untimed runs. A report without private or timed runs has the columns it always had.
     """
-    private = any_private([run for setting in settings for run in setting.runs])
+    every_run = [run for setting in settings for run in setting.runs]
+    private = any_private(every_run)
+    timed = any_timed(every_run)
     extra_header = list(EPSILON_COLUMNS) if private else []
 
     def extra(value: EpsilonSummary | None) -> list[str]:
         return epsilon_columns(value) if private else []
 
+    def time_header(*names: str) -> list[str]:
+        return list(names) if timed else []
+
     files = [
         write_csv(
             out / "targets.csv",
             ["setting", "target", "method", "seeds", "seeds_reached", "seeds_diverged", "lower_bound", "rounds",
-             "model_equivalents", "upload_bits", "download_bits", "local_steps", "diverged_at_round", *extra_header],
+             "model_equivalents", "upload_bits", "download_bits", "local_steps", "diverged_at_round", *time_header("time_to_target"),
+             *extra_header],
             [[r.setting, _csv_number(r.target), r.method, r.seeds, r.seeds_reached, r.seeds_diverged, int(r.lower_bound),
               _csv_number(r.rounds), _csv_number(r.model_equivalents), _csv_number(r.upload_bits), _csv_number(r.download_bits),
-              _csv_number(r.local_steps), "" if r.diverged_at is None else r.diverged_at, *extra(r.epsilon)]
+              _csv_number(r.local_steps), "" if r.diverged_at is None else r.diverged_at,
+              *([_csv_number(r.time)] if timed else []), *extra(r.epsilon)]
              for r in target_rows],
         ),
         write_csv(
@@ -308,10 +338,10 @@ def write_tables(
             out / "accuracy.csv",
             ["setting", "method", "seeds", "final_accuracy_mean", "final_accuracy_std", "best_accuracy_mean", "best_accuracy_std",
              "bmta_mean", "bmta_std", "final_train_loss_mean", "final_train_loss_std", "final_distance_mean",
-             "final_distance_std", *extra_header],
+             "final_distance_std", *time_header("simulated_time_mean", "simulated_time_std"), *extra_header],
             [[r.setting, r.method, r.seeds, *_spread_columns(r.final_accuracy), *_spread_columns(r.best_accuracy),
               *_spread_columns(r.best_client_accuracy), *_spread_columns(r.final_train_loss),
-              *_spread_columns(r.final_distance), *extra(r.epsilon)]
+              *_spread_columns(r.final_distance), *(_spread_columns(r.simulated_time) if timed else []), *extra(r.epsilon)]
              for r in accuracy_rows],
         ),
     ]
@@ -327,10 +357,12 @@ def write_tables(
     files.append(
         write_csv(
             out / "runs.csv",
-            ["setting", "method", "seed", "path", "status", "rounds_done", "rounds", "num_parameters", "wall_seconds", "machine", "cut_to_round"],
+            ["setting", "method", "seed", "path", "status", "rounds_done", "rounds", "num_parameters", "wall_seconds", "machine", "cut_to_round",
+             *time_header("simulated_time", "asynchronous")],
             [[s.label, run.method, run.seed, str(run.path), run.status, run.truncated_from or run.rounds_done, run.rounds_planned,
               run.num_parameters or "", _csv_number((run.info or {}).get("wall_seconds")), run.machine,
-              run.rounds_done if run.truncated_from is not None else ""]
+              run.rounds_done if run.truncated_from is not None else "",
+              *([_csv_number(run.simulated_time), int(run.asynchronous)] if timed else [])]
              for s in settings for run in s.runs],
         )
     )

@@ -39,6 +39,32 @@ fold releases its noise and moves its clip on: ``OrderedFold`` calls its
 ``finish`` then), the record says so (``num_selected``/``num_reporting`` 0,
 no bits, no local steps), and evaluation runs as scheduled (the
 "reporting_mean" model of a round where nobody reported is the server's).
+
+Simulated time (``Simulation.system``, config ``[system]``; docs/update-rules.md, "Simulated time").  Round t
+starts at ``t_s = state.clock`` (0 before round 1).  Sampling draws among the registered clients available at
+``t_s`` (their trace windows).  Each active client k, on its device p (looked up at ``t_s``), doing s_k steps
+of ``b_k = min(batch_size, n_k)`` examples, is planned with the upload reserve ``|view|`` (every built-in's
+uncompressed message is the size of its view; ``clock``):
+
+    T_k(s) = |view| / p.download + s · b_k / p.speed + |view| / p.upload
+
+* deadline D, partial: ``s_k ← max{s ≤ s_k : T_k(s) ≤ D}`` (``clock.steps_within``), a client cut short is
+  incomplete (``available_steps < planned_steps``), as a straggler; no step fits: dropped.  Drop mode: a client
+  with ``T_k(s_k) > D`` is dropped.  A client whose window ends before ``t_s + T_k(s_k)`` left before finishing:
+  dropped.  Dropped clients are not trained (``num_missed_deadline``).
+* over-selection f: ``⌈(1 + f) m⌉`` clients (draws) are selected for a cohort of m; the server awaits the first
+  m draws' clients by planned arrival ``t_s + T_k(s_k)`` (ties by client id); the rest are neither trained
+  nor counted (``num_not_awaited``).
+
+Once a client's message exists its actual arrival is ``a_k = t_s + |view| / p.download + done_k · b_k /
+p.speed + |m_k| / p.upload`` (a compressed message uploads faster).  A message arriving after the deadline or
+its window is late: not folded, and the client's new state is discarded with it, as a dropout's
+(``num_missed_deadline``).  The round ends at ``t_e = max_k a_k`` over the clients whose message is folded, or
+at ``t_s + D`` when some awaited client missed the deadline (the server learns that only when D passes) or nothing
+was folded (``t_s`` without a deadline).  A round starts when the previous one ended, or, when no registered client
+is available then, when the first becomes available (``Profiles.next_start``: the server waits for a check-in).  The new state's ``clock`` is
+``t_e``; the record gains ``time_start``, ``time_end``, ``num_missed_deadline`` and ``num_not_awaited``.
+Untimed rounds take none of these steps: their records and models are those of a run without ``[system]``.
 """
 
 from __future__ import annotations
@@ -58,13 +84,62 @@ from driftlab.simulation.round.client import ClientData, ClientSettings, client_
 from driftlab.simulation.backends.local_training import LocalSettings
 from driftlab.simulation.round.latest_models import LatestModels, LatestModelsUpdate, all_clients_mean, summed_store
 from driftlab.simulation.round.ordered_fold import FoldedRound, OrderedFold
-from driftlab.simulation.round.sampling import sample_clients
+from driftlab.simulation.round.sampling import ClientSample, clients_per_round, over_selected, sample_clients
 from driftlab.simulation.seam import ClientContext, RoundContext, plugin_note
 from driftlab.simulation.state.state_store import (
     ClientStateStore,
 )
 from driftlab.simulation.evaluation import DIVERGENCE_ADVICE, dissimilarity, divergence, evaluate, norm_growth, reference_losses
 from driftlab.simulation.round.setup import RoundPlan, Simulation, SimulationState, wave_size
+from driftlab.simulation.time.clock import ClientTiming, client_timing, fits, steps_within
+from driftlab.simulation.time.plan import DeviceProfile, SystemPlan
+
+
+@dataclass(frozen=True)
+class ClientClock:
+    """What an awaited client's timing needs besides its steps and message: its device at the round's start and
+    ``b_k = min(batch_size, n_k)``, the examples of one of its steps."""
+
+    profile: DeviceProfile
+    samples_per_step: int
+
+
+@dataclass(frozen=True)
+class RoundTiming:
+    """A timed round's plan (module docstring, "Simulated time"): its start, deadline, the awaited clients' devices
+    and the clients the plan already dropped or does not await."""
+
+    start: float  # t_s, simulated seconds
+    deadline: float | None  # D, seconds after the start; None: the round waits for its slowest counted client
+    download_bits: int  # |view|: every client's download, and the upload reserve of the plan
+    clients: Mapping[int, ClientClock]  # the awaited (trained) clients, by id
+    num_missed_deadline: int  # dropped by the plan: no step fits the deadline, the work does not (drop mode), a window ends
+    num_not_awaited: int  # over-selected clients beyond the first m
+
+    def client_timing(self, client_id: int, steps_done: int, upload_bits: int) -> ClientTiming:
+        """Client ``client_id``'s download, ``steps_done`` steps and an upload of ``upload_bits``."""
+        clock = self.clients[client_id]
+        return client_timing(clock.profile, self.download_bits, steps_done, clock.samples_per_step, upload_bits)
+
+    def arrival(self, client_id: int, steps_done: int, message: Any) -> float | None:
+        """When client ``client_id``'s ``message`` reaches the server; None when it is late (after the deadline or the
+        end of the client's window) or there is no message."""
+        if message is None:
+            return None
+        timing = self.client_timing(client_id, steps_done, payload_bits(message))
+        arrival = self.start + timing.total
+        if not fits(self.deadline, timing) or arrival > self.clients[client_id].profile.end:
+            return None
+        return arrival
+
+    def end(self, arrivals: Mapping[int, float | None], counted: Any, missed: int) -> float:
+        """``t_e``: the latest arrival of the ``counted`` clients (those whose message was folded); ``t_s + D`` when
+        ``missed`` awaited clients did not make the deadline (the server cannot know that before D passes) or nobody
+        was counted; ``t_s`` for a round without a deadline that counted nobody."""
+        times = [arrivals[client_id] for client_id in counted]
+        if self.deadline is not None and (missed > 0 or not times):
+            return self.start + self.deadline
+        return max(times) if times else self.start
 
 
 @dataclass(frozen=True)
@@ -82,6 +157,7 @@ class RoundWork:
     num_inactive: int
     num_incomplete: int
     started: float  # time.perf_counter() when planning began, for the record's round_seconds
+    timing: RoundTiming | None = None  # simulated time ([system]); None: the round is not timed
 
 
 def run_round(
@@ -108,12 +184,14 @@ def run_round(
     if state.latest_models is not None:
         start = state.latest_sum if state.latest_sum is not None else summed_store(state.latest_models, sim.initial_params)
         latest = LatestModelsUpdate(start, [context.client_id for context in work.contexts])
-    steps_done = _train_clients(sim, state, work, folding, latest)
+    steps_done, arrivals = _train_clients(sim, state, work, folding, latest)
     latest_sum = latest.result() if latest is not None else None
     server, record = finish_folded_round(
-        sim, work, folding.result(), steps_done, evaluate_after=evaluate_after, latest_models=state.latest_models, latest_sum=latest_sum
+        sim, work, folding.result(), steps_done, evaluate_after=evaluate_after, latest_models=state.latest_models, latest_sum=latest_sum,
+        arrivals=arrivals,
     )
-    new_state = SimulationState(work.round, server, state.clients, state.latest_models, latest_sum)
+    clock = record["time_end"] if work.timing is not None else state.clock
+    new_state = SimulationState(work.round, server, state.clients, state.latest_models, latest_sum, clock)
     if commit:
         commit_round(new_state)
     return new_state, record
@@ -132,18 +210,23 @@ def round_context(work: RoundWork) -> RoundContext:
 
 def plan_round(sim: Simulation, state: SimulationState) -> RoundWork:
     """Round ``state.round + 1`` up to local training: membership changes, sampling, availability, the clients'
-    contexts, the view they receive and the round's rates.  Reads client states only for joining and leaving clients."""
+    contexts, the view they receive and the round's rates; with ``sim.system``, the clients' timing, the deadline and
+    over-selection (module docstring, "Simulated time").  Reads client states only for joining and leaving clients."""
     started = time.perf_counter()
     t = state.round + 1
     plan = sim.plan
     registered = sim.registered_at(t)
     server = _apply_membership_changes(sim, state, t)
+    view = sim.algorithm.broadcast(server)
     sizes = sim.client_sizes[registered]
-    sample = sample_clients(plan.seed, t, registered, sizes, plan.participation, plan.sampling)
+    start = _round_start(sim.system, registered, state.clock or 0.0) if sim.system is not None else None
+    sample, cohort = _sample(sim, t, registered, start)
     client_lr = value_at(plan.client_lr, t)
     mean_samples = float(sizes.mean())
-    contexts: list[ClientContext] = []
-    num_inactive = num_incomplete = 0
+    download_bits = payload_bits(view) if sim.system is not None else 0
+    active: list[tuple[int, int, int, int]] = []  # (client id, multiplicity, planned steps, steps to do)
+    clocks: dict[int, tuple[ClientClock, float]] = {}  # a timed client's device and planned arrival
+    num_inactive = num_missed_deadline = 0
     for client_id, multiplicity in zip(sample.client_ids.tolist(), sample.multiplicity.tolist(), strict=True):
         num_samples = int(sim.client_sizes[client_id])
         planned = plan.planned_steps(num_samples, t)
@@ -151,35 +234,122 @@ def plan_round(sim: Simulation, state: SimulationState) -> RoundWork:
         if steps == 0:
             num_inactive += 1
             continue
-        num_incomplete += steps < planned
-        contexts.append(
-            ClientContext(
-                client_id=client_id,
-                round=t,
-                num_samples=num_samples,
-                mean_num_samples=mean_samples,
-                num_registered=len(registered),
-                planned_steps=planned,
-                client_lr=client_lr,
-                multiplicity=multiplicity,
-                available_steps=steps,
-            )
+        if sim.system is not None:
+            clock = ClientClock(_profile_at(sim.system, client_id, start), min(plan.batch_size, num_samples))
+            steps, arrival = _planned_work(sim.system, clock, start, download_bits, steps)
+            if steps == 0:
+                num_missed_deadline += 1
+                continue
+            clocks[client_id] = (clock, arrival)
+        active.append((client_id, multiplicity, planned, steps))
+    timing = None
+    if sim.system is not None:
+        awaited = _awaited(active, {client_id: arrival for client_id, (_, arrival) in clocks.items()}, cohort)
+        timing = RoundTiming(
+            start=start,
+            deadline=sim.system.deadline,
+            download_bits=download_bits,
+            clients={client_id: clocks[client_id][0] for client_id in awaited},
+            num_missed_deadline=num_missed_deadline,
+            num_not_awaited=len(active) - len(awaited),
         )
+        active = [entry for entry in active if entry[0] in awaited]
+    contexts = tuple(
+        ClientContext(
+            client_id=client_id,
+            round=t,
+            num_samples=int(sim.client_sizes[client_id]),
+            mean_num_samples=mean_samples,
+            num_registered=len(registered),
+            planned_steps=planned,
+            client_lr=client_lr,
+            multiplicity=multiplicity,
+            available_steps=steps,
+        )
+        for client_id, multiplicity, planned, steps in active
+    )
     # a deployment's client trains as this backend does
     settings = client_settings(plan, t, getattr(sim.backend, "precision", "float32"))
     return RoundWork(
         round=t,
         registered=registered,
         server=server,
-        view=sim.algorithm.broadcast(server),
+        view=view,
         selected=sample.client_ids,
-        contexts=tuple(contexts),
+        contexts=contexts,
         settings=settings,
         server_lr=value_at(plan.server_lr, t),
         num_inactive=num_inactive,
-        num_incomplete=int(num_incomplete),
+        num_incomplete=sum(steps < planned for _, _, planned, steps in active),
         started=started,
+        timing=timing,
     )
+
+
+def _sample(sim: Simulation, round_index: int, registered: np.ndarray, start: float | None) -> tuple[ClientSample, int]:
+    """The round's sample and its cohort m (the draws the server awaits).  Timed (``start`` set): drawn among the
+    registered clients available at ``start``, ``⌈(1 + f) m⌉`` of them with over-selection f; nobody available
+    selects nobody."""
+    plan = sim.plan
+    if start is None:
+        return sample_clients(plan.seed, round_index, registered, sim.client_sizes[registered], plan.participation, plan.sampling), 0
+    candidates = registered[sim.system.profiles.available(registered, start)]
+    if len(candidates) == 0:
+        nobody = np.zeros(0, dtype=np.int64)
+        return ClientSample(nobody, nobody), 0
+    sizes = sim.client_sizes[candidates]
+    if plan.sampling == "poisson":  # a cohort of random size: every selected client is awaited
+        over_selected(1, sim.system.over_selection, len(candidates), plan.sampling)  # refuses over-selection
+        sample = sample_clients(plan.seed, round_index, candidates, sizes, plan.participation, plan.sampling)
+        return sample, int(sample.multiplicity.sum())
+    cohort = clients_per_round(plan.participation, len(candidates))
+    count = over_selected(cohort, sim.system.over_selection, len(candidates), plan.sampling)
+    return sample_clients(plan.seed, round_index, candidates, sizes, plan.participation, plan.sampling, count), cohort
+
+
+def _round_start(system: SystemPlan, registered: np.ndarray, clock: float) -> float:
+    """When round t starts: at the end of round t − 1, or, when no registered client is available then (a gap in
+    every trace window), when the first one becomes available: the server waits for a client to check in.  A run
+    with nobody available ever again starts its rounds at ``clock``, and they select nobody."""
+    start: float | None = clock
+    while start is not None and not system.profiles.available(registered, start).any():
+        start = system.profiles.next_start(start)
+    return clock if start is None else start
+
+
+def _profile_at(system: SystemPlan, client_id: int, start: float) -> DeviceProfile:
+    profile = system.profiles.profile(client_id, start)
+    if profile is None:
+        raise ValueError(f"client {client_id} was sampled as available at {start} s, but its profile says it is not then")
+    return profile
+
+
+def _planned_work(system: SystemPlan, clock: ClientClock, start: float, download_bits: int, steps: int) -> tuple[int, float]:
+    """The steps a client is asked for under the deadline and its window (0: dropped) and its planned arrival, with the
+    upload reserve ``download_bits`` (module docstring, "Simulated time")."""
+    profile, samples_per_step = clock.profile, clock.samples_per_step
+    if system.deadline is not None and system.deadline_mode == "partial":
+        steps = steps_within(system.deadline, profile, download_bits, download_bits, samples_per_step, steps)
+        if steps == 0:
+            return 0, start
+    timing = client_timing(profile, download_bits, steps, samples_per_step, download_bits)
+    arrival = start + timing.total
+    if not fits(system.deadline, timing) or arrival > profile.end:
+        return 0, start
+    return steps, arrival
+
+
+def _awaited(active: list[tuple[int, int, int, int]], arrivals: Mapping[int, float], cohort: int) -> set[int]:
+    """The clients the server awaits: the first by planned arrival (ties by client id) until their draws reach the
+    cohort m; everyone without over-selection (their draws never exceed m)."""
+    awaited: set[int] = set()
+    draws = 0
+    for client_id, multiplicity, _, _ in sorted(active, key=lambda entry: (arrivals[entry[0]], entry[0])):
+        if draws >= cohort:
+            break
+        awaited.add(client_id)
+        draws += multiplicity
+    return awaited
 
 
 def client_settings(plan: RoundPlan, round_index: int, precision: str) -> ClientSettings:
@@ -202,10 +372,12 @@ def client_data(sim: Simulation, client_id: int) -> ClientData:
 
 def _train_clients(
     sim: Simulation, state: SimulationState, work: RoundWork, folding: OrderedFold, latest: LatestModelsUpdate | None
-) -> dict[int, int]:
+) -> tuple[dict[int, int], dict[int, float | None]]:
     """The round's client phase, wave by wave: ``client_start`` for the wave's clients, the backend trains their tasks,
-    ``client_end`` for each as it finishes, its message folded into ``folding``.  Returns the steps each client did."""
+    ``client_end`` for each as it finishes, its message folded into ``folding``.  Returns the steps each client did
+    and, in a timed round, each message's arrival time (None: late, so not folded and its client's new state not kept)."""
     steps_done: dict[int, int] = {}
+    arrivals: dict[int, float | None] = {}
     contexts = work.contexts
     initial = sim.algorithm.client_state_init
     size = wave_size(sim, initial(sim.initial_params) if initial is not None else None)
@@ -227,6 +399,13 @@ def _train_clients(
                 new_client_state, message = client_end(
                     sim.algorithm, work.view, client_states[position], context, datas[position], work.settings, final_params, done
                 )
+                steps_done[context.client_id] = done
+                if work.timing is not None and message is not None:
+                    arrival = arrivals[context.client_id] = work.timing.arrival(context.client_id, done, message)
+                    if arrival is None:  # late: the server never sees its work, as a client that dropped out while uploading
+                        folding.add(context.client_id, None)
+                        client_states[position] = tasks[position] = new_client_state = message = None
+                        continue
                 # Staged at once (a disk store writes it to its staging file); the wave's lists let go of the client's tensors.
                 state.clients.put(context.client_id, new_client_state)
                 client_states[position] = tasks[position] = new_client_state = None
@@ -234,8 +413,7 @@ def _train_clients(
                     latest.add(context.client_id, final_params, state.latest_models.get(context.client_id))
                     state.latest_models.put(context.client_id, final_params)
                 folding.add(context.client_id, message, final_params)
-                steps_done[context.client_id] = done
-    return steps_done
+    return steps_done, arrivals
 
 
 def finish_round(
@@ -252,7 +430,8 @@ def finish_round(
 
     ``messages`` and ``steps_done`` are keyed by client id, in any order (the
     order clients finished in); a client missing from ``messages`` or whose
-    message is None sent nothing.  The server update, the bits and every mean
+    message is None sent nothing; in a timed round, a message arriving after
+    the deadline is not folded (module docstring, "Simulated time").  The server update, the bits and every mean
     run over the messages in sample order (``work.contexts``), so the result
     never depends on completion order.  ``reporting_models`` (the reporting
     clients' final models) is needed only to evaluate the "reporting_mean"
@@ -264,11 +443,19 @@ def finish_round(
     if keep_models and reporting_models is None and any(message is not None for message in messages.values()):
         raise ValueError('evaluation.model "reporting_mean" needs the reporting clients\' final models (reporting_models)')
     folding = start_fold(sim, work, keep_models)
+    arrivals: dict[int, float | None] = {}
     for context in work.contexts:
         if context.client_id in messages:
-            model = reporting_models.get(context.client_id) if keep_models else None
-            folding.add(context.client_id, messages[context.client_id], model)
-    return finish_folded_round(sim, work, folding.result(), steps_done, evaluate_after=evaluate_after, latest_models=latest_models)
+            message = messages[context.client_id]
+            if work.timing is not None and message is not None:
+                arrival = arrivals[context.client_id] = work.timing.arrival(context.client_id, steps_done.get(context.client_id, 0), message)
+                if arrival is None:
+                    message = None  # late: not folded
+            model = reporting_models.get(context.client_id) if keep_models and message is not None else None
+            folding.add(context.client_id, message, model)
+    return finish_folded_round(
+        sim, work, folding.result(), steps_done, evaluate_after=evaluate_after, latest_models=latest_models, arrivals=arrivals
+    )
 
 
 def finish_folded_round(
@@ -280,11 +467,14 @@ def finish_folded_round(
     evaluate_after: bool = False,
     latest_models: ClientStateStore | None = None,
     latest_sum: LatestModels | None = None,
+    arrivals: Mapping[int, float | None] | None = None,
 ) -> tuple[Any, dict[str, Any]]:
     """The round's record once its messages are folded (``start_fold``): bits, norms, evaluation, divergence checks.
 
     ``latest_sum`` is the running sum of the latest models after this round (``latest_models``); without it,
-    the "all_clients_mean" evaluation sums the store, staged models included."""
+    the "all_clients_mean" evaluation sums the store, staged models included.  A timed round (``work.timing``)
+    needs ``arrivals``, the arrival time of every message sent (None: late, not folded), and adds its times and counts
+    to the record."""
     t = work.round
     if evaluate_after and sim.evaluation.divergence_factor:
         reference_losses(sim)
@@ -307,6 +497,8 @@ def finish_folded_round(
         "model_norm": float(torch.linalg.vector_norm(server.params)),
         **folded.metrics,
     }
+    if work.timing is not None:
+        record.update(_time_record(work, folded, arrivals))
     if evaluate_after:
         if sim.evaluation.model == "reporting_mean" and folded.reporting_clients:
             evaluated = folded.reporting_mean
@@ -328,6 +520,23 @@ def finish_folded_round(
         raise FloatingPointError(f"the run diverged in round {t}: {problem}{plugin_note(sim.algorithm)}")
     record["round_seconds"] = time.perf_counter() - work.started
     return server, record
+
+
+def _time_record(work: RoundWork, folded: FoldedRound, arrivals: Mapping[int, float | None] | None) -> dict[str, Any]:
+    """A timed round's simulated start and end and the clients the clock cost it: dropped by the plan or late, and
+    not awaited."""
+    timing = work.timing
+    arrivals = arrivals or {}
+    missing = [client_id for client_id in folded.reporting_clients if arrivals.get(client_id) is None]
+    if missing:
+        raise ValueError(f"round {work.round} is timed, but clients {missing} were folded without an arrival time")
+    missed = timing.num_missed_deadline + sum(arrival is None for arrival in arrivals.values())
+    return {
+        "time_start": timing.start,
+        "time_end": timing.end(arrivals, folded.reporting_clients, missed),
+        "num_missed_deadline": missed,
+        "num_not_awaited": timing.num_not_awaited,
+    }
 
 
 def _apply_membership_changes(sim: Simulation, state: SimulationState, round_index: int) -> Any:

@@ -26,6 +26,11 @@ whatever its size: the engine trains a round in waves of ``setup.wave_size``
 clients, a number fixed by the memory budget and the model's size, never by
 the cohort, and folds each message into the server update as its client
 finishes (``ordered_fold``).
+
+Over-selection (``[system]`` ``over_selection = f``; Bonawitz et al. 2019, "Towards Federated Learning at
+Scale: System Design", §2.2): ``uniform`` and ``weighted`` draw ``count = over_selected(m, f, N, mode)``
+clients (draws for ``weighted``) instead of ``m``, from the same stream, so ``count = m`` is the sample
+without over-selection; the engine then keeps the first ``m`` to finish.
 """
 
 from __future__ import annotations
@@ -51,11 +56,27 @@ def clients_per_round(participation: float, num_registered: int) -> int:
     return max(1, math.floor(participation * num_registered + 0.5))
 
 
+def over_selected(cohort: int, over_selection: float, num_registered: int, mode: str) -> int:
+    """``⌈(1 + f) · m⌉`` clients (``uniform``, at most the ``N`` registered) or draws (``weighted``) for a cohort of ``m``.
+
+    The product is rounded to 9 decimals before the ceiling, so ``f = 0.1`` of ``m = 10`` is 11, not the 12 that
+    ``1.1 · 10 = 11.000000000000002`` would give.
+    """
+    if over_selection < 0 or not math.isfinite(over_selection):
+        raise ValueError(f"over_selection must be a finite number at least 0, got {over_selection}")
+    if mode == "poisson" and over_selection > 0:
+        raise ValueError('a poisson cohort has no fixed size to over-select: set sampling.mode = "uniform" or "weighted", or over_selection = 0')
+    count = math.ceil(round((1.0 + over_selection) * cohort, 9))
+    return min(count, num_registered) if mode == "uniform" else count
+
+
 def sample_clients(
-    seed: int, round_index: int, registered: np.ndarray, sizes: np.ndarray, participation: float, mode: str
+    seed: int, round_index: int, registered: np.ndarray, sizes: np.ndarray, participation: float, mode: str, count: int | None = None
 ) -> ClientSample:
     """Draw round ``round_index``'s clients from ``registered`` (ids) with sample counts ``sizes``.
 
+    ``count`` replaces ``m = clients_per_round(participation, N)`` as the number of ``uniform`` clients or ``weighted``
+    draws (over-selection: ``over_selected``); None draws ``m``, and ``count = m`` draws exactly what None does.
     ``poisson`` draws one uniform number per registered client, in the order of ``registered``, and takes the
     clients whose number is below ``participation``: client k's draw does not depend on the others' outcomes, and
     the sample may be empty."""
@@ -63,9 +84,14 @@ def sample_clients(
         raise ValueError(f"round {round_index}: no registered clients to sample from")
     rng = generator(seed, Stream.CLIENT_SAMPLING, round_index)
     if mode == "poisson":
+        if count is not None:
+            raise ValueError("a poisson sample has no count: each registered client is drawn with probability participation")
         chosen = np.sort(np.asarray(registered)[rng.random(len(registered)) < participation])
         return ClientSample(chosen.astype(np.int64), np.ones(len(chosen), dtype=np.int64))
-    count = clients_per_round(participation, len(registered))
+    if count is None:
+        count = clients_per_round(participation, len(registered))
+    elif count < 1 or (mode == "uniform" and count > len(registered)):
+        raise ValueError(f"round {round_index}: cannot draw {count} clients from {len(registered)} registered ones ({mode} sampling)")
     if mode == "uniform":
         chosen = np.sort(rng.choice(registered, size=count, replace=False))
         return ClientSample(chosen.astype(np.int64), np.ones(len(chosen), dtype=np.int64))

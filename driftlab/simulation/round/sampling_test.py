@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from driftlab.simulation.round.randomness import Stream
-from driftlab.simulation.round.sampling import clients_per_round, sample_clients
+from driftlab.simulation.round.sampling import clients_per_round, over_selected, sample_clients
 
 
 def test_clients_per_round_is_max_one_round_pn():
@@ -149,3 +149,47 @@ def test_poisson_counts_are_binomial_n_q():
     for t in range(1, 1001):
         inclusion[sample_clients(13, t, registered, sizes, q, "poisson").client_ids] += 1
     assert np.allclose(inclusion / 1000, q, atol=4 * np.sqrt(q * (1 - q) / 1000))  # whatever n_k
+
+
+# ------------------------------------------------------------------ over-selection (count)
+
+
+def test_a_count_of_m_draws_exactly_the_default_sample():
+    registered, sizes = np.arange(3, 40, 2), np.arange(1, 20)
+    for mode in ("uniform", "weighted"):
+        for t in range(1, 6):
+            default = sample_clients(2, t, registered, sizes, 0.3, mode)
+            counted = sample_clients(2, t, registered, sizes, 0.3, mode, count=clients_per_round(0.3, len(registered)))
+            assert np.array_equal(default.client_ids, counted.client_ids)
+            assert np.array_equal(default.multiplicity, counted.multiplicity)
+
+
+def test_a_larger_count_draws_more_clients_or_draws():
+    registered, sizes = np.arange(20), np.arange(1, 21)
+    uniform = sample_clients(4, 1, registered, sizes, 0.25, "uniform", count=8)
+    assert len(uniform.client_ids) == 8 and uniform.multiplicity.tolist() == [1] * 8
+    weighted = sample_clients(4, 1, registered, sizes, 0.25, "weighted", count=8)
+    assert int(weighted.multiplicity.sum()) == 8
+
+
+def test_over_selected_is_the_ceiling_of_one_plus_f_times_m():
+    assert over_selected(10, 0.0, 100, "uniform") == 10
+    assert over_selected(10, 0.1, 100, "uniform") == 11  # 1.1 · 10 is 11.000000000000002 in floating point
+    assert over_selected(10, 0.25, 100, "uniform") == 13  # ⌈12.5⌉
+    assert over_selected(3, 1 / 3, 100, "weighted") == 4
+    assert over_selected(10, 0.5, 12, "uniform") == 12  # at most every registered client
+    assert over_selected(10, 0.5, 12, "weighted") == 15  # draws with replacement are not capped
+    assert over_selected(1, 0.0, 5, "poisson") == 1
+
+
+def test_count_and_over_selection_errors():
+    with pytest.raises(ValueError, match="poisson cohort has no fixed size"):
+        over_selected(4, 0.5, 10, "poisson")
+    with pytest.raises(ValueError, match="at least 0"):
+        over_selected(4, -0.5, 10, "uniform")
+    with pytest.raises(ValueError, match="a poisson sample has no count"):
+        sample_clients(0, 1, np.arange(5), np.ones(5), 0.5, "poisson", count=2)
+    with pytest.raises(ValueError, match="cannot draw 6 clients from 5"):
+        sample_clients(0, 1, np.arange(5), np.ones(5), 0.5, "uniform", count=6)
+    with pytest.raises(ValueError, match="cannot draw 0 clients"):
+        sample_clients(0, 1, np.arange(5), np.ones(5), 0.5, "weighted", count=0)

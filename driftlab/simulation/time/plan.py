@@ -20,7 +20,9 @@ STALENESS_WEIGHTS = ("sqrt", "constant")
 
 @dataclass(frozen=True)
 class DeviceProfile:
-    """A client's device while one availability window lasts: ``[start, end)`` in simulated seconds."""
+    """A client's device from ``start`` on, and ``end``: when its availability ends (simulated seconds).  A trace's
+    windows that touch (one ends where the next begins: the device changed) are one stretch, so ``end`` is the end of
+    the stretch; work begun in it keeps this device to its end."""
 
     speed: float  # samples per second of local training (a step of b examples takes b / speed seconds)
     download: float  # bits per second, server to client
@@ -38,6 +40,10 @@ class Profiles(Protocol):
 
     def available(self, client_ids: np.ndarray, time: float) -> np.ndarray:
         """A boolean mask over ``client_ids``: which are available (inside a window) at ``time``."""
+        ...
+
+    def next_start(self, time: float) -> float | None:
+        """The earliest time after ``time`` at which a client becomes available (None: never again, or always available)."""
         ...
 
 
