@@ -32,6 +32,7 @@ from driftlab.privacy import accounting
 from driftlab.privacy.mechanism import no_form_refusal, with_privacy
 from driftlab.privacy.settings import AdaptiveClipping, PrivacySettings
 from driftlab.simulation.round.availability import AvailabilityModel, Membership, MembershipEvent
+from driftlab.metrics.communication import payload_bits
 from driftlab.simulation.round.setup import EvaluationPlan, RoundPlan, Simulation, SimulationState, make_client_stores
 from driftlab.simulation.backends.flat import FlatModel, binary_cross_entropy_per_example, objective_per_example
 from driftlab.simulation.backends.local_training import SequentialBackend
@@ -41,7 +42,8 @@ from driftlab.simulation.round.sampling import clients_per_round
 from driftlab.simulation.seam import Algorithm
 from driftlab.simulation.state.memory_budget import MemoryBudget, placed_bytes
 from driftlab.simulation.time.plan import AsynchronousPlan, SystemPlan
-from driftlab.simulation.time.profiles import TraceProfiles, profiles_for
+from driftlab.simulation.time.clock import least_time
+from driftlab.simulation.time.profiles import TraceProfiles, devices, profiles_for
 from driftlab.simulation.backends.vectorized import VectorizedBackend, auto_backend
 
 BACKENDS = {"sequential": SequentialBackend, "vectorized": VectorizedBackend}
@@ -321,6 +323,32 @@ def system_plan(config: ExperimentConfig, num_clients: int) -> SystemPlan | None
         raise ConfigError(f"system.trace: {error}" if system.profiles == "trace" else f"[system]: {error}") from None
 
 
+def check_deadline(sim: Simulation) -> None:
+    """ConfigError, before any round, when no client can meet ``system.deadline``: not one step and the model both ways
+    (``deadline_mode = "partial"``), or not its whole first-round work (``"drop"``); every round would select
+    clients and wait out the deadline for nothing."""
+    system = sim.system
+    if system is None or system.deadline is None:
+        return
+    view_bits = payload_bits(sim.algorithm.broadcast(sim.algorithm.server_init(sim.initial_params)))
+    partial = system.deadline_mode == "partial"
+
+    def work(client_id: int) -> tuple[int, int]:
+        num_samples = int(sim.client_sizes[client_id])
+        planned = sim.plan.planned_steps(num_samples, 1)
+        return (min(1, planned) if partial else planned), min(sim.plan.batch_size, num_samples)
+
+    least = least_time(devices(system.profiles, sim.data.num_clients), view_bits, work, system.deadline)
+    if least > system.deadline:
+        what = "to receive the model, do one local step and send its message" if partial else "for its whole first-round work"
+        # rounded up at 6 digits, so the deadline the message names is one that works
+        enough = float(f"{math.ceil(least / 10 ** (math.floor(math.log10(least)) - 5)) * 10 ** (math.floor(math.log10(least)) - 5):.6g}")
+        raise ConfigError(
+            f"system.deadline = {system.deadline:g} s: no client can meet it; the fastest needs {least:.9g} s {what} "
+            f"({view_bits:,} bits each way); raise system.deadline to at least {enough:g}, or remove it"
+        )
+
+
 def asynchronous_plan(config: ExperimentConfig) -> AsynchronousPlan | None:
     """The engine's ``AsynchronousPlan`` for ``config.asynchronous`` (None without ``[asynchronous]``)."""
     section = config.asynchronous
@@ -427,6 +455,7 @@ def build_simulation(
         )
     except ValueError as error:
         raise ConfigError(str(error)) from None
+    check_deadline(sim)
     store, latest_models = client_stores(config, sim, config.state.store, state_dir)
     clock = None if system is None else 0.0  # simulated seconds; untimed runs keep None (their records are unchanged)
     return sim, SimulationState(0, algorithm.server_init(initial_params), store, latest_models, clock=clock)

@@ -257,3 +257,21 @@ def test_asynchronous_with_an_algorithm_that_cannot_is_refused_before_the_data(a
     with pytest.raises(ConfigError) as error:
         build_simulation(config)
     assert str(error.value) == f"[asynchronous]: {problem}"
+
+
+@pytest.mark.parametrize(
+    "mode, fragment", [("partial", "to receive the model, do one local step and send its message"), ("drop", "for its whole first-round work")]
+)
+def test_a_deadline_no_client_can_meet_is_refused_before_any_round(mode, fragment):
+    # every client alike (σ = 0): 10 samples/s, links of 1e6 bits/s
+    system = {"speed_median": 10.0, "speed_sigma": 0.0, "bandwidth_sigma": 0.0, "download_median": 1e6, "upload_median": 1e6}
+    config, sim, _ = _timed_simulation({"system": system, "client": {"steps": 4, "batch_size": 5}})
+    bits = 32 * sim.initial_params.numel()
+    one_step = 2 * bits / 1e6 + 5 / 10.0
+    need = one_step if mode == "partial" else 2 * bits / 1e6 + 4 * 5 / 10.0
+    table = {"system": {**system, "deadline": need * 0.99, "deadline_mode": mode}, "client": {"steps": 4, "batch_size": 5}}
+    with pytest.raises(ConfigError, match="no client can meet it") as error:
+        _timed_simulation(table)
+    enough = float(str(error.value).split("at least ")[1].split(",")[0])
+    assert fragment in str(error.value) and need <= enough <= need * (1 + 1e-5)
+    _timed_simulation({**table, "system": {**table["system"], "deadline": enough}})  # the deadline it names is accepted

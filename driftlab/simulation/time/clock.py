@@ -20,6 +20,7 @@ steps returned and fails for one more.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from driftlab.simulation.time.plan import DeviceProfile
@@ -83,4 +84,19 @@ def steps_within(
     return count
 
 
-__all__ = ["ClientTiming", "client_timing", "fits", "steps_within"]
+def least_time(
+    devices: Iterable[tuple[int, DeviceProfile]], download_bits: float, work: Callable[[int], tuple[int, int]], within: float
+) -> float:
+    """The least time any of ``devices`` needs for its work (``work(client) = (steps, samples per step)``, a download
+    and an upload of ``download_bits``), stopping at the first that needs at most ``within`` seconds: whether a
+    deadline can be met at all is asked before any round, and a feasible one is answered by the first few clients."""
+    least = math.inf
+    for client_id, profile in devices:
+        steps, samples_per_step = work(client_id)
+        least = min(least, client_timing(profile, download_bits, steps, samples_per_step, download_bits).total)
+        if least <= within:
+            break
+    return least
+
+
+__all__ = ["ClientTiming", "client_timing", "fits", "least_time", "steps_within"]

@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from driftlab.simulation.time.clock import ClientTiming, client_timing, fits, steps_within
+from driftlab.simulation.time.clock import ClientTiming, client_timing, fits, least_time, steps_within
 from driftlab.simulation.time.plan import DeviceProfile
 
 # 10 samples/s, 1000 bits/s down, 100 bits/s up
@@ -76,3 +76,20 @@ def test_a_deadline_equal_to_a_timing_gives_its_steps_though_the_quotient_floors
     deadline = client_timing(device, 0.7, 29, 1, 0.3).total
     assert math.floor((deadline - 0.7 / 3.0 - 0.3 / 7.0) * 1.1) == 28
     assert steps_within(deadline, device, 0.7, 0.3, 1, 100) == 29
+
+
+def test_least_time_stops_at_the_first_device_within_reach():
+    fast, slow = DeviceProfile(10.0, 100.0, 100.0), DeviceProfile(1.0, 100.0, 100.0)
+    seen = []
+
+    def work(client_id):
+        seen.append(client_id)
+        return 2, 5  # 2 steps of 5 examples
+
+    # fast: 1 + 1 + 1 = 3 s; slow: 1 + 10 + 1 = 12 s (download and upload of 100 bits at 100 bits/s)
+    assert least_time([(0, slow), (1, fast), (2, slow)], 100, work, within=5.0) == 3.0
+    assert seen == [0, 1]  # the third device is never looked at
+    seen.clear()
+    assert least_time([(0, slow), (1, fast), (2, slow)], 100, work, within=2.0) == 3.0  # none within: all looked at
+    assert seen == [0, 1, 2]
+    assert least_time([], 100, work, within=1.0) == math.inf

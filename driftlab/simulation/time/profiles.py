@@ -26,6 +26,7 @@ import io
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -333,6 +334,19 @@ def _check(path: Path, name: str, lines: _LineNumbers, bad: Any, what: str, cell
         raise ValueError(f"{path}, line {lines[row]}, column {name!r}: {what}{given}{more}; fix the trace")
 
 
+def devices(profiles: Profiles, num_clients: int) -> Iterator[tuple[int, DeviceProfile]]:
+    """Every (client, device) a run can meet: each client's lognormal draw, or each row of a trace (a client with
+    several windows appears once per window), client by client."""
+    if isinstance(profiles, TraceProfiles):
+        for row in range(len(profiles.client)):
+            yield int(profiles.client[row]), profiles.profile(int(profiles.client[row]), float(profiles.start[row]))
+        return
+    for client_id in range(num_clients):
+        profile = profiles.profile(client_id, 0.0)
+        if profile is not None:
+            yield client_id, profile
+
+
 def profiles_for(system: Any, seed: int, num_clients: int) -> Profiles:
     """The ``Profiles`` of a ``[system]`` section (``driftlab.experiments.config.SystemConfig``, read by attribute):
     lognormal draws from ``seed``, or the trace ``system.trace`` for ``num_clients`` clients."""
@@ -353,6 +367,7 @@ __all__ = [
     "REQUIRED_COLUMNS",
     "TRACE_COLUMNS",
     "TraceProfiles",
+    "devices",
     "lognormal_profile",
     "profiles_for",
     "read_trace",

@@ -8,7 +8,7 @@ import pytest
 
 from driftlab.simulation.round.randomness import Stream, generator
 from driftlab.simulation.time.plan import DeviceProfile
-from driftlab.simulation.time.profiles import LognormalProfiles, TraceProfiles, profiles_for, read_trace
+from driftlab.simulation.time.profiles import LognormalProfiles, TraceProfiles, devices, profiles_for, read_trace
 
 
 # ---------------------------------------------------------------- lognormal
@@ -231,3 +231,10 @@ def test_profiles_for_trace(tmp_path):
     assert profiles.profile(0, 0.0) == DeviceProfile(1.0, 2.0, 3.0)
     with pytest.raises(ValueError, match="unknown profiles 'measured'"):
         profiles_for(system(profiles="measured"), seed=5, num_clients=1)
+
+
+def test_devices_lists_every_client_or_every_trace_window(tmp_path):
+    lognormal = LognormalProfiles(4)
+    assert [(k, p) for k, p in devices(lognormal, 3)] == [(k, lognormal.profile(k, 0.0)) for k in range(3)]
+    path = write(tmp_path, "client,speed,download,upload,start,end\n1,5,100,10,50,\n0,10,1000,100,0,10\n0,20,2000,200,20,30\n")
+    assert [(k, p.speed, p.start) for k, p in devices(read_trace(path, 2), 2)] == [(0, 10.0, 0.0), (0, 20.0, 20.0), (1, 5.0, 50.0)]
