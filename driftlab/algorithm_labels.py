@@ -12,4 +12,8 @@ BUILT_IN_LABELS: dict[str, str] = {
     "feddyn": "FedDyn",
     "adabest": "AdaBest",
     "efl": "EFL",
+    "fednova": "FedNova",
+    "fedgate": "FedGATE",
+    "vrlsgd": "VRL-SGD",
+    "mimelite": "MimeLite",
 }

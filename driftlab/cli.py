@@ -119,7 +119,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="print the full traceback of an unexpected error (it is always written to a log file)")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    demo = commands.add_parser("demo", help="compare every algorithm on the built-in synthetic(1,1) default (about a minute on 2 idle cores)")
+    demo = commands.add_parser("demo", help="compare the seed papers' algorithms on the built-in synthetic(1,1) default (about a minute on 2 idle cores)")
     demo.add_argument("overrides", nargs="*", metavar="key=value", help="overrides applied to every demo run, e.g. rounds=30")
     demo.add_argument("--out", default="driftlab-demo", help="output directory (default: driftlab-demo)")
     demo.add_argument("--quiet", action="store_true", help="no progress bars")

@@ -13,6 +13,10 @@ from __future__ import annotations
 
 from driftlab.algorithm_labels import BUILT_IN_LABELS as LABELS
 from driftlab.algorithms import adabest, efl, fedavg, feddyn, fedprox, registry, scaffold
+from driftlab.algorithms import fedgate
+from driftlab.algorithms import fednova
+from driftlab.algorithms import vrlsgd
+from driftlab.algorithms import mime
 from driftlab.algorithms.registry import ALGORITHMS, AlgorithmEntry, register
 
 register(AlgorithmEntry("fedavg", fedavg.Config, fedavg.from_config, label=LABELS["fedavg"], keeps_partial_work=False))
@@ -21,6 +25,10 @@ register(AlgorithmEntry("scaffold", scaffold.Config, scaffold.from_config, label
 register(AlgorithmEntry("feddyn", feddyn.Config, feddyn.from_config, label=LABELS["feddyn"], owns_server_step=True, uses_server_lr=False))
 register(AlgorithmEntry("adabest", adabest.Config, adabest.from_config, label=LABELS["adabest"], owns_server_step=True, uses_server_lr=False))
 register(AlgorithmEntry("efl", efl.Config, efl.from_config, label=LABELS["efl"], default_compression_ratio=efl.DEFAULT_COMPRESSION_RATIO))
+register(AlgorithmEntry("fednova", fednova.Config, fednova.from_config, label=LABELS["fednova"]))
+register(AlgorithmEntry("fedgate", fedgate.Config, fedgate.from_config, label=LABELS["fedgate"], keeps_partial_work=False))
+register(AlgorithmEntry("vrlsgd", vrlsgd.Config, vrlsgd.from_config, label=LABELS["vrlsgd"]))
+register(AlgorithmEntry("mimelite", mime.Config, mime.from_config, label=LABELS["mimelite"], owns_server_step=True))
 registry.REGISTRY.finish_built_ins()
 registry.BUILT_IN = registry.REGISTRY.built_in
 

@@ -22,7 +22,7 @@ from driftlab.privacy.settings import PrivacySettings
 from driftlab.simulation.seam import ClientContext, ClientUpdate, RoundContext
 from driftlab.simulation.time.plan import AsynchronousPlan
 
-BUILT_INS = ("fedavg", "fedprox", "scaffold", "feddyn", "adabest", "efl")
+BUILT_INS = tuple(registry.BUILT_IN)  # every built-in declares an asynchronous rule or a refusal naming the fix
 # A refusal ends by saying what to change: one of these.
 FIXES = ('aggregation = "uniform"', "remove [asynchronous]", "compression.ratio = 1", "remove [privacy]")
 

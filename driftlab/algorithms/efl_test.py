@@ -545,7 +545,7 @@ def test_incomplete_work_with_fixed_steps_is_uniform_over_steps():
 
 ALL_TINY = ["rounds=2", "data.num_clients=6", "sampling.participation=0.5", "client.steps=3", "seed=2", "evaluation.every=100"]
 ST_BITS_Q005 = (32 + 30 + min(600, 30 * 10)) + (32 + 1 + min(10, 4))  # 362 + 37 = 399
-EXTRA_UPLOAD = {"scaffold": 32 * P_MLR, "efl": 2 * 32 * P_MLR}  # Δc; u and v
+EXTRA_UPLOAD = {"scaffold": 32 * P_MLR, "efl": 2 * 32 * P_MLR, "mimelite": 32 * P_MLR}  # Δc; u and v; MimeLite's full-batch gradient
 
 
 @pytest.mark.parametrize("availability", [False, True], ids=["available", "stragglers"])

@@ -18,7 +18,7 @@ from typing import Any, Callable
 import pytest
 import torch
 
-from driftlab.algorithms import adabest, efl, fedavg, feddyn, fedprox, scaffold
+from driftlab.algorithms import adabest, efl, fedavg, feddyn, fedgate, fedprox, scaffold
 from driftlab.optim.server import make_server_optimizer
 from driftlab.simulation.seam import Algorithm, RoundContext
 
@@ -160,6 +160,14 @@ CASES = [
         lambda k: efl.ClientMessage(zeros(), None, None, num_samples=5 + 3 * k, multiplicity=1, completed_fraction=1.0),
         1,
         lambda server, total, m: {"params": server.params + total / m},
+    ),
+    Case(  # a server whose D is not zero: D^t = −Σ/m, exactly in quarters
+        "fedgate",
+        lambda: fedgate.build(sgd()),
+        lambda algorithm, params: dataclasses.replace(algorithm.server_init(params), mean_change=quarters(D, seed=16)),
+        lambda k: fedgate.ClientMessage(zeros(), multiplicity=1),
+        1,
+        lambda server, total, m: {"params": server.params + total / m, "mean_change": -total / m},
     ),
 ]
 

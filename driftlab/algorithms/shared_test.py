@@ -184,13 +184,18 @@ def test_resume_from_checkpoint_is_exact_including_client_state(name: str, tmp_p
 
 
 @dataclass(frozen=True)
-class FixedFisher:
-    """A ``seam.ClientComputation`` whose diagonal Fisher is given by hand."""
+class HandComputation:
+    """A ``seam.ClientComputation`` of a hand-case client: its diagonal Fisher given by hand (zero when not), and the
+    full gradient ``θ − b_k`` of its ``f_k(θ) = ½‖θ − b_k‖²``."""
 
-    fisher: tuple[float, ...]
+    fisher: tuple[float, ...] | None
+    target: torch.Tensor
 
     def diagonal_fisher(self, params: torch.Tensor, max_examples: int) -> torch.Tensor:
-        return torch.tensor(self.fisher, dtype=params.dtype)
+        return torch.zeros_like(params) if self.fisher is None else torch.tensor(self.fisher, dtype=params.dtype)
+
+    def full_gradient(self, params: torch.Tensor) -> torch.Tensor:
+        return params - self.target
 
 
 def hand_round(
@@ -207,7 +212,7 @@ def hand_round(
         theta = view.params
         for _ in range(2):
             theta = corrected_step(theta, theta - targets[client], correction, settings)
-        computation = FixedFisher(fisher[client]) if fisher is not None else None
+        computation = HandComputation(fisher[client] if fisher is not None else None, targets[client])
         update = ClientUpdate(view.params, theta, 2, computation)
         state, message = algorithm.client_finish(view, states[client], context, update)
         new_states.append(state)

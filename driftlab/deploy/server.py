@@ -185,6 +185,9 @@ class _ZeroFisher:
     def diagonal_fisher(self, params: torch.Tensor, max_examples: int) -> torch.Tensor:  # noqa: ARG002
         return torch.zeros_like(params)
 
+    def full_gradient(self, params: torch.Tensor) -> torch.Tensor:
+        return torch.zeros_like(params)
+
 
 def reply_template(algorithm: Algorithm, view: Any, context: ClientContext) -> TrainReply:
     """A reply of the structure ``context``'s client sends: the algorithm's own message for a made-up, non-trivial update."""

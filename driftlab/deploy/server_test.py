@@ -50,6 +50,10 @@ ALGORITHMS: dict[str, list[str]] = {
     "feddyn": ["algorithm.name=feddyn", "algorithm.alpha=0.01"],
     "adabest": ["algorithm.name=adabest", "algorithm.mu=0.02", "algorithm.beta=0.9"],
     "efl": ["algorithm.name=efl"],
+    "fednova": ["algorithm.name=fednova", "algorithm.momentum=0.5"],
+    "fedgate": ["algorithm.name=fedgate"],
+    "vrlsgd": ["algorithm.name=vrlsgd"],
+    "mimelite": ["algorithm.name=mimelite"],
     "nesterov-plugin": ["algorithm.name=nesterov_avg", f'plugins=["{EXAMPLES / "nesterov_plugin" / "nesterov_avg.py"}"]'],
 }
 COMPRESSED = {
@@ -59,6 +63,10 @@ COMPRESSED = {
     "adabest": ["compression.ratio=0.2"],
     "efl": ["compression.ratio=0.3", "availability.incomplete_probability=0.5", "algorithm.incomplete=drop"],
     "fedprox": ["compression.ratio=0.2"],
+    "fednova": ["compression.ratio=0.2", "availability.incomplete_probability=0.5"],
+    "fedgate": ["compression.ratio=0.2", "availability.incomplete_probability=0.5"],
+    "vrlsgd": ["compression.ratio=0.2", "availability.incomplete_probability=0.5"],
+    "mimelite": ["compression.ratio=0.2", "availability.incomplete_probability=0.5"],
     "fedadam": ["compression.ratio=0.2"],
     "fedavgm": ["compression.ratio=0.2"],
     "nesterov-plugin": ["compression.ratio=0.2"],
@@ -66,7 +74,7 @@ COMPRESSED = {
 CASES = {name: overrides for name, overrides in ALGORITHMS.items()} | {
     f"{name}-compressed": [*ALGORITHMS[name], *extra] for name, extra in COMPRESSED.items()
 }
-STATEFUL = ("scaffold", "feddyn", "adabest", "efl")
+STATEFUL = ("scaffold", "feddyn", "adabest", "efl", "fedgate", "vrlsgd")
 
 
 def _config(*overrides: str, rounds: int = 5):

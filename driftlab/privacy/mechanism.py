@@ -166,6 +166,9 @@ class _NoComputation:
     def diagonal_fisher(self, params: torch.Tensor, max_examples: int) -> torch.Tensor:  # noqa: ARG002
         return torch.zeros_like(params)
 
+    def full_gradient(self, params: torch.Tensor) -> torch.Tensor:
+        return torch.zeros_like(params)
+
 
 def released_dimension(algorithm: Algorithm, form: PrivacyForm, view: Any) -> int:
     """D, the length of what a message of ``algorithm`` reveals: the form's ``size(view)``, or else its release of the

@@ -96,6 +96,11 @@ class ClientComputation(Protocol):
         squared per-example gradient of the log-likelihood at ``params``: the diagonal empirical Fisher."""
         ...
 
+    def full_gradient(self, params: torch.Tensor) -> torch.Tensor:
+        """``∇f_k(params)``: the mean loss gradient over all of the client's examples (unaugmented; no weight decay,
+        no clipping): MimeLite's server statistic (Karimireddy et al. 2021)."""
+        ...
+
 
 @dataclass(frozen=True)
 class ClientUpdate:

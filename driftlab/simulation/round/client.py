@@ -119,6 +119,21 @@ class ClientDataComputation:
             total += (gradients**2).sum(0)
         return total / len(rows)
 
+    def full_gradient(self, params: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
+        rows = self.data.rows
+        model = self.data.model
+        training = self.data.training
+
+        def loss_sum(theta: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+            return model.example_loss(model.forward(theta, inputs), targets).sum()
+
+        gradient = torch.func.grad(loss_sum)
+        total = torch.zeros_like(params)
+        for start in range(0, len(rows), chunk):  # chunks bound the activations one backward pass holds
+            part = rows[start : start + chunk]
+            total += gradient(params, training.batch(part), training.targets[part])
+        return total / max(1, len(rows))
+
 
 def steps_to_train(context: ClientContext) -> int:
     """The steps the client is asked for this round: all planned ones unless the availability model cut them."""

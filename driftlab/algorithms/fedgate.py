@@ -1,0 +1,177 @@
+"""FedGATE (Haddadpour, Kamani, Mokhtari and Mahdavi, "Federated Learning with Compression: Unified Analysis and
+Sharp Guarantees", AISTATS 2021, Algorithm 2): local SGD with gradient tracking.
+
+As the sheet (docs/update-rules.md, "FedGATE") states it, in model-difference
+units as the authors' FedTorch code keeps them.  State: the server model θ and
+the last round's average change ``D``; per client the correction δ_k (0 at start)
+and ``s_k = 1/(η_l τ_k)`` of its last report (0 when none is pending).
+
+    client k, round t:  δ_k ← δ_k − s_k D^{t−1}                     (settle the last report)
+                        τ_k steps of  θ ← θ − η_l (∇f_k(θ) − δ_k)  from θ^{t−1}
+                        → GradientCorrection(linear = −δ_k)
+                        D_k = θ^{t−1} − θ_k;  send Q(D_k) (as θ_k)
+                        δ_k ← δ_k + Q(D_k)/(η_l τ_k),   s_k ← 1/(η_l τ_k)
+    server:             D^t = mean_P Q(D_k)                           (uniform)
+                        θ^t = ServerOpt(θ^{t−1}, q = D^t, γ)          (SGD: θ^{t−1} − γ D^t)
+                        broadcast (θ^t, D^t)
+
+A client reporting in rounds t and t+1 thus gets Algorithm 2's
+``δ_k^{t+1} = δ_k^t + (Q(D_k^t) − D^t)/(η_l τ_k)`` before its next steps: the
+round's mean exists only once every client of the round reported, and the seam's
+one downlink is the next view, so the settlement waits for it.  A client that
+skips rounds settles with the latest ``D`` it receives (its own round's mean is
+not kept: that would need every round's mean until each client returns).  Under
+full participation ``Σ_k (D_k − D) = 0``, so ``Σ_k δ_k = 0`` for ever and the fixed
+point is the minimiser of the mean objective; identical clients keep δ = 0 and
+FedGATE is uniform FedAvg with server lr γ.
+
+``η_l`` is the round's client lr (``ClientContext.client_lr``) and ``τ_k`` the
+steps done.  ``Q`` is the identity unless ``compression.ratio < 1``: then the
+ternary compressor with error feedback (``driftlab.compress.error_feedback``)
+wraps the upload, the final model this module sees is what the server
+reconstructs, and δ_k uses the same ``Q(D_k)`` the server averages.
+
+Partial work and dropouts: a straggler's message is dropped (its ``D_k`` is not
+τ_k full steps and would bias ``D`` and every δ); it still settles its pending
+report.  A client that does not report keeps its state.  Multiplicity counts in
+the mean; the client updates δ_k once.
+
+Communication: one model up (θ_k), two down (θ, D).
+
+Under ``[privacy]``: a message reveals ``θ_k − θ^{t−1}`` (``model_change_form``);
+the uniform mean divides by the public ``RoundContext.mean_denominator``, so the
+noise on the sum reaches θ as σ/m (times γ) and ``D`` is broadcast as
+post-processing.  The client's own δ_k uses its unclipped ``D_k``.
+
+Example:
+    >>> import torch
+    >>> from driftlab.algorithms import fedgate
+    >>> from driftlab.optim.server import make_server_optimizer
+    >>> algorithm = fedgate.build(make_server_optimizer("sgd"))
+    >>> view = algorithm.broadcast(algorithm.server_init(torch.zeros(3)))
+    >>> tuple(view.params.shape), tuple(view.mean_change.shape)
+    ((3,), (3,))
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict
+
+from driftlab.algorithms.aggregation import ChangeSums, RunningMean, model_change_form
+from driftlab.optim.apply import apply_server_optimizer
+from driftlab.simulation.seam import (
+    Algorithm,
+    ClientContext,
+    ClientUpdate,
+    GradientCorrection,
+    RoundContext,
+    ServerFold,
+)
+
+# Why FedBuff cannot run FedGATE (Algorithm.asynchronous_refusal; docs/algorithms.md, "Asynchronous").
+ASYNCHRONOUS_REFUSAL = (
+    "FedGATE updates δ_k by (Q(D_k) − D)/(η τ) with D the mean of the round the client reported in, which keeps "
+    "Σ_k δ_k = 0: FedBuff folds stale, s(τ)-weighted changes into buffers that are no round's mean, so that sum would "
+    "drift and the fixed point would leave the minimiser (no asynchronous FedGATE rule is published): run fedgate "
+    'synchronously (remove [asynchronous]), or use fedavg or fedprox with aggregation = "uniform"'
+)
+
+
+class Config(BaseModel):
+    """``[algorithm]`` section for FedGATE; ``η_l``, ``τ`` come from ``[client]`` and ``γ`` is ``server.lr``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: Literal["fedgate"] = "fedgate"
+
+
+@dataclass(frozen=True)
+class ServerState:
+    params: torch.Tensor  # θ^t
+    mean_change: torch.Tensor  # D^t = mean_P Q(θ^{t−1} − θ_k), 0 before the first round
+    optimizer_state: Any
+
+
+@dataclass(frozen=True)
+class ClientView:
+    """What a selected client receives: θ^{t−1} and the last round's mean change D^{t−1}."""
+
+    params: torch.Tensor
+    mean_change: torch.Tensor
+
+
+@dataclass(frozen=True)
+class ClientState:
+    correction: torch.Tensor  # δ_k with its last report's own term added, the mean's term still pending
+    pending_scale: float  # s_k = 1/(η_l τ_k) of that report; 0.0: nothing pending
+
+
+@dataclass(frozen=True)
+class ClientMessage:
+    params: torch.Tensor  # θ_k (the server forms D_k = θ^{t−1} − θ_k)
+    multiplicity: int
+
+
+def settled_correction(view: ClientView, client: ClientState) -> torch.Tensor:
+    """δ_k for this round: the pending report settled with the mean change the client received, δ_k − s_k D."""
+    if client.pending_scale == 0.0:
+        return client.correction
+    return client.correction - client.pending_scale * view.mean_change
+
+
+def build(server_optimizer: Any) -> Algorithm:
+    """FedGATE whose server step applies ``server_optimizer`` to ``q = D^t`` with rate ``γ`` (``server.lr``)."""
+
+    def server_init(initial_params: torch.Tensor) -> ServerState:
+        return ServerState(initial_params, torch.zeros_like(initial_params), server_optimizer.init(initial_params))
+
+    def client_state_init(initial_params: torch.Tensor) -> ClientState:
+        return ClientState(torch.zeros_like(initial_params), 0.0)
+
+    def client_objective(view: ClientView, client: ClientState, context: ClientContext) -> GradientCorrection:
+        return GradientCorrection(linear=-settled_correction(view, client))
+
+    def client_finish(
+        view: ClientView, client: ClientState, context: ClientContext, update: ClientUpdate
+    ) -> tuple[ClientState, ClientMessage | None]:
+        correction = settled_correction(view, client)
+        if context.is_incomplete or update.steps_done == 0:
+            # A straggler's Δ is not τ full steps: dropped, nothing pending (its settlement above still holds).
+            return ClientState(correction, 0.0), None
+        scale = 1.0 / (update.steps_done * context.client_lr)  # 1/(η_l τ_k) with the round's actual values
+        own_change = view.params - update.final_params  # Q(D_k): final_params is what the server reconstructs
+        return ClientState(correction + scale * own_change, scale), ClientMessage(update.final_params, context.multiplicity)
+
+    def aggregation_start(server: ServerState, context: RoundContext) -> RunningMean | ChangeSums:
+        if context.mean_denominator is not None:
+            return ChangeSums(server.params, RunningMean())
+        return RunningMean()
+
+    def aggregation_add(client_models: RunningMean | ChangeSums, message: ClientMessage) -> RunningMean | ChangeSums:
+        return client_models.add(message.params, float(message.multiplicity))
+
+    def aggregation_finish(
+        server: ServerState, client_models: RunningMean | ChangeSums, context: RoundContext
+    ) -> tuple[ServerState, dict[str, float]]:
+        client_average = client_models.value(context.mean_denominator)
+        # D^t = θ^{t−1} − mean_P θ_k = mean_P D_k, the pseudo-gradient the server optimizer steps on.
+        params, optimizer_state = apply_server_optimizer(
+            server_optimizer, server.optimizer_state, server.params, client_average, context.server_learning_rate
+        )
+        return ServerState(params, server.params - client_average, optimizer_state), {}
+
+    def broadcast(server: ServerState) -> ClientView:
+        return ClientView(server.params, server.mean_change)
+
+    form = model_change_form(lambda params: ClientMessage(params, multiplicity=1))
+    fold = ServerFold(aggregation_start, aggregation_add, aggregation_finish)
+    return Algorithm("fedgate", server_init, client_objective, client_finish, fold.server_update, broadcast,
+                     client_state_init=client_state_init, server_fold=fold, privacy=form,
+                     asynchronous_refusal=ASYNCHRONOUS_REFUSAL)
+
+
+def from_config(config: Config, server_optimizer: Any) -> Algorithm:
+    return build(server_optimizer)

@@ -1,0 +1,286 @@
+"""MimeLite: a two-round hand case, the statistic's input, β = 0 is FedAvg, K = 1 is heavy-ball GD, the fixed point on
+quadratics, partial work, privacy and bad input."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import pytest
+import torch
+from pydantic import ValidationError
+
+import driftlab
+from driftlab.algorithms import fedavg, mime
+from driftlab.algorithms.shared_test import Quadratics, heterogeneous_quadratics, run_quadratic
+from driftlab.compress import with_compression
+from driftlab.models import build_model
+from driftlab.optim.server import make_server_optimizer
+from driftlab.simulation.backends.flat import FlatModel
+from driftlab.simulation.backends.local_training import BoundModule, LocalSettings, TrainingData, corrected_step
+from driftlab.simulation.round.client import ClientData, ClientDataComputation
+from driftlab.simulation.seam import ClientContext, ClientUpdate, RoundContext
+
+SGD = make_server_optimizer("sgd")
+
+
+def vector(*values: float) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.float64)
+
+
+@dataclass(frozen=True)
+class QuadraticGradient:
+    """A ``ClientComputation`` with the full-batch gradient of ``f(θ) = ½ θᵀ diag(a) θ − bᵀ θ``."""
+
+    curvature: torch.Tensor
+    target: torch.Tensor
+
+    def full_gradient(self, params: torch.Tensor) -> torch.Tensor:
+        return self.curvature * params - self.target
+
+
+def run_with_gradients(algorithm, problem: Quadratics, initial: torch.Tensor, rounds: int, steps: int, learning_rate: float,
+                       num_samples=None):
+    """``shared_test.run_quadratic`` with each client's full-batch gradient available to ``client_finish``."""
+    sizes = list(num_samples) if num_samples is not None else [10] * problem.num_clients
+    settings = LocalSettings(learning_rate)
+    server, history = algorithm.server_init(initial), []
+    for t in range(1, rounds + 1):
+        view = algorithm.broadcast(server)
+        messages = []
+        for client in range(problem.num_clients):
+            context = ClientContext(client, t, sizes[client], sum(sizes) / len(sizes), problem.num_clients, steps, learning_rate)
+            correction = algorithm.client_objective(view, None, context)
+            theta = view.params
+            for _ in range(steps):
+                theta = corrected_step(theta, problem.gradient(client, theta), correction, settings)
+            computation = QuadraticGradient(problem.curvatures[client], problem.targets[client])
+            messages.append(algorithm.client_finish(view, None, context, ClientUpdate(view.params, theta, steps, computation))[1])
+        server, metrics = algorithm.server_update(server, messages, RoundContext(t, problem.num_clients, problem.num_clients, 1.0))
+        history.append(metrics)
+    return server, history
+
+
+# ---------------------------------------------------------------- the shared two-client case, by hand
+#
+# f_k(θ) = ½‖θ − b_k‖², b_0 = (2, 0), b_1 = (0, 4), θ^0 = 0, K = 2 steps of η = 0.5, β = 0.5, uniform weights.
+# Round 1 (m = 0, plain GD): client 0: (1, 0), (1.5, 0); client 1: (0, 2), (0, 3).  x^1 = (0.75, 1.5).
+#   g_0 = ∇f_0(0) = (−2, 0), g_1 = (0, −4): m^1 = 0.5·0 + (−1, −2) = (−1, −2), ‖m^1‖ = √5
+#   (the full-batch gradients at x, not the pseudo-gradient x − ȳ = (−0.75, −1.5)).
+# Round 2, correction β m^1 = (−0.5, −1):
+#   client 0: ∇ = (−1.25, 1.5) + (−0.5, −1) = (−1.75, 0.5) → (1.625, 1.25);
+#             ∇ = (−0.375, 1.25) + (−0.5, −1) = (−0.875, 0.25) → (2.0625, 1.125)
+#   client 1: ∇ = (0.75, −2.5) + (−0.5, −1) = (0.25, −3.5) → (0.625, 3.25);
+#             ∇ = (0.625, −0.75) + (−0.5, −1) = (0.125, −1.75) → (0.5625, 4.125)
+#   x^2 = ((2.0625 + 0.5625)/2, (1.125 + 4.125)/2) = (1.3125, 2.625)
+#   g_0 = ∇f_0(x^1) = (−1.25, 1.5), g_1 = (0.75, −2.5): m^2 = 0.5·(−1, −2) + (−0.25, −0.5) = (−0.75, −1.5), ‖m^2‖ = 0.75√5.
+HAND_CASE = {
+    "config": {"momentum": 0.5, "aggregation": "uniform"},
+    "params": [(0.75, 1.5), (1.3125, 2.625)],
+    "drift": None,
+    "metrics": [{"momentum_norm": math.sqrt(5)}, {"momentum_norm": 0.75 * math.sqrt(5)}],
+}
+HAND_TARGETS = (vector(2.0, 0.0), vector(0.0, 4.0))
+HAND_PROBLEM = Quadratics(torch.ones(2, 2, dtype=torch.float64), torch.stack(HAND_TARGETS))
+
+
+def test_two_hand_rounds_move_the_model_and_the_momentum_as_computed_by_hand():
+    algorithm = mime.build(SGD, momentum=0.5, aggregation="uniform")
+    server, history = run_with_gradients(algorithm, HAND_PROBLEM, torch.zeros(2, dtype=torch.float64), rounds=1, steps=2, learning_rate=0.5)
+    assert torch.equal(server.params, vector(0.75, 1.5))
+    assert torch.equal(server.momentum, vector(-1.0, -2.0))  # mean ∇f_k(x^0), not x^0 − ȳ = (−0.75, −1.5)
+    assert history[0]["momentum_norm"] == pytest.approx(math.sqrt(5), rel=1e-15)
+    server, history = run_with_gradients(algorithm, HAND_PROBLEM, torch.zeros(2, dtype=torch.float64), rounds=2, steps=2, learning_rate=0.5)
+    assert torch.equal(server.params, vector(1.3125, 2.625))
+    assert torch.equal(server.momentum, vector(-0.75, -1.5))
+    assert history[1]["momentum_norm"] == pytest.approx(0.75 * math.sqrt(5), rel=1e-15)
+
+
+def test_weighted_aggregation_weighs_the_models_and_the_gradients_by_n_k():
+    # Round 1 of the hand case with n = (1, 3): x^1 = (1.5, 0)/4 + 3(0, 3)/4 = (0.375, 2.25),
+    # m^1 = ((−2, 0) + 3(0, −4))/4 = (−0.5, −3).
+    algorithm = mime.build(SGD, momentum=0.5, aggregation="weighted")
+    server, _ = run_with_gradients(algorithm, HAND_PROBLEM, torch.zeros(2, dtype=torch.float64), rounds=1, steps=2,
+                                   learning_rate=0.5, num_samples=[1, 3])
+    assert torch.equal(server.params, vector(0.375, 2.25))
+    assert torch.equal(server.momentum, vector(-0.5, -3.0))
+
+
+def test_the_server_rate_scales_the_model_step_but_not_the_momentum():
+    algorithm = mime.build(SGD, momentum=0.5, aggregation="uniform")
+    server = algorithm.server_init(vector(0.0, 0.0))
+    messages = [mime.ClientMessage(vector(2.0, 0.0), vector(1.0, 1.0), 1, 1), mime.ClientMessage(vector(0.0, 2.0), vector(3.0, 1.0), 1, 1)]
+    new_server, _ = algorithm.server_update(server, messages, RoundContext(1, 4, 2, 0.5))
+    assert torch.equal(new_server.params, vector(0.5, 0.5))  # x − 0.5(x − ȳ), ȳ = (1, 1)
+    assert torch.equal(new_server.momentum, vector(2.0, 1.0))
+
+
+# ---------------------------------------------------------------- equivalences and convergence on quadratics
+
+
+@pytest.mark.parametrize("aggregation", ["weighted", "uniform"])
+def test_momentum_zero_is_fedavg_bit_for_bit(aggregation: str):
+    problem = heterogeneous_quadratics()
+    initial = vector(1.0, -1.0, 0.5)
+    chosen = lambda t: [t % 5, (t + 2) % 5]  # noqa: E731 - partial participation, changing each round
+    sizes = [3, 7, 1, 4, 9]
+    lite = run_quadratic(mime.build(SGD, momentum=0.0, aggregation=aggregation), problem, initial, 20, 4, 0.1, chosen, sizes)
+    plain = run_quadratic(fedavg.build(SGD, aggregation=aggregation, incomplete="keep"), problem, initial, 20, 4, 0.1, chosen, sizes)
+    assert torch.equal(lite.server.params, plain.server.params)
+    assert algorithm_sends_no_momentum(mime.build(SGD, momentum=0.0))
+
+
+def algorithm_sends_no_momentum(algorithm) -> bool:
+    view = algorithm.broadcast(algorithm.server_init(vector(1.0)))
+    _, message = algorithm.client_finish(view, None, ClientContext(0, 1, 1, 1.0, 1, 1, 0.1), ClientUpdate(view.params, vector(2.0), 1))
+    return view.momentum is None and message.gradient is None
+
+
+def test_one_local_step_with_every_client_is_heavy_ball_gradient_descent_on_the_mean():
+    # K = 1: y_k = x − η(∇f_k(x) + βm), so x⁺ = x − η(∇F(x) + βm) and m⁺ = βm + ∇F(x): x⁺ = x − η m⁺ (PyTorch's SGD momentum).
+    problem = heterogeneous_quadratics()
+    initial, beta, rate = vector(1.0, -1.0, 0.5), 0.7, 0.1
+    server, _ = run_with_gradients(mime.build(SGD, momentum=beta, aggregation="uniform"), problem, initial, 60, 1, rate)
+    x, buffer = initial, torch.zeros(3, dtype=torch.float64)
+    for _ in range(60):
+        buffer = beta * buffer + (problem.curvatures.mean(0) * x - problem.targets.mean(0))
+        x = x - rate * buffer
+    assert torch.allclose(server.params, x, rtol=0, atol=1e-12)
+    long, _ = run_with_gradients(mime.build(SGD, momentum=beta, aggregation="uniform"), problem, initial, 600, 1, rate)
+    assert torch.allclose(long.params, problem.minimiser(), rtol=0, atol=1e-10)
+
+
+def test_several_local_steps_converge_to_the_predicted_fixed_point_nearer_the_minimiser_than_fedavg():
+    # Per coordinate, K steps with the constant correction c = βm map x to y_k* + (1 − η a_k)^K (x − y_k*),
+    # y_k* = (b_k − c)/a_k.  At a fixed point m = ∇F(x)/(1 − β), so with φ_k = 1 − (1 − η a_k)^K and ρ = β/(1 − β):
+    #   x (Σ φ_k + ρ ā Σ φ_k/a_k) = Σ φ_k b_k/a_k + ρ b̄ Σ φ_k/a_k       (ā, b̄ the means over clients)
+    # which tends to the minimiser b̄/ā as β → 1 and is FedAvg's surrogate at β = 0.
+    problem = heterogeneous_quadratics()
+    a, b = problem.curvatures, problem.targets
+    steps, rate, beta = 5, 0.05, 0.5
+    server, _ = run_with_gradients(mime.build(SGD, momentum=beta, aggregation="uniform"), problem, vector(1.0, -1.0, 0.5), 400, steps, rate)
+    phi = 1 - (1 - rate * a) ** steps
+    rho = beta / (1 - beta)
+    fixed_point = ((phi * b / a).sum(0) + rho * b.mean(0) * (phi / a).sum(0)) / (phi.sum(0) + rho * a.mean(0) * (phi / a).sum(0))
+    assert torch.allclose(server.params, fixed_point, rtol=0, atol=1e-10)
+    surrogate = (phi * b / a).sum(0) / phi.sum(0)
+    minimiser = problem.minimiser()
+    assert torch.linalg.vector_norm(fixed_point - minimiser) < 0.6 * torch.linalg.vector_norm(surrogate - minimiser)
+
+
+# ---------------------------------------------------------------- partial work, a client without its data, compression
+
+
+def test_a_client_that_did_no_step_sends_the_start_model_and_its_full_gradient():
+    algorithm = mime.build(SGD, momentum=0.5)
+    view = algorithm.broadcast(algorithm.server_init(vector(1.0, 1.0)))
+    context = ClientContext(0, 1, 5, 5.0, 4, 3, 0.1, available_steps=0)
+    computation = QuadraticGradient(vector(1.0, 1.0), vector(2.0, 0.0))
+    _, message = algorithm.client_finish(view, None, context, ClientUpdate(view.params, view.params, 0, computation))
+    assert torch.equal(message.params, vector(1.0, 1.0)) and torch.equal(message.gradient, vector(-1.0, 1.0))
+
+
+def test_a_client_update_without_its_data_says_what_is_missing_and_the_fix():
+    algorithm = mime.build(SGD, momentum=0.5)
+    view = algorithm.broadcast(algorithm.server_init(vector(1.0)))
+    with pytest.raises(RuntimeError, match=r"full_gradient.*algorithm.momentum = 0"):
+        algorithm.client_finish(view, None, ClientContext(0, 1, 1, 1.0, 1, 1, 0.1), ClientUpdate(view.params, vector(2.0), 1))
+
+
+def test_compression_replaces_the_uploaded_model_and_leaves_the_gradient_whole():
+    algorithm = with_compression(mime.build(SGD, momentum=0.5), 0.5, [4])
+    server = algorithm.server_init(torch.zeros(4))
+    state = algorithm.client_state_init(torch.zeros(4))
+    view = algorithm.broadcast(server)
+    computation = QuadraticGradient(torch.ones(4), torch.tensor([1.0, -2.0, 3.0, -4.0]))
+    update = ClientUpdate(torch.zeros(4), torch.tensor([0.1, -0.2, 0.3, -0.4]), 2, computation)
+    _, message = algorithm.client_finish(view, state, ClientContext(0, 1, 1, 1.0, 1, 2, 0.1), update)
+    sent = message.payload if hasattr(message, "payload") else message
+    assert torch.equal(sent.gradient, torch.tensor([-1.0, 2.0, -3.0, 4.0]))  # ∇f at the start model, uncompressed
+    assert int((sent.params != 0).sum()) == 2  # ST keeps half the entries of the change
+    new_server, metrics = algorithm.server_update(server, [message], RoundContext(1, 1, 1, 1.0))
+    assert torch.equal(new_server.inner.momentum, sent.gradient) and metrics["momentum_norm"] > 0
+
+
+# ---------------------------------------------------------------- privacy, asynchrony, bad input
+
+
+def test_private_round_divides_both_means_by_the_public_denominator():
+    algorithm = mime.build(SGD, momentum=0.5, aggregation="uniform")
+    server = algorithm.server_init(vector(1.0, 1.0))
+    messages = [mime.ClientMessage(vector(3.0, 1.0), vector(4.0, 0.0), 1, 1), mime.ClientMessage(vector(1.0, 5.0), vector(0.0, 8.0), 1, 1)]
+    private, _ = algorithm.server_update(server, messages, RoundContext(1, 8, 2, 1.0, mean_denominator=4.0))
+    assert torch.equal(private.params, vector(1.5, 2.0))  # x + ((2, 0) + (0, 4))/4
+    assert torch.equal(private.momentum, vector(1.0, 2.0))  # ((4, 0) + (0, 8))/4
+    view = algorithm.broadcast(server)
+    assert torch.equal(algorithm.privacy.release(view, messages[0]), vector(2.0, 0.0, 4.0, 0.0))
+    carrier = algorithm.privacy.restore(view, None, vector(-1.0, 1.0, 2.0, 3.0))
+    assert torch.equal(carrier.params, vector(0.0, 2.0)) and torch.equal(carrier.gradient, vector(2.0, 3.0))
+    assert carrier.multiplicity == 1 and algorithm.privacy.size(view) == 4
+
+
+def test_weighted_aggregation_has_no_privacy_form_and_no_asynchronous_rule():
+    weighted = mime.build(SGD, momentum=0.5, aggregation="weighted")
+    assert weighted.privacy is None and 'aggregation = "uniform"' in weighted.privacy_refusal
+    assert not weighted.asynchronous and "remove [asynchronous]" in weighted.asynchronous_problem()
+
+
+@pytest.mark.parametrize("momentum", [-0.1, 1.0, 1.5])
+def test_momentum_outside_zero_to_one_is_refused_before_any_work(momentum: float):
+    with pytest.raises(ValidationError, match="momentum"):
+        mime.Config(momentum=momentum)
+    with pytest.raises(ValueError, match=r"momentum \(β\) must be in \[0, 1\)"):
+        mime.build(SGD, momentum=momentum)
+
+
+def test_unknown_aggregation_is_refused():
+    with pytest.raises(ValidationError):
+        mime.Config(aggregation="median")
+    with pytest.raises(ValueError, match="unknown aggregation"):
+        mime.build(SGD, aggregation="median")
+
+
+# ---------------------------------------------------------------- whole runs
+
+RUN = {"rounds": 3, "data": {"num_clients": 6}, "client": {"epochs": 1}, "sampling": {"participation": 0.5},
+       "evaluation": {"every": 1}, "algorithm": {"name": "mimelite", "momentum": 0.5}}
+
+
+def test_the_engine_full_gradient_is_the_mean_loss_gradient_over_the_client_data():
+    generator = torch.Generator().manual_seed(0)
+    inputs, targets = torch.randn(9, 2, generator=generator, dtype=torch.float64), torch.randint(0, 3, (9,), generator=generator)
+    model = FlatModel.wrap(build_model("mlr", (2,), 3)).to("cpu", torch.float64)
+    params = torch.randn(model.initial_parameters().numel(), generator=generator, dtype=torch.float64)
+    rows = torch.tensor([0, 2, 3, 5, 8])
+    training = TrainingData(inputs, targets)
+    computed = ClientDataComputation(ClientData(model, training, rows), seed=0, round=1, client_id=0).full_gradient(params)
+    expected = BoundModule(model, params).full_gradient(params, rows, training)  # the engine's backward-pass gradient
+    assert torch.allclose(computed, expected, rtol=0, atol=1e-14) and float(torch.linalg.vector_norm(expected)) > 0
+
+
+def test_both_backends_agree_to_float32_rounding():
+    sequential = driftlab.run({**RUN, "backend": "sequential"})
+    vectorized = driftlab.run({**RUN, "backend": "vectorized"})
+    assert torch.allclose(sequential.final_params, vectorized.final_params, rtol=1e-4, atol=1e-5)
+    for first, second in zip(sequential.records, vectorized.records, strict=True):
+        assert first["momentum_norm"] == pytest.approx(second["momentum_norm"], rel=1e-4)
+    assert sequential.records[-1]["upload_bits"] == 2 * 32 * sequential.num_parameters * sequential.records[-1]["num_reporting"]
+
+
+def test_momentum_zero_runs_are_fedavg_runs_bit_for_bit():
+    lite = driftlab.run({**RUN, "algorithm": {"name": "mimelite", "momentum": 0.0}})
+    plain = driftlab.run({**RUN, "algorithm": {"name": "fedavg", "incomplete": "keep"}})
+    assert torch.equal(lite.final_params, plain.final_params)
+
+
+def test_compressed_uploads_run():
+    result = driftlab.run({**RUN, "compression": {"ratio": 0.2}})
+    assert all(record["momentum_norm"] > 0 for record in result.records)
+    assert result.records[-1]["upload_bits"] < 2 * 32 * result.num_parameters * result.records[-1]["num_reporting"]
+
+
+def test_config_errors_name_the_key_before_any_work():
+    with pytest.raises(driftlab.ConfigError, match=r"algorithm\.momentum"):
+        driftlab.load_config({"algorithm": {"name": "mimelite", "momentum": 1.0}})
+    with pytest.raises(driftlab.ConfigError, match="server.optimizer: mimelite has its own server step"):
+        driftlab.run({**RUN, "server": {"optimizer": "adam"}})
