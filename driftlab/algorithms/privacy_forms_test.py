@@ -18,7 +18,7 @@ from typing import Any, Callable
 import pytest
 import torch
 
-from driftlab.algorithms import adabest, efl, fedavg, feddyn, fedgate, fedprox, scaffold
+from driftlab.algorithms import adabest, efl, fedavg, feddyn, fedgate, fedprox, mime, scaffold
 from driftlab.optim.server import make_server_optimizer
 from driftlab.simulation.seam import Algorithm, RoundContext
 
@@ -160,6 +160,14 @@ CASES = [
         lambda k: efl.ClientMessage(zeros(), None, None, num_samples=5 + 3 * k, multiplicity=1, completed_fraction=1.0),
         1,
         lambda server, total, m: {"params": server.params + total / m},
+    ),
+    Case(  # releases cat(y_k − x, g_k): the model mean and the momentum's gradient mean share the denominator
+        "mimelite",
+        lambda: mime.build(sgd(), momentum=BETA, aggregation="uniform"),
+        lambda algorithm, params: dataclasses.replace(algorithm.server_init(params), momentum=quarters(D, seed=17)),
+        lambda k: mime.ClientMessage(zeros(), zeros(), num_samples=5 + 3 * k, multiplicity=1),
+        2,
+        lambda server, total, m: {"params": server.params + total[:D] / m, "momentum": BETA * server.momentum + total[D:] / m},
     ),
     Case(  # a server whose D is not zero: D^t = −Σ/m, exactly in quarters
         "fedgate",
