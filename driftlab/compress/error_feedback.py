@@ -68,6 +68,7 @@ from driftlab.simulation.seam import (
     ClientContext,
     ClientUpdate,
     MessageCodec,
+    Personalization,
     PrivacyForm,
     RoundContext,
     ServerFold,
@@ -175,6 +176,11 @@ class CompressedPayload:
 
 def with_compression(algorithm: Algorithm, ratio: float, tensor_sizes: Sequence[int]) -> Algorithm:
     """``algorithm`` with ST-compressed, error-feedback uploads and downloads (module docstring)."""
+    if algorithm.client_view is not None:
+        raise ValueError(
+            f"algorithm {algorithm.name!r} sends each client a view of its own (Algorithm.client_view), and compression's "
+            "downlink residual is one per server, for one broadcast model: set compression.ratio = 1"
+        )
     sizes = tuple(int(size) for size in tensor_sizes)
     num_parameters = sum(sizes)
     model_bits = BITS_PER_ENTRY * num_parameters
@@ -232,7 +238,15 @@ def with_compression(algorithm: Algorithm, ratio: float, tensor_sizes: Sequence[
     return Algorithm(algorithm.name, server_init, client_objective, client_finish, fold.server_update, broadcast,
                      client_state_init=client_state_init, client_joined=joined, client_left=left, server_fold=fold,
                      codec=codec, privacy=privacy, privacy_refusal=algorithm.privacy_refusal,
-                     asynchronous_refusal=asynchronous_refusal(algorithm))
+                     asynchronous_refusal=asynchronous_refusal(algorithm), personalization=compressed_personalization(algorithm))
+
+
+def compressed_personalization(algorithm: Algorithm) -> Personalization | None:
+    """The wrapped algorithm's personal models, read through the compressed view and client state."""
+    inner = algorithm.personalization
+    if inner is None:
+        return None
+    return Personalization(lambda view, client: inner.model(view.inner, client.inner), inner.description)
 
 
 def compressed_privacy(form: PrivacyForm) -> PrivacyForm:

@@ -160,6 +160,18 @@ def check_deployable(config: ExperimentConfig, algorithm: Algorithm) -> None:
             "client states stay on the nodes, so the server cannot do that: remove availability.events and "
             "availability.initially_registered, or choose an algorithm without client_joined/client_left"
         )
+    if algorithm.client_view is not None:
+        raise ConfigError(
+            f"algorithm {config.algorithm.name!r} sends each client a view of its own (Algorithm.client_view: FedAMP's "
+            "cloud model u_k), and a deployment's server broadcasts one view per round to every node: run it with "
+            "driftlab run, or choose an algorithm that broadcasts one model"
+        )
+    if config.evaluation.personal or config.evaluation.finetune_steps:
+        raise ConfigError(
+            "evaluation.personal / evaluation.finetune_steps evaluate each client's own model on its own test split, and in "
+            "a deployment those models and splits stay on the nodes; remove them (the server model is still evaluated), "
+            "or run the config with driftlab run"
+        )
     if config.evaluation.model != "server":
         raise ConfigError(
             f'evaluation.model = "{config.evaluation.model}" evaluates a mean of client models, which a deployment\'s server '

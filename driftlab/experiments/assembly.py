@@ -167,7 +167,10 @@ def build_algorithm(config: ExperimentConfig, flat_model: FlatModel, num_clients
     built = algorithm
     if ratio < 1:
         # The compressed bundle calls the guarded functions, and names the plugin as the bundle it wraps does.
-        built = dataclasses.replace(with_compression(algorithm, ratio, flat_model.numels), plugin=algorithm.plugin)
+        try:
+            built = dataclasses.replace(with_compression(algorithm, ratio, flat_model.numels), plugin=algorithm.plugin)
+        except ValueError as error:
+            raise ConfigError(f"compression.ratio = {ratio:g}: {error}") from None
     if config.privacy is None:
         return built
     check_privacy_form(config, built)
@@ -323,6 +326,51 @@ def system_plan(config: ExperimentConfig, num_clients: int) -> SystemPlan | None
         raise ConfigError(f"system.trace: {error}" if system.profiles == "trace" else f"[system]: {error}") from None
 
 
+def personal_evaluation(config: ExperimentConfig, sim: Simulation) -> bool:
+    """Whether rounds evaluate each client's own model (``evaluation.personal``); ConfigError, before any round, for a
+    request that cannot be met: no personal models and no fine-tuning, fine-tuning beside an algorithm's own personal
+    models, no client test splits, an asynchronous run."""
+    evaluation = config.evaluation
+    name = config.algorithm.name
+    own = sim.algorithm.personalization is not None
+    if evaluation.finetune_steps and own:
+        raise ConfigError(
+            f"evaluation.finetune_steps = {evaluation.finetune_steps} fine-tunes the server model as each client's own model, "
+            f"but algorithm {name!r} keeps its own personalized models ({sim.algorithm.personalization.description}); remove "
+            "evaluation.finetune_steps (the personal column then evaluates the algorithm's models)"
+        )
+    if evaluation.personal is False:
+        if evaluation.finetune_steps:
+            raise ConfigError(
+                "evaluation.finetune_steps is set but evaluation.personal = false turns the personal evaluation off; remove one"
+            )
+        return False
+    capable = own or bool(evaluation.finetune_steps)
+    if evaluation.personal and not capable:
+        raise ConfigError(
+            f"evaluation.personal = true, but algorithm {name!r} keeps no per-client models (every client predicts with the "
+            "server model, which client_test_accuracy_mean already evaluates on each client's split); set "
+            "evaluation.finetune_steps = s for FedAvg + local fine-tuning, or use apfl, ditto or fedamp, or remove evaluation.personal"
+        )
+    requested = bool(evaluation.personal) or bool(evaluation.finetune_steps)
+    if sim.client_test_rows is None:
+        if requested:
+            raise ConfigError(
+                "the personalized evaluation tests each client's own model on that client's own test split, and the clients "
+                "have none: set data.client_test_fraction (for example 0.2), or remove evaluation.personal / "
+                "evaluation.finetune_steps"
+            )
+        return False
+    if sim.asynchronous is not None:
+        if requested:
+            raise ConfigError(
+                "the personalized evaluation runs after synchronous rounds; an asynchronous run evaluates the server model "
+                "only: remove evaluation.personal / evaluation.finetune_steps, or [asynchronous]"
+            )
+        return False
+    return capable
+
+
 def check_deadline(sim: Simulation) -> None:
     """ConfigError, before any round, when no client can meet ``system.deadline``: not one step and the model both ways
     (``deadline_mode = "partial"``), or not its whole first-round work (``"drop"``); every round would select
@@ -436,6 +484,7 @@ def build_simulation(
         divergence_factor=config.evaluation.divergence_factor,
         norm_growth_factor=config.evaluation.norm_growth_factor,
         train_loss_clients=config.evaluation.train_loss_clients,
+        client_spread=bool(config.evaluation.client_spread),
     )
     try:
         membership = Membership(
@@ -456,6 +505,8 @@ def build_simulation(
     except ValueError as error:
         raise ConfigError(str(error)) from None
     check_deadline(sim)
+    if personal_evaluation(config, sim):
+        sim.evaluation = dataclasses.replace(sim.evaluation, personal=True, finetune_steps=config.evaluation.finetune_steps or 0)
     store, latest_models = client_stores(config, sim, config.state.store, state_dir)
     clock = None if system is None else 0.0  # simulated seconds; untimed runs keep None (their records are unchanged)
     return sim, SimulationState(0, algorithm.server_init(initial_params), store, latest_models, clock=clock)

@@ -445,6 +445,23 @@ class EvaluationConfig(_Section):
         "all_clients_mean (every client's latest local model, never-trained ones at θ⁰; FedDyn's reporting)",
     )
     dissimilarity_every: int = Field(0, ge=0, description="every N rounds record B(θ)² and the gradient variance at the server model; 0 = off")
+    personal: bool | None = Field(
+        None,
+        description="evaluate each client's own (personalized) model on its own test split (personal_test_accuracy_mean/std, "
+        "best over rounds = BMTA); unset: on when the algorithm keeps personal models (apfl, ditto, fedamp) or finetune_steps "
+        "is set, and the clients have test splits (data.client_test_fraction); true: required; false: off",
+    )
+    client_spread: bool | None = Field(
+        None,
+        description="also record client_test_accuracy_std, the std over clients of the server model's accuracy on each "
+        "client's test split (always recorded with the personalized evaluation); unset: off",
+    )
+    finetune_steps: int | None = Field(
+        None,
+        ge=1,
+        description="FedAvg + fine-tuning: each client's own model is the server model after this many local SGD steps on its "
+        "own data (the round's lr, batch, weight decay), drawn from (seed, round, client); for algorithms without personal models",
+    )
     target_accuracy: float | None = Field(None, gt=0, le=1, description="test accuracy whose first crossing the summary reports")
     divergence_factor: float = Field(
         1000.0,

@@ -79,6 +79,7 @@ from driftlab.simulation.seam import (
     ClientContext,
     ClientUpdate,
     MessageCodec,
+    Personalization,
     PrivacyForm,
     RoundContext,
     ServerFold,
@@ -359,7 +360,16 @@ def with_privacy(algorithm: Algorithm, settings: PrivacySettings) -> Algorithm:
         privacy=None,
         privacy_refusal=PRIVATE_ALREADY,
         asynchronous_refusal=asynchronous_refusal(algorithm),
+        personalization=private_personalization(algorithm.personalization, adaptive),
     )
+
+
+def private_personalization(inner: Personalization | None, adaptive: bool) -> Personalization | None:
+    """The wrapped algorithm's personal models (they never leave the client, so privacy leaves them as they are), read
+    through the adaptive clip's view."""
+    if inner is None or not adaptive:
+        return inner
+    return Personalization(lambda view, client: inner.model(view.inner, client), inner.description)
 
 
 def privacy_metrics(settings: PrivacySettings, sums: PrivateSums, round_index: int, local: bool) -> dict[str, float]:

@@ -21,6 +21,7 @@ from driftlab.simulation.backends.flat import FlatModel
 from driftlab.simulation.backends.local_training import TrainingData
 
 from driftlab.simulation.round.setup import Simulation
+from driftlab.simulation.seam import NO_CORRECTION
 
 
 DIVERGENCE_ADVICE = "lower client.lr (or server.lr), or set client.clip_norm"
@@ -113,7 +114,10 @@ def _mean_losses(
 
 # What `evaluate` may add to a round's record; a resumed run whose evaluation schedule changed drops them
 # from rounds the new schedule does not evaluate, so its metrics match a run made in one go.
-EVALUATION_KEYS = ("test_loss", "train_loss", "test_accuracy", "client_test_accuracy_mean", "test_recall_at_5", "distance_to_minimizer")
+EVALUATION_KEYS = (
+    "test_loss", "train_loss", "test_accuracy", "client_test_accuracy_mean", "client_test_accuracy_std", "personal_test_accuracy_mean",
+    "personal_test_accuracy_std", "test_recall_at_5", "distance_to_minimizer",
+)
 
 
 @torch.no_grad()
@@ -137,12 +141,56 @@ def evaluate(sim: Simulation, params: torch.Tensor) -> dict[str, float]:
             accuracies = _client_test_accuracies(sim, params, test_hits)
             if len(accuracies):
                 metrics["client_test_accuracy_mean"] = float(np.mean(accuracies))
+                if sim.evaluation.personal or sim.evaluation.client_spread:
+                    metrics["client_test_accuracy_std"] = float(np.std(accuracies))
     if sim.model.multi_label:
         metrics["test_recall_at_5"] = _recall_at_k(sim.model, params, test, test_rows, batch, k=5)
     if sim.data.known_minimizer is not None:
         minimizer = torch.as_tensor(sim.data.known_minimizer, dtype=params.dtype, device=params.device)
         metrics["distance_to_minimizer"] = float(torch.linalg.vector_norm(params - minimizer))
     return metrics
+
+
+def evaluate_personal(sim: Simulation, server: Any, clients: Any, settings: Any, round_index: int) -> dict[str, float]:
+    """Each client's own model on its own test split: ``personal_test_accuracy_mean`` and ``_std`` over the clients
+    with a test split (EFL's "mean testing accuracy on all participants"; its best over rounds is BMTA).
+
+    A client's own model is ``Personalization.model(view_k, state_k)`` (``seam.Personalization``), its state read
+    from ``clients`` (this round's staged states included; ``client_state_init(θ⁰)`` for a client that has not
+    trained), or, with ``evaluation.finetune_steps = s``, the server model fine-tuned for ``s`` local steps on the
+    client's own data with the round's settings (``settings``, a ``ClientSettings``), its minibatches drawn from
+    (seed, round, client id).  One client at a time, states streamed from the store in client-id order, so memory
+    stays one model per client being evaluated, whatever the number of clients.
+    """
+    from driftlab.simulation.round.client import ClientDataComputation, ClientData  # the client code path, on demand
+
+    algorithm = sim.algorithm
+    shared = algorithm.broadcast(server)
+    initial = algorithm.client_state_init
+    stored = iter(clients.items(include_staged=True)) if clients is not None else iter(())
+    pending = next(stored, None)
+    accuracies = []
+    for client_id, rows in enumerate(sim.client_test_rows):
+        state = None
+        if pending is not None and pending[0] == client_id:
+            state, pending = pending[1], next(stored, None)
+        if not len(rows):
+            continue
+        view = algorithm.view_for(server, client_id, shared)
+        if sim.evaluation.finetune_steps:
+            data = ClientData(sim.model, sim.training_data, sim.client_rows[client_id])
+            computation = ClientDataComputation(data, settings.seed, round_index, client_id, settings)
+            params, _ = computation.train(view.params, NO_CORRECTION, sim.evaluation.finetune_steps, "finetune")
+        else:
+            if state is None and initial is not None:
+                state = initial(sim.initial_params)
+            params = algorithm.personalization.model(view, state)
+        with torch.no_grad():
+            _, correct = _loss_and_correct(sim.model, params, sim.test_data, rows, sim.evaluation.batch_size)
+        accuracies.append(correct / len(rows))
+    if not accuracies:
+        return {}
+    return {"personal_test_accuracy_mean": float(np.mean(accuracies)), "personal_test_accuracy_std": float(np.std(accuracies))}
 
 
 def _client_test_accuracies(sim: Simulation, params: torch.Tensor, global_hits: torch.Tensor | None = None) -> list[float]:

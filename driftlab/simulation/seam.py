@@ -1,7 +1,7 @@
 """The seam between the engine (how clients run) and an algorithm (what they compute).
 
 An algorithm is a frozen bundle of pure functions (``Algorithm`` below: a
-name, five functions every algorithm gives and three optional ones), built by
+name, five functions every algorithm gives and optional ones), built by
 its module's ``build(...)``.  Each round the engine calls them in this order::
 
     server_state = algorithm.server_init(θ0)                       # once
@@ -99,6 +99,32 @@ class ClientComputation(Protocol):
     def full_gradient(self, params: torch.Tensor) -> torch.Tensor:
         """``∇f_k(params)``: the mean loss gradient over all of the client's examples (unaugmented; no weight decay,
         no clipping): MimeLite's server statistic (Karimireddy et al. 2021)."""
+        ...
+
+    def train(self, params: torch.Tensor, correction: Any, steps: int, purpose: str = "personal") -> tuple[torch.Tensor, int]:
+        """Local SGD on the client's own data from ``params``, with the round's settings (η_l, weight decay,
+        clipping, augmentation, precision) and ``correction`` (a ``GradientCorrection`` or an
+        ``objectives.LocalObjective``), for ``steps`` steps; returns the final model and the steps done.
+
+        Its minibatches derive from (seed, round, client id) and ``purpose``: "personal" (a personalized model's
+        own steps, Ditto's v_k, drawn apart from the global model's) or "finetune" (evaluation fine-tuning).  The
+        same code as the sequential backend's client, so every backend and a deployment's node agree bit for bit."""
+        ...
+
+    def minibatches(self, steps: int, purpose: str = "local") -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The (inputs, targets) of ``steps`` local steps, model-ready (normalised, augmented as the round's steps
+        are): "local" gives exactly the minibatches the client's global-model training read this round (APFL
+        steps its personal model on them), "personal" and "finetune" as in ``train``."""
+        ...
+
+    def loss_gradient(self, params: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """``∇ (1/|B|) Σ_{i∈B} loss(model(params; x_i), y_i)``: the mean loss gradient over one minibatch (no
+        weight decay, no clipping: add them with ``settings``)."""
+        ...
+
+    @property
+    def settings(self) -> Any:
+        """The round's ``local_training.LocalSettings`` (η_l, weight decay, clip norm), for an algorithm's own loop."""
         ...
 
 
@@ -243,6 +269,22 @@ class PrivacyForm:
 
 
 @dataclass(frozen=True)
+class Personalization:
+    """An algorithm's per-client (personalized) models: what client k itself predicts with.
+
+    ``model(view, client_state)`` is client k's own flat model, from the view the server would send it now
+    (``Algorithm.client_view`` when given, else ``broadcast``) and its state (``client_state_init(θ⁰)`` for a
+    client that has not trained yet): APFL's ``v̄_k = α_k v_k + (1 − α_k) w``, Ditto's ``v_k``, FedAMP's ``w_k``.
+    Evaluation (``evaluation.personal``) reports each client's own model on its own test split beside the
+    server model on the global test set and on each client's split, so local and global accuracy are never
+    confused.  ``description`` names the model in reports and errors ("APFL's mixed model α_k v_k + (1−α_k) w").
+    """
+
+    model: Callable[[Any, Any], torch.Tensor]
+    description: str = "each client's personalized model"
+
+
+@dataclass(frozen=True)
 class Algorithm:
     """The functions that are the whole of an algorithm (see the module docstring).
 
@@ -290,6 +332,11 @@ class Algorithm:
     # not and what to run instead (None there: the algorithm declares no asynchronous rule).
     asynchronous: bool = False
     asynchronous_refusal: str | None = None
+    # Per-client models (APFL, Ditto, FedAMP): Personalization; None: every client predicts with the server's model.
+    personalization: Personalization | None = None
+    # (server state, client id) -> the view the server sends that client (FedAMP's own cloud model u_k), whose
+    # ``params`` that client's local SGD starts from; None: every selected client receives ``broadcast(server)``.
+    client_view: Callable[[Any, int], Any] | None = None
 
     def __post_init__(self) -> None:
         if self.server_fold is not None and self.server_update != self.server_fold.server_update:
@@ -301,6 +348,11 @@ class Algorithm:
 
     def asynchronous_problem(self) -> str | None:
         """Why this algorithm cannot run asynchronously, with the fix (None: it can)."""
+        if self.client_view is not None:
+            return (
+                f"algorithm {self.name!r} sends each client a view of its own (Algorithm.client_view), and FedBuff's "
+                "staleness rule moves one shared model's changes; run it synchronously (remove [asynchronous])"
+            )
         if self.asynchronous and self.privacy is not None:
             return None
         if self.asynchronous:
@@ -312,6 +364,11 @@ class Algorithm:
             f"algorithm {self.name!r} declares no asynchronous rule (Algorithm.asynchronous); run it synchronously "
             "(remove [asynchronous]), or use fedavg or fedprox with aggregation = \"uniform\""
         )
+
+    def view_for(self, server: Any, client_id: int, shared: Any) -> Any:
+        """The view client ``client_id`` receives: ``client_view(server, client_id)``, or ``shared``
+        (``broadcast(server)``, computed once per round) when the algorithm sends every client the same."""
+        return shared if self.client_view is None else self.client_view(server, client_id)
 
     def fold(self) -> ServerFold:
         """How the engine aggregates a round: ``server_fold``, or ``server_update`` over the collected messages."""

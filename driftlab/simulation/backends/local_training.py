@@ -55,17 +55,20 @@ def steps_for_epochs(num_samples: int, batch_size: int, epochs: int) -> int:
     return epochs * math.ceil(num_samples / batch_size)
 
 
-def batch_plan(seed: int, round_index: int, client_id: int, num_samples: int, batch_size: int, num_steps: int) -> np.ndarray:
+def batch_plan(
+    seed: int, round_index: int, client_id: int, num_samples: int, batch_size: int, num_steps: int, stream: Stream = Stream.MINIBATCHES
+) -> np.ndarray:
     """The positions (``0..n_k−1``) each local step reads, as ``[num_steps, B]`` padded with ``-1``.
 
     Epochs are fresh permutations; an epoch is cut into ``⌈n_k/B⌉`` batches,
     the last one short when ``B`` does not divide ``n_k``.  A fixed step count
     ``K`` takes the first ``K`` batches of that endless sequence, so partial
-    work is a prefix of full work.  Depends only on (seed, round, client id).
+    work is a prefix of full work.  Depends only on (seed, round, client id) and
+    ``stream`` (a personalized model's own steps draw from their own stream).
     """
     if num_samples <= 0 or batch_size <= 0 or num_steps < 0:
         raise ValueError(f"need num_samples > 0, batch_size > 0, num_steps >= 0; got {num_samples}, {batch_size}, {num_steps}")
-    rng = generator(seed, Stream.MINIBATCHES, round_index, client_id)
+    rng = generator(seed, stream, round_index, client_id)
     width = min(batch_size, num_samples)
     per_epoch = math.ceil(num_samples / width)
     epochs = math.ceil(num_steps / per_epoch)
@@ -105,6 +108,13 @@ class ClientTask:
     # Base key of the client's augmentation draws this round, ``randomness.augmentation_key(seed, round, client id)``;
     # used only when ``TrainingData.augment`` is set.
     augment_key: int = 0
+    # This client's own start model (an algorithm with per-client views, ``Algorithm.client_view``); None: the
+    # round's start model every backend is given.
+    start_params: torch.Tensor | None = None
+
+    def start(self, round_start: torch.Tensor) -> torch.Tensor:
+        """The model this client's local SGD starts from."""
+        return round_start if self.start_params is None else self.start_params.to(round_start.device)
 
     @property
     def num_steps(self) -> int:
@@ -330,7 +340,8 @@ class SequentialBackend:
             bound = self._acquire(model, start_params)
             try:
                 with local_arithmetic(self.precision, start_params.device):
-                    final_params, steps_done = train_one_client(bound, start_params, tasks[position], settings, data)
+                    task = tasks[position]
+                    final_params, steps_done = train_one_client(bound, task.start(start_params), task, settings, data)
             finally:
                 self._release(bound)
             return position, final_params, steps_done

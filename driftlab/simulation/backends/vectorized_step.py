@@ -72,7 +72,10 @@ def train_chunk(
 ) -> tuple[torch.Tensor, list[int]]:
     """Local SGD for one chunk (sorted by descending step count); the ``[C, P]`` final parameters and steps done."""
     num_clients = len(tasks)
-    theta = start_params.unsqueeze(0).repeat(num_clients, 1)  # a fresh matrix: the yielded rows are never reused
+    if any(task.start_params is not None for task in tasks):  # per-client views: each row starts from its own model
+        theta = torch.stack([task.start(start_params) for task in tasks])
+    else:
+        theta = start_params.unsqueeze(0).repeat(num_clients, 1)  # a fresh matrix: the yielded rows are never reused
     steps_done = [task.num_steps for task in tasks]
     if max(steps_done) == 0:
         return theta, steps_done

@@ -47,6 +47,7 @@ import torch
 from driftlab.simulation.backends.flat import FlatModel
 from driftlab.simulation.backends.local_training import (
     BoundModule,
+    PAD,
     ClientTask,
     LocalSettings,
     TrainingData,
@@ -56,8 +57,8 @@ from driftlab.simulation.backends.local_training import (
     train_one_client,
 )
 from driftlab.simulation.backends.precision import local_arithmetic
-from driftlab.simulation.round.randomness import Stream, augmentation_key, generator
-from driftlab.simulation.seam import Algorithm, ClientContext, ClientUpdate
+from driftlab.simulation.round.randomness import Stream, augmentation_key, example_keys, generator
+from driftlab.simulation.seam import NO_CORRECTION, Algorithm, ClientContext, ClientUpdate
 
 
 @dataclass(frozen=True)
@@ -90,14 +91,74 @@ class ClientSettings:
     precision: str = "float32"  # run_client's local arithmetic (precision.PRECISIONS); the engine's backends have their own
 
 
+PURPOSES = {"local": Stream.MINIBATCHES, "personal": Stream.PERSONAL_MINIBATCHES, "finetune": Stream.FINETUNE_MINIBATCHES}
+
+
 @dataclass(frozen=True)
 class ClientDataComputation:
-    """``seam.ClientComputation`` on one client's data; its samples derive from (seed, round, client id)."""
+    """``seam.ClientComputation`` on one client's data; its samples derive from (seed, round, client id).
+
+    ``round_settings`` (the round's ``ClientSettings``) is needed by ``train``, ``minibatches`` and ``settings``
+    only: a caller that asks for the Fisher or a full gradient alone may leave it out."""
 
     data: ClientData
     seed: int
     round: int
     client_id: int
+    round_settings: ClientSettings | None = None
+
+    @property
+    def settings(self) -> LocalSettings:
+        return self._round_settings().local
+
+    def _round_settings(self) -> ClientSettings:
+        if self.round_settings is None:
+            raise RuntimeError("this client computation was made without the round's settings (ClientDataComputation.round_settings)")
+        return self.round_settings
+
+    def _stream(self, purpose: str) -> Stream:
+        if purpose not in PURPOSES:
+            raise ValueError(f"unknown purpose {purpose!r} of a client's local steps; valid: {', '.join(PURPOSES)}")
+        return PURPOSES[purpose]
+
+    def _task(self, steps: int, purpose: str, correction: Any = NO_CORRECTION) -> ClientTask:
+        settings = self._round_settings()
+        stream = self._stream(purpose)
+        num_samples = self.data.num_samples
+        batches = batch_plan(settings.seed, self.round, self.client_id, num_samples, settings.batch_size, steps, stream)
+        augment_key = augmentation_key(settings.seed, self.round, self.client_id, stream) if settings.augment else 0
+        per_epoch = steps_for_epochs(num_samples, settings.batch_size, 1)
+        return ClientTask(self.client_id, self.data.rows, batches, correction, None, per_epoch, augment_key)
+
+    def train(self, params: torch.Tensor, correction: Any, steps: int, purpose: str = "personal") -> tuple[torch.Tensor, int]:
+        settings = self._round_settings()
+        task = self._task(steps, purpose, correction)
+        with single_threaded_clients(params.device):
+            bound = BoundModule(self.data.model, params)
+            with local_arithmetic(settings.precision, params.device):
+                return train_one_client(bound, params, task, settings.local, self.data.training)
+
+    def minibatches(self, steps: int, purpose: str = "local") -> list[tuple[torch.Tensor, torch.Tensor]]:
+        task = self._task(steps, purpose)
+        training = self.data.training
+        device = task.sample_indices.device
+        out = []
+        for step in range(task.num_steps):
+            positions = task.batches[step]
+            rows = task.sample_indices[torch.as_tensor(positions[positions != PAD], device=device)]
+            inputs = training.batch(rows)
+            if training.augment is not None:
+                inputs = training.augment(inputs, example_keys(task.augment_key, step, torch.arange(len(rows), device=device)))
+            out.append((inputs, training.targets[rows]))
+        return out
+
+    def loss_gradient(self, params: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        model = self.data.model
+
+        def mean_loss(theta: torch.Tensor) -> torch.Tensor:
+            return model.example_loss(model.forward(theta, inputs), targets).mean()
+
+        return torch.func.grad(mean_loss)(params)
 
     def diagonal_fisher(self, params: torch.Tensor, max_examples: int, chunk: int = 256) -> torch.Tensor:
         rows = self.data.rows
@@ -149,7 +210,8 @@ def client_start(
     batches = batch_plan(settings.seed, context.round, context.client_id, num_samples, settings.batch_size, steps_to_train(context))
     per_epoch = steps_for_epochs(num_samples, settings.batch_size, 1)
     augment_key = augmentation_key(settings.seed, context.round, context.client_id) if settings.augment else 0
-    return ClientTask(context.client_id, client_data.rows, batches, correction, settings.inexact_gamma, per_epoch, augment_key)
+    start = view.params if algorithm.client_view is not None else None  # a view of its own: local SGD starts from it
+    return ClientTask(context.client_id, client_data.rows, batches, correction, settings.inexact_gamma, per_epoch, augment_key, start)
 
 
 def client_end(
@@ -163,7 +225,7 @@ def client_end(
     steps_done: int,
 ) -> tuple[Any, Any]:
     """The client's new state and its message (None: it sends nothing) after local training ended at ``final_params``."""
-    computation = ClientDataComputation(client_data, settings.seed, context.round, context.client_id)
+    computation = ClientDataComputation(client_data, settings.seed, context.round, context.client_id, settings)
     update = ClientUpdate(view.params, final_params, steps_done, computation)
     return algorithm.client_finish(view, client_state, context, update)
 

@@ -89,7 +89,15 @@ from driftlab.simulation.seam import ClientContext, RoundContext, plugin_note
 from driftlab.simulation.state.state_store import (
     ClientStateStore,
 )
-from driftlab.simulation.evaluation import DIVERGENCE_ADVICE, dissimilarity, divergence, evaluate, norm_growth, reference_losses
+from driftlab.simulation.evaluation import (
+    DIVERGENCE_ADVICE,
+    dissimilarity,
+    divergence,
+    evaluate,
+    evaluate_personal,
+    norm_growth,
+    reference_losses,
+)
 from driftlab.simulation.round.setup import RoundPlan, Simulation, SimulationState, wave_size
 from driftlab.simulation.time.clock import ClientTiming, client_timing, fits, steps_within
 from driftlab.simulation.time.plan import DeviceProfile, SystemPlan
@@ -149,7 +157,7 @@ class RoundWork:
     round: int
     registered: np.ndarray  # S_t
     server: Any  # the server state after the round's membership changes
-    view: Any  # algorithm.broadcast(server): what every selected client receives
+    view: Any  # algorithm.broadcast(server): what every selected client receives (without Algorithm.client_view)
     selected: np.ndarray  # the sampled client ids, sorted and unique (multiplicities are in the contexts)
     contexts: tuple[ClientContext, ...]  # the active clients' (those with steps to do), in sample order
     settings: ClientSettings  # what every client needs of the round (seed, batch size, η_l, ...)
@@ -158,6 +166,16 @@ class RoundWork:
     num_incomplete: int
     started: float  # time.perf_counter() when planning began, for the record's round_seconds
     timing: RoundTiming | None = None  # simulated time ([system]); None: the round is not timed
+
+    def view_of(self, algorithm: Any, client_id: int) -> Any:
+        """The view client ``client_id`` receives this round (``Algorithm.view_for``)."""
+        return algorithm.view_for(self.server, client_id, self.view)
+
+    def download_bits(self, algorithm: Any) -> int:
+        """Bits sent to the selected clients: the shared view once per client, or each client's own view."""
+        if algorithm.client_view is None:
+            return int(payload_bits(self.view) * len(self.selected))
+        return int(sum(payload_bits(self.view_of(algorithm, int(client_id))) for client_id in self.selected.tolist()))
 
 
 def run_round(
@@ -188,7 +206,7 @@ def run_round(
     latest_sum = latest.result() if latest is not None else None
     server, record = finish_folded_round(
         sim, work, folding.result(), steps_done, evaluate_after=evaluate_after, latest_models=state.latest_models, latest_sum=latest_sum,
-        arrivals=arrivals,
+        arrivals=arrivals, clients=state.clients,
     )
     clock = record["time_end"] if work.timing is not None else state.clock
     new_state = SimulationState(work.round, server, state.clients, state.latest_models, latest_sum, clock)
@@ -388,17 +406,19 @@ def _train_clients(
             state.latest_models.prefetch([context.client_id for context in wave])
         client_states = [state.clients.get(context.client_id) for context in wave]
         datas = [client_data(sim, context.client_id) for context in wave]
+        views = [work.view_of(sim.algorithm, context.client_id) for context in wave]
         tasks = [
-            client_start(sim.algorithm, work.view, client_state, context, data, work.settings)
-            for client_state, context, data in zip(client_states, wave, datas, strict=True)
+            client_start(sim.algorithm, view, client_state, context, data, work.settings)
+            for view, client_state, context, data in zip(views, client_states, wave, datas, strict=True)
         ]
         # closing(): a backend that changed process-wide settings (threads) restores them even if client_end raises.
         with contextlib.closing(sim.backend.train(sim.model, work.view.params, tasks, work.settings.local, sim.training_data)) as trained:
             for position, final_params, done in trained:
                 context = wave[position]
                 new_client_state, message = client_end(
-                    sim.algorithm, work.view, client_states[position], context, datas[position], work.settings, final_params, done
+                    sim.algorithm, views[position], client_states[position], context, datas[position], work.settings, final_params, done
                 )
+                views[position] = None
                 steps_done[context.client_id] = done
                 if work.timing is not None and message is not None:
                     arrival = arrivals[context.client_id] = work.timing.arrival(context.client_id, done, message)
@@ -468,8 +488,12 @@ def finish_folded_round(
     latest_models: ClientStateStore | None = None,
     latest_sum: LatestModels | None = None,
     arrivals: Mapping[int, float | None] | None = None,
+    clients: ClientStateStore | None = None,
 ) -> tuple[Any, dict[str, Any]]:
     """The round's record once its messages are folded (``start_fold``): bits, norms, evaluation, divergence checks.
+
+    ``clients`` (the client-state store, this round's states staged) is read for the personalized evaluation
+    (``evaluation.personal``); without it (a deployment: the nodes hold the personal models) that column is left out.
 
     ``latest_sum`` is the running sum of the latest models after this round (``latest_models``); without it,
     the "all_clients_mean" evaluation sums the store, staged models included.  A timed round (``work.timing``)
@@ -491,7 +515,7 @@ def finish_folded_round(
         "num_incomplete": work.num_incomplete,
         "local_steps": int(sum(steps_done.get(context.client_id, 0) for context in work.contexts)),  # a client drawn twice trains once
         "upload_bits": int(folded.upload_bits),
-        "download_bits": int(payload_bits(work.view) * num_selected),
+        "download_bits": work.download_bits(sim.algorithm),
         "client_lr": work.settings.local.client_lr,
         "server_lr": work.server_lr,
         "model_norm": float(torch.linalg.vector_norm(server.params)),
@@ -511,6 +535,8 @@ def finish_folded_round(
         else:
             evaluated = server.params
         record.update(evaluate(sim, evaluated))
+        if sim.evaluation.personal and sim.client_test_rows is not None and clients is not None:
+            record.update(evaluate_personal(sim, server, clients, work.settings, t))
     if sim.evaluation.dissimilarity_every and t % sim.evaluation.dissimilarity_every == 0:
         record.update(dissimilarity(sim, server.params, work.registered))
     problem = divergence(record, sim.initial_losses, sim.evaluation.divergence_factor)

@@ -37,6 +37,8 @@ class Stream(enum.IntEnum):
     PRIVACY_CLIP_COUNT = 12  # the noise on adaptive clipping's count of unclipped clients
     SYSTEM_PROFILE = 13  # a client's device speed and bandwidths (driftlab.simulation.time.profiles)
     ASYNC_DISPATCH = 14  # which idle client an asynchronous run dispatches next, and its training seed
+    PERSONAL_MINIBATCHES = 15  # a personalized model's own local steps (Ditto's v_k), apart from the global model's
+    FINETUNE_MINIBATCHES = 16  # evaluation.finetune_steps: each client's fine-tuning of the evaluated model
 
 
 NO_CLIENT = -1
@@ -88,9 +90,14 @@ def mix64(z: torch.Tensor) -> torch.Tensor:
     return z ^ _shift_right(z, 31)
 
 
-def augmentation_key(seed: int, round_index: int, client_id: int) -> int:
-    """The base key (a signed 64-bit integer) of a client's augmentation draws in a round."""
-    return int(generator(seed, Stream.AUGMENTATION, round_index, client_id).integers(-(2**63), 2**63 - 1, dtype=np.int64, endpoint=True))
+def augmentation_key(seed: int, round_index: int, client_id: int, purpose: Stream = Stream.MINIBATCHES) -> int:
+    """The base key (a signed 64-bit integer) of a client's augmentation draws in a round; ``purpose`` is the
+    minibatch stream of the steps they augment (a personalized model's own steps draw their own keys)."""
+    if purpose == Stream.MINIBATCHES:
+        rng = generator(seed, Stream.AUGMENTATION, round_index, client_id)
+    else:
+        rng = np.random.default_rng(np.random.SeedSequence((int(seed), int(Stream.AUGMENTATION), int(purpose), int(round_index), int(client_id) + 1)))
+    return int(rng.integers(-(2**63), 2**63 - 1, dtype=np.int64, endpoint=True))
 
 
 def example_keys(base: int | torch.Tensor, step: int | torch.Tensor, slots: torch.Tensor) -> torch.Tensor:

@@ -80,6 +80,12 @@ class EvaluationPlan:
     norm_growth_factor: float = 0.0
     # train_loss over the data of this many clients, a sample fixed by the seed; 0 (or at least every client): all.
     train_loss_clients: int = 0
+    # Each client's own model on its own test split (personal_test_accuracy_*): the algorithm's Personalization,
+    # or with finetune_steps > 0 the evaluated model fine-tuned on the client's data for that many local steps.
+    personal: bool = False
+    finetune_steps: int = 0
+    # Also the spread (std over clients) of the server model's per-client test accuracy; on with ``personal``.
+    client_spread: bool = False
 
 
 @dataclass
