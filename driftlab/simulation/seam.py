@@ -34,6 +34,16 @@ the fast path); one whose local loss is not affine returns an
 training backend, which is why every backend (sequential, vectorized, a Flower
 client) runs every algorithm and a new algorithm never touches the engine.
 
+Personalized models (APFL, Ditto, FedAMP): an algorithm may keep a model of each
+client's own in its client state and say how to read it (``Personalization``);
+the evaluation then tests each client's own model on that client's own test
+split beside the server model.  A client's extra local work on its own data
+(Ditto's personal steps, APFL's mixed model) runs in ``client_finish`` through
+``ClientUpdate.computation`` (``ClientComputation.train``, ``minibatches``), the
+same code on every backend and on a deployment's node.  An algorithm may also
+send each client a view of its own (``Algorithm.client_view``: FedAMP's cloud
+model u_k); that client's local SGD then starts from its view's ``params``.
+
 State is explicit: server and client states are frozen dataclasses of tensors
 and numbers, returned anew, never mutated.  Client state lives in a store the
 engine owns (``ClientStateStore``), never on the algorithm.
