@@ -100,6 +100,9 @@ class FederatedDataset:
     targets_are_classes: bool = True  # False: targets of any shape for a loss of the user's own (regression)
     # uint8 image inputs kept as pixels, normalised batch by batch by this (data.pixels); None: inputs used as they are
     input_normalisation: PixelNormalisation | None = None
+    # Per-client validation rows (data.validation_fraction): indices into the *train* tensors, held out of
+    # client_indices, so they never train; None: no validation split.
+    client_validation_indices: tuple[np.ndarray, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.input_normalisation is not None:
@@ -134,6 +137,19 @@ class FederatedDataset:
                     f"{len(clients)}; give one test split per client (an empty array is allowed)"
                 )
             object.__setattr__(self, "client_test_indices", test_clients)
+        if self.client_validation_indices is not None:
+            validation = _checked_index_arrays(
+                self.client_validation_indices, len(self.train_targets), "client_validation_indices", "train", allow_empty=True
+            )
+            if len(validation) != len(clients):
+                raise ValueError(
+                    f"client_validation_indices has {len(validation)} arrays but client_indices has {len(clients)}; "
+                    "give one validation split per client (an empty array is allowed)"
+                )
+            for client_id, (train, held) in enumerate(zip(clients, validation, strict=True)):
+                if np.intersect1d(train, held).size:
+                    raise ValueError(f"client {client_id}'s validation rows overlap its training rows; validation rows never train")
+            object.__setattr__(self, "client_validation_indices", validation)
 
     @property
     def num_clients(self) -> int:
@@ -165,6 +181,10 @@ class FederatedDataset:
         for group in (self.client_indices, self.client_test_indices or ()):
             hasher.update(f"clients:{len(group)}".encode())
             for indices in group:
+                _hash_array(hasher, indices)
+        if self.client_validation_indices is not None:  # data without a validation split keeps the digest it had
+            hasher.update(f"validation:{len(self.client_validation_indices)}".encode())
+            for indices in self.client_validation_indices:
                 _hash_array(hasher, indices)
         return hasher.hexdigest()
 

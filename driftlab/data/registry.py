@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from driftlab.data.download import RemoteFile
 from driftlab.errors import ConfigError
@@ -84,6 +84,21 @@ class DataSection(BaseModel):
         description="hold out this fraction of every client's data as its local test split "
         "(0 = off; data sets with their own keep theirs)",
     )
+    validation_fraction: float | None = Field(
+        None,
+        ge=0,
+        lt=1,
+        description="hold out ⌈fraction·n_k⌉ of every client's training rows (after its test split) as its validation rows, "
+        "drawn from (seed, client id); they never train, and evaluation reports validation_loss/validation_accuracy on "
+        "them apart from the test metrics (unset: no validation split, every run as before)",
+    )
+
+    @field_validator("validation_fraction")
+    @classmethod
+    def _zero_is_unset(cls, fraction: float | None) -> float | None:
+        # 0 holds nothing out: the same run (and fingerprint) as leaving the key out.
+        return None if fraction == 0 else fraction
+
     augment: bool = Field(
         False,
         description="image data (CIFAR): train on augmented minibatches as the FedDyn code does, a random horizontal flip, then "

@@ -10,6 +10,8 @@ optionally every client's data is split into a local train and test part.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import os
 from pathlib import Path
 
@@ -193,6 +195,8 @@ def _build(config, entry: DataSetEntry, path: Path | None, partition: str, data_
         )
     if config.client_test_fraction > 0 and dataset.client_test_indices is None:
         dataset = _with_client_test_splits(dataset, config.client_test_fraction, data_seed)
+    if config.validation_fraction:
+        dataset = with_validation_split(dataset, config.validation_fraction, data_seed)
     return dataset
 
 
@@ -200,12 +204,40 @@ def prepared_custom_data(dataset: FederatedDataset, config, seed: int) -> Federa
     """Your own data set (``driftlab.run(data=...)``) as a run of this ``[data]`` config uses it, as ``build_dataset``
     prepares a loader's: ``data.client_test_fraction`` of every client held out, seeded like the built-in data sets."""
     data_seed = config.seed if config.seed is not None else seed
-    if config.client_test_fraction > 0 and dataset.client_test_indices is None:
-        try:
-            return _with_client_test_splits(dataset, config.client_test_fraction, data_seed)
-        except ValueError as error:
-            raise DataSetupError(f"data (custom): {error}") from None
+    try:
+        if config.client_test_fraction > 0 and dataset.client_test_indices is None:
+            dataset = _with_client_test_splits(dataset, config.client_test_fraction, data_seed)
+        if config.validation_fraction:
+            dataset = with_validation_split(dataset, config.validation_fraction, data_seed)
+    except ValueError as error:
+        raise DataSetupError(f"data (custom): {error}") from None
     return dataset
+
+
+def with_validation_split(dataset: FederatedDataset, fraction: float, seed: int) -> FederatedDataset:
+    """``dataset`` with ``v_k = ⌈fraction · n_k⌉`` of client k's training rows held out as its validation rows.
+
+    Client k's rows are drawn by a generator of (seed, client id) alone (``Stream.VALIDATION_SPLIT``), so a client's
+    split does not depend on the other clients; the held-out rows leave ``client_indices`` (they never train) and
+    stay in the training tensors, where evaluation reads them (``validation_loss``, ``validation_accuracy``).  The
+    test splits are untouched.  ValueError naming the client when the holdout would leave it no training row.
+    """
+    if dataset.client_validation_indices is not None:
+        raise ValueError("the data set already has validation splits; leave data.validation_fraction unset")
+    train, held = [], []
+    for client_id, rows in enumerate(dataset.client_indices):
+        n = len(rows)
+        count = math.ceil(fraction * n - 1e-9)
+        if count >= n:
+            raise ValueError(
+                f"data.validation_fraction = {fraction:g} holds out {count} of client {client_id}'s {n} training rows and "
+                f"leaves it none to train on; lower data.validation_fraction (below {(n - 1) / n:.3g} for this client) or use "
+                "fewer, larger clients"
+            )
+        order = generator(seed, Stream.VALIDATION_SPLIT, 0, client_id).permutation(n)
+        train.append(np.sort(rows[order[: n - count]]))
+        held.append(np.sort(rows[order[n - count :]]))
+    return dataclasses.replace(dataset, client_indices=tuple(train), client_validation_indices=tuple(held))
 
 
 class DataSetupError(ValueError):

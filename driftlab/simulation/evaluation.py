@@ -116,7 +116,7 @@ def _mean_losses(
 # from rounds the new schedule does not evaluate, so its metrics match a run made in one go.
 EVALUATION_KEYS = (
     "test_loss", "train_loss", "test_accuracy", "client_test_accuracy_mean", "client_test_accuracy_std", "personal_test_accuracy_mean",
-    "personal_test_accuracy_std", "test_recall_at_5", "distance_to_minimizer",
+    "personal_test_accuracy_std", "test_recall_at_5", "distance_to_minimizer", "validation_loss", "validation_accuracy",
 )
 
 
@@ -143,6 +143,12 @@ def evaluate(sim: Simulation, params: torch.Tensor) -> dict[str, float]:
                 metrics["client_test_accuracy_mean"] = float(np.mean(accuracies))
                 if sim.evaluation.personal or sim.evaluation.client_spread:
                     metrics["client_test_accuracy_std"] = float(np.std(accuracies))
+    if sim.validation_rows is not None and len(sim.validation_rows):
+        # The clients' held-out training rows (data.validation_fraction): what tuned axes pick on, never the test set.
+        loss, correct = _loss_and_correct(sim.model, params, sim.training_data, sim.validation_rows, batch)
+        metrics["validation_loss"] = loss / len(sim.validation_rows)
+        if sim.model.is_classifier:
+            metrics["validation_accuracy"] = correct / len(sim.validation_rows)
     if sim.model.multi_label:
         metrics["test_recall_at_5"] = _recall_at_k(sim.model, params, test, test_rows, batch, k=5)
     if sim.data.known_minimizer is not None:

@@ -39,6 +39,7 @@ class Stream(enum.IntEnum):
     ASYNC_DISPATCH = 14  # which idle client an asynchronous run dispatches next, and its training seed
     PERSONAL_MINIBATCHES = 15  # a personalized model's own local steps (Ditto's v_k), apart from the global model's
     FINETUNE_MINIBATCHES = 16  # evaluation.finetune_steps: each client's fine-tuning of the evaluated model
+    VALIDATION_SPLIT = 17  # which of a client's training rows are held out as its validation rows (data.validation_fraction)
 
 
 NO_CLIENT = -1

@@ -114,6 +114,8 @@ class Simulation:
     client_rows: list[torch.Tensor] = field(init=False, repr=False)
     client_test_rows: list[torch.Tensor] | None = field(init=False, repr=False)
     client_test_union: torch.Tensor | None = field(init=False, repr=False)  # every client's test rows, client after client
+    # every client's validation rows (data.validation_fraction), rows of training_data, client after client; None: no split
+    validation_rows: torch.Tensor | None = field(init=False, repr=False)
     union_rows: torch.Tensor = field(init=False, repr=False)
     train_loss_rows: torch.Tensor = field(init=False, repr=False)  # the rows train_loss is the mean over
     client_sizes: np.ndarray = field(init=False, repr=False)
@@ -151,6 +153,11 @@ class Simulation:
             else [torch.tensor(rows, dtype=torch.long, device=self.device) for rows in self.data.client_test_indices]
         )
         self.client_test_union = None
+        held = self.data.client_validation_indices
+        if held is None:
+            self.validation_rows = None
+        else:
+            self.validation_rows = torch.tensor(np.concatenate(held) if held else np.zeros(0, np.int64), dtype=torch.long, device=self.device)
         if self.client_test_rows is not None:
             self.client_test_union = torch.cat(self.client_test_rows) if self.client_test_rows else torch.zeros(0, dtype=torch.long, device=self.device)
         self.union_rows = torch.cat(self.client_rows)
