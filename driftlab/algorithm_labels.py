@@ -16,4 +16,8 @@ BUILT_IN_LABELS: dict[str, str] = {
     "fedgate": "FedGATE",
     "vrlsgd": "VRL-SGD",
     "mimelite": "MimeLite",
+    "mime": "Mime",
+    "apfl": "APFL",
+    "ditto": "Ditto",
+    "fedamp": "FedAMP",
 }

@@ -545,7 +545,9 @@ def test_incomplete_work_with_fixed_steps_is_uniform_over_steps():
 
 ALL_TINY = ["rounds=2", "data.num_clients=6", "sampling.participation=0.5", "client.steps=3", "seed=2", "evaluation.every=100"]
 ST_BITS_Q005 = (32 + 30 + min(600, 30 * 10)) + (32 + 1 + min(10, 4))  # 362 + 37 = 399
-EXTRA_UPLOAD = {"scaffold": 32 * P_MLR, "efl": 2 * 32 * P_MLR, "mimelite": 32 * P_MLR}  # Δc; u and v; MimeLite's full-batch gradient
+# Algorithms that refuse compression before any work, with the reason the message must give.
+COMPRESSION_REFUSED = {"fedamp": r"sends each client a view of its own .* set compression.ratio = 1"}
+EXTRA_UPLOAD = {"scaffold": 32 * P_MLR, "efl": 2 * 32 * P_MLR, "mimelite": 32 * P_MLR, "mime": 32 * P_MLR}  # Δc; u and v; Mime(Lite)'s full-batch gradient
 
 
 @pytest.mark.parametrize("availability", [False, True], ids=["available", "stragglers"])
@@ -554,6 +556,10 @@ def test_every_algorithm_runs_compressed(name, availability):
     overrides = [*ALL_TINY, f"algorithm.name={name}", "compression.ratio=0.05"]
     if availability:
         overrides += ["availability.incomplete_probability=0.4", "availability.inactive_probability=0.2", "rounds=3"]
+    if name in COMPRESSION_REFUSED:
+        with pytest.raises(driftlab.ConfigError, match=COMPRESSION_REFUSED[name]):
+            driftlab.run(None, overrides=overrides)
+        return
     result = driftlab.run(None, overrides=overrides)
     assert len(result.records) == (3 if availability else 2)
     assert torch.isfinite(result.final_params).all()

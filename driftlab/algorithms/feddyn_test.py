@@ -179,10 +179,11 @@ def test_an_own_server_step_that_uses_the_rate_keeps_server_lr(monkeypatch) -> N
         driftlab.load_config({"algorithm": {"name": "adabest"}, "server": {"optimizer": "adam"}})
 
 
-def test_only_feddyn_and_adabest_fix_the_server_lr() -> None:
+def test_only_feddyn_adabest_and_fedamp_fix_the_server_lr() -> None:
     from driftlab.algorithms import registry
 
-    assert {name for name in registry.BUILT_IN if not registry.ALGORITHMS[name].uses_server_lr} == {"feddyn", "adabest"}
+    # FedAMP's server keeps the clients' models and has no server step at all.
+    assert {name for name in registry.BUILT_IN if not registry.ALGORITHMS[name].uses_server_lr} == {"feddyn", "adabest", "fedamp"}
 
 
 def test_feddyn_private_round_means_changes_over_the_denominator_and_sums_them_once_into_the_lambda_sum():

@@ -1,6 +1,6 @@
-"""MimeLite with SGD and momentum (Karimireddy, Jaggi, Kale, Mohri, Reddi, Stich and Suresh, "Breaking the centralized
-barrier for cross-device federated learning", NeurIPS 2021; arXiv 2008.03606, Algorithm 1), as docs/update-rules.md
-"MimeLite" states it.
+"""MimeLite and Mime with SGD and momentum (Karimireddy, Jaggi, Kale, Mohri, Reddi, Stich and Suresh, "Breaking the
+centralized barrier for cross-device federated learning", NeurIPS 2021; arXiv 2008.03606, Algorithm 1), as
+docs/update-rules.md "MimeLite" and "Mime" state them.
 
 The server's momentum ``m`` is frozen during local steps and applied at every one of them; only the server moves it,
 with the clients' full-batch gradients at the round's model ``x``::
@@ -37,11 +37,41 @@ when β = 0), clipped together to norm C.  The server update is linear in their 
 ``ȳ = x + Σ_P (y_k − x) / M`` and ``ḡ = Σ_P g_k / M`` with the public expected cohort ``M``
 (``RoundContext.mean_denominator``), so noise σ on the sum reaches ``x`` as σ/M (times η_g) and ``m`` as σ/M.
 
+Mime (``algorithm.name = "mime"``, the same paper's Algorithm 1 with its control variate) adds an SVRG correction on
+the step's own minibatch ζ, in the same ``sgdm`` form::
+
+    client k:  K steps of  y ← y − η_l (∇f_k(y; ζ) − ∇f_k(x̃; ζ) + c + β m)
+               → LocalObjective(GradientCorrection(linear = c + β m), LossTerm(−⟨θ, ∇f_k(x̃; ζ)⟩))
+    server:    as MimeLite, and then  c ← ḡ,  x̃ ← x  (the model the round's gradients ḡ were taken at)
+
+The paper's control variate is ``c = (1/|S|) Σ_{j∈S} ∇f_j(x)``, the mean full-batch gradient of this round's cohort at
+this round's ``x``, with the SVRG snapshot ``x̃ = x``; it is known before local training only through a second
+communication phase inside the round (FedJAX's ``mime`` computes it in a first pass over the cohort).  driftlab's
+engine has one broadcast per round, so here the snapshot is the previous reporting round's model ``x̃ = x_{t−1}`` and
+``c = ḡ_{t−1}`` its clients' mean full-batch gradient there: the statistic MimeLite already collects, a deviation like
+SCAFFOLD's control variate from the previous visit.  Snapshot and ``c`` are taken at the same model, so the step is
+still an unbiased estimate of the population gradient at ``y`` (over clients and minibatches), as the paper's;
+its variance grows with ``‖y − x_{t−1}‖`` instead of ``‖y − x_t‖``.  (``c`` from ``x_{t−1}`` with the snapshot at
+``x_t`` would be biased by ``∇F(x_{t−1}) − ∇F(x_t)``, which blew up the MLP in round 2 of vectorized_test's run.)
+The momentum rule is the paper's exactly: ``m`` moves with ``ḡ_t`` at ``x_t``.  With one local step and every client
+(full-batch gradients) the round is the centralized heavy ball, ``x⁺ = x − η (∇F(x) + β m)``, as the paper's Mime.
+Before a snapshot exists (round 1, or until some client reports) the step has no control variate and Mime is
+MimeLite (``m = 0``: FedAvg).  The client uses ``c`` and ``m`` only as ``c + β m``, so the server sends that sum.  The
+term ``−⟨θ, ∇f_k(x̃; ζ)⟩`` has gradient ``−∇f_k(x̃; ζ)`` (``x̃`` is a constant of the step), a second gradient per
+local step, as the paper's Mime.
+
+Mime's communication: down ``x``, ``x̃`` and ``c + β m`` (three models, as the paper's ``x``, ``m``, ``c``; in round 1
+``x̃ = x`` and ``β m = 0`` travel unused, so the view keeps one shape), up ``y_k`` and ``g_k`` (two models, also when
+β = 0: ``g_k`` is ``c``'s input); the paper's in-round gradient phase (one more upload and download of a model's
+size, and a synchronisation) is not there.
+
 Example:
     >>> from driftlab.algorithms import mime
     >>> from driftlab.optim.server import make_server_optimizer
     >>> mime.build(make_server_optimizer("sgd"), momentum=0.9).name
     'mimelite'
+    >>> mime.build(make_server_optimizer("sgd"), momentum=0.9, control_variate=True).name
+    'mime'
 """
 
 from __future__ import annotations
@@ -60,6 +90,7 @@ from driftlab.algorithms.aggregation import (
     client_weight,
 )
 from driftlab.optim.apply import apply_server_optimizer
+from driftlab.simulation.backends.objectives import LocalBatch, LocalObjective, LossTerm
 from driftlab.simulation.seam import (
     NO_CORRECTION,
     Algorithm,
@@ -77,6 +108,11 @@ MISSING_FULL_GRADIENT = (
     "data: train it through driftlab.simulation.round.client (every backend and deployment does), or set "
     "algorithm.momentum = 0 (FedAvg)"
 )
+MIME_MISSING_FULL_GRADIENT = (
+    "Mime needs each client's full-batch gradient at the round's model (the next round's control variate c), "
+    "ClientUpdate.computation.full_gradient(params), and this client update carries no computation on the client's "
+    "data: train it through driftlab.simulation.round.client (every backend and deployment does)"
+)
 
 # Why FedBuff cannot run MimeLite (Algorithm.asynchronous_refusal; docs/algorithms.md, "Asynchronous").
 ASYNCHRONOUS_REFUSAL = (
@@ -84,6 +120,14 @@ ASYNCHRONOUS_REFUSAL = (
     "and every local step applies that momentum: FedBuff's stale clients report gradients at older models and trained "
     "with an older momentum, and no asynchronous Mime rule is published (the paper's analysis is synchronous): run "
     "mimelite synchronously (remove [asynchronous]), or use fedavg or fedprox with aggregation = \"uniform\""
+)
+
+
+MIME_ASYNCHRONOUS_REFUSAL = (
+    "Mime corrects every local step with the control variate c and the gradient at the model the round broadcast, and "
+    "moves c and the server momentum with the clients' full-batch gradients at that model: FedBuff's stale clients "
+    "report gradients at older models, and no asynchronous Mime rule is published (the paper's analysis is "
+    "synchronous): run mime synchronously (remove [asynchronous]), or use fedavg or fedprox with aggregation = \"uniform\""
 )
 
 
@@ -101,11 +145,29 @@ class Config(BaseModel):
     )
 
 
+class MimeConfig(BaseModel):
+    """``[algorithm]`` section for Mime (SGD with momentum and the control variate c); ``η_g`` is ``[server] lr``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: Literal["mime"] = "mime"
+    momentum: float = Field(
+        0.9, ge=0, lt=1,
+        description="β in [0, 1): m ← β m + mean ∇f_k(x), local step y ← y − η_l(∇f_k(y; ζ) − ∇f_k(x; ζ) + c + β m)",
+    )
+    aggregation: Literal["weighted", "uniform"] = Field(
+        "weighted", description="r_k for the means of y_k and ∇f_k(x): n_k (default, FedJAX's mime) or 1 (the paper's 1/|S|)"
+    )
+
+
 @dataclass(frozen=True)
 class ServerState:
     params: torch.Tensor  # x
     momentum: torch.Tensor  # m, the server optimizer's statistic, frozen during local steps
     optimizer_state: Any  # the server SGD's (stateless) state, for the x-update
+    # Mime's control variate c and SVRG snapshot x̃: the last reporting round's mean full-batch gradient and the model it
+    # was taken at; None before such a round (and always in MimeLite).
+    control_variate: torch.Tensor | None = None
+    snapshot: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -114,6 +176,20 @@ class ClientView:
 
     params: torch.Tensor
     momentum: torch.Tensor | None
+
+
+@dataclass(frozen=True)
+class MimeView:
+    """What Mime's server sends a selected client: x, the snapshot x̃ and the constant of every local step ``c + β m``.
+
+    ``controlled`` is False before a snapshot exists (round 1): then ``snapshot`` is x and ``correction`` is ``β m = 0``,
+    sent but unused, so that the view has the same shape every round (a deployment's wire decodes it against round
+    1's view)."""
+
+    params: torch.Tensor
+    snapshot: torch.Tensor
+    correction: torch.Tensor
+    controlled: bool
 
 
 @dataclass(frozen=True)
@@ -132,11 +208,28 @@ class RoundSums:
     gradients: RunningMean
 
 
-def full_batch_gradient(update: ClientUpdate) -> torch.Tensor:
-    """``∇f_k(x)`` at the round's start model, from the client's own data (``MISSING_FULL_GRADIENT`` if no hook)."""
+def full_batch_gradient(update: ClientUpdate, missing: str = MISSING_FULL_GRADIENT) -> torch.Tensor:
+    """``∇f_k(x)`` at the round's start model, from the client's own data (``missing`` if no hook)."""
     if update.computation is None:
-        raise RuntimeError(MISSING_FULL_GRADIENT)
+        raise RuntimeError(missing)
     return update.computation.full_gradient(update.start_params)
+
+
+def minus_snapshot_gradient(batch: LocalBatch, snapshot: torch.Tensor) -> torch.Tensor:
+    """Mime's control-variate term ``−⟨θ, ∇f_k(x̃; ζ)⟩`` with ``∇f_k(x̃; ζ) = ∇ Σ_i w_i ℓ(model(x̃; ξ_i), y_i)``, the
+    step's own minibatch ζ (its weights, so padding counts for nothing) at the snapshot ``x̃``.
+
+    ``x̃`` does not depend on θ, so the term's gradient is exactly ``−∇f_k(x̃; ζ)``: added to the loss gradient it gives
+    Mime's ``∇f_k(y; ζ) − ∇f_k(x̃; ζ)``.  A nested ``torch.func.grad``, so both backends (``vmap`` over clients)
+    differentiate it alike.  Its value is a weighted batch mean, so it also has an exact full-data value."""
+    if batch.example_loss is None:
+        raise ValueError("Mime's control-variate term needs the model's loss: LocalBatch.example_loss is None")
+
+    def snapshot_loss(point: torch.Tensor) -> torch.Tensor:
+        losses = batch.example_loss(batch.forward(point, batch.inputs), batch.targets)
+        return (losses.to(batch.weights.dtype) * batch.weights).sum()
+
+    return -(batch.params * torch.func.grad(snapshot_loss)(snapshot)).sum()
 
 
 def privacy_form(uses_momentum: bool) -> PrivacyForm:
@@ -159,11 +252,14 @@ def privacy_form(uses_momentum: bool) -> PrivacyForm:
     return PrivacyForm(release, restore, size=size)
 
 
-def build(server_optimizer: Any, momentum: float = 0.9, aggregation: str = "weighted") -> Algorithm:
-    """MimeLite with momentum β = ``momentum`` whose x-update applies ``server_optimizer`` (SGD) to ``x − ȳ``."""
+def build(server_optimizer: Any, momentum: float = 0.9, aggregation: str = "weighted", control_variate: bool = False) -> Algorithm:
+    """MimeLite (``control_variate=False``) or Mime (True, named "mime") with momentum β = ``momentum``, whose x-update
+    applies ``server_optimizer`` (SGD) to ``x − ȳ``."""
     if not 0 <= momentum < 1:
         raise ValueError(f"momentum (β) must be in [0, 1), got {momentum}")
     check_aggregation(aggregation)
+    if control_variate:
+        return _build_mime(server_optimizer, momentum, aggregation)
     uses_momentum = momentum > 0
 
     def server_init(initial_params: torch.Tensor) -> ServerState:
@@ -208,5 +304,60 @@ def build(server_optimizer: Any, momentum: float = 0.9, aggregation: str = "weig
                      privacy_refusal=None if private else WEIGHTED_REFUSAL, asynchronous_refusal=ASYNCHRONOUS_REFUSAL)
 
 
+def _build_mime(server_optimizer: Any, momentum: float, aggregation: str) -> Algorithm:
+    """Mime (module docstring): MimeLite's server and messages, plus c and the snapshot x̃ of the last reporting round."""
+    uses_momentum = momentum > 0
+
+    def server_init(initial_params: torch.Tensor) -> ServerState:
+        return ServerState(initial_params, torch.zeros_like(initial_params), server_optimizer.init(initial_params))
+
+    def broadcast(server: ServerState) -> MimeView:
+        if server.snapshot is None:
+            return MimeView(server.params, server.params, momentum * server.momentum, controlled=False)
+        correction = server.control_variate + momentum * server.momentum if uses_momentum else server.control_variate
+        return MimeView(server.params, server.snapshot, correction, controlled=True)
+
+    def client_objective(view: MimeView, client_state: None, context: ClientContext) -> GradientCorrection | LocalObjective:
+        if not view.controlled:  # round 1: MimeLite's step (m = 0; β = 0: FedAvg's, without even adding the zeros)
+            return GradientCorrection(linear=view.correction) if uses_momentum else NO_CORRECTION
+        correction = GradientCorrection(linear=view.correction)
+        return LocalObjective(correction=correction, loss_term=LossTerm(minus_snapshot_gradient, (view.snapshot,)))
+
+    def client_finish(view: MimeView, client_state: None, context: ClientContext, update: ClientUpdate) -> tuple[None, ClientMessage]:
+        gradient = full_batch_gradient(update, MIME_MISSING_FULL_GRADIENT)
+        return None, ClientMessage(update.final_params, gradient, context.num_samples, context.multiplicity)
+
+    def aggregation_start(server: ServerState, context: RoundContext) -> RoundSums:
+        models = ChangeSums(server.params, RunningMean()) if context.mean_denominator is not None else RunningMean()
+        return RoundSums(models, RunningMean())
+
+    def aggregation_add(sums: RoundSums, message: ClientMessage) -> RoundSums:
+        weight = client_weight(message.num_samples, message.multiplicity, aggregation)
+        return RoundSums(sums.models.add(message.params, weight), sums.gradients.add(message.gradient, weight))
+
+    def aggregation_finish(server: ServerState, sums: RoundSums, context: RoundContext) -> tuple[ServerState, dict[str, float]]:
+        params, optimizer_state = apply_server_optimizer(
+            server_optimizer, server.optimizer_state, server.params, sums.models.value(context.mean_denominator),
+            context.server_learning_rate,
+        )
+        mean_gradient = sums.gradients.value(context.mean_denominator)  # ḡ at x: the momentum's input, and c at snapshot x
+        metrics = {"control_variate_norm": float(torch.linalg.vector_norm(mean_gradient))}
+        new_momentum = server.momentum
+        if uses_momentum:
+            new_momentum = momentum * server.momentum + mean_gradient
+            metrics["momentum_norm"] = float(torch.linalg.vector_norm(new_momentum))
+        return ServerState(params, new_momentum, optimizer_state, mean_gradient, server.params), metrics
+
+    private = aggregation == "uniform"
+    fold = ServerFold(aggregation_start, aggregation_add, aggregation_finish)
+    return Algorithm("mime", server_init, client_objective, client_finish, fold.server_update, broadcast,
+                     server_fold=fold, privacy=privacy_form(True) if private else None,
+                     privacy_refusal=None if private else WEIGHTED_REFUSAL, asynchronous_refusal=MIME_ASYNCHRONOUS_REFUSAL)
+
+
 def from_config(config: Config, server_optimizer: Any) -> Algorithm:
     return build(server_optimizer, momentum=config.momentum, aggregation=config.aggregation)
+
+
+def from_mime_config(config: MimeConfig, server_optimizer: Any) -> Algorithm:
+    return build(server_optimizer, momentum=config.momentum, aggregation=config.aggregation, control_variate=True)

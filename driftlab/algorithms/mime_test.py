@@ -1,11 +1,13 @@
 """MimeLite: a two-round hand case, the statistic's input, β = 0 is FedAvg, K = 1 is heavy-ball GD, the fixed point on
-quadratics, partial work, privacy and bad input."""
+quadratics, partial work, privacy and bad input.  Mime: its hand case (with its loss term evaluated), round 1 is
+MimeLite, K = 1 is heavy ball on a delayed gradient, convergence to the minimiser, one engine step, both backends."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import pytest
 import torch
 from pydantic import ValidationError
@@ -17,9 +19,17 @@ from driftlab.compress import with_compression
 from driftlab.models import build_model
 from driftlab.optim.server import make_server_optimizer
 from driftlab.simulation.backends.flat import FlatModel
-from driftlab.simulation.backends.local_training import BoundModule, LocalSettings, TrainingData, corrected_step
+from driftlab.simulation.backends.local_training import (
+    BoundModule,
+    ClientTask,
+    LocalSettings,
+    TrainingData,
+    corrected_step,
+    train_one_client,
+)
+from driftlab.simulation.backends.objectives import as_local_objective, objective_loss
 from driftlab.simulation.round.client import ClientData, ClientDataComputation
-from driftlab.simulation.seam import ClientContext, ClientUpdate, RoundContext
+from driftlab.simulation.seam import ClientContext, ClientUpdate, GradientCorrection, RoundContext
 
 SGD = make_server_optimizer("sgd")
 
@@ -284,3 +294,217 @@ def test_config_errors_name_the_key_before_any_work():
         driftlab.load_config({"algorithm": {"name": "mimelite", "momentum": 1.0}})
     with pytest.raises(driftlab.ConfigError, match="server.optimizer: mimelite has its own server step"):
         driftlab.run({**RUN, "server": {"optimizer": "adam"}})
+
+
+# ================================================================ Mime (the control variate c)
+#
+# The quadratic clients f_k(θ) = ½ θᵀ diag(a_k) θ − b_kᵀ θ as a model: the output is θ itself and the example loss of
+# a target row (a_k, b_k) is ½ Σ a_k out² − b_k · out, so Mime's real loss term (minus_anchor_gradient, through
+# objectives.objective_loss, the backends' function) runs on them, and ∇f_k(y; ζ) − ∇f_k(x; ζ) = a_k ⊙ (y − x).
+
+
+def quadratic_outputs(params: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
+    return params.expand(len(inputs), -1)
+
+
+def quadratic_example_loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    curvature, target = targets.chunk(2, dim=1)
+    return (0.5 * curvature * outputs**2 - target * outputs).sum(1)
+
+
+def objective_gradient(objective, theta: torch.Tensor, curvature: torch.Tensor, target: torch.Tensor):
+    """``(correction, ∇[f_k + term](θ))`` of a client objective on the quadratic client (a, b)."""
+    local = as_local_objective(objective)
+    if local.loss_term is None:
+        return local.correction, curvature * theta - target
+    loss = objective_loss(quadratic_outputs, quadratic_example_loss, local.loss_term.function)
+    inputs, targets, weights = torch.zeros(1, 1, dtype=theta.dtype), torch.cat((curvature, target))[None], torch.ones(1, dtype=theta.dtype)
+    return local.correction, torch.func.grad(loss)(theta, inputs, targets, weights, *local.loss_term.tensors)
+
+
+def run_mime(algorithm, problem: Quadratics, initial: torch.Tensor, rounds: int, steps: int, learning_rate: float, num_samples=None):
+    """``run_with_gradients`` with the client objective's loss term evaluated (``objective_gradient``)."""
+    sizes = list(num_samples) if num_samples is not None else [10] * problem.num_clients
+    settings = LocalSettings(learning_rate)
+    server, history = algorithm.server_init(initial), []
+    for t in range(1, rounds + 1):
+        view = algorithm.broadcast(server)
+        messages = []
+        for client in range(problem.num_clients):
+            context = ClientContext(client, t, sizes[client], sum(sizes) / len(sizes), problem.num_clients, steps, learning_rate)
+            objective = algorithm.client_objective(view, None, context)
+            theta = view.params
+            for _ in range(steps):
+                correction, gradient = objective_gradient(objective, theta, problem.curvatures[client], problem.targets[client])
+                theta = corrected_step(theta, gradient, correction, settings)
+            computation = QuadraticGradient(problem.curvatures[client], problem.targets[client])
+            messages.append(algorithm.client_finish(view, None, context, ClientUpdate(view.params, theta, steps, computation))[1])
+        server, metrics = algorithm.server_update(server, messages, RoundContext(t, problem.num_clients, problem.num_clients, 1.0))
+        history.append(metrics)
+    return server, history
+
+
+def mime_build(momentum: float = 0.5, aggregation: str = "uniform"):
+    return mime.build(SGD, momentum=momentum, aggregation=aggregation, control_variate=True)
+
+
+# The hand case of MimeLite above, with Mime.  Round 1: no snapshot yet, so MimeLite's round: x^1 = (0.75, 1.5),
+#   ḡ_1 = (−1, −2) = c^1 = m^1 at the snapshot x̃ = x^0 = 0.
+# Round 2: every step adds c^1 + β m^1 = (−1.5, −3), and ∇f_k(y) − ∇f_k(x̃) = y − 0 (identity curvature), so both
+#   clients take the same steps (no client drift):  y = (0.75, 1.5) − 0.5((0.75, 1.5) + (−1.5, −3)) = (1.125, 2.25),
+#   y = (1.125, 2.25) − 0.5((1.125, 2.25) + (−1.5, −3)) = (1.3125, 2.625) = x^2 (MimeLite's mean, without its spread).
+#   ḡ_2 = mean((−1.25, 1.5), (0.75, −2.5)) = (−0.25, −0.5) = c^2 at x̃ = x^1;  m^2 = 0.5(−1, −2) + ḡ_2 = (−0.75, −1.5).
+MIME_HAND_CASE = {
+    "config": {"momentum": 0.5, "aggregation": "uniform"},
+    "params": [(0.75, 1.5), (1.3125, 2.625)],
+    "drift": None,
+    "metrics": [{"momentum_norm": math.sqrt(5), "control_variate_norm": math.sqrt(5)},
+                {"momentum_norm": 0.75 * math.sqrt(5), "control_variate_norm": 0.25 * math.sqrt(5)}],
+}
+HAND_CASES = {"mimelite": HAND_CASE, "mime": MIME_HAND_CASE}  # shared_test's hand case per algorithm of this module
+
+
+def test_mime_two_hand_rounds_as_computed_by_hand_and_without_client_drift():
+    initial = torch.zeros(2, dtype=torch.float64)
+    for rounds in (1, 2):
+        server, history = run_mime(mime_build(), HAND_PROBLEM, initial, rounds=rounds, steps=2, learning_rate=0.5)
+        assert torch.equal(server.params, vector(*MIME_HAND_CASE["params"][rounds - 1]))
+        for key, value in MIME_HAND_CASE["metrics"][rounds - 1].items():
+            assert history[-1][key] == pytest.approx(value, rel=1e-15)
+    assert torch.equal(server.momentum, vector(-0.75, -1.5)) and torch.equal(server.control_variate, vector(-0.25, -0.5))
+    view = mime_build().broadcast(server)
+    assert torch.equal(view.snapshot, vector(0.75, 1.5)) and torch.equal(view.correction, vector(-0.625, -1.25))  # c² + β m²
+    # Round 2's clients, one by one: both end at x^2 (MimeLite's end at (2.0625, 1.125) and (0.5625, 4.125)).
+    round_two = mime_build().broadcast(run_mime(mime_build(), HAND_PROBLEM, initial, 1, 2, 0.5)[0])
+    for client in range(2):
+        objective, theta = mime_build().client_objective(round_two, None, ClientContext(client, 2, 1, 1.0, 2, 2, 0.5)), round_two.params
+        for _ in range(2):
+            correction, gradient = objective_gradient(objective, theta, torch.ones(2, dtype=torch.float64), HAND_TARGETS[client])
+            theta = corrected_step(theta, gradient, correction, LocalSettings(0.5))
+        assert torch.equal(theta, vector(1.3125, 2.625))
+
+
+def test_mime_sends_the_control_variate_only_once_it_is_known_and_round_one_is_mimelite():
+    algorithm = mime_build(momentum=0.0)
+    first = algorithm.broadcast(algorithm.server_init(vector(1.0, 2.0)))
+    assert not first.controlled and torch.equal(first.correction, vector(0.0, 0.0))  # no snapshot yet: a FedAvg step
+    assert algorithm.client_objective(first, None, ClientContext(0, 1, 1, 1.0, 1, 1, 0.1)) == GradientCorrection()
+    problem = heterogeneous_quadratics()
+    initial = vector(1.0, -1.0, 0.5)
+    lite, _ = run_with_gradients(mime.build(SGD, momentum=0.5, aggregation="uniform"), problem, initial, 1, 4, 0.1)
+    mime_one, _ = run_mime(mime_build(0.5), problem, initial, 1, 4, 0.1)
+    assert torch.equal(lite.params, mime_one.params) and torch.equal(lite.momentum, mime_one.momentum)
+    assert torch.equal(mime_one.snapshot, initial)  # the model the round's gradients were taken at
+
+
+def test_mime_one_local_step_with_every_client_is_the_centralized_heavy_ball():
+    # K = 1: y_k = x − η(∇f_k(x) − ∇f_k(x̃) + c + βm) and the mean over every client of ∇f_k(x̃) is c, so
+    # x⁺ = x − η(∇F(x) + βm), m⁺ = βm + ∇F(x): centralized SGD with momentum, MimeLite's K = 1 rounds (the paper's point).
+    problem = heterogeneous_quadratics()
+    initial, beta, rate = vector(1.0, -1.0, 0.5), 0.7, 0.1
+    server, _ = run_mime(mime_build(beta), problem, initial, 40, 1, rate)
+    lite, _ = run_with_gradients(mime.build(SGD, momentum=beta, aggregation="uniform"), problem, initial, 40, 1, rate)
+    assert torch.allclose(server.params, lite.params, rtol=0, atol=1e-13)
+    assert torch.allclose(server.momentum, lite.momentum, rtol=0, atol=1e-13)
+
+
+@pytest.mark.parametrize(("beta", "rounds"), [(0.0, 100), (0.5, 200)])
+def test_mime_with_several_local_steps_converges_to_the_minimiser_where_mimelite_does_not(beta: float, rounds: int):
+    # At a fixed point x̃ = x, c = ∇F(x) and m = ∇F(x)/(1 − β), and the steps move y − x = −M_k (c + β m) with M_k ≻ 0 per
+    # coordinate, so Σ_k (y_k − x) = 0 forces ∇F(x)/(1 − β) = 0: the minimiser, whatever K (MimeLite and FedAvg: a surrogate).
+    problem = heterogeneous_quadratics()
+    initial, steps, rate = vector(1.0, -1.0, 0.5), 5, 0.05
+    server, _ = run_mime(mime_build(beta), problem, initial, rounds, steps, rate)
+    assert torch.allclose(server.params, problem.minimiser(), rtol=0, atol=1e-8)
+    lite, _ = run_with_gradients(mime.build(SGD, momentum=beta, aggregation="uniform"), problem, initial, rounds, steps, rate)
+    assert torch.linalg.vector_norm(lite.params - problem.minimiser()) > 1e-3
+
+
+def test_mime_local_step_on_a_model_is_the_loss_gradient_difference_plus_the_correction():
+    # One engine step (train_one_client, the sequential backend) against its rule computed from two loss gradients.
+    generator = torch.Generator().manual_seed(3)
+    inputs, targets = torch.randn(8, 2, generator=generator, dtype=torch.float64), torch.randint(0, 3, (8,), generator=generator)
+    model = FlatModel.wrap(build_model("mlr", (2,), 3)).to("cpu", torch.float64)
+    snapshot = torch.randn(model.initial_parameters().numel(), generator=generator, dtype=torch.float64)
+    start = snapshot + 0.3 * torch.randn(snapshot.shape, generator=generator, dtype=torch.float64)
+    correction = torch.randn(snapshot.shape, generator=generator, dtype=torch.float64)
+    objective = mime_build().client_objective(mime.MimeView(start, snapshot, correction, True), None, ClientContext(0, 2, 8, 8.0, 1, 1, 0.1))
+    rows = torch.arange(8)
+    task = ClientTask(0, rows, np.array([[0, 2, 5, 7]]), objective)
+    bound = BoundModule(model, snapshot)
+    stepped, done = train_one_client(bound, start, task, LocalSettings(0.1), TrainingData(inputs, targets))
+    batch = rows[[0, 2, 5, 7]]
+    difference = bound.loss_gradient(start, inputs[batch], targets[batch]) - bound.loss_gradient(snapshot, inputs[batch], targets[batch])
+    assert done == 1 and torch.allclose(stepped, start - 0.1 * (difference + correction), rtol=0, atol=1e-14)
+    assert float(torch.linalg.vector_norm(difference)) > 0.01
+
+
+def test_mime_privacy_form_releases_the_change_and_the_gradient_also_at_beta_zero():
+    algorithm = mime_build(momentum=0.0)
+    server = algorithm.server_init(vector(1.0, 1.0))
+    messages = [mime.ClientMessage(vector(3.0, 1.0), vector(4.0, 0.0), 1, 1), mime.ClientMessage(vector(1.0, 5.0), vector(0.0, 8.0), 1, 1)]
+    private, _ = algorithm.server_update(server, messages, RoundContext(1, 8, 2, 1.0, mean_denominator=4.0))
+    assert torch.equal(private.params, vector(1.5, 2.0)) and torch.equal(private.control_variate, vector(1.0, 2.0))
+    assert torch.equal(private.snapshot, vector(1.0, 1.0))
+    view = algorithm.broadcast(server)
+    assert torch.equal(algorithm.privacy.release(view, messages[0]), vector(2.0, 0.0, 4.0, 0.0))
+    weighted = mime_build(aggregation="weighted")
+    assert weighted.privacy is None and 'aggregation = "uniform"' in weighted.privacy_refusal
+
+
+def test_mime_refuses_asynchrony_and_a_client_without_its_data():
+    algorithm = mime_build()
+    assert not algorithm.asynchronous and algorithm.asynchronous_problem() == mime.MIME_ASYNCHRONOUS_REFUSAL
+    assert "remove [asynchronous]" in mime.MIME_ASYNCHRONOUS_REFUSAL
+    view = algorithm.broadcast(algorithm.server_init(vector(1.0)))
+    with pytest.raises(RuntimeError, match=r"Mime needs.*full_gradient"):
+        algorithm.client_finish(view, None, ClientContext(0, 1, 1, 1.0, 1, 1, 0.1), ClientUpdate(view.params, vector(2.0), 1))
+
+
+MIME_RUN = {**RUN, "algorithm": {"name": "mime", "momentum": 0.5}}
+
+
+def test_mime_both_backends_agree_to_float32_rounding():
+    sequential = driftlab.run({**MIME_RUN, "backend": "sequential"})
+    vectorized = driftlab.run({**MIME_RUN, "backend": "vectorized"})
+    assert torch.allclose(sequential.final_params, vectorized.final_params, rtol=1e-4, atol=1e-5)
+    for first, second in zip(sequential.records, vectorized.records, strict=True):
+        assert first["control_variate_norm"] == pytest.approx(second["control_variate_norm"], rel=1e-4)
+    last = sequential.records[-1]
+    assert last["upload_bits"] == 2 * 32 * sequential.num_parameters * last["num_reporting"]
+    lite = driftlab.run({**RUN, "backend": "sequential"})
+    assert not torch.equal(lite.final_params, sequential.final_params)  # from round 2 on, c changes the steps
+    for record, lite_record in zip(sequential.records, lite.records, strict=True):  # down x, x̃, c + βm: three models
+        assert 2 * record["download_bits"] == 3 * lite_record["download_bits"] > 0
+
+
+def test_mime_round_one_runs_are_mimelite_and_fedavg_runs_bit_for_bit():
+    one = {**MIME_RUN, "rounds": 1}
+    result = driftlab.run(one)
+    assert torch.equal(result.final_params, driftlab.run({**one, "algorithm": {"name": "mimelite", "momentum": 0.5}}).final_params)
+    plain = driftlab.run({**one, "algorithm": {"name": "fedavg", "incomplete": "keep"}})
+    assert torch.equal(driftlab.run({**one, "algorithm": {"name": "mime", "momentum": 0.0}}).final_params, plain.final_params)
+
+
+def test_mime_compressed_uploads_run():
+    result = driftlab.run({**MIME_RUN, "compression": {"ratio": 0.2}})
+    assert all(record["control_variate_norm"] > 0 for record in result.records)
+    assert result.records[-1]["upload_bits"] < 2 * 32 * result.num_parameters * result.records[-1]["num_reporting"]
+
+
+def test_mime_config_errors_name_the_key_before_any_work():
+    with pytest.raises(driftlab.ConfigError, match=r"algorithm\.momentum"):
+        driftlab.load_config({"algorithm": {"name": "mime", "momentum": 1.0}})
+    with pytest.raises(driftlab.ConfigError, match="server.optimizer: mime has its own server step"):
+        driftlab.run({**MIME_RUN, "server": {"optimizer": "adam"}})
+
+
+def test_a_private_mime_run_trains_and_a_weighted_or_asynchronous_one_is_refused():
+    private = {**MIME_RUN, "sampling": {"participation": 0.5, "mode": "poisson"}, "privacy": {"clip": 1.0, "noise_multiplier": 0.5}}
+    result = driftlab.run({**private, "algorithm": {"name": "mime", "momentum": 0.5, "aggregation": "uniform"}})
+    assert all(math.isfinite(record["train_loss"]) for record in result.records)
+    assert any(record["control_variate_norm"] > 0 for record in result.records)
+    with pytest.raises(driftlab.ConfigError, match='aggregation = "uniform"'):
+        driftlab.run(private)
+    with pytest.raises(driftlab.ConfigError, match=r"Mime corrects every local step.*remove \[asynchronous\]"):
+        driftlab.run({**MIME_RUN, "system": {}, "asynchronous": {"buffer": 2}})

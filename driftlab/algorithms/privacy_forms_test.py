@@ -19,6 +19,9 @@ import pytest
 import torch
 
 from driftlab.algorithms import adabest, efl, fedavg, feddyn, fedgate, fedprox, mime, scaffold
+from driftlab.algorithms import ditto
+from driftlab.algorithms import fedamp
+from driftlab.algorithms import apfl
 from driftlab.optim.server import make_server_optimizer
 from driftlab.simulation.seam import Algorithm, RoundContext
 
@@ -169,6 +172,20 @@ CASES = [
         2,
         lambda server, total, m: {"params": server.params + total[:D] / m, "momentum": BETA * server.momentum + total[D:] / m},
     ),
+    Case(  # Mime releases cat(y_k − x, g_k) too; ḡ is the momentum's input and the next round's control variate c
+        "mime",
+        lambda: mime.build(sgd(), momentum=BETA, aggregation="uniform", control_variate=True),
+        lambda algorithm, params: dataclasses.replace(
+            algorithm.server_init(params), momentum=quarters(D, seed=18), control_variate=quarters(D, seed=19)
+        ),
+        lambda k: mime.ClientMessage(zeros(), zeros(), num_samples=5 + 3 * k, multiplicity=1),
+        2,
+        lambda server, total, m: {
+            "params": server.params + total[:D] / m,
+            "momentum": BETA * server.momentum + total[D:] / m,
+            "control_variate": total[D:] / m,
+        },
+    ),
     Case(  # a server whose D is not zero: D^t = −Σ/m, exactly in quarters
         "fedgate",
         lambda: fedgate.build(sgd()),
@@ -176,6 +193,22 @@ CASES = [
         lambda k: fedgate.ClientMessage(zeros(), multiplicity=1),
         1,
         lambda server, total, m: {"params": server.params + total / m, "mean_change": -total / m},
+    ),
+    Case(  # FedAvg's message and form: the personal model v_k never leaves the client
+        "ditto",
+        lambda: ditto.build(sgd(), lam=0.5, aggregation="uniform"),
+        plain_server,
+        lambda k: ditto.ClientMessage(zeros(), num_samples=5 + 3 * k, multiplicity=1),
+        1,
+        lambda server, total, m: {"params": server.params + total / m},
+    ),
+    Case(  # FedAvg's message and form: v_k and α_k never leave the client
+        "apfl",
+        lambda: apfl.build(sgd(), aggregation="uniform"),
+        plain_server,
+        lambda k: fedavg.ClientMessage(zeros(), num_samples=5 + 3 * k, multiplicity=1),
+        1,
+        lambda server, total, m: {"params": server.params + total / m},
     ),
 ]
 
@@ -321,9 +354,10 @@ def test_release_is_flat_and_one_vector_per_message(case):
          ['set algorithm.incomplete = "drop" or "plain"', "E/s_k"]),
         (lambda: efl.build(sgd()),  # EFL's defaults: both
          ['set algorithm.aggregation = "uniform"', 'set algorithm.incomplete = "drop" or "plain"']),
+        (lambda: fedamp.build(num_clients=4), ["remove [privacy]", "w_k"]),  # one model per client, used on its own
     ],
     ids=["fedavg-weighted", "fedavg-default", "fedprox-default", "adabest-weighted", "efl-weighted",
-         "efl-adaptive", "efl-default"],
+         "efl-adaptive", "efl-default", "fedamp"],
 )
 def test_configurations_without_a_bounded_sensitivity_are_refused_naming_the_fix(algorithm, phrases):
     built = algorithm()

@@ -53,6 +53,8 @@ class AlgorithmEntry:
     ``server.lr`` must stay 1 (config validation checks both).  ``keeps_partial_work``: with its default hyperparameters, a
     straggler's partial work is aggregated (True) or dropped (False).
     ``default_compression_ratio`` is used when ``compression.ratio`` is unset.
+    ``needs_num_clients``: ``from_config(config, server_optimizer, num_clients)`` gets the data's N too (an algorithm
+    whose server state holds one row per client: FedAMP); built-ins only, a plugin's is called with two arguments.
     """
 
     name: str
@@ -63,6 +65,7 @@ class AlgorithmEntry:
     owns_server_step: bool = False
     uses_server_lr: bool = True
     keeps_partial_work: bool = True
+    needs_num_clients: bool = False
 
     def __post_init__(self) -> None:
         check_entry_name("algorithm", self.name)

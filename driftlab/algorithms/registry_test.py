@@ -65,12 +65,16 @@ def write_plugin(folder: Path, name: str, label: str = "Toy", file: str = "toy.p
 
 def test_built_in_entries_hold_the_facts_the_runner_sweeps_reports_and_shared_tests_read():
     entries = registry.ALGORITHMS
-    assert list(registry.BUILT_IN) == ["fedavg", "fedprox", "scaffold", "feddyn", "adabest", "efl", "fednova", "fedgate", "vrlsgd", "mimelite"]
-    assert [entries[name].label for name in registry.BUILT_IN] == [
-        "FedAvg", "FedProx", "SCAFFOLD", "FedDyn", "AdaBest", "EFL", "FedNova", "FedGATE", "VRL-SGD", "MimeLite",
+    assert list(registry.BUILT_IN) == [
+        "fedavg", "fedprox", "scaffold", "feddyn", "adabest", "efl", "fednova", "fedgate", "vrlsgd", "mimelite", "mime", "apfl", "ditto",
+        "fedamp",
     ]
-    assert {name for name in registry.BUILT_IN if entries[name].owns_server_step} == {"feddyn", "adabest", "mimelite"}
-    assert {name for name in registry.BUILT_IN if not entries[name].keeps_partial_work} == {"fedavg", "fedgate"}
+    assert [entries[name].label for name in registry.BUILT_IN] == [
+        "FedAvg", "FedProx", "SCAFFOLD", "FedDyn", "AdaBest", "EFL", "FedNova", "FedGATE", "VRL-SGD", "MimeLite", "Mime", "APFL", "Ditto", "FedAMP",
+    ]
+    assert {name for name in registry.BUILT_IN if entries[name].owns_server_step} == {"feddyn", "adabest", "mimelite", "mime", "fedamp"}
+    assert {name for name in registry.BUILT_IN if not entries[name].keeps_partial_work} == {"fedavg", "fedgate", "apfl", "ditto"}
+    assert {name for name in registry.BUILT_IN if entries[name].needs_num_clients} == {"fedamp"}
     assert {name: entries[name].default_compression_ratio for name in registry.BUILT_IN if entries[name].default_compression_ratio != 1} == {"efl": 0.01}
     assert entries["fedavg"].module == "driftlab.algorithms.fedavg" and entries["fedavg"].config_type is fedavg.Config
 
@@ -196,7 +200,8 @@ def test_an_entry_point_registers_its_algorithm_and_a_broken_one_is_named(fresh_
     assert load_config(None, ["algorithm.name=toy_entry_point"]).algorithm.flavour == "uniform"
     with pytest.raises(driftlab.ConfigError) as raised:
         load_config(None, ["algorithm.name=toy_missing"])
-    assert "valid algorithms: fedavg, fedprox, scaffold, feddyn, adabest, efl, fednova, fedgate, vrlsgd, mimelite, toy_entry_point." in str(raised.value)
+    valid = "fedavg, fedprox, scaffold, feddyn, adabest, efl, fednova, fedgate, vrlsgd, mimelite, mime, apfl, ditto, fedamp, toy_entry_point"
+    assert f"valid algorithms: {valid}." in str(raised.value)
     assert "installed plugins that failed to load: entry point gone = 'gone_module_of_a_package'" in str(raised.value)
     monkeypatch.delitem(sys.modules, "toy_entry_point_module")
 

@@ -32,6 +32,7 @@ from driftlab.algorithms import ALGORITHMS
 from driftlab.algorithms.registry import BUILT_IN
 from driftlab.optim.server import make_server_optimizer
 from driftlab.simulation.backends.local_training import LocalSettings, corrected_step
+from driftlab.simulation.backends.objectives import as_local_objective, objective_loss
 from driftlab.simulation.seam import Algorithm, ClientContext, ClientUpdate, RoundContext
 
 BUILT_IN_NAMES = sorted(BUILT_IN)
@@ -100,7 +101,7 @@ def run_quadratic(
             else:
                 state = algorithm.client_state_init(initial) if algorithm.client_state_init else None
             context = ClientContext(client, t, sizes[client], mean_size, num_clients, steps, learning_rate)
-            view = algorithm.broadcast(server)
+            view = algorithm.view_for(server, client, algorithm.broadcast(server))  # a view of its own (FedAMP's u_k)
             correction = algorithm.client_objective(view, state, context)
             theta = view.params
             for _ in range(steps):
@@ -113,9 +114,13 @@ def run_quadratic(
     return QuadraticRun(server, states, history)
 
 
-def build_algorithm(name: str, server_optimizer: str = "sgd", **hyperparameters: Any) -> Algorithm:
+def build_algorithm(name: str, server_optimizer: str = "sgd", num_clients: int = 4, **hyperparameters: Any) -> Algorithm:
+    """The registered algorithm; one whose entry ``needs_num_clients`` is built for ``num_clients`` (the hand case's N = 4)."""
     entry = ALGORITHMS[name]
-    return entry.from_config(entry.config_type(name=name, **hyperparameters), make_server_optimizer(server_optimizer))
+    config = entry.config_type(name=name, **hyperparameters)
+    if entry.needs_num_clients:
+        return entry.from_config(config, make_server_optimizer(server_optimizer), num_clients)
+    return entry.from_config(config, make_server_optimizer(server_optimizer))
 
 
 # ---------------------------------------------------------------- full runs
@@ -198,6 +203,18 @@ class HandComputation:
         return params - self.target
 
 
+def hand_gradient(objective: Any, theta: torch.Tensor, target: torch.Tensor) -> tuple[Any, torch.Tensor]:
+    """A hand client's ``(correction, ∇[½‖θ − b_k‖² + loss term](θ))``: an objective's loss term (Mime's) runs on the
+    model whose output is θ itself with the example loss ``½‖out − b_k‖²``, through ``objectives.objective_loss``."""
+    local = as_local_objective(objective)
+    if local.loss_term is None:
+        return local.correction, theta - target
+    loss = objective_loss(lambda params, inputs: params.expand(len(inputs), -1),
+                          lambda outputs, targets: 0.5 * ((outputs - targets) ** 2).sum(1), local.loss_term.function)
+    inputs, weights = torch.zeros(1, 1, dtype=theta.dtype), torch.ones(1, dtype=theta.dtype)
+    return local.correction, torch.func.grad(loss)(theta, inputs, target[None], weights, *local.loss_term.tensors)
+
+
 def hand_round(
     algorithm: Algorithm, round_index: int, server: Any, states: list[Any], fisher: Sequence[tuple[float, ...]] | None = None
 ) -> tuple[Any, list[Any], dict[str, float]]:
@@ -207,11 +224,12 @@ def hand_round(
     new_states, messages = [], []
     for client in range(2):
         context = ClientContext(client, round_index, sizes[client], 2.0, 4, 2, 0.5)
-        view = algorithm.broadcast(server)
+        view = algorithm.view_for(server, client, algorithm.broadcast(server))  # a view of its own (FedAMP's u_k)
         correction = algorithm.client_objective(view, states[client], context)
         theta = view.params
         for _ in range(2):
-            theta = corrected_step(theta, theta - targets[client], correction, settings)
+            step_correction, gradient = hand_gradient(correction, theta, targets[client])
+            theta = corrected_step(theta, gradient, step_correction, settings)
         computation = HandComputation(fisher[client] if fisher is not None else None, targets[client])
         update = ClientUpdate(view.params, theta, 2, computation)
         state, message = algorithm.client_finish(view, states[client], context, update)
@@ -222,8 +240,10 @@ def hand_round(
 
 
 def hand_case(name: str) -> dict[str, Any]:
-    """The ``HAND_CASE`` of the algorithm's test module (``driftlab/algorithms/fedavg_test.py`` for fedavg)."""
-    return importlib.import_module(f"{ALGORITHMS[name].module}_test").HAND_CASE
+    """The ``HAND_CASE`` of the algorithm's test module (``driftlab/algorithms/fedavg_test.py`` for fedavg), or its
+    ``HAND_CASES[name]`` when the module holds several algorithms (mime.py: MimeLite and Mime)."""
+    module = importlib.import_module(f"{ALGORITHMS[name].module}_test")
+    return getattr(module, "HAND_CASES", {}).get(name, module.HAND_CASE)
 
 
 @pytest.mark.parametrize("name", BUILT_IN_NAMES)

@@ -175,15 +175,17 @@ def load_shakespeare_text(
            without a test split).
     The global test set is the union of the client test splits.
 
-    FedDyn-style "100 clients with 2,000 samples" is ``max_clients=100,
-    samples_per_client=2000`` (1,600 train + 400 test windows per client at
-    the default ``test_fraction=0.2``). The FedDyn authors' exact counts,
-    2,000 train and 400 test windows per client (their Table 3: 200,000 and
-    40,000), are ``samples_per_client=2400, test_fraction=1/6``. Note that
-    tiny-shakespeare has fewer than 100 roles that large (about 98 with
-    2,080 windows), so fewer clients come back: check ``num_clients``. The
-    authors pick their 100 roles at random among those large enough (from
-    LEAF's Complete Works); here the largest are taken.
+    The FedDyn authors' counts, 2,000 train and 400 test windows per client
+    (their Table 3: 200,000 and 40,000 for 100 clients; their
+    ``ShakespeareObjectCrop_noniid``: a 2,000-window crop and a test crop of
+    2,000 // 5), are ``max_clients=100, samples_per_client=2400,
+    test_fraction=1/6`` (the preset ``shakespeare-feddyn``);
+    ``samples_per_client=2000`` at the default ``test_fraction=0.2`` gives
+    1,600 train + 400 test. Note that tiny-shakespeare has fewer than 100
+    roles that large (88 with the 2,480 windows that 2,400 + 80 skipped
+    need; 98 with 2,080), so fewer clients come back: check
+    ``num_clients``. The authors pick their 100 roles at random among those
+    large enough (from LEAF's Complete Works); here the largest are taken.
 
     Args:
         path: the text file, plain or gzipped (detected from the content).

@@ -170,6 +170,7 @@ from driftlab.experiments.config import ExperimentConfig, load_config
 from driftlab.experiments import run_directory
 from driftlab.experiments.lifecycle import RunResult, run_rounds
 from driftlab.experiments.trackers import check_trackers_installed
+from driftlab.simulation.backends.local_training import LocalSettings
 from driftlab.simulation.state.checkpoint import write_atomically
 from driftlab.simulation.round.engine import finish_round, plan_round
 from driftlab.simulation.round.setup import Simulation, SimulationState
@@ -182,11 +183,27 @@ _DIGEST = re.compile(r"[0-9a-f]{64}")  # a registration token's SHA-256, as ROUN
 
 
 class _ZeroFisher:
+    """The server's stand-in for a client's data when it plans a message: every computation on data the server never
+    sees gives zeros, no minibatches, and local training that does not move (the message's structure is what counts)."""
+
     def diagonal_fisher(self, params: torch.Tensor, max_examples: int) -> torch.Tensor:  # noqa: ARG002
         return torch.zeros_like(params)
 
     def full_gradient(self, params: torch.Tensor) -> torch.Tensor:
         return torch.zeros_like(params)
+
+    def train(self, params: torch.Tensor, correction: Any, steps: int, purpose: str = "personal") -> tuple[torch.Tensor, int]:  # noqa: ARG002
+        return params, 0
+
+    def minibatches(self, steps: int, purpose: str = "local") -> list:  # noqa: ARG002
+        return []
+
+    def loss_gradient(self, params: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:  # noqa: ARG002
+        return torch.zeros_like(params)
+
+    @property
+    def settings(self) -> LocalSettings:
+        return LocalSettings(0.0)
 
 
 def reply_template(algorithm: Algorithm, view: Any, context: ClientContext) -> TrainReply:

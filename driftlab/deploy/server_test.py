@@ -54,6 +54,9 @@ ALGORITHMS: dict[str, list[str]] = {
     "fedgate": ["algorithm.name=fedgate"],
     "vrlsgd": ["algorithm.name=vrlsgd"],
     "mimelite": ["algorithm.name=mimelite"],
+    "mime": ["algorithm.name=mime"],
+    "ditto": ["algorithm.name=ditto", "algorithm.lam=0.5", "evaluation.personal=false"],
+    "apfl": ["algorithm.name=apfl", "evaluation.personal=false"],  # a deployment records no personal columns
     "nesterov-plugin": ["algorithm.name=nesterov_avg", f'plugins=["{EXAMPLES / "nesterov_plugin" / "nesterov_avg.py"}"]'],
 }
 COMPRESSED = {
@@ -67,6 +70,9 @@ COMPRESSED = {
     "fedgate": ["compression.ratio=0.2", "availability.incomplete_probability=0.5"],
     "vrlsgd": ["compression.ratio=0.2", "availability.incomplete_probability=0.5"],
     "mimelite": ["compression.ratio=0.2", "availability.incomplete_probability=0.5"],
+    "mime": ["compression.ratio=0.2", "availability.incomplete_probability=0.5"],
+    "ditto": ["compression.ratio=0.2", "availability.incomplete_probability=0.5"],
+    "apfl": ["compression.ratio=0.2", "availability.incomplete_probability=0.5"],
     "fedadam": ["compression.ratio=0.2"],
     "fedavgm": ["compression.ratio=0.2"],
     "nesterov-plugin": ["compression.ratio=0.2"],
@@ -157,6 +163,40 @@ def test_every_algorithm_deployed_equals_the_sequential_simulator(tmp_path, name
 
 
 @pytest.mark.slow
+def test_ditto_personal_models_on_the_nodes_equal_the_simulators_bit_for_bit(tmp_path):
+    # The personal pass runs in client_finish on the node; v_k never travels, so parity of the server model says nothing
+    # about it: each node's committed v_k is compared with the simulator's checkpoint.
+    config = _config(*CASES["ditto-compressed"])
+    simulated = driftlab.run(config, tmp_path / "simulated")
+    nodes = _Nodes(config, tmp_path / "node_state")
+    deployed, _ = _deploy(config, tmp_path / "deployed", nodes)
+    assert torch.equal(deployed.final_params, simulated.final_params)
+    checkpoint = load_safetensors((tmp_path / "simulated" / "checkpoint.safetensors").read_bytes())
+    trained = [key for key in checkpoint if key.endswith("/inner/personal")]
+    assert len(trained) >= 4
+    for key in trained:
+        client_id = int(key.split("/")[1])
+        assert torch.equal(nodes.node_of(client_id).committed_state(client_id).inner.personal, checkpoint[key]), key
+
+
+@pytest.mark.slow
+def test_apfl_personal_models_and_alphas_on_the_nodes_equal_the_simulators_bit_for_bit(tmp_path):
+    # APFL steps v_k and α_k in client_finish on the node, beside a replica of w; neither travels, so each node's
+    # committed state is compared with the simulator's checkpoint.
+    config = _config(*CASES["apfl"])
+    simulated = driftlab.run(config, tmp_path / "simulated")
+    nodes = _Nodes(config, tmp_path / "node_state")
+    deployed, _ = _deploy(config, tmp_path / "deployed", nodes)
+    assert torch.equal(deployed.final_params, simulated.final_params)
+    checkpoint = load_safetensors((tmp_path / "simulated" / "checkpoint.safetensors").read_bytes())
+    trained = [key for key in checkpoint if key.endswith("/personal")]
+    assert len(trained) >= 4
+    for key in trained:
+        client_id = int(key.split("/")[1])
+        state = nodes.node_of(client_id).committed_state(client_id)
+        assert torch.equal(state.personal, checkpoint[key]) and state.alpha == float(checkpoint[key[: -len("personal")] + "alpha"]), key
+
+
 def test_driftlab_report_reads_a_deployment_run_directory(tmp_path):
     config = _config(*ALGORITHMS["scaffold"], rounds=2)
     run_in_process(config, tmp_path / "runs" / "scaffold", tmp_path / "node_state")
@@ -231,6 +271,13 @@ def test_the_mean_of_every_clients_model_is_refused(tmp_path):
     config = _config("algorithm.name=feddyn", "evaluation.model=all_clients_mean")
     with pytest.raises(ConfigError, match='set evaluation.model = "server"'):
         DeploymentServer(config, tmp_path / "out", InProcessTransport({})).run()
+
+
+def test_an_algorithm_with_a_view_per_client_is_refused_before_the_run_directory_is_touched(tmp_path):
+    config = _config("algorithm.name=fedamp")  # FedAMP sends each client its own cloud model u_k
+    with pytest.raises(ConfigError, match=r"Algorithm.client_view.*run it with driftlab run"):
+        DeploymentServer(config, tmp_path / "out", InProcessTransport({})).run()
+    assert not (tmp_path / "out").exists()
 
 
 def test_simulated_time_is_refused_before_the_run_directory_is_touched(tmp_path):

@@ -141,16 +141,19 @@ def build_configured_model(config: ExperimentConfig, input_shape: tuple[int, ...
     return models.build_module(entry, config.model, input_shape, num_classes, vocab_size=vocabulary_size(config.data))
 
 
-def configured_algorithm(config: ExperimentConfig) -> Algorithm:
+def configured_algorithm(config: ExperimentConfig, num_clients: int | None = None) -> Algorithm:
     """The configured algorithm with its server optimizer, not yet wrapped by compression.
 
     A plugin's algorithm comes with its functions guarded (``plugin_guard``): what goes wrong in them names
-    the plugin and the function.  A built-in's is exactly what its ``from_config`` returns.
+    the plugin and the function.  A built-in's is exactly what its ``from_config`` returns, given the number of
+    clients when its entry ``needs_num_clients`` (``num_clients``, the data's N; None: ``data.num_clients``).
     """
     server_optimizer = build_server_optimizer(config.server)  # a plugin's that fails: a ConfigError naming its file
     entry = registry.ALGORITHMS[config.algorithm.name]
     if registry.is_plugin(entry):
         return call_from_config(entry, config.algorithm, server_optimizer, registry.describe_plugin(entry))
+    if entry.needs_num_clients:
+        return entry.from_config(config.algorithm, server_optimizer, config.data.num_clients if num_clients is None else num_clients)
     return entry.from_config(config.algorithm, server_optimizer)
 
 
@@ -159,7 +162,7 @@ def build_algorithm(config: ExperimentConfig, flat_model: FlatModel, num_clients
     private by ``[privacy]``: ``with_privacy(with_compression(algorithm))``, so what is clipped and noised is what
     a client sends.  ``num_clients`` is the data's N (``privacy_settings``); None: ``data.num_clients``.
     """
-    algorithm = configured_algorithm(config)
+    algorithm = configured_algorithm(config, num_clients)
     entry = registry.ALGORITHMS[config.algorithm.name]
     ratio = config.compression.ratio
     if ratio is None:

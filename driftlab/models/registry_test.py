@@ -25,7 +25,6 @@ PINNED_FINGERPRINTS = {
     "cifar10-feddyn": "09c71e7594b120e7",
     "mnist-fedavg": "6be9a5c5a2cd4c9a",
     "quadratic-decaying-k": "dd27417c9e0465cc",
-    "shakespeare-feddyn": "5b3b2b2468ad1a02",
     "synthetic-fedavg": "78c71c838f8019a6",
 }
 

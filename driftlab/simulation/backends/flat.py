@@ -11,6 +11,8 @@ back onto the module's parameters (as views, no copies) for
 
 from __future__ import annotations
 
+import copy
+import threading
 from dataclasses import dataclass
 from typing import Callable
 
@@ -33,6 +35,19 @@ def binary_cross_entropy_per_example(outputs: torch.Tensor, targets: torch.Tenso
 def objective_per_example(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:  # noqa: ARG001
     """For models whose output already is each example's objective value (the quadratic clients)."""
     return outputs
+
+
+# ``functional_call`` swaps the parameters of the module it is given for the length of the call, so a copy of that
+# module made meanwhile by another thread (a backend's per-thread copy) would copy the swapped-in tensors, which may
+# be part of an autograd graph (a client's computation on its own data runs beside the threads training others).
+# FlatModel.forward on the shared module and every copy of it hold this lock.
+SHARED_MODULE_LOCK = threading.RLock()
+
+
+def copy_module(module: nn.Module) -> nn.Module:
+    """A deep copy of ``module`` never taken while ``FlatModel.forward`` has swapped its parameters."""
+    with SHARED_MODULE_LOCK:
+        return copy.deepcopy(module)
 
 
 @dataclass(frozen=True)
@@ -93,7 +108,8 @@ class FlatModel:
         return {name: piece.view(shape) for name, piece, shape in zip(self.names, pieces, self.shapes, strict=True)}
 
     def forward(self, theta: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
-        return functional_call(self.module, self.unflatten(theta), (inputs,))
+        with SHARED_MODULE_LOCK:
+            return functional_call(self.module, self.unflatten(theta), (inputs,))
 
     def batch_loss(self, theta: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Mean loss over the batch at ``theta``."""

@@ -29,7 +29,6 @@ groups clients.
 
 from __future__ import annotations
 
-import copy
 import math
 import threading
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -41,7 +40,7 @@ import numpy as np
 import torch
 
 from driftlab.data.pixels import PixelNormalisation
-from driftlab.simulation.backends.flat import FlatModel
+from driftlab.simulation.backends.flat import FlatModel, copy_module
 from driftlab.simulation.backends.objectives import LocalObjective, LossTerm, as_local_objective, objective_loss
 from driftlab.simulation.backends.precision import local_arithmetic
 from driftlab.simulation.round.randomness import Stream, example_keys, generator
@@ -187,7 +186,7 @@ class BoundModule:
 
     def __init__(self, model: FlatModel, like: torch.Tensor) -> None:
         self.source = model.module  # the module this is a copy of
-        self.module = copy.deepcopy(model.module).to(device=like.device, dtype=like.dtype)
+        self.module = copy_module(model.module).to(device=like.device, dtype=like.dtype)
         self.example_loss = model.example_loss
         self.unflatten = model.unflatten
         self.theta = torch.zeros_like(like)

@@ -5,7 +5,7 @@ Most algorithms change the local objective by an affine gradient correction
 whose local loss is not affine returns a ``LocalObjective`` from
 ``client_objective`` instead; each local step then computes
 
-    ℓ(θ)  = Σ_i w_i loss(model(θ; x_i), y_i) + term(LocalBatch(θ, outputs, x, y, w, forward), *tensors)
+    ℓ(θ)  = Σ_i w_i loss(model(θ; x_i), y_i) + term(LocalBatch(θ, outputs, x, y, w, forward, loss), *tensors)
     g     = ∇ℓ(θ) + a_k,  clipped,  + D_k ⊙ (θ − θ_ref) + wd · θ        (local_training.corrected_gradient)
     θ, s  = local_step(θ, g, s, η_l)            (default: θ − η_l g; s starts at local_step.initial_state)
 
@@ -30,7 +30,9 @@ through ``functional_call`` (slower than the affine path's bound module); the
 vectorized backend with ``vmap(grad(...))`` of the same function, so both
 agree to rounding.
 
-FedAvg with client momentum (Hsu, Qi, Brown 2019), as a ``LocalStep``::
+FedAvg with client (local) momentum, heavy-ball SGD on each client with its
+velocity restarted every round, as a ``LocalStep`` (Hsu, Qi, Brown 2019 put
+momentum on the server instead: FedAvgM, ``server.optimizer = "momentum"``)::
 
     def heavy_ball(params, gradient, state, learning_rate):
         (velocity,) = state
@@ -68,6 +70,9 @@ class LocalBatch(NamedTuple):
     targets: torch.Tensor  # [B, ...]
     weights: torch.Tensor  # [B]: 1/|batch| on real examples, 0 on padding; a batch mean of h is Σ_i weights_i h_i
     forward: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (flat params [P], inputs) -> outputs: another model's view
+    # The model's per-example loss (outputs, targets) -> [B], for a term that evaluates the loss at another model (Mime's
+    # ∇f_k(x̃; ζ) at its snapshot x̃); None where a caller builds a batch without a model.
+    example_loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
 
 
 def _check_function_and_tensors(owner: str, function: Any, tensors_field: str, tensors: Any) -> None:
@@ -159,7 +164,7 @@ def objective_loss(
     def loss(theta: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor, *tensors: torch.Tensor) -> torch.Tensor:
         outputs = forward(theta, inputs)
         data_loss = (example_loss(outputs, targets).to(weights.dtype) * weights).sum()
-        return data_loss + term(LocalBatch(theta, outputs, inputs, targets, weights, forward), *tensors)
+        return data_loss + term(LocalBatch(theta, outputs, inputs, targets, weights, forward, example_loss), *tensors)
 
     return loss
 

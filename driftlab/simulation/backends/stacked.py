@@ -24,7 +24,6 @@ follows them.
 
 from __future__ import annotations
 
-import copy
 import threading
 from typing import Callable
 
@@ -33,7 +32,7 @@ from torch import nn
 
 from driftlab.models.layers import Parameters
 from driftlab.models.registry import batched_form
-from driftlab.simulation.backends.flat import FlatModel
+from driftlab.simulation.backends.flat import FlatModel, copy_module
 
 
 def module_for_this_thread(copies: threading.local, module: nn.Module, device: torch.device) -> nn.Module:
@@ -44,7 +43,7 @@ def module_for_this_thread(copies: threading.local, module: nn.Module, device: t
     if made is None:
         made = copies.modules = {}
     if device not in made:
-        made[device] = copy.deepcopy(module).to(device)
+        made[device] = copy_module(module).to(device)
     return made[device]
 
 

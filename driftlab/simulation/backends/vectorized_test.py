@@ -295,7 +295,7 @@ def test_bare_terms_steps_and_affine_local_objectives_are_accepted_and_affine_on
 
 # MimeLite adds the frozen server momentum β·m to each of a client's ~280 local steps here: at lr 0.05 its model blows
 # up in round 2 (norm 3.7 → 139), and the backends' rounding differences grow with it; at these rates it stays healthy.
-STABLE = {"mimelite": ("client.lr=0.005", "algorithm.momentum=0.5")}
+STABLE = {"mimelite": ("client.lr=0.005", "algorithm.momentum=0.5"), "mime": ("client.lr=0.005", "algorithm.momentum=0.5")}
 
 
 def _end_to_end(algorithm: str, backend: str, extra: tuple[str, ...] = ()):
