@@ -44,10 +44,17 @@ the step's own minibatch ζ, in the same ``sgdm`` form::
                → LocalObjective(GradientCorrection(linear = c + β m), LossTerm(−⟨θ, ∇f_k(x̃; ζ)⟩))
     server:    as MimeLite, and then  c ← ḡ,  x̃ ← x  (the model the round's gradients ḡ were taken at)
 
-The paper's control variate is ``c = (1/|S|) Σ_{j∈S} ∇f_j(x)``, the mean full-batch gradient of this round's cohort at
-this round's ``x``, with the SVRG snapshot ``x̃ = x``; it is known before local training only through a second
-communication phase inside the round (FedJAX's ``mime`` computes it in a first pass over the cohort).  driftlab's
-engine has one broadcast per round, so here the snapshot is the previous reporting round's model ``x̃ = x_{t−1}`` and
+The paper's control variate (``control_variate = "current"``, the default) is ``c = (1/|S|) Σ_{j∈S} ∇f_j(x)``, the
+mean full-batch gradient of this round's cohort at this round's ``x``, with the SVRG snapshot ``x̃ = x``; it is known
+before local training only through a first communication phase inside the round (FedJAX's ``mime`` computes it in a
+first pass over the cohort).  The engine runs that phase (``seam.RoundPrelude``): every client with work computes
+``∇f_k(x)``, the server applies ``c = Σ r_k ∇f_k(x) / Σ r_k`` (r_k as for ȳ) and broadcasts ``x`` and ``c + β m``;
+the clients step ``y ← y − η_l (∇f_k(y; ζ) − ∇f_k(x; ζ) + c + β m)`` and send ``y_k``; the server averages them and
+moves ``m⁺ = β m + c`` with the same ``c``.  Up: ``∇f_k(x)`` in the first phase and ``y_k`` (two models); down ``x``
+and ``c + β m`` (two models).  The first phase is a synchronisation the simulator has and a deployment does not, its
+uploads are neither compressed nor clipped: compression, ``[privacy]``, ``[system]`` and deployments refuse it.
+
+``control_variate = "previous"`` runs everywhere with one phase: the snapshot is the previous reporting round's model ``x̃ = x_{t−1}`` and
 ``c = ḡ_{t−1}`` its clients' mean full-batch gradient there: the statistic MimeLite already collects, a deviation like
 SCAFFOLD's control variate from the previous visit.  Snapshot and ``c`` are taken at the same model, so the step is
 still an unbiased estimate of the population gradient at ``y`` (over clients and minibatches), as the paper's;
@@ -99,6 +106,7 @@ from driftlab.simulation.seam import (
     GradientCorrection,
     PrivacyForm,
     RoundContext,
+    RoundPrelude,
     ServerFold,
 )
 
@@ -123,6 +131,11 @@ ASYNCHRONOUS_REFUSAL = (
 )
 
 
+CURRENT_PRIVACY_REFUSAL = (
+    "Mime with the paper's control variate uploads each client's full-batch gradient in a first phase of the round, which "
+    "client-level DP does not clip or noise: set algorithm.control_variate = \"previous\" (its messages carry the gradients "
+    "and are clipped and noised; aggregation = \"uniform\"), or remove [privacy]"
+)
 MIME_ASYNCHRONOUS_REFUSAL = (
     "Mime corrects every local step with the control variate c and the gradient at the model the round broadcast, and "
     "moves c and the server momentum with the clients' full-batch gradients at that model: FedBuff's stale clients "
@@ -150,6 +163,12 @@ class MimeConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     name: Literal["mime"] = "mime"
+    control_variate: Literal["current", "previous"] = Field(
+        "current",
+        description="c and the snapshot x̃: 'current' (the paper's) = this round's clients' mean full-batch gradient at this "
+        "round's x, gathered in a first phase of the round before local training (simulation only: no compression, "
+        "privacy, [system] or deployment); 'previous' = the last reporting round's, at its model (one phase, runs everywhere)",
+    )
     momentum: float = Field(
         0.9, ge=0, lt=1,
         description="β in [0, 1): m ← β m + mean ∇f_k(x), local step y ← y − η_l(∇f_k(y; ζ) − ∇f_k(x; ζ) + c + β m)",
@@ -252,12 +271,17 @@ def privacy_form(uses_momentum: bool) -> PrivacyForm:
     return PrivacyForm(release, restore, size=size)
 
 
-def build(server_optimizer: Any, momentum: float = 0.9, aggregation: str = "weighted", control_variate: bool = False) -> Algorithm:
-    """MimeLite (``control_variate=False``) or Mime (True, named "mime") with momentum β = ``momentum``, whose x-update
-    applies ``server_optimizer`` (SGD) to ``x − ȳ``."""
+def build(server_optimizer: Any, momentum: float = 0.9, aggregation: str = "weighted", control_variate: bool | str = False) -> Algorithm:
+    """MimeLite (``control_variate=False``) or Mime (named "mime") with momentum β = ``momentum``, whose x-update
+    applies ``server_optimizer`` (SGD) to ``x − ȳ``: ``control_variate="current"`` the paper's in-round c
+    (``RoundPrelude``), ``"previous"`` (or True) c and x̃ of the last reporting round."""
     if not 0 <= momentum < 1:
         raise ValueError(f"momentum (β) must be in [0, 1), got {momentum}")
     check_aggregation(aggregation)
+    if control_variate == "current":
+        return _build_mime_current(server_optimizer, momentum, aggregation)
+    if control_variate not in (False, True, "previous"):
+        raise ValueError(f"control_variate must be False (MimeLite), \"current\" or \"previous\" (Mime), got {control_variate!r}")
     if control_variate:
         return _build_mime(server_optimizer, momentum, aggregation)
     uses_momentum = momentum > 0
@@ -355,9 +379,72 @@ def _build_mime(server_optimizer: Any, momentum: float, aggregation: str) -> Alg
                      privacy_refusal=None if private else WEIGHTED_REFUSAL, asynchronous_refusal=MIME_ASYNCHRONOUS_REFUSAL)
 
 
+@dataclass(frozen=True)
+class MimeRoundView:
+    """What the paper's Mime sends a selected client once the round's first phase is done: x (received in the first
+    phase, to compute ∇f_k(x)) and ``c + β m`` (the second phase); the snapshot is x itself."""
+
+    params: torch.Tensor
+    correction: torch.Tensor
+
+
+def _build_mime_current(server_optimizer: Any, momentum: float, aggregation: str) -> Algorithm:
+    """The paper's Mime (module docstring, "The paper's control variate"): a first phase gathers
+    ``c = Σ r_k ∇f_k(x) / Σ r_k`` over the round's clients (``RoundPrelude``), who then train with the SVRG term at the
+    snapshot ``x`` and ``c + β m``; the server averages the ``y_k`` and moves ``m`` with the same ``c``."""
+
+    def server_init(initial_params: torch.Tensor) -> ServerState:
+        return ServerState(initial_params, torch.zeros_like(initial_params), server_optimizer.init(initial_params))
+
+    def broadcast(server: ServerState) -> MimeRoundView:
+        # Before the first phase (its view is read for x only) c is the last round's, or absent in round 1.
+        control = server.control_variate if server.control_variate is not None else torch.zeros_like(server.params)
+        return MimeRoundView(server.params, control + momentum * server.momentum if momentum > 0 else control)
+
+    def gradient_at_x(view: MimeRoundView, context: ClientContext, computation: Any) -> torch.Tensor:
+        if computation is None:
+            raise RuntimeError(MIME_MISSING_FULL_GRADIENT)
+        return computation.full_gradient(view.params)
+
+    def weight(context: ClientContext) -> float:
+        return client_weight(context.num_samples, context.multiplicity, aggregation)
+
+    def with_control_variate(server: ServerState, mean_gradient: torch.Tensor) -> ServerState:
+        return ServerState(server.params, server.momentum, server.optimizer_state, mean_gradient, None)
+
+    def client_objective(view: MimeRoundView, client_state: None, context: ClientContext) -> LocalObjective:
+        return LocalObjective(correction=GradientCorrection(linear=view.correction), loss_term=LossTerm(minus_snapshot_gradient, (view.params,)))
+
+    def client_finish(view: MimeRoundView, client_state: None, context: ClientContext, update: ClientUpdate) -> tuple[None, ClientMessage]:
+        return None, ClientMessage(update.final_params, None, context.num_samples, context.multiplicity)
+
+    def aggregation_start(server: ServerState, context: RoundContext) -> RunningMean:
+        return RunningMean()
+
+    def aggregation_add(models: RunningMean, message: ClientMessage) -> RunningMean:
+        return models.add(message.params, client_weight(message.num_samples, message.multiplicity, aggregation))
+
+    def aggregation_finish(server: ServerState, models: RunningMean, context: RoundContext) -> tuple[ServerState, dict[str, float]]:
+        params, optimizer_state = apply_server_optimizer(
+            server_optimizer, server.optimizer_state, server.params, models.value(), context.server_learning_rate
+        )
+        control = server.control_variate  # this round's c, at x: the momentum's input too
+        metrics = {"control_variate_norm": float(torch.linalg.vector_norm(control))}
+        new_momentum = server.momentum
+        if momentum > 0:
+            new_momentum = momentum * server.momentum + control
+            metrics["momentum_norm"] = float(torch.linalg.vector_norm(new_momentum))
+        return ServerState(params, new_momentum, optimizer_state, control, None), metrics
+
+    fold = ServerFold(aggregation_start, aggregation_add, aggregation_finish)
+    return Algorithm("mime", server_init, client_objective, client_finish, fold.server_update, broadcast,
+                     server_fold=fold, privacy_refusal=CURRENT_PRIVACY_REFUSAL, asynchronous_refusal=MIME_ASYNCHRONOUS_REFUSAL,
+                     prelude=RoundPrelude(gradient_at_x, weight, with_control_variate))
+
+
 def from_config(config: Config, server_optimizer: Any) -> Algorithm:
     return build(server_optimizer, momentum=config.momentum, aggregation=config.aggregation)
 
 
 def from_mime_config(config: MimeConfig, server_optimizer: Any) -> Algorithm:
-    return build(server_optimizer, momentum=config.momentum, aggregation=config.aggregation, control_variate=True)
+    return build(server_optimizer, momentum=config.momentum, aggregation=config.aggregation, control_variate=config.control_variate)

@@ -323,11 +323,20 @@ def objective_gradient(objective, theta: torch.Tensor, curvature: torch.Tensor, 
 
 
 def run_mime(algorithm, problem: Quadratics, initial: torch.Tensor, rounds: int, steps: int, learning_rate: float, num_samples=None):
-    """``run_with_gradients`` with the client objective's loss term evaluated (``objective_gradient``)."""
+    """``run_with_gradients`` with the client objective's loss term evaluated (``objective_gradient``), and the round's
+    first phase (``Algorithm.prelude``) run as the engine runs it."""
     sizes = list(num_samples) if num_samples is not None else [10] * problem.num_clients
     settings = LocalSettings(learning_rate)
     server, history = algorithm.server_init(initial), []
     for t in range(1, rounds + 1):
+        if algorithm.prelude is not None:
+            first, total, weights = algorithm.broadcast(server), 0.0, 0.0
+            for client in range(problem.num_clients):
+                context = ClientContext(client, t, sizes[client], sum(sizes) / len(sizes), problem.num_clients, steps, learning_rate)
+                computation = QuadraticGradient(problem.curvatures[client], problem.targets[client])
+                total = total + algorithm.prelude.weight(context) * algorithm.prelude.compute(first, context, computation)
+                weights += algorithm.prelude.weight(context)
+            server = algorithm.prelude.apply(server, total / weights)
         view = algorithm.broadcast(server)
         messages = []
         for client in range(problem.num_clients):
@@ -461,7 +470,7 @@ def test_mime_refuses_asynchrony_and_a_client_without_its_data():
         algorithm.client_finish(view, None, ClientContext(0, 1, 1, 1.0, 1, 1, 0.1), ClientUpdate(view.params, vector(2.0), 1))
 
 
-MIME_RUN = {**RUN, "algorithm": {"name": "mime", "momentum": 0.5}}
+MIME_RUN = {**RUN, "algorithm": {"name": "mime", "momentum": 0.5, "control_variate": "previous"}}
 
 
 def test_mime_both_backends_agree_to_float32_rounding():
@@ -483,7 +492,8 @@ def test_mime_round_one_runs_are_mimelite_and_fedavg_runs_bit_for_bit():
     result = driftlab.run(one)
     assert torch.equal(result.final_params, driftlab.run({**one, "algorithm": {"name": "mimelite", "momentum": 0.5}}).final_params)
     plain = driftlab.run({**one, "algorithm": {"name": "fedavg", "incomplete": "keep"}})
-    assert torch.equal(driftlab.run({**one, "algorithm": {"name": "mime", "momentum": 0.0}}).final_params, plain.final_params)
+    zero = {"name": "mime", "momentum": 0.0, "control_variate": "previous"}
+    assert torch.equal(driftlab.run({**one, "algorithm": zero}).final_params, plain.final_params)
 
 
 def test_mime_compressed_uploads_run():
@@ -501,10 +511,100 @@ def test_mime_config_errors_name_the_key_before_any_work():
 
 def test_a_private_mime_run_trains_and_a_weighted_or_asynchronous_one_is_refused():
     private = {**MIME_RUN, "sampling": {"participation": 0.5, "mode": "poisson"}, "privacy": {"clip": 1.0, "noise_multiplier": 0.5}}
-    result = driftlab.run({**private, "algorithm": {"name": "mime", "momentum": 0.5, "aggregation": "uniform"}})
+    result = driftlab.run({**private, "algorithm": {"name": "mime", "momentum": 0.5, "aggregation": "uniform", "control_variate": "previous"}})
     assert all(math.isfinite(record["train_loss"]) for record in result.records)
     assert any(record["control_variate_norm"] > 0 for record in result.records)
     with pytest.raises(driftlab.ConfigError, match='aggregation = "uniform"'):
         driftlab.run(private)
     with pytest.raises(driftlab.ConfigError, match=r"Mime corrects every local step.*remove \[asynchronous\]"):
         driftlab.run({**MIME_RUN, "system": {}, "asynchronous": {"buffer": 2}})
+
+
+# ------------------------------------------------------------------ the paper's Mime: c of this round, in a first phase
+
+
+def mime_current(momentum: float = 0.5, aggregation: str = "uniform"):
+    return mime.build(SGD, momentum=momentum, aggregation=aggregation, control_variate="current")
+
+
+MIME_CURRENT_RUN = {**RUN, "algorithm": {"name": "mime", "momentum": 0.5}}  # the default: control_variate = "current"
+
+
+def test_the_papers_mime_two_hand_rounds():
+    # Round 1: c¹ = mean(∇f_k(0)) = mean(−(2, 0), −(0, 4)) = (−1, −2) before training; the clients step
+    #   y ← y − 0.5((y − x) + c¹) (identity curvature: ∇f_k(y) − ∇f_k(x) = y − x): y = (0.5, 1), then (0.75, 1.5) = x¹;
+    #   m¹ = c¹ = (−1, −2).
+    # Round 2: c² = mean((−1.25, 1.5), (0.75, −2.5)) = (−0.25, −0.5) at x¹; c² + β m¹ = (−0.75, −1.5);
+    #   y = (0.75, 1.5) + (0.375, 0.75) = (1.125, 2.25), then (1.125, 2.25) − 0.5((0.375, 0.75) − (0.75, 1.5)) = (1.3125, 2.625) = x²;
+    #   m² = 0.5 m¹ + c² = (−0.75, −1.5).  (The same numbers as the one-phase rule here: identity curvature.)
+    initial = torch.zeros(2, dtype=torch.float64)
+    for rounds, expected in ((1, vector(0.75, 1.5)), (2, vector(1.3125, 2.625))):
+        server, history = run_mime(mime_current(), HAND_PROBLEM, initial, rounds=rounds, steps=2, learning_rate=0.5)
+        assert torch.equal(server.params, expected)
+    assert torch.equal(server.momentum, vector(-0.75, -1.5)) and torch.equal(server.control_variate, vector(-0.25, -0.5))
+    assert history[-1]["control_variate_norm"] == pytest.approx(0.25 * math.sqrt(5), rel=1e-15)
+
+
+def test_the_papers_mime_uses_this_rounds_control_variate_from_round_one():
+    # On curved quadratics the one-phase rule's round 1 is MimeLite's; the paper's already corrects the steps.
+    problem = heterogeneous_quadratics()
+    initial = vector(1.0, -1.0, 0.5)
+    current, _ = run_mime(mime_current(0.5), problem, initial, 1, 4, 0.1)
+    previous, _ = run_mime(mime_build(0.5), problem, initial, 1, 4, 0.1)
+    assert not torch.equal(current.params, previous.params)
+    mean_gradient = torch.stack([problem.gradient(k, initial) for k in range(problem.num_clients)]).mean(0)
+    assert torch.allclose(current.control_variate, mean_gradient, rtol=0, atol=1e-15)
+
+
+def test_the_papers_mime_with_one_local_step_is_heavy_ball_on_the_current_gradient():
+    # K = 1: y_k = x − η(∇f_k(x) − ∇f_k(x) + c + βm) = x − η(∇F(x) + βm) for every client: centralized SGD with momentum.
+    problem = heterogeneous_quadratics()
+    x, m, beta, rate = vector(1.0, -1.0, 0.5), torch.zeros(3, dtype=torch.float64), 0.7, 0.1
+    server, _ = run_mime(mime_current(beta), problem, x, 30, 1, rate)
+    for _ in range(30):
+        gradient = torch.stack([problem.gradient(k, x) for k in range(problem.num_clients)]).mean(0)
+        x, m = x - rate * (gradient + beta * m), beta * m + gradient
+    assert torch.allclose(server.params, x, rtol=0, atol=1e-13) and torch.allclose(server.momentum, m, rtol=0, atol=1e-13)
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.5])
+def test_the_papers_mime_with_several_local_steps_converges_to_the_minimiser(beta: float):
+    problem = heterogeneous_quadratics()
+    server, _ = run_mime(mime_current(beta), problem, vector(1.0, -1.0, 0.5), 150, 5, 0.05)
+    assert torch.allclose(server.params, problem.minimiser(), rtol=0, atol=1e-8)
+
+
+def test_the_papers_mime_runs_its_first_phase_in_the_engine_on_both_backends():
+    sequential = driftlab.run({**MIME_CURRENT_RUN, "backend": "sequential"})
+    vectorized = driftlab.run({**MIME_CURRENT_RUN, "backend": "vectorized"})
+    assert torch.allclose(sequential.final_params, vectorized.final_params, rtol=1e-4, atol=1e-5)
+    previous = driftlab.run(MIME_RUN)
+    assert not torch.equal(sequential.final_params, previous.final_params)
+    lite = driftlab.run(RUN)
+    for record, lite_record in zip(sequential.records, lite.records, strict=True):
+        assert record["control_variate_norm"] > 0
+        # up ∇f_k(x) (first phase, every client with work) and y_k; down x and c + βm: MimeLite's traffic
+        assert record["upload_bits"] == lite_record["upload_bits"] and record["download_bits"] == lite_record["download_bits"]
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        ({"compression": {"ratio": 0.2}}, "compression would leave uncompressed"),
+        ({"sampling": {"participation": 0.5, "mode": "poisson"}, "privacy": {"clip": 1.0, "noise_multiplier": 0.5}}, "client-level DP"),
+        ({"system": {}}, "which the simulated clock does not time"),
+    ],
+)
+def test_the_papers_mime_refuses_what_its_first_phase_cannot_do_and_names_the_one_phase_rule(extra, message):
+    algorithm = {"name": "mime", "momentum": 0.5, "aggregation": "uniform"}
+    with pytest.raises(driftlab.ConfigError, match=message) as raised:
+        driftlab.run({**MIME_CURRENT_RUN, **extra, "algorithm": algorithm})
+    assert 'control_variate = "previous"' in str(raised.value)
+
+
+def test_a_deployment_refuses_the_papers_mime():
+    from driftlab.deploy.messages import check_config_deployable
+
+    with pytest.raises(driftlab.ConfigError, match="one request and one reply per client and round"):
+        check_config_deployable(driftlab.load_config(MIME_CURRENT_RUN))
+    check_config_deployable(driftlab.load_config(MIME_RUN))  # the one-phase rule deploys

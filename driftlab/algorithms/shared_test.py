@@ -222,6 +222,15 @@ def hand_round(
     sizes = [1, 3]
     settings = LocalSettings(0.5)
     new_states, messages = [], []
+    if algorithm.prelude is not None:  # the round's first phase, as the engine's run_prelude does it
+        prelude, shared = algorithm.prelude, algorithm.broadcast(server)
+        total, weights = 0.0, 0.0
+        for client in range(2):
+            context = ClientContext(client, round_index, sizes[client], 2.0, 4, 2, 0.5)
+            computation = HandComputation(fisher[client] if fisher is not None else None, targets[client])
+            total = total + prelude.weight(context) * prelude.compute(algorithm.view_for(server, client, shared), context, computation)
+            weights += prelude.weight(context)
+        server = prelude.apply(server, total / weights)
     for client in range(2):
         context = ClientContext(client, round_index, sizes[client], 2.0, 4, 2, 0.5)
         view = algorithm.view_for(server, client, algorithm.broadcast(server))  # a view of its own (FedAMP's u_k)

@@ -176,6 +176,12 @@ class CompressedPayload:
 
 def with_compression(algorithm: Algorithm, ratio: float, tensor_sizes: Sequence[int]) -> Algorithm:
     """``algorithm`` with ST-compressed, error-feedback uploads and downloads (module docstring)."""
+    if algorithm.prelude is not None:
+        raise ValueError(
+            f"algorithm {algorithm.name!r} uploads a vector per client before local training (Algorithm.prelude), which "
+            "compression would leave uncompressed; set compression.ratio = 1, or for Mime algorithm.control_variate = "
+            "\"previous\" (one phase, compressed like MimeLite)"
+        )
     if algorithm.client_view is not None:
         raise ValueError(
             f"algorithm {algorithm.name!r} sends each client a view of its own (Algorithm.client_view), and compression's "

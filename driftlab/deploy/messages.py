@@ -160,6 +160,12 @@ def check_deployable(config: ExperimentConfig, algorithm: Algorithm) -> None:
             "client states stay on the nodes, so the server cannot do that: remove availability.events and "
             "availability.initially_registered, or choose an algorithm without client_joined/client_left"
         )
+    if algorithm.prelude is not None:
+        raise ConfigError(
+            f"algorithm {config.algorithm.name!r} has a first phase in every round (Algorithm.prelude: each client uploads "
+            "a vector before it trains), and a deployment exchanges one request and one reply per client and round: run it "
+            "with driftlab run, or for Mime set algorithm.control_variate = \"previous\" (one phase)"
+        )
     if algorithm.client_view is not None:
         raise ConfigError(
             f"algorithm {config.algorithm.name!r} sends each client a view of its own (Algorithm.client_view: FedAMP's "

@@ -54,7 +54,7 @@ ALGORITHMS: dict[str, list[str]] = {
     "fedgate": ["algorithm.name=fedgate"],
     "vrlsgd": ["algorithm.name=vrlsgd"],
     "mimelite": ["algorithm.name=mimelite"],
-    "mime": ["algorithm.name=mime"],
+    "mime": ["algorithm.name=mime", "algorithm.control_variate=previous"],  # the paper's in-round c cannot deploy
     "ditto": ["algorithm.name=ditto", "algorithm.lam=0.5", "evaluation.personal=false"],
     "apfl": ["algorithm.name=apfl", "evaluation.personal=false"],  # a deployment records no personal columns
     "nesterov-plugin": ["algorithm.name=nesterov_avg", f'plugins=["{EXAMPLES / "nesterov_plugin" / "nesterov_avg.py"}"]'],

@@ -508,6 +508,12 @@ def build_simulation(
     except ValueError as error:
         raise ConfigError(str(error)) from None
     check_deadline(sim)
+    if sim.system is not None and algorithm.prelude is not None:
+        raise ConfigError(
+            f"algorithm {config.algorithm.name!r} has a first phase in every round (Algorithm.prelude), which the simulated "
+            "clock does not time (one download, training and one upload per client): remove [system], or for Mime set "
+            "algorithm.control_variate = \"previous\" (one phase)"
+        )
     if personal_evaluation(config, sim):
         sim.evaluation = dataclasses.replace(sim.evaluation, personal=True, finetune_steps=config.evaluation.finetune_steps or 0)
     store, latest_models = client_stores(config, sim, config.state.store, state_dir)

@@ -258,6 +258,12 @@ def with_privacy(algorithm: Algorithm, settings: PrivacySettings) -> Algorithm:
     Wrap compression inside: ``with_privacy(with_compression(algorithm, ...), settings)``.  ConfigError, before
     any work, for an algorithm (or configuration) without a ``PrivacyForm``, naming the fix.
     """
+    if algorithm.prelude is not None:
+        raise ConfigError(
+            f"algorithm {algorithm.name!r} uploads a vector per client before local training (its round's first phase, "
+            "Algorithm.prelude), which client-level DP would have to clip and noise too, and does not; remove [privacy], or "
+            "for Mime set algorithm.control_variate = \"previous\" (one phase, whose messages are clipped and noised)"
+        )
     form = check_private(algorithm, settings)
     adaptive = settings.adaptive is not None
     local = settings.noise == "local" and settings.noised

@@ -295,6 +295,24 @@ class Personalization:
 
 
 @dataclass(frozen=True)
+class RoundPrelude:
+    """A first phase of every round, before local training (Mime's control variate, Karimireddy et al. 2021).
+
+    Each client with work this round computes ``compute(view, context, computation)``, a flat vector, at the view
+    ``broadcast`` gives (e.g. ``computation.full_gradient(view.params)``); the server takes their mean, weighted by
+    ``weight(context)``, summed in sample order, and ``apply(server, mean)`` is the state whose ``broadcast`` the
+    clients then train from and whose fold aggregates the round.  The vectors are an upload of their size each; the
+    clients receive the second view instead of the first (the same tensors, in two messages).  A prelude's vectors
+    are neither compressed nor clipped, and a deployment has one exchange per round: compression, ``[privacy]``,
+    ``[system]``, ``[asynchronous]`` and deployments refuse an algorithm with a prelude.
+    """
+
+    compute: Callable[[Any, ClientContext, ClientComputation], torch.Tensor]
+    weight: Callable[[ClientContext], float]
+    apply: Callable[[Any, torch.Tensor], Any]
+
+
+@dataclass(frozen=True)
 class Algorithm:
     """The functions that are the whole of an algorithm (see the module docstring).
 
@@ -347,6 +365,8 @@ class Algorithm:
     # (server state, client id) -> the view the server sends that client (FedAMP's own cloud model u_k), whose
     # ``params`` that client's local SGD starts from; None: every selected client receives ``broadcast(server)``.
     client_view: Callable[[Any, int], Any] | None = None
+    # A first phase of each round before local training (RoundPrelude: Mime's in-round control variate); None: one phase.
+    prelude: RoundPrelude | None = None
 
     def __post_init__(self) -> None:
         if self.server_fold is not None and self.server_update != self.server_fold.server_update:
@@ -358,6 +378,11 @@ class Algorithm:
 
     def asynchronous_problem(self) -> str | None:
         """Why this algorithm cannot run asynchronously, with the fix (None: it can)."""
+        if self.prelude is not None:
+            return (
+                f"algorithm {self.name!r} computes a statistic of the round's clients before they train (Algorithm.prelude), "
+                "and FedBuff's clients start whenever one is idle; run it synchronously (remove [asynchronous])"
+            )
         if self.client_view is not None:
             return (
                 f"algorithm {self.name!r} sends each client a view of its own (Algorithm.client_view), and FedBuff's "

@@ -70,6 +70,7 @@ Untimed rounds take none of these steps: their records and models are those of a
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -80,8 +81,8 @@ import torch
 from driftlab.metrics.communication import payload_bits
 from driftlab.optim.schedules import value_at
 from driftlab.simulation.round.availability import steps_to_do
-from driftlab.simulation.round.client import ClientData, ClientSettings, client_end, client_start
-from driftlab.simulation.backends.local_training import LocalSettings
+from driftlab.simulation.round.client import ClientData, ClientDataComputation, ClientSettings, client_end, client_start
+from driftlab.simulation.backends.local_training import LocalSettings, single_threaded_clients
 from driftlab.simulation.round.latest_models import LatestModels, LatestModelsUpdate, all_clients_mean, summed_store
 from driftlab.simulation.round.ordered_fold import FoldedRound, OrderedFold
 from driftlab.simulation.round.sampling import ClientSample, clients_per_round, over_selected, sample_clients
@@ -166,6 +167,7 @@ class RoundWork:
     num_incomplete: int
     started: float  # time.perf_counter() when planning began, for the record's round_seconds
     timing: RoundTiming | None = None  # simulated time ([system]); None: the round is not timed
+    prelude_bits: int = 0  # the vectors the clients uploaded in the round's first phase (Algorithm.prelude)
 
     def view_of(self, algorithm: Any, client_id: int) -> Any:
         """The view client ``client_id`` receives this round (``Algorithm.view_for``)."""
@@ -196,6 +198,8 @@ def run_round(
     if evaluate_after and sim.evaluation.divergence_factor:
         reference_losses(sim)  # once per process, outside the round's timing
     work = plan_round(sim, state)
+    if sim.algorithm.prelude is not None:
+        work = run_prelude(sim, work)
     keep_models = evaluate_after and sim.evaluation.model == "reporting_mean"
     folding = start_fold(sim, work, keep_models)
     latest = None
@@ -213,6 +217,27 @@ def run_round(
     if commit:
         commit_round(new_state)
     return new_state, record
+
+
+def run_prelude(sim: Simulation, work: RoundWork) -> RoundWork:
+    """The round's first phase (``seam.RoundPrelude``): every client with work computes its vector at the broadcast
+    view, one after another in sample order on the client code path's computations (the same numbers on every
+    backend); the server applies their weighted mean, and the clients train from the new state's view."""
+    prelude = sim.algorithm.prelude
+    if not work.contexts:
+        return work
+    total, weights, bits = None, 0.0, 0
+    with single_threaded_clients(sim.device):
+        for context in work.contexts:
+            data = client_data(sim, context.client_id)
+            computation = ClientDataComputation(data, work.settings.seed, work.round, context.client_id, work.settings)
+            vector = prelude.compute(work.view_of(sim.algorithm, context.client_id), context, computation)
+            weight = float(prelude.weight(context))
+            total = vector * weight if total is None else total + vector * weight
+            weights += weight
+            bits += payload_bits(vector)
+    server = prelude.apply(work.server, total / weights)
+    return dataclasses.replace(work, server=server, view=sim.algorithm.broadcast(server), prelude_bits=bits)
 
 
 def start_fold(sim: Simulation, work: RoundWork, keep_models: bool = False) -> OrderedFold:
@@ -514,7 +539,7 @@ def finish_folded_round(
         "num_inactive": work.num_inactive,
         "num_incomplete": work.num_incomplete,
         "local_steps": int(sum(steps_done.get(context.client_id, 0) for context in work.contexts)),  # a client drawn twice trains once
-        "upload_bits": int(folded.upload_bits),
+        "upload_bits": int(folded.upload_bits) + work.prelude_bits,
         "download_bits": work.download_bits(sim.algorithm),
         "client_lr": work.settings.local.client_lr,
         "server_lr": work.server_lr,
