@@ -10,18 +10,29 @@ solved by alternating a gradient step on the attention term (server) with a prox
     server:  u_k = Σ_j ξ_kj w_j,   ξ_kj = α A'(‖w_k − w_j‖²)  (j ≠ k),   ξ_kk = 1 − Σ_{j≠k} ξ_kj
              (computed as u_k = w_k + Σ_{j≠k} ξ_kj (w_j − w_k), the same sum)
     client k: w_k ← argmin_w F_k(w) + λ/(2α) ‖w − u_k‖²,  K local SGD steps from u_k:
-               ∇ += (λ/α)(w − u_k)  → GradientCorrection(quadratic = λ/α, reference = u_k);  send w_k
-    server:  row k of W ← w_k
+               ∇ += (λ/α)(w − u_k)  → GradientCorrection(quadratic = λ/α, reference = u_k);  keep w_k (its
+               client state), send w_k − w_k^old
+    server:  S ← S + Σ_k (w_k − w_k^old),  S = Σ_j w_j;  the evaluated model S/N
 
 The ξ form drops the factor 2 of ∇A(‖w_k − w_j‖²) (as every implementation read does), so a fixed point is a
 stationary point of Σ_k F_k + (λ/2) Σ_{k<j} A(‖w_k − w_j‖²): ∇F_k(w_k) + λ Σ_j A'(‖w_k − w_j‖²)(w_k − w_j) = 0 (tested on quadratics).
 
-The cloud model u_k is client k's own (``Algorithm.client_view``): the server computes it, for the m selected clients
-only, from the latest model of EVERY client (N rows of ``ServerState.models``, one ``[N, P]`` tensor: a client not
-selected keeps its last w_j, one that never trained θ⁰, the paper's W⁰); the sum runs over the row blocks of W so a
-cloud model costs about 5·N·P flops and a block of memory, not another [N, P].  The view sends u_k only (one model
-down, counted per client), computed when first read: counting a view's bits or reading a client's own model from it
-(the personalized evaluation, which builds every client's view) costs nothing.
+What the server keeps is every client's latest model, and those are the client states: client k's state is w_k
+(``ClientState``; ``client_state_init(θ⁰) = θ⁰``, the paper's W⁰ for a client that never trained), held by the
+client-state store the engine owns (in memory, or in the disk store's row files with ``state.store = "disk"``, or
+"auto" when N models exceed the memory budget: memory stays bounded whatever N).  In a deployment the server would
+hold these rows itself; FedAMP stays refused there (``check_deployable``: one broadcast view per round).  The cloud
+model u_k is client k's own (``Algorithm.client_view``), computed for the m selected clients only from the store's
+committed states (``states()``, in client-id order; a client without a state counts as θ⁰, kept in the server
+state): one walk to client k's own row w_k, then one pass over every client's row, summed over blocks of rows
+(``cloud_model``) so a cloud model costs about 5·N·P flops and a block of memory.  The blocks are the rows of the
+N-row matrix W, θ⁰ where a client has no state, so the numbers are those of the sum over an ``[N, P]`` W.  The view
+sends u_k only (one model down, counted per client), computed when first read: counting a view's bits or reading a
+client's own model (the personalized evaluation builds every client's view) costs nothing.
+
+The client's new state is its w_k; its message is the change w_k − w_k^old (one model up: the client knows its old
+w_k, its state), from which the server keeps Σ_j w_j, in float64 (as the engine's ``latest_models`` sum): the
+evaluated "server" model is (1/N) Σ_j w_j, with no pass over the store.
 
 Choices, with where the references differ (the paper was read in excerpts; the authors' code was not found; PFLlib's
 clientamp/serveramp, FLGo's and fluke's fedamp are third-party):
@@ -35,34 +46,37 @@ clientamp/serveramp, FLGo's and fluke's fedamp are third-party):
     networks) is not implemented.
   * PFLlib mixes only the models uploaded in the previous round and adds λ/(2α)‖w − u‖ unsquared; fluke mixes
     the round's clients only; this module follows the paper's full W.
-  * Partial participation, stragglers (their partial w_k is kept), dropouts (the row stays) and clients leaving
-    the registered set (their row stays in every sum) all follow from "the server's latest w_j".
+  * Partial participation, stragglers (their partial w_k is kept), dropouts and late messages (no new state: the
+    row stays) and clients leaving the registered set (their row stays in every sum) all follow from "the server's
+    latest w_j" being the store's committed states.
   * The evaluated "server" model ``ServerState.params`` (and ``broadcast``'s view, sent to nobody) is the mean of
     the N rows, (1/N) Σ_j w_j: FedAMP has no global model.  Each client's own model (``Personalization``) is its
-    row w_k, read through the view (``ClientView.personal``): the client holds it already (it trained it), so it
-    is not counted as sent.
+    state w_k: the client holds it already (it trained it), so it is not counted as sent.
 
 Refused: compression (one downlink residual per server, the seam), [asynchronous] (the seam), a deployment
 (deploy/messages.check_deployable), [privacy] (``PRIVACY_REFUSAL``).
 
-Cost (N clients, P parameters, m selected): server memory N·P floats (checkpointed); per round m cloud models of
-about 5·N·P flops each (each reads all of W), and the new W written out of place (N·P copied: states are never
-mutated).  A cross-silo method (the paper: tens of clients); docs/performance.md has what it costs at N = 100,000.
+Cost (N clients, P parameters, m selected): the store holds N·P floats (the rows of clients that trained; on disk
+when large, checkpointed incrementally by the disk store); the server state is four models (Σ_j w_j in float64, the
+mean, θ⁰); per round m cloud models of about 5·N·P flops each (each reads every stored row, and the walk to w_k up
+to half of them again).  A cross-silo method (the paper: tens of clients); docs/performance.md has what it costs at
+N = 100,000.
 
 Example:
     >>> import torch
     >>> from driftlab.algorithms import fedamp
     >>> algorithm = fedamp.build(num_clients=3)
     >>> server = algorithm.server_init(torch.zeros(2))
-    >>> server.models.shape, algorithm.client_view(server, 1).params
-    (torch.Size([3, 2]), tensor([0., 0.]))
+    >>> trained = {2: fedamp.ClientState(torch.tensor([1.0, 0.0]))}  # only client 2 has a state: the others are θ⁰
+    >>> algorithm.client_view(server, 2, lambda: iter(trained.items())).params  # 1 − 2·(½e^{−1}): σ = 1, α = ½
+    tensor([0.6321, 0.0000])
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, Literal
+from typing import Any, Callable, Iterable, Iterator, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -79,6 +93,9 @@ PRIVACY_REFUSAL = (
 
 # Rows of W per block of a cloud-model sum: about 16 Mi entries (64 MiB of float32) whatever the model size.
 BLOCK_ENTRIES = 1 << 24
+
+# (client id, ClientState) over every client with a state, in client-id order (the store's ``items``)
+States = Callable[[], Iterator[tuple[int, "ClientState"]]]
 
 
 class Config(BaseModel):
@@ -98,7 +115,13 @@ class Config(BaseModel):
 @dataclass(frozen=True)
 class ServerState:
     params: torch.Tensor  # (1/N) Σ_j w_j: the evaluated "server" model
-    models: torch.Tensor  # W, [N, P]: every client's latest w_j (θ⁰ until it trains)
+    total: torch.Tensor  # Σ_j w_j over all N clients (θ⁰ for those without a state), float64
+    initial: torch.Tensor  # θ⁰: the model of every client that has not trained
+
+
+@dataclass(frozen=True)
+class ClientState:
+    model: torch.Tensor  # w_k: the client's latest model, its personalized one (θ⁰ until it trains)
 
 
 @dataclass(frozen=True)
@@ -106,26 +129,24 @@ class ClientView:
     """What client k receives: its cloud model u_k = ``params`` (the start of local SGD and the proximal reference).
 
     Computed on first read and kept (``cached_property``): the engine also builds views only to count their bits
-    (``bits``, one model: u_k alone) or to read the client's own model (``personal``, evaluation), and neither needs
-    the N·P-flop sum.  ``personal`` is w_k, row k of the server's W (a view of it, not a copy): the client already
-    holds it (it trained it), so it is not sent."""
+    (``bits``, one model: u_k alone) or to read a client's own model (evaluation, from the client's state), and
+    neither needs the N·P-flop sum.  ``states`` gives the store's rows (``Algorithm.client_view``)."""
 
-    models: torch.Tensor  # the server's W, [N, P] (the state's own tensor: states are never mutated)
+    states: States
+    initial: torch.Tensor  # θ⁰, for the clients without a state
+    num_clients: int
     client_id: int
     alpha: float
     sigma: float
 
     @cached_property
     def params(self) -> torch.Tensor:
-        return cloud_model(self.models, self.client_id, self.alpha, self.sigma)
-
-    @property
-    def personal(self) -> torch.Tensor:
-        return self.models[self.client_id]
+        own = own_model(self.states(), self.client_id, self.initial)
+        return cloud_model(self.states(), own, self.client_id, self.initial, self.num_clients, self.alpha, self.sigma)
 
     @property
     def bits(self) -> int:
-        return BITS_PER_ENTRY * self.models.shape[1]
+        return BITS_PER_ENTRY * self.initial.numel()
 
 
 @dataclass(frozen=True)
@@ -137,8 +158,7 @@ class MeanView:
 
 @dataclass(frozen=True)
 class ClientMessage:
-    client_id: int
-    params: torch.Tensor  # w_k, one model up
+    change: torch.Tensor  # w_k − w_k^old in float64 (no float32 rounding of the change), one model up
 
 
 def attention_weights(distances: torch.Tensor, alpha: float, sigma: float) -> torch.Tensor:
@@ -146,18 +166,44 @@ def attention_weights(distances: torch.Tensor, alpha: float, sigma: float) -> to
     return alpha * torch.exp(-distances / sigma) / sigma
 
 
-def cloud_model(models: torch.Tensor, client_id: int, alpha: float, sigma: float) -> torch.Tensor:
-    """``u_k = w_k + Σ_{j≠k} ξ_kj (w_j − w_k)`` over the rows of ``models`` (= Σ_j ξ_kj w_j with ξ_kk = 1 − Σ_{j≠k} ξ_kj).
+def own_model(states: Iterable[tuple[int, ClientState]], client_id: int, initial: torch.Tensor) -> torch.Tensor:
+    """w_k from the states in client-id order (read up to client k's, no further), θ⁰ when k has none."""
+    for stored_id, state in states:
+        if stored_id >= client_id:
+            return state.model if stored_id == client_id else initial
+    return initial
 
-    Summed over blocks of rows (``BLOCK_ENTRIES``), in a fixed order, so memory is one block, not another [N, P]; row
-    k contributes w_k − w_k = 0 whatever its weight."""
-    own = models[client_id]
-    block = max(1, BLOCK_ENTRIES // max(1, models.shape[1]))
+
+def cloud_model(
+    states: Iterable[tuple[int, ClientState]], own: torch.Tensor, client_id: int, initial: torch.Tensor, num_clients: int,
+    alpha: float, sigma: float,
+) -> torch.Tensor:
+    """``u_k = w_k + Σ_{j≠k} ξ_kj (w_j − w_k)`` over the N clients' models w_j (= Σ_j ξ_kj w_j with ξ_kk = 1 − Σ_{j≠k}
+    ξ_kj), ``own`` = w_k, ``states`` the stored w_j in client-id order, θ⁰ for a client without one.
+
+    Summed over blocks of rows of W = [w_0 … w_{N−1}] (``BLOCK_ENTRIES``), in a fixed order, so memory is one block,
+    not [N, P]; row k contributes w_k − w_k = 0 whatever its weight.  A block's differences w_j − w_k are written
+    row by row from the states it covers and θ⁰ − w_k elsewhere: one write per entry, the same numbers as the block
+    of an [N, P] W minus w_k (a subtraction rounds each entry alone)."""
+    block = max(1, BLOCK_ENTRIES // max(1, initial.numel()))
+    untrained = initial - own  # w_j − w_k of every client j without a state
+    rows = iter(states)
+    pending = next(rows, None)
     total = torch.zeros_like(own)
-    for start in range(0, models.shape[0], block):
-        differences = models[start : start + block] - own
+    for start in range(0, num_clients, block):
+        stop = min(start + block, num_clients)
+        differences = torch.empty((stop - start, own.numel()), dtype=own.dtype, device=own.device)
+        filled = start
+        while pending is not None and pending[0] < stop:
+            differences[filled - start : pending[0] - start] = untrained
+            torch.sub(pending[1].model, own, out=differences[pending[0] - start])
+            filled = pending[0] + 1
+            pending = next(rows, None)
+        differences[filled - start :] = untrained
         weights = attention_weights((differences * differences).sum(1), alpha, sigma)
         total = total + weights @ differences
+    if pending is not None:
+        raise ValueError(f"fedamp was built for {num_clients} clients but client {pending[0]} has a state: build(num_clients=N) with every client")
     return own + total
 
 
@@ -198,40 +244,41 @@ def build(num_clients: int | None = None, sigma: float = 1.0, alpha: float | Non
     def server_init(initial_params: torch.Tensor) -> ServerState:
         if num_clients is None:
             raise ValueError("fedamp keeps one model per client and was built without the number of clients: build(num_clients=N)")
-        return ServerState(initial_params, initial_params.unsqueeze(0).repeat(num_clients, 1))
+        return ServerState(initial_params, num_clients * initial_params.to(torch.float64), initial_params)
 
-    def client_view(server: ServerState, client_id: int) -> ClientView:
-        return ClientView(server.models, client_id, alpha, sigma)
+    def client_state_init(initial_params: torch.Tensor) -> ClientState:
+        return ClientState(initial_params)  # W⁰: w_k = θ⁰; states are never changed in place
+
+    def client_view(server: ServerState, client_id: int, states: States) -> ClientView:
+        return ClientView(states, server.initial, num_clients, client_id, alpha, sigma)
 
     def broadcast(server: ServerState) -> MeanView:
         return MeanView(server.params)
 
-    def client_objective(view: ClientView, client: None, context: ClientContext) -> GradientCorrection:
+    def client_objective(view: ClientView, client: ClientState, context: ClientContext) -> GradientCorrection:
         return GradientCorrection(quadratic=proximal, reference=view.params)
 
-    def client_finish(view: ClientView, client: None, context: ClientContext, update: ClientUpdate) -> tuple[None, ClientMessage]:
-        return None, ClientMessage(context.client_id, update.final_params)
+    def client_finish(view: ClientView, client: ClientState, context: ClientContext, update: ClientUpdate) -> tuple[ClientState, ClientMessage]:
+        new = update.final_params.to(client.model.dtype)
+        return ClientState(new), ClientMessage(new.to(torch.float64) - client.model.to(torch.float64))
 
-    def aggregation_start(server: ServerState, context: RoundContext) -> dict[int, torch.Tensor]:
-        return {}
+    def aggregation_start(server: ServerState, context: RoundContext) -> torch.Tensor:
+        return torch.zeros_like(server.total)
 
-    def aggregation_add(latest: dict[int, torch.Tensor], message: ClientMessage) -> dict[int, torch.Tensor]:
-        latest[message.client_id] = message.params  # the accumulator is the fold's own, made by start()
-        return latest
+    def aggregation_add(changes: torch.Tensor, message: ClientMessage) -> torch.Tensor:
+        return changes.add_(message.change)  # the accumulator is the fold's own, made by start(); sample order
 
-    def aggregation_finish(server: ServerState, latest: dict[int, torch.Tensor], context: RoundContext) -> tuple[ServerState, dict[str, float]]:
-        ids = sorted(latest)
-        rows = torch.stack([latest[k] for k in ids]).to(server.models.dtype)
-        models = server.models.index_copy(0, torch.tensor(ids, dtype=torch.long, device=server.models.device), rows)
-        return ServerState(models.mean(0), models), {}
+    def aggregation_finish(server: ServerState, changes: torch.Tensor, context: RoundContext) -> tuple[ServerState, dict[str, float]]:
+        total = server.total + changes
+        return ServerState((total / num_clients).to(server.params.dtype), total, server.initial), {}
 
-    def personal_model(view: ClientView, client: None) -> torch.Tensor:
-        return view.personal
+    def personal_model(view: ClientView, client: ClientState) -> torch.Tensor:
+        return client.model
 
     fold = ServerFold(aggregation_start, aggregation_add, aggregation_finish)
     return Algorithm("fedamp", server_init, client_objective, client_finish, fold.server_update, broadcast,
-                     server_fold=fold, privacy_refusal=PRIVACY_REFUSAL, client_view=client_view,
-                     personalization=Personalization(personal_model, "FedAMP's personalized model w_k"))
+                     client_state_init=client_state_init, server_fold=fold, privacy_refusal=PRIVACY_REFUSAL,
+                     client_view=client_view, personalization=Personalization(personal_model, "FedAMP's personalized model w_k"))
 
 
 def from_config(config: Config, server_optimizer: Any, num_clients: int | None = None) -> Algorithm:

@@ -101,7 +101,8 @@ def run_quadratic(
             else:
                 state = algorithm.client_state_init(initial) if algorithm.client_state_init else None
             context = ClientContext(client, t, sizes[client], mean_size, num_clients, steps, learning_rate)
-            view = algorithm.view_for(server, client, algorithm.broadcast(server))  # a view of its own (FedAMP's u_k)
+            stored = lambda: iter(sorted(states.items()))  # noqa: E731 - the round's committed states, as the engine's store
+            view = algorithm.view_for(server, client, algorithm.broadcast(server), stored)  # a view of its own (FedAMP's u_k)
             correction = algorithm.client_objective(view, state, context)
             theta = view.params
             for _ in range(steps):
@@ -233,7 +234,8 @@ def hand_round(
         server = prelude.apply(server, total / weights)
     for client in range(2):
         context = ClientContext(client, round_index, sizes[client], 2.0, 4, 2, 0.5)
-        view = algorithm.view_for(server, client, algorithm.broadcast(server))  # a view of its own (FedAMP's u_k)
+        stored = lambda: ((k, state) for k, state in enumerate(states) if state is not None)  # noqa: E731 - clients 0, 1
+        view = algorithm.view_for(server, client, algorithm.broadcast(server), stored)  # a view of its own (FedAMP's u_k)
         correction = algorithm.client_objective(view, states[client], context)
         theta = view.params
         for _ in range(2):

@@ -182,7 +182,7 @@ def evaluate_personal(sim: Simulation, server: Any, clients: Any, settings: Any,
             state, pending = pending[1], next(stored, None)
         if not len(rows):
             continue
-        view = algorithm.view_for(server, client_id, shared)
+        view = algorithm.view_for(server, client_id, shared, lambda: clients.items(include_staged=True))
         if sim.evaluation.finetune_steps:
             data = ClientData(sim.model, sim.training_data, sim.client_rows[client_id])
             computation = ClientDataComputation(data, settings.seed, round_index, client_id, settings)

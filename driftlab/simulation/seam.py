@@ -362,9 +362,12 @@ class Algorithm:
     asynchronous_refusal: str | None = None
     # Per-client models (APFL, Ditto, FedAMP): Personalization; None: every client predicts with the server's model.
     personalization: Personalization | None = None
-    # (server state, client id) -> the view the server sends that client (FedAMP's own cloud model u_k), whose
-    # ``params`` that client's local SGD starts from; None: every selected client receives ``broadcast(server)``.
-    client_view: Callable[[Any, int], Any] | None = None
+    # (server state, client id, client states) -> the view the server sends that client (FedAMP's own cloud model
+    # u_k), whose ``params`` that client's local SGD starts from; ``client states`` is a function giving an iterator of
+    # (client id, state) over every client that has a state, in client-id order (the store's committed states, read
+    # from disk with the disk store: FedAMP's latest models w_j are client states); None: every selected client
+    # receives ``broadcast(server)``.
+    client_view: Callable[[Any, int, Callable[[], Any]], Any] | None = None
     # A first phase of each round before local training (RoundPrelude: Mime's in-round control variate); None: one phase.
     prelude: RoundPrelude | None = None
 
@@ -400,10 +403,10 @@ class Algorithm:
             "(remove [asynchronous]), or use fedavg or fedprox with aggregation = \"uniform\""
         )
 
-    def view_for(self, server: Any, client_id: int, shared: Any) -> Any:
-        """The view client ``client_id`` receives: ``client_view(server, client_id)``, or ``shared``
+    def view_for(self, server: Any, client_id: int, shared: Any, states: Callable[[], Any] = lambda: iter(())) -> Any:
+        """The view client ``client_id`` receives: ``client_view(server, client_id, states)``, or ``shared``
         (``broadcast(server)``, computed once per round) when the algorithm sends every client the same."""
-        return shared if self.client_view is None else self.client_view(server, client_id)
+        return shared if self.client_view is None else self.client_view(server, client_id, states)
 
     def fold(self) -> ServerFold:
         """How the engine aggregates a round: ``server_fold``, or ``server_update`` over the collected messages."""

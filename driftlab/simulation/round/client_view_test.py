@@ -4,6 +4,7 @@ exactly as before (no per-client start; its runs are pinned in experiments/pinne
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,7 +51,8 @@ def offset(client_id: int) -> float:
 def toy_algorithm(seen: list[Message]) -> Algorithm:
     """Client k starts from θ + 0.05(k+1) with a proximal pull towards that start; the server averages."""
 
-    def client_view(server: Server, client_id: int) -> View:
+    def client_view(server: Server, client_id: int, states: Any) -> View:
+        assert list(states()) == []  # the store's committed states (this algorithm keeps none)
         return View(server.params + offset(client_id), torch.zeros(client_id + 1))
 
     def broadcast(server: Server) -> View:
@@ -117,6 +119,33 @@ def test_download_bits_sum_each_clients_own_view():
     for round_index, record in enumerate(records):
         ids = [m.client_id for m in seen[round_index * 3 : round_index * 3 + 3]]
         assert record["download_bits"] == sum(32 * (size + k + 1) for k in ids)
+
+
+def test_a_view_reads_the_client_states_committed_before_its_round():
+    # A toy whose client state is its final model: round 2's views see round 1's clients' states, in id order.
+    base = toy_algorithm([])
+    seen: list[tuple[int, list[int], list[torch.Tensor]]] = []
+
+    def client_view(server: Server, client_id: int, states: Any) -> View:
+        stored = list(states())
+        seen.append((client_id, [k for k, _ in stored], [state for _, state in stored]))
+        return base.client_view(server, client_id, lambda: iter(()))
+
+    def client_finish(view: View, client: Any, context: Any, update: Any) -> tuple[torch.Tensor, Message]:
+        return update.final_params, base.client_finish(view, client, context, update)[1]
+
+    algorithm = dataclasses.replace(base, client_view=client_view, client_finish=client_finish)
+    sim, state = simulation(algorithm, "sequential")
+    state, _ = run_round(sim, state)
+    first = dict(state.clients.items())
+    assert {client for client, _, _ in seen} == set(first)  # (the engine builds views to train and to count bits)
+    assert all(ids == [] for _, ids, _ in seen)
+    seen.clear()
+    run_round(sim, state)
+    assert len(seen) >= NUM_CLIENTS // 2
+    for _, ids, states in seen:
+        assert ids == sorted(first)
+        assert all(torch.equal(stored, first[k]) for k, stored in zip(ids, states, strict=True))
 
 
 class RecordingBackend:

@@ -72,7 +72,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import numpy as np
@@ -168,10 +168,12 @@ class RoundWork:
     started: float  # time.perf_counter() when planning began, for the record's round_seconds
     timing: RoundTiming | None = None  # simulated time ([system]); None: the round is not timed
     prelude_bits: int = 0  # the vectors the clients uploaded in the round's first phase (Algorithm.prelude)
+    # The client states at the round's start, (client id, state) in id order, for per-client views (Algorithm.client_view)
+    client_states: Any = field(default=lambda: iter(()), repr=False, compare=False)
 
     def view_of(self, algorithm: Any, client_id: int) -> Any:
         """The view client ``client_id`` receives this round (``Algorithm.view_for``)."""
-        return algorithm.view_for(self.server, client_id, self.view)
+        return algorithm.view_for(self.server, client_id, self.view, self.client_states)
 
     def download_bits(self, algorithm: Any) -> int:
         """Bits sent to the selected clients: the shared view once per client, or each client's own view."""
@@ -326,6 +328,7 @@ def plan_round(sim: Simulation, state: SimulationState) -> RoundWork:
         num_incomplete=sum(steps < planned for _, _, planned, steps in active),
         started=started,
         timing=timing,
+        client_states=state.clients.items,  # committed states: this round's are staged apart until it ends
     )
 
 
