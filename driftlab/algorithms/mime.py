@@ -227,6 +227,19 @@ class RoundSums:
     gradients: RunningMean
 
 
+def start_round_sums(server: ServerState, context: RoundContext) -> RoundSums:
+    """The empty sums of a MimeLite (or one-phase Mime) round: of the y_k (of y_k − x in a private round) and the g_k."""
+    models = ChangeSums(server.params, RunningMean()) if context.mean_denominator is not None else RunningMean()
+    return RoundSums(models, RunningMean())
+
+
+def add_to_round_sums(sums: RoundSums, message: ClientMessage, aggregation: str) -> RoundSums:
+    """``sums`` with ``message``'s y_k and g_k (when sent: MimeLite at β = 0 sends none) at weight r_k."""
+    weight = client_weight(message.num_samples, message.multiplicity, aggregation)
+    gradients = sums.gradients.add(message.gradient, weight) if message.gradient is not None else sums.gradients
+    return RoundSums(sums.models.add(message.params, weight), gradients)
+
+
 def full_batch_gradient(update: ClientUpdate, missing: str = MISSING_FULL_GRADIENT) -> torch.Tensor:
     """``∇f_k(x)`` at the round's start model, from the client's own data (``missing`` if no hook)."""
     if update.computation is None:
@@ -298,14 +311,8 @@ def build(server_optimizer: Any, momentum: float = 0.9, aggregation: str = "weig
         gradient = full_batch_gradient(update) if uses_momentum else None
         return None, ClientMessage(update.final_params, gradient, context.num_samples, context.multiplicity)
 
-    def aggregation_start(server: ServerState, context: RoundContext) -> RoundSums:
-        models = ChangeSums(server.params, RunningMean()) if context.mean_denominator is not None else RunningMean()
-        return RoundSums(models, RunningMean())
-
     def aggregation_add(sums: RoundSums, message: ClientMessage) -> RoundSums:
-        weight = client_weight(message.num_samples, message.multiplicity, aggregation)
-        gradients = sums.gradients.add(message.gradient, weight) if uses_momentum else sums.gradients
-        return RoundSums(sums.models.add(message.params, weight), gradients)
+        return add_to_round_sums(sums, message, aggregation)
 
     def aggregation_finish(server: ServerState, sums: RoundSums, context: RoundContext) -> tuple[ServerState, dict[str, float]]:
         client_average = sums.models.value(context.mean_denominator)
@@ -322,7 +329,7 @@ def build(server_optimizer: Any, momentum: float = 0.9, aggregation: str = "weig
         return ClientView(server.params, server.momentum if uses_momentum else None)
 
     private = aggregation == "uniform"
-    fold = ServerFold(aggregation_start, aggregation_add, aggregation_finish)
+    fold = ServerFold(start_round_sums, aggregation_add, aggregation_finish)
     return Algorithm("mimelite", server_init, client_objective, client_finish, fold.server_update, broadcast,
                      server_fold=fold, privacy=privacy_form(uses_momentum) if private else None,
                      privacy_refusal=None if private else WEIGHTED_REFUSAL, asynchronous_refusal=ASYNCHRONOUS_REFUSAL)
@@ -351,13 +358,8 @@ def _build_mime(server_optimizer: Any, momentum: float, aggregation: str) -> Alg
         gradient = full_batch_gradient(update, MIME_MISSING_FULL_GRADIENT)
         return None, ClientMessage(update.final_params, gradient, context.num_samples, context.multiplicity)
 
-    def aggregation_start(server: ServerState, context: RoundContext) -> RoundSums:
-        models = ChangeSums(server.params, RunningMean()) if context.mean_denominator is not None else RunningMean()
-        return RoundSums(models, RunningMean())
-
     def aggregation_add(sums: RoundSums, message: ClientMessage) -> RoundSums:
-        weight = client_weight(message.num_samples, message.multiplicity, aggregation)
-        return RoundSums(sums.models.add(message.params, weight), sums.gradients.add(message.gradient, weight))
+        return add_to_round_sums(sums, message, aggregation)
 
     def aggregation_finish(server: ServerState, sums: RoundSums, context: RoundContext) -> tuple[ServerState, dict[str, float]]:
         params, optimizer_state = apply_server_optimizer(
@@ -373,7 +375,7 @@ def _build_mime(server_optimizer: Any, momentum: float, aggregation: str) -> Alg
         return ServerState(params, new_momentum, optimizer_state, mean_gradient, server.params), metrics
 
     private = aggregation == "uniform"
-    fold = ServerFold(aggregation_start, aggregation_add, aggregation_finish)
+    fold = ServerFold(start_round_sums, aggregation_add, aggregation_finish)
     return Algorithm("mime", server_init, client_objective, client_finish, fold.server_update, broadcast,
                      server_fold=fold, privacy=privacy_form(True) if private else None,
                      privacy_refusal=None if private else WEIGHTED_REFUSAL, asynchronous_refusal=MIME_ASYNCHRONOUS_REFUSAL)

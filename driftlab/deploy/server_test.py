@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
+from typing import Any
 from collections import Counter
 from pathlib import Path
 
@@ -162,16 +163,22 @@ def test_every_algorithm_deployed_equals_the_sequential_simulator(tmp_path, name
     _check_parity(tmp_path, name)
 
 
-@pytest.mark.slow
-def test_ditto_personal_models_on_the_nodes_equal_the_simulators_bit_for_bit(tmp_path):
-    # The personal pass runs in client_finish on the node; v_k never travels, so parity of the server model says nothing
-    # about it: each node's committed v_k is compared with the simulator's checkpoint.
-    config = _config(*CASES["ditto-compressed"])
+def _nodes_and_checkpoint(tmp_path, case: str) -> tuple[Any, dict[str, torch.Tensor]]:
+    """Deploy ``case`` and simulate it: the nodes (their committed client states) and the simulator's checkpoint,
+    once the two final server models are found equal."""
+    config = _config(*CASES[case])
     simulated = driftlab.run(config, tmp_path / "simulated")
     nodes = _Nodes(config, tmp_path / "node_state")
     deployed, _ = _deploy(config, tmp_path / "deployed", nodes)
     assert torch.equal(deployed.final_params, simulated.final_params)
-    checkpoint = load_safetensors((tmp_path / "simulated" / "checkpoint.safetensors").read_bytes())
+    return nodes, load_safetensors((tmp_path / "simulated" / "checkpoint.safetensors").read_bytes())
+
+
+@pytest.mark.slow
+def test_ditto_personal_models_on_the_nodes_equal_the_simulators_bit_for_bit(tmp_path):
+    # The personal pass runs in client_finish on the node; v_k never travels, so parity of the server model says nothing
+    # about it: each node's committed v_k is compared with the simulator's checkpoint.
+    nodes, checkpoint = _nodes_and_checkpoint(tmp_path, "ditto-compressed")
     trained = [key for key in checkpoint if key.endswith("/inner/personal")]
     assert len(trained) >= 4
     for key in trained:
@@ -183,12 +190,7 @@ def test_ditto_personal_models_on_the_nodes_equal_the_simulators_bit_for_bit(tmp
 def test_apfl_personal_models_and_alphas_on_the_nodes_equal_the_simulators_bit_for_bit(tmp_path):
     # APFL steps v_k and α_k in client_finish on the node, beside a replica of w; neither travels, so each node's
     # committed state is compared with the simulator's checkpoint.
-    config = _config(*CASES["apfl"])
-    simulated = driftlab.run(config, tmp_path / "simulated")
-    nodes = _Nodes(config, tmp_path / "node_state")
-    deployed, _ = _deploy(config, tmp_path / "deployed", nodes)
-    assert torch.equal(deployed.final_params, simulated.final_params)
-    checkpoint = load_safetensors((tmp_path / "simulated" / "checkpoint.safetensors").read_bytes())
+    nodes, checkpoint = _nodes_and_checkpoint(tmp_path, "apfl")
     trained = [key for key in checkpoint if key.endswith("/personal")]
     assert len(trained) >= 4
     for key in trained:
