@@ -5,9 +5,9 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
-from typing import Any
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
