@@ -167,7 +167,14 @@ def _parser() -> argparse.ArgumentParser:
     sweep.add_argument("--retry-diverged", action="store_true", help="run diverged runs again (they are skipped by default: reruns are identical)")
     sweep.add_argument("--dry-run", action="store_true", help="list the runs and their status without running anything")
     sweep.add_argument("--no-report", action="store_true", help="do not write DIR/report when the sweep ends")
-    sweep.add_argument("--status", metavar="DIR", help="show each run of the sweep in DIR (done, running, queued, interrupted, failed, diverged) and exit")
+    sweep.add_argument(
+        "--halving", metavar="R:ETA",
+        help="successive halving over the tuned axes' values: all to round R, the best 1/ETA on to R*ETA, ... (off: none, "
+        "even where the sweep file asks for it; running without it extends the runs halving stopped)",
+    )
+    sweep.add_argument(
+        "--status", metavar="DIR", help="show each run of the sweep in DIR (done, running, queued, interrupted, failed, diverged, stopped) and exit"
+    )
     from driftlab.executors.registry import command_line_options, names as executor_names
 
     sweep.add_argument(
@@ -621,7 +628,7 @@ def _sweep_command(args: argparse.Namespace) -> int:
     try:
         outcomes = run_sweep(
             spec, args.out, scale=args.scale, extra_overrides=args.overrides, retry_diverged=args.retry_diverged, trackers=_trackers_option(args),
-            executor=executor, threads=args.threads,
+            executor=executor, threads=args.threads, halving=args.halving,
         )
     except KeyboardInterrupt:
         print("driftlab: sweep interrupted; every run checkpointed its last completed round: run the same command again to resume", file=sys.stderr)

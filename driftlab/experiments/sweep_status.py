@@ -4,7 +4,8 @@ Reads only ``sweep.json``, the sweep's ``jobs.json`` and each run directory (run
 failure.txt, the lock a live writer holds), so it tells the same for runs started by any
 executor, from any machine that sees the directory. States: done, running, queued
 (nothing written yet, possibly submitted), interrupted (resumes on the next sweep),
-failed (with the error's last lines), diverged. Imports no torch.
+failed (with the error's last lines), diverged, stopped (by successive halving, at the round
+its ``halving.json`` names; the sweep run again without halving extends it). Imports no torch.
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ from typing import Literal
 
 from driftlab.errors import ConfigError
 from driftlab.experiments.run_directory import read_run_info
-from driftlab.experiments.sweep.directory import FAILURE_FILE, JOBS_FILE, SWEEP_FILE, run_directory_holder, run_status
+from driftlab.experiments.sweep.directory import FAILURE_FILE, HALVING_FILE, JOBS_FILE, SWEEP_FILE, run_directory_holder, run_status
 
-State = Literal["done", "running", "queued", "interrupted", "failed", "diverged"]
-STATES: tuple[State, ...] = ("done", "running", "queued", "interrupted", "failed", "diverged")
+State = Literal["done", "running", "queued", "interrupted", "failed", "diverged", "stopped"]
+STATES: tuple[State, ...] = ("done", "running", "queued", "interrupted", "failed", "diverged", "stopped")
 ERROR_LINES = 3  # of a failed run's error shown under it
 
 
@@ -30,7 +31,7 @@ class RunState:
     rounds_done: int = 0
     rounds: int | None = None
     job_id: str = ""  # the executor's job or task id, when one ran or was submitted
-    detail: str = ""  # the error's last lines (failed, diverged), or who holds the directory (running)
+    detail: str = ""  # the error's last lines (failed, diverged), who holds the directory (running), or why halving stopped it
 
 
 def sweep_status(out_dir: str | Path) -> list[RunState]:
@@ -68,7 +69,17 @@ def _state(out: Path, name: str, rounds: int | None, submitted: dict) -> RunStat
         return RunState(name, "failed", done, rounds, job_id, _error_tail(run_dir, info))
     if status == "diverged":
         return RunState(name, "diverged", done, rounds, job_id, str(info.get("message", "")))
+    if status == "stopped":
+        return RunState(name, "stopped", done, rounds, job_id, _halving_message(run_dir, done))
     return RunState(name, "done" if status == "complete" else "interrupted", done, rounds, job_id)
+
+
+def _halving_message(run_dir: Path, done: int) -> str:
+    try:
+        message = json.loads((run_dir / HALVING_FILE).read_text()).get("message")
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+        message = None
+    return str(message) if message else f"stopped by halving at round {done}"
 
 
 def _error_tail(run_dir: Path, info: dict) -> str:
@@ -89,7 +100,7 @@ def format_status(states: list[RunState]) -> str:
         job = f"  job {s.job_id}" if s.job_id else ""
         holder = f"  ({s.detail})" if s.state == "running" and s.detail else ""
         lines.append(f"{s.state:<12s} {s.dir}  {rounds}{job}{holder}")
-        if s.state in ("failed", "diverged") and s.detail:
+        if s.state in ("failed", "diverged", "stopped") and s.detail:
             lines.extend(f"    {line}" for line in s.detail.splitlines())
     counts = {state: sum(1 for s in states if s.state == state) for state in STATES}
     lines.append(f"{len(states)} runs: " + ", ".join(f"{n} {state}" for state, n in counts.items() if n))

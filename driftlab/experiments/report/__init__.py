@@ -11,6 +11,7 @@ folder holding them, and writes into ``out_dir``::
     steps.csv       total local SGD steps, steps to each target, and their fraction of the reference method
     runs.csv        one row per run: directory, seed, status, rounds done, wall time, machine, round it was cut to
                     (with timed runs, targets.csv, accuracy.csv and runs.csv add simulated seconds)
+    tuning.csv      with tuned axes: every tuned value's validation score and test metric, and which was picked
     privacy.csv     with private runs: each method's final test accuracy and ε per privacy configuration
     <setting>-*.png the figures (<setting>: the sweep's directory name for the setting, else its label's slug)
     privacy-utility.png  with private runs: test accuracy against ε, a panel per setting, a line per method
@@ -26,7 +27,14 @@ What is measured, and where it comes from:
   "N+" entry (N rounds run) and ratios against it are bounds.
 - Final and best test accuracy as mean ± sample standard deviation over seeds
   (AdaBest Table 2), and EFL's BMTA, the best over rounds of the mean local
-  test accuracy of the clients.
+  test accuracy of the clients. With personalized runs (records with
+  ``personal_test_accuracy_mean`` or ``client_test_accuracy_std``, issue 26) the
+  accuracy table names the model and the test data of each column (server model,
+  global test set; own model, own split; server model, clients' splits), gives a
+  BMTA for the clients' own models beside the server model's, each with the
+  standard deviation over clients at its best round, and accuracy.csv adds
+  ``personal_bmta_*`` columns. A method without personal models is its server
+  model on the clients' splits there (EFL Table 2's FedAvg row), marked ‡.
 - Total local SGD steps and the steps spent to reach a target, as a fraction of
   a reference method (the decaying-K paper's Table 1).
 - ``‖h‖`` and ``‖θ‖`` per round (AdaBest Figure 1) and FedProx's dissimilarity
@@ -100,6 +108,7 @@ from driftlab.experiments.report.render import (
     sweep_summary,
     time_note,
 )
+from driftlab.experiments.report.tuning import TuningResult, apply_tuning, tuning_appendix, tuning_note, write_tuning_csv
 from driftlab.experiments.report.tables import (
     AccuracyRow,
     Savings,
@@ -129,6 +138,7 @@ class Report:
     accuracy: list[AccuracyRow]
     steps: list[StepsRow]
     privacy: PrivacyUtility | None = None  # None: no run had a [privacy] section
+    tuning: TuningResult | None = None  # None: no sweep had a tuned axis
 
 
 def make_report(
@@ -158,6 +168,8 @@ def make_report(
         or an unknown ``steps_reference``.
     """
     settings, documents = collect(inputs)
+    # Tuned axes (``tuning``): each method's rows are its runs at the value picked on validation; the grid is an appendix.
+    tuned = apply_tuning(settings, documents)
     runs = [run for setting in settings for run in setting.runs]
     chosen_targets = _targets_for(targets, documents, runs)
     requested_reference = _reference_for(steps_reference, documents, settings)
@@ -201,6 +213,7 @@ def make_report(
         lines += instability_note(setting.runs)
         lines += privacy_note(setting)
         lines += time_note(setting)
+        lines += tuning_note(tuned, setting.label)
         by_method: dict[str, dict[float, TargetRow]] = {method: {} for method in setting.methods}
         if setting.is_classifier:
             unreached: list[tuple[float, list[TargetRow]]] = []
@@ -243,6 +256,7 @@ def make_report(
             files.append(drawn[1])
         lines += privacy_utility_section(utility, None if drawn is None else (drawn[1].name, drawn[0].caption))
 
+    lines += tuning_appendix(tuned)
     markdown = "\n".join(lines).rstrip() + "\n"
     report_path = out / "report.md"
     report_path.write_text(markdown)
@@ -250,7 +264,8 @@ def make_report(
     files += write_tables(out, target_rows, savings_rows, accuracy_rows, step_rows, chosen_targets, settings)
     if utility is not None:
         files.append(write_privacy_csv(out, utility))
-    return Report(markdown, files, runs, settings, target_rows, savings_rows, accuracy_rows, step_rows, utility)
+    files += write_tuning_csv(out, tuned)
+    return Report(markdown, files, runs, settings, target_rows, savings_rows, accuracy_rows, step_rows, utility, tuned)
 
 
 def _targets_for(targets: Sequence[float] | None, documents: Sequence[dict[str, Any]], runs: Sequence[RunData]) -> list[float]:

@@ -1,7 +1,8 @@
 """The report's figures: curves per method, the mean over seeds with a ± one-sample-std band.
 
 Test accuracy against rounds and against bits sent (with a line per target),
-training loss (and, for the quadratic, the distance to the minimizer), ``‖h‖``
+the mean client test accuracy of each client's own model and of the server model on the clients' splits
+(personalized runs, issue 26), training loss (and, for the quadratic, the distance to the minimizer), ``‖h‖``
 and ``‖θ‖`` per round (AdaBest Figure 1), and FedProx's dissimilarity ``B(θ)²``
 and gradient variance (Li et al. 2020, Definition 2, Figure 4). With timed runs
 (``[system]``), test accuracy and training loss against simulated time, the axis
@@ -129,7 +130,7 @@ def _draw(axis, setting: Setting, key: str, x_key: str = "round", scale: float =
 
     ``x_scale`` multiplies x (simulated seconds into the axis's unit)."""
     drawn = banded = False
-    for method, runs in setting.methods.items():
+    for index, (method, runs) in enumerate(setting.methods.items()):
         series = _series(runs, key, x_key)
         if not series.x:
             continue
@@ -137,6 +138,8 @@ def _draw(axis, setting: Setting, key: str, x_key: str = "round", scale: float =
             series = Series([x_scale * x for x in series.x], series.mean, series.std)
         (line,) = axis.plot(
             series.x, [scale * m for m in series.mean], label=curve_label(method, runs), linewidth=1.5,
+            # The method's own colour of the default cycle, so that it keeps it in a panel where another has no line.
+            color=f"C{index % 10}",
             # Markers show where the measurements are when they are sparse (evaluation or dissimilarity every N rounds).
             marker="o" if len(series.x) <= 30 else None, markersize=3,
         )
@@ -281,6 +284,8 @@ def setting_figures(setting: Setting, targets: Sequence[float]) -> list[ReportFi
                 listed = ", ".join(format_target(t) for t in beyond)
                 caption += f"; target {listed} not drawn: far above the best accuracy any run recorded ({100 * max(accuracies):.1f}%)"
             figures.append(ReportFigure(suffix, caption, figure, banded))
+    if setting.is_classifier and _drawable(setting, "personal_test_accuracy_mean"):
+        figures.append(personal_figure(setting, rounds, panel))
     # Training loss is what FedProx's Figure 1 plots; for the quadratic, also the distance to x*.
     curves = [("train_loss", "loss", "train loss")]
     if not setting.is_classifier:
@@ -320,6 +325,30 @@ def setting_figures(setting: Setting, targets: Sequence[float]) -> list[ReportFi
     if timed is not None:  # beside the accuracy figures: time is the other axis runs are compared on
         figures.insert(sum(f.suffix in ("accuracy", "accuracy-vs-bits") for f in figures), timed)
     return figures
+
+
+def personal_figure(setting: Setting, rounds: str, panel) -> ReportFigure:
+    """The mean over clients of their test accuracy (issue 26; EFL's BMTA is its best point): each client's own model
+    on its own split, and the server model on the clients' splits, a panel each. ``panel`` draws one quantity
+    (``setting_figures``). A method without own models has no line in the first panel: its clients' own model is the
+    server model of the second."""
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(12, 4.5))
+    axes = figure.subplots(1, 2)
+    banded = False
+    for axis, key, title in (
+        (axes[0], "personal_test_accuracy_mean", "own model, own split"),
+        (axes[1], "client_test_accuracy_mean", "server model, clients' splits"),
+    ):
+        panel_banded = panel(axis, key, f"{setting.label}: {title}", "mean client test accuracy (%)", scale=100)
+        _legend(axis, panel_banded)
+        banded = banded or panel_banded
+    what = (
+        f"mean client test accuracy vs {rounds}: each client's own model on its own test split (left; methods that keep "
+        "personal models or fine-tune) and the server model on the clients' splits (right)"
+    )
+    return ReportFigure("personal", _captioned(what, banded), figure, banded)
 
 
 def time_figure(setting: Setting, targets: Sequence[float], panel) -> ReportFigure | None:

@@ -146,7 +146,8 @@ def find_sources(root: Path) -> tuple[list[Path], list[Path]]:
 def _setting_dir(entry: dict[str, Any]) -> str | None:
     """The setting's part of a sweep run's directory, ``runs/<setting>/<method>/seed-<s>`` (None without setting axes)."""
     parts = str(entry["dir"]).split("/")
-    return parts[1] if entry.get("setting") and len(parts) == 4 and parts[0] == "runs" else None
+    # a tuned run (``tuned`` in its entry) has one more part: runs/<setting>/<method>/<tuned value>/seed-<s>
+    return parts[1] if entry.get("setting") and len(parts) == (5 if entry.get("tuned") else 4) and parts[0] == "runs" else None
 
 
 def read_sweep(path: Path) -> tuple[dict[str, Any], list[RunData], list[PendingRun]]:

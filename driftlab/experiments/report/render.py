@@ -9,7 +9,9 @@ setting has private runs, an ε column (``format_epsilon``) sits beside accuracy
 on what it covers (``privacy_note``); the privacy-utility section closes the report. Where a setting has
 timed runs (``[system]``), a "time to target" column sits beside the rounds and a "simulated time" column
 ends the accuracy table (``time_note`` says what they measure, and that an asynchronous run's rounds are
-server updates).
+server updates). Where a setting has personalized runs (issue 26), its accuracy table names the model and the test
+data of every accuracy and shows EFL's BMTA for the clients' own models beside the server model's
+(``personal_accuracy_section``).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from driftlab.experiments.report.tables import (
     accuracy_row,
     any_timed,
     choose_steps_reference,
+    is_personal,
     savings,
     steps_rows,
     target_row,
@@ -349,9 +352,12 @@ def stability_mark(runs: Sequence[RunData]) -> str:
 
 def accuracy_section(setting: Setting) -> tuple[list[str], list[AccuracyRow]]:
     """Final and best accuracy and BMTA (AdaBest Table 2, EFL Table 2), or loss and distance for a non-classifier."""
-    rows = [accuracy_row(setting.label, method, method_runs) for method, method_runs in setting.methods.items()]
+    personal = is_personal(setting.runs)
+    rows = [accuracy_row(setting.label, method, method_runs, personal) for method, method_runs in setting.methods.items()]
     private = any_private(setting.runs)
     timed = any_timed(setting.runs)
+    if setting.is_classifier and personal:
+        return personal_accuracy_section(setting, rows, private, timed), rows
     if setting.is_classifier:
         show_bmta = any(row.best_client_accuracy for row in rows)
         header = [
@@ -385,6 +391,51 @@ def accuracy_section(setting: Setting) -> tuple[list[str], list[AccuracyRow]]:
         ]
         note, title = "Mean ± sample standard deviation over seeds.", "### Loss and distance"
     return [title, "", note, "", markdown_table(header, table), ""], rows
+
+
+SERVER_MODEL_MARK = " ‡"
+
+
+def format_bmta(value: Spread | None, clients: Spread | None) -> str:
+    """``98.30 ± 0.05% (clients σ 2.10)``: BMTA over seeds, then the std over clients at the best round (mean over seeds)."""
+    text = format_percent(value)
+    return text if value is None or clients is None else f"{text} (clients σ {100 * clients.mean:.2f})"
+
+
+def personal_accuracy_section(setting: Setting, rows: Sequence[AccuracyRow], private: bool, timed: bool) -> list[str]:
+    """The accuracy table of a setting with personalized runs (issue 26): the three accuracies, each named by the model
+    evaluated and the test data, and EFL's BMTA (Table 2) for the clients' own models beside the server model's."""
+    header = [
+        "method", "seeds", *_epsilon_header(private), "final accuracy, server model, global test set",
+        "best accuracy, server model, global test set", "BMTA, own model, own split", "BMTA, server model, clients' splits",
+        "final train loss", *_time_header(timed),
+    ]
+    table = []
+    for row, method_runs in zip(rows, setting.methods.values(), strict=True):
+        own = format_bmta(row.best_personal_accuracy, row.best_personal_accuracy_spread)
+        if row.personal_source == "server" and row.best_personal_accuracy is not None:
+            own += SERVER_MODEL_MARK
+        table.append([
+            row.method + stability_mark(method_runs) + _incomplete_note(method_runs), str(row.seeds),
+            *_epsilon_cell(row.epsilon, private), format_percent(row.final_accuracy), format_percent(row.best_accuracy),
+            own, format_bmta(row.best_client_accuracy, row.best_client_accuracy_spread),
+            format_number(row.final_train_loss), *_time_cell(row, timed),
+        ])
+    notes = [
+        "Three accuracies, each named by the model tested and the test data: the server model on the global test set "
+        "(what the communication tables' targets measure); each client's own model on that client's own test split; the "
+        "server model on each client's test split. BMTA is EFL's (Ma et al., Table 2) best over evaluated rounds of the "
+        "mean over clients of their test accuracy. Mean ± sample standard deviation over seeds; clients σ: the "
+        "standard deviation over clients at that best round (mean over seeds).",
+    ]
+    if any(row.personal_source == "server" and row.best_personal_accuracy is not None for row in rows):
+        notes.append(
+            "‡ keeps no personal models: each client's own model is the server model, so its own-model BMTA is the "
+            "server model's on the clients' splits (as EFL's Table 2 reports FedAvg)."
+        )
+    if any(row.personal_source is None for row in rows):
+        notes.append("—: no own-model evaluation (evaluation.personal = false, or no client test splits).")
+    return ["### Accuracy", "", " ".join(notes), "", markdown_table(header, table), ""]
 
 
 def steps_section(

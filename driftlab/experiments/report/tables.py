@@ -4,11 +4,26 @@ What each number measures, and which paper's table it reproduces: ``driftlab.exp
 Timed runs (``[system]``) add the simulated time to reach each target and the whole run's simulated time
 (FedBuff, Nguyen et al. 2022, compares methods by time to a target accuracy); a report without timed runs has
 the columns it always had.
+
+Personalized runs (records with ``personal_test_accuracy_mean``, or ``client_test_accuracy_std``: the
+evaluation of issue 26) add EFL's BMTA for each client's own model beside the server model's, each with the
+standard deviation over clients at its best round (``best_round``). Three accuracies, never to be confused:
+
+- ``test_accuracy``: the server model on the global test set;
+- ``client_test_accuracy_mean``/``_std``: the server model on each client's own test split, mean and std over clients;
+- ``personal_test_accuracy_mean``/``_std``: each client's own model (APFL, Ditto, FedAMP, or the server model after
+  ``evaluation.finetune_steps`` local steps) on its own test split.
+
+BMTA (Ma et al., EFL, Table 2: "the best mean testing accuracy ... the average of the testing accuracy on all
+participants") of one run is ``max_t mean_k acc_k^t``; the row's number is its mean ± sample std over seeds. A method
+without personal models gives each client the server model, so its own-model BMTA is the server model's on the
+clients' splits (``personal_source = "server"``), as EFL's Table 2 reports FedAvg.
 """
 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,6 +112,12 @@ class AccuracyRow:
     final_distance: Spread | None
     epsilon: EpsilonSummary | None = None  # ε at the end of the runs: what releasing every round's model cost
     simulated_time: Spread | None = None  # the timed seeds' simulated seconds at their last compared round
+    # Personalized runs only (``is_personal``): the std over clients at each seed's best round (server model on the
+    # clients' splits), and the BMTA of each client's own model on its own split with its std over clients.
+    best_client_accuracy_spread: Spread | None = None
+    best_personal_accuracy: Spread | None = None
+    best_personal_accuracy_spread: Spread | None = None
+    personal_source: str | None = None  # "own": the runs' own models; "server": none kept, the server model's; None: off
 
 
 @dataclass(frozen=True)
@@ -196,8 +217,57 @@ def _best(records: Sequence[dict[str, Any]], key: str) -> Any:
     return max((r[key] for r in records if key in r), default=None)
 
 
-def accuracy_row(setting: str, method: str, runs: Sequence[RunData]) -> AccuracyRow:
-    """Final and best test accuracy, BMTA (best over rounds of the mean client test accuracy), final loss and distance."""
+PERSONAL_KEYS = ("personal_test_accuracy_mean", "client_test_accuracy_std")
+
+
+def is_personal(runs: Sequence[RunData]) -> bool:
+    """Whether some run recorded the personalized evaluation's columns (issue 26): the tables then show both BMTAs."""
+    return any(key in record for run in runs for record in run.records for key in PERSONAL_KEYS)
+
+
+def best_round(records: Sequence[dict[str, Any]], key: str, spread_key: str) -> tuple[float | None, float | None]:
+    """``(max_t r_t[key], r_t*[spread_key])``: the best value over rounds and the spread recorded in that round.
+
+    The first such round on ties; (None, None) when no record has ``key``, a None spread when that round has none.
+    """
+    best: dict[str, Any] | None = None
+    for record in records:
+        if key in record and (best is None or record[key] > best[key]):
+            best = record
+    return (None, None) if best is None else (best[key], best.get(spread_key))
+
+
+def personal_evaluation_off(run: RunData) -> bool:
+    """Whether the run's config turned the personalized evaluation off (``evaluation.personal = false``)."""
+    return run.config.get("evaluation", {}).get("personal") is False
+
+
+def accuracy_row(setting: str, method: str, runs: Sequence[RunData], personal: bool = False) -> AccuracyRow:
+    """Final and best test accuracy, BMTA (best over rounds of the mean client test accuracy), final loss and distance.
+
+    ``personal``: also each client's own model's BMTA and both BMTAs' std over clients at their best rounds. A method
+    whose runs recorded no own models (and did not turn the evaluation off) takes the server model's: its clients'
+    own model is the server model.
+    """
+    row = _plain_accuracy_row(setting, method, runs)
+    if not personal:
+        return row
+    server = [best_round(run.records, "client_test_accuracy_mean", "client_test_accuracy_std") for run in runs]
+    own = [best_round(run.records, "personal_test_accuracy_mean", "personal_test_accuracy_std") for run in runs]
+    source: str | None = "own"
+    if all(best is None for best, _ in own):
+        off = all(personal_evaluation_off(run) for run in runs)
+        source, own = (None, []) if off or row.best_client_accuracy is None else ("server", server)
+    return dataclasses.replace(
+        row,
+        best_client_accuracy_spread=spread([spread_ for _, spread_ in server]),
+        best_personal_accuracy=spread([best for best, _ in own]),
+        best_personal_accuracy_spread=spread([spread_ for _, spread_ in own]),
+        personal_source=source,
+    )
+
+
+def _plain_accuracy_row(setting: str, method: str, runs: Sequence[RunData]) -> AccuracyRow:
     return AccuracyRow(
         setting=setting,
         method=method,
@@ -276,6 +346,22 @@ def _spread_columns(value: Spread | None) -> list[str]:
 
 EPSILON_COLUMNS = ("epsilon", "epsilon_min", "epsilon_max", "delta")
 
+# accuracy.csv with personalized runs, after bmta_mean/_std (the server model on the clients' splits): the std over
+# clients at the best round, then the own models' BMTA, its std over clients, and whose models those are
+PERSONAL_COLUMNS = ("bmta_client_std", "personal_bmta_mean", "personal_bmta_std", "personal_bmta_client_std", "personal_model")
+
+
+def personal_columns(row: AccuracyRow) -> list[str]:
+    """The ``PERSONAL_COLUMNS`` of a row: client stds are means over seeds; ``personal_model`` is own, server or empty."""
+    return [
+        _mean_column(row.best_client_accuracy_spread), *_spread_columns(row.best_personal_accuracy),
+        _mean_column(row.best_personal_accuracy_spread), row.personal_source or "",
+    ]
+
+
+def _mean_column(value: Spread | None) -> str:
+    return "" if value is None else _csv_number(value.mean)
+
 
 def any_timed(runs: Sequence[RunData]) -> bool:
     """Whether some run ran on a simulated clock: the tables then carry simulated time."""
@@ -304,11 +390,13 @@ def write_tables(
     When some run is private, targets.csv and accuracy.csv end with ε at the end of the runs and its δ
     (``EPSILON_COLUMNS``); when some run is timed, simulated seconds come before them: ``time_to_target``
     (targets.csv), ``simulated_time_mean``/``_std`` (accuracy.csv) and ``simulated_time`` (runs.csv), empty for
-    untimed runs. A report without private or timed runs has the columns it always had.
+    untimed runs. When some run is personalized (``is_personal``), accuracy.csv adds ``PERSONAL_COLUMNS`` after
+    ``bmta_std``. A report without private, timed or personalized runs has the columns it always had.
     """
     every_run = [run for setting in settings for run in setting.runs]
     private = any_private(every_run)
     timed = any_timed(every_run)
+    personal = is_personal(every_run)
     extra_header = list(EPSILON_COLUMNS) if private else []
 
     def extra(value: EpsilonSummary | None) -> list[str]:
@@ -337,10 +425,10 @@ def write_tables(
         write_csv(
             out / "accuracy.csv",
             ["setting", "method", "seeds", "final_accuracy_mean", "final_accuracy_std", "best_accuracy_mean", "best_accuracy_std",
-             "bmta_mean", "bmta_std", "final_train_loss_mean", "final_train_loss_std", "final_distance_mean",
-             "final_distance_std", *time_header("simulated_time_mean", "simulated_time_std"), *extra_header],
+             "bmta_mean", "bmta_std", *(PERSONAL_COLUMNS if personal else ()), "final_train_loss_mean", "final_train_loss_std",
+             "final_distance_mean", "final_distance_std", *time_header("simulated_time_mean", "simulated_time_std"), *extra_header],
             [[r.setting, r.method, r.seeds, *_spread_columns(r.final_accuracy), *_spread_columns(r.best_accuracy),
-              *_spread_columns(r.best_client_accuracy), *_spread_columns(r.final_train_loss),
+              *_spread_columns(r.best_client_accuracy), *(personal_columns(r) if personal else []), *_spread_columns(r.final_train_loss),
               *_spread_columns(r.final_distance), *(_spread_columns(r.simulated_time) if timed else []), *extra(r.epsilon)]
              for r in accuracy_rows],
         ),

@@ -30,14 +30,18 @@ from typing import Any
 _EXPORTS: dict[str, str] = {
     **dict.fromkeys(
         (
-            "GRID_FORMS", "METHOD_SECTIONS", "SWEEP_PACKAGE", "Axis", "AxisValue", "Role", "Scale", "SweepSpec", "grid_axis",
-            "grid_description", "is_sweep_source", "load_sweep", "short_keys", "sweep_from_config", "sweep_from_table",
+            "GRID_FORMS", "HALVING_FORM", "METHOD_SECTIONS", "ROLES", "SWEEP_PACKAGE", "Axis", "AxisValue", "Halving", "Role", "Scale",
+            "SweepSpec", "grid_axis", "grid_description", "is_sweep_source", "load_sweep", "parse_halving", "short_keys",
+            "sweep_from_config", "sweep_from_table",
             "sweep_names", "validate_seeds",
         ),
         "spec",
     ),
     **dict.fromkeys(("SWEEP_FORMAT", "PlannedRun", "plan", "run_note", "scoped_override", "sweep_document"), "planning"),
-    **dict.fromkeys(("FAILURE_FILE", "JOBS_FILE", "SWEEP_FILE", "RunStatus", "run_directory_holder", "run_status", "slug"), "directory"),
+    **dict.fromkeys(
+        ("FAILURE_FILE", "HALVING_FILE", "HALVING_RUNGS_FILE", "JOBS_FILE", "SWEEP_FILE", "RunStatus", "run_directory_holder", "run_status", "slug"),
+        "directory",
+    ),
     **dict.fromkeys(
         (
             "EXIT_BUSY", "EXIT_COMPLETE", "EXIT_DIVERGED", "EXIT_FAILED", "EXIT_INTERRUPTED", "RunOutcome", "die_with_parent",

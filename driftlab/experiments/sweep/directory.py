@@ -4,8 +4,11 @@
 
     sweep.json                      the plan: axes, labels and every run's overrides (``driftlab.experiments.sweep.planning``)
     jobs.json                       what the sweep submitted to SLURM or Ray: run directory -> job id, log paths
+    halving-rungs.json              with successive halving: each rung's ranking of the tuned values
     runs/<setting>/<method>/seed-<s>/   ordinary run directories (``driftlab.experiments.run_directory``),
                                     plus failure.txt when the run's process failed
+    runs/<setting>/<method>/<tuned value>/seed-<s>/   the same, for the runs of a tuned axis (``role = "tuned"``),
+                                    plus halving.json when successive halving stopped the run early
 
 Importing this module imports no torch: reports and ``driftlab sweep --status`` read
 sweep directories with it.
@@ -23,8 +26,14 @@ from driftlab.experiments.run_directory import METRICS_FILE, read_run_info
 
 SWEEP_FILE = "sweep.json"
 JOBS_FILE = "jobs.json"  # the sweep's record of what it submitted to SLURM or Ray: run directory -> job id, log paths
+# In a run directory: {"round": r, "message": ...} when successive halving stopped the run at round r (it keeps its
+# checkpoint; running the sweep again without halving extends it, and removes the file).
+HALVING_FILE = "halving.json"
+# In the sweep directory: each halving rung's ranking of the tuned values, reused when the sweep runs again (a run
+# extended past a rung may no longer hold that rung's evaluation).
+HALVING_RUNGS_FILE = "halving-rungs.json"
 
-RunStatus = Literal["pending", "running", "complete", "interrupted", "diverged", "failed"]
+RunStatus = Literal["pending", "running", "complete", "interrupted", "diverged", "failed", "stopped"]
 
 _SPELLED_OUT = {"%": "pct", "μ": "mu", "α": "alpha", "β": "beta", "γ": "gamma", "λ": "lambda", "η": "eta"}
 
@@ -46,6 +55,8 @@ def run_status(run_dir: Path, rounds: int) -> RunStatus:
     if info is None:
         return "interrupted" if (run_dir / METRICS_FILE).exists() else "pending"
     status = info.get("status")
+    if status == "complete" and (run_dir / HALVING_FILE).exists():
+        return "stopped"  # by successive halving, at the round it finished; a sweep without halving extends it
     if status == "complete" and info.get("rounds_done") == rounds:
         return "complete"
     if status == "complete":
@@ -55,4 +66,4 @@ def run_status(run_dir: Path, rounds: int) -> RunStatus:
     return "interrupted"  # running (killed without a chance to say so) or interrupted
 
 
-__all__ = ["FAILURE_FILE", "JOBS_FILE", "SWEEP_FILE", "RunStatus", "run_directory_holder", "run_status", "slug"]
+__all__ = ["FAILURE_FILE", "HALVING_FILE", "HALVING_RUNGS_FILE", "JOBS_FILE", "SWEEP_FILE", "RunStatus", "run_directory_holder", "run_status", "slug"]

@@ -14,6 +14,18 @@ every one starts each run through the same entry point (``driftlab.executors.wor
 so results are the same byte for byte. This module imports the executors; they never
 import the sweep. ``worker_main``, ``die_with_parent``, ``process_gone`` and the exit
 codes are re-exported from there, where they now live.
+
+Successive halving (``halving = {first = R, eta = 3}`` in the sweep file, or ``run_sweep(..., halving="R:3")``;
+Jamieson and Talwalkar 2016, Li et al. 2018 "Hyperband") runs the values of a sweep's tuned axes in rungs. The unit
+is one tuned value of one method in one setting, with all its seeds (so the values it keeps are those the report's
+pick, a mean over seeds, can choose among). All values run to round r_0 = R; at each rung r_i the n values still in
+are ranked by the mean over seeds of the tuning rule on validation at r_i (``report.tuning.ranked_values``), the best
+⌈n/eta⌉ run on to r_{i+1} = r_i·eta (the last rung is the sweep's rounds) and the others stop there: they keep
+their checkpoint (``keep_checkpoint``), and ``halving.json`` in their directory says "stopped by halving at round
+r_i". Untuned runs run to their rounds in the first rung. Running the sweep again without halving
+(``halving="off"`` where the file asks for it) extends the stopped runs through exact resume; the fingerprint
+ignores ``rounds``, so an extended run is the run made straight, byte for byte. Running it again with halving
+reuses each rung's ranking (``halving-rungs.json`` in the sweep directory) and runs nothing that ran.
 """
 
 from __future__ import annotations
@@ -38,8 +50,12 @@ from driftlab.executors.worker import die_with_parent, worker_main
 from driftlab.experiments.config import ExperimentConfig, config_from_record
 from driftlab.experiments.run_directory import CONFIG_FILE, read_run_info, write_atomically
 from driftlab.experiments.sweep.directory import FAILURE_FILE, JOBS_FILE, SWEEP_FILE, RunStatus, run_status
+from driftlab.experiments.report.read import read_metrics
+from driftlab.experiments.report.tuning import ValueRuns, check_metric, mean_score, ranked_values
+from driftlab.experiments.run_directory import METRICS_FILE
+from driftlab.experiments.sweep.directory import HALVING_FILE, HALVING_RUNGS_FILE
 from driftlab.experiments.sweep.planning import PlannedRun, plan, sweep_document
-from driftlab.experiments.sweep.spec import SweepSpec
+from driftlab.experiments.sweep.spec import SweepSpec, parse_halving
 
 
 @dataclass(frozen=True)
@@ -62,6 +78,7 @@ def run_sweep(
     executor: ExecutorOptions | None = None,
     threads: int | None = None,
     trackers: Sequence[str] | None = None,
+    halving: str | None = None,
 ) -> list[RunOutcome]:
     """Run every pending run of ``spec`` on ``executor`` (default: up to ``jobs`` local processes); returns each run's outcome.
 
@@ -71,9 +88,16 @@ def run_sweep(
     Ctrl-C or SIGTERM stops every run at its last completed round, checkpointed; run
     the sweep again to resume, on any executor. An executor a plugin registers can be
     named: the sweep's plugins are imported (by planning its runs) before it is looked up.
+
+    ``halving`` ("R:ETA", or "off"; None: the sweep file's ``halving``) runs the tuned axes' values by successive
+    halving (the module's docstring); "off" runs every run to its rounds, extending the runs halving stopped.
     """
     if threads is not None and threads < 1:
         raise ConfigError(f"threads per run must be at least 1, got {threads}")
+    if halving is not None:
+        spec = dataclasses.replace(spec, halving=parse_halving(halving))
+        if spec.halving is not None and spec.tuning is None:
+            raise ConfigError(f"--halving {halving}: halving stops the runs of a tuned axis, and sweep {spec.name} has none; mark an axis role = \"tuned\"")
     out = Path(out_dir)
     runs = plan(spec, scale, extra_overrides)  # imports the plugins of the sweep and its base config
     entry, options = _executor(executor or ExecutorOptions(), jobs)
@@ -90,6 +114,8 @@ def run_sweep(
         for r in runs:
             check_run_directory(out / r.dir, r.config)
         _write_json(out / SWEEP_FILE, document)
+        if spec.halving is not None:
+            return _run_halving(spec, out, runs, entry, options, threads, retry_diverged, log)
         return _run_planned(spec, out, runs, entry, options, threads, retry_diverged, log)
 
 
@@ -113,6 +139,7 @@ def _run_planned(
     threads: int | None,
     retry_diverged: bool,
     log: Callable[[str], None],
+    title: str = "",
 ) -> list[RunOutcome]:
     outcomes: dict[str, RunOutcome] = {}
     todo: list[PlannedRun] = []
@@ -122,10 +149,12 @@ def _run_planned(
             outcomes[r.dir] = RunOutcome(r, status, _message(out / r.dir))
         else:
             todo.append(r)
+            # it runs on (to a later rung, or to its rounds): halving no longer holds it stopped
+            (out / r.dir / HALVING_FILE).unlink(missing_ok=True)
     skipped = len(runs) - len(todo)
     layout = entry.layout_for(options, len(todo))
     threads = threads or layout.threads
-    log(f"sweep {spec.name}: {len(runs)} runs, {skipped} already finished, {len(todo)} to run {layout.where} x {threads} thread(s)")
+    log(f"sweep {spec.name}{title}: {len(runs)} runs, {skipped} already finished, {len(todo)} to run {layout.where} x {threads} thread(s)")
 
     by_key = {r.dir: r for r in todo}
     done = skipped
@@ -162,6 +191,129 @@ def _run_planned(
     submitted.update(_read_jobs(out).get("runs", {}))  # jobs.json keeps the jobs of earlier invocations too
     entry.execute(tasks, options, Events(started, finished, interrupted))
     return [outcomes[r.dir] for r in runs if r.dir in outcomes]
+
+
+def _run_halving(
+    spec: SweepSpec,
+    out: Path,
+    runs: list[PlannedRun],
+    entry: ExecutorEntry,
+    options: Any,
+    threads: int | None,
+    retry_diverged: bool,
+    log: Callable[[str], None],
+) -> list[RunOutcome]:
+    """The sweep's runs by successive halving over each (setting, method)'s tuned values (the module's docstring)."""
+    assert spec.halving is not None and spec.tuning is not None
+    halving, tuning = spec.halving, spec.tuning
+    outcomes: dict[str, RunOutcome] = {}
+    groups: dict[tuple[str, str], list[PlannedRun]] = {}
+    for r in runs:
+        if r.tuned:
+            groups.setdefault((r.setting, r.tuned_method), []).append(r)
+    active = {key: list(group) for key, group in groups.items()}
+    batch = [r for r in runs if not r.tuned]  # untuned runs go to their rounds with the first rung
+    decisions_path = out / HALVING_RUNGS_FILE
+    try:
+        decisions = list(json.loads(decisions_path.read_text()).get("rungs", []))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+        decisions = []
+    rung_index = 0
+    while active or batch:
+        rung = halving.first * halving.eta**rung_index
+        deciding: dict[tuple[str, str], int] = {}
+        for key, group in active.items():
+            full = max(r.config.rounds for r in group)
+            at = min(rung, full)
+            if at < full:
+                deciding[key] = at
+            batch += [_at_round(r, at) if at < r.config.rounds else r for r in group]
+        ready = [r for r in batch if not _reached(out / r.dir, r.config.rounds)]
+        for r in batch:
+            if r not in ready:
+                outcomes[r.dir] = RunOutcome(r, "complete", "")
+        title = f", halving rung {rung_index + 1} (round {rung})" if active else ""
+        for outcome in _run_planned(spec, out, ready, entry, options, threads, retry_diverged, log, title):
+            outcomes[outcome.run.dir] = outcome
+        unsettled = [r for r in batch if outcomes[r.dir].status not in ("complete", "diverged")]
+        if unsettled:
+            log(
+                f"sweep {spec.name}: {len(unsettled)} run(s) did not finish round {rung} ({', '.join(sorted({outcomes[r.dir].status for r in unsettled}))}), "
+                "so halving cannot rank them yet; run the same command again to go on"
+            )
+            break
+        batch = []
+        for key, at in deciding.items():
+            kept, stopped = _halve(active[key], at, tuning, halving.eta, out, decisions)
+            _write_json(decisions_path, {"rungs": decisions})
+            for r, message in stopped:
+                _write_json(out / r.dir / HALVING_FILE, {"round": at, "message": message})
+                outcomes[r.dir] = RunOutcome(_at_round(r, at), "stopped", message)
+            active[key] = kept
+            total = len({r.tuned for r in kept}) + len({r.tuned for r, _ in stopped})
+            log(f"  halving {' / '.join(filter(None, key))} at round {at}: {len({r.tuned for r in kept})} of {total} values go on")
+        active = {key: group for key, group in active.items() if key in deciding}
+        rung_index += 1
+    planned = {r.dir: r for r in runs}
+    return [dataclasses.replace(outcomes[d], run=planned[d]) for d in planned if d in outcomes]
+
+
+def _at_round(r: PlannedRun, rounds: int) -> PlannedRun:
+    """The run stopped at ``rounds`` (a rung), keeping its checkpoint so that it can be extended without rerunning."""
+    return dataclasses.replace(r, config=r.config.model_copy(update={"rounds": rounds, "keep_checkpoint": True}))
+
+
+def _reached(run_dir: Path, rounds: int) -> bool:
+    """Whether the run has already done ``rounds`` rounds (a sweep run again: a rung it passed before needs no work)."""
+    info = read_run_info(run_dir) or {}
+    return info.get("status") in ("complete", "running", "interrupted") and int(info.get("rounds_done", 0)) >= rounds and not (
+        run_dir / FAILURE_FILE
+    ).exists()
+
+
+def _halve(
+    group: list[PlannedRun], rung: int, tuning: Any, eta: int, out: Path, decisions: list[dict[str, Any]]
+) -> tuple[list[PlannedRun], list[tuple[PlannedRun, str]]]:
+    """The runs of the best ⌈n/eta⌉ tuned values at ``rung``, and the others with why.
+
+    Values are ranked on their records up to the rung the first time; the ranking is kept in the sweep's
+    ``halving-rungs.json`` (``decisions``) and reused when the sweep runs again, because a run extended past a rung
+    no longer holds that rung's evaluation when the straight run would not have evaluated it."""
+    by_value: dict[str, list[PlannedRun]] = {}
+    for r in group:
+        by_value.setdefault(r.tuned, []).append(r)
+    where = [group[0].setting, group[0].tuned_method]
+    stored = next(
+        (d for d in decisions if d.get("group") == where and d.get("round") == rung and d.get("eta") == eta and set(d.get("order", ())) == set(by_value)),
+        None,
+    )
+    if stored is None:
+        values = {}
+        for value, value_runs in by_value.items():
+            records = []
+            for r in value_runs:
+                path = out / r.dir / METRICS_FILE
+                records.append(tuple(x for x in read_metrics(path)[0] if x["round"] <= rung) if path.exists() else ())
+            values[value] = ValueRuns(tuple(records), any(run_status(out / r.dir, rung) == "diverged" for r in value_runs))
+        check_metric([rec for v in values.values() for rec in v.records], tuning, f"{group[0].tuned_method} at round {rung}")
+        stored = {
+            "group": where, "round": rung, "eta": eta, "order": ranked_values(values, tuning),
+            "scores": {value: mean_score(runs, tuning) for value, runs in values.items()},
+        }
+        decisions.append(stored)
+    order = stored["order"]
+    keep = max(1, -(-len(order) // eta))
+    stopped = []
+    for rank, value in enumerate(order[keep:], start=keep + 1):
+        score = stored["scores"].get(value)
+        shown = "diverged or unscored" if score is None else f"{score:.4g}"
+        message = (
+            f"stopped by halving at round {rung}: {tuning.describe} {shown} ranked {rank} of {len(order)} values of "
+            f"{group[0].tuned_method} (the best {keep} go on)"
+        )
+        stopped += [(r, message) for r in by_value[value]]
+    kept_values = set(order[:keep])
+    return [r for r in group if r.tuned in kept_values], stopped
 
 
 def _read_jobs(out: Path) -> dict[str, Any]:

@@ -6,7 +6,9 @@ the command line's ``key=value``; the seed comes last. An override written
 ``LABEL:key=value`` (``scoped_override``) applies only to the runs of the axis value
 labelled LABEL, such as one method's key (``FedProx:algorithm.mu=0.1``). Each run's directory is
 ``runs/<setting>/<method>/seed-<s>`` (``runs/<method>/seed-<s>`` without setting
-axes). Its ``description`` in ``sweep.json`` is the sweep's, followed by a
+axes); a run of a tuned axis lives under its method, ``runs/<setting>/<method>/<tuned value>/seed-<s>``, is
+labelled ``METHOD (VALUE)`` until the report picks a value for the method, and must hold validation rows
+(``data.validation_fraction``): the pick is made on them. Its ``description`` in ``sweep.json`` is the sweep's, followed by a
 ``run_note`` such as ``(run here with: scale paper (rounds=3000); rounds=5)``
 when what ran is not the default scale the sweep's description describes.
 """
@@ -42,6 +44,8 @@ class PlannedRun:
     seed: int
     overrides: tuple[str, ...]
     config: ExperimentConfig = field(repr=False, compare=False)  # the overrides applied to the base, validated
+    tuned: str = ""  # the tuned axes' value labels ("" unless an axis has role = "tuned")
+    tuned_method: str = ""  # the method a tuned run is a candidate of (``method`` is "METHOD (VALUE)")
 
 
 def _dir_part(values: Sequence[AxisValue]) -> str:
@@ -73,6 +77,8 @@ def plan(spec: SweepSpec, scale: str | None = None, extra_overrides: Sequence[st
     for combo in combos:
         setting_values = [value for axis, value in combo if axis.role == "setting"]
         method_values = [value for axis, value in combo if axis.role == "method"]
+        tuned_values = [value for axis, value in combo if axis.role == "tuned"]
+        tuned = ", ".join(value.label for value in tuned_values)
         setting = ", ".join(value.label for value in setting_values)
         method_parts = [value.label for value in method_values]
         assignments = _run_assignments(combo, shared, extra, scale)
@@ -93,15 +99,50 @@ def plan(spec: SweepSpec, scale: str | None = None, extra_overrides: Sequence[st
                 raise ConfigError(f"sweep {spec.name}, run {names} (seed {seed}): {error}{hint}") from None
             method = ", ".join(method_parts) or registry.label(config.algorithm.name)
             parts = [_dir_part(setting_values)] if setting_values else []
-            run_dir = "/".join(["runs", *parts, _dir_part(method_values) if method_values else slug(method), f"seed-{seed}"])
+            parts.append(_dir_part(method_values) if method_values else slug(method))
+            if tuned_values:
+                _check_validation_rows(spec, config, combo, seed)
+                parts.append(_dir_part(tuned_values))
+            run_dir = "/".join(["runs", *parts, f"seed-{seed}"])
             if run_dir in seen_dirs:
                 raise ConfigError(
                     f"sweep {spec.name}: labels {seen_dirs[run_dir]!r} and {(setting, method)!r} map to the same directory {run_dir}; "
                     "make the labels differ in letters or digits"
                 )
-            seen_dirs[run_dir] = (setting, method)
-            runs.append(PlannedRun(run_dir, setting, method, seed, overrides, config))
+            label = f"{method} ({tuned})" if tuned else method
+            seen_dirs[run_dir] = (setting, label)
+            runs.append(PlannedRun(run_dir, setting, label, seed, overrides, config, tuned, method if tuned else ""))
+    if spec.halving is not None:
+        _check_extendable(spec, runs)
     return runs
+
+
+def _check_validation_rows(spec: SweepSpec, config: ExperimentConfig, combo: list[tuple[Axis, AxisValue]], seed: int) -> None:
+    """A tuned value is picked on validation rows: a run without them could only be picked on test data."""
+    if getattr(config.data, "validation_fraction", None):
+        return
+    names = " / ".join(value.label for _, value in combo)
+    raise ConfigError(
+        f"sweep {spec.name}, run {names} (seed {seed}): a tuned axis picks its value on validation data, and this run holds "
+        "none (data.validation_fraction is unset); add \"data.validation_fraction=0.1\" to the sweep's `overrides` (or "
+        "`validation_fraction = 0.1` under [data] in its base config), which holds 10% of every client's training rows out"
+    )
+
+
+def _check_extendable(spec: SweepSpec, runs: Sequence[PlannedRun]) -> None:
+    """Successive halving stops runs early and may extend them later: only a run whose computation does not depend on
+    its ``rounds`` (the fingerprint ignores them) gives, extended, the bytes of a run made straight."""
+    assert spec.halving is not None
+    for r in runs:
+        if not r.tuned:
+            continue
+        shorter = r.config.model_copy(update={"rounds": min(spec.halving.first, r.config.rounds)})
+        if shorter.fingerprint() != r.config.fingerprint():
+            raise ConfigError(
+                f"sweep {spec.name}, run {r.dir}: halving stops runs early and extends them later, but this run's computation "
+                "depends on its rounds (privacy.target_epsilon calibrates the noise to them); set privacy.noise_multiplier "
+                "instead, or run without halving"
+            )
 
 
 Scoped = list[tuple[str | None, str]]  # (the label an override is scoped to, or None: every run; the plain key=value)
@@ -208,8 +249,26 @@ def sweep_document(spec: SweepSpec, runs: Sequence[PlannedRun], scale: str | Non
         "targets": list(spec.targets),
         "steps_reference": spec.steps_reference,
         "axes": [{"name": a.name, "role": a.role, "values": [{"label": v.label, "set": list(v.assignments(scale))} for v in a.values]} for a in spec.axes],
-        "runs": [{"dir": r.dir, "setting": r.setting, "method": r.method, "seed": r.seed, "overrides": list(r.overrides)} for r in runs],
+        "runs": [_run_entry(r) for r in runs],
+        **_tuning_entries(spec),
     }
+
+
+def _run_entry(r: PlannedRun) -> dict[str, Any]:
+    entry: dict[str, Any] = {"dir": r.dir, "setting": r.setting, "method": r.method, "seed": r.seed, "overrides": list(r.overrides)}
+    if r.tuned:  # absent otherwise: an untuned sweep's sweep.json is what it always was
+        entry.update(tuned=r.tuned, tuned_method=r.tuned_method)
+    return entry
+
+
+def _tuning_entries(spec: SweepSpec) -> dict[str, Any]:
+    """sweep.json's ``tuning`` (and ``halving``) keys, for sweeps with tuned axes only."""
+    if spec.tuning is None:
+        return {}
+    entries: dict[str, Any] = {"tuning": {"metric": spec.tuning.metric, "rule": spec.tuning.rule, "axes": [a.name for a in spec.tuned_axes]}}
+    if spec.halving is not None:
+        entries["halving"] = {"first": spec.halving.first, "eta": spec.halving.eta}
+    return entries
 
 
 def run_note(spec: SweepSpec, scale: str | None, extra_overrides: Sequence[str]) -> str:

@@ -30,6 +30,21 @@ A sweep file (TOML; shipped ones are listed by ``driftlab presets``)::
       { label = "FedProx", set = ["algorithm.mu=1"], at_scale = { paper = ["client.epochs=50"] } },
     ]
 
+An axis with ``role = "tuned"`` is a grid each method is tuned over rather than a row of its own (FedProx's μ,
+FedDyn's α, a learning rate): its runs live under their method, ``runs/<setting>/<method>/<tuned value>/seed-<s>``,
+and the report picks, per setting and method, the value best on the clients' validation rows
+(``driftlab.experiments.report.tuning``), never on test data. Tuned runs need ``data.validation_fraction``; the
+sweep says how a value is scored::
+
+    tuning_metric = "validation_accuracy"   # or "validation_loss", or any key of the runs' records
+    tuning_rule = "final"                   # "final", "best" or "rounds_to:0.8" (over the evaluated rounds)
+    halving = { first = 10, eta = 3 }       # optional: successive halving of the tuned values (``execution``)
+
+    [[axes]]
+    name = "mu"
+    role = "tuned"
+    values = [{ label = "μ=0.01", set = ["algorithm.mu=0.01"] }, { label = "μ=0.1", set = ["algorithm.mu=0.1"] }]
+
 Overrides apply in order: ``overrides``, the scale's overrides, the axes' ``set``
 (each followed by its ``at_scale`` entry for the chosen scale) in axis order, then
 the command line's ``key=value``; the seed comes last (``driftlab.experiments.sweep.planning``).
@@ -53,11 +68,13 @@ from typing import Any, Literal, Sequence
 
 from driftlab.errors import ConfigError
 from driftlab.experiments.config import MAX_CONFIG_BYTES, check_toml_shape, parse_override, parse_toml, read_config_text
+from driftlab.experiments.report.tuning import Tuning, tuning_from_keys
 from driftlab.experiments.shipped import SWEEP_PACKAGE, sweep_names
 from driftlab.experiments.sweep.directory import slug
 from driftlab.plugins import resolve_plugin
 
-Role = Literal["setting", "method"]
+Role = Literal["setting", "method", "tuned"]
+ROLES = ("setting", "method", "tuned")
 
 # Keys that change how a method computes (rows of a comparison) rather than the problem it solves.
 METHOD_SECTIONS = ("algorithm", "client", "server", "compression")
@@ -88,6 +105,44 @@ class Scale:
 
 
 @dataclass(frozen=True)
+class Halving:
+    """Successive halving of a tuned axis's values: all run to round ``first``, the best ⌈n/eta⌉ go on to
+    ``first·eta``, then ``first·eta²``, ..., the last ones to the sweep's full rounds (``execution``)."""
+
+    first: int
+    eta: int = 3
+
+    def rungs(self, rounds: int) -> list[int]:
+        """The rounds at which values are compared, ending with ``rounds`` itself: first, first·eta, ... < rounds."""
+        rungs, r = [], self.first
+        while r < rounds:
+            rungs.append(r)
+            r *= self.eta
+        return [*rungs, rounds]
+
+
+HALVING_FORM = "R:ETA, e.g. --halving 10:3 (all tuned values to round 10, the best third on to 30, ...), or off"
+
+
+def parse_halving(text: str, origin: str = "--halving") -> Halving | None:
+    """``"10:3"`` -> Halving(10, 3); ``"off"`` -> None (no halving, even where the sweep file asks for it)."""
+    if text.strip().lower() == "off":
+        return None
+    first, sep, eta = text.partition(":")
+    try:
+        values = int(first), int(eta) if sep else 3
+    except ValueError:
+        raise ConfigError(f"{origin} {text!r}: write {HALVING_FORM}") from None
+    return _halving(*values, origin=origin)
+
+
+def _halving(first: Any, eta: Any, origin: str) -> Halving:
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (first, eta)) or first < 1 or eta < 2:
+        raise ConfigError(f"{origin}: halving needs a first round R >= 1 and eta >= 2 (integers), got first={first!r}, eta={eta!r}; write {HALVING_FORM}")
+    return Halving(first, eta)
+
+
+@dataclass(frozen=True)
 class SweepSpec:
     name: str
     base: str
@@ -99,6 +154,12 @@ class SweepSpec:
     axes: tuple[Axis, ...] = ()
     scales: dict[str, Scale] = field(default_factory=dict)
     plugins: tuple[str, ...] = ()  # imported for every run, after the base config's own (absolute paths or module names)
+    tuning: Tuning | None = None  # how tuned values are scored on validation; set when an axis is tuned
+    halving: Halving | None = None  # successive halving over the tuned values (None: every run to the full rounds)
+
+    @property
+    def tuned_axes(self) -> tuple[Axis, ...]:
+        return tuple(axis for axis in self.axes if axis.role == "tuned")
 
 
 # ---------------------------------------------------------------- reading sweep files
@@ -133,7 +194,10 @@ def load_sweep(source: str | Path) -> SweepSpec:
     return sweep_from_table(parse_toml(text, origin), origin, name, folder)
 
 
-_TOP_KEYS = {"description", "base", "plugins", "overrides", "seeds", "targets", "steps_reference", "axes", "scales", "name"}
+_TOP_KEYS = {
+    "description", "base", "plugins", "overrides", "seeds", "targets", "steps_reference", "axes", "scales", "name", "tuning_metric",
+    "tuning_rule", "halving",
+}
 
 
 def sweep_from_table(table: dict[str, Any], origin: str, name: str, folder: Path | None = None) -> SweepSpec:
@@ -176,6 +240,7 @@ def sweep_from_table(table: dict[str, Any], origin: str, name: str, folder: Path
     plugins = tuple(resolve_plugin(plugin, folder) for plugin in _list(table, "plugins", origin, str))
     if not all(plugins):
         raise ConfigError(f"{origin}: `plugins` lists module names or paths of .py files, not empty strings")
+    tuning, halving = _tuning(table, axes, origin)
     return SweepSpec(
         name=str(table.get("name", name)),
         base=base,
@@ -187,7 +252,31 @@ def sweep_from_table(table: dict[str, Any], origin: str, name: str, folder: Path
         steps_reference=reference,
         axes=axes,
         scales=scales,
+        tuning=tuning,
+        halving=halving,
     )
+
+
+def _tuning(table: dict[str, Any], axes: Sequence[Axis], origin: str) -> tuple[Tuning | None, Halving | None]:
+    """The sweep's tuning keys, refused when no axis is tuned (they would choose nothing) or when misspelt."""
+    given = [key for key in ("tuning_metric", "tuning_rule", "halving") if key in table]
+    if not any(axis.role == "tuned" for axis in axes):
+        if given:
+            raise ConfigError(f"{origin}: {', '.join(given)} applies to tuned axes, and no axis has role = \"tuned\"; mark the axis to tune")
+        return None, None
+    for axis in axes:
+        if axis.role == "tuned" and len(axis.values) < 2:
+            raise ConfigError(
+                f"{origin}: tuned axis {axis.name!r} has one value ({axis.values[0].label!r}), so there is nothing to pick; "
+                "give it at least two values, or move its setting into `overrides`"
+            )
+    tuning = tuning_from_keys(table.get("tuning_metric"), table.get("tuning_rule"), origin)
+    raw = table.get("halving")
+    if raw is None:
+        return tuning, None
+    if not isinstance(raw, dict) or set(raw) - {"first", "eta"} or "first" not in raw:
+        raise ConfigError(f"{origin}: `halving` is a table {{ first = R, eta = 3 }} (eta defaults to 3), got {raw!r}")
+    return tuning, _halving(raw["first"], raw.get("eta", 3), f"{origin}: halving")
 
 
 def _list(table: dict[str, Any], key: str, origin: str, kind: type | tuple[type, ...]) -> list[Any]:
@@ -241,8 +330,8 @@ def _axis(raw: dict[str, Any], index: int, origin: str) -> Axis:
     if len(set(labels)) != len(labels):
         raise ConfigError(f"{where} ({name}): labels must differ, got {labels}")
     role = raw.get("role") or _infer_role(v for value in parsed for v in value.set)
-    if role not in ("setting", "method"):
-        raise ConfigError(f"{where} ({name}): role must be \"setting\" or \"method\", got {role!r}")
+    if role not in ROLES:
+        raise ConfigError(f"{where} ({name}): role must be \"setting\" or \"method\" (or \"tuned\": values each method is tuned over), got {role!r}")
     return Axis(name, role, tuple(parsed))
 
 
@@ -373,10 +462,13 @@ def grid_description(base: str, axes: Sequence[Axis], seeds: Sequence[int]) -> s
 
 __all__ = [
     "GRID_FORMS",
+    "HALVING_FORM",
     "METHOD_SECTIONS",
+    "ROLES",
     "SWEEP_PACKAGE",
     "Axis",
     "AxisValue",
+    "Halving",
     "Role",
     "Scale",
     "SweepSpec",
@@ -384,6 +476,7 @@ __all__ = [
     "grid_description",
     "is_sweep_source",
     "load_sweep",
+    "parse_halving",
     "short_keys",
     "sweep_from_config",
     "sweep_from_table",
