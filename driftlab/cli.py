@@ -199,6 +199,9 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--targets", help="comma-separated target accuracies, e.g. 0.95,0.972 (default: the sweep's or the runs' targets)")
     report.add_argument("--steps-reference", help="method label the local SGD steps are compared with (default: the constant-K method)")
     report.add_argument("--no-plots", action="store_true", help="tables only")
+    report.add_argument(
+        "--baseline", help="method label the others are compared with, paired by seed (default: each setting's first method)"
+    )
 
     commands.add_parser("presets", help="list the shipped presets and sweeps")
 
@@ -412,7 +415,9 @@ def _dispatch(args: argparse.Namespace) -> int:
         from driftlab.experiments.report import make_report
 
         targets = _float_list(args.targets, "--targets") if args.targets else None
-        report = make_report(args.inputs, args.out, targets=targets, steps_reference=args.steps_reference, plots=not args.no_plots)
+        report = make_report(
+            args.inputs, args.out, targets=targets, steps_reference=args.steps_reference, plots=not args.no_plots, baseline=args.baseline
+        )
         print(report.markdown)
         print(f"report: {Path(args.out) / 'report.md'}")
         return 0

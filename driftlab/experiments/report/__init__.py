@@ -73,6 +73,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from driftlab.errors import ConfigError
+from driftlab.experiments.report.seeds import SeedsRow, baseline_for, check_baseline, seeds_rows, seeds_section, write_seeds_csv
 from driftlab.experiments.report.epsilon import EpsilonSummary, epsilon_summary, is_private, run_epsilon
 from driftlab.experiments.report.labels import algorithm_label, flatten_config, label_standalone
 from driftlab.experiments.report.plots import (
@@ -147,6 +148,7 @@ def make_report(
     targets: Sequence[float] | None = None,
     steps_reference: str | None = None,
     plots: bool = True,
+    baseline: str | None = None,
 ) -> Report:
     """Read the runs under ``inputs`` and write ``report.md``, CSV tables and figures into ``out_dir``.
 
@@ -159,6 +161,8 @@ def make_report(
       steps_reference: the method label whose local SGD steps the others are compared with; default:
         the sweep's ``steps_reference``, else the method with constant local work that spent most steps.
       plots: write the PNG figures.
+      baseline: the method label the others are compared with, paired by seed, in the "Over seeds" section
+        (written where some method ran two seeds or more); default: each setting's first method.
 
     Returns:
       A ``Report`` with the Markdown text, the files written and every number in the tables.
@@ -173,6 +177,8 @@ def make_report(
     runs = [run for setting in settings for run in setting.runs]
     chosen_targets = _targets_for(targets, documents, runs)
     requested_reference = _reference_for(steps_reference, documents, settings)
+    check_baseline(baseline, {method for setting in settings for method in setting.methods})
+    seed_rows: list[SeedsRow] = []
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
 
@@ -234,6 +240,13 @@ def make_report(
         section, rows = accuracy_section(setting)
         lines += section
         accuracy_rows += rows
+        if setting.is_classifier:
+            compared = baseline_for(list(setting.methods), baseline)
+            rows = seeds_rows(setting.label, setting.methods, chosen_targets, compared)
+            section = seeds_section(rows, chosen_targets, compared)
+            if section:
+                lines += section
+                seed_rows += rows
         section, rows = steps_section(setting, by_method, chosen_targets if setting.is_classifier else [], requested_reference)
         lines += section
         step_rows += rows
@@ -265,6 +278,7 @@ def make_report(
     if utility is not None:
         files.append(write_privacy_csv(out, utility))
     files += write_tuning_csv(out, tuned)
+    files += write_seeds_csv(out, seed_rows, chosen_targets)
     return Report(markdown, files, runs, settings, target_rows, savings_rows, accuracy_rows, step_rows, utility, tuned)
 
 
