@@ -36,12 +36,14 @@ CONTINUOUS_MINIMIZER = 3 * (3**0.5 - 1) / (3 * 3**0.5 - 1)  # ≈ 0.5234 for z ~
 
 
 class QuadraticObjective(nn.Module):
-    """``x ∈ R^d``; ``forward([a, b]) = ½ Σ_j a_j x_j² − Σ_j b_j x_j`` per row (the objective, not logits)."""
+    """``x ∈ R^d``; ``forward([a, b]) = ½ Σ_j a_j x_j² − Σ_j b_j x_j`` per row (the objective, not logits).
 
-    def __init__(self, dimension: int) -> None:
+    ``x`` starts at ``start`` in every coordinate (the decaying-K paper's x_1 = 0.4; 0 by default)."""
+
+    def __init__(self, dimension: int, start: float = 0.0) -> None:
         super().__init__()
         self.dimension = dimension
-        self.x = nn.Parameter(torch.zeros(dimension))
+        self.x = nn.Parameter(torch.full((dimension,), float(start)))
 
     def forward(self, rows: torch.Tensor) -> torch.Tensor:
         curvature, linear = rows[:, : self.dimension], rows[:, self.dimension :]

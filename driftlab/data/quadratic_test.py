@@ -57,3 +57,17 @@ def test_multidimensional_minimiser_is_a_stationary_point():
 def test_bad_quadratic_inputs_are_rejected():
     with pytest.raises(ValueError, match="num_clients"):
         scalar_quadratic_clients(0)
+
+
+def test_the_quadratic_starts_where_model_start_says():
+    import driftlab
+
+    config = driftlab.load_config("quadratic-constant-k", overrides=["model.start=0.4", "rounds=1"])
+    first = driftlab.run(config).records[0]
+    plain = driftlab.run(driftlab.load_config("quadratic-constant-k", overrides=["rounds=1"])).records[0]
+    assert first["distance_to_minimizer"] != plain["distance_to_minimizer"]
+    from driftlab.data.quadratic import QuadraticObjective
+
+    assert QuadraticObjective(3, start=0.4).x.tolist() == [0.4, 0.4, 0.4]
+    assert QuadraticObjective(2).x.tolist() == [0.0, 0.0]
+    assert config.fingerprint() != driftlab.load_config("quadratic-constant-k", overrides=["rounds=1"]).fingerprint()

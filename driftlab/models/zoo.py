@@ -503,6 +503,9 @@ class VGG11Config(ModelSection):
 
 class QuadraticConfig(ModelSection):
     name: Literal["quadratic"] = "quadratic"
+    start: float | None = Field(
+        None, allow_inf_nan=False, description="every coordinate of x starts here (the decaying-K paper: 0.4); unset: 0"
+    )
 
 
 # Each zoo model's build: (its [model] section, one example's input shape, classes, vocabulary) -> the module.
@@ -559,4 +562,4 @@ def build_quadratic(
 
     if len(input_shape) != 1 or input_shape[0] % 2:
         raise ValueError(f"model quadratic needs quadratic data (rows [a, b]); got inputs of shape {input_shape}")
-    return QuadraticObjective(input_shape[0] // 2)
+    return QuadraticObjective(input_shape[0] // 2, start=section.start or 0.0)
