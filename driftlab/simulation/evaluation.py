@@ -20,6 +20,7 @@ import torch
 from driftlab.simulation.backends.flat import FlatModel
 from driftlab.simulation.backends.local_training import TrainingData
 
+from driftlab.simulation.round.client import ClientData, ClientDataComputation
 from driftlab.simulation.round.setup import Simulation
 from driftlab.simulation.seam import NO_CORRECTION
 
@@ -168,8 +169,6 @@ def evaluate_personal(sim: Simulation, server: Any, clients: Any, settings: Any,
     (seed, round, client id).  One client at a time, states streamed from the store in client-id order, so memory
     stays one model per client being evaluated, whatever the number of clients.
     """
-    from driftlab.simulation.round.client import ClientDataComputation, ClientData  # the client code path, on demand
-
     algorithm = sim.algorithm
     shared = algorithm.broadcast(server)
     initial = algorithm.client_state_init

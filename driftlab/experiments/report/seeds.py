@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from driftlab.errors import ConfigError
+from driftlab.experiments.report.render import markdown_table
 from driftlab.experiments.report.run_data import RunData
 from driftlab.experiments.report.statistics import PairedComparison, Summary, paired, summarize
 from driftlab.experiments.report.tables import write_csv
@@ -120,8 +121,6 @@ def seeds_section(rows: Sequence[SeedsRow], targets: Sequence[float], baseline: 
         "initialisation and client samples): the mean difference of final test accuracy, its 95% CI, the paired t-test's "
         "two-sided p and the exact sign-flip test's (no normality assumed; with n seeds it cannot go below 2/2ⁿ, 0.25 for 3)."
     )
-    from driftlab.experiments.report.render import markdown_table
-
     return ["### Over seeds: confidence intervals and paired comparisons", "", note, "", markdown_table(header, table), ""]
 
 

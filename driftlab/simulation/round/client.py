@@ -38,6 +38,7 @@ Example (one SCAFFOLD client with ten examples of its own):
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,6 +92,19 @@ class ClientSettings:
     precision: str = "float32"  # run_client's local arithmetic (precision.PRECISIONS); the engine's backends have their own
 
 
+# One bound copy of the model per thread, reused by every client computation's ``train`` on that thread (Ditto's personal
+# pass runs for every client of every round, fine-tuning for every client at every evaluation): a copy per call would
+# copy the module each time.  A bound module keeps no state between calls (train_one_client writes its θ each step).
+_BOUND = threading.local()
+
+
+def _bound_module(model: FlatModel, like: torch.Tensor) -> BoundModule:
+    bound = getattr(_BOUND, "module", None)
+    if bound is None or bound.source is not model.module or bound.theta.dtype != like.dtype or bound.theta.device != like.device:
+        bound = _BOUND.module = BoundModule(model, like)
+    return bound
+
+
 PURPOSES = {"local": Stream.MINIBATCHES, "personal": Stream.PERSONAL_MINIBATCHES, "finetune": Stream.FINETUNE_MINIBATCHES}
 
 
@@ -134,7 +148,7 @@ class ClientDataComputation:
         settings = self._round_settings()
         task = self._task(steps, purpose, correction)
         with single_threaded_clients(params.device):
-            bound = BoundModule(self.data.model, params)
+            bound = _bound_module(self.data.model, params)
             with local_arithmetic(settings.precision, params.device):
                 return train_one_client(bound, params, task, settings.local, self.data.training)
 
