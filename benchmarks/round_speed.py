@@ -97,8 +97,16 @@ import torch
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPOSITORY))  # the driftlab of this checkout, also in the row subprocesses
-MNIST_ROOT = REPOSITORY.parent / "shared" / "data" / "mnist"
-SHAKESPEARE_TEXT = REPOSITORY.parent / "shared" / "data" / "tinyshakespeare" / "input.txt.gz"
+
+
+def _shared_data(name: str) -> Path:
+    """Where driftlab looks for a data set (``$DRIFTLAB_DATA/<name>`` when set, else ../shared/data/<name>), so that a
+    copy carried to another machine is found as a run finds it."""
+    from driftlab.experiments.datasets import find_data
+
+    return find_data(name) or REPOSITORY.parent / "shared" / "data" / name
+
+
 ROW_NAMES = {
     "vectorized": "driftlab vectorized",
     "sequential": "driftlab sequential",
@@ -205,10 +213,11 @@ def load_training_data(args: argparse.Namespace) -> tuple[torch.Tensor, torch.Te
 
 
 def _mnist_rows(args: argparse.Namespace, needed: int) -> tuple[torch.Tensor, torch.Tensor, str]:
-    if not args.random_data and MNIST_ROOT.is_dir():
+    mnist_root = _shared_data("mnist")
+    if not args.random_data and mnist_root.is_dir():
         from driftlab.data.idx import load_mnist_tensors
 
-        inputs, targets, _, _ = load_mnist_tensors(MNIST_ROOT)
+        inputs, targets, _, _ = load_mnist_tensors(mnist_root)
         if len(targets) >= needed:
             return inputs[:needed].contiguous(), targets[:needed].contiguous(), "mnist"
     generator = torch.Generator().manual_seed(0)
@@ -242,14 +251,15 @@ def _cifar10_rows(args: argparse.Namespace, needed: int) -> tuple[torch.Tensor, 
 
 
 def _shakespeare_rows(args: argparse.Namespace, needed: int) -> tuple[torch.Tensor, torch.Tensor, str]:
-    if not args.random_data and SHAKESPEARE_TEXT.is_file():
+    shakespeare_text = _shared_data("tinyshakespeare") / "input.txt.gz"
+    if not args.random_data and shakespeare_text.is_file():
         from driftlab.data.shakespeare import load_shakespeare_text
 
         test_fraction = 0.2
         # floor((1 - test_fraction)·n) training windows per role must cover `samples`
         per_role = math.ceil(args.samples / (1 - test_fraction)) + 1
         dataset = load_shakespeare_text(
-            SHAKESPEARE_TEXT, max_clients=args.num_clients, samples_per_client=per_role, test_fraction=test_fraction, seed=0
+            shakespeare_text, max_clients=args.num_clients, samples_per_client=per_role, test_fraction=test_fraction, seed=0
         )
         rows = [np.asarray(indices)[: args.samples] for indices in dataset.client_indices]
         if dataset.num_clients >= args.num_clients and all(len(r) == args.samples for r in rows):
