@@ -27,10 +27,11 @@ def test_quick_check_runs_every_step_and_writes_two_files(tmp_path, capsys):
     if not torch.cuda.is_available():
         assert "skipped" in tests["result"] and "passed" not in tests["result"]  # every CUDA test skips cleanly
     speed = summary["steps"]["speed"]
-    float32_runs = [label for label, _, _ in gpu_check.SPEED_RUNS if label.endswith("float32")]
+    float32_runs = [label for label, _, _ in gpu_check.SPEED_RUNS if label.endswith(("float32", "chunk-1"))]
     assert sorted(speed["runs"]) == sorted(float32_runs)
     assert all(run["status"] == "passed" for run in speed["runs"].values())
     assert {(row["run"], row["row"]) for row in speed["rows"]} == {(label, r) for label in float32_runs for r in ("vectorized", "reference")}
+    assert all(row["median_seconds"] > 0 for row in speed["rows"])
     assert all(row["median_seconds"] > 0 for row in speed["rows"])
     precision = summary["steps"]["precision"]
     assert precision["status"] == "passed"
@@ -68,4 +69,5 @@ def test_the_speed_runs_cover_the_goals_models_and_precisions():
     for model in models:
         assert {f"{model}-tf32", f"{model}-bf16"} <= set(runs), model
     assert "1000" in runs["mlp-1000-float32"] and "100" in runs["cnn-float32"]
-    assert all("reference" in arguments[arguments.index("--rows") + 1] for label, arguments in runs.items() if label.endswith("float32"))
+    with_reference = {label for label, arguments in runs.items() if "reference" in arguments[arguments.index("--rows") + 1]}
+    assert with_reference == {"cnn-float32", "mlp-float32", "lstm-float32", "resnet18_gn-float32"}

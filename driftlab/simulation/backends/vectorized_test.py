@@ -496,10 +496,12 @@ def test_a_cuda_round_has_no_host_syncs_and_matches_the_cpu(model_name):
     ]
     data_cuda = TrainingData(data.inputs.to(cuda), data.targets.to(cuda))
     backend = VectorizedBackend()
-    run_backend(backend, model, start.to(cuda), moved, settings, data_cuda)  # warm-up: engine choice and vmap probe may sync
+    start_cuda = start.to(cuda)  # a copy from pageable host memory synchronises: made before the checked region
+    run_backend(backend, model, start_cuda, moved, settings, data_cuda)  # warm-up: engine choice and vmap probe may sync
+    torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        actual = {p: (t, d) for p, t, d in backend.train(model, start.to(cuda), moved, settings, data_cuda)}
+        actual = {p: (t, d) for p, t, d in backend.train(model, start_cuda, moved, settings, data_cuda)}
     finally:
         torch.cuda.set_sync_debug_mode("default")
     for position, (theta, done) in expected.items():
