@@ -675,7 +675,7 @@ class ExperimentConfig(_Section):
         "auto",
         description="local training backend: vectorized (a round's clients trained together), sequential (one by one, the reference), "
         "or auto (what docs/performance.md measured faster for the model and device: vectorized on a GPU and for the zoo's models, "
-        "sequential for other modules on a CPU)",
+        "sequential for other modules on a CPU and for recurrent networks (LSTM, GRU) on a GPU)",
     )
     checkpoint_every: int = Field(10, ge=1, description="write a checkpoint every N rounds (and at the end or on interruption)")
     keep_checkpoint: bool = Field(

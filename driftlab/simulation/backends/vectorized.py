@@ -78,7 +78,7 @@ from driftlab.simulation.backends.local_training import (
 from driftlab.simulation.state.memory_budget import MemoryBudget
 from driftlab.simulation.backends.precision import local_arithmetic
 from driftlab.simulation.seam import GradientCorrection
-from driftlab.simulation.backends.stacked import StackedNetwork
+from driftlab.simulation.backends.stacked import StackedNetwork, has_recurrent_layers
 from driftlab.simulation.backends.vectorized_gradients import (
     LinearReluStack,
     TermGradients,
@@ -317,7 +317,11 @@ class VectorizedBackend:
 def auto_backend(model: FlatModel, device: torch.device) -> str:
     """The backend ``backend=auto`` runs: a rule backed by the measurements in docs/performance.md.
 
-    On a GPU, vectorized for every model.  On a CPU, vectorized where the
+    On a GPU, vectorized for every model but recurrent networks, which train
+    one client at a time: on an NVIDIA H200 the batched ``bmm`` recurrence of
+    FedDyn's Shakespeare LSTM took 0.894 s a round of 10 clients where a loop
+    of one cuDNN LSTM per client took 0.390 s (docs/performance.md, "First
+    measurements on a GPU").  On a CPU, vectorized where the
     batched layers apply (the zoo's models, ``nn.Sequential`` of their layers):
     Linear/ReLU stacks train several times faster there, and convolutional and
     recurrent networks at least as fast as one by one (their chunks run one
@@ -327,7 +331,7 @@ def auto_backend(model: FlatModel, device: torch.device) -> str:
     same run always trains the same way.
     """
     if device.type != "cpu":
-        return "vectorized"
+        return "sequential" if has_recurrent_layers(model.module) else "vectorized"
     return "vectorized" if gradient_engine(model) is not None else "sequential"
 
 
