@@ -79,7 +79,8 @@ def resolve_backend(name: str, model: FlatModel | None = None, device: torch.dev
 
 def make_backend(config: ExperimentConfig, model: FlatModel, devices: tuple[torch.device, ...], budget: MemoryBudget | None = None):
     """The config's training backend; the vectorized one sizes its chunks from ``budget`` (the run's ``MemoryBudget``)."""
-    name = resolve_backend(config.backend, model, devices[0])
+    # several GPUs: auto is the one backend that spreads a round over them
+    name = "vectorized" if config.backend == "auto" and len(devices) > 1 else resolve_backend(config.backend, model, devices[0])
     if len(devices) > 1 and name != "vectorized":
         raise ConfigError(f"device={config.device!r} lists several GPUs, which only backend=vectorized uses; set backend=vectorized (or auto)")
     if name == "vectorized":

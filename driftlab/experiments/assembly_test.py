@@ -275,3 +275,24 @@ def test_a_deadline_no_client_can_meet_is_refused_before_any_round(mode, fragmen
     enough = float(str(error.value).split("at least ")[1].split(",")[0])
     assert fragment in str(error.value) and need <= enough <= need * (1 + 1e-5)
     _timed_simulation({**table, "system": {**table["system"], "deadline": enough}})  # the deadline it names is accepted
+
+
+def test_auto_on_a_gpu_trains_recurrent_networks_one_by_one_but_several_gpus_always_vectorized():
+    from driftlab.experiments.assembly import BACKENDS, make_backend
+    from driftlab.simulation.backends.flat import FlatModel
+
+    class Recurrent(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn, self.head = nn.LSTM(4, 3, batch_first=True), nn.Linear(3, 2)
+
+        def forward(self, x):
+            return self.head(self.rnn(x)[0][:, -1])
+
+    model = FlatModel.wrap(Recurrent())
+    one, two = (torch.device("cuda:0"),), (torch.device("cuda:0"), torch.device("cuda:1"))  # never touched: no GPU needed
+    assert isinstance(make_backend(load_config(None, ["backend=auto"]), model, one), BACKENDS["sequential"])
+    assert isinstance(make_backend(load_config(None, ["backend=auto"]), model, two), BACKENDS["vectorized"])
+    assert isinstance(make_backend(load_config(None, ["backend=vectorized"]), model, one), BACKENDS["vectorized"])
+    with pytest.raises(ConfigError, match="only backend=vectorized uses"):
+        make_backend(load_config(None, ["backend=sequential"]), model, two)
