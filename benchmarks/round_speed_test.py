@@ -111,3 +111,11 @@ def test_device_cuda_without_cuda_is_a_one_line_error(capsys):
     assert exited.value.code == 2 and captured.out == ""
     assert len(captured.err.strip().splitlines()) == 1
     assert "--device cuda" in captured.err and "no CUDA device" in captured.err and "--device cpu" in captured.err
+
+
+def test_the_real_data_is_found_where_driftlab_finds_it(tmp_path, monkeypatch):
+    # a copy carried to another machine (DRIFTLAB_DATA) is found as a run finds it, not only at ../shared/data
+    (tmp_path / "mnist").mkdir()
+    monkeypatch.setenv("DRIFTLAB_DATA", str(tmp_path))
+    assert round_speed._shared_data("mnist") == tmp_path / "mnist"
+    assert round_speed._shared_data("tinyshakespeare") == round_speed.REPOSITORY.parent / "shared" / "data" / "tinyshakespeare"
