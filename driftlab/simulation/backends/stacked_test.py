@@ -246,3 +246,36 @@ def test_a_sequential_the_batched_layers_would_misread_falls_back_to_vmap_and_st
 
 def test_a_sequential_with_embeddings_or_recurrent_layers_is_not_read_layer_by_layer():
     assert StackedNetwork.match(FlatModel.wrap(nn.Sequential(nn.Embedding(10, 4), nn.Flatten(), nn.Linear(12, 3)))) is None
+
+
+@pytest.mark.parametrize("precision", ["float32", "bf16"])
+def test_the_batched_layers_are_checked_against_the_module_in_float32_whatever_the_precision(monkeypatch, precision):
+    # On a GPU the check ran under cuDNN's default TF32 convolutions and ResNet-18-GN failed it (H200, issue 24, the
+    # likely cause): it compares two layouts of one function, so it runs in float32 (TF32 off, no autocast).
+    import contextlib
+
+    from driftlab.simulation.backends import vectorized
+
+    contexts, seen = [], []
+    real = vectorized.local_arithmetic
+
+    @contextlib.contextmanager
+    def recorded(precision_, device):
+        contexts.append(precision_)
+        try:
+            with real(precision_, device):
+                yield
+        finally:
+            contexts.pop()
+
+    def probe(*_args):
+        seen.append((list(contexts), torch.is_autocast_enabled("cpu")))
+        return None
+
+    monkeypatch.setattr(vectorized, "local_arithmetic", recorded)
+    monkeypatch.setattr(vectorized, "stacked_problem", probe)
+    model, start, tasks, data = _round_setup("sequential_conv_groupnorm", "none")
+    model.to("cpu", torch.float32)
+    data = TrainingData(data.inputs.float(), data.targets)
+    list(VectorizedBackend(precision=precision, max_chunk_clients=3).train(model, start.float(), tasks, LocalSettings(client_lr=0.1), data))
+    assert seen == [(["float32"], False)]

@@ -264,7 +264,11 @@ class VectorizedBackend:
         else:
             engine = gradient_engine(model, self.batched_layers, self.precision)
             if isinstance(engine, StackedNetwork):
-                problem = stacked_problem(engine, model, start_params, tasks[0], data)
+                # In float32 whatever the run's precision: the probe compares two layouts of one function. Outside
+                # this context a GPU runs it with cuDNN's default TF32 convolutions, the likely reason ResNet-18-GN's
+                # layouts differed past the tolerance on an H200 and it trained on the slower vmap path (issue 24).
+                with local_arithmetic("float32", start_params.device):
+                    problem = stacked_problem(engine, model, start_params, tasks[0], data)
                 if problem is not None:
                     logger.warning("vectorized backend: no batched layers for %s (%s); using vmap", type(model.module).__name__, problem)
                     engine = None
