@@ -615,6 +615,9 @@ def device_description(device: str) -> dict[str, Any]:
             "compute_capability": f"{properties.major}.{properties.minor}",
             "cuda": torch.version.cuda,
             "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
+            # PyTorch's default (True) lets cuDNN use TF32 in convolutions: the reference loop runs with it, as the
+            # authors' code would; driftlab's float32 rows turn it off (precision.local_arithmetic)
+            "tf32_cudnn_reference": torch.backends.cudnn.allow_tf32,
             "description": f"{properties.name} ({properties.total_memory / 2**30:.0f} GiB, CUDA {torch.version.cuda})",
         }
     name, threads = cpu_model_name(), torch.get_num_threads()
