@@ -171,7 +171,8 @@ def test_shipped_sweeps_keep_their_run_directories(name):
     # Sweep-file labels are slugged as a whole, as before readable --grid labels came: finished runs stay where they are.
     for scale in [None, *load_sweep(name).scales]:
         for run in plan(load_sweep(name), scale):
-            expected = ["runs", *([slug(run.setting)] if run.setting else []), slug(run.method), f"seed-{run.seed}"]
+            method = [slug(run.tuned_method), slug(run.tuned)] if run.tuned else [slug(run.method)]  # a tuned run lives under its method
+            expected = ["runs", *([slug(run.setting)] if run.setting else []), *method, f"seed-{run.seed}"]
             assert run.dir == "/".join(expected)
 
 

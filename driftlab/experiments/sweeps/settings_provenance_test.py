@@ -87,6 +87,25 @@ CLAIMS: dict[str, dict[str, tuple[str, ...]]] = {
         "code": ("α = 0.01", "μ = 1e-4", "fc 384", "clipped at norm 10", "augmentation"),
         "ours": ("20 clients of 150 images",),
     },
+    "feddyn-cifar10-partial-tuned": {
+        "paper": ("weight decay 1e-3", "5 epochs", "batch 50", "[0.992, 0.998, 1.0]", "α ∈ {1e-3, 1e-2, 1e-1}",
+                  "μ ∈ {1e-2, 1e-3, 1e-4}", "1000 rounds", "names no validation set"),
+        "code": ("α = 0.01", "μ = 1e-4", "fc 384", "clipped at norm 10", "augmentation"),
+        "ours": ("data.validation_fraction = 0.1", "final validation accuracy", "α and μ fixed", "30 images per client"),
+    },
+    "feddyn-cifar10-full-tuned": {
+        "paper": ("weight decay 1e-3", "5 epochs", "batch 50", "[0.992, 0.998, 1.0]", "α ∈ {1e-3, 1e-2, 1e-1}",
+                  "μ ∈ {1e-2, 1e-3, 1e-4}", "1000 rounds", "names no validation set"),
+        "code": ("α = 0.01", "μ = 1e-4", "fc 384", "clipped at norm 10", "augmentation"),
+        "ours": ("data.validation_fraction = 0.1", "final validation accuracy", "α and μ fixed", "20 clients of 150 images"),
+    },
+    "feddyn-table2-partial-tuned": {
+        "paper": ("weight decay 1e-4", "lr decay 0.998", "learning rates in [.1, .01]", "epochs in [10, 20, 50]",
+                  "Ks in [120, 240, 600]", "for a fixed 100 communication rounds", "α = 0.03 for 10% IID",
+                  "α = 0.01 for 10% Dirichlet 0.3", "FedProx μ = 1e-4", "batch 50", "names no validation set"),
+        "code": ("clipped at norm 10", "mean of every client's latest model"),
+        "ours": ("data.validation_fraction = 0.1", "SCAFFOLD's K is 110, 220 or 550", "halving at round 100", "20 rounds"),
+    },
     "feddyn-shakespeare": {
         "paper": ("2,000 training and 400 test windows per client", "batch 100", "lr 1", "5 epochs", "weight decay 1e-4",
                   "α = 0.009", "μ = 1e-4", "SCAFFOLD K = 100", "150 rounds"),

@@ -1,0 +1,172 @@
+"""The shipped tuned sweeps: the papers' own grids as tuned axes, validation rows in every run, and otherwise the runs
+of the untuned sweep each one varies (issue 29, "Tuned axes in sweeps").
+
+FedDyn (Acar et al. 2021, Appendix A.2) selects the CIFAR-10 lr decay from [0.992, 0.998, 1.0] and searched MNIST's
+learning rates in [.1, .01] and epochs in [10, 20, 50] (SCAFFOLD's Ks in [120, 240, 600], the same local steps).
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import itertools
+import json
+
+import pytest
+
+from driftlab.experiments.config import parse_override
+from driftlab.experiments.datasets import data_location
+from driftlab.experiments.sweep import load_sweep, plan, run_sweep, sweep_names
+
+# tuned sweep -> the untuned sweep it varies
+BASES = {
+    "feddyn-cifar10-partial-tuned": "feddyn-cifar10-partial",
+    "feddyn-cifar10-full-tuned": "feddyn-cifar10-full",
+    "feddyn-table2-partial-tuned": "feddyn-table2-partial",
+}
+SCALES = [None, "paper"]
+# The rounds of a tuned sweep's default scale where it cuts them below its base's (a grid six times the size)
+DEFAULT_ROUNDS = {"feddyn-table2-partial-tuned": 20}
+CIFAR_DECAYS = {0.992, 0.998, 1.0}  # FedDyn Appendix A.2, CIFAR-10
+MNIST_GRID = set(itertools.product([0.1, 0.01], [10, 20, 50]))  # FedDyn Appendix A.2, MNIST: (lr, epochs)
+
+
+def decay(lr) -> float:
+    """A client lr's per-round decay: 1 for a constant lr."""
+    return 1.0 if isinstance(lr, (int, float)) else lr.decay
+
+
+def initial(lr) -> float:
+    return lr if isinstance(lr, (int, float)) else lr.initial
+
+
+def tuned_keys(name: str) -> set[tuple[str, ...]]:
+    """The config paths the sweep's tuned axes set."""
+    assignments = [a for axis in load_sweep(name).tuned_axes for value in axis.values for a in value.set]
+    return {tuple(parse_override(a)[0]) for a in assignments}
+
+
+def without(config, paths) -> str:
+    """The config as canonical JSON without the given paths (nor the seed)."""
+    table = config.model_dump(mode="json")
+    for path in [*paths, ("seed",)]:
+        node = table
+        for part in path[:-1]:
+            node = node[part]
+        node.pop(path[-1])
+    return json.dumps(table, sort_keys=True)
+
+
+def test_the_tuned_sweeps_are_shipped_with_an_untuned_base_each():
+    assert set(BASES) <= set(sweep_names()) and set(BASES.values()) <= set(sweep_names())
+    assert {name for name in sweep_names() if load_sweep(name).tuned_axes} == set(BASES)
+
+
+@pytest.mark.parametrize("scale", SCALES)
+@pytest.mark.parametrize("name", sorted(BASES))
+def test_every_run_is_tuned_on_validation_rows(name, scale):
+    spec = load_sweep(name)
+    assert spec.tuned_axes and all(axis.role == "tuned" for axis in spec.tuned_axes)
+    assert (spec.tuning.metric, spec.tuning.rule) == ("validation_accuracy", "final")
+    runs = plan(spec, scale)
+    assert runs and all(run.tuned and run.tuned_method for run in runs)
+    assert {run.config.data.validation_fraction for run in runs} == {0.1}
+    assert {run.tuned_method for run in runs} == {"FedDyn", "SCAFFOLD", "FedAvg", "FedProx"}
+
+
+def grids(name: str, scale: str | None) -> dict[tuple[str, str], set]:
+    """Each (setting, method)'s tuned values, as the configs of its runs hold them."""
+    found: dict[tuple[str, str], set] = {}
+    for run in plan(load_sweep(name), scale):
+        lr, epochs = run.config.client.lr, run.config.client.epochs
+        value = decay(lr) if "cifar10" in name else (initial(lr), epochs)
+        found.setdefault((run.setting, run.tuned_method), set()).add(value)
+    return found
+
+
+@pytest.mark.parametrize("scale", SCALES)
+@pytest.mark.parametrize("name", ["feddyn-cifar10-partial-tuned", "feddyn-cifar10-full-tuned"])
+def test_cifar10_tunes_every_methods_lr_decay_over_the_papers_three(name, scale):
+    found = grids(name, scale)
+    assert len(found) == 8 and all(values == CIFAR_DECAYS for values in found.values())
+    assert all(initial(run.config.client.lr) == 0.1 for run in plan(load_sweep(name), scale))
+    assert tuned_keys(name) == {("client", "lr")}
+
+
+@pytest.mark.parametrize("scale", SCALES)
+def test_mnist_tunes_every_methods_lr_and_epochs_over_the_papers_search_space(scale):
+    name = "feddyn-table2-partial-tuned"
+    found = grids(name, scale)
+    assert len(found) == 8 and all(values == MNIST_GRID for values in found.values())
+    runs = plan(load_sweep(name), scale)
+    # a constant lr at the default scale (as feddyn-table2-partial), the paper's 0.998 per round at its scale
+    assert {decay(run.config.client.lr) for run in runs} == ({0.998} if scale == "paper" else {1.0})
+    assert tuned_keys(name) == {("client", "lr"), ("client", "epochs")}
+
+
+def test_mnist_halving_searches_for_100_rounds_then_runs_the_best_pair_to_the_end():
+    spec = load_sweep("feddyn-table2-partial-tuned")
+    assert spec.halving is not None
+    assert spec.halving.rungs(1000) == [100, 1000] and -(-6 // spec.halving.eta) == 1  # ⌈6/eta⌉: one pair goes on
+    assert spec.halving.rungs(plan(spec)[0].config.rounds) == [20]  # the default scale runs every pair to its end
+    assert all(load_sweep(name).halving is None for name in BASES if "cifar10" in name)
+
+
+@pytest.mark.parametrize("scale", SCALES)
+@pytest.mark.parametrize("name", sorted(BASES))
+def test_apart_from_the_tuned_keys_and_the_validation_rows_the_runs_are_the_untuned_sweeps(name, scale):
+    removed = [*tuned_keys(name), ("data", "validation_fraction")]
+    if name in DEFAULT_ROUNDS and scale is None:
+        assert {run.config.rounds for run in plan(load_sweep(name))} == {DEFAULT_ROUNDS[name]}
+        removed.append(("rounds",))
+    tuned: dict[tuple[str, str], set[str]] = {}
+    for run in plan(load_sweep(name), scale):
+        tuned.setdefault((run.setting, run.tuned_method), set()).add(without(run.config, removed))
+    untuned: dict[tuple[str, str], set[str]] = {}
+    for run in plan(load_sweep(BASES[name]), scale):
+        method = run.method.split(", ")[0]  # the CIFAR-10 sweeps compare "FedDyn, lr decay 0.992" and the like
+        untuned.setdefault((run.setting, method), set()).add(without(run.config, removed))
+    assert tuned == untuned
+    assert all(len(configs) == 1 for configs in tuned.values())  # the runs of a method differ in the tuned keys only
+
+
+@pytest.mark.slow
+def test_a_tiny_mnist_tuned_sweep_reports_its_grid_and_picks_each_method_on_validation(tmp_path):
+    spec = load_sweep("feddyn-table2-partial-tuned")
+    setting, methods, *_ = spec.axes
+    # one setting, two methods, the whole grid: 12 runs of 2 rounds with 2 clients a round
+    setting = dataclasses.replace(setting, values=setting.values[1:])  # Dirichlet 0.3
+    methods = dataclasses.replace(methods, values=methods.values[::2])  # FedDyn and FedAvg
+    spec = dataclasses.replace(spec, axes=(setting, methods, *spec.axes[2:]))
+    tiny = ["rounds=2", "sampling.participation=0.02"]
+    if data_location(plan(spec, None, tiny)[0].config.data) is None:
+        pytest.skip("MNIST is not on this machine (set DRIFTLAB_DATA)")
+    outcomes = run_sweep(spec, tmp_path / "sweep", jobs=2, extra_overrides=tiny, log=lambda _: None)
+    assert sorted({o.status for o in outcomes}) == ["complete"] and len(outcomes) == 12
+
+    final: dict[tuple[str, str], float] = {}
+    for outcome in outcomes:
+        lines = (tmp_path / "sweep" / outcome.run.dir / "metrics.jsonl").read_text().splitlines()
+        records = [json.loads(line) for line in lines]
+        assert all("validation_accuracy" in r and "test_accuracy" in r for r in records)
+        # 60 of each client's 600 rows are held out: an epoch is 11 steps of the 540 left (SCAFFOLD's K is epochs x 11)
+        assert records[-1]["local_steps"] == 2 * outcome.run.config.client.epochs * 11
+        final[outcome.run.tuned_method, outcome.run.tuned] = records[-1]["validation_accuracy"]
+
+    from driftlab.experiments.report import make_report
+
+    report = make_report([tmp_path / "sweep"], tmp_path / "report", plots=False)
+    assert "Tuned grids" in report.markdown
+    with (tmp_path / "report" / "tuning.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert len(rows) == 12 and {row["setting"] for row in rows} == {"Dirichlet 0.3, 10%"}
+    for method in ("FedDyn", "FedAvg"):
+        grid = {row["tuned_value"]: row for row in rows if row["method"] == method}
+        assert set(grid) == {f"lr={lr}, E={epochs}" for lr, epochs in itertools.product([0.1, 0.01], [10, 20, 50])}
+        (picked,) = [value for value, row in grid.items() if row["picked"] == "1"]
+        # the pick is the pair best on validation (one seed: its final validation accuracy), whatever test says
+        assert float(grid[picked]["validation_mean"]) == final[method, picked]
+        assert final[method, picked] == max(final[method, value] for value in grid)
+        # the setting's note names the pick, and its tables give the test accuracy of the picked pair's run
+        assert f"{method} is reported at its tuned value {picked}, picked on validation" in report.markdown
+        assert f"| {method} | 1 | {100 * float(grid[picked]['test_mean']):.2f}% |" in report.markdown
