@@ -12,11 +12,16 @@ CPU first (``gpu_check_test.py`` runs it with ``--quick`` in CI).  In order:
    against the CPU, the no-sync round under
    ``torch.cuda.set_sync_debug_mode("error")``, each precision against the CPU,
    the memory budget's GPU share;
-3. ``speed``: ``benchmarks/round_speed.py --device cuda`` for each entry of
+3. ``layers``: ``benchmarks/layer_variants.py``, one training step of each
+   implementation of the batched layers (grouped convolution, im2col, a
+   per-client loop; the LSTM's batched recurrence against cuDNN per client),
+   so that one window decides which the backend should use
+   (``layer_variants.json`` beside the summary);
+4. ``speed``: ``benchmarks/round_speed.py --device cuda`` for each entry of
    ``SPEED_RUNS`` (mlp at 10, 100 and 1,000 clients per round, cnn at 10 and
    100, lstm, resnet18_gn; float32 with the plain-PyTorch reference row,
    tf32 and bf16 for the driftlab row), each its own subprocess;
-4. ``precision``: a short real CIFAR-10 run (the ``cifar10-feddyn`` preset,
+5. ``precision``: a short real CIFAR-10 run (the ``cifar10-feddyn`` preset,
    ``PRECISION_ROUNDS`` rounds) in float32, tf32 and bf16, side by side in one
    sweep, for accuracy against float32 (skipped, saying so, without the data).
 
@@ -24,8 +29,8 @@ Each step runs in a subprocess with its own time limit, and the whole command
 keeps to ``--budget`` seconds (a step that would start past it is recorded as
 skipped, with why), so one crash or a slow step never costs the others.  Output,
 in ``--out`` (at most 8 files, as the device tool returns them): ``summary.json``
-(every number and each step's status; also the last line printed) and
-``log.txt`` (every step's output).  A short table is printed before the JSON.
+(every number and each step's status; also the last line printed),
+``log.txt`` (every step's output) and ``layer_variants.json``.  A short table is printed before the JSON.
 
 Usage (on the GPU machine, from the checkout; the data copied into an ignored
 folder of it, named by ``DRIFTLAB_DATA``)::
@@ -86,6 +91,7 @@ SPEED_RUNS: list[tuple[str, list[str], int]] = [
 SPEED_COMMON = ["--rounds", "3", "--in-process"]
 # Seconds the speed runs leave for the precision step.
 PRECISION_RESERVE = 75.0  # the step took 50 s on an H200 (2026-11-27)
+LAYERS_LIMIT = 90.0  # layer_variants.py keeps to its own 50 s budget, plus start-up and its float64 check
 PRECISION_ROUNDS = 40
 PRECISIONS = ("float32", "tf32", "bf16")
 
@@ -97,7 +103,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="tiny steps on whatever device there is: tests this script, numbers mean nothing")
     parser.add_argument("--work", type=Path, default=REPOSITORY / "runs" / "gpu-check",
                         help="folder for the precision step's sweep (default runs/gpu-check in the checkout; emptied first)")
-    parser.add_argument("--steps", default="environment,tests,speed,precision", help="comma-separated steps to run, in this order")
+    parser.add_argument("--steps", default="environment,tests,layers,speed,precision", help="comma-separated steps to run, in this order")
     return parser.parse_args(argv)
 
 
@@ -230,6 +236,23 @@ def precision_sweep(args: argparse.Namespace, budget: Budget, log: Any, cuda: bo
     return {"status": step["status"], "seconds": step["seconds"], "runs": runs}
 
 
+def layer_rows(report: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Per layer variant: its median seconds, speedup over the backend's own layer and largest error (the JSON of
+    ``layer_variants.py``, whatever it nests them in)."""
+    if report is None:
+        return []
+    rows = []
+    for workload in report.get("workloads", []):
+        for variant in workload.get("variants", []):
+            rows.append({
+                "workload": workload.get("workload"), "clients": workload.get("clients"), "variant": variant.get("key"),
+                "precision": variant.get("precision"), "status": variant.get("status"),
+                "median_seconds": variant.get("median_seconds"), "speedup_vs_a": variant.get("speedup_vs_a"),
+                "max_relative_error": variant.get("max_relative_error"),
+            })
+    return rows
+
+
 def _has_module(name: str) -> bool:
     import importlib.util
 
@@ -266,6 +289,18 @@ def main(argv: list[str] | None = None) -> int:
             tail = step.pop("output").strip().splitlines()
             failures = [line for line in tail if line.startswith(("FAILED", "ERROR"))]
             summary["steps"]["tests"] = {**step, "result": tail[-1] if tail else "", "failures": failures}
+        if "layers" in steps:
+            if budget.left() < 30:
+                summary["steps"]["layers"] = {"status": "skipped: out of the command's time budget"}
+            else:
+                # which implementation of each batched layer is fastest here (benchmarks/layer_variants.py)
+                command = [sys.executable, "benchmarks/layer_variants.py", "--device", device, "--budget", "50",
+                           "--json", str(args.out / "layer_variants.json")]
+                if args.quick:
+                    command.append("--quick")
+                step = run_step(command, min(LAYERS_LIMIT, budget.left() - 5), log)
+                report = last_json(step.pop("output"))
+                summary["steps"]["layers"] = {**step, "variants": layer_rows(report)}
         if "speed" in steps:
             rows, runs = [], {}
             for label, extra, limit in SPEED_RUNS:
@@ -280,7 +315,8 @@ def main(argv: list[str] | None = None) -> int:
                     model = extra[extra.index("--model") + 1]
                     command = [sys.executable, "benchmarks/round_speed.py", "--device", device, "--model", model, "--quick",
                                "--rows", "vectorized,reference"]
-                step = run_step(command, min(float(limit), budget.left() - reserve - 5), log)
+                limit = max(float(limit), 120.0) if args.quick else float(limit)  # a CPU shared with other work is slow
+                step = run_step(command, min(limit, budget.left() - reserve - 5), log)
                 report = last_json(step.pop("output"))
                 runs[label] = step
                 rows.extend(speed_summary(label, report))
@@ -305,6 +341,13 @@ def print_table(summary: dict[str, Any]) -> None:
         print(f"CUDA tests: {tests['status']}: {tests['result']}")
         for failure in tests["failures"]:
             print(f"  {failure}")
+    layers = summary["steps"].get("layers")
+    if layers:
+        print(f"layer variants: {layers['status']}")
+        for row in layers.get("variants", []):
+            seconds, ratio = row["median_seconds"], row["speedup_vs_a"]
+            print(f"  {row['workload']:<5}{row['clients']!s:>4} {row['variant']:<14}{row['precision']!s:<8}{row['status']!s:<10}"
+                  f"{'' if seconds is None else f'{seconds:.4f} s':>10}{'' if ratio is None else f'{ratio:.2f}x':>8}")
     speed = summary["steps"].get("speed")
     if speed:
         print(f"{'run':<22}{'row':<12}{'clients':>8}{'s/round':>10}{'x ref':>8}")

@@ -20,7 +20,11 @@ def test_quick_check_runs_every_step_and_writes_two_files(tmp_path, capsys):
     assert gpu_check.main(["--quick", "--out", str(out), "--work", str(work), "--budget", "400"]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary == json.loads((out / "summary.json").read_text())
-    assert sorted(p.name for p in out.iterdir()) == ["log.txt", "summary.json"]  # the device tool returns at most 8 files
+    assert sorted(p.name for p in out.iterdir()) == ["layer_variants.json", "log.txt", "summary.json"]  # at most 8 come back
+    layers = summary["steps"]["layers"]
+    assert layers["status"] == "passed"
+    assert {(row["workload"], row["variant"]) for row in layers["variants"] if row["status"] == "ok"} >= {
+        ("cnn", "grouped"), ("cnn", "unfold"), ("cnn", "loop"), ("lstm", "bmm"), ("lstm", "loop")}
     assert summary["environment"]["torch"] == torch.__version__ and summary["environment"]["quick"] is True
     tests = summary["steps"]["tests"]
     assert tests["status"] == "passed" and tests["failures"] == []
@@ -49,10 +53,11 @@ def test_a_step_past_its_limit_is_killed_and_recorded(tmp_path):
 
 
 def test_steps_past_the_budget_are_skipped_and_said(tmp_path, capsys):
-    assert gpu_check.main(["--quick", "--out", str(tmp_path), "--work", str(tmp_path / "w"), "--budget", "0", "--steps", "speed,precision"]) == 0
+    assert gpu_check.main(["--quick", "--out", str(tmp_path), "--work", str(tmp_path / "w"), "--budget", "0", "--steps", "layers,speed,precision"]) == 0
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert {run["status"] for run in summary["steps"]["speed"]["runs"].values()} == {"skipped: out of the command's time budget"}
     assert summary["steps"]["precision"]["status"] == "skipped: out of the command's time budget"
+    assert summary["steps"]["layers"]["status"] == "skipped: out of the command's time budget"
 
 
 def test_every_cuda_test_named_exists():

@@ -93,6 +93,50 @@ def conv(x: Images, module: nn.Conv2d, params: Parameters, prefix: str) -> Image
     return Images(out, clients)
 
 
+def conv_unfold(x: Images, module: nn.Conv2d, params: Parameters, prefix: str) -> Images:
+    """``conv`` computed as im2col and one batched matrix product per client (not used by default).
+
+    ``F.unfold`` gives each client's patches ``[B, C, ch·kh·kw, L]`` (``L`` output positions); client ``k``'s
+    output is ``W_k [out, ch·kh·kw]`` times its patches, plus its bias, folded back to ``[B, C·out, H', W']``.
+    The same function as ``conv`` (to rounding), a candidate where one grouped convolution of ``C·ch`` channels
+    finds no fast kernel: ``benchmarks/layer_variants.py`` times the two.  Per-client ``groups == 1`` and zero
+    padding given as numbers only.
+    """
+    if module.groups != 1:
+        raise ValueError(
+            f"conv_unfold handles ungrouped convolutions only (groups=1 per client), got groups={module.groups}; "
+            "use layers.conv for a grouped convolution"
+        )
+    if module.padding_mode != "zeros" or isinstance(module.padding, str):
+        raise ValueError(
+            f"conv_unfold needs zero padding given as numbers, got padding={module.padding!r}, "
+            f"padding_mode={module.padding_mode!r}; use layers.conv, or give padding as integers"
+        )
+    weight = params.get(prefix, "weight", module)
+    bias = params.get(prefix, "bias", module)
+    clients, batch = x.clients, x.tensor.shape[0]
+    height, width = x.tensor.shape[2:]
+    kernel_h, kernel_w = module.kernel_size
+    out_h, out_w = (
+        (size + 2 * pad - dilation * (kernel - 1) - 1) // stride + 1
+        for size, pad, dilation, kernel, stride in zip(
+            (height, width), module.padding, module.dilation, module.kernel_size, module.stride, strict=True
+        )
+    )
+    # unfold orders a patch's rows channel-major, so client k's rows are block k, in the order of weight[k].flatten()
+    patches = F.unfold(x.tensor, module.kernel_size, module.dilation, module.padding, module.stride)
+    patch_size = module.in_channels * kernel_h * kernel_w
+    # [B, C, J, L] → [C, J, B·L]: one [out, J] x [J, B·L] product per client
+    columns = patches.view(batch, clients, patch_size, -1).permute(1, 2, 0, 3).reshape(clients, patch_size, -1)
+    kernels = weight.reshape(clients, module.out_channels, patch_size)
+    if bias is None:
+        out = torch.bmm(kernels, columns)
+    else:
+        out = torch.baddbmm(bias.unsqueeze(2), kernels, columns)
+    out = out.view(clients, module.out_channels, batch, out_h * out_w).permute(2, 0, 1, 3)
+    return Images(out.reshape(batch, clients * module.out_channels, out_h, out_w), clients)
+
+
 def group_norm(x: Images, module: nn.GroupNorm, params: Parameters, prefix: str) -> Images:
     """Every client's ``GroupNorm`` as one ``group_norm`` with ``C·G`` groups."""
     weight = params.get(prefix, "weight", module)
@@ -291,6 +335,7 @@ def supported(module: nn.Module, containers: tuple[type, ...] = ()) -> bool:
 
 
 __all__ = [
-    "Images", "Parameters", "Rows", "conv", "elementwise", "embedding", "forward_sequential", "group_norm", "gru_layer",
-    "images", "layer", "linear", "lstm_layer", "max_pool", "mean_pool", "register_block", "relu", "sequential", "supported",
+    "Images", "Parameters", "Rows", "conv", "conv_unfold", "elementwise", "embedding", "forward_sequential", "group_norm",
+    "gru_layer", "images", "layer", "linear", "lstm_layer", "max_pool", "mean_pool", "register_block", "relu", "sequential",
+    "supported",
 ]
