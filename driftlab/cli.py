@@ -6,6 +6,7 @@
     driftlab config [CONFIG] [key=value ...]        list every key, or print a resolved config (--toml: a file to edit)
     driftlab sweep SWEEP --out DIR                  a grid of runs x seeds in parallel processes, resumable
     driftlab report DIR [DIR ...] --out REPORT      tables (Markdown, CSV) and plots from runs and sweeps
+    driftlab reproduce [NAME ...] --out DIR         rerun the shipped sweeps; rewrite docs/reproduction.md's tables from them
     driftlab presets                                list the shipped presets and sweeps
     driftlab data list                              the data sets, partitions and models a config can name
     driftlab data describe CONFIG [key=value ...]   clients, samples per client, classes holding 80% of a client's data
@@ -81,7 +82,7 @@ writes report.md, targets.csv, accuracy.csv, steps.csv and PNG plots to --out.""
 
 
 # Commands whose positional `key=value` overrides may also follow their options.
-TAKES_OVERRIDES = {("demo",), ("run",), ("config",), ("sweep",), ("data", "describe"), ("flower", "check")}
+TAKES_OVERRIDES = {("demo",), ("run",), ("config",), ("sweep",), ("reproduce",), ("data", "describe"), ("flower", "check")}
 
 
 _LOG_HELP = (
@@ -202,6 +203,10 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument(
         "--baseline", help="method label the others are compared with, paired by seed (default: each setting's first method)"
     )
+
+    from driftlab.experiments.reproduce import add_parser as add_reproduce_parser  # standard library only: no torch for --help
+
+    add_reproduce_parser(commands)
 
     commands.add_parser("presets", help="list the shipped presets and sweeps")
 
@@ -423,6 +428,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         return 0
     if args.command == "sweep":
         return _sweep_command(args)
+    if args.command == "reproduce":
+        from driftlab.experiments.reproduce import command as reproduce_command
+
+        return reproduce_command(args)
     if args.command == "flower":
         from driftlab.flower.project import flower_command
 

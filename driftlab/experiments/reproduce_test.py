@@ -1,0 +1,175 @@
+"""``driftlab reproduce`` end to end on a cheap shipped sweep, in a copy of a small doc (issue 29).
+
+``decaying-k-quadratic`` with ``rounds=3`` runs its three one-parameter runs in seconds: the command
+runs it as ``driftlab sweep`` does, writes the record, rewrites the doc's block, and a second call
+resumes (nothing runs again) and changes nothing but the record's date, machine and wall time.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from driftlab import cli
+from driftlab.experiments import reproduce as reproduce_module
+from driftlab.experiments.reproduce import (
+    docs_problems,
+    git_commit,
+    parse_record,
+    render_block,
+    source_checkout,
+    stated_time,
+)
+from driftlab.experiments.shipped import sweep_names
+
+SWEEP = "decaying-k-quadratic"
+CITED = f"docs/reproduction/{SWEEP}.md"
+DOC = f"""# A small doc
+
+Some prose with a number, 42.
+
+<!-- regenerated from {CITED}; tables=Local SGD steps -->
+
+*Printed by an older commit.*
+
+| method | total local steps |
+|---|---|
+| constant K, constant γ | 1 |
+
+<!-- end regenerated -->
+
+<!-- not regenerated: sweep={SWEEP}; tables=Loss and distance; typed by hand before this command existed -->
+| method | final distance |
+|---|---|
+| constant K, constant γ | 0.0378 |
+
+<!-- not regenerated: sweep={SWEEP}; derived; worked out by hand -->
+| ratio | 3.9 |
+|---|---|
+"""
+VOLATILE = ("- date: ", "- machine: ", "- wall: ")  # what a second call may change in a record
+
+
+def _doc(tmp_path: Path) -> tuple[Path, Path, Path]:
+    docs = tmp_path / "docs" / "reproduction.md"
+    docs.parent.mkdir()
+    docs.write_text(DOC, encoding="utf-8")
+    return docs, tmp_path / "docs" / "reproduction", tmp_path / "runs"
+
+
+@pytest.mark.slow
+def test_reproduce_runs_the_sweep_records_it_and_rewrites_the_doc_then_resumes(tmp_path, monkeypatch, capfd):
+    docs, records, out = _doc(tmp_path)
+    # fixed, so that the second call's record can be compared whole while commits land in the checkout
+    monkeypatch.setattr(reproduce_module, "git_commit", lambda tree: "0123456789abcdef0123456789abcdef01234567+dirty")
+    argv = ["reproduce", SWEEP, "rounds=3", "--out", str(out), "--docs", str(docs)]
+    assert cli.main(argv) == 0
+    printed = capfd.readouterr().out
+    assert "3 runs, 0 already finished" in printed and f"wrote {records / SWEEP}.md" in printed
+    assert (
+        "1 hand-typed table(s) of decaying-k-quadratic replaced" in printed
+        and "derived from decaying-k-quadratic by hand" in printed
+    )
+
+    record_text = (records / f"{SWEEP}.md").read_text(encoding="utf-8")
+    record = parse_record(record_text)
+    assert record.header["command"] == f"driftlab sweep {SWEEP} rounds=3"
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d UTC", record.header["date"])
+    assert re.fullmatch(r"\d+ cores, .+, torch .+; load average \S+ before, \S+ after", record.header["machine"])
+    assert re.fullmatch(r"\d+\.\d minutes", record.header["wall"])
+    assert "| decaying K, constant γ | 600 | 100.0% |" in record_text  # 3 rounds of K = 10 on 20 clients
+    assert ".png" not in record_text
+    assert (out / SWEEP / "report" / "report.md").is_file()
+
+    doc = docs.read_text(encoding="utf-8")
+    assert render_block(record, CITED, ("Local SGD steps",)) in doc
+    assert render_block(record, CITED, ("Loss and distance",)) in doc  # the hand-typed table, converted
+    assert "| constant K, constant γ | 1 |\n" not in doc and "| constant K, constant γ | 0.0378 |" not in doc
+    assert doc.startswith("# A small doc\n\nSome prose with a number, 42.\n") and doc.endswith(
+        "| ratio | 3.9 |\n|---|---|\n"
+    )
+    assert docs_problems(doc, "doc", records, docs, sweep_names()) == []
+    assert "| constant K, constant γ | 0.0378 |" in (out / "replaced-tables.md").read_text(encoding="utf-8")
+
+    metrics = sorted(out.glob(f"{SWEEP}/runs/**/metrics.jsonl"))
+    assert len(metrics) == 3
+    before = {path: path.read_bytes() for path in metrics}
+    assert cli.main(argv) == 0
+    assert "3 runs, 3 already finished, 0 to run" in capfd.readouterr().out  # resumed: nothing ran again
+    assert {path: path.read_bytes() for path in metrics} == before
+    assert docs.read_text(encoding="utf-8") == doc
+
+    def stable(text: str) -> list[str]:
+        return [line for line in text.splitlines() if not line.startswith(VOLATILE)]
+
+    assert stable((records / f"{SWEEP}.md").read_text(encoding="utf-8")) == stable(record_text)
+
+
+def test_dry_run_says_what_would_run_and_writes_nothing(tmp_path, capsys):
+    docs, records, out = _doc(tmp_path)
+    assert cli.main(["reproduce", "--dry-run", "--out", str(out), "--docs", str(docs)]) == 0
+    printed = capsys.readouterr().out
+    assert (
+        f"driftlab sweep {SWEEP} --out {out / SWEEP}: 3 runs, 0 complete, 3 to run; stated: about 2 minutes on 2 cores"
+        in printed
+    )
+    assert "regenerate 1 block(s) and convert 1 hand-typed table(s)" in printed
+    assert not out.exists() and not records.exists()
+    assert docs.read_text(encoding="utf-8") == DOC
+
+
+def test_list_prints_each_marker(tmp_path, capsys):
+    docs, _, _ = _doc(tmp_path)
+    assert cli.main(["reproduce", "--list", "--docs", str(docs)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 3
+    assert lines[0].split()[:3] == ["5", "regenerated", SWEEP] and "record unreadable" in lines[0]  # no record yet
+    assert lines[1].split()[:4] == ["15", "not", "regenerated", SWEEP]
+    assert lines[2].split()[:3] == ["20", "derived", SWEEP]
+
+
+@pytest.mark.parametrize(
+    ("extra", "doc", "message"),
+    [
+        (["no-such-sweep"], DOC, "'no-such-sweep' not a shipped sweep; shipped sweeps: adabest-figure1-mnist"),
+        (
+            [],
+            f"<!-- regenerated from {CITED} -->\n| 1 |\n",
+            "has no <!-- end regenerated --> after it; add one below its last table",
+        ),
+        ([], "# A doc without markers\n", "has no marker naming a sweep, and no NAME was given"),
+    ],
+)
+def test_bad_input_is_refused_before_any_run(tmp_path, capsys, extra, doc, message):
+    docs, _, out = _doc(tmp_path)
+    docs.write_text(doc, encoding="utf-8")
+    assert cli.main(["reproduce", *extra, "--out", str(out), "--docs", str(docs)]) == 2
+    assert message in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_out_is_required_unless_listing(tmp_path, capsys):
+    docs, _, _ = _doc(tmp_path)
+    assert cli.main(["reproduce", "--docs", str(docs)]) == 2
+    assert "needs --out DIR" in capsys.readouterr().err
+
+
+def test_git_commit_is_the_checkouts_head_and_says_when_it_is_dirty():
+    commit = git_commit(source_checkout())
+    head = subprocess.run(
+        ["git", "-C", str(source_checkout()), "rev-parse", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    assert re.fullmatch(r"[0-9a-f]{40}(\+dirty)?", commit) and commit.startswith(head)
+
+
+def test_git_commit_outside_a_checkout_says_so(tmp_path):
+    assert git_commit(tmp_path).startswith("unknown (")
+
+
+def test_stated_time_reads_the_sweep_descriptions():
+    assert stated_time("runs 1000 rounds (about 2 minutes on 2 cores); `--scale paper`") == "about 2 minutes on 2 cores"
+    assert stated_time("About 5 minutes\non 2 cores.") == "About 5 minutes on 2 cores"
+    assert stated_time("no time here, 100 rounds") == "no time stated"
