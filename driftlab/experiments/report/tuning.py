@@ -20,6 +20,8 @@ A value any of whose runs diverged ranks last; a value stopped by successive hal
 the axis lists its values in. The test metrics reported for the method are those of the picked value's runs only:
 test data never takes part in the choice (the evaluation protocol of Wang et al., "A Field Guide to Federated
 Optimization", arXiv 2107.06917, Section 5). The whole grid, validation and test per value, is an appendix.
+A method that no tuned axis applies to (a tuned axis with ``methods = ["FedDyn"]`` leaves FedAvg alone) ran one
+configuration: its rows are its runs, as in a sweep without tuned axes, and the appendix does not list it.
 
 This module is pure functions over records and ``RunData`` (no torch); the sweep files' ``tuning_metric`` and
 ``tuning_rule`` are read with ``tuning_from_keys`` and halving ranks values with ``ranked_values``.
@@ -204,6 +206,7 @@ class TuningResult:
 
     tuning: Tuning
     cells: list[GridCell] = field(default_factory=list)
+    untuned: dict[str, list[str]] = field(default_factory=dict)  # setting -> its methods no tuned axis applies to
 
     def picks(self, setting: str) -> list[GridCell]:
         return [cell for cell in self.cells if cell.setting == setting and cell.picked]
@@ -255,8 +258,9 @@ def apply_tuning(settings: Sequence[Any], documents: Sequence[dict[str, Any]]) -
         replaced: dict[str, list[RunData]] = {}
         for label, runs in setting.methods.items():
             found = _entry_of(runs[0], entries) if runs else None
-            if found is None:
+            if found is None:  # a method no tuned axis applies to: its runs are its rows
                 replaced[label] = runs
+                result.untuned.setdefault(setting.label, []).append(label)
                 continue
             method = found[0]
             if method in replaced:
@@ -337,7 +341,19 @@ def tuning_note(result: TuningResult | None, setting: str) -> list[str]:
     methods = {cell.method for cell in result.cells if cell.setting == setting}
     for method in sorted(methods - {cell.method for cell in result.picks(setting)}):
         lines.append(f"{method}: no tuned value could be picked (every value diverged, was stopped, or has no validation score yet).")
+    untuned = result.untuned.get(setting, [])
+    if untuned:
+        names = _and(untuned)
+        lines.append(
+            f"{names} {'has' if len(untuned) == 1 else 'have'} no tuned axis (none applies to {'it' if len(untuned) == 1 else 'them'}): "
+            f"{'its rows are its' if len(untuned) == 1 else 'their rows are their'} one configuration's runs, and the appendix does not list "
+            f"{'it' if len(untuned) == 1 else 'them'}."
+        )
     return [*lines, ""] if lines else []
+
+
+def _and(names: Sequence[str]) -> str:
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
 
 
 def tuning_appendix(result: TuningResult | None) -> list[str]:

@@ -8,7 +8,9 @@ labelled LABEL, such as one method's key (``FedProx:algorithm.mu=0.1``). Each ru
 ``runs/<setting>/<method>/seed-<s>`` (``runs/<method>/seed-<s>`` without setting
 axes); a run of a tuned axis lives under its method, ``runs/<setting>/<method>/<tuned value>/seed-<s>``, is
 labelled ``METHOD (VALUE)`` until the report picks a value for the method, and must hold validation rows
-(``data.validation_fraction``): the pick is made on them. Its ``description`` in ``sweep.json`` is the sweep's, followed by a
+(``data.validation_fraction``): the pick is made on them. A tuned axis with ``methods`` varies the runs of those
+methods only; a run of a method no tuned axis applies to is planned once per setting and seed, as in a sweep
+without tuned axes. A run's ``description`` in ``sweep.json`` is the sweep's, followed by a
 ``run_note`` such as ``(run here with: scale paper (rounds=3000); rounds=5)``
 when what ran is not the default scale the sweep's description describes.
 """
@@ -70,6 +72,7 @@ def plan(spec: SweepSpec, scale: str | None = None, extra_overrides: Sequence[st
     combos: list[list[tuple[Axis, AxisValue]]] = [[]]
     for axis in spec.axes:
         combos = [combo + [(axis, value)] for combo in combos for value in axis.values]
+    combos = _applicable(combos)
     labels = [value.label for axis in spec.axes for value in axis.values]
     shared = [scoped_override(a, labels) for a in [*spec.overrides, *chosen.overrides]]
     extra = [scoped_override(a, labels) for a in extra_overrides]
@@ -115,6 +118,18 @@ def plan(spec: SweepSpec, scale: str | None = None, extra_overrides: Sequence[st
     if spec.halving is not None:
         _check_extendable(spec, runs)
     return runs
+
+
+def _applicable(combos: list[list[tuple[Axis, AxisValue]]]) -> list[list[tuple[Axis, AxisValue]]]:
+    """The combinations without the values of tuned axes that do not apply to their method (``Axis.methods``), each
+    once, in the order of their first appearance: FedAvg beside an α axis for FedDyn is one combination, not three.
+    With no ``methods`` on any axis, every combination is kept as it is."""
+    kept: dict[tuple[tuple[str, str], ...], list[tuple[Axis, AxisValue]]] = {}
+    for combo in combos:
+        method_labels = [value.label for axis, value in combo if axis.role == "method"]
+        applied = [(axis, value) for axis, value in combo if axis.role != "tuned" or axis.applies_to(method_labels)]
+        kept.setdefault(tuple((axis.name, value.label) for axis, value in applied), applied)
+    return list(kept.values())
 
 
 def _check_validation_rows(spec: SweepSpec, config: ExperimentConfig, combo: list[tuple[Axis, AxisValue]], seed: int) -> None:
@@ -248,10 +263,17 @@ def sweep_document(spec: SweepSpec, runs: Sequence[PlannedRun], scale: str | Non
         "seeds": list(chosen.seeds or spec.seeds),
         "targets": list(spec.targets),
         "steps_reference": spec.steps_reference,
-        "axes": [{"name": a.name, "role": a.role, "values": [{"label": v.label, "set": list(v.assignments(scale))} for v in a.values]} for a in spec.axes],
+        "axes": [_axis_entry(a, scale) for a in spec.axes],
         "runs": [_run_entry(r) for r in runs],
         **_tuning_entries(spec),
     }
+
+
+def _axis_entry(axis: Axis, scale: str | None) -> dict[str, Any]:
+    entry: dict[str, Any] = {"name": axis.name, "role": axis.role, "values": [{"label": v.label, "set": list(v.assignments(scale))} for v in axis.values]}
+    if axis.methods is not None:  # absent otherwise: the sweep.json of a sweep without `methods` is what it always was
+        entry["methods"] = list(axis.methods)
+    return entry
 
 
 def _run_entry(r: PlannedRun) -> dict[str, Any]:

@@ -43,7 +43,12 @@ sweep says how a value is scored::
     [[axes]]
     name = "mu"
     role = "tuned"
+    methods = ["FedProx"]                   # optional: the method values whose runs it tunes (absent: every method's)
     values = [{ label = "μ=0.01", set = ["algorithm.mu=0.01"] }, { label = "μ=0.1", set = ["algorithm.mu=0.1"] }]
+
+A tuned axis with ``methods`` (labels of values of the method axes) tunes only the runs of those methods: FedDyn's α
+or FedProx's μ is no hyper-parameter of FedAvg, whose runs are planned once, untuned (``runs/<setting>/<method>/seed-<s>``,
+no pick). A run is tuned over the product of the tuned axes that apply to its method.
 
 Overrides apply in order: ``overrides``, the scale's overrides, the axes' ``set``
 (each followed by its ``at_scale`` entry for the chosen scale) in axis order, then
@@ -71,7 +76,7 @@ from driftlab.experiments.config import MAX_CONFIG_BYTES, check_toml_shape, pars
 from driftlab.experiments.report.tuning import Tuning, tuning_from_keys
 from driftlab.experiments.shipped import SWEEP_PACKAGE, sweep_names
 from driftlab.experiments.sweep.directory import slug
-from driftlab.plugins import resolve_plugin
+from driftlab.plugins import did_you_mean, resolve_plugin
 
 Role = Literal["setting", "method", "tuned"]
 ROLES = ("setting", "method", "tuned")
@@ -96,6 +101,12 @@ class Axis:
     name: str
     role: Role
     values: tuple[AxisValue, ...]
+    methods: tuple[str, ...] | None = None  # a tuned axis's methods (method value labels); None: every method's runs
+
+    def applies_to(self, method_labels: Sequence[str]) -> bool:
+        """Whether this axis varies a run whose method values are labelled ``method_labels`` (a run of any method
+        when the axis names no ``methods``; with several method axes, a run one of whose method values it names)."""
+        return self.methods is None or any(label in self.methods for label in method_labels)
 
 
 @dataclass(frozen=True)
@@ -240,6 +251,7 @@ def sweep_from_table(table: dict[str, Any], origin: str, name: str, folder: Path
     plugins = tuple(resolve_plugin(plugin, folder) for plugin in _list(table, "plugins", origin, str))
     if not all(plugins):
         raise ConfigError(f"{origin}: `plugins` lists module names or paths of .py files, not empty strings")
+    _check_methods(axes, origin)
     tuning, halving = _tuning(table, axes, origin)
     return SweepSpec(
         name=str(table.get("name", name)),
@@ -279,6 +291,33 @@ def _tuning(table: dict[str, Any], axes: Sequence[Axis], origin: str) -> tuple[T
     return tuning, _halving(raw["first"], raw.get("eta", 3), f"{origin}: halving")
 
 
+def _check_methods(axes: Sequence[Axis], origin: str) -> None:
+    """An axis's ``methods`` names method values, and only a tuned axis has one (a setting or a method is no
+    hyper-parameter that one method has and another has not)."""
+    labels = [value.label for axis in axes if axis.role == "method" for value in axis.values]
+    for axis in axes:
+        if axis.methods is None:
+            continue
+        if axis.role != "tuned":
+            raise ConfigError(
+                f"{origin}: axis {axis.name!r} has role = {axis.role!r} and `methods`; `methods` says which methods a tuned axis "
+                f"tunes, so mark the axis role = \"tuned\" or remove `methods`"
+            )
+        for method in axis.methods:
+            if method in labels:
+                continue
+            if not labels:
+                raise ConfigError(
+                    f"{origin}: tuned axis {axis.name!r} lists methods = {list(axis.methods)!r}, and the sweep has no axis with "
+                    "role = \"method\" whose values they could name; add the method axis, or remove `methods` to tune every run"
+                )
+            guess = did_you_mean(method, labels)
+            raise ConfigError(
+                f"{origin}: tuned axis {axis.name!r}: methods lists {method!r}, which is no value of the method axes"
+                f"{f' (did you mean {guess!r}?)' if guess else ''}; their labels: {', '.join(repr(label) for label in labels)}"
+            )
+
+
 def _list(table: dict[str, Any], key: str, origin: str, kind: type | tuple[type, ...]) -> list[Any]:
     value = table.get(key, [])
     if not isinstance(value, list) or not all(isinstance(v, kind) and not isinstance(v, bool) for v in value):
@@ -297,8 +336,9 @@ def validate_seeds(value: Any, origin: str) -> tuple[int, ...]:
 
 def _axis(raw: dict[str, Any], index: int, origin: str) -> Axis:
     where = f"{origin}: axes[{index}]"
-    if set(raw) - {"name", "role", "values"}:
-        raise ConfigError(f"{where}: unknown key(s) {', '.join(sorted(set(raw) - {'name', 'role', 'values'}))}; an axis has name, role, values")
+    keys = {"name", "role", "values", "methods"}
+    if set(raw) - keys:
+        raise ConfigError(f"{where}: unknown key(s) {', '.join(sorted(set(raw) - keys))}; an axis has name, role, values (and methods, if tuned)")
     name = raw.get("name")
     if not isinstance(name, str) or not name:
         raise ConfigError(f"{where}: `name` must be a non-empty string")
@@ -332,7 +372,24 @@ def _axis(raw: dict[str, Any], index: int, origin: str) -> Axis:
     role = raw.get("role") or _infer_role(v for value in parsed for v in value.set)
     if role not in ROLES:
         raise ConfigError(f"{where} ({name}): role must be \"setting\" or \"method\" (or \"tuned\": values each method is tuned over), got {role!r}")
-    return Axis(name, role, tuple(parsed))
+    return Axis(name, role, tuple(parsed), _methods(raw, where, name))
+
+
+def _methods(raw: dict[str, Any], where: str, name: str) -> tuple[str, ...] | None:
+    """An axis's ``methods`` list (None when absent); which labels it may hold is checked once every axis is read."""
+    if "methods" not in raw:
+        return None
+    methods = raw["methods"]
+    if not isinstance(methods, list) or not all(isinstance(m, str) and m for m in methods):
+        raise ConfigError(f"{where} ({name}): `methods` must be a list of method labels, e.g. methods = [\"FedDyn\"], got {methods!r}")
+    if not methods:
+        raise ConfigError(
+            f"{where} ({name}): `methods` is empty, so the axis would tune no run; list the methods it tunes "
+            "(e.g. methods = [\"FedDyn\"]), or remove `methods` to tune every method"
+        )
+    if len(set(methods)) != len(methods):
+        raise ConfigError(f"{where} ({name}): `methods` lists a method twice: {methods!r}")
+    return tuple(methods)
 
 
 def _infer_role(assignments) -> Role:

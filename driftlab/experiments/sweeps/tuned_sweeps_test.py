@@ -2,11 +2,14 @@
 of the untuned sweep each one varies (issue 29, "Tuned axes in sweeps").
 
 FedDyn (Acar et al. 2021, Appendix A.2) selects the CIFAR-10 lr decay from [0.992, 0.998, 1.0] and searched MNIST's
-learning rates in [.1, .01] and epochs in [10, 20, 50] (SCAFFOLD's Ks in [120, 240, 600], the same local steps).
+learning rates in [.1, .01] and epochs in [10, 20, 50] (SCAFFOLD's Ks in [120, 240, 600], the same local steps); its α
+grids (MNIST [.001, .01, .03, .1], CIFAR-10 [1e-3, 1e-2, 1e-1]) tune FedDyn's runs alone and its μ grids (MNIST
+[1, .01, .0001], CIFAR-10 [1e-2, 1e-3, 1e-4]) FedProx's alone.
 """
 
 from __future__ import annotations
 
+import collections
 import csv
 import dataclasses
 import itertools
@@ -29,6 +32,9 @@ SCALES = [None, "paper"]
 DEFAULT_ROUNDS = {"feddyn-table2-partial-tuned": 20}
 CIFAR_DECAYS = {0.992, 0.998, 1.0}  # FedDyn Appendix A.2, CIFAR-10
 MNIST_GRID = set(itertools.product([0.1, 0.01], [10, 20, 50]))  # FedDyn Appendix A.2, MNIST: (lr, epochs)
+# FedDyn Appendix A.2: FedDyn's α and FedProx's μ, per data set; they tune those methods' runs only
+ALPHAS = {"mnist": {0.001, 0.01, 0.03, 0.1}, "cifar10": {1e-3, 1e-2, 1e-1}}
+MUS = {"mnist": {1.0, 0.01, 0.0001}, "cifar10": {1e-2, 1e-3, 1e-4}}
 
 
 def decay(lr) -> float:
@@ -47,13 +53,13 @@ def tuned_keys(name: str) -> set[tuple[str, ...]]:
 
 
 def without(config, paths) -> str:
-    """The config as canonical JSON without the given paths (nor the seed)."""
+    """The config as canonical JSON without the given paths where it has them (nor the seed)."""
     table = config.model_dump(mode="json")
     for path in [*paths, ("seed",)]:
         node = table
         for part in path[:-1]:
             node = node[part]
-        node.pop(path[-1])
+        node.pop(path[-1], None)  # algorithm.alpha is FedDyn's key alone
     return json.dumps(table, sort_keys=True)
 
 
@@ -90,7 +96,7 @@ def test_cifar10_tunes_every_methods_lr_decay_over_the_papers_three(name, scale)
     found = grids(name, scale)
     assert len(found) == 8 and all(values == CIFAR_DECAYS for values in found.values())
     assert all(initial(run.config.client.lr) == 0.1 for run in plan(load_sweep(name), scale))
-    assert tuned_keys(name) == {("client", "lr")}
+    assert tuned_keys(name) == {("client", "lr"), ("algorithm", "alpha"), ("algorithm", "mu")}
 
 
 @pytest.mark.parametrize("scale", SCALES)
@@ -101,13 +107,41 @@ def test_mnist_tunes_every_methods_lr_and_epochs_over_the_papers_search_space(sc
     runs = plan(load_sweep(name), scale)
     # a constant lr at the default scale (as feddyn-table2-partial), the paper's 0.998 per round at its scale
     assert {decay(run.config.client.lr) for run in runs} == ({0.998} if scale == "paper" else {1.0})
-    assert tuned_keys(name) == {("client", "lr"), ("client", "epochs")}
+    assert tuned_keys(name) == {("client", "lr"), ("client", "epochs"), ("algorithm", "alpha"), ("algorithm", "mu")}
+
+
+@pytest.mark.parametrize("scale", SCALES)
+@pytest.mark.parametrize("name", sorted(BASES))
+def test_alpha_and_mu_are_tuned_over_the_papers_grids_for_feddyn_and_fedprox_alone(name, scale):
+    data = "cifar10" if "cifar10" in name else "mnist"
+    shared = CIFAR_DECAYS if data == "cifar10" else MNIST_GRID  # the grid every method is tuned over
+    found: dict[tuple[str, str, int], list] = {}
+    runs = plan(load_sweep(name), scale)
+    for run in runs:
+        lr, algorithm = run.config.client.lr, run.config.algorithm
+        value = decay(lr) if data == "cifar10" else (initial(lr), run.config.client.epochs)
+        extra = algorithm.alpha if run.tuned_method == "FedDyn" else algorithm.mu if run.tuned_method == "FedProx" else None
+        found.setdefault((run.setting, run.tuned_method, run.seed), []).append((value, extra))
+        if run.tuned_method in ("SCAFFOLD", "FedAvg"):  # neither tuned over α nor μ, nor given one
+            assert "α=" not in run.tuned and "μ=" not in run.tuned and not hasattr(algorithm, "alpha")
+    assert len(found) == 8 * len({run.seed for run in runs})  # 2 settings × 4 methods, each with every seed
+    for (_, method, _), values in found.items():
+        assert len(values) == len(set(values))  # no configuration twice
+        if method == "FedDyn":
+            assert set(values) == set(itertools.product(shared, ALPHAS[data]))
+        elif method == "FedProx":
+            assert set(values) == set(itertools.product(shared, MUS[data]))
+        else:  # once per setting, seed and value of the shared grid: the α and μ axes do not multiply them
+            assert sorted(values, key=str) == sorted(((v, None) for v in shared), key=str)
 
 
 def test_mnist_halving_searches_for_100_rounds_then_runs_the_best_pair_to_the_end():
     spec = load_sweep("feddyn-table2-partial-tuned")
     assert spec.halving is not None
-    assert spec.halving.rungs(1000) == [100, 1000] and -(-6 // spec.halving.eta) == 1  # ⌈6/eta⌉: one pair goes on
+    # ⌈n/eta⌉ = 1 for each method's grid (FedDyn 24 configurations, FedProx 18, SCAFFOLD and FedAvg 6): one goes on
+    groups = collections.Counter((r.setting, r.tuned_method) for r in plan(spec, "paper"))
+    sizes = set(groups.values())
+    assert sizes == {24, 18, 6} and spec.halving.rungs(1000) == [100, 1000] and all(-(-n // spec.halving.eta) == 1 for n in sizes)
     assert spec.halving.rungs(plan(spec)[0].config.rounds) == [20]  # the default scale runs every pair to its end
     assert all(load_sweep(name).halving is None for name in BASES if "cifar10" in name)
 
@@ -133,16 +167,17 @@ def test_apart_from_the_tuned_keys_and_the_validation_rows_the_runs_are_the_untu
 @pytest.mark.slow
 def test_a_tiny_mnist_tuned_sweep_reports_its_grid_and_picks_each_method_on_validation(tmp_path):
     spec = load_sweep("feddyn-table2-partial-tuned")
-    setting, methods, *_ = spec.axes
-    # one setting, two methods, the whole grid: 12 runs of 2 rounds with 2 clients a round
+    setting, methods, lr, epochs, alpha, mu = spec.axes
+    # one setting, two methods, FedAvg's whole grid and FedDyn's with two of its αs: 12 + 6 runs of 2 rounds, 2 clients a round
     setting = dataclasses.replace(setting, values=setting.values[1:])  # Dirichlet 0.3
     methods = dataclasses.replace(methods, values=methods.values[::2])  # FedDyn and FedAvg
-    spec = dataclasses.replace(spec, axes=(setting, methods, *spec.axes[2:]))
+    alpha = dataclasses.replace(alpha, values=alpha.values[:2])  # α = 0.001, 0.01
+    spec = dataclasses.replace(spec, axes=(setting, methods, lr, epochs, alpha, mu))
     tiny = ["rounds=2", "sampling.participation=0.02"]
     if data_location(plan(spec, None, tiny)[0].config.data) is None:
         pytest.skip("MNIST is not on this machine (set DRIFTLAB_DATA)")
     outcomes = run_sweep(spec, tmp_path / "sweep", jobs=2, extra_overrides=tiny, log=lambda _: None)
-    assert sorted({o.status for o in outcomes}) == ["complete"] and len(outcomes) == 12
+    assert sorted({o.status for o in outcomes}) == ["complete"] and len(outcomes) == 18
 
     final: dict[tuple[str, str], float] = {}
     for outcome in outcomes:
@@ -159,14 +194,16 @@ def test_a_tiny_mnist_tuned_sweep_reports_its_grid_and_picks_each_method_on_vali
     assert "Tuned grids" in report.markdown
     with (tmp_path / "report" / "tuning.csv").open() as handle:
         rows = list(csv.DictReader(handle))
-    assert len(rows) == 12 and {row["setting"] for row in rows} == {"Dirichlet 0.3, 10%"}
+    assert len(rows) == 18 and {row["setting"] for row in rows} == {"Dirichlet 0.3, 10%"}
+    pairs = [f"lr={lr}, E={epochs}" for lr, epochs in itertools.product([0.1, 0.01], [10, 20, 50])]
+    expected = {"FedAvg": set(pairs), "FedDyn": {f"{pair}, α={a}" for pair in pairs for a in ("0.001", "0.01")}}
     for method in ("FedDyn", "FedAvg"):
         grid = {row["tuned_value"]: row for row in rows if row["method"] == method}
-        assert set(grid) == {f"lr={lr}, E={epochs}" for lr, epochs in itertools.product([0.1, 0.01], [10, 20, 50])}
+        assert set(grid) == expected[method]
         (picked,) = [value for value, row in grid.items() if row["picked"] == "1"]
-        # the pick is the pair best on validation (one seed: its final validation accuracy), whatever test says
+        # the pick is the configuration best on validation (one seed: its final validation accuracy), whatever test says
         assert float(grid[picked]["validation_mean"]) == final[method, picked]
         assert final[method, picked] == max(final[method, value] for value in grid)
-        # the setting's note names the pick, and its tables give the test accuracy of the picked pair's run
+        # the setting's note names the pick, and its tables give the test accuracy of the picked configuration's run
         assert f"{method} is reported at its tuned value {picked}, picked on validation" in report.markdown
         assert f"| {method} | 1 | {100 * float(grid[picked]['test_mean']):.2f}% |" in report.markdown
