@@ -96,18 +96,15 @@ def to_toml(document: dict[str, Any]) -> str:
     """A sweep file's TOML: plain keys first, then tables (``[scales.paper]``), then arrays of tables (``[[axes]]``)."""
     lines, tables, arrays = [], [], []
     for key, value in document.items():
-        if isinstance(value, dict):
-            tables.append((key, value))
+        if isinstance(value, dict) and value and all(isinstance(v, dict) for v in value.values()):
+            tables.append((key, value))  # [scales.paper]; a flat table (halving = { ... }) stays inline
         elif isinstance(value, list) and value and all(isinstance(v, dict) for v in value) and key == "axes":
             arrays.append((key, value))
         else:
             lines.append(f"{toml_key(key)} = {toml_value(value)}")
     for key, table in tables:
         for name, inner in table.items():
-            if isinstance(inner, dict):
-                lines += ["", f"[{toml_key(key)}.{toml_key(name)}]", *(f"{toml_key(k)} = {toml_value(v)}" for k, v in inner.items())]
-            else:
-                lines += ["", f"[{toml_key(key)}]", f"{toml_key(name)} = {toml_value(inner)}"]
+            lines += ["", f"[{toml_key(key)}.{toml_key(name)}]", *(f"{toml_key(k)} = {toml_value(v)}" for k, v in inner.items())]
     for key, items in arrays:
         for item in items:
             lines += ["", f"[[{toml_key(key)}]]", *(f"{toml_key(k)} = {toml_value(v)}" for k, v in item.items())]
