@@ -91,6 +91,7 @@ SPEED_RUNS: list[tuple[str, list[str], int]] = [
 SPEED_COMMON = ["--rounds", "3", "--in-process"]
 # Seconds the speed runs leave for the precision step.
 PRECISION_RESERVE = 75.0  # the step took 50 s on an H200 (2026-11-27)
+STEPS = ("environment", "tests", "layers", "speed", "precision")
 LAYERS_LIMIT = 90.0  # layer_variants.py keeps to its own 50 s budget, plus start-up and its float64 check
 PRECISION_ROUNDS = 40
 PRECISIONS = ("float32", "tf32", "bf16")
@@ -103,7 +104,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="tiny steps on whatever device there is: tests this script, numbers mean nothing")
     parser.add_argument("--work", type=Path, default=REPOSITORY / "runs" / "gpu-check",
                         help="folder for the precision step's sweep (default runs/gpu-check in the checkout; emptied first)")
-    parser.add_argument("--steps", default="environment,tests,layers,speed,precision", help="comma-separated steps to run, in this order")
+    parser.add_argument("--steps", default=",".join(STEPS), help="comma-separated steps to run; they run in the order " + ", ".join(STEPS))
     return parser.parse_args(argv)
 
 
@@ -273,6 +274,10 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(args.work, ignore_errors=True)
     steps = [s.strip() for s in args.steps.split(",") if s.strip()]
+    unknown = sorted(set(steps) - set(STEPS))
+    if unknown:
+        print(f"gpu_check.py: error: --steps: unknown step(s) {', '.join(unknown)}; the steps are {', '.join(STEPS)}", file=sys.stderr)
+        return 2
     summary: dict[str, Any] = {"steps": {}}
     import torch
 

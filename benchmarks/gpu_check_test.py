@@ -76,3 +76,10 @@ def test_the_speed_runs_cover_the_goals_models_and_precisions():
     assert "1000" in runs["mlp-1000-float32"] and "100" in runs["cnn-float32"]
     with_reference = {label for label, arguments in runs.items() if "reference" in arguments[arguments.index("--rows") + 1]}
     assert with_reference == {"cnn-float32", "mlp-float32", "lstm-float32", "resnet18_gn-float32"}
+
+
+def test_an_unknown_step_is_refused_with_the_steps_there_are(tmp_path, capsys):
+    assert gpu_check.main(["--out", str(tmp_path), "--steps", "tests,bogus"]) == 2
+    error = capsys.readouterr().err
+    assert "unknown step(s) bogus" in error and "environment, tests, layers, speed, precision" in error
+    assert not (tmp_path / "summary.json").exists()

@@ -165,8 +165,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import torch
 
-    from driftlab.experiments.shipped import sweep_text
+    from driftlab.experiments.shipped import sweep_names, sweep_text
 
+    if args.sweep not in sweep_names():
+        print(f"gpu_reproduce.py: error: --sweep {args.sweep!r} is not a shipped sweep; choose one of {', '.join(sweep_names())}",
+              file=sys.stderr)
+        return 2
     args.out.mkdir(parents=True, exist_ok=True)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     sweep = one_decay(tomllib.loads(sweep_text(args.sweep)), args.decay)

@@ -49,3 +49,10 @@ def test_a_stopped_sweep_is_summarised_and_the_next_call_resumes_it(tmp_path, ca
     assert gpu_reproduce.main(["--out", str(out), "--budget", "600", *arguments, "rounds=5"]) == 0
     second = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert all(run["rounds"] == 5 and run["rounds_this_call"] == 2 for run in second["runs"].values())
+
+
+def test_an_unknown_sweep_is_refused_with_the_shipped_ones(tmp_path, capsys):
+    assert gpu_reproduce.main(["--sweep", "nope", "--out", str(tmp_path / "out")]) == 2
+    error = capsys.readouterr().err
+    assert "'nope' is not a shipped sweep" in error and "feddyn-cifar10-partial" in error
+    assert not (tmp_path / "out").exists()
