@@ -687,8 +687,10 @@ def reproduce(
     if not names:
         raise ReproduceError(f"{docs} has no marker naming a sweep, and no NAME was given; name the sweeps to run")
     written = []
+    # Once, before anything is written: the records and the doc this command rewrites would make the tree "dirty"
+    # for every sweep after the first, though the code that runs them is the same.
+    commit = git_commit(source_checkout())
     for name in names:
-        commit = git_commit(source_checkout())
         load_before, started, clock = _load(), datetime.now(timezone.utc), time.monotonic()
         log(f"reproduce: {sweep_command(name, scale, overrides)} --out {out / name}")
         run(name, out / name, scale, overrides)

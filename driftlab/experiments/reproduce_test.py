@@ -173,3 +173,20 @@ def test_stated_time_reads_the_sweep_descriptions():
     assert stated_time("runs 1000 rounds (about 2 minutes on 2 cores); `--scale paper`") == "about 2 minutes on 2 cores"
     assert stated_time("About 5 minutes\non 2 cores.") == "About 5 minutes on 2 cores"
     assert stated_time("no time here, 100 rounds") == "no time stated"
+
+
+def test_every_record_of_one_call_names_the_commit_the_call_started_from(tmp_path, monkeypatch):
+    # The call's own writes (records, the doc) dirty the checkout: asked after the first sweep, the second record
+    # would say "+dirty" of a tree whose code did not change.
+    docs, records, out = _doc(tmp_path)
+    answers = iter(["a" * 40, "a" * 40 + "+dirty", "a" * 40 + "+dirty"])
+    monkeypatch.setattr(reproduce_module, "git_commit", lambda tree: next(answers))
+
+    def fake_run(name, folder, scale, overrides):  # a report as the sweep writes it, without running anything
+        (folder / "report").mkdir(parents=True)
+        tables = [f"## {heading}\n\n| method | {column} |\n| --- | --- |\n| {name} | 1 |\n"
+                  for heading, column in (("Loss and distance", "final distance"), ("Local SGD steps", "total local steps"))]
+        (folder / "report" / "report.md").write_text("# driftlab report\n\n" + "\n".join(tables), encoding="utf-8")
+
+    written = reproduce_module.reproduce([SWEEP, "decaying-k-femnist"], out, docs, records, run=fake_run, log=lambda line: None)
+    assert [parse_record(path.read_text(encoding="utf-8")).header["commit"] for path in written] == ["a" * 40] * 2
