@@ -49,6 +49,7 @@ import json
 import os
 import platform
 import shlex
+import signal
 import shutil
 import subprocess
 import sys
@@ -118,20 +119,20 @@ class Budget:
         return self.deadline - time.monotonic()
 
 
-def run_step(command: list[str], limit: float, log: Any, env: dict[str, str] | None = None) -> dict[str, Any]:
+def run_step(command: list[str], limit: float, log: Any) -> dict[str, Any]:
     """Run one step's subprocess (its own process group, killed whole at its limit), append its output to the log."""
     started = time.monotonic()
     log.write(f"\n$ {shlex.join(command)}   (limit {limit:.0f} s)\n")
     log.flush()
     process = subprocess.Popen(
         command, cwd=REPOSITORY, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}, start_new_session=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True,
     )
     try:
         output, _ = process.communicate(timeout=max(1.0, limit))
         status = "passed" if process.returncode == 0 else f"failed (exit {process.returncode})"
     except subprocess.TimeoutExpired:
-        os.killpg(process.pid, 9)
+        os.killpg(process.pid, signal.SIGKILL)
         output, _ = process.communicate()
         status = f"timed out after {limit:.0f} s"
     log.write(output or "")

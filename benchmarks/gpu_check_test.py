@@ -15,7 +15,7 @@ REPOSITORY = Path(gpu_check.__file__).resolve().parents[1]
 
 
 @pytest.mark.slow
-def test_quick_check_runs_every_step_and_writes_two_files(tmp_path, capsys):
+def test_quick_check_runs_every_step_and_writes_its_three_files(tmp_path, capsys):
     out, work = tmp_path / "out", tmp_path / "work"
     assert gpu_check.main(["--quick", "--out", str(out), "--work", str(work), "--budget", "400"]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
