@@ -204,7 +204,7 @@ def _parser() -> argparse.ArgumentParser:
         "--baseline", help="method label the others are compared with, paired by seed (default: each setting's first method)"
     )
 
-    from driftlab.experiments.reproduce import add_parser as add_reproduce_parser  # standard library only: no torch for --help
+    from driftlab.experiments.reproduce.command import add_parser as add_reproduce_parser  # standard library only: no torch for --help
 
     add_reproduce_parser(commands)
 
@@ -429,7 +429,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "sweep":
         return _sweep_command(args)
     if args.command == "reproduce":
-        from driftlab.experiments.reproduce import command as reproduce_command
+        from driftlab.experiments.reproduce.command import command as reproduce_command
 
         return reproduce_command(args)
     if args.command == "flower":

@@ -14,19 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from driftlab.experiments.reproduce import (
-    END_MARKER,
-    NotRegenerated,
-    PaperNumbers,
-    Regenerated,
+from driftlab.experiments.reproduce.blocks import docs_problems, numbers, regenerate, render_block
+from driftlab.experiments.reproduce.markers import END_MARKER, NotRegenerated, PaperNumbers, Regenerated, parse_markers
+from driftlab.experiments.reproduce.records import (
     ReproduceError,
-    docs_problems,
     format_record,
-    numbers,
-    parse_markers,
     parse_record,
-    regenerate,
-    render_block,
     report_tables,
     select_tables,
     without_figures,

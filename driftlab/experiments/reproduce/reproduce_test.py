@@ -9,20 +9,16 @@ from __future__ import annotations
 
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from driftlab import cli
-from driftlab.experiments import reproduce as reproduce_module
-from driftlab.experiments.reproduce import (
-    docs_problems,
-    git_commit,
-    parse_record,
-    render_block,
-    source_checkout,
-    stated_time,
-)
+from driftlab.experiments.reproduce import running
+from driftlab.experiments.reproduce.blocks import docs_problems, render_block
+from driftlab.experiments.reproduce.records import parse_record
+from driftlab.experiments.reproduce.running import git_commit, source_checkout, stated_time
 from driftlab.experiments.shipped import sweep_names
 
 SWEEP = "decaying-k-quadratic"
@@ -64,7 +60,7 @@ def _doc(tmp_path: Path) -> tuple[Path, Path, Path]:
 def test_reproduce_runs_the_sweep_records_it_and_rewrites_the_doc_then_resumes(tmp_path, monkeypatch, capfd):
     docs, records, out = _doc(tmp_path)
     # fixed, so that the second call's record can be compared whole while commits land in the checkout
-    monkeypatch.setattr(reproduce_module, "git_commit", lambda tree: "0123456789abcdef0123456789abcdef01234567+dirty")
+    monkeypatch.setattr(running, "git_commit", lambda tree: "0123456789abcdef0123456789abcdef01234567+dirty")
     argv = ["reproduce", SWEEP, "rounds=3", "--out", str(out), "--docs", str(docs)]
     assert cli.main(argv) == 0
     printed = capfd.readouterr().out
@@ -157,12 +153,23 @@ def test_out_is_required_unless_listing(tmp_path, capsys):
     assert "needs --out DIR" in capsys.readouterr().err
 
 
+def test_the_command_line_module_imports_no_torch():
+    # driftlab/cli.py imports add_parser for every `driftlab ... --help`; torch would add seconds to each
+    code = "import sys; import driftlab.experiments.reproduce.command; assert 'torch' not in sys.modules, 'torch was imported'"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+
+
 def test_git_commit_is_the_checkouts_head_and_says_when_it_is_dirty():
     commit = git_commit(source_checkout())
     head = subprocess.run(
         ["git", "-C", str(source_checkout()), "rev-parse", "HEAD"], capture_output=True, text=True
     ).stdout.strip()
     assert re.fullmatch(r"[0-9a-f]{40}(\+dirty)?", commit) and commit.startswith(head)
+
+
+def test_source_checkout_is_the_folder_holding_the_driftlab_package():
+    assert source_checkout() / "driftlab" / "experiments" / "reproduce" / "running.py" == Path(running.__file__).resolve()
 
 
 def test_git_commit_outside_a_checkout_says_so(tmp_path):
@@ -180,7 +187,7 @@ def test_every_record_of_one_call_names_the_commit_the_call_started_from(tmp_pat
     # would say "+dirty" of a tree whose code did not change.
     docs, records, out = _doc(tmp_path)
     answers = iter(["a" * 40, "a" * 40 + "+dirty", "a" * 40 + "+dirty"])
-    monkeypatch.setattr(reproduce_module, "git_commit", lambda tree: next(answers))
+    monkeypatch.setattr(running, "git_commit", lambda tree: next(answers))
 
     def fake_run(name, folder, scale, overrides):  # a report as the sweep writes it, without running anything
         (folder / "report").mkdir(parents=True)
@@ -188,5 +195,5 @@ def test_every_record_of_one_call_names_the_commit_the_call_started_from(tmp_pat
                   for heading, column in (("Loss and distance", "final distance"), ("Local SGD steps", "total local steps"))]
         (folder / "report" / "report.md").write_text("# driftlab report\n\n" + "\n".join(tables), encoding="utf-8")
 
-    written = reproduce_module.reproduce([SWEEP, "decaying-k-femnist"], out, docs, records, run=fake_run, log=lambda line: None)
+    written = running.reproduce([SWEEP, "decaying-k-femnist"], out, docs, records, run=fake_run, log=lambda line: None)
     assert [parse_record(path.read_text(encoding="utf-8")).header["commit"] for path in written] == ["a" * 40] * 2

@@ -1,0 +1,87 @@
+"""``driftlab reproduce``'s command line: its arguments (``add_parser``) and entry point (``command``).
+
+driftlab/cli.py imports ``add_parser`` from here lazily, and this module imports only the standard library and
+this package's modules, none of which imports torch when imported, so ``driftlab reproduce --help`` stays quick.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from driftlab.experiments.reproduce.records import ReproduceError
+from driftlab.experiments.reproduce.running import default_docs, dry_run, list_markers, reproduce
+
+DESCRIPTION = """Regenerate the tables of docs/reproduction.md from the shipped sweeps. For each NAME (default: every
+sweep a marker of the doc names), run `driftlab sweep NAME --out DIR/NAME` (a partial DIR/NAME resumes
+exactly), write the record RECORD/NAME.md (commit, command, date, machine, wall time, then the report's
+text, figures left out), and rewrite every `<!-- regenerated from .../NAME.md -->` block of the doc from it;
+a `<!-- not regenerated: sweep=NAME; ... -->` marker and the hand-typed table under it become such a block
+(the replaced table is kept in DIR/replaced-tables.md). driftlab/experiments/reproduction_docs_test.py checks
+that every block is what its record prints."""
+
+EPILOG = """examples:
+  driftlab reproduce --list                                   each marker of the doc: line, sweep, status
+  driftlab reproduce --dry-run --out runs/reproduction        what would run (runs, stated minutes) and be written
+  driftlab reproduce --out runs/reproduction                  every sweep the doc names, at the default scale
+  driftlab reproduce decaying-k-quadratic --out runs/repro    one sweep; run it again to resume
+
+docs/reproduction.md's first section describes the markers."""
+
+
+def add_parser(commands) -> None:
+    """``driftlab reproduce``'s arguments, on the command line's subparsers."""
+    import argparse
+
+    parser = commands.add_parser(
+        "reproduce",
+        help="regenerate docs/reproduction.md's tables from the shipped sweeps, recording commit and command",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "sweeps",
+        nargs="*",
+        metavar="NAME",
+        help="shipped sweeps to run (default: every sweep a marker of --docs names); key=value words are overrides for every run",
+    )
+    parser.add_argument(
+        "--out", help="folder of the sweeps' directories, DIR/NAME (created; reused to resume); required unless --list"
+    )
+    parser.add_argument(
+        "--docs", help="the doc to rewrite (default: docs/reproduction.md here, else the driftlab checkout's)"
+    )
+    parser.add_argument(
+        "--record", help="folder of the records NAME.md (default: the doc's folder / the doc's name, docs/reproduction)"
+    )
+    parser.add_argument("--scale", help="a named scale of every sweep, e.g. paper (default: the default scale)")
+    parser.add_argument(
+        "--dry-run", action="store_true", help="list what would run and be written; run and change nothing"
+    )
+    parser.add_argument(
+        "--list", action="store_true", help="print each marker of the doc (line, sweep, status) and exit"
+    )
+    parser.set_defaults(overrides=[])
+
+
+def command(args) -> int:
+    """Run ``driftlab reproduce`` from parsed arguments."""
+    names = [word for word in args.sweeps if "=" not in word]
+    overrides = [*(word for word in args.sweeps if "=" in word), *args.overrides]
+    docs = Path(args.docs) if args.docs else default_docs()
+    if not docs.is_file():
+        raise ReproduceError(f"{docs} is not a file; give the doc to regenerate with --docs FILE")
+    record_dir = Path(args.record) if args.record else docs.parent / docs.stem
+    if args.list:
+        print("\n".join(list_markers(docs, record_dir)))
+        return 0
+    if args.out is None:
+        raise ReproduceError("driftlab reproduce needs --out DIR, the folder of the sweeps' directories (or --list)")
+    if args.dry_run:
+        print("\n".join(dry_run(names, Path(args.out), docs, record_dir, args.scale, overrides)))
+        return 0
+    reproduce(names, Path(args.out), docs, record_dir, args.scale, overrides)
+    return 0
+
+
+__all__ = ["add_parser", "command"]

@@ -1,0 +1,243 @@
+"""Running ``driftlab reproduce``: each sweep in a child process, then its record and the doc's blocks rewritten.
+
+``driftlab reproduce NAME ... --out DIR`` runs each sweep with ``driftlab sweep NAME --out DIR/NAME`` itself,
+in a child process (a partial DIR/NAME resumes exactly), writes its record (the commit the call started from,
+the command, date, machine and wall time above the report), then rewrites every block of NAME in the doc.
+``dry_run`` says what would run and be written; ``list_markers`` prints each marker of the doc.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable, Sequence
+
+from driftlab.experiments.reproduce.blocks import cited_path, regenerate
+from driftlab.experiments.reproduce.markers import (
+    SELECTOR_SEPARATOR,
+    NotRegenerated,
+    Regenerated,
+    marker_sweeps,
+    parse_markers,
+)
+from driftlab.experiments.reproduce.records import ReproduceError, format_record, parse_record, without_figures
+
+_STATED_TIME = re.compile(
+    r"(?:[Aa]bout\s)?\d+(?:\.\d+)?(?:–\d+(?:\.\d+)?)?\s(?:minutes|hours)(?:\sper\sdecay)?(?:\son\s\d+(?:\sbusy)?\scores)?"
+)
+
+
+def git_commit(tree: Path) -> str:
+    """``git rev-parse HEAD`` of ``tree``, with ``+dirty`` if tracked files changed; a sentence if it is no git checkout."""
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(tree), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=30, check=True
+        ).stdout.strip()
+        status = subprocess.run(
+            ["git", "-C", str(tree), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return f"unknown ({tree} is not a git checkout)"
+    return head + ("+dirty" if status.strip() else "")
+
+
+def _processor() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or "processor unknown"
+
+
+def _load() -> str:
+    try:
+        return f"{os.getloadavg()[0]:.2f}"
+    except OSError:
+        return "unknown"
+
+
+def machine_line(load_before: str, load_after: str) -> str:
+    import torch
+
+    return f"{os.cpu_count()} cores, {_processor()}, torch {torch.__version__}; load average {load_before} before, {load_after} after"
+
+
+def source_checkout() -> Path:
+    """The folder holding the driftlab package being run (a git checkout when installed with ``pip install -e``)."""
+    return Path(__file__).resolve().parents[3]  # driftlab/experiments/reproduce/running.py
+
+
+def default_docs() -> Path:
+    """docs/reproduction.md under the current folder, else the one of the driftlab checkout being run."""
+    here = Path("docs/reproduction.md")
+    return here if here.is_file() else source_checkout() / "docs" / "reproduction.md"
+
+
+def stated_time(description: str) -> str:
+    """The run time a sweep's description states ("about 12 minutes on 2 cores"), or ``"no time stated"``."""
+    found = [" ".join(match.group(0).split()) for match in _STATED_TIME.finditer(description)]
+    return "; ".join(dict.fromkeys(found)) or "no time stated"
+
+
+def _check_names(names: Sequence[str], shipped: Sequence[str], where: str) -> None:
+    unknown = [name for name in names if name not in shipped]
+    if unknown:
+        raise ReproduceError(
+            f"{where}: {', '.join(map(repr, unknown))} not a shipped sweep; shipped sweeps: {', '.join(shipped)}"
+        )
+
+
+def sweep_command(sweep: str, scale: str | None, overrides: Sequence[str]) -> str:
+    return " ".join(["driftlab", "sweep", sweep, *(["--scale", scale] if scale else []), *overrides])
+
+
+def run_shipped_sweep(sweep: str, out: Path, scale: str | None, overrides: Sequence[str]) -> None:
+    """``driftlab sweep SWEEP --out OUT [--scale S] [overrides]``, the command itself in a child process; errors unless it
+    finished and wrote its report. (A child, not a call: the experiments layer does not import the command line.)"""
+    argv = ["sweep", sweep, "--out", str(out), *(["--scale", scale] if scale else []), *overrides]
+    report = out / "report" / "report.md"
+    started = time.time()
+    code = subprocess.run([sys.executable, "-m", "driftlab.cli", *argv], check=False).returncode
+    if code != 0:
+        raise ReproduceError(
+            f"`driftlab {' '.join(argv)}` exited with code {code} (1: a run failed, 4: runs held by other processes, "
+            "130: interrupted); its messages are above. Fix that and run `driftlab reproduce` again: finished runs are kept"
+        )
+    if not report.is_file() or report.stat().st_mtime < started:
+        raise ReproduceError(f"`driftlab {' '.join(argv)}` wrote no report ({report}); did every run fail?")
+
+
+def reproduce(
+    names: Sequence[str],
+    out: Path,
+    docs: Path,
+    record_dir: Path,
+    scale: str | None = None,
+    overrides: Sequence[str] = (),
+    log: Callable[[str], None] | None = None,
+    run: Callable[[str, Path, str | None, Sequence[str]], None] = run_shipped_sweep,
+) -> list[Path]:
+    """Run each sweep (default: every one a marker names), write its record, rewrite its blocks; returns the records written.
+
+    The doc is rewritten after each sweep, so a failure later keeps what earlier sweeps regenerated.
+    A hand-typed table a conversion replaces is kept in ``OUT/replaced-tables.md``.
+    """
+    from driftlab.experiments.shipped import sweep_names
+
+    log = log or (lambda line: print(line, flush=True))  # flushed: the sweeps' child processes write to the same stream
+    shipped = sweep_names()
+    doc = docs.read_text(encoding="utf-8")
+    markers = parse_markers(doc, str(docs))  # a broken marker stops us before any run
+    names = list(names) or marker_sweeps(markers)
+    _check_names(names, shipped, "driftlab reproduce")
+    if not names:
+        raise ReproduceError(f"{docs} has no marker naming a sweep, and no NAME was given; name the sweeps to run")
+    written = []
+    # Once, before anything is written: the records and the doc this command rewrites would make the tree "dirty"
+    # for every sweep after the first, though the code that runs them is the same.
+    commit = git_commit(source_checkout())
+    for name in names:
+        load_before, started, clock = _load(), datetime.now(timezone.utc), time.monotonic()
+        log(f"reproduce: {sweep_command(name, scale, overrides)} --out {out / name}")
+        run(name, out / name, scale, overrides)
+        minutes = (time.monotonic() - clock) / 60
+        header = {
+            "commit": commit,
+            "command": sweep_command(name, scale, overrides),
+            "date": started.strftime("%Y-%m-%d %H:%M UTC"),
+            "machine": machine_line(load_before, _load()),
+            "wall": f"{minutes:.1f} minutes",
+        }
+        report = without_figures((out / name / "report" / "report.md").read_text(encoding="utf-8"))
+        record_dir.mkdir(parents=True, exist_ok=True)
+        record_file = record_dir / f"{name}.md"
+        record_file.write_text(format_record(name, header, report), encoding="utf-8")
+        written.append(record_file)
+        record = parse_record(record_file.read_text(encoding="utf-8"), str(record_file))
+        rewrite = regenerate(docs.read_text(encoding="utf-8"), name, record, cited_path(record_file, docs), str(docs))
+        docs.write_text(rewrite.text, encoding="utf-8")
+        log(f"reproduce: wrote {record_file}; {len(rewrite.regenerated)} block(s) of {name} in {docs} regenerated")
+        if rewrite.converted:
+            replaced = out / "replaced-tables.md"
+            with replaced.open("a", encoding="utf-8") as file:
+                for line, table in rewrite.converted:
+                    file.write(f"## {docs}:{line}, replaced by the tables of {name}\n\n{table}\n\n")
+            log(
+                f"reproduce: {len(rewrite.converted)} hand-typed table(s) of {name} replaced by its report's (lines "
+                f"{', '.join(str(line) for line, _ in rewrite.converted)}); they are kept in {replaced}: check the prose around them"
+            )
+        for line in rewrite.derived:
+            log(
+                f"reproduce: {docs}:{line}: a table derived from {name} by hand is not regenerated; check it against {record_file}"
+            )
+    return written
+
+
+def dry_run(
+    names: Sequence[str], out: Path, docs: Path, record_dir: Path, scale: str | None, overrides: Sequence[str]
+) -> list[str]:
+    """What ``reproduce`` would run and write, one line per sweep; runs and writes nothing."""
+    from driftlab.experiments.shipped import sweep_description, sweep_names
+    from driftlab.experiments.sweep import load_sweep, plan, run_status
+
+    shipped = sweep_names()
+    markers = parse_markers(docs.read_text(encoding="utf-8"), str(docs))
+    names = list(names) or marker_sweeps(markers)
+    _check_names(names, shipped, "driftlab reproduce")
+    lines = []
+    for name in names:
+        runs = plan(load_sweep(name), scale, overrides)
+        statuses = [run_status(out / name / r.dir, r.config.rounds) for r in runs]
+        done = statuses.count("complete")
+        blocks = sum(1 for m in markers if isinstance(m, Regenerated) and m.sweep == name)
+        hand = sum(1 for m in markers if isinstance(m, NotRegenerated) and m.sweep == name and not m.derived)
+        lines.append(
+            f"{sweep_command(name, scale, overrides)} --out {out / name}: {len(runs)} runs, {done} complete, {len(runs) - done} to run; "
+            f"stated: {stated_time(sweep_description(name))}; would write {record_dir / (name + '.md')}, "
+            f"regenerate {blocks} block(s) and convert {hand} hand-typed table(s)"
+        )
+    return lines
+
+
+def list_markers(docs: Path, record_dir: Path) -> list[str]:
+    """Each marker of the doc: its line, sweep and status (for regenerated blocks, the record's commit and date)."""
+    lines = []
+    for marker in parse_markers(docs.read_text(encoding="utf-8"), str(docs)):
+        if isinstance(marker, Regenerated):
+            record_file = record_dir / f"{marker.sweep}.md"
+            try:
+                header = parse_record(record_file.read_text(encoding="utf-8"), str(record_file)).header
+                dirty = " with uncommitted changes" if header["commit"].endswith("+dirty") else ""
+                source = f"commit {header['commit'][:7]}{dirty}, {header['date']}"
+            except (OSError, ReproduceError) as error:
+                source = f"record unreadable: {error}"
+            tables = SELECTOR_SEPARATOR.join(marker.selectors) if marker.selectors else "all but Runs"
+            lines.append(f"{marker.start + 1:5d}  regenerated      {marker.sweep}  (tables: {tables}; {source})")
+        elif isinstance(marker, NotRegenerated):
+            kind = "derived" if marker.derived else "not regenerated"
+            lines.append(f"{marker.line + 1:5d}  {kind:<16s} {marker.sweep or '-'}  ({marker.reason})")
+        else:
+            lines.append(f"{marker.line + 1:5d}  paper numbers    -  ({marker.source})")
+    return lines
+
+
+__all__ = [
+    "dry_run",
+    "git_commit",
+    "list_markers",
+    "reproduce",
+    "stated_time",
+]
