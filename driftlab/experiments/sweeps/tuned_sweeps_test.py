@@ -5,6 +5,10 @@ FedDyn (Acar et al. 2021, Appendix A.2) selects the CIFAR-10 lr decay from [0.99
 learning rates in [.1, .01] and epochs in [10, 20, 50] (SCAFFOLD's Ks in [120, 240, 600], the same local steps); its α
 grids (MNIST [.001, .01, .03, .1], CIFAR-10 [1e-3, 1e-2, 1e-1]) tune FedDyn's runs alone and its μ grids (MNIST
 [1, .01, .0001], CIFAR-10 [1e-2, 1e-3, 1e-4]) FedProx's alone.
+
+AdaBest (Varno et al. 2022, Section 4.1 and its Appendix) tuned for 500 rounds FedDyn's μ (our α) over [0.002, 0.02,
+0.2] and, above 1% participation, AdaBest's β over [0.94, 0.96, 0.98, 1.0] with AdaBest's μ kept at 0.02; FedAvg and
+SCAFFOLD have nothing tuned.
 """
 
 from __future__ import annotations
@@ -26,7 +30,13 @@ BASES = {
     "feddyn-cifar10-partial-tuned": "feddyn-cifar10-partial",
     "feddyn-cifar10-full-tuned": "feddyn-cifar10-full",
     "feddyn-table2-partial-tuned": "feddyn-table2-partial",
+    "adabest-table2-mnist-tuned": "adabest-table2-mnist",
+    "adabest-table2-cifar10-tuned": "adabest-table2-cifar10",
 }
+FEDDYN = sorted(name for name in BASES if name.startswith("feddyn"))
+ADABEST = sorted(name for name in BASES if name.startswith("adabest"))
+# the methods a tuned axis applies to, per sweep (the others run once per setting and seed, untuned)
+TUNED_METHODS = {name: {"FedDyn", "SCAFFOLD", "FedAvg", "FedProx"} for name in FEDDYN} | {name: {"FedDyn", "AdaBest"} for name in ADABEST}
 SCALES = [None, "paper"]
 # The rounds of a tuned sweep's default scale where it cuts them below its base's (a grid six times the size)
 DEFAULT_ROUNDS = {"feddyn-table2-partial-tuned": 20}
@@ -75,9 +85,10 @@ def test_every_run_is_tuned_on_validation_rows(name, scale):
     assert spec.tuned_axes and all(axis.role == "tuned" for axis in spec.tuned_axes)
     assert (spec.tuning.metric, spec.tuning.rule) == ("validation_accuracy", "final")
     runs = plan(spec, scale)
-    assert runs and all(run.tuned and run.tuned_method for run in runs)
+    tuned = [run for run in runs if run.tuned_method in TUNED_METHODS[name]]
+    assert tuned and all(run.tuned for run in tuned) and {run.tuned_method for run in tuned} == TUNED_METHODS[name]
+    assert all(not run.tuned and not run.tuned_method for run in runs if run not in tuned)
     assert {run.config.data.validation_fraction for run in runs} == {0.1}
-    assert {run.tuned_method for run in runs} == {"FedDyn", "SCAFFOLD", "FedAvg", "FedProx"}
 
 
 def grids(name: str, scale: str | None) -> dict[tuple[str, str], set]:
@@ -111,7 +122,7 @@ def test_mnist_tunes_every_methods_lr_and_epochs_over_the_papers_search_space(sc
 
 
 @pytest.mark.parametrize("scale", SCALES)
-@pytest.mark.parametrize("name", sorted(BASES))
+@pytest.mark.parametrize("name", FEDDYN)
 def test_alpha_and_mu_are_tuned_over_the_papers_grids_for_feddyn_and_fedprox_alone(name, scale):
     data = "cifar10" if "cifar10" in name else "mnist"
     shared = CIFAR_DECAYS if data == "cifar10" else MNIST_GRID  # the grid every method is tuned over
@@ -143,7 +154,43 @@ def test_mnist_halving_searches_for_100_rounds_then_runs_the_best_pair_to_the_en
     sizes = set(groups.values())
     assert sizes == {24, 18, 6} and spec.halving.rungs(1000) == [100, 1000] and all(-(-n // spec.halving.eta) == 1 for n in sizes)
     assert spec.halving.rungs(plan(spec)[0].config.rounds) == [20]  # the default scale runs every pair to its end
-    assert all(load_sweep(name).halving is None for name in BASES if "cifar10" in name)
+    assert all(load_sweep(name).halving is None for name in FEDDYN if "cifar10" in name)
+
+
+@pytest.mark.parametrize("scale", SCALES)
+@pytest.mark.parametrize("name", ADABEST)
+def test_adabest_tunes_feddyns_alpha_and_adabests_beta_over_the_papers_grids_and_nothing_else(name, scale):
+    runs = plan(load_sweep(name), scale)
+    found: dict[tuple[str, str, int], list] = {}
+    for run in runs:
+        algorithm, method = run.config.algorithm, run.tuned_method or run.method  # "AdaBest (β=0.94)" is AdaBest's
+        value = algorithm.alpha if method == "FedDyn" else (algorithm.mu, algorithm.beta) if method == "AdaBest" else None
+        found.setdefault((run.setting, method, run.seed), []).append(value)
+    seeds = {run.seed for run in runs}
+    assert seeds == ({0, 1, 2, 3, 4} if scale == "paper" else {0, 1, 2} if "mnist" in name else {0})
+    assert len(found) == 2 * 4 * len(seeds)  # Dirichlet 0.3 and 0.03 × FedAvg, FedDyn, SCAFFOLD, AdaBest
+    for (_, method, _), values in found.items():
+        if method == "FedDyn":
+            assert sorted(values) == [0.002, 0.02, 0.2]
+        elif method == "AdaBest":  # AdaBest's μ kept at 0.02, its β searched
+            assert sorted(values) == [(0.02, 0.94), (0.02, 0.96), (0.02, 0.98), (0.02, 1.0)]
+        else:
+            assert values == [None]
+    # the untuned sweep's values are the paper's picks, and each is a value of its grid
+    picks = {run.method: run.config.algorithm for run in plan(load_sweep(BASES[name]), scale)}
+    assert picks["FedDyn"].alpha == 0.02 and (picks["AdaBest"].mu, picks["AdaBest"].beta) == (0.02, 0.96)
+    assert tuned_keys(name) == {("algorithm", "alpha"), ("algorithm", "beta")}
+
+
+@pytest.mark.parametrize("name", ADABEST)
+def test_adabest_halving_searches_for_500_rounds_then_runs_the_best_value_to_the_end(name):
+    spec = load_sweep(name)
+    groups = collections.Counter((r.setting, r.tuned_method) for r in plan(spec, "paper") if r.tuned)
+    assert set(groups.values()) == {3 * 5, 4 * 5}  # FedDyn's 3 αs and AdaBest's 4 βs, 5 seeds each
+    assert spec.halving.rungs(1200) == [500, 1200] and all(-(-n // spec.halving.eta) == 1 for n in (3, 4))
+    default_rounds = plan(spec)[0].config.rounds
+    assert default_rounds == (200 if "mnist" in name else 15)
+    assert spec.halving.rungs(default_rounds) == [default_rounds]  # the default scale runs every value to its end
 
 
 @pytest.mark.parametrize("scale", SCALES)
@@ -155,7 +202,8 @@ def test_apart_from_the_tuned_keys_and_the_validation_rows_the_runs_are_the_untu
         removed.append(("rounds",))
     tuned: dict[tuple[str, str], set[str]] = {}
     for run in plan(load_sweep(name), scale):
-        tuned.setdefault((run.setting, run.tuned_method), set()).add(without(run.config, removed))
+        method = run.tuned_method or run.method  # a method no tuned axis applies to is planned untuned
+        tuned.setdefault((run.setting, method), set()).add(without(run.config, removed))
     untuned: dict[tuple[str, str], set[str]] = {}
     for run in plan(load_sweep(BASES[name]), scale):
         method = run.method.split(", ")[0]  # the CIFAR-10 sweeps compare "FedDyn, lr decay 0.992" and the like
