@@ -138,6 +138,7 @@ def test_halving_stops_the_worst_values_and_extending_them_gives_the_straight_ru
     # rungs: every value to round 2, the best ⌈3/3⌉ = 1 on to round 6
     assert sorted(o.status for o in halved) == ["complete", "stopped", "stopped"]
     assert any("halving FedProx at round 2: 1 of 3 values go on" in line for line in logged)
+    assert any("halving rung 1 (round 2)" in line for line in logged) and any("halving rung 2 (round 6)" in line for line in logged)
     stopped = [o for o in halved if o.status == "stopped"]
     for outcome in stopped:
         run_dir = tmp_path / "halved" / outcome.run.dir
@@ -177,6 +178,17 @@ def test_halving_stops_the_worst_values_and_extending_them_gives_the_straight_ru
         assert json.loads((halved_dir / "config.json").read_text())["rounds"] == 6
     # round 2 was evaluated only because it ended a rung: the extended run's record drops it, as the straight run never had it
     assert ["validation_accuracy" in json.loads(line) for line in records_without_wall_time(halved_dir)] == [False, False, False, True, False, True]
+
+
+@pytest.mark.slow
+def test_a_first_rung_beyond_the_runs_last_round_runs_every_value_to_its_end_and_says_that_round(tmp_path):
+    # a sweep file's halving sized for --scale paper (first rung 500) at a scale of fewer rounds: nothing is decided
+    spec = tuned_spec(axes=[LR], seeds=[0], overrides=[*TINY, "rounds=3", "data.validation_fraction=0.2"])
+    logged: list[str] = []
+    outcomes = run_sweep(spec, tmp_path / "sweep", jobs=2, halving="500:4", log=logged.append)
+    assert [o.status for o in outcomes] == ["complete"] * 3
+    assert any("halving rung 1 (round 3)" in line for line in logged) and not any("round 500" in line for line in logged)
+    assert not any("halving FedProx at round" in line for line in logged)
 
 
 def test_status_says_a_run_was_stopped_by_halving_and_a_dry_run_lists_it(tmp_path):

@@ -222,9 +222,11 @@ def _run_halving(
     while active or batch:
         rung = halving.first * halving.eta**rung_index
         deciding: dict[tuple[str, str], int] = {}
+        reached = 0  # the round this rung takes the tuned runs to: below `rung` when they end sooner
         for key, group in active.items():
             full = max(r.config.rounds for r in group)
             at = min(rung, full)
+            reached = max(reached, at)
             if at < full:
                 deciding[key] = at
             batch += [_at_round(r, at) if at < r.config.rounds else r for r in group]
@@ -232,7 +234,7 @@ def _run_halving(
         for r in batch:
             if r not in ready:
                 outcomes[r.dir] = RunOutcome(r, "complete", "")
-        title = f", halving rung {rung_index + 1} (round {rung})" if active else ""
+        title = f", halving rung {rung_index + 1} (round {reached})" if active else ""
         for outcome in _run_planned(spec, out, ready, entry, options, threads, retry_diverged, log, title):
             outcomes[outcome.run.dir] = outcome
         unsettled = [r for r in batch if outcomes[r.dir].status not in ("complete", "diverged")]
