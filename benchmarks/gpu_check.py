@@ -80,6 +80,10 @@ SPEED_RUNS: list[tuple[str, list[str], int]] = [
     ("resnet18_gn-float32", ["--model", "resnet18_gn", "--clients-per-round", "10", "--rows", "vectorized,reference"], 60),
     ("cnn-tf32", ["--model", "cnn", "--clients-per-round", "10", "100", "--rows", "vectorized", "--precision", "tf32"], 40),
     ("cnn-bf16", ["--model", "cnn", "--clients-per-round", "10", "100", "--rows", "vectorized", "--precision", "bf16"], 40),
+    # The convolutions as im2col and one matrix product per client (config key convolution=unfold), alone and in bf16.
+    ("cnn-unfold", ["--model", "cnn", "--clients-per-round", "10", "100", "--rows", "vectorized", "--convolution", "unfold"], 40),
+    ("cnn-unfold-bf16", ["--model", "cnn", "--clients-per-round", "10", "100", "--rows", "vectorized", "--precision", "bf16",
+                         "--convolution", "unfold"], 40),
     ("resnet18_gn-tf32", ["--model", "resnet18_gn", "--clients-per-round", "10", "--rows", "vectorized", "--precision", "tf32"], 30),
     ("resnet18_gn-bf16", ["--model", "resnet18_gn", "--clients-per-round", "10", "--rows", "vectorized", "--precision", "bf16"], 30),
     ("mlp-tf32", ["--model", "mlp", "--clients-per-round", "10", "100", "--rows", "vectorized", "--precision", "tf32"], 30),
@@ -197,6 +201,7 @@ def speed_summary(label: str, report: dict[str, Any] | None) -> list[dict[str, A
             "run": label,
             "model": report.get("workload", {}).get("model"),
             "precision": report.get("workload", {}).get("precision"),
+            "convolution": report.get("workload", {}).get("convolution"),
             "row": entry.get("key"),
             "clients_per_round": entry.get("clients_per_round"),
             "median_seconds": entry.get("median_seconds"),

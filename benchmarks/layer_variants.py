@@ -134,7 +134,7 @@ class Variant:
     description: str
     build: Callable[[Workload, Leaves], Step]
     precision: str = "float32"
-    patch_conv: bool = False  # layers.conv replaced by layers.conv_unfold while the variant runs
+    convolution: str = "grouped"  # layers.convolution(...) while the variant runs: "unfold" computes conv_unfold
     cudnn_benchmark: bool = False
     cuda_only: bool = False
 
@@ -199,11 +199,11 @@ def modules_step(workload: Workload, leaves: Leaves) -> Step:
 
 CNN_VARIANTS = [
     Variant("grouped", "(a)", "batched forward, one grouped convolution", batched_step),
-    Variant("unfold", "(b)", "batched forward, conv_unfold (im2col + bmm)", batched_step, patch_conv=True),
+    Variant("unfold", "(b)", "batched forward, conv_unfold (im2col + bmm)", batched_step, convolution="unfold"),
     Variant("loop", "(c)", "per-client loop, functional_call", loop_step),
     Variant("grouped-bf16", "(d)", "(a) under autocast bf16", batched_step, precision="bf16", cuda_only=True),
     Variant(
-        "unfold-bf16", "(d)", "(b) under autocast bf16", batched_step, precision="bf16", patch_conv=True, cuda_only=True
+        "unfold-bf16", "(d)", "(b) under autocast bf16", batched_step, precision="bf16", convolution="unfold", cuda_only=True
     ),
     Variant(
         "grouped-cudnn-benchmark", "(e)", "(a) with cudnn.benchmark", batched_step, cudnn_benchmark=True, cuda_only=True
@@ -218,18 +218,17 @@ LSTM_VARIANTS = [
 
 @contextlib.contextmanager
 def variant_context(variant: Variant, device: torch.device) -> Iterator[None]:
-    """The arithmetic, the patched convolution and the cuDNN flag of ``variant``; everything restored on exit."""
-    saved_conv, saved_benchmark = layers.conv, torch.backends.cudnn.benchmark
+    """The arithmetic, the convolution (the config's ``convolution``) and the cuDNN flag of ``variant``; everything
+    restored on exit."""
+    saved_benchmark = torch.backends.cudnn.benchmark
     try:
-        if variant.patch_conv:
-            layers.conv = layers.conv_unfold  # batched.feddyn_cnn looks the layer up on the module at each call
         torch.backends.cudnn.benchmark = variant.cudnn_benchmark
-        with local_arithmetic(variant.precision, device), warnings.catch_warnings():
+        with local_arithmetic(variant.precision, device), layers.convolution(variant.convolution), warnings.catch_warnings():
             # cuDNN's LSTM repacks functional_call's swapped-in weights every call and says so: that cost is measured
             warnings.filterwarnings("ignore", message="RNN module weights are not part of single contiguous chunk")
             yield
     finally:
-        layers.conv, torch.backends.cudnn.benchmark = saved_conv, saved_benchmark
+        torch.backends.cudnn.benchmark = saved_benchmark
 
 
 # ---------------------------------------------------------------- measuring

@@ -99,15 +99,14 @@ def test_a_wrong_a_raising_and_a_nan_variant_are_reported_and_the_others_still_r
     assert entries["unfold"]["status"] == "ok" and entries["unfold"]["median_seconds"] > 0
 
 
-def test_variant_context_patches_the_convolution_and_restores_it_after_an_error():
+def test_variant_context_sets_the_convolution_and_restores_it_after_an_error():
     variant = layer_variants.CNN_VARIANTS[1]
-    assert variant.patch_conv
-    original = layers.conv
+    assert variant.convolution == "unfold"
     with pytest.raises(RuntimeError, match="inside"):
         with layer_variants.variant_context(variant, torch.device("cpu")):
-            assert layers.conv is layers.conv_unfold
+            assert layers._CONVOLUTION.get() == "unfold"  # layers.conv computes conv_unfold here
             raise RuntimeError("inside")
-    assert layers.conv is original
+    assert layers._CONVOLUTION.get() == "grouped"
 
 
 @pytest.mark.parametrize(

@@ -181,6 +181,7 @@ def workload(args: argparse.Namespace) -> dict[str, Any]:
         "local_steps": args.steps,
         "algorithm": "fedavg",
         "precision": args.precision,
+        "convolution": args.convolution,
         "max_chunk_clients": args.max_chunk_clients,
         "clients_per_round": list(args.clients_per_round),
         "timed_rounds": args.rounds,
@@ -362,6 +363,7 @@ def driftlab_rounds(spec: dict[str, Any], inputs: torch.Tensor, targets: torch.T
                 "rounds": 1000,
                 "device": spec["device"],
                 "precision": spec.get("precision", "float32"),
+                "convolution": spec.get("convolution", "grouped"),
                 "backend": ROW_BACKENDS[spec["row"]],
                 "data": driftlab_data_section(spec, Path(directory), inputs, targets),
                 "model": {"name": spec["model"], **spec["model_options"]},
@@ -656,6 +658,11 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--precision", choices=("float32", "tf32", "bf16"), default="float32",
         help="driftlab rows' local-step arithmetic (config key precision; tf32 needs cuda); the reference row stays float32",
+    )
+    parser.add_argument(
+        "--convolution", choices=("grouped", "unfold"), default="grouped",
+        help="how driftlab rows' batched layers compute convolutions (config key convolution): one grouped convolution, or "
+        "im2col and a matrix product per client; the reference row is unchanged",
     )
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads of every row and of the matmul figure (default: torch's)")
     parser.add_argument("--random-data", action="store_true", help="random data of the workload's shape even when the real set is present")

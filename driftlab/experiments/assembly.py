@@ -85,7 +85,9 @@ def make_backend(config: ExperimentConfig, model: FlatModel, devices: tuple[torc
         raise ConfigError(f"device={config.device!r} lists several GPUs, which only backend=vectorized uses; set backend=vectorized (or auto)")
     if name == "vectorized":
         several = devices if len(devices) > 1 else None
-        return BACKENDS[name](precision=config.precision, devices=several, memory_budget=budget or MemoryBudget())
+        return BACKENDS[name](
+            precision=config.precision, devices=several, memory_budget=budget or MemoryBudget(), convolution=config.convolution or "grouped"
+        )
     return BACKENDS[name](precision=config.precision)
 
 

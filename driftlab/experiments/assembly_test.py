@@ -296,3 +296,18 @@ def test_auto_on_a_gpu_trains_recurrent_networks_one_by_one_but_several_gpus_alw
     assert isinstance(make_backend(load_config(None, ["backend=vectorized"]), model, one), BACKENDS["vectorized"])
     with pytest.raises(ConfigError, match="only backend=vectorized uses"):
         make_backend(load_config(None, ["backend=sequential"]), model, two)
+
+
+def test_the_configs_convolution_reaches_the_vectorized_backend_and_grouped_is_the_unset_default():
+    from driftlab.experiments.assembly import make_backend
+    from driftlab.simulation.backends.flat import FlatModel
+
+    model, cpu = FlatModel.wrap(nn.Sequential(nn.Conv2d(1, 2, 3), nn.Flatten(), nn.Linear(8, 2))), (torch.device("cpu"),)
+    default, grouped, unfold = (load_config(None, extra) for extra in ([], ["convolution=grouped"], ["convolution=unfold"]))
+    assert default.convolution is None and grouped.convolution is None and "convolution" not in grouped.to_dict()
+    assert default.fingerprint() == grouped.fingerprint() != unfold.fingerprint()  # runs made before the key keep theirs
+    assert make_backend(default, model, cpu).convolution == "grouped"
+    assert make_backend(unfold.model_copy(update={"backend": "vectorized"}), model, cpu).convolution == "unfold"
+    with pytest.raises(ConfigError, match="convolution") as error:
+        load_config(None, ["convolution=im2col"])
+    assert "'grouped'" in str(error.value) and "'unfold'" in str(error.value)

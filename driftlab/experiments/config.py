@@ -671,6 +671,13 @@ class ExperimentConfig(_Section):
         description="arithmetic: float32 or float64 for everything; tf32 (CUDA only) or bf16 for local steps' gradients, "
         "with parameters, state and aggregation in float32 (docs/performance.md: what each does to accuracy)",
     )
+    convolution: Literal["grouped", "unfold"] | None = Field(
+        None,
+        description="how the vectorized backend's batched layers compute a chunk's convolutions: grouped (one grouped "
+        "convolution per layer, the default) or unfold (im2col and one matrix product per client); the same function to "
+        "rounding, a different speed per device (docs/performance.md); chunks of one client and the sequential backend use "
+        "the module's own layer (unset: grouped)",
+    )
     backend: Literal["auto", "vectorized", "sequential"] = Field(
         "auto",
         description="local training backend: vectorized (a round's clients trained together), sequential (one by one, the reference), "
@@ -745,6 +752,12 @@ class ExperimentConfig(_Section):
         if not table.get("plugins"):
             table.pop("plugins", None)  # a config of built-ins reads (and hashes) as it did before plugins existed
         return table
+
+    @field_validator("convolution")
+    @classmethod
+    def _grouped_is_unset(cls, kind: str | None) -> str | None:
+        # grouped is the default: the same run (and fingerprint) as leaving the key out.
+        return None if kind == "grouped" else kind
 
     @field_validator("memory_budget")
     @classmethod

@@ -96,3 +96,24 @@ def test_a_gpu_run_resumes_exactly(tmp_path: Path) -> None:
     resumed = _run([*overrides, "rounds=4"], tmp_path / "resumed", resume=True)
     assert torch.equal(straight.final_params.cpu(), resumed.final_params.cpu())
     assert _without_wall_time(straight.records) == _without_wall_time(resumed.records)
+
+
+@pytest.mark.slow
+def test_unfold_convolutions_train_a_cnn_on_a_gpu_as_grouped_ones_do_and_repeat() -> None:
+    # convolution=unfold (im2col and a matrix product per client) against the grouped convolution: on a GPU a chunk
+    # holds every client of the round, so this is where the key acts (docs/performance.md, "convolution").
+    from driftlab.experiments.config import load_config
+    from driftlab.experiments.datasets import data_location
+
+    cifar = [
+        "rounds=2", "seed=2", "data.name=cifar10_folder", "data.limit_per_class=20", "data.num_clients=4", "data.augment=false",
+        "sampling.participation=1.0", "model.name=cnn", "client.epochs=1", "client.batch_size=10", "evaluation.every=1",
+        "backend=vectorized", "device=cuda",
+    ]
+    if data_location(load_config(None, cifar).data) is None:
+        pytest.skip("CIFAR-10 is not on this machine (set DRIFTLAB_DATA)")
+    grouped, unfold, again = _run(cifar), _run([*cifar, "convolution=unfold"]), _run([*cifar, "convolution=unfold"])
+    assert torch.equal(unfold.final_params.cpu(), again.final_params.cpu()), "two unfold runs on one GPU differ"
+    reference = grouped.final_params.cpu()
+    distance = torch.linalg.vector_norm(unfold.final_params.cpu() - reference) / torch.linalg.vector_norm(reference)
+    assert distance <= RELATIVE_TOLERANCE, f"unfold and grouped models differ by {distance:.2e} (relative)"

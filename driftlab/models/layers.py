@@ -6,7 +6,9 @@ The vectorized backend (``driftlab.simulation.backends.stacked``) trains the ``C
 summed masked losses (the clients' parameters are disjoint, so row ``k`` of the gradient is client ``k``'s own):
 
 * images are kept as ``[B, C·ch, H, W]``, client ``k``'s channels in block ``k``, so a convolution of every
-  client is one grouped convolution (``groups = C·g``, weights ``[C·out, in/g, kh, kw]``), GroupNorm is one
+  client is one grouped convolution (``groups = C·g``, weights ``[C·out, in/g, kh, kw]``), or, inside
+  ``convolution("unfold")`` (the config's ``convolution = "unfold"``), im2col and one matrix product per client
+  (``conv_unfold``); GroupNorm is one
   ``group_norm`` with ``C·G`` groups, and pooling, ReLU and residual additions act channel by channel as they are;
 * feature rows are ``[C, B, F]`` and a Linear layer is one ``baddbmm``;
 * an embedding of every client is one lookup in the ``[C·V, E]`` table with ids offset by ``k·V``;
@@ -26,8 +28,10 @@ all have an exact batched form in the settings they use.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -75,9 +79,35 @@ def images(inputs: torch.Tensor) -> Images:
 
 # ---------------------------------------------------------------- layers
 
+CONVOLUTIONS = ("grouped", "unfold")
+# How ``conv`` computes: set per thread (the vectorized backend trains chunks on worker threads) by ``convolution``.
+_CONVOLUTION: contextvars.ContextVar[str] = contextvars.ContextVar("driftlab_convolution", default="grouped")
+
+
+@contextlib.contextmanager
+def convolution(kind: str) -> Iterator[None]:
+    """Inside this context (in this thread), ``conv`` computes ``kind``: ``"grouped"`` (one grouped convolution, the
+    default) or ``"unfold"`` (``conv_unfold`` wherever it applies). The same function to rounding; which one is
+    faster depends on the device and its kernels (``benchmarks/layer_variants.py`` times both)."""
+    if kind not in CONVOLUTIONS:
+        raise ValueError(f"convolution must be one of {', '.join(CONVOLUTIONS)}, got {kind!r}")
+    token = _CONVOLUTION.set(kind)
+    try:
+        yield
+    finally:
+        _CONVOLUTION.reset(token)
+
+
+def unfoldable(module: nn.Conv2d) -> bool:
+    """Whether ``conv_unfold`` computes ``module``: one group per client and zero padding given as numbers."""
+    return module.groups == 1 and module.padding_mode == "zeros" and not isinstance(module.padding, str)
+
 
 def conv(x: Images, module: nn.Conv2d, params: Parameters, prefix: str) -> Images:
-    """Every client's ``Conv2d`` as one grouped convolution."""
+    """Every client's ``Conv2d`` as one grouped convolution, or as ``conv_unfold`` inside ``convolution("unfold")``
+    where the module allows (``unfoldable``; elsewhere the grouped convolution)."""
+    if _CONVOLUTION.get() == "unfold" and unfoldable(module):
+        return conv_unfold(x, module, params, prefix)
     weight = params.get(prefix, "weight", module)
     bias = params.get(prefix, "bias", module)
     clients = x.clients
@@ -94,7 +124,7 @@ def conv(x: Images, module: nn.Conv2d, params: Parameters, prefix: str) -> Image
 
 
 def conv_unfold(x: Images, module: nn.Conv2d, params: Parameters, prefix: str) -> Images:
-    """``conv`` computed as im2col and one batched matrix product per client (not used by default).
+    """``conv`` computed as im2col and one batched matrix product per client (``convolution("unfold")``).
 
     ``F.unfold`` gives each client's patches ``[B, C, ch·kh·kw, L]`` (``L`` output positions); client ``k``'s
     output is ``W_k [out, ch·kh·kw]`` times its patches, plus its bias, folded back to ``[B, C·out, H', W']``.
@@ -335,7 +365,7 @@ def supported(module: nn.Module, containers: tuple[type, ...] = ()) -> bool:
 
 
 __all__ = [
-    "Images", "Parameters", "Rows", "conv", "conv_unfold", "elementwise", "embedding", "forward_sequential", "group_norm",
+    "CONVOLUTIONS", "Images", "Parameters", "Rows", "conv", "conv_unfold", "convolution", "elementwise", "embedding", "forward_sequential", "group_norm",
     "gru_layer", "images", "layer", "linear", "lstm_layer", "max_pool", "mean_pool", "register_block", "relu", "sequential",
-    "supported",
+    "supported", "unfoldable",
 ]

@@ -1,4 +1,5 @@
-"""``layers.conv_unfold`` against ``layers.conv``: the same function, values and gradients, on random inputs."""
+"""``layers.conv_unfold`` against ``layers.conv``: the same function, values and gradients, on random inputs; and
+``layers.convolution``, which makes ``conv`` compute it."""
 
 from __future__ import annotations
 
@@ -93,3 +94,40 @@ def test_conv_unfold_refuses_what_it_does_not_compute(module, says):
     with pytest.raises(ValueError, match="conv_unfold") as raised:
         layers.conv_unfold(layers.Images(inputs, 1), module, layers.Parameters(leaves, 1), "")
     assert says in str(raised.value) and "layers.conv" in str(raised.value)
+
+
+def test_inside_convolution_unfold_conv_computes_conv_unfold_and_grouped_elsewhere(monkeypatch):
+    calls = []
+    real = layers.conv_unfold
+    monkeypatch.setattr(layers, "conv_unfold", lambda *args: calls.append(args[1]) or real(*args))
+    plain, grouped = nn.Conv2d(2, 3, 3, padding=1, dtype=torch.float64), nn.Conv2d(4, 4, 3, groups=2, dtype=torch.float64)
+    generator = torch.Generator().manual_seed(3)
+    arguments = {}
+    for module in (plain, grouped):
+        leaves = stacked(module, 2, torch.float64, generator)
+        x = layers.Images(torch.randn(3, 2 * module.in_channels, 6, 6, generator=generator, dtype=torch.float64), 2)
+        arguments[module] = (x, module, layers.Parameters(leaves, 2), "")
+        outside = layers.conv(*arguments[module]).tensor
+        with layers.convolution("unfold"):
+            inside = layers.conv(*arguments[module]).tensor
+        assert relative_error(inside, outside) < 1e-12
+    # the plain convolution was unfolded once, inside the context; the grouped one (groups=2 per client) never
+    assert calls == [plain]
+    with layers.convolution("grouped"):
+        layers.conv(*arguments[plain])
+    assert calls == [plain]
+
+
+def test_the_convolution_setting_is_this_threads_own_and_refuses_unknown_kinds():
+    import threading
+
+    seen = []
+    with layers.convolution("unfold"):
+        worker = threading.Thread(target=lambda: seen.append(layers._CONVOLUTION.get()))
+        worker.start()
+        worker.join()
+        seen.append(layers._CONVOLUTION.get())
+    assert seen == ["grouped", "unfold"] and layers._CONVOLUTION.get() == "grouped"
+    with pytest.raises(ValueError, match="grouped, unfold, got 'im2col'"):
+        with layers.convolution("im2col"):
+            pass

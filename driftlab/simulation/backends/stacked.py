@@ -30,7 +30,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from driftlab.models.layers import Parameters
+from driftlab.models.layers import Parameters, unfoldable
 from driftlab.models.registry import batched_form
 from driftlab.simulation.backends.flat import FlatModel, copy_module
 
@@ -135,6 +135,29 @@ class StackedNetwork:
                     hook.remove()
             self._activations_per_example = 3 * sum(total)
         return self._activations_per_example
+
+
+def unfold_elements(model: FlatModel, example: torch.Tensor, theta: torch.Tensor) -> int:
+    """Floats per example that ``layers.conv_unfold`` keeps beyond what ``activation_elements`` counts: for each
+    convolution it computes, the patch columns ``in·kh·kw`` per output position, twice (``F.unfold``'s and the
+    per-client copy the matrix product saves for the backward pass). 0 for a model without such convolutions."""
+    total = [0]
+
+    def count(module, _inputs, output):
+        if unfoldable(module):
+            positions = output.numel() // module.out_channels  # one example: output is [1, out, H', W']
+            total[0] += 2 * module.in_channels * module.kernel_size[0] * module.kernel_size[1] * positions
+
+    hooks = [m.register_forward_hook(count) for m in model.module.modules() if isinstance(m, nn.Conv2d)]
+    if not hooks:
+        return 0
+    try:
+        with torch.no_grad():
+            model.forward(theta[0] if theta.dim() == 2 else theta, example.unsqueeze(0))
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return total[0]
 
 
 def has_convolutions(module: nn.Module) -> bool:

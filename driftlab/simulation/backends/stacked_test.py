@@ -18,6 +18,7 @@ from driftlab.simulation.backends.local_training import ClientTask, LocalSetting
 from driftlab.simulation.seam import NO_CORRECTION, GradientCorrection
 from driftlab.simulation.backends.stacked import StackedNetwork, has_convolutions, has_recurrent_layers
 from driftlab.simulation.backends.vectorized import VectorizedBackend, auto_backend, gradient_engine
+from driftlab.simulation.backends.vectorized_plan import bytes_per_client
 
 # (id, module factory, one example's input shape or ("ids", length, vocabulary), classes)
 CASES = [
@@ -279,3 +280,43 @@ def test_the_batched_layers_are_checked_against_the_module_in_float32_whatever_t
     data = TrainingData(data.inputs.float(), data.targets)
     list(VectorizedBackend(precision=precision, max_chunk_clients=3).train(model, start.float(), tasks, LocalSettings(client_lr=0.1), data))
     assert seen == [(["float32"], False)]
+
+
+@pytest.mark.parametrize("case_id", ["feddyn_cnn", "sequential_conv_groupnorm"])
+def test_unfold_convolutions_train_the_round_the_sequential_backend_does(case_id, monkeypatch):
+    # convolution="unfold" (the config's convolution): chunks of several clients compute their convolutions by im2col
+    # and a matrix product per client, on the chunk's own thread; a groups=2 convolution stays grouped.
+    from driftlab.models import layers
+
+    unfolded = []
+    real = layers.conv_unfold
+    monkeypatch.setattr(layers, "conv_unfold", lambda *args: unfolded.append(args[1]) or real(*args))
+    model, start, tasks, data = _round_setup(case_id, "mixed")
+    settings = LocalSettings(client_lr=0.1, weight_decay=0.01, clip_norm=0.3)
+    expected = {p: (t.clone(), d) for p, t, d in SequentialBackend().train(model, start, tasks, settings, data)}
+    for backend in (
+        VectorizedBackend(max_chunk_clients=3, parallel_chunks=False, convolution="unfold"),
+        VectorizedBackend(max_chunk_clients=2, convolution="unfold"),  # chunks of 2 and 1, on worker threads where torch has 2
+    ):
+        unfolded.clear()
+        actual = {p: (t.clone(), d) for p, t, d in backend.train(model, start, tasks, settings, data)}
+        for position, (theta, done) in expected.items():
+            assert actual[position][1] == done
+            torch.testing.assert_close(actual[position][0], theta, rtol=1e-12, atol=1e-12)
+        convolutions = [m for m in model.module.modules() if isinstance(m, nn.Conv2d)]
+        assert unfolded and set(unfolded) == {m for m in convolutions if m.groups == 1}
+    with pytest.raises(ValueError, match="convolution must be one of grouped, unfold"):
+        VectorizedBackend(convolution="winograd")
+
+
+def test_a_chunk_of_unfold_convolutions_budgets_for_their_patch_columns():
+    model, start, tasks, data = _round_setup("feddyn_cnn", "none")
+    engine = gradient_engine(model)
+    grouped = bytes_per_client(engine, model, start, tasks, data)
+    unfolded = bytes_per_client(engine, model, start, tasks, data, "unfold")
+    # FedDyn's CNN on 3x16x16 inputs: conv1 (3 in, 5x5) at 12x12 positions, conv2 (64 in, 5x5) at 2x2; two copies each,
+    # per example of a batch of 4, in float64
+    columns = 2 * (3 * 25 * 12 * 12 + 64 * 25 * 2 * 2)
+    assert unfolded - grouped == 4 * columns * 8
+    mlp = _round_setup("mlp", "none")
+    assert bytes_per_client(gradient_engine(mlp[0]), *mlp, "unfold") == bytes_per_client(gradient_engine(mlp[0]), *mlp)

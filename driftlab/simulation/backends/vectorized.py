@@ -67,6 +67,7 @@ from typing import Callable, Iterator, Sequence
 import torch
 from torch import nn
 
+from driftlab.models.layers import CONVOLUTIONS, convolution
 from driftlab.simulation.backends.flat import FlatModel
 from driftlab.simulation.backends.local_training import (
     ClientTask,
@@ -119,6 +120,9 @@ class VectorizedBackend:
             time with multi-threaded kernels.
         precision: ``precision.PRECISIONS``; ``tf32`` and ``bf16`` change the local
             steps' gradients only (``precision.local_arithmetic``).
+        convolution: how the batched layers compute convolutions, ``layers.CONVOLUTIONS``: ``grouped`` (one
+            grouped convolution per layer) or ``unfold`` (im2col and a matrix product per client); the same
+            function to rounding (the config's ``convolution``). Chunks of one client use the module's own layer.
         devices: train the chunks on these devices, chunk ``j`` on
             ``devices[j mod len(devices)]``, and gather the models on the device of
             the start parameters.  The assignment depends only on the chunk's
@@ -137,6 +141,7 @@ class VectorizedBackend:
         precision: str = "float32",
         devices: Sequence[torch.device | str] | None = None,
         memory_budget: MemoryBudget | None = None,
+        convolution: str = "grouped",
     ) -> None:
         if memory_budget_bytes is not None and memory_budget_bytes <= 0:
             raise ValueError(f"memory_budget_bytes must be positive, got {memory_budget_bytes}")
@@ -144,12 +149,15 @@ class VectorizedBackend:
             raise ValueError(f"max_chunk_clients must be at least 1, got {max_chunk_clients}")
         if devices is not None and not devices:
             raise ValueError("devices must list at least one device")
+        if convolution not in CONVOLUTIONS:
+            raise ValueError(f"convolution must be one of {', '.join(CONVOLUTIONS)}, got {convolution!r}")
         self.memory_budget_bytes = memory_budget_bytes
         self.memory_budget = memory_budget if memory_budget is not None else MemoryBudget()
         self.max_chunk_clients = max_chunk_clients
         self.batched_layers = batched_layers
         self.parallel_chunks = parallel_chunks
         self.precision = precision
+        self.convolution = convolution
         self.devices = None if devices is None else tuple(torch.device(d) for d in devices)
         self._engine_of: tuple[nn.Module, object] | None = None  # (module, its engine or None), the last model trained
         self._fallback: SequentialBackend | None = None
@@ -204,7 +212,7 @@ class VectorizedBackend:
         def train(chunk: tuple[int, list[int]]) -> tuple[list[int], torch.Tensor, list[int]]:
             index, positions = chunk
             device = devices[index % len(devices)]
-            with local_arithmetic(self.precision, device):
+            with local_arithmetic(self.precision, device), convolution(self.convolution):
                 chunk_engine = engine
                 chunk_tasks = [tasks[p] for p in positions]
                 if any(loss_term_of(task) is not None for task in chunk_tasks):  # a term group: engine is the model's VmappedGradient
@@ -246,7 +254,7 @@ class VectorizedBackend:
     ) -> int:
         """Clients per chunk: as many as the memory budget holds (shared by ``workers`` chunks in flight),
         capped on a CPU (see ``CPU_CHUNK_CLIENTS``) and split evenly over the workers (``vectorized_plan``)."""
-        per_client = bytes_per_client(engine, model, start_params, tasks, data)
+        per_client = bytes_per_client(engine, model, start_params, tasks, data, self.convolution)
         cap = self.max_chunk_clients or default_cap(engine, model, start_params.device)
         return chunk_clients(per_client, self.budget_bytes(start_params.device), len(tasks), workers, cap)
 
@@ -267,7 +275,7 @@ class VectorizedBackend:
                 # In float32 whatever the run's precision: the probe compares two layouts of one function. Outside
                 # this context a GPU runs it with cuDNN's default TF32 convolutions, the likely reason ResNet-18-GN's
                 # layouts differed past the tolerance on an H200 and it trained on the slower vmap path (issue 24).
-                with local_arithmetic("float32", start_params.device):
+                with local_arithmetic("float32", start_params.device), convolution(self.convolution):
                     problem = stacked_problem(engine, model, start_params, tasks[0], data)
                 if problem is not None:
                     logger.warning("vectorized backend: no batched layers for %s (%s); using vmap", type(model.module).__name__, problem)
