@@ -311,3 +311,5 @@ def test_the_configs_convolution_reaches_the_vectorized_backend_and_grouped_is_t
     with pytest.raises(ConfigError, match="convolution") as error:
         load_config(None, ["convolution=im2col"])
     assert "'grouped'" in str(error.value) and "'unfold'" in str(error.value)
+    with pytest.raises(ConfigError, match="backend=sequential trains each client with its own module"):
+        load_config(None, ["convolution=unfold", "backend=sequential"])

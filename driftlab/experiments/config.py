@@ -747,6 +747,15 @@ class ExperimentConfig(_Section):
             raise ValueError(f"device must be cpu, cuda, cuda:N, auto or a list like cuda:0,cuda:1, got {device!r}")
         return self
 
+    @model_validator(mode="after")
+    def _convolution_needs_the_vectorized_backend(self) -> "ExperimentConfig":
+        if self.convolution == "unfold" and self.backend == "sequential":
+            raise ValueError(
+                "convolution=unfold says how the vectorized backend's batched layers compute, but backend=sequential trains "
+                "each client with its own module; set backend=vectorized (or auto), or leave convolution unset"
+            )
+        return self
+
     def to_dict(self) -> dict[str, Any]:
         table = _plain(self.model_dump(mode="python"))
         if not table.get("plugins"):
