@@ -54,6 +54,7 @@ class StackedNetwork:
         self._model = model
         self._forward = forward
         self._activations_per_example: int | None = None
+        self._unfold_per_example: int | None = None
         self._copies = threading.local()
 
     @staticmethod
@@ -136,28 +137,28 @@ class StackedNetwork:
             self._activations_per_example = 3 * sum(total)
         return self._activations_per_example
 
+    def unfold_elements(self, example: torch.Tensor, theta: torch.Tensor) -> int:
+        """Floats per example that ``layers.conv_unfold`` keeps beyond ``activation_elements``: for each convolution
+        it computes (``layers.unfoldable``), the patch columns ``in·kh·kw`` per output position, twice (``F.unfold``'s
+        and the per-client copy the matrix product saves for the backward pass); 0 without such convolutions."""
+        if self._unfold_per_example is None:
+            total = [0]
 
-def unfold_elements(model: FlatModel, example: torch.Tensor, theta: torch.Tensor) -> int:
-    """Floats per example that ``layers.conv_unfold`` keeps beyond what ``activation_elements`` counts: for each
-    convolution it computes, the patch columns ``in·kh·kw`` per output position, twice (``F.unfold``'s and the
-    per-client copy the matrix product saves for the backward pass). 0 for a model without such convolutions."""
-    total = [0]
+            def count(module, _inputs, output):
+                if unfoldable(module):
+                    positions = output.numel() // module.out_channels  # one example: output is [1, out, H', W']
+                    total[0] += 2 * module.in_channels * module.kernel_size[0] * module.kernel_size[1] * positions
 
-    def count(module, _inputs, output):
-        if unfoldable(module):
-            positions = output.numel() // module.out_channels  # one example: output is [1, out, H', W']
-            total[0] += 2 * module.in_channels * module.kernel_size[0] * module.kernel_size[1] * positions
-
-    hooks = [m.register_forward_hook(count) for m in model.module.modules() if isinstance(m, nn.Conv2d)]
-    if not hooks:
-        return 0
-    try:
-        with torch.no_grad():
-            model.forward(theta[0] if theta.dim() == 2 else theta, example.unsqueeze(0))
-    finally:
-        for hook in hooks:
-            hook.remove()
-    return total[0]
+            hooks = [m.register_forward_hook(count) for m in self._model.module.modules() if isinstance(m, nn.Conv2d)]
+            try:
+                if hooks:
+                    with torch.no_grad():
+                        self._model.forward(theta[0] if theta.dim() == 2 else theta, example.unsqueeze(0))
+            finally:
+                for hook in hooks:
+                    hook.remove()
+            self._unfold_per_example = total[0]
+        return self._unfold_per_example
 
 
 def has_convolutions(module: nn.Module) -> bool:

@@ -21,7 +21,7 @@ from driftlab.simulation.backends.flat import FlatModel
 from driftlab.simulation.backends.local_training import ClientTask, TrainingData
 from driftlab.simulation.backends.objectives import as_local_objective
 from driftlab.simulation.seam import GradientCorrection
-from driftlab.simulation.backends.stacked import StackedNetwork, has_convolutions, has_recurrent_layers, unfold_elements
+from driftlab.simulation.backends.stacked import StackedNetwork, has_convolutions, has_recurrent_layers
 from driftlab.simulation.backends.vectorized_gradients import LinearReluStack
 from driftlab.simulation.backends.vectorized_layout import affine_correction
 
@@ -78,7 +78,7 @@ def bytes_per_client(
         first = data.batch(torch.zeros(1, dtype=torch.long, device=data.inputs.device))[0]
         activations = engine.activation_elements(first, start_params)
         if convolution == "unfold" and isinstance(engine, StackedNetwork):
-            activations += unfold_elements(model, first, start_params)
+            activations += engine.unfold_elements(first, start_params)
     if data.augment is not None:  # the augmented copy of the batch and the augmentation's temporaries (flip, padding)
         activations += 5 * data.inputs[0].numel()
     if data.normalisation is not None:  # the normalised copy of the gathered pixels
