@@ -18,8 +18,9 @@ CPU first (``gpu_check_test.py`` runs it with ``--quick`` in CI).  In order:
    so that one window decides which the backend should use
    (``layer_variants.json`` beside the summary);
 4. ``speed``: ``benchmarks/round_speed.py --device cuda`` for each entry of
-   ``SPEED_RUNS`` (mlp at 10, 100 and 1,000 clients per round, cnn at 10 and
-   100, lstm, resnet18_gn; float32 with the plain-PyTorch reference row,
+   ``SPEED_RUNS`` (cnn at 10 and 100 clients per round, first with its grouped
+   and its unfold convolutions (config key ``convolution``), mlp at 10, 100 and
+   1,000, lstm, resnet18_gn; float32 with the plain-PyTorch reference row,
    tf32 and bf16 for the driftlab row), each its own subprocess;
 5. ``precision``: a short real CIFAR-10 run (the ``cifar10-feddyn`` preset,
    ``PRECISION_ROUNDS`` rounds) in float32, tf32 and bf16, side by side in one
@@ -68,8 +69,13 @@ CUDA_TESTS = [
 
 # (label, round_speed arguments, seconds allowed): the speed goals of docs/performance.md, most important first.
 SPEED_RUNS: list[tuple[str, list[str], int]] = [
+    # The CNN's reference loop takes about 13 s a round at 100 clients on an H200 (2026-11-27): 90 s for 4 rounds of both.
     ("cnn-float32", ["--model", "cnn", "--clients-per-round", "10", "100", "--rows", "vectorized,reference"], 120),
-    # The reference loop takes about 13 s a round at 100 clients on an H200 (2026-11-27): 90 s for 4 rounds of both.
+    # The convolutions as im2col and one matrix product per client (config key convolution=unfold), alone and in bf16.
+    ("cnn-unfold", ["--model", "cnn", "--clients-per-round", "10", "100", "--rows", "vectorized", "--convolution", "unfold"], 40),
+    ("cnn-bf16", ["--model", "cnn", "--clients-per-round", "10", "100", "--rows", "vectorized", "--precision", "bf16"], 40),
+    ("cnn-unfold-bf16", ["--model", "cnn", "--clients-per-round", "10", "100", "--rows", "vectorized", "--precision", "bf16",
+                         "--convolution", "unfold"], 40),
     ("mlp-float32", ["--model", "mlp", "--clients-per-round", "10", "100", "--rows", "vectorized,reference"], 100),
     # No reference row at 1,000 clients: the loop would take minutes a round; the goal is an absolute 0.1 s.
     ("mlp-1000-float32", ["--model", "mlp", "--num-clients", "1000", "--samples", "50", "--clients-per-round", "1000",
@@ -79,11 +85,6 @@ SPEED_RUNS: list[tuple[str, list[str], int]] = [
     ("lstm-chunk-1", ["--model", "lstm", "--clients-per-round", "10", "--rows", "vectorized", "--max-chunk-clients", "1"], 30),
     ("resnet18_gn-float32", ["--model", "resnet18_gn", "--clients-per-round", "10", "--rows", "vectorized,reference"], 60),
     ("cnn-tf32", ["--model", "cnn", "--clients-per-round", "10", "100", "--rows", "vectorized", "--precision", "tf32"], 40),
-    ("cnn-bf16", ["--model", "cnn", "--clients-per-round", "10", "100", "--rows", "vectorized", "--precision", "bf16"], 40),
-    # The convolutions as im2col and one matrix product per client (config key convolution=unfold), alone and in bf16.
-    ("cnn-unfold", ["--model", "cnn", "--clients-per-round", "10", "100", "--rows", "vectorized", "--convolution", "unfold"], 40),
-    ("cnn-unfold-bf16", ["--model", "cnn", "--clients-per-round", "10", "100", "--rows", "vectorized", "--precision", "bf16",
-                         "--convolution", "unfold"], 40),
     ("resnet18_gn-tf32", ["--model", "resnet18_gn", "--clients-per-round", "10", "--rows", "vectorized", "--precision", "tf32"], 30),
     ("resnet18_gn-bf16", ["--model", "resnet18_gn", "--clients-per-round", "10", "--rows", "vectorized", "--precision", "bf16"], 30),
     ("mlp-tf32", ["--model", "mlp", "--clients-per-round", "10", "100", "--rows", "vectorized", "--precision", "tf32"], 30),
