@@ -114,27 +114,7 @@ class StackedNetwork:
     def activation_elements(self, example: torch.Tensor, theta: torch.Tensor) -> int:
         """Floats kept per example for the backward pass (leaf outputs x 3; recurrent layers: their gates and states per step)."""
         if self._activations_per_example is None:
-            total = [example.numel()]
-
-            def count(module, _inputs, output):
-                if isinstance(module, (nn.LSTM, nn.GRU)):
-                    steps = output[0].shape[1]
-                    gates = 4 if isinstance(module, nn.LSTM) else 3
-                    total.append(steps * module.num_layers * module.hidden_size * (gates + 4))
-                elif isinstance(output, torch.Tensor):
-                    total.append(output.numel())
-
-            leaves = [
-                leaf for leaf in self._model.module.modules() if not list(leaf.children()) or isinstance(leaf, (nn.LSTM, nn.GRU))
-            ]
-            hooks = [leaf.register_forward_hook(count) for leaf in leaves]
-            try:
-                with torch.no_grad():
-                    self._model.forward(theta[0] if theta.dim() == 2 else theta, example.unsqueeze(0))
-            finally:
-                for hook in hooks:
-                    hook.remove()
-            self._activations_per_example = 3 * sum(total)
+            self._count_elements(example, theta)
         return self._activations_per_example
 
     def unfold_elements(self, example: torch.Tensor, theta: torch.Tensor) -> int:
@@ -142,23 +122,33 @@ class StackedNetwork:
         it computes (``layers.unfoldable``), the patch columns ``in·kh·kw`` per output position, twice (``F.unfold``'s
         and the per-client copy the matrix product saves for the backward pass); 0 without such convolutions."""
         if self._unfold_per_example is None:
-            total = [0]
-
-            def count(module, _inputs, output):
-                if unfoldable(module):
-                    positions = output.numel() // module.out_channels  # one example: output is [1, out, H', W']
-                    total[0] += 2 * module.in_channels * module.kernel_size[0] * module.kernel_size[1] * positions
-
-            hooks = [m.register_forward_hook(count) for m in self._model.module.modules() if isinstance(m, nn.Conv2d)]
-            try:
-                if hooks:
-                    with torch.no_grad():
-                        self._model.forward(theta[0] if theta.dim() == 2 else theta, example.unsqueeze(0))
-            finally:
-                for hook in hooks:
-                    hook.remove()
-            self._unfold_per_example = total[0]
+            self._count_elements(example, theta)
         return self._unfold_per_example
+
+    def _count_elements(self, example: torch.Tensor, theta: torch.Tensor) -> None:
+        """Both counts above, from one forward pass of one example with hooks on the leaves (once per model)."""
+        total, columns = [example.numel()], [0]
+
+        def count(module, _inputs, output):
+            if isinstance(module, (nn.LSTM, nn.GRU)):
+                steps = output[0].shape[1]
+                gates = 4 if isinstance(module, nn.LSTM) else 3
+                total.append(steps * module.num_layers * module.hidden_size * (gates + 4))
+            elif isinstance(output, torch.Tensor):
+                total.append(output.numel())
+            if isinstance(module, nn.Conv2d) and unfoldable(module):
+                positions = output.numel() // module.out_channels  # one example: output is [1, out, H', W']
+                columns.append(2 * module.in_channels * module.kernel_size[0] * module.kernel_size[1] * positions)
+
+        leaves = [leaf for leaf in self._model.module.modules() if not list(leaf.children()) or isinstance(leaf, (nn.LSTM, nn.GRU))]
+        hooks = [leaf.register_forward_hook(count) for leaf in leaves]
+        try:
+            with torch.no_grad():
+                self._model.forward(theta[0] if theta.dim() == 2 else theta, example.unsqueeze(0))
+        finally:
+            for hook in hooks:
+                hook.remove()
+        self._activations_per_example, self._unfold_per_example = 3 * sum(total), sum(columns)
 
 
 def has_convolutions(module: nn.Module) -> bool:
