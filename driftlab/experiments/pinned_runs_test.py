@@ -1,26 +1,34 @@
-"""Short runs of every algorithm, with and without compression, on both backends, pinned to stored digests.
+"""Short runs of every algorithm, with and without compression, on both backends, pinned to a trusted commit's digests.
 
 A refactor must prove it changed nothing: each case below is a 3-round run whose
-final server model and per-round metrics (wall times aside) hash to the digests in
-``pinned_runs.json``.  The runs are float64 on one thread, so the digests hold for a
-fixed machine and torch build (bit-for-bit repeatability is promised for a fixed
-thread count and device layout, not across CPUs): MKL picks its kernels by CPU vendor
-and instruction set, and the same code gives other last bits on an AMD and an Intel
-AVX-512 machine.  So the digests are stored per machine (``machine_key``: CPU vendor,
-torch's CPU capability and torch version), and a machine without digests fails with
-how to record them.
+final server model and per-round metrics (wall times aside) must hash to what the
+trusted commit named in ``pinned_runs.json`` gives on the same machine.  The runs are
+float64 on one thread, so their bits hold for a fixed machine and torch build
+(bit-for-bit repeatability is promised for a fixed thread count and device layout,
+not across CPUs): MKL picks its kernels by CPU vendor and instruction set, and the
+same code gives other last bits on an AMD and an Intel AVX-512 machine.
 
-A change that is *meant* to change results updates the digests of the machine it runs
-on, and the commit says why:
+So the reference is computed where the test runs:
+
+- on a machine with recorded digests (``machines`` in ``pinned_runs.json``, keyed by
+  ``machine_key``: CPU vendor, torch's CPU capability, torch version) those are used;
+- on any other machine the trusted commit's own code computes them: its ``driftlab``
+  package is exported from git history (``git archive``; the checkout is not touched)
+  into a temporary folder and the cases run there in a subprocess, once per machine:
+  the digests are cached under ``$DRIFTLAB_PINS_CACHE`` (default
+  ``~/.cache/driftlab/pinned-runs``), keyed by commit, machine and cases;
+- where the history is not at hand (an sdist, a shallow clone without that commit,
+  no git) the comparison is skipped with the reason.
+
+A change that is *meant* to change results says so in two commits.  The first changes
+the code and records the new digests of the machine it runs on (other machines'
+recorded digests, now stale, are removed), saying which runs moved and why:
 
     DRIFTLAB_UPDATE_PINS=1 python -m pytest -q driftlab/experiments/pinned_runs_test.py
 
-A new machine records its digests from a commit whose numbers are trusted (the last
-one that passed elsewhere), never from the change under test:
-
-    git worktree add /tmp/pins <trusted commit> && cp driftlab/experiments/pinned_runs_test.py /tmp/pins/driftlab/experiments/
-    cd /tmp/pins && DRIFTLAB_UPDATE_PINS=1 python -m pytest -q driftlab/experiments/pinned_runs_test.py
-    # then copy /tmp/pins/driftlab/experiments/pinned_runs.json back and commit it, naming the commit
+The second names that first commit as ``trusted_commit``.  A machine may also record
+its digests as a fast path, from the trusted commit's code, never from a change under
+test: ``DRIFTLAB_UPDATE_PINS=trusted`` records what the trusted commit computes here.
 """
 
 from __future__ import annotations
@@ -29,6 +37,11 @@ import hashlib
 import json
 import os
 import platform
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -55,6 +68,7 @@ CASES: dict[str, list[str]] = {
     "scaffold-compressed-stragglers": ["algorithm.name=scaffold", "compression.ratio=0.2", "availability.incomplete_probability=0.5"],
 }
 BACKENDS = ("sequential", "vectorized")
+KEYS = [f"{case}/{backend}" for case in sorted(CASES) for backend in BACKENDS]
 
 
 def run_digests(case: str, backend: str) -> dict[str, str]:
@@ -77,14 +91,116 @@ def machine_key() -> str:
     return f"{vendor}, {torch.backends.cpu.get_cpu_capability()}, torch {torch.__version__}"
 
 
+def _stored() -> dict:
+    return json.loads(PINS.read_text())
+
+
+# ------------------------------------------------------------------ the trusted commit's digests, computed here
+
+
+class HistoryUnavailable(Exception):
+    """The trusted commit's code cannot be had from here; the message says why and what would fix it."""
+
+
+def _git(checkout: Path, *args: str, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", "-C", str(checkout), *args], capture_output=True, check=False, **kwargs)
+
+
+def export_commit(commit: str, into: Path) -> Path:
+    """Write ``commit``'s ``driftlab`` package into ``into`` from the history of the checkout holding this file."""
+    checkout = Path(__file__).resolve().parents[2]
+    if shutil.which("git") is None:
+        raise HistoryUnavailable("git is not installed")
+    if _git(checkout, "rev-parse", "--git-dir").returncode != 0:
+        raise HistoryUnavailable(f"{checkout} is not a git checkout (an sdist or an installed copy has no history)")
+    if _git(checkout, "cat-file", "-e", f"{commit}^{{commit}}").returncode != 0:
+        raise HistoryUnavailable(f"commit {commit[:12]} is not in this clone's history (a shallow clone? `git fetch --unshallow`)")
+    archive = into / "trusted.tar"
+    with archive.open("wb") as stream:
+        done = subprocess.run(["git", "-C", str(checkout), "archive", "--format=tar", commit, "driftlab"], stdout=stream, stderr=subprocess.PIPE, check=False)
+    if done.returncode != 0:
+        raise HistoryUnavailable(f"git archive {commit[:12]} failed: {done.stderr.decode(errors='replace').strip()}")
+    with tarfile.open(archive) as tar:
+        tar.extractall(into / "src", filter="data")
+    archive.unlink()
+    return into / "src"
+
+
+# Runs in the subprocess: this module's own cases and digest function, over whichever `driftlab` comes first on
+# sys.path, which must be the exported commit's (the check below fails loudly rather than pin the checkout to itself).
+_CHILD = """
+import importlib.util, json, sys
+from pathlib import Path
+source, module_path = Path(sys.argv[1]).resolve(), sys.argv[2]
+spec = importlib.util.spec_from_file_location("_pinned_runs", module_path)
+pinned = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(pinned)
+import driftlab
+if source not in Path(driftlab.__file__).resolve().parents:
+    sys.exit(f"imported driftlab from {driftlab.__file__}, not from the exported commit in {source}")
+print(json.dumps({key: pinned.run_digests(*key.split("/")) for key in pinned.KEYS}))
+"""
+
+
+def trusted_digests(commit: str, cache_dir: Path) -> dict[str, dict[str, str]]:
+    """``commit``'s digests of every case on this machine: from the cache, or computed from its exported code."""
+    cases = hashlib.sha256(json.dumps([BASE, CASES], sort_keys=True).encode()).hexdigest()[:16]
+    machine = hashlib.sha256(machine_key().encode()).hexdigest()[:16]
+    cached = cache_dir / f"{commit}-{machine}-{cases}.json"
+    if cached.is_file():
+        stored = json.loads(cached.read_text())
+        if stored.get("machine") == machine_key() and set(stored.get("digests", {})) == set(KEYS):
+            return stored["digests"]
+    with tempfile.TemporaryDirectory(prefix="driftlab-pins-") as folder:
+        source = export_commit(commit, Path(folder))
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(source), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+        env.pop("DRIFTLAB_UPDATE_PINS", None)
+        done = subprocess.run(
+            [sys.executable, "-c", _CHILD, str(source), str(Path(__file__).resolve())],
+            cwd=folder, env=env, capture_output=True, text=True, check=False,
+        )
+    if done.returncode != 0:
+        raise RuntimeError(f"computing the digests of trusted commit {commit[:12]} failed:\n{done.stderr[-4000:]}")
+    digests = json.loads(done.stdout.strip().splitlines()[-1])
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    temporary = cached.with_name(f".{cached.name}.tmp-{os.getpid()}")
+    temporary.write_text(json.dumps({"commit": commit, "machine": machine_key(), "digests": digests}, indent=1) + "\n")
+    os.replace(temporary, cached)
+    return digests
+
+
+def cache_folder() -> Path:
+    configured = os.environ.get("DRIFTLAB_PINS_CACHE")
+    if configured:
+        return Path(configured).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "driftlab" / "pinned-runs"
+
+
+# ------------------------------------------------------------------ the tests
+
+
 @pytest.fixture(scope="module")
 def pins() -> dict[str, dict[str, str]]:
-    stored = json.loads(PINS.read_text()) if PINS.exists() else {}
-    machine = stored.setdefault(machine_key(), {})
+    """The reference digests of this machine: recorded, or computed from the trusted commit; skips without history."""
+    stored = _stored()
+    update = os.environ.get("DRIFTLAB_UPDATE_PINS")
+    recorded = stored["machines"].get(machine_key())
+    if update == "trusted" or (not update and not recorded):
+        try:
+            reference = trusted_digests(stored["trusted_commit"], cache_folder())
+        except HistoryUnavailable as why:
+            pytest.skip(f"no pinned digests for this machine ({machine_key()}) and the trusted commit's code is not at hand: {why}")
+        if update == "trusted":
+            stored["machines"][machine_key()] = dict(sorted(reference.items()))
+            PINS.write_text(json.dumps(stored, indent=1) + "\n")
+        yield reference
+        return
+    machine = {} if update else recorded
     yield machine
-    if os.environ.get("DRIFTLAB_UPDATE_PINS"):
-        stored[machine_key()] = dict(sorted(machine.items()))
-        PINS.write_text(json.dumps(dict(sorted(stored.items())), indent=1) + "\n")
+    if update:
+        stored["machines"][machine_key()] = dict(sorted(machine.items()))
+        stored["machines"] = dict(sorted(stored["machines"].items()))
+        PINS.write_text(json.dumps(stored, indent=1) + "\n")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -92,20 +208,17 @@ def pins() -> dict[str, dict[str, str]]:
 def test_short_run_matches_its_pinned_digests(case, backend, pins):
     key = f"{case}/{backend}"
     digests = run_digests(case, backend)
-    if os.environ.get("DRIFTLAB_UPDATE_PINS"):
+    if os.environ.get("DRIFTLAB_UPDATE_PINS") == "1":
         pins[key] = digests
         return
-    assert pins, (
-        f"no pinned digests for this machine ({machine_key()}); record them from a trusted commit as this module's docstring says"
-    )
     assert key in pins, f"no pinned digests for {key}; add them with DRIFTLAB_UPDATE_PINS=1"
-    assert digests == pins[key], f"{key} no longer gives the pinned final model and metrics on {machine_key()}"
+    assert digests == pins[key], f"{key} no longer gives the trusted commit's final model and metrics on {machine_key()}"
 
 
 def test_every_case_is_pinned_and_nothing_else():
-    expected = {f"{case}/{backend}" for case in CASES for backend in BACKENDS}
-    stored = json.loads(PINS.read_text())
-    assert stored and all(set(digests) == expected for digests in stored.values())
+    stored = _stored()
+    assert set(stored) == {"trusted_commit", "why", "machines"} and len(stored["trusted_commit"]) == 40
+    assert stored["machines"] and all(set(digests) == set(KEYS) for digests in stored["machines"].values())
 
 
 def test_the_digest_sees_a_one_ulp_change_of_the_model(monkeypatch):
@@ -122,3 +235,48 @@ def test_the_digest_sees_a_one_ulp_change_of_the_model(monkeypatch):
     monkeypatch.setattr(driftlab, "run", nudged)
     changed = run_digests("fedavg", "sequential")
     assert changed["final_model"] != plain["final_model"] and changed["metrics"] == plain["metrics"]
+
+
+@pytest.mark.slow
+def test_the_trusted_commit_computed_here_gives_the_digests_recorded_for_this_machine(tmp_path):
+    """The route of a machine nobody recorded, checked where digests are recorded: both must agree bit for bit."""
+    stored = _stored()
+    recorded = stored["machines"].get(machine_key())
+    if recorded is None:
+        pytest.skip(f"no digests recorded for this machine ({machine_key()}) to compare the computed ones with")
+    try:
+        computed = trusted_digests(stored["trusted_commit"], tmp_path / "cache")
+    except HistoryUnavailable as why:
+        pytest.skip(str(why))
+    assert computed == recorded
+    # The second call reads the cache: a cache file whose digests were tampered with is what it returns.
+    (cached,) = (tmp_path / "cache").iterdir()
+    tampered = json.loads(cached.read_text())
+    tampered["digests"]["fedavg/sequential"]["final_model"] = "0" * 64
+    cached.write_text(json.dumps(tampered))
+    assert trusted_digests(stored["trusted_commit"], tmp_path / "cache")["fedavg/sequential"]["final_model"] == "0" * 64
+
+
+@pytest.fixture
+def history() -> None:
+    """Skips where this file is not in a git checkout with history (an sdist, an installed copy, no git)."""
+    checkout = Path(__file__).resolve().parents[2]
+    if shutil.which("git") is None or _git(checkout, "rev-parse", "--git-dir").returncode != 0:
+        pytest.skip(f"{checkout} is not a git checkout")
+
+
+def test_a_commit_missing_from_the_history_skips_with_the_reason(tmp_path, history):
+    with pytest.raises(HistoryUnavailable, match="not in this clone's history"):
+        export_commit("0" * 40, tmp_path)
+
+
+def test_the_exported_commit_is_the_one_imported(tmp_path, history):
+    """The exported package shadows the checkout's installed one, so the subprocess really runs the trusted code."""
+    try:
+        source = export_commit(_stored()["trusted_commit"], tmp_path)
+    except HistoryUnavailable as why:
+        pytest.skip(str(why))
+    env = {**os.environ, "PYTHONPATH": str(source)}
+    code = "import driftlab, sys; print(driftlab.__file__)"
+    printed = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, check=True).stdout
+    assert Path(printed.strip()).resolve() == (source / "driftlab" / "__init__.py").resolve()
