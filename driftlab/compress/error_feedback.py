@@ -241,10 +241,24 @@ def with_compression(algorithm: Algorithm, ratio: float, tensor_sizes: Sequence[
     _, upload_bits = compress_model(torch.zeros(num_parameters), sizes, ratio)  # ST's bits depend on the sizes only
     codec = compressed_codec(upload_bits - model_bits)
     privacy = compressed_privacy(algorithm.privacy) if algorithm.privacy is not None else None
-    return Algorithm(algorithm.name, server_init, client_objective, client_finish, fold.server_update, broadcast,
-                     client_state_init=client_state_init, client_joined=joined, client_left=left, server_fold=fold,
-                     codec=codec, privacy=privacy, privacy_refusal=algorithm.privacy_refusal,
-                     asynchronous_refusal=asynchronous_refusal(algorithm), personalization=compressed_personalization(algorithm))
+    # Every field not named here (the name, the plugin, the privacy refusal, fields added later) is the wrapped one's.
+    return dataclasses.replace(
+        algorithm,
+        server_init=server_init,
+        client_objective=client_objective,
+        client_finish=client_finish,
+        server_update=fold.server_update,
+        broadcast=broadcast,
+        client_state_init=client_state_init,
+        client_joined=joined,
+        client_left=left,
+        server_fold=fold,
+        codec=codec,
+        privacy=privacy,
+        asynchronous=False,
+        asynchronous_refusal=asynchronous_refusal(algorithm),
+        personalization=compressed_personalization(algorithm),
+    )
 
 
 def compressed_personalization(algorithm: Algorithm) -> Personalization | None:

@@ -254,3 +254,12 @@ def test_a_rebuilt_message_needs_a_consistent_form():
         dataclasses.replace(sent, model_form=0).rebuilt(start)
     with pytest.raises(ValueError, match=r"compressed model is torch.float32 \(72,\), the model is torch.float32 \(71,\)"):
         sent.rebuilt(start[:71])
+
+
+def test_the_compressed_bundle_forwards_every_field_it_does_not_change():
+    from driftlab.privacy.mechanism_test import extended
+
+    inner = dataclasses.replace(extended(fedavg.build(make_server_optimizer("sgd")), "a later field"), plugin="algorithm plugin 'x' (x.py)")
+    compressed = with_compression(inner, RATIO, SIZES)
+    assert compressed.extra == "a later field" and (compressed.name, compressed.plugin) == (inner.name, inner.plugin)
+    assert compressed.server_fold is not inner.server_fold and compressed.codec is not inner.codec and not compressed.asynchronous

@@ -172,9 +172,8 @@ def build_algorithm(config: ExperimentConfig, flat_model: FlatModel, num_clients
         ratio = entry.default_compression_ratio
     built = algorithm
     if ratio < 1:
-        # The compressed bundle calls the guarded functions, and names the plugin as the bundle it wraps does.
         try:
-            built = dataclasses.replace(with_compression(algorithm, ratio, flat_model.numels), plugin=algorithm.plugin)
+            built = with_compression(algorithm, ratio, flat_model.numels)
         except ValueError as error:
             raise ConfigError(f"compression.ratio = {ratio:g}: {error}") from None
     if config.privacy is None:
@@ -182,12 +181,11 @@ def build_algorithm(config: ExperimentConfig, flat_model: FlatModel, num_clients
     check_privacy_form(config, built)
     settings = privacy_settings(config, config.data.num_clients if num_clients is None else num_clients)
     try:
-        private = with_privacy(built, settings)
+        return with_privacy(built, settings)
     except ConfigError:
         raise
     except ValueError as error:  # the mechanism's refusal of a form it cannot use: a configuration to change
         raise ConfigError(f"[privacy]: {error}") from None
-    return dataclasses.replace(private, plugin=algorithm.plugin)
 
 
 def check_privacy_form(config: ExperimentConfig, algorithm: Algorithm | None = None) -> None:

@@ -265,6 +265,12 @@ def with_privacy(algorithm: Algorithm, settings: PrivacySettings) -> Algorithm:
             "for Mime set algorithm.control_variate = \"previous\" (one phase, whose messages are clipped and noised)"
         )
     form = check_private(algorithm, settings)
+    if algorithm.client_view is not None:
+        raise ConfigError(
+            f"algorithm {algorithm.name!r} sends each client a view of its own (Algorithm.client_view), and client-level DP "
+            "clips and noises changes measured from the one broadcast model: remove [privacy], or use an algorithm whose "
+            "clients all receive the broadcast"
+        )
     adaptive = settings.adaptive is not None
     local = settings.noise == "local" and settings.noised
     central = settings.noise == "central" and settings.noised
@@ -350,21 +356,21 @@ def with_privacy(algorithm: Algorithm, settings: PrivacySettings) -> Algorithm:
         return lambda server, client: dataclasses.replace(server, inner=hook(server.inner, client))
 
     fold = ServerFold(start, add, finish, finishes_empty=True)
-    return Algorithm(
-        algorithm.name,
-        server_init,
-        client_objective,
-        client_finish,
-        fold.server_update,
-        broadcast,
-        client_state_init=algorithm.client_state_init,
+    # Every field not named here (the name, the client state, the plugin, fields added later) is the wrapped one's.
+    return dataclasses.replace(
+        algorithm,
+        server_init=server_init,
+        client_objective=client_objective,
+        client_finish=client_finish,
+        server_update=fold.server_update,
+        broadcast=broadcast,
         client_joined=membership_hook(algorithm.client_joined),
         client_left=membership_hook(algorithm.client_left),
         server_fold=fold,
-        plugin=algorithm.plugin,
         codec=private_codec(algorithm.codec) if adaptive else algorithm.codec,
         privacy=None,
         privacy_refusal=PRIVATE_ALREADY,
+        asynchronous=False,
         asynchronous_refusal=asynchronous_refusal(algorithm),
         personalization=private_personalization(algorithm.personalization, adaptive),
     )

@@ -566,3 +566,32 @@ def test_central_noise_runs_through_the_engine_repeatably_and_moves_empty_rounds
     for before, after, record in zip(models[:-1], models[1:], records, strict=True):
         assert not torch.equal(before, after)  # every round releases its noise, reported or not
         assert record["privacy_clip"] == 0.5 and record["privacy_noise_std"] == 0.5
+
+
+# ----------------------------------------------------------------------------------------------------------- the record
+
+
+@dataclass(frozen=True)
+class Extended(Algorithm):
+    """An ``Algorithm`` with a field the wrapper was written without: it must flow through untouched."""
+
+    extra: str = "unset"
+
+
+def extended(algorithm: Algorithm, extra: str) -> Extended:
+    return Extended(**{field.name: getattr(algorithm, field.name) for field in dataclasses.fields(Algorithm)}, extra=extra)
+
+
+def test_the_private_bundle_forwards_every_field_it_does_not_change():
+    inner = dataclasses.replace(extended(scaffold.build(sgd()), "a later field"), plugin="algorithm plugin 'x' (x.py)")
+    private = with_privacy(inner, settings(clip=1.0))
+    assert isinstance(private, Extended) and private.extra == "a later field"
+    assert (private.name, private.plugin, private.client_state_init) == (inner.name, inner.plugin, inner.client_state_init)
+    assert private.server_fold is not inner.server_fold and private.privacy is None and not private.asynchronous
+
+
+def test_an_algorithm_with_views_of_their_own_is_refused_rather_than_sent_the_broadcast():
+    inner = fedavg.build(sgd(), aggregation="uniform")
+    own_views = dataclasses.replace(inner, client_view=lambda server, client_id, states: inner.broadcast(server))
+    with pytest.raises(ConfigError, match=r"a view of its own \(Algorithm.client_view\).*remove \[privacy\]"):
+        with_privacy(own_views, settings(clip=1.0))
