@@ -73,8 +73,8 @@ from typing import Annotated, Any, Literal
 import torch
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from driftlab.algorithms.aggregation import RunningMean, check_aggregation, client_weight
-from driftlab.algorithms.aggregation import WEIGHTED_REFUSAL, ChangeSums, model_change_form
+from driftlab.algorithms.aggregation import check_aggregation, client_weight
+from driftlab.algorithms.aggregation import WEIGHTED_REFUSAL, ModelSums, model_change_form, model_sums
 from driftlab.optim.schedules import ExponentialSchedule, InverseTimeSchedule, schedule_from_table, value_at
 from driftlab.simulation.seam import NO_CORRECTION, Algorithm, ClientContext, ClientUpdate, GradientCorrection, RoundContext, ServerFold
 
@@ -183,17 +183,15 @@ def build(mu: float = 0.02, beta: BetaSchedule = 0.96, aggregation: str = "unifo
         message = ClientMessage(update.final_params, context.num_samples, context.multiplicity)
         return ClientState(drift, context.round), message
 
-    def aggregation_start(server: ServerState, context: RoundContext) -> RunningMean | ChangeSums:
-        if context.mean_denominator is not None:
-            # A private round: θ̄^t = θ^{t−1} + Σ_P (θ_k − θ^{t−1}) / m depends on the released changes only.
-            return ChangeSums(server.params, RunningMean())
-        return RunningMean()
+    def aggregation_start(server: ServerState, context: RoundContext) -> ModelSums:
+        # A private round: θ̄^t = θ^{t−1} + Σ_P (θ_k − θ^{t−1}) / m depends on the released changes only.
+        return model_sums(server.params, context)
 
-    def aggregation_add(client_models: RunningMean | ChangeSums, message: ClientMessage) -> RunningMean | ChangeSums:
+    def aggregation_add(client_models: ModelSums, message: ClientMessage) -> ModelSums:
         return client_models.add(message.params, client_weight(message.num_samples, message.multiplicity, aggregation))
 
     def aggregation_finish(
-        server: ServerState, client_models: RunningMean | ChangeSums, context: RoundContext
+        server: ServerState, client_models: ModelSums, context: RoundContext
     ) -> tuple[ServerState, dict[str, float]]:
         client_average = client_models.value(context.mean_denominator)
         beta_t = value_at(beta, context.round)

@@ -98,6 +98,19 @@ class ChangeSums:
         return self.start_params + self.changes.value(denominator)
 
 
+ModelSums = RunningMean | ChangeSums
+
+
+def model_sums(start_params: torch.Tensor, context: Any) -> ModelSums:
+    """The empty running sum of a round's client models: ``Σ_P r_k θ_k``, or in a private round
+    (``context.mean_denominator`` set) ``Σ_P r_k (θ_k − θ^{t−1})`` from ``start_params`` = ``θ^{t−1}``.
+
+    Either way ``.add(θ_k, r_k)`` folds a model in and ``.value(context.mean_denominator)`` is the round's mean,
+    so an algorithm that averages models never branches on whether the round is private.
+    """
+    return ChangeSums(start_params, RunningMean()) if context.mean_denominator is not None else RunningMean()
+
+
 def model_change_form(make_carrier: Any) -> PrivacyForm:
     """The ``PrivacyForm`` of a message whose ``params`` field is θ_k: it releases ``θ_k − view.params``.
 

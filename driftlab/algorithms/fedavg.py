@@ -60,11 +60,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from driftlab.algorithms.aggregation import (
     WEIGHTED_REFUSAL,
-    ChangeSums,
-    RunningMean,
+    ModelSums,
     check_aggregation,
     client_weight,
     model_change_form,
+    model_sums,
 )
 from driftlab.optim.apply import apply_server_optimizer
 from driftlab.simulation.seam import (
@@ -132,16 +132,14 @@ def build(server_optimizer: Any, aggregation: str = "weighted", incomplete: str 
             return None, None
         return None, ClientMessage(update.final_params, context.num_samples, context.multiplicity)
 
-    def aggregation_start(server: ServerState, context: RoundContext) -> RunningMean | ChangeSums:
-        if context.mean_denominator is not None:
-            return ChangeSums(server.params, RunningMean())
-        return RunningMean()
+    def aggregation_start(server: ServerState, context: RoundContext) -> ModelSums:
+        return model_sums(server.params, context)
 
-    def aggregation_add(client_models: RunningMean | ChangeSums, message: ClientMessage) -> RunningMean | ChangeSums:
+    def aggregation_add(client_models: ModelSums, message: ClientMessage) -> ModelSums:
         return client_models.add(message.params, client_weight(message.num_samples, message.multiplicity, aggregation))
 
     def aggregation_finish(
-        server: ServerState, client_models: RunningMean | ChangeSums, context: RoundContext
+        server: ServerState, client_models: ModelSums, context: RoundContext
     ) -> tuple[ServerState, dict[str, float]]:
         client_average = client_models.value(context.mean_denominator)
         params, optimizer_state = apply_server_optimizer(

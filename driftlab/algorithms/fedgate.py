@@ -61,7 +61,7 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from driftlab.algorithms.aggregation import ChangeSums, RunningMean, model_change_form
+from driftlab.algorithms.aggregation import ModelSums, model_change_form, model_sums
 from driftlab.optim.apply import apply_server_optimizer
 from driftlab.simulation.seam import (
     Algorithm,
@@ -145,16 +145,14 @@ def build(server_optimizer: Any) -> Algorithm:
         own_change = view.params - update.final_params  # Q(D_k): final_params is what the server reconstructs
         return ClientState(correction + scale * own_change, scale), ClientMessage(update.final_params, context.multiplicity)
 
-    def aggregation_start(server: ServerState, context: RoundContext) -> RunningMean | ChangeSums:
-        if context.mean_denominator is not None:
-            return ChangeSums(server.params, RunningMean())
-        return RunningMean()
+    def aggregation_start(server: ServerState, context: RoundContext) -> ModelSums:
+        return model_sums(server.params, context)
 
-    def aggregation_add(client_models: RunningMean | ChangeSums, message: ClientMessage) -> RunningMean | ChangeSums:
+    def aggregation_add(client_models: ModelSums, message: ClientMessage) -> ModelSums:
         return client_models.add(message.params, float(message.multiplicity))
 
     def aggregation_finish(
-        server: ServerState, client_models: RunningMean | ChangeSums, context: RoundContext
+        server: ServerState, client_models: ModelSums, context: RoundContext
     ) -> tuple[ServerState, dict[str, float]]:
         client_average = client_models.value(context.mean_denominator)
         # D^t = θ^{t−1} − mean_P θ_k = mean_P D_k, the pseudo-gradient the server optimizer steps on.

@@ -91,10 +91,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from driftlab.algorithms.aggregation import (
     WEIGHTED_REFUSAL,
-    ChangeSums,
+    ModelSums,
     RunningMean,
     check_aggregation,
     client_weight,
+    model_sums,
 )
 from driftlab.optim.apply import apply_server_optimizer
 from driftlab.simulation.backends.objectives import LocalBatch, LocalObjective, LossTerm
@@ -223,14 +224,13 @@ class ClientMessage:
 class RoundSums:
     """``Σ_P r_k y_k`` (or ``Σ_P r_k (y_k − x)`` in a private round) and ``Σ_P r_k g_k``, with the same weights."""
 
-    models: RunningMean | ChangeSums
+    models: ModelSums
     gradients: RunningMean
 
 
 def start_round_sums(server: ServerState, context: RoundContext) -> RoundSums:
     """The empty sums of a MimeLite (or one-phase Mime) round: of the y_k (of y_k − x in a private round) and the g_k."""
-    models = ChangeSums(server.params, RunningMean()) if context.mean_denominator is not None else RunningMean()
-    return RoundSums(models, RunningMean())
+    return RoundSums(model_sums(server.params, context), RunningMean())
 
 
 def add_to_round_sums(sums: RoundSums, message: ClientMessage, aggregation: str) -> RoundSums:
