@@ -37,6 +37,10 @@ and a step of that which fails is named in the message and never hides the
 error that stopped the run.  Ctrl-C or SIGTERM raises ``RunInterrupted``,
 which says what was saved and how to continue (``driver.how_to_continue``).
 A completed run with ``keep_checkpoint = false`` drops its checkpoint.
+
+run.json lists the run's segments, one per process that ran its rounds, with the settings each ran
+with; a resume that changes one that can change the last bits (the device, torch's threads on a CPU,
+what ``memory_budget`` gives) warns, naming it (``driftlab.experiments.segments``).
 """
 
 from __future__ import annotations
@@ -54,11 +58,11 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from driftlab.algorithms import registry
 from driftlab.errors import ConfigError
-from driftlab.experiments import run_directory
+from driftlab.experiments import run_directory, segments
 from driftlab.experiments.assembly import client_stores
 from driftlab.experiments.config import ExperimentConfig
 from driftlab.experiments.instability import INSTABILITY_KEY, InstabilityWatch, UnstableRunWarning
@@ -75,7 +79,7 @@ from driftlab.experiments.trackers import open_trackers
 from driftlab.metrics.summary import summarize
 from driftlab.simulation.round import latest_models
 from driftlab.simulation.asynchronous.checkpointing import in_flight_tensors, restore_in_flight
-from driftlab.simulation.state.checkpoint import load_checkpoint, save_checkpoint, write_atomically
+from driftlab.simulation.state.checkpoint import load_checkpoint, save_checkpoint, save_tensors, write_atomically
 from driftlab.simulation.round.engine import commit_round
 from driftlab.simulation.round.setup import Simulation, SimulationState, disk_stores
 from driftlab.simulation.evaluation import EVALUATION_KEYS, reference_losses
@@ -130,6 +134,7 @@ def run_rounds(
     ``out``, when given, is claimed (locked, checked, config.json written) by the caller.
     """
     records: list[dict[str, Any]] = []
+    before = segments.read_before(out) if out is not None and resume else None  # before prepare_output rewrites config.json
     if out is not None:
         records, state = prepare_output(out, config, sim, state, resume)
     driver.prepare(state)
@@ -144,6 +149,18 @@ def run_rounds(
 
     run_info = run_info or {}
     entries = {**run_info, INSTABILITY_KEY: watch.flagged} if watch.flagged is not None else run_info
+    segment = None  # this process's entry in run.json's segments, when it runs any round
+    if out is not None:
+        history = segments.kept_segments(before, state.round)
+        if state.round < config.rounds:
+            segment = segments.current_segment(config, sim, state, state.round)
+            changed = segments.changes(history[-1] if history else None, segment, out)
+            for message in changed:
+                warnings.warn(message, segments.ResumeChangeWarning, stacklevel=4)  # driftlab.run's caller
+            if changed:
+                segment["changed"] = changed
+            history.append(segment)
+        entries = {**entries, segments.SEGMENTS_KEY: history}
     info = start_run_info(out, config, sim, state.round, entries) if out is not None else None
     reporter = progress if callable(progress) else None
     bar = None
@@ -182,6 +199,7 @@ def run_rounds(
                 write_checkpoint(out, config, state)
                 run_directory.write_metrics_csv(out, records)
                 last_saved = state.round
+                _ran(segment, state.round)
                 info.update("running", state.round)
             driver.round_done(state)
             if bar is not None:
@@ -192,6 +210,7 @@ def run_rounds(
         ending = _status_of(error)
         # A second Ctrl-C must not cut the checkpoint or run.json short: the run is stopping already.
         with _signals_ignored():
+            _ran(segment, state.round)
             replacement = _save_on_the_way_out(error, ending, out, config, driver, state, records, last_saved, info)
         if replacement is None:
             raise
@@ -204,11 +223,18 @@ def run_rounds(
     final_params = state.server.params
     if out is not None:
         _finish_output(out, sim, records, final_params, info, wrote_table=state.round > start_round)
+        _ran(segment, state.round)
         info.update("complete", state.round)
         if not config.keep_checkpoint:
             drop_checkpoint(out)
     summary = summarize(records, config.evaluation.target_accuracy, sim.model.num_parameters)
     return RunResult(config, records, final_params, sim.model.num_parameters, out, summary)
+
+
+def _ran(segment: dict[str, Any] | None, rounds_done: int) -> None:
+    """Extend this process's segment in run.json to ``rounds_done`` (written with run.json's next update)."""
+    if segment is not None:
+        segment["rounds"][1] = rounds_done
 
 
 def _finish_output(
@@ -223,7 +249,7 @@ def _finish_output(
     names = ",".join(sim.model.names)
     write_atomically(
         out / FINAL_MODEL_FILE,
-        lambda tmp: save_file(
+        lambda tmp: save_tensors(
             {"params": final_params.detach().cpu().contiguous()}, str(tmp), metadata={"parameter_names": names}
         ),
     )

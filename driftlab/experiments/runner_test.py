@@ -132,19 +132,19 @@ class _Killed(BaseException):
 @pytest.mark.parametrize("optimizer", list(OPTIMIZERS))
 def test_kill_in_the_middle_of_a_checkpoint_write(tmp_path, monkeypatch, reference_runs, optimizer):
     out = tmp_path / "run"
-    real_save_file = checkpoint_module.save_file
+    real_save_tensors = checkpoint_module.save_tensors
     calls = []
 
     def save_half_then_die(tensors, filename, metadata=None):
         calls.append(metadata["round"])
-        real_save_file(tensors, filename, metadata=metadata)
+        real_save_tensors(tensors, filename, metadata=metadata)
         if metadata["round"] == "4":
             size = os.path.getsize(filename)
             with open(filename, "r+b") as handle:
                 handle.truncate(size // 2)
             raise _Killed()
 
-    monkeypatch.setattr(checkpoint_module, "save_file", save_half_then_die)
+    monkeypatch.setattr(checkpoint_module, "save_tensors", save_half_then_die)
     with pytest.raises(_Killed):
         driftlab.run(None, out, overrides=[*TINY, *OPTIMIZERS[optimizer]])
     assert calls[:2] == ["2", "4"]
@@ -152,7 +152,7 @@ def test_kill_in_the_middle_of_a_checkpoint_write(tmp_path, monkeypatch, referen
     assert _checkpoint_round(out) == 2
     load_file(str(out / "checkpoint.safetensors"))
 
-    monkeypatch.setattr(checkpoint_module, "save_file", real_save_file)
+    monkeypatch.setattr(checkpoint_module, "save_tensors", real_save_tensors)
     driftlab.run(None, out, resume=True, overrides=[*TINY, *OPTIMIZERS[optimizer]])
     _assert_same_run(out, reference_runs["sgd" if optimizer == "sgd" else "adam"])
 
@@ -176,6 +176,27 @@ def test_kill_at_the_rename_of_a_checkpoint(tmp_path, monkeypatch, reference_run
     assert _checkpoint_round(out) == 2
     driftlab.run(None, out, resume=True, overrides=TINY)
     _assert_same_run(out, reference_runs["sgd"])
+
+
+def test_a_resume_removes_what_killed_writes_left_and_nothing_else_and_writes_a_new_files_mode(tmp_path, reference_runs):
+    """A kill in a write leaves `.NAME.tmp-PID` (write_atomically's temporary: 57 MB for a large checkpoint);
+    the resume deletes those of the run's own files, exactly, and its files get 0666 less the umask (safetensors'
+    own writer made the checkpoint and final model 0600)."""
+    _, killed = _killed_after_round(tmp_path, 5, TINY)
+    ours = [".checkpoint.safetensors.tmp-4242", ".final_model.safetensors.tmp-4242", ".run.json.tmp-77", ".metrics.csv.tmp-9"]
+    users = [".tmpAbC123", ".checkpoint.safetensors.tmp-mine", "notes.txt"]  # not driftlab's pattern: kept
+    for name in ours + users:
+        (killed / name).write_bytes(b"\0" * 1000)
+    previous = os.umask(0o022)
+    try:
+        driftlab.run(None, killed, resume=True, overrides=TINY)
+    finally:
+        os.umask(previous)
+    assert [name for name in ours if (killed / name).exists()] == []
+    assert [name for name in users if (killed / name).exists()] == users
+    _assert_same_run(killed, reference_runs["sgd"])
+    rewritten = ["final_model.safetensors", "metrics.jsonl", "metrics.csv", "run.json", "config.json"]
+    assert {name: oct(os.stat(killed / name).st_mode & 0o777) for name in rewritten} == {name: "0o644" for name in rewritten}
 
 
 def test_a_torn_last_metrics_line_is_dropped_on_resume(tmp_path, reference_runs):

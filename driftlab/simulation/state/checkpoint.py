@@ -6,7 +6,12 @@ samples, availability) is re-derived from (seed, round, client id).
 
 Writes are atomic: the file is written beside its final name, flushed to disk,
 then renamed over the old checkpoint, so a kill at any moment leaves either
-the previous checkpoint or the new one, never a torn file.
+the previous checkpoint or the new one, never a torn file.  What a kill leaves
+of the write is ``.NAME.tmp-PID``, which the next run in the folder removes
+(``run_directory.remove_interrupted_writes``): tensors are written by
+``save_tensors``, never by safetensors' ``save_file``, which writes through a
+temporary of its own (``.tmpXXXXXX``, mode 0600) that nothing would recognise
+as ours.  Files get the mode any new file gets (0666 less the umask).
 
 Every checkpoint carries a SHA-256 of its metadata and of each tensor's name,
 dtype, shape and bytes (metadata key ``sha256``); loading verifies it, so a
@@ -44,7 +49,7 @@ from typing import Any, Callable
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, save
 
 FORMAT_VERSION = 2  # 2: checksummed (sha256 of metadata and tensors)
 _CHECKSUMMED_METADATA = ("format_version", "round", "fingerprint", "client_ids")
@@ -110,14 +115,47 @@ def _take(tensors: dict[str, torch.Tensor], key: str) -> torch.Tensor:
         raise CheckpointError(f"checkpoint has no entry {key!r}; it was written by a different algorithm or configuration") from None
 
 
+def save_tensors(tensors: dict[str, torch.Tensor], filename: str | Path, metadata: dict[str, str] | None = None) -> None:
+    """``tensors`` as a safetensors file at ``filename``: what ``safetensors.torch.save_file`` writes (the same
+    serializer; like it, the header lists several metadata keys in an arbitrary order).
+
+    ``save_file`` (safetensors 0.8) writes a temporary ``.tmpXXXXXX`` beside the file and renames it: inside
+    ``write_atomically`` a kill would leave a file no run recognises as its own (and the result would have mode
+    0600).  Here the bytes are made in memory (one copy of the file, freed on return) and written by us, so the
+    only temporary is ``write_atomically``'s.
+    """
+    data = save(tensors, metadata=metadata)
+    with open(filename, "wb") as handle:
+        handle.write(data)
+
+
+def new_file_mode() -> int:
+    """The mode a new file gets: 0666 less the process's umask (read from /proc, without changing it, where it can be)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return 0o666 & ~int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)  # no /proc: the only way to read it is to set it, at once set back
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 def write_atomically(path: Path, write: Callable[[Path], None]) -> None:
-    """Call ``write(temporary path)``, then move the result over ``path`` in one rename."""
+    """Call ``write(temporary path)``, then move the result over ``path`` in one rename.
+
+    The temporary is ``.NAME.tmp-PID``, what ``run_directory.remove_interrupted_writes`` removes after a kill.  The
+    result gets a new file's mode (``new_file_mode``) whatever ``write`` created it with: a writer that renames a
+    private temporary of its own over the path (0600) must not make a run's files unreadable to its group.
+    """
     path = Path(path)
     temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         write(temporary)
         with open(temporary, "rb") as handle:
             os.fsync(handle.fileno())
+        os.chmod(temporary, new_file_mode())
         os.replace(temporary, path)
     finally:
         if temporary.exists():
@@ -186,7 +224,7 @@ def save_checkpoint(
     metadata["sha256"] = checkpoint_checksum(tensors, metadata)
 
     def write(temporary: Path) -> None:
-        save_file(tensors, str(temporary), metadata=metadata)
+        save_tensors(tensors, str(temporary), metadata=metadata)
         _reached("written")
 
     write_atomically(path, write)

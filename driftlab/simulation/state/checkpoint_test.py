@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import signal
+import stat
 import struct
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -121,15 +126,15 @@ def test_atomic_write_keeps_the_old_file_when_the_write_dies(tmp_path, monkeypat
     path = tmp_path / "checkpoint.safetensors"
     save_checkpoint(path, 2, _server(1.0), {}, fingerprint="abc")
     before = path.read_bytes()
-    real_save_file = checkpoint_module.save_file
+    real_save_tensors = checkpoint_module.save_tensors
 
     def half_then_die(tensors, filename, metadata=None):
-        real_save_file(tensors, filename, metadata=metadata)
+        real_save_tensors(tensors, filename, metadata=metadata)
         with open(filename, "r+b") as handle:
             handle.truncate(len(before) // 2)
         raise KeyboardInterrupt("killed mid-write")
 
-    monkeypatch.setattr(checkpoint_module, "save_file", half_then_die)
+    monkeypatch.setattr(checkpoint_module, "save_tensors", half_then_die)
     with pytest.raises(KeyboardInterrupt):
         save_checkpoint(path, 3, _server(9.0), {}, fingerprint="abc")
     assert path.read_bytes() == before
@@ -150,6 +155,57 @@ def test_write_atomically_replaces_in_one_rename(tmp_path):
 
     write_atomically(path, write)
     assert path.read_text() == "new" and not seen[0].exists()
+
+
+# Run in a process of its own: the kernel kills it (SIGXFSZ) in the middle of the checkpoint write, as soon as a
+# write passes the file-size limit, so no Python code (no `finally`, no destructor) runs after the kill.
+_KILLED_WRITER = """
+import resource, signal, sys
+import torch
+from driftlab.simulation.state.checkpoint import save_checkpoint
+
+path, limit = sys.argv[1], int(sys.argv[2])
+signal.signal(signal.SIGXFSZ, signal.SIG_DFL)  # Python ignores SIGXFSZ; its default is to kill the process
+resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+save_checkpoint(path, 3, torch.full((100_000,), 3.0, dtype=torch.float64), {}, fingerprint="abc")
+"""
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGXFSZ"), reason="needs SIGXFSZ and RLIMIT_FSIZE")
+def test_a_kill_in_the_middle_of_a_checkpoint_write_leaves_only_what_the_next_run_removes(tmp_path):
+    """Before save_tensors, safetensors' own temporary (`.tmpXXXXXX`) was left behind, which no run removes."""
+    from driftlab.experiments.run_directory import remove_interrupted_writes
+
+    path = tmp_path / "checkpoint.safetensors"
+    save_checkpoint(path, 2, torch.full((100_000,), 2.0, dtype=torch.float64), {}, fingerprint="abc")
+    before = path.read_bytes()
+    done = subprocess.run(
+        [sys.executable, "-c", _KILLED_WRITER, str(path), str(len(before) // 2)], capture_output=True, timeout=300
+    )
+    assert done.returncode == -signal.SIGXFSZ, done.stderr.decode()[-2000:]
+    left = sorted(p.name for p in tmp_path.iterdir() if p.name != path.name)
+    assert len(left) == 1 and left[0].startswith(".checkpoint.safetensors.tmp-")  # the torn write
+    assert (tmp_path / left[0]).stat().st_size == len(before) // 2
+    remove_interrupted_writes(tmp_path)
+    assert [p.name for p in tmp_path.iterdir()] == [path.name] and path.read_bytes() == before
+
+
+def test_atomically_written_files_get_a_new_files_mode_whatever_the_writer_made(tmp_path):
+    """0666 less the umask, as open() creates files: safetensors' own writer made checkpoints 0600, mkstemp does too."""
+    previous = os.umask(0o027)
+    try:
+
+        def private(temporary):
+            os.close(os.open(temporary, os.O_WRONLY | os.O_CREAT, 0o600))  # as tempfile.mkstemp creates
+
+        write_atomically(tmp_path / "private.txt", private)
+        save_checkpoint(tmp_path / "checkpoint.safetensors", 2, _server(), {}, fingerprint="abc")
+        assert checkpoint_module.new_file_mode() == 0o640
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE((tmp_path / "private.txt").stat().st_mode) == 0o640
+    assert stat.S_IMODE((tmp_path / "checkpoint.safetensors").stat().st_mode) == 0o640
 
 
 # ------------------------------------------------------------------ integrity: checksums and metadata
