@@ -50,7 +50,6 @@ import datetime
 import hashlib
 import json
 import math
-import re
 import tomllib
 import types
 import typing
@@ -67,6 +66,7 @@ from driftlab.errors import ConfigError
 from driftlab.data import registry as data_sets
 from driftlab.data.registry import DEFAULT_DATA_SET, PARTITIONS  # noqa: F401 - PARTITIONS: re-exported
 from driftlab.experiments.shipped import PRESET_PACKAGE, preset_names  # PRESET_PACKAGE: re-exported
+from driftlab.experiments.toml_shape import MAX_NESTING, check_toml_shape  # check_toml_shape: re-exported too
 from driftlab.models import registry as models
 from driftlab.plugins import did_you_mean, load_plugins, resolve_plugin
 from driftlab.optim import registry as server_optimizers
@@ -75,7 +75,6 @@ from driftlab.simulation.round.availability import ClientIds
 from driftlab.simulation.state.memory_budget import parse_bytes
 
 MAX_CONFIG_BYTES = 1_000_000  # the largest shipped preset is 2 kB; a megabyte is never a hand-written config
-MAX_NESTING = 32  # a config nests 5 levels at most (availability.events[i].join_range[j]); 32 leaves room, not recursion
 MAX_BASE_CHAIN = 16  # files built on files built on files ...
 MAX_LISTED_PROBLEMS = 20  # an error message lists this many problems, then says how many more
 MAX_BATCH_SIZE = 1_000_000  # more than any client of any data set holds (MNIST on one client: 60,000)
@@ -839,13 +838,64 @@ def _read_with_base(source: str | Path, chain: tuple[str, ...]) -> dict[str, Any
         raise ConfigError(f"{origin}: `base` must name a preset (such as \"synthetic-fedavg\") or a config file, got {_short(base)}")
     if len(chain) >= MAX_BASE_CHAIN:
         raise ConfigError(f"{origin}: more than {MAX_BASE_CHAIN} files built on one another through `base`; flatten some of them")
-    if folder is not None and not Path(base).is_absolute() and (folder / base).is_file():
-        base = str(folder / base)  # relative to the file that names it, as in sweep files
+    base = _base_source(base, folder)
     try:
         under = _read_with_base(base, (*chain, identity))
     except ConfigError as error:
         raise ConfigError(f"{origin}: base {base!r}: {error}") from None
     return merge_tables(under, table)
+
+
+def _base_source(base: str, folder: Path | None) -> str:
+    if folder is not None and not Path(base).is_absolute() and (folder / base).is_file():
+        return str(folder / base)  # relative to the file that names it, as in sweep files
+    return base
+
+
+def _where_set(source: str | Path, path: list[str]) -> str | None:
+    """Which file of ``source``'s ``base`` chain sets the value at ``path``, as ``FILE: line N`` (the line where plainly found).
+
+    The topmost file that sets it: its value is the one merged. Reads the chain again, so only for an error message;
+    a base is named as ``_read_with_base`` names it (``top.toml: base 'b.toml': b.toml: line 3``).
+    """
+    chain = ""
+    for _ in range(MAX_BASE_CHAIN + 1):
+        try:
+            table, origin, _, folder = _read_one(source)
+        except ConfigError:
+            return None
+        node: Any = table
+        for part in path:
+            node = node.get(part, _ABSENT) if isinstance(node, dict) else _ABSENT
+        if node is not _ABSENT:
+            line = _line_setting(Path(origin).read_text(encoding="utf-8"), path) if Path(origin).suffix == ".toml" and Path(origin).is_file() else None
+            return chain + (origin if line is None else f"{origin}: line {line}")
+        base = table.get("base")
+        if not isinstance(base, str) or not base.strip():
+            return None
+        chain += f"{origin}: base {base!r}: "
+        source = _base_source(base, folder)
+    return None
+
+
+_ABSENT = object()
+
+
+def _line_setting(text: str, path: list[str]) -> int | None:
+    """The line of a TOML text that plainly sets ``path``: ``client = 5``, ``client.lr = 5``, or ``lr = 5`` under ``[client]``."""
+    def parts(key: str) -> list[str]:
+        return [part.strip().strip("\"'") for part in key.split(".")]
+
+    header: list[str] = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        stripped = line.strip()
+        if stripped.startswith("["):
+            header = parts(stripped.partition("#")[0].strip().strip("[]"))
+            if header == path:
+                return number
+        elif "=" in stripped and header + parts(stripped.partition("=")[0]) == path:
+            return number
+    return None
 
 
 def _read_one(source: str | Path) -> tuple[dict[str, Any], str, str, Path | None]:
@@ -906,51 +956,10 @@ def read_config_text(path: Path) -> str:
         ) from None
 
 
-# What the TOML pre-scan looks at: strings and comments (skipped whole), the characters that end a key or open
-# and close a nesting level, and dots. Multi-line strings first, so that their quotes are not read as two strings.
-_TOML_TOKENS = re.compile(
-    r'"""(?:[^\\]|\\.)*?"""|\'\'\'.*?\'\'\'|"(?:[^"\\\n]|\\.)*"|\'[^\'\n]*\'|#[^\n]*|[=,\n\[\]{}.]',
-    re.DOTALL,
-)
-
-
-def check_toml_shape(text: str, origin: str) -> None:
-    """Refuse TOML whose dotted keys have more than ``MAX_NESTING`` parts or whose brackets nest deeper, from the raw text.
-
-    Runs before ``tomllib``, which needs memory quadratic in a dotted key's parts (a 339 kB file holding one
-    key of 50,000 parts took 7.8 GB) and recurses once per bracket; this scan is one pass that allocates
-    nothing that grows with the input. Dots inside strings and comments do not count; a number's dot
-    (``0.5``) is one part of whatever follows the last ``=``, ``,`` or bracket, so it never comes near the bound.
-    """
-    dots = depth = 0
-    line, line_start = 1, 0
-    for token in _TOML_TOKENS.finditer(text):
-        kind = token.group()
-        if kind == ".":
-            dots += 1
-            if dots > MAX_NESTING:
-                raise ConfigError(
-                    f"{origin}: line {line}: a dotted key nested more than {MAX_NESTING} levels deep "
-                    f"(starting {text[line_start:line_start + 40].splitlines()[0]!r}); a config is sections of keys, "
-                    "with at most a schedule table or a list of events inside"
-                )
-            continue
-        dots = 0
-        if kind in ("[", "{"):
-            depth += 1
-            if depth > MAX_NESTING:
-                raise ConfigError(f"{origin}: line {line} is nested too deeply to be a config (a config nests at most {MAX_NESTING} levels)")
-        elif kind in ("]", "}"):
-            depth = max(0, depth - 1)
-        elif "\n" in kind:
-            line += kind.count("\n")
-            line_start = token.start() + kind.rindex("\n") + 1
-
-
 def parse_toml(text: str, origin: str) -> dict[str, Any]:
     """``tomllib.loads(text)``, refused with a ConfigError naming ``origin`` when it is not TOML or not shaped like a config
     (``check_toml_shape``: bounded before ``tomllib`` allocates)."""
-    check_toml_shape(text, origin)
+    check_toml_shape(text, origin, pieces=False)
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
@@ -1022,7 +1031,7 @@ def parse_override(assignment: str) -> tuple[list[str], Any]:
     if len(path) > MAX_NESTING:
         raise ConfigError(f"override {key.strip()[:100]}...: a key has at most {MAX_NESTING} dotted parts (section.key), got {len(path)}")
     if "[" in raw or "{" in raw:
-        check_toml_shape(f"value = {raw}", f"override {key.strip()[:100]}")
+        check_toml_shape(f"value = {raw}", f"override {key.strip()[:100]}", pieces=False)
     try:
         value = tomllib.loads(f"value = {raw}")["value"]
     except tomllib.TOMLDecodeError:
@@ -1035,15 +1044,23 @@ def parse_override(assignment: str) -> tuple[list[str], Any]:
     return path, value
 
 
-def apply_overrides(table: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+def apply_overrides(
+    table: dict[str, Any], overrides: list[str], where: Callable[[list[str]], str | None] | None = None
+) -> dict[str, Any]:
+    """``table`` with each ``section.key=value`` set in turn (a copy).
+
+    ``where(path)`` names the file that set ``table``'s value at ``path`` (``load_config`` passes one), so that
+    an override reaching into a value blames the file when the file put a value where a section belongs.
+    """
     table = json.loads(json.dumps(table))  # deep copy of plain data
+    applied: list[tuple[list[str], str]] = []
     for assignment in overrides:
         path, value = parse_override(assignment)
         node = table
-        for part in path[:-1]:
+        for depth, part in enumerate(path[:-1], start=1):
             child = node.setdefault(part, {})
             if not isinstance(child, dict):
-                raise ConfigError(f"override {_short(assignment)}: {part!r} is a value, not a section")
+                raise ConfigError(_reaching_into_a_value(assignment, path[:depth], child, table, applied, where))
             node = child
         if path[0] == "algorithm" and path[-1] == "name" and len(path) == 2 and node.get("name") not in (None, value):
             # switching algorithm: the old algorithm's keys do not apply to the new one
@@ -1054,7 +1071,33 @@ def apply_overrides(table: dict[str, Any], overrides: list[str]) -> dict[str, An
                 node.clear()
                 node.update(kept)
         node[path[-1]] = value
+        applied.append((path, assignment))
     return table
+
+
+def _reaching_into_a_value(
+    assignment: str, prefix: list[str], value: Any, table: dict[str, Any], applied: list[tuple[list[str], str]],
+    where: Callable[[list[str]], str | None] | None,
+) -> str:
+    """The message for an override ``a.b.c=1`` whose ``a.b`` (``prefix``) holds a value, naming whoever is at fault.
+
+    Where the config has a section (``client``, ``model``), the value is the fault, so the file (or the earlier
+    override) that set it is named first; where it has a value (``client.lr``), the override reaching into it is.
+    """
+    dotted = ".".join(prefix)
+    # the last override that wrote this value (or a table holding it) set it, else the config it was applied to
+    setter = next((f"override {_short(done)}" for path, done in reversed(applied) if path == prefix[: len(path)]), None)
+    origin = setter or (where(prefix) if where is not None else None) or "the config"
+    sections = {name: section for name, section in table.items() if isinstance(section, dict)}  # `algorithm = 5` has no name to read
+    if _section_model(prefix, sections) is not None:
+        return (
+            f"{origin}: {dotted} = {_short(value)}, but {dotted} is a section of keys (override {_short(assignment)} "
+            f"sets one of them): write [{dotted}] and its keys under it, as `driftlab config` lists them"
+        )
+    return (
+        f"override {_short(assignment)}: {dotted} is a value, not a section ({dotted} = {_short(value)} from {origin}); "
+        f"set {dotted}=... itself"
+    )
 
 
 def load_config(source: str | Path | dict[str, Any] | None = None, overrides: list[str] | tuple[str, ...] = ()) -> ExperimentConfig:
@@ -1066,15 +1109,31 @@ def load_config(source: str | Path | dict[str, Any] | None = None, overrides: li
         table = source
     else:
         table = read_config_source(source)
-    table = apply_overrides(table, list(overrides))
-    return validate_config(table)
+    where = None if source is None or isinstance(source, dict) else (lambda path: _where_set(source, path))
+    table = apply_overrides(table, list(overrides), where)
+    if where is None or not overrides:
+        return validate_config(table)
+    # a file and overrides: each problem says which of them gave the key its value
+    given = [(parse_override(assignment)[0], assignment) for assignment in overrides]
+    return validate_config(table, lambda key: _given_by(key.split("."), given, where))
 
 
-def validate_config(table: dict[str, Any]) -> ExperimentConfig:
+def _given_by(path: list[str], given: list[tuple[list[str], str]], where: Callable[[list[str]], str | None]) -> str | None:
+    """Where the value at ``path`` came from: the last override that set it (or a table holding it), else the file
+    that set it and the overrides that set keys inside it."""
+    whole = next((assignment for key, assignment in reversed(given) if key == path[: len(key)]), None)
+    if whole is not None:
+        return f"override {_short(whole)}"
+    inside = [f"override {_short(assignment)}" for key, assignment in given if key[: len(path)] == path]
+    return " and ".join(filter(None, [where(path), *inside[:3]])) or None
+
+
+def validate_config(table: dict[str, Any], given_by: Callable[[str], str | None] | None = None) -> ExperimentConfig:
     """The validated config, or one ``ConfigError`` listing every problem found (the first ``MAX_LISTED_PROBLEMS``).
 
     The config's ``plugins`` are imported first (a ConfigError naming the one that fails), so
     the algorithms they register validate like the built-ins; paths are recorded absolute.
+    ``given_by(key)`` names where a key's value came from (a file's line, an override), added to its problem.
     """
     table = with_function_paths_resolved(with_plugins_loaded(table))
     algorithm = table.get("algorithm")
@@ -1093,6 +1152,10 @@ def validate_config(table: dict[str, Any]) -> ExperimentConfig:
         problems = _booleans_taken_as_numbers(table, config) + _server_step_conflicts(config)
         problems += _privacy_conflicts(config) + _system_conflicts(config)
     if problems:
+        if given_by is not None:  # for the problems listed only: each may read the config's files again
+            for index, (key, message) in enumerate(problems[:MAX_LISTED_PROBLEMS]):
+                source = given_by(key)
+                problems[index] = (key, f"{message} (from {source})" if source else message)
         raise ConfigError(format_problems(problems))
     return config
 

@@ -164,6 +164,46 @@ def test_malformed_overrides():
         apply_overrides({"client": {"lr": 0.1}}, ["client.lr.initial=0.2"])
 
 
+def test_a_file_that_puts_a_value_where_a_section_belongs_is_blamed_not_the_override(tmp_path):
+    # It used to say "override 'client.lr=0.1': 'client' is a value, not a section": the override was fine.
+    path = tmp_path / "c.toml"
+    path.write_text('rounds = 3\nclient = 5\nmodel = "mlr"\n')
+    message = _error("client.lr=0.1", source=path)
+    assert message.startswith(f"{path}: line 2: client = 5, but client is a section of keys (override 'client.lr=0.1' sets one")
+    assert message.endswith("write [client] and its keys under it, as `driftlab config` lists them")
+    assert _error("model.name=mlp", source=path).startswith(f"{path}: line 3: model = 'mlr', but model is a section of keys")
+    # the same fault in the file a `base` chain starts from: that file is named, the way a base's errors are
+    top = tmp_path / "top.toml"
+    top.write_text('base = "c.toml"\nrounds = 4\n')
+    assert _error("client.lr=0.1", source=top).startswith(f"{top}: base 'c.toml': {path}: line 2: client = 5, but client is a section")
+    # an earlier override that made client a value is the one named
+    assert _error("client=5", "client.lr=0.1").startswith("override 'client=5': client = 5, but client is a section of keys")
+
+
+def test_an_override_that_reaches_into_a_value_of_the_file_is_blamed_and_the_value_shown(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text("[client]\nlr = 0.1\n")  # a fine file: client.lr is a value (or a whole schedule table)
+    assert _error("client.lr.initial=0.2", source=path) == (
+        f"override 'client.lr.initial=0.2': client.lr is a value, not a section (client.lr = 0.1 from {path}: line 2); "
+        "set client.lr=... itself"
+    )
+
+
+def test_each_problem_of_a_file_with_overrides_says_whether_the_file_or_an_override_gave_it(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text('rounds = 3\n[client]\nlr = "fast"\nlrr = 0.1\n[sampling]\nparticipation = 0.5\n')
+    lines = {line.split(":")[0].strip(): line for line in _error("client.batch_size=-1", "sampling.participation=2", source=path).splitlines()}
+    assert lines["client.batch_size"].endswith("(got -1) (from override 'client.batch_size=-1')")
+    assert lines["client.lr"].endswith(f"got 'fast' (from {path}: line 3)")
+    assert lines["client.lrr"].endswith(f"did you mean client.lr? (from {path}: line 4)")
+    assert lines["sampling.participation"].endswith("(got 2) (from override 'sampling.participation=2')")
+    # a table that both gave keys to names both
+    path.write_text('[client.lr]\nkind = "exponential"\ndecay = "slow"\n')
+    message = _error("client.lr.initial=0.2", source=path)
+    assert f"(from {path}: line 1 and override 'client.lr.initial=0.2')" in message
+    assert "(from" not in _error(source=path)  # a file alone: every problem is the file's
+
+
 def test_overrides_reach_the_config():
     config = load_config(
         "synthetic-fedavg",
@@ -389,7 +429,7 @@ def test_a_dotted_key_of_50000_parts_is_refused_before_tomllib_in_little_memory(
     tracemalloc.start()
     try:
         message = _error(source=path)
-        for text in ("[x." * 50_000 + "x]\n", "a = {" + "x." * 50_000 + "x = 1}\n", "a = " + "{b = " * 50_000 + "1" + "}" * 50_000):
+        for text in ("[" + "x." * 50_000 + "x]\n", "a = {" + "x." * 50_000 + "x = 1}\n", "a = " + "{b = " * 50_000 + "1" + "}" * 50_000):
             path.write_text(text)
             assert "nested" in _error(source=path)
         assert "a key has at most 32 dotted parts" in _error("x." * 50_000 + "x=1")
@@ -410,6 +450,26 @@ def test_dots_and_brackets_in_strings_comments_and_numbers_are_not_nesting(tmp_p
         f'[algorithm]\nname = """{dots}\n[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[["""\n'
     )
     assert "unknown algorithm" in _error(source=path)  # read and validated: the scan refused nothing
+
+
+_QUOTED_BOMBS = {  # one key of 50,000 parts in each form tomllib reads (439 kB as basic parts: 7.8 GB for tomllib)
+    "basic parts": ".".join(f'"k{i}"' for i in range(50_000)) + " = 1\n",
+    "literal parts, blanks around the dots": " . ".join(f"'k{i}'" for i in range(50_000)) + " = 1\n",
+    "a [table] header": "[" + ".".join(f'"k.{i}"' for i in range(50_000)) + "]\nx = 1\n",
+    "an [[array]] header": "[[ " + "\t.\t".join(f"'k[{i}]'" for i in range(50_000)) + " ]]\n",
+    "an inline table": "a = { b = 1, " + ".".join(f'"k\\"{i}"' for i in range(50_000)) + " = 1 }\n",
+    "mixed parts in a list of inline tables": "a = [{ b = [{" + ".".join(("x", '"y"', "'z'")[i % 3] for i in range(50_000)) + " = 1}] }]\n",
+}
+
+
+@pytest.mark.parametrize("form", _QUOTED_BOMBS)
+def test_a_dotted_key_of_50000_quoted_parts_is_refused_before_tomllib(tmp_path, form):
+    # The scan counted only bare dots: each of these passed it, and tomllib then took gigabytes.
+    path = tmp_path / "bomb.toml"
+    path.write_text('base = "synthetic-fedavg"\n# a comment.with.dots [[[\n' + _QUOTED_BOMBS[form])
+    message = _error(source=path)
+    assert message.startswith(f"{path}: line 3: a dotted key nested more than 32 levels deep (starting "), message
+    assert message.endswith("write [section] and then key = value") and len(message) < 400
 
 
 def test_error_text_is_bounded():
