@@ -48,11 +48,15 @@ ternary scales are bounded too), and a reply farther than ``reply_bound``
 that tensor's scale is refused (``out_of_bounds``): its client is inactive
 this round, as for a malformed reply.  A tensor's scale is the largest lower
 median of its distances in the run's rounds so far, this one included (kept
-in ROUNDS_FILE).  The run ends as diverged only when the aggregate is
-(``finish_round``'s checks).  The median is robust while honest replies are
-more than half of a round's; a tensor whose scale is 0 is not bounded.  An
-honest client whose update is 1000 times that scale would be dropped too:
-raise ``reply-bound`` for such runs.
+in ROUNDS_FILE), taken over the nodes that answered (each node once, at the
+lower median of its clients') and only in a round that two nodes or more
+answered: one node cannot set or raise it, not even alone in a round while
+the others are late.  The run ends as diverged only when the aggregate is
+(``finish_round``'s checks).  The median is robust while honest nodes are
+more than half of a round's; a tensor whose scale is 0 is not bounded (nor
+any before a round answered by two nodes: a deployment of one node is not
+bounded).  An honest client whose update is 1000 times that scale would be
+dropped too: raise ``reply-bound`` for such runs.
 
 The node trusts its own config, not the server: a request whose round
 settings (learning rate, precision, batch size, clipping, seed, ...),
@@ -276,27 +280,43 @@ def _shown(value: Any) -> str:
 DEFAULT_REPLY_BOUND = 1000.0
 
 
+# The fewest nodes whose replies teach the bound's scale in a round: one node (all other nodes late, or alone in
+# the run) could otherwise make its own inflated reply the scale and have a far larger one accepted later.
+MIN_NODES_TO_LEARN = 2
+
+
 def out_of_bounds(
-    distances: dict[int, dict[str, float]], factor: float | None, scales: dict[str, float] | None = None
+    distances: dict[int, dict[str, float]],
+    factor: float | None,
+    scales: dict[str, float] | None = None,
+    nodes: dict[int, int] | None = None,
 ) -> tuple[dict[int, str], dict[str, float]]:
     """The clients whose reply is out of the round's bounds, with the reason, and the tensors' scales after this round.
 
     A reply is out of bounds when one of its tensors is farther from where a client that did not move would send it
-    (``planned_message``) than ``factor`` times the tensor's scale: the largest lower median of that tensor's distances
-    in any round so far, this one included (``scales`` holds those of the earlier rounds).  The median is robust while
-    honest replies are more than half of a round's; the lower one, so that one reply of two cannot set its own bound;
-    the largest so far, so that a client reporting a state's change for the first time (EFL's u_k, v_k, whole) is
-    measured against the rounds when most clients did.  A tensor whose scale is 0 is not bounded, nor is any when
-    ``factor`` is None.
+    (``planned_message``) than ``factor`` times the tensor's scale: the largest round median of that tensor's distances
+    in any round so far, this one included (``scales`` holds those of the earlier rounds).  A round's median is over
+    nodes (``nodes``: each client's node; None: each client its own), each node counted once at the lower median of
+    its clients' distances, and only a round that ``MIN_NODES_TO_LEARN`` nodes or more answered has one: so no node
+    alone can set or raise the scale, neither by hosting many of a round's clients nor by being the only one to
+    answer a round (then the earlier rounds' scale bounds it).  The median is robust while honest nodes are more
+    than half of a round's; the lower one, so that one node of two cannot set its own bound; the largest so far, so
+    that a client reporting a state's change for the first time (EFL's u_k, v_k, whole) is measured against the
+    rounds when most clients did.  A tensor whose scale is 0 is not bounded (nor any before a round of two nodes),
+    nor is any when ``factor`` is None.
     """
     scales = dict(scales or {})
     rejected: dict[int, str] = {}
     paths = sorted({path for by_path in distances.values() for path in by_path})
     for path in paths:
-        values = sorted(by_path[path] for by_path in distances.values() if path in by_path)
-        median = values[(len(values) - 1) // 2]
-        if math.isfinite(median):
-            scales[path] = max(scales.get(path, 0.0), median)
+        by_node: dict[int, list[float]] = {}
+        for client_id, by_path in distances.items():
+            if path in by_path:
+                by_node.setdefault(client_id if nodes is None else nodes[client_id], []).append(by_path[path])
+        if len(by_node) >= MIN_NODES_TO_LEARN:
+            median = _lower_median([_lower_median(values) for values in by_node.values()])
+            if math.isfinite(median):
+                scales[path] = max(scales.get(path, 0.0), median)
         scale = scales.get(path, 0.0)
         if factor is None or not scale > 0:
             continue
@@ -308,6 +328,10 @@ def out_of_bounds(
                     f"{factor:g} x its scale {scale:.3g} (the largest median of the run's rounds; reply bound)"
                 )
     return rejected, scales
+
+
+def _lower_median(values: list[float]) -> float:
+    return sorted(values)[(len(values) - 1) // 2]
 
 
 # ---------------------------------------------------------------- the server
@@ -418,6 +442,7 @@ class DeploymentServer:
         messages: dict[int, Any] = {}
         steps_done: dict[int, int] = {}
         distances: dict[int, dict[str, float]] = {}
+        node_of = {context.client_id: node for context, (node, _) in zip(asked, requests, strict=True)}  # who answered for it
         for position, context in enumerate(asked):
             try:
                 reply, distances[context.client_id] = self._accept(replies.get(position), config, sim, work, context, fingerprint)
@@ -427,7 +452,9 @@ class DeploymentServer:
             messages[context.client_id] = reply.message
             steps_done[context.client_id] = reply.steps_done
         # Every reply of the round has arrived before any is folded, so each is bounded by the round's median first.
-        rejected, scales = out_of_bounds({client: distances[client] for client in steps_done}, self.reply_bound, self._scales)
+        rejected, scales = out_of_bounds(
+            {client: distances[client] for client in steps_done}, self.reply_bound, self._scales, node_of
+        )
         for client_id, reason in rejected.items():
             self._reject(t, client_id, reason)
             del messages[client_id], steps_done[client_id]

@@ -270,6 +270,18 @@ def test_the_bound_is_a_multiple_of_the_largest_lower_median_of_the_run():
     assert out_of_bounds(replies, None) == ({}, {"c": 5.0, "m": 2.0})  # no bound, but the scales are still kept
 
 
+def test_the_scale_is_a_median_over_nodes_and_needs_two_of_them():
+    # Node 7 hosts three of the round's four clients: counted once, at 90; the lower median of nodes 7 and 8 is 1.
+    nodes = {1: 7, 2: 7, 3: 7, 4: 8}
+    rejected, scales = out_of_bounds({1: {"m": 90.0}, 2: {"m": 90.0}, 3: {"m": 200.0}, 4: {"m": 1.0}}, 100.0, None, nodes)
+    assert scales == {"m": 1.0} and list(rejected) == [3]  # 200 > 100 x 1; 90 is within it
+    # One node alone teaches nothing: the earlier scale bounds it (50 and 99 within 100 x 1, 150 not) and stays.
+    alone = {1: 7, 2: 7, 3: 7}
+    rejected, scales = out_of_bounds({1: {"m": 50.0}, 2: {"m": 99.0}, 3: {"m": 150.0}}, 100.0, {"m": 1.0}, alone)
+    assert scales == {"m": 1.0} and list(rejected) == [3]
+    assert out_of_bounds({1: {"m": 5.0}}, 100.0) == ({}, {})  # one reply: no scale yet, so nothing bounded
+
+
 def test_an_algorithm_that_cannot_finish_a_client_that_did_not_move_still_has_its_scalars_checked(tmp_path, monkeypatch):
     """A plugin may divide by its update's norm: the server then checks the planned scalars on a made-up move and
     bounds nothing (no reference to measure from); an honest run still equals the simulator."""
@@ -330,3 +342,64 @@ def test_a_resumed_server_keeps_the_pinned_tokens(tmp_path):
     assert not asked and not server.rejections
     assert "round 3: node 5 claims clients 0, 1, 2, 3, 4, 5, 6, 7 without their registration tokens; refused" in lines[0]
     assert torch.equal(resumed.final_params, honest.final_params)
+
+
+# ---------------------------------------------------------------- one node alone cannot raise the bound
+
+
+def _alone_in_round_2_then_far_in_round_3(make_round_3):
+    """An interceptor: in round 2 only node HOSTILE answers (the others are late), its clients' models moved 50 times as
+    far as they moved; in round 3 its replies go through ``make_round_3(client, request, round 2's smallest distance)``.
+    The clients it answered for in round 3."""
+    spoiled: list[int] = []
+    moved: list[float] = []  # its round 2 distances: the most the old rule would take as the scale
+
+    def intercept(client, request):
+        hostile = client.client_ids[0] % NUM_NODES == HOSTILE
+        if _is(request, TrainRequest, 2):
+            if not hostile:
+                raise NoReply  # late
+            reply, distance = _moved(client, request, times=50.0)
+            moved.append(distance)
+            return reply
+        if hostile and _is(request, TrainRequest, 3):
+            spoiled.append(wire.read_envelope(request, max_bytes=1 << 30).client_id)
+            return make_round_3(client, request, min(moved))
+        return client.handle(request)
+
+    return intercept, spoiled
+
+
+def _moved(client, request, times=None, distance=None):
+    """The honest reply with the model moved along its update from the round's global model θ: ``times`` as far, or
+    to ``distance`` from θ; and how far from θ it is."""
+    start = _split(request)[0]["payload/view/params"]
+    tensors, header = _split(client.handle(request))
+    update = tensors["payload/message/params"] - start
+    update = update * (times if times is not None else distance / float(torch.linalg.vector_norm(update)))
+    tensors["payload/message/params"] = start + update
+    return _join(tensors, header), float(torch.linalg.vector_norm(update))
+
+
+def test_a_node_alone_in_a_round_cannot_raise_the_bound_for_a_later_round(tmp_path):
+    # The scale was learnt from any round's median: node 0, alone in round 2, made its own 50x move the scale, and in
+    # round 3 a move 900 times that (about 10,000 times the others') was within 1000 x the scale: aggregated, and the
+    # run diverged, blaming the learning rate. Now only a round two nodes or more answer teaches the scale, each node
+    # counted once: round 3's bound is 1000 x the honest nodes' scale, and node 0's round 3 replies are refused.
+    config = _config(*FEDAVG, "sampling.participation=1", rounds=4)
+
+    def far(client, request, round_2_distance):
+        return _moved(client, request, distance=900 * round_2_distance)[0]
+
+    intercept, spoiled = _alone_in_round_2_then_far_in_round_3(far)
+    result, server = _deploy(config, tmp_path / "out", _Nodes(config, tmp_path / "state", intercept, num_nodes=NUM_NODES))
+    assert spoiled == [0, 4]  # node 0's clients, asked in round 3
+    round_3 = [(rejection.client_id, rejection.reason) for rejection in server.rejections if rejection.round == 3]
+    assert [client for client, _ in round_3] == spoiled, server.rejections
+    assert all(reason.startswith("out of bounds: message/params is ") for _, reason in round_3), round_3
+    # the run is the one where node 0 did not answer in round 3, bit for bit
+    silent, silenced = _alone_in_round_2_then_far_in_round_3(lambda client, request, _: _silent(client, request))
+    reference, _ = _deploy(config, tmp_path / "silent", _Nodes(config, tmp_path / "silent_state", silent, num_nodes=NUM_NODES))
+    assert silenced == spoiled
+    assert torch.equal(result.final_params, reference.final_params)
+    assert _metrics(result.records) == _metrics(reference.records)
