@@ -56,9 +56,16 @@ from typing import Any, Callable
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
-from driftlab.simulation.state.checkpoint import CheckpointError, checkpoint_checksum, state_from_tensors, state_to_tensors, write_atomically
+from driftlab.simulation.state.checkpoint import (
+    CheckpointError,
+    checkpoint_checksum,
+    save_tensors,
+    state_from_tensors,
+    state_to_tensors,
+    write_atomically,
+)
 
 NODE_STATE_FORMAT = "driftlab-node-state/1"
 _PREFIX = "state"
@@ -128,7 +135,7 @@ class NodeClientState:
         self._check_layout(tensors)
         metadata = self._metadata(round)
         metadata["sha256"] = checkpoint_checksum(tensors, metadata)
-        write_atomically(self.staged_path(round), lambda temporary: save_file(tensors, str(temporary), metadata=metadata))
+        write_atomically(self.staged_path(round), lambda temporary: save_tensors(tensors, temporary, metadata=metadata))
         for other, path in self._staged_files():
             if other != round:
                 path.unlink(missing_ok=True)
@@ -244,7 +251,7 @@ def registration_token(directory: str | Path, client_id: int) -> bytes:
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         token = secrets.token_bytes(TOKEN_BYTES)
-        write_atomically(path, lambda temporary: temporary.write_bytes(token))
+        write_atomically(path, lambda temporary: temporary.write_bytes(token), mode=0o600)  # a secret: the owner's alone
     token = path.read_bytes()
     if len(token) != TOKEN_BYTES:
         raise CheckpointError(

@@ -190,9 +190,26 @@ def test_staged_round_names_the_state_waiting_for_the_server(tmp_path):
 def test_a_registration_token_is_made_once_kept_across_restarts_and_survives_the_state_clean_up(tmp_path):
     token = registration_token(tmp_path / "run", 4)
     assert len(token) == 16 and (tmp_path / "run" / "client-4.token").read_bytes() == token
+    assert (tmp_path / "run" / "client-4.token").stat().st_mode & 0o777 == 0o600  # a secret: the owner's alone
     _node(tmp_path / "run", client_id=4)  # a restarted node's clean-up keeps the token
     assert registration_token(tmp_path / "run", 4) == token
     assert registration_token(tmp_path / "run", 5) != token  # one secret per client
     (tmp_path / "run" / "client-4.token").write_bytes(b"short")
     with pytest.raises(CheckpointError, match="client-4.token holds 5 bytes, a registration token has 16: it was damaged or replaced"):
         registration_token(tmp_path / "run", 4)
+
+
+def test_a_staged_state_file_has_a_new_files_mode_and_no_temporary_of_safetensors(tmp_path):
+    import os
+
+    _, _, (first, _, _) = _scaffold_states()
+    old = os.umask(0o027)
+    try:
+        node = _node(tmp_path)
+        node.stage(3, first)
+    finally:
+        os.umask(old)
+    (staged,) = list(tmp_path.iterdir())  # written by save_tensors: nothing but the staged file is left
+    assert staged.stat().st_mode & 0o777 == 0o640  # safetensors' save_file would have left it 0600
+    node.commit(3)
+    assert _equal(node.load(), first)

@@ -142,12 +142,13 @@ def new_file_mode() -> int:
     return 0o666 & ~mask
 
 
-def write_atomically(path: Path, write: Callable[[Path], None]) -> None:
+def write_atomically(path: Path, write: Callable[[Path], None], mode: int | None = None) -> None:
     """Call ``write(temporary path)``, then move the result over ``path`` in one rename.
 
     The temporary is ``.NAME.tmp-PID``, what ``run_directory.remove_interrupted_writes`` removes after a kill.  The
     result gets a new file's mode (``new_file_mode``) whatever ``write`` created it with: a writer that renames a
     private temporary of its own over the path (0600) must not make a run's files unreadable to its group.
+    ``mode`` replaces that for a file that must stay private (a secret: 0o600).
     """
     path = Path(path)
     temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
@@ -155,7 +156,7 @@ def write_atomically(path: Path, write: Callable[[Path], None]) -> None:
         write(temporary)
         with open(temporary, "rb") as handle:
             os.fsync(handle.fileno())
-        os.chmod(temporary, new_file_mode())
+        os.chmod(temporary, new_file_mode() if mode is None else mode)
         os.replace(temporary, path)
     finally:
         if temporary.exists():
