@@ -78,7 +78,15 @@ EPILOG_REPORT = """examples:
   driftlab report runs/fedprox-figure1 --out reports/fedprox-figure1
   driftlab report runs/fedavg runs/feddyn --targets 0.95,0.97 --out reports/mnist
 
-writes report.md, targets.csv, accuracy.csv, steps.csv and PNG plots to --out."""
+writes report.md, targets.csv, accuracy.csv, steps.csv and PNG plots to --out. A file of those names there that
+driftlab did not write stops the report before it writes anything: choose another --out, or pass --force to
+replace it; running the report again into its own folder replaces its own files."""
+
+
+_FORCE_HELP = (
+    "replace files of the names this command writes that driftlab did not write (without it, such a file stops the "
+    "command before it writes anything); nothing else in the folder is touched"
+)
 
 
 # Commands whose positional `key=value` overrides may also follow their options.
@@ -124,6 +132,7 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("overrides", nargs="*", metavar="key=value", help="overrides applied to every demo run, e.g. rounds=30")
     demo.add_argument("--out", default="driftlab-demo", help="output directory (default: driftlab-demo)")
     demo.add_argument("--quiet", action="store_true", help="no progress bars")
+    demo.add_argument("--force", action="store_true", help=_FORCE_HELP + " (summary.md, accuracy.png, <algorithm>/)")
 
     run = commands.add_parser(
         "run",
@@ -168,6 +177,7 @@ def _parser() -> argparse.ArgumentParser:
     sweep.add_argument("--retry-diverged", action="store_true", help="run diverged runs again (they are skipped by default: reruns are identical)")
     sweep.add_argument("--dry-run", action="store_true", help="list the runs and their status without running anything")
     sweep.add_argument("--no-report", action="store_true", help="do not write DIR/report when the sweep ends")
+    sweep.add_argument("--force", action="store_true", help=_FORCE_HELP + " (sweep.json, jobs.json, runs/, report/'s files, ...)")
     sweep.add_argument(
         "--halving", metavar="R:ETA",
         help="successive halving over the tuned axes' values: all to round R, the best 1/ETA on to R*ETA, ... (off: none, "
@@ -203,6 +213,7 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument(
         "--baseline", help="method label the others are compared with, paired by seed (default: each setting's first method)"
     )
+    report.add_argument("--force", action="store_true", help=_FORCE_HELP + " (report.md, the CSV files, the PNG plots)")
 
     from driftlab.experiments.reproduce.command import add_parser as add_reproduce_parser  # standard library only: no torch for --help
 
@@ -223,6 +234,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     download.add_argument("name", help="data set (see `driftlab data list`)")
     download.add_argument("--to", required=True, help="directory to write the files to")
+    download.add_argument("--force", action="store_true", help=_FORCE_HELP + " (a data file's name, or NAME.part)")
 
     flower = commands.add_parser("flower", help="deploy a config on Flower: write an app project, check it against the simulator")
     flower_commands = flower.add_subparsers(dest="flower_command", required=True)
@@ -232,7 +244,10 @@ def _parser() -> argparse.ArgumentParser:
         epilog="example: driftlab config synthetic-fedavg algorithm.name=scaffold --toml > scaffold.toml   then   "
         "driftlab flower new scaffold-app --config scaffold.toml   then follow scaffold-app/README.md",
     )
-    flower_new.add_argument("directory", metavar="DIR", help="a new or empty directory (nothing is overwritten)")
+    flower_new.add_argument(
+        "directory", metavar="DIR", help="the project's directory: new, or one holding none of the project's files (see --force)"
+    )
+    flower_new.add_argument("--force", action="store_true", help=_FORCE_HELP + " (pyproject.toml, the app module, README.md)")
     flower_new.add_argument("--config", required=True, help="a config file or preset (see `driftlab presets`)")
     flower_check = flower_commands.add_parser(
         "check",
@@ -421,7 +436,8 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         targets = _float_list(args.targets, "--targets") if args.targets else None
         report = make_report(
-            args.inputs, args.out, targets=targets, steps_reference=args.steps_reference, plots=not args.no_plots, baseline=args.baseline
+            args.inputs, args.out, targets=targets, steps_reference=args.steps_reference, plots=not args.no_plots, baseline=args.baseline,
+            force=args.force,
         )
         print(report.markdown)
         print(f"report: {Path(args.out) / 'report.md'}")
@@ -494,7 +510,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "demo":
         from driftlab.experiments.demo import run_demo, summary_table
 
-        results = run_demo(args.out, tuple(args.overrides), progress=not args.quiet)
+        results = run_demo(args.out, tuple(args.overrides), progress=not args.quiet, force=args.force)
         print()
         print(summary_table(results))
         print(f"\nplot: {args.out}/accuracy.png   table: {args.out}/summary.md   per-round metrics: {args.out}/<algorithm>/metrics.jsonl")
@@ -636,13 +652,17 @@ def _sweep_command(args: argparse.Namespace) -> int:
             held = run_directory_holder(Path(args.out) / r.dir) is not None  # another live process is running it
             print(f"{'running' if held else run_status(Path(args.out) / r.dir, r.config.rounds):<12s} {r.dir}   {' '.join(r.overrides)}")
         return 0
+    if not args.no_report:
+        from driftlab.experiments.report import claimable
+
+        claimable(Path(args.out) / "report", args.force)  # a user's report.md there stops the sweep before any run, not after
     from driftlab.experiments.runner import install_termination_handler
 
     install_termination_handler()
     try:
         outcomes = run_sweep(
             spec, args.out, scale=args.scale, extra_overrides=args.overrides, retry_diverged=args.retry_diverged, trackers=_trackers_option(args),
-            executor=executor, threads=args.threads, halving=args.halving,
+            executor=executor, threads=args.threads, halving=args.halving, force=args.force,
         )
     except KeyboardInterrupt:
         print("driftlab: sweep interrupted; every run checkpointed its last completed round: run the same command again to resume", file=sys.stderr)
@@ -674,7 +694,7 @@ def _sweep_command(args: argparse.Namespace) -> int:
         from driftlab.experiments.report import make_report
 
         report_dir = Path(args.out) / "report"
-        report = make_report([args.out], report_dir)
+        report = make_report([args.out], report_dir, force=args.force)
         print(report.markdown)
         print(f"report: {report_dir / 'report.md'}")
     return 1 if failed else 0
@@ -716,7 +736,7 @@ def _data_command(args: argparse.Namespace) -> int:
         from driftlab.data.download import DownloadError, download
 
         try:
-            for path in download(args.name, args.to, registry=data_sets.downloads()):
+            for path in download(args.name, args.to, registry=data_sets.downloads(), force=args.force):
                 print(path)
         except DownloadError as error:
             print(f"driftlab: error: {error}", file=sys.stderr)

@@ -13,7 +13,10 @@ are served from (tried in order) and the checksum published for them
   file again from the start);
 * verifies the checksum, then renames ``<file>.part`` to ``<file>``
   atomically, so ``<file>`` is either absent or complete and verified;
-* skips a file that is already present with the right checksum.
+* skips a file that is already present with the right checksum;
+* writes, resumes and deletes only files it wrote itself (listed in ``DIR/.driftlab-written.json``,
+  ``driftlab.owned_folder``): a ``<file>`` or ``<file>.part`` it would write that is the user's stops it before
+  anything is fetched, unless ``force``.
 
 The files are kept as distributed (archives are not extracted): the loaders
 read ``gzip.zip`` and the CIFAR tarballs directly.
@@ -40,6 +43,8 @@ import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+from driftlab.owned_folder import claim
 
 __all__ = [
     "ChecksumMismatchError",
@@ -162,6 +167,9 @@ NOT_DOWNLOADABLE: dict[str, str] = {
 }
 
 
+DOWNLOAD_COMMAND = "driftlab data download"  # recorded beside the files it writes (driftlab.owned_folder)
+
+
 class DownloadError(RuntimeError):
     """A download failed; the message says what failed and whether rerunning resumes."""
 
@@ -191,6 +199,7 @@ def download(
     *,
     registry: Mapping[str, tuple[RemoteFile, ...]] | None = None,
     timeout: float = 60.0,
+    force: bool = False,
 ) -> list[Path]:
     """Download every official file of data set ``name`` into ``to_dir``.
 
@@ -200,6 +209,7 @@ def download(
         progress: print progress to stderr.
         registry: the table of files, for tests or private mirrors.
         timeout: seconds without data before a connection is given up.
+        force: take over a ``<file>.part`` (or ``<file>``) of these names that driftlab did not write.
 
     Returns:
         The paths of the verified files, in registry order.
@@ -209,6 +219,7 @@ def download(
             the URL and the error, and says that rerunning resumes from the
             bytes kept in ``<file>.part``).
         ChecksumMismatchError: a file does not match its published checksum.
+        ConfigError: ``to_dir`` holds a file of a name it would write that driftlab did not write (and not ``force``).
     """
     table = REGISTRY if registry is None else registry
     if name not in table:
@@ -216,7 +227,11 @@ def download(
             raise DownloadError(f"{name} cannot be downloaded by driftlab: {NOT_DOWNLOADABLE[name]}")
         raise DownloadError(f"unknown data set {name!r}; downloadable data sets: {', '.join(sorted(table))}")
     hint = f"driftlab data download {name} --to {to_dir}"
+    # A file already there is verified and kept, never written; what is fetched, and its .part, must be ours.
+    fetched = [remote.filename for remote in table[name] if not os.path.lexists(Path(to_dir) / remote.filename)]
+    claim(to_dir, [*fetched, *(filename + ".part" for filename in fetched)], DOWNLOAD_COMMAND, force=force, another="choose another --to directory")
     return [download_file(remote, to_dir, progress, timeout=timeout, rerun_hint=hint) for remote in table[name]]
+
 
 
 def download_file(
@@ -229,7 +244,6 @@ def download_file(
 ) -> Path:
     """Download one file with resume, checksum verification and an atomic rename; see :func:`download`."""
     to_dir = Path(to_dir)
-    to_dir.mkdir(parents=True, exist_ok=True)
     final = to_dir / remote.filename
     part = to_dir / (remote.filename + ".part")
     rerun = f"`{rerun_hint}`" if rerun_hint else "the download again"
@@ -243,6 +257,7 @@ def download_file(
             f"{final} already exists but its {remote.algorithm} is {actual}, expected {remote.checksum}; "
             f"it was left untouched. Move or delete it, then run {rerun}"
         )
+    claim(to_dir, [remote.filename, remote.filename + ".part"], DOWNLOAD_COMMAND, another="choose another --to directory")
     failures = []
     for url in remote.urls:
         try:

@@ -7,12 +7,15 @@ simulate an interrupted download. No test touches the network.
 
 import hashlib
 import http.server
+import json
 import re
 import threading
 from pathlib import Path
 
 import pytest
 
+from driftlab.errors import ConfigError
+from driftlab.owned_folder import MANIFEST_FILE
 from driftlab.data.download import (
     NOT_DOWNLOADABLE,
     REGISTRY,
@@ -131,7 +134,7 @@ def test_resume_sends_range_and_appends_to_part(served, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     (out / "data.bin.part").write_bytes(CONTENT[:100_000])
-    (path,) = download("toy", out, progress=False, registry={"toy": (remote,)})
+    (path,) = download("toy", out, progress=False, registry={"toy": (remote,)}, force=True)  # a .part not listed as ours
     assert served.requests == [("/data.bin", "bytes=100000-")]
     assert path.read_bytes() == CONTENT
 
@@ -156,7 +159,7 @@ def test_server_ignoring_range_restarts_from_zero(served, tmp_path):
     out.mkdir()
     (out / "data.bin.part").write_bytes(b"x" * 5000)  # would corrupt the file if appended to
     served.ignore_range = True
-    (path,) = download("toy", out, progress=False, registry={"toy": (remote,)})
+    (path,) = download("toy", out, progress=False, registry={"toy": (remote,)}, force=True)  # a .part not listed as ours
     assert path.read_bytes() == CONTENT
 
 
@@ -165,7 +168,7 @@ def test_complete_part_answered_416_is_verified_and_kept(served, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     (out / "data.bin.part").write_bytes(CONTENT)
-    (path,) = download("toy", out, progress=False, registry={"toy": (remote,)})
+    (path,) = download("toy", out, progress=False, registry={"toy": (remote,)}, force=True)  # a .part not listed as ours
     assert path.read_bytes() == CONTENT
 
 
@@ -179,7 +182,7 @@ def test_checksum_mismatch_names_file_expected_actual_and_touches_nothing_else(s
         download("toy", out, progress=False, registry={"toy": (bad,)})
     message = str(info.value)
     assert "data.bin" in message and "0" * 64 in message and hashlib.sha256(CONTENT).hexdigest() in message
-    assert sorted(p.name for p in out.iterdir()) == ["keep.txt"]  # only the corrupt .part was removed
+    assert sorted(p.name for p in out.iterdir()) == [MANIFEST_FILE, "keep.txt"]  # only the corrupt .part was removed
 
 
 def test_existing_file_with_wrong_checksum_is_reported_not_deleted(served, tmp_path):
@@ -250,3 +253,43 @@ def test_remote_file_rejects_bad_checksums_and_schemes():
 def test_file_checksum(tmp_path):
     (tmp_path / "f").write_bytes(CONTENT)
     assert file_checksum(tmp_path / "f", "md5") == hashlib.md5(CONTENT).hexdigest()
+
+
+def test_a_users_file_of_a_name_it_would_write_is_refused_untouched_unless_forced(served, tmp_path):
+    remote = _publish(served, "data.bin", CONTENT)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "data.bin.part").write_bytes(b"the user's own notes")  # not listed as driftlab's: never appended to or deleted
+    with pytest.raises(ConfigError) as info:
+        download("toy", out, progress=False, registry={"toy": (remote,)})
+    assert str(info.value) == (
+        f"{out} already holds data.bin.part, not written by driftlab (or changed since); nothing was written: "
+        "choose another --to directory, or pass --force to replace it"
+    )
+    assert sorted(p.name for p in out.iterdir()) == ["data.bin.part"] and served.requests == []
+    assert (out / "data.bin.part").read_bytes() == b"the user's own notes"
+    # --force: the .part is taken over (resumed from its 20 bytes, so the checksum fails and the .part, now listed as
+    # driftlab's, is deleted); then a rerun into what is now driftlab's own folder fetches the file whole
+    with pytest.raises(ChecksumMismatchError):
+        download("toy", out, progress=False, registry={"toy": (remote,)}, force=True)
+    assert served.requests == [("/data.bin", "bytes=20-")] and not (out / "data.bin.part").exists()
+    (path,) = download("toy", out, progress=False, registry={"toy": (remote,)})
+    assert path.read_bytes() == CONTENT
+    assert json.loads((out / MANIFEST_FILE).read_text())["files"] == {n: "driftlab data download" for n in ("data.bin", "data.bin.part")}
+
+
+def test_data_download_command_refuses_with_the_fix_and_takes_force(served, tmp_path, monkeypatch, capsys):
+    from driftlab import cli
+    from driftlab.data import registry as data_sets
+
+    remote = _publish(served, "data.bin", CONTENT)
+    monkeypatch.setattr(data_sets, "downloads", lambda: {"toy": (remote,)})
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "data.bin.part").write_bytes(CONTENT[:1000])
+    assert cli.main(["data", "download", "toy", "--to", str(out)]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith(f"driftlab: error: {out} already holds data.bin.part") and "--force" in error
+    assert (out / "data.bin.part").read_bytes() == CONTENT[:1000]
+    assert cli.main(["data", "download", "toy", "--to", str(out), "--force"]) == 0  # resumed from the 1000 bytes
+    assert (out / "data.bin").read_bytes() == CONTENT and served.requests == [("/data.bin", "bytes=1000-")]

@@ -556,7 +556,11 @@ def _hold_directory(run_dir: Path) -> subprocess.Popen:
 
 def test_a_sweep_whose_runs_another_process_holds_exits_4_and_never_says_finished(tmp_path):
     # As after a SIGKILLed `--executor slurm --slurm-local` sweep, whose jobs go on: the rerun runs nothing there.
+    from driftlab.experiments.sweep.execution import SWEEP_NAMES
+    from driftlab.owned_folder import claim
+
     out = tmp_path / "sweep"
+    claim(out, SWEEP_NAMES, "driftlab sweep")  # what the killed sweep wrote first: its runs/ is driftlab's, not a user's
     holders = [_hold_directory(out / "runs" / name / "seed-0") for name in ("mu-0", "mu-1")]
     try:
         result = driftlab_cli("sweep", "synthetic-fedprox", "--grid", "algorithm.mu=[0, 1]", *TINY, "--out", out)

@@ -13,6 +13,7 @@ from typing import Any
 
 from driftlab.experiments.config import load_config
 from driftlab.experiments.runner import RunResult, run
+from driftlab.owned_folder import claim, first_line
 
 DEMO_BASE = "demo-synthetic"
 
@@ -28,10 +29,22 @@ DEMO_RUNS: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 
 
-def run_demo(out_dir: str | Path = "driftlab-demo", overrides: tuple[str, ...] = (), progress: bool = True) -> list[tuple[str, RunResult]]:
-    """Run every demo algorithm into ``out_dir/<label>``, then write ``summary.md`` and ``accuracy.png``."""
+SUMMARY_FILE = "summary.md"
+PLOT_FILE = "accuracy.png"
+SUMMARY_HEADER = "| algorithm | final acc |"  # how summary.md begins: a demo folder from before manifests is recognised by it
+
+
+def run_demo(
+    out_dir: str | Path = "driftlab-demo", overrides: tuple[str, ...] = (), progress: bool = True, force: bool = False
+) -> list[tuple[str, RunResult]]:
+    """Run every demo algorithm into ``out_dir/<label>``, then write ``summary.md`` and ``accuracy.png``.
+
+    The demo writes only those names into ``out_dir``; one of them there that driftlab did not write stops it before
+    any run, unless ``force`` (``driftlab.owned_folder``).  A run folder of an earlier demo is resumed or kept.
+    """
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    names = [SUMMARY_FILE, PLOT_FILE, *(label.lower() for label, _ in DEMO_RUNS)]
+    claim(out, names, "driftlab demo", force=force, recognise=_earlier_demo)
     results = []
     for label, run_overrides in DEMO_RUNS:
         config = load_config(DEMO_BASE, [*run_overrides, *overrides])
@@ -39,9 +52,14 @@ def run_demo(out_dir: str | Path = "driftlab-demo", overrides: tuple[str, ...] =
         resume = (run_dir / "config.json").exists()  # a run of an earlier demo: finished (kept as is) or to continue
         results.append((label, run(config, run_dir, resume=resume, progress=progress, progress_label=label)))
     table = summary_table(results)
-    (out / "summary.md").write_text(table + "\n")
-    plot_accuracy(results, out / "accuracy.png")
+    (out / SUMMARY_FILE).write_text(table + "\n")
+    plot_accuracy(results, out / PLOT_FILE)
     return results
+
+
+def _earlier_demo(entry: Path) -> bool:
+    """Whether ``entry`` is in a demo folder from before manifests: its summary.md is a demo's table, or it is a run."""
+    return first_line(entry.parent / SUMMARY_FILE).startswith(SUMMARY_HEADER) or (entry / "config.json").is_file()
 
 
 def _format(value: Any, spec: str) -> str:
@@ -52,7 +70,7 @@ def summary_table(results: list[tuple[str, RunResult]]) -> str:
     """A Markdown table: final and best accuracy, rounds, model-equivalents and bits to the target."""
     target = results[0][1].summary["target_accuracy"] if results else None
     goal = "target" if target is None else f"{target:.0%}"
-    header = f"| algorithm | final acc | best acc | rounds to {goal} | models up to {goal} | Mbit to {goal} | local steps |"
+    header = f"{SUMMARY_HEADER} best acc | rounds to {goal} | models up to {goal} | Mbit to {goal} | local steps |"
     lines = [header, "|---|---|---|---|---|---|---|"]
     for label, result in results:
         s = result.summary

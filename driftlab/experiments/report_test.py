@@ -1329,3 +1329,57 @@ def test_real_timed_and_asynchronous_runs_share_a_setting_and_their_times(tmp_pa
         assert _row(report, run.method, 0.01).time == run.records[0]["time_end"] > 0  # any accuracy beats 1% at once
         assert next(r for r in report.accuracy if r.method == run.method).simulated_time.mean == run.records[-1]["time_end"]
     assert (tmp_path / "report" / "synthetic-time.png").read_bytes()[:8] == PNG_SIGNATURE
+
+
+# ---------------------------------------------------------------- the user's files in --out
+
+
+def test_a_users_report_md_is_left_untouched_and_the_report_refused_with_the_fix(tmp_path, capsys):
+    from driftlab import cli
+
+    runs, out = _three_methods(tmp_path / "runs"), tmp_path / "mine"
+    out.mkdir()
+    (out / "report.md").write_bytes(b"# my own notes\n")
+    (out / "keep.png").write_bytes(b"mine")
+    assert cli.main(["report", str(runs), "--out", str(out), "--targets", "0.8"]) == 2
+    assert capsys.readouterr().err == (
+        f"driftlab: error: {out} already holds report.md, not written by driftlab (or changed since); nothing was written: "
+        "choose another --out directory, or pass --force to replace it\n"
+    )
+    assert sorted(p.name for p in out.iterdir()) == ["keep.png", "report.md"]
+    assert (out / "report.md").read_bytes() == b"# my own notes\n"
+    # --force replaces report.md, and leaves the user's other files alone
+    assert cli.main(["report", str(runs), "--out", str(out), "--targets", "0.8", "--force"]) == 0
+    assert (out / "report.md").read_text().startswith("# driftlab report\n") and (out / "keep.png").read_bytes() == b"mine"
+
+
+def test_a_figure_name_the_user_holds_is_refused_after_drawing_before_writing(tmp_path):
+    runs, out = _three_methods(tmp_path / "runs"), tmp_path / "mine"
+    out.mkdir()
+    (out / "synthetic-accuracy.png").write_bytes(b"mine")  # a figure's name, known only once the figures are drawn
+    with pytest.raises(ConfigError, match="holds synthetic-accuracy.png, not written by driftlab"):
+        make_report([runs], out, targets=[0.8])
+    assert sorted(p.name for p in out.iterdir()) == ["synthetic-accuracy.png"]
+
+
+def test_a_rerun_into_its_own_folder_replaces_its_files_and_removes_only_its_stale_ones(tmp_path):
+    from driftlab.owned_folder import MANIFEST_FILE
+
+    runs, out = _three_methods(tmp_path / "runs"), tmp_path / "report"
+    first = make_report([runs], out, targets=[0.8])
+    pngs = sorted(p.name for p in out.glob("*.png"))
+    assert pngs and {p.name for p in first.files} == {p.name for p in out.iterdir()} - {MANIFEST_FILE}
+    (out / "notes.md").write_text("the user's")
+    second = make_report([runs], out, targets=[0.8], plots=False)  # no figures now: the first report's are stale
+    assert sorted(p.name for p in out.iterdir()) == sorted([MANIFEST_FILE, "notes.md", *(p.name for p in second.files)])
+    assert not list(out.glob("*.png")) and (out / "notes.md").read_text() == "the user's"
+    assert all(path.parent == out and path.exists() for path in second.files)
+
+
+def test_a_report_folder_from_before_manifests_is_still_rewritten(tmp_path):
+    runs, out = _three_methods(tmp_path / "runs"), tmp_path / "report"
+    out.mkdir()
+    (out / "report.md").write_text("# driftlab report\n\nan older version's\n")
+    (out / "targets.csv").write_text("setting,target\n")
+    make_report([runs], out, targets=[0.8], plots=False)
+    assert "an older version's" not in (out / "report.md").read_text() and "FedAvg" in (out / "targets.csv").read_text()

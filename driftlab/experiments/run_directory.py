@@ -213,7 +213,7 @@ def check_run_directory(out: Path, config: ExperimentConfig, resume: bool) -> No
     """Refuse a folder this run may not write into, reading it only.
 
     A new run goes into a new or empty folder, or one a driftlab run left before recording
-    any round (only its config.json); ``resume`` needs a run of the same configuration there.
+    any round (only its config.json, beside its lock file); ``resume`` needs a run of the same configuration there.
     Nothing else is ever written into: the folder may be the user's.
     """
     names = visible_entries(out)
@@ -234,8 +234,10 @@ def check_run_directory(out: Path, config: ExperimentConfig, resume: bool) -> No
     if not resume:
         if has_results:
             raise ConfigError(f"{out} already holds a run; pass --resume to continue it, or choose another --out directory")
-        if complete:
-            return  # a run stopped before recording any round: nothing to lose
+        if complete and (out / LOCK_FILE).exists():
+            # A run stopped before recording any round (it locks the folder before writing config.json): nothing to
+            # lose. A config.json without the lock is the user's, say `driftlab config X > DIR/config.json`: kept.
+            return
         shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
         raise ConfigError(
             f"{out} is not empty and holds no driftlab run ({shown}); driftlab writes only into a new or empty "

@@ -135,3 +135,13 @@ def test_a_refused_run_removes_only_what_it_created(tmp_path):
     before = run_directory.DirectoryBefore.of(earlier)
     run_directory.remove_refused_run(earlier, before)
     assert (earlier / "config.json").exists()
+
+
+@pytest.mark.parametrize("name", ["metrics.csv", "config.json", "run.json", "notes.txt"])
+def test_a_users_file_in_a_run_directory_is_never_touched(tmp_path, name):
+    # config.json too, and a complete one: `driftlab config X > DIR/config.json` then `driftlab run ... --out DIR`
+    content = json.dumps(load_config(None).to_dict(), indent=2).encode() if name == "config.json" else b"mine\n"
+    (tmp_path / name).write_bytes(content)
+    with pytest.raises(ConfigError, match=rf"is not empty and holds no driftlab run \({name}\); .*choose another --out directory"):
+        run_directory.claim_run_directory(tmp_path, load_config(None, ["rounds=3"]), resume=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [name] and (tmp_path / name).read_bytes() == content

@@ -583,6 +583,10 @@ def test_a_run_whose_directory_another_process_holds_is_not_started_twice(tmp_pa
 
     spec = sweep_from_config("synthetic-fedprox", ["algorithm.mu=[0, 1]"], [0], name="s")
     extra = [*TINY, "rounds=2"]
+    from driftlab.experiments.sweep.execution import SWEEP_NAMES
+    from driftlab.owned_folder import claim
+
+    claim(tmp_path, SWEEP_NAMES, "driftlab sweep")  # as a sweep that started the held run left it: runs/ is driftlab's
     held = tmp_path / "runs" / "mu-1" / "seed-0"
     held.mkdir(parents=True)
     with open(held / ".lock", "a+") as lock:
@@ -712,3 +716,58 @@ def test_the_sweep_directory_module_imports_no_torch():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
+
+
+# ---------------------------------------------------------------- the user's files in --out
+
+
+def test_a_users_file_of_a_sweep_s_name_is_left_untouched_until_forced_and_the_sweep_then_resumes(tmp_path, capsys):
+    from driftlab import cli
+
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "sweep.json").write_bytes(b'{"my": "own plan"}\n')
+    (out / "notes.txt").write_bytes(b"mine")
+    command = ["sweep", "synthetic-fedprox", *TINY, "rounds=1", "--grid", "algorithm.mu=0", "--seeds", "0", "--out", str(out)]
+    assert cli.main([*command, "--no-report"]) == 2
+    assert capsys.readouterr().err == (
+        f"driftlab: error: {out} already holds sweep.json, not written by driftlab (or changed since); nothing was written: "
+        "choose another --out directory, or pass --force to replace it\n"
+    )
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt", "sweep.json"]
+    assert (out / "sweep.json").read_bytes() == b'{"my": "own plan"}\n'
+
+    spec = sweep_from_config("synthetic-fedprox", ["algorithm.mu=0"], [0], "mine")
+    overrides = [*TINY, "rounds=1"]
+    outcomes = run_sweep(spec, out, jobs=1, extra_overrides=overrides, log=lambda _: None, force=True)
+    assert [o.status for o in outcomes] == ["complete"] and (out / "notes.txt").read_bytes() == b"mine"
+    assert json.loads((out / "sweep.json").read_text())["name"] == "mine"
+    logged: list[str] = []
+    again = run_sweep(spec, out, jobs=1, extra_overrides=overrides, log=logged.append)  # its own folder now: resumed
+    assert [o.status for o in again] == ["complete"] and "1 already finished, 0 to run" in logged[0]
+
+
+def test_a_sweep_directory_from_before_manifests_is_recognised_as_the_sweep_s_own(tmp_path):
+    from driftlab.experiments.sweep.execution import SWEEP_NAMES, earlier_sweep
+    from driftlab.owned_folder import claim
+
+    spec = sweep_from_config("synthetic-fedprox", ["algorithm.mu=0"], [0], "old")
+    planned = plan(spec, None, TINY)
+    (tmp_path / "sweep.json").write_text(json.dumps(sweep_document(spec, planned, None, TINY)))  # as an older version left it
+    (tmp_path / "jobs.json").write_text("{}")
+    (tmp_path / "runs").mkdir()
+    assert claim(tmp_path, SWEEP_NAMES, "driftlab sweep", recognise=earlier_sweep).files["runs"] == "driftlab sweep"
+    (tmp_path / "sweep.json").write_text('{"name": "a user\'s file, no plan"}')
+    (tmp_path / ".driftlab-written.json").unlink()
+    with pytest.raises(ConfigError, match="holds sweep.json, jobs.json, runs, not written by driftlab"):
+        claim(tmp_path, SWEEP_NAMES, "driftlab sweep", recognise=earlier_sweep)
+
+
+def test_a_users_report_md_in_the_sweep_s_report_folder_stops_the_sweep_before_any_run(tmp_path, capsys):
+    from driftlab import cli
+
+    (tmp_path / "report").mkdir()
+    (tmp_path / "report" / "report.md").write_bytes(b"mine\n")
+    assert cli.main(["sweep", "synthetic-fedprox", *TINY, "rounds=1", "--grid", "algorithm.mu=0", "--out", str(tmp_path)]) == 2
+    assert f"{tmp_path / 'report'} already holds report.md, not written by driftlab" in capsys.readouterr().err
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")) == ["report", "report/report.md"]

@@ -8,8 +8,10 @@
     DIR/driftlab_app/apps.py       server = server_app(CONFIG), client = client_app(CONFIG, load=...)
     DIR/driftlab_app/driftlab_config.json   the resolved config (what `driftlab config CONFIG` prints)
 
-It writes only into a new or empty directory, so nothing a user has is ever
-overwritten.  ``check(config, rounds)`` runs the config under Flower's
+It writes only those names, and only where the directory holds none of them or only the files an earlier
+``driftlab flower new`` wrote there unchanged (``driftlab.owned_folder``): a project file the user edited (say
+``load_client_data`` in apps.py) or a file of their own is never replaced without ``--force``, and nothing else
+in the directory is touched.  ``check(config, rounds)`` runs the config under Flower's
 simulation engine and under the simulator's sequential backend and compares
 the final models bit for bit (this module imports no ``flwr``; ``check`` does).
 """
@@ -25,6 +27,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from driftlab.errors import ConfigError
+from driftlab.owned_folder import claim
 
 PACKAGE = "driftlab_app"
 CONFIG_NAME = "driftlab_config.json"
@@ -169,8 +172,12 @@ Each node keeps its clients' states (SCAFFOLD's controls, FedDyn's λ, error-fee
     }
 
 
-def write_project(directory: str | Path, config: Any, source: str = "") -> list[Path]:
-    """Write the Flower app project for ``config`` into ``directory`` (new or empty); returns the files written."""
+def write_project(directory: str | Path, config: Any, source: str = "", force: bool = False) -> list[Path]:
+    """Write the Flower app project for ``config`` into ``directory``; returns the files written.
+
+    ``directory`` is new, or holds none of the project's names but those an earlier project wrote and nobody edited
+    since; ``force`` replaces those files whoever wrote or edited them.
+    """
     from driftlab.experiments.config import ExperimentConfig, load_config
 
     if not isinstance(config, ExperimentConfig):
@@ -178,20 +185,20 @@ def write_project(directory: str | Path, config: Any, source: str = "") -> list[
         config = load_config(config)
     directory = Path(directory).expanduser()
     if directory.exists() and not directory.is_dir():
-        raise ConfigError(f"{directory} is a file, not a directory: give a new or empty directory for the Flower project")
-    if directory.is_dir() and any(directory.iterdir()):
-        raise ConfigError(f"{directory} is not empty; the Flower project is written only into a new or empty directory (nothing is overwritten)")
+        raise ConfigError(f"{directory} is a file, not a directory: give a new directory for the Flower project")
     from driftlab.deploy.messages import check_config_deployable
 
     check_config_deployable(config)  # a project that could only fail on the SuperLink is never written
     files = project_files(config, directory, source or config.algorithm.name)
-    directory.mkdir(parents=True, exist_ok=True)
+    top = [Path(relative).parts[0] for relative in files]
+    owned = claim(directory, top, "driftlab flower new", force=force, another="choose another DIR")
     written = []
     for relative, text in files.items():
         path = directory / relative
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
         written.append(path)
+    owned.record_digests(files)  # the project is meant to be edited: an edited file is the user's from now on
     return written
 
 
@@ -314,7 +321,7 @@ def flower_command(args: Any) -> int:
         print(f"driftlab: error: `driftlab flower` needs Flower, an optional extra of driftlab: {INSTALL_HINT}", file=sys.stderr)
         return 2
     if args.flower_command == "new":
-        written = write_project(args.directory, args.config)
+        written = write_project(args.directory, args.config, force=args.force)
         directory = Path(args.directory)
         print(f"wrote the Flower app project for {args.config} to {directory}:")
         for path in written:

@@ -57,7 +57,10 @@ def test_new_writes_a_flower_app_project_of_the_resolved_config(tmp_path, tiny, 
     directory = tmp_path / "app"
     assert cli.main(["flower", "new", str(directory), "--config", str(tiny)]) == 0
     written = sorted(str(path.relative_to(directory)) for path in directory.rglob("*") if path.is_file())
-    assert written == ["README.md", "driftlab_app/__init__.py", "driftlab_app/apps.py", "driftlab_app/driftlab_config.json", "pyproject.toml"]
+    assert written == [
+        ".driftlab-written.json", "README.md", "driftlab_app/__init__.py", "driftlab_app/apps.py", "driftlab_app/driftlab_config.json",
+        "pyproject.toml",
+    ]
     pyproject = tomllib.loads((directory / "pyproject.toml").read_text())
     assert pyproject["project"]["name"] == "app"
     # flwr 1.41 reads [tool.flwr.app] fab-include (flwr/cli/build.py), whose patterns must each match a file when the
@@ -80,15 +83,36 @@ def test_new_writes_a_flower_app_project_of_the_resolved_config(tmp_path, tiny, 
     assert "pyproject.toml" in capsys.readouterr().out
 
 
-def test_new_refuses_a_directory_that_is_not_empty_and_leaves_it_alone(tmp_path, tiny, with_flower, capsys):
+def test_new_refuses_a_users_file_of_a_project_name_and_leaves_it_alone_until_forced(tmp_path, tiny, with_flower, capsys):
     directory = tmp_path / "mine"
     directory.mkdir()
     (directory / "pyproject.toml").write_text("# the user's own\n")
     assert cli.main(["flower", "new", str(directory), "--config", str(tiny)]) == 2
-    error = capsys.readouterr().err
-    assert f"driftlab: error: {directory} is not empty" in error and "nothing is overwritten" in error
+    assert capsys.readouterr().err == (
+        f"driftlab: error: {directory} already holds pyproject.toml, not written by driftlab (or changed since); nothing was "
+        "written: choose another DIR, or pass --force to replace it\n"
+    )
     assert (directory / "pyproject.toml").read_text() == "# the user's own\n"
     assert [path.name for path in directory.iterdir()] == ["pyproject.toml"]
+    assert cli.main(["flower", "new", str(directory), "--config", str(tiny), "--force"]) == 0
+    assert tomllib.loads((directory / "pyproject.toml").read_text())["project"]["name"] == "mine"
+
+
+def test_new_again_rewrites_its_own_project_but_never_a_file_the_user_edited(tmp_path, tiny, with_flower, capsys):
+    directory = tmp_path / "app"
+    assert cli.main(["flower", "new", str(directory), "--config", str(tiny)]) == 0
+    (directory / "run").mkdir()  # what the app writes beside the project, and the user's own files, are never touched
+    (directory / "run" / "metrics.jsonl").write_text("{}\n")
+    (directory / "notes.md").write_text("mine")
+    assert cli.main(["flower", "new", str(directory), "--config", "synthetic-fedavg"]) == 0  # unchanged files: replaced
+    assert json.loads((directory / "driftlab_app" / "driftlab_config.json").read_text())["algorithm"]["name"] == "fedavg"
+    apps = directory / "driftlab_app" / "apps.py"
+    apps.write_text(apps.read_text() + "\n# the user's load_client_data\n")
+    edited = apps.read_bytes()
+    assert cli.main(["flower", "new", str(directory), "--config", str(tiny)]) == 2
+    assert f"{directory} already holds driftlab_app/apps.py, not written by driftlab (or changed since)" in capsys.readouterr().err
+    assert apps.read_bytes() == edited and (directory / "notes.md").read_text() == "mine"
+    assert (directory / "run" / "metrics.jsonl").read_text() == "{}\n"
 
 
 def test_new_refuses_a_file_and_an_unknown_config(tmp_path, tiny, with_flower, capsys):

@@ -68,11 +68,15 @@ Example:
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
 from driftlab.errors import ConfigError
+from driftlab.owned_folder import OwnedFolder, claim, first_line, refusal
 from driftlab.experiments.report.seeds import SeedsRow, baseline_for, check_baseline, seeds_rows, seeds_section, write_seeds_csv
 from driftlab.experiments.report.epsilon import EpsilonSummary, epsilon_summary, is_private, run_epsilon
 from driftlab.experiments.report.labels import algorithm_label, flatten_config, label_standalone
@@ -149,6 +153,7 @@ def make_report(
     steps_reference: str | None = None,
     plots: bool = True,
     baseline: str | None = None,
+    force: bool = False,
 ) -> Report:
     """Read the runs under ``inputs`` and write ``report.md``, CSV tables and figures into ``out_dir``.
 
@@ -163,6 +168,8 @@ def make_report(
       plots: write the PNG figures.
       baseline: the method label the others are compared with, paired by seed, in the "Over seeds" section
         (written where some method ran two seeds or more); default: each setting's first method.
+      force: replace files of the report's names in ``out_dir`` that driftlab did not write (``--force``);
+        without it such a file stops the report before anything is written (``driftlab.owned_folder``).
 
     Returns:
       A ``Report`` with the Markdown text, the files written and every number in the tables.
@@ -179,15 +186,38 @@ def make_report(
     requested_reference = _reference_for(steps_reference, documents, settings)
     check_baseline(baseline, {method for setting in settings for method in setting.methods})
     seed_rows: list[SeedsRow] = []
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    target = Path(out_dir)
+    # Refused early for the names every report writes; the figures' names are known once drawn (``_publish``).
+    claimable(target, force)
+    with tempfile.TemporaryDirectory(prefix="driftlab-report-") as staging:
+        out = Path(staging)  # every file is written here first, then moved into the user's folder once all may be
+        report = _write_report(
+            inputs, out, settings, documents, tuned, runs, chosen_targets, requested_reference, baseline, seed_rows, plots
+        )
+        report.files = _publish(out, target, report.files, force)
+    return report
 
+
+def _write_report(
+    inputs: Sequence[str | Path],
+    out: Path,
+    settings: list[Setting],
+    documents: list[dict[str, Any]],
+    tuned: TuningResult | None,
+    runs: list[RunData],
+    chosen_targets: list[float],
+    requested_reference: str | None,
+    baseline: str | None,
+    seed_rows: list[SeedsRow],
+    plots: bool,
+) -> Report:
+    """The report's files written into ``out`` (a staging folder ``make_report`` then publishes)."""
     target_rows: list[TargetRow] = []
     savings_rows: list[Savings] = []
     accuracy_rows: list[AccuracyRow] = []
     step_rows: list[StepsRow] = []
     files: list[Path] = []
-    lines = ["# driftlab report", ""]
+    lines = [REPORT_TITLE, ""]
     sources = ", ".join(f"`{p}`" for p in inputs)
     lines.append(f"{len(runs)} runs in {len(settings)} setting{'s' if len(settings) != 1 else ''}, read from {sources}.")
     for document in documents:
@@ -280,6 +310,48 @@ def make_report(
     files += write_tuning_csv(out, tuned)
     files += write_seeds_csv(out, seed_rows, chosen_targets)
     return Report(markdown, files, runs, settings, target_rows, savings_rows, accuracy_rows, step_rows, utility, tuned)
+
+
+REPORT_COMMAND = "driftlab report"
+REPORT_TITLE = "# driftlab report"  # report.md's first line: how a report folder from before manifests is recognised
+# The names every report writes (others: figures, and tables only some runs have); checked before anything is drawn.
+FIXED_FILES = ("report.md", "targets.csv", "savings.csv", "accuracy.csv", "steps.csv", "runs.csv")
+
+
+def earlier_report(entry: Path) -> bool:
+    """Whether ``entry`` sits in a report folder a driftlab from before manifests wrote (its report.md is ours)."""
+    return first_line(entry.parent / "report.md") == REPORT_TITLE
+
+
+def claimable(out: Path, force: bool) -> None:
+    """Refuse, before any work, an ``out`` whose report.md or tables driftlab did not write (unless ``force``)."""
+    if os.path.lexists(out) and not out.is_dir():
+        raise ConfigError(f"{out} exists and is not a directory; choose another --out directory")
+    if force or not out.is_dir():
+        return
+    refused = OwnedFolder.read(out, REPORT_COMMAND).foreign(FIXED_FILES, earlier_report)
+    if refused:
+        raise ConfigError(refusal(out, refused, "choose another --out directory"))
+
+
+def _publish(staging: Path, out: Path, files: list[Path], force: bool) -> list[Path]:
+    """Move the staged report into ``out`` once every name may be written there; returns the files' new paths.
+
+    The files an earlier report wrote there that this one does not (a setting's figures, a table of runs no
+    longer read) are removed, so report.md and the files beside it agree; only what the manifest lists as a
+    report's is removed.
+    """
+    names = sorted(entry.name for entry in staging.iterdir())
+    owned = claim(out, names, REPORT_COMMAND, force=force, recognise=earlier_report)
+    for name, writer in list(owned.files.items()):
+        if writer == REPORT_COMMAND and name not in names:
+            owned.remove(name)
+    for name in names:
+        try:
+            os.replace(staging / name, out / name)
+        except OSError:  # another file system: copied, with the staged file's mode (0o666 less the umask)
+            shutil.move(staging / name, out / name)
+    return [out / path.name for path in files]
 
 
 def _targets_for(targets: Sequence[float] | None, documents: Sequence[dict[str, Any]], runs: Sequence[RunData]) -> list[float]:

@@ -61,6 +61,12 @@ def add_parser(commands) -> None:
     parser.add_argument(
         "--list", action="store_true", help="print each marker of the doc (line, sweep, status) and exit"
     )
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="replace files of the names this command writes (DIR/NAME, DIR/replaced-tables.md, RECORD/NAME.md, and the "
+        "sweeps' own) that driftlab did not write; without it such a file stops the command before anything runs",
+    )
     parser.set_defaults(overrides=[])
 
 
@@ -80,7 +86,7 @@ def command(args) -> int:
     if args.dry_run:
         print("\n".join(dry_run(names, Path(args.out), docs, record_dir, args.scale, overrides)))
         return 0
-    reproduce(names, Path(args.out), docs, record_dir, args.scale, overrides)
+    reproduce(names, Path(args.out), docs, record_dir, args.scale, overrides, force=args.force)
     return 0
 
 

@@ -197,3 +197,46 @@ def test_every_record_of_one_call_names_the_commit_the_call_started_from(tmp_pat
 
     written = running.reproduce([SWEEP, "decaying-k-femnist"], out, docs, records, run=fake_run, log=lambda line: None)
     assert [parse_record(path.read_text(encoding="utf-8")).header["commit"] for path in written] == ["a" * 40] * 2
+
+
+def _fake_sweep(name, folder, scale, overrides, force=False):
+    """A report as the sweep writes it, without running anything (as the test above)."""
+    (folder / "report").mkdir(parents=True, exist_ok=True)
+    (folder / "sweep.json").write_text("{}")
+    tables = [f"## {heading}\n\n| method | {column} |\n| --- | --- |\n| {name} | 1 |\n"
+              for heading, column in (("Loss and distance", "final distance"), ("Local SGD steps", "total local steps"))]
+    (folder / "report" / "report.md").write_text("# driftlab report\n\n" + "\n".join(tables), encoding="utf-8")
+
+
+def test_a_users_files_in_out_and_records_stop_it_before_any_run_then_force_and_rerun_work(tmp_path, monkeypatch):
+    from driftlab.errors import ConfigError
+
+    docs, records, out = _doc(tmp_path)
+    monkeypatch.setattr(running, "git_commit", lambda tree: "a" * 40)
+    ran: list[tuple[str, bool]] = []
+
+    def fake_run(name, folder, scale, overrides, force=False):
+        ran.append((name, force))
+        _fake_sweep(name, folder, scale, overrides)
+
+    out.mkdir()
+    (out / "replaced-tables.md").write_bytes(b"my own tables\n")
+    before = docs.read_bytes()
+    with pytest.raises(ConfigError) as info:
+        running.reproduce([SWEEP], out, docs, records, run=fake_run, log=lambda line: None)
+    assert str(info.value) == (
+        f"{out} already holds replaced-tables.md, not written by driftlab (or changed since); nothing was written: "
+        "choose another --out directory, or pass --force to replace it"
+    )
+    records.mkdir()
+    (records / f"{SWEEP}.md").write_bytes(b"my own notes on the sweep\n")  # not a record
+    with pytest.raises(ConfigError, match=f"holds {SWEEP}.md, not written by driftlab .*choose another --record folder, or pass --force"):
+        running.reproduce([SWEEP], out, docs, records, run=fake_run, log=lambda line: None)
+    assert ran == [] and docs.read_bytes() == before
+    assert sorted(p.name for p in out.iterdir()) == ["replaced-tables.md"] and (out / "replaced-tables.md").read_bytes() == b"my own tables\n"
+    assert (records / f"{SWEEP}.md").read_bytes() == b"my own notes on the sweep\n"
+
+    running.reproduce([SWEEP], out, docs, records, run=fake_run, log=lambda line: None, force=True)
+    assert ran == [(SWEEP, True)] and parse_record((records / f"{SWEEP}.md").read_text(encoding="utf-8"))
+    running.reproduce([SWEEP], out, docs, records, run=fake_run, log=lambda line: None)  # its own files now: no force needed
+    assert ran == [(SWEEP, True), (SWEEP, False)]

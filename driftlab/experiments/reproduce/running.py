@@ -26,6 +26,7 @@ from driftlab.experiments.reproduce.markers import (
     parse_markers,
 )
 from driftlab.experiments.reproduce.records import ReproduceError, format_record, parse_record, without_figures
+from driftlab.owned_folder import claim, first_line, refusal
 
 _STATED_TIME = re.compile(
     r"(?:[Aa]bout\s)?\d+(?:\.\d+)?(?:–\d+(?:\.\d+)?)?\s(?:minutes|hours)(?:\sper\sdecay)?(?:\son\s\d+(?:\sbusy)?\scores)?"
@@ -104,10 +105,10 @@ def sweep_command(sweep: str, scale: str | None, overrides: Sequence[str]) -> st
     return " ".join(["driftlab", "sweep", sweep, *(["--scale", scale] if scale else []), *overrides])
 
 
-def run_shipped_sweep(sweep: str, out: Path, scale: str | None, overrides: Sequence[str]) -> None:
-    """``driftlab sweep SWEEP --out OUT [--scale S] [overrides]``, the command itself in a child process; errors unless it
-    finished and wrote its report. (A child, not a call: the experiments layer does not import the command line.)"""
-    argv = ["sweep", sweep, "--out", str(out), *(["--scale", scale] if scale else []), *overrides]
+def run_shipped_sweep(sweep: str, out: Path, scale: str | None, overrides: Sequence[str], force: bool = False) -> None:
+    """``driftlab sweep SWEEP --out OUT [--scale S] [--force] [overrides]``, the command itself in a child process; errors
+    unless it finished and wrote its report. (A child, not a call: the experiments layer does not import the command line.)"""
+    argv = ["sweep", sweep, "--out", str(out), *(["--scale", scale] if scale else []), *(["--force"] if force else []), *overrides]
     report = out / "report" / "report.md"
     started = time.time()
     code = subprocess.run([sys.executable, "-m", "driftlab.cli", *argv], check=False).returncode
@@ -128,12 +129,17 @@ def reproduce(
     scale: str | None = None,
     overrides: Sequence[str] = (),
     log: Callable[[str], None] | None = None,
-    run: Callable[[str, Path, str | None, Sequence[str]], None] = run_shipped_sweep,
+    run: Callable[..., None] = run_shipped_sweep,
+    force: bool = False,
 ) -> list[Path]:
     """Run each sweep (default: every one a marker names), write its record, rewrite its blocks; returns the records written.
 
     The doc is rewritten after each sweep, so a failure later keeps what earlier sweeps regenerated.
     A hand-typed table a conversion replaces is kept in ``OUT/replaced-tables.md``.
+
+    Before anything runs, ``out`` must hold no ``NAME`` or ``replaced-tables.md`` but driftlab's, and the record
+    folder no ``NAME.md`` but a record (``driftlab.owned_folder``); ``force`` replaces them, and is passed on to
+    each ``driftlab sweep``.
     """
     from driftlab.experiments.shipped import sweep_names
 
@@ -145,6 +151,8 @@ def reproduce(
     _check_names(names, shipped, "driftlab reproduce")
     if not names:
         raise ReproduceError(f"{docs} has no marker naming a sweep, and no NAME was given; name the sweeps to run")
+    _check_records(record_dir, names, force)
+    claim(out, [*names, REPLACED_TABLES], "driftlab reproduce", force=force, recognise=_earlier_reproduction)
     written = []
     # Once, before anything is written: the records and the doc this command rewrites would make the tree "dirty"
     # for every sweep after the first, though the code that runs them is the same.
@@ -152,7 +160,7 @@ def reproduce(
     for name in names:
         load_before, started, clock = _load(), datetime.now(timezone.utc), time.monotonic()
         log(f"reproduce: {sweep_command(name, scale, overrides)} --out {out / name}")
-        run(name, out / name, scale, overrides)
+        run(name, out / name, scale, overrides, **({"force": True} if force else {}))
         minutes = (time.monotonic() - clock) / 60
         header = {
             "commit": commit,
@@ -171,7 +179,7 @@ def reproduce(
         docs.write_text(rewrite.text, encoding="utf-8")
         log(f"reproduce: wrote {record_file}; {len(rewrite.regenerated)} block(s) of {name} in {docs} regenerated")
         if rewrite.converted:
-            replaced = out / "replaced-tables.md"
+            replaced = out / REPLACED_TABLES
             with replaced.open("a", encoding="utf-8") as file:
                 for line, table in rewrite.converted:
                     file.write(f"## {docs}:{line}, replaced by the tables of {name}\n\n{table}\n\n")
@@ -184,6 +192,32 @@ def reproduce(
                 f"reproduce: {docs}:{line}: a table derived from {name} by hand is not regenerated; check it against {record_file}"
             )
     return written
+
+
+REPLACED_TABLES = "replaced-tables.md"
+_REPLACED_HEADING = re.compile(r"^## .+, replaced by the tables of ")
+
+
+def _earlier_reproduction(entry: Path) -> bool:
+    """Whether ``entry`` in ``--out`` was written by an earlier ``driftlab reproduce``: a sweep directory, or the kept tables."""
+    if entry.name == REPLACED_TABLES:
+        return bool(_REPLACED_HEADING.match(first_line(entry)))
+    return entry.is_dir() and (entry / "sweep.json").is_file()
+
+
+def _check_records(record_dir: Path, names: Sequence[str], force: bool) -> None:
+    """Refuse, before any run, a ``NAME.md`` in the record folder that is not a record (a record marks itself)."""
+    refused = []
+    for name in names:
+        path = record_dir / f"{name}.md"
+        if force or not os.path.lexists(path):
+            continue
+        try:
+            parse_record(path.read_text(encoding="utf-8"), str(path))
+        except (OSError, UnicodeDecodeError, ReproduceError):
+            refused.append(path.name)
+    if refused:
+        raise ReproduceError(refusal(record_dir, refused, "choose another --record folder"))
 
 
 def dry_run(

@@ -44,6 +44,7 @@ from driftlab.executors import processes
 from driftlab.executors.processes import EXIT_BUSY, EXIT_COMPLETE, EXIT_DIVERGED, EXIT_FAILED, EXIT_INTERRUPTED
 from driftlab.executors.processes import process_gone
 from driftlab.executors.registry import ExecutorEntry, ExecutorOptions, resolve
+from driftlab.executors.slurm import LOG_FOLDER as SLURM_LOG_FOLDER
 from driftlab.executors.tasks import Events, RunTask, TaskResult
 # re-exported: the worker's entry point lived here, and driftlab.experiments.sweep still offers it
 from driftlab.executors.worker import die_with_parent, worker_main
@@ -56,6 +57,7 @@ from driftlab.experiments.run_directory import METRICS_FILE
 from driftlab.experiments.sweep.directory import HALVING_FILE, HALVING_RUNGS_FILE
 from driftlab.experiments.sweep.planning import PlannedRun, plan, sweep_document
 from driftlab.experiments.sweep.spec import SweepSpec, parse_halving
+from driftlab.owned_folder import OwnedFolder, claim
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,7 @@ def run_sweep(
     threads: int | None = None,
     trackers: Sequence[str] | None = None,
     halving: str | None = None,
+    force: bool = False,
 ) -> list[RunOutcome]:
     """Run every pending run of ``spec`` on ``executor`` (default: up to ``jobs`` local processes); returns each run's outcome.
 
@@ -91,6 +94,9 @@ def run_sweep(
 
     ``halving`` ("R:ETA", or "off"; None: the sweep file's ``halving``) runs the tuned axes' values by successive
     halving (the module's docstring); "off" runs every run to its rounds, extending the runs halving stopped.
+
+    The sweep writes only its own names into ``out_dir`` (``SWEEP_NAMES``), and refuses before running anything when
+    one of them is there and driftlab did not write it; ``force`` replaces such files (``driftlab.owned_folder``).
     """
     if threads is not None and threads < 1:
         raise ConfigError(f"threads per run must be at least 1, got {threads}")
@@ -108,9 +114,15 @@ def run_sweep(
 
     check_trackers_installed([name for r in runs for name in r.config.log])  # before any run starts
     document = sweep_document(spec, runs, scale, extra_overrides)
-    out.mkdir(parents=True, exist_ok=True)
+    # With force, a user's sweep.json, jobs.json or halving-rungs.json is replaced, never read as the sweep's own.
+    replaced = OwnedFolder.read(out, "driftlab sweep").foreign(SWEEP_NAMES, earlier_sweep) if force and out.is_dir() else []
+    claim(out, SWEEP_NAMES, "driftlab sweep", force=force, recognise=earlier_sweep)
     with _exclusive(out):
-        _check_existing(out, document)
+        for name in (JOBS_FILE, HALVING_RUNGS_FILE):
+            if name in replaced and (out / name).is_file():
+                _write_json(out / name, {})
+        if SWEEP_FILE not in replaced:
+            _check_existing(out, document)
         for r in runs:
             check_run_directory(out / r.dir, r.config)
         _write_json(out / SWEEP_FILE, document)
@@ -325,12 +337,30 @@ def _read_jobs(out: Path) -> dict[str, Any]:
         return {}
 
 
+SWEEP_LOCK_FILE = ".sweep.lock"
+# What a sweep writes directly in its directory (its report has its own folder's manifest, ``report/``).
+SWEEP_NAMES = (SWEEP_FILE, JOBS_FILE, HALVING_RUNGS_FILE, SWEEP_LOCK_FILE, "runs", SLURM_LOG_FOLDER)
+
+
+def earlier_sweep(entry: Path) -> bool:
+    """Whether ``entry`` sits in a sweep directory a driftlab from before manifests wrote: its sweep.json is a plan
+    (``sweep_document``), so the sweep resumes there as it always did. An empty .sweep.lock is a sweep's lock: it is
+    only ever opened to append nothing, so taking it changes nothing of anyone's."""
+    if entry.name == SWEEP_LOCK_FILE and entry.is_file() and entry.stat().st_size == 0:
+        return True
+    try:
+        document = json.loads((entry.parent / SWEEP_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(document, dict) and isinstance(document.get("runs"), list) and "name" in document
+
+
 @contextlib.contextmanager
 def _exclusive(out: Path):
     """One sweep process per directory: a second one would run the same runs into the same files."""
     import fcntl
 
-    handle = open(out / ".sweep.lock", "a+")
+    handle = open(out / SWEEP_LOCK_FILE, "a+")
     try:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -536,7 +536,8 @@ class DiskClientStore:
         descriptor = self._descriptors.get(key)
         if descriptor is None:
             path = self._path(index, slot)
-            descriptor = os.open(path, (os.O_RDWR | os.O_CREAT) if create else os.O_RDWR)
+            # 0o666 (less the umask), as open() creates files: os.open's default, 0o777, would make data files executable
+            descriptor = os.open(path, (os.O_RDWR | os.O_CREAT) if create else os.O_RDWR, 0o666)
             size = self.num_clients * self._fields[index].row_bytes
             if create and os.fstat(descriptor).st_size < size:
                 os.ftruncate(descriptor, size)  # sparse: rows never written take no disk space
@@ -567,7 +568,7 @@ class DiskClientStore:
 
     def _write_staged(self, place: int, rows: list[np.ndarray]) -> None:
         if self._staging_descriptor is None:
-            self._staging_descriptor = os.open(self.directory / STAGING_FILE, os.O_RDWR | os.O_CREAT)
+            self._staging_descriptor = os.open(self.directory / STAGING_FILE, os.O_RDWR | os.O_CREAT, 0o666)  # not executable
         view, offset = memoryview(np.concatenate(rows) if len(rows) > 1 else rows[0]), place * self._row_bytes
         while len(view):
             written = os.pwrite(self._staging_descriptor, view, offset)
