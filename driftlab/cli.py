@@ -27,9 +27,11 @@ import json
 import os
 import re
 import shutil
+import signal
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 import traceback
 import warnings
@@ -298,6 +300,18 @@ def _looks_like_override(word: str) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # run and sweep turn SIGTERM into KeyboardInterrupt while they work; once main returns, a second SIGTERM (one
+    # arriving while the process frees its memory and exits) must end it quietly, not print a traceback from shutdown
+    main_thread = threading.current_thread() is threading.main_thread() and hasattr(signal, "SIGTERM")
+    previous = signal.getsignal(signal.SIGTERM) if main_thread else None
+    try:
+        return _main(argv)
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+
+
+def _main(argv: list[str] | None) -> int:
     argv = sys.argv[1:] if argv is None else [str(word) for word in argv]
     args = None
     try:
@@ -335,11 +349,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _show_run_warnings_plainly() -> None:
-    """A run's own warnings (``UnstableRunWarning``) as one ``driftlab: warning: ...`` line, without Python's source line."""
+    """A run's own warnings (``UnstableRunWarning``, ``ResumeChangeWarning``) as one ``driftlab: warning: ...`` line,
+    without Python's source line."""
     show = warnings.showwarning
 
     def shown(message, category, filename, lineno, file=None, line=None):  # warnings.showwarning's signature
-        if category.__name__ == "UnstableRunWarning":
+        if category.__name__ in ("UnstableRunWarning", "ResumeChangeWarning"):
             print(f"driftlab: warning: {message}", file=sys.stderr if file is None else file)
         else:
             show(message, category, filename, lineno, file, line)

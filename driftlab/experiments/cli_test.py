@@ -603,3 +603,36 @@ def test_help_and_presets_import_no_torch_and_list_the_same_as_with_it():
     assert child.stdout == listed
     for name in sweep_names():  # what the light reading prints is the description the sweep loader reads
         assert cli._wrapped(load_sweep(name).description) in listed, name
+
+
+def test_main_gives_back_the_sigterm_handler_it_found(tmp_path):
+    """run turns SIGTERM into KeyboardInterrupt while it works; after main, a SIGTERM is the caller's business again
+    (a second one while the process exits must not print a traceback from its shutdown)."""
+    import signal
+
+    def mine(signum, frame):
+        pass
+
+    previous = signal.signal(signal.SIGTERM, mine)
+    try:
+        assert cli.main(["run", "synthetic-fedavg", *TINY, "--out", str(tmp_path / "run"), "--quiet"]) == 0
+        assert signal.getsignal(signal.SIGTERM) is mine
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def test_a_resume_with_another_thread_count_says_so_in_one_line(tmp_path, capsys):
+    import torch
+
+    out = str(tmp_path / "run")
+    threads = torch.get_num_threads()
+    assert cli.main(["run", "synthetic-fedavg", *TINY, "rounds=1", "keep_checkpoint=true", "--out", out, "--quiet"]) == 0
+    capsys.readouterr()
+    torch.set_num_threads(threads + 1)
+    try:
+        assert cli.main(["run", "synthetic-fedavg", *TINY, "--out", out, "--resume", "--quiet"]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    error = capsys.readouterr().err
+    assert error.startswith(f"driftlab: warning: resuming {out} at round 1 with {threads + 1} torch threads, where rounds up to it ran with {threads}")
+    assert error.count("\n") == 1 and "segments.py" not in error  # one line, without Python's source line
