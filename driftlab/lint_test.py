@@ -1,6 +1,6 @@
 """ruff, configured in pyproject.toml ([tool.ruff]), finds nothing in the repository: the lint is part of the test run.
 
-CI installs ruff through the `test` extra, pinned, because rules change between ruff releases; where ruff is missing,
+CI installs ruff through the `dev` extra, pinned, because rules change between ruff releases; where ruff is missing,
 or another release is installed, these tests skip and say why. The lint itself runs in well under a second.
 """
 
@@ -20,11 +20,11 @@ PYPROJECT = ROOT / "pyproject.toml"
 
 
 def _pinned_ruff() -> str:
-    """The ruff version the `test` extra pins (``ruff==X.Y.Z``)."""
+    """The ruff version the `dev` extra pins (``ruff==X.Y.Z``)."""
     extras = tomllib.loads(PYPROJECT.read_text(encoding="utf-8"))["project"]["optional-dependencies"]
-    pins = [re.fullmatch(r"ruff==(\S+)", requirement) for requirement in extras["test"]]
+    pins = [re.fullmatch(r"ruff==(\S+)", requirement) for requirement in extras["dev"]]
     found = [pin.group(1) for pin in pins if pin]
-    assert len(found) == 1, f"the test extra should pin ruff exactly once (ruff==X.Y.Z), not {extras['test']}"
+    assert len(found) == 1, f"the dev extra should pin ruff exactly once (ruff==X.Y.Z), not {extras['dev']}"
     return found[0]
 
 
@@ -46,13 +46,13 @@ def ruff() -> None:
     if not PYPROJECT.is_file():
         pytest.skip(f"no pyproject.toml at {ROOT}: driftlab is installed, not checked out, so there is no repository")
     if importlib.util.find_spec("ruff") is None:
-        pytest.skip('ruff is not installed: pip install -e ".[test]" installs the pinned one')
+        pytest.skip('ruff is not installed: pip install -e ".[dev]" installs the pinned one')
     installed = subprocess.run(
         [sys.executable, "-m", "ruff", "--version"], capture_output=True, text=True
     ).stdout.split()
     pinned = _pinned_ruff()
     if installed[-1:] != [pinned]:
-        pytest.skip(f"ruff {' '.join(installed[1:]) or '?'} is installed, the test extra pins {pinned}: rules differ")
+        pytest.skip(f"ruff {' '.join(installed[1:]) or '?'} is installed, the dev extra pins {pinned}: rules differ")
 
 
 def _codes(source: str, filename: str) -> list[str]:

@@ -54,6 +54,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
+from driftlab.extras import install_hint
 from driftlab.experiments.config import ConfigError, ExperimentConfig
 
 TRACKERS = ("tensorboard", "wandb", "mlflow")
@@ -79,10 +80,9 @@ def check_trackers_installed(names: Sequence[str]) -> None:
     """ConfigError, before any work, naming the extra of each tracker whose package is missing."""
     missing = [name for name in dict.fromkeys(names) if importlib.util.find_spec(_MODULES[name]) is None]
     if missing:
-        extras = ",".join(missing)
         raise ConfigError(
             f"log={list(dict.fromkeys(names))}: {' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not installed; "
-            f"pip install 'driftlab[{extras}]' (or drop {', '.join(missing)} from log / --log)"
+            f"{install_hint(*missing)} (or drop {', '.join(missing)} from log / --log)"
         )
 
 

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import os
 import shutil
 import signal
@@ -15,6 +16,7 @@ import pytest
 
 import driftlab
 from driftlab.experiments import trackers
+from driftlab.extras import install_hint
 from driftlab.experiments.cli_test import REPO_ROOT, _assert_clean_error, driftlab_cli
 from driftlab.experiments.config import ConfigError, load_config
 
@@ -270,11 +272,11 @@ def test_parse_tracker_list():
 def test_a_missing_tracker_package_stops_the_run_before_any_work(tmp_path, monkeypatch):
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real_find_spec(name, *a))
-    with pytest.raises(ConfigError, match=r"wandb is not installed; pip install 'driftlab\[wandb\]'"):
+    with pytest.raises(ConfigError, match=f"wandb is not installed; {re.escape(install_hint('wandb'))}"):
         driftlab.run(_config(log=["wandb"]), tmp_path / "run")
     assert not (tmp_path / "run").exists()
     result = driftlab_cli("sweep", "synthetic-fedavg", "--grid", "client.lr=0.01,0.02", "--out", tmp_path / "sweep", "--log", "wandb")
-    _assert_clean_error(result, "pip install 'driftlab[wandb]'")
+    _assert_clean_error(result, install_hint("wandb"))
     assert not (tmp_path / "sweep").exists()
 
 

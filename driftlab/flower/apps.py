@@ -47,7 +47,9 @@ try:
 except ModuleNotFoundError as error:  # only a missing flwr; any other import problem is Flower's to report
     if not (error.name or "").startswith("flwr"):
         raise
-    raise ModuleNotFoundError('driftlab.flower.apps needs Flower, an optional extra of driftlab: pip install "driftlab[flower]"') from None
+    from driftlab.extras import install_hint
+
+    raise ModuleNotFoundError(f"driftlab.flower.apps needs Flower, an optional extra of driftlab: {install_hint('flower')}") from None
 
 import torch
 

@@ -25,6 +25,7 @@ pytest.importorskip("flwr")
 import torch
 
 from driftlab import cli
+from driftlab.extras import install_hint
 from driftlab.experiments.config import load_config
 
 TINY = """\
@@ -441,11 +442,11 @@ def test_importing_the_apps_without_flower_says_how_to_install_it(tmp_path):
     environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=environment)
     assert result.returncode == 0, result.stderr
-    assert 'driftlab.flower.apps needs Flower, an optional extra of driftlab: pip install "driftlab[flower]"' in result.stdout
+    assert f"driftlab.flower.apps needs Flower, an optional extra of driftlab: {install_hint('flower')}" in result.stdout
     command = "import sys\nfrom driftlab import cli\nsys.exit(cli.main(['flower', 'check', 'synthetic-fedavg', '--rounds', '1']))\n"
     result = subprocess.run([sys.executable, "-c", command], capture_output=True, text=True, timeout=120, env=environment)
     assert result.returncode == 2
-    assert result.stderr.strip() == 'driftlab: error: `driftlab flower` needs Flower, an optional extra of driftlab: pip install "driftlab[flower]"'
+    assert result.stderr.strip() == f"driftlab: error: `driftlab flower` needs Flower, an optional extra of driftlab: {install_hint('flower')}"
 
 
 def test_the_simulation_hides_only_flowers_run_simulation_deprecation_notice():

@@ -31,7 +31,8 @@ from driftlab.owned_folder import claim
 
 PACKAGE = "driftlab_app"
 CONFIG_NAME = "driftlab_config.json"
-INSTALL_HINT = 'pip install "driftlab[flower]"'
+# What the generated files say: they travel to other machines, where driftlab's checkout may lie anywhere.
+INSTALL_HINT = 'pip install -e "PATH/TO/driftlab[flower]" (driftlab is installed from its checkout)'
 
 
 def flower_installed() -> bool:
@@ -318,7 +319,9 @@ def flower_command(args: Any) -> int:
     import sys
 
     if not flower_installed():
-        print(f"driftlab: error: `driftlab flower` needs Flower, an optional extra of driftlab: {INSTALL_HINT}", file=sys.stderr)
+        from driftlab.extras import install_hint
+
+        print(f"driftlab: error: `driftlab flower` needs Flower, an optional extra of driftlab: {install_hint('flower')}", file=sys.stderr)
         return 2
     if args.flower_command == "new":
         written = write_project(args.directory, args.config, force=args.force)

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from driftlab import cli
+from driftlab.extras import install_hint
 from driftlab.experiments.config import load_config
 from driftlab.flower import project
 
@@ -153,9 +154,9 @@ def test_the_flower_new_help_example_runs(tmp_path, with_flower, capsys):
 def test_without_flower_the_command_says_how_to_install_it(tmp_path, tiny, monkeypatch, capsys):
     monkeypatch.setattr(project, "flower_installed", lambda: False)
     assert cli.main(["flower", "new", str(tmp_path / "app"), "--config", str(tiny)]) == 2
-    assert 'pip install "driftlab[flower]"' in capsys.readouterr().err
+    assert install_hint("flower") in capsys.readouterr().err
     assert cli.main(["flower", "check", str(tiny), "--rounds", "1"]) == 2
-    assert 'pip install "driftlab[flower]"' in capsys.readouterr().err
+    assert install_hint("flower") in capsys.readouterr().err
     assert not (tmp_path / "app").exists()
 
 

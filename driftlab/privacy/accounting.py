@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from driftlab.errors import ConfigError
+from driftlab.extras import install_hint
 from driftlab.privacy.settings import ACCOUNTANTS
 
 if TYPE_CHECKING:
@@ -61,7 +62,6 @@ SEARCH_RELATIVE_TOLERANCE = 0.005  # noise_multiplier_for's z gives ε in [(1 - 
 PRV_MAX_LOSS = 700.0
 PRV_MAX_GRID = 1 << 24
 
-INSTALL_HINT = "pip install 'driftlab[privacy]'"
 
 
 def _opacus_rdp():
@@ -69,7 +69,7 @@ def _opacus_rdp():
     try:
         from opacus.accountants.analysis import rdp
     except ImportError:
-        raise ConfigError(f"privacy accounting (privacy.delta) needs Opacus: {INSTALL_HINT}") from None
+        raise ConfigError(f"privacy accounting (privacy.delta) needs Opacus: {install_hint('privacy')}") from None
     return rdp
 
 
@@ -78,7 +78,7 @@ def _opacus_prv():
     try:
         from opacus.accountants.analysis import prv
     except ImportError:
-        raise ConfigError(f"privacy accounting (privacy.delta) needs Opacus: {INSTALL_HINT}") from None
+        raise ConfigError(f"privacy accounting (privacy.delta) needs Opacus: {install_hint('privacy')}") from None
     return prv
 
 

@@ -19,11 +19,13 @@ attrs), so it cannot serve as the second reference.
 from __future__ import annotations
 
 import math
+import re
 import sys
 import warnings
 
 import pytest
 
+from driftlab.extras import install_hint
 from driftlab.errors import ConfigError
 from driftlab.privacy import accounting
 from driftlab.privacy.settings import PrivacySettings
@@ -308,5 +310,5 @@ def test_missing_opacus_names_the_extra(monkeypatch):
         monkeypatch.setitem(sys.modules, name, None)
     # arguments no other test uses, so no cached value answers
     for accountant in ("rdp", "prv"):
-        with pytest.raises(ConfigError, match=r"pip install 'driftlab\[privacy\]'"):
+        with pytest.raises(ConfigError, match=f"needs Opacus: {re.escape(install_hint('privacy'))}$"):
             accounting.epsilon(1.234567, 0.0123, 7, 1e-5, accountant)
