@@ -57,7 +57,8 @@ EPILOG_RUN = """examples:
   driftlab run mnist-fedadam data.root=/data/mnist server.lr=0.01 --out runs/fedadam
   driftlab run runs/fedavg/config.json --out runs/fedavg --resume
 
-overrides are section.key=value with TOML values, before or after the options; `driftlab config` lists every key."""
+overrides are section.key=value with TOML values, before or after the options.
+`driftlab config` lists every key with its meaning and default (this help listed them before 2026-12)."""
 
 EPILOG_SWEEP = """examples:
   driftlab sweep fedprox-figure1 --out runs/fedprox-figure1            a shipped sweep (see `driftlab presets`)
@@ -107,18 +108,6 @@ def _trackers_option(args: argparse.Namespace) -> tuple[str, ...] | None:
     return None if args.log is None else parse_tracker_list(args.log)
 
 
-class _RunHelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """`driftlab run --help`: the examples, then every configuration key, listed only when the help is shown
-    (listing them imports the config module, and torch, which parsing any other command line does not need)."""
-
-    def add_text(self, text: str | None) -> None:
-        if text == EPILOG_RUN:
-            from driftlab.experiments.config import describe_keys
-
-            text = EPILOG_RUN + "\n\nconfiguration keys:\n" + describe_keys()
-        super().add_text(text)
-
-
 def _user_errors() -> tuple[type[Exception], ...]:
     """ConfigError and those of USER_ERRORS whose module is imported (evaluated when an error is being handled)."""
     loaded = (getattr(sys.modules.get(module), name, None) for module, name in USER_ERRORS)
@@ -141,7 +130,7 @@ def _parser() -> argparse.ArgumentParser:
         help="run one experiment",
         description="Run one experiment and write its config, per-round metrics and checkpoints to --out.",
         epilog=EPILOG_RUN,
-        formatter_class=_RunHelpFormatter,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     run.add_argument("config", help="a config file (.toml or .json) or a preset name (see `driftlab presets`)")
     run.add_argument("overrides", nargs="*", metavar="key=value", help="overrides such as client.lr=0.05")
