@@ -18,6 +18,7 @@ The modules, one job each::
     tasks       RunTask, TaskResult, Events: what executors are given and give back
     registry    ExecutorEntry, the registry, ExecutorOptions and their command-line flags
     processes   the worker's command, its exit codes, the run directory's lock (no torch)
+    gpus        how many GPUs a run's device asks for, the local executor's placement, each GPU's share
     worker      the worker's entry point (the run's interpreter)
     local, slurm, ray_executor    the built-in executors
 """
@@ -47,7 +48,7 @@ register(
         local.execute,
         local.check,
         local.CLI_OPTIONS,
-        description="worker processes on this machine, up to --jobs at once",
+        description="worker processes on this machine, up to --jobs at once, GPU runs spread over --gpus",
         layout=local.layout,
     )
 )

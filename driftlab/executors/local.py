@@ -3,9 +3,15 @@
 Each worker is a child of the sweep and dies with it (checkpointing first); Ctrl-C
 reaches the whole process group, and a SIGTERM sent to the sweep alone is passed on.
 
-Runs started together on one GPU split its memory: each worker is told how many of the
-sweep's runs share its GPU (``DRIFTLAB_GPU_SHARE``, read by the run's memory budget,
-``driftlab.simulation.state.memory_budget``), so that two runs do not each plan for 80% of it.
+GPU runs are spread over the box's GPUs (``--gpus``, default every visible one): each is
+placed before any starts (``gpus.place``: round-robin in the sweep's order, a resumed run
+where it ran before, ``cuda:N`` on GPU N), and its worker sees only its own GPUs
+(``CUDA_VISIBLE_DEVICES``), so the run's ``cuda`` is the GPU it was given; run.json's
+``placement`` records which. Runs placed on one GPU split its memory: each worker is told
+how many of the sweep's runs may share its GPU at once (``DRIFTLAB_GPU_SHARE``, read by the
+run's memory budget, ``driftlab.simulation.state.memory_budget``), counted per GPU, so that
+two runs on GPU 0 do not each plan for 80% of it; no GPU runs more than ``ceil(jobs / GPUs)``
+at once (``gpus.gpu_slots``), however the runs' lengths interleave them.
 """
 
 from __future__ import annotations
@@ -15,29 +21,56 @@ import os
 import signal
 import subprocess
 import time
-from dataclasses import dataclass
-from typing import Any, Mapping
+from collections import Counter
+from dataclasses import dataclass, replace
+from typing import Any, Callable
 
 from driftlab.errors import ConfigError
 from driftlab.executors import processes
+from driftlab.executors.gpus import (
+    VISIBLE_VARIABLE,
+    check_gpus,
+    gpu_environment,
+    gpu_request,
+    gpu_shares,
+    gpu_slots,
+    next_to_start,
+    parse_gpus,
+    place,
+    recorded_gpus,
+    renumbered,
+    sweep_gpus,
+    visible_gpus,
+)
 from driftlab.executors.registry import CliOption, Layout
 from driftlab.executors.tasks import NO_EVENTS, Events, RunTask, TaskResult
-
-# Named here rather than imported: the memory budget's module imports torch, which an executor does not need.
-GPU_SHARE_VARIABLE = "DRIFTLAB_GPU_SHARE"
+from driftlab.experiments.run_directory import read_run_info
 
 
 @dataclass(frozen=True)
 class LocalOptions:
     jobs: int | None = None  # parallel processes (default: the cores this process may use)
+    # The GPUs runs are placed on: None (or "all") for every visible one, "none" (or ()) for none, "0,2" (or (0, 2))
+    gpus: str | tuple[int, ...] | None = None
 
 
-CLI_OPTIONS = (CliOption("--jobs", "jobs", int, "parallel processes (default: the number of cores)"),)
+CLI_OPTIONS = (
+    CliOption("--jobs", "jobs", int, "parallel processes (default: the number of cores)"),
+    CliOption(
+        "--gpus", "gpus", str, "the GPUs the local executor spreads GPU runs over, as torch numbers them: 0,2, all "
+        "(the default: every visible GPU) or none (CPU only)", "LIST",
+    ),
+)
 
 
-def check(options: LocalOptions) -> None:
+def check(options: LocalOptions, visible: Callable[[], tuple[str, ...]] | None = None) -> None:
+    """Refuse a --jobs below 1, a --gpus that is not a list of GPUs, and a GPU this machine does not have.
+
+    ``visible``: the GPUs this process sees (default ``gpus.visible_gpus``, looked up when called: tests replace it).
+    """
     if options.jobs is not None and options.jobs < 1:
         raise ConfigError(f"--jobs must be at least 1, got {options.jobs}")
+    check_gpus(options.gpus, visible or visible_gpus)
 
 
 def available_cores() -> int:
@@ -56,42 +89,52 @@ def layout(options: LocalOptions, pending: int) -> Layout:
     return Layout(max(1, available_cores() // jobs), f"in {jobs} process(es)")
 
 
-def gpus_of(config: Mapping[str, Any]) -> tuple[str, ...]:
-    """The GPUs a run's config may use, as ``cuda:N`` (``cuda`` and ``auto``: the first visible one); () for a CPU."""
-    device = str(config.get("device", "cpu"))
-    if device == "cpu":
-        return ()
-    if device in ("cuda", "auto"):  # auto runs on the CPU where there is no GPU, where the share is not read
-        return ("cuda:0",)
-    return tuple(part.strip() for part in device.split(","))
+@dataclass(frozen=True)
+class Placed:
+    """A task as its worker is started: its config in the worker's GPU numbering, its variables, its placement."""
+
+    task: RunTask
+    environment: dict[str, str]
+    placement: dict[str, Any] | None = None  # run.json's "placement": the sweep's GPU indices and CUDA_VISIBLE_DEVICES
+
+    @property
+    def gpus(self) -> tuple[int, ...]:
+        return tuple(self.placement["gpus"]) if self.placement else ()
 
 
-def gpu_shares(tasks: list[RunTask], jobs: int) -> dict[str, int]:
-    """For each GPU the tasks use, how many of them can run on it at once: ``min(jobs, tasks using it)``."""
-    counts: dict[str, int] = {}
-    for task in tasks:
-        for gpu in gpus_of(task.config):
-            counts[gpu] = counts.get(gpu, 0) + 1
-    return {gpu: min(jobs, count) for gpu, count in counts.items()}
+def placed_tasks(
+    tasks: list[RunTask], options: LocalOptions, jobs: int, visible: Callable[[], tuple[str, ...]] | None = None
+) -> list[Placed]:
+    """Each task with its GPUs (see ``gpus.place``), before any starts, so a wrong --gpus or device starts nothing.
 
-
-def gpu_environment(
-    task: RunTask, shares: Mapping[str, int], inherited: Mapping[str, str] = os.environ
-) -> dict[str, str]:
-    """The variables a task's worker gets: the share of its most shared GPU, when it uses one and shares it.
-
-    A share already set for this sweep (two sweeps on one GPU, each told 2) is multiplied: the runs of both split it.
+    ``visible``: the GPUs this process sees (default ``gpus.visible_gpus``), asked only when a run can use a GPU.
     """
-    share = max((shares[gpu] for gpu in gpus_of(task.config)), default=1)
-    if share == 1:
-        return {}
-    outer = inherited.get(GPU_SHARE_VARIABLE, "").strip()
-    return {GPU_SHARE_VARIABLE: str(share * (int(outer) if outer.isdigit() and int(outer) > 0 else 1))}
+    requests = [gpu_request(task.config) for task in tasks]
+    if not any(request.count for request in requests):
+        return [Placed(task, {}) for task in tasks]  # a CPU sweep: no torch, no CUDA asked
+    seen = (visible or visible_gpus)()
+    gpus = sweep_gpus(options.gpus, seen)
+    given_none = parse_gpus(options.gpus) == ()
+    why = "--gpus none gives the sweep no GPU" if given_none else "this machine shows no GPU torch can use"
+    recorded = [recorded_gpus(read_run_info(task.run_dir), seen) for task in tasks]
+    placements = place(requests, gpus, recorded, [task.label or task.key for task in tasks], why)
+    shares = gpu_shares(placements, jobs)
+    placed = []
+    for task, request, placement in zip(tasks, requests, placements, strict=True):
+        environment = gpu_environment(placement, request, seen, shares)
+        if not placement:
+            placed.append(Placed(task, environment))
+            continue
+        record = {"gpus": list(placement), "cuda_visible_devices": environment[VISIBLE_VARIABLE]}
+        placed.append(Placed(replace(task, config=renumbered(task.config, len(placement))), environment, record))
+    return placed
 
 
 def execute(tasks: list[RunTask], options: LocalOptions, events: Events = NO_EVENTS) -> list[TaskResult]:
     jobs = parallel_jobs(options, len(tasks))
-    shares = gpu_shares(tasks, jobs)
+    placed = {item.task.key: item for item in placed_tasks(tasks, options, jobs)}
+    slots = gpu_slots([item.gpus for item in placed.values()], jobs)  # runs on one GPU at once
+    busy: Counter[int] = Counter()  # runs going on each GPU
     results: list[TaskResult] = []
     active: dict[str, tuple[Any, RunTask, float]] = {}
     queue = list(tasks)
@@ -107,7 +150,10 @@ def execute(tasks: list[RunTask], options: LocalOptions, events: Events = NO_EVE
     try:
         while queue or active:
             while queue and len(active) < jobs:
-                task = queue.pop(0)
+                index = next_to_start([placed[t.key].gpus for t in queue], busy, slots)
+                if index is None:
+                    break  # each waiting run's GPU is full: one of them frees as a run ends
+                task = queue.pop(index)
                 holder = processes.run_directory_holder(task.run_dir)  # looked up at call time: tests replace it
                 if holder is not None:
                     results.append(TaskResult(task, None, started=False, holder=holder))
@@ -115,15 +161,18 @@ def execute(tasks: list[RunTask], options: LocalOptions, events: Events = NO_EVE
                     continue
                 (task.run_dir / processes.FAILURE_FILE).unlink(missing_ok=True)
                 resume = (task.run_dir / "config.json").exists()
-                environment = gpu_environment(task, shares)
+                item = placed[task.key]
                 process = processes.start_worker(
-                    task.run_dir, task.config, resume, task.threads, cwd=task.cwd, environment=environment
+                    task.run_dir, item.task.config, resume, task.threads, cwd=task.cwd,
+                    environment=item.environment, placement=item.placement,
                 )
                 active[task.key] = (process, task, time.perf_counter())
+                busy.update(item.gpus)
                 events.started(task, resume, {})
             time.sleep(0.2)
             for key in [k for k, (p, _, _) in active.items() if p.poll() is not None]:
                 process, task, started = active.pop(key)
+                busy.subtract(placed[key].gpus)
                 results.append(TaskResult(task, process.returncode, time.perf_counter() - started))
                 events.finished(results[-1])
     except KeyboardInterrupt:

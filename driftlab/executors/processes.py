@@ -45,13 +45,15 @@ def start_worker(
     executor: dict[str, Any] | None = None,
     cwd: str | None = None,
     environment: Mapping[str, str] | None = None,
+    placement: Mapping[str, Any] | None = None,
 ) -> subprocess.Popen:
     """A fresh interpreter per run: nothing of the caller's script is re-imported (as multiprocessing's spawn would),
     and it shares the terminal's process group, so Ctrl-C reaches it and it checkpoints.
 
     ``config`` is the resolved config table; ``executor`` (job id, log paths) goes into the run's run.json;
     ``cwd`` is where relative paths of the config (data.root) are read from: the sweep's working directory;
-    ``environment``: variables set for this run's process only, on top of this process's (the GPU share).
+    ``environment``: variables set for this run's process only, on top of this process's (its GPUs, their share);
+    ``placement`` (the GPUs an executor placed the run on) goes into run.json as ``placement``.
     """
     arguments: dict[str, Any] = {
         "run_dir": str(run_dir),
@@ -62,6 +64,8 @@ def start_worker(
     }
     if executor:
         arguments["executor"] = executor
+    if placement:
+        arguments["placement"] = dict(placement)
     env = {**os.environ, **environment} if environment else None
     return subprocess.Popen(worker_command(json.dumps(arguments)), cwd=cwd, env=env)
 
@@ -123,11 +127,17 @@ def set_aside_held(tasks: list[RunTask], events: Events) -> tuple[list[TaskResul
     return held, runnable
 
 
-def run_task(task: RunTask, job: dict[str, Any], on_start: Callable[[Any], None] | None = None) -> TaskResult:
+def run_task(
+    task: RunTask,
+    job: dict[str, Any],
+    on_start: Callable[[Any], None] | None = None,
+    environment: Mapping[str, str] | None = None,
+) -> TaskResult:
     """Run one task in a fresh worker process started here (what a SLURM job or a Ray task does) and wait for it.
 
     Resume is decided now, not at submission: a requeued or retried job continues from what the
-    directory holds. ``on_start`` gets the worker's Popen (to pass a pre-emption on to it).
+    directory holds. ``on_start`` gets the worker's Popen (to pass a pre-emption on to it); ``environment``: variables
+    for the worker only (its GPU share).
     """
     holder = run_directory_holder(task.run_dir)
     if holder is not None:
@@ -135,7 +145,7 @@ def run_task(task: RunTask, job: dict[str, Any], on_start: Callable[[Any], None]
     (task.run_dir / FAILURE_FILE).unlink(missing_ok=True)
     resume = (task.run_dir / "config.json").exists()
     started = time.perf_counter()
-    process = start_worker(task.run_dir, task.config, resume, task.threads, executor=job, cwd=task.cwd)
+    process = start_worker(task.run_dir, task.config, resume, task.threads, executor=job, cwd=task.cwd, environment=environment)
     if on_start is not None:
         on_start(process)
     try:

@@ -46,7 +46,9 @@ class CliOption:
     """One command-line flag of an executor: ``--slurm-time 120`` sets the field ``time`` of its options.
 
     ``type`` converts the flag's word (``int``, ``float``, ``str``), or is ``bool`` for a switch that takes
-    none. Several executors may declare the same flag (each for a field of its own); the command line has it once.
+    none. ``repeat``: the flag may be given several times, and the field gets a tuple of their words, in order
+    (``--slurm-setup "module load cuda" --slurm-setup "source .venv/bin/activate"``). Several executors may
+    declare the same flag (each for a field of its own); the command line has it once.
     """
 
     flag: str
@@ -54,6 +56,7 @@ class CliOption:
     type: Callable[[str], Any] = str
     help: str = ""
     metavar: str | None = None
+    repeat: bool = False
 
     @property
     def dest(self) -> str:
@@ -65,7 +68,8 @@ class CliOption:
         keywords: dict[str, Any] = {"dest": self.dest, "default": argparse.SUPPRESS, "help": self.help}
         if self.type is SWITCH:
             return {**keywords, "action": "store_true"}
-        return {**keywords, "type": self.type, **({"metavar": self.metavar} if self.metavar else {})}
+        shown = {"metavar": self.metavar} if self.metavar else {}
+        return {**keywords, "type": self.type, **shown, **({"action": "append"} if self.repeat else {})}
 
 
 @dataclass(frozen=True)
@@ -235,6 +239,8 @@ def options_from_command_line(name: str, given: Mapping[str, Any]) -> ExecutorOp
                 f"{flag} is an option of --executor {' or '.join(takers) or 'none'}, not of --executor {name}; "
                 f"drop {flag}, or run on that executor"
             )
+        if flags[flag].repeat:  # argparse gives a list of the words; a caller may give one word
+            value = tuple(value) if isinstance(value, (list, tuple)) else (value,)
         changes[flags[flag].field] = value
     return ExecutorOptions(name, **changes)
 

@@ -99,8 +99,9 @@ def test_an_entry_says_what_is_wrong_with_it():
 
 def test_each_flag_is_on_the_command_line_once_and_sets_its_executor_s_field(with_pause):
     flags = [option.flag for option in command_line_options()]
-    assert flags[:9] == [
+    assert flags[:15] == [
         "--jobs",
+        "--gpus",
         "--slurm-partition",
         "--slurm-time",
         "--slurm-cpus",
@@ -108,9 +109,14 @@ def test_each_flag_is_on_the_command_line_once_and_sets_its_executor_s_field(wit
         "--slurm-mem",
         "--slurm-array-parallelism",
         "--slurm-local",
+        "--slurm-account",
+        "--slurm-qos",
+        "--slurm-constraint",
+        "--slurm-setup",
         "--ray-address",
+        "--ray-runs-per-gpu",
     ]
-    assert flags[9:] == ["--pause"]  # pause's --jobs is local's flag, declared once
+    assert flags[15:] == ["--pause"]  # pause's --jobs is local's flag, declared once
     assert options_from_command_line("pause", {"--jobs": 3, "--pause": 0.5}) == ExecutorOptions(
         "pause", jobs=3, pause=0.5
     )
@@ -137,6 +143,19 @@ def test_argparse_gives_only_the_flags_the_user_gave(with_pause):
     assert vars(arguments) == {"slurm_local": True, "slurm_mem": 8}
     assert options_from_arguments("slurm", arguments) == ExecutorOptions("slurm", local=True, mem=8)
     assert options_from_arguments("local", parser.parse_args([])) == ExecutorOptions("local")
+    assert options_from_arguments("local", parser.parse_args(["--gpus", "0,2"])) == ExecutorOptions("local", gpus="0,2")
+
+
+def test_a_repeated_flag_gives_its_field_every_word_in_order():
+    parser = argparse.ArgumentParser()
+    for option in command_line_options():
+        parser.add_argument(option.flag, **option.argparse_keywords())
+    arguments = parser.parse_args(["--slurm-setup", "module load cuda", "--slurm-account", "p1", "--slurm-setup", "source .venv/bin/activate"])
+    assert options_from_arguments("slurm", arguments) == ExecutorOptions(
+        "slurm", account="p1", setup=("module load cuda", "source .venv/bin/activate")
+    )
+    assert options_from_command_line("slurm", {"--slurm-setup": "module load cuda"}) == ExecutorOptions("slurm", setup=("module load cuda",))
+    assert resolve(options_from_arguments("slurm", arguments))[1] == SlurmOptions(account="p1", setup=("module load cuda", "source .venv/bin/activate"))
 
 
 SERIAL_PLUGIN = '''
@@ -223,5 +242,5 @@ def test_run_sweep_s_jobs_sets_the_processes_of_executors_that_have_them():
 
     assert _executor(ExecutorOptions(), 3) == (registry.lookup("local"), LocalOptions(jobs=3))
     assert _executor(ExecutorOptions("slurm", time=5), None)[1] == SlurmOptions(time=5)
-    with pytest.raises(ConfigError, match=r"jobs=2: executor 'ray' has no jobs option \(its options: address\)"):
+    with pytest.raises(ConfigError, match=r"jobs=2: executor 'ray' has no jobs option \(its options: address, runs_per_gpu\)"):
         _executor(ExecutorOptions("ray"), 2)

@@ -10,6 +10,13 @@ and its log paths go into the run's ``run.json`` (``executor``) and the sweep's
 ``jobs.json``. ``--slurm-local`` runs the same jobs through submitit's local
 executor, as processes on this machine (tests, a laptop), which stop (checkpointed)
 when the sweep ends, however it ends, as the local executor's runs do.
+
+Every job of the array gets the same resources: ``--slurm-gpus`` GPUs (default: the most any
+run's device uses, ``gpus.gpu_request``; ``auto`` uses none), whose numbering inside the job
+starts at 0, so each run's device is handed to it in that numbering (``gpus.renumbered``).
+``--slurm-account``, ``--slurm-qos``, ``--slurm-constraint`` and ``--slurm-setup`` (shell lines
+run in the job script before the run: module loads, an environment's activation) go through
+to submitit's sbatch script; submitit's local executor has no use for them.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from driftlab.errors import ConfigError
+from driftlab.executors.gpus import gpu_request, renumbered
 from driftlab.executors.processes import process_gone, run_task, set_aside_held
 from driftlab.executors.registry import SWITCH, CliOption, Layout
 from driftlab.executors.tasks import NO_EVENTS, Events, RunTask, TaskResult, absolute
@@ -40,20 +48,31 @@ class SlurmOptions:
     partition: str | None = None
     time: int = 60  # minutes per job
     cpus: int | None = None  # CPUs per job (default: the run's threads)
-    gpus: int = 0  # GPUs per job
+    gpus: int | None = None  # GPUs per job (default: the most any run's device uses)
     mem: int | None = None  # GB per job (default: the cluster's)
     array_parallelism: int = 256  # jobs of the array running at once
     local: bool = False  # submitit's LocalExecutor: the same jobs as processes on this machine
+    account: str | None = None  # sbatch --account: whom the jobs are charged to
+    qos: str | None = None  # sbatch --qos
+    constraint: str | None = None  # sbatch --constraint: node features, e.g. "a100|h100"
+    setup: tuple[str, ...] = ()  # shell lines the job script runs before the run (module load ..., source .../activate)
 
 
 CLI_OPTIONS = (
     CliOption("--slurm-partition", "partition", str, "SLURM partition of the jobs"),
     CliOption("--slurm-time", "time", int, "time limit of each SLURM job in minutes (default: 60)", "MINUTES"),
     CliOption("--slurm-cpus", "cpus", int, "CPUs per SLURM job (default: the run's threads)"),
-    CliOption("--slurm-gpus", "gpus", int, "GPUs per SLURM job (default: 0)"),
+    CliOption("--slurm-gpus", "gpus", int, "GPUs per SLURM job (default: the most any run's device uses; auto uses none)"),
     CliOption("--slurm-mem", "mem", int, "memory per SLURM job in GB (default: the partition's)", "GB"),
     CliOption("--slurm-array-parallelism", "array_parallelism", int, "SLURM jobs of the sweep running at once (default: 256)"),
     CliOption("--slurm-local", "local", SWITCH, "run the SLURM jobs on this machine through submitit's local executor (no cluster)"),
+    CliOption("--slurm-account", "account", str, "SLURM account the jobs are charged to (sbatch --account)"),
+    CliOption("--slurm-qos", "qos", str, "SLURM quality of service of the jobs (sbatch --qos)"),
+    CliOption("--slurm-constraint", "constraint", str, "node features the jobs need (sbatch --constraint), e.g. 'a100|h100'"),
+    CliOption(
+        "--slurm-setup", "setup", str, "a shell line each job runs before its run (module load, source .venv/bin/activate); "
+        "give it once per line", "LINE", repeat=True,
+    ),
 )
 
 
@@ -63,8 +82,16 @@ def check(options: SlurmOptions) -> None:
         value = getattr(options, name)
         if value is not None and value < 1:
             raise ConfigError(f"--slurm-{name.replace('_', '-')} must be at least 1, got {value}")
-    if options.gpus < 0:
+    if options.gpus is not None and options.gpus < 0:
         raise ConfigError(f"--slurm-gpus must be 0 or more, got {options.gpus}")
+    for name in ("account", "qos", "constraint"):
+        value = getattr(options, name)
+        if value is not None and (not isinstance(value, str) or not value.strip() or any(c.isspace() for c in value)):
+            raise ConfigError(f"--slurm-{name} must be one word, as sbatch --{name} takes it, got {value!r}")
+    lines = (options.setup,) if isinstance(options.setup, str) else options.setup
+    for line in lines:
+        if not isinstance(line, str) or not line.strip() or "\n" in line:
+            raise ConfigError(f"--slurm-setup takes one shell line each time it is given, got {line!r}; repeat the flag for several lines")
     check_available(options)
 
 
@@ -77,7 +104,9 @@ def check_available(options: SlurmOptions) -> None:
     try:
         import submitit  # noqa: F401
     except ImportError:
-        raise ConfigError("--executor slurm needs submitit: pip install 'driftlab[slurm]'") from None
+        from driftlab.extras import install_hint
+
+        raise ConfigError(f"--executor slurm needs submitit: {install_hint('slurm')}") from None
     if not options.local and shutil.which("sbatch") is None:
         raise ConfigError(
             "--executor slurm needs SLURM's sbatch on PATH (run the sweep on the cluster's login node); "
@@ -103,6 +132,8 @@ class SlurmRun:
         environment = submitit.JobEnvironment()
         paths = environment.paths
         job = {"executor": "slurm", "job_id": environment.job_id, "stdout": str(paths.stdout), "stderr": str(paths.stderr)}
+        if os.environ.get("CUDA_VISIBLE_DEVICES"):  # the node's GPUs SLURM gave the job
+            job["cuda_visible_devices"] = os.environ["CUDA_VISIBLE_DEVICES"]
         # submitit ignores SIGTERM in the job's own process; pass it on so the run checkpoints (SLURM signals
         # every process, but submitit's local executor signals only this one).
         signal.signal(signal.SIGTERM, _stop_worker)
@@ -150,17 +181,38 @@ def sweep_directory(task: RunTask) -> Path:
     return task.run_dir.parents[len(Path(task.key).parts) - 1]
 
 
-def make_executor(options: SlurmOptions, folder: Path, cpus: int) -> Any:
+def job_gpus(options: SlurmOptions, tasks: list[RunTask]) -> int:
+    """The GPUs each job of the array gets: ``--slurm-gpus``, else the most any run's device uses; a ConfigError
+    for a run that needs more than ``--slurm-gpus`` gives it (it would fail on its node)."""
+    wanted = {task.label or task.key: gpu_request(task.config) for task in tasks}
+    most = max((request.count for request in wanted.values() if not request.optional), default=0)
+    if options.gpus is None:
+        return most
+    for label, request in wanted.items():
+        if request.count > options.gpus and not (request.optional and options.gpus == 0):
+            raise ConfigError(
+                f"{label} uses {request.count} GPU(s) (device={request.device}), but --slurm-gpus {options.gpus} "
+                f"gives each job {options.gpus}; give --slurm-gpus {request.count}, or leave it out (each job gets what the runs use)"
+            )
+    return options.gpus
+
+
+def make_executor(options: SlurmOptions, folder: Path, cpus: int, gpus: int | None = None) -> Any:
+    """submitit's executor of the array: ``gpus`` per job (default ``--slurm-gpus``, else 0)."""
     import submitit
 
     executor = submitit.AutoExecutor(folder=folder / "%j", cluster="local" if options.local else "slurm")
-    parameters: dict[str, Any] = {"name": "driftlab", "timeout_min": options.time, "cpus_per_task": cpus, "gpus_per_node": options.gpus}
+    gpus = gpus if gpus is not None else options.gpus or 0
+    parameters: dict[str, Any] = {"name": "driftlab", "timeout_min": options.time, "cpus_per_task": cpus, "gpus_per_node": gpus}
     if options.mem is not None:
         parameters["mem_gb"] = options.mem
-    if not options.local:
+    if not options.local:  # submitit's sbatch script; its local executor takes none of these
         parameters["slurm_array_parallelism"] = options.array_parallelism
-        if options.partition:
-            parameters["slurm_partition"] = options.partition
+        for name in ("partition", "account", "qos", "constraint"):
+            if getattr(options, name):
+                parameters[f"slurm_{name}"] = getattr(options, name)
+        if options.setup:
+            parameters["slurm_setup"] = [options.setup] if isinstance(options.setup, str) else list(options.setup)
     executor.update_parameters(**parameters)
     return executor
 
@@ -170,8 +222,11 @@ def execute(tasks: list[RunTask], options: SlurmOptions, events: Events = NO_EVE
     results, runnable = set_aside_held([absolute(task) for task in tasks], events)
     if not runnable:
         return results
-    executor = make_executor(options, sweep_directory(runnable[0]) / LOG_FOLDER, options.cpus or runnable[0].threads)
-    jobs = executor.map_array(SlurmRun(sweep_pid=os.getpid() if options.local else 0), runnable)
+    gpus = job_gpus(options, runnable)
+    executor = make_executor(options, sweep_directory(runnable[0]) / LOG_FOLDER, options.cpus or runnable[0].threads, gpus)
+    # a job sees only its own GPUs, numbered from 0: each run's device in that numbering
+    own = [replace(task, config=renumbered(task.config, gpu_request(task.config).count if gpus else 0)) for task in runnable]
+    jobs = executor.map_array(SlurmRun(sweep_pid=os.getpid() if options.local else 0), own)
     pending = {}
     submitted = time.perf_counter()
     for task, job in zip(runnable, jobs, strict=True):

@@ -30,6 +30,91 @@ def test_slurm_options_become_the_jobs_parameters(tmp_path):
 
     executor = make_executor(SlurmOptions(time=120, gpus=1, mem=8, local=True), tmp_path, cpus=2)
     assert (executor.parameters["timeout_min"], executor.parameters["gpus_per_node"]) == (120, 1)
+    # submitit's local executor takes none of the cluster's options: they are not handed to it
+    local = make_executor(SlurmOptions(local=True, account="proj", qos="high", setup=("module load cuda",)), tmp_path, cpus=1, gpus=0)
+    assert not any(name in local.parameters for name in ("account", "qos", "setup", "slurm_account"))
+
+
+def test_account_qos_constraint_time_gpus_and_setup_lines_reach_the_sbatch_script(tmp_path, monkeypatch):
+    from submitit.slurm import slurm as submitit_slurm
+
+    from driftlab.executors.slurm import SlurmOptions, make_executor
+
+    monkeypatch.setattr(submitit_slurm.SlurmExecutor, "affinity", classmethod(lambda cls: 1))  # as on a node with srun
+    options = SlurmOptions(
+        partition="gpu", time=90, account="proj-7", qos="high", constraint="a100|h100",
+        setup=("module load cuda/12.4", "source .venv/bin/activate"),
+    )
+    executor = make_executor(options, tmp_path, cpus=4, gpus=2)
+    parameters = executor._executor.parameters
+    assert {k: parameters[k] for k in ("time", "gpus_per_node", "cpus_per_task", "partition", "account", "qos", "constraint", "setup")} == {
+        "time": 90, "gpus_per_node": 2, "cpus_per_task": 4, "partition": "gpu", "account": "proj-7", "qos": "high",
+        "constraint": "a100|h100", "setup": ["module load cuda/12.4", "source .venv/bin/activate"],
+    }
+    script = submitit_slurm._make_sbatch_string(command="python run.py", folder=tmp_path, **parameters).splitlines()
+    for line in ("#SBATCH --account=proj-7", "#SBATCH --qos=high", "#SBATCH --constraint='a100|h100'", "#SBATCH --time=90",
+                 "#SBATCH --gpus-per-node=2", "#SBATCH --partition=gpu"):
+        assert line in script
+    setup = script.index("# setup")
+    assert script[setup + 1: setup + 3] == ["module load cuda/12.4", "source .venv/bin/activate"]
+    assert setup < script.index("# command")  # before the run
+
+
+def test_each_job_gets_the_gpus_its_runs_use_and_each_run_its_device_numbered_from_0(tmp_path, monkeypatch):
+    from driftlab.executors import slurm
+    from driftlab.executors.slurm import SlurmOptions
+    from driftlab.executors.tasks import RunTask, TaskResult
+
+    made, submitted = [], []
+
+    class Job:
+        def __init__(self, number, task):
+            self.job_id, self.task = f"100_{number}", task
+            self.paths = type("Paths", (), {"stdout": tmp_path / "out", "stderr": tmp_path / "err"})()
+
+        def done(self):
+            return True
+
+        def result(self):
+            return TaskResult(self.task, 0, 0.1)
+
+    class Executor:
+        def map_array(self, function, tasks):
+            submitted.extend(task.config["device"] for task in tasks)
+            return [Job(number, task) for number, task in enumerate(tasks)]
+
+    def make_executor(options, folder, cpus, gpus=None):
+        made.append(gpus)
+        return Executor()
+
+    monkeypatch.setattr(slurm, "make_executor", make_executor)
+    monkeypatch.setattr(slurm, "POLL_SECONDS", 0)
+    monkeypatch.setattr(slurm.shutil, "which", lambda name: "/usr/bin/sbatch")
+    tasks = [RunTask(f"r{i}", tmp_path / f"r{i}", {"device": d}, 1, label=f"r{i}") for i, d in enumerate(["cuda:3", "cuda:2,cuda:5", "cpu"])]
+    for task in tasks:
+        task.run_dir.mkdir()
+    results = slurm.execute(tasks, SlurmOptions())
+    assert [r.exit_code for r in results] == [0, 0, 0] and [r.task.config["device"] for r in results] == ["cuda:3", "cuda:2,cuda:5", "cpu"]
+    assert made == [2] and submitted == ["cuda:0", "cuda:0,cuda:1", "cpu"]  # every job gets the most any run uses
+    assert slurm.job_gpus(SlurmOptions(gpus=4), tasks) == 4
+    assert slurm.job_gpus(SlurmOptions(), [RunTask("a", tmp_path, {"device": "auto"}, 1)]) == 0  # auto asks for none
+    assert slurm.job_gpus(SlurmOptions(gpus=0), [RunTask("a", tmp_path, {"device": "auto"}, 1)]) == 0
+    with pytest.raises(
+        ConfigError,
+        match=r"^r1 uses 2 GPU\(s\) \(device=cuda:0,cuda:1\), but --slurm-gpus 1 gives each job 1; give --slurm-gpus 2, or leave it out",
+    ):
+        slurm.execute(tasks, SlurmOptions(gpus=1))
+
+
+def test_impossible_cluster_options_are_refused_by_name():
+    for options, message in (
+        (ExecutorOptions("slurm", local=True, account="my project"), r"^--slurm-account must be one word, as sbatch --account takes it, got 'my project'$"),
+        (ExecutorOptions("slurm", local=True, qos=""), r"^--slurm-qos must be one word"),
+        (ExecutorOptions("slurm", local=True, setup=("module load a\nmodule load b",)), r"^--slurm-setup takes one shell line each time it is given"),
+    ):
+        with pytest.raises(ConfigError, match=message):
+            check_options(options)
+    check_options(ExecutorOptions("slurm", local=True, account="p1", qos="high", constraint="a100&ib", setup=("module load cuda",)))
 
 
 @pytest.mark.slow

@@ -2,7 +2,8 @@
 
 One run per process: it claims the run directory, runs (or resumes) the config it was
 given, and says how it ended by its exit code (``processes.EXIT_*``); a failure leaves
-``failure.txt`` in the run directory. It stops, checkpointed, when the process that
+``failure.txt`` in the run directory. The GPUs an executor placed it on (``placement``:
+the sweep's indices, ``CUDA_VISIBLE_DEVICES``, and here their names) go into its run.json. It stops, checkpointed, when the process that
 started it (the sweep, a SLURM job, a Ray task) dies, however it dies.
 """
 
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from driftlab.errors import ConfigError
+from driftlab.executors.gpus import PLACEMENT_KEY
 from driftlab.executors.processes import (
     EXIT_BUSY,
     EXIT_DIVERGED,
@@ -104,6 +106,19 @@ def _ask_for_parent_death_signal() -> bool:
         return False
 
 
+def gpu_names() -> list[str]:
+    """The names of the GPUs this process sees (its own, set by the executor), [] where torch cannot say.
+
+    Asked before the run starts: it initialises CUDA, which a run on these GPUs does first anyway.
+    """
+    import torch
+
+    try:
+        return [torch.cuda.get_device_name(index) for index in range(torch.cuda.device_count())]
+    except (RuntimeError, AssertionError, OSError):  # no driver, a GPU gone since the executor counted it
+        return []
+
+
 def worker_main(arguments: str) -> None:
     """Entry point of a run's interpreter (see ``processes.start_worker``): ``arguments`` is its JSON."""
     parsed = json.loads(arguments)
@@ -114,6 +129,8 @@ def worker_main(arguments: str) -> None:
             # this one outright; the job's own process handles it by stopping this run (SIGTERM: checkpoint, exit).
             signal.signal(signal.SIGUSR2, signal.SIG_IGN)
     run_info = {"executor": parsed["executor"]} if parsed.get("executor") else {}
+    if parsed.get("placement"):
+        run_info[PLACEMENT_KEY] = {**parsed["placement"], "gpu_names": gpu_names()}
     _worker(parsed["run_dir"], parsed["config"], parsed["resume"], parsed["threads"], run_info)
 
 
