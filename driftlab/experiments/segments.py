@@ -44,9 +44,10 @@ from typing import Any
 
 import torch
 
+from driftlab.errors import ConfigError
 from driftlab.experiments.run_directory import CONFIG_FILE, read_run_info
 from driftlab.simulation.round.setup import disk_stores, wave_size
-from driftlab.simulation.state.memory_budget import MemoryBudget, parse_bytes
+from driftlab.simulation.state.memory_budget import MemoryBudget
 
 SEGMENTS_KEY = "segments"
 
@@ -100,9 +101,9 @@ def _legacy_segment(info: dict[str, Any], memory_budget: Any, start_round: int) 
         if machine.get(name) is not None:
             segment[key] = machine[name]
     try:
-        segment["round_bytes"] = MemoryBudget(parse_bytes(memory_budget) if memory_budget is not None else None).round_bytes
+        segment["round_bytes"] = MemoryBudget.for_run(memory_budget).round_bytes  # no devices: nothing measured
         segment["memory_budget"] = memory_budget
-    except (ValueError, TypeError):
+    except (ConfigError, ValueError, TypeError):
         pass  # an unreadable budget: nothing to compare
     return segment
 
