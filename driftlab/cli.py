@@ -11,7 +11,7 @@
     driftlab data list                              the data sets, partitions and models a config can name
     driftlab data describe CONFIG [key=value ...]   clients, samples per client, classes holding 80% of a client's data
     driftlab data download NAME --to DIR            fetch official files (checksummed, resumable); never needed for tests
-    driftlab flower new DIR --config CONFIG         a Flower app project running CONFIG (pip install "driftlab[flower]")
+    driftlab flower new DIR --config CONFIG         a Flower app project running CONFIG (the flower extra)
     driftlab flower check CONFIG [key=value ...]    Flower's simulation engine vs the simulator, bit for bit (exit 0: equal)
 
 key=value overrides may stand anywhere after the command, before or after its options.

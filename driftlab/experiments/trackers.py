@@ -36,7 +36,7 @@ and rounds after the checkpoint are recomputed identically (wall-clock fields as
 
 Only a run that grows past its old last round may keep, in MLflow and W&B, that
 round's evaluation (metrics.jsonl drops it: with more rounds the round is no longer
-evaluated).  The packages are extras: ``pip install 'driftlab[tensorboard]'`` and so on.
+evaluated).  The packages are extras: ``pip install -e ".[tensorboard]"`` from the checkout, and so on.
 """
 
 from __future__ import annotations

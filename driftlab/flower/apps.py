@@ -1,4 +1,4 @@
-"""The Flower glue: a ``ServerApp`` and a ``ClientApp`` that run a driftlab config on Flower (``pip install "driftlab[flower]"``).
+"""The Flower glue: a ``ServerApp`` and a ``ClientApp`` that run a driftlab config on Flower (the ``flower`` extra).
 
 Everything an algorithm computes happens in ``driftlab.deploy``
 (``DeploymentServer`` on the server, ``DeploymentClient`` on each node), which
