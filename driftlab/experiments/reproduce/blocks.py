@@ -24,7 +24,7 @@ from driftlab.experiments.reproduce.markers import (
     parse_markers,
     table_under,
 )
-from driftlab.experiments.reproduce.records import Record, ReproduceError, parse_record, select_tables
+from driftlab.experiments.reproduce.records import Record, ReproduceError, parse_record, select_tables, split_key
 
 _COMMIT = re.compile(r"^[0-9a-f]{40}(\+dirty)?$")
 # A number as a table prints it: sign, digits with thousands commas, decimals, exponent, percent; "± 0.03" keeps its ±.
@@ -114,9 +114,9 @@ def docs_problems(doc: str, origin: str, record_dir: Path, docs: Path, shipped: 
         if isinstance(marker, PaperNumbers):
             continue
         line = marker.start if isinstance(marker, Regenerated) else marker.line
-        if marker.sweep and marker.sweep not in shipped:
+        if marker.sweep and split_key(marker.sweep)[0] not in shipped:
             problems.append(
-                f"{origin}:{line + 1}: {marker.sweep!r} is not a shipped sweep (shipped: {', '.join(shipped)})"
+                f"{origin}:{line + 1}: {split_key(marker.sweep)[0]!r} is not a shipped sweep (shipped: {', '.join(shipped)})"
             )
             continue
         if not isinstance(marker, Regenerated):
@@ -137,10 +137,11 @@ def docs_problems(doc: str, origin: str, record_dir: Path, docs: Path, shipped: 
             problems.append(
                 f"{cited}: `commit: {record.header['commit']}` is not 40 hex digits (git rev-parse HEAD), with +dirty or not"
             )
-        if record.header["command"].split()[:3] != ["driftlab", "sweep", marker.sweep]:
-            problems.append(
-                f"{cited}: `command: {record.header['command']}` does not run `driftlab sweep {marker.sweep}`"
-            )
+        sweep, scale = split_key(marker.sweep)
+        words = record.header["command"].split()
+        runs = f"driftlab sweep {sweep}" + (f" --scale {scale}" if scale else "")
+        if words[:3] != ["driftlab", "sweep", sweep] or _scale_of(words) != scale:
+            problems.append(f"{cited}: `command: {record.header['command']}` does not run `{runs}`")
         problems += block_problems(lines, marker, record, cited, origin)
     covered = set()
     for marker in markers:
@@ -161,6 +162,16 @@ def docs_problems(doc: str, origin: str, record_dir: Path, docs: Path, shipped: 
                 "(`driftlab reproduce`), or mark it with `<!-- not regenerated: sweep=NAME; WHY -->` or `<!-- paper numbers: SOURCE -->`"
             )
     return problems
+
+
+def _scale_of(words: Sequence[str]) -> str | None:
+    """The ``--scale`` of a recorded ``driftlab sweep`` command's words (None: the default scale)."""
+    for index, word in enumerate(words):
+        if word == "--scale" and index + 1 < len(words):
+            return words[index + 1]
+        if word.startswith("--scale="):
+            return word.removeprefix("--scale=")
+    return None
 
 
 @dataclass(frozen=True)

@@ -16,14 +16,17 @@ sweep a marker of the doc names), run `driftlab sweep NAME --out DIR/NAME` (a pa
 exactly), write the record RECORD/NAME.md (commit, command, date, machine, wall time, then the report's
 text, figures left out), and rewrite every `<!-- regenerated from .../NAME.md -->` block of the doc from it;
 a `<!-- not regenerated: sweep=NAME; ... -->` marker and the hand-typed table under it become such a block
-(the replaced table is kept in DIR/replaced-tables.md). driftlab/experiments/reproduction_docs_test.py checks
-that every block is what its record prints."""
+(the replaced table is kept in DIR/replaced-tables.md). At a named scale (`--scale paper`, or NAME@paper) the
+runs, the record and the blocks are NAME@SCALE's own (DIR/NAME@paper, RECORD/NAME@paper.md), so a paper-scale run
+never replaces the default scale's. driftlab/experiments/reproduction_docs_test.py checks that every block is what
+its record prints."""
 
 EPILOG = """examples:
   driftlab reproduce --list                                   each marker of the doc: line, sweep, status
   driftlab reproduce --dry-run --out runs/reproduction        what would run (runs, stated minutes) and be written
   driftlab reproduce --out runs/reproduction                  every sweep the doc names, at the default scale
   driftlab reproduce decaying-k-quadratic --out runs/repro    one sweep; run it again to resume
+  driftlab reproduce feddyn-table2-partial@paper --out runs   one sweep at its paper scale: its own record and blocks
 
 docs/reproduction.md's first section describes the markers."""
 
@@ -43,7 +46,8 @@ def add_parser(commands) -> None:
         "sweeps",
         nargs="*",
         metavar="NAME",
-        help="shipped sweeps to run (default: every sweep a marker of --docs names); key=value words are overrides for every run",
+        help="shipped sweeps to run, NAME@SCALE at a named scale (default: every sweep a marker of --docs names); "
+        "key=value words are overrides for every run",
     )
     parser.add_argument(
         "--out", help="folder of the sweeps' directories, DIR/NAME (created; reused to resume); required unless --list"
@@ -54,7 +58,9 @@ def add_parser(commands) -> None:
     parser.add_argument(
         "--record", help="folder of the records NAME.md (default: the doc's folder / the doc's name, docs/reproduction)"
     )
-    parser.add_argument("--scale", help="a named scale of every sweep, e.g. paper (default: the default scale)")
+    parser.add_argument(
+        "--scale", help="a named scale of every NAME, e.g. paper: NAME@paper's runs, record and blocks (default: the default scale)"
+    )
     parser.add_argument(
         "--dry-run", action="store_true", help="list what would run and be written; run and change nothing"
     )

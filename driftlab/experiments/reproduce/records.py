@@ -1,6 +1,7 @@
 """Records: the recorded output of one ``driftlab sweep NAME``, from which docs/reproduction.md's tables are copied.
 
-A record, ``docs/reproduction/NAME.md``, is a header saying which tree printed it and how, then the report
+A record, ``docs/reproduction/NAME.md`` (``NAME@SCALE.md`` for a sweep run at a named scale, ``--scale SCALE``:
+its own record and blocks, so a paper-scale run never replaces the default scale's), is a header saying which tree printed it and how, then the report
 ``driftlab sweep NAME`` wrote (``report/report.md``, its figures left out), verbatim::
 
     # Recorded output of `driftlab sweep NAME`
@@ -39,6 +40,20 @@ _HEADER_LINE = re.compile(r"^- (?P<key>[a-z]+): (?P<value>.*)$")
 
 class ReproduceError(ConfigError):
     """A marker, a record or a sweep outcome that stops ``driftlab reproduce``; the message says what to fix."""
+
+
+SCALE_SEPARATOR = "@"
+
+
+def record_key(sweep: str, scale: str | None) -> str:
+    """The name of a sweep's record, blocks and run folder at ``scale``: ``NAME``, or ``NAME@SCALE`` at a named scale."""
+    return f"{sweep}{SCALE_SEPARATOR}{scale}" if scale else sweep
+
+
+def split_key(key: str) -> tuple[str, str | None]:
+    """``(NAME, SCALE)`` of a record key (``record_key``); SCALE is None at the default scale."""
+    sweep, separator, scale = key.partition(SCALE_SEPARATOR)
+    return sweep, (scale if separator else None)
 
 
 @dataclass(frozen=True)
@@ -185,12 +200,15 @@ def select_tables(tables: Sequence[ReportTable], selectors: Sequence[str] | None
 __all__ = [
     "HEADER_FIELDS",
     "REPORT_START",
+    "SCALE_SEPARATOR",
     "Record",
     "ReportTable",
     "ReproduceError",
     "format_record",
     "parse_record",
+    "record_key",
     "report_tables",
     "select_tables",
+    "split_key",
     "without_figures",
 ]

@@ -240,3 +240,58 @@ def test_a_users_files_in_out_and_records_stop_it_before_any_run_then_force_and_
     assert ran == [(SWEEP, True)] and parse_record((records / f"{SWEEP}.md").read_text(encoding="utf-8"))
     running.reproduce([SWEEP], out, docs, records, run=fake_run, log=lambda line: None)  # its own files now: no force needed
     assert ran == [(SWEEP, True), (SWEEP, False)]
+
+
+def test_a_named_scale_has_its_own_runs_record_and_blocks(tmp_path, monkeypatch):
+    # A paper-scale run must not overwrite the default scale's record or blocks: NAME@SCALE is a record of its own.
+    docs, records, out = _doc(tmp_path)
+    scaled = f"{SWEEP}@paper"
+    text = docs.read_text(encoding="utf-8")
+    docs.write_text(
+        text + f"\n<!-- not regenerated: sweep={scaled}; tables=Local SGD steps; the paper scale, not yet run -->\n"
+        "| method | total local steps |\n|---|---|\n| constant K | 7 |\n",
+        encoding="utf-8",
+    )
+    monkeypatch.setattr(running, "git_commit", lambda tree: "b" * 40)
+    ran: list[tuple[str, str | None, str]] = []
+
+    def fake_run(name, folder, scale, overrides, force=False):
+        ran.append((name, scale, folder.name))
+        _fake_sweep(name, folder, scale, overrides)
+
+    running.reproduce([SWEEP], out, docs, records, scale="paper", run=fake_run, log=lambda line: None)
+    assert ran == [(SWEEP, "paper", scaled)]
+    assert sorted(path.name for path in records.iterdir()) == [f"{scaled}.md"]
+    record = parse_record((records / f"{scaled}.md").read_text(encoding="utf-8"))
+    assert record.header["command"] == f"driftlab sweep {SWEEP} --scale paper"
+    after = docs.read_text(encoding="utf-8")
+    assert f"<!-- regenerated from docs/reproduction/{scaled}.md; tables=Local SGD steps -->" in after
+    assert "| constant K | 7 |" not in after  # the scale's hand-typed table was converted...
+    assert "| constant K, constant γ | 1 |" in after  # ...and the default scale's block left as it was
+    assert f"not regenerated: sweep={SWEEP}; tables=Loss and distance" in after
+    # the key names its scale; --scale may repeat it but not contradict it
+    running.reproduce([scaled], out, docs, records, run=fake_run, log=lambda line: None)
+    assert ran[-1] == (SWEEP, "paper", scaled)
+    with pytest.raises(running.ReproduceError, match="names scale 'paper', and --scale says 'small'"):
+        running.reproduce([scaled], out, docs, records, scale="small", run=fake_run, log=lambda line: None)
+    with pytest.raises(running.ReproduceError, match="'nope@paper' not a shipped sweep"):
+        running.reproduce(["nope@paper"], out, docs, records, run=fake_run, log=lambda line: None)
+
+
+def test_a_scaled_block_must_cite_a_record_of_that_scale(tmp_path, monkeypatch):
+    from driftlab.experiments.reproduce.blocks import _scale_of
+
+    assert _scale_of("driftlab sweep x --scale paper rounds=3".split()) == "paper"
+    assert _scale_of("driftlab sweep x --scale=paper".split()) == "paper"
+    assert _scale_of("driftlab sweep x rounds=3".split()) is None
+    docs, records, out = _doc(tmp_path)
+    monkeypatch.setattr(running, "git_commit", lambda tree: "c" * 40)
+    running.reproduce([f"{SWEEP}@paper"], out, docs, records, run=_fake_sweep, log=lambda line: None)
+    cited = f"docs/reproduction/{SWEEP}@paper.md"
+    block = render_block(parse_record((records / f"{SWEEP}@paper.md").read_text(encoding="utf-8")), cited, None)
+    doc = f"# A doc\n\n{block}\n"
+    assert docs_problems(doc, "doc", records, docs, sweep_names()) == []
+    record_file = records / f"{SWEEP}@paper.md"
+    record_file.write_text(record_file.read_text(encoding="utf-8").replace(" --scale paper", ""), encoding="utf-8")
+    problem = f"{cited}: `command: driftlab sweep {SWEEP}` does not run `driftlab sweep {SWEEP} --scale paper`"
+    assert problem in docs_problems(doc, "doc", records, docs, sweep_names())

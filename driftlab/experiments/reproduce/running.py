@@ -25,7 +25,15 @@ from driftlab.experiments.reproduce.markers import (
     marker_sweeps,
     parse_markers,
 )
-from driftlab.experiments.reproduce.records import ReproduceError, format_record, parse_record, without_figures
+from driftlab.experiments.reproduce.records import (
+    SCALE_SEPARATOR,
+    ReproduceError,
+    format_record,
+    parse_record,
+    record_key,
+    split_key,
+    without_figures,
+)
 from driftlab.owned_folder import claim, first_line, refusal
 
 _STATED_TIME = re.compile(
@@ -94,11 +102,24 @@ def stated_time(description: str) -> str:
 
 
 def _check_names(names: Sequence[str], shipped: Sequence[str], where: str) -> None:
-    unknown = [name for name in names if name not in shipped]
+    unknown = [name for name in names if split_key(name)[0] not in shipped]
     if unknown:
         raise ReproduceError(
-            f"{where}: {', '.join(map(repr, unknown))} not a shipped sweep; shipped sweeps: {', '.join(shipped)}"
+            f"{where}: {', '.join(map(repr, unknown))} not a shipped sweep; shipped sweeps: {', '.join(shipped)} "
+            f"(NAME{SCALE_SEPARATOR}SCALE names a sweep at a named scale)"
         )
+
+
+def keyed(names: Sequence[str], scale: str | None, where: str) -> list[str]:
+    """The record keys of ``names`` (``record_key``): ``--scale S`` keys a bare NAME as NAME@S; a key that names a
+    scale of its own keeps it, and one that contradicts ``--scale`` is an error."""
+    keys = []
+    for name in names:
+        sweep, own = split_key(name)
+        if own is not None and scale is not None and own != scale:
+            raise ReproduceError(f"{where}: {name!r} names scale {own!r}, and --scale says {scale!r}; give one of them")
+        keys.append(record_key(sweep, own if own is not None else scale))
+    return keys
 
 
 def sweep_command(sweep: str, scale: str | None, overrides: Sequence[str]) -> str:
@@ -149,6 +170,7 @@ def reproduce(
     markers = parse_markers(doc, str(docs))  # a broken marker stops us before any run
     names = list(names) or marker_sweeps(markers)
     _check_names(names, shipped, "driftlab reproduce")
+    names = keyed(names, scale, "driftlab reproduce")
     if not names:
         raise ReproduceError(f"{docs} has no marker naming a sweep, and no NAME was given; name the sweeps to run")
     _check_records(record_dir, names, force)
@@ -157,14 +179,15 @@ def reproduce(
     # Once, before anything is written: the records and the doc this command rewrites would make the tree "dirty"
     # for every sweep after the first, though the code that runs them is the same.
     commit = git_commit(source_checkout())
-    for name in names:
+    for name in names:  # record keys: NAME, or NAME@SCALE, whose runs, record and blocks are the scale's own
+        sweep, sweep_scale = split_key(name)
         load_before, started, clock = _load(), datetime.now(timezone.utc), time.monotonic()
-        log(f"reproduce: {sweep_command(name, scale, overrides)} --out {out / name}")
-        run(name, out / name, scale, overrides, **({"force": True} if force else {}))
+        log(f"reproduce: {sweep_command(sweep, sweep_scale, overrides)} --out {out / name}")
+        run(sweep, out / name, sweep_scale, overrides, **({"force": True} if force else {}))
         minutes = (time.monotonic() - clock) / 60
         header = {
             "commit": commit,
-            "command": sweep_command(name, scale, overrides),
+            "command": sweep_command(sweep, sweep_scale, overrides),
             "date": started.strftime("%Y-%m-%d %H:%M UTC"),
             "machine": machine_line(load_before, _load()),
             "wall": f"{minutes:.1f} minutes",
@@ -172,7 +195,7 @@ def reproduce(
         report = without_figures((out / name / "report" / "report.md").read_text(encoding="utf-8"))
         record_dir.mkdir(parents=True, exist_ok=True)
         record_file = record_dir / f"{name}.md"
-        record_file.write_text(format_record(name, header, report), encoding="utf-8")
+        record_file.write_text(format_record(sweep_command(sweep, sweep_scale, ()).removeprefix("driftlab sweep "), header, report), encoding="utf-8")
         written.append(record_file)
         record = parse_record(record_file.read_text(encoding="utf-8"), str(record_file))
         rewrite = regenerate(docs.read_text(encoding="utf-8"), name, record, cited_path(record_file, docs), str(docs))
@@ -232,15 +255,16 @@ def dry_run(
     names = list(names) or marker_sweeps(markers)
     _check_names(names, shipped, "driftlab reproduce")
     lines = []
-    for name in names:
-        runs = plan(load_sweep(name), scale, overrides)
+    for name in keyed(names, scale, "driftlab reproduce"):
+        sweep, sweep_scale = split_key(name)
+        runs = plan(load_sweep(sweep), sweep_scale, overrides)
         statuses = [run_status(out / name / r.dir, r.config.rounds) for r in runs]
         done = statuses.count("complete")
         blocks = sum(1 for m in markers if isinstance(m, Regenerated) and m.sweep == name)
         hand = sum(1 for m in markers if isinstance(m, NotRegenerated) and m.sweep == name and not m.derived)
         lines.append(
-            f"{sweep_command(name, scale, overrides)} --out {out / name}: {len(runs)} runs, {done} complete, {len(runs) - done} to run; "
-            f"stated: {stated_time(sweep_description(name))}; would write {record_dir / (name + '.md')}, "
+            f"{sweep_command(sweep, sweep_scale, overrides)} --out {out / name}: {len(runs)} runs, {done} complete, "
+            f"{len(runs) - done} to run; stated: {stated_time(sweep_description(sweep))}; would write {record_dir / (name + '.md')}, "
             f"regenerate {blocks} block(s) and convert {hand} hand-typed table(s)"
         )
     return lines
