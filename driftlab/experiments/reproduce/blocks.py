@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from driftlab.experiments.reproduce.items import items_block, items_problems
 from driftlab.experiments.reproduce.markers import (
     END_MARKER,
     SELECTOR_SEPARATOR,
@@ -144,6 +145,10 @@ def docs_problems(doc: str, origin: str, record_dir: Path, docs: Path, shipped: 
             problems.append(f"{cited}: `command: {record.header['command']}` does not run `{runs}`")
         problems += block_problems(lines, marker, record, cited, origin)
     covered = set()
+    block = items_block(doc, origin)
+    if block is not None:  # the generated status table: checked against items.toml and the records
+        covered.update(range(block[0], block[1] + 1))
+        problems += items_problems(doc, origin, record_dir, shipped)
     for marker in markers:
         if isinstance(marker, Regenerated):
             covered.update(range(marker.start, marker.end + 1))

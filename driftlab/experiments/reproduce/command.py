@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from driftlab.experiments.reproduce.records import ReproduceError
-from driftlab.experiments.reproduce.running import default_docs, dry_run, list_markers, reproduce
+from driftlab.experiments.reproduce.running import default_docs, dry_run, list_markers, reproduce, rewrite_items_block
 
 DESCRIPTION = """Regenerate the tables of docs/reproduction.md from the shipped sweeps. For each NAME (default: every
 sweep a marker of the doc names), run `driftlab sweep NAME --out DIR/NAME` (a partial DIR/NAME resumes
@@ -23,6 +23,7 @@ its record prints."""
 
 EPILOG = """examples:
   driftlab reproduce --list                                   each marker of the doc: line, sweep, status
+  driftlab reproduce --items                                  the status table of the headline items, from the records
   driftlab reproduce --dry-run --out runs/reproduction        what would run (runs, stated minutes) and be written
   driftlab reproduce --out runs/reproduction                  every sweep the doc names, at the default scale
   driftlab reproduce decaying-k-quadratic --out runs/repro    one sweep; run it again to resume
@@ -68,6 +69,11 @@ def add_parser(commands) -> None:
         "--list", action="store_true", help="print each marker of the doc (line, sweep, status) and exit"
     )
     parser.add_argument(
+        "--items",
+        action="store_true",
+        help="rewrite the doc's headline items table from RECORD/items.toml and the records, run nothing, and exit",
+    )
+    parser.add_argument(
         "--force",
         action="store_true",
         help="replace files of the names this command writes (DIR/NAME, DIR/replaced-tables.md, RECORD/NAME.md, and the "
@@ -86,6 +92,10 @@ def command(args) -> int:
     record_dir = Path(args.record) if args.record else docs.parent / docs.stem
     if args.list:
         print("\n".join(list_markers(docs, record_dir)))
+        return 0
+    if args.items:
+        changed = rewrite_items_block(docs, record_dir)
+        print(f"{docs}: headline items {'rewritten' if changed else 'already current'} from {record_dir / 'items.toml'}")
         return 0
     if args.out is None:
         raise ReproduceError("driftlab reproduce needs --out DIR, the folder of the sweeps' directories (or --list)")

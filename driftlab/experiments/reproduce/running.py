@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from driftlab.experiments.reproduce.blocks import cited_path, regenerate
+from driftlab.experiments.reproduce.items import ITEMS_END, ITEMS_FILE, ITEMS_START, items_block, load_items, rewrite_items
 from driftlab.experiments.reproduce.markers import (
     SELECTOR_SEPARATOR,
     NotRegenerated,
@@ -199,7 +200,7 @@ def reproduce(
         written.append(record_file)
         record = parse_record(record_file.read_text(encoding="utf-8"), str(record_file))
         rewrite = regenerate(docs.read_text(encoding="utf-8"), name, record, cited_path(record_file, docs), str(docs))
-        docs.write_text(rewrite.text, encoding="utf-8")
+        docs.write_text(items_rewritten(rewrite.text, record_dir, str(docs)), encoding="utf-8")
         log(f"reproduce: wrote {record_file}; {len(rewrite.regenerated)} block(s) of {name} in {docs} regenerated")
         if rewrite.converted:
             replaced = out / REPLACED_TABLES
@@ -215,6 +216,28 @@ def reproduce(
                 f"reproduce: {docs}:{line}: a table derived from {name} by hand is not regenerated; check it against {record_file}"
             )
     return written
+
+
+def items_rewritten(doc: str, record_dir: Path, origin: str) -> str:
+    """``doc`` with its headline items block generated afresh from ``record_dir``'s items.toml and records (``items``);
+    unchanged without a block or an items file."""
+    path = record_dir / ITEMS_FILE
+    if items_block(doc, origin) is None or not path.is_file():
+        return doc
+    return rewrite_items(doc, load_items(path), record_dir, origin)
+
+
+def rewrite_items_block(docs: Path, record_dir: Path) -> bool:
+    """``driftlab reproduce --items``: rewrite the doc's headline items block; whether the doc changed."""
+    before = docs.read_text(encoding="utf-8")
+    if items_block(before, str(docs)) is None:
+        raise ReproduceError(f"{docs} has no headline items block ({ITEMS_START} ... {ITEMS_END}); add the two lines")
+    if not (record_dir / ITEMS_FILE).is_file():
+        raise ReproduceError(f"{record_dir / ITEMS_FILE} does not exist: the items block is generated from it")
+    after = items_rewritten(before, record_dir, str(docs))
+    if after != before:
+        docs.write_text(after, encoding="utf-8")
+    return after != before
 
 
 REPLACED_TABLES = "replaced-tables.md"
@@ -297,5 +320,6 @@ __all__ = [
     "git_commit",
     "list_markers",
     "reproduce",
+    "rewrite_items_block",
     "stated_time",
 ]
