@@ -40,6 +40,9 @@ class Stream(enum.IntEnum):
     PERSONAL_MINIBATCHES = 15  # a personalized model's own local steps (Ditto's v_k), apart from the global model's
     FINETUNE_MINIBATCHES = 16  # evaluation.finetune_steps: each client's fine-tuning of the evaluated model
     VALIDATION_SPLIT = 17  # which of a client's training rows are held out as its validation rows (data.validation_fraction)
+    BYZANTINE_CLIENTS = 18  # which clients are Byzantine (driftlab.attacks; one draw per run: round 0, no client)
+    ATTACK_NOISE = 19  # a Byzantine client's Gaussian-noise update, per (round, client)
+    BACKDOOR_POISON = 20  # which rows of a backdoor client's batch carry the trigger, per (round, client)
 
 
 NO_CLIENT = -1
