@@ -77,8 +77,7 @@ from driftlab.experiments.run_directory import (
 )
 from driftlab.experiments.trackers import open_trackers
 from driftlab.metrics.summary import summarize
-from driftlab.simulation.round import latest_models
-from driftlab.simulation.asynchronous.checkpointing import in_flight_tensors, restore_in_flight
+from driftlab.simulation.round.checkpointing import checkpointed_parts, completed_state, record_template, restored_state
 from driftlab.simulation.state.checkpoint import load_checkpoint, save_checkpoint, save_tensors, write_atomically
 from driftlab.simulation.round.engine import commit_round
 from driftlab.simulation.round.setup import Simulation, SimulationState, disk_stores
@@ -440,44 +439,11 @@ def start_run_info(
     return run_directory.RunInfo.start(out, config.rounds, start_round, sim.model.num_parameters, entries)
 
 
-CLOCK = "clock"  # the checkpoint's engine/clock: simulated seconds at the end of its round
-
-LATEST_SUM, LATEST_COUNT = (
-    latest_models.SUM,
-    latest_models.COUNT,
-)  # the checkpoint's engine/ tensors (latest_models.checkpoint_tensors)
-
-
-@dataclass(frozen=True)
-class _ClientRecord:
-    """What a checkpoint keeps per client: the algorithm's state and, when evaluated, the latest local model."""
-
-    state: Any
-    latest_model: torch.Tensor | None = None
-
-
 def write_checkpoint(out: Path, config: ExperimentConfig, state: SimulationState) -> None:
-    """``state`` as the run's checkpoint (atomically; disk client stores stay in their files, recorded by version)."""
-    stores = disk_stores(state)  # these stay in their files: the checkpoint records their version
-    clients = (
-        {client_id: _ClientRecord(client_state) for client_id, client_state in state.clients.items()}
-        if "clients" not in stores
-        else {}
-    )
-    if state.latest_models is not None and "latest_models" not in stores:
-        for client_id, params in state.latest_models.items():
-            clients[client_id] = _ClientRecord(clients[client_id].state if client_id in clients else None, params)
-    engine_tensors = {}
-    if state.latest_sum is not None:  # the running sum of the latest models: resumed as is, so the bits go on unchanged
-        in_file = state.latest_models if "latest_models" not in stores else None  # compact beside the models it sums
-        engine_tensors = latest_models.checkpoint_tensors(state.latest_sum, in_file)
-    if state.clock is not None:  # simulated time ([system]): the next round starts where this one ended
-        engine_tensors[CLOCK] = torch.tensor(state.clock, dtype=torch.float64)
-    if state.in_flight is not None:  # an asynchronous run: the clients in flight, their results, their start models
-        engine_tensors.update(in_flight_tensors(state.in_flight))
-    save_checkpoint(
-        out / CHECKPOINT_FILE, state.round, state.server, clients, config.fingerprint(), stores, engine_tensors
-    )
+    """``state`` as the run's checkpoint (atomically; disk client stores stay in their files, recorded by version):
+    its client records, the stores it references and the engine section its extras write (``round.checkpointing``)."""
+    clients, stores, engine_tensors = checkpointed_parts(state)
+    save_checkpoint(out / CHECKPOINT_FILE, state.round, state.server, clients, config.fingerprint(), stores, engine_tensors)
 
 
 def prepare_output(
@@ -493,14 +459,7 @@ def prepare_output(
     metrics_path = out / METRICS_FILE
     checkpoint_path = out / CHECKPOINT_FILE
     if checkpoint_path.exists():
-        client_init = sim.algorithm.client_state_init
-        initial = state.server.params
-        keeps_latest = state.latest_models is not None
-
-        def template() -> _ClientRecord:
-            return _ClientRecord(client_init(initial) if client_init else None, initial if keeps_latest else None)
-
-        loaded = load_checkpoint(checkpoint_path, state.server, template, config.fingerprint(), sim.device)
+        loaded = load_checkpoint(checkpoint_path, state.server, record_template(sim, state), config.fingerprint(), sim.device)
         if loaded.round > config.rounds:
             raise ConfigError(
                 f"cannot resume: the checkpoint in {out} is at round {loaded.round}, past rounds={config.rounds}; "
@@ -511,18 +470,7 @@ def prepare_output(
         for name, store in disk_stores(state).items():
             if name in loaded.store_names():
                 store.restore(loaded.store_tables, f"store/{name}", checkpoint_path)
-        for client_id, record in loaded.client_states.items():
-            state.clients.put(client_id, record.state)
-            if keeps_latest and record.latest_model is not None:
-                state.latest_models.put(client_id, record.latest_model)
-        latest_sum = None
-        if keeps_latest:
-            latest_sum = latest_models.from_checkpoint_tensors(loaded.engine_tensors, state.latest_models, initial)
-        clock = float(loaded.engine_tensors[CLOCK].item()) if CLOCK in loaded.engine_tensors else state.clock
-        in_flight = restore_in_flight(sim, loaded.engine_tensors) if sim.asynchronous is not None else None
-        state = SimulationState(
-            loaded.round, loaded.server_state, state.clients, state.latest_models, latest_sum, clock, in_flight
-        )
+        state = restored_state(sim, state, loaded)
         commit_round(state)
     else:
         state = (
@@ -588,7 +536,7 @@ def _completed_without_checkpoint(
     if params is None or params.shape != initial.shape:
         return None
     server = _CompletedServer(params.to(device=initial.device, dtype=initial.dtype))
-    return SimulationState(config.rounds, server, state.clients, state.latest_models, None)
+    return completed_state(state, config.rounds, server)
 
 
 @contextlib.contextmanager

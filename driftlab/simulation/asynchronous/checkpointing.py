@@ -10,7 +10,8 @@ the same events and trains the same clients from the same models.
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Mapping
 
 import torch
 
@@ -82,3 +83,15 @@ def restore_in_flight(sim: Any, tensors: dict[str, torch.Tensor]) -> Any:
         in_flight=tuple(clients),
         views=views,
     )
+
+
+@dataclass(frozen=True)
+class InFlightExtra:
+    """``SimulationState.in_flight`` in a checkpoint's engine section (``engine/async/...``) and back: an asynchronous
+    run resumes with the same clients in flight, their held results and the views they start from."""
+
+    def engine_tensors(self, state: Any, disk_stores: Mapping[str, Any]) -> dict[str, torch.Tensor]:  # noqa: ARG002
+        return {} if state.in_flight is None else in_flight_tensors(state.in_flight)
+
+    def restored(self, sim: Any, state: Any, tensors: Mapping[str, torch.Tensor]) -> dict[str, Any]:  # noqa: ARG002
+        return {"in_flight": restore_in_flight(sim, dict(tensors))} if sim.asynchronous is not None else {}

@@ -277,8 +277,7 @@ class _Interval:
             in_flight=in_flight,
             views=tuple((version, self.views[version]) for version in needed),
         )
-        state = self.state
-        return SimulationState(self.round, server, state.clients, state.latest_models, state.latest_sum, self.time, flight), record
+        return dataclasses.replace(self.state, round=self.round, server=server, clock=self.time, in_flight=flight), record
 
 
 def _train(

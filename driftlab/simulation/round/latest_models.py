@@ -29,7 +29,7 @@ membership changes).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -39,6 +39,7 @@ from driftlab.simulation.round.ordered_fold import SampleOrder
 OUTSIDE_BATCH = 64  # models of clients outside S_t read at a time
 # A checkpoint's engine/ tensors: the count, and either the whole sum or the entries where it differs from a fresh one.
 SUM, COUNT, FIX_INDEX, FIX_VALUE = "latest_models_sum", "latest_models_count", "latest_models_sum_fix_index", "latest_models_sum_fix_value"
+STORE_NAME = "latest_models"  # the store's name in a checkpoint (store/latest_models/...) and on disk
 
 @dataclass(frozen=True)
 class LatestModels:
@@ -143,3 +144,83 @@ def all_clients_mean(latest: LatestModels, store: Any, registered: np.ndarray, n
                 trained -= 1
     total += (len(registered) - trained) * initial_params.to(torch.float64)
     return (total / len(registered)).to(initial_params.dtype)
+
+
+def mean_of_latest(
+    store: Any | None, latest: LatestModels | None, registered: np.ndarray, num_clients: int, initial_params: torch.Tensor
+) -> torch.Tensor:
+    """The evaluated "all_clients_mean" model: ``all_clients_mean`` of ``latest``, the running sum after the round
+    (None: summed from ``store``, staged models included, as a deployment's round needs)."""
+    if store is None:
+        raise ValueError('evaluation.model "all_clients_mean" needs the store of every client\'s latest model (latest_models)')
+    if latest is None:
+        latest = summed_store(store, initial_params, include_staged=True)
+    return all_clients_mean(latest, store, registered, num_clients, initial_params)
+
+
+@dataclass
+class LatestModelsRound:
+    """One round's observer of the finished clients (``observe_round``): each one's final model becomes its latest
+    model in the store (staged until the round commits) and its change goes into the running sum, in sample order."""
+
+    store: Any
+    update: LatestModelsUpdate
+
+    def prefetch(self, client_ids: list[int]) -> None:
+        self.store.prefetch(client_ids)  # one batched read of a wave's previous models
+
+    def client_trained(self, client_id: int, final_params: torch.Tensor) -> None:
+        self.update.add(client_id, final_params, self.store.get(client_id))
+        self.store.put(client_id, final_params)
+
+    def result(self) -> LatestModels:
+        return self.update.result()
+
+
+@dataclass(frozen=True)
+class NotKept:
+    """The null observer of a run that keeps no latest models (any evaluated model but "all_clients_mean")."""
+
+    def prefetch(self, client_ids: list[int]) -> None:
+        pass
+
+    def client_trained(self, client_id: int, final_params: torch.Tensor) -> None:
+        pass
+
+    def result(self) -> None:
+        return None
+
+
+NOT_KEPT = NotKept()
+
+
+def observe_round(
+    store: Any | None, latest: LatestModels | None, initial_params: torch.Tensor, order: Sequence[int]
+) -> LatestModelsRound | NotKept:
+    """The observer of a round whose clients train in sample order ``order``: ``NOT_KEPT`` without a store of latest
+    models (kept only for ``evaluation.model = "all_clients_mean"``), else one that updates the store and ``latest``,
+    their sum (None: summed from the store first, as after an older checkpoint)."""
+    if store is None:
+        return NOT_KEPT
+    start = latest if latest is not None else summed_store(store, initial_params)
+    return LatestModelsRound(store, LatestModelsUpdate(start, order))
+
+
+@dataclass(frozen=True)
+class LatestModelsExtra:
+    """``SimulationState.latest_sum`` in a checkpoint's engine section (``checkpoint_tensors``: compact beside the
+    latest models when the file carries them, whole when a disk store keeps them).  The models themselves are
+    per-client records (``SimulationState.record_stores``)."""
+
+    def engine_tensors(self, state: Any, disk_stores: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+        if state.latest_sum is None:
+            return {}
+        in_file = state.latest_models if STORE_NAME not in disk_stores else None
+        return checkpoint_tensors(state.latest_sum, in_file)
+
+    def restored(self, sim: Any, state: Any, tensors: Mapping[str, torch.Tensor]) -> dict[str, Any]:  # noqa: ARG002
+        """The running sum as written, bit for bit (None: an older checkpoint, summed from the store at the next
+        round); ``state`` holds the checkpoint's latest models, staged."""
+        if state.latest_models is None:
+            return {}
+        return {"latest_sum": from_checkpoint_tensors(dict(tensors), state.latest_models, state.server.params)}

@@ -182,6 +182,10 @@ class Simulation:
 
 @dataclass(frozen=True)
 class SimulationState:
+    """What each round maps to the next: the round, the server state, the client stores and the optional features'
+    engine-side state (its *extras*: the latest models' sum, the clock, the clients in flight), each of which saves
+    itself into a checkpoint and loads itself back (``round.checkpointing``)."""
+
     round: int  # last completed round (0 before training)
     server: Any
     clients: ClientStateStore
@@ -194,6 +198,11 @@ class SimulationState:
     # An asynchronous run's engine state between server updates (``driftlab.simulation.asynchronous``: the clients in
     # flight, their held results, the model versions they started from); None: synchronous rounds.
     in_flight: Any = None
+
+    def stores(self) -> dict[str, ClientStateStore]:
+        """The state's client stores by the name a checkpoint refers to them with: what a round stages and commits."""
+        named = (("clients", self.clients), ("latest_models", self.latest_models))
+        return {name: store for name, store in named if store is not None}
 
 
 STORE_KINDS = ("memory", "disk", "auto")
@@ -251,8 +260,7 @@ def wave_size(sim: Simulation, client_state: Any) -> int:
 
 def disk_stores(state: SimulationState) -> dict[str, DiskClientStore]:
     """The state's stores that keep their states in files, by the name a checkpoint refers to them with."""
-    named = (("clients", state.clients), ("latest_models", state.latest_models))
-    return {name: store for name, store in named if isinstance(store, DiskClientStore)}
+    return {name: store for name, store in state.stores().items() if isinstance(store, DiskClientStore)}
 
 
 def norm_scale(initial_params: torch.Tensor) -> float:

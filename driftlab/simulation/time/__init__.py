@@ -2,5 +2,6 @@
 
 ``plan`` holds the types the engine reads (``DeviceProfile``, ``SystemPlan``, ``AsynchronousPlan``), ``profiles``
 where profiles come from (drawn from (seed, client id), or a CSV trace), ``clock`` the pure arithmetic of a client's
-download, work and upload (docs/update-rules.md, "Simulated time").
+download, work and upload (docs/update-rules.md, "Simulated time"), ``round_clock`` what that does to a synchronous
+round (the engine's clock policy, and its null object for untimed runs).
 """
