@@ -44,7 +44,7 @@ from driftlab.executors.gpus import (
 )
 from driftlab.executors.registry import CliOption, Layout
 from driftlab.executors.tasks import NO_EVENTS, Events, RunTask, TaskResult
-from driftlab.experiments.run_directory import read_run_info
+from driftlab.run_files import read_run_info
 
 
 @dataclass(frozen=True)

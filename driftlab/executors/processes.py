@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from driftlab.executors.tasks import Events, RunTask, TaskResult
-from driftlab.experiments.run_directory import LOCK_FILE
+from driftlab.run_files import LOCK_FILE
 
 FAILURE_FILE = "failure.txt"  # written into a run directory by a worker that failed: the error and its traceback
 

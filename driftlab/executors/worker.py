@@ -5,10 +5,15 @@ given, and says how it ended by its exit code (``processes.EXIT_*``); a failure 
 ``failure.txt`` in the run directory. The GPUs an executor placed it on (``placement``:
 the sweep's indices, ``CUDA_VISIBLE_DEVICES``, and here their names) go into its run.json. It stops, checkpointed, when the process that
 started it (the sweep, a SLURM job, a Ray task) dies, however it dies.
+
+The run itself is the experiments' (``RUN``: its recorded config read by ``CONFIG_FROM_RECORD``, then run), named
+rather than imported: executors sit below ``driftlab.experiments`` (``imports_test``), and only this interpreter,
+started to run one, imports it.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import signal
@@ -28,8 +33,16 @@ from driftlab.executors.processes import (
     FAILURE_FILE,
     process_gone,
 )
-from driftlab.experiments.config import config_from_record
-from driftlab.experiments.run_directory import RunDirectoryBusy
+from driftlab.run_files import RunDirectoryBusy
+
+CONFIG_FROM_RECORD = "driftlab.experiments.config:config_from_record"  # the resolved config table as a config
+RUN = "driftlab.experiments.runner:run"  # run(config, out, resume=..., run_info=...)
+
+
+def named(reference: str) -> Any:
+    """The function a ``"module:function"`` reference names, its module imported."""
+    module, _, name = reference.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def _worker(run_dir: str, config_table: dict[str, Any], resume: bool, threads: int, run_info: dict[str, Any]) -> None:
@@ -37,8 +50,7 @@ def _worker(run_dir: str, config_table: dict[str, Any], resume: bool, threads: i
     holds the run directory: nothing written) or EXIT_FAILED (see failure.txt)."""
     import torch
 
-    from driftlab.experiments.runner import run
-
+    run, config_from_record = named(RUN), named(CONFIG_FROM_RECORD)
     torch.set_num_threads(threads)
     signal.signal(signal.SIGTERM, _stop_at_first_termination)
     out = Path(run_dir)

@@ -44,3 +44,11 @@ def test_the_worker_names_the_gpus_it_sees_and_passes_the_placement_to_the_run(m
         {"placement": {"gpus": [3], "cuda_visible_devices": "3", "gpu_names": ["Fake GPU 0"]}},
         {},  # a run no executor placed on a GPU records no placement
     ]
+
+
+def test_the_run_a_worker_names_is_the_experiments_runner_on_the_recorded_config():
+    from driftlab.experiments.config import config_from_record
+    from driftlab.experiments.runner import run
+
+    assert worker.named(worker.RUN) is run
+    assert worker.named(worker.CONFIG_FROM_RECORD) is config_from_record
