@@ -24,6 +24,8 @@ _EXPORTS: dict[str, str] = {
     "ExperimentConfig": "driftlab.experiments.config",
     "FederatedArrays": "driftlab.data.federated",
     "load_config": "driftlab.experiments.config",
+    "load_model": "driftlab.experiments.loading",
+    "load_run": "driftlab.experiments.loading",
     "make_report": "driftlab.experiments.report",
     "RunResult": "driftlab.experiments.runner",
     "run": "driftlab.experiments.runner",
@@ -31,7 +33,10 @@ _EXPORTS: dict[str, str] = {
     "run_sweep": "driftlab.experiments.sweep",
 }
 
-__all__ = ["ConfigError", "ExperimentConfig", "FederatedArrays", "RunResult", "load_config", "load_sweep", "make_report", "run", "run_sweep", "__version__"]
+__all__ = [
+    "ConfigError", "ExperimentConfig", "FederatedArrays", "RunResult", "load_config", "load_model", "load_run",
+    "load_sweep", "make_report", "run", "run_sweep", "__version__",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -25,6 +25,9 @@ def test_public_names_are_those_of_their_modules():
     assert (driftlab.run, driftlab.RunResult) == (runner.run, runner.RunResult)
     assert (driftlab.ExperimentConfig, driftlab.load_config) == (config.ExperimentConfig, config.load_config)
     assert (driftlab.load_sweep, driftlab.run_sweep, driftlab.make_report) == (sweep.load_sweep, sweep.run_sweep, report.make_report)
+    from driftlab.experiments import loading
+
+    assert (driftlab.load_model, driftlab.load_run) == (loading.load_model, loading.load_run)
     assert all(hasattr(driftlab, name) for name in driftlab.__all__)
     assert set(driftlab.__all__) <= set(dir(driftlab))
     with pytest.raises(AttributeError, match="module 'driftlab' has no attribute 'no_such_name'"):

@@ -334,10 +334,8 @@ class CustomData(DataSection):
 
     @model_validator(mode="after")
     def _own_clients(self) -> "CustomData":
-        if self.partition not in (None, "natural"):
-            raise ValueError(
-                f'data.name = "custom" keeps your client ids as the clients; leave data.partition unset (got {self.partition!r})'
-            )
+        # data.partition deals out examples given without client ids; data that brings ids is refused a partition
+        # when it is loaded (experiments.datasets.own_clients): only the data says whether it has them.
         if self.loader is not None:
             check_function_reference(self.loader)
         return self
@@ -560,7 +558,7 @@ def register_built_ins() -> None:
             CustomData,
             _custom,
             'your own data: driftlab.run(config, data=driftlab.FederatedArrays(...)), or data.loader = "module:function" '
-            "returning one; your client ids are the clients",
+            "returning one; your client ids are the clients, or data.partition deals out examples given without ids",
             natural_clients=True,
         )
     )

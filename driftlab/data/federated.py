@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -80,6 +80,9 @@ class FederatedDataset:
         known_minimizer: the flat parameter vector minimising the global
             objective, for synthetic objectives where it is known in closed
             form (the quadratic clients); evaluation then reports the distance to it.
+        clients_unassigned: the rows came without client ids (``FederatedArrays``
+            without ``train_client_ids``): one placeholder client holds them all
+            until ``experiments.datasets.own_clients`` deals them out by ``data.partition``.
 
     Equality is identity (``eq=False``): comparing tensors element-wise is
     never what ``==`` on a data set should mean. The index arrays are stored
@@ -103,6 +106,9 @@ class FederatedDataset:
     # Per-client validation rows (data.validation_fraction): indices into the *train* tensors, held out of
     # client_indices, so they never train; None: no validation split.
     client_validation_indices: tuple[np.ndarray, ...] | None = None
+    # Rows given without client ids (FederatedArrays without train_client_ids): one placeholder client holds every
+    # row until ``experiments.datasets`` deals them out by ``data.partition``; never trained on as it is.
+    clients_unassigned: bool = False
 
     def __post_init__(self) -> None:
         if self.input_normalisation is not None:
@@ -175,6 +181,8 @@ class FederatedDataset:
         header = [self.num_classes, self.multi_label, self.targets_are_classes, self.global_test_size]
         if self.input_normalisation is not None:  # float data keeps the digest it always had
             header.append((self.input_normalisation.mean, self.input_normalisation.std))
+        if self.clients_unassigned:  # partitioned data (every data set a run trains on) keeps the digest it had
+            header.append("clients unassigned")
         hasher.update(repr(header).encode())
         for tensor in (self.train_inputs, self.train_targets, self.test_inputs, self.test_targets):
             _hash_array(hasher, tensor)
@@ -367,7 +375,9 @@ class FederatedArrays:
         train_targets: ``[N]`` integer class ids (a classifier: cross-entropy and accuracy by default), or
             floating targets of any shape ``[N, ...]`` for a loss of your own (``loss=``; no accuracy).
         train_client_ids: ``[N]`` integers: the client holding each training example, 0..C-1 with every
-            client holding at least one example.  The arrays are used without a copy where they can be,
+            client holding at least one example; or ``None``: the run deals the examples out to
+            ``data.num_clients`` clients by ``data.partition`` (iid by default; dirichlet, classes_per_client, ...),
+            seeded as the built-in data sets are.  The arrays are used without a copy where they can be,
             read-only ones (``np.load(mmap_mode="r")``) too; driftlab never writes into them.
         test_inputs, test_targets: the global test set, like the training arrays.
         test_client_ids: optional ``[M]``: each test example's client (its local test split, giving
@@ -379,7 +389,7 @@ class FederatedArrays:
             the images stay uint8 (a quarter of float32's memory) and every batch is normalised as it is
             gathered; ``None``: the inputs are used as given.
 
-    ``FederatedArrays.from_datasets`` builds one from map-style torch Datasets.
+    ``FederatedArrays.from_datasets`` builds one from map-style torch Datasets or Hugging Face datasets.
 
     Example:
         >>> import numpy as np
@@ -393,9 +403,10 @@ class FederatedArrays:
 
     train_inputs: ArrayLike
     train_targets: ArrayLike
-    train_client_ids: ArrayLike
-    test_inputs: ArrayLike
-    test_targets: ArrayLike
+    train_client_ids: ArrayLike | None = None
+    # Defaults only so that train_client_ids may be left out by keyword; both are required (the global test set).
+    test_inputs: ArrayLike = None
+    test_targets: ArrayLike = None
     test_client_ids: ArrayLike | None = None
     num_classes: int | None = None
     input_normalisation: PixelNormalisation | None = None
@@ -404,26 +415,55 @@ class FederatedArrays:
     def from_datasets(
         cls,
         train: Any,
-        client_ids: Sequence[int] | ArrayLike,
-        test: Any,
+        client_ids: Sequence[int] | ArrayLike | None = None,
+        test: Any = None,
         test_client_ids: Sequence[int] | ArrayLike | None = None,
         num_classes: int | None = None,
+        *,
+        input_key: str | None = None,
+        label_key: str | None = None,
     ) -> "FederatedArrays":
-        """Read map-style torch Datasets whose items are ``(input, target)`` into arrays, with one client id per training item.
+        """Read map-style datasets into arrays: torch Datasets whose items are ``(input, target)``, or Hugging Face
+        datasets (and any dataset) whose items are dicts, read at ``input_key`` and ``label_key``.
 
-        Every item is read once (``len(dataset)`` items, by index) and stacked, so the inputs must all have one shape.
+        ``client_ids``: one client id per training item, or None to have ``data.partition`` deal the items out.
+        Every item is read once (``len(dataset)`` items, by index) and stacked, so the inputs must all have one
+        shape; a PIL image becomes its ``[h, w(, c)]`` array as numpy reads it (give a model that reads that layout,
+        or ``dataset.with_format("torch")`` after a transform).  Without ``input_key``/``label_key`` a dict's keys
+        are found by name: the label is the one of ``label``, ``labels``, ``target``, ``targets``, ``y`` present, the
+        input the one of ``image``, ``img``, ``pixel_values``, ``input_ids``, ``input``, ``inputs``, ``features``,
+        ``x``, or the only other key; an item with several candidates (CIFAR-100's ``fine_label`` and
+        ``coarse_label``) is refused with its keys listed.
+
+        Example:
+            >>> items = [{"image": [[0, 1], [2, 3]], "label": 1}, {"image": [[4, 5], [6, 7]], "label": 0}]
+            >>> arrays = FederatedArrays.from_datasets(items, test=items[:1])
+            >>> tuple(arrays.train_inputs.shape), arrays.train_targets.tolist(), arrays.train_client_ids
+            ((2, 2, 2), [1, 0], None)
         """
-        train_inputs, train_targets = _stacked_items(train, "train")
-        test_inputs, test_targets = _stacked_items(test, "test")
-        return cls(train_inputs, train_targets, _as_array(client_ids), test_inputs, test_targets,
-                   None if test_client_ids is None else _as_array(test_client_ids), num_classes)
+        if test is None:
+            raise ConfigError(
+                "data: from_datasets needs the test set too: FederatedArrays.from_datasets(train, client_ids, test)"
+            )
+        train_inputs, train_targets = _stacked_items(train, "train", input_key, label_key)
+        test_inputs, test_targets = _stacked_items(test, "test", input_key, label_key)
+        train_ids = None if client_ids is None else _as_array(client_ids)
+        test_ids = None if test_client_ids is None else _as_array(test_client_ids)
+        return cls(train_inputs, train_targets, train_ids, test_inputs, test_targets, test_ids, num_classes)
 
 
 def _as_array(values: Any) -> Any:
     return values if isinstance(values, (np.ndarray, torch.Tensor)) else np.asarray(values)
 
 
-def _stacked_items(dataset: Any, split: str) -> tuple[torch.Tensor, torch.Tensor]:
+# The names datasets give an example's input and its label (Hugging Face's image, text-token and tabular sets).
+INPUT_KEYS = ("image", "img", "pixel_values", "input_ids", "input", "inputs", "features", "x")
+LABEL_KEYS = ("label", "labels", "target", "targets", "y")
+
+
+def _stacked_items(
+    dataset: Any, split: str, input_key: str | None = None, label_key: str | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     where = f"the {split} Dataset"
     if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
         raise ConfigError(
@@ -434,20 +474,60 @@ def _stacked_items(dataset: Any, split: str) -> tuple[torch.Tensor, torch.Tensor
     if count == 0:
         raise ConfigError(f"data: {where} is empty; give at least one (input, target) item")
     inputs, targets = [], []
+    keys: tuple[str, str] | None = None
     for index in range(count):
         item = dataset[index]
-        if not isinstance(item, (tuple, list)) or len(item) != 2:
+        if isinstance(item, Mapping):
+            if keys is None:
+                keys = dict_keys(item, input_key, label_key, where)
+            try:
+                item = (item[keys[0]], item[keys[1]])
+            except KeyError as missing:
+                listed = ", ".join(map(str, item))
+                raise ConfigError(
+                    f"data: item {index} of {where} has no key {missing} (its keys: {listed}); every item needs both"
+                ) from None
+        elif not isinstance(item, (tuple, list)) or len(item) != 2:
             raise ConfigError(
-                f"data: item {index} of {where} is a {type(item).__name__}, not an (input, target) pair; "
+                f"data: item {index} of {where} is a {type(item).__name__}, not an (input, target) pair or a dict; "
                 "make __getitem__ return (input, target)"
             )
-        inputs.append(torch.as_tensor(np.asarray(item[0]) if not isinstance(item[0], torch.Tensor) else item[0]))
+        inputs.append(item[0] if isinstance(item[0], torch.Tensor) else torch.as_tensor(np.asarray(item[0])))
         targets.append(torch.as_tensor(item[1]))
     for name, values in (("inputs", inputs), ("targets", targets)):
         shapes = {tuple(value.shape) for value in values}
         if len(shapes) > 1:
             raise ConfigError(f"data: the {name} of {where} have different shapes {sorted(shapes)[:3]}; every item's {name[:-1]} must have one shape")
     return torch.stack(inputs), torch.stack(targets)
+
+
+def dict_keys(item: Mapping, input_key: str | None, label_key: str | None, where: str) -> tuple[str, str]:
+    """The (input, label) keys of a dict item: those given, else found by name (``INPUT_KEYS``, ``LABEL_KEYS``, or the
+    only other key); a ConfigError listing the item's keys when a given key is absent or the choice is ambiguous."""
+    keys = list(item)
+    shown = ", ".join(repr(key) for key in keys)
+    for role, given in (("input_key", input_key), ("label_key", label_key)):
+        if given is not None and given not in item:
+            raise ConfigError(f"data: {role}={given!r} is not a key of the items of {where}; their keys are {shown}")
+
+    def named(given: str | None, names: tuple[str, ...]) -> str | None:
+        if given is not None:
+            return given
+        present = [key for key in keys if key in names]
+        return present[0] if len(present) == 1 else None
+
+    label, inputs = named(label_key, LABEL_KEYS), named(input_key, INPUT_KEYS)
+    others = [key for key in keys if key not in (label, inputs)]
+    if label is None and inputs is not None and len(others) == 1:
+        label = others[0]
+    elif inputs is None and label is not None and len(others) == 1:
+        inputs = others[0]
+    if inputs is None or label is None or inputs == label:
+        raise ConfigError(
+            f"data: the items of {where} are dicts with keys {shown}, and which holds the input and which the label is "
+            "ambiguous; name them: FederatedArrays.from_datasets(train, test=test, input_key=..., label_key=...)"
+        )
+    return inputs, label
 
 
 def federated_dataset_from_arrays(arrays: FederatedArrays, origin: str = "data", name: str = "custom") -> FederatedDataset:
@@ -461,13 +541,28 @@ def federated_dataset_from_arrays(arrays: FederatedArrays, origin: str = "data",
             f"training example), got {type(arrays).__name__}; build one with driftlab.FederatedArrays(...) or "
             "driftlab.FederatedArrays.from_datasets(train_dataset, client_ids, test_dataset)"
         )
+    missing = [name for name in ("test_inputs", "test_targets") if getattr(arrays, name) is None]
+    if missing:
+        raise ConfigError(
+            f"{origin}: {' and '.join(missing)} missing; give the global test set, test_inputs and test_targets"
+        )
+    unassigned = arrays.train_client_ids is None
+    if unassigned and arrays.test_client_ids is not None:
+        raise ConfigError(
+            f"{origin}: test_client_ids are given but train_client_ids are not; give both, or neither (data.partition "
+            "then deals out the training examples, and the test set is global)"
+        )
     train_x = _tensor(arrays.train_inputs, "train_inputs", origin)
     train_y = _tensor(arrays.train_targets, "train_targets", origin)
     test_x = _tensor(arrays.test_inputs, "test_inputs", origin)
     test_y = _tensor(arrays.test_targets, "test_targets", origin)
-    train_ids = _client_id_array(arrays.train_client_ids, "train_client_ids", origin)
-    for split, x, y, ids in (("train", train_x, train_y, train_ids), ("test", test_x, test_y, None)):
-        _check_rows(x, y, ids, split, origin)
+    # Without ids one placeholder client holds every row, until experiments.datasets deals them out by data.partition.
+    if unassigned:
+        train_ids = np.zeros(len(train_y), np.int64)
+    else:
+        train_ids = _client_id_array(arrays.train_client_ids, "train_client_ids", origin)
+    _check_rows(train_x, train_y, None if unassigned else train_ids, "train", origin)
+    _check_rows(test_x, test_y, None, "test", origin)
     if tuple(train_x.shape[1:]) != tuple(test_x.shape[1:]):
         raise ConfigError(
             f"{origin}: train_inputs rows have shape {tuple(train_x.shape[1:])} but test_inputs rows {tuple(test_x.shape[1:])}; "
@@ -502,6 +597,7 @@ def federated_dataset_from_arrays(arrays: FederatedArrays, origin: str = "data",
         return FederatedDataset(
             name, train_x, train_y, test_x, test_y, client_indices, num_classes,
             client_test_indices=client_test_indices, targets_are_classes=classes, input_normalisation=arrays.input_normalisation,
+            clients_unassigned=unassigned,
         )
     except ValueError as error:
         raise ConfigError(f"{origin}: {error}") from None

@@ -336,3 +336,53 @@ def test_read_only_arrays_become_tensors_without_a_warning_or_a_copy():
     assert torch.equal(dataset.train_inputs, torch.tensor(arrays.train_inputs))
     writable = _arrays()
     assert federated_dataset_from_arrays(writable).train_inputs.data_ptr() == writable.train_inputs.ctypes.data
+
+
+# ---------------------------------------------------------------- dict items (Hugging Face datasets) and no client ids
+
+
+def _hf_items(arrays, label_name="label"):
+    """What a Hugging Face Dataset's ``ds.with_format("numpy")[i]`` gives: a dict per item."""
+    return [{"image": x, label_name: y} for x, y in zip(arrays.train_inputs, arrays.train_targets, strict=True)]
+
+
+def test_hugging_face_dict_items_round_trip():
+    arrays = _arrays()
+    test = [{"image": x, "label": y} for x, y in zip(arrays.test_inputs, arrays.test_targets, strict=True)]
+    read = FederatedArrays.from_datasets(_hf_items(arrays), arrays.train_client_ids, test)
+    assert federated_dataset_from_arrays(read).digest == federated_dataset_from_arrays(arrays).digest
+    named = FederatedArrays.from_datasets(
+        _hf_items(arrays, "fine"), arrays.train_client_ids, test=[{"image": [0.0] * 3, "fine": 0}],
+        input_key="image", label_key="fine",
+    )
+    assert torch.equal(named.train_targets, torch.as_tensor(arrays.train_targets))
+    # a label key among the known names and one other key: that key is the input
+    pixels = [{"pixels": [1.0, 2.0], "label": 1}, {"pixels": [3.0, 4.0], "label": 0}]
+    guessed = FederatedArrays.from_datasets(pixels, test=pixels)
+    assert guessed.train_inputs.tolist() == [[1.0, 2.0], [3.0, 4.0]] and guessed.train_targets.tolist() == [1, 0]
+    assert guessed.train_client_ids is None
+
+
+def test_an_ambiguous_dict_is_refused_with_its_keys_listed():
+    cifar100 = [{"img": [0.0, 1.0], "fine_label": 3, "coarse_label": 1}]
+    listed = r"keys 'img', 'fine_label', 'coarse_label'.*input_key=\.\.\., label_key=\.\.\."
+    with pytest.raises(ConfigError, match=listed):
+        FederatedArrays.from_datasets(cifar100, test=cifar100)
+    with pytest.raises(ConfigError, match=r"label_key='label' is not a key.*'img', 'fine_label', 'coarse_label'"):
+        FederatedArrays.from_datasets(cifar100, test=cifar100, label_key="label")
+    chosen = FederatedArrays.from_datasets(cifar100, test=cifar100, label_key="coarse_label")
+    assert chosen.train_targets.tolist() == [1] and chosen.train_inputs.tolist() == [[0.0, 1.0]]
+    with pytest.raises(ConfigError, match=r"item 1 of the train Dataset has no key 'label'"):
+        items = [{"image": [0.0], "label": 0}, {"image": [1.0]}]
+        FederatedArrays.from_datasets(items, test=cifar100, input_key="image")
+
+
+def test_arrays_without_client_ids_are_one_placeholder_client_marked_unassigned():
+    arrays = _arrays(train_client_ids=None)
+    dataset = federated_dataset_from_arrays(arrays)
+    assert dataset.clients_unassigned and [idx.tolist() for idx in dataset.client_indices] == [list(range(6))]
+    assert dataset.digest != federated_dataset_from_arrays(_arrays(train_client_ids=np.zeros(6, np.int64))).digest
+    with pytest.raises(ConfigError, match=r"test_client_ids are given but train_client_ids are not"):
+        federated_dataset_from_arrays(_arrays(train_client_ids=None, test_client_ids=np.zeros(4, np.int64)))
+    with pytest.raises(ConfigError, match=r"test_inputs and test_targets missing"):
+        federated_dataset_from_arrays(FederatedArrays(arrays.train_inputs, arrays.train_targets))

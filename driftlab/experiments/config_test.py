@@ -497,7 +497,7 @@ def test_error_text_is_bounded():
     ],
 )
 def test_booleans_are_not_numbers(override, key):
-    if key is None:  # an algorithm's own config (not a config.py section) is covered too
+    if key is None:  # an algorithm's own config (not a section of the schema) is covered too
         message = _error(override, "algorithm.fisher_examples=true")
         key = "algorithm.fisher_examples"
     else:
@@ -658,7 +658,6 @@ DIGEST = "0123456789abcdef" * 4
     [
         (["data.loader=my_data.py:load"], "data.loader is a key of custom, not of data.name = 'synthetic'"),
         ([f"data.digest={DIGEST}"], "data.digest is a key of custom, not of data.name = 'synthetic'"),
-        (["data.name=custom", "data.partition=iid"], "keeps your client ids as the clients; leave data.partition unset"),
         (["data.name=custom", "data.loader=my_data.py"], 'expected "module:function" or "path/to/file.py:function"'),
         (["data.name=custom", "data.digest=abc"], "data.digest: String should match pattern"),
         (["model.loss=losses.py:"], 'expected "module:function"'),

@@ -177,7 +177,9 @@ def _build(config, entry: DataSetEntry, path: Path | None, partition: str, data_
         if partition != "natural" or config.client_test_fraction > 0:
             raise ValueError("stackoverflow keeps its users as clients and its own test split: leave data.partition and data.client_test_fraction unset")
         return loaded
-    if isinstance(loaded, FederatedDataset):
+    if isinstance(loaded, FederatedDataset) and (loaded.clients_unassigned or config.name == "custom"):
+        dataset = own_clients(loaded, config, data_seed)  # your own data (data.loader): its ids, or data.partition's
+    elif isinstance(loaded, FederatedDataset):
         if partition == "natural":
             dataset = loaded
         else:
@@ -202,9 +204,11 @@ def _build(config, entry: DataSetEntry, path: Path | None, partition: str, data_
 
 def prepared_custom_data(dataset: FederatedDataset, config, seed: int) -> FederatedDataset:
     """Your own data set (``driftlab.run(data=...)``) as a run of this ``[data]`` config uses it, as ``build_dataset``
-    prepares a loader's: ``data.client_test_fraction`` of every client held out, seeded like the built-in data sets."""
+    prepares a loader's: examples given without client ids dealt out by ``data.partition`` (``own_clients``), then
+    ``data.client_test_fraction`` of every client held out, seeded like the built-in data sets."""
     data_seed = config.seed if config.seed is not None else seed
     try:
+        dataset = own_clients(dataset, config, data_seed)
         if config.client_test_fraction > 0 and dataset.client_test_indices is None:
             dataset = _with_client_test_splits(dataset, config.client_test_fraction, data_seed)
         if config.validation_fraction:
@@ -212,6 +216,38 @@ def prepared_custom_data(dataset: FederatedDataset, config, seed: int) -> Federa
     except ValueError as error:
         raise DataSetupError(f"data (custom): {error}") from None
     return dataset
+
+
+def own_clients(dataset: FederatedDataset, config, seed: int) -> FederatedDataset:
+    """Your own data's clients: the client ids it came with, or, for examples given without ids
+    (``dataset.clients_unassigned``), ``data.num_clients`` clients dealt out by ``data.partition`` (default iid) with
+    ``split_over_clients``, exactly as a built-in pooled data set is split for the same data seed.
+
+    ValueError when the partition cannot apply: ``natural`` without ids, a partition by class of targets that are not
+    class ids, or a partition other than ``natural`` of data that brings its own client ids.
+    """
+    partition = config.partition
+    if not dataset.clients_unassigned:
+        if partition not in (None, "natural"):
+            raise ValueError(
+                f"data.partition = {partition!r} deals out examples, but your data brings its own client ids; leave "
+                "data.partition unset to keep them, or give the arrays without train_client_ids to have them dealt out"
+            )
+        return dataset
+    partition = partition or "iid"
+    if partition == "natural":
+        raise ValueError(
+            "data.partition = natural keeps your client ids, and the data came without any; give train_client_ids, or "
+            "set data.partition to iid, dirichlet, dirichlet_classwise, classes_per_client or power_law"
+        )
+    if partition != "iid" and (not dataset.targets_are_classes or dataset.multi_label):
+        raise ValueError(
+            f"data.partition = {partition} deals out examples by class, and your targets are not class ids; "
+            "use data.partition = iid"
+        )
+    labels = dataset.train_targets.numpy() if partition != "iid" else np.zeros(len(dataset.train_targets), np.int64)
+    clients = split_over_clients(labels, config, partition, seed)
+    return dataclasses.replace(dataset, client_indices=tuple(clients), clients_unassigned=False)
 
 
 def with_validation_split(dataset: FederatedDataset, fraction: float, seed: int) -> FederatedDataset:

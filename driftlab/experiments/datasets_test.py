@@ -1047,3 +1047,84 @@ def test_samples_per_client_caps_synthetic_devices():
         sizes = [len(train) + len(test) for train, test in zip(capped.client_indices, capped.client_test_indices, strict=True)]
         assert max(sizes) == 10 and len(capped.client_indices) == 30
         assert int(full.client_sizes.min()) > 10  # FedProx's devices hold at least 50 samples, so the cap is what bounded them
+
+
+# ---------------------------------------------------------------- your own data without client ids
+
+
+def _unassigned(classes=4, rows=120):
+    generator = torch.Generator().manual_seed(3)
+    inputs = torch.randn(rows, 3, generator=generator)
+    return driftlab.FederatedArrays(
+        train_inputs=inputs, train_targets=torch.arange(rows) % classes,
+        test_inputs=inputs[:10], test_targets=torch.arange(10) % classes,
+    )
+
+
+def test_arrays_without_client_ids_get_the_builtin_partition_for_the_same_seed():
+    from driftlab.data import partition as partitions
+    from driftlab.data.federated import federated_dataset_from_arrays
+    from driftlab.experiments.config import load_config
+    from driftlab.experiments.datasets import prepared_custom_data
+    from driftlab.simulation.round.randomness import Stream, generator
+
+    arrays = _unassigned()
+    keys = ["data.name=custom", "data.partition=dirichlet", "data.num_clients=6", "data.dirichlet_alpha=0.5", "seed=7"]
+    config = load_config(None, keys)
+    dataset = prepared_custom_data(federated_dataset_from_arrays(arrays), config.data, config.seed)
+    labels = arrays.train_targets.numpy()
+    quotas = partitions.balanced_quotas(120, 6)
+    expected = partitions.dirichlet_client_prior_partition(labels, quotas, 0.5, generator(7, Stream.PARTITION))
+    assert not dataset.clients_unassigned and dataset.num_clients == 6
+    assert [c.tolist() for c in dataset.client_indices] == [c.tolist() for c in expected]
+    iid = load_config(None, ["data.name=custom", "data.num_clients=5", "seed=7"])  # no partition: iid
+    dealt = prepared_custom_data(federated_dataset_from_arrays(arrays), iid.data, iid.seed)
+    expected = partitions.iid_partition(120, partitions.balanced_quotas(120, 5), generator(7, Stream.PARTITION))
+    assert [c.tolist() for c in dealt.client_indices] == [c.tolist() for c in expected]
+    keys = ["data.name=custom", "data.partition=classes_per_client", "data.classes_per_client=1", "data.num_clients=4"]
+    shards = load_config(None, keys)
+    by_class = prepared_custom_data(federated_dataset_from_arrays(arrays), shards.data, 0)
+    assert all(len(set(labels[c].tolist())) == 1 for c in by_class.client_indices)
+
+
+def test_a_run_on_arrays_without_ids_records_the_partition_and_resumes(tmp_path):
+    arrays = _unassigned()
+    config = {"rounds": 1, "data": {"partition": "dirichlet", "num_clients": 6}}
+    first = driftlab.run(config, out_dir=tmp_path / "run", data=arrays)
+    assert first.config.data.name == "custom" and first.config.data.partition == "dirichlet"
+    longer = first.config.model_copy(update={"rounds": 2})
+    resumed = driftlab.run(longer, out_dir=tmp_path / "run", data=arrays, resume=True)
+    assert [r["round"] for r in resumed.records] == [1, 2]
+
+
+def test_a_partition_that_cannot_apply_to_your_data_is_refused():
+    labels = torch.tensor([0, 1, 0, 1])
+    ids = driftlab.FederatedArrays(torch.zeros(4, 2), labels, torch.tensor([0, 0, 1, 1]), torch.zeros(2, 2), labels[:2])
+    with pytest.raises(driftlab.ConfigError, match=r"your data brings its own client ids; leave data.partition unset"):
+        driftlab.run({"rounds": 1, "data": {"partition": "iid"}}, data=ids)
+    with pytest.raises(driftlab.ConfigError, match=r"natural keeps your client ids, and the data came without"):
+        driftlab.run({"rounds": 1, "data": {"partition": "natural"}}, data=_unassigned())
+    regression = driftlab.FederatedArrays(
+        train_inputs=torch.zeros(8, 2), train_targets=torch.zeros(8, 1),
+        test_inputs=torch.zeros(2, 2), test_targets=torch.zeros(2, 1),
+    )
+    with pytest.raises(driftlab.ConfigError, match=r"deals out examples by class, and your targets are not class ids"):
+        driftlab.run({"rounds": 1, "data": {"partition": "dirichlet", "num_clients": 2}}, data=regression)
+
+
+def test_a_loader_returning_arrays_without_ids_is_dealt_out_too(tmp_path, monkeypatch):
+    (tmp_path / "own_unassigned.py").write_text(
+        "import torch, driftlab\n"
+        "def load():\n"
+        "    x = torch.arange(60, dtype=torch.float32).reshape(30, 2)\n"
+        "    return driftlab.FederatedArrays(\n"
+        "        train_inputs=x, train_targets=torch.arange(30) % 3, test_inputs=x[:3], test_targets=torch.arange(3)\n"
+        "    )\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from driftlab.experiments.config import load_config
+
+    config = load_config(None, ["data.name=custom", "data.loader=own_unassigned:load", "data.num_clients=3"])
+    dataset = build_dataset(config.data, config.seed)
+    assert dataset.num_clients == 3 and not dataset.clients_unassigned
+    assert sorted(np.concatenate(dataset.client_indices).tolist()) == list(range(30))

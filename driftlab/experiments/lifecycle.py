@@ -75,6 +75,7 @@ from driftlab.experiments.run_directory import (
     METRICS_FILE,
     read_run_info,
 )
+from driftlab.experiments.loading import write_final_state_dict
 from driftlab.experiments.trackers import open_trackers
 from driftlab.metrics.summary import summarize
 from driftlab.simulation.round.checkpointing import checkpointed_parts, completed_state, record_template, restored_state
@@ -252,6 +253,8 @@ def _finish_output(
             {"params": final_params.detach().cpu().contiguous()}, str(tmp), metadata={"parameter_names": names}
         ),
     )
+    # the same model under the module's own state_dict names, for load_model and torch's load_state_dict
+    write_final_state_dict(out, sim.model, final_params, sim.data.input_shape, sim.data.num_classes)
     if not wrote_table:  # nothing left to run (a finished run resumed): the loop wrote no table
         run_directory.write_metrics_csv(out, records)
     if sim.initial_losses is not None:

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from driftlab.errors import ConfigError
+from driftlab.run_files import LOCK_FILE, RUN_INFO_FILE, RunDirectoryBusy, read_run_info
 
 if TYPE_CHECKING:
     from driftlab.experiments.config import ExperimentConfig
@@ -49,16 +50,13 @@ METRICS_CSV_FILE = "metrics.csv"
 CHECKPOINT_FILE = "checkpoint.safetensors"
 CLIENT_STATE_DIR = "client_state"  # the disk client-state store's files (state.store), which checkpoints refer to
 FINAL_MODEL_FILE = "final_model.safetensors"
-RUN_INFO_FILE = "run.json"
-LOCK_FILE = ".lock"  # flock'ed by the process writing the directory; holds its PID
-RUN_FILES = (CONFIG_FILE, METRICS_FILE, METRICS_CSV_FILE, CHECKPOINT_FILE, FINAL_MODEL_FILE, RUN_INFO_FILE)
+FINAL_STATE_DICT_FILE = "final_state_dict.safetensors"  # the final model under the module's state_dict names (loading)
+RUN_FILES = (
+    CONFIG_FILE, METRICS_FILE, METRICS_CSV_FILE, CHECKPOINT_FILE, FINAL_MODEL_FILE, FINAL_STATE_DICT_FILE, RUN_INFO_FILE
+)
 # What write_atomically leaves of a write a kill interrupted: `.NAME.tmp-PID`.
 _INTERRUPTED_WRITE = re.compile(r"^\.(" + "|".join(re.escape(name) for name in RUN_FILES) + r")\.tmp-\d+$")
 _MAX_CONFIG_BYTES = 1 << 20  # a resolved config is a few KB
-
-
-class RunDirectoryBusy(ConfigError):
-    """Another process is writing the run directory (it holds ``DIR/.lock``)."""
 
 
 def write_atomically(path: Path, write: Callable[[Path], None]) -> None:
@@ -66,15 +64,6 @@ def write_atomically(path: Path, write: Callable[[Path], None]) -> None:
     from driftlab.simulation.state.checkpoint import write_atomically as write_file
 
     write_file(path, write)
-
-
-def read_run_info(out: str | Path) -> dict[str, Any] | None:
-    """The ``run.json`` of a run directory, or None when absent or unreadable."""
-    path = Path(out) / RUN_INFO_FILE
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
 
 
 def output_directory(out_dir: str | Path) -> Path:
@@ -433,6 +422,7 @@ __all__ = [
     "CLIENT_STATE_DIR",
     "CONFIG_FILE",
     "FINAL_MODEL_FILE",
+    "FINAL_STATE_DICT_FILE",
     "LOCK_FILE",
     "METRICS_CSV_FILE",
     "METRICS_FILE",

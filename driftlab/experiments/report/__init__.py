@@ -11,6 +11,8 @@ folder holding them, and writes into ``out_dir``::
     steps.csv       total local SGD steps, steps to each target, and their fraction of the reference method
     runs.csv        one row per run: directory, seed, status, rounds done, wall time, machine, round it was cut to
                     (with timed runs, targets.csv, accuracy.csv and runs.csv add simulated seconds)
+    rounds_long.csv every run's per-round metrics in long form: run, method, seed, setting, round, metric, value
+                    (for pandas or seaborn: ``rounds_long``)
     tuning.csv      with tuned axes: every tuned value's validation score and test metric, and which was picked
     privacy.csv     with private runs: each method's final test accuracy and ε per privacy configuration
     <setting>-*.png the figures (<setting>: the sweep's directory name for the setting, else its label's slug)
@@ -77,6 +79,7 @@ from typing import Any, Sequence
 
 from driftlab.errors import ConfigError
 from driftlab.owned_folder import OwnedFolder, claim, first_line, refusal
+from driftlab.experiments.report.rounds_long import ROUNDS_LONG_CSV, write_rounds_long_csv
 from driftlab.experiments.report.seeds import SeedsRow, baseline_for, check_baseline, seeds_rows, seeds_section, write_seeds_csv
 from driftlab.experiments.report.epsilon import EpsilonSummary, epsilon_summary, is_private, run_epsilon
 from driftlab.experiments.report.labels import algorithm_label, flatten_config, label_standalone
@@ -309,13 +312,14 @@ def _write_report(
         files.append(write_privacy_csv(out, utility))
     files += write_tuning_csv(out, tuned)
     files += write_seeds_csv(out, seed_rows, chosen_targets)
+    files += write_rounds_long_csv(out, settings)
     return Report(markdown, files, runs, settings, target_rows, savings_rows, accuracy_rows, step_rows, utility, tuned)
 
 
 REPORT_COMMAND = "driftlab report"
 REPORT_TITLE = "# driftlab report"  # report.md's first line: how a report folder from before manifests is recognised
 # The names every report writes (others: figures, and tables only some runs have); checked before anything is drawn.
-FIXED_FILES = ("report.md", "targets.csv", "savings.csv", "accuracy.csv", "steps.csv", "runs.csv")
+FIXED_FILES = ("report.md", "targets.csv", "savings.csv", "accuracy.csv", "steps.csv", "runs.csv", ROUNDS_LONG_CSV)
 
 
 def earlier_report(entry: Path) -> bool:
