@@ -4,6 +4,11 @@
 accuracy; recall@5 for multi-label data; distance to the known minimiser of quadratic data.  ``dissimilarity``:
 the (G, B)-dissimilarity B(θ)² and the gradient variance of FedProx's Definition 3 (Li et al. 2020).
 
+Modes: every forward here goes through ``FlatModel.forward``/``batch_loss``, which run the module in evaluation mode
+(no dropout; BatchNorm with its running statistics): the test, train-loss and validation passes, client and personal
+models, and the dissimilarity, a measurement of the objective at θ.  Fine-tuning's own local steps
+(``evaluation.finetune_steps``) train in training mode, as every local step does (``backends/modes.py``).
+
 Divergence: a record with a non-finite number, an evaluated loss above ``EvaluationPlan.divergence_factor`` times
 the initial model's (``reference_losses``), or a server-model norm above ``EvaluationPlan.norm_growth_factor`` times
 the model's starting scale (``norm_growth``; the scale is ``setup.norm_scale``) is divergence.

@@ -7,19 +7,26 @@ per-client state is one row of a table, and a round's clients stack into a
 ``[C, P]`` matrix for the vectorized backend.  ``FlatModel`` maps that vector
 back onto the module's parameters (as views, no copies) for
 ``torch.func.functional_call``.
+
+``FlatModel.forward`` and ``batch_loss`` run the module in evaluation mode
+(every evaluation goes through them); local training runs its own copies in
+training mode (``modes.py``).
 """
 
 from __future__ import annotations
 
 import copy
 import threading
-from dataclasses import dataclass
+import warnings
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
+
+from driftlab.simulation.backends.modes import has_dropout, module_mode, trained_buffers
 
 
 def cross_entropy_per_example(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -71,6 +78,11 @@ class FlatModel:
     example_loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = cross_entropy_per_example
     is_classifier: bool = True  # outputs are class logits, so accuracy is defined
     multi_label: bool = False  # outputs are one logit per label (recall@5 is reported)
+    # Whether the module has dropout layers, whose masks local steps draw from per-step keys (modes.py).
+    dropout: bool = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dropout", has_dropout(self.module))
 
     @staticmethod
     def wrap(
@@ -83,6 +95,7 @@ class FlatModel:
         named = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
         if not named:
             raise ValueError("the model has no trainable parameters")
+        warn_untracked_buffers(module)
         return FlatModel(
             module=module,
             names=tuple(name for name, _ in named),
@@ -108,14 +121,40 @@ class FlatModel:
         return {name: piece.view(shape) for name, piece, shape in zip(self.names, pieces, self.shapes, strict=True)}
 
     def forward(self, theta: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
-        with SHARED_MODULE_LOCK:
+        """The module's outputs at ``theta``, in evaluation mode (no dropout; BatchNorm with its running statistics);
+        each submodule's mode is restored after."""
+        with SHARED_MODULE_LOCK, module_mode(self.module, training=False):
             return functional_call(self.module, self.unflatten(theta), (inputs,))
 
     def batch_loss(self, theta: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Mean loss over the batch at ``theta``."""
+        """Mean loss over the batch at ``theta``, in evaluation mode (a measurement: FedProx's dissimilarity)."""
         return self.example_loss(self.forward(theta, inputs), targets).mean()
 
     def to(self, device: torch.device | str, dtype: torch.dtype) -> "FlatModel":
         """Move the module (buffers included) so functional calls run on ``device``."""
         self.module.to(device=device, dtype=dtype)
         return self
+
+
+_WARNED: set[type] = set()  # module classes warned about, once per process
+
+
+class UntrackedBuffersWarning(UserWarning):
+    """A module's running statistics are neither aggregated nor checkpointed yet."""
+
+
+def warn_untracked_buffers(module: nn.Module) -> None:
+    """Warn once per module class when training would update buffers (BatchNorm's running statistics) that are not
+    yet part of the model's state: each local copy updates its own, none is aggregated, checkpointed or saved, and
+    evaluation uses the module's initial ones."""
+    layers = trained_buffers(module)
+    if not layers or type(module) in _WARNED:
+        return
+    _WARNED.add(type(module))
+    shown = ", ".join(layers[:3]) + (", ..." if len(layers) > 3 else "")
+    warnings.warn(
+        f"{type(module).__name__} has running statistics ({shown}) that driftlab does not aggregate or checkpoint yet: "
+        "evaluation uses their initial values; use GroupNorm/LayerNorm, or track_running_stats=False, for now",
+        UntrackedBuffersWarning,
+        stacklevel=3,
+    )

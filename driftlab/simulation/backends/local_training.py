@@ -25,6 +25,11 @@ batch right after it is gathered (and normalised, for uint8 images kept with a
 step ``s`` come from its key ``example_keys(task.augment_key, s, i)``
 (``randomness.py``), so they depend neither on the backend nor on how it
 groups clients.
+
+Modes (``modes.py``): local steps run the module in training mode, a model's
+dropout masks drawn from the step's key ``modes.step_keys(task.augment_key, s)``;
+γ-inexact stopping's full local gradient is a measurement and runs in
+evaluation mode.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ import torch
 
 from driftlab.data.pixels import PixelNormalisation
 from driftlab.simulation.backends.flat import FlatModel, copy_module
+from driftlab.simulation.backends.modes import keyed_dropout, set_mode, step_keys
 from driftlab.simulation.backends.objectives import LocalObjective, LossTerm, as_local_objective, objective_loss
 from driftlab.simulation.backends.precision import local_arithmetic
 from driftlab.simulation.round.randomness import Stream, example_keys, generator
@@ -104,8 +110,8 @@ class ClientTask:
     # steps_per_epoch steps.  None: run all steps.
     stop_gamma: float | None = None
     steps_per_epoch: int = 0
-    # Base key of the client's augmentation draws this round, ``randomness.augmentation_key(seed, round, client id)``;
-    # used only when ``TrainingData.augment`` is set.
+    # Base key of the client's per-step draws this round, ``randomness.augmentation_key(seed, round, client id)``:
+    # augmentation (when ``TrainingData.augment`` is set) and dropout masks (``modes.step_keys``, for a model with dropout).
     augment_key: int = 0
     # This client's own start model (an algorithm with per-client views, ``Algorithm.client_view``); None: the
     # round's start model every backend is given.
@@ -182,6 +188,10 @@ class BoundModule:
     vector, with none of the per-step cost of ``functional_call``/``torch.func``
     (about 3x faster for small models, where per-op overhead dominates).  One
     copy per thread serves every client that thread trains; nothing is copied per client.
+
+    Local steps (``loss_gradient``, ``term_gradient`` and a term's ``forward``) run the copy in training mode,
+    its dropout masks drawn from the step's ``key`` (``modes.keyed_dropout``); the full gradients of γ-inexact
+    stopping (``full_gradient``, ``full_term_gradient``) are measurements, in evaluation mode.
     """
 
     def __init__(self, model: FlatModel, like: torch.Tensor) -> None:
@@ -189,6 +199,8 @@ class BoundModule:
         self.module = copy_module(model.module).to(device=like.device, dtype=like.dtype)
         self.example_loss = model.example_loss
         self.unflatten = model.unflatten
+        self.dropout = model.dropout
+        self._training: bool | None = None  # the copy's mode, set by _mode (the copy is this thread's alone)
         self.theta = torch.zeros_like(like)
         self.gradient = torch.zeros_like(like)
         parameters = dict(self.module.named_parameters())
@@ -196,31 +208,51 @@ class BoundModule:
             parameters[name].data = theta_view
             parameters[name].grad = grad_view
 
-    def loss_gradient(self, theta: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """``∇ cross_entropy(model(θ; inputs), targets)``, a fresh tensor."""
+    def _mode(self, training: bool) -> None:
+        if self._training is not training:
+            set_mode(self.module, training, self.source)
+            self._training = training
+
+    def loss_gradient(
+        self, theta: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor, key: torch.Tensor | None = None, training: bool = True
+    ) -> torch.Tensor:
+        """``∇ cross_entropy(model(θ; inputs), targets)``, a fresh tensor; in training mode (dropout masks from ``key``,
+        see ``modes.py``) unless ``training`` is False."""
         with torch.no_grad():
             self.theta.copy_(theta)
             self.gradient.zero_()
-        self.example_loss(self.module(inputs), targets).mean().backward()
+        self._mode(training)
+        with keyed_dropout(key if training and self.dropout else None):
+            self.example_loss(self.module(inputs), targets).mean().backward()
         return self.gradient.clone()
 
     def full_gradient(self, theta: torch.Tensor, rows: torch.Tensor, data: TrainingData, chunk: int = 4096) -> torch.Tensor:
-        """``∇f_k(θ)``: the mean loss gradient over all of ``rows``, in chunks of ``chunk`` examples."""
+        """``∇f_k(θ)``: the mean loss gradient over all of ``rows``, in chunks of ``chunk`` examples, in evaluation mode."""
         total = torch.zeros_like(theta)
         for start in range(0, len(rows), chunk):
             part = rows[start : start + chunk]
-            total += self.loss_gradient(theta, data.batch(part), data.targets[part]) * (len(part) / len(rows))
+            total += self.loss_gradient(theta, data.batch(part), data.targets[part], training=False) * (len(part) / len(rows))
         return total
 
     def forward(self, theta: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
-        """The module's outputs at any flat ``theta`` (a loss term's ``batch.forward``)."""
+        """The module's outputs at any flat ``theta`` (a loss term's ``batch.forward``), in the copy's current mode."""
         return torch.func.functional_call(self.module, self.unflatten(theta), (inputs,))
 
-    def term_gradient(self, theta: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor, term: LossTerm) -> torch.Tensor:
-        """``∇[mean loss + term]`` on one batch (``objectives.objective_loss``), by ``torch.func.grad``."""
+    def term_gradient(
+        self,
+        theta: torch.Tensor,
+        inputs: torch.Tensor,
+        targets: torch.Tensor,
+        term: LossTerm,
+        key: torch.Tensor | None = None,
+        training: bool = True,
+    ) -> torch.Tensor:
+        """``∇[mean loss + term]`` on one batch (``objectives.objective_loss``), by ``torch.func.grad``; modes as ``loss_gradient``."""
         weights = torch.full((len(targets),), 1.0 / len(targets), dtype=theta.dtype, device=theta.device)
         loss = objective_loss(self.forward, self.example_loss, term.function)
-        return torch.func.grad(loss)(theta, inputs, targets, weights, *term.tensors)
+        self._mode(training)
+        with keyed_dropout(key if training and self.dropout else None):
+            return torch.func.grad(loss)(theta, inputs, targets, weights, *term.tensors)
 
     def full_term_gradient(self, theta: torch.Tensor, rows: torch.Tensor, data: TrainingData, term: LossTerm, chunk: int = 4096) -> torch.Tensor:
         """``∇[f_k + term]`` over all of ``rows``: pieces of ``chunk`` examples weighted by their share of the rows
@@ -228,7 +260,7 @@ class BoundModule:
         total = torch.zeros_like(theta)
         for start in range(0, len(rows), chunk):
             part = rows[start : start + chunk]
-            total += self.term_gradient(theta, data.batch(part), data.targets[part], term) * (len(part) / len(rows))
+            total += self.term_gradient(theta, data.batch(part), data.targets[part], term, training=False) * (len(part) / len(rows))
         return total
 
 
@@ -267,10 +299,11 @@ def train_one_client(
         inputs = data.batch(rows)
         if data.augment is not None:
             inputs = data.augment(inputs, example_keys(task.augment_key, step, slots[:size]))
+        key = step_keys(task.augment_key, step).to(device) if bound.dropout else None
         if term is None:
-            gradient = bound.loss_gradient(theta, inputs, data.targets[rows])
+            gradient = bound.loss_gradient(theta, inputs, data.targets[rows], key)
         else:
-            gradient = bound.term_gradient(theta, inputs, data.targets[rows], term)
+            gradient = bound.term_gradient(theta, inputs, data.targets[rows], term, key)
         with torch.no_grad():
             if local_step is None:
                 theta = corrected_step(theta, gradient, correction, settings)

@@ -33,22 +33,30 @@ from torch import nn
 from driftlab.models.layers import Parameters, unfoldable
 from driftlab.models.registry import batched_form
 from driftlab.simulation.backends.flat import FlatModel, copy_module
+from driftlab.simulation.backends.modes import set_mode
 
 
-def module_for_this_thread(copies: threading.local, module: nn.Module, device: torch.device) -> nn.Module:
-    """This thread's copy of ``module`` on ``device``, kept in ``copies``: ``functional_call`` swaps a module's
-    parameters while it runs, so chunks trained at once on several threads must not share one.  Made on first
-    use, which must be outside ``torch.func`` transforms (copying a module sets ``.data``, which they refuse)."""
+def module_for_this_thread(copies: threading.local, module: nn.Module, device: torch.device, training: bool = True) -> nn.Module:
+    """This thread's copy of ``module`` on ``device``, kept in ``copies``, in training mode (local steps) or not
+    (measurements, ``modes.py``): ``functional_call`` swaps a module's parameters while it runs, so chunks trained at
+    once on several threads must not share one.  Made on first use, which must be outside ``torch.func`` transforms
+    (copying a module sets ``.data``, which they refuse)."""
     made = getattr(copies, "modules", None)
     if made is None:
         made = copies.modules = {}
+        copies.training = {}
     if device not in made:
         made[device] = copy_module(module).to(device)
+    if copies.training.get(device) is not training:
+        set_mode(made[device], training, module)
+        copies.training[device] = training
     return made[device]
 
 
 class StackedNetwork:
     """The gradient engine of the vectorized backend for modules with a batched forward (module docstring)."""
+
+    draws_dropout = False  # match refuses models with dropout
 
     def __init__(self, model: FlatModel, forward: Callable) -> None:
         self._model = model
@@ -71,16 +79,20 @@ class StackedNetwork:
             return None  # a frozen parameter is not in θ: the generic path handles it
         if any(b is not None and b.numel() for b in module.buffers()):
             return None  # buffers (running statistics) have no per-client form here
+        if model.dropout:
+            return None  # the batched layers draw no dropout masks; vmap draws them from per-step keys
         return StackedNetwork(model, forward)
 
     def flat_inputs(self, inputs: torch.Tensor) -> torch.Tensor:
         return inputs
 
-    def _module_for_this_thread(self, device: torch.device) -> nn.Module:
-        return module_for_this_thread(self._copies, self._model.module, device)
+    def _module_for_this_thread(self, device: torch.device, training: bool = True) -> nn.Module:
+        return module_for_this_thread(self._copies, self._model.module, device, training)
 
-    def outputs(self, theta: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """``[n, B, classes]`` outputs of ``n`` clients on their own ``[n, B, ...]`` inputs, and the parameter leaves."""
+    def outputs(self, theta: torch.Tensor, x: torch.Tensor, training: bool = True) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """``[n, B, classes]`` outputs of ``n`` clients on their own ``[n, B, ...]`` inputs, and the parameter leaves.
+        ``training``: the mode of the module's own forward (one client); the batched layers have no mode-dependent
+        layer (no dropout, no running statistics: ``match``)."""
         clients = theta.shape[0]
         leaves = []
         named = {}
@@ -94,13 +106,22 @@ class StackedNetwork:
         if clients == 1:
             # One client: the module's own forward, so its fused kernels (oneDNN's LSTM, say) do the work.
             single = {name: leaf[0] for name, leaf in named.items()}
-            return torch.func.functional_call(self._module_for_this_thread(theta.device), single, (x[0],)).unsqueeze(0), leaves
+            return torch.func.functional_call(self._module_for_this_thread(theta.device, training), single, (x[0],)).unsqueeze(0), leaves
         return self._forward(self._model.module, Parameters(named, clients), x), leaves
 
-    def loss_gradient(self, theta: torch.Tensor, x: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    def loss_gradient(
+        self,
+        theta: torch.Tensor,
+        x: torch.Tensor,
+        targets: torch.Tensor,
+        weights: torch.Tensor,
+        out: torch.Tensor,
+        keys: torch.Tensor | None = None,  # noqa: ARG002 - no dropout here (match); the engines share one signature
+        training: bool = True,
+    ) -> torch.Tensor:
         """``out[k] = ∇_θ Σ_i w_ki ℓ(θ_k; x_ki, y_ki)`` for the ``n`` rows of ``theta`` (``[n, P]``)."""
         with torch.enable_grad():
-            outputs, leaves = self.outputs(theta, x)
+            outputs, leaves = self.outputs(theta, x, training)
             flat_outputs = outputs.reshape(-1, *outputs.shape[2:])
             flat_targets = targets.reshape(-1, *targets.shape[2:])
             loss = (self._model.example_loss(flat_outputs, flat_targets).to(weights.dtype) * weights.reshape(-1)).sum()

@@ -21,7 +21,10 @@ step is a handful of batched operations on ``Θ`` whatever ``C`` is:
   for stacks of ``Linear``/``ReLU`` with cross-entropy, and from
   ``torch.func.vmap(grad(...))`` of ``functional_call`` for any other module.
   A module that ``vmap`` cannot handle falls back to the sequential backend with
-  a logged warning.
+  a logged warning.  Local steps run the module in training mode; its dropout
+  masks come from each client's step key (``modes.py``), the sequential
+  backend's masks, so both backends train a model with ``nn.Dropout`` alike;
+  other random operations cannot be vmapped and fall back, with that reason.
 
 Without clipping the update is fused into the weight-gradient GEMM
 (``W ← W − η_l δᵀh`` is one ``baddbmm_``), so the parameters are read and written
@@ -287,7 +290,7 @@ class VectorizedBackend:
                     logger.warning(
                         "vectorized backend: %s cannot be vmapped (%s); training its clients one by one with the sequential backend",
                         type(model.module).__name__,
-                        problem,
+                        _random_hint(problem),
                     )
                     engine = None
             self._engine_of = (model.module, engine)
@@ -324,6 +327,16 @@ class VectorizedBackend:
         if self._term_engines[key] is None and self._fallback is None:
             self._fallback = SequentialBackend(precision=self.precision)
         return self._term_engines[key]
+
+
+def _random_hint(problem: str) -> str:
+    """``problem``, with the reason when the module draws random numbers ``vmap`` cannot (``modes.py``)."""
+    if "random operation" not in problem:
+        return problem
+    return (
+        "its forward draws random numbers other than nn.Dropout's masks, which are keyed per client and step; "
+        f"vmap cannot draw those per client: {problem.splitlines()[0]}"
+    )
 
 
 def auto_backend(model: FlatModel, device: torch.device) -> str:

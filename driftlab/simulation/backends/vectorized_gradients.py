@@ -14,6 +14,12 @@ rows of a ``[n, P]`` stack ``θ`` at once:
 
 ``gradient_engine`` picks the batched layers for a model; ``vmap_problem`` and
 ``stacked_problem`` try an engine on one batch before the backend trusts it.
+
+Every engine's ``loss_gradient`` takes the step's dropout ``keys`` (``[n]``,
+``modes.step_keys``) and ``training`` (False for a measurement: γ-inexact
+stopping's full gradient, in evaluation mode).  Only the ``vmap`` engines serve
+models with dropout (``draws_dropout``): each client's masks come from its own
+key, the masks the sequential backend draws (``modes.py``).
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import torch
 from torch import nn
 
 from driftlab.simulation.backends.flat import FlatModel, cross_entropy_per_example
+from driftlab.simulation.backends.modes import keyed_dropout
 from driftlab.simulation.backends.local_training import PAD, ClientTask, TrainingData
 from driftlab.simulation.backends.objectives import LossTerm, objective_loss
 from driftlab.simulation.backends.stacked import StackedNetwork, module_for_this_thread
@@ -47,6 +54,8 @@ class LinearReluStack:
     Each product is one ``bmm`` over the ``[C, ...]`` stack; the parameters are
     ``[C, out, in]`` views of the rows of ``Θ``, so nothing is copied.
     """
+
+    draws_dropout = False  # a chain of Linear and ReLU only
 
     def __init__(self, layers: Sequence[tuple[int, tuple[int, int], int | None]]) -> None:
         # (weight offset, (out, in), bias offset or None) of each Linear, in order.
@@ -116,7 +125,16 @@ class LinearReluStack:
             visit(layer, delta, below)
             delta = next_delta
 
-    def loss_gradient(self, theta: torch.Tensor, x: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    def loss_gradient(
+        self,
+        theta: torch.Tensor,
+        x: torch.Tensor,
+        targets: torch.Tensor,
+        weights: torch.Tensor,
+        out: torch.Tensor,
+        keys: torch.Tensor | None = None,  # noqa: ARG002 - no layer here has a mode or draws masks
+        training: bool = True,  # noqa: ARG002
+    ) -> torch.Tensor:
         """``out[k] = ∇_θ Σ_i w_ki ℓ(θ_k; x_ki, y_ki)``, written into the rows of ``out`` ([n, P])."""
 
         def write(layer: int, delta: torch.Tensor, below: torch.Tensor) -> None:
@@ -178,15 +196,24 @@ class VmappedGradient:
         def masked_loss(theta: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
             return (model.example_loss(self.forward(theta, inputs), targets) * weights).sum()
 
+        def keyed_loss(theta: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+            with keyed_dropout(key):  # inside vmap: each client's masks from its own key
+                return masked_loss(theta, inputs, targets, weights)
+
         self._gradient = torch.func.vmap(torch.func.grad(masked_loss))
+        self._keyed_gradient = torch.func.vmap(torch.func.grad(keyed_loss))
         self._activations_per_example: int | None = None
         self.model = model
         self._copies = threading.local()
 
-    def module_for_this_thread(self, device: torch.device) -> nn.Module:
-        """This thread's copy of the module (``stacked.module_for_this_thread``); ``loss_gradient`` asks for it
-        before entering ``torch.func``."""
-        return module_for_this_thread(self._copies, self.model.module, device)
+    @property
+    def draws_dropout(self) -> bool:
+        return self.model.dropout
+
+    def module_for_this_thread(self, device: torch.device, training: bool = True) -> nn.Module:
+        """This thread's copy of the module in the given mode (``stacked.module_for_this_thread``); ``loss_gradient``
+        asks for it before entering ``torch.func``."""
+        return module_for_this_thread(self._copies, self.model.module, device, training)
 
     def forward(self, theta: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
         """``model.forward`` on this thread's copy of the module."""
@@ -195,9 +222,21 @@ class VmappedGradient:
     def flat_inputs(self, inputs: torch.Tensor) -> torch.Tensor:
         return inputs
 
-    def loss_gradient(self, theta: torch.Tensor, x: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        self.module_for_this_thread(theta.device)
-        out.copy_(self._gradient(theta, x, targets, weights))
+    def loss_gradient(
+        self,
+        theta: torch.Tensor,
+        x: torch.Tensor,
+        targets: torch.Tensor,
+        weights: torch.Tensor,
+        out: torch.Tensor,
+        keys: torch.Tensor | None = None,
+        training: bool = True,
+    ) -> torch.Tensor:
+        self.module_for_this_thread(theta.device, training)
+        if training and self.draws_dropout:
+            out.copy_(self._keyed_gradient(theta, x, targets, weights, _required(keys, theta)))
+        else:
+            out.copy_(self._gradient(theta, x, targets, weights))
         return out
 
     def activation_elements(self, example: torch.Tensor, theta: torch.Tensor) -> int:
@@ -241,7 +280,13 @@ class TermGradients:
                 dims.append(0)
         self.dims = tuple(dims)
         loss = objective_loss(engine.forward, engine.model.example_loss, terms[0].function)
+
+        def keyed_loss(theta, inputs, targets, weights, key, *tensors):
+            with keyed_dropout(key):
+                return loss(theta, inputs, targets, weights, *tensors)
+
         self._gradient = torch.func.vmap(torch.func.grad(loss), in_dims=(0, 0, 0, 0, *self.dims))
+        self._keyed_gradient = torch.func.vmap(torch.func.grad(keyed_loss), in_dims=(0, 0, 0, 0, 0, *self.dims))
         self._rows = slice(None)  # which clients' rows of the stacked tensors the gradients are for (a prefix, or one)
 
     def flat_inputs(self, inputs: torch.Tensor) -> torch.Tensor:
@@ -253,17 +298,40 @@ class TermGradients:
         single._rows = slice(k, k + 1)
         return single
 
-    def loss_gradient(self, theta: torch.Tensor, x: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    @property
+    def draws_dropout(self) -> bool:
+        return self.engine.draws_dropout
+
+    def loss_gradient(
+        self,
+        theta: torch.Tensor,
+        x: torch.Tensor,
+        targets: torch.Tensor,
+        weights: torch.Tensor,
+        out: torch.Tensor,
+        keys: torch.Tensor | None = None,
+        training: bool = True,
+    ) -> torch.Tensor:
         """``out[k] = ∇_θ [Σ_i w_ki ℓ(θ_k; x_ki, y_ki) + term_k]`` for the ``n`` rows of ``theta``: the chunk's first ``n``
-        clients (or the one client of ``client(k)``)."""
+        clients (or the one client of ``client(k)``); ``keys`` are those rows' dropout keys."""
         rows = self._rows if self._rows != slice(None) else slice(0, theta.shape[0])
         tensors = [tensor if dim is None else tensor[rows] for tensor, dim in zip(self.tensors, self.dims, strict=True)]
-        self.engine.module_for_this_thread(theta.device)
-        out.copy_(self._gradient(theta, x, targets, weights, *tensors))
+        self.engine.module_for_this_thread(theta.device, training)
+        if training and self.draws_dropout:
+            out.copy_(self._keyed_gradient(theta, x, targets, weights, _required(keys, theta), *tensors))
+        else:
+            out.copy_(self._gradient(theta, x, targets, weights, *tensors))
         return out
 
     def activation_elements(self, example: torch.Tensor, theta: torch.Tensor) -> int:
         return self.engine.activation_elements(example, theta)
+
+
+def _required(keys: torch.Tensor | None, theta: torch.Tensor) -> torch.Tensor:
+    """The step's dropout keys, one per row of ``theta``: a model with dropout trains only with them."""
+    if keys is None or keys.shape != theta.shape[:1]:
+        raise ValueError(f"a model with dropout needs one dropout key per client row ({theta.shape[0]}), got {None if keys is None else tuple(keys.shape)}")
+    return keys.to(theta.device)
 
 
 def gradient_engine(model: FlatModel, batched_layers: bool = True, precision: str = "float32"):
@@ -288,8 +356,9 @@ def vmap_problem(engine: VmappedGradient, start_params: torch.Tensor, task: Clie
     schedule = BatchSchedule.build([probe, probe], start_params.dtype, start_params.device)
     theta = start_params.unsqueeze(0).repeat(2, 1)
     rows = schedule.rows[0]
+    keys = torch.tensor([1, 2], dtype=torch.int64)  # two clients' dropout keys, as local steps pass them
     try:
-        engine.loss_gradient(theta, data.batch(rows), data.targets[rows], schedule.weights[0], torch.empty_like(theta))
+        engine.loss_gradient(theta, data.batch(rows), data.targets[rows], schedule.weights[0], torch.empty_like(theta), keys)
     except Exception as error:  # noqa: BLE001 - any failure means "not vmappable"; the message is logged
         return f"{type(error).__name__}: {error}"
     return None

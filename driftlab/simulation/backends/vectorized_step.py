@@ -14,7 +14,10 @@ from ``θ_k = θ^{t−1}``, every step a handful of batched operations on ``Θ``
 correction terms ``E = a + D ⊙ (θ − θ_ref) + wd · θ`` (``correction_terms``) are
 applied after it; otherwise the gradient is written to a buffer and corrected in
 place in the order of ``local_training.corrected_step`` (``corrected_step_``).
-FedProx's γ-inexact stopping (``InexactStopping``) watches clients that ask for it.
+FedProx's γ-inexact stopping (``InexactStopping``) watches clients that ask for it,
+with full gradients taken in evaluation mode; local steps run in training mode,
+a model's dropout masks drawn from each client's step key (``modes.step_keys``),
+the sequential backend's masks.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import Sequence
 import torch
 
 from driftlab.simulation.backends.local_training import ClientTask, LocalSettings, TrainingData, corrected_gradient_norm
+from driftlab.simulation.backends.modes import step_keys
 from driftlab.simulation.backends.objectives import as_local_objective
 from driftlab.simulation.round.randomness import example_keys
 from driftlab.simulation.seam import GradientCorrection
@@ -102,7 +106,8 @@ def train_chunk(
     normalised = None
     if pixels and data.normalisation.dtype == torch.float32:
         normalised = torch.empty(batch_inputs.shape, dtype=torch.float32, device=batch_inputs.device)
-    if augment is not None:
+    dropout = getattr(engine, "draws_dropout", False)
+    if augment is not None or dropout:
         base_keys = to_device(torch.tensor([task.augment_key for task in tasks], dtype=torch.int64), schedule.rows.device).unsqueeze(1)  # [C, 1]
         slots = torch.arange(width, device=schedule.rows.device).unsqueeze(0)  # [1, W]
     stopping = InexactStopping(engine, theta, tasks, correction, settings, data)
@@ -118,6 +123,7 @@ def train_chunk(
         if augment is not None or pixels:
             x = x.reshape(active, width, *inputs.shape[1:])
         targets, weights = data.targets[rows], schedule.weights[step, :active]
+        keys = step_keys(base_keys[:active, 0], step) if dropout else None
         block = theta[:active]
         block_correction = correction.head(active)
         if fused:
@@ -126,10 +132,10 @@ def train_chunk(
             if extra is not None:
                 block.sub_(extra.mul_(settings.client_lr))
         elif local_steps is None:
-            g = engine.loss_gradient(block, x, targets, weights, gradient[:active])
+            g = engine.loss_gradient(block, x, targets, weights, gradient[:active], keys)
             corrected_step_(block, g, block_correction, settings, scratch[:active])
         else:
-            g = engine.loss_gradient(block, x, targets, weights, gradient[:active])
+            g = engine.loss_gradient(block, x, targets, weights, gradient[:active], keys)
             corrected_gradient_(block, g, block_correction, settings, scratch[:active])
             for k in range(active):  # the algorithm's own step, client by client on its [P] rows (objectives.LocalStep)
                 if local_steps[k] is None:
@@ -167,7 +173,7 @@ class InexactStopping:
             part = rows[start : start + FULL_GRADIENT_ROWS]
             weights = torch.full((1, len(part)), 1.0 / len(part), dtype=theta.dtype, device=theta.device)
             inputs = self.engine.flat_inputs(self.data.batch(part)).unsqueeze(0)
-            engine.loss_gradient(theta, inputs, self.data.targets[part].unsqueeze(0), weights, piece_gradient)
+            engine.loss_gradient(theta, inputs, self.data.targets[part].unsqueeze(0), weights, piece_gradient, training=False)
             total += piece_gradient * (len(part) / len(rows))
         return corrected_gradient_norm(theta[0], total[0], affine_correction(self.tasks[k]), self.settings)
 

@@ -15,8 +15,13 @@ so every backend runs the same client code.
 
 A client sees only what a real one would: the algorithm's client view (what
 the server broadcast), its own state, its ``ClientContext``, its data and the
-round's settings.  All its random draws (minibatches, augmentation, EFL's
-Fisher sample) derive from (seed, round, client id).
+round's settings.  All its random draws (minibatches, augmentation, dropout
+masks, EFL's Fisher sample) derive from (seed, round, client id).  Its local
+steps run the model in training mode; the measurements a
+``ClientDataComputation`` offers the algorithm (``loss_gradient``,
+``full_gradient``, ``diagonal_fisher``) go through ``FlatModel.forward``, in
+evaluation mode (``backends/modes.py``): deterministic, no dropout mask, which
+also holds for the personal steps APFL replays with ``loss_gradient``.
 
 Example (one SCAFFOLD client with ten examples of its own):
     >>> import torch
@@ -140,7 +145,7 @@ class ClientDataComputation:
         stream = self._stream(purpose)
         num_samples = self.data.num_samples
         batches = batch_plan(settings.seed, self.round, self.client_id, num_samples, settings.batch_size, steps, stream)
-        augment_key = augmentation_key(settings.seed, self.round, self.client_id, stream) if settings.augment else 0
+        augment_key = augmentation_key(settings.seed, self.round, self.client_id, stream) if _keyed(settings, self.data.model) else 0
         per_epoch = steps_for_epochs(num_samples, settings.batch_size, 1)
         return ClientTask(self.client_id, self.data.rows, batches, correction, None, per_epoch, augment_key)
 
@@ -210,6 +215,11 @@ class ClientDataComputation:
         return total / max(1, len(rows))
 
 
+def _keyed(settings: ClientSettings, model: FlatModel) -> bool:
+    """Whether a client's local steps draw from per-step keys: augmentation, or a model with dropout (``modes.py``)."""
+    return settings.augment or model.dropout
+
+
 def steps_to_train(context: ClientContext) -> int:
     """The steps the client is asked for this round: all planned ones unless the availability model cut them."""
     return context.planned_steps if context.available_steps is None else context.available_steps
@@ -223,7 +233,7 @@ def client_start(
     num_samples = client_data.num_samples
     batches = batch_plan(settings.seed, context.round, context.client_id, num_samples, settings.batch_size, steps_to_train(context))
     per_epoch = steps_for_epochs(num_samples, settings.batch_size, 1)
-    augment_key = augmentation_key(settings.seed, context.round, context.client_id) if settings.augment else 0
+    augment_key = augmentation_key(settings.seed, context.round, context.client_id) if _keyed(settings, client_data.model) else 0
     start = view.params if algorithm.client_view is not None else None  # a view of its own: local SGD starts from it
     return ClientTask(context.client_id, client_data.rows, batches, correction, settings.inexact_gamma, per_epoch, augment_key, start)
 

@@ -30,7 +30,7 @@ CLIENT_SIZES = (7, 10, 13, 18)  # unequal, so FedDyn's α_k and the batch plans 
 
 def _algorithm(name: str, model: FlatModel) -> Any:
     sgd = make_server_optimizer("sgd")
-    if name == "scaffold":
+    if name in ("scaffold", "scaffold_dropout"):
         return scaffold.build(sgd)
     if name == "feddyn":
         return feddyn.build(alpha=0.1)
@@ -50,7 +50,11 @@ def _simulation(name: str, participation: float = 0.75, seed: int = 3, evaluated
     rows = tuple(np.arange(bounds[k], bounds[k + 1], dtype=np.int64) for k in range(len(CLIENT_SIZES)))
     data = FederatedDataset("toy", inputs, labels, inputs[:8], labels[:8], rows, 3)
     torch.manual_seed(0)
-    model = FlatModel.wrap(build_model("mlp", (5,), 3, hidden=(8,))).to("cpu", F64)
+    if name.endswith("_dropout"):  # masks keyed by (seed, round, client, step): a node draws the engine's (modes.py)
+        module = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.Dropout(0.5), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+    else:
+        module = build_model("mlp", (5,), 3, hidden=(8,))
+    model = FlatModel.wrap(module).to("cpu", F64)
     theta = model.initial_parameters()
     plan = RoundPlan(
         seed=seed, participation=participation, sampling="uniform", batch_size=4, client_lr=0.1, server_lr=1.0, local_epochs=1, steps=None
@@ -89,7 +93,7 @@ def _recording_server_update(sim: Simulation, seen: list) -> None:
     sim.algorithm = dataclasses.replace(sim.algorithm, server_update=recording_fold.server_update, server_fold=recording_fold)
 
 
-@pytest.mark.parametrize("name", ["scaffold", "feddyn", "efl", "efl_compressed"])
+@pytest.mark.parametrize("name", ["scaffold", "feddyn", "efl", "efl_compressed", "scaffold_dropout"])
 def test_run_client_reproduces_the_engines_sequential_round_bit_for_bit(name):
     sim, state = _simulation(name)
     algorithm = sim.algorithm
