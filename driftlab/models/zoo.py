@@ -28,10 +28,11 @@ each model's batched forward (``models/batched.py``, written with the layers of
 modules without one. ``models/zoo_test.py`` checks that one round of every
 model gives the same parameters on both backends (float64, 1e-10).
 
-No dropout and no batch normalisation anywhere: a client's local step must be
-a deterministic function of its parameters and batch (both backends agree to
-rounding, and vmap cannot draw per-client dropout masks), and batch statistics
-are what the FedDyn authors replace with GroupNorm in ResNet-18.
+No dropout and no batch normalisation anywhere, as in the papers' models: a
+client's local step is a function of its parameters and batch alone (a user's
+module with dropout draws keyed per-client masks, ``backends/modes.py``), and
+batch statistics are what the FedDyn authors replace with GroupNorm in
+ResNet-18; buffers are not yet part of a run's state (docs/design.md).
 """
 
 from __future__ import annotations
