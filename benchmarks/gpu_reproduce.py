@@ -40,6 +40,8 @@ from typing import Any
 REPOSITORY = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPOSITORY))
 
+from driftlab.experiments.config.toml_writer import to_toml  # noqa: E402 - the checkout's driftlab, on the path above
+
 DECAY_AXIS = "lr decay"
 
 
@@ -72,43 +74,6 @@ def one_decay(sweep: dict[str, Any], decay: float) -> dict[str, Any]:
     lr = "client.lr=0.1" if decay == 1 else f'client.lr={{kind="exponential", initial=0.1, decay={decay}}}'
     description = f"{sweep.get('description', '').strip()}\n\nRun by benchmarks/gpu_reproduce.py with one lr decay, {decay}."
     return {**sweep, "description": description, "overrides": [*sweep.get("overrides", []), lr], "axes": axes}
-
-
-def toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value, ensure_ascii=False)  # a TOML basic string: JSON's escapes are TOML's
-    if isinstance(value, list):
-        return "[" + ", ".join(toml_value(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{ " + ", ".join(f"{toml_key(k)} = {toml_value(v)}" for k, v in value.items()) + " }"
-    raise TypeError(f"cannot write {type(value).__name__} as TOML")
-
-
-def toml_key(key: str) -> str:
-    return key if key.replace("_", "").replace("-", "").isalnum() else json.dumps(key)
-
-
-def to_toml(document: dict[str, Any]) -> str:
-    """A sweep file's TOML: plain keys first, then tables (``[scales.paper]``), then arrays of tables (``[[axes]]``)."""
-    lines, tables, arrays = [], [], []
-    for key, value in document.items():
-        if isinstance(value, dict) and value and all(isinstance(v, dict) for v in value.values()):
-            tables.append((key, value))  # [scales.paper]; a flat table (halving = { ... }) stays inline
-        elif isinstance(value, list) and value and all(isinstance(v, dict) for v in value) and key == "axes":
-            arrays.append((key, value))
-        else:
-            lines.append(f"{toml_key(key)} = {toml_value(value)}")
-    for key, table in tables:
-        for name, inner in table.items():
-            lines += ["", f"[{toml_key(key)}.{toml_key(name)}]", *(f"{toml_key(k)} = {toml_value(v)}" for k, v in inner.items())]
-    for key, items in arrays:
-        for item in items:
-            lines += ["", f"[[{toml_key(key)}]]", *(f"{toml_key(k)} = {toml_value(v)}" for k, v in item.items())]
-    return "\n".join(lines) + "\n"
 
 
 # ---------------------------------------------------------------- what the runs reached

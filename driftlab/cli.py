@@ -25,7 +25,6 @@ import argparse
 import codecs
 import json
 import os
-import re
 import shutil
 import signal
 import sys
@@ -541,68 +540,14 @@ def _wrapped(text: str, indent: str = "      ") -> str:
 
 # ----------------------------------------------------------------- TOML output (tomllib only reads)
 
-_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
-
 
 def to_toml(table: dict[str, Any]) -> str:
-    """A resolved config (plain dicts, lists, strings, numbers, booleans) as TOML that ``load_config`` reads back equal.
+    """A resolved config as TOML that ``load_config`` reads back equal: the config package's one TOML writer
+    (``driftlab.experiments.config.toml_writer``), imported when it is needed so that the commands that do not
+    read configs do not import torch."""
+    from driftlab.experiments.config.toml_writer import to_toml as write
 
-    Top-level tables become ``[section]`` headers; a list of tables inside one (``availability.events``)
-    becomes ``[[section.key]]`` blocks; deeper tables (schedules) are inline: ``lr = {kind = "exponential", ...}``.
-    """
-    lines = [f"{_toml_key(key)} = {_toml_value(value)}" for key, value in table.items() if not isinstance(value, dict) and value is not None]
-    for section, content in table.items():
-        if not isinstance(content, dict):
-            continue
-        lines += ["", f"[{_toml_key(section)}]"]
-        blocks = {key: value for key, value in content.items() if _is_table_list(value)}
-        lines += [f"{_toml_key(key)} = {_toml_value(value)}" for key, value in content.items() if key not in blocks and value is not None]
-        for key, items in blocks.items():
-            for item in items:
-                lines += ["", f"[[{_toml_key(section)}.{_toml_key(key)}]]"]
-                lines += [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in item.items() if v is not None]
-    return "\n".join(lines).lstrip("\n") + "\n"
-
-
-def _is_table_list(value: Any) -> bool:
-    return isinstance(value, list) and bool(value) and all(isinstance(item, dict) for item in value)
-
-
-def _toml_key(key: str) -> str:
-    return key if _BARE_KEY.match(key) else _toml_string(key)
-
-
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        if value != value:
-            return "nan"
-        if value in (float("inf"), float("-inf")):
-            return "inf" if value > 0 else "-inf"
-        return repr(value)  # shortest text that reads back as the same float
-    if isinstance(value, str):
-        return _toml_string(value)
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_toml_value(item) for item in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in value.items() if v is not None) + "}"
-    raise TypeError(f"cannot write {type(value).__name__} {value!r} as TOML")
-
-
-def _toml_string(text: str) -> str:
-    escapes = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\t": "\\t", "\r": "\\r"}
-    out = []
-    for char in text:
-        if char in escapes:
-            out.append(escapes[char])
-        elif ord(char) < 0x20 or ord(char) == 0x7F:
-            out.append(f"\\u{ord(char):04x}")
-        else:
-            out.append(char)
-    return '"' + "".join(out) + '"'
+    return write(table)
 
 
 def _float_list(text: str, option: str) -> list[float]:

@@ -24,7 +24,9 @@ FORBIDDEN = {
     "driftlab.algorithms": ("driftlab.privacy", "driftlab.experiments", "driftlab.executors", "driftlab.deploy", "driftlab.flower", "driftlab.cli"),
     # privacy wraps any algorithm through the seam's PrivacyForm, so it never names one
     "driftlab.privacy": ("driftlab.algorithms", "driftlab.experiments", "driftlab.executors", "driftlab.deploy", "driftlab.flower", "driftlab.cli"),
-    "driftlab.executors": ("driftlab.experiments.sweep", "driftlab.deploy", "driftlab.flower", "driftlab.cli"),
+    # executors start and watch runs: the run directory's files they read are driftlab.run_files', the run itself is
+    # named by the worker, not imported
+    "driftlab.executors": ("driftlab.experiments", "driftlab.deploy", "driftlab.flower", "driftlab.cli"),
     "driftlab.experiments": ("driftlab.cli",),
     "driftlab.deploy": ("driftlab.flower", "driftlab.cli"),
 }
@@ -160,3 +162,28 @@ def test_layers_point_one_way():
         if any(is_within(target, below) for below in forbidden)
     ]
     assert not wrong, "imports against the layering: " + "; ".join(sorted(wrong))
+
+
+def test_executors_import_nothing_of_the_experiments():
+    wrong = sorted(
+        f"{module} imports {target}"
+        for module, targets in import_graph().items()
+        if is_within(module, "driftlab.executors")
+        for target in targets
+        if is_within(target, "driftlab.experiments")
+    )
+    assert not wrong, "executors sit below the experiments: " + "; ".join(wrong)
+
+
+def test_config_sections_of_features_and_the_low_modules_import_nothing_above_them():
+    graph = import_graph()
+    # the bases every section and every layer may use: nothing of driftlab but its errors
+    for low in ("driftlab.config_section", "driftlab.run_files"):
+        assert graph[low] <= {"driftlab.errors"}, f"{low} imports {sorted(graph[low])}"
+    # a feature's own section is below the config that assembles it
+    for section in (
+        "driftlab.compress.section", "driftlab.privacy.section", "driftlab.simulation.time.section",
+        "driftlab.simulation.asynchronous.section",
+    ):
+        above = sorted(target for target in graph[section] if is_within(target, "driftlab.experiments"))
+        assert not above, f"{section} imports {above}"

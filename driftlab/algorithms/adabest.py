@@ -73,8 +73,9 @@ from typing import Annotated, Any, Literal
 import torch
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
+from driftlab.features.capabilities import ASYNCHRONOUS_RULE, PRIVACY_FORM, Reason, lacking
 from driftlab.algorithms.aggregation import check_aggregation, client_weight
-from driftlab.algorithms.aggregation import WEIGHTED_REFUSAL, ModelSums, model_change_form, model_sums
+from driftlab.algorithms.aggregation import WEIGHTED_REASON, ModelSums, model_change_form, model_sums
 from driftlab.optim.schedules import ExponentialSchedule, InverseTimeSchedule, schedule_from_table, value_at
 from driftlab.simulation.seam import NO_CORRECTION, Algorithm, ClientContext, ClientUpdate, GradientCorrection, RoundContext, ServerFold
 
@@ -108,13 +109,18 @@ def beta_value(value: Any) -> BetaSchedule:
 Beta = Annotated[Any, BeforeValidator(beta_value)]
 
 # Why FedBuff cannot run AdaBest as it stands (Algorithm.asynchronous_refusal; docs/algorithms.md, "Asynchronous").
-ASYNCHRONOUS_REFUSAL = (
-    "AdaBest's client divides h_k by t − t'_k, the rounds since it last reported, which is 0 when FedBuff dispatches "
-    "a client again at the same model version, and its server's h = β(θ̄^{t−1} − θ̄^t) reads the difference of "
-    "consecutive averages as client drift, where FedBuff's consecutive buffers hold changes from different model "
-    "versions (no published asynchronous AdaBest rule was found): "
-    "run adabest synchronously (remove [asynchronous]), or use fedavg or fedprox with aggregation = \"uniform\""
+ASYNCHRONOUS_REASON = Reason(
+    why=(
+        "AdaBest's client divides h_k by t − t'_k, the rounds since it last reported, which is 0 when FedBuff "
+        "dispatches a client again at the same model version, and its server's h = β(θ̄^{t−1} − θ̄^t) reads the "
+        "difference of consecutive averages as client drift, where FedBuff's consecutive buffers hold changes "
+        "from different model versions (no published asynchronous AdaBest rule was found)"
+    ),
+    fix=(
+        'run adabest synchronously (remove [asynchronous]), or use fedavg or fedprox with aggregation = "uniform"'
+    ),
 )
+ASYNCHRONOUS_REFUSAL = ASYNCHRONOUS_REASON.text  # the prose, for code that reads it
 
 
 class Config(BaseModel):
@@ -211,8 +217,8 @@ def build(mu: float = 0.02, beta: BetaSchedule = 0.96, aggregation: str = "unifo
     fold = ServerFold(aggregation_start, aggregation_add, aggregation_finish)
     return Algorithm("adabest", server_init, client_objective, client_finish, fold.server_update, broadcast,
                      client_state_init=client_state_init, server_fold=fold,
-                     privacy=form if private else None, privacy_refusal=None if private else WEIGHTED_REFUSAL,
-                     asynchronous_refusal=ASYNCHRONOUS_REFUSAL)
+                     privacy=form if private else None,
+                     lacks=lacking(PRIVACY_FORM, None if private else WEIGHTED_REASON) + lacking(ASYNCHRONOUS_RULE, ASYNCHRONOUS_REASON))
 
 
 def from_config(config: Config, server_optimizer: Any) -> Algorithm:

@@ -21,14 +21,21 @@ from typing import Any, Sequence
 
 import torch
 
+from driftlab.features.capabilities import Reason
 from driftlab.simulation.seam import PrivacyForm
 
 AGGREGATIONS = ("weighted", "uniform")
 
-WEIGHTED_REFUSAL = (
-    'aggregation = "weighted" weighs each client by its sample count n_k, which is private and unbounded, '
-    'so no clip bounds one client\'s influence: set algorithm.aggregation = "uniform"'
+WEIGHTED_REASON = Reason(
+    why=(
+        'aggregation = "weighted" weighs each client by its sample count n_k, which is private and unbounded, so '
+        "no clip bounds one client's influence"
+    ),
+    fix=(
+        'set algorithm.aggregation = "uniform"'
+    ),
 )
+WEIGHTED_REFUSAL = WEIGHTED_REASON.text  # the prose, for code that reads it
 
 
 def check_aggregation(mode: str) -> str:

@@ -306,7 +306,7 @@ def test_privacy_uses_fedavgs_form_and_asynchronous_training_is_refused() -> Non
     private = run("privacy.clip=1", "privacy.noise_multiplier=1", "privacy.delta=1e-3", "sampling.mode=poisson",
                   algorithm={"name": "apfl", "aggregation": "uniform"})
     assert torch.isfinite(private.final_params).all()
-    assert not uniform.asynchronous and uniform.asynchronous_problem() == apfl.ASYNCHRONOUS_REFUSAL
+    assert not uniform.asynchronous and uniform.asynchronous_problem() == f'[asynchronous] with algorithm.name = "apfl": {apfl.ASYNCHRONOUS_REFUSAL}'
     with pytest.raises(ConfigError, match="remove \\[asynchronous\\]"):
         run("system.profiles=lognormal", "asynchronous.concurrency=5", "asynchronous.buffer=2")
 

@@ -58,7 +58,7 @@ def test_every_built_in_may_run_asynchronously_or_names_the_fix(name, build):
 @pytest.mark.parametrize("name", ["fedavg", "fedprox"])
 def test_uniform_fedavg_and_fedprox_declare_fedbuffs_rule(name):
     assert _uniform(name).asynchronous_problem() is None
-    assert _default(name).asynchronous_problem() == fedavg.FEDBUFF_WEIGHTED_REFUSAL  # "weighted" is their default
+    assert _default(name).asynchronous_problem() == _refused(name, fedavg.FEDBUFF_WEIGHTED_REFUSAL)  # "weighted" is their default
 
 
 @pytest.mark.parametrize(
@@ -74,9 +74,14 @@ def test_drift_correcting_algorithms_refuse_with_a_reason_from_their_own_rule(mo
     # Even in the options under which each has a privacy form (the form FedBuff moves stale changes with).
     algorithm = build()
     assert algorithm.privacy is not None
-    assert algorithm.asynchronous_problem() == module.ASYNCHRONOUS_REFUSAL
+    assert algorithm.asynchronous_problem() == _refused(algorithm.name, module.ASYNCHRONOUS_REFUSAL)
     assert reason in module.ASYNCHRONOUS_REFUSAL
     assert "remove [asynchronous]" in module.ASYNCHRONOUS_REFUSAL and 'aggregation = "uniform"' in module.ASYNCHRONOUS_REFUSAL
+
+
+def _refused(name: str, text: str) -> str:
+    """The one refusal template (driftlab.features.capabilities.refusal): both keys, then the reason and its fix."""
+    return f'[asynchronous] with algorithm.name = "{name}": {text}'
 
 
 def _settings() -> PrivacySettings:
@@ -85,26 +90,26 @@ def _settings() -> PrivacySettings:
 
 def test_compression_refuses_even_what_it_wraps_that_could_run():
     compressed = with_compression(fedavg.build(make_server_optimizer("sgd"), aggregation="uniform"), 0.5, (4,))
-    assert compressed.asynchronous_problem() == error_feedback.ASYNCHRONOUS_REFUSAL
+    assert compressed.asynchronous_problem() == _refused("fedavg", error_feedback.ASYNCHRONOUS_REFUSAL)
 
 
 def test_compression_adds_the_wrapped_algorithms_own_refusal():
     compressed = with_compression(scaffold.build(make_server_optimizer("sgd")), 0.5, (4,))
-    assert compressed.asynchronous_problem() == f"{error_feedback.ASYNCHRONOUS_REFUSAL}; and {scaffold.ASYNCHRONOUS_REFUSAL}"
+    assert compressed.asynchronous_problem() == _refused("scaffold", f"{error_feedback.ASYNCHRONOUS_REFUSAL}; and {scaffold.ASYNCHRONOUS_REFUSAL}")
 
 
 def test_privacy_refuses_and_names_every_layer_below():
     inner = fedavg.build(make_server_optimizer("sgd"), aggregation="uniform")
-    assert mechanism.with_privacy(inner, _settings()).asynchronous_problem() == mechanism.ASYNCHRONOUS_REFUSAL
+    assert mechanism.with_privacy(inner, _settings()).asynchronous_problem() == _refused("fedavg", mechanism.ASYNCHRONOUS_REFUSAL)
     problem = mechanism.with_privacy(with_compression(inner, 0.5, (4,)), _settings()).asynchronous_problem()
-    assert problem == f"{mechanism.ASYNCHRONOUS_REFUSAL}; and {error_feedback.ASYNCHRONOUS_REFUSAL}"
+    assert problem == _refused("fedavg", f"{mechanism.ASYNCHRONOUS_REFUSAL}; and {error_feedback.ASYNCHRONOUS_REFUSAL}")
     assert "remove [privacy]" in problem and "compression.ratio = 1" in problem
 
 
 def test_a_guarded_plugin_keeps_its_declaration():
     declared = dataclasses.replace(fedavg.build(make_server_optimizer("sgd"), aggregation="uniform"), name="mine")
     assert guarded(declared, "algorithm plugin 'mine'").asynchronous_problem() is None
-    undeclared = dataclasses.replace(declared, asynchronous=False, asynchronous_refusal=None)
+    undeclared = dataclasses.replace(declared, asynchronous=False, lacks=())
     assert "declares no asynchronous rule" in guarded(undeclared, "algorithm plugin 'mine'").asynchronous_problem()
 
 

@@ -63,6 +63,7 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from driftlab.features.capabilities import ASYNCHRONOUS_RULE, Reason, with_lack
 from driftlab.algorithms import fedavg
 from driftlab.simulation.seam import (
     NO_CORRECTION,
@@ -83,12 +84,18 @@ MISSING_COMPUTATION = (
 )
 
 # Why FedBuff cannot run Ditto (Algorithm.asynchronous_refusal; docs/algorithms.md, "Asynchronous").
-ASYNCHRONOUS_REFUSAL = (
-    "Ditto's server model is FedAvg's, and what Ditto adds, each client's personal model v_k, is evaluated only after "
-    "synchronous rounds (an asynchronous run evaluates the server model alone), and Algorithm 1 of Li et al. 2021 is "
-    "synchronous: run ditto synchronously (remove [asynchronous]), or fedavg with aggregation = \"uniform\" for the "
-    "same server model under FedBuff"
+ASYNCHRONOUS_REASON = Reason(
+    why=(
+        "Ditto's server model is FedAvg's, and what Ditto adds, each client's personal model v_k, is evaluated "
+        "only after synchronous rounds (an asynchronous run evaluates the server model alone), and Algorithm 1 "
+        "of Li et al. 2021 is synchronous"
+    ),
+    fix=(
+        'run ditto synchronously (remove [asynchronous]), or fedavg with aggregation = "uniform" for the same '
+        "server model under FedBuff"
+    ),
 )
+ASYNCHRONOUS_REFUSAL = ASYNCHRONOUS_REASON.text  # the prose, for code that reads it
 
 DESCRIPTION = "Ditto's personal model v_k (s proximal steps toward the received w per round)"
 
@@ -169,7 +176,7 @@ def build(
         client_state_init=client_state_init,
         client_finish=client_finish,
         asynchronous=False,
-        asynchronous_refusal=ASYNCHRONOUS_REFUSAL,
+        lacks=with_lack(global_half.lacks, ASYNCHRONOUS_RULE, ASYNCHRONOUS_REASON),  # fedavg's privacy lack kept
         personalization=Personalization(personal_model, DESCRIPTION),
     )
 

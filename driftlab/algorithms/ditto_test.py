@@ -259,7 +259,7 @@ def test_the_privacy_form_is_fedavgs_and_the_asynchronous_rule_is_refused_with_t
     weighted = ditto.build(SGD)
     assert weighted.privacy is None and 'set algorithm.aggregation = "uniform"' in weighted.privacy_refusal
     for algorithm in (uniform, weighted):
-        assert not algorithm.asynchronous and algorithm.asynchronous_problem() == ditto.ASYNCHRONOUS_REFUSAL
+        assert not algorithm.asynchronous and algorithm.asynchronous_problem() == f'[asynchronous] with algorithm.name = "ditto": {ditto.ASYNCHRONOUS_REFUSAL}'
     assert "v_k" in ditto.ASYNCHRONOUS_REFUSAL and "remove [asynchronous]" in ditto.ASYNCHRONOUS_REFUSAL
 
 

@@ -69,7 +69,8 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from driftlab.algorithms.aggregation import WEIGHTED_REFUSAL, RunningMean, check_aggregation, client_weight
+from driftlab.features.capabilities import ASYNCHRONOUS_RULE, PRIVACY_FORM, Reason, lacking
+from driftlab.algorithms.aggregation import WEIGHTED_REASON, RunningMean, check_aggregation, client_weight
 from driftlab.optim.apply import apply_server_optimizer
 from driftlab.simulation.seam import (
     NO_CORRECTION,
@@ -83,20 +84,31 @@ from driftlab.simulation.seam import (
 )
 
 DEFAULT_COMPRESSION_RATIO = 0.01
-ADAPTIVE_REFUSAL = (
-    'incomplete = "adaptive" weighs a straggler by E/s_k, which no clip bounds (up to E times a complete client): '
-    'set algorithm.incomplete = "drop" or "plain"'
+ADAPTIVE_REASON = Reason(
+    why=(
+        'incomplete = "adaptive" weighs a straggler by E/s_k, which no clip bounds (up to E times a complete '
+        "client)"
+    ),
+    fix=(
+        'set algorithm.incomplete = "drop" or "plain"'
+    ),
 )
+ADAPTIVE_REFUSAL = ADAPTIVE_REASON.text  # the prose, for code that reads it
 
 # Why FedBuff cannot run EFL as it stands (Algorithm.asynchronous_refusal; docs/algorithms.md, "Asynchronous").
-ASYNCHRONOUS_REFUSAL = (
-    "EFL's server keeps U = Σ_i u_i and V = Σ_i u_i ⊙ θ_i by adding the changes the clients made to their own u_k, "
-    "v_k, and weighs a straggler by E/s_k: FedBuff weights a stale message by s(τ), so U and V would gain s(τ) times "
-    "changes the clients made whole, and its buffer mean has equal weights (no published asynchronous EFL rule was "
-    "found; EFL with elastic = 0, incomplete = \"plain\", aggregation = \"uniform\" and compression.ratio = 1 is "
-    "FedAvg): "
-    "run efl synchronously (remove [asynchronous]), or use fedavg or fedprox with aggregation = \"uniform\""
+ASYNCHRONOUS_REASON = Reason(
+    why=(
+        "EFL's server keeps U = Σ_i u_i and V = Σ_i u_i ⊙ θ_i by adding the changes the clients made to their "
+        "own u_k, v_k, and weighs a straggler by E/s_k: FedBuff weights a stale message by s(τ), so U and V "
+        "would gain s(τ) times changes the clients made whole, and its buffer mean has equal weights (no "
+        'published asynchronous EFL rule was found; EFL with elastic = 0, incomplete = "plain", aggregation = '
+        '"uniform" and compression.ratio = 1 is FedAvg)'
+    ),
+    fix=(
+        'run efl synchronously (remove [asynchronous]), or use fedavg or fedprox with aggregation = "uniform"'
+    ),
 )
+ASYNCHRONOUS_REFUSAL = ASYNCHRONOUS_REASON.text  # the prose, for code that reads it
 
 
 class Config(BaseModel):
@@ -162,12 +174,13 @@ class RoundSums:
     relative: bool = False
 
 
-def privacy_refusal(incomplete: str, aggregation: str) -> str | None:
-    """Why EFL with these options has no ``PrivacyForm`` (naming the fix), or None when it has one."""
-    reasons = [WEIGHTED_REFUSAL] if aggregation == "weighted" else []
-    if incomplete == "adaptive":
-        reasons.append(ADAPTIVE_REFUSAL)
-    return "; ".join(reasons) or None
+def privacy_reason(incomplete: str, aggregation: str) -> Reason | None:
+    """Why EFL with these options has no ``PrivacyForm`` (naming each fix), or None when it has one."""
+    reasons = ([WEIGHTED_REASON] if aggregation == "weighted" else []) + ([ADAPTIVE_REASON] if incomplete == "adaptive" else [])
+    if not reasons:
+        return None
+    first, *rest = reasons
+    return Reason(first.why, "; ".join([first.fix, *(reason.text for reason in rest)]), first.joint)
 
 
 def privacy_form(uses_fisher: bool) -> PrivacyForm:
@@ -293,12 +306,12 @@ def build(
             return ClientView(server.params, None, None)
         return ClientView(server.params, server.fisher_sum, server.weighted_model_sum)
 
-    refusal = privacy_refusal(incomplete, aggregation)
+    refusal = privacy_reason(incomplete, aggregation)
     fold = ServerFold(aggregation_start, aggregation_add, aggregation_finish)
     return Algorithm("efl", server_init, client_objective, client_finish, fold.server_update, broadcast,
                      client_state_init=client_state_init, server_fold=fold,
-                     privacy=privacy_form(uses_fisher) if refusal is None else None, privacy_refusal=refusal,
-                     asynchronous_refusal=ASYNCHRONOUS_REFUSAL)
+                     privacy=privacy_form(uses_fisher) if refusal is None else None,
+                     lacks=lacking(PRIVACY_FORM, refusal) + lacking(ASYNCHRONOUS_RULE, ASYNCHRONOUS_REASON))
 
 
 def from_config(config: Config, server_optimizer: Any) -> Algorithm:

@@ -81,15 +81,22 @@ from typing import Any, Callable, Iterable, Iterator, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from driftlab.features.capabilities import PRIVACY_FORM, Reason, lacking
 from driftlab.errors import ConfigError
 from driftlab.metrics.communication import BITS_PER_ENTRY
 from driftlab.simulation.seam import Algorithm, ClientContext, ClientUpdate, GradientCorrection, Personalization, RoundContext, ServerFold
 
-PRIVACY_REFUSAL = (
-    "FedAMP's server keeps each client's own model w_k and mixes the models one by one into every client's cloud model "
-    "u_k, so a client's upload is used on its own, not through a clipped sum that noise can hide: no client-level DP "
-    "form exists for it; remove [privacy], or use fedavg or fedprox with aggregation = \"uniform\""
+PRIVACY_REASON = Reason(
+    why=(
+        "FedAMP's server keeps each client's own model w_k and mixes the models one by one into every client's "
+        "cloud model u_k, so a client's upload is used on its own, not through a clipped sum that noise can hide"
+    ),
+    fix=(
+        "no client-level DP form exists for it; remove [privacy], or use fedavg or fedprox with aggregation = "
+        '"uniform"'
+    ),
 )
+PRIVACY_REFUSAL = PRIVACY_REASON.text  # the prose, for code that reads it
 
 # Rows of W per block of a cloud-model sum: about 16 Mi entries (64 MiB of float32) whatever the model size.
 BLOCK_ENTRIES = 1 << 24
@@ -277,7 +284,7 @@ def build(num_clients: int | None = None, sigma: float = 1.0, alpha: float | Non
 
     fold = ServerFold(aggregation_start, aggregation_add, aggregation_finish)
     return Algorithm("fedamp", server_init, client_objective, client_finish, fold.server_update, broadcast,
-                     client_state_init=client_state_init, server_fold=fold, privacy_refusal=PRIVACY_REFUSAL,
+                     client_state_init=client_state_init, server_fold=fold, lacks=lacking(PRIVACY_FORM, PRIVACY_REASON),
                      client_view=client_view, personalization=Personalization(personal_model, "FedAMP's personalized model w_k"))
 
 

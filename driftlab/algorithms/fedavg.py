@@ -58,8 +58,10 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from driftlab.features.capabilities import ASYNCHRONOUS_RULE, PRIVACY_FORM, Reason, lacking
 from driftlab.algorithms.aggregation import (
-    WEIGHTED_REFUSAL,
+    WEIGHTED_REASON,
+    WEIGHTED_REFUSAL,  # noqa: F401 - read as fedavg.WEIGHTED_REFUSAL
     ModelSums,
     check_aggregation,
     client_weight,
@@ -77,10 +79,16 @@ from driftlab.simulation.seam import (
     ServerFold,
 )
 
-FEDBUFF_WEIGHTED_REFUSAL = (
-    'FedBuff averages the buffered changes with equal weights (Nguyen et al. 2022, Algorithm 1); '
-    'set algorithm.aggregation = "uniform"'
+FEDBUFF_WEIGHTED_REASON = Reason(
+    why=(
+        "FedBuff averages the buffered changes with equal weights (Nguyen et al. 2022, Algorithm 1)"
+    ),
+    fix=(
+        'set algorithm.aggregation = "uniform"'
+    ),
+    joint='; ',
 )
+FEDBUFF_WEIGHTED_REFUSAL = FEDBUFF_WEIGHTED_REASON.text  # the prose, for code that reads it
 
 
 class Config(BaseModel):
@@ -157,9 +165,10 @@ def build(server_optimizer: Any, aggregation: str = "weighted", incomplete: str 
     # FedBuff's server step is this fold fed the buffer's staleness-weighted changes as unit-weight carriers
     # (mean_denominator = B): θ ← ServerOpt(θ, −(1/B) Σ s(τ_k) Δ_k), its Algorithm 1 with a FedOpt server.
     return Algorithm("fedavg", server_init, client_objective, client_finish, fold.server_update, broadcast,
-                     server_fold=fold, privacy=form if private else None, privacy_refusal=None if private else WEIGHTED_REFUSAL,
+                     server_fold=fold, privacy=form if private else None,
                      asynchronous=aggregation == "uniform",
-                     asynchronous_refusal=None if aggregation == "uniform" else FEDBUFF_WEIGHTED_REFUSAL)
+                     lacks=lacking(PRIVACY_FORM, None if private else WEIGHTED_REASON)
+                     + lacking(ASYNCHRONOUS_RULE, None if aggregation == "uniform" else FEDBUFF_WEIGHTED_REASON))
 
 
 def from_config(config: Config, server_optimizer: Any) -> Algorithm:

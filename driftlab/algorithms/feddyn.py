@@ -77,6 +77,7 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from driftlab.features.capabilities import ASYNCHRONOUS_RULE, Reason, lacking
 from driftlab.algorithms.aggregation import RunningMean
 from driftlab.algorithms.aggregation import model_change_form
 from driftlab.simulation.seam import Algorithm, ClientContext, ClientUpdate, GradientCorrection, RoundContext, ServerFold
@@ -84,13 +85,18 @@ from driftlab.simulation.seam import Algorithm, ClientContext, ClientUpdate, Gra
 BALANCES = ("by_size", "none")
 
 # Why FedBuff cannot run FedDyn as it stands (Algorithm.asynchronous_refusal; docs/algorithms.md, "Asynchronous").
-ASYNCHRONOUS_REFUSAL = (
-    "FedDyn's server adds each client's λ-increment θ_k − θ^{t−1} to Σ_S λ_k and its dynamic regulariser pulls every "
-    "client of a round towards that round's θ^{t−1}: FedBuff weights a stale change by s(τ), so Σ_S λ_k would gain "
-    "s(τ)(θ_k − θ^{v_k}) where λ_k gained the whole change, and a stale client's regulariser is centred on an old model "
-    "(no published asynchronous FedDyn rule was found): "
-    "run feddyn synchronously (remove [asynchronous]), or use fedavg or fedprox with aggregation = \"uniform\""
+ASYNCHRONOUS_REASON = Reason(
+    why=(
+        "FedDyn's server adds each client's λ-increment θ_k − θ^{t−1} to Σ_S λ_k and its dynamic regulariser "
+        "pulls every client of a round towards that round's θ^{t−1}: FedBuff weights a stale change by s(τ), so "
+        "Σ_S λ_k would gain s(τ)(θ_k − θ^{v_k}) where λ_k gained the whole change, and a stale client's "
+        "regulariser is centred on an old model (no published asynchronous FedDyn rule was found)"
+    ),
+    fix=(
+        'run feddyn synchronously (remove [asynchronous]), or use fedavg or fedprox with aggregation = "uniform"'
+    ),
 )
+ASYNCHRONOUS_REFUSAL = ASYNCHRONOUS_REASON.text  # the prose, for code that reads it
 
 
 class Config(BaseModel):
@@ -206,7 +212,7 @@ def build(alpha: float = 0.01, balance: str = "by_size") -> Algorithm:
     return Algorithm("feddyn", server_init, client_objective, client_finish, fold.server_update, broadcast,
                      client_state_init=client_state_init, client_joined=client_joined, client_left=client_left,
                      server_fold=fold, privacy=model_change_form(lambda params: ClientMessage(params, multiplicity=1)),
-                     asynchronous_refusal=ASYNCHRONOUS_REFUSAL)
+                     lacks=lacking(ASYNCHRONOUS_RULE, ASYNCHRONOUS_REASON))
 
 
 def from_config(config: Config, server_optimizer: Any) -> Algorithm:

@@ -61,6 +61,7 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict
 
+from driftlab.features.capabilities import ASYNCHRONOUS_RULE, Reason, lacking
 from driftlab.algorithms.aggregation import ModelSums, model_change_form, model_sums
 from driftlab.optim.apply import apply_server_optimizer
 from driftlab.simulation.seam import (
@@ -73,12 +74,18 @@ from driftlab.simulation.seam import (
 )
 
 # Why FedBuff cannot run FedGATE (Algorithm.asynchronous_refusal; docs/algorithms.md, "Asynchronous").
-ASYNCHRONOUS_REFUSAL = (
-    "FedGATE updates δ_k by (Q(D_k) − D)/(η τ) with D the mean of the round the client reported in, which keeps "
-    "Σ_k δ_k = 0: FedBuff folds stale, s(τ)-weighted changes into buffers that are no round's mean, so that sum would "
-    "drift and the fixed point would leave the minimiser (no asynchronous FedGATE rule is published): run fedgate "
-    'synchronously (remove [asynchronous]), or use fedavg or fedprox with aggregation = "uniform"'
+ASYNCHRONOUS_REASON = Reason(
+    why=(
+        "FedGATE updates δ_k by (Q(D_k) − D)/(η τ) with D the mean of the round the client reported in, which "
+        "keeps Σ_k δ_k = 0: FedBuff folds stale, s(τ)-weighted changes into buffers that are no round's mean, so "
+        "that sum would drift and the fixed point would leave the minimiser (no asynchronous FedGATE rule is "
+        "published)"
+    ),
+    fix=(
+        'run fedgate synchronously (remove [asynchronous]), or use fedavg or fedprox with aggregation = "uniform"'
+    ),
 )
+ASYNCHRONOUS_REFUSAL = ASYNCHRONOUS_REASON.text  # the prose, for code that reads it
 
 
 class Config(BaseModel):
@@ -168,7 +175,7 @@ def build(server_optimizer: Any) -> Algorithm:
     fold = ServerFold(aggregation_start, aggregation_add, aggregation_finish)
     return Algorithm("fedgate", server_init, client_objective, client_finish, fold.server_update, broadcast,
                      client_state_init=client_state_init, server_fold=fold, privacy=form,
-                     asynchronous_refusal=ASYNCHRONOUS_REFUSAL)
+                     lacks=lacking(ASYNCHRONOUS_RULE, ASYNCHRONOUS_REASON))
 
 
 def from_config(config: Config, server_optimizer: Any) -> Algorithm:

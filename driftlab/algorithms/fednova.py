@@ -46,6 +46,7 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from driftlab.features.capabilities import ASYNCHRONOUS_RULE, PRIVACY_FORM, Reason, lacking
 from driftlab.algorithms.aggregation import RunningMean, check_aggregation, client_weight
 from driftlab.optim.apply import apply_server_optimizer
 from driftlab.simulation.backends.objectives import LocalObjective, LocalStep
@@ -59,16 +60,28 @@ from driftlab.simulation.seam import (
     ServerFold,
 )
 
-PRIVACY_REFUSAL = (
-    "FedNova scales each client's change by τ_eff/a_k, where a_k comes from the client's own step count and "
-    "τ_eff = Σ p_k a_k from every reporter's, both private, so no clip on the change bounds one client's influence "
-    "(a client with few steps weighs up to τ_eff times its change): use fedavg with aggregation = \"uniform\""
+PRIVACY_REASON = Reason(
+    why=(
+        "FedNova scales each client's change by τ_eff/a_k, where a_k comes from the client's own step count and "
+        "τ_eff = Σ p_k a_k from every reporter's, both private, so no clip on the change bounds one client's "
+        "influence (a client with few steps weighs up to τ_eff times its change)"
+    ),
+    fix=(
+        'use fedavg with aggregation = "uniform"'
+    ),
 )
-ASYNCHRONOUS_REFUSAL = (
-    "FedNova's server step rescales the round's changes by τ_eff = Σ p_k a_k and 1/a_k, which FedBuff's "
-    "equal-weight buffer of staleness-weighted changes does not carry, and we found no published asynchronous "
-    "FedNova rule: run fednova synchronously (remove [asynchronous]), or use fedavg with aggregation = \"uniform\""
+PRIVACY_REFUSAL = PRIVACY_REASON.text  # the prose, for code that reads it
+ASYNCHRONOUS_REASON = Reason(
+    why=(
+        "FedNova's server step rescales the round's changes by τ_eff = Σ p_k a_k and 1/a_k, which FedBuff's "
+        "equal-weight buffer of staleness-weighted changes does not carry, and we found no published "
+        "asynchronous FedNova rule"
+    ),
+    fix=(
+        'run fednova synchronously (remove [asynchronous]), or use fedavg with aggregation = "uniform"'
+    ),
 )
+ASYNCHRONOUS_REFUSAL = ASYNCHRONOUS_REASON.text  # the prose, for code that reads it
 
 
 class Config(BaseModel):
@@ -189,7 +202,7 @@ def build(server_optimizer: Any, aggregation: str = "weighted", momentum: float 
 
     fold = ServerFold(aggregation_start, aggregation_add, aggregation_finish)
     return Algorithm("fednova", server_init, client_objective, client_finish, fold.server_update, broadcast,
-                     server_fold=fold, privacy_refusal=PRIVACY_REFUSAL, asynchronous_refusal=ASYNCHRONOUS_REFUSAL)
+                     server_fold=fold, lacks=lacking(PRIVACY_FORM, PRIVACY_REASON) + lacking(ASYNCHRONOUS_RULE, ASYNCHRONOUS_REASON))
 
 
 def from_config(config: Config, server_optimizer: Any) -> Algorithm:

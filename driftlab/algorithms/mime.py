@@ -89,8 +89,9 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from driftlab.features.capabilities import ASYNCHRONOUS_RULE, PRIVACY_FORM, Reason, lacking
 from driftlab.algorithms.aggregation import (
-    WEIGHTED_REFUSAL,
+    WEIGHTED_REASON,
     ModelSums,
     RunningMean,
     check_aggregation,
@@ -124,25 +125,44 @@ MIME_MISSING_FULL_GRADIENT = (
 )
 
 # Why FedBuff cannot run MimeLite (Algorithm.asynchronous_refusal; docs/algorithms.md, "Asynchronous").
-ASYNCHRONOUS_REFUSAL = (
-    "MimeLite moves the server momentum with the clients' full-batch gradients at the model the round broadcast, "
-    "and every local step applies that momentum: FedBuff's stale clients report gradients at older models and trained "
-    "with an older momentum, and no asynchronous Mime rule is published (the paper's analysis is synchronous): run "
-    "mimelite synchronously (remove [asynchronous]), or use fedavg or fedprox with aggregation = \"uniform\""
+ASYNCHRONOUS_REASON = Reason(
+    why=(
+        "MimeLite moves the server momentum with the clients' full-batch gradients at the model the round "
+        "broadcast, and every local step applies that momentum: FedBuff's stale clients report gradients at "
+        "older models and trained with an older momentum, and no asynchronous Mime rule is published (the "
+        "paper's analysis is synchronous)"
+    ),
+    fix=(
+        "run mimelite synchronously (remove [asynchronous]), or use fedavg or fedprox with aggregation = "
+        '"uniform"'
+    ),
 )
+ASYNCHRONOUS_REFUSAL = ASYNCHRONOUS_REASON.text  # the prose, for code that reads it
 
 
-CURRENT_PRIVACY_REFUSAL = (
-    "Mime with the paper's control variate uploads each client's full-batch gradient in a first phase of the round, which "
-    "client-level DP does not clip or noise: set algorithm.control_variate = \"previous\" (its messages carry the gradients "
-    "and are clipped and noised; aggregation = \"uniform\"), or remove [privacy]"
+CURRENT_PRIVACY_REASON = Reason(
+    why=(
+        "Mime with the paper's control variate uploads each client's full-batch gradient in a first phase of the "
+        "round, which client-level DP does not clip or noise"
+    ),
+    fix=(
+        'set algorithm.control_variate = "previous" (its messages carry the gradients and are clipped and '
+        'noised; aggregation = "uniform"), or remove [privacy]'
+    ),
 )
-MIME_ASYNCHRONOUS_REFUSAL = (
-    "Mime corrects every local step with the control variate c and the gradient at the model the round broadcast, and "
-    "moves c and the server momentum with the clients' full-batch gradients at that model: FedBuff's stale clients "
-    "report gradients at older models, and no asynchronous Mime rule is published (the paper's analysis is "
-    "synchronous): run mime synchronously (remove [asynchronous]), or use fedavg or fedprox with aggregation = \"uniform\""
+CURRENT_PRIVACY_REFUSAL = CURRENT_PRIVACY_REASON.text  # the prose, for code that reads it
+MIME_ASYNCHRONOUS_REASON = Reason(
+    why=(
+        "Mime corrects every local step with the control variate c and the gradient at the model the round "
+        "broadcast, and moves c and the server momentum with the clients' full-batch gradients at that model: "
+        "FedBuff's stale clients report gradients at older models, and no asynchronous Mime rule is published "
+        "(the paper's analysis is synchronous)"
+    ),
+    fix=(
+        'run mime synchronously (remove [asynchronous]), or use fedavg or fedprox with aggregation = "uniform"'
+    ),
 )
+MIME_ASYNCHRONOUS_REFUSAL = MIME_ASYNCHRONOUS_REASON.text  # the prose, for code that reads it
 
 
 class Config(BaseModel):
@@ -332,7 +352,7 @@ def build(server_optimizer: Any, momentum: float = 0.9, aggregation: str = "weig
     fold = ServerFold(start_round_sums, aggregation_add, aggregation_finish)
     return Algorithm("mimelite", server_init, client_objective, client_finish, fold.server_update, broadcast,
                      server_fold=fold, privacy=privacy_form(uses_momentum) if private else None,
-                     privacy_refusal=None if private else WEIGHTED_REFUSAL, asynchronous_refusal=ASYNCHRONOUS_REFUSAL)
+                     lacks=lacking(PRIVACY_FORM, None if private else WEIGHTED_REASON) + lacking(ASYNCHRONOUS_RULE, ASYNCHRONOUS_REASON))
 
 
 def _build_mime(server_optimizer: Any, momentum: float, aggregation: str) -> Algorithm:
@@ -378,7 +398,8 @@ def _build_mime(server_optimizer: Any, momentum: float, aggregation: str) -> Alg
     fold = ServerFold(start_round_sums, aggregation_add, aggregation_finish)
     return Algorithm("mime", server_init, client_objective, client_finish, fold.server_update, broadcast,
                      server_fold=fold, privacy=privacy_form(True) if private else None,
-                     privacy_refusal=None if private else WEIGHTED_REFUSAL, asynchronous_refusal=MIME_ASYNCHRONOUS_REFUSAL)
+                     lacks=lacking(PRIVACY_FORM, None if private else WEIGHTED_REASON)
+                     + lacking(ASYNCHRONOUS_RULE, MIME_ASYNCHRONOUS_REASON))
 
 
 @dataclass(frozen=True)
@@ -440,7 +461,7 @@ def _build_mime_current(server_optimizer: Any, momentum: float, aggregation: str
 
     fold = ServerFold(aggregation_start, aggregation_add, aggregation_finish)
     return Algorithm("mime", server_init, client_objective, client_finish, fold.server_update, broadcast,
-                     server_fold=fold, privacy_refusal=CURRENT_PRIVACY_REFUSAL, asynchronous_refusal=MIME_ASYNCHRONOUS_REFUSAL,
+                     server_fold=fold, lacks=lacking(PRIVACY_FORM, CURRENT_PRIVACY_REASON) + lacking(ASYNCHRONOUS_RULE, MIME_ASYNCHRONOUS_REASON),
                      prelude=RoundPrelude(gradient_at_x, weight, with_control_variate))
 
 

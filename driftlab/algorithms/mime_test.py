@@ -463,7 +463,8 @@ def test_mime_privacy_form_releases_the_change_and_the_gradient_also_at_beta_zer
 
 def test_mime_refuses_asynchrony_and_a_client_without_its_data():
     algorithm = mime_build()
-    assert not algorithm.asynchronous and algorithm.asynchronous_problem() == mime.MIME_ASYNCHRONOUS_REFUSAL
+    refused = f'[asynchronous] with algorithm.name = "{algorithm.name}": {mime.MIME_ASYNCHRONOUS_REFUSAL}'  # the one template
+    assert not algorithm.asynchronous and algorithm.asynchronous_problem() == refused
     assert "remove [asynchronous]" in mime.MIME_ASYNCHRONOUS_REFUSAL
     view = algorithm.broadcast(algorithm.server_init(vector(1.0)))
     with pytest.raises(RuntimeError, match=r"Mime needs.*full_gradient"):

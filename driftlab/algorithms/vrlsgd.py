@@ -56,6 +56,7 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict
 
+from driftlab.features.capabilities import ASYNCHRONOUS_RULE, PRIVACY_FORM, Reason, lacking
 from driftlab.algorithms.aggregation import RunningMean
 from driftlab.optim.apply import apply_server_optimizer
 from driftlab.simulation.seam import (
@@ -67,17 +68,29 @@ from driftlab.simulation.seam import (
     ServerFold,
 )
 
-PRIVACY_REFUSAL = (
-    "VRL-SGD's server direction c moves by (1/N) Σ_P ((θ^{t−1} − θ_k)/(K_k η_l) − c), dividing each client's change "
-    "by its own steps K_k, which are private (a straggler's): one client moves c by up to C/(N K_k η_l), which no "
-    "clip on θ_k − θ^{t−1} bounds: remove [privacy], or use scaffold (whose Δc_k is released and clipped with Δy_k)"
+PRIVACY_REASON = Reason(
+    why=(
+        "VRL-SGD's server direction c moves by (1/N) Σ_P ((θ^{t−1} − θ_k)/(K_k η_l) − c), dividing each client's "
+        "change by its own steps K_k, which are private (a straggler's): one client moves c by up to C/(N K_k "
+        "η_l), which no clip on θ_k − θ^{t−1} bounds"
+    ),
+    fix=(
+        "remove [privacy], or use scaffold (whose Δc_k is released and clipped with Δy_k)"
+    ),
 )
-ASYNCHRONOUS_REFUSAL = (
-    "VRL-SGD's c changes by (1/N) Σ_P (d_k − c) with the c each client received, and every client's correction "
-    "Δ_k = c_k − c is taken from it: a stale client's direction d_k, from an older model and an older c, would move "
-    "c by a wrong amount and with it every client's next correction (no asynchronous VRL-SGD rule is implemented): "
-    "run vrlsgd synchronously (remove [asynchronous]), or use fedavg or fedprox with aggregation = \"uniform\""
+PRIVACY_REFUSAL = PRIVACY_REASON.text  # the prose, for code that reads it
+ASYNCHRONOUS_REASON = Reason(
+    why=(
+        "VRL-SGD's c changes by (1/N) Σ_P (d_k − c) with the c each client received, and every client's "
+        "correction Δ_k = c_k − c is taken from it: a stale client's direction d_k, from an older model and an "
+        "older c, would move c by a wrong amount and with it every client's next correction (no asynchronous "
+        "VRL-SGD rule is implemented)"
+    ),
+    fix=(
+        'run vrlsgd synchronously (remove [asynchronous]), or use fedavg or fedprox with aggregation = "uniform"'
+    ),
 )
+ASYNCHRONOUS_REFUSAL = ASYNCHRONOUS_REASON.text  # the prose, for code that reads it
 
 
 class Config(BaseModel):
@@ -172,8 +185,8 @@ def build(server_optimizer: Any) -> Algorithm:
 
     fold = ServerFold(aggregation_start, aggregation_add, aggregation_finish)
     return Algorithm("vrlsgd", server_init, client_objective, client_finish, fold.server_update, broadcast,
-                     client_state_init=client_state_init, server_fold=fold, privacy_refusal=PRIVACY_REFUSAL,
-                     asynchronous_refusal=ASYNCHRONOUS_REFUSAL)
+                     client_state_init=client_state_init, server_fold=fold,
+                     lacks=lacking(PRIVACY_FORM, PRIVACY_REASON) + lacking(ASYNCHRONOUS_RULE, ASYNCHRONOUS_REASON))
 
 
 def from_config(config: Config, server_optimizer: Any) -> Algorithm:

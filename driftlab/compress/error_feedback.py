@@ -61,6 +61,9 @@ from typing import Any, Sequence
 
 import torch
 
+from driftlab.errors import ConfigError
+from driftlab.features import drivers
+from driftlab.features.capabilities import ASYNCHRONOUS_RULE, Reason, with_lack
 from driftlab.compress.ternary import TernaryVector, compress_model
 from driftlab.metrics.communication import BITS_PER_ENTRY, payload_bits
 from driftlab.simulation.seam import (
@@ -105,18 +108,24 @@ class CompressedClientView:
 
 
 # How a receiver rebuilds the wrapped message's model field from ST(Δ_k) (``CompressedPayload.model_form``).
-# Why FedBuff refuses a compressed algorithm (Algorithm.asynchronous_refusal), whatever the wrapped one declares.
-ASYNCHRONOUS_REFUSAL = (
-    "a compressed upload's size is known only once its client has trained, and the asynchronous event order needs "
-    "every arrival time at dispatch; the server's ST(Δ) broadcast also assumes every client applies every update, "
-    "which a client in flight across several does not: set compression.ratio = 1"
+# Why FedBuff refuses a compressed algorithm (its asynchronous rule's Lack), whatever the wrapped one declares.
+ASYNCHRONOUS_REASON = Reason(
+    why=(
+        "a compressed upload's size is known only once its client has trained, and the asynchronous event order "
+        "needs every arrival time at dispatch; the server's ST(Δ) broadcast also assumes every client applies "
+        "every update, which a client in flight across several does not"
+    ),
+    fix=(
+        "set compression.ratio = 1"
+    ),
 )
+ASYNCHRONOUS_REFUSAL = ASYNCHRONOUS_REASON.text  # the prose, for code that reads it
 
 
-def asynchronous_refusal(algorithm: Algorithm) -> str:
-    """The compressed ``algorithm``'s refusal: compression's, then the wrapped algorithm's own when it has one."""
-    inner = algorithm.asynchronous_problem()
-    return ASYNCHRONOUS_REFUSAL if inner is None else f"{ASYNCHRONOUS_REFUSAL}; and {inner}"
+def asynchronous_reason(algorithm: Algorithm) -> Reason:
+    """Why the compressed ``algorithm`` has no asynchronous rule: compression's reason, then the wrapped one's own."""
+    inner = algorithm.refusal_reason(drivers.ASYNCHRONOUS)
+    return ASYNCHRONOUS_REASON if inner is None else ASYNCHRONOUS_REASON.then(inner)
 
 
 MODEL_SENT_DENSE = 0  # the message carries its model field itself (no field of it is θ_k or its change)
@@ -176,17 +185,9 @@ class CompressedPayload:
 
 def with_compression(algorithm: Algorithm, ratio: float, tensor_sizes: Sequence[int]) -> Algorithm:
     """``algorithm`` with ST-compressed, error-feedback uploads and downloads (module docstring)."""
-    if algorithm.prelude is not None:
-        raise ValueError(
-            f"algorithm {algorithm.name!r} uploads a vector per client before local training (Algorithm.prelude), which "
-            "compression would leave uncompressed; set compression.ratio = 1, or for Mime algorithm.control_variate = "
-            "\"previous\" (one phase, compressed like MimeLite)"
-        )
-    if algorithm.client_view is not None:
-        raise ValueError(
-            f"algorithm {algorithm.name!r} sends each client a view of its own (Algorithm.client_view), and compression's "
-            "downlink residual is one per server, for one broadcast model: set compression.ratio = 1"
-        )
+    problem = algorithm.refusal(drivers.COMPRESSION)  # a first phase or a view per client
+    if problem is not None:
+        raise ConfigError(problem)
     sizes = tuple(int(size) for size in tensor_sizes)
     num_parameters = sum(sizes)
     model_bits = BITS_PER_ENTRY * num_parameters
@@ -256,7 +257,7 @@ def with_compression(algorithm: Algorithm, ratio: float, tensor_sizes: Sequence[
         codec=codec,
         privacy=privacy,
         asynchronous=False,
-        asynchronous_refusal=asynchronous_refusal(algorithm),
+        lacks=with_lack(algorithm.lacks, ASYNCHRONOUS_RULE, asynchronous_reason(algorithm)),  # the wrapped privacy lack kept
         personalization=compressed_personalization(algorithm),
     )
 

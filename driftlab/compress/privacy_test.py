@@ -155,7 +155,7 @@ def test_a_message_without_a_model_field_is_sent_whole_at_its_whole_bits():
     def client_finish(view, client, ctx, update):
         return None, Doubled(2 * update.final_params)
 
-    plugin = dataclasses.replace(inner, client_finish=client_finish, privacy=None, privacy_refusal=None)
+    plugin = dataclasses.replace(inner, client_finish=client_finish, privacy=None, lacks=())
     algorithm = with_compression(plugin, RATIO, SIZES)
     _, view, message = _round(algorithm)
     assert (message.model, message.model_form, message.bits) == (None, MODEL_SENT_DENSE, 32 * P)
@@ -168,7 +168,7 @@ def test_compression_passes_the_wrapped_algorithms_refusal_through():
     formless = with_compression(dataclasses.replace(_inner("fedavg"), privacy=None), RATIO, SIZES)
     assert formless.privacy is None and formless.privacy_refusal is None
     settings = _settings(clip=1.0)
-    with pytest.raises(ConfigError, match='^aggregation = "weighted" .*set algorithm.aggregation = "uniform"$'):
+    with pytest.raises(ConfigError, match='^\\[privacy\\] with algorithm.name = "fedavg": aggregation = "weighted" .*set algorithm.aggregation = "uniform"$'):
         with_privacy(weighted, settings)
     with pytest.raises(ConfigError, match=r"gives no privacy form .*give Algorithm\(privacy=PrivacyForm"):
         with_privacy(formless, settings)

@@ -16,6 +16,8 @@ import torch
 
 from driftlab.data.federated import FederatedDataset
 from driftlab.errors import ConfigError
+from driftlab.features import drivers
+from driftlab.features.capabilities import Conflict, algorithm_key, conflicts
 from driftlab.experiments.assembly import build_model, configured_algorithm, load_data, resolve_device
 from driftlab.experiments.config import ExperimentConfig
 from driftlab.deploy import wire
@@ -145,44 +147,24 @@ class InProcessTransport:
 
 
 def check_deployable(config: ExperimentConfig, algorithm: Algorithm) -> None:
-    """ConfigError for a configuration a deployment cannot run (module docstring)."""
-    timed = [f"[{name}]" for name, section in (("system", config.system), ("asynchronous", config.asynchronous)) if section is not None]
-    if timed:
-        raise ConfigError(
-            f"a deployment runs in real time, and {' and '.join(timed)} simulate{'s' if len(timed) == 1 else ''} time, which "
-            f"only the simulator has: remove {' and '.join(timed)}, or run the config with driftlab run"
-        )
+    """ConfigError for a configuration a deployment cannot run (module docstring): the first of
+    ``deployment_conflicts``, in the one refusal template (``driftlab.features.capabilities.refusal``)."""
+    found = deployment_conflicts(config, algorithm)
+    if found:
+        raise ConfigError(found[0].message)
+
+
+def deployment_conflicts(config: ExperimentConfig, algorithm: Algorithm) -> list[Conflict]:
+    """What a deployment refuses in ``config`` with ``algorithm``: the features it excludes (simulated time, the
+    personal evaluation, a mean of client models), then what it needs of the algorithm (one phase, one view; no
+    membership hooks when the registered set changes), from ``driftlab.features.drivers``'s declarations."""
+    present = drivers.present_features(config) | algorithm.capabilities
+    found = conflicts(drivers.DEPLOYMENT, algorithm_key(algorithm.name), present, algorithm.lack_reasons)
     membership_changes = bool(config.availability.events) or config.availability.initially_registered is not None
-    if membership_changes and (algorithm.client_joined is not None or algorithm.client_left is not None):
-        raise ConfigError(
-            f"algorithm {config.algorithm.name!r} updates the server state when clients join or leave "
-            "(availability.events / availability.initially_registered), from those clients' states; in a deployment the "
-            "client states stay on the nodes, so the server cannot do that: remove availability.events and "
-            "availability.initially_registered, or choose an algorithm without client_joined/client_left"
-        )
-    if algorithm.prelude is not None:
-        raise ConfigError(
-            f"algorithm {config.algorithm.name!r} has a first phase in every round (Algorithm.prelude: each client uploads "
-            "a vector before it trains), and a deployment exchanges one request and one reply per client and round: run it "
-            "with driftlab run, or for Mime set algorithm.control_variate = \"previous\" (one phase)"
-        )
-    if algorithm.client_view is not None:
-        raise ConfigError(
-            f"algorithm {config.algorithm.name!r} sends each client a view of its own (Algorithm.client_view: FedAMP's "
-            "cloud model u_k), and a deployment's server broadcasts one view per round to every node: run it with "
-            "driftlab run, or choose an algorithm that broadcasts one model"
-        )
-    if config.evaluation.personal or config.evaluation.finetune_steps:
-        raise ConfigError(
-            "evaluation.personal / evaluation.finetune_steps evaluate each client's own model on its own test split, and in "
-            "a deployment those models and splits stay on the nodes; remove them (the server model is still evaluated), "
-            "or run the config with driftlab run"
-        )
-    if config.evaluation.model != "server":
-        raise ConfigError(
-            f'evaluation.model = "{config.evaluation.model}" evaluates a mean of client models, which a deployment\'s server '
-            'never receives (only the algorithm\'s messages travel); set evaluation.model = "server"'
-        )
+    if membership_changes:
+        found += conflicts(drivers.DEPLOYMENT_MEMBERSHIP, algorithm_key(algorithm.name), present, algorithm.lack_reasons)
+    excluded = [conflict for conflict in found if conflict.second == drivers.DEPLOYMENT_KEY]
+    return excluded + [conflict for conflict in found if conflict.second != drivers.DEPLOYMENT_KEY]
 
 
 def check_config_deployable(config: ExperimentConfig) -> None:

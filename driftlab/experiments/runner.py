@@ -34,6 +34,7 @@ from driftlab.experiments.assembly import (  # noqa: F401  (importable from here
     ModelSource,
     build_simulation,
     client_stores,
+    features_run_info,
     privacy_run_info,
     resolve_backend,
     resolve_device,
@@ -237,12 +238,12 @@ def _run_in(
     """The run itself; ``out``, when given, is claimed (locked, checked, config.json written) by the caller."""
     state_dir = out / CLIENT_STATE_DIR if out is not None else None
     sim, state = build_simulation(config, given.model, state_dir, data=given.data, loss=given.loss)
-    # [privacy]: run.json records the noise multiplier as resolved (a target ε's), the accountant, δ and the run's ε
+    # each feature's run.json entry ([privacy]'s resolved noise and ε, [system]'s profiles and trace digest)
     if out is not None:
-        system = system_run_info(config, sim.system)
+        features = features_run_info(config, sim)
         if resume:
-            check_trace_unchanged(out, system)
-        run_info = {**privacy_run_info(config, sim.data.num_clients), **system, **run_info}
+            check_trace_unchanged(out, features)
+        run_info = {**features, **run_info}
     driver = AsynchronousDriver(sim) if sim.asynchronous is not None else SimulatorDriver(sim)
     return run_rounds(
         driver, out, config, sim, state, resume=resume, progress=progress, progress_label=progress_label, run_info=run_info

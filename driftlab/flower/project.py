@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from driftlab.errors import ConfigError
+from driftlab.features import capabilities
+from driftlab.features.drivers import DEPLOYMENT_KEY
 from driftlab.owned_folder import claim
 
 PACKAGE = "driftlab_app"
@@ -286,13 +288,15 @@ def refusal(config: Any, source: str, overrides: Sequence[str] = ()) -> str | No
     """
     from driftlab.deploy.messages import check_config_deployable
 
-    if config.evaluation.model != "server":
+    if config.evaluation.model != "server":  # the deployment's own refusal, with the check's command as the fix
         kept = [override for override in overrides if not override.replace(" ", "").startswith("evaluation.model=")]
         command = " ".join(["driftlab flower check", source, *kept, "evaluation.model=server"])
-        return (
-            f'{source} sets evaluation.model = "{config.evaluation.model}", a mean of client models, which a deployment\'s server '
-            f"never receives (only the algorithm's messages travel); check the deployment with the server's model: {command}"
+        key = f'evaluation.model = "{config.evaluation.model}"'
+        why = (
+            f"{source} sets {key}, a mean of client models, which a deployment's server never receives (only the "
+            "algorithm's messages travel)"
         )
+        return capabilities.refusal(key, DEPLOYMENT_KEY, capabilities.Reason(why, f"check the deployment with the server's model: {command}", "; "))
     try:
         check_config_deployable(config)
     except ConfigError as error:

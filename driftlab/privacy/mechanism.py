@@ -72,6 +72,8 @@ from typing import Any
 import torch
 
 from driftlab.errors import ConfigError
+from driftlab.features import drivers
+from driftlab.features.capabilities import ASYNCHRONOUS_RULE, PRIVACY_FORM, Lack, Reason, algorithm_key, refusal
 from driftlab.privacy.settings import PrivacySettings
 from driftlab.simulation.round.randomness import Stream, generator, seeded_torch_generator
 from driftlab.simulation.seam import (
@@ -91,28 +93,31 @@ from driftlab.simulation.seam import (
 SERVER_TOLERANCE = 1e-5
 
 PRIVATE_ALREADY = "the algorithm is private already"
+PRIVATE_ALREADY_LACK = Lack(PRIVACY_FORM, Reason(PRIVATE_ALREADY))
 
-# Why FedBuff refuses a private algorithm (Algorithm.asynchronous_refusal), whatever the wrapped one declares.
-ASYNCHRONOUS_REFUSAL = (
-    "client-level DP's accounting composes rounds in which every registered client takes part independently with "
-    "probability q, with means over the expected cohort qN; FedBuff dispatches clients one at a time from the idle ones "
-    "and averages buffers of B arrivals, which that accounting does not cover: remove [privacy] or [asynchronous]"
+# Why FedBuff refuses a private algorithm (its asynchronous rule's Lack), whatever the wrapped one declares.
+ASYNCHRONOUS_REASON = Reason(
+    why=(
+        "client-level DP's accounting composes rounds in which every registered client takes part independently "
+        "with probability q, with means over the expected cohort qN; FedBuff dispatches clients one at a time "
+        "from the idle ones and averages buffers of B arrivals, which that accounting does not cover"
+    ),
+    fix=(
+        "remove [privacy] or [asynchronous]"
+    ),
 )
+ASYNCHRONOUS_REFUSAL = ASYNCHRONOUS_REASON.text  # the prose, for code that reads it
 
 
 def no_form_refusal(name: str) -> str:
-    """The refusal of an algorithm (a plugin's, typically) that gives neither a form nor a reason."""
-    return (
-        f"algorithm {name!r} gives no privacy form (seam.PrivacyForm: what its message reveals), so its sensitivity "
-        "cannot be bounded; give Algorithm(privacy=PrivacyForm(release, restore)) (docs/design.md, Client-level "
-        "differential privacy)"
-    )
+    """The refusal of an algorithm (a plugin's, typically) that gives neither a form nor a reason of its own."""
+    return refusal(drivers.PRIVACY.key, algorithm_key(name), dict(drivers.PRIVACY.needs)[PRIVACY_FORM])
 
 
-def asynchronous_refusal(algorithm: Algorithm) -> str:
-    """The private ``algorithm``'s refusal: privacy's, then the wrapped algorithm's own when it has one."""
-    inner = algorithm.asynchronous_problem()
-    return ASYNCHRONOUS_REFUSAL if inner is None else f"{ASYNCHRONOUS_REFUSAL}; and {inner}"
+def asynchronous_lack(algorithm: Algorithm) -> Lack:
+    """The private ``algorithm``'s lack of an asynchronous rule: privacy's reason, then the wrapped algorithm's own."""
+    inner = algorithm.refusal_reason(drivers.ASYNCHRONOUS)
+    return Lack(ASYNCHRONOUS_RULE, ASYNCHRONOUS_REASON if inner is None else ASYNCHRONOUS_REASON.then(inner))
 
 
 @dataclass(frozen=True)
@@ -234,7 +239,7 @@ def next_clip(settings: PrivacySettings, clip: float, within: int, reporting: in
 def check_private(algorithm: Algorithm, settings: PrivacySettings) -> PrivacyForm:
     """The algorithm's form, or a ConfigError saying why it has none and what to change."""
     if algorithm.privacy is None:
-        raise ConfigError(algorithm.privacy_refusal or no_form_refusal(algorithm.name))
+        raise ConfigError(algorithm.refusal(drivers.PRIVACY) or no_form_refusal(algorithm.name))
     if settings.noised and not math.isfinite(settings.clip):
         raise ConfigError(
             f"privacy noise (noise_multiplier {settings.noise_multiplier}) is calibrated to the clip norm, and the "
@@ -258,19 +263,10 @@ def with_privacy(algorithm: Algorithm, settings: PrivacySettings) -> Algorithm:
     Wrap compression inside: ``with_privacy(with_compression(algorithm, ...), settings)``.  ConfigError, before
     any work, for an algorithm (or configuration) without a ``PrivacyForm``, naming the fix.
     """
-    if algorithm.prelude is not None:
-        raise ConfigError(
-            f"algorithm {algorithm.name!r} uploads a vector per client before local training (its round's first phase, "
-            "Algorithm.prelude), which client-level DP would have to clip and noise too, and does not; remove [privacy], or "
-            "for Mime set algorithm.control_variate = \"previous\" (one phase, whose messages are clipped and noised)"
-        )
+    problem = algorithm.refusal(drivers.PRIVACY)  # a first phase, no form, or a view per client
+    if problem is not None:
+        raise ConfigError(problem)
     form = check_private(algorithm, settings)
-    if algorithm.client_view is not None:
-        raise ConfigError(
-            f"algorithm {algorithm.name!r} sends each client a view of its own (Algorithm.client_view), and client-level DP "
-            "clips and noises changes measured from the one broadcast model: remove [privacy], or use an algorithm whose "
-            "clients all receive the broadcast"
-        )
     adaptive = settings.adaptive is not None
     local = settings.noise == "local" and settings.noised
     central = settings.noise == "central" and settings.noised
@@ -369,9 +365,8 @@ def with_privacy(algorithm: Algorithm, settings: PrivacySettings) -> Algorithm:
         server_fold=fold,
         codec=private_codec(algorithm.codec) if adaptive else algorithm.codec,
         privacy=None,
-        privacy_refusal=PRIVATE_ALREADY,
         asynchronous=False,
-        asynchronous_refusal=asynchronous_refusal(algorithm),
+        lacks=(PRIVATE_ALREADY_LACK, asynchronous_lack(algorithm)),
         personalization=private_personalization(algorithm.personalization, adaptive),
     )
 

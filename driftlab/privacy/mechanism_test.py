@@ -518,15 +518,15 @@ def test_epsilon_is_recorded_every_round_when_delta_is_set():
 def test_refusals_name_the_fix():
     with pytest.raises(ConfigError, match='set algorithm.aggregation = "uniform"') as weighted:
         with_privacy(fedavg.build(sgd(), "weighted"), settings())
-    assert str(weighted.value) == fedavg.WEIGHTED_REFUSAL
+    assert str(weighted.value) == f'[privacy] with algorithm.name = "fedavg": {fedavg.WEIGHTED_REFUSAL}'  # the one template
     with pytest.raises(ConfigError) as plugin:
         with_privacy(dataclasses.replace(mean_algorithm(form=False), name="moon"), settings())
     assert str(plugin.value) == (
-        "algorithm 'moon' gives no privacy form (seam.PrivacyForm: what its message reveals), so its sensitivity "
+        '[privacy] with algorithm.name = "moon": it gives no privacy form (seam.PrivacyForm: what its message reveals), so its sensitivity '
         "cannot be bounded; give Algorithm(privacy=PrivacyForm(release, restore)) (docs/design.md, Client-level "
         "differential privacy)"
     )
-    with pytest.raises(ConfigError, match="^the algorithm is private already$"):
+    with pytest.raises(ConfigError, match='^\\[privacy\\] with algorithm.name = "mean": the algorithm is private already$'):
         with_privacy(with_privacy(mean_algorithm(), settings()), settings())
     with pytest.raises(ConfigError, match="set privacy.clip to a finite norm"):
         with_privacy(mean_algorithm(), settings(clip=math.inf, z=1.0))

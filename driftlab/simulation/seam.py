@@ -56,6 +56,21 @@ from typing import Any, Callable, Protocol, Sequence
 
 import torch
 
+from driftlab.features import drivers
+from driftlab.features.capabilities import (
+    ASYNCHRONOUS_RULE,
+    NO_MEMBERSHIP_HOOKS,
+    ONE_PHASE,
+    PERSONAL_MODELS,
+    PRIVACY_FORM,
+    SHARED_VIEW,
+    Lack,
+    Reason,
+    Requirements,
+    algorithm_key,
+    conflicts,
+)
+
 
 @dataclass(frozen=True)
 class GradientCorrection:
@@ -260,8 +275,8 @@ class PrivacyForm:
     ``RoundContext.mean_denominator`` when that is set.  Then the sensitivity
     of the server update to one client is the clip norm, and noise added to
     the sum (a carrier message) is noise on the algorithm's aggregate, scaled
-    as the algorithm scales it.  ``Algorithm.privacy_refusal`` says why a
-    configuration has no form (its weights depend on n_k, ...), naming the fix.
+    as the algorithm scales it.  An ``Algorithm.lacks`` entry for the privacy
+    form says why a configuration has none (its weights depend on n_k, ...), naming the fix.
     """
 
     release: Callable[[Any, Any], torch.Tensor]
@@ -349,17 +364,17 @@ class Algorithm:
     server_fold: ServerFold | None = None
     plugin: str | None = None  # set by driftlab.algorithms.plugin_guard, which also wraps the functions of a plugin
     codec: MessageCodec = PLAIN_CODEC  # how its messages travel on a wire (a deployment)
-    # What a message reveals, for client-level DP (PrivacyForm); None: this configuration cannot be made private,
-    # and privacy_refusal says why and what to change (None there too: the algorithm gives no form at all).
+    # What a message reveals, for client-level DP (PrivacyForm); None: this configuration cannot be made private.
     privacy: PrivacyForm | None = None
-    privacy_refusal: str | None = None
     # Asynchronous training (FedBuff, driftlab.simulation.asynchronous): True declares that the server update, fed
     # staleness-weighted changes of clients that started from older models (each stale message's ``privacy.release``
     # moved onto the current model with ``privacy.restore``, unit weight, means over the buffer), is a stated
-    # asynchronous rule of this algorithm; it needs ``privacy`` (the form).  False: ``asynchronous_refusal`` says why
-    # not and what to run instead (None there: the algorithm declares no asynchronous rule).
+    # asynchronous rule of this algorithm; it needs ``privacy`` (the form).
     asynchronous: bool = False
-    asynchronous_refusal: str | None = None
+    # The capabilities this algorithm lacks for a reason of its own (driftlab.features.capabilities.Lack: FedNova's
+    # τ_eff has no privacy form, SCAFFOLD's c no asynchronous rule), each with why and the fix; a missing capability
+    # without one is refused with the generic reason of what needs it (driftlab.features.drivers).
+    lacks: tuple[Lack, ...] = ()
     # Per-client models (APFL, Ditto, FedAMP): Personalization; None: every client predicts with the server's model.
     personalization: Personalization | None = None
     # (server state, client id, client states) -> the view the server sends that client (FedAMP's own cloud model
@@ -379,29 +394,52 @@ class Algorithm:
                 "server_fold=None to have the engine call server_update on the collected messages"
             )
 
+    @property
+    def capabilities(self) -> frozenset[str]:
+        """What this algorithm provides (``driftlab.features.capabilities``), read from its fields."""
+        provided = {
+            PRIVACY_FORM: self.privacy is not None,
+            ASYNCHRONOUS_RULE: self.asynchronous and self.privacy is not None,
+            ONE_PHASE: self.prelude is None,
+            SHARED_VIEW: self.client_view is None,
+            NO_MEMBERSHIP_HOOKS: self.client_joined is None and self.client_left is None,
+            PERSONAL_MODELS: self.personalization is not None,
+        }
+        return frozenset(name for name, given in provided.items() if given)
+
+    @property
+    def lack_reasons(self) -> dict[str, Reason]:
+        """Each lacking capability's own reason: the declared ``lacks``, and an asynchronous rule without its form."""
+        reasons = {lack.capability: lack.reason for lack in self.lacks}
+        if self.asynchronous and self.privacy is None:
+            reasons[ASYNCHRONOUS_RULE] = drivers.RULE_WITHOUT_FORM
+        return reasons
+
+    def refusal_reason(self, requirements: Requirements) -> Reason | None:
+        """The reason of the first thing ``requirements`` needs that this algorithm lacks (None: none)."""
+        found = conflicts(requirements, algorithm_key(self.name), self.capabilities, self.lack_reasons)
+        return found[0].reason if found else None
+
+    def refusal(self, requirements: Requirements) -> str | None:
+        """The refusal message of the first thing ``requirements`` needs that this algorithm lacks (None: none)."""
+        found = conflicts(requirements, algorithm_key(self.name), self.capabilities, self.lack_reasons)
+        return found[0].message if found else None
+
+    @property
+    def privacy_refusal(self) -> str | None:
+        """Why this configuration gives no privacy form and what to change (the declared lack's text); None: none declared."""
+        reason = None if self.privacy is not None else self.lack_reasons.get(PRIVACY_FORM)
+        return None if reason is None else reason.text
+
+    @property
+    def asynchronous_refusal(self) -> str | None:
+        """Why this algorithm declares no asynchronous rule and what to run instead; None: none declared."""
+        reason = {lack.capability: lack.reason for lack in self.lacks}.get(ASYNCHRONOUS_RULE)
+        return None if reason is None else reason.text
+
     def asynchronous_problem(self) -> str | None:
-        """Why this algorithm cannot run asynchronously, with the fix (None: it can)."""
-        if self.prelude is not None:
-            return (
-                f"algorithm {self.name!r} computes a statistic of the round's clients before they train (Algorithm.prelude), "
-                "and FedBuff's clients start whenever one is idle; run it synchronously (remove [asynchronous])"
-            )
-        if self.client_view is not None:
-            return (
-                f"algorithm {self.name!r} sends each client a view of its own (Algorithm.client_view), and FedBuff's "
-                "staleness rule moves one shared model's changes; run it synchronously (remove [asynchronous])"
-            )
-        if self.asynchronous and self.privacy is not None:
-            return None
-        if self.asynchronous:
-            return (
-                f"algorithm {self.name!r} declares an asynchronous rule but gives no PrivacyForm, through which a stale "
-                "client's change is moved onto the current model; give Algorithm(privacy=PrivacyForm(...))"
-            )
-        return self.asynchronous_refusal or (
-            f"algorithm {self.name!r} declares no asynchronous rule (Algorithm.asynchronous); run it synchronously "
-            "(remove [asynchronous]), or use fedavg or fedprox with aggregation = \"uniform\""
-        )
+        """Why this algorithm cannot run asynchronously (FedBuff), naming ``[asynchronous]``, it and the fix (None: it can)."""
+        return self.refusal(drivers.ASYNCHRONOUS)
 
     def view_for(self, server: Any, client_id: int, shared: Any, states: Callable[[], Any] = lambda: iter(())) -> Any:
         """The view client ``client_id`` receives: ``client_view(server, client_id, states)``, or ``shared``

@@ -73,6 +73,7 @@ from typing import Any, Literal, Sequence
 
 from driftlab.errors import ConfigError
 from driftlab.experiments.config import MAX_CONFIG_BYTES, check_toml_shape, parse_override, parse_toml, read_config_text
+from driftlab.experiments.config.toml_writer import toml_string, toml_value
 from driftlab.experiments.report.tuning import Tuning, tuning_from_keys
 from driftlab.experiments.shipped import SWEEP_PACKAGE, sweep_names
 from driftlab.experiments.sweep.directory import slug
@@ -490,12 +491,12 @@ def short_keys(keys: Sequence[str]) -> list[str]:
 
 
 def _toml_literal(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
+    """A --grid value as the override text a sweep records (``key=literal``): a bare word as it is, another string
+    quoted in ASCII (as sweeps recorded it with ``json.dumps``, so a sweep planned before resumes), else TOML."""
     if isinstance(value, str):
-        return value if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.\-]*", value) else json.dumps(value)
+        return value if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.\-]*", value) else toml_string(value, ascii_only=True)
+    if isinstance(value, (bool, int, float)):
+        return toml_value(value)
     raise ConfigError(f"--grid values must be numbers, booleans or strings; use a sweep file for {value!r}")
 
 

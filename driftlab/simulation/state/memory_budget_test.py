@@ -124,7 +124,7 @@ def test_memory_budget_is_parsed_in_one_place_and_every_share_derives_from_the_s
             name = getattr(node.func, "id", getattr(node.func, "attr", None)) if isinstance(node, ast.Call) else None
             if name == "parse_bytes":
                 callers.add(path.relative_to(PACKAGE).as_posix())
-    assert callers == {"simulation/state/memory_budget.py", "experiments/config.py"}
+    assert callers == {"simulation/state/memory_budget.py", "experiments/config/schema.py"}
 
 
 def test_the_stores_take_a_memory_budget_not_a_setting(tmp_path):

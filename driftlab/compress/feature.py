@@ -1,0 +1,58 @@
+"""``[compression]`` as a feature entry (``driftlab.features.entry``): ST compression with error feedback.
+
+The section is always there; a ratio below 1 (``compression.ratio``, else the algorithm's default) turns it on,
+and ``with_compression`` wraps the algorithm innermost (privacy then clips what a client sends).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from driftlab.algorithms import registry
+from driftlab.compress.error_feedback import with_compression
+from driftlab.compress.section import CompressionConfig
+from driftlab.errors import ConfigError
+from driftlab.features import drivers
+from driftlab.features.entry import FeatureEntry, RunFacts
+
+
+@dataclass(frozen=True)
+class CompressionPlan:
+    ratio: float  # the fraction q of each tensor kept
+    tensor_sizes: tuple[int, ...]  # the model's tensors' sizes: ST compresses each on its own
+
+
+def ratio(compression: CompressionConfig, algorithm: str) -> float:
+    """``compression.ratio``, else the algorithm's default (``AlgorithmEntry.default_compression_ratio``)."""
+    if compression.ratio is not None:
+        return compression.ratio
+    entry = registry.ALGORITHMS.get(algorithm)
+    return entry.default_compression_ratio if entry is not None else 1.0
+
+
+def enabled(compression: CompressionConfig, facts: RunFacts) -> bool:
+    return ratio(compression, facts.algorithm) < 1
+
+
+def plan(compression: CompressionConfig, facts: RunFacts) -> CompressionPlan:
+    return CompressionPlan(ratio(compression, facts.algorithm), facts.tensor_sizes)
+
+
+def wrap(algorithm: Any, plan: CompressionPlan) -> Any:
+    try:
+        return with_compression(algorithm, plan.ratio, plan.tensor_sizes)
+    except ConfigError:
+        raise
+    except ValueError as error:
+        raise ConfigError(f"compression.ratio = {plan.ratio:g}: {error}") from None
+
+
+FEATURE = FeatureEntry(
+    name="compression",
+    plan=plan,
+    requirements=drivers.COMPRESSION,
+    section_type=CompressionConfig,
+    enabled=enabled,
+    wrap=wrap,
+)

@@ -1,0 +1,119 @@
+"""``ExperimentConfig``'s optional feature sections come from the feature registry (``driftlab.features.registry``),
+and every shipped preset reads and hashes as it did when they were written into the class by hand: ``to_dict`` and
+``fingerprint`` below were recorded from the hand-written class before the change (so old run directories resume and
+sweeps keep their run ids), as were the field order and the JSON schema (descriptions, defaults)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from driftlab.experiments.config import ExperimentConfig, load_config
+from driftlab.features.registry import FEATURES
+
+PRESETS = Path(__file__).resolve().parent.parent / "presets"
+# demo-synthetic with each optional section set (a target ε's rounds enter the fingerprint)
+EXTRA = {
+    "privacy+system": [
+        "privacy.clip=1",
+        "privacy.noise_multiplier=0.5",
+        "privacy.delta=1e-5",
+        "system.speed_median=50",
+        "sampling.mode=poisson",
+        "sampling.participation=0.5",
+    ],
+    "asynchronous": ["system.speed_median=50", "asynchronous.concurrency=4", "asynchronous.buffer=2"],
+    "target-epsilon": [
+        "privacy.clip=1",
+        "privacy.target_epsilon=8",
+        "privacy.delta=1e-5",
+        "sampling.mode=poisson",
+        "sampling.participation=0.5",
+    ],
+}
+FIELDS = (
+    "seed",
+    "rounds",
+    "device",
+    "precision",
+    "convolution",
+    "backend",
+    "checkpoint_every",
+    "keep_checkpoint",
+    "data",
+    "model",
+    "plugins",
+    "algorithm",
+    "client",
+    "server",
+    "sampling",
+    "availability",
+    "compression",
+    "evaluation",
+    "state",
+    "privacy",
+    "system",
+    "asynchronous",
+    "memory_budget",
+    "log",
+)
+SCHEMA = "67a855b74598f31d"  # sha256 of the JSON schema, sorted keys, first 16 hex digits
+# name -> (sha256 of json.dumps(to_dict()), first 16 hex digits; fingerprint())
+EXPECTED = {
+    "cifar10-feddyn": ("afc69fae06d4bf5a", "09c71e7594b120e7"),
+    "demo-synthetic": ("b6a07efdd4456de1", "cbc9307fcd342276"),
+    "mnist-adabest": ("ded0d9b7b7a45476", "a2d3ecd831ea796b"),
+    "mnist-efl": ("4eeb3270cfb0e6e8", "62b0bcf50c67fd28"),
+    "mnist-fedadam": ("b11e171cbf6fee93", "e366e8c8ad9b6594"),
+    "mnist-fedavg": ("98ecc2fd157d3ef1", "6be9a5c5a2cd4c9a"),
+    "mnist-feddyn": ("afb4aee6ac5b15af", "c34969e46c80121c"),
+    "mnist-scaffold": ("7a57357251a10042", "6e4c7f1150e9cb5a"),
+    "quadratic-constant-k": ("d8eb817b654ac3c9", "eed311588efc7ee6"),
+    "quadratic-decaying-k": ("02bc4f597c6017d1", "dd27417c9e0465cc"),
+    "shakespeare-feddyn": ("bd42fec09491707e", "f5cab79f3946de9e"),
+    "synthetic-dp-scaffold": ("cbab887326f34310", "22659ede8454ae65"),
+    "synthetic-efl-low-participation": ("b57ff8ab56bd03fb", "d1b75e4ffcbf2336"),
+    "synthetic-fedavg": ("f29aa8a5a12dde45", "78c71c838f8019a6"),
+    "synthetic-fedavgm-chain": ("d1eb7216962b6b3c", "b03ad892fdc5fe2c"),
+    "synthetic-fedbuff": ("12676e3c94c057e0", "9e1d8e13b85acd88"),
+    "synthetic-fedprox": ("bc5d17d3c7f92843", "3408a0cf8d96f2ce"),
+    "privacy+system": ("441e2562020e6710", "9055890b69a05a91"),
+    "asynchronous": ("dced8b3bd2849be2", "607f4be7f556262f"),
+    "target-epsilon": ("83479eaf89f88078", "7090f2bb51bebaf1"),
+}
+
+
+def _digests(config: ExperimentConfig) -> tuple[str, str]:
+    return hashlib.sha256(json.dumps(config.to_dict(), default=repr).encode()).hexdigest()[:16], config.fingerprint()
+
+
+def test_every_shipped_preset_is_listed():
+    assert {path.stem for path in PRESETS.glob("*.toml")} == set(EXPECTED) - set(EXTRA)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_to_dict_and_fingerprint_are_as_recorded(name):
+    config = (
+        load_config(str(PRESETS / f"{name}.toml"))
+        if name not in EXTRA
+        else load_config(str(PRESETS / "demo-synthetic.toml"), EXTRA[name])
+    )
+    assert _digests(config) == EXPECTED[name]
+
+
+def test_the_fields_their_order_and_the_schema_are_as_recorded():
+    assert tuple(ExperimentConfig.model_fields) == FIELDS
+    schema = json.dumps(ExperimentConfig.model_json_schema(), sort_keys=True)
+    assert hashlib.sha256(schema.encode()).hexdigest()[:16] == SCHEMA
+
+
+def test_the_optional_sections_are_the_registrys():
+    optional = [name for name, entry in FEATURES.items() if entry.config_field is not None]
+    assert optional == ["privacy", "system", "asynchronous"]
+    for name in optional:
+        field = ExperimentConfig.model_fields[name]
+        assert field.default is None and FEATURES[name].section_type in field.annotation.__args__
+        assert field.description == FEATURES[name].config_field

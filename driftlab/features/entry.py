@@ -1,0 +1,117 @@
+"""A feature as a registry entry: its config section, what it needs of the algorithm, how it plans, wraps and records.
+
+An optional feature (client-level DP, compression, simulated time, FedBuff, the personal evaluation) is one
+``FeatureEntry``, defined in its own package (``driftlab/privacy/feature.py``, ...) and registered in
+``driftlab.features.registry.FEATURES``.  Assembly (``driftlab.experiments.assembly``) iterates the entries and names
+none of them::
+
+    for each entry whose section is set (section_of(config) is not None and enabled(section, facts)):
+        refusal(entry.requirements, algorithm)       before the data (one template, driftlab.features.capabilities)
+        plan      = entry.plan(section, facts)       from its section and the run's facts, never the whole config
+        algorithm = entry.wrap(algorithm, plan)      in registration order (compression inside privacy)
+        Simulation(..., **entry.simulation_fields(plan)); entry.finish(sim, plan)
+        run.json  += entry.run_info(plan)
+
+``RunFacts`` is the small record of what a plan may read besides its section (seed, rounds, clients, sampling,
+the algorithm's name, the model's tensor sizes), so the arrows keep pointing down: a feature's package never
+imports ``driftlab.experiments``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from driftlab.features.capabilities import Requirements
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What a feature's plan may know about the run besides its own section."""
+
+    seed: int
+    rounds: int
+    num_clients: int  # the data's N (the config's data.num_clients before the data is loaded)
+    sampling_mode: str  # sampling.mode: "uniform", "weighted", "poisson"
+    participation: float  # sampling.participation
+    algorithm: str = "fedavg"  # algorithm.name (a compression default is the algorithm's)
+    tensor_sizes: tuple[int, ...] = ()  # the model's tensors' sizes, once it is built (compression's ST blocks)
+
+
+def _no_fields(plan: Any) -> dict[str, Any]:  # noqa: ARG001 - a feature that sets no Simulation field
+    return {}
+
+
+def _no_info(plan: Any) -> dict[str, Any]:  # noqa: ARG001 - a feature that adds nothing to run.json
+    return {}
+
+
+def _unchanged(algorithm: Any, plan: Any) -> Any:  # noqa: ARG001 - a feature that does not wrap the algorithm
+    return algorithm
+
+
+def _nothing_to_finish(sim: Any, plan: Any) -> None:  # noqa: ARG001 - a feature with no check on the built simulation
+    return None
+
+
+def _always(section: Any, facts: RunFacts) -> bool:  # noqa: ARG001 - a section that is set is on
+    return True
+
+
+@dataclass(frozen=True)
+class FeatureEntry:
+    """One optional feature (module docstring).
+
+    ``name`` is its config key (``[privacy]``'s "privacy"); ``section_type`` its section's pydantic type (None: a
+    feature of another section's keys, the personal evaluation's ``evaluation.personal``); ``section_of(config)``
+    its section, None when the config does not set it (default: ``getattr(config, name, None)``);
+    ``enabled(section, facts)`` whether a set section turns it on (compression: a ratio below 1).
+    ``requirements`` what it needs of the algorithm and excludes, each with a why and a fix
+    (``capabilities.Requirements``; its key names the feature in refusals).  ``plan(section, facts)`` is what the
+    run uses (a ConfigError naming the key to change when it cannot); ``wrap(algorithm, plan)`` the algorithm with the
+    feature; ``simulation_fields(plan)`` the ``Simulation`` fields it sets; ``finish(sim, plan)`` a check or change
+    once the simulation is built (a ConfigError before any round); ``run_info(plan)`` what it adds to run.json;
+    ``state_fields(plan)`` the ``SimulationState`` fields it starts.
+    """
+
+    name: str
+    plan: Callable[[Any, RunFacts], Any]
+    requirements: Requirements = Requirements("")
+    section_type: type | None = None
+    section_of: Callable[[Any], Any] | None = None
+    enabled: Callable[[Any, RunFacts], bool] = _always
+    wrap: Callable[[Any, Any], Any] = _unchanged
+    simulation_fields: Callable[[Any], dict[str, Any]] = _no_fields
+    finish: Callable[[Any, Any], None] = _nothing_to_finish
+    run_info: Callable[[Any], dict[str, Any]] = field(default=_no_info)
+    # the SimulationState fields it starts (simulated time: the clock at 0 s); {}: none
+    state_fields: Callable[[Any], dict[str, Any]] = _no_fields
+    # What it cannot be combined with in a config, over the facts of driftlab.features.config_facts (needs: reported at
+    # its own key; exclusions: at the fact's), each with a why and a fix; None: nothing.
+    config_conflicts: Requirements | None = None
+    # The description of the optional section ExperimentConfig gains for it (None by default, the feature off); None:
+    # it gains none (the feature's keys are in another section, or its section is always there).
+    config_field: str | None = None
+    # (built simulation, section) -> the plan the simulation holds (run.json records what the run used); None: plan
+    # again
+    used_plan: Callable[[Any, Any], Any] | None = None
+
+    def __post_init__(self) -> None:
+        if not self.name.isidentifier():
+            raise ValueError(f"a feature's name is its config key, a Python identifier; got {self.name!r}")
+        if not self.requirements.key:
+            object.__setattr__(self, "requirements", Requirements(f"[{self.name}]"))
+
+    def section(self, config: Any) -> Any:
+        """The feature's section of ``config`` (None: not set)."""
+        return self.section_of(config) if self.section_of is not None else getattr(config, self.name, None)
+
+    @property
+    def wraps(self) -> bool:
+        """Whether the feature wraps the algorithm (compression, privacy)."""
+        return self.wrap is not _unchanged
+
+    @property
+    def module(self) -> str:
+        """The module that defines the feature (its ``plan``)."""
+        return getattr(self.plan, "__module__", None) or "unknown module"

@@ -1,0 +1,89 @@
+"""``[asynchronous]`` (FedBuff on the simulated clock) as a feature entry (``driftlab.features.entry``).
+
+It needs of the algorithm what ``driftlab.features.drivers.ASYNCHRONOUS`` declares (one phase, one shared view, a
+stated asynchronous rule, no membership hooks); its plan is the engine's ``AsynchronousPlan``.
+"""
+
+from __future__ import annotations
+
+from driftlab.errors import ConfigError
+from driftlab.features import drivers
+from driftlab.features.capabilities import Reason, Requirements
+from driftlab.features.entry import FeatureEntry, RunFacts
+from driftlab.simulation.asynchronous.section import AsynchronousConfig
+from driftlab.simulation.time.plan import AsynchronousPlan
+
+
+def plan(section: AsynchronousConfig, facts: RunFacts) -> AsynchronousPlan:  # noqa: ARG001 - FedBuff reads its section only
+    """The engine's ``AsynchronousPlan`` for ``section``."""
+    try:
+        return AsynchronousPlan(section.concurrency, section.buffer, section.staleness)
+    except ValueError as error:
+        raise ConfigError(f"[asynchronous]: {error}") from None
+
+
+REMOVE = "or remove [asynchronous]"
+# What FedBuff cannot be combined with in a config (what it needs of the algorithm is drivers.ASYNCHRONOUS).
+CONFIG_CONFLICTS = Requirements(
+    "[asynchronous]",
+    needs=(
+        (
+            "[system]",
+            Reason(
+                "asynchronous rounds run on the simulated clock of [system]",
+                f"add a [system] section (its defaults draw lognormal devices), {REMOVE}",
+            ),
+        ),
+    ),
+    excludes=(
+        ("[privacy]", Reason("[privacy] is not accounted for asynchronous updates", f"remove [privacy], {REMOVE}")),
+        (
+            "compression.ratio < 1",
+            Reason(
+                "asynchronous messages are sent uncompressed (ratio {ratio}{whose})",
+                f"set compression.ratio = 1, {REMOVE}",
+            ),
+        ),
+        *(
+            (
+                f"availability.{key} > 0",
+                Reason(
+                    "an asynchronous client's availability and work come from [system] (its device and trace windows)",
+                    f"set availability.{key} = 0, {REMOVE}",
+                ),
+            )
+            for key in ("inactive_probability", "incomplete_probability")
+        ),
+        (
+            "system.deadline",
+            Reason(
+                "a deadline times synchronous rounds; an asynchronous server waits for its buffer",
+                f"remove system.deadline, {REMOVE}",
+            ),
+        ),
+        (
+            "system.over_selection > 0",
+            Reason("over-selection is for synchronous rounds", f"set system.over_selection = 0, {REMOVE}"),
+        ),
+        (
+            'sampling.mode != "uniform"',
+            Reason(
+                "an asynchronous run dispatches idle clients uniformly, asynchronous.concurrency at a time, instead of "
+                "sampling {mode} cohorts",
+                f'set sampling.mode = "uniform", {REMOVE}',
+            ),
+        ),
+    ),
+)
+
+
+FEATURE = FeatureEntry(
+    name="asynchronous",
+    plan=plan,
+    requirements=drivers.ASYNCHRONOUS,
+    config_conflicts=CONFIG_CONFLICTS,
+    section_type=AsynchronousConfig,
+    config_field="asynchronous FedBuff on the simulated clock (the [asynchronous] keys; needs [system]); absent = "
+    "synchronous rounds",
+    simulation_fields=lambda plan: {"asynchronous": plan},
+)

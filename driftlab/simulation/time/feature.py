@@ -1,0 +1,115 @@
+"""``[system]`` (simulated time) as a feature entry (``driftlab.features.entry``): device profiles, deadline, clock.
+
+The plan is the engine's ``SystemPlan`` (profiles drawn from (seed, client id) or read from a trace for the data's N
+clients); once the simulation is built, a deadline no client can meet is refused before any round; run.json
+records the profiles' kind and a trace's path and SHA-256.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from driftlab.errors import ConfigError
+from driftlab.features import drivers
+from driftlab.features.capabilities import Reason, Requirements
+from driftlab.features.entry import FeatureEntry, RunFacts
+from driftlab.metrics.communication import payload_bits
+from driftlab.simulation.time.clock import least_time
+from driftlab.simulation.time.plan import SystemPlan
+from driftlab.simulation.time.profiles import TraceProfiles, devices, profiles_for
+from driftlab.simulation.time.section import SystemConfig
+
+
+@dataclass(frozen=True)
+class TimePlan:
+    """The engine's plan, and the profiles' kind run.json names ("lognormal", "trace")."""
+
+    system: SystemPlan
+    profiles: str
+
+
+def system_plan(system: SystemConfig, facts: RunFacts) -> SystemPlan:
+    """The engine's ``SystemPlan`` for ``system`` on ``facts.num_clients`` clients; a trace that cannot be used is a
+    ConfigError naming the file, line and column."""
+    try:
+        profiles = profiles_for(system, facts.seed, facts.num_clients)
+        return SystemPlan(profiles, system.deadline, system.deadline_mode, system.over_selection)
+    except ValueError as error:
+        raise ConfigError(f"system.trace: {error}" if system.profiles == "trace" else f"[system]: {error}") from None
+
+
+def plan(system: SystemConfig, facts: RunFacts) -> TimePlan:
+    return TimePlan(system_plan(system, facts), system.profiles)
+
+
+def check_deadline(sim: Any) -> None:
+    """ConfigError, before any round, when no client can meet ``system.deadline``: not one step and the model both ways
+    (``deadline_mode = "partial"``), or not its whole first-round work (``"drop"``); every round would select
+    clients and wait out the deadline for nothing."""
+    system = sim.system
+    if system is None or system.deadline is None:
+        return
+    view_bits = payload_bits(sim.algorithm.broadcast(sim.algorithm.server_init(sim.initial_params)))
+    partial = system.deadline_mode == "partial"
+
+    def work(client_id: int) -> tuple[int, int]:
+        num_samples = int(sim.client_sizes[client_id])
+        planned = sim.plan.planned_steps(num_samples, 1)
+        return (min(1, planned) if partial else planned), min(sim.plan.batch_size, num_samples)
+
+    least = least_time(devices(system.profiles, sim.data.num_clients), view_bits, work, system.deadline)
+    if least > system.deadline:
+        what = (
+            "to receive the model, do one local step and send its message"
+            if partial
+            else "for its whole first-round work"
+        )
+        # rounded up at 6 digits, so the deadline the message names is one that works
+        scale = 10 ** (math.floor(math.log10(least)) - 5)
+        enough = float(f"{math.ceil(least / scale) * scale:.6g}")
+        raise ConfigError(
+            f"system.deadline = {system.deadline:g} s: no client can meet it; the fastest needs {least:.9g} s {what} "
+            f"({view_bits:,} bits each way); raise system.deadline to at least {enough:g}, or remove it"
+        )
+
+
+def run_info(plan: TimePlan) -> dict[str, Any]:
+    """run.json's ``system`` entry: the profiles' kind, and a trace's path and SHA-256 (of the bytes the run read)."""
+    info: dict[str, Any] = {"profiles": plan.profiles}
+    if isinstance(plan.system.profiles, TraceProfiles):
+        info.update(trace=plan.system.profiles.source, sha256=plan.system.profiles.sha256)
+    return {"system": info}
+
+
+CONFIG_CONFLICTS = Requirements(
+    "[system]",
+    excludes=(
+        (
+            "system.over_selection > 0 of a poisson cohort",
+            Reason(
+                "a poisson cohort has no fixed size to over-select",
+                'set system.over_selection = 0, or sampling.mode = "uniform"',
+            ),
+        ),
+    ),
+)
+
+
+FEATURE = FeatureEntry(
+    name="system",
+    plan=plan,
+    requirements=drivers.SIMULATED_TIME,
+    config_conflicts=CONFIG_CONFLICTS,
+    section_type=SystemConfig,
+    config_field="simulated time: device speeds and bandwidths, the virtual clock, deadline and over-selection (the "
+    "[system] keys); absent = rounds are not timed",
+    simulation_fields=lambda plan: {"system": plan.system},
+    finish=lambda sim, _plan: check_deadline(sim),
+    run_info=run_info,
+    state_fields=lambda _plan: {
+        "clock": 0.0
+    },  # simulated seconds; untimed runs keep None (their records are unchanged)
+    used_plan=lambda sim, system: TimePlan(sim.system, system.profiles),
+)
