@@ -154,7 +154,11 @@ def render_items(items: Sequence[Item], record_dir: Path) -> str:
             found = recorded(record_dir, key)
             if found is not None:
                 commit, date, seeds = found
-                records.append(f"{key}: {commit[:7]}, {date.split()[0]}, {seeds if seeds is not None else '?'} seed(s)")
+                day = re.match(r"\d{4}-\d{2}-\d{2}", date)
+                short = commit[:7] + ("+dirty" if commit.endswith("+dirty") else "")
+                records.append(
+                    f"{key}: {short}, {day.group(0) if day else date}, {seeds if seeds is not None else '?'} seed(s)"
+                )
         sweeps = ", ".join(f"`{key}`" for key in item.sweeps) or "—"
         lines.append(
             f"| {_cell(item.paper)} | {_cell(item.what)} | {sweeps} | {_cell('; '.join(records)) or '—'} | "

@@ -72,6 +72,12 @@ def test_a_record_gives_its_commit_date_and_the_most_seeds_any_table_ran(tmp_pat
     assert recorded(tmp_path, SWEEP) is None
     _record(tmp_path, SWEEP)
     assert recorded(tmp_path, SWEEP) == ("a" * 40, "2026-12-02 05:00 UTC", 3)
+    # a hand-written date and a dirty tree show as the day and +dirty
+    _record(tmp_path, SWEEP, commit="c" * 40 + "+dirty")
+    path = tmp_path / f"{SWEEP}.md"
+    path.write_text(path.read_text().replace("2026-12-02 05:00 UTC", "2026-11-27, the runs 14:07–14:42 UTC"))
+    item = load_items(_items(tmp_path))[:1]
+    assert f"{SWEEP}: ccccccc+dirty, 2026-11-27, 3 seed(s)" in render_items(item, tmp_path)
 
 
 def test_the_table_counts_the_statuses_and_shows_each_items_records(tmp_path):
