@@ -169,7 +169,7 @@ from driftlab.deploy.messages import (
 from driftlab.deploy.node import DeploymentClient
 from driftlab.deploy.node_state import TOKEN_BYTES
 from driftlab.errors import ConfigError
-from driftlab.experiments.assembly import build_simulation, load_data, privacy_run_info
+from driftlab.experiments.assembly import build_simulation, features_run_info, load_data
 from driftlab.experiments.config import ExperimentConfig, load_config
 from driftlab.experiments import run_directory
 from driftlab.experiments.lifecycle import RunResult, run_rounds
@@ -400,7 +400,7 @@ class DeploymentServer:
         # The client states live on the nodes: the server's store stays empty.
         state = SimulationState(0, state.server, InMemoryClientStore(None), None)
         rounds = _ServerRounds(self, out, config, sim)
-        run_info = {"deployment": True, **privacy_run_info(config, sim.data.num_clients)}
+        run_info = {"deployment": True, **features_run_info(config, sim)}
         result = run_rounds(rounds, out, config, sim, state, resume=self.resume, run_info=run_info)
         self.server_state = rounds.state.server
         return result

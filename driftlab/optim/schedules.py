@@ -99,7 +99,7 @@ def number_or_schedule(value: Any, integer: bool) -> Any:
     """A config's rate (``integer=False``) or step count (``integer=True``): a positive number, or a schedule
     (a table, or a schedule already built); a ValueError saying what is allowed otherwise.
 
-    Here, not in ``experiments/config.py``, so the config types of other packages (the server optimizers'
+    Here, not in the config package (``driftlab.experiments.config``), so the config types of other packages (the server optimizers'
     ``lr``) validate their rates by the same rule without importing the config module.
     """
     kind = "a positive integer" if integer else "a positive number"

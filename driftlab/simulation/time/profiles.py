@@ -348,7 +348,7 @@ def devices(profiles: Profiles, num_clients: int) -> Iterator[tuple[int, DeviceP
 
 
 def profiles_for(system: Any, seed: int, num_clients: int) -> Profiles:
-    """The ``Profiles`` of a ``[system]`` section (``driftlab.experiments.config.SystemConfig``, read by attribute):
+    """The ``Profiles`` of a ``[system]`` section (``driftlab.simulation.time.section.SystemConfig``, read by attribute):
     lognormal draws from ``seed``, or the trace ``system.trace`` for ``num_clients`` clients."""
     if system.profiles == "lognormal":
         return LognormalProfiles(
