@@ -163,6 +163,15 @@ def evaluate(sim: Simulation, params: torch.Tensor) -> dict[str, float]:
     return metrics
 
 
+def personal_columns(sim: Simulation, server: Any, clients: Any, settings: Any, round_index: int) -> dict[str, float]:
+    """The personalized evaluation's columns of an evaluated round (``evaluate_personal``); {} when it is off
+    (``evaluation.personal``), the clients have no test splits, or ``clients`` is None (a deployment: the nodes hold
+    the personal models)."""
+    if not sim.evaluation.personal or sim.client_test_rows is None or clients is None:
+        return {}
+    return evaluate_personal(sim, server, clients, settings, round_index)
+
+
 def evaluate_personal(sim: Simulation, server: Any, clients: Any, settings: Any, round_index: int) -> dict[str, float]:
     """Each client's own model on its own test split: ``personal_test_accuracy_mean`` and ``_std`` over the clients
     with a test split (EFL's "mean testing accuracy on all participants"; its best over rounds is BMTA).

@@ -66,7 +66,7 @@ from driftlab.simulation.round.client import ClientData, ClientDataComputation, 
 from driftlab.simulation.backends.local_training import LocalSettings, single_threaded_clients
 from driftlab.simulation.round.latest_models import LatestModels, mean_of_latest, observe_round
 from driftlab.simulation.round.ordered_fold import FoldedRound, OrderedFold
-from driftlab.simulation.round.sampling import ClientSample, clients_per_round, over_selected, sample_clients
+from driftlab.simulation.round.sampling import CohortDraw
 from driftlab.simulation.seam import ClientContext, RoundContext, plugin_note
 from driftlab.simulation.state.state_store import ClientStateStore
 from driftlab.simulation.evaluation import (
@@ -74,7 +74,7 @@ from driftlab.simulation.evaluation import (
     dissimilarity,
     divergence,
     evaluate,
-    evaluate_personal,
+    personal_columns,
     norm_growth,
     reference_losses,
 )
@@ -194,7 +194,7 @@ def plan_round(sim: Simulation, state: SimulationState) -> RoundWork:
     view = sim.algorithm.broadcast(server)
     sizes = sim.client_sizes[registered]
     planner = round_clock(sim.system).plan(registered, state.clock, view)
-    sample, cohort = planner.sample(_Draw(sim, t), registered)
+    sample, cohort = planner.sample(CohortDraw(sim.plan.seed, sim.plan.participation, sim.plan.sampling, sim.client_sizes, t), registered)
     client_lr = value_at(plan.client_lr, t)
     mean_samples = float(sizes.mean())
     active: list[tuple[int, int, int, int]] = []  # (client id, multiplicity, planned steps, steps to do)
@@ -241,32 +241,6 @@ def plan_round(sim: Simulation, state: SimulationState) -> RoundWork:
         timing=timing,
         client_states=state.clients.items,  # committed states: this round's are staged apart until it ends
     )
-
-
-@dataclass(frozen=True)
-class _Draw:
-    """Round ``round_index``'s sample among the clients the clock policy lets the server reach (``candidates``) and
-    its cohort m, the draws the server awaits: ``⌈(1 + f) m⌉`` clients (draws) with over-selection f, which a
-    poisson sample refuses (its cohort is every selected client); f = 0 draws exactly the sample of a run without it."""
-
-    sim: Simulation
-    round_index: int
-
-    def __call__(self, candidates: np.ndarray, over_selection: float) -> tuple[ClientSample, int]:
-        plan = self.sim.plan
-        sizes = self.sim.client_sizes[candidates]
-        if plan.sampling == "poisson":
-            over_selected(1, over_selection, len(candidates), plan.sampling)  # refuses over-selection
-            sample = sample_clients(plan.seed, self.round_index, candidates, sizes, plan.participation, plan.sampling)
-            return sample, int(sample.multiplicity.sum())
-        cohort = clients_per_round(plan.participation, len(candidates))
-        count = over_selected(cohort, over_selection, len(candidates), plan.sampling)
-        sample = sample_clients(plan.seed, self.round_index, candidates, sizes, plan.participation, plan.sampling, count)
-        return sample, cohort
-
-    def nobody(self) -> ClientSample:
-        nobody = np.zeros(0, dtype=np.int64)
-        return ClientSample(nobody, nobody)
 
 
 def client_settings(plan: RoundPlan, round_index: int, precision: str) -> ClientSettings:
@@ -417,8 +391,7 @@ def finish_folded_round(
     record.update(work.timing.record(t, folded.reporting_clients, arrivals))
     if evaluate_after:
         record.update(evaluate(sim, _evaluated_model(sim, work, folded, latest_models, latest_sum)))
-        if sim.evaluation.personal and sim.client_test_rows is not None and clients is not None:
-            record.update(evaluate_personal(sim, server, clients, work.settings, t))
+        record.update(personal_columns(sim, server, clients, work.settings, t))
     if sim.evaluation.dissimilarity_every and t % sim.evaluation.dissimilarity_every == 0:
         record.update(dissimilarity(sim, server.params, work.registered))
     problem = divergence(record, sim.initial_losses, sim.evaluation.divergence_factor)

@@ -101,3 +101,32 @@ def sample_clients(
         ids, counts = np.unique(draws, return_counts=True)
         return ClientSample(ids.astype(np.int64), counts.astype(np.int64))
     raise ValueError(f"unknown sampling mode {mode!r}; valid modes: {', '.join(SAMPLING_MODES)}")
+
+
+@dataclass(frozen=True)
+class CohortDraw:
+    """Round ``round_index``'s sample among the clients the server can reach (``candidates``, the clock policy's) and
+    its cohort m, the draws the server awaits: ``⌈(1 + f) m⌉`` clients (draws) with over-selection f, which a poisson
+    sample refuses (its cohort is every selected client); f = 0 draws exactly the sample of a run without it."""
+
+    seed: int
+    participation: float
+    mode: str  # sampling.mode
+    client_sizes: np.ndarray  # n_k of every client, indexed by id
+    round_index: int
+
+    def __call__(self, candidates: np.ndarray, over_selection: float) -> tuple[ClientSample, int]:
+        sizes = self.client_sizes[candidates]
+        if self.mode == "poisson":
+            over_selected(1, over_selection, len(candidates), self.mode)  # refuses over-selection
+            sample = sample_clients(self.seed, self.round_index, candidates, sizes, self.participation, self.mode)
+            return sample, int(sample.multiplicity.sum())
+        cohort = clients_per_round(self.participation, len(candidates))
+        count = over_selected(cohort, over_selection, len(candidates), self.mode)
+        sample = sample_clients(self.seed, self.round_index, candidates, sizes, self.participation, self.mode, count)
+        return sample, cohort
+
+    def nobody(self) -> ClientSample:
+        """The sample of a round with nobody to draw."""
+        nobody = np.zeros(0, dtype=np.int64)
+        return ClientSample(nobody, nobody)
