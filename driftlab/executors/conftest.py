@@ -14,10 +14,12 @@ import pytest
 
 from driftlab.executors import ExecutorOptions
 from driftlab.experiments.sweep import plan, run_sweep, sweep_from_config
+from driftlab.experiments.sweep import execution
 
 TINY = ["data.num_clients=6", "client.epochs=1", "sampling.participation=0.5", "evaluation.every=1"]
 FOUR_RUNS = [*TINY, "rounds=3"]  # mu 0/1 x seeds 0/1
 LONG_RUN = [*TINY, "rounds=40", "checkpoint_every=3"]  # one run, long enough to be killed half way
+RUN_ENTRY = execution.RUN_ENTRY  # what a sweep's tasks run: the tests' tasks run it too
 
 
 def four_run_spec():

@@ -164,7 +164,7 @@ def execute(tasks: list[RunTask], options: LocalOptions, events: Events = NO_EVE
                 item = placed[task.key]
                 process = processes.start_worker(
                     task.run_dir, item.task.config, resume, task.threads, cwd=task.cwd,
-                    environment=item.environment, placement=item.placement,
+                    environment=item.environment, placement=item.placement, entry=task.entry,
                 )
                 active[task.key] = (process, task, time.perf_counter())
                 busy.update(item.gpus)

@@ -6,7 +6,7 @@ import pytest
 
 from driftlab.errors import ConfigError
 from driftlab.executors import ExecutorOptions, RunTask, check_options, execute, local, processes
-from driftlab.executors.conftest import assert_same_results, check_kill_and_resume, run_dirs, sweep
+from driftlab.executors.conftest import RUN_ENTRY, assert_same_results, check_kill_and_resume, run_dirs, sweep
 from driftlab.executors.gpus import GPU_SHARE_VARIABLE
 from driftlab.executors.local import LocalOptions, placed_tasks
 from driftlab.executors.registry import Layout
@@ -54,7 +54,7 @@ def test_a_run_held_by_a_live_process_is_not_started(tmp_path):
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         lock.write("4242\n")
         lock.flush()
-        results = execute([RunTask("runs/a", run_dir, {}, 1)], ExecutorOptions("local", jobs=1))
+        results = execute([RunTask("runs/a", run_dir, {}, 1, entry=RUN_ENTRY)], ExecutorOptions("local", jobs=1))
     assert [(r.started, r.holder) for r in results] == [(False, 4242)]
     assert sorted(p.name for p in run_dir.iterdir()) == [".lock"]
 
@@ -77,6 +77,7 @@ def started_workers(monkeypatch, tmp_path, devices, options, gpus_seen=2, record
 
     def popen(command, cwd=None, env=None):
         arguments = json.loads(command[-1])
+        assert arguments["entry"] == RUN_ENTRY  # what the caller said the worker runs reaches it
         env = env or {}
         started.append(
             {
@@ -93,7 +94,7 @@ def started_workers(monkeypatch, tmp_path, devices, options, gpus_seen=2, record
     monkeypatch.setattr(local, "visible_gpus", fake_gpus(gpus_seen))
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.delenv(GPU_SHARE_VARIABLE, raising=False)
-    tasks = [RunTask(f"r{i}", tmp_path / f"r{i}", {"device": device}, 1) for i, device in enumerate(devices)]
+    tasks = [RunTask(f"r{i}", tmp_path / f"r{i}", {"device": device}, 1, entry=RUN_ENTRY) for i, device in enumerate(devices)]
     for t in tasks:
         t.run_dir.mkdir()
     for name, info in (recorded or {}).items():
@@ -169,7 +170,7 @@ def test_runs_of_unequal_lengths_never_put_more_than_their_share_on_one_gpu(tmp_
     monkeypatch.setattr(local, "visible_gpus", fake_gpus(2))
     monkeypatch.setattr(local.time, "sleep", lambda seconds: None)
     monkeypatch.delenv(GPU_SHARE_VARIABLE, raising=False)
-    tasks = [RunTask(name, tmp_path / name, {"device": "cuda"}, 1) for name in lengths]
+    tasks = [RunTask(name, tmp_path / name, {"device": "cuda"}, 1, entry=RUN_ENTRY) for name in lengths]
     for t in tasks:
         t.run_dir.mkdir()
     assert [r.exit_code for r in local.execute(tasks, LocalOptions(jobs=4))] == [0] * 6
@@ -193,7 +194,7 @@ def test_a_sweep_whose_runs_its_gpus_cannot_hold_starts_none_and_says_what_to_ch
     ):
         monkeypatch.setattr(local, "visible_gpus", fake_gpus(seen))
         monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: pytest.fail("a worker was started"))
-        tasks = [RunTask(key, tmp_path / key, {"device": device}, 1, label=key) for key, device in zip("ab", devices, strict=False)]
+        tasks = [RunTask(key, tmp_path / key, {"device": device}, 1, label=key, entry=RUN_ENTRY) for key, device in zip("ab", devices, strict=False)]
         with pytest.raises(ConfigError, match=message):
             local.execute(tasks, options)
 
@@ -204,7 +205,7 @@ def test_gpus_is_checked_before_the_sweep_plans_and_a_cpu_sweep_never_asks_for_g
     with pytest.raises(ConfigError, match=r"^--gpus 5: this machine shows 2 GPU\(s\), numbered 0-1, so GPU 5 does not exist$"):
         local.check(LocalOptions(gpus="5"), fake_gpus(2))
     local.check(LocalOptions(gpus="0,1"), fake_gpus(2))
-    tasks = [RunTask("a", tmp_path / "a", {"device": "cpu"}, 1)]
+    tasks = [RunTask("a", tmp_path / "a", {"device": "cpu"}, 1, entry=RUN_ENTRY)]
     never = lambda: pytest.fail("a CPU sweep asked for the GPUs")  # noqa: E731
     assert placed_tasks(tasks, LocalOptions(), jobs=1, visible=never)[0].environment == {}
 

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from driftlab.executors.tasks import Events, RunTask, TaskResult
+from driftlab.executors.tasks import Events, RunTask, TaskResult, check_entry
 from driftlab.run_files import LOCK_FILE
 
 FAILURE_FILE = "failure.txt"  # written into a run directory by a worker that failed: the error and its traceback
@@ -46,6 +46,8 @@ def start_worker(
     cwd: str | None = None,
     environment: Mapping[str, str] | None = None,
     placement: Mapping[str, Any] | None = None,
+    *,
+    entry: str,
 ) -> subprocess.Popen:
     """A fresh interpreter per run: nothing of the caller's script is re-imported (as multiprocessing's spawn would),
     and it shares the terminal's process group, so Ctrl-C reaches it and it checkpoints.
@@ -53,9 +55,12 @@ def start_worker(
     ``config`` is the resolved config table; ``executor`` (job id, log paths) goes into the run's run.json;
     ``cwd`` is where relative paths of the config (data.root) are read from: the sweep's working directory;
     ``environment``: variables set for this run's process only, on top of this process's (its GPUs, their share);
-    ``placement`` (the GPUs an executor placed the run on) goes into run.json as ``placement``.
+    ``placement`` (the GPUs an executor placed the run on) goes into run.json as ``placement``;
+    ``entry``: what the worker runs, the task's ``RunTask.entry`` (a ``"module:function"`` reference).
     """
+    check_entry(entry)
     arguments: dict[str, Any] = {
+        "entry": entry,
         "run_dir": str(run_dir),
         "config": config,
         "resume": resume,
@@ -145,7 +150,10 @@ def run_task(
     (task.run_dir / FAILURE_FILE).unlink(missing_ok=True)
     resume = (task.run_dir / "config.json").exists()
     started = time.perf_counter()
-    process = start_worker(task.run_dir, task.config, resume, task.threads, executor=job, cwd=task.cwd, environment=environment)
+    process = start_worker(
+        task.run_dir, task.config, resume, task.threads, executor=job, cwd=task.cwd, environment=environment,
+        entry=task.entry,
+    )
     if on_start is not None:
         on_start(process)
     try:

@@ -7,6 +7,7 @@ import pytest
 
 from driftlab.errors import ConfigError
 from driftlab.executors import ExecutorOptions, check_options, ray_executor
+from driftlab.executors.conftest import RUN_ENTRY
 from driftlab.executors.gpus import GPU_SHARE_VARIABLE
 from driftlab.executors.ray_executor import RayOptions, gpus_for, task_environment
 from driftlab.executors.tasks import RunTask, TaskResult
@@ -64,7 +65,7 @@ def test_each_task_asks_ray_for_its_run_s_gpus_and_gets_its_device_numbered_from
     requests: list[dict] = []
     monkeypatch.setitem(sys.modules, "ray", fake_ray(requests))
     devices = ["cpu", "cuda", "cuda:3", "cuda:2,cuda:5", "auto"]
-    tasks = [RunTask(f"r{i}", tmp_path / f"r{i}", {"device": d}, 2) for i, d in enumerate(devices)]
+    tasks = [RunTask(f"r{i}", tmp_path / f"r{i}", {"device": d}, 2, entry=RUN_ENTRY) for i, d in enumerate(devices)]
     results = ray_executor.execute(tasks, RayOptions(runs_per_gpu=2))
     assert [r.exit_code for r in results] == [0] * 5 and [r.task.key for r in results] == ["r0", "r1", "r2", "r3", "r4"]
     assert requests == [

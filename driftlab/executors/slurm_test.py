@@ -8,7 +8,7 @@ import pytest
 
 from driftlab.errors import ConfigError
 from driftlab.executors import ExecutorOptions, check_options
-from driftlab.executors.conftest import assert_same_results, check_kill_and_resume, run_dirs, sweep
+from driftlab.executors.conftest import RUN_ENTRY, assert_same_results, check_kill_and_resume, run_dirs, sweep
 from driftlab.experiments.run_directory import read_run_info
 
 submitit = pytest.importorskip("submitit")
@@ -90,15 +90,15 @@ def test_each_job_gets_the_gpus_its_runs_use_and_each_run_its_device_numbered_fr
     monkeypatch.setattr(slurm, "make_executor", make_executor)
     monkeypatch.setattr(slurm, "POLL_SECONDS", 0)
     monkeypatch.setattr(slurm.shutil, "which", lambda name: "/usr/bin/sbatch")
-    tasks = [RunTask(f"r{i}", tmp_path / f"r{i}", {"device": d}, 1, label=f"r{i}") for i, d in enumerate(["cuda:3", "cuda:2,cuda:5", "cpu"])]
+    tasks = [RunTask(f"r{i}", tmp_path / f"r{i}", {"device": d}, 1, label=f"r{i}", entry=RUN_ENTRY) for i, d in enumerate(["cuda:3", "cuda:2,cuda:5", "cpu"])]
     for task in tasks:
         task.run_dir.mkdir()
     results = slurm.execute(tasks, SlurmOptions())
     assert [r.exit_code for r in results] == [0, 0, 0] and [r.task.config["device"] for r in results] == ["cuda:3", "cuda:2,cuda:5", "cpu"]
     assert made == [2] and submitted == ["cuda:0", "cuda:0,cuda:1", "cpu"]  # every job gets the most any run uses
     assert slurm.job_gpus(SlurmOptions(gpus=4), tasks) == 4
-    assert slurm.job_gpus(SlurmOptions(), [RunTask("a", tmp_path, {"device": "auto"}, 1)]) == 0  # auto asks for none
-    assert slurm.job_gpus(SlurmOptions(gpus=0), [RunTask("a", tmp_path, {"device": "auto"}, 1)]) == 0
+    assert slurm.job_gpus(SlurmOptions(), [RunTask("a", tmp_path, {"device": "auto"}, 1, entry=RUN_ENTRY)]) == 0  # auto asks for none
+    assert slurm.job_gpus(SlurmOptions(gpus=0), [RunTask("a", tmp_path, {"device": "auto"}, 1, entry=RUN_ENTRY)]) == 0
     with pytest.raises(
         ConfigError,
         match=r"^r1 uses 2 GPU\(s\) \(device=cuda:0,cuda:1\), but --slurm-gpus 1 gives each job 1; give --slurm-gpus 2, or leave it out",

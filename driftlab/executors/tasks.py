@@ -19,6 +19,22 @@ class RunTask:
     threads: int
     label: str = ""  # how logs name the run
     cwd: str | None = None  # the sweep's working directory, where relative paths of the config (data.root) start
+    # What the worker runs, as a "module:function" reference (a string: it travels as JSON to the worker, pickled in
+    # SLURM and Ray tasks): entry(run_dir, config_table, resume, run_info). The caller says it; executors never name it.
+    entry: str = field(kw_only=True)
+
+    def __post_init__(self) -> None:
+        check_entry(self.entry)
+
+
+def check_entry(entry: object) -> None:
+    """Refuse a run's entry that is not a ``"module:function"`` reference (``RunTask.entry``)."""
+    module, colon, name = entry.partition(":") if isinstance(entry, str) else ("", "", "")
+    if not (module and colon and name.isidentifier()):
+        raise ValueError(
+            f"a run's entry must be a 'module:function' reference (the function the worker calls with run_dir, "
+            f"config_table, resume and run_info), not {entry!r}"
+        )
 
 
 @dataclass(frozen=True)
@@ -55,4 +71,4 @@ def absolute(task: RunTask) -> RunTask:
     return replace(task, run_dir=(Path(task.cwd) if task.cwd else Path.cwd()) / task.run_dir)
 
 
-__all__ = ["NO_EVENTS", "Events", "RunTask", "TaskResult", "absolute"]
+__all__ = ["NO_EVENTS", "Events", "RunTask", "TaskResult", "absolute", "check_entry"]

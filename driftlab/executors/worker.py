@@ -6,9 +6,10 @@ given, and says how it ended by its exit code (``processes.EXIT_*``); a failure 
 the sweep's indices, ``CUDA_VISIBLE_DEVICES``, and here their names) go into its run.json. It stops, checkpointed, when the process that
 started it (the sweep, a SLURM job, a Ray task) dies, however it dies.
 
-The run itself is the experiments' (``RUN``: its recorded config read by ``CONFIG_FROM_RECORD``, then run), named
-rather than imported: executors sit below ``driftlab.experiments`` (``imports_test``), and only this interpreter,
-started to run one, imports it.
+What it runs is the caller's to say: the task's ``entry`` (``RunTask.entry``, a ``"module:function"``
+reference, called as ``entry(run_dir, config_table, resume, run_info)``) comes in its arguments. The executors
+sit below the layer that runs experiments (``imports_test``) and name nothing of it; this interpreter imports
+the entry's module only because it was started to run it.
 """
 
 from __future__ import annotations
@@ -33,30 +34,41 @@ from driftlab.executors.processes import (
     FAILURE_FILE,
     process_gone,
 )
+from driftlab.executors.tasks import check_entry
 from driftlab.run_files import RunDirectoryBusy
 
-CONFIG_FROM_RECORD = "driftlab.experiments.config:config_from_record"  # the resolved config table as a config
-RUN = "driftlab.experiments.runner:run"  # run(config, out, resume=..., run_info=...)
+NO_ENTRY = (
+    "this worker was started without an entry (what it runs): the executor that started it must pass the task's "
+    "RunTask.entry on, as processes.start_worker(..., entry=task.entry) or processes.run_task(task, job) do"
+)
 
 
 def named(reference: str) -> Any:
     """The function a ``"module:function"`` reference names, its module imported."""
+    check_entry(reference)
     module, _, name = reference.partition(":")
-    return getattr(importlib.import_module(module), name)
+    found = getattr(importlib.import_module(module), name, None)
+    if not callable(found):
+        raise ConfigError(f"a run's entry {reference!r} names nothing callable: module {module} has no function {name}")
+    return found
 
 
-def _worker(run_dir: str, config_table: dict[str, Any], resume: bool, threads: int, run_info: dict[str, Any]) -> None:
-    """Child process: one run; exits with EXIT_COMPLETE, EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_BUSY (another process
-    holds the run directory: nothing written) or EXIT_FAILED (see failure.txt)."""
+def _worker(
+    entry: str | None, run_dir: str, config_table: dict[str, Any], resume: bool, threads: int, run_info: dict[str, Any]
+) -> None:
+    """Child process: one run, ``entry(run_dir, config_table, resume, run_info)``; exits with EXIT_COMPLETE,
+    EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_BUSY (another process holds the run directory: nothing written) or
+    EXIT_FAILED (see failure.txt)."""
     import torch
 
-    run, config_from_record = named(RUN), named(CONFIG_FROM_RECORD)
     torch.set_num_threads(threads)
     signal.signal(signal.SIGTERM, _stop_at_first_termination)
     out = Path(run_dir)
     try:
-        # The plugins the config records are imported here: this is a fresh interpreter.
-        run(config_from_record(config_table), out, resume=resume, run_info=run_info)
+        if not entry:
+            raise ConfigError(NO_ENTRY)
+        # The entry's module, and the plugins the config records, are imported here: this is a fresh interpreter.
+        named(entry)(run_dir, config_table, resume, run_info)
     except FloatingPointError:
         sys.exit(EXIT_DIVERGED)  # run.json holds the message
     except KeyboardInterrupt:
@@ -143,7 +155,7 @@ def worker_main(arguments: str) -> None:
     run_info = {"executor": parsed["executor"]} if parsed.get("executor") else {}
     if parsed.get("placement"):
         run_info[PLACEMENT_KEY] = {**parsed["placement"], "gpu_names": gpu_names()}
-    _worker(parsed["run_dir"], parsed["config"], parsed["resume"], parsed["threads"], run_info)
+    _worker(parsed.get("entry"), parsed["run_dir"], parsed["config"], parsed["resume"], parsed["threads"], run_info)
 
 
 __all__ = ["die_with_parent", "worker_main"]

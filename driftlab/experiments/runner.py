@@ -42,7 +42,7 @@ from driftlab.experiments.assembly import (  # noqa: F401  (importable from here
     system_run_info,
     user_data,
 )
-from driftlab.experiments.config import ExperimentConfig, load_config, read_config_source
+from driftlab.experiments.config import ExperimentConfig, config_from_record, load_config, read_config_source
 from driftlab.experiments.datasets import DataSetupError
 from driftlab.experiments.lifecycle import (  # noqa: F401  (the lifecycle's names stay importable from here)
     RunInterrupted,
@@ -174,6 +174,14 @@ def run(
         raise
     finally:
         lock.close()
+
+
+def run_recorded(run_dir: str, config_table: dict[str, Any], resume: bool, run_info: dict[str, Any]) -> None:
+    """The sweep workers' entry (``RunTask.entry`` names it; ``driftlab.executors.worker`` calls it in the run's own
+    interpreter): run, or resume, the resolved config table ``config_table`` (``ExperimentConfig.to_dict()``, its
+    plugins imported by ``config_from_record``) in ``run_dir``, with ``run_info`` (the executor's job, the GPUs it
+    placed the run on) added to run.json. Raises what ``run`` raises; the worker turns that into its exit code."""
+    run(config_from_record(config_table), Path(run_dir), resume=resume, run_info=run_info)
 
 
 def _with_algorithm(
@@ -318,6 +326,7 @@ __all__ = [
     "SimulatorDriver",
     "AsynchronousDriver",
     "run",
+    "run_recorded",
     "resume_command",
     "build_simulation",
     "install_termination_handler",

@@ -11,6 +11,7 @@ elsewhere and never given a second writer.
 Where runs execute is the executor's business (``driftlab.executors``: local
 processes, SLURM jobs through submitit, Ray tasks, an executor a plugin registers);
 every one starts each run through the same entry point (``driftlab.executors.worker``),
+which calls what this module names in each task (``RUN_ENTRY``: ``runner.run_recorded``),
 so results are the same byte for byte. This module imports the executors; they never
 import the sweep. ``worker_main``, ``die_with_parent``, ``process_gone`` and the exit
 codes are re-exported from there, where they now live.
@@ -58,6 +59,9 @@ from driftlab.experiments.sweep.directory import HALVING_FILE, HALVING_RUNGS_FIL
 from driftlab.experiments.sweep.planning import PlannedRun, plan, sweep_document
 from driftlab.experiments.sweep.spec import SweepSpec, parse_halving
 from driftlab.owned_folder import OwnedFolder, claim
+
+# What each run's worker runs (``RunTask.entry``): named, not imported, as it travels to the worker's own interpreter.
+RUN_ENTRY = "driftlab.experiments.runner:run_recorded"
 
 
 @dataclass(frozen=True)
@@ -199,7 +203,9 @@ def _run_planned(
 
     # Run directories as the sweep names them, with its working directory: an executor whose workers run
     # elsewhere makes them absolute (``executors.tasks.absolute``).
-    tasks = [RunTask(r.dir, out / r.dir, r.config.to_dict(), threads, _name(r), os.getcwd()) for r in todo]
+    tasks = [
+        RunTask(r.dir, out / r.dir, r.config.to_dict(), threads, _name(r), os.getcwd(), entry=RUN_ENTRY) for r in todo
+    ]
     submitted.update(_read_jobs(out).get("runs", {}))  # jobs.json keeps the jobs of earlier invocations too
     entry.execute(tasks, options, Events(started, finished, interrupted))
     return [outcomes[r.dir] for r in runs if r.dir in outcomes]
