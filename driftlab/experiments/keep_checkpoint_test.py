@@ -31,7 +31,8 @@ def _without_wall_time(records: list[dict]) -> list[dict]:
 def test_a_completed_run_drops_its_checkpoint_and_a_kept_one_stays(tmp_path):
     light = driftlab.run(None, tmp_path / "light", overrides=TINY)
     assert sorted(p.name for p in (tmp_path / "light").iterdir()) == [
-        ".lock", "config.json", "final_model.safetensors", "metrics.csv", "metrics.jsonl", "run.json",
+        ".lock", "config.json", "final_model.safetensors", "final_state_dict.safetensors", "metrics.csv", "metrics.jsonl",
+        "run.json",
     ]
     assert torch.equal(load_file(str(tmp_path / "light" / "final_model.safetensors"))["params"], light.final_params)
     kept = driftlab.run(None, tmp_path / "kept", overrides=[*TINY, "keep_checkpoint=true"])

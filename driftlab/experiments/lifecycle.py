@@ -31,6 +31,15 @@ scale) is neither recorded nor checkpointed: the run stops with status
 the last healthy round (or that none exists).  A run whose evaluated train loss
 stays high is flagged once (``driftlab.experiments.instability``) and goes on.
 
+``evaluation.stop_at`` ends a run early once a metric reaches a target or stops improving
+(``driftlab.experiments.stopping``): after the evaluated round that meets a rule the run is checkpointed and
+finishes as any completed run does (final model, status "complete"), with run.json's ``"stopped"`` naming the
+round and why.  The rules are decided from the records alone, so a resume replays them over metrics.jsonl: a
+run killed before it stopped stops at the same round, a stopped run resumed with its rule runs nothing more
+(raising ``rounds`` changes nothing: its target was met), and one resumed with a looser rule (or none) goes on
+from its checkpoint, or from round 0 when it dropped it (the same numbers).  A rule tightened on a resume, met
+at a round already run, ends the run at its last round: rounds run are never undone.
+
 However the loop ends, run.json gets its status (complete, interrupted,
 diverged, failed): the last completed round is checkpointed on the way out,
 and a step of that which fails is named in the message and never hides the
@@ -67,6 +76,7 @@ from driftlab.experiments.assembly import client_stores
 from driftlab.experiments.config import ExperimentConfig
 from driftlab.experiments.instability import INSTABILITY_KEY, InstabilityWatch, UnstableRunWarning
 from driftlab.experiments.run_directory import (
+    STOPPED_KEY,
     CHECKPOINT_FILE,
     CLIENT_STATE_DIR,
     CONFIG_FILE,
@@ -76,6 +86,7 @@ from driftlab.experiments.run_directory import (
     read_run_info,
 )
 from driftlab.experiments.loading import write_final_state_dict
+from driftlab.experiments.stopping import Stop, StopWatch
 from driftlab.experiments.trackers import open_trackers
 from driftlab.metrics.summary import summarize
 from driftlab.simulation.round.checkpointing import checkpointed_parts, completed_state, record_template, restored_state
@@ -144,6 +155,9 @@ def run_rounds(
         lambda: reference_losses(sim).get("train_loss"),
     )
     watch.replay(records)  # a resumed run knows whether it was flagged, and how long its loss has been high
+    # A resumed run decides from its records as it did when it ran them: met already, it is finished.
+    stopping = StopWatch(config.evaluation.stop_rules)
+    stop = stopping.replay(records)
     # Opening a tracker logs the records it lacks, so every round reaches it once however the last process ended.
     trackers = open_trackers(out, config, records) if out is not None and config.log else None
 
@@ -152,7 +166,7 @@ def run_rounds(
     segment = None  # this process's entry in run.json's segments, when it runs any round
     if out is not None:
         history = segments.kept_segments(before, state.round)
-        if state.round < config.rounds:
+        if state.round < config.rounds and stop is None:
             segment = segments.current_segment(config, sim, state, state.round)
             changed = segments.changes(history[-1] if history else None, segment, out)
             for message in changed:
@@ -172,7 +186,7 @@ def run_rounds(
 
             bar = round_progress(progress_label or config.algorithm.name, config.rounds, state.round)
         driver.before_rounds(state)
-        while state.round < config.rounds:
+        while state.round < config.rounds and stop is None:
             upcoming = state.round + 1
             finished, record = driver.run_round(state, evaluates_after(config, upcoming))
             unstable = watch.observe(record)
@@ -190,10 +204,12 @@ def run_rounds(
                 trackers.log_round(record)
             if unstable is not None:
                 _tell_instability(unstable, watch.flagged, bar, info, last_saved)
+            stop = stopping.observe(record)
             due = (
                 driver.checkpoints_every_round
                 or state.round % config.checkpoint_every == 0
                 or state.round == config.rounds
+                or stop is not None
             )
             if out is not None and due:
                 write_checkpoint(out, config, state)
@@ -224,11 +240,14 @@ def run_rounds(
     if out is not None:
         _finish_output(out, sim, records, final_params, info, wrote_table=state.round > start_round)
         _ran(segment, state.round)
+        if stop is not None:
+            info.content[STOPPED_KEY] = stop.info(state.round)
         info.update("complete", state.round)
         if not config.keep_checkpoint:
             drop_checkpoint(out)
     summary = summarize(records, config.evaluation.target_accuracy, sim.model.num_parameters)
-    return RunResult(config, records, final_params, sim.model.num_parameters, out, summary)
+    stopped = None if stop is None else stop.info(state.round)
+    return RunResult(config, records, final_params, sim.model.num_parameters, out, summary, stopped)
 
 
 def _ran(segment: dict[str, Any] | None, rounds_done: int) -> None:
@@ -274,6 +293,8 @@ class RunResult:
     num_parameters: int
     out_dir: Path | None = None
     summary: dict[str, Any] = field(default_factory=dict)
+    # run.json's "stopped" entry when evaluation.stop_at ended the run ({"round", "met_at", "metric", "reason", "rule"})
+    stopped: dict[str, Any] | None = None
 
     def frame(self):
         """The records as a pandas DataFrame, one row per round (needs pandas, which driftlab does not install)."""
@@ -479,12 +500,7 @@ def prepare_output(
         state = (
             _completed_without_checkpoint(out, config, state) or state
         )  # else: nothing kept, it runs again from round 0
-    records = run_directory.read_records(metrics_path, up_to_round=state.round)
-    for record in records:
-        # The old last round was evaluated because it was last; with more rounds it may not be.
-        if not evaluates_after(config, record["round"]):
-            for key in EVALUATION_KEYS:
-                record.pop(key, None)
+    records = _kept_records(metrics_path, config, state.round)
     # Rewrite the metrics file without the rounds that will be recomputed.
     run_directory.write_records(metrics_path, records)
     run_directory.write_config(out, config)
@@ -532,14 +548,32 @@ def _completed_without_checkpoint(
             f"cannot resume: the run in {out} has {done} rounds done, past rounds={config.rounds}; set rounds to at least {done}"
         )
     final = out / FINAL_MODEL_FILE
-    if info.get("status") != "complete" or info.get("rounds_done") != config.rounds or not final.is_file():
+    if not run_directory.finished(info, config.rounds) or not final.is_file():
         return None
+    if done != config.rounds and _stop_met(out, config, done) is None:
+        return None  # a stop rule ended it, and the rule it resumes with is not met: it runs again, from round 0
     initial = state.server.params
     params = load_file(str(final)).get("params")
     if params is None or params.shape != initial.shape:
         return None
     server = _CompletedServer(params.to(device=initial.device, dtype=initial.dtype))
-    return completed_state(state, config.rounds, server)
+    return completed_state(state, done, server)
+
+
+def _stop_met(out: Path, config: ExperimentConfig, done: int) -> Stop | None:
+    """The stop rule of ``config`` that the records of rounds 1..``done`` in ``out`` meet, if any."""
+    return StopWatch(config.evaluation.stop_rules).replay(_kept_records(out / METRICS_FILE, config, done))
+
+
+def _kept_records(path: Path, config: ExperimentConfig, up_to_round: int) -> list[dict[str, Any]]:
+    """The records of rounds 1..``up_to_round`` a resume keeps: evaluations ``config`` would not make dropped."""
+    records = run_directory.read_records(path, up_to_round=up_to_round)
+    for record in records:
+        # The old last round was evaluated because it was last; with more rounds it may not be.
+        if not evaluates_after(config, record["round"]):
+            for key in EVALUATION_KEYS:
+                record.pop(key, None)
+    return records
 
 
 @contextlib.contextmanager

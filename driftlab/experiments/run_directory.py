@@ -12,8 +12,10 @@ An output directory holds::
     client_state/             with the disk client-state store: its files, which the checkpoint refers to (removed with it)
     final_model.safetensors   the final server model, written when the run completes
     run.json                  status (running, complete, interrupted, diverged, failed), rounds done,
-                              wall time summed over resumes, parameter count, machine and versions, and
-                              "instability": {"round", "message"} when the run was flagged unstable
+                              wall time summed over resumes, parameter count, machine and versions,
+                              "instability": {"round", "message"} when the run was flagged unstable, and
+                              "stopped": {"round", "met_at", "metric", "reason", "rule"} when evaluation.stop_at
+                              ended it (status complete, rounds done below rounds: finished all the same)
     .lock                     flock'ed by the process writing the directory (holds its PID)
     tensorboard/ mlruns/ wandb/   with ``log = [...]``: the trackers' files (driftlab.experiments.trackers)
 
@@ -57,6 +59,7 @@ RUN_FILES = (
 # What write_atomically leaves of a write a kill interrupted: `.NAME.tmp-PID`.
 _INTERRUPTED_WRITE = re.compile(r"^\.(" + "|".join(re.escape(name) for name in RUN_FILES) + r")\.tmp-\d+$")
 _MAX_CONFIG_BYTES = 1 << 20  # a resolved config is a few KB
+STOPPED_KEY = "stopped"  # run.json's entry of a run that evaluation.stop_at ended (driftlab.experiments.stopping)
 
 
 def write_atomically(path: Path, write: Callable[[Path], None]) -> None:
@@ -402,6 +405,24 @@ class RunInfo:
         write_atomically(self.path, lambda tmp: tmp.write_text(text))
 
 
+def stopped_round(info: dict[str, Any] | None) -> int | None:
+    """The round at which ``evaluation.stop_at`` ended the run whose run.json is ``info``: a finished run, whatever its
+    planned rounds (None: not ended by a stop rule)."""
+    stopped = (info or {}).get(STOPPED_KEY)
+    if not isinstance(stopped, dict) or (info or {}).get("status") != "complete":
+        return None
+    ended = stopped.get("round")
+    return ended if isinstance(ended, int) and not isinstance(ended, bool) and ended == info.get("rounds_done") else None
+
+
+def finished(info: dict[str, Any] | None, rounds: int) -> bool:
+    """Whether the run whose run.json is ``info`` needs no more rounds for ``rounds``: complete with them all done, or
+    ended by its stop rule (a resume finds it finished)."""
+    if not isinstance(info, dict) or info.get("status") != "complete":
+        return False
+    return info.get("rounds_done") == rounds or stopped_round(info) is not None
+
+
 def processor_name() -> str:
     return cpu_info("model name") or platform.processor() or "unknown"
 
@@ -428,6 +449,7 @@ __all__ = [
     "METRICS_FILE",
     "RUN_FILES",
     "RUN_INFO_FILE",
+    "STOPPED_KEY",
     "RunDirectoryBusy",
     "DirectoryBefore",
     "RunInfo",
@@ -441,6 +463,8 @@ __all__ = [
     "read_run_config",
     "read_run_info",
     "remove_refused_run",
+    "stopped_round",
+    "finished",
     "write_config",
     "write_metrics_csv",
     "write_records",

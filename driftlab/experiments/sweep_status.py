@@ -5,7 +5,8 @@ failure.txt, the lock a live writer holds), so it tells the same for runs starte
 executor, from any machine that sees the directory. States: done, running, queued
 (nothing written yet, possibly submitted), interrupted (resumes on the next sweep),
 failed (with the error's last lines), diverged, stopped (by successive halving, at the round
-its ``halving.json`` names; the sweep run again without halving extends it). Imports no torch.
+its ``halving.json`` names; the sweep run again without halving extends it). A run that its own
+``evaluation.stop_at`` ended is done, its stop round and reason shown under it. Imports no torch.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Literal
 
 from driftlab.errors import ConfigError
-from driftlab.experiments.run_directory import read_run_info
+from driftlab.experiments.run_directory import STOPPED_KEY, read_run_info, stopped_round
 from driftlab.experiments.sweep.directory import FAILURE_FILE, HALVING_FILE, JOBS_FILE, SWEEP_FILE, run_directory_holder, run_status
 
 State = Literal["done", "running", "queued", "interrupted", "failed", "diverged", "stopped"]
@@ -31,7 +32,9 @@ class RunState:
     rounds_done: int = 0
     rounds: int | None = None
     job_id: str = ""  # the executor's job or task id, when one ran or was submitted
-    detail: str = ""  # the error's last lines (failed, diverged), who holds the directory (running), or why halving stopped it
+    # the error's last lines (failed, diverged), who holds the directory (running), why halving stopped it, or why
+    # its stop rule ended it (done)
+    detail: str = ""
 
 
 def sweep_status(out_dir: str | Path) -> list[RunState]:
@@ -62,6 +65,11 @@ def _state(out: Path, name: str, rounds: int | None, submitted: dict) -> RunStat
     if holder is not None:
         who = f"pid {holder}" if holder else "another process"
         return RunState(name, "running", done, rounds, job_id, f"{who} holds its directory")
+    ended = stopped_round(info)
+    if ended is not None and not (run_dir / FAILURE_FILE).exists():
+        # finished by evaluation.stop_at, before its planned rounds
+        reason = info[STOPPED_KEY].get("reason") or f"round {ended}"
+        return RunState(name, "done", done, rounds, job_id, f"ended by evaluation.stop_at: {reason}")
     status = run_status(run_dir, rounds) if rounds is not None else "pending"
     if status == "pending":
         return RunState(name, "queued", 0, rounds, str(submitted.get("job_id", "")))
@@ -100,7 +108,7 @@ def format_status(states: list[RunState]) -> str:
         job = f"  job {s.job_id}" if s.job_id else ""
         holder = f"  ({s.detail})" if s.state == "running" and s.detail else ""
         lines.append(f"{s.state:<12s} {s.dir}  {rounds}{job}{holder}")
-        if s.state in ("failed", "diverged", "stopped") and s.detail:
+        if s.state in ("failed", "diverged", "stopped", "done") and s.detail:
             lines.extend(f"    {line}" for line in s.detail.splitlines())
     counts = {state: sum(1 for s in states if s.state == state) for state in STATES}
     lines.append(f"{len(states)} runs: " + ", ".join(f"{n} {state}" for state, n in counts.items() if n))

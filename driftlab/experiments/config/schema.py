@@ -30,6 +30,7 @@ from driftlab.models import registry as models
 from driftlab.models.registry import MAX_WIDTH
 from driftlab.optim import registry as server_optimizers
 from driftlab.optim.schedules import Count, Rate
+from driftlab.simulation.evaluation import EVALUATION_KEYS
 from driftlab.simulation.round.availability import ClientIds
 from driftlab.simulation.state.memory_budget import parse_bytes
 
@@ -167,6 +168,60 @@ class StateConfig(Section):
     )
 
 
+# The metrics a stop rule may watch: those an evaluated round records (``simulation.evaluation.EVALUATION_KEYS``).
+STOP_METRICS = EVALUATION_KEYS
+_MINIMIZED = ("loss", "distance")  # a metric named with one of these words improves downwards; any other upwards
+
+
+def default_mode(metric: str) -> Literal["max", "min"]:
+    """Whether ``metric`` improves upwards (accuracies, recall) or downwards (losses, the distance to the minimiser)."""
+    return "min" if any(word in metric for word in _MINIMIZED) else "max"
+
+
+class StopAtConfig(Section):
+    """``evaluation.stop_at``: end the run once an evaluated metric reaches a value, or stops improving.
+
+    With ``value`` v the run stops after the first evaluated round t whose metric m_t reaches it: m_t >= v (mode max)
+    or m_t <= v (mode min).  With ``patience`` p it stops after the evaluated round at which p evaluated rounds have
+    passed since the best one, a round improving on the best b when m_t > b + min_delta (max) or m_t < b - min_delta
+    (min).  Both set: whichever comes first."""
+
+    metric: str = Field(description="the metric to watch, one an evaluated round records (test_accuracy, test_loss, ...)")
+    value: float | None = Field(None, description="stop once the metric reaches this value (>= for max, <= for min)")
+    patience: int | None = Field(
+        None, ge=1, description="stop once this many evaluated rounds have passed without improving on the best"
+    )
+    min_delta: float = Field(0.0, ge=0, description="with patience: an improvement must exceed the best by more than this")
+    mode: Literal["max", "min"] | None = Field(
+        None, description="max: higher is better, min: lower is better; unset: min for losses and distances, else max"
+    )
+
+    @field_validator("metric")
+    @classmethod
+    def _metric_is_recorded(cls, metric: str) -> str:
+        if metric not in STOP_METRICS:
+            raise ValueError(
+                f"unknown metric {short(metric)}; an evaluated round records {', '.join(STOP_METRICS)} "
+                "(each where the run computes it)"
+            )
+        return metric
+
+    @model_validator(mode="after")
+    def _a_rule_is_given(self) -> "StopAtConfig":
+        if self.value is None and self.patience is None:
+            raise ValueError(
+                f'give a value, a patience or both, e.g. {{metric = "{self.metric}", value = ...}} or '
+                f'{{metric = "{self.metric}", patience = 10}}'
+            )
+        if self.min_delta and self.patience is None:
+            raise ValueError("min_delta applies to patience only; set patience, or remove min_delta")
+        return self
+
+    @property
+    def direction(self) -> Literal["max", "min"]:
+        return self.mode or default_mode(self.metric)
+
+
 class EvaluationConfig(Section):
     every: int = Field(1, ge=1, description="evaluate every N rounds (and always after the last round)")
     train_loss_clients: int = Field(
@@ -237,6 +292,29 @@ class EvaluationConfig(Section):
         "initial model's (at every evaluation from the first one above it) before the run is flagged unstable; 0 = off",
     )
 
+    stop_at: tuple[StopAtConfig, ...] | None = Field(
+        None,
+        description="end the run early, as complete, once a metric reaches a target or stops improving: "
+        '{metric = "test_accuracy", value = 0.97}, {metric = "test_loss", patience = 10, min_delta = 0}, or a list of '
+        "such rules (the first met stops the run); decided after each evaluated round from the records, so a resume "
+        'decides the same; run.json records the round and why ("stopped"); mode = "max" or "min" overrides the '
+        "direction the metric's name gives (min for losses and distances)",
+    )
+
+    @field_validator("stop_at", mode="before")
+    @classmethod
+    def _one_rule_is_a_list_of_one(cls, rules: Any) -> Any:
+        if isinstance(rules, (dict, StopAtConfig)):
+            return (rules,)
+        if isinstance(rules, (list, tuple)) and not rules:
+            return None  # no rule: the same run (and config.json) as leaving the key out
+        return rules
+
+    @property
+    def stop_rules(self) -> tuple[StopAtConfig, ...]:
+        """``stop_at``'s rules (empty when unset)."""
+        return self.stop_at or ()
+
     @field_validator("divergence_factor", "norm_growth_factor")
     @classmethod
     def _factor_is_a_growth(cls, factor: float) -> float:
@@ -249,7 +327,8 @@ class EvaluationConfig(Section):
 
 # [evaluation] keys left out of ExperimentConfig.fingerprint: they decide when a run is stopped or flagged, not its
 # numbers.
-MONITORING_KEYS = ("norm_growth_factor", "instability_factor", "instability_rounds")
+# stop_at decides when a run ends, like rounds: changing it on resume continues or ends the same run.
+MONITORING_KEYS = ("norm_growth_factor", "instability_factor", "instability_rounds", "stop_at")
 
 
 class ExperimentConfig(Section):
@@ -443,5 +522,8 @@ __all__ = [
     "ExperimentConfig",
     "MembershipEventConfig",
     "SamplingConfig",
+    "STOP_METRICS",
     "StateConfig",
+    "StopAtConfig",
+    "default_mode",
 ]

@@ -260,12 +260,16 @@ def cut_note(setting: Setting) -> list[str]:
 
 def _incomplete_note(runs: Sequence[RunData]) -> str:
     """`` (1 diverged at round 71)``: "final" numbers of a run that stopped early are not final."""
-    notes = [
-        f"diverged at round {run.diverged_at}" if run.status == "diverged" else f"{run.status} at round {run.rounds_done}"
-        for run in runs
-        if run.stopped_early
-    ]
+    notes = [_ended_note(run) for run in runs if run.stopped_early]
     return f" ({'; '.join(notes)})" if notes else ""
+
+
+def _ended_note(run: RunData) -> str:
+    if run.status == "diverged":
+        return f"diverged at round {run.diverged_at}"
+    if run.stopped_at is not None:
+        return f"stopped at round {run.stopped_at} by evaluation.stop_at"
+    return f"{run.status} at round {run.rounds_done}"
 
 
 def _status_summary(runs: Sequence[RunData], pending: int) -> str:
@@ -273,6 +277,8 @@ def _status_summary(runs: Sequence[RunData], pending: int) -> str:
     for run in runs:
         if run.truncated_from is not None:
             status = f"cut to round {run.rounds_done}"
+        elif run.stopped_at is not None:
+            status = f"stopped at round {run.stopped_at} (evaluation.stop_at)"
         else:
             status = run.status if run.finished else "unfinished" if run.status == "complete" else run.status
         counts[status] = counts.get(status, 0) + 1

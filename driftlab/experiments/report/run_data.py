@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from driftlab.experiments.run_directory import STOPPED_KEY, stopped_round
+
 
 @dataclass
 class RunData:
@@ -47,14 +49,27 @@ class RunData:
         return "complete" if self.rounds_done >= self.rounds_planned else "unfinished"
 
     @property
+    def stopped_at(self) -> int | None:
+        """The round at which ``evaluation.stop_at`` ended the run (a finished run, its target met); None otherwise."""
+        return stopped_round(self.info)
+
+    @property
+    def stop_reason(self) -> str:
+        """Why ``evaluation.stop_at`` ended the run, as run.json says ("" when it did not)."""
+        return str(((self.info or {}).get(STOPPED_KEY) or {}).get("reason", "")) if self.stopped_at is not None else ""
+
+    @property
     def finished(self) -> bool:
         if self.truncated_from is not None:
             return True  # it ran every compared round and more
+        if self.stopped_at is not None:
+            return True  # its stop rule ended it: nothing is left to run
         return self.status in ("complete", "diverged", "failed") and not (self.status == "complete" and self.rounds_done < self.rounds_planned)
 
     @property
     def stopped_early(self) -> bool:
-        """Whether the run ended before the rounds it is compared over (diverged, interrupted, failed)."""
+        """Whether the run ended before the rounds it is compared over (diverged, interrupted, failed, or ended by its
+        ``evaluation.stop_at``: its last numbers are at an earlier round than the others')."""
         return self.truncated_from is None and not (self.status == "complete" and self.rounds_done >= self.rounds_planned)
 
     @property

@@ -442,14 +442,18 @@ def write_tables(
             cells += ["", ""] if row is None else [_csv_number(row.local_steps), _csv_number(r.target_fraction[t])]
         steps_table.append(cells)
     files.append(write_csv(out / "steps.csv", ["setting", "method", "reference", "total_steps", "total_fraction", *target_columns], steps_table))
+    # the round evaluation.stop_at ended each run at: a column only where one did (other reports stay as they were)
+    stopped = any(run.stopped_at is not None for s in settings for run in s.runs)
     files.append(
         write_csv(
             out / "runs.csv",
             ["setting", "method", "seed", "path", "status", "rounds_done", "rounds", "num_parameters", "wall_seconds", "machine", "cut_to_round",
+             *(["stopped_at_round"] if stopped else []),
              *time_header("simulated_time", "asynchronous")],
             [[s.label, run.method, run.seed, str(run.path), run.status, run.truncated_from or run.rounds_done, run.rounds_planned,
               run.num_parameters or "", _csv_number((run.info or {}).get("wall_seconds")), run.machine,
               run.rounds_done if run.truncated_from is not None else "",
+              *([run.stopped_at if run.stopped_at is not None else ""] if stopped else []),
               *([_csv_number(run.simulated_time), int(run.asynchronous)] if timed else [])]
              for s in settings for run in s.runs],
         )

@@ -22,7 +22,7 @@ from typing import Literal
 
 # A run directory's lock and its failure.txt are the executors' (their workers write them); re-exported here.
 from driftlab.executors.processes import FAILURE_FILE, run_directory_holder
-from driftlab.experiments.run_directory import METRICS_FILE, read_run_info
+from driftlab.experiments.run_directory import METRICS_FILE, finished, read_run_info
 
 SWEEP_FILE = "sweep.json"
 JOBS_FILE = "jobs.json"  # the sweep's record of what it submitted to SLURM or Ray: run directory -> job id, log paths
@@ -57,8 +57,8 @@ def run_status(run_dir: Path, rounds: int) -> RunStatus:
     status = info.get("status")
     if status == "complete" and (run_dir / HALVING_FILE).exists():
         return "stopped"  # by successive halving, at the round it finished; a sweep without halving extends it
-    if status == "complete" and info.get("rounds_done") == rounds:
-        return "complete"
+    if finished(info, rounds):
+        return "complete"  # every round done, or ended by its evaluation.stop_at
     if status == "complete":
         return "interrupted"  # finished a shorter run; `rounds` was raised since, so it resumes
     if status in ("diverged", "failed"):

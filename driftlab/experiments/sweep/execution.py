@@ -50,7 +50,7 @@ from driftlab.executors.tasks import Events, RunTask, TaskResult
 # re-exported: the worker's entry point lived here, and driftlab.experiments.sweep still offers it
 from driftlab.executors.worker import die_with_parent, worker_main
 from driftlab.experiments.config import ExperimentConfig, config_from_record
-from driftlab.experiments.run_directory import CONFIG_FILE, read_run_info, write_atomically
+from driftlab.experiments.run_directory import CONFIG_FILE, finished, read_run_info, write_atomically
 from driftlab.experiments.sweep.directory import FAILURE_FILE, JOBS_FILE, SWEEP_FILE, RunStatus, run_status
 from driftlab.experiments.report.read import read_metrics
 from driftlab.experiments.report.tuning import ValueRuns, check_metric, mean_score, ranked_values
@@ -286,9 +286,10 @@ def _at_round(r: PlannedRun, rounds: int) -> PlannedRun:
 def _reached(run_dir: Path, rounds: int) -> bool:
     """Whether the run has already done ``rounds`` rounds (a sweep run again: a rung it passed before needs no work)."""
     info = read_run_info(run_dir) or {}
-    return info.get("status") in ("complete", "running", "interrupted") and int(info.get("rounds_done", 0)) >= rounds and not (
-        run_dir / FAILURE_FILE
-    ).exists()
+    if (run_dir / FAILURE_FILE).exists():
+        return False
+    done = info.get("status") in ("complete", "running", "interrupted") and int(info.get("rounds_done", 0)) >= rounds
+    return done or finished(info, rounds)  # or ended by its evaluation.stop_at before the rung
 
 
 def _halve(
