@@ -212,7 +212,7 @@ _BOMB_CHILD = r"""
 import json, sys
 from driftlab.data.federated import DataFileError
 from driftlab.data.idx import read_idx
-from driftlab.data.images import load_cifar10_image_folder, load_image_folder
+from driftlab.data.image_folders import load_cifar10_image_folder, load_image_folder
 from driftlab.data.leaf import load_leaf_femnist
 from driftlab.data.shakespeare import read_shakespeare_roles
 
@@ -303,7 +303,7 @@ def test_peak_memory_while_rejecting_two_gigabyte_bombs_stays_small(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", [pytest.param(name, marks=needs_real_data(name)) for name in ("femnist", "cifar10_folder")])
 def test_real_archives_read_to_their_end_without_error(name):
-    from driftlab.data.images import CIFAR10_FOLDER_LIMITS
+    from driftlab.data.image_folders import CIFAR10_FOLDER_LIMITS
     from driftlab.data.leaf import LEAF_ARCHIVE_LIMITS
 
     if name == "femnist":

@@ -222,7 +222,7 @@ def _cifar(num_classes: int) -> Any:
 
 
 def _cifar10_folder(section: Cifar10FolderData, seed: int, path: Path) -> Any:
-    from driftlab.data.images import load_cifar10_image_folder_pixels
+    from driftlab.data.image_folders import load_cifar10_image_folder_pixels
 
     train_x, train_y, test_x, test_y, _classes, normalisation = load_cifar10_image_folder_pixels(
         path, limit_per_class=section.limit_per_class

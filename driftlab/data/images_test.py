@@ -30,12 +30,11 @@ from driftlab.data.images import (
     CIFAR100_STD,
     FASHION_MNIST_MEAN,
     FASHION_MNIST_STD,
-    load_cifar10_image_folder,
     load_cifar_tensors,
     load_emnist_tensors,
     load_fashion_mnist_tensors,
-    load_image_folder,
 )
+from driftlab.data.image_folders import load_cifar10_image_folder, load_image_folder
 from driftlab.experiments.real_data import needs_real_data, real_data_path
 from driftlab.simulation.backends.augmentation import check_images, flip_crop_from_keys, flip_then_shift
 
