@@ -46,7 +46,6 @@ import argparse
 import json
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -73,38 +72,23 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--random-data", action="store_true", help="random data of MNIST's shape even where MNIST is present")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     args = parser.parse_args(argv)
-    defaults = {"blocks": 2, "num_clients": 8, "samples": 60, "epochs": 1, "concurrency": 8, "buffer": 2}
-    if not args.quick:
-        defaults = {"blocks": 7, "num_clients": 100, "samples": 600, "epochs": 5, "concurrency": 100, "buffer": 10}
-    for key, value in defaults.items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
-    args.random_data = args.random_data or args.quick
-    args.hidden = [8] if args.quick else [200, 200]
-    for key in ("blocks", "num_clients", "samples", "epochs", "concurrency", "buffer"):
-        if getattr(args, key) < 1:
-            parser.error(f"--{key.replace('_', '-')} must be at least 1, got {getattr(args, key)}")
+    round_speed.settle_mlp_options(
+        args,
+        quick={"blocks": 2, "num_clients": 8, "samples": 60, "epochs": 1, "concurrency": 8, "buffer": 2},
+        full={"blocks": 7, "num_clients": 100, "samples": 600, "epochs": 5, "concurrency": 100, "buffer": 10},
+    )
+    round_speed.check_at_least_one(parser, args, ("blocks", "num_clients", "samples", "epochs", "concurrency", "buffer"))
     if args.concurrency > args.num_clients:
         parser.error(f"--concurrency {args.concurrency} is more than the {args.num_clients} clients: at most every client trains at once")
     if args.buffer > args.concurrency:
         parser.error(f"--buffer {args.buffer} is more than --concurrency {args.concurrency}: the buffer could never fill")
-    if args.threads is not None:
-        if args.threads < 1:
-            parser.error(f"--threads must be at least 1, got {args.threads}")
-        torch.set_num_threads(args.threads)
+    round_speed.set_threads(parser, args)
     return args
 
 
 def workload(args: argparse.Namespace) -> dict[str, Any]:
     return {
-        "model": "mlp",
-        "hidden": list(args.hidden),
-        "backend": "vectorized",
-        "num_clients": args.num_clients,
-        "samples_per_client": args.samples,
-        "learning_rate": 0.1,
-        "batch_size": 50,
-        "local_epochs": args.epochs,
+        **round_speed.mlp_workload(args),
         "algorithm": "fedavg (uniform aggregation)",
         "clients_per_round": args.buffer,
         "concurrency": args.concurrency,
@@ -144,15 +128,7 @@ def build_rows(args: argparse.Namespace, data_section: dict[str, Any]) -> dict[s
     from driftlab.experiments.assembly import build_simulation
     from driftlab.experiments.config import load_config
 
-    table = {
-        "seed": 0,
-        "rounds": 100_000,
-        "backend": "vectorized",
-        "data": data_section,
-        "model": {"name": "mlp", "hidden": list(args.hidden)},
-        "algorithm": {"name": "fedavg", "aggregation": "uniform"},
-        "client": {"lr": 0.1, "batch_size": 50, "epochs": args.epochs},
-    }
+    table = round_speed.mlp_config(args, data_section, rounds=100_000)
     # FedBuff keeps the default sampling (it samples nobody); the synchronous rows draw B clients per round
     cohort = {"participation": args.buffer / args.num_clients}
     tables = {
@@ -253,17 +229,10 @@ def measure(args: argparse.Namespace, data_section: dict[str, Any]) -> dict[str,
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run the benchmark; print the table and, as the last line, the JSON report, which is also returned."""
     args = parse_arguments(argv)
-    spec = argparse.Namespace(model="mlp", num_clients=args.num_clients, samples=args.samples, random_data=args.random_data)
-    inputs, targets, data_kind = round_speed.load_training_data(spec)
-    with tempfile.TemporaryDirectory() as directory:
-        data_section = round_speed.driftlab_data_section(
-            {"model": "mlp", "num_clients": args.num_clients}, Path(directory), inputs, targets
-        )
+    with round_speed.mlp_data_section(args) as (data_section, data_kind):
         measured = measure(args, data_section)
     report = {
-        "machine": round_speed.machine_description(),
-        "device": round_speed.device_description("cpu"),
-        "data": data_kind,
+        **round_speed.report_head("cpu", data_kind),
         "workload": workload(args),
         "goal_ratio": GOAL,
         **measured,
@@ -274,18 +243,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 def print_table(report: dict[str, Any]) -> None:
-    work, machine, device = report["workload"], report["machine"], report["device"]
-    print(f"mlp {work['hidden']} on {device['description']}; torch {machine['torch']}; load average {machine['load_average_1min']}")
-    print(
-        f"data: {report['data']}, {work['num_clients']} clients x {work['samples_per_client']}, batch {work['batch_size']}, "
-        f"{work['local_epochs']} local epochs; synchronous: {work['clients_per_round']} clients/round; "
-        f"FedBuff: C = {work['concurrency']}, B = {work['buffer']}; blocks of {work['updates_per_block']} rounds/updates"
+    work = report["workload"]
+    round_speed.print_mlp_heading(
+        report,
+        f"synchronous: {work['clients_per_round']} clients/round; FedBuff: C = {work['concurrency']}, "
+        f"B = {work['buffer']}; blocks of {work['updates_per_block']} rounds/updates",
     )
-    columns = ["row", "s/block", "clients", "calls", "s/client", "clients/s", "events/s", "sim s/block"]
     widths = [12, 8, 7, 5, 9, 9, 8, 11]
-    header = " ".join(f"{name:>{width}}" for name, width in zip(columns, widths, strict=True))
-    print(header)
-    print("-" * len(header))
+    round_speed.print_header(["row", "s/block", "clients", "calls", "s/client", "clients/s", "events/s", "sim s/block"], widths)
     for row in ROWS:
         entry = report["rows"][row]
         simulated = entry.get("median_simulated_seconds_per_block")
@@ -300,7 +265,7 @@ def print_table(report: dict[str, Any]) -> None:
             "-" if events is None else f"{events:.1f}",
             "-" if simulated is None else f"{simulated:.1f}",
         ]
-        print(" ".join(f"{cell:>{width}}" for cell, width in zip(cells, widths, strict=True)))
+        round_speed.print_row(cells, widths)
     print(
         f"FedBuff / synchronous, seconds per client trained: {report['ratio_per_client']:.3f} "
         f"(goal ≤ {report['goal_ratio']}: {'met' if report['within_goal'] else 'not met'}); "

@@ -42,7 +42,6 @@ import argparse
 import json
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -77,53 +76,38 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     args = parser.parse_args(argv)
-    defaults = {
-        "clients_per_round": [2, 4],
-        "rounds": 2,
-        "accounting_rounds": 5,
-        "num_clients": 4,
-        "samples": 60,
-        "epochs": 1,
-    }
-    if not args.quick:
-        defaults = {
+    round_speed.settle_mlp_options(
+        args,
+        quick={
+            "clients_per_round": [2, 4],
+            "rounds": 2,
+            "accounting_rounds": 5,
+            "num_clients": 4,
+            "samples": 60,
+            "epochs": 1,
+        },
+        full={
             "clients_per_round": [10, 100],
             "rounds": 7,
             "accounting_rounds": 100,
             "num_clients": 100,
             "samples": 600,
             "epochs": 5,
-        }
-    for key, value in defaults.items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
-    args.random_data = args.random_data or args.quick
-    args.hidden = [8] if args.quick else [200, 200]
-    for key in ("rounds", "accounting_rounds", "num_clients", "samples", "epochs"):
-        if getattr(args, key) < 1:
-            parser.error(f"--{key.replace('_', '-')} must be at least 1, got {getattr(args, key)}")
+        },
+    )
+    round_speed.check_at_least_one(parser, args, ("rounds", "accounting_rounds", "num_clients", "samples", "epochs"))
     for clients in args.clients_per_round:
         if not 1 <= clients <= args.num_clients:
             parser.error(
                 f"--clients-per-round {clients} must be between 1 and the number of clients ({args.num_clients})"
             )
-    if args.threads is not None:
-        if args.threads < 1:
-            parser.error(f"--threads must be at least 1, got {args.threads}")
-        torch.set_num_threads(args.threads)
+    round_speed.set_threads(parser, args)
     return args
 
 
 def workload(args: argparse.Namespace) -> dict[str, Any]:
     return {
-        "model": "mlp",
-        "hidden": list(args.hidden),
-        "backend": "vectorized",
-        "num_clients": args.num_clients,
-        "samples_per_client": args.samples,
-        "learning_rate": 0.1,
-        "batch_size": 50,
-        "local_epochs": args.epochs,
+        **round_speed.mlp_workload(args),
         "algorithm": "fedavg",
         "clients_per_round": list(args.clients_per_round),
         "timed_rounds": args.rounds,
@@ -151,13 +135,7 @@ def build_rows(args: argparse.Namespace, clients_per_round: int, data_section: d
     from driftlab.experiments.config import load_config
 
     table = {
-        "seed": 0,
-        "rounds": 1000,
-        "backend": "vectorized",
-        "data": data_section,
-        "model": {"name": "mlp", "hidden": list(args.hidden)},
-        "algorithm": {"name": "fedavg", "aggregation": "uniform"},
-        "client": {"lr": 0.1, "batch_size": 50, "epochs": args.epochs},
+        **round_speed.mlp_config(args, data_section, rounds=1000),
         "sampling": sampling_section(clients_per_round, args.num_clients),
     }
     rows = {}
@@ -241,15 +219,8 @@ def accounting_seconds(sampling_rate: float, rounds: int, accountant: str) -> di
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run the benchmark; print the table and, as the last line, the JSON report, which is also returned."""
     args = parse_arguments(argv)
-    spec = argparse.Namespace(
-        model="mlp", num_clients=args.num_clients, samples=args.samples, random_data=args.random_data
-    )
-    inputs, targets, data_kind = round_speed.load_training_data(spec)
     results = []
-    with tempfile.TemporaryDirectory() as directory:
-        data_section = round_speed.driftlab_data_section(
-            {"model": "mlp", "num_clients": args.num_clients}, Path(directory), inputs, targets
-        )
+    with round_speed.mlp_data_section(args) as (data_section, data_kind):
         for clients_per_round in args.clients_per_round:
             results.append(measure(args, clients_per_round, data_section))
             print(f"  measured {clients_per_round} clients/round", file=sys.stderr)
@@ -258,9 +229,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         accounting_seconds(q, args.accounting_rounds, accountant) for q in rates for accountant in ("rdp", "prv")
     ]
     report = {
-        "machine": round_speed.machine_description(),
-        "device": round_speed.device_description("cpu"),
-        "data": data_kind,
+        **round_speed.report_head("cpu", data_kind),
         "workload": workload(args),
         "goal_overhead": GOAL,
         "results": results,
@@ -272,19 +241,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 def print_table(report: dict[str, Any]) -> None:
-    work, machine, device = report["workload"], report["machine"], report["device"]
-    load = machine["load_average_1min"]
-    print(f"mlp {work['hidden']} on {device['description']}; torch {machine['torch']}; load average {load}")
-    print(
-        f"data: {report['data']}, {work['num_clients']} clients x {work['samples_per_client']}, "
-        f"batch {work['batch_size']}, {work['local_epochs']} local epochs; "
-        f"[privacy] clip {CLIP}, z {NOISE_MULTIPLIER}, central, δ {DELTA}"
-    )
-    columns = ["clients/round", "plain s", "private s", "ratio", "paired", "overhead", "≤ 5%"]
+    round_speed.print_mlp_heading(report, f"[privacy] clip {CLIP}, z {NOISE_MULTIPLIER}, central, δ {DELTA}")
     widths = [13, 9, 10, 7, 7, 9, 5]
-    header = " ".join(f"{name:>{width}}" for name, width in zip(columns, widths, strict=True))
-    print(header)
-    print("-" * len(header))
+    round_speed.print_header(["clients/round", "plain s", "private s", "ratio", "paired", "overhead", "≤ 5%"], widths)
     for entry in report["results"]:
         cells = [
             f"{entry['clients_per_round']}",
@@ -295,7 +254,7 @@ def print_table(report: dict[str, Any]) -> None:
             f"{entry['overhead']:+.1%}",
             "yes" if entry["within_goal"] else "no",
         ]
-        print(" ".join(f"{cell:>{width}}" for cell, width in zip(cells, widths, strict=True)))
+        round_speed.print_row(cells, widths)
     print(f"accounting per round (ε after T = 1 .. {report['accounting'][0]['rounds']}):")
     for entry in report["accounting"]:
         print(

@@ -73,11 +73,10 @@ from typing import Annotated, Any, Literal
 import torch
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from driftlab.features.capabilities import ASYNCHRONOUS_RULE, PRIVACY_FORM, Reason, lacking
-from driftlab.algorithms.aggregation import check_aggregation, client_weight
-from driftlab.algorithms.aggregation import WEIGHTED_REASON, ModelSums, model_change_form, model_sums
+from driftlab.features.capabilities import ASYNCHRONOUS_RULE, PRIVACY_FORM, lacking, synchronous_only
+from driftlab.algorithms.aggregation import WEIGHTED_REASON, ModelSums, check_aggregation, model_change_form, model_mean_fold
 from driftlab.optim.schedules import ExponentialSchedule, InverseTimeSchedule, schedule_from_table, value_at
-from driftlab.simulation.seam import NO_CORRECTION, Algorithm, ClientContext, ClientUpdate, GradientCorrection, RoundContext, ServerFold
+from driftlab.simulation.seam import NO_CORRECTION, Algorithm, ClientContext, ClientUpdate, GradientCorrection, RoundContext
 
 BetaSchedule = float | ExponentialSchedule | InverseTimeSchedule
 
@@ -109,15 +108,13 @@ def beta_value(value: Any) -> BetaSchedule:
 Beta = Annotated[Any, BeforeValidator(beta_value)]
 
 # Why FedBuff cannot run AdaBest as it stands (Algorithm.asynchronous_refusal; docs/algorithms.md, "Asynchronous").
-ASYNCHRONOUS_REASON = Reason(
+ASYNCHRONOUS_REASON = synchronous_only(
+    "adabest",
     why=(
         "AdaBest's client divides h_k by t − t'_k, the rounds since it last reported, which is 0 when FedBuff "
         "dispatches a client again at the same model version, and its server's h = β(θ̄^{t−1} − θ̄^t) reads the "
         "difference of consecutive averages as client drift, where FedBuff's consecutive buffers hold changes "
         "from different model versions (no published asynchronous AdaBest rule was found)"
-    ),
-    fix=(
-        'run adabest synchronously (remove [asynchronous]), or use fedavg or fedprox with aggregation = "uniform"'
     ),
 )
 ASYNCHRONOUS_REFUSAL = ASYNCHRONOUS_REASON.text  # the prose, for code that reads it
@@ -189,13 +186,6 @@ def build(mu: float = 0.02, beta: BetaSchedule = 0.96, aggregation: str = "unifo
         message = ClientMessage(update.final_params, context.num_samples, context.multiplicity)
         return ClientState(drift, context.round), message
 
-    def aggregation_start(server: ServerState, context: RoundContext) -> ModelSums:
-        # A private round: θ̄^t = θ^{t−1} + Σ_P (θ_k − θ^{t−1}) / m depends on the released changes only.
-        return model_sums(server.params, context)
-
-    def aggregation_add(client_models: ModelSums, message: ClientMessage) -> ModelSums:
-        return client_models.add(message.params, client_weight(message.num_samples, message.multiplicity, aggregation))
-
     def aggregation_finish(
         server: ServerState, client_models: ModelSums, context: RoundContext
     ) -> tuple[ServerState, dict[str, float]]:
@@ -214,7 +204,8 @@ def build(mu: float = 0.02, beta: BetaSchedule = 0.96, aggregation: str = "unifo
     # Unit weight: uniform aggregation counts a message by its multiplicity, 1 under poisson or uniform sampling.
     form = model_change_form(lambda params: ClientMessage(params, num_samples=1, multiplicity=1))
     private = aggregation == "uniform"
-    fold = ServerFold(aggregation_start, aggregation_add, aggregation_finish)
+    # A private round: θ̄^t = θ^{t−1} + Σ_P (θ_k − θ^{t−1}) / m depends on the released changes only.
+    fold = model_mean_fold(aggregation, aggregation_finish)
     return Algorithm("adabest", server_init, client_objective, client_finish, fold.server_update, broadcast,
                      client_state_init=client_state_init, server_fold=fold,
                      privacy=form if private else None,

@@ -22,7 +22,7 @@ from typing import Any, Sequence
 import torch
 
 from driftlab.features.capabilities import Reason
-from driftlab.simulation.seam import PrivacyForm
+from driftlab.simulation.seam import PrivacyForm, ServerFold
 
 AGGREGATIONS = ("weighted", "uniform")
 
@@ -116,6 +116,21 @@ def model_sums(start_params: torch.Tensor, context: Any) -> ModelSums:
     so an algorithm that averages models never branches on whether the round is private.
     """
     return ChangeSums(start_params, RunningMean()) if context.mean_denominator is not None else RunningMean()
+
+
+def model_mean_fold(aggregation: str, finish: Any) -> ServerFold:
+    """The fold of a server that averages the messages' models: ``model_sums`` from the server's ``params``
+    (θ^{t−1}), each message's ``params`` (θ_k) added at ``r_k = client_weight(num_samples, multiplicity,
+    aggregation)``, then ``finish(server, client_models, context)`` with ``client_models.value(mean_denominator)``
+    the round's mean.  Shared by FedAvg and AdaBest."""
+
+    def start(server: Any, context: Any) -> ModelSums:
+        return model_sums(server.params, context)
+
+    def add(client_models: ModelSums, message: Any) -> ModelSums:
+        return client_models.add(message.params, client_weight(message.num_samples, message.multiplicity, aggregation))
+
+    return ServerFold(start, add, finish)
 
 
 def model_change_form(make_carrier: Any) -> PrivacyForm:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
-from driftlab.algorithms.aggregation import RunningMean, check_aggregation, client_weight, weighted_mean
+from driftlab.algorithms.aggregation import RunningMean, check_aggregation, client_weight, model_mean_fold, weighted_mean
+from driftlab.simulation.seam import RoundContext
 
 
 def test_running_mean_is_the_weighted_sum_divided_once():
@@ -45,3 +48,20 @@ def test_empty_and_weightless_means_are_refused():
         RunningMean().add(torch.ones(2), 0.0).value()
     with pytest.raises(ValueError):
         weighted_mean([torch.ones(2)], [1.0, 2.0])  # one weight per vector
+
+
+def test_the_model_mean_fold_averages_the_messages_models_at_their_weights():
+    server = SimpleNamespace(params=torch.tensor([1.0], dtype=torch.float64))
+    messages = [
+        SimpleNamespace(params=torch.tensor([1.0], dtype=torch.float64), num_samples=1, multiplicity=1),
+        SimpleNamespace(params=torch.tensor([4.0], dtype=torch.float64), num_samples=2, multiplicity=1),
+    ]
+
+    def finish(server, client_models, context):
+        return client_models.value(context.mean_denominator), {}
+
+    plain, private = RoundContext(1, 2, 2, 1.0), RoundContext(1, 2, 2, 1.0, mean_denominator=4.0)
+    assert model_mean_fold("weighted", finish).server_update(server, messages, plain)[0].item() == 3.0  # (1 + 8) / 3
+    assert model_mean_fold("uniform", finish).server_update(server, messages, plain)[0].item() == 2.5
+    # private: θ^{t−1} + Σ (θ_k − θ^{t−1}) / m = 1 + (0 + 3) / 4
+    assert model_mean_fold("uniform", finish).server_update(server, messages, private)[0].item() == 1.75

@@ -60,20 +60,19 @@ from typing import Any, Callable, Iterable, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from driftlab.features.capabilities import ASYNCHRONOUS_RULE, Reason, with_lack
+from driftlab.features.capabilities import ASYNCHRONOUS_RULE, with_lack, synchronous_only
 from driftlab.algorithms import fedavg
 from driftlab.simulation.backends.local_training import LocalSettings, corrected_gradient, corrected_step
 from driftlab.simulation.seam import NO_CORRECTION, Algorithm, ClientContext, ClientUpdate, Personalization
 
-ASYNCHRONOUS_REASON = Reason(
+ASYNCHRONOUS_REASON = synchronous_only(
+    "apfl",
     why=(
         "APFL steps each client's v_k and α_k beside the w it trains, and its personal model mixes v_k with the "
         "server's w; under FedBuff a stale client's v_k would be fit beside an old w and mixed with a newer one "
         "(the paper states no asynchronous rule)"
     ),
-    fix=(
-        "run apfl synchronously (remove [asynchronous])"
-    ),
+    alternative='',
 )
 ASYNCHRONOUS_REFUSAL = ASYNCHRONOUS_REASON.text  # the prose, for code that reads it
 DESCRIPTION = "APFL's mixed model α_k v_k + (1 − α_k) w"

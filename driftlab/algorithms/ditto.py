@@ -63,7 +63,7 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from driftlab.features.capabilities import ASYNCHRONOUS_RULE, Reason, with_lack
+from driftlab.features.capabilities import ASYNCHRONOUS_RULE, with_lack, synchronous_only
 from driftlab.algorithms import fedavg
 from driftlab.simulation.seam import (
     NO_CORRECTION,
@@ -84,16 +84,14 @@ MISSING_COMPUTATION = (
 )
 
 # Why FedBuff cannot run Ditto (Algorithm.asynchronous_refusal; docs/algorithms.md, "Asynchronous").
-ASYNCHRONOUS_REASON = Reason(
+ASYNCHRONOUS_REASON = synchronous_only(
+    "ditto",
     why=(
         "Ditto's server model is FedAvg's, and what Ditto adds, each client's personal model v_k, is evaluated "
         "only after synchronous rounds (an asynchronous run evaluates the server model alone), and Algorithm 1 "
         "of Li et al. 2021 is synchronous"
     ),
-    fix=(
-        'run ditto synchronously (remove [asynchronous]), or fedavg with aggregation = "uniform" for the same '
-        "server model under FedBuff"
-    ),
+    alternative='fedavg with aggregation = "uniform" for the same server model under FedBuff',
 )
 ASYNCHRONOUS_REFUSAL = ASYNCHRONOUS_REASON.text  # the prose, for code that reads it
 

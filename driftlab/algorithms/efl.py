@@ -69,7 +69,7 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from driftlab.features.capabilities import ASYNCHRONOUS_RULE, PRIVACY_FORM, Reason, lacking
+from driftlab.features.capabilities import ASYNCHRONOUS_RULE, PRIVACY_FORM, Reason, lacking, synchronous_only
 from driftlab.algorithms.aggregation import WEIGHTED_REASON, RunningMean, check_aggregation, client_weight
 from driftlab.optim.apply import apply_server_optimizer
 from driftlab.simulation.seam import (
@@ -96,16 +96,14 @@ ADAPTIVE_REASON = Reason(
 ADAPTIVE_REFUSAL = ADAPTIVE_REASON.text  # the prose, for code that reads it
 
 # Why FedBuff cannot run EFL as it stands (Algorithm.asynchronous_refusal; docs/algorithms.md, "Asynchronous").
-ASYNCHRONOUS_REASON = Reason(
+ASYNCHRONOUS_REASON = synchronous_only(
+    "efl",
     why=(
         "EFL's server keeps U = Σ_i u_i and V = Σ_i u_i ⊙ θ_i by adding the changes the clients made to their "
         "own u_k, v_k, and weighs a straggler by E/s_k: FedBuff weights a stale message by s(τ), so U and V "
         "would gain s(τ) times changes the clients made whole, and its buffer mean has equal weights (no "
         'published asynchronous EFL rule was found; EFL with elastic = 0, incomplete = "plain", aggregation = '
         '"uniform" and compression.ratio = 1 is FedAvg)'
-    ),
-    fix=(
-        'run efl synchronously (remove [asynchronous]), or use fedavg or fedprox with aggregation = "uniform"'
     ),
 )
 ASYNCHRONOUS_REFUSAL = ASYNCHRONOUS_REASON.text  # the prose, for code that reads it

@@ -64,9 +64,8 @@ from driftlab.algorithms.aggregation import (
     WEIGHTED_REFUSAL,  # noqa: F401 - read as fedavg.WEIGHTED_REFUSAL
     ModelSums,
     check_aggregation,
-    client_weight,
     model_change_form,
-    model_sums,
+    model_mean_fold,
 )
 from driftlab.optim.apply import apply_server_optimizer
 from driftlab.simulation.seam import (
@@ -76,7 +75,6 @@ from driftlab.simulation.seam import (
     ClientUpdate,
     GradientCorrection,
     RoundContext,
-    ServerFold,
 )
 
 FEDBUFF_WEIGHTED_REASON = Reason(
@@ -140,12 +138,6 @@ def build(server_optimizer: Any, aggregation: str = "weighted", incomplete: str 
             return None, None
         return None, ClientMessage(update.final_params, context.num_samples, context.multiplicity)
 
-    def aggregation_start(server: ServerState, context: RoundContext) -> ModelSums:
-        return model_sums(server.params, context)
-
-    def aggregation_add(client_models: ModelSums, message: ClientMessage) -> ModelSums:
-        return client_models.add(message.params, client_weight(message.num_samples, message.multiplicity, aggregation))
-
     def aggregation_finish(
         server: ServerState, client_models: ModelSums, context: RoundContext
     ) -> tuple[ServerState, dict[str, float]]:
@@ -161,7 +153,7 @@ def build(server_optimizer: Any, aggregation: str = "weighted", incomplete: str 
     # Unit weight: uniform aggregation counts a message by its multiplicity, 1 under poisson or uniform sampling.
     form = model_change_form(lambda params: ClientMessage(params, num_samples=1, multiplicity=1))
     private = aggregation == "uniform"
-    fold = ServerFold(aggregation_start, aggregation_add, aggregation_finish)
+    fold = model_mean_fold(aggregation, aggregation_finish)
     # FedBuff's server step is this fold fed the buffer's staleness-weighted changes as unit-weight carriers
     # (mean_denominator = B): θ ← ServerOpt(θ, −(1/B) Σ s(τ_k) Δ_k), its Algorithm 1 with a FedOpt server.
     return Algorithm("fedavg", server_init, client_objective, client_finish, fold.server_update, broadcast,

@@ -77,7 +77,7 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from driftlab.features.capabilities import ASYNCHRONOUS_RULE, Reason, lacking
+from driftlab.features.capabilities import ASYNCHRONOUS_RULE, lacking, synchronous_only
 from driftlab.algorithms.aggregation import RunningMean
 from driftlab.algorithms.aggregation import model_change_form
 from driftlab.simulation.seam import Algorithm, ClientContext, ClientUpdate, GradientCorrection, RoundContext, ServerFold
@@ -85,15 +85,13 @@ from driftlab.simulation.seam import Algorithm, ClientContext, ClientUpdate, Gra
 BALANCES = ("by_size", "none")
 
 # Why FedBuff cannot run FedDyn as it stands (Algorithm.asynchronous_refusal; docs/algorithms.md, "Asynchronous").
-ASYNCHRONOUS_REASON = Reason(
+ASYNCHRONOUS_REASON = synchronous_only(
+    "feddyn",
     why=(
         "FedDyn's server adds each client's λ-increment θ_k − θ^{t−1} to Σ_S λ_k and its dynamic regulariser "
         "pulls every client of a round towards that round's θ^{t−1}: FedBuff weights a stale change by s(τ), so "
         "Σ_S λ_k would gain s(τ)(θ_k − θ^{v_k}) where λ_k gained the whole change, and a stale client's "
         "regulariser is centred on an old model (no published asynchronous FedDyn rule was found)"
-    ),
-    fix=(
-        'run feddyn synchronously (remove [asynchronous]), or use fedavg or fedprox with aggregation = "uniform"'
     ),
 )
 ASYNCHRONOUS_REFUSAL = ASYNCHRONOUS_REASON.text  # the prose, for code that reads it

@@ -61,7 +61,7 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from driftlab.features.capabilities import ASYNCHRONOUS_RULE, Reason, lacking
+from driftlab.features.capabilities import ASYNCHRONOUS_RULE, lacking, synchronous_only
 from driftlab.algorithms.aggregation import ModelSums, model_change_form, model_sums
 from driftlab.optim.apply import apply_server_optimizer
 from driftlab.simulation.seam import (
@@ -74,15 +74,13 @@ from driftlab.simulation.seam import (
 )
 
 # Why FedBuff cannot run FedGATE (Algorithm.asynchronous_refusal; docs/algorithms.md, "Asynchronous").
-ASYNCHRONOUS_REASON = Reason(
+ASYNCHRONOUS_REASON = synchronous_only(
+    "fedgate",
     why=(
         "FedGATE updates δ_k by (Q(D_k) − D)/(η τ) with D the mean of the round the client reported in, which "
         "keeps Σ_k δ_k = 0: FedBuff folds stale, s(τ)-weighted changes into buffers that are no round's mean, so "
         "that sum would drift and the fixed point would leave the minimiser (no asynchronous FedGATE rule is "
         "published)"
-    ),
-    fix=(
-        'run fedgate synchronously (remove [asynchronous]), or use fedavg or fedprox with aggregation = "uniform"'
     ),
 )
 ASYNCHRONOUS_REFUSAL = ASYNCHRONOUS_REASON.text  # the prose, for code that reads it

@@ -46,7 +46,7 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from driftlab.features.capabilities import ASYNCHRONOUS_RULE, PRIVACY_FORM, Reason, lacking
+from driftlab.features.capabilities import ASYNCHRONOUS_RULE, PRIVACY_FORM, Reason, lacking, synchronous_only
 from driftlab.algorithms.aggregation import RunningMean, check_aggregation, client_weight
 from driftlab.optim.apply import apply_server_optimizer
 from driftlab.simulation.backends.objectives import LocalObjective, LocalStep
@@ -71,15 +71,14 @@ PRIVACY_REASON = Reason(
     ),
 )
 PRIVACY_REFUSAL = PRIVACY_REASON.text  # the prose, for code that reads it
-ASYNCHRONOUS_REASON = Reason(
+ASYNCHRONOUS_REASON = synchronous_only(
+    "fednova",
     why=(
         "FedNova's server step rescales the round's changes by τ_eff = Σ p_k a_k and 1/a_k, which FedBuff's "
         "equal-weight buffer of staleness-weighted changes does not carry, and we found no published "
         "asynchronous FedNova rule"
     ),
-    fix=(
-        'run fednova synchronously (remove [asynchronous]), or use fedavg with aggregation = "uniform"'
-    ),
+    alternative='use fedavg with aggregation = "uniform"',
 )
 ASYNCHRONOUS_REFUSAL = ASYNCHRONOUS_REASON.text  # the prose, for code that reads it
 

@@ -89,7 +89,7 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from driftlab.features.capabilities import ASYNCHRONOUS_RULE, PRIVACY_FORM, Reason, lacking
+from driftlab.features.capabilities import ASYNCHRONOUS_RULE, PRIVACY_FORM, Reason, lacking, synchronous_only
 from driftlab.algorithms.aggregation import (
     WEIGHTED_REASON,
     ModelSums,
@@ -125,16 +125,13 @@ MIME_MISSING_FULL_GRADIENT = (
 )
 
 # Why FedBuff cannot run MimeLite (Algorithm.asynchronous_refusal; docs/algorithms.md, "Asynchronous").
-ASYNCHRONOUS_REASON = Reason(
+ASYNCHRONOUS_REASON = synchronous_only(
+    "mimelite",
     why=(
         "MimeLite moves the server momentum with the clients' full-batch gradients at the model the round "
         "broadcast, and every local step applies that momentum: FedBuff's stale clients report gradients at "
         "older models and trained with an older momentum, and no asynchronous Mime rule is published (the "
         "paper's analysis is synchronous)"
-    ),
-    fix=(
-        "run mimelite synchronously (remove [asynchronous]), or use fedavg or fedprox with aggregation = "
-        '"uniform"'
     ),
 )
 ASYNCHRONOUS_REFUSAL = ASYNCHRONOUS_REASON.text  # the prose, for code that reads it
@@ -151,15 +148,13 @@ CURRENT_PRIVACY_REASON = Reason(
     ),
 )
 CURRENT_PRIVACY_REFUSAL = CURRENT_PRIVACY_REASON.text  # the prose, for code that reads it
-MIME_ASYNCHRONOUS_REASON = Reason(
+MIME_ASYNCHRONOUS_REASON = synchronous_only(
+    "mime",
     why=(
         "Mime corrects every local step with the control variate c and the gradient at the model the round "
         "broadcast, and moves c and the server momentum with the clients' full-batch gradients at that model: "
         "FedBuff's stale clients report gradients at older models, and no asynchronous Mime rule is published "
         "(the paper's analysis is synchronous)"
-    ),
-    fix=(
-        'run mime synchronously (remove [asynchronous]), or use fedavg or fedprox with aggregation = "uniform"'
     ),
 )
 MIME_ASYNCHRONOUS_REFUSAL = MIME_ASYNCHRONOUS_REASON.text  # the prose, for code that reads it

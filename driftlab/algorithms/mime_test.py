@@ -49,21 +49,42 @@ class QuadraticGradient:
         return self.curvature * params - self.target
 
 
+def objective_gradient(objective, theta: torch.Tensor, curvature: torch.Tensor, target: torch.Tensor):
+    """``(correction, ∇[f_k + term](θ))`` of a client objective on the quadratic client (a, b)."""
+    local = as_local_objective(objective)
+    if local.loss_term is None:
+        return local.correction, curvature * theta - target
+    loss = objective_loss(quadratic_outputs, quadratic_example_loss, local.loss_term.function)
+    inputs, targets, weights = torch.zeros(1, 1, dtype=theta.dtype), torch.cat((curvature, target))[None], torch.ones(1, dtype=theta.dtype)
+    return local.correction, torch.func.grad(loss)(theta, inputs, targets, weights, *local.loss_term.tensors)
+
+
 def run_with_gradients(algorithm, problem: Quadratics, initial: torch.Tensor, rounds: int, steps: int, learning_rate: float,
                        num_samples=None):
-    """``shared_test.run_quadratic`` with each client's full-batch gradient available to ``client_finish``."""
+    """``shared_test.run_quadratic`` with each client's full-batch gradient available to ``client_finish``, the client
+    objective's loss term evaluated (``objective_gradient``), and the round's first phase (``Algorithm.prelude``, Mime's)
+    run as the engine runs it."""
     sizes = list(num_samples) if num_samples is not None else [10] * problem.num_clients
     settings = LocalSettings(learning_rate)
     server, history = algorithm.server_init(initial), []
     for t in range(1, rounds + 1):
+        if algorithm.prelude is not None:
+            first, total, weights = algorithm.broadcast(server), 0.0, 0.0
+            for client in range(problem.num_clients):
+                context = ClientContext(client, t, sizes[client], sum(sizes) / len(sizes), problem.num_clients, steps, learning_rate)
+                computation = QuadraticGradient(problem.curvatures[client], problem.targets[client])
+                total = total + algorithm.prelude.weight(context) * algorithm.prelude.compute(first, context, computation)
+                weights += algorithm.prelude.weight(context)
+            server = algorithm.prelude.apply(server, total / weights)
         view = algorithm.broadcast(server)
         messages = []
         for client in range(problem.num_clients):
             context = ClientContext(client, t, sizes[client], sum(sizes) / len(sizes), problem.num_clients, steps, learning_rate)
-            correction = algorithm.client_objective(view, None, context)
+            objective = algorithm.client_objective(view, None, context)
             theta = view.params
             for _ in range(steps):
-                theta = corrected_step(theta, problem.gradient(client, theta), correction, settings)
+                correction, gradient = objective_gradient(objective, theta, problem.curvatures[client], problem.targets[client])
+                theta = corrected_step(theta, gradient, correction, settings)
             computation = QuadraticGradient(problem.curvatures[client], problem.targets[client])
             messages.append(algorithm.client_finish(view, None, context, ClientUpdate(view.params, theta, steps, computation))[1])
         server, metrics = algorithm.server_update(server, messages, RoundContext(t, problem.num_clients, problem.num_clients, 1.0))
@@ -283,19 +304,6 @@ def test_momentum_zero_runs_are_fedavg_runs_bit_for_bit():
     assert torch.equal(lite.final_params, plain.final_params)
 
 
-def test_compressed_uploads_run():
-    result = driftlab.run({**RUN, "compression": {"ratio": 0.2}})
-    assert all(record["momentum_norm"] > 0 for record in result.records)
-    assert result.records[-1]["upload_bits"] < 2 * 32 * result.num_parameters * result.records[-1]["num_reporting"]
-
-
-def test_config_errors_name_the_key_before_any_work():
-    with pytest.raises(driftlab.ConfigError, match=r"algorithm\.momentum"):
-        driftlab.load_config({"algorithm": {"name": "mimelite", "momentum": 1.0}})
-    with pytest.raises(driftlab.ConfigError, match="server.optimizer: mimelite has its own server step"):
-        driftlab.run({**RUN, "server": {"optimizer": "adam"}})
-
-
 # ================================================================ Mime (the control variate c)
 #
 # The quadratic clients f_k(θ) = ½ θᵀ diag(a_k) θ − b_kᵀ θ as a model: the output is θ itself and the example loss of
@@ -310,47 +318,6 @@ def quadratic_outputs(params: torch.Tensor, inputs: torch.Tensor) -> torch.Tenso
 def quadratic_example_loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     curvature, target = targets.chunk(2, dim=1)
     return (0.5 * curvature * outputs**2 - target * outputs).sum(1)
-
-
-def objective_gradient(objective, theta: torch.Tensor, curvature: torch.Tensor, target: torch.Tensor):
-    """``(correction, ∇[f_k + term](θ))`` of a client objective on the quadratic client (a, b)."""
-    local = as_local_objective(objective)
-    if local.loss_term is None:
-        return local.correction, curvature * theta - target
-    loss = objective_loss(quadratic_outputs, quadratic_example_loss, local.loss_term.function)
-    inputs, targets, weights = torch.zeros(1, 1, dtype=theta.dtype), torch.cat((curvature, target))[None], torch.ones(1, dtype=theta.dtype)
-    return local.correction, torch.func.grad(loss)(theta, inputs, targets, weights, *local.loss_term.tensors)
-
-
-def run_mime(algorithm, problem: Quadratics, initial: torch.Tensor, rounds: int, steps: int, learning_rate: float, num_samples=None):
-    """``run_with_gradients`` with the client objective's loss term evaluated (``objective_gradient``), and the round's
-    first phase (``Algorithm.prelude``) run as the engine runs it."""
-    sizes = list(num_samples) if num_samples is not None else [10] * problem.num_clients
-    settings = LocalSettings(learning_rate)
-    server, history = algorithm.server_init(initial), []
-    for t in range(1, rounds + 1):
-        if algorithm.prelude is not None:
-            first, total, weights = algorithm.broadcast(server), 0.0, 0.0
-            for client in range(problem.num_clients):
-                context = ClientContext(client, t, sizes[client], sum(sizes) / len(sizes), problem.num_clients, steps, learning_rate)
-                computation = QuadraticGradient(problem.curvatures[client], problem.targets[client])
-                total = total + algorithm.prelude.weight(context) * algorithm.prelude.compute(first, context, computation)
-                weights += algorithm.prelude.weight(context)
-            server = algorithm.prelude.apply(server, total / weights)
-        view = algorithm.broadcast(server)
-        messages = []
-        for client in range(problem.num_clients):
-            context = ClientContext(client, t, sizes[client], sum(sizes) / len(sizes), problem.num_clients, steps, learning_rate)
-            objective = algorithm.client_objective(view, None, context)
-            theta = view.params
-            for _ in range(steps):
-                correction, gradient = objective_gradient(objective, theta, problem.curvatures[client], problem.targets[client])
-                theta = corrected_step(theta, gradient, correction, settings)
-            computation = QuadraticGradient(problem.curvatures[client], problem.targets[client])
-            messages.append(algorithm.client_finish(view, None, context, ClientUpdate(view.params, theta, steps, computation))[1])
-        server, metrics = algorithm.server_update(server, messages, RoundContext(t, problem.num_clients, problem.num_clients, 1.0))
-        history.append(metrics)
-    return server, history
 
 
 def mime_build(momentum: float = 0.5, aggregation: str = "uniform"):
@@ -376,7 +343,7 @@ HAND_CASES = {"mimelite": HAND_CASE, "mime": MIME_HAND_CASE}  # shared_test's ha
 def test_mime_two_hand_rounds_as_computed_by_hand_and_without_client_drift():
     initial = torch.zeros(2, dtype=torch.float64)
     for rounds in (1, 2):
-        server, history = run_mime(mime_build(), HAND_PROBLEM, initial, rounds=rounds, steps=2, learning_rate=0.5)
+        server, history = run_with_gradients(mime_build(), HAND_PROBLEM, initial, rounds=rounds, steps=2, learning_rate=0.5)
         assert torch.equal(server.params, vector(*MIME_HAND_CASE["params"][rounds - 1]))
         for key, value in MIME_HAND_CASE["metrics"][rounds - 1].items():
             assert history[-1][key] == pytest.approx(value, rel=1e-15)
@@ -384,7 +351,7 @@ def test_mime_two_hand_rounds_as_computed_by_hand_and_without_client_drift():
     view = mime_build().broadcast(server)
     assert torch.equal(view.snapshot, vector(0.75, 1.5)) and torch.equal(view.correction, vector(-0.625, -1.25))  # c² + β m²
     # Round 2's clients, one by one: both end at x^2 (MimeLite's end at (2.0625, 1.125) and (0.5625, 4.125)).
-    round_two = mime_build().broadcast(run_mime(mime_build(), HAND_PROBLEM, initial, 1, 2, 0.5)[0])
+    round_two = mime_build().broadcast(run_with_gradients(mime_build(), HAND_PROBLEM, initial, 1, 2, 0.5)[0])
     for client in range(2):
         objective, theta = mime_build().client_objective(round_two, None, ClientContext(client, 2, 1, 1.0, 2, 2, 0.5)), round_two.params
         for _ in range(2):
@@ -401,7 +368,7 @@ def test_mime_sends_the_control_variate_only_once_it_is_known_and_round_one_is_m
     problem = heterogeneous_quadratics()
     initial = vector(1.0, -1.0, 0.5)
     lite, _ = run_with_gradients(mime.build(SGD, momentum=0.5, aggregation="uniform"), problem, initial, 1, 4, 0.1)
-    mime_one, _ = run_mime(mime_build(0.5), problem, initial, 1, 4, 0.1)
+    mime_one, _ = run_with_gradients(mime_build(0.5), problem, initial, 1, 4, 0.1)
     assert torch.equal(lite.params, mime_one.params) and torch.equal(lite.momentum, mime_one.momentum)
     assert torch.equal(mime_one.snapshot, initial)  # the model the round's gradients were taken at
 
@@ -411,7 +378,7 @@ def test_mime_one_local_step_with_every_client_is_the_centralized_heavy_ball():
     # x⁺ = x − η(∇F(x) + βm), m⁺ = βm + ∇F(x): centralized SGD with momentum, MimeLite's K = 1 rounds (the paper's point).
     problem = heterogeneous_quadratics()
     initial, beta, rate = vector(1.0, -1.0, 0.5), 0.7, 0.1
-    server, _ = run_mime(mime_build(beta), problem, initial, 40, 1, rate)
+    server, _ = run_with_gradients(mime_build(beta), problem, initial, 40, 1, rate)
     lite, _ = run_with_gradients(mime.build(SGD, momentum=beta, aggregation="uniform"), problem, initial, 40, 1, rate)
     assert torch.allclose(server.params, lite.params, rtol=0, atol=1e-13)
     assert torch.allclose(server.momentum, lite.momentum, rtol=0, atol=1e-13)
@@ -423,7 +390,7 @@ def test_mime_with_several_local_steps_converges_to_the_minimiser_where_mimelite
     # coordinate, so Σ_k (y_k − x) = 0 forces ∇F(x)/(1 − β) = 0: the minimiser, whatever K (MimeLite and FedAvg: a surrogate).
     problem = heterogeneous_quadratics()
     initial, steps, rate = vector(1.0, -1.0, 0.5), 5, 0.05
-    server, _ = run_mime(mime_build(beta), problem, initial, rounds, steps, rate)
+    server, _ = run_with_gradients(mime_build(beta), problem, initial, rounds, steps, rate)
     assert torch.allclose(server.params, problem.minimiser(), rtol=0, atol=1e-8)
     lite, _ = run_with_gradients(mime.build(SGD, momentum=beta, aggregation="uniform"), problem, initial, rounds, steps, rate)
     assert torch.linalg.vector_norm(lite.params - problem.minimiser()) > 1e-3
@@ -497,17 +464,24 @@ def test_mime_round_one_runs_are_mimelite_and_fedavg_runs_bit_for_bit():
     assert torch.equal(driftlab.run({**one, "algorithm": zero}).final_params, plain.final_params)
 
 
-def test_mime_compressed_uploads_run():
-    result = driftlab.run({**MIME_RUN, "compression": {"ratio": 0.2}})
-    assert all(record["control_variate_norm"] > 0 for record in result.records)
+# MimeLite's and Mime's runs, each with the metric that shows its server momentum or control variate at work
+VARIANTS = {"mimelite": (RUN, "momentum_norm"), "mime": (MIME_RUN, "control_variate_norm")}
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_compressed_uploads_run(name):
+    run, metric = VARIANTS[name]
+    result = driftlab.run({**run, "compression": {"ratio": 0.2}})
+    assert all(record[metric] > 0 for record in result.records)
     assert result.records[-1]["upload_bits"] < 2 * 32 * result.num_parameters * result.records[-1]["num_reporting"]
 
 
-def test_mime_config_errors_name_the_key_before_any_work():
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_config_errors_name_the_key_before_any_work(name):
     with pytest.raises(driftlab.ConfigError, match=r"algorithm\.momentum"):
-        driftlab.load_config({"algorithm": {"name": "mime", "momentum": 1.0}})
-    with pytest.raises(driftlab.ConfigError, match="server.optimizer: mime has its own server step"):
-        driftlab.run({**MIME_RUN, "server": {"optimizer": "adam"}})
+        driftlab.load_config({"algorithm": {"name": name, "momentum": 1.0}})
+    with pytest.raises(driftlab.ConfigError, match=f"server.optimizer: {name} has its own server step"):
+        driftlab.run({**VARIANTS[name][0], "server": {"optimizer": "adam"}})
 
 
 def test_a_private_mime_run_trains_and_a_weighted_or_asynchronous_one_is_refused():
@@ -540,7 +514,7 @@ def test_the_papers_mime_two_hand_rounds():
     #   m² = 0.5 m¹ + c² = (−0.75, −1.5).  (The same numbers as the one-phase rule here: identity curvature.)
     initial = torch.zeros(2, dtype=torch.float64)
     for rounds, expected in ((1, vector(0.75, 1.5)), (2, vector(1.3125, 2.625))):
-        server, history = run_mime(mime_current(), HAND_PROBLEM, initial, rounds=rounds, steps=2, learning_rate=0.5)
+        server, history = run_with_gradients(mime_current(), HAND_PROBLEM, initial, rounds=rounds, steps=2, learning_rate=0.5)
         assert torch.equal(server.params, expected)
     assert torch.equal(server.momentum, vector(-0.75, -1.5)) and torch.equal(server.control_variate, vector(-0.25, -0.5))
     assert history[-1]["control_variate_norm"] == pytest.approx(0.25 * math.sqrt(5), rel=1e-15)
@@ -550,8 +524,8 @@ def test_the_papers_mime_uses_this_rounds_control_variate_from_round_one():
     # On curved quadratics the one-phase rule's round 1 is MimeLite's; the paper's already corrects the steps.
     problem = heterogeneous_quadratics()
     initial = vector(1.0, -1.0, 0.5)
-    current, _ = run_mime(mime_current(0.5), problem, initial, 1, 4, 0.1)
-    previous, _ = run_mime(mime_build(0.5), problem, initial, 1, 4, 0.1)
+    current, _ = run_with_gradients(mime_current(0.5), problem, initial, 1, 4, 0.1)
+    previous, _ = run_with_gradients(mime_build(0.5), problem, initial, 1, 4, 0.1)
     assert not torch.equal(current.params, previous.params)
     mean_gradient = torch.stack([problem.gradient(k, initial) for k in range(problem.num_clients)]).mean(0)
     assert torch.allclose(current.control_variate, mean_gradient, rtol=0, atol=1e-15)
@@ -561,7 +535,7 @@ def test_the_papers_mime_with_one_local_step_is_heavy_ball_on_the_current_gradie
     # K = 1: y_k = x − η(∇f_k(x) − ∇f_k(x) + c + βm) = x − η(∇F(x) + βm) for every client: centralized SGD with momentum.
     problem = heterogeneous_quadratics()
     x, m, beta, rate = vector(1.0, -1.0, 0.5), torch.zeros(3, dtype=torch.float64), 0.7, 0.1
-    server, _ = run_mime(mime_current(beta), problem, x, 30, 1, rate)
+    server, _ = run_with_gradients(mime_current(beta), problem, x, 30, 1, rate)
     for _ in range(30):
         gradient = torch.stack([problem.gradient(k, x) for k in range(problem.num_clients)]).mean(0)
         x, m = x - rate * (gradient + beta * m), beta * m + gradient
@@ -571,7 +545,7 @@ def test_the_papers_mime_with_one_local_step_is_heavy_ball_on_the_current_gradie
 @pytest.mark.parametrize("beta", [0.0, 0.5])
 def test_the_papers_mime_with_several_local_steps_converges_to_the_minimiser(beta: float):
     problem = heterogeneous_quadratics()
-    server, _ = run_mime(mime_current(beta), problem, vector(1.0, -1.0, 0.5), 150, 5, 0.05)
+    server, _ = run_with_gradients(mime_current(beta), problem, vector(1.0, -1.0, 0.5), 150, 5, 0.05)
     assert torch.allclose(server.params, problem.minimiser(), rtol=0, atol=1e-8)
 
 

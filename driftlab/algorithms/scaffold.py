@@ -63,7 +63,7 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from driftlab.features.capabilities import ASYNCHRONOUS_RULE, Reason, lacking
+from driftlab.features.capabilities import ASYNCHRONOUS_RULE, lacking, synchronous_only
 from driftlab.algorithms.aggregation import RunningMean
 from driftlab.simulation.seam import (
     Algorithm,
@@ -76,17 +76,14 @@ from driftlab.simulation.seam import (
 )
 
 # Why FedBuff cannot run SCAFFOLD as it stands (Algorithm.asynchronous_refusal; docs/algorithms.md, "Asynchronous").
-ASYNCHRONOUS_REASON = Reason(
+ASYNCHRONOUS_REASON = synchronous_only(
+    "scaffold",
     why=(
         "SCAFFOLD keeps c = mean_S c_k by adding Σ_P Δc_k / N, the very changes the clients made to their c_k, "
         "and its option II c_k⁺ and correction c − c_k use the c the client received: FedBuff weights a stale "
         "message by s(τ), so c would gain s(τ)Δc_k where c_k moved by Δc_k, and a stale client corrects with an "
         "old c (no asynchronous SCAFFOLD rule is implemented; CA2FL's cached-update calibration of FedBuff, Wang "
         "et al., ICLR 2024, is a candidate)"
-    ),
-    fix=(
-        "run scaffold synchronously (remove [asynchronous]), or use fedavg or fedprox with aggregation = "
-        '"uniform"'
     ),
 )
 ASYNCHRONOUS_REFUSAL = ASYNCHRONOUS_REASON.text  # the prose, for code that reads it

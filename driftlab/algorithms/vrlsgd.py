@@ -56,7 +56,7 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from driftlab.features.capabilities import ASYNCHRONOUS_RULE, PRIVACY_FORM, Reason, lacking
+from driftlab.features.capabilities import ASYNCHRONOUS_RULE, PRIVACY_FORM, Reason, lacking, synchronous_only
 from driftlab.algorithms.aggregation import RunningMean
 from driftlab.optim.apply import apply_server_optimizer
 from driftlab.simulation.seam import (
@@ -79,15 +79,13 @@ PRIVACY_REASON = Reason(
     ),
 )
 PRIVACY_REFUSAL = PRIVACY_REASON.text  # the prose, for code that reads it
-ASYNCHRONOUS_REASON = Reason(
+ASYNCHRONOUS_REASON = synchronous_only(
+    "vrlsgd",
     why=(
         "VRL-SGD's c changes by (1/N) Σ_P (d_k − c) with the c each client received, and every client's "
         "correction Δ_k = c_k − c is taken from it: a stale client's direction d_k, from an older model and an "
         "older c, would move c by a wrong amount and with it every client's next correction (no asynchronous "
         "VRL-SGD rule is implemented)"
-    ),
-    fix=(
-        'run vrlsgd synchronously (remove [asynchronous]), or use fedavg or fedprox with aggregation = "uniform"'
     ),
 )
 ASYNCHRONOUS_REFUSAL = ASYNCHRONOUS_REASON.text  # the prose, for code that reads it

@@ -64,6 +64,7 @@ import torch
 from driftlab.errors import ConfigError
 from driftlab.features import drivers
 from driftlab.features.capabilities import ASYNCHRONOUS_RULE, Reason, with_lack
+from driftlab.features.wrapping import Wrapping
 from driftlab.compress.ternary import TernaryVector, compress_model
 from driftlab.metrics.communication import BITS_PER_ENTRY, payload_bits
 from driftlab.simulation.seam import (
@@ -79,14 +80,9 @@ from driftlab.simulation.seam import (
 
 
 @dataclass(frozen=True)
-class CompressedServerState:
-    inner: Any
+class CompressedServerState(Wrapping):
     residual: torch.Tensor  # R, the server's error-feedback residual
     broadcast_bits: int  # bits of the model part of the next broadcast
-
-    @property
-    def params(self) -> torch.Tensor:
-        return self.inner.params
 
 
 @dataclass(frozen=True)
@@ -96,15 +92,10 @@ class CompressedClientState:
 
 
 @dataclass(frozen=True)
-class CompressedClientView:
+class CompressedClientView(Wrapping):
     """The wrapped algorithm's client view, whose wire size is ``bits`` (its model part ST-compressed)."""
 
-    inner: Any
     bits: int
-
-    @property
-    def params(self) -> torch.Tensor:
-        return self.inner.params
 
 
 # How a receiver rebuilds the wrapped message's model field from ST(Δ_k) (``CompressedPayload.model_form``).
@@ -124,8 +115,7 @@ ASYNCHRONOUS_REFUSAL = ASYNCHRONOUS_REASON.text  # the prose, for code that read
 
 def asynchronous_reason(algorithm: Algorithm) -> Reason:
     """Why the compressed ``algorithm`` has no asynchronous rule: compression's reason, then the wrapped one's own."""
-    inner = algorithm.refusal_reason(drivers.ASYNCHRONOUS)
-    return ASYNCHRONOUS_REASON if inner is None else ASYNCHRONOUS_REASON.then(inner)
+    return ASYNCHRONOUS_REASON.then(algorithm.refusal_reason(drivers.ASYNCHRONOUS))
 
 
 MODEL_SENT_DENSE = 0  # the message carries its model field itself (no field of it is θ_k or its change)

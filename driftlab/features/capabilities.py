@@ -46,9 +46,20 @@ class Reason:
     def text(self) -> str:
         return f"{self.why}{self.joint}{self.fix}" if self.fix else self.why
 
-    def then(self, other: Reason) -> Reason:
-        """This reason, then ``other``'s (a wrapper's refusal, then its inner algorithm's)."""
-        return Reason(self.why, f"{self.fix}; and {other.text}", self.joint)
+    def then(self, other: Reason | None) -> Reason:
+        """This reason, then ``other``'s (a wrapper's refusal, then its inner algorithm's); this one alone when
+        ``other`` is None (the inner algorithm gives no reason)."""
+        return self if other is None else Reason(self.why, f"{self.fix}; and {other.text}", self.joint)
+
+
+UNIFORM_FEDAVG = 'use fedavg or fedprox with aggregation = "uniform"'  # the usual alternative under FedBuff
+
+
+def synchronous_only(name: str, why: str, alternative: str = UNIFORM_FEDAVG) -> Reason:
+    """Why FedBuff cannot run algorithm ``name``, which has no asynchronous rule: ``why``, and the fix of running
+    ``name`` synchronously or else ``alternative`` ("" for none)."""
+    fix = f"run {name} synchronously (remove [asynchronous])"
+    return Reason(why, f"{fix}, or {alternative}" if alternative else fix)
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from driftlab.features.capabilities import (
     conflicts,
     first_refusal,
     refusal,
+    synchronous_only,
     with_lack,
 )
 
@@ -64,6 +65,7 @@ def test_a_wrappers_lack_replaces_the_wrapped_ones_of_that_capability_only():
     wrapped = with_lack(inner, SHARED_VIEW, Reason("mine", "fix").then(Reason("views")))
     assert [lack.capability for lack in wrapped] == [PRIVACY_FORM, SHARED_VIEW]
     assert wrapped[1].reason.text == "mine: fix; and views"
+    assert Reason("mine", "fix").then(None) == Reason("mine", "fix")  # the wrapped algorithm gives no reason
     with pytest.raises(ValueError, match="unknown capability"):
         Lack("flying", GENERIC)
 
@@ -81,3 +83,13 @@ def test_every_drivers_needs_are_capabilities_and_its_exclusions_feature_keys():
         assert all(need in CAPABILITIES for need, _ in requirements.needs), requirements.key
         assert all(key not in CAPABILITIES for key, _ in requirements.excludes), requirements.key
         assert all(reason.fix for _, reason in (*requirements.needs, *requirements.excludes)), requirements.key
+
+
+def test_a_synchronous_only_reason_fixes_by_running_the_algorithm_synchronously_or_the_alternative():
+    assert synchronous_only("x", "stale").text == (
+        'stale: run x synchronously (remove [asynchronous]), or use fedavg or fedprox with aggregation = "uniform"'
+    )
+    assert synchronous_only("x", "stale", alternative="use y").text == (
+        "stale: run x synchronously (remove [asynchronous]), or use y"
+    )
+    assert synchronous_only("x", "stale", alternative="").text == "stale: run x synchronously (remove [asynchronous])"

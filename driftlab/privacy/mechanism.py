@@ -74,6 +74,7 @@ import torch
 from driftlab.errors import ConfigError
 from driftlab.features import drivers
 from driftlab.features.capabilities import ASYNCHRONOUS_RULE, PRIVACY_FORM, Lack, Reason, algorithm_key, refusal
+from driftlab.features.wrapping import Wrapping
 from driftlab.privacy.settings import PrivacySettings
 from driftlab.simulation.round.randomness import Stream, generator, seeded_torch_generator
 from driftlab.simulation.seam import (
@@ -116,34 +117,23 @@ def no_form_refusal(name: str) -> str:
 
 def asynchronous_lack(algorithm: Algorithm) -> Lack:
     """The private ``algorithm``'s lack of an asynchronous rule: privacy's reason, then the wrapped algorithm's own."""
-    inner = algorithm.refusal_reason(drivers.ASYNCHRONOUS)
-    return Lack(ASYNCHRONOUS_RULE, ASYNCHRONOUS_REASON if inner is None else ASYNCHRONOUS_REASON.then(inner))
+    return Lack(ASYNCHRONOUS_RULE, ASYNCHRONOUS_REASON.then(algorithm.refusal_reason(drivers.ASYNCHRONOUS)))
 
 
 @dataclass(frozen=True)
-class PrivateServerState:
+class PrivateServerState(Wrapping):
     """The wrapped algorithm's server state, the clip norm C_t of the coming round and the length D of a released
     vector (the size of the central noise; 0 when the run adds none)."""
 
-    inner: Any
     clip: float
     dimension: int
 
-    @property
-    def params(self) -> torch.Tensor:
-        return self.inner.params
-
 
 @dataclass(frozen=True)
-class PrivateClientView:
+class PrivateClientView(Wrapping):
     """With adaptive clipping: the wrapped algorithm's view and the round's clip norm C_t (a number: no bits)."""
 
-    inner: Any
     clip: float
-
-    @property
-    def params(self) -> torch.Tensor:
-        return self.inner.params
 
 
 @dataclass(frozen=True)

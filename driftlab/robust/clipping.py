@@ -38,7 +38,7 @@ from typing import ClassVar
 
 import torch
 
-from driftlab.robust.result import RobustResult, check_updates, ones, weighted_sum
+from driftlab.robust.result import RobustResult, check_positive_integer, check_updates, ones, weighted_sum
 
 
 @dataclass(frozen=True)
@@ -61,8 +61,7 @@ class CenteredClipping:
     def __post_init__(self) -> None:
         if not self.radius > 0:
             raise ValueError(f"centered_clipping: radius τ must be positive (math.inf: no clipping), got {self.radius}")
-        if not isinstance(self.iterations, int) or self.iterations < 1:
-            raise ValueError(f"centered_clipping: iterations L must be a positive integer, got {self.iterations!r}")
+        check_positive_integer(self.iterations, self.name, "iterations L")
         if not 0 <= self.momentum < 1:
             raise ValueError(f"centered_clipping: momentum β must be in [0, 1), got {self.momentum}")
 

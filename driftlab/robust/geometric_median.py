@@ -24,7 +24,7 @@ from typing import ClassVar
 
 import torch
 
-from driftlab.robust.result import RobustResult, check_updates, weighted_sum
+from driftlab.robust.result import RobustResult, check_positive_integer, check_updates, weighted_sum
 
 
 @dataclass(frozen=True)
@@ -37,8 +37,7 @@ class GeometricMedian:
     def __post_init__(self) -> None:
         if not self.smoothing > 0:
             raise ValueError(f"geometric_median: smoothing ν must be positive, got {self.smoothing}")
-        if not isinstance(self.iterations, int) or self.iterations < 1:
-            raise ValueError(f"geometric_median: iterations T must be a positive integer, got {self.iterations!r}")
+        check_positive_integer(self.iterations, self.name, "iterations T")
         if not self.tolerance >= 0:
             raise ValueError(f"geometric_median: tolerance must be ≥ 0, got {self.tolerance}")
 

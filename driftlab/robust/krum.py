@@ -37,7 +37,7 @@ from typing import ClassVar
 import torch
 
 from driftlab.robust.coordinatewise import middle, sorted_columns
-from driftlab.robust.result import RobustResult, check_byzantine, check_updates, ones, weighted_sum
+from driftlab.robust.result import RobustResult, check_byzantine, check_positive_integer, check_updates, ones, weighted_sum
 
 
 @dataclass(frozen=True)
@@ -61,11 +61,8 @@ class MultiKrum:
 
     def __post_init__(self) -> None:
         check_byzantine(self.byzantine, self.name)
-        if self.selected is not None and (not isinstance(self.selected, int) or self.selected < 1):
-            raise ValueError(
-                "multi_krum: selected (m, how many updates to average) must be a positive integer, "
-                f"got {self.selected!r}"
-            )
+        if self.selected is not None:
+            check_positive_integer(self.selected, self.name, "selected (m, how many updates to average)")
 
 
 @dataclass(frozen=True)

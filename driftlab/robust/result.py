@@ -73,6 +73,12 @@ def check_byzantine(f: int, rule: str) -> None:
         raise ValueError(f"{rule}: the number of Byzantine clients f must be a non-negative integer, got {f!r}")
 
 
+def check_positive_integer(value: int, rule: str, what: str) -> None:
+    """``value``, a count of ``rule``'s named ``what`` in the message, must be an integer of at least 1."""
+    if not isinstance(value, int) or value < 1:
+        raise ValueError(f"{rule}: {what} must be a positive integer, got {value!r}")
+
+
 def ones(n: int, device: torch.device) -> torch.Tensor:
     return torch.ones(n, dtype=torch.float64, device=device)
 
