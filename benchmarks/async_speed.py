@@ -125,7 +125,7 @@ class CountingBackend:
 
 def build_rows(args: argparse.Namespace, data_section: dict[str, Any]) -> dict[str, tuple]:
     """(simulation, state) of each row: the same config; ``[system]`` added to the timed ones, ``[asynchronous]`` to FedBuff."""
-    from driftlab.experiments.assembly import build_simulation
+    from driftlab.experiments.run.assembly import build_simulation
     from driftlab.experiments.config import load_config
 
     table = round_speed.mlp_config(args, data_section, rounds=100_000)

@@ -58,7 +58,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the driftlab of this checkout
 
 import driftlab
-from driftlab.experiments import lifecycle, runner
+from driftlab.experiments.run import lifecycle, runner
 from driftlab.simulation.round import engine
 
 ALGORITHMS = {

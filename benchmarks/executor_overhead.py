@@ -39,7 +39,7 @@ OVERRIDES = ["data.num_clients=6", "client.epochs=1", "sampling.participation=0.
 
 
 def measure(options, out: Path, mus: str = "[0, 1]", seeds: tuple[int, ...] = (0, 1)) -> dict:
-    from driftlab.experiments.runner import read_run_info
+    from driftlab.experiments.run.runner import read_run_info
     from driftlab.experiments.sweep import run_sweep, sweep_from_config
     from driftlab.experiments.sweep.execution import _name
 

@@ -61,7 +61,7 @@ from typing import Any
 REPOSITORY = Path(__file__).resolve().parents[1]
 
 CUDA_TESTS = [
-    "driftlab/experiments/cuda_runs_test.py",
+    "driftlab/experiments/run/cuda_runs_test.py",
     "driftlab/simulation/backends/vectorized_test.py::test_a_cuda_round_has_no_host_syncs_and_matches_the_cpu",
     "driftlab/simulation/backends/precision_test.py::test_on_cuda_each_precision_trains_near_the_cpu_float32_round",
     "driftlab/simulation/state/memory_budget_test.py::test_a_cuda_run_measures_its_gpu_once_and_takes_its_share",
@@ -216,7 +216,7 @@ def speed_summary(label: str, report: dict[str, Any] | None) -> list[dict[str, A
 def precision_sweep(args: argparse.Namespace, budget: Budget, log: Any, cuda: bool) -> dict[str, Any]:
     """float32, tf32 and bf16 on a short real CIFAR-10 run, in one sweep (three runs sharing the GPU)."""
     sys.path.insert(0, str(REPOSITORY))
-    from driftlab.experiments.datasets import find_data
+    from driftlab.experiments.run.datasets import find_data
 
     if find_data("cifar10-jpeg") is None and not args.quick:
         return {"status": "skipped: no CIFAR-10 JPEG tarball (DRIFTLAB_DATA/cifar10-jpeg)"}

@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import torch
 
-    from driftlab.experiments.shipped import sweep_names, sweep_text
+    from driftlab.experiments.sweep.shipped import sweep_names, sweep_text
 
     if args.sweep not in sweep_names():
         print(f"gpu_reproduce.py: error: --sweep {args.sweep!r} is not a shipped sweep; choose one of {', '.join(sweep_names())}",

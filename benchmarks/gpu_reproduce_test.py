@@ -8,7 +8,7 @@ import tomllib
 import pytest
 
 import gpu_reproduce  # benchmarks/ is on sys.path: pytest puts a test file's directory there
-from driftlab.experiments.shipped import sweep_names, sweep_text
+from driftlab.experiments.sweep.shipped import sweep_names, sweep_text
 from driftlab.experiments.sweep.planning import plan
 from driftlab.experiments.sweep.spec import load_sweep
 

@@ -470,7 +470,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch  # noqa: F401  - imported before forking so every case starts warm
 
     import driftlab.cli
-    import driftlab.experiments.runner  # noqa: F401
+    import driftlab.experiments.run.runner  # noqa: F401
 
     kinds = set(args.kinds.split(","))
     rng = random.Random(args.seed)

@@ -103,7 +103,7 @@ sys.path.insert(0, str(REPOSITORY))  # the driftlab of this checkout, also in th
 def _shared_data(name: str) -> Path:
     """Where driftlab looks for a data set (``$DRIFTLAB_DATA/<name>`` when set, else ../shared/data/<name>), so that a
     copy carried to another machine is found as a run finds it."""
-    from driftlab.experiments.datasets import find_data
+    from driftlab.experiments.run.datasets import find_data
 
     return find_data(name) or REPOSITORY.parent / "shared" / "data" / name
 
@@ -234,7 +234,7 @@ def _cifar10_rows(args: argparse.Namespace, needed: int) -> tuple[torch.Tensor, 
     if not args.random_data:
         from driftlab.data.federated import DataFileError
         from driftlab.data.images import load_cifar_tensors
-        from driftlab.experiments.datasets import default_data_root
+        from driftlab.experiments.run.datasets import default_data_root
 
         root = default_data_root("cifar10")
         if root.exists():
@@ -352,7 +352,7 @@ def synchronize(device: str) -> None:
 def driftlab_rounds(spec: dict[str, Any], inputs: torch.Tensor, targets: torch.Tensor) -> tuple[list[float], int]:
     """Seconds of each round of driftlab FedAvg (engine ``run_round``: sampling, training, aggregation; no evaluation)."""
     from driftlab.experiments.config import load_config
-    from driftlab.experiments.assembly import build_simulation
+    from driftlab.experiments.run.assembly import build_simulation
     from driftlab.simulation.round.engine import run_round
     from driftlab.simulation.backends.vectorized import VectorizedBackend
 

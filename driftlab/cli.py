@@ -44,7 +44,7 @@ from driftlab.errors import ConfigError
 # `--help` import no torch); an error of a module that was not imported cannot have been raised.
 USER_ERRORS = (
     ("driftlab.data.federated", "DataFileError"),
-    ("driftlab.experiments.datasets", "DataSetupError"),
+    ("driftlab.experiments.run.datasets", "DataSetupError"),
     ("driftlab.simulation.state.checkpoint", "CheckpointError"),
 )
 
@@ -102,7 +102,7 @@ _LOG_HELP = (
 
 
 def _trackers_option(args: argparse.Namespace) -> tuple[str, ...] | None:
-    from driftlab.experiments.trackers import parse_tracker_list
+    from driftlab.experiments.run.trackers import parse_tracker_list
 
     return None if args.log is None else parse_tracker_list(args.log)
 
@@ -458,7 +458,7 @@ def _dispatch(args: argparse.Namespace) -> int:
 
     if args.command == "presets":
         # read from the shipped files alone: listing them imports no torch
-        from driftlab.experiments.shipped import preset_names, sweep_description, sweep_names
+        from driftlab.experiments.sweep.shipped import preset_names, sweep_description, sweep_names
 
         print("configs (driftlab run NAME --out DIR):")
         for name in preset_names():
@@ -495,7 +495,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "data":
         return _data_command(args)
 
-    from driftlab.experiments.runner import install_termination_handler, run
+    from driftlab.experiments.run.runner import install_termination_handler, run
 
     install_termination_handler()
     _show_run_warnings_plainly()
@@ -511,7 +511,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(f"metrics: {args.out}/metrics.jsonl")
         return 0
     if args.command == "demo":
-        from driftlab.experiments.demo import run_demo, summary_table
+        from driftlab.experiments.run.demo import run_demo, summary_table
 
         results = run_demo(args.out, tuple(args.overrides), progress=not args.quiet, force=args.force)
         print()
@@ -523,7 +523,7 @@ def _dispatch(args: argparse.Namespace) -> int:
 
 def preset_description(name: str) -> str:
     """The comment lines at the top of a shipped preset, as one paragraph."""
-    from driftlab.experiments.shipped import preset_description as description
+    from driftlab.experiments.sweep.shipped import preset_description as description
 
     return description(name)
 
@@ -559,7 +559,7 @@ def _float_list(text: str, option: str) -> list[float]:
 
 def _sweep_command(args: argparse.Namespace) -> int:
     if args.status is not None:
-        from driftlab.experiments.sweep_status import format_status, sweep_status
+        from driftlab.experiments.sweep.sweep_status import format_status, sweep_status
 
         print(format_status(sweep_status(args.status)))
         return 0
@@ -605,7 +605,7 @@ def _sweep_command(args: argparse.Namespace) -> int:
         from driftlab.experiments.report import claimable
 
         claimable(Path(args.out) / "report", args.force)  # a user's report.md there stops the sweep before any run, not after
-    from driftlab.experiments.runner import install_termination_handler
+    from driftlab.experiments.run.runner import install_termination_handler
 
     install_termination_handler()
     try:
@@ -654,7 +654,7 @@ def _data_command(args: argparse.Namespace) -> int:
     from driftlab.models import registry as model_registry
     from driftlab.data.download import NOT_DOWNLOADABLE
     from driftlab.experiments.config import PARTITIONS, load_config
-    from driftlab.experiments.datasets import build_dataset, data_location, data_search_paths
+    from driftlab.experiments.run.datasets import build_dataset, data_location, data_search_paths
 
     if args.data_command == "list":
         print("data sets (data.name), and whether their files are where data.root's default looks:")

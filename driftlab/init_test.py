@@ -19,13 +19,14 @@ def test_import_driftlab_imports_no_torch():
 def test_public_names_are_those_of_their_modules():
     # `from driftlab import run` and `driftlab.run` import the runner (and torch) when first used
     from driftlab.errors import ConfigError
-    from driftlab.experiments import config, report, runner, sweep
+    from driftlab.experiments import config, report, sweep
+    from driftlab.experiments.run import runner
 
     assert driftlab.ConfigError is ConfigError is config.ConfigError
     assert (driftlab.run, driftlab.RunResult) == (runner.run, runner.RunResult)
     assert (driftlab.ExperimentConfig, driftlab.load_config) == (config.ExperimentConfig, config.load_config)
     assert (driftlab.load_sweep, driftlab.run_sweep, driftlab.make_report) == (sweep.load_sweep, sweep.run_sweep, report.make_report)
-    from driftlab.experiments import loading
+    from driftlab.experiments.run import loading
 
     assert (driftlab.load_model, driftlab.load_run) == (loading.load_model, loading.load_run)
     assert all(hasattr(driftlab, name) for name in driftlab.__all__)

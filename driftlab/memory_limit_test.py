@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from driftlab import memory_limit as ml
-from driftlab.experiments.compatibility import check_plan_size, check_sizes
+from driftlab.experiments.run.compatibility import check_plan_size, check_sizes
 from driftlab.experiments.config import ConfigError, load_config
-from driftlab.experiments.datasets import build_dataset
+from driftlab.experiments.run.datasets import build_dataset
 
 GIB = 2**30
 STATUS = "Name:\tpython\nVmPeak:\t 900000 kB\nVmSize:\t  800000 kB\nVmData:\t  300000 kB\nVmRSS:\t  200000 kB\n"
@@ -118,7 +118,7 @@ def test_size_checks_name_the_limit_that_refused(monkeypatch):
     assert message.startswith(f"client.steps: the batch plan of the largest client ({largest:,} examples: 100,000,000 steps")
     assert "7.32 GiB of memory left under the address-space limit RLIMIT_AS (ulimit -v) of 8 GiB (the process holds 700 MiB)" in message
     # with no memory given, the checks ask memory_limit()
-    monkeypatch.setattr("driftlab.experiments.compatibility.memory_limit", lambda: limit)
+    monkeypatch.setattr("driftlab.experiments.run.compatibility.memory_limit", lambda: limit)
     with pytest.raises(ConfigError, match=r"RLIMIT_AS \(ulimit -v\) of 8 GiB"):
         check_plan_size(config, data)
 

@@ -16,7 +16,7 @@ A command whose files are meant to be edited (``flower new``'s project) also rec
 (``record_digests``): a file changed since is the user's work, refused like a file of theirs.
 
 Used by ``demo``, ``sweep``, ``report``, ``reproduce``, ``data download`` and ``flower new``; ``run`` keeps its own
-stricter rule (a new or empty folder, or its own run: ``driftlab.experiments.run_directory``).
+stricter rule (a new or empty folder, or its own run: ``driftlab.experiments.run.run_directory``).
 
 The manifest::
 

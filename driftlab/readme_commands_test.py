@@ -146,7 +146,7 @@ def test_every_skipped_command_is_still_in_the_readme():
 @pytest.mark.skipif(not README.exists(), reason="README.md is beside the package only in a source checkout")
 @pytest.mark.skipif(shutil.which("driftlab") is None or shutil.which("bash") is None, reason="needs bash and the driftlab command")
 def test_the_readme_commands_run_in_order(tmp_path):
-    from driftlab.experiments.real_data import real_data_path
+    from driftlab.experiments.run.real_data import real_data_path
 
     script = ["set -e"]
     for command in readme_commands():

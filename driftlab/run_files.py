@@ -2,7 +2,7 @@
 
 Low in the package (standard library and ``driftlab.errors`` only), so that the executors, which start and
 watch runs, read a run directory without importing ``driftlab.experiments``, which writes it
-(``driftlab.experiments.run_directory`` re-exports these names beside the rest of the directory's layout).
+(``driftlab.experiments.run.run_directory`` re-exports these names beside the rest of the directory's layout).
 """
 
 from __future__ import annotations

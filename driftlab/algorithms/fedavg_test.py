@@ -11,7 +11,7 @@ import torch
 import driftlab
 from driftlab.algorithms import fedavg
 from driftlab.data.federated import FederatedDataset
-from driftlab.experiments import runner as runner_module
+from driftlab.experiments.run import runner as runner_module
 from driftlab.models import build_model
 from driftlab.optim.server import make_server_optimizer
 from driftlab.simulation.round.engine import run_round

@@ -288,7 +288,7 @@ def test_a_plugins_nan_metric_is_not_blamed_on_the_learning_rate_alone(fresh_reg
 
 
 def test_built_in_algorithms_are_not_wrapped_and_carry_no_plugin_note():
-    from driftlab.experiments.assembly import configured_algorithm
+    from driftlab.experiments.run.assembly import configured_algorithm
     from driftlab.algorithms import fedavg
 
     config = driftlab.load_config(None, ["algorithm.name=fedavg"])
@@ -390,7 +390,7 @@ def test_a_compressed_plugin_keeps_its_guard_and_its_name(fresh_registry, tmp_pa
     path = write_broken(tmp_path, "compressed_fails", FAULTS["raises_in_client_finish"][0])
     with pytest.raises(PluginError, match=r"algorithm plugin 'compressed_fails' \(.*\) failed in client_finish \(client \d+, round 1\)"):
         run_plugin(path, "compressed_fails", "compression.ratio=0.3")
-    from driftlab.experiments.assembly import build_algorithm
+    from driftlab.experiments.run.assembly import build_algorithm
     from driftlab.experiments.config import load_config
     from driftlab.simulation.backends.flat import FlatModel
 

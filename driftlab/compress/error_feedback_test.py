@@ -12,7 +12,7 @@ from driftlab.algorithms import fedavg
 from driftlab.algorithms.efl_test import context
 from driftlab.compress import compress_model, with_compression
 from driftlab.experiments.config import load_config
-from driftlab.experiments.runner import build_simulation
+from driftlab.experiments.run.runner import build_simulation
 from driftlab.metrics.communication import payload_bits
 from driftlab.optim.server import make_server_optimizer
 from driftlab.simulation.round.engine import run_round

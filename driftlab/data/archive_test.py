@@ -13,7 +13,7 @@ import pytest
 
 from driftlab.data.archive import ArchiveLimits, iter_tar_members, read_decompressed
 from driftlab.data.federated import DataFileError
-from driftlab.experiments.real_data import needs_real_data, real_data_path
+from driftlab.experiments.run.real_data import needs_real_data, real_data_path
 
 GENEROUS = ArchiveLimits(max_members=1000, max_member_bytes=1 << 24, max_total_bytes=1 << 26)
 ANY = lambda member: True  # noqa: E731

@@ -4,7 +4,7 @@ Registered by ``driftlab.data`` through the same ``register`` a plugin calls.  A
 takes ``(section, seed, path)``: its validated ``[data]`` section, the data seed and
 where its files are (None for generated data), and returns a ``FederatedDataset`` (clients
 of its own) or pooled tensors that ``data.partition`` deals out
-(``driftlab.experiments.datasets.build_dataset``).  The loaders import their modules
+(``driftlab.experiments.run.datasets.build_dataset``).  The loaders import their modules
 when called, so naming the data sets costs no import of h5py, PIL or the generators.
 """
 
@@ -335,7 +335,7 @@ class CustomData(DataSection):
     @model_validator(mode="after")
     def _own_clients(self) -> "CustomData":
         # data.partition deals out examples given without client ids; data that brings ids is refused a partition
-        # when it is loaded (experiments.datasets.own_clients): only the data says whether it has them.
+        # when it is loaded (experiments.run.datasets.own_clients): only the data says whether it has them.
         if self.loader is not None:
             check_function_reference(self.loader)
         return self

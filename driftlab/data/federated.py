@@ -82,7 +82,7 @@ class FederatedDataset:
             form (the quadratic clients); evaluation then reports the distance to it.
         clients_unassigned: the rows came without client ids (``FederatedArrays``
             without ``train_client_ids``): one placeholder client holds them all
-            until ``experiments.datasets.own_clients`` deals them out by ``data.partition``.
+            until ``experiments.run.datasets.own_clients`` deals them out by ``data.partition``.
 
     Equality is identity (``eq=False``): comparing tensors element-wise is
     never what ``==`` on a data set should mean. The index arrays are stored
@@ -107,7 +107,7 @@ class FederatedDataset:
     # client_indices, so they never train; None: no validation split.
     client_validation_indices: tuple[np.ndarray, ...] | None = None
     # Rows given without client ids (FederatedArrays without train_client_ids): one placeholder client holds every
-    # row until ``experiments.datasets`` deals them out by ``data.partition``; never trained on as it is.
+    # row until ``experiments.run.datasets`` deals them out by ``data.partition``; never trained on as it is.
     clients_unassigned: bool = False
 
     def __post_init__(self) -> None:
@@ -556,7 +556,7 @@ def federated_dataset_from_arrays(arrays: FederatedArrays, origin: str = "data",
     train_y = _tensor(arrays.train_targets, "train_targets", origin)
     test_x = _tensor(arrays.test_inputs, "test_inputs", origin)
     test_y = _tensor(arrays.test_targets, "test_targets", origin)
-    # Without ids one placeholder client holds every row, until experiments.datasets deals them out by data.partition.
+    # Without ids one placeholder client holds every row, until experiments.run.datasets deals them out by data.partition.
     if unassigned:
         train_ids = np.zeros(len(train_y), np.int64)
     else:

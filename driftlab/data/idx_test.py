@@ -15,7 +15,7 @@ import torch
 
 from driftlab.data.federated import DataFileError
 from driftlab.data.idx import IDX_DTYPES, load_mnist, load_mnist_tensors, read_idx
-from driftlab.experiments.real_data import real_data_path, real_data_skip_reason
+from driftlab.experiments.run.real_data import real_data_path, real_data_skip_reason
 
 _CODES = {np.dtype(d.newbyteorder("=")): code for code, d in IDX_DTYPES.items()}
 

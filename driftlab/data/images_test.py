@@ -3,7 +3,7 @@
 Every loader is tested on small files the tests write in the official formats
 (IDX inside EMNIST's gzip.zip, CIFAR binary records in a tar.gz, image folders
 written with Pillow); the real CIFAR-10 JPEG tarball and MNIST files are used
-where the library finds them (``driftlab.experiments.real_data``) and skipped
+where the library finds them (``driftlab.experiments.run.real_data``) and skipped
 otherwise.
 """
 
@@ -35,7 +35,7 @@ from driftlab.data.images import (
     load_fashion_mnist_tensors,
 )
 from driftlab.data.image_folders import load_cifar10_image_folder, load_image_folder
-from driftlab.experiments.real_data import needs_real_data, real_data_path
+from driftlab.experiments.run.real_data import needs_real_data, real_data_path
 from driftlab.simulation.backends.augmentation import check_images, flip_crop_from_keys, flip_then_shift
 
 # where the library finds them without a data.root, or None

@@ -21,7 +21,7 @@ from driftlab.data.leaf import (
     load_leaf_shakespeare,
     sent140_tokens,
 )
-from driftlab.experiments.real_data import needs_real_data, real_data_path
+from driftlab.experiments.run.real_data import needs_real_data, real_data_path
 
 REAL_FEMNIST = real_data_path("femnist")  # where the library finds it, or None
 

@@ -199,7 +199,7 @@ class DataSetEntry:
 
     @property
     def default_location(self) -> str | None:
-        """``location`` under the name ``experiments/real_data.py`` reads (until it reads ``location``)."""
+        """``location`` under the name ``experiments/run/real_data.py`` reads (until it reads ``location``)."""
         return self.location
 
     @property

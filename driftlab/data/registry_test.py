@@ -14,9 +14,9 @@ from driftlab import plugins
 from driftlab.data import registry
 from driftlab.data.builtins import QuadraticData, SyntheticData
 from driftlab.data.registry import DataSection, DataSetEntry, Download
-from driftlab.experiments.compatibility import check_sizes
+from driftlab.experiments.run.compatibility import check_sizes
 from driftlab.experiments.config import LEGACY_FLAT_DEFAULTS, describe_keys, load_config
-from driftlab.experiments.datasets import build_dataset, vocabulary_size
+from driftlab.experiments.run.datasets import build_dataset, vocabulary_size
 
 TINY = ["rounds=2", "data.num_clients=4", "client.epochs=1", "sampling.participation=1.0", "client.batch_size=8"]
 
@@ -193,7 +193,7 @@ def test_a_key_of_another_data_set_is_refused_naming_the_data_sets_that_take_it(
     ):
         load_config(None, ["data.name=quadratic", "data.partition=dirichlet"])
     # your own data takes data.partition: it deals out examples given without client ids (data that brings ids
-    # refuses it when loaded, experiments/datasets_test.py)
+    # refuses it when loaded, experiments/run/datasets_test.py)
     assert load_config(None, ["data.name=custom", "data.partition=dirichlet"]).data.partition == "dirichlet"
     with pytest.raises(
         driftlab.ConfigError, match=r"client\.num_clients: unknown key; .*did you mean data\.num_clients\?"

@@ -11,7 +11,7 @@ import torch
 from driftlab.data.federated import DataFileError
 from driftlab.data.leaf import LEAF_ALL_LETTERS
 from driftlab.data.shakespeare import load_shakespeare_text, read_shakespeare_roles
-from driftlab.experiments.real_data import needs_real_data, real_data_path
+from driftlab.experiments.run.real_data import needs_real_data, real_data_path
 
 REAL_TEXT = real_data_path("shakespeare")  # where the library finds it, or None
 

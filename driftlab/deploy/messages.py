@@ -18,7 +18,7 @@ from driftlab.data.federated import FederatedDataset
 from driftlab.errors import ConfigError
 from driftlab.features import drivers
 from driftlab.features.capabilities import Conflict, algorithm_key, conflicts
-from driftlab.experiments.assembly import build_model, configured_algorithm, load_data, resolve_device
+from driftlab.experiments.run.assembly import build_model, configured_algorithm, load_data, resolve_device
 from driftlab.experiments.config import ExperimentConfig
 from driftlab.deploy import wire
 from driftlab.simulation.round.client import ClientSettings

@@ -34,7 +34,7 @@ from driftlab.deploy.messages import (
 )
 from driftlab.deploy.node_state import TOKEN_BYTES, NodeClientState, registration_token
 from driftlab.errors import ConfigError
-from driftlab.experiments.assembly import build_algorithm, resolve_device, round_plan
+from driftlab.experiments.run.assembly import build_algorithm, resolve_device, round_plan
 from driftlab.experiments.config import ExperimentConfig
 from driftlab.simulation.backends.augmentation import flip_crop_from_keys
 from driftlab.simulation.round.client import ClientData, ClientSettings, run_client

@@ -3,7 +3,7 @@
 This package knows nothing of Flower (``driftlab.flower.apps`` adapts it to a
 Flower ServerApp and ClientApp); it runs the simulator's own functions on
 both sides, so a deployment computes what the simulator computes, and the
-server runs the simulator's run lifecycle (``driftlab.experiments.lifecycle``),
+server runs the simulator's run lifecycle (``driftlab.experiments.run.lifecycle``),
 so its run directory, trackers, signals, divergence and ``keep_checkpoint``
 behave as ``driftlab run``'s:
 
@@ -169,11 +169,11 @@ from driftlab.deploy.messages import (
 from driftlab.deploy.node import DeploymentClient
 from driftlab.deploy.node_state import TOKEN_BYTES
 from driftlab.errors import ConfigError
-from driftlab.experiments.assembly import build_simulation, features_run_info, load_data
+from driftlab.experiments.run.assembly import build_simulation, features_run_info, load_data
 from driftlab.experiments.config import ExperimentConfig, load_config
-from driftlab.experiments import run_directory
-from driftlab.experiments.lifecycle import RunResult, run_rounds
-from driftlab.experiments.trackers import check_trackers_installed
+from driftlab.experiments.run import run_directory
+from driftlab.experiments.run.lifecycle import RunResult, run_rounds
+from driftlab.experiments.run.trackers import check_trackers_installed
 from driftlab.simulation.backends.local_training import LocalSettings
 from driftlab.simulation.state.checkpoint import write_atomically
 from driftlab.simulation.round.engine import finish_round, plan_round
@@ -364,7 +364,7 @@ class DeploymentServer:
     Every rejected, late, missing or error reply is logged (``log``, default
     the "driftlab.deploy" logger) and kept in ``rejections``.  The run's life
     (resume, checkpoints, trackers, signals, divergence, ``keep_checkpoint``)
-    is ``driftlab.experiments.lifecycle``'s, as for ``driftlab run``.
+    is ``driftlab.experiments.run.lifecycle``'s, as for ``driftlab run``.
     """
 
     config: ExperimentConfig

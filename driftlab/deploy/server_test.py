@@ -32,7 +32,7 @@ from driftlab.deploy.messages import (
 )
 from driftlab.deploy.node import DeploymentClient
 from driftlab.deploy.server import DeploymentServer, _check_planned, run_in_process
-from driftlab.experiments.assembly import load_data
+from driftlab.experiments.run.assembly import load_data
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 BASE = [
@@ -676,12 +676,12 @@ def test_a_replayed_train_request_is_refused_and_leaves_the_staged_state_alone(t
     assert node._state(client_id).staged_round == 3  # still waiting for the server's word
 
 
-# ---------------------------------------------------------------- the run's life: the simulator's (experiments.lifecycle)
+# ---------------------------------------------------------------- the run's life: the simulator's (experiments.run.lifecycle)
 
 
 def test_a_deployment_logs_every_round_to_its_trackers_once(tmp_path):
     pytest.importorskip("tensorboard")
-    from driftlab.experiments.trackers_test import _assert_same_series, _expected, _tensorboard_series
+    from driftlab.experiments.run.trackers_test import _assert_same_series, _expected, _tensorboard_series
 
     config = _config(*ALGORITHMS["fedavg"], "log=[\"tensorboard\"]", rounds=3)
     _deploy(config, tmp_path / "out", _Nodes(config, tmp_path / "state"))

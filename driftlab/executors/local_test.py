@@ -10,7 +10,7 @@ from driftlab.executors.conftest import RUN_ENTRY, assert_same_results, check_ki
 from driftlab.executors.gpus import GPU_SHARE_VARIABLE
 from driftlab.executors.local import LocalOptions, placed_tasks
 from driftlab.executors.registry import Layout
-from driftlab.experiments.run_directory import read_run_info
+from driftlab.experiments.run.run_directory import read_run_info
 
 
 @pytest.mark.slow

@@ -8,7 +8,7 @@ import pytest
 
 from driftlab.executors import ExecutorOptions
 from driftlab.executors.conftest import assert_same_results, check_kill_and_resume, run_dirs, sweep
-from driftlab.experiments.run_directory import read_run_info
+from driftlab.experiments.run.run_directory import read_run_info
 
 ray = pytest.importorskip("ray")
 

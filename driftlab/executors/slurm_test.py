@@ -9,7 +9,7 @@ import pytest
 from driftlab.errors import ConfigError
 from driftlab.executors import ExecutorOptions, check_options
 from driftlab.executors.conftest import RUN_ENTRY, assert_same_results, check_kill_and_resume, run_dirs, sweep
-from driftlab.experiments.run_directory import read_run_info
+from driftlab.experiments.run.run_directory import read_run_info
 
 submitit = pytest.importorskip("submitit")
 

@@ -15,7 +15,7 @@ def test_a_task_s_run_directory_is_made_absolute_from_the_sweep_s_working_direct
 
 
 def test_a_task_s_entry_must_be_a_module_function_reference():
-    for entry in ("run_recorded", "driftlab.experiments.runner:", ":run_recorded", "a.b:c.d", None):
+    for entry in ("run_recorded", "driftlab.experiments.run.runner:", ":run_recorded", "a.b:c.d", None):
         with pytest.raises(ValueError, match="a run's entry must be a 'module:function' reference"):
             RunTask("runs/a", Path("out/runs/a"), {}, 1, entry=entry)
     with pytest.raises(TypeError, match="entry"):  # no default: the caller always says what its workers run

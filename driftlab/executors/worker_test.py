@@ -9,7 +9,7 @@ import torch
 from driftlab.errors import ConfigError
 from driftlab.executors import processes, worker
 from driftlab.executors.conftest import RUN_ENTRY, TINY, four_run_spec
-from driftlab.experiments.run_directory import read_run_info
+from driftlab.experiments.run.run_directory import read_run_info
 from driftlab.experiments.sweep import plan
 
 
@@ -52,7 +52,7 @@ def test_the_worker_names_the_gpus_it_sees_and_passes_the_placement_to_the_run(m
 
 
 def test_the_entry_a_sweep_gives_its_runs_is_the_runner_s_entry_for_workers():
-    from driftlab.experiments.runner import run_recorded
+    from driftlab.experiments.run.runner import run_recorded
     from driftlab.experiments.sweep import execution
 
     assert worker.named(execution.RUN_ENTRY) is run_recorded

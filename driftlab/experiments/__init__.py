@@ -1,2 +1,3 @@
-"""Configs, runs, sweeps and reports. Importing this package imports none of its modules, so
+"""Configs, runs, sweeps and reports, a folder each (``config``, ``run``, ``sweep``, ``report``, ``reproduce``).
+Importing this package imports none of its modules, so
 ``driftlab.experiments.report`` (and ``driftlab report``) reads run directories without torch."""

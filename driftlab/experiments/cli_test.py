@@ -446,7 +446,7 @@ def test_known_errors_keep_their_exit_codes(monkeypatch, capsys, temp_dir):
     assert cli.main(["presets"]) == 2
     assert capsys.readouterr().err == "driftlab: error: /data/secret: Permission denied\n"
     from driftlab.data.federated import DataFileError
-    from driftlab.experiments.datasets import DataSetupError
+    from driftlab.experiments.run.datasets import DataSetupError
     from driftlab.simulation.state.checkpoint import CheckpointError
 
     for error in (DataFileError("bad file x.npz"), DataSetupError("no data at y"), CheckpointError("checkpoint z is damaged")):
@@ -496,7 +496,7 @@ def test_an_unexpected_error_in_a_real_process_has_no_traceback(tmp_path):
 
 @pytest.mark.slow
 def test_demo_progress_is_one_line_per_run_with_the_demo_labels(tmp_path):
-    from driftlab.experiments.demo import DEMO_RUNS
+    from driftlab.experiments.run.demo import DEMO_RUNS
 
     result = driftlab_cli("demo", "rounds=2", "client.epochs=none", "client.steps=1", "--out", tmp_path / "demo")
     assert result.returncode == 0, result.stderr
@@ -584,7 +584,7 @@ def test_a_sweep_whose_runs_another_process_holds_exits_4_and_never_says_finishe
 
 
 def test_help_and_presets_import_no_torch_and_list_the_same_as_with_it():
-    # `driftlab presets` reads the shipped files alone (driftlab.experiments.shipped): no torch, pydantic or numpy
+    # `driftlab presets` reads the shipped files alone (driftlab.experiments.sweep.shipped): no torch, pydantic or numpy
     code = (
         "import sys, contextlib, io\nfrom driftlab.cli import main\n"
         "for argv in (['--help'], ['presets'], ['sweep', '--help'], ['report', '--help']):\n"

@@ -21,10 +21,10 @@ import pytest
 
 from driftlab.data.download import NOT_DOWNLOADABLE, dataset_names
 from driftlab.experiments.config import PARTITIONS
-from driftlab.experiments.datasets import DATA_SETS
+from driftlab.experiments.run.datasets import DATA_SETS
 from driftlab.experiments import cli_test
-from driftlab.experiments.datasets_test import write_leaf, write_mnist
-from driftlab.experiments.real_data import needs_real_data, real_data_path
+from driftlab.experiments.run.datasets_test import write_leaf, write_mnist
+from driftlab.experiments.run.real_data import needs_real_data, real_data_path
 from driftlab.models import MODEL_NAMES
 
 PRESET = "synthetic-fedavg"

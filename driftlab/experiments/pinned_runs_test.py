@@ -48,7 +48,6 @@ import pytest
 import torch
 
 import driftlab
-from driftlab.experiments.run_directory import cpu_info
 
 PINS = Path(__file__).with_name("pinned_runs.json")
 BASE = [
@@ -87,6 +86,9 @@ def run_digests(case: str, backend: str) -> dict[str, str]:
 
 def machine_key() -> str:
     """What decides the last bits of a float64 CPU run besides driftlab: vendor, instruction set, torch build."""
+    # imported here, not at the top: the trusted commit's subprocess imports this module over its own, older package
+    from driftlab.experiments.run.run_directory import cpu_info
+
     vendor = cpu_info("vendor_id") or platform.machine() or "unknown"
     return f"{vendor}, {torch.backends.cpu.get_cpu_capability()}, torch {torch.__version__}"
 

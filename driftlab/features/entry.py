@@ -2,7 +2,7 @@
 
 An optional feature (client-level DP, compression, simulated time, FedBuff, the personal evaluation) is one
 ``FeatureEntry``, defined in its own package (``driftlab/privacy/feature.py``, ...) and registered in
-``driftlab.features.registry.FEATURES``.  Assembly (``driftlab.experiments.assembly``) iterates the entries and names
+``driftlab.features.registry.FEATURES``.  Assembly (``driftlab.experiments.run.assembly``) iterates the entries and names
 none of them::
 
     for each entry whose section is set (section_of(config) is not None and enabled(section, facts)):

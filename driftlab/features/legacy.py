@@ -1,6 +1,6 @@
 """The per-feature functions assembly used to define, over the feature entries: kept for their callers.
 
-``driftlab.experiments.assembly`` re-exports these (``privacy_settings``, ``privacy_run_info``, ``system_plan``,
+``driftlab.experiments.run.assembly`` re-exports these (``privacy_settings``, ``privacy_run_info``, ``system_plan``,
 ``system_run_info``, ``asynchronous_plan``, ``personal_evaluation``, ``check_deadline``); each reads one entry of
 ``FEATURES`` with ``run_facts``.  ``config`` is an ``ExperimentConfig``, read by attribute.
 """

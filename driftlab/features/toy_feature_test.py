@@ -10,7 +10,7 @@ import torch
 from pydantic import BaseModel
 
 import driftlab
-from driftlab.experiments.assembly import build_simulation, features_run_info
+from driftlab.experiments.run.assembly import build_simulation, features_run_info
 from driftlab.experiments.config import load_config
 from driftlab.features import registry
 from driftlab.features.capabilities import SHARED_VIEW, Reason, Requirements

@@ -274,7 +274,7 @@ class _NodeClients:
                 load, model = self.load, self.model
                 if load is None:
                     # The config's data set: each client's rows, and the model's shape.
-                    from driftlab.experiments.assembly import load_data
+                    from driftlab.experiments.run.assembly import load_data
 
                     dataset = load_data(self.config)
                     load = dataset_loader(dataset)

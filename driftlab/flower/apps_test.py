@@ -230,7 +230,7 @@ def test_loopback_deployment_of_private_scaffold_equals_the_simulator(tmp_path):
 
 @pytest.mark.slow
 def test_a_node_killed_mid_run_leaves_fewer_reporters_and_scaffold_invariant(tmp_path):
-    from driftlab.experiments.assembly import build_algorithm
+    from driftlab.experiments.run.assembly import build_algorithm
     from driftlab.deploy import messages
     from driftlab.deploy.node_state import NodeClientState
     from driftlab.deploy.server import ROUNDS_FILE

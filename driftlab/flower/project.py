@@ -239,8 +239,8 @@ def check(
     from safetensors.torch import load_file
 
     from driftlab.experiments.config import load_config
-    from driftlab.experiments.run_directory import FINAL_MODEL_FILE
-    from driftlab.experiments.runner import run
+    from driftlab.experiments.run.run_directory import FINAL_MODEL_FILE
+    from driftlab.experiments.run.runner import run
 
     if rounds < 1:
         raise ConfigError(f"--rounds {rounds}: give at least 1 round")

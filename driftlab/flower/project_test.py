@@ -132,7 +132,7 @@ def test_new_and_check_refuse_a_config_a_deployment_cannot_run_before_writing_or
     assert cli.main(["flower", "new", str(tmp_path / "app"), "--config", str(bad)]) == 2
     assert 'set evaluation.model = "server"' in capsys.readouterr().err
     assert not (tmp_path / "app").exists()
-    from driftlab.experiments import runner
+    from driftlab.experiments.run import runner
 
     monkeypatch.setattr(runner, "run", lambda *args, **kwargs: pytest.fail("flower check ran an undeployable config"))
     assert cli.main(["flower", "check", str(bad), "--rounds", "1", "--keep", str(tmp_path / "kept")]) == 2
@@ -258,7 +258,7 @@ def test_check_takes_overrides_like_run(tmp_path, tiny, with_flower, monkeypatch
 def test_check_refuses_a_mean_of_client_models_before_running_with_the_command_that_fixes_it(tiny, with_flower, monkeypatch, capsys):
     from driftlab.flower import project as flower_project
 
-    monkeypatch.setattr("driftlab.experiments.runner.run", lambda *a, **k: pytest.fail("ran although the config is refused"))
+    monkeypatch.setattr("driftlab.experiments.run.runner.run", lambda *a, **k: pytest.fail("ran although the config is refused"))
     assert cli.main(["flower", "check", str(tiny), "evaluation.model=all_clients_mean", "client.lr=0.07"]) == 2
     error = capsys.readouterr().err
     assert f'{tiny} sets evaluation.model = "all_clients_mean", a mean of client models, which a deployment\'s server never receives' in error

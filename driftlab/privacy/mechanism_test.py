@@ -20,7 +20,7 @@ from driftlab.algorithms import fedavg, feddyn, scaffold
 from driftlab.algorithms.aggregation import RunningMean
 from driftlab.errors import ConfigError
 from driftlab.experiments.config import load_config
-from driftlab.experiments.runner import build_simulation
+from driftlab.experiments.run.runner import build_simulation
 from driftlab.optim.server import make_server_optimizer
 from driftlab.privacy import mechanism
 from driftlab.privacy.mechanism import PrivateClientView, PrivateMessage, PrivateServerState, with_privacy

@@ -25,7 +25,7 @@ class PrivacyConfig(Section):
     and Gaussian noise of std ``noise_multiplier · clip`` is added to the round's sum (DP-FedAvg, McMahan et al.,
     "Learning Differentially Private Recurrent Language Models", ICLR 2018), or to each message (``noise = "local"``).
     The checks that need the data's number of clients (δ below 1/N, the noise a target ε needs) are made by
-    ``driftlab.experiments.assembly`` before any round.
+    ``driftlab.experiments.run.assembly`` before any round.
     """
 
     clip: float = Field(

@@ -1,7 +1,7 @@
 """What a run's ``[privacy]`` section resolves to, once the run's sampling and population are known.
 
 ``PrivacySettings`` is plain data: the config (``driftlab.experiments.config``)
-checks the section and ``driftlab.experiments.assembly`` resolves it against
+checks the section and ``driftlab.experiments.run.assembly`` resolves it against
 the sampling and the number of clients; ``mechanism.with_privacy`` and
 ``accounting`` read it.  Nothing here draws a random number.
 """

@@ -181,7 +181,7 @@ def test_a_personal_evaluation_that_cannot_be_made_is_refused_before_any_round(o
 def test_a_personal_evaluation_needs_the_clients_test_splits():
     from types import SimpleNamespace
 
-    from driftlab.experiments.assembly import personal_evaluation
+    from driftlab.experiments.run.assembly import personal_evaluation
     from driftlab.experiments.config import load_config
 
     config = load_config(None, overrides=[*SMALL, "evaluation.finetune_steps=2"])

@@ -12,7 +12,7 @@ import pytest
 
 from driftlab.errors import ConfigError
 from driftlab.experiments.config import load_config
-from driftlab.experiments.real_data import needs_real_data
+from driftlab.experiments.run.real_data import needs_real_data
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent

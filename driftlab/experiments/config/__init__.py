@@ -41,7 +41,7 @@ at most ``MAX_NESTING`` levels, no TOML dates or times.  Integers refuse
 ``true``/``false``, numbers must be finite, rates are at most ``MAX_RATE``.
 Sizes that depend on the data and the machine (the batch plan, the number of
 clients, the model) are checked before any allocation by
-``driftlab.experiments.compatibility``.
+``driftlab.experiments.run.compatibility``.
 
 The package, one job a module: ``schema`` (the core sections and ``ExperimentConfig``), ``tagged`` (the sections
 named by a registry entry: ``[algorithm]``, ``[data]``, ``[model]``, ``[server]``), ``reading`` (files, presets,
@@ -154,8 +154,8 @@ from driftlab.simulation.time.section import SystemConfig
 from driftlab.algorithms import registry
 from driftlab.data import registry as data_sets
 from driftlab.data.registry import DEFAULT_DATA_SET, PARTITIONS
-from driftlab.experiments.shipped import PRESET_PACKAGE, preset_names
-from driftlab.experiments.toml_shape import MAX_NESTING, check_toml_shape
+from driftlab.experiments.sweep.shipped import PRESET_PACKAGE, preset_names
+from driftlab.experiments.config.toml_shape import MAX_NESTING, check_toml_shape
 from driftlab.models import registry as models
 from driftlab.optim import registry as server_optimizers
 from driftlab.optim.schedules import MAX_RATE, Count, Rate, is_constant_one

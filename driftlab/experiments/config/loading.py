@@ -34,7 +34,7 @@ from driftlab.experiments.config.reading import (
 )
 from driftlab.experiments.config.schema import ExperimentConfig
 from driftlab.experiments.config.tagged import DEFAULT_ALGORITHM, TAGGED_SECTIONS, without_other_kinds_keys
-from driftlab.experiments.toml_shape import MAX_NESTING, check_toml_shape
+from driftlab.experiments.config.toml_shape import MAX_NESTING, check_toml_shape
 from driftlab.plugins import load_plugins, resolve_plugin
 
 

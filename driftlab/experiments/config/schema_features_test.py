@@ -34,7 +34,8 @@ EXTRA = {
         "sampling.participation=0.5",
     ],
 }
-SCHEMA = "a2d9f9f0e72aee2f"  # sha256 of the JSON schema, sorted keys, first 16 hex digits (evaluation.stop_at added)
+SCHEMA = "c3ee46f39c39a161"  # sha256 of the JSON schema, sorted keys, first 16 hex digits (evaluation.stop_at added;
+# a section docstring names driftlab.experiments.run.compatibility since experiments/ went into folders)
 # name -> (sha256 of json.dumps(to_dict()), first 16 hex digits; fingerprint())
 EXPECTED = {
     "cifar10-feddyn": ("afc69fae06d4bf5a", "09c71e7594b120e7"),

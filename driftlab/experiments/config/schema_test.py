@@ -13,7 +13,7 @@ import json
 import pytest
 
 from driftlab.experiments.config import ExperimentConfig, load_config
-from driftlab.experiments.shipped import preset_names
+from driftlab.experiments.sweep.shipped import preset_names
 
 # preset -> (sha256 of to_dict() as sorted JSON, first 16 hex digits; fingerprint())
 PINNED = {

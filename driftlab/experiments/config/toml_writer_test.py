@@ -10,7 +10,7 @@ import pytest
 
 from driftlab.experiments.config import load_config, preset_names
 from driftlab.experiments.config.toml_writer import to_toml, toml_key, toml_string, toml_value
-from driftlab.experiments.shipped import sweep_names, sweep_text
+from driftlab.experiments.sweep.shipped import sweep_names, sweep_text
 
 NASTY = [
     "",

@@ -130,7 +130,7 @@ from driftlab.experiments.report.tables import (
     target_row,
     write_tables,
 )
-from driftlab.experiments.run_directory import METRICS_FILE
+from driftlab.experiments.run.run_directory import METRICS_FILE
 
 
 @dataclass

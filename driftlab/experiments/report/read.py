@@ -26,7 +26,7 @@ from driftlab.experiments.report.labels import (
     method_order,
     recorded_labels,
 )
-from driftlab.experiments.run_directory import CONFIG_FILE, METRICS_FILE, RUN_INFO_FILE
+from driftlab.experiments.run.run_directory import CONFIG_FILE, METRICS_FILE, RUN_INFO_FILE
 from driftlab.experiments.sweep.directory import SWEEP_FILE
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from driftlab.experiments.run_directory import STOPPED_KEY, stopped_round
+from driftlab.experiments.run.run_directory import STOPPED_KEY, stopped_round
 
 
 @dataclass

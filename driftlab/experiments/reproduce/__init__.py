@@ -4,7 +4,7 @@ Every table of docs/reproduction.md that a sweep's report prints is copied from 
 ``docs/reproduction/NAME.md``; markers in the doc say where each table comes from.
 ``driftlab reproduce NAME ... --out DIR`` runs each sweep with ``driftlab sweep NAME --out DIR/NAME`` itself,
 in a child process (a partial DIR/NAME resumes exactly), writes its record, then rewrites every block of
-NAME in the doc. ``driftlab/experiments/reproduction_docs_test.py`` checks that every block is exactly
+NAME in the doc. ``driftlab/experiments/reproduce/reproduction_docs_test.py`` checks that every block is exactly
 what ``render_block`` makes of the record it cites, and that no numeric table of the doc is unmarked.
 
 The package does one job per module; import names from the module (this package re-exports none):

@@ -18,7 +18,7 @@ text, figures left out), and rewrite every `<!-- regenerated from .../NAME.md --
 a `<!-- not regenerated: sweep=NAME; ... -->` marker and the hand-typed table under it become such a block
 (the replaced table is kept in DIR/replaced-tables.md). At a named scale (`--scale paper`, or NAME@paper) the
 runs, the record and the blocks are NAME@SCALE's own (DIR/NAME@paper, RECORD/NAME@paper.md), so a paper-scale run
-never replaces the default scale's. driftlab/experiments/reproduction_docs_test.py checks that every block is what
+never replaces the default scale's. driftlab/experiments/reproduce/reproduction_docs_test.py checks that every block is what
 its record prints."""
 
 EPILOG = """examples:

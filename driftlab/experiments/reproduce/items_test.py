@@ -19,7 +19,7 @@ from driftlab.experiments.reproduce.items import (
     rewrite_items,
 )
 from driftlab.experiments.reproduce.records import ReproduceError, format_record
-from driftlab.experiments.shipped import sweep_names
+from driftlab.experiments.sweep.shipped import sweep_names
 
 SWEEP = "decaying-k-quadratic"
 REPORT = """# driftlab report

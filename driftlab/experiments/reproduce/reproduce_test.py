@@ -19,7 +19,7 @@ from driftlab.experiments.reproduce import running
 from driftlab.experiments.reproduce.blocks import docs_problems, render_block
 from driftlab.experiments.reproduce.records import parse_record
 from driftlab.experiments.reproduce.running import git_commit, source_checkout, stated_time
-from driftlab.experiments.shipped import sweep_names
+from driftlab.experiments.sweep.shipped import sweep_names
 
 SWEEP = "decaying-k-quadratic"
 CITED = f"docs/reproduction/{SWEEP}.md"

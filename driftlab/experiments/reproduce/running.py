@@ -163,7 +163,7 @@ def reproduce(
     folder no ``NAME.md`` but a record (``driftlab.owned_folder``); ``force`` replaces them, and is passed on to
     each ``driftlab sweep``.
     """
-    from driftlab.experiments.shipped import sweep_names
+    from driftlab.experiments.sweep.shipped import sweep_names
 
     log = log or (lambda line: print(line, flush=True))  # flushed: the sweeps' child processes write to the same stream
     shipped = sweep_names()
@@ -270,7 +270,7 @@ def dry_run(
     names: Sequence[str], out: Path, docs: Path, record_dir: Path, scale: str | None, overrides: Sequence[str]
 ) -> list[str]:
     """What ``reproduce`` would run and write, one line per sweep; runs and writes nothing."""
-    from driftlab.experiments.shipped import sweep_description, sweep_names
+    from driftlab.experiments.sweep.shipped import sweep_description, sweep_names
     from driftlab.experiments.sweep import load_sweep, plan, run_status
 
     shipped = sweep_names()

@@ -5,7 +5,7 @@
     sweep.json                      the plan: axes, labels and every run's overrides (``driftlab.experiments.sweep.planning``)
     jobs.json                       what the sweep submitted to SLURM or Ray: run directory -> job id, log paths
     halving-rungs.json              with successive halving: each rung's ranking of the tuned values
-    runs/<setting>/<method>/seed-<s>/   ordinary run directories (``driftlab.experiments.run_directory``),
+    runs/<setting>/<method>/seed-<s>/   ordinary run directories (``driftlab.experiments.run.run_directory``),
                                     plus failure.txt when the run's process failed
     runs/<setting>/<method>/<tuned value>/seed-<s>/   the same, for the runs of a tuned axis (``role = "tuned"``),
                                     plus halving.json when successive halving stopped the run early
@@ -22,7 +22,7 @@ from typing import Literal
 
 # A run directory's lock and its failure.txt are the executors' (their workers write them); re-exported here.
 from driftlab.executors.processes import FAILURE_FILE, run_directory_holder
-from driftlab.experiments.run_directory import METRICS_FILE, finished, read_run_info
+from driftlab.experiments.run.run_directory import METRICS_FILE, finished, read_run_info
 
 SWEEP_FILE = "sweep.json"
 JOBS_FILE = "jobs.json"  # the sweep's record of what it submitted to SLURM or Ray: run directory -> job id, log paths

@@ -50,18 +50,18 @@ from driftlab.executors.tasks import Events, RunTask, TaskResult
 # re-exported: the worker's entry point lived here, and driftlab.experiments.sweep still offers it
 from driftlab.executors.worker import die_with_parent, worker_main
 from driftlab.experiments.config import ExperimentConfig, config_from_record
-from driftlab.experiments.run_directory import CONFIG_FILE, finished, read_run_info, write_atomically
+from driftlab.experiments.run.run_directory import CONFIG_FILE, finished, read_run_info, write_atomically
 from driftlab.experiments.sweep.directory import FAILURE_FILE, JOBS_FILE, SWEEP_FILE, RunStatus, run_status
 from driftlab.experiments.report.read import read_metrics
 from driftlab.experiments.report.tuning import ValueRuns, check_metric, mean_score, ranked_values
-from driftlab.experiments.run_directory import METRICS_FILE
+from driftlab.experiments.run.run_directory import METRICS_FILE
 from driftlab.experiments.sweep.directory import HALVING_FILE, HALVING_RUNGS_FILE
 from driftlab.experiments.sweep.planning import PlannedRun, plan, sweep_document
 from driftlab.experiments.sweep.spec import SweepSpec, parse_halving
 from driftlab.owned_folder import OwnedFolder, claim
 
 # What each run's worker runs (``RunTask.entry``): named, not imported, as it travels to the worker's own interpreter.
-RUN_ENTRY = "driftlab.experiments.runner:run_recorded"
+RUN_ENTRY = "driftlab.experiments.run.runner:run_recorded"
 
 
 @dataclass(frozen=True)
@@ -114,7 +114,7 @@ def run_sweep(
     entry.check(options)
     if trackers is not None:  # --log: not an override, so a sweep's runs can be resumed with logging turned on or off
         runs = [dataclasses.replace(r, config=r.config.model_copy(update={"log": tuple(trackers)})) for r in runs]
-    from driftlab.experiments.trackers import check_trackers_installed
+    from driftlab.experiments.run.trackers import check_trackers_installed
 
     check_trackers_installed([name for r in runs for name in r.config.log])  # before any run starts
     document = sweep_document(spec, runs, scale, extra_overrides)

@@ -75,7 +75,7 @@ from driftlab.errors import ConfigError
 from driftlab.experiments.config import MAX_CONFIG_BYTES, check_toml_shape, parse_override, parse_toml, read_config_text
 from driftlab.experiments.config.toml_writer import toml_string, toml_value
 from driftlab.experiments.report.tuning import Tuning, tuning_from_keys
-from driftlab.experiments.shipped import SWEEP_PACKAGE, sweep_names
+from driftlab.experiments.sweep.shipped import SWEEP_PACKAGE, sweep_names
 from driftlab.experiments.sweep.directory import slug
 from driftlab.plugins import did_you_mean, resolve_plugin
 

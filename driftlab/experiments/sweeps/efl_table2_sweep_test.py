@@ -1,7 +1,7 @@
 """The shipped ``efl-table2`` sweep (issue 26): EFL Table 2's methods on its two data sets, each method's own models
 evaluated on each client's own split, and every run of it runs.
 
-(Every shipped sweep is also planned at each of its scales by ``driftlab/experiments/sweep_test.py``.)
+(Every shipped sweep is also planned at each of its scales by ``driftlab/experiments/sweep/sweep_test.py``.)
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import json
 
 import pytest
 
-from driftlab.experiments.datasets import data_location
-from driftlab.experiments.runner import run
+from driftlab.experiments.run.datasets import data_location
+from driftlab.experiments.run.runner import run
 from driftlab.experiments.sweep import load_sweep, plan
 
 TABLE_2 = ["FedAvg", "FedGATE", "VRL-SGD", "APFL", "FedAMP", "EFL"]  # the paper's rows, in its order

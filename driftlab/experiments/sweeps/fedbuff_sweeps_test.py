@@ -3,7 +3,7 @@
 ``fedbuff-femnist``: every arm meets the same devices and differs only in how the server aggregates; the synchronous
 cohort is FedBuff's buffer.  ``decaying-k-time``: decaying-k-femnist with a clock, nothing else.  The numbers the
 descriptions state are the timing model's.  (Every shipped sweep is also planned at each of its scales by
-``driftlab/experiments/sweep_test.py``.)
+``driftlab/experiments/sweep/sweep_test.py``.)
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import re
 import numpy as np
 import pytest
 
-from driftlab.experiments.assembly import build_configured_model, check_asynchronous, load_data
+from driftlab.experiments.run.assembly import build_configured_model, check_asynchronous, load_data
 from driftlab.experiments.config import load_config
-from driftlab.experiments.datasets import data_location
-from driftlab.experiments.shipped import preset_description
+from driftlab.experiments.run.datasets import data_location
+from driftlab.experiments.sweep.shipped import preset_description
 from driftlab.experiments.sweep import load_sweep, plan
 from driftlab.simulation.round.sampling import clients_per_round
 from driftlab.simulation.time.clock import client_timing

@@ -3,7 +3,7 @@
 and its runs start on the data this machine has (a round each, at a tiny scale; the others skip and say which data
 they wait for).
 
-(Every shipped sweep is also planned by ``driftlab/experiments/sweep_test.py`` and its description's three parts are
+(Every shipped sweep is also planned by ``driftlab/experiments/sweep/sweep_test.py`` and its description's three parts are
 checked by ``settings_provenance_test.py``.)
 """
 
@@ -15,9 +15,9 @@ import re
 
 import pytest
 
-from driftlab.experiments.datasets import data_location, entry_of
-from driftlab.experiments.runner import run
-from driftlab.experiments.shipped import sweep_names
+from driftlab.experiments.run.datasets import data_location, entry_of
+from driftlab.experiments.run.runner import run
+from driftlab.experiments.sweep.shipped import sweep_names
 from driftlab.experiments.sweep import load_sweep, plan
 from driftlab.experiments.sweeps.settings_provenance_test import provenance
 

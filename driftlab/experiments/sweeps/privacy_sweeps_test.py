@@ -1,6 +1,6 @@
 """The shipped privacy sweeps compare what they say: equal ε across methods, accountable sampling, true ε figures.
 
-(Every shipped sweep is also planned at each of its scales by ``driftlab/experiments/sweep_test.py``.)
+(Every shipped sweep is also planned at each of its scales by ``driftlab/experiments/sweep/sweep_test.py``.)
 """
 
 from __future__ import annotations

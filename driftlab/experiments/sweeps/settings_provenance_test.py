@@ -19,7 +19,7 @@ import re
 import pytest
 
 from driftlab.experiments.config import load_config
-from driftlab.experiments.shipped import sweep_names
+from driftlab.experiments.sweep.shipped import sweep_names
 from driftlab.experiments.sweep import load_sweep, plan
 
 MARKERS = {"paper": "From the paper", "code": "From the authors' code", "ours": "Our assumptions"}

@@ -22,7 +22,7 @@ import json
 import pytest
 
 from driftlab.experiments.config import parse_override
-from driftlab.experiments.datasets import data_location
+from driftlab.experiments.run.datasets import data_location
 from driftlab.experiments.sweep import load_sweep, plan, run_sweep, sweep_names
 
 # tuned sweep -> the untuned sweep it varies

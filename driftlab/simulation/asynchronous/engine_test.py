@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import driftlab
-from driftlab.experiments.runner import build_simulation
+from driftlab.experiments.run.runner import build_simulation
 from driftlab.simulation.asynchronous.checkpointing import in_flight_tensors, restore_in_flight
 from driftlab.simulation.asynchronous.engine import asynchronous_problem, check_asynchronous, run_update
 from driftlab.simulation.round.engine import commit_round, run_round

@@ -300,7 +300,7 @@ def test_decaying_local_steps_follow_the_schedule_in_the_records():
 
 def test_epochs_give_per_client_step_counts():
     result = driftlab.run(None, overrides=["rounds=1", "data.num_clients=5", "sampling.participation=1.0", "client.epochs=2", "client.batch_size=50"])
-    from driftlab.experiments.runner import build_simulation
+    from driftlab.experiments.run.runner import build_simulation
 
     sim, _ = build_simulation(result.config)
     expected = sum(steps_for_epochs(int(n), 50, 2) for n in sim.data.client_sizes)
@@ -334,7 +334,7 @@ def test_tiny_data_set_trains_with_padding():
 def _pixel_run(backend_name: str, data: FederatedDataset, model_name: str, augment: bool, dtype: torch.dtype, algorithm_name: str = "fedavg"):
     """Final parameters after two rounds, and the evaluation at them."""
     from driftlab.algorithms import fedavg, fedprox
-    from driftlab.experiments.runner import BACKENDS
+    from driftlab.experiments.run.runner import BACKENDS
     from driftlab.optim.server import make_server_optimizer
     from driftlab.simulation.round.engine import run_round
     from driftlab.simulation.round.setup import RoundPlan, Simulation, SimulationState

@@ -339,7 +339,7 @@ def test_every_algorithm_agrees_with_clipping_weight_decay_and_stragglers(algori
 
 
 def test_auto_backend_follows_the_rule_for_the_model_and_is_recorded():
-    from driftlab.experiments.runner import build_simulation
+    from driftlab.experiments.run.runner import build_simulation
 
     sim, _ = build_simulation(driftlab.load_config(None, ["backend=auto", "data.num_clients=4"]))
     assert isinstance(sim.backend, VectorizedBackend)  # the default MLP has batched layers
@@ -419,7 +419,7 @@ def test_one_ulp_of_difference_can_flip_a_top_k_pick_by_a_whole_entry():
 
 def _first_round_uploads(backend: str, precision: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """(Δ_k before compression, what was sent) for each client of round 1 of ``EFL_TINY``, by client id."""
-    from driftlab.experiments.runner import build_simulation
+    from driftlab.experiments.run.runner import build_simulation
     from driftlab.simulation.round.engine import run_round
 
     sim, state = build_simulation(driftlab.load_config(None, [*EFL_TINY, f"backend={backend}", f"precision={precision}"]))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 import driftlab
-from driftlab.experiments.assembly import build_simulation
+from driftlab.experiments.run.assembly import build_simulation
 from driftlab.simulation.round.checkpointing import checkpointed_parts, completed_state, record_template, restored_state
 from driftlab.simulation.round.engine import run_round
 from driftlab.simulation.round.latest_models import COUNT, SUM

@@ -13,7 +13,7 @@ import torch
 
 from driftlab.algorithms import fedavg
 from driftlab.data.federated import FederatedDataset
-from driftlab.experiments.runner import BACKENDS
+from driftlab.experiments.run.runner import BACKENDS
 from driftlab.models import build_model
 from driftlab.optim.server import make_server_optimizer
 from driftlab.simulation.backends.flat import FlatModel

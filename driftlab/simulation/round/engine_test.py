@@ -9,7 +9,7 @@ import torch
 
 import driftlab
 from driftlab.data.quadratic import scalar_quadratic_clients, surrogate_minimizer
-from driftlab.experiments.runner import build_simulation
+from driftlab.experiments.run.runner import build_simulation
 from driftlab.simulation.round import engine as engine_module
 from driftlab.simulation import evaluation as evaluation_module
 from driftlab.simulation.round.engine import run_round
@@ -194,7 +194,7 @@ def _image_simulation(backend_name: str, augment: bool):
 
     from driftlab.algorithms import fedavg
     from driftlab.data.federated import FederatedDataset
-    from driftlab.experiments.runner import BACKENDS
+    from driftlab.experiments.run.runner import BACKENDS
     from driftlab.models import build_model
     from driftlab.optim.server import make_server_optimizer
     from driftlab.simulation.round.setup import RoundPlan, Simulation, SimulationState
@@ -364,7 +364,7 @@ def test_state_store_auto_goes_to_disk_beyond_the_memory_budget(tmp_path):
 
 def test_the_reporting_mean_does_not_depend_on_the_order_clients_finish_in(monkeypatch):
     import driftlab
-    from driftlab.experiments import runner as runner_module
+    from driftlab.experiments.run import runner as runner_module
 
     class Reversed:
         """Yields the inner backend's clients in reverse, as parallel chunks finishing out of order may."""

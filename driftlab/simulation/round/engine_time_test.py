@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import driftlab
-from driftlab.experiments.runner import build_simulation
+from driftlab.experiments.run.runner import build_simulation
 from driftlab.simulation.round.engine import plan_round, run_round
 from driftlab.simulation.time.plan import DeviceProfile, SystemPlan
 

@@ -19,7 +19,7 @@ Three modes, each drawn from (seed, ``Stream.CLIENT_SAMPLING``, round) alone:
 
 ``m = clients_per_round(participation, N)`` is the cohort of ``uniform`` and
 ``weighted`` and the *expected* cohort of ``poisson``.  Memory planning sizes
-a round by it (``experiments.compatibility``: the batch plans and model copies
+a round by it (``experiments.run.compatibility``: the batch plans and model copies
 of a round's clients, estimates that are lower bounds of what a run holds); a
 poisson round may exceed it.  What a round holds at once stays bounded
 whatever its size: the engine trains a round in waves of ``setup.wave_size``

@@ -175,7 +175,7 @@ save_checkpoint(path, 3, torch.full((100_000,), 3.0, dtype=torch.float64), {}, f
 @pytest.mark.skipif(not hasattr(signal, "SIGXFSZ"), reason="needs SIGXFSZ and RLIMIT_FSIZE")
 def test_a_kill_in_the_middle_of_a_checkpoint_write_leaves_only_what_the_next_run_removes(tmp_path):
     """Before save_tensors, safetensors' own temporary (`.tmpXXXXXX`) was left behind, which no run removes."""
-    from driftlab.experiments.run_directory import remove_interrupted_writes
+    from driftlab.experiments.run.run_directory import remove_interrupted_writes
 
     path = tmp_path / "checkpoint.safetensors"
     save_checkpoint(path, 2, torch.full((100_000,), 2.0, dtype=torch.float64), {}, fingerprint="abc")

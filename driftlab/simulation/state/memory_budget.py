@@ -10,7 +10,7 @@ A run holds memory in four places that each need a size:
 * the vectorized backend's chunks on a GPU, which take this process's part of
   the GPU's memory.
 
-``MemoryBudget`` is that one object: ``experiments.assembly.build_simulation``
+``MemoryBudget`` is that one object: ``experiments.run.assembly.build_simulation``
 makes it (``MemoryBudget.for_run``) from the config's ``memory_budget`` (bytes or
 ``"4GB"``; None: half of what this process may hold), ``Simulation`` keeps it,
 and the stores, the waves and the backend ask it.  ``parse_bytes`` is the one

@@ -107,7 +107,7 @@ def test_placed_bytes_count_floating_tensors_in_the_runs_dtype_and_integers_as_t
 
 
 def test_memory_budget_is_parsed_in_one_place_and_every_share_derives_from_the_simulations_budget():
-    from driftlab.experiments.assembly import build_simulation
+    from driftlab.experiments.run.assembly import build_simulation
     from driftlab.simulation.round import engine
 
     sim, _ = build_simulation(driftlab.load_config(None, ["memory_budget=80MB", "backend=vectorized"]))
