@@ -63,13 +63,19 @@ UPDATES_PER_BLOCK = 10
 def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes, random data, 2 timed blocks: a smoke run")
-    parser.add_argument("--blocks", type=int, default=None, help="timed blocks per row after one warm-up (default 7; quick 2)")
+    parser.add_argument(
+        "--blocks", type=int, default=None, help="timed blocks per row after one warm-up (default 7; quick 2)"
+    )
     parser.add_argument("--num-clients", type=int, default=None, help="default 100 (quick 8)")
     parser.add_argument("--samples", type=int, default=None, help="samples per client (default 600; quick 60)")
     parser.add_argument("--epochs", type=int, default=None, help="local epochs (default 5; quick 1)")
     parser.add_argument("--concurrency", type=int, default=None, help="FedBuff's C (default 100; quick 8)")
-    parser.add_argument("--buffer", type=int, default=None, help="FedBuff's B = the synchronous cohort (default 10; quick 2)")
-    parser.add_argument("--random-data", action="store_true", help="random data of MNIST's shape even where MNIST is present")
+    parser.add_argument(
+        "--buffer", type=int, default=None, help="FedBuff's B = the synchronous cohort (default 10; quick 2)"
+    )
+    parser.add_argument(
+        "--random-data", action="store_true", help="random data of MNIST's shape even where MNIST is present"
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     args = parser.parse_args(argv)
     round_speed.settle_mlp_options(
@@ -77,11 +83,17 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
         quick={"blocks": 2, "num_clients": 8, "samples": 60, "epochs": 1, "concurrency": 8, "buffer": 2},
         full={"blocks": 7, "num_clients": 100, "samples": 600, "epochs": 5, "concurrency": 100, "buffer": 10},
     )
-    round_speed.check_at_least_one(parser, args, ("blocks", "num_clients", "samples", "epochs", "concurrency", "buffer"))
+    round_speed.check_at_least_one(
+        parser, args, ("blocks", "num_clients", "samples", "epochs", "concurrency", "buffer")
+    )
     if args.concurrency > args.num_clients:
-        parser.error(f"--concurrency {args.concurrency} is more than the {args.num_clients} clients: at most every client trains at once")
+        parser.error(
+            f"--concurrency {args.concurrency} is more than the {args.num_clients} clients: at most every client trains at once"
+        )
     if args.buffer > args.concurrency:
-        parser.error(f"--buffer {args.buffer} is more than --concurrency {args.concurrency}: the buffer could never fill")
+        parser.error(
+            f"--buffer {args.buffer} is more than --concurrency {args.concurrency}: the buffer could never fill"
+        )
     round_speed.set_threads(parser, args)
     return args
 
@@ -125,8 +137,8 @@ class CountingBackend:
 
 def build_rows(args: argparse.Namespace, data_section: dict[str, Any]) -> dict[str, tuple]:
     """(simulation, state) of each row: the same config; ``[system]`` added to the timed ones, ``[asynchronous]`` to FedBuff."""
-    from driftlab.experiments.run.assembly import build_simulation
     from driftlab.experiments.config import load_config
+    from driftlab.experiments.run.assembly import build_simulation
 
     table = round_speed.mlp_config(args, data_section, rounds=100_000)
     # FedBuff keeps the default sampling (it samples nobody); the synchronous rows draw B clients per round
@@ -173,7 +185,9 @@ def run_block(row: str, sim: Any, state: Any) -> tuple[Any, dict[str, Any]]:
         "arrivals": sum(r["num_reporting"] for r in records),
         "dispatches": sum(r.get("num_dispatched", 0) for r in records),
         "simulated_seconds": records[-1]["time_end"] - records[0]["time_start"] if timed else None,
-        "mean_staleness": statistics.fmean(r["mean_staleness"] for r in records) if "mean_staleness" in records[0] else None,
+        "mean_staleness": statistics.fmean(r["mean_staleness"] for r in records)
+        if "mean_staleness" in records[0]
+        else None,
     }
     return state, block
 
@@ -250,7 +264,9 @@ def print_table(report: dict[str, Any]) -> None:
         f"B = {work['buffer']}; blocks of {work['updates_per_block']} rounds/updates",
     )
     widths = [12, 8, 7, 5, 9, 9, 8, 11]
-    round_speed.print_header(["row", "s/block", "clients", "calls", "s/client", "clients/s", "events/s", "sim s/block"], widths)
+    round_speed.print_header(
+        ["row", "s/block", "clients", "calls", "s/client", "clients/s", "events/s", "sim s/block"], widths
+    )
     for row in ROWS:
         entry = report["rows"][row]
         simulated = entry.get("median_simulated_seconds_per_block")

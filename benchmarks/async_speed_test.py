@@ -5,9 +5,8 @@ from __future__ import annotations
 import json
 import statistics
 
-import pytest
-
 import async_speed  # benchmarks/ is on sys.path: pytest puts a test file's directory there
+import pytest
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +24,9 @@ def report():
 
 
 def test_quick_run_reports_every_row_side_by_side(report):
-    assert {"machine", "device", "data", "workload", "goal_ratio", "rows", "ratio_per_client", "within_goal"} <= set(report)
+    assert {"machine", "device", "data", "workload", "goal_ratio", "rows", "ratio_per_client", "within_goal"} <= set(
+        report
+    )
     assert report["data"] == "random" and report["goal_ratio"] == 1.5
     work = report["workload"]
     assert (work["concurrency"], work["buffer"], work["clients_per_round"], work["updates_per_block"]) == (8, 2, 2, 10)
@@ -34,7 +35,9 @@ def test_quick_run_reports_every_row_side_by_side(report):
         seconds, clients = entry["block_seconds"], entry["clients_trained"]
         assert len(seconds) == len(clients) == 2 and min(seconds) > 0
         assert entry["median_block_seconds"] == statistics.median(seconds)
-        assert entry["median_seconds_per_client"] == statistics.median(s / c for s, c in zip(seconds, clients, strict=True))
+        assert entry["median_seconds_per_client"] == statistics.median(
+            s / c for s, c in zip(seconds, clients, strict=True)
+        )
     rows = report["rows"]
     assert report["ratio_per_client"] == pytest.approx(
         rows["asynchronous"]["median_seconds_per_client"] / rows["synchronous"]["median_seconds_per_client"], rel=1e-12

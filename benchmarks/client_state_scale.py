@@ -45,10 +45,10 @@ import hashlib
 import itertools
 import json
 import os
-import subprocess
 import resource
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -104,17 +104,26 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--checkpoint-every", type=int, default=5)
     parser.add_argument("--store", choices=("auto", "memory", "disk"), default="auto")
-    parser.add_argument("--memory-budget", default=None, help='bytes or "4GB"; default: driftlab\'s (half of the machine\'s memory)')
+    parser.add_argument(
+        "--memory-budget", default=None, help="bytes or \"4GB\"; default: driftlab's (half of the machine's memory)"
+    )
     parser.add_argument("--samples", type=int, default=10, help="samples per client (80%% train)")
     parser.add_argument("--hidden", type=int, default=2000, help="first hidden width of the MLP 60-H-40-10")
     parser.add_argument("--evaluate-every", type=int, default=1)
     parser.add_argument("--evaluation-model", choices=("server", "all_clients_mean"), default="server")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--dir", type=Path, default=None, help="where the run directory goes (default: the temporary directory)")
+    parser.add_argument(
+        "--dir", type=Path, default=None, help="where the run directory goes (default: the temporary directory)"
+    )
     parser.add_argument("--keep", action="store_true", help="keep the run directory")
-    parser.add_argument("--kill-at-checkpoint", type=int, default=None, metavar="K",
-                        help="first run the experiment in a child killed mid-way through its K-th checkpoint, resume it, "
-                        "and compare with the measured run")
+    parser.add_argument(
+        "--kill-at-checkpoint",
+        type=int,
+        default=None,
+        metavar="K",
+        help="first run the experiment in a child killed mid-way through its K-th checkpoint, resume it, "
+        "and compare with the measured run",
+    )
     parser.add_argument("--die-in-checkpoint", type=int, default=None, help=argparse.SUPPRESS)  # the children's sides
     parser.add_argument("--resume-digest", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -123,7 +132,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.die_in_checkpoint is not None:
         return _die_in_checkpoint(args)
     if args.resume_digest:
-        print(_digest(driftlab.run(None, Path(os.environ["DRIFTLAB_SCALE_RUN"]), resume=True, overrides=overrides(args))))
+        print(
+            _digest(driftlab.run(None, Path(os.environ["DRIFTLAB_SCALE_RUN"]), resume=True, overrides=overrides(args)))
+        )
         return {}
 
     checkpoint_seconds: list[float] = []
@@ -160,7 +171,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "distinct_clients": len(trained),
             "round_seconds": record["round_seconds"],
             "evaluation_seconds": evaluation_seconds["last"],
-            "checkpoint_seconds": checkpoint_seconds[-1] if record["round"] % args.checkpoint_every == 0 or record["round"] == args.rounds else None,
+            "checkpoint_seconds": checkpoint_seconds[-1]
+            if record["round"] % args.checkpoint_every == 0 or record["round"] == args.rounds
+            else None,
             "peak_rss_mb": peak_rss_mb(),
         }
         lines.append(line)
@@ -176,7 +189,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     resumed = None
     try:  # in child processes, so the measured run's peak RSS is its own
         if args.kill_at_checkpoint is not None:
-            resumed = _killed_and_resumed(argv if argv is not None else sys.argv[1:], args.kill_at_checkpoint, parent / "killed")
+            resumed = _killed_and_resumed(
+                argv if argv is not None else sys.argv[1:], args.kill_at_checkpoint, parent / "killed"
+            )
             shutil.rmtree(parent / "killed")  # its client states would double the disk the measured run needs
     except BaseException:
         shutil.rmtree(parent, ignore_errors=True)
@@ -184,7 +199,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     lifecycle.write_checkpoint, engine.evaluate = timed_checkpoint, timed_evaluate
     started = time.perf_counter()
     try:
-        print(f"{'round':>6} {'distinct':>10} {'round_s':>9} {'eval_s':>8} {'checkpoint_s':>11} {'peak_rss_mb':>10}", flush=True)
+        print(
+            f"{'round':>6} {'distinct':>10} {'round_s':>9} {'eval_s':>8} {'checkpoint_s':>11} {'peak_rss_mb':>10}",
+            flush=True,
+        )
         measured = driftlab.run(None, parent / "run", overrides=overrides(args), progress=report)
         wall = time.perf_counter() - started
         state_dir = parent / "run" / runner.CLIENT_STATE_DIR
@@ -208,9 +226,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "distinct_clients_trained": len(trained),
         "median_round_seconds": statistics.median(line["round_seconds"] for line in lines),
         # From one round's record to the next's: everything a round costs, the commit of its client states included.
-        "median_round_wall_seconds": statistics.median(b - a for a, b in itertools.pairwise(reported_at)) if len(reported_at) > 1 else None,
+        "median_round_wall_seconds": statistics.median(b - a for a, b in itertools.pairwise(reported_at))
+        if len(reported_at) > 1
+        else None,
         "median_evaluation_seconds": statistics.median(line["evaluation_seconds"] for line in lines),
-        "median_round_seconds_without_evaluation": statistics.median(line["round_seconds"] - line["evaluation_seconds"] for line in lines),
+        "median_round_seconds_without_evaluation": statistics.median(
+            line["round_seconds"] - line["evaluation_seconds"] for line in lines
+        ),
         "median_checkpoint_seconds": statistics.median(checkpoint_seconds) if checkpoint_seconds else None,
         "checkpoint_bytes_written": sum(checkpoint_bytes),
     }
@@ -233,9 +255,13 @@ def _killed_and_resumed(argv: list[str], checkpoint: int, out: Path) -> str:
     """Run the experiment in a child that dies in its ``checkpoint``-th checkpoint, resume it in another; the digest."""
     environment = {**os.environ, "DRIFTLAB_SCALE_RUN": str(out)}
     command = [sys.executable, __file__, *argv]
-    killed = subprocess.run([*command, "--die-in-checkpoint", str(checkpoint)], capture_output=True, text=True, env=environment)
+    killed = subprocess.run(
+        [*command, "--die-in-checkpoint", str(checkpoint)], capture_output=True, text=True, env=environment
+    )
     if killed.returncode != 3:
-        raise SystemExit(f"the child run was to die in checkpoint {checkpoint} with exit 3, it exited {killed.returncode}:\n{killed.stderr[-2000:]}")
+        raise SystemExit(
+            f"the child run was to die in checkpoint {checkpoint} with exit 3, it exited {killed.returncode}:\n{killed.stderr[-2000:]}"
+        )
     print(f"child run killed in checkpoint {checkpoint}; resuming it", flush=True)
     resumed = subprocess.run([*command, "--resume-digest"], capture_output=True, text=True, env=environment)
     if resumed.returncode != 0:
@@ -256,7 +282,9 @@ def _die_in_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
 
     checkpoint._reached = die_when_written
     driftlab.run(None, Path(os.environ["DRIFTLAB_SCALE_RUN"]), overrides=overrides(args))
-    raise SystemExit(f"the run ended before its checkpoint {args.die_in_checkpoint}: use a smaller --kill-at-checkpoint")
+    raise SystemExit(
+        f"the run ended before its checkpoint {args.die_in_checkpoint}: use a smaller --kill-at-checkpoint"
+    )
 
 
 if __name__ == "__main__":

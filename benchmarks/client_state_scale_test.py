@@ -4,19 +4,38 @@ from __future__ import annotations
 
 import json
 
+import client_state_scale  # benchmarks/ is on sys.path: pytest puts a test file's directory there
 import pytest
 
-import client_state_scale  # benchmarks/ is on sys.path: pytest puts a test file's directory there
-
-FIELDS = {"peak_rss_mb", "distinct_clients_trained", "median_round_seconds", "median_checkpoint_seconds", "checkpoint_bytes_written"}
+FIELDS = {
+    "peak_rss_mb",
+    "distinct_clients_trained",
+    "median_round_seconds",
+    "median_checkpoint_seconds",
+    "checkpoint_bytes_written",
+}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("algorithm", ["scaffold", "feddyn"])
 def test_tiny_run_reports_every_number_and_removes_its_files(capsys, tmp_path, algorithm):
     arguments = [
-        "--algorithm", algorithm, "--clients", "40", "--per-round", "4", "--rounds", "3", "--checkpoint-every", "2",
-        "--hidden", "16", "--store", "disk", "--dir", str(tmp_path),
+        "--algorithm",
+        algorithm,
+        "--clients",
+        "40",
+        "--per-round",
+        "4",
+        "--rounds",
+        "3",
+        "--checkpoint-every",
+        "2",
+        "--hidden",
+        "16",
+        "--store",
+        "disk",
+        "--dir",
+        str(tmp_path),
     ]
     returned = client_state_scale.main(arguments)
     lines = capsys.readouterr().out.strip().splitlines()
@@ -33,8 +52,24 @@ def test_tiny_run_reports_every_number_and_removes_its_files(capsys, tmp_path, a
 @pytest.mark.slow
 def test_a_run_killed_in_a_checkpoint_resumes_to_the_same_bits(capsys, tmp_path):
     arguments = [
-        "--algorithm", "scaffold", "--clients", "40", "--per-round", "4", "--rounds", "5", "--checkpoint-every", "2",
-        "--hidden", "16", "--store", "disk", "--dir", str(tmp_path), "--kill-at-checkpoint", "2",
+        "--algorithm",
+        "scaffold",
+        "--clients",
+        "40",
+        "--per-round",
+        "4",
+        "--rounds",
+        "5",
+        "--checkpoint-every",
+        "2",
+        "--hidden",
+        "16",
+        "--store",
+        "disk",
+        "--dir",
+        str(tmp_path),
+        "--kill-at-checkpoint",
+        "2",
     ]
     report = client_state_scale.main(arguments)
     assert report["killed_at_checkpoint"] == 2 and report["killed_resume_identical"] is True

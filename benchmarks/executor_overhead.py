@@ -61,7 +61,10 @@ def measure(options, out: Path, mus: str = "[0, 1]", seeds: tuple[int, ...] = (0
     total = time.perf_counter() - began
     if any(o.status != "complete" for o in outcomes):
         raise SystemExit(f"{options.name}: not every run completed: {[(o.status, o.message) for o in outcomes]}")
-    overheads = [finished[_name(o.run)] - started[_name(o.run)] - read_run_info(out / o.run.dir)["wall_seconds"] for o in outcomes]
+    overheads = [
+        finished[_name(o.run)] - started[_name(o.run)] - read_run_info(out / o.run.dir)["wall_seconds"]
+        for o in outcomes
+    ]
     return {"startup_s": min(started.values()) - began, "total_s": total, "per_run_overhead_s": overheads}
 
 
@@ -72,13 +75,19 @@ def main(argv: list[str] | None = None) -> int:
 
     from driftlab.executors import ExecutorOptions
 
-    variants = [("local", ExecutorOptions("local", jobs=2), None), ("slurm --slurm-local", ExecutorOptions("slurm", slurm_local=True), None)]
+    variants = [
+        ("local", ExecutorOptions("local", jobs=2), None),
+        ("slurm --slurm-local", ExecutorOptions("slurm", slurm_local=True), None),
+    ]
     try:
         import ray
     except ImportError:
         ray = None
     if ray is not None:
-        variants += [("ray (new local Ray)", ExecutorOptions("ray"), None), ("ray (running Ray)", ExecutorOptions("ray"), "running")]
+        variants += [
+            ("ray (new local Ray)", ExecutorOptions("ray"), None),
+            ("ray (running Ray)", ExecutorOptions("ray"), "running"),
+        ]
     results = {}
     with tempfile.TemporaryDirectory(prefix="driftlab-executors-") as folder:
         for name, options, ray_mode in variants:
@@ -87,7 +96,9 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 samples, singles = [], []
                 for i in range(args.repeats):
-                    singles.append(measure(options, Path(folder) / f"{name.split()[0]}-{ray_mode}-one-{i}", "[0]", (0,)))
+                    singles.append(
+                        measure(options, Path(folder) / f"{name.split()[0]}-{ray_mode}-one-{i}", "[0]", (0,))
+                    )
                     samples.append(measure(options, Path(folder) / f"{name.split()[0]}-{ray_mode}-{i}"))
             finally:
                 if ray_mode == "running":
@@ -104,7 +115,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'executor':<22s} {'start-up s':>10s} {'4-run sweep s':>14s} {'per-run overhead s':>19s} {'vs local':>9s}")
     for name, r in results.items():
         ratio = r["per_run_overhead_s"] / local["per_run_overhead_s"]
-        print(f"{name:<22s} {r['startup_s']:>10.2f} {r['total_s']:>14.2f} {r['per_run_overhead_s']:>19.2f} {ratio:>8.1f}x")
+        print(
+            f"{name:<22s} {r['startup_s']:>10.2f} {r['total_s']:>14.2f} {r['per_run_overhead_s']:>19.2f} {ratio:>8.1f}x"
+        )
     print(json.dumps({"repeats": args.repeats, "executors": results}))
     return 0
 

@@ -50,8 +50,8 @@ import json
 import os
 import platform
 import shlex
-import signal
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -72,23 +72,88 @@ SPEED_RUNS: list[tuple[str, list[str], int]] = [
     # The CNN's reference loop takes about 13 s a round at 100 clients on an H200 (2026-11-27): 90 s for 4 rounds of both.
     ("cnn-float32", ["--model", "cnn", "--clients-per-round", "10", "100", "--rows", "vectorized,reference"], 120),
     # The convolutions as im2col and one matrix product per client (config key convolution=unfold), alone and in bf16.
-    ("cnn-unfold", ["--model", "cnn", "--clients-per-round", "10", "100", "--rows", "vectorized", "--convolution", "unfold"], 40),
-    ("cnn-bf16", ["--model", "cnn", "--clients-per-round", "10", "100", "--rows", "vectorized", "--precision", "bf16"], 40),
-    ("cnn-unfold-bf16", ["--model", "cnn", "--clients-per-round", "10", "100", "--rows", "vectorized", "--precision", "bf16",
-                         "--convolution", "unfold"], 40),
+    (
+        "cnn-unfold",
+        ["--model", "cnn", "--clients-per-round", "10", "100", "--rows", "vectorized", "--convolution", "unfold"],
+        40,
+    ),
+    (
+        "cnn-bf16",
+        ["--model", "cnn", "--clients-per-round", "10", "100", "--rows", "vectorized", "--precision", "bf16"],
+        40,
+    ),
+    (
+        "cnn-unfold-bf16",
+        [
+            "--model",
+            "cnn",
+            "--clients-per-round",
+            "10",
+            "100",
+            "--rows",
+            "vectorized",
+            "--precision",
+            "bf16",
+            "--convolution",
+            "unfold",
+        ],
+        40,
+    ),
     ("mlp-float32", ["--model", "mlp", "--clients-per-round", "10", "100", "--rows", "vectorized,reference"], 100),
     # No reference row at 1,000 clients: the loop would take minutes a round; the goal is an absolute 0.1 s.
-    ("mlp-1000-float32", ["--model", "mlp", "--num-clients", "1000", "--samples", "50", "--clients-per-round", "1000",
-                          "--rows", "vectorized"], 60),
+    (
+        "mlp-1000-float32",
+        [
+            "--model",
+            "mlp",
+            "--num-clients",
+            "1000",
+            "--samples",
+            "50",
+            "--clients-per-round",
+            "1000",
+            "--rows",
+            "vectorized",
+        ],
+        60,
+    ),
     ("lstm-float32", ["--model", "lstm", "--clients-per-round", "10", "--rows", "vectorized,sequential,reference"], 60),
     # One client per chunk: the module's own (cuDNN) LSTM, against the batched recurrence above.
-    ("lstm-chunk-1", ["--model", "lstm", "--clients-per-round", "10", "--rows", "vectorized", "--max-chunk-clients", "1"], 30),
-    ("resnet18_gn-float32", ["--model", "resnet18_gn", "--clients-per-round", "10", "--rows", "vectorized,reference"], 60),
-    ("cnn-tf32", ["--model", "cnn", "--clients-per-round", "10", "100", "--rows", "vectorized", "--precision", "tf32"], 40),
-    ("resnet18_gn-tf32", ["--model", "resnet18_gn", "--clients-per-round", "10", "--rows", "vectorized", "--precision", "tf32"], 30),
-    ("resnet18_gn-bf16", ["--model", "resnet18_gn", "--clients-per-round", "10", "--rows", "vectorized", "--precision", "bf16"], 30),
-    ("mlp-tf32", ["--model", "mlp", "--clients-per-round", "10", "100", "--rows", "vectorized", "--precision", "tf32"], 30),
-    ("mlp-bf16", ["--model", "mlp", "--clients-per-round", "10", "100", "--rows", "vectorized", "--precision", "bf16"], 30),
+    (
+        "lstm-chunk-1",
+        ["--model", "lstm", "--clients-per-round", "10", "--rows", "vectorized", "--max-chunk-clients", "1"],
+        30,
+    ),
+    (
+        "resnet18_gn-float32",
+        ["--model", "resnet18_gn", "--clients-per-round", "10", "--rows", "vectorized,reference"],
+        60,
+    ),
+    (
+        "cnn-tf32",
+        ["--model", "cnn", "--clients-per-round", "10", "100", "--rows", "vectorized", "--precision", "tf32"],
+        40,
+    ),
+    (
+        "resnet18_gn-tf32",
+        ["--model", "resnet18_gn", "--clients-per-round", "10", "--rows", "vectorized", "--precision", "tf32"],
+        30,
+    ),
+    (
+        "resnet18_gn-bf16",
+        ["--model", "resnet18_gn", "--clients-per-round", "10", "--rows", "vectorized", "--precision", "bf16"],
+        30,
+    ),
+    (
+        "mlp-tf32",
+        ["--model", "mlp", "--clients-per-round", "10", "100", "--rows", "vectorized", "--precision", "tf32"],
+        30,
+    ),
+    (
+        "mlp-bf16",
+        ["--model", "mlp", "--clients-per-round", "10", "100", "--rows", "vectorized", "--precision", "bf16"],
+        30,
+    ),
     ("lstm-tf32", ["--model", "lstm", "--clients-per-round", "10", "--rows", "vectorized", "--precision", "tf32"], 30),
     ("lstm-bf16", ["--model", "lstm", "--clients-per-round", "10", "--rows", "vectorized", "--precision", "bf16"], 30),
     ("cnn-sequential", ["--model", "cnn", "--clients-per-round", "10", "--rows", "sequential"], 40),
@@ -104,13 +169,27 @@ PRECISIONS = ("float32", "tf32", "bf16")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--out", type=Path, required=True, help="folder for summary.json and log.txt (created)")
     parser.add_argument("--budget", type=float, default=480.0, help="seconds the whole command may take (default 480)")
-    parser.add_argument("--quick", action="store_true", help="tiny steps on whatever device there is: tests this script, numbers mean nothing")
-    parser.add_argument("--work", type=Path, default=REPOSITORY / "runs" / "gpu-check",
-                        help="folder for the precision step's sweep (default runs/gpu-check in the checkout; emptied first)")
-    parser.add_argument("--steps", default=",".join(STEPS), help="comma-separated steps to run; they run in the order " + ", ".join(STEPS))
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny steps on whatever device there is: tests this script, numbers mean nothing",
+    )
+    parser.add_argument(
+        "--work",
+        type=Path,
+        default=REPOSITORY / "runs" / "gpu-check",
+        help="folder for the precision step's sweep (default runs/gpu-check in the checkout; emptied first)",
+    )
+    parser.add_argument(
+        "--steps",
+        default=",".join(STEPS),
+        help="comma-separated steps to run; they run in the order " + ", ".join(STEPS),
+    )
     return parser.parse_args(argv)
 
 
@@ -130,8 +209,13 @@ def run_step(command: list[str], limit: float, log: Any) -> dict[str, Any]:
     log.write(f"\n$ {shlex.join(command)}   (limit {limit:.0f} s)\n")
     log.flush()
     process = subprocess.Popen(
-        command, cwd=REPOSITORY, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True,
+        command,
+        cwd=REPOSITORY,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        start_new_session=True,
     )
     try:
         output, _ = process.communicate(timeout=max(1.0, limit))
@@ -143,7 +227,12 @@ def run_step(command: list[str], limit: float, log: Any) -> dict[str, Any]:
     log.write(output or "")
     log.write(f"[{status}; {time.monotonic() - started:.1f} s]\n")
     log.flush()
-    return {"command": shlex.join(command), "status": status, "seconds": round(time.monotonic() - started, 1), "output": output or ""}
+    return {
+        "command": shlex.join(command),
+        "status": status,
+        "seconds": round(time.monotonic() - started, 1),
+        "output": output or "",
+    }
 
 
 def last_json(output: str) -> dict[str, Any] | None:
@@ -173,12 +262,18 @@ def environment(quick: bool) -> dict[str, Any]:
         properties = torch.cuda.get_device_properties(0)
         free, total = torch.cuda.mem_get_info(0)
         info.update(
-            gpu=properties.name, gpu_count=torch.cuda.device_count(), multiprocessors=properties.multi_processor_count,
-            gpu_memory_total_gib=round(total / 2**30, 1), gpu_memory_free_gib=round(free / 2**30, 1),
-            capability=f"{properties.major}.{properties.minor}", cudnn=torch.backends.cudnn.version(),
+            gpu=properties.name,
+            gpu_count=torch.cuda.device_count(),
+            multiprocessors=properties.multi_processor_count,
+            gpu_memory_total_gib=round(total / 2**30, 1),
+            gpu_memory_free_gib=round(free / 2**30, 1),
+            capability=f"{properties.major}.{properties.minor}",
+            cudnn=torch.backends.cudnn.version(),
         )
         try:
-            info["nvidia_smi"] = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20).stdout.strip()
+            info["nvidia_smi"] = subprocess.run(
+                ["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20
+            ).stdout.strip()
         except (OSError, subprocess.SubprocessError) as error:
             info["nvidia_smi"] = f"not run: {error}"
     return info
@@ -186,7 +281,9 @@ def environment(quick: bool) -> dict[str, Any]:
 
 def _git_commit() -> str | None:
     try:
-        result = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPOSITORY, capture_output=True, text=True, timeout=10)
+        result = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=REPOSITORY, capture_output=True, text=True, timeout=10
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return result.stdout.strip() or None
@@ -198,18 +295,20 @@ def speed_summary(label: str, report: dict[str, Any] | None) -> list[dict[str, A
         return []
     rows = []
     for entry in report.get("results", []):
-        rows.append({
-            "run": label,
-            "model": report.get("workload", {}).get("model"),
-            "precision": report.get("workload", {}).get("precision"),
-            "convolution": report.get("workload", {}).get("convolution"),
-            "row": entry.get("key"),
-            "clients_per_round": entry.get("clients_per_round"),
-            "median_seconds": entry.get("median_seconds"),
-            "speedup_vs_reference": entry.get("speedup_vs_reference"),
-            "peak_gpu_memory_mb": entry.get("peak_gpu_memory_mb"),
-            "data": report.get("data"),
-        })
+        rows.append(
+            {
+                "run": label,
+                "model": report.get("workload", {}).get("model"),
+                "precision": report.get("workload", {}).get("precision"),
+                "convolution": report.get("workload", {}).get("convolution"),
+                "row": entry.get("key"),
+                "clients_per_round": entry.get("clients_per_round"),
+                "median_seconds": entry.get("median_seconds"),
+                "speedup_vs_reference": entry.get("speedup_vs_reference"),
+                "peak_gpu_memory_mb": entry.get("peak_gpu_memory_mb"),
+                "data": report.get("data"),
+            }
+        )
     return rows
 
 
@@ -225,10 +324,29 @@ def precision_sweep(args: argparse.Namespace, budget: Budget, log: Any, cuda: bo
     if args.quick:
         config = ["demo-synthetic", "rounds=2", "backend=vectorized", f"device={'cuda' if cuda else 'cpu'}"]
     else:
-        config = ["cifar10-feddyn", f"rounds={PRECISION_ROUNDS}", "evaluation.every=10", "device=cuda", "backend=vectorized"]
+        config = [
+            "cifar10-feddyn",
+            f"rounds={PRECISION_ROUNDS}",
+            "evaluation.every=10",
+            "device=cuda",
+            "backend=vectorized",
+        ]
     command = [
-        sys.executable, "-m", "driftlab.cli", "sweep", config[0], "--out", str(out), "--no-report",
-        "--grid", f"precision={','.join(precisions)}", "--jobs", str(len(precisions)), "--threads", "1", *config[1:],
+        sys.executable,
+        "-m",
+        "driftlab.cli",
+        "sweep",
+        config[0],
+        "--out",
+        str(out),
+        "--no-report",
+        "--grid",
+        f"precision={','.join(precisions)}",
+        "--jobs",
+        str(len(precisions)),
+        "--threads",
+        "1",
+        *config[1:],
     ]
     step = run_step(command, budget.left() - 5, log)
     runs = {}
@@ -252,12 +370,18 @@ def layer_rows(report: dict[str, Any] | None) -> list[dict[str, Any]]:
     rows = []
     for workload in report.get("workloads", []):
         for variant in workload.get("variants", []):
-            rows.append({
-                "workload": workload.get("workload"), "clients": workload.get("clients"), "variant": variant.get("key"),
-                "precision": variant.get("precision"), "status": variant.get("status"),
-                "median_seconds": variant.get("median_seconds"), "speedup_vs_a": variant.get("speedup_vs_a"),
-                "max_relative_error": variant.get("max_relative_error"),
-            })
+            rows.append(
+                {
+                    "workload": workload.get("workload"),
+                    "clients": workload.get("clients"),
+                    "variant": variant.get("key"),
+                    "precision": variant.get("precision"),
+                    "status": variant.get("status"),
+                    "median_seconds": variant.get("median_seconds"),
+                    "speedup_vs_a": variant.get("speedup_vs_a"),
+                    "max_relative_error": variant.get("max_relative_error"),
+                }
+            )
     return rows
 
 
@@ -283,7 +407,10 @@ def main(argv: list[str] | None = None) -> int:
     steps = [s.strip() for s in args.steps.split(",") if s.strip()]
     unknown = sorted(set(steps) - set(STEPS))
     if unknown:
-        print(f"gpu_check.py: error: --steps: unknown step(s) {', '.join(unknown)}; the steps are {', '.join(STEPS)}", file=sys.stderr)
+        print(
+            f"gpu_check.py: error: --steps: unknown step(s) {', '.join(unknown)}; the steps are {', '.join(STEPS)}",
+            file=sys.stderr,
+        )
         return 2
     summary: dict[str, Any] = {"steps": {}}
     import torch
@@ -296,7 +423,19 @@ def main(argv: list[str] | None = None) -> int:
             log.write(json.dumps(summary["environment"], indent=1) + "\n")
         if "tests" in steps:
             parallel = ["-n", "4"] if cuda and _has_module("xdist") else []  # each worker its own CUDA context
-            command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", "-rfEs", *parallel, *CUDA_TESTS]
+            command = [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                "-o",
+                "addopts=",
+                "-rfEs",
+                *parallel,
+                *CUDA_TESTS,
+            ]
             step = run_step(command, min(150.0, budget.left() - 5), log)
             tail = step.pop("output").strip().splitlines()
             failures = [line for line in tail if line.startswith(("FAILED", "ERROR"))]
@@ -306,8 +445,16 @@ def main(argv: list[str] | None = None) -> int:
                 summary["steps"]["layers"] = {"status": "skipped: out of the command's time budget"}
             else:
                 # which implementation of each batched layer is fastest here (benchmarks/layer_variants.py)
-                command = [sys.executable, "benchmarks/layer_variants.py", "--device", device, "--budget", "50",
-                           "--json", str(args.out / "layer_variants.json")]
+                command = [
+                    sys.executable,
+                    "benchmarks/layer_variants.py",
+                    "--device",
+                    device,
+                    "--budget",
+                    "50",
+                    "--json",
+                    str(args.out / "layer_variants.json"),
+                ]
                 if args.quick:
                     command.append("--quick")
                 step = run_step(command, min(LAYERS_LIMIT, budget.left() - 5), log)
@@ -325,8 +472,17 @@ def main(argv: list[str] | None = None) -> int:
                 command = [sys.executable, "benchmarks/round_speed.py", "--device", device, *extra, *SPEED_COMMON]
                 if args.quick:
                     model = extra[extra.index("--model") + 1]
-                    command = [sys.executable, "benchmarks/round_speed.py", "--device", device, "--model", model, "--quick",
-                               "--rows", "vectorized,reference"]
+                    command = [
+                        sys.executable,
+                        "benchmarks/round_speed.py",
+                        "--device",
+                        device,
+                        "--model",
+                        model,
+                        "--quick",
+                        "--rows",
+                        "vectorized,reference",
+                    ]
                 limit = max(float(limit), 120.0) if args.quick else float(limit)  # a CPU shared with other work is slow
                 step = run_step(command, min(limit, budget.left() - reserve - 5), log)
                 report = last_json(step.pop("output"))
@@ -347,7 +503,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def print_table(summary: dict[str, Any]) -> None:
     env = summary.get("environment", {})
-    print(f"\n{env.get('gpu', 'no GPU')} | torch {env.get('torch')} (CUDA {env.get('torch_cuda')}) | commit {env.get('commit')}")
+    print(
+        f"\n{env.get('gpu', 'no GPU')} | torch {env.get('torch')} (CUDA {env.get('torch_cuda')}) | commit {env.get('commit')}"
+    )
     tests = summary["steps"].get("tests")
     if tests:
         print(f"CUDA tests: {tests['status']}: {tests['result']}")
@@ -358,15 +516,19 @@ def print_table(summary: dict[str, Any]) -> None:
         print(f"layer variants: {layers['status']}")
         for row in layers.get("variants", []):
             seconds, ratio = row["median_seconds"], row["speedup_vs_a"]
-            print(f"  {row['workload']:<5}{row['clients']!s:>4} {row['variant']:<14}{row['precision']!s:<8}{row['status']!s:<10}"
-                  f"{'' if seconds is None else f'{seconds:.4f} s':>10}{'' if ratio is None else f'{ratio:.2f}x':>8}")
+            print(
+                f"  {row['workload']:<5}{row['clients']!s:>4} {row['variant']:<14}{row['precision']!s:<8}{row['status']!s:<10}"
+                f"{'' if seconds is None else f'{seconds:.4f} s':>10}{'' if ratio is None else f'{ratio:.2f}x':>8}"
+            )
     speed = summary["steps"].get("speed")
     if speed:
         print(f"{'run':<22}{'row':<12}{'clients':>8}{'s/round':>10}{'x ref':>8}")
         for row in speed["rows"]:
             seconds, ratio = row["median_seconds"], row["speedup_vs_reference"]
-            print(f"{row['run']:<22}{str(row['row']):<12}{row['clients_per_round']!s:>8}"
-                  f"{seconds if seconds is None else f'{seconds:.3f}':>10}{'' if ratio is None else f'{ratio:.1f}':>8}")
+            print(
+                f"{row['run']:<22}{str(row['row']):<12}{row['clients_per_round']!s:>8}"
+                f"{seconds if seconds is None else f'{seconds:.3f}':>10}{'' if ratio is None else f'{ratio:.1f}':>8}"
+            )
         for label, run in speed["runs"].items():
             if run["status"] != "passed":
                 print(f"  {label}: {run['status']}")
@@ -374,7 +536,9 @@ def print_table(summary: dict[str, Any]) -> None:
     if precision:
         print(f"precision: {precision.get('status')}")
         for name, run in precision.get("runs", {}).items():
-            print(f"  {name}: {run['rounds']} rounds, accuracy {run['test_accuracy']}, median {run['median_round_seconds']} s/round")
+            print(
+                f"  {name}: {run['rounds']} rounds, accuracy {run['test_accuracy']}, median {run['median_round_seconds']} s/round"
+            )
 
 
 if __name__ == "__main__":

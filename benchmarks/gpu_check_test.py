@@ -6,10 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import gpu_check  # benchmarks/ is on sys.path: pytest puts a test file's directory there
 import pytest
 import torch
-
-import gpu_check  # benchmarks/ is on sys.path: pytest puts a test file's directory there
 
 REPOSITORY = Path(gpu_check.__file__).resolve().parents[1]
 
@@ -20,11 +19,20 @@ def test_quick_check_runs_every_step_and_writes_its_three_files(tmp_path, capsys
     assert gpu_check.main(["--quick", "--out", str(out), "--work", str(work), "--budget", "400"]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary == json.loads((out / "summary.json").read_text())
-    assert sorted(p.name for p in out.iterdir()) == ["layer_variants.json", "log.txt", "summary.json"]  # at most 8 come back
+    assert sorted(p.name for p in out.iterdir()) == [
+        "layer_variants.json",
+        "log.txt",
+        "summary.json",
+    ]  # at most 8 come back
     layers = summary["steps"]["layers"]
     assert layers["status"] == "passed"
     assert {(row["workload"], row["variant"]) for row in layers["variants"] if row["status"] == "ok"} >= {
-        ("cnn", "grouped"), ("cnn", "unfold"), ("cnn", "loop"), ("lstm", "bmm"), ("lstm", "loop")}
+        ("cnn", "grouped"),
+        ("cnn", "unfold"),
+        ("cnn", "loop"),
+        ("lstm", "bmm"),
+        ("lstm", "loop"),
+    }
     assert summary["environment"]["torch"] == torch.__version__ and summary["environment"]["quick"] is True
     tests = summary["steps"]["tests"]
     assert tests["status"] == "passed" and tests["failures"] == []
@@ -34,7 +42,9 @@ def test_quick_check_runs_every_step_and_writes_its_three_files(tmp_path, capsys
     float32_runs = [label for label, _, _ in gpu_check.SPEED_RUNS if label.endswith(("float32", "chunk-1"))]
     assert sorted(speed["runs"]) == sorted(float32_runs)
     assert all(run["status"] == "passed" for run in speed["runs"].values())
-    assert {(row["run"], row["row"]) for row in speed["rows"]} == {(label, r) for label in float32_runs for r in ("vectorized", "reference")}
+    assert {(row["run"], row["row"]) for row in speed["rows"]} == {
+        (label, r) for label in float32_runs for r in ("vectorized", "reference")
+    }
     assert all(row["median_seconds"] > 0 for row in speed["rows"])
     assert all(row["median_seconds"] > 0 for row in speed["rows"])
     precision = summary["steps"]["precision"]
@@ -53,9 +63,26 @@ def test_a_step_past_its_limit_is_killed_and_recorded(tmp_path):
 
 
 def test_steps_past_the_budget_are_skipped_and_said(tmp_path, capsys):
-    assert gpu_check.main(["--quick", "--out", str(tmp_path), "--work", str(tmp_path / "w"), "--budget", "0", "--steps", "layers,speed,precision"]) == 0
+    assert (
+        gpu_check.main(
+            [
+                "--quick",
+                "--out",
+                str(tmp_path),
+                "--work",
+                str(tmp_path / "w"),
+                "--budget",
+                "0",
+                "--steps",
+                "layers,speed,precision",
+            ]
+        )
+        == 0
+    )
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert {run["status"] for run in summary["steps"]["speed"]["runs"].values()} == {"skipped: out of the command's time budget"}
+    assert {run["status"] for run in summary["steps"]["speed"]["runs"].values()} == {
+        "skipped: out of the command's time budget"
+    }
     assert summary["steps"]["precision"]["status"] == "skipped: out of the command's time budget"
     assert summary["steps"]["layers"]["status"] == "skipped: out of the command's time budget"
 
@@ -74,7 +101,9 @@ def test_the_speed_runs_cover_the_goals_models_and_precisions():
     for model in models:
         assert {f"{model}-tf32", f"{model}-bf16"} <= set(runs), model
     assert "1000" in runs["mlp-1000-float32"] and "100" in runs["cnn-float32"]
-    with_reference = {label for label, arguments in runs.items() if "reference" in arguments[arguments.index("--rows") + 1]}
+    with_reference = {
+        label for label, arguments in runs.items() if "reference" in arguments[arguments.index("--rows") + 1]
+    }
     assert with_reference == {"cnn-float32", "mlp-float32", "lstm-float32", "resnet18_gn-float32"}
 
 

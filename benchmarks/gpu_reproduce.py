@@ -46,19 +46,35 @@ DECAY_AXIS = "lr decay"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, required=True, help="folder for summary.json, sweep.toml and runs.tar.gz (created)")
-    parser.add_argument("--sweep", default="feddyn-cifar10-partial", help="a shipped sweep (default feddyn-cifar10-partial)")
-    parser.add_argument("--scale", default="paper", help="the sweep's scale (default paper; 'none' for its default scale)")
-    parser.add_argument("--decay", type=float, default=0.998, help="the one lr decay per round run in place of the decay axis")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--out", type=Path, required=True, help="folder for summary.json, sweep.toml and runs.tar.gz (created)"
+    )
+    parser.add_argument(
+        "--sweep", default="feddyn-cifar10-partial", help="a shipped sweep (default feddyn-cifar10-partial)"
+    )
+    parser.add_argument(
+        "--scale", default="paper", help="the sweep's scale (default paper; 'none' for its default scale)"
+    )
+    parser.add_argument(
+        "--decay", type=float, default=0.998, help="the one lr decay per round run in place of the decay axis"
+    )
     parser.add_argument("--budget", type=float, default=500.0, help="seconds before the sweep is stopped (default 500)")
     parser.add_argument("--jobs", type=int, default=None, help="runs at once (default: every run of the sweep)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads per run (default 1)")
     parser.add_argument("--device", default=None, help="device of every run (default cuda when there is one, else cpu)")
-    parser.add_argument("--runs", type=Path, default=None,
-                        help="the sweep's folder (default runs/gpu-reproduce/<sweep>-decay-<decay> in the checkout: a second call on the "
-                             "same machine resumes it)")
-    parser.add_argument("--quick", action="store_true", help="2 rounds per run at the sweep's default scale: tests this script")
+    parser.add_argument(
+        "--runs",
+        type=Path,
+        default=None,
+        help="the sweep's folder (default runs/gpu-reproduce/<sweep>-decay-<decay> in the checkout: a second call on the "
+        "same machine resumes it)",
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="2 rounds per run at the sweep's default scale: tests this script"
+    )
     parser.add_argument("overrides", nargs="*", help="key=value overrides for every run, after the sweep's own")
     return parser.parse_args(argv)
 
@@ -72,7 +88,9 @@ def one_decay(sweep: dict[str, Any], decay: float) -> dict[str, Any]:
     if len(axes) == len(sweep.get("axes", [])):
         return sweep
     lr = "client.lr=0.1" if decay == 1 else f'client.lr={{kind="exponential", initial=0.1, decay={decay}}}'
-    description = f"{sweep.get('description', '').strip()}\n\nRun by benchmarks/gpu_reproduce.py with one lr decay, {decay}."
+    description = (
+        f"{sweep.get('description', '').strip()}\n\nRun by benchmarks/gpu_reproduce.py with one lr decay, {decay}."
+    )
     return {**sweep, "description": description, "overrides": [*sweep.get("overrides", []), lr], "axes": axes}
 
 
@@ -81,7 +99,9 @@ def one_decay(sweep: dict[str, Any], decay: float) -> dict[str, Any]:
 
 def run_metrics(runs_dir: Path) -> dict[str, Path]:
     """Each run's ``metrics.jsonl``, by its path under ``runs/`` (setting/method/seed, or method/seed)."""
-    return {str(p.parent.relative_to(runs_dir / "runs")): p for p in sorted(runs_dir.glob("runs/**/seed-*/metrics.jsonl"))}
+    return {
+        str(p.parent.relative_to(runs_dir / "runs")): p for p in sorted(runs_dir.glob("runs/**/seed-*/metrics.jsonl"))
+    }
 
 
 def read_records(metrics: Path) -> list[dict[str, Any]]:
@@ -105,7 +125,9 @@ def run_summary(metrics: Path, targets: list[float], wall_seconds: float, rounds
     return {
         "rounds": records[-1]["round"] if records else 0,
         "rounds_this_call": (records[-1]["round"] if records else 0) - rounds_before,
-        "rounds_per_second": round(((records[-1]["round"] if records else 0) - rounds_before) / wall_seconds, 3) if wall_seconds > 0 else None,
+        "rounds_per_second": round(((records[-1]["round"] if records else 0) - rounds_before) / wall_seconds, 3)
+        if wall_seconds > 0
+        else None,
         "median_round_seconds": seconds[len(seconds) // 2] if seconds else None,
         "last_test_accuracy": evaluated[-1]["test_accuracy"] if evaluated else None,
         "best_test_accuracy": max((r["test_accuracy"] for r in evaluated), default=None),
@@ -133,8 +155,10 @@ def main(argv: list[str] | None = None) -> int:
     from driftlab.experiments.sweep.shipped import sweep_names, sweep_text
 
     if args.sweep not in sweep_names():
-        print(f"gpu_reproduce.py: error: --sweep {args.sweep!r} is not a shipped sweep; choose one of {', '.join(sweep_names())}",
-              file=sys.stderr)
+        print(
+            f"gpu_reproduce.py: error: --sweep {args.sweep!r} is not a shipped sweep; choose one of {', '.join(sweep_names())}",
+            file=sys.stderr,
+        )
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -145,16 +169,33 @@ def main(argv: list[str] | None = None) -> int:
     extra = ["rounds=2", "evaluation.every=1"] if args.quick else []
     scale = [] if args.quick or args.scale == "none" else ["--scale", args.scale]
     command = [
-        sys.executable, "-m", "driftlab.cli", "sweep", str(args.out / "sweep.toml"), "--out", str(runs_dir), *scale,
-        "--threads", str(args.threads), *(["--jobs", str(args.jobs)] if args.jobs else ["--jobs", "64"]),
-        f"device={device}", *extra, *args.overrides,
+        sys.executable,
+        "-m",
+        "driftlab.cli",
+        "sweep",
+        str(args.out / "sweep.toml"),
+        "--out",
+        str(runs_dir),
+        *scale,
+        "--threads",
+        str(args.threads),
+        *(["--jobs", str(args.jobs)] if args.jobs else ["--jobs", "64"]),
+        f"device={device}",
+        *extra,
+        *args.overrides,
     ]
     started = time.monotonic()
     with open(args.out / "log.txt", "w") as log:
         log.write(" ".join(command) + "\n")
         log.flush()
-        process = subprocess.Popen(command, cwd=REPOSITORY, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                   env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        process = subprocess.Popen(
+            command,
+            cwd=REPOSITORY,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
         try:
             process.wait(timeout=args.budget)
             status = "finished" if process.returncode == 0 else f"failed (exit {process.returncode})"
@@ -172,16 +213,25 @@ def main(argv: list[str] | None = None) -> int:
             if path.suffix in (".md", ".csv", ".json"):
                 archive.add(path, arcname=str(path.relative_to(runs_dir)))
     summary = {
-        "sweep": args.sweep, "scale": None if args.quick else args.scale, "decay": args.decay, "device": device,
-        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None, "status": status,
-        "wall_seconds": round(wall, 1), "runs_dir": str(runs_dir), "command": " ".join(command), "runs": runs,
+        "sweep": args.sweep,
+        "scale": None if args.quick else args.scale,
+        "decay": args.decay,
+        "device": device,
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "status": status,
+        "wall_seconds": round(wall, 1),
+        "runs_dir": str(runs_dir),
+        "command": " ".join(command),
+        "runs": runs,
         "commit": os.environ.get("DRIFTLAB_COMMIT"),
     }
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
     print(f"sweep folder: {runs_dir}")
     print(f"{summary['gpu'] or device}: {status} after {wall:.0f} s")
     for name, run in runs.items():
-        print(f"  {name:<40} {run['rounds']:>5} rounds  {run['median_round_seconds'] or 0:.3f} s/round  acc {run['last_test_accuracy']}")
+        print(
+            f"  {name:<40} {run['rounds']:>5} rounds  {run['median_round_seconds'] or 0:.3f} s/round  acc {run['last_test_accuracy']}"
+        )
     print(json.dumps(summary, separators=(",", ":")))
     return 0 if status == "finished" or status.startswith("stopped") else 1
 

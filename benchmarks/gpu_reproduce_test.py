@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 import tomllib
 
+import gpu_reproduce  # benchmarks/ is on sys.path: pytest puts a test file's directory there
 import pytest
 
-import gpu_reproduce  # benchmarks/ is on sys.path: pytest puts a test file's directory there
-from driftlab.experiments.sweep.shipped import sweep_names, sweep_text
 from driftlab.experiments.sweep.planning import plan
+from driftlab.experiments.sweep.shipped import sweep_names, sweep_text
 from driftlab.experiments.sweep.spec import load_sweep
 
 
@@ -31,7 +31,9 @@ def test_one_decay_replaces_the_decay_axis_by_one_override():
 
 def test_the_written_sweep_plans_eight_runs_at_paper_scale(tmp_path):
     path = tmp_path / "sweep.toml"
-    path.write_text(gpu_reproduce.to_toml(gpu_reproduce.one_decay(tomllib.loads(sweep_text("feddyn-cifar10-partial")), 0.998)))
+    path.write_text(
+        gpu_reproduce.to_toml(gpu_reproduce.one_decay(tomllib.loads(sweep_text("feddyn-cifar10-partial")), 0.998))
+    )
     planned = plan(load_sweep(path), scale="paper")
     assert len(planned) == 8
     assert {run.config.rounds for run in planned} == {1000}

@@ -52,7 +52,14 @@ from pathlib import Path
 from typing import Callable
 
 # keep_checkpoint: the resume cases edit the checkpoint of the completed two-round run
-BASE = ["rounds=2", "client.epochs=1", "data.num_clients=6", "sampling.participation=0.5", "checkpoint_every=1", "keep_checkpoint=true"]
+BASE = [
+    "rounds=2",
+    "client.epochs=1",
+    "data.num_clients=6",
+    "sampling.participation=0.5",
+    "checkpoint_every=1",
+    "keep_checkpoint=true",
+]
 TRACEBACK = "Traceback (most recent call last)"
 
 
@@ -81,7 +88,18 @@ class Outcome:
 BAD_VALUES: dict[str, list[str]] = {
     "rounds": ["true", "-1", "0", "1.5", '"ten"', "10000000000000", "[2]", "nan"],
     "seed": ["true", "1.5", '"a"', "[0]"],
-    "client.lr": ["0", "-1", "nan", "inf", "1e308", '"fast"', "true", '{kind="bogus"}', '{kind="exponential", initial=inf, decay=0.9}', "1979-05-27"],
+    "client.lr": [
+        "0",
+        "-1",
+        "nan",
+        "inf",
+        "1e308",
+        '"fast"',
+        "true",
+        '{kind="bogus"}',
+        '{kind="exponential", initial=inf, decay=0.9}',
+        "1979-05-27",
+    ],
     "client.batch_size": ["0", "-5", "1.5", "1000000000", "true"],
     "client.epochs": ["0", "1000000000", "-1", '"x"'],
     "client.steps": ["0", "1000000000000", '{kind="inverse_time", a=inf, b=1}'],
@@ -108,9 +126,29 @@ BAD_VALUES: dict[str, list[str]] = {
     "nope": ["1"],
     "client.nope": ["1"],
 }
-MALFORMED = ["client.lr", "=3", "client.lr=", "client.lr=[0.1", "client..lr=1", ".lr=1", "client.lr=0.1=0.2", 'client.lr="unterminated']
-GOOD_OVERRIDES = ["client.lr=0.05", "seed=3", "sampling.participation=0.34", "algorithm.name=fedprox", "algorithm.name=scaffold", "server.optimizer=adam",
-                  "server.lr=0.1", "client.batch_size=5", "backend=sequential", "model.name=mlp", "model.hidden=[8]"]
+MALFORMED = [
+    "client.lr",
+    "=3",
+    "client.lr=",
+    "client.lr=[0.1",
+    "client..lr=1",
+    ".lr=1",
+    "client.lr=0.1=0.2",
+    'client.lr="unterminated',
+]
+GOOD_OVERRIDES = [
+    "client.lr=0.05",
+    "seed=3",
+    "sampling.participation=0.34",
+    "algorithm.name=fedprox",
+    "algorithm.name=scaffold",
+    "server.optimizer=adam",
+    "server.lr=0.1",
+    "client.batch_size=5",
+    "backend=sequential",
+    "model.name=mlp",
+    "model.hidden=[8]",
+]
 
 
 def override_cases(rng: random.Random, count: int) -> list[Case]:
@@ -130,8 +168,18 @@ def override_cases(rng: random.Random, count: int) -> list[Case]:
             # fit the data is found when the run starts, not here.
             # Nor can they know the devices and memory of the machine a run will start on (a sweep may go to a
             # cluster): sizes checked against the machine's memory are checked where the run starts.
-            machine_dependent = ("device=", "client.epochs=1000000000", "client.steps=1000000000000", "data.num_clients=1000000000")
-            bad = [b for b in bad if not (b.startswith("model.name=") and b != 'model.name="nope"') and not b.startswith(machine_dependent)]
+            machine_dependent = (
+                "device=",
+                "client.epochs=1000000000",
+                "client.steps=1000000000000",
+                "data.num_clients=1000000000",
+            )
+            bad = [
+                b
+                for b in bad
+                if not (b.startswith("model.name=") and b != 'model.name="nope"')
+                and not b.startswith(machine_dependent)
+            ]
         good = rng.sample(GOOD_OVERRIDES, rng.choice((0, 1, 2)))
         if command == "sweep":
             good = [g for g in good if not g.startswith("seed=")]  # a sweep takes its seeds from --seeds
@@ -147,13 +195,26 @@ def override_cases(rng: random.Random, count: int) -> list[Case]:
         elif command == "config":
             argv = ["config", "synthetic-fedavg", *overrides]
         else:
-            argv = ["sweep", "synthetic-fedavg", *overrides[:split], "--grid", "client.lr=[0.05, 0.1]", "--jobs", "1", "--no-report", "--dry-run",
-                    "--out", "sw", *overrides[split:]]
+            argv = [
+                "sweep",
+                "synthetic-fedavg",
+                *overrides[:split],
+                "--grid",
+                "client.lr=[0.05, 0.1]",
+                "--jobs",
+                "1",
+                "--no-report",
+                "--dry-run",
+                "--out",
+                "sw",
+                *overrides[split:],
+            ]
         cases.append(Case(f"overrides-{index}:{command}", argv, "error" if bad else "ok"))
     return cases
 
 
 # --- files ---------------------------------------------------------------------------------------------
+
 
 def _writer(name: str, content: bytes) -> Callable[[Path], None]:
     return lambda folder: (folder / name).write_bytes(content)
@@ -167,34 +228,95 @@ def file_cases() -> list[Case]:
     run = lambda name: ["run", name, "--out", "out", "--quiet"]  # noqa: E731
     cases = [
         Case("file:binary", run("c.toml"), "error", _writer("c.toml", bytes(range(256)) * 8), "file"),
-        Case("file:non-utf8", run("c.toml"), "error", _writer("c.toml", "rounds = 2\n# caf\u00e9\n".encode("latin-1")), "file"),
-        Case("file:date", run("c.toml"), "error", _writer("c.toml", b"rounds = 2\n[client]\nlr = 1979-05-27\n"), "file"),
+        Case(
+            "file:non-utf8",
+            run("c.toml"),
+            "error",
+            _writer("c.toml", "rounds = 2\n# caf\u00e9\n".encode("latin-1")),
+            "file",
+        ),
+        Case(
+            "file:date", run("c.toml"), "error", _writer("c.toml", b"rounds = 2\n[client]\nlr = 1979-05-27\n"), "file"
+        ),
         Case("file:deep-arrays", run("c.toml"), "error", _writer("c.toml", deep.encode()), "file"),
         Case("file:deep-tables", run("c.toml"), "error", _writer("c.toml", nested_tables.encode()), "file"),
         Case("file:50MB-unknown-keys", run("c.toml"), "error", _writer("c.toml", huge), "file"),
-        Case("file:json-garbage", run("c.json"), "error", _writer("c.json", b"{\"rounds\": 2,,}"), "file"),
+        Case("file:json-garbage", run("c.json"), "error", _writer("c.json", b'{"rounds": 2,,}'), "file"),
         Case("file:json-list", run("c.json"), "error", _writer("c.json", b"[1, 2, 3]"), "file"),
         Case("file:empty", run("c.toml"), "ok", _writer("c.toml", b""), "file"),
         Case("file:missing", run("absent.toml"), "error", None, "file"),
         Case("file:a-directory", run("folder.toml"), "error", lambda f: (f / "folder.toml").mkdir(), "file"),
         Case("file:base-preset", run("c.toml"), "ok", _writer("c.toml", valid), "file"),
-        Case("file:base-cycle", run("a.toml"), "error",
-             lambda f: ((f / "a.toml").write_text('base = "b.toml"\n'), (f / "b.toml").write_text('base = "a.toml"\n')), "file"),
+        Case(
+            "file:base-cycle",
+            run("a.toml"),
+            "error",
+            lambda f: ((f / "a.toml").write_text('base = "b.toml"\n'), (f / "b.toml").write_text('base = "a.toml"\n')),
+            "file",
+        ),
         Case("file:base-missing", run("c.toml"), "error", _writer("c.toml", b'base = "no-such-preset"\n'), "file"),
-        Case("sweep:unclosed-bracket", ["sweep", "synthetic-fedavg", "--grid", "client.lr=[0.1, 0.2", "--dry-run", "--out", "sw"], "error", None, "file"),
-        Case("sweep:duplicate-values", ["sweep", "synthetic-fedavg", "--grid", "client.lr=0.1,0.1", "--dry-run", "--out", "sw"], "error", None, "file"),
-        Case("sweep:empty-values", ["sweep", "synthetic-fedavg", "--grid", "client.lr=", "--dry-run", "--out", "sw"], "error", None, "file"),
-        Case("sweep:no-equals", ["sweep", "synthetic-fedavg", "--grid", "client.lr", "--dry-run", "--out", "sw"], "error", None, "file"),
-        Case("sweep:unknown-key", ["sweep", "synthetic-fedavg", "--grid", "client.nope=1,2", "--dry-run", "--out", "sw"], "error", None, "file"),
-        Case("sweep:override-after-grid", ["sweep", "synthetic-fedavg", "--grid", "client.lr=0.1,0.2", "rounds=6", "--dry-run", "--out", "sw"],
-             "ok", None, "file"),
-        Case("sweep:bad-seeds", ["sweep", "synthetic-fedavg", "--seeds", "0,x", "--dry-run", "--out", "sw"], "error", None, "file"),
-        Case("sweep:binary-file", ["sweep", "s.toml", "--dry-run", "--out", "sw"], "error", _writer("s.toml", bytes(range(256))), "file"),
+        Case(
+            "sweep:unclosed-bracket",
+            ["sweep", "synthetic-fedavg", "--grid", "client.lr=[0.1, 0.2", "--dry-run", "--out", "sw"],
+            "error",
+            None,
+            "file",
+        ),
+        Case(
+            "sweep:duplicate-values",
+            ["sweep", "synthetic-fedavg", "--grid", "client.lr=0.1,0.1", "--dry-run", "--out", "sw"],
+            "error",
+            None,
+            "file",
+        ),
+        Case(
+            "sweep:empty-values",
+            ["sweep", "synthetic-fedavg", "--grid", "client.lr=", "--dry-run", "--out", "sw"],
+            "error",
+            None,
+            "file",
+        ),
+        Case(
+            "sweep:no-equals",
+            ["sweep", "synthetic-fedavg", "--grid", "client.lr", "--dry-run", "--out", "sw"],
+            "error",
+            None,
+            "file",
+        ),
+        Case(
+            "sweep:unknown-key",
+            ["sweep", "synthetic-fedavg", "--grid", "client.nope=1,2", "--dry-run", "--out", "sw"],
+            "error",
+            None,
+            "file",
+        ),
+        Case(
+            "sweep:override-after-grid",
+            ["sweep", "synthetic-fedavg", "--grid", "client.lr=0.1,0.2", "rounds=6", "--dry-run", "--out", "sw"],
+            "ok",
+            None,
+            "file",
+        ),
+        Case(
+            "sweep:bad-seeds",
+            ["sweep", "synthetic-fedavg", "--seeds", "0,x", "--dry-run", "--out", "sw"],
+            "error",
+            None,
+            "file",
+        ),
+        Case(
+            "sweep:binary-file",
+            ["sweep", "s.toml", "--dry-run", "--out", "sw"],
+            "error",
+            _writer("s.toml", bytes(range(256))),
+            "file",
+        ),
     ]
     return cases
 
 
 # --- output and resume folders ---------------------------------------------------------------------------
+
 
 def folder_cases(finished_run: Path) -> list[Case]:
     run = ["run", "synthetic-fedavg", *BASE, "--quiet"]
@@ -206,6 +328,7 @@ def folder_cases(finished_run: Path) -> list[Case]:
         def setup(folder: Path) -> None:
             copy_run(folder)
             mutate(folder / "out")
+
         return setup
 
     def flip_checkpoint_bit(out: Path) -> None:
@@ -240,39 +363,123 @@ def folder_cases(finished_run: Path) -> list[Case]:
         Case("out:empty-string", [*run, "--out", ""], "error", None, "folder"),
         Case("out:dev-null", [*run, "--out", "/dev/null"], "error", None, "folder"),
         Case("out:a-file", [*run, "--out", "f.txt"], "error", _writer("f.txt", b"mine\n"), "folder"),
-        Case("out:user-folder", [*run, "--out", "mine"], "error",
-             lambda f: (
-                 (f / "mine").mkdir(), (f / "mine" / "config.json").write_text('{"mine": true}\n'), (f / "mine" / "notes.txt").write_text("x")
-             ),
-             "folder"),
+        Case(
+            "out:user-folder",
+            [*run, "--out", "mine"],
+            "error",
+            lambda f: (
+                (f / "mine").mkdir(),
+                (f / "mine" / "config.json").write_text('{"mine": true}\n'),
+                (f / "mine" / "notes.txt").write_text("x"),
+            ),
+            "folder",
+        ),
         Case("out:new-folder", [*run, "--out", "fresh/nested"], "ok", None, "folder"),
         Case("out:existing-run-no-resume", [*run, "--out", "out"], "error", copy_run, "folder"),
-        Case("resume:empty-folder", [*run, "--out", "empty", "--resume"], "error", lambda f: (f / "empty").mkdir(), "folder"),
+        Case(
+            "resume:empty-folder",
+            [*run, "--out", "empty", "--resume"],
+            "error",
+            lambda f: (f / "empty").mkdir(),
+            "folder",
+        ),
         Case("resume:no-folder", [*run, "--out", "absent", "--resume"], "error", None, "folder"),
-        Case("resume:garbage-config", resume, "error", edit(lambda o: (o / "config.json").write_bytes(b"\x00\xffgarbage")), "folder"),
-        Case("resume:foreign-config", resume, "error", edit(lambda o: (o / "config.json").write_text('{"model_name": "x", "fields": {"a": 1}}')), "folder"),
+        Case(
+            "resume:garbage-config",
+            resume,
+            "error",
+            edit(lambda o: (o / "config.json").write_bytes(b"\x00\xffgarbage")),
+            "folder",
+        ),
+        Case(
+            "resume:foreign-config",
+            resume,
+            "error",
+            edit(lambda o: (o / "config.json").write_text('{"model_name": "x", "fields": {"a": 1}}')),
+            "folder",
+        ),
         Case("resume:good", resume, "ok", copy_run, "folder"),
-        Case("resume:config-json", ["run", "out/config.json", "--out", "out", "--resume", "rounds=3", "--quiet"], "ok", copy_run, "folder"),
+        Case(
+            "resume:config-json",
+            ["run", "out/config.json", "--out", "out", "--resume", "rounds=3", "--quiet"],
+            "ok",
+            copy_run,
+            "folder",
+        ),
         Case("resume:checkpoint-bit-flip", resume, "error", edit(flip_checkpoint_bit), "folder"),
-        Case("resume:checkpoint-float16", resume, "error", edit(lambda o: rewrite_checkpoint(o, tensors_change=to_half)), "folder"),
-        Case("resume:checkpoint-stale-round", resume, "error", edit(lambda o: rewrite_checkpoint(o, metadata_change=lambda m: m.update(round="1"))), "folder"),
-        Case("resume:checkpoint-negative-round", resume, "error",
-             edit(lambda o: rewrite_checkpoint(o, metadata_change=lambda m: m.update(round="-3"))), "folder"),
-        Case("resume:checkpoint-truncated", resume, "error",
-             edit(lambda o: (o / "checkpoint.safetensors").write_bytes((o / "checkpoint.safetensors").read_bytes()[:100])), "folder"),
-        Case("resume:metrics-garbage-middle", resume, "error", edit(lambda o: metrics_lines(o, lambda ls: [ls[0], "garbage{", *ls[1:]])), "folder"),
+        Case(
+            "resume:checkpoint-float16",
+            resume,
+            "error",
+            edit(lambda o: rewrite_checkpoint(o, tensors_change=to_half)),
+            "folder",
+        ),
+        Case(
+            "resume:checkpoint-stale-round",
+            resume,
+            "error",
+            edit(lambda o: rewrite_checkpoint(o, metadata_change=lambda m: m.update(round="1"))),
+            "folder",
+        ),
+        Case(
+            "resume:checkpoint-negative-round",
+            resume,
+            "error",
+            edit(lambda o: rewrite_checkpoint(o, metadata_change=lambda m: m.update(round="-3"))),
+            "folder",
+        ),
+        Case(
+            "resume:checkpoint-truncated",
+            resume,
+            "error",
+            edit(
+                lambda o: (o / "checkpoint.safetensors").write_bytes((o / "checkpoint.safetensors").read_bytes()[:100])
+            ),
+            "folder",
+        ),
+        Case(
+            "resume:metrics-garbage-middle",
+            resume,
+            "error",
+            edit(lambda o: metrics_lines(o, lambda ls: [ls[0], "garbage{", *ls[1:]])),
+            "folder",
+        ),
         Case("resume:metrics-deleted", resume, "error", edit(lambda o: (o / "metrics.jsonl").unlink()), "folder"),
-        Case("resume:metrics-null-last", resume, "error", edit(lambda o: metrics_lines(o, lambda ls: [*ls[:-1], "null"])), "folder"),
-        Case("resume:metrics-empty-object-last", resume, "error", edit(lambda o: metrics_lines(o, lambda ls: [*ls[:-1], "{}"])), "folder"),
+        Case(
+            "resume:metrics-null-last",
+            resume,
+            "error",
+            edit(lambda o: metrics_lines(o, lambda ls: [*ls[:-1], "null"])),
+            "folder",
+        ),
+        Case(
+            "resume:metrics-empty-object-last",
+            resume,
+            "error",
+            edit(lambda o: metrics_lines(o, lambda ls: [*ls[:-1], "{}"])),
+            "folder",
+        ),
         # A kill while the record after the checkpoint was being appended: that line is torn.
-        Case("resume:metrics-torn-last", resume, "ok", edit(lambda o: metrics_lines(o, lambda ls: [*ls, '{"round": 3, "selec'])), "folder"),
+        Case(
+            "resume:metrics-torn-last",
+            resume,
+            "ok",
+            edit(lambda o: metrics_lines(o, lambda ls: [*ls, '{"round": 3, "selec'])),
+            "folder",
+        ),
         # The checkpoint's own round torn cannot come from a kill (the record is written before the checkpoint).
-        Case("resume:metrics-checkpoint-round-torn", resume, "error",
-             edit(lambda o: (o / "metrics.jsonl").write_text((o / "metrics.jsonl").read_text()[:-20])), "folder"),
+        Case(
+            "resume:metrics-checkpoint-round-torn",
+            resume,
+            "error",
+            edit(lambda o: (o / "metrics.jsonl").write_text((o / "metrics.jsonl").read_text()[:-20])),
+            "folder",
+        ),
     ]
 
 
 # --- data files ----------------------------------------------------------------------------------------
+
 
 def _idx(images, labels) -> tuple[bytes, bytes]:
     import numpy as np
@@ -336,7 +543,17 @@ def _write_cifar_tarball(path: Path, flip: bool = False, giant_png: bool = False
 
 def data_cases() -> list[Case]:
     mnist = ["run", "mnist-fedavg", *BASE, "model.name=mlr", "data.root=mnist", "--out", "out", "--quiet"]
-    cifar = ["run", "synthetic-fedavg", *BASE, "data.name=cifar10_folder", "model.name=cnn", "data.root=c10.tar.gz", "--out", "out", "--quiet"]
+    cifar = [
+        "run",
+        "synthetic-fedavg",
+        *BASE,
+        "data.name=cifar10_folder",
+        "model.name=cnn",
+        "data.root=c10.tar.gz",
+        "--out",
+        "out",
+        "--quiet",
+    ]
     return [
         Case("data:mnist-good", mnist, "ok", lambda f: _write_mnist(f / "mnist"), "data"),
         Case("data:mnist-bit-flip-train", mnist, "error", lambda f: _write_mnist(f / "mnist", flip="train"), "data"),
@@ -344,16 +561,29 @@ def data_cases() -> list[Case]:
         Case("data:mnist-gzip-bomb", mnist, "error", lambda f: _write_mnist(f / "mnist", bomb=True), "data"),
         Case("data:mnist-missing", mnist, "error", None, "data"),
         Case("data:cifar-good", cifar, "ok", lambda f: _write_cifar_tarball(f / "c10.tar.gz"), "data"),
-        Case("data:cifar-bit-flip", cifar, "error", lambda f: _write_cifar_tarball(f / "c10.tar.gz", flip=True), "data"),
-        Case("data:cifar-giant-png", cifar, "error", lambda f: _write_cifar_tarball(f / "c10.tar.gz", giant_png=True), "data"),
+        Case(
+            "data:cifar-bit-flip", cifar, "error", lambda f: _write_cifar_tarball(f / "c10.tar.gz", flip=True), "data"
+        ),
+        Case(
+            "data:cifar-giant-png",
+            cifar,
+            "error",
+            lambda f: _write_cifar_tarball(f / "c10.tar.gz", giant_png=True),
+            "data",
+        ),
         Case("data:cifar-not-gzip", cifar, "error", _writer("c10.tar.gz", b"this is not an archive" * 100), "data"),
     ]
 
 
 # --- running a case -------------------------------------------------------------------------------------
 
+
 def _snapshot(folder: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file() and p.stat().st_size < 5_000_000}
+    return {
+        str(p.relative_to(folder)): p.read_bytes()
+        for p in folder.rglob("*")
+        if p.is_file() and p.stat().st_size < 5_000_000
+    }
 
 
 def run_case(case: Case, workdir: Path, timeout: float, memory_limit_mb: float) -> Outcome:
@@ -458,13 +688,20 @@ def make_finished_run(workdir: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cases", type=int, default=300, help="fuzzed override cases (the file, folder and data cases come on top)")
+    parser.add_argument(
+        "--cases", type=int, default=300, help="fuzzed override cases (the file, folder and data cases come on top)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds per case")
-    parser.add_argument("--memory-limit-mb", type=float, default=3000.0, help="a case past this resident memory is killed and counted")
+    parser.add_argument(
+        "--memory-limit-mb", type=float, default=3000.0, help="a case past this resident memory is killed and counted"
+    )
     parser.add_argument("--kinds", default="override,file,folder,data")
-    parser.add_argument("--show", default="traceback,accepted,refused,unclear-error,timeout,memory,changed-user-files",
-                        help="verdicts whose cases are printed with their stderr")
+    parser.add_argument(
+        "--show",
+        default="traceback,accepted,refused,unclear-error,timeout,memory,changed-user-files",
+        help="verdicts whose cases are printed with their stderr",
+    )
     args = parser.parse_args(argv)
 
     import torch  # noqa: F401  - imported before forking so every case starts warm
@@ -489,8 +726,11 @@ def main(argv: list[str] | None = None) -> int:
         for number, case in enumerate(cases, 1):
             outcome = run_case(case, workdir, args.timeout, args.memory_limit_mb)
             outcomes.append(outcome)
-            print(f"[{number:3d}/{len(cases)}] {outcome.verdict:18s} exit={outcome.exit_code!s:4s} {outcome.seconds:6.2f}s "
-                  f"{outcome.peak_rss_mb:7.0f} MB  {case.name}", flush=True)
+            print(
+                f"[{number:3d}/{len(cases)}] {outcome.verdict:18s} exit={outcome.exit_code!s:4s} {outcome.seconds:6.2f}s "
+                f"{outcome.peak_rss_mb:7.0f} MB  {case.name}",
+                flush=True,
+            )
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 

@@ -20,7 +20,10 @@ HARNESS = Path(__file__).with_name("input_fuzz.py")
 def test_every_kind_of_bad_input_gets_a_clear_error_and_valid_controls_run(tmp_path):
     completed = subprocess.run(
         [sys.executable, str(HARNESS), "--cases", "40", "--seed", "7", "--timeout", "120"],
-        capture_output=True, text=True, timeout=900, cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=tmp_path,
     )
     assert completed.returncode == 0, completed.stderr[-2000:]
     summary = json.loads(completed.stdout.strip().splitlines()[-1])
@@ -28,5 +31,7 @@ def test_every_kind_of_bad_input_gets_a_clear_error_and_valid_controls_run(tmp_p
     assert summary["tracebacks"] == 0 and summary["silent_acceptances"] == 0
     counts = summary["counts"]
     assert counts.get("ok", 0) >= 10 and counts.get("clear-error", 0) >= 60  # valid controls ran; nonsense was refused
-    assert summary["cases"] == 40 + len([line for line in completed.stdout.splitlines() if line.startswith("[") and "overrides-" not in line])
+    assert summary["cases"] == 40 + len(
+        [line for line in completed.stdout.splitlines() if line.startswith("[") and "overrides-" not in line]
+    )
     assert summary["peak_rss_mb_while_rejecting"] < 1024

@@ -79,9 +79,10 @@ from torch import nn
 REPOSITORY = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPOSITORY))  # the driftlab of this checkout
 
+from round_speed import device_description  # noqa: E402
+
 from driftlab.models import batched, build_model, layers  # noqa: E402
 from driftlab.simulation.backends.precision import local_arithmetic  # noqa: E402
-from round_speed import device_description  # noqa: E402
 
 TOLERANCE = {"float32": 1e-4, "bf16": 2e-2}  # outputs against variant (a)
 # Gradients are checked loosely, to catch a wrong layout or a NaN (errors near 1 or above): where a ReLU input or two
@@ -203,7 +204,13 @@ CNN_VARIANTS = [
     Variant("loop", "(c)", "per-client loop, functional_call", loop_step),
     Variant("grouped-bf16", "(d)", "(a) under autocast bf16", batched_step, precision="bf16", cuda_only=True),
     Variant(
-        "unfold-bf16", "(d)", "(b) under autocast bf16", batched_step, precision="bf16", convolution="unfold", cuda_only=True
+        "unfold-bf16",
+        "(d)",
+        "(b) under autocast bf16",
+        batched_step,
+        precision="bf16",
+        convolution="unfold",
+        cuda_only=True,
     ),
     Variant(
         "grouped-cudnn-benchmark", "(e)", "(a) with cudnn.benchmark", batched_step, cudnn_benchmark=True, cuda_only=True
@@ -223,7 +230,11 @@ def variant_context(variant: Variant, device: torch.device) -> Iterator[None]:
     saved_benchmark = torch.backends.cudnn.benchmark
     try:
         torch.backends.cudnn.benchmark = variant.cudnn_benchmark
-        with local_arithmetic(variant.precision, device), layers.convolution(variant.convolution), warnings.catch_warnings():
+        with (
+            local_arithmetic(variant.precision, device),
+            layers.convolution(variant.convolution),
+            warnings.catch_warnings(),
+        ):
             # cuDNN's LSTM repacks functional_call's swapped-in weights every call and says so: that cost is measured
             warnings.filterwarnings("ignore", message="RNN module weights are not part of single contiguous chunk")
             yield

@@ -85,7 +85,9 @@ def feddyn_reference_partition(labels: np.ndarray, quotas: np.ndarray, alpha: fl
             cls_label = np.argmax(random.uniform() <= current_prior)
             draws += 1
             if draws % 1000 == 0 and time.perf_counter() > deadline:
-                raise TimeLimitReached(int(quotas.sum() - np.sum(remaining)) - 1)  # the current sample is not placed yet
+                raise TimeLimitReached(
+                    int(quotas.sum() - np.sum(remaining)) - 1
+                )  # the current sample is not placed yet
             if cls_amount[cls_label] <= 0:  # the class is exhausted: redraw
                 continue
             cls_amount[cls_label] -= 1
@@ -122,13 +124,17 @@ def run(num_samples: int, num_clients: int, num_classes: int, alpha: float, repe
             )
         )
 
-    prior = _time(lambda seed: dirichlet_client_prior_partition(labels, quotas, alpha, np.random.default_rng(seed)), repeats)
+    prior = _time(
+        lambda seed: dirichlet_client_prior_partition(labels, quotas, alpha, np.random.default_rng(seed)), repeats
+    )
     add("client_prior", "driftlab dirichlet_client_prior_partition", prior, "balanced quotas")
 
     empty = []
 
     def classwise(seed: int) -> None:
-        parts = dirichlet_classwise_partition(labels, num_clients, alpha, np.random.default_rng(seed), min_client_size=0)
+        parts = dirichlet_classwise_partition(
+            labels, num_clients, alpha, np.random.default_rng(seed), min_client_size=0
+        )
         empty.append(sum(len(p) == 0 for p in parts))
 
     add("classwise", "driftlab dirichlet_classwise_partition", _time(classwise, repeats), "min_client_size=0")
@@ -143,8 +149,12 @@ def run(num_samples: int, num_clients: int, num_classes: int, alpha: float, repe
         except ValueError as error:
             errors.append(str(error))
 
-    add("classwise_min10", "driftlab dirichlet_classwise_partition (min_client_size=10)", _time(classwise_min10, repeats),
-        "10 attempts, then ValueError" if all(errors) else "succeeded")
+    add(
+        "classwise_min10",
+        "driftlab dirichlet_classwise_partition (min_client_size=10)",
+        _time(classwise_min10, repeats),
+        "10 attempts, then ValueError" if all(errors) else "succeeded",
+    )
     results[-1]["raised"] = all(e is not None for e in errors)
 
     start = time.perf_counter()
@@ -168,8 +178,12 @@ def run(num_samples: int, num_clients: int, num_classes: int, alpha: float, repe
     return dict(
         machine=dict(platform=platform.platform(), python=platform.python_version(), numpy=np.__version__),
         workload=dict(
-            num_samples=num_samples, num_clients=num_clients, num_classes=num_classes, alpha=alpha,
-            repeats=repeats, time_limit_seconds=time_limit,
+            num_samples=num_samples,
+            num_clients=num_clients,
+            num_classes=num_classes,
+            alpha=alpha,
+            repeats=repeats,
+            time_limit_seconds=time_limit,
         ),
         results=results,
     )
@@ -177,25 +191,33 @@ def run(num_samples: int, num_clients: int, num_classes: int, alpha: float, repe
 
 def _print_table(report: dict) -> None:
     w = report["workload"]
-    print(f"{w['num_samples']} samples, {w['num_clients']} clients, {w['num_classes']} classes, Dirichlet alpha={w['alpha']}")
+    print(
+        f"{w['num_samples']} samples, {w['num_clients']} clients, {w['num_classes']} classes, Dirichlet alpha={w['alpha']}"
+    )
     print(f"{'row':<62} {'median s':>10} {'x faster':>10}  note")
     for entry in report["results"]:
         seconds = f"{entry['median_seconds']:.4f}" if entry["finished"] else f"> {w['time_limit_seconds']:g}"
         speedup = entry["speedup_vs_reference"]
         faster = "-" if speedup is None else (">" if entry["speedup_is_lower_bound"] else "") + f"{speedup:.0f}"
-        note = entry["note"] + (f"; {entry['empty_clients_median']:g} empty clients" if "empty_clients_median" in entry else "")
+        note = entry["note"] + (
+            f"; {entry['empty_clients_median']:g} empty clients" if "empty_clients_median" in entry else ""
+        )
         print(f"{entry['row']:<62} {seconds:>10} {faster:>10}  {note}")
 
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="a tiny smoke run: 500 samples, 20 clients, 1 repeat, 2 s limit")
+    parser.add_argument(
+        "--quick", action="store_true", help="a tiny smoke run: 500 samples, 20 clients, 1 repeat, 2 s limit"
+    )
     parser.add_argument("--samples", type=int, default=50000)
     parser.add_argument("--clients", type=int, default=1000)
     parser.add_argument("--classes", type=int, default=10)
     parser.add_argument("--alpha", type=float, default=0.03)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--time-limit", type=float, default=60.0, help="seconds after which the reference loop is stopped")
+    parser.add_argument(
+        "--time-limit", type=float, default=60.0, help="seconds after which the reference loop is stopped"
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.samples, args.clients, args.repeats, args.time_limit = 500, 20, 1, 2.0

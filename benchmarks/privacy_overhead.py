@@ -131,8 +131,8 @@ def sampling_section(clients_per_round: int, num_clients: int) -> dict[str, Any]
 
 def build_rows(args: argparse.Namespace, clients_per_round: int, data_section: dict[str, Any]) -> dict[str, tuple]:
     """(simulation, state) of each row: the same config, the private one with ``[privacy]`` added."""
-    from driftlab.experiments.run.assembly import build_simulation
     from driftlab.experiments.config import load_config
+    from driftlab.experiments.run.assembly import build_simulation
 
     table = {
         **round_speed.mlp_config(args, data_section, rounds=1000),

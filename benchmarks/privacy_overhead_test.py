@@ -5,9 +5,8 @@ from __future__ import annotations
 import json
 import statistics
 
-import pytest
-
 import privacy_overhead  # benchmarks/ is on sys.path: pytest puts a test file's directory there
+import pytest
 
 from driftlab.privacy import accounting
 

@@ -124,34 +124,90 @@ MODELS: dict[str, dict[str, Any]] = {
     "mlp": {
         "input_shape": (1, 28, 28),
         "num_classes": 10,
-        "full": {"num_clients": 100, "samples": 600, "batch_size": 50, "epochs": 5, "steps": None, "rounds": 5,
-                 "clients_per_round": {"cpu": [10, 100], "cuda": [10, 100]}},
-        "quick": {"num_clients": 4, "samples": 60, "batch_size": 50, "epochs": 1, "steps": None, "rounds": 2,
-                  "clients_per_round": {"cpu": [2], "cuda": [2]}},
+        "full": {
+            "num_clients": 100,
+            "samples": 600,
+            "batch_size": 50,
+            "epochs": 5,
+            "steps": None,
+            "rounds": 5,
+            "clients_per_round": {"cpu": [10, 100], "cuda": [10, 100]},
+        },
+        "quick": {
+            "num_clients": 4,
+            "samples": 60,
+            "batch_size": 50,
+            "epochs": 1,
+            "steps": None,
+            "rounds": 2,
+            "clients_per_round": {"cpu": [2], "cuda": [2]},
+        },
     },
     "cnn": {
         "input_shape": (3, 32, 32),
         "num_classes": 10,
-        "full": {"num_clients": 100, "samples": 500, "batch_size": 50, "epochs": 5, "steps": None, "rounds": 3,
-                 "clients_per_round": {"cpu": [10], "cuda": [10, 100]}},
-        "quick": {"num_clients": 4, "samples": 20, "batch_size": 10, "epochs": 1, "steps": None, "rounds": 2,
-                  "clients_per_round": {"cpu": [2], "cuda": [2]}},
+        "full": {
+            "num_clients": 100,
+            "samples": 500,
+            "batch_size": 50,
+            "epochs": 5,
+            "steps": None,
+            "rounds": 3,
+            "clients_per_round": {"cpu": [10], "cuda": [10, 100]},
+        },
+        "quick": {
+            "num_clients": 4,
+            "samples": 20,
+            "batch_size": 10,
+            "epochs": 1,
+            "steps": None,
+            "rounds": 2,
+            "clients_per_round": {"cpu": [2], "cuda": [2]},
+        },
     },
     "lstm": {
         "input_shape": (80,),
         "num_classes": 80,
-        "full": {"num_clients": 100, "samples": 500, "batch_size": 50, "epochs": None, "steps": 10, "rounds": 3,
-                 "clients_per_round": {"cpu": [10], "cuda": [10, 100]}},
-        "quick": {"num_clients": 4, "samples": 20, "batch_size": 10, "epochs": None, "steps": 2, "rounds": 2,
-                  "clients_per_round": {"cpu": [2], "cuda": [2]}},
+        "full": {
+            "num_clients": 100,
+            "samples": 500,
+            "batch_size": 50,
+            "epochs": None,
+            "steps": 10,
+            "rounds": 3,
+            "clients_per_round": {"cpu": [10], "cuda": [10, 100]},
+        },
+        "quick": {
+            "num_clients": 4,
+            "samples": 20,
+            "batch_size": 10,
+            "epochs": None,
+            "steps": 2,
+            "rounds": 2,
+            "clients_per_round": {"cpu": [2], "cuda": [2]},
+        },
     },
     "resnet18_gn": {
         "input_shape": (3, 32, 32),
         "num_classes": 10,
-        "full": {"num_clients": 20, "samples": 100, "batch_size": 50, "epochs": 1, "steps": None, "rounds": 3,
-                 "clients_per_round": {"cpu": [2], "cuda": [10]}},
-        "quick": {"num_clients": 4, "samples": 10, "batch_size": 5, "epochs": 1, "steps": None, "rounds": 2,
-                  "clients_per_round": {"cpu": [2], "cuda": [2]}},
+        "full": {
+            "num_clients": 20,
+            "samples": 100,
+            "batch_size": 50,
+            "epochs": 1,
+            "steps": None,
+            "rounds": 3,
+            "clients_per_round": {"cpu": [2], "cuda": [10]},
+        },
+        "quick": {
+            "num_clients": 4,
+            "samples": 10,
+            "batch_size": 5,
+            "epochs": 1,
+            "steps": None,
+            "rounds": 2,
+            "clients_per_round": {"cpu": [2], "cuda": [2]},
+        },
     },
 }
 
@@ -261,12 +317,20 @@ def _shakespeare_rows(args: argparse.Namespace, needed: int) -> tuple[torch.Tens
         # floor((1 - test_fraction)·n) training windows per role must cover `samples`
         per_role = math.ceil(args.samples / (1 - test_fraction)) + 1
         dataset = load_shakespeare_text(
-            shakespeare_text, max_clients=args.num_clients, samples_per_client=per_role, test_fraction=test_fraction, seed=0
+            shakespeare_text,
+            max_clients=args.num_clients,
+            samples_per_client=per_role,
+            test_fraction=test_fraction,
+            seed=0,
         )
         rows = [np.asarray(indices)[: args.samples] for indices in dataset.client_indices]
         if dataset.num_clients >= args.num_clients and all(len(r) == args.samples for r in rows):
             chosen = torch.as_tensor(np.concatenate(rows), dtype=torch.long)
-            return dataset.train_inputs[chosen].long().contiguous(), dataset.train_targets[chosen].long().contiguous(), "shakespeare"
+            return (
+                dataset.train_inputs[chosen].long().contiguous(),
+                dataset.train_targets[chosen].long().contiguous(),
+                "shakespeare",
+            )
     generator = torch.Generator().manual_seed(0)
     inputs = torch.randint(0, 80, (needed, 80), generator=generator)
     targets = torch.randint(0, 80, (needed,), generator=generator)
@@ -306,7 +370,9 @@ def write_cifar10_directory(directory: Path, inputs: torch.Tensor, targets: torc
     (directory / "test_batch.bin").write_bytes(records[: min(len(records), 1000)].tobytes())
 
 
-def write_leaf_shakespeare_directory(directory: Path, inputs: torch.Tensor, targets: torch.Tensor, num_clients: int) -> None:
+def write_leaf_shakespeare_directory(
+    directory: Path, inputs: torch.Tensor, targets: torch.Tensor, num_clients: int
+) -> None:
     """The rows as LEAF Shakespeare JSON (``train/`` and ``test/``), one user per client, for ``data.name=shakespeare_leaf``.
 
     Character ids are written as LEAF's characters, which driftlab encodes back to the same ids.
@@ -329,16 +395,30 @@ def write_leaf_shakespeare_directory(directory: Path, inputs: torch.Tensor, targ
         (directory / split / f"all_data_{split}.json").write_text(json.dumps(content))
 
 
-def driftlab_data_section(spec: dict[str, Any], directory: Path, inputs: torch.Tensor, targets: torch.Tensor) -> dict[str, Any]:
+def driftlab_data_section(
+    spec: dict[str, Any], directory: Path, inputs: torch.Tensor, targets: torch.Tensor
+) -> dict[str, Any]:
     """Write the rows into ``directory`` and return the ``[data]`` config section that reads them back."""
     if spec["model"] == "mlp":
         write_idx_directory(directory, inputs, targets)
-        return {"name": "mnist", "root": str(directory), "num_clients": spec["num_clients"], "partition": "iid", "quotas": "balanced"}
+        return {
+            "name": "mnist",
+            "root": str(directory),
+            "num_clients": spec["num_clients"],
+            "partition": "iid",
+            "quotas": "balanced",
+        }
     if spec["model"] == "lstm":
         write_leaf_shakespeare_directory(directory, inputs, targets, spec["num_clients"])
         return {"name": "shakespeare_leaf", "root": str(directory), "partition": "natural"}
     write_cifar10_directory(directory, inputs, targets)
-    return {"name": "cifar10", "root": str(directory), "num_clients": spec["num_clients"], "partition": "iid", "quotas": "balanced"}
+    return {
+        "name": "cifar10",
+        "root": str(directory),
+        "num_clients": spec["num_clients"],
+        "partition": "iid",
+        "quotas": "balanced",
+    }
 
 
 # ---------------------------------------------------------------- rows
@@ -353,8 +433,8 @@ def driftlab_rounds(spec: dict[str, Any], inputs: torch.Tensor, targets: torch.T
     """Seconds of each round of driftlab FedAvg (engine ``run_round``: sampling, training, aggregation; no evaluation)."""
     from driftlab.experiments.config import load_config
     from driftlab.experiments.run.assembly import build_simulation
-    from driftlab.simulation.round.engine import run_round
     from driftlab.simulation.backends.vectorized import VectorizedBackend
+    from driftlab.simulation.round.engine import run_round
 
     work = {"steps": spec["local_steps"]} if spec["local_steps"] is not None else {"epochs": spec["local_epochs"]}
     with tempfile.TemporaryDirectory() as directory:
@@ -463,7 +543,9 @@ def reference_rounds(spec: dict[str, Any], inputs: torch.Tensor, targets: torch.
         for k in selected:
             model = model_func()
             model.load_state_dict(copy.deepcopy(dict(avg_model.named_parameters())))
-            loader = torch_data.DataLoader(ClientDataset(client_x[k], client_y[k]), batch_size=spec["batch_size"], shuffle=True)
+            loader = torch_data.DataLoader(
+                ClientDataset(client_x[k], client_y[k]), batch_size=spec["batch_size"], shuffle=True
+            )
             optimizer = torch.optim.SGD(model.parameters(), lr=spec["learning_rate"])
             model.train()
             for batch_x, batch_y in batches(loader):
@@ -481,7 +563,9 @@ def reference_rounds(spec: dict[str, Any], inputs: torch.Tensor, targets: torch.
     return seconds[1:], sum(p.numel() for p in avg_model.parameters())
 
 
-def run_row(spec: dict[str, Any], inputs: torch.Tensor | None = None, targets: torch.Tensor | None = None) -> dict[str, Any]:
+def run_row(
+    spec: dict[str, Any], inputs: torch.Tensor | None = None, targets: torch.Tensor | None = None
+) -> dict[str, Any]:
     """Time one row; when called in its own process, ``peak_rss_mb`` is that process's high-water mark."""
     if inputs is None:
         inputs, targets, _ = load_training_data(argparse.Namespace(**spec["data"]))
@@ -690,10 +774,15 @@ def mlp_config(args: argparse.Namespace, data_section: dict[str, Any], rounds: i
 def mlp_data_section(args: argparse.Namespace) -> Iterator[tuple[dict[str, Any], str]]:
     """The MLP workload's ``[data]`` section over files written to a temporary folder (removed on exit), and what
     the data are ("mnist" or "random")."""
-    spec = argparse.Namespace(model="mlp", num_clients=args.num_clients, samples=args.samples, random_data=args.random_data)
+    spec = argparse.Namespace(
+        model="mlp", num_clients=args.num_clients, samples=args.samples, random_data=args.random_data
+    )
     inputs, targets, data_kind = load_training_data(spec)
     with tempfile.TemporaryDirectory() as directory:
-        yield driftlab_data_section({"model": "mlp", "num_clients": args.num_clients}, Path(directory), inputs, targets), data_kind
+        yield (
+            driftlab_data_section({"model": "mlp", "num_clients": args.num_clients}, Path(directory), inputs, targets),
+            data_kind,
+        )
 
 
 def report_head(device: str, data_kind: str) -> dict[str, Any]:
@@ -730,12 +819,26 @@ def print_header(columns: list[str], widths: list[int]) -> None:
 
 def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", choices=tuple(MODELS), default="mlp", help="workload (module docstring); default mlp")
+    parser.add_argument(
+        "--model", choices=tuple(MODELS), default="mlp", help="workload (module docstring); default mlp"
+    )
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where every row trains; default cpu")
-    parser.add_argument("--quick", action="store_true", help="small smoke run: tiny sizes, random data, 2 timed rounds, in-process")
-    parser.add_argument("--rows", default=",".join(DEFAULT_ROWS), help=f"comma-separated rows among {', '.join(ROW_NAMES)}")
-    parser.add_argument("--clients-per-round", type=int, nargs="+", default=None, help="default: per model and device (module docstring)")
-    parser.add_argument("--rounds", type=int, default=None, help="timed rounds after one warm-up round (default 5 for mlp, 3 otherwise)")
+    parser.add_argument(
+        "--quick", action="store_true", help="small smoke run: tiny sizes, random data, 2 timed rounds, in-process"
+    )
+    parser.add_argument(
+        "--rows", default=",".join(DEFAULT_ROWS), help=f"comma-separated rows among {', '.join(ROW_NAMES)}"
+    )
+    parser.add_argument(
+        "--clients-per-round",
+        type=int,
+        nargs="+",
+        default=None,
+        help="default: per model and device (module docstring)",
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=None, help="timed rounds after one warm-up round (default 5 for mlp, 3 otherwise)"
+    )
     parser.add_argument("--num-clients", type=int, default=None)
     parser.add_argument("--samples", type=int, default=None, help="samples per client")
     parser.add_argument("--hidden", type=int, nargs="+", default=None, help="mlp hidden widths (default 200 200)")
@@ -745,33 +848,55 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=None, help="local steps instead of epochs (lstm default 10)")
     parser.add_argument("--lr", type=float, default=0.1)
     parser.add_argument(
-        "--max-chunk-clients", type=int, default=None,
+        "--max-chunk-clients",
+        type=int,
+        default=None,
         help="clients per chunk of the vectorized rows (default: the backend's own, docs/performance.md)",
     )
     parser.add_argument(
-        "--precision", choices=("float32", "tf32", "bf16"), default="float32",
+        "--precision",
+        choices=("float32", "tf32", "bf16"),
+        default="float32",
         help="driftlab rows' local-step arithmetic (config key precision; tf32 needs cuda); the reference row stays float32",
     )
     parser.add_argument(
-        "--convolution", choices=("grouped", "unfold"), default="grouped",
+        "--convolution",
+        choices=("grouped", "unfold"),
+        default="grouped",
         help="how driftlab rows' batched layers compute convolutions (config key convolution): one grouped convolution, or "
         "im2col and a matrix product per client; the reference row is unchanged",
     )
-    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads of every row and of the matmul figure (default: torch's)")
-    parser.add_argument("--random-data", action="store_true", help="random data of the workload's shape even when the real set is present")
-    parser.add_argument("--in-process", action="store_true", help="run rows in this process (peak memory is then the whole run's)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch intra-op threads of every row and of the matmul figure (default: torch's)",
+    )
+    parser.add_argument(
+        "--random-data",
+        action="store_true",
+        help="random data of the workload's shape even when the real set is present",
+    )
+    parser.add_argument(
+        "--in-process", action="store_true", help="run rows in this process (peak memory is then the whole run's)"
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         return args
     if args.device == "cuda" and not torch.cuda.is_available():
-        print(f"round_speed.py: error: --device cuda, but torch {torch.__version__} sees no CUDA device on this machine; "
-              "use --device cpu", file=sys.stderr)
+        print(
+            f"round_speed.py: error: --device cuda, but torch {torch.__version__} sees no CUDA device on this machine; "
+            "use --device cpu",
+            file=sys.stderr,
+        )
         raise SystemExit(2)
     if args.epochs is not None and args.steps is not None:
         parser.error("give either --epochs or --steps, not both")
     if args.precision == "tf32" and args.device != "cuda":
-        parser.error("--precision tf32 needs --device cuda (TensorFloat-32 is a GPU format); on a CPU use float32 or bf16")
+        parser.error(
+            "--precision tf32 needs --device cuda (TensorFloat-32 is a GPU format); on a CPU use float32 or bf16"
+        )
     set_threads(parser, args)
     quick = args.quick
     defaults = dict(MODELS[args.model]["quick" if quick else "full"])
@@ -804,7 +929,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         return {}
     for clients_per_round in args.clients_per_round:
         if clients_per_round > args.num_clients:
-            raise SystemExit(f"clients per round ({clients_per_round}) exceeds the number of clients ({args.num_clients})")
+            raise SystemExit(
+                f"clients per round ({clients_per_round}) exceeds the number of clients ({args.num_clients})"
+            )
     inputs, targets, data_kind = load_training_data(args)
     matmul_size = 1024 if args.quick else (8192 if args.device == "cuda" else 4096)
     gflops_peak = matmul_gflops(matmul_size, device=args.device)
@@ -819,7 +946,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 "row": row,
                 **workload(args),
                 "clients_per_round": clients_per_round,
-                "data": {"model": args.model, "num_clients": args.num_clients, "samples": args.samples, "random_data": data_kind == "random"},
+                "data": {
+                    "model": args.model,
+                    "num_clients": args.num_clients,
+                    "samples": args.samples,
+                    "random_data": data_kind == "random",
+                },
             }
             measured = run_row(spec, inputs, targets) if args.in_process else run_row_in_subprocess(spec)
             median = statistics.median(measured["seconds"])
@@ -870,11 +1002,16 @@ def print_table(report: dict[str, Any]) -> None:
     machine, device, work = report["machine"], report["device"], report["workload"]
     count, unit = (work["local_steps"], "step") if work["local_steps"] is not None else (work["local_epochs"], "epoch")
     local_work = f"{count} local {unit}{'s' if count != 1 else ''}"
-    print(f"{work['model']} on {device['description']}; torch {machine['torch']}; fp32 matmul {report['matmul_gflops']:.1f} GFLOP/s; "
-          f"data: {report['data']}, {work['num_clients']} clients x {work['samples_per_client']}, batch {work['batch_size']}, {local_work}")
+    print(
+        f"{work['model']} on {device['description']}; torch {machine['torch']}; fp32 matmul {report['matmul_gflops']:.1f} GFLOP/s; "
+        f"data: {report['data']}, {work['num_clients']} clients x {work['samples_per_client']}, batch {work['batch_size']}, {local_work}"
+    )
     gpu = device["type"] == "cuda"
-    header = (f"{'row':34} {'clients/round':>13} {'s/round':>9} {'x ref time':>10} {'speedup':>8} {'peak RSS MB':>12} {'growth MB':>10}"
-              + (f" {'GPU MB':>8}" if gpu else "") + f" {'GFLOP/s':>8} {'of matmul':>9}")
+    header = (
+        f"{'row':34} {'clients/round':>13} {'s/round':>9} {'x ref time':>10} {'speedup':>8} {'peak RSS MB':>12} {'growth MB':>10}"
+        + (f" {'GPU MB':>8}" if gpu else "")
+        + f" {'GFLOP/s':>8} {'of matmul':>9}"
+    )
     print(header)
     print("-" * len(header))
     for entry in report["results"]:

@@ -5,13 +5,21 @@ from __future__ import annotations
 import json
 
 import pytest
+import round_speed  # benchmarks/ is on sys.path: pytest puts a test file's directory there
 import torch
 
-import round_speed  # benchmarks/ is on sys.path: pytest puts a test file's directory there
-
 RESULT_FIELDS = {
-    "row", "key", "clients_per_round", "median_seconds", "round_seconds", "ratio_to_reference", "speedup_vs_reference",
-    "peak_rss_mb", "peak_rss_growth_mb", "gflops", "fraction_of_matmul",
+    "row",
+    "key",
+    "clients_per_round",
+    "median_seconds",
+    "round_seconds",
+    "ratio_to_reference",
+    "speedup_vs_reference",
+    "peak_rss_mb",
+    "peak_rss_growth_mb",
+    "gflops",
+    "fraction_of_matmul",
 }
 # Forward FLOPs of one example (2 per multiply-add of the matmuls and convolutions), worked out by hand from the zoo's layers.
 FORWARD_FLOPS = {
@@ -68,9 +76,13 @@ def test_quick_run_of_each_model_prints_the_report_as_its_last_line(capsys, mode
 
 @pytest.mark.slow
 def test_auto_and_vmap_rows_are_shown_when_asked(capsys):
-    report = quick_report(capsys, ["--model", "cnn", "--rows", "auto,vmap,reference", "--num-clients", "2", "--samples", "10"])
+    report = quick_report(
+        capsys, ["--model", "cnn", "--rows", "auto,vmap,reference", "--num-clients", "2", "--samples", "10"]
+    )
     assert [(entry["key"], entry["row"]) for entry in report["results"]] == [
-        ("auto", "driftlab auto"), ("vmap", "driftlab vectorized (vmap path)"), ("reference", "PyTorch reference loop")
+        ("auto", "driftlab auto"),
+        ("vmap", "driftlab vectorized (vmap path)"),
+        ("reference", "PyTorch reference loop"),
     ]
 
 
@@ -100,7 +112,9 @@ def test_driftlab_reads_back_exactly_the_shakespeare_windows_as_one_user_per_cli
     dataset = load_leaf_shakespeare(tmp_path)
     assert dataset.num_clients == 3 and [len(rows) for rows in dataset.client_indices] == [5, 5, 5]
     order = torch.as_tensor([int(row) for rows in dataset.client_indices for row in rows])
-    assert torch.equal(dataset.train_inputs[order].long(), inputs) and torch.equal(dataset.train_targets[order].long(), targets)
+    assert torch.equal(dataset.train_inputs[order].long(), inputs) and torch.equal(
+        dataset.train_targets[order].long(), targets
+    )
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message given where CUDA is missing")
@@ -118,4 +132,7 @@ def test_the_real_data_is_found_where_driftlab_finds_it(tmp_path, monkeypatch):
     (tmp_path / "mnist").mkdir()
     monkeypatch.setenv("DRIFTLAB_DATA", str(tmp_path))
     assert round_speed._shared_data("mnist") == tmp_path / "mnist"
-    assert round_speed._shared_data("tinyshakespeare") == round_speed.REPOSITORY.parent / "shared" / "data" / "tinyshakespeare"
+    assert (
+        round_speed._shared_data("tinyshakespeare")
+        == round_speed.REPOSITORY.parent / "shared" / "data" / "tinyshakespeare"
+    )

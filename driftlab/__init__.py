@@ -34,8 +34,18 @@ _EXPORTS: dict[str, str] = {
 }
 
 __all__ = [
-    "ConfigError", "ExperimentConfig", "FederatedArrays", "RunResult", "load_config", "load_model", "load_run",
-    "load_sweep", "make_report", "run", "run_sweep", "__version__",
+    "ConfigError",
+    "ExperimentConfig",
+    "FederatedArrays",
+    "RunResult",
+    "load_config",
+    "load_model",
+    "load_run",
+    "load_sweep",
+    "make_report",
+    "run",
+    "run_sweep",
+    "__version__",
 ]
 
 

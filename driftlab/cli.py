@@ -92,7 +92,15 @@ _FORCE_HELP = (
 
 
 # Commands whose positional `key=value` overrides may also follow their options.
-TAKES_OVERRIDES = {("demo",), ("run",), ("config",), ("sweep",), ("reproduce",), ("data", "describe"), ("flower", "check")}
+TAKES_OVERRIDES = {
+    ("demo",),
+    ("run",),
+    ("config",),
+    ("sweep",),
+    ("reproduce",),
+    ("data", "describe"),
+    ("flower", "check"),
+}
 
 
 _LOG_HELP = (
@@ -114,12 +122,23 @@ def _user_errors() -> tuple[type[Exception], ...]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="driftlab", description="Federated optimization simulator: FedAvg, FedOpt and drift-correcting algorithms.")
-    parser.add_argument("--debug", action="store_true", help="print the full traceback of an unexpected error (it is always written to a log file)")
+    parser = argparse.ArgumentParser(
+        prog="driftlab", description="Federated optimization simulator: FedAvg, FedOpt and drift-correcting algorithms."
+    )
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        help="print the full traceback of an unexpected error (it is always written to a log file)",
+    )
     commands = parser.add_subparsers(dest="command", required=True)
 
-    demo = commands.add_parser("demo", help="compare the seed papers' algorithms on the built-in synthetic(1,1) default (about a minute on 2 idle cores)")
-    demo.add_argument("overrides", nargs="*", metavar="key=value", help="overrides applied to every demo run, e.g. rounds=30")
+    demo = commands.add_parser(
+        "demo",
+        help="compare the seed papers' algorithms on the built-in synthetic(1,1) default (about a minute on 2 idle cores)",
+    )
+    demo.add_argument(
+        "overrides", nargs="*", metavar="key=value", help="overrides applied to every demo run, e.g. rounds=30"
+    )
     demo.add_argument("--out", default="driftlab-demo", help="output directory (default: driftlab-demo)")
     demo.add_argument("--quiet", action="store_true", help="no progress bars")
     demo.add_argument("--force", action="store_true", help=_FORCE_HELP + " (summary.md, accuracy.png, <algorithm>/)")
@@ -146,7 +165,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     config.add_argument("config", nargs="?", help="a config file or preset to resolve")
     config.add_argument("overrides", nargs="*", metavar="key=value")
-    config.add_argument("--toml", action="store_true", help="print TOML to save and edit (the resolved config, defaults included) instead of JSON")
+    config.add_argument(
+        "--toml",
+        action="store_true",
+        help="print TOML to save and edit (the resolved config, defaults included) instead of JSON",
+    )
 
     sweep = commands.add_parser(
         "sweep",
@@ -157,32 +180,58 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sweep.add_argument(
-        "sweep", nargs="?", help="a shipped sweep (see `driftlab presets`), a sweep .toml file, or a config/preset to grid over with --grid"
+        "sweep",
+        nargs="?",
+        help="a shipped sweep (see `driftlab presets`), a sweep .toml file, or a config/preset to grid over with --grid",
     )
-    sweep.add_argument("overrides", nargs="*", metavar="key=value", help="overrides applied to every run, after the sweep's own")
+    sweep.add_argument(
+        "overrides", nargs="*", metavar="key=value", help="overrides applied to every run, after the sweep's own"
+    )
     sweep.add_argument("--out", help="sweep directory (created; reused to resume); required unless --status")
-    sweep.add_argument("--grid", action="append", default=[], metavar="KEY=VALUES", help="an axis: KEY=[v1, v2] (TOML list) or KEY=v1,v2; repeatable")
+    sweep.add_argument(
+        "--grid",
+        action="append",
+        default=[],
+        metavar="KEY=VALUES",
+        help="an axis: KEY=[v1, v2] (TOML list) or KEY=v1,v2; repeatable",
+    )
     sweep.add_argument("--seeds", help="comma-separated seeds, e.g. 0,1,2 (default: the sweep's seeds, or 0)")
     sweep.add_argument("--scale", help="a named scale of the sweep file, e.g. paper (the paper's full scale)")
-    sweep.add_argument("--retry-diverged", action="store_true", help="run diverged runs again (they are skipped by default: reruns are identical)")
+    sweep.add_argument(
+        "--retry-diverged",
+        action="store_true",
+        help="run diverged runs again (they are skipped by default: reruns are identical)",
+    )
     sweep.add_argument("--dry-run", action="store_true", help="list the runs and their status without running anything")
     sweep.add_argument("--no-report", action="store_true", help="do not write DIR/report when the sweep ends")
-    sweep.add_argument("--force", action="store_true", help=_FORCE_HELP + " (sweep.json, jobs.json, runs/, report/'s files, ...)")
     sweep.add_argument(
-        "--halving", metavar="R:ETA",
+        "--force", action="store_true", help=_FORCE_HELP + " (sweep.json, jobs.json, runs/, report/'s files, ...)"
+    )
+    sweep.add_argument(
+        "--halving",
+        metavar="R:ETA",
         help="successive halving over the tuned axes' values: all to round R, the best 1/ETA on to R*ETA, ... (off: none, "
         "even where the sweep file asks for it; running without it extends the runs halving stopped)",
     )
     sweep.add_argument(
-        "--status", metavar="DIR", help="show each run of the sweep in DIR (done, running, queued, interrupted, failed, diverged, stopped) and exit"
+        "--status",
+        metavar="DIR",
+        help="show each run of the sweep in DIR (done, running, queued, interrupted, failed, diverged, stopped) and exit",
     )
-    from driftlab.executors.registry import command_line_options, names as executor_names
+    from driftlab.executors.registry import command_line_options
+    from driftlab.executors.registry import names as executor_names
 
     sweep.add_argument(
-        "--executor", default="local", metavar="NAME",
+        "--executor",
+        default="local",
+        metavar="NAME",
         help=f"where runs execute: {', '.join(executor_names())}, or one a plugin of the sweep registers (default: local processes)",
     )
-    sweep.add_argument("--threads", type=int, help="torch threads per run (default: the executor's; local: the cores split between the runs)")
+    sweep.add_argument(
+        "--threads",
+        type=int,
+        help="torch threads per run (default: the executor's; local: the cores split between the runs)",
+    )
     for option in command_line_options():  # each executor's own flags, from its registry entry
         sweep.add_argument(option.flag, **option.argparse_keywords())
     sweep.add_argument("--log", metavar="TRACKERS", help=_LOG_HELP + " of every run")
@@ -195,17 +244,27 @@ def _parser() -> argparse.ArgumentParser:
         epilog=EPILOG_REPORT,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    report.add_argument("inputs", nargs="+", metavar="DIR", help="run directories, sweep directories, or folders containing runs")
+    report.add_argument(
+        "inputs", nargs="+", metavar="DIR", help="run directories, sweep directories, or folders containing runs"
+    )
     report.add_argument("--out", required=True, help="report directory: report.md, CSV files, PNG plots")
-    report.add_argument("--targets", help="comma-separated target accuracies, e.g. 0.95,0.972 (default: the sweep's or the runs' targets)")
-    report.add_argument("--steps-reference", help="method label the local SGD steps are compared with (default: the constant-K method)")
+    report.add_argument(
+        "--targets",
+        help="comma-separated target accuracies, e.g. 0.95,0.972 (default: the sweep's or the runs' targets)",
+    )
+    report.add_argument(
+        "--steps-reference", help="method label the local SGD steps are compared with (default: the constant-K method)"
+    )
     report.add_argument("--no-plots", action="store_true", help="tables only")
     report.add_argument(
-        "--baseline", help="method label the others are compared with, paired by seed (default: each setting's first method)"
+        "--baseline",
+        help="method label the others are compared with, paired by seed (default: each setting's first method)",
     )
     report.add_argument("--force", action="store_true", help=_FORCE_HELP + " (report.md, the CSV files, the PNG plots)")
 
-    from driftlab.experiments.reproduce.command import add_parser as add_reproduce_parser  # standard library only: no torch for --help
+    from driftlab.experiments.reproduce.command import (
+        add_parser as add_reproduce_parser,  # standard library only: no torch for --help
+    )
 
     add_reproduce_parser(commands)
 
@@ -213,7 +272,9 @@ def _parser() -> argparse.ArgumentParser:
 
     data = commands.add_parser("data", help="data sets: list, describe a partition, download official files")
     data_commands = data.add_subparsers(dest="data_command", required=True)
-    data_commands.add_parser("list", help="data sets (and whether their files are on disk), partitions and models a config can name")
+    data_commands.add_parser(
+        "list", help="data sets (and whether their files are on disk), partitions and models a config can name"
+    )
     describe = data_commands.add_parser("describe", help="summarise the clients a config's data and partition produce")
     describe.add_argument("config", help="a config file or preset")
     describe.add_argument("overrides", nargs="*", metavar="key=value")
@@ -226,7 +287,9 @@ def _parser() -> argparse.ArgumentParser:
     download.add_argument("--to", required=True, help="directory to write the files to")
     download.add_argument("--force", action="store_true", help=_FORCE_HELP + " (a data file's name, or NAME.part)")
 
-    flower = commands.add_parser("flower", help="deploy a config on Flower: write an app project, check it against the simulator")
+    flower = commands.add_parser(
+        "flower", help="deploy a config on Flower: write an app project, check it against the simulator"
+    )
     flower_commands = flower.add_subparsers(dest="flower_command", required=True)
     flower_new = flower_commands.add_parser(
         "new",
@@ -235,9 +298,13 @@ def _parser() -> argparse.ArgumentParser:
         "driftlab flower new scaffold-app --config scaffold.toml   then follow scaffold-app/README.md",
     )
     flower_new.add_argument(
-        "directory", metavar="DIR", help="the project's directory: new, or one holding none of the project's files (see --force)"
+        "directory",
+        metavar="DIR",
+        help="the project's directory: new, or one holding none of the project's files (see --force)",
     )
-    flower_new.add_argument("--force", action="store_true", help=_FORCE_HELP + " (pyproject.toml, the app module, README.md)")
+    flower_new.add_argument(
+        "--force", action="store_true", help=_FORCE_HELP + " (pyproject.toml, the app module, README.md)"
+    )
     flower_new.add_argument("--config", required=True, help="a config file or preset (see `driftlab presets`)")
     flower_check = flower_commands.add_parser(
         "check",
@@ -247,10 +314,16 @@ def _parser() -> argparse.ArgumentParser:
         "example: driftlab flower check synthetic-fedavg algorithm.name=scaffold --rounds 2",
     )
     flower_check.add_argument("config", help="a config file or preset")
-    flower_check.add_argument("overrides", nargs="*", metavar="key=value", help="overrides such as client.lr=0.05, as for `driftlab run`")
+    flower_check.add_argument(
+        "overrides", nargs="*", metavar="key=value", help="overrides such as client.lr=0.05, as for `driftlab run`"
+    )
     flower_check.add_argument("--rounds", type=int, default=3, help="rounds to run (default: 3)")
-    flower_check.add_argument("--nodes", type=int, help="virtual SuperNodes serving the clients round-robin (default: min(4, clients))")
-    flower_check.add_argument("--keep", metavar="DIR", help="keep the Flower run's directory here (new or empty) for `driftlab report`")
+    flower_check.add_argument(
+        "--nodes", type=int, help="virtual SuperNodes serving the clients round-robin (default: min(4, clients))"
+    )
+    flower_check.add_argument(
+        "--keep", metavar="DIR", help="keep the Flower run's directory here (new or empty) for `driftlab report`"
+    )
     for command in (*commands.choices.values(), *data_commands.choices.values(), *flower_commands.choices.values()):
         # --debug after the command too; SUPPRESS keeps a command from resetting a --debug given before it
         command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
@@ -363,7 +436,12 @@ def _report_unexpected(error: Exception, argv: list[str], args: argparse.Namespa
         message = message[:MESSAGE_LIMIT] + " ..."
     if debug:
         print(details, file=sys.stderr, end="")
-    print(f"driftlab: error: {type(error).__name__}: {message}" if message else f"driftlab: error: {type(error).__name__}", file=sys.stderr)
+    print(
+        f"driftlab: error: {type(error).__name__}: {message}"
+        if message
+        else f"driftlab: error: {type(error).__name__}",
+        file=sys.stderr,
+    )
     if log is not None:
         print(f"driftlab: full traceback in {log}" + ("" if debug else " (or run again with --debug)"), file=sys.stderr)
     elif not debug:
@@ -383,7 +461,9 @@ def _write_error_log(details: str, argv: list[str], args: argparse.Namespace | N
     candidates = []
     if out and Path(out).is_dir():
         candidates.append(Path(out) / ERROR_LOG)
-    candidates.append(Path(tempfile.gettempdir()) / f"driftlab-error-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log")
+    candidates.append(
+        Path(tempfile.gettempdir()) / f"driftlab-error-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+    )
     for path in candidates:
         try:
             with open(path, "a", encoding="utf-8", errors="replace") as handle:
@@ -439,7 +519,12 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         targets = _float_list(args.targets, "--targets") if args.targets else None
         report = make_report(
-            args.inputs, args.out, targets=targets, steps_reference=args.steps_reference, plots=not args.no_plots, baseline=args.baseline,
+            args.inputs,
+            args.out,
+            targets=targets,
+            steps_reference=args.steps_reference,
+            plots=not args.no_plots,
+            baseline=args.baseline,
             force=args.force,
         )
         print(report.markdown)
@@ -471,6 +556,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         return 0
 
     from driftlab.experiments.config import describe_keys, load_config
+
     if args.command == "config":
         if args.config is not None and "=" in args.config and not Path(args.config).exists():
             # `driftlab config client.lr=0.5`: an override, not a config file; resolve it on the defaults
@@ -504,7 +590,11 @@ def _dispatch(args: argparse.Namespace) -> int:
         if args.log is not None:
             config = load_config(config.to_dict(), [f"log={json.dumps(list(_trackers_option(args)))}"])
         result = run(
-            config, args.out, resume=args.resume, progress=not args.quiet, progress_label=Path(args.out).name or config.algorithm.name,
+            config,
+            args.out,
+            resume=args.resume,
+            progress=not args.quiet,
+            progress_label=Path(args.out).name or config.algorithm.name,
             clean_up_refused=True,  # a run refused for a wrong data path (say) leaves no config.json behind in --out
         )
         print(json.dumps(result.summary, indent=2))
@@ -516,7 +606,9 @@ def _dispatch(args: argparse.Namespace) -> int:
         results = run_demo(args.out, tuple(args.overrides), progress=not args.quiet, force=args.force)
         print()
         print(summary_table(results))
-        print(f"\nplot: {args.out}/accuracy.png   table: {args.out}/summary.md   per-round metrics: {args.out}/<algorithm>/metrics.jsonl")
+        print(
+            f"\nplot: {args.out}/accuracy.png   table: {args.out}/summary.md   per-round metrics: {args.out}/<algorithm>/metrics.jsonl"
+        )
         return 0
     raise AssertionError(args.command)
 
@@ -535,7 +627,9 @@ def _wrapped(text: str, indent: str = "      ") -> str:
     if not paragraph:
         return f"{indent}(no description)"
     # break_on_hyphens=False: "DP-SCAFFOLD" split after its hyphen would read "DP- SCAFFOLD" once joined again
-    return textwrap.fill(paragraph, width=width, initial_indent=indent, subsequent_indent=indent, break_on_hyphens=False)
+    return textwrap.fill(
+        paragraph, width=width, initial_indent=indent, subsequent_indent=indent, break_on_hyphens=False
+    )
 
 
 # ----------------------------------------------------------------- TOML output (tomllib only reads)
@@ -566,7 +660,16 @@ def _sweep_command(args: argparse.Namespace) -> int:
 
     from driftlab.executors.registry import options_from_arguments
     from driftlab.experiments.config import preset_names
-    from driftlab.experiments.sweep import is_sweep_source, load_sweep, plan, run_status, run_sweep, sweep_from_config, sweep_names, validate_seeds
+    from driftlab.experiments.sweep import (
+        is_sweep_source,
+        load_sweep,
+        plan,
+        run_status,
+        run_sweep,
+        sweep_from_config,
+        sweep_names,
+        validate_seeds,
+    )
 
     seeds = None
     if args.seeds:
@@ -583,38 +686,59 @@ def _sweep_command(args: argparse.Namespace) -> int:
     if is_sweep_source(args.sweep):
         spec = load_sweep(args.sweep)
         if args.grid:
-            raise ConfigError(f"{args.sweep} is a sweep file: add axes to it instead of --grid (or pass a config/preset with --grid)")
+            raise ConfigError(
+                f"{args.sweep} is a sweep file: add axes to it instead of --grid (or pass a config/preset with --grid)"
+            )
         if seeds is not None:
             import dataclasses
 
-            spec = dataclasses.replace(spec, seeds=tuple(seeds), scales={k: dataclasses.replace(v, seeds=None) for k, v in spec.scales.items()})
+            spec = dataclasses.replace(
+                spec, seeds=tuple(seeds), scales={k: dataclasses.replace(v, seeds=None) for k, v in spec.scales.items()}
+            )
     else:
         spec = sweep_from_config(args.sweep, args.grid, seeds or [0], name=Path(args.out).name or "sweep")
     from driftlab.plugins import load_plugins
 
     load_plugins(spec.plugins)  # an executor a plugin of the sweep file registers, with its flags
-    executor = options_from_arguments(args.executor, args)  # checked by run_sweep, once the base config's plugins are in
+    executor = options_from_arguments(
+        args.executor, args
+    )  # checked by run_sweep, once the base config's plugins are in
     if args.dry_run:
         from driftlab.experiments.sweep import run_directory_holder
 
         for r in plan(spec, args.scale, args.overrides):
             held = run_directory_holder(Path(args.out) / r.dir) is not None  # another live process is running it
-            print(f"{'running' if held else run_status(Path(args.out) / r.dir, r.config.rounds):<12s} {r.dir}   {' '.join(r.overrides)}")
+            print(
+                f"{'running' if held else run_status(Path(args.out) / r.dir, r.config.rounds):<12s} {r.dir}   {' '.join(r.overrides)}"
+            )
         return 0
     if not args.no_report:
         from driftlab.experiments.report import claimable
 
-        claimable(Path(args.out) / "report", args.force)  # a user's report.md there stops the sweep before any run, not after
+        claimable(
+            Path(args.out) / "report", args.force
+        )  # a user's report.md there stops the sweep before any run, not after
     from driftlab.experiments.run.runner import install_termination_handler
 
     install_termination_handler()
     try:
         outcomes = run_sweep(
-            spec, args.out, scale=args.scale, extra_overrides=args.overrides, retry_diverged=args.retry_diverged, trackers=_trackers_option(args),
-            executor=executor, threads=args.threads, halving=args.halving, force=args.force,
+            spec,
+            args.out,
+            scale=args.scale,
+            extra_overrides=args.overrides,
+            retry_diverged=args.retry_diverged,
+            trackers=_trackers_option(args),
+            executor=executor,
+            threads=args.threads,
+            halving=args.halving,
+            force=args.force,
         )
     except KeyboardInterrupt:
-        print("driftlab: sweep interrupted; every run checkpointed its last completed round: run the same command again to resume", file=sys.stderr)
+        print(
+            "driftlab: sweep interrupted; every run checkpointed its last completed round: run the same command again to resume",
+            file=sys.stderr,
+        )
         return 130
     counts: dict[str, int] = {}
     for outcome in outcomes:
@@ -651,10 +775,10 @@ def _sweep_command(args: argparse.Namespace) -> int:
 
 def _data_command(args: argparse.Namespace) -> int:
     from driftlab.data import registry as data_sets
-    from driftlab.models import registry as model_registry
     from driftlab.data.download import NOT_DOWNLOADABLE
     from driftlab.experiments.config import PARTITIONS, load_config
     from driftlab.experiments.run.datasets import build_dataset, data_location, data_search_paths
+    from driftlab.models import registry as model_registry
 
     if args.data_command == "list":
         print("data sets (data.name), and whether their files are where data.root's default looks:")

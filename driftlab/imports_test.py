@@ -17,13 +17,55 @@ ROOT = PACKAGE.parent
 # What a layer must never import: data and models are below the simulation, the simulation below the
 # experiments, and nothing below the command line imports it.
 FORBIDDEN = {
-    "driftlab.data": ("driftlab.simulation", "driftlab.experiments", "driftlab.executors", "driftlab.deploy", "driftlab.flower", "driftlab.cli"),
-    "driftlab.models": ("driftlab.simulation", "driftlab.experiments", "driftlab.executors", "driftlab.deploy", "driftlab.flower", "driftlab.cli"),
-    "driftlab.optim": ("driftlab.simulation", "driftlab.experiments", "driftlab.executors", "driftlab.deploy", "driftlab.flower", "driftlab.cli"),
-    "driftlab.simulation": ("driftlab.privacy", "driftlab.experiments", "driftlab.executors", "driftlab.deploy", "driftlab.flower", "driftlab.cli"),
-    "driftlab.algorithms": ("driftlab.privacy", "driftlab.experiments", "driftlab.executors", "driftlab.deploy", "driftlab.flower", "driftlab.cli"),
+    "driftlab.data": (
+        "driftlab.simulation",
+        "driftlab.experiments",
+        "driftlab.executors",
+        "driftlab.deploy",
+        "driftlab.flower",
+        "driftlab.cli",
+    ),
+    "driftlab.models": (
+        "driftlab.simulation",
+        "driftlab.experiments",
+        "driftlab.executors",
+        "driftlab.deploy",
+        "driftlab.flower",
+        "driftlab.cli",
+    ),
+    "driftlab.optim": (
+        "driftlab.simulation",
+        "driftlab.experiments",
+        "driftlab.executors",
+        "driftlab.deploy",
+        "driftlab.flower",
+        "driftlab.cli",
+    ),
+    "driftlab.simulation": (
+        "driftlab.privacy",
+        "driftlab.experiments",
+        "driftlab.executors",
+        "driftlab.deploy",
+        "driftlab.flower",
+        "driftlab.cli",
+    ),
+    "driftlab.algorithms": (
+        "driftlab.privacy",
+        "driftlab.experiments",
+        "driftlab.executors",
+        "driftlab.deploy",
+        "driftlab.flower",
+        "driftlab.cli",
+    ),
     # privacy wraps any algorithm through the seam's PrivacyForm, so it never names one
-    "driftlab.privacy": ("driftlab.algorithms", "driftlab.experiments", "driftlab.executors", "driftlab.deploy", "driftlab.flower", "driftlab.cli"),
+    "driftlab.privacy": (
+        "driftlab.algorithms",
+        "driftlab.experiments",
+        "driftlab.executors",
+        "driftlab.deploy",
+        "driftlab.flower",
+        "driftlab.cli",
+    ),
     # executors start and watch runs: the run directory's files they read are driftlab.run_files', the run itself is
     # named by the worker, not imported
     "driftlab.executors": ("driftlab.experiments", "driftlab.deploy", "driftlab.flower", "driftlab.cli"),
@@ -60,7 +102,9 @@ def imported(tree: ast.AST, module: str, is_package: bool, modules: dict[str, Pa
                 source = ".".join(base + ([node.module] if node.module else []))
             else:
                 source = node.module or ""
-            names = [f"{source}.{alias.name}" if f"{source}.{alias.name}" in modules else source for alias in node.names]
+            names = [
+                f"{source}.{alias.name}" if f"{source}.{alias.name}" in modules else source for alias in node.names
+            ]
         else:
             continue
         for name in names:
@@ -130,16 +174,30 @@ def is_within(module: str, package: str) -> bool:
 
 
 def test_the_graph_is_read_from_every_kind_of_import():
-    modules = {"driftlab.a": Path(), "driftlab.b": Path(), "driftlab.c": Path(), "driftlab.pkg": Path(), "driftlab.pkg.d": Path()}
+    modules = {
+        "driftlab.a": Path(),
+        "driftlab.b": Path(),
+        "driftlab.c": Path(),
+        "driftlab.pkg": Path(),
+        "driftlab.pkg.d": Path(),
+    }
     source = (
         "import driftlab.a\n"
         "from typing import TYPE_CHECKING\n"
         "if TYPE_CHECKING:\n    from driftlab.b import Thing\n"
         "def f():\n    from driftlab.pkg import d\n    from driftlab.pkg import e\n"
     )
-    assert imported(ast.parse(source), "driftlab.c", False, modules) == {"driftlab.a", "driftlab.b", "driftlab.pkg.d", "driftlab.pkg"}
+    assert imported(ast.parse(source), "driftlab.c", False, modules) == {
+        "driftlab.a",
+        "driftlab.b",
+        "driftlab.pkg.d",
+        "driftlab.pkg",
+    }
     relative = "from . import d\nfrom .. import a\n"
-    assert imported(ast.parse(relative), "driftlab.pkg.x", False, {**modules, "driftlab.pkg.x": Path()}) == {"driftlab.pkg.d", "driftlab.a"}
+    assert imported(ast.parse(relative), "driftlab.pkg.x", False, {**modules, "driftlab.pkg.x": Path()}) == {
+        "driftlab.pkg.d",
+        "driftlab.a",
+    }
 
 
 def test_circles_are_found_and_only_circles():
@@ -149,7 +207,9 @@ def test_circles_are_found_and_only_circles():
 
 def test_no_module_imports_itself_through_others():
     found = circles(import_graph())
-    assert not found, "import circles (function-level and TYPE_CHECKING imports count): " + "; ".join(" <-> ".join(c) for c in found)
+    assert not found, "import circles (function-level and TYPE_CHECKING imports count): " + "; ".join(
+        " <-> ".join(c) for c in found
+    )
 
 
 def test_layers_point_one_way():
@@ -182,7 +242,9 @@ def test_config_sections_of_features_and_the_low_modules_import_nothing_above_th
         assert graph[low] <= {"driftlab.errors"}, f"{low} imports {sorted(graph[low])}"
     # a feature's own section is below the config that assembles it
     for section in (
-        "driftlab.compress.section", "driftlab.privacy.section", "driftlab.simulation.time.section",
+        "driftlab.compress.section",
+        "driftlab.privacy.section",
+        "driftlab.simulation.time.section",
         "driftlab.simulation.asynchronous.section",
     ):
         above = sorted(target for target in graph[section] if is_within(target, "driftlab.experiments"))

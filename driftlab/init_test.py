@@ -25,7 +25,11 @@ def test_public_names_are_those_of_their_modules():
     assert driftlab.ConfigError is ConfigError is config.ConfigError
     assert (driftlab.run, driftlab.RunResult) == (runner.run, runner.RunResult)
     assert (driftlab.ExperimentConfig, driftlab.load_config) == (config.ExperimentConfig, config.load_config)
-    assert (driftlab.load_sweep, driftlab.run_sweep, driftlab.make_report) == (sweep.load_sweep, sweep.run_sweep, report.make_report)
+    assert (driftlab.load_sweep, driftlab.run_sweep, driftlab.make_report) == (
+        sweep.load_sweep,
+        sweep.run_sweep,
+        report.make_report,
+    )
     from driftlab.experiments.run import loading
 
     assert (driftlab.load_model, driftlab.load_run) == (loading.load_model, loading.load_run)

@@ -1,4 +1,5 @@
-"""ruff, configured in pyproject.toml ([tool.ruff]), finds nothing in the repository: the lint is part of the test run.
+"""ruff, configured in pyproject.toml ([tool.ruff]), finds nothing in the repository and `ruff format` would change
+nothing: the lint and the format are part of the test run.
 
 CI installs ruff through the `dev` extra, pinned, because rules change between ruff releases; where ruff is missing,
 or another release is installed, these tests skip and say why. The lint itself runs in well under a second.
@@ -67,6 +68,23 @@ def test_ruff_finds_nothing_in_the_repository(ruff):
     assert result.returncode == 0, (
         f"ruff check found (fix them, or `# noqa: CODE - why`):\n{result.stdout}{result.stderr}"
     )
+
+
+def test_the_repository_is_as_ruff_format_writes_it(ruff):
+    result = subprocess.run(
+        [sys.executable, "-m", "ruff", "format", "--no-cache", "--check", "."],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, f"`ruff format` would change these files (run it):\n{result.stdout}{result.stderr}"
+
+
+def test_imports_are_sorted(ruff):
+    unsorted = "import torch\nimport os\n\nprint(os.sep, torch.pi)\n"
+    assert _codes(unsorted, "driftlab/example.py") == ["I001"]
+    assert _codes("import os\n\nimport torch\n\nprint(os.sep, torch.pi)\n", "driftlab/example.py") == []
 
 
 def test_the_configured_rule_families_are_the_ones_enforced(ruff):

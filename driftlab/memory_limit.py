@@ -71,7 +71,9 @@ def format_bytes(count: float) -> str:
 
 
 def memory_limit(
-    environ: Mapping[str, str] | None = None, cgroup_root: Path = Path("/sys/fs/cgroup"), proc: Path = Path("/proc/self")
+    environ: Mapping[str, str] | None = None,
+    cgroup_root: Path = Path("/sys/fs/cgroup"),
+    proc: Path = Path("/proc/self"),
 ) -> MemoryLimit:
     """The ceiling that leaves this process the least memory (physical memory where nothing else applies)."""
     return min(memory_limits(environ, cgroup_root, proc), key=lambda limit: (limit.available, limit.limit))
@@ -85,7 +87,9 @@ def machine_memory_bytes() -> int:
 
 
 def memory_limits(
-    environ: Mapping[str, str] | None = None, cgroup_root: Path = Path("/sys/fs/cgroup"), proc: Path = Path("/proc/self")
+    environ: Mapping[str, str] | None = None,
+    cgroup_root: Path = Path("/sys/fs/cgroup"),
+    proc: Path = Path("/proc/self"),
 ) -> list[MemoryLimit]:
     """Every ceiling that applies to this process, physical memory first."""
     environ = os.environ if environ is None else environ
@@ -135,7 +139,9 @@ def process_usage(proc: Path = Path("/proc/self")) -> dict[str, int]:
     except OSError:
         if resource is None:
             return {}
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS: the larger reading is safe
+        peak = resource.getrusage(
+            resource.RUSAGE_SELF
+        ).ru_maxrss  # KiB on Linux, bytes on macOS: the larger reading is safe
         return {"VmRSS": int(peak) * 1024}
     usage = {}
     for line in text.splitlines():
@@ -223,6 +229,13 @@ def _positive_int(text: str | None) -> int | None:
 
 
 __all__ = [
-    "MemoryLimit", "machine_memory_bytes", "memory_limit", "memory_limits", "format_bytes", "cgroup_limit", "slurm_limit", "process_usage",
+    "MemoryLimit",
+    "machine_memory_bytes",
+    "memory_limit",
+    "memory_limits",
+    "format_bytes",
+    "cgroup_limit",
+    "slurm_limit",
+    "process_usage",
     "physical_memory",
 ]

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from driftlab import memory_limit as ml
-from driftlab.experiments.run.compatibility import check_plan_size, check_sizes
 from driftlab.experiments.config import ConfigError, load_config
+from driftlab.experiments.run.compatibility import check_plan_size, check_sizes
 from driftlab.experiments.run.datasets import build_dataset
 
 GIB = 2**30
@@ -61,7 +61,10 @@ def test_cgroup_v1_reads_the_memory_controller_and_ignores_its_no_limit_value(tm
     _write(root / "memory" / "docker" / "c1" / "memory.limit_in_bytes", f"{4 * GIB}\n")
     _write(root / "cpu" / "docker" / "c1" / "memory.limit_in_bytes", "1\n")  # not the memory controller: never read
     proc = _proc(tmp_path, "5:cpu,cpuacct:/docker/c1\n4:memory:/docker/c1\n0::/\n")
-    assert ml.cgroup_limit(root, proc / "cgroup") == (4 * GIB, str(root / "memory" / "docker" / "c1" / "memory.limit_in_bytes"))
+    assert ml.cgroup_limit(root, proc / "cgroup") == (
+        4 * GIB,
+        str(root / "memory" / "docker" / "c1" / "memory.limit_in_bytes"),
+    )
     _write(root / "memory" / "docker" / "c1" / "memory.limit_in_bytes", "9223372036854771712\n")
     assert ml.cgroup_limit(root, proc / "cgroup") is None
 
@@ -74,7 +77,10 @@ def test_slurm_memory_per_node_or_per_cpu_in_mib():
         8000 * 2**20,
         "SLURM_MEM_PER_CPU=2000 x SLURM_CPUS_ON_NODE=4",
     )
-    assert ml.slurm_limit({"SLURM_MEM_PER_CPU": "2000"}) == (2000 * 2**20, "SLURM_MEM_PER_CPU=2000 x SLURM_CPUS_ON_NODE=1")
+    assert ml.slurm_limit({"SLURM_MEM_PER_CPU": "2000"}) == (
+        2000 * 2**20,
+        "SLURM_MEM_PER_CPU=2000 x SLURM_CPUS_ON_NODE=1",
+    )
 
 
 def test_the_tightest_limit_is_the_one_that_leaves_least(tmp_path, monkeypatch):
@@ -96,7 +102,9 @@ def test_the_tightest_limit_is_the_one_that_leaves_least(tmp_path, monkeypatch):
     )
     limit = ml.memory_limit({"SLURM_MEM_PER_NODE": "1024"}, root, proc)
     assert limit.name == "the SLURM job's memory (SLURM_MEM_PER_NODE=1024)" and limit.limit == GIB
-    assert [item.name for item in ml.memory_limits({}, tmp_path / "none", proc)][:1] == ["this machine's physical memory"]
+    assert [item.name for item in ml.memory_limits({}, tmp_path / "none", proc)][:1] == [
+        "this machine's physical memory"
+    ]
 
 
 def test_the_real_rlimit_is_read():
@@ -107,7 +115,10 @@ def test_the_real_rlimit_is_read():
 
 def test_size_checks_name_the_limit_that_refused(monkeypatch):
     limit = ml.MemoryLimit(8 * GIB, 700 * 2**20, "the address-space limit RLIMIT_AS (ulimit -v)")
-    config = load_config({"rounds": 1, "data": {"num_clients": 5}}, ["client.epochs=none", "client.steps=100000000", "client.batch_size=10"])
+    config = load_config(
+        {"rounds": 1, "data": {"num_clients": 5}},
+        ["client.epochs=none", "client.steps=100000000", "client.batch_size=10"],
+    )
     check_sizes(config, memory_bytes=limit)  # 800 MB: the one-example plan fits
     data = build_dataset(config.data, config.seed)
     largest = int(data.client_sizes.max())
@@ -115,8 +126,13 @@ def test_size_checks_name_the_limit_that_refused(monkeypatch):
     with pytest.raises(ConfigError) as info:
         check_plan_size(config, data, memory_bytes=limit)
     message = str(info.value)
-    assert message.startswith(f"client.steps: the batch plan of the largest client ({largest:,} examples: 100,000,000 steps")
-    assert "7.32 GiB of memory left under the address-space limit RLIMIT_AS (ulimit -v) of 8 GiB (the process holds 700 MiB)" in message
+    assert message.startswith(
+        f"client.steps: the batch plan of the largest client ({largest:,} examples: 100,000,000 steps"
+    )
+    assert (
+        "7.32 GiB of memory left under the address-space limit RLIMIT_AS (ulimit -v) of 8 GiB (the process holds 700 MiB)"
+        in message
+    )
     # with no memory given, the checks ask memory_limit()
     monkeypatch.setattr("driftlab.experiments.run.compatibility.memory_limit", lambda: limit)
     with pytest.raises(ConfigError, match=r"RLIMIT_AS \(ulimit -v\) of 8 GiB"):
@@ -126,7 +142,9 @@ def test_size_checks_name_the_limit_that_refused(monkeypatch):
 def test_the_default_memory_budget_is_half_the_tightest_limit(monkeypatch):
     from driftlab.simulation.state.memory_budget import MemoryBudget
 
-    monkeypatch.setattr(ml, "memory_limits", lambda *a: [ml.MemoryLimit(64 * GIB, GIB, "ram"), ml.MemoryLimit(6 * GIB, GIB, "x")])
+    monkeypatch.setattr(
+        ml, "memory_limits", lambda *a: [ml.MemoryLimit(64 * GIB, GIB, "ram"), ml.MemoryLimit(6 * GIB, GIB, "x")]
+    )
     assert ml.machine_memory_bytes() == 6 * GIB  # the tightest limit, not physical memory
     assert MemoryBudget().host_bytes == 3 * GIB
 
@@ -148,9 +166,13 @@ def test_a_run_too_large_for_the_address_space_limit_is_refused_before_it_alloca
         print("peak", next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:")))
         """
     )
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=dict(os.environ))
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=dict(os.environ)
+    )
     assert result.returncode == 0, result.stderr
     message, peak = result.stdout.strip().splitlines()
-    assert message.startswith("client.steps: the batch plan of the largest client (8,116 examples: 100,000,000 steps"), message
+    assert message.startswith(
+        "client.steps: the batch plan of the largest client (8,116 examples: 100,000,000 steps"
+    ), message
     assert "left under the address-space limit RLIMIT_AS (ulimit -v) of 8 GiB" in message
     assert int(peak.split()[1]) < 2**20  # KiB: under 1 GiB resident while refusing

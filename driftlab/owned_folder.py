@@ -75,8 +75,10 @@ class OwnedFolder:
             files = content.get("files") if isinstance(content, dict) else None
             digests = content.get("digests", {}) if isinstance(content, dict) else None
             for table in (files, digests):
-                if not isinstance(table, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in table.items()):
-                    raise ValueError("it has no \"files\" table of names")
+                if not isinstance(table, dict) or not all(
+                    isinstance(k, str) and isinstance(v, str) for k, v in table.items()
+                ):
+                    raise ValueError('it has no "files" table of names')
         except (OSError, ValueError) as error:  # json's errors are ValueErrors
             reason = getattr(error, "strerror", None) or str(error).splitlines()[0][:200]
             raise ConfigError(

@@ -14,7 +14,8 @@ def test_a_new_folder_is_created_and_the_names_listed_before_they_are_written(tm
     folder = tmp_path / "a" / "b"
     claim(folder, ["report.md", "plots"], "driftlab report")
     assert json.loads((folder / MANIFEST_FILE).read_text()) == {
-        "format": 1, "files": {"plots": "driftlab report", "report.md": "driftlab report"}
+        "format": 1,
+        "files": {"plots": "driftlab report", "report.md": "driftlab report"},
     }
     assert sorted(p.name for p in folder.iterdir()) == [MANIFEST_FILE]  # listed, not written: that is the command's job
 

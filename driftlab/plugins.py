@@ -102,8 +102,12 @@ class Registry(Generic[Entry]):
         check_entry_name(self.kind, name)
         existing = self.entries.get(name)
         if existing is not None and existing != entry and not self._same_definition(existing, entry):
-            where = f"a built-in {self.kind}" if name in self.built_in else f"already registered by {self.module(existing)}"
-            raise ValueError(f"{self.kind} name {name!r} is {where}; give the {self.kind} in {self.module(entry)} another name")
+            where = (
+                f"a built-in {self.kind}" if name in self.built_in else f"already registered by {self.module(existing)}"
+            )
+            raise ValueError(
+                f"{self.kind} name {name!r} is {where}; give the {self.kind} in {self.module(entry)} another name"
+            )
         self.entries[name] = entry
         return entry
 
@@ -125,7 +129,10 @@ class Registry(Generic[Entry]):
         return str(Path(code.co_filename).resolve())
 
     def _same_definition(self, first: Entry, second: Entry) -> bool:
-        names = (getattr(self.defining(first), "__qualname__", None), getattr(self.defining(second), "__qualname__", None))
+        names = (
+            getattr(self.defining(first), "__qualname__", None),
+            getattr(self.defining(second), "__qualname__", None),
+        )
         return self.source(first) == self.source(second) and names[0] == names[1]
 
     def is_plugin(self, entry: Entry) -> bool:
@@ -171,7 +178,9 @@ class Registry(Generic[Entry]):
                     self.register(loaded)
             except Exception as error:  # noqa: BLE001 - any failure of someone else's package is reported, not raised here
                 package = point.dist.name if point.dist else "unknown package"
-                self._entry_point_problems.append(f"entry point {point.name} = {point.value!r} ({package}): {one_line(error)}")
+                self._entry_point_problems.append(
+                    f"entry point {point.name} = {point.value!r} ({package}): {one_line(error)}"
+                )
         return self._entry_point_problems
 
     def unknown_message(self, name: Any, key: str) -> str:
@@ -231,7 +240,9 @@ def load_plugins(plugins: Sequence[str]) -> None:
                     "install the package that provides it, or name its .py file instead "
                     '(plugins = ["path/to/module.py"], relative to the config file)'
                 )
-            raise ConfigError(f"plugins: cannot import plugin {plugin!r}: {one_line(error)}{_raised_at(error)}; {how}") from None
+            raise ConfigError(
+                f"plugins: cannot import plugin {plugin!r}: {one_line(error)}{_raised_at(error)}; {how}"
+            ) from None
 
 
 def _raised_at(error: BaseException) -> str:
@@ -311,7 +322,9 @@ def import_function(reference: str, key: str) -> Any:
         )
     if not callable(function):
         found = "has no" if function is None else f"has a {type(function).__name__}, not a"
-        raise ConfigError(f"{key} = {reference!r}: {source!r} {found} function {name!r}; name a function defined in that module")
+        raise ConfigError(
+            f"{key} = {reference!r}: {source!r} {found} function {name!r}; name a function defined in that module"
+        )
     return function
 
 
@@ -319,10 +332,23 @@ def import_function(reference: str, key: str) -> Any:
 
 # Names people carry over from other libraries, for a key with the same meaning here ("did you mean").
 KEY_ALIASES = {
-    "learning_rate": "lr", "step_size": "lr", "local_lr": "lr", "batch": "batch_size", "bs": "batch_size",
-    "local_epochs": "epochs", "num_epochs": "epochs", "local_steps": "steps", "num_steps": "steps", "num_rounds": "rounds",
-    "communication_rounds": "rounds", "clients": "num_clients", "n_clients": "num_clients", "fraction": "participation",
-    "participation_rate": "participation", "dataset": "name", "alpha": "dirichlet_alpha",
+    "learning_rate": "lr",
+    "step_size": "lr",
+    "local_lr": "lr",
+    "batch": "batch_size",
+    "bs": "batch_size",
+    "local_epochs": "epochs",
+    "num_epochs": "epochs",
+    "local_steps": "steps",
+    "num_steps": "steps",
+    "num_rounds": "rounds",
+    "communication_rounds": "rounds",
+    "clients": "num_clients",
+    "n_clients": "num_clients",
+    "fraction": "participation",
+    "participation_rate": "participation",
+    "dataset": "name",
+    "alpha": "dirichlet_alpha",
 }
 
 

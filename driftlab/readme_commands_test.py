@@ -132,19 +132,26 @@ def test_the_commands_are_cut_as_a_shell_reads_them():
     assert small("driftlab sweep s --out d") == "driftlab sweep s --out d --seeds 0 rounds=1 client.epochs=1"
     assert small("driftlab sweep --status d") == "driftlab sweep --status d"
     assert small("driftlab report a --out b") == "driftlab report a --out b"
-    assert small("WANDB_MODE=offline driftlab run p --log wandb") == "WANDB_MODE=offline driftlab run p --log wandb rounds=1"
+    assert (
+        small("WANDB_MODE=offline driftlab run p --log wandb")
+        == "WANDB_MODE=offline driftlab run p --log wandb rounds=1"
+    )
 
 
 @pytest.mark.skipif(not README.exists(), reason="README.md is beside the package only in a source checkout")
 def test_every_skipped_command_is_still_in_the_readme():
     found = set(readme_commands())
     assert not set(SKIPPED) - found, f"SKIPPED lists commands the README no longer has: {sorted(set(SKIPPED) - found)}"
-    assert not set(NEEDS_DATA) - found, f"NEEDS_DATA lists commands the README no longer has: {sorted(set(NEEDS_DATA) - found)}"
+    assert not set(NEEDS_DATA) - found, (
+        f"NEEDS_DATA lists commands the README no longer has: {sorted(set(NEEDS_DATA) - found)}"
+    )
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(not README.exists(), reason="README.md is beside the package only in a source checkout")
-@pytest.mark.skipif(shutil.which("driftlab") is None or shutil.which("bash") is None, reason="needs bash and the driftlab command")
+@pytest.mark.skipif(
+    shutil.which("driftlab") is None or shutil.which("bash") is None, reason="needs bash and the driftlab command"
+)
 def test_the_readme_commands_run_in_order(tmp_path):
     from driftlab.experiments.run.real_data import real_data_path
 
@@ -159,7 +166,9 @@ def test_the_readme_commands_run_in_order(tmp_path):
     returncode, stdout, stderr = _run(["bash", "-c", "\n".join(script)], tmp_path, env)
     ran = [line[4:] for line in stdout.splitlines() if line.startswith(">>> ")]
     assert returncode == 0, f"`{ran[-1] if ran else '?'}` exited {returncode}:\n{stdout[-3000:]}\n{stderr[-3000:]}"
-    assert (tmp_path / "runs" / "fedprox-tb" / "tensorboard").is_dir() and (tmp_path / "scaffold-app" / "pyproject.toml").is_file()
+    assert (tmp_path / "runs" / "fedprox-tb" / "tensorboard").is_dir() and (
+        tmp_path / "scaffold-app" / "pyproject.toml"
+    ).is_file()
 
     for index, block in enumerate(code_blocks(README.read_text(), "python")):
         returncode, stdout, stderr = _run([sys.executable, "-c", block], tmp_path, env)
@@ -168,7 +177,9 @@ def test_the_readme_commands_run_in_order(tmp_path):
 
 def _run(command: list[str], cwd: Path, env: dict[str, str], timeout: float = 1500) -> tuple[int, str, str]:
     """Run ``command`` in a session of its own, killed whole (sweeps' run processes included) if it outlives ``timeout``."""
-    process = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    process = subprocess.Popen(
+        command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     try:
         stdout, stderr = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

@@ -12,31 +12,67 @@ themselves from a plugin module with ``register(AlgorithmEntry(...))``
 from __future__ import annotations
 
 from driftlab.algorithm_labels import BUILT_IN_LABELS as LABELS
-from driftlab.algorithms import adabest, efl, fedavg, feddyn, fedprox, registry, scaffold
-from driftlab.algorithms import fedgate
-from driftlab.algorithms import fednova
-from driftlab.algorithms import vrlsgd
-from driftlab.algorithms import mime
-from driftlab.algorithms import apfl
-from driftlab.algorithms import ditto
-from driftlab.algorithms import fedamp
+from driftlab.algorithms import (
+    adabest,
+    apfl,
+    ditto,
+    efl,
+    fedamp,
+    fedavg,
+    feddyn,
+    fedgate,
+    fednova,
+    fedprox,
+    mime,
+    registry,
+    scaffold,
+    vrlsgd,
+)
 from driftlab.algorithms.registry import ALGORITHMS, AlgorithmEntry, register
 
 register(AlgorithmEntry("fedavg", fedavg.Config, fedavg.from_config, label=LABELS["fedavg"], keeps_partial_work=False))
 register(AlgorithmEntry("fedprox", fedprox.Config, fedprox.from_config, label=LABELS["fedprox"]))
 register(AlgorithmEntry("scaffold", scaffold.Config, scaffold.from_config, label=LABELS["scaffold"]))
-register(AlgorithmEntry("feddyn", feddyn.Config, feddyn.from_config, label=LABELS["feddyn"], owns_server_step=True, uses_server_lr=False))
-register(AlgorithmEntry("adabest", adabest.Config, adabest.from_config, label=LABELS["adabest"], owns_server_step=True, uses_server_lr=False))
-register(AlgorithmEntry("efl", efl.Config, efl.from_config, label=LABELS["efl"], default_compression_ratio=efl.DEFAULT_COMPRESSION_RATIO))
+register(
+    AlgorithmEntry(
+        "feddyn", feddyn.Config, feddyn.from_config, label=LABELS["feddyn"], owns_server_step=True, uses_server_lr=False
+    )
+)
+register(
+    AlgorithmEntry(
+        "adabest",
+        adabest.Config,
+        adabest.from_config,
+        label=LABELS["adabest"],
+        owns_server_step=True,
+        uses_server_lr=False,
+    )
+)
+register(
+    AlgorithmEntry(
+        "efl", efl.Config, efl.from_config, label=LABELS["efl"], default_compression_ratio=efl.DEFAULT_COMPRESSION_RATIO
+    )
+)
 register(AlgorithmEntry("fednova", fednova.Config, fednova.from_config, label=LABELS["fednova"]))
-register(AlgorithmEntry("fedgate", fedgate.Config, fedgate.from_config, label=LABELS["fedgate"], keeps_partial_work=False))
+register(
+    AlgorithmEntry("fedgate", fedgate.Config, fedgate.from_config, label=LABELS["fedgate"], keeps_partial_work=False)
+)
 register(AlgorithmEntry("vrlsgd", vrlsgd.Config, vrlsgd.from_config, label=LABELS["vrlsgd"]))
 register(AlgorithmEntry("mimelite", mime.Config, mime.from_config, label=LABELS["mimelite"], owns_server_step=True))
 register(AlgorithmEntry("mime", mime.MimeConfig, mime.from_mime_config, label=LABELS["mime"], owns_server_step=True))
 register(AlgorithmEntry("apfl", apfl.Config, apfl.from_config, label=LABELS["apfl"], keeps_partial_work=False))
 register(AlgorithmEntry("ditto", ditto.Config, ditto.from_config, label=LABELS["ditto"], keeps_partial_work=False))
-register(AlgorithmEntry("fedamp", fedamp.Config, fedamp.from_config, label=LABELS["fedamp"], owns_server_step=True, uses_server_lr=False,
-                       needs_num_clients=True))
+register(
+    AlgorithmEntry(
+        "fedamp",
+        fedamp.Config,
+        fedamp.from_config,
+        label=LABELS["fedamp"],
+        owns_server_step=True,
+        uses_server_lr=False,
+        needs_num_clients=True,
+    )
+)
 registry.REGISTRY.finish_built_ins()
 registry.BUILT_IN = registry.REGISTRY.built_in
 

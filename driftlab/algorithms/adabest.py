@@ -73,10 +73,23 @@ from typing import Annotated, Any, Literal
 import torch
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
+from driftlab.algorithms.aggregation import (
+    WEIGHTED_REASON,
+    ModelSums,
+    check_aggregation,
+    model_change_form,
+    model_mean_fold,
+)
 from driftlab.features.capabilities import ASYNCHRONOUS_RULE, PRIVACY_FORM, lacking, synchronous_only
-from driftlab.algorithms.aggregation import WEIGHTED_REASON, ModelSums, check_aggregation, model_change_form, model_mean_fold
 from driftlab.optim.schedules import ExponentialSchedule, InverseTimeSchedule, schedule_from_table, value_at
-from driftlab.simulation.seam import NO_CORRECTION, Algorithm, ClientContext, ClientUpdate, GradientCorrection, RoundContext
+from driftlab.simulation.seam import (
+    NO_CORRECTION,
+    Algorithm,
+    ClientContext,
+    ClientUpdate,
+    GradientCorrection,
+    RoundContext,
+)
 
 BetaSchedule = float | ExponentialSchedule | InverseTimeSchedule
 
@@ -93,11 +106,15 @@ def beta_value(value: Any) -> BetaSchedule:
         value = schedule_from_table(value)
     if isinstance(value, ExponentialSchedule):
         if value.initial > 1:  # decay ≤ 1, so round 1 is the largest value
-            raise ValueError(f"an exponential β schedule must start in [0, 1]: need initial ≤ 1, got initial = {value.initial}")
+            raise ValueError(
+                f"an exponential β schedule must start in [0, 1]: need initial ≤ 1, got initial = {value.initial}"
+            )
         return value
     if isinstance(value, InverseTimeSchedule):
         if value.a > value.b + 1:  # a / (b + t) is largest at t = 1
-            raise ValueError(f"an inverse_time β schedule must stay ≤ 1: need a ≤ b + 1, got a = {value.a}, b = {value.b}")
+            raise ValueError(
+                f"an inverse_time β schedule must stay ≤ 1: need a ≤ b + 1, got a = {value.a}, b = {value.b}"
+            )
         return value
     raise ValueError(
         'expected a number in [0, 1] or a schedule table such as {kind="exponential", initial=0.98, decay=0.999}'
@@ -129,7 +146,8 @@ class Config(BaseModel):
         0.02, ge=0, description="μ ≥ 0: client drift estimate h_k ← h_k/(t − t'_k) + μ(θ^{t−1} − θ_k) (paper: 0.02)"
     )
     beta: Beta = Field(
-        0.96, description="β in [0, 1] or a schedule table: server h^t = β(θ̄^{t−1} − θ̄^t) (paper: 0.96 at 10%, 0.98 at 100% participation)"
+        0.96,
+        description="β in [0, 1] or a schedule table: server h^t = β(θ̄^{t−1} − θ̄^t) (paper: 0.96 at 10%, 0.98 at 100% participation)",
     )
     aggregation: Literal["uniform", "weighted"] = Field(
         "uniform", description="uniform: θ̄ = mean of reporting clients (paper); weighted: w_k = n_k / Σ n_j"
@@ -180,7 +198,9 @@ def build(mu: float = 0.02, beta: BetaSchedule = 0.96, aggregation: str = "unifo
             return NO_CORRECTION  # h_k stays 0 forever: no term at all, so the step is FedAvg's to the bit
         return GradientCorrection(linear=-client.drift)
 
-    def client_finish(view: ClientView, client: ClientState, context: ClientContext, update: ClientUpdate) -> tuple[ClientState, ClientMessage]:
+    def client_finish(
+        view: ClientView, client: ClientState, context: ClientContext, update: ClientUpdate
+    ) -> tuple[ClientState, ClientMessage]:
         rounds_since = context.round - client.last_round  # t − t'_k ≥ 1; h_k = 0 on first participation
         drift = client.drift / rounds_since + mu * (view.params - update.final_params)
         message = ClientMessage(update.final_params, context.num_samples, context.multiplicity)
@@ -206,10 +226,19 @@ def build(mu: float = 0.02, beta: BetaSchedule = 0.96, aggregation: str = "unifo
     private = aggregation == "uniform"
     # A private round: θ̄^t = θ^{t−1} + Σ_P (θ_k − θ^{t−1}) / m depends on the released changes only.
     fold = model_mean_fold(aggregation, aggregation_finish)
-    return Algorithm("adabest", server_init, client_objective, client_finish, fold.server_update, broadcast,
-                     client_state_init=client_state_init, server_fold=fold,
-                     privacy=form if private else None,
-                     lacks=lacking(PRIVACY_FORM, None if private else WEIGHTED_REASON) + lacking(ASYNCHRONOUS_RULE, ASYNCHRONOUS_REASON))
+    return Algorithm(
+        "adabest",
+        server_init,
+        client_objective,
+        client_finish,
+        fold.server_update,
+        broadcast,
+        client_state_init=client_state_init,
+        server_fold=fold,
+        privacy=form if private else None,
+        lacks=lacking(PRIVACY_FORM, None if private else WEIGHTED_REASON)
+        + lacking(ASYNCHRONOUS_RULE, ASYNCHRONOUS_REASON),
+    )
 
 
 def from_config(config: Config, server_optimizer: Any) -> Algorithm:

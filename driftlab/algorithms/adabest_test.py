@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import math
+
 import pytest
 import torch
 
 import driftlab
 from driftlab.algorithms import adabest
-from driftlab.algorithms.shared_test import TINY, build_algorithm, heterogeneous_quadratics, run_quadratic, without_wall_time
+from driftlab.algorithms.shared_test import (
+    TINY,
+    build_algorithm,
+    heterogeneous_quadratics,
+    run_quadratic,
+    without_wall_time,
+)
 from driftlab.optim.schedules import ExponentialSchedule
 from driftlab.simulation.seam import NO_CORRECTION, ClientContext, ClientUpdate, RoundContext
 
@@ -19,13 +26,17 @@ def vector(*values: float) -> torch.Tensor:
     return torch.tensor(values, dtype=F64)
 
 
-@pytest.mark.parametrize("overrides", [(), ("sampling.mode=weighted",), ("client.clip_norm=0.5", "client.weight_decay=0.001")])
+@pytest.mark.parametrize(
+    "overrides", [(), ("sampling.mode=weighted",), ("client.clip_norm=0.5", "client.weight_decay=0.001")]
+)
 def test_beta_and_mu_zero_is_uniform_fedavg_bit_for_bit(overrides: tuple[str, ...]) -> None:
     best = driftlab.run({**TINY, "algorithm": {"name": "adabest", "mu": 0.0, "beta": 0.0}}, overrides=list(overrides))
     avg = driftlab.run({**TINY, "algorithm": {"name": "fedavg", "aggregation": "uniform"}}, overrides=list(overrides))
     assert torch.equal(best.final_params, avg.final_params)
     drop = ("drift_norm",)
-    assert [{k: v for k, v in r.items() if k not in drop} for r in without_wall_time(best.records)] == without_wall_time(avg.records)
+    assert [
+        {k: v for k, v in r.items() if k not in drop} for r in without_wall_time(best.records)
+    ] == without_wall_time(avg.records)
     assert all(record["drift_norm"] == 0.0 for record in best.records)
 
 
@@ -43,7 +54,9 @@ def test_client_drift_is_damped_by_rounds_since_last_report() -> None:
     assert torch.equal(state.drift, vector(1.5, -3)) and state.last_round == 5
     assert torch.equal(message.params, vector(0, 3))
     # first participation (t'_k = 0, h_k = 0): only the new term
-    first, _ = algorithm.client_finish(view, algorithm.client_state_init(vector(1, 1)), context, ClientUpdate(view.params, vector(0, 3), 5))
+    first, _ = algorithm.client_finish(
+        view, algorithm.client_state_init(vector(1, 1)), context, ClientUpdate(view.params, vector(0, 3), 5)
+    )
     assert torch.equal(first.drift, vector(0.5, -1)) and first.last_round == 5
     assert adabest.build(mu=0.0, beta=0.5).client_objective(view, client, context) is NO_CORRECTION
 
@@ -60,7 +73,9 @@ def test_server_step_with_a_beta_schedule() -> None:
     assert metrics["drift_norm"] == pytest.approx(0.4, rel=1e-15)
     # weighted aggregation: θ̄ = ¼(0,2) + ¾(2,4) = (1.5, 3.5)
     weighted = adabest.build(mu=0.1, beta=0.0, aggregation="weighted")
-    server, _ = weighted.server_update(adabest.ServerState(vector(5, 5), vector(1, 1)), messages, RoundContext(3, 100, 2, 1.0))
+    server, _ = weighted.server_update(
+        adabest.ServerState(vector(5, 5), vector(1, 1)), messages, RoundContext(3, 100, 2, 1.0)
+    )
     assert torch.equal(server.params, vector(1.5, 3.5))
 
 
@@ -71,7 +86,9 @@ def test_limit_point_is_the_proximal_point_anchored_at_the_initial_model() -> No
     problem = heterogeneous_quadratics()
     initial = torch.tensor([1.0, -1.0, 0.5], dtype=F64)
     mu, beta = 0.1, 0.5
-    run = run_quadratic(build_algorithm("adabest", mu=mu, beta=beta), problem, initial, rounds=1000, steps=10, learning_rate=0.1)
+    run = run_quadratic(
+        build_algorithm("adabest", mu=mu, beta=beta), problem, initial, rounds=1000, steps=10, learning_rate=0.1
+    )
     shrink = mu * (1 - beta)
     predicted = (problem.targets.mean(0) + shrink * initial) / (problem.curvatures.mean(0) + shrink)
     assert torch.allclose(run.server.params, predicted, rtol=0, atol=1e-10)
@@ -80,8 +97,17 @@ def test_limit_point_is_the_proximal_point_anchored_at_the_initial_model() -> No
     for k in range(problem.num_clients):
         assert torch.allclose(run.client_states[k].drift, problem.gradient(k, predicted), rtol=0, atol=1e-9)
     # a different starting point gives a different limit: the anchor is θ^0
-    other = run_quadratic(build_algorithm("adabest", mu=mu, beta=beta), problem, torch.zeros(3, dtype=F64), rounds=1000, steps=10, learning_rate=0.1)
-    assert torch.allclose(other.server.params, problem.targets.mean(0) / (problem.curvatures.mean(0) + shrink), rtol=0, atol=1e-10)
+    other = run_quadratic(
+        build_algorithm("adabest", mu=mu, beta=beta),
+        problem,
+        torch.zeros(3, dtype=F64),
+        rounds=1000,
+        steps=10,
+        learning_rate=0.1,
+    )
+    assert torch.allclose(
+        other.server.params, problem.targets.mean(0) / (problem.curvatures.mean(0) + shrink), rtol=0, atol=1e-10
+    )
 
 
 @pytest.mark.parametrize(
@@ -94,7 +120,10 @@ def test_limit_point_is_the_proximal_point_anchored_at_the_initial_model() -> No
             {"name": "adabest", "beta": {"kind": "exponential", "initial": 2.0, "decay": 0.9}},
             r"algorithm\.beta: an exponential β schedule must start in \[0, 1\]",
         ),
-        ({"name": "adabest", "beta": {"kind": "inverse_time", "a": 5.0, "b": 1}}, r"algorithm\.beta: an inverse_time β schedule must stay ≤ 1"),
+        (
+            {"name": "adabest", "beta": {"kind": "inverse_time", "a": 5.0, "b": 1}},
+            r"algorithm\.beta: an inverse_time β schedule must stay ≤ 1",
+        ),
         ({"name": "adabest", "beta": "high"}, r"algorithm\.beta: expected a number in \[0, 1\] or a schedule table"),
     ],
 )
@@ -104,7 +133,9 @@ def test_out_of_range_hyperparameters_are_rejected_with_the_key(algorithm: dict,
 
 
 def test_beta_schedule_round_trips_through_the_config() -> None:
-    config = driftlab.load_config({"algorithm": {"name": "adabest"}}, ["algorithm.beta={kind='exponential', initial=0.98, decay=0.99}"])
+    config = driftlab.load_config(
+        {"algorithm": {"name": "adabest"}}, ["algorithm.beta={kind='exponential', initial=0.98, decay=0.99}"]
+    )
     assert config.algorithm.beta == ExponentialSchedule(initial=0.98, decay=0.99)
     assert driftlab.load_config(config.to_dict()).fingerprint() == config.fingerprint()
     assert driftlab.load_config({"algorithm": {"name": "adabest", "beta": 1}}).algorithm.beta == 1.0

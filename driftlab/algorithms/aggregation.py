@@ -31,9 +31,7 @@ WEIGHTED_REASON = Reason(
         'aggregation = "weighted" weighs each client by its sample count n_k, which is private and unbounded, so '
         "no clip bounds one client's influence"
     ),
-    fix=(
-        'set algorithm.aggregation = "uniform"'
-    ),
+    fix=('set algorithm.aggregation = "uniform"'),
 )
 WEIGHTED_REFUSAL = WEIGHTED_REASON.text  # the prose, for code that reads it
 

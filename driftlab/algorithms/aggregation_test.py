@@ -7,7 +7,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from driftlab.algorithms.aggregation import RunningMean, check_aggregation, client_weight, model_mean_fold, weighted_mean
+from driftlab.algorithms.aggregation import (
+    RunningMean,
+    check_aggregation,
+    client_weight,
+    model_mean_fold,
+    weighted_mean,
+)
 from driftlab.simulation.seam import RoundContext
 
 

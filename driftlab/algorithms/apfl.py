@@ -60,8 +60,8 @@ from typing import Any, Callable, Iterable, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from driftlab.features.capabilities import ASYNCHRONOUS_RULE, with_lack, synchronous_only
 from driftlab.algorithms import fedavg
+from driftlab.features.capabilities import ASYNCHRONOUS_RULE, synchronous_only, with_lack
 from driftlab.simulation.backends.local_training import LocalSettings, corrected_gradient, corrected_step
 from driftlab.simulation.seam import NO_CORRECTION, Algorithm, ClientContext, ClientUpdate, Personalization
 
@@ -72,7 +72,7 @@ ASYNCHRONOUS_REASON = synchronous_only(
         "server's w; under FedBuff a stale client's v_k would be fit beside an old w and mixed with a newer one "
         "(the paper states no asynchronous rule)"
     ),
-    alternative='',
+    alternative="",
 )
 ASYNCHRONOUS_REFUSAL = ASYNCHRONOUS_REASON.text  # the prose, for code that reads it
 DESCRIPTION = "APFL's mixed model α_k v_k + (1 − α_k) w"
@@ -83,9 +83,15 @@ class Config(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     name: Literal["apfl"] = "apfl"
-    alpha: float = Field(0.25, ge=0.0, le=1.0, description="α_k at the start, in [0, 1]: the weight of the local model v_k in v̄_k")
-    adaptive: bool = Field(True, description="learn each α_k by projected SGD at every local step (the paper); false: α fixed")
-    alpha_lr: float | None = Field(None, gt=0, description="η_α, the step size of α's update; unset: the round's client lr η_l")
+    alpha: float = Field(
+        0.25, ge=0.0, le=1.0, description="α_k at the start, in [0, 1]: the weight of the local model v_k in v̄_k"
+    )
+    adaptive: bool = Field(
+        True, description="learn each α_k by projected SGD at every local step (the paper); false: α fixed"
+    )
+    alpha_lr: float | None = Field(
+        None, gt=0, description="η_α, the step size of α's update; unset: the round's client lr η_l"
+    )
     aggregation: Literal["weighted", "uniform"] = Field(
         "weighted", description="of the global model w, as FedAvg: weighted (n_k / Σ n_j) or uniform"
     )
@@ -133,7 +139,9 @@ def personal_steps(
             new_alpha = min(1.0, max(0.0, alpha - eta_alpha * slope))
         if needs_w:
             w = corrected_step(w, loss_gradient(w, inputs, targets), NO_CORRECTION, settings)
-        personal = personal - settings.client_lr * corrected_gradient(personal, alpha * gradient, NO_CORRECTION, settings)
+        personal = personal - settings.client_lr * corrected_gradient(
+            personal, alpha * gradient, NO_CORRECTION, settings
+        )
         alpha = new_alpha
     return ClientState(personal, float(alpha)), w
 
@@ -158,13 +166,17 @@ def build(
     def client_state_init(initial_params: torch.Tensor) -> ClientState:
         return ClientState(initial_params, float(alpha))
 
-    def client_finish(view: Any, client: ClientState, context: ClientContext, update: ClientUpdate) -> tuple[ClientState, Any]:
+    def client_finish(
+        view: Any, client: ClientState, context: ClientContext, update: ClientUpdate
+    ) -> tuple[ClientState, Any]:
         _, message = base.client_finish(view, None, context, update)
         if frozen_at_zero or update.steps_done == 0:
             return client, message
         computation = update.computation
         batches = computation.minibatches(update.steps_done, "local")  # exactly the batches w was trained on
-        state, _ = personal_steps(client, view.params, batches, computation.loss_gradient, computation.settings, adaptive, alpha_lr)
+        state, _ = personal_steps(
+            client, view.params, batches, computation.loss_gradient, computation.settings, adaptive, alpha_lr
+        )
         return state, message
 
     def model(view: Any, client: ClientState) -> torch.Tensor:
@@ -182,4 +194,6 @@ def build(
 
 
 def from_config(config: Config, server_optimizer: Any) -> Algorithm:
-    return build(server_optimizer, config.alpha, config.adaptive, config.alpha_lr, config.aggregation, config.incomplete)
+    return build(
+        server_optimizer, config.alpha, config.adaptive, config.alpha_lr, config.aggregation, config.incomplete
+    )

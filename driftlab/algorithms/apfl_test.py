@@ -60,17 +60,38 @@ def test_two_local_steps_by_hand() -> None:
     #   → α² = 5/8 − 681/2048 = 599/2048;  v² = v¹ − ½·5/8·g = (129/1024, 867/512);  w² = (3/4, 1/2).
     computation = TargetsComputation((vector(2, 2), vector(0, 0)), LocalSettings(0.5))
     start = apfl.ClientState(vector(0, 2), 0.5)
-    state, w = apfl.personal_steps(start, vector(1, 0), computation.minibatches(2), computation.loss_gradient,
-                                   computation.settings, adaptive=True, alpha_lr=0.25)
+    state, w = apfl.personal_steps(
+        start,
+        vector(1, 0),
+        computation.minibatches(2),
+        computation.loss_gradient,
+        computation.settings,
+        adaptive=True,
+        alpha_lr=0.25,
+    )
     assert state.alpha == 599 / 2048 and isinstance(state.alpha, float)
     assert torch.equal(state.personal, vector(129 / 1024, 867 / 512)) and torch.equal(w, vector(0.75, 0.5))
     # α fixed: the same v¹ (it uses α⁰), then v² with α = ½: v̄ = ½(3/8,9/4) + ½(3/2,1) = (15/16, 13/8) = g
-    fixed, _ = apfl.personal_steps(start, vector(1, 0), computation.minibatches(2), computation.loss_gradient,
-                                   computation.settings, adaptive=False, alpha_lr=0.25)
+    fixed, _ = apfl.personal_steps(
+        start,
+        vector(1, 0),
+        computation.minibatches(2),
+        computation.loss_gradient,
+        computation.settings,
+        adaptive=False,
+        alpha_lr=0.25,
+    )
     assert fixed.alpha == 0.5 and torch.equal(fixed.personal, vector(3 / 8 - 15 / 64, 9 / 4 - 13 / 32))
     # α is projected onto [0, 1]: a large step size ends it at 0
-    projected, _ = apfl.personal_steps(start, vector(1, 0), computation.minibatches(2), computation.loss_gradient,
-                                       computation.settings, adaptive=True, alpha_lr=10.0)
+    projected, _ = apfl.personal_steps(
+        start,
+        vector(1, 0),
+        computation.minibatches(2),
+        computation.loss_gradient,
+        computation.settings,
+        adaptive=True,
+        alpha_lr=10.0,
+    )
     assert projected.alpha == 0.0
 
 
@@ -80,20 +101,30 @@ def test_client_finish_sends_fedavgs_message_and_keeps_v_and_alpha() -> None:
     view = algorithm.broadcast(algorithm.server_init(vector(1, 0)))
     computation = TargetsComputation((vector(2, 2),), LocalSettings(0.5))
     context = ClientContext(3, 1, 10, 10.0, 4, 1, 0.5)
-    state, message = algorithm.client_finish(view, apfl.ClientState(vector(0, 2), 0.5), context,
-                                             ClientUpdate(view.params, vector(1.5, 1), 1, computation))
-    assert isinstance(message, fedavg.ClientMessage) and torch.equal(message.params, vector(1.5, 1)) and message.num_samples == 10
+    state, message = algorithm.client_finish(
+        view, apfl.ClientState(vector(0, 2), 0.5), context, ClientUpdate(view.params, vector(1.5, 1), 1, computation)
+    )
+    assert (
+        isinstance(message, fedavg.ClientMessage)
+        and torch.equal(message.params, vector(1.5, 1))
+        and message.num_samples == 10
+    )
     assert state.alpha == 0.75 and torch.equal(state.personal, vector(3 / 8, 9 / 4))
     # the personal model mixes v with the view the server would send now
     assert torch.equal(algorithm.personalization.model(view, state), 0.75 * vector(3 / 8, 9 / 4) + 0.25 * vector(1, 0))
     # a straggler's w is dropped (FedAvg's default) but its v and α still learn from the steps it did
     late = dataclasses.replace(context, available_steps=1, planned_steps=3)
-    dropped_state, dropped = algorithm.client_finish(view, apfl.ClientState(vector(0, 2), 0.5), late,
-                                                     ClientUpdate(view.params, vector(1.5, 1), 1, computation))
-    assert dropped is None and dropped_state.alpha == state.alpha and torch.equal(dropped_state.personal, state.personal)
+    dropped_state, dropped = algorithm.client_finish(
+        view, apfl.ClientState(vector(0, 2), 0.5), late, ClientUpdate(view.params, vector(1.5, 1), 1, computation)
+    )
+    assert (
+        dropped is None and dropped_state.alpha == state.alpha and torch.equal(dropped_state.personal, state.personal)
+    )
     # no step done: nothing learned
     kept = apfl.ClientState(vector(0, 2), 0.5)
-    assert algorithm.client_finish(view, kept, context, ClientUpdate(view.params, view.params, 0, computation))[0] is kept
+    assert (
+        algorithm.client_finish(view, kept, context, ClientUpdate(view.params, view.params, 0, computation))[0] is kept
+    )
 
 
 def test_personal_model_is_exactly_the_server_model_at_alpha_zero_and_v_at_one() -> None:
@@ -112,8 +143,11 @@ def _client(alpha: float, adaptive: bool, weight_decay: float = 0.0, clip: float
     torch.manual_seed(0)
     model = FlatModel.wrap(build_model("mlp", (5,), 3, hidden=(7,)))
     generator = torch.Generator().manual_seed(1)
-    data = ClientData(model, TrainingData(torch.randn(23, 5, generator=generator), torch.randint(0, 3, (23,), generator=generator)),
-                      rows=torch.arange(23))
+    data = ClientData(
+        model,
+        TrainingData(torch.randn(23, 5, generator=generator), torch.randint(0, 3, (23,), generator=generator)),
+        rows=torch.arange(23),
+    )
     context = ClientContext(0, 2, 23, 23.0, 1, 9, 0.1)
     settings = ClientSettings(seed=0, batch_size=4, local=LocalSettings(0.1, weight_decay, clip))
     return apfl.build(SGD, alpha=alpha, adaptive=adaptive), model, data, context, settings
@@ -127,7 +161,9 @@ def test_the_replica_of_w_equals_the_sequential_backends_w_bit_for_bit(weight_de
     def finish(view, state, context, update):
         computation = update.computation
         batches = computation.minibatches(update.steps_done, "local")
-        seen["state"], seen["w"] = apfl.personal_steps(state, view.params, batches, computation.loss_gradient, computation.settings, True, None)
+        seen["state"], seen["w"] = apfl.personal_steps(
+            state, view.params, batches, computation.loss_gradient, computation.settings, True, None
+        )
         seen["final"] = update.final_params
         return algorithm.client_finish(view, state, context, update)
 
@@ -168,7 +204,9 @@ class QuadraticComputation:
         return self.problem.gradient(self.client, params)
 
 
-def _run_quadratics(algorithm: Any, problem: Quadratics, rounds: int, steps: int, lr: float) -> tuple[Any, dict[int, Any]]:
+def _run_quadratics(
+    algorithm: Any, problem: Quadratics, rounds: int, steps: int, lr: float
+) -> tuple[Any, dict[int, Any]]:
     settings = LocalSettings(lr)
     initial = torch.zeros(problem.curvatures.shape[1], dtype=F64)
     server = algorithm.server_init(initial)
@@ -185,11 +223,15 @@ def _run_quadratics(algorithm: Any, problem: Quadratics, rounds: int, steps: int
             update = ClientUpdate(view.params, theta, steps, QuadraticComputation(problem, k, settings))
             states[k], message = algorithm.client_finish(view, states[k], context, update)
             messages.append(message)
-        server, _ = algorithm.server_update(server, messages, RoundContext(t, problem.num_clients, problem.num_clients, 1.0))
+        server, _ = algorithm.server_update(
+            server, messages, RoundContext(t, problem.num_clients, problem.num_clients, 1.0)
+        )
     return server, states
 
 
-def _papers_round(problem: Quadratics, client: int, v: torch.Tensor, w: torch.Tensor, alpha: float, steps: int, lr: float):
+def _papers_round(
+    problem: Quadratics, client: int, v: torch.Tensor, w: torch.Tensor, alpha: float, steps: int, lr: float
+):
     """The paper's K local steps with α fixed, written out: ``v̄ = α v + (1−α) w``, ``v ← v − η α ∇f(v̄)``,
     ``w ← w − η ∇f(w)``; returns the final v and the mixtures v̄ the steps evaluated."""
     mixtures = []
@@ -220,7 +262,9 @@ def test_fixed_alpha_converges_to_the_papers_fixed_point_on_quadratics(alpha: fl
 
 
 @pytest.mark.parametrize(("alpha", "alpha_lr"), [(0.5, None), (0.25, 0.01)])
-def test_learned_alpha_gives_each_client_a_better_model_than_the_global_one_on_quadratics(alpha: float, alpha_lr: float | None) -> None:
+def test_learned_alpha_gives_each_client_a_better_model_than_the_global_one_on_quadratics(
+    alpha: float, alpha_lr: float | None
+) -> None:
     # Full-batch quadratics: each client's own minimiser is its best model, so α should grow towards 1.  (α⁰ = 0.25 with
     # η_α = η_l = 0.1 drives three of these five clients to α = 0, where v stops: docs/update-rules.md, "APFL".)
     problem = heterogeneous_quadratics()
@@ -290,7 +334,9 @@ def test_sequential_and_vectorized_backends_agree() -> None:
 def test_compressed_uploads_run_and_cost_less() -> None:
     plain = run(*PERSONAL)
     compressed = run(*PERSONAL, "compression.ratio=0.3")
-    assert torch.isfinite(compressed.final_params).all() and not torch.equal(plain.final_params, compressed.final_params)
+    assert torch.isfinite(compressed.final_params).all() and not torch.equal(
+        plain.final_params, compressed.final_params
+    )
     assert sum(r["upload_bits"] for r in compressed.records) < sum(r["upload_bits"] for r in plain.records)
     assert all("personal_test_accuracy_mean" in r for r in compressed.records)
 
@@ -302,11 +348,22 @@ def test_privacy_uses_fedavgs_form_and_asynchronous_training_is_refused() -> Non
     view = uniform.broadcast(uniform.server_init(vector(1, 2)))
     message = fedavg.ClientMessage(vector(1.5, 1), 4, 1)
     assert torch.equal(uniform.privacy.release(view, message), vector(0.5, -1))
-    assert torch.equal(uniform.privacy.release(view, uniform.privacy.restore(view, message, vector(2, 3))), vector(2, 3))
-    private = run("privacy.clip=1", "privacy.noise_multiplier=1", "privacy.delta=1e-3", "sampling.mode=poisson",
-                  algorithm={"name": "apfl", "aggregation": "uniform"})
+    assert torch.equal(
+        uniform.privacy.release(view, uniform.privacy.restore(view, message, vector(2, 3))), vector(2, 3)
+    )
+    private = run(
+        "privacy.clip=1",
+        "privacy.noise_multiplier=1",
+        "privacy.delta=1e-3",
+        "sampling.mode=poisson",
+        algorithm={"name": "apfl", "aggregation": "uniform"},
+    )
     assert torch.isfinite(private.final_params).all()
-    assert not uniform.asynchronous and uniform.asynchronous_problem() == f'[asynchronous] with algorithm.name = "apfl": {apfl.ASYNCHRONOUS_REFUSAL}'
+    assert (
+        not uniform.asynchronous
+        and uniform.asynchronous_problem()
+        == f'[asynchronous] with algorithm.name = "apfl": {apfl.ASYNCHRONOUS_REFUSAL}'
+    )
     with pytest.raises(ConfigError, match="remove \\[asynchronous\\]"):
         run("system.profiles=lognormal", "asynchronous.concurrency=5", "asynchronous.buffer=2")
 

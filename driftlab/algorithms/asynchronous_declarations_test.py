@@ -58,7 +58,9 @@ def test_every_built_in_may_run_asynchronously_or_names_the_fix(name, build):
 @pytest.mark.parametrize("name", ["fedavg", "fedprox"])
 def test_uniform_fedavg_and_fedprox_declare_fedbuffs_rule(name):
     assert _uniform(name).asynchronous_problem() is None
-    assert _default(name).asynchronous_problem() == _refused(name, fedavg.FEDBUFF_WEIGHTED_REFUSAL)  # "weighted" is their default
+    assert _default(name).asynchronous_problem() == _refused(
+        name, fedavg.FEDBUFF_WEIGHTED_REFUSAL
+    )  # "weighted" is their default
 
 
 @pytest.mark.parametrize(
@@ -67,7 +69,11 @@ def test_uniform_fedavg_and_fedprox_declare_fedbuffs_rule(name):
         (scaffold, lambda: scaffold.build(make_server_optimizer("sgd")), "Δc_k"),
         (feddyn, lambda: feddyn.build(alpha=0.1), "Σ_S λ_k"),
         (adabest, lambda: adabest.build(aggregation="uniform"), "t − t'_k"),
-        (efl, lambda: efl.build(make_server_optimizer("sgd"), elastic=0.0, incomplete="plain", aggregation="uniform"), "U ="),
+        (
+            efl,
+            lambda: efl.build(make_server_optimizer("sgd"), elastic=0.0, incomplete="plain", aggregation="uniform"),
+            "U =",
+        ),
     ],
 )
 def test_drift_correcting_algorithms_refuse_with_a_reason_from_their_own_rule(module, build, reason):
@@ -76,7 +82,10 @@ def test_drift_correcting_algorithms_refuse_with_a_reason_from_their_own_rule(mo
     assert algorithm.privacy is not None
     assert algorithm.asynchronous_problem() == _refused(algorithm.name, module.ASYNCHRONOUS_REFUSAL)
     assert reason in module.ASYNCHRONOUS_REFUSAL
-    assert "remove [asynchronous]" in module.ASYNCHRONOUS_REFUSAL and 'aggregation = "uniform"' in module.ASYNCHRONOUS_REFUSAL
+    assert (
+        "remove [asynchronous]" in module.ASYNCHRONOUS_REFUSAL
+        and 'aggregation = "uniform"' in module.ASYNCHRONOUS_REFUSAL
+    )
 
 
 def _refused(name: str, text: str) -> str:
@@ -95,12 +104,16 @@ def test_compression_refuses_even_what_it_wraps_that_could_run():
 
 def test_compression_adds_the_wrapped_algorithms_own_refusal():
     compressed = with_compression(scaffold.build(make_server_optimizer("sgd")), 0.5, (4,))
-    assert compressed.asynchronous_problem() == _refused("scaffold", f"{error_feedback.ASYNCHRONOUS_REFUSAL}; and {scaffold.ASYNCHRONOUS_REFUSAL}")
+    assert compressed.asynchronous_problem() == _refused(
+        "scaffold", f"{error_feedback.ASYNCHRONOUS_REFUSAL}; and {scaffold.ASYNCHRONOUS_REFUSAL}"
+    )
 
 
 def test_privacy_refuses_and_names_every_layer_below():
     inner = fedavg.build(make_server_optimizer("sgd"), aggregation="uniform")
-    assert mechanism.with_privacy(inner, _settings()).asynchronous_problem() == _refused("fedavg", mechanism.ASYNCHRONOUS_REFUSAL)
+    assert mechanism.with_privacy(inner, _settings()).asynchronous_problem() == _refused(
+        "fedavg", mechanism.ASYNCHRONOUS_REFUSAL
+    )
     problem = mechanism.with_privacy(with_compression(inner, 0.5, (4,)), _settings()).asynchronous_problem()
     assert problem == _refused("fedavg", f"{mechanism.ASYNCHRONOUS_REFUSAL}; and {error_feedback.ASYNCHRONOUS_REFUSAL}")
     assert "remove [privacy]" in problem and "compression.ratio = 1" in problem
@@ -114,8 +127,15 @@ def test_a_guarded_plugin_keeps_its_declaration():
 
 
 def _context(client_id: int, version: int) -> ClientContext:
-    return ClientContext(client_id=client_id, round=version + 1, num_samples=10, mean_num_samples=10.0,
-                         num_registered=4, planned_steps=3, client_lr=0.1)
+    return ClientContext(
+        client_id=client_id,
+        round=version + 1,
+        num_samples=10,
+        mean_num_samples=10.0,
+        num_registered=4,
+        planned_steps=3,
+        client_lr=0.1,
+    )
 
 
 @pytest.mark.parametrize("name", ["fedavg", "fedprox"])

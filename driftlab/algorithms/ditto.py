@@ -63,8 +63,8 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from driftlab.features.capabilities import ASYNCHRONOUS_RULE, with_lack, synchronous_only
 from driftlab.algorithms import fedavg
+from driftlab.features.capabilities import ASYNCHRONOUS_RULE, synchronous_only, with_lack
 from driftlab.simulation.seam import (
     NO_CORRECTION,
     Algorithm,
@@ -104,20 +104,25 @@ class Config(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     name: Literal["ditto"] = "ditto"
     lam: float = Field(
-        1.0, ge=0, allow_inf_nan=False,
+        1.0,
+        ge=0,
+        allow_inf_nan=False,
         description="λ ≥ 0: the personal step adds λ(v_k − w^t); 0 trains separate local models, large λ keeps v_k "
         "near w (1 is the authors' scripts'; the paper picks per device from {0.1, 1, 2})",
     )
     personal_steps: int | None = Field(
-        None, ge=0,
+        None,
+        ge=0,
         description="s, the personal model's local steps per round; unset: as many as the client's global pass did "
         "(the authors' local_iters for both); 0 trains no personal model (v_k stays θ⁰)",
     )
     aggregation: Literal["weighted", "uniform"] = Field(
-        "weighted", description="the global model's (FedAvg's): w_k = n_k / Σ n_j (default) or uniform over reporting clients"
+        "weighted",
+        description="the global model's (FedAvg's): w_k = n_k / Σ n_j (default) or uniform over reporting clients",
     )
     incomplete: Literal["drop", "keep"] = Field(
-        "drop", description="the global model's (FedAvg's): a straggler's w_k is dropped or averaged; v_k is updated either way"
+        "drop",
+        description="the global model's (FedAvg's): a straggler's w_k is dropped or averaged; v_k is updated either way",
     )
 
 
@@ -140,7 +145,11 @@ def personal_model(view: ClientView, state: ClientState) -> torch.Tensor:
 
 
 def build(
-    server_optimizer: Any, lam: float = 1.0, personal_steps: int | None = None, aggregation: str = "weighted", incomplete: str = "drop"
+    server_optimizer: Any,
+    lam: float = 1.0,
+    personal_steps: int | None = None,
+    aggregation: str = "weighted",
+    incomplete: str = "drop",
 ) -> Algorithm:
     """Ditto with proximal coefficient ``lam`` (λ ≥ 0) and ``personal_steps`` (s ≥ 0, None: the global pass's steps)
     over FedAvg's global model (``server_optimizer``, ``aggregation``, ``incomplete``)."""
@@ -158,7 +167,9 @@ def build(
             return NO_CORRECTION  # no term at all: separate local models, with no extra arithmetic
         return GradientCorrection(quadratic=lam, reference=view.params)
 
-    def client_finish(view: ClientView, state: ClientState, context: ClientContext, update: ClientUpdate) -> tuple[ClientState, Any]:
+    def client_finish(
+        view: ClientView, state: ClientState, context: ClientContext, update: ClientUpdate
+    ) -> tuple[ClientState, Any]:
         _, message = global_half.client_finish(view, None, context, update)
         steps = personal_steps_of(update, context, personal_steps)
         if steps == 0:
@@ -180,5 +191,10 @@ def build(
 
 
 def from_config(config: Config, server_optimizer: Any) -> Algorithm:
-    return build(server_optimizer, lam=config.lam, personal_steps=config.personal_steps, aggregation=config.aggregation,
-                 incomplete=config.incomplete)
+    return build(
+        server_optimizer,
+        lam=config.lam,
+        personal_steps=config.personal_steps,
+        aggregation=config.aggregation,
+        incomplete=config.incomplete,
+    )

@@ -48,7 +48,9 @@ class QuadraticTraining:
         return theta, steps
 
 
-def run_ditto(algorithm, problem: Quadratics, initial, rounds, steps, learning_rate, num_samples=None, participants=None):
+def run_ditto(
+    algorithm, problem: Quadratics, initial, rounds, steps, learning_rate, num_samples=None, participants=None
+):
     """Rounds of full-batch local GD as the engine runs them (``shared_test.run_quadratic``), each client's update
     carrying a ``QuadraticTraining`` for its personal pass; returns the server and every client's state."""
     sizes = list(num_samples) if num_samples is not None else [10] * problem.num_clients
@@ -59,13 +61,17 @@ def run_ditto(algorithm, problem: Quadratics, initial, rounds, steps, learning_r
         messages, new_states = [], {}
         for client in participants(t) if participants is not None else range(problem.num_clients):
             state = states.get(client, algorithm.client_state_init(initial) if algorithm.client_state_init else None)
-            context = ClientContext(client, t, sizes[client], sum(sizes) / len(sizes), problem.num_clients, steps, learning_rate)
+            context = ClientContext(
+                client, t, sizes[client], sum(sizes) / len(sizes), problem.num_clients, steps, learning_rate
+            )
             correction = algorithm.client_objective(view, state, context)
             theta = view.params
             for _ in range(steps):
                 theta = corrected_step(theta, problem.gradient(client, theta), correction, settings)
             computation = QuadraticTraining(problem.curvatures[client], problem.targets[client], learning_rate)
-            new_states[client], message = algorithm.client_finish(view, state, context, ClientUpdate(view.params, theta, steps, computation))
+            new_states[client], message = algorithm.client_finish(
+                view, state, context, ClientUpdate(view.params, theta, steps, computation)
+            )
             messages.append(message)
         states.update(new_states)
         server, _ = algorithm.server_update(server, messages, RoundContext(t, problem.num_clients, len(messages), 1.0))
@@ -98,7 +104,9 @@ def test_two_hand_rounds_move_the_personal_models_as_computed_by_hand(rounds: in
     assert torch.equal(server.params, vector(*HAND_CASE["params"][rounds - 1]))  # FedAvg's, untouched by v_k
     for client in (0, 1):
         assert torch.equal(states[client].personal, vector(*HAND_PERSONAL[rounds - 1][client]))
-        assert torch.equal(algorithm.personalization.model(algorithm.broadcast(server), states[client]), states[client].personal)
+        assert torch.equal(
+            algorithm.personalization.model(algorithm.broadcast(server), states[client]), states[client].personal
+        )
 
 
 def test_the_personal_pass_asks_for_s_proximal_steps_toward_the_received_model_on_the_personal_minibatches():
@@ -106,8 +114,9 @@ def test_the_personal_pass_asks_for_s_proximal_steps_toward_the_received_model_o
     view = algorithm.broadcast(algorithm.server_init(vector(1.0, -1.0)))
     computation = QuadraticTraining(torch.ones(2, dtype=torch.float64), vector(0.0, 0.0), 0.1)
     context = ClientContext(0, 1, 5, 5.0, 4, 3, 0.1)
-    state, message = algorithm.client_finish(view, ditto.ClientState(vector(3.0, 3.0)), context,
-                                              ClientUpdate(view.params, vector(2.0, 2.0), 3, computation))
+    state, message = algorithm.client_finish(
+        view, ditto.ClientState(vector(3.0, 3.0)), context, ClientUpdate(view.params, vector(2.0, 2.0), 3, computation)
+    )
     ((correction, steps, purpose),) = computation.calls
     assert steps == 7 and purpose == "personal"
     assert correction.quadratic == 0.25 and torch.equal(correction.reference, vector(1.0, -1.0))  # w^t, not w_k
@@ -118,14 +127,21 @@ def test_lambda_zero_trains_separate_local_models_with_no_correction_at_all():
     algorithm = ditto.build(SGD, lam=0.0)
     view = algorithm.broadcast(algorithm.server_init(vector(1.0, -1.0)))
     computation = QuadraticTraining(torch.ones(2, dtype=torch.float64), vector(0.0, 0.0), 0.1)
-    algorithm.client_finish(view, algorithm.client_state_init(vector(0.0, 0.0)), ClientContext(0, 1, 5, 5.0, 4, 3, 0.1),
-                            ClientUpdate(view.params, view.params, 3, computation))
+    algorithm.client_finish(
+        view,
+        algorithm.client_state_init(vector(0.0, 0.0)),
+        ClientContext(0, 1, 5, 5.0, 4, 3, 0.1),
+        ClientUpdate(view.params, view.params, 3, computation),
+    )
     assert computation.calls == [(NO_CORRECTION, 3, "personal")]
 
 
 def _client_data(seed: int = 0):
     generator = torch.Generator().manual_seed(seed)
-    inputs, targets = torch.randn(12, 4, generator=generator, dtype=torch.float64), torch.randint(0, 3, (12,), generator=generator)
+    inputs, targets = (
+        torch.randn(12, 4, generator=generator, dtype=torch.float64),
+        torch.randint(0, 3, (12,), generator=generator),
+    )
     model = FlatModel.wrap(build_model("mlr", (4,), 3)).to("cpu", torch.float64)
     params = torch.randn(model.initial_parameters().numel(), generator=generator, dtype=torch.float64)
     return ClientData(model, TrainingData(inputs, targets), torch.arange(12)), params
@@ -139,8 +155,12 @@ def test_on_real_data_the_personal_model_is_the_client_code_paths_training_bit_f
     algorithm = ditto.build(SGD, lam=lam)
     view = algorithm.broadcast(algorithm.server_init(params))
     personal = params * 0.5
-    state, _ = algorithm.client_finish(view, ditto.ClientState(personal), ClientContext(1, 2, 12, 12.0, 4, 5, 0.1),
-                                       ClientUpdate(params, params + 1, 5, computation))
+    state, _ = algorithm.client_finish(
+        view,
+        ditto.ClientState(personal),
+        ClientContext(1, 2, 12, 12.0, 4, 5, 0.1),
+        ClientUpdate(params, params + 1, 5, computation),
+    )
     correction = NO_CORRECTION if lam == 0 else GradientCorrection(quadratic=lam, reference=params)
     expected, steps = computation.train(personal, correction, 5, "personal")
     assert steps == 5 and torch.equal(state.personal, expected)
@@ -156,8 +176,12 @@ def test_with_eta_lambda_one_each_personal_step_lands_one_gradient_step_from_the
     algorithm = ditto.build(SGD, lam=10.0)
     view = algorithm.broadcast(algorithm.server_init(params))
     start = torch.zeros_like(params)
-    state, _ = algorithm.client_finish(view, ditto.ClientState(start), ClientContext(1, 2, 12, 12.0, 4, 4, 0.1),
-                                       ClientUpdate(params, params, 4, computation))
+    state, _ = algorithm.client_finish(
+        view,
+        ditto.ClientState(start),
+        ClientContext(1, 2, 12, 12.0, 4, 4, 0.1),
+        ClientUpdate(params, params, 4, computation),
+    )
     before_last, _ = computation.train(start, GradientCorrection(quadratic=10.0, reference=params), 3, "personal")
     inputs, targets = computation.minibatches(4, "personal")[-1]
     expected = params - 0.1 * computation.loss_gradient(before_last, inputs, targets)
@@ -173,8 +197,12 @@ def test_the_global_model_is_fedavgs_bit_for_bit_under_partial_participation():
     initial = vector(1.0, -1.0, 0.5)
     chosen = lambda t: [t % 5, (t + 2) % 5]  # noqa: E731 - partial participation, changing each round
     for aggregation in ("weighted", "uniform"):
-        server, _ = run_ditto(ditto.build(SGD, lam=0.7, aggregation=aggregation), problem, initial, 20, 4, 0.1, [3, 7, 1, 4, 9], chosen)
-        plain, _ = run_ditto(fedavg.build(SGD, aggregation=aggregation), problem, initial, 20, 4, 0.1, [3, 7, 1, 4, 9], chosen)
+        server, _ = run_ditto(
+            ditto.build(SGD, lam=0.7, aggregation=aggregation), problem, initial, 20, 4, 0.1, [3, 7, 1, 4, 9], chosen
+        )
+        plain, _ = run_ditto(
+            fedavg.build(SGD, aggregation=aggregation), problem, initial, 20, 4, 0.1, [3, 7, 1, 4, 9], chosen
+        )
         assert torch.equal(server.params, plain.params)
 
 
@@ -207,13 +235,21 @@ def test_a_straggler_does_at_most_its_global_steps_and_is_dropped_by_default_but
     view = algorithm.broadcast(algorithm.server_init(vector(0.0, 0.0)))
     computation = QuadraticTraining(torch.ones(2, dtype=torch.float64), vector(2.0, 0.0), 0.5)
     straggler = ClientContext(0, 1, 5, 5.0, 4, 3, 0.5, available_steps=1)
-    state, message = algorithm.client_finish(view, algorithm.client_state_init(view.params), straggler,
-                                             ClientUpdate(view.params, vector(1.0, 0.0), 1, computation))
+    state, message = algorithm.client_finish(
+        view,
+        algorithm.client_state_init(view.params),
+        straggler,
+        ClientUpdate(view.params, vector(1.0, 0.0), 1, computation),
+    )
     assert message is None  # FedAvg's incomplete = "drop"
     assert computation.calls[-1][1:] == (1, "personal") and torch.equal(state.personal, vector(1.0, 0.0))
     kept = ditto.build(SGD, lam=0.5, incomplete="keep")
-    _, message = kept.client_finish(view, kept.client_state_init(view.params), straggler,
-                                    ClientUpdate(view.params, vector(1.0, 0.0), 1, computation))
+    _, message = kept.client_finish(
+        view,
+        kept.client_state_init(view.params),
+        straggler,
+        ClientUpdate(view.params, vector(1.0, 0.0), 1, computation),
+    )
     assert torch.equal(message.params, vector(1.0, 0.0)) and computation.calls[-1][1] == 1  # unset s: the global steps
 
 
@@ -221,8 +257,12 @@ def test_a_client_that_did_no_step_keeps_its_personal_model_and_needs_no_data():
     algorithm = ditto.build(SGD, lam=0.5)
     view = algorithm.broadcast(algorithm.server_init(vector(1.0)))
     state = ditto.ClientState(vector(4.0))
-    new_state, _ = algorithm.client_finish(view, state, ClientContext(0, 1, 1, 1.0, 1, 3, 0.1, available_steps=0),
-                                           ClientUpdate(view.params, view.params, 0))
+    new_state, _ = algorithm.client_finish(
+        view,
+        state,
+        ClientContext(0, 1, 1, 1.0, 1, 3, 0.1, available_steps=0),
+        ClientUpdate(view.params, view.params, 0),
+    )
     assert new_state is state
 
 
@@ -230,8 +270,12 @@ def test_a_client_update_without_its_data_says_what_is_missing_and_the_fix():
     algorithm = ditto.build(SGD, lam=0.5)
     view = algorithm.broadcast(algorithm.server_init(vector(1.0)))
     with pytest.raises(RuntimeError, match=r"computation.train.*or run fedavg"):
-        algorithm.client_finish(view, algorithm.client_state_init(vector(0.0)), ClientContext(0, 1, 1, 1.0, 1, 1, 0.1),
-                                ClientUpdate(view.params, vector(2.0), 1))
+        algorithm.client_finish(
+            view,
+            algorithm.client_state_init(vector(0.0)),
+            ClientContext(0, 1, 1, 1.0, 1, 1, 0.1),
+            ClientUpdate(view.params, vector(2.0), 1),
+        )
 
 
 def test_compression_leaves_the_personal_model_alone_and_forwards_it():
@@ -243,8 +287,12 @@ def test_compression_leaves_the_personal_model_alone_and_forwards_it():
     plain_view = plain.broadcast(plain.server_init(torch.zeros(4, dtype=torch.float64)))
     expected, _ = plain.client_finish(plain_view, plain.client_state_init(plain_view.params), context, update)
     view = compressed.broadcast(compressed.server_init(torch.zeros(4, dtype=torch.float64)))
-    state, message = compressed.client_finish(view, compressed.client_state_init(torch.zeros(4, dtype=torch.float64)), context, update)
-    assert torch.equal(state.inner.personal, expected.personal)  # trained from v_k toward w^t, not the compressed upload
+    state, message = compressed.client_finish(
+        view, compressed.client_state_init(torch.zeros(4, dtype=torch.float64)), context, update
+    )
+    assert torch.equal(
+        state.inner.personal, expected.personal
+    )  # trained from v_k toward w^t, not the compressed upload
     assert int((message.payload.params != 0).sum()) == 2  # the upload is compressed (ST keeps half the entries)
     assert torch.equal(compressed.personalization.model(view, state), expected.personal)
 
@@ -259,7 +307,11 @@ def test_the_privacy_form_is_fedavgs_and_the_asynchronous_rule_is_refused_with_t
     weighted = ditto.build(SGD)
     assert weighted.privacy is None and 'set algorithm.aggregation = "uniform"' in weighted.privacy_refusal
     for algorithm in (uniform, weighted):
-        assert not algorithm.asynchronous and algorithm.asynchronous_problem() == f'[asynchronous] with algorithm.name = "ditto": {ditto.ASYNCHRONOUS_REFUSAL}'
+        assert (
+            not algorithm.asynchronous
+            and algorithm.asynchronous_problem()
+            == f'[asynchronous] with algorithm.name = "ditto": {ditto.ASYNCHRONOUS_REFUSAL}'
+        )
     assert "v_k" in ditto.ASYNCHRONOUS_REFUSAL and "remove [asynchronous]" in ditto.ASYNCHRONOUS_REFUSAL
 
 
@@ -282,16 +334,29 @@ def test_bad_personal_steps_and_unknown_keys_are_refused():
 
 # ---------------------------------------------------------------- whole runs
 
-RUN = {"rounds": 3, "data": {"num_clients": 6}, "client": {"epochs": 1}, "sampling": {"participation": 0.5},
-       "evaluation": {"every": 1}, "algorithm": {"name": "ditto", "lam": 0.5}}
-PERSONAL_KEYS = ("personal_test_accuracy_mean", "personal_test_accuracy_std", "client_test_accuracy_std", "round_seconds")
+RUN = {
+    "rounds": 3,
+    "data": {"num_clients": 6},
+    "client": {"epochs": 1},
+    "sampling": {"participation": 0.5},
+    "evaluation": {"every": 1},
+    "algorithm": {"name": "ditto", "lam": 0.5},
+}
+PERSONAL_KEYS = (
+    "personal_test_accuracy_mean",
+    "personal_test_accuracy_std",
+    "client_test_accuracy_std",
+    "round_seconds",
+)
 
 
 def _global_columns(records):
     return [{key: value for key, value in record.items() if key not in PERSONAL_KEYS} for record in records]
 
 
-@pytest.mark.parametrize("algorithm", [{}, {"aggregation": "uniform", "incomplete": "keep"}], ids=["defaults", "uniform-keep"])
+@pytest.mark.parametrize(
+    "algorithm", [{}, {"aggregation": "uniform", "incomplete": "keep"}], ids=["defaults", "uniform-keep"]
+)
 def test_a_ditto_run_has_fedavgs_server_model_and_records_bit_for_bit(algorithm):
     stragglers = {"availability": {"incomplete_probability": 0.4}}
     run = driftlab.run({**RUN, **stragglers, "algorithm": {"name": "ditto", "lam": 0.5, **algorithm}})
@@ -312,7 +377,9 @@ def test_in_a_run_a_large_lambda_keeps_every_personal_model_next_to_the_model_it
         result = driftlab.run({**base, "rounds": 4, "algorithm": {"name": "ditto", "lam": lam}}, tmp_path / str(lam))
         step = torch.linalg.vector_norm(result.final_params - received)
         tensors = load_file(str(tmp_path / str(lam) / "checkpoint.safetensors"))
-        moved[lam] = [float(torch.linalg.vector_norm(tensors[f"client/{k}/state/personal"] - received) / step) for k in range(6)]
+        moved[lam] = [
+            float(torch.linalg.vector_norm(tensors[f"client/{k}/state/personal"] - received) / step) for k in range(6)
+        ]
     assert max(moved[1000.0]) < 0.25 and min(moved[0.0]) > 1
 
 
@@ -329,8 +396,14 @@ def test_compressed_and_private_runs_evaluate_the_personal_models():
     compressed = driftlab.run({**RUN, "compression": {"ratio": 0.2}})
     plain = driftlab.run(RUN)
     assert compressed.records[-1]["upload_bits"] < plain.records[-1]["upload_bits"]
-    private = driftlab.run({**RUN, "algorithm": {"name": "ditto", "lam": 0.5, "aggregation": "uniform"},
-                            "sampling": {"participation": 0.5, "mode": "poisson"}, "privacy": {"clip": 1.0, "noise_multiplier": 1.0}})
+    private = driftlab.run(
+        {
+            **RUN,
+            "algorithm": {"name": "ditto", "lam": 0.5, "aggregation": "uniform"},
+            "sampling": {"participation": 0.5, "mode": "poisson"},
+            "privacy": {"clip": 1.0, "noise_multiplier": 1.0},
+        }
+    )
     for result in (compressed, private):
         assert all(0 <= record["personal_test_accuracy_mean"] <= 1 for record in result.records)
 

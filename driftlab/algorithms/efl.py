@@ -69,8 +69,8 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from driftlab.features.capabilities import ASYNCHRONOUS_RULE, PRIVACY_FORM, Reason, lacking, synchronous_only
 from driftlab.algorithms.aggregation import WEIGHTED_REASON, RunningMean, check_aggregation, client_weight
+from driftlab.features.capabilities import ASYNCHRONOUS_RULE, PRIVACY_FORM, Reason, lacking, synchronous_only
 from driftlab.optim.apply import apply_server_optimizer
 from driftlab.simulation.seam import (
     NO_CORRECTION,
@@ -85,13 +85,8 @@ from driftlab.simulation.seam import (
 
 DEFAULT_COMPRESSION_RATIO = 0.01
 ADAPTIVE_REASON = Reason(
-    why=(
-        'incomplete = "adaptive" weighs a straggler by E/s_k, which no clip bounds (up to E times a complete '
-        "client)"
-    ),
-    fix=(
-        'set algorithm.incomplete = "drop" or "plain"'
-    ),
+    why=('incomplete = "adaptive" weighs a straggler by E/s_k, which no clip bounds (up to E times a complete client)'),
+    fix=('set algorithm.incomplete = "drop" or "plain"'),
 )
 ADAPTIVE_REFUSAL = ADAPTIVE_REASON.text  # the prose, for code that reads it
 
@@ -115,11 +110,16 @@ class Config(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     name: Literal["efl"] = "efl"
     elastic: float = Field(0.5, ge=0, description="λ, weight of the Fisher-weighted elastic term; 0 turns it off")
-    fisher_examples: int = Field(128, ge=1, description="at most this many of a client's examples (seeded sample) estimate its diagonal Fisher")
-    incomplete: Literal["adaptive", "plain", "drop"] = Field(
-        "adaptive", description="weight of an incomplete client: adaptive w_k·E/s_k (the paper's), plain w_k, or drop it"
+    fisher_examples: int = Field(
+        128, ge=1, description="at most this many of a client's examples (seeded sample) estimate its diagonal Fisher"
     )
-    aggregation: Literal["weighted", "uniform"] = Field("weighted", description="w_k: n_k-weighted (default) or uniform over reporting clients")
+    incomplete: Literal["adaptive", "plain", "drop"] = Field(
+        "adaptive",
+        description="weight of an incomplete client: adaptive w_k·E/s_k (the paper's), plain w_k, or drop it",
+    )
+    aggregation: Literal["weighted", "uniform"] = Field(
+        "weighted", description="w_k: n_k-weighted (default) or uniform over reporting clients"
+    )
 
 
 @dataclass(frozen=True)
@@ -174,7 +174,9 @@ class RoundSums:
 
 def privacy_reason(incomplete: str, aggregation: str) -> Reason | None:
     """Why EFL with these options has no ``PrivacyForm`` (naming each fix), or None when it has one."""
-    reasons = ([WEIGHTED_REASON] if aggregation == "weighted" else []) + ([ADAPTIVE_REASON] if incomplete == "adaptive" else [])
+    reasons = ([WEIGHTED_REASON] if aggregation == "weighted" else []) + (
+        [ADAPTIVE_REASON] if incomplete == "adaptive" else []
+    )
     if not reasons:
         return None
     first, *rest = reasons
@@ -198,8 +200,9 @@ def privacy_form(uses_fisher: bool) -> PrivacyForm:
             change, fisher_change, weighted_model_change = vector, None, None
         params = view.params + change
         if message is None:
-            return ClientMessage(params, fisher_change, weighted_model_change, num_samples=1, multiplicity=1,
-                                 completed_fraction=1.0)
+            return ClientMessage(
+                params, fisher_change, weighted_model_change, num_samples=1, multiplicity=1, completed_fraction=1.0
+            )
         return dataclasses.replace(
             message, params=params, fisher_change=fisher_change, weighted_model_change=weighted_model_change
         )
@@ -242,7 +245,9 @@ def build(
         # Fisher-weighted mean of the reported models, so clipping leaves it alone (algorithms.md).
         # Where U = 0 every u_i is 0, so V = 0 too and the coordinate has no pull.
         fisher_sum = view.fisher_sum
-        reference = torch.where(fisher_sum > 0, view.weighted_model_sum / torch.where(fisher_sum > 0, fisher_sum, 1.0), 0.0)
+        reference = torch.where(
+            fisher_sum > 0, view.weighted_model_sum / torch.where(fisher_sum > 0, fisher_sum, 1.0), 0.0
+        )
         return GradientCorrection(quadratic=elastic * fisher_sum, reference=reference)
 
     def client_finish(view: ClientView, client: ClientState, context: ClientContext, update: ClientUpdate):
@@ -250,9 +255,13 @@ def build(
             return client, None
         completed = update.steps_done / context.planned_steps
         if not uses_fisher:
-            return client, ClientMessage(update.final_params, None, None, context.num_samples, context.multiplicity, completed)
+            return client, ClientMessage(
+                update.final_params, None, None, context.num_samples, context.multiplicity, completed
+            )
         if update.computation is None:
-            raise RuntimeError("EFL needs the client's data for its Fisher pass; the training backend gave no ClientComputation")
+            raise RuntimeError(
+                "EFL needs the client's data for its Fisher pass; the training backend gave no ClientComputation"
+            )
         local_model = update.trained_params
         fisher = update.computation.diagonal_fisher(local_model, fisher_examples)
         new_state = ClientState(fisher, fisher * local_model)
@@ -306,10 +315,18 @@ def build(
 
     refusal = privacy_reason(incomplete, aggregation)
     fold = ServerFold(aggregation_start, aggregation_add, aggregation_finish)
-    return Algorithm("efl", server_init, client_objective, client_finish, fold.server_update, broadcast,
-                     client_state_init=client_state_init, server_fold=fold,
-                     privacy=privacy_form(uses_fisher) if refusal is None else None,
-                     lacks=lacking(PRIVACY_FORM, refusal) + lacking(ASYNCHRONOUS_RULE, ASYNCHRONOUS_REASON))
+    return Algorithm(
+        "efl",
+        server_init,
+        client_objective,
+        client_finish,
+        fold.server_update,
+        broadcast,
+        client_state_init=client_state_init,
+        server_fold=fold,
+        privacy=privacy_form(uses_fisher) if refusal is None else None,
+        lacks=lacking(PRIVACY_FORM, refusal) + lacking(ASYNCHRONOUS_RULE, ASYNCHRONOUS_REASON),
+    )
 
 
 def from_config(config: Config, server_optimizer: Any) -> Algorithm:

@@ -25,13 +25,13 @@ from driftlab.data.federated import FederatedDataset
 from driftlab.metrics.communication import payload_bits
 from driftlab.models import build_model
 from driftlab.optim.server import make_server_optimizer
+from driftlab.simulation.backends.flat import FlatModel
+from driftlab.simulation.backends.local_training import LocalSettings, SequentialBackend, corrected_step
 from driftlab.simulation.round.availability import AvailabilityModel, steps_to_do
 from driftlab.simulation.round.client import ClientDataComputation
 from driftlab.simulation.round.engine import client_data
-from driftlab.simulation.round.setup import RoundPlan, Simulation
-from driftlab.simulation.backends.flat import FlatModel
-from driftlab.simulation.backends.local_training import LocalSettings, SequentialBackend, corrected_step
 from driftlab.simulation.round.randomness import Stream, generator
+from driftlab.simulation.round.setup import RoundPlan, Simulation
 from driftlab.simulation.seam import NO_CORRECTION, ClientContext, ClientUpdate, RoundContext
 
 P_MLR = 610
@@ -108,7 +108,10 @@ def _two_client_round(incomplete: str):
 def test_adaptive_weights_by_hand():
     params, messages = _two_client_round("adaptive")
     # w = 2/8, 6/8; p_1 = 1/4, p_2 = 3/4 · E/s = 3/4 · 4/2 = 3/2;  θ⁺ = θ + Σ p_k (θ_k − θ)
-    expected = [t + 0.25 * (a - t) + 1.5 * (b - t) for t, a, b in zip(THETA.tolist(), THETA_1.tolist(), THETA_2.tolist(), strict=True)]
+    expected = [
+        t + 0.25 * (a - t) + 1.5 * (b - t)
+        for t, a, b in zip(THETA.tolist(), THETA_1.tolist(), THETA_2.tolist(), strict=True)
+    ]
     assert expected == pytest.approx([-0.375, -2.5, 3.375], abs=1e-15)
     assert params.tolist() == pytest.approx(expected, abs=1e-12)
     assert [m.completed_fraction for m in messages] == [1.0, 0.5]
@@ -131,7 +134,9 @@ def test_adaptive_with_every_client_complete_is_the_weighted_average_exactly():
     algorithm = efl.build(sgd(), elastic=0.0)
     server = algorithm.server_init(THETA)
     messages = [
-        algorithm.client_finish(algorithm.broadcast(server), None, context(k, 1, n, 4, 4), ClientUpdate(THETA, final, 4))[1]
+        algorithm.client_finish(
+            algorithm.broadcast(server), None, context(k, 1, n, 4, 4), ClientUpdate(THETA, final, 4)
+        )[1]
         for k, n, final in ((1, 2, THETA_1), (2, 6, THETA_2))
     ]
     new_server, metrics = algorithm.server_update(server, messages, RoundContext(1, 3, 2, 1.0))
@@ -143,8 +148,12 @@ def test_adaptive_weights_in_epochs_match_steps():
     """Whole epochs: E = 3 epochs of 2 steps, s = 2 epochs → E/s = 6/4 = 3/2 all the same."""
     algorithm = efl.build(sgd(), elastic=0.0)
     server = algorithm.server_init(THETA)
-    m1 = algorithm.client_finish(algorithm.broadcast(server), None, context(1, 1, 2, 6, 6), ClientUpdate(THETA, THETA_1, 6))[1]
-    m2 = algorithm.client_finish(algorithm.broadcast(server), None, context(2, 1, 2, 6, 4), ClientUpdate(THETA, THETA_2, 4))[1]
+    m1 = algorithm.client_finish(
+        algorithm.broadcast(server), None, context(1, 1, 2, 6, 6), ClientUpdate(THETA, THETA_1, 6)
+    )[1]
+    m2 = algorithm.client_finish(
+        algorithm.broadcast(server), None, context(2, 1, 2, 6, 4), ClientUpdate(THETA, THETA_2, 4)
+    )[1]
     new_server, _ = algorithm.server_update(server, [m1, m2], RoundContext(1, 3, 2, 1.0))
     expected = THETA + 0.5 * (THETA_1 - THETA) + 0.5 * 1.5 * (THETA_2 - THETA)
     assert torch.allclose(new_server.params, expected, rtol=0, atol=1e-12)
@@ -159,7 +168,9 @@ def test_client_objective_is_the_elastic_term():
     U = torch.tensor([2.0, 0.0, 4.0], dtype=torch.float64)
     V = torch.tensor([1.0, 0.0, -3.0], dtype=torch.float64)
     server = dataclasses.replace(server, fisher_sum=U, weighted_model_sum=V)
-    correction = algorithm.client_objective(algorithm.broadcast(server), algorithm.client_state_init(THETA), context(0, 1, 1, 4, 4))
+    correction = algorithm.client_objective(
+        algorithm.broadcast(server), algorithm.client_state_init(THETA), context(0, 1, 1, 4, 4)
+    )
     assert correction.linear is None  # the elastic term is all quadratic, so clipping leaves it out
     assert correction.quadratic.tolist() == [1.0, 0.0, 2.0]  # λU
     assert correction.reference.tolist() == [0.5, 0.0, -0.75]  # V/U, 0 where U = 0
@@ -167,7 +178,10 @@ def test_client_objective_is_the_elastic_term():
     theta = torch.tensor([0.3, -1.0, 2.0], dtype=torch.float64)
     grad = torch.tensor([0.1, 0.2, -0.4], dtype=torch.float64)
     stepped = corrected_step(theta, grad, correction, LocalSettings(0.1))
-    expected = [t - 0.1 * (g + 0.5 * (u * t - v)) for t, g, u, v in zip(theta.tolist(), grad.tolist(), U.tolist(), V.tolist(), strict=True)]
+    expected = [
+        t - 0.1 * (g + 0.5 * (u * t - v))
+        for t, g, u, v in zip(theta.tolist(), grad.tolist(), U.tolist(), V.tolist(), strict=True)
+    ]
     assert expected == pytest.approx([0.31, -1.02, 1.49], abs=1e-15)
     assert stepped.tolist() == pytest.approx(expected, abs=1e-14)
 
@@ -175,9 +189,16 @@ def test_client_objective_is_the_elastic_term():
 def test_lambda_zero_has_no_correction_no_fisher_pass_and_no_uv_traffic():
     algorithm = efl.build(sgd(), elastic=0.0)
     server = algorithm.server_init(THETA)
-    assert algorithm.client_objective(algorithm.broadcast(server), algorithm.client_state_init(THETA), context(0, 1, 1, 4, 4)) is NO_CORRECTION
+    assert (
+        algorithm.client_objective(
+            algorithm.broadcast(server), algorithm.client_state_init(THETA), context(0, 1, 1, 4, 4)
+        )
+        is NO_CORRECTION
+    )
     fake = FakeFisher(1.0)
-    _, message = algorithm.client_finish(algorithm.broadcast(server), None, context(0, 1, 1, 4, 4), ClientUpdate(THETA, THETA_1, 4, fake))
+    _, message = algorithm.client_finish(
+        algorithm.broadcast(server), None, context(0, 1, 1, 4, 4), ClientUpdate(THETA, THETA_1, 4, fake)
+    )
     assert fake.calls == []
     assert message.fisher_change is None and message.weighted_model_change is None
     assert payload_bits(message) == 32 * 3
@@ -188,7 +209,12 @@ def test_positive_lambda_needs_the_clients_data():
     algorithm = efl.build(sgd(), elastic=0.5)
     server = algorithm.server_init(THETA)
     with pytest.raises(RuntimeError, match="Fisher"):
-        algorithm.client_finish(algorithm.broadcast(server), algorithm.client_state_init(THETA), context(0, 1, 1, 4, 4), ClientUpdate(THETA, THETA_1, 4))
+        algorithm.client_finish(
+            algorithm.broadcast(server),
+            algorithm.client_state_init(THETA),
+            context(0, 1, 1, 4, 4),
+            ClientUpdate(THETA, THETA_1, 4),
+        )
 
 
 def test_elastic_term_is_added_after_clipping():
@@ -196,7 +222,9 @@ def test_elastic_term_is_added_after_clipping():
     U = torch.tensor([2.0, 1.0, 4.0], dtype=torch.float64)
     V = torch.tensor([1.0, 3.0, -3.0], dtype=torch.float64)
     server = dataclasses.replace(algorithm.server_init(THETA), fisher_sum=U, weighted_model_sum=V)
-    correction = algorithm.client_objective(algorithm.broadcast(server), algorithm.client_state_init(THETA), context(0, 1, 1, 4, 4))
+    correction = algorithm.client_objective(
+        algorithm.broadcast(server), algorithm.client_state_init(THETA), context(0, 1, 1, 4, 4)
+    )
     theta = torch.tensor([0.3, -1.0, 2.0], dtype=torch.float64)
     grad = torch.tensor([3.0, 0.0, -4.0], dtype=torch.float64)  # ‖∇f‖ = 5
     stepped = corrected_step(theta, grad, correction, LocalSettings(0.1, clip_norm=1.0))
@@ -221,7 +249,10 @@ def test_u_v_are_sums_of_each_clients_latest_report():
             local = local.to(torch.float64)
             state = store.get(k) or algorithm.client_state_init(theta0)
             state, message = algorithm.client_finish(
-                algorithm.broadcast(server), state, context(k, t, 1, 4, 4), ClientUpdate(server.params, local, 4, fakes[k])
+                algorithm.broadcast(server),
+                state,
+                context(k, t, 1, 4, 4),
+                ClientUpdate(server.params, local, 4, fakes[k]),
             )
             store[k] = state
             messages.append(message)
@@ -251,7 +282,9 @@ def test_drop_keeps_u_v_of_an_incomplete_client():
     server = algorithm.server_init(theta0)
     state = algorithm.client_state_init(theta0)
     fake = FakeFisher(1.0)
-    new_state, message = algorithm.client_finish(algorithm.broadcast(server), state, context(0, 1, 1, 4, 2), ClientUpdate(theta0, THETA_1, 2, fake))
+    new_state, message = algorithm.client_finish(
+        algorithm.broadcast(server), state, context(0, 1, 1, 4, 2), ClientUpdate(theta0, THETA_1, 2, fake)
+    )
     assert message is None and new_state is state and fake.calls == []
 
 
@@ -262,7 +295,10 @@ def test_compressed_efl_computes_fisher_at_the_local_model_and_sends_reconstruct
     server = algorithm.server_init(theta0)
     fake = FakeFisher(1.0)
     state, message = algorithm.client_finish(
-        algorithm.broadcast(server), algorithm.client_state_init(theta0), context(0, 1, 1, 4, 4), ClientUpdate(theta0, local, 4, fake)
+        algorithm.broadcast(server),
+        algorithm.client_state_init(theta0),
+        context(0, 1, 1, 4, 4),
+        ClientUpdate(theta0, local, 4, fake),
     )
     assert torch.equal(fake.calls[0][0], local)
     assert message.payload.params.tolist() == [0.0, -2.5, 0.0, 2.5]
@@ -295,11 +331,20 @@ def _fisher_simulation(seed: int = 0) -> Simulation:
     model = FlatModel.wrap(build_model("mlr", (2,), 3)).to("cpu", torch.float64)
     assert model.names == ("linear.weight", "linear.bias") and model.numels == (6, 3)
     plan = RoundPlan(
-        seed=seed, participation=1.0, sampling="uniform", batch_size=10, client_lr=0.1, server_lr=1.0, local_epochs=None, steps=1
+        seed=seed,
+        participation=1.0,
+        sampling="uniform",
+        batch_size=10,
+        client_lr=0.1,
+        server_lr=1.0,
+        local_epochs=None,
+        steps=1,
     )
     theta = torch.tensor(FISHER_THETA, dtype=torch.float64)
     algorithm = efl.build(sgd(), elastic=0.5)
-    return Simulation(model, data, algorithm, SequentialBackend(), plan, torch.device("cpu"), torch.float64, initial_params=theta)
+    return Simulation(
+        model, data, algorithm, SequentialBackend(), plan, torch.device("cpu"), torch.float64, initial_params=theta
+    )
 
 
 def _fisher_pass(sim: Simulation, client_id: int, round_index: int) -> ClientDataComputation:
@@ -333,7 +378,9 @@ def test_diagonal_fisher_of_softmax_regression_matches_hand_computation():
         assert fisher.dtype == torch.float64
         assert fisher.tolist() == pytest.approx(_hand_fisher(rows), abs=1e-14)
     # not the square of the mean gradient: the per-example structure matters
-    mean_gradient_squared = torch.func.grad(sim.model.batch_loss)(theta, sim.training_data.inputs[:6], sim.training_data.targets[:6]) ** 2
+    mean_gradient_squared = (
+        torch.func.grad(sim.model.batch_loss)(theta, sim.training_data.inputs[:6], sim.training_data.targets[:6]) ** 2
+    )
     assert not torch.allclose(mean_gradient_squared, torch.tensor(_hand_fisher(CLIENT_ROWS[0]), dtype=torch.float64))
     # a chunk smaller than the client's rows gives the same numbers
     chunked = _fisher_pass(sim, 0, 1).diagonal_fisher(theta, 128, chunk=4)
@@ -342,7 +389,10 @@ def test_diagonal_fisher_of_softmax_regression_matches_hand_computation():
 
 def test_diagonal_fisher_sample_is_seeded_per_seed_round_and_client():
     theta = torch.tensor(FISHER_THETA, dtype=torch.float64)
-    subsets = {tuple(s): torch.tensor(_hand_fisher(list(s)), dtype=torch.float64) for s in itertools.combinations(CLIENT_ROWS[0], 3)}
+    subsets = {
+        tuple(s): torch.tensor(_hand_fisher(list(s)), dtype=torch.float64)
+        for s in itertools.combinations(CLIENT_ROWS[0], 3)
+    }
 
     def which_subset(fisher: torch.Tensor) -> tuple[int, ...]:
         matches = [s for s, value in subsets.items() if torch.allclose(fisher, value, rtol=0, atol=1e-13)]
@@ -358,7 +408,9 @@ def test_diagonal_fisher_sample_is_seeded_per_seed_round_and_client():
         chosen[round_index] = which_subset(first)
         # it is the (seed, round, client) stream's sample
         rng = generator(0, Stream.FISHER_SAMPLE, round_index, 0)
-        assert list(chosen[round_index]) == sorted(np.array(CLIENT_ROWS[0])[rng.choice(6, size=3, replace=False)].tolist())
+        assert list(chosen[round_index]) == sorted(
+            np.array(CLIENT_ROWS[0])[rng.choice(6, size=3, replace=False)].tolist()
+        )
     assert len(set(chosen.values())) > 1  # other rounds, other samples
     other_seed = _fisher_simulation(seed=1)
     other = {r: which_subset(_fisher_pass(other_seed, 0, r).diagonal_fisher(theta, 3)) for r in range(1, 7)}
@@ -387,7 +439,13 @@ def test_lambda0_with_stragglers_is_fedavg_with_the_matching_policy(efl_incomple
     reference = driftlab.run(None, overrides=[*common, f"algorithm.incomplete={fedavg_incomplete}"])
     efl_run = driftlab.run(
         None,
-        overrides=[*common, "algorithm.name=efl", "algorithm.elastic=0", "compression.ratio=1", f"algorithm.incomplete={efl_incomplete}"],
+        overrides=[
+            *common,
+            "algorithm.name=efl",
+            "algorithm.elastic=0",
+            "compression.ratio=1",
+            f"algorithm.incomplete={efl_incomplete}",
+        ],
     )
     assert sum(r["num_incomplete"] for r in reference.records) > 0
     assert torch.equal(reference.final_params, efl_run.final_params)
@@ -395,7 +453,13 @@ def test_lambda0_with_stragglers_is_fedavg_with_the_matching_policy(efl_incomple
 
 
 def test_adaptive_differs_from_plain_when_clients_are_incomplete():
-    common = [*TINY, "availability.incomplete_probability=0.5", "algorithm.name=efl", "algorithm.elastic=0", "compression.ratio=1"]
+    common = [
+        *TINY,
+        "availability.incomplete_probability=0.5",
+        "algorithm.name=efl",
+        "algorithm.elastic=0",
+        "compression.ratio=1",
+    ]
     adaptive = driftlab.run(None, overrides=common)
     plain = driftlab.run(None, overrides=[*common, "algorithm.incomplete=plain"])
     assert sum(r["num_incomplete"] for r in adaptive.records) > 0
@@ -488,7 +552,11 @@ def test_availability_draws_match_the_configured_distribution():
     model = AvailabilityModel(inactive_probability=0.2, incomplete_probability=0.3)
     draws = [steps_to_do(model, 42, t, k, 12, 3) for t in range(1, 201) for k in range(50)]  # E = 4 epochs of 3 steps
     n = len(draws)
-    counts = {"inactive": sum(d == 0 for d in draws), "incomplete": sum(0 < d < 12 for d in draws), "complete": sum(d == 12 for d in draws)}
+    counts = {
+        "inactive": sum(d == 0 for d in draws),
+        "incomplete": sum(0 < d < 12 for d in draws),
+        "complete": sum(d == 12 for d in draws),
+    }
     for name, p in (("inactive", 0.2), ("incomplete", 0.3), ("complete", 0.5)):
         assert abs(counts[name] - n * p) < 4 * math.sqrt(n * p * (1 - p)), (name, counts)
     # incomplete work is whole epochs, uniform on {1, 2, 3} of E = 4
@@ -531,26 +599,48 @@ def test_availability_through_the_engine():
 
 def test_incomplete_work_with_fixed_steps_is_uniform_over_steps():
     plan = RoundPlan(
-        seed=0, participation=1.0, sampling="uniform", batch_size=10, client_lr=0.1, server_lr=1.0, local_epochs=None, steps=4
+        seed=0,
+        participation=1.0,
+        sampling="uniform",
+        batch_size=10,
+        client_lr=0.1,
+        server_lr=1.0,
+        local_epochs=None,
+        steps=4,
     )
     model = AvailabilityModel(0.0, 1.0)
     n = 20  # 2 steps per epoch
     draws = {steps_to_do(model, 0, t, 0, plan.planned_steps(n, t), plan.partial_work_epoch(n)) for t in range(1, 200)}
     assert draws == {1, 2, 3}
     in_epochs = dataclasses.replace(plan, local_epochs=2)
-    assert {steps_to_do(model, 0, t, 0, in_epochs.planned_steps(n, t), in_epochs.partial_work_epoch(n)) for t in range(1, 200)} == {2}
+    assert {
+        steps_to_do(model, 0, t, 0, in_epochs.planned_steps(n, t), in_epochs.partial_work_epoch(n))
+        for t in range(1, 200)
+    } == {2}
 
 
 # ------------------------------------------------------------------ every algorithm with compression and availability
 
-ALL_TINY = ["rounds=2", "data.num_clients=6", "sampling.participation=0.5", "client.steps=3", "seed=2", "evaluation.every=100"]
+ALL_TINY = [
+    "rounds=2",
+    "data.num_clients=6",
+    "sampling.participation=0.5",
+    "client.steps=3",
+    "seed=2",
+    "evaluation.every=100",
+]
 ST_BITS_Q005 = (32 + 30 + min(600, 30 * 10)) + (32 + 1 + min(10, 4))  # 362 + 37 = 399
 # Algorithms that refuse compression before any work, with the reason the message must give.
 COMPRESSION_REFUSED = {
     "fedamp": r"sends each client a view of its own .* set compression.ratio = 1",
     "mime": r"uploads a vector per client before local training .*control_variate",  # the paper's in-round c
 }
-EXTRA_UPLOAD = {"scaffold": 32 * P_MLR, "efl": 2 * 32 * P_MLR, "mimelite": 32 * P_MLR, "mime": 32 * P_MLR}  # Δc; u and v; Mime(Lite)'s full-batch gradient
+EXTRA_UPLOAD = {
+    "scaffold": 32 * P_MLR,
+    "efl": 2 * 32 * P_MLR,
+    "mimelite": 32 * P_MLR,
+    "mime": 32 * P_MLR,
+}  # Δc; u and v; Mime(Lite)'s full-batch gradient
 
 
 @pytest.mark.parametrize("availability", [False, True], ids=["available", "stragglers"])

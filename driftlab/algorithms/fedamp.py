@@ -81,10 +81,18 @@ from typing import Any, Callable, Iterable, Iterator, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from driftlab.features.capabilities import PRIVACY_FORM, Reason, lacking
 from driftlab.errors import ConfigError
+from driftlab.features.capabilities import PRIVACY_FORM, Reason, lacking
 from driftlab.metrics.communication import BITS_PER_ENTRY
-from driftlab.simulation.seam import Algorithm, ClientContext, ClientUpdate, GradientCorrection, Personalization, RoundContext, ServerFold
+from driftlab.simulation.seam import (
+    Algorithm,
+    ClientContext,
+    ClientUpdate,
+    GradientCorrection,
+    Personalization,
+    RoundContext,
+    ServerFold,
+)
 
 PRIVACY_REASON = Reason(
     why=(
@@ -92,8 +100,7 @@ PRIVACY_REASON = Reason(
         "cloud model u_k, so a client's upload is used on its own, not through a clipped sum that noise can hide"
     ),
     fix=(
-        "no client-level DP form exists for it; remove [privacy], or use fedavg or fedprox with aggregation = "
-        '"uniform"'
+        'no client-level DP form exists for it; remove [privacy], or use fedavg or fedprox with aggregation = "uniform"'
     ),
 )
 PRIVACY_REFUSAL = PRIVACY_REASON.text  # the prose, for code that reads it
@@ -110,12 +117,18 @@ class Config(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     name: Literal["fedamp"] = "fedamp"
-    sigma: float = Field(1.0, gt=0, description="σ > 0 of A(x) = 1 − e^{−x/σ}: the squared distance at which attention fades")
+    sigma: float = Field(
+        1.0, gt=0, description="σ > 0 of A(x) = 1 − e^{−x/σ}: the squared distance at which attention fades"
+    )
     alpha: float | None = Field(
-        None, gt=0, description="message-passing step α > 0, ξ_kj = α e^{−‖w_k − w_j‖²/σ}/σ; at most σ/(N−1); unset: σ/(N−1)"
+        None,
+        gt=0,
+        description="message-passing step α > 0, ξ_kj = α e^{−‖w_k − w_j‖²/σ}/σ; at most σ/(N−1); unset: σ/(N−1)",
     )
     lam: float | None = Field(
-        None, gt=0, description="λ > 0: the client's proximal coefficient is λ/α (local ∇ += (λ/α)(w − u_k)); unset: λ = α"
+        None,
+        gt=0,
+        description="λ > 0: the client's proximal coefficient is λ/α (local ∇ += (λ/α)(w − u_k)); unset: λ = α",
     )
 
 
@@ -182,8 +195,13 @@ def own_model(states: Iterable[tuple[int, ClientState]], client_id: int, initial
 
 
 def cloud_model(
-    states: Iterable[tuple[int, ClientState]], own: torch.Tensor, client_id: int, initial: torch.Tensor, num_clients: int,
-    alpha: float, sigma: float,
+    states: Iterable[tuple[int, ClientState]],
+    own: torch.Tensor,
+    client_id: int,
+    initial: torch.Tensor,
+    num_clients: int,
+    alpha: float,
+    sigma: float,
 ) -> torch.Tensor:
     """``u_k = w_k + Σ_{j≠k} ξ_kj (w_j − w_k)`` over the N clients' models w_j (= Σ_j ξ_kj w_j with ξ_kk = 1 − Σ_{j≠k}
     ξ_kj), ``own`` = w_k, ``states`` the stored w_j in client-id order, θ⁰ for a client without one.
@@ -210,7 +228,9 @@ def cloud_model(
         weights = attention_weights((differences * differences).sum(1), alpha, sigma)
         total = total + weights @ differences
     if pending is not None:
-        raise ValueError(f"fedamp was built for {num_clients} clients but client {pending[0]} has a state: build(num_clients=N) with every client")
+        raise ValueError(
+            f"fedamp was built for {num_clients} clients but client {pending[0]} has a state: build(num_clients=N) with every client"
+        )
     return own + total
 
 
@@ -231,7 +251,9 @@ def check_step(alpha: float, sigma: float, num_clients: int) -> None:
         )
 
 
-def build(num_clients: int | None = None, sigma: float = 1.0, alpha: float | None = None, lam: float | None = None) -> Algorithm:
+def build(
+    num_clients: int | None = None, sigma: float = 1.0, alpha: float | None = None, lam: float | None = None
+) -> Algorithm:
     """FedAMP over ``num_clients`` clients (module docstring).  ``num_clients`` None builds the bundle for inspection
     (its refusals, its view function); its ``server_init`` then says that N is needed."""
     if not sigma > 0:
@@ -250,7 +272,9 @@ def build(num_clients: int | None = None, sigma: float = 1.0, alpha: float | Non
 
     def server_init(initial_params: torch.Tensor) -> ServerState:
         if num_clients is None:
-            raise ValueError("fedamp keeps one model per client and was built without the number of clients: build(num_clients=N)")
+            raise ValueError(
+                "fedamp keeps one model per client and was built without the number of clients: build(num_clients=N)"
+            )
         return ServerState(initial_params, num_clients * initial_params.to(torch.float64), initial_params)
 
     def client_state_init(initial_params: torch.Tensor) -> ClientState:
@@ -265,7 +289,9 @@ def build(num_clients: int | None = None, sigma: float = 1.0, alpha: float | Non
     def client_objective(view: ClientView, client: ClientState, context: ClientContext) -> GradientCorrection:
         return GradientCorrection(quadratic=proximal, reference=view.params)
 
-    def client_finish(view: ClientView, client: ClientState, context: ClientContext, update: ClientUpdate) -> tuple[ClientState, ClientMessage]:
+    def client_finish(
+        view: ClientView, client: ClientState, context: ClientContext, update: ClientUpdate
+    ) -> tuple[ClientState, ClientMessage]:
         new = update.final_params.to(client.model.dtype)
         return ClientState(new), ClientMessage(new.to(torch.float64) - client.model.to(torch.float64))
 
@@ -275,7 +301,9 @@ def build(num_clients: int | None = None, sigma: float = 1.0, alpha: float | Non
     def aggregation_add(changes: torch.Tensor, message: ClientMessage) -> torch.Tensor:
         return changes.add_(message.change)  # the accumulator is the fold's own, made by start(); sample order
 
-    def aggregation_finish(server: ServerState, changes: torch.Tensor, context: RoundContext) -> tuple[ServerState, dict[str, float]]:
+    def aggregation_finish(
+        server: ServerState, changes: torch.Tensor, context: RoundContext
+    ) -> tuple[ServerState, dict[str, float]]:
         total = server.total + changes
         return ServerState((total / num_clients).to(server.params.dtype), total, server.initial), {}
 
@@ -283,9 +311,19 @@ def build(num_clients: int | None = None, sigma: float = 1.0, alpha: float | Non
         return client.model
 
     fold = ServerFold(aggregation_start, aggregation_add, aggregation_finish)
-    return Algorithm("fedamp", server_init, client_objective, client_finish, fold.server_update, broadcast,
-                     client_state_init=client_state_init, server_fold=fold, lacks=lacking(PRIVACY_FORM, PRIVACY_REASON),
-                     client_view=client_view, personalization=Personalization(personal_model, "FedAMP's personalized model w_k"))
+    return Algorithm(
+        "fedamp",
+        server_init,
+        client_objective,
+        client_finish,
+        fold.server_update,
+        broadcast,
+        client_state_init=client_state_init,
+        server_fold=fold,
+        lacks=lacking(PRIVACY_FORM, PRIVACY_REASON),
+        client_view=client_view,
+        personalization=Personalization(personal_model, "FedAMP's personalized model w_k"),
+    )
 
 
 def from_config(config: Config, server_optimizer: Any, num_clients: int | None = None) -> Algorithm:

@@ -26,6 +26,7 @@ def stored(models: torch.Tensor, skip: tuple[int, ...] = ()):
     """The states of a store holding row k of ``models`` for every client k not in ``skip`` (``Algorithm.client_view``)."""
     return lambda: iter([(k, fedamp.ClientState(models[k])) for k in range(len(models)) if k not in skip])
 
+
 # The shared two-client case (shared_test.hand_round: N = 4, clients 0 and 1 report, b_0 = (2, 0), b_1 = (0, 4),
 # K = 2 steps of η = 0.5 from u_k).  σ = 2^60 makes every e^{−d/σ} exactly 1.0 in float64 (d ≤ 5), so ξ_kj = α/σ = 1/8
 # (flat attention, u_k = w_k + (1/8) Σ_{j≠k} (w_j − w_k)), and λ = α gives the proximal coefficient λ/α = 1; a step
@@ -76,8 +77,17 @@ def reference_cloud_model(models: torch.Tensor, client_id: int, alpha: float, si
     return own + total
 
 
-def reference_run(problem: Quadratics, initial: torch.Tensor, participants, rounds: int, steps: int, learning_rate: float,
-                  alpha: float, sigma: float, lam: float) -> torch.Tensor:
+def reference_run(
+    problem: Quadratics,
+    initial: torch.Tensor,
+    participants,
+    rounds: int,
+    steps: int,
+    learning_rate: float,
+    alpha: float,
+    sigma: float,
+    lam: float,
+) -> torch.Tensor:
     """FedAMP as the module computed it before: W = [N, P] in the server state (θ⁰ rows), row k ← w_k after a round."""
     models = initial.unsqueeze(0).repeat(problem.num_clients, 1)
     settings = LocalSettings(learning_rate)
@@ -141,7 +151,9 @@ def test_client_objective_is_the_proximal_term_towards_its_own_cloud_model():
     algorithm = fedamp.build(num_clients=3, sigma=2.0, alpha=0.5, lam=0.25)
     models = torch.tensor([[0.0, 0.0], [1.0, 0.0], [0.0, 2.0]], dtype=F64)
     view = algorithm.client_view(algorithm.server_init(torch.zeros(2, dtype=F64)), 2, stored(models))
-    correction = algorithm.client_objective(view, fedamp.ClientState(models[2]), ClientContext(2, 1, 10, 10.0, 3, 5, 0.1))
+    correction = algorithm.client_objective(
+        view, fedamp.ClientState(models[2]), ClientContext(2, 1, 10, 10.0, 3, 5, 0.1)
+    )
     assert correction.quadratic == 0.5 and correction.linear is None  # λ/α
     assert correction.reference is view.params
 
@@ -166,7 +178,9 @@ def test_the_client_keeps_its_model_and_the_server_the_sum_of_every_clients_mode
     assert metrics == {}
     # personalized models: client 2's own w_2, a client that never trained θ⁰ (its client_state_init)
     assert torch.equal(algorithm.personalization.model(view, new_state), new)
-    assert torch.equal(algorithm.personalization.model(algorithm.client_view(server, 0, lambda: iter(())), state), initial)
+    assert torch.equal(
+        algorithm.personalization.model(algorithm.client_view(server, 0, lambda: iter(())), state), initial
+    )
     # a float32 client sends its change in float64: old + change gives its new model back, no float32 rounding
     state32 = fedamp.ClientState(torch.tensor([0.1, 1e-8]))
     _, message = algorithm.client_finish(view, state32, context, ClientUpdate(view.params, torch.tensor([1e8, 0.3]), 5))
@@ -177,7 +191,9 @@ def test_the_client_keeps_its_model_and_the_server_the_sum_of_every_clients_mode
 def test_the_view_counts_only_the_cloud_model_as_sent():
     algorithm = fedamp.build(num_clients=4)
     server = algorithm.server_init(torch.zeros(5))
-    assert payload_bits(algorithm.client_view(server, 1, lambda: iter(()))) == 32 * 5  # u_k; the client's own w_k is not sent
+    assert (
+        payload_bits(algorithm.client_view(server, 1, lambda: iter(()))) == 32 * 5
+    )  # u_k; the client's own w_k is not sent
     assert payload_bits(algorithm.broadcast(server)) == 32 * 5
 
 
@@ -265,7 +281,11 @@ def test_download_bits_count_one_cloud_model_per_selected_client_and_personal_ac
 def test_every_clients_model_is_a_checkpointed_client_state_and_a_resume_is_exact(tmp_path: Path, store: str):
     straight = driftlab.run(tiny(rounds=4, keep_checkpoint=True, state={"store": store}), tmp_path / "straight")
     driftlab.run(tiny(rounds=2, checkpoint_every=1, keep_checkpoint=True, state={"store": store}), tmp_path / "resumed")
-    resumed = driftlab.run(tiny(rounds=4, checkpoint_every=1, keep_checkpoint=True, state={"store": store}), tmp_path / "resumed", resume=True)
+    resumed = driftlab.run(
+        tiny(rounds=4, checkpoint_every=1, keep_checkpoint=True, state={"store": store}),
+        tmp_path / "resumed",
+        resume=True,
+    )
     assert torch.equal(straight.final_params, resumed.final_params)
     assert straight.records[-1]["personal_test_accuracy_mean"] == resumed.records[-1]["personal_test_accuracy_mean"]
     tensors = load_file(str(tmp_path / "straight" / "checkpoint.safetensors"))
@@ -284,7 +304,9 @@ def test_a_run_with_the_disk_store_is_the_run_in_memory(tmp_path: Path):
     disk = driftlab.run(tiny(rounds=4, state={"store": "disk"}), tmp_path / "disk")
     assert torch.equal(memory.final_params, disk.final_params)
     for first, second in zip(memory.records, disk.records, strict=True):
-        assert {k: v for k, v in first.items() if k != "round_seconds"} == {k: v for k, v in second.items() if k != "round_seconds"}
+        assert {k: v for k, v in first.items() if k != "round_seconds"} == {
+            k: v for k, v in second.items() if k != "round_seconds"
+        }
 
 
 # ---------------------------------------------------------------- refusals
@@ -292,7 +314,9 @@ def test_a_run_with_the_disk_store_is_the_run_in_memory(tmp_path: Path):
 
 def test_a_step_that_can_give_negative_self_weights_is_refused_naming_the_bound():
     with pytest.raises(ConfigError, match=r"α\(N−1\)/σ = 1\.5 > 1.*algorithm.alpha ≤ σ/\(N−1\) = 0\.5"):
-        driftlab.run(None, overrides=["algorithm.name=fedamp", "algorithm.alpha=0.75", "data.num_clients=3", "rounds=1"])
+        driftlab.run(
+            None, overrides=["algorithm.name=fedamp", "algorithm.alpha=0.75", "data.num_clients=3", "rounds=1"]
+        )
     assert fedamp.build(num_clients=3, alpha=0.5).client_view is not None  # the bound itself is allowed
 
 
@@ -306,7 +330,10 @@ def test_without_the_number_of_clients_the_bundle_says_it_needs_it():
     "top, fragment",
     [
         ({"compression": {"ratio": 0.5}}, "compression.ratio = 1"),
-        ({"privacy": {"clip": 1.0, "noise_multiplier": 1.0}, "sampling": {"mode": "poisson", "participation": 0.5}}, "remove [privacy]"),
+        (
+            {"privacy": {"clip": 1.0, "noise_multiplier": 1.0}, "sampling": {"mode": "poisson", "participation": 0.5}},
+            "remove [privacy]",
+        ),
         ({"system": {}, "asynchronous": {"concurrency": 3, "buffer": 2}}, "remove [asynchronous]"),
     ],
     ids=["compression", "privacy", "asynchronous"],
@@ -333,6 +360,8 @@ def test_counting_a_views_bits_or_reading_a_clients_own_model_reads_no_store():
 
     view = algorithm.client_view(server, 2, refuse)
     assert payload_bits(view) == 32 * 4
-    assert torch.equal(algorithm.personalization.model(view, algorithm.client_state_init(torch.arange(4.0))), torch.arange(4.0))
+    assert torch.equal(
+        algorithm.personalization.model(view, algorithm.client_state_init(torch.arange(4.0))), torch.arange(4.0)
+    )
     with pytest.raises(AssertionError, match="the store was read"):
         view.params  # noqa: B018 - reading it is the point

@@ -58,7 +58,6 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from driftlab.features.capabilities import ASYNCHRONOUS_RULE, PRIVACY_FORM, Reason, lacking
 from driftlab.algorithms.aggregation import (
     WEIGHTED_REASON,
     WEIGHTED_REFUSAL,  # noqa: F401 - read as fedavg.WEIGHTED_REFUSAL
@@ -67,6 +66,7 @@ from driftlab.algorithms.aggregation import (
     model_change_form,
     model_mean_fold,
 )
+from driftlab.features.capabilities import ASYNCHRONOUS_RULE, PRIVACY_FORM, Reason, lacking
 from driftlab.optim.apply import apply_server_optimizer
 from driftlab.simulation.seam import (
     NO_CORRECTION,
@@ -78,13 +78,9 @@ from driftlab.simulation.seam import (
 )
 
 FEDBUFF_WEIGHTED_REASON = Reason(
-    why=(
-        "FedBuff averages the buffered changes with equal weights (Nguyen et al. 2022, Algorithm 1)"
-    ),
-    fix=(
-        'set algorithm.aggregation = "uniform"'
-    ),
-    joint='; ',
+    why=("FedBuff averages the buffered changes with equal weights (Nguyen et al. 2022, Algorithm 1)"),
+    fix=('set algorithm.aggregation = "uniform"'),
+    joint="; ",
 )
 FEDBUFF_WEIGHTED_REFUSAL = FEDBUFF_WEIGHTED_REASON.text  # the prose, for code that reads it
 
@@ -97,7 +93,9 @@ class Config(BaseModel):
     aggregation: Literal["weighted", "uniform"] = Field(
         "weighted", description="weighted: w_k = n_k / Σ n_j (default); uniform: mean over reporting clients"
     )
-    incomplete: Literal["drop", "keep"] = Field("drop", description="what to do with a straggler's partial work: drop it (FedAvg) or keep it")
+    incomplete: Literal["drop", "keep"] = Field(
+        "drop", description="what to do with a straggler's partial work: drop it (FedAvg) or keep it"
+    )
 
 
 @dataclass(frozen=True)
@@ -133,7 +131,9 @@ def build(server_optimizer: Any, aggregation: str = "weighted", incomplete: str 
     def client_objective(view: ClientView, client_state: None, context: ClientContext) -> GradientCorrection:
         return NO_CORRECTION
 
-    def client_finish(view: ClientView, client_state: None, context: ClientContext, update: ClientUpdate) -> tuple[None, ClientMessage | None]:
+    def client_finish(
+        view: ClientView, client_state: None, context: ClientContext, update: ClientUpdate
+    ) -> tuple[None, ClientMessage | None]:
         if context.is_incomplete and incomplete == "drop":
             return None, None
         return None, ClientMessage(update.final_params, context.num_samples, context.multiplicity)
@@ -156,11 +156,19 @@ def build(server_optimizer: Any, aggregation: str = "weighted", incomplete: str 
     fold = model_mean_fold(aggregation, aggregation_finish)
     # FedBuff's server step is this fold fed the buffer's staleness-weighted changes as unit-weight carriers
     # (mean_denominator = B): θ ← ServerOpt(θ, −(1/B) Σ s(τ_k) Δ_k), its Algorithm 1 with a FedOpt server.
-    return Algorithm("fedavg", server_init, client_objective, client_finish, fold.server_update, broadcast,
-                     server_fold=fold, privacy=form if private else None,
-                     asynchronous=aggregation == "uniform",
-                     lacks=lacking(PRIVACY_FORM, None if private else WEIGHTED_REASON)
-                     + lacking(ASYNCHRONOUS_RULE, None if aggregation == "uniform" else FEDBUFF_WEIGHTED_REASON))
+    return Algorithm(
+        "fedavg",
+        server_init,
+        client_objective,
+        client_finish,
+        fold.server_update,
+        broadcast,
+        server_fold=fold,
+        privacy=form if private else None,
+        asynchronous=aggregation == "uniform",
+        lacks=lacking(PRIVACY_FORM, None if private else WEIGHTED_REASON)
+        + lacking(ASYNCHRONOUS_RULE, None if aggregation == "uniform" else FEDBUFF_WEIGHTED_REASON),
+    )
 
 
 def from_config(config: Config, server_optimizer: Any) -> Algorithm:

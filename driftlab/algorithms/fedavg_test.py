@@ -14,10 +14,10 @@ from driftlab.data.federated import FederatedDataset
 from driftlab.experiments.run import runner as runner_module
 from driftlab.models import build_model
 from driftlab.optim.server import make_server_optimizer
-from driftlab.simulation.round.engine import run_round
-from driftlab.simulation.round.setup import RoundPlan, Simulation, SimulationState
 from driftlab.simulation.backends.flat import FlatModel
 from driftlab.simulation.backends.local_training import SequentialBackend
+from driftlab.simulation.round.engine import run_round
+from driftlab.simulation.round.setup import RoundPlan, Simulation, SimulationState
 from driftlab.simulation.seam import RoundContext
 from driftlab.simulation.state.state_store import InMemoryClientStore
 
@@ -57,7 +57,9 @@ def _hand_client_model(rows: list[int]) -> list[float]:
     return [t - LR * gi for t, gi in zip(THETA0, g, strict=True)]
 
 
-def _tiny_simulation(aggregation: str, server_optimizer: str = "sgd", server_lr: float = 1.0) -> tuple[Simulation, SimulationState]:
+def _tiny_simulation(
+    aggregation: str, server_optimizer: str = "sgd", server_lr: float = 1.0
+) -> tuple[Simulation, SimulationState]:
     data = FederatedDataset(
         name="two-clients",
         train_inputs=torch.tensor(TRAIN_X, dtype=torch.float64).reshape(-1, 1),
@@ -81,7 +83,9 @@ def _tiny_simulation(aggregation: str, server_optimizer: str = "sgd", server_lr:
         steps=1,
     )
     theta0 = torch.tensor(THETA0, dtype=torch.float64)
-    sim = Simulation(model, data, algorithm, SequentialBackend(), plan, torch.device("cpu"), torch.float64, initial_params=theta0)
+    sim = Simulation(
+        model, data, algorithm, SequentialBackend(), plan, torch.device("cpu"), torch.float64, initial_params=theta0
+    )
     return sim, SimulationState(0, algorithm.server_init(theta0), InMemoryClientStore(None))
 
 
@@ -207,7 +211,9 @@ def test_fedadam_first_step_by_hand(bias_correction):
         fedavg.ClientMessage(torch.tensor(client_a, dtype=torch.float64), 3, 1),
         fedavg.ClientMessage(torch.tensor(client_b, dtype=torch.float64), 1, 1),
     ]
-    new_server, _ = algorithm.server_update(server, messages, RoundContext(round=1, num_registered=2, num_selected=2, server_learning_rate=lr))
+    new_server, _ = algorithm.server_update(
+        server, messages, RoundContext(round=1, num_registered=2, num_selected=2, server_learning_rate=lr)
+    )
 
     expected = []
     step_size = lr * math.sqrt(1 - beta2) / (1 - beta1) if bias_correction else lr
@@ -227,7 +233,9 @@ def test_fedadam_first_step_by_hand(bias_correction):
     else:
         # without bias correction the step is η·(1−β1)/√(1−β2) ≈ 3.16 η
         q0 = theta0[0] - (0.75 * client_a[0] + 0.25 * client_b[0])
-        assert abs(new_server.params[0].item() - theta0[0]) == pytest.approx(lr * (1 - beta1) / math.sqrt(1 - beta2), rel=1e-4)
+        assert abs(new_server.params[0].item() - theta0[0]) == pytest.approx(
+            lr * (1 - beta1) / math.sqrt(1 - beta2), rel=1e-4
+        )
         assert q0 != 0
 
 

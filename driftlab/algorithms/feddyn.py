@@ -77,10 +77,16 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from driftlab.algorithms.aggregation import RunningMean, model_change_form
 from driftlab.features.capabilities import ASYNCHRONOUS_RULE, lacking, synchronous_only
-from driftlab.algorithms.aggregation import RunningMean
-from driftlab.algorithms.aggregation import model_change_form
-from driftlab.simulation.seam import Algorithm, ClientContext, ClientUpdate, GradientCorrection, RoundContext, ServerFold
+from driftlab.simulation.seam import (
+    Algorithm,
+    ClientContext,
+    ClientUpdate,
+    GradientCorrection,
+    RoundContext,
+    ServerFold,
+)
 
 BALANCES = ("by_size", "none")
 
@@ -103,10 +109,13 @@ class Config(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     name: Literal["feddyn"] = "feddyn"
     alpha: float = Field(
-        0.01, gt=0, description="regularization α > 0: the local gradient adds α_k λ_k + α_k(θ − θ^{t−1}) (paper: 0.1, 0.01, 0.001)"
+        0.01,
+        gt=0,
+        description="regularization α > 0: the local gradient adds α_k λ_k + α_k(θ − θ^{t−1}) (paper: 0.1, 0.01, 0.001)",
     )
     balance: Literal["by_size", "none"] = Field(
-        "by_size", description="by_size: α_k = α·n̄/n_k for unbalanced data (authors' code); none: α_k = α for every client"
+        "by_size",
+        description="by_size: α_k = α·n̄/n_k for unbalanced data (authors' code); none: α_k = α for every client",
     )
 
 
@@ -170,7 +179,9 @@ def build(alpha: float = 0.01, balance: str = "by_size") -> Algorithm:
         alpha_k = client_alpha(alpha, balance, context)
         return GradientCorrection(linear=alpha_k * client.dual, quadratic=alpha_k, reference=view.params)
 
-    def client_finish(view: ClientView, client: ClientState, context: ClientContext, update: ClientUpdate) -> tuple[ClientState, ClientMessage]:
+    def client_finish(
+        view: ClientView, client: ClientState, context: ClientContext, update: ClientUpdate
+    ) -> tuple[ClientState, ClientMessage]:
         dual = client.dual + (update.final_params - view.params)
         return ClientState(dual), ClientMessage(update.final_params, context.multiplicity)
 
@@ -187,7 +198,9 @@ def build(alpha: float = 0.01, balance: str = "by_size") -> Algorithm:
             sums.relative,
         )
 
-    def aggregation_finish(server: ServerState, sums: RoundSums, context: RoundContext) -> tuple[ServerState, dict[str, float]]:
+    def aggregation_finish(
+        server: ServerState, sums: RoundSums, context: RoundContext
+    ) -> tuple[ServerState, dict[str, float]]:
         dual_mean = sums.dual_sum / context.num_registered
         if sums.relative:
             client_mean = sums.start_params + sums.client_models.value(context.mean_denominator)
@@ -207,10 +220,20 @@ def build(alpha: float = 0.01, balance: str = "by_size") -> Algorithm:
         return ServerState(server.params, server.dual_sum - client.dual)
 
     fold = ServerFold(aggregation_start, aggregation_add, aggregation_finish)
-    return Algorithm("feddyn", server_init, client_objective, client_finish, fold.server_update, broadcast,
-                     client_state_init=client_state_init, client_joined=client_joined, client_left=client_left,
-                     server_fold=fold, privacy=model_change_form(lambda params: ClientMessage(params, multiplicity=1)),
-                     lacks=lacking(ASYNCHRONOUS_RULE, ASYNCHRONOUS_REASON))
+    return Algorithm(
+        "feddyn",
+        server_init,
+        client_objective,
+        client_finish,
+        fold.server_update,
+        broadcast,
+        client_state_init=client_state_init,
+        client_joined=client_joined,
+        client_left=client_left,
+        server_fold=fold,
+        privacy=model_change_form(lambda params: ClientMessage(params, multiplicity=1)),
+        lacks=lacking(ASYNCHRONOUS_RULE, ASYNCHRONOUS_REASON),
+    )
 
 
 def from_config(config: Config, server_optimizer: Any) -> Algorithm:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -38,7 +39,9 @@ def test_client_dual_update() -> None:
     context = ClientContext(0, 3, 10, 10.0, 10, 5, 0.1)
     view = algorithm.broadcast(server)
     assert view == feddyn.ClientView(server.params)  # θ^{t−1} only: Σ λ stays on the server
-    state, message = algorithm.client_finish(view, client, context, ClientUpdate(view.params, torch.tensor([0.0, 4.0], dtype=F64), 5))
+    state, message = algorithm.client_finish(
+        view, client, context, ClientUpdate(view.params, torch.tensor([0.0, 4.0], dtype=F64), 5)
+    )
     # λ_k ← λ_k + (θ_k − θ^{t−1}) = (0.5, −1) + (−1, 2) = (−0.5, 1); the upload is θ_k (one model)
     assert torch.equal(state.dual, torch.tensor([-0.5, 1.0], dtype=F64))
     assert torch.equal(message.params, torch.tensor([0.0, 4.0], dtype=F64))
@@ -49,7 +52,10 @@ def test_server_mean_of_duals_runs_over_all_registered_clients() -> None:
     # Σλ ← (2,0) + (0,1) + (2,1) = (4, 2);  θ^t = mean θ_k + Σλ/N = (2, 1) + (0.4, 0.2) = (2.4, 1.2)
     algorithm = feddyn.build(alpha=0.1)
     server = feddyn.ServerState(torch.tensor([1.0, 0.0], dtype=F64), torch.tensor([2.0, 0.0], dtype=F64))
-    messages = [feddyn.ClientMessage(torch.tensor([1.0, 1.0], dtype=F64), 1), feddyn.ClientMessage(torch.tensor([3.0, 1.0], dtype=F64), 1)]
+    messages = [
+        feddyn.ClientMessage(torch.tensor([1.0, 1.0], dtype=F64), 1),
+        feddyn.ClientMessage(torch.tensor([3.0, 1.0], dtype=F64), 1),
+    ]
     server, metrics = algorithm.server_update(server, messages, RoundContext(4, 10, 2, 1.0))
     assert torch.equal(server.dual_sum, torch.tensor([4.0, 2.0], dtype=F64))
     assert torch.allclose(server.params, torch.tensor([2.4, 1.2], dtype=F64), rtol=1e-15)
@@ -77,7 +83,9 @@ def test_lambda_form_equals_the_papers_h_form_under_partial_participation() -> N
             recorded.append((server.params, [m.params for m in messages]))
             return self.algorithm.server_update(server, messages, context)
 
-    run = run_quadratic(Recording(), problem, initial, len(schedule), steps=4, learning_rate=0.1, participants=lambda t: schedule[t - 1])
+    run = run_quadratic(
+        Recording(), problem, initial, len(schedule), steps=4, learning_rate=0.1, participants=lambda t: schedule[t - 1]
+    )
     h = torch.zeros(3, dtype=F64)
     theta = initial
     for (previous, client_models), metrics in zip(recorded, run.metrics, strict=True):
@@ -99,13 +107,21 @@ def test_converges_to_the_global_minimiser_on_heterogeneous_quadratics() -> None
     # at the fixed point λ_k = −∇f_k(x*)/α and mean_S λ_k = 0
     assert run.metrics[-1]["drift_norm"] < 1e-6
     for k in range(problem.num_clients):
-        assert torch.allclose(0.3 * run.client_states[k].dual, -problem.gradient(k, problem.minimiser()), rtol=0, atol=1e-6)
+        assert torch.allclose(
+            0.3 * run.client_states[k].dual, -problem.gradient(k, problem.minimiser()), rtol=0, atol=1e-6
+        )
 
 
 def test_low_participation_records_the_drift_norm_every_round(tmp_path) -> None:
     # AdaBest's Figure 1 setting in miniature: many clients, 4% participation.  The test pins the recording
     # (one finite ‖mean_S λ_k‖ per round, equal to the checkpointed state), not the claim that it grows.
-    config = {**TINY, "rounds": 6, "data": {"num_clients": 50}, "sampling": {"participation": 0.04}, "algorithm": {"name": "feddyn", "alpha": 0.01}}
+    config = {
+        **TINY,
+        "rounds": 6,
+        "data": {"num_clients": 50},
+        "sampling": {"participation": 0.04},
+        "algorithm": {"name": "feddyn", "alpha": 0.01},
+    }
     config["keep_checkpoint"] = True  # its server state is read below
     result = driftlab.run(config, tmp_path)
     norms = [record["drift_norm"] for record in result.records]
@@ -139,7 +155,9 @@ def test_server_optimizers_are_refused() -> None:
     ],
 )
 def test_a_server_lr_other_than_one_is_refused_by_config_validation(name: str, lr: object, shown: str) -> None:
-    with pytest.raises(driftlab.ConfigError, match=rf"server\.lr: {name} has its own server step; set server\.lr = 1 \(got {shown}"):
+    with pytest.raises(
+        driftlab.ConfigError, match=rf"server\.lr: {name} has its own server step; set server\.lr = 1 \(got {shown}"
+    ):
         driftlab.load_config({"algorithm": {"name": name}, "server": {"lr": lr}})
 
 
@@ -183,7 +201,11 @@ def test_only_feddyn_adabest_and_fedamp_fix_the_server_lr() -> None:
     from driftlab.algorithms import registry
 
     # FedAMP's server keeps the clients' models and has no server step at all.
-    assert {name for name in registry.BUILT_IN if not registry.ALGORITHMS[name].uses_server_lr} == {"feddyn", "adabest", "fedamp"}
+    assert {name for name in registry.BUILT_IN if not registry.ALGORITHMS[name].uses_server_lr} == {
+        "feddyn",
+        "adabest",
+        "fedamp",
+    }
 
 
 def test_feddyn_private_round_means_changes_over_the_denominator_and_sums_them_once_into_the_lambda_sum():

@@ -61,8 +61,8 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from driftlab.features.capabilities import ASYNCHRONOUS_RULE, lacking, synchronous_only
 from driftlab.algorithms.aggregation import ModelSums, model_change_form, model_sums
+from driftlab.features.capabilities import ASYNCHRONOUS_RULE, lacking, synchronous_only
 from driftlab.optim.apply import apply_server_optimizer
 from driftlab.simulation.seam import (
     Algorithm,
@@ -148,7 +148,9 @@ def build(server_optimizer: Any) -> Algorithm:
             return ClientState(correction, 0.0), None
         scale = 1.0 / (update.steps_done * context.client_lr)  # 1/(η_l τ_k) with the round's actual values
         own_change = view.params - update.final_params  # Q(D_k): final_params is what the server reconstructs
-        return ClientState(correction + scale * own_change, scale), ClientMessage(update.final_params, context.multiplicity)
+        return ClientState(correction + scale * own_change, scale), ClientMessage(
+            update.final_params, context.multiplicity
+        )
 
     def aggregation_start(server: ServerState, context: RoundContext) -> ModelSums:
         return model_sums(server.params, context)
@@ -171,9 +173,18 @@ def build(server_optimizer: Any) -> Algorithm:
 
     form = model_change_form(lambda params: ClientMessage(params, multiplicity=1))
     fold = ServerFold(aggregation_start, aggregation_add, aggregation_finish)
-    return Algorithm("fedgate", server_init, client_objective, client_finish, fold.server_update, broadcast,
-                     client_state_init=client_state_init, server_fold=fold, privacy=form,
-                     lacks=lacking(ASYNCHRONOUS_RULE, ASYNCHRONOUS_REASON))
+    return Algorithm(
+        "fedgate",
+        server_init,
+        client_objective,
+        client_finish,
+        fold.server_update,
+        broadcast,
+        client_state_init=client_state_init,
+        server_fold=fold,
+        privacy=form,
+        lacks=lacking(ASYNCHRONOUS_RULE, ASYNCHRONOUS_REASON),
+    )
 
 
 def from_config(config: Config, server_optimizer: Any) -> Algorithm:

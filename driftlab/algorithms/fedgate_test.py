@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 
@@ -45,7 +44,9 @@ def test_round_two_corrections_are_the_own_change_minus_the_mean_over_eta_tau() 
     states, messages = [], []
     for client, final in enumerate((vector(1.5, 0), vector(0, 3))):
         context = ClientContext(client, 1, 10, 10.0, 4, 2, 0.5)
-        state, message = algorithm.client_finish(view, algorithm.client_state_init(vector(0, 0)), context, ClientUpdate(view.params, final, 2))
+        state, message = algorithm.client_finish(
+            view, algorithm.client_state_init(vector(0, 0)), context, ClientUpdate(view.params, final, 2)
+        )
         states.append(state)
         messages.append(message)
     assert states[0].pending_scale == 1.0 and torch.equal(states[0].correction, vector(-1.5, 0))
@@ -105,7 +106,9 @@ def test_identical_clients_keep_zero_corrections_and_equal_uniform_fedavg_bit_fo
     identical = Quadratics(one.curvatures.repeat(4, 1), one.targets.repeat(4, 1))
     initial = torch.tensor([1.0, -1.0, 0.5], dtype=F64)
     gate = run_quadratic(build_algorithm("fedgate"), identical, initial, rounds=6, steps=5, learning_rate=0.1)
-    avg = run_quadratic(build_algorithm("fedavg", aggregation="uniform"), identical, initial, rounds=6, steps=5, learning_rate=0.1)
+    avg = run_quadratic(
+        build_algorithm("fedavg", aggregation="uniform"), identical, initial, rounds=6, steps=5, learning_rate=0.1
+    )
     assert torch.equal(gate.server.params, avg.server.params)
     view = fedgate.ClientView(gate.server.params, gate.server.mean_change)
     for state in gate.client_states.values():
@@ -134,17 +137,31 @@ def test_consecutive_pairs_settle_exactly_and_skipping_clients_settle_with_the_l
     problem = heterogeneous_quadratics(num_clients=4)
     initial = torch.zeros(3, dtype=F64)
     rounds = [[0, 1, 2], [0, 1, 3]]
-    run = run_quadratic(build_algorithm("fedgate"), problem, initial, 2, steps=3, learning_rate=0.2, participants=lambda t: rounds[t - 1])
+    run = run_quadratic(
+        build_algorithm("fedgate"),
+        problem,
+        initial,
+        2,
+        steps=3,
+        learning_rate=0.2,
+        participants=lambda t: rounds[t - 1],
+    )
     assert all(run.client_states[k].pending_scale == 1 / (3 * 0.2) for k in range(4))
     # Round 2's reporters, settled with D^2, minus their δ at the start of round 2 (client 3: 0) is
     # Σ_k (D_k − D^2)/(η τ) = 0 over the round's reporters.
     view = fedgate.ClientView(run.server.params, run.server.mean_change)
     own_terms = [fedgate.settled_correction(view, run.client_states[k]) for k in (0, 1, 3)]
-    first = run_quadratic(build_algorithm("fedgate"), problem, initial, 1, steps=3, learning_rate=0.2, participants=lambda t: rounds[0])
+    first = run_quadratic(
+        build_algorithm("fedgate"), problem, initial, 1, steps=3, learning_rate=0.2, participants=lambda t: rounds[0]
+    )
     first_view = fedgate.ClientView(first.server.params, first.server.mean_change)
     settled_in_round_two = [fedgate.settled_correction(first_view, first.client_states[k]) for k in (0, 1)]
-    assert torch.allclose(sum(own_terms) - settled_in_round_two[0] - settled_in_round_two[1], torch.zeros(3, dtype=F64),
-                          rtol=0, atol=1e-12)
+    assert torch.allclose(
+        sum(own_terms) - settled_in_round_two[0] - settled_in_round_two[1],
+        torch.zeros(3, dtype=F64),
+        rtol=0,
+        atol=1e-12,
+    )
     # client 2 skipped round 2: it would settle with D^2, the latest mean, not D^1 (documented choice)
     assert not torch.equal(run.server.mean_change, first.server.mean_change)
 
@@ -158,7 +175,15 @@ def test_partial_participation_is_not_exact_but_far_closer_than_fedavg() -> None
     picks = [sorted(torch.randperm(10, generator=generator)[:5].tolist()) for _ in range(400)]
     errors = {}
     for name in ("fedgate", "fedavg"):
-        run = run_quadratic(build_algorithm(name), problem, initial, 400, steps=10, learning_rate=0.1, participants=lambda t: picks[t - 1])
+        run = run_quadratic(
+            build_algorithm(name),
+            problem,
+            initial,
+            400,
+            steps=10,
+            learning_rate=0.1,
+            participants=lambda t: picks[t - 1],
+        )
         errors[name] = float(torch.linalg.vector_norm(run.server.params - problem.minimiser()))
     assert 0.05 < errors["fedgate"] < 0.5 * errors["fedavg"], errors
 
@@ -170,7 +195,9 @@ def test_sequential_and_vectorized_backends_agree_to_fp32_rounding() -> None:
     sequential = driftlab.run({**TINY, "algorithm": {"name": "fedgate"}, "backend": "sequential"})
     vectorized = driftlab.run({**TINY, "algorithm": {"name": "fedgate"}, "backend": "vectorized"})
     assert torch.allclose(sequential.final_params, vectorized.final_params, rtol=1e-4, atol=1e-5)
-    assert not torch.equal(sequential.final_params, driftlab.run({**TINY, "algorithm": {"name": "fedavg"}}).final_params)
+    assert not torch.equal(
+        sequential.final_params, driftlab.run({**TINY, "algorithm": {"name": "fedavg"}}).final_params
+    )
 
 
 def test_traffic_is_one_model_up_and_two_down_and_compression_shrinks_the_upload() -> None:
@@ -211,5 +238,7 @@ def test_private_round_divides_the_change_sum_by_the_public_denominator() -> Non
     carrier = algorithm.privacy.restore(view, None, vector(0, 4))
     assert torch.equal(carrier.params, vector(1, 5)) and carrier.multiplicity == 1
     # Σ changes = (2, 4) over m = 4: mean θ_k = (1.5, 2), D = (−0.5, −1)
-    new_server, _ = algorithm.server_update(server, [message, carrier], RoundContext(1, 8, 2, 1.0, mean_denominator=4.0))
+    new_server, _ = algorithm.server_update(
+        server, [message, carrier], RoundContext(1, 8, 2, 1.0, mean_denominator=4.0)
+    )
     assert torch.equal(new_server.params, vector(1.5, 2)) and torch.equal(new_server.mean_change, vector(-0.5, -1))

@@ -46,8 +46,8 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from driftlab.features.capabilities import ASYNCHRONOUS_RULE, PRIVACY_FORM, Reason, lacking, synchronous_only
 from driftlab.algorithms.aggregation import RunningMean, check_aggregation, client_weight
+from driftlab.features.capabilities import ASYNCHRONOUS_RULE, PRIVACY_FORM, Reason, lacking, synchronous_only
 from driftlab.optim.apply import apply_server_optimizer
 from driftlab.simulation.backends.objectives import LocalObjective, LocalStep
 from driftlab.simulation.seam import (
@@ -66,9 +66,7 @@ PRIVACY_REASON = Reason(
         "τ_eff = Σ p_k a_k from every reporter's, both private, so no clip on the change bounds one client's "
         "influence (a client with few steps weighs up to τ_eff times its change)"
     ),
-    fix=(
-        'use fedavg with aggregation = "uniform"'
-    ),
+    fix=('use fedavg with aggregation = "uniform"'),
 )
 PRIVACY_REFUSAL = PRIVACY_REASON.text  # the prose, for code that reads it
 ASYNCHRONOUS_REASON = synchronous_only(
@@ -92,7 +90,9 @@ class Config(BaseModel):
         "weighted", description="weighted: p_k = n_k / Σ n_j (the paper's, default); uniform: p_k = 1/|P|"
     )
     momentum: float = Field(
-        0.0, ge=0.0, lt=1.0,
+        0.0,
+        ge=0.0,
+        lt=1.0,
         description="local heavy-ball momentum ρ in [0, 1) (0: plain SGD, the default); a_k then sums (1 − ρ^{j+1})/(1 − ρ)",
     )
 
@@ -170,12 +170,16 @@ def build(server_optimizer: Any, aggregation: str = "weighted", momentum: float 
     def server_init(initial_params: torch.Tensor) -> ServerState:
         return ServerState(params=initial_params, optimizer_state=server_optimizer.init(initial_params))
 
-    def client_objective(view: ClientView, client_state: None, context: ClientContext) -> GradientCorrection | LocalObjective:
+    def client_objective(
+        view: ClientView, client_state: None, context: ClientContext
+    ) -> GradientCorrection | LocalObjective:
         if momentum == 0:
             return NO_CORRECTION
         return LocalObjective(local_step=LocalStep(local_step, (torch.zeros_like(view.params),)))
 
-    def client_finish(view: ClientView, client_state: None, context: ClientContext, update: ClientUpdate) -> tuple[None, ClientMessage]:
+    def client_finish(
+        view: ClientView, client_state: None, context: ClientContext, update: ClientUpdate
+    ) -> tuple[None, ClientMessage]:
         return None, ClientMessage(update.final_params, update.steps_done, context.num_samples, context.multiplicity)
 
     def aggregation_start(server: ServerState, context: RoundContext) -> NovaSums:
@@ -185,7 +189,9 @@ def build(server_optimizer: Any, aggregation: str = "weighted", momentum: float 
         weight = client_weight(message.num_samples, message.multiplicity, aggregation)
         return sums.add(message.params, normaliser(message.local_steps, momentum), weight)
 
-    def aggregation_finish(server: ServerState, sums: NovaSums, context: RoundContext) -> tuple[ServerState, dict[str, float]]:
+    def aggregation_finish(
+        server: ServerState, sums: NovaSums, context: RoundContext
+    ) -> tuple[ServerState, dict[str, float]]:
         if sums.reference is None or sums.weight <= 0:  # nobody moved: θ^t = θ^{t−1}
             return server, {"effective_steps": 0.0}
         client_mean = sums.models.value()  # θ̃
@@ -200,8 +206,16 @@ def build(server_optimizer: Any, aggregation: str = "weighted", momentum: float 
         return ClientView(server.params)
 
     fold = ServerFold(aggregation_start, aggregation_add, aggregation_finish)
-    return Algorithm("fednova", server_init, client_objective, client_finish, fold.server_update, broadcast,
-                     server_fold=fold, lacks=lacking(PRIVACY_FORM, PRIVACY_REASON) + lacking(ASYNCHRONOUS_RULE, ASYNCHRONOUS_REASON))
+    return Algorithm(
+        "fednova",
+        server_init,
+        client_objective,
+        client_finish,
+        fold.server_update,
+        broadcast,
+        server_fold=fold,
+        lacks=lacking(PRIVACY_FORM, PRIVACY_REASON) + lacking(ASYNCHRONOUS_RULE, ASYNCHRONOUS_REASON),
+    )
 
 
 def from_config(config: Config, server_optimizer: Any) -> Algorithm:

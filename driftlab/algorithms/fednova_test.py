@@ -40,7 +40,9 @@ def test_normaliser_by_hand() -> None:
 # ---------------------------------------------------------------- rounds by hand
 
 
-def hand_round(algorithm: Algorithm, steps: list[int], sizes: list[int], momentum: float = 0.0) -> tuple[fednova.ServerState, dict[str, float]]:
+def hand_round(
+    algorithm: Algorithm, steps: list[int], sizes: list[int], momentum: float = 0.0
+) -> tuple[fednova.ServerState, dict[str, float]]:
     """Clients f_k = ½‖θ − b_k‖², b_0 = (2, 0), b_1 = (0, 4), θ^0 = 0, η_l = 0.5, client k doing ``steps[k]`` steps."""
     targets = [vector(2, 0), vector(0, 4)]
     server = algorithm.server_init(vector(0, 0))
@@ -79,7 +81,9 @@ def test_local_momentum_by_hand() -> None:
     # ρ = 0.5, uniform.  Client 0, 2 steps: g = (−2, 0), v = (−2, 0), θ = (1, 0); g = (−1, 0), v = (−2, 0), θ = (2, 0);
     # a_0 = 1 + 1.5 = 2.5.  Client 1, 1 step: v = (0, −4), θ = (0, 2); a_1 = 1.
     # d = (−0.8, 0), (0, −2); τ_eff = 1.75; θ^1 = 1.75·½(0.8, 2) = (0.7, 1.75).
-    server, metrics = hand_round(build_algorithm("fednova", aggregation="uniform", momentum=0.5), steps=[2, 1], sizes=[1, 3], momentum=0.5)
+    server, metrics = hand_round(
+        build_algorithm("fednova", aggregation="uniform", momentum=0.5), steps=[2, 1], sizes=[1, 3], momentum=0.5
+    )
     assert torch.allclose(server.params, vector(0.7, 1.75), rtol=0, atol=1e-15)
     assert metrics["effective_steps"] == pytest.approx(1.75, rel=1e-15)
 
@@ -124,8 +128,16 @@ def test_equal_steps_is_fedavg_bit_for_bit_on_quadratics(aggregation: str) -> No
     initial = torch.tensor([1.0, -1.0, 0.5], dtype=F64)
     sizes = [3, 7, 1, 5, 11]
     runs = [
-        run_quadratic(build_algorithm(name, aggregation=aggregation), problem, initial, rounds=30, steps=7, learning_rate=0.1,
-                      participants=lambda t: [(t + j) % 5 for j in range(3)], num_samples=sizes)
+        run_quadratic(
+            build_algorithm(name, aggregation=aggregation),
+            problem,
+            initial,
+            rounds=30,
+            steps=7,
+            learning_rate=0.1,
+            participants=lambda t: [(t + j) % 5 for j in range(3)],
+            num_samples=sizes,
+        )
         for name in ("fedavg", "fednova")
     ]
     assert torch.equal(runs[0].server.params, runs[1].server.params)
@@ -141,7 +153,9 @@ def test_equal_steps_is_fedavg_bit_for_bit_through_driftlab_run() -> None:
     assert torch.equal(nova.final_params, avg.final_params)
     for ours, theirs in zip(nova.records, avg.records, strict=True):
         assert ours.pop("effective_steps") == 4.0
-        assert {k: v for k, v in ours.items() if k != "round_seconds"} == {k: v for k, v in theirs.items() if k != "round_seconds"}
+        assert {k: v for k, v in ours.items() if k != "round_seconds"} == {
+            k: v for k, v in theirs.items() if k != "round_seconds"
+        }
 
 
 def test_stragglers_make_fednova_differ_from_fedavg_keeping_their_work() -> None:
@@ -149,7 +163,9 @@ def test_stragglers_make_fednova_differ_from_fedavg_keeping_their_work() -> None
     nova = driftlab.run({**stragglers, "algorithm": {"name": "fednova"}})
     keep = driftlab.run({**stragglers, "algorithm": {"name": "fedavg", "incomplete": "keep"}})
     assert sum(record["num_incomplete"] for record in nova.records) > 0
-    assert [r["num_reporting"] for r in nova.records] == [r["num_reporting"] for r in keep.records]  # both keep the work
+    assert [r["num_reporting"] for r in nova.records] == [
+        r["num_reporting"] for r in keep.records
+    ]  # both keep the work
     assert not torch.equal(nova.final_params, keep.final_params)
     assert any(record["effective_steps"] < 4.0 for record in nova.records)
 
@@ -157,7 +173,9 @@ def test_stragglers_make_fednova_differ_from_fedavg_keeping_their_work() -> None
 # ---------------------------------------------------------------- objective inconsistency on quadratics
 
 
-def run_heterogeneous(algorithm: Algorithm, problem: Quadratics, steps: list[int], sizes: list[int], learning_rate: float, rounds: int) -> torch.Tensor:
+def run_heterogeneous(
+    algorithm: Algorithm, problem: Quadratics, steps: list[int], sizes: list[int], learning_rate: float, rounds: int
+) -> torch.Tensor:
     """Full participation, full-batch GD, client k doing ``steps[k]`` steps every round; the final server model."""
     settings = LocalSettings(learning_rate)
     server = algorithm.server_init(torch.zeros(problem.curvatures.shape[1], dtype=F64))
@@ -165,18 +183,26 @@ def run_heterogeneous(algorithm: Algorithm, problem: Quadratics, steps: list[int
     for t in range(1, rounds + 1):
         messages = []
         for client in range(problem.num_clients):
-            context = ClientContext(client, t, sizes[client], mean_size, problem.num_clients, steps[client], learning_rate)
+            context = ClientContext(
+                client, t, sizes[client], mean_size, problem.num_clients, steps[client], learning_rate
+            )
             view = algorithm.broadcast(server)
             correction = algorithm.client_objective(view, None, context)
             theta = view.params
             for _ in range(steps[client]):
                 theta = corrected_step(theta, problem.gradient(client, theta), correction, settings)
-            messages.append(algorithm.client_finish(view, None, context, ClientUpdate(view.params, theta, steps[client]))[1])
-        server, _ = algorithm.server_update(server, messages, RoundContext(t, problem.num_clients, problem.num_clients, 1.0))
+            messages.append(
+                algorithm.client_finish(view, None, context, ClientUpdate(view.params, theta, steps[client]))[1]
+            )
+        server, _ = algorithm.server_update(
+            server, messages, RoundContext(t, problem.num_clients, problem.num_clients, 1.0)
+        )
     return server.params
 
 
-def fixed_points(problem: Quadratics, steps: list[int], weights: torch.Tensor, learning_rate: float) -> tuple[torch.Tensor, torch.Tensor]:
+def fixed_points(
+    problem: Quadratics, steps: list[int], weights: torch.Tensor, learning_rate: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(FedAvg's, FedNova's) fixed points: τ_k GD steps map x to x_k* + (1 − η a)^τ_k (x − x_k*) per coordinate, so
     FedAvg stops at Σ p_k φ_k x_k* / Σ p_k φ_k and FedNova at Σ p_k (φ_k/τ_k) x_k* / Σ p_k (φ_k/τ_k)."""
     tau = torch.tensor(steps, dtype=F64)[:, None]
@@ -201,7 +227,9 @@ def test_fednova_reaches_the_minimiser_of_the_weighted_objective_where_fedavg_do
     learning_rate = 0.01
     avg_point, nova_point = fixed_points(problem, steps, p, learning_rate)
     nova = run_heterogeneous(build_algorithm("fednova"), problem, steps, sizes, learning_rate, rounds=1500)
-    avg = run_heterogeneous(build_algorithm("fedavg", incomplete="keep"), problem, steps, sizes, learning_rate, rounds=1500)
+    avg = run_heterogeneous(
+        build_algorithm("fedavg", incomplete="keep"), problem, steps, sizes, learning_rate, rounds=1500
+    )
     assert torch.allclose(nova, nova_point, rtol=0, atol=1e-10)
     assert torch.allclose(avg, avg_point, rtol=0, atol=1e-10)
     # FedNova's distance to the true minimiser is O(η) (0.0095 here); FedAvg's tends to that of Σ p_k τ_k f_k's (0.27).
@@ -216,14 +244,25 @@ def test_fednova_reaches_the_minimiser_of_the_weighted_objective_where_fedavg_do
 
 def test_one_local_step_is_gradient_descent_and_finds_the_minimiser() -> None:
     problem = heterogeneous_quadratics()
-    run = run_quadratic(build_algorithm("fednova", aggregation="uniform"), problem, torch.zeros(3, dtype=F64), rounds=400, steps=1, learning_rate=0.1)
+    run = run_quadratic(
+        build_algorithm("fednova", aggregation="uniform"),
+        problem,
+        torch.zeros(3, dtype=F64),
+        rounds=400,
+        steps=1,
+        learning_rate=0.1,
+    )
     assert torch.allclose(run.server.params, problem.minimiser(), rtol=0, atol=1e-10)
 
 
 # ---------------------------------------------------------------- full runs: backends, compression, bad input
 
 
-MOMENTUM_RUN = {**TINY, "algorithm": {"name": "fednova", "momentum": 0.9}, "availability": {"incomplete_probability": 0.5}}
+MOMENTUM_RUN = {
+    **TINY,
+    "algorithm": {"name": "fednova", "momentum": 0.9},
+    "availability": {"incomplete_probability": 0.5},
+}
 
 
 def test_sequential_and_vectorized_backends_agree_to_rounding() -> None:
@@ -282,6 +321,10 @@ def test_privacy_and_asynchronous_training_are_refused_with_the_fix() -> None:
 
 
 def test_a_private_fednova_config_is_refused() -> None:
-    private = {**TINY, "sampling": {"participation": 0.5, "mode": "poisson"}, "privacy": {"clip": 1.0, "noise_multiplier": 1.0}}
+    private = {
+        **TINY,
+        "sampling": {"participation": 0.5, "mode": "poisson"},
+        "privacy": {"clip": 1.0, "noise_multiplier": 1.0},
+    }
     with pytest.raises(ConfigError, match="FedNova scales each client's change by τ_eff/a_k"):
         driftlab.run({**private, "algorithm": {"name": "fednova", "aggregation": "uniform"}})

@@ -67,10 +67,13 @@ class Config(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     name: Literal["fedprox"] = "fedprox"
     mu: float = Field(
-        0.01, ge=0, description="proximal coefficient μ ≥ 0: the local gradient adds μ(θ − θ^{t−1}); 0 is FedAvg exactly"
+        0.01,
+        ge=0,
+        description="proximal coefficient μ ≥ 0: the local gradient adds μ(θ − θ^{t−1}); 0 is FedAvg exactly",
     )
     aggregation: Literal["weighted", "uniform"] = Field(
-        "weighted", description="weighted: w_k = n_k / Σ n_j (default, authors' code); uniform: mean over reporting clients (Algorithm 2)"
+        "weighted",
+        description="weighted: w_k = n_k / Σ n_j (default, authors' code); uniform: mean over reporting clients (Algorithm 2)",
     )
 
 

@@ -83,7 +83,9 @@ def test_negative_mu_is_rejected_with_the_key(mu: float) -> None:
 
 
 def test_unknown_key_is_rejected() -> None:
-    with pytest.raises(driftlab.ConfigError, match=r"algorithm\.alpha: unknown key; valid keys here: name, mu, aggregation"):
+    with pytest.raises(
+        driftlab.ConfigError, match=r"algorithm\.alpha: unknown key; valid keys here: name, mu, aggregation"
+    ):
         driftlab.load_config({"algorithm": {"name": "fedprox", "alpha": 0.1}})
 
 

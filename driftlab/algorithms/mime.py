@@ -89,7 +89,6 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from driftlab.features.capabilities import ASYNCHRONOUS_RULE, PRIVACY_FORM, Reason, lacking, synchronous_only
 from driftlab.algorithms.aggregation import (
     WEIGHTED_REASON,
     ModelSums,
@@ -98,6 +97,7 @@ from driftlab.algorithms.aggregation import (
     client_weight,
     model_sums,
 )
+from driftlab.features.capabilities import ASYNCHRONOUS_RULE, PRIVACY_FORM, Reason, lacking, synchronous_only
 from driftlab.optim.apply import apply_server_optimizer
 from driftlab.simulation.backends.objectives import LocalBatch, LocalObjective, LossTerm
 from driftlab.simulation.seam import (
@@ -166,7 +166,9 @@ class Config(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     name: Literal["mimelite"] = "mimelite"
     momentum: float = Field(
-        0.9, ge=0, lt=1,
+        0.9,
+        ge=0,
+        lt=1,
         description="β in [0, 1): m ← β m + mean ∇f_k(x), local step y ← y − η_l(∇f_k(y; ζ) + β m); 0 is FedAvg",
     )
     aggregation: Literal["weighted", "uniform"] = Field(
@@ -186,11 +188,14 @@ class MimeConfig(BaseModel):
         "privacy, [system] or deployment); 'previous' = the last reporting round's, at its model (one phase, runs everywhere)",
     )
     momentum: float = Field(
-        0.9, ge=0, lt=1,
+        0.9,
+        ge=0,
+        lt=1,
         description="β in [0, 1): m ← β m + mean ∇f_k(x), local step y ← y − η_l(∇f_k(y; ζ) − ∇f_k(x; ζ) + c + β m)",
     )
     aggregation: Literal["weighted", "uniform"] = Field(
-        "weighted", description="r_k for the means of y_k and ∇f_k(x): n_k (default, FedJAX's mime) or 1 (the paper's 1/|S|)"
+        "weighted",
+        description="r_k for the means of y_k and ∇f_k(x): n_k (default, FedJAX's mime) or 1 (the paper's 1/|S|)",
     )
 
 
@@ -299,7 +304,9 @@ def privacy_form(uses_momentum: bool) -> PrivacyForm:
     return PrivacyForm(release, restore, size=size)
 
 
-def build(server_optimizer: Any, momentum: float = 0.9, aggregation: str = "weighted", control_variate: bool | str = False) -> Algorithm:
+def build(
+    server_optimizer: Any, momentum: float = 0.9, aggregation: str = "weighted", control_variate: bool | str = False
+) -> Algorithm:
     """MimeLite (``control_variate=False``) or Mime (named "mime") with momentum β = ``momentum``, whose x-update
     applies ``server_optimizer`` (SGD) to ``x − ȳ``: ``control_variate="current"`` the paper's in-round c
     (``RoundPrelude``), ``"previous"`` (or True) c and x̃ of the last reporting round."""
@@ -309,7 +316,9 @@ def build(server_optimizer: Any, momentum: float = 0.9, aggregation: str = "weig
     if control_variate == "current":
         return _build_mime_current(server_optimizer, momentum, aggregation)
     if control_variate not in (False, True, "previous"):
-        raise ValueError(f"control_variate must be False (MimeLite), \"current\" or \"previous\" (Mime), got {control_variate!r}")
+        raise ValueError(
+            f'control_variate must be False (MimeLite), "current" or "previous" (Mime), got {control_variate!r}'
+        )
     if control_variate:
         return _build_mime(server_optimizer, momentum, aggregation)
     uses_momentum = momentum > 0
@@ -322,14 +331,18 @@ def build(server_optimizer: Any, momentum: float = 0.9, aggregation: str = "weig
             return NO_CORRECTION
         return GradientCorrection(linear=momentum * view.momentum)
 
-    def client_finish(view: ClientView, client_state: None, context: ClientContext, update: ClientUpdate) -> tuple[None, ClientMessage]:
+    def client_finish(
+        view: ClientView, client_state: None, context: ClientContext, update: ClientUpdate
+    ) -> tuple[None, ClientMessage]:
         gradient = full_batch_gradient(update) if uses_momentum else None
         return None, ClientMessage(update.final_params, gradient, context.num_samples, context.multiplicity)
 
     def aggregation_add(sums: RoundSums, message: ClientMessage) -> RoundSums:
         return add_to_round_sums(sums, message, aggregation)
 
-    def aggregation_finish(server: ServerState, sums: RoundSums, context: RoundContext) -> tuple[ServerState, dict[str, float]]:
+    def aggregation_finish(
+        server: ServerState, sums: RoundSums, context: RoundContext
+    ) -> tuple[ServerState, dict[str, float]]:
         client_average = sums.models.value(context.mean_denominator)
         params, optimizer_state = apply_server_optimizer(
             server_optimizer, server.optimizer_state, server.params, client_average, context.server_learning_rate
@@ -338,16 +351,27 @@ def build(server_optimizer: Any, momentum: float = 0.9, aggregation: str = "weig
             return ServerState(params, server.momentum, optimizer_state), {}
         # The statistic moves with the full-batch gradients at x, never with the model change x − ȳ.
         new_momentum = momentum * server.momentum + sums.gradients.value(context.mean_denominator)
-        return ServerState(params, new_momentum, optimizer_state), {"momentum_norm": float(torch.linalg.vector_norm(new_momentum))}
+        return ServerState(params, new_momentum, optimizer_state), {
+            "momentum_norm": float(torch.linalg.vector_norm(new_momentum))
+        }
 
     def broadcast(server: ServerState) -> ClientView:
         return ClientView(server.params, server.momentum if uses_momentum else None)
 
     private = aggregation == "uniform"
     fold = ServerFold(start_round_sums, aggregation_add, aggregation_finish)
-    return Algorithm("mimelite", server_init, client_objective, client_finish, fold.server_update, broadcast,
-                     server_fold=fold, privacy=privacy_form(uses_momentum) if private else None,
-                     lacks=lacking(PRIVACY_FORM, None if private else WEIGHTED_REASON) + lacking(ASYNCHRONOUS_RULE, ASYNCHRONOUS_REASON))
+    return Algorithm(
+        "mimelite",
+        server_init,
+        client_objective,
+        client_finish,
+        fold.server_update,
+        broadcast,
+        server_fold=fold,
+        privacy=privacy_form(uses_momentum) if private else None,
+        lacks=lacking(PRIVACY_FORM, None if private else WEIGHTED_REASON)
+        + lacking(ASYNCHRONOUS_RULE, ASYNCHRONOUS_REASON),
+    )
 
 
 def _build_mime(server_optimizer: Any, momentum: float, aggregation: str) -> Algorithm:
@@ -363,25 +387,36 @@ def _build_mime(server_optimizer: Any, momentum: float, aggregation: str) -> Alg
         correction = server.control_variate + momentum * server.momentum if uses_momentum else server.control_variate
         return MimeView(server.params, server.snapshot, correction, controlled=True)
 
-    def client_objective(view: MimeView, client_state: None, context: ClientContext) -> GradientCorrection | LocalObjective:
+    def client_objective(
+        view: MimeView, client_state: None, context: ClientContext
+    ) -> GradientCorrection | LocalObjective:
         if not view.controlled:  # round 1: MimeLite's step (m = 0; β = 0: FedAvg's, without even adding the zeros)
             return GradientCorrection(linear=view.correction) if uses_momentum else NO_CORRECTION
         correction = GradientCorrection(linear=view.correction)
         return LocalObjective(correction=correction, loss_term=LossTerm(minus_snapshot_gradient, (view.snapshot,)))
 
-    def client_finish(view: MimeView, client_state: None, context: ClientContext, update: ClientUpdate) -> tuple[None, ClientMessage]:
+    def client_finish(
+        view: MimeView, client_state: None, context: ClientContext, update: ClientUpdate
+    ) -> tuple[None, ClientMessage]:
         gradient = full_batch_gradient(update, MIME_MISSING_FULL_GRADIENT)
         return None, ClientMessage(update.final_params, gradient, context.num_samples, context.multiplicity)
 
     def aggregation_add(sums: RoundSums, message: ClientMessage) -> RoundSums:
         return add_to_round_sums(sums, message, aggregation)
 
-    def aggregation_finish(server: ServerState, sums: RoundSums, context: RoundContext) -> tuple[ServerState, dict[str, float]]:
+    def aggregation_finish(
+        server: ServerState, sums: RoundSums, context: RoundContext
+    ) -> tuple[ServerState, dict[str, float]]:
         params, optimizer_state = apply_server_optimizer(
-            server_optimizer, server.optimizer_state, server.params, sums.models.value(context.mean_denominator),
+            server_optimizer,
+            server.optimizer_state,
+            server.params,
+            sums.models.value(context.mean_denominator),
             context.server_learning_rate,
         )
-        mean_gradient = sums.gradients.value(context.mean_denominator)  # ḡ at x: the momentum's input, and c at snapshot x
+        mean_gradient = sums.gradients.value(
+            context.mean_denominator
+        )  # ḡ at x: the momentum's input, and c at snapshot x
         metrics = {"control_variate_norm": float(torch.linalg.vector_norm(mean_gradient))}
         new_momentum = server.momentum
         if uses_momentum:
@@ -391,10 +426,18 @@ def _build_mime(server_optimizer: Any, momentum: float, aggregation: str) -> Alg
 
     private = aggregation == "uniform"
     fold = ServerFold(start_round_sums, aggregation_add, aggregation_finish)
-    return Algorithm("mime", server_init, client_objective, client_finish, fold.server_update, broadcast,
-                     server_fold=fold, privacy=privacy_form(True) if private else None,
-                     lacks=lacking(PRIVACY_FORM, None if private else WEIGHTED_REASON)
-                     + lacking(ASYNCHRONOUS_RULE, MIME_ASYNCHRONOUS_REASON))
+    return Algorithm(
+        "mime",
+        server_init,
+        client_objective,
+        client_finish,
+        fold.server_update,
+        broadcast,
+        server_fold=fold,
+        privacy=privacy_form(True) if private else None,
+        lacks=lacking(PRIVACY_FORM, None if private else WEIGHTED_REASON)
+        + lacking(ASYNCHRONOUS_RULE, MIME_ASYNCHRONOUS_REASON),
+    )
 
 
 @dataclass(frozen=True)
@@ -431,9 +474,14 @@ def _build_mime_current(server_optimizer: Any, momentum: float, aggregation: str
         return ServerState(server.params, server.momentum, server.optimizer_state, mean_gradient, None)
 
     def client_objective(view: MimeRoundView, client_state: None, context: ClientContext) -> LocalObjective:
-        return LocalObjective(correction=GradientCorrection(linear=view.correction), loss_term=LossTerm(minus_snapshot_gradient, (view.params,)))
+        return LocalObjective(
+            correction=GradientCorrection(linear=view.correction),
+            loss_term=LossTerm(minus_snapshot_gradient, (view.params,)),
+        )
 
-    def client_finish(view: MimeRoundView, client_state: None, context: ClientContext, update: ClientUpdate) -> tuple[None, ClientMessage]:
+    def client_finish(
+        view: MimeRoundView, client_state: None, context: ClientContext, update: ClientUpdate
+    ) -> tuple[None, ClientMessage]:
         return None, ClientMessage(update.final_params, None, context.num_samples, context.multiplicity)
 
     def aggregation_start(server: ServerState, context: RoundContext) -> RunningMean:
@@ -442,7 +490,9 @@ def _build_mime_current(server_optimizer: Any, momentum: float, aggregation: str
     def aggregation_add(models: RunningMean, message: ClientMessage) -> RunningMean:
         return models.add(message.params, client_weight(message.num_samples, message.multiplicity, aggregation))
 
-    def aggregation_finish(server: ServerState, models: RunningMean, context: RoundContext) -> tuple[ServerState, dict[str, float]]:
+    def aggregation_finish(
+        server: ServerState, models: RunningMean, context: RoundContext
+    ) -> tuple[ServerState, dict[str, float]]:
         params, optimizer_state = apply_server_optimizer(
             server_optimizer, server.optimizer_state, server.params, models.value(), context.server_learning_rate
         )
@@ -455,9 +505,17 @@ def _build_mime_current(server_optimizer: Any, momentum: float, aggregation: str
         return ServerState(params, new_momentum, optimizer_state, control, None), metrics
 
     fold = ServerFold(aggregation_start, aggregation_add, aggregation_finish)
-    return Algorithm("mime", server_init, client_objective, client_finish, fold.server_update, broadcast,
-                     server_fold=fold, lacks=lacking(PRIVACY_FORM, CURRENT_PRIVACY_REASON) + lacking(ASYNCHRONOUS_RULE, MIME_ASYNCHRONOUS_REASON),
-                     prelude=RoundPrelude(gradient_at_x, weight, with_control_variate))
+    return Algorithm(
+        "mime",
+        server_init,
+        client_objective,
+        client_finish,
+        fold.server_update,
+        broadcast,
+        server_fold=fold,
+        lacks=lacking(PRIVACY_FORM, CURRENT_PRIVACY_REASON) + lacking(ASYNCHRONOUS_RULE, MIME_ASYNCHRONOUS_REASON),
+        prelude=RoundPrelude(gradient_at_x, weight, with_control_variate),
+    )
 
 
 def from_config(config: Config, server_optimizer: Any) -> Algorithm:
@@ -465,4 +523,9 @@ def from_config(config: Config, server_optimizer: Any) -> Algorithm:
 
 
 def from_mime_config(config: MimeConfig, server_optimizer: Any) -> Algorithm:
-    return build(server_optimizer, momentum=config.momentum, aggregation=config.aggregation, control_variate=config.control_variate)
+    return build(
+        server_optimizer,
+        momentum=config.momentum,
+        aggregation=config.aggregation,
+        control_variate=config.control_variate,
+    )

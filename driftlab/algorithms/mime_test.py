@@ -55,12 +55,23 @@ def objective_gradient(objective, theta: torch.Tensor, curvature: torch.Tensor, 
     if local.loss_term is None:
         return local.correction, curvature * theta - target
     loss = objective_loss(quadratic_outputs, quadratic_example_loss, local.loss_term.function)
-    inputs, targets, weights = torch.zeros(1, 1, dtype=theta.dtype), torch.cat((curvature, target))[None], torch.ones(1, dtype=theta.dtype)
+    inputs, targets, weights = (
+        torch.zeros(1, 1, dtype=theta.dtype),
+        torch.cat((curvature, target))[None],
+        torch.ones(1, dtype=theta.dtype),
+    )
     return local.correction, torch.func.grad(loss)(theta, inputs, targets, weights, *local.loss_term.tensors)
 
 
-def run_with_gradients(algorithm, problem: Quadratics, initial: torch.Tensor, rounds: int, steps: int, learning_rate: float,
-                       num_samples=None):
+def run_with_gradients(
+    algorithm,
+    problem: Quadratics,
+    initial: torch.Tensor,
+    rounds: int,
+    steps: int,
+    learning_rate: float,
+    num_samples=None,
+):
     """``shared_test.run_quadratic`` with each client's full-batch gradient available to ``client_finish``, the client
     objective's loss term evaluated (``objective_gradient``), and the round's first phase (``Algorithm.prelude``, Mime's)
     run as the engine runs it."""
@@ -71,23 +82,35 @@ def run_with_gradients(algorithm, problem: Quadratics, initial: torch.Tensor, ro
         if algorithm.prelude is not None:
             first, total, weights = algorithm.broadcast(server), 0.0, 0.0
             for client in range(problem.num_clients):
-                context = ClientContext(client, t, sizes[client], sum(sizes) / len(sizes), problem.num_clients, steps, learning_rate)
+                context = ClientContext(
+                    client, t, sizes[client], sum(sizes) / len(sizes), problem.num_clients, steps, learning_rate
+                )
                 computation = QuadraticGradient(problem.curvatures[client], problem.targets[client])
-                total = total + algorithm.prelude.weight(context) * algorithm.prelude.compute(first, context, computation)
+                total = total + algorithm.prelude.weight(context) * algorithm.prelude.compute(
+                    first, context, computation
+                )
                 weights += algorithm.prelude.weight(context)
             server = algorithm.prelude.apply(server, total / weights)
         view = algorithm.broadcast(server)
         messages = []
         for client in range(problem.num_clients):
-            context = ClientContext(client, t, sizes[client], sum(sizes) / len(sizes), problem.num_clients, steps, learning_rate)
+            context = ClientContext(
+                client, t, sizes[client], sum(sizes) / len(sizes), problem.num_clients, steps, learning_rate
+            )
             objective = algorithm.client_objective(view, None, context)
             theta = view.params
             for _ in range(steps):
-                correction, gradient = objective_gradient(objective, theta, problem.curvatures[client], problem.targets[client])
+                correction, gradient = objective_gradient(
+                    objective, theta, problem.curvatures[client], problem.targets[client]
+                )
                 theta = corrected_step(theta, gradient, correction, settings)
             computation = QuadraticGradient(problem.curvatures[client], problem.targets[client])
-            messages.append(algorithm.client_finish(view, None, context, ClientUpdate(view.params, theta, steps, computation))[1])
-        server, metrics = algorithm.server_update(server, messages, RoundContext(t, problem.num_clients, problem.num_clients, 1.0))
+            messages.append(
+                algorithm.client_finish(view, None, context, ClientUpdate(view.params, theta, steps, computation))[1]
+            )
+        server, metrics = algorithm.server_update(
+            server, messages, RoundContext(t, problem.num_clients, problem.num_clients, 1.0)
+        )
         history.append(metrics)
     return server, history
 
@@ -117,11 +140,15 @@ HAND_PROBLEM = Quadratics(torch.ones(2, 2, dtype=torch.float64), torch.stack(HAN
 
 def test_two_hand_rounds_move_the_model_and_the_momentum_as_computed_by_hand():
     algorithm = mime.build(SGD, momentum=0.5, aggregation="uniform")
-    server, history = run_with_gradients(algorithm, HAND_PROBLEM, torch.zeros(2, dtype=torch.float64), rounds=1, steps=2, learning_rate=0.5)
+    server, history = run_with_gradients(
+        algorithm, HAND_PROBLEM, torch.zeros(2, dtype=torch.float64), rounds=1, steps=2, learning_rate=0.5
+    )
     assert torch.equal(server.params, vector(0.75, 1.5))
     assert torch.equal(server.momentum, vector(-1.0, -2.0))  # mean ∇f_k(x^0), not x^0 − ȳ = (−0.75, −1.5)
     assert history[0]["momentum_norm"] == pytest.approx(math.sqrt(5), rel=1e-15)
-    server, history = run_with_gradients(algorithm, HAND_PROBLEM, torch.zeros(2, dtype=torch.float64), rounds=2, steps=2, learning_rate=0.5)
+    server, history = run_with_gradients(
+        algorithm, HAND_PROBLEM, torch.zeros(2, dtype=torch.float64), rounds=2, steps=2, learning_rate=0.5
+    )
     assert torch.equal(server.params, vector(1.3125, 2.625))
     assert torch.equal(server.momentum, vector(-0.75, -1.5))
     assert history[1]["momentum_norm"] == pytest.approx(0.75 * math.sqrt(5), rel=1e-15)
@@ -131,8 +158,15 @@ def test_weighted_aggregation_weighs_the_models_and_the_gradients_by_n_k():
     # Round 1 of the hand case with n = (1, 3): x^1 = (1.5, 0)/4 + 3(0, 3)/4 = (0.375, 2.25),
     # m^1 = ((−2, 0) + 3(0, −4))/4 = (−0.5, −3).
     algorithm = mime.build(SGD, momentum=0.5, aggregation="weighted")
-    server, _ = run_with_gradients(algorithm, HAND_PROBLEM, torch.zeros(2, dtype=torch.float64), rounds=1, steps=2,
-                                   learning_rate=0.5, num_samples=[1, 3])
+    server, _ = run_with_gradients(
+        algorithm,
+        HAND_PROBLEM,
+        torch.zeros(2, dtype=torch.float64),
+        rounds=1,
+        steps=2,
+        learning_rate=0.5,
+        num_samples=[1, 3],
+    )
     assert torch.equal(server.params, vector(0.375, 2.25))
     assert torch.equal(server.momentum, vector(-0.5, -3.0))
 
@@ -140,7 +174,10 @@ def test_weighted_aggregation_weighs_the_models_and_the_gradients_by_n_k():
 def test_the_server_rate_scales_the_model_step_but_not_the_momentum():
     algorithm = mime.build(SGD, momentum=0.5, aggregation="uniform")
     server = algorithm.server_init(vector(0.0, 0.0))
-    messages = [mime.ClientMessage(vector(2.0, 0.0), vector(1.0, 1.0), 1, 1), mime.ClientMessage(vector(0.0, 2.0), vector(3.0, 1.0), 1, 1)]
+    messages = [
+        mime.ClientMessage(vector(2.0, 0.0), vector(1.0, 1.0), 1, 1),
+        mime.ClientMessage(vector(0.0, 2.0), vector(3.0, 1.0), 1, 1),
+    ]
     new_server, _ = algorithm.server_update(server, messages, RoundContext(1, 4, 2, 0.5))
     assert torch.equal(new_server.params, vector(0.5, 0.5))  # x − 0.5(x − ȳ), ȳ = (1, 1)
     assert torch.equal(new_server.momentum, vector(2.0, 1.0))
@@ -155,15 +192,21 @@ def test_momentum_zero_is_fedavg_bit_for_bit(aggregation: str):
     initial = vector(1.0, -1.0, 0.5)
     chosen = lambda t: [t % 5, (t + 2) % 5]  # noqa: E731 - partial participation, changing each round
     sizes = [3, 7, 1, 4, 9]
-    lite = run_quadratic(mime.build(SGD, momentum=0.0, aggregation=aggregation), problem, initial, 20, 4, 0.1, chosen, sizes)
-    plain = run_quadratic(fedavg.build(SGD, aggregation=aggregation, incomplete="keep"), problem, initial, 20, 4, 0.1, chosen, sizes)
+    lite = run_quadratic(
+        mime.build(SGD, momentum=0.0, aggregation=aggregation), problem, initial, 20, 4, 0.1, chosen, sizes
+    )
+    plain = run_quadratic(
+        fedavg.build(SGD, aggregation=aggregation, incomplete="keep"), problem, initial, 20, 4, 0.1, chosen, sizes
+    )
     assert torch.equal(lite.server.params, plain.server.params)
     assert algorithm_sends_no_momentum(mime.build(SGD, momentum=0.0))
 
 
 def algorithm_sends_no_momentum(algorithm) -> bool:
     view = algorithm.broadcast(algorithm.server_init(vector(1.0)))
-    _, message = algorithm.client_finish(view, None, ClientContext(0, 1, 1, 1.0, 1, 1, 0.1), ClientUpdate(view.params, vector(2.0), 1))
+    _, message = algorithm.client_finish(
+        view, None, ClientContext(0, 1, 1, 1.0, 1, 1, 0.1), ClientUpdate(view.params, vector(2.0), 1)
+    )
     return view.momentum is None and message.gradient is None
 
 
@@ -189,10 +232,14 @@ def test_several_local_steps_converge_to_the_predicted_fixed_point_nearer_the_mi
     problem = heterogeneous_quadratics()
     a, b = problem.curvatures, problem.targets
     steps, rate, beta = 5, 0.05, 0.5
-    server, _ = run_with_gradients(mime.build(SGD, momentum=beta, aggregation="uniform"), problem, vector(1.0, -1.0, 0.5), 400, steps, rate)
+    server, _ = run_with_gradients(
+        mime.build(SGD, momentum=beta, aggregation="uniform"), problem, vector(1.0, -1.0, 0.5), 400, steps, rate
+    )
     phi = 1 - (1 - rate * a) ** steps
     rho = beta / (1 - beta)
-    fixed_point = ((phi * b / a).sum(0) + rho * b.mean(0) * (phi / a).sum(0)) / (phi.sum(0) + rho * a.mean(0) * (phi / a).sum(0))
+    fixed_point = ((phi * b / a).sum(0) + rho * b.mean(0) * (phi / a).sum(0)) / (
+        phi.sum(0) + rho * a.mean(0) * (phi / a).sum(0)
+    )
     assert torch.allclose(server.params, fixed_point, rtol=0, atol=1e-10)
     surrogate = (phi * b / a).sum(0) / phi.sum(0)
     minimiser = problem.minimiser()
@@ -215,7 +262,9 @@ def test_a_client_update_without_its_data_says_what_is_missing_and_the_fix():
     algorithm = mime.build(SGD, momentum=0.5)
     view = algorithm.broadcast(algorithm.server_init(vector(1.0)))
     with pytest.raises(RuntimeError, match=r"full_gradient.*algorithm.momentum = 0"):
-        algorithm.client_finish(view, None, ClientContext(0, 1, 1, 1.0, 1, 1, 0.1), ClientUpdate(view.params, vector(2.0), 1))
+        algorithm.client_finish(
+            view, None, ClientContext(0, 1, 1, 1.0, 1, 1, 0.1), ClientUpdate(view.params, vector(2.0), 1)
+        )
 
 
 def test_compression_replaces_the_uploaded_model_and_leaves_the_gradient_whole():
@@ -239,7 +288,10 @@ def test_compression_replaces_the_uploaded_model_and_leaves_the_gradient_whole()
 def test_private_round_divides_both_means_by_the_public_denominator():
     algorithm = mime.build(SGD, momentum=0.5, aggregation="uniform")
     server = algorithm.server_init(vector(1.0, 1.0))
-    messages = [mime.ClientMessage(vector(3.0, 1.0), vector(4.0, 0.0), 1, 1), mime.ClientMessage(vector(1.0, 5.0), vector(0.0, 8.0), 1, 1)]
+    messages = [
+        mime.ClientMessage(vector(3.0, 1.0), vector(4.0, 0.0), 1, 1),
+        mime.ClientMessage(vector(1.0, 5.0), vector(0.0, 8.0), 1, 1),
+    ]
     private, _ = algorithm.server_update(server, messages, RoundContext(1, 8, 2, 1.0, mean_denominator=4.0))
     assert torch.equal(private.params, vector(1.5, 2.0))  # x + ((2, 0) + (0, 4))/4
     assert torch.equal(private.momentum, vector(1.0, 2.0))  # ((4, 0) + (0, 8))/4
@@ -273,18 +325,29 @@ def test_unknown_aggregation_is_refused():
 
 # ---------------------------------------------------------------- whole runs
 
-RUN = {"rounds": 3, "data": {"num_clients": 6}, "client": {"epochs": 1}, "sampling": {"participation": 0.5},
-       "evaluation": {"every": 1}, "algorithm": {"name": "mimelite", "momentum": 0.5}}
+RUN = {
+    "rounds": 3,
+    "data": {"num_clients": 6},
+    "client": {"epochs": 1},
+    "sampling": {"participation": 0.5},
+    "evaluation": {"every": 1},
+    "algorithm": {"name": "mimelite", "momentum": 0.5},
+}
 
 
 def test_the_engine_full_gradient_is_the_mean_loss_gradient_over_the_client_data():
     generator = torch.Generator().manual_seed(0)
-    inputs, targets = torch.randn(9, 2, generator=generator, dtype=torch.float64), torch.randint(0, 3, (9,), generator=generator)
+    inputs, targets = (
+        torch.randn(9, 2, generator=generator, dtype=torch.float64),
+        torch.randint(0, 3, (9,), generator=generator),
+    )
     model = FlatModel.wrap(build_model("mlr", (2,), 3)).to("cpu", torch.float64)
     params = torch.randn(model.initial_parameters().numel(), generator=generator, dtype=torch.float64)
     rows = torch.tensor([0, 2, 3, 5, 8])
     training = TrainingData(inputs, targets)
-    computed = ClientDataComputation(ClientData(model, training, rows), seed=0, round=1, client_id=0).full_gradient(params)
+    computed = ClientDataComputation(ClientData(model, training, rows), seed=0, round=1, client_id=0).full_gradient(
+        params
+    )
     expected = BoundModule(model, params).full_gradient(params, rows, training)  # the engine's backward-pass gradient
     assert torch.allclose(computed, expected, rtol=0, atol=1e-14) and float(torch.linalg.vector_norm(expected)) > 0
 
@@ -295,7 +358,10 @@ def test_both_backends_agree_to_float32_rounding():
     assert torch.allclose(sequential.final_params, vectorized.final_params, rtol=1e-4, atol=1e-5)
     for first, second in zip(sequential.records, vectorized.records, strict=True):
         assert first["momentum_norm"] == pytest.approx(second["momentum_norm"], rel=1e-4)
-    assert sequential.records[-1]["upload_bits"] == 2 * 32 * sequential.num_parameters * sequential.records[-1]["num_reporting"]
+    assert (
+        sequential.records[-1]["upload_bits"]
+        == 2 * 32 * sequential.num_parameters * sequential.records[-1]["num_reporting"]
+    )
 
 
 def test_momentum_zero_runs_are_fedavg_runs_bit_for_bit():
@@ -334,8 +400,10 @@ MIME_HAND_CASE = {
     "config": {"momentum": 0.5, "aggregation": "uniform"},
     "params": [(0.75, 1.5), (1.3125, 2.625)],
     "drift": None,
-    "metrics": [{"momentum_norm": math.sqrt(5), "control_variate_norm": math.sqrt(5)},
-                {"momentum_norm": 0.75 * math.sqrt(5), "control_variate_norm": 0.25 * math.sqrt(5)}],
+    "metrics": [
+        {"momentum_norm": math.sqrt(5), "control_variate_norm": math.sqrt(5)},
+        {"momentum_norm": 0.75 * math.sqrt(5), "control_variate_norm": 0.25 * math.sqrt(5)},
+    ],
 }
 HAND_CASES = {"mimelite": HAND_CASE, "mime": MIME_HAND_CASE}  # shared_test's hand case per algorithm of this module
 
@@ -343,19 +411,30 @@ HAND_CASES = {"mimelite": HAND_CASE, "mime": MIME_HAND_CASE}  # shared_test's ha
 def test_mime_two_hand_rounds_as_computed_by_hand_and_without_client_drift():
     initial = torch.zeros(2, dtype=torch.float64)
     for rounds in (1, 2):
-        server, history = run_with_gradients(mime_build(), HAND_PROBLEM, initial, rounds=rounds, steps=2, learning_rate=0.5)
+        server, history = run_with_gradients(
+            mime_build(), HAND_PROBLEM, initial, rounds=rounds, steps=2, learning_rate=0.5
+        )
         assert torch.equal(server.params, vector(*MIME_HAND_CASE["params"][rounds - 1]))
         for key, value in MIME_HAND_CASE["metrics"][rounds - 1].items():
             assert history[-1][key] == pytest.approx(value, rel=1e-15)
-    assert torch.equal(server.momentum, vector(-0.75, -1.5)) and torch.equal(server.control_variate, vector(-0.25, -0.5))
+    assert torch.equal(server.momentum, vector(-0.75, -1.5)) and torch.equal(
+        server.control_variate, vector(-0.25, -0.5)
+    )
     view = mime_build().broadcast(server)
-    assert torch.equal(view.snapshot, vector(0.75, 1.5)) and torch.equal(view.correction, vector(-0.625, -1.25))  # c² + β m²
+    assert torch.equal(view.snapshot, vector(0.75, 1.5)) and torch.equal(
+        view.correction, vector(-0.625, -1.25)
+    )  # c² + β m²
     # Round 2's clients, one by one: both end at x^2 (MimeLite's end at (2.0625, 1.125) and (0.5625, 4.125)).
     round_two = mime_build().broadcast(run_with_gradients(mime_build(), HAND_PROBLEM, initial, 1, 2, 0.5)[0])
     for client in range(2):
-        objective, theta = mime_build().client_objective(round_two, None, ClientContext(client, 2, 1, 1.0, 2, 2, 0.5)), round_two.params
+        objective, theta = (
+            mime_build().client_objective(round_two, None, ClientContext(client, 2, 1, 1.0, 2, 2, 0.5)),
+            round_two.params,
+        )
         for _ in range(2):
-            correction, gradient = objective_gradient(objective, theta, torch.ones(2, dtype=torch.float64), HAND_TARGETS[client])
+            correction, gradient = objective_gradient(
+                objective, theta, torch.ones(2, dtype=torch.float64), HAND_TARGETS[client]
+            )
             theta = corrected_step(theta, gradient, correction, LocalSettings(0.5))
         assert torch.equal(theta, vector(1.3125, 2.625))
 
@@ -392,25 +471,34 @@ def test_mime_with_several_local_steps_converges_to_the_minimiser_where_mimelite
     initial, steps, rate = vector(1.0, -1.0, 0.5), 5, 0.05
     server, _ = run_with_gradients(mime_build(beta), problem, initial, rounds, steps, rate)
     assert torch.allclose(server.params, problem.minimiser(), rtol=0, atol=1e-8)
-    lite, _ = run_with_gradients(mime.build(SGD, momentum=beta, aggregation="uniform"), problem, initial, rounds, steps, rate)
+    lite, _ = run_with_gradients(
+        mime.build(SGD, momentum=beta, aggregation="uniform"), problem, initial, rounds, steps, rate
+    )
     assert torch.linalg.vector_norm(lite.params - problem.minimiser()) > 1e-3
 
 
 def test_mime_local_step_on_a_model_is_the_loss_gradient_difference_plus_the_correction():
     # One engine step (train_one_client, the sequential backend) against its rule computed from two loss gradients.
     generator = torch.Generator().manual_seed(3)
-    inputs, targets = torch.randn(8, 2, generator=generator, dtype=torch.float64), torch.randint(0, 3, (8,), generator=generator)
+    inputs, targets = (
+        torch.randn(8, 2, generator=generator, dtype=torch.float64),
+        torch.randint(0, 3, (8,), generator=generator),
+    )
     model = FlatModel.wrap(build_model("mlr", (2,), 3)).to("cpu", torch.float64)
     snapshot = torch.randn(model.initial_parameters().numel(), generator=generator, dtype=torch.float64)
     start = snapshot + 0.3 * torch.randn(snapshot.shape, generator=generator, dtype=torch.float64)
     correction = torch.randn(snapshot.shape, generator=generator, dtype=torch.float64)
-    objective = mime_build().client_objective(mime.MimeView(start, snapshot, correction, True), None, ClientContext(0, 2, 8, 8.0, 1, 1, 0.1))
+    objective = mime_build().client_objective(
+        mime.MimeView(start, snapshot, correction, True), None, ClientContext(0, 2, 8, 8.0, 1, 1, 0.1)
+    )
     rows = torch.arange(8)
     task = ClientTask(0, rows, np.array([[0, 2, 5, 7]]), objective)
     bound = BoundModule(model, snapshot)
     stepped, done = train_one_client(bound, start, task, LocalSettings(0.1), TrainingData(inputs, targets))
     batch = rows[[0, 2, 5, 7]]
-    difference = bound.loss_gradient(start, inputs[batch], targets[batch]) - bound.loss_gradient(snapshot, inputs[batch], targets[batch])
+    difference = bound.loss_gradient(start, inputs[batch], targets[batch]) - bound.loss_gradient(
+        snapshot, inputs[batch], targets[batch]
+    )
     assert done == 1 and torch.allclose(stepped, start - 0.1 * (difference + correction), rtol=0, atol=1e-14)
     assert float(torch.linalg.vector_norm(difference)) > 0.01
 
@@ -418,7 +506,10 @@ def test_mime_local_step_on_a_model_is_the_loss_gradient_difference_plus_the_cor
 def test_mime_privacy_form_releases_the_change_and_the_gradient_also_at_beta_zero():
     algorithm = mime_build(momentum=0.0)
     server = algorithm.server_init(vector(1.0, 1.0))
-    messages = [mime.ClientMessage(vector(3.0, 1.0), vector(4.0, 0.0), 1, 1), mime.ClientMessage(vector(1.0, 5.0), vector(0.0, 8.0), 1, 1)]
+    messages = [
+        mime.ClientMessage(vector(3.0, 1.0), vector(4.0, 0.0), 1, 1),
+        mime.ClientMessage(vector(1.0, 5.0), vector(0.0, 8.0), 1, 1),
+    ]
     private, _ = algorithm.server_update(server, messages, RoundContext(1, 8, 2, 1.0, mean_denominator=4.0))
     assert torch.equal(private.params, vector(1.5, 2.0)) and torch.equal(private.control_variate, vector(1.0, 2.0))
     assert torch.equal(private.snapshot, vector(1.0, 1.0))
@@ -430,12 +521,16 @@ def test_mime_privacy_form_releases_the_change_and_the_gradient_also_at_beta_zer
 
 def test_mime_refuses_asynchrony_and_a_client_without_its_data():
     algorithm = mime_build()
-    refused = f'[asynchronous] with algorithm.name = "{algorithm.name}": {mime.MIME_ASYNCHRONOUS_REFUSAL}'  # the one template
+    refused = (
+        f'[asynchronous] with algorithm.name = "{algorithm.name}": {mime.MIME_ASYNCHRONOUS_REFUSAL}'  # the one template
+    )
     assert not algorithm.asynchronous and algorithm.asynchronous_problem() == refused
     assert "remove [asynchronous]" in mime.MIME_ASYNCHRONOUS_REFUSAL
     view = algorithm.broadcast(algorithm.server_init(vector(1.0)))
     with pytest.raises(RuntimeError, match=r"Mime needs.*full_gradient"):
-        algorithm.client_finish(view, None, ClientContext(0, 1, 1, 1.0, 1, 1, 0.1), ClientUpdate(view.params, vector(2.0), 1))
+        algorithm.client_finish(
+            view, None, ClientContext(0, 1, 1, 1.0, 1, 1, 0.1), ClientUpdate(view.params, vector(2.0), 1)
+        )
 
 
 MIME_RUN = {**RUN, "algorithm": {"name": "mime", "momentum": 0.5, "control_variate": "previous"}}
@@ -458,7 +553,9 @@ def test_mime_both_backends_agree_to_float32_rounding():
 def test_mime_round_one_runs_are_mimelite_and_fedavg_runs_bit_for_bit():
     one = {**MIME_RUN, "rounds": 1}
     result = driftlab.run(one)
-    assert torch.equal(result.final_params, driftlab.run({**one, "algorithm": {"name": "mimelite", "momentum": 0.5}}).final_params)
+    assert torch.equal(
+        result.final_params, driftlab.run({**one, "algorithm": {"name": "mimelite", "momentum": 0.5}}).final_params
+    )
     plain = driftlab.run({**one, "algorithm": {"name": "fedavg", "incomplete": "keep"}})
     zero = {"name": "mime", "momentum": 0.0, "control_variate": "previous"}
     assert torch.equal(driftlab.run({**one, "algorithm": zero}).final_params, plain.final_params)
@@ -485,8 +582,17 @@ def test_config_errors_name_the_key_before_any_work(name):
 
 
 def test_a_private_mime_run_trains_and_a_weighted_or_asynchronous_one_is_refused():
-    private = {**MIME_RUN, "sampling": {"participation": 0.5, "mode": "poisson"}, "privacy": {"clip": 1.0, "noise_multiplier": 0.5}}
-    result = driftlab.run({**private, "algorithm": {"name": "mime", "momentum": 0.5, "aggregation": "uniform", "control_variate": "previous"}})
+    private = {
+        **MIME_RUN,
+        "sampling": {"participation": 0.5, "mode": "poisson"},
+        "privacy": {"clip": 1.0, "noise_multiplier": 0.5},
+    }
+    result = driftlab.run(
+        {
+            **private,
+            "algorithm": {"name": "mime", "momentum": 0.5, "aggregation": "uniform", "control_variate": "previous"},
+        }
+    )
     assert all(math.isfinite(record["train_loss"]) for record in result.records)
     assert any(record["control_variate_norm"] > 0 for record in result.records)
     with pytest.raises(driftlab.ConfigError, match='aggregation = "uniform"'):
@@ -514,9 +620,13 @@ def test_the_papers_mime_two_hand_rounds():
     #   m² = 0.5 m¹ + c² = (−0.75, −1.5).  (The same numbers as the one-phase rule here: identity curvature.)
     initial = torch.zeros(2, dtype=torch.float64)
     for rounds, expected in ((1, vector(0.75, 1.5)), (2, vector(1.3125, 2.625))):
-        server, history = run_with_gradients(mime_current(), HAND_PROBLEM, initial, rounds=rounds, steps=2, learning_rate=0.5)
+        server, history = run_with_gradients(
+            mime_current(), HAND_PROBLEM, initial, rounds=rounds, steps=2, learning_rate=0.5
+        )
         assert torch.equal(server.params, expected)
-    assert torch.equal(server.momentum, vector(-0.75, -1.5)) and torch.equal(server.control_variate, vector(-0.25, -0.5))
+    assert torch.equal(server.momentum, vector(-0.75, -1.5)) and torch.equal(
+        server.control_variate, vector(-0.25, -0.5)
+    )
     assert history[-1]["control_variate_norm"] == pytest.approx(0.25 * math.sqrt(5), rel=1e-15)
 
 
@@ -539,7 +649,9 @@ def test_the_papers_mime_with_one_local_step_is_heavy_ball_on_the_current_gradie
     for _ in range(30):
         gradient = torch.stack([problem.gradient(k, x) for k in range(problem.num_clients)]).mean(0)
         x, m = x - rate * (gradient + beta * m), beta * m + gradient
-    assert torch.allclose(server.params, x, rtol=0, atol=1e-13) and torch.allclose(server.momentum, m, rtol=0, atol=1e-13)
+    assert torch.allclose(server.params, x, rtol=0, atol=1e-13) and torch.allclose(
+        server.momentum, m, rtol=0, atol=1e-13
+    )
 
 
 @pytest.mark.parametrize("beta", [0.0, 0.5])
@@ -559,14 +671,20 @@ def test_the_papers_mime_runs_its_first_phase_in_the_engine_on_both_backends():
     for record, lite_record in zip(sequential.records, lite.records, strict=True):
         assert record["control_variate_norm"] > 0
         # up ∇f_k(x) (first phase, every client with work) and y_k; down x and c + βm: MimeLite's traffic
-        assert record["upload_bits"] == lite_record["upload_bits"] and record["download_bits"] == lite_record["download_bits"]
+        assert (
+            record["upload_bits"] == lite_record["upload_bits"]
+            and record["download_bits"] == lite_record["download_bits"]
+        )
 
 
 @pytest.mark.parametrize(
     "extra, message",
     [
         ({"compression": {"ratio": 0.2}}, "compression would leave uncompressed"),
-        ({"sampling": {"participation": 0.5, "mode": "poisson"}, "privacy": {"clip": 1.0, "noise_multiplier": 0.5}}, "client-level DP"),
+        (
+            {"sampling": {"participation": 0.5, "mode": "poisson"}, "privacy": {"clip": 1.0, "noise_multiplier": 0.5}},
+            "client-level DP",
+        ),
         ({"system": {}}, "which the simulated clock does not time"),
     ],
 )

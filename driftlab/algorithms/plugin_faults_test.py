@@ -25,7 +25,7 @@ from driftlab.simulation.seam import plugin_note
 TINY = ["rounds=2", "data.num_clients=6", "client.epochs=1", "sampling.participation=0.5"]
 
 # FedAvg with a per-client counter as its client state, every function its own; {FAULT} redefines one of them.
-PLUGIN = '''
+PLUGIN = """
 import dataclasses
 from typing import Literal
 
@@ -77,7 +77,7 @@ def from_config(config, server_optimizer):
 
 {IMPORT_FAULT}
 register(AlgorithmEntry("{NAME}", Config, from_config, label="Broken"))
-'''
+"""
 
 
 def indented(code: str) -> str:
@@ -86,7 +86,11 @@ def indented(code: str) -> str:
 
 # name -> (the broken function, the function the error must name, what the message must also say)
 FAULTS = {
-    "raises_in_server_init": ("def server_init(params):\n    raise ValueError('no server today')", "server_init", "ValueError: no server today"),
+    "raises_in_server_init": (
+        "def server_init(params):\n    raise ValueError('no server today')",
+        "server_init",
+        "ValueError: no server today",
+    ),
     "wrong_server_shape": (
         "def server_init(params):\n    return base.server_init(torch.zeros(len(params) + 1))",
         "server_init",
@@ -98,7 +102,11 @@ FAULTS = {
         "broadcast",
         "returned a client view whose params are a float32 tensor of shape (",
     ),
-    "raises_in_client_state_init": ("def client_state_init(params):\n    return 1 / 0", "client_state_init", "ZeroDivisionError: division by zero"),
+    "raises_in_client_state_init": (
+        "def client_state_init(params):\n    return 1 / 0",
+        "client_state_init",
+        "ZeroDivisionError: division by zero",
+    ),
     "raises_in_client_objective": (
         "def client_objective(view, state, context):\n    raise RuntimeError('no objective')",
         "client_objective",
@@ -177,7 +185,11 @@ FAULTS = {
 def write_broken(folder: Path, name: str, fault: str = "", import_fault: str = "") -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{name}.py"
-    path.write_text(PLUGIN.replace("{NAME}", name).replace("{FAULT}", indented(fault) if fault else "").replace("{IMPORT_FAULT}", import_fault))
+    path.write_text(
+        PLUGIN.replace("{NAME}", name)
+        .replace("{FAULT}", indented(fault) if fault else "")
+        .replace("{IMPORT_FAULT}", import_fault)
+    )
     return path
 
 
@@ -232,7 +244,9 @@ def test_from_config_returning_none_or_raising_is_named(fresh_registry, tmp_path
     # from_config is redefined inside the outer from_config: make the module-level one return None instead
     path.write_text(
         path.read_text().replace(
-            "def from_config(config, server_optimizer):\n    base =", "def from_config(config, server_optimizer):\n    return None\n    base =", 1
+            "def from_config(config, server_optimizer):\n    base =",
+            "def from_config(config, server_optimizer):\n    return None\n    base =",
+            1,
         )
     )
     with pytest.raises(PluginError) as raised:
@@ -242,8 +256,15 @@ def test_from_config_returning_none_or_raising_is_named(fresh_registry, tmp_path
         "driftlab.simulation.seam.Algorithm bundle of the algorithm's functions; return the Algorithm(...) your build function makes"
     )
     path = write_broken(tmp_path, "config_fails")
-    path.write_text(path.read_text().replace("    base = fedavg.build", "    raise TypeError('no bundle')\n    base = fedavg.build", 1))
-    with pytest.raises(PluginError, match=r"algorithm plugin 'config_fails' \(.*config_fails.py\) failed in from_config: TypeError: no bundle"):
+    path.write_text(
+        path.read_text().replace(
+            "    base = fedavg.build", "    raise TypeError('no bundle')\n    base = fedavg.build", 1
+        )
+    )
+    with pytest.raises(
+        PluginError,
+        match=r"algorithm plugin 'config_fails' \(.*config_fails.py\) failed in from_config: TypeError: no bundle",
+    ):
         run_plugin(path, "config_fails")
 
 
@@ -268,7 +289,11 @@ def test_the_cli_names_the_plugin_and_logs_the_traceback(fresh_registry, tmp_pat
         f"driftlab: error: PluginError: algorithm plugin 'cli_broken' ({path.resolve()}) failed in server_update: ArithmeticError: no update"
     ), result.stderr
     log = (out / "error.log").read_text()
-    assert "ArithmeticError: no update" in log and f'File "{path.resolve()}"' in log and "raise ArithmeticError('no update')" in log
+    assert (
+        "ArithmeticError: no update" in log
+        and f'File "{path.resolve()}"' in log
+        and "raise ArithmeticError('no update')" in log
+    )
     info = json.loads((out / "run.json").read_text())
     assert info["status"] == "failed" and "algorithm plugin 'cli_broken'" in info["message"]
 
@@ -288,8 +313,8 @@ def test_a_plugins_nan_metric_is_not_blamed_on_the_learning_rate_alone(fresh_reg
 
 
 def test_built_in_algorithms_are_not_wrapped_and_carry_no_plugin_note():
-    from driftlab.experiments.run.assembly import configured_algorithm
     from driftlab.algorithms import fedavg
+    from driftlab.experiments.run.assembly import configured_algorithm
 
     config = driftlab.load_config(None, ["algorithm.name=fedavg"])
     algorithm = configured_algorithm(config)
@@ -298,7 +323,9 @@ def test_built_in_algorithms_are_not_wrapped_and_carry_no_plugin_note():
 
 
 @pytest.mark.parametrize("store", ["memory", "disk"])
-def test_a_client_state_changing_shape_is_refused_by_both_stores_naming_the_plugin(fresh_registry, tmp_path, store, monkeypatch):
+def test_a_client_state_changing_shape_is_refused_by_both_stores_naming_the_plugin(
+    fresh_registry, tmp_path, store, monkeypatch
+):
     # Without the guard (as for a bundle passed in directly), the store itself refuses the state.
     monkeypatch.setattr(registry, "is_plugin", lambda entry: False)
     path = write_broken(tmp_path, f"grows_{store}", FAULTS["state_changes_shape"][0])
@@ -306,8 +333,15 @@ def test_a_client_state_changing_shape_is_refused_by_both_stores_naming_the_plug
         run_plugin(path, f"grows_{store}", f"state.store={store}", out=tmp_path / "run")
     message = str(raised.value)
     assert message.startswith("the new state of client "), message
-    reference = "client_state_init's state (whose layout the disk store's files hold)" if store == "disk" else "the states stored before it"
-    assert f"state.seen is a float32 tensor of shape (3,), not a float32 tensor of shape (2,) as in {reference}; " in message, message
+    reference = (
+        "client_state_init's state (whose layout the disk store's files hold)"
+        if store == "disk"
+        else "the states stored before it"
+    )
+    assert (
+        f"state.seen is a float32 tensor of shape (3,), not a float32 tensor of shape (2,) as in {reference}; "
+        in message
+    ), message
 
 
 @pytest.mark.parametrize("store", ["memory", "disk"])
@@ -315,7 +349,10 @@ def test_a_list_as_client_state_fails_the_run_cleanly_on_both_stores(fresh_regis
     monkeypatch.setattr(registry, "is_plugin", lambda entry: False)  # the store's own check, not the guard's
     path = write_broken(tmp_path, f"lists_{store}", FAULTS["list_state"][0])
     out = tmp_path / "run"
-    with pytest.raises(ClientStateError, match=r"^the new state of client \d+ cannot be stored: state is a list, which a checkpoint cannot hold"):
+    with pytest.raises(
+        ClientStateError,
+        match=r"^the new state of client \d+ cannot be stored: state is a list, which a checkpoint cannot hold",
+    ):
         run_plugin(path, f"lists_{store}", f"state.store={store}", "checkpoint_every=1", out=out)
     info = json.loads((out / "run.json").read_text())
     assert info["status"] == "failed" and "state is a list" in info["message"]
@@ -332,10 +369,16 @@ def test_the_store_names_the_plugin_that_made_a_state(tmp_path):
     assert str(raised.value).startswith(
         f"the new state of client 2 (made by {owner}) cannot be stored: state[1] is a float, not an int as in the states stored before it; "
     )
-    with pytest.raises(ClientStateError, match=r"client 3 .* state is a list, which a checkpoint cannot hold: .*; return a tuple instead"):
+    with pytest.raises(
+        ClientStateError,
+        match=r"client 3 .* state is a list, which a checkpoint cannot hold: .*; return a tuple instead",
+    ):
         memory.put(3, [torch.ones(2)])
     disk = DiskClientStore(tmp_path, 4, (torch.zeros(2), 0), None, owner=owner)
-    with pytest.raises(ClientStateError, match=r"client 0 \(made by algorithm plugin 'toy' .*\) .*state\[0\] is a float32 tensor of shape \(3,\)"):
+    with pytest.raises(
+        ClientStateError,
+        match=r"client 0 \(made by algorithm plugin 'toy' .*\) .*state\[0\] is a float32 tensor of shape \(3,\)",
+    ):
         disk.put(0, (torch.zeros(3), 0))
 
 
@@ -361,7 +404,9 @@ def test_guarding_keeps_a_vmapped_loss_term_vmapped_and_every_number(fresh_regis
     monkeypatch.setattr(registry, "is_plugin", lambda entry: False)
     plain = driftlab.run(None, overrides=overrides)
     assert torch.equal(guarded_run.final_params, plain.final_params)
-    assert [r["train_loss"] for r in guarded_run.records if "train_loss" in r] == [r["train_loss"] for r in plain.records if "train_loss" in r]
+    assert [r["train_loss"] for r in guarded_run.records if "train_loss" in r] == [
+        r["train_loss"] for r in plain.records if "train_loss" in r
+    ]
 
 
 def test_clients_sharing_a_term_function_still_share_it_after_wrapping():
@@ -374,7 +419,9 @@ def test_clients_sharing_a_term_function_still_share_it_after_wrapping():
         return anchor.sum()
 
     base = fedavg.build(make_server_optimizer("sgd"))
-    bundle = dataclasses.replace(base, client_objective=lambda view, state, context: LocalObjective(loss_term=LossTerm(term, (view.params,))))
+    bundle = dataclasses.replace(
+        base, client_objective=lambda view, state, context: LocalObjective(loss_term=LossTerm(term, (view.params,)))
+    )
     wrapped = guarded(bundle, "algorithm plugin 'x' (x.py)", "x")
     view = wrapped.broadcast(wrapped.server_init(torch.zeros(3)))
     first, second = (wrapped.client_objective(view, None, ClientContext(k, 1, 1, 1.0, 2, 1, 0.1)) for k in (0, 1))
@@ -385,13 +432,17 @@ def test_clients_sharing_a_term_function_still_share_it_after_wrapping():
 def test_a_compressed_plugin_keeps_its_guard_and_its_name(fresh_registry, tmp_path):
     healthy = write_broken(tmp_path, "compressed_ok")
     result = run_plugin(healthy, "compressed_ok", "compression.ratio=0.3")
-    same = driftlab.run(None, overrides=[*TINY, "algorithm.name=fedavg", "algorithm.incomplete=keep", "compression.ratio=0.3"])
+    same = driftlab.run(
+        None, overrides=[*TINY, "algorithm.name=fedavg", "algorithm.incomplete=keep", "compression.ratio=0.3"]
+    )
     assert torch.equal(result.final_params, same.final_params)
     path = write_broken(tmp_path, "compressed_fails", FAULTS["raises_in_client_finish"][0])
-    with pytest.raises(PluginError, match=r"algorithm plugin 'compressed_fails' \(.*\) failed in client_finish \(client \d+, round 1\)"):
+    with pytest.raises(
+        PluginError, match=r"algorithm plugin 'compressed_fails' \(.*\) failed in client_finish \(client \d+, round 1\)"
+    ):
         run_plugin(path, "compressed_fails", "compression.ratio=0.3")
-    from driftlab.experiments.run.assembly import build_algorithm
     from driftlab.experiments.config import load_config
+    from driftlab.experiments.run.assembly import build_algorithm
     from driftlab.simulation.backends.flat import FlatModel
 
     config = load_config(None, [f"plugins=['{healthy}']", "algorithm.name=compressed_ok", "compression.ratio=0.3"])

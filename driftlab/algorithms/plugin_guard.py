@@ -44,8 +44,13 @@ from driftlab.simulation.backends.objectives import LocalObjective, LocalStep, L
 from driftlab.simulation.seam import Algorithm, ClientContext, GradientCorrection, ServerFold
 from driftlab.simulation.state.state_store import layout_difference, state_layout
 
-PASSED_THROUGH = (MemoryError, torch.OutOfMemoryError)  # resource errors keep their type: they are not the plugin's fault
-_WRAPPED_LIMIT = 64  # term and step functions remembered per algorithm (a plugin making new ones per client gets no unbounded cache)
+PASSED_THROUGH = (
+    MemoryError,
+    torch.OutOfMemoryError,
+)  # resource errors keep their type: they are not the plugin's fault
+_WRAPPED_LIMIT = (
+    64  # term and step functions remembered per algorithm (a plugin making new ones per client gets no unbounded cache)
+)
 
 
 def call_from_config(entry: Any, config: Any, server_optimizer: Any, who: str) -> Algorithm:
@@ -86,7 +91,11 @@ def guarded(algorithm: Algorithm, who: str, plugin: str | None = None) -> Algori
             guard.wrap(inner.add, "server_fold.add"),
             guard.checked(inner.finish, "server_fold.finish", guard.check_server_result),
         )
-    server_update = fold.server_update if fold is not None else guard.checked(algorithm.server_update, "server_update", guard.check_server_result)
+    server_update = (
+        fold.server_update
+        if fold is not None
+        else guard.checked(algorithm.server_update, "server_update", guard.check_server_result)
+    )
     return dataclasses.replace(
         algorithm,
         server_init=guard.checked(algorithm.server_init, "server_init", guard.check_server_init),
@@ -153,7 +162,9 @@ class _Guard:
 
         return client_objective
 
-    def optional(self, function: Callable | None, name: str, check: Callable[[str, tuple, Any], None]) -> Callable | None:
+    def optional(
+        self, function: Callable | None, name: str, check: Callable[[str, tuple, Any], None]
+    ) -> Callable | None:
         return None if function is None else self.checked(function, name, check)
 
     def once(self, function: Callable, name: str, check: Callable[[str, tuple, Any], None]) -> Callable:
@@ -206,9 +217,17 @@ class _Guard:
         # The term and step functions are wrapped in place of the objective the backends get (see ``client_objective``).
         if not isinstance(objective, (GradientCorrection, LocalObjective, LossTerm, LocalStep)):
             raise self.refuse(
-                name, f"{_a(objective)}; it must return a GradientCorrection or a LocalObjective (driftlab.simulation.backends.objectives)", args
+                name,
+                f"{_a(objective)}; it must return a GradientCorrection or a LocalObjective (driftlab.simulation.backends.objectives)",
+                args,
             )
-        correction = objective.correction if isinstance(objective, LocalObjective) else objective if isinstance(objective, GradientCorrection) else None
+        correction = (
+            objective.correction
+            if isinstance(objective, LocalObjective)
+            else objective
+            if isinstance(objective, GradientCorrection)
+            else None
+        )
         if correction is None or self.model is None:
             return
         shape = self.model[0]
@@ -216,7 +235,9 @@ class _Guard:
             value = getattr(correction, field)
             if isinstance(value, torch.Tensor) and tuple(value.shape) != shape:
                 raise self.refuse(
-                    name, f"a GradientCorrection whose {field} has shape {tuple(value.shape)}; it must be the model's shape {shape}", args
+                    name,
+                    f"a GradientCorrection whose {field} has shape {tuple(value.shape)}; it must be the model's shape {shape}",
+                    args,
                 )
 
     # guard.once calls each check as check(name, args, value); a loss term's value is checked without its arguments
@@ -224,14 +245,24 @@ class _Guard:
         # Inside vmap a tensor shows its one client's shape: a term gives one number per client.
         if not isinstance(value, torch.Tensor) or value.dim() != 0:
             shape = f"a tensor of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else _a(value)
-            raise self.refuse(name, f"{shape}; a loss term returns one number (a 0-dimensional tensor), e.g. (batch.weights * h).sum()")
+            raise self.refuse(
+                name,
+                f"{shape}; a loss term returns one number (a 0-dimensional tensor), e.g. (batch.weights * h).sum()",
+            )
 
     def check_step(self, name: str, args: tuple, value: Any) -> None:
         params = args[0] if args else None
-        if not (isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], torch.Tensor) and isinstance(value[1], tuple)):
+        if not (
+            isinstance(value, tuple)
+            and len(value) == 2
+            and isinstance(value[0], torch.Tensor)
+            and isinstance(value[1], tuple)
+        ):
             raise self.refuse(name, f"{_a(value)}; a local step returns (new params, new state tuple)")
         if isinstance(params, torch.Tensor) and value[0].shape != params.shape:
-            raise self.refuse(name, f"params of shape {tuple(value[0].shape)} for params of shape {tuple(params.shape)}")
+            raise self.refuse(
+                name, f"params of shape {tuple(value[0].shape)} for params of shape {tuple(params.shape)}"
+            )
 
     def check_initial_state(self, name: str, args: tuple, state: Any) -> None:
         try:
@@ -276,9 +307,13 @@ class _Guard:
 def wrap_objective(guard: _Guard, objective: Any) -> Any:
     """``objective`` with its loss term's and local step's functions replaced by their (shared) wrappers."""
     if isinstance(objective, LossTerm):
-        return dataclasses.replace(objective, function=guard.once(objective.function, "its loss term's function", guard.check_term))
+        return dataclasses.replace(
+            objective, function=guard.once(objective.function, "its loss term's function", guard.check_term)
+        )
     if isinstance(objective, LocalStep):
-        return dataclasses.replace(objective, function=guard.once(objective.function, "its local step's function", guard.check_step))
+        return dataclasses.replace(
+            objective, function=guard.once(objective.function, "its local step's function", guard.check_step)
+        )
     if isinstance(objective, LocalObjective) and (objective.loss_term is not None or objective.local_step is not None):
         return dataclasses.replace(
             objective,
@@ -288,7 +323,9 @@ def wrap_objective(guard: _Guard, objective: Any) -> Any:
     return objective
 
 
-def _failure(who: str, plugin: str, name: str, error: BaseException, context: ClientContext | None = None) -> PluginError:
+def _failure(
+    who: str, plugin: str, name: str, error: BaseException, context: ClientContext | None = None
+) -> PluginError:
     text = " ".join(str(error).split())
     cause = f"{type(error).__name__}: {text}" if text else type(error).__name__
     return PluginError(f"{who} failed in {name}{_where(context)}: {cause}", plugin, name)
@@ -326,4 +363,7 @@ def _non_finite_tensor(value: Any, path: str, depth: int = 0) -> str | None:
         items = ((f"{path}[{k!r}]", item) for k, item in value.items())
     else:
         return None
-    return next((found for found in (_non_finite_tensor(item, where, depth + 1) for where, item in items) if found is not None), None)
+    return next(
+        (found for found in (_non_finite_tensor(item, where, depth + 1) for where, item in items) if found is not None),
+        None,
+    )

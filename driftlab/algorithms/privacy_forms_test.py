@@ -18,10 +18,7 @@ from typing import Any, Callable
 import pytest
 import torch
 
-from driftlab.algorithms import adabest, efl, fedavg, feddyn, fedgate, fedprox, mime, scaffold
-from driftlab.algorithms import ditto
-from driftlab.algorithms import fedamp
-from driftlab.algorithms import apfl
+from driftlab.algorithms import adabest, apfl, ditto, efl, fedamp, fedavg, feddyn, fedgate, fedprox, mime, scaffold
 from driftlab.optim.server import make_server_optimizer
 from driftlab.simulation.seam import Algorithm, RoundContext
 
@@ -40,8 +37,13 @@ def quarters(*shape: int, seed: int) -> torch.Tensor:
 
 
 def context(mean_denominator: float | None, num_registered: int = NUM_REGISTERED, lr: float = 1.0) -> RoundContext:
-    return RoundContext(round=3, num_registered=num_registered, num_selected=4, server_learning_rate=lr,
-                        mean_denominator=mean_denominator)
+    return RoundContext(
+        round=3,
+        num_registered=num_registered,
+        num_selected=4,
+        server_learning_rate=lr,
+        mean_denominator=mean_denominator,
+    )
 
 
 # ---------------------------------------------------------------- the six algorithms, as cases
@@ -89,8 +91,9 @@ def zeros() -> torch.Tensor:
 
 def efl_template(k: int) -> efl.ClientMessage:
     # Client 1 is a straggler kept with its plain weight (incomplete = "plain").
-    return efl.ClientMessage(zeros(), zeros(), zeros(), num_samples=5 + 3 * k, multiplicity=1,
-                             completed_fraction=0.5 if k == 1 else 1.0)
+    return efl.ClientMessage(
+        zeros(), zeros(), zeros(), num_samples=5 + 3 * k, multiplicity=1, completed_fraction=0.5 if k == 1 else 1.0
+    )
 
 
 BETA = 0.5
@@ -152,8 +155,8 @@ CASES = [
         3,
         lambda server, total, m: {
             "params": server.params + total[:D] / m,  # mean part
-            "fisher_sum": server.fisher_sum + total[D:2 * D],  # U, V are plain sums
-            "weighted_model_sum": server.weighted_model_sum + total[2 * D:],
+            "fisher_sum": server.fisher_sum + total[D : 2 * D],  # U, V are plain sums
+            "weighted_model_sum": server.weighted_model_sum + total[2 * D :],
         },
     ),
     Case(
@@ -170,7 +173,10 @@ CASES = [
         lambda algorithm, params: dataclasses.replace(algorithm.server_init(params), momentum=quarters(D, seed=17)),
         lambda k: mime.ClientMessage(zeros(), zeros(), num_samples=5 + 3 * k, multiplicity=1),
         2,
-        lambda server, total, m: {"params": server.params + total[:D] / m, "momentum": BETA * server.momentum + total[D:] / m},
+        lambda server, total, m: {
+            "params": server.params + total[:D] / m,
+            "momentum": BETA * server.momentum + total[D:] / m,
+        },
     ),
     Case(  # Mime releases cat(y_k − x, g_k) too; ḡ is the momentum's input and the next round's control variate c
         "mime",
@@ -309,8 +315,10 @@ def test_private_fold_depends_on_the_sum_of_releases_only_not_on_how_many_report
     total = sum(run.releases)
     one = form.restore(run.view, case.template(0), total)
     nothing = form.restore(run.view, case.template(1), torch.zeros_like(total))
-    results = [run.algorithm.server_update(run.server, messages, context(4.0))[0]
-               for messages in (run.messages, [one], [one, nothing])]
+    results = [
+        run.algorithm.server_update(run.server, messages, context(4.0))[0]
+        for messages in (run.messages, [one], [one, nothing])
+    ]
     expected = case.expected(run.server, total, 4.0)
     for result in results:
         assert_fields(result, expected)
@@ -348,16 +356,30 @@ def test_release_is_flat_and_one_vector_per_message(case):
         (lambda: fedavg.build(sgd()), ['set algorithm.aggregation = "uniform"']),  # weighted is FedAvg's default
         (lambda: fedprox.build(sgd(), mu=0.1), ['set algorithm.aggregation = "uniform"']),
         (lambda: adabest.build(aggregation="weighted"), ['set algorithm.aggregation = "uniform"']),
-        (lambda: efl.build(sgd(), incomplete="plain", aggregation="weighted"),
-         ['set algorithm.aggregation = "uniform"']),
-        (lambda: efl.build(sgd(), incomplete="adaptive", aggregation="uniform"),
-         ['set algorithm.incomplete = "drop" or "plain"', "E/s_k"]),
-        (lambda: efl.build(sgd()),  # EFL's defaults: both
-         ['set algorithm.aggregation = "uniform"', 'set algorithm.incomplete = "drop" or "plain"']),
+        (
+            lambda: efl.build(sgd(), incomplete="plain", aggregation="weighted"),
+            ['set algorithm.aggregation = "uniform"'],
+        ),
+        (
+            lambda: efl.build(sgd(), incomplete="adaptive", aggregation="uniform"),
+            ['set algorithm.incomplete = "drop" or "plain"', "E/s_k"],
+        ),
+        (
+            lambda: efl.build(sgd()),  # EFL's defaults: both
+            ['set algorithm.aggregation = "uniform"', 'set algorithm.incomplete = "drop" or "plain"'],
+        ),
         (lambda: fedamp.build(num_clients=4), ["remove [privacy]", "w_k"]),  # one model per client, used on its own
     ],
-    ids=["fedavg-weighted", "fedavg-default", "fedprox-default", "adabest-weighted", "efl-weighted",
-         "efl-adaptive", "efl-default", "fedamp"],
+    ids=[
+        "fedavg-weighted",
+        "fedavg-default",
+        "fedprox-default",
+        "adabest-weighted",
+        "efl-weighted",
+        "efl-adaptive",
+        "efl-default",
+        "fedamp",
+    ],
 )
 def test_configurations_without_a_bounded_sensitivity_are_refused_naming_the_fix(algorithm, phrases):
     built = algorithm()
@@ -378,15 +400,23 @@ def t(*values: float) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.float64)
 
 
-def private_round(algorithm: Algorithm, server: Any, messages: list[Any], z: torch.Tensor, m: float,
-                  num_registered: int = NUM_REGISTERED) -> Any:
+def private_round(
+    algorithm: Algorithm,
+    server: Any,
+    messages: list[Any],
+    z: torch.Tensor,
+    m: float,
+    num_registered: int = NUM_REGISTERED,
+) -> Any:
     carrier = algorithm.privacy.restore(algorithm.broadcast(server), None, z)
     return algorithm.server_update(server, [carrier, *messages], context(m, num_registered))[0]
 
 
-@pytest.mark.parametrize("build", [lambda: fedavg.build(sgd(), aggregation="uniform"),
-                                   lambda: fedprox.build(sgd(), mu=0.5, aggregation="uniform")],
-                         ids=["fedavg", "fedprox"])
+@pytest.mark.parametrize(
+    "build",
+    [lambda: fedavg.build(sgd(), aggregation="uniform"), lambda: fedprox.build(sgd(), mu=0.5, aggregation="uniform")],
+    ids=["fedavg", "fedprox"],
+)
 def test_fedavg_and_fedprox_by_hand(build):
     algorithm = build()
     server = algorithm.server_init(t(1, 2))

@@ -73,11 +73,15 @@ class AlgorithmEntry:
             "algorithm", self.name, self.config_type, BaseModel, "pydantic.BaseModel (the [algorithm] section)"
         )
         if not callable(self.from_config):
-            raise ValueError(f"algorithm {self.name!r}: from_config must be a function (config, server_optimizer) -> Algorithm")
+            raise ValueError(
+                f"algorithm {self.name!r}: from_config must be a function (config, server_optimizer) -> Algorithm"
+            )
         if not isinstance(self.label, str) or not self.label.strip():
             raise ValueError(f"algorithm {self.name!r}: label must be a non-empty string (how reports name it)")
         if not 0 < self.default_compression_ratio <= 1:
-            raise ValueError(f"algorithm {self.name!r}: default_compression_ratio must be in (0, 1], got {self.default_compression_ratio!r}")
+            raise ValueError(
+                f"algorithm {self.name!r}: default_compression_ratio must be in (0, 1], got {self.default_compression_ratio!r}"
+            )
 
     @property
     def module(self) -> str:
@@ -85,8 +89,12 @@ class AlgorithmEntry:
         return self.from_config.__module__
 
 
-REGISTRY: Registry[AlgorithmEntry] = Registry("algorithm", ENTRY_POINT_GROUP, AlgorithmEntry, lambda entry: entry.from_config)
-ALGORITHMS: dict[str, AlgorithmEntry] = REGISTRY.entries  # in registration order: the built-ins (papers' order), then plugins
+REGISTRY: Registry[AlgorithmEntry] = Registry(
+    "algorithm", ENTRY_POINT_GROUP, AlgorithmEntry, lambda entry: entry.from_config
+)
+ALGORITHMS: dict[str, AlgorithmEntry] = (
+    REGISTRY.entries
+)  # in registration order: the built-ins (papers' order), then plugins
 BUILT_IN: tuple[str, ...] = ()  # set by driftlab.algorithms once the built-ins are registered
 
 
@@ -104,5 +112,3 @@ def label(name: str) -> str:
     """How reports and sweeps name the algorithm (its own name when it is not registered)."""
     entry = ALGORITHMS.get(name)
     return entry.label if entry is not None else name
-
-

@@ -22,7 +22,7 @@ EXAMPLE = REPO_ROOT / "examples" / "nesterov_plugin"
 TINY = ["rounds=2", "data.num_clients=6", "client.epochs=1", "sampling.participation=0.5"]
 
 # A plugin module: FedAvg whose aggregation is a hyperparameter of its own, registered with one call.
-TOY_PLUGIN = '''
+TOY_PLUGIN = """
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -41,7 +41,7 @@ def from_config(config, server_optimizer):
 
 
 register(AlgorithmEntry("{name}", Config, from_config, label="{label}"))
-'''
+"""
 
 
 @pytest.fixture
@@ -66,16 +66,56 @@ def write_plugin(folder: Path, name: str, label: str = "Toy", file: str = "toy.p
 def test_built_in_entries_hold_the_facts_the_runner_sweeps_reports_and_shared_tests_read():
     entries = registry.ALGORITHMS
     assert list(registry.BUILT_IN) == [
-        "fedavg", "fedprox", "scaffold", "feddyn", "adabest", "efl", "fednova", "fedgate", "vrlsgd", "mimelite", "mime", "apfl", "ditto",
+        "fedavg",
+        "fedprox",
+        "scaffold",
+        "feddyn",
+        "adabest",
+        "efl",
+        "fednova",
+        "fedgate",
+        "vrlsgd",
+        "mimelite",
+        "mime",
+        "apfl",
+        "ditto",
         "fedamp",
     ]
     assert [entries[name].label for name in registry.BUILT_IN] == [
-        "FedAvg", "FedProx", "SCAFFOLD", "FedDyn", "AdaBest", "EFL", "FedNova", "FedGATE", "VRL-SGD", "MimeLite", "Mime", "APFL", "Ditto", "FedAMP",
+        "FedAvg",
+        "FedProx",
+        "SCAFFOLD",
+        "FedDyn",
+        "AdaBest",
+        "EFL",
+        "FedNova",
+        "FedGATE",
+        "VRL-SGD",
+        "MimeLite",
+        "Mime",
+        "APFL",
+        "Ditto",
+        "FedAMP",
     ]
-    assert {name for name in registry.BUILT_IN if entries[name].owns_server_step} == {"feddyn", "adabest", "mimelite", "mime", "fedamp"}
-    assert {name for name in registry.BUILT_IN if not entries[name].keeps_partial_work} == {"fedavg", "fedgate", "apfl", "ditto"}
+    assert {name for name in registry.BUILT_IN if entries[name].owns_server_step} == {
+        "feddyn",
+        "adabest",
+        "mimelite",
+        "mime",
+        "fedamp",
+    }
+    assert {name for name in registry.BUILT_IN if not entries[name].keeps_partial_work} == {
+        "fedavg",
+        "fedgate",
+        "apfl",
+        "ditto",
+    }
     assert {name for name in registry.BUILT_IN if entries[name].needs_num_clients} == {"fedamp"}
-    assert {name: entries[name].default_compression_ratio for name in registry.BUILT_IN if entries[name].default_compression_ratio != 1} == {"efl": 0.01}
+    assert {
+        name: entries[name].default_compression_ratio
+        for name in registry.BUILT_IN
+        if entries[name].default_compression_ratio != 1
+    } == {"efl": 0.01}
     assert entries["fedavg"].module == "driftlab.algorithms.fedavg" and entries["fedavg"].config_type is fedavg.Config
 
 
@@ -97,7 +137,13 @@ def test_config_error_is_one_class_wherever_it_is_imported_from():
     ],
 )
 def test_an_entry_is_checked_when_it_is_made(change, message):
-    fields = {"name": "fedavg", "config_type": fedavg.Config, "from_config": fedavg.from_config, "label": "FedAvg", **change}
+    fields = {
+        "name": "fedavg",
+        "config_type": fedavg.Config,
+        "from_config": fedavg.from_config,
+        "label": "FedAvg",
+        **change,
+    }
     with pytest.raises(ValueError, match=message):
         AlgorithmEntry(**fields)
 
@@ -112,18 +158,22 @@ def test_a_name_is_registered_once(fresh_registry):
 def test_a_plugin_file_relative_to_the_config_validates_runs_and_is_recorded(fresh_registry, tmp_path, monkeypatch):
     plugin = write_plugin(tmp_path / "project", "toy_relative", label="Toy relative")
     config_file = tmp_path / "project" / "experiment.toml"
-    config_file.write_text('plugins = ["toy.py"]\nrounds = 2\n[algorithm]\nname = "toy_relative"\nflavour = "weighted"\n')
+    config_file.write_text(
+        'plugins = ["toy.py"]\nrounds = 2\n[algorithm]\nname = "toy_relative"\nflavour = "weighted"\n'
+    )
     monkeypatch.chdir(tmp_path)  # not the config's folder: the path is taken from the config file's
     config = load_config(config_file, TINY[1:])
     assert (config.algorithm.name, config.algorithm.flavour) == ("toy_relative", "weighted")
     assert config.plugins == (str(plugin.resolve()),)
-    assert load_config(None, ["plugins=project/toy.py", "algorithm.name=toy_relative"]).plugins == config.plugins  # one, from cwd
+    assert (
+        load_config(None, ["plugins=project/toy.py", "algorithm.name=toy_relative"]).plugins == config.plugins
+    )  # one, from cwd
     with pytest.raises(driftlab.ConfigError, match=r"algorithm\.flavour: Input should be 'weighted' or 'uniform'"):
         load_config(config_file, ["algorithm.flavour=median"])
     with pytest.raises(driftlab.ConfigError, match=r"algorithm\.mu: unknown key; valid keys here: name, flavour"):
         load_config(config_file, ["algorithm.mu=1"])
     assert f"[algorithm] when algorithm.name = 'toy_relative' (plugin {plugin.resolve()})" in describe_keys()
-    assert "  algorithm.flavour = \"uniform\"\n      the toy's aggregation" in describe_keys()
+    assert '  algorithm.flavour = "uniform"\n      the toy\'s aggregation' in describe_keys()
 
     result = driftlab.run(config_file, tmp_path / "run", overrides=TINY[1:])
     recorded = json.loads((tmp_path / "run" / "config.json").read_text())
@@ -165,9 +215,13 @@ def test_a_plugin_that_cannot_be_imported_stops_with_one_clear_line(fresh_regist
         f"plugins: cannot import plugin '{broken}': RuntimeError: the plugin is broken (raised at {broken.resolve()}, line 2); check the path"
     )
     assert "second line" not in message and "Traceback" not in message
-    assert not any(name.startswith("driftlab_plugin_broken") for name in sys.modules)  # a failed import leaves nothing behind
+    assert not any(
+        name.startswith("driftlab_plugin_broken") for name in sys.modules
+    )  # a failed import leaves nothing behind
     missing = tmp_path / "missing.py"
-    with pytest.raises(driftlab.ConfigError, match=f"cannot import plugin '{missing}': FileNotFoundError: no such file"):
+    with pytest.raises(
+        driftlab.ConfigError, match=f"cannot import plugin '{missing}': FileNotFoundError: no such file"
+    ):
         load_config(None, [f"plugins=['{missing}']"])
 
 
@@ -176,7 +230,9 @@ def test_the_cli_reports_a_broken_plugin_without_a_traceback(tmp_path):
     config_file.write_text('plugins = ["absent.py"]\n[algorithm]\nname = "absent_algorithm"\n')
     result = driftlab_cli("run", config_file, "--out", tmp_path / "out", *TINY)
     assert result.returncode == 2
-    assert result.stderr.startswith(f"driftlab: error: plugins: cannot import plugin '{tmp_path / 'absent.py'}': FileNotFoundError")
+    assert result.stderr.startswith(
+        f"driftlab: error: plugins: cannot import plugin '{tmp_path / 'absent.py'}': FileNotFoundError"
+    )
     assert "Traceback" not in result.stderr and not (tmp_path / "out").exists()
 
 
@@ -184,8 +240,11 @@ def test_driftlab_config_lists_the_keys_of_a_plugins_algorithm(fresh_registry, t
     plugin = write_plugin(tmp_path, "toy_listed")
     listed = driftlab_cli("config", f"plugins=['{plugin}']")
     assert listed.returncode == 0, listed.stderr
-    assert f"[algorithm] when algorithm.name = 'toy_listed' (plugin {plugin.resolve()})\n  algorithm.name = \"toy_listed\"" in listed.stdout
-    assert "  algorithm.flavour = \"uniform\"" in listed.stdout
+    assert (
+        f"[algorithm] when algorithm.name = 'toy_listed' (plugin {plugin.resolve()})\n  algorithm.name = \"toy_listed\""
+        in listed.stdout
+    )
+    assert '  algorithm.flavour = "uniform"' in listed.stdout
 
 
 def test_an_entry_point_registers_its_algorithm_and_a_broken_one_is_named(fresh_registry, tmp_path, monkeypatch):
@@ -195,7 +254,9 @@ def test_an_entry_point_registers_its_algorithm_and_a_broken_one_is_named(fresh_
         metadata.EntryPoint(name="toy", value="toy_entry_point_module", group=registry.ENTRY_POINT_GROUP),
         metadata.EntryPoint(name="gone", value="gone_module_of_a_package", group=registry.ENTRY_POINT_GROUP),
     ]
-    monkeypatch.setattr(plugins.metadata, "entry_points", lambda group: points if group == registry.ENTRY_POINT_GROUP else [])
+    monkeypatch.setattr(
+        plugins.metadata, "entry_points", lambda group: points if group == registry.ENTRY_POINT_GROUP else []
+    )
     monkeypatch.setattr(registry.REGISTRY, "_entry_point_problems", None)  # not read yet in this "process"
     assert load_config(None, ["algorithm.name=toy_entry_point"]).algorithm.flavour == "uniform"
     with pytest.raises(driftlab.ConfigError) as raised:
@@ -207,7 +268,9 @@ def test_an_entry_point_registers_its_algorithm_and_a_broken_one_is_named(fresh_
 
 
 def test_an_algorithm_owning_its_server_step_refuses_a_server_optimizer():
-    with pytest.raises(driftlab.ConfigError, match=r"server\.optimizer: adabest has its own server step .* use sgd \(got 'yogi'\)"):
+    with pytest.raises(
+        driftlab.ConfigError, match=r"server\.optimizer: adabest has its own server step .* use sgd \(got 'yogi'\)"
+    ):
         load_config(None, ["algorithm.name=adabest", "server.optimizer=yogi"])
 
 
@@ -217,7 +280,9 @@ def test_run_takes_an_algorithm_entry_and_records_its_plugin(fresh_registry, tmp
     entry = registry.ALGORITHMS["toy_object"]
     fresh_registry.ALGORITHMS.pop("toy_object")  # as if the entry had only been built in this script
     result = driftlab.run("synthetic-fedprox", tmp_path / "run", overrides=TINY, algorithm=entry)
-    assert result.config.algorithm.name == "toy_object" and result.config.algorithm.flavour == "uniform"  # fedprox's mu dropped
+    assert (
+        result.config.algorithm.name == "toy_object" and result.config.algorithm.flavour == "uniform"
+    )  # fedprox's mu dropped
     assert json.loads((tmp_path / "run" / "config.json").read_text())["plugins"] == [str(plugin.resolve())]
     assert config.plugins == (str(plugin.resolve()),)
     with pytest.raises(driftlab.ConfigError, match="algorithm= takes a driftlab.algorithms.AlgorithmEntry"):
@@ -228,7 +293,9 @@ def test_run_takes_an_algorithm_entry_and_records_its_plugin(fresh_registry, tmp
 def test_a_plugin_run_resumes_and_reports_in_fresh_interpreters(fresh_registry, tmp_path):
     plugin = write_plugin(tmp_path / "code", "toy_fresh", label="Toy fresh")
     out = tmp_path / "run"
-    driftlab.run(None, out, overrides=[*TINY, f"plugins=['{plugin}']", "algorithm.name=toy_fresh", "checkpoint_every=1"])
+    driftlab.run(
+        None, out, overrides=[*TINY, f"plugins=['{plugin}']", "algorithm.name=toy_fresh", "checkpoint_every=1"]
+    )
     resumed = driftlab_cli("run", out / "config.json", "--out", out, "--resume", "rounds=3", "--quiet", process=True)
     assert resumed.returncode == 0, resumed.stderr
     assert [json.loads(line)["round"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
@@ -237,7 +304,11 @@ def test_a_plugin_run_resumes_and_reports_in_fresh_interpreters(fresh_registry, 
     assert "| Toy fresh |" in (tmp_path / "report" / "report.md").read_text()
     plugin.unlink()  # the plugin is gone: a resume says so, naming it; a report reads records only and never needed it
     again = driftlab_cli("run", out / "config.json", "--out", out, "--resume", "rounds=4", "--quiet", process=True)
-    assert again.returncode == 2 and f"cannot import plugin '{plugin.resolve()}'" in again.stderr and "Traceback" not in again.stderr
+    assert (
+        again.returncode == 2
+        and f"cannot import plugin '{plugin.resolve()}'" in again.stderr
+        and "Traceback" not in again.stderr
+    )
     report = driftlab_cli("report", out, "--out", tmp_path / "report2", "--no-plots", process=True)
     assert report.returncode == 0, report.stderr
     assert "| Toy fresh |" in (tmp_path / "report2" / "report.md").read_text()
@@ -248,13 +319,23 @@ def test_the_nesterov_example_sweep_runs_resumes_and_reports_from_the_repository
     """`driftlab sweep examples/nesterov_plugin/sweep.toml`: each run is a fresh interpreter, so a plugin that were
     not imported there would silently train plain FedAvg; the Nesterov runs must differ from FedAvg's."""
     out = tmp_path / "sweep"
-    first = driftlab_cli("sweep", EXAMPLE / "sweep.toml", "--out", out, "--jobs", "2", "rounds=6", cwd=REPO_ROOT, process=True)
+    first = driftlab_cli(
+        "sweep", EXAMPLE / "sweep.toml", "--out", out, "--jobs", "2", "rounds=6", cwd=REPO_ROOT, process=True
+    )
     assert first.returncode == 0, first.stderr
-    runs = {path.parent.parent.name + "/" + path.parent.name: path.parent for path in (out / "runs").glob("*/seed-*/metrics.jsonl")}
+    runs = {
+        path.parent.parent.name + "/" + path.parent.name: path.parent
+        for path in (out / "runs").glob("*/seed-*/metrics.jsonl")
+    }
     assert sorted(runs) == ["fedavg/seed-0", "fedavg/seed-1", "nesterov-fedavg/seed-0", "nesterov-fedavg/seed-1"]
     for seed in (0, 1):
-        fedavg_records = [json.loads(line) for line in (runs[f"fedavg/seed-{seed}"] / "metrics.jsonl").read_text().splitlines()]
-        nesterov_records = [json.loads(line) for line in (runs[f"nesterov-fedavg/seed-{seed}"] / "metrics.jsonl").read_text().splitlines()]
+        fedavg_records = [
+            json.loads(line) for line in (runs[f"fedavg/seed-{seed}"] / "metrics.jsonl").read_text().splitlines()
+        ]
+        nesterov_records = [
+            json.loads(line)
+            for line in (runs[f"nesterov-fedavg/seed-{seed}"] / "metrics.jsonl").read_text().splitlines()
+        ]
         assert len(nesterov_records) == 6 and "momentum_norm" in nesterov_records[-1]
         assert nesterov_records[-1]["train_loss"] != fedavg_records[-1]["train_loss"]
         recorded = json.loads((runs[f"nesterov-fedavg/seed-{seed}"] / "config.json").read_text())
@@ -263,9 +344,22 @@ def test_the_nesterov_example_sweep_runs_resumes_and_reports_from_the_repository
     report = (out / "report" / "report.md").read_text()
     assert "| FedAvg | 2 |" in report and "| Nesterov FedAvg | 2 |" in report
     # Run again: nothing to do; raise rounds: every run resumes from its checkpoint, the plugin imported again.
-    again = driftlab_cli("sweep", EXAMPLE / "sweep.toml", "--out", out, "--jobs", "2", "rounds=6", cwd=REPO_ROOT, process=True)
+    again = driftlab_cli(
+        "sweep", EXAMPLE / "sweep.toml", "--out", out, "--jobs", "2", "rounds=6", cwd=REPO_ROOT, process=True
+    )
     assert again.returncode == 0 and "4 already finished, 0 to run" in again.stdout
-    longer = driftlab_cli("sweep", EXAMPLE / "sweep.toml", "--out", out, "--jobs", "2", "rounds=8", "--no-report", cwd=REPO_ROOT, process=True)
+    longer = driftlab_cli(
+        "sweep",
+        EXAMPLE / "sweep.toml",
+        "--out",
+        out,
+        "--jobs",
+        "2",
+        "rounds=8",
+        "--no-report",
+        cwd=REPO_ROOT,
+        process=True,
+    )
     assert longer.returncode == 0, longer.stderr
     resumed = [json.loads(line) for line in (runs["nesterov-fedavg/seed-0"] / "metrics.jsonl").read_text().splitlines()]
     assert [record["round"] for record in resumed] == list(range(1, 9)) and not list(out.rglob("failure.txt"))

@@ -63,8 +63,8 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from driftlab.features.capabilities import ASYNCHRONOUS_RULE, lacking, synchronous_only
 from driftlab.algorithms.aggregation import RunningMean
+from driftlab.features.capabilities import ASYNCHRONOUS_RULE, lacking, synchronous_only
 from driftlab.simulation.seam import (
     Algorithm,
     ClientContext,
@@ -154,7 +154,9 @@ def build(server_optimizer: Any) -> Algorithm:
 
     def server_init(initial_params: torch.Tensor) -> ServerState:
         return ServerState(
-            params=initial_params, control=torch.zeros_like(initial_params), optimizer_state=server_optimizer.init(initial_params)
+            params=initial_params,
+            control=torch.zeros_like(initial_params),
+            optimizer_state=server_optimizer.init(initial_params),
         )
 
     def client_state_init(initial_params: torch.Tensor) -> ClientState:
@@ -163,7 +165,9 @@ def build(server_optimizer: Any) -> Algorithm:
     def client_objective(view: ClientView, client: ClientState, context: ClientContext) -> GradientCorrection:
         return GradientCorrection(linear=view.control - client.control)
 
-    def client_finish(view: ClientView, client: ClientState, context: ClientContext, update: ClientUpdate) -> tuple[ClientState, ClientMessage]:
+    def client_finish(
+        view: ClientView, client: ClientState, context: ClientContext, update: ClientUpdate
+    ) -> tuple[ClientState, ClientMessage]:
         params_delta = update.final_params - view.params
         if update.steps_done == 0:
             # No step, no gradient information: keep c_k (option II would divide by zero).
@@ -179,10 +183,14 @@ def build(server_optimizer: Any) -> Algorithm:
 
     def aggregation_add(sums: RoundSums, message: ClientMessage) -> RoundSums:
         # Σ_P Δc_k counts each reporting client once, whatever its multiplicity.
-        control = message.control_delta if sums.control_delta_sum is None else sums.control_delta_sum + message.control_delta
+        control = (
+            message.control_delta if sums.control_delta_sum is None else sums.control_delta_sum + message.control_delta
+        )
         return RoundSums(sums.params_delta.add(message.params_delta, float(message.multiplicity)), control)
 
-    def aggregation_finish(server: ServerState, sums: RoundSums, context: RoundContext) -> tuple[ServerState, dict[str, float]]:
+    def aggregation_finish(
+        server: ServerState, sums: RoundSums, context: RoundContext
+    ) -> tuple[ServerState, dict[str, float]]:
         # mean_P Δy_k; a private round divides by its public expected cohort (RoundContext.mean_denominator).
         mean_params_delta = sums.params_delta.value(context.mean_denominator)
         params, optimizer_state = server_optimizer.update(
@@ -197,9 +205,18 @@ def build(server_optimizer: Any) -> Algorithm:
         return ClientView(server.params, server.control)
 
     fold = ServerFold(aggregation_start, aggregation_add, aggregation_finish)
-    return Algorithm("scaffold", server_init, client_objective, client_finish, fold.server_update, broadcast,
-                     client_state_init=client_state_init, server_fold=fold, privacy=privacy_form(),
-                     lacks=lacking(ASYNCHRONOUS_RULE, ASYNCHRONOUS_REASON))
+    return Algorithm(
+        "scaffold",
+        server_init,
+        client_objective,
+        client_finish,
+        fold.server_update,
+        broadcast,
+        client_state_init=client_state_init,
+        server_fold=fold,
+        privacy=privacy_form(),
+        lacks=lacking(ASYNCHRONOUS_RULE, ASYNCHRONOUS_REASON),
+    )
 
 
 def from_config(config: Config, server_optimizer: Any) -> Algorithm:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+
 import torch
 
 import driftlab
@@ -42,7 +43,10 @@ def test_server_control_moves_by_sum_over_n_and_model_by_server_lr() -> None:
     # Δy = (2, 0), (0, 4): θ ← θ + η_g mean Δy = (1,1) + 0.5 (1, 2) = (1.5, 2).
     algorithm = scaffold.build(make_server_optimizer("sgd"))
     server = algorithm.server_init(vector(1, 1))
-    messages = [scaffold.ClientMessage(vector(2, 0), vector(8, 0), 1), scaffold.ClientMessage(vector(0, 4), vector(0, 16), 1)]
+    messages = [
+        scaffold.ClientMessage(vector(2, 0), vector(8, 0), 1),
+        scaffold.ClientMessage(vector(0, 4), vector(0, 16), 1),
+    ]
     server, metrics = algorithm.server_update(server, messages, RoundContext(1, 8, 2, 0.5))
     assert torch.equal(server.control, vector(1, 2))
     assert torch.equal(server.params, vector(1.5, 2))
@@ -53,8 +57,18 @@ def test_server_control_is_the_mean_of_all_client_controls_under_partial_partici
     problem = heterogeneous_quadratics(num_clients=6)
     initial = torch.zeros(3, dtype=F64)
     rounds = [[0, 1], [2, 3], [0, 4], [1, 2]]  # client 5 never trains: its c_k = 0 still counts in the mean
-    run = run_quadratic(build_algorithm("scaffold"), problem, initial, len(rounds), steps=5, learning_rate=0.1, participants=lambda t: rounds[t - 1])
-    all_controls = [run.client_states[k].control if k in run.client_states else torch.zeros(3, dtype=F64) for k in range(6)]
+    run = run_quadratic(
+        build_algorithm("scaffold"),
+        problem,
+        initial,
+        len(rounds),
+        steps=5,
+        learning_rate=0.1,
+        participants=lambda t: rounds[t - 1],
+    )
+    all_controls = [
+        run.client_states[k].control if k in run.client_states else torch.zeros(3, dtype=F64) for k in range(6)
+    ]
     assert torch.allclose(run.server.control, torch.stack(all_controls).mean(0), rtol=0, atol=1e-14)
     assert torch.linalg.vector_norm(run.server.control) > 0.1
 
@@ -74,7 +88,10 @@ def test_composes_with_a_server_optimizer() -> None:
     # Adam's first step moves every coordinate by η_g (bias-corrected m/√v = sign(−q)): θ^1 = θ^0 + 0.1·sign(mean Δy).
     algorithm = build_algorithm("scaffold", server_optimizer="adam")
     server = algorithm.server_init(vector(0, 0))
-    messages = [scaffold.ClientMessage(vector(2, -1), vector(0, 0), 1), scaffold.ClientMessage(vector(0, -3), vector(0, 0), 1)]
+    messages = [
+        scaffold.ClientMessage(vector(2, -1), vector(0, 0), 1),
+        scaffold.ClientMessage(vector(0, -3), vector(0, 0), 1),
+    ]
     server, _ = algorithm.server_update(server, messages, RoundContext(1, 2, 2, 0.1))
     assert torch.allclose(server.params, vector(0.1, -0.1), rtol=1e-6)
 
@@ -101,15 +118,21 @@ def test_traffic_is_two_models_each_way_per_client() -> None:
 #   c_1⁺ = (0.65625,−2.4375), Δc_1 = (0.65625,0.5625).
 #   θ^2 = θ^1 + mean Δy = (0.75,1.5) + (−0.09375,−0.1875) = (0.65625, 1.3125);
 #   c = (−0.375,−0.75) + ¼(0.9375,1.875) = (−0.140625,−0.28125), ‖c‖ = 0.140625√5.
-HAND_CASE = {"config": {}, "params": [(0.75, 1.5), (0.65625, 1.3125)], "drift": [0.375 * math.sqrt(5), 0.140625 * math.sqrt(5)]}
+HAND_CASE = {
+    "config": {},
+    "params": [(0.75, 1.5), (0.65625, 1.3125)],
+    "drift": [0.375 * math.sqrt(5), 0.140625 * math.sqrt(5)],
+}
 
 
 def test_scaffold_private_round_divides_the_model_mean_by_the_denominator_and_the_control_sum_by_n():
     algorithm = scaffold.build(make_server_optimizer("sgd"))
     server = algorithm.server_init(vector(0.0, 0.0))
     # A client drawn twice: Δy counts twice in the mean, Δc once (so the form's promise is for multiplicity 1).
-    messages = [scaffold.ClientMessage(vector(2.0, 0.0), vector(4.0, 0.0), 2),
-                scaffold.ClientMessage(vector(0.0, 4.0), vector(0.0, 4.0), 1)]
+    messages = [
+        scaffold.ClientMessage(vector(2.0, 0.0), vector(4.0, 0.0), 2),
+        scaffold.ClientMessage(vector(0.0, 4.0), vector(0.0, 4.0), 1),
+    ]
     new_server, _ = algorithm.server_update(server, messages, RoundContext(1, 8, 2, 1.0, mean_denominator=4.0))
     assert torch.equal(new_server.params, vector(1.0, 1.0))  # (2·(2, 0) + (0, 4))/4
     assert torch.equal(new_server.control, vector(0.5, 0.5))  # ((4, 0) + (0, 4))/8, as without privacy

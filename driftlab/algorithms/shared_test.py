@@ -102,12 +102,16 @@ def run_quadratic(
                 state = algorithm.client_state_init(initial) if algorithm.client_state_init else None
             context = ClientContext(client, t, sizes[client], mean_size, num_clients, steps, learning_rate)
             stored = lambda: iter(sorted(states.items()))  # noqa: E731 - the round's committed states, as the engine's store
-            view = algorithm.view_for(server, client, algorithm.broadcast(server), stored)  # a view of its own (FedAMP's u_k)
+            view = algorithm.view_for(
+                server, client, algorithm.broadcast(server), stored
+            )  # a view of its own (FedAMP's u_k)
             correction = algorithm.client_objective(view, state, context)
             theta = view.params
             for _ in range(steps):
                 theta = corrected_step(theta, problem.gradient(client, theta), correction, settings)
-            new_states[client], message = algorithm.client_finish(view, state, context, ClientUpdate(view.params, theta, steps))
+            new_states[client], message = algorithm.client_finish(
+                view, state, context, ClientUpdate(view.params, theta, steps)
+            )
             messages.append(message)
         states.update(new_states)  # like the engine: states are written after every client of the round finished
         server, metrics = algorithm.server_update(server, messages, RoundContext(t, num_clients, len(chosen), 1.0))
@@ -115,7 +119,9 @@ def run_quadratic(
     return QuadraticRun(server, states, history)
 
 
-def build_algorithm(name: str, server_optimizer: str = "sgd", num_clients: int = 4, **hyperparameters: Any) -> Algorithm:
+def build_algorithm(
+    name: str, server_optimizer: str = "sgd", num_clients: int = 4, **hyperparameters: Any
+) -> Algorithm:
     """The registered algorithm; one whose entry ``needs_num_clients`` is built for ``num_clients`` (the hand case's N = 4)."""
     entry = ALGORITHMS[name]
     config = entry.config_type(name=name, **hyperparameters)
@@ -161,7 +167,9 @@ def test_same_seed_same_numbers_other_seed_other_numbers(name: str) -> None:
 def test_resume_from_checkpoint_is_exact_including_client_state(name: str, tmp_path: Path) -> None:
     straight = driftlab.run(tiny_config(name, rounds=4, keep_checkpoint=True), tmp_path / "straight")
     driftlab.run(tiny_config(name, rounds=2, checkpoint_every=1, keep_checkpoint=True), tmp_path / "resumed")
-    resumed = driftlab.run(tiny_config(name, rounds=4, checkpoint_every=1, keep_checkpoint=True), tmp_path / "resumed", resume=True)
+    resumed = driftlab.run(
+        tiny_config(name, rounds=4, checkpoint_every=1, keep_checkpoint=True), tmp_path / "resumed", resume=True
+    )
     assert torch.equal(straight.final_params, resumed.final_params)
     assert [r["round"] for r in resumed.records] == [1, 2, 3, 4]
     assert without_wall_time(straight.records) == without_wall_time(resumed.records)
@@ -210,14 +218,21 @@ def hand_gradient(objective: Any, theta: torch.Tensor, target: torch.Tensor) -> 
     local = as_local_objective(objective)
     if local.loss_term is None:
         return local.correction, theta - target
-    loss = objective_loss(lambda params, inputs: params.expand(len(inputs), -1),
-                          lambda outputs, targets: 0.5 * ((outputs - targets) ** 2).sum(1), local.loss_term.function)
+    loss = objective_loss(
+        lambda params, inputs: params.expand(len(inputs), -1),
+        lambda outputs, targets: 0.5 * ((outputs - targets) ** 2).sum(1),
+        local.loss_term.function,
+    )
     inputs, weights = torch.zeros(1, 1, dtype=theta.dtype), torch.ones(1, dtype=theta.dtype)
     return local.correction, torch.func.grad(loss)(theta, inputs, target[None], weights, *local.loss_term.tensors)
 
 
 def hand_round(
-    algorithm: Algorithm, round_index: int, server: Any, states: list[Any], fisher: Sequence[tuple[float, ...]] | None = None
+    algorithm: Algorithm,
+    round_index: int,
+    server: Any,
+    states: list[Any],
+    fisher: Sequence[tuple[float, ...]] | None = None,
 ) -> tuple[Any, list[Any], dict[str, float]]:
     targets = [torch.tensor([2.0, 0.0], dtype=torch.float64), torch.tensor([0.0, 4.0], dtype=torch.float64)]
     sizes = [1, 3]
@@ -229,13 +244,17 @@ def hand_round(
         for client in range(2):
             context = ClientContext(client, round_index, sizes[client], 2.0, 4, 2, 0.5)
             computation = HandComputation(fisher[client] if fisher is not None else None, targets[client])
-            total = total + prelude.weight(context) * prelude.compute(algorithm.view_for(server, client, shared), context, computation)
+            total = total + prelude.weight(context) * prelude.compute(
+                algorithm.view_for(server, client, shared), context, computation
+            )
             weights += prelude.weight(context)
         server = prelude.apply(server, total / weights)
     for client in range(2):
         context = ClientContext(client, round_index, sizes[client], 2.0, 4, 2, 0.5)
         stored = lambda: ((k, state) for k, state in enumerate(states) if state is not None)  # noqa: E731 - clients 0, 1
-        view = algorithm.view_for(server, client, algorithm.broadcast(server), stored)  # a view of its own (FedAMP's u_k)
+        view = algorithm.view_for(
+            server, client, algorithm.broadcast(server), stored
+        )  # a view of its own (FedAMP's u_k)
         correction = algorithm.client_objective(view, states[client], context)
         theta = view.params
         for _ in range(2):
@@ -290,13 +309,17 @@ def test_fedavg_with_several_local_steps_converges_to_a_surrogate_not_the_minimi
     problem = heterogeneous_quadratics()
     initial = torch.tensor([1.0, -1.0, 0.5], dtype=torch.float64)
     steps, learning_rate = 10, 0.1
-    run = run_quadratic(build_algorithm("fedavg"), problem, initial, rounds=200, steps=steps, learning_rate=learning_rate)
+    run = run_quadratic(
+        build_algorithm("fedavg"), problem, initial, rounds=200, steps=steps, learning_rate=learning_rate
+    )
     phi = 1 - (1 - learning_rate * problem.curvatures) ** steps
     surrogate = (phi * problem.targets / problem.curvatures).sum(0) / phi.sum(0)
     assert torch.allclose(run.server.params, surrogate, rtol=0, atol=1e-10)
     assert torch.linalg.vector_norm(surrogate - problem.minimiser()) > 0.05
     # with one local step FedAvg is gradient descent on the mean objective and finds the minimiser
-    one_step = run_quadratic(build_algorithm("fedavg"), problem, initial, rounds=400, steps=1, learning_rate=learning_rate)
+    one_step = run_quadratic(
+        build_algorithm("fedavg"), problem, initial, rounds=400, steps=1, learning_rate=learning_rate
+    )
     assert torch.allclose(one_step.server.params, problem.minimiser(), rtol=0, atol=1e-10)
 
 

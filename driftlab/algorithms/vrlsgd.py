@@ -56,8 +56,8 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from driftlab.features.capabilities import ASYNCHRONOUS_RULE, PRIVACY_FORM, Reason, lacking, synchronous_only
 from driftlab.algorithms.aggregation import RunningMean
+from driftlab.features.capabilities import ASYNCHRONOUS_RULE, PRIVACY_FORM, Reason, lacking, synchronous_only
 from driftlab.optim.apply import apply_server_optimizer
 from driftlab.simulation.seam import (
     Algorithm,
@@ -74,9 +74,7 @@ PRIVACY_REASON = Reason(
         "change by its own steps K_k, which are private (a straggler's): one client moves c by up to C/(N K_k "
         "η_l), which no clip on θ_k − θ^{t−1} bounds"
     ),
-    fix=(
-        "remove [privacy], or use scaffold (whose Δc_k is released and clipped with Δy_k)"
-    ),
+    fix=("remove [privacy], or use scaffold (whose Δc_k is released and clipped with Δy_k)"),
 )
 PRIVACY_REFUSAL = PRIVACY_REASON.text  # the prose, for code that reads it
 ASYNCHRONOUS_REASON = synchronous_only(
@@ -170,7 +168,9 @@ def build(server_optimizer: Any) -> Algorithm:
         total = change if sums.direction_change_sum is None else sums.direction_change_sum + change
         return RoundSums(sums.start, sums.params.add(message.params, float(message.multiplicity)), total)
 
-    def aggregation_finish(server: ServerState, sums: RoundSums, context: RoundContext) -> tuple[ServerState, dict[str, float]]:
+    def aggregation_finish(
+        server: ServerState, sums: RoundSums, context: RoundContext
+    ) -> tuple[ServerState, dict[str, float]]:
         params, optimizer_state = apply_server_optimizer(
             server_optimizer, server.optimizer_state, server.params, sums.params.value(), context.server_learning_rate
         )
@@ -182,9 +182,17 @@ def build(server_optimizer: Any) -> Algorithm:
         return ClientView(server.params, server.direction)
 
     fold = ServerFold(aggregation_start, aggregation_add, aggregation_finish)
-    return Algorithm("vrlsgd", server_init, client_objective, client_finish, fold.server_update, broadcast,
-                     client_state_init=client_state_init, server_fold=fold,
-                     lacks=lacking(PRIVACY_FORM, PRIVACY_REASON) + lacking(ASYNCHRONOUS_RULE, ASYNCHRONOUS_REASON))
+    return Algorithm(
+        "vrlsgd",
+        server_init,
+        client_objective,
+        client_finish,
+        fold.server_update,
+        broadcast,
+        client_state_init=client_state_init,
+        server_fold=fold,
+        lacks=lacking(PRIVACY_FORM, PRIVACY_REASON) + lacking(ASYNCHRONOUS_RULE, ASYNCHRONOUS_REASON),
+    )
 
 
 def from_config(config: Config, server_optimizer: Any) -> Algorithm:

@@ -67,8 +67,15 @@ def test_server_c_is_the_mean_of_all_client_cs_under_partial_participation() -> 
     # The paper's Σ_S Δ_k = 0 (Δ_k = c_k − c), kept by c = mean_S c_k; client 5 never trains and counts with c_k = 0.
     problem = heterogeneous_quadratics(num_clients=6)
     cohorts = [[0, 1], [2, 3], [0, 4], [1, 2]]
-    run = run_quadratic(build_algorithm("vrlsgd"), problem, torch.zeros(3, dtype=F64), len(cohorts), steps=5,
-                        learning_rate=0.1, participants=lambda t: cohorts[t - 1])
+    run = run_quadratic(
+        build_algorithm("vrlsgd"),
+        problem,
+        torch.zeros(3, dtype=F64),
+        len(cohorts),
+        steps=5,
+        learning_rate=0.1,
+        participants=lambda t: cohorts[t - 1],
+    )
     all_cs = [run.client_states[k].direction if k in run.client_states else torch.zeros(3, dtype=F64) for k in range(6)]
     assert torch.allclose(run.server.direction, torch.stack(all_cs).mean(0), rtol=0, atol=1e-14)
     assert torch.linalg.vector_norm(run.server.direction) > 0.1
@@ -104,7 +111,9 @@ def test_equals_the_papers_algorithm_under_full_participation() -> None:
         reference = paper_vrl_sgd(problem, initial, rounds, steps=4, gamma=0.1)
         assert torch.allclose(ours.server.params, reference, rtol=0, atol=1e-12), rounds
     # and differs from FedAvg after round 1 (the correction acts)
-    fedavg = run_quadratic(build_algorithm("fedavg", aggregation="uniform"), problem, initial, rounds=2, steps=4, learning_rate=0.1)
+    fedavg = run_quadratic(
+        build_algorithm("fedavg", aggregation="uniform"), problem, initial, rounds=2, steps=4, learning_rate=0.1
+    )
     ours = run_quadratic(build_algorithm("vrlsgd"), problem, initial, rounds=2, steps=4, learning_rate=0.1)
     assert torch.linalg.vector_norm(ours.server.params - fedavg.server.params) > 1e-3
 
@@ -118,14 +127,18 @@ def test_one_client_or_identical_clients_is_fedavg() -> None:
     twins = Quadratics(one.curvatures.repeat(2, 1), one.targets.repeat(2, 1))
     initial = vector(1.0, -1.0, 0.5)
     for problem in (one, twins):
-        fedavg = run_quadratic(build_algorithm("fedavg", aggregation="uniform"), problem, initial, rounds=6, steps=5, learning_rate=0.1)
+        fedavg = run_quadratic(
+            build_algorithm("fedavg", aggregation="uniform"), problem, initial, rounds=6, steps=5, learning_rate=0.1
+        )
         ours = run_quadratic(build_algorithm("vrlsgd"), problem, initial, rounds=6, steps=5, learning_rate=0.1)
         assert torch.allclose(ours.server.params, fedavg.server.params, rtol=0, atol=1e-14)
         for state in ours.client_states.values():
             assert torch.allclose(state.direction, ours.server.direction, rtol=0, atol=1e-14)
     # round 1 adds a zero correction only: bit for bit
     first = run_quadratic(build_algorithm("vrlsgd"), twins, initial, rounds=1, steps=5, learning_rate=0.1)
-    fedavg = run_quadratic(build_algorithm("fedavg", aggregation="uniform"), twins, initial, rounds=1, steps=5, learning_rate=0.1)
+    fedavg = run_quadratic(
+        build_algorithm("fedavg", aggregation="uniform"), twins, initial, rounds=1, steps=5, learning_rate=0.1
+    )
     assert torch.equal(first.server.params, fedavg.server.params)
 
 
@@ -133,10 +146,24 @@ def test_same_arithmetic_as_scaffold_with_unit_server_rate_under_partial_partici
     problem = heterogeneous_quadratics(num_clients=6)
     initial = vector(1.0, -1.0, 0.5)
     cohorts = [[0, 1, 2], [3, 4, 5], [0, 2, 4], [1, 3, 5], [5, 0]]
-    ours = run_quadratic(build_algorithm("vrlsgd"), problem, initial, rounds=10, steps=4, learning_rate=0.1,
-                         participants=lambda t: cohorts[(t - 1) % len(cohorts)])
-    scaffold = run_quadratic(build_algorithm("scaffold"), problem, initial, rounds=10, steps=4, learning_rate=0.1,
-                             participants=lambda t: cohorts[(t - 1) % len(cohorts)])
+    ours = run_quadratic(
+        build_algorithm("vrlsgd"),
+        problem,
+        initial,
+        rounds=10,
+        steps=4,
+        learning_rate=0.1,
+        participants=lambda t: cohorts[(t - 1) % len(cohorts)],
+    )
+    scaffold = run_quadratic(
+        build_algorithm("scaffold"),
+        problem,
+        initial,
+        rounds=10,
+        steps=4,
+        learning_rate=0.1,
+        participants=lambda t: cohorts[(t - 1) % len(cohorts)],
+    )
     assert torch.allclose(ours.server.params, scaffold.server.params, rtol=0, atol=1e-12)
     assert torch.allclose(ours.server.direction, scaffold.server.control, rtol=0, atol=1e-12)
 
@@ -149,7 +176,9 @@ def test_converges_to_the_global_minimiser_where_fedavg_does_not() -> None:
     initial = vector(1.0, -1.0, 0.5)
     run = run_quadratic(build_algorithm("vrlsgd"), problem, initial, rounds=200, steps=10, learning_rate=0.1)
     assert torch.allclose(run.server.params, problem.minimiser(), rtol=0, atol=1e-8)
-    fedavg = run_quadratic(build_algorithm("fedavg", aggregation="uniform"), problem, initial, rounds=200, steps=10, learning_rate=0.1)
+    fedavg = run_quadratic(
+        build_algorithm("fedavg", aggregation="uniform"), problem, initial, rounds=200, steps=10, learning_rate=0.1
+    )
     assert torch.linalg.vector_norm(fedavg.server.params - problem.minimiser()) > 0.05
     # at the fixed point Δ_k = ∇f_k(x*) (and c = ∇F(x*) = 0)
     assert torch.allclose(run.server.direction, torch.zeros(3, dtype=F64), rtol=0, atol=1e-8)
@@ -163,8 +192,15 @@ def test_partial_participation_still_reaches_the_minimiser() -> None:
     problem = heterogeneous_quadratics(num_clients=6)
     initial = vector(1.0, -1.0, 0.5)
     cohorts = [[0, 1, 2], [3, 4, 5], [0, 2, 4], [1, 3, 5]]
-    run = run_quadratic(build_algorithm("vrlsgd"), problem, initial, rounds=400, steps=5, learning_rate=0.05,
-                        participants=lambda t: cohorts[(t - 1) % len(cohorts)])
+    run = run_quadratic(
+        build_algorithm("vrlsgd"),
+        problem,
+        initial,
+        rounds=400,
+        steps=5,
+        learning_rate=0.05,
+        participants=lambda t: cohorts[(t - 1) % len(cohorts)],
+    )
     assert torch.allclose(run.server.params, problem.minimiser(), rtol=0, atol=1e-6)
 
 
@@ -179,7 +215,11 @@ def test_partial_participation_still_reaches_the_minimiser() -> None:
 #     d_1 = (0.28125,−0.1875).  θ^2 = mean y = (0.65625,1.3125);
 #   c = c + ¼ Σ (d_k − c) = (−0.375,−0.75) + ¼ (0.9375,1.875) = (−0.140625,−0.28125), ‖c‖ = 0.140625√5.
 #   (SCAFFOLD's numbers: the same arithmetic with η_g = 1; test_same_arithmetic_as_scaffold... checks it at large.)
-HAND_CASE = {"config": {}, "params": [(0.75, 1.5), (0.65625, 1.3125)], "drift": [0.375 * math.sqrt(5), 0.140625 * math.sqrt(5)]}
+HAND_CASE = {
+    "config": {},
+    "params": [(0.75, 1.5), (0.65625, 1.3125)],
+    "drift": [0.375 * math.sqrt(5), 0.140625 * math.sqrt(5)],
+}
 
 
 # ---------------------------------------------------------------- full runs: backends, traffic, compression, refusals

@@ -61,11 +61,11 @@ from typing import Any, Sequence
 
 import torch
 
+from driftlab.compress.ternary import TernaryVector, compress_model
 from driftlab.errors import ConfigError
 from driftlab.features import drivers
 from driftlab.features.capabilities import ASYNCHRONOUS_RULE, Reason, with_lack
 from driftlab.features.wrapping import Wrapping
-from driftlab.compress.ternary import TernaryVector, compress_model
 from driftlab.metrics.communication import BITS_PER_ENTRY, payload_bits
 from driftlab.simulation.seam import (
     Algorithm,
@@ -106,9 +106,7 @@ ASYNCHRONOUS_REASON = Reason(
         "needs every arrival time at dispatch; the server's ST(Δ) broadcast also assumes every client applies "
         "every update, which a client in flight across several does not"
     ),
-    fix=(
-        "set compression.ratio = 1"
-    ),
+    fix=("set compression.ratio = 1"),
 )
 ASYNCHRONOUS_REFUSAL = ASYNCHRONOUS_REASON.text  # the prose, for code that reads it
 
@@ -158,16 +156,24 @@ class CompressedPayload:
                 raise ValueError("a message sent whole carries no compressed model")
             return self
         fields = dataclasses.fields(self.payload) if dataclasses.is_dataclass(self.payload) else ()
-        if self.model is None or self.model_form not in (MODEL_IS_FINAL, MODEL_IS_CHANGE) or not 0 <= self.model_field < len(fields):
+        if (
+            self.model is None
+            or self.model_form not in (MODEL_IS_FINAL, MODEL_IS_CHANGE)
+            or not 0 <= self.model_field < len(fields)
+        ):
             raise ValueError(
                 f"model form {self.model_form} with field {self.model_field} and a compressed model {self.model is not None} do not fit the message"
             )
         name = fields[self.model_field].name
         if getattr(self.payload, name) is not None:
-            raise ValueError(f"the message's field {name!r} is rebuilt from the compressed model, so it must arrive empty")
+            raise ValueError(
+                f"the message's field {name!r} is rebuilt from the compressed model, so it must arrive empty"
+            )
         dense = self.model.to_dense().to(start.device)
         if dense.shape != start.shape or dense.dtype != start.dtype:
-            raise ValueError(f"the compressed model is {dense.dtype} {tuple(dense.shape)}, the model is {start.dtype} {tuple(start.shape)}")
+            raise ValueError(
+                f"the compressed model is {dense.dtype} {tuple(dense.shape)}, the model is {start.dtype} {tuple(start.shape)}"
+            )
         final = start + dense  # the client's own θ_start + ST(Δ_k)
         value = final if self.model_form == MODEL_IS_FINAL else final - start
         return dataclasses.replace(self, payload=dataclasses.replace(self.payload, **{name: value}))
@@ -184,7 +190,9 @@ def with_compression(algorithm: Algorithm, ratio: float, tensor_sizes: Sequence[
     compress_model(torch.zeros(num_parameters), sizes, ratio)  # validates ratio and sizes before any work
 
     def server_init(initial_params: torch.Tensor) -> CompressedServerState:
-        return CompressedServerState(algorithm.server_init(initial_params), torch.zeros_like(initial_params), model_bits)
+        return CompressedServerState(
+            algorithm.server_init(initial_params), torch.zeros_like(initial_params), model_bits
+        )
 
     def client_state_init(initial_params: torch.Tensor) -> CompressedClientState:
         inner = algorithm.client_state_init(initial_params) if algorithm.client_state_init is not None else None
@@ -193,15 +201,21 @@ def with_compression(algorithm: Algorithm, ratio: float, tensor_sizes: Sequence[
     def client_objective(view: CompressedClientView, client: CompressedClientState, context: ClientContext):
         return algorithm.client_objective(view.inner, client.inner, context)
 
-    def client_finish(view: CompressedClientView, client: CompressedClientState, context: ClientContext, update: ClientUpdate):
+    def client_finish(
+        view: CompressedClientView, client: CompressedClientState, context: ClientContext, update: ClientUpdate
+    ):
         delta = client.residual + (update.final_params - update.start_params)
         sent, bits = compress_model(delta, sizes, ratio)
-        received = dataclasses.replace(update, final_params=update.start_params + sent, local_params=update.trained_params)
+        received = dataclasses.replace(
+            update, final_params=update.start_params + sent, local_params=update.trained_params
+        )
         inner_state, message = algorithm.client_finish(view.inner, client.inner, context, received)
         if message is None:
             return CompressedClientState(inner_state, client.residual), None
         wire_bits = payload_bits(message) - model_bits + bits
-        return CompressedClientState(inner_state, delta - sent), compressed_message(message, wire_bits, sent, sizes, update.start_params, received.final_params)
+        return CompressedClientState(inner_state, delta - sent), compressed_message(
+            message, wire_bits, sent, sizes, update.start_params, received.final_params
+        )
 
     inner_fold = algorithm.fold()
 
@@ -225,7 +239,9 @@ def with_compression(algorithm: Algorithm, ratio: float, tensor_sizes: Sequence[
     def membership_hook(hook):
         if hook is None:
             return None
-        return lambda server, client: dataclasses.replace(server, inner=hook(server.inner, client.inner if client is not None else None))
+        return lambda server, client: dataclasses.replace(
+            server, inner=hook(server.inner, client.inner if client is not None else None)
+        )
 
     joined, left = membership_hook(algorithm.client_joined), membership_hook(algorithm.client_left)
     fold = ServerFold(aggregation_start, aggregation_add, aggregation_finish, finishes_empty=inner_fold.finishes_empty)
@@ -247,7 +263,9 @@ def with_compression(algorithm: Algorithm, ratio: float, tensor_sizes: Sequence[
         codec=codec,
         privacy=privacy,
         asynchronous=False,
-        lacks=with_lack(algorithm.lacks, ASYNCHRONOUS_RULE, asynchronous_reason(algorithm)),  # the wrapped privacy lack kept
+        lacks=with_lack(
+            algorithm.lacks, ASYNCHRONOUS_RULE, asynchronous_reason(algorithm)
+        ),  # the wrapped privacy lack kept
         personalization=compressed_personalization(algorithm),
     )
 
@@ -353,4 +371,3 @@ def compressed_message(
         return CompressedPayload(message, payload_bits(message))  # sent whole: nothing of it travels compressed
     index, form = found
     return CompressedPayload(message, bits, TernaryVector.from_dense(sent, sizes), index, form)
-

@@ -42,10 +42,14 @@ def test_error_feedback_conserves_mass_on_both_sides():
             true_update = torch.randn(P, generator=generator, dtype=torch.float64) * (k + 1)
             update = ClientUpdate(start, start + true_update, 4)
             previous_residual = clients[k].residual
-            clients[k], message = algorithm.client_finish(algorithm.broadcast(server), clients[k], context(k, t, samples[k]), update)
+            clients[k], message = algorithm.client_finish(
+                algorithm.broadcast(server), clients[k], context(k, t, samples[k]), update
+            )
             sent = message.payload.params - start
             # what was sent is ST of (old residual + true update), per tensor
-            expected_sent, expected_bits = compress_model(previous_residual + (update.final_params - start), SIZES, RATIO)
+            expected_sent, expected_bits = compress_model(
+                previous_residual + (update.final_params - start), SIZES, RATIO
+            )
             assert torch.allclose(sent, expected_sent, rtol=0, atol=1e-12)
             assert int((sent[:6] != 0).sum()) == 2 and int((sent[6:] != 0).sum()) == 1
             assert message.bits == expected_bits == (32 + 2 + min(6, 2 * 3)) + (32 + 1 + min(3, 1 * 2))
@@ -76,10 +80,14 @@ def test_dropped_message_keeps_the_clients_residual():
     server = algorithm.server_init(theta0)
     client = algorithm.client_state_init(theta0)
     first = torch.arange(1.0, P + 1, dtype=torch.float64)
-    client, message = algorithm.client_finish(algorithm.broadcast(server), client, context(0, 1, 1), ClientUpdate(theta0, first, 4))
+    client, message = algorithm.client_finish(
+        algorithm.broadcast(server), client, context(0, 1, 1), ClientUpdate(theta0, first, 4)
+    )
     residual = client.residual.clone()
     assert float(residual.abs().max()) > 0
-    client, message = algorithm.client_finish(algorithm.broadcast(server), client, context(0, 2, 1, available=2), ClientUpdate(theta0, 2 * first, 2))
+    client, message = algorithm.client_finish(
+        algorithm.broadcast(server), client, context(0, 2, 1, available=2), ClientUpdate(theta0, 2 * first, 2)
+    )
     assert message is None
     assert torch.equal(client.residual, residual)
 
@@ -131,10 +139,14 @@ def test_end_to_end_server_moves_only_by_broadcast_st_and_conserves_mass():
     def recording_update(server, messages, context):
         weights = torch.tensor([m.payload.num_samples * m.payload.multiplicity for m in messages], dtype=torch.float64)
         weights = weights / weights.sum()
-        captured["aggregated"] = sum(w * (m.payload.params - server.params) for w, m in zip(weights.tolist(), messages, strict=True))
+        captured["aggregated"] = sum(
+            w * (m.payload.params - server.params) for w, m in zip(weights.tolist(), messages, strict=True)
+        )
         return original_update(server, messages, context)
 
-    sim.algorithm = dataclasses.replace(sim.algorithm, server_update=recording_update, server_fold=None)  # the engine collects
+    sim.algorithm = dataclasses.replace(
+        sim.algorithm, server_update=recording_update, server_fold=None
+    )  # the engine collects
     for _ in range(config.rounds):
         before = state.server.params
         state, record = run_round(sim, state)
@@ -228,11 +240,15 @@ def test_the_compressed_algorithms_codec_sends_the_wire_form_and_rebuilds_the_me
     assert _equal(codec.from_wire(codec.to_wire(message), start), message)
     assert codec.unplanned == ("bits", "model")  # checked by from_wire, and ST(Δ_k) itself: never compared with a plan
     forged = dataclasses.replace(codec.to_wire(message), bits=message.bits - 1)
-    with pytest.raises(ValueError, match=f"^the compressed message claims {message.bits - 1} bits, what arrived costs {message.bits}$"):
+    with pytest.raises(
+        ValueError, match=f"^the compressed message claims {message.bits - 1} bits, what arrived costs {message.bits}$"
+    ):
         codec.from_wire(forged, start)
     with pytest.raises(ValueError, match="^compressed message does not fit: .*must arrive empty"):
         codec.from_wire(message, start)  # sent with its model field: the dense model would travel
-    with pytest.raises(ValueError, match="^compressed message does not fit: a [A-Za-z]+ arrived, a compressed message was expected$"):
+    with pytest.raises(
+        ValueError, match="^compressed message does not fit: a [A-Za-z]+ arrived, a compressed message was expected$"
+    ):
         codec.from_wire(message.payload, start)
 
 
@@ -252,14 +268,22 @@ def test_a_rebuilt_message_needs_a_consistent_form():
         dataclasses.replace(sent, model_field=17).rebuilt(start)
     with pytest.raises(ValueError, match="carries no compressed model"):
         dataclasses.replace(sent, model_form=0).rebuilt(start)
-    with pytest.raises(ValueError, match=r"compressed model is torch.float32 \(72,\), the model is torch.float32 \(71,\)"):
+    with pytest.raises(
+        ValueError, match=r"compressed model is torch.float32 \(72,\), the model is torch.float32 \(71,\)"
+    ):
         sent.rebuilt(start[:71])
 
 
 def test_the_compressed_bundle_forwards_every_field_it_does_not_change():
     from driftlab.privacy.mechanism_test import extended
 
-    inner = dataclasses.replace(extended(fedavg.build(make_server_optimizer("sgd")), "a later field"), plugin="algorithm plugin 'x' (x.py)")
+    inner = dataclasses.replace(
+        extended(fedavg.build(make_server_optimizer("sgd")), "a later field"), plugin="algorithm plugin 'x' (x.py)"
+    )
     compressed = with_compression(inner, RATIO, SIZES)
     assert compressed.extra == "a later field" and (compressed.name, compressed.plugin) == (inner.name, inner.plugin)
-    assert compressed.server_fold is not inner.server_fold and compressed.codec is not inner.codec and not compressed.asynchronous
+    assert (
+        compressed.server_fold is not inner.server_fold
+        and compressed.codec is not inner.codec
+        and not compressed.asynchronous
+    )

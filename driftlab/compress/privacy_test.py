@@ -48,8 +48,9 @@ def _round(algorithm: Algorithm, dtype: torch.dtype = torch.float32, seed: int =
 
 
 def _settings(clip: float, noise_multiplier: float = 0.0) -> PrivacySettings:
-    return PrivacySettings(clip=clip, noise_multiplier=noise_multiplier, seed=4, sampling_rate=1.0,
-                           expected_cohort=2.0, population=4)
+    return PrivacySettings(
+        clip=clip, noise_multiplier=noise_multiplier, seed=4, sampling_rate=1.0, expected_cohort=2.0, population=4
+    )
 
 
 def _norm(vector: torch.Tensor) -> float:
@@ -152,6 +153,7 @@ class Doubled:
 
 def test_a_message_without_a_model_field_is_sent_whole_at_its_whole_bits():
     inner = fedavg.build(make_server_optimizer("sgd"), aggregation="uniform")
+
     def client_finish(view, client, ctx, update):
         return None, Doubled(2 * update.final_params)
 
@@ -168,7 +170,10 @@ def test_compression_passes_the_wrapped_algorithms_refusal_through():
     formless = with_compression(dataclasses.replace(_inner("fedavg"), privacy=None), RATIO, SIZES)
     assert formless.privacy is None and formless.privacy_refusal is None
     settings = _settings(clip=1.0)
-    with pytest.raises(ConfigError, match='^\\[privacy\\] with algorithm.name = "fedavg": aggregation = "weighted" .*set algorithm.aggregation = "uniform"$'):
+    with pytest.raises(
+        ConfigError,
+        match='^\\[privacy\\] with algorithm.name = "fedavg": aggregation = "weighted" .*set algorithm.aggregation = "uniform"$',
+    ):
         with_privacy(weighted, settings)
     with pytest.raises(ConfigError, match=r"gives no privacy form .*give Algorithm\(privacy=PrivacyForm"):
         with_privacy(formless, settings)

@@ -146,7 +146,9 @@ class TernaryVector:
                 positions = np.flatnonzero(stream[cursor : cursor + size])
                 cursor += size
             if len(positions) != count or (count and (positions.max() >= size or np.any(np.diff(positions) <= 0))):
-                raise ValueError(f"piece {piece}: positions {positions.tolist()[:8]}... are not {count} distinct increasing indices below {size}")
+                raise ValueError(
+                    f"piece {piece}: positions {positions.tolist()[:8]}... are not {count} distinct increasing indices below {size}"
+                )
             signs = torch.where(torch.from_numpy(negative), -1.0, 1.0).to(scales.dtype)
             out[offset + torch.from_numpy(positions)] = scales[piece] * signs  # sparse_ternary's own product
             offset += size
@@ -165,13 +167,20 @@ class TernaryVector:
     def check(self) -> None:
         """ValueError unless the counts, scales and code length agree with ``sizes``."""
         if len(self.counts) != len(self.sizes) or tuple(self.scales.shape) != (len(self.sizes),):
-            raise ValueError(f"{len(self.sizes)} pieces need {len(self.sizes)} counts and scales, got {len(self.counts)} and {tuple(self.scales.shape)}")
+            raise ValueError(
+                f"{len(self.sizes)} pieces need {len(self.sizes)} counts and scales, got {len(self.counts)} and {tuple(self.scales.shape)}"
+            )
         for piece, (size, count) in enumerate(zip(self.sizes, self.counts, strict=True)):
             if not 0 <= count <= size:
                 raise ValueError(f"piece {piece} of {size} entries cannot keep {count}")
-        expected = math.ceil(sum(ternary_bits(size, count) - BITS_PER_ENTRY for size, count in zip(self.sizes, self.counts, strict=True)) / 8)
+        expected = math.ceil(
+            sum(ternary_bits(size, count) - BITS_PER_ENTRY for size, count in zip(self.sizes, self.counts, strict=True))
+            / 8
+        )
         if self.code.dtype != torch.uint8 or tuple(self.code.shape) != (expected,):
-            raise ValueError(f"code must be {expected} uint8 bytes for these counts, got {self.code.dtype} of shape {tuple(self.code.shape)}")
+            raise ValueError(
+                f"code must be {expected} uint8 bytes for these counts, got {self.code.dtype} of shape {tuple(self.code.shape)}"
+            )
         if not bool(torch.isfinite(self.scales).all()) or bool((self.scales < 0).any()):
             raise ValueError("scales must be finite and non-negative")
 

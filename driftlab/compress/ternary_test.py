@@ -54,7 +54,16 @@ def test_st_of_zero_tensor_is_zero():
 
 @pytest.mark.parametrize(
     "numel, ratio, kept",
-    [(10, 0.3, 3), (1000, 0.01, 10), (600, 0.1, 60), (10, 0.1, 1), (10, 0.01, 1), (3, 0.5, 1), (7, 1.0, 7), (1, 0.5, 1)],
+    [
+        (10, 0.3, 3),
+        (1000, 0.01, 10),
+        (600, 0.1, 60),
+        (10, 0.1, 1),
+        (10, 0.01, 1),
+        (3, 0.5, 1),
+        (7, 1.0, 7),
+        (1, 0.5, 1),
+    ],
 )
 def test_kept_entries_is_floor_of_q_n_at_least_one(numel, ratio, kept):
     assert kept_entries(numel, ratio) == kept
@@ -101,7 +110,9 @@ def test_compress_model_on_mlr_sizes():
     assert set(torch.nonzero(out[:600]).flatten().tolist()) == set(top.tolist())
     assert torch.allclose(out[:600][top].abs(), vector[:600][top].abs().mean().expand(60), rtol=0, atol=1e-15)
     assert torch.equal(torch.sign(out[:600][top]), torch.sign(vector[:600][top]))
-    assert out[600 + int(vector[600:].abs().argmax())] == vector[600:].abs().max() * torch.sign(vector[600:][vector[600:].abs().argmax()])
+    assert out[600 + int(vector[600:].abs().argmax())] == vector[600:].abs().max() * torch.sign(
+        vector[600:][vector[600:].abs().argmax()]
+    )
 
 
 def test_ratio_one_is_identity_at_32_bits_per_entry():

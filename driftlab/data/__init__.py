@@ -9,6 +9,7 @@ The data sets a config names (``data.name``) are the entries of
 registered here through the same ``register`` a plugin calls.
 """
 
+from driftlab.data import builtins, registry
 from driftlab.data.federated import DataFileError, FederatedDataset, classes_covering_fraction
 from driftlab.data.idx import MNIST_MEAN, MNIST_STD, load_mnist, load_mnist_tensors, read_idx
 from driftlab.data.partition import (
@@ -19,7 +20,6 @@ from driftlab.data.partition import (
 )
 from driftlab.data.registry import DataSection, DataSetEntry, Download, register
 from driftlab.data.synthetic import synthetic_federated
-from driftlab.data import builtins, registry
 
 builtins.register_built_ins()
 registry.REGISTRY.finish_built_ins()

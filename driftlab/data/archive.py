@@ -35,7 +35,14 @@ from typing import BinaryIO
 
 from driftlab.data.federated import DataFileError
 
-__all__ = ["ArchiveLimits", "compression", "corrupt_file_error", "iter_tar_members", "open_decompressed", "read_decompressed"]
+__all__ = [
+    "ArchiveLimits",
+    "compression",
+    "corrupt_file_error",
+    "iter_tar_members",
+    "open_decompressed",
+    "read_decompressed",
+]
 
 _MAGICS = ((b"\x1f\x8b", "gzip"), (b"BZh", "bz2"), (b"\xfd7zXZ\x00", "xz"))
 # Errors a damaged compressed stream or tar archive raises while being read.
@@ -162,7 +169,9 @@ def read_capped(path: str | os.PathLike, max_bytes: int, what: str) -> bytes:
     path = Path(path)
     size = path.stat().st_size
     if size > max_bytes:
-        raise DataFileError(f"{path} is {size:,} bytes, more than the {max_bytes:,} allowed for {what}; it is not a genuine data file")
+        raise DataFileError(
+            f"{path} is {size:,} bytes, more than the {max_bytes:,} allowed for {what}; it is not a genuine data file"
+        )
     return path.read_bytes()
 
 
@@ -232,7 +241,9 @@ def _check_archive_end(tar: tarfile.TarFile, stream: _BoundedReader, path: Path)
     # tarfile stops without a word at a missing, truncated or damaged header; a
     # real end-of-archive marker is a whole block of zeros at tar.offset.
     if tar.fileobj.tell() != tar.offset + tarfile.BLOCKSIZE:
-        raise corrupt_file_error(path, f"the archive ends at byte {tar.fileobj.tell():,} without its end-of-archive marker")
+        raise corrupt_file_error(
+            path, f"the archive ends at byte {tar.fileobj.tell():,} without its end-of-archive marker"
+        )
     stream.window = None  # the padding has its own, smaller bound
     trailing = 0
     while chunk := tar.fileobj.read(64 << 10):
@@ -242,4 +253,6 @@ def _check_archive_end(tar: tarfile.TarFile, stream: _BoundedReader, path: Path)
                 path, f"data after the end of the archive at byte {tar.offset:,}; a damaged header ended it early"
             )
         if trailing > _MAX_TRAILING_BYTES:
-            raise corrupt_file_error(path, f"more than {_MAX_TRAILING_BYTES:,} bytes of padding after the end of the archive")
+            raise corrupt_file_error(
+                path, f"more than {_MAX_TRAILING_BYTES:,} bytes of padding after the end of the archive"
+            )

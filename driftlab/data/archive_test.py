@@ -58,7 +58,9 @@ def gzip_of_zeros(prefix: bytes, total: int) -> bytes:
         compressor = zlib.compressobj(9, zlib.DEFLATED, -15)
         return compressor.compress(data) + compressor.flush(mode)
 
-    body = deflate(prefix, zlib.Z_FULL_FLUSH) + deflate(bytes(chunk), zlib.Z_FULL_FLUSH) * ((total - len(prefix)) // chunk)
+    body = deflate(prefix, zlib.Z_FULL_FLUSH) + deflate(bytes(chunk), zlib.Z_FULL_FLUSH) * (
+        (total - len(prefix)) // chunk
+    )
     header = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x02\xff"
     return header + body + deflate(b"", zlib.Z_FINISH) + struct.pack("<II", 0, total & 0xFFFFFFFF)
 
@@ -72,7 +74,12 @@ def test_round_trip_plain_and_every_compression(tmp_path):
 
     members = _random_members()
     tar = tar_bytes(members)
-    for name, content in (("a.tar", tar), ("a.tar.gz", _gzip(tar)), ("a.tar.bz2", bz2.compress(tar)), ("a.tar.xz", lzma.compress(tar))):
+    for name, content in (
+        ("a.tar", tar),
+        ("a.tar.gz", _gzip(tar)),
+        ("a.tar.bz2", bz2.compress(tar)),
+        ("a.tar.xz", lzma.compress(tar)),
+    ):
         (tmp_path / name).write_bytes(content)
         assert dict(_read_all(tmp_path / name)) == members, name
 
@@ -112,7 +119,9 @@ def test_damaged_middle_header_does_not_silently_end_the_archive(tmp_path):
     path.write_bytes(bytes(raw))
     with tarfile.open(path, "r|") as tar:
         assert len([m for m in tar]) == 1  # what tarfile alone makes of it
-    with pytest.raises(DataFileError, match=r"header\.tar is corrupt \(data after the end of the archive.*\): download it again"):
+    with pytest.raises(
+        DataFileError, match=r"header\.tar is corrupt \(data after the end of the archive.*\): download it again"
+    ):
         _read_all(path)
 
 
@@ -120,7 +129,10 @@ def test_plain_tar_cut_at_a_member_boundary_lacks_the_end_marker(tmp_path):
     raw = tar_bytes(_random_members())
     path = tmp_path / "cut.tar"
     path.write_bytes(raw[: 2 * (512 + 5120)])  # two whole members, nothing after
-    with pytest.raises(DataFileError, match=r"cut\.tar is corrupt \(the archive ends at byte 11,264 without its end-of-archive marker\)"):
+    with pytest.raises(
+        DataFileError,
+        match=r"cut\.tar is corrupt \(the archive ends at byte 11,264 without its end-of-archive marker\)",
+    ):
         _read_all(path)
 
 
@@ -156,7 +168,9 @@ def test_member_size_limit_is_checked_from_the_header_before_reading(tmp_path):
     path = tmp_path / "big.tar.gz"
     path.write_bytes(_gzip(tar_bytes({"small": b"x" * 10, "data/big.json": b" " * 5000})))
     seen = []
-    with pytest.raises(DataFileError, match=r"big\.tar\.gz: member data/big\.json is 5,000 bytes, more than the 4,096 allowed"):
+    with pytest.raises(
+        DataFileError, match=r"big\.tar\.gz: member data/big\.json is 5,000 bytes, more than the 4,096 allowed"
+    ):
         for name, _ in iter_tar_members(path, ArchiveLimits(10, 4096, 1 << 20), ANY, "a test archive"):
             seen.append(name)
     assert seen == ["small"]
@@ -172,7 +186,9 @@ def test_skipped_members_are_held_to_the_member_limit_too(tmp_path):
 def test_total_limit_counts_decompressed_bytes(tmp_path):
     path = tmp_path / "total.tar.gz"
     path.write_bytes(_gzip(tar_bytes(_random_members(n=4))))
-    with pytest.raises(DataFileError, match=r"total\.tar\.gz decompresses to more than 10,000 bytes, the limit for a test archive"):
+    with pytest.raises(
+        DataFileError, match=r"total\.tar\.gz decompresses to more than 10,000 bytes, the limit for a test archive"
+    ):
         _read_all(path, ArchiveLimits(10, 1 << 20, 10_000))
 
 
@@ -242,7 +258,9 @@ def _png_header(width: int, height: int) -> bytes:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
 
     ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\x00" * 64)) + chunk(b"IEND", b"")
+    return (
+        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\x00" * 64)) + chunk(b"IEND", b"")
+    )
 
 
 @pytest.mark.slow
@@ -279,7 +297,9 @@ def test_peak_memory_while_rejecting_two_gigabyte_bombs_stays_small(tmp_path):
 
     result = subprocess.run(
         [sys.executable, "-c", _BOMB_CHILD, json.dumps(arguments)],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])
@@ -301,7 +321,9 @@ def test_peak_memory_while_rejecting_two_gigabyte_bombs_stays_small(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [pytest.param(name, marks=needs_real_data(name)) for name in ("femnist", "cifar10_folder")])
+@pytest.mark.parametrize(
+    "name", [pytest.param(name, marks=needs_real_data(name)) for name in ("femnist", "cifar10_folder")]
+)
 def test_real_archives_read_to_their_end_without_error(name):
     from driftlab.data.image_folders import CIFAR10_FOLDER_LIMITS
     from driftlab.data.leaf import LEAF_ARCHIVE_LIMITS

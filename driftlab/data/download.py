@@ -119,12 +119,8 @@ REGISTRY: dict[str, tuple[RemoteFile, ...]] = {
             "58c8d27c78d21e728a6bc7b3cc06412e",
         ),
     ),
-    "cifar10": (
-        _mirrored("cifar-10-binary.tar.gz", _TORONTO, "md5", "c32a1d4ab5d03f1284b67883e8d87530"),
-    ),
-    "cifar100": (
-        _mirrored("cifar-100-binary.tar.gz", _TORONTO, "md5", "03b5dce01913d631647c71ecec9e9cb8"),
-    ),
+    "cifar10": (_mirrored("cifar-10-binary.tar.gz", _TORONTO, "md5", "c32a1d4ab5d03f1284b67883e8d87530"),),
+    "cifar100": (_mirrored("cifar-100-binary.tar.gz", _TORONTO, "md5", "03b5dce01913d631647c71ecec9e9cb8"),),
     "shakespeare": (
         RemoteFile(
             "input.txt",
@@ -229,9 +225,14 @@ def download(
     hint = f"driftlab data download {name} --to {to_dir}"
     # A file already there is verified and kept, never written; what is fetched, and its .part, must be ours.
     fetched = [remote.filename for remote in table[name] if not os.path.lexists(Path(to_dir) / remote.filename)]
-    claim(to_dir, [*fetched, *(filename + ".part" for filename in fetched)], DOWNLOAD_COMMAND, force=force, another="choose another --to directory")
+    claim(
+        to_dir,
+        [*fetched, *(filename + ".part" for filename in fetched)],
+        DOWNLOAD_COMMAND,
+        force=force,
+        another="choose another --to directory",
+    )
     return [download_file(remote, to_dir, progress, timeout=timeout, rerun_hint=hint) for remote in table[name]]
-
 
 
 def download_file(
@@ -257,7 +258,9 @@ def download_file(
             f"{final} already exists but its {remote.algorithm} is {actual}, expected {remote.checksum}; "
             f"it was left untouched. Move or delete it, then run {rerun}"
         )
-    claim(to_dir, [remote.filename, remote.filename + ".part"], DOWNLOAD_COMMAND, another="choose another --to directory")
+    claim(
+        to_dir, [remote.filename, remote.filename + ".part"], DOWNLOAD_COMMAND, another="choose another --to directory"
+    )
     failures = []
     for url in remote.urls:
         try:
@@ -268,9 +271,7 @@ def download_file(
     else:
         kept = part.stat().st_size if part.exists() else 0
         resume = (
-            f"{kept} bytes are kept in {part}; run {rerun} to resume from there"
-            if kept
-            else f"run {rerun} to retry"
+            f"{kept} bytes are kept in {part}; run {rerun} to resume from there" if kept else f"run {rerun} to retry"
         )
         raise DownloadError(f"could not download {remote.filename}:\n  " + "\n  ".join(failures) + f"\n{resume}")
     actual = file_checksum(part, remote.algorithm)

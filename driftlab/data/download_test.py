@@ -14,8 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from driftlab.errors import ConfigError
-from driftlab.owned_folder import MANIFEST_FILE
 from driftlab.data.download import (
     NOT_DOWNLOADABLE,
     REGISTRY,
@@ -26,6 +24,8 @@ from driftlab.data.download import (
     download,
     file_checksum,
 )
+from driftlab.errors import ConfigError
+from driftlab.owned_folder import MANIFEST_FILE
 
 
 class _Server:
@@ -134,7 +134,9 @@ def test_resume_sends_range_and_appends_to_part(served, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     (out / "data.bin.part").write_bytes(CONTENT[:100_000])
-    (path,) = download("toy", out, progress=False, registry={"toy": (remote,)}, force=True)  # a .part not listed as ours
+    (path,) = download(
+        "toy", out, progress=False, registry={"toy": (remote,)}, force=True
+    )  # a .part not listed as ours
     assert served.requests == [("/data.bin", "bytes=100000-")]
     assert path.read_bytes() == CONTENT
 
@@ -159,7 +161,9 @@ def test_server_ignoring_range_restarts_from_zero(served, tmp_path):
     out.mkdir()
     (out / "data.bin.part").write_bytes(b"x" * 5000)  # would corrupt the file if appended to
     served.ignore_range = True
-    (path,) = download("toy", out, progress=False, registry={"toy": (remote,)}, force=True)  # a .part not listed as ours
+    (path,) = download(
+        "toy", out, progress=False, registry={"toy": (remote,)}, force=True
+    )  # a .part not listed as ours
     assert path.read_bytes() == CONTENT
 
 
@@ -168,7 +172,9 @@ def test_complete_part_answered_416_is_verified_and_kept(served, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     (out / "data.bin.part").write_bytes(CONTENT)
-    (path,) = download("toy", out, progress=False, registry={"toy": (remote,)}, force=True)  # a .part not listed as ours
+    (path,) = download(
+        "toy", out, progress=False, registry={"toy": (remote,)}, force=True
+    )  # a .part not listed as ours
     assert path.read_bytes() == CONTENT
 
 
@@ -259,7 +265,9 @@ def test_a_users_file_of_a_name_it_would_write_is_refused_untouched_unless_force
     remote = _publish(served, "data.bin", CONTENT)
     out = tmp_path / "out"
     out.mkdir()
-    (out / "data.bin.part").write_bytes(b"the user's own notes")  # not listed as driftlab's: never appended to or deleted
+    (out / "data.bin.part").write_bytes(
+        b"the user's own notes"
+    )  # not listed as driftlab's: never appended to or deleted
     with pytest.raises(ConfigError) as info:
         download("toy", out, progress=False, registry={"toy": (remote,)})
     assert str(info.value) == (
@@ -275,7 +283,9 @@ def test_a_users_file_of_a_name_it_would_write_is_refused_untouched_unless_force
     assert served.requests == [("/data.bin", "bytes=20-")] and not (out / "data.bin.part").exists()
     (path,) = download("toy", out, progress=False, registry={"toy": (remote,)})
     assert path.read_bytes() == CONTENT
-    assert json.loads((out / MANIFEST_FILE).read_text())["files"] == {n: "driftlab data download" for n in ("data.bin", "data.bin.part")}
+    assert json.loads((out / MANIFEST_FILE).read_text())["files"] == {
+        n: "driftlab data download" for n in ("data.bin", "data.bin.part")
+    }
 
 
 def test_data_download_command_refuses_with_the_fix_and_takes_force(served, tmp_path, monkeypatch, capsys):

@@ -34,7 +34,13 @@ import torch
 from driftlab.data.pixels import PixelNormalisation
 from driftlab.errors import ConfigError
 
-__all__ = ["DataFileError", "FederatedArrays", "FederatedDataset", "classes_covering_fraction", "federated_dataset_from_arrays"]
+__all__ = [
+    "DataFileError",
+    "FederatedArrays",
+    "FederatedDataset",
+    "classes_covering_fraction",
+    "federated_dataset_from_arrays",
+]
 
 
 class DataFileError(ValueError):
@@ -145,7 +151,11 @@ class FederatedDataset:
             object.__setattr__(self, "client_test_indices", test_clients)
         if self.client_validation_indices is not None:
             validation = _checked_index_arrays(
-                self.client_validation_indices, len(self.train_targets), "client_validation_indices", "train", allow_empty=True
+                self.client_validation_indices,
+                len(self.train_targets),
+                "client_validation_indices",
+                "train",
+                allow_empty=True,
             )
             if len(validation) != len(clients):
                 raise ValueError(
@@ -154,7 +164,9 @@ class FederatedDataset:
                 )
             for client_id, (train, held) in enumerate(zip(clients, validation, strict=True)):
                 if np.intersect1d(train, held).size:
-                    raise ValueError(f"client {client_id}'s validation rows overlap its training rows; validation rows never train")
+                    raise ValueError(
+                        f"client {client_id}'s validation rows overlap its training rows; validation rows never train"
+                    )
             object.__setattr__(self, "client_validation_indices", validation)
 
     @property
@@ -222,7 +234,9 @@ class FederatedDataset:
             "samples_per_client_median": float(np.median(sizes)),
             "samples_per_client_max": int(sizes.max()),
         }
-        if self.multi_label or not self.targets_are_classes:  # no single class per example: the 80% statistic is undefined
+        if (
+            self.multi_label or not self.targets_are_classes
+        ):  # no single class per example: the 80% statistic is undefined
             return summary
         targets = self.train_targets.numpy()
         classes_80 = np.array(
@@ -263,7 +277,9 @@ def _check_pixels(train: torch.Tensor, test: torch.Tensor, normalisation: PixelN
     for split, inputs in (("train", train), ("test", test)):
         if not isinstance(inputs, torch.Tensor) or inputs.dtype != torch.uint8:
             dtype = inputs.dtype if isinstance(inputs, torch.Tensor) else type(inputs).__name__
-            raise ValueError(f"input_normalisation is for uint8 pixels but {split}_inputs are {dtype}; give uint8 images or leave input_normalisation unset")
+            raise ValueError(
+                f"input_normalisation is for uint8 pixels but {split}_inputs are {dtype}; give uint8 images or leave input_normalisation unset"
+            )
         if normalisation.channels > 1 and (inputs.dim() < 4 or inputs.shape[-3] != normalisation.channels):
             raise ValueError(
                 f"input_normalisation has {normalisation.channels} channels but {split}_inputs have shape {tuple(inputs.shape)}; "
@@ -271,7 +287,9 @@ def _check_pixels(train: torch.Tensor, test: torch.Tensor, normalisation: PixelN
             )
 
 
-def _check_split(inputs: torch.Tensor, targets: torch.Tensor, split: str, num_classes: int, multi_label: bool = False) -> None:
+def _check_split(
+    inputs: torch.Tensor, targets: torch.Tensor, split: str, num_classes: int, multi_label: bool = False
+) -> None:
     """Raise ValueError unless ``inputs``/``targets`` form a valid ``split`` set."""
     if not isinstance(inputs, torch.Tensor) or not isinstance(targets, torch.Tensor):
         raise ValueError(
@@ -285,12 +303,16 @@ def _check_split(inputs: torch.Tensor, targets: torch.Tensor, split: str, num_cl
                 f"got {targets.dtype} of shape {tuple(targets.shape)}"
             )
         if inputs.dim() < 1 or inputs.shape[0] != targets.shape[0]:
-            raise ValueError(f"{split}_inputs has {inputs.shape[0] if inputs.dim() else 0} rows but {split}_targets has {targets.shape[0]}")
+            raise ValueError(
+                f"{split}_inputs has {inputs.shape[0] if inputs.dim() else 0} rows but {split}_targets has {targets.shape[0]}"
+            )
         return
     if targets.dim() != 1:
         raise ValueError(f"{split}_targets must be 1-D [num_samples], got shape {tuple(targets.shape)}")
     if targets.dtype != torch.int64:
-        raise ValueError(f"{split}_targets must be int64 (what cross-entropy expects), got {targets.dtype}; use .long()")
+        raise ValueError(
+            f"{split}_targets must be int64 (what cross-entropy expects), got {targets.dtype}; use .long()"
+        )
     if inputs.dim() < 1 or inputs.shape[0] != targets.shape[0]:
         raise ValueError(
             f"{split}_inputs has {inputs.shape[0] if inputs.dim() else 0} rows but {split}_targets has "
@@ -312,7 +334,9 @@ def _checked_index_arrays(
     checked = []
     for client, idx in enumerate(arrays):
         if not isinstance(idx, np.ndarray) or idx.dtype != np.int64 or idx.ndim != 1:
-            description = f"{idx.dtype} array of shape {idx.shape}" if isinstance(idx, np.ndarray) else type(idx).__name__
+            description = (
+                f"{idx.dtype} array of shape {idx.shape}" if isinstance(idx, np.ndarray) else type(idx).__name__
+            )
             raise ValueError(
                 f"{field}[{client}] must be a 1-D int64 numpy array, got {description}; "
                 "use np.asarray(indices, dtype=np.int64)"
@@ -342,7 +366,9 @@ def _checked_index_arrays(
 def _check_free_targets(inputs: torch.Tensor, targets: torch.Tensor, split: str) -> None:
     """Targets a loss of the user's own reads: any shape, one row per example."""
     if not isinstance(inputs, torch.Tensor) or not isinstance(targets, torch.Tensor):
-        raise ValueError(f"{split}_inputs and {split}_targets must be torch.Tensors, got {type(inputs).__name__} and {type(targets).__name__}")
+        raise ValueError(
+            f"{split}_inputs and {split}_targets must be torch.Tensors, got {type(inputs).__name__} and {type(targets).__name__}"
+        )
     if inputs.dim() < 1 or targets.dim() < 1 or inputs.shape[0] != targets.shape[0]:
         raise ValueError(
             f"{split}_inputs has {inputs.shape[0] if inputs.dim() else 0} rows but {split}_targets has "
@@ -497,7 +523,9 @@ def _stacked_items(
     for name, values in (("inputs", inputs), ("targets", targets)):
         shapes = {tuple(value.shape) for value in values}
         if len(shapes) > 1:
-            raise ConfigError(f"data: the {name} of {where} have different shapes {sorted(shapes)[:3]}; every item's {name[:-1]} must have one shape")
+            raise ConfigError(
+                f"data: the {name} of {where} have different shapes {sorted(shapes)[:3]}; every item's {name[:-1]} must have one shape"
+            )
     return torch.stack(inputs), torch.stack(targets)
 
 
@@ -530,7 +558,9 @@ def dict_keys(item: Mapping, input_key: str | None, label_key: str | None, where
     return inputs, label
 
 
-def federated_dataset_from_arrays(arrays: FederatedArrays, origin: str = "data", name: str = "custom") -> FederatedDataset:
+def federated_dataset_from_arrays(
+    arrays: FederatedArrays, origin: str = "data", name: str = "custom"
+) -> FederatedDataset:
     """Your arrays as a FederatedDataset, every field checked; a ConfigError that names the field, what is wrong and the fix.
 
     ``origin`` names where the arrays came from in messages (``data=``, ``data.loader 'mod:load'``).
@@ -568,7 +598,12 @@ def federated_dataset_from_arrays(arrays: FederatedArrays, origin: str = "data",
             f"{origin}: train_inputs rows have shape {tuple(train_x.shape[1:])} but test_inputs rows {tuple(test_x.shape[1:])}; "
             "preprocess both splits the same way"
         )
-    for label, tensor in (("train_inputs", train_x), ("train_targets", train_y), ("test_inputs", test_x), ("test_targets", test_y)):
+    for label, tensor in (
+        ("train_inputs", train_x),
+        ("train_targets", train_y),
+        ("test_inputs", test_x),
+        ("test_targets", test_y),
+    ):
         _check_finite(tensor, label, origin)
     num_clients = _check_client_ids(train_ids, "train_client_ids", origin)
     client_indices = _rows_by_client(train_ids, num_clients)
@@ -576,7 +611,9 @@ def federated_dataset_from_arrays(arrays: FederatedArrays, origin: str = "data",
     if arrays.test_client_ids is not None:
         test_ids = _client_id_array(arrays.test_client_ids, "test_client_ids", origin)
         if len(test_ids) != len(test_y):
-            raise ConfigError(f"{origin}: test_client_ids has {len(test_ids)} entries but test_targets has {len(test_y)}; give one client id per test example")
+            raise ConfigError(
+                f"{origin}: test_client_ids has {len(test_ids)} entries but test_targets has {len(test_y)}; give one client id per test example"
+            )
         if len(test_ids) and (test_ids.min() < 0 or test_ids.max() >= num_clients):
             raise ConfigError(
                 f"{origin}: test_client_ids lie in [{test_ids.min()}, {test_ids.max()}] but the training data has clients 0..{num_clients - 1}; "
@@ -595,8 +632,16 @@ def federated_dataset_from_arrays(arrays: FederatedArrays, origin: str = "data",
         num_classes = int(np.prod(train_y.shape[1:], dtype=np.int64)) if train_y.dim() > 1 else 1
     try:
         return FederatedDataset(
-            name, train_x, train_y, test_x, test_y, client_indices, num_classes,
-            client_test_indices=client_test_indices, targets_are_classes=classes, input_normalisation=arrays.input_normalisation,
+            name,
+            train_x,
+            train_y,
+            test_x,
+            test_y,
+            client_indices,
+            num_classes,
+            client_test_indices=client_test_indices,
+            targets_are_classes=classes,
+            input_normalisation=arrays.input_normalisation,
             clients_unassigned=unassigned,
         )
     except ValueError as error:
@@ -608,10 +653,14 @@ def _tensor(values: Any, field: str, origin: str) -> torch.Tensor:
         tensor = values.detach().cpu()
     elif isinstance(values, np.ndarray):
         if values.dtype == object or not (np.issubdtype(values.dtype, np.number) or values.dtype == np.bool_):
-            raise ConfigError(f"{origin}: {field} is a numpy array of {values.dtype}, not numbers; convert it with np.asarray(..., dtype=np.float32)")
+            raise ConfigError(
+                f"{origin}: {field} is a numpy array of {values.dtype}, not numbers; convert it with np.asarray(..., dtype=np.float32)"
+            )
         tensor = _from_numpy(np.ascontiguousarray(values))
     else:
-        raise ConfigError(f"{origin}: {field} is a {type(values).__name__}; give a numpy array or a torch tensor (np.asarray(values))")
+        raise ConfigError(
+            f"{origin}: {field} is a {type(values).__name__}; give a numpy array or a torch tensor (np.asarray(values))"
+        )
     if tensor.dim() == 0:
         raise ConfigError(f"{origin}: {field} is a single number; give one row per example")
     if tensor.is_complex():
@@ -649,7 +698,9 @@ def _check_rows(inputs: torch.Tensor, targets: torch.Tensor, ids: np.ndarray | N
         counts[f"{split}_client_ids"] = len(ids)
     if len(set(counts.values())) > 1:
         listed = ", ".join(f"{key} {value}" for key, value in counts.items())
-        raise ConfigError(f"{origin}: the {split} arrays have different lengths ({listed}); give one row per {split} example in each")
+        raise ConfigError(
+            f"{origin}: the {split} arrays have different lengths ({listed}); give one row per {split} example in each"
+        )
     if inputs.shape[0] == 0:
         raise ConfigError(f"{origin}: {split}_inputs has no rows; give at least one {split} example")
 

@@ -199,20 +199,35 @@ def test_test_client_ids_give_each_client_its_test_rows():
 @pytest.mark.parametrize(
     "changes, fragments",
     [
-        ({"train_targets": np.array([0, 1, 2, 0, 1])}, ["train arrays have different lengths", "train_targets 5", "one row per train example"]),
+        (
+            {"train_targets": np.array([0, 1, 2, 0, 1])},
+            ["train arrays have different lengths", "train_targets 5", "one row per train example"],
+        ),
         ({"train_client_ids": np.array([0, 1, 0])}, ["train_client_ids 3"]),
         ({"test_inputs": np.zeros((3, 3), np.float32)}, ["test arrays have different lengths"]),
-        ({"test_inputs": np.zeros((4, 2), np.float32)}, ["rows have shape (3,)", "(2,)", "preprocess both splits the same way"]),
-        ({"train_inputs": np.where(np.eye(6, 3) > 0, np.nan, 0.0)}, ["train_inputs holds 3 NaN or infinite values", "first in row 0", "np.isfinite"]),
+        (
+            {"test_inputs": np.zeros((4, 2), np.float32)},
+            ["rows have shape (3,)", "(2,)", "preprocess both splits the same way"],
+        ),
+        (
+            {"train_inputs": np.where(np.eye(6, 3) > 0, np.nan, 0.0)},
+            ["train_inputs holds 3 NaN or infinite values", "first in row 0", "np.isfinite"],
+        ),
         ({"test_targets": np.array([0.0, np.inf, 1.0, 0.0])}, ["test_targets holds 1 NaN", "row 1"]),
-        ({"train_client_ids": np.array([0, 0, 2, 2, 3, 3])}, ["0..C-1", "1 of the ids 0..3 hold none (1)", "np.unique(ids, return_inverse=True)[1]"]),
+        (
+            {"train_client_ids": np.array([0, 0, 2, 2, 3, 3])},
+            ["0..C-1", "1 of the ids 0..3 hold none (1)", "np.unique(ids, return_inverse=True)[1]"],
+        ),
         ({"train_client_ids": np.array([-1, 0, 0, 1, 1, 1])}, ["negative ids", "0..C-1"]),
         ({"train_client_ids": np.array([0.0, 1, 0, 1, 1, 0])}, ["integer client ids", "np.int64"]),
         ({"test_client_ids": np.array([0, 3, 0, 1])}, ["test_client_ids lie in [0, 3]", "clients 0..2"]),
         ({"train_inputs": [[1.0, 2.0, 3.0]] * 6}, ["train_inputs is a list", "numpy array or a torch tensor"]),
         ({"train_targets": np.array([0, 1, -2, 0, 1, 1])}, ["class ids", "found -2"]),
         ({"num_classes": 2}, ["num_classes=2", "class id 2", "at least 3"]),
-        ({"test_targets": np.zeros(4, np.float32)}, ["train_targets are torch.int64 but test_targets are torch.float32"]),
+        (
+            {"test_targets": np.zeros(4, np.float32)},
+            ["train_targets are torch.int64 but test_targets are torch.float32"],
+        ),
     ],
 )
 def test_bad_arrays_are_refused_with_what_to_fix(changes, fragments):
@@ -263,16 +278,28 @@ def test_a_dataset_whose_items_are_not_pairs_is_refused():
             "the classes 0..K-1, so this would make 10,000,001 classes, most of them without an example. Fix that label, renumber the "
             "classes (np.unique(targets, return_inverse=True)[1]), or set num_classes=10000001 if there really are that many classes",
         ),
-        ({"test_targets": np.array([2, 1, 0, 9])}, "data=: test_targets[3] is class id 9, but only 4 distinct class ids occur (the next largest is 2)"),
-        ({"train_targets": np.array([0, 1, 2, 0, -3, 1])}, "data=: class ids in the targets must be 0 or more, found -3 at train_targets[4]"),
-        ({"num_classes": 2}, "data=: num_classes=2, but the targets hold class id 2 (at train_targets[2]); set num_classes to at least 3"),
+        (
+            {"test_targets": np.array([2, 1, 0, 9])},
+            "data=: test_targets[3] is class id 9, but only 4 distinct class ids occur (the next largest is 2)",
+        ),
+        (
+            {"train_targets": np.array([0, 1, 2, 0, -3, 1])},
+            "data=: class ids in the targets must be 0 or more, found -3 at train_targets[4]",
+        ),
+        (
+            {"num_classes": 2},
+            "data=: num_classes=2, but the targets hold class id 2 (at train_targets[2]); set num_classes to at least 3",
+        ),
         # a client id no partition of 6 examples can have: refused before a count per id is allocated
         (
             {"train_client_ids": np.array([1, 0, 10**12, 2, 2, 0])},
             "data=: train_client_ids[2] is 1,000,000,000,000, but 6 examples can hold at most 6 clients (ids 0..5, every client holding "
             "an example); fix that id, or renumber the clients 0..C-1, e.g. np.unique(ids, return_inverse=True)[1]",
         ),
-        ({"train_client_ids": np.array([1, 0, 1, 2, -2, 0])}, "data=: train_client_ids holds negative ids (smallest -2, at train_client_ids[4])"),
+        (
+            {"train_client_ids": np.array([1, 0, 1, 2, -2, 0])},
+            "data=: train_client_ids holds negative ids (smallest -2, at train_client_ids[4])",
+        ),
     ],
 )
 def test_stray_labels_and_client_ids_are_refused_by_value_and_index(changes, message):
@@ -294,7 +321,10 @@ def _peak_kib_of(script: str) -> tuple[str, int]:
     import sys
 
     # VmHWM is this process image's own peak: ru_maxrss would carry over the forking parent's peak across exec
-    code = script + '\nprint(next(int(line.split()[1]) for line in open(\"/proc/self/status\") if line.startswith(\"VmHWM:\")))'
+    code = (
+        script
+        + '\nprint(next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:")))'
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     *lines, peak = result.stdout.strip().splitlines()
@@ -320,8 +350,12 @@ for labels, clients in ((np.where(np.arange(20_000) == 777, 10**7, y), ids), (y,
 """
     )
     labels, clients = message.splitlines()
-    assert labels.startswith("data=: train_targets[777] is class id 10,000,000, but only 11 distinct class ids occur (the next largest is 9)")
-    assert clients.startswith("data=: train_client_ids[5] is 1,000,000,000,000, but 20,000 examples can hold at most 20,000 clients")
+    assert labels.startswith(
+        "data=: train_targets[777] is class id 10,000,000, but only 11 distinct class ids occur (the next largest is 9)"
+    )
+    assert clients.startswith(
+        "data=: train_client_ids[5] is 1,000,000,000,000, but 20,000 examples can hold at most 20,000 clients"
+    )
     assert peak < 2**20  # KiB: under 1 GiB resident
 
 
@@ -352,8 +386,11 @@ def test_hugging_face_dict_items_round_trip():
     read = FederatedArrays.from_datasets(_hf_items(arrays), arrays.train_client_ids, test)
     assert federated_dataset_from_arrays(read).digest == federated_dataset_from_arrays(arrays).digest
     named = FederatedArrays.from_datasets(
-        _hf_items(arrays, "fine"), arrays.train_client_ids, test=[{"image": [0.0] * 3, "fine": 0}],
-        input_key="image", label_key="fine",
+        _hf_items(arrays, "fine"),
+        arrays.train_client_ids,
+        test=[{"image": [0.0] * 3, "fine": 0}],
+        input_key="image",
+        label_key="fine",
     )
     assert torch.equal(named.train_targets, torch.as_tensor(arrays.train_targets))
     # a label key among the known names and one other key: that key is the input

@@ -153,7 +153,11 @@ def _read_idx_stream(
     extra = len(_read_up_to(stream, _TRAILING_PROBE))  # reaching EOF is what checks a gzip CRC
     if extra:
         amount = f"more than {extra - 1}" if extra == _TRAILING_PROBE else str(extra)
-        total = f"more than {header_size + expected + extra - 1}" if extra == _TRAILING_PROBE else str(header_size + expected + extra)
+        total = (
+            f"more than {header_size + expected + extra - 1}"
+            if extra == _TRAILING_PROBE
+            else str(header_size + expected + extra)
+        )
         raise DataFileError(
             f"{path}: {amount} unexpected bytes after the data: shape {shape} of {dtype.name} "
             f"needs exactly {header_size + expected} bytes but the file has {total}; "
@@ -274,8 +278,7 @@ def _parse_header(raw: bytes, path: Path | str) -> tuple[np.dtype, tuple[int, ..
     if raw[0] != 0 or raw[1] != 0:
         hint = " (it looks like text or an HTML page, not binary data)" if raw[:1] in (b"<", b"{", b"#") else ""
         raise DataFileError(
-            f"{path}: not an IDX file: the first two bytes are 0x{raw[0]:02x} 0x{raw[1]:02x}, "
-            f"expected 0x00 0x00{hint}"
+            f"{path}: not an IDX file: the first two bytes are 0x{raw[0]:02x} 0x{raw[1]:02x}, expected 0x00 0x00{hint}"
         )
     code, ndim = raw[2], raw[3]
     if code not in IDX_DTYPES:
@@ -305,9 +308,7 @@ def _find_mnist_file(root: Path, split: str, kind: str) -> Path:
     for name in _mnist_candidate_names(split, kind):
         if (root / name).is_file():
             return root / name
-    expected = "\n".join(
-        f"  {' or '.join(_mnist_candidate_names(s, k))}" for s, k in _MNIST_FILES
-    )
+    expected = "\n".join(f"  {' or '.join(_mnist_candidate_names(s, k))}" for s, k in _MNIST_FILES)
     state = "" if root.is_dir() else " (the directory does not exist)"
     raise DataFileError(
         f"MNIST {split} {kind} not found in {root}{state}. Expected these four files there, each "
@@ -328,8 +329,7 @@ def _check_mnist_images(
         )
     if len(shape) != 3 or shape[1:] != (28, 28) or dtype != np.uint8:
         raise DataFileError(
-            f"{images_path}: expected MNIST images, uint8 of shape [n, 28, 28], "
-            f"got {dtype.name} of shape {shape}"
+            f"{images_path}: expected MNIST images, uint8 of shape [n, 28, 28], got {dtype.name} of shape {shape}"
         )
     _check_mnist_count(shape[0], images_path, "images", split, limit)
 

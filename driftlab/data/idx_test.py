@@ -65,7 +65,10 @@ def test_truncated_file_reports_expected_and_found_bytes(tmp_path):
     # uint8 [3, 4]: 4 + 2 * 4 = 12 header bytes + 12 data bytes = 24; we write 10 data bytes.
     full = _idx_bytes(np.zeros((3, 4), dtype=np.uint8))
     path = _write(tmp_path / "short", full[:22])
-    with pytest.raises(DataFileError, match=r"short: truncated IDX file.*needs 24 bytes \(12 header \+ 12 data\) but the file has 22 \(10 data\)"):
+    with pytest.raises(
+        DataFileError,
+        match=r"short: truncated IDX file.*needs 24 bytes \(12 header \+ 12 data\) but the file has 22 \(10 data\)",
+    ):
         read_idx(path)
 
 
@@ -136,7 +139,10 @@ def test_load_mnist_official_names(tmp_path, compress):
 def test_load_mnist_dot_variant_and_mixed_compression(tmp_path):
     written = _fake_mnist(
         tmp_path,
-        names={"train-images-idx3-ubyte": "train-images.idx3-ubyte", "t10k-labels-idx1-ubyte": "t10k-labels.idx1-ubyte.gz"},
+        names={
+            "train-images-idx3-ubyte": "train-images.idx3-ubyte",
+            "t10k-labels-idx1-ubyte": "t10k-labels.idx1-ubyte.gz",
+        },
     )
     np.testing.assert_array_equal(load_mnist(tmp_path)[0], written["train-images-idx3-ubyte"])
 
@@ -177,14 +183,18 @@ def test_label_file_from_the_other_split(tmp_path):
     written = _fake_mnist(tmp_path, n_train=6, n_test=4)
     # The test labels (4) stored under the train label name.
     _write(tmp_path / "train-labels-idx1-ubyte.gz", _idx_bytes(written["t10k-labels-idx1-ubyte"]), compress=True)
-    with pytest.raises(DataFileError, match="train-images-idx3-ubyte.gz holds 6 images but .*train-labels-idx1-ubyte.gz holds 4 labels"):
+    with pytest.raises(
+        DataFileError, match="train-images-idx3-ubyte.gz holds 6 images but .*train-labels-idx1-ubyte.gz holds 4 labels"
+    ):
         load_mnist(tmp_path)
 
 
 def test_images_given_as_labels(tmp_path):
     written = _fake_mnist(tmp_path)
     _write(tmp_path / "train-labels-idx1-ubyte.gz", _idx_bytes(written["train-images-idx3-ubyte"]), compress=True)
-    with pytest.raises(DataFileError, match="train-labels-idx1-ubyte.gz: expected MNIST labels.*looks like an image file.*train-images"):
+    with pytest.raises(
+        DataFileError, match="train-labels-idx1-ubyte.gz: expected MNIST labels.*looks like an image file.*train-images"
+    ):
         load_mnist(tmp_path)
 
 
@@ -226,7 +236,9 @@ def test_garbage_after_the_gzip_stream_is_corrupt(tmp_path):
 
 def test_gzipped_data_beyond_the_declared_size(tmp_path):
     path = _write(tmp_path / "long.gz", _idx_bytes(np.zeros(5, dtype=np.uint8)) + b"xyz", compress=True)
-    with pytest.raises(DataFileError, match="long.gz: 3 unexpected bytes after the data.*exactly 13 bytes but the file has 16"):
+    with pytest.raises(
+        DataFileError, match="long.gz: 3 unexpected bytes after the data.*exactly 13 bytes but the file has 16"
+    ):
         read_idx(path)
 
 
@@ -263,7 +275,10 @@ def test_mnist_header_beyond_the_official_count_is_refused(tmp_path):
     _fake_mnist(tmp_path)
     header = bytes([0, 0, 8, 3]) + struct.pack(">3I", 60_001, 28, 28)
     _write(tmp_path / "train-images-idx3-ubyte.gz", header, compress=True)  # header only: never read further
-    with pytest.raises(DataFileError, match=r"train-images-idx3-ubyte\.gz: the IDX header declares 60,001 images but MNIST's train split .* has 60,000"):
+    with pytest.raises(
+        DataFileError,
+        match=r"train-images-idx3-ubyte\.gz: the IDX header declares 60,001 images but MNIST's train split .* has 60,000",
+    ):
         load_mnist(tmp_path)
 
 

@@ -48,6 +48,7 @@ CIFAR10_FOLDER_LIMITS = ArchiveLimits(max_members=200_000, max_member_bytes=1 <<
 # pixels (4096 x 4096) per image unless the caller gives the exact size.
 MAX_IMAGE_PIXELS = 1 << 24
 
+
 def load_image_folder(
     path: str | os.PathLike,
     normalise: tuple[Sequence[float] | float, Sequence[float] | float] | None = None,
@@ -193,7 +194,9 @@ def load_cifar10_image_folder_pixels(
     Returns:
         ``(train_x, train_y, test_x, test_y, class_names, normalisation)``.
     """
-    result = load_image_folder(path, limit_per_class=limit_per_class, image_size=(32, 32), limits=CIFAR10_FOLDER_LIMITS, as_pixels=True)
+    result = load_image_folder(
+        path, limit_per_class=limit_per_class, image_size=(32, 32), limits=CIFAR10_FOLDER_LIMITS, as_pixels=True
+    )
     train_x, class_names = result[0], result[4]
     if len(class_names) != 10 or tuple(train_x.shape[1:]) != (3, 32, 32):
         raise DataFileError(

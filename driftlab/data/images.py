@@ -340,9 +340,7 @@ def _idx_from_bytes(raw: bytes, label: str, check_header: idx.HeaderCheck) -> np
         return idx._read_idx_stream(stream, label, limit, check_header)
 
 
-def _check_emnist_header(
-    dtype: np.dtype, shape: tuple[int, ...], label: str, kind: str, what: str, limit: int
-) -> None:
+def _check_emnist_header(dtype: np.dtype, shape: tuple[int, ...], label: str, kind: str, what: str, limit: int) -> None:
     """Header check of one EMNIST file, made before its data is read."""
     if kind == "images" and (len(shape) != 3 or shape[1:] != (28, 28) or dtype != np.uint8):
         raise DataFileError(

@@ -22,6 +22,7 @@ import torch
 from driftlab.data.archive_test import tar_bytes
 from driftlab.data.federated import DataFileError
 from driftlab.data.idx import MNIST_MEAN, MNIST_STD
+from driftlab.data.image_folders import load_cifar10_image_folder, load_image_folder
 from driftlab.data.images import (
     CIFAR10_CLASSES,
     CIFAR10_MEAN,
@@ -34,7 +35,6 @@ from driftlab.data.images import (
     load_emnist_tensors,
     load_fashion_mnist_tensors,
 )
-from driftlab.data.image_folders import load_cifar10_image_folder, load_image_folder
 from driftlab.experiments.run.real_data import needs_real_data, real_data_path
 from driftlab.simulation.backends.augmentation import check_images, flip_crop_from_keys, flip_then_shift
 
@@ -447,7 +447,9 @@ def test_image_folder_missing_split_and_missing_path(tmp_path):
     members, _ = _image_folder_members(np.random.default_rng(26))
     members = {k: v for k, v in members.items() if "/test/" not in k}
     _write_members(tmp_path, members, as_tar=False)
-    with pytest.raises(DataFileError, match=r"no images in a 'test/<class>/<image>' folder \(found splits: \['train'\]"):
+    with pytest.raises(
+        DataFileError, match=r"no images in a 'test/<class>/<image>' folder \(found splits: \['train'\]"
+    ):
         load_image_folder(tmp_path)
     with pytest.raises(DataFileError, match="does not exist"):
         load_image_folder(tmp_path / "nope.tar.gz")
@@ -481,7 +483,9 @@ def test_cifar10_image_folder_checks_ten_classes(tmp_path):
 def test_cifar10_image_folder_checks_the_size_from_the_header_before_decoding(tmp_path):
     members, _ = _image_folder_members(np.random.default_rng(29))  # 6x8 images
     _write_members(tmp_path, members, as_tar=False)
-    with pytest.raises(DataFileError, match=r"c10/train/airplane/0000.png: image is 6x8 but the data set's images are 32x32"):
+    with pytest.raises(
+        DataFileError, match=r"c10/train/airplane/0000.png: image is 6x8 but the data set's images are 32x32"
+    ):
         load_cifar10_image_folder(tmp_path)
 
 
@@ -512,11 +516,14 @@ def test_real_cifar10_jpeg_tarball_subset():
 
 def _png_with_header(width: int, height: int) -> bytes:
     """A PNG whose header declares ``width`` x ``height`` (the pixel data is a stub: only the header is read)."""
+
     def chunk(kind: bytes, data: bytes) -> bytes:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
 
     ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\x00" * 64)) + chunk(b"IEND", b"")
+    return (
+        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\x00" * 64)) + chunk(b"IEND", b"")
+    )
 
 
 def _cifar_jpeg_members(rng, per_class=(2, 1)) -> dict:
@@ -532,7 +539,9 @@ def test_cifar_jpeg_tarball_bit_flip_is_corrupt_not_a_changed_image(tmp_path):
     raw[raw.index(target[-200:-150]) + 7] ^= 0x10
     path = tmp_path / "cifar10-jpeg.tar.gz"
     path.write_bytes(bytes(raw))
-    with pytest.raises(DataFileError, match=r"cifar10-jpeg\.tar\.gz is corrupt \(CRC check failed.*\): download it again"):
+    with pytest.raises(
+        DataFileError, match=r"cifar10-jpeg\.tar\.gz is corrupt \(CRC check failed.*\): download it again"
+    ):
         load_cifar10_image_folder(path)
 
 
@@ -554,7 +563,9 @@ def test_cifar_binary_bit_flip_in_the_tarball_is_corrupt(tmp_path):
     raw[raw.index(members["cifar-10-batches-bin/data_batch_3.bin"][500:540]) + 3] ^= 0x01
     path = tmp_path / "cifar-10-binary.tar.gz"
     path.write_bytes(bytes(raw))
-    with pytest.raises(DataFileError, match=r"cifar-10-binary\.tar\.gz is corrupt \(CRC check failed.*\): download it again"):
+    with pytest.raises(
+        DataFileError, match=r"cifar-10-binary\.tar\.gz is corrupt \(CRC check failed.*\): download it again"
+    ):
         load_cifar_tensors(path, 10)
 
 
@@ -562,13 +573,17 @@ def test_huge_png_header_is_refused_before_decoding(tmp_path):
     members, _ = _image_folder_members(np.random.default_rng(43))
     members["c10/train/cat/0000.png"] = _png_with_header(20_000, 20_000)
     _write_members(tmp_path / "bomb.tar.gz", members, as_tar=True)
-    with pytest.raises(DataFileError, match=r"bomb\.tar\.gz:c10/train/cat/0000\.png: the image header declares a huge image"):
+    with pytest.raises(
+        DataFileError, match=r"bomb\.tar\.gz:c10/train/cat/0000\.png: the image header declares a huge image"
+    ):
         load_image_folder(tmp_path / "bomb.tar.gz")
     # Below Pillow's own limit but above driftlab's: refused from the header too.
     members["c10/train/cat/0000.png"] = members["c10/train/cat/0001.png"]
     members["c10/train/airplane/0000.png"] = _png_with_header(5_000, 5_000)  # the first image decoded
     _write_members(tmp_path, members, as_tar=False)
-    with pytest.raises(DataFileError, match=r"airplane/0000\.png: image is 5000x5000, more than the 16,777,216 pixels allowed"):
+    with pytest.raises(
+        DataFileError, match=r"airplane/0000\.png: image is 5000x5000, more than the 16,777,216 pixels allowed"
+    ):
         load_image_folder(tmp_path)
 
 
@@ -577,7 +592,9 @@ def test_cifar_folder_refuses_a_big_image_from_its_header(tmp_path):
     members = _cifar_jpeg_members(rng)
     members["c10/test/cat/0000.jpg"] = _png_with_header(5_000, 5_000)
     _write_members(tmp_path, members, as_tar=False)
-    with pytest.raises(DataFileError, match=r"c10/test/cat/0000\.jpg: image is 5000x5000 but the data set's images are 32x32"):
+    with pytest.raises(
+        DataFileError, match=r"c10/test/cat/0000\.jpg: image is 5000x5000 but the data set's images are 32x32"
+    ):
         load_cifar10_image_folder(tmp_path)
 
 
@@ -586,9 +603,16 @@ def test_damaged_images_name_the_file(tmp_path, damage):
     rng = np.random.default_rng(45)
     members = _cifar_jpeg_members(rng)
     good = members["c10/train/frog/0001.jpg"]
-    members["c10/train/frog/0001.jpg"] = {"truncated": good[: len(good) // 2], "garbage": good[:20] + bytes(200), "empty": b""}[damage]
+    members["c10/train/frog/0001.jpg"] = {
+        "truncated": good[: len(good) // 2],
+        "garbage": good[:20] + bytes(200),
+        "empty": b"",
+    }[damage]
     _write_members(tmp_path / "c.tar.gz", members, as_tar=True)
-    with pytest.raises(DataFileError, match=r"c\.tar\.gz:c10/train/frog/0001\.jpg: cannot decode the image .*download the data set again"):
+    with pytest.raises(
+        DataFileError,
+        match=r"c\.tar\.gz:c10/train/frog/0001\.jpg: cannot decode the image .*download the data set again",
+    ):
         load_cifar10_image_folder(tmp_path / "c.tar.gz")
 
 
@@ -597,10 +621,14 @@ def test_cifar_folder_limits_bound_each_image_file(tmp_path):
     members = _cifar_jpeg_members(rng)
     members["c10/train/ship/0000.jpg"] += bytes(2 << 20)  # a JPEG followed by 2 MiB
     _write_members(tmp_path / "c.tar.gz", members, as_tar=True)
-    with pytest.raises(DataFileError, match=r"member c10/train/ship/0000\.jpg is [\d,]+ bytes, more than the 1,048,576 allowed"):
+    with pytest.raises(
+        DataFileError, match=r"member c10/train/ship/0000\.jpg is [\d,]+ bytes, more than the 1,048,576 allowed"
+    ):
         load_cifar10_image_folder(tmp_path / "c.tar.gz")
     _write_members(tmp_path, members, as_tar=False)
-    with pytest.raises(DataFileError, match=r"ship/0000\.jpg is [\d,]+ bytes, more than the 1,048,576 allowed for an image"):
+    with pytest.raises(
+        DataFileError, match=r"ship/0000\.jpg is [\d,]+ bytes, more than the 1,048,576 allowed for an image"
+    ):
         load_cifar10_image_folder(tmp_path)
 
 
@@ -641,7 +669,6 @@ def test_real_cifar10_jpeg_tarball_one_bit_flip_is_refused(tmp_path):
     path.write_bytes(bytes(raw))
     with pytest.raises(DataFileError, match=r"cifar10-jpeg\.tar\.gz is corrupt \(.*\): download it again"):
         load_cifar10_image_folder(path, limit_per_class=1)
-
 
 
 # --- augmentation -----------------------------------------------------------------
@@ -758,23 +785,33 @@ def test_flip_crop_from_keys_by_hand():
     assert shifted[0, 0].tolist() == [[0, 0, 0, 0], [0, 1, 2, 3], [0, 5, 6, 7]]
     # Largest row and column bits: offsets (2p, 2p), content moves up-left; with the flip, flipped first.
     up_left = flip_crop_from_keys(
-        image.expand(2, 1, 3, 4), _keys(_key(row_bits=0xFFFF, col_bits=0xFFFF), _key(flip=1, row_bits=0xFFFF, col_bits=0xFFFF)), padding=1
+        image.expand(2, 1, 3, 4),
+        _keys(_key(row_bits=0xFFFF, col_bits=0xFFFF), _key(flip=1, row_bits=0xFFFF, col_bits=0xFFFF)),
+        padding=1,
     )
     assert up_left[0, 0].tolist() == [[6, 7, 8, 0], [10, 11, 12, 0], [0, 0, 0, 0]]
     assert up_left[1, 0].tolist() == [[7, 6, 5, 0], [11, 10, 9, 0], [0, 0, 0, 0]]
     # Row offset from bits 32-47 (⌊v·3/2^16⌋: 0x5555 → 0, 0x5556 → 1, 0xAAAB → 2), column offset p (v = 0x8000): a vertical shift.
-    rows = flip_crop_from_keys(image.expand(3, 1, 3, 4), _keys(*(_key(row_bits=v, col_bits=0x8000) for v in (0x5555, 0x5556, 0xAAAB))), padding=1)
+    rows = flip_crop_from_keys(
+        image.expand(3, 1, 3, 4),
+        _keys(*(_key(row_bits=v, col_bits=0x8000) for v in (0x5555, 0x5556, 0xAAAB))),
+        padding=1,
+    )
     assert rows[0, 0].tolist() == [[0, 0, 0, 0], [1, 2, 3, 4], [5, 6, 7, 8]]
     assert torch.equal(rows[1], image[0])
     assert rows[2, 0].tolist() == [[5, 6, 7, 8], [9, 10, 11, 12], [0, 0, 0, 0]]
     # crop_probability 0: never a crop, whatever the bits; 1: always one.
     keys = _keys(0, _key(row_bits=0xFFFF), _key(flip=1, col_bits=0x1234))
     never = flip_crop_from_keys(image.expand(3, 1, 3, 4), keys, padding=1, crop_probability=0.0)
-    assert torch.equal(never[0], image[0]) and torch.equal(never[1], image[0]) and torch.equal(never[2], image[0].flip(-1))
+    assert (
+        torch.equal(never[0], image[0]) and torch.equal(never[1], image[0]) and torch.equal(never[2], image[0].flip(-1))
+    )
     always = flip_crop_from_keys(image, _keys(_key(crop_bits=NO_CROP)), padding=1, crop_probability=1.0)
     assert always[0, 0].tolist() == [[0, 0, 0, 0], [0, 1, 2, 3], [0, 5, 6, 7]]
     # The crop threshold is round(p · 2^24): for p = 1/2 draws below 2^23 crop, the rest do not.
-    half = flip_crop_from_keys(image.expand(2, 1, 3, 4), _keys(_key(crop_bits=0x7FFFFF), _key(crop_bits=0x800000)), padding=1)
+    half = flip_crop_from_keys(
+        image.expand(2, 1, 3, 4), _keys(_key(crop_bits=0x7FFFFF), _key(crop_bits=0x800000)), padding=1
+    )
     assert half[0, 0].tolist() == [[0, 0, 0, 0], [0, 1, 2, 3], [0, 5, 6, 7]] and torch.equal(half[1], image[0])
 
 
@@ -804,7 +841,12 @@ def test_flip_crop_from_keys_is_per_example_and_deterministic():
     assert torch.equal(flip_crop_from_keys(images[5:9], keys[5:9], padding=2), out[5:9])
     assert not torch.equal(flip_crop_from_keys(images, keys + 1, padding=2), out)  # keys + 1 toggles every flip bit
     # Zero padding: a crop moves at most 2 rows/columns in, so the centre 4x4 of a shifted image keeps values, border zeros appear.
-    ones = flip_crop_from_keys(torch.ones(200, 1, 8, 8), torch.arange(200, dtype=torch.int64) * 0x9E3779B97F4A7C1, padding=2, crop_probability=1.0)
+    ones = flip_crop_from_keys(
+        torch.ones(200, 1, 8, 8),
+        torch.arange(200, dtype=torch.int64) * 0x9E3779B97F4A7C1,
+        padding=2,
+        crop_probability=1.0,
+    )
     assert torch.all((ones == 0) | (ones == 1)) and torch.all(ones[:, :, 2:6, 2:6] == 1)
 
 

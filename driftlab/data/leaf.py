@@ -244,7 +244,11 @@ def load_leaf_sent140(
     def convert(xs: list, ys: list, where: str) -> tuple[list[list[str]], np.ndarray]:
         tokens = []
         for record in xs:
-            if not (isinstance(record, list) and len(record) > _SENT140_TEXT_FIELD and isinstance(record[_SENT140_TEXT_FIELD], str)):
+            if not (
+                isinstance(record, list)
+                and len(record) > _SENT140_TEXT_FIELD
+                and isinstance(record[_SENT140_TEXT_FIELD], str)
+            ):
                 raise DataFileError(
                     f"{where}: every Sent140 'x' must be a record [id, date, query, user, text] with the text "
                     f"at index {_SENT140_TEXT_FIELD}, found {record!r:.120}"
@@ -382,7 +386,9 @@ def _select_users(
     test_by_user = _by_user(test, "test")
     users = [u for u, (xs, _, _) in train_by_user.items() if len(xs) > 0]
     if not users:
-        raise DataFileError(f"{train[0][0]} and the other train shards hold no samples; expected at least one user with data")
+        raise DataFileError(
+            f"{train[0][0]} and the other train shards hold no samples; expected at least one user with data"
+        )
     kept = users if max_clients is None else users[:max_clients]
     test_only = [u for u in test_by_user if u not in train_by_user]
     return kept, train_by_user, test_by_user, test_only
@@ -446,7 +452,9 @@ def _integer_labels(ys: list, num_classes: int, where: str) -> np.ndarray:
         labels = np.asarray(ys, dtype=np.float64)
     except (ValueError, TypeError) as error:
         raise DataFileError(f"{where}: 'y' must be a list of class ids in 0..{num_classes - 1} ({error})") from error
-    if labels.ndim != 1 or (labels.size and (np.any(labels != np.round(labels)) or labels.min() < 0 or labels.max() >= num_classes)):
+    if labels.ndim != 1 or (
+        labels.size and (np.any(labels != np.round(labels)) or labels.min() < 0 or labels.max() >= num_classes)
+    ):
         raise DataFileError(
             f"{where}: 'y' must be a flat list of integer class ids in 0..{num_classes - 1}, "
             f"found {ys[:5]!r:.80} (shape {labels.shape})"
@@ -520,7 +528,9 @@ def _directory_shards(root: Path) -> dict[str, list[tuple[str, Callable[[], obje
     for file in sorted(root.rglob("*.json")):
         split = _shard_split(file.parts)
         if split and file.is_file():
-            found[split].append((str(file), lambda file=file: _parse_json(read_capped(file, MAX_SHARD_BYTES, what), str(file))))
+            found[split].append(
+                (str(file), lambda file=file: _parse_json(read_capped(file, MAX_SHARD_BYTES, what), str(file)))
+            )
     return found
 
 

@@ -206,7 +206,9 @@ def _stored_leaf_archive(tmp_path: Path, train_json: bytes | None = None, level:
     from driftlab.data.archive_test import tar_bytes
 
     good = json.dumps(_shard({"w": ([_image(0.5), _image(0.25)], [1, 2])})).encode()
-    tar = tar_bytes({"femnist/train/all_data_0_train_9.json": train_json or good, "femnist/test/all_data_0_test_9.json": good})
+    tar = tar_bytes(
+        {"femnist/train/all_data_0_train_9.json": train_json or good, "femnist/test/all_data_0_test_9.json": good}
+    )
     archive = tmp_path / "leaf.tar.gz"
     archive.write_bytes(gzip.compress(tar, compresslevel=level, mtime=0))
     return archive, tar
@@ -219,7 +221,9 @@ def test_a_flipped_byte_inside_a_shard_is_a_damaged_download_not_bad_json(tmp_pa
     raw[raw.index(b'"users"')] ^= 0x20  # the first shard's opening quote becomes a control character
     archive.write_bytes(bytes(raw))
     # the stream before its trailer: the first shard no longer parses, and only the CRC at the very end says why
-    garbled = zlib.decompressobj(-zlib.MAX_WBITS).decompress(bytes(raw[10:]))  # raw deflate after the header: no CRC check
+    garbled = zlib.decompressobj(-zlib.MAX_WBITS).decompress(
+        bytes(raw[10:])
+    )  # raw deflate after the header: no CRC check
     with tarfile.open(fileobj=io.BytesIO(garbled)) as opened:
         with pytest.raises(json.JSONDecodeError):
             json.loads(opened.extractfile("femnist/train/all_data_0_train_9.json").read())
@@ -243,7 +247,9 @@ def test_bad_json_in_an_intact_archive_is_blamed_on_the_shard(tmp_path, compress
     if compressed:
         assert message.endswith("(the archive's own checksums match, so the shard was damaged before it was archived)")
     else:
-        assert message.endswith("(a plain tar carries no checksum of its content, so if the archive was downloaded, download it again)")
+        assert message.endswith(
+            "(a plain tar carries no checksum of its content, so if the archive was downloaded, download it again)"
+        )
 
 
 def test_every_single_bit_flip_in_the_compressed_data_is_an_error_or_exact(tmp_path):
@@ -268,7 +274,9 @@ def test_shard_larger_than_the_cap_is_refused_before_reading(tmp_path, monkeypat
 
     root = _femnist_tree(tmp_path)
     monkeypatch.setattr(leaf, "MAX_SHARD_BYTES", 1000)
-    with pytest.raises(DataFileError, match=r"train_9\.json is [\d,]+ bytes, more than the 1,000 allowed for one LEAF shard"):
+    with pytest.raises(
+        DataFileError, match=r"train_9\.json is [\d,]+ bytes, more than the 1,000 allowed for one LEAF shard"
+    ):
         load_leaf_femnist(root)
 
 
@@ -278,7 +286,10 @@ def test_archive_member_larger_than_the_cap_is_refused_before_reading(tmp_path, 
 
     archive = _femnist_tar_gz(tmp_path)
     monkeypatch.setattr(leaf, "LEAF_ARCHIVE_LIMITS", ArchiveLimits(100, 1000, 1 << 30))
-    with pytest.raises(DataFileError, match=r"leaf\.tar\.gz: member femnist/train/all_data_0_train_9\.json is [\d,]+ bytes, more than the 1,000"):
+    with pytest.raises(
+        DataFileError,
+        match=r"leaf\.tar\.gz: member femnist/train/all_data_0_train_9\.json is [\d,]+ bytes, more than the 1,000",
+    ):
         load_leaf_femnist(archive)
 
 
@@ -287,7 +298,10 @@ def test_archive_member_larger_than_the_cap_is_refused_before_reading(tmp_path, 
     [
         (b"[1, 2, 3]", "expected a JSON object with 'users'.*got a JSON list"),
         (b'{"users": {}, "num_samples": [], "user_data": {}}', r"wrong types \('users' is a JSON object"),
-        (b'{"users": ["w"], "num_samples": ["1"], "user_data": {"w": {"x": [], "y": []}}}', "'num_samples' must hold non-negative integers, found '1'"),
+        (
+            b'{"users": ["w"], "num_samples": ["1"], "user_data": {"w": {"x": [], "y": []}}}',
+            "'num_samples' must hold non-negative integers, found '1'",
+        ),
         (b"[" * 100_000 + b"]" * 100_000, "not valid JSON|expected a JSON object"),  # no RecursionError
         (b"\xff\xfe{}", "not valid JSON"),
         (b"", "not valid JSON"),
@@ -317,6 +331,8 @@ def test_deep_nesting_without_orjson_is_a_clear_error(tmp_path, monkeypatch):
 
     monkeypatch.setattr(leaf, "_json_loads", json.loads)  # the standard library recurses
     root = _write_tree(tmp_path, [_shard({"w": ([_image(0)], [0])})], [_shard({})])
-    (root / "train" / "all_data_0_niid_0_keep_0_train_9.json").write_bytes(b'{"users": ' + b"[" * 100_000 + b"]" * 100_000 + b"}")
+    (root / "train" / "all_data_0_niid_0_keep_0_train_9.json").write_bytes(
+        b'{"users": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    )
     with pytest.raises(DataFileError, match=r"train_9\.json: not valid JSON"):
         load_leaf_femnist(root)

@@ -376,7 +376,9 @@ def classes_per_client_partition(
     else:
         quotas = _check_quotas(quotas, len(labels))
         if len(quotas) != num_clients:
-            raise ValueError(f"quotas has {len(quotas)} entries but num_clients={num_clients}; give one quota per client")
+            raise ValueError(
+                f"quotas has {len(quotas)} entries but num_clients={num_clients}; give one quota per client"
+            )
         if quotas.min() < classes_per_client:
             raise ValueError(
                 f"client {int(np.argmin(quotas))} has a quota of {int(quotas.min())}, fewer than "
@@ -385,7 +387,11 @@ def classes_per_client_partition(
         parts = np.stack([balanced_quotas(int(q), classes_per_client) for q in quotas])  # [K, m]
         shard_sizes = parts[slots].T.reshape(-1)  # position j*K + s -> part j of the client in slot s
         total = int(quotas.sum())
-        chosen = np.sort(rng.choice(len(labels), size=total, replace=False)) if total < len(labels) else np.arange(len(labels))
+        chosen = (
+            np.sort(rng.choice(len(labels), size=total, replace=False))
+            if total < len(labels)
+            else np.arange(len(labels))
+        )
     class_rank = rng.permutation(int(labels.max()) + 1)
     shuffled = rng.permutation(chosen)
     ordered = shuffled[np.argsort(class_rank[labels[shuffled]], kind="stable")]
@@ -578,7 +584,9 @@ def _check_client_indices(client_indices) -> list[np.ndarray]:
         raise ValueError("client_indices is empty: need at least one client")
     for k, indices in enumerate(clients):
         if indices.ndim != 1 or not np.issubdtype(indices.dtype, np.integer):
-            raise ValueError(f"client_indices[{k}] must be a 1-D integer array, got {indices.dtype} of shape {indices.shape}")
+            raise ValueError(
+                f"client_indices[{k}] must be a 1-D integer array, got {indices.dtype} of shape {indices.shape}"
+            )
         if len(indices) == 0:
             raise ValueError(f"client {k} has no samples; every client needs at least one to split")
     return [indices.astype(np.int64, copy=False) for indices in clients]

@@ -169,10 +169,16 @@ def test_dirichlet_matches_the_sequential_procedure_in_distribution():
         return np.array([np.bincount(labels[np.asarray(p, dtype=np.int64)], minlength=3) for p in parts]).ravel()
 
     fast = np.array(
-        [class_counts(dirichlet_client_prior_partition(labels, quotas, 0.5, np.random.default_rng(s))) for s in range(runs)]
+        [
+            class_counts(dirichlet_client_prior_partition(labels, quotas, 0.5, np.random.default_rng(s)))
+            for s in range(runs)
+        ]
     )
     slow = np.array(
-        [class_counts(_sequential_reference(labels, quotas, 0.5, np.random.default_rng(10**6 + s), 3)) for s in range(runs)]
+        [
+            class_counts(_sequential_reference(labels, quotas, 0.5, np.random.default_rng(10**6 + s), 3))
+            for s in range(runs)
+        ]
     )
     standard_error = np.sqrt(fast.var(axis=0) / runs + slow.var(axis=0) / runs)
     z = (fast.mean(axis=0) - slow.mean(axis=0)) / standard_error
@@ -206,7 +212,8 @@ def test_dirichlet_heterogeneity_matches_feddyn(alpha, low, high):
     labels = _balanced_labels(10, 6000)
     medians = [
         _median_classes_for_80_percent(
-            labels, dirichlet_client_prior_partition(labels, balanced_quotas(60000, 100), alpha, np.random.default_rng(s))
+            labels,
+            dirichlet_client_prior_partition(labels, balanced_quotas(60000, 100), alpha, np.random.default_rng(s)),
         )
         for s in range(3)
     ]
@@ -319,7 +326,9 @@ def test_classwise_dirichlet_cut_matches_the_flower_rule():
 def test_classwise_dirichlet_self_balancing_caps_growth():
     labels = _balanced_labels(10, 1000)
     plain = dirichlet_classwise_partition(labels, 50, 0.1, np.random.default_rng(0), min_client_size=0)
-    balanced = dirichlet_classwise_partition(labels, 50, 0.1, np.random.default_rng(0), min_client_size=0, self_balancing=True)
+    balanced = dirichlet_classwise_partition(
+        labels, 50, 0.1, np.random.default_rng(0), min_client_size=0, self_balancing=True
+    )
     assert len(_assert_disjoint_sorted(balanced, len(labels))) == len(labels)
     assert np.std([len(p) for p in balanced]) < np.std([len(p) for p in plain])
 
@@ -347,7 +356,9 @@ def test_classwise_dirichlet_large_scale_is_fast_and_fails_fast_when_impossible(
     ],
 )
 def test_classwise_dirichlet_errors(kwargs, message):
-    arguments = dict(labels=_balanced_labels(4, 25), num_clients=5, alpha=0.5, rng=np.random.default_rng(0), min_client_size=1)
+    arguments = dict(
+        labels=_balanced_labels(4, 25), num_clients=5, alpha=0.5, rng=np.random.default_rng(0), min_client_size=1
+    )
     arguments.update(kwargs)
     with pytest.raises(ValueError, match=message):
         dirichlet_classwise_partition(**arguments)
@@ -455,7 +466,9 @@ def test_power_law_sigma_zero_gives_equal_shares():
     ],
 )
 def test_power_law_errors(kwargs, message):
-    arguments = dict(labels=_balanced_labels(10, 100), num_clients=20, classes_per_client=2, rng=np.random.default_rng(0))
+    arguments = dict(
+        labels=_balanced_labels(10, 100), num_clients=20, classes_per_client=2, rng=np.random.default_rng(0)
+    )
     arguments.update(kwargs)
     with pytest.raises(ValueError, match=message):
         power_law_partition(**arguments)

@@ -44,7 +44,9 @@ class PixelNormalisation:
     def __post_init__(self) -> None:
         mean, std = _floats(self.mean, "mean"), _floats(self.std, "std")
         if len(mean) != len(std):
-            raise ValueError(f"the normalisation has {len(mean)} means but {len(std)} deviations; give one of each per channel")
+            raise ValueError(
+                f"the normalisation has {len(mean)} means but {len(std)} deviations; give one of each per channel"
+            )
         if any(not s > 0 for s in std):
             raise ValueError(f"the normalisation's deviations must be positive, got {std}")
         object.__setattr__(self, "mean", mean)
@@ -72,7 +74,9 @@ def _floats(values: Sequence[float] | float, name: str) -> tuple[float, ...]:
 
 
 @functools.lru_cache(maxsize=64)
-def _constants(mean: tuple[float, ...], std: tuple[float, ...], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def _constants(
+    mean: tuple[float, ...], std: tuple[float, ...], device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
     """float32 ``mean`` and ``std`` shaped to broadcast over ``[..., c, h, w]``, made once per device (no copy per batch).
 
     A one-element tensor divides exactly as the Python scalar the loaders used (both round the value to float32)."""

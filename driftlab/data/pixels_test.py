@@ -21,9 +21,15 @@ def test_one_channel_matches_the_loaders_scalar_normalisation_bit_for_bit(mean, 
 
 def test_channels_match_per_channel_normalisation_bit_for_bit_and_write_into_a_buffer():
     mean, std = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
-    images = torch.stack([ALL_PIXELS.view(16, 16), ALL_PIXELS.flip(0).view(16, 16), ALL_PIXELS.roll(7).view(16, 16)]).unsqueeze(0).repeat(2, 1, 1, 1)
+    images = (
+        torch.stack([ALL_PIXELS.view(16, 16), ALL_PIXELS.flip(0).view(16, 16), ALL_PIXELS.roll(7).view(16, 16)])
+        .unsqueeze(0)
+        .repeat(2, 1, 1, 1)
+    )
     shape = (1, -1, 1, 1)
-    expected = images.to(torch.float32).div_(255.0).sub_(torch.tensor(mean).view(shape)).div_(torch.tensor(std).view(shape))
+    expected = (
+        images.to(torch.float32).div_(255.0).sub_(torch.tensor(mean).view(shape)).div_(torch.tensor(std).view(shape))
+    )
     norm = PixelNormalisation(mean, std)
     assert torch.equal(_bits(norm(images)), _bits(expected))
     buffer = torch.empty(2, 3, 16, 16)
@@ -63,7 +69,16 @@ def test_a_data_set_takes_a_normalisation_only_for_uint8_images_with_its_channel
         FederatedDataset("floats", pixels.float(), labels, pixels, labels, clients, 2, input_normalisation=three)
     with pytest.raises(ValueError, match=r"has 3 channels but test_inputs have shape \(4, 12\)"):
         FederatedDataset("flat", pixels, labels, pixels.view(4, 12), labels, clients, 2, input_normalisation=three)
-    other = FederatedDataset("pixels", pixels, labels, pixels, labels, clients, 2, input_normalisation=PixelNormalisation((0.4, 0.5, 0.5), (0.2, 0.2, 0.2)))
+    other = FederatedDataset(
+        "pixels",
+        pixels,
+        labels,
+        pixels,
+        labels,
+        clients,
+        2,
+        input_normalisation=PixelNormalisation((0.4, 0.5, 0.5), (0.2, 0.2, 0.2)),
+    )
     assert data.digest != other.digest  # a resume with another normalisation is other data
 
 
@@ -81,8 +96,17 @@ def test_a_run_on_your_own_uint8_images_records_what_their_normalised_floats_rec
 
     def records(train, test, **normalisation):
         arrays = FederatedArrays(train, labels[:24], clients, test, labels[24:], num_classes=3, **normalisation)
-        overrides = ["rounds=2", "model.name=mlp", "model.hidden=[8]", "client.batch_size=4", "data.client_test_fraction=0.25"]
-        return [{k: v for k, v in r.items() if "time" not in k and "seconds" not in k} for r in driftlab.run(None, overrides=overrides, data=arrays).records]
+        overrides = [
+            "rounds=2",
+            "model.name=mlp",
+            "model.hidden=[8]",
+            "client.batch_size=4",
+            "data.client_test_fraction=0.25",
+        ]
+        return [
+            {k: v for k, v in r.items() if "time" not in k and "seconds" not in k}
+            for r in driftlab.run(None, overrides=overrides, data=arrays).records
+        ]
 
     floats = records(norm(pixels[:24]), norm(pixels[24:]))
     assert records(pixels[:24], pixels[24:], input_normalisation=norm) == floats

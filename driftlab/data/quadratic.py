@@ -93,7 +93,9 @@ def scalar_quadratic_clients(num_clients: int = 20, low: float = 1.0, high: floa
     if num_clients < 1 or not 0 < low <= high:
         raise ValueError(f"need num_clients >= 1 and 0 < low <= high; got {num_clients}, {low}, {high}")
     z = np.linspace(low, high, num_clients)
-    return quadratic_federated(z[:, None], np.ones((num_clients, 1)), 1 / np.sqrt(z), name=f"quadratic1d({num_clients})")
+    return quadratic_federated(
+        z[:, None], np.ones((num_clients, 1)), 1 / np.sqrt(z), name=f"quadratic1d({num_clients})"
+    )
 
 
 def surrogate_minimizer(z: np.ndarray, probabilities: np.ndarray, learning_rate: float, local_steps: int) -> float:
@@ -102,7 +104,9 @@ def surrogate_minimizer(z: np.ndarray, probabilities: np.ndarray, learning_rate:
     return float((probabilities * phi / z).sum() / (probabilities * phi).sum())
 
 
-def random_quadratic_clients(num_clients: int, dimension: int, seed: int, heterogeneity: float = 1.0) -> FederatedDataset:
+def random_quadratic_clients(
+    num_clients: int, dimension: int, seed: int, heterogeneity: float = 1.0
+) -> FederatedDataset:
     """A multi-dimensional heterogeneous family: ``a_ij ~ U[1, 1 + 4h]``, ``b_ij ~ N(0, h²) + 1``, equal weights."""
     rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence((seed, 0x9A7))))
     curvatures = rng.uniform(1.0, 1.0 + 4.0 * heterogeneity, size=(num_clients, dimension))

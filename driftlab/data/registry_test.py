@@ -14,8 +14,8 @@ from driftlab import plugins
 from driftlab.data import registry
 from driftlab.data.builtins import QuadraticData, SyntheticData
 from driftlab.data.registry import DataSection, DataSetEntry, Download
-from driftlab.experiments.run.compatibility import check_sizes
 from driftlab.experiments.config import LEGACY_FLAT_DEFAULTS, describe_keys, load_config
+from driftlab.experiments.run.compatibility import check_sizes
 from driftlab.experiments.run.datasets import build_dataset, vocabulary_size
 
 TINY = ["rounds=2", "data.num_clients=4", "client.epochs=1", "sampling.participation=1.0", "client.batch_size=8"]
@@ -139,7 +139,9 @@ def test_a_plugin_data_set_is_named_validated_listed_and_trained(fresh_registry,
         load_config(config_file, ["data.name=mnist", "data.separation=3.0"])
     # switching the data set drops the old one's own keys and keeps the shared ones, as switching algorithms does
     switched = load_config(config_file, ["data.name=mnist"])
-    assert (switched.data.name, switched.data.partition) == ("mnist", "iid") and not hasattr(switched.data, "separation")
+    assert (switched.data.name, switched.data.partition) == ("mnist", "iid") and not hasattr(
+        switched.data, "separation"
+    )
     assert f"[data] when data.name = 'two_blobs' (plugin {plugin.resolve()})" in describe_keys()
     assert "  data.separation = 2.0\n      distance between the two blobs' means" in describe_keys()
     # its key reaches the loader, its size estimate the memory check

@@ -215,7 +215,11 @@ def load_shakespeare_text(
     gap = _WINDOW if test_fraction > 0 else 0
     needed = max(min_samples_per_client, (samples_per_client + gap) if samples_per_client else gap + 1)
     order = sorted(range(len(roles)), key=lambda i: (-roles[i].windows, i))
-    chosen = [roles[i] for i in order if roles[i].windows >= needed and _train_count(roles[i], samples_per_client, gap, test_fraction) >= 1]
+    chosen = [
+        roles[i]
+        for i in order
+        if roles[i].windows >= needed and _train_count(roles[i], samples_per_client, gap, test_fraction) >= 1
+    ]
     if not chosen:
         largest = max(role.windows for role in roles)
         raise ValueError(
@@ -243,8 +247,10 @@ def load_shakespeare_text(
     corpus = np.concatenate(ids)
     train_x, train_y = _windows(corpus, np.concatenate(train_starts), token_dtype)
     test_x, test_y = _windows(corpus, np.concatenate(test_starts), token_dtype)
-    name = "shakespeare" if samples_per_client is None and max_clients is None else (
-        f"shakespeare(clients={len(chosen)},samples={samples_per_client if samples_per_client else 'all'})"
+    name = (
+        "shakespeare"
+        if samples_per_client is None and max_clients is None
+        else (f"shakespeare(clients={len(chosen)},samples={samples_per_client if samples_per_client else 'all'})")
     )
     return FederatedDataset(
         name=name,

@@ -151,7 +151,9 @@ def load_stackoverflow(
     if path.is_file() and path.name.endswith(_SQLITE_SUFFIXES):
         reader = _SqliteReader(path)
     elif path.is_file() and path.name.endswith(".lzma"):
-        raise DataFileError(f"{path} is lzma-compressed; decompress it first (xz -d {path.name}) and pass the .sqlite file")
+        raise DataFileError(
+            f"{path} is lzma-compressed; decompress it first (xz -d {path.name}) and pass the .sqlite file"
+        )
     elif path.is_dir():
         reader = _H5Reader(path, test_split)
     else:
@@ -342,7 +344,9 @@ class _H5Reader:
                 raise DataFileError(f"{path}: not a readable HDF5 file ({error}); fetch it again") from error
             self._files[split] = handle
             if "examples" not in handle:
-                raise DataFileError(f"{path}: no 'examples' group; expected TFF's layout examples/<client_id>/{{tokens,title,tags}}")
+                raise DataFileError(
+                    f"{path}: no 'examples' group; expected TFF's layout examples/<client_id>/{{tokens,title,tags}}"
+                )
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -428,7 +432,9 @@ class _SqliteReader:
         try:
             return self._connection.execute(sql, parameters).fetchall()
         except sqlite3.OperationalError as error:
-            raise DataFileError(f"{self._path}: query failed ({error}); expected TFF's Stack Overflow schema") from error
+            raise DataFileError(
+                f"{self._path}: query failed ({error}); expected TFF's Stack Overflow schema"
+            ) from error
         except sqlite3.DatabaseError as error:  # SQLITE_CORRUPT, SQLITE_NOTADB: damage, not a schema mismatch
             raise corrupt_file_error(self._path, error) from error
 

@@ -49,14 +49,20 @@ def _example(features: dict) -> bytes:
 def _write_sqlite(path):
     connection = sqlite3.connect(path)
     with connection:
-        connection.execute("CREATE TABLE examples (split_name TEXT NOT NULL, client_id TEXT NOT NULL, serialized_example_proto BLOB NOT NULL)")
-        connection.execute("CREATE TABLE client_metadata (client_id TEXT NOT NULL, split_name TEXT NOT NULL, num_examples INTEGER NOT NULL)")
+        connection.execute(
+            "CREATE TABLE examples (split_name TEXT NOT NULL, client_id TEXT NOT NULL, serialized_example_proto BLOB NOT NULL)"
+        )
+        connection.execute(
+            "CREATE TABLE client_metadata (client_id TEXT NOT NULL, split_name TEXT NOT NULL, num_examples INTEGER NOT NULL)"
+        )
         for split, clients in (("train", TRAIN), ("test", TEST)):
             for client in sorted(clients, reverse=True):  # insertion order must not matter
                 for tokens, title, tags in clients[client]:
                     blob = _example({"tokens": tokens, "title": title, "tags": tags, "score": [3]})
                     connection.execute("INSERT INTO examples VALUES (?, ?, ?)", (split, client, blob))
-                connection.execute("INSERT INTO client_metadata VALUES (?, ?, ?)", (client, split, len(clients[client])))
+                connection.execute(
+                    "INSERT INTO client_metadata VALUES (?, ?, ?)", (client, split, len(clients[client]))
+                )
     connection.close()
     return path
 
@@ -88,7 +94,9 @@ def test_sqlite_layout(tmp_path):
     data = load_stackoverflow(_write_sqlite(tmp_path / "stackoverflow.sqlite"), vocabulary_size=50, tag_count=4)
     _check_tiny(data)
     assert data.name == f"stackoverflow(words={len(data.vocabulary)},tags=4)"
-    small = load_stackoverflow(tmp_path / "stackoverflow.sqlite", vocabulary_size=2, tag_count=1, max_clients=1, max_samples_per_client=1)
+    small = load_stackoverflow(
+        tmp_path / "stackoverflow.sqlite", vocabulary_size=2, tag_count=1, max_clients=1, max_samples_per_client=1
+    )
     assert small.input_shape == (2,) and small.client_sizes.tolist() == [1] and small.labels == ("python",)
 
 
@@ -99,8 +107,11 @@ def test_h5_layout(tmp_path):
             for client, examples in clients.items():
                 group = f.create_group(f"examples/{client}")
                 for column, field in (("tokens", 0), ("title", 1), ("tags", 2)):
-                    group.create_dataset(column, data=np.array([e[field].encode() for e in examples], dtype=object),
-                                         dtype=h5py.string_dtype())
+                    group.create_dataset(
+                        column,
+                        data=np.array([e[field].encode() for e in examples], dtype=object),
+                        dtype=h5py.string_dtype(),
+                    )
     _check_tiny(load_stackoverflow(tmp_path, vocabulary_size=50, tag_count=4))
 
 
@@ -131,7 +142,9 @@ def test_sqlite_with_a_non_blob_proto_is_refused_without_allocating(tmp_path):
     with connection:  # an INTEGER where a BLOB belongs: bytes(10**12) would ask for a terabyte
         connection.execute("UPDATE examples SET serialized_example_proto = 1000000000000 WHERE client_id = '00002'")
     connection.close()
-    with pytest.raises(DataFileError, match=r"so\.sqlite: client '00002': serialized_example_proto holds a int, not a BLOB"):
+    with pytest.raises(
+        DataFileError, match=r"so\.sqlite: client '00002': serialized_example_proto holds a int, not a BLOB"
+    ):
         load_stackoverflow(path, vocabulary_size=50, tag_count=4)
 
 
@@ -140,12 +153,16 @@ def test_damaged_sqlite_is_corrupt(tmp_path):
     raw = bytearray(path.read_bytes())
     raw[:16] = b"garbage garbage!"  # the header names the file as SQLite
     path.write_bytes(bytes(raw))
-    with pytest.raises(DataFileError, match=r"so\.sqlite: not a readable SQLite database \(file is not a database\).*download it again"):
+    with pytest.raises(
+        DataFileError, match=r"so\.sqlite: not a readable SQLite database \(file is not a database\).*download it again"
+    ):
         load_stackoverflow(path, vocabulary_size=50, tag_count=4)
     path = _write_sqlite(tmp_path / "pages.sqlite")
     raw = bytearray(path.read_bytes())
     page_size = int.from_bytes(raw[16:18], "big")
     raw[page_size : 2 * page_size] = b"\xff" * page_size  # the second page (a table's b-tree) is garbage
     path.write_bytes(bytes(raw))
-    with pytest.raises(DataFileError, match=r"pages\.sqlite is corrupt \(database disk image is malformed\): download it again"):
+    with pytest.raises(
+        DataFileError, match=r"pages\.sqlite is corrupt \(database disk image is malformed\): download it again"
+    ):
         load_stackoverflow(path, vocabulary_size=50, tag_count=4)

@@ -226,7 +226,11 @@ def _check_arguments(
     for label, value in (("alpha", alpha), ("beta", beta)):
         if not (math.isfinite(value) and value >= 0):
             raise ValueError(f"{label} is a variance and must be a finite number >= 0, got {value}")
-    for label, value, low in (("num_clients", num_clients, 1), ("dimension", dimension, 1), ("num_classes", num_classes, 2)):
+    for label, value, low in (
+        ("num_clients", num_clients, 1),
+        ("dimension", dimension, 1),
+        ("num_classes", num_classes, 2),
+    ):
         if value < low:
             raise ValueError(f"{label} must be at least {low}, got {value}")
     if not (isinstance(seed, (int, np.integer)) and seed >= 0):

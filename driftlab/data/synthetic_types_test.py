@@ -59,11 +59,15 @@ def test_type2_shifts_features_and_labels_type1_labels_only():
     homogeneous = [feddyn_synthetic(0, seed=s) for s in seeds]
     type1 = [feddyn_synthetic(1, seed=s) for s in seeds]
     type2 = [feddyn_synthetic(2, seed=s) for s in seeds]
-    spread = {name: np.mean([_feature_mean_spread(d) for d in group]) for name, group in
-              (("h", homogeneous), ("1", type1), ("2", type2))}
+    spread = {
+        name: np.mean([_feature_mean_spread(d) for d in group])
+        for name, group in (("h", homogeneous), ("1", type1), ("2", type2))
+    }
     assert spread["2"] > 20 * spread["h"] and spread["1"] < 3 * spread["h"]
-    tv = {name: np.mean([_mean_total_variation(d) for d in group]) for name, group in
-          (("h", homogeneous), ("1", type1), ("2", type2))}
+    tv = {
+        name: np.mean([_mean_total_variation(d) for d in group])
+        for name, group in (("h", homogeneous), ("1", type1), ("2", type2))
+    }
     assert tv["1"] > 2 * tv["h"] and tv["2"] > 2 * tv["h"]
 
 

@@ -15,15 +15,15 @@ from typing import Any, Callable, Protocol, Sequence
 import torch
 
 from driftlab.data.federated import FederatedDataset
+from driftlab.deploy import wire
 from driftlab.errors import ConfigError
+from driftlab.experiments.config import ExperimentConfig
+from driftlab.experiments.run.assembly import build_model, configured_algorithm, load_data, resolve_device
 from driftlab.features import drivers
 from driftlab.features.capabilities import Conflict, algorithm_key, conflicts
-from driftlab.experiments.run.assembly import build_model, configured_algorithm, load_data, resolve_device
-from driftlab.experiments.config import ExperimentConfig
-from driftlab.deploy import wire
-from driftlab.simulation.round.client import ClientSettings
 from driftlab.simulation.backends.flat import FlatModel
 from driftlab.simulation.backends.precision import parameter_dtype
+from driftlab.simulation.round.client import ClientSettings
 from driftlab.simulation.seam import Algorithm, ClientContext
 
 NODE = -1  # the client id in the envelope of a node's own messages (registration)
@@ -51,8 +51,12 @@ class RegistrationQuery:
 class Registration:
     """Node -> server: the node's clients, their training examples and the tokens that prove the node holds them."""
 
-    num_samples: torch.Tensor  # int64 [num_clients]: client k's training examples on this node, -1 where it hosts no client k
-    tokens: torch.Tensor  # uint8 [num_clients, TOKEN_BYTES]: client k's registration token (node_state.registration_token); 0 elsewhere
+    num_samples: (
+        torch.Tensor
+    )  # int64 [num_clients]: client k's training examples on this node, -1 where it hosts no client k
+    tokens: (
+        torch.Tensor
+    )  # uint8 [num_clients, TOKEN_BYTES]: client k's registration token (node_state.registration_token); 0 elsewhere
 
 
 @dataclass(frozen=True)
@@ -162,7 +166,9 @@ def deployment_conflicts(config: ExperimentConfig, algorithm: Algorithm) -> list
     found = conflicts(drivers.DEPLOYMENT, algorithm_key(algorithm.name), present, algorithm.lack_reasons)
     membership_changes = bool(config.availability.events) or config.availability.initially_registered is not None
     if membership_changes:
-        found += conflicts(drivers.DEPLOYMENT_MEMBERSHIP, algorithm_key(algorithm.name), present, algorithm.lack_reasons)
+        found += conflicts(
+            drivers.DEPLOYMENT_MEMBERSHIP, algorithm_key(algorithm.name), present, algorithm.lack_reasons
+        )
     excluded = [conflict for conflict in found if conflict.second == drivers.DEPLOYMENT_KEY]
     return excluded + [conflict for conflict in found if conflict.second != drivers.DEPLOYMENT_KEY]
 
@@ -190,7 +196,9 @@ def dataset_loader(dataset: FederatedDataset) -> Callable[[int], tuple[torch.Ten
     def load(client_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         rows = torch.tensor(dataset.client_indices[client_id], dtype=torch.long)
         inputs = dataset.train_inputs[rows]
-        if dataset.input_normalisation is not None:  # a node holds only its clients' rows: normalised once, as the simulator's batches
+        if (
+            dataset.input_normalisation is not None
+        ):  # a node holds only its clients' rows: normalised once, as the simulator's batches
             inputs = dataset.input_normalisation(inputs)
         return inputs, dataset.train_targets[rows]
 

@@ -34,14 +34,14 @@ from driftlab.deploy.messages import (
 )
 from driftlab.deploy.node_state import TOKEN_BYTES, NodeClientState, registration_token
 from driftlab.errors import ConfigError
-from driftlab.experiments.run.assembly import build_algorithm, resolve_device, round_plan
 from driftlab.experiments.config import ExperimentConfig
+from driftlab.experiments.run.assembly import build_algorithm, resolve_device, round_plan
 from driftlab.simulation.backends.augmentation import flip_crop_from_keys
-from driftlab.simulation.round.client import ClientData, ClientSettings, run_client
-from driftlab.simulation.round.engine import client_settings
 from driftlab.simulation.backends.flat import FlatModel
 from driftlab.simulation.backends.local_training import TrainingData
 from driftlab.simulation.backends.precision import parameter_dtype
+from driftlab.simulation.round.client import ClientData, ClientSettings, run_client
+from driftlab.simulation.round.engine import client_settings
 from driftlab.simulation.seam import ClientContext
 
 
@@ -73,7 +73,9 @@ class DeploymentClient:
         self.client_ids = tuple(sorted({int(client_id) for client_id in client_ids}))
         bad = [client_id for client_id in self.client_ids if not 0 <= client_id < config.data.num_clients]
         if bad:
-            raise ConfigError(f"client ids {bad} are not clients of this run: data.num_clients = {config.data.num_clients}")
+            raise ConfigError(
+                f"client ids {bad} are not clients of this run: data.num_clients = {config.data.num_clients}"
+            )
         self.model = model if model is not None else deployment_model(config)
         self.algorithm = build_algorithm(config, self.model)
         check_deployable(config, self.algorithm)
@@ -100,13 +102,21 @@ class DeploymentClient:
             raise RequestRefused(f"unreadable request: {error.reason}") from None
         config_fingerprint, _, run_id = str(envelope.run_fingerprint).partition("/")
         if config_fingerprint != self.fingerprint:
-            raise RequestRefused(f"request of run {envelope.run_fingerprint!r}; this node serves run {self.fingerprint!r} (same config on server and node?)")
+            raise RequestRefused(
+                f"request of run {envelope.run_fingerprint!r}; this node serves run {self.fingerprint!r} (same config on server and node?)"
+            )
         if not RUN_ID.fullmatch(run_id):
-            raise RequestRefused(f"request of run {envelope.run_fingerprint!r} without a run id (32 hex digits after the config's fingerprint)")
+            raise RequestRefused(
+                f"request of run {envelope.run_fingerprint!r} without a run id (32 hex digits after the config's fingerprint)"
+            )
         self.run_id = run_id
         if type(envelope.round) is not int or envelope.round < 1:
             raise RequestRefused(f"request for round {envelope.round!r}")
-        kinds = {wire.type_name(RegistrationQuery): self._register, wire.type_name(TrainRequest): self._train, wire.type_name(RoundOutcome): self._outcome}
+        kinds = {
+            wire.type_name(RegistrationQuery): self._register,
+            wire.type_name(TrainRequest): self._train,
+            wire.type_name(RoundOutcome): self._outcome,
+        }
         answer = kinds.get(envelope.payload_type)
         if answer is None:
             raise RequestRefused(f"unknown request type {envelope.payload_type!r}")
@@ -120,7 +130,12 @@ class DeploymentClient:
     def _decode(self, request: bytes, template: Any, round_index: int, client_id: int) -> Any:
         try:
             return wire.decode(
-                request, template, run_fingerprint=self.run_fingerprint, round=round_index, client_id=client_id, max_bytes=self.max_request_bytes
+                request,
+                template,
+                run_fingerprint=self.run_fingerprint,
+                round=round_index,
+                client_id=client_id,
+                max_bytes=self.max_request_bytes,
             )
         except wire.MessageRejected as error:
             raise RequestRefused(f"malformed request: {error.reason}") from None
@@ -132,18 +147,26 @@ class DeploymentClient:
         tokens = torch.zeros((self.config.data.num_clients, TOKEN_BYTES), dtype=torch.uint8)
         for hosted in self.client_ids:
             counts[hosted] = self._client_data(hosted).num_samples
-            tokens[hosted] = torch.frombuffer(bytearray(registration_token(self.state_dir / str(self.run_id), hosted)), dtype=torch.uint8)
-        return wire.encode(Registration(counts, tokens), run_fingerprint=self.run_fingerprint, round=round_index, client_id=NODE)
+            tokens[hosted] = torch.frombuffer(
+                bytearray(registration_token(self.state_dir / str(self.run_id), hosted)), dtype=torch.uint8
+            )
+        return wire.encode(
+            Registration(counts, tokens), run_fingerprint=self.run_fingerprint, round=round_index, client_id=NODE
+        )
 
     def _train(self, request: bytes, round_index: int, client_id: Any) -> bytes:
         client_id = self._hosted(client_id)
         template = _train_request_template(self._view, self._settings(round_index), client_id, round_index)
         asked = self._decode(request, template, round_index, client_id)
         if asked.context.client_id != client_id or asked.context.round != round_index:
-            raise RequestRefused(f"the request's context is for client {asked.context.client_id}, round {asked.context.round}")
+            raise RequestRefused(
+                f"the request's context is for client {asked.context.client_id}, round {asked.context.round}"
+            )
         data = self._client_data(client_id)
         if asked.context.num_samples != data.num_samples:
-            raise RequestRefused(f"the server counts {asked.context.num_samples} examples for client {client_id}, the node holds {data.num_samples}")
+            raise RequestRefused(
+                f"the server counts {asked.context.num_samples} examples for client {client_id}, the node holds {data.num_samples}"
+            )
         self._check_asked(asked, round_index, data.num_samples)
         node_state = self._state(client_id)
         state = None
@@ -151,18 +174,26 @@ class DeploymentClient:
             # A replayed request must not touch the states: refused before anything is committed or dropped.  The same
             # round again is no replay when its state is only staged: a restarted server runs that round anew.
             committed, staged = node_state.committed_round or 0, node_state.staged_round
-            if round_index <= committed or (staged is not None and round_index < staged) or asked.aggregated_round >= round_index:
+            if (
+                round_index <= committed
+                or (staged is not None and round_index < staged)
+                or asked.aggregated_round >= round_index
+            ):
                 raise RequestRefused(
                     f"replay: a request for round {round_index} (last aggregated round {asked.aggregated_round}), but client {client_id} "
                     f"has committed round {committed}" + (f" and staged round {staged}" if staged is not None else "")
                 )
             self._settle(node_state, asked.aggregated_round)
             state = node_state.load()
-        new_state, message, steps_done = run_client(self.algorithm, asked.view, state, asked.context, data, asked.settings)
+        new_state, message, steps_done = run_client(
+            self.algorithm, asked.view, state, asked.context, data, asked.settings
+        )
         if node_state is not None:
             node_state.stage(round_index, new_state)
         sent = self.algorithm.codec.to_wire(message) if message is not None else None
-        return wire.encode(TrainReply(sent, steps_done), run_fingerprint=self.run_fingerprint, round=round_index, client_id=client_id)
+        return wire.encode(
+            TrainReply(sent, steps_done), run_fingerprint=self.run_fingerprint, round=round_index, client_id=client_id
+        )
 
     def _check_asked(self, asked: TrainRequest, round_index: int, num_samples: int) -> None:
         """RequestRefused for work this node's config does not give: the node trains only what its own config plans.
@@ -180,7 +211,9 @@ class DeploymentClient:
         context = asked.context
         lr = settings.local.client_lr
         if context.client_lr != lr:
-            raise RequestRefused(f"the server asks for client learning rate {context.client_lr!r} in round {round_index}, this node's config gives {lr!r}")
+            raise RequestRefused(
+                f"the server asks for client learning rate {context.client_lr!r} in round {round_index}, this node's config gives {lr!r}"
+            )
         planned = self._plan.planned_steps(num_samples, round_index)
         if context.planned_steps != planned:
             raise RequestRefused(
@@ -188,14 +221,18 @@ class DeploymentClient:
                 f"this node's config plans {planned}"
             )
         if context.available_steps is not None and not 1 <= context.available_steps <= planned:
-            raise RequestRefused(f"the server makes {context.available_steps} local steps available, the plan is 1..{planned}")
+            raise RequestRefused(
+                f"the server makes {context.available_steps} local steps available, the plan is 1..{planned}"
+            )
         clients = self.config.data.num_clients
         if not 1 <= context.multiplicity <= clients or not 1 <= context.num_registered <= clients:
             raise RequestRefused(
                 f"multiplicity {context.multiplicity} and {context.num_registered} registered clients: this run has {clients} clients"
             )
         if not (math.isfinite(context.mean_num_samples) and 0 < context.mean_num_samples <= MAX_NUM_SAMPLES):
-            raise RequestRefused(f"mean number of examples {context.mean_num_samples!r}: expected a count in (0, {MAX_NUM_SAMPLES}]")
+            raise RequestRefused(
+                f"mean number of examples {context.mean_num_samples!r}: expected a count in (0, {MAX_NUM_SAMPLES}]"
+            )
 
     def _settings(self, round_index: int) -> ClientSettings:
         """The round's settings as ``plan_round`` makes them from this node's config, at the config's precision (the
@@ -231,7 +268,9 @@ class DeploymentClient:
                 else:
                     node_state.drop(round_index)
             committed = node_state.committed_round or 0
-        return wire.encode(Acknowledged(committed), run_fingerprint=self.run_fingerprint, round=round_index, client_id=client_id)
+        return wire.encode(
+            Acknowledged(committed), run_fingerprint=self.run_fingerprint, round=round_index, client_id=client_id
+        )
 
     # ------------------------------------------------------------------ clients
 
@@ -265,7 +304,11 @@ class DeploymentClient:
         if key not in self._states:
             initial = self.initial_params
             self._states[key] = NodeClientState(
-                self.state_dir / run_id, client_id, run_fingerprint(self.fingerprint, run_id), init(initial), lambda: init(initial)
+                self.state_dir / run_id,
+                client_id,
+                run_fingerprint(self.fingerprint, run_id),
+                init(initial),
+                lambda: init(initial),
             )
         return self._states[key]
 

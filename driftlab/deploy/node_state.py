@@ -81,14 +81,21 @@ class NodeClientState:
     """
 
     def __init__(
-        self, directory: str | Path, client_id: int, run_fingerprint: str, template: Any, initial: Callable[[], Any] | None
+        self,
+        directory: str | Path,
+        client_id: int,
+        run_fingerprint: str,
+        template: Any,
+        initial: Callable[[], Any] | None,
     ) -> None:
         self.directory = Path(directory)
         self.client_id = int(client_id)
         self.run_fingerprint = str(run_fingerprint)
         self._template = template
         self._initial = initial
-        self._layout = {name: (tensor.dtype, tuple(tensor.shape)) for name, tensor in state_to_tensors(template, _PREFIX).items()}
+        self._layout = {
+            name: (tensor.dtype, tuple(tensor.shape)) for name, tensor in state_to_tensors(template, _PREFIX).items()
+        }
         self._committed_round: int | None = None
         self.directory.mkdir(parents=True, exist_ok=True)
         self._clean_up()
@@ -130,7 +137,9 @@ class NodeClientState:
         round = int(round)
         committed = self.committed_round
         if committed is not None and round <= committed:
-            raise ValueError(f"cannot stage round {round} for client {self.client_id}: round {committed} is already committed")
+            raise ValueError(
+                f"cannot stage round {round} for client {self.client_id}: round {committed} is already committed"
+            )
         tensors = state_to_tensors(state, _PREFIX)
         self._check_layout(tensors)
         metadata = self._metadata(round)
@@ -178,25 +187,35 @@ class NodeClientState:
             with safe_open(str(path), framework="pt") as handle:
                 metadata = handle.metadata() or {}
         except (SafetensorError, OSError, ValueError) as error:
-            raise CheckpointError(f"client state file {path} is unreadable, corrupt or truncated ({error}); {fix}") from None
+            raise CheckpointError(
+                f"client state file {path} is unreadable, corrupt or truncated ({error}); {fix}"
+            ) from None
         if metadata.get("format_version") != NODE_STATE_FORMAT:
-            raise CheckpointError(f"{path} is not a driftlab node state file (format {metadata.get('format_version')!r}); {fix}")
+            raise CheckpointError(
+                f"{path} is not a driftlab node state file (format {metadata.get('format_version')!r}); {fix}"
+            )
         if metadata.get("fingerprint") != self.run_fingerprint:
             raise CheckpointError(
                 f"client state file {path} belongs to the run with config fingerprint {metadata.get('fingerprint')!r}, "
                 f"this run's is {self.run_fingerprint!r}; a state file of another run is never loaded: {fix}"
             )
         if metadata.get("client_ids") != json.dumps([self.client_id]):
-            raise CheckpointError(f"client state file {path} holds the state of client(s) {metadata.get('client_ids')}, not of client {self.client_id}; {fix}")
+            raise CheckpointError(
+                f"client state file {path} holds the state of client(s) {metadata.get('client_ids')}, not of client {self.client_id}; {fix}"
+            )
         if metadata.get("sha256") != checkpoint_checksum(tensors, metadata):
-            raise CheckpointError(f"client state file {path} was changed after it was written (its sha256 does not match); {fix}")
+            raise CheckpointError(
+                f"client state file {path} was changed after it was written (its sha256 does not match); {fix}"
+            )
         round_text = metadata.get("round", "")
         if not round_text.isascii() or not round_text.isdigit():
             raise CheckpointError(f"client state file {path} has round {round_text!r}; {fix}")
         try:
             self._check_layout(tensors)
         except ValueError as error:
-            raise CheckpointError(f"client state file {path} does not fit this run's client state ({error}); {fix}") from None
+            raise CheckpointError(
+                f"client state file {path} does not fit this run's client state ({error}); {fix}"
+            ) from None
         return tensors, int(round_text)
 
     def _check_layout(self, tensors: dict[str, torch.Tensor]) -> None:
@@ -208,7 +227,9 @@ class NodeClientState:
         for name, tensor in tensors.items():
             dtype, shape = self._layout[name]
             if tensor.dtype != dtype or tuple(tensor.shape) != shape:
-                raise ValueError(f"client state field {name} is {tensor.dtype} {tuple(tensor.shape)}, expected {dtype} {shape}")
+                raise ValueError(
+                    f"client state field {name} is {tensor.dtype} {tuple(tensor.shape)}, expected {dtype} {shape}"
+                )
 
     def _staged_files(self) -> list[tuple[int, Path]]:
         pattern = re.compile(rf"client-{self.client_id}\.round-([0-9]+)\.staged\.safetensors")
@@ -251,7 +272,9 @@ def registration_token(directory: str | Path, client_id: int) -> bytes:
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         token = secrets.token_bytes(TOKEN_BYTES)
-        write_atomically(path, lambda temporary: temporary.write_bytes(token), mode=0o600)  # a secret: the owner's alone
+        write_atomically(
+            path, lambda temporary: temporary.write_bytes(token), mode=0o600
+        )  # a secret: the owner's alone
     token = path.read_bytes()
     if len(token) != TOKEN_BYTES:
         raise CheckpointError(
@@ -267,4 +290,3 @@ def _fsync_directory(directory: Path) -> None:
         os.fsync(descriptor)
     finally:
         os.close(descriptor)
-

@@ -126,7 +126,10 @@ def test_a_file_of_another_run_is_never_loaded(tmp_path):
     node.stage(1, first)
     node.commit(1)
     ours = _node(tmp_path)
-    with pytest.raises(CheckpointError, match="belongs to the run with config fingerprint 'feedfacefeedface', this run's is '0123456789abcdef'"):
+    with pytest.raises(
+        CheckpointError,
+        match="belongs to the run with config fingerprint 'feedfacefeedface', this run's is '0123456789abcdef'",
+    ):
         ours.load()
     with pytest.raises(CheckpointError, match="another run is never loaded"):
         ours.stage(2, first)
@@ -155,7 +158,9 @@ def test_a_file_of_another_client_or_an_edited_file_is_refused(tmp_path):
 
 def test_a_state_of_another_structure_is_refused(tmp_path):
     node = _node(tmp_path)
-    with pytest.raises(ValueError, match=r"client state field state/control is torch.float64 \(12,\), expected torch.float32 \(12,\)"):
+    with pytest.raises(
+        ValueError, match=r"client state field state/control is torch.float64 \(12,\), expected torch.float32 \(12,\)"
+    ):
         node.stage(1, scaffold.ClientState(torch.zeros(P, dtype=torch.float64)))
     with pytest.raises(ValueError, match="does not fit the layout"):
         node.stage(1, efl.ClientState(torch.zeros(P), torch.zeros(P)))
@@ -166,7 +171,9 @@ def test_nested_states_with_numbers_and_none_round_trip(tmp_path):
     sgd = make_server_optimizer("sgd")
     algorithm = with_compression(scaffold.build(sgd), 0.25, (8, 4))
     initial = algorithm.client_state_init(torch.zeros(P))
-    state = dataclasses.replace(initial, residual=torch.arange(P, dtype=torch.float32), inner=scaffold.ClientState(torch.ones(P)))
+    state = dataclasses.replace(
+        initial, residual=torch.arange(P, dtype=torch.float32), inner=scaffold.ClientState(torch.ones(P))
+    )
     node = NodeClientState(tmp_path, 0, RUN, initial, lambda: algorithm.client_state_init(torch.zeros(P)))
     node.stage(7, state)
     node.commit(7)
@@ -195,7 +202,9 @@ def test_a_registration_token_is_made_once_kept_across_restarts_and_survives_the
     assert registration_token(tmp_path / "run", 4) == token
     assert registration_token(tmp_path / "run", 5) != token  # one secret per client
     (tmp_path / "run" / "client-4.token").write_bytes(b"short")
-    with pytest.raises(CheckpointError, match="client-4.token holds 5 bytes, a registration token has 16: it was damaged or replaced"):
+    with pytest.raises(
+        CheckpointError, match="client-4.token holds 5 bytes, a registration token has 16: it was damaged or replaced"
+    ):
         registration_token(tmp_path / "run", 4)
 
 

@@ -169,16 +169,16 @@ from driftlab.deploy.messages import (
 from driftlab.deploy.node import DeploymentClient
 from driftlab.deploy.node_state import TOKEN_BYTES
 from driftlab.errors import ConfigError
-from driftlab.experiments.run.assembly import build_simulation, features_run_info, load_data
 from driftlab.experiments.config import ExperimentConfig, load_config
 from driftlab.experiments.run import run_directory
+from driftlab.experiments.run.assembly import build_simulation, features_run_info, load_data
 from driftlab.experiments.run.lifecycle import RunResult, run_rounds
 from driftlab.experiments.run.trackers import check_trackers_installed
 from driftlab.simulation.backends.local_training import LocalSettings
-from driftlab.simulation.state.checkpoint import write_atomically
 from driftlab.simulation.round.engine import finish_round, plan_round
 from driftlab.simulation.round.setup import Simulation, SimulationState
 from driftlab.simulation.seam import Algorithm, ClientContext, ClientUpdate
+from driftlab.simulation.state.checkpoint import write_atomically
 from driftlab.simulation.state.state_store import InMemoryClientStore
 
 LOGGER = logging.getLogger("driftlab.deploy")
@@ -196,7 +196,13 @@ class _ZeroFisher:
     def full_gradient(self, params: torch.Tensor) -> torch.Tensor:
         return torch.zeros_like(params)
 
-    def train(self, params: torch.Tensor, correction: Any, steps: int, purpose: str = "personal") -> tuple[torch.Tensor, int]:  # noqa: ARG002
+    def train(
+        self,
+        params: torch.Tensor,
+        correction: Any,  # noqa: ARG002 - the ClientComputation signature
+        steps: int,  # noqa: ARG002
+        purpose: str = "personal",  # noqa: ARG002
+    ) -> tuple[torch.Tensor, int]:
         return params, 0
 
     def minibatches(self, steps: int, purpose: str = "local") -> list:  # noqa: ARG002
@@ -216,11 +222,15 @@ def reply_template(algorithm: Algorithm, view: Any, context: ClientContext) -> T
     state = algorithm.client_state_init(params) if algorithm.client_state_init is not None else None
     moved = params + torch.linspace(-1.0, 1.0, params.numel(), dtype=params.dtype, device=params.device)
     complete = dataclasses.replace(context, available_steps=context.planned_steps)
-    _, message = algorithm.client_finish(view, state, complete, ClientUpdate(params, moved, max(1, context.planned_steps), _ZeroFisher()))
+    _, message = algorithm.client_finish(
+        view, state, complete, ClientUpdate(params, moved, max(1, context.planned_steps), _ZeroFisher())
+    )
     return TrainReply(algorithm.codec.to_wire(message) if message is not None else None, 0)
 
 
-def planned_message(algorithm: Algorithm, view: Any, context: ClientContext, steps_done: int, moved: bool = False) -> Any:
+def planned_message(
+    algorithm: Algorithm, view: Any, context: ClientContext, steps_done: int, moved: bool = False
+) -> Any:
     """The message ``context``'s client sends after ``steps_done`` local steps that left its model where it started.
 
     Its scalars are what the server planned (``num_samples``, ``multiplicity``,
@@ -231,12 +241,18 @@ def planned_message(algorithm: Algorithm, view: Any, context: ClientContext, ste
     """
     params = view.params
     state = algorithm.client_state_init(params) if algorithm.client_state_init is not None else None
-    final = params + torch.linspace(-1.0, 1.0, params.numel(), dtype=params.dtype, device=params.device) if moved else params
+    final = (
+        params + torch.linspace(-1.0, 1.0, params.numel(), dtype=params.dtype, device=params.device)
+        if moved
+        else params
+    )
     _, message = algorithm.client_finish(view, state, context, ClientUpdate(params, final, steps_done, _ZeroFisher()))
     return message
 
 
-def _check_planned(received: Any, planned: Any, path: str, distances: dict[str, float], unplanned: tuple[str, ...] = ()) -> None:
+def _check_planned(
+    received: Any, planned: Any, path: str, distances: dict[str, float], unplanned: tuple[str, ...] = ()
+) -> None:
     """MessageRejected where a scalar of ``received`` is not ``planned``'s; each tensor's distance from ``planned``'s into ``distances``.
 
     The fields ``unplanned`` (the codec's, ``MessageCodec.unplanned``: a compressed message's ``bits``,
@@ -245,7 +261,9 @@ def _check_planned(received: Any, planned: Any, path: str, distances: dict[str, 
     """
     if planned is None or received is None:
         if planned is not received:
-            raise wire.MessageRejected(f"{path} is {'empty' if received is None else 'sent'}, the server planned it {'empty' if planned is None else 'sent'}")
+            raise wire.MessageRejected(
+                f"{path} is {'empty' if received is None else 'sent'}, the server planned it {'empty' if planned is None else 'sent'}"
+            )
         return
     if isinstance(planned, torch.Tensor):
         if received.is_floating_point() and not bool(torch.isfinite(received).all()):
@@ -256,7 +274,11 @@ def _check_planned(received: Any, planned: Any, path: str, distances: dict[str, 
         return
     if isinstance(planned, tuple):
         if not isinstance(received, tuple) or len(received) != len(planned):
-            sent = f"a {type(received).__name__}" if not isinstance(received, tuple) else f"a tuple of length {len(received)}"
+            sent = (
+                f"a {type(received).__name__}"
+                if not isinstance(received, tuple)
+                else f"a tuple of length {len(received)}"
+            )
             raise wire.MessageRejected(f"{path} is {sent}, the server planned a tuple of length {len(planned)}")
         for index, (item, planned_item) in enumerate(zip(received, planned, strict=True)):
             _check_planned(item, planned_item, f"{path}/{index}", distances)
@@ -268,7 +290,9 @@ def _check_planned(received: Any, planned: Any, path: str, distances: dict[str, 
                 _check_planned(getattr(received, name), getattr(planned, name), f"{path}/{name}", distances, nested)
         return
     if type(received) is not type(planned) or received != planned:
-        raise wire.MessageRejected(f"{path} is {_shown(received)}, the server planned {planned!r} (its registration and its plan decide it)")
+        raise wire.MessageRejected(
+            f"{path} is {_shown(received)}, the server planned {planned!r} (its registration and its plan decide it)"
+        )
 
 
 def _shown(value: Any) -> str:
@@ -410,7 +434,9 @@ class DeploymentServer:
         self._hosts: dict[int, int] = {}
         self._registered_nodes: list[int] | None = None  # the connected nodes at the last registration
         self._refusals: dict[int, str] = {}  # per node, why its last registration failed
-        self._accepted, self._run_id, self._sizes, self._tokens, self._scales = self._read_rounds(out, state.round, sim.data.num_clients)
+        self._accepted, self._run_id, self._sizes, self._tokens, self._scales = self._read_rounds(
+            out, state.round, sim.data.num_clients
+        )
         self._contested: dict[int, list[int]] = {}  # clients claimed by several nodes at their first registration
         self._out = out
         self._write_accepted(out)  # the run id before any node hears it
@@ -423,10 +449,16 @@ class DeploymentServer:
         # Registering costs a round trip to every node: only when the connected nodes changed, a host is gone, or a
         # node failed to register last time (a restarted Flower node connects under a new node id).
         connected = sorted(self.transport.node_ids())
-        if connected != self._registered_nodes or self._refusals or any(node not in connected for node in self._hosts.values()):
+        if (
+            connected != self._registered_nodes
+            or self._refusals
+            or any(node not in connected for node in self._hosts.values())
+        ):
             self._register(sim, fingerprint, t, self.timeouts.register)
         work = plan_round(sim, state)
-        settings = dataclasses.replace(work.settings, precision=config.precision)  # the nodes train at the config's precision
+        settings = dataclasses.replace(
+            work.settings, precision=config.precision
+        )  # the nodes train at the config's precision
         asked: list[ClientContext] = []
         requests: list[tuple[int, bytes]] = []
         for context in work.contexts:
@@ -436,16 +468,22 @@ class DeploymentServer:
                 continue
             request = TrainRequest(work.view, context, settings, self._last_accepted(context.client_id, t))
             asked.append(context)
-            requests.append((node, wire.encode(request, run_fingerprint=fingerprint, round=t, client_id=context.client_id)))
+            requests.append(
+                (node, wire.encode(request, run_fingerprint=fingerprint, round=t, client_id=context.client_id))
+            )
         # A round that asks nobody (poisson sampling selected no client, or none is hosted) waits for nothing.
         replies = self.transport.exchange(requests, self.timeouts.train) if requests else {}
         messages: dict[int, Any] = {}
         steps_done: dict[int, int] = {}
         distances: dict[int, dict[str, float]] = {}
-        node_of = {context.client_id: node for context, (node, _) in zip(asked, requests, strict=True)}  # who answered for it
+        node_of = {
+            context.client_id: node for context, (node, _) in zip(asked, requests, strict=True)
+        }  # who answered for it
         for position, context in enumerate(asked):
             try:
-                reply, distances[context.client_id] = self._accept(replies.get(position), config, sim, work, context, fingerprint)
+                reply, distances[context.client_id] = self._accept(
+                    replies.get(position), config, sim, work, context, fingerprint
+                )
             except wire.MessageRejected as error:
                 self._reject(t, context.client_id, error.reason)
                 continue
@@ -460,12 +498,24 @@ class DeploymentServer:
             del messages[client_id], steps_done[client_id]
         accepted = [context for context in work.contexts if context.client_id in steps_done]
         if work.contexts and not accepted:
-            (self.log or LOGGER.error)(f"round {t}: error: no reply of the {len(work.contexts)} clients asked was accepted; the model stays as it was")
+            (self.log or LOGGER.error)(
+                f"round {t}: error: no reply of the {len(work.contexts)} clients asked was accepted; the model stays as it was"
+            )
         # Clients whose replies were not accepted are inactive this round, as if the availability model had said so.
-        work = dataclasses.replace(work, contexts=tuple(accepted), num_inactive=work.num_inactive + len(work.contexts) - len(accepted))
+        work = dataclasses.replace(
+            work, contexts=tuple(accepted), num_inactive=work.num_inactive + len(work.contexts) - len(accepted)
+        )
         server, record = finish_round(sim, work, messages, steps_done, evaluate_after=evaluate_after)
         notices = [
-            (node, wire.encode(RoundOutcome(context.client_id in steps_done), run_fingerprint=fingerprint, round=t, client_id=context.client_id))
+            (
+                node,
+                wire.encode(
+                    RoundOutcome(context.client_id in steps_done),
+                    run_fingerprint=fingerprint,
+                    round=t,
+                    client_id=context.client_id,
+                ),
+            )
             for node, context in zip((request[0] for request in requests), asked, strict=True)
         ]
         staged = _StagedRound(t, [context.client_id for context in accepted], scales, notices)
@@ -480,10 +530,18 @@ class DeploymentServer:
     def _notify(self, staged: _StagedRound) -> None:
         """Tell each client asked whether its reply was aggregated, once the round's checkpoint is on disk."""
         if staged.notices:
-            self.transport.exchange(staged.notices, self.timeouts.commit)  # best effort: the next TrainRequest says it again
+            self.transport.exchange(
+                staged.notices, self.timeouts.commit
+            )  # best effort: the next TrainRequest says it again
 
     def _accept(
-        self, reply: bytes | str | None, config: ExperimentConfig, sim: Any, work: Any, context: ClientContext, fingerprint: str
+        self,
+        reply: bytes | str | None,
+        config: ExperimentConfig,
+        sim: Any,
+        work: Any,
+        context: ClientContext,
+        fingerprint: str,
     ) -> tuple[TrainReply, dict[str, float]]:
         """The client's reply, decoded and checked, its message as the client built it, and how far each of the message's
         tensors is from a client's that did not move (``planned_message``); MessageRejected with the reason otherwise."""
@@ -519,7 +577,10 @@ class DeploymentServer:
             try:
                 planned = planned_message(sim.algorithm, work.view, context, decoded.steps_done)
             except Exception:  # noqa: BLE001  (a plugin that cannot finish a client that did not move: scalars only)
-                planned, distances = planned_message(sim.algorithm, work.view, context, decoded.steps_done, moved=True), None
+                planned, distances = (
+                    planned_message(sim.algorithm, work.view, context, decoded.steps_done, moved=True),
+                    None,
+                )
             _check_planned(message, planned, "message", distances if distances is not None else {}, codec.unplanned)
         return TrainReply(message, decoded.steps_done), distances or {}
 
@@ -534,13 +595,17 @@ class DeploymentServer:
         """Query the nodes until every client of the run has registered; ConfigError after ``timeouts.first_registration``."""
         deadline = time.monotonic() + self.timeouts.first_registration
         while True:
-            self._register(sim, fingerprint, round_index, min(self.timeouts.register, max(0.1, deadline - time.monotonic())))
+            self._register(
+                sim, fingerprint, round_index, min(self.timeouts.register, max(0.1, deadline - time.monotonic()))
+            )
             missing = [client_id for client_id in range(len(self._sizes)) if client_id not in self._hosts]
             if not missing:
                 return
             if time.monotonic() >= deadline:
                 shown = ", ".join(str(client_id) for client_id in missing[:10]) + (", ..." if len(missing) > 10 else "")
-                reasons = "".join(f"; node {node} did not register: {reason}" for node, reason in sorted(self._refusals.items()))
+                reasons = "".join(
+                    f"; node {node} did not register: {reason}" for node, reason in sorted(self._refusals.items())
+                )
                 reasons += "".join(
                     f"; client {client_id} is claimed by nodes {', '.join(map(str, nodes))} (one of them does not hold it: stop the "
                     "node whose client ids are wrong)"
@@ -557,10 +622,15 @@ class DeploymentServer:
         """Ask every connected node for its clients (module docstring: a client's host and its frozen sample count)."""
         warn = self.log or LOGGER.warning
         nodes = sorted(self.transport.node_ids())
-        query = wire.encode(RegistrationQuery(round_index), run_fingerprint=fingerprint, round=round_index, client_id=NODE)
+        query = wire.encode(
+            RegistrationQuery(round_index), run_fingerprint=fingerprint, round=round_index, client_id=NODE
+        )
         replies = self.transport.exchange([(node, query) for node in nodes], timeout)
         self._refusals = {node: reason for node, reason in self._refusals.items() if node in nodes}
-        template = Registration(torch.zeros(len(self._sizes), dtype=torch.int64), torch.zeros((len(self._sizes), TOKEN_BYTES), dtype=torch.uint8))
+        template = Registration(
+            torch.zeros(len(self._sizes), dtype=torch.int64),
+            torch.zeros((len(self._sizes), TOKEN_BYTES), dtype=torch.uint8),
+        )
         claims: dict[int, list[tuple[int, int, str]]] = {}  # client -> [(node, count, token digest)]
         for position, node in enumerate(nodes):
             reply = replies.get(position)
@@ -571,7 +641,12 @@ class DeploymentServer:
                 continue
             try:
                 registration = wire.decode(
-                    reply, template, run_fingerprint=fingerprint, round=round_index, client_id=NODE, max_bytes=size_limit(template)
+                    reply,
+                    template,
+                    run_fingerprint=fingerprint,
+                    round=round_index,
+                    client_id=NODE,
+                    max_bytes=size_limit(template),
                 )
             except wire.MessageRejected as error:
                 self._refusals[node] = f"registration rejected: {error.reason}"
@@ -589,22 +664,30 @@ class DeploymentServer:
                 digest = hashlib.sha256(registration.tokens[client_id].numpy().tobytes()).hexdigest()
                 claims.setdefault(client_id, []).append((node, count, digest))
             if absurd:
-                warn(f"round {round_index}: node {node} claims clients {_listed(absurd)} examples (1..{MAX_NUM_SAMPLES}); claims ignored")
+                warn(
+                    f"round {round_index}: node {node} claims clients {_listed(absurd)} examples (1..{MAX_NUM_SAMPLES}); claims ignored"
+                )
         pinned_before = len(self._tokens)
         owners, refused, contested = self._owners(claims)
         for node, clients in sorted(refused.items()):
-            warn(f"round {round_index}: node {node} claims clients {_listed(clients)} without their registration tokens; "
-                 "refused (each stays with the node holding its token)")
+            warn(
+                f"round {round_index}: node {node} claims clients {_listed(clients)} without their registration tokens; "
+                "refused (each stays with the node holding its token)"
+            )
         for client_id, (node, count) in owners.items():
             if self._sizes[client_id] < 0:
                 self._sizes[client_id] = count  # frozen at the first registration (kept in ROUNDS_FILE)
             elif count != self._sizes[client_id]:
-                warn(f"round {round_index}: node {node} reports {count} examples for client {client_id}, registered with "
-                     f"{int(self._sizes[client_id])}; the registered count stands")
+                warn(
+                    f"round {round_index}: node {node} reports {count} examples for client {client_id}, registered with "
+                    f"{int(self._sizes[client_id])}; the registered count stands"
+                )
         self._contested = contested
         for client_id, claimants in sorted(contested.items()):
-            warn(f"round {round_index}: error: client {client_id} is claimed by nodes {', '.join(map(str, claimants))} at its first "
-                 "registration; it is registered to none of them until only one claims it")
+            warn(
+                f"round {round_index}: error: client {client_id} is claimed by nodes {', '.join(map(str, claimants))} at its first "
+                "registration; it is registered to none of them until only one claims it"
+            )
         owners = {client_id: node for client_id, (node, _) in owners.items()}
         self._hosts = {client_id: owners[client_id] for client_id in sorted(owners)}
         self._registered_nodes = nodes
@@ -614,7 +697,9 @@ class DeploymentServer:
         if (self._sizes >= 0).all():
             sim.client_sizes = self._sizes.copy()
 
-    def _owners(self, claims: dict[int, list[tuple[int, int, str]]]) -> tuple[dict[int, tuple[int, int]], dict[int, list[int]], dict[int, list[int]]]:
+    def _owners(
+        self, claims: dict[int, list[tuple[int, int, str]]]
+    ) -> tuple[dict[int, tuple[int, int]], dict[int, list[int]], dict[int, list[int]]]:
         """Who hosts each claimed client (node, count); the clients each node claimed without their token; contested clients.
 
         A client with a pinned token goes to a node sending that token (the
@@ -648,7 +733,11 @@ class DeploymentServer:
     # ------------------------------------------------------------------ accepted replies, per round
 
     def _last_accepted(self, client_id: int, before: int) -> int:
-        rounds = [round_index for round_index, clients in self._accepted.items() if round_index < before and client_id in clients]
+        rounds = [
+            round_index
+            for round_index, clients in self._accepted.items()
+            if round_index < before and client_id in clients
+        ]
         return max(rounds, default=0)
 
     def _read_rounds(
@@ -660,17 +749,25 @@ class DeploymentServer:
         if up_to_round == 0:
             return {}, uuid.uuid4().hex, np.full(num_clients, -1, dtype=np.int64), {}, {}
         if not path.exists():
-            raise ConfigError(f"cannot resume the deployment in {out}: {ROUNDS_FILE} is missing, so the nodes' client states cannot be matched")
+            raise ConfigError(
+                f"cannot resume the deployment in {out}: {ROUNDS_FILE} is missing, so the nodes' client states cannot be matched"
+            )
         try:
             saved = json.loads(path.read_text())
-            table = {int(round_index): [int(client_id) for client_id in clients] for round_index, clients in saved["accepted"].items()}
+            table = {
+                int(round_index): [int(client_id) for client_id in clients]
+                for round_index, clients in saved["accepted"].items()
+            }
             run_id = str(saved["run_id"])
             sizes = np.array([int(count) for count in saved["num_samples"]], dtype=np.int64)
             if not RUN_ID.fullmatch(run_id) or sizes.shape != (num_clients,):
                 raise ValueError(f"run id {run_id!r} and {len(sizes)} sample counts for {num_clients} clients")
             # A file written before tokens existed has none: its clients' tokens are pinned at their next registration.
             tokens = {int(client_id): str(digest) for client_id, digest in saved.get("token_sha256", {}).items()}
-            if any(not 0 <= client_id < num_clients or not _DIGEST.fullmatch(digest) for client_id, digest in tokens.items()):
+            if any(
+                not 0 <= client_id < num_clients or not _DIGEST.fullmatch(digest)
+                for client_id, digest in tokens.items()
+            ):
                 raise ValueError("a token digest that is not a client's SHA-256")
             # Scales as of the last round written: a resume from an older checkpoint goes on from those (a looser bound, never a tighter one).
             scales = {str(name): float(value) for name, value in saved.get("reply_scales", {}).items()}
@@ -681,14 +778,22 @@ class DeploymentServer:
                 f"{path} is damaged ({error}); it holds the run id, the clients' registered sample counts "
                 "and the clients whose replies each round aggregated"
             ) from None
-        return {round_index: clients for round_index, clients in table.items() if round_index <= up_to_round}, run_id, sizes, tokens, scales
+        return (
+            {round_index: clients for round_index, clients in table.items() if round_index <= up_to_round},
+            run_id,
+            sizes,
+            tokens,
+            scales,
+        )
 
     def _write_accepted(self, out: Path) -> None:
         text = json.dumps(
             {
                 "run_id": self._run_id,
                 "num_samples": self._sizes.tolist(),
-                "token_sha256": {str(client_id): digest for client_id, digest in sorted(self._tokens.items())},  # digests only: the file proves nothing
+                "token_sha256": {
+                    str(client_id): digest for client_id, digest in sorted(self._tokens.items())
+                },  # digests only: the file proves nothing
                 "reply_scales": dict(sorted(self._scales.items())),
                 "accepted": {str(round_index): clients for round_index, clients in sorted(self._accepted.items())},
             }
@@ -729,7 +834,9 @@ class _ServerRounds:
         self.server._await_registration(self.sim, self.fingerprint, state.round + 1)
 
     def run_round(self, state: SimulationState, evaluate_after: bool) -> tuple[SimulationState, dict[str, Any]]:
-        finished, record, self._staged = self.server._round(self.config, self.sim, state, self.fingerprint, evaluate_after)
+        finished, record, self._staged = self.server._round(
+            self.config, self.sim, state, self.fingerprint, evaluate_after
+        )
         return finished, record
 
     def commit(self, state: SimulationState) -> None:
@@ -753,7 +860,9 @@ class _ServerRounds:
 
 def _listed(items: Sequence[Any], shown: int = 10) -> str:
     """``items`` joined by commas, the first ``shown`` of them (a node may claim 100,000 clients in one message)."""
-    return ", ".join(str(item) for item in items[:shown]) + (f", ... ({len(items)} in all)" if len(items) > shown else "")
+    return ", ".join(str(item) for item in items[:shown]) + (
+        f", ... ({len(items)} in all)" if len(items) > shown else ""
+    )
 
 
 def run_in_process(
@@ -772,7 +881,8 @@ def run_in_process(
     model = deployment_model(config, data)
     load = dataset_loader(data)
     nodes = {
-        index: DeploymentClient(config, node_clients(data.num_clients, num_nodes, index), load, state_dir, model).handle for index in range(num_nodes)
+        index: DeploymentClient(config, node_clients(data.num_clients, num_nodes, index), load, state_dir, model).handle
+        for index in range(num_nodes)
     }
     return DeploymentServer(config, out_dir, InProcessTransport(nodes), resume=resume, data=data).run()
 

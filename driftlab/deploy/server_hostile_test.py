@@ -15,7 +15,6 @@ import math
 import pytest
 import torch
 
-from driftlab.experiments.config import ConfigError
 from driftlab.deploy import wire
 from driftlab.deploy.messages import (
     InProcessTransport,
@@ -36,6 +35,7 @@ from driftlab.deploy.server_test import (
     _run_with_a_node_joining_in_round_2,
     _split,
 )
+from driftlab.experiments.config import ConfigError
 
 NUM_NODES = 4  # clients 0 and 4 are node 0's: at most 2 of a round's 4 replies, so the round's median stays honest
 HOSTILE = 0  # the hostile node's index
@@ -117,31 +117,57 @@ def _planned(key, value):
 
 # name: (config overrides, make_bad, the reason every spoiled client is rejected with)
 CASES = {
-    "num_samples 10**12": (FEDAVG, _planned("num_samples", 10**12), "message/num_samples is 1000000000000, the server planned"),
+    "num_samples 10**12": (
+        FEDAVG,
+        _planned("num_samples", 10**12),
+        "message/num_samples is 1000000000000, the server planned",
+    ),
     "num_samples -1000": (FEDAVG, _planned("num_samples", -1000), "message/num_samples is -1000, the server planned"),
     "num_samples 10**400": (FEDAVG, _planned("num_samples", 10**400), "(401 characters), the server planned"),
     "multiplicity 0": (FEDAVG, _planned("multiplicity", 0), "message/multiplicity is 0, the server planned 1"),
     "multiplicity 1000": (FEDAVG, _planned("multiplicity", 1000), "message/multiplicity is 1000, the server planned 1"),
     "steps_done 0": (FEDAVG, _steps(0), "reports 0 local steps, the client was asked for exactly"),
-    "parameters x1e6": (FEDAVG, _reply_edit(_scaled("payload/message/params", lambda t: t * 1e6)), "out of bounds: message/params is"),
-    "parameters 3e38": (FEDAVG, _reply_edit(_scaled("payload/message/params", lambda t: torch.full_like(t, 3e38))), "out of bounds: message/params is"),
+    "parameters x1e6": (
+        FEDAVG,
+        _reply_edit(_scaled("payload/message/params", lambda t: t * 1e6)),
+        "out of bounds: message/params is",
+    ),
+    "parameters 3e38": (
+        FEDAVG,
+        _reply_edit(_scaled("payload/message/params", lambda t: torch.full_like(t, 3e38))),
+        "out of bounds: message/params is",
+    ),
     "ternary scales 1e30": (
         COMPRESSED_FEDAVG,
         _reply_edit(_scaled("payload/message/model/scales", lambda t: torch.full_like(t, 1e30))),
         "out of bounds: message/payload/params is",
     ),
     "asks for 10**6 steps": (
-        FEDAVG, _request_edit(_set("context", "available_steps", 10**6)), "the server makes 1000000 local steps available, the plan is 1.."
+        FEDAVG,
+        _request_edit(_set("context", "available_steps", 10**6)),
+        "the server makes 1000000 local steps available, the plan is 1..",
     ),
-    "asks for 10**9 steps": (FEDAVG, _request_edit(_set("context", "available_steps", 10**9)), "the server makes 1000000000 local steps available"),
-    "asks for 10**6 planned steps": (FEDAVG, _request_edit(_set("context", "planned_steps", 10**6)), "the server plans 1000000 local steps for client"),
+    "asks for 10**9 steps": (
+        FEDAVG,
+        _request_edit(_set("context", "available_steps", 10**9)),
+        "the server makes 1000000000 local steps available",
+    ),
+    "asks for 10**6 planned steps": (
+        FEDAVG,
+        _request_edit(_set("context", "planned_steps", 10**6)),
+        "the server plans 1000000 local steps for client",
+    ),
     "asks for precision bogus": (FEDAVG, _request_edit(_set("settings", "precision", "bogus")), "precision='bogus'"),
     "asks for client_lr 1e300": (
         FEDAVG,
         _request_edit(_set("context", "client_lr", (1e300).hex())),
         "the server asks for client learning rate 1e+300 in round",
     ),
-    "asks for a local client_lr 1e300": (FEDAVG, _request_edit(_set("settings", "local", "client_lr", (1e300).hex())), "client_lr=1e+300"),
+    "asks for a local client_lr 1e300": (
+        FEDAVG,
+        _request_edit(_set("settings", "local", "client_lr", (1e300).hex())),
+        "client_lr=1e+300",
+    ),
 }
 
 
@@ -156,7 +182,9 @@ def silent_reference(tmp_path_factory):
             tmp_path = tmp_path_factory.mktemp("silent")
             config = _config(*overrides, rounds=4)
             intercept, silenced = _hostile(_silent)
-            result, _ = _deploy(config, tmp_path / "out", _Nodes(config, tmp_path / "state", intercept, num_nodes=NUM_NODES))
+            result, _ = _deploy(
+                config, tmp_path / "out", _Nodes(config, tmp_path / "state", intercept, num_nodes=NUM_NODES)
+            )
             references[key] = result, silenced
         return references[key]
 
@@ -165,11 +193,15 @@ def silent_reference(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_a_hostile_node_loses_its_clients_for_the_rounds_it_misbehaves_and_nothing_else(tmp_path, case, silent_reference):
+def test_a_hostile_node_loses_its_clients_for_the_rounds_it_misbehaves_and_nothing_else(
+    tmp_path, case, silent_reference
+):
     overrides, make_bad, reason = CASES[case]
     config = _config(*overrides, rounds=4)
     intercept, spoiled = _hostile(make_bad)
-    result, server = _deploy(config, tmp_path / "out", _Nodes(config, tmp_path / "state", intercept, num_nodes=NUM_NODES))
+    result, server = _deploy(
+        config, tmp_path / "out", _Nodes(config, tmp_path / "state", intercept, num_nodes=NUM_NODES)
+    )
     reference, silenced = silent_reference(overrides)
     assert spoiled == silenced and spoiled, spoiled  # the same clients asked in the same rounds
     assert [(rejection.round, rejection.client_id) for rejection in server.rejections] == spoiled
@@ -180,7 +212,9 @@ def test_a_hostile_node_loses_its_clients_for_the_rounds_it_misbehaves_and_nothi
 
 def test_num_samples_10_to_the_12_is_refused_and_the_run_equals_the_node_being_silent(tmp_path, silent_reference):
     """The quick tier's case of the slow table above: without the check, this node would dominate every round."""
-    test_a_hostile_node_loses_its_clients_for_the_rounds_it_misbehaves_and_nothing_else(tmp_path, "num_samples 10**12", silent_reference)
+    test_a_hostile_node_loses_its_clients_for_the_rounds_it_misbehaves_and_nothing_else(
+        tmp_path, "num_samples 10**12", silent_reference
+    )
 
 
 def test_a_node_refusing_a_request_says_what_its_config_plans(tmp_path):
@@ -189,7 +223,9 @@ def test_a_node_refusing_a_request_says_what_its_config_plans(tmp_path):
     intercept, _ = _hostile(_request_edit(_set("settings", "precision", "bogus")))
     _, server = _deploy(config, tmp_path / "out", _Nodes(config, tmp_path / "state", intercept, num_nodes=NUM_NODES))
     reason = server.rejections[0].reason
-    assert reason.startswith("error reply: RequestRefused: the server asks for the round settings ClientSettings("), reason
+    assert reason.startswith("error reply: RequestRefused: the server asks for the round settings ClientSettings("), (
+        reason
+    )
     assert "precision='bogus'), this node's config gives ClientSettings(" in reason
     assert reason.endswith("precision='float64') (same config on server and node?)"), reason
 
@@ -205,7 +241,9 @@ def test_a_node_claiming_every_client_after_the_first_registration_gets_none(tmp
     server, result, lines = _run_with_a_node_joining_in_round_2(config, tmp_path / "out", nodes, hostile)
     assert not asked and not server.rejections
     assert torch.equal(result.final_params, honest.final_params)
-    assert "round 2: node 5 claims clients 0, 1, 2, 3, 4, 5, 6, 7 without their registration tokens; refused" in lines[0]
+    assert (
+        "round 2: node 5 claims clients 0, 1, 2, 3, 4, 5, 6, 7 without their registration tokens; refused" in lines[0]
+    )
 
 
 def test_a_node_claiming_every_client_at_the_first_registration_takes_none_and_the_start_names_the_contest(tmp_path):
@@ -216,12 +254,20 @@ def test_a_node_claiming_every_client_at_the_first_registration_takes_none_and_t
     hostile, asked = _claiming_node(torch.tensor([len(indices) for indices in nodes.data.client_indices]))
     transport = InProcessTransport({**{10 + index: nodes.handler(index) for index in range(3)}, 5: hostile})
     lines: list[str] = []
-    server = DeploymentServer(config, tmp_path / "out", transport, log=lines.append, timeouts=Timeouts(first_registration=0.2))
+    server = DeploymentServer(
+        config, tmp_path / "out", transport, log=lines.append, timeouts=Timeouts(first_registration=0.2)
+    )
     with pytest.raises(ConfigError) as error:
         server.run()
     assert "8 of the run's 8 clients did not register" in str(error.value)
-    assert "client 0 is claimed by nodes 5, 10 (one of them does not hold it: stop the node whose client ids are wrong)" in str(error.value)
-    assert "round 1: error: client 7 is claimed by nodes 5, 11 at its first registration; it is registered to none of them until only one claims it" in lines
+    assert (
+        "client 0 is claimed by nodes 5, 10 (one of them does not hold it: stop the node whose client ids are wrong)"
+        in str(error.value)
+    )
+    assert (
+        "round 1: error: client 7 is claimed by nodes 5, 11 at its first registration; it is registered to none of them until only one claims it"
+        in lines
+    )
     assert not asked
     info = json.loads((tmp_path / "out" / "run.json").read_text())
     assert info["status"] == "failed" and "client 0 is claimed by nodes 5, 10" in info["message"]
@@ -259,9 +305,13 @@ def test_the_bound_is_a_multiple_of_the_largest_lower_median_of_the_run():
     replies = {1: {"m": 1.0, "c": 5.0}, 2: {"m": 2.0, "c": 5.0}, 3: {"m": 300.0, "c": 5.0}}
     rejected, scales = out_of_bounds(replies, 100.0)
     assert list(rejected) == [3] and scales == {"c": 5.0, "m": 2.0}  # lower median 2.0: 300 > 200
-    assert rejected[3].startswith("out of bounds: m is 300 from where a client that did not move sends it, more than 100 x its scale 2 ")
+    assert rejected[3].startswith(
+        "out of bounds: m is 300 from where a client that did not move sends it, more than 100 x its scale 2 "
+    )
     assert out_of_bounds(replies, 200.0)[0] == {}  # 300 <= 400
-    assert list(out_of_bounds({1: {"m": 1.0}, 2: {"m": 150.0}}, 100.0)[0]) == [2]  # of two, the larger cannot set its own bound
+    assert list(out_of_bounds({1: {"m": 1.0}, 2: {"m": 150.0}}, 100.0)[0]) == [
+        2
+    ]  # of two, the larger cannot set its own bound
     assert out_of_bounds({1: {"m": 0.0}, 2: {"m": 0.0}, 3: {"m": 7.0}}, 100.0)[0] == {}  # a scale of 0 bounds nothing
     assert list(out_of_bounds({1: {"m": 1.0}, 2: {"m": 1.0}, 3: {"m": math.inf}}, 100.0)[0]) == [3]
     # An earlier round's larger median stays the scale: 150 is within 100 x 2, though 150 x this round's median 1.
@@ -273,7 +323,9 @@ def test_the_bound_is_a_multiple_of_the_largest_lower_median_of_the_run():
 def test_the_scale_is_a_median_over_nodes_and_needs_two_of_them():
     # Node 7 hosts three of the round's four clients: counted once, at 90; the lower median of nodes 7 and 8 is 1.
     nodes = {1: 7, 2: 7, 3: 7, 4: 8}
-    rejected, scales = out_of_bounds({1: {"m": 90.0}, 2: {"m": 90.0}, 3: {"m": 200.0}, 4: {"m": 1.0}}, 100.0, None, nodes)
+    rejected, scales = out_of_bounds(
+        {1: {"m": 90.0}, 2: {"m": 90.0}, 3: {"m": 200.0}, 4: {"m": 1.0}}, 100.0, None, nodes
+    )
     assert scales == {"m": 1.0} and list(rejected) == [3]  # 200 > 100 x 1; 90 is within it
     # One node alone teaches nothing: the earlier scale bounds it (50 and 99 within 100 x 1, 150 not) and stays.
     alone = {1: 7, 2: 7, 3: 7}
@@ -282,7 +334,9 @@ def test_the_scale_is_a_median_over_nodes_and_needs_two_of_them():
     assert out_of_bounds({1: {"m": 5.0}}, 100.0) == ({}, {})  # one reply: no scale yet, so nothing bounded
 
 
-def test_an_algorithm_that_cannot_finish_a_client_that_did_not_move_still_has_its_scalars_checked(tmp_path, monkeypatch):
+def test_an_algorithm_that_cannot_finish_a_client_that_did_not_move_still_has_its_scalars_checked(
+    tmp_path, monkeypatch
+):
     """A plugin may divide by its update's norm: the server then checks the planned scalars on a made-up move and
     bounds nothing (no reference to measure from); an honest run still equals the simulator."""
     import driftlab
@@ -301,7 +355,11 @@ def test_an_algorithm_that_cannot_finish_a_client_that_did_not_move_still_has_it
     assert not server.rejections
     assert torch.equal(result.final_params, driftlab.run(config).final_params)
     intercept, spoiled = _hostile(_planned("num_samples", 10**12))
-    _, server = _deploy(_config(*FEDAVG, rounds=3), tmp_path / "hostile", _Nodes(_config(*FEDAVG, rounds=3), tmp_path / "s2", intercept, num_nodes=NUM_NODES))
+    _, server = _deploy(
+        _config(*FEDAVG, rounds=3),
+        tmp_path / "hostile",
+        _Nodes(_config(*FEDAVG, rounds=3), tmp_path / "s2", intercept, num_nodes=NUM_NODES),
+    )
     assert [(rejection.round, rejection.client_id) for rejection in server.rejections] == spoiled and spoiled
 
 
@@ -309,7 +367,9 @@ def test_a_tensor_without_a_finite_reference_is_not_measured():
     from driftlab.deploy.server import _check_planned
 
     distances = {}
-    _check_planned((torch.ones(3), torch.ones(2)), (torch.full((3,), float("nan")), torch.zeros(2)), "message", distances)
+    _check_planned(
+        (torch.ones(3), torch.ones(2)), (torch.full((3,), float("nan")), torch.zeros(2)), "message", distances
+    )
     assert distances == {"message/1": pytest.approx(2**0.5)}
     with pytest.raises(wire.MessageRejected, match="message/0 is 7, the server planned 3 "):
         _check_planned((7, torch.ones(2)), (3, torch.zeros(2)), "message", {})
@@ -340,7 +400,9 @@ def test_a_resumed_server_keeps_the_pinned_tokens(tmp_path):
     server = DeploymentServer(config, tmp_path / "out", transport, resume=True, log=lines.append)
     resumed = server.run()
     assert not asked and not server.rejections
-    assert "round 3: node 5 claims clients 0, 1, 2, 3, 4, 5, 6, 7 without their registration tokens; refused" in lines[0]
+    assert (
+        "round 3: node 5 claims clients 0, 1, 2, 3, 4, 5, 6, 7 without their registration tokens; refused" in lines[0]
+    )
     assert torch.equal(resumed.final_params, honest.final_params)
 
 
@@ -392,14 +454,18 @@ def test_a_node_alone_in_a_round_cannot_raise_the_bound_for_a_later_round(tmp_pa
         return _moved(client, request, distance=900 * round_2_distance)[0]
 
     intercept, spoiled = _alone_in_round_2_then_far_in_round_3(far)
-    result, server = _deploy(config, tmp_path / "out", _Nodes(config, tmp_path / "state", intercept, num_nodes=NUM_NODES))
+    result, server = _deploy(
+        config, tmp_path / "out", _Nodes(config, tmp_path / "state", intercept, num_nodes=NUM_NODES)
+    )
     assert spoiled == [0, 4]  # node 0's clients, asked in round 3
     round_3 = [(rejection.client_id, rejection.reason) for rejection in server.rejections if rejection.round == 3]
     assert [client for client, _ in round_3] == spoiled, server.rejections
     assert all(reason.startswith("out of bounds: message/params is ") for _, reason in round_3), round_3
     # the run is the one where node 0 did not answer in round 3, bit for bit
     silent, silenced = _alone_in_round_2_then_far_in_round_3(lambda client, request, _: _silent(client, request))
-    reference, _ = _deploy(config, tmp_path / "silent", _Nodes(config, tmp_path / "silent_state", silent, num_nodes=NUM_NODES))
+    reference, _ = _deploy(
+        config, tmp_path / "silent", _Nodes(config, tmp_path / "silent_state", silent, num_nodes=NUM_NODES)
+    )
     assert silenced == spoiled
     assert torch.equal(result.final_params, reference.final_params)
     assert _metrics(result.records) == _metrics(reference.records)

@@ -15,8 +15,6 @@ from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
 import driftlab
-from driftlab.experiments.config import AsynchronousConfig, ConfigError, load_config
-from driftlab.experiments.report import make_report
 from driftlab.deploy import wire
 from driftlab.deploy.messages import (
     InProcessTransport,
@@ -32,12 +30,23 @@ from driftlab.deploy.messages import (
 )
 from driftlab.deploy.node import DeploymentClient
 from driftlab.deploy.server import DeploymentServer, _check_planned, run_in_process
+from driftlab.experiments.config import AsynchronousConfig, ConfigError, load_config
+from driftlab.experiments.report import make_report
 from driftlab.experiments.run.assembly import load_data
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 BASE = [
-    "seed=0", "precision=float64", "data.name=synthetic", "data.num_clients=8", "sampling.participation=0.5",
-    "model.name=mlp", "model.hidden=[8]", "client.epochs=1", "client.batch_size=10", "client.lr=0.05", "backend=sequential",
+    "seed=0",
+    "precision=float64",
+    "data.name=synthetic",
+    "data.num_clients=8",
+    "sampling.participation=0.5",
+    "model.name=mlp",
+    "model.hidden=[8]",
+    "client.epochs=1",
+    "client.batch_size=10",
+    "client.lr=0.05",
+    "backend=sequential",
     "keep_checkpoint=true",  # several tests extend a completed run, which continues from its checkpoint only when it keeps it
 ]
 ALGORITHMS: dict[str, list[str]] = {
@@ -58,7 +67,10 @@ ALGORITHMS: dict[str, list[str]] = {
     "mime": ["algorithm.name=mime", "algorithm.control_variate=previous"],  # the paper's in-round c cannot deploy
     "ditto": ["algorithm.name=ditto", "algorithm.lam=0.5", "evaluation.personal=false"],
     "apfl": ["algorithm.name=apfl", "evaluation.personal=false"],  # a deployment records no personal columns
-    "nesterov-plugin": ["algorithm.name=nesterov_avg", f'plugins=["{EXAMPLES / "nesterov_plugin" / "nesterov_avg.py"}"]'],
+    "nesterov-plugin": [
+        "algorithm.name=nesterov_avg",
+        f'plugins=["{EXAMPLES / "nesterov_plugin" / "nesterov_avg.py"}"]',
+    ],
 }
 COMPRESSED = {
     "fedavg": ["compression.ratio=0.1"],
@@ -106,7 +118,13 @@ class _Nodes:
         """New DeploymentClient objects on the same state directory: restarted nodes."""
         load = dataset_loader(self.data)
         self.clients = {
-            index: DeploymentClient(self.config, node_clients(self.data.num_clients, self.num_nodes, index), load, self.state_dir, self.model)
+            index: DeploymentClient(
+                self.config,
+                node_clients(self.data.num_clients, self.num_nodes, index),
+                load,
+                self.state_dir,
+                self.model,
+            )
             for index in range(self.num_nodes)
         }
 
@@ -196,7 +214,9 @@ def test_apfl_personal_models_and_alphas_on_the_nodes_equal_the_simulators_bit_f
     for key in trained:
         client_id = int(key.split("/")[1])
         state = nodes.node_of(client_id).committed_state(client_id)
-        assert torch.equal(state.personal, checkpoint[key]) and state.alpha == float(checkpoint[key[: -len("personal")] + "alpha"]), key
+        assert torch.equal(state.personal, checkpoint[key]) and state.alpha == float(
+            checkpoint[key[: -len("personal")] + "alpha"]
+        ), key
 
 
 def test_driftlab_report_reads_a_deployment_run_directory(tmp_path):
@@ -215,7 +235,9 @@ def test_the_same_config_run_twice_on_one_state_directory_equals_the_simulator_b
     for deployed in (first, second):
         assert torch.equal(deployed.final_params, simulated.final_params)
         assert _metrics(deployed.records) == _metrics(simulated.records)
-    run_ids = {json.loads((tmp_path / out / "deployment_rounds.json").read_text())["run_id"] for out in ("first", "second")}
+    run_ids = {
+        json.loads((tmp_path / out / "deployment_rounds.json").read_text())["run_id"] for out in ("first", "second")
+    }
     assert len(run_ids) == 2
     assert {path.name for path in (tmp_path / "node_state" / config.fingerprint()).iterdir()} == run_ids
 
@@ -252,7 +274,9 @@ def test_a_round_that_accepts_no_reply_logs_an_error(tmp_path):
         return client.handle(request)
 
     lines: list[str] = []
-    server = DeploymentServer(config, tmp_path / "out", _Nodes(config, tmp_path / "state", intercept).transport(), log=lines.append)
+    server = DeploymentServer(
+        config, tmp_path / "out", _Nodes(config, tmp_path / "state", intercept).transport(), log=lines.append
+    )
     result = server.run()
     assert len(result.records) == 2
     assert [line for line in lines if "error: no reply of the" in line and line.startswith("round 2:")], lines
@@ -307,7 +331,9 @@ def test_clients_that_never_register_stop_the_run_with_their_ids(tmp_path):
     transport = InProcessTransport({0: nodes.handler(0), 1: nodes.handler(1)})  # node 2 (clients 2, 5) never starts
     from driftlab.deploy.server import Timeouts
 
-    server = DeploymentServer(config, tmp_path / "out", transport, timeouts=Timeouts(first_registration=0.0), log=lambda text: None)
+    server = DeploymentServer(
+        config, tmp_path / "out", transport, timeouts=Timeouts(first_registration=0.0), log=lambda text: None
+    )
     with pytest.raises(ConfigError, match=r"2 of the run's 8 clients did not register .*clients 2, 5"):
         server.run()
 
@@ -315,13 +341,19 @@ def test_clients_that_never_register_stop_the_run_with_their_ids(tmp_path):
 def test_a_node_with_another_config_is_named_with_its_reason_when_its_clients_never_register(tmp_path):
     config = _config("algorithm.name=fedavg", rounds=1)
     nodes = _Nodes(config, tmp_path / "state")
-    other = _Nodes(config.model_copy(update={"client": config.client.model_copy(update={"lr": 0.07})}), tmp_path / "other_state")
+    other = _Nodes(
+        config.model_copy(update={"client": config.client.model_copy(update={"lr": 0.07})}), tmp_path / "other_state"
+    )
     transport = InProcessTransport({0: nodes.handler(0), 1: nodes.handler(1), 2: other.handler(2)})
     from driftlab.deploy.server import Timeouts
 
     lines: list[str] = []
-    server = DeploymentServer(config, tmp_path / "out", transport, timeouts=Timeouts(first_registration=0.0), log=lines.append)
-    with pytest.raises(ConfigError, match=r"clients 2, 5\).*node 2 did not register: RequestRefused: request of run") as caught:
+    server = DeploymentServer(
+        config, tmp_path / "out", transport, timeouts=Timeouts(first_registration=0.0), log=lines.append
+    )
+    with pytest.raises(
+        ConfigError, match=r"clients 2, 5\).*node 2 did not register: RequestRefused: request of run"
+    ) as caught:
         server.run()
     assert "this node serves run" in str(caught.value)
     assert any(line.startswith("round 1: node 2 did not register: RequestRefused") for line in lines), lines
@@ -373,7 +405,10 @@ def test_a_client_stays_with_its_node_when_another_claims_it_and_absurd_counts_a
     server, result, lines = _run_with_a_node_joining_in_round_2(config, tmp_path / "out", nodes, hostile)
     assert not asked_of_5 and not server.rejections
     assert torch.equal(result.final_params, honest.final_params)
-    assert "round 2: node 5 claims clients 0 without their registration tokens; refused (each stays with the node holding its token)" in lines
+    assert (
+        "round 2: node 5 claims clients 0 without their registration tokens; refused (each stays with the node holding its token)"
+        in lines
+    )
     assert f"round 2: node 5 claims clients 1 with 0, 3 with {2**62} examples (1..{2**40}); claims ignored" in lines
     saved = json.loads((tmp_path / "out" / "deployment_rounds.json").read_text())
     assert saved["num_samples"] == sizes
@@ -424,7 +459,9 @@ def test_a_restarted_node_and_a_resumed_server_end_bit_identical_to_an_uninterru
     run_id = json.loads((tmp_path / "out" / "deployment_rounds.json").read_text())["run_id"]
     for client_id, state in committed.items():  # a restarted node restores every committed state
         restored = nodes.node_of(client_id).committed_state(client_id, run_id)
-        assert torch.equal(restored.inner.control, state.inner.control) and torch.equal(restored.residual, state.residual)
+        assert torch.equal(restored.inner.control, state.inner.control) and torch.equal(
+            restored.residual, state.residual
+        )
     resumed, _ = _deploy(config, tmp_path / "out", nodes, resume=True)
     assert torch.equal(resumed.final_params, uninterrupted.final_params)
     assert _metrics(resumed.records) == _metrics(uninterrupted.records)
@@ -635,7 +672,14 @@ def test_a_node_refuses_requests_of_another_run_client_or_a_replayed_round(tmp_p
 @pytest.mark.parametrize("algorithm", ["fedavg", "scaffold"])
 def test_compressed_uploads_cost_on_the_wire_the_bits_the_metrics_count(tmp_path, algorithm):
     config = load_config(
-        None, [*[o for o in BASE if not o.startswith("precision")], "precision=float32", "rounds=2", *ALGORITHMS[algorithm], "compression.ratio=0.1"]
+        None,
+        [
+            *[o for o in BASE if not o.startswith("precision")],
+            "precision=float32",
+            "rounds=2",
+            *ALGORITHMS[algorithm],
+            "compression.ratio=0.1",
+        ],
     )
     sent: dict[tuple[int, int], int] = {}
 
@@ -683,7 +727,7 @@ def test_a_deployment_logs_every_round_to_its_trackers_once(tmp_path):
     pytest.importorskip("tensorboard")
     from driftlab.experiments.run.trackers_test import _assert_same_series, _expected, _tensorboard_series
 
-    config = _config(*ALGORITHMS["fedavg"], "log=[\"tensorboard\"]", rounds=3)
+    config = _config(*ALGORITHMS["fedavg"], 'log=["tensorboard"]', rounds=3)
     _deploy(config, tmp_path / "out", _Nodes(config, tmp_path / "state"))
     assert [step for step, _ in _tensorboard_series(tmp_path / "out")["model_norm"]] == [1, 2, 3]
     _assert_same_series(_tensorboard_series(tmp_path / "out"), _expected(tmp_path / "out"))
@@ -709,7 +753,10 @@ def test_a_diverging_deployment_stops_as_the_simulator_does_naming_the_last_chec
     info = json.loads((tmp_path / "deployed" / "run.json").read_text())
     diverged_in = int(message.split("diverged in round ")[1].split(":")[0])
     assert diverged_in >= 2 and (info["status"], info["rounds_done"]) == ("diverged", diverged_in - 1)
-    assert f"The checkpoint of round {diverged_in - 1}, the last healthy round, is kept in {tmp_path / 'deployed'}" in message
+    assert (
+        f"The checkpoint of round {diverged_in - 1}, the last healthy round, is kept in {tmp_path / 'deployed'}"
+        in message
+    )
     assert len(run_directory_records(tmp_path / "deployed")) == diverged_in - 1  # the diverged round is not recorded
 
 
@@ -748,7 +795,9 @@ def test_a_signal_while_a_deployment_round_commits_waits_until_the_round_is_comm
     finally:
         signal.signal(signal.SIGINT, previous)
     assert interrupted == [2]
-    assert str(caught.value).startswith(f"round 2 is checkpointed in {out}; continue with the deployment's server on {out} again")
+    assert str(caught.value).startswith(
+        f"round 2 is checkpointed in {out}; continue with the deployment's server on {out} again"
+    )
     info = json.loads((out / "run.json").read_text())
     assert (info["status"], info["rounds_done"]) == ("interrupted", 2)
     assert [record["round"] for record in run_directory_records(out)] == [1, 2]
@@ -758,9 +807,15 @@ def test_a_signal_while_a_deployment_round_commits_waits_until_the_round_is_comm
 def test_a_reply_tuple_of_another_length_than_planned_is_rejected_not_cut_short():
     # compared item by item, a shorter tuple would skip the planned items it lacks and a longer one smuggle extra ones
     planned = (torch.zeros(2), 3)
-    wrong = (((torch.zeros(2),), "a tuple of length 1"), ((torch.zeros(2), 3, 4), "a tuple of length 3"), ([torch.zeros(2), 3], "a list"))
+    wrong = (
+        ((torch.zeros(2),), "a tuple of length 1"),
+        ((torch.zeros(2), 3, 4), "a tuple of length 3"),
+        ([torch.zeros(2), 3], "a list"),
+    )
     for received, sent in wrong:
-        with pytest.raises(wire.MessageRejected, match=f"^message/state is {sent}, the server planned a tuple of length 2$"):
+        with pytest.raises(
+            wire.MessageRejected, match=f"^message/state is {sent}, the server planned a tuple of length 2$"
+        ):
             _check_planned(received, planned, "message/state", {})
     distances: dict[str, float] = {}
     _check_planned((torch.ones(2), 3), planned, "message/state", distances)
@@ -793,10 +848,14 @@ def test_a_deployment_round_that_selects_nobody_asks_no_node_and_equals_the_simu
     nodes = _Nodes(config, tmp_path / "state", intercept)
     transport = _NoEmptyExchange(nodes.transport().nodes)
     lines: list[str] = []
-    result = DeploymentServer(config.model_copy(update={"rounds": 5}), tmp_path / "out", transport, log=lines.append).run()
+    result = DeploymentServer(
+        config.model_copy(update={"rounds": 5}), tmp_path / "out", transport, log=lines.append
+    ).run()
     assert 1 not in asked and 5 not in asked and len(result.records) == 5
     assert not [line for line in lines if "error" in line], lines  # nobody to ask is no failure
-    resumed = DeploymentServer(config, tmp_path / "out", transport, resume=True, log=lines.append).run()  # resumes after round 5
+    resumed = DeploymentServer(
+        config, tmp_path / "out", transport, resume=True, log=lines.append
+    ).run()  # resumes after round 5
     assert torch.equal(resumed.final_params, simulated.final_params)
     assert _metrics(resumed.records) == _metrics(simulated.records)
     assert _metrics(run_directory_records(tmp_path / "out")) == _metrics(simulated.records)
@@ -807,11 +866,23 @@ def test_a_deployment_round_that_selects_nobody_asks_no_node_and_equals_the_simu
 
 PRIVATE_CASES = {
     # SCAFFOLD with clip 1, z 1 and poisson sampling: clipped on the nodes, bounded again and noised at the server
-    "central": [*ALGORITHMS["scaffold"], "sampling.mode=poisson", "privacy.clip=1", "privacy.noise_multiplier=1",
-                "privacy.delta=1e-3"],
+    "central": [
+        *ALGORITHMS["scaffold"],
+        "sampling.mode=poisson",
+        "privacy.clip=1",
+        "privacy.noise_multiplier=1",
+        "privacy.delta=1e-3",
+    ],
     # adaptive clipping: the clip travels with the broadcast and each client's bit with its message
-    "adaptive": ["algorithm.name=fedavg", "algorithm.aggregation=uniform", "sampling.participation=1",
-                 "privacy.clip=0.1", "privacy.noise_multiplier=0.5", "privacy.adaptive=true", "privacy.count_noise=1"],
+    "adaptive": [
+        "algorithm.name=fedavg",
+        "algorithm.aggregation=uniform",
+        "sampling.participation=1",
+        "privacy.clip=0.1",
+        "privacy.noise_multiplier=0.5",
+        "privacy.adaptive=true",
+        "privacy.count_noise=1",
+    ],
 }
 
 

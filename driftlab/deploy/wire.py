@@ -76,7 +76,13 @@ def encode(payload: Any, *, run_fingerprint: str, round: int, client_id: int) ->
     tensors: dict[str, torch.Tensor] = {}
     storages: set[int] = set()
     tree = _encode_node(payload, _ROOT, tensors, storages)
-    header = {"format": WIRE_FORMAT, "run_fingerprint": str(run_fingerprint), "round": int(round), "client_id": int(client_id), "tree": tree}
+    header = {
+        "format": WIRE_FORMAT,
+        "run_fingerprint": str(run_fingerprint),
+        "round": int(round),
+        "client_id": int(client_id),
+        "tree": tree,
+    }
     return save_safetensors(tensors, metadata={_METADATA_KEY: json.dumps(header, separators=(",", ":"))})
 
 
@@ -100,10 +106,16 @@ def _encode_node(value: Any, path: str, tensors: dict[str, torch.Tensor], storag
         tensors[path] = tensor
         return {"kind": "tensor", "dtype": _dtype_name(tensor.dtype), "shape": list(tensor.shape)}
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        fields = {field.name: _encode_node(getattr(value, field.name), f"{path}/{field.name}", tensors, storages) for field in dataclasses.fields(value)}
+        fields = {
+            field.name: _encode_node(getattr(value, field.name), f"{path}/{field.name}", tensors, storages)
+            for field in dataclasses.fields(value)
+        }
         return {"kind": "dataclass", "type": _type_name(type(value)), "fields": fields}
     if isinstance(value, tuple):
-        return {"kind": "tuple", "items": [_encode_node(item, f"{path}/{index}", tensors, storages) for index, item in enumerate(value)]}
+        return {
+            "kind": "tuple",
+            "items": [_encode_node(item, f"{path}/{index}", tensors, storages) for index, item in enumerate(value)],
+        }
     raise TypeError(
         f"cannot send {path!r} of type {type(value).__name__}: payloads hold tensors, ints, floats, bools, strings, None, dataclasses and tuples"
     )
@@ -139,7 +151,12 @@ def read_envelope(blob: bytes, *, max_bytes: int) -> Envelope:
         raise MessageRejected(f"message format is {header.get('format')!r}, this driftlab reads {WIRE_FORMAT!r}")
     tree = header.get("tree")
     kind = tree.get("type") if isinstance(tree, dict) and tree.get("kind") == "dataclass" else None
-    return Envelope(header.get("run_fingerprint"), header.get("round"), header.get("client_id"), kind if isinstance(kind, str) else None)
+    return Envelope(
+        header.get("run_fingerprint"),
+        header.get("round"),
+        header.get("client_id"),
+        kind if isinstance(kind, str) else None,
+    )
 
 
 def _bytes_within(blob: Any, max_bytes: int) -> bytes:
@@ -158,7 +175,9 @@ def decode(blob: bytes, template: Any, *, run_fingerprint: str, round: int, clie
     if header.get("format") != WIRE_FORMAT:
         raise MessageRejected(f"message format is {header.get('format')!r}, this driftlab reads {WIRE_FORMAT!r}")
     if header.get("run_fingerprint") != run_fingerprint:
-        raise MessageRejected(f"message belongs to run {header.get('run_fingerprint')!r}, this run's config fingerprint is {run_fingerprint!r}")
+        raise MessageRejected(
+            f"message belongs to run {header.get('run_fingerprint')!r}, this run's config fingerprint is {run_fingerprint!r}"
+        )
     sender = header.get("client_id")
     if type(sender) is not int or sender != client_id:
         raise MessageRejected(f"message says it is from client {sender!r}, it was expected from client {client_id}")
@@ -191,7 +210,9 @@ def _read_header(blob: bytes) -> dict[str, Any]:
         outer = json.loads(blob[8 : 8 + length])
         header = json.loads(outer["__metadata__"][_METADATA_KEY])
     except (ValueError, KeyError, TypeError, RecursionError) as error:
-        raise MessageRejected(f"not a driftlab message: its header is unreadable ({type(error).__name__}: {error})") from None
+        raise MessageRejected(
+            f"not a driftlab message: its header is unreadable ({type(error).__name__}: {error})"
+        ) from None
     if not isinstance(header, dict):
         raise MessageRejected("not a driftlab message: its header is not a JSON object")
     return header
@@ -226,8 +247,13 @@ def _decode_node(node: Any, template: Any, path: str, tensors: dict[str, torch.T
     if isinstance(template, tuple):
         items = node.get("items")
         if not isinstance(items, list) or len(items) != len(template):
-            raise MessageRejected(f"{path}: expected a tuple of {len(template)} items, got {len(items) if isinstance(items, list) else items!r}")
-        return tuple(_decode_node(item, sub, f"{path}/{index}", tensors, used) for index, (item, sub) in enumerate(zip(items, template, strict=True)))
+            raise MessageRejected(
+                f"{path}: expected a tuple of {len(template)} items, got {len(items) if isinstance(items, list) else items!r}"
+            )
+        return tuple(
+            _decode_node(item, sub, f"{path}/{index}", tensors, used)
+            for index, (item, sub) in enumerate(zip(items, template, strict=True))
+        )
     # a dataclass (_kind_of accepts nothing else)
     if node.get("type") != _type_name(type(template)):
         raise MessageRejected(f"{path}: expected a {_type_name(type(template))}, got a {node.get('type')!r}")
@@ -243,7 +269,9 @@ def _decode_node(node: Any, template: Any, path: str, tensors: dict[str, torch.T
         raise MessageRejected(f"{path}: unexpected key {extra[0]!r}")
     if isinstance(template, TernaryVector):
         return _ternary(fields, template, path, tensors, used)
-    values = {name: _decode_node(fields[name], getattr(template, name), f"{path}/{name}", tensors, used) for name in names}
+    values = {
+        name: _decode_node(fields[name], getattr(template, name), f"{path}/{name}", tensors, used) for name in names
+    }
     try:
         return dataclasses.replace(template, **values)
     except (TypeError, ValueError) as error:
@@ -260,7 +288,9 @@ def _scalar(node: dict[str, Any], kind: type, path: str) -> Any:
     return value
 
 
-def _tensor(node: dict[str, Any], template: torch.Tensor, path: str, tensors: dict[str, torch.Tensor], used: set[str]) -> torch.Tensor:
+def _tensor(
+    node: dict[str, Any], template: torch.Tensor, path: str, tensors: dict[str, torch.Tensor], used: set[str]
+) -> torch.Tensor:
     tensor = tensors.get(path)
     if tensor is None:
         raise MessageRejected(f"{path}: missing tensor data")
@@ -270,14 +300,18 @@ def _tensor(node: dict[str, Any], template: torch.Tensor, path: str, tensors: di
     if tensor.shape != template.shape:
         raise MessageRejected(f"{path}: shape {list(tensor.shape)}, expected {list(template.shape)}")
     if node.get("dtype") != _dtype_name(tensor.dtype) or node.get("shape") != list(tensor.shape):
-        raise MessageRejected(f"{path}: the header says {node.get('dtype')} {node.get('shape')}, the data is {_dtype_name(tensor.dtype)} {list(tensor.shape)}")
+        raise MessageRejected(
+            f"{path}: the header says {node.get('dtype')} {node.get('shape')}, the data is {_dtype_name(tensor.dtype)} {list(tensor.shape)}"
+        )
     if (tensor.is_floating_point() or tensor.is_complex()) and not bool(torch.isfinite(tensor).all()):
         bad = int((~torch.isfinite(tensor)).sum())
         raise MessageRejected(f"{path}: {bad} non-finite value{'s' if bad > 1 else ''} (NaN or infinity)")
     return tensor.to(template.device)
 
 
-def _ternary(fields: dict[str, Any], template: TernaryVector, path: str, tensors: dict[str, torch.Tensor], used: set[str]) -> TernaryVector:
+def _ternary(
+    fields: dict[str, Any], template: TernaryVector, path: str, tensors: dict[str, torch.Tensor], used: set[str]
+) -> TernaryVector:
     sizes = _decode_node(fields["sizes"], template.sizes, f"{path}/sizes", tensors, used)
     if sizes != template.sizes:
         raise MessageRejected(f"{path}/sizes: {list(sizes)}, expected the model's tensor sizes {list(template.sizes)}")
@@ -315,7 +349,9 @@ def _kind_of(template: Any) -> str:
         return "dataclass"
     if isinstance(template, tuple):
         return "tuple"
-    raise TypeError(f"a template holds tensors, ints, floats, bools, strings, None, dataclasses and tuples, not a {type(template).__name__}")
+    raise TypeError(
+        f"a template holds tensors, ints, floats, bools, strings, None, dataclasses and tuples, not a {type(template).__name__}"
+    )
 
 
 def _describe(template: Any) -> str:

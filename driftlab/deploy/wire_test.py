@@ -30,7 +30,14 @@ class _Fisher:
 
 def _context(client_id, **overrides):
     values = dict(
-        client_id=client_id, round=3, num_samples=40 + client_id, mean_num_samples=45.0, num_registered=10, planned_steps=4, multiplicity=1, client_lr=0.1
+        client_id=client_id,
+        round=3,
+        num_samples=40 + client_id,
+        mean_num_samples=45.0,
+        num_registered=10,
+        planned_steps=4,
+        multiplicity=1,
+        client_lr=0.1,
     )
     values.update(overrides)
     return ClientContext(**values)
@@ -54,7 +61,9 @@ def _round(algorithm, client_id, seed):
     initial = torch.randn(P, generator=generator)
     view = algorithm.broadcast(algorithm.server_init(initial))
     state = algorithm.client_state_init(initial) if algorithm.client_state_init is not None else None
-    update = ClientUpdate(view.params, view.params + 0.1 * torch.randn(P, generator=generator), steps_done=4, computation=_Fisher())
+    update = ClientUpdate(
+        view.params, view.params + 0.1 * torch.randn(P, generator=generator), steps_done=4, computation=_Fisher()
+    )
     new_state, message = algorithm.client_finish(view, state, _context(client_id), update)
     return view, new_state, message
 
@@ -130,8 +139,15 @@ def test_ints_floats_bools_none_and_nested_tuples_keep_their_exact_values():
         missing: None
         inner: Inner
 
-    payload = Outer(-3, 0.1 + 0.2, None, Inner(True, (torch.arange(3, dtype=torch.int64), 1e-310, torch.ones(2, dtype=torch.bfloat16))))
-    template = Outer(0, 0.0, None, Inner(False, (torch.zeros(3, dtype=torch.int64), 0.0, torch.zeros(2, dtype=torch.bfloat16))))
+    payload = Outer(
+        -3,
+        0.1 + 0.2,
+        None,
+        Inner(True, (torch.arange(3, dtype=torch.int64), 1e-310, torch.ones(2, dtype=torch.bfloat16))),
+    )
+    template = Outer(
+        0, 0.0, None, Inner(False, (torch.zeros(3, dtype=torch.int64), 0.0, torch.zeros(2, dtype=torch.bfloat16)))
+    )
     assert _same(_receive(_send(payload), template), payload)
 
 
@@ -165,18 +181,34 @@ def test_non_finite_tensor_values_are_rejected(value):
     message = _scaffold_message()
     poisoned = message.params_delta.clone()
     poisoned[5] = value
-    _rejected(_send(dataclasses.replace(message, params_delta=poisoned)), message, "payload/params_delta: 1 non-finite value (NaN or infinity)")
+    _rejected(
+        _send(dataclasses.replace(message, params_delta=poisoned)),
+        message,
+        "payload/params_delta: 1 non-finite value (NaN or infinity)",
+    )
 
 
 def test_non_finite_float_is_rejected():
     message = _round(_algorithms()["efl"], 7, seed=0)[2]
-    _rejected(_send(dataclasses.replace(message, completed_fraction=float("nan"))), message, "payload/completed_fraction: non-finite value nan")
+    _rejected(
+        _send(dataclasses.replace(message, completed_fraction=float("nan"))),
+        message,
+        "payload/completed_fraction: non-finite value nan",
+    )
 
 
 def test_wrong_scalar_type_is_rejected():
     message = _scaffold_message()
-    _rejected(_send(dataclasses.replace(message, multiplicity=1.0)), message, "payload/multiplicity: expected an int, got a float")
-    _rejected(_send(dataclasses.replace(message, multiplicity=True)), message, "payload/multiplicity: expected an int, got a bool")
+    _rejected(
+        _send(dataclasses.replace(message, multiplicity=1.0)),
+        message,
+        "payload/multiplicity: expected an int, got a float",
+    )
+    _rejected(
+        _send(dataclasses.replace(message, multiplicity=True)),
+        message,
+        "payload/multiplicity: expected an int, got a bool",
+    )
 
 
 def test_missing_key_is_rejected():
@@ -204,7 +236,11 @@ def test_a_tensor_the_header_does_not_describe_is_rejected():
 def test_another_message_type_is_rejected():
     expected = _scaffold_message()
     other = _round(_algorithms()["fedavg"], 7, seed=0)[2]
-    _rejected(_send(other), expected, "payload: expected a driftlab.algorithms.scaffold.ClientMessage, got a 'driftlab.algorithms.fedavg.ClientMessage'")
+    _rejected(
+        _send(other),
+        expected,
+        "payload: expected a driftlab.algorithms.scaffold.ClientMessage, got a 'driftlab.algorithms.fedavg.ClientMessage'",
+    )
 
 
 def test_a_tensor_where_nothing_is_expected_and_the_reverse_are_rejected():
@@ -217,7 +253,12 @@ def test_a_tensor_where_nothing_is_expected_and_the_reverse_are_rejected():
 def test_oversize_is_rejected_before_anything_is_parsed():
     message = _scaffold_message()
     blob = _send(message)
-    _rejected(blob, message, f"message of {len(blob)} bytes exceeds the limit of {len(blob) - 1} bytes", max_bytes=len(blob) - 1)
+    _rejected(
+        blob,
+        message,
+        f"message of {len(blob)} bytes exceeds the limit of {len(blob) - 1} bytes",
+        max_bytes=len(blob) - 1,
+    )
     assert _same(_receive(blob, message, max_bytes=len(blob)), message)
 
 
@@ -271,7 +312,14 @@ def test_decode_never_unpickles_loads_with_torch_or_evaluates(monkeypatch):
 
     message = _round(_algorithms()["efl"], 7, seed=0)[2]
     blob = _send(message)
-    for module, name in [(pickle, "loads"), (pickle, "load"), (pickle, "Unpickler"), (torch, "load"), (builtins, "eval"), (builtins, "exec")]:
+    for module, name in [
+        (pickle, "loads"),
+        (pickle, "load"),
+        (pickle, "Unpickler"),
+        (torch, "load"),
+        (builtins, "eval"),
+        (builtins, "exec"),
+    ]:
         monkeypatch.setattr(module, name, forbidden)
     assert _same(_receive(blob, message), message)
 
@@ -331,16 +379,26 @@ def test_inconsistent_compressed_vectors_are_rejected():
     payload = _compressed_scaffold(7, seed=0)[0]
     template = _compressed_scaffold(2, seed=1)[0]
     blob = _send(payload)
-    grown = _edit_header(blob, lambda h: h["tree"]["fields"]["payload"]["fields"]["params_delta"]["fields"]["counts"]["items"][0].update(value=9))
+    grown = _edit_header(
+        blob,
+        lambda h: h["tree"]["fields"]["payload"]["fields"]["params_delta"]["fields"]["counts"]["items"][0].update(
+            value=9
+        ),
+    )
     _rejected(grown, template, "payload/payload/params_delta: inconsistent compressed vector (code must be")
-    other_sizes = dataclasses.replace(payload, payload=dataclasses.replace(payload.payload, params_delta=TernaryVector.from_dense(torch.zeros(P), (P,))))
+    other_sizes = dataclasses.replace(
+        payload,
+        payload=dataclasses.replace(payload.payload, params_delta=TernaryVector.from_dense(torch.zeros(P), (P,))),
+    )
     _rejected(_send(other_sizes), template, "payload/payload/params_delta/sizes: expected a tuple of 3 items, got 1")
     # A position outside its tensor: the first index of the 30-entry piece (5 bits) set to 31.
     code = payload.payload.params_delta.code.clone()
     count = payload.payload.params_delta.counts[0]
     stream = [(int(code[i // 8]) >> (i % 8)) & 1 for i in range(8 * len(code))]
     stream[count : count + 5] = [1, 1, 1, 1, 1]
-    packed = torch.tensor([sum(bit << j for j, bit in enumerate(stream[i : i + 8])) for i in range(0, len(stream), 8)], dtype=torch.uint8)
+    packed = torch.tensor(
+        [sum(bit << j for j, bit in enumerate(stream[i : i + 8])) for i in range(0, len(stream), 8)], dtype=torch.uint8
+    )
     bad = dataclasses.replace(payload.payload.params_delta, code=packed)
     sent = _send(dataclasses.replace(payload, payload=dataclasses.replace(payload.payload, params_delta=bad)))
     _rejected(sent, template, "are not 3 distinct increasing indices below 30")

@@ -13,8 +13,7 @@ from pathlib import Path
 import pytest
 
 from driftlab.executors import ExecutorOptions
-from driftlab.experiments.sweep import plan, run_sweep, sweep_from_config
-from driftlab.experiments.sweep import execution
+from driftlab.experiments.sweep import execution, plan, run_sweep, sweep_from_config
 
 TINY = ["data.num_clients=6", "client.epochs=1", "sampling.participation=0.5", "evaluation.every=1"]
 FOUR_RUNS = [*TINY, "rounds=3"]  # mu 0/1 x seeds 0/1
@@ -32,7 +31,9 @@ def long_spec():
 
 def sweep(out: Path, options: ExecutorOptions, spec=None, overrides=FOUR_RUNS, logged: list[str] | None = None):
     lines = logged if logged is not None else []
-    return run_sweep(spec or four_run_spec(), out, extra_overrides=overrides, executor=options, threads=1, log=lines.append)
+    return run_sweep(
+        spec or four_run_spec(), out, extra_overrides=overrides, executor=options, threads=1, log=lines.append
+    )
 
 
 def run_dirs(out: Path, spec=None, overrides=FOUR_RUNS) -> list[Path]:
@@ -48,7 +49,9 @@ def metrics(run_dir: Path) -> list[dict]:
 
 def assert_same_results(out: Path, reference: Path, spec=None, overrides=FOUR_RUNS) -> None:
     for run_dir, expected in zip(run_dirs(out, spec, overrides), run_dirs(reference, spec, overrides), strict=True):
-        assert (run_dir / "final_model.safetensors").read_bytes() == (expected / "final_model.safetensors").read_bytes(), run_dir
+        assert (run_dir / "final_model.safetensors").read_bytes() == (
+            expected / "final_model.safetensors"
+        ).read_bytes(), run_dir
         assert metrics(run_dir) == metrics(expected), run_dir
 
 
@@ -109,7 +112,9 @@ def worker_killed_after(run_dir: Path, rounds: int = 5):
         thread.join(timeout=30)
 
 
-def check_kill_and_resume(tmp_path: Path, options: ExecutorOptions, long_reference: Path, resume_with: ExecutorOptions | None = None) -> None:
+def check_kill_and_resume(
+    tmp_path: Path, options: ExecutorOptions, long_reference: Path, resume_with: ExecutorOptions | None = None
+) -> None:
     """A worker SIGKILLed half way fails its run; the next sweep (on ``resume_with``, default the same executor) resumes
     it from its checkpoint, equal to an uninterrupted run."""
     out = tmp_path / "killed"

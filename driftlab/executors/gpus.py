@@ -117,7 +117,9 @@ def parse_gpus(value: Any) -> tuple[int, ...] | None:
         indices.append(int(word))
     repeated = sorted({index for index in indices if indices.count(index) > 1})
     if repeated:
-        raise ConfigError(f"--gpus {_shown(value)} names GPU {', '.join(map(str, repeated))} more than once; name each GPU once")
+        raise ConfigError(
+            f"--gpus {_shown(value)} names GPU {', '.join(map(str, repeated))} more than once; name each GPU once"
+        )
     return tuple(indices)
 
 
@@ -151,7 +153,9 @@ def check_gpus(value: Any, visible: Callable[[], tuple[str, ...]] = visible_gpus
         missing = [index for index in gpus if index >= count]
         if missing:
             has = f"{count} GPU(s), numbered 0-{count - 1}" if count else "no GPU torch can use"
-            raise ConfigError(f"--gpus {_shown(value)}: this machine shows {has}, so GPU {', '.join(map(str, missing))} does not exist")
+            raise ConfigError(
+                f"--gpus {_shown(value)}: this machine shows {has}, so GPU {', '.join(map(str, missing))} does not exist"
+            )
     return gpus
 
 
@@ -209,7 +213,11 @@ def place(
                     f"{','.join(map(str, gpus))} leaves out; set device=cuda to let the sweep place it, or add {request.pinned} to --gpus"
                 )
             placed[index] = (request.pinned,)
-        elif recorded[index] is not None and len(recorded[index]) == request.count and all(g in load for g in recorded[index]):
+        elif (
+            recorded[index] is not None
+            and len(recorded[index]) == request.count
+            and all(g in load for g in recorded[index])
+        ):
             placed[index] = tuple(recorded[index])
         for gpu in placed[index] or ():
             load[gpu] += 1

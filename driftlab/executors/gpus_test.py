@@ -31,7 +31,11 @@ def test_a_device_asks_for_as_many_gpus_as_it_uses_and_names_one_only_alone():
     assert gpu_request({"device": "cuda:2"}) == GpuRequest(1, pinned=2)
     assert gpu_request({"device": "cuda:1,cuda:3"}) == GpuRequest(2)  # a list asks for two GPUs, any
     assert [r.device for r in (CPU, CUDA, AUTO, GpuRequest(1, pinned=2), GpuRequest(3))] == [
-        "cpu", "cuda", "auto", "cuda:2", "cuda:0,cuda:1,cuda:2"
+        "cpu",
+        "cuda",
+        "auto",
+        "cuda:2",
+        "cuda:0,cuda:1,cuda:2",
     ]
 
 
@@ -51,7 +55,10 @@ def test_gpus_are_all_none_or_a_list_and_anything_else_says_what_to_write():
     assert parse_gpus("0,2") == parse_gpus(" 0, 2 ") == parse_gpus([0, 2]) == (0, 2)
     assert parse_gpus(1) == (1,)
     for bad in ("0,x", "cuda:0", "-1", "0,,1", [True], [1.5]):
-        with pytest.raises(ConfigError, match=r"--gpus .*: expected GPU indices such as 0,2 \(torch's numbering of the visible GPUs\), all"):
+        with pytest.raises(
+            ConfigError,
+            match=r"--gpus .*: expected GPU indices such as 0,2 \(torch's numbering of the visible GPUs\), all",
+        ):
             parse_gpus(bad)
     with pytest.raises(ConfigError, match=r"^--gpus 0,1,0 names GPU 0 more than once; name each GPU once$"):
         parse_gpus("0,1,0")
@@ -63,9 +70,13 @@ def test_a_gpu_this_machine_lacks_is_refused_and_the_machine_is_asked_only_for_a
 
     assert check_gpus(None, never) is None and check_gpus("none", never) == ()
     assert check_gpus("0,1", lambda: ("0", "1")) == (0, 1)
-    with pytest.raises(ConfigError, match=r"^--gpus 0,3: this machine shows 2 GPU\(s\), numbered 0-1, so GPU 3 does not exist$"):
+    with pytest.raises(
+        ConfigError, match=r"^--gpus 0,3: this machine shows 2 GPU\(s\), numbered 0-1, so GPU 3 does not exist$"
+    ):
         check_gpus("0,3", lambda: ("0", "1"))
-    with pytest.raises(ConfigError, match=r"^--gpus 0: this machine shows no GPU torch can use, so GPU 0 does not exist$"):
+    with pytest.raises(
+        ConfigError, match=r"^--gpus 0: this machine shows no GPU torch can use, so GPU 0 does not exist$"
+    ):
         check_gpus("0", lambda: ())
 
 
@@ -104,10 +115,13 @@ def test_a_run_the_sweep_s_gpus_cannot_hold_is_refused_before_any_starts():
         r"\(a GPU where there is one\)$",
     ):
         place([CPU, CUDA], (), labels=["run-a", "run-b"])
-    with pytest.raises(ConfigError, match=r"^run 1 asks for a GPU \(device=cuda:1\), but --gpus none gives the sweep no GPU"):
+    with pytest.raises(
+        ConfigError, match=r"^run 1 asks for a GPU \(device=cuda:1\), but --gpus none gives the sweep no GPU"
+    ):
         place([GpuRequest(1, pinned=1)], (), why_none="--gpus none gives the sweep no GPU")
     with pytest.raises(
-        ConfigError, match=r"^run 2 asks for 3 GPUs \(device=cuda:0,cuda:1,cuda:2\), but the sweep has 2 \(--gpus 0,1\); list fewer"
+        ConfigError,
+        match=r"^run 2 asks for 3 GPUs \(device=cuda:0,cuda:1,cuda:2\), but the sweep has 2 \(--gpus 0,1\); list fewer",
     ):
         place([CUDA, GpuRequest(3)], (0, 1))
     with pytest.raises(
@@ -130,7 +144,10 @@ def test_runs_on_one_gpu_split_that_gpu_and_no_other():
     assert gpu_environment((0,), CUDA, visible, shares, {}) == {"CUDA_VISIBLE_DEVICES": "4", GPU_SHARE_VARIABLE: "2"}
     assert gpu_environment((1,), CUDA, visible, shares, {}) == {"CUDA_VISIBLE_DEVICES": "6"}  # alone on GPU 1
     # a run on both plans for the more shared one
-    assert gpu_environment((0, 1), GpuRequest(2), visible, shares, {}) == {"CUDA_VISIBLE_DEVICES": "4,6", GPU_SHARE_VARIABLE: "2"}
+    assert gpu_environment((0, 1), GpuRequest(2), visible, shares, {}) == {
+        "CUDA_VISIBLE_DEVICES": "4,6",
+        GPU_SHARE_VARIABLE: "2",
+    }
     # a share given to the whole sweep (two sweeps on one GPU) is split further between its runs
     assert gpu_environment((0,), CUDA, visible, shares, {GPU_SHARE_VARIABLE: "2"})[GPU_SHARE_VARIABLE] == "4"
     # a CPU run is left alone; auto without a GPU is shown none, so that it runs on the CPU
@@ -139,7 +156,8 @@ def test_runs_on_one_gpu_split_that_gpu_and_no_other():
 
 
 def test_the_gpu_share_variable_is_the_one_the_memory_budget_reads():
-    from driftlab.simulation.state.memory_budget import GPU_SHARE_VARIABLE as READ, gpu_share
+    from driftlab.simulation.state.memory_budget import GPU_SHARE_VARIABLE as READ
+    from driftlab.simulation.state.memory_budget import gpu_share
 
     assert GPU_SHARE_VARIABLE == READ
     assert gpu_share({GPU_SHARE_VARIABLE: "3"}) == 3

@@ -57,8 +57,12 @@ class LocalOptions:
 CLI_OPTIONS = (
     CliOption("--jobs", "jobs", int, "parallel processes (default: the number of cores)"),
     CliOption(
-        "--gpus", "gpus", str, "the GPUs the local executor spreads GPU runs over, as torch numbers them: 0,2, all "
-        "(the default: every visible GPU) or none (CPU only)", "LIST",
+        "--gpus",
+        "gpus",
+        str,
+        "the GPUs the local executor spreads GPU runs over, as torch numbers them: 0,2, all "
+        "(the default: every visible GPU) or none (CPU only)",
+        "LIST",
     ),
 )
 
@@ -163,8 +167,14 @@ def execute(tasks: list[RunTask], options: LocalOptions, events: Events = NO_EVE
                 resume = (task.run_dir / "config.json").exists()
                 item = placed[task.key]
                 process = processes.start_worker(
-                    task.run_dir, item.task.config, resume, task.threads, cwd=task.cwd,
-                    environment=item.environment, placement=item.placement, entry=task.entry,
+                    task.run_dir,
+                    item.task.config,
+                    resume,
+                    task.threads,
+                    cwd=task.cwd,
+                    environment=item.environment,
+                    placement=item.placement,
+                    entry=task.entry,
                 )
                 active[task.key] = (process, task, time.perf_counter())
                 busy.update(item.gpus)

@@ -94,7 +94,9 @@ def started_workers(monkeypatch, tmp_path, devices, options, gpus_seen=2, record
     monkeypatch.setattr(local, "visible_gpus", fake_gpus(gpus_seen))
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.delenv(GPU_SHARE_VARIABLE, raising=False)
-    tasks = [RunTask(f"r{i}", tmp_path / f"r{i}", {"device": device}, 1, entry=RUN_ENTRY) for i, device in enumerate(devices)]
+    tasks = [
+        RunTask(f"r{i}", tmp_path / f"r{i}", {"device": device}, 1, entry=RUN_ENTRY) for i, device in enumerate(devices)
+    ]
     for t in tasks:
         t.run_dir.mkdir()
     for name, info in (recorded or {}).items():
@@ -114,7 +116,9 @@ def test_five_cuda_runs_go_round_robin_over_two_gpus_each_seeing_only_its_own(tm
         ("r4", "cuda", "0", "3"),
     ]
     assert started[1]["placement"] == {"gpus": [1], "cuda_visible_devices": "1"}  # what run.json records
-    assert processes.worker_command("{}")[2].endswith("from driftlab.executors.worker import worker_main; worker_main(sys.argv[1])")
+    assert processes.worker_command("{}")[2].endswith(
+        "from driftlab.executors.worker import worker_main; worker_main(sys.argv[1])"
+    )
 
 
 def test_two_runs_on_gpu_0_each_get_half_of_it_and_a_run_alone_on_gpu_1_all_of_it(tmp_path, monkeypatch):
@@ -128,7 +132,9 @@ def test_two_runs_on_gpu_0_each_get_half_of_it_and_a_run_alone_on_gpu_1_all_of_i
 
 
 def test_gpus_restricts_the_placement_and_none_leaves_auto_runs_on_the_cpu(tmp_path, monkeypatch):
-    started = started_workers(monkeypatch, tmp_path, ["cuda:1,cuda:3", "auto", "cuda"], LocalOptions(jobs=1, gpus="3,1,2"), gpus_seen=4)
+    started = started_workers(
+        monkeypatch, tmp_path, ["cuda:1,cuda:3", "auto", "cuda"], LocalOptions(jobs=1, gpus="3,1,2"), gpus_seen=4
+    )
     assert [(s["device"], s["visible"], s["share"]) for s in started] == [
         ("cuda:0,cuda:1", "3,1", None),  # a run on two GPUs takes two, numbered from 0 in its worker; one job: no share
         ("auto", "2", None),
@@ -175,7 +181,14 @@ def test_runs_of_unequal_lengths_never_put_more_than_their_share_on_one_gpu(tmp_
         t.run_dir.mkdir()
     assert [r.exit_code for r in local.execute(tasks, LocalOptions(jobs=4))] == [0] * 6
     assert most == {"0": 2, "1": 2}
-    assert order == [("r0", "0", "2"), ("r1", "1", "2"), ("r2", "0", "2"), ("r3", "1", "2"), ("r4", "0", "2"), ("r5", "1", "2")]
+    assert order == [
+        ("r0", "0", "2"),
+        ("r1", "1", "2"),
+        ("r2", "0", "2"),
+        ("r3", "1", "2"),
+        ("r4", "0", "2"),
+        ("r5", "1", "2"),
+    ]
 
 
 def test_a_resumed_run_goes_back_to_the_gpu_its_run_json_records(tmp_path, monkeypatch):
@@ -186,15 +199,38 @@ def test_a_resumed_run_goes_back_to_the_gpu_its_run_json_records(tmp_path, monke
 
 def test_a_sweep_whose_runs_its_gpus_cannot_hold_starts_none_and_says_what_to_change(tmp_path, monkeypatch):
     for devices, options, seen, message in (
-        (["cpu", "cuda"], LocalOptions(), 0, r"^b asks for a GPU \(device=cuda\), but this machine shows no GPU torch can use; set device=cpu"),
-        (["cuda"], LocalOptions(gpus="none"), 2, r"^a asks for a GPU \(device=cuda\), but --gpus none gives the sweep no GPU"),
-        (["cuda:0,cuda:1"], LocalOptions(gpus="1"), 2, r"^a asks for 2 GPUs \(device=cuda:0,cuda:1\), but the sweep has 1 \(--gpus 1\)"),
+        (
+            ["cpu", "cuda"],
+            LocalOptions(),
+            0,
+            r"^b asks for a GPU \(device=cuda\), but this machine shows no GPU torch can use; set device=cpu",
+        ),
+        (
+            ["cuda"],
+            LocalOptions(gpus="none"),
+            2,
+            r"^a asks for a GPU \(device=cuda\), but --gpus none gives the sweep no GPU",
+        ),
+        (
+            ["cuda:0,cuda:1"],
+            LocalOptions(gpus="1"),
+            2,
+            r"^a asks for 2 GPUs \(device=cuda:0,cuda:1\), but the sweep has 1 \(--gpus 1\)",
+        ),
         (["cuda:1"], LocalOptions(gpus="0"), 2, r"^a names GPU 1 \(device=cuda:1\), which --gpus 0 leaves out"),
-        (["cuda"], LocalOptions(gpus="2"), 2, r"^--gpus 2: this machine shows 2 GPU\(s\), numbered 0-1, so GPU 2 does not exist$"),
+        (
+            ["cuda"],
+            LocalOptions(gpus="2"),
+            2,
+            r"^--gpus 2: this machine shows 2 GPU\(s\), numbered 0-1, so GPU 2 does not exist$",
+        ),
     ):
         monkeypatch.setattr(local, "visible_gpus", fake_gpus(seen))
         monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: pytest.fail("a worker was started"))
-        tasks = [RunTask(key, tmp_path / key, {"device": device}, 1, label=key, entry=RUN_ENTRY) for key, device in zip("ab", devices, strict=False)]
+        tasks = [
+            RunTask(key, tmp_path / key, {"device": device}, 1, label=key, entry=RUN_ENTRY)
+            for key, device in zip("ab", devices, strict=False)
+        ]
         with pytest.raises(ConfigError, match=message):
             local.execute(tasks, options)
 
@@ -202,7 +238,9 @@ def test_a_sweep_whose_runs_its_gpus_cannot_hold_starts_none_and_says_what_to_ch
 def test_gpus_is_checked_before_the_sweep_plans_and_a_cpu_sweep_never_asks_for_gpus(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match=r"^--gpus 0,x: expected GPU indices such as 0,2"):
         check_options(ExecutorOptions("local", gpus="0,x"))
-    with pytest.raises(ConfigError, match=r"^--gpus 5: this machine shows 2 GPU\(s\), numbered 0-1, so GPU 5 does not exist$"):
+    with pytest.raises(
+        ConfigError, match=r"^--gpus 5: this machine shows 2 GPU\(s\), numbered 0-1, so GPU 5 does not exist$"
+    ):
         local.check(LocalOptions(gpus="5"), fake_gpus(2))
     local.check(LocalOptions(gpus="0,1"), fake_gpus(2))
     tasks = [RunTask("a", tmp_path / "a", {"device": "cpu"}, 1, entry=RUN_ENTRY)]

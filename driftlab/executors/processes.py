@@ -151,7 +151,13 @@ def run_task(
     resume = (task.run_dir / "config.json").exists()
     started = time.perf_counter()
     process = start_worker(
-        task.run_dir, task.config, resume, task.threads, executor=job, cwd=task.cwd, environment=environment,
+        task.run_dir,
+        task.config,
+        resume,
+        task.threads,
+        executor=job,
+        cwd=task.cwd,
+        environment=environment,
         entry=task.entry,
     )
     if on_start is not None:

@@ -35,9 +35,16 @@ class RayOptions:
 
 
 CLI_OPTIONS = (
-    CliOption("--ray-address", "address", str, "the Ray cluster to run on (default: auto, a running cluster, else a local Ray)"),
     CliOption(
-        "--ray-runs-per-gpu", "runs_per_gpu", int,
+        "--ray-address",
+        "address",
+        str,
+        "the Ray cluster to run on (default: auto, a running cluster, else a local Ray)",
+    ),
+    CliOption(
+        "--ray-runs-per-gpu",
+        "runs_per_gpu",
+        int,
         "single-GPU runs sharing each GPU, each asking Ray for that fraction of it and planning for that share of its memory (default: 1)",
     ),
 )
@@ -153,5 +160,10 @@ def _result(ref: Any, task: RunTask, info: dict[str, Any], seconds: float) -> Ta
         result = ray.get(ref)
     except ray.exceptions.RayError as error:
         first = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
-        return TaskResult(task, None, seconds, job={**info, "error": f"Ray task {info['job_id']} ended without its run's result ({first})"})
+        return TaskResult(
+            task,
+            None,
+            seconds,
+            job={**info, "error": f"Ray task {info['job_id']} ended without its run's result ({first})"},
+        )
     return TaskResult(task, result.exit_code, result.seconds, result.started, result.holder, {**info, **result.job})

@@ -91,7 +91,9 @@ def test_without_a_cluster_the_sweep_starts_one_local_ray_says_so_and_stops_it(t
 
 
 @pytest.mark.slow
-def test_ray_sweep_equals_the_local_one_records_its_tasks_and_a_rerun_skips_finished_runs(tmp_path, ray_cluster, local_reference, capsys):
+def test_ray_sweep_equals_the_local_one_records_its_tasks_and_a_rerun_skips_finished_runs(
+    tmp_path, ray_cluster, local_reference, capsys
+):
     logged: list[str] = []
     outcomes = sweep(tmp_path, RAY, logged=logged)
     assert [o.status for o in outcomes] == ["complete"] * 4, logged

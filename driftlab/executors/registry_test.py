@@ -150,12 +150,18 @@ def test_a_repeated_flag_gives_its_field_every_word_in_order():
     parser = argparse.ArgumentParser()
     for option in command_line_options():
         parser.add_argument(option.flag, **option.argparse_keywords())
-    arguments = parser.parse_args(["--slurm-setup", "module load cuda", "--slurm-account", "p1", "--slurm-setup", "source .venv/bin/activate"])
+    arguments = parser.parse_args(
+        ["--slurm-setup", "module load cuda", "--slurm-account", "p1", "--slurm-setup", "source .venv/bin/activate"]
+    )
     assert options_from_arguments("slurm", arguments) == ExecutorOptions(
         "slurm", account="p1", setup=("module load cuda", "source .venv/bin/activate")
     )
-    assert options_from_command_line("slurm", {"--slurm-setup": "module load cuda"}) == ExecutorOptions("slurm", setup=("module load cuda",))
-    assert resolve(options_from_arguments("slurm", arguments))[1] == SlurmOptions(account="p1", setup=("module load cuda", "source .venv/bin/activate"))
+    assert options_from_command_line("slurm", {"--slurm-setup": "module load cuda"}) == ExecutorOptions(
+        "slurm", setup=("module load cuda",)
+    )
+    assert resolve(options_from_arguments("slurm", arguments))[1] == SlurmOptions(
+        account="p1", setup=("module load cuda", "source .venv/bin/activate")
+    )
 
 
 SERIAL_PLUGIN = '''
@@ -242,5 +248,7 @@ def test_run_sweep_s_jobs_sets_the_processes_of_executors_that_have_them():
 
     assert _executor(ExecutorOptions(), 3) == (registry.lookup("local"), LocalOptions(jobs=3))
     assert _executor(ExecutorOptions("slurm", time=5), None)[1] == SlurmOptions(time=5)
-    with pytest.raises(ConfigError, match=r"jobs=2: executor 'ray' has no jobs option \(its options: address, runs_per_gpu\)"):
+    with pytest.raises(
+        ConfigError, match=r"jobs=2: executor 'ray' has no jobs option \(its options: address, runs_per_gpu\)"
+    ):
         _executor(ExecutorOptions("ray"), 2)

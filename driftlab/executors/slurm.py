@@ -62,16 +62,31 @@ CLI_OPTIONS = (
     CliOption("--slurm-partition", "partition", str, "SLURM partition of the jobs"),
     CliOption("--slurm-time", "time", int, "time limit of each SLURM job in minutes (default: 60)", "MINUTES"),
     CliOption("--slurm-cpus", "cpus", int, "CPUs per SLURM job (default: the run's threads)"),
-    CliOption("--slurm-gpus", "gpus", int, "GPUs per SLURM job (default: the most any run's device uses; auto uses none)"),
+    CliOption(
+        "--slurm-gpus", "gpus", int, "GPUs per SLURM job (default: the most any run's device uses; auto uses none)"
+    ),
     CliOption("--slurm-mem", "mem", int, "memory per SLURM job in GB (default: the partition's)", "GB"),
-    CliOption("--slurm-array-parallelism", "array_parallelism", int, "SLURM jobs of the sweep running at once (default: 256)"),
-    CliOption("--slurm-local", "local", SWITCH, "run the SLURM jobs on this machine through submitit's local executor (no cluster)"),
+    CliOption(
+        "--slurm-array-parallelism", "array_parallelism", int, "SLURM jobs of the sweep running at once (default: 256)"
+    ),
+    CliOption(
+        "--slurm-local",
+        "local",
+        SWITCH,
+        "run the SLURM jobs on this machine through submitit's local executor (no cluster)",
+    ),
     CliOption("--slurm-account", "account", str, "SLURM account the jobs are charged to (sbatch --account)"),
     CliOption("--slurm-qos", "qos", str, "SLURM quality of service of the jobs (sbatch --qos)"),
-    CliOption("--slurm-constraint", "constraint", str, "node features the jobs need (sbatch --constraint), e.g. 'a100|h100'"),
     CliOption(
-        "--slurm-setup", "setup", str, "a shell line each job runs before its run (module load, source .venv/bin/activate); "
-        "give it once per line", "LINE", repeat=True,
+        "--slurm-constraint", "constraint", str, "node features the jobs need (sbatch --constraint), e.g. 'a100|h100'"
+    ),
+    CliOption(
+        "--slurm-setup",
+        "setup",
+        str,
+        "a shell line each job runs before its run (module load, source .venv/bin/activate); give it once per line",
+        "LINE",
+        repeat=True,
     ),
 )
 
@@ -91,7 +106,9 @@ def check(options: SlurmOptions) -> None:
     lines = (options.setup,) if isinstance(options.setup, str) else options.setup
     for line in lines:
         if not isinstance(line, str) or not line.strip() or "\n" in line:
-            raise ConfigError(f"--slurm-setup takes one shell line each time it is given, got {line!r}; repeat the flag for several lines")
+            raise ConfigError(
+                f"--slurm-setup takes one shell line each time it is given, got {line!r}; repeat the flag for several lines"
+            )
     check_available(options)
 
 
@@ -131,7 +148,12 @@ class SlurmRun:
 
         environment = submitit.JobEnvironment()
         paths = environment.paths
-        job = {"executor": "slurm", "job_id": environment.job_id, "stdout": str(paths.stdout), "stderr": str(paths.stderr)}
+        job = {
+            "executor": "slurm",
+            "job_id": environment.job_id,
+            "stdout": str(paths.stdout),
+            "stderr": str(paths.stderr),
+        }
         if os.environ.get("CUDA_VISIBLE_DEVICES"):  # the node's GPUs SLURM gave the job
             job["cuda_visible_devices"] = os.environ["CUDA_VISIBLE_DEVICES"]
         # submitit ignores SIGTERM in the job's own process; pass it on so the run checkpoints (SLURM signals
@@ -172,7 +194,9 @@ def _stop_worker(signum: int | None = None, frame: Any = None) -> None:  # noqa:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(process.pid, signal.SIGTERM)
     deadline = time.time() + STOP_SECONDS
-    while time.time() < deadline and not all(process.returncode is not None or process_gone(process.pid) for process in _workers):
+    while time.time() < deadline and not all(
+        process.returncode is not None or process_gone(process.pid) for process in _workers
+    ):
         time.sleep(0.05)
 
 
@@ -203,7 +227,12 @@ def make_executor(options: SlurmOptions, folder: Path, cpus: int, gpus: int | No
 
     executor = submitit.AutoExecutor(folder=folder / "%j", cluster="local" if options.local else "slurm")
     gpus = gpus if gpus is not None else options.gpus or 0
-    parameters: dict[str, Any] = {"name": "driftlab", "timeout_min": options.time, "cpus_per_task": cpus, "gpus_per_node": gpus}
+    parameters: dict[str, Any] = {
+        "name": "driftlab",
+        "timeout_min": options.time,
+        "cpus_per_task": cpus,
+        "gpus_per_node": gpus,
+    }
     if options.mem is not None:
         parameters["mem_gb"] = options.mem
     if not options.local:  # submitit's sbatch script; its local executor takes none of these
@@ -223,14 +252,24 @@ def execute(tasks: list[RunTask], options: SlurmOptions, events: Events = NO_EVE
     if not runnable:
         return results
     gpus = job_gpus(options, runnable)
-    executor = make_executor(options, sweep_directory(runnable[0]) / LOG_FOLDER, options.cpus or runnable[0].threads, gpus)
+    executor = make_executor(
+        options, sweep_directory(runnable[0]) / LOG_FOLDER, options.cpus or runnable[0].threads, gpus
+    )
     # a job sees only its own GPUs, numbered from 0: each run's device in that numbering
-    own = [replace(task, config=renumbered(task.config, gpu_request(task.config).count if gpus else 0)) for task in runnable]
+    own = [
+        replace(task, config=renumbered(task.config, gpu_request(task.config).count if gpus else 0))
+        for task in runnable
+    ]
     jobs = executor.map_array(SlurmRun(sweep_pid=os.getpid() if options.local else 0), own)
     pending = {}
     submitted = time.perf_counter()
     for task, job in zip(runnable, jobs, strict=True):
-        info = {"executor": "slurm", "job_id": str(job.job_id), "stdout": str(job.paths.stdout), "stderr": str(job.paths.stderr)}
+        info = {
+            "executor": "slurm",
+            "job_id": str(job.job_id),
+            "stdout": str(job.paths.stdout),
+            "stderr": str(job.paths.stderr),
+        }
         pending[info["job_id"]] = (job, task, info)
         events.started(task, (task.run_dir / "config.json").exists(), info)
     try:
@@ -260,5 +299,10 @@ def _result(job: Any, task: RunTask, info: dict[str, Any], seconds: float) -> Ta
         error = f"SLURM job {info['job_id']} ended without its run's result ({first}); see {info['stderr']}"
         return TaskResult(task, None, seconds, job={**info, "error": error})
     if not isinstance(result, TaskResult):
-        return TaskResult(task, None, seconds, job={**info, "error": f"SLURM job {info['job_id']} returned {result!r}; see {info['stderr']}"})
+        return TaskResult(
+            task,
+            None,
+            seconds,
+            job={**info, "error": f"SLURM job {info['job_id']} returned {result!r}; see {info['stderr']}"},
+        )
     return replace(result, task=task, job={**info, **result.job})

@@ -31,7 +31,9 @@ def test_slurm_options_become_the_jobs_parameters(tmp_path):
     executor = make_executor(SlurmOptions(time=120, gpus=1, mem=8, local=True), tmp_path, cpus=2)
     assert (executor.parameters["timeout_min"], executor.parameters["gpus_per_node"]) == (120, 1)
     # submitit's local executor takes none of the cluster's options: they are not handed to it
-    local = make_executor(SlurmOptions(local=True, account="proj", qos="high", setup=("module load cuda",)), tmp_path, cpus=1, gpus=0)
+    local = make_executor(
+        SlurmOptions(local=True, account="proj", qos="high", setup=("module load cuda",)), tmp_path, cpus=1, gpus=0
+    )
     assert not any(name in local.parameters for name in ("account", "qos", "setup", "slurm_account"))
 
 
@@ -42,21 +44,40 @@ def test_account_qos_constraint_time_gpus_and_setup_lines_reach_the_sbatch_scrip
 
     monkeypatch.setattr(submitit_slurm.SlurmExecutor, "affinity", classmethod(lambda cls: 1))  # as on a node with srun
     options = SlurmOptions(
-        partition="gpu", time=90, account="proj-7", qos="high", constraint="a100|h100",
+        partition="gpu",
+        time=90,
+        account="proj-7",
+        qos="high",
+        constraint="a100|h100",
         setup=("module load cuda/12.4", "source .venv/bin/activate"),
     )
     executor = make_executor(options, tmp_path, cpus=4, gpus=2)
     parameters = executor._executor.parameters
-    assert {k: parameters[k] for k in ("time", "gpus_per_node", "cpus_per_task", "partition", "account", "qos", "constraint", "setup")} == {
-        "time": 90, "gpus_per_node": 2, "cpus_per_task": 4, "partition": "gpu", "account": "proj-7", "qos": "high",
-        "constraint": "a100|h100", "setup": ["module load cuda/12.4", "source .venv/bin/activate"],
+    assert {
+        k: parameters[k]
+        for k in ("time", "gpus_per_node", "cpus_per_task", "partition", "account", "qos", "constraint", "setup")
+    } == {
+        "time": 90,
+        "gpus_per_node": 2,
+        "cpus_per_task": 4,
+        "partition": "gpu",
+        "account": "proj-7",
+        "qos": "high",
+        "constraint": "a100|h100",
+        "setup": ["module load cuda/12.4", "source .venv/bin/activate"],
     }
     script = submitit_slurm._make_sbatch_string(command="python run.py", folder=tmp_path, **parameters).splitlines()
-    for line in ("#SBATCH --account=proj-7", "#SBATCH --qos=high", "#SBATCH --constraint='a100|h100'", "#SBATCH --time=90",
-                 "#SBATCH --gpus-per-node=2", "#SBATCH --partition=gpu"):
+    for line in (
+        "#SBATCH --account=proj-7",
+        "#SBATCH --qos=high",
+        "#SBATCH --constraint='a100|h100'",
+        "#SBATCH --time=90",
+        "#SBATCH --gpus-per-node=2",
+        "#SBATCH --partition=gpu",
+    ):
         assert line in script
     setup = script.index("# setup")
-    assert script[setup + 1: setup + 3] == ["module load cuda/12.4", "source .venv/bin/activate"]
+    assert script[setup + 1 : setup + 3] == ["module load cuda/12.4", "source .venv/bin/activate"]
     assert setup < script.index("# command")  # before the run
 
 
@@ -90,14 +111,23 @@ def test_each_job_gets_the_gpus_its_runs_use_and_each_run_its_device_numbered_fr
     monkeypatch.setattr(slurm, "make_executor", make_executor)
     monkeypatch.setattr(slurm, "POLL_SECONDS", 0)
     monkeypatch.setattr(slurm.shutil, "which", lambda name: "/usr/bin/sbatch")
-    tasks = [RunTask(f"r{i}", tmp_path / f"r{i}", {"device": d}, 1, label=f"r{i}", entry=RUN_ENTRY) for i, d in enumerate(["cuda:3", "cuda:2,cuda:5", "cpu"])]
+    tasks = [
+        RunTask(f"r{i}", tmp_path / f"r{i}", {"device": d}, 1, label=f"r{i}", entry=RUN_ENTRY)
+        for i, d in enumerate(["cuda:3", "cuda:2,cuda:5", "cpu"])
+    ]
     for task in tasks:
         task.run_dir.mkdir()
     results = slurm.execute(tasks, SlurmOptions())
-    assert [r.exit_code for r in results] == [0, 0, 0] and [r.task.config["device"] for r in results] == ["cuda:3", "cuda:2,cuda:5", "cpu"]
+    assert [r.exit_code for r in results] == [0, 0, 0] and [r.task.config["device"] for r in results] == [
+        "cuda:3",
+        "cuda:2,cuda:5",
+        "cpu",
+    ]
     assert made == [2] and submitted == ["cuda:0", "cuda:0,cuda:1", "cpu"]  # every job gets the most any run uses
     assert slurm.job_gpus(SlurmOptions(gpus=4), tasks) == 4
-    assert slurm.job_gpus(SlurmOptions(), [RunTask("a", tmp_path, {"device": "auto"}, 1, entry=RUN_ENTRY)]) == 0  # auto asks for none
+    assert (
+        slurm.job_gpus(SlurmOptions(), [RunTask("a", tmp_path, {"device": "auto"}, 1, entry=RUN_ENTRY)]) == 0
+    )  # auto asks for none
     assert slurm.job_gpus(SlurmOptions(gpus=0), [RunTask("a", tmp_path, {"device": "auto"}, 1, entry=RUN_ENTRY)]) == 0
     with pytest.raises(
         ConfigError,
@@ -108,13 +138,23 @@ def test_each_job_gets_the_gpus_its_runs_use_and_each_run_its_device_numbered_fr
 
 def test_impossible_cluster_options_are_refused_by_name():
     for options, message in (
-        (ExecutorOptions("slurm", local=True, account="my project"), r"^--slurm-account must be one word, as sbatch --account takes it, got 'my project'$"),
+        (
+            ExecutorOptions("slurm", local=True, account="my project"),
+            r"^--slurm-account must be one word, as sbatch --account takes it, got 'my project'$",
+        ),
         (ExecutorOptions("slurm", local=True, qos=""), r"^--slurm-qos must be one word"),
-        (ExecutorOptions("slurm", local=True, setup=("module load a\nmodule load b",)), r"^--slurm-setup takes one shell line each time it is given"),
+        (
+            ExecutorOptions("slurm", local=True, setup=("module load a\nmodule load b",)),
+            r"^--slurm-setup takes one shell line each time it is given",
+        ),
     ):
         with pytest.raises(ConfigError, match=message):
             check_options(options)
-    check_options(ExecutorOptions("slurm", local=True, account="p1", qos="high", constraint="a100&ib", setup=("module load cuda",)))
+    check_options(
+        ExecutorOptions(
+            "slurm", local=True, account="p1", qos="high", constraint="a100&ib", setup=("module load cuda",)
+        )
+    )
 
 
 @pytest.mark.slow
@@ -181,7 +221,9 @@ def test_preemption_checkpoints_the_run_and_the_requeued_job_resumes_it(tmp_path
     assert signalled, "the run finished before it could be pre-empted"
     assert [o.status for o in outcomes] == ["complete"], logged
     info = read_run_info(run_dir)
-    assert info["resumed_from_round"] is not None and info["resumed_from_round"] >= 5, info  # requeued and resumed, not restarted
+    assert info["resumed_from_round"] is not None and info["resumed_from_round"] >= 5, (
+        info
+    )  # requeued and resumed, not restarted
     assert "this job is preempted" in Path(info["executor"]["stderr"]).read_text()  # the same job, requeued
     assert_same_results(out, long_reference, long_spec(), LONG_RUN)
 
@@ -194,12 +236,28 @@ def test_cli_sweep_through_slurm_local_then_status_shows_each_run_done_with_its_
     from driftlab.executors.conftest import FOUR_RUNS
 
     out = tmp_path / "cli"
-    command = [sys.executable, "-m", "driftlab.cli", "sweep", "synthetic-fedprox", *FOUR_RUNS, "--grid", "algorithm.mu=[0, 1]", "--seeds", "0,1"]
+    command = [
+        sys.executable,
+        "-m",
+        "driftlab.cli",
+        "sweep",
+        "synthetic-fedprox",
+        *FOUR_RUNS,
+        "--grid",
+        "algorithm.mu=[0, 1]",
+        "--seeds",
+        "0,1",
+    ]
     options = ["--executor", "slurm", "--slurm-local", "--threads", "1", "--no-report", "--out", str(out)]
     result = subprocess.run([*command, *options], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("  submit  ") == 4 and "sweep finished: 4 complete" in result.stdout
-    status = subprocess.run([sys.executable, "-m", "driftlab.cli", "sweep", "--status", str(out)], capture_output=True, text=True, timeout=120)
+    status = subprocess.run(
+        [sys.executable, "-m", "driftlab.cli", "sweep", "--status", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert status.returncode == 0, status.stderr
     lines = status.stdout.splitlines()
     jobs = json.loads((out / "jobs.json").read_text())["runs"]
@@ -254,12 +312,28 @@ def test_a_sigkilled_slurm_local_sweep_stops_its_jobs_and_the_rerun_finishes_the
 
     out = tmp_path / "long"  # a --grid sweep is named after its directory: the name of long_spec()
     run_dir = run_dirs(out, long_spec(), LONG_RUN)[0]
-    command = [sys.executable, "-m", "driftlab.cli", "sweep", "synthetic-fedprox", *LONG_RUN, "--grid", "algorithm.mu=[1]", "--seeds", "0"]
-    swept = subprocess.Popen([*command, "--executor", "slurm", "--slurm-local", "--threads", "1", "--no-report", "--out", str(out)],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    command = [
+        sys.executable,
+        "-m",
+        "driftlab.cli",
+        "sweep",
+        "synthetic-fedprox",
+        *LONG_RUN,
+        "--grid",
+        "algorithm.mu=[1]",
+        "--seeds",
+        "0",
+    ]
+    swept = subprocess.Popen(
+        [*command, "--executor", "slurm", "--slurm-local", "--threads", "1", "--no-report", "--out", str(out)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.time() + 240
-        while time.time() < deadline and not ((run_dir / "metrics.jsonl").exists() and len((run_dir / "metrics.jsonl").read_text().splitlines()) >= 5):
+        while time.time() < deadline and not (
+            (run_dir / "metrics.jsonl").exists() and len((run_dir / "metrics.jsonl").read_text().splitlines()) >= 5
+        ):
             time.sleep(0.05)
         workers = worker_pids(run_dir.absolute())
         assert workers, "the run finished before the sweep could be killed"
@@ -282,7 +356,9 @@ def test_a_sigkilled_slurm_local_sweep_stops_its_jobs_and_the_rerun_finishes_the
         if swept.poll() is None:
             swept.kill()
             swept.wait()
-    assert json.loads((run_dir / "run.json").read_text())["rounds_done"] < 40, "the run went on to the end without its sweep"
+    assert json.loads((run_dir / "run.json").read_text())["rounds_done"] < 40, (
+        "the run went on to the end without its sweep"
+    )
     outcomes = sweep(out, SLURM_LOCAL, long_spec(), LONG_RUN)
     assert [o.status for o in outcomes] == ["complete"]
     assert_same_results(out, long_reference, long_spec(), LONG_RUN)

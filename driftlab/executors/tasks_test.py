@@ -2,8 +2,8 @@ from pathlib import Path
 
 import pytest
 
-from driftlab.executors.tasks import RunTask, absolute
 from driftlab.executors.conftest import RUN_ENTRY
+from driftlab.executors.tasks import RunTask, absolute
 
 
 def test_a_task_s_run_directory_is_made_absolute_from_the_sweep_s_working_directory():

@@ -41,7 +41,14 @@ def test_the_worker_names_the_gpus_it_sees_and_passes_the_placement_to_the_run(m
     monkeypatch.setattr(worker, "die_with_parent", lambda parent: None)
     monkeypatch.setattr(worker, "_worker", lambda *arguments: handed.append(arguments))
     monkeypatch.setattr(worker, "gpu_names", lambda: ["Fake GPU 0"])
-    arguments = {"entry": "plugin.runs:run_one", "run_dir": "r", "config": {}, "resume": False, "threads": 1, "parent": 1}
+    arguments = {
+        "entry": "plugin.runs:run_one",
+        "run_dir": "r",
+        "config": {},
+        "resume": False,
+        "threads": 1,
+        "parent": 1,
+    }
     worker.worker_main(json.dumps({**arguments, "placement": {"gpus": [3], "cuda_visible_devices": "3"}}))
     worker.worker_main(json.dumps(arguments))
     assert [run_info for *_, run_info in handed] == [
@@ -60,7 +67,11 @@ def test_the_entry_a_sweep_gives_its_runs_is_the_runner_s_entry_for_workers():
 
 def test_no_executor_module_names_the_layer_above():
     # The worker runs what its task's entry names; the executors neither import nor name the experiments.
-    modules = [p for p in Path(worker.__file__).parent.glob("*.py") if not p.name.endswith("_test.py") and p.name != "conftest.py"]
+    modules = [
+        p
+        for p in Path(worker.__file__).parent.glob("*.py")
+        if not p.name.endswith("_test.py") and p.name != "conftest.py"
+    ]
     assert worker.__file__ in [str(p) for p in modules] and len(modules) >= 8
     assert [p.name for p in modules if "driftlab.experiments" in p.read_text()] == []
 
@@ -75,7 +86,10 @@ def test_a_worker_started_without_an_entry_fails_and_says_what_the_executor_must
 
 
 def test_an_entry_that_names_nothing_callable_is_refused_with_its_module_and_name():
-    with pytest.raises(ConfigError, match="'json:no_such_function' names nothing callable: module json has no function no_such_function"):
+    with pytest.raises(
+        ConfigError,
+        match="'json:no_such_function' names nothing callable: module json has no function no_such_function",
+    ):
         worker.named("json:no_such_function")
     with pytest.raises(ValueError, match="a run's entry must be a 'module:function' reference"):
         worker.named("json.loads")

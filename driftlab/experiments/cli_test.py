@@ -21,9 +21,9 @@ import pytest
 import driftlab
 from driftlab import cli
 from driftlab.data.registry import DATA_SETS
+from driftlab.experiments.config import ExperimentConfig, load_config, preset_names
 from driftlab.models.registry import MODELS
 from driftlab.optim.registry import REGISTRY as SERVER_REGISTRY
-from driftlab.experiments.config import ExperimentConfig, load_config, preset_names
 
 REPO_ROOT = Path(driftlab.__file__).resolve().parents[1]
 TINY = ["rounds=2", "client.epochs=none", "client.steps=2", "data.num_clients=5", "sampling.participation=0.4"]
@@ -40,7 +40,9 @@ def driftlab_cli(
     env = dict(os.environ if env is None else env)
     if process:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
-        return subprocess.run([sys.executable, "-m", "driftlab.cli", *argv], capture_output=True, text=True, env=env, cwd=cwd, timeout=120)
+        return subprocess.run(
+            [sys.executable, "-m", "driftlab.cli", *argv], capture_output=True, text=True, env=env, cwd=cwd, timeout=120
+        )
     saved_env, saved_cwd = dict(os.environ), os.getcwd()
     out, err = io.StringIO(), io.StringIO()
     try:
@@ -80,7 +82,9 @@ def test_run_a_preset_with_overrides_then_resume_it(tmp_path):
     assert all(r["num_reporting"] == 2 and r["local_steps"] == 4 for r in records)
     config = json.loads((out / "config.json").read_text())
     assert config["client"]["steps"] == 2 and "epochs" not in config["client"] and config["client"]["lr"] == 0.01
-    assert (out / "final_model.safetensors").exists() and not (out / "checkpoint.safetensors").exists()  # keep_checkpoint=false
+    assert (out / "final_model.safetensors").exists() and not (
+        out / "checkpoint.safetensors"
+    ).exists()  # keep_checkpoint=false
 
     # the README's resume command: the stored config.json is a valid CONFIG, here extended by two rounds
     resumed = driftlab_cli("run", out / "config.json", "--out", out, "--resume", "--quiet", "rounds=4", process=True)
@@ -128,7 +132,11 @@ def test_a_wrapped_description_never_splits_a_hyphenated_word():
 
 def test_preset_description_is_the_leading_comment_block():
     text = cli.preset_description("mnist-fedavg")
-    assert text.startswith("FedDyn Table 2 setting with FedAvg: MNIST, 100 clients") and "seed" not in text and "#" not in text
+    assert (
+        text.startswith("FedDyn Table 2 setting with FedAvg: MNIST, 100 clients")
+        and "seed" not in text
+        and "#" not in text
+    )
 
 
 def test_config_command_lists_every_key():
@@ -137,7 +145,10 @@ def test_config_command_lists_every_key():
     for section in ("client", "sampling", "evaluation"):
         for key in ExperimentConfig.model_fields[section].annotation.model_fields:
             assert f"{section}.{key} = " in result.stdout, f"{section}.{key}"
-    for section, registry in (("model", MODELS), ("server", SERVER_REGISTRY.entries)):  # one section per model, per optimizer
+    for section, registry in (
+        ("model", MODELS),
+        ("server", SERVER_REGISTRY.entries),
+    ):  # one section per model, per optimizer
         for entry in registry.values():
             for key in entry.config_type.model_fields:
                 if key not in ("name", "optimizer"):
@@ -168,10 +179,10 @@ def test_config_toml_round_trips_through_a_file(tmp_path, capsys):
         'client.lr={kind="exponential",initial=0.1,decay=0.99}',
         "client.steps={kind='inverse_time',a=100,b=1}",
         "client.epochs=none",
-        'availability.events=[{round=2, join=[1, 2]}, {round=3, leave_range=[0, 2]}]',
+        "availability.events=[{round=2, join=[1, 2]}, {round=3, leave_range=[0, 2]}]",
         "availability.initially_registered=10",
-        'model.name=mlp',
-        'model.hidden=[64, 32]',
+        "model.name=mlp",
+        "model.hidden=[64, 32]",
         "evaluation.target_accuracy=0.55",
     ]
     assert cli.main(["config", "synthetic-fedavg", *overrides, "--toml"]) == 0
@@ -217,19 +228,31 @@ def test_run_help_is_short_and_points_to_the_keys_in_driftlab_config():
     assert "`driftlab config` lists every key with its meaning and default" in result.stdout
     listed = driftlab_cli("config")
     assert listed.returncode == 0
-    for key in ("client.lr", "client.steps", "sampling.participation", "server.optimizer", "data.name", "evaluation.every"):
+    for key in (
+        "client.lr",
+        "client.steps",
+        "sampling.participation",
+        "server.optimizer",
+        "data.name",
+        "evaluation.every",
+    ):
         assert f"\n  {key} = " in listed.stdout, key
 
 
 def test_config_errors_exit_2_without_a_traceback(tmp_path, capsys):
-    _assert_clean_error(driftlab_cli("run", "synthetic-fedavg", "client.lrr=0.1", "--out", tmp_path / "a"), "client.lrr", "unknown key")
+    _assert_clean_error(
+        driftlab_cli("run", "synthetic-fedavg", "client.lrr=0.1", "--out", tmp_path / "a"), "client.lrr", "unknown key"
+    )
     assert not (tmp_path / "a").exists()  # stopped before any work
     # the same entry point in-process (no interpreter start-up per case)
     for argv, fragment in [
         (["run", "synthetic-fedavg", "client.lr=-1", "--out", str(tmp_path / "b")], "client.lr"),
         (["run", "no-such-preset", "--out", str(tmp_path / "c")], "no-such-preset"),
         (["config", "synthetic-fedavg", "sampling.participation=2"], "sampling.participation"),
-        (["run", "synthetic-fedavg", "algorithm.name=fedfoo", "--out", str(tmp_path / "d")], "unknown algorithm 'fedfoo'"),
+        (
+            ["run", "synthetic-fedavg", "algorithm.name=fedfoo", "--out", str(tmp_path / "d")],
+            "unknown algorithm 'fedfoo'",
+        ),
         (["run", "synthetic-fedavg", "data.name=cifar", "--out", str(tmp_path / "e")], "data.name"),
     ]:
         assert cli.main(argv) == 2
@@ -240,10 +263,14 @@ def test_config_errors_exit_2_without_a_traceback(tmp_path, capsys):
 def test_data_errors_exit_2_without_a_traceback(tmp_path):
     root = tmp_path / "mnist"
     root.mkdir()
-    (root / "train-images-idx3-ubyte").write_bytes(b"\x00\x00\x08\x03" + (5).to_bytes(4, "big") + (28).to_bytes(4, "big") * 2 + b"\x00" * 100)
+    (root / "train-images-idx3-ubyte").write_bytes(
+        b"\x00\x00\x08\x03" + (5).to_bytes(4, "big") + (28).to_bytes(4, "big") * 2 + b"\x00" * 100
+    )
     result = driftlab_cli("run", "mnist-fedavg", f"data.root={root}", "rounds=1", "--out", tmp_path / "run", "--quiet")
     _assert_clean_error(result, "train-images-idx3-ubyte")
-    missing = driftlab_cli("run", "mnist-fedavg", f"data.root={tmp_path / 'nowhere'}", "--out", tmp_path / "run2", "--quiet")
+    missing = driftlab_cli(
+        "run", "mnist-fedavg", f"data.root={tmp_path / 'nowhere'}", "--out", tmp_path / "run2", "--quiet"
+    )
     _assert_clean_error(missing, "nowhere")
 
 
@@ -251,7 +278,10 @@ def test_run_refusals_exit_2(tmp_path):
     out = tmp_path / "run"
     driftlab.run("synthetic-fedavg", out, overrides=TINY)
     _assert_clean_error(driftlab_cli("run", "synthetic-fedavg", *TINY, "--out", out, "--quiet"), "--resume")
-    _assert_clean_error(driftlab_cli("run", "synthetic-fedavg", *TINY, "client.lr=0.3", "--out", out, "--resume", "--quiet"), "cannot resume")
+    _assert_clean_error(
+        driftlab_cli("run", "synthetic-fedavg", *TINY, "client.lr=0.3", "--out", out, "--resume", "--quiet"),
+        "cannot resume",
+    )
 
 
 @pytest.mark.slow
@@ -274,7 +304,18 @@ def test_a_diverging_run_exits_3_with_advice_and_keeps_its_checkpoint(tmp_path):
     result = subprocess.run(
         # gradient descent with step 0.9 on curvatures in [1, 3] grows |x| ~1.7x per step: in round 3 the model's norm passes
         # 1000 times its starting scale (evaluation.norm_growth_factor), after two healthy rounds
-        [sys.executable, "-m", "driftlab.cli", "run", "quadratic-constant-k", "client.lr=0.9", "rounds=40", "--out", str(out), "--quiet"],
+        [
+            sys.executable,
+            "-m",
+            "driftlab.cli",
+            "run",
+            "quadratic-constant-k",
+            "client.lr=0.9",
+            "rounds=40",
+            "--out",
+            str(out),
+            "--quiet",
+        ],
         capture_output=True,
         text=True,
     )
@@ -289,33 +330,85 @@ def test_a_diverging_run_exits_3_with_advice_and_keeps_its_checkpoint(tmp_path):
 @pytest.mark.slow
 def test_sweep_with_grid_runs_every_variant_then_reports(tmp_path):
     out = tmp_path / "sweep"
-    result = driftlab_cli("sweep", "synthetic-fedprox", *TINY, "--grid", "algorithm.mu=[0, 1]", "--seeds", "0,1", "--out", out, process=True)
+    result = driftlab_cli(
+        "sweep",
+        "synthetic-fedprox",
+        *TINY,
+        "--grid",
+        "algorithm.mu=[0, 1]",
+        "--seeds",
+        "0,1",
+        "--out",
+        out,
+        process=True,
+    )
     assert result.returncode == 0, result.stderr
     assert "sweep finished: 4 complete" in result.stdout
     runs = sorted(p.parent.relative_to(out).as_posix() for p in out.glob("runs/*/*/metrics.jsonl"))
-    assert runs == ["runs/mu-0/seed-0", "runs/mu-0/seed-1", "runs/mu-1/seed-0", "runs/mu-1/seed-1"]  # labelled by the key's last part
+    assert runs == [
+        "runs/mu-0/seed-0",
+        "runs/mu-0/seed-1",
+        "runs/mu-1/seed-0",
+        "runs/mu-1/seed-1",
+    ]  # labelled by the key's last part
     report = (out / "report" / "report.md").read_text()
     assert "| mu=0 | 2 |" in report and "| mu=1 | 2 |" in report  # one accuracy row per method, 2 seeds each
 
-    listed = driftlab_cli("sweep", "synthetic-fedprox", *TINY, "--grid", "algorithm.mu=[0, 1]", "--seeds", "0,1", "--out", out, "--dry-run")
+    listed = driftlab_cli(
+        "sweep",
+        "synthetic-fedprox",
+        *TINY,
+        "--grid",
+        "algorithm.mu=[0, 1]",
+        "--seeds",
+        "0,1",
+        "--out",
+        out,
+        "--dry-run",
+    )
     assert listed.returncode == 0, listed.stderr
     assert [line.split()[0] for line in listed.stdout.splitlines()] == ["complete"] * 4
 
     again = driftlab_cli("report", out, "--out", tmp_path / "again", "--targets", "0.2,0.3", "--no-plots")
     assert again.returncode == 0, again.stderr
-    assert "Communication to reach 20% test accuracy" in again.stdout and "Communication to reach 30% test accuracy" in again.stdout
+    assert (
+        "Communication to reach 20% test accuracy" in again.stdout
+        and "Communication to reach 30% test accuracy" in again.stdout
+    )
     assert not list((tmp_path / "again").glob("*.png"))
 
 
 def test_sweep_and_report_errors_are_clean(tmp_path):
-    _assert_clean_error(driftlab_cli("sweep", "no-such-thing", "--out", tmp_path / "x"), "neither a sweep nor a config", "fedprox-figure1", "synthetic-fedprox")
-    _assert_clean_error(driftlab_cli("sweep", "fedprox-figure1", "--seeds", "0,0", "--out", tmp_path / "x"), "lists a seed twice")
-    _assert_clean_error(driftlab_cli("sweep", "synthetic-fedprox", "--seeds", "a,b", "--out", tmp_path / "x"), "--seeds takes comma-separated integers")
-    _assert_clean_error(driftlab_cli("sweep", "fedprox-figure1", "--grid", "algorithm.mu=[0]", "--out", tmp_path / "x"), "add axes to it instead of --grid")
-    _assert_clean_error(driftlab_cli("sweep", "fedprox-figure1", "--scale", "huge", "--out", tmp_path / "x", "--dry-run"), "no scale 'huge'; its scales: paper")
-    _assert_clean_error(driftlab_cli("sweep", "synthetic-fedprox", "--grid", "algorithm.muu=[0]", "--out", tmp_path / "x"), "algorithm.muu: unknown key")
+    _assert_clean_error(
+        driftlab_cli("sweep", "no-such-thing", "--out", tmp_path / "x"),
+        "neither a sweep nor a config",
+        "fedprox-figure1",
+        "synthetic-fedprox",
+    )
+    _assert_clean_error(
+        driftlab_cli("sweep", "fedprox-figure1", "--seeds", "0,0", "--out", tmp_path / "x"), "lists a seed twice"
+    )
+    _assert_clean_error(
+        driftlab_cli("sweep", "synthetic-fedprox", "--seeds", "a,b", "--out", tmp_path / "x"),
+        "--seeds takes comma-separated integers",
+    )
+    _assert_clean_error(
+        driftlab_cli("sweep", "fedprox-figure1", "--grid", "algorithm.mu=[0]", "--out", tmp_path / "x"),
+        "add axes to it instead of --grid",
+    )
+    _assert_clean_error(
+        driftlab_cli("sweep", "fedprox-figure1", "--scale", "huge", "--out", tmp_path / "x", "--dry-run"),
+        "no scale 'huge'; its scales: paper",
+    )
+    _assert_clean_error(
+        driftlab_cli("sweep", "synthetic-fedprox", "--grid", "algorithm.muu=[0]", "--out", tmp_path / "x"),
+        "algorithm.muu: unknown key",
+    )
     _assert_clean_error(driftlab_cli("report", tmp_path / "nothing-here", "--out", tmp_path / "r"), "nothing-here")
-    _assert_clean_error(driftlab_cli("report", tmp_path, "--out", tmp_path / "r", "--targets", "high"), "--targets takes comma-separated numbers")
+    _assert_clean_error(
+        driftlab_cli("report", tmp_path, "--out", tmp_path / "r", "--targets", "high"),
+        "--targets takes comma-separated numbers",
+    )
     assert not (tmp_path / "x").exists()  # nothing started
 
 
@@ -351,7 +444,10 @@ def test_overrides_after_options_reach_the_run(tmp_path, capsys):
 @pytest.mark.parametrize(
     "argv, unknown",
     [
-        (["run", "synthetic-fedavg", "--out", "D", "rounds=2", "stray"], "unrecognized arguments: stray (overrides are section.key=value)"),
+        (
+            ["run", "synthetic-fedavg", "--out", "D", "rounds=2", "stray"],
+            "unrecognized arguments: stray (overrides are section.key=value)",
+        ),
         (["run", "synthetic-fedavg", "--out", "D", "--bogus"], "unrecognized arguments: --bogus"),
         (["presets", "rounds=2"], "unrecognized arguments: rounds=2"),
         (["report", "A", "--out", "R", "rounds=2"], "unrecognized arguments: rounds=2"),
@@ -396,7 +492,11 @@ def test_an_unexpected_error_is_one_line_a_log_and_exit_1(monkeypatch, capsys, t
     assert lines[1] == f"driftlab: full traceback in {log} (or run again with --debug)" and len(lines) == 2
     assert "Traceback" not in captured.err + captured.out
     text = log.read_text()
-    assert "Traceback (most recent call last)" in text and "IndexError: index 7" in text and "command: driftlab presets" in text
+    assert (
+        "Traceback (most recent call last)" in text
+        and "IndexError: index 7" in text
+        and "command: driftlab presets" in text
+    )
 
 
 def test_the_log_goes_to_an_existing_out_directory_and_keeps_what_was_there(tmp_path, monkeypatch, capsys, temp_dir):
@@ -406,7 +506,10 @@ def test_the_log_goes_to_an_existing_out_directory_and_keeps_what_was_there(tmp_
     _fail_with(monkeypatch, RuntimeError("boom"))
     assert cli.main(["run", "synthetic-fedavg", "--out", str(out)]) == 1
     err = capsys.readouterr().err
-    assert err.splitlines() == ["driftlab: error: RuntimeError: boom", f"driftlab: full traceback in {out / 'error.log'} (or run again with --debug)"]
+    assert err.splitlines() == [
+        "driftlab: error: RuntimeError: boom",
+        f"driftlab: full traceback in {out / 'error.log'} (or run again with --debug)",
+    ]
     text = (out / "error.log").read_text()
     assert text.startswith("the user's earlier log\n") and "RuntimeError: boom" in text
     assert not list(temp_dir.iterdir())
@@ -416,12 +519,16 @@ def test_the_log_goes_to_an_existing_out_directory_and_keeps_what_was_there(tmp_
     capsys.readouterr()
 
 
-@pytest.mark.parametrize("argv", [["--debug", "presets"], ["presets", "--debug"], ["data", "list", "--debug"], ["data", "--debug", "list"]])
+@pytest.mark.parametrize(
+    "argv", [["--debug", "presets"], ["presets", "--debug"], ["data", "list", "--debug"], ["data", "--debug", "list"]]
+)
 def test_debug_before_or_after_the_command_prints_the_traceback(argv, monkeypatch, capsys, temp_dir):
     _fail_with(monkeypatch, ValueError("bad"))
     assert cli.main(argv) == 1
     err = capsys.readouterr().err
-    assert "Traceback (most recent call last)" in err and err.rstrip().endswith("driftlab: full traceback in " + str(next(temp_dir.glob("*.log"))))
+    assert "Traceback (most recent call last)" in err and err.rstrip().endswith(
+        "driftlab: full traceback in " + str(next(temp_dir.glob("*.log")))
+    )
     assert "driftlab: error: ValueError: bad" in err
 
 
@@ -449,7 +556,11 @@ def test_known_errors_keep_their_exit_codes(monkeypatch, capsys, temp_dir):
     from driftlab.experiments.run.datasets import DataSetupError
     from driftlab.simulation.state.checkpoint import CheckpointError
 
-    for error in (DataFileError("bad file x.npz"), DataSetupError("no data at y"), CheckpointError("checkpoint z is damaged")):
+    for error in (
+        DataFileError("bad file x.npz"),
+        DataSetupError("no data at y"),
+        CheckpointError("checkpoint z is damaged"),
+    ):
         _fail_with(monkeypatch, error)
         assert cli.main(["presets"]) == 2
         assert capsys.readouterr().err == f"driftlab: error: {error}\n"
@@ -459,7 +570,11 @@ def test_known_errors_keep_their_exit_codes(monkeypatch, capsys, temp_dir):
 def test_a_config_file_that_is_not_utf8_is_named(tmp_path, capsys):
     bad = tmp_path / "latin1.toml"
     bad.write_bytes("# réglages\nrounds = 3\n".encode("latin-1"))
-    for argv in (["run", str(bad), "--out", str(tmp_path / "run")], ["config", str(bad)], ["sweep", str(bad), "--out", str(tmp_path / "s")]):
+    for argv in (
+        ["run", str(bad), "--out", str(tmp_path / "run")],
+        ["config", str(bad)],
+        ["sweep", str(bad), "--out", str(tmp_path / "s")],
+    ):
         assert cli.main(argv) == 2
         err = capsys.readouterr().err
         assert err == f"driftlab: error: {bad} is not UTF-8 text (byte 0xe9 at offset 3); save it as UTF-8\n", err
@@ -484,9 +599,13 @@ def test_an_unexpected_error_in_a_real_process_has_no_traceback(tmp_path):
     """The installed entry point, end to end: the handler is what `python -m driftlab.cli` runs."""
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "TMPDIR": str(tmp_path)}
     code = "import sys; from driftlab import cli; cli._dispatch = lambda args: [][1]; sys.exit(cli.main())"
-    result = subprocess.run([sys.executable, "-c", code, "presets"], capture_output=True, text=True, env=env, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", code, "presets"], capture_output=True, text=True, env=env, timeout=120
+    )
     assert result.returncode == 1
-    assert "Traceback" not in result.stderr and result.stderr.startswith("driftlab: error: IndexError: list index out of range\n")
+    assert "Traceback" not in result.stderr and result.stderr.startswith(
+        "driftlab: error: IndexError: list index out of range\n"
+    )
     (log,) = tmp_path.glob("driftlab-error-*.log")
     assert "Traceback" in log.read_text()
 
@@ -513,14 +632,30 @@ TORCH_BLOCKED = "import sys; sys.modules['torch'] = None; from driftlab.cli impo
 @pytest.mark.slow
 def test_report_status_and_help_import_no_torch(tmp_path):
     sweep = tmp_path / "sweep"
-    assert driftlab_cli("run", "synthetic-fedavg", *TINY, "--out", sweep / "runs" / "fedavg" / "seed-0", "--quiet").returncode == 0
-    planned = [{"dir": f"runs/fedavg/seed-{seed}", "setting": "", "method": "FedAvg", "seed": seed, "overrides": []} for seed in (0, 1)]
-    (sweep / "sweep.json").write_text(json.dumps({"format": 1, "name": "s", "base": "synthetic-fedavg", "rounds": [2], "runs": planned}))
+    assert (
+        driftlab_cli(
+            "run", "synthetic-fedavg", *TINY, "--out", sweep / "runs" / "fedavg" / "seed-0", "--quiet"
+        ).returncode
+        == 0
+    )
+    planned = [
+        {"dir": f"runs/fedavg/seed-{seed}", "setting": "", "method": "FedAvg", "seed": seed, "overrides": []}
+        for seed in (0, 1)
+    ]
+    (sweep / "sweep.json").write_text(
+        json.dumps({"format": 1, "name": "s", "base": "synthetic-fedavg", "rounds": [2], "runs": planned})
+    )
     here = driftlab_cli("report", sweep, "--out", tmp_path / "here")
     assert here.returncode == 0, here.stderr
 
     def blocked(*args: object) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-c", TORCH_BLOCKED, *map(str, args)], capture_output=True, text=True, timeout=120, cwd=REPO_ROOT)
+        return subprocess.run(
+            [sys.executable, "-c", TORCH_BLOCKED, *map(str, args)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=REPO_ROOT,
+        )
 
     report = blocked("report", sweep, "--out", tmp_path / "blocked")
     assert report.returncode == 0, report.stderr
@@ -532,7 +667,10 @@ def test_report_status_and_help_import_no_torch(tmp_path):
         assert (tmp_path / "blocked" / name).read_bytes() == (tmp_path / "here" / name).read_bytes(), name
     status = blocked("sweep", "--status", sweep)
     assert status.returncode == 0, status.stderr
-    assert status.stdout.splitlines()[:2] == ["done         runs/fedavg/seed-0  2/2 rounds", "queued       runs/fedavg/seed-1  0/2 rounds"]
+    assert status.stdout.splitlines()[:2] == [
+        "done         runs/fedavg/seed-0  2/2 rounds",
+        "queued       runs/fedavg/seed-1  0/2 rounds",
+    ]
     help_text = blocked("--help")
     assert help_text.returncode == 0 and "report" in help_text.stdout, help_text.stderr
     # the block is real: listing the config keys (`driftlab config`) imports the config module, and so torch
@@ -544,7 +682,8 @@ def _hold_directory(run_dir: Path) -> subprocess.Popen:
     run_dir.mkdir(parents=True, exist_ok=True)
     holder = subprocess.Popen(
         [
-            sys.executable, "-c",
+            sys.executable,
+            "-c",
             "import fcntl, os, sys, time\n"
             "handle = open(sys.argv[1], 'a+'); fcntl.flock(handle, fcntl.LOCK_EX); handle.write(f'{os.getpid()}\\n'); handle.flush()\n"
             "print('held', flush=True); time.sleep(300)",
@@ -563,7 +702,9 @@ def test_a_sweep_whose_runs_another_process_holds_exits_4_and_never_says_finishe
     from driftlab.owned_folder import claim
 
     out = tmp_path / "sweep"
-    claim(out, SWEEP_NAMES, "driftlab sweep")  # what the killed sweep wrote first: its runs/ is driftlab's, not a user's
+    claim(
+        out, SWEEP_NAMES, "driftlab sweep"
+    )  # what the killed sweep wrote first: its runs/ is driftlab's, not a user's
     holders = [_hold_directory(out / "runs" / name / "seed-0") for name in ("mu-0", "mu-1")]
     try:
         result = driftlab_cli("sweep", "synthetic-fedprox", "--grid", "algorithm.mu=[0, 1]", *TINY, "--out", out)
@@ -571,12 +712,20 @@ def test_a_sweep_whose_runs_another_process_holds_exits_4_and_never_says_finishe
         assert "sweep finished" not in result.stdout + result.stderr
         assert "sweep not finished: 2 running" in result.stderr
         for holder, name in zip(holders, ("mu-0", "mu-1"), strict=True):
-            assert f"running: runs/{name}/seed-0: running elsewhere (pid {holder.pid} holds its directory)" in result.stderr
+            assert (
+                f"running: runs/{name}/seed-0: running elsewhere (pid {holder.pid} holds its directory)"
+                in result.stderr
+            )
         assert "run the same command again" in result.stderr
         assert not (out / "report").exists()  # an unfinished sweep is not reported as if it were done
         assert sorted(os.listdir(out / "runs" / "mu-0" / "seed-0")) == [".lock"]  # nothing written beside the holder
-        listed = driftlab_cli("sweep", "synthetic-fedprox", "--grid", "algorithm.mu=[0, 1]", *TINY, "--out", out, "--dry-run")
-        assert [line.split()[:2] for line in listed.stdout.splitlines()] == [["running", "runs/mu-0/seed-0"], ["running", "runs/mu-1/seed-0"]]
+        listed = driftlab_cli(
+            "sweep", "synthetic-fedprox", "--grid", "algorithm.mu=[0, 1]", *TINY, "--out", out, "--dry-run"
+        )
+        assert [line.split()[:2] for line in listed.stdout.splitlines()] == [
+            ["running", "runs/mu-0/seed-0"],
+            ["running", "runs/mu-1/seed-0"],
+        ]
     finally:
         for holder in holders:
             os.kill(holder.pid, 15)
@@ -596,9 +745,13 @@ def test_help_and_presets_import_no_torch_and_list_the_same_as_with_it():
     )
     import shutil
 
-    columns = str(shutil.get_terminal_size((100, 24)).columns)  # descriptions wrap to the terminal: the same width in both
+    columns = str(
+        shutil.get_terminal_size((100, 24)).columns
+    )  # descriptions wrap to the terminal: the same width in both
     env = {**os.environ, "COLUMNS": columns}
-    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO_ROOT, env=env)
+    child = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO_ROOT, env=env
+    )
     assert child.returncode == 0, child.stderr
     from driftlab.experiments.sweep import load_sweep, sweep_names
 
@@ -629,7 +782,9 @@ def test_a_resume_with_another_thread_count_says_so_in_one_line(tmp_path, capsys
 
     out = str(tmp_path / "run")
     threads = torch.get_num_threads()
-    assert cli.main(["run", "synthetic-fedavg", *TINY, "rounds=1", "keep_checkpoint=true", "--out", out, "--quiet"]) == 0
+    assert (
+        cli.main(["run", "synthetic-fedavg", *TINY, "rounds=1", "keep_checkpoint=true", "--out", out, "--quiet"]) == 0
+    )
     capsys.readouterr()
     torch.set_num_threads(threads + 1)
     try:
@@ -637,5 +792,7 @@ def test_a_resume_with_another_thread_count_says_so_in_one_line(tmp_path, capsys
     finally:
         torch.set_num_threads(threads)
     error = capsys.readouterr().err
-    assert error.startswith(f"driftlab: warning: resuming {out} at round 1 with {threads + 1} torch threads, where rounds up to it ran with {threads}")
+    assert error.startswith(
+        f"driftlab: warning: resuming {out} at round 1 with {threads + 1} torch threads, where rounds up to it ran with {threads}"
+    )
     assert error.count("\n") == 1 and "segments.py" not in error  # one line, without Python's source line

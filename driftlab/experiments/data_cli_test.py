@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 
 from driftlab.data.download import NOT_DOWNLOADABLE, dataset_names
+from driftlab.experiments import cli_test
 from driftlab.experiments.config import PARTITIONS
 from driftlab.experiments.run.datasets import DATA_SETS
-from driftlab.experiments import cli_test
 from driftlab.experiments.run.datasets_test import write_leaf, write_mnist
 from driftlab.experiments.run.real_data import needs_real_data, real_data_path
 from driftlab.models import MODEL_NAMES
@@ -62,7 +62,9 @@ def _no_run_written(out: Path) -> bool:
     return not out.exists() or {p.name for p in out.iterdir()} <= {"config.json", ".lock"}
 
 
-def driftlab_cli(*args: object, cwd: Path | None = None, home: Path | None = None, process: bool = False) -> subprocess.CompletedProcess:
+def driftlab_cli(
+    *args: object, cwd: Path | None = None, home: Path | None = None, process: bool = False
+) -> subprocess.CompletedProcess:
     """``driftlab ARGS`` without $DRIFTLAB_DATA (so the default data search is what is tested), optionally with another HOME."""
     env = {key: value for key, value in os.environ.items() if key != "DRIFTLAB_DATA"}
     if home is not None:
@@ -124,7 +126,10 @@ def test_missing_default_files_name_where_driftlab_looked_and_every_fix(tmp_path
     assert result.returncode == 2
     _no_traceback(result)
     message = result.stderr
-    assert f"looked in {tmp_path / 'shared' / 'data' / 'fashion-mnist'}, {tmp_path.parent / 'shared' / 'data' / 'fashion-mnist'}" in message
+    assert (
+        f"looked in {tmp_path / 'shared' / 'data' / 'fashion-mnist'}, {tmp_path.parent / 'shared' / 'data' / 'fashion-mnist'}"
+        in message
+    )
     for fix in ("data.root=PATH", "DRIFTLAB_DATA=DIR", "driftlab data download fashion_mnist --to DIR"):
         assert fix in message
 
@@ -138,14 +143,25 @@ def test_data_describe_synthetic_prints_clients_and_samples_per_client():
     assert "files: generated" in result.stdout
     values = _describe_values(result.stdout)
     assert values["clients"] == "5"
-    assert int(values["samples_per_client_min"]) <= float(values["samples_per_client_median"]) <= int(values["samples_per_client_max"])
+    assert (
+        int(values["samples_per_client_min"])
+        <= float(values["samples_per_client_median"])
+        <= int(values["samples_per_client_max"])
+    )
     assert {"train_samples", "test_samples", "classes_for_80_percent_median"} <= values.keys()
 
 
 def test_data_describe_a_dirichlet_partition_of_mnist_files(tmp_path):
     root = write_mnist(tmp_path / "mnist", n_train=100, n_test=20)
     result = driftlab_cli(
-        "data", "describe", PRESET, "data.name=mnist", f"data.root={root}", "data.partition=dirichlet", "data.dirichlet_alpha=0.1", "data.num_clients=4"
+        "data",
+        "describe",
+        PRESET,
+        "data.name=mnist",
+        f"data.root={root}",
+        "data.partition=dirichlet",
+        "data.dirichlet_alpha=0.1",
+        "data.num_clients=4",
     )
     assert result.returncode == 0, result.stderr
     assert f"files: {root}" in result.stdout
@@ -158,7 +174,9 @@ def test_data_describe_a_dirichlet_partition_of_mnist_files(tmp_path):
 @needs_real_data("mnist")
 def test_data_describe_real_mnist_with_a_dirichlet_partition():
     real = real_data_path("mnist")  # given as data.root: driftlab_cli leaves $DRIFTLAB_DATA out
-    result = driftlab_cli("data", "describe", "mnist-fedavg", f"data.root={real}", "data.partition=dirichlet", "data.dirichlet_alpha=0.3")
+    result = driftlab_cli(
+        "data", "describe", "mnist-fedavg", f"data.root={real}", "data.partition=dirichlet", "data.dirichlet_alpha=0.3"
+    )
     assert result.returncode == 0, result.stderr
     values = _describe_values(result.stdout)
     assert values["clients"] == "100" and values["train_samples"] == "60000" and values["test_samples"] == "10000"
@@ -172,7 +190,11 @@ def test_data_describe_a_natural_data_set(tmp_path):
     result = driftlab_cli("data", "describe", PRESET, "data.name=femnist", f"data.root={root}")
     assert result.returncode == 0, result.stderr
     values = _describe_values(result.stdout)
-    assert values["clients"] == "3" and values["samples_per_client_min"] == "6" and values["samples_per_client_max"] == "10"
+    assert (
+        values["clients"] == "3"
+        and values["samples_per_client_min"] == "6"
+        and values["samples_per_client_max"] == "10"
+    )
 
 
 def test_data_describe_missing_files_is_a_clean_error(tmp_path):
@@ -181,7 +203,11 @@ def test_data_describe_missing_files_is_a_clean_error(tmp_path):
     assert result.returncode == 2
     _no_traceback(result)
     assert result.stderr.startswith("driftlab: error: ")
-    assert str(missing) in result.stderr and "cifar100" in result.stderr and "driftlab data download cifar100" in result.stderr
+    assert (
+        str(missing) in result.stderr
+        and "cifar100" in result.stderr
+        and "driftlab data download cifar100" in result.stderr
+    )
 
 
 def test_data_describe_natural_partition_of_pooled_data_is_a_clean_error(tmp_path):
@@ -201,7 +227,15 @@ def test_data_describe_unknown_data_set_lists_the_valid_names():
 
 def test_data_describe_test_samples_is_the_global_test_set_with_client_splits(tmp_path):
     root = write_mnist(tmp_path / "mnist", n_train=40, n_test=20)
-    result = driftlab_cli("data", "describe", PRESET, "data.name=mnist", f"data.root={root}", "data.num_clients=4", "data.client_test_fraction=0.2")
+    result = driftlab_cli(
+        "data",
+        "describe",
+        PRESET,
+        "data.name=mnist",
+        f"data.root={root}",
+        "data.num_clients=4",
+        "data.client_test_fraction=0.2",
+    )
     assert result.returncode == 0, result.stderr
     values = _describe_values(result.stdout)
     assert values["train_samples"] == "32"
@@ -274,7 +308,12 @@ def test_the_key_descriptions_list_the_new_keys():
 
 def test_config_resolves_the_new_keys():
     result = driftlab_cli(
-        "config", PRESET, "data.name=cifar10", "data.partition=dirichlet_classwise", "model.name=resnet18_gn", "model.width=8",
+        "config",
+        PRESET,
+        "data.name=cifar10",
+        "data.partition=dirichlet_classwise",
+        "model.name=resnet18_gn",
+        "model.width=8",
         "model.resnet_stem=imagenet",
     )
     assert result.returncode == 0, result.stderr
@@ -306,8 +345,20 @@ def test_run_on_tiny_mnist_files_with_client_test_splits(tmp_path):
     root = write_mnist(tmp_path / "mnist", n_train=40, n_test=20)
     out = tmp_path / "run"
     result = driftlab_cli(
-        "run", PRESET, "data.name=mnist", f"data.root={root}", "data.num_clients=4", "data.partition=classes_per_client",
-        "data.client_test_fraction=0.25", "rounds=1", "client.epochs=none", "client.steps=1", "sampling.participation=0.5", "--out", out, "--quiet",
+        "run",
+        PRESET,
+        "data.name=mnist",
+        f"data.root={root}",
+        "data.num_clients=4",
+        "data.partition=classes_per_client",
+        "data.client_test_fraction=0.25",
+        "rounds=1",
+        "client.epochs=none",
+        "client.steps=1",
+        "sampling.participation=0.5",
+        "--out",
+        out,
+        "--quiet",
         process=True,
     )
     assert result.returncode == 0, result.stderr

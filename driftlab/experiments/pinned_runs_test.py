@@ -51,8 +51,17 @@ import driftlab
 
 PINS = Path(__file__).with_name("pinned_runs.json")
 BASE = [
-    "rounds=3", "seed=0", "precision=float64", "data.name=synthetic", "data.num_clients=8", "sampling.participation=0.5",
-    "model.name=mlp", "model.hidden=[8]", "client.epochs=1", "client.batch_size=10", "client.lr=0.05",
+    "rounds=3",
+    "seed=0",
+    "precision=float64",
+    "data.name=synthetic",
+    "data.num_clients=8",
+    "sampling.participation=0.5",
+    "model.name=mlp",
+    "model.hidden=[8]",
+    "client.epochs=1",
+    "client.batch_size=10",
+    "client.lr=0.05",
 ]
 CASES: dict[str, list[str]] = {
     "fedavg": ["algorithm.name=fedavg"],
@@ -64,7 +73,11 @@ CASES: dict[str, list[str]] = {
     "adabest": ["algorithm.name=adabest", "algorithm.mu=0.02", "algorithm.beta=0.9"],
     "efl": ["algorithm.name=efl"],
     "fedavg-compressed": ["algorithm.name=fedavg", "compression.ratio=0.1"],
-    "scaffold-compressed-stragglers": ["algorithm.name=scaffold", "compression.ratio=0.2", "availability.incomplete_probability=0.5"],
+    "scaffold-compressed-stragglers": [
+        "algorithm.name=scaffold",
+        "compression.ratio=0.2",
+        "availability.incomplete_probability=0.5",
+    ],
 }
 BACKENDS = ("sequential", "vectorized")
 KEYS = [f"{case}/{backend}" for case in sorted(CASES) for backend in BACKENDS]
@@ -116,10 +129,17 @@ def export_commit(commit: str, into: Path) -> Path:
     if _git(checkout, "rev-parse", "--git-dir").returncode != 0:
         raise HistoryUnavailable(f"{checkout} is not a git checkout (an sdist or an installed copy has no history)")
     if _git(checkout, "cat-file", "-e", f"{commit}^{{commit}}").returncode != 0:
-        raise HistoryUnavailable(f"commit {commit[:12]} is not in this clone's history (a shallow clone? `git fetch --unshallow`)")
+        raise HistoryUnavailable(
+            f"commit {commit[:12]} is not in this clone's history (a shallow clone? `git fetch --unshallow`)"
+        )
     archive = into / "trusted.tar"
     with archive.open("wb") as stream:
-        done = subprocess.run(["git", "-C", str(checkout), "archive", "--format=tar", commit, "driftlab"], stdout=stream, stderr=subprocess.PIPE, check=False)
+        done = subprocess.run(
+            ["git", "-C", str(checkout), "archive", "--format=tar", commit, "driftlab"],
+            stdout=stream,
+            stderr=subprocess.PIPE,
+            check=False,
+        )
     if done.returncode != 0:
         raise HistoryUnavailable(f"git archive {commit[:12]} failed: {done.stderr.decode(errors='replace').strip()}")
     with tarfile.open(archive) as tar:
@@ -155,11 +175,18 @@ def trusted_digests(commit: str, cache_dir: Path) -> dict[str, dict[str, str]]:
             return stored["digests"]
     with tempfile.TemporaryDirectory(prefix="driftlab-pins-") as folder:
         source = export_commit(commit, Path(folder))
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(source), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(source), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+        }
         env.pop("DRIFTLAB_UPDATE_PINS", None)
         done = subprocess.run(
             [sys.executable, "-c", _CHILD, str(source), str(Path(__file__).resolve())],
-            cwd=folder, env=env, capture_output=True, text=True, check=False,
+            cwd=folder,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
         )
     if done.returncode != 0:
         raise RuntimeError(f"computing the digests of trusted commit {commit[:12]} failed:\n{done.stderr[-4000:]}")
@@ -191,7 +218,9 @@ def pins() -> dict[str, dict[str, str]]:
         try:
             reference = trusted_digests(stored["trusted_commit"], cache_folder())
         except HistoryUnavailable as why:
-            pytest.skip(f"no pinned digests for this machine ({machine_key()}) and the trusted commit's code is not at hand: {why}")
+            pytest.skip(
+                f"no pinned digests for this machine ({machine_key()}) and the trusted commit's code is not at hand: {why}"
+            )
         if update == "trusted":
             stored["machines"][machine_key()] = dict(sorted(reference.items()))
             PINS.write_text(json.dumps(stored, indent=1) + "\n")
@@ -214,7 +243,9 @@ def test_short_run_matches_its_pinned_digests(case, backend, pins):
         pins[key] = digests
         return
     assert key in pins, f"no pinned digests for {key}; add them with DRIFTLAB_UPDATE_PINS=1"
-    assert digests == pins[key], f"{key} no longer gives the trusted commit's final model and metrics on {machine_key()}"
+    assert digests == pins[key], (
+        f"{key} no longer gives the trusted commit's final model and metrics on {machine_key()}"
+    )
 
 
 def test_every_case_is_pinned_and_nothing_else():
@@ -230,7 +261,9 @@ def test_the_digest_sees_a_one_ulp_change_of_the_model(monkeypatch):
     def nudged(*args, **kwargs):
         result = original(*args, **kwargs)
         result.final_params = result.final_params.clone()
-        result.final_params[0] = torch.nextafter(result.final_params[0], torch.tensor(float("inf"), dtype=result.final_params.dtype))
+        result.final_params[0] = torch.nextafter(
+            result.final_params[0], torch.tensor(float("inf"), dtype=result.final_params.dtype)
+        )
         return result
 
     plain = run_digests("fedavg", "sequential")
@@ -280,5 +313,7 @@ def test_the_exported_commit_is_the_one_imported(tmp_path, history):
         pytest.skip(str(why))
     env = {**os.environ, "PYTHONPATH": str(source)}
     code = "import driftlab, sys; print(driftlab.__file__)"
-    printed = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, check=True).stdout
+    printed = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, check=True
+    ).stdout
     assert Path(printed.strip()).resolve() == (source / "driftlab" / "__init__.py").resolve()

@@ -82,7 +82,7 @@ PRIVACY = Requirements(
                 "it uploads a vector per client before local training (its round's first phase, Algorithm.prelude), "
                 "which client-level DP would have to clip and noise too, and does not",
                 'remove [privacy], or for Mime set algorithm.control_variate = "previous" (one phase, whose messages '
-                'are '
+                "are "
                 "clipped and noised)",
                 "; ",
             ),
@@ -118,7 +118,7 @@ COMPRESSION = Requirements(
                 "it uploads a vector per client before local training (Algorithm.prelude), which compression would "
                 "leave uncompressed",
                 'set compression.ratio = 1, or for Mime algorithm.control_variate = "previous" (one phase, compressed '
-                'like '
+                "like "
                 "MimeLite)",
                 "; ",
             ),
@@ -201,7 +201,7 @@ DEPLOYMENT = Requirements(
                 f'evaluation.model = "{model}"',
                 Reason(
                     f'evaluation.model = "{model}" evaluates a mean of client models, which a deployment\'s server '
-                    'never '
+                    "never "
                     "receives (only the algorithm's messages travel)",
                     'set evaluation.model = "server"',
                     "; ",

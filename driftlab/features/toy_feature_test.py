@@ -10,8 +10,8 @@ import torch
 from pydantic import BaseModel
 
 import driftlab
-from driftlab.experiments.run.assembly import build_simulation, features_run_info
 from driftlab.experiments.config import load_config
+from driftlab.experiments.run.assembly import build_simulation, features_run_info
 from driftlab.features import registry
 from driftlab.features.capabilities import SHARED_VIEW, Reason, Requirements
 from driftlab.features.entry import FeatureEntry, RunFacts

@@ -49,14 +49,16 @@ except ModuleNotFoundError as error:  # only a missing flwr; any other import pr
         raise
     from driftlab.extras import install_hint
 
-    raise ModuleNotFoundError(f"driftlab.flower.apps needs Flower, an optional extra of driftlab: {install_hint('flower')}") from None
+    raise ModuleNotFoundError(
+        f"driftlab.flower.apps needs Flower, an optional extra of driftlab: {install_hint('flower')}"
+    ) from None
 
 import torch
 
-from driftlab.errors import ConfigError
 from driftlab.deploy.messages import dataset_loader, deployment_model, node_clients
 from driftlab.deploy.node import DeploymentClient
 from driftlab.deploy.server import DEFAULT_REPLY_BOUND, DeploymentServer, Timeouts
+from driftlab.errors import ConfigError
 
 RECORD_KEY = "driftlab"  # the RecordDict entry holding the bytes of a request or reply
 BLOB_KEY = "blob"
@@ -75,7 +77,13 @@ Loader = Callable[[int], "tuple[torch.Tensor, torch.Tensor]"]
 
 def blob_content(blob: bytes) -> RecordDict:
     """The RecordDict carrying ``blob``: one uint8 Array (chunked on the wire by Flower, never pickled)."""
-    return RecordDict({RECORD_KEY: ArrayRecord({BLOB_KEY: Array(dtype="uint8", shape=(len(blob),), stype=BLOB_STYPE, data=bytes(blob))})})
+    return RecordDict(
+        {
+            RECORD_KEY: ArrayRecord(
+                {BLOB_KEY: Array(dtype="uint8", shape=(len(blob),), stype=BLOB_STYPE, data=bytes(blob))}
+            )
+        }
+    )
 
 
 def content_blob(content: RecordDict) -> bytes:
@@ -84,7 +92,12 @@ def content_blob(content: RecordDict) -> bytes:
         array = content[RECORD_KEY][BLOB_KEY]
     except (KeyError, TypeError):
         raise ValueError(f"the message holds no {RECORD_KEY}/{BLOB_KEY} array (not a driftlab message)") from None
-    if not isinstance(array, Array) or array.dtype != "uint8" or array.stype != BLOB_STYPE or tuple(array.shape) != (len(array.data),):
+    if (
+        not isinstance(array, Array)
+        or array.dtype != "uint8"
+        or array.stype != BLOB_STYPE
+        or tuple(array.shape) != (len(array.data),)
+    ):
         raise ValueError(f"the message's {RECORD_KEY}/{BLOB_KEY} is not a {BLOB_STYPE} uint8 array")
     return bytes(array.data)
 
@@ -122,7 +135,10 @@ class GridTransport:
         # ttl: the SuperLink drops a request nobody fetched by the deadline, so a node that comes back
         # later does not work on a round the server has already closed.
         ttl = max(float(timeout), 1.0)
-        messages = [Message(blob_content(blob), dst_node_id=int(node), message_type=MESSAGE_TYPE, ttl=ttl) for node, blob in requests]
+        messages = [
+            Message(blob_content(blob), dst_node_id=int(node), message_type=MESSAGE_TYPE, ttl=ttl)
+            for node, blob in requests
+        ]
         pushed = list(self.grid.push_messages(messages))
         index_of = {message_id: index for index, message_id in enumerate(pushed) if message_id}
         replies: dict[int, bytes | str] = {}
@@ -136,7 +152,9 @@ class GridTransport:
                 # A node the SuperLink no longer lists (stopped, or silent past Flower's heartbeat patience)
                 # will not answer: its requests count as missing now rather than at the deadline.
                 online = set(self.node_ids())
-                index_of = {message_id: index for message_id, index in index_of.items() if int(requests[index][0]) in online}
+                index_of = {
+                    message_id: index for message_id, index in index_of.items() if int(requests[index][0]) in online
+                }
                 next_liveness_check = time.monotonic() + LIVENESS_SECONDS
             if index_of:
                 time.sleep(max(0.0, min(self.poll_seconds, deadline - time.monotonic())))
@@ -181,7 +199,9 @@ def server_app(
         run_config = dict(context.run_config or {})
         directory = run_config.get("out-dir", out_dir)
         if not directory:
-            raise ConfigError('the ServerApp needs a run directory: set out-dir in [tool.flwr.app.config] (or flwr run -c \'out-dir="DIR"\')')
+            raise ConfigError(
+                "the ServerApp needs a run directory: set out-dir in [tool.flwr.app.config] (or flwr run -c 'out-dir=\"DIR\"')"
+            )
         server = DeploymentServer(
             experiment,
             Path(str(directory)).expanduser(),
@@ -232,18 +252,20 @@ def node_client_ids(node_config: Mapping[str, Any], num_clients: int) -> list[in
         value = node_config["client-ids"]
         words = str(value).replace(",", " ").split() if not isinstance(value, int) else [str(value)]
         if not words or not all(word.isdigit() for word in words):
-            raise ConfigError(f"node config client-ids = {value!r}: give the node's driftlab client ids, e.g. client-ids=\"0,3,7\"")
+            raise ConfigError(
+                f'node config client-ids = {value!r}: give the node\'s driftlab client ids, e.g. client-ids="0,3,7"'
+            )
         return sorted({int(word) for word in words})
     if "partition-id" in node_config:
         partition, partitions = node_config.get("partition-id"), node_config.get("num-partitions")
         if not isinstance(partition, int) or not isinstance(partitions, int) or not 0 <= partition < partitions:
             raise ConfigError(
                 f"node config partition-id = {partition!r}, num-partitions = {partitions!r}: give 0 <= partition-id < num-partitions "
-                "(integers), e.g. --node-config \"partition-id=0 num-partitions=3\""
+                '(integers), e.g. --node-config "partition-id=0 num-partitions=3"'
             )
         return list(node_clients(num_clients, partitions, partition))
     raise ConfigError(
-        'the node config says which driftlab clients this node serves: --node-config "client-ids=\'0,3,7\'" '
+        "the node config says which driftlab clients this node serves: --node-config \"client-ids='0,3,7'\" "
         'or --node-config "partition-id=0 num-partitions=3"'
     )
 
@@ -283,7 +305,9 @@ class _NodeClients:
             return _NODE_CLIENTS[key]
 
 
-def client_app(config: Any, load: Loader | None = None, *, state_dir: str | Path | None = None, model: Any = None) -> ClientApp:
+def client_app(
+    config: Any, load: Loader | None = None, *, state_dir: str | Path | None = None, model: Any = None
+) -> ClientApp:
     """The ClientApp serving ``config``'s clients on a node (module docstring).
 
     ``load(client_id) -> (inputs, targets)`` reads a client's data on the node
@@ -299,7 +323,9 @@ def client_app(config: Any, load: Loader | None = None, *, state_dir: str | Path
         try:
             reply = nodes.for_node(context.node_config).handle(content_blob(msg.content))
         except Exception as error:  # noqa: BLE001 - every failure goes back to the server as a reason, never kills the node
-            return Message(error=Error(code=HANDLER_ERROR_CODE, reason=f"{type(error).__name__}: {error}"), reply_to=msg)
+            return Message(
+                error=Error(code=HANDLER_ERROR_CODE, reason=f"{type(error).__name__}: {error}"), reply_to=msg
+            )
         return Message(blob_content(reply), reply_to=msg)
 
     return app

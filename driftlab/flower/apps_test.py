@@ -25,8 +25,8 @@ pytest.importorskip("flwr")
 import torch
 
 from driftlab import cli
-from driftlab.extras import install_hint
 from driftlab.experiments.config import load_config
+from driftlab.extras import install_hint
 
 TINY = """\
 seed = 0
@@ -84,7 +84,9 @@ def flower_environment(home: Path) -> dict[str, str]:
 
 def start(command: list[str], environment: dict[str, str], log: Path, cwd: Path | None = None) -> subprocess.Popen:
     with open(log, "wb") as output:
-        return subprocess.Popen(command, env=environment, stdout=output, stderr=subprocess.STDOUT, cwd=cwd, start_new_session=True)
+        return subprocess.Popen(
+            command, env=environment, stdout=output, stderr=subprocess.STDOUT, cwd=cwd, start_new_session=True
+        )
 
 
 def stop(process: subprocess.Popen) -> None:
@@ -110,7 +112,9 @@ def wait_for_port(port: int, process: subprocess.Popen, log: Path, timeout: floa
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise AssertionError(f"the SuperLink exited with {process.returncode}:\n{log.read_text(errors='replace')[-3000:]}")
+            raise AssertionError(
+                f"the SuperLink exited with {process.returncode}:\n{log.read_text(errors='replace')[-3000:]}"
+            )
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.5):
                 return
@@ -133,7 +137,9 @@ def loopback(tmp_path: Path, num_nodes: int = NUM_NODES) -> Iterator[dict]:
     nodes: list[subprocess.Popen] = []
     try:
         link_log = tmp_path / "superlink.log"
-        link = start(["flower-superlink", "--insecure", "--host", "127.0.0.1", "--port", str(link_port)], environment, link_log)
+        link = start(
+            ["flower-superlink", "--insecure", "--host", "127.0.0.1", "--port", str(link_port)], environment, link_log
+        )
         processes.append(link)
         wait_for_port(link_port, link, link_log)
         for index in range(num_nodes):
@@ -150,7 +156,9 @@ def loopback(tmp_path: Path, num_nodes: int = NUM_NODES) -> Iterator[dict]:
 
 
 def flower_logs(tmp_path: Path) -> str:
-    return "\n".join(f"--- {log.name}\n{log.read_text(errors='replace')[-2500:]}" for log in sorted(tmp_path.glob("*.log")))
+    return "\n".join(
+        f"--- {log.name}\n{log.read_text(errors='replace')[-2500:]}" for log in sorted(tmp_path.glob("*.log"))
+    )
 
 
 def new_project(tmp_path: Path) -> tuple[Path, Path]:
@@ -230,10 +238,10 @@ def test_loopback_deployment_of_private_scaffold_equals_the_simulator(tmp_path):
 
 @pytest.mark.slow
 def test_a_node_killed_mid_run_leaves_fewer_reporters_and_scaffold_invariant(tmp_path):
-    from driftlab.experiments.run.assembly import build_algorithm
     from driftlab.deploy import messages
     from driftlab.deploy.node_state import NodeClientState
     from driftlab.deploy.server import ROUNDS_FILE
+    from driftlab.experiments.run.assembly import build_algorithm
     from driftlab.simulation.state.checkpoint import load_checkpoint
 
     config_path, project = new_project(tmp_path)
@@ -256,7 +264,9 @@ def test_a_node_killed_mid_run_leaves_fewer_reporters_and_scaffold_invariant(tmp
         try:
             runner.wait(RUN_SECONDS)
         except subprocess.TimeoutExpired:
-            pytest.fail(f"flwr run did not finish within {RUN_SECONDS} s after a node was killed\n{flower_logs(tmp_path)}")
+            pytest.fail(
+                f"flwr run did not finish within {RUN_SECONDS} s after a node was killed\n{flower_logs(tmp_path)}"
+            )
     assert runner.returncode == 0, flower_logs(tmp_path)
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
     assert [record["round"] for record in records] == [1, 2, 3]
@@ -265,14 +275,18 @@ def test_a_node_killed_mid_run_leaves_fewer_reporters_and_scaffold_invariant(tmp
     for record in records[1:]:
         assert not lost & set(record["reporting_clients"]), record
         assert record["num_reporting"] >= 1
-    assert sum(record["num_reporting"] for record in records[1:]) < sum(record["num_selected"] for record in records[1:])
+    assert sum(record["num_reporting"] for record in records[1:]) < sum(
+        record["num_selected"] for record in records[1:]
+    )
 
     # SCAFFOLD's server control is the mean over all clients of the controls the nodes keep.
     model = messages.deployment_model(config)
     algorithm = build_algorithm(config, model)
     initial = model.initial_parameters()
     server_template = algorithm.server_init(initial)
-    checkpoint = load_checkpoint(run_dir / "checkpoint.safetensors", server_template, None, config.fingerprint(), torch.device("cpu"))
+    checkpoint = load_checkpoint(
+        run_dir / "checkpoint.safetensors", server_template, None, config.fingerprint(), torch.device("cpu")
+    )
     assert checkpoint.round == 3
     server = checkpoint.server_state
     rounds = json.loads((run_dir / ROUNDS_FILE).read_text())
@@ -282,13 +296,17 @@ def test_a_node_killed_mid_run_leaves_fewer_reporters_and_scaffold_invariant(tmp
     for client_id in range(config.data.num_clients):
         node = client_id % NUM_NODES
         state = NodeClientState(
-            tmp_path / f"node-{node}" / config.fingerprint() / run_id, client_id, messages.run_fingerprint(config.fingerprint(), run_id),
+            tmp_path / f"node-{node}" / config.fingerprint() / run_id,
+            client_id,
+            messages.run_fingerprint(config.fingerprint(), run_id),
             algorithm.client_state_init(initial),
             lambda: algorithm.client_state_init(initial),
         )
         last = max((round_index for round_index, clients in accepted.items() if client_id in clients), default=None)
         if last is not None and state.committed_round != last:
-            state.commit(last)  # the aggregated reply's state, staged when the notice could not reach the node: what it commits next
+            state.commit(
+                last
+            )  # the aggregated reply's state, staged when the notice could not reach the node: what it commits next
         assert state.committed_round == last
         controls.append(state.load().control)
     mean = torch.stack(controls).mean(0)
@@ -310,7 +328,13 @@ def test_bytes_travel_as_one_uint8_array_and_anything_else_is_refused():
     assert apps.content_blob(content) == blob
     with pytest.raises(ValueError, match="holds no driftlab/blob array"):
         apps.content_blob(RecordDict({"other": ConfigRecord({"blob": b"x"})}))
-    wrong = RecordDict({apps.RECORD_KEY: ArrayRecord({apps.BLOB_KEY: Array(dtype="float32", shape=(1,), stype="numpy.ndarray", data=b"\0" * 4)})})
+    wrong = RecordDict(
+        {
+            apps.RECORD_KEY: ArrayRecord(
+                {apps.BLOB_KEY: Array(dtype="float32", shape=(1,), stype="numpy.ndarray", data=b"\0" * 4)}
+            )
+        }
+    )
     with pytest.raises(ValueError, match="is not a driftlab-wire/1 uint8 array"):
         apps.content_blob(wrong)
 
@@ -332,8 +356,8 @@ def test_node_config_names_the_clients_of_a_node():
 
 
 def test_run_config_sets_the_timeouts_and_refuses_what_is_not_seconds():
-    from driftlab.errors import ConfigError
     from driftlab.deploy import server
+    from driftlab.errors import ConfigError
     from driftlab.flower import apps
 
     timeouts = apps._timeouts({"train-timeout": 12, "register-timeout": 3.5, "out-dir": "x"}, None)
@@ -351,7 +375,8 @@ def test_run_config_sets_the_reply_bound_zero_turns_it_off_and_nonsense_is_refus
     assert apps._reply_bound({"reply-bound": 0}, 100.0) is None
     for value in (0.5, -3, "big", True, float("inf")):
         with pytest.raises(
-            ConfigError, match=r"run config reply-bound = .*: give a factor of at least 1 over the round's median reply \(default 1000\), or 0 for no bound"
+            ConfigError,
+            match=r"run config reply-bound = .*: give a factor of at least 1 over the round's median reply \(default 1000\), or 0 for no bound",
         ):
             apps._reply_bound({"reply-bound": value}, 100.0)
     with pytest.raises(ConfigError, match="run config resume = 'yes': give true or false"):
@@ -389,7 +414,9 @@ class _FakeGrid:
         self.ids = {f"m{index}": message for index, message in enumerate(messages)}
         if 9 in self.nodes:
             self.nodes.remove(9)
-        return [None if message.dst_node_id == 8 else message_id for message_id, message in self.ids.items()]  # node 8: push failed
+        return [
+            None if message.dst_node_id == 8 else message_id for message_id, message in self.ids.items()
+        ]  # node 8: push failed
 
     def pull_messages(self, message_ids):
         elapsed = time.monotonic() - self.pushed_at
@@ -398,7 +425,9 @@ class _FakeGrid:
             node = self.ids[message_id].dst_node_id
             after, kind = self.script.get(node, (None, None))
             if after is not None and elapsed >= after:
-                out.append(_Reply(message_id, node, error="boom") if kind == "error" else _Reply(message_id, node, blob=kind))
+                out.append(
+                    _Reply(message_id, node, error="boom") if kind == "error" else _Reply(message_id, node, blob=kind)
+                )
         return out
 
 
@@ -407,7 +436,11 @@ def test_grid_transport_matches_replies_and_leaves_out_late_failed_and_departed_
 
     from driftlab.flower import apps
 
-    monkeypatch.setattr(apps, "Message", lambda content, dst_node_id, message_type, ttl: SimpleNamespace(dst_node_id=dst_node_id, ttl=ttl))
+    monkeypatch.setattr(
+        apps,
+        "Message",
+        lambda content, dst_node_id, message_type, ttl: SimpleNamespace(dst_node_id=dst_node_id, ttl=ttl),
+    )
     monkeypatch.setattr(apps, "LIVENESS_SECONDS", 0.2)
     script = {1: (0.0, b"one"), 2: (0.3, b"two"), 3: (0.0, "error"), 4: (60.0, b"late")}
     grid = _FakeGrid(script, nodes=[1, 2, 3, 4, 8, 9])
@@ -442,11 +475,18 @@ def test_importing_the_apps_without_flower_says_how_to_install_it(tmp_path):
     environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=environment)
     assert result.returncode == 0, result.stderr
-    assert f"driftlab.flower.apps needs Flower, an optional extra of driftlab: {install_hint('flower')}" in result.stdout
+    assert (
+        f"driftlab.flower.apps needs Flower, an optional extra of driftlab: {install_hint('flower')}" in result.stdout
+    )
     command = "import sys\nfrom driftlab import cli\nsys.exit(cli.main(['flower', 'check', 'synthetic-fedavg', '--rounds', '1']))\n"
-    result = subprocess.run([sys.executable, "-c", command], capture_output=True, text=True, timeout=120, env=environment)
+    result = subprocess.run(
+        [sys.executable, "-c", command], capture_output=True, text=True, timeout=120, env=environment
+    )
     assert result.returncode == 2
-    assert result.stderr.strip() == f"driftlab: error: `driftlab flower` needs Flower, an optional extra of driftlab: {install_hint('flower')}"
+    assert (
+        result.stderr.strip()
+        == f"driftlab: error: `driftlab flower` needs Flower, an optional extra of driftlab: {install_hint('flower')}"
+    )
 
 
 def test_the_simulation_hides_only_flowers_run_simulation_deprecation_notice():
@@ -468,7 +508,9 @@ def test_the_simulation_hides_only_flowers_run_simulation_deprecation_notice():
     logger.addHandler(handler)
     logger.addFilter(quiet)
     try:
-        warn_deprecated_feature("The `run_simulation` function is deprecated and will be removed in a future version of Flower.")
+        warn_deprecated_feature(
+            "The `run_simulation` function is deprecated and will be removed in a future version of Flower."
+        )
         warn_deprecated_feature("Passing `enable_tf_gpu_growth=True` is deprecated.")
     finally:
         logger.removeFilter(quiet)

@@ -119,7 +119,7 @@ load_client_data = None
 server = server_app(CONFIG)
 client = client_app(CONFIG, load=load_client_data)
 '''
-    readme = f'''# {name}: driftlab {config.algorithm.name} on Flower
+    readme = f"""# {name}: driftlab {config.algorithm.name} on Flower
 
 Written by `driftlab flower new` for the driftlab config `{source}`
 (resolved in `{PACKAGE}/{CONFIG_NAME}`; the run directory goes to `out-dir` in `pyproject.toml`).
@@ -165,7 +165,7 @@ Each node keeps its clients' states (SCAFFOLD's controls, FedDyn's λ, error-fee
   your devices can register at all.
 - Restarted nodes re-register and continue from their committed states; `flwr run . NAME -c 'resume=true'`
   continues a run whose server stopped.
-'''
+"""
     return {
         "pyproject.toml": pyproject,
         "README.md": readme,
@@ -226,7 +226,11 @@ class CheckResult:
 
 
 def check(
-    config: Any, rounds: int, num_nodes: int | None = None, keep: str | Path | None = None, overrides: Sequence[str] = ()
+    config: Any,
+    rounds: int,
+    num_nodes: int | None = None,
+    keep: str | Path | None = None,
+    overrides: Sequence[str] = (),
 ) -> CheckResult:
     """Run ``config`` (with ``overrides``, ``key=value`` as for ``driftlab run``) for ``rounds`` rounds under Flower's
     simulation engine and under the sequential backend; compare.
@@ -275,9 +279,12 @@ def check(
     expected = expected.detach().cpu()
     same_shape = actual.shape == expected.shape
     equal = same_shape and actual.dtype == expected.dtype and torch.equal(actual, expected)
-    difference = 0.0 if equal else float((actual.double() - expected.double()).abs().max()) if same_shape else float("inf")
-    return CheckResult(int(rounds), nodes, int(expected.numel()), bool(equal), difference, Path(keep) if keep is not None else None)
-
+    difference = (
+        0.0 if equal else float((actual.double() - expected.double()).abs().max()) if same_shape else float("inf")
+    )
+    return CheckResult(
+        int(rounds), nodes, int(expected.numel()), bool(equal), difference, Path(keep) if keep is not None else None
+    )
 
 
 def refusal(config: Any, source: str, overrides: Sequence[str] = ()) -> str | None:
@@ -296,7 +303,11 @@ def refusal(config: Any, source: str, overrides: Sequence[str] = ()) -> str | No
             f"{source} sets {key}, a mean of client models, which a deployment's server never receives (only the "
             "algorithm's messages travel)"
         )
-        return capabilities.refusal(key, DEPLOYMENT_KEY, capabilities.Reason(why, f"check the deployment with the server's model: {command}", "; "))
+        return capabilities.refusal(
+            key,
+            DEPLOYMENT_KEY,
+            capabilities.Reason(why, f"check the deployment with the server's model: {command}", "; "),
+        )
     try:
         check_config_deployable(config)
     except ConfigError as error:
@@ -309,7 +320,10 @@ def _check_log(temporary: bool) -> Any:
 
     def log(text: str) -> None:
         if temporary and text.startswith("run complete:"):
-            text = text.split(" in ", 1)[0] + " (in a temporary directory removed when the check ends; --keep DIR keeps it for `driftlab report`)"
+            text = (
+                text.split(" in ", 1)[0]
+                + " (in a temporary directory removed when the check ends; --keep DIR keeps it for `driftlab report`)"
+            )
         print(f"driftlab: {text}", flush=True)
 
     return log
@@ -325,7 +339,10 @@ def flower_command(args: Any) -> int:
     if not flower_installed():
         from driftlab.extras import install_hint
 
-        print(f"driftlab: error: `driftlab flower` needs Flower, an optional extra of driftlab: {install_hint('flower')}", file=sys.stderr)
+        print(
+            f"driftlab: error: `driftlab flower` needs Flower, an optional extra of driftlab: {install_hint('flower')}",
+            file=sys.stderr,
+        )
         return 2
     if args.flower_command == "new":
         written = write_project(args.directory, args.config, force=args.force)
@@ -333,10 +350,18 @@ def flower_command(args: Any) -> int:
         print(f"wrote the Flower app project for {args.config} to {directory}:")
         for path in written:
             print(f"  {path.relative_to(directory)}")
-        print(f"next: the commands in {directory / 'README.md'} (a SuperLink, SuperNodes, then `flwr run {directory} NAME --stream`)")
+        print(
+            f"next: the commands in {directory / 'README.md'} (a SuperLink, SuperNodes, then `flwr run {directory} NAME --stream`)"
+        )
         return 0
     if args.flower_command == "check":
-        result = check(args.config, args.rounds, num_nodes=args.nodes, keep=args.keep, overrides=getattr(args, "overrides", None) or ())
+        result = check(
+            args.config,
+            args.rounds,
+            num_nodes=args.nodes,
+            keep=args.keep,
+            overrides=getattr(args, "overrides", None) or (),
+        )
         print(result.describe())
         if result.flower_run is not None:
             print(f"the Flower run: {result.flower_run}")

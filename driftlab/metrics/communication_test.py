@@ -48,7 +48,13 @@ def test_fedavg_upload_and_download_are_one_model_per_client():
     for precision in ("float32", "float64"):
         result = driftlab.run(
             None,
-            overrides=["rounds=3", "data.num_clients=8", "sampling.participation=0.5", "client.steps=2", f"precision={precision}"],
+            overrides=[
+                "rounds=3",
+                "data.num_clients=8",
+                "sampling.participation=0.5",
+                "client.steps=2",
+                f"precision={precision}",
+            ],
         )
         clients = clients_per_round(0.5, 8)
         per_round = 32 * result.num_parameters * clients

@@ -45,7 +45,9 @@ def model_equivalents_through(records: Sequence[dict[str, Any]], round_index: in
     """Uploads over rounds ``1..round_index`` in uncompressed models per selected client (FedDyn Tables 1, 2):
     ``Σ_t upload_bits_t / (32 · P · |S_t|)``, so one FedAvg round is 1 and one SCAFFOLD round 2."""
     return sum(
-        r["upload_bits"] / (BITS_PER_ENTRY * num_parameters * max(r["num_selected"], 1)) for r in records if r["round"] <= round_index
+        r["upload_bits"] / (BITS_PER_ENTRY * num_parameters * max(r["num_selected"], 1))
+        for r in records
+        if r["round"] <= round_index
     )
 
 

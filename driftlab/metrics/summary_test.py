@@ -9,10 +9,31 @@ from driftlab.metrics.summary import cumulative_bits_through, first_round_reachi
 def _records():
     return [
         {"round": 1, "upload_bits": 100, "download_bits": 100, "local_steps": 5, "num_selected": 1},
-        {"round": 2, "upload_bits": 100, "download_bits": 100, "local_steps": 5, "num_selected": 1, "test_accuracy": 0.4},
+        {
+            "round": 2,
+            "upload_bits": 100,
+            "download_bits": 100,
+            "local_steps": 5,
+            "num_selected": 1,
+            "test_accuracy": 0.4,
+        },
         {"round": 3, "upload_bits": 100, "download_bits": 100, "local_steps": 5, "num_selected": 1},
-        {"round": 4, "upload_bits": 100, "download_bits": 100, "local_steps": 5, "num_selected": 1, "test_accuracy": 0.75},
-        {"round": 5, "upload_bits": 100, "download_bits": 100, "local_steps": 5, "num_selected": 1, "test_accuracy": 0.7},
+        {
+            "round": 4,
+            "upload_bits": 100,
+            "download_bits": 100,
+            "local_steps": 5,
+            "num_selected": 1,
+            "test_accuracy": 0.75,
+        },
+        {
+            "round": 5,
+            "upload_bits": 100,
+            "download_bits": 100,
+            "local_steps": 5,
+            "num_selected": 1,
+            "test_accuracy": 0.7,
+        },
     ]
 
 
@@ -53,7 +74,9 @@ def test_timed_summary_gives_the_simulated_time_to_the_target_and_in_all():
     # round 4 reaches 0.7; it ends at 3 + 4.5 + 2 + 6 = 15.5 s; the run at 17 s
     assert s["time_to_target"] == 15.5 and s["simulated_time"] == 17.0
     assert s["rounds_to_target"] == 4  # the other keys are the untimed run's
-    assert {k: v for k, v in s.items() if k not in ("time_to_target", "simulated_time")} == summarize(_records(), 0.7, 1)
+    assert {k: v for k, v in s.items() if k not in ("time_to_target", "simulated_time")} == summarize(
+        _records(), 0.7, 1
+    )
     missed = summarize(records, 0.9, 1)
     assert missed["time_to_target"] is None and missed["simulated_time"] == 17.0
     assert summarize(records, None, 1)["time_to_target"] is None
@@ -62,8 +85,15 @@ def test_timed_summary_gives_the_simulated_time_to_the_target_and_in_all():
 def test_untimed_summary_has_no_time_keys_and_keeps_its_key_order():
     s = summarize(_records(), 0.7, num_parameters=1)
     assert list(s) == [
-        "rounds", "final_accuracy", "best_accuracy", "final_train_loss", "local_steps", "target_accuracy",
-        "rounds_to_target", "models_to_target", "bits_to_target",
+        "rounds",
+        "final_accuracy",
+        "best_accuracy",
+        "final_train_loss",
+        "local_steps",
+        "target_accuracy",
+        "rounds_to_target",
+        "models_to_target",
+        "bits_to_target",
     ]
 
 

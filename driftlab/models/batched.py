@@ -22,7 +22,9 @@ def basic_block(x: Images, block: BasicBlockGN, params: Parameters, prefix: str)
     """``BasicBlockGN``: conv-GN-ReLU-conv-GN, plus the shortcut, ReLU."""
     out = layers.conv(x, block.conv1, params, prefix + "conv1.")
     out = layers.relu(layers.group_norm(out, block.bn1, params, prefix + "bn1."))
-    out = layers.group_norm(layers.conv(out, block.conv2, params, prefix + "conv2."), block.bn2, params, prefix + "bn2.")
+    out = layers.group_norm(
+        layers.conv(out, block.conv2, params, prefix + "conv2."), block.bn2, params, prefix + "bn2."
+    )
     shortcut = x if block.downsample is None else layers.sequential(x, block.downsample, params, prefix + "downsample.")
     return Images(torch.relu(out.tensor + shortcut.tensor), x.clients)
 

@@ -206,7 +206,9 @@ def relu(x: Images | Rows) -> Images | Rows:
 def max_pool(x: Images, module: nn.MaxPool2d) -> Images:
     return elementwise(
         x,
-        lambda t: F.max_pool2d(t, module.kernel_size, module.stride, module.padding, module.dilation, ceil_mode=module.ceil_mode),
+        lambda t: F.max_pool2d(
+            t, module.kernel_size, module.stride, module.padding, module.dilation, ceil_mode=module.ceil_mode
+        ),
     )
 
 
@@ -236,7 +238,9 @@ def lstm_layer(x: torch.Tensor, module: nn.LSTM, params: Parameters, layer: int,
     # Time-major, so each step's slice is contiguous and unbind's backward is one stack.
     inputs = x.transpose(1, 2).reshape(clients, steps * batch, -1)
     bias = None if b_ih is None else (b_ih + b_hh).unsqueeze(1)
-    projected = torch.bmm(inputs, w_ih.transpose(1, 2)) if bias is None else torch.baddbmm(bias, inputs, w_ih.transpose(1, 2))
+    projected = (
+        torch.bmm(inputs, w_ih.transpose(1, 2)) if bias is None else torch.baddbmm(bias, inputs, w_ih.transpose(1, 2))
+    )
     recurrent = w_hh.transpose(1, 2)
     h = x.new_zeros(clients, batch, hidden)
     c = x.new_zeros(clients, batch, hidden)
@@ -256,7 +260,11 @@ def gru_layer(x: torch.Tensor, module: nn.GRU, params: Parameters, layer: int, p
     clients, batch, steps, _ = x.shape
     hidden = module.hidden_size
     inputs = x.transpose(1, 2).reshape(clients, steps * batch, -1)
-    projected = torch.bmm(inputs, w_ih.transpose(1, 2)) if b_ih is None else torch.baddbmm(b_ih.unsqueeze(1), inputs, w_ih.transpose(1, 2))
+    projected = (
+        torch.bmm(inputs, w_ih.transpose(1, 2))
+        if b_ih is None
+        else torch.baddbmm(b_ih.unsqueeze(1), inputs, w_ih.transpose(1, 2))
+    )
     recurrent = w_hh.transpose(1, 2)
     h = x.new_zeros(clients, batch, hidden)
     outputs = []
@@ -326,7 +334,17 @@ def forward_sequential(module: nn.Sequential, params: Parameters, inputs: torch.
 
 
 # Layers ``layer`` reads inside a user's Sequential (embeddings and recurrent layers need a model's own forward).
-SEQUENTIAL_LAYERS = (nn.Sequential, nn.Conv2d, nn.GroupNorm, nn.Linear, nn.ReLU, nn.MaxPool2d, nn.Identity, nn.Flatten, nn.AdaptiveAvgPool2d)
+SEQUENTIAL_LAYERS = (
+    nn.Sequential,
+    nn.Conv2d,
+    nn.GroupNorm,
+    nn.Linear,
+    nn.ReLU,
+    nn.MaxPool2d,
+    nn.Identity,
+    nn.Flatten,
+    nn.AdaptiveAvgPool2d,
+)
 
 
 def supported(module: nn.Module, containers: tuple[type, ...] = ()) -> bool:
@@ -365,7 +383,27 @@ def supported(module: nn.Module, containers: tuple[type, ...] = ()) -> bool:
 
 
 __all__ = [
-    "CONVOLUTIONS", "Images", "Parameters", "Rows", "conv", "conv_unfold", "convolution", "elementwise", "embedding", "forward_sequential", "group_norm",
-    "gru_layer", "images", "layer", "linear", "lstm_layer", "max_pool", "mean_pool", "register_block", "relu", "sequential",
-    "supported", "unfoldable",
+    "CONVOLUTIONS",
+    "Images",
+    "Parameters",
+    "Rows",
+    "conv",
+    "conv_unfold",
+    "convolution",
+    "elementwise",
+    "embedding",
+    "forward_sequential",
+    "group_norm",
+    "gru_layer",
+    "images",
+    "layer",
+    "linear",
+    "lstm_layer",
+    "max_pool",
+    "mean_pool",
+    "register_block",
+    "relu",
+    "sequential",
+    "supported",
+    "unfoldable",
 ]

@@ -100,7 +100,10 @@ def test_inside_convolution_unfold_conv_computes_conv_unfold_and_grouped_elsewhe
     calls = []
     real = layers.conv_unfold
     monkeypatch.setattr(layers, "conv_unfold", lambda *args: calls.append(args[1]) or real(*args))
-    plain, grouped = nn.Conv2d(2, 3, 3, padding=1, dtype=torch.float64), nn.Conv2d(4, 4, 3, groups=2, dtype=torch.float64)
+    plain, grouped = (
+        nn.Conv2d(2, 3, 3, padding=1, dtype=torch.float64),
+        nn.Conv2d(4, 4, 3, groups=2, dtype=torch.float64),
+    )
     generator = torch.Generator().manual_seed(3)
     arguments = {}
     for module in (plain, grouped):

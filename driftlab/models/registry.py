@@ -70,7 +70,9 @@ class ModelSection(BaseModel):
         return loss
 
 
-BatchedForward = Callable[[nn.Module, layers.Parameters, Any], Any]  # (module, params, [C, B, ...] inputs) -> [C, B, classes]
+BatchedForward = Callable[
+    [nn.Module, layers.Parameters, Any], Any
+]  # (module, params, [C, B, ...] inputs) -> [C, B, classes]
 
 
 @dataclass(frozen=True)
@@ -98,17 +100,30 @@ class ModelEntry:
     def __post_init__(self) -> None:
         check_entry_name("model", self.name)
         check_config_type(
-            "model", self.name, self.config_type, ModelSection,
+            "model",
+            self.name,
+            self.config_type,
+            ModelSection,
             "driftlab.models.ModelSection (it brings the keys every model has: loss, classifier); "
             "declare it as `class Config(ModelSection): ...`",
         )
         if not callable(self.build):
-            raise ValueError(f"model {self.name!r}: build must be a function (section, input_shape, num_classes) -> nn.Module")
-        unknown = [kind for kind in self.inputs if kind not in INPUT_KINDS] if isinstance(self.inputs, tuple) else [self.inputs]
+            raise ValueError(
+                f"model {self.name!r}: build must be a function (section, input_shape, num_classes) -> nn.Module"
+            )
+        unknown = (
+            [kind for kind in self.inputs if kind not in INPUT_KINDS]
+            if isinstance(self.inputs, tuple)
+            else [self.inputs]
+        )
         if unknown or not self.inputs:
-            raise ValueError(f"model {self.name!r}: inputs must be a non-empty tuple of {', '.join(INPUT_KINDS)}; got {self.inputs!r}")
+            raise ValueError(
+                f"model {self.name!r}: inputs must be a non-empty tuple of {', '.join(INPUT_KINDS)}; got {self.inputs!r}"
+            )
         if self.batched_forward is not None and (
-            not callable(self.batched_forward) or not self.module_types or not all(isinstance(t, type) for t in self.module_types)
+            not callable(self.batched_forward)
+            or not self.module_types
+            or not all(isinstance(t, type) for t in self.module_types)
         ):
             raise ValueError(
                 f"model {self.name!r}: a batched_forward needs module_types, the module classes (exact types) it computes, "
@@ -136,7 +151,9 @@ def names_reading(kind: str) -> list[str]:
     return [name for name, entry in MODELS.items() if kind in entry.inputs]
 
 
-def build_module(entry: ModelEntry, section: Any, input_shape: tuple[int, ...], num_classes: int, vocab_size: int | None = None) -> nn.Module:
+def build_module(
+    entry: ModelEntry, section: Any, input_shape: tuple[int, ...], num_classes: int, vocab_size: int | None = None
+) -> nn.Module:
     """``entry.build`` for data of ``input_shape`` and ``num_classes``; a sequence model also gets ``vocab_size``."""
     shape = tuple(int(size) for size in input_shape)
     if "sequences" in entry.inputs:
@@ -162,6 +179,18 @@ def batched_form(module: nn.Module) -> BatchedForward | None:
 
 
 __all__ = [
-    "ENTRY_POINT_GROUP", "INPUT_KINDS", "MAX_WIDTH", "MODELS", "REGISTRY", "ModelEntry", "ModelSection", "Width",
-    "batched_form", "build_module", "lookup", "names", "names_reading", "register",
+    "ENTRY_POINT_GROUP",
+    "INPUT_KINDS",
+    "MAX_WIDTH",
+    "MODELS",
+    "REGISTRY",
+    "ModelEntry",
+    "ModelSection",
+    "Width",
+    "batched_form",
+    "build_module",
+    "lookup",
+    "names",
+    "names_reading",
+    "register",
 ]

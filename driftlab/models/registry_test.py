@@ -71,7 +71,9 @@ def test_a_config_type_must_bring_the_keys_every_model_has():
 
 
 def test_a_built_in_name_cannot_be_taken():
-    entry = ModelEntry("cnn", type("CNN", (ModelSection,), {"__annotations__": {"name": Literal["cnn"]}, "name": "cnn"}), _build)
+    entry = ModelEntry(
+        "cnn", type("CNN", (ModelSection,), {"__annotations__": {"name": Literal["cnn"]}, "name": "cnn"}), _build
+    )
     with pytest.raises(ValueError, match="'cnn' is a built-in model"):
         registry.register(entry)
 
@@ -115,7 +117,7 @@ def test_a_key_of_another_model_is_refused_naming_the_models_that_take_it():
 
 # ------------------------------------------------------------------ a model of your own, as a plugin
 
-PLUGIN = '''
+PLUGIN = """
 from typing import Literal
 
 import numpy as np
@@ -161,7 +163,7 @@ def images():
     inputs = rng.normal(size=(48, 1, 6, 6)).astype(np.float32)
     targets = (inputs[:, 0, :3].sum(axis=(1, 2)) > 0).astype(np.int64)
     return driftlab.FederatedArrays(inputs, targets, np.arange(48) % 4, inputs[:12], targets[:12])
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -179,8 +181,15 @@ def _config(plugin: Path, *overrides: str):
     return load_config(
         {"plugins": [str(plugin)]},
         [
-            "model.name=tiny_cnn", "data.name=custom", f"data.loader={plugin}:images", "rounds=2", "precision=float64",
-            "client.batch_size=5", "client.epochs=2", "sampling.participation=1.0", *overrides,
+            "model.name=tiny_cnn",
+            "data.name=custom",
+            f"data.loader={plugin}:images",
+            "rounds=2",
+            "precision=float64",
+            "client.batch_size=5",
+            "client.epochs=2",
+            "sampling.participation=1.0",
+            *overrides,
         ],
     )
 
@@ -190,23 +199,33 @@ def test_a_plugin_model_is_named_in_a_config_and_its_own_keys_are_validated(plug
     assert config.model.name == "tiny_cnn" and config.model.channels == 2
     with pytest.raises(ConfigError, match=r"model.channels: Input should be greater than or equal to 1"):
         _config(plugin, "model.channels=0")
-    with pytest.raises(ConfigError, match=r"model.kernel: unknown key; valid keys here: loss, classifier, name, channels"):
+    with pytest.raises(
+        ConfigError, match=r"model.kernel: unknown key; valid keys here: loss, classifier, name, channels"
+    ):
         _config(plugin, "model.kernel=5")
     with pytest.raises(ConfigError, match=r"model.channels is a key of tiny_cnn, not of model.name = 'cnn'"):
         load_config({"plugins": [str(plugin)]}, ["model.name=cnn", "model.channels=2"])
     assert "[model] when model.name = 'tiny_cnn' (plugin " in describe_keys()
 
 
-def test_a_plugin_model_trains_alike_on_both_backends_and_config_json_records_the_plugin(plugin, tmp_path, built_ins_only):
+def test_a_plugin_model_trains_alike_on_both_backends_and_config_json_records_the_plugin(
+    plugin, tmp_path, built_ins_only
+):
     finals = {}
     for backend in ("sequential", "vectorized"):
         result = driftlab.run(_config(plugin, f"backend={backend}"), tmp_path / backend)
         finals[backend] = result.final_params
         recorded = json.loads((tmp_path / backend / "config.json").read_text())
-        assert recorded["plugins"] == [str(plugin.resolve())] and recorded["model"] == {"name": "tiny_cnn", "channels": 3}
+        assert recorded["plugins"] == [str(plugin.resolve())] and recorded["model"] == {
+            "name": "tiny_cnn",
+            "channels": 3,
+        }
     assert finals["sequential"].shape == (1 * 3 * 9 + 3 + 3 * 9 * 2 + 2,)
     torch.testing.assert_close(finals["vectorized"], finals["sequential"], rtol=1e-10, atol=1e-10)
-    assert load_config(tmp_path / "vectorized" / "config.json").fingerprint() == _config(plugin, "backend=vectorized").fingerprint()
+    assert (
+        load_config(tmp_path / "vectorized" / "config.json").fingerprint()
+        == _config(plugin, "backend=vectorized").fingerprint()
+    )
 
 
 def test_a_plugin_models_batched_forward_gives_each_client_its_own_gradient(plugin, built_ins_only):
@@ -217,7 +236,9 @@ def test_a_plugin_models_batched_forward_gives_each_client_its_own_gradient(plug
     engine = StackedNetwork.match(model)
     assert engine is not None and engine._forward is entry.batched_forward
     generator = torch.Generator().manual_seed(1)
-    theta = model.initial_parameters().repeat(3, 1) + 0.05 * torch.randn(3, model.initial_parameters().numel(), generator=generator, dtype=torch.float64)
+    theta = model.initial_parameters().repeat(3, 1) + 0.05 * torch.randn(
+        3, model.initial_parameters().numel(), generator=generator, dtype=torch.float64
+    )
     x = torch.randn(3, 4, 1, 6, 6, generator=generator, dtype=torch.float64)
     targets = torch.randint(0, 2, (3, 4), generator=generator)
     weights = torch.rand(3, 4, generator=generator, dtype=torch.float64)
@@ -225,7 +246,9 @@ def test_a_plugin_models_batched_forward_gives_each_client_its_own_gradient(plug
     engine.loss_gradient(theta, x, targets, weights, out)
     for k in range(3):
         theta_k = theta[k].clone().requires_grad_()
-        (expected,) = torch.autograd.grad((model.example_loss(model.forward(theta_k, x[k]), targets[k]) * weights[k]).sum(), theta_k)
+        (expected,) = torch.autograd.grad(
+            (model.example_loss(model.forward(theta_k, x[k]), targets[k]) * weights[k]).sum(), theta_k
+        )
         torch.testing.assert_close(out[k], expected, rtol=1e-12, atol=1e-12)
 
 

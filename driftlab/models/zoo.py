@@ -176,7 +176,12 @@ class _CharRNN(nn.Module):
         self, vocab_size: int, embedding_dim: int, hidden: int, layers: int, num_classes: int | None = None
     ) -> None:
         super().__init__()
-        for name, value in (("vocab_size", vocab_size), ("embedding_dim", embedding_dim), ("hidden", hidden), ("layers", layers)):
+        for name, value in (
+            ("vocab_size", vocab_size),
+            ("embedding_dim", embedding_dim),
+            ("hidden", hidden),
+            ("layers", layers),
+        ):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         self.embedding = nn.Embedding(vocab_size, embedding_dim)
@@ -213,7 +218,14 @@ class CharLSTM(_CharRNN):
 
     rnn_type = nn.LSTM
 
-    def __init__(self, vocab_size: int = 80, embedding_dim: int = 8, hidden: int = 100, layers: int = 2, num_classes: int | None = None) -> None:
+    def __init__(
+        self,
+        vocab_size: int = 80,
+        embedding_dim: int = 8,
+        hidden: int = 100,
+        layers: int = 2,
+        num_classes: int | None = None,
+    ) -> None:
         super().__init__(vocab_size, embedding_dim, hidden, layers, num_classes)
 
 
@@ -231,7 +243,14 @@ class CharGRU(_CharRNN):
 
     rnn_type = nn.GRU
 
-    def __init__(self, vocab_size: int = 80, embedding_dim: int = 8, hidden: int = 256, layers: int = 2, num_classes: int | None = None) -> None:
+    def __init__(
+        self,
+        vocab_size: int = 80,
+        embedding_dim: int = 8,
+        hidden: int = 256,
+        layers: int = 2,
+        num_classes: int | None = None,
+    ) -> None:
         super().__init__(vocab_size, embedding_dim, hidden, layers, num_classes)
 
 
@@ -287,12 +306,18 @@ class ResNet18GN(nn.Module):
             Smaller widths are for tests and quick experiments.
     """
 
-    def __init__(self, num_classes: int, groups: int = 2, in_channels: int = 3, stem: str = "cifar", width: int = 64) -> None:
+    def __init__(
+        self, num_classes: int, groups: int = 2, in_channels: int = 3, stem: str = "cifar", width: int = 64
+    ) -> None:
         super().__init__()
         if stem not in ("cifar", "imagenet"):
-            raise ValueError(f"stem must be 'cifar' (3x3 conv, no max-pool) or 'imagenet' (7x7/2 conv + max-pool), got {stem!r}")
+            raise ValueError(
+                f"stem must be 'cifar' (3x3 conv, no max-pool) or 'imagenet' (7x7/2 conv + max-pool), got {stem!r}"
+            )
         if width < 1 or width % groups:
-            raise ValueError(f"GroupNorm needs groups={groups} to divide the channel count; width={width} is not a multiple")
+            raise ValueError(
+                f"GroupNorm needs groups={groups} to divide the channel count; width={width} is not a multiple"
+            )
         if stem == "cifar":
             self.conv1 = nn.Conv2d(in_channels, width, 3, stride=1, padding=1, bias=False)
             self.maxpool = nn.Identity()
@@ -322,7 +347,9 @@ class ResNet18GN(nn.Module):
         return self.fc(self.avgpool(x).flatten(1))
 
 
-def resnet18_groupnorm(num_classes: int, groups: int = 2, in_channels: int = 3, stem: str = "cifar", width: int = 64) -> ResNet18GN:
+def resnet18_groupnorm(
+    num_classes: int, groups: int = 2, in_channels: int = 3, stem: str = "cifar", width: int = 64
+) -> ResNet18GN:
     """ResNet-18 with GroupNorm(``groups``) for CIFAR (:class:`ResNet18GN`)."""
     return ResNet18GN(num_classes, groups=groups, in_channels=in_channels, stem=stem, width=width)
 
@@ -351,11 +378,15 @@ class VGG11(nn.Module):
             (2x, 4x, 8x), as does the classifier's hidden width (8x). For tests.
     """
 
-    def __init__(self, num_classes: int, in_channels: int = 3, image_size: int | tuple[int, int] = 32, width: int = 64) -> None:
+    def __init__(
+        self, num_classes: int, in_channels: int = 3, image_size: int | tuple[int, int] = 32, width: int = 64
+    ) -> None:
         super().__init__()
         height, image_width = _pair(image_size)
         if height % 32 or image_width % 32 or width < 1:
-            raise ValueError(f"VGG11 needs inputs whose sides are multiples of 32 (five 2x2 pools), got {height}x{image_width}")
+            raise ValueError(
+                f"VGG11 needs inputs whose sides are multiples of 32 (five 2x2 pools), got {height}x{image_width}"
+            )
         layers: list[nn.Module] = []
         channels = in_channels
         for item in VGG11_LAYOUT:
@@ -423,11 +454,18 @@ def build_model(
     if entry is None:
         raise ValueError(f"unknown model {name!r}; valid models: {', '.join(registry.names())}")
     given = {
-        "hidden": tuple(hidden), "rnn_hidden": rnn_hidden, "rnn_layers": rnn_layers, "embedding_dim": embedding_dim,
-        "groups": groups, "resnet_stem": resnet_stem, "width": width,
+        "hidden": tuple(hidden),
+        "rnn_hidden": rnn_hidden,
+        "rnn_layers": rnn_layers,
+        "embedding_dim": embedding_dim,
+        "groups": groups,
+        "resnet_stem": resnet_stem,
+        "width": width,
     }
     # Not validated, as the modules check their own arguments (the config validated a run's section already).
-    section = entry.config_type.model_construct(**{key: value for key, value in given.items() if key in entry.config_type.model_fields})
+    section = entry.config_type.model_construct(
+        **{key: value for key, value in given.items() if key in entry.config_type.model_fields}
+    )
     return entry.build(section, tuple(int(size) for size in input_shape), num_classes, vocab_size)
 
 
@@ -448,7 +486,9 @@ def femnist_cnn_module(input_shape: tuple[int, ...], num_classes: int, padding: 
     elif len(input_shape) == 1 and math.isqrt(input_shape[0]) ** 2 == input_shape[0]:
         channels, height, image_width = 1, math.isqrt(input_shape[0]), math.isqrt(input_shape[0])
     else:
-        raise ValueError(f"model femnist_cnn needs (channels, height, width) or flat square images like (784,); got {input_shape}")
+        raise ValueError(
+            f"model femnist_cnn needs (channels, height, width) or flat square images like (784,); got {input_shape}"
+        )
     return FemnistCNN(num_classes, in_channels=channels, image_size=(height, image_width), padding=padding)
 
 
@@ -464,7 +504,9 @@ class MLRConfig(ModelSection):
 class MLPConfig(ModelSection):
     name: Literal["mlp"] = "mlp"
     hidden: tuple[Width, ...] = Field(
-        (200, 200), max_length=64, description="hidden widths of the mlp (784-200-200-10 by default; (100, 100) for EMNIST-L)"
+        (200, 200),
+        max_length=64,
+        description="hidden widths of the mlp (784-200-200-10 by default; (100, 100) for EMNIST-L)",
     )
 
 
@@ -477,7 +519,9 @@ class FemnistCNNConfig(ModelSection):
 
 
 class _RNNConfig(ModelSection):
-    rnn_hidden: int | None = Field(None, ge=1, le=MAX_WIDTH, description="lstm/gru hidden units; none = 100 for lstm (FedDyn), 256 for gru")
+    rnn_hidden: int | None = Field(
+        None, ge=1, le=MAX_WIDTH, description="lstm/gru hidden units; none = 100 for lstm (FedDyn), 256 for gru"
+    )
     rnn_layers: int = Field(2, ge=1, le=64, description="lstm/gru layers")
     embedding_dim: int = Field(8, ge=1, le=MAX_WIDTH, description="lstm/gru character embedding size")
 
@@ -493,7 +537,9 @@ class GRUConfig(_RNNConfig):
 class ResNet18GNConfig(ModelSection):
     name: Literal["resnet18_gn"] = "resnet18_gn"
     groups: int = Field(2, ge=1, le=MAX_WIDTH, description="resnet18_gn: GroupNorm groups")
-    resnet_stem: Literal["cifar", "imagenet"] = Field("cifar", description="resnet18_gn stem: cifar (3x3, no max-pool) or imagenet (FedDyn's code)")
+    resnet_stem: Literal["cifar", "imagenet"] = Field(
+        "cifar", description="resnet18_gn stem: cifar (3x3, no max-pool) or imagenet (FedDyn's code)"
+    )
     width: int = Field(64, ge=1, le=MAX_WIDTH, description="resnet18_gn/vgg11 base width")
 
 
@@ -512,15 +558,21 @@ class QuadraticConfig(ModelSection):
 # Each zoo model's build: (its [model] section, one example's input shape, classes, vocabulary) -> the module.
 
 
-def build_mlr(section: MLRConfig, input_shape: tuple[int, ...], num_classes: int, vocab_size: int | None = None) -> nn.Module:
+def build_mlr(
+    section: MLRConfig, input_shape: tuple[int, ...], num_classes: int, vocab_size: int | None = None
+) -> nn.Module:
     return MultinomialLogisticRegression(_in_features(input_shape), num_classes)
 
 
-def build_mlp(section: MLPConfig, input_shape: tuple[int, ...], num_classes: int, vocab_size: int | None = None) -> nn.Module:
+def build_mlp(
+    section: MLPConfig, input_shape: tuple[int, ...], num_classes: int, vocab_size: int | None = None
+) -> nn.Module:
     return MLP(_in_features(input_shape), tuple(section.hidden), num_classes)
 
 
-def build_cnn(section: CNNConfig, input_shape: tuple[int, ...], num_classes: int, vocab_size: int | None = None) -> nn.Module:
+def build_cnn(
+    section: CNNConfig, input_shape: tuple[int, ...], num_classes: int, vocab_size: int | None = None
+) -> nn.Module:
     channels, height, image_width = _image_shape("cnn", input_shape)
     return FedDynCNN(num_classes, in_channels=channels, image_size=(height, image_width))
 
@@ -531,9 +583,13 @@ def build_femnist_cnn(
     return femnist_cnn_module(input_shape, num_classes)
 
 
-def build_char_rnn(section: _RNNConfig, input_shape: tuple[int, ...], num_classes: int, vocab_size: int | None = None) -> nn.Module:
+def build_char_rnn(
+    section: _RNNConfig, input_shape: tuple[int, ...], num_classes: int, vocab_size: int | None = None
+) -> nn.Module:
     if len(input_shape) != 1:
-        raise ValueError(f"model {section.name} needs sequences of character ids, inputs of shape (length,); got {input_shape}")
+        raise ValueError(
+            f"model {section.name} needs sequences of character ids, inputs of shape (length,); got {input_shape}"
+        )
     model_class = CharLSTM if section.name == "lstm" else CharGRU
     return model_class(
         vocab_size=vocab_size or num_classes,
@@ -548,10 +604,14 @@ def build_resnet18_gn(
     section: ResNet18GNConfig, input_shape: tuple[int, ...], num_classes: int, vocab_size: int | None = None
 ) -> nn.Module:
     channels, _, _ = _image_shape("resnet18_gn", input_shape)
-    return resnet18_groupnorm(num_classes, groups=section.groups, in_channels=channels, stem=section.resnet_stem, width=section.width)
+    return resnet18_groupnorm(
+        num_classes, groups=section.groups, in_channels=channels, stem=section.resnet_stem, width=section.width
+    )
 
 
-def build_vgg11(section: VGG11Config, input_shape: tuple[int, ...], num_classes: int, vocab_size: int | None = None) -> nn.Module:
+def build_vgg11(
+    section: VGG11Config, input_shape: tuple[int, ...], num_classes: int, vocab_size: int | None = None
+) -> nn.Module:
     channels, height, image_width = _image_shape("vgg11", input_shape)
     return vgg11(num_classes, in_channels=channels, image_size=(height, image_width), width=section.width)
 

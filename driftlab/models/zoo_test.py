@@ -11,9 +11,15 @@ from torch import nn
 from driftlab.models import MODEL_NAMES, build_model
 from driftlab.models.zoo import CharGRU, CharLSTM, FedDynCNN, FemnistCNN, femnist_cnn_module, resnet18_groupnorm, vgg11
 from driftlab.simulation.backends.flat import FlatModel
-from driftlab.simulation.backends.local_training import ClientTask, LocalSettings, SequentialBackend, TrainingData, batch_plan
-from driftlab.simulation.seam import NO_CORRECTION, GradientCorrection
+from driftlab.simulation.backends.local_training import (
+    ClientTask,
+    LocalSettings,
+    SequentialBackend,
+    TrainingData,
+    batch_plan,
+)
 from driftlab.simulation.backends.vectorized import VectorizedBackend
+from driftlab.simulation.seam import NO_CORRECTION, GradientCorrection
 
 
 def _count(module: nn.Module) -> int:
@@ -120,7 +126,14 @@ def test_resnet18_groupnorm_parameter_count():
 
 def test_vgg11_parameter_count():
     # features: 3->64, 64->128, 128->256, 256->256, 256->512, 512->512 x 3 (3x3, with biases)
-    features = _conv(3, 64, 3) + _conv(64, 128, 3) + _conv(128, 256, 3) + _conv(256, 256, 3) + _conv(256, 512, 3) + 3 * _conv(512, 512, 3)
+    features = (
+        _conv(3, 64, 3)
+        + _conv(64, 128, 3)
+        + _conv(128, 256, 3)
+        + _conv(256, 256, 3)
+        + _conv(256, 512, 3)
+        + 3 * _conv(512, 512, 3)
+    )
     assert features == 1_792 + 73_856 + 295_168 + 590_080 + 1_180_160 + 3 * 2_359_808 == 9_220_480
     classifier = _linear(512, 512) + _linear(512, 512) + _linear(512, 100)
     assert features + classifier == 9_797_092
@@ -229,11 +242,16 @@ def _round(name, input_shape, num_classes, kwargs, integer_inputs):
         inputs = torch.randn(n, *input_shape, generator=generator, dtype=torch.float64)
     data = TrainingData(inputs, torch.randint(0, num_classes, (n,), generator=generator))
     start = model.initial_parameters()
-    corrections = [NO_CORRECTION, GradientCorrection(linear=torch.full_like(start, 0.01), quadratic=0.1, reference=start)]
+    corrections = [
+        NO_CORRECTION,
+        GradientCorrection(linear=torch.full_like(start, 0.01), quadratic=0.1, reference=start),
+    ]
     tasks, offset = [], 0
     for client_id, (size, correction) in enumerate(zip(CLIENT_SIZES, corrections, strict=True)):
         rows = torch.arange(offset, offset + size)
-        tasks.append(ClientTask(client_id, rows, batch_plan(3, 1, client_id, size, 4, 2), correction))  # 2 steps of batch 4
+        tasks.append(
+            ClientTask(client_id, rows, batch_plan(3, 1, client_id, size, 4, 2), correction)
+        )  # 2 steps of batch 4
         offset += size
     return model, start, tasks, LocalSettings(client_lr=0.05), data
 
@@ -241,9 +259,14 @@ def _round(name, input_shape, num_classes, kwargs, integer_inputs):
 @pytest.mark.parametrize("case", BACKEND_CASES, ids=[f"{c[0]}-{'x'.join(map(str, c[1]))}" for c in BACKEND_CASES])
 def test_one_round_agrees_on_both_backends(case, caplog):
     model, start, tasks, settings, data = _round(*case)
-    expected = {p: (theta.clone(), done) for p, theta, done in SequentialBackend().train(model, start, tasks, settings, data)}
+    expected = {
+        p: (theta.clone(), done) for p, theta, done in SequentialBackend().train(model, start, tasks, settings, data)
+    }
     with caplog.at_level(logging.WARNING, logger="driftlab.simulation.backends.vectorized"):
-        actual = {p: (theta.clone(), done) for p, theta, done in VectorizedBackend().train(model, start, tasks, settings, data)}
+        actual = {
+            p: (theta.clone(), done)
+            for p, theta, done in VectorizedBackend().train(model, start, tasks, settings, data)
+        }
     # Every zoo model takes the vectorized path itself (batched layers: LinearReluStack for the MLP,
     # stacked.StackedNetwork for the rest), so there is no sequential fallback.
     assert not any("sequential" in record.getMessage() for record in caplog.records)

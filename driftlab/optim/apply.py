@@ -7,7 +7,9 @@ from typing import Any
 import torch
 
 
-def apply_server_optimizer(optimizer: Any, state: Any, params: torch.Tensor, client_average: torch.Tensor, learning_rate: float) -> tuple[torch.Tensor, Any]:
+def apply_server_optimizer(
+    optimizer: Any, state: Any, params: torch.Tensor, client_average: torch.Tensor, learning_rate: float
+) -> tuple[torch.Tensor, Any]:
     """One server step on the pseudo-gradient ``q = θ^{t−1} − client_average``.
 
     Returns ``(θ^t, new optimizer state)``.  SGD (a chain of

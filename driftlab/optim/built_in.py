@@ -189,7 +189,7 @@ class ChainConfig(ServerOptimizerConfig):
     transforms: Transformations = Field(
         default_factory=lambda: (ScaleByLearningRateConfig(),),
         description="the stages, each a table {name = ..., its keys}: [[server.transforms]] "
-        "name = \"scale_by_momentum\" beta = 0.9; exactly one applies server.lr (scale_by_learning_rate); "
+        'name = "scale_by_momentum" beta = 0.9; exactly one applies server.lr (scale_by_learning_rate); '
         "`driftlab config` lists each stage's keys",
     )
 

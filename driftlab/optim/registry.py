@@ -92,7 +92,10 @@ class ServerOptimizerEntry:
     def __post_init__(self) -> None:
         check_entry_name("server optimizer", self.name)
         check_config_type(
-            "server optimizer", self.name, self.config_type, ServerOptimizerConfig,
+            "server optimizer",
+            self.name,
+            self.config_type,
+            ServerOptimizerConfig,
             "driftlab.optim.registry.ServerOptimizerConfig (it holds server.lr, which every optimizer has)",
             tag=TAG,
         )
@@ -118,7 +121,10 @@ class TransformationEntry:
     def __post_init__(self) -> None:
         check_entry_name("server transformation", self.name)
         check_config_type(
-            "server transformation", self.name, self.config_type, TransformationConfig,
+            "server transformation",
+            self.name,
+            self.config_type,
+            TransformationConfig,
             "driftlab.optim.registry.TransformationConfig",
         )
         if not callable(self.build):
@@ -222,7 +228,8 @@ def _transformation(value: Any, index: int) -> BaseModel:
 def _transformations(value: Any) -> tuple[BaseModel, ...]:
     if not isinstance(value, (list, tuple)) or not value:
         raise PydanticCustomError(
-            "transforms_list", "expected a non-empty list of tables ([[server.transforms]] name = ...), got {value}",
+            "transforms_list",
+            "expected a non-empty list of tables ([[server.transforms]] name = ...), got {value}",
             {"value": repr(value)[:200]},
         )
     stages = tuple(_transformation(item, index) for index, item in enumerate(value, start=1))

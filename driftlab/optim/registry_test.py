@@ -28,19 +28,26 @@ from driftlab.optim.registry import (
 from driftlab.simulation.state.checkpoint import state_to_tensors
 
 TINY = [
-    "rounds=4", "data.num_clients=6", "sampling.participation=0.5", "client.steps=3", "seed=1", "evaluation.every=2",
+    "rounds=4",
+    "data.num_clients=6",
+    "sampling.participation=0.5",
+    "client.steps=3",
+    "seed=1",
+    "evaluation.every=2",
 ]
 
 # A chain stated in TOML for each named optimizer, with the named optimizer's hyperparameters spelt out.
 ADAM = ["server.optimizer=adam", "server.lr=0.01", "server.beta2=0.99"]
 ADAM_CHAIN = [
-    "server.optimizer=chain", "server.lr=0.01",
+    "server.optimizer=chain",
+    "server.lr=0.01",
     'server.transforms=[{name="scale_by_adam", beta1=0.9, beta2=0.99, epsilon=1e-8}, '
     '{name="scale_by_learning_rate", bias_correction=true, beta1=0.9, beta2=0.99}]',
 ]
 MOMENTUM = ["server.optimizer=momentum", "server.lr=0.5", "server.momentum=0.8"]
 MOMENTUM_CHAIN = [
-    "server.optimizer=chain", "server.lr=0.5",
+    "server.optimizer=chain",
+    "server.lr=0.5",
     'server.transforms=[{name="scale_by_momentum", beta=0.8}, {name="scale_by_learning_rate"}]',
 ]
 
@@ -64,7 +71,11 @@ def _updates(optimizer: server.ServerOptimizer, steps: int = 4) -> tuple[torch.T
 def test_the_built_in_optimizers_and_stages_in_order():
     assert registry.REGISTRY.built_in == ("sgd", "momentum", "adam", "adagrad", "yogi", "chain")
     assert registry.TRANSFORMATIONS.built_in == (
-        "clip_by_global_norm", "scale_by_momentum", "scale_by_adam", "scale_by_adagrad", "scale_by_yogi",
+        "clip_by_global_norm",
+        "scale_by_momentum",
+        "scale_by_adam",
+        "scale_by_adagrad",
+        "scale_by_yogi",
         "scale_by_learning_rate",
     )
     applying = [name for name, entry in registry.TRANSFORMATIONS.entries.items() if entry.applies_lr]
@@ -92,15 +103,22 @@ def test_each_optimizer_holds_exactly_its_keys_with_the_flat_sections_defaults()
         (["server.optimizer=momentum", "server.momentum=0.5"], "momentum", {"beta": 0.5}),
         (
             [
-                "server.optimizer=adam", "server.beta1=0.25", "server.beta2=0.75", "server.epsilon=0.125",
+                "server.optimizer=adam",
+                "server.beta1=0.25",
+                "server.beta2=0.75",
+                "server.epsilon=0.125",
                 "server.bias_correction=false",
             ],
-            "adam", {"beta1": 0.25, "beta2": 0.75, "epsilon": 0.125, "bias_correction": False},
+            "adam",
+            {"beta1": 0.25, "beta2": 0.75, "epsilon": 0.125, "bias_correction": False},
         ),
         (["server.optimizer=adam"], "adam", {}),  # none: the optimizer's own defaults
         (["server.optimizer=adagrad", "server.epsilon=0.125"], "adagrad", {"epsilon": 0.125}),
-        (["server.optimizer=yogi", "server.beta1=0.25", "server.beta2=0.75", "server.epsilon=0.125"], "yogi",
-         {"beta1": 0.25, "beta2": 0.75, "epsilon": 0.125}),
+        (
+            ["server.optimizer=yogi", "server.beta1=0.25", "server.beta2=0.75", "server.epsilon=0.125"],
+            "yogi",
+            {"beta1": 0.25, "beta2": 0.75, "epsilon": 0.125},
+        ),
     ],
 )
 def test_a_section_builds_its_optimizer_with_its_own_keys(overrides, name, hyperparameters):
@@ -167,8 +185,17 @@ def test_an_entry_says_what_its_config_type_lacks():
     with pytest.raises(ValueError, match="must subclass driftlab.optim.registry.TransformationConfig"):
         TransformationEntry("tagged", _Tagged, lambda config: server.scale_by_learning_rate())
     with pytest.raises(ValueError, match="server optimizer name 'adam' is a built-in server optimizer"):
-        registry.register(ServerOptimizerEntry("adam", type("AdamToo", (ServerOptimizerConfig,), {
-            "__annotations__": {"optimizer": Literal["adam"]}, "optimizer": "adam"}), lambda section: server.sgd()))
+        registry.register(
+            ServerOptimizerEntry(
+                "adam",
+                type(
+                    "AdamToo",
+                    (ServerOptimizerConfig,),
+                    {"__annotations__": {"optimizer": Literal["adam"]}, "optimizer": "adam"},
+                ),
+                lambda section: server.sgd(),
+            )
+        )
     with pytest.raises(TypeError, match="takes a ServerOptimizerEntry or a TransformationEntry"):
         registry.register("adam")  # type: ignore[arg-type]
 
@@ -177,22 +204,41 @@ def test_an_entry_says_what_its_config_type_lacks():
 
 
 CHAINS = {
-    "adam": (["server.optimizer=adam", "server.beta2=0.99"], [
-        {"name": "scale_by_adam", "beta2": 0.99},
-        {"name": "scale_by_learning_rate", "bias_correction": True, "beta2": 0.99},
-    ]),
-    "adam_without_correction": (["server.optimizer=adam", "server.bias_correction=false", "server.epsilon=0.001"], [
-        {"name": "scale_by_adam", "epsilon": 0.001}, {"name": "scale_by_learning_rate"},
-    ]),
-    "momentum": (["server.optimizer=momentum", "server.momentum=0.8"], [
-        {"name": "scale_by_momentum", "beta": 0.8}, {"name": "scale_by_learning_rate"},
-    ]),
-    "adagrad": (["server.optimizer=adagrad", "server.epsilon=0.01"], [
-        {"name": "scale_by_adagrad", "epsilon": 0.01}, {"name": "scale_by_learning_rate"},
-    ]),
-    "yogi": (["server.optimizer=yogi", "server.beta1=0.5"], [
-        {"name": "scale_by_yogi", "beta1": 0.5}, {"name": "scale_by_learning_rate"},
-    ]),
+    "adam": (
+        ["server.optimizer=adam", "server.beta2=0.99"],
+        [
+            {"name": "scale_by_adam", "beta2": 0.99},
+            {"name": "scale_by_learning_rate", "bias_correction": True, "beta2": 0.99},
+        ],
+    ),
+    "adam_without_correction": (
+        ["server.optimizer=adam", "server.bias_correction=false", "server.epsilon=0.001"],
+        [
+            {"name": "scale_by_adam", "epsilon": 0.001},
+            {"name": "scale_by_learning_rate"},
+        ],
+    ),
+    "momentum": (
+        ["server.optimizer=momentum", "server.momentum=0.8"],
+        [
+            {"name": "scale_by_momentum", "beta": 0.8},
+            {"name": "scale_by_learning_rate"},
+        ],
+    ),
+    "adagrad": (
+        ["server.optimizer=adagrad", "server.epsilon=0.01"],
+        [
+            {"name": "scale_by_adagrad", "epsilon": 0.01},
+            {"name": "scale_by_learning_rate"},
+        ],
+    ),
+    "yogi": (
+        ["server.optimizer=yogi", "server.beta1=0.5"],
+        [
+            {"name": "scale_by_yogi", "beta1": 0.5},
+            {"name": "scale_by_learning_rate"},
+        ],
+    ),
     "sgd": ([], [{"name": "scale_by_learning_rate"}]),
 }
 
@@ -213,7 +259,8 @@ def test_a_toml_chain_of_the_named_optimizers_stages_is_it_bit_for_bit(key):
 
 def test_a_chain_in_a_toml_file_reads_as_array_of_tables(tmp_path):
     path = tmp_path / "chain.toml"
-    path.write_text(textwrap.dedent("""\
+    path.write_text(
+        textwrap.dedent("""\
         [server]
         optimizer = "chain"
         lr = 0.5
@@ -225,10 +272,13 @@ def test_a_chain_in_a_toml_file_reads_as_array_of_tables(tmp_path):
         beta = 0.5
         [[server.transforms]]
         name = "scale_by_learning_rate"
-    """))
+    """)
+    )
     section = load_config(path).server
     assert section.lr == 0.5 and [stage.name for stage in section.transforms] == [
-        "clip_by_global_norm", "scale_by_momentum", "scale_by_learning_rate",
+        "clip_by_global_norm",
+        "scale_by_momentum",
+        "scale_by_learning_rate",
     ]
     assert section.transforms[1] == ScaleByMomentumConfig(beta=0.5)
     optimizer = build_server_optimizer(section)
@@ -243,23 +293,37 @@ def test_a_chain_in_a_toml_file_reads_as_array_of_tables(tmp_path):
 @pytest.mark.parametrize(
     ("transforms", "message"),
     [
-        ('[{name="scale_by_momentum"}]',
-         'one stage (scale_by_learning_rate), got 0: add a stage {name = "scale_by_learning_rate"}'),
+        (
+            '[{name="scale_by_momentum"}]',
+            'one stage (scale_by_learning_rate), got 0: add a stage {name = "scale_by_learning_rate"}',
+        ),
         ('[{name="scale_by_learning_rate"}, {name="scale_by_learning_rate"}]', "got 2: keep one of"),
-        ('[{name="scale_by_momentm"}, {name="scale_by_learning_rate"}]',
-         "stage 1 names 'scale_by_momentm' (did you mean 'scale_by_momentum'?)"),
-        ('[{name="scale_by_momentum", betaa=0.5}, {name="scale_by_learning_rate"}]',
-         "stage 1 (scale_by_momentum): unknown key(s) betaa; its keys are: beta, nesterov (did you mean beta for"),
-        ('[{name="scale_by_momentum", beta=1.5}, {name="scale_by_learning_rate"}]',
-         "stage 1 (scale_by_momentum): beta: Input should be less than 1"),
-        ('[{name="scale_by_learning_rate"}, {name="clip_by_global_norm"}]',
-         "stage 2 (clip_by_global_norm): max_norm: Field required"),
-        ('[{name="scale_by_adam"}, {name="scale_by_yogi"}, {name="scale_by_learning_rate"}]',
-         "stage 2 (scale_by_yogi) keeps its state under 'first_moment', as stage 1 (scale_by_adam) does"),
-        ('[{name="scale_by_learning_rate", beta2=0.99}]',
-         "beta2 only set Adam's bias correction: add bias_correction = true"),
+        (
+            '[{name="scale_by_momentm"}, {name="scale_by_learning_rate"}]',
+            "stage 1 names 'scale_by_momentm' (did you mean 'scale_by_momentum'?)",
+        ),
+        (
+            '[{name="scale_by_momentum", betaa=0.5}, {name="scale_by_learning_rate"}]',
+            "stage 1 (scale_by_momentum): unknown key(s) betaa; its keys are: beta, nesterov (did you mean beta for",
+        ),
+        (
+            '[{name="scale_by_momentum", beta=1.5}, {name="scale_by_learning_rate"}]',
+            "stage 1 (scale_by_momentum): beta: Input should be less than 1",
+        ),
+        (
+            '[{name="scale_by_learning_rate"}, {name="clip_by_global_norm"}]',
+            "stage 2 (clip_by_global_norm): max_norm: Field required",
+        ),
+        (
+            '[{name="scale_by_adam"}, {name="scale_by_yogi"}, {name="scale_by_learning_rate"}]',
+            "stage 2 (scale_by_yogi) keeps its state under 'first_moment', as stage 1 (scale_by_adam) does",
+        ),
+        (
+            '[{name="scale_by_learning_rate", beta2=0.99}]',
+            "beta2 only set Adam's bias correction: add bias_correction = true",
+        ),
         ("[]", "expected a non-empty list of tables"),
-        ('[{beta=0.5}]', "stage 1 has no name, not a server transformation; valid: clip_by_global_norm"),
+        ("[{beta=0.5}]", "stage 1 has no name, not a server transformation; valid: clip_by_global_norm"),
     ],
 )
 def test_a_chain_that_cannot_work_is_refused_saying_why(transforms, message):
@@ -287,7 +351,10 @@ def _metrics(out: Path) -> list[dict]:
 def test_a_chain_checkpoints_and_resumes_exactly(tmp_path):
     """A chain with state in two stages (moments, momentum-free clip) killed after round 3, checkpoint at 2, resumed."""
     overrides = [
-        *TINY, "checkpoint_every=2", "server.optimizer=chain", "server.lr=0.01",
+        *TINY,
+        "checkpoint_every=2",
+        "server.optimizer=chain",
+        "server.lr=0.01",
         'server.transforms=[{name="clip_by_global_norm", max_norm=0.5}, {name="scale_by_yogi"}, '
         '{name="scale_by_learning_rate"}]',
     ]
@@ -368,10 +435,14 @@ def test_a_plugin_optimizer_is_named_in_a_config_and_trained(plugin, tmp_path):
     assert json.loads((out / "config.json").read_text())["server"] == {"optimizer": "sign_sgd", "lr": 0.001}
     assert json.loads((out / "config.json").read_text())["plugins"] == [plugin]
     # the plugin's stage, chained in TOML, is the plugin's optimizer bit for bit; and neither is FedAvg's step
-    chained = driftlab.run(None, overrides=[
-        *overrides, "server.optimizer=chain",
-        'server.transforms=[{name="scale_by_sign"}, {name="scale_by_learning_rate"}]',
-    ])
+    chained = driftlab.run(
+        None,
+        overrides=[
+            *overrides,
+            "server.optimizer=chain",
+            'server.transforms=[{name="scale_by_sign"}, {name="scale_by_learning_rate"}]',
+        ],
+    )
     assert torch.equal(result.final_params, chained.final_params)
     fedavg = driftlab.run(None, overrides=[*overrides, "server.optimizer=sgd"])
     assert not torch.equal(result.final_params, fedavg.final_params)
@@ -403,17 +474,33 @@ FINGERPRINTS = {  # recorded with the flat [server] section, before this change
     ("mnist-fedadam", ()): "e366e8c8ad9b6594",
     ("mnist-scaffold", ()): "6e4c7f1150e9cb5a",
     ("quadratic-decaying-k", ()): "dd27417c9e0465cc",
-    ("synthetic-fedavg", ("server.optimizer=adam", "server.lr=0.01", "server.beta2=0.99", "server.epsilon=0.001",
-                          "server.bias_correction=false")): "deb49ae754fd62bf",
+    (
+        "synthetic-fedavg",
+        (
+            "server.optimizer=adam",
+            "server.lr=0.01",
+            "server.beta2=0.99",
+            "server.epsilon=0.001",
+            "server.bias_correction=false",
+        ),
+    ): "deb49ae754fd62bf",
     ("synthetic-fedavg", ("server.optimizer=momentum", "server.momentum=0.5")): "3b836e88990e65c0",
     ("synthetic-fedavg", ("server.optimizer=yogi", "server.beta1=0.8", "server.epsilon=0.01")): "007157d23f79d7ec",
     ("synthetic-fedavg", ("server.optimizer=adagrad", "server.epsilon=0.01", "server.lr=0.1")): "3cd0140f7f1781ae",
     ("synthetic-fedavg", ('server.lr={kind="exponential", initial=1.0, decay=0.99}',)): "ed5d0803960ab5f5",
 }
 PINNED_BASE = [  # driftlab/experiments/pinned_runs_test.py's BASE, and its FedAdam and FedAvgM cases
-    "rounds=3", "seed=0", "precision=float64", "data.name=synthetic", "data.num_clients=8",
+    "rounds=3",
+    "seed=0",
+    "precision=float64",
+    "data.name=synthetic",
+    "data.num_clients=8",
     "sampling.participation=0.5",
-    "model.name=mlp", "model.hidden=[8]", "client.epochs=1", "client.batch_size=10", "client.lr=0.05",
+    "model.name=mlp",
+    "model.hidden=[8]",
+    "client.epochs=1",
+    "client.batch_size=10",
+    "client.lr=0.05",
 ]
 
 
@@ -437,6 +524,9 @@ def test_the_chain_preset_states_fedavgm_with_clipping():
     assert config.server.transforms[1] == ScaleByMomentumConfig(beta=0.9, nesterov=True)
     recorded = json.loads(json.dumps(config.to_dict()))  # as config.json holds it, every stage's keys spelt out
     assert recorded["server"]["transforms"][2] == {
-        "name": "scale_by_learning_rate", "bias_correction": False, "beta1": 0.9, "beta2": 0.999,
+        "name": "scale_by_learning_rate",
+        "bias_correction": False,
+        "beta1": 0.9,
+        "beta2": 0.999,
     }
     assert config_from_record(recorded) == config

@@ -29,7 +29,9 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 class ExponentialSchedule(BaseModel):
     """``initial · decay^(t−1)``."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # inf/NaN would make every round's value inf/NaN
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, allow_inf_nan=False
+    )  # inf/NaN would make every round's value inf/NaN
     kind: Literal["exponential"] = "exponential"
     initial: float = Field(gt=0, description="value in round 1")
     decay: float = Field(gt=0, le=1, description="factor per round, in (0, 1]")
@@ -41,7 +43,9 @@ class ExponentialSchedule(BaseModel):
 class InverseTimeSchedule(BaseModel):
     """``a / (b + t)``."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # inf/NaN would make every round's value inf/NaN
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, allow_inf_nan=False
+    )  # inf/NaN would make every round's value inf/NaN
     kind: Literal["inverse_time"] = "inverse_time"
     a: float = Field(gt=0, description="numerator")
     b: float = Field(ge=0, description="offset added to the round")

@@ -8,7 +8,14 @@ from fractions import Fraction
 import pytest
 from pydantic import ValidationError
 
-from driftlab.optim.schedules import ExponentialSchedule, InverseTimeSchedule, is_constant_one, schedule_from_table, steps_at, value_at
+from driftlab.optim.schedules import (
+    ExponentialSchedule,
+    InverseTimeSchedule,
+    is_constant_one,
+    schedule_from_table,
+    steps_at,
+    value_at,
+)
 
 
 def test_exponential_by_hand():
@@ -70,10 +77,19 @@ def test_invalid_schedules_are_rejected(make):
 @pytest.mark.parametrize(
     "table, expected",
     [
-        ({"kind": "exponential", "initial": 0.1, "decay": 0.998}, ExponentialSchedule(initial=0.1, decay=0.998)),  # docs: client/server lr
+        (
+            {"kind": "exponential", "initial": 0.1, "decay": 0.998},
+            ExponentialSchedule(initial=0.1, decay=0.998),
+        ),  # docs: client/server lr
         ({"kind": "inverse_time", "a": 200, "b": 1}, InverseTimeSchedule(a=200.0, b=1.0)),  # docs: client.steps
-        ({"kind": "exponential", "initial": 0.98, "decay": 0.999}, ExponentialSchedule(initial=0.98, decay=0.999)),  # AdaBest β
-        ({"initial": 0.1, "decay": 0.5, "kind": "exponential"}, ExponentialSchedule(initial=0.1, decay=0.5)),  # key order is free
+        (
+            {"kind": "exponential", "initial": 0.98, "decay": 0.999},
+            ExponentialSchedule(initial=0.98, decay=0.999),
+        ),  # AdaBest β
+        (
+            {"initial": 0.1, "decay": 0.5, "kind": "exponential"},
+            ExponentialSchedule(initial=0.1, decay=0.5),
+        ),  # key order is free
     ],
 )
 def test_schedule_from_table_reads_every_documented_form(table, expected):
@@ -84,11 +100,20 @@ def test_schedule_from_table_reads_every_documented_form(table, expected):
     "table, message",
     [
         ({"initial": 0.1, "decay": 0.9}, "a schedule needs kind = one of ['exponential', 'inverse_time'], got None"),
-        ({"kind": "cosine", "initial": 0.1}, "a schedule needs kind = one of ['exponential', 'inverse_time'], got 'cosine'"),
+        (
+            {"kind": "cosine", "initial": 0.1},
+            "a schedule needs kind = one of ['exponential', 'inverse_time'], got 'cosine'",
+        ),
         ({"kind": "exponential", "initial": True, "decay": 0.9}, "schedule parameters are numbers, not true/false"),
-        ({"kind": "exponential", "initial": 0.1, "decay": 1.5}, "invalid exponential schedule: decay: Input should be less than or equal to 1"),
+        (
+            {"kind": "exponential", "initial": 0.1, "decay": 1.5},
+            "invalid exponential schedule: decay: Input should be less than or equal to 1",
+        ),
         ({"kind": "inverse_time", "a": 1.0}, "invalid inverse_time schedule: b: Field required"),
-        ({"kind": "inverse_time", "a": 1.0, "b": 1, "c": 2}, "invalid inverse_time schedule: c: Extra inputs are not permitted"),
+        (
+            {"kind": "inverse_time", "a": 1.0, "b": 1, "c": 2},
+            "invalid inverse_time schedule: c: Extra inputs are not permitted",
+        ),
     ],
 )
 def test_schedule_from_table_rejects_bad_tables_with_the_old_messages(table, message):

@@ -120,6 +120,7 @@ tensor([0.4000, 3.1000])
 >>> state.step
 1
 """
+
 from __future__ import annotations
 
 import inspect
@@ -234,6 +235,7 @@ class YogiState:
     first_moment: torch.Tensor
     second_moment: torch.Tensor
 
+
 # ---------------------------------------------------------------------------
 # Validation helpers.
 # ---------------------------------------------------------------------------
@@ -278,8 +280,7 @@ def _check_params(params: object) -> None:
         raise TypeError(f"params must be a torch.Tensor, got {type(params).__name__}")
     if params.dim() != 1 or not params.is_floating_point():
         raise ValueError(
-            "params must be a flat 1-D floating tensor, "
-            f"got shape {tuple(params.shape)} and dtype {params.dtype}"
+            f"params must be a flat 1-D floating tensor, got shape {tuple(params.shape)} and dtype {params.dtype}"
         )
 
 
@@ -303,8 +304,7 @@ def _check_update_inputs(
 ) -> None:
     if not isinstance(state, state_type):
         raise TypeError(
-            f"server optimizer {optimizer_name!r} expects a {state_type.__name__}, "
-            f"got {type(state).__name__}"
+            f"server optimizer {optimizer_name!r} expects a {state_type.__name__}, got {type(state).__name__}"
         )
     _check_params(params)
     _check_like_params("pseudo_gradient", pseudo_gradient, params)
@@ -450,7 +450,10 @@ def scale_by_second_moment(
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         first_moment = beta1 * state["first_moment"] + (1.0 - beta1) * direction
         second_moment = second_moment_rule(state["second_moment"], direction.square())
-        return first_moment / (second_moment.sqrt() + epsilon), {"first_moment": first_moment, "second_moment": second_moment}
+        return first_moment / (second_moment.sqrt() + epsilon), {
+            "first_moment": first_moment,
+            "second_moment": second_moment,
+        }
 
     return UpdateTransformation(init=init, update=update)
 
@@ -478,7 +481,9 @@ class ServerOptimizer:
     plain_step: bool = False
 
 
-def chain(*transformations: UpdateTransformation, name: str = "chain", state_type: type | None = None) -> ServerOptimizer:
+def chain(
+    *transformations: UpdateTransformation, name: str = "chain", state_type: type | None = None
+) -> ServerOptimizer:
     """The server step ``θ ← θ − u``, with ``u`` the pseudo-gradient passed through ``transformations`` in order.
 
     The state is one frozen dataclass: ``step`` and every stage's fields, so it
@@ -496,7 +501,9 @@ def chain(*transformations: UpdateTransformation, name: str = "chain", state_typ
     if len(set(names)) != len(names) or "step" in names:
         raise ValueError(f"the stages of a chain need distinct state field names other than 'step', got {names}")
     if state_type is None:
-        state_type = make_dataclass("ChainState", [("step", int), *((field, torch.Tensor) for field in names)], frozen=True, eq=False)
+        state_type = make_dataclass(
+            "ChainState", [("step", int), *((field, torch.Tensor) for field in names)], frozen=True, eq=False
+        )
     elif [field.name for field in fields(state_type)] != ["step", *names]:
         raise ValueError(f"{state_type.__name__} must have the fields step, {', '.join(names)}")
 
@@ -668,7 +675,11 @@ def yogi(
 # The named optimizers by name, for code that builds one by keyword arguments (``make_server_optimizer``). A config
 # names them through the registry (``driftlab.optim.registry``), whose entries read their own [server] keys.
 CONSTRUCTORS: dict[str, Callable[..., ServerOptimizer]] = {
-    "sgd": sgd, "momentum": momentum, "adam": adam, "adagrad": adagrad, "yogi": yogi,
+    "sgd": sgd,
+    "momentum": momentum,
+    "adam": adam,
+    "adagrad": adagrad,
+    "yogi": yogi,
 }
 
 SERVER_OPTIMIZER_NAMES: tuple[str, ...] = tuple(CONSTRUCTORS)
@@ -690,9 +701,7 @@ def make_server_optimizer(name: str, **hyperparameters: object) -> ServerOptimiz
         the valid choices) or an out-of-range hyperparameter.
     """
     if name not in CONSTRUCTORS:
-        raise ValueError(
-            f"unknown server optimizer {name!r}; valid names: {', '.join(SERVER_OPTIMIZER_NAMES)}"
-        )
+        raise ValueError(f"unknown server optimizer {name!r}; valid names: {', '.join(SERVER_OPTIMIZER_NAMES)}")
     constructor = CONSTRUCTORS[name]
     accepted = list(inspect.signature(constructor).parameters)
     unknown = sorted(set(hyperparameters) - set(accepted))

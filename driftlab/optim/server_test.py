@@ -13,8 +13,6 @@ from dataclasses import fields
 
 import pytest
 import safetensors.torch
-
-from driftlab.simulation.state.checkpoint import state_from_tensors, state_to_tensors
 import torch
 
 from driftlab.optim import server
@@ -32,6 +30,7 @@ from driftlab.optim.server import (
     sgd,
     yogi,
 )
+from driftlab.simulation.state.checkpoint import state_from_tensors, state_to_tensors
 
 # float64 hand computations mirror the implementation's order of operations;
 # allow a few ulps so a different but correct SIMD path cannot fail the test.
@@ -53,9 +52,7 @@ DTYPES = [torch.float32, torch.float64]
 def _params_and_pseudo_gradients(dtype: torch.dtype, steps: int = 3):
     generator = torch.Generator().manual_seed(1234)
     params = torch.randn(17, generator=generator, dtype=torch.float64).to(dtype)
-    pseudo_gradients = [
-        torch.randn(17, generator=generator, dtype=torch.float64).to(dtype) for _ in range(steps)
-    ]
+    pseudo_gradients = [torch.randn(17, generator=generator, dtype=torch.float64).to(dtype) for _ in range(steps)]
     return params, pseudo_gradients
 
 
@@ -83,9 +80,7 @@ def _assert_bitwise_equal(actual: torch.Tensor, expected: torch.Tensor) -> None:
 
 def _assert_hand(actual: torch.Tensor, expected: list[float]) -> None:
     assert actual.dtype == torch.float64
-    torch.testing.assert_close(
-        actual, torch.tensor(expected, dtype=torch.float64), rtol=HAND_RTOL, atol=0.0
-    )
+    torch.testing.assert_close(actual, torch.tensor(expected, dtype=torch.float64), rtol=HAND_RTOL, atol=0.0)
 
 
 # ---------------------------------------------------------------------------
@@ -423,7 +418,9 @@ def test_adam_first_step_closed_form():
     # of almost exactly η per coordinate.
     optimizer = adam()
     params = torch.tensor(ADAM_PARAMS, dtype=torch.float64)
-    new_params, state = optimizer.update(optimizer.init(params), params, torch.tensor(ADAM_Q1, dtype=torch.float64), 0.1)
+    new_params, state = optimizer.update(
+        optimizer.init(params), params, torch.tensor(ADAM_Q1, dtype=torch.float64), 0.1
+    )
     scaled_epsilon = 1e-8 / math.sqrt(1.0 - 0.999)
     closed_form = [p - 0.1 * q / (abs(q) + scaled_epsilon) for p, q in zip(ADAM_PARAMS, ADAM_Q1, strict=True)]
     torch.testing.assert_close(new_params, torch.tensor(closed_form, dtype=torch.float64), rtol=1e-14, atol=0.0)
@@ -434,7 +431,9 @@ def test_adam_first_step_closed_form():
 
     # Without bias correction the same step is √(1−β2)/(1−β1) ≈ 0.316 times larger.
     uncorrected = adam(bias_correction=False)
-    new_params, _ = uncorrected.update(uncorrected.init(params), params, torch.tensor(ADAM_Q1, dtype=torch.float64), 0.1)
+    new_params, _ = uncorrected.update(
+        uncorrected.init(params), params, torch.tensor(ADAM_Q1, dtype=torch.float64), 0.1
+    )
     ratio = (1.0 - 0.9) / math.sqrt(1.0 - 0.999)
     assert new_params.tolist() == pytest.approx([1.0 - 0.1 * ratio, -1.0 + 0.1 * ratio], abs=1e-6)
 
@@ -494,7 +493,9 @@ def test_yogi_one_step_by_hand_default_accumulator():
     v = [v0 - (1.0 - beta2) * (q_i * q_i) * -1.0 for q_i in q]
     _assert_hand(state.first_moment, m)
     _assert_hand(state.second_moment, v)
-    _assert_hand(new_params, [p - eta * (m_i / (math.sqrt(v_i) + tau)) for p, m_i, v_i in zip([1.0, -1.0], m, v, strict=True)])
+    _assert_hand(
+        new_params, [p - eta * (m_i / (math.sqrt(v_i) + tau)) for p, m_i, v_i in zip([1.0, -1.0], m, v, strict=True)]
+    )
 
 
 def test_yogi_one_step_by_hand_both_signs():
@@ -567,7 +568,12 @@ def test_wrong_hyperparameter_types_raise_type_error(factory, hyperparameters, p
 def test_boundary_hyperparameters_are_accepted():
     params = torch.tensor([1.0, 2.0], dtype=torch.float64)
     q = torch.tensor([0.5, -0.5], dtype=torch.float64)
-    for optimizer in [momentum(beta=0.0), adam(beta1=0.0, beta2=0.0), yogi(beta1=0.0, beta2=0.0), adagrad(initial_accumulator=0.0)]:
+    for optimizer in [
+        momentum(beta=0.0),
+        adam(beta1=0.0, beta2=0.0),
+        yogi(beta1=0.0, beta2=0.0),
+        adagrad(initial_accumulator=0.0),
+    ]:
         new_params, _ = optimizer.update(optimizer.init(params), params, q, 0.1)
         assert torch.isfinite(new_params).all()
         assert not torch.equal(new_params, params)
@@ -684,7 +690,10 @@ def test_scale_by_momentum_by_hand():
 )
 def test_scale_by_second_moment_by_hand(rule, expected_second_moment):
     stage = server.scale_by_second_moment(rule, beta1=0.5, epsilon=0.5)
-    state = {"first_moment": torch.tensor([1.0, 1.0], dtype=torch.float64), "second_moment": torch.tensor([1.0, 4.0], dtype=torch.float64)}
+    state = {
+        "first_moment": torch.tensor([1.0, 1.0], dtype=torch.float64),
+        "second_moment": torch.tensor([1.0, 4.0], dtype=torch.float64),
+    }
     direction, new_state = _one_stage_step(stage, torch.tensor([2.0, -1.0], dtype=torch.float64), state=state)
     _assert_hand(new_state["first_moment"], [1.5, 0.0])  # 0.5·m + 0.5·u
     _assert_hand(new_state["second_moment"], expected_second_moment)
@@ -749,7 +758,9 @@ def test_a_plain_rate_chain_at_rate_one_returns_the_average_itself():
     for optimizer in (sgd(), server.chain(server.scale_by_learning_rate())):
         new_params, state = apply_server_optimizer(optimizer, optimizer.init(params), params, average, 1.0)
         assert new_params is average and state.step == 1
-    momentum_params, _ = apply_server_optimizer(momentum(beta=0.0), momentum(beta=0.0).init(params), params, average, 1.0)
+    momentum_params, _ = apply_server_optimizer(
+        momentum(beta=0.0), momentum(beta=0.0).init(params), params, average, 1.0
+    )
     assert momentum_params is not average
 
 

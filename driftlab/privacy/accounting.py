@@ -63,7 +63,6 @@ PRV_MAX_LOSS = 700.0
 PRV_MAX_GRID = 1 << 24
 
 
-
 def _opacus_rdp():
     """Opacus's RDP analysis module, imported on first use (the ``privacy`` extra)."""
     try:

@@ -25,8 +25,8 @@ import warnings
 
 import pytest
 
-from driftlab.extras import install_hint
 from driftlab.errors import ConfigError
+from driftlab.extras import install_hint
 from driftlab.privacy import accounting
 from driftlab.privacy.settings import PrivacySettings
 

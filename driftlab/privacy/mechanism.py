@@ -103,9 +103,7 @@ ASYNCHRONOUS_REASON = Reason(
         "with probability q, with means over the expected cohort qN; FedBuff dispatches clients one at a time "
         "from the idle ones and averages buffers of B arrivals, which that accounting does not cover"
     ),
-    fix=(
-        "remove [privacy] or [asynchronous]"
-    ),
+    fix=("remove [privacy] or [asynchronous]"),
 )
 ASYNCHRONOUS_REFUSAL = ASYNCHRONOUS_REASON.text  # the prose, for code that reads it
 

@@ -518,7 +518,9 @@ def test_epsilon_is_recorded_every_round_when_delta_is_set():
 def test_refusals_name_the_fix():
     with pytest.raises(ConfigError, match='set algorithm.aggregation = "uniform"') as weighted:
         with_privacy(fedavg.build(sgd(), "weighted"), settings())
-    assert str(weighted.value) == f'[privacy] with algorithm.name = "fedavg": {fedavg.WEIGHTED_REFUSAL}'  # the one template
+    assert (
+        str(weighted.value) == f'[privacy] with algorithm.name = "fedavg": {fedavg.WEIGHTED_REFUSAL}'
+    )  # the one template
     with pytest.raises(ConfigError) as plugin:
         with_privacy(dataclasses.replace(mean_algorithm(form=False), name="moon"), settings())
     assert str(plugin.value) == (
@@ -526,7 +528,9 @@ def test_refusals_name_the_fix():
         "cannot be bounded; give Algorithm(privacy=PrivacyForm(release, restore)) (docs/design.md, Client-level "
         "differential privacy)"
     )
-    with pytest.raises(ConfigError, match='^\\[privacy\\] with algorithm.name = "mean": the algorithm is private already$'):
+    with pytest.raises(
+        ConfigError, match='^\\[privacy\\] with algorithm.name = "mean": the algorithm is private already$'
+    ):
         with_privacy(with_privacy(mean_algorithm(), settings()), settings())
     with pytest.raises(ConfigError, match="set privacy.clip to a finite norm"):
         with_privacy(mean_algorithm(), settings(clip=math.inf, z=1.0))
@@ -579,14 +583,20 @@ class Extended(Algorithm):
 
 
 def extended(algorithm: Algorithm, extra: str) -> Extended:
-    return Extended(**{field.name: getattr(algorithm, field.name) for field in dataclasses.fields(Algorithm)}, extra=extra)
+    return Extended(
+        **{field.name: getattr(algorithm, field.name) for field in dataclasses.fields(Algorithm)}, extra=extra
+    )
 
 
 def test_the_private_bundle_forwards_every_field_it_does_not_change():
     inner = dataclasses.replace(extended(scaffold.build(sgd()), "a later field"), plugin="algorithm plugin 'x' (x.py)")
     private = with_privacy(inner, settings(clip=1.0))
     assert isinstance(private, Extended) and private.extra == "a later field"
-    assert (private.name, private.plugin, private.client_state_init) == (inner.name, inner.plugin, inner.client_state_init)
+    assert (private.name, private.plugin, private.client_state_init) == (
+        inner.name,
+        inner.plugin,
+        inner.client_state_init,
+    )
     assert private.server_fold is not inner.server_fold and private.privacy is None and not private.asynchronous
 
 

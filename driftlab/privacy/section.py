@@ -14,7 +14,6 @@ from pydantic import Field, field_serializer, model_validator
 from driftlab.config_section import Section
 from driftlab.optim.schedules import MAX_RATE
 
-
 ADAPTIVE_KEYS = ("target_quantile", "clip_learning_rate", "count_noise")  # [privacy] keys of adaptive clipping only
 
 

@@ -37,7 +37,14 @@ from typing import ClassVar
 import torch
 
 from driftlab.robust.coordinatewise import middle, sorted_columns
-from driftlab.robust.result import RobustResult, check_byzantine, check_positive_integer, check_updates, ones, weighted_sum
+from driftlab.robust.result import (
+    RobustResult,
+    check_byzantine,
+    check_positive_integer,
+    check_updates,
+    ones,
+    weighted_sum,
+)
 
 
 @dataclass(frozen=True)

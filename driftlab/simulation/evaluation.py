@@ -24,11 +24,9 @@ import torch
 
 from driftlab.simulation.backends.flat import FlatModel
 from driftlab.simulation.backends.local_training import TrainingData
-
 from driftlab.simulation.round.client import ClientData, ClientDataComputation
 from driftlab.simulation.round.setup import Simulation
 from driftlab.simulation.seam import NO_CORRECTION
-
 
 DIVERGENCE_ADVICE = "lower client.lr (or server.lr), or set client.clip_norm"
 
@@ -121,8 +119,17 @@ def _mean_losses(
 # What `evaluate` may add to a round's record; a resumed run whose evaluation schedule changed drops them
 # from rounds the new schedule does not evaluate, so its metrics match a run made in one go.
 EVALUATION_KEYS = (
-    "test_loss", "train_loss", "test_accuracy", "client_test_accuracy_mean", "client_test_accuracy_std", "personal_test_accuracy_mean",
-    "personal_test_accuracy_std", "test_recall_at_5", "distance_to_minimizer", "validation_loss", "validation_accuracy",
+    "test_loss",
+    "train_loss",
+    "test_accuracy",
+    "client_test_accuracy_mean",
+    "client_test_accuracy_std",
+    "personal_test_accuracy_mean",
+    "personal_test_accuracy_std",
+    "test_recall_at_5",
+    "distance_to_minimizer",
+    "validation_loss",
+    "validation_accuracy",
 )
 
 
@@ -209,10 +216,15 @@ def evaluate_personal(sim: Simulation, server: Any, clients: Any, settings: Any,
         accuracies.append(correct / len(rows))
     if not accuracies:
         return {}
-    return {"personal_test_accuracy_mean": float(np.mean(accuracies)), "personal_test_accuracy_std": float(np.std(accuracies))}
+    return {
+        "personal_test_accuracy_mean": float(np.mean(accuracies)),
+        "personal_test_accuracy_std": float(np.std(accuracies)),
+    }
 
 
-def _client_test_accuracies(sim: Simulation, params: torch.Tensor, global_hits: torch.Tensor | None = None) -> list[float]:
+def _client_test_accuracies(
+    sim: Simulation, params: torch.Tensor, global_hits: torch.Tensor | None = None
+) -> list[float]:
     """Each client's accuracy on its own test rows (clients without any left out), in client order.
 
     One pass over all clients' test rows in evaluation batches, then a count per client: a forward
@@ -232,7 +244,9 @@ def _client_test_accuracies(sim: Simulation, params: torch.Tensor, global_hits: 
     return [int(correct[k]) / n for k, n in enumerate(lengths) if n]
 
 
-def _recall_at_k(model: FlatModel, params: torch.Tensor, data: TrainingData, rows: torch.Tensor, batch_size: int, k: int) -> float:
+def _recall_at_k(
+    model: FlatModel, params: torch.Tensor, data: TrainingData, rows: torch.Tensor, batch_size: int, k: int
+) -> float:
     """Micro recall of the top-k labels: true labels among each example's k highest logits / all true labels
     (TFF's StackOverflow tag-prediction metric, ``Recall(top_k=5)``)."""
     hits, positives = 0.0, 0.0
@@ -247,7 +261,12 @@ def _recall_at_k(model: FlatModel, params: torch.Tensor, data: TrainingData, row
 
 
 def _loss_and_correct(
-    model: FlatModel, params: torch.Tensor, data: TrainingData, rows: torch.Tensor, batch_size: int, hits: torch.Tensor | None = None
+    model: FlatModel,
+    params: torch.Tensor,
+    data: TrainingData,
+    rows: torch.Tensor,
+    batch_size: int,
+    hits: torch.Tensor | None = None,
 ) -> tuple[float, int]:
     """Summed loss and correct predictions over ``rows``; with ``hits`` (int64, one per row) also which rows were correct."""
     loss_sum, correct = 0.0, 0
@@ -263,7 +282,9 @@ def _loss_and_correct(
     return loss_sum, correct
 
 
-def dissimilarity(sim: Simulation, params: torch.Tensor, registered: np.ndarray | None = None) -> dict[str, float | None]:
+def dissimilarity(
+    sim: Simulation, params: torch.Tensor, registered: np.ndarray | None = None
+) -> dict[str, float | None]:
     """FedProx Definition 2 at the server model, over all registered clients with ``p_k = n_k / n``:
 
         B(θ)² = E_k ‖∇F_k(θ)‖² / ‖∇f(θ)‖²,    variance = E_k ‖∇F_k(θ) − ∇f(θ)‖²,    ∇f = E_k ∇F_k.
@@ -282,7 +303,9 @@ def dissimilarity(sim: Simulation, params: torch.Tensor, registered: np.ndarray 
         gradient = torch.zeros_like(params)
         for start in range(0, len(rows), sim.evaluation.batch_size):
             part = rows[start : start + sim.evaluation.batch_size]
-            gradient += loss_gradient(params, sim.training_data.batch(part), sim.training_data.targets[part]) * (len(part) / len(rows))
+            gradient += loss_gradient(params, sim.training_data.batch(part), sim.training_data.targets[part]) * (
+                len(part) / len(rows)
+            )
         global_gradient += weight * gradient
         mean_squared_norm += weight * float((gradient**2).sum())
     global_norm_squared = float((global_gradient**2).sum())

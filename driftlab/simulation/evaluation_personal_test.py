@@ -55,7 +55,9 @@ def _keeping_last_model(algorithm):
     )
 
 
-def _simulation(algorithm_of, store: str = "memory", directory: Path | None = None, evaluation: EvaluationPlan | None = None):
+def _simulation(
+    algorithm_of, store: str = "memory", directory: Path | None = None, evaluation: EvaluationPlan | None = None
+):
     generator = torch.Generator().manual_seed(1)
     total, tests = sum(SIZES), sum(TEST_SIZES)
     inputs = torch.randn(total, 4, generator=generator, dtype=F64)
@@ -69,11 +71,22 @@ def _simulation(algorithm_of, store: str = "memory", directory: Path | None = No
     torch.manual_seed(0)
     model = FlatModel.wrap(build_model("mlp", (4,), 3, hidden=(6,))).to("cpu", F64)
     theta = model.initial_parameters()
-    plan = RoundPlan(seed=5, participation=0.6, sampling="uniform", batch_size=4, client_lr=0.2, server_lr=1.0, local_epochs=1, steps=None)
+    plan = RoundPlan(
+        seed=5,
+        participation=0.6,
+        sampling="uniform",
+        batch_size=4,
+        client_lr=0.2,
+        server_lr=1.0,
+        local_epochs=1,
+        steps=None,
+    )
     algorithm = algorithm_of(fedavg.build(make_server_optimizer("sgd")))
     evaluation = evaluation or EvaluationPlan(personal=True)
     sim = Simulation(model, data, algorithm, SequentialBackend(), plan, torch.device("cpu"), F64, theta, evaluation)
-    clients, _ = make_client_stores(store, data.num_clients, theta, algorithm.client_state_init, False, lambda: directory)
+    clients, _ = make_client_stores(
+        store, data.num_clients, theta, algorithm.client_state_init, False, lambda: directory
+    )
     return sim, SimulationState(0, algorithm.server_init(theta), clients)
 
 
@@ -86,7 +99,11 @@ def _run(sim, state, rounds: int = 3):
 
 
 def test_the_server_model_as_personal_model_gives_the_server_models_client_columns():
-    sim, state = _simulation(lambda algorithm: dataclasses.replace(algorithm, personalization=Personalization(lambda view, state: view.params)))
+    sim, state = _simulation(
+        lambda algorithm: dataclasses.replace(
+            algorithm, personalization=Personalization(lambda view, state: view.params)
+        )
+    )
     _, records = _run(sim, state)
     for record in records:
         assert record["personal_test_accuracy_mean"] == record["client_test_accuracy_mean"]
@@ -129,7 +146,9 @@ def test_fine_tuning_is_the_client_code_path_on_the_server_model_with_its_own_mi
         if not len(rows):
             continue
         data = ClientData(sim.model, sim.training_data, sim.client_rows[client_id])
-        tuned, steps = ClientDataComputation(data, 5, 1, client_id, settings).train(state.server.params, NO_CORRECTION, 3, "finetune")
+        tuned, steps = ClientDataComputation(data, 5, 1, client_id, settings).train(
+            state.server.params, NO_CORRECTION, 3, "finetune"
+        )
         assert steps == 3 and not torch.equal(tuned, state.server.params)
         _, correct = _loss_and_correct(sim.model, tuned, sim.test_data, rows, 64)
         accuracies.append(correct / len(rows))
@@ -162,7 +181,10 @@ def test_the_personal_evaluation_of_fedavg_plus_fine_tuning_runs_from_a_config()
     plain = driftlab.run(None, overrides=SMALL).records[-1]
     assert "personal_test_accuracy_mean" not in plain and "client_test_accuracy_std" not in plain
     spread = driftlab.run(None, overrides=[*SMALL, "evaluation.client_spread=true"]).records[-1]
-    assert spread["client_test_accuracy_std"] == record["client_test_accuracy_std"] and "personal_test_accuracy_mean" not in spread
+    assert (
+        spread["client_test_accuracy_std"] == record["client_test_accuracy_std"]
+        and "personal_test_accuracy_mean" not in spread
+    )
 
 
 @pytest.mark.parametrize(
@@ -181,11 +203,13 @@ def test_a_personal_evaluation_that_cannot_be_made_is_refused_before_any_round(o
 def test_a_personal_evaluation_needs_the_clients_test_splits():
     from types import SimpleNamespace
 
-    from driftlab.experiments.run.assembly import personal_evaluation
     from driftlab.experiments.config import load_config
+    from driftlab.experiments.run.assembly import personal_evaluation
 
     config = load_config(None, overrides=[*SMALL, "evaluation.finetune_steps=2"])
-    sim = SimpleNamespace(algorithm=fedavg.build(make_server_optimizer("sgd")), client_test_rows=None, asynchronous=None)
+    sim = SimpleNamespace(
+        algorithm=fedavg.build(make_server_optimizer("sgd")), client_test_rows=None, asynchronous=None
+    )
     with pytest.raises(ConfigError, match="the clients have none: set data.client_test_fraction"):
         personal_evaluation(config, sim)
     unset = load_config(None, overrides=SMALL)

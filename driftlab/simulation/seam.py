@@ -105,7 +105,9 @@ class ClientContext:
     planned_steps: int  # K (or E·⌈n_k/B⌉) this client was asked to do
     client_lr: float  # the round's client learning rate η_l
     multiplicity: int = 1  # times the client was drawn (sampling with replacement)
-    available_steps: int | None = None  # steps the client can do this round; fewer than planned for a straggler (None: all)
+    available_steps: int | None = (
+        None  # steps the client can do this round; fewer than planned for a straggler (None: all)
+    )
 
     @property
     def is_incomplete(self) -> bool:
@@ -126,7 +128,9 @@ class ClientComputation(Protocol):
         no clipping): MimeLite's server statistic (Karimireddy et al. 2021)."""
         ...
 
-    def train(self, params: torch.Tensor, correction: Any, steps: int, purpose: str = "personal") -> tuple[torch.Tensor, int]:
+    def train(
+        self, params: torch.Tensor, correction: Any, steps: int, purpose: str = "personal"
+    ) -> tuple[torch.Tensor, int]:
         """Local SGD on the client's own data from ``params``, with the round's settings (η_l, weight decay,
         clipping, augmentation, precision) and ``correction`` (a ``GradientCorrection`` or an
         ``objectives.LocalObjective``), for ``steps`` steps; returns the final model and the steps done.
@@ -199,14 +203,18 @@ class ServerFold:
     # then, and its clip and accounting move on); False: such a round leaves the server state as it is.
     finishes_empty: bool = False
 
-    def server_update(self, server: Any, messages: Sequence[Any], context: RoundContext) -> tuple[Any, dict[str, float]]:
+    def server_update(
+        self, server: Any, messages: Sequence[Any], context: RoundContext
+    ) -> tuple[Any, dict[str, float]]:
         accumulator = self.start(server, context)
         for message in messages:
             accumulator = self.add(accumulator, message)
         return self.finish(server, accumulator, context)
 
 
-def collecting_fold(server_update: Callable[[Any, Sequence[Any], RoundContext], tuple[Any, dict[str, float]]]) -> ServerFold:
+def collecting_fold(
+    server_update: Callable[[Any, Sequence[Any], RoundContext], tuple[Any, dict[str, float]]],
+) -> ServerFold:
     """The fold of an algorithm that gives only ``server_update``: keep the messages, update once at the end."""
 
     def start(server: Any, context: RoundContext) -> list:  # noqa: ARG001 - ServerFold calls start(server, context)

@@ -17,7 +17,10 @@ CONTEXT = RoundContext(round=1, num_registered=4, num_selected=2, server_learnin
 def test_a_built_in_server_update_is_its_fold_over_the_list():
     algorithm = fedavg.build(make_server_optimizer("sgd"))
     server = algorithm.server_init(torch.zeros(3))
-    messages = [fedavg.ClientMessage(torch.tensor([1.0, 2.0, 3.0]), 30, 1), fedavg.ClientMessage(torch.tensor([4.0, 5.0, 6.0]), 10, 1)]
+    messages = [
+        fedavg.ClientMessage(torch.tensor([1.0, 2.0, 3.0]), 30, 1),
+        fedavg.ClientMessage(torch.tensor([4.0, 5.0, 6.0]), 10, 1),
+    ]
     fold = algorithm.fold()
     accumulator = fold.start(server, CONTEXT)
     for message in messages:
@@ -47,7 +50,9 @@ def test_replacing_server_update_alone_is_refused_with_the_fix():
     algorithm = scaffold.build(make_server_optimizer("sgd"))
     with pytest.raises(ValueError, match="server_update is not server_fold.server_update.*server_fold=None"):
         dataclasses.replace(algorithm, server_update=lambda server, messages, context: (server, {}))
-    replaced = dataclasses.replace(algorithm, server_update=lambda server, messages, context: (server, {}), server_fold=None)
+    replaced = dataclasses.replace(
+        algorithm, server_update=lambda server, messages, context: (server, {}), server_fold=None
+    )
     assert isinstance(replaced.fold(), ServerFold) and replaced.server_fold is None
 
 

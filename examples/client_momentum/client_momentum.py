@@ -56,9 +56,15 @@ class Config(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     name: Literal["fedavg_client_momentum"] = NAME
-    momentum: float = Field(0.9, ge=0, lt=1, description="β, the clients' heavy-ball momentum (buffer reset every round)")
-    aggregation: Literal["weighted", "uniform"] = Field("weighted", description="w_k = n_k / Σ n_j (weighted) or 1/|P| (uniform)")
-    incomplete: Literal["drop", "keep"] = Field("drop", description="a straggler's partial work: drop it (FedAvg) or keep it")
+    momentum: float = Field(
+        0.9, ge=0, lt=1, description="β, the clients' heavy-ball momentum (buffer reset every round)"
+    )
+    aggregation: Literal["weighted", "uniform"] = Field(
+        "weighted", description="w_k = n_k / Σ n_j (weighted) or 1/|P| (uniform)"
+    )
+    incomplete: Literal["drop", "keep"] = Field(
+        "drop", description="a straggler's partial work: drop it (FedAvg) or keep it"
+    )
 
 
 def heavy_ball(beta: float):
@@ -72,7 +78,9 @@ def heavy_ball(beta: float):
     return step
 
 
-def build(server_optimizer: Any, momentum: float = 0.9, aggregation: str = "weighted", incomplete: str = "drop") -> Algorithm:
+def build(
+    server_optimizer: Any, momentum: float = 0.9, aggregation: str = "weighted", incomplete: str = "drop"
+) -> Algorithm:
     """FedAvg (``fedavg.build``) whose clients take heavy-ball steps of momentum ``momentum`` (β)."""
     if not 0 <= momentum < 1:
         raise ValueError(f"momentum must be in [0, 1), got {momentum}")
@@ -86,7 +94,9 @@ def build(server_optimizer: Any, momentum: float = 0.9, aggregation: str = "weig
 
 
 def from_config(config: Config, server_optimizer: Any) -> Algorithm:
-    return build(server_optimizer, momentum=config.momentum, aggregation=config.aggregation, incomplete=config.incomplete)
+    return build(
+        server_optimizer, momentum=config.momentum, aggregation=config.aggregation, incomplete=config.incomplete
+    )
 
 
 register(AlgorithmEntry(NAME, Config, from_config, label="FedAvg + client momentum", keeps_partial_work=False))

@@ -61,8 +61,12 @@ class Config(BaseModel):
     name: Literal["moon"] = "moon"
     mu: float = Field(1.0, ge=0, description="μ, the weight of the model-contrastive term")
     temperature: float = Field(0.5, gt=0, description="τ, the temperature of the contrastive term")
-    aggregation: Literal["weighted", "uniform"] = Field("weighted", description="w_k = n_k / Σ n_j (weighted) or 1/|P| (uniform)")
-    incomplete: Literal["drop", "keep"] = Field("drop", description="a straggler's partial work: drop it (FedAvg) or keep it")
+    aggregation: Literal["weighted", "uniform"] = Field(
+        "weighted", description="w_k = n_k / Σ n_j (weighted) or 1/|P| (uniform)"
+    )
+    incomplete: Literal["drop", "keep"] = Field(
+        "drop", description="a straggler's partial work: drop it (FedAvg) or keep it"
+    )
 
 
 @dataclass(frozen=True)
@@ -83,7 +87,13 @@ def contrastive_term(mu: float, temperature: float):
     return term
 
 
-def build(server_optimizer: Any, mu: float = 1.0, temperature: float = 0.5, aggregation: str = "weighted", incomplete: str = "drop") -> Algorithm:
+def build(
+    server_optimizer: Any,
+    mu: float = 1.0,
+    temperature: float = 0.5,
+    aggregation: str = "weighted",
+    incomplete: str = "drop",
+) -> Algorithm:
     """FedAvg (``fedavg.build``) whose clients add MOON's contrastive term of weight ``mu`` and temperature ``temperature``."""
     if mu < 0 or temperature <= 0:
         raise ValueError(f"need mu >= 0 and temperature > 0, got mu={mu}, temperature={temperature}")
@@ -101,7 +111,11 @@ def build(server_optimizer: Any, mu: float = 1.0, temperature: float = 0.5, aggr
         return ClientState(update.trained_params), message
 
     return dataclasses.replace(
-        base, name="moon", client_state_init=client_state_init, client_objective=client_objective, client_finish=client_finish
+        base,
+        name="moon",
+        client_state_init=client_state_init,
+        client_objective=client_objective,
+        client_finish=client_finish,
     )
 
 

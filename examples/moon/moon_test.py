@@ -16,10 +16,16 @@ import torch
 from driftlab.models import build_model
 from driftlab.optim.server import make_server_optimizer
 from driftlab.simulation.backends.flat import FlatModel
-from driftlab.simulation.backends.local_training import ClientTask, LocalSettings, SequentialBackend, TrainingData, batch_plan
+from driftlab.simulation.backends.local_training import (
+    ClientTask,
+    LocalSettings,
+    SequentialBackend,
+    TrainingData,
+    batch_plan,
+)
 from driftlab.simulation.backends.objectives import LocalBatch
-from driftlab.simulation.seam import ClientContext
 from driftlab.simulation.backends.vectorized import VectorizedBackend
+from driftlab.simulation.seam import ClientContext
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -40,7 +46,14 @@ def test_the_term_is_the_papers_contrastive_loss_on_the_outputs():
     generator = torch.Generator().manual_seed(0)
     z, z_global, z_previous = (torch.randn(3, 4, generator=generator, dtype=torch.float64) for _ in range(3))
     models = {1: z_global, 2: z_previous}
-    batch = LocalBatch(torch.zeros(1), z, torch.zeros(3, 1), torch.zeros(3), torch.full((3,), 1 / 3, dtype=torch.float64), lambda p, x: models[int(p)])
+    batch = LocalBatch(
+        torch.zeros(1),
+        z,
+        torch.zeros(3, 1),
+        torch.zeros(3),
+        torch.full((3,), 1 / 3, dtype=torch.float64),
+        lambda p, x: models[int(p)],
+    )
     value = moon.contrastive_term(mu=2.0, temperature=0.5)(batch, torch.tensor(1), torch.tensor(2))
     expected = 0.0
     for i in range(3):
@@ -58,13 +71,19 @@ def test_a_round_of_moon_clients_trains_alike_on_both_backends():
     algorithm = moon.build(make_server_optimizer("sgd"), mu=1.0, temperature=0.5)
     view = algorithm.broadcast(algorithm.server_init(start))  # what the clients receive: view.params, θ^{t−1}
     generator = torch.Generator().manual_seed(1)
-    data = TrainingData(torch.randn(40, 6, generator=generator, dtype=torch.float64), torch.randint(0, 4, (40,), generator=generator))
+    data = TrainingData(
+        torch.randn(40, 6, generator=generator, dtype=torch.float64), torch.randint(0, 4, (40,), generator=generator)
+    )
     tasks = []
     for k, size in enumerate((15, 25)):
-        previous = moon.ClientState(start + 0.1 * torch.randn(start.shape, generator=generator, dtype=torch.float64))  # clients that trained before
+        previous = moon.ClientState(
+            start + 0.1 * torch.randn(start.shape, generator=generator, dtype=torch.float64)
+        )  # clients that trained before
         context = ClientContext(k, 1, size, 20.0, 2, 6, 0.1)
         objective = algorithm.client_objective(view, previous, context)
-        tasks.append(ClientTask(k, torch.arange(15 * k, 15 * k + size), batch_plan(0, 1, k, size, 5, 6 - 2 * k), objective))
+        tasks.append(
+            ClientTask(k, torch.arange(15 * k, 15 * k + size), batch_plan(0, 1, k, size, 5, 6 - 2 * k), objective)
+        )
     settings = LocalSettings(0.1)
     expected = {p: (t.clone(), d) for p, t, d in SequentialBackend().train(model, start, tasks, settings, data)}
     actual = {p: (t.clone(), d) for p, t, d in VectorizedBackend().train(model, start, tasks, settings, data)}
@@ -79,10 +98,25 @@ def test_a_round_of_moon_clients_trains_alike_on_both_backends():
 @pytest.mark.slow
 def test_the_sweep_runs_from_the_repository_root_and_reports(tmp_path):
     out = tmp_path / "out"
-    command = [sys.executable, "-m", "driftlab.cli", "sweep", "examples/moon/sweep.toml", "--out", str(out), "--seeds", "0", "--jobs", "1", "rounds=2"]
+    command = [
+        sys.executable,
+        "-m",
+        "driftlab.cli",
+        "sweep",
+        "examples/moon/sweep.toml",
+        "--out",
+        str(out),
+        "--seeds",
+        "0",
+        "--jobs",
+        "1",
+        "rounds=2",
+    ]
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
     config = json.loads((out / "runs/moon-outputs/seed-0/config.json").read_text())
     assert config["algorithm"]["name"] == "moon" and [Path(p).name for p in config["plugins"]] == ["moon.py"]
-    assert (out / "runs/moon-outputs/seed-0/final_model.safetensors").read_bytes() != (out / "runs/fedavg/seed-0/final_model.safetensors").read_bytes()
+    assert (out / "runs/moon-outputs/seed-0/final_model.safetensors").read_bytes() != (
+        out / "runs/fedavg/seed-0/final_model.safetensors"
+    ).read_bytes()
     assert "| MOON (outputs) | 1 |" in (out / "report" / "report.md").read_text()

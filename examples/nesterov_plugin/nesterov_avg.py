@@ -42,7 +42,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from driftlab.algorithms import AlgorithmEntry, register
 from driftlab.algorithms.aggregation import check_aggregation, client_weight, weighted_mean
 from driftlab.algorithms.fedavg import ClientMessage, ClientView  # the clients are FedAvg's: θ^{t−1} down, θ_k up
-from driftlab.simulation.seam import NO_CORRECTION, Algorithm, ClientContext, ClientUpdate, GradientCorrection, RoundContext
+from driftlab.simulation.seam import (
+    NO_CORRECTION,
+    Algorithm,
+    ClientContext,
+    ClientUpdate,
+    GradientCorrection,
+    RoundContext,
+)
 
 
 class Config(BaseModel):
@@ -51,7 +58,9 @@ class Config(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     name: Literal["nesterov_avg"] = "nesterov_avg"
     momentum: float = Field(0.9, ge=0, lt=1, description="β, the server's Nesterov momentum")
-    aggregation: Literal["weighted", "uniform"] = Field("weighted", description="w_k = n_k / Σ n_j (weighted) or 1/|P| (uniform)")
+    aggregation: Literal["weighted", "uniform"] = Field(
+        "weighted", description="w_k = n_k / Σ n_j (weighted) or 1/|P| (uniform)"
+    )
 
 
 @dataclass(frozen=True)
@@ -72,10 +81,14 @@ def build(momentum: float = 0.9, aggregation: str = "weighted") -> Algorithm:
     def client_objective(view: ClientView, client_state: None, context: ClientContext) -> GradientCorrection:
         return NO_CORRECTION
 
-    def client_finish(view: ClientView, client_state: None, context: ClientContext, update: ClientUpdate) -> tuple[None, ClientMessage]:
+    def client_finish(
+        view: ClientView, client_state: None, context: ClientContext, update: ClientUpdate
+    ) -> tuple[None, ClientMessage]:
         return None, ClientMessage(update.final_params, context.num_samples, context.multiplicity)
 
-    def server_update(server: ServerState, messages: Sequence[ClientMessage], context: RoundContext) -> tuple[ServerState, dict[str, float]]:
+    def server_update(
+        server: ServerState, messages: Sequence[ClientMessage], context: RoundContext
+    ) -> tuple[ServerState, dict[str, float]]:
         if not messages:
             return server, {}
         weights = [client_weight(m.num_samples, m.multiplicity, aggregation) for m in messages]

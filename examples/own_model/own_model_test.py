@@ -19,7 +19,9 @@ HERE = Path(__file__).resolve().parent
 
 
 def _driftlab(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "driftlab.cli", *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "driftlab.cli", *args], cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
 
 
 def test_the_plugin_model_is_named_in_a_config_and_its_key_is_checked():
@@ -40,11 +42,15 @@ def test_the_sweep_runs_resumes_and_reports_from_the_repository_root(tmp_path):
         config = json.loads((out / "runs" / folder / "seed-0" / "config.json").read_text())
         assert config["model"]["name"] == model
         assert [Path(plugin).name for plugin in config["plugins"]] == ["tiny_cnn.py"]
-    written = {folder: (out / "runs" / folder / "seed-0" / "final_model.safetensors").stat().st_mtime_ns for folder in runs}
+    written = {
+        folder: (out / "runs" / folder / "seed-0" / "final_model.safetensors").stat().st_mtime_ns for folder in runs
+    }
     again = _driftlab("sweep", "examples/own_model/sweep.toml", "--out", str(out), "--jobs", "1")
     assert again.returncode == 0, again.stderr
     assert "2 already finished, 0 to run" in again.stdout + again.stderr
-    assert {folder: (out / "runs" / folder / "seed-0" / "final_model.safetensors").stat().st_mtime_ns for folder in runs} == written
+    assert {
+        folder: (out / "runs" / folder / "seed-0" / "final_model.safetensors").stat().st_mtime_ns for folder in runs
+    } == written
     report = _driftlab("report", str(out), "--out", str(tmp_path / "report"))
     assert report.returncode == 0, report.stderr
     text = (tmp_path / "report" / "report.md").read_text()

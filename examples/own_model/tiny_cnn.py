@@ -41,20 +41,27 @@ class TinyCNNConfig(ModelSection):
     """``[model]`` when ``name = "tiny_cnn"``: ``loss`` and ``classifier`` come from ModelSection."""
 
     name: Literal["tiny_cnn"] = "tiny_cnn"
-    channels: int = Field(8, ge=1, le=512, description="channels of the first convolution (the second has twice as many)")
+    channels: int = Field(
+        8, ge=1, le=512, description="channels of the first convolution (the second has twice as many)"
+    )
 
 
 def build(section: TinyCNNConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     """The module for images of ``input_shape`` = (channels, height, width) and ``num_classes`` classes."""
     if len(input_shape) != 3 or min(input_shape[1:]) < 4:
-        raise ValueError(f"tiny_cnn needs image inputs of shape (channels, height, width), at least 4x4; got {input_shape}")
+        raise ValueError(
+            f"tiny_cnn needs image inputs of shape (channels, height, width), at least 4x4; got {input_shape}"
+        )
     channels, height, width = input_shape
     return TinyCNN(channels, height, width, section.channels, num_classes)
 
 
 register(
     ModelEntry(
-        "tiny_cnn", TinyCNNConfig, build, inputs=("images",),
+        "tiny_cnn",
+        TinyCNNConfig,
+        build,
+        inputs=("images",),
         description="two 3x3 convolutions with max-pooling and a linear layer (examples/own_model)",
     )
 )

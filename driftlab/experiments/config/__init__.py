@@ -54,20 +54,41 @@ here, so ``from driftlab.experiments.config import X`` reads as it always has.
 
 from __future__ import annotations
 
+# Names the module had before it became a package, imported by users of ``driftlab.experiments.config``.
+from driftlab.algorithms import registry
+
+# The sections of the optional features, defined in their own packages.
+from driftlab.compress.section import CompressionConfig
 from driftlab.config_section import Section as _Section  # noqa: F401 - the old module's name, re-exported
 from driftlab.config_section import short as _short  # noqa: F401 - the old module's name, re-exported
+from driftlab.data import registry as data_sets
+from driftlab.data.registry import DEFAULT_DATA_SET, PARTITIONS
 from driftlab.errors import ConfigError
 from driftlab.experiments.config.conflicts import (
     UNBOUNDED,
+)
+from driftlab.experiments.config.conflicts import (
     _booleans_taken_as_numbers as _booleans_taken_as_numbers,
+)
+from driftlab.experiments.config.conflicts import (
     _non_finite_numbers as _non_finite_numbers,
+)
+from driftlab.experiments.config.conflicts import (
     _privacy_conflicts as _privacy_conflicts,
+)
+from driftlab.experiments.config.conflicts import (
     _server_step_conflicts as _server_step_conflicts,
+)
+from driftlab.experiments.config.conflicts import (
     _system_conflicts as _system_conflicts,
 )
 from driftlab.experiments.config.loading import (
     _given_by as _given_by,
+)
+from driftlab.experiments.config.loading import (
     _reaching_into_a_value as _reaching_into_a_value,
+)
+from driftlab.experiments.config.loading import (
     apply_overrides,
     config_from_record,
     load_config,
@@ -77,37 +98,67 @@ from driftlab.experiments.config.loading import (
 )
 from driftlab.experiments.config.messages import (
     MAX_LISTED_PROBLEMS,
-    _describe_model_keys as _describe_model_keys,
-    _describe_server_keys as _describe_server_keys,
-    _key_hint as _key_hint,
-    _section_model as _section_model,
-    _section_type as _section_type,
-    _sections as _sections,
-    _valid_keys as _valid_keys,
     algorithms_with_key,
     describe_keys,
     format_problems,
     format_validation_error,
     validation_problems,
 )
+from driftlab.experiments.config.messages import (
+    _describe_model_keys as _describe_model_keys,
+)
+from driftlab.experiments.config.messages import (
+    _describe_server_keys as _describe_server_keys,
+)
+from driftlab.experiments.config.messages import (
+    _key_hint as _key_hint,
+)
+from driftlab.experiments.config.messages import (
+    _section_model as _section_model,
+)
+from driftlab.experiments.config.messages import (
+    _section_type as _section_type,
+)
+from driftlab.experiments.config.messages import (
+    _sections as _sections,
+)
+from driftlab.experiments.config.messages import (
+    _valid_keys as _valid_keys,
+)
 from driftlab.experiments.config.reading import (
     _ABSENT as _ABSENT,
+)
+from driftlab.experiments.config.reading import (
     FUNCTION_KEYS,
     MAX_BASE_CHAIN,
     MAX_CONFIG_BYTES,
-    _base_source as _base_source,
-    _line_setting as _line_setting,
-    _read_one as _read_one,
-    _read_with_base as _read_with_base,
-    _replaces_whole as _replaces_whole,
-    _where_set as _where_set,
-    _with_trace_resolved as _with_trace_resolved,
     check_plain_values,
     merge_tables,
     parse_toml,
     read_config_source,
     read_config_text,
     with_function_paths_resolved,
+)
+from driftlab.experiments.config.reading import (
+    _base_source as _base_source,
+)
+from driftlab.experiments.config.reading import (
+    _line_setting as _line_setting,
+)
+from driftlab.experiments.config.reading import (
+    _read_one as _read_one,
+)
+from driftlab.experiments.config.reading import (
+    _read_with_base as _read_with_base,
+)
+from driftlab.experiments.config.reading import (
+    _replaces_whole as _replaces_whole,
+)
+from driftlab.experiments.config.reading import (
+    _where_set as _where_set,
+)
+from driftlab.experiments.config.reading import (
+    _with_trace_resolved as _with_trace_resolved,
 )
 from driftlab.experiments.config.schema import (
     MAX_BATCH_SIZE,
@@ -122,7 +173,11 @@ from driftlab.experiments.config.schema import (
     SamplingConfig,
     StateConfig,
     StopAtConfig,
+)
+from driftlab.experiments.config.schema import (
     _check_function_reference as _check_function_reference,
+)
+from driftlab.experiments.config.schema import (
     _plain as _plain,
 )
 from driftlab.experiments.config.tagged import (
@@ -134,34 +189,30 @@ from driftlab.experiments.config.tagged import (
     DataConfig,
     ModelConfig,
     ServerConfig,
-    _algorithm_section as _algorithm_section,
-    _same_value as _same_value,
     kind_keys,
     legacy_flat_form,
     registered_section,
     unknown_algorithm_message,
     without_other_kinds_keys,
 )
-from driftlab.experiments.config.toml_writer import to_toml, toml_key, toml_string, toml_value
-
-# The sections of the optional features, defined in their own packages.
-from driftlab.compress.section import CompressionConfig
-from driftlab.privacy.section import ADAPTIVE_KEYS, PrivacyConfig
-from driftlab.simulation.asynchronous.section import AsynchronousConfig
-from driftlab.simulation.time.section import SystemConfig
-
-# Names the module had before it became a package, imported by users of ``driftlab.experiments.config``.
-from driftlab.algorithms import registry
-from driftlab.data import registry as data_sets
-from driftlab.data.registry import DEFAULT_DATA_SET, PARTITIONS
-from driftlab.experiments.sweep.shipped import PRESET_PACKAGE, preset_names
+from driftlab.experiments.config.tagged import (
+    _algorithm_section as _algorithm_section,
+)
+from driftlab.experiments.config.tagged import (
+    _same_value as _same_value,
+)
 from driftlab.experiments.config.toml_shape import MAX_NESTING, check_toml_shape
+from driftlab.experiments.config.toml_writer import to_toml, toml_key, toml_string, toml_value
+from driftlab.experiments.sweep.shipped import PRESET_PACKAGE, preset_names
 from driftlab.models import registry as models
 from driftlab.optim import registry as server_optimizers
 from driftlab.optim.schedules import MAX_RATE, Count, Rate, is_constant_one
 from driftlab.plugins import did_you_mean, load_plugins, resolve_plugin
+from driftlab.privacy.section import ADAPTIVE_KEYS, PrivacyConfig
+from driftlab.simulation.asynchronous.section import AsynchronousConfig
 from driftlab.simulation.round.availability import ClientIds
 from driftlab.simulation.state.memory_budget import parse_bytes
+from driftlab.simulation.time.section import SystemConfig
 
 # The private names imported above (``_Section``, ``_privacy_conflicts``, ...) are re-exported too, for the modules
 # and tests that import them from here.

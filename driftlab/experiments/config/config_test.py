@@ -10,8 +10,6 @@ from pydantic import BaseModel
 import driftlab
 from driftlab.algorithms import ALGORITHMS
 from driftlab.data.registry import DATA_SETS
-from driftlab.models.registry import MODELS
-from driftlab.optim.registry import REGISTRY as SERVER_REGISTRY
 from driftlab.experiments.config import (
     ConfigError,
     ExperimentConfig,
@@ -21,6 +19,8 @@ from driftlab.experiments.config import (
     parse_override,
     preset_names,
 )
+from driftlab.models.registry import MODELS
+from driftlab.optim.registry import REGISTRY as SERVER_REGISTRY
 from driftlab.optim.schedules import ExponentialSchedule, InverseTimeSchedule
 
 
@@ -100,7 +100,7 @@ def test_other_out_of_range_values():
 @pytest.mark.parametrize(
     "table, expected",
     [
-        ('{initial=0.1, decay=0.9}', "kind"),
+        ("{initial=0.1, decay=0.9}", "kind"),
         ('{kind="cosine", initial=0.1}', "exponential"),
         ('{kind="exponential", initial=0.1, decay=1.5}', "decay"),
         ('{kind="exponential", initial=-0.1, decay=0.9}', "initial"),
@@ -169,15 +169,23 @@ def test_a_file_that_puts_a_value_where_a_section_belongs_is_blamed_not_the_over
     path = tmp_path / "c.toml"
     path.write_text('rounds = 3\nclient = 5\nmodel = "mlr"\n')
     message = _error("client.lr=0.1", source=path)
-    assert message.startswith(f"{path}: line 2: client = 5, but client is a section of keys (override 'client.lr=0.1' sets one")
+    assert message.startswith(
+        f"{path}: line 2: client = 5, but client is a section of keys (override 'client.lr=0.1' sets one"
+    )
     assert message.endswith("write [client] and its keys under it, as `driftlab config` lists them")
-    assert _error("model.name=mlp", source=path).startswith(f"{path}: line 3: model = 'mlr', but model is a section of keys")
+    assert _error("model.name=mlp", source=path).startswith(
+        f"{path}: line 3: model = 'mlr', but model is a section of keys"
+    )
     # the same fault in the file a `base` chain starts from: that file is named, the way a base's errors are
     top = tmp_path / "top.toml"
     top.write_text('base = "c.toml"\nrounds = 4\n')
-    assert _error("client.lr=0.1", source=top).startswith(f"{top}: base 'c.toml': {path}: line 2: client = 5, but client is a section")
+    assert _error("client.lr=0.1", source=top).startswith(
+        f"{top}: base 'c.toml': {path}: line 2: client = 5, but client is a section"
+    )
     # an earlier override that made client a value is the one named
-    assert _error("client=5", "client.lr=0.1").startswith("override 'client=5': client = 5, but client is a section of keys")
+    assert _error("client=5", "client.lr=0.1").startswith(
+        "override 'client=5': client = 5, but client is a section of keys"
+    )
 
 
 def test_an_override_that_reaches_into_a_value_of_the_file_is_blamed_and_the_value_shown(tmp_path):
@@ -192,7 +200,10 @@ def test_an_override_that_reaches_into_a_value_of_the_file_is_blamed_and_the_val
 def test_each_problem_of_a_file_with_overrides_says_whether_the_file_or_an_override_gave_it(tmp_path):
     path = tmp_path / "c.toml"
     path.write_text('rounds = 3\n[client]\nlr = "fast"\nlrr = 0.1\n[sampling]\nparticipation = 0.5\n')
-    lines = {line.split(":")[0].strip(): line for line in _error("client.batch_size=-1", "sampling.participation=2", source=path).splitlines()}
+    lines = {
+        line.split(":")[0].strip(): line
+        for line in _error("client.batch_size=-1", "sampling.participation=2", source=path).splitlines()
+    }
     assert lines["client.batch_size"].endswith("(got -1) (from override 'client.batch_size=-1')")
     assert lines["client.lr"].endswith(f"got 'fast' (from {path}: line 3)")
     assert lines["client.lrr"].endswith(f"did you mean client.lr? (from {path}: line 4)")
@@ -209,8 +220,8 @@ def test_overrides_reach_the_config():
         "synthetic-fedavg",
         [
             "rounds=7",
-            "client.lr={kind=\"inverse_time\", a=1.0, b=10}",
-            "client.steps={kind=\"exponential\", initial=8, decay=0.5}",
+            'client.lr={kind="inverse_time", a=1.0, b=10}',
+            'client.steps={kind="exponential", initial=8, decay=0.5}',
             "client.epochs=none",
             "server.optimizer=adam",
             "server.bias_correction=false",
@@ -263,7 +274,9 @@ def test_invalid_toml_file(tmp_path):
 
 def test_toml_file_with_sections(tmp_path):
     path = tmp_path / "exp.toml"
-    path.write_text('rounds = 12\n[client]\nlr = {kind = "exponential", initial = 0.2, decay = 0.9}\nsteps = 4\n[data]\nnum_clients = 6\n')
+    path.write_text(
+        'rounds = 12\n[client]\nlr = {kind = "exponential", initial = 0.2, decay = 0.9}\nsteps = 4\n[data]\nnum_clients = 6\n'
+    )
     config = load_config(path, ["seed=5"])
     assert (config.rounds, config.seed, config.data.num_clients, config.client.steps) == (12, 5, 6, 4)
     assert config.client.lr == ExponentialSchedule(initial=0.2, decay=0.9)
@@ -334,7 +347,13 @@ def test_json_config_file_errors(tmp_path):
 def test_fingerprint_ignores_length_and_placement_only():
     base = load_config(None)
     assert base.fingerprint() == load_config(None, ["rounds=5", "checkpoint_every=3", "device=auto"]).fingerprint()
-    for change in ("client.lr=0.02", "seed=1", "server.optimizer=adam", "sampling.participation=0.2", "precision=float64"):
+    for change in (
+        "client.lr=0.02",
+        "seed=1",
+        "server.optimizer=adam",
+        "sampling.participation=0.2",
+        "precision=float64",
+    ):
         assert base.fingerprint() != load_config(None, [change]).fingerprint(), change
 
 
@@ -409,14 +428,20 @@ def test_an_unknown_key_says_what_was_likely_meant(override, hint, built_in_algo
 
 def test_an_unknown_key_far_from_every_key_gets_no_guess():
     line = _error("client.zzzqqq=1").splitlines()[1]
-    assert line == "  client.zzzqqq: unknown key; valid keys here: lr, batch_size, epochs, steps, weight_decay, clip_norm, inexact_gamma"
+    assert (
+        line
+        == "  client.zzzqqq: unknown key; valid keys here: lr, batch_size, epochs, steps, weight_decay, clip_norm, inexact_gamma"
+    )
 
 
 def test_unknown_presets_and_algorithms_say_what_was_likely_meant(built_in_algorithms_only):
-    assert "'synthetic-fedavgg' is neither a config file nor a preset (did you mean 'synthetic-fedavg'?); presets: " in _error(
-        source="synthetic-fedavgg"
+    assert (
+        "'synthetic-fedavgg' is neither a config file nor a preset (did you mean 'synthetic-fedavg'?); presets: "
+        in _error(source="synthetic-fedavgg")
     )
-    assert "unknown algorithm 'FedProx' (did you mean 'fedprox'?); valid algorithms: fedavg, " in _error("algorithm.name=FedProx")
+    assert "unknown algorithm 'FedProx' (did you mean 'fedprox'?); valid algorithms: fedavg, " in _error(
+        "algorithm.name=FedProx"
+    )
     assert "unknown algorithm 'scafold' (did you mean 'scaffold'?)" in _error("algorithm.name=scafold")
     assert "did you mean" not in _error("algorithm.name=nesterov_avg")
 
@@ -429,11 +454,17 @@ def test_a_dotted_key_of_50000_parts_is_refused_before_tomllib_in_little_memory(
     tracemalloc.start()
     try:
         message = _error(source=path)
-        for text in ("[" + "x." * 50_000 + "x]\n", "a = {" + "x." * 50_000 + "x = 1}\n", "a = " + "{b = " * 50_000 + "1" + "}" * 50_000):
+        for text in (
+            "[" + "x." * 50_000 + "x]\n",
+            "a = {" + "x." * 50_000 + "x = 1}\n",
+            "a = " + "{b = " * 50_000 + "1" + "}" * 50_000,
+        ):
             path.write_text(text)
             assert "nested" in _error(source=path)
         assert "a key has at most 32 dotted parts" in _error("x." * 50_000 + "x=1")
-        assert "override client.lr: line 1: a dotted key nested more than 32" in _error("client.lr={" + "x." * 50_000 + "x = 1}")
+        assert "override client.lr: line 1: a dotted key nested more than 32" in _error(
+            "client.lr={" + "x." * 50_000 + "x = 1}"
+        )
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
@@ -445,7 +476,7 @@ def test_dots_and_brackets_in_strings_comments_and_numbers_are_not_nesting(tmp_p
     path = tmp_path / "fine.toml"
     dots = ".".join(["a"] * 40)
     path.write_text(
-        f'# {dots} [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[\n[data]\nroot = "{dots}"\nloader = \'{dots}:f\'\n'
+        f"# {dots} [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[\n[data]\nroot = \"{dots}\"\nloader = '{dots}:f'\n"
         f"[client]\nlr = 0.5\n[model]\nhidden = [{', '.join(['1'] * 40)}]\n"
         f'[algorithm]\nname = """{dots}\n[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[["""\n'
     )
@@ -458,7 +489,9 @@ _QUOTED_BOMBS = {  # one key of 50,000 parts in each form tomllib reads (439 kB 
     "a [table] header": "[" + ".".join(f'"k.{i}"' for i in range(50_000)) + "]\nx = 1\n",
     "an [[array]] header": "[[ " + "\t.\t".join(f"'k[{i}]'" for i in range(50_000)) + " ]]\n",
     "an inline table": "a = { b = 1, " + ".".join(f'"k\\"{i}"' for i in range(50_000)) + " = 1 }\n",
-    "mixed parts in a list of inline tables": "a = [{ b = [{" + ".".join(("x", '"y"', "'z'")[i % 3] for i in range(50_000)) + " = 1}] }]\n",
+    "mixed parts in a list of inline tables": "a = [{ b = [{"
+    + ".".join(("x", '"y"', "'z'")[i % 3] for i in range(50_000))
+    + " = 1}] }]\n",
 }
 
 
@@ -512,7 +545,9 @@ def test_model_widths_must_be_positive():
     assert "model.hidden" in message and "greater than or equal to 1" in message
     assert "model.hidden" in _error("model.name=mlp", "model.hidden=[200, -5]")
     assert "model.hidden" in _error("model.name=mlp", f"model.hidden=[{10**9}]")
-    assert load_config(None, ["model.name=mlp", "model.hidden=[]"]).model.hidden == ()  # an mlp without hidden layers is mlr
+    assert (
+        load_config(None, ["model.name=mlp", "model.hidden=[]"]).model.hidden == ()
+    )  # an mlp without hidden layers is mlr
 
 
 @pytest.mark.parametrize(
@@ -532,7 +567,9 @@ def test_learning_rates_above_the_bound_are_refused(override):
 
 def test_learning_rate_bound_itself_is_allowed():
     assert load_config(None, ["client.lr=1e6"]).client.lr == 1e6
-    assert load_config(None, ['client.steps={kind="inverse_time", a=1e7, b=0}']).client.steps.a == 1e7  # a count, not a rate
+    assert (
+        load_config(None, ['client.steps={kind="inverse_time", a=1e7, b=0}']).client.steps.a == 1e7
+    )  # a count, not a rate
 
 
 @pytest.mark.parametrize(
@@ -602,7 +639,9 @@ def test_config_file_builds_on_a_preset(tmp_path):
 
 def test_base_file_is_relative_to_the_file_and_chains(tmp_path):
     (tmp_path / "sub").mkdir()
-    (tmp_path / "common.toml").write_text('base = "synthetic-fedavg"\nseed = 4\n[client]\nlr = {kind = "exponential", initial = 0.2, decay = 0.9}\n')
+    (tmp_path / "common.toml").write_text(
+        'base = "synthetic-fedavg"\nseed = 4\n[client]\nlr = {kind = "exponential", initial = 0.2, decay = 0.9}\n'
+    )
     (tmp_path / "sub" / "run.toml").write_text(
         'base = "../common.toml"\nrounds = 3\n[client]\nlr = {kind = "inverse_time", a = 1.0, b = 10}\nepochs = "none"\nsteps = 5\n'
     )
@@ -684,7 +723,9 @@ def test_the_fingerprint_leaves_out_the_loader_path_and_the_digest_a_sweep_plans
     first = _load(None, ["data.name=custom", "data.loader=/a/my_data.py:load", f"data.digest={DIGEST}"])
     moved = _load(None, ["data.name=custom", "data.loader=/b/my_data.py:load"])
     assert first.fingerprint() == moved.fingerprint() != _load(None).fingerprint()
-    assert _load(None).fingerprint() == _load(None, ["model.classifier=none"]).fingerprint()  # unset keys leave old fingerprints alone
+    assert (
+        _load(None).fingerprint() == _load(None, ["model.classifier=none"]).fingerprint()
+    )  # unset keys leave old fingerprints alone
 
 
 def test_the_fingerprint_keeps_the_loss_files_name_and_function_not_its_folder():
@@ -695,7 +736,9 @@ def test_the_fingerprint_keeps_the_loss_files_name_and_function_not_its_folder()
 
 
 def test_import_function_names_the_key_and_the_fix(tmp_path):
-    (tmp_path / "losses.py").write_text("scale = 2.0\ndef squared(outputs, targets):\n    return (outputs - targets) ** 2\n")
+    (tmp_path / "losses.py").write_text(
+        "scale = 2.0\ndef squared(outputs, targets):\n    return (outputs - targets) ** 2\n"
+    )
     assert import_function(f"{tmp_path / 'losses.py'}:squared", "model.loss").__name__ == "squared"
     with pytest.raises(ConfigError, match=r"^model.loss = .*: .*losses.py' has a float, not a function 'scale'"):
         import_function(f"{tmp_path / 'losses.py'}:scale", "model.loss")
@@ -720,15 +763,43 @@ ASYNCHRONOUS = TIMED + ["asynchronous.concurrency=4", "asynchronous.buffer=2"]
     [
         (["asynchronous.buffer=2"], "asynchronous", "add a [system] section"),
         (ASYNCHRONOUS + ["privacy.clip=1.0"], "privacy", "remove [privacy], or remove [asynchronous]"),
-        (ASYNCHRONOUS + ["compression.ratio=0.5"], "compression.ratio", "uncompressed (ratio 0.5): set compression.ratio = 1"),
-        (ASYNCHRONOUS + ["algorithm.name=efl"], "compression.ratio", "(ratio 0.01, efl's default): set compression.ratio = 1"),
-        (ASYNCHRONOUS + ["availability.inactive_probability=0.1"], "availability.inactive_probability", "set availability.inactive_probability = 0"),
-        (ASYNCHRONOUS + ["availability.incomplete_probability=0.1"], "availability.incomplete_probability", "come from [system]"),
+        (
+            ASYNCHRONOUS + ["compression.ratio=0.5"],
+            "compression.ratio",
+            "uncompressed (ratio 0.5): set compression.ratio = 1",
+        ),
+        (
+            ASYNCHRONOUS + ["algorithm.name=efl"],
+            "compression.ratio",
+            "(ratio 0.01, efl's default): set compression.ratio = 1",
+        ),
+        (
+            ASYNCHRONOUS + ["availability.inactive_probability=0.1"],
+            "availability.inactive_probability",
+            "set availability.inactive_probability = 0",
+        ),
+        (
+            ASYNCHRONOUS + ["availability.incomplete_probability=0.1"],
+            "availability.incomplete_probability",
+            "come from [system]",
+        ),
         (ASYNCHRONOUS + ["system.deadline=10"], "system.deadline", "remove system.deadline"),
-        (ASYNCHRONOUS + ["system.over_selection=0.3"], "system.over_selection", "over-selection is for synchronous rounds"),
-        (ASYNCHRONOUS + ["sampling.mode=weighted"], "sampling.mode", 'instead of sampling weighted cohorts: set sampling.mode = "uniform"'),
+        (
+            ASYNCHRONOUS + ["system.over_selection=0.3"],
+            "system.over_selection",
+            "over-selection is for synchronous rounds",
+        ),
+        (
+            ASYNCHRONOUS + ["sampling.mode=weighted"],
+            "sampling.mode",
+            'instead of sampling weighted cohorts: set sampling.mode = "uniform"',
+        ),
         (ASYNCHRONOUS + ["sampling.mode=poisson"], "sampling.mode", "asynchronous.concurrency at a time"),
-        (TIMED + ["system.over_selection=0.3", "sampling.mode=poisson"], "system.over_selection", "a poisson cohort has no fixed size"),
+        (
+            TIMED + ["system.over_selection=0.3", "sampling.mode=poisson"],
+            "system.over_selection",
+            "a poisson cohort has no fixed size",
+        ),
     ],
 )
 def test_what_asynchronous_and_over_selection_cannot_be_combined_with(overrides, key, fragment):
@@ -738,7 +809,9 @@ def test_what_asynchronous_and_over_selection_cannot_be_combined_with(overrides,
 
 def test_timed_and_asynchronous_configs_that_combine():
     # a preset's participation (for its synchronous runs) is not read by an asynchronous run, so it is no conflict
-    config = load_config(None, ASYNCHRONOUS + ["sampling.participation=0.5", "compression.ratio=1", "availability.events=[]"])
+    config = load_config(
+        None, ASYNCHRONOUS + ["sampling.participation=0.5", "compression.ratio=1", "availability.events=[]"]
+    )
     assert config.asynchronous.concurrency == 4 and config.system.profiles == "lognormal"
     timed = load_config(None, TIMED + ["system.deadline=10", "system.over_selection=0.3", "sampling.participation=0.5"])
     assert timed.system.deadline == 10 and timed.asynchronous is None
@@ -752,15 +825,26 @@ def test_a_trace_path_is_taken_from_the_config_files_folder(tmp_path, monkeypatc
     monkeypatch.chdir(tmp_path)
     assert load_config(config).system.trace == str((tmp_path / "project" / "traces" / "devices.csv").resolve())
     (tmp_path / "here.csv").write_text("")
-    config.write_text('[system]\nprofiles = "trace"\ntrace = "here.csv"\n')  # not beside the config, but in the working directory
+    config.write_text(
+        '[system]\nprofiles = "trace"\ntrace = "here.csv"\n'
+    )  # not beside the config, but in the working directory
     assert load_config(config).system.trace == str((tmp_path / "here.csv").resolve())
-    assert load_config(None, ["system.profiles=trace", "system.trace=x.csv"]).system.trace == str((tmp_path / "x.csv").resolve())
+    assert load_config(None, ["system.profiles=trace", "system.trace=x.csv"]).system.trace == str(
+        (tmp_path / "x.csv").resolve()
+    )
     assert load_config(None, ["system.profiles=trace", "system.trace=/abs/x.csv"]).system.trace == "/abs/x.csv"
     assert load_config(None).system is None
 
 
 def test_describe_keys_lists_the_system_and_asynchronous_keys():
     text = describe_keys()
-    for key in ("system.profiles", "system.trace", "system.deadline", "system.over_selection", "asynchronous.concurrency", "asynchronous.buffer"):
+    for key in (
+        "system.profiles",
+        "system.trace",
+        "system.deadline",
+        "system.over_selection",
+        "asynchronous.concurrency",
+        "asynchronous.buffer",
+    ):
         assert f"  {key} = " in text
     assert text.index("\n[system]\n") < text.index("  system.profiles = ") < text.index("\n[asynchronous]\n")

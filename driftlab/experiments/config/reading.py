@@ -13,8 +13,8 @@ from typing import Any
 from driftlab.config_section import short
 from driftlab.errors import ConfigError
 from driftlab.experiments.config.tagged import DEFAULT_ALGORITHM, TAGGED_SECTIONS, without_other_kinds_keys
-from driftlab.experiments.sweep.shipped import PRESET_PACKAGE, preset_names
 from driftlab.experiments.config.toml_shape import MAX_NESTING, check_toml_shape
+from driftlab.experiments.sweep.shipped import PRESET_PACKAGE, preset_names
 from driftlab.plugins import did_you_mean, resolve_plugin
 
 MAX_CONFIG_BYTES = 1_000_000  # the largest shipped preset is 2 kB; a megabyte is never a hand-written config

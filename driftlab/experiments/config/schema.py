@@ -186,12 +186,16 @@ class StopAtConfig(Section):
     passed since the best one, a round improving on the best b when m_t > b + min_delta (max) or m_t < b - min_delta
     (min).  Both set: whichever comes first."""
 
-    metric: str = Field(description="the metric to watch, one an evaluated round records (test_accuracy, test_loss, ...)")
+    metric: str = Field(
+        description="the metric to watch, one an evaluated round records (test_accuracy, test_loss, ...)"
+    )
     value: float | None = Field(None, description="stop once the metric reaches this value (>= for max, <= for min)")
     patience: int | None = Field(
         None, ge=1, description="stop once this many evaluated rounds have passed without improving on the best"
     )
-    min_delta: float = Field(0.0, ge=0, description="with patience: an improvement must exceed the best by more than this")
+    min_delta: float = Field(
+        0.0, ge=0, description="with patience: an improvement must exceed the best by more than this"
+    )
     mode: Literal["max", "min"] | None = Field(
         None, description="max: higher is better, min: lower is better; unset: min for losses and distances, else max"
     )

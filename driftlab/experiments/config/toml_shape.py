@@ -11,14 +11,18 @@ import re
 
 from driftlab.errors import ConfigError
 
-MAX_NESTING = 32  # a config nests 5 levels at most (availability.events[i].join_range[j]); 32 leaves room, not recursion
+MAX_NESTING = (
+    32  # a config nests 5 levels at most (availability.events[i].join_range[j]); 32 leaves room, not recursion
+)
 
 
 # What the TOML pre-scan matches. It follows tomllib's grammar wherever tomllib accepts the text, so it sees every
 # key tomllib builds; the one-line string forms stop at a newline and the others cannot fail after matching the
 # text, so each position is read a bounded number of times.
 _TOML_GAP = re.compile(r"[ \t]*")
-_TOML_ARRAY_GAP = re.compile(r"(?:[ \t\n]+|#[^\n]*)*+")  # a list may span lines and hold comments; an inline table may not
+_TOML_ARRAY_GAP = re.compile(
+    r"(?:[ \t\n]+|#[^\n]*)*+"
+)  # a list may span lines and hold comments; an inline table may not
 _TOML_LINE_END = re.compile(r"[ \t]*(?:#[^\n]*)?(?:\n|\Z)")
 _TOML_KEY_PART = re.compile(r'[A-Za-z0-9_-]+|"(?:[^"\\\n]|\\[^\n])*"|\'[^\'\n]*\'')
 _TOML_KEY_DOT = re.compile(r"[ \t]*\.[ \t]*")
@@ -30,7 +34,10 @@ _TOML_STRING = re.compile(
 # a number, boolean or date: from a character that is not a blank up to the next one that means something
 _TOML_SCALAR = re.compile(r"[^,\[\]{}#\"'\n \t][^,\[\]{}#\"'\n]*")
 # more strings, numbers, booleans or dates of a list at once: only their commas and gaps, no nesting, to read
-_TOML_MORE_ITEMS = re.compile(rf"(?:{_TOML_ARRAY_GAP.pattern},{_TOML_ARRAY_GAP.pattern}(?:{_TOML_STRING.pattern}|{_TOML_SCALAR.pattern}))*", re.DOTALL)
+_TOML_MORE_ITEMS = re.compile(
+    rf"(?:{_TOML_ARRAY_GAP.pattern},{_TOML_ARRAY_GAP.pattern}(?:{_TOML_STRING.pattern}|{_TOML_SCALAR.pattern}))*",
+    re.DOTALL,
+)
 _TOML_COARSE = re.compile(r"[\[\]{}=,\n.#\"']")
 _TOML_ONE_LINE_STRING = {'"': re.compile(r'"(?:[^"\\\n]|\\[^\n])*"'), "'": re.compile(r"'[^'\n]*'")}
 
@@ -111,7 +118,7 @@ class _TomlShape:
             self.depth = depth
             if depth > MAX_NESTING:
                 self.refuse_depth(pos)
-            char = text[pos:pos + 1]
+            char = text[pos : pos + 1]
             if char == "[":
                 around.append(("]", depth + 1))
                 pos = _TOML_ARRAY_GAP.match(text, pos + 1).end()
@@ -175,7 +182,9 @@ class _TomlShape:
                 if depth + dots + 1 > MAX_NESTING:
                     self.refuse_key(text.rfind("\n", 0, found.start()) + 1, depth)
             elif char in "'\"":
-                string = _TOML_ONE_LINE_STRING[char].match(text, found.start()) if found.start() >= strings_from else None
+                string = (
+                    _TOML_ONE_LINE_STRING[char].match(text, found.start()) if found.start() >= strings_from else None
+                )
                 if string is not None:
                     pos = string.end()
                 elif found.start() >= strings_from:
@@ -192,7 +201,7 @@ class _TomlShape:
                     depth = max(0, depth - 1)
 
     def refuse_key(self, start: int, base: int) -> None:
-        shown = self.text[start:start + 40].split("\n")[0]
+        shown = self.text[start : start + 40].split("\n")[0]
         below = f", below {base} level{'s' * (base != 1)} of tables and lists" if base else ""
         raise ConfigError(
             f"{self.origin}: line {self.text.count(chr(10), 0, start) + 1}: a dotted key nested more than {MAX_NESTING} "

@@ -16,10 +16,26 @@ def _key(parts: int) -> str:
 @pytest.mark.parametrize(
     "deepest, too_deep, refusal",
     [  # the deepest value at exactly 32 levels, then one level more
-        (f"[{_key(20)}]\n{_key(12)} = 1\n", f"[{_key(20)}]\n{_key(13)} = 1\n", "line 2: a dotted key nested .* below 20 levels"),
-        (f"[[{_key(20)}]]\n{_key(11)} = 1\n", f"[[{_key(20)}]]\n{_key(12)} = 1\n", "line 2: .* below 21 levels"),  # 20, the list, a table in it
-        (f"a = [{{ b = [{{ {_key(28)} = 1 }}] }}]\n", f"a = [{{ b = [{{ {_key(29)} = 1 }}] }}]\n", "line 1: .* below 4 levels"),  # a, list, b, list
-        (f"a = {{ b = {{ {_key(30)} = 1 }} }}\n", f"a = {{ b = {{ {_key(31)} = 1 }} }}\n", "line 1: .* below 2 levels"),  # a, b: braces add none
+        (
+            f"[{_key(20)}]\n{_key(12)} = 1\n",
+            f"[{_key(20)}]\n{_key(13)} = 1\n",
+            "line 2: a dotted key nested .* below 20 levels",
+        ),
+        (
+            f"[[{_key(20)}]]\n{_key(11)} = 1\n",
+            f"[[{_key(20)}]]\n{_key(12)} = 1\n",
+            "line 2: .* below 21 levels",
+        ),  # 20, the list, a table in it
+        (
+            f"a = [{{ b = [{{ {_key(28)} = 1 }}] }}]\n",
+            f"a = [{{ b = [{{ {_key(29)} = 1 }}] }}]\n",
+            "line 1: .* below 4 levels",
+        ),  # a, list, b, list
+        (
+            f"a = {{ b = {{ {_key(30)} = 1 }} }}\n",
+            f"a = {{ b = {{ {_key(31)} = 1 }} }}\n",
+            "line 1: .* below 2 levels",
+        ),  # a, b: braces add none
         ("a = " + "[" * 31 + "1" + "]" * 31, "a = " + "[" * 32 + "1" + "]" * 32, "line 1 is nested too deeply"),
     ],
     ids=["table header", "array of tables header", "lists of inline tables", "inline tables", "lists"],
@@ -46,7 +62,7 @@ def test_strings_holding_dots_quotes_and_brackets_are_read_as_strings_not_keys()
         f'[section]\nml = """\n{dots} = 1\n{brackets}\n"""""\n'  # a multi-line string may end in two more quotes
         f"lit = '''\n[{dots}]\n'{dots}' '''''\n"
         f"list = [\n  \"{brackets}\",  # {brackets}\n  '{dots}', 0.5, 1979-05-27 07:32:00,\n]\n"
-        f'inline = {{ s = "{dots}", t = [\'{brackets}\'] }}\r\n'
+        f"inline = {{ s = \"{dots}\", t = ['{brackets}'] }}\r\n"
     )
     check_toml_shape(text, "f.toml")  # nothing refused
     table = parse_toml(text, "f.toml")

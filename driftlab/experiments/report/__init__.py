@@ -78,9 +78,6 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from driftlab.errors import ConfigError
-from driftlab.owned_folder import OwnedFolder, claim, first_line, refusal
-from driftlab.experiments.report.rounds_long import ROUNDS_LONG_CSV, write_rounds_long_csv
-from driftlab.experiments.report.seeds import SeedsRow, baseline_for, check_baseline, seeds_rows, seeds_section, write_seeds_csv
 from driftlab.experiments.report.epsilon import EpsilonSummary, epsilon_summary, is_private, run_epsilon
 from driftlab.experiments.report.labels import algorithm_label, flatten_config, label_standalone
 from driftlab.experiments.report.plots import (
@@ -102,7 +99,16 @@ from driftlab.experiments.report.privacy_utility import (
     privacy_utility,
     write_privacy_csv,
 )
-from driftlab.experiments.report.read import PendingRun, RunData, Setting, collect, cut_to_shortest, read_metrics, read_run, read_sweep
+from driftlab.experiments.report.read import (
+    PendingRun,
+    RunData,
+    Setting,
+    collect,
+    cut_to_shortest,
+    read_metrics,
+    read_run,
+    read_sweep,
+)
 from driftlab.experiments.report.render import (
     accuracy_section,
     communication_section,
@@ -111,12 +117,20 @@ from driftlab.experiments.report.render import (
     privacy_note,
     privacy_utility_section,
     runs_section,
-    unreached_section,
     steps_section,
     sweep_summary,
     time_note,
+    unreached_section,
 )
-from driftlab.experiments.report.tuning import TuningResult, apply_tuning, tuning_appendix, tuning_note, write_tuning_csv
+from driftlab.experiments.report.rounds_long import ROUNDS_LONG_CSV, write_rounds_long_csv
+from driftlab.experiments.report.seeds import (
+    SeedsRow,
+    baseline_for,
+    check_baseline,
+    seeds_rows,
+    seeds_section,
+    write_seeds_csv,
+)
 from driftlab.experiments.report.tables import (
     AccuracyRow,
     Savings,
@@ -130,7 +144,15 @@ from driftlab.experiments.report.tables import (
     target_row,
     write_tables,
 )
+from driftlab.experiments.report.tuning import (
+    TuningResult,
+    apply_tuning,
+    tuning_appendix,
+    tuning_note,
+    write_tuning_csv,
+)
 from driftlab.experiments.run.run_directory import METRICS_FILE
+from driftlab.owned_folder import OwnedFolder, claim, first_line, refusal
 
 
 @dataclass
@@ -195,7 +217,17 @@ def make_report(
     with tempfile.TemporaryDirectory(prefix="driftlab-report-") as staging:
         out = Path(staging)  # every file is written here first, then moved into the user's folder once all may be
         report = _write_report(
-            inputs, out, settings, documents, tuned, runs, chosen_targets, requested_reference, baseline, seed_rows, plots
+            inputs,
+            out,
+            settings,
+            documents,
+            tuned,
+            runs,
+            chosen_targets,
+            requested_reference,
+            baseline,
+            seed_rows,
+            plots,
         )
         report.files = _publish(out, target, report.files, force)
     return report
@@ -222,7 +254,9 @@ def _write_report(
     files: list[Path] = []
     lines = [REPORT_TITLE, ""]
     sources = ", ".join(f"`{p}`" for p in inputs)
-    lines.append(f"{len(runs)} runs in {len(settings)} setting{'s' if len(settings) != 1 else ''}, read from {sources}.")
+    lines.append(
+        f"{len(runs)} runs in {len(settings)} setting{'s' if len(settings) != 1 else ''}, read from {sources}."
+    )
     for document in documents:
         lines.append(sweep_summary(document, [run for run in runs if run.sweep == str(document.get("name"))]))
     lines.append("")
@@ -238,10 +272,15 @@ def _write_report(
         ]
     unknown_parameters = [run for run in runs if run.num_parameters is None]
     if unknown_parameters:
-        lines += [f"{len(unknown_parameters)} runs have no run.json (parameter count unknown): their model-equivalent cells are empty.", ""]
+        lines += [
+            f"{len(unknown_parameters)} runs have no run.json (parameter count unknown): their model-equivalent cells are empty.",
+            "",
+        ]
     torn = [run for run in runs if run.torn_line is not None]
     for run in torn:
-        lines.append(f"`{run.path / METRICS_FILE}` line {run.torn_line} was torn (the run was killed mid-write) and is ignored.")
+        lines.append(
+            f"`{run.path / METRICS_FILE}` line {run.torn_line} was torn (the run was killed mid-write) and is ignored."
+        )
     if torn:
         lines.append("")
 
@@ -269,7 +308,10 @@ def _write_report(
             if unreached:
                 lines += unreached_section(setting, [target for target, _ in unreached], unreached[0][1])
             if not chosen_targets:
-                lines += ["No target accuracy given (pass targets, or set evaluation.target_accuracy in the runs): no communication tables.", ""]
+                lines += [
+                    "No target accuracy given (pass targets, or set evaluation.target_accuracy in the runs): no communication tables.",
+                    "",
+                ]
         section, rows = accuracy_section(setting)
         lines += section
         accuracy_rows += rows
@@ -280,7 +322,9 @@ def _write_report(
             if section:
                 lines += section
                 seed_rows += rows
-        section, rows = steps_section(setting, by_method, chosen_targets if setting.is_classifier else [], requested_reference)
+        section, rows = steps_section(
+            setting, by_method, chosen_targets if setting.is_classifier else [], requested_reference
+        )
         lines += section
         step_rows += rows
         lines += runs_section(setting)
@@ -293,7 +337,12 @@ def _write_report(
                 if any(figure.banded for figure, _ in figures):
                     lines += [BAND_NOTE, ""]
                 for figure, path in figures:
-                    lines += [f"![{setting.label}: {figure.caption}]({path.name})", "", f"*{figure.caption[0].upper()}{figure.caption[1:]}.*", ""]
+                    lines += [
+                        f"![{setting.label}: {figure.caption}]({path.name})",
+                        "",
+                        f"*{figure.caption[0].upper()}{figure.caption[1:]}.*",
+                        "",
+                    ]
 
     utility = privacy_utility(settings, documents)
     if utility is not None:
@@ -358,24 +407,34 @@ def _publish(staging: Path, out: Path, files: list[Path], force: bool) -> list[P
     return [out / path.name for path in files]
 
 
-def _targets_for(targets: Sequence[float] | None, documents: Sequence[dict[str, Any]], runs: Sequence[RunData]) -> list[float]:
+def _targets_for(
+    targets: Sequence[float] | None, documents: Sequence[dict[str, Any]], runs: Sequence[RunData]
+) -> list[float]:
     if targets is not None:
         chosen = [float(t) for t in targets]
     elif any(document.get("targets") for document in documents):
         chosen = [float(t) for document in documents for t in document.get("targets") or ()]
     else:
-        chosen = [float(run.config["evaluation"]["target_accuracy"]) for run in runs if run.config.get("evaluation", {}).get("target_accuracy") is not None]
+        chosen = [
+            float(run.config["evaluation"]["target_accuracy"])
+            for run in runs
+            if run.config.get("evaluation", {}).get("target_accuracy") is not None
+        ]
     bad = [t for t in chosen if not 0 < t <= 1]
     if bad:
         raise ConfigError(f"target accuracies must be fractions in (0, 1], got {bad}; write 0.97 for 97%")
     return sorted(set(chosen))
 
 
-def _reference_for(requested: str | None, documents: Sequence[dict[str, Any]], settings: Sequence[Setting]) -> str | None:
+def _reference_for(
+    requested: str | None, documents: Sequence[dict[str, Any]], settings: Sequence[Setting]
+) -> str | None:
     if requested is not None:
         methods = {method for setting in settings for method in setting.methods}
         if requested not in methods:
-            raise ConfigError(f"steps_reference {requested!r} is not a method of these runs; the methods are: {', '.join(sorted(methods))}")
+            raise ConfigError(
+                f"steps_reference {requested!r} is not a method of these runs; the methods are: {', '.join(sorted(methods))}"
+            )
         return requested
     return next((document["steps_reference"] for document in documents if document.get("steps_reference")), None)
 

@@ -16,14 +16,22 @@ from typing import Any, Iterable, Sequence
 from driftlab.algorithm_labels import BUILT_IN_LABELS
 from driftlab.experiments.report.run_data import RunData
 
-
 # FedAvg with another server optimizer is a method of its own in the literature (Reddi et al. 2020, FedOpt).
 SERVER_OPTIMIZER_LABELS = {"momentum": "FedAvgM", "adam": "FedAdam", "adagrad": "FedAdagrad", "yogi": "FedYogi"}
 # Config keys that do not change what a run computes, or only how long it runs: runs differing only
 # in these (and the seed) are seeds of one method.
 IGNORED_KEYS = (
-    "seed", "rounds", "device", "checkpoint_every", "keep_checkpoint", "backend", "evaluation.target_accuracy",
-    "log", "plugins", "state", "memory_budget",
+    "seed",
+    "rounds",
+    "device",
+    "checkpoint_every",
+    "keep_checkpoint",
+    "backend",
+    "evaluation.target_accuracy",
+    "log",
+    "plugins",
+    "state",
+    "memory_budget",
 )
 # Of those, the keys outside a run's identity (``ExperimentConfig.fingerprint`` ignores them): they never
 # tell two runs apart, even two that claim one seed (a run resumed with a tracker on is the same run).
@@ -147,7 +155,9 @@ def _describe_setting(table: dict[str, Any], keys: Sequence[str], tables: Sequen
     if all(_timed(other) for other in tables) or not any(_timed(other) for other in tables):
         return _describe(table, keys)
     if not _timed(table):
-        return ", ".join(filter(None, ["untimed", _describe(table, [key for key in keys if not _listed(key, (SYSTEM_SECTION,))])]))
+        return ", ".join(
+            filter(None, ["untimed", _describe(table, [key for key in keys if not _listed(key, (SYSTEM_SECTION,))])])
+        )
     among_timed = set(_differing_keys([other for other in tables if _timed(other)]))
     shown = [key for key in keys if not _listed(key, (SYSTEM_SECTION,)) or key in among_timed]
     return ", ".join(filter(None, ["timed", _describe(table, shown)]))
@@ -179,7 +189,9 @@ def label_standalone(runs: Sequence[RunData]) -> None:
         asynchronous = [any(_listed(key, (ASYNCHRONOUS_SECTION,)) for key in splits[i][1]) for i in indices]
         setting_keys = [key for key in _differing_setting_keys(tables, asynchronous) if key != "data.name"]
         for index in indices:
-            runs[index].setting = ", ".join(filter(None, [data_name, _describe_setting(splits[index][0], setting_keys, tables)]))
+            runs[index].setting = ", ".join(
+                filter(None, [data_name, _describe_setting(splits[index][0], setting_keys, tables)])
+            )
     by_setting: dict[str, list[int]] = {}
     for index, run in enumerate(runs):
         by_setting.setdefault(run.setting, []).append(index)
@@ -221,7 +233,11 @@ def _split_same_seed_runs(runs: Sequence[RunData]) -> None:
         if len(set(seeds)) == len(seeds):
             continue
         tables = [
-            {k: v for k, v in flatten_config(run.config).items() if _listed(k, IGNORED_KEYS) and k != "seed" and not _listed(k, NOT_IDENTITY_KEYS)}
+            {
+                k: v
+                for k, v in flatten_config(run.config).items()
+                if _listed(k, IGNORED_KEYS) and k != "seed" and not _listed(k, NOT_IDENTITY_KEYS)
+            }
             for run in group
         ]
         differing = _differing_keys(tables)

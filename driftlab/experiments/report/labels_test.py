@@ -9,7 +9,9 @@ from driftlab.experiments.report.read import RunData
 
 
 def _run(algorithm: str, optimizer: str = "sgd", method: str = "") -> RunData:
-    return RunData(Path(algorithm), {"algorithm": {"name": algorithm}, "server": {"optimizer": optimizer}}, [], None, method=method)
+    return RunData(
+        Path(algorithm), {"algorithm": {"name": algorithm}, "server": {"optimizer": optimizer}}, [], None, method=method
+    )
 
 
 def test_built_in_labels_and_order_are_the_registrys():
@@ -27,9 +29,14 @@ def test_server_optimizers_name_fedopt_methods_and_unknown_algorithms_keep_their
     assert algorithm_label({"algorithm.name": "scaffold", "server.optimizer": "adam"}) == "SCAFFOLD + server adam"
     assert algorithm_label({"algorithm.name": "not_registered"}) == "not_registered"
     # an algorithm the registry does not know comes after the built-ins; FedAvg's FedOpt variants after FedAvg
-    ordered = sorted([_run("not_registered"), _run("fedprox"), _run("fedavg", "adam", "FedAdam"), _run("fedavg")], key=method_order)
+    ordered = sorted(
+        [_run("not_registered"), _run("fedprox"), _run("fedavg", "adam", "FedAdam"), _run("fedavg")], key=method_order
+    )
     assert [(run.config["algorithm"]["name"], run.method) for run in ordered] == [
-        ("fedavg", ""), ("fedavg", "FedAdam"), ("fedprox", ""), ("not_registered", ""),
+        ("fedavg", ""),
+        ("fedavg", "FedAdam"),
+        ("fedprox", ""),
+        ("not_registered", ""),
     ]
 
 
@@ -40,7 +47,12 @@ def test_asynchronous_runs_are_fedbuff_after_their_synchronous_method_and_keep_t
     system = {"profiles": "lognormal", "speed_median": 100.0, "deadline": None}
 
     def run(name: str, participation: float, asynchronous: bool) -> RunData:
-        config = {"algorithm": {"name": name}, "data": {"name": "synthetic"}, "sampling": {"participation": participation}, "system": system}
+        config = {
+            "algorithm": {"name": name},
+            "data": {"name": "synthetic"},
+            "sampling": {"participation": participation},
+            "system": system,
+        }
         if asynchronous:
             config["asynchronous"] = {"concurrency": 10, "buffer": 5}
         return RunData(Path(f"{name}-{asynchronous}"), config, [], None)

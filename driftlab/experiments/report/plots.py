@@ -26,7 +26,6 @@ from driftlab.experiments.report.read import RunData, Setting
 from driftlab.experiments.report.render import duration_unit, format_delta, format_target
 from driftlab.experiments.sweep.directory import slug
 
-
 # Target lines: a dash pattern and a grey each, told apart in the legend, in print and without colour.
 TARGET_STYLES = (
     ("dotted", ":", "black"),
@@ -41,7 +40,12 @@ BAND_NOTE = (
     "(ddof = 1, the ± of the tables), drawn where at least two seeds recorded the value."
 )
 # Short names for captions, long ones for the panels' titles.
-PANEL_NAMES = {"drift_norm": "drift norm", "model_norm": "‖θ‖", "dissimilarity_b2": "B(θ)²", "gradient_variance": "gradient variance"}
+PANEL_NAMES = {
+    "drift_norm": "drift norm",
+    "model_norm": "‖θ‖",
+    "dissimilarity_b2": "B(θ)²",
+    "gradient_variance": "gradient variance",
+}
 
 
 @dataclass(frozen=True)
@@ -83,7 +87,11 @@ def _series(runs: Sequence[RunData], key: str, x_key: str = "round") -> Series:
         for record in run.records:
             bits += record["upload_bits"] + record["download_bits"]
             value = record.get(key)
-            if value is None or not math.isfinite(value) or (x_key == "time" and not isinstance(record.get("time_end"), (int, float))):
+            if (
+                value is None
+                or not math.isfinite(value)
+                or (x_key == "time" and not isinstance(record.get("time_end"), (int, float)))
+            ):
                 continue
             x = bits if x_key == "bits" else record["time_end"] if x_key == "time" else record["round"]
             by_round.setdefault(record["round"], []).append((x, value))
@@ -125,7 +133,9 @@ def round_axis_label(setting: Setting) -> str:
     return "communication round (asynchronous runs: server update)" if True in kinds else "communication round"
 
 
-def _draw(axis, setting: Setting, key: str, x_key: str = "round", scale: float = 1.0, x_scale: float = 1.0) -> tuple[bool, bool]:
+def _draw(
+    axis, setting: Setting, key: str, x_key: str = "round", scale: float = 1.0, x_scale: float = 1.0
+) -> tuple[bool, bool]:
     """Plot ``key`` per method, the mean over seeds with a ± sample-std band; whether a line and whether a band were drawn.
 
     ``x_scale`` multiplies x (simulated seconds into the axis's unit)."""
@@ -137,11 +147,15 @@ def _draw(axis, setting: Setting, key: str, x_key: str = "round", scale: float =
         if x_scale != 1.0:
             series = Series([x_scale * x for x in series.x], series.mean, series.std)
         (line,) = axis.plot(
-            series.x, [scale * m for m in series.mean], label=curve_label(method, runs), linewidth=1.5,
+            series.x,
+            [scale * m for m in series.mean],
+            label=curve_label(method, runs),
+            linewidth=1.5,
             # The method's own colour of the default cycle, so that it keeps it in a panel where another has no line.
             color=f"C{index % 10}",
             # Markers show where the measurements are when they are sparse (evaluation or dissimilarity every N rounds).
-            marker="o" if len(series.x) <= 30 else None, markersize=3,
+            marker="o" if len(series.x) <= 30 else None,
+            markersize=3,
         )
         if any(std is not None for std in series.std):
             # NaN leaves a gap where fewer than two seeds recorded the value.
@@ -166,7 +180,9 @@ def _legend(axis, banded: bool) -> None:
 def _drawable(setting: Setting, key: str, timed: bool = False) -> bool:
     """Whether some run (some timed run, with ``timed``) recorded a finite ``key`` (what ``_draw`` needs to draw a line)."""
     return any(
-        isinstance(r.get(key), (int, float)) and math.isfinite(r[key]) and (not timed or isinstance(r.get("time_end"), (int, float)))
+        isinstance(r.get(key), (int, float))
+        and math.isfinite(r[key])
+        and (not timed or isinstance(r.get("time_end"), (int, float)))
         for run in setting.runs
         if run.timed or not timed
         for r in run.records
@@ -178,7 +194,6 @@ def time_axis(setting: Setting) -> tuple[str, float]:
     span = max((run.simulated_time or 0.0 for run in setting.runs if run.timed), default=0.0)
     unit, per_unit = duration_unit(span)
     return unit, 1.0 / per_unit
-
 
 
 # A log axis only pays when the values span at least this factor; over a narrower range it shows
@@ -211,7 +226,12 @@ def round_axis_limits(last_round: int) -> tuple[float, float]:
 
 
 def _values(setting: Setting, key: str) -> list[float]:
-    return [r[key] for run in setting.runs for r in run.records if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
+    return [
+        r[key]
+        for run in setting.runs
+        for r in run.records
+        if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])
+    ]
 
 
 def target_style(index: int) -> tuple[str, Any, str, float]:
@@ -237,13 +257,18 @@ def setting_figures(setting: Setting, targets: Sequence[float]) -> list[ReportFi
     rounds = rounds_name(setting)
     time_unit, time_scale = time_axis(setting)
 
-    def panel(axis, key: str, title: str, ylabel: str, x_key: str = "round", scale: float = 1.0, log_y: bool = False) -> bool:
+    def panel(
+        axis, key: str, title: str, ylabel: str, x_key: str = "round", scale: float = 1.0, log_y: bool = False
+    ) -> bool:
         """Draw one quantity on ``axis``; whether it has a ± std band."""
         _, banded = _draw(axis, setting, key, x_key, scale, time_scale if x_key == "time" else 1.0)
         axis.set_title(title)
         axis.set_xlabel(
-            "cumulative bits sent (upload + download)" if x_key == "bits"
-            else f"simulated time ({time_unit})" if x_key == "time" else round_axis_label(setting)
+            "cumulative bits sent (upload + download)"
+            if x_key == "bits"
+            else f"simulated time ({time_unit})"
+            if x_key == "time"
+            else round_axis_label(setting)
         )
         axis.set_ylabel(ylabel)
         if x_key == "bits":
@@ -266,7 +291,14 @@ def setting_figures(setting: Setting, targets: Sequence[float]) -> list[ReportFi
         for suffix, x_key, what in (("accuracy", "round", rounds), ("accuracy-vs-bits", "bits", "bits sent")):
             figure = Figure(figsize=(7, 4.5))
             axis = figure.subplots()
-            banded = panel(axis, "test_accuracy", f"{setting.label}: test accuracy vs {what}", "test accuracy (%)", x_key, scale=100)
+            banded = panel(
+                axis,
+                "test_accuracy",
+                f"{setting.label}: test accuracy vs {what}",
+                "test accuracy (%)",
+                x_key,
+                scale=100,
+            )
             styles = []
             accuracies = _values(setting, "test_accuracy")
             shown, beyond = drawn_targets(targets, max(accuracies) if accuracies else None)
@@ -274,7 +306,9 @@ def setting_figures(setting: Setting, targets: Sequence[float]) -> list[ReportFi
                 if target not in shown:
                     continue
                 name, dash, colour, width = target_style(index)
-                axis.axhline(100 * target, color=colour, linestyle=dash, linewidth=width, label=f"target {format_target(target)}")
+                axis.axhline(
+                    100 * target, color=colour, linestyle=dash, linewidth=width, label=f"target {format_target(target)}"
+                )
                 styles.append(f"{format_target(target)} {name}")
             _legend(axis, banded)
             caption = _captioned(f"test accuracy vs {what}", banded)
@@ -302,11 +336,17 @@ def setting_figures(setting: Setting, targets: Sequence[float]) -> list[ReportFi
     for suffix, panels in (
         (
             "norms",
-            (("drift_norm", "drift norm (‖c‖, ‖mean λ_k‖ or ‖h‖: docs/algorithms.md)", "drift norm"), ("model_norm", "norm of the server model ‖θ‖", "‖θ‖")),
+            (
+                ("drift_norm", "drift norm (‖c‖, ‖mean λ_k‖ or ‖h‖: docs/algorithms.md)", "drift norm"),
+                ("model_norm", "norm of the server model ‖θ‖", "‖θ‖"),
+            ),
         ),
         (
             "dissimilarity",
-            (("dissimilarity_b2", "dissimilarity B(θ)²", "B(θ)²"), ("gradient_variance", "gradient variance E‖∇F_k − ∇f‖²", "E‖∇F_k − ∇f‖²")),
+            (
+                ("dissimilarity_b2", "dissimilarity B(θ)²", "B(θ)²"),
+                ("gradient_variance", "gradient variance E‖∇F_k − ∇f‖²", "E‖∇F_k − ∇f‖²"),
+            ),
         ),
     ):
         present = [(key, title, ylabel) for key, title, ylabel in panels if _drawable(setting, key)]
@@ -358,7 +398,10 @@ def time_figure(setting: Setting, targets: Sequence[float], panel) -> ReportFigu
 
     present = [
         (key, ylabel, scale, log_y)
-        for key, ylabel, scale, log_y in (("test_accuracy", "test accuracy (%)", 100.0, False), ("train_loss", "train loss", 1.0, True))
+        for key, ylabel, scale, log_y in (
+            ("test_accuracy", "test accuracy (%)", 100.0, False),
+            ("train_loss", "train loss", 1.0, True),
+        )
         if (key != "test_accuracy" or setting.is_classifier) and _drawable(setting, key, timed=True)
     ]
     if not present:
@@ -376,7 +419,13 @@ def time_figure(setting: Setting, targets: Sequence[float], panel) -> ReportFigu
             for index, target in enumerate(targets):
                 if target in shown:
                     line_name, dash, colour, width = target_style(index)
-                    axis.axhline(100 * target, color=colour, linestyle=dash, linewidth=width, label=f"target {format_target(target)}")
+                    axis.axhline(
+                        100 * target,
+                        color=colour,
+                        linestyle=dash,
+                        linewidth=width,
+                        label=f"target {format_target(target)}",
+                    )
                     styles.append(f"{format_target(target)} {line_name}")
         _legend(axis, panel_banded)
         banded = banded or panel_banded
@@ -390,7 +439,9 @@ def time_figure(setting: Setting, targets: Sequence[float], panel) -> ReportFigu
     return ReportFigure("time", caption, figure, banded)
 
 
-def plot_setting(setting: Setting, out_dir: Path, targets: Sequence[float], stem: str | None = None) -> list[tuple[ReportFigure, Path]]:
+def plot_setting(
+    setting: Setting, out_dir: Path, targets: Sequence[float], stem: str | None = None
+) -> list[tuple[ReportFigure, Path]]:
     """Save the figures of one setting as ``<stem>-<suffix>.png`` (stem: the setting's slug); (figure, path) of each."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
@@ -458,7 +509,7 @@ def privacy_figure(utility: PrivacyUtility) -> ReportFigure | None:
             axis.xaxis.set_minor_formatter(NullFormatter())
         axis.grid(alpha=0.3, which="both")
         axis.legend(fontsize="small")
-    for axis in axes[len(panels):]:
+    for axis in axes[len(panels) :]:
         axis.set_visible(False)
     return ReportFigure(PRIVACY_FIGURE, privacy_caption(utility, banded, len(panels)), figure, False)
 

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from driftlab.experiments.report.epsilon import (
-    PRIVACY_SECTION,
     EPSILON_KEY,
+    PRIVACY_SECTION,
     EpsilonSummary,
     any_private,
     epsilon_summary,

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from driftlab.errors import ConfigError
-from driftlab.experiments.report.run_data import RunData
 from driftlab.experiments.report.labels import (
     algorithm_label,
     asynchronous_label,
@@ -26,9 +25,9 @@ from driftlab.experiments.report.labels import (
     method_order,
     recorded_labels,
 )
+from driftlab.experiments.report.run_data import RunData
 from driftlab.experiments.run.run_directory import CONFIG_FILE, METRICS_FILE, RUN_INFO_FILE
 from driftlab.experiments.sweep.directory import SWEEP_FILE
-
 
 REQUIRED_RECORD_KEYS = ("round", "num_selected", "local_steps", "upload_bits", "download_bits")
 
@@ -122,7 +121,9 @@ def read_run(path: Path) -> RunData:
     records, torn = read_metrics(path / METRICS_FILE)
     info_path = path / RUN_INFO_FILE
     info = read_json_file(info_path) if info_path.exists() else None
-    return RunData(path=path, config=config, records=records, info=info, seed=int(config.get("seed", 0)), torn_line=torn)
+    return RunData(
+        path=path, config=config, records=records, info=info, seed=int(config.get("seed", 0)), torn_line=torn
+    )
 
 
 def is_run_dir(path: Path) -> bool:
@@ -147,7 +148,11 @@ def _setting_dir(entry: dict[str, Any]) -> str | None:
     """The setting's part of a sweep run's directory, ``runs/<setting>/<method>/seed-<s>`` (None without setting axes)."""
     parts = str(entry["dir"]).split("/")
     # a tuned run (``tuned`` in its entry) has one more part: runs/<setting>/<method>/<tuned value>/seed-<s>
-    return parts[1] if entry.get("setting") and len(parts) == (5 if entry.get("tuned") else 4) and parts[0] == "runs" else None
+    return (
+        parts[1]
+        if entry.get("setting") and len(parts) == (5 if entry.get("tuned") else 4) and parts[0] == "runs"
+        else None
+    )
 
 
 def read_sweep(path: Path) -> tuple[dict[str, Any], list[RunData], list[PendingRun]]:
@@ -157,7 +162,9 @@ def read_sweep(path: Path) -> tuple[dict[str, Any], list[RunData], list[PendingR
     if not isinstance(document, dict) or not isinstance(document.get("runs"), list):
         raise ConfigError(f"{sweep_file} has no list of runs; is this a sweep directory written by `driftlab sweep`?")
     if document.get("format", 1) != 1:
-        raise ConfigError(f"{sweep_file} has format {document.get('format')!r}; this driftlab reads format 1 (upgrade driftlab)")
+        raise ConfigError(
+            f"{sweep_file} has format {document.get('format')!r}; this driftlab reads format 1 (upgrade driftlab)"
+        )
     name = str(document.get("name") or path.name)
     runs, pending = [], []
     for index, entry in enumerate(document["runs"]):
@@ -209,7 +216,9 @@ def collect(inputs: Sequence[str | Path]) -> tuple[list[Setting], list[dict[str,
         if path.is_file() and path.name in (CONFIG_FILE, METRICS_FILE, RUN_INFO_FILE, SWEEP_FILE):
             path = path.parent  # a run's or sweep's own file stands for its directory
         if not path.exists():
-            raise ConfigError(f"{raw}: no such directory; pass a run directory, a sweep directory or a folder that holds them")
+            raise ConfigError(
+                f"{raw}: no such directory; pass a run directory, a sweep directory or a folder that holds them"
+            )
         if not path.is_dir():
             raise ConfigError(f"{raw} is a file; pass the run or sweep directory (or a folder holding run directories)")
         found_sweeps, found_runs = find_sources(path)

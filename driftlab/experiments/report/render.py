@@ -135,7 +135,12 @@ def format_duration(value: Spread | None) -> str:
     if value is None:
         return "—"
     unit, per_unit = duration_unit(value.mean)
-    return _format_spread(Spread(value.mean / per_unit, None if value.std is None else value.std / per_unit, value.count), ".1f", ".1f", unit=f" {unit}")
+    return _format_spread(
+        Spread(value.mean / per_unit, None if value.std is None else value.std / per_unit, value.count),
+        ".1f",
+        ".1f",
+        unit=f" {unit}",
+    )
 
 
 def time_note(setting: Setting) -> list[str]:
@@ -215,7 +220,10 @@ def sweep_summary(document: dict[str, Any], runs: Sequence[RunData]) -> str:
 def _axes_description(document: dict[str, Any]) -> str:
     """``algorithm.mu ∈ {mu=0, mu=1}; seeds 0, 1`` for a sweep without a description (a --grid sweep of an older driftlab)."""
     axes = [axis for axis in document.get("axes") or [] if isinstance(axis, dict)]
-    grid = " × ".join(f"{axis.get('name')} ∈ {{{', '.join(str(v.get('label')) for v in axis.get('values') or [] if isinstance(v, dict))}}}" for axis in axes)
+    grid = " × ".join(
+        f"{axis.get('name')} ∈ {{{', '.join(str(v.get('label')) for v in axis.get('values') or [] if isinstance(v, dict))}}}"
+        for axis in axes
+    )
     return f"grid {grid}." if grid else "(no description)."
 
 
@@ -241,14 +249,19 @@ def cut_note(setting: Setting) -> list[str]:
     cut_asynchronous = [run for run in setting.runs if run.truncated_from is not None and run.asynchronous]
     lines = []
     if cut:
-        listed = "; ".join(f"`{run.path}` ({run.method}, seed {run.seed}, ran {run.truncated_from} rounds)" for run in cut)
+        listed = "; ".join(
+            f"`{run.path}` ({run.method}, seed {run.seed}, ran {run.truncated_from} rounds)" for run in cut
+        )
         lines += [
             f"These runs have different lengths, so every number and figure below compares them up to round {setting.cut_round}, "
             f"the last round of the shortest. Cut to round {setting.cut_round}: {listed}.",
             "",
         ]
     if cut_asynchronous:
-        listed = "; ".join(f"`{run.path}` ({run.method}, seed {run.seed}, ran {run.truncated_from} updates)" for run in cut_asynchronous)
+        listed = "; ".join(
+            f"`{run.path}` ({run.method}, seed {run.seed}, ran {run.truncated_from} updates)"
+            for run in cut_asynchronous
+        )
         lines += [
             f"These asynchronous runs have different lengths, so every number and figure below compares them up to server update "
             f"{setting.cut_update}, the last of the shortest (synchronous runs are not cut to it: an update is not a round). "
@@ -303,10 +316,21 @@ def communication_section(setting: Setting, target: float) -> tuple[list[str], l
             entries.append(entry)
             ratios.append(format_savings(entry))
         note = target_note(row, setting.methods[row.method])
-        table.append([row.method, *_epsilon_cell(row.epsilon, private), *_with_time(target_cells(row), row, timed), *ratios, note])
+        table.append(
+            [
+                row.method,
+                *_epsilon_cell(row.epsilon, private),
+                *_with_time(target_cells(row), row, timed),
+                *ratios,
+                note,
+            ]
+        )
     header = [
-        "method", *_epsilon_header(private), *_with_time_header(("rounds", "model-equivalents", "upload", "download"), timed),
-        *(f"vs {row.method}" for row in rows), "note",
+        "method",
+        *_epsilon_header(private),
+        *_with_time_header(("rounds", "model-equivalents", "upload", "download"), timed),
+        *(f"vs {row.method}" for row in rows),
+        "note",
     ]
     lines = [f"### Communication to reach {format_target(target)} test accuracy", "", markdown_table(header, table), ""]
     return lines, rows, entries
@@ -325,7 +349,12 @@ def unreached_section(setting: Setting, targets: Sequence[float], rows: Sequence
         [row.method, *_epsilon_cell(row.epsilon, private), *_with_time(target_cells(row), row, timed), note]
         for row, note in zip(rows, notes, strict=True)
     ]
-    header = ["method", *_epsilon_header(private), *_with_time_header(("rounds", "model-equivalents", "upload", "download"), timed), "note"]
+    header = [
+        "method",
+        *_epsilon_header(private),
+        *_with_time_header(("rounds", "model-equivalents", "upload", "download"), timed),
+        "note",
+    ]
     return [
         f"### Communication: no method reached {listed} test accuracy",
         "",
@@ -343,11 +372,16 @@ def instability_note(runs: Sequence[RunData]) -> list[str]:
     lines = []
     if unstable:
         listed = "; ".join(
-            f"{run.method}, seed {run.seed} (from round {run.instability['round']}: {run.instability['message']})" for run in unstable
+            f"{run.method}, seed {run.seed} (from round {run.instability['round']}: {run.instability['message']})"
+            for run in unstable
         )
         lines.append(f"⚠ Unstable (marked † below): {listed}.")
     if diverged:
-        lines.append("⚠ Diverged: " + "; ".join(f"{run.method}, seed {run.seed} (at round {run.diverged_at})" for run in diverged) + ".")
+        lines.append(
+            "⚠ Diverged: "
+            + "; ".join(f"{run.method}, seed {run.seed} (at round {run.diverged_at})" for run in diverged)
+            + "."
+        )
     return [" ".join(lines), ""] if lines else []
 
 
@@ -359,7 +393,9 @@ def stability_mark(runs: Sequence[RunData]) -> str:
 def accuracy_section(setting: Setting) -> tuple[list[str], list[AccuracyRow]]:
     """Final and best accuracy and BMTA (AdaBest Table 2, EFL Table 2), or loss and distance for a non-classifier."""
     personal = is_personal(setting.runs)
-    rows = [accuracy_row(setting.label, method, method_runs, personal) for method, method_runs in setting.methods.items()]
+    rows = [
+        accuracy_row(setting.label, method, method_runs, personal) for method, method_runs in setting.methods.items()
+    ]
     private = any_private(setting.runs)
     timed = any_timed(setting.runs)
     if setting.is_classifier and personal:
@@ -367,13 +403,26 @@ def accuracy_section(setting: Setting) -> tuple[list[str], list[AccuracyRow]]:
     if setting.is_classifier:
         show_bmta = any(row.best_client_accuracy for row in rows)
         header = [
-            "method", "seeds", *_epsilon_header(private), "final test accuracy", "best test accuracy",
-            *(["best mean client test accuracy (BMTA)"] if show_bmta else []), "final train loss", *_time_header(timed),
+            "method",
+            "seeds",
+            *_epsilon_header(private),
+            "final test accuracy",
+            "best test accuracy",
+            *(["best mean client test accuracy (BMTA)"] if show_bmta else []),
+            "final train loss",
+            *_time_header(timed),
         ]
         table = [
-            [row.method, str(row.seeds), *_epsilon_cell(row.epsilon, private), format_percent(row.final_accuracy),
-             format_percent(row.best_accuracy), *([format_percent(row.best_client_accuracy)] if show_bmta else []),
-             format_number(row.final_train_loss), *_time_cell(row, timed)]
+            [
+                row.method,
+                str(row.seeds),
+                *_epsilon_cell(row.epsilon, private),
+                format_percent(row.final_accuracy),
+                format_percent(row.best_accuracy),
+                *([format_percent(row.best_client_accuracy)] if show_bmta else []),
+                format_number(row.final_train_loss),
+                *_time_cell(row, timed),
+            ]
             for row in rows
         ]
         note = "Mean ± sample standard deviation over seeds (AdaBest Table 2)."
@@ -383,7 +432,14 @@ def accuracy_section(setting: Setting) -> tuple[list[str], list[AccuracyRow]]:
             note += " BMTA is EFL's best over rounds of the mean local test accuracy of the clients."
         title = "### Accuracy"
     else:
-        header = ["method", "seeds", *_epsilon_header(private), "final train loss", "final distance to the minimizer", *_time_header(timed)]
+        header = [
+            "method",
+            "seeds",
+            *_epsilon_header(private),
+            "final train loss",
+            "final distance to the minimizer",
+            *_time_header(timed),
+        ]
         table = [
             [
                 row.method + stability_mark(method_runs) + _incomplete_note(method_runs),
@@ -412,21 +468,34 @@ def personal_accuracy_section(setting: Setting, rows: Sequence[AccuracyRow], pri
     """The accuracy table of a setting with personalized runs (issue 26): the three accuracies, each named by the model
     evaluated and the test data, and EFL's BMTA (Table 2) for the clients' own models beside the server model's."""
     header = [
-        "method", "seeds", *_epsilon_header(private), "final accuracy, server model, global test set",
-        "best accuracy, server model, global test set", "BMTA, own model, own split", "BMTA, server model, clients' splits",
-        "final train loss", *_time_header(timed),
+        "method",
+        "seeds",
+        *_epsilon_header(private),
+        "final accuracy, server model, global test set",
+        "best accuracy, server model, global test set",
+        "BMTA, own model, own split",
+        "BMTA, server model, clients' splits",
+        "final train loss",
+        *_time_header(timed),
     ]
     table = []
     for row, method_runs in zip(rows, setting.methods.values(), strict=True):
         own = format_bmta(row.best_personal_accuracy, row.best_personal_accuracy_spread)
         if row.personal_source == "server" and row.best_personal_accuracy is not None:
             own += SERVER_MODEL_MARK
-        table.append([
-            row.method + stability_mark(method_runs) + _incomplete_note(method_runs), str(row.seeds),
-            *_epsilon_cell(row.epsilon, private), format_percent(row.final_accuracy), format_percent(row.best_accuracy),
-            own, format_bmta(row.best_client_accuracy, row.best_client_accuracy_spread),
-            format_number(row.final_train_loss), *_time_cell(row, timed),
-        ])
+        table.append(
+            [
+                row.method + stability_mark(method_runs) + _incomplete_note(method_runs),
+                str(row.seeds),
+                *_epsilon_cell(row.epsilon, private),
+                format_percent(row.final_accuracy),
+                format_percent(row.best_accuracy),
+                own,
+                format_bmta(row.best_client_accuracy, row.best_client_accuracy_spread),
+                format_number(row.final_train_loss),
+                *_time_cell(row, timed),
+            ]
+        )
     notes = [
         "Three accuracies, each named by the model tested and the test data: the server model on the global test set "
         "(what the communication tables' targets measure); each client's own model on that client's own test split; the "
@@ -445,7 +514,10 @@ def personal_accuracy_section(setting: Setting, rows: Sequence[AccuracyRow], pri
 
 
 def steps_section(
-    setting: Setting, by_method: dict[str, dict[float, TargetRow]], targets: Sequence[float], requested_reference: str | None
+    setting: Setting,
+    by_method: dict[str, dict[float, TargetRow]],
+    targets: Sequence[float],
+    requested_reference: str | None,
 ) -> tuple[list[str], list[StepsRow]]:
     """Total local SGD steps and steps to each target, as fractions of the reference method's (decaying-K Table 1)."""
     reference = choose_steps_reference(setting, requested_reference)
@@ -459,7 +531,10 @@ def steps_section(
         for target in targets:
             to_target = row.to_target[target]
             plus = "+" if to_target.lower_bound else ""
-            cells += [f"{format_count(round(to_target.local_steps, 1))}{plus}", _format_fraction(row.target_fraction[target])]
+            cells += [
+                f"{format_count(round(to_target.local_steps, 1))}{plus}",
+                _format_fraction(row.target_fraction[target]),
+            ]
         table.append(cells)
     lines = [
         "### Local SGD steps",
@@ -479,20 +554,26 @@ def runs_section(setting: Setting) -> list[str]:
         pending_by_method[planned.method] = pending_by_method.get(planned.method, 0) + 1
     table = []
     for method, method_runs in setting.methods.items():
-        walls = [float(run.info["wall_seconds"]) for run in method_runs if run.info and run.info.get("wall_seconds") is not None]
+        walls = [
+            float(run.info["wall_seconds"])
+            for run in method_runs
+            if run.info and run.info.get("wall_seconds") is not None
+        ]
         done = sorted({run.rounds_done for run in method_runs})
         planned_rounds = max(run.rounds_compared for run in method_runs)
         done_text = f"{done[0]}" if len(done) == 1 else f"{done[0]}–{done[-1]}"
         parameters = {run.num_parameters for run in method_runs} - {None}
-        table.append([
-            method,
-            ", ".join(str(run.seed) for run in method_runs),
-            f"{done_text}/{planned_rounds}",
-            _status_summary(method_runs, pending_by_method.pop(method, 0)),
-            format_seconds(statistics.fmean(walls)) if walls else "—",
-            ", ".join(str(p) for p in sorted(parameters)) or "unknown",
-            "; ".join(sorted({run.machine for run in method_runs})),
-        ])
+        table.append(
+            [
+                method,
+                ", ".join(str(run.seed) for run in method_runs),
+                f"{done_text}/{planned_rounds}",
+                _status_summary(method_runs, pending_by_method.pop(method, 0)),
+                format_seconds(statistics.fmean(walls)) if walls else "—",
+                ", ".join(str(p) for p in sorted(parameters)) or "unknown",
+                "; ".join(sorted({run.machine for run in method_runs})),
+            ]
+        )
     for method, count in pending_by_method.items():
         table.append([method, "", "0", f"{count} not started", "—", "—", "—"])
     header = ["method", "seeds", "rounds done", "status", "wall time (mean)", "parameters", "machine"]

@@ -8,21 +8,33 @@ from __future__ import annotations
 import pytest
 
 from driftlab.experiments.report import make_report
-from driftlab.experiments.report.tables import best_round, is_personal
 from driftlab.experiments.report.report_test import _config, _csv, _markdown_row, _records, _write_run
+from driftlab.experiments.report.tables import best_round, is_personal
 
 
 def _personal_runs(root):
     """APFL with own models over two seeds; FedAvg without (its clients' own model is the server model)."""
-    for seed, own, own_std in ((0, [0.60, 0.90, 0.80], [0.10, 0.05, 0.02]), (1, [0.70, 0.80, 0.95], [0.20, 0.04, 0.03])):
+    for seed, own, own_std in (
+        (0, [0.60, 0.90, 0.80], [0.10, 0.05, 0.02]),
+        (1, [0.70, 0.80, 0.95], [0.20, 0.04, 0.03]),
+    ):
         _write_run(
-            root / f"apfl-{seed}", _config("apfl", seed=seed, rounds=3),
-            _records([0.5, 0.6, 0.7], client_test_accuracy_mean=[0.4, 0.5, 0.55], client_test_accuracy_std=[0.3, 0.2, 0.1],
-                     personal_test_accuracy_mean=own, personal_test_accuracy_std=own_std),
+            root / f"apfl-{seed}",
+            _config("apfl", seed=seed, rounds=3),
+            _records(
+                [0.5, 0.6, 0.7],
+                client_test_accuracy_mean=[0.4, 0.5, 0.55],
+                client_test_accuracy_std=[0.3, 0.2, 0.1],
+                personal_test_accuracy_mean=own,
+                personal_test_accuracy_std=own_std,
+            ),
         )
     _write_run(
-        root / "fedavg", _config("fedavg", rounds=3),
-        _records([0.5, 0.8, 0.7], client_test_accuracy_mean=[0.45, 0.75, 0.75], client_test_accuracy_std=[0.2, 0.1, 0.3]),
+        root / "fedavg",
+        _config("fedavg", rounds=3),
+        _records(
+            [0.5, 0.8, 0.7], client_test_accuracy_mean=[0.45, 0.75, 0.75], client_test_accuracy_std=[0.2, 0.1, 0.3]
+        ),
     )
     return root
 
@@ -41,30 +53,48 @@ def test_both_bmtas_with_their_client_spreads_by_hand(tmp_path):
     apfl, fedavg = rows["APFL"] if "APFL" in rows else rows["apfl"], rows["FedAvg"]
     # own models: seed 0 best 0.90 (round 2, σ 0.05), seed 1 best 0.95 (round 3, σ 0.03)
     assert apfl.personal_source == "own"
-    assert apfl.best_personal_accuracy.mean == pytest.approx(0.925) and apfl.best_personal_accuracy.std == pytest.approx(0.05 / 2**0.5)
+    assert apfl.best_personal_accuracy.mean == pytest.approx(
+        0.925
+    ) and apfl.best_personal_accuracy.std == pytest.approx(0.05 / 2**0.5)
     assert apfl.best_personal_accuracy_spread.mean == pytest.approx(0.04)
     # server model on the clients' splits: 0.55 at round 3 (σ 0.1) in both seeds
-    assert apfl.best_client_accuracy.mean == pytest.approx(0.55) and apfl.best_client_accuracy_spread.mean == pytest.approx(0.1)
+    assert apfl.best_client_accuracy.mean == pytest.approx(
+        0.55
+    ) and apfl.best_client_accuracy_spread.mean == pytest.approx(0.1)
     # FedAvg keeps no own models: its own-model BMTA is its server model's on the clients' splits, first best round 2
     assert fedavg.personal_source == "server"
-    assert fedavg.best_personal_accuracy == fedavg.best_client_accuracy and fedavg.best_client_accuracy.mean == pytest.approx(0.75)
+    assert (
+        fedavg.best_personal_accuracy == fedavg.best_client_accuracy
+        and fedavg.best_client_accuracy.mean == pytest.approx(0.75)
+    )
     assert fedavg.best_personal_accuracy_spread.mean == pytest.approx(0.1) and fedavg.best_personal_accuracy.std is None
 
     table = report.markdown.split("### Accuracy")[1]
     header = _markdown_row(table, "method")
     assert header[2:6] == [
-        "final accuracy, server model, global test set", "best accuracy, server model, global test set",
-        "BMTA, own model, own split", "BMTA, server model, clients' splits",
+        "final accuracy, server model, global test set",
+        "best accuracy, server model, global test set",
+        "BMTA, own model, own split",
+        "BMTA, server model, clients' splits",
     ]
-    assert _markdown_row(table, apfl.method)[2:6] == ["70.00 ± 0.00%", "70.00 ± 0.00%", "92.50 ± 3.54% (clients σ 4.00)", "55.00 ± 0.00% (clients σ 10.00)"]
+    assert _markdown_row(table, apfl.method)[2:6] == [
+        "70.00 ± 0.00%",
+        "70.00 ± 0.00%",
+        "92.50 ± 3.54% (clients σ 4.00)",
+        "55.00 ± 0.00% (clients σ 10.00)",
+    ]
     assert _markdown_row(table, "FedAvg")[4:6] == ["75.00% (clients σ 10.00) ‡", "75.00% (clients σ 10.00)"]
     assert "‡ keeps no personal models" in table and "EFL's Table 2 reports FedAvg" in table
     assert "best mean client test accuracy" not in table  # the unlabelled column of unpersonalized reports is gone
 
     csv_rows = {row["method"]: row for row in _csv(tmp_path / "report" / "accuracy.csv")}
     columns = list(csv_rows["FedAvg"])
-    assert columns[columns.index("bmta_std") + 1:columns.index("final_train_loss_mean")] == [
-        "bmta_client_std", "personal_bmta_mean", "personal_bmta_std", "personal_bmta_client_std", "personal_model",
+    assert columns[columns.index("bmta_std") + 1 : columns.index("final_train_loss_mean")] == [
+        "bmta_client_std",
+        "personal_bmta_mean",
+        "personal_bmta_std",
+        "personal_bmta_client_std",
+        "personal_model",
     ]
     assert (csv_rows["FedAvg"]["personal_model"], csv_rows[apfl.method]["personal_model"]) == ("server", "own")
     assert float(csv_rows[apfl.method]["personal_bmta_mean"]) == pytest.approx(0.925)
@@ -76,10 +106,18 @@ def test_a_method_whose_personal_evaluation_is_off_shows_no_own_model_bmta(tmp_p
     off = _config("fedavg", rounds=3, evaluation__personal=False)
     off["algorithm"]["mu"] = 0.1
     off["algorithm"]["name"] = "fedprox"
-    _write_run(root / "fedprox", off, _records([0.5, 0.6, 0.7], client_test_accuracy_mean=[0.4, 0.5, 0.6], client_test_accuracy_std=[0.1] * 3))
+    _write_run(
+        root / "fedprox",
+        off,
+        _records([0.5, 0.6, 0.7], client_test_accuracy_mean=[0.4, 0.5, 0.6], client_test_accuracy_std=[0.1] * 3),
+    )
     report = make_report([root], tmp_path / "report", plots=False)
     row = next(row for row in report.accuracy if row.method.startswith("FedProx"))
-    assert row.personal_source is None and row.best_personal_accuracy is None and row.best_client_accuracy.mean == pytest.approx(0.6)
+    assert (
+        row.personal_source is None
+        and row.best_personal_accuracy is None
+        and row.best_client_accuracy.mean == pytest.approx(0.6)
+    )
     table = report.markdown.split("### Accuracy")[1]
     assert _markdown_row(table, row.method)[4:6] == ["—", "60.00% (clients σ 10.00)"]
     assert "—: no own-model evaluation" in table

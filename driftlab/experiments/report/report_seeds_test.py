@@ -9,8 +9,8 @@ import pytest
 
 from driftlab.errors import ConfigError
 from driftlab.experiments.report import make_report
-from driftlab.experiments.report.statistics import t_quantile, t_two_sided_p
 from driftlab.experiments.report.report_test import _config, _records, _write_run
+from driftlab.experiments.report.statistics import t_quantile, t_two_sided_p
 
 # Final accuracies per seed; rounds to 0.8 follow from the curves.
 FEDAVG = {0: [0.70, 0.80, 0.84], 1: [0.72, 0.79, 0.82], 2: [0.75, 0.81, 0.83]}  # reach 0.8 at rounds 2, 3, 2
@@ -41,7 +41,9 @@ def test_the_over_seeds_section_gives_t_intervals_and_paired_comparisons_with_th
     mean = sum(differences) / 3
     std = math.sqrt(sum((d - mean) ** 2 for d in differences) / 2)
     assert float(rows["SCAFFOLD"]["difference_mean"]) == pytest.approx(mean, abs=1e-12)
-    assert float(rows["SCAFFOLD"]["paired_t_p"]) == pytest.approx(t_two_sided_p(mean / (std / math.sqrt(3)), 2), rel=1e-9)
+    assert float(rows["SCAFFOLD"]["paired_t_p"]) == pytest.approx(
+        t_two_sided_p(mean / (std / math.sqrt(3)), 2), rel=1e-9
+    )
     assert float(rows["SCAFFOLD"]["sign_flip_p"]) == 0.25  # three seeds: never below 2/8
     assert rows["FedAvg"]["difference_mean"] == ""  # the baseline itself
     assert "| SCAFFOLD | 3 | 87.33% |" in report.markdown and "+4.33 (3 seeds)" in report.markdown

@@ -56,11 +56,19 @@ def _records(accuracies, upload_per_round=ONE_MODEL_BITS, steps=10, **series) ->
     records = []
     for index, accuracy in enumerate(accuracies):
         record = {
-            "round": index + 1, "num_selected": SELECTED, "num_reporting": SELECTED, "reporting_clients": [0, 1],
-            "num_inactive": 0, "num_incomplete": 0,
+            "round": index + 1,
+            "num_selected": SELECTED,
+            "num_reporting": SELECTED,
+            "reporting_clients": [0, 1],
+            "num_inactive": 0,
+            "num_incomplete": 0,
             "local_steps": steps[index] if isinstance(steps, list) else steps,
-            "upload_bits": upload_per_round, "download_bits": ONE_MODEL_BITS, "client_lr": 0.1, "server_lr": 1.0,
-            "model_norm": 1.0 + index, "round_seconds": 0.1,
+            "upload_bits": upload_per_round,
+            "download_bits": ONE_MODEL_BITS,
+            "client_lr": 0.1,
+            "server_lr": 1.0,
+            "model_norm": 1.0 + index,
+            "round_seconds": 0.1,
         }
         if accuracy is not None:
             record.update(test_accuracy=accuracy, test_loss=1.0, train_loss=1.0)
@@ -71,15 +79,22 @@ def _records(accuracies, upload_per_round=ONE_MODEL_BITS, steps=10, **series) ->
     return records
 
 
-def _write_run(path: Path, config: dict, records: list[dict], status: str = "complete", info: bool = True, **extra) -> Path:
+def _write_run(
+    path: Path, config: dict, records: list[dict], status: str = "complete", info: bool = True, **extra
+) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.json").write_text(json.dumps(config, indent=2))
     (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     if info:
         content = {
-            "format": 1, "status": status, "rounds": config["rounds"], "rounds_done": records[-1]["round"] if records else 0,
-            "num_parameters": PARAMETERS, "wall_seconds": 3.0,
-            "machine": {"processor": "Test CPU", "cpu_count": 2, "torch_threads": 2, "device": "cpu"}, **extra,
+            "format": 1,
+            "status": status,
+            "rounds": config["rounds"],
+            "rounds_done": records[-1]["round"] if records else 0,
+            "num_parameters": PARAMETERS,
+            "wall_seconds": 3.0,
+            "machine": {"processor": "Test CPU", "cpu_count": 2, "torch_threads": 2, "device": "cpu"},
+            **extra,
         }
         (path / "run.json").write_text(json.dumps(content))
     return path
@@ -91,7 +106,9 @@ def _three_methods(root: Path) -> Path:
     _write_run(
         root / "scaffold",
         _config("scaffold"),
-        _records([0.82, 0.84, 0.86, 0.88, 0.9], upload_per_round=2 * ONE_MODEL_BITS, drift_norm=[0.1, 0.2, 0.3, 0.4, 0.5]),
+        _records(
+            [0.82, 0.84, 0.86, 0.88, 0.9], upload_per_round=2 * ONE_MODEL_BITS, drift_norm=[0.1, 0.2, 0.3, 0.4, 0.5]
+        ),
     )
     prox = _config("fedprox")
     prox["algorithm"]["mu"] = 1.0
@@ -122,7 +139,12 @@ def test_rounds_model_equivalents_and_savings_by_hand(tmp_path):
     assert list(report.settings[0].methods) == ["FedAvg", "FedProx", "SCAFFOLD"]  # the papers' order
 
     fedavg, scaffold, fedprox = (_row(report, m, 0.8) for m in ("FedAvg", "SCAFFOLD", "FedProx"))
-    assert (fedavg.rounds, fedavg.model_equivalents, fedavg.upload_bits, fedavg.download_bits) == (4, 4.0, 4 * 640, 4 * 640)
+    assert (fedavg.rounds, fedavg.model_equivalents, fedavg.upload_bits, fedavg.download_bits) == (
+        4,
+        4.0,
+        4 * 640,
+        4 * 640,
+    )
     assert not fedavg.lower_bound
     # SCAFFOLD uploads model + control variate: 2 model-equivalents in its single round.
     assert (scaffold.rounds, scaffold.model_equivalents, scaffold.upload_bits) == (1, 2.0, 1280)
@@ -134,7 +156,17 @@ def test_rounds_model_equivalents_and_savings_by_hand(tmp_path):
     assert savings(fedprox, fedavg).ratio == 0.8 and savings(fedprox, fedavg).bound == "<"
 
     # Columns: method, rounds, model-eq, upload, download, vs FedAvg, vs FedProx, vs SCAFFOLD, note.
-    assert _markdown_row(report.markdown, "SCAFFOLD") == ["SCAFFOLD", "1", "2.0", "1.28 kbit", "640 bit", "2.0×", ">2.5×", "·", ""]
+    assert _markdown_row(report.markdown, "SCAFFOLD") == [
+        "SCAFFOLD",
+        "1",
+        "2.0",
+        "1.28 kbit",
+        "640 bit",
+        "2.0×",
+        ">2.5×",
+        "·",
+        "",
+    ]
     assert _markdown_row(report.markdown, "FedProx")[:6] == ["FedProx", "5+", "5.0+", "3.2 kbit+", "3.2 kbit+", "<0.8×"]
     assert _markdown_row(report.markdown, "FedProx")[-1] == "not reached"
     assert "### Communication to reach 80% test accuracy" in report.markdown
@@ -143,7 +175,14 @@ def test_rounds_model_equivalents_and_savings_by_hand(tmp_path):
 def test_csv_tables_agree_with_the_markdown(tmp_path):
     out = tmp_path / "report"
     report = make_report([_three_methods(tmp_path / "runs")], out, targets=[0.8], plots=False)
-    assert {p.name for p in report.files} >= {"report.md", "targets.csv", "accuracy.csv", "steps.csv", "savings.csv", "runs.csv"}
+    assert {p.name for p in report.files} >= {
+        "report.md",
+        "targets.csv",
+        "accuracy.csv",
+        "steps.csv",
+        "savings.csv",
+        "runs.csv",
+    }
     targets = {row["method"]: row for row in _csv(out / "targets.csv")}
     assert targets["FedAvg"]["rounds"] == "4" and float(targets["FedAvg"]["model_equivalents"]) == 4.0
     assert targets["FedAvg"]["upload_bits"] == "2560" and targets["FedAvg"]["lower_bound"] == "0"
@@ -161,28 +200,45 @@ def test_csv_tables_agree_with_the_markdown(tmp_path):
     steps = {row["method"]: row for row in _csv(out / "steps.csv")}
     assert steps["FedAvg"]["total_steps"] == "50" and steps["FedAvg"]["steps_to_0.8"] == "40"
     runs = _csv(out / "runs.csv")
-    assert len(runs) == 3 and {r["status"] for r in runs} == {"complete"} and runs[0]["machine"] == "Test CPU, 2 threads"
+    assert (
+        len(runs) == 3 and {r["status"] for r in runs} == {"complete"} and runs[0]["machine"] == "Test CPU, 2 threads"
+    )
 
 
 def test_seeds_mean_std_and_partial_reach(tmp_path):
     root = tmp_path / "runs"
-    _write_run(root / "s0", _config(seed=0, rounds=3), _records([0.80, 0.85, 0.90], client_test_accuracy_mean=[0.5, 0.7, 0.6]))
-    _write_run(root / "s1", _config(seed=1, rounds=3), _records([0.85, 0.92, 0.92], client_test_accuracy_mean=[0.6, 0.8, 0.7]))
+    _write_run(
+        root / "s0", _config(seed=0, rounds=3), _records([0.80, 0.85, 0.90], client_test_accuracy_mean=[0.5, 0.7, 0.6])
+    )
+    _write_run(
+        root / "s1", _config(seed=1, rounds=3), _records([0.85, 0.92, 0.92], client_test_accuracy_mean=[0.6, 0.8, 0.7])
+    )
     report = make_report([root], tmp_path / "report", targets=[0.85, 0.92], plots=False)
     assert len(report.settings[0].methods["FedAvg"]) == 2  # seeds of one method, not two methods
 
     accuracy = report.accuracy[0]
-    assert accuracy.final_accuracy.mean == pytest.approx(0.91) and accuracy.final_accuracy.std == pytest.approx(0.02**0.5 / 10)
+    assert accuracy.final_accuracy.mean == pytest.approx(0.91) and accuracy.final_accuracy.std == pytest.approx(
+        0.02**0.5 / 10
+    )
     assert accuracy.best_client_accuracy.mean == pytest.approx(0.75)  # BMTA: best over rounds, then mean over seeds
     # (0.90, 0.92): mean 91.00%, sample std sqrt(((-1)² + 1²)/1) = 1.41 points.
-    assert _markdown_row(report.markdown.split("### Accuracy")[1], "FedAvg")[:5] == ["FedAvg", "2", "91.00 ± 1.41%", "91.00 ± 1.41%", "75.00 ± 7.07%"]
+    assert _markdown_row(report.markdown.split("### Accuracy")[1], "FedAvg")[:5] == [
+        "FedAvg",
+        "2",
+        "91.00 ± 1.41%",
+        "91.00 ± 1.41%",
+        "75.00 ± 7.07%",
+    ]
 
     both = _row(report, "FedAvg", 0.85)  # seed 0 at round 2, seed 1 at round 1
     assert (both.rounds, both.model_equivalents, both.lower_bound) == (1.5, 1.5, False)
     partial = _row(report, "FedAvg", 0.92)  # seed 1 at round 2; seed 0 ran 3 rounds without reaching it
     assert (partial.rounds, partial.seeds_reached, partial.lower_bound) == (2.5, 1, True)
     table = report.markdown.split("reach 92%")[1]
-    assert _markdown_row(table, "FedAvg")[1:3] == ["2.5+", "2.5+"] and "1/2 seeds reached" in _markdown_row(table, "FedAvg")[-1]
+    assert (
+        _markdown_row(table, "FedAvg")[1:3] == ["2.5+", "2.5+"]
+        and "1/2 seeds reached" in _markdown_row(table, "FedAvg")[-1]
+    )
 
 
 def test_local_steps_fraction_of_the_constant_work_method(tmp_path):
@@ -192,7 +248,9 @@ def test_local_steps_fraction_of_the_constant_work_method(tmp_path):
     for config in (constant, decaying):
         config["client"].pop("epochs", None)
     _write_run(root / "constant", constant, _records([0.5, 0.6, 0.7, 0.8, 0.9], steps=20))  # 100 steps; 80 to reach 80%
-    _write_run(root / "decaying", decaying, _records([0.5, 0.6, 0.8, 0.8, 0.9], steps=[20, 16, 12, 10, 8]))  # 66; 48 to 80%
+    _write_run(
+        root / "decaying", decaying, _records([0.5, 0.6, 0.8, 0.8, 0.9], steps=[20, 16, 12, 10, 8])
+    )  # 66; 48 to 80%
     report = make_report([root], tmp_path / "report", targets=[0.8], plots=False)
     labels = list(report.settings[0].methods)
     assert labels == ["FedAvg (client.steps=10)", "FedAvg (client.steps=exponential(initial=10, decay=0.8))"]
@@ -200,7 +258,12 @@ def test_local_steps_fraction_of_the_constant_work_method(tmp_path):
     assert {row.reference for row in report.steps} == {labels[0]}  # constant K is the default reference
     assert rows[labels[1]].total_steps == 66 and rows[labels[1]].total_fraction == pytest.approx(0.66)
     assert rows[labels[1]].target_fraction[0.8] == pytest.approx(48 / 80)
-    assert _markdown_row(report.markdown.split("### Local SGD steps")[1], labels[1])[1:5] == ["66", "66.0%", "48", "60.0%"]
+    assert _markdown_row(report.markdown.split("### Local SGD steps")[1], labels[1])[1:5] == [
+        "66",
+        "66.0%",
+        "48",
+        "60.0%",
+    ]
 
     flipped = make_report([root], tmp_path / "flipped", targets=[0.8], steps_reference=labels[1], plots=False)
     assert {row.method: row.total_fraction for row in flipped.steps}[labels[0]] == pytest.approx(100 / 66)
@@ -208,7 +271,13 @@ def test_local_steps_fraction_of_the_constant_work_method(tmp_path):
 
 def test_diverged_run(tmp_path):
     root = _three_methods(tmp_path / "runs")
-    _write_run(root / "feddyn", _config("feddyn"), _records([0.5, 0.55]), status="diverged", message="round 3: the server model has non-finite entries")
+    _write_run(
+        root / "feddyn",
+        _config("feddyn"),
+        _records([0.5, 0.55]),
+        status="diverged",
+        message="round 3: the server model has non-finite entries",
+    )
     report = make_report([root], tmp_path / "report", targets=[0.8], plots=False)
     feddyn = _row(report, "FedDyn", 0.8)
     assert feddyn.diverged_at == 3 and feddyn.seeds_diverged == 1
@@ -234,10 +303,19 @@ def _sweep(root: Path) -> Path:
                 if (setting, method, seed) == ("Dirichlet 0.3", "FedAvg", 1):
                     continue
                 accuracy = 0.9 if algorithm == "feddyn" else 0.6
-                _write_run(root / run_dir, _config(algorithm, seed=seed, data__partition=partition), _records([accuracy] * 5))
+                _write_run(
+                    root / run_dir, _config(algorithm, seed=seed, data__partition=partition), _records([accuracy] * 5)
+                )
     document = {
-        "format": 1, "name": "tiny-table2", "description": "a tiny FedDyn Table 2", "base": "mnist-feddyn", "scale": "default",
-        "overrides": [], "seeds": [0, 1], "targets": [0.85], "steps_reference": "FedAvg",
+        "format": 1,
+        "name": "tiny-table2",
+        "description": "a tiny FedDyn Table 2",
+        "base": "mnist-feddyn",
+        "scale": "default",
+        "overrides": [],
+        "seeds": [0, 1],
+        "targets": [0.85],
+        "steps_reference": "FedAvg",
         "axes": [
             {"name": "partition", "role": "setting", "values": [{"label": s, "set": []} for s, _, _ in settings]},
             {"name": "method", "role": "method", "values": [{"label": m, "set": []} for m, _ in methods]},
@@ -266,7 +344,9 @@ def test_recursive_discovery_without_double_counting(tmp_path):
     _write_run(root / "a" / "fedavg", _config("fedavg"), _records([0.5] * 5))
     _write_run(root / "b" / "deeper" / "scaffold", _config("scaffold"), _records([0.6] * 5))
     sweep = _sweep(root / "c" / "sweep")
-    report = make_report([root, root / "a" / "fedavg", sweep / "runs" / "iid"], tmp_path / "report", targets=[0.5], plots=False)
+    report = make_report(
+        [root, root / "a" / "fedavg", sweep / "runs" / "iid"], tmp_path / "report", targets=[0.5], plots=False
+    )
     assert len(report.runs) == 2 + 7
     labels = {run.path.relative_to(root).as_posix(): (run.setting, run.method) for run in report.runs}
     assert labels["a/fedavg"] == ("synthetic", "FedAvg")
@@ -367,7 +447,9 @@ def test_damaged_metrics_and_bad_arguments(tmp_path):
         make_report([good], tmp_path / "report", steps_reference="Constant K")
     sweep = tmp_path / "sweep"
     sweep.mkdir()
-    (sweep / "sweep.json").write_text(json.dumps({"format": 1, "name": "x", "runs": [{"dir": "runs/a", "setting": "", "method": "A", "seed": 0}]}))
+    (sweep / "sweep.json").write_text(
+        json.dumps({"format": 1, "name": "x", "runs": [{"dir": "runs/a", "setting": "", "method": "A", "seed": 0}]})
+    )
     with pytest.raises(ConfigError, match="1 planned runs have not started"):
         make_report([sweep], tmp_path / "report")
 
@@ -377,11 +459,21 @@ def test_plots_are_written_and_linked(tmp_path):
     _write_run(
         root / "fedavg-seed1",
         _config("fedavg", seed=1),
-        _records([0.55, 0.65, 0.75, 0.8, 0.8], dissimilarity_b2=[None, 2.0, None, 3.0, None], gradient_variance=[None, 5.0, None, 4.0, None]),
+        _records(
+            [0.55, 0.65, 0.75, 0.8, 0.8],
+            dissimilarity_b2=[None, 2.0, None, 3.0, None],
+            gradient_variance=[None, 5.0, None, 4.0, None],
+        ),
     )
     report = make_report([root], tmp_path / "report", targets=[0.8])
     pngs = sorted(p.name for p in report.files if p.suffix == ".png")
-    assert pngs == ["synthetic-accuracy-vs-bits.png", "synthetic-accuracy.png", "synthetic-dissimilarity.png", "synthetic-loss.png", "synthetic-norms.png"]
+    assert pngs == [
+        "synthetic-accuracy-vs-bits.png",
+        "synthetic-accuracy.png",
+        "synthetic-dissimilarity.png",
+        "synthetic-loss.png",
+        "synthetic-norms.png",
+    ]
     for name in pngs:
         data = (tmp_path / "report" / name).read_bytes()
         assert data[:8] == PNG_SIGNATURE and len(data) > 10_000
@@ -394,7 +486,11 @@ def test_non_classifier_reports_loss_and_distance(tmp_path):
     report = make_report([run], tmp_path / "report")
     assert report.targets == [] and "### Loss and distance" in report.markdown
     assert _markdown_row(report.markdown, "FedAvg")[:4] == ["FedAvg", "1", "-0.25", "0.05"]
-    assert sorted(p.name for p in report.files if p.suffix == ".png") == ["quadratic1d-distance.png", "quadratic1d-loss.png", "quadratic1d-norms.png"]
+    assert sorted(p.name for p in report.files if p.suffix == ".png") == [
+        "quadratic1d-distance.png",
+        "quadratic1d-loss.png",
+        "quadratic1d-norms.png",
+    ]
 
 
 def test_target_row_and_savings_are_pure_functions_of_the_runs(tmp_path):
@@ -402,7 +498,10 @@ def test_target_row_and_savings_are_pure_functions_of_the_runs(tmp_path):
     runs = report.settings[0].methods
     again = target_row("synthetic", "FedAvg", runs["FedAvg"], 0.8)
     assert again == _row(report, "FedAvg", 0.8)
-    both_unreached = savings(target_row("synthetic", "FedProx", runs["FedProx"], 0.95), target_row("synthetic", "FedAvg", runs["FedAvg"], 0.95))
+    both_unreached = savings(
+        target_row("synthetic", "FedProx", runs["FedProx"], 0.95),
+        target_row("synthetic", "FedAvg", runs["FedAvg"], 0.95),
+    )
     assert both_unreached.ratio is None  # two lower bounds bound nothing
 
 
@@ -412,7 +511,9 @@ def test_target_row_and_savings_are_pure_functions_of_the_runs(tmp_path):
 def test_real_runs_end_to_end(tmp_path):
     tiny = ["rounds=3", "data.num_clients=6", "client.epochs=1", "sampling.participation=0.5"]
     driftlab.run("synthetic-fedprox", out_dir=tmp_path / "runs" / "fedprox", overrides=tiny)
-    driftlab.run("synthetic-fedprox", out_dir=tmp_path / "runs" / "scaffold", overrides=[*tiny, "algorithm.name=scaffold"])
+    driftlab.run(
+        "synthetic-fedprox", out_dir=tmp_path / "runs" / "scaffold", overrides=[*tiny, "algorithm.name=scaffold"]
+    )
     report = make_report([tmp_path / "runs"], tmp_path / "report", targets=[0.01])
     assert list(report.settings[0].methods) == ["FedProx", "SCAFFOLD"]
     fedprox, scaffold = (_row(report, m, 0.01) for m in ("FedProx", "SCAFFOLD"))
@@ -427,7 +528,10 @@ def test_real_runs_end_to_end(tmp_path):
     assert run.info["algorithm_label"] == "FedProx" and set(run.initial) == {"train_loss", "test_loss", "test_accuracy"}
     from driftlab.experiments.report.plots import _series
 
-    assert _series([run], "train_loss").x == [0, 1, 2, 3] and _series([run], "train_loss").mean[0] == run.initial["train_loss"]
+    assert (
+        _series([run], "train_loss").x == [0, 1, 2, 3]
+        and _series([run], "train_loss").mean[0] == run.initial["train_loss"]
+    )
 
 
 def test_the_same_run_twice_is_refused(tmp_path):
@@ -443,7 +547,7 @@ def test_accuracy_rows_say_when_a_run_stopped_early(tmp_path):
     _write_run(tmp_path / "ok", _config("fedavg"), _records([0.5, 0.6, 0.7, 0.8, 0.9]))
     _write_run(tmp_path / "bad", _config("scaffold"), _records([0.5, 0.3]), status="diverged")
     markdown = make_report([tmp_path], tmp_path / "report", plots=False).markdown
-    accuracy = markdown[markdown.index("### Accuracy"):]
+    accuracy = markdown[markdown.index("### Accuracy") :]
     assert "| SCAFFOLD (diverged at round 3) | 1 | 30.00% | 50.00% |" in accuracy
     assert "| FedAvg | 1 | 90.00% |" in accuracy
 
@@ -493,7 +597,9 @@ def test_each_target_line_has_its_own_style_and_legend_entry(tmp_path):
     assert "target 60%" in legend and "target 70%" in legend
     assert "target lines: 60% dotted, 70% dashed" in report.markdown
     styles = [target_style(i) for i in range(12)]
-    assert len({(dash if isinstance(dash, str) else repr(dash), colour, width) for _, dash, colour, width in styles}) == 12
+    assert (
+        len({(dash if isinstance(dash, str) else repr(dash), colour, width) for _, dash, colour, width in styles}) == 12
+    )
 
 
 def test_captions_name_only_what_is_drawn(tmp_path):
@@ -519,7 +625,9 @@ def test_captions_name_only_what_is_drawn(tmp_path):
 
 def _grid_sweep(root: Path, extra_overrides: Sequence[str] = (), description: str | None = None) -> dict:
     """A --grid sweep planned by sweep.py itself, its runs written by hand (3 rounds each) into the planned directories."""
-    spec = sweep_from_config("synthetic-fedprox", ["data.partition=iid,dirichlet", "algorithm.mu=[0, 1]"], [0, 1], name="grid")
+    spec = sweep_from_config(
+        "synthetic-fedprox", ["data.partition=iid,dirichlet", "algorithm.mu=[0, 1]"], [0, 1], name="grid"
+    )
     if description is not None:
         spec = dataclasses.replace(spec, description=description)
     runs = plan(spec, None, extra_overrides)
@@ -567,11 +675,17 @@ def test_figure_files_of_settings_whose_slugs_collide_stay_apart(tmp_path):
         run_dir = f"runs/{directory}/fedavg/seed-0"
         runs.append({"dir": run_dir, "setting": label, "method": "FedAvg", "seed": 0, "overrides": []})
         _write_run(root / run_dir, _config(rounds=2), _records([0.5, 0.6]))
-    (root / "sweep.json").write_text(json.dumps({"format": 1, "name": "signs", "description": "", "base": "b", "runs": runs}))
+    (root / "sweep.json").write_text(
+        json.dumps({"format": 1, "name": "signs", "description": "", "base": "b", "runs": runs})
+    )
     report = make_report([root], tmp_path / "report", targets=[0.6], plots=False)
     assert figure_stems(report.settings) == {"x=1": "x-1", "x=-1": "x--1"}  # the sweep's directories
     # without the sweep's directories (stand-alone settings), colliding slugs are numbered
-    assert figure_stems([Setting("x=1", {}), Setting("x 1", {}), Setting("X=1", {})]) == {"x=1": "x-1", "x 1": "x-1-2", "X=1": "x-1-3"}
+    assert figure_stems([Setting("x=1", {}), Setting("x 1", {}), Setting("X=1", {})]) == {
+        "x=1": "x-1",
+        "x 1": "x-1-2",
+        "X=1": "x-1-3",
+    }
 
 
 def test_description_follows_the_scale_actually_run(tmp_path):
@@ -595,7 +709,11 @@ def test_description_follows_the_scale_actually_run(tmp_path):
     (tmp_path / "grid" / "sweep.json").write_text(json.dumps(old))
     markdown = make_report([tmp_path / "grid"], tmp_path / "report", targets=[0.6], plots=False).markdown
     line = next(line for line in markdown.splitlines() if line.startswith("Sweep **grid**"))
-    assert "grid data.partition ∈ {" in line and "algorithm.mu ∈ {" in line and line.endswith("As run: 3 rounds; seeds 0, 1.")
+    assert (
+        "grid data.partition ∈ {" in line
+        and "algorithm.mu ∈ {" in line
+        and line.endswith("As run: 3 rounds; seeds 0, 1.")
+    )
 
 
 # ---------------------------------------------------------------- runs of different lengths
@@ -609,7 +727,10 @@ def test_runs_differing_only_in_rounds_are_compared_up_to_the_shorter(tmp_path):
     cut = report.settings[0].methods["FedAvg (rounds=3)"][0]
     assert (cut.rounds_done, cut.truncated_from, report.settings[0].cut_round) == (2, 3, 2)
     # the long run's round 3 (90%) is outside the comparison: final 60%, and 80% not reached in 2 rounds
-    assert {row.method: row.final_accuracy.mean for row in report.accuracy} == {"FedAvg (rounds=2)": 0.6, "FedAvg (rounds=3)": 0.6}
+    assert {row.method: row.final_accuracy.mean for row in report.accuracy} == {
+        "FedAvg (rounds=2)": 0.6,
+        "FedAvg (rounds=3)": 0.6,
+    }
     assert _row(report, "FedAvg (rounds=3)", 0.8).lower_bound and _row(report, "FedAvg (rounds=3)", 0.8).rounds == 2
     assert "compares them up to round 2, the last round of the shortest" in report.markdown
     assert f"Cut to round 2: `{long}` (FedAvg (rounds=3), seed 0, ran 3 rounds)." in report.markdown
@@ -627,9 +748,14 @@ def test_seeds_and_methods_of_different_lengths_are_cut_to_the_shortest(tmp_path
     report = make_report([tmp_path], tmp_path / "report", targets=[0.8], plots=False)
     fedavg = report.settings[0].methods["FedAvg"]
     assert [run.seed for run in fedavg] == [0, 1]  # still two seeds of one method
-    assert {row.method: row.final_accuracy.mean for row in report.accuracy} == {"FedAvg": pytest.approx(0.675), "SCAFFOLD": 0.7}
+    assert {row.method: row.final_accuracy.mean for row in report.accuracy} == {
+        "FedAvg": pytest.approx(0.675),
+        "SCAFFOLD": 0.7,
+    }
     scaffold = report.settings[0].methods["SCAFFOLD"][0]
-    assert scaffold.truncated_from == 4 and scaffold.diverged_at is None  # its divergence lies after the compared rounds
+    assert (
+        scaffold.truncated_from == 4 and scaffold.diverged_at is None
+    )  # its divergence lies after the compared rounds
     assert "ran 5 rounds" in report.markdown and "ran 4 rounds" in report.markdown
 
 
@@ -639,8 +765,14 @@ def test_sweep_runs_keep_the_lengths_their_sweep_planned(tmp_path):
     for method, rounds in (("FedDyn", 2), ("FedAvg", 4)):
         run_dir = f"runs/{method.lower()}/seed-0"
         runs.append({"dir": run_dir, "setting": "", "method": method, "seed": 0, "overrides": []})
-        _write_run(tmp_path / "sweep" / run_dir, _config(method.lower(), rounds=rounds), _records([0.5, 0.6, 0.7, 0.8][:rounds]))
-    (tmp_path / "sweep" / "sweep.json").write_text(json.dumps({"format": 1, "name": "headline", "base": "b", "runs": runs}))
+        _write_run(
+            tmp_path / "sweep" / run_dir,
+            _config(method.lower(), rounds=rounds),
+            _records([0.5, 0.6, 0.7, 0.8][:rounds]),
+        )
+    (tmp_path / "sweep" / "sweep.json").write_text(
+        json.dumps({"format": 1, "name": "headline", "base": "b", "runs": runs})
+    )
     report = make_report([tmp_path / "sweep"], tmp_path / "report", targets=[0.8], plots=False)
     assert sorted(run.rounds_done for run in report.runs) == [2, 4] and report.settings[0].cut_round is None
     assert "Cut to round" not in report.markdown
@@ -670,21 +802,33 @@ def test_a_report_never_imports_the_plugins_its_runs_name(tmp_path):
     config["plugins"] = [str(plugin)]
     _write_run(tmp_path / "plugin-run", config, _records([0.5, 0.7]), algorithm_label="Evil Avg")
     _write_run(tmp_path / "fedavg-run", _config("fedavg"), _records([0.5, 0.6]))
-    report = make_report([tmp_path / "plugin-run", tmp_path / "fedavg-run"], tmp_path / "report", targets=[0.65], plots=False)
+    report = make_report(
+        [tmp_path / "plugin-run", tmp_path / "fedavg-run"], tmp_path / "report", targets=[0.65], plots=False
+    )
     assert not marker.exists()
     # the plugin's algorithm is labelled as run.json records it, after the built-ins
     assert list(report.settings[0].methods) == ["FedAvg", "Evil Avg"]
     assert _row(report, "Evil Avg", 0.65).rounds == 2
     # without run.json (or the label in it) the name config.json records
     (tmp_path / "plugin-run" / "run.json").unlink()
-    assert list(make_report([tmp_path / "plugin-run"], tmp_path / "report0", plots=False).settings[0].methods) == ["evil_alg"]
+    assert list(make_report([tmp_path / "plugin-run"], tmp_path / "report0", plots=False).settings[0].methods) == [
+        "evil_alg"
+    ]
     # and through the command line too
     result = subprocess.run(
         [
-            sys.executable, "-c", "import sys; from driftlab.cli import main; sys.exit(main(sys.argv[1:]))",
-            "report", str(tmp_path / "plugin-run"), "--out", str(tmp_path / "cli-report"), "--no-plots",
+            sys.executable,
+            "-c",
+            "import sys; from driftlab.cli import main; sys.exit(main(sys.argv[1:]))",
+            "report",
+            str(tmp_path / "plugin-run"),
+            "--out",
+            str(tmp_path / "cli-report"),
+            "--no-plots",
         ],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 0, result.stderr
     assert "evil_alg" in (tmp_path / "cli-report" / "report.md").read_text() and not marker.exists()
@@ -701,7 +845,11 @@ def test_settings_outside_a_runs_identity_never_enter_labels(tmp_path):
     _write_run(tmp_path / "other-seed", _config(seed=1, rounds=3), _records([0.5, 0.6, 0.8]))
     report = make_report([tmp_path], tmp_path / "report", targets=[0.8], plots=False)
     assert list(report.settings[0].methods) == ["FedAvg"]
-    assert "wandb" not in report.markdown and "memory_budget" not in report.markdown and "state.store" not in report.markdown
+    assert (
+        "wandb" not in report.markdown
+        and "memory_budget" not in report.markdown
+        and "state.store" not in report.markdown
+    )
     # two copies of one seed that differ only in such keys are one config twice, which is refused
     _write_run(tmp_path / "untracked", _config(rounds=3), _records([0.5, 0.6, 0.7]))
     with pytest.raises(ConfigError, match="both seed 0 of 'FedAvg'"):
@@ -711,7 +859,10 @@ def test_settings_outside_a_runs_identity_never_enter_labels(tmp_path):
 def test_a_damaged_metrics_line_gets_a_fix_a_resume_would_accept(tmp_path):
     message = _report_of_a_damaged_metrics_line(tmp_path)
     assert "resume the run to rewrite" not in message
-    assert "a resume refuses it too" in message and "restore metrics.jsonl from a backup, or run again with a new --out directory" in message
+    assert (
+        "a resume refuses it too" in message
+        and "restore metrics.jsonl from a backup, or run again with a new --out directory" in message
+    )
 
 
 # ---------------------------------------------------------------- small scale: ticks, targets, unreached tables
@@ -740,8 +891,12 @@ def test_a_two_round_run_gets_integer_round_ticks_plain_labels_and_a_note_for_fa
     assert axis.get_xlim() == pytest.approx((-0.08, 2.08))
     ticks = [tick for tick in axis.get_xticks() if -0.08 <= tick <= 2.08]
     assert ticks == [0, 1, 2]
-    assert not [line for line in axis.get_lines() if line.get_label().startswith("target")]  # no 80% line over curves at 12%
-    assert accuracy.caption.endswith("; target 80%, 85% not drawn: far above the best accuracy any run recorded (12.0%)")
+    assert not [
+        line for line in axis.get_lines() if line.get_label().startswith("target")
+    ]  # no 80% line over curves at 12%
+    assert accuracy.caption.endswith(
+        "; target 80%, 85% not drawn: far above the best accuracy any run recorded (12.0%)"
+    )
     loss_axis = figures["loss"].figure.axes[0]
     assert loss_axis.get_yscale() == "linear"  # 2.2968..2.2980 spans no factor of 10
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -755,7 +910,9 @@ def test_a_two_round_run_gets_integer_round_ticks_plain_labels_and_a_note_for_fa
     assert report.markdown.count("### Communication") == 1
     assert "### Communication: no method reached 80%, 85% test accuracy" in report.markdown
     assert _markdown_row(report.markdown, "FedAvg")[1] == "2+"
-    assert {(row.method, row.target) for row in report.targets} == {(m, t) for m in ("FedAvg", "FedProx") for t in (0.8, 0.85)}
+    assert {(row.method, row.target) for row in report.targets} == {
+        (m, t) for m in ("FedAvg", "FedProx") for t in (0.8, 0.85)
+    }
 
 
 def test_a_target_some_method_reached_keeps_its_own_table(tmp_path):
@@ -776,7 +933,10 @@ def test_unstable_and_diverged_runs_are_marked(tmp_path):
     _write_run(tmp_path / "scaffold", _config("scaffold", rounds=4), scaffold, info=False)
     _write_run(tmp_path / "fedprox", _config("fedprox", rounds=4), _records([0.5, 0.6]), status="diverged")
     report = make_report([tmp_path], tmp_path / "report", targets=[0.8], plots=False)
-    assert f"⚠ Unstable (marked † below): FedAvg, seed 0 (from round 3: {message}); SCAFFOLD, seed 0 (from round 2: loss stayed up)." in report.markdown
+    assert (
+        f"⚠ Unstable (marked † below): FedAvg, seed 0 (from round 3: {message}); SCAFFOLD, seed 0 (from round 2: loss stayed up)."
+        in report.markdown
+    )
     assert "⚠ Diverged: FedProx, seed 0 (at round 3)." in report.markdown
     accuracy = report.markdown.split("### Accuracy")[1]
     assert _markdown_row(accuracy, "FedAvg †")[2] == "40.00%"
@@ -791,7 +951,9 @@ def test_curves_start_at_round_0_where_run_json_records_the_initial_model():
 
     def run(seed: int, initial: dict | None) -> RunData:
         info = {"status": "complete"} if initial is None else {"status": "complete", "initial": initial}
-        return RunData(Path(f"s{seed}"), _config(seed=seed, rounds=2), _records([0.3, 0.4], train_loss=[2.0, 1.5]), info, seed=seed)
+        return RunData(
+            Path(f"s{seed}"), _config(seed=seed, rounds=2), _records([0.3, 0.4], train_loss=[2.0, 1.5]), info, seed=seed
+        )
 
     both = [run(0, {"train_loss": 3.0, "test_accuracy": 0.1}), run(1, {"train_loss": 2.0, "test_accuracy": 0.1})]
     series = _series(both, "train_loss")
@@ -922,18 +1084,24 @@ def _noise_sweep(root: Path) -> dict:
                     config["data"]["partition"] = partition
                     _write_run(root / run_dir, config, _private_records([0.1, 0.2, 0.3, final], epsilons, noise_std=z))
     document = {
-        "format": 1, "name": "dp-noise", "base": "synthetic-fedprox", "seeds": [0, 1],
+        "format": 1,
+        "name": "dp-noise",
+        "base": "synthetic-fedprox",
+        "seeds": [0, 1],
         "axes": [
             {
-                "name": "data", "role": "setting",
+                "name": "data",
+                "role": "setting",
                 "values": [{"label": s, "set": [f"data.partition={p}"]} for s, p in data],
             },
             {
-                "name": "noise", "role": "setting",
+                "name": "noise",
+                "role": "setting",
                 "values": [{"label": n, "set": [f"privacy.noise_multiplier={z}"]} for n, z in noise],
             },
             {
-                "name": "method", "role": "method",
+                "name": "method",
+                "role": "method",
                 "values": [{"label": m, "set": [f"algorithm.name={a}"]} for m, a in methods],
             },
         ],
@@ -1028,13 +1196,16 @@ def test_standalone_runs_at_several_noise_levels_share_a_line(tmp_path):
     report = make_report([root], tmp_path / "report", plots=False)
     # The tables tell the three runs apart by their privacy keys; the figure joins them on one line.
     assert list(report.settings[0].methods) == [
-        "FedAvg", "DP-FedAvg (privacy.noise_multiplier=0.5)", "DP-FedAvg (privacy.noise_multiplier=2)",
+        "FedAvg",
+        "DP-FedAvg (privacy.noise_multiplier=0.5)",
+        "DP-FedAvg (privacy.noise_multiplier=2)",
     ]
     (panel,) = report.privacy.panels
     (line,) = panel.lines
     assert line.method == "FedAvg" and not report.privacy.by_rounds
     assert [(p.label, p.epsilon.mean, p.accuracy.mean) for p in line.drawn] == [
-        ("privacy.noise_multiplier=2", 0.7, 0.6), ("privacy.noise_multiplier=0.5", 6.0, 0.8),
+        ("privacy.noise_multiplier=2", 0.7, 0.6),
+        ("privacy.noise_multiplier=0.5", 6.0, 0.8),
     ]
     assert [(p.label, p.accuracy.mean) for p in line.references] == [("no privacy", 0.9)]
     assert not any(p.suffix == ".png" for p in report.files) and (tmp_path / "report" / "privacy.csv") in report.files
@@ -1113,7 +1284,8 @@ def test_a_grid_over_noise_multipliers_creates_the_privacy_section_and_gives_a_p
     (line,) = panel.lines
     assert (panel.setting, line.method, report.privacy.by_rounds) == ("dp", "FedAvg", False)
     assert [(p.label, p.epsilon.mean, p.accuracy.mean, len(p.runs)) for p in line.drawn] == [
-        ("noise_multiplier=2", 0.4, 0.5, 2), ("noise_multiplier=0.5", 3.0, 0.7, 2),
+        ("noise_multiplier=2", 0.4, 0.5, 2),
+        ("noise_multiplier=0.5", 3.0, 0.7, 2),
     ]
 
 
@@ -1139,7 +1311,9 @@ def test_noise_computed_for_a_target_epsilon_is_read_from_run_json_and_noiseless
 # ---------------------------------------------------------------- simulated time and asynchronous FedBuff (issue 28)
 
 
-def _timed_config(algorithm: str = "fedavg", seed: int = 0, rounds: int = 5, asynchronous: bool = False, **system) -> dict:
+def _timed_config(
+    algorithm: str = "fedavg", seed: int = 0, rounds: int = 5, asynchronous: bool = False, **system
+) -> dict:
     """``_config`` with a [system] section (the defaults, ``system`` replaced) and, with ``asynchronous``, FedBuff's."""
     from driftlab.experiments.config import AsynchronousConfig, SystemConfig
 
@@ -1151,7 +1325,9 @@ def _timed_config(algorithm: str = "fedavg", seed: int = 0, rounds: int = 5, asy
     return config
 
 
-def _timed_records(accuracies, round_seconds: float | Sequence[float], asynchronous: bool = False, **series) -> list[dict]:
+def _timed_records(
+    accuracies, round_seconds: float | Sequence[float], asynchronous: bool = False, **series
+) -> list[dict]:
     """``_records`` on a clock: round t runs from the end of round t − 1 for ``round_seconds`` (one number: every round)."""
     records = _records(accuracies, **series)
     clock = 0.0
@@ -1196,13 +1372,21 @@ def test_time_to_target_and_simulated_time_in_the_tables_equal_the_records(tmp_p
         assert summary["simulated_time"] == run.records[-1]["time_end"] == run.simulated_time
 
     communication = report.markdown.split("### Communication to reach 80% test accuracy")[1]
-    assert "| method | rounds | time to target | model-equivalents | upload | download | vs FedAvg | vs FedBuff | note |" in communication
+    assert (
+        "| method | rounds | time to target | model-equivalents | upload | download | vs FedAvg | vs FedBuff | note |"
+        in communication
+    )
     assert _markdown_row(communication, "FedAvg")[:4] == ["FedAvg", "4", "40.0 s", "4.0"]
     assert _markdown_row(communication, "FedBuff")[:4] == ["FedBuff", "5", "15.0 s", "5.0"]
     accuracy = report.markdown.split("### Accuracy")[1]
-    assert "| method | seeds | final test accuracy | best test accuracy | final train loss | simulated time |" in accuracy
+    assert (
+        "| method | seeds | final test accuracy | best test accuracy | final train loss | simulated time |" in accuracy
+    )
     assert _markdown_row(accuracy, "FedAvg")[-1] == "50.0 s" and _markdown_row(accuracy, "FedBuff")[-1] == "24.0 s"
-    assert "Asynchronous methods (FedBuff) aggregate buffered client updates (FedBuff, Nguyen et al. 2022): their rounds are server updates" in report.markdown
+    assert (
+        "Asynchronous methods (FedBuff) aggregate buffered client updates (FedBuff, Nguyen et al. 2022): their rounds are server updates"
+        in report.markdown
+    )
     assert report.accuracy[1].simulated_time.mean == 24.0
 
     targets = {row["method"]: row for row in _csv(out / "targets.csv")}
@@ -1212,7 +1396,11 @@ def test_time_to_target_and_simulated_time_in_the_tables_equal_the_records(tmp_p
     assert [accuracy_csv["FedBuff"][k] for k in ("simulated_time_mean", "simulated_time_std")] == ["24", ""]
     runs = {row["method"]: row for row in _csv(out / "runs.csv")}
     assert (runs["FedAvg"]["simulated_time"], runs["FedAvg"]["asynchronous"]) == ("50", "0")
-    assert (runs["FedBuff"]["simulated_time"], runs["FedBuff"]["asynchronous"], runs["FedBuff"]["rounds_done"]) == ("24", "1", "8")
+    assert (runs["FedBuff"]["simulated_time"], runs["FedBuff"]["asynchronous"], runs["FedBuff"]["rounds_done"]) == (
+        "24",
+        "1",
+        "8",
+    )
 
 
 def test_time_over_seeds_lower_bounds_and_minutes(tmp_path):
@@ -1240,9 +1428,15 @@ def test_an_untimed_run_beside_timed_ones_has_no_time(tmp_path):
     # stand-alone: a timed and an untimed run are two settings, named "timed" and "untimed" rather than by every [system] key
     _write_run(tmp_path / "alone" / "timed", _timed_config(rounds=3), _timed_records([0.5, 0.6, 0.7], 1.0))
     _write_run(tmp_path / "alone" / "untimed", _config(rounds=3), _records([0.5, 0.6, 0.7]))
-    _write_run(tmp_path / "alone" / "slow", _timed_config(rounds=3, speed_median=10.0), _timed_records([0.5, 0.6, 0.7], 5.0))
+    _write_run(
+        tmp_path / "alone" / "slow", _timed_config(rounds=3, speed_median=10.0), _timed_records([0.5, 0.6, 0.7], 5.0)
+    )
     labels = [s.label for s in make_report([tmp_path / "alone"], tmp_path / "r0", plots=False).settings]
-    assert sorted(labels) == ["synthetic, timed, system.speed_median=10", "synthetic, timed, system.speed_median=100", "synthetic, untimed"]
+    assert sorted(labels) == [
+        "synthetic, timed, system.speed_median=10",
+        "synthetic, timed, system.speed_median=100",
+        "synthetic, untimed",
+    ]
     # in a sweep's setting the untimed method's cells are "—" and it is left out of the time figure
     runs = []
     for method, config, records in (
@@ -1251,10 +1445,14 @@ def test_an_untimed_run_beside_timed_ones_has_no_time(tmp_path):
     ):
         runs.append({"dir": f"runs/{method}/seed-0", "setting": "", "method": method, "seed": 0, "overrides": []})
         _write_run(tmp_path / "sweep" / f"runs/{method}/seed-0", config, records)
-    (tmp_path / "sweep" / "sweep.json").write_text(json.dumps({"format": 1, "name": "mixed", "base": "b", "runs": runs}))
+    (tmp_path / "sweep" / "sweep.json").write_text(
+        json.dumps({"format": 1, "name": "mixed", "base": "b", "runs": runs})
+    )
     report = make_report([tmp_path / "sweep"], tmp_path / "report", targets=[0.6])
     communication = report.markdown.split("### Communication to reach 60% test accuracy")[1]
-    assert _markdown_row(communication, "untimed")[1:3] == ["2", "—"] and _markdown_row(communication, "timed")[1:3] == ["2", "2.0 s"]
+    assert _markdown_row(communication, "untimed")[1:3] == ["2", "—"] and _markdown_row(communication, "timed")[
+        1:3
+    ] == ["2", "2.0 s"]
     assert _markdown_row(report.markdown.split("### Accuracy")[1], "untimed")[-1] == "—"
     time = next(f for f in setting_figures(report.settings[0], [0.6]) if f.suffix == "time")
     assert time.caption.endswith("; target line: 60% dotted; untimed runs not drawn: untimed")
@@ -1270,7 +1468,9 @@ def test_the_time_figure_starts_at_0_in_a_unit_chosen_by_the_span_and_labels_asy
         (root / name / "run.json").write_text(json.dumps(info))
     report = make_report([root], tmp_path / "report", targets=[0.8])
     pngs = sorted(p.name for p in report.files if p.suffix == ".png")
-    assert "synthetic-time.png" in pngs and (tmp_path / "report" / "synthetic-time.png").read_bytes()[:8] == PNG_SIGNATURE
+    assert (
+        "synthetic-time.png" in pngs and (tmp_path / "report" / "synthetic-time.png").read_bytes()[:8] == PNG_SIGNATURE
+    )
     figure = next(f for f in setting_figures(report.settings[0], [0.8]) if f.suffix == "time")
     accuracy, loss = figure.figure.axes
     assert (accuracy.get_xlabel(), loss.get_xlabel()) == ("simulated time (s)", "simulated time (s)")  # 50 s: seconds
@@ -1299,7 +1499,9 @@ def test_untimed_reports_have_no_time_columns_figure_or_note(tmp_path):
     report = make_report([_three_methods(tmp_path / "runs")], tmp_path / "report", targets=[0.8])
     assert "time to target" not in report.markdown and "simulated time" not in report.markdown
     assert not any(p.name.endswith("-time.png") for p in report.files)
-    assert all(row.time is None for row in report.targets) and all(row.simulated_time is None for row in report.accuracy)
+    assert all(row.time is None for row in report.targets) and all(
+        row.simulated_time is None for row in report.accuracy
+    )
     assert "time_to_target" not in _csv(tmp_path / "report" / "targets.csv")[0]
     assert "simulated_time" not in _csv(tmp_path / "report" / "runs.csv")[0]
     # (byte for byte: test_a_report_without_private_runs_is_byte_identical_to_before_privacy pins these reports' digests)
@@ -1313,7 +1515,9 @@ def test_asynchronous_runs_of_different_lengths_are_cut_among_themselves(tmp_pat
     report = make_report([tmp_path], tmp_path / "report", plots=False)
     setting = report.settings[0]
     assert (setting.cut_round, setting.cut_update) == (None, 4)
-    assert [run.rounds_done for run in setting.methods["FedBuff"]] == [4, 4] and setting.methods["FedAvg"][0].rounds_done == 2
+    assert [run.rounds_done for run in setting.methods["FedBuff"]] == [4, 4] and setting.methods["FedAvg"][
+        0
+    ].rounds_done == 2
     assert "up to server update 4, the last of the shortest (synchronous runs are not cut to it" in report.markdown
     assert "ran 6 updates" in report.markdown and "Cut to round" not in report.markdown
 
@@ -1322,13 +1526,23 @@ def test_real_timed_and_asynchronous_runs_share_a_setting_and_their_times(tmp_pa
     # FedBuff samples no cohorts, so the synchronous run's participation does not make it another setting
     tiny = ["data.num_clients=6", "client.steps=2", "algorithm.aggregation=uniform", "system.speed_median=100"]
     driftlab.run(None, out_dir=tmp_path / "runs" / "sync", overrides=["rounds=3", "sampling.participation=0.5", *tiny])
-    driftlab.run(None, out_dir=tmp_path / "runs" / "async", overrides=["rounds=4", "asynchronous.concurrency=4", "asynchronous.buffer=2", *tiny])
+    driftlab.run(
+        None,
+        out_dir=tmp_path / "runs" / "async",
+        overrides=["rounds=4", "asynchronous.concurrency=4", "asynchronous.buffer=2", *tiny],
+    )
     report = make_report([tmp_path / "runs"], tmp_path / "report", targets=[0.01])
-    assert [s.label for s in report.settings] == ["synthetic"] and list(report.settings[0].methods) == ["FedAvg", "FedBuff"]
+    assert [s.label for s in report.settings] == ["synthetic"] and list(report.settings[0].methods) == [
+        "FedAvg",
+        "FedBuff",
+    ]
     for run in report.runs:
         assert run.timed and run.asynchronous == (run.method == "FedBuff")
         assert _row(report, run.method, 0.01).time == run.records[0]["time_end"] > 0  # any accuracy beats 1% at once
-        assert next(r for r in report.accuracy if r.method == run.method).simulated_time.mean == run.records[-1]["time_end"]
+        assert (
+            next(r for r in report.accuracy if r.method == run.method).simulated_time.mean
+            == run.records[-1]["time_end"]
+        )
     assert (tmp_path / "report" / "synthetic-time.png").read_bytes()[:8] == PNG_SIGNATURE
 
 
@@ -1351,7 +1565,9 @@ def test_a_users_report_md_is_left_untouched_and_the_report_refused_with_the_fix
     assert (out / "report.md").read_bytes() == b"# my own notes\n"
     # --force replaces report.md, and leaves the user's other files alone
     assert cli.main(["report", str(runs), "--out", str(out), "--targets", "0.8", "--force"]) == 0
-    assert (out / "report.md").read_text().startswith("# driftlab report\n") and (out / "keep.png").read_bytes() == b"mine"
+    assert (out / "report.md").read_text().startswith("# driftlab report\n") and (
+        out / "keep.png"
+    ).read_bytes() == b"mine"
 
 
 def test_a_figure_name_the_user_holds_is_refused_after_drawing_before_writing(tmp_path):

@@ -64,13 +64,17 @@ class RunData:
             return True  # it ran every compared round and more
         if self.stopped_at is not None:
             return True  # its stop rule ended it: nothing is left to run
-        return self.status in ("complete", "diverged", "failed") and not (self.status == "complete" and self.rounds_done < self.rounds_planned)
+        return self.status in ("complete", "diverged", "failed") and not (
+            self.status == "complete" and self.rounds_done < self.rounds_planned
+        )
 
     @property
     def stopped_early(self) -> bool:
         """Whether the run ended before the rounds it is compared over (diverged, interrupted, failed, or ended by its
         ``evaluation.stop_at``: its last numbers are at an earlier round than the others')."""
-        return self.truncated_from is None and not (self.status == "complete" and self.rounds_done >= self.rounds_planned)
+        return self.truncated_from is None and not (
+            self.status == "complete" and self.rounds_done >= self.rounds_planned
+        )
 
     @property
     def num_parameters(self) -> int | None:
@@ -132,4 +136,8 @@ class RunData:
         if not machine:
             return "unknown"
         threads = machine.get("torch_threads")
-        return f"{machine.get('processor', 'unknown')}, {threads} threads" if threads else str(machine.get("processor", "unknown"))
+        return (
+            f"{machine.get('processor', 'unknown')}, {threads} threads"
+            if threads
+            else str(machine.get("processor", "unknown"))
+        )

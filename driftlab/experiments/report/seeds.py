@@ -33,7 +33,9 @@ class SeedsRow:
     method: str
     seeds: int
     final: Summary | None  # final test accuracy over seeds
-    rounds_to: dict[float, tuple[Summary | None, int]]  # target -> (rounds over the seeds that reached it, how many did)
+    rounds_to: dict[
+        float, tuple[Summary | None, int]
+    ]  # target -> (rounds over the seeds that reached it, how many did)
     versus: PairedComparison | None  # against the baseline (None for the baseline itself, or no shared seed)
 
 
@@ -43,7 +45,14 @@ def final_accuracy(run: RunData) -> float | None:
 
 
 def rounds_to_target(run: RunData, target: float) -> int | None:
-    return next((int(record["round"]) for record in run.records if record.get(ACCURACY) is not None and record[ACCURACY] >= target), None)
+    return next(
+        (
+            int(record["round"])
+            for record in run.records
+            if record.get(ACCURACY) is not None and record[ACCURACY] >= target
+        ),
+        None,
+    )
 
 
 def baseline_for(methods: Sequence[str], requested: str | None) -> str:
@@ -53,13 +62,20 @@ def baseline_for(methods: Sequence[str], requested: str | None) -> str:
 
 def check_baseline(requested: str | None, all_methods: set[str]) -> None:
     if requested is not None and requested not in all_methods:
-        raise ConfigError(f"--baseline {requested!r} is not a method of these runs; the methods are: {', '.join(sorted(all_methods))}")
+        raise ConfigError(
+            f"--baseline {requested!r} is not a method of these runs; the methods are: {', '.join(sorted(all_methods))}"
+        )
 
 
-def seeds_rows(setting: str, methods: dict[str, list[RunData]], targets: Sequence[float], baseline: str) -> list[SeedsRow]:
+def seeds_rows(
+    setting: str, methods: dict[str, list[RunData]], targets: Sequence[float], baseline: str
+) -> list[SeedsRow]:
     """One ``SeedsRow`` per method of a setting, in the setting's order."""
     finals = {method: {run.seed: final_accuracy(run) for run in runs} for method, runs in methods.items()}
-    finals = {method: {seed: value for seed, value in values.items() if value is not None} for method, values in finals.items()}
+    finals = {
+        method: {seed: value for seed, value in values.items() if value is not None}
+        for method, values in finals.items()
+    }
     rows = []
     for method, runs in methods.items():
         values = list(finals[method].values())
@@ -96,8 +112,12 @@ def seeds_section(rows: Sequence[SeedsRow], targets: Sequence[float], baseline: 
     table = []
     for row in rows:
         final = row.final
-        cells = [row.method, str(row.seeds), "—" if final is None else f"{100 * final.mean:.2f}%",
-                 "—" if final is None else _interval(final.low, final.high)]
+        cells = [
+            row.method,
+            str(row.seeds),
+            "—" if final is None else f"{100 * final.mean:.2f}%",
+            "—" if final is None else _interval(final.low, final.high),
+        ]
         for target in targets:
             summary, reached = row.rounds_to[target]
             if summary is None:
@@ -112,8 +132,12 @@ def seeds_section(rows: Sequence[SeedsRow], targets: Sequence[float], baseline: 
         elif versus is None:
             cells += ["— (no shared seed)", "", "", ""]
         else:
-            cells += [f"{_points(versus.mean_difference)} ({versus.count} seeds)", _interval(versus.low, versus.high),
-                      _p(versus.p_value), _p(versus.p_sign_flip)]
+            cells += [
+                f"{_points(versus.mean_difference)} ({versus.count} seeds)",
+                _interval(versus.low, versus.high),
+                _p(versus.p_value),
+                _p(versus.p_sign_flip),
+            ]
         table.append(cells)
     note = (
         "Final test accuracy with Student's t 95% confidence interval over seeds; rounds to a target as mean ± sample std over "
@@ -121,7 +145,14 @@ def seeds_section(rows: Sequence[SeedsRow], targets: Sequence[float], baseline: 
         "initialisation and client samples): the mean difference of final test accuracy, its 95% CI, the paired t-test's "
         "two-sided p and the exact sign-flip test's (no normality assumed; with n seeds it cannot go below 2/2ⁿ, 0.25 for 3)."
     )
-    return ["### Over seeds: confidence intervals and paired comparisons", "", note, "", markdown_table(header, table), ""]
+    return [
+        "### Over seeds: confidence intervals and paired comparisons",
+        "",
+        note,
+        "",
+        markdown_table(header, table),
+        "",
+    ]
 
 
 def write_seeds_csv(out: Path, rows: Sequence[SeedsRow], targets: Sequence[float]) -> list[Path]:
@@ -131,7 +162,14 @@ def write_seeds_csv(out: Path, rows: Sequence[SeedsRow], targets: Sequence[float
     header = ["setting", "method", "seeds", "final_accuracy_mean", "final_accuracy_ci_low", "final_accuracy_ci_high"]
     for target in targets:
         header += [f"rounds_to_{target:g}_mean", f"rounds_to_{target:g}_std", f"rounds_to_{target:g}_reached"]
-    header += ["difference_mean", "difference_ci_low", "difference_ci_high", "paired_t_p", "sign_flip_p", "paired_seeds"]
+    header += [
+        "difference_mean",
+        "difference_ci_low",
+        "difference_ci_high",
+        "paired_t_p",
+        "sign_flip_p",
+        "paired_seeds",
+    ]
 
     def number(value: Any) -> str:
         return "" if value is None else repr(float(value))
@@ -139,13 +177,26 @@ def write_seeds_csv(out: Path, rows: Sequence[SeedsRow], targets: Sequence[float
     lines = []
     for row in rows:
         final = row.final
-        cells = [row.setting, row.method, row.seeds, number(final and final.mean), number(final and final.low), number(final and final.high)]
+        cells = [
+            row.setting,
+            row.method,
+            row.seeds,
+            number(final and final.mean),
+            number(final and final.low),
+            number(final and final.high),
+        ]
         for target in targets:
             summary, reached = row.rounds_to[target]
             std = summary.std if summary is not None and summary.count >= 2 else None
             cells += [number(summary.mean if summary is not None else None), number(std), reached]
         versus = row.versus
-        cells += [number(versus and versus.mean_difference), number(versus and versus.low), number(versus and versus.high),
-                  number(versus and versus.p_value), number(versus and versus.p_sign_flip), versus.count if versus else ""]
+        cells += [
+            number(versus and versus.mean_difference),
+            number(versus and versus.low),
+            number(versus and versus.high),
+            number(versus and versus.p_value),
+            number(versus and versus.p_sign_flip),
+            versus.count if versus else "",
+        ]
         lines.append(cells)
     return [write_csv(out / "seeds.csv", header, lines)]

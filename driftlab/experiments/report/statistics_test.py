@@ -7,7 +7,15 @@ import math
 import numpy as np
 import pytest
 
-from driftlab.experiments.report.statistics import paired, regularized_beta, sign_flip_p, summarize, t_cdf, t_quantile, t_two_sided_p
+from driftlab.experiments.report.statistics import (
+    paired,
+    regularized_beta,
+    sign_flip_p,
+    summarize,
+    t_cdf,
+    t_quantile,
+    t_two_sided_p,
+)
 
 
 @pytest.mark.parametrize(

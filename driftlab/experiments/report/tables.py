@@ -71,7 +71,9 @@ class TargetRow:
     lower_bound: bool
     diverged_at: int | None
     epsilon: EpsilonSummary | None = None  # ε at the end of the runs (not at the round that reached the target)
-    time: float | None = None  # mean over seeds of the simulated seconds to the target (spent, on lower bounds); None unless every seed is timed
+    time: float | None = (
+        None  # mean over seeds of the simulated seconds to the target (spent, on lower bounds); None unless every seed is timed
+    )
 
 
 @dataclass(frozen=True)
@@ -117,7 +119,9 @@ class AccuracyRow:
     best_client_accuracy_spread: Spread | None = None
     best_personal_accuracy: Spread | None = None
     best_personal_accuracy_spread: Spread | None = None
-    personal_source: str | None = None  # "own": the runs' own models; "server": none kept, the server model's; None: off
+    personal_source: str | None = (
+        None  # "own": the runs' own models; "server": none kept, the server model's; None: off
+    )
 
 
 @dataclass(frozen=True)
@@ -190,8 +194,10 @@ def savings(row: TargetRow, baseline: TargetRow) -> Savings:
     """How many times fewer model-equivalents ``row`` needs than ``baseline`` (see ``Savings``)."""
     ratio, bound = None, None
     comparable = (
-        row.model_equivalents and baseline.model_equivalents is not None
-        and row.diverged_at is None and baseline.diverged_at is None
+        row.model_equivalents
+        and baseline.model_equivalents is not None
+        and row.diverged_at is None
+        and baseline.diverged_at is None
         and not (row.lower_bound and baseline.lower_bound)
     )
     if comparable:
@@ -306,7 +312,9 @@ def choose_steps_reference(setting: Setting, requested: str | None) -> str:
     return max(candidates, key=lambda method: total_steps(setting.methods[method]))
 
 
-def steps_rows(setting: Setting, targets_by_method: dict[str, dict[float, TargetRow]], reference: str) -> list[StepsRow]:
+def steps_rows(
+    setting: Setting, targets_by_method: dict[str, dict[float, TargetRow]], reference: str
+) -> list[StepsRow]:
     reference_total = total_steps(setting.methods[reference])
     rows = []
     for method, runs in setting.methods.items():
@@ -318,7 +326,17 @@ def steps_rows(setting: Setting, targets_by_method: dict[str, dict[float, Target
             # A fraction of a lower bound, or of a diverged run, is no fraction at all.
             exact = not row.lower_bound and not base.lower_bound and base.local_steps > 0
             fractions[target] = row.local_steps / base.local_steps if exact else None
-        rows.append(StepsRow(setting.label, method, reference, total, total / reference_total if reference_total else None, to_target, fractions))
+        rows.append(
+            StepsRow(
+                setting.label,
+                method,
+                reference,
+                total,
+                total / reference_total if reference_total else None,
+                to_target,
+                fractions,
+            )
+        )
     return rows
 
 
@@ -348,14 +366,22 @@ EPSILON_COLUMNS = ("epsilon", "epsilon_min", "epsilon_max", "delta")
 
 # accuracy.csv with personalized runs, after bmta_mean/_std (the server model on the clients' splits): the std over
 # clients at the best round, then the own models' BMTA, its std over clients, and whose models those are
-PERSONAL_COLUMNS = ("bmta_client_std", "personal_bmta_mean", "personal_bmta_std", "personal_bmta_client_std", "personal_model")
+PERSONAL_COLUMNS = (
+    "bmta_client_std",
+    "personal_bmta_mean",
+    "personal_bmta_std",
+    "personal_bmta_client_std",
+    "personal_model",
+)
 
 
 def personal_columns(row: AccuracyRow) -> list[str]:
     """The ``PERSONAL_COLUMNS`` of a row: client stds are means over seeds; ``personal_model`` is own, server or empty."""
     return [
-        _mean_column(row.best_client_accuracy_spread), *_spread_columns(row.best_personal_accuracy),
-        _mean_column(row.best_personal_accuracy_spread), row.personal_source or "",
+        _mean_column(row.best_client_accuracy_spread),
+        *_spread_columns(row.best_personal_accuracy),
+        _mean_column(row.best_personal_accuracy_spread),
+        row.personal_source or "",
     ]
 
 
@@ -408,32 +434,93 @@ def write_tables(
     files = [
         write_csv(
             out / "targets.csv",
-            ["setting", "target", "method", "seeds", "seeds_reached", "seeds_diverged", "lower_bound", "rounds",
-             "model_equivalents", "upload_bits", "download_bits", "local_steps", "diverged_at_round", *time_header("time_to_target"),
-             *extra_header],
-            [[r.setting, _csv_number(r.target), r.method, r.seeds, r.seeds_reached, r.seeds_diverged, int(r.lower_bound),
-              _csv_number(r.rounds), _csv_number(r.model_equivalents), _csv_number(r.upload_bits), _csv_number(r.download_bits),
-              _csv_number(r.local_steps), "" if r.diverged_at is None else r.diverged_at,
-              *([_csv_number(r.time)] if timed else []), *extra(r.epsilon)]
-             for r in target_rows],
+            [
+                "setting",
+                "target",
+                "method",
+                "seeds",
+                "seeds_reached",
+                "seeds_diverged",
+                "lower_bound",
+                "rounds",
+                "model_equivalents",
+                "upload_bits",
+                "download_bits",
+                "local_steps",
+                "diverged_at_round",
+                *time_header("time_to_target"),
+                *extra_header,
+            ],
+            [
+                [
+                    r.setting,
+                    _csv_number(r.target),
+                    r.method,
+                    r.seeds,
+                    r.seeds_reached,
+                    r.seeds_diverged,
+                    int(r.lower_bound),
+                    _csv_number(r.rounds),
+                    _csv_number(r.model_equivalents),
+                    _csv_number(r.upload_bits),
+                    _csv_number(r.download_bits),
+                    _csv_number(r.local_steps),
+                    "" if r.diverged_at is None else r.diverged_at,
+                    *([_csv_number(r.time)] if timed else []),
+                    *extra(r.epsilon),
+                ]
+                for r in target_rows
+            ],
         ),
         write_csv(
             out / "savings.csv",
             ["setting", "target", "method", "baseline", "ratio", "bound"],
-            [[s.setting, _csv_number(s.target), s.method, s.baseline, _csv_number(s.ratio), s.bound or ""] for s in savings_rows],
+            [
+                [s.setting, _csv_number(s.target), s.method, s.baseline, _csv_number(s.ratio), s.bound or ""]
+                for s in savings_rows
+            ],
         ),
         write_csv(
             out / "accuracy.csv",
-            ["setting", "method", "seeds", "final_accuracy_mean", "final_accuracy_std", "best_accuracy_mean", "best_accuracy_std",
-             "bmta_mean", "bmta_std", *(PERSONAL_COLUMNS if personal else ()), "final_train_loss_mean", "final_train_loss_std",
-             "final_distance_mean", "final_distance_std", *time_header("simulated_time_mean", "simulated_time_std"), *extra_header],
-            [[r.setting, r.method, r.seeds, *_spread_columns(r.final_accuracy), *_spread_columns(r.best_accuracy),
-              *_spread_columns(r.best_client_accuracy), *(personal_columns(r) if personal else []), *_spread_columns(r.final_train_loss),
-              *_spread_columns(r.final_distance), *(_spread_columns(r.simulated_time) if timed else []), *extra(r.epsilon)]
-             for r in accuracy_rows],
+            [
+                "setting",
+                "method",
+                "seeds",
+                "final_accuracy_mean",
+                "final_accuracy_std",
+                "best_accuracy_mean",
+                "best_accuracy_std",
+                "bmta_mean",
+                "bmta_std",
+                *(PERSONAL_COLUMNS if personal else ()),
+                "final_train_loss_mean",
+                "final_train_loss_std",
+                "final_distance_mean",
+                "final_distance_std",
+                *time_header("simulated_time_mean", "simulated_time_std"),
+                *extra_header,
+            ],
+            [
+                [
+                    r.setting,
+                    r.method,
+                    r.seeds,
+                    *_spread_columns(r.final_accuracy),
+                    *_spread_columns(r.best_accuracy),
+                    *_spread_columns(r.best_client_accuracy),
+                    *(personal_columns(r) if personal else []),
+                    *_spread_columns(r.final_train_loss),
+                    *_spread_columns(r.final_distance),
+                    *(_spread_columns(r.simulated_time) if timed else []),
+                    *extra(r.epsilon),
+                ]
+                for r in accuracy_rows
+            ],
         ),
     ]
-    target_columns = [column for t in targets for column in (f"steps_to_{_csv_number(t)}", f"fraction_to_{_csv_number(t)}")]
+    target_columns = [
+        column for t in targets for column in (f"steps_to_{_csv_number(t)}", f"fraction_to_{_csv_number(t)}")
+    ]
     steps_table = []
     for r in steps_rows_:
         cells = [r.setting, r.method, r.reference, _csv_number(r.total_steps), _csv_number(r.total_fraction)]
@@ -441,21 +528,52 @@ def write_tables(
             row = r.to_target.get(t)
             cells += ["", ""] if row is None else [_csv_number(row.local_steps), _csv_number(r.target_fraction[t])]
         steps_table.append(cells)
-    files.append(write_csv(out / "steps.csv", ["setting", "method", "reference", "total_steps", "total_fraction", *target_columns], steps_table))
+    files.append(
+        write_csv(
+            out / "steps.csv",
+            ["setting", "method", "reference", "total_steps", "total_fraction", *target_columns],
+            steps_table,
+        )
+    )
     # the round evaluation.stop_at ended each run at: a column only where one did (other reports stay as they were)
     stopped = any(run.stopped_at is not None for s in settings for run in s.runs)
     files.append(
         write_csv(
             out / "runs.csv",
-            ["setting", "method", "seed", "path", "status", "rounds_done", "rounds", "num_parameters", "wall_seconds", "machine", "cut_to_round",
-             *(["stopped_at_round"] if stopped else []),
-             *time_header("simulated_time", "asynchronous")],
-            [[s.label, run.method, run.seed, str(run.path), run.status, run.truncated_from or run.rounds_done, run.rounds_planned,
-              run.num_parameters or "", _csv_number((run.info or {}).get("wall_seconds")), run.machine,
-              run.rounds_done if run.truncated_from is not None else "",
-              *([run.stopped_at if run.stopped_at is not None else ""] if stopped else []),
-              *([_csv_number(run.simulated_time), int(run.asynchronous)] if timed else [])]
-             for s in settings for run in s.runs],
+            [
+                "setting",
+                "method",
+                "seed",
+                "path",
+                "status",
+                "rounds_done",
+                "rounds",
+                "num_parameters",
+                "wall_seconds",
+                "machine",
+                "cut_to_round",
+                *(["stopped_at_round"] if stopped else []),
+                *time_header("simulated_time", "asynchronous"),
+            ],
+            [
+                [
+                    s.label,
+                    run.method,
+                    run.seed,
+                    str(run.path),
+                    run.status,
+                    run.truncated_from or run.rounds_done,
+                    run.rounds_planned,
+                    run.num_parameters or "",
+                    _csv_number((run.info or {}).get("wall_seconds")),
+                    run.machine,
+                    run.rounds_done if run.truncated_from is not None else "",
+                    *([run.stopped_at if run.stopped_at is not None else ""] if stopped else []),
+                    *([_csv_number(run.simulated_time), int(run.asynchronous)] if timed else []),
+                ]
+                for s in settings
+                for run in s.runs
+            ],
         )
     )
     return files

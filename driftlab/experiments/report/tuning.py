@@ -43,8 +43,15 @@ from driftlab.experiments.sweep.directory import HALVING_FILE
 # Record keys a run's metrics may hold that a tuning metric is likely meant to name; a metric close to one of these
 # but not one is a misspelling (refused when the sweep is read). Other keys are accepted and checked in the records.
 KNOWN_METRICS = (
-    "validation_accuracy", "validation_loss", "test_accuracy", "test_loss", "train_loss", "client_test_accuracy_mean",
-    "personal_test_accuracy_mean", "test_recall_at_5", "distance_to_minimizer",
+    "validation_accuracy",
+    "validation_loss",
+    "test_accuracy",
+    "test_loss",
+    "train_loss",
+    "client_test_accuracy_mean",
+    "personal_test_accuracy_mean",
+    "test_recall_at_5",
+    "distance_to_minimizer",
 )
 RULES = ("final", "best", "rounds_to:<target>")
 
@@ -77,7 +84,9 @@ def tuning_from_keys(metric: Any, rule: Any, origin: str) -> Tuning:
     metric = Tuning.metric if metric is None else metric
     rule = Tuning.rule if rule is None else rule
     if not isinstance(metric, str) or not metric:
-        raise ConfigError(f"{origin}: `tuning_metric` must name a record key such as \"validation_accuracy\", got {metric!r}")
+        raise ConfigError(
+            f'{origin}: `tuning_metric` must name a record key such as "validation_accuracy", got {metric!r}'
+        )
     if metric not in KNOWN_METRICS:
         import difflib
 
@@ -88,12 +97,16 @@ def tuning_from_keys(metric: Any, rule: Any, origin: str) -> Tuning:
                 f"(known: {', '.join(KNOWN_METRICS)}; any other key of the runs' records may be named too)"
             )
     if not isinstance(rule, str) or not (rule in ("final", "best") or rule.startswith("rounds_to:")):
-        raise ConfigError(f"{origin}: tuning_rule must be \"final\", \"best\" or \"rounds_to:<target>\" (e.g. \"rounds_to:0.8\"), got {rule!r}")
+        raise ConfigError(
+            f'{origin}: tuning_rule must be "final", "best" or "rounds_to:<target>" (e.g. "rounds_to:0.8"), got {rule!r}'
+        )
     if rule.startswith("rounds_to:"):
         try:
             target = float(rule.split(":", 1)[1])
         except ValueError:
-            raise ConfigError(f"{origin}: tuning_rule {rule!r}: the target after rounds_to: must be a number, e.g. \"rounds_to:0.8\"") from None
+            raise ConfigError(
+                f'{origin}: tuning_rule {rule!r}: the target after rounds_to: must be a number, e.g. "rounds_to:0.8"'
+            ) from None
         if not math.isfinite(target):
             raise ConfigError(f"{origin}: tuning_rule {rule!r}: the target must be finite")
     return Tuning(metric, rule)
@@ -105,7 +118,9 @@ def tuning_from_keys(metric: Any, rule: Any, origin: str) -> Tuning:
 def run_score(records: Sequence[dict[str, Any]], tuning: Tuning) -> float:
     """One run's number under the rule, in the metric's own units (rounds for rounds_to; ∞ when never reached);
     NaN when no record holds the metric yet (a run not evaluated yet: ``check_metric`` tells that from a misnamed key)."""
-    evaluated = [(int(r["round"]), float(r[tuning.metric])) for r in records if isinstance(r.get(tuning.metric), (int, float))]
+    evaluated = [
+        (int(r["round"]), float(r[tuning.metric])) for r in records if isinstance(r.get(tuning.metric), (int, float))
+    ]
     if not evaluated:
         return math.nan
     if tuning.target is not None:
@@ -123,7 +138,9 @@ def check_metric(runs_records: Sequence[Sequence[dict[str, Any]]], tuning: Tunin
     records = [r for run in runs_records for r in run]
     if not records or any(isinstance(r.get(tuning.metric), (int, float)) for r in records):
         return
-    keys = sorted({key for r in records for key, v in r.items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
+    keys = sorted(
+        {key for r in records for key, v in r.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    )
     raise ConfigError(
         f"tuning_metric {tuning.metric!r} is in no record of the runs of {where}; their records hold {', '.join(keys)}. "
         "Set tuning_metric in the sweep file to one of them (validation metrics need data.validation_fraction in the runs' config)"
@@ -154,7 +171,9 @@ def value_key(value: ValueRuns, tuning: Tuning) -> tuple[float, float]:
     if tuning.target is None:
         return sign * statistics.fmean(scores), 0.0
     finals = [final_value(records, tuning.metric) for records in value.records]
-    tie = sign * statistics.fmean(f for f in finals if f is not None) if all(f is not None for f in finals) else math.inf
+    tie = (
+        sign * statistics.fmean(f for f in finals if f is not None) if all(f is not None for f in finals) else math.inf
+    )
     return (statistics.fmean(scores) if all(math.isfinite(s) for s in scores) else math.inf), tie
 
 
@@ -286,9 +305,13 @@ def _entry_of(run: RunData, entries: dict[str, tuple[str, str]]) -> tuple[str, s
     return None
 
 
-def grid_cells(setting: str, method: str, grid: Mapping[str, Sequence[RunData]], tuning: Tuning) -> tuple[list[GridCell], list[RunData] | None]:
+def grid_cells(
+    setting: str, method: str, grid: Mapping[str, Sequence[RunData]], tuning: Tuning
+) -> tuple[list[GridCell], list[RunData] | None]:
     """The appendix rows of one method's tuned values, and the picked value's runs (None: no value can be picked)."""
-    check_metric([run.records for runs in grid.values() for run in runs], tuning, f"{method} in {setting or 'the sweep'}")
+    check_metric(
+        [run.records for runs in grid.values() for run in runs], tuning, f"{method} in {setting or 'the sweep'}"
+    )
     stops = {value: [halving_stop(run.path) for run in runs] for value, runs in grid.items()}
     candidates = {
         value: ValueRuns(
@@ -307,8 +330,16 @@ def grid_cells(setting: str, method: str, grid: Mapping[str, Sequence[RunData]],
         stopped = [stop["round"] for stop in stops[value] if stop]
         cells.append(
             GridCell(
-                setting, method, value, len(runs), _mean_std(scores), _mean_std([final_value(run.records, test_metric) for run in runs]),
-                test_metric, value == best, min(stopped) if stopped else None, any(run.status == "diverged" for run in runs),
+                setting,
+                method,
+                value,
+                len(runs),
+                _mean_std(scores),
+                _mean_std([final_value(run.records, test_metric) for run in runs]),
+                test_metric,
+                value == best,
+                min(stopped) if stopped else None,
+                any(run.status == "diverged" for run in runs),
             )
         )
     return cells, (list(grid[best]) if best is not None else None)
@@ -340,7 +371,9 @@ def tuning_note(result: TuningResult | None, setting: str) -> list[str]:
         )
     methods = {cell.method for cell in result.cells if cell.setting == setting}
     for method in sorted(methods - {cell.method for cell in result.picks(setting)}):
-        lines.append(f"{method}: no tuned value could be picked (every value diverged, was stopped, or has no validation score yet).")
+        lines.append(
+            f"{method}: no tuned value could be picked (every value diverged, was stopped, or has no validation score yet)."
+        )
     untuned = result.untuned.get(setting, [])
     if untuned:
         names = _and(untuned)
@@ -397,20 +430,62 @@ def write_tuning_csv(out: Path, result: TuningResult | None) -> list[Path]:
     with path.open("w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(
-            ["setting", "method", "tuned_value", "seeds", "metric", "rule", "validation_mean", "validation_std", "test_metric", "test_mean", "test_std",
-             "picked", "stopped_at_round", "diverged"]
+            [
+                "setting",
+                "method",
+                "tuned_value",
+                "seeds",
+                "metric",
+                "rule",
+                "validation_mean",
+                "validation_std",
+                "test_metric",
+                "test_mean",
+                "test_std",
+                "picked",
+                "stopped_at_round",
+                "diverged",
+            ]
         )
         for c in result.cells:
             validation, test = c.validation or (None, None), c.test or (None, None)
             writer.writerow(
-                [c.setting, c.method, c.value, c.seeds, result.tuning.metric, result.tuning.rule, *("" if v is None else repr(v) for v in validation),
-                 c.test_metric, *("" if v is None else repr(v) for v in test), int(c.picked), "" if c.stopped_at is None else c.stopped_at, int(c.diverged)]
+                [
+                    c.setting,
+                    c.method,
+                    c.value,
+                    c.seeds,
+                    result.tuning.metric,
+                    result.tuning.rule,
+                    *("" if v is None else repr(v) for v in validation),
+                    c.test_metric,
+                    *("" if v is None else repr(v) for v in test),
+                    int(c.picked),
+                    "" if c.stopped_at is None else c.stopped_at,
+                    int(c.diverged),
+                ]
             )
     return [path]
 
 
 __all__ = [
-    "KNOWN_METRICS", "RULES", "GridCell", "Tuning", "TuningResult", "ValueRuns", "apply_tuning", "check_metric", "final_value",
-    "grid_cells", "halving_stop", "mean_score", "ranked_values", "run_score", "tuning_appendix", "tuning_from_keys", "tuning_note",
-    "value_key", "write_tuning_csv",
+    "KNOWN_METRICS",
+    "RULES",
+    "GridCell",
+    "Tuning",
+    "TuningResult",
+    "ValueRuns",
+    "apply_tuning",
+    "check_metric",
+    "final_value",
+    "grid_cells",
+    "halving_stop",
+    "mean_score",
+    "ranked_values",
+    "run_score",
+    "tuning_appendix",
+    "tuning_from_keys",
+    "tuning_note",
+    "value_key",
+    "write_tuning_csv",
 ]

@@ -42,7 +42,13 @@ def write_run(path: Path, records_: list[dict], seed: int, status: str = "comple
     config["seed"], config["rounds"] = seed, len(records_)
     (path / "config.json").write_text(json.dumps(config))
     (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records_))
-    info = {"format": 1, "status": status, "rounds": len(records_), "rounds_done": records_[-1]["round"], "num_parameters": 10}
+    info = {
+        "format": 1,
+        "status": status,
+        "rounds": len(records_),
+        "rounds_done": records_[-1]["round"],
+        "num_parameters": 10,
+    }
     (path / "run.json").write_text(json.dumps(info))
 
 
@@ -59,18 +65,35 @@ def tuned_sweep(root: Path, tuning: dict | None = None, stopped: dict[str, int] 
     runs = []
     for seed in (0, 1):
         write_run(root / f"runs/fedavg/seed-{seed}", records([0.5, 0.6], [0.6, 0.65]), seed)
-        runs.append({"dir": f"runs/fedavg/seed-{seed}", "setting": "", "method": "FedAvg", "seed": seed, "overrides": []})
+        runs.append(
+            {"dir": f"runs/fedavg/seed-{seed}", "setting": "", "method": "FedAvg", "seed": seed, "overrides": []}
+        )
     for label, value in GRID.items():
         for seed in (0, 1):
             run_dir = f"runs/fedprox/{value['dir']}/seed-{seed}"
             write_run(root / run_dir, records(value["validation"][seed], value["test"][seed]), seed)
             if stopped and label in stopped:
-                (root / run_dir / "halving.json").write_text(json.dumps({"round": stopped[label], "message": "stopped"}))
+                (root / run_dir / "halving.json").write_text(
+                    json.dumps({"round": stopped[label], "message": "stopped"})
+                )
             runs.append(
-                {"dir": run_dir, "setting": "", "method": f"FedProx ({label})", "seed": seed, "overrides": [], "tuned": label, "tuned_method": "FedProx"}
+                {
+                    "dir": run_dir,
+                    "setting": "",
+                    "method": f"FedProx ({label})",
+                    "seed": seed,
+                    "overrides": [],
+                    "tuned": label,
+                    "tuned_method": "FedProx",
+                }
             )
     document = {
-        "format": 1, "name": "tuned", "rounds": [2], "seeds": [0, 1], "targets": [], "runs": runs,
+        "format": 1,
+        "name": "tuned",
+        "rounds": [2],
+        "seeds": [0, 1],
+        "targets": [],
+        "runs": runs,
         "tuning": tuning or {"metric": "validation_accuracy", "rule": "final", "axes": ["mu"]},
     }
     (root / "sweep.json").write_text(json.dumps(document))
@@ -98,7 +121,9 @@ def test_a_value_stopped_by_halving_is_never_picked_and_says_so(tmp_path):
     settings, documents = collect([tuned_sweep(tmp_path, stopped={"μ=0.1": 1})])
     result = apply_tuning(settings, documents)
     assert [run.path.parent.name for run in settings[0].methods["FedProx"]] == ["mu-0.01", "mu-0.01"]
-    assert "| FedProx | μ=0.1 | 2 | 81.00% ± 1.41 | 80.50% ± 0.71 | stopped by halving at round 1 |" in tuning_appendix(result)
+    assert "| FedProx | μ=0.1 | 2 | 81.00% ± 1.41 | 80.50% ± 0.71 | stopped by halving at round 1 |" in tuning_appendix(
+        result
+    )
 
 
 def test_a_known_metric_the_runs_did_not_record_names_the_keys_they_did(tmp_path):
@@ -116,7 +141,13 @@ def test_a_metric_missing_from_every_record_is_an_error_when_the_report_reads_th
 def test_untuned_sweeps_are_left_as_they_are(tmp_path):
     write_run(tmp_path / "runs/fedavg/seed-0", records([0.5], [0.5]), 0)
     (tmp_path / "sweep.json").write_text(
-        json.dumps({"format": 1, "name": "plain", "runs": [{"dir": "runs/fedavg/seed-0", "setting": "", "method": "FedAvg", "seed": 0}]})
+        json.dumps(
+            {
+                "format": 1,
+                "name": "plain",
+                "runs": [{"dir": "runs/fedavg/seed-0", "setting": "", "method": "FedAvg", "seed": 0}],
+            }
+        )
     )
     settings, documents = collect([tmp_path])
     assert apply_tuning(settings, documents) is None and list(settings[0].methods) == ["FedAvg"]
@@ -150,7 +181,9 @@ def test_ranking_means_over_seeds_puts_diverged_last_and_breaks_ties_in_axis_ord
     slow = ValueRuns((tuple(records([0.1, 0.9], [0, 0])),))
     fast = ValueRuns((tuple(records([0.9, 0.9], [0, 0])),))
     never_high, never_low = value(0.5), value(0.3)
-    assert ranked_values({"n1": never_low, "slow": slow, "n2": never_high, "fast": fast}, Tuning(rule="rounds_to:0.8")) == ["fast", "slow", "n2", "n1"]
+    assert ranked_values(
+        {"n1": never_low, "slow": slow, "n2": never_high, "fast": fast}, Tuning(rule="rounds_to:0.8")
+    ) == ["fast", "slow", "n2", "n1"]
 
 
 @pytest.mark.parametrize(
@@ -169,7 +202,9 @@ def test_misspelt_metrics_and_bad_rules_are_refused_when_the_sweep_is_read(metri
 
 
 def test_any_other_record_key_is_accepted_at_load():
-    assert tuning_from_keys("personal_test_accuracy_mean", "rounds_to:0.8", "s") == Tuning("personal_test_accuracy_mean", "rounds_to:0.8")
+    assert tuning_from_keys("personal_test_accuracy_mean", "rounds_to:0.8", "s") == Tuning(
+        "personal_test_accuracy_mean", "rounds_to:0.8"
+    )
     assert tuning_from_keys("my_custom_score", None, "s").rule == "final"
     assert tuning_from_keys(None, None, "s") == Tuning("validation_accuracy", "final")
 
@@ -181,18 +216,27 @@ def test_write_tuning_csv_has_a_row_per_value(tmp_path):
     (path,) = write_tuning_csv(tmp_path, apply_tuning(settings, documents))
     rows = list(csv.DictReader(path.open()))
     assert [(r["tuned_value"], r["picked"]) for r in rows] == [("μ=0.01", "0"), ("μ=0.1", "1"), ("μ=1", "0")]
-    assert float(rows[1]["validation_mean"]) == pytest.approx(0.81) and float(rows[0]["test_mean"]) == pytest.approx(0.91)
+    assert float(rows[1]["validation_mean"]) == pytest.approx(0.81) and float(rows[0]["test_mean"]) == pytest.approx(
+        0.91
+    )
 
 
 def test_the_report_shows_test_numbers_at_the_validation_pick_and_the_grid_in_an_appendix(tmp_path):
     from driftlab.experiments.report import make_report
 
-    report = make_report([tuned_sweep(tmp_path / "s", stopped={"μ=1": 1})], tmp_path / "report", targets=[0.6], plots=False)
+    report = make_report(
+        [tuned_sweep(tmp_path / "s", stopped={"μ=1": 1})], tmp_path / "report", targets=[0.6], plots=False
+    )
     rows = {row.method: row for row in report.accuracy}
     assert list(rows) == ["FedAvg", "FedProx"]
     # FedProx's final test accuracy is μ=0.1's (0.80, 0.81), never μ=0.01's better 0.90, 0.92
-    assert rows["FedProx"].final_accuracy.mean == pytest.approx(0.805) and rows["FedProx"].final_accuracy.std == pytest.approx(0.00707, abs=1e-5)
-    assert "FedProx is reported at its tuned value μ=0.1, picked on validation (final validation_accuracy: 81.00% ± 1.41 over 2 seeds)" in report.markdown
+    assert rows["FedProx"].final_accuracy.mean == pytest.approx(0.805) and rows[
+        "FedProx"
+    ].final_accuracy.std == pytest.approx(0.00707, abs=1e-5)
+    assert (
+        "FedProx is reported at its tuned value μ=0.1, picked on validation (final validation_accuracy: 81.00% ± 1.41 over 2 seeds)"
+        in report.markdown
+    )
     assert "## Appendix: tuned grids" in report.markdown
     assert "| FedProx | μ=1 | 2 | 60.00% ± 0.00 | 60.00% ± 0.00 | stopped by halving at round 1 |" in report.markdown
     assert {run.path.parent.name for run in report.runs if run.method == "FedProx"} == {"mu-0.1"}

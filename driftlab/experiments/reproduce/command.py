@@ -60,7 +60,8 @@ def add_parser(commands) -> None:
         "--record", help="folder of the records NAME.md (default: the doc's folder / the doc's name, docs/reproduction)"
     )
     parser.add_argument(
-        "--scale", help="a named scale of every NAME, e.g. paper: NAME@paper's runs, record and blocks (default: the default scale)"
+        "--scale",
+        help="a named scale of every NAME, e.g. paper: NAME@paper's runs, record and blocks (default: the default scale)",
     )
     parser.add_argument(
         "--dry-run", action="store_true", help="list what would run and be written; run and change nothing"
@@ -95,7 +96,9 @@ def command(args) -> int:
         return 0
     if args.items:
         changed = rewrite_items_block(docs, record_dir)
-        print(f"{docs}: headline items {'rewritten' if changed else 'already current'} from {record_dir / 'items.toml'}")
+        print(
+            f"{docs}: headline items {'rewritten' if changed else 'already current'} from {record_dir / 'items.toml'}"
+        )
         return 0
     if args.out is None:
         raise ReproduceError("driftlab reproduce needs --out DIR, the folder of the sweeps' directories (or --list)")

@@ -76,7 +76,9 @@ def load_items(path: Path) -> list[Item]:
         sweeps = entry.get("sweeps", [])
         if not isinstance(sweeps, list) or not all(isinstance(s, str) and s for s in sweeps):
             raise ReproduceError(f"{where}: sweeps is a list of sweep names (NAME or NAME@SCALE)")
-        items.append(Item(entry["paper"], entry["what"], tuple(sweeps), entry["status"], entry.get("section"), entry["note"]))
+        items.append(
+            Item(entry["paper"], entry["what"], tuple(sweeps), entry["status"], entry.get("section"), entry["note"])
+        )
     return items
 
 
@@ -126,9 +128,13 @@ def item_problems(items: Sequence[Item], shipped: Sequence[str], record_dir: Pat
                 + (f" ({', '.join(with_record)} has one: give its verdict, or 'run')" if with_record else "")
             )
         elif item.status not in ("no sweep", "shipped") and not with_record:
-            problems.append(f"{where}: status {item.status!r} needs a record of one of its sweeps; none of {list(item.sweeps)} has one")
+            problems.append(
+                f"{where}: status {item.status!r} needs a record of one of its sweeps; none of {list(item.sweeps)} has one"
+            )
         if item.status in VERDICTS and item.section not in titles:
-            problems.append(f"{where}: a verdict names the page's section with its evidence; no heading {item.section!r}")
+            problems.append(
+                f"{where}: a verdict names the page's section with its evidence; no heading {item.section!r}"
+            )
     return problems
 
 
@@ -176,7 +182,9 @@ def items_block(doc: str, origin: str = "the doc") -> tuple[int, int] | None:
     if not starts and not ends:
         return None
     if len(starts) != 1 or len(ends) != 1 or ends[0] < starts[0]:
-        raise ReproduceError(f"{origin}: the headline items block needs one {ITEMS_START} line and one {ITEMS_END} after it")
+        raise ReproduceError(
+            f"{origin}: the headline items block needs one {ITEMS_START} line and one {ITEMS_END} after it"
+        )
     return starts[0], ends[0]
 
 

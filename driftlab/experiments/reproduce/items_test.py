@@ -57,7 +57,13 @@ note = "no loader yet"
 
 def _record(folder: Path, key: str, commit: str = "a" * 40) -> None:
     folder.mkdir(parents=True, exist_ok=True)
-    header = {"commit": commit, "command": f"driftlab sweep {key}", "date": "2026-12-02 05:00 UTC", "machine": "m", "wall": "1 minute"}
+    header = {
+        "commit": commit,
+        "command": f"driftlab sweep {key}",
+        "date": "2026-12-02 05:00 UTC",
+        "machine": "m",
+        "wall": "1 minute",
+    }
     (folder / f"{key}.md").write_text(format_record(key, header, REPORT), encoding="utf-8")
 
 
@@ -86,8 +92,13 @@ def test_the_table_counts_the_statuses_and_shows_each_items_records(tmp_path):
     lines = text.splitlines()
     assert lines[0] == ITEMS_START and lines[-1] == ITEMS_END
     assert "3 headline items: 1 reproduced, 1 shipped, 1 no sweep." in lines
-    assert f"| Decaying K | Figure 1, the quadratic | `{SWEEP}` | {SWEEP}: aaaaaaa, 2026-12-02, 3 seed(s) | **reproduced** | x* reached |" in lines
-    assert f"| Decaying K | Figure 1 at the paper's scale | `{SWEEP}@paper` | — | **shipped** | waits for a run |" in lines
+    assert (
+        f"| Decaying K | Figure 1, the quadratic | `{SWEEP}` | {SWEEP}: aaaaaaa, 2026-12-02, 3 seed(s) | **reproduced** | x* reached |"
+        in lines
+    )
+    assert (
+        f"| Decaying K | Figure 1 at the paper's scale | `{SWEEP}@paper` | — | **shipped** | waits for a run |" in lines
+    )
     assert "| FedDyn | Table 6 \\| synthetic | — | — | **no sweep** | no loader yet |" in lines
 
 
@@ -105,9 +116,13 @@ def test_a_status_the_records_do_not_support_is_refused(tmp_path):
         f"Decaying K, Figure 1 at the paper's scale: status 'shipped' needs a sweep and no record of it yet ({SWEEP}@paper "
         "has one: give its verdict, or 'run')",
     ]
-    bad = load_items(_items(tmp_path / "bad", ITEMS.replace('status = "no sweep"', 'sweeps = ["nope"]\nstatus = "no sweep"')))
+    bad = load_items(
+        _items(tmp_path / "bad", ITEMS.replace('status = "no sweep"', 'sweeps = ["nope"]\nstatus = "no sweep"'))
+    )
     assert "FedDyn, Table 6 | synthetic: nope is no shipped sweep" in item_problems(bad, sweep_names(), tmp_path, doc)
-    listed = load_items(_items(tmp_path / "listed", ITEMS.replace('status = "no sweep"', f'sweeps = ["{SWEEP}"]\nstatus = "no sweep"')))
+    listed = load_items(
+        _items(tmp_path / "listed", ITEMS.replace('status = "no sweep"', f'sweeps = ["{SWEEP}"]\nstatus = "no sweep"'))
+    )
     assert any("status 'no sweep' but it names" in line for line in item_problems(listed, sweep_names(), tmp_path, doc))
 
 
@@ -116,7 +131,10 @@ def test_a_status_the_records_do_not_support_is_refused(tmp_path):
     [
         ("", "no \\[\\[item\\]\\] tables"),
         ('[[item]]\npaper = "P"\nwhat = "W"\nstatus = "done"\nnote = "n"\n', "status 'done' is none of"),
-        ('[[item]]\npaper = "P"\nwhat = "W"\nstatus = "run"\nnote = "n"\nverdict = "x"\n', "unknown field\\(s\\) verdict"),
+        (
+            '[[item]]\npaper = "P"\nwhat = "W"\nstatus = "run"\nnote = "n"\nverdict = "x"\n',
+            "unknown field\\(s\\) verdict",
+        ),
         ('[[item]]\npaper = "P"\nstatus = "run"\n', "missing note, what"),
         ('[[item]]\npaper = "P"\nwhat = "W"\nstatus = "run"\nnote = "n"\nsweeps = "x"\n', "sweeps is a list"),
     ],

@@ -169,7 +169,9 @@ def test_git_commit_is_the_checkouts_head_and_says_when_it_is_dirty():
 
 
 def test_source_checkout_is_the_folder_holding_the_driftlab_package():
-    assert source_checkout() / "driftlab" / "experiments" / "reproduce" / "running.py" == Path(running.__file__).resolve()
+    assert (
+        source_checkout() / "driftlab" / "experiments" / "reproduce" / "running.py" == Path(running.__file__).resolve()
+    )
 
 
 def test_git_commit_outside_a_checkout_says_so(tmp_path):
@@ -191,8 +193,10 @@ def test_every_record_of_one_call_names_the_commit_the_call_started_from(tmp_pat
 
     def fake_run(name, folder, scale, overrides):  # a report as the sweep writes it, without running anything
         (folder / "report").mkdir(parents=True)
-        tables = [f"## {heading}\n\n| method | {column} |\n| --- | --- |\n| {name} | 1 |\n"
-                  for heading, column in (("Loss and distance", "final distance"), ("Local SGD steps", "total local steps"))]
+        tables = [
+            f"## {heading}\n\n| method | {column} |\n| --- | --- |\n| {name} | 1 |\n"
+            for heading, column in (("Loss and distance", "final distance"), ("Local SGD steps", "total local steps"))
+        ]
         (folder / "report" / "report.md").write_text("# driftlab report\n\n" + "\n".join(tables), encoding="utf-8")
 
     written = running.reproduce([SWEEP, "decaying-k-femnist"], out, docs, records, run=fake_run, log=lambda line: None)
@@ -203,8 +207,10 @@ def _fake_sweep(name, folder, scale, overrides, force=False):
     """A report as the sweep writes it, without running anything (as the test above)."""
     (folder / "report").mkdir(parents=True, exist_ok=True)
     (folder / "sweep.json").write_text("{}")
-    tables = [f"## {heading}\n\n| method | {column} |\n| --- | --- |\n| {name} | 1 |\n"
-              for heading, column in (("Loss and distance", "final distance"), ("Local SGD steps", "total local steps"))]
+    tables = [
+        f"## {heading}\n\n| method | {column} |\n| --- | --- |\n| {name} | 1 |\n"
+        for heading, column in (("Loss and distance", "final distance"), ("Local SGD steps", "total local steps"))
+    ]
     (folder / "report" / "report.md").write_text("# driftlab report\n\n" + "\n".join(tables), encoding="utf-8")
 
 
@@ -230,15 +236,23 @@ def test_a_users_files_in_out_and_records_stop_it_before_any_run_then_force_and_
     )
     records.mkdir()
     (records / f"{SWEEP}.md").write_bytes(b"my own notes on the sweep\n")  # not a record
-    with pytest.raises(ConfigError, match=f"holds {SWEEP}.md, not written by driftlab .*choose another --record folder, or pass --force"):
+    with pytest.raises(
+        ConfigError,
+        match=f"holds {SWEEP}.md, not written by driftlab .*choose another --record folder, or pass --force",
+    ):
         running.reproduce([SWEEP], out, docs, records, run=fake_run, log=lambda line: None)
     assert ran == [] and docs.read_bytes() == before
-    assert sorted(p.name for p in out.iterdir()) == ["replaced-tables.md"] and (out / "replaced-tables.md").read_bytes() == b"my own tables\n"
+    assert (
+        sorted(p.name for p in out.iterdir()) == ["replaced-tables.md"]
+        and (out / "replaced-tables.md").read_bytes() == b"my own tables\n"
+    )
     assert (records / f"{SWEEP}.md").read_bytes() == b"my own notes on the sweep\n"
 
     running.reproduce([SWEEP], out, docs, records, run=fake_run, log=lambda line: None, force=True)
     assert ran == [(SWEEP, True)] and parse_record((records / f"{SWEEP}.md").read_text(encoding="utf-8"))
-    running.reproduce([SWEEP], out, docs, records, run=fake_run, log=lambda line: None)  # its own files now: no force needed
+    running.reproduce(
+        [SWEEP], out, docs, records, run=fake_run, log=lambda line: None
+    )  # its own files now: no force needed
     assert ran == [(SWEEP, True), (SWEEP, False)]
 
 

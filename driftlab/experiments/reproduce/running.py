@@ -18,7 +18,14 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from driftlab.experiments.reproduce.blocks import cited_path, regenerate
-from driftlab.experiments.reproduce.items import ITEMS_END, ITEMS_FILE, ITEMS_START, items_block, load_items, rewrite_items
+from driftlab.experiments.reproduce.items import (
+    ITEMS_END,
+    ITEMS_FILE,
+    ITEMS_START,
+    items_block,
+    load_items,
+    rewrite_items,
+)
 from driftlab.experiments.reproduce.markers import (
     SELECTOR_SEPARATOR,
     NotRegenerated,
@@ -130,7 +137,15 @@ def sweep_command(sweep: str, scale: str | None, overrides: Sequence[str]) -> st
 def run_shipped_sweep(sweep: str, out: Path, scale: str | None, overrides: Sequence[str], force: bool = False) -> None:
     """``driftlab sweep SWEEP --out OUT [--scale S] [--force] [overrides]``, the command itself in a child process; errors
     unless it finished and wrote its report. (A child, not a call: the experiments layer does not import the command line.)"""
-    argv = ["sweep", sweep, "--out", str(out), *(["--scale", scale] if scale else []), *(["--force"] if force else []), *overrides]
+    argv = [
+        "sweep",
+        sweep,
+        "--out",
+        str(out),
+        *(["--scale", scale] if scale else []),
+        *(["--force"] if force else []),
+        *overrides,
+    ]
     report = out / "report" / "report.md"
     started = time.time()
     code = subprocess.run([sys.executable, "-m", "driftlab.cli", *argv], check=False).returncode
@@ -196,7 +211,10 @@ def reproduce(
         report = without_figures((out / name / "report" / "report.md").read_text(encoding="utf-8"))
         record_dir.mkdir(parents=True, exist_ok=True)
         record_file = record_dir / f"{name}.md"
-        record_file.write_text(format_record(sweep_command(sweep, sweep_scale, ()).removeprefix("driftlab sweep "), header, report), encoding="utf-8")
+        record_file.write_text(
+            format_record(sweep_command(sweep, sweep_scale, ()).removeprefix("driftlab sweep "), header, report),
+            encoding="utf-8",
+        )
         written.append(record_file)
         record = parse_record(record_file.read_text(encoding="utf-8"), str(record_file))
         rewrite = regenerate(docs.read_text(encoding="utf-8"), name, record, cited_path(record_file, docs), str(docs))
@@ -270,8 +288,8 @@ def dry_run(
     names: Sequence[str], out: Path, docs: Path, record_dir: Path, scale: str | None, overrides: Sequence[str]
 ) -> list[str]:
     """What ``reproduce`` would run and write, one line per sweep; runs and writes nothing."""
-    from driftlab.experiments.sweep.shipped import sweep_description, sweep_names
     from driftlab.experiments.sweep import load_sweep, plan, run_status
+    from driftlab.experiments.sweep.shipped import sweep_description, sweep_names
 
     shipped = sweep_names()
     markers = parse_markers(docs.read_text(encoding="utf-8"), str(docs))

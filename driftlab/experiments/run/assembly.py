@@ -17,10 +17,11 @@ from torch import nn
 
 from driftlab.algorithms import registry
 from driftlab.algorithms.plugin_guard import call_from_config
-from driftlab.data.registry import DEFAULT_DATA_SET, DataSection
 from driftlab.data.federated import FederatedDataset, federated_dataset_from_arrays
-from driftlab.experiments.run.compatibility import check_sizes, checked_model
+from driftlab.data.registry import DEFAULT_DATA_SET, DataSection
 from driftlab.experiments.config import ConfigError, ExperimentConfig, validate_config
+from driftlab.experiments.run.compatibility import check_sizes, checked_model
+from driftlab.experiments.run.datasets import DataSetupError, build_dataset, prepared_custom_data, vocabulary_size
 from driftlab.features.legacy import (  # the per-feature functions assembly had, importable from here
     asynchronous_plan,
     check_deadline,
@@ -31,19 +32,18 @@ from driftlab.features.legacy import (  # the per-feature functions assembly had
     system_run_info,
 )
 from driftlab.features.run import check_feature, configured_features, features_run_info, run_facts
-from driftlab.plugins import import_function
-from driftlab.experiments.run.datasets import DataSetupError, build_dataset, prepared_custom_data, vocabulary_size
 from driftlab.models import registry as models
 from driftlab.optim.registry import build_server_optimizer
-from driftlab.simulation.round.availability import AvailabilityModel, Membership, MembershipEvent
-from driftlab.simulation.round.setup import EvaluationPlan, RoundPlan, Simulation, SimulationState, make_client_stores
+from driftlab.plugins import import_function
 from driftlab.simulation.backends.flat import FlatModel, binary_cross_entropy_per_example, objective_per_example
 from driftlab.simulation.backends.local_training import SequentialBackend
 from driftlab.simulation.backends.precision import check_precision, parameter_dtype
+from driftlab.simulation.backends.vectorized import VectorizedBackend, auto_backend
+from driftlab.simulation.round.availability import AvailabilityModel, Membership, MembershipEvent
 from driftlab.simulation.round.randomness import Stream, torch_seed
+from driftlab.simulation.round.setup import EvaluationPlan, RoundPlan, Simulation, SimulationState, make_client_stores
 from driftlab.simulation.seam import Algorithm
 from driftlab.simulation.state.memory_budget import MemoryBudget, placed_bytes
-from driftlab.simulation.backends.vectorized import VectorizedBackend, auto_backend
 
 BACKENDS = {"sequential": SequentialBackend, "vectorized": VectorizedBackend}
 
@@ -58,7 +58,9 @@ def resolve_devices(name: str) -> tuple[torch.device, ...]:
             raise ConfigError(f"device={name!r} but CUDA is not available on this machine; use device=cpu (or auto)")
         missing = [part for part in names if part.startswith("cuda:") and int(part[5:]) >= torch.cuda.device_count()]
         if missing:
-            raise ConfigError(f"device={name!r}: this machine has {torch.cuda.device_count()} GPU(s), so {', '.join(missing)} does not exist")
+            raise ConfigError(
+                f"device={name!r}: this machine has {torch.cuda.device_count()} GPU(s), so {', '.join(missing)} does not exist"
+            )
     return tuple(torch.device(part) for part in names)
 
 
@@ -76,16 +78,27 @@ def resolve_backend(name: str, model: FlatModel | None = None, device: torch.dev
     return auto_backend(model, device)
 
 
-def make_backend(config: ExperimentConfig, model: FlatModel, devices: tuple[torch.device, ...], budget: MemoryBudget | None = None):
+def make_backend(
+    config: ExperimentConfig, model: FlatModel, devices: tuple[torch.device, ...], budget: MemoryBudget | None = None
+):
     """The config's training backend; the vectorized one sizes its chunks from ``budget`` (the run's ``MemoryBudget``)."""
     # several GPUs: auto is the one backend that spreads a round over them
-    name = "vectorized" if config.backend == "auto" and len(devices) > 1 else resolve_backend(config.backend, model, devices[0])
+    name = (
+        "vectorized"
+        if config.backend == "auto" and len(devices) > 1
+        else resolve_backend(config.backend, model, devices[0])
+    )
     if len(devices) > 1 and name != "vectorized":
-        raise ConfigError(f"device={config.device!r} lists several GPUs, which only backend=vectorized uses; set backend=vectorized (or auto)")
+        raise ConfigError(
+            f"device={config.device!r} lists several GPUs, which only backend=vectorized uses; set backend=vectorized (or auto)"
+        )
     if name == "vectorized":
         several = devices if len(devices) > 1 else None
         return BACKENDS[name](
-            precision=config.precision, devices=several, memory_budget=budget or MemoryBudget(), convolution=config.convolution or "grouped"
+            precision=config.precision,
+            devices=several,
+            memory_budget=budget or MemoryBudget(),
+            convolution=config.convolution or "grouped",
         )
     return BACKENDS[name](precision=config.precision)
 
@@ -94,7 +107,9 @@ ModelSource = Union[nn.Module, Callable[[tuple[int, ...], int], nn.Module], None
 ExampleLoss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (outputs, targets) -> one loss per example [B]
 
 
-def build_model(config: ExperimentConfig, data: FederatedDataset, model: ModelSource, loss: ExampleLoss | None = None) -> FlatModel:
+def build_model(
+    config: ExperimentConfig, data: FederatedDataset, model: ModelSource, loss: ExampleLoss | None = None
+) -> FlatModel:
     """The model ``config.model`` names (the zoo's or a plugin's, built by its registry entry), or the user's module or
     factory (``model=``), initialised from (seed, MODEL_INIT), with its loss.
 
@@ -118,7 +133,9 @@ def build_model(config: ExperimentConfig, data: FederatedDataset, model: ModelSo
     if model is None and models.MODELS[config.model.name].reads_objectives:
         return FlatModel.wrap(module, example_loss=objective_per_example, is_classifier=False)
     if data.multi_label:
-        return FlatModel.wrap(module, example_loss=binary_cross_entropy_per_example, is_classifier=False, multi_label=True)
+        return FlatModel.wrap(
+            module, example_loss=binary_cross_entropy_per_example, is_classifier=False, multi_label=True
+        )
     if not data.targets_are_classes:
         raise ConfigError(
             f"the targets of data set {config.data.name!r} are {str(data.train_targets.dtype).removeprefix('torch.')} values, not class ids, "
@@ -155,7 +172,9 @@ def configured_algorithm(config: ExperimentConfig, num_clients: int | None = Non
     if registry.is_plugin(entry):
         return call_from_config(entry, config.algorithm, server_optimizer, registry.describe_plugin(entry))
     if entry.needs_num_clients:
-        return entry.from_config(config.algorithm, server_optimizer, config.data.num_clients if num_clients is None else num_clients)
+        return entry.from_config(
+            config.algorithm, server_optimizer, config.data.num_clients if num_clients is None else num_clients
+        )
     return entry.from_config(config.algorithm, server_optimizer)
 
 
@@ -209,7 +228,9 @@ def round_plan(config: ExperimentConfig) -> RoundPlan:
         clip_norm=config.client.clip_norm,
         inexact_gamma=config.client.inexact_gamma,
         augment=config.data.augment,
-        availability=AvailabilityModel(config.availability.inactive_probability, config.availability.incomplete_probability),
+        availability=AvailabilityModel(
+            config.availability.inactive_probability, config.availability.incomplete_probability
+        ),
     )
 
 
@@ -244,12 +265,18 @@ def build_simulation(
     if data is None:
         data = load_data(config)
     elif config.data.name != "custom":
-        raise ConfigError(f'data= is your own data, but the config names data set {config.data.name!r}; set data.name = "custom"')
+        raise ConfigError(
+            f'data= is your own data, but the config names data set {config.data.name!r}; set data.name = "custom"'
+        )
     facts = run_facts(config, data.num_clients)
     # the plans of the features that do not wrap the algorithm (a device trace needs the data's N), before the model
-    features = [(entry, entry.plan(section, facts)) for entry, section in configured_features(config, facts) if not entry.wraps]
+    features = [
+        (entry, entry.plan(section, facts)) for entry, section in configured_features(config, facts) if not entry.wraps
+    ]
     # the batch plan and the model's memory, then one forward pass on real examples (ConfigError on a mismatch)
-    flat_model = checked_model(config, data, lambda: build_model(config, data, model, loss).to(device, dtype), device, dtype, model)
+    flat_model = checked_model(
+        config, data, lambda: build_model(config, data, model, loss).to(device, dtype), device, dtype, model
+    )
     initial_params = flat_model.initial_parameters().to(device, dtype)
     algorithm = build_algorithm(config, flat_model, data.num_clients)  # a feature's plan may need the data's N
     plan = round_plan(config)
@@ -275,13 +302,25 @@ def build_simulation(
     budget = MemoryBudget.for_run(config.memory_budget, devices, resident)
     try:
         sim = Simulation(
-            flat_model, data, algorithm, make_backend(config, flat_model, devices, budget), plan, device, dtype, initial_params, evaluation,
-            membership, memory_budget=budget, **{key: value for entry, made in features for key, value in entry.simulation_fields(made).items()},
+            flat_model,
+            data,
+            algorithm,
+            make_backend(config, flat_model, devices, budget),
+            plan,
+            device,
+            dtype,
+            initial_params,
+            evaluation,
+            membership,
+            memory_budget=budget,
+            **{key: value for entry, made in features for key, value in entry.simulation_fields(made).items()},
         )
     except ValueError as error:
         raise ConfigError(str(error)) from None
     for entry, made in features:
-        entry.finish(sim, made)  # checks before any round (a deadline no client meets), the personal evaluation's choice
+        entry.finish(
+            sim, made
+        )  # checks before any round (a deadline no client meets), the personal evaluation's choice
     store, latest_models = client_stores(config, sim, config.state.store, state_dir)
     started = {key: value for entry, made in features for key, value in entry.state_fields(made).items()}
     return sim, SimulationState(0, algorithm.server_init(initial_params), store, latest_models, **started)
@@ -304,7 +343,13 @@ def client_stores(config: ExperimentConfig, sim: Simulation, kind: str, state_di
 
     keep_latest = config.evaluation.model == "all_clients_mean"
     clients, latest = make_client_stores(
-        kind, sim.data.num_clients, sim.initial_params, sim.algorithm.client_state_init, keep_latest, directory, sim.memory_budget
+        kind,
+        sim.data.num_clients,
+        sim.initial_params,
+        sim.algorithm.client_state_init,
+        keep_latest,
+        directory,
+        sim.memory_budget,
     )
     clients.owner = sim.algorithm.plugin  # a state that cannot be stored names the plugin that made it
     return clients, latest
@@ -335,7 +380,7 @@ def user_data(config: ExperimentConfig, data: Any) -> tuple[ExperimentConfig, Fe
     else:
         if config.data.name not in ("custom", DEFAULT_DATA_SET):
             raise ConfigError(
-                f"data= is your own data, but the config names data set {config.data.name!r}; set data.name = \"custom\" or leave data.name unset"
+                f'data= is your own data, but the config names data set {config.data.name!r}; set data.name = "custom" or leave data.name unset'
             )
         dataset = data if isinstance(data, FederatedDataset) else federated_dataset_from_arrays(data, "data=")
         try:
@@ -346,7 +391,11 @@ def user_data(config: ExperimentConfig, data: Any) -> tuple[ExperimentConfig, Fe
             check_digest(config, dataset)
     table = config.to_dict()
     # the keys every data set shares carry over to your own data; the default data set's own keys do not apply to it
-    shared = {key: value for key, value in table["data"].items() if key in DataSection.model_fields or config.data.name == "custom"}
+    shared = {
+        key: value
+        for key, value in table["data"].items()
+        if key in DataSection.model_fields or config.data.name == "custom"
+    }
     table["data"] = {**shared, "name": "custom", "digest": dataset.digest}
     return validate_config(table), dataset
 

@@ -12,8 +12,8 @@ from torch import nn
 
 import driftlab
 from driftlab.data.federated import FederatedArrays, federated_dataset_from_arrays
-from driftlab.experiments.run.assembly import build_model, build_simulation, is_classifier, system_run_info, user_data
 from driftlab.experiments.config import ConfigError, load_config
+from driftlab.experiments.run.assembly import build_model, build_simulation, is_classifier, system_run_info, user_data
 from driftlab.simulation.backends.vectorized import LinearReluStack
 
 BACKENDS = ("sequential", "vectorized")
@@ -31,7 +31,9 @@ def mean_squared_error(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Te
     return ((outputs.squeeze(1) - targets) ** 2).mean()  # wrong on purpose: one number for the batch
 
 
-def least_squares(clients: int = 3, rows: int = 20, dimension: int = 3, seed: int = 0) -> tuple[FederatedArrays, np.ndarray, float]:
+def least_squares(
+    clients: int = 3, rows: int = 20, dimension: int = 3, seed: int = 0
+) -> tuple[FederatedArrays, np.ndarray, float]:
     """Clients holding rows (a_i, b_i) of one least-squares problem, client k's rows scaled by a curvature of its own.
 
     Returns the arrays, the minimiser of (1/n) Σ ½ (a_i·x − b_i)² (numpy's lstsq) and 1/λ_max of that objective's Hessian.
@@ -75,7 +77,12 @@ def test_federated_least_squares_reaches_the_known_minimizer(algorithm, steps, b
 def test_fedavg_with_several_local_steps_drifts_from_the_minimizer():
     """The test above has teeth: with different curvatures, FedAvg's local steps move its fixed point (SCAFFOLD's do not)."""
     arrays, minimizer, lr = least_squares()
-    fedavg = driftlab.run(_exact_rounds("fedavg", 5, lr / 4, "sequential"), data=arrays, model=nn.Linear(3, 1, bias=False), loss=squared_error)
+    fedavg = driftlab.run(
+        _exact_rounds("fedavg", 5, lr / 4, "sequential"),
+        data=arrays,
+        model=nn.Linear(3, 1, bias=False),
+        loss=squared_error,
+    )
     assert np.abs(fedavg.final_params.numpy() - minimizer).max() > 1e-4
 
 
@@ -89,20 +96,31 @@ def _classification(seed: int = 0) -> FederatedArrays:
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_both_backends_train_with_your_loss_not_their_own_cross_entropy(backend):
     """A Linear-ReLU stack has a hand-written cross-entropy path on the vectorized backend; another loss must not take it."""
-    config = {"rounds": 2, "backend": backend, "client": {"steps": 2, "batch_size": 5, "lr": 0.1}, "sampling": {"participation": 1.0}}
+    config = {
+        "rounds": 2,
+        "backend": backend,
+        "client": {"steps": 2, "batch_size": 5, "lr": 0.1},
+        "sampling": {"participation": 1.0},
+    }
     network = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
     doubled = driftlab.run(config, data=_classification(), model=network, loss=doubled_cross_entropy)
     plain = driftlab.run(config, data=_classification(), model=network)
-    reference = driftlab.run({**config, "backend": "sequential"}, data=_classification(), model=network, loss=doubled_cross_entropy)
+    reference = driftlab.run(
+        {**config, "backend": "sequential"}, data=_classification(), model=network, loss=doubled_cross_entropy
+    )
     assert torch.allclose(doubled.final_params, reference.final_params, atol=1e-6)
     assert not torch.allclose(doubled.final_params, plain.final_params, atol=1e-4)
     assert "test_accuracy" in doubled.records[-1]  # integer targets: a classifier, by default
-    sim, _ = build_simulation(doubled.config, network, data=federated_dataset_from_arrays(_classification()), loss=doubled_cross_entropy)
+    sim, _ = build_simulation(
+        doubled.config, network, data=federated_dataset_from_arrays(_classification()), loss=doubled_cross_entropy
+    )
     assert LinearReluStack.match(sim.model) is None
 
 
 def test_model_loss_in_the_config_is_imported_by_name():
-    config = load_config({"rounds": 1, "model": {"loss": "driftlab.experiments.run.assembly_test:doubled_cross_entropy"}})
+    config = load_config(
+        {"rounds": 1, "model": {"loss": "driftlab.experiments.run.assembly_test:doubled_cross_entropy"}}
+    )
     config, data = user_data(config, _classification())
     flat = build_model(config, data, None)
     assert flat.example_loss is doubled_cross_entropy and flat.is_classifier
@@ -124,7 +142,9 @@ def test_is_classifier_follows_the_targets_unless_the_config_says():
 
 def test_floating_targets_without_a_loss_ask_for_one():
     arrays, _, _ = least_squares()
-    with pytest.raises(ConfigError, match=r"float64 values, not class ids.*loss=fn\) or model.loss = \"module:function\""):
+    with pytest.raises(
+        ConfigError, match=r"float64 values, not class ids.*loss=fn\) or model.loss = \"module:function\""
+    ):
         driftlab.run({"rounds": 1}, data=arrays, model=nn.Linear(3, 1))
 
 
@@ -140,7 +160,9 @@ def test_a_loss_that_is_not_a_named_function_is_refused():
 
 
 def test_data_with_a_config_naming_another_data_set_is_refused():
-    with pytest.raises(ConfigError, match=r"data= is your own data, but the config names data set 'mnist'; set data.name = \"custom\""):
+    with pytest.raises(
+        ConfigError, match=r"data= is your own data, but the config names data set 'mnist'; set data.name = \"custom\""
+    ):
         driftlab.run({"rounds": 1, "data": {"name": "mnist"}}, data=_classification())
 
 
@@ -160,24 +182,36 @@ def test_data_given_in_process_and_through_a_loader_are_the_same_run():
     held_out = ["data.client_test_fraction=0.25", "rounds=1", "sampling.participation=1.0"]
     given, given_data = user_data(load_config(None, held_out), _classification())
     loaded, loaded_data = user_data(
-        load_config(None, [*held_out, "data.name=custom", "data.loader=driftlab.experiments.run.assembly_test:classification_arrays"]), None
+        load_config(
+            None,
+            [*held_out, "data.name=custom", "data.loader=driftlab.experiments.run.assembly_test:classification_arrays"],
+        ),
+        None,
     )
     assert given.data.digest == loaded.data.digest
-    assert [len(rows) for rows in given_data.client_test_indices] == [len(rows) for rows in loaded_data.client_test_indices] != [0, 0, 0, 0]
+    assert (
+        [len(rows) for rows in given_data.client_test_indices]
+        == [len(rows) for rows in loaded_data.client_test_indices]
+        != [0, 0, 0, 0]
+    )
     record = driftlab.run(given, data=_classification()).records[-1]
     assert 0.0 <= record["client_test_accuracy_mean"] <= 1.0
 
 
 def test_regression_targets_keep_their_kind_when_clients_hold_out_test_rows():
     arrays, _, _ = least_squares()
-    result = driftlab.run({"rounds": 1, "data": {"client_test_fraction": 0.2}}, data=arrays, model=nn.Linear(3, 1), loss=squared_error)
+    result = driftlab.run(
+        {"rounds": 1, "data": {"client_test_fraction": 0.2}}, data=arrays, model=nn.Linear(3, 1), loss=squared_error
+    )
     assert "test_loss" in result.records[-1] and "client_test_accuracy_mean" not in result.records[-1]
 
 
 def test_a_loss_imported_from_a_file_is_recorded_by_its_path(tmp_path):
     from driftlab.plugins import import_function
 
-    (tmp_path / "losses.py").write_text("def squared(outputs, targets):\n    return 0.5 * (outputs.squeeze(1) - targets) ** 2\n")
+    (tmp_path / "losses.py").write_text(
+        "def squared(outputs, targets):\n    return 0.5 * (outputs.squeeze(1) - targets) ** 2\n"
+    )
     loss = import_function(f"{tmp_path / 'losses.py'}:squared", "model.loss")
     arrays, _, _ = least_squares()
     result = driftlab.run({"rounds": 1}, data=arrays, model=nn.Linear(3, 1), loss=loss)
@@ -196,7 +230,9 @@ def test_system_gives_the_plan_and_starts_the_clock_at_zero():
     from driftlab.simulation.time.plan import SystemPlan
     from driftlab.simulation.time.profiles import LognormalProfiles
 
-    config, sim, state = _timed_simulation({"seed": 3, "system": {"speed_median": 50.0, "deadline": 20.0, "over_selection": 0.5}})
+    config, sim, state = _timed_simulation(
+        {"seed": 3, "system": {"speed_median": 50.0, "deadline": 20.0, "over_selection": 0.5}}
+    )
     assert sim.system == SystemPlan(LognormalProfiles(3, 50.0, 0.5, 2e7, 5e6, 0.5), 20.0, "partial", 0.5)
     assert state.clock == 0.0 and sim.asynchronous is None
     assert system_run_info(config, sim.system) == {"system": {"profiles": "lognormal"}}
@@ -206,7 +242,9 @@ def test_system_gives_the_plan_and_starts_the_clock_at_zero():
 
 def test_a_trace_is_read_for_the_datas_clients_and_recorded_by_its_digest(tmp_path):
     trace = tmp_path / "devices.csv"
-    trace.write_text("client,speed,download,upload,start,end\n" + "".join(f"{k},{k + 1},1e6,1e5,0,100\n" for k in range(4)))
+    trace.write_text(
+        "client,speed,download,upload,start,end\n" + "".join(f"{k},{k + 1},1e6,1e5,0,100\n" for k in range(4))
+    )
     config, sim, _ = _timed_simulation({"system": {"profiles": "trace", "trace": str(trace)}})
     assert sim.system.profiles.profile(2, 50.0).speed == 3.0 and sim.system.profiles.profile(2, 100.0) is None
     assert system_run_info(config, sim.system) == {
@@ -223,7 +261,9 @@ def test_a_bad_trace_is_a_config_error_before_the_model_is_built(tmp_path):
         built.append(input_shape)
         return nn.Linear(4, 3)
 
-    with pytest.raises(ConfigError, match=r"^system.trace: .*devices.csv: 2 of the data set's 4 clients have no row \(client 2, 3\)"):
+    with pytest.raises(
+        ConfigError, match=r"^system.trace: .*devices.csv: 2 of the data set's 4 clients have no row \(client 2, 3\)"
+    ):
         _timed_simulation({"system": {"profiles": "trace", "trace": str(trace)}}, model=factory)
     assert built == []
 
@@ -256,20 +296,35 @@ def test_asynchronous_with_an_algorithm_that_cannot_is_refused_before_the_data(a
     monkeypatch.setattr(assembly, "load_data", no_data)
     with pytest.raises(ConfigError) as error:
         build_simulation(config)
-    assert str(error.value) == problem and problem.startswith("[asynchronous] with algorithm.name = ")  # the one template
+    assert str(error.value) == problem and problem.startswith(
+        "[asynchronous] with algorithm.name = "
+    )  # the one template
 
 
 @pytest.mark.parametrize(
-    "mode, fragment", [("partial", "to receive the model, do one local step and send its message"), ("drop", "for its whole first-round work")]
+    "mode, fragment",
+    [
+        ("partial", "to receive the model, do one local step and send its message"),
+        ("drop", "for its whole first-round work"),
+    ],
 )
 def test_a_deadline_no_client_can_meet_is_refused_before_any_round(mode, fragment):
     # every client alike (σ = 0): 10 samples/s, links of 1e6 bits/s
-    system = {"speed_median": 10.0, "speed_sigma": 0.0, "bandwidth_sigma": 0.0, "download_median": 1e6, "upload_median": 1e6}
+    system = {
+        "speed_median": 10.0,
+        "speed_sigma": 0.0,
+        "bandwidth_sigma": 0.0,
+        "download_median": 1e6,
+        "upload_median": 1e6,
+    }
     config, sim, _ = _timed_simulation({"system": system, "client": {"steps": 4, "batch_size": 5}})
     bits = 32 * sim.initial_params.numel()
     one_step = 2 * bits / 1e6 + 5 / 10.0
     need = one_step if mode == "partial" else 2 * bits / 1e6 + 4 * 5 / 10.0
-    table = {"system": {**system, "deadline": need * 0.99, "deadline_mode": mode}, "client": {"steps": 4, "batch_size": 5}}
+    table = {
+        "system": {**system, "deadline": need * 0.99, "deadline_mode": mode},
+        "client": {"steps": 4, "batch_size": 5},
+    }
     with pytest.raises(ConfigError, match="no client can meet it") as error:
         _timed_simulation(table)
     enough = float(str(error.value).split("at least ")[1].split(",")[0])
@@ -290,7 +345,10 @@ def test_auto_on_a_gpu_trains_recurrent_networks_one_by_one_but_several_gpus_alw
             return self.head(self.rnn(x)[0][:, -1])
 
     model = FlatModel.wrap(Recurrent())
-    one, two = (torch.device("cuda:0"),), (torch.device("cuda:0"), torch.device("cuda:1"))  # never touched: no GPU needed
+    one, two = (
+        (torch.device("cuda:0"),),
+        (torch.device("cuda:0"), torch.device("cuda:1")),
+    )  # never touched: no GPU needed
     assert isinstance(make_backend(load_config(None, ["backend=auto"]), model, one), BACKENDS["sequential"])
     assert isinstance(make_backend(load_config(None, ["backend=auto"]), model, two), BACKENDS["vectorized"])
     assert isinstance(make_backend(load_config(None, ["backend=vectorized"]), model, one), BACKENDS["vectorized"])
@@ -302,10 +360,17 @@ def test_the_configs_convolution_reaches_the_vectorized_backend_and_grouped_is_t
     from driftlab.experiments.run.assembly import make_backend
     from driftlab.simulation.backends.flat import FlatModel
 
-    model, cpu = FlatModel.wrap(nn.Sequential(nn.Conv2d(1, 2, 3), nn.Flatten(), nn.Linear(8, 2))), (torch.device("cpu"),)
-    default, grouped, unfold = (load_config(None, extra) for extra in ([], ["convolution=grouped"], ["convolution=unfold"]))
+    model, cpu = (
+        FlatModel.wrap(nn.Sequential(nn.Conv2d(1, 2, 3), nn.Flatten(), nn.Linear(8, 2))),
+        (torch.device("cpu"),),
+    )
+    default, grouped, unfold = (
+        load_config(None, extra) for extra in ([], ["convolution=grouped"], ["convolution=unfold"])
+    )
     assert default.convolution is None and grouped.convolution is None and "convolution" not in grouped.to_dict()
-    assert default.fingerprint() == grouped.fingerprint() != unfold.fingerprint()  # runs made before the key keep theirs
+    assert (
+        default.fingerprint() == grouped.fingerprint() != unfold.fingerprint()
+    )  # runs made before the key keep theirs
     assert make_backend(default, model, cpu).convolution == "grouped"
     assert make_backend(unfold.model_copy(update={"backend": "vectorized"}), model, cpu).convolution == "unfold"
     with pytest.raises(ConfigError, match="convolution") as error:

@@ -13,9 +13,16 @@ import driftlab
 from driftlab.errors import ConfigError
 
 FEDBUFF = [
-    "rounds=6", "data.num_clients=10", "client.steps=3", "checkpoint_every=2", "seed=4",
-    "algorithm.name=fedavg", "algorithm.aggregation=uniform",
-    "system.profiles=lognormal", "asynchronous.concurrency=5", "asynchronous.buffer=2",
+    "rounds=6",
+    "data.num_clients=10",
+    "client.steps=3",
+    "checkpoint_every=2",
+    "seed=4",
+    "algorithm.name=fedavg",
+    "algorithm.aggregation=uniform",
+    "system.profiles=lognormal",
+    "asynchronous.concurrency=5",
+    "asynchronous.buffer=2",
 ]
 
 
@@ -44,7 +51,9 @@ def test_a_run_records_each_server_update():
     records = result.records
     assert [r["round"] for r in records] == [1, 2, 3, 4, 5, 6]
     assert all(r["num_reporting"] == r["num_selected"] == 2 == len(r["reporting_clients"]) for r in records)
-    assert [r["time_start"] for r in records[1:]] == [r["time_end"] for r in records[:-1]] and records[0]["time_start"] == 0.0
+    assert [r["time_start"] for r in records[1:]] == [r["time_end"] for r in records[:-1]] and records[0][
+        "time_start"
+    ] == 0.0
     assert all(r["time_end"] >= r["time_start"] for r in records)
     assert records[0]["num_dispatched"] >= 5 and records[0]["max_staleness"] == 0
     bits = records[0]["download_bits"] // records[0]["num_dispatched"]
@@ -65,10 +74,15 @@ def test_resume_with_clients_in_flight_equals_the_uninterrupted_run(tmp_path, ba
         # when the next update starts
         assert handle.get_tensor("engine/async/clients").shape == (4, 6)
         assert handle.get_tensor("engine/async/idle_slots").item() == 1
-        assert handle.get_tensor("engine/clock").item() == _metrics(out)[int(handle.metadata()["round"]) - 1]["time_end"]
+        assert (
+            handle.get_tensor("engine/clock").item() == _metrics(out)[int(handle.metadata()["round"]) - 1]["time_end"]
+        )
     driftlab.run(None, killed, resume=True, overrides=overrides)
     assert _without_wall_time(_metrics(killed)) == _without_wall_time(_metrics(out))
-    assert torch.equal(load_file(str(killed / "final_model.safetensors"))["params"], load_file(str(out / "final_model.safetensors"))["params"])
+    assert torch.equal(
+        load_file(str(killed / "final_model.safetensors"))["params"],
+        load_file(str(out / "final_model.safetensors"))["params"],
+    )
 
 
 def test_a_checkpoint_holds_trained_and_untrained_clients_in_flight(tmp_path):
@@ -85,7 +99,16 @@ def test_a_checkpoint_holds_trained_and_untrained_clients_in_flight(tmp_path):
 
 def test_fedprox_runs_asynchronously():
     overrides = [o for o in FEDBUFF if not o.startswith("algorithm.")]
-    result = driftlab.run(None, overrides=[*overrides, "rounds=2", "algorithm.name=fedprox", "algorithm.mu=0.1", "algorithm.aggregation=uniform"])
+    result = driftlab.run(
+        None,
+        overrides=[
+            *overrides,
+            "rounds=2",
+            "algorithm.name=fedprox",
+            "algorithm.mu=0.1",
+            "algorithm.aggregation=uniform",
+        ],
+    )
     assert [r["round"] for r in result.records] == [1, 2]
 
 
@@ -98,6 +121,8 @@ def test_algorithms_without_an_asynchronous_rule_are_refused(algorithm):
 
 def test_results_in_flight_beyond_the_memory_budget_are_refused(tmp_path):
     # the default model: 610 float32 parameters, 2440 bytes a held change; 5 in flight = 12200 bytes > 40000 / 8
-    with pytest.raises(ConfigError, match=r"12200 bytes .* 5000 bytes .*lower asynchronous.concurrency or raise memory_budget"):
+    with pytest.raises(
+        ConfigError, match=r"12200 bytes .* 5000 bytes .*lower asynchronous.concurrency or raise memory_budget"
+    ):
         driftlab.run(None, tmp_path / "run", overrides=[*FEDBUFF, "memory_budget=40000"])
     assert not (tmp_path / "run" / "metrics.jsonl").exists()

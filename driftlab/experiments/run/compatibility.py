@@ -31,9 +31,9 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from driftlab.experiments.config import ConfigError, ExperimentConfig
 from driftlab.data.builtins import QUADRATIC_BYTES_PER_CLIENT_AND_DIMENSION
 from driftlab.data.registry import entry_of
+from driftlab.experiments.config import ConfigError, ExperimentConfig
 from driftlab.experiments.run.datasets import vocabulary_size
 from driftlab.memory_limit import MemoryLimit, format_bytes, memory_limit
 from driftlab.models import registry as models
@@ -125,9 +125,13 @@ def _quadratic_too_large(clients: int, dimension: int, limit: MemoryLimit) -> Co
     products = limit.available // QUADRATIC_BYTES_PER_CLIENT_AND_DIMENSION  # the largest clients x dimension that fits
     fixes = {}
     if products // dimension >= 1:
-        fixes["data.num_clients"] = f"at most about {_count(products // dimension)} clients of dimension {_count(dimension)}"
+        fixes["data.num_clients"] = (
+            f"at most about {_count(products // dimension)} clients of dimension {_count(dimension)}"
+        )
     if products // clients >= 1:
-        fixes["data.quadratic_dimension"] = f"a dimension of at most about {_count(products // clients)} for {_count(clients)} clients"
+        fixes["data.quadratic_dimension"] = (
+            f"a dimension of at most about {_count(products // clients)} for {_count(clients)} clients"
+        )
     if fixes:
         keys, fix = " or ".join(fixes), "use " + ", or ".join(fixes.values())
     else:
@@ -190,7 +194,9 @@ def checked_model(
         raise
     except (ValueError, RuntimeError, IndexError, TypeError, AttributeError) as error:
         if isinstance(error, torch.OutOfMemoryError):
-            raise ConfigError(f"model {label} does not fit in the memory of {device}: {_first_line(error)}; use a smaller model") from error
+            raise ConfigError(
+                f"model {label} does not fit in the memory of {device}: {_first_line(error)}; use a smaller model"
+            ) from error
         raise _mismatch(config, data, label, f"building it failed: {_first_line(error)}") from error
     probe_forward(config, data, flat_model, device, dtype, label)
     return flat_model
@@ -255,12 +261,16 @@ def _check_model_pairing(config: ExperimentConfig, data: Any, label: str) -> Non
         raise _mismatch(config, data, label, "the quadratic model is the parameter of the quadratic data sets only")
 
 
-def _check_model_memory(config: ExperimentConfig, data: Any, device: torch.device, dtype: torch.dtype, limit: MemoryLimit, label: str) -> None:
+def _check_model_memory(
+    config: ExperimentConfig, data: Any, device: torch.device, dtype: torch.dtype, limit: MemoryLimit, label: str
+) -> None:
     """Parameters counted on the meta device (nothing allocated), times the copies a round holds at once."""
     try:
         with torch.random.fork_rng(devices=[]), torch.device("meta"):
             entry = models.MODELS[config.model.name]
-            module = models.build_module(entry, config.model, data.input_shape, data.num_classes, vocab_size=vocabulary_size(config.data))
+            module = models.build_module(
+                entry, config.model, data.input_shape, data.num_classes, vocab_size=vocabulary_size(config.data)
+            )
     except (ValueError, RuntimeError, IndexError, TypeError) as error:
         raise _mismatch(config, data, label, _first_line(error)) from error
     parameters = sum(p.numel() for p in module.parameters())
@@ -282,11 +292,15 @@ def _check_model_memory(config: ExperimentConfig, data: Any, device: torch.devic
 
 def _size_keys(config: ExperimentConfig) -> str:
     """`` (model.hidden)``: the keys of the configured model's own section, which set its size."""
-    own = [key for key in type(config.model).model_fields if key not in models.ModelSection.model_fields and key != "name"]
+    own = [
+        key for key in type(config.model).model_fields if key not in models.ModelSection.model_fields and key != "name"
+    ]
     return f" ({', '.join(f'model.{key}' for key in own)})" if own else ""
 
 
-def probe_forward(config: ExperimentConfig, data: Any, flat_model: Any, device: torch.device, dtype: torch.dtype, label: str) -> None:
+def probe_forward(
+    config: ExperimentConfig, data: Any, flat_model: Any, device: torch.device, dtype: torch.dtype, label: str
+) -> None:
     """One forward pass and loss on the first training examples of the first client, as training will do them."""
     rows = torch.tensor(data.client_indices[0][:PROBE_EXAMPLES].tolist(), dtype=torch.long)
     inputs, targets = data.train_inputs[rows], data.train_targets[rows]
@@ -303,7 +317,10 @@ def probe_forward(config: ExperimentConfig, data: Any, flat_model: Any, device: 
                 expected = (len(rows), data.num_classes)
                 if tuple(outputs.shape) != expected:
                     raise _mismatch(
-                        config, data, label, f"it returns outputs of shape {tuple(outputs.shape)} for {len(rows)} examples; expected {expected}"
+                        config,
+                        data,
+                        label,
+                        f"it returns outputs of shape {tuple(outputs.shape)} for {len(rows)} examples; expected {expected}",
                     )
             losses = flat_model.example_loss(outputs, targets)
             if not isinstance(losses, torch.Tensor) or tuple(losses.shape) != (len(rows),):
@@ -316,7 +333,9 @@ def probe_forward(config: ExperimentConfig, data: Any, flat_model: Any, device: 
     except ConfigError:
         raise
     except (ValueError, RuntimeError, IndexError, TypeError, AttributeError) as error:
-        raise _mismatch(config, data, label, f"a forward pass on {len(rows)} training examples failed: {_first_line(error)}") from error
+        raise _mismatch(
+            config, data, label, f"a forward pass on {len(rows)} training examples failed: {_first_line(error)}"
+        ) from error
 
 
 def _model_label(config: ExperimentConfig, user_model: Any) -> str:
@@ -344,7 +363,11 @@ def _mismatch(config: ExperimentConfig, data: Any, label: str, reason: str) -> C
 def models_that_fit(data_name: str, data: Any) -> str:
     """Which registered models take this data, in words (from each entry's ``inputs``)."""
     shape = tuple(data.train_inputs.shape[1:])
-    vectors, images, sequences = models.names_reading("vectors"), models.names_reading("images"), models.names_reading("sequences")
+    vectors, images, sequences = (
+        models.names_reading("vectors"),
+        models.names_reading("images"),
+        models.names_reading("sequences"),
+    )
     image_only = [name for name in images if name not in vectors]
     if data_name in QUADRATIC_DATA:
         return f"Quadratic data take model.name={_either(models.names_reading('objectives'))} only."

@@ -6,14 +6,16 @@ import numpy as np
 import pytest
 
 import driftlab
-from driftlab.experiments.run.compatibility import check_sizes
 from driftlab.experiments.config import ConfigError, load_config
+from driftlab.experiments.run.compatibility import check_sizes
 
 GIB = 2**30
 
 
 def test_a_huge_quadratic_dimension_is_blamed_on_the_dimension():
-    config = load_config({"data": {"name": "quadratic", "quadratic_dimension": 10**9, "num_clients": 30}, "model": {"name": "quadratic"}})
+    config = load_config(
+        {"data": {"name": "quadratic", "quadratic_dimension": 10**9, "num_clients": 30}, "model": {"name": "quadratic"}}
+    )
     with pytest.raises(ConfigError) as error:
         check_sizes(config, memory_bytes=16 * GIB)
     # 8,000 bytes per client and dimension: 16 GiB / (8,000 x 30) = 71,582 dimensions
@@ -25,17 +27,28 @@ def test_a_huge_quadratic_dimension_is_blamed_on_the_dimension():
 
 def test_quadratic_clients_and_dimension_name_each_fix_that_fits():
     def refusal(clients: int, dimension: int) -> str:
-        config = load_config({"data": {"name": "quadratic", "quadratic_dimension": dimension, "num_clients": clients}, "model": {"name": "quadratic"}})
+        config = load_config(
+            {
+                "data": {"name": "quadratic", "quadratic_dimension": dimension, "num_clients": clients},
+                "model": {"name": "quadratic"},
+            }
+        )
         with pytest.raises(ConfigError) as error:
             check_sizes(config, memory_bytes=16 * GIB)
         return str(error.value)
 
     # 16 GiB / 8,000 bytes = 2,147,483 client-dimensions fit
     both = refusal(10**6, 10)
-    assert both.startswith("data.num_clients or data.quadratic_dimension: quadratic data of dimension 10 for 1,000,000 clients")
-    assert both.endswith("use at most about 214,748 clients of dimension 10, or a dimension of at most about 2 for 1,000,000 clients")
+    assert both.startswith(
+        "data.num_clients or data.quadratic_dimension: quadratic data of dimension 10 for 1,000,000 clients"
+    )
+    assert both.endswith(
+        "use at most about 214,748 clients of dimension 10, or a dimension of at most about 2 for 1,000,000 clients"
+    )
     clients = refusal(10**9, 10)  # not even dimension 1 fits a billion clients
-    assert clients.startswith("data.num_clients: ") and clients.endswith("use at most about 214,748 clients of dimension 10")
+    assert clients.startswith("data.num_clients: ") and clients.endswith(
+        "use at most about 214,748 clients of dimension 10"
+    )
     neither = refusal(10**7, 10**9)
     assert neither.startswith("data.num_clients x data.quadratic_dimension: ")
     assert neither.endswith("keep data.num_clients x data.quadratic_dimension under about 2,147,483 (now 1e+16)")

@@ -11,11 +11,11 @@ from torch import nn
 
 import driftlab
 from driftlab.data.federated import FederatedDataset
-from driftlab.experiments.run.compatibility import check_plan_size, check_sizes, checked_model, models_that_fit
 from driftlab.experiments.config import ConfigError, load_config
+from driftlab.experiments.run.assembly import build_model
+from driftlab.experiments.run.compatibility import check_plan_size, check_sizes, checked_model, models_that_fit
 from driftlab.experiments.run.datasets import build_dataset
 from driftlab.experiments.run.real_data import needs_real_data
-from driftlab.experiments.run.assembly import build_model
 from driftlab.simulation.backends.flat import FlatModel
 
 SMALL = {"rounds": 1, "data": {"num_clients": 5}}
@@ -33,12 +33,26 @@ def _run_error(*overrides, model=None, out=None) -> str:
 @pytest.mark.parametrize(
     "overrides, fragments",
     [
-        (["model.name=lstm"], ["model 'lstm'", "'synthetic'", "(60,)", "float32", "10 classes", "mlr or mlp", "lstm/gru need token sequences"]),
+        (
+            ["model.name=lstm"],
+            [
+                "model 'lstm'",
+                "'synthetic'",
+                "(60,)",
+                "float32",
+                "10 classes",
+                "mlr or mlp",
+                "lstm/gru need token sequences",
+            ],
+        ),
         (["model.name=gru"], ["model 'gru'", "(60,)", "mlr or mlp"]),
         (["model.name=cnn"], ["model 'cnn'", "needs image inputs", "(60,)", "cnn, resnet18_gn and vgg11 need images"]),
         (["model.name=resnet18_gn"], ["model 'resnet18_gn'", "(60,)", "mlr or mlp"]),
         (["model.name=vgg11"], ["model 'vgg11'", "(60,)"]),
-        (["data.name=quadratic", "model.name=mlp"], ["model 'mlp'", "'quadratic'", "quadratic objectives", "model.name=quadratic only"]),
+        (
+            ["data.name=quadratic", "model.name=mlp"],
+            ["model 'mlp'", "'quadratic'", "quadratic objectives", "model.name=quadratic only"],
+        ),
         (["data.name=quadratic1d", "model.name=mlr"], ["model 'mlr'", "'quadratic1d'", "model.name=quadratic only"]),
         (["model.name=quadratic"], ["model 'quadratic'", "'synthetic'", "quadratic data sets only", "mlr or mlp"]),
     ],
@@ -57,28 +71,56 @@ def _token_data(num_classes: int = 7, length: int = 5) -> FederatedDataset:
     inputs = torch.randint(0, num_classes, (12, length), generator=generator)
     targets = torch.randint(0, num_classes, (12,), generator=generator)
     return FederatedDataset(
-        name="tokens", train_inputs=inputs, train_targets=targets, test_inputs=inputs[:4], test_targets=targets[:4],
-        client_indices=(np.arange(6), np.arange(6, 12)), num_classes=num_classes,
+        name="tokens",
+        train_inputs=inputs,
+        train_targets=targets,
+        test_inputs=inputs[:4],
+        test_targets=targets[:4],
+        client_indices=(np.arange(6), np.arange(6, 12)),
+        num_classes=num_classes,
     )
 
 
 def _check(config, data, model=None):
-    return checked_model(config, data, lambda: build_model(config, data, model).to("cpu", torch.float32), torch.device("cpu"), torch.float32, model)
+    return checked_model(
+        config,
+        data,
+        lambda: build_model(config, data, model).to("cpu", torch.float32),
+        torch.device("cpu"),
+        torch.float32,
+        model,
+    )
 
 
 def test_token_sequences_with_an_mlp_name_what_fits():
     config = load_config(SMALL, ["model.name=mlp", "data.name=shakespeare"])
     message = str(pytest.raises(ConfigError, _check, config, _token_data()).value)
-    for fragment in ("model 'mlp'", "'shakespeare'", "(5,)", "int64", "7 classes", "forward pass on 4 training examples failed",
-                     "lstm or gru", "for vector data (synthetic, mnist, stackoverflow) use mlr or mlp"):
+    for fragment in (
+        "model 'mlp'",
+        "'shakespeare'",
+        "(5,)",
+        "int64",
+        "7 classes",
+        "forward pass on 4 training examples failed",
+        "lstm or gru",
+        "for vector data (synthetic, mnist, stackoverflow) use mlr or mlp",
+    ):
         assert fragment in message, fragment
-    assert isinstance(_check(load_config(SMALL, ["model.name=lstm", "data.name=shakespeare"]), _token_data()), FlatModel)
+    assert isinstance(
+        _check(load_config(SMALL, ["model.name=lstm", "data.name=shakespeare"]), _token_data()), FlatModel
+    )
 
 
 @needs_real_data("shakespeare")
 def test_real_shakespeare_with_an_mlp():
     message = _run_error("data.name=shakespeare", "model.name=mlp", "data.max_clients=3", "data.samples_per_client=20")
-    assert "model 'mlp'" in message and "'shakespeare'" in message and "(80,)" in message and "int64" in message and "lstm or gru" in message
+    assert (
+        "model 'mlp'" in message
+        and "'shakespeare'" in message
+        and "(80,)" in message
+        and "int64" in message
+        and "lstm or gru" in message
+    )
 
 
 def test_user_module_with_the_wrong_output_size():
@@ -89,7 +131,9 @@ def test_user_module_with_the_wrong_output_size():
         return nn.Sequential(nn.Flatten(), nn.Linear(7, classes))
 
     message = _run_error(model=factory)
-    assert "factory" in message and "(your model factory)" in message and "forward pass" in message and "(60,)" in message
+    assert (
+        "factory" in message and "(your model factory)" in message and "forward pass" in message and "(60,)" in message
+    )
 
 
 def test_output_shape_matches_the_classes_for_a_fitting_model():
@@ -114,13 +158,23 @@ def test_models_that_fit_by_input_kind():
     data = _token_data()
     assert "lstm or gru" in models_that_fit("sent140", data)
     images = FederatedDataset(
-        name="img", train_inputs=torch.zeros(2, 3, 8, 8), train_targets=torch.tensor([0, 1]), test_inputs=torch.zeros(1, 3, 8, 8),
-        test_targets=torch.tensor([0]), client_indices=(np.array([0]), np.array([1])), num_classes=2,
+        name="img",
+        train_inputs=torch.zeros(2, 3, 8, 8),
+        train_targets=torch.tensor([0, 1]),
+        test_inputs=torch.zeros(1, 3, 8, 8),
+        test_targets=torch.tensor([0]),
+        client_indices=(np.array([0]), np.array([1])),
+        num_classes=2,
     )
     assert "resnet18_gn" in models_that_fit("cifar10", images)
     flat_square = FederatedDataset(
-        name="v", train_inputs=torch.zeros(2, 784), train_targets=torch.tensor([0, 1]), test_inputs=torch.zeros(1, 784),
-        test_targets=torch.tensor([0]), client_indices=(np.array([0]), np.array([1])), num_classes=2,
+        name="v",
+        train_inputs=torch.zeros(2, 784),
+        train_targets=torch.tensor([0, 1]),
+        test_inputs=torch.zeros(1, 784),
+        test_targets=torch.tensor([0]),
+        client_indices=(np.array([0]), np.array([1])),
+        num_classes=2,
     )
     assert "femnist_cnn" in models_that_fit("mnist", flat_square)
 
@@ -132,7 +186,14 @@ def test_huge_epochs_are_refused_before_the_plan_is_built():
     started = time.perf_counter()
     message = _run_error("client.epochs=1000000000")
     assert time.perf_counter() - started < 30
-    for fragment in ("client.epochs", "batch plan of the largest client", "1,000,000,000 epochs", "TiB", "of memory", "use at most about"):
+    for fragment in (
+        "client.epochs",
+        "batch plan of the largest client",
+        "1,000,000,000 epochs",
+        "TiB",
+        "of memory",
+        "use at most about",
+    ):
         assert fragment in message, fragment
 
 
@@ -151,9 +212,13 @@ def test_huge_client_counts_are_refused_before_the_data_is_generated():
 def test_size_limits_follow_the_machine_memory():
     config = load_config(SMALL, ["data.num_clients=100"])
     check_sizes(config, memory_bytes=2**40)
-    with pytest.raises(ConfigError, match=r"data.num_clients: .* than this machine's 1 MiB of memory; use at most about 2 clients"):
+    with pytest.raises(
+        ConfigError, match=r"data.num_clients: .* than this machine's 1 MiB of memory; use at most about 2 clients"
+    ):
         check_sizes(config, memory_bytes=2**20)
-    steps = load_config(SMALL, ["data.name=mnist", "client.steps=1000"])  # mnist: 200 bytes a client, nothing built here
+    steps = load_config(
+        SMALL, ["data.name=mnist", "client.steps=1000"]
+    )  # mnist: 200 bytes a client, nothing built here
     check_sizes(steps, memory_bytes=8000)
     with pytest.raises(ConfigError, match="client.steps"):
         check_sizes(steps, memory_bytes=7999)
@@ -172,7 +237,9 @@ def test_plan_estimate_uses_the_largest_client():
 def test_plan_estimate_counts_every_client_a_round_trains_together():
     """A wave builds its clients' plans together: steps=10**8 passed a 23.5 GiB machine as one client's 7.45 GiB plan, and
     a round of three was killed at 23.2 GiB of RSS."""
-    config = load_config(SMALL, ["client.epochs=3", "client.batch_size=10", "sampling.participation=0.6"])  # 3 of 5 a round
+    config = load_config(
+        SMALL, ["client.epochs=3", "client.batch_size=10", "sampling.participation=0.6"]
+    )  # 3 of 5 a round
     data = build_dataset(config.data, config.seed)
     largest = int(data.client_sizes.max())
     one = 3 * -(-largest // 10) * (10 * 48 + 48)

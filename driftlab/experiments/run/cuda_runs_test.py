@@ -22,7 +22,14 @@ from driftlab.algorithms.registry import BUILT_IN
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
-TINY = ["rounds=3", "data.num_clients=8", "sampling.participation=0.5", "client.epochs=1", "evaluation.every=1", "seed=2"]
+TINY = [
+    "rounds=3",
+    "data.num_clients=8",
+    "sampling.participation=0.5",
+    "client.epochs=1",
+    "evaluation.every=1",
+    "seed=2",
+]
 # A few rounds of float32 on another device: the models differ by accumulated rounding only.
 RELATIVE_TOLERANCE = 1e-3
 
@@ -30,11 +37,22 @@ RELATIVE_TOLERANCE = 1e-3
 FEATURES: dict[str, list[str]] = {
     "sequential": ["backend=sequential"],
     "vectorized": ["backend=vectorized"],
-    "privacy": ["algorithm.aggregation=uniform", "privacy.clip=1", "privacy.noise_multiplier=1", "privacy.delta=1e-3", "sampling.mode=poisson"],
+    "privacy": [
+        "algorithm.aggregation=uniform",
+        "privacy.clip=1",
+        "privacy.noise_multiplier=1",
+        "privacy.delta=1e-3",
+        "sampling.mode=poisson",
+    ],
     "compression": ["compression.ratio=0.2"],
     "dropouts": ["availability.inactive_probability=0.25", "availability.incomplete_probability=0.5"],
     "system-time": ["system.speed_median=50"],
-    "asynchronous": ["system.profiles=lognormal", "asynchronous.concurrency=4", "asynchronous.buffer=2", "algorithm.aggregation=uniform"],
+    "asynchronous": [
+        "system.profiles=lognormal",
+        "asynchronous.concurrency=4",
+        "asynchronous.buffer=2",
+        "algorithm.aggregation=uniform",
+    ],
     "disk-state": ["algorithm.name=scaffold", "state.store=disk"],
     "personal": ["algorithm.name=ditto", "algorithm.lam=0.5", "evaluation.personal=true"],
     "finetune": ["evaluation.personal=true", "evaluation.finetune_steps=2"],
@@ -106,9 +124,19 @@ def test_unfold_convolutions_train_a_cnn_on_a_gpu_as_grouped_ones_do_and_repeat(
     from driftlab.experiments.run.datasets import data_location
 
     cifar = [
-        "rounds=2", "seed=2", "data.name=cifar10_folder", "data.limit_per_class=20", "data.num_clients=4", "data.augment=false",
-        "sampling.participation=1.0", "model.name=cnn", "client.epochs=1", "client.batch_size=10", "evaluation.every=1",
-        "backend=vectorized", "device=cuda",
+        "rounds=2",
+        "seed=2",
+        "data.name=cifar10_folder",
+        "data.limit_per_class=20",
+        "data.num_clients=4",
+        "data.augment=false",
+        "sampling.participation=1.0",
+        "model.name=cnn",
+        "client.epochs=1",
+        "client.batch_size=10",
+        "evaluation.every=1",
+        "backend=vectorized",
+        "device=cuda",
     ]
     if data_location(load_config(None, cifar).data) is None:
         pytest.skip("CIFAR-10 is not on this machine (set DRIFTLAB_DATA)")

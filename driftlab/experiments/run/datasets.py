@@ -93,7 +93,11 @@ def missing_data_message(config) -> str:
         fixes.append(f"DRIFTLAB_DATA=DIR (a folder holding {folder})")
     if entry.download is not None:
         fixes.append(f"fetch them with `driftlab data download {entry.download.name} --to DIR`, then data.root=DIR")
-    return f"{config.name}: {where}. The files: {entry.description}. Fix with one of: " + "; ".join(fixes) + near_miss_hint(config)
+    return (
+        f"{config.name}: {where}. The files: {entry.description}. Fix with one of: "
+        + "; ".join(fixes)
+        + near_miss_hint(config)
+    )
 
 
 def near_miss_hint(config) -> str:
@@ -114,7 +118,11 @@ def near_miss_hint(config) -> str:
     elif os.environ.get("DRIFTLAB_DATA"):
         base = Path(os.environ["DRIFTLAB_DATA"]).expanduser()
         folders = [base.parent, base.parent.parent, *_children(base, directories=True)]
-        settings = [f"DRIFTLAB_DATA={folder}" for folder in folders if (folder / location).exists() and not _same_place(folder, base)]
+        settings = [
+            f"DRIFTLAB_DATA={folder}"
+            for folder in folders
+            if (folder / location).exists() and not _same_place(folder, base)
+        ]
     else:
         return ""
     if not settings:
@@ -143,7 +151,7 @@ def _children(folder: Path, directories: bool, limit: int = 1000) -> list[Path]:
             for count, entry in enumerate(entries):
                 if count >= limit:
                     break
-                if (entry.is_dir() if directories else entry.is_file()):
+                if entry.is_dir() if directories else entry.is_file():
                     chosen.append(Path(entry.path))
     except OSError:
         return []
@@ -168,14 +176,18 @@ def build_dataset(config, seed: int) -> FederatedDataset:
     except ConfigError:
         raise
     except ValueError as error:
-        raise DataSetupError(f"data ({config.name}, partition={partition}, num_clients={config.num_clients}): {error}") from None
+        raise DataSetupError(
+            f"data ({config.name}, partition={partition}, num_clients={config.num_clients}): {error}"
+        ) from None
 
 
 def _build(config, entry: DataSetEntry, path: Path | None, partition: str, data_seed: int) -> FederatedDataset:
     loaded = entry.load(config, data_seed, path)
     if isinstance(loaded, FederatedDataset) and loaded.multi_label:
         if partition != "natural" or config.client_test_fraction > 0:
-            raise ValueError("stackoverflow keeps its users as clients and its own test split: leave data.partition and data.client_test_fraction unset")
+            raise ValueError(
+                "stackoverflow keeps its users as clients and its own test split: leave data.partition and data.client_test_fraction unset"
+            )
         return loaded
     if isinstance(loaded, FederatedDataset) and (loaded.clients_unassigned or config.name == "custom"):
         dataset = own_clients(loaded, config, data_seed)  # your own data (data.loader): its ids, or data.partition's
@@ -186,13 +198,21 @@ def _build(config, entry: DataSetEntry, path: Path | None, partition: str, data_
             dataset = _resplit(loaded, config, partition, data_seed)
     else:
         if partition == "natural":
-            raise DataFileError(f"data.partition=natural: {config.name} has no natural clients; use iid, dirichlet, ...")
+            raise DataFileError(
+                f"data.partition=natural: {config.name} has no natural clients; use iid, dirichlet, ..."
+            )
         # image loaders give uint8 pixels and their normalisation, applied batch by batch (a quarter of the memory)
         train_x, train_y, test_x, test_y, *normalisation = loaded
         client_indices = split_over_clients(train_y.numpy(), config, partition, data_seed)
         num_classes = entry.num_classes or int(max(train_y.max(), test_y.max())) + 1
         dataset = FederatedDataset(
-            config.name, train_x, train_y, test_x, test_y, client_indices, num_classes=num_classes,
+            config.name,
+            train_x,
+            train_y,
+            test_x,
+            test_y,
+            client_indices,
+            num_classes=num_classes,
             input_normalisation=normalisation[0] if normalisation else None,
         )
     if config.client_test_fraction > 0 and dataset.client_test_indices is None:
@@ -292,7 +312,9 @@ def split_over_clients(labels: np.ndarray, config, partition: str, seed: int) ->
     rng = generator(seed, Stream.PARTITION)
     num_samples = len(labels)
     if partition == "dirichlet_classwise":
-        return partitions.dirichlet_classwise_partition(labels, config.num_clients, config.dirichlet_alpha, rng, config.min_client_size)
+        return partitions.dirichlet_classwise_partition(
+            labels, config.num_clients, config.dirichlet_alpha, rng, config.min_client_size
+        )
     if partition == "power_law":
         return partitions.power_law_partition(labels, config.num_clients, config.classes_per_client, rng)
     if config.quotas == "lognormal":
@@ -302,7 +324,9 @@ def split_over_clients(labels: np.ndarray, config, partition: str, seed: int) ->
     if partition == "dirichlet":
         return partitions.dirichlet_client_prior_partition(labels, quotas, config.dirichlet_alpha, rng)
     if partition == "classes_per_client":
-        return partitions.classes_per_client_partition(labels, config.num_clients, config.classes_per_client, rng, quotas=quotas)
+        return partitions.classes_per_client_partition(
+            labels, config.num_clients, config.classes_per_client, rng, quotas=quotas
+        )
     if partition == "iid":
         return partitions.iid_partition(num_samples, quotas, rng)
     raise ValueError(f"unknown partition {partition!r}")
@@ -339,12 +363,16 @@ def _with_client_test_splits(dataset: FederatedDataset, fraction: float, seed: i
     train_parts, test_parts = split_client_test(dataset.client_indices, fraction, rng)
     held_out = np.concatenate(test_parts)
     if len(held_out) == 0:
-        raise ValueError(f"data.client_test_fraction={fraction} holds out no example (the clients are too small); raise it or set it to 0")
+        raise ValueError(
+            f"data.client_test_fraction={fraction} holds out no example (the clients are too small); raise it or set it to 0"
+        )
     offset = len(dataset.test_targets)
     test_inputs = torch.cat([dataset.test_inputs, dataset.train_inputs[torch.as_tensor(held_out)]])
     test_targets = torch.cat([dataset.test_targets, dataset.train_targets[torch.as_tensor(held_out)]])
     bounds = np.cumsum([0, *[len(p) for p in test_parts]])
-    client_test = tuple(np.arange(offset + bounds[i], offset + bounds[i + 1], dtype=np.int64) for i in range(len(test_parts)))
+    client_test = tuple(
+        np.arange(offset + bounds[i], offset + bounds[i + 1], dtype=np.int64) for i in range(len(test_parts))
+    )
     return FederatedDataset(
         dataset.name,
         dataset.train_inputs,

@@ -29,10 +29,10 @@ import torch
 
 import driftlab
 from driftlab.data.federated import DataFileError
-from driftlab.experiments.run import datasets as datasets_module
 from driftlab.experiments.config import PARTITIONS, load_config
-from driftlab.experiments.run.datasets import DATA_SETS, build_dataset, default_data_root
+from driftlab.experiments.run import datasets as datasets_module
 from driftlab.experiments.run.assembly import build_simulation
+from driftlab.experiments.run.datasets import DATA_SETS, build_dataset, default_data_root
 from driftlab.experiments.run.real_data import needs_real_data, real_data_path
 from driftlab.simulation.evaluation import evaluate
 
@@ -55,7 +55,9 @@ def idx_bytes(array: np.ndarray) -> bytes:
     return struct.pack(">BBBB", 0, 0, 0x08, array.ndim) + struct.pack(f">{array.ndim}I", *array.shape) + array.tobytes()
 
 
-def write_mnist(root: Path, n_train: int = 80, n_test: int = 20, *, gzipped: bool = True, bright: bool = False, seed: int = 0) -> Path:
+def write_mnist(
+    root: Path, n_train: int = 80, n_test: int = 20, *, gzipped: bool = True, bright: bool = False, seed: int = 0
+) -> Path:
     """MNIST's (or Fashion-MNIST's) four IDX files; labels cycle 0..9.
 
     ``bright`` draws pixels from 100..255, so the mean pixel passes the
@@ -150,7 +152,9 @@ def write_image_folder(path: Path, per_class: int = 3) -> Path:
         for cls in classes:
             for i in range(per_class if split == "train" else 1):
                 buffer = io.BytesIO()
-                Image.fromarray(rng.integers(0, 256, size=(32, 32, 3), dtype=np.uint8), "RGB").save(buffer, format="PNG")
+                Image.fromarray(rng.integers(0, 256, size=(32, 32, 3), dtype=np.uint8), "RGB").save(
+                    buffer, format="PNG"
+                )
                 members[f"c10/{split}/{cls}/{i}.png"] = buffer.getvalue()
     return _write_tar(path, members)
 
@@ -178,7 +182,9 @@ def _leaf_samples(kind: str, n: int, user: int, rng: np.random.Generator) -> tup
         return [LINES[s : s + 80] for s in starts], [LINES[s + 80] for s in starts]
     words = LINES.split()
     tweets = [" ".join(rng.choice(words, size=int(rng.integers(3, 30)))) for _ in range(n)]
-    return [[str(i), "Mon Apr 06", "NO_QUERY", f"user{user}", t] for i, t in enumerate(tweets)], [int(i % 2) for i in range(n)]
+    return [[str(i), "Mon Apr 06", "NO_QUERY", f"user{user}", t] for i, t in enumerate(tweets)], [
+        int(i % 2) for i in range(n)
+    ]
 
 
 def write_leaf(root: Path, kind: str, num_users: int = 5, *, tarball: bool = False) -> Path:
@@ -228,9 +234,15 @@ GENERATED = {
     "feddyn_synthetic/0": (["data.num_clients=4", "data.feddyn_kind=0"], "test_accuracy"),
     "feddyn_synthetic/1": (["data.num_clients=4", "data.feddyn_kind=1"], "test_accuracy"),
     "feddyn_synthetic/2": (["data.num_clients=4", "data.feddyn_kind=2"], "test_accuracy"),
-    "feddyn_synthetic/3": (["data.num_clients=4", "data.feddyn_kind=3", "data.feddyn_heterogeneity=0.5"], "test_accuracy"),
+    "feddyn_synthetic/3": (
+        ["data.num_clients=4", "data.feddyn_kind=3", "data.feddyn_heterogeneity=0.5"],
+        "test_accuracy",
+    ),
     "quadratic1d": (["data.num_clients=4", "model.name=quadratic"], "distance_to_minimizer"),
-    "quadratic": (["data.num_clients=4", "data.quadratic_dimension=3", "model.name=quadratic"], "distance_to_minimizer"),
+    "quadratic": (
+        ["data.num_clients=4", "data.quadratic_dimension=3", "model.name=quadratic"],
+        "distance_to_minimizer",
+    ),
     "custom": (["data.loader=driftlab.experiments.run.datasets_test:four_clients"], "test_accuracy"),
 }
 
@@ -289,27 +301,76 @@ FILE_BASED = {
     "emnist_letters": ("emnist_letters", _emnist_zip, "femnist_cnn", [], ((1, 28, 28), 26)),
     "emnist_byclass": ("emnist_byclass", _emnist_root, "mlr", [], ((1, 28, 28), 62)),
     "cifar10": ("cifar10", lambda tmp: write_cifar10(tmp / "cifar10", tarball=True), "cnn", [], ((3, 32, 32), 10)),
-    "cifar10/folder": ("cifar10", lambda tmp: write_cifar10(tmp / "cifar10") / "cifar-10-batches-bin", "mlr", [], ((3, 32, 32), 10)),
+    "cifar10/folder": (
+        "cifar10",
+        lambda tmp: write_cifar10(tmp / "cifar10") / "cifar-10-batches-bin",
+        "mlr",
+        [],
+        ((3, 32, 32), 10),
+    ),
     "cifar100": ("cifar100", lambda tmp: write_cifar100(tmp / "cifar100"), "cnn", [], ((3, 32, 32), 100)),
     "cifar10_folder": (
-        "cifar10_folder", lambda tmp: write_image_folder(tmp / "c10.tar.gz"), "cnn", ["data.limit_per_class=2"], ((3, 32, 32), 10)
+        "cifar10_folder",
+        lambda tmp: write_image_folder(tmp / "c10.tar.gz"),
+        "cnn",
+        ["data.limit_per_class=2"],
+        ((3, 32, 32), 10),
     ),
-    "femnist": ("femnist", lambda tmp: write_leaf(tmp / "femnist", "femnist", tarball=True), "femnist_cnn", [], ((1, 28, 28), 62)),
-    "femnist/mlr": ("femnist", lambda tmp: write_leaf(tmp / "femnist", "femnist"), "mlr", ["data.max_clients=3"], ((1, 28, 28), 62)),
+    "femnist": (
+        "femnist",
+        lambda tmp: write_leaf(tmp / "femnist", "femnist", tarball=True),
+        "femnist_cnn",
+        [],
+        ((1, 28, 28), 62),
+    ),
+    "femnist/mlr": (
+        "femnist",
+        lambda tmp: write_leaf(tmp / "femnist", "femnist"),
+        "mlr",
+        ["data.max_clients=3"],
+        ((1, 28, 28), 62),
+    ),
     "shakespeare_leaf": (
-        "shakespeare_leaf", lambda tmp: write_leaf(tmp / "shk", "shakespeare"), "lstm", ["model.rnn_hidden=8"], ((80,), 80)
+        "shakespeare_leaf",
+        lambda tmp: write_leaf(tmp / "shk", "shakespeare"),
+        "lstm",
+        ["model.rnn_hidden=8"],
+        ((80,), 80),
     ),
     "shakespeare_leaf/gru": (
-        "shakespeare_leaf", lambda tmp: write_leaf(tmp / "shk", "shakespeare", tarball=True), "gru", ["model.rnn_hidden=8", "model.rnn_layers=1"], ((80,), 80)
+        "shakespeare_leaf",
+        lambda tmp: write_leaf(tmp / "shk", "shakespeare", tarball=True),
+        "gru",
+        ["model.rnn_hidden=8", "model.rnn_layers=1"],
+        ((80,), 80),
     ),
-    "sent140": ("sent140", lambda tmp: write_leaf(tmp / "s140", "sent140"), "lstm", ["model.rnn_hidden=8", "data.vocabulary_size=50"], ((25,), 2)),
+    "sent140": (
+        "sent140",
+        lambda tmp: write_leaf(tmp / "s140", "sent140"),
+        "lstm",
+        ["model.rnn_hidden=8", "data.vocabulary_size=50"],
+        ((25,), 2),
+    ),
     "sent140/gru": (
-        "sent140", lambda tmp: write_leaf(tmp / "s140", "sent140", tarball=True), "gru", ["model.rnn_hidden=8", "data.vocabulary_size=30"], ((25,), 2)
+        "sent140",
+        lambda tmp: write_leaf(tmp / "s140", "sent140", tarball=True),
+        "gru",
+        ["model.rnn_hidden=8", "data.vocabulary_size=30"],
+        ((25,), 2),
     ),
-    "shakespeare": ("shakespeare", lambda tmp: write_shakespeare(tmp / "input.txt"), "lstm", ["model.rnn_hidden=8"], ((80,), 80)),
+    "shakespeare": (
+        "shakespeare",
+        lambda tmp: write_shakespeare(tmp / "input.txt"),
+        "lstm",
+        ["model.rnn_hidden=8"],
+        ((80,), 80),
+    ),
     "shakespeare/gz": (
-        "shakespeare", lambda tmp: write_shakespeare(tmp / "input.txt.gz", gzipped=True), "gru",
-        ["model.rnn_hidden=8", "data.max_clients=2", "data.samples_per_client=100"], ((80,), 80),
+        "shakespeare",
+        lambda tmp: write_shakespeare(tmp / "input.txt.gz", gzipped=True),
+        "gru",
+        ["model.rnn_hidden=8", "data.max_clients=2", "data.samples_per_client=100"],
+        ((80,), 80),
     ),
 }
 
@@ -327,7 +388,15 @@ def test_every_data_set_has_a_test_through_the_config():
 def test_file_based_data_sets_run_one_round(tmp_path, case, backend):
     name, write, model, extra, (shape, classes) = FILE_BASED[case]
     root = write(tmp_path)
-    overrides = [*ONE_ROUND, f"data.name={name}", f"data.root={root}", f"model.name={model}", f"backend={backend}", "data.num_clients=4", *extra]
+    overrides = [
+        *ONE_ROUND,
+        f"data.name={name}",
+        f"data.root={root}",
+        f"model.name={model}",
+        f"backend={backend}",
+        "data.num_clients=4",
+        *extra,
+    ]
     result = driftlab.run(None, overrides=overrides)
     (record,) = result.records
     assert RECORD_KEYS <= record.keys(), sorted(record)
@@ -345,11 +414,25 @@ def test_file_based_data_sets_run_one_round(tmp_path, case, backend):
 
 def test_file_based_loaders_read_what_was_written(tmp_path):
     """Spot checks that the tiny files are read as meant (so the runs above exercise real content)."""
-    mnist = build_dataset(load_config(None, [f"data.root={_mnist_root(tmp_path)}", "data.name=mnist", "data.num_clients=4"]).data, 0)
+    mnist = build_dataset(
+        load_config(None, [f"data.root={_mnist_root(tmp_path)}", "data.name=mnist", "data.num_clients=4"]).data, 0
+    )
     assert len(mnist.train_targets) == 80 and len(mnist.test_targets) == 20
-    letters10 = build_dataset(load_config(None, ["data.name=emnist_letters10", f"data.root={_emnist_root(tmp_path)}", "data.num_clients=2"]).data, 0)
-    assert int(letters10.train_targets.max()) == 9 and len(letters10.train_targets) == 30  # 62 rows cycling over 26 letters
-    femnist = build_dataset(load_config(None, ["data.name=femnist", f"data.root={write_leaf(tmp_path / 'f', 'femnist')}", "data.max_clients=3"]).data, 0)
+    letters10 = build_dataset(
+        load_config(
+            None, ["data.name=emnist_letters10", f"data.root={_emnist_root(tmp_path)}", "data.num_clients=2"]
+        ).data,
+        0,
+    )
+    assert (
+        int(letters10.train_targets.max()) == 9 and len(letters10.train_targets) == 30
+    )  # 62 rows cycling over 26 letters
+    femnist = build_dataset(
+        load_config(
+            None, ["data.name=femnist", f"data.root={write_leaf(tmp_path / 'f', 'femnist')}", "data.max_clients=3"]
+        ).data,
+        0,
+    )
     assert femnist.num_clients == 3 and femnist.client_sizes.tolist() == [6, 8, 10]
     folder = build_dataset(
         load_config(
@@ -382,7 +465,9 @@ REAL = {
 def test_real_files_run_one_round(name, backend):
     """The real files where a run without data.root finds them ($DRIFTLAB_DATA, else the shared folders)."""
     model, extra = REAL[name]
-    result = driftlab.run(None, overrides=[*ONE_ROUND, f"data.name={name}", f"model.name={model}", f"backend={backend}", *extra])
+    result = driftlab.run(
+        None, overrides=[*ONE_ROUND, f"data.name={name}", f"model.name={model}", f"backend={backend}", *extra]
+    )
     (record,) = result.records
     assert RECORD_KEYS <= record.keys()
     assert 0.0 <= record["test_accuracy"] <= 1.0
@@ -393,7 +478,12 @@ def test_real_files_run_one_round(name, backend):
 
 @needs_real_data("mnist")
 def test_real_mnist_dirichlet_partition_is_skewed():
-    data = build_dataset(load_config(None, ["data.name=mnist", "data.partition=dirichlet", "data.num_clients=20", "data.dirichlet_alpha=0.1"]).data, 0)
+    data = build_dataset(
+        load_config(
+            None, ["data.name=mnist", "data.partition=dirichlet", "data.num_clients=20", "data.dirichlet_alpha=0.1"]
+        ).data,
+        0,
+    )
     assert len(data.train_targets) == 60000 and len(data.test_targets) == 10000
     assert data.client_sizes.sum() == 60000 and data.client_sizes.tolist() == [3000] * 20  # balanced quotas
     assert data.describe()["classes_for_80_percent_median"] <= 3
@@ -453,7 +543,11 @@ def test_every_partition_runs_a_round(tmp_path, partition):
     result = driftlab.run(
         None,
         overrides=[
-            *ONE_ROUND, "data.name=mnist", f"data.root={tmp_path / 'mnist'}", "data.num_clients=5", f"data.partition={partition}",
+            *ONE_ROUND,
+            "data.name=mnist",
+            f"data.root={tmp_path / 'mnist'}",
+            "data.num_clients=5",
+            f"data.partition={partition}",
             *POOLED_PARTITIONS[partition],
         ],
     )
@@ -463,7 +557,9 @@ def test_every_partition_runs_a_round(tmp_path, partition):
 def test_default_partition_is_iid_for_pooled_and_natural_for_natural_data(tmp_path):
     pooled = _data(tmp_path)
     assert pooled.client_sizes.tolist() == [40] * 5
-    natural = build_dataset(load_config(None, ["data.name=femnist", f"data.root={write_leaf(tmp_path / 'f', 'femnist')}"]).data, 0)
+    natural = build_dataset(
+        load_config(None, ["data.name=femnist", f"data.root={write_leaf(tmp_path / 'f', 'femnist')}"]).data, 0
+    )
     assert natural.client_sizes.tolist() == [6, 8, 10, 12, 14]
 
 
@@ -478,7 +574,11 @@ def test_natural_is_refused_before_anything_is_written(tmp_path):
     write_mnist(tmp_path / "mnist")
     out = tmp_path / "run"
     with pytest.raises(DataFileError, match="natural"):
-        driftlab.run(None, out, overrides=[*ONE_ROUND, "data.name=mnist", f"data.root={tmp_path / 'mnist'}", "data.partition=natural"])
+        driftlab.run(
+            None,
+            out,
+            overrides=[*ONE_ROUND, "data.name=mnist", f"data.root={tmp_path / 'mnist'}", "data.partition=natural"],
+        )
     # Only the resolved config (written first, so a killed run resumes) and the directory lock.
     assert {p.name for p in out.iterdir()} <= {"config.json", ".lock"}
 
@@ -487,12 +587,16 @@ def test_natural_is_refused_before_anything_is_written(tmp_path):
 def test_a_natural_data_set_is_pooled_and_resplit(tmp_path, partition):
     root = write_leaf(tmp_path / "femnist", "femnist", num_users=5)
     natural = build_dataset(load_config(None, ["data.name=femnist", f"data.root={root}"]).data, 0)
-    config = load_config(None, ["data.name=femnist", f"data.root={root}", f"data.partition={partition}", "data.num_clients=3"])
+    config = load_config(
+        None, ["data.name=femnist", f"data.root={root}", f"data.partition={partition}", "data.num_clients=3"]
+    )
     resplit = build_dataset(config.data, 0)
     assert resplit.num_clients == 3 and natural.num_clients == 5
     assert partition in resplit.name
     # the same pooled rows, handed out again
-    assert np.array_equal(np.sort(np.concatenate(resplit.client_indices)), np.sort(np.concatenate(natural.client_indices)))
+    assert np.array_equal(
+        np.sort(np.concatenate(resplit.client_indices)), np.sort(np.concatenate(natural.client_indices))
+    )
     assert torch.equal(resplit.test_targets, natural.test_targets)
     if partition == "iid":
         assert sorted(resplit.client_sizes.tolist()) == [16, 17, 17]  # 50 rows, balanced
@@ -503,7 +607,17 @@ def test_a_natural_data_set_is_pooled_and_resplit(tmp_path, partition):
 def test_max_clients_then_resplit_pools_only_the_kept_clients(tmp_path):
     root = write_leaf(tmp_path / "femnist", "femnist", num_users=5)
     resplit = build_dataset(
-        load_config(None, ["data.name=femnist", f"data.root={root}", "data.max_clients=2", "data.partition=iid", "data.num_clients=2"]).data, 0
+        load_config(
+            None,
+            [
+                "data.name=femnist",
+                f"data.root={root}",
+                "data.max_clients=2",
+                "data.partition=iid",
+                "data.num_clients=2",
+            ],
+        ).data,
+        0,
     )
     assert resplit.client_sizes.sum() == 6 + 8
 
@@ -512,23 +626,38 @@ def test_quotas_balanced_and_lognormal(tmp_path):
     balanced = _data(tmp_path, "data.partition=iid", "data.quotas=balanced", "data.num_clients=7")
     sizes = balanced.client_sizes
     assert sizes.sum() == 200 and sizes.max() - sizes.min() <= 1
-    lognormal = _data(tmp_path, "data.partition=iid", "data.quotas=lognormal", "data.lognormal_sigma=1.0", "data.num_clients=7")
+    lognormal = _data(
+        tmp_path, "data.partition=iid", "data.quotas=lognormal", "data.lognormal_sigma=1.0", "data.num_clients=7"
+    )
     sizes = lognormal.client_sizes
     assert sizes.sum() == 200 and sizes.max() - sizes.min() > 5
     for partition in ("dirichlet", "classes_per_client"):
-        skewed = _data(tmp_path, f"data.partition={partition}", "data.quotas=lognormal", "data.lognormal_sigma=1.0", "data.num_clients=7")
-        assert skewed.client_sizes.tolist() == lognormal.client_sizes.tolist() or skewed.client_sizes.max() - skewed.client_sizes.min() > 5
+        skewed = _data(
+            tmp_path,
+            f"data.partition={partition}",
+            "data.quotas=lognormal",
+            "data.lognormal_sigma=1.0",
+            "data.num_clients=7",
+        )
+        assert (
+            skewed.client_sizes.tolist() == lognormal.client_sizes.tolist()
+            or skewed.client_sizes.max() - skewed.client_sizes.min() > 5
+        )
 
 
 def _same_partition(a, b) -> bool:
-    return len(a.client_indices) == len(b.client_indices) and all(np.array_equal(x, y) for x, y in zip(a.client_indices, b.client_indices, strict=True))
+    return len(a.client_indices) == len(b.client_indices) and all(
+        np.array_equal(x, y) for x, y in zip(a.client_indices, b.client_indices, strict=True)
+    )
 
 
 @pytest.mark.parametrize("partition", list(POOLED_PARTITIONS))
 def test_partitions_are_deterministic_per_data_seed_and_differ_across_seeds(tmp_path, partition):
     extra = POOLED_PARTITIONS[partition]
     a = _data(tmp_path, f"data.partition={partition}", "data.seed=1", *extra)
-    b = _data(tmp_path, f"data.partition={partition}", "data.seed=1", *extra, seed=99)  # data.seed wins over the experiment seed
+    b = _data(
+        tmp_path, f"data.partition={partition}", "data.seed=1", *extra, seed=99
+    )  # data.seed wins over the experiment seed
     c = _data(tmp_path, f"data.partition={partition}", "data.seed=2", *extra)
     assert _same_partition(a, b)
     assert not _same_partition(a, c)
@@ -560,8 +689,12 @@ def test_client_test_fraction_hand_checked_tiny_case(tmp_path):
     assert split.client_sizes.tolist() == [8, 8, 8, 8]
     assert [c.tolist() for c in split.client_test_indices] == [[20, 21], [22, 23], [24, 25], [26, 27]]
     # the official test rows are untouched
-    assert torch.equal(split.test_inputs[:20], plain.test_inputs) and torch.equal(split.test_targets[:20], plain.test_targets)
-    for before, train_rows, test_rows in zip(plain.client_indices, split.client_indices, split.client_test_indices, strict=True):
+    assert torch.equal(split.test_inputs[:20], plain.test_inputs) and torch.equal(
+        split.test_targets[:20], plain.test_targets
+    )
+    for before, train_rows, test_rows in zip(
+        plain.client_indices, split.client_indices, split.client_test_indices, strict=True
+    ):
         held_out = np.setdiff1d(before, train_rows)
         assert len(held_out) == 2 and set(train_rows) <= set(before)
         # the held-out rows are the client's own rows, copied into the test tensors, and gone from training
@@ -569,13 +702,21 @@ def test_client_test_fraction_hand_checked_tiny_case(tmp_path):
         assert torch.equal(split.test_inputs[test_rows], split.train_inputs[held_out])
         assert torch.equal(split.test_targets[test_rows], split.train_targets[held_out])
     train_union = np.concatenate(split.client_indices)
-    held_union = np.concatenate([np.setdiff1d(b, t) for b, t in zip(plain.client_indices, split.client_indices, strict=True)])
+    held_union = np.concatenate(
+        [np.setdiff1d(b, t) for b, t in zip(plain.client_indices, split.client_indices, strict=True)]
+    )
     assert np.intersect1d(train_union, held_union).size == 0
 
 
 def test_client_test_accuracy_is_evaluated_on_the_held_out_rows_and_test_accuracy_on_official_rows(tmp_path):
     write_mnist(tmp_path / "mnist", n_train=40, n_test=20)
-    base = [*ONE_ROUND, "data.name=mnist", f"data.root={tmp_path / 'mnist'}", "data.num_clients=4", "data.partition=iid"]
+    base = [
+        *ONE_ROUND,
+        "data.name=mnist",
+        f"data.root={tmp_path / 'mnist'}",
+        "data.num_clients=4",
+        "data.partition=iid",
+    ]
     sim_plain, state_plain = build_simulation(load_config(None, base))
     sim_split, state_split = build_simulation(load_config(None, [*base, "data.client_test_fraction=0.2"]))
     params = state_split.server.params
@@ -584,10 +725,14 @@ def test_client_test_accuracy_is_evaluated_on_the_held_out_rows_and_test_accurac
     # global test metrics: the official 20 rows only, identical with and without local splits
     assert metrics_split["test_accuracy"] == metrics_plain["test_accuracy"]
     assert metrics_split["test_loss"] == pytest.approx(metrics_plain["test_loss"])
-    predictions = sim_split.model.forward(params, sim_split.test_data.model_inputs(sim_split.test_data.inputs)).argmax(1)
+    predictions = sim_split.model.forward(params, sim_split.test_data.model_inputs(sim_split.test_data.inputs)).argmax(
+        1
+    )
     correct = (predictions == sim_split.test_data.targets).float()
     assert metrics_split["test_accuracy"] == pytest.approx(float(correct[:20].mean()))
-    expected = np.mean([float(correct[torch.as_tensor(np.array(rows))].mean()) for rows in sim_split.data.client_test_indices])
+    expected = np.mean(
+        [float(correct[torch.as_tensor(np.array(rows))].mean()) for rows in sim_split.data.client_test_indices]
+    )
     assert metrics_split["client_test_accuracy_mean"] == pytest.approx(expected)
     assert "client_test_accuracy_mean" not in metrics_plain
     record = driftlab.run(None, overrides=[*base, "data.client_test_fraction=0.2"]).records[-1]
@@ -601,7 +746,12 @@ def test_client_test_fraction_after_a_resplit_of_natural_data(tmp_path, backend)
     config = load_config(
         None,
         [
-            *ONE_ROUND, "data.name=femnist", f"data.root={root}", "data.partition=iid", "data.num_clients=3", "data.client_test_fraction=0.25",
+            *ONE_ROUND,
+            "data.name=femnist",
+            f"data.root={root}",
+            "data.partition=iid",
+            "data.num_clients=3",
+            "data.client_test_fraction=0.25",
             f"backend={backend}",
         ],
     )
@@ -617,16 +767,29 @@ def test_client_test_fraction_after_a_resplit_of_natural_data(tmp_path, backend)
 def test_data_sets_with_their_own_client_splits_keep_them(tmp_path):
     root = write_leaf(tmp_path / "femnist", "femnist", num_users=3)
     own = build_dataset(load_config(None, ["data.name=femnist", f"data.root={root}"]).data, 0)
-    asked = build_dataset(load_config(None, ["data.name=femnist", f"data.root={root}", "data.client_test_fraction=0.5"]).data, 0)
+    asked = build_dataset(
+        load_config(None, ["data.name=femnist", f"data.root={root}", "data.client_test_fraction=0.5"]).data, 0
+    )
     assert asked.client_sizes.tolist() == own.client_sizes.tolist()
     assert [len(c) for c in asked.client_test_indices] == [2, 2, 2]
 
 
 def test_shakespeare_test_fraction_comes_from_client_test_fraction(tmp_path):
     path = write_shakespeare(tmp_path / "input.txt")
-    default = build_dataset(load_config(None, ["data.name=shakespeare", f"data.root={path}", "data.samples_per_client=100"]).data, 0)
+    default = build_dataset(
+        load_config(None, ["data.name=shakespeare", f"data.root={path}", "data.samples_per_client=100"]).data, 0
+    )
     half = build_dataset(
-        load_config(None, ["data.name=shakespeare", f"data.root={path}", "data.samples_per_client=100", "data.client_test_fraction=0.5"]).data, 0
+        load_config(
+            None,
+            [
+                "data.name=shakespeare",
+                f"data.root={path}",
+                "data.samples_per_client=100",
+                "data.client_test_fraction=0.5",
+            ],
+        ).data,
+        0,
     )
     assert set(default.client_sizes.tolist()) == {80} and set(half.client_sizes.tolist()) == {50}
     assert {len(t) for t in half.client_test_indices} == {50}
@@ -682,7 +845,12 @@ def test_mlp_hidden_reaches_the_module():
 def test_rnn_keys_reach_the_module(tmp_path, name, gates):
     path = write_shakespeare(tmp_path / "input.txt")
     model = _built(
-        "data.name=shakespeare", f"data.root={path}", f"model.name={name}", "model.rnn_hidden=6", "model.rnn_layers=3", "model.embedding_dim=4"
+        "data.name=shakespeare",
+        f"data.root={path}",
+        f"model.name={name}",
+        "model.rnn_hidden=6",
+        "model.rnn_layers=3",
+        "model.embedding_dim=4",
     )
     assert model.num_parameters == _lstm_parameters(80, 4, 6, 3, 80, gates)
     assert model.module.rnn.num_layers == 3 and model.module.rnn.hidden_size == 6
@@ -692,7 +860,14 @@ def test_rnn_keys_reach_the_module(tmp_path, name, gates):
 
 def test_sent140_vocabulary_size_reaches_the_embedding(tmp_path):
     root = write_leaf(tmp_path / "s140", "sent140")
-    model = _built("data.name=sent140", f"data.root={root}", "model.name=lstm", "model.rnn_hidden=5", "model.rnn_layers=1", "data.vocabulary_size=40")
+    model = _built(
+        "data.name=sent140",
+        f"data.root={root}",
+        "model.name=lstm",
+        "model.rnn_hidden=5",
+        "model.rnn_layers=1",
+        "data.vocabulary_size=40",
+    )
     assert model.module.embedding.num_embeddings == 40
     assert model.num_parameters == _lstm_parameters(40, 8, 5, 1, 2, 4)
 
@@ -701,7 +876,12 @@ def test_sent140_vocabulary_size_reaches_the_embedding(tmp_path):
 def test_resnet_keys_reach_the_module(tmp_path, stem):
     root = write_cifar10(tmp_path / "cifar10", per_batch=10)
     model = _built(
-        "data.name=cifar10", f"data.root={root}", "data.num_clients=2", "model.name=resnet18_gn", "model.width=4", "model.groups=4",
+        "data.name=cifar10",
+        f"data.root={root}",
+        "data.num_clients=2",
+        "model.name=resnet18_gn",
+        "model.width=4",
+        "model.groups=4",
         f"model.resnet_stem={stem}",
     )
     assert model.num_parameters == _resnet_parameters(4, stem, 10)
@@ -719,7 +899,14 @@ def test_vgg_width_reaches_the_module(tmp_path):
 def test_tiny_resnet_and_vgg_train_a_round(tmp_path, backend):
     root = write_cifar10(tmp_path / "cifar10", per_batch=4)
     for model in (["model.name=resnet18_gn", "model.width=2", "model.groups=2"], ["model.name=vgg11", "model.width=2"]):
-        overrides = [*ONE_ROUND, "data.name=cifar10", f"data.root={root}", "data.num_clients=2", f"backend={backend}", *model]
+        overrides = [
+            *ONE_ROUND,
+            "data.name=cifar10",
+            f"data.root={root}",
+            "data.num_clients=2",
+            f"backend={backend}",
+            *model,
+        ]
         record = driftlab.run(None, overrides=overrides).records[0]
         assert 0.0 <= record["test_accuracy"] <= 1.0
 
@@ -811,7 +998,10 @@ def test_absent_files_have_no_location(tmp_path, monkeypatch):
     config = load_config(None, ["data.name=mnist", "data.num_clients=5"]).data
     assert datasets_module.find_data("mnist") is None and datasets_module.data_location(config) is None
     assert real_data_path("mnist") is None
-    assert datasets_module.data_location(load_config(None, ["data.name=mnist", f"data.root={tmp_path / 'nowhere'}"]).data) is None
+    assert (
+        datasets_module.data_location(load_config(None, ["data.name=mnist", f"data.root={tmp_path / 'nowhere'}"]).data)
+        is None
+    )
     assert datasets_module.data_location(load_config(None, ["data.name=synthetic"]).data) is None  # generated: no files
     write_mnist(tmp_path / "data" / "mnist", n_train=20, n_test=10)
     assert datasets_module.data_location(config) == real_data_path("mnist") == tmp_path / "data" / "mnist"
@@ -824,7 +1014,10 @@ def test_real_data_skip_reason_names_where_the_library_looked(tmp_path, monkeypa
     monkeypatch.setenv("DRIFTLAB_DATA", str(tmp_path / "data"))
     reason = real_data_skip_reason("cifar10_folder")
     where = tmp_path / "data" / "cifar10-jpeg" / "cifar10-jpeg.tar.gz"
-    assert reason == f"real cifar10_folder data not found; looked in {where} (set DRIFTLAB_DATA=DIR, a folder holding cifar10-jpeg/cifar10-jpeg.tar.gz)"
+    assert (
+        reason
+        == f"real cifar10_folder data not found; looked in {where} (set DRIFTLAB_DATA=DIR, a folder holding cifar10-jpeg/cifar10-jpeg.tar.gz)"
+    )
     mark = needs_real_data("cifar10_folder").mark
     assert mark.args == (True,) and mark.kwargs["reason"] == reason
     write_image_folder(where)
@@ -861,14 +1054,23 @@ def test_a_data_root_one_folder_off_gets_a_hint(tmp_path, name, given):
     message = str(error.value)
     assert message.endswith(f". Near miss: the files look one folder off; try data.root={files}"), message
     assert ".." not in message
-    assert len(build_dataset(load_config(None, [f"data.name={name}", f"data.root={files}", "data.num_clients=2"]).data, 0).test_targets) > 0
+    assert (
+        len(
+            build_dataset(
+                load_config(None, [f"data.name={name}", f"data.root={files}", "data.num_clients=2"]).data, 0
+            ).test_targets
+        )
+        > 0
+    )
 
 
 @pytest.mark.parametrize("off", ["parent", "child"])
 def test_driftlab_data_one_folder_off_gets_a_hint(tmp_path, monkeypatch, off):
     data, files = _one_off(tmp_path, "mnist")
     (data / "unrelated").mkdir()
-    monkeypatch.setenv("DRIFTLAB_DATA", str(files if off == "parent" else tmp_path))  # the mnist folder itself; the folder above data/
+    monkeypatch.setenv(
+        "DRIFTLAB_DATA", str(files if off == "parent" else tmp_path)
+    )  # the mnist folder itself; the folder above data/
     with pytest.raises(DataFileError) as error:
         build_dataset(load_config(None, ["data.name=mnist"]).data, 0)
     assert str(error.value).endswith(f". Near miss: the files look one folder off; try DRIFTLAB_DATA={data}")
@@ -890,10 +1092,18 @@ def test_quadratic_data_refuse_the_label_based_partitions(name, partition):
     with pytest.raises(driftlab.ConfigError) as error:
         load_config(None, [f"data.name={name}", "model.name=quadratic", f"data.partition={partition}"])
     message = str(error.value)
-    assert f"data.partition = {partition!r} deals out examples by class, and {name}'s clients are objectives with no classes" in message
+    assert (
+        f"data.partition = {partition!r} deals out examples by class, and {name}'s clients are objectives with no classes"
+        in message
+    )
     assert 'use data.partition = "natural" (the default: one objective per client) or "iid"' in message
     for allowed in ("natural", "iid"):
-        data = build_dataset(load_config(None, [f"data.name={name}", "model.name=quadratic", f"data.partition={allowed}", "data.num_clients=4"]).data, 0)
+        data = build_dataset(
+            load_config(
+                None, [f"data.name={name}", "model.name=quadratic", f"data.partition={allowed}", "data.num_clients=4"]
+            ).data,
+            0,
+        )
         assert data.num_clients == 4 and data.known_minimizer is not None
 
 
@@ -901,18 +1111,24 @@ def test_quadratic_data_refuse_the_label_based_partitions(name, partition):
 def test_missing_default_data_says_where_it_looked_and_every_fix(tmp_path, monkeypatch, name):
     monkeypatch.delenv("DRIFTLAB_DATA", raising=False)
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(datasets_module, "REPOSITORY_ROOT", tmp_path / "site-packages")  # an installed package: no checkout data
+    monkeypatch.setattr(
+        datasets_module, "REPOSITORY_ROOT", tmp_path / "site-packages"
+    )  # an installed package: no checkout data
     with pytest.raises(DataFileError) as error:
         build_dataset(load_config(None, [f"data.name={name}"]).data, 0)
     message = str(error.value)
     folder = DATA_SETS[name].location
-    assert f"looked in {tmp_path / 'shared' / 'data' / folder}, {tmp_path.parent / 'shared' / 'data' / folder}" in message
+    assert (
+        f"looked in {tmp_path / 'shared' / 'data' / folder}, {tmp_path.parent / 'shared' / 'data' / folder}" in message
+    )
     assert "site-packages" not in message
     assert "data.root=PATH" in message and f"DRIFTLAB_DATA=DIR (a folder holding {folder})" in message
     assert ("driftlab data download mnist --to DIR" in message) == (name == "mnist")
 
 
-@pytest.mark.parametrize("name", ["fashion_mnist", "emnist_letters", "cifar10", "cifar100"])  # mnist: its own test below
+@pytest.mark.parametrize(
+    "name", ["fashion_mnist", "emnist_letters", "cifar10", "cifar100"]
+)  # mnist: its own test below
 def test_an_empty_data_directory_error_points_at_the_download_command(tmp_path, name):
     """The directory exists but holds none of the files: the loader's own message must still name the download."""
     empty = tmp_path / "empty"
@@ -962,7 +1178,9 @@ def test_shakespeare_root_may_be_the_download_directory(tmp_path):
 
 
 def test_resplit_quadratic_clients_keep_the_known_minimizer():
-    config = load_config(None, ["data.name=quadratic", "model.name=quadratic", "data.num_clients=4", "data.quadratic_dimension=2"])
+    config = load_config(
+        None, ["data.name=quadratic", "model.name=quadratic", "data.num_clients=4", "data.quadratic_dimension=2"]
+    )
     natural = build_dataset(config.data, 0)
     resplit = build_dataset(load_config(config.to_dict(), ["data.partition=iid"]).data, 0)
     assert resplit.known_minimizer is not None
@@ -974,7 +1192,9 @@ def test_pooled_num_classes_is_the_data_sets_not_the_largest_label(tmp_path):
     folder.mkdir(parents=True)
     (folder / "train.bin").write_bytes(cifar_records(20, 2, 10, 0))
     (folder / "test.bin").write_bytes(cifar_records(10, 2, 10, 1))
-    data = build_dataset(load_config(None, ["data.name=cifar100", f"data.root={tmp_path / 'cifar100'}", "data.num_clients=2"]).data, 0)
+    data = build_dataset(
+        load_config(None, ["data.name=cifar100", f"data.root={tmp_path / 'cifar100'}", "data.num_clients=2"]).data, 0
+    )
     assert data.num_classes == 100
 
 
@@ -984,7 +1204,13 @@ def test_client_test_fraction_that_holds_out_nothing_is_a_config_error(tmp_path)
     with pytest.raises(driftlab.ConfigError, match="client_test_fraction=0.1 holds out no example"):
         driftlab.run(
             None,
-            overrides=[*ONE_ROUND, "data.name=mnist", f"data.root={tmp_path / 'mnist'}", "data.num_clients=40", "data.client_test_fraction=0.1"],
+            overrides=[
+                *ONE_ROUND,
+                "data.name=mnist",
+                f"data.root={tmp_path / 'mnist'}",
+                "data.num_clients=40",
+                "data.client_test_fraction=0.1",
+            ],
         )
 
 
@@ -996,7 +1222,14 @@ def test_stackoverflow_runs_as_multi_label_tag_prediction(tmp_path, backend):
     from driftlab.data.stackoverflow_test import _write_sqlite
 
     database = _write_sqlite(tmp_path / "stackoverflow.sqlite")
-    overrides = [*ONE_ROUND, "data.name=stackoverflow", f"data.root={database}", "model.name=mlr", f"backend={backend}", "sampling.participation=1.0"]
+    overrides = [
+        *ONE_ROUND,
+        "data.name=stackoverflow",
+        f"data.root={database}",
+        "model.name=mlr",
+        f"backend={backend}",
+        "sampling.participation=1.0",
+    ]
     result = driftlab.run(None, overrides=overrides)
     (record,) = result.records
     assert "test_accuracy" not in record  # multi-label: recall of the top 5 tags instead
@@ -1012,7 +1245,9 @@ def test_stackoverflow_recall_at_5_by_hand(tmp_path):
     from driftlab.simulation.evaluation import evaluate
 
     database = _write_sqlite(tmp_path / "stackoverflow.sqlite")
-    config = load_config(None, ["data.name=stackoverflow", f"data.root={database}", "model.name=mlr", "precision=float64"])
+    config = load_config(
+        None, ["data.name=stackoverflow", f"data.root={database}", "model.name=mlr", "precision=float64"]
+    )
     sim, state = build_simulation(config)
     params = torch.randn_like(state.server.params)
     outputs = sim.model.forward(params, sim.test_data.inputs)
@@ -1027,7 +1262,9 @@ def test_stackoverflow_refuses_repartitioning(tmp_path):
 
     database = _write_sqlite(tmp_path / "stackoverflow.sqlite")
     with pytest.raises(driftlab.ConfigError, match="stackoverflow keeps its users as clients"):
-        driftlab.run(None, overrides=[*ONE_ROUND, "data.name=stackoverflow", f"data.root={database}", "data.partition=iid"])
+        driftlab.run(
+            None, overrides=[*ONE_ROUND, "data.name=stackoverflow", f"data.root={database}", "data.partition=iid"]
+        )
 
 
 def test_stackoverflow_describe_has_no_single_class_statistic(tmp_path):
@@ -1042,11 +1279,18 @@ def test_stackoverflow_describe_has_no_single_class_statistic(tmp_path):
 
 def test_samples_per_client_caps_synthetic_devices():
     for name in ("synthetic", "synthetic_iid"):
-        capped = build_dataset(load_config(None, [f"data.name={name}", "data.num_clients=30", "data.samples_per_client=10"]).data, 0)
+        capped = build_dataset(
+            load_config(None, [f"data.name={name}", "data.num_clients=30", "data.samples_per_client=10"]).data, 0
+        )
         full = build_dataset(load_config(None, [f"data.name={name}", "data.num_clients=30"]).data, 0)
-        sizes = [len(train) + len(test) for train, test in zip(capped.client_indices, capped.client_test_indices, strict=True)]
+        sizes = [
+            len(train) + len(test)
+            for train, test in zip(capped.client_indices, capped.client_test_indices, strict=True)
+        ]
         assert max(sizes) == 10 and len(capped.client_indices) == 30
-        assert int(full.client_sizes.min()) > 10  # FedProx's devices hold at least 50 samples, so the cap is what bounded them
+        assert (
+            int(full.client_sizes.min()) > 10
+        )  # FedProx's devices hold at least 50 samples, so the cap is what bounded them
 
 
 # ---------------------------------------------------------------- your own data without client ids
@@ -1056,8 +1300,10 @@ def _unassigned(classes=4, rows=120):
     generator = torch.Generator().manual_seed(3)
     inputs = torch.randn(rows, 3, generator=generator)
     return driftlab.FederatedArrays(
-        train_inputs=inputs, train_targets=torch.arange(rows) % classes,
-        test_inputs=inputs[:10], test_targets=torch.arange(10) % classes,
+        train_inputs=inputs,
+        train_targets=torch.arange(rows) % classes,
+        test_inputs=inputs[:10],
+        test_targets=torch.arange(10) % classes,
     )
 
 
@@ -1105,8 +1351,10 @@ def test_a_partition_that_cannot_apply_to_your_data_is_refused():
     with pytest.raises(driftlab.ConfigError, match=r"natural keeps your client ids, and the data came without"):
         driftlab.run({"rounds": 1, "data": {"partition": "natural"}}, data=_unassigned())
     regression = driftlab.FederatedArrays(
-        train_inputs=torch.zeros(8, 2), train_targets=torch.zeros(8, 1),
-        test_inputs=torch.zeros(2, 2), test_targets=torch.zeros(2, 1),
+        train_inputs=torch.zeros(8, 2),
+        train_targets=torch.zeros(8, 1),
+        test_inputs=torch.zeros(2, 2),
+        test_targets=torch.zeros(2, 1),
     )
     with pytest.raises(driftlab.ConfigError, match=r"deals out examples by class, and your targets are not class ids"):
         driftlab.run({"rounds": 1, "data": {"partition": "dirichlet", "num_clients": 2}}, data=regression)

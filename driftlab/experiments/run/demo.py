@@ -31,7 +31,9 @@ DEMO_RUNS: tuple[tuple[str, tuple[str, ...]], ...] = (
 
 SUMMARY_FILE = "summary.md"
 PLOT_FILE = "accuracy.png"
-SUMMARY_HEADER = "| algorithm | final acc |"  # how summary.md begins: a demo folder from before manifests is recognised by it
+SUMMARY_HEADER = (
+    "| algorithm | final acc |"  # how summary.md begins: a demo folder from before manifests is recognised by it
+)
 
 
 def run_demo(

@@ -21,9 +21,13 @@ def test_a_users_summary_md_is_left_untouched_the_demo_refused_then_forced_and_r
     assert (out / "summary.md").read_bytes() == b"my own summary\n"
 
     assert cli.main(["demo", *QUICK, "--quiet", "--out", str(out), "--force"]) == 0
-    assert (out / "summary.md").read_text().startswith("| algorithm | final acc |") and (out / "keep.txt").read_bytes() == b"mine"
+    assert (out / "summary.md").read_text().startswith("| algorithm | final acc |") and (
+        out / "keep.txt"
+    ).read_bytes() == b"mine"
     (out / "summary.md").write_text("stale")
-    assert cli.main(["demo", *QUICK, "--quiet", "--out", str(out)]) == 0  # its own folder: the runs are kept, the table rewritten
+    assert (
+        cli.main(["demo", *QUICK, "--quiet", "--out", str(out)]) == 0
+    )  # its own folder: the runs are kept, the table rewritten
     assert (out / "summary.md").read_text().startswith("| algorithm | final acc |")
     capsys.readouterr()
 

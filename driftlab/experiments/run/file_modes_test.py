@@ -45,7 +45,11 @@ def assert_modes(root: Path, mask: int) -> None:
 def test_a_run_with_disk_state_and_its_report_create_no_executable_file(tmp_path, mask):
     with umask(mask):
         # SCAFFOLD keeps per-client state; the disk store writes it into client_state/ (kept with the checkpoint)
-        driftlab.run("synthetic-fedavg", tmp_path / "run", overrides=[*TINY, "algorithm.name=scaffold", "state.store=disk", "keep_checkpoint=true"])
+        driftlab.run(
+            "synthetic-fedavg",
+            tmp_path / "run",
+            overrides=[*TINY, "algorithm.name=scaffold", "state.store=disk", "keep_checkpoint=true"],
+        )
         make_report([tmp_path / "run"], tmp_path / "report", targets=[0.5])
     assert (tmp_path / "run" / "client_state").is_dir() and (tmp_path / "report" / "report.md").exists()
     assert any(name.endswith(".png") for name in modes(tmp_path / "report"))

@@ -61,7 +61,11 @@ class InstabilityWatch:
         if round_index - start + 1 < self.rounds:
             return None
         initial = self.initial_loss()
-        since = f"in round {round_index}" if start == round_index else f"at every evaluation of rounds {start}-{round_index}"
+        since = (
+            f"in round {round_index}"
+            if start == round_index
+            else f"at every evaluation of rounds {start}-{round_index}"
+        )
         message = (
             f"unstable run: the train loss was above {self.factor:g} times the initial model's {initial:.4g} {since} "
             f"(now {record['train_loss']:.4g}); the run goes on, but lower client.lr (or server.lr) or set client.clip_norm "
@@ -77,7 +81,9 @@ class InstabilityWatch:
             return False  # off, or a round without evaluation: the streak neither grows nor breaks
         initial = self.initial_loss()
         if initial is None or initial <= 0 or loss <= self.factor * initial:
-            self.streak_start = None  # an objective that can be negative (the quadratic clients') has no scale to compare with
+            self.streak_start = (
+                None  # an objective that can be negative (the quadratic clients') has no scale to compare with
+            )
             return False
         if self.streak_start is None:
             self.streak_start = record["round"]

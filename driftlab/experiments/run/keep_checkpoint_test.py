@@ -15,8 +15,14 @@ from driftlab.experiments.config import ConfigError, load_config
 
 # FedDyn keeps a state per client, and the all-clients mean keeps every client's latest model: the heaviest checkpoint.
 TINY = [
-    "rounds=4", "seed=3", "data.num_clients=6", "sampling.participation=0.5", "client.steps=2", "checkpoint_every=2",
-    "algorithm.name=feddyn", "evaluation.model=all_clients_mean",
+    "rounds=4",
+    "seed=3",
+    "data.num_clients=6",
+    "sampling.participation=0.5",
+    "client.steps=2",
+    "checkpoint_every=2",
+    "algorithm.name=feddyn",
+    "evaluation.model=all_clients_mean",
 ]
 
 
@@ -31,7 +37,12 @@ def _without_wall_time(records: list[dict]) -> list[dict]:
 def test_a_completed_run_drops_its_checkpoint_and_a_kept_one_stays(tmp_path):
     light = driftlab.run(None, tmp_path / "light", overrides=TINY)
     assert sorted(p.name for p in (tmp_path / "light").iterdir()) == [
-        ".lock", "config.json", "final_model.safetensors", "final_state_dict.safetensors", "metrics.csv", "metrics.jsonl",
+        ".lock",
+        "config.json",
+        "final_model.safetensors",
+        "final_state_dict.safetensors",
+        "metrics.csv",
+        "metrics.jsonl",
         "run.json",
     ]
     assert torch.equal(load_file(str(tmp_path / "light" / "final_model.safetensors"))["params"], light.final_params)
@@ -66,8 +77,14 @@ def test_raising_rounds_of_a_completed_run_without_its_checkpoint_gives_the_long
     longer = [*TINY, "rounds=6"]
     whole = driftlab.run(None, tmp_path / "whole", overrides=longer)
     driftlab.run(None, tmp_path / "run", overrides=TINY)
-    extended = driftlab.run(None, tmp_path / "run", resume=True, overrides=longer)  # from round 0: no checkpoint was kept
-    assert _without_wall_time(extended.records) == _without_wall_time(whole.records) == _without_wall_time(_records(tmp_path / "run"))
+    extended = driftlab.run(
+        None, tmp_path / "run", resume=True, overrides=longer
+    )  # from round 0: no checkpoint was kept
+    assert (
+        _without_wall_time(extended.records)
+        == _without_wall_time(whole.records)
+        == _without_wall_time(_records(tmp_path / "run"))
+    )
     assert torch.equal(extended.final_params, whole.final_params)
     driftlab.run(None, tmp_path / "kept", overrides=[*TINY, "keep_checkpoint=true"])
     seen: list[dict] = []
@@ -83,19 +100,28 @@ def test_a_sweep_extends_its_completed_runs_and_may_start_keeping_checkpoints(tm
     from driftlab.experiments.sweep import run_sweep, sweep_from_table
 
     spec = sweep_from_table(
-        {"base": "synthetic-fedprox", "overrides": ["data.num_clients=6", "client.epochs=1", "rounds=2"], "seeds": [0],
-         "axes": [{"name": "mu", "values": [{"label": "m", "set": ["algorithm.mu=0.1"]}]}]},
-        "keep-checkpoint sweep", "tiny",
+        {
+            "base": "synthetic-fedprox",
+            "overrides": ["data.num_clients=6", "client.epochs=1", "rounds=2"],
+            "seeds": [0],
+            "axes": [{"name": "mu", "values": [{"label": "m", "set": ["algorithm.mu=0.1"]}]}],
+        },
+        "keep-checkpoint sweep",
+        "tiny",
     )
     first = run_sweep(spec, tmp_path / "s", jobs=1, log=lambda _: None)
     run_dir = tmp_path / "s" / first[0].run.dir
     assert first[0].status == "complete" and not (run_dir / "checkpoint.safetensors").exists()
     logged: list[str] = []
-    longer = run_sweep(spec, tmp_path / "s", jobs=1, extra_overrides=["rounds=3", "keep_checkpoint=true"], log=logged.append)
+    longer = run_sweep(
+        spec, tmp_path / "s", jobs=1, extra_overrides=["rounds=3", "keep_checkpoint=true"], log=logged.append
+    )
     assert longer[0].status == "complete" and any("(resuming)" in line for line in logged)
     assert (run_dir / "checkpoint.safetensors").is_file()  # kept from now on: a later extension continues from it
     straight = run_sweep(spec, tmp_path / "straight", jobs=1, extra_overrides=["rounds=3"], log=lambda _: None)
-    assert _without_wall_time(_records(run_dir)) == _without_wall_time(_records(tmp_path / "straight" / straight[0].run.dir))
+    assert _without_wall_time(_records(run_dir)) == _without_wall_time(
+        _records(tmp_path / "straight" / straight[0].run.dir)
+    )
 
 
 @pytest.mark.slow
@@ -114,6 +140,8 @@ def test_a_completed_run_without_its_checkpoint_is_never_cut_short(tmp_path):
     out = tmp_path / "run"
     driftlab.run(None, out, overrides=TINY)
     before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file() and p.name != ".lock"}
-    with pytest.raises(ConfigError, match=r"cannot resume: the run in .* has 4 rounds done, past rounds=3; set rounds to at least 4"):
+    with pytest.raises(
+        ConfigError, match=r"cannot resume: the run in .* has 4 rounds done, past rounds=3; set rounds to at least 4"
+    ):
         driftlab.run(None, out, resume=True, overrides=[*TINY, "rounds=3"])
     assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file() and p.name != ".lock"} == before

@@ -71,29 +71,29 @@ from safetensors.torch import load_file
 
 from driftlab.algorithms import registry
 from driftlab.errors import ConfigError
+from driftlab.experiments.config import ExperimentConfig
 from driftlab.experiments.run import run_directory, segments
 from driftlab.experiments.run.assembly import client_stores
-from driftlab.experiments.config import ExperimentConfig
 from driftlab.experiments.run.instability import INSTABILITY_KEY, InstabilityWatch, UnstableRunWarning
+from driftlab.experiments.run.loading import write_final_state_dict
 from driftlab.experiments.run.run_directory import (
-    STOPPED_KEY,
     CHECKPOINT_FILE,
     CLIENT_STATE_DIR,
     CONFIG_FILE,
     FINAL_MODEL_FILE,
     METRICS_CSV_FILE,
     METRICS_FILE,
+    STOPPED_KEY,
     read_run_info,
 )
-from driftlab.experiments.run.loading import write_final_state_dict
 from driftlab.experiments.run.stopping import Stop, StopWatch
 from driftlab.experiments.run.trackers import open_trackers
 from driftlab.metrics.summary import summarize
+from driftlab.simulation.evaluation import EVALUATION_KEYS, reference_losses
 from driftlab.simulation.round.checkpointing import checkpointed_parts, completed_state, record_template, restored_state
-from driftlab.simulation.state.checkpoint import load_checkpoint, save_checkpoint, save_tensors, write_atomically
 from driftlab.simulation.round.engine import commit_round
 from driftlab.simulation.round.setup import Simulation, SimulationState, disk_stores
-from driftlab.simulation.evaluation import EVALUATION_KEYS, reference_losses
+from driftlab.simulation.state.checkpoint import load_checkpoint, save_checkpoint, save_tensors, write_atomically
 
 
 class RoundDriver(Protocol):
@@ -145,7 +145,9 @@ def run_rounds(
     ``out``, when given, is claimed (locked, checked, config.json written) by the caller.
     """
     records: list[dict[str, Any]] = []
-    before = segments.read_before(out) if out is not None and resume else None  # before prepare_output rewrites config.json
+    before = (
+        segments.read_before(out) if out is not None and resume else None
+    )  # before prepare_output rewrites config.json
     if out is not None:
         records, state = prepare_output(out, config, sim, state, resume)
     driver.prepare(state)
@@ -467,7 +469,9 @@ def write_checkpoint(out: Path, config: ExperimentConfig, state: SimulationState
     """``state`` as the run's checkpoint (atomically; disk client stores stay in their files, recorded by version):
     its client records, the stores it references and the engine section its extras write (``round.checkpointing``)."""
     clients, stores, engine_tensors = checkpointed_parts(state)
-    save_checkpoint(out / CHECKPOINT_FILE, state.round, state.server, clients, config.fingerprint(), stores, engine_tensors)
+    save_checkpoint(
+        out / CHECKPOINT_FILE, state.round, state.server, clients, config.fingerprint(), stores, engine_tensors
+    )
 
 
 def prepare_output(
@@ -483,7 +487,9 @@ def prepare_output(
     metrics_path = out / METRICS_FILE
     checkpoint_path = out / CHECKPOINT_FILE
     if checkpoint_path.exists():
-        loaded = load_checkpoint(checkpoint_path, state.server, record_template(sim, state), config.fingerprint(), sim.device)
+        loaded = load_checkpoint(
+            checkpoint_path, state.server, record_template(sim, state), config.fingerprint(), sim.device
+        )
         if loaded.round > config.rounds:
             raise ConfigError(
                 f"cannot resume: the checkpoint in {out} is at round {loaded.round}, past rounds={config.rounds}; "

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from driftlab.experiments.config import load_config
 from driftlab.experiments.run import lifecycle
 from driftlab.experiments.run.assembly import build_simulation
-from driftlab.experiments.config import load_config
 from driftlab.experiments.run.runner import SimulatorDriver
 
 TINY = [

@@ -11,8 +11,8 @@ from torch import nn
 
 import driftlab
 from driftlab.errors import ConfigError
-from driftlab.experiments.run.assembly import build_simulation
 from driftlab.experiments.config import load_config
+from driftlab.experiments.run.assembly import build_simulation
 from driftlab.experiments.run.loading import (
     final_state_dict,
     load_model,

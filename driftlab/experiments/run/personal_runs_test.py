@@ -13,8 +13,15 @@ from safetensors.torch import load_file
 
 import driftlab
 
-TINY = ["rounds=6", "data.num_clients=6", "sampling.participation=0.5", "client.steps=3", "checkpoint_every=2", "seed=1",
-        "keep_checkpoint=true"]
+TINY = [
+    "rounds=6",
+    "data.num_clients=6",
+    "sampling.participation=0.5",
+    "client.steps=3",
+    "checkpoint_every=2",
+    "seed=1",
+    "keep_checkpoint=true",
+]
 CASES = {
     "apfl": ["algorithm.name=apfl"],
     "ditto": ["algorithm.name=ditto", "algorithm.lam=0.5"],
@@ -25,7 +32,10 @@ CASES = {
 
 
 def _records(out: Path) -> list[dict]:
-    return [{k: v for k, v in json.loads(line).items() if k != "round_seconds"} for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [
+        {k: v for k, v in json.loads(line).items() if k != "round_seconds"}
+        for line in (out / "metrics.jsonl").read_text().splitlines()
+    ]
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -48,4 +58,6 @@ def test_a_personalized_run_killed_between_checkpoints_resumes_exactly(tmp_path,
     for key in a:
         assert torch.equal(a[key], b[key]), key
     if case != "finetune":
-        assert any(key.startswith("client/") for key in a) or case == "fedamp-disk"  # the personal states are checkpointed
+        assert (
+            any(key.startswith("client/") for key in a) or case == "fedamp-disk"
+        )  # the personal states are checkpointed

@@ -13,9 +13,9 @@ import torch
 
 import driftlab
 from driftlab.errors import ConfigError
-from driftlab.experiments.run.assembly import privacy_run_info, privacy_settings
 from driftlab.experiments.cli_test import _assert_clean_error, driftlab_cli
 from driftlab.experiments.config import load_config
+from driftlab.experiments.run.assembly import privacy_run_info, privacy_settings
 from driftlab.privacy import accounting
 
 REPO_ROOT = Path(driftlab.__file__).resolve().parents[1]
@@ -80,9 +80,20 @@ def test_describe_keys_lists_the_privacy_keys():
 
     text = describe_keys()
     assert "  privacy = none\n" in text and "\n[privacy]\n" in text
-    for key in ("clip = inf", "noise_multiplier = 0.0", "target_epsilon = none", "delta = none", 'accountant = "rdp"',
-                'noise = "central"', "noise_cohort_size = none", "population = none", "adaptive = false",
-                "target_quantile = 0.5", "clip_learning_rate = 0.2", "count_noise = none"):
+    for key in (
+        "clip = inf",
+        "noise_multiplier = 0.0",
+        "target_epsilon = none",
+        "delta = none",
+        'accountant = "rdp"',
+        'noise = "central"',
+        "noise_cohort_size = none",
+        "population = none",
+        "adaptive = false",
+        "target_quantile = 0.5",
+        "clip_learning_rate = 0.2",
+        "count_noise = none",
+    ):
         assert f"  privacy.{key}\n" in text, key
 
 
@@ -90,8 +101,15 @@ def test_describe_keys_lists_the_privacy_keys():
 
 
 def test_a_private_run_is_repeatable_and_a_resumed_one_equals_an_uninterrupted_one(tmp_path):
-    overrides = [*BASE, *ALGORITHMS["scaffold"], *PRIVATE, "rounds=5", "checkpoint_every=2", "backend=vectorized",
-                 "evaluation.instability_rounds=0"]  # noise this large makes the loss rise: expected, no warning
+    overrides = [
+        *BASE,
+        *ALGORITHMS["scaffold"],
+        *PRIVATE,
+        "rounds=5",
+        "checkpoint_every=2",
+        "backend=vectorized",
+        "evaluation.instability_rounds=0",
+    ]  # noise this large makes the loss rise: expected, no warning
     first = driftlab.run(None, tmp_path / "first", overrides=overrides)
     again = driftlab.run(None, overrides=overrides)
     assert torch.equal(first.final_params, again.final_params)
@@ -131,8 +149,15 @@ def test_epsilon_rises_every_round_and_is_the_accountants_in_metrics_csv_tracker
 
     info = json.loads((out / "run.json").read_text())
     assert info["privacy"] == {
-        "noise_multiplier": z, "noise": "central", "accountant": "rdp", "delta": DELTA, "sampling_rate": q,
-        "expected_cohort": 4.0, "population": 8, "rounds": rounds, "epsilon": epsilons[-1],
+        "noise_multiplier": z,
+        "noise": "central",
+        "accountant": "rdp",
+        "delta": DELTA,
+        "sampling_rate": q,
+        "expected_cohort": 4.0,
+        "population": 8,
+        "rounds": rounds,
+        "epsilon": epsilons[-1],
     }
     with open(out / "metrics.csv", newline="") as handle:
         rows = list(csv.DictReader(handle))
@@ -149,8 +174,15 @@ def test_epsilon_rises_every_round_and_is_the_accountants_in_metrics_csv_tracker
 def test_a_target_epsilon_is_spent_within_one_percent_and_run_json_has_the_noise_it_needed(tmp_path):
     target, rounds = 3.0, 4
     out = tmp_path / "run"
-    overrides = [*BASE, *ALGORITHMS["fedavg"], f"rounds={rounds}", "sampling.mode=poisson", "privacy.clip=1",
-                 f"privacy.target_epsilon={target}", f"privacy.delta={DELTA}"]
+    overrides = [
+        *BASE,
+        *ALGORITHMS["fedavg"],
+        f"rounds={rounds}",
+        "sampling.mode=poisson",
+        "privacy.clip=1",
+        f"privacy.target_epsilon={target}",
+        f"privacy.delta={DELTA}",
+    ]
     result = driftlab.run(None, out, overrides=overrides)
     final = result.records[-1]["privacy_epsilon"]
     assert 0.99 * target <= final <= target
@@ -165,8 +197,16 @@ def test_local_noise_adaptive_clipping_and_a_noise_cohort_are_resolved_and_run(t
     config = load_config(None, [*BASE, *ALGORITHMS["feddyn"], *PRIVATE, "privacy.noise=local"])
     assert driftlab.run(config).records[-1]["privacy_epsilon"] == accounting.local_epsilon(1.0, 3, DELTA)
 
-    adaptive = [*BASE, *ALGORITHMS["fedavg"], "sampling.mode=poisson", "rounds=4", "privacy.clip=0.01",
-                "privacy.adaptive=true", "privacy.noise_multiplier=1", "privacy.count_noise=1"]
+    adaptive = [
+        *BASE,
+        *ALGORITHMS["fedavg"],
+        "sampling.mode=poisson",
+        "rounds=4",
+        "privacy.clip=0.01",
+        "privacy.adaptive=true",
+        "privacy.noise_multiplier=1",
+        "privacy.count_noise=1",
+    ]
     clips = [r["privacy_clip"] for r in driftlab.run(None, overrides=adaptive).records]
     assert clips[0] == 0.01 and clips[-1] > clips[0]  # every norm is above 0.01: the clip grows toward the median
     default_count = [*adaptive, "privacy.count_noise=none", "privacy.noise_multiplier=0.1"]
@@ -188,24 +228,42 @@ CONFIG_ERRORS = {
     "noise without clipping": (["privacy.noise_multiplier=1", "sampling.mode=poisson"], "noise without clipping"),
     "delta of one": (["privacy.delta=1"], "privacy.delta: Input should be less than 1"),
     "delta zero": (["privacy.delta=0"], "privacy.delta: Input should be greater than 0"),
-    "target and z": (["privacy.clip=1", "privacy.target_epsilon=1", "privacy.noise_multiplier=1", "privacy.delta=1e-3",
-                      "sampling.mode=poisson"], "give privacy.target_epsilon or privacy.noise_multiplier, not both"),
-    "target without delta": (["privacy.clip=1", "privacy.target_epsilon=1", "sampling.mode=poisson"],
-                             "privacy.target_epsilon needs privacy.delta"),
+    "target and z": (
+        [
+            "privacy.clip=1",
+            "privacy.target_epsilon=1",
+            "privacy.noise_multiplier=1",
+            "privacy.delta=1e-3",
+            "sampling.mode=poisson",
+        ],
+        "give privacy.target_epsilon or privacy.noise_multiplier, not both",
+    ),
+    "target without delta": (
+        ["privacy.clip=1", "privacy.target_epsilon=1", "sampling.mode=poisson"],
+        "privacy.target_epsilon needs privacy.delta",
+    ),
     "fixed cohort": (["privacy.clip=1", "privacy.noise_multiplier=1"], 'set sampling.mode = "poisson"'),
     "weighted sampling": (["privacy.clip=1", "sampling.mode=weighted"], 'set sampling.mode = "poisson"'),
-    "membership": (["privacy.clip=1", "availability.initially_registered=4"],
-                   "remove availability.initially_registered"),
-    "local noise compressed": (["privacy.clip=1", "privacy.noise=local", "compression.ratio=0.5"],
-                               "set compression.ratio = 1"),
+    "membership": (
+        ["privacy.clip=1", "availability.initially_registered=4"],
+        "remove availability.initially_registered",
+    ),
+    "local noise compressed": (
+        ["privacy.clip=1", "privacy.noise=local", "compression.ratio=0.5"],
+        "set compression.ratio = 1",
+    ),
     "population alone": (["privacy.population=100"], "set privacy.noise_cohort_size too"),
     "adaptive without a clip": (["privacy.adaptive=true"], "set it to a finite initial clip"),
     "adaptive key alone": (["privacy.clip=1", "privacy.target_quantile=0.9"], "set privacy.adaptive = true"),
     "unknown key": (["privacy.clipnorm=1"], "did you mean privacy.clip?"),
-    "adaptive with local noise": (["privacy.clip=1", "privacy.adaptive=true", "privacy.noise=local"],
-                                  'set privacy.noise = "central", or privacy.adaptive = false'),
-    "noise cohort with local noise": (["privacy.clip=1", "privacy.noise=local", "privacy.noise_cohort_size=100"],
-                                      "privacy.noise_cohort_size calibrates the central noise"),
+    "adaptive with local noise": (
+        ["privacy.clip=1", "privacy.adaptive=true", "privacy.noise=local"],
+        'set privacy.noise = "central", or privacy.adaptive = false',
+    ),
+    "noise cohort with local noise": (
+        ["privacy.clip=1", "privacy.noise=local", "privacy.noise_cohort_size=100"],
+        "privacy.noise_cohort_size calibrates the central noise",
+    ),
 }
 
 
@@ -219,16 +277,32 @@ def test_a_bad_privacy_setting_is_refused_when_the_config_is_read(case):
 
 RUN_ERRORS = {
     "delta not below 1/N": (["privacy.clip=1", "privacy.delta=0.2"], "privacy.delta = 0.2 is not below 1/N = 0.125"),
-    "unreachable target": (["privacy.clip=1", "privacy.target_epsilon=1e-5", "privacy.delta=1e-3",
-                            "sampling.participation=1"], "no noise multiplier up to 1e3 reaches ε = 1e-05"),
-    "weighted aggregation": (["algorithm.aggregation=weighted", "privacy.clip=1"],
-                             'set algorithm.aggregation = "uniform"'),
-    "efl adaptive stragglers": (["algorithm.name=efl", "algorithm.aggregation=uniform", "algorithm.incomplete=adaptive",
-                                 "privacy.clip=1"], 'set algorithm.incomplete = "drop"'),
-    "plugin without a form": ([f'plugins=["{NESTEROV_PLUGIN}"]', "algorithm.name=nesterov_avg", "privacy.clip=1"],
-                              "privacy=PrivacyForm(release, restore)"),
-    "count noise too small": (["privacy.clip=1", "privacy.noise_multiplier=1", "sampling.mode=poisson",
-                               "privacy.adaptive=true", "privacy.count_noise=0.4"], "raise privacy.count_noise"),
+    "unreachable target": (
+        ["privacy.clip=1", "privacy.target_epsilon=1e-5", "privacy.delta=1e-3", "sampling.participation=1"],
+        "no noise multiplier up to 1e3 reaches ε = 1e-05",
+    ),
+    "weighted aggregation": (
+        ["algorithm.aggregation=weighted", "privacy.clip=1"],
+        'set algorithm.aggregation = "uniform"',
+    ),
+    "efl adaptive stragglers": (
+        ["algorithm.name=efl", "algorithm.aggregation=uniform", "algorithm.incomplete=adaptive", "privacy.clip=1"],
+        'set algorithm.incomplete = "drop"',
+    ),
+    "plugin without a form": (
+        [f'plugins=["{NESTEROV_PLUGIN}"]', "algorithm.name=nesterov_avg", "privacy.clip=1"],
+        "privacy=PrivacyForm(release, restore)",
+    ),
+    "count noise too small": (
+        [
+            "privacy.clip=1",
+            "privacy.noise_multiplier=1",
+            "sampling.mode=poisson",
+            "privacy.adaptive=true",
+            "privacy.count_noise=0.4",
+        ],
+        "raise privacy.count_noise",
+    ),
 }
 
 

@@ -26,7 +26,9 @@ class RoundProgress(Protocol):
     def close(self) -> None: ...
 
 
-def round_progress(label: str, total_rounds: int, initial_round: int = 0, stream: TextIO | None = None) -> RoundProgress:
+def round_progress(
+    label: str, total_rounds: int, initial_round: int = 0, stream: TextIO | None = None
+) -> RoundProgress:
     """A progress reporter for one run: call ``update(record)`` after every round, ``warn(message)`` to say
     something about the run at once, and ``close()`` at the end.
 
@@ -71,7 +73,9 @@ class _Bar:
             self._bar.set_postfix(acc=f"{record['test_accuracy']:.3f}")
 
     def warn(self, message: str) -> None:
-        self._bar.write(f"{self._label}: warning: {message}", file=self._stream)  # above the bar, which is redrawn below
+        self._bar.write(
+            f"{self._label}: warning: {message}", file=self._stream
+        )  # above the bar, which is redrawn below
 
     def close(self) -> None:
         self._bar.close()

@@ -54,7 +54,13 @@ CLIENT_STATE_DIR = "client_state"  # the disk client-state store's files (state.
 FINAL_MODEL_FILE = "final_model.safetensors"
 FINAL_STATE_DICT_FILE = "final_state_dict.safetensors"  # the final model under the module's state_dict names (loading)
 RUN_FILES = (
-    CONFIG_FILE, METRICS_FILE, METRICS_CSV_FILE, CHECKPOINT_FILE, FINAL_MODEL_FILE, FINAL_STATE_DICT_FILE, RUN_INFO_FILE
+    CONFIG_FILE,
+    METRICS_FILE,
+    METRICS_CSV_FILE,
+    CHECKPOINT_FILE,
+    FINAL_MODEL_FILE,
+    FINAL_STATE_DICT_FILE,
+    RUN_INFO_FILE,
 )
 # What write_atomically leaves of a write a kill interrupted: `.NAME.tmp-PID`.
 _INTERRUPTED_WRITE = re.compile(r"^\.(" + "|".join(re.escape(name) for name in RUN_FILES) + r")\.tmp-\d+$")
@@ -76,7 +82,9 @@ def output_directory(out_dir: str | Path) -> Path:
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         kind = "a file" if out.is_file() else "not a directory (a device or another special file)"
-        raise ConfigError(f"--out {out} is {kind}; give a directory: a new or empty one, or a run's directory with --resume")
+        raise ConfigError(
+            f"--out {out} is {kind}; give a directory: a new or empty one, or a run's directory with --resume"
+        )
     return out
 
 
@@ -91,7 +99,9 @@ def claim_run_directory(out: Path, config: ExperimentConfig, resume: bool) -> An
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as error:
-        raise ConfigError(f"cannot create the output directory {out}: {error.strerror or error}; choose another --out directory") from None
+        raise ConfigError(
+            f"cannot create the output directory {out}: {error.strerror or error}; choose another --out directory"
+        ) from None
     lock = lock_run_directory(out)
     try:
         check_run_directory(out, config, resume)  # again: another process may have written it before we held the lock
@@ -163,7 +173,9 @@ def lock_run_directory(out: Path) -> Any:
     try:
         handle = open(path, "a+")
     except OSError as error:
-        raise ConfigError(f"cannot write in the output directory {out}: {error.strerror or error}; choose another --out directory") from None
+        raise ConfigError(
+            f"cannot write in the output directory {out}: {error.strerror or error}; choose another --out directory"
+        ) from None
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -176,7 +188,9 @@ def lock_run_directory(out: Path) -> Any:
         ) from None
     except OSError as error:
         handle.close()
-        raise ConfigError(f"cannot lock the output directory {out} ({error.strerror or error}); choose an --out directory on a local disk") from None
+        raise ConfigError(
+            f"cannot lock the output directory {out} ({error.strerror or error}); choose an --out directory on a local disk"
+        ) from None
     handle.seek(0)
     handle.truncate()
     handle.write(f"{os.getpid()}\n")
@@ -225,7 +239,9 @@ def check_run_directory(out: Path, config: ExperimentConfig, resume: bool) -> No
                 raise
     if not resume:
         if has_results:
-            raise ConfigError(f"{out} already holds a run; pass --resume to continue it, or choose another --out directory")
+            raise ConfigError(
+                f"{out} already holds a run; pass --resume to continue it, or choose another --out directory"
+            )
         if complete and (out / LOCK_FILE).exists():
             # A run stopped before recording any round (it locks the folder before writing config.json): nothing to
             # lose. A config.json without the lock is the user's, say `driftlab config X > DIR/config.json`: kept.
@@ -236,9 +252,16 @@ def check_run_directory(out: Path, config: ExperimentConfig, resume: bool) -> No
             "directory or its own run's: choose another --out directory"
         )
     if not has_results and not complete:
-        what = f"{stored_path} was not written by a driftlab run" if stored is not None else "no config.json, metrics.jsonl or checkpoint"
-        raise ConfigError(f"nothing to resume in {out}: it holds no driftlab run ({what}); run without --resume into a new or empty directory")
+        what = (
+            f"{stored_path} was not written by a driftlab run"
+            if stored is not None
+            else "no config.json, metrics.jsonl or checkpoint"
+        )
+        raise ConfigError(
+            f"nothing to resume in {out}: it holds no driftlab run ({what}); run without --resume into a new or empty directory"
+        )
     if stored is not None and getattr(stored.data, "digest", None) != getattr(config.data, "digest", None):
+
         def described(digest: str | None) -> str:
             return f"data with digest {digest[:12]}..." if digest else "the config's own data set"
 
@@ -288,7 +311,9 @@ def read_records(path: Path, up_to_round: int) -> list[dict[str, Any]]:
     if not path.exists():
         if up_to_round == 0:
             return []
-        raise ConfigError(f"cannot resume: {path} is missing, but the checkpoint beside it is at round {up_to_round}; {fix}")
+        raise ConfigError(
+            f"cannot resume: {path} is missing, but the checkpoint beside it is at round {up_to_round}; {fix}"
+        )
     try:
         lines = path.read_bytes().split(b"\n")
     except OSError as error:
@@ -302,7 +327,9 @@ def read_records(path: Path, up_to_round: int) -> list[dict[str, Any]]:
         except (ValueError, RecursionError):
             if number == len(lines):
                 break  # torn by a kill mid-write; that round is recomputed
-            raise ConfigError(f"cannot resume: {path} line {number} is not JSON, and only a last line torn by a kill may be; {fix}") from None
+            raise ConfigError(
+                f"cannot resume: {path} line {number} is not JSON, and only a last line torn by a kill may be; {fix}"
+            ) from None
         problem = _record_problem(record, number)
         if problem is not None:
             raise ConfigError(f"cannot resume: {path} line {number} {problem}; {fix}")
@@ -396,7 +423,11 @@ class RunInfo:
         return info
 
     def update(self, status: str, rounds_done: int, message: str | None = None) -> None:
-        self.content.update(status=status, rounds_done=rounds_done, wall_seconds=self.previous_seconds + time.perf_counter() - self.started)
+        self.content.update(
+            status=status,
+            rounds_done=rounds_done,
+            wall_seconds=self.previous_seconds + time.perf_counter() - self.started,
+        )
         if message is not None:
             self.content["message"] = message
         else:
@@ -412,7 +443,9 @@ def stopped_round(info: dict[str, Any] | None) -> int | None:
     if not isinstance(stopped, dict) or (info or {}).get("status") != "complete":
         return None
     ended = stopped.get("round")
-    return ended if isinstance(ended, int) and not isinstance(ended, bool) and ended == info.get("rounds_done") else None
+    return (
+        ended if isinstance(ended, int) and not isinstance(ended, bool) and ended == info.get("rounds_done") else None
+    )
 
 
 def finished(info: dict[str, Any] | None, rounds: int) -> bool:

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from driftlab.errors import ConfigError
-from driftlab.experiments.run import run_directory
 from driftlab.experiments.config import load_config
+from driftlab.experiments.run import run_directory
 
 PACKAGE_DIR = Path(run_directory.__file__).resolve().parents[2]  # driftlab/
 
@@ -37,7 +37,9 @@ def test_read_run_info_is_none_for_a_missing_or_damaged_file(tmp_path):
 
 
 def test_run_info_sums_wall_time_over_resumes(tmp_path):
-    first = run_directory.RunInfo.start(tmp_path, rounds=4, start_round=0, num_parameters=7, entries={"machine": {"cpu_count": 1}})
+    first = run_directory.RunInfo.start(
+        tmp_path, rounds=4, start_round=0, num_parameters=7, entries={"machine": {"cpu_count": 1}}
+    )
     first.previous_seconds = 2.5  # as if the first process had run 2.5 s
     first.update("interrupted", 2)
     resumed = run_directory.RunInfo.start(tmp_path, rounds=4, start_round=2, num_parameters=7, entries={})
@@ -71,8 +73,12 @@ def test_read_records_refuses_a_gap_the_checkpoint_covers(tmp_path):
 
 
 def test_metrics_csv_has_a_column_per_key_in_first_seen_order(tmp_path):
-    run_directory.write_metrics_csv(tmp_path, [{"round": 1, "loss": 0.5}, {"round": 2, "accuracy": 0.25, "clients": [1, 2]}])
-    assert (tmp_path / run_directory.METRICS_CSV_FILE).read_text() == 'round,loss,accuracy,clients\n1,0.5,,\n2,,0.25,"[1, 2]"\n'
+    run_directory.write_metrics_csv(
+        tmp_path, [{"round": 1, "loss": 0.5}, {"round": 2, "accuracy": 0.25, "clients": [1, 2]}]
+    )
+    assert (
+        tmp_path / run_directory.METRICS_CSV_FILE
+    ).read_text() == 'round,loss,accuracy,clients\n1,0.5,,\n2,,0.25,"[1, 2]"\n'
 
 
 def test_a_new_run_refuses_a_folder_of_the_users(tmp_path):
@@ -86,11 +92,15 @@ def test_the_lock_names_the_process_holding_it(tmp_path):
     config = load_config(None)
     held = run_directory.claim_run_directory(tmp_path / "run", config, resume=False)
     try:
-        with pytest.raises(run_directory.RunDirectoryBusy, match=r"being written by another driftlab process \(PID \d+\)"):
+        with pytest.raises(
+            run_directory.RunDirectoryBusy, match=r"being written by another driftlab process \(PID \d+\)"
+        ):
             run_directory.lock_run_directory(tmp_path / "run")
     finally:
         held.close()
-    assert json.loads((tmp_path / "run" / run_directory.CONFIG_FILE).read_text()) == json.loads(json.dumps(config.to_dict()))
+    assert json.loads((tmp_path / "run" / run_directory.CONFIG_FILE).read_text()) == json.loads(
+        json.dumps(config.to_dict())
+    )
 
 
 def test_resuming_with_other_data_names_the_data_not_just_the_config(tmp_path):
@@ -142,6 +152,8 @@ def test_a_users_file_in_a_run_directory_is_never_touched(tmp_path, name):
     # config.json too, and a complete one: `driftlab config X > DIR/config.json` then `driftlab run ... --out DIR`
     content = json.dumps(load_config(None).to_dict(), indent=2).encode() if name == "config.json" else b"mine\n"
     (tmp_path / name).write_bytes(content)
-    with pytest.raises(ConfigError, match=rf"is not empty and holds no driftlab run \({name}\); .*choose another --out directory"):
+    with pytest.raises(
+        ConfigError, match=rf"is not empty and holds no driftlab run \({name}\); .*choose another --out directory"
+    ):
         run_directory.claim_run_directory(tmp_path, load_config(None, ["rounds=3"]), resume=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == [name] and (tmp_path / name).read_bytes() == content

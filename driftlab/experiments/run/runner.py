@@ -27,6 +27,7 @@ from typing import Any, Callable, Sequence
 from driftlab.algorithms import registry
 from driftlab.data.federated import DataFileError, FederatedArrays, FederatedDataset
 from driftlab.errors import ConfigError
+from driftlab.experiments.config import ExperimentConfig, config_from_record, load_config, read_config_source
 from driftlab.experiments.run import run_directory
 from driftlab.experiments.run.assembly import (  # noqa: F401  (importable from here as before the split)
     BACKENDS,
@@ -42,7 +43,6 @@ from driftlab.experiments.run.assembly import (  # noqa: F401  (importable from 
     system_run_info,
     user_data,
 )
-from driftlab.experiments.config import ExperimentConfig, config_from_record, load_config, read_config_source
 from driftlab.experiments.run.datasets import DataSetupError
 from driftlab.experiments.run.lifecycle import (  # noqa: F401  (the lifecycle's names stay importable from here)
     RunInterrupted,
@@ -156,7 +156,9 @@ def run(
         if resume:
             raise ConfigError("resume needs the output directory of the interrupted run (--out DIR)")
         if config.log:
-            raise ConfigError(f"log={list(config.log)} needs an output directory (--out DIR): a tracker run is tied to the run's directory")
+            raise ConfigError(
+                f"log={list(config.log)} needs an output directory (--out DIR): a tracker run is tied to the run's directory"
+            )
         return _run_in(None, config, resume, progress, _Inputs(model, dataset, loss), progress_label, {})
     out = run_directory.output_directory(out_dir)
     found = run_directory.DirectoryBefore.of(out) if clean_up_refused and not resume else None
@@ -165,9 +167,13 @@ def run(
         return _run_in(out, config, resume, progress, _Inputs(model, dataset, loss), progress_label, run_info or {})
     except RunInterrupted:
         raise
-    except KeyboardInterrupt as error:  # before the first round: the directory holds config.json (and an earlier checkpoint)
+    except (
+        KeyboardInterrupt
+    ) as error:  # before the first round: the directory holds config.json (and an earlier checkpoint)
         where = "its checkpoint is unchanged" if resume else f"{out} holds its config.json"
-        raise RunInterrupted(f"the run was interrupted before its next round; {where}: continue with `{resume_command(out)}`") from error
+        raise RunInterrupted(
+            f"the run was interrupted before its next round; {where}: continue with `{resume_command(out)}`"
+        ) from error
     except REFUSALS:
         if found is not None and not (out / METRICS_FILE).exists():
             run_directory.remove_refused_run(out, found)  # with the lock held: nothing else writes there meanwhile
@@ -185,7 +191,9 @@ def run_recorded(run_dir: str, config_table: dict[str, Any], resume: bool, run_i
 
 
 def _with_algorithm(
-    config: ExperimentConfig | dict[str, Any] | str | Path | None, overrides: Sequence[str], entry: registry.AlgorithmEntry
+    config: ExperimentConfig | dict[str, Any] | str | Path | None,
+    overrides: Sequence[str],
+    entry: registry.AlgorithmEntry,
 ) -> tuple[dict[str, Any], list[str]]:
     """The config table and overrides of ``run(config, overrides=..., algorithm=entry)``, ``entry`` registered."""
     if not isinstance(entry, registry.AlgorithmEntry):
@@ -226,7 +234,7 @@ def _loss_reference(loss: ExampleLoss) -> str:
     if not callable(loss) or not module or not name.isidentifier():
         raise ConfigError(
             f"loss= takes a function defined with def at the top level of a module or script, fn(outputs, targets) -> one loss per "
-            f"example, got {loss!r}; config.json records it as model.loss = \"module:function\" so that a resume uses the same loss"
+            f'example, got {loss!r}; config.json records it as model.loss = "module:function" so that a resume uses the same loss'
         )
     loaded = sys.modules.get(module)
     if module.startswith(("driftlab_user_", "driftlab_plugin_")) and getattr(loaded, "__file__", None):
@@ -254,7 +262,15 @@ def _run_in(
         run_info = {**features, **run_info}
     driver = AsynchronousDriver(sim) if sim.asynchronous is not None else SimulatorDriver(sim)
     return run_rounds(
-        driver, out, config, sim, state, resume=resume, progress=progress, progress_label=progress_label, run_info=run_info
+        driver,
+        out,
+        config,
+        sim,
+        state,
+        resume=resume,
+        progress=progress,
+        progress_label=progress_label,
+        run_info=run_info,
     )
 
 

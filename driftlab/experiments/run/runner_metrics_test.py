@@ -23,7 +23,14 @@ from driftlab.experiments.run.runner import RunResult
 QUADRATIC = ["data.num_clients=2", "backend=sequential"]
 # GD steps of size 1e5 on curvatures in [1, 3] multiply |x| by ~1e54 a round: in round 3 x is still finite, ½ z x² is not.
 # The norm test (which stops this run in round 1) is off: these runs test the finiteness test.
-OVERFLOWING = [*QUADRATIC, "client.lr=1e5", "rounds=6", "evaluation.every=1", "checkpoint_every=10", "evaluation.norm_growth_factor=0"]
+OVERFLOWING = [
+    *QUADRATIC,
+    "client.lr=1e5",
+    "rounds=6",
+    "evaluation.every=1",
+    "checkpoint_every=10",
+    "evaluation.norm_growth_factor=0",
+]
 # Synthetic data with a step of 1e6: the round-1 model's loss is ~2.5 million times the initial model's, but finite.
 EXPLODING = ["rounds=3", "data.num_clients=4", "client.steps=2", "backend=sequential", "client.lr=1e6"]
 
@@ -78,7 +85,9 @@ def test_a_diverged_round_is_neither_recorded_nor_checkpointed(tmp_path):
     with pytest.raises(FloatingPointError) as caught:
         driftlab.run("quadratic-constant-k", out, overrides=OVERFLOWING)
     message = str(caught.value)
-    assert message.startswith("the run diverged in round 3: non-finite values test_loss=inf, train_loss=inf; lower client.lr")
+    assert message.startswith(
+        "the run diverged in round 3: non-finite values test_loss=inf, train_loss=inf; lower client.lr"
+    )
     assert (
         f"The checkpoint of round 2, the last healthy round, is kept in {out / 'checkpoint.safetensors'}; "
         f"{out / 'metrics.jsonl'} and metrics.csv hold rounds 1-2" in message
@@ -108,7 +117,9 @@ def test_a_loss_far_above_the_initial_models_is_divergence_even_in_round_1(tmp_p
 
 
 def test_divergence_factor_0_turns_the_loss_test_off_but_never_the_finiteness_test():
-    result = driftlab.run(None, overrides=[*EXPLODING, "rounds=1", "evaluation.divergence_factor=0", "evaluation.norm_growth_factor=0"])
+    result = driftlab.run(
+        None, overrides=[*EXPLODING, "rounds=1", "evaluation.divergence_factor=0", "evaluation.norm_growth_factor=0"]
+    )
     assert 1e6 < result.records[0]["train_loss"] < float("inf")
     with pytest.raises(FloatingPointError, match="round 1: model_norm is "):  # the norm test still stops it
         driftlab.run(None, overrides=[*EXPLODING, "rounds=1", "evaluation.divergence_factor=0"])
@@ -148,7 +159,9 @@ def test_the_norm_test_stops_a_run_between_evaluations_and_keeps_only_healthy_ro
     info = read_run_info(out)
     assert (info["status"], info["rounds_done"], info["message"]) == ("diverged", 2, message)
     # The threshold only watches: a run it stopped resumes with another (it is not part of the configuration's identity).
-    resumed = driftlab.run("quadratic-constant-k", out, resume=True, overrides=[*GROWING, "rounds=3", "evaluation.norm_growth_factor=0"])
+    resumed = driftlab.run(
+        "quadratic-constant-k", out, resume=True, overrides=[*GROWING, "rounds=3", "evaluation.norm_growth_factor=0"]
+    )
     assert [r["round"] for r in resumed.records] == [1, 2, 3] and resumed.records[2]["model_norm"] > 1000
 
 
@@ -159,7 +172,10 @@ def test_a_round_1_blow_up_between_evaluations_is_caught_in_round_1(tmp_path):
     with pytest.raises(FloatingPointError) as caught:
         driftlab.run(None, out, overrides=[*EXPLODING, "rounds=20", "evaluation.every=5", "checkpoint_every=1"])
     message = str(caught.value)
-    assert message.startswith("the run diverged in round 1: model_norm is ") and "more than evaluation.norm_growth_factor=1000" in message
+    assert (
+        message.startswith("the run diverged in round 1: model_norm is ")
+        and "more than evaluation.norm_growth_factor=1000" in message
+    )
     assert message.endswith("No checkpoint exists and no round was recorded: the run diverged in its first round")
     assert not (out / "metrics.jsonl").exists() and not (out / "checkpoint.safetensors").exists()
 
@@ -171,11 +187,20 @@ def test_the_issues_mnist_run_stops_in_the_round_its_norm_explodes(tmp_path):
     # √199210 = 446), round 2's 5.4e15, which used to be checkpointed as healthy.
     out = tmp_path / "run"
     with pytest.raises(FloatingPointError) as caught:
-        driftlab.run("mnist-fedavg", out, overrides=["client.lr=1.0", "client.epochs=1", "evaluation.every=10", "rounds=4", "checkpoint_every=1"])
+        driftlab.run(
+            "mnist-fedavg",
+            out,
+            overrides=["client.lr=1.0", "client.epochs=1", "evaluation.every=10", "rounds=4", "checkpoint_every=1"],
+        )
     message = str(caught.value)
-    assert message.startswith("the run diverged in round 2: model_norm is ") and "times the model's starting scale 446.3" in message
-    assert message.endswith(f"The checkpoint of round 1, the last healthy round, is kept in {out / 'checkpoint.safetensors'}; "
-                            f"{out / 'metrics.jsonl'} and metrics.csv hold round 1")
+    assert (
+        message.startswith("the run diverged in round 2: model_norm is ")
+        and "times the model's starting scale 446.3" in message
+    )
+    assert message.endswith(
+        f"The checkpoint of round 1, the last healthy round, is kept in {out / 'checkpoint.safetensors'}; "
+        f"{out / 'metrics.jsonl'} and metrics.csv hold round 1"
+    )
     assert [r["round"] for r in _strict_records(out / "metrics.jsonl")] == [1] and _checkpoint_round(out) == 1
 
 
@@ -185,7 +210,9 @@ def test_the_cli_prints_the_divergence_message_once_and_exits_3(tmp_path, capsys
     error = capsys.readouterr().err
     assert code == 3
     assert error.startswith("driftlab: error: the run diverged in round 3: non-finite values test_loss=inf")
-    assert error.count("kept in") == 1 and f"The checkpoint of round 2, the last healthy round, is kept in {out}" in error
+    assert (
+        error.count("kept in") == 1 and f"The checkpoint of round 2, the last healthy round, is kept in {out}" in error
+    )
     assert "Traceback" not in error
 
 
@@ -201,7 +228,9 @@ def test_metrics_csv_holds_what_metrics_jsonl_holds(tmp_path):
     assert records == result.records
     _assert_csv_matches(out, records)
     columns, rows = _csv_table(out / "metrics.csv")
-    assert columns[0] == "round" and columns.index("round_seconds") < columns.index("test_loss")  # first seen, not per record
+    assert columns[0] == "round" and columns.index("round_seconds") < columns.index(
+        "test_loss"
+    )  # first seen, not per record
     assert [row[columns.index("test_loss")] == "" for row in rows] == [True, False, True, False, True, False]
     assert json.loads(rows[0][columns.index("reporting_clients")]) == [0, 1]
 
@@ -332,13 +361,20 @@ def test_a_resumed_run_is_flagged_where_an_uninterrupted_one_is_and_never_twice(
     recwarn.clear()
     # Stopped after the flag: the resumed process knows it from metrics.jsonl and says nothing again.
     longer = driftlab.run("synthetic-fedavg", tmp_path / "whole", resume=True, overrides=[*UNSTABLE, "rounds=8"])
-    assert [r["round"] for r in longer.records] == list(range(1, 9)) and not [w for w in recwarn if w.category is UnstableRunWarning]
-    assert _flags(longer.records) == [(5, flag)] and read_run_info(tmp_path / "whole")["instability"] == {"round": 5, "message": flag}
+    assert [r["round"] for r in longer.records] == list(range(1, 9)) and not [
+        w for w in recwarn if w.category is UnstableRunWarning
+    ]
+    assert _flags(longer.records) == [(5, flag)] and read_run_info(tmp_path / "whole")["instability"] == {
+        "round": 5,
+        "message": flag,
+    }
 
 
 @pytest.mark.slow
 def test_instability_rounds_0_turns_the_warning_off_and_a_healthy_run_is_never_flagged(recwarn):
-    assert _flags(driftlab.run("synthetic-fedavg", overrides=[*UNSTABLE, "evaluation.instability_rounds=0"]).records) == []
+    assert (
+        _flags(driftlab.run("synthetic-fedavg", overrides=[*UNSTABLE, "evaluation.instability_rounds=0"]).records) == []
+    )
     healthy = driftlab.run("synthetic-fedavg", overrides=["rounds=8", "client.epochs=1"]).records
     assert _flags(healthy) == [] and healthy[0]["train_loss"] > 2.996  # above the initial loss, though not for long
     assert not [w for w in recwarn if w.category is UnstableRunWarning]

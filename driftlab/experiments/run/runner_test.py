@@ -23,15 +23,22 @@ from safetensors.torch import load_file
 import driftlab
 from driftlab.algorithms import ALGORITHMS, fedavg
 from driftlab.data.federated import DataFileError, FederatedArrays
-from driftlab.experiments.run import lifecycle, run_directory, runner
 from driftlab.experiments.config import ConfigError
+from driftlab.experiments.run import lifecycle, run_directory, runner
 from driftlab.experiments.run.real_data import needs_real_data
-from driftlab.simulation.state import checkpoint as checkpoint_module
 from driftlab.simulation.seam import GradientCorrection
+from driftlab.simulation.state import checkpoint as checkpoint_module
 
 REPO_ROOT = Path(driftlab.__file__).resolve().parents[1]
 
-TINY = ["rounds=6", "data.num_clients=6", "sampling.participation=0.5", "client.steps=3", "checkpoint_every=2", "seed=1"]
+TINY = [
+    "rounds=6",
+    "data.num_clients=6",
+    "sampling.participation=0.5",
+    "client.steps=3",
+    "checkpoint_every=2",
+    "seed=1",
+]
 OPTIMIZERS = {"sgd": [], "adam": ["server.optimizer=adam", "server.lr=0.01"]}
 
 
@@ -178,12 +185,19 @@ def test_kill_at_the_rename_of_a_checkpoint(tmp_path, monkeypatch, reference_run
     _assert_same_run(out, reference_runs["sgd"])
 
 
-def test_a_resume_removes_what_killed_writes_left_and_nothing_else_and_writes_a_new_files_mode(tmp_path, reference_runs):
+def test_a_resume_removes_what_killed_writes_left_and_nothing_else_and_writes_a_new_files_mode(
+    tmp_path, reference_runs
+):
     """A kill in a write leaves `.NAME.tmp-PID` (write_atomically's temporary: 57 MB for a large checkpoint);
     the resume deletes those of the run's own files, exactly, and its files get 0666 less the umask (safetensors'
     own writer made the checkpoint and final model 0600)."""
     _, killed = _killed_after_round(tmp_path, 5, TINY)
-    ours = [".checkpoint.safetensors.tmp-4242", ".final_model.safetensors.tmp-4242", ".run.json.tmp-77", ".metrics.csv.tmp-9"]
+    ours = [
+        ".checkpoint.safetensors.tmp-4242",
+        ".final_model.safetensors.tmp-4242",
+        ".run.json.tmp-77",
+        ".metrics.csv.tmp-9",
+    ]
     users = [".tmpAbC123", ".checkpoint.safetensors.tmp-mine", "notes.txt"]  # not driftlab's pattern: kept
     for name in ours + users:
         (killed / name).write_bytes(b"\0" * 1000)
@@ -196,7 +210,9 @@ def test_a_resume_removes_what_killed_writes_left_and_nothing_else_and_writes_a_
     assert [name for name in users if (killed / name).exists()] == users
     _assert_same_run(killed, reference_runs["sgd"])
     rewritten = ["final_model.safetensors", "metrics.jsonl", "metrics.csv", "run.json", "config.json"]
-    assert {name: oct(os.stat(killed / name).st_mode & 0o777) for name in rewritten} == {name: "0o644" for name in rewritten}
+    assert {name: oct(os.stat(killed / name).st_mode & 0o777) for name in rewritten} == {
+        name: "0o644" for name in rewritten
+    }
 
 
 def test_a_torn_last_metrics_line_is_dropped_on_resume(tmp_path, reference_runs):
@@ -272,7 +288,10 @@ def _stateful_entry():
             return _Drift(h), fedavg.ClientMessage(update.final_params, context.num_samples, context.multiplicity)
 
         return dataclasses.replace(
-            base, client_state_init=lambda theta: _Drift(torch.zeros_like(theta)), client_objective=client_objective, client_finish=client_finish
+            base,
+            client_state_init=lambda theta: _Drift(torch.zeros_like(theta)),
+            client_objective=client_objective,
+            client_finish=client_finish,
         )
 
     return dataclasses.replace(ALGORITHMS["fedavg"], from_config=from_config)
@@ -373,7 +392,15 @@ def test_a_new_run_in_a_directory_holding_a_run_is_refused(tmp_path, reference_r
 # ------------------------------------------------------------------ synthetic(α,β) integration
 
 
-REQUIRED = {"round", "round_seconds", "num_reporting", "reporting_clients", "local_steps", "upload_bits", "download_bits"}
+REQUIRED = {
+    "round",
+    "round_seconds",
+    "num_reporting",
+    "reporting_clients",
+    "local_steps",
+    "upload_bits",
+    "download_bits",
+}
 EVALUATED = {"test_accuracy", "test_loss", "train_loss"}
 
 
@@ -406,7 +433,15 @@ def test_synthetic_defaults_and_per_round_records(tmp_path):
 
 def test_training_improves_the_model_on_synthetic_iid():
     result = driftlab.run(
-        None, overrides=["data.name=synthetic_iid", "data.num_clients=6", "rounds=8", "sampling.participation=0.5", "client.steps=20", "client.lr=0.05"]
+        None,
+        overrides=[
+            "data.name=synthetic_iid",
+            "data.num_clients=6",
+            "rounds=8",
+            "sampling.participation=0.5",
+            "client.steps=20",
+            "client.lr=0.05",
+        ],
     )
     assert result.records[-1]["train_loss"] < result.records[0]["train_loss"]
 
@@ -517,7 +552,7 @@ def test_sigkill_of_a_real_process_then_resume_is_exact(tmp_path):
     config.write_text(
         "seed = 4\nrounds = 100000\ncheckpoint_every = 7\n"
         "[data]\nnum_clients = 8\n[client]\nsteps = 5\nlr = 0.05\n[sampling]\nparticipation = 0.5\n"
-        "[server]\noptimizer = \"adam\"\nlr = 0.01\n"
+        '[server]\noptimizer = "adam"\nlr = 0.01\n'
     )
     out = tmp_path / "killed"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
@@ -573,11 +608,18 @@ def test_a_users_module_or_factory_is_trained_instead_of_the_zoo_model(tmp_path)
     module = factory((60,), 10)
     initial = torch.cat([p.detach().reshape(-1) for p in module.parameters()]).clone()
     given = driftlab.run(None, overrides=[*overrides, "backend=sequential"], model=module)
-    assert torch.equal(torch.cat([p.detach().reshape(-1) for p in module.parameters()]), initial)  # the caller's module is untouched
+    assert torch.equal(
+        torch.cat([p.detach().reshape(-1) for p in module.parameters()]), initial
+    )  # the caller's module is untouched
     assert not torch.equal(given.final_params, initial)
 
     # resuming needs the same module again and continues exactly
-    driftlab.run(None, tmp_path / "run", overrides=[*overrides, "rounds=1", "checkpoint_every=1", "keep_checkpoint=true"], model=factory)
+    driftlab.run(
+        None,
+        tmp_path / "run",
+        overrides=[*overrides, "rounds=1", "checkpoint_every=1", "keep_checkpoint=true"],
+        model=factory,
+    )
     resumed = driftlab.run(None, tmp_path / "run", resume=True, overrides=overrides, model=factory)
     assert torch.equal(resumed.final_params, first.final_params)
 
@@ -637,12 +679,18 @@ def test_a_deleted_metrics_file_is_refused_when_the_checkpoint_covers_rounds(tmp
 def test_missing_rounds_before_the_checkpoint_are_refused(tmp_path, reference_runs):
     out = _copy_of_finished_run(tmp_path, reference_runs)
     _replace_metrics_lines(out, lambda lines: lines[:4])  # checkpoint at round 6, records 1-4
-    _refused_resume(out, ConfigError, "holds rounds 1-4", "checkpoint beside it is at round 6", "rounds 5-6 are missing")
+    _refused_resume(
+        out, ConfigError, "holds rounds 1-4", "checkpoint beside it is at round 6", "rounds 5-6 are missing"
+    )
 
 
 @pytest.mark.parametrize(
     "last_line, fragment",
-    [("null", "line 7 is null, not a round's record"), ("{}", "line 7 has no round number"), ('{"round": "7"}', "line 7 has no round number")],
+    [
+        ("null", "line 7 is null, not a round's record"),
+        ("{}", "line 7 has no round number"),
+        ('{"round": "7"}', "line 7 has no round number"),
+    ],
 )
 def test_a_last_line_that_is_json_but_no_record_is_refused(tmp_path, reference_runs, last_line, fragment):
     out = _copy_of_finished_run(tmp_path, reference_runs)
@@ -756,7 +804,13 @@ def test_resume_with_nothing_to_resume_is_refused(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize(
     "content",
-    [b"garbage", b"\xff\xfe\x00not utf-8", b"[1, 2]", b'{"name": "model", "layers": [3, 4], "dropout": 0.5}', b'{"rounds": "many"}'],
+    [
+        b"garbage",
+        b"\xff\xfe\x00not utf-8",
+        b"[1, 2]",
+        b'{"name": "model", "layers": [3, 4], "dropout": 0.5}',
+        b'{"rounds": "many"}',
+    ],
     ids=["not-json", "not-utf8", "a-list", "a-foreign-dump", "invalid-values"],
 )
 def test_resume_with_a_garbage_or_foreign_config_json_is_refused(tmp_path, monkeypatch, reference_runs, content):
@@ -799,7 +853,9 @@ def test_a_run_killed_before_its_first_round_resumes_with_the_documented_command
 
 def test_a_folder_holding_only_a_runs_config_json_may_be_started_again(tmp_path, monkeypatch):
     out = tmp_path / "run"
-    monkeypatch.setattr(runner, "build_simulation", lambda *a, **k: (_ for _ in ()).throw(ConfigError("data.root: no such folder")))
+    monkeypatch.setattr(
+        runner, "build_simulation", lambda *a, **k: (_ for _ in ()).throw(ConfigError("data.root: no such folder"))
+    )
     with pytest.raises(ConfigError, match="data.root"):
         driftlab.run(None, out, overrides=TINY)
     assert _files(out).keys() == {"config.json"}
@@ -859,7 +915,9 @@ def test_a_second_process_on_a_run_directory_gets_run_directory_busy(tmp_path, r
     out = _copy_of_finished_run(tmp_path, reference_runs)
     new = tmp_path / "new"  # a new run killed right after taking its lock, its process still alive
     new.mkdir()
-    holder = subprocess.Popen([sys.executable, "-c", _HOLD_LOCK, str(out / ".lock"), str(new / ".lock")], stdout=subprocess.PIPE)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLD_LOCK, str(out / ".lock"), str(new / ".lock")], stdout=subprocess.PIPE
+    )
     try:
         assert holder.stdout.readline().strip() == b"locked"
         before = _files(out, hidden_lock=True)
@@ -869,7 +927,9 @@ def test_a_second_process_on_a_run_directory_gets_run_directory_busy(tmp_path, r
         message = str(error.value)
         assert str(out) in message and f"PID {holder.pid}" in message and "wait for it to finish" in message
         assert _files(out, hidden_lock=True) == before
-        with pytest.raises(runner.RunDirectoryBusy, match=f"new is being written by another driftlab process \\(PID {holder.pid}\\)"):
+        with pytest.raises(
+            runner.RunDirectoryBusy, match=f"new is being written by another driftlab process \\(PID {holder.pid}\\)"
+        ):
             driftlab.run(None, new, overrides=TINY)
         assert [p.name for p in new.iterdir()] == [".lock"]
     finally:
@@ -903,7 +963,13 @@ def _own_arrays(seed: int = 0, clients: int = 4) -> FederatedArrays:
     return FederatedArrays(x, y, np.arange(len(y)) % clients, x[:10], y[:10])
 
 
-OWN = {"rounds": 6, "seed": 1, "checkpoint_every": 2, "sampling": {"participation": 0.5}, "client": {"steps": 3, "batch_size": 4}}
+OWN = {
+    "rounds": 6,
+    "seed": 1,
+    "checkpoint_every": 2,
+    "sampling": {"participation": 0.5},
+    "client": {"steps": 3, "batch_size": 4},
+}
 
 
 def _interrupted_at_round(out: Path, round_index: int, monkeypatch, **given) -> None:
@@ -933,11 +999,15 @@ def test_resume_with_other_data_or_none_is_refused_and_changes_nothing(tmp_path,
     _interrupted_at_round(out, 3, monkeypatch, data=_own_arrays())
     before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
     with pytest.raises(
-        ConfigError, match=r"cannot resume: the run in .* was started on data with digest [0-9a-f]{12}\.\.\. .*, but this run was given data with digest"
+        ConfigError,
+        match=r"cannot resume: the run in .* was started on data with digest [0-9a-f]{12}\.\.\. .*, but this run was given data with digest",
     ):
         driftlab.run(OWN, out, resume=True, data=_own_arrays(seed=1))
     stored = out / "config.json"
-    with pytest.raises(ConfigError, match=r'data.name = "custom" is your own data, and this run was given none: pass it to driftlab.run\(config, data=...\)'):
+    with pytest.raises(
+        ConfigError,
+        match=r'data.name = "custom" is your own data, and this run was given none: pass it to driftlab.run\(config, data=...\)',
+    ):
         driftlab.run(stored, out, resume=True)
     with pytest.raises(ConfigError, match=r"is not the data this configuration records"):
         driftlab.run(stored, out, resume=True, data=_own_arrays(seed=1))
@@ -960,13 +1030,17 @@ def test_a_torch_dataset_with_client_ids_runs_like_the_same_arrays():
             return torch.from_numpy(self.x[index]), int(self.y[index])
 
     from_datasets = FederatedArrays.from_datasets(
-        Pairs(arrays.train_inputs, arrays.train_targets), arrays.train_client_ids.tolist(), Pairs(arrays.test_inputs, arrays.test_targets)
+        Pairs(arrays.train_inputs, arrays.train_targets),
+        arrays.train_client_ids.tolist(),
+        Pairs(arrays.test_inputs, arrays.test_targets),
     )
     config = {**OWN, "rounds": 2}
-    assert torch.equal(driftlab.run(config, data=from_datasets).final_params, driftlab.run(config, data=arrays).final_params)
+    assert torch.equal(
+        driftlab.run(config, data=from_datasets).final_params, driftlab.run(config, data=arrays).final_params
+    )
 
 
-LOADER = '''
+LOADER = """
 import numpy as np
 from pathlib import Path
 from driftlab.data.federated import FederatedArrays
@@ -977,7 +1051,7 @@ def load():
 
 def not_arrays():
     return {"train_inputs": 1}
-'''
+"""
 
 
 def _loader_project(folder: Path, seed: int = 0) -> Path:
@@ -1021,14 +1095,28 @@ def test_a_data_loader_whose_data_changed_refuses_to_resume(tmp_path, capsys):
     _loader_project(tmp_path / "project", seed=5)  # the file the loader reads now holds other data
     assert cli.main(["run", str(out / "config.json"), "--out", str(out), "--resume", "--quiet", "rounds=2"]) == 2
     error = capsys.readouterr().err
-    assert "driftlab: error: the data given (data.loader" in error and "is not the data this configuration records" in error
+    assert (
+        "driftlab: error: the data given (data.loader" in error
+        and "is not the data this configuration records" in error
+    )
 
 
 @pytest.mark.parametrize(
     "loader, fragments",
     [
-        ("missing.py:load", ["data.loader = ", "cannot import", "FileNotFoundError", "relative path is taken from the config file's folder"]),
-        ("no_such_module_anywhere:load", ["cannot import 'no_such_module_anywhere'", "ModuleNotFoundError", "name its file"]),
+        (
+            "missing.py:load",
+            [
+                "data.loader = ",
+                "cannot import",
+                "FileNotFoundError",
+                "relative path is taken from the config file's folder",
+            ],
+        ),
+        (
+            "no_such_module_anywhere:load",
+            ["cannot import 'no_such_module_anywhere'", "ModuleNotFoundError", "name its file"],
+        ),
         ("my_data.py:absent", ["my_data.py' has no function 'absent'; name a function defined in that module"]),
         ("my_data.py:not_arrays", ["expected driftlab.FederatedArrays", "got dict", "driftlab.FederatedArrays(...)"]),
     ],
@@ -1054,9 +1142,13 @@ def test_a_sweep_runs_a_data_loader_in_its_processes_and_resumes(tmp_path, capsy
     out = tmp_path / "sweep"
     assert cli.main(["sweep", str(sweep), "--out", str(out), "--jobs", "1", "--no-report", "rounds=2"]) == 0
     stored = [json.loads(path.read_text()) for path in sorted(out.rglob("config.json"))]
-    assert len(stored) == 2 and {c["data"]["digest"] for c in stored} == {driftlab.run(config, overrides=["rounds=1"]).config.data.digest}
+    assert len(stored) == 2 and {c["data"]["digest"] for c in stored} == {
+        driftlab.run(config, overrides=["rounds=1"]).config.data.digest
+    }
     capsys.readouterr()
-    assert cli.main(["sweep", str(sweep), "--out", str(out), "--jobs", "1", "--no-report", "rounds=2"]) == 0  # finished runs are kept
+    assert (
+        cli.main(["sweep", str(sweep), "--out", str(out), "--jobs", "1", "--no-report", "rounds=2"]) == 0
+    )  # finished runs are kept
     assert "2 already finished" in capsys.readouterr().out
 
 
@@ -1084,13 +1176,18 @@ def test_an_interrupt_prints_what_was_saved_and_the_exact_command_that_continues
     _stopped_before_round(4, KeyboardInterrupt(), monkeypatch)
     assert main(["run", "defaults.toml", *TINY, "--out", str(out), "--quiet"]) == 130
     command = "driftlab run runs/tiny/config.json --out runs/tiny --resume"
-    assert capsys.readouterr().err == f"driftlab: interrupted; round 3 is checkpointed in runs/tiny; continue with `{command}`\n"
+    assert (
+        capsys.readouterr().err
+        == f"driftlab: interrupted; round 3 is checkpointed in runs/tiny; continue with `{command}`\n"
+    )
     info = run_directory.read_run_info(out)
     assert (info["status"], info["rounds_done"]) == ("interrupted", 3) and command in info["message"]
     monkeypatch.undo()
     monkeypatch.chdir(tmp_path)
     assert main(command.split()[1:] + ["--quiet"]) == 0
-    assert [r["round"] for r in _metrics(out)] == list(range(1, 7)) and run_directory.read_run_info(out)["status"] == "complete"
+    assert [r["round"] for r in _metrics(out)] == list(range(1, 7)) and run_directory.read_run_info(out)[
+        "status"
+    ] == "complete"
 
 
 def test_an_interrupt_before_any_checkpoint_says_so(tmp_path, monkeypatch):
@@ -1102,7 +1199,10 @@ def test_an_interrupt_before_any_checkpoint_says_so(tmp_path, monkeypatch):
         f"terminated by signal 15: no round was completed, so {out} holds no checkpoint, only the run's config.json; "
         f"start it again with `driftlab run {out}/config.json --out {out} --resume`"
     )
-    with pytest.raises(runner.RunInterrupted, match=r"^terminated by signal 15: nothing was saved: the run has no output directory \(--out\)$"):
+    with pytest.raises(
+        runner.RunInterrupted,
+        match=r"^terminated by signal 15: nothing was saved: the run has no output directory \(--out\)$",
+    ):
         driftlab.run(None, overrides=TINY)
 
 

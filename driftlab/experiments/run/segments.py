@@ -64,7 +64,10 @@ def read_before(out: Path) -> dict[str, Any]:
         stored = json.loads((out / CONFIG_FILE).read_text())
     except (OSError, ValueError):
         stored = {}
-    return {"info": info if isinstance(info, dict) else {}, "memory_budget": stored.get("memory_budget") if isinstance(stored, dict) else None}
+    return {
+        "info": info if isinstance(info, dict) else {},
+        "memory_budget": stored.get("memory_budget") if isinstance(stored, dict) else None,
+    }
 
 
 def kept_segments(before: dict[str, Any] | None, start_round: int) -> list[dict[str, Any]]:
@@ -90,7 +93,11 @@ def kept_segments(before: dict[str, Any] | None, start_round: int) -> list[dict[
 
 
 def _is_range(rounds: Any) -> bool:
-    return isinstance(rounds, list) and len(rounds) == 2 and all(isinstance(r, int) and not isinstance(r, bool) for r in rounds)
+    return (
+        isinstance(rounds, list)
+        and len(rounds) == 2
+        and all(isinstance(r, int) and not isinstance(r, bool) for r in rounds)
+    )
 
 
 def _legacy_segment(info: dict[str, Any], memory_budget: Any, start_round: int) -> dict[str, Any]:

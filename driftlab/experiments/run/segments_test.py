@@ -18,7 +18,12 @@ from driftlab.experiments.run.segments import ResumeChangeWarning, changes, kept
 
 # SCAFFOLD keeps a state per client, so the client-state store holds something to move between memory and disk.
 TINY = [
-    "rounds=6", "data.num_clients=6", "sampling.participation=0.5", "client.steps=3", "checkpoint_every=2", "seed=1",
+    "rounds=6",
+    "data.num_clients=6",
+    "sampling.participation=0.5",
+    "client.steps=3",
+    "checkpoint_every=2",
+    "seed=1",
     "algorithm.name=scaffold",
 ]
 
@@ -83,12 +88,18 @@ def _resumed_without_warning(out: Path, overrides: list[str]) -> None:
     "started, resumed, store",
     [
         ([], ["state.store=disk"], "disk"),  # the checkpoint's client states go into the disk store
-        (["state.store=disk"], ["state.store=memory"], "disk"),  # a disk checkpoint resumes on disk whatever the key says
+        (
+            ["state.store=disk"],
+            ["state.store=memory"],
+            "disk",
+        ),  # a disk checkpoint resumes on disk whatever the key says
         ([], ["checkpoint_every=1", "keep_checkpoint=true"], "memory"),
         ([], ["memory_budget=8GiB"], "memory"),  # the same 1 GiB waves as no budget: nothing that sizes work changed
     ],
 )
-def test_a_resume_that_changes_only_where_states_live_or_what_is_kept_is_exact(tmp_path, threads, uninterrupted, started, resumed, store):
+def test_a_resume_that_changes_only_where_states_live_or_what_is_kept_is_exact(
+    tmp_path, threads, uninterrupted, started, resumed, store
+):
     threads(1)
     killed = _killed_after_round_3(tmp_path, [*TINY, *started])
     _resumed_without_warning(killed, [*TINY, *resumed])
@@ -112,7 +123,12 @@ def test_a_resume_with_other_threads_warns_naming_them_and_run_json_keeps_both_s
     assert "at round 2 with 2 torch threads, where rounds up to it ran with 1" in message
     assert "last bits of the result may differ from an uninterrupted run" in message
     first, second = _segments(killed)
-    assert (first["rounds"], first["torch_threads"], second["rounds"], second["torch_threads"]) == ([1, 2], 1, [3, 6], 2)
+    assert (first["rounds"], first["torch_threads"], second["rounds"], second["torch_threads"]) == (
+        [1, 2],
+        1,
+        [3, 6],
+        2,
+    )
     assert second["changed"] == [message]
     assert json.loads((killed / "run.json").read_text())["machine"]["torch_threads"] == 2  # the key reports read stays
 
@@ -127,7 +143,12 @@ def test_a_resume_whose_memory_budget_sizes_waves_otherwise_warns_naming_the_key
     assert 'memory_budget="1MB", where rounds up to it ran with memory_budget=none' in message
     assert "waves and CPU chunks fit 125000 bytes, not 1073741824 bytes" in message
     first, second = _segments(killed)
-    assert (first["round_bytes"], first["memory_budget"], second["round_bytes"], second["memory_budget"]) == (1 << 30, None, 125000, "1MB")
+    assert (first["round_bytes"], first["memory_budget"], second["round_bytes"], second["memory_budget"]) == (
+        1 << 30,
+        None,
+        125000,
+        "1MB",
+    )
     # Per client (setup.wave_size): its SCAFFOLD state c_k twice and five model-sized vectors, the logistic
     # regression's 60 x 10 + 10 = 610 float32 parameters each: 7 x 2440 = 17080 bytes.
     assert (first["wave_size"], second["wave_size"]) == ((1 << 30) // 17080, 125000 // 17080) == (62865, 7)
@@ -143,7 +164,14 @@ def test_a_run_json_written_before_segments_gives_its_one_segment_from_its_machi
     with pytest.warns(ResumeChangeWarning, match="with 2 torch threads, where rounds up to it ran with 1"):
         driftlab.run(None, killed, resume=True, overrides=[*TINY, "memory_budget=1MB"])
     first, second = _segments(killed)
-    assert first == {"rounds": [1, 2], "torch_threads": 1, "device": "cpu", "backend": "vectorized", "round_bytes": 125000, "memory_budget": "1MB"}
+    assert first == {
+        "rounds": [1, 2],
+        "torch_threads": 1,
+        "device": "cpu",
+        "backend": "vectorized",
+        "round_bytes": 125000,
+        "memory_budget": "1MB",
+    }
     assert second["rounds"] == [3, 6]
 
 
@@ -160,7 +188,14 @@ def test_resuming_a_completed_run_runs_nothing_so_warns_about_nothing(tmp_path, 
 # ------------------------------------------------------------------ the comparison itself
 
 
-CPU = {"rounds": [1, 4], "torch_threads": 4, "device": "cpu", "backend": "vectorized", "memory_budget": None, "round_bytes": 1 << 30}
+CPU = {
+    "rounds": [1, 4],
+    "torch_threads": 4,
+    "device": "cpu",
+    "backend": "vectorized",
+    "memory_budget": None,
+    "round_bytes": 1 << 30,
+}
 GPU = {**CPU, "device": "cuda:0", "chunk_bytes": {"cuda:0": 60_000_000_000}}
 
 

@@ -21,7 +21,6 @@ from driftlab.errors import ConfigError
 from driftlab.experiments.config.schema import STOP_METRICS, StopAtConfig
 
 
-
 @dataclass(frozen=True)
 class Stop:
     """A rule met at round ``met_at``: which rule and why, in words."""

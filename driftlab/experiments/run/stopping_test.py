@@ -12,11 +12,11 @@ import torch
 from safetensors.torch import load_file
 
 import driftlab
-from driftlab.experiments.run import lifecycle
-from driftlab.experiments.run.assembly import build_simulation
 from driftlab.experiments.config import ConfigError, load_config
 from driftlab.experiments.config.schema import StopAtConfig
 from driftlab.experiments.report import make_report
+from driftlab.experiments.run import lifecycle
+from driftlab.experiments.run.assembly import build_simulation
 from driftlab.experiments.run.run_directory import finished, stopped_round
 from driftlab.experiments.run.runner import SimulatorDriver
 from driftlab.experiments.run.stopping import StopWatch
@@ -24,7 +24,14 @@ from driftlab.experiments.sweep.sweep_status import format_status, sweep_status
 
 # Its test accuracy by round (hand-checked from a run): 0.0976, 0.1398, 0.8522, 0.8522, 0.8522, 0.8707, 0.9446,
 # 0.9894; test loss falls every round.
-TINY = ["rounds=8", "data.num_clients=4", "sampling.participation=0.5", "client.steps=2", "seed=3", "backend=sequential"]
+TINY = [
+    "rounds=8",
+    "data.num_clients=4",
+    "sampling.participation=0.5",
+    "client.steps=2",
+    "seed=3",
+    "backend=sequential",
+]
 AT_90 = 'evaluation.stop_at={metric = "test_accuracy", value = 0.9}'  # first met at round 7 (0.9446)
 FLAT_2 = 'evaluation.stop_at={metric = "test_accuracy", patience = 2}'  # best 0.8522 at round 3; rounds 4, 5 flat
 
@@ -62,7 +69,10 @@ def test_patience_counts_evaluated_rounds_without_an_improvement_beyond_min_delt
 
 def test_the_first_rule_met_stops_and_the_reason_names_it():
     rules = [_rule(metric="test_loss", patience=1), _rule(metric="test_accuracy", value=0.8)]
-    records = [{"round": 1, "test_loss": 2.0, "test_accuracy": 0.5}, {"round": 2, "test_loss": 1.0, "test_accuracy": 0.85}]
+    records = [
+        {"round": 1, "test_loss": 2.0, "test_accuracy": 0.5},
+        {"round": 2, "test_loss": 1.0, "test_accuracy": 0.85},
+    ]
     stop = StopWatch(rules).replay(records)
     assert (stop.met_at, stop.rule.metric) == (2, "test_accuracy")
     assert stop.reason == "test_accuracy = 0.85 >= 0.8 at round 2"
@@ -72,19 +82,25 @@ def test_the_first_rule_met_stops_and_the_reason_names_it():
 
 def test_a_metric_the_run_does_not_record_is_named_with_what_it_records():
     watch = StopWatch([_rule(metric="personal_test_accuracy_mean", value=0.9)])
-    with pytest.raises(ConfigError, match=r"watches personal_test_accuracy_mean, but round 1's evaluation recorded test_loss"):
+    with pytest.raises(
+        ConfigError, match=r"watches personal_test_accuracy_mean, but round 1's evaluation recorded test_loss"
+    ):
         watch.observe({"round": 1, "test_loss": 1.0})
     assert watch.observe({"round": 2, "round_seconds": 0.1}) is None  # not evaluated: nothing to check
 
 
 def test_the_config_refuses_an_unknown_metric_and_a_rule_without_a_target():
-    with pytest.raises(ConfigError, match=r"unknown metric 'accuracy'; an evaluated round records test_loss, train_loss, test_accuracy"):
+    with pytest.raises(
+        ConfigError, match=r"unknown metric 'accuracy'; an evaluated round records test_loss, train_loss, test_accuracy"
+    ):
         load_config(None, ['evaluation.stop_at={metric = "accuracy", value = 0.9}'])
     with pytest.raises(ConfigError, match="give a value, a patience or both"):
         load_config(None, ['evaluation.stop_at={metric = "test_loss"}'])
     with pytest.raises(ConfigError, match="min_delta applies to patience only"):
         load_config(None, ['evaluation.stop_at={metric = "test_loss", value = 1, min_delta = 0.1}'])
-    two = load_config(None, ['evaluation.stop_at=[{metric = "test_loss", patience = 3}, {metric = "test_accuracy", value = 0.9}]'])
+    two = load_config(
+        None, ['evaluation.stop_at=[{metric = "test_loss", patience = 3}, {metric = "test_accuracy", value = 0.9}]']
+    )
     assert [rule.direction for rule in two.evaluation.stop_rules] == ["min", "max"]
 
 
@@ -150,7 +166,9 @@ def test_a_run_killed_before_it_stops_resumes_to_the_same_round_and_model(tmp_pa
     out.mkdir()
     config = load_config(None, overrides)
     sim, state = build_simulation(config)
-    with pytest.raises(KeyboardInterrupt):  # checkpoint at round killed_at - 1; patience mid-count at 4 (one flat round)
+    with pytest.raises(
+        KeyboardInterrupt
+    ):  # checkpoint at round killed_at - 1; patience mid-count at 4 (one flat round)
         lifecycle.run_rounds(_KilledAt(sim, killed_at), out, config, sim, state)
     assert _info(out)["status"] == "interrupted" and "stopped" not in _info(out)
     resumed = driftlab.run(None, out, resume=True, overrides=overrides)
@@ -168,7 +186,9 @@ def test_a_stopped_run_resumed_runs_nothing_even_with_more_rounds_and_a_looser_r
     assert torch.equal(again.final_params, first.final_params)
     assert (_info(out)["status"], _info(out)["rounds_done"], _info(out)["stopped"]["round"]) == ("complete", 7, 7)
     # A higher target is not met by round 7: the run goes on (from round 0, its checkpoint dropped: the same numbers)
-    higher = driftlab.run(None, out, resume=True, overrides=[*TINY, 'evaluation.stop_at={metric = "test_accuracy", value = 0.95}'])
+    higher = driftlab.run(
+        None, out, resume=True, overrides=[*TINY, 'evaluation.stop_at={metric = "test_accuracy", value = 0.95}']
+    )
     assert higher.records[-1]["round"] == 8 and _info(out)["stopped"]["round"] == 8
     assert _without_wall_time(higher.records) == _without_wall_time(driftlab.run(None, overrides=TINY).records)
 
@@ -178,7 +198,9 @@ def test_a_tightened_rule_ends_a_resumed_run_at_its_last_round(tmp_path):
     driftlab.run(None, out, overrides=[*TINY, "rounds=4", "keep_checkpoint=true"])
     lower = 'evaluation.stop_at={metric = "test_accuracy", value = 0.5}'  # met at round 3 (0.8522), but 4 has run
     seen: list[dict] = []
-    resumed = driftlab.run(None, out, resume=True, overrides=[*TINY, "keep_checkpoint=true", lower], progress=seen.append)
+    resumed = driftlab.run(
+        None, out, resume=True, overrides=[*TINY, "keep_checkpoint=true", lower], progress=seen.append
+    )
     assert seen == [] and resumed.records[-1]["round"] == 4  # rounds run are never undone
     assert (_info(out)["stopped"]["round"], _info(out)["stopped"]["met_at"]) == (4, 3)
 
@@ -201,9 +223,18 @@ def test_a_sweep_counts_a_stopped_run_done_and_the_report_shows_its_round(tmp_pa
 def test_an_asynchronous_run_stops_too_and_a_copy_taken_mid_run_resumes_to_the_same_update(tmp_path):
     # FedBuff's test accuracy by server update: 0.5458, 0.4883, 0.5373, 0.3305, ...: three flat updates end it at 4
     fedbuff = [
-        "rounds=6", "data.num_clients=10", "client.steps=3", "checkpoint_every=2", "seed=4", "algorithm.name=fedavg",
-        "algorithm.aggregation=uniform", "system.profiles=lognormal", "asynchronous.concurrency=5", "asynchronous.buffer=2",
-        'evaluation.stop_at={metric = "test_accuracy", patience = 3}', "keep_checkpoint=true",
+        "rounds=6",
+        "data.num_clients=10",
+        "client.steps=3",
+        "checkpoint_every=2",
+        "seed=4",
+        "algorithm.name=fedavg",
+        "algorithm.aggregation=uniform",
+        "system.profiles=lognormal",
+        "asynchronous.concurrency=5",
+        "asynchronous.buffer=2",
+        'evaluation.stop_at={metric = "test_accuracy", patience = 3}',
+        "keep_checkpoint=true",
     ]
     out, killed = tmp_path / "run", tmp_path / "killed"
 
@@ -224,11 +255,24 @@ def test_a_deployment_stops_at_the_round_the_simulator_stops_at(tmp_path):
     from driftlab.deploy.server import run_in_process
 
     # test loss by round: 2.2135, 2.1105, 1.3223, 1.5697, 1.9347, 0.9503: two rounds above the best (round 3) end it at 5
-    config = load_config(None, [
-        "seed=0", "precision=float64", "data.name=synthetic", "data.num_clients=8", "sampling.participation=0.5",
-        "model.name=mlp", "model.hidden=[8]", "client.epochs=1", "client.batch_size=10", "client.lr=0.05",
-        "backend=sequential", "rounds=6", 'evaluation.stop_at={metric = "test_loss", patience = 2}',
-    ])
+    config = load_config(
+        None,
+        [
+            "seed=0",
+            "precision=float64",
+            "data.name=synthetic",
+            "data.num_clients=8",
+            "sampling.participation=0.5",
+            "model.name=mlp",
+            "model.hidden=[8]",
+            "client.epochs=1",
+            "client.batch_size=10",
+            "client.lr=0.05",
+            "backend=sequential",
+            "rounds=6",
+            'evaluation.stop_at={metric = "test_loss", patience = 2}',
+        ],
+    )
     simulated = driftlab.run(config, tmp_path / "simulated")
     deployed = run_in_process(config, tmp_path / "deployed", tmp_path / "node_state", num_nodes=2)
     assert simulated.records[-1]["round"] == deployed.records[-1]["round"] == 5

@@ -54,8 +54,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-from driftlab.extras import install_hint
 from driftlab.experiments.config import ConfigError, ExperimentConfig
+from driftlab.extras import install_hint
 
 TRACKERS = ("tensorboard", "wandb", "mlflow")
 # The module each tracker imports; the extra of the same name installs it.
@@ -72,7 +72,9 @@ def parse_tracker_list(text: str) -> tuple[str, ...]:
         return ()
     unknown = [name for name in names if name not in TRACKERS]
     if unknown:
-        raise ConfigError(f"--log takes a comma-separated list of {', '.join(TRACKERS)} (or none), got {', '.join(map(repr, unknown))}")
+        raise ConfigError(
+            f"--log takes a comma-separated list of {', '.join(TRACKERS)} (or none), got {', '.join(map(repr, unknown))}"
+        )
     return names
 
 
@@ -151,7 +153,9 @@ def open_trackers(out: Path, config: ExperimentConfig, records: Sequence[dict[st
                 raise
             except Exception as error:
                 reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:300].rstrip(".")
-                raise ConfigError(f"cannot open the {name} tracker for {out}: {reason}{_ADVICE.get(name, '')}") from error
+                raise ConfigError(
+                    f"cannot open the {name} tracker for {out}: {reason}{_ADVICE.get(name, '')}"
+                ) from error
     except BaseException:
         opened.close("failed")
         raise
@@ -237,12 +241,16 @@ class _MLflow:
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         self.client = MlflowClient(tracking_uri=uri)
         experiment_id = _mlflow_experiment(self.client, os.environ.get("MLFLOW_EXPERIMENT_NAME") or "driftlab")
-        found = self.client.search_runs([experiment_id], filter_string=f"tags.driftlab_run_key = '{key}'", max_results=1)
+        found = self.client.search_runs(
+            [experiment_id], filter_string=f"tags.driftlab_run_key = '{key}'", max_results=1
+        )
         if found:
             run = found[0]
             self.client.update_run(run.info.run_id, status="RUNNING")
         else:
-            run = self.client.create_run(experiment_id, run_name=str(out), tags={"driftlab_run_key": key, "driftlab_run_dir": str(out.resolve())})
+            run = self.client.create_run(
+                experiment_id, run_name=str(out), tags={"driftlab_run_key": key, "driftlab_run_dir": str(out.resolve())}
+            )
         self.run_id = run.info.run_id
         self.resumed = bool(found)
         flat = flat_config(config)
@@ -252,8 +260,14 @@ class _MLflow:
             for name, value in flat.items()
             if name.split(".")[0] not in _MUTABLE_KEYS and name not in held
         ]
-        tags = [RunTag(f"driftlab.{name}", str(value)) for name, value in flat.items() if name.split(".")[0] in _MUTABLE_KEYS]
-        for start in range(0, max(len(params), len(tags), 1), 100):  # MLflow takes at most 100 params and 100 tags a call
+        tags = [
+            RunTag(f"driftlab.{name}", str(value))
+            for name, value in flat.items()
+            if name.split(".")[0] in _MUTABLE_KEYS
+        ]
+        for start in range(
+            0, max(len(params), len(tags), 1), 100
+        ):  # MLflow takes at most 100 params and 100 tags a call
             self.client.log_batch(self.run_id, params=params[start : start + 100], tags=tags[start : start + 100])
         self.last_step: dict[str, int] = {}
         pending = [metric for record in records for metric in self._new_metrics(record)]
@@ -381,4 +395,12 @@ _OPENERS: dict[str, Callable[[Path, ExperimentConfig, str, Sequence[dict[str, An
     "mlflow": _MLflow,
 }
 
-__all__ = ["TRACKERS", "Trackers", "check_trackers_installed", "open_trackers", "parse_tracker_list", "run_key", "scalars"]
+__all__ = [
+    "TRACKERS",
+    "Trackers",
+    "check_trackers_installed",
+    "open_trackers",
+    "parse_tracker_list",
+    "run_key",
+    "scalars",
+]

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import re
 import os
+import re
 import shutil
 import signal
 import socket
@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 import driftlab
-from driftlab.experiments.run import trackers
-from driftlab.extras import install_hint
 from driftlab.experiments.cli_test import REPO_ROOT, _assert_clean_error, driftlab_cli
 from driftlab.experiments.config import ConfigError, load_config
+from driftlab.experiments.run import trackers
+from driftlab.extras import install_hint
 
 TINY = {
     "rounds": 6,
@@ -37,7 +37,14 @@ def _config(**changes) -> dict:
 @pytest.fixture(autouse=True)
 def _trackers_use_their_defaults(monkeypatch):
     """No setting of the developer's reaches the tests: stores go into the run directory, and W&B stays offline."""
-    for name in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "WANDB_DIR", "WANDB_PROJECT", "WANDB_API_KEY", "WANDB_BASE_URL"):
+    for name in (
+        "MLFLOW_TRACKING_URI",
+        "MLFLOW_EXPERIMENT_NAME",
+        "WANDB_DIR",
+        "WANDB_PROJECT",
+        "WANDB_API_KEY",
+        "WANDB_BASE_URL",
+    ):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "")  # records the caller's value, restored after the test
     monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE")  # driftlab sets it for its file store
@@ -75,7 +82,10 @@ def _mlflow_run(out: Path):
     runs = client.search_runs([client.get_experiment_by_name("driftlab").experiment_id])
     assert len(runs) == 1, "a resumed run continues its MLflow run"
     run = runs[0]
-    series = {key: sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, key)) for key in run.data.metrics}
+    series = {
+        key: sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, key))
+        for key in run.data.metrics
+    }
     return run, series
 
 
@@ -129,7 +139,10 @@ def test_every_round_reaches_tensorboard_and_mlflow_once_after_sigkill(tmp_path)
     pytest.importorskip("mlflow")
     out = tmp_path / "run"
     config = _config(rounds=12, checkpoint_every=4, log=["tensorboard", "mlflow"])
-    child = subprocess.Popen([sys.executable, "-c", _SLOW_RUN, json.dumps(config), str(out)], env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    child = subprocess.Popen(
+        [sys.executable, "-c", _SLOW_RUN, json.dumps(config), str(out)],
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+    )
     try:
         deadline = time.monotonic() + 120
         while not ((out / "metrics.jsonl").exists() and len(_records(out)) >= 6):
@@ -244,14 +257,31 @@ def _chunk(kind: int, body: bytes) -> bytes:
 def test_wandb_log_records_joins_chunks_skips_block_padding_and_stops_at_a_torn_chunk():
     header = b":W&B\xe1\xbe\x00"
     filler = _chunk(1, b"x" * (trackers._WANDB_BLOCK - len(header) - 7 - 3))  # leaves 3 bytes: padding
-    data = header + filler + b"\0\0\0" + _chunk(1, b"a") + _chunk(2, b"bc") + _chunk(3, b"d") + _chunk(4, b"e") + _chunk(1, b"torn")[:-2]
+    data = (
+        header
+        + filler
+        + b"\0\0\0"
+        + _chunk(1, b"a")
+        + _chunk(2, b"bc")
+        + _chunk(3, b"d")
+        + _chunk(4, b"e")
+        + _chunk(1, b"torn")[:-2]
+    )
     assert [len(r) for r in trackers._wandb_log_records(data)][1:] == [1, 4]
     assert list(trackers._wandb_log_records(data))[1:] == [b"a", b"bcde"]
     assert list(trackers._wandb_log_records(b"not a wandb file")) == []
 
 
 def test_scalars_are_the_finite_numbers_of_a_record_except_the_round():
-    record = {"round": 3, "num_reporting": 2, "reporting_clients": [0, 4], "test_accuracy": 0.5, "flag": True, "note": "x", "bad": float("nan")}
+    record = {
+        "round": 3,
+        "num_reporting": 2,
+        "reporting_clients": [0, 4],
+        "test_accuracy": 0.5,
+        "flag": True,
+        "note": "x",
+        "bad": float("nan"),
+    }
     assert trackers.scalars(record) == {"num_reporting": 2.0, "test_accuracy": 0.5}
 
 
@@ -271,11 +301,15 @@ def test_parse_tracker_list():
 
 def test_a_missing_tracker_package_stops_the_run_before_any_work(tmp_path, monkeypatch):
     real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real_find_spec(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real_find_spec(name, *a)
+    )
     with pytest.raises(ConfigError, match=f"wandb is not installed; {re.escape(install_hint('wandb'))}"):
         driftlab.run(_config(log=["wandb"]), tmp_path / "run")
     assert not (tmp_path / "run").exists()
-    result = driftlab_cli("sweep", "synthetic-fedavg", "--grid", "client.lr=0.01,0.02", "--out", tmp_path / "sweep", "--log", "wandb")
+    result = driftlab_cli(
+        "sweep", "synthetic-fedavg", "--grid", "client.lr=0.01,0.02", "--out", tmp_path / "sweep", "--log", "wandb"
+    )
     _assert_clean_error(result, install_hint("wandb"))
     assert not (tmp_path / "sweep").exists()
 
@@ -302,7 +336,18 @@ def test_run_and_sweep_log_option(tmp_path):
     assert [step for step, _ in _tensorboard_series(out)["model_norm"]] == [1, 2]
 
     sweep = tmp_path / "sweep"
-    args = ["sweep", "synthetic-fedavg", *tiny, "--grid", "client.lr=0.01,0.02", "--out", sweep, "--jobs", "2", "--no-report"]
+    args = [
+        "sweep",
+        "synthetic-fedavg",
+        *tiny,
+        "--grid",
+        "client.lr=0.01,0.02",
+        "--out",
+        sweep,
+        "--jobs",
+        "2",
+        "--no-report",
+    ]
     result = driftlab_cli(*args, "--log", "tensorboard")
     assert result.returncode == 0, result.stderr
     run_dirs = sorted(path.parent for path in sweep.glob("runs/**/metrics.jsonl"))

@@ -31,7 +31,9 @@ def _dataset(sizes=(7, 10, 4, 12)) -> FederatedDataset:
 def test_each_client_holds_out_the_ceiling_of_its_share_and_keeps_the_rest():
     data = _dataset()
     split = with_validation_split(data, 0.25, seed=3)
-    for before, train, held in zip(data.client_indices, split.client_indices, split.client_validation_indices, strict=True):
+    for before, train, held in zip(
+        data.client_indices, split.client_indices, split.client_validation_indices, strict=True
+    ):
         assert len(held) == math.ceil(0.25 * len(before)) and len(train) == len(before) - len(held)
         assert np.array_equal(np.sort(np.concatenate([train, held])), before)  # a partition of the client's rows
         assert not np.intersect1d(train, held).size
@@ -40,21 +42,37 @@ def test_each_client_holds_out_the_ceiling_of_its_share_and_keeps_the_rest():
 def test_a_clients_validation_rows_depend_on_the_seed_and_that_client_alone():
     data = _dataset()
     other = _dataset(sizes=(7, 10, 4, 12))
-    other = FederatedDataset("toy", other.train_inputs, other.train_targets, other.test_inputs, other.test_targets,
-                             (other.client_indices[0], other.client_indices[1][:6], other.client_indices[2], other.client_indices[3]), 2)
+    other = FederatedDataset(
+        "toy",
+        other.train_inputs,
+        other.train_targets,
+        other.test_inputs,
+        other.test_targets,
+        (other.client_indices[0], other.client_indices[1][:6], other.client_indices[2], other.client_indices[3]),
+        2,
+    )
     a, b = with_validation_split(data, 0.3, seed=3), with_validation_split(other, 0.3, seed=3)
     for client_id in (0, 2, 3):  # client 1 changed in `other`; the others' splits do not move
         assert np.array_equal(a.client_validation_indices[client_id], b.client_validation_indices[client_id])
     c = with_validation_split(data, 0.3, seed=4)
-    assert any(not np.array_equal(x, y) for x, y in zip(a.client_validation_indices, c.client_validation_indices, strict=True))
+    assert any(
+        not np.array_equal(x, y) for x, y in zip(a.client_validation_indices, c.client_validation_indices, strict=True)
+    )
 
 
 def test_validation_rows_never_train_and_are_evaluated_apart_from_the_test_set():
     config = load_config(None, overrides=[*SMALL, "data.validation_fraction=0.2"])
     dataset = build_dataset(config.data, config.seed)
     held_out = FederatedDataset(
-        dataset.name, dataset.train_inputs, dataset.train_targets, dataset.test_inputs, dataset.test_targets, dataset.client_indices,
-        dataset.num_classes, client_test_indices=dataset.client_test_indices, global_test_size=dataset.global_test_size,
+        dataset.name,
+        dataset.train_inputs,
+        dataset.train_targets,
+        dataset.test_inputs,
+        dataset.test_targets,
+        dataset.client_indices,
+        dataset.num_classes,
+        client_test_indices=dataset.client_test_indices,
+        global_test_size=dataset.global_test_size,
     )
     base = load_config(None, overrides=[*SMALL, "data.validation_fraction=0.2"]).to_dict()
     with_split = driftlab.run(base)
@@ -71,8 +89,12 @@ def test_validation_rows_never_train_and_are_evaluated_apart_from_the_test_set()
     weights, bias = params[:600].reshape(10, 60), params[600:]
     logits = dataset.train_inputs[rows].to(torch.float64) @ weights.T + bias
     targets = dataset.train_targets[rows]
-    assert record["validation_accuracy"] == pytest.approx(float((logits.argmax(1) == targets).double().mean()), abs=1e-12)
-    assert record["validation_loss"] == pytest.approx(float(torch.nn.functional.cross_entropy(logits, targets)), rel=1e-5)
+    assert record["validation_accuracy"] == pytest.approx(
+        float((logits.argmax(1) == targets).double().mean()), abs=1e-12
+    )
+    assert record["validation_loss"] == pytest.approx(
+        float(torch.nn.functional.cross_entropy(logits, targets)), rel=1e-5
+    )
 
 
 def test_the_test_splits_do_not_move_when_a_validation_split_is_added():
@@ -91,4 +113,6 @@ def test_a_fraction_that_leaves_a_client_nothing_to_train_on_is_refused_naming_t
 
 def test_a_fraction_of_zero_is_no_split_and_the_same_run():
     zero = load_config(None, overrides=[*SMALL, "data.validation_fraction=0"])
-    assert zero.data.validation_fraction is None and zero.fingerprint() == load_config(None, overrides=SMALL).fingerprint()
+    assert (
+        zero.data.validation_fraction is None and zero.fingerprint() == load_config(None, overrides=SMALL).fingerprint()
+    )

@@ -66,4 +66,14 @@ def run_status(run_dir: Path, rounds: int) -> RunStatus:
     return "interrupted"  # running (killed without a chance to say so) or interrupted
 
 
-__all__ = ["FAILURE_FILE", "HALVING_FILE", "HALVING_RUNGS_FILE", "JOBS_FILE", "SWEEP_FILE", "RunStatus", "run_directory_holder", "run_status", "slug"]
+__all__ = [
+    "FAILURE_FILE",
+    "HALVING_FILE",
+    "HALVING_RUNGS_FILE",
+    "JOBS_FILE",
+    "SWEEP_FILE",
+    "RunStatus",
+    "run_directory_holder",
+    "run_status",
+    "slug",
+]

@@ -42,20 +42,33 @@ from typing import Any, Callable, Sequence
 
 from driftlab.errors import ConfigError
 from driftlab.executors import processes
-from driftlab.executors.processes import EXIT_BUSY, EXIT_COMPLETE, EXIT_DIVERGED, EXIT_FAILED, EXIT_INTERRUPTED
-from driftlab.executors.processes import process_gone
+from driftlab.executors.processes import (
+    EXIT_BUSY,
+    EXIT_COMPLETE,
+    EXIT_DIVERGED,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    process_gone,
+)
 from driftlab.executors.registry import ExecutorEntry, ExecutorOptions, resolve
 from driftlab.executors.slurm import LOG_FOLDER as SLURM_LOG_FOLDER
 from driftlab.executors.tasks import Events, RunTask, TaskResult
+
 # re-exported: the worker's entry point lived here, and driftlab.experiments.sweep still offers it
 from driftlab.executors.worker import die_with_parent, worker_main
 from driftlab.experiments.config import ExperimentConfig, config_from_record
-from driftlab.experiments.run.run_directory import CONFIG_FILE, finished, read_run_info, write_atomically
-from driftlab.experiments.sweep.directory import FAILURE_FILE, JOBS_FILE, SWEEP_FILE, RunStatus, run_status
 from driftlab.experiments.report.read import read_metrics
 from driftlab.experiments.report.tuning import ValueRuns, check_metric, mean_score, ranked_values
-from driftlab.experiments.run.run_directory import METRICS_FILE
-from driftlab.experiments.sweep.directory import HALVING_FILE, HALVING_RUNGS_FILE
+from driftlab.experiments.run.run_directory import CONFIG_FILE, METRICS_FILE, finished, read_run_info, write_atomically
+from driftlab.experiments.sweep.directory import (
+    FAILURE_FILE,
+    HALVING_FILE,
+    HALVING_RUNGS_FILE,
+    JOBS_FILE,
+    SWEEP_FILE,
+    RunStatus,
+    run_status,
+)
 from driftlab.experiments.sweep.planning import PlannedRun, plan, sweep_document
 from driftlab.experiments.sweep.spec import SweepSpec, parse_halving
 from driftlab.owned_folder import OwnedFolder, claim
@@ -107,7 +120,9 @@ def run_sweep(
     if halving is not None:
         spec = dataclasses.replace(spec, halving=parse_halving(halving))
         if spec.halving is not None and spec.tuning is None:
-            raise ConfigError(f"--halving {halving}: halving stops the runs of a tuned axis, and sweep {spec.name} has none; mark an axis role = \"tuned\"")
+            raise ConfigError(
+                f'--halving {halving}: halving stops the runs of a tuned axis, and sweep {spec.name} has none; mark an axis role = "tuned"'
+            )
     out = Path(out_dir)
     runs = plan(spec, scale, extra_overrides)  # imports the plugins of the sweep and its base config
     entry, options = _executor(executor or ExecutorOptions(), jobs)
@@ -119,7 +134,9 @@ def run_sweep(
     check_trackers_installed([name for r in runs for name in r.config.log])  # before any run starts
     document = sweep_document(spec, runs, scale, extra_overrides)
     # With force, a user's sweep.json, jobs.json or halving-rungs.json is replaced, never read as the sweep's own.
-    replaced = OwnedFolder.read(out, "driftlab sweep").foreign(SWEEP_NAMES, earlier_sweep) if force and out.is_dir() else []
+    replaced = (
+        OwnedFolder.read(out, "driftlab sweep").foreign(SWEEP_NAMES, earlier_sweep) if force and out.is_dir() else []
+    )
     claim(out, SWEEP_NAMES, "driftlab sweep", force=force, recognise=earlier_sweep)
     with _exclusive(out):
         for name in (JOBS_FILE, HALVING_RUNGS_FILE):
@@ -170,7 +187,9 @@ def _run_planned(
     skipped = len(runs) - len(todo)
     layout = entry.layout_for(options, len(todo))
     threads = threads or layout.threads
-    log(f"sweep {spec.name}{title}: {len(runs)} runs, {skipped} already finished, {len(todo)} to run {layout.where} x {threads} thread(s)")
+    log(
+        f"sweep {spec.name}{title}: {len(runs)} runs, {skipped} already finished, {len(todo)} to run {layout.where} x {threads} thread(s)"
+    )
 
     by_key = {r.dir: r for r in todo}
     done = skipped
@@ -193,13 +212,24 @@ def _run_planned(
             log(f"  running  {_name(r)}  [{done}/{len(runs)}]  {outcomes[r.dir].message}")
             return
         status = _status_from_exit(result.exit_code)
-        message = _elsewhere(processes.run_directory_holder(out / r.dir) or 0) if status == "running" else _message(out / r.dir)
-        outcome = RunOutcome(r, status, message or result.job.get("error", "") or _exit_message(result.exit_code), result.seconds)
+        message = (
+            _elsewhere(processes.run_directory_holder(out / r.dir) or 0)
+            if status == "running"
+            else _message(out / r.dir)
+        )
+        outcome = RunOutcome(
+            r, status, message or result.job.get("error", "") or _exit_message(result.exit_code), result.seconds
+        )
         outcomes[r.dir] = outcome
-        log(f"  {status:<8s} {_name(r)}  [{done}/{len(runs)}, {_duration(outcome.seconds)}]" + (f"  {outcome.message}" if outcome.message else ""))
+        log(
+            f"  {status:<8s} {_name(r)}  [{done}/{len(runs)}, {_duration(outcome.seconds)}]"
+            + (f"  {outcome.message}" if outcome.message else "")
+        )
 
     def interrupted() -> None:
-        log("sweep interrupted: stopping runs at their last completed round (checkpointed); run the same command again to resume")
+        log(
+            "sweep interrupted: stopping runs at their last completed round (checkpointed); run the same command again to resume"
+        )
 
     # Run directories as the sweep names them, with its working directory: an executor whose workers run
     # elsewhere makes them absolute (``executors.tasks.absolute``).
@@ -271,7 +301,9 @@ def _run_halving(
                 outcomes[r.dir] = RunOutcome(_at_round(r, at), "stopped", message)
             active[key] = kept
             total = len({r.tuned for r in kept}) + len({r.tuned for r, _ in stopped})
-            log(f"  halving {' / '.join(filter(None, key))} at round {at}: {len({r.tuned for r in kept})} of {total} values go on")
+            log(
+                f"  halving {' / '.join(filter(None, key))} at round {at}: {len({r.tuned for r in kept})} of {total} values go on"
+            )
         active = {key: group for key, group in active.items() if key in deciding}
         rung_index += 1
     planned = {r.dir: r for r in runs}
@@ -305,7 +337,14 @@ def _halve(
         by_value.setdefault(r.tuned, []).append(r)
     where = [group[0].setting, group[0].tuned_method]
     stored = next(
-        (d for d in decisions if d.get("group") == where and d.get("round") == rung and d.get("eta") == eta and set(d.get("order", ())) == set(by_value)),
+        (
+            d
+            for d in decisions
+            if d.get("group") == where
+            and d.get("round") == rung
+            and d.get("eta") == eta
+            and set(d.get("order", ())) == set(by_value)
+        ),
         None,
     )
     if stored is None:
@@ -315,10 +354,17 @@ def _halve(
             for r in value_runs:
                 path = out / r.dir / METRICS_FILE
                 records.append(tuple(x for x in read_metrics(path)[0] if x["round"] <= rung) if path.exists() else ())
-            values[value] = ValueRuns(tuple(records), any(run_status(out / r.dir, rung) == "diverged" for r in value_runs))
-        check_metric([rec for v in values.values() for rec in v.records], tuning, f"{group[0].tuned_method} at round {rung}")
+            values[value] = ValueRuns(
+                tuple(records), any(run_status(out / r.dir, rung) == "diverged" for r in value_runs)
+            )
+        check_metric(
+            [rec for v in values.values() for rec in v.records], tuning, f"{group[0].tuned_method} at round {rung}"
+        )
         stored = {
-            "group": where, "round": rung, "eta": eta, "order": ranked_values(values, tuning),
+            "group": where,
+            "round": rung,
+            "eta": eta,
+            "order": ranked_values(values, tuning),
             "scores": {value: mean_score(runs, tuning) for value, runs in values.items()},
         }
         decisions.append(stored)
@@ -372,7 +418,9 @@ def _exclusive(out: Path):
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise ConfigError(f"another `driftlab sweep` is running on {out}; wait for it to finish (or stop it) first") from None
+            raise ConfigError(
+                f"another `driftlab sweep` is running on {out}; wait for it to finish (or stop it) first"
+            ) from None
         yield
     finally:
         handle.close()
@@ -388,7 +436,9 @@ def check_run_directory(run_dir: Path, config: ExperimentConfig) -> None:
     except ConfigError:
         raise
     except (json.JSONDecodeError, ValueError) as error:
-        raise ConfigError(f"{stored} is not a valid run configuration ({error}); delete {run_dir} to run it again") from None
+        raise ConfigError(
+            f"{stored} is not a valid run configuration ({error}); delete {run_dir} to run it again"
+        ) from None
     if previous.fingerprint() != config.fingerprint():
         raise ConfigError(
             f"{run_dir} holds a run of another configuration than the sweep now plans (its base or overrides changed); "
@@ -409,7 +459,9 @@ def _check_existing(out: Path, document: dict[str, Any]) -> None:
     try:
         previous = json.loads(path.read_text())
     except json.JSONDecodeError as error:
-        raise ConfigError(f"{path} is not valid JSON ({error}); delete it to re-plan the sweep (run directories are kept)") from None
+        raise ConfigError(
+            f"{path} is not valid JSON ({error}); delete it to re-plan the sweep (run directories are kept)"
+        ) from None
     for key in ("name", "scale"):
         if previous.get(key) != document[key]:
             raise ConfigError(
@@ -480,6 +532,14 @@ def _write_json(path: Path, content: dict[str, Any]) -> None:
 
 
 __all__ = [
-    "EXIT_BUSY", "EXIT_COMPLETE", "EXIT_DIVERGED", "EXIT_FAILED", "EXIT_INTERRUPTED", "RunOutcome", "die_with_parent",
-    "process_gone", "run_sweep", "worker_main",
+    "EXIT_BUSY",
+    "EXIT_COMPLETE",
+    "EXIT_DIVERGED",
+    "EXIT_FAILED",
+    "EXIT_INTERRUPTED",
+    "RunOutcome",
+    "die_with_parent",
+    "process_gone",
+    "run_sweep",
+    "worker_main",
 ]

@@ -32,8 +32,8 @@ from driftlab.experiments.config import (
     read_config_source,
 )
 from driftlab.experiments.sweep.directory import slug
-from driftlab.plugins import did_you_mean
 from driftlab.experiments.sweep.spec import Axis, AxisValue, Scale, SweepSpec
+from driftlab.plugins import did_you_mean
 
 SWEEP_FORMAT = 1
 
@@ -60,14 +60,18 @@ def plan(spec: SweepSpec, scale: str | None = None, extra_overrides: Sequence[st
     """Every run of the sweep, validated: a bad key fails here, before any work starts."""
     if scale is not None and scale not in spec.scales:
         known = ", ".join(spec.scales) or "none"
-        raise ConfigError(f"sweep {spec.name} has no scale {scale!r}; its scales: {known} (omit --scale for the default)")
+        raise ConfigError(
+            f"sweep {spec.name} has no scale {scale!r}; its scales: {known} (omit --scale for the default)"
+        )
     chosen = spec.scales.get(scale, Scale()) if scale else Scale()
     seeds = chosen.seeds or spec.seeds
     base_table = read_config_source(spec.base)
     if spec.plugins:
         # every run's config records the sweep's plugins too, so its own interpreter imports them
         base_plugins = base_table.get("plugins", [])
-        base_plugins = base_plugins if isinstance(base_plugins, list) else [base_plugins]  # validation names a bad value
+        base_plugins = (
+            base_plugins if isinstance(base_plugins, list) else [base_plugins]
+        )  # validation names a bad value
         base_table = {**base_table, "plugins": [*base_plugins, *(p for p in spec.plugins if p not in base_plugins)]}
     combos: list[list[tuple[Axis, AxisValue]]] = [[]]
     for axis in spec.axes:
@@ -132,14 +136,16 @@ def _applicable(combos: list[list[tuple[Axis, AxisValue]]]) -> list[list[tuple[A
     return list(kept.values())
 
 
-def _check_validation_rows(spec: SweepSpec, config: ExperimentConfig, combo: list[tuple[Axis, AxisValue]], seed: int) -> None:
+def _check_validation_rows(
+    spec: SweepSpec, config: ExperimentConfig, combo: list[tuple[Axis, AxisValue]], seed: int
+) -> None:
     """A tuned value is picked on validation rows: a run without them could only be picked on test data."""
     if getattr(config.data, "validation_fraction", None):
         return
     names = " / ".join(value.label for _, value in combo)
     raise ConfigError(
         f"sweep {spec.name}, run {names} (seed {seed}): a tuned axis picks its value on validation data, and this run holds "
-        "none (data.validation_fraction is unset); add \"data.validation_fraction=0.1\" to the sweep's `overrides` (or "
+        'none (data.validation_fraction is unset); add "data.validation_fraction=0.1" to the sweep\'s `overrides` (or '
         "`validation_fraction = 0.1` under [data] in its base config), which holds 10% of every client's training rows out"
     )
 
@@ -163,7 +169,9 @@ def _check_extendable(spec: SweepSpec, runs: Sequence[PlannedRun]) -> None:
 Scoped = list[tuple[str | None, str]]  # (the label an override is scoped to, or None: every run; the plain key=value)
 
 
-def _run_assignments(combo: list[tuple[Axis, AxisValue]], shared: Scoped, extra: Scoped, scale: str | None) -> list[str]:
+def _run_assignments(
+    combo: list[tuple[Axis, AxisValue]], shared: Scoped, extra: Scoped, scale: str | None
+) -> list[str]:
     """One run's overrides in order: the sweep's (and its scale's), its axis values' ``set``, the command line's;
     a scoped override only where its label is one of the run's."""
     in_run = {value.label for _, value in combo}
@@ -226,7 +234,9 @@ def _scope_hint(
         ]
         intro = f"\n{assignment!r} is set for every run of the sweep, but {key} is a key of {', '.join(owners)} only"
         if not fitting:
-            return f"{intro}; set it in the `set` of the axis values whose runs use {' or '.join(owners)} (a sweep file)"
+            return (
+                f"{intro}; set it in the `set` of the axis values whose runs use {' or '.join(owners)} (a sweep file)"
+            )
         scoped = " ".join(f"'{label}:{assignment}'" for label in fitting)
         return (
             f"{intro}, which the runs of {' and '.join(repr(label) for label in fitting)} use; "
@@ -244,7 +254,9 @@ def _algorithm_name(base_table: dict[str, Any], assignments: list[str]) -> str |
     return algorithm.get("name", DEFAULT_ALGORITHM) if isinstance(algorithm, dict) else None
 
 
-def sweep_document(spec: SweepSpec, runs: Sequence[PlannedRun], scale: str | None, extra_overrides: Sequence[str]) -> dict[str, Any]:
+def sweep_document(
+    spec: SweepSpec, runs: Sequence[PlannedRun], scale: str | None, extra_overrides: Sequence[str]
+) -> dict[str, Any]:
     """The content of ``sweep.json``: what a report needs to group runs by setting, method and seed."""
     chosen = spec.scales.get(scale, Scale()) if scale else Scale()
     note = run_note(spec, scale, extra_overrides)
@@ -270,14 +282,24 @@ def sweep_document(spec: SweepSpec, runs: Sequence[PlannedRun], scale: str | Non
 
 
 def _axis_entry(axis: Axis, scale: str | None) -> dict[str, Any]:
-    entry: dict[str, Any] = {"name": axis.name, "role": axis.role, "values": [{"label": v.label, "set": list(v.assignments(scale))} for v in axis.values]}
+    entry: dict[str, Any] = {
+        "name": axis.name,
+        "role": axis.role,
+        "values": [{"label": v.label, "set": list(v.assignments(scale))} for v in axis.values],
+    }
     if axis.methods is not None:  # absent otherwise: the sweep.json of a sweep without `methods` is what it always was
         entry["methods"] = list(axis.methods)
     return entry
 
 
 def _run_entry(r: PlannedRun) -> dict[str, Any]:
-    entry: dict[str, Any] = {"dir": r.dir, "setting": r.setting, "method": r.method, "seed": r.seed, "overrides": list(r.overrides)}
+    entry: dict[str, Any] = {
+        "dir": r.dir,
+        "setting": r.setting,
+        "method": r.method,
+        "seed": r.seed,
+        "overrides": list(r.overrides),
+    }
     if r.tuned:  # absent otherwise: an untuned sweep's sweep.json is what it always was
         entry.update(tuned=r.tuned, tuned_method=r.tuned_method)
     return entry
@@ -287,7 +309,9 @@ def _tuning_entries(spec: SweepSpec) -> dict[str, Any]:
     """sweep.json's ``tuning`` (and ``halving``) keys, for sweeps with tuned axes only."""
     if spec.tuning is None:
         return {}
-    entries: dict[str, Any] = {"tuning": {"metric": spec.tuning.metric, "rule": spec.tuning.rule, "axes": [a.name for a in spec.tuned_axes]}}
+    entries: dict[str, Any] = {
+        "tuning": {"metric": spec.tuning.metric, "rule": spec.tuning.rule, "axes": [a.name for a in spec.tuned_axes]}
+    }
     if spec.halving is not None:
         entries["halving"] = {"first": spec.halving.first, "eta": spec.halving.eta}
     return entries

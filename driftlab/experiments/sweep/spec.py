@@ -75,8 +75,8 @@ from driftlab.errors import ConfigError
 from driftlab.experiments.config import MAX_CONFIG_BYTES, check_toml_shape, parse_override, parse_toml, read_config_text
 from driftlab.experiments.config.toml_writer import toml_string, toml_value
 from driftlab.experiments.report.tuning import Tuning, tuning_from_keys
-from driftlab.experiments.sweep.shipped import SWEEP_PACKAGE, sweep_names
 from driftlab.experiments.sweep.directory import slug
+from driftlab.experiments.sweep.shipped import SWEEP_PACKAGE, sweep_names
 from driftlab.plugins import did_you_mean, resolve_plugin
 
 Role = Literal["setting", "method", "tuned"]
@@ -91,7 +91,9 @@ class AxisValue:
     label: str
     set: tuple[str, ...]
     at_scale: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (scale name, extra overrides) for one variant at one scale
-    dir_name: str = ""  # its part of the run directory; empty: slug(label) (sweep files, so their directories never move)
+    dir_name: str = (
+        ""  # its part of the run directory; empty: slug(label) (sweep files, so their directories never move)
+    )
 
     def assignments(self, scale: str | None) -> tuple[str, ...]:
         return self.set + dict(self.at_scale).get(scale, ())
@@ -150,7 +152,9 @@ def parse_halving(text: str, origin: str = "--halving") -> Halving | None:
 
 def _halving(first: Any, eta: Any, origin: str) -> Halving:
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in (first, eta)) or first < 1 or eta < 2:
-        raise ConfigError(f"{origin}: halving needs a first round R >= 1 and eta >= 2 (integers), got first={first!r}, eta={eta!r}; write {HALVING_FORM}")
+        raise ConfigError(
+            f"{origin}: halving needs a first round R >= 1 and eta >= 2 (integers), got first={first!r}, eta={eta!r}; write {HALVING_FORM}"
+        )
     return Halving(first, eta)
 
 
@@ -165,7 +169,9 @@ class SweepSpec:
     steps_reference: str | None = None
     axes: tuple[Axis, ...] = ()
     scales: dict[str, Scale] = field(default_factory=dict)
-    plugins: tuple[str, ...] = ()  # imported for every run, after the base config's own (absolute paths or module names)
+    plugins: tuple[
+        str, ...
+    ] = ()  # imported for every run, after the base config's own (absolute paths or module names)
     tuning: Tuning | None = None  # how tuned values are scored on validation; set when an axis is tuned
     halving: Halving | None = None  # successive halving over the tuned values (None: every run to the full rounds)
 
@@ -200,25 +206,47 @@ def load_sweep(source: str | Path) -> SweepSpec:
     if path.is_file():
         text, origin, folder, name = read_config_text(path), str(path), path.parent, path.stem
     elif str(source) in sweep_names():
-        text, origin, folder, name = resources.files(SWEEP_PACKAGE).joinpath(f"{source}.toml").read_text(), f"sweep {source}", None, str(source)
+        text, origin, folder, name = (
+            resources.files(SWEEP_PACKAGE).joinpath(f"{source}.toml").read_text(),
+            f"sweep {source}",
+            None,
+            str(source),
+        )
     else:
-        raise ConfigError(f"{source!r} is neither a sweep file nor a shipped sweep; shipped sweeps: {', '.join(sweep_names())}")
+        raise ConfigError(
+            f"{source!r} is neither a sweep file nor a shipped sweep; shipped sweeps: {', '.join(sweep_names())}"
+        )
     return sweep_from_table(parse_toml(text, origin), origin, name, folder)
 
 
 _TOP_KEYS = {
-    "description", "base", "plugins", "overrides", "seeds", "targets", "steps_reference", "axes", "scales", "name", "tuning_metric",
-    "tuning_rule", "halving",
+    "description",
+    "base",
+    "plugins",
+    "overrides",
+    "seeds",
+    "targets",
+    "steps_reference",
+    "axes",
+    "scales",
+    "name",
+    "tuning_metric",
+    "tuning_rule",
+    "halving",
 }
 
 
 def sweep_from_table(table: dict[str, Any], origin: str, name: str, folder: Path | None = None) -> SweepSpec:
     unknown = sorted(set(table) - _TOP_KEYS)
     if unknown:
-        raise ConfigError(f"{origin}: unknown key(s) {', '.join(unknown)}; a sweep file has {', '.join(sorted(_TOP_KEYS))}")
+        raise ConfigError(
+            f"{origin}: unknown key(s) {', '.join(unknown)}; a sweep file has {', '.join(sorted(_TOP_KEYS))}"
+        )
     base = table.get("base")
     if not isinstance(base, str) or not base:
-        raise ConfigError(f"{origin}: `base` must name the config every run starts from (a preset such as \"mnist-feddyn\" or a .toml file)")
+        raise ConfigError(
+            f'{origin}: `base` must name the config every run starts from (a preset such as "mnist-feddyn" or a .toml file)'
+        )
     if folder is not None and not Path(base).is_absolute() and (folder / base).is_file():
         base = str(folder / base)
     axes = tuple(_axis(a, i, origin) for i, a in enumerate(_list(table, "axes", origin, dict)))
@@ -241,14 +269,18 @@ def sweep_from_table(table: dict[str, Any], origin: str, name: str, folder: Path
         for value in axis.values:
             for scale_name, _ in value.at_scale:
                 if scale_name not in scales:
-                    raise ConfigError(f"{origin}: axis {axis.name}, value {value.label!r}: at_scale names {scale_name!r}, which is not under [scales]")
+                    raise ConfigError(
+                        f"{origin}: axis {axis.name}, value {value.label!r}: at_scale names {scale_name!r}, which is not under [scales]"
+                    )
     targets = tuple(_list(table, "targets", origin, (int, float)))
     for target in targets:
         if not 0 < target <= 1:
             raise ConfigError(f"{origin}: target accuracies are fractions in (0, 1], got {target}")
     reference = table.get("steps_reference")
     if reference is not None and reference not in {v.label for a in axes if a.role == "method" for v in a.values}:
-        raise ConfigError(f"{origin}: steps_reference={reference!r} is not a method label of any axis with role = \"method\"")
+        raise ConfigError(
+            f'{origin}: steps_reference={reference!r} is not a method label of any axis with role = "method"'
+        )
     plugins = tuple(resolve_plugin(plugin, folder) for plugin in _list(table, "plugins", origin, str))
     if not all(plugins):
         raise ConfigError(f"{origin}: `plugins` lists module names or paths of .py files, not empty strings")
@@ -275,7 +307,9 @@ def _tuning(table: dict[str, Any], axes: Sequence[Axis], origin: str) -> tuple[T
     given = [key for key in ("tuning_metric", "tuning_rule", "halving") if key in table]
     if not any(axis.role == "tuned" for axis in axes):
         if given:
-            raise ConfigError(f"{origin}: {', '.join(given)} applies to tuned axes, and no axis has role = \"tuned\"; mark the axis to tune")
+            raise ConfigError(
+                f'{origin}: {", ".join(given)} applies to tuned axes, and no axis has role = "tuned"; mark the axis to tune'
+            )
         return None, None
     for axis in axes:
         if axis.role == "tuned" and len(axis.values) < 2:
@@ -302,7 +336,7 @@ def _check_methods(axes: Sequence[Axis], origin: str) -> None:
         if axis.role != "tuned":
             raise ConfigError(
                 f"{origin}: axis {axis.name!r} has role = {axis.role!r} and `methods`; `methods` says which methods a tuned axis "
-                f"tunes, so mark the axis role = \"tuned\" or remove `methods`"
+                f'tunes, so mark the axis role = "tuned" or remove `methods`'
             )
         for method in axis.methods:
             if method in labels:
@@ -310,7 +344,7 @@ def _check_methods(axes: Sequence[Axis], origin: str) -> None:
             if not labels:
                 raise ConfigError(
                     f"{origin}: tuned axis {axis.name!r} lists methods = {list(axis.methods)!r}, and the sweep has no axis with "
-                    "role = \"method\" whose values they could name; add the method axis, or remove `methods` to tune every run"
+                    'role = "method" whose values they could name; add the method axis, or remove `methods` to tune every run'
                 )
             guess = did_you_mean(method, labels)
             raise ConfigError(
@@ -328,7 +362,11 @@ def _list(table: dict[str, Any], key: str, origin: str, kind: type | tuple[type,
 
 
 def validate_seeds(value: Any, origin: str) -> tuple[int, ...]:
-    if not isinstance(value, list) or not value or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in value):
+    if (
+        not isinstance(value, list)
+        or not value
+        or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in value)
+    ):
         raise ConfigError(f"{origin}: `seeds` must be a non-empty list of non-negative integers, got {value!r}")
     if len(set(value)) != len(value):
         raise ConfigError(f"{origin}: `seeds` lists a seed twice: {value!r}")
@@ -339,13 +377,17 @@ def _axis(raw: dict[str, Any], index: int, origin: str) -> Axis:
     where = f"{origin}: axes[{index}]"
     keys = {"name", "role", "values", "methods"}
     if set(raw) - keys:
-        raise ConfigError(f"{where}: unknown key(s) {', '.join(sorted(set(raw) - keys))}; an axis has name, role, values (and methods, if tuned)")
+        raise ConfigError(
+            f"{where}: unknown key(s) {', '.join(sorted(set(raw) - keys))}; an axis has name, role, values (and methods, if tuned)"
+        )
     name = raw.get("name")
     if not isinstance(name, str) or not name:
         raise ConfigError(f"{where}: `name` must be a non-empty string")
     values = raw.get("values")
     if not isinstance(values, list) or not values:
-        raise ConfigError(f"{where} ({name}): `values` must be a non-empty list of {{ label = \"...\", set = [\"key=value\", ...] }}")
+        raise ConfigError(
+            f'{where} ({name}): `values` must be a non-empty list of {{ label = "...", set = ["key=value", ...] }}'
+        )
     parsed = []
     for value in values:
         if (
@@ -355,15 +397,21 @@ def _axis(raw: dict[str, Any], index: int, origin: str) -> Axis:
             or not value["label"]
         ):
             raise ConfigError(
-                f"{where} ({name}): each value is {{ label = \"...\", set = [\"key=value\", ...] }} "
-                f"(optionally at_scale = {{ paper = [\"key=value\", ...] }}), got {value!r}"
+                f'{where} ({name}): each value is {{ label = "...", set = ["key=value", ...] }} '
+                f'(optionally at_scale = {{ paper = ["key=value", ...] }}), got {value!r}'
             )
         assignments = value["set"]
         if not isinstance(assignments, list) or not all(isinstance(a, str) for a in assignments):
-            raise ConfigError(f"{where} ({name}), value {value['label']!r}: `set` must be a list of \"key=value\" strings")
+            raise ConfigError(
+                f'{where} ({name}), value {value["label"]!r}: `set` must be a list of "key=value" strings'
+            )
         at_scale = value.get("at_scale", {})
-        if not isinstance(at_scale, dict) or not all(isinstance(v, list) and all(isinstance(a, str) for a in v) for v in at_scale.values()):
-            raise ConfigError(f"{where} ({name}), value {value['label']!r}: at_scale maps scale names to lists of \"key=value\" strings")
+        if not isinstance(at_scale, dict) or not all(
+            isinstance(v, list) and all(isinstance(a, str) for a in v) for v in at_scale.values()
+        ):
+            raise ConfigError(
+                f'{where} ({name}), value {value["label"]!r}: at_scale maps scale names to lists of "key=value" strings'
+            )
         for assignment in [*assignments, *(a for v in at_scale.values() for a in v)]:
             parse_override(assignment)
         parsed.append(AxisValue(value["label"], tuple(assignments), tuple((k, tuple(v)) for k, v in at_scale.items())))
@@ -372,7 +420,9 @@ def _axis(raw: dict[str, Any], index: int, origin: str) -> Axis:
         raise ConfigError(f"{where} ({name}): labels must differ, got {labels}")
     role = raw.get("role") or _infer_role(v for value in parsed for v in value.set)
     if role not in ROLES:
-        raise ConfigError(f"{where} ({name}): role must be \"setting\" or \"method\" (or \"tuned\": values each method is tuned over), got {role!r}")
+        raise ConfigError(
+            f'{where} ({name}): role must be "setting" or "method" (or "tuned": values each method is tuned over), got {role!r}'
+        )
     return Axis(name, role, tuple(parsed), _methods(raw, where, name))
 
 
@@ -382,11 +432,13 @@ def _methods(raw: dict[str, Any], where: str, name: str) -> tuple[str, ...] | No
         return None
     methods = raw["methods"]
     if not isinstance(methods, list) or not all(isinstance(m, str) and m for m in methods):
-        raise ConfigError(f"{where} ({name}): `methods` must be a list of method labels, e.g. methods = [\"FedDyn\"], got {methods!r}")
+        raise ConfigError(
+            f'{where} ({name}): `methods` must be a list of method labels, e.g. methods = ["FedDyn"], got {methods!r}'
+        )
     if not methods:
         raise ConfigError(
             f"{where} ({name}): `methods` is empty, so the axis would tune no run; list the methods it tunes "
-            "(e.g. methods = [\"FedDyn\"]), or remove `methods` to tune every method"
+            '(e.g. methods = ["FedDyn"]), or remove `methods` to tune every method'
         )
     if len(set(methods)) != len(methods):
         raise ConfigError(f"{where} ({name}): `methods` lists a method twice: {methods!r}")
@@ -416,7 +468,9 @@ def grid_axis(assignment: str, label_key: str | None = None) -> Axis:
     if not sep or not key or not raw:
         raise ConfigError(f"--grid {assignment!r} must be {GRID_FORMS}")
     if not _KEY.fullmatch(key):
-        raise ConfigError(f"--grid {assignment!r}: {key!r} is not a config key such as client.lr or algorithm.mu; write {GRID_FORMS}")
+        raise ConfigError(
+            f"--grid {assignment!r}: {key!r} is not a config key such as client.lr or algorithm.mu; write {GRID_FORMS}"
+        )
     literals = _grid_literals(assignment, raw)
     if not literals:
         raise ConfigError(f"--grid {assignment!r} lists no values; write {GRID_FORMS}")
@@ -424,7 +478,11 @@ def grid_axis(assignment: str, label_key: str | None = None) -> Axis:
     for literal in literals:
         value = parse_override(f"{key}={literal}")[1]
         if _canonical(value) in seen:
-            same = literal if seen[_canonical(value)] == literal else f"{seen[_canonical(value)]} and {literal}, one value,"
+            same = (
+                literal
+                if seen[_canonical(value)] == literal
+                else f"{seen[_canonical(value)]} and {literal}, one value,"
+            )
             raise ConfigError(f"--grid {assignment!r} lists {same} twice; list each value once")
         seen[_canonical(value)] = literal
     short = label_key or key.split(".")[-1]
@@ -440,7 +498,9 @@ def _grid_literals(assignment: str, raw: str) -> list[str]:
         try:
             values = tomllib.loads(f"v = {raw}")["v"]
         except tomllib.TOMLDecodeError as error:
-            raise ConfigError(f"--grid {assignment!r}: {raw!r} is not a TOML list ({error}); write {GRID_FORMS}") from None
+            raise ConfigError(
+                f"--grid {assignment!r}: {raw!r} is not a TOML list ({error}); write {GRID_FORMS}"
+            ) from None
         if not isinstance(values, list):
             raise ConfigError(f"--grid {assignment!r}: {raw!r} is not a list; write {GRID_FORMS}")
         return [_toml_literal(v) for v in values]
@@ -454,7 +514,7 @@ def _grid_literals(assignment: str, raw: str) -> list[str]:
             if not _BARE_WORD.fullmatch(part):
                 raise ConfigError(
                     f"--grid {assignment!r}: {part!r} is neither a TOML value nor a bare word (a value holding a comma, "
-                    f"bracket or quote needs the TOML list form, e.g. KEY=[\"a,b\"]; tables need a sweep file); write {GRID_FORMS}"
+                    f'bracket or quote needs the TOML list form, e.g. KEY=["a,b"]; tables need a sweep file); write {GRID_FORMS}'
                 ) from None
         literals.append(part)
     return literals

@@ -23,7 +23,11 @@ METHODS = {
         {"label": "FedDyn", "set": ["algorithm.name=feddyn"]},
     ],
 }
-SETTINGS = {"name": "data", "role": "setting", "values": [{"label": "syn(0,0)", "set": ["data.synthetic_alpha=0", "data.synthetic_beta=0"]}]}
+SETTINGS = {
+    "name": "data",
+    "role": "setting",
+    "values": [{"label": "syn(0,0)", "set": ["data.synthetic_alpha=0", "data.synthetic_beta=0"]}],
+}
 
 
 def tuned(name: str, key: str, label: str, values, methods: list[str] | None = None) -> dict:
@@ -68,7 +72,11 @@ def test_an_axis_for_one_method_multiplies_its_runs_only_and_leaves_the_others_a
     for run in runs:
         if not run.tuned:
             same = untuned[run.dir]
-            assert (run.method, run.overrides, run.config.fingerprint()) == (same.method, same.overrides, same.config.fingerprint())
+            assert (run.method, run.overrides, run.config.fingerprint()) == (
+                same.method,
+                same.overrides,
+                same.config.fingerprint(),
+            )
     assert {r.config.algorithm.mu for r in runs if r.tuned_method == "FedProx"} == {0.01, 1}
 
 
@@ -89,7 +97,9 @@ def test_a_run_is_tuned_over_the_product_of_the_tuned_axes_that_apply_to_its_met
 def test_methods_naming_every_method_plans_what_no_methods_plans():
     every_method = plan(spec(axes=[SETTINGS, METHODS, {**LR, "methods": ["FedProx", "FedAvg", "FedDyn"]}]))
     no_methods = plan(spec(axes=[SETTINGS, METHODS, LR]))
-    assert [(r.dir, r.method, r.overrides) for r in every_method] == [(r.dir, r.method, r.overrides) for r in no_methods]
+    assert [(r.dir, r.method, r.overrides) for r in every_method] == [
+        (r.dir, r.method, r.overrides) for r in no_methods
+    ]
     assert len(no_methods) == 3 * 2 * 2 and all(r.tuned for r in no_methods)
 
 
@@ -106,13 +116,19 @@ def test_sweep_json_names_the_axis_methods_and_gives_untuned_runs_no_tuned_entry
 @pytest.mark.parametrize(
     ("axes", "message"),
     [
-        ([SETTINGS, {**METHODS, "methods": ["FedAvg"]}, MU], "axis 'method' has role = 'method' and `methods`.*mark the axis role = \"tuned\""),
+        (
+            [SETTINGS, {**METHODS, "methods": ["FedAvg"]}, MU],
+            "axis 'method' has role = 'method' and `methods`.*mark the axis role = \"tuned\"",
+        ),
         ([{**SETTINGS, "methods": ["FedAvg"]}, METHODS, MU], "axis 'data' has role = 'setting' and `methods`"),
-        ([SETTINGS, METHODS, {**MU, "methods": ["FedProxx"]}], r"methods lists 'FedProxx', which is no value of the method axes \(did you mean 'FedProx'\?\)"),
+        (
+            [SETTINGS, METHODS, {**MU, "methods": ["FedProxx"]}],
+            r"methods lists 'FedProxx', which is no value of the method axes \(did you mean 'FedProx'\?\)",
+        ),
         ([SETTINGS, METHODS, {**MU, "methods": []}], "`methods` is empty, so the axis would tune no run"),
         ([SETTINGS, METHODS, {**MU, "methods": "FedProx"}], "`methods` must be a list of method labels"),
         ([SETTINGS, METHODS, {**MU, "methods": ["FedProx", "FedProx"]}], "lists a method twice"),
-        ([SETTINGS, {**MU, "methods": ["FedProx"]}], "no axis with role = \"method\""),
+        ([SETTINGS, {**MU, "methods": ["FedProx"]}], 'no axis with role = "method"'),
         ([SETTINGS, METHODS, {**MU, "methods": ["syn(0,0)"]}], "'syn\\(0,0\\)', which is no value of the method axes"),
     ],
 )
@@ -185,7 +201,9 @@ def test_halving_ranks_the_tuned_methods_candidates_only_and_dry_run_lists_the_r
     listed = driftlab_cli("sweep", sweep_file, "--out", tmp_path / "listed", "--dry-run")
     assert listed.returncode == 0, listed.stderr
     assert [line.split()[1] for line in listed.stdout.splitlines()] == [
-        "runs/syn-0-0/fedavg/seed-0", "runs/syn-0-0/fedprox/lr-1e-05/seed-0", "runs/syn-0-0/fedprox/lr-0.03/seed-0",
+        "runs/syn-0-0/fedavg/seed-0",
+        "runs/syn-0-0/fedprox/lr-1e-05/seed-0",
+        "runs/syn-0-0/fedprox/lr-0.03/seed-0",
         "runs/syn-0-0/fedprox/lr-0.1/seed-0",
     ]
 
@@ -215,4 +233,6 @@ def test_the_report_keeps_an_untuned_methods_row_and_says_why_it_has_no_pick(tmp
     assert [row.method for row in report.accuracy] == ["FedAvg", "FedProx"]
     assert [row.method for row in report.accuracy if row.seeds == 2] == ["FedAvg", "FedProx"]
     assert "FedAvg has no tuned axis (none applies to it): its rows are its one configuration's runs" in report.markdown
-    assert {cell.method for cell in report.tuning.cells} == {"FedProx"} and report.tuning.untuned == {"tuned": ["FedAvg"]}
+    assert {cell.method for cell in report.tuning.cells} == {"FedProx"} and report.tuning.untuned == {
+        "tuned": ["FedAvg"]
+    }

@@ -18,7 +18,14 @@ from typing import Literal
 
 from driftlab.errors import ConfigError
 from driftlab.experiments.run.run_directory import STOPPED_KEY, read_run_info, stopped_round
-from driftlab.experiments.sweep.directory import FAILURE_FILE, HALVING_FILE, JOBS_FILE, SWEEP_FILE, run_directory_holder, run_status
+from driftlab.experiments.sweep.directory import (
+    FAILURE_FILE,
+    HALVING_FILE,
+    JOBS_FILE,
+    SWEEP_FILE,
+    run_directory_holder,
+    run_status,
+)
 
 State = Literal["done", "running", "queued", "interrupted", "failed", "diverged", "stopped"]
 STATES: tuple[State, ...] = ("done", "running", "queued", "interrupted", "failed", "diverged", "stopped")
@@ -44,7 +51,9 @@ def sweep_status(out_dir: str | Path) -> list[RunState]:
     try:
         document = json.loads(document_path.read_text())
     except FileNotFoundError:
-        raise ConfigError(f"{out} holds no {SWEEP_FILE}, so it is not a sweep directory; give the --out DIR of a `driftlab sweep`") from None
+        raise ConfigError(
+            f"{out} holds no {SWEEP_FILE}, so it is not a sweep directory; give the --out DIR of a `driftlab sweep`"
+        ) from None
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ConfigError(f"cannot read {document_path} ({error}); it is not the plan of a sweep") from None
     try:
@@ -52,7 +61,10 @@ def sweep_status(out_dir: str | Path) -> list[RunState]:
     except (OSError, json.JSONDecodeError, UnicodeDecodeError, AttributeError):
         submitted = {}
     planned_rounds = document.get("rounds") or []
-    return [_state(out, run["dir"], planned_rounds[0] if len(planned_rounds) == 1 else None, submitted.get(run["dir"], {})) for run in document.get("runs", [])]
+    return [
+        _state(out, run["dir"], planned_rounds[0] if len(planned_rounds) == 1 else None, submitted.get(run["dir"], {}))
+        for run in document.get("runs", [])
+    ]
 
 
 def _state(out: Path, name: str, rounds: int | None, submitted: dict) -> RunState:

@@ -8,7 +8,15 @@ from driftlab.cli import main
 from driftlab.experiments.config import ConfigError
 from driftlab.experiments.sweep.sweep_status import format_status, sweep_status
 
-RUNS = ["runs/done", "runs/running", "runs/queued", "runs/submitted", "runs/failed", "runs/diverged", "runs/interrupted"]
+RUNS = [
+    "runs/done",
+    "runs/running",
+    "runs/queued",
+    "runs/submitted",
+    "runs/failed",
+    "runs/diverged",
+    "runs/interrupted",
+]
 
 
 def write_run(run_dir: Path, status: str, rounds_done: int, **extra) -> None:
@@ -22,11 +30,15 @@ def write_run(run_dir: Path, status: str, rounds_done: int, **extra) -> None:
 def sweep_dir(tmp_path):
     """A sweep directory with one run in each state, as executors leave them."""
     (tmp_path / "sweep.json").write_text(json.dumps({"name": "s", "rounds": [3], "runs": [{"dir": d} for d in RUNS]}))
-    (tmp_path / "jobs.json").write_text(json.dumps({"executor": "slurm", "runs": {"runs/submitted": {"job_id": "812_3"}}}))
+    (tmp_path / "jobs.json").write_text(
+        json.dumps({"executor": "slurm", "runs": {"runs/submitted": {"job_id": "812_3"}}})
+    )
     write_run(tmp_path / "runs/done", "complete", 3, executor={"executor": "slurm", "job_id": "812_0"})
     write_run(tmp_path / "runs/running", "running", 1, executor={"executor": "ray", "job_id": "c8ef45"})
     write_run(tmp_path / "runs/failed", "running", 2)
-    (tmp_path / "runs/failed/failure.txt").write_text("ValueError: bad\n\nTraceback (most recent call last):\n  File x\n    boom()\nValueError: bad\n")
+    (tmp_path / "runs/failed/failure.txt").write_text(
+        "ValueError: bad\n\nTraceback (most recent call last):\n  File x\n    boom()\nValueError: bad\n"
+    )
     write_run(tmp_path / "runs/diverged", "diverged", 2, message="diverged in round 3: loss is nan")
     write_run(tmp_path / "runs/interrupted", "running", 2)  # its process was killed: nobody holds the lock
     return tmp_path

@@ -39,8 +39,15 @@ def tiny_spec(**changes) -> SweepSpec:
         "seeds": [0, 1],
         "targets": [0.5],
         "axes": [
-            {"name": "data", "role": "setting", "values": [{"label": "syn(0,0)", "set": ["data.synthetic_alpha=0", "data.synthetic_beta=0"]}]},
-            {"name": "mu", "values": [{"label": "μ=0", "set": ["algorithm.mu=0"]}, {"label": "μ=1", "set": ["algorithm.mu=1"]}]},
+            {
+                "name": "data",
+                "role": "setting",
+                "values": [{"label": "syn(0,0)", "set": ["data.synthetic_alpha=0", "data.synthetic_beta=0"]}],
+            },
+            {
+                "name": "mu",
+                "values": [{"label": "μ=0", "set": ["algorithm.mu=0"]}, {"label": "μ=1", "set": ["algorithm.mu=1"]}],
+            },
         ],
     }
     table.update(changes)
@@ -67,7 +74,15 @@ def test_plan_crosses_axes_and_seeds_in_order_with_overrides_applied_in_order():
     ]
     assert runs[2].dir == "runs/syn-0-0/mu-1/seed-0"
     # sweep overrides, then the axes, then the command line, then the seed
-    assert runs[3].overrides == (*TINY, "rounds=3", "data.synthetic_alpha=0", "data.synthetic_beta=0", "algorithm.mu=1", "rounds=4", "seed=1")
+    assert runs[3].overrides == (
+        *TINY,
+        "rounds=3",
+        "data.synthetic_alpha=0",
+        "data.synthetic_beta=0",
+        "algorithm.mu=1",
+        "rounds=4",
+        "seed=1",
+    )
     config = load_config("synthetic-fedprox", runs[3].overrides)
     assert (config.rounds, config.seed, config.algorithm.mu, config.data.synthetic_alpha) == (4, 1, 1.0, 0.0)
 
@@ -83,7 +98,10 @@ def test_grid_axis_reads_toml_lists_and_comma_lists():
     axis = grid_axis("algorithm.mu=[0, 0.01, 1]")
     assert [v.set for v in axis.values] == [("algorithm.mu=0",), ("algorithm.mu=0.01",), ("algorithm.mu=1",)]
     assert [v.label for v in grid_axis("algorithm.name=fedavg,scaffold").values] == ["name=fedavg", "name=scaffold"]
-    assert [v.set for v in grid_axis('data.name=["synthetic_iid", "synthetic"]').values] == [("data.name=synthetic_iid",), ("data.name=synthetic",)]
+    assert [v.set for v in grid_axis('data.name=["synthetic_iid", "synthetic"]').values] == [
+        ("data.name=synthetic_iid",),
+        ("data.name=synthetic",),
+    ]
     with pytest.raises(ConfigError, match="KEY=\\[v1, v2"):
         grid_axis("algorithm.mu")
 
@@ -126,14 +144,28 @@ def test_grid_parsing_is_strict_and_shows_the_text_and_both_forms(assignment, me
 def test_a_bad_grid_is_refused_before_any_run_starts(tmp_path):
     out = tmp_path / "out"
     with pytest.raises(ConfigError, match=r"(?s)run mu=0 / muu=0 \(seed 0\).*algorithm.muu"):
-        run_sweep(sweep_from_config("synthetic-fedprox", ["algorithm.mu=0,1", "algorithm.muu=0,1"], [0], "s"), out, log=lambda _: None)
+        run_sweep(
+            sweep_from_config("synthetic-fedprox", ["algorithm.mu=0,1", "algorithm.muu=0,1"], [0], "s"),
+            out,
+            log=lambda _: None,
+        )
     assert not out.exists()
 
 
 @pytest.mark.slow
 def test_cli_rejects_an_unclosed_grid_list_with_exit_2_and_creates_nothing(tmp_path):
     out = tmp_path / "out"
-    command = [sys.executable, "-m", "driftlab.cli", "sweep", "synthetic-fedprox", "--grid", "client.lr=[0.1, 0.2", "--out", str(out)]
+    command = [
+        sys.executable,
+        "-m",
+        "driftlab.cli",
+        "sweep",
+        "synthetic-fedprox",
+        "--grid",
+        "client.lr=[0.1, 0.2",
+        "--out",
+        str(out),
+    ]
     result = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2, result.stderr
     assert "driftlab: error: --grid 'client.lr=[0.1, 0.2'" in result.stderr and "KEY=v1,v2" in result.stderr
@@ -142,10 +174,16 @@ def test_cli_rejects_an_unclosed_grid_list_with_exit_2_and_creates_nothing(tmp_p
 
 def test_grid_values_are_labelled_by_the_last_key_component_with_safe_directory_names():
     spec = sweep_from_config(
-        "synthetic-fedprox", ["client.lr=[0.1, 0.02]", "algorithm.mu=0.01", 'data.name=["synthetic", "synthetic_iid"]'], [0], "g"
+        "synthetic-fedprox",
+        ["client.lr=[0.1, 0.02]", "algorithm.mu=0.01", 'data.name=["synthetic", "synthetic_iid"]'],
+        [0],
+        "g",
     )
     runs = plan(spec)
-    assert [(r.setting, r.method) for r in runs[:2]] == [("name=synthetic", "lr=0.1, mu=0.01"), ("name=synthetic_iid", "lr=0.1, mu=0.01")]
+    assert [(r.setting, r.method) for r in runs[:2]] == [
+        ("name=synthetic", "lr=0.1, mu=0.01"),
+        ("name=synthetic_iid", "lr=0.1, mu=0.01"),
+    ]
     assert [r.dir for r in runs] == [
         "runs/name-synthetic/lr-0.1-mu-0.01/seed-0",
         "runs/name-synthetic-iid/lr-0.1-mu-0.01/seed-0",
@@ -154,7 +192,11 @@ def test_grid_values_are_labelled_by_the_last_key_component_with_safe_directory_
     ]
     # the sign stays, so x=-1 and x=1 never share a directory; odd characters become hyphens
     values = grid_axis('server.momentum=[-1, 1, "../a b"]').values
-    assert [(v.label, v.dir_name) for v in values] == [("momentum=-1", "momentum--1"), ("momentum=1", "momentum-1"), ("momentum=../a b", "momentum-..-a-b")]
+    assert [(v.label, v.dir_name) for v in values] == [
+        ("momentum=-1", "momentum--1"),
+        ("momentum=1", "momentum-1"),
+        ("momentum=../a b", "momentum-..-a-b"),
+    ]
     for name in [*(v.dir_name for v in values), *(part for run in runs for part in run.dir.split("/"))]:
         assert name and name not in (".", "..") and not name.startswith("-") and "/" not in name
     # keys ending alike keep as much of themselves as tells them apart
@@ -171,7 +213,9 @@ def test_shipped_sweeps_keep_their_run_directories(name):
     # Sweep-file labels are slugged as a whole, as before readable --grid labels came: finished runs stay where they are.
     for scale in [None, *load_sweep(name).scales]:
         for run in plan(load_sweep(name), scale):
-            method = [slug(run.tuned_method), slug(run.tuned)] if run.tuned else [slug(run.method)]  # a tuned run lives under its method
+            method = (
+                [slug(run.tuned_method), slug(run.tuned)] if run.tuned else [slug(run.method)]
+            )  # a tuned run lives under its method
             expected = ["runs", *([slug(run.setting)] if run.setting else []), *method, f"seed-{run.seed}"]
             assert run.dir == "/".join(expected)
 
@@ -179,7 +223,10 @@ def test_shipped_sweeps_keep_their_run_directories(name):
 def test_method_label_defaults_to_the_algorithm_when_no_axis_names_methods():
     spec = sweep_from_config("synthetic-fedavg", ["data.synthetic_alpha=[0, 1]"], [3], name="grid")
     runs = plan(spec)
-    assert [(r.setting, r.method, r.seed) for r in runs] == [("synthetic_alpha=0", "FedAvg", 3), ("synthetic_alpha=1", "FedAvg", 3)]
+    assert [(r.setting, r.method, r.seed) for r in runs] == [
+        ("synthetic_alpha=0", "FedAvg", 3),
+        ("synthetic_alpha=1", "FedAvg", 3),
+    ]
     assert runs[0].dir == "runs/synthetic-alpha-0/fedavg/seed-3"
 
 
@@ -251,7 +298,7 @@ def test_a_dotted_key_bomb_or_a_deep_grid_is_refused_in_little_memory(tmp_path):
     import tracemalloc
 
     bomb = tmp_path / "bomb.toml"
-    bomb.write_text("base = \"synthetic-fedavg\"\n" + "x." * 50_000 + "x = 1\n")  # tomllib took 7.8 GB on this
+    bomb.write_text('base = "synthetic-fedavg"\n' + "x." * 50_000 + "x = 1\n")  # tomllib took 7.8 GB on this
     tracemalloc.start()
     try:
         with pytest.raises(ConfigError, match=r"bomb.toml: line 2: a dotted key nested more than 32 levels deep"):
@@ -259,7 +306,9 @@ def test_a_dotted_key_bomb_or_a_deep_grid_is_refused_in_little_memory(tmp_path):
         with pytest.raises(ConfigError, match=r"line 1 is nested too deeply .*at most 32 levels"):
             sweep_from_config("synthetic-fedavg", ["client.lr=" + "[" * 50_000 + "]" * 50_000], [0], name="deep")
         with pytest.raises(ConfigError, match=r"nested too deeply"):
-            sweep_from_config("synthetic-fedavg", ["client.lr=0.1,{a=" + "[" * 50_000 + "]" * 50_000 + "}"], [0], name="deep")
+            sweep_from_config(
+                "synthetic-fedavg", ["client.lr=0.1,{a=" + "[" * 50_000 + "]" * 50_000 + "}"], [0], name="deep"
+            )
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
@@ -277,8 +326,14 @@ def test_a_dotted_key_bomb_or_a_deep_grid_is_refused_in_little_memory(tmp_path):
         ({"steps_reference": "nope"}, "steps_reference='nope' is not a method label"),
         ({"axes": [{"name": "a", "values": [{"label": "x"}]}]}, "each value is"),
         ({"axes": [{"name": "a", "values": [{"label": "x", "set": ["k"]}]}]}, "section.key=value"),
-        ({"axes": [{"name": "a", "role": "row", "values": [{"label": "x", "set": ["seed=1"]}]}]}, 'role must be "setting" or "method"'),
-        ({"axes": [{"name": "a", "values": [{"label": "x", "set": ["seed=1"]}, {"label": "x", "set": ["seed=2"]}]}]}, "labels must differ"),
+        (
+            {"axes": [{"name": "a", "role": "row", "values": [{"label": "x", "set": ["seed=1"]}]}]},
+            'role must be "setting" or "method"',
+        ),
+        (
+            {"axes": [{"name": "a", "values": [{"label": "x", "set": ["seed=1"]}, {"label": "x", "set": ["seed=2"]}]}]},
+            "labels must differ",
+        ),
         ({"scales": {"paper": {"override": []}}}, "scales.paper must be a table"),
     ],
 )
@@ -296,7 +351,10 @@ def test_unknown_scale_lists_the_known_ones():
 
 
 def test_a_variant_can_add_overrides_at_one_scale():
-    values = [{"label": "a", "set": ["algorithm.mu=0"]}, {"label": "b", "set": ["algorithm.mu=1"], "at_scale": {"paper": ["client.epochs=3"]}}]
+    values = [
+        {"label": "a", "set": ["algorithm.mu=0"]},
+        {"label": "b", "set": ["algorithm.mu=1"], "at_scale": {"paper": ["client.epochs=3"]}},
+    ]
     spec = tiny_spec(seeds=[0], axes=[{"name": "m", "values": values}], scales={"paper": {"overrides": ["rounds=7"]}})
     default, paper = plan(spec), plan(spec, "paper")
     assert "client.epochs=3" not in default[1].overrides
@@ -308,8 +366,10 @@ def test_a_variant_can_add_overrides_at_one_scale():
 
 
 def test_sweep_file_base_is_read_relative_to_the_file(tmp_path):
-    (tmp_path / "base.toml").write_text('rounds = 2\n[data]\nnum_clients = 5\n')
-    (tmp_path / "s.toml").write_text('base = "base.toml"\n[[axes]]\nname = "lr"\nvalues = [{ label = "a", set = ["client.lr=0.5"] }]\n')
+    (tmp_path / "base.toml").write_text("rounds = 2\n[data]\nnum_clients = 5\n")
+    (tmp_path / "s.toml").write_text(
+        'base = "base.toml"\n[[axes]]\nname = "lr"\nvalues = [{ label = "a", set = ["client.lr=0.5"] }]\n'
+    )
     spec = load_sweep(tmp_path / "s.toml")
     assert spec.name == "s" and Path(spec.base) == tmp_path / "base.toml"
     assert load_config(spec.base, plan(spec)[0].overrides).data.num_clients == 5
@@ -329,10 +389,14 @@ def test_every_shipped_sweep_plans_at_both_scales(name):
         assert len(runs) == len({r.dir for r in runs}) >= 2
 
 
-
 def test_a_grid_sweep_is_described_by_its_base_axes_and_seeds():
-    spec = sweep_from_config("synthetic-fedprox", ["algorithm.mu=[0, 0.01]", "data.partition=iid,dirichlet"], [0, 1], "g")
-    assert spec.description == "Grid on synthetic-fedprox: algorithm.mu ∈ {0, 0.01} × data.partition ∈ {iid, dirichlet}; seeds 0, 1."
+    spec = sweep_from_config(
+        "synthetic-fedprox", ["algorithm.mu=[0, 0.01]", "data.partition=iid,dirichlet"], [0, 1], "g"
+    )
+    assert (
+        spec.description
+        == "Grid on synthetic-fedprox: algorithm.mu ∈ {0, 0.01} × data.partition ∈ {iid, dirichlet}; seeds 0, 1."
+    )
     document = sweep_document(spec, plan(spec), None, [])
     assert document["description"] == spec.description and document["run_note"] == ""
 
@@ -345,7 +409,10 @@ def test_the_description_says_what_was_run_when_it_is_not_the_default_scale():
     short = sweep_document(spec, plan(spec, None, ["rounds=5"]), None, ["rounds=5"])
     assert short["description"] == spec.description + "\n(run here with: rounds=5)"
     assert (short["spec_description"], short["run_note"], short["command_overrides"], short["rounds"]) == (
-        spec.description, "(run here with: rounds=5)", ["rounds=5"], [5]
+        spec.description,
+        "(run here with: rounds=5)",
+        ["rounds=5"],
+        [5],
     )
     paper = sweep_document(spec, plan(spec, "paper", ["rounds=7"]), "paper", ["rounds=7"])
     assert paper["run_note"] == "(run here with: scale paper (seeds 0, 1, 2, 3, 4); rounds=7)"
@@ -452,7 +519,18 @@ def _long_sweep(tmp_path: Path, epochs: int) -> tuple[list[str], list[Path]]:
         '[[axes]]\nname = "mu"\nvalues = [{ label = "a", set = ["algorithm.mu=0"] }, { label = "b", set = ["algorithm.mu=1"] }]\n'
     )
     out = tmp_path / "out"
-    command = [sys.executable, "-m", "driftlab.cli", "sweep", str(sweep_file), "--jobs", "2", "--no-report", "--out", str(out)]
+    command = [
+        sys.executable,
+        "-m",
+        "driftlab.cli",
+        "sweep",
+        str(sweep_file),
+        "--jobs",
+        "2",
+        "--no-report",
+        "--out",
+        str(out),
+    ]
     return command, [out / "runs" / "a" / "seed-0", out / "runs" / "b" / "seed-0"]
 
 
@@ -492,7 +570,6 @@ def test_a_terminated_sweep_checkpoints_its_runs_and_resumes_to_identical_result
         assert info["status"] == "interrupted" and 5 <= info["rounds_done"] < 400
         assert (run_dir / "checkpoint.safetensors").exists()
     _assert_the_rerun_equals_an_uninterrupted_sweep(tmp_path, command)
-
 
 
 def _children(pid: int) -> list[int]:
@@ -612,7 +689,15 @@ def test_a_run_whose_directory_another_process_holds_is_not_started_twice(tmp_pa
 
 @pytest.mark.slow
 def test_spawned_runs_split_the_cores_between_them(tmp_path):
-    spec = tiny_spec(seeds=[0], axes=[{"name": "m", "values": [{"label": "a", "set": ["algorithm.mu=0"]}, {"label": "b", "set": ["algorithm.mu=1"]}]}])
+    spec = tiny_spec(
+        seeds=[0],
+        axes=[
+            {
+                "name": "m",
+                "values": [{"label": "a", "set": ["algorithm.mu=0"]}, {"label": "b", "set": ["algorithm.mu=1"]}],
+            }
+        ],
+    )
     run_sweep(spec, tmp_path, jobs=2, log=lambda _: None)
     threads = [read_run_info(tmp_path / "runs" / name / "seed-0")["machine"]["torch_threads"] for name in ("a", "b")]
     assert threads == [max(1, len(os.sched_getaffinity(0)) // 2)] * 2
@@ -628,7 +713,9 @@ def test_readme_sweep_example_and_commands_are_valid(tmp_path):
     import shlex
 
     text = README.read_text()
-    example = next(block for block in re.findall(r"```toml\n(.*?)```", text, re.S) if "[axes]" in block)  # the sweep example
+    example = next(
+        block for block in re.findall(r"```toml\n(.*?)```", text, re.S) if "[axes]" in block
+    )  # the sweep example
     (tmp_path / "example.toml").write_text(example)
     runs = plan(load_sweep(tmp_path / "example.toml"))
     assert len(runs) == 12 and {r.method for r in runs} == {"FedAvg", "FedProx"}
@@ -641,7 +728,9 @@ def test_readme_sweep_example_and_commands_are_valid(tmp_path):
         if "--status" in args:
             continue  # reads a sweep directory: sweep_status_test runs it
         args[args.index("--out") + 1] = str(tmp_path / "out")
-        result = subprocess.run([sys.executable, "-m", "driftlab.cli", "sweep", *args, "--dry-run"], capture_output=True, text=True)
+        result = subprocess.run(
+            [sys.executable, "-m", "driftlab.cli", "sweep", *args, "--dry-run"], capture_output=True, text=True
+        )
         assert result.returncode == 0, (command, result.stderr)
         assert result.stdout.startswith("pending"), command
 
@@ -728,7 +817,18 @@ def test_a_users_file_of_a_sweep_s_name_is_left_untouched_until_forced_and_the_s
     out.mkdir()
     (out / "sweep.json").write_bytes(b'{"my": "own plan"}\n')
     (out / "notes.txt").write_bytes(b"mine")
-    command = ["sweep", "synthetic-fedprox", *TINY, "rounds=1", "--grid", "algorithm.mu=0", "--seeds", "0", "--out", str(out)]
+    command = [
+        "sweep",
+        "synthetic-fedprox",
+        *TINY,
+        "rounds=1",
+        "--grid",
+        "algorithm.mu=0",
+        "--seeds",
+        "0",
+        "--out",
+        str(out),
+    ]
     assert cli.main([*command, "--no-report"]) == 2
     assert capsys.readouterr().err == (
         f"driftlab: error: {out} already holds sweep.json, not written by driftlab (or changed since); nothing was written: "
@@ -753,7 +853,9 @@ def test_a_sweep_directory_from_before_manifests_is_recognised_as_the_sweep_s_ow
 
     spec = sweep_from_config("synthetic-fedprox", ["algorithm.mu=0"], [0], "old")
     planned = plan(spec, None, TINY)
-    (tmp_path / "sweep.json").write_text(json.dumps(sweep_document(spec, planned, None, TINY)))  # as an older version left it
+    (tmp_path / "sweep.json").write_text(
+        json.dumps(sweep_document(spec, planned, None, TINY))
+    )  # as an older version left it
     (tmp_path / "jobs.json").write_text("{}")
     (tmp_path / "runs").mkdir()
     assert claim(tmp_path, SWEEP_NAMES, "driftlab sweep", recognise=earlier_sweep).files["runs"] == "driftlab sweep"
@@ -768,6 +870,9 @@ def test_a_users_report_md_in_the_sweep_s_report_folder_stops_the_sweep_before_a
 
     (tmp_path / "report").mkdir()
     (tmp_path / "report" / "report.md").write_bytes(b"mine\n")
-    assert cli.main(["sweep", "synthetic-fedprox", *TINY, "rounds=1", "--grid", "algorithm.mu=0", "--out", str(tmp_path)]) == 2
+    assert (
+        cli.main(["sweep", "synthetic-fedprox", *TINY, "rounds=1", "--grid", "algorithm.mu=0", "--out", str(tmp_path)])
+        == 2
+    )
     assert f"{tmp_path / 'report'} already holds report.md, not written by driftlab" in capsys.readouterr().err
     assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")) == ["report", "report/report.md"]

@@ -22,7 +22,11 @@ from driftlab.experiments.sweep import (
 from driftlab.experiments.sweep.sweep_status import format_status, sweep_status
 
 TINY = ["data.num_clients=6", "client.epochs=1", "sampling.participation=0.5", "evaluation.every=1"]
-LR = {"name": "lr", "role": "tuned", "values": [{"label": f"lr={lr}", "set": [f"client.lr={lr}"]} for lr in (0.001, 0.01, 0.1)]}
+LR = {
+    "name": "lr",
+    "role": "tuned",
+    "values": [{"label": f"lr={lr}", "set": [f"client.lr={lr}"]} for lr in (0.001, 0.01, 0.1)],
+}
 
 
 def tuned_spec(**changes):
@@ -31,8 +35,19 @@ def tuned_spec(**changes):
         "overrides": [*TINY, "rounds=3", "data.validation_fraction=0.2"],
         "seeds": [0, 1],
         "axes": [
-            {"name": "data", "role": "setting", "values": [{"label": "syn(0,0)", "set": ["data.synthetic_alpha=0", "data.synthetic_beta=0"]}]},
-            {"name": "method", "role": "method", "values": [{"label": "FedAvg", "set": ["algorithm.mu=0"]}, {"label": "FedProx", "set": ["algorithm.mu=1"]}]},
+            {
+                "name": "data",
+                "role": "setting",
+                "values": [{"label": "syn(0,0)", "set": ["data.synthetic_alpha=0", "data.synthetic_beta=0"]}],
+            },
+            {
+                "name": "method",
+                "role": "method",
+                "values": [
+                    {"label": "FedAvg", "set": ["algorithm.mu=0"]},
+                    {"label": "FedProx", "set": ["algorithm.mu=1"]},
+                ],
+            },
             LR,
         ],
     }
@@ -48,7 +63,12 @@ def test_tuned_runs_live_under_their_method_and_sweep_json_says_which_value_they
     runs = plan(spec)
     assert len(runs) == 2 * 3 * 2
     assert runs[0].dir == "runs/syn-0-0/fedavg/lr-0.001/seed-0"
-    assert (runs[0].setting, runs[0].method, runs[0].tuned, runs[0].tuned_method) == ("syn(0,0)", "FedAvg (lr=0.001)", "lr=0.001", "FedAvg")
+    assert (runs[0].setting, runs[0].method, runs[0].tuned, runs[0].tuned_method) == (
+        "syn(0,0)",
+        "FedAvg (lr=0.001)",
+        "lr=0.001",
+        "FedAvg",
+    )
     assert runs[-1].dir == "runs/syn-0-0/fedprox/lr-0.1/seed-1"
     document = sweep_document(spec, runs, None, [])
     assert document["tuning"] == {"metric": "validation_accuracy", "rule": "final", "axes": ["lr"]}
@@ -81,8 +101,8 @@ def test_untuned_sweeps_plan_and_document_as_before(name):
         ({"axes": [{**LR, "values": LR["values"][:1]}]}, "tuned axis 'lr' has one value .* nothing to pick"),
         ({"tuning_metric": "validaton_accuracy", "axes": [LR]}, "did you mean 'validation_accuracy'"),
         ({"tuning_rule": "mean", "axes": [LR]}, "tuning_rule must be"),
-        ({"tuning_metric": "validation_loss", "axes": []}, "no axis has role = \"tuned\""),
-        ({"halving": {"first": 2}, "axes": []}, "no axis has role = \"tuned\""),
+        ({"tuning_metric": "validation_loss", "axes": []}, 'no axis has role = "tuned"'),
+        ({"halving": {"first": 2}, "axes": []}, 'no axis has role = "tuned"'),
         ({"halving": {"first": 0, "eta": 3}, "axes": [LR]}, "first round R >= 1 and eta >= 2"),
         ({"halving": {"first": 2, "eta": 1}, "axes": [LR]}, "first round R >= 1 and eta >= 2"),
         ({"halving": {"start": 2}, "axes": [LR]}, r"`halving` is a table \{ first = R, eta = 3 \}"),
@@ -101,7 +121,9 @@ def test_a_tuned_axis_without_validation_data_is_refused_before_any_run(tmp_path
 
 
 def test_halving_is_parsed_and_refused_where_it_cannot_apply(tmp_path):
-    assert parse_halving("2:3") == Halving(2, 3) and parse_halving("4") == Halving(4, 3) and parse_halving("off") is None
+    assert (
+        parse_halving("2:3") == Halving(2, 3) and parse_halving("4") == Halving(4, 3) and parse_halving("off") is None
+    )
     assert Halving(2, 3).rungs(20) == [2, 6, 18, 20] and Halving(5, 2).rungs(5) == [5]
     with pytest.raises(ConfigError, match="write R:ETA"):
         parse_halving("two:3")
@@ -109,9 +131,18 @@ def test_halving_is_parsed_and_refused_where_it_cannot_apply(tmp_path):
     with pytest.raises(ConfigError, match="sweep plain has none"):
         run_sweep(untuned, tmp_path / "plain", halving="2:3", log=lambda _: None)
     private = tuned_spec(
-        axes=[LR], seeds=[0], halving={"first": 1},
-        overrides=[*TINY, "rounds=3", "data.validation_fraction=0.2", "sampling.mode=poisson", "privacy.clip=1",
-                   "privacy.target_epsilon=3", "privacy.delta=1e-3"],
+        axes=[LR],
+        seeds=[0],
+        halving={"first": 1},
+        overrides=[
+            *TINY,
+            "rounds=3",
+            "data.validation_fraction=0.2",
+            "sampling.mode=poisson",
+            "privacy.clip=1",
+            "privacy.target_epsilon=3",
+            "privacy.delta=1e-3",
+        ],
     )
     with pytest.raises(ConfigError, match="depends on its rounds"):
         plan(private)
@@ -132,13 +163,17 @@ def records_without_wall_time(run_dir: Path) -> list[str]:
 
 @pytest.mark.slow
 def test_halving_stops_the_worst_values_and_extending_them_gives_the_straight_runs_bytes(tmp_path):
-    spec = tuned_spec(axes=[LR], seeds=[0], overrides=[*TINY, "rounds=6", "evaluation.every=4", "data.validation_fraction=0.2"])
+    spec = tuned_spec(
+        axes=[LR], seeds=[0], overrides=[*TINY, "rounds=6", "evaluation.every=4", "data.validation_fraction=0.2"]
+    )
     logged: list[str] = []
     halved = run_sweep(spec, tmp_path / "halved", jobs=2, halving="2:3", log=logged.append)
     # rungs: every value to round 2, the best ⌈3/3⌉ = 1 on to round 6
     assert sorted(o.status for o in halved) == ["complete", "stopped", "stopped"]
     assert any("halving FedProx at round 2: 1 of 3 values go on" in line for line in logged)
-    assert any("halving rung 1 (round 2)" in line for line in logged) and any("halving rung 2 (round 6)" in line for line in logged)
+    assert any("halving rung 1 (round 2)" in line for line in logged) and any(
+        "halving rung 2 (round 6)" in line for line in logged
+    )
     stopped = [o for o in halved if o.status == "stopped"]
     for outcome in stopped:
         run_dir = tmp_path / "halved" / outcome.run.dir
@@ -156,7 +191,9 @@ def test_halving_stops_the_worst_values_and_extending_them_gives_the_straight_ru
     from driftlab.experiments.report import make_report
 
     report = make_report([tmp_path / "halved"], tmp_path / "report", plots=False)
-    assert {run.path.parent.name for run in report.runs} == {Path(o.run.dir).parent.name for o in halved if o.status == "complete"}
+    assert {run.path.parent.name for run in report.runs} == {
+        Path(o.run.dir).parent.name for o in halved if o.status == "complete"
+    }
     assert report.markdown.count("| stopped by halving at round 2 |") == 2
 
     # the same command again reuses the rung's ranking and runs nothing
@@ -174,10 +211,19 @@ def test_halving_stops_the_worst_values_and_extending_them_gives_the_straight_ru
         halved_dir, straight_dir = tmp_path / "halved" / outcome.run.dir, tmp_path / "straight" / outcome.run.dir
         assert not (halved_dir / "halving.json").exists()
         assert records_without_wall_time(halved_dir) == records_without_wall_time(straight_dir)
-        assert (halved_dir / "final_model.safetensors").read_bytes() == (straight_dir / "final_model.safetensors").read_bytes()
+        assert (halved_dir / "final_model.safetensors").read_bytes() == (
+            straight_dir / "final_model.safetensors"
+        ).read_bytes()
         assert json.loads((halved_dir / "config.json").read_text())["rounds"] == 6
     # round 2 was evaluated only because it ended a rung: the extended run's record drops it, as the straight run never had it
-    assert ["validation_accuracy" in json.loads(line) for line in records_without_wall_time(halved_dir)] == [False, False, False, True, False, True]
+    assert ["validation_accuracy" in json.loads(line) for line in records_without_wall_time(halved_dir)] == [
+        False,
+        False,
+        False,
+        True,
+        False,
+        True,
+    ]
 
 
 @pytest.mark.slow
@@ -187,19 +233,25 @@ def test_a_first_rung_beyond_the_runs_last_round_runs_every_value_to_its_end_and
     logged: list[str] = []
     outcomes = run_sweep(spec, tmp_path / "sweep", jobs=2, halving="500:4", log=logged.append)
     assert [o.status for o in outcomes] == ["complete"] * 3
-    assert any("halving rung 1 (round 3)" in line for line in logged) and not any("round 500" in line for line in logged)
+    assert any("halving rung 1 (round 3)" in line for line in logged) and not any(
+        "round 500" in line for line in logged
+    )
     assert not any("halving FedProx at round" in line for line in logged)
 
 
 def test_status_says_a_run_was_stopped_by_halving_and_a_dry_run_lists_it(tmp_path):
-    (tmp_path / "sweep.json").write_text(json.dumps({"name": "s", "rounds": [6], "runs": [{"dir": "runs/a/lr-1/seed-0"}, {"dir": "runs/a/lr-2/seed-0"}]}))
+    (tmp_path / "sweep.json").write_text(
+        json.dumps({"name": "s", "rounds": [6], "runs": [{"dir": "runs/a/lr-1/seed-0"}, {"dir": "runs/a/lr-2/seed-0"}]})
+    )
     for name, done in (("lr-1", 6), ("lr-2", 2)):
         run_dir = tmp_path / "runs/a" / name / "seed-0"
         run_dir.mkdir(parents=True)
         (run_dir / "config.json").write_text("{}")
         (run_dir / "metrics.jsonl").write_text("")
         (run_dir / "run.json").write_text(json.dumps({"status": "complete", "rounds": done, "rounds_done": done}))
-    message = "stopped by halving at round 2: final validation_accuracy 0.5 ranked 2 of 2 values of FedAvg (the best 1 go on)"
+    message = (
+        "stopped by halving at round 2: final validation_accuracy 0.5 ranked 2 of 2 values of FedAvg (the best 1 go on)"
+    )
     (tmp_path / "runs/a/lr-2/seed-0/halving.json").write_text(json.dumps({"round": 2, "message": message}))
     states = sweep_status(tmp_path)
     assert [(s.state, s.rounds_done, s.rounds) for s in states] == [("done", 6, 6), ("stopped", 2, 6)]

@@ -20,8 +20,14 @@ ALGORITHMS = ["fedavg", "fedgate", "vrlsgd", "apfl", "fedamp", "efl", "ditto", "
 
 # A round each, as small as the data allow: MNIST over 10 clients, Shakespeare's 3 largest roles of 100 windows.
 TINY = [
-    "MNIST:rounds=1", "Shakespeare:rounds=1", "MNIST:data.num_clients=10", "Shakespeare:data.max_clients=3",
-    "Shakespeare:data.samples_per_client=100", "client.epochs=none", "client.steps=2", "evaluation.every=1",
+    "MNIST:rounds=1",
+    "Shakespeare:rounds=1",
+    "MNIST:data.num_clients=10",
+    "Shakespeare:data.max_clients=3",
+    "Shakespeare:data.samples_per_client=100",
+    "client.epochs=none",
+    "client.steps=2",
+    "evaluation.every=1",
 ]
 
 
@@ -46,12 +52,18 @@ def test_the_table_rows_and_settings_and_what_every_run_shares(scale):
         assert (config.evaluation.finetune_steps == 10) == planned.method.startswith("FedAvg + fine-tuning")
         if planned.setting == "MNIST":
             # 100 clients each holding exactly m = 2 classes (EFL's m-class non-IID split)
-            assert (config.data.name, config.data.partition, config.data.classes_per_client) == ("mnist", "classes_per_client", 2)
+            assert (config.data.name, config.data.partition, config.data.classes_per_client) == (
+                "mnist",
+                "classes_per_client",
+                2,
+            )
             assert config.data.num_clients == 100 and config.model.name == "mlp"
             assert (config.rounds, config.client.epochs) == ((500, 5) if scale == "paper" else (100, 1))
         else:
             assert (config.data.name, config.data.partition, config.model.name) == ("shakespeare", "natural", "lstm")
-            assert (config.data.max_clients, config.data.samples_per_client) == ((100, 2000) if scale == "paper" else (5, 300))
+            assert (config.data.max_clients, config.data.samples_per_client) == (
+                (100, 2000) if scale == "paper" else (5, 300)
+            )
             assert config.rounds == (100 if scale == "paper" else 15)
 
 
@@ -61,8 +73,14 @@ def test_the_description_states_the_assumed_settings():
     mnist, shakespeare = first_seed[0].config, first_seed[8].config
     assert f"m = {mnist.data.classes_per_client}" in text and f"{mnist.rounds} rounds" in text
     assert f"lr {mnist.client.lr}, batch {mnist.client.batch_size}, {mnist.client.epochs} epoch," in text
-    assert f"the {shakespeare.data.max_clients} largest roles" in text and f"{shakespeare.data.samples_per_client} windows" in text
-    assert f"batch {shakespeare.client.batch_size}, {shakespeare.client.epochs} epochs" in text and f"{shakespeare.rounds} rounds" in text
+    assert (
+        f"the {shakespeare.data.max_clients} largest roles" in text
+        and f"{shakespeare.data.samples_per_client} windows" in text
+    )
+    assert (
+        f"batch {shakespeare.client.batch_size}, {shakespeare.client.epochs} epochs" in text
+        and f"{shakespeare.rounds} rounds" in text
+    )
     assert "Our assumptions" in text and "CIFAR-100 and Sent140" in text
 
 
@@ -76,5 +94,7 @@ def test_every_method_runs_a_round_on_both_data_sets_and_records_its_accuracies(
         run(planned.config, out)
         (record,) = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
         assert {"test_accuracy", "client_test_accuracy_mean", "client_test_accuracy_std"} <= set(record), planned.dir
-        personal = planned.config.algorithm.name in ("apfl", "fedamp", "ditto") or planned.config.evaluation.finetune_steps
+        personal = (
+            planned.config.algorithm.name in ("apfl", "fedamp", "ditto") or planned.config.evaluation.finetune_steps
+        )
         assert ("personal_test_accuracy_mean" in record) == bool(personal), planned.dir

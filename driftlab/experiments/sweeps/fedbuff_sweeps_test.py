@@ -13,11 +13,11 @@ import re
 import numpy as np
 import pytest
 
-from driftlab.experiments.run.assembly import build_configured_model, check_asynchronous, load_data
 from driftlab.experiments.config import load_config
+from driftlab.experiments.run.assembly import build_configured_model, check_asynchronous, load_data
 from driftlab.experiments.run.datasets import data_location
-from driftlab.experiments.sweep.shipped import preset_description
 from driftlab.experiments.sweep import load_sweep, plan
+from driftlab.experiments.sweep.shipped import preset_description
 from driftlab.simulation.round.sampling import clients_per_round
 from driftlab.simulation.time.clock import client_timing
 from driftlab.simulation.time.plan import DeviceProfile
@@ -56,7 +56,9 @@ def test_fedbuff_arms_meet_the_same_devices_and_differ_only_in_aggregation(scale
             assert arm["system"] == synchronous["system"] and arm["seed"] == seed, label
             assert arm["algorithm"] == {**synchronous["algorithm"], "aggregation": "uniform"}, label
             rest = {key: value for key, value in arm.items() if key not in ("sampling", "asynchronous")}
-            assert rest == {key: value for key, value in synchronous.items() if key not in ("sampling", "asynchronous")}, label
+            assert rest == {
+                key: value for key, value in synchronous.items() if key not in ("sampling", "asynchronous")
+            }, label
             if label != SYNCHRONOUS:
                 concurrency = int(re.search(r"C=(\d+)", label).group(1))
                 assert arm["asynchronous"] == {"concurrency": concurrency, "buffer": 10, "staleness": "sqrt"}, label

@@ -17,8 +17,8 @@ import pytest
 
 from driftlab.experiments.run.datasets import data_location, entry_of
 from driftlab.experiments.run.runner import run
-from driftlab.experiments.sweep.shipped import sweep_names
 from driftlab.experiments.sweep import load_sweep, plan
+from driftlab.experiments.sweep.shipped import sweep_names
 from driftlab.experiments.sweeps.settings_provenance_test import provenance
 
 # Each new sweep and the table or figure of its paper that its description must name.
@@ -126,7 +126,13 @@ def test_a_sweep_on_data_this_machine_lacks_says_what_it_waits_for(name):
 def test_feddyn_shakespeare_sets_the_appendix_alpha_and_decay_per_participation(scale):
     cells = _by_cell("feddyn-shakespeare-iid-partial", scale)
     alpha = {setting: c.algorithm.alpha for (setting, method), c in cells.items() if method == "FedDyn"}
-    assert alpha == {"IID, 100%": 0.009, "IID, 10%": 0.015, "non-IID, 10%": 0.015, "IID, 1%": 0.001, "non-IID, 1%": 0.001}
+    assert alpha == {
+        "IID, 100%": 0.009,
+        "IID, 10%": 0.015,
+        "non-IID, 10%": 0.015,
+        "IID, 1%": 0.001,
+        "non-IID, 1%": 0.001,
+    }
     for (setting, method), config in cells.items():
         assert _decay(config.client.lr) == (0.998 if "1%" in setting else 1.0), (setting, method)
         assert config.data.partition == ("iid" if setting.startswith("IID") else "natural")
@@ -144,7 +150,13 @@ def test_feddyn_shakespeare_sets_the_appendix_alpha_and_decay_per_participation(
     ("name", "participation", "decay", "epochs", "rounds"),
     [
         ("feddyn-table2-dirichlet06-full", 1.0, 1.0, {"FedDyn": 50, "SCAFFOLD": 50, "FedAvg": 20, "FedProx": 20}, 500),
-        ("feddyn-table2-dirichlet06-partial", 0.1, 0.998, {"FedDyn": 50, "SCAFFOLD": 50, "FedAvg": 10, "FedProx": 10}, 1000),
+        (
+            "feddyn-table2-dirichlet06-partial",
+            0.1,
+            0.998,
+            {"FedDyn": 50, "SCAFFOLD": 50, "FedAvg": 10, "FedProx": 10},
+            1000,
+        ),
         ("feddyn-table5-1pct", 0.01, 0.998, {"FedDyn": 50, "SCAFFOLD": 50, "FedAvg": 10, "FedProx": 10}, 1000),
     ],
 )
@@ -156,7 +168,9 @@ def test_feddyn_mnist_rows_run_the_appendix_settings(name, participation, decay,
             assert (config.client.batch_size, config.client.weight_decay, config.client.clip_norm) == (50, 1e-4, 10)
             assert config.model.hidden == (200, 200) and config.evaluation.model == "all_clients_mean"
             if "Dirichlet" in setting:
-                assert config.data.partition == "dirichlet" and config.data.dirichlet_alpha == float(setting.split()[1][:-1])
+                assert config.data.partition == "dirichlet" and config.data.dirichlet_alpha == float(
+                    setting.split()[1][:-1]
+                )
             if method == "FedDyn":
                 assert config.algorithm.alpha == 0.01  # .03 is the 10% IID row's only
             if scale == "paper":
@@ -167,17 +181,19 @@ def test_feddyn_mnist_rows_run_the_appendix_settings(name, participation, decay,
 
 def test_feddyn_cifar_rows_hold_the_devices_and_sizes_of_tables_1_and_4():
     massive = _by_cell("feddyn-table1-massive-cifar10", "paper")
-    assert {(c.data.num_clients, c.data.limit_per_class, c.rounds, c.sampling.participation) for c in massive.values()} == {
-        (1000, None, 2000, 0.1)
-    }  # all 50,000 images over 1000 devices: 50 each
+    assert {
+        (c.data.num_clients, c.data.limit_per_class, c.rounds, c.sampling.participation) for c in massive.values()
+    } == {(1000, None, 2000, 0.1)}  # all 50,000 images over 1000 devices: 50 each
     unbalanced = _by_cell("feddyn-table4-unbalanced", "paper")
-    assert {(c.data.quotas, c.data.lognormal_sigma, c.client.epochs, c.client.weight_decay) for c in unbalanced.values()} == {
-        ("lognormal", 0.3, 5, 1e-3)
-    }
+    assert {
+        (c.data.quotas, c.data.lognormal_sigma, c.client.epochs, c.client.weight_decay) for c in unbalanced.values()
+    } == {("lognormal", 0.3, 5, 1e-3)}
     for name, participations in (("feddyn-table2-dirichlet06-cifar10", {1.0, 0.1}), ("feddyn-table5-cifar10", {0.01})):
         cells = _by_cell(name, "paper")
         assert {c.sampling.participation for c in cells.values()} == participations
-        assert {(c.client.epochs, c.client.batch_size, c.client.weight_decay, c.rounds) for c in cells.values()} == {(5, 50, 1e-3, 1000)}
+        assert {(c.client.epochs, c.client.batch_size, c.client.weight_decay, c.rounds) for c in cells.values()} == {
+            (5, 50, 1e-3, 1000)
+        }
         assert {c.data.limit_per_class for c in cells.values()} == {None}  # all 500 images of each of the 100 clients
     assert {c.data.dirichlet_alpha for c in _by_cell("feddyn-table2-dirichlet06-cifar10").values()} == {0.6}
     cifar100 = _by_cell("feddyn-table1-cifar100", "paper")
@@ -221,7 +237,11 @@ def test_fedprox_figures_2_to_4_set_each_data_sets_appendix_values(scale):
         assert config.client.epochs == int(method.split(",")[0][2:])
         assert config.algorithm.mu == (best_mu if method.endswith("best μ") else 0.0)
         if setting == "MNIST":
-            assert (config.data.partition, config.data.classes_per_client, config.data.num_clients) == ("power_law", 2, 1000)
+            assert (config.data.partition, config.data.classes_per_client, config.data.num_clients) == (
+                "power_law",
+                2,
+                1000,
+            )
 
 
 def test_fedprox_stragglers_differ_only_in_how_partial_work_is_used():
@@ -267,14 +287,25 @@ def test_decaying_k_stackoverflow_runs_fedadam_on_the_appendix_task(k):
     for scale in (None, "paper"):
         cells = {method: c for (_, method), c in _by_cell(f"decaying-k-stackoverflow-k{k}", scale).items()}
         for config in cells.values():
-            assert (config.server.optimizer, config.server.lr, config.server.beta1, config.server.beta2) == ("adam", 0.3, 0.9, 0.999)
-            assert (config.data.vocabulary_size, config.data.tag_count, config.data.samples_per_client) == (10_000, 500, 250)
+            assert (config.server.optimizer, config.server.lr, config.server.beta1, config.server.beta2) == (
+                "adam",
+                0.3,
+                0.9,
+                0.999,
+            )
+            assert (config.data.vocabulary_size, config.data.tag_count, config.data.samples_per_client) == (
+                10_000,
+                500,
+                250,
+            )
             assert config.model.name == "mlr" and config.client.batch_size == 32
         assert cells["decaying K, constant γ"].client.steps.initial == k
         if scale == "paper":
             assert cells["decaying K, constant γ"].client.steps.decay == 0.9996
             assert _decay(cells["constant K, decaying γ"].client.lr) == (0.9996 if k == 100 else 0.999)
-            assert {(c.rounds, c.data.max_clients, c.sampling.participation) for c in cells.values()} == {(4000, 1000, 0.01)}
+            assert {(c.rounds, c.data.max_clients, c.sampling.participation) for c in cells.values()} == {
+                (4000, 1000, 0.01)
+            }
 
 
 @pytest.mark.parametrize(
@@ -290,7 +321,12 @@ def test_adabest_table2_rows_use_the_papers_beta_per_participation(name, partici
     assert {c.algorithm.beta for (_, m), c in cells.items() if m.startswith("AdaBest")} == betas
     for (_, method), config in cells.items():
         assert config.sampling.participation == participation and config.rounds == rounds
-        assert (config.client.batch_size, config.client.epochs, config.client.lr.initial, _decay(config.client.lr)) == (45, 5, 0.1, 0.998)
+        assert (config.client.batch_size, config.client.epochs, config.client.lr.initial, _decay(config.client.lr)) == (
+            45,
+            5,
+            0.1,
+            0.998,
+        )
         assert config.client.weight_decay == 1e-4 and config.model.hidden == (100, 100)
         if method in ("FedDyn",) or method.startswith("AdaBest"):
             assert (config.algorithm.alpha if method == "FedDyn" else config.algorithm.mu) == 0.02
@@ -309,10 +345,12 @@ def test_adabest_figure3_samples_ten_clients_a_round_at_both_sizes():
 
 def test_efl_figures_compare_what_the_paper_varies():
     figure1 = _by_cell("efl-figure1-cifar100")
-    assert {(c.data.partition, c.data.classes_per_client if c.data.partition != "iid" else None) for c in figure1.values()} == {
-        ("iid", None), ("classes_per_client", 20), ("classes_per_client", 5)
+    assert {
+        (c.data.partition, c.data.classes_per_client if c.data.partition != "iid" else None) for c in figure1.values()
+    } == {("iid", None), ("classes_per_client", 20), ("classes_per_client", 5)}
+    assert {c.model.name for c in figure1.values()} == {"vgg11"} and {c.data.num_clients for c in figure1.values()} == {
+        100
     }
-    assert {c.model.name for c in figure1.values()} == {"vgg11"} and {c.data.num_clients for c in figure1.values()} == {100}
     figure2 = _by_cell("efl-figure2")
     assert {c.algorithm.elastic for c in figure2.values()} == {0.0, 0.1, 0.5, 1.0}  # λ = 0 against the others
     assert {c.client.epochs for c in figure2.values()} == {1, 5}
@@ -339,11 +377,15 @@ TINY = {
     "feddyn-shakespeare-iid-partial": ["data.max_clients=3", "data.num_clients=3", "data.samples_per_client=100"],
     "feddyn-table6-synthetic": [],
     "fedprox-figures2-4": [
-        "MNIST:data.num_clients=20", "Shakespeare:data.max_clients=3", "Shakespeare:data.samples_per_client=100",
+        "MNIST:data.num_clients=20",
+        "Shakespeare:data.max_clients=3",
+        "Shakespeare:data.samples_per_client=100",
         "evaluation.dissimilarity_every=1",
     ],
     "fedprox-stragglers": [
-        "MNIST:data.num_clients=20", "Shakespeare:data.max_clients=3", "Shakespeare:data.samples_per_client=100",
+        "MNIST:data.num_clients=20",
+        "Shakespeare:data.max_clients=3",
+        "Shakespeare:data.samples_per_client=100",
         "evaluation.dissimilarity_every=1",
     ],
     "decaying-k-femnist-k3": [],
@@ -354,13 +396,21 @@ TINY = {
     "adabest-table2-1pct": ["data.num_clients=10", "sampling.participation=0.1"],
     "adabest-table2-full": ["data.num_clients=10"],
     "adabest-table2-iid": ["data.num_clients=10"],
-    "efl-figure2": ["MNIST:data.num_clients=10", "Shakespeare:data.max_clients=3", "Shakespeare:data.samples_per_client=100"],
+    "efl-figure2": [
+        "MNIST:data.num_clients=10",
+        "Shakespeare:data.max_clients=3",
+        "Shakespeare:data.samples_per_client=100",
+    ],
     "efl-figure3": ["data.max_clients=5", "data.samples_per_client=100"],
     # these wait for data this machine lacks: they skip here and run where the files are
     "feddyn-table1-cifar100": ["data.num_clients=10", "sampling.participation=0.2"],
     "adabest-figure3": ["data.num_clients=10", "sampling.participation=0.2"],
     "efl-figure1-cifar100": ["data.num_clients=10", "sampling.participation=0.2", "model.width=8"],
-    "fedprox-figures2-4-sent140": ["data.max_clients=5", "sampling.participation=0.2", "evaluation.dissimilarity_every=1"],
+    "fedprox-figures2-4-sent140": [
+        "data.max_clients=5",
+        "sampling.participation=0.2",
+        "evaluation.dissimilarity_every=1",
+    ],
     "efl-figure3-sent140": ["data.max_clients=5", "sampling.participation=0.2"],
     "decaying-k-stackoverflow-k10": ["data.max_clients=5", "data.vocabulary_size=100", "data.tag_count=10"],
     "decaying-k-stackoverflow-k33": ["data.max_clients=5", "data.vocabulary_size=100", "data.tag_count=10"],
@@ -387,7 +437,9 @@ def _first_run_per_data_set(name: str):
 @pytest.mark.parametrize("name", sorted(TINY))
 def test_a_round_of_each_data_set_runs_and_records_its_metrics(name, tmp_path):
     runs = _first_run_per_data_set(name)
-    missing = [r.config.data.name for r in runs if entry_of(r.config.data).location and data_location(r.config.data) is None]
+    missing = [
+        r.config.data.name for r in runs if entry_of(r.config.data).location and data_location(r.config.data) is None
+    ]
     if missing:
         pytest.skip(f"{', '.join(missing)} not on this machine (set DRIFTLAB_DATA)")
     for planned in runs:

@@ -36,7 +36,9 @@ BASES = {
 FEDDYN = sorted(name for name in BASES if name.startswith("feddyn"))
 ADABEST = sorted(name for name in BASES if name.startswith("adabest"))
 # the methods a tuned axis applies to, per sweep (the others run once per setting and seed, untuned)
-TUNED_METHODS = {name: {"FedDyn", "SCAFFOLD", "FedAvg", "FedProx"} for name in FEDDYN} | {name: {"FedDyn", "AdaBest"} for name in ADABEST}
+TUNED_METHODS = {name: {"FedDyn", "SCAFFOLD", "FedAvg", "FedProx"} for name in FEDDYN} | {
+    name: {"FedDyn", "AdaBest"} for name in ADABEST
+}
 SCALES = [None, "paper"]
 # The rounds of a tuned sweep's default scale where it cuts them below its base's (a grid six times the size)
 DEFAULT_ROUNDS = {"feddyn-table2-partial-tuned": 20}
@@ -131,7 +133,9 @@ def test_alpha_and_mu_are_tuned_over_the_papers_grids_for_feddyn_and_fedprox_alo
     for run in runs:
         lr, algorithm = run.config.client.lr, run.config.algorithm
         value = decay(lr) if data == "cifar10" else (initial(lr), run.config.client.epochs)
-        extra = algorithm.alpha if run.tuned_method == "FedDyn" else algorithm.mu if run.tuned_method == "FedProx" else None
+        extra = (
+            algorithm.alpha if run.tuned_method == "FedDyn" else algorithm.mu if run.tuned_method == "FedProx" else None
+        )
         found.setdefault((run.setting, run.tuned_method, run.seed), []).append((value, extra))
         if run.tuned_method in ("SCAFFOLD", "FedAvg"):  # neither tuned over α nor μ, nor given one
             assert "α=" not in run.tuned and "μ=" not in run.tuned and not hasattr(algorithm, "alpha")
@@ -153,7 +157,11 @@ def test_mnist_halving_searches_for_100_rounds_then_runs_the_best_pair_to_the_en
     # configurations per group (a seed's runs): halving ranks configurations, their seeds averaged
     groups = collections.Counter((r.setting, r.tuned_method) for r in plan(spec, "paper") if r.seed == 0)
     sizes = set(groups.values())
-    assert sizes == {24, 18, 6} and spec.halving.rungs(1000) == [100, 1000] and all(-(-n // spec.halving.eta) == 1 for n in sizes)
+    assert (
+        sizes == {24, 18, 6}
+        and spec.halving.rungs(1000) == [100, 1000]
+        and all(-(-n // spec.halving.eta) == 1 for n in sizes)
+    )
     assert spec.halving.rungs(plan(spec)[0].config.rounds) == [20]  # the default scale runs every pair to its end
     assert all(load_sweep(name).halving is None for name in FEDDYN if "cifar10" in name)
 
@@ -165,7 +173,9 @@ def test_adabest_tunes_feddyns_alpha_and_adabests_beta_over_the_papers_grids_and
     found: dict[tuple[str, str, int], list] = {}
     for run in runs:
         algorithm, method = run.config.algorithm, run.tuned_method or run.method  # "AdaBest (β=0.94)" is AdaBest's
-        value = algorithm.alpha if method == "FedDyn" else (algorithm.mu, algorithm.beta) if method == "AdaBest" else None
+        value = (
+            algorithm.alpha if method == "FedDyn" else (algorithm.mu, algorithm.beta) if method == "AdaBest" else None
+        )
         found.setdefault((run.setting, method, run.seed), []).append(value)
     seeds = {run.seed for run in runs}
     assert seeds == ({0, 1, 2, 3, 4} if scale == "paper" else {0, 1, 2})

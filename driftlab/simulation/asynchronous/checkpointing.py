@@ -31,11 +31,15 @@ def in_flight_tensors(in_flight: Any) -> dict[str, torch.Tensor]:
         f"{PREFIX}next_dispatch": torch.tensor(flight.next_dispatch, dtype=torch.int64),
         f"{PREFIX}idle_slots": torch.tensor(flight.idle_slots, dtype=torch.int64),
         f"{PREFIX}clients": torch.tensor(
-            [[c.client_id, c.dispatch, c.version, c.steps, int(c.left), int(c.result is not None)] for c in clients], dtype=torch.int64
+            [[c.client_id, c.dispatch, c.version, c.steps, int(c.left), int(c.result is not None)] for c in clients],
+            dtype=torch.int64,
         ).reshape(len(clients), 6),
-        f"{PREFIX}times": torch.tensor([[c.dispatched_at, c.arrives_at] for c in clients], dtype=torch.float64).reshape(len(clients), 2),
+        f"{PREFIX}times": torch.tensor([[c.dispatched_at, c.arrives_at] for c in clients], dtype=torch.float64).reshape(
+            len(clients), 2
+        ),
         f"{PREFIX}results": torch.tensor(
-            [[c.result.upload_bits, c.result.steps_done] if c.result is not None else [0, 0] for c in clients], dtype=torch.int64
+            [[c.result.upload_bits, c.result.steps_done] if c.result is not None else [0, 0] for c in clients],
+            dtype=torch.int64,
         ).reshape(len(clients), 2),
         f"{PREFIX}view_versions": torch.tensor([version for version, _ in flight.views], dtype=torch.int64),
     }
@@ -59,22 +63,34 @@ def restore_in_flight(sim: Any, tensors: dict[str, torch.Tensor]) -> Any:
         results = tensors[f"{PREFIX}results"].tolist()
         view_versions = tensors[f"{PREFIX}view_versions"].tolist()
     except KeyError as missing:
-        raise CheckpointError(f"the checkpoint's asynchronous state lacks {missing}; it was written by another version of driftlab") from None
+        raise CheckpointError(
+            f"the checkpoint's asynchronous state lacks {missing}; it was written by another version of driftlab"
+        ) from None
     algorithm = sim.algorithm
     view_template = algorithm.broadcast(algorithm.server_init(sim.initial_params))
-    state_template = algorithm.client_state_init(sim.initial_params) if algorithm.client_state_init is not None else None
+    state_template = (
+        algorithm.client_state_init(sim.initial_params) if algorithm.client_state_init is not None else None
+    )
     clients = []
-    for (client_id, dispatch, version, steps, left, trained), (dispatched_at, arrives_at), (upload_bits, steps_done) in zip(
-        rows, times, results, strict=True
-    ):
+    for (client_id, dispatch, version, steps, left, trained), (dispatched_at, arrives_at), (
+        upload_bits,
+        steps_done,
+    ) in zip(rows, times, results, strict=True):
         result = None
         if trained:
             where = f"{PREFIX}result/{dispatch}"
             change = tensors.get(f"{where}/change")
             client_state = state_from_tensors(state_template, tensors, f"{where}/client_state", sim.device)
-            result = HeldResult(None if change is None else change.to(sim.device), int(upload_bits), int(steps_done), client_state)
-        clients.append(InFlightClient(client_id, dispatch, version, dispatched_at, arrives_at, steps, bool(left), result))
-    views = tuple((version, state_from_tensors(view_template, tensors, f"{PREFIX}view/{version}", sim.device)) for version in view_versions)
+            result = HeldResult(
+                None if change is None else change.to(sim.device), int(upload_bits), int(steps_done), client_state
+            )
+        clients.append(
+            InFlightClient(client_id, dispatch, version, dispatched_at, arrives_at, steps, bool(left), result)
+        )
+    views = tuple(
+        (version, state_from_tensors(view_template, tensors, f"{PREFIX}view/{version}", sim.device))
+        for version in view_versions
+    )
     return AsynchronousState(
         clock=float(tensors[f"{PREFIX}clock"].item()),
         version=int(tensors[f"{PREFIX}version"].item()),

@@ -66,7 +66,9 @@ def asynchronous_problem(sim: Simulation) -> str | None:
             'different models); use evaluation.model = "server"'
         )
     initial = sim.algorithm.client_state_init
-    per_client = state_bytes(sim.initial_params) + (state_bytes(initial(sim.initial_params)) if initial is not None else 0)
+    per_client = state_bytes(sim.initial_params) + (
+        state_bytes(initial(sim.initial_params)) if initial is not None else 0
+    )
     held = sim.asynchronous.concurrency * per_client
     budget = sim.memory_budget.round_bytes
     if held > budget:
@@ -85,7 +87,9 @@ def check_asynchronous(sim: Simulation) -> None:
         raise ValueError(problem)
 
 
-def run_update(sim: Simulation, state: SimulationState, evaluate_after: bool = False) -> tuple[SimulationState, dict[str, Any]]:
+def run_update(
+    sim: Simulation, state: SimulationState, evaluate_after: bool = False
+) -> tuple[SimulationState, dict[str, Any]]:
     """Server update ``state.round + 1``: fill the idle slots, process arrivals until B are buffered, update the server.
 
     Returns the new state (``in_flight``: the engine state after the update, ``clock``: its time) and the update's
@@ -153,7 +157,9 @@ class _Interval:
     def fill_slots(self, at: float) -> None:
         """Dispatch into every idle slot at time ``at``, while some client is eligible."""
         while self.idle_slots > 0:
-            chosen = choose_client(self.sim.plan.seed, self.next_dispatch, self.registered, self.busy, self.sim.system.profiles, at)
+            chosen = choose_client(
+                self.sim.plan.seed, self.next_dispatch, self.registered, self.busy, self.sim.system.profiles, at
+            )
             if chosen is None:
                 return  # the slot waits for the next arrival
             self._dispatch(chosen, at)
@@ -167,7 +173,9 @@ class _Interval:
         steps = sim.plan.planned_steps(num_samples, self.round)
         seconds = work_seconds(profile, self.view_bits, steps, min(sim.plan.batch_size, num_samples), self.view_bits)
         arrives = at + seconds
-        client = InFlightClient(client_id, self.next_dispatch, self.version, at, arrives, steps, left=profile.end < arrives)
+        client = InFlightClient(
+            client_id, self.next_dispatch, self.version, at, arrives, steps, left=profile.end < arrives
+        )
         self.clients[client.dispatch] = client
         self.busy.add(client_id)
         heapq.heappush(self.queue, client.order)
@@ -272,7 +280,9 @@ class _Interval:
             in_flight=in_flight,
             views=tuple((version, self.views[version]) for version in needed),
         )
-        return dataclasses.replace(self.state, round=self.round, server=server, clock=self.time, in_flight=flight), record
+        return dataclasses.replace(
+            self.state, round=self.round, server=server, clock=self.time, in_flight=flight
+        ), record
 
 
 def _train(
@@ -305,17 +315,29 @@ def _train(
             )
             for client in wave
         ]
-        settings = [dataclasses.replace(base, seed=dispatch_seed(plan.seed, client.dispatch, client.client_id)) for client in wave]
+        settings = [
+            dataclasses.replace(base, seed=dispatch_seed(plan.seed, client.dispatch, client.client_id))
+            for client in wave
+        ]
         client_states = [state.clients.get(client_id) for client_id in ids]
         datas = [client_data(sim, client_id) for client_id in ids]
         tasks = [
             client_start(sim.algorithm, view, client_state, context, data, setting)
             for client_state, context, data, setting in zip(client_states, contexts, datas, settings, strict=True)
         ]
-        with contextlib.closing(sim.backend.train(sim.model, view.params, tasks, base.local, sim.training_data)) as trained:
+        with contextlib.closing(
+            sim.backend.train(sim.model, view.params, tasks, base.local, sim.training_data)
+        ) as trained:
             for position, final_params, done in trained:
                 new_state, message = client_end(
-                    sim.algorithm, view, client_states[position], contexts[position], datas[position], settings[position], final_params, done
+                    sim.algorithm,
+                    view,
+                    client_states[position],
+                    contexts[position],
+                    datas[position],
+                    settings[position],
+                    final_params,
+                    done,
                 )
                 change = form.release(view, message).detach() if message is not None else None
                 results[wave[position].dispatch] = HeldResult(change, payload_bits(message), int(done), new_state)

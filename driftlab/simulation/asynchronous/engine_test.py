@@ -89,7 +89,9 @@ def test_two_clients_buffer_of_one_by_hand():
     assert [r["reporting_clients"] for r in records] == [[0], [0], [1], [0], [0], [0], [1]]
     assert [r["max_staleness"] for r in records] == [0, 0, 2, 1, 0, 0, 3]
     assert [r["num_dispatched"] for r in records] == [2, 1, 1, 1, 1, 1, 1]  # both at t = 0, then each refill
-    assert all(r["num_reporting"] == r["num_selected"] == 1 and r["local_steps"] == 5 and r["num_left"] == 0 for r in records)
+    assert all(
+        r["num_reporting"] == r["num_selected"] == 1 and r["local_steps"] == 5 and r["num_left"] == 0 for r in records
+    )
     z0, z1 = 1.0, 3.0
     theta = [0.0]
     arrivals = [(0, 0, z0), (1, 1, z0), (2, 0, z1), (3, 2, z0), (4, 4, z0), (5, 5, z0), (6, 3, z1)]  # (v, v_k, z_k)
@@ -138,14 +140,24 @@ def test_full_buffer_of_equally_fast_clients_is_synchronous_fedavg_only_at_first
     # θ^{v−1}; only client 3 starts from θ^v.  Every later update is θ^{v+1} = θ^v + (Σ_{k<3} Δ_k(θ^{v−1}) + Δ_3(θ^v)) / 4.
     sim, state = quadratic_sim(4, (5.0,) * 4, concurrency=4, buffer=4, staleness="constant")
     _, records = updates(sim, state, 4)
-    sync_sim, sync_state = build_simulation(driftlab.load_config({
-        "data": {"name": "quadratic1d", "num_clients": 4}, "model": {"name": "quadratic"},
-        "client": {"lr": 0.1, "batch_size": 1, "steps": 5}, "algorithm": {"name": "fedavg", "aggregation": "uniform"},
-        "sampling": {"participation": 1.0}, "precision": "float64",
-    }))
+    sync_sim, sync_state = build_simulation(
+        driftlab.load_config(
+            {
+                "data": {"name": "quadratic1d", "num_clients": 4},
+                "model": {"name": "quadratic"},
+                "client": {"lr": 0.1, "batch_size": 1, "steps": 5},
+                "algorithm": {"name": "fedavg", "aggregation": "uniform"},
+                "sampling": {"participation": 1.0},
+                "precision": "float64",
+            }
+        )
+    )
     _, sync_record = run_round(sync_sim, sync_state)
     assert records[0]["model_norm"] == pytest.approx(sync_record["model_norm"], rel=1e-14)
-    assert records[0]["upload_bits"] == sync_record["upload_bits"] and records[0]["local_steps"] == sync_record["local_steps"]
+    assert (
+        records[0]["upload_bits"] == sync_record["upload_bits"]
+        and records[0]["local_steps"] == sync_record["local_steps"]
+    )
     assert [r["reporting_clients"] for r in records] == [[0, 1, 2, 3]] * 4
     assert [r["time_end"] for r in records] == [1.0, 2.0, 3.0, 4.0]
     assert [r["mean_staleness"] for r in records] == [0.0, 0.75, 0.75, 0.75]
@@ -153,7 +165,9 @@ def test_full_buffer_of_equally_fast_clients_is_synchronous_fedavg_only_at_first
     z = np.linspace(1, 3, 4)
     theta = [0.0, sum(local_change(0.0, z[k]) for k in range(4)) / 4]
     for _ in range(3):
-        theta.append(theta[-1] + (sum(local_change(theta[-2], z[k]) for k in range(3)) + local_change(theta[-1], z[3])) / 4)
+        theta.append(
+            theta[-1] + (sum(local_change(theta[-2], z[k]) for k in range(3)) + local_change(theta[-1], z[3])) / 4
+        )
     assert [r["model_norm"] for r in records] == pytest.approx([abs(t) for t in theta[1:]], rel=1e-13)
 
 
@@ -178,10 +192,17 @@ def test_a_server_with_nobody_available_waits_for_the_next_window():
     # client 0: speed 5 (5 steps: 1 s) in [0, 1.5) and again from 10 s on; links take no time
     sim, state = quadratic_sim(1, (5.0,), concurrency=1, buffer=1)
     never = math.inf
-    sim.system = SystemPlan(TraceProfiles(
-        client=np.array([0, 0]), speed=np.array([5.0, 5.0]), download=np.array([never, never]),
-        upload=np.array([never, never]), start=np.array([0.0, 10.0]), end=np.array([1.5, never]), num_clients=1,
-    ))
+    sim.system = SystemPlan(
+        TraceProfiles(
+            client=np.array([0, 0]),
+            speed=np.array([5.0, 5.0]),
+            download=np.array([never, never]),
+            upload=np.array([never, never]),
+            start=np.array([0.0, 10.0]),
+            end=np.array([1.5, never]),
+            num_clients=1,
+        )
+    )
     state, records = updates(sim, state, 2)
     # update 1 at 1 s; the client is sent again at 1 s, would arrive at 2 s after its window closed at 1.5 s (left);
     # nobody is available then, so the server waits for 10 s, sends it again, and it arrives at 11 s
@@ -190,8 +211,12 @@ def test_a_server_with_nobody_available_waits_for_the_next_window():
 
 def small_model_sim(backend="sequential", concurrency=4, buffer=2, declare=True, **extra):
     config = {
-        "data": {"num_clients": 8}, "client": {"steps": 3}, "algorithm": {"name": "fedavg", "aggregation": "uniform"},
-        "backend": backend, "seed": 3, **extra,
+        "data": {"num_clients": 8},
+        "client": {"steps": 3},
+        "algorithm": {"name": "fedavg", "aggregation": "uniform"},
+        "backend": backend,
+        "seed": 3,
+        **extra,
     }
     sim, state = build_simulation(driftlab.load_config(config))
     return asynchronous(sim, LognormalProfiles(3), concurrency, buffer, declare=declare), state
@@ -205,7 +230,9 @@ def test_same_bytes_with_one_and_two_threads():
             torch.set_num_threads(count)
             sim, state = small_model_sim()
             state, records = updates(sim, state, 4)
-            results.append((state.server.params.clone(), [{k: v for k, v in r.items() if k != "round_seconds"} for r in records]))
+            results.append(
+                (state.server.params.clone(), [{k: v for k, v in r.items() if k != "round_seconds"} for r in records])
+            )
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(results[0][0], results[1][0]) and results[0][1] == results[1][1]
@@ -246,7 +273,9 @@ def _same_flight(a, b):
     if (a.clock, a.version, a.next_dispatch, a.idle_slots) != (b.clock, b.version, b.next_dispatch, b.idle_slots):
         return False
     for x, y in zip(a.in_flight, b.in_flight, strict=True):
-        if dataclasses.replace(x, result=None) != dataclasses.replace(y, result=None) or (x.result is None) != (y.result is None):
+        if dataclasses.replace(x, result=None) != dataclasses.replace(y, result=None) or (x.result is None) != (
+            y.result is None
+        ):
             return False
         if x.result is not None and not torch.equal(x.result.change, y.result.change):
             return False

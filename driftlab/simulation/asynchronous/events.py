@@ -26,7 +26,9 @@ from driftlab.simulation.time.plan import DeviceProfile, Profiles
 REJECTION_DRAWS = 8  # draws among the registered clients before listing the eligible ones
 
 
-def choose_client(seed: int, dispatch: int, registered: np.ndarray, busy: set[int], profiles: Profiles, time: float) -> int | None:
+def choose_client(
+    seed: int, dispatch: int, registered: np.ndarray, busy: set[int], profiles: Profiles, time: float
+) -> int | None:
     """The client dispatch ``dispatch`` sends work to at ``time``: uniform over ``registered`` clients that are
     available then and not in ``busy``; None when there is none."""
     if len(registered) == 0:
@@ -34,7 +36,9 @@ def choose_client(seed: int, dispatch: int, registered: np.ndarray, busy: set[in
     rng = generator(seed, Stream.ASYNC_DISPATCH, dispatch)
     for _ in range(REJECTION_DRAWS):
         client_id = int(registered[rng.integers(len(registered))])
-        if client_id not in busy and profiles.profile(client_id, time) is not None:  # one client's windows, not every row
+        if (
+            client_id not in busy and profiles.profile(client_id, time) is not None
+        ):  # one client's windows, not every row
             return client_id
     idle = registered[~np.isin(registered, np.fromiter(busy, dtype=np.int64, count=len(busy)))]
     eligible = idle[np.asarray(profiles.available(idle, time), dtype=bool)] if len(idle) else idle
@@ -50,6 +54,8 @@ def dispatch_seed(seed: int, dispatch: int, client_id: int) -> int:
     return torch_seed(seed, Stream.ASYNC_DISPATCH, dispatch, client_id)
 
 
-def work_seconds(profile: DeviceProfile, download_bits: int, steps: int, samples_per_step: int, upload_bits: int) -> float:
+def work_seconds(
+    profile: DeviceProfile, download_bits: int, steps: int, samples_per_step: int, upload_bits: int
+) -> float:
     """Download, local training and upload of one client's work on ``profile`` (module docstring)."""
     return client_timing(profile, download_bits, steps, samples_per_step, upload_bits).total

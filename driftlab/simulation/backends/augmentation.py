@@ -20,7 +20,9 @@ def check_images(images: torch.Tensor, padding: int) -> None:
         raise ValueError(f"padding must be >= 0, got {padding}")
 
 
-def flip_crop_from_keys(images: torch.Tensor, keys: torch.Tensor, padding: int = 4, crop_probability: float = 0.5) -> torch.Tensor:
+def flip_crop_from_keys(
+    images: torch.Tensor, keys: torch.Tensor, padding: int = 4, crop_probability: float = 0.5
+) -> torch.Tensor:
     """``driftlab.data.images.random_flip_crop`` with every image's draws read from the bits of its 64-bit key.
 
     Image ``i`` depends only on ``images[i]`` and ``keys[i]``, never on which
@@ -47,7 +49,9 @@ def flip_crop_from_keys(images: torch.Tensor, keys: torch.Tensor, padding: int =
     """
     check_images(images, padding)
     if keys.dtype != torch.int64 or keys.shape != images.shape[:1]:
-        raise ValueError(f"keys must be an int64 tensor of shape [{images.shape[0]}], got {keys.dtype} {tuple(keys.shape)}")
+        raise ValueError(
+            f"keys must be an int64 tensor of shape [{images.shape[0]}], got {keys.dtype} {tuple(keys.shape)}"
+        )
     if not 0.0 <= crop_probability <= 1.0:
         raise ValueError(f"crop_probability must be in [0, 1], got {crop_probability}")
     keys = keys.to(images.device)
@@ -56,7 +60,11 @@ def flip_crop_from_keys(images: torch.Tensor, keys: torch.Tensor, padding: int =
     # Arithmetic shifts copy the sign bit in from the left; the masks keep only the wanted bits.
     rows = (((keys >> 32) & 0xFFFF) * (2 * padding + 1)) >> 16
     cols = (((keys >> 48) & 0xFFFF) * (2 * padding + 1)) >> 16
-    offsets = torch.where(crop[:, None], torch.stack([rows, cols], dim=1), torch.full((len(keys), 2), padding, dtype=torch.int64, device=keys.device))
+    offsets = torch.where(
+        crop[:, None],
+        torch.stack([rows, cols], dim=1),
+        torch.full((len(keys), 2), padding, dtype=torch.int64, device=keys.device),
+    )
     return flip_then_shift(images, flip, offsets, padding)
 
 

@@ -15,14 +15,21 @@ import pytest
 import torch
 from torch import nn
 
-from driftlab.simulation.backends.augmentation import flip_crop_from_keys
 from driftlab.models import build_model
+from driftlab.simulation.backends.augmentation import flip_crop_from_keys
 from driftlab.simulation.backends.flat import FlatModel
-from driftlab.simulation.backends.local_training import ClientTask, LocalSettings, SequentialBackend, TrainingData, batch_plan, steps_for_epochs
-from driftlab.simulation.round.randomness import augmentation_key, example_keys, mix64
-from driftlab.simulation.seam import NO_CORRECTION, GradientCorrection
+from driftlab.simulation.backends.local_training import (
+    ClientTask,
+    LocalSettings,
+    SequentialBackend,
+    TrainingData,
+    batch_plan,
+    steps_for_epochs,
+)
 from driftlab.simulation.backends.vectorized import LinearReluStack, VectorizedBackend
 from driftlab.simulation.backends.vectorized_test import assert_agree, run_backend
+from driftlab.simulation.round.randomness import augmentation_key, example_keys, mix64
+from driftlab.simulation.seam import NO_CORRECTION, GradientCorrection
 
 CLIENT_SIZES = (37, 50, 23, 7, 64)  # 7 < B: batches narrower than the others'; 37, 23: short last batches
 BATCH_SIZE = 10
@@ -62,7 +69,9 @@ def test_mix64_is_splitmix64_with_wraparound():
 
 
 def test_example_keys_match_the_reference_and_broadcast():
-    bases = torch.tensor([[augmentation_key(SEED, ROUND, k)] for k in range(4)] + [[-1], [0]], dtype=torch.int64)  # [6, 1]
+    bases = torch.tensor(
+        [[augmentation_key(SEED, ROUND, k)] for k in range(4)] + [[-1], [0]], dtype=torch.int64
+    )  # [6, 1]
     slots = torch.arange(7).unsqueeze(0)  # [1, 7]
     for step in (0, 1, 5, 10_000):
         keys = example_keys(bases, step, slots)
@@ -78,7 +87,11 @@ def test_augmentation_key_depends_on_seed_round_and_client_only():
     key = augmentation_key(SEED, ROUND, 2)
     assert isinstance(key, int) and -(2**63) <= key < 2**63
     assert augmentation_key(SEED, ROUND, 2) == key
-    others = {augmentation_key(SEED + 1, ROUND, 2), augmentation_key(SEED, ROUND + 1, 2), augmentation_key(SEED, ROUND, 3)}
+    others = {
+        augmentation_key(SEED + 1, ROUND, 2),
+        augmentation_key(SEED, ROUND + 1, 2),
+        augmentation_key(SEED, ROUND, 3),
+    }
     assert key not in others and len(others) == 3
 
 
@@ -87,7 +100,12 @@ def test_keys_differ_across_rounds_clients_steps_and_slots_and_flip_half_the_tim
     table = torch.stack(
         [
             torch.stack(
-                [example_keys(augmentation_key(SEED, t, k), torch.arange(steps).unsqueeze(1), torch.arange(slots).unsqueeze(0)) for k in range(clients)]
+                [
+                    example_keys(
+                        augmentation_key(SEED, t, k), torch.arange(steps).unsqueeze(1), torch.arange(slots).unsqueeze(0)
+                    )
+                    for k in range(clients)
+                ]
             )
             for t in range(1, rounds + 1)
         ]
@@ -129,10 +147,14 @@ def _tasks(round_index: int = ROUND, fixed_steps: dict[int, int] | None = None, 
     tasks, offset = [], 0
     for client_id, size in enumerate(CLIENT_SIZES):
         steps = (fixed_steps or {}).get(client_id, steps_for_epochs(size, BATCH_SIZE, 2))
-        rows = torch.arange(offset + 5, offset + 5 + size)[torch.randperm(size, generator=torch.Generator().manual_seed(client_id))]
+        rows = torch.arange(offset + 5, offset + 5 + size)[
+            torch.randperm(size, generator=torch.Generator().manual_seed(client_id))
+        ]
         plan = batch_plan(SEED, round_index, client_id, size, BATCH_SIZE, steps)
         correction = NO_CORRECTION if corrections is None else corrections[client_id]
-        tasks.append(ClientTask(client_id, rows, plan, correction, augment_key=augmentation_key(SEED, round_index, client_id)))
+        tasks.append(
+            ClientTask(client_id, rows, plan, correction, augment_key=augmentation_key(SEED, round_index, client_id))
+        )
         offset += size
     return tasks
 
@@ -176,7 +198,9 @@ def test_vmap_path_agrees_with_augmentation_and_corrections():
     tasks = _tasks(corrections=corrections)
     settings = LocalSettings(client_lr=0.1, weight_decay=0.01)
     expected = run_backend(SequentialBackend(), model, start, tasks, settings, data)
-    assert_agree(expected, run_backend(VectorizedBackend(batched_layers=False), model, start, tasks, settings, data), dtype)
+    assert_agree(
+        expected, run_backend(VectorizedBackend(batched_layers=False), model, start, tasks, settings, data), dtype
+    )
     assert_agree(expected, run_backend(VectorizedBackend(), model, start, tasks, settings, data), dtype)
 
 
@@ -204,12 +228,24 @@ def test_augmented_training_is_repeatable_and_keys_matter():
     start = model.initial_parameters()
     settings = LocalSettings(client_lr=0.1)
     first = run_backend(SequentialBackend(), model, start, _tasks(), settings, data)
-    _assert_identical(first, run_backend(SequentialBackend(), model, start, _tasks(), settings, data))  # a resumed round: bit for bit
     _assert_identical(
-        run_backend(VectorizedBackend(), model, start, _tasks(), settings, data), run_backend(VectorizedBackend(), model, start, _tasks(), settings, data)
+        first, run_backend(SequentialBackend(), model, start, _tasks(), settings, data)
+    )  # a resumed round: bit for bit
+    _assert_identical(
+        run_backend(VectorizedBackend(), model, start, _tasks(), settings, data),
+        run_backend(VectorizedBackend(), model, start, _tasks(), settings, data),
     )
     # Same batches, other keys (the next round's): other augmentations, other models.
-    rekeyed = [ClientTask(t.client_id, t.sample_indices, t.batches, t.correction, augment_key=augmentation_key(SEED, ROUND + 1, t.client_id)) for t in _tasks()]
+    rekeyed = [
+        ClientTask(
+            t.client_id,
+            t.sample_indices,
+            t.batches,
+            t.correction,
+            augment_key=augmentation_key(SEED, ROUND + 1, t.client_id),
+        )
+        for t in _tasks()
+    ]
     assert _max_difference(first, run_backend(SequentialBackend(), model, start, rekeyed, settings, data)) > 1e-3
 
 
@@ -220,11 +256,16 @@ def test_partial_work_is_a_prefix_of_full_work():
     start = model.initial_parameters()
     settings = LocalSettings(client_lr=0.1)
     full = _tasks()[1]
-    partial = ClientTask(full.client_id, full.sample_indices, full.batches[:3], full.correction, augment_key=full.augment_key)
+    partial = ClientTask(
+        full.client_id, full.sample_indices, full.batches[:3], full.correction, augment_key=full.augment_key
+    )
     short_plan = _tasks(fixed_steps={1: 3})[1]
     assert np.array_equal(short_plan.batches, partial.batches) and short_plan.augment_key == partial.augment_key
     backend = SequentialBackend()
-    _assert_identical(run_backend(backend, model, start, [partial], settings, data), run_backend(backend, model, start, [short_plan], settings, data))
+    _assert_identical(
+        run_backend(backend, model, start, [partial], settings, data),
+        run_backend(backend, model, start, [short_plan], settings, data),
+    )
 
 
 @pytest.mark.parametrize("backend_kind", ["sequential", "vectorized", "vmap"])
@@ -243,7 +284,9 @@ def test_augmentation_off_leaves_training_bit_identical(backend_kind):
     unkeyed = [ClientTask(t.client_id, t.sample_indices, t.batches, t.correction) for t in _tasks()]
     reference = run_backend(make(), model, start, unkeyed, settings, off)
     _assert_identical(reference, run_backend(make(), model, start, _tasks(), settings, off))
-    _assert_identical(reference, run_backend(make(), model, start, _tasks(), settings, _data(dtype, augment=lambda x, keys: x)))
+    _assert_identical(
+        reference, run_backend(make(), model, start, _tasks(), settings, _data(dtype, augment=lambda x, keys: x))
+    )
 
 
 def test_augment_receives_each_example_with_its_own_key():
@@ -264,8 +307,18 @@ def test_augment_receives_each_example_with_its_own_key():
 
     tasks = _tasks()
     data = _data(dtype, augment=None)
-    for name, backend in (("sequential", SequentialBackend()), ("vectorized", VectorizedBackend(parallel_chunks=False))):
-        run_backend(backend, model, start, tasks, LocalSettings(client_lr=0.1), TrainingData(data.inputs, data.targets, recorder(name)))
+    for name, backend in (
+        ("sequential", SequentialBackend()),
+        ("vectorized", VectorizedBackend(parallel_chunks=False)),
+    ):
+        run_backend(
+            backend,
+            model,
+            start,
+            tasks,
+            LocalSettings(client_lr=0.1),
+            TrainingData(data.inputs, data.targets, recorder(name)),
+        )
     real_examples = sum(int((t.batches != -1).sum()) for t in tasks)
     assert len(seen["sequential"]) == real_examples
     # The vectorized backend also augments padding slots (weight 0); every real example has the same key and image.
@@ -280,7 +333,11 @@ def test_the_stacked_convolution_path_agrees_with_augmentation(clip_norm):
     torch.manual_seed(0)
     channels = SHAPE[0]
     module = nn.Sequential(
-        nn.Conv2d(channels, 4, 3, padding=1), nn.GroupNorm(2, 4), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+        nn.Conv2d(channels, 4, 3, padding=1),
+        nn.GroupNorm(2, 4),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
         nn.Linear(4 * (SHAPE[1] // 2) * (SHAPE[2] // 2), 10),
     )
     model = FlatModel.wrap(module).to("cpu", dtype)

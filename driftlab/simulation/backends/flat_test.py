@@ -15,7 +15,6 @@ from torch import nn
 
 from driftlab.simulation.backends.flat import FlatModel, copy_module
 
-
 INSIDE, RELEASE = threading.Event(), threading.Event()  # module-level: a module holding locks cannot be copied
 
 

@@ -61,7 +61,13 @@ def steps_for_epochs(num_samples: int, batch_size: int, epochs: int) -> int:
 
 
 def batch_plan(
-    seed: int, round_index: int, client_id: int, num_samples: int, batch_size: int, num_steps: int, stream: Stream = Stream.MINIBATCHES
+    seed: int,
+    round_index: int,
+    client_id: int,
+    num_samples: int,
+    batch_size: int,
+    num_steps: int,
+    stream: Stream = Stream.MINIBATCHES,
 ) -> np.ndarray:
     """The positions (``0..n_k−1``) each local step reads, as ``[num_steps, B]`` padded with ``-1``.
 
@@ -72,7 +78,9 @@ def batch_plan(
     ``stream`` (a personalized model's own steps draw from their own stream).
     """
     if num_samples <= 0 or batch_size <= 0 or num_steps < 0:
-        raise ValueError(f"need num_samples > 0, batch_size > 0, num_steps >= 0; got {num_samples}, {batch_size}, {num_steps}")
+        raise ValueError(
+            f"need num_samples > 0, batch_size > 0, num_steps >= 0; got {num_samples}, {batch_size}, {num_steps}"
+        )
     rng = generator(seed, stream, round_index, client_id)
     width = min(batch_size, num_samples)
     per_epoch = math.ceil(num_samples / width)
@@ -153,7 +161,12 @@ class TrainingBackend(Protocol):
     """Runs a round's local training; yields ``(task position, final θ_k, steps done)`` in any order."""
 
     def train(
-        self, model: FlatModel, start_params: torch.Tensor, tasks: Sequence[ClientTask], settings: LocalSettings, data: TrainingData
+        self,
+        model: FlatModel,
+        start_params: torch.Tensor,
+        tasks: Sequence[ClientTask],
+        settings: LocalSettings,
+        data: TrainingData,
     ) -> Iterator[tuple[int, torch.Tensor, int]]: ...
 
 
@@ -204,7 +217,9 @@ class BoundModule:
         self.theta = torch.zeros_like(like)
         self.gradient = torch.zeros_like(like)
         parameters = dict(self.module.named_parameters())
-        for name, theta_view, grad_view in zip(model.names, model.unflatten(self.theta).values(), model.unflatten(self.gradient).values(), strict=True):
+        for name, theta_view, grad_view in zip(
+            model.names, model.unflatten(self.theta).values(), model.unflatten(self.gradient).values(), strict=True
+        ):
             parameters[name].data = theta_view
             parameters[name].grad = grad_view
 
@@ -214,7 +229,12 @@ class BoundModule:
             self._training = training
 
     def loss_gradient(
-        self, theta: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor, key: torch.Tensor | None = None, training: bool = True
+        self,
+        theta: torch.Tensor,
+        inputs: torch.Tensor,
+        targets: torch.Tensor,
+        key: torch.Tensor | None = None,
+        training: bool = True,
     ) -> torch.Tensor:
         """``∇ cross_entropy(model(θ; inputs), targets)``, a fresh tensor; in training mode (dropout masks from ``key``,
         see ``modes.py``) unless ``training`` is False."""
@@ -226,12 +246,16 @@ class BoundModule:
             self.example_loss(self.module(inputs), targets).mean().backward()
         return self.gradient.clone()
 
-    def full_gradient(self, theta: torch.Tensor, rows: torch.Tensor, data: TrainingData, chunk: int = 4096) -> torch.Tensor:
+    def full_gradient(
+        self, theta: torch.Tensor, rows: torch.Tensor, data: TrainingData, chunk: int = 4096
+    ) -> torch.Tensor:
         """``∇f_k(θ)``: the mean loss gradient over all of ``rows``, in chunks of ``chunk`` examples, in evaluation mode."""
         total = torch.zeros_like(theta)
         for start in range(0, len(rows), chunk):
             part = rows[start : start + chunk]
-            total += self.loss_gradient(theta, data.batch(part), data.targets[part], training=False) * (len(part) / len(rows))
+            total += self.loss_gradient(theta, data.batch(part), data.targets[part], training=False) * (
+                len(part) / len(rows)
+            )
         return total
 
     def forward(self, theta: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
@@ -254,17 +278,23 @@ class BoundModule:
         with keyed_dropout(key if training and self.dropout else None):
             return torch.func.grad(loss)(theta, inputs, targets, weights, *term.tensors)
 
-    def full_term_gradient(self, theta: torch.Tensor, rows: torch.Tensor, data: TrainingData, term: LossTerm, chunk: int = 4096) -> torch.Tensor:
+    def full_term_gradient(
+        self, theta: torch.Tensor, rows: torch.Tensor, data: TrainingData, term: LossTerm, chunk: int = 4096
+    ) -> torch.Tensor:
         """``∇[f_k + term]`` over all of ``rows``: pieces of ``chunk`` examples weighted by their share of the rows
         (exact for a term that is a weighted batch mean plus a function of θ alone)."""
         total = torch.zeros_like(theta)
         for start in range(0, len(rows), chunk):
             part = rows[start : start + chunk]
-            total += self.term_gradient(theta, data.batch(part), data.targets[part], term, training=False) * (len(part) / len(rows))
+            total += self.term_gradient(theta, data.batch(part), data.targets[part], term, training=False) * (
+                len(part) / len(rows)
+            )
         return total
 
 
-def corrected_gradient_norm(theta: torch.Tensor, loss_gradient: torch.Tensor, correction: GradientCorrection, settings: LocalSettings) -> float:
+def corrected_gradient_norm(
+    theta: torch.Tensor, loss_gradient: torch.Tensor, correction: GradientCorrection, settings: LocalSettings
+) -> float:
     """``‖∇h_k(θ)‖`` of the corrected local objective (no clipping: it is the objective's gradient)."""
     g = loss_gradient
     if correction.linear is not None:
@@ -308,7 +338,9 @@ def train_one_client(
             if local_step is None:
                 theta = corrected_step(theta, gradient, correction, settings)
             else:
-                theta, step_state = local_step.function(theta, corrected_gradient(theta, gradient, correction, settings), step_state, settings.client_lr)
+                theta, step_state = local_step.function(
+                    theta, corrected_gradient(theta, gradient, correction, settings), step_state, settings.client_lr
+                )
         done = step + 1
         if inexact and done % task.steps_per_epoch == 0 and done < task.num_steps:
             if objective_gradient_norm(bound, theta, task, settings, data) <= threshold:
@@ -316,7 +348,9 @@ def train_one_client(
     return theta, task.num_steps
 
 
-def objective_gradient_norm(bound: BoundModule, theta: torch.Tensor, task: ClientTask, settings: LocalSettings, data: TrainingData) -> float:
+def objective_gradient_norm(
+    bound: BoundModule, theta: torch.Tensor, task: ClientTask, settings: LocalSettings, data: TrainingData
+) -> float:
     """``‖∇h_k(θ)‖`` over the client's whole data, for γ-inexact stopping: ``h_k = f_k + term + correction terms``.
 
     A loss term is included, evaluated on all of the client's examples as one
@@ -366,7 +400,12 @@ class SequentialBackend:
         return max(1, min(torch.get_num_threads(), num_tasks))
 
     def train(
-        self, model: FlatModel, start_params: torch.Tensor, tasks: Sequence[ClientTask], settings: LocalSettings, data: TrainingData
+        self,
+        model: FlatModel,
+        start_params: torch.Tensor,
+        tasks: Sequence[ClientTask],
+        settings: LocalSettings,
+        data: TrainingData,
     ) -> Iterator[tuple[int, torch.Tensor, int]]:
         def train_position(position: int) -> tuple[int, torch.Tensor, int]:
             bound = self._acquire(model, start_params)
@@ -388,7 +427,11 @@ class SequentialBackend:
     def _acquire(self, model: FlatModel, like: torch.Tensor) -> BoundModule:
         with self._lock:
             # A copy of another model (or dtype, device) is dropped: a run trains one model.
-            self._free = [b for b in self._free if b.source is model.module and b.theta.dtype == like.dtype and b.theta.device == like.device]
+            self._free = [
+                b
+                for b in self._free
+                if b.source is model.module and b.theta.dtype == like.dtype and b.theta.device == like.device
+            ]
             if self._free:
                 return self._free.pop()
         return BoundModule(model, like)
@@ -399,7 +442,10 @@ class SequentialBackend:
 
 
 def _has_loss_term(task: ClientTask) -> bool:
-    return not isinstance(task.correction, GradientCorrection) and as_local_objective(task.correction).loss_term is not None
+    return (
+        not isinstance(task.correction, GradientCorrection)
+        and as_local_objective(task.correction).loss_term is not None
+    )
 
 
 @contextmanager

@@ -14,9 +14,9 @@ from driftlab.models import build_model
 from driftlab.simulation.backends.flat import FlatModel
 from driftlab.simulation.backends.local_training import (
     PAD,
+    BoundModule,
     ClientTask,
     LocalSettings,
-    BoundModule,
     SequentialBackend,
     TrainingData,
     batch_plan,
@@ -46,7 +46,10 @@ def test_batch_plan_shape_padding_and_epoch_permutations():
         # each epoch visits every sample exactly once
         assert sorted(rows[rows != PAD].tolist()) == list(range(n))
     # fresh permutations: epochs are not all in the same order
-    orders = {tuple(plan[e * per_epoch : (e + 1) * per_epoch][plan[e * per_epoch : (e + 1) * per_epoch] != PAD]) for e in range(epochs)}
+    orders = {
+        tuple(plan[e * per_epoch : (e + 1) * per_epoch][plan[e * per_epoch : (e + 1) * per_epoch] != PAD])
+        for e in range(epochs)
+    }
     assert len(orders) > 1
 
 
@@ -192,7 +195,9 @@ def test_a_loss_term_is_differentiated_through_the_outputs_and_the_parameters_by
     anchor = torch.linspace(-1, 1, theta0.numel(), dtype=torch.float64)
 
     def term(batch, anchor):  # a function of the outputs (weighted batch mean) and of θ directly
-        return 0.3 * (batch.weights * batch.outputs.pow(2).sum(dim=1)).sum() + 0.2 * torch.sum((batch.params - anchor) ** 2)
+        return 0.3 * (batch.weights * batch.outputs.pow(2).sum(dim=1)).sum() + 0.2 * torch.sum(
+            (batch.params - anchor) ** 2
+        )
 
     settings = LocalSettings(0.3, clip_norm=0.8)
     task = ClientTask(7, rows, batches, LocalObjective(loss_term=LossTerm(term, (anchor,))))
@@ -203,7 +208,11 @@ def test_a_loss_term_is_differentiated_through_the_outputs_and_the_parameters_by
         chosen = rows[[p for p in batches[step].tolist() if p != PAD]]
         leaf = theta.clone().requires_grad_(True)
         outputs = model.forward(leaf, data.inputs[chosen])
-        loss = torch.nn.functional.cross_entropy(outputs, data.targets[chosen]) + 0.3 * outputs.pow(2).sum(dim=1).mean() + 0.2 * torch.sum((leaf - anchor) ** 2)
+        loss = (
+            torch.nn.functional.cross_entropy(outputs, data.targets[chosen])
+            + 0.3 * outputs.pow(2).sum(dim=1).mean()
+            + 0.2 * torch.sum((leaf - anchor) ** 2)
+        )
         (gradient,) = torch.autograd.grad(loss, leaf)
         gradient = gradient * min(1.0, 0.8 / (float(gradient.norm()) + 1e-6))  # the term is clipped with the loss
         theta = theta - 0.3 * gradient
@@ -237,7 +246,9 @@ def test_a_local_step_keeps_its_state_across_steps_and_restarts_it_every_round()
         seen.append(int(count))
         return params - learning_rate * gradient, (count + 1,)
 
-    task = ClientTask(7, rows, batch_plan(0, 1, 7, 5, 2, 3), LocalObjective(local_step=LocalStep(counting_sgd, (torch.tensor(0),))))
+    task = ClientTask(
+        7, rows, batch_plan(0, 1, 7, 5, 2, 3), LocalObjective(local_step=LocalStep(counting_sgd, (torch.tensor(0),)))
+    )
     default = ClientTask(7, rows, task.batches, NO_CORRECTION)
     backend = SequentialBackend()
     for _ in range(2):
@@ -256,18 +267,34 @@ def test_clients_on_parallel_threads_give_the_same_models_and_restore_the_thread
     model = FlatModel.wrap(build_model("mlp", (1, 4, 4), 3, hidden=(6,)))
     theta0 = model.initial_parameters()
     term = LossTerm(lambda batch, anchor: torch.sum((batch.params - anchor) ** 2), (theta0,))
-    objectives = [NO_CORRECTION, GradientCorrection(linear=torch.full_like(theta0, 0.01)), term, NO_CORRECTION, term, NO_CORRECTION]
-    tasks = [ClientTask(k, torch.arange(10 * k, 10 * k + 10), batch_plan(0, 1, k, 10, 3, 4 + k), objective) for k, objective in enumerate(objectives)]
+    objectives = [
+        NO_CORRECTION,
+        GradientCorrection(linear=torch.full_like(theta0, 0.01)),
+        term,
+        NO_CORRECTION,
+        term,
+        NO_CORRECTION,
+    ]
+    tasks = [
+        ClientTask(k, torch.arange(10 * k, 10 * k + 10), batch_plan(0, 1, k, 10, 3, 4 + k), objective)
+        for k, objective in enumerate(objectives)
+    ]
     settings, data = LocalSettings(0.1, clip_norm=1.0), TrainingData(inputs, targets)
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
         parallel = SequentialBackend()
-        assert parallel.workers(theta0, len(tasks)) == 2 and SequentialBackend(parallel_clients=False).workers(theta0, len(tasks)) == 1
+        assert (
+            parallel.workers(theta0, len(tasks)) == 2
+            and SequentialBackend(parallel_clients=False).workers(theta0, len(tasks)) == 1
+        )
         for _ in range(2):  # a second round reuses the bound copies
             together = {p: (t, d) for p, t, d in parallel.train(model, theta0, tasks, settings, data)}
             assert torch.get_num_threads() == 2
-            alone = {p: (t, d) for p, t, d in SequentialBackend(parallel_clients=False).train(model, theta0, tasks, settings, data)}
+            alone = {
+                p: (t, d)
+                for p, t, d in SequentialBackend(parallel_clients=False).train(model, theta0, tasks, settings, data)
+            }
             assert sorted(together) == list(range(len(tasks)))
             for position, (params, done) in alone.items():
                 assert together[position][1] == done and torch.equal(together[position][0], params)
@@ -299,7 +326,16 @@ def test_decaying_local_steps_follow_the_schedule_in_the_records():
 
 
 def test_epochs_give_per_client_step_counts():
-    result = driftlab.run(None, overrides=["rounds=1", "data.num_clients=5", "sampling.participation=1.0", "client.epochs=2", "client.batch_size=50"])
+    result = driftlab.run(
+        None,
+        overrides=[
+            "rounds=1",
+            "data.num_clients=5",
+            "sampling.participation=1.0",
+            "client.epochs=2",
+            "client.batch_size=50",
+        ],
+    )
     from driftlab.experiments.run.runner import build_simulation
 
     sim, _ = build_simulation(result.config)
@@ -310,35 +346,59 @@ def test_epochs_give_per_client_step_counts():
 def test_inverse_time_local_steps_in_a_run():
     result = driftlab.run(
         None,
-        overrides=["rounds=4", "data.num_clients=5", "sampling.participation=0.2", 'client.steps={kind="inverse_time", a=10, b=1}', "evaluation.every=100"],
+        overrides=[
+            "rounds=4",
+            "data.num_clients=5",
+            "sampling.participation=0.2",
+            'client.steps={kind="inverse_time", a=10, b=1}',
+            "evaluation.every=100",
+        ],
     )
-    assert [r["local_steps"] for r in result.records] == [max(1, math.ceil(10 / (1 + t))) for t in range(1, 5)]  # 5, 4, 3, 2
+    assert [r["local_steps"] for r in result.records] == [
+        max(1, math.ceil(10 / (1 + t))) for t in range(1, 5)
+    ]  # 5, 4, 3, 2
 
 
 def test_tiny_data_set_trains_with_padding():
     data = FederatedDataset(
-        "t", torch.randn(5, 2), torch.tensor([0, 1, 0, 1, 0]), torch.randn(2, 2), torch.tensor([0, 1]),
-        (np.array([0, 1, 2], dtype=np.int64), np.array([3, 4], dtype=np.int64)), num_classes=2,
+        "t",
+        torch.randn(5, 2),
+        torch.tensor([0, 1, 0, 1, 0]),
+        torch.randn(2, 2),
+        torch.tensor([0, 1]),
+        (np.array([0, 1, 2], dtype=np.int64), np.array([3, 4], dtype=np.int64)),
+        num_classes=2,
     )
     assert data.client_sizes.tolist() == [3, 2]
     model = FlatModel.wrap(build_model("mlr", (2,), 2))
     theta0 = model.initial_parameters()
     task = ClientTask(0, torch.tensor([0, 1, 2]), batch_plan(0, 1, 0, 3, 2, 4), NO_CORRECTION)
-    ((position, final, *_),) = list(SequentialBackend().train(model, theta0, [task], LocalSettings(0.1), TrainingData(data.train_inputs, data.train_targets)))
+    ((position, final, *_),) = list(
+        SequentialBackend().train(
+            model, theta0, [task], LocalSettings(0.1), TrainingData(data.train_inputs, data.train_targets)
+        )
+    )
     assert position == 0 and torch.isfinite(final).all() and not torch.equal(final, theta0)
 
 
 # ------------------------------------------------------------------ uint8 images normalised batch by batch
 
 
-def _pixel_run(backend_name: str, data: FederatedDataset, model_name: str, augment: bool, dtype: torch.dtype, algorithm_name: str = "fedavg"):
+def _pixel_run(
+    backend_name: str,
+    data: FederatedDataset,
+    model_name: str,
+    augment: bool,
+    dtype: torch.dtype,
+    algorithm_name: str = "fedavg",
+):
     """Final parameters after two rounds, and the evaluation at them."""
     from driftlab.algorithms import fedavg, fedprox
     from driftlab.experiments.run.runner import BACKENDS
     from driftlab.optim.server import make_server_optimizer
+    from driftlab.simulation.evaluation import evaluate
     from driftlab.simulation.round.engine import run_round
     from driftlab.simulation.round.setup import RoundPlan, Simulation, SimulationState
-    from driftlab.simulation.evaluation import evaluate
     from driftlab.simulation.state.state_store import InMemoryClientStore
 
     torch.manual_seed(0)
@@ -346,10 +406,20 @@ def _pixel_run(backend_name: str, data: FederatedDataset, model_name: str, augme
     theta = model.initial_parameters()
     gamma = 0.9 if algorithm_name == "fedprox" else None
     plan = RoundPlan(
-        seed=3, participation=0.5, sampling="uniform", batch_size=4, client_lr=0.05, server_lr=1.0, local_epochs=2, steps=None, augment=augment,
+        seed=3,
+        participation=0.5,
+        sampling="uniform",
+        batch_size=4,
+        client_lr=0.05,
+        server_lr=1.0,
+        local_epochs=2,
+        steps=None,
+        augment=augment,
         inexact_gamma=gamma,
     )
-    algorithm = fedprox.build(make_server_optimizer("sgd"), mu=0.1) if gamma else fedavg.build(make_server_optimizer("sgd"))
+    algorithm = (
+        fedprox.build(make_server_optimizer("sgd"), mu=0.1) if gamma else fedavg.build(make_server_optimizer("sgd"))
+    )
     sim = Simulation(model, data, algorithm, BACKENDS[backend_name](), plan, torch.device("cpu"), dtype, theta)
     state = SimulationState(0, algorithm.server_init(theta), InMemoryClientStore(None))
     for _ in range(2):
@@ -363,11 +433,17 @@ def _pixel_data(channels: int, size: int, normalise: bool) -> FederatedDataset:
     generator = torch.Generator().manual_seed(1)
     pixels = torch.randint(0, 256, (48, channels, size, size), generator=generator, dtype=torch.uint8)
     labels = torch.randint(0, 3, (48,), generator=generator)
-    norm = PixelNormalisation((0.1307,), (0.3081,)) if channels == 1 else PixelNormalisation((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616))
+    norm = (
+        PixelNormalisation((0.1307,), (0.3081,))
+        if channels == 1
+        else PixelNormalisation((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616))
+    )
     clients = tuple(np.arange(i * 10, i * 10 + 10) for i in range(4))
     if normalise:  # as the loaders gave it: the whole set normalised up front
         return FederatedDataset("float", norm(pixels[:40]), labels[:40], norm(pixels[40:]), labels[40:], clients, 3)
-    return FederatedDataset("pixels", pixels[:40], labels[:40], pixels[40:], labels[40:], clients, 3, input_normalisation=norm)
+    return FederatedDataset(
+        "pixels", pixels[:40], labels[:40], pixels[40:], labels[40:], clients, 3, input_normalisation=norm
+    )
 
 
 @pytest.mark.parametrize("backend", ["sequential", "vectorized"])
@@ -376,12 +452,25 @@ def _pixel_data(channels: int, size: int, normalise: bool) -> FederatedDataset:
     [
         (1, 8, "mlp", False, torch.float32, "fedavg"),  # MNIST-like; the vectorized backend's fused MLP
         (1, 8, "mlp", False, torch.float64, "fedprox"),  # a float64 run, and γ-inexact stopping's full gradients
-        (3, 32, "cnn", True, torch.float32, "fedavg"),  # CIFAR-like with flip and pad-crop (padding the normalised image)
+        (
+            3,
+            32,
+            "cnn",
+            True,
+            torch.float32,
+            "fedavg",
+        ),  # CIFAR-like with flip and pad-crop (padding the normalised image)
     ],
 )
-def test_uint8_images_train_and_evaluate_bit_for_bit_as_their_normalised_floats(backend, channels, size, model_name, augment, dtype, algorithm_name):
-    floats, float_metrics = _pixel_run(backend, _pixel_data(channels, size, normalise=True), model_name, augment, dtype, algorithm_name)
-    pixels, pixel_metrics = _pixel_run(backend, _pixel_data(channels, size, normalise=False), model_name, augment, dtype, algorithm_name)
+def test_uint8_images_train_and_evaluate_bit_for_bit_as_their_normalised_floats(
+    backend, channels, size, model_name, augment, dtype, algorithm_name
+):
+    floats, float_metrics = _pixel_run(
+        backend, _pixel_data(channels, size, normalise=True), model_name, augment, dtype, algorithm_name
+    )
+    pixels, pixel_metrics = _pixel_run(
+        backend, _pixel_data(channels, size, normalise=False), model_name, augment, dtype, algorithm_name
+    )
     assert torch.equal(pixels, floats)
     assert pixel_metrics == float_metrics
     assert float_metrics["test_loss"] > 0

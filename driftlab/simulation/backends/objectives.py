@@ -69,7 +69,9 @@ class LocalBatch(NamedTuple):
     inputs: torch.Tensor  # the step's minibatch, augmented when augmentation is on, [B, ...]
     targets: torch.Tensor  # [B, ...]
     weights: torch.Tensor  # [B]: 1/|batch| on real examples, 0 on padding; a batch mean of h is Σ_i weights_i h_i
-    forward: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (flat params [P], inputs) -> outputs: another model's view
+    forward: Callable[
+        [torch.Tensor, torch.Tensor], torch.Tensor
+    ]  # (flat params [P], inputs) -> outputs: another model's view
     # The model's per-example loss (outputs, targets) -> [B], for a term that evaluates the loss at another model (Mime's
     # ∇f_k(x̃; ζ) at its snapshot x̃); None where a caller builds a batch without a model.
     example_loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
@@ -113,7 +115,9 @@ class LocalStep:
     the round's η_l.  Return new tensors; do not modify the arguments.
     """
 
-    function: Callable[[torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...], float], tuple[torch.Tensor, tuple[torch.Tensor, ...]]]
+    function: Callable[
+        [torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...], float], tuple[torch.Tensor, tuple[torch.Tensor, ...]]
+    ]
     initial_state: tuple[torch.Tensor, ...] = ()
 
     def __post_init__(self) -> None:
@@ -130,7 +134,9 @@ class LocalObjective:
 
     def __post_init__(self) -> None:
         if not isinstance(self.correction, GradientCorrection):
-            raise TypeError(f"LocalObjective.correction must be a GradientCorrection, got {type(self.correction).__name__}")
+            raise TypeError(
+                f"LocalObjective.correction must be a GradientCorrection, got {type(self.correction).__name__}"
+            )
 
     @property
     def is_affine(self) -> bool:
@@ -161,7 +167,9 @@ def objective_loss(
     """``(θ, inputs, targets, weights, *tensors) -> Σ_i w_i ℓ_i + term``: one client's loss, for ``torch.func.grad``
     (and ``vmap`` over clients).  Both backends differentiate this same function."""
 
-    def loss(theta: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor, *tensors: torch.Tensor) -> torch.Tensor:
+    def loss(
+        theta: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor, *tensors: torch.Tensor
+    ) -> torch.Tensor:
         outputs = forward(theta, inputs)
         data_loss = (example_loss(outputs, targets).to(weights.dtype) * weights).sum()
         return data_loss + term(LocalBatch(theta, outputs, inputs, targets, weights, forward, example_loss), *tensors)

@@ -16,10 +16,17 @@ from torch import nn
 
 from driftlab.models import build_model
 from driftlab.simulation.backends.flat import FlatModel, objective_per_example
-from driftlab.simulation.backends.local_training import ClientTask, LocalSettings, SequentialBackend, TrainingData, batch_plan, steps_for_epochs
+from driftlab.simulation.backends.local_training import (
+    ClientTask,
+    LocalSettings,
+    SequentialBackend,
+    TrainingData,
+    batch_plan,
+    steps_for_epochs,
+)
 from driftlab.simulation.backends.objectives import LocalBatch, LocalObjective, LocalStep, LossTerm, as_local_objective
-from driftlab.simulation.seam import NO_CORRECTION, GradientCorrection
 from driftlab.simulation.backends.vectorized import VectorizedBackend
+from driftlab.simulation.seam import NO_CORRECTION, GradientCorrection
 
 TOLERANCE = dict(rtol=1e-12, atol=1e-12)
 CLIENT_SIZES = (37, 50, 7, 23)  # 7 < B: narrow batches; unequal sizes give unequal step counts
@@ -39,26 +46,41 @@ def _model(name: str) -> FlatModel:
 def _data() -> TrainingData:
     generator = torch.Generator().manual_seed(1)
     n = sum(CLIENT_SIZES)
-    return TrainingData(torch.randn(n, 1, 8, 8, generator=generator, dtype=DTYPE), torch.randint(0, 10, (n,), generator=generator))
+    return TrainingData(
+        torch.randn(n, 1, 8, 8, generator=generator, dtype=DTYPE), torch.randint(0, 10, (n,), generator=generator)
+    )
 
 
 def _tasks(objectives: list, epochs: int = 2, **task_fields) -> list[ClientTask]:
     tasks, offset = [], 0
     for client_id, (size, objective) in enumerate(zip(CLIENT_SIZES, objectives, strict=True)):
         steps = steps_for_epochs(size, BATCH_SIZE, epochs) - (client_id % 2)  # unequal, and not always whole epochs
-        tasks.append(ClientTask(client_id, torch.arange(offset, offset + size), batch_plan(3, 1, client_id, size, BATCH_SIZE, steps), objective, **task_fields))
+        tasks.append(
+            ClientTask(
+                client_id,
+                torch.arange(offset, offset + size),
+                batch_plan(3, 1, client_id, size, BATCH_SIZE, steps),
+                objective,
+                **task_fields,
+            )
+        )
         offset += size
     return tasks
 
 
-def _run(backend, model, start, tasks, settings, data, fallback_expected: bool = False) -> dict[int, tuple[torch.Tensor, int]]:
+def _run(
+    backend, model, start, tasks, settings, data, fallback_expected: bool = False
+) -> dict[int, tuple[torch.Tensor, int]]:
     logger = logging.getLogger("driftlab.simulation.backends.vectorized")
     warnings: list[str] = []
     handler = logging.Handler()
     handler.emit = lambda record: warnings.append(record.getMessage())
     logger.addHandler(handler)
     try:
-        results = {position: (params.clone(), done) for position, params, done in backend.train(model, start, tasks, settings, data)}
+        results = {
+            position: (params.clone(), done)
+            for position, params, done in backend.train(model, start, tasks, settings, data)
+        }
     finally:
         logger.removeHandler(handler)
     assert sorted(results) == list(range(len(tasks)))
@@ -182,7 +204,14 @@ def test_a_plain_sgd_local_step_equals_the_default_step_bit_for_bit(clip_norm):
     ]
     settings = LocalSettings(client_lr=0.1, weight_decay=0.01, clip_norm=clip_norm)
     default = _run(SequentialBackend(), model, start, _tasks(corrections), settings, data)
-    stepped = _run(SequentialBackend(), model, start, _tasks([LocalObjective(c, local_step=LocalStep(plain_sgd)) for c in corrections]), settings, data)
+    stepped = _run(
+        SequentialBackend(),
+        model,
+        start,
+        _tasks([LocalObjective(c, local_step=LocalStep(plain_sgd)) for c in corrections]),
+        settings,
+        data,
+    )
     for position, (params, done) in default.items():
         assert stepped[position][1] == done
         assert torch.equal(stepped[position][0], params)
@@ -200,9 +229,13 @@ def test_fedprox_as_a_loss_term_equals_its_affine_correction(backend, model_name
     mus = [0.1, 0.3, 0.5, 1.0]
     settings = LocalSettings(client_lr=0.1, weight_decay=0.01)  # no clipping: the correction's term is never clipped
     affine = _tasks([GradientCorrection(quadratic=mu, reference=anchor) for mu in mus])
-    as_terms = _tasks([LocalObjective(loss_term=LossTerm(proximal_term, (anchor, torch.tensor(mu, dtype=DTYPE)))) for mu in mus])
+    as_terms = _tasks(
+        [LocalObjective(loss_term=LossTerm(proximal_term, (anchor, torch.tensor(mu, dtype=DTYPE)))) for mu in mus]
+    )
     run = (lambda: SequentialBackend()) if backend == "sequential" else (lambda: VectorizedBackend())
-    _assert_agree(_run(run(), model, start, affine, settings, data), _run(run(), model, start, as_terms, settings, data))
+    _assert_agree(
+        _run(run(), model, start, affine, settings, data), _run(run(), model, start, as_terms, settings, data)
+    )
 
 
 # ------------------------------------------------------------------ sequential against vectorized
@@ -211,15 +244,25 @@ def test_fedprox_as_a_loss_term_equals_its_affine_correction(backend, model_name
 def _term_objectives(start: torch.Tensor) -> list:
     """MOON-like terms: one shared global model, a previous model per client; one client also has an affine part."""
     global_params = _vector(start, 0.02, 4)
-    objectives = [LocalObjective(loss_term=LossTerm(contrastive_term, (global_params, _vector(start, 0.05, 10 + k)))) for k in range(4)]
-    objectives[1] = dataclasses.replace(objectives[1], correction=GradientCorrection(linear=_vector(start, 0.05, 5) - start))
+    objectives = [
+        LocalObjective(loss_term=LossTerm(contrastive_term, (global_params, _vector(start, 0.05, 10 + k))))
+        for k in range(4)
+    ]
+    objectives[1] = dataclasses.replace(
+        objectives[1], correction=GradientCorrection(linear=_vector(start, 0.05, 5) - start)
+    )
     return objectives
 
 
 def _step_objectives(start: torch.Tensor) -> list:
     """Client momentum with different β and non-zero starting buffers; one client also has a quadratic correction."""
-    objectives = [LocalObjective(local_step=LocalStep(heavy_ball(0.5 + 0.1 * k), (_vector(start, 0.01, 20 + k) - start,))) for k in range(4)]
-    objectives[2] = dataclasses.replace(objectives[2], correction=GradientCorrection(quadratic=0.2, reference=_vector(start, 0.01, 6)))
+    objectives = [
+        LocalObjective(local_step=LocalStep(heavy_ball(0.5 + 0.1 * k), (_vector(start, 0.01, 20 + k) - start,)))
+        for k in range(4)
+    ]
+    objectives[2] = dataclasses.replace(
+        objectives[2], correction=GradientCorrection(quadratic=0.2, reference=_vector(start, 0.01, 6))
+    )
     return objectives
 
 
@@ -234,7 +277,10 @@ def test_the_vectorized_backend_agrees_with_the_sequential_one(model_name, clip_
     elif kind == "step":
         objectives = _step_objectives(start)
     else:
-        objectives = [dataclasses.replace(t, local_step=s.local_step) for t, s in zip(_term_objectives(start), _step_objectives(start), strict=True)]
+        objectives = [
+            dataclasses.replace(t, local_step=s.local_step)
+            for t, s in zip(_term_objectives(start), _step_objectives(start), strict=True)
+        ]
     tasks = _tasks(objectives)
     settings = LocalSettings(client_lr=0.1, weight_decay=0.01, clip_norm=clip_norm)
     expected = _run(SequentialBackend(), model, start, tasks, settings, data)
@@ -245,11 +291,20 @@ def test_the_vectorized_backend_agrees_with_the_sequential_one(model_name, clip_
 def test_a_round_mixing_affine_term_and_step_clients_agrees_in_any_chunking():
     model, data = _model("mlp"), _data()
     start = model.initial_parameters()
-    objectives = [GradientCorrection(linear=_vector(start, 0.05, 7) - start), _term_objectives(start)[1], _step_objectives(start)[2], NO_CORRECTION]
+    objectives = [
+        GradientCorrection(linear=_vector(start, 0.05, 7) - start),
+        _term_objectives(start)[1],
+        _step_objectives(start)[2],
+        NO_CORRECTION,
+    ]
     tasks = _tasks(objectives)
     settings = LocalSettings(client_lr=0.1, clip_norm=0.5)
     expected = _run(SequentialBackend(), model, start, tasks, settings, data)
-    for backend in (VectorizedBackend(), VectorizedBackend(max_chunk_clients=1), VectorizedBackend(batched_layers=False, parallel_chunks=False)):
+    for backend in (
+        VectorizedBackend(),
+        VectorizedBackend(max_chunk_clients=1),
+        VectorizedBackend(batched_layers=False, parallel_chunks=False),
+    ):
         _assert_agree(expected, _run(backend, model, start, tasks, settings, data))
 
 
@@ -263,9 +318,13 @@ def test_gamma_inexact_stopping_counts_the_loss_term_on_both_backends():
     for task in _tasks([LocalObjective(loss_term=term)] * 4, epochs=6):
         per_epoch = steps_for_epochs(len(task.sample_indices), BATCH_SIZE, 1)
         with_term.append(dataclasses.replace(task, stop_gamma=0.9, steps_per_epoch=per_epoch))
-        with_correction.append(dataclasses.replace(with_term[-1], correction=GradientCorrection(quadratic=0.5, reference=anchor)))
+        with_correction.append(
+            dataclasses.replace(with_term[-1], correction=GradientCorrection(quadratic=0.5, reference=anchor))
+        )
     expected = _run(SequentialBackend(), model, start, with_term, settings, data)
-    assert any(done < task.num_steps for (_, done), task in zip(expected.values(), with_term, strict=True))  # some client did stop early
+    assert any(
+        done < task.num_steps for (_, done), task in zip(expected.values(), with_term, strict=True)
+    )  # some client did stop early
     _assert_agree(expected, _run(VectorizedBackend(), model, start, with_term, settings, data))
     # The term's full gradient is the correction's: the same clients stop at the same steps.
     _assert_agree(expected, _run(SequentialBackend(), model, start, with_correction, settings, data))

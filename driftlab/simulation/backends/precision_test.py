@@ -9,10 +9,16 @@ import driftlab
 from driftlab.experiments.config import ConfigError
 from driftlab.models import build_model
 from driftlab.simulation.backends.flat import FlatModel
-from driftlab.simulation.backends.local_training import ClientTask, LocalSettings, SequentialBackend, TrainingData, batch_plan
+from driftlab.simulation.backends.local_training import (
+    ClientTask,
+    LocalSettings,
+    SequentialBackend,
+    TrainingData,
+    batch_plan,
+)
 from driftlab.simulation.backends.precision import PRECISIONS, check_precision, local_arithmetic, parameter_dtype
-from driftlab.simulation.seam import NO_CORRECTION
 from driftlab.simulation.backends.vectorized import VectorizedBackend
+from driftlab.simulation.seam import NO_CORRECTION
 
 CPU = torch.device("cpu")
 
@@ -54,10 +60,14 @@ def _cnn_round():
     torch.manual_seed(0)
     model = FlatModel.wrap(build_model("cnn", (3, 16, 16), 5))
     generator = torch.Generator().manual_seed(1)
-    data = TrainingData(torch.randn(24, 3, 16, 16, generator=generator), torch.randint(0, 5, (24,), generator=generator))
+    data = TrainingData(
+        torch.randn(24, 3, 16, 16, generator=generator), torch.randint(0, 5, (24,), generator=generator)
+    )
     start = model.initial_parameters()
     # One step each: over several steps float32 and bf16 trajectories drift apart on random data, so compare one gradient.
-    tasks = [ClientTask(k, torch.arange(8 * k, 8 * k + 8), batch_plan(0, 1, k, 8, 4, 1), NO_CORRECTION) for k in range(3)]
+    tasks = [
+        ClientTask(k, torch.arange(8 * k, 8 * k + 8), batch_plan(0, 1, k, 8, 4, 1), NO_CORRECTION) for k in range(3)
+    ]
     return model, start, tasks, LocalSettings(client_lr=0.1), data
 
 
@@ -84,7 +94,9 @@ def test_bf16_is_the_same_on_both_backends_to_bf16_rounding():
     vectorized = _train(VectorizedBackend(precision="bf16"), model, start, tasks, settings, data)
     for position in sequential:
         step = sequential[position] - start
-        assert torch.linalg.vector_norm(vectorized[position] - sequential[position]) < 0.1 * torch.linalg.vector_norm(step)
+        assert torch.linalg.vector_norm(vectorized[position] - sequential[position]) < 0.1 * torch.linalg.vector_norm(
+            step
+        )
 
 
 def test_a_bf16_run_aggregates_in_float32_and_is_repeatable():

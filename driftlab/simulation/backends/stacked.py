@@ -36,7 +36,9 @@ from driftlab.simulation.backends.flat import FlatModel, copy_module
 from driftlab.simulation.backends.modes import set_mode
 
 
-def module_for_this_thread(copies: threading.local, module: nn.Module, device: torch.device, training: bool = True) -> nn.Module:
+def module_for_this_thread(
+    copies: threading.local, module: nn.Module, device: torch.device, training: bool = True
+) -> nn.Module:
     """This thread's copy of ``module`` on ``device``, kept in ``copies``, in training mode (local steps) or not
     (measurements, ``modes.py``): ``functional_call`` swaps a module's parameters while it runs, so chunks trained at
     once on several threads must not share one.  Made on first use, which must be outside ``torch.func`` transforms
@@ -89,7 +91,9 @@ class StackedNetwork:
     def _module_for_this_thread(self, device: torch.device, training: bool = True) -> nn.Module:
         return module_for_this_thread(self._copies, self._model.module, device, training)
 
-    def outputs(self, theta: torch.Tensor, x: torch.Tensor, training: bool = True) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    def outputs(
+        self, theta: torch.Tensor, x: torch.Tensor, training: bool = True
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """``[n, B, classes]`` outputs of ``n`` clients on their own ``[n, B, ...]`` inputs, and the parameter leaves.
         ``training``: the mode of the module's own forward (one client); the batched layers have no mode-dependent
         layer (no dropout, no running statistics: ``match``)."""
@@ -106,7 +110,9 @@ class StackedNetwork:
         if clients == 1:
             # One client: the module's own forward, so its fused kernels (oneDNN's LSTM, say) do the work.
             single = {name: leaf[0] for name, leaf in named.items()}
-            return torch.func.functional_call(self._module_for_this_thread(theta.device, training), single, (x[0],)).unsqueeze(0), leaves
+            return torch.func.functional_call(
+                self._module_for_this_thread(theta.device, training), single, (x[0],)
+            ).unsqueeze(0), leaves
         return self._forward(self._model.module, Parameters(named, clients), x), leaves
 
     def loss_gradient(
@@ -161,7 +167,11 @@ class StackedNetwork:
                 positions = output.numel() // module.out_channels  # one example: output is [1, out, H', W']
                 columns.append(2 * module.in_channels * module.kernel_size[0] * module.kernel_size[1] * positions)
 
-        leaves = [leaf for leaf in self._model.module.modules() if not list(leaf.children()) or isinstance(leaf, (nn.LSTM, nn.GRU))]
+        leaves = [
+            leaf
+            for leaf in self._model.module.modules()
+            if not list(leaf.children()) or isinstance(leaf, (nn.LSTM, nn.GRU))
+        ]
         hooks = [leaf.register_forward_hook(count) for leaf in leaves]
         try:
             with torch.no_grad():

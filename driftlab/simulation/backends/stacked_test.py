@@ -14,11 +14,17 @@ from torch import nn
 from driftlab.models import build_model
 from driftlab.models.zoo import femnist_cnn_module
 from driftlab.simulation.backends.flat import FlatModel
-from driftlab.simulation.backends.local_training import ClientTask, LocalSettings, SequentialBackend, TrainingData, batch_plan
-from driftlab.simulation.seam import NO_CORRECTION, GradientCorrection
+from driftlab.simulation.backends.local_training import (
+    ClientTask,
+    LocalSettings,
+    SequentialBackend,
+    TrainingData,
+    batch_plan,
+)
 from driftlab.simulation.backends.stacked import StackedNetwork, has_convolutions, has_recurrent_layers
 from driftlab.simulation.backends.vectorized import VectorizedBackend, auto_backend, gradient_engine
 from driftlab.simulation.backends.vectorized_plan import bytes_per_client
+from driftlab.simulation.seam import NO_CORRECTION, GradientCorrection
 
 # (id, module factory, one example's input shape or ("ids", length, vocabulary), classes)
 CASES = [
@@ -26,7 +32,12 @@ CASES = [
     ("femnist_cnn_flat", lambda: build_model("femnist_cnn", (144,), 6), (144,), 6),
     ("femnist_cnn_same", lambda: femnist_cnn_module((1, 12, 12), 6, padding=1), (1, 12, 12), 6),
     ("resnet18_gn_cifar", lambda: build_model("resnet18_gn", (3, 8, 8), 5, width=4), (3, 8, 8), 5),
-    ("resnet18_gn_imagenet", lambda: build_model("resnet18_gn", (3, 16, 16), 5, width=4, resnet_stem="imagenet"), (3, 16, 16), 5),
+    (
+        "resnet18_gn_imagenet",
+        lambda: build_model("resnet18_gn", (3, 16, 16), 5, width=4, resnet_stem="imagenet"),
+        (3, 16, 16),
+        5,
+    ),
     ("vgg11", lambda: build_model("vgg11", (3, 32, 32), 5, width=2), (3, 32, 32), 5),
     ("lstm", lambda: build_model("lstm", (7,), 9, rnn_hidden=6), ("ids", 7, 9), 9),
     ("lstm_3_layers", lambda: build_model("lstm", (5,), 9, rnn_hidden=4, rnn_layers=3), ("ids", 5, 9), 9),
@@ -36,13 +47,24 @@ CASES = [
     (
         "sequential_conv_groupnorm",
         lambda: nn.Sequential(
-            nn.Conv2d(2, 4, 3, padding=1, bias=False), nn.GroupNorm(2, 4), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(4, 4, 3, stride=2, groups=2),
-            nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 5),
+            nn.Conv2d(2, 4, 3, padding=1, bias=False),
+            nn.GroupNorm(2, 4),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(4, 4, 3, stride=2, groups=2),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+            nn.Linear(4, 5),
         ),
         (2, 8, 8),
         5,
     ),
-    ("sequential_flatten_mlp", lambda: nn.Sequential(nn.Flatten(), nn.Linear(12, 6), nn.ReLU(), nn.Linear(6, 3)), (3, 4), 3),
+    (
+        "sequential_flatten_mlp",
+        lambda: nn.Sequential(nn.Flatten(), nn.Linear(12, 6), nn.ReLU(), nn.Linear(6, 3)),
+        (3, 4),
+        3,
+    ),
 ]
 
 
@@ -58,7 +80,9 @@ def _inputs(shape, count: int, generator: torch.Generator) -> torch.Tensor:
 
 
 @pytest.mark.parametrize(
-    "case", [pytest.param(case, marks=pytest.mark.slow) if case[0].startswith("resnet") else case for case in CASES], ids=[case[0] for case in CASES]
+    "case",
+    [pytest.param(case, marks=pytest.mark.slow) if case[0].startswith("resnet") else case for case in CASES],
+    ids=[case[0] for case in CASES],
 )
 def test_each_clients_stacked_gradient_is_its_own_gradient(case):
     _, factory, shape, classes = case
@@ -87,7 +111,9 @@ def test_the_stacked_gradient_leaves_the_parameters_untouched():
     theta = model.initial_parameters().repeat(2, 1)
     before = theta.clone()
     x = torch.randn(2, 3, 3, 16, 16, dtype=torch.float64)
-    StackedNetwork.match(model).loss_gradient(theta, x, torch.zeros(2, 3, dtype=torch.long), torch.ones(2, 3, dtype=torch.float64), torch.empty_like(theta))
+    StackedNetwork.match(model).loss_gradient(
+        theta, x, torch.zeros(2, 3, dtype=torch.long), torch.ones(2, 3, dtype=torch.float64), torch.empty_like(theta)
+    )
     assert torch.equal(theta, before)
 
 
@@ -95,7 +121,9 @@ def test_the_stacked_gradient_leaves_the_parameters_untouched():
     "module",
     [
         nn.Sequential(nn.Conv2d(1, 2, 3), nn.Tanh(), nn.Flatten(), nn.Linear(2 * 6 * 6, 3)),  # no batched Tanh
-        nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2), nn.Flatten(), nn.Linear(2 * 6 * 6, 3)),  # running statistics
+        nn.Sequential(
+            nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2), nn.Flatten(), nn.Linear(2 * 6 * 6, 3)
+        ),  # running statistics
         nn.Sequential(nn.Conv2d(1, 2, 3, padding=1, padding_mode="circular"), nn.Flatten(), nn.Linear(2 * 8 * 8, 3)),
         nn.Sequential(nn.Flatten(start_dim=2), nn.Linear(4, 3)),
     ],
@@ -164,13 +192,19 @@ def _round_setup(case_id: str, kind: str):
     tasks, offset = [], 0
     for client_id, (size, correction) in enumerate(zip(SIZES, _corrections(kind, start), strict=True)):
         steps = 2 * -(-size // 4) - client_id  # unequal work: client 1 and 2 stop short of two epochs
-        tasks.append(ClientTask(client_id, torch.arange(offset, offset + size), batch_plan(5, 1, client_id, size, 4, steps), correction))
+        tasks.append(
+            ClientTask(
+                client_id, torch.arange(offset, offset + size), batch_plan(5, 1, client_id, size, 4, steps), correction
+            )
+        )
         offset += size
     return model, start, tasks, data
 
 
 @pytest.mark.parametrize("case_id", ["sequential_conv_groupnorm", "gru"])
-@pytest.mark.parametrize("kind", [kind if kind == "mixed" else pytest.param(kind, marks=pytest.mark.slow) for kind in CORRECTIONS])
+@pytest.mark.parametrize(
+    "kind", [kind if kind == "mixed" else pytest.param(kind, marks=pytest.mark.slow) for kind in CORRECTIONS]
+)
 @pytest.mark.parametrize("clip_norm", [None, 0.3], ids=["noclip", "clip"])
 def test_a_round_with_corrections_clipping_and_weight_decay_matches_the_sequential_backend(case_id, kind, clip_norm):
     model, start, tasks, data = _round_setup(case_id, kind)
@@ -191,7 +225,9 @@ def test_zoo_models_take_batched_layers_and_auto_follows_the_measured_rule():
         assert gradient_engine(model) is not None, case_id
         assert auto_backend(model, cpu) == "vectorized"
         # on a GPU a recurrent network trains one client at a time (the batched recurrence lost to cuDNN per client)
-        assert auto_backend(model, gpu) == ("sequential" if has_recurrent_layers(model.module) else "vectorized"), case_id
+        assert auto_backend(model, gpu) == ("sequential" if has_recurrent_layers(model.module) else "vectorized"), (
+            case_id
+        )
     assert {auto_backend(_flat(factory), gpu) for _, factory, _, _ in CASES} == {"sequential", "vectorized"}
     other = FlatModel.wrap(nn.Sequential(nn.Flatten(), nn.Linear(4, 3), nn.Tanh(), nn.Linear(3, 2)))
     assert gradient_engine(other) is None
@@ -229,12 +265,19 @@ def test_a_sequential_the_batched_layers_would_misread_falls_back_to_vmap_and_st
 
     # nn.Linear on [B, C, H, W] acts on the last axis: no Flatten, so the batched layers must not take it.
     torch.manual_seed(0)
-    module = nn.Sequential(nn.Conv2d(2, 3, 3, padding=1), nn.ReLU(), nn.Linear(8, 4), nn.Flatten(), nn.Linear(3 * 8 * 4, 5))
+    module = nn.Sequential(
+        nn.Conv2d(2, 3, 3, padding=1), nn.ReLU(), nn.Linear(8, 4), nn.Flatten(), nn.Linear(3 * 8 * 4, 5)
+    )
     model = FlatModel.wrap(module).to("cpu", torch.float64)
     generator = torch.Generator().manual_seed(1)
-    data = TrainingData(torch.randn(12, 2, 8, 8, generator=generator, dtype=torch.float64), torch.randint(0, 5, (12,), generator=generator))
+    data = TrainingData(
+        torch.randn(12, 2, 8, 8, generator=generator, dtype=torch.float64),
+        torch.randint(0, 5, (12,), generator=generator),
+    )
     start = model.initial_parameters()
-    tasks = [ClientTask(k, torch.arange(6 * k, 6 * k + 6), batch_plan(0, 1, k, 6, 3, 2), NO_CORRECTION) for k in range(2)]
+    tasks = [
+        ClientTask(k, torch.arange(6 * k, 6 * k + 6), batch_plan(0, 1, k, 6, 3, 2), NO_CORRECTION) for k in range(2)
+    ]
     settings = LocalSettings(client_lr=0.1)
     backend = VectorizedBackend(max_chunk_clients=2, parallel_chunks=False)
     with caplog.at_level(logging.WARNING, logger="driftlab.simulation.backends.vectorized"):
@@ -246,7 +289,9 @@ def test_a_sequential_the_batched_layers_would_misread_falls_back_to_vmap_and_st
 
 
 def test_a_sequential_with_embeddings_or_recurrent_layers_is_not_read_layer_by_layer():
-    assert StackedNetwork.match(FlatModel.wrap(nn.Sequential(nn.Embedding(10, 4), nn.Flatten(), nn.Linear(12, 3)))) is None
+    assert (
+        StackedNetwork.match(FlatModel.wrap(nn.Sequential(nn.Embedding(10, 4), nn.Flatten(), nn.Linear(12, 3)))) is None
+    )
 
 
 @pytest.mark.parametrize("precision", ["float32", "bf16"])
@@ -278,7 +323,11 @@ def test_the_batched_layers_are_checked_against_the_module_in_float32_whatever_t
     model, start, tasks, data = _round_setup("sequential_conv_groupnorm", "none")
     model.to("cpu", torch.float32)
     data = TrainingData(data.inputs.float(), data.targets)
-    list(VectorizedBackend(precision=precision, max_chunk_clients=3).train(model, start.float(), tasks, LocalSettings(client_lr=0.1), data))
+    list(
+        VectorizedBackend(precision=precision, max_chunk_clients=3).train(
+            model, start.float(), tasks, LocalSettings(client_lr=0.1), data
+        )
+    )
     assert seen == [(["float32"], False)]
 
 
@@ -296,7 +345,9 @@ def test_unfold_convolutions_train_the_round_the_sequential_backend_does(case_id
     expected = {p: (t.clone(), d) for p, t, d in SequentialBackend().train(model, start, tasks, settings, data)}
     for backend in (
         VectorizedBackend(max_chunk_clients=3, parallel_chunks=False, convolution="unfold"),
-        VectorizedBackend(max_chunk_clients=2, convolution="unfold"),  # chunks of 2 and 1, on worker threads where torch has 2
+        VectorizedBackend(
+            max_chunk_clients=2, convolution="unfold"
+        ),  # chunks of 2 and 1, on worker threads where torch has 2
     ):
         unfolded.clear()
         actual = {p: (t.clone(), d) for p, t, d in backend.train(model, start, tasks, settings, data)}

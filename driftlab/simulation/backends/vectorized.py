@@ -79,9 +79,7 @@ from driftlab.simulation.backends.local_training import (
     TrainingData,
     map_on_threads,
 )
-from driftlab.simulation.state.memory_budget import MemoryBudget
 from driftlab.simulation.backends.precision import local_arithmetic
-from driftlab.simulation.seam import GradientCorrection
 from driftlab.simulation.backends.stacked import StackedNetwork, has_recurrent_layers
 from driftlab.simulation.backends.vectorized_gradients import (
     LinearReluStack,
@@ -91,9 +89,22 @@ from driftlab.simulation.backends.vectorized_gradients import (
     stacked_problem,
     vmap_problem,
 )
-from driftlab.simulation.backends.vectorized_layout import BatchSchedule, StackedCorrection, group_key, loss_term_of, normalized_objective
+from driftlab.simulation.backends.vectorized_layout import (
+    BatchSchedule,
+    StackedCorrection,
+    group_key,
+    loss_term_of,
+    normalized_objective,
+)
 from driftlab.simulation.backends.vectorized_plan import CPU_CHUNK_CLIENTS, bytes_per_client, chunk_clients, default_cap
-from driftlab.simulation.backends.vectorized_step import corrected_gradient_, corrected_step_, correction_terms, train_chunk
+from driftlab.simulation.backends.vectorized_step import (
+    corrected_gradient_,
+    corrected_step_,
+    correction_terms,
+    train_chunk,
+)
+from driftlab.simulation.seam import GradientCorrection
+from driftlab.simulation.state.memory_budget import MemoryBudget
 
 logger = logging.getLogger(__name__)
 
@@ -164,12 +175,19 @@ class VectorizedBackend:
         self.devices = None if devices is None else tuple(torch.device(d) for d in devices)
         self._engine_of: tuple[nn.Module, object] | None = None  # (module, its engine or None), the last model trained
         self._fallback: SequentialBackend | None = None
-        self._term_engines: dict[tuple, VmappedGradient | None] = {}  # (module, term function) -> engine, see _term_engine
+        self._term_engines: dict[
+            tuple, VmappedGradient | None
+        ] = {}  # (module, term function) -> engine, see _term_engine
         self._replicas: dict[torch.device, TrainingData] = {}
         self._replicated: TrainingData | None = None  # the data the replicas were made from
 
     def train(
-        self, model: FlatModel, start_params: torch.Tensor, tasks: Sequence[ClientTask], settings: LocalSettings, data: TrainingData
+        self,
+        model: FlatModel,
+        start_params: torch.Tensor,
+        tasks: Sequence[ClientTask],
+        settings: LocalSettings,
+        data: TrainingData,
     ) -> Iterator[tuple[int, torch.Tensor, int]]:
         if not tasks:
             return
@@ -197,7 +215,13 @@ class VectorizedBackend:
                 yield positions[index], final, done
 
     def _train_group(
-        self, engine, model: FlatModel, start_params: torch.Tensor, tasks: Sequence[ClientTask], settings: LocalSettings, data: TrainingData
+        self,
+        engine,
+        model: FlatModel,
+        start_params: torch.Tensor,
+        tasks: Sequence[ClientTask],
+        settings: LocalSettings,
+        data: TrainingData,
     ) -> Iterator[tuple[int, torch.Tensor, int]]:
         """Chunk ``tasks`` (clients whose objectives one engine serves) and train the chunks."""
         home = start_params.device
@@ -218,9 +242,13 @@ class VectorizedBackend:
             with local_arithmetic(self.precision, device), convolution(self.convolution):
                 chunk_engine = engine
                 chunk_tasks = [tasks[p] for p in positions]
-                if any(loss_term_of(task) is not None for task in chunk_tasks):  # a term group: engine is the model's VmappedGradient
+                if any(
+                    loss_term_of(task) is not None for task in chunk_tasks
+                ):  # a term group: engine is the model's VmappedGradient
                     chunk_engine = TermGradients(engine, [loss_term_of(task) for task in chunk_tasks], starts[device])
-                finals, steps_done = train_chunk(chunk_engine, starts[device], chunk_tasks, settings, self._data_on(data, device))
+                finals, steps_done = train_chunk(
+                    chunk_engine, starts[device], chunk_tasks, settings, self._data_on(data, device)
+                )
             return positions, finals.to(home), steps_done
 
         for positions, finals, steps_done in _map_chunks(train, chunks, workers):
@@ -234,7 +262,9 @@ class VectorizedBackend:
         if self._replicated is not data:
             self._replicas, self._replicated = {}, data
         if device not in self._replicas:
-            self._replicas[device] = dataclasses.replace(data, inputs=data.inputs.to(device), targets=data.targets.to(device))
+            self._replicas[device] = dataclasses.replace(
+                data, inputs=data.inputs.to(device), targets=data.targets.to(device)
+            )
         return self._replicas[device]
 
     def workers(self, start_params: torch.Tensor, num_tasks: int, devices: Sequence[torch.device] = ()) -> int:
@@ -281,7 +311,11 @@ class VectorizedBackend:
                 with local_arithmetic("float32", start_params.device), convolution(self.convolution):
                     problem = stacked_problem(engine, model, start_params, tasks[0], data)
                 if problem is not None:
-                    logger.warning("vectorized backend: no batched layers for %s (%s); using vmap", type(model.module).__name__, problem)
+                    logger.warning(
+                        "vectorized backend: no batched layers for %s (%s); using vmap",
+                        type(model.module).__name__,
+                        problem,
+                    )
                     engine = None
             if engine is None:
                 engine = VmappedGradient(model)
@@ -298,8 +332,9 @@ class VectorizedBackend:
             self._fallback = SequentialBackend(precision=self.precision)
         return engine
 
-
-    def _term_engine(self, model: FlatModel, start_params: torch.Tensor, tasks: Sequence[ClientTask], data: TrainingData):
+    def _term_engine(
+        self, model: FlatModel, start_params: torch.Tensor, tasks: Sequence[ClientTask], data: TrainingData
+    ):
         """The model's ``VmappedGradient`` for clients whose loss term it can ``vmap``, or ``None`` (a warning, once per
         model and term function: those clients train with the sequential backend)."""
         function = loss_term_of(tasks[0]).function

@@ -34,8 +34,8 @@ import torch
 from torch import nn
 
 from driftlab.simulation.backends.flat import FlatModel, cross_entropy_per_example
-from driftlab.simulation.backends.modes import keyed_dropout
 from driftlab.simulation.backends.local_training import PAD, ClientTask, TrainingData
+from driftlab.simulation.backends.modes import keyed_dropout
 from driftlab.simulation.backends.objectives import LossTerm, objective_loss
 from driftlab.simulation.backends.stacked import StackedNetwork, module_for_this_thread
 from driftlab.simulation.backends.vectorized_layout import BatchSchedule
@@ -77,7 +77,13 @@ class LinearReluStack:
             bias_name = names.get(id(linear.bias)) if linear.bias is not None else None
             if weight_name not in offsets or (linear.bias is not None and bias_name not in offsets):
                 return None  # a frozen parameter is not in θ; the generic path handles it
-            layers.append((offsets[weight_name], (linear.out_features, linear.in_features), offsets[bias_name] if bias_name else None))
+            layers.append(
+                (
+                    offsets[weight_name],
+                    (linear.out_features, linear.in_features),
+                    offsets[bias_name] if bias_name else None,
+                )
+            )
         return LinearReluStack(layers)
 
     def _weight(self, theta: torch.Tensor, layer: int) -> torch.Tensor:
@@ -111,7 +117,9 @@ class LinearReluStack:
         delta.scatter_add_(-1, targets.unsqueeze(-1), torch.full_like(delta[..., :1], -1.0))
         return delta.mul_(weights.unsqueeze(-1))
 
-    def _backpropagate(self, theta: torch.Tensor, x: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor, visit) -> None:
+    def _backpropagate(
+        self, theta: torch.Tensor, x: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor, visit
+    ) -> None:
         """Call ``visit(layer, δ_l, h_{l−1})`` from the last layer down; ``visit`` may update layer ``l`` in place,
         because ``δ_{l−1}`` is computed from the old ``W_l`` before it is called."""
         values = self._forward(theta, x)
@@ -146,7 +154,9 @@ class LinearReluStack:
         self._backpropagate(theta, x, targets, weights, write)
         return out
 
-    def sgd_step_(self, theta: torch.Tensor, x: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor, learning_rate: float) -> None:
+    def sgd_step_(
+        self, theta: torch.Tensor, x: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor, learning_rate: float
+    ) -> None:
         """``θ_k ← θ_k − η_l ∇ℓ_k(θ_k)`` in place, the update fused into the weight-gradient GEMM."""
 
         def update(layer: int, delta: torch.Tensor, below: torch.Tensor) -> None:
@@ -170,7 +180,12 @@ def _linear_relu_chain(module: nn.Module) -> list[nn.Linear] | None:
         return [module.linear]
     if type(module) is MLP:
         layers = list(module.layers)
-    elif type(module) is nn.Sequential and len(module) and type(module[0]) is nn.Flatten and (module[0].start_dim, module[0].end_dim) == (1, -1):
+    elif (
+        type(module) is nn.Sequential
+        and len(module)
+        and type(module[0]) is nn.Flatten
+        and (module[0].start_dim, module[0].end_dim) == (1, -1)
+    ):
         layers = list(module)[1:]
     else:
         return None
@@ -193,10 +208,14 @@ class VmappedGradient:
     """
 
     def __init__(self, model: FlatModel) -> None:
-        def masked_loss(theta: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        def masked_loss(
+            theta: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor
+        ) -> torch.Tensor:
             return (model.example_loss(self.forward(theta, inputs), targets) * weights).sum()
 
-        def keyed_loss(theta: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+        def keyed_loss(
+            theta: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor, key: torch.Tensor
+        ) -> torch.Tensor:
             with keyed_dropout(key):  # inside vmap: each client's masks from its own key
                 return masked_loss(theta, inputs, targets, weights)
 
@@ -244,7 +263,9 @@ class VmappedGradient:
         if self._activations_per_example is None:
             total = [example.numel()]
             hooks = [
-                leaf.register_forward_hook(lambda _m, _i, output: total.append(output.numel() if isinstance(output, torch.Tensor) else 0))
+                leaf.register_forward_hook(
+                    lambda _m, _i, output: total.append(output.numel() if isinstance(output, torch.Tensor) else 0)
+                )
                 for leaf in self.model.module.modules()
                 if not list(leaf.children())
             ]
@@ -330,7 +351,9 @@ class TermGradients:
 def _required(keys: torch.Tensor | None, theta: torch.Tensor) -> torch.Tensor:
     """The step's dropout keys, one per row of ``theta``: a model with dropout trains only with them."""
     if keys is None or keys.shape != theta.shape[:1]:
-        raise ValueError(f"a model with dropout needs one dropout key per client row ({theta.shape[0]}), got {None if keys is None else tuple(keys.shape)}")
+        raise ValueError(
+            f"a model with dropout needs one dropout key per client row ({theta.shape[0]}), got {None if keys is None else tuple(keys.shape)}"
+        )
     return keys.to(theta.device)
 
 
@@ -349,7 +372,9 @@ def gradient_engine(model: FlatModel, batched_layers: bool = True, precision: st
     return StackedNetwork.match(model)
 
 
-def vmap_problem(engine: VmappedGradient, start_params: torch.Tensor, task: ClientTask, data: TrainingData) -> str | None:
+def vmap_problem(
+    engine: VmappedGradient, start_params: torch.Tensor, task: ClientTask, data: TrainingData
+) -> str | None:
     """Try the vmapped gradient on two clients' first batch; the error text if it fails."""
     positions = task.batches[:1] if task.num_steps else np.zeros((1, 1), dtype=np.int64)
     probe = dataclasses.replace(task, batches=positions)
@@ -358,13 +383,17 @@ def vmap_problem(engine: VmappedGradient, start_params: torch.Tensor, task: Clie
     rows = schedule.rows[0]
     keys = torch.tensor([1, 2], dtype=torch.int64)  # two clients' dropout keys, as local steps pass them
     try:
-        engine.loss_gradient(theta, data.batch(rows), data.targets[rows], schedule.weights[0], torch.empty_like(theta), keys)
+        engine.loss_gradient(
+            theta, data.batch(rows), data.targets[rows], schedule.weights[0], torch.empty_like(theta), keys
+        )
     except Exception as error:  # noqa: BLE001 - any failure means "not vmappable"; the message is logged
         return f"{type(error).__name__}: {error}"
     return None
 
 
-def stacked_problem(engine: StackedNetwork, model: FlatModel, start_params: torch.Tensor, task: ClientTask, data: TrainingData) -> str | None:
+def stacked_problem(
+    engine: StackedNetwork, model: FlatModel, start_params: torch.Tensor, task: ClientTask, data: TrainingData
+) -> str | None:
     """Check the batched layers against the module on one client's first batch, as two different clients; why not, or ``None``.
 
     Guards the layer-by-layer reading of a user's ``nn.Sequential``: a layout the

@@ -17,4 +17,9 @@ def test_only_linear_relu_stacks_under_cross_entropy_take_the_batched_layers():
     assert LinearReluStack.match(_model("conv", torch.float32)) is None
     sequential = nn.Sequential(nn.Flatten(), nn.Linear(64, 8), nn.ReLU(), nn.Linear(8, 10))
     assert LinearReluStack.match(FlatModel.wrap(sequential)) is not None
-    assert LinearReluStack.match(FlatModel.wrap(nn.Sequential(nn.Flatten(), nn.Linear(64, 8), nn.Tanh(), nn.Linear(8, 10)))) is None
+    assert (
+        LinearReluStack.match(
+            FlatModel.wrap(nn.Sequential(nn.Flatten(), nn.Linear(64, 8), nn.Tanh(), nn.Linear(8, 10)))
+        )
+        is None
+    )

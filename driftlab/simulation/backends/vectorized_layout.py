@@ -51,7 +51,9 @@ class StackedCorrection:
         if all(q is None for q in quadratics):
             return StackedCorrection(linear, None, None)
         if all(q is None or not isinstance(q, torch.Tensor) for q in quadratics):
-            quadratic = to_device(torch.tensor([[0.0 if q is None else float(q)] for q in quadratics], dtype=like.dtype), like.device)
+            quadratic = to_device(
+                torch.tensor([[0.0 if q is None else float(q)] for q in quadratics], dtype=like.dtype), like.device
+            )
         else:
             quadratic = _stack_rows([_as_row(q, like) for q in quadratics], like)
         # A client without a quadratic term has D_k = 0, so any finite reference row serves it.
@@ -158,7 +160,11 @@ def loss_term_of(task: ClientTask) -> LossTerm | None:
 
 def affine_correction(task: ClientTask) -> GradientCorrection:
     """The affine part of a task's objective."""
-    return task.correction if isinstance(task.correction, GradientCorrection) else as_local_objective(task.correction).correction
+    return (
+        task.correction
+        if isinstance(task.correction, GradientCorrection)
+        else as_local_objective(task.correction).correction
+    )
 
 
 def group_key(objective: GradientCorrection | LocalObjective) -> tuple:

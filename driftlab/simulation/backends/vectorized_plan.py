@@ -20,10 +20,10 @@ import torch
 from driftlab.simulation.backends.flat import FlatModel
 from driftlab.simulation.backends.local_training import ClientTask, TrainingData
 from driftlab.simulation.backends.objectives import as_local_objective
-from driftlab.simulation.seam import GradientCorrection
 from driftlab.simulation.backends.stacked import StackedNetwork, has_convolutions, has_recurrent_layers
 from driftlab.simulation.backends.vectorized_gradients import LinearReluStack
 from driftlab.simulation.backends.vectorized_layout import affine_correction
+from driftlab.simulation.seam import GradientCorrection
 
 # On a CPU the per-step working set of more than ~16 MLP clients spills out of the
 # last-level cache and every elementwise pass becomes a trip to DRAM; measured in
@@ -39,8 +39,12 @@ def per_client_correction_rows(corrections: Sequence[GradientCorrection]) -> int
         return bool(present) and not all(v is present[0] and len(present) == len(values) for v in present)
 
     linear = varies([c.linear for c in corrections])
-    quadratic = any(isinstance(c.quadratic, torch.Tensor) for c in corrections) and varies([c.quadratic for c in corrections])
-    reference = varies([c.reference for c in corrections]) if any(c.reference is not None for c in corrections) else False
+    quadratic = any(isinstance(c.quadratic, torch.Tensor) for c in corrections) and varies(
+        [c.quadratic for c in corrections]
+    )
+    reference = (
+        varies([c.reference for c in corrections]) if any(c.reference is not None for c in corrections) else False
+    )
     return int(linear) + int(quadratic) + int(reference)
 
 

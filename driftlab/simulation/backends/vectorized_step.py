@@ -29,20 +29,32 @@ import torch
 from driftlab.simulation.backends.local_training import ClientTask, LocalSettings, TrainingData, corrected_gradient_norm
 from driftlab.simulation.backends.modes import step_keys
 from driftlab.simulation.backends.objectives import as_local_objective
+from driftlab.simulation.backends.vectorized_gradients import LinearReluStack, TermGradients
+from driftlab.simulation.backends.vectorized_layout import (
+    BatchSchedule,
+    StackedCorrection,
+    affine_correction,
+    gather_rows,
+    to_device,
+)
 from driftlab.simulation.round.randomness import example_keys
 from driftlab.simulation.seam import GradientCorrection
-from driftlab.simulation.backends.vectorized_gradients import LinearReluStack, TermGradients
-from driftlab.simulation.backends.vectorized_layout import BatchSchedule, StackedCorrection, affine_correction, gather_rows, to_device
 
-FULL_GRADIENT_ROWS = 4096  # examples per piece of a full local gradient (γ-inexact stopping), as in the sequential backend
+FULL_GRADIENT_ROWS = (
+    4096  # examples per piece of a full local gradient (γ-inexact stopping), as in the sequential backend
+)
 
 
-def corrected_step_(theta: torch.Tensor, g: torch.Tensor, correction: StackedCorrection, settings: LocalSettings, scratch: torch.Tensor) -> None:
+def corrected_step_(
+    theta: torch.Tensor, g: torch.Tensor, correction: StackedCorrection, settings: LocalSettings, scratch: torch.Tensor
+) -> None:
     """``local_training.corrected_step`` for a stack of clients, in place (``g`` is overwritten), same operation order."""
     theta.sub_(corrected_gradient_(theta, g, correction, settings, scratch).mul_(settings.client_lr))
 
 
-def corrected_gradient_(theta: torch.Tensor, g: torch.Tensor, correction: StackedCorrection, settings: LocalSettings, scratch: torch.Tensor) -> torch.Tensor:
+def corrected_gradient_(
+    theta: torch.Tensor, g: torch.Tensor, correction: StackedCorrection, settings: LocalSettings, scratch: torch.Tensor
+) -> torch.Tensor:
     """``local_training.corrected_gradient`` for a stack of clients, written into ``g`` (returned), same operation order."""
     if correction.linear is not None:
         g.add_(correction.linear)
@@ -57,7 +69,9 @@ def corrected_gradient_(theta: torch.Tensor, g: torch.Tensor, correction: Stacke
     return g
 
 
-def correction_terms(theta: torch.Tensor, correction: StackedCorrection, weight_decay: float, out: torch.Tensor) -> torch.Tensor | None:
+def correction_terms(
+    theta: torch.Tensor, correction: StackedCorrection, weight_decay: float, out: torch.Tensor
+) -> torch.Tensor | None:
     """``E = a + D ⊙ (θ − θ_ref) + wd · θ`` (the gradient terms that do not pass through clipping), or ``None`` if zero."""
     if correction.is_empty and not weight_decay:
         return None
@@ -85,11 +99,17 @@ def train_chunk(
         return theta, steps_done
     schedule = BatchSchedule.build(tasks, start_params.dtype, start_params.device)
     correction = StackedCorrection.stack([affine_correction(task) for task in tasks], start_params)
-    local_steps = [None if isinstance(task.correction, GradientCorrection) else as_local_objective(task.correction).local_step for task in tasks]
+    local_steps = [
+        None if isinstance(task.correction, GradientCorrection) else as_local_objective(task.correction).local_step
+        for task in tasks
+    ]
     if all(step is None for step in local_steps):
         local_steps = None
     else:
-        step_states = [None if step is None else tuple(t.to(start_params.device) for t in step.initial_state) for step in local_steps]
+        step_states = [
+            None if step is None else tuple(t.to(start_params.device) for t in step.initial_state)
+            for step in local_steps
+        ]
     fused = settings.clip_norm is None and isinstance(engine, LinearReluStack) and local_steps is None
     needs_scratch = not fused or not correction.is_empty or bool(settings.weight_decay)
     gradient = None if fused else torch.empty_like(theta)
@@ -108,7 +128,9 @@ def train_chunk(
         normalised = torch.empty(batch_inputs.shape, dtype=torch.float32, device=batch_inputs.device)
     dropout = getattr(engine, "draws_dropout", False)
     if augment is not None or dropout:
-        base_keys = to_device(torch.tensor([task.augment_key for task in tasks], dtype=torch.int64), schedule.rows.device).unsqueeze(1)  # [C, 1]
+        base_keys = to_device(
+            torch.tensor([task.augment_key for task in tasks], dtype=torch.int64), schedule.rows.device
+        ).unsqueeze(1)  # [C, 1]
         slots = torch.arange(width, device=schedule.rows.device).unsqueeze(0)  # [1, W]
     stopping = InexactStopping(engine, theta, tasks, correction, settings, data)
 
@@ -127,7 +149,11 @@ def train_chunk(
         block = theta[:active]
         block_correction = correction.head(active)
         if fused:
-            extra = correction_terms(block, block_correction, settings.weight_decay, scratch[:active]) if scratch is not None else None
+            extra = (
+                correction_terms(block, block_correction, settings.weight_decay, scratch[:active])
+                if scratch is not None
+                else None
+            )
             engine.sgd_step_(block, x, targets, weights, settings.client_lr)
             if extra is not None:
                 block.sub_(extra.mul_(settings.client_lr))
@@ -142,7 +168,9 @@ def train_chunk(
                     block[k].sub_(g[k].mul_(settings.client_lr))
                 else:
                     # Fresh tensors, as the sequential backend passes: a state that keeps its gradient must not alias the buffer.
-                    params, step_states[k] = local_steps[k].function(block[k].clone(), g[k].clone(), step_states[k], settings.client_lr)
+                    params, step_states[k] = local_steps[k].function(
+                        block[k].clone(), g[k].clone(), step_states[k], settings.client_lr
+                    )
                     block[k].copy_(params)
         stopping.after_step(step + 1, active, steps_done)
     return stopping.finals(theta), steps_done
@@ -157,8 +185,17 @@ class InexactStopping:
     stack); its parameters at the stop are kept aside and returned instead.
     """
 
-    def __init__(self, engine, theta: torch.Tensor, tasks: Sequence[ClientTask], correction: StackedCorrection, settings, data) -> None:
-        self.engine, self.theta, self.tasks, self.correction, self.settings, self.data = engine, theta, tasks, correction, settings, data
+    def __init__(
+        self, engine, theta: torch.Tensor, tasks: Sequence[ClientTask], correction: StackedCorrection, settings, data
+    ) -> None:
+        self.engine, self.theta, self.tasks, self.correction, self.settings, self.data = (
+            engine,
+            theta,
+            tasks,
+            correction,
+            settings,
+            data,
+        )
         self.watched = [k for k, task in enumerate(tasks) if task.stop_gamma is not None and task.steps_per_epoch > 0]
         self.stopped: dict[int, torch.Tensor] = {}
         self.thresholds = {k: tasks[k].stop_gamma * self._norm(k) for k in self.watched}
@@ -173,7 +210,9 @@ class InexactStopping:
             part = rows[start : start + FULL_GRADIENT_ROWS]
             weights = torch.full((1, len(part)), 1.0 / len(part), dtype=theta.dtype, device=theta.device)
             inputs = self.engine.flat_inputs(self.data.batch(part)).unsqueeze(0)
-            engine.loss_gradient(theta, inputs, self.data.targets[part].unsqueeze(0), weights, piece_gradient, training=False)
+            engine.loss_gradient(
+                theta, inputs, self.data.targets[part].unsqueeze(0), weights, piece_gradient, training=False
+            )
             total += piece_gradient * (len(part) / len(rows))
         return corrected_gradient_norm(theta[0], total[0], affine_correction(self.tasks[k]), self.settings)
 

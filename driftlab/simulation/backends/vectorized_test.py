@@ -28,10 +28,10 @@ from driftlab.simulation.backends.local_training import (
     batch_plan,
     steps_for_epochs,
 )
-from driftlab.simulation.state.memory_budget import MemoryBudget
 from driftlab.simulation.backends.objectives import LocalObjective, LocalStep, LossTerm
-from driftlab.simulation.seam import NO_CORRECTION, GradientCorrection
 from driftlab.simulation.backends.vectorized import LinearReluStack, VectorizedBackend
+from driftlab.simulation.seam import NO_CORRECTION, GradientCorrection
+from driftlab.simulation.state.memory_budget import MemoryBudget
 
 # float32: a few ulps of parameters of size ~0.1 after tens of steps; float64: the issue's 1e-12.
 TOLERANCE = {torch.float32: dict(rtol=1e-5, atol=2e-6), torch.float64: dict(rtol=1e-12, atol=1e-12)}
@@ -52,7 +52,9 @@ def _model(name: str, dtype: torch.dtype, seed: int = 0) -> FlatModel:
 def _data(dtype: torch.dtype) -> TrainingData:
     generator = torch.Generator().manual_seed(1)
     n = sum(CLIENT_SIZES) + 5
-    return TrainingData(torch.randn(n, 1, 8, 8, generator=generator, dtype=dtype), torch.randint(0, 10, (n,), generator=generator))
+    return TrainingData(
+        torch.randn(n, 1, 8, 8, generator=generator, dtype=dtype), torch.randint(0, 10, (n,), generator=generator)
+    )
 
 
 def _corrections(kind: str, start: torch.Tensor) -> list[GradientCorrection]:
@@ -88,7 +90,9 @@ def _tasks(corrections: list[GradientCorrection], fixed_steps: dict[int, int] | 
     tasks, offset = [], 0
     for client_id, (size, correction) in enumerate(zip(CLIENT_SIZES, corrections, strict=True)):
         steps = (fixed_steps or {}).get(client_id, steps_for_epochs(size, BATCH_SIZE, 2))
-        rows = torch.arange(offset + 5, offset + 5 + size)[torch.randperm(size, generator=torch.Generator().manual_seed(client_id))]
+        rows = torch.arange(offset + 5, offset + 5 + size)[
+            torch.randperm(size, generator=torch.Generator().manual_seed(client_id))
+        ]
         tasks.append(ClientTask(client_id, rows, batch_plan(7, 1, client_id, size, BATCH_SIZE, steps), correction))
         offset += size
     return tasks
@@ -98,7 +102,10 @@ def run_backend(backend, model, start, tasks, settings, data) -> dict[int, tuple
     """Train ``tasks`` on ``backend``: {task position: (final parameters, steps done)}, every task answered once.
 
     Shared with augmentation_test.py."""
-    results = {position: (params.clone(), done) for position, params, done in backend.train(model, start, tasks, settings, data)}
+    results = {
+        position: (params.clone(), done)
+        for position, params, done in backend.train(model, start, tasks, settings, data)
+    }
     assert sorted(results) == list(range(len(tasks)))
     return results
 
@@ -136,7 +143,9 @@ def test_the_vmap_path_matches_the_sequential_backend(model_name, clip_norm, cap
     settings = LocalSettings(client_lr=0.1, weight_decay=0.01, clip_norm=clip_norm)
     expected = run_backend(SequentialBackend(), model, start, tasks, settings, data)
     with caplog.at_level(logging.WARNING, logger="driftlab.simulation.backends.vectorized"):
-        assert_agree(expected, run_backend(VectorizedBackend(batched_layers=False), model, start, tasks, settings, data), dtype)
+        assert_agree(
+            expected, run_backend(VectorizedBackend(batched_layers=False), model, start, tasks, settings, data), dtype
+        )
     assert "cannot be vmapped" not in caplog.text  # the vmap path really ran (its sequential fallback would agree too)
 
 
@@ -147,7 +156,9 @@ def test_without_corrections_or_weight_decay_the_step_is_plain_sgd():
     tasks = _tasks(_corrections("none", start))
     settings = LocalSettings(client_lr=0.05)
     assert_agree(
-        run_backend(SequentialBackend(), model, start, tasks, settings, data), run_backend(VectorizedBackend(), model, start, tasks, settings, data), dtype
+        run_backend(SequentialBackend(), model, start, tasks, settings, data),
+        run_backend(VectorizedBackend(), model, start, tasks, settings, data),
+        dtype,
     )
 
 
@@ -162,10 +173,16 @@ def test_many_small_chunks_give_the_same_models_as_one_chunk(clip_norm):
     tasks = _tasks(_corrections("mixed", start))
     settings = LocalSettings(client_lr=0.1, weight_decay=0.01, clip_norm=clip_norm)
     one_chunk = VectorizedBackend(max_chunk_clients=len(tasks), parallel_chunks=False)
-    tiny_budget = VectorizedBackend(memory_budget_bytes=1)  # forces one client per chunk, chunks run in parallel threads
+    tiny_budget = VectorizedBackend(
+        memory_budget_bytes=1
+    )  # forces one client per chunk, chunks run in parallel threads
     assert one_chunk.chunk_size(LinearReluStack.match(model), model, start, tasks, data) == len(tasks)
     assert tiny_budget.chunk_size(LinearReluStack.match(model), model, start, tasks, data) == 1
-    assert_agree(run_backend(one_chunk, model, start, tasks, settings, data), run_backend(tiny_budget, model, start, tasks, settings, data), dtype)
+    assert_agree(
+        run_backend(one_chunk, model, start, tasks, settings, data),
+        run_backend(tiny_budget, model, start, tasks, settings, data),
+        dtype,
+    )
 
 
 @pytest.mark.parametrize("objective", ["affine", "term"])
@@ -175,17 +192,26 @@ def test_vmapped_chunks_on_parallel_threads_give_the_models_of_one_chunk(objecti
     start = model.initial_parameters()
     corrections = _corrections("mixed", start)
     if objective == "term":
-        corrections = [LocalObjective(c, loss_term=LossTerm(_output_norm_term, (start + 0.01 * k,))) for k, c in enumerate(corrections)]
+        corrections = [
+            LocalObjective(c, loss_term=LossTerm(_output_norm_term, (start + 0.01 * k,)))
+            for k, c in enumerate(corrections)
+        ]
     tasks = _tasks(corrections)
     settings = LocalSettings(client_lr=0.1, weight_decay=0.01, clip_norm=0.5)
     one_chunk = VectorizedBackend(batched_layers=False, max_chunk_clients=len(tasks), parallel_chunks=False)
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        parallel = VectorizedBackend(batched_layers=False, max_chunk_clients=2)  # three chunks on two single-threaded workers
+        parallel = VectorizedBackend(
+            batched_layers=False, max_chunk_clients=2
+        )  # three chunks on two single-threaded workers
         assert parallel.workers(start, len(tasks)) == 2
         with caplog.at_level(logging.WARNING, logger="driftlab.simulation.backends.vectorized"):
-            assert_agree(run_backend(one_chunk, model, start, tasks, settings, data), run_backend(parallel, model, start, tasks, settings, data), dtype)
+            assert_agree(
+                run_backend(one_chunk, model, start, tasks, settings, data),
+                run_backend(parallel, model, start, tasks, settings, data),
+                dtype,
+            )
         assert "cannot be vmapped" not in caplog.text  # the vmap path really ran (its fallback would agree too)
         assert torch.get_num_threads() == 2
     finally:
@@ -200,10 +226,21 @@ def test_gamma_inexact_clients_stop_at_the_same_step_as_sequentially():
     six_epochs = {k: steps_for_epochs(size, BATCH_SIZE, 6) for k, size in enumerate(CLIENT_SIZES)}
     for task in _tasks(_corrections("quadratic_scalar", start), fixed_steps=six_epochs):
         per_epoch = steps_for_epochs(len(task.sample_indices), BATCH_SIZE, 1)
-        tasks.append(ClientTask(task.client_id, task.sample_indices, task.batches, task.correction, stop_gamma=0.9, steps_per_epoch=per_epoch))
+        tasks.append(
+            ClientTask(
+                task.client_id,
+                task.sample_indices,
+                task.batches,
+                task.correction,
+                stop_gamma=0.9,
+                steps_per_epoch=per_epoch,
+            )
+        )
     settings = LocalSettings(client_lr=0.3)
     expected = run_backend(SequentialBackend(), model, start, tasks, settings, data)
-    assert any(done < task.num_steps for (_, done), task in zip(expected.values(), tasks, strict=True))  # some client did stop early
+    assert any(
+        done < task.num_steps for (_, done), task in zip(expected.values(), tasks, strict=True)
+    )  # some client did stop early
     assert_agree(expected, run_backend(VectorizedBackend(), model, start, tasks, settings, data), dtype)
 
 
@@ -239,9 +276,9 @@ def test_a_module_vmap_cannot_handle_falls_back_to_sequential_with_a_warning(cap
 
 def _output_norm_term(batch, reference):
     """A loss term on the model's outputs, the (augmented) inputs and θ, with a per-client tensor."""
-    return 0.1 * (batch.weights * (batch.outputs.pow(2).sum(dim=1) + batch.inputs.flatten(1).mean(dim=1))).sum() + 0.05 * torch.sum(
-        (batch.params - reference) ** 2
-    )
+    return 0.1 * (
+        batch.weights * (batch.outputs.pow(2).sum(dim=1) + batch.inputs.flatten(1).mean(dim=1))
+    ).sum() + 0.05 * torch.sum((batch.params - reference) ** 2)
 
 
 def _momentum(params, gradient, state, learning_rate):
@@ -262,13 +299,20 @@ def test_loss_terms_and_local_steps_see_augmented_batches_as_sequentially(model_
     start = model.initial_parameters()
     references = [start + 0.01 * k for k in range(len(CLIENT_SIZES))]
     objectives = [
-        LocalObjective(loss_term=LossTerm(_output_norm_term, (references[k],)), local_step=LocalStep(_momentum, (torch.zeros_like(start),)) if k % 2 else None)
+        LocalObjective(
+            loss_term=LossTerm(_output_norm_term, (references[k],)),
+            local_step=LocalStep(_momentum, (torch.zeros_like(start),)) if k % 2 else None,
+        )
         for k in range(len(CLIENT_SIZES))
     ]
-    tasks = [dataclasses.replace(task, augment_key=1000 + task.client_id) for task in _tasks(objectives, fixed_steps={2: 3})]
+    tasks = [
+        dataclasses.replace(task, augment_key=1000 + task.client_id) for task in _tasks(objectives, fixed_steps={2: 3})
+    ]
     settings = LocalSettings(client_lr=0.1, weight_decay=0.01, clip_norm=0.5)
     assert_agree(
-        run_backend(SequentialBackend(), model, start, tasks, settings, data), run_backend(VectorizedBackend(), model, start, tasks, settings, data), dtype
+        run_backend(SequentialBackend(), model, start, tasks, settings, data),
+        run_backend(VectorizedBackend(), model, start, tasks, settings, data),
+        dtype,
     )
 
 
@@ -279,7 +323,9 @@ def test_bare_terms_steps_and_affine_local_objectives_are_accepted_and_affine_on
     corrections = _corrections("mixed", start)
     settings = LocalSettings(client_lr=0.1, weight_decay=0.01)
     affine = run_backend(VectorizedBackend(), model, start, _tasks(corrections), settings, data)
-    wrapped = run_backend(VectorizedBackend(), model, start, _tasks([LocalObjective(correction=c) for c in corrections]), settings, data)
+    wrapped = run_backend(
+        VectorizedBackend(), model, start, _tasks([LocalObjective(correction=c) for c in corrections]), settings, data
+    )
     for position, (params, done) in affine.items():  # the same fused Linear/ReLU path, bit for bit
         assert wrapped[position][1] == done and torch.equal(wrapped[position][0], params)
     bare = [LossTerm(_output_norm_term, (start,)), LocalStep(_momentum, (torch.zeros_like(start),))] * 3
@@ -299,7 +345,10 @@ def test_bare_terms_steps_and_affine_local_objectives_are_accepted_and_affine_on
 # 4e-12 after round 2; 1e-11 with AVX2 kernels): the comparison would then measure the instability, not the backends.
 # At lr 0.002 they stay at one round's rounding (at most 7e-16 for Mime and 2e-14 for MimeLite, with AVX-512 and AVX2
 # kernels alike), so the 1e-12 tolerance below leaves a margin of 50x or more on any machine.
-STABLE = {"mimelite": ("client.lr=0.002", "algorithm.momentum=0.5"), "mime": ("client.lr=0.002", "algorithm.momentum=0.5")}
+STABLE = {
+    "mimelite": ("client.lr=0.002", "algorithm.momentum=0.5"),
+    "mime": ("client.lr=0.002", "algorithm.momentum=0.5"),
+}
 
 
 def _end_to_end(algorithm: str, backend: str, extra: tuple[str, ...] = ()):
@@ -345,7 +394,10 @@ def test_auto_backend_follows_the_rule_for_the_model_and_is_recorded():
     assert isinstance(sim.backend, VectorizedBackend)  # the default MLP has batched layers
     assert driftlab.load_config(None).backend == "auto"
     assert np.isfinite(_end_to_end("fedavg", "auto").final_params.numpy()).all()
-    tanh = lambda shape, classes: nn.Sequential(nn.Flatten(), nn.Linear(int(np.prod(shape)), 8), nn.Tanh(), nn.Linear(8, classes))  # noqa: E731
+
+    def tanh(shape, classes):
+        return nn.Sequential(nn.Flatten(), nn.Linear(int(np.prod(shape)), 8), nn.Tanh(), nn.Linear(8, classes))
+
     sim, _ = build_simulation(driftlab.load_config(None, ["backend=auto", "data.num_clients=4"]), model=tanh)
     assert isinstance(sim.backend, SequentialBackend)  # vmap would be slower on a CPU
 
@@ -364,8 +416,12 @@ def test_two_devices_give_the_same_models_as_one_and_reruns_are_bit_identical():
     tasks = _tasks(_corrections("mixed", start))
     settings = LocalSettings(client_lr=0.1, weight_decay=0.01)
     one = run_backend(VectorizedBackend(max_chunk_clients=2), model, start, tasks, settings, data)
-    two = run_backend(VectorizedBackend(max_chunk_clients=2, devices=["cpu", "cpu"]), model, start, tasks, settings, data)
-    again = run_backend(VectorizedBackend(max_chunk_clients=2, devices=["cpu", "cpu"]), model, start, tasks, settings, data)
+    two = run_backend(
+        VectorizedBackend(max_chunk_clients=2, devices=["cpu", "cpu"]), model, start, tasks, settings, data
+    )
+    again = run_backend(
+        VectorizedBackend(max_chunk_clients=2, devices=["cpu", "cpu"]), model, start, tasks, settings, data
+    )
     for position in one:
         assert torch.equal(one[position][0], two[position][0]) and torch.equal(two[position][0], again[position][0])
 
@@ -422,12 +478,17 @@ def _first_round_uploads(backend: str, precision: str) -> list[tuple[torch.Tenso
     from driftlab.experiments.run.runner import build_simulation
     from driftlab.simulation.round.engine import run_round
 
-    sim, state = build_simulation(driftlab.load_config(None, [*EFL_TINY, f"backend={backend}", f"precision={precision}"]))
+    sim, state = build_simulation(
+        driftlab.load_config(None, [*EFL_TINY, f"backend={backend}", f"precision={precision}"])
+    )
     finish, uploads = sim.algorithm.client_finish, {}
 
     def recording_finish(server, client, context, update):
         new_client, message = finish(server, client, context, update)
-        uploads[context.client_id] = (update.final_params - update.start_params, message.payload.params - update.start_params)
+        uploads[context.client_id] = (
+            update.final_params - update.start_params,
+            message.payload.params - update.start_params,
+        )
         return new_client, message
 
     sim.algorithm = dataclasses.replace(sim.algorithm, client_finish=recording_finish)
@@ -487,6 +548,7 @@ def test_a_cuda_round_has_no_host_syncs_and_matches_the_cpu(model_name):
     settings = LocalSettings(client_lr=0.1, weight_decay=0.01)
     expected = run_backend(VectorizedBackend(), model, start, tasks, settings, data)
     model.to(cuda, torch.float32)
+
     def on_cuda(value):
         return value.to(cuda) if isinstance(value, torch.Tensor) else value
 
@@ -494,14 +556,18 @@ def test_a_cuda_round_has_no_host_syncs_and_matches_the_cpu(model_name):
         dataclasses.replace(
             t,
             sample_indices=t.sample_indices.to(cuda),
-            correction=GradientCorrection(*(on_cuda(getattr(t.correction, f)) for f in ("linear", "quadratic", "reference"))),
+            correction=GradientCorrection(
+                *(on_cuda(getattr(t.correction, f)) for f in ("linear", "quadratic", "reference"))
+            ),
         )
         for t in tasks
     ]
     data_cuda = TrainingData(data.inputs.to(cuda), data.targets.to(cuda))
     backend = VectorizedBackend()
     start_cuda = start.to(cuda)  # a copy from pageable host memory synchronises: made before the checked region
-    run_backend(backend, model, start_cuda, moved, settings, data_cuda)  # warm-up: engine choice and vmap probe may sync
+    run_backend(
+        backend, model, start_cuda, moved, settings, data_cuda
+    )  # warm-up: engine choice and vmap probe may sync
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:

@@ -49,7 +49,9 @@ class AvailabilityModel:
 ALWAYS_AVAILABLE = AvailabilityModel()
 
 
-def steps_to_do(model: AvailabilityModel, seed: int, round_index: int, client_id: int, planned_steps: int, steps_per_epoch: int) -> int:
+def steps_to_do(
+    model: AvailabilityModel, seed: int, round_index: int, client_id: int, planned_steps: int, steps_per_epoch: int
+) -> int:
     """The steps client ``client_id`` does in round ``round_index``: 0 (inactive), fewer than planned, or all."""
     if model.always_complete:
         return planned_steps
@@ -127,7 +129,9 @@ class Membership:
     def __post_init__(self) -> None:
         start = self.num_clients if self.initially_registered is None else self.initially_registered
         if not 1 <= start <= self.num_clients:
-            raise ValueError(f"initially_registered must be in 1..{self.num_clients} (the data set's clients), got {start}")
+            raise ValueError(
+                f"initially_registered must be in 1..{self.num_clients} (the data set's clients), got {start}"
+            )
         for event in self.events:
             if event.round < 1:
                 raise ValueError(f"a membership event's round must be >= 1, got {event.round}")

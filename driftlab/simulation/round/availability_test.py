@@ -56,7 +56,9 @@ from driftlab.simulation.round.availability import Membership, MembershipEvent  
 
 
 def test_membership_follows_the_events():
-    membership = Membership(10, 4, (MembershipEvent(3, join=(4, 5)), MembershipEvent(5, leave=(0, 4)), MembershipEvent(7, join=(0,))))
+    membership = Membership(
+        10, 4, (MembershipEvent(3, join=(4, 5)), MembershipEvent(5, leave=(0, 4)), MembershipEvent(7, join=(0,)))
+    )
     assert [membership.registered_at(t).tolist() for t in (1, 2, 3, 5, 7)] == [
         [0, 1, 2, 3],
         [0, 1, 2, 3],
@@ -95,16 +97,24 @@ def test_bad_membership_is_rejected(kwargs, message):
 @pytest.mark.parametrize(
     "events, message",
     [
-        ((MembershipEvent(3, join=(4, 5), leave=(5,)),), "round 3: client 5 both join and leave; a client changes its registration at most once per round"),
+        (
+            (MembershipEvent(3, join=(4, 5), leave=(5,)),),
+            "round 3: client 5 both join and leave; a client changes its registration at most once per round",
+        ),
         # the same in two events of one round: which came first would decide, so it is refused too
-        ((MembershipEvent(4, leave=(1, 2)), MembershipEvent(4, join=(2, 1, 7))), "round 4: clients 1, 2 both join and leave"),
+        (
+            (MembershipEvent(4, leave=(1, 2)), MembershipEvent(4, join=(2, 1, 7))),
+            "round 4: clients 1, 2 both join and leave",
+        ),
     ],
 )
 def test_a_client_joining_and_leaving_in_one_round_is_refused(events, message):
     with pytest.raises(ValueError) as error:
         Membership(10, 4, events)
     assert str(error.value).startswith(message)
-    assert "remove it from the join or the leave list of that round (or move one change to another round)" in str(error.value)
+    assert "remove it from the join or the leave list of that round (or move one change to another round)" in str(
+        error.value
+    )
 
 
 def test_joining_and_leaving_in_different_rounds_is_kept():
@@ -120,5 +130,7 @@ def test_ranges_are_checked_before_they_are_listed():
     membership = Membership(10, 2, (MembershipEvent(2, join=ClientIds((), range(5, 8))),))
     assert membership.registered_at(2).tolist() == [0, 1, 5, 6, 7]
     # 10**12 ids: refused from the bounds at once (listing them would need terabytes)
-    with pytest.raises(ValueError, match=r"round 2: client 999999999999 does not exist; the data set has clients 0\.\.9"):
+    with pytest.raises(
+        ValueError, match=r"round 2: client 999999999999 does not exist; the data set has clients 0\.\.9"
+    ):
         Membership(10, 2, (MembershipEvent(2, join=ClientIds((), range(0, 10**12))),))

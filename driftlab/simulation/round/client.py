@@ -52,8 +52,8 @@ import torch
 
 from driftlab.simulation.backends.flat import FlatModel
 from driftlab.simulation.backends.local_training import (
-    BoundModule,
     PAD,
+    BoundModule,
     ClientTask,
     LocalSettings,
     TrainingData,
@@ -94,7 +94,9 @@ class ClientSettings:
     local: LocalSettings  # η_l of the round, weight decay, clipping
     inexact_gamma: float | None = None  # FedProx's γ-inexact local solver; None: always do the steps asked for
     augment: bool = False  # draw augmentation keys (the augmentation itself is ``ClientData.training.augment``)
-    precision: str = "float32"  # run_client's local arithmetic (precision.PRECISIONS); the engine's backends have their own
+    precision: str = (
+        "float32"  # run_client's local arithmetic (precision.PRECISIONS); the engine's backends have their own
+    )
 
 
 # One bound copy of the model per thread, reused by every client computation's ``train`` on that thread (Ditto's personal
@@ -105,12 +107,21 @@ _BOUND = threading.local()
 
 def _bound_module(model: FlatModel, like: torch.Tensor) -> BoundModule:
     bound = getattr(_BOUND, "module", None)
-    if bound is None or bound.source is not model.module or bound.theta.dtype != like.dtype or bound.theta.device != like.device:
+    if (
+        bound is None
+        or bound.source is not model.module
+        or bound.theta.dtype != like.dtype
+        or bound.theta.device != like.device
+    ):
         bound = _BOUND.module = BoundModule(model, like)
     return bound
 
 
-PURPOSES = {"local": Stream.MINIBATCHES, "personal": Stream.PERSONAL_MINIBATCHES, "finetune": Stream.FINETUNE_MINIBATCHES}
+PURPOSES = {
+    "local": Stream.MINIBATCHES,
+    "personal": Stream.PERSONAL_MINIBATCHES,
+    "finetune": Stream.FINETUNE_MINIBATCHES,
+}
 
 
 @dataclass(frozen=True)
@@ -132,7 +143,9 @@ class ClientDataComputation:
 
     def _round_settings(self) -> ClientSettings:
         if self.round_settings is None:
-            raise RuntimeError("this client computation was made without the round's settings (ClientDataComputation.round_settings)")
+            raise RuntimeError(
+                "this client computation was made without the round's settings (ClientDataComputation.round_settings)"
+            )
         return self.round_settings
 
     def _stream(self, purpose: str) -> Stream:
@@ -145,11 +158,17 @@ class ClientDataComputation:
         stream = self._stream(purpose)
         num_samples = self.data.num_samples
         batches = batch_plan(settings.seed, self.round, self.client_id, num_samples, settings.batch_size, steps, stream)
-        augment_key = augmentation_key(settings.seed, self.round, self.client_id, stream) if _keyed(settings, self.data.model) else 0
+        augment_key = (
+            augmentation_key(settings.seed, self.round, self.client_id, stream)
+            if _keyed(settings, self.data.model)
+            else 0
+        )
         per_epoch = steps_for_epochs(num_samples, settings.batch_size, 1)
         return ClientTask(self.client_id, self.data.rows, batches, correction, None, per_epoch, augment_key)
 
-    def train(self, params: torch.Tensor, correction: Any, steps: int, purpose: str = "personal") -> tuple[torch.Tensor, int]:
+    def train(
+        self, params: torch.Tensor, correction: Any, steps: int, purpose: str = "personal"
+    ) -> tuple[torch.Tensor, int]:
         settings = self._round_settings()
         task = self._task(steps, purpose, correction)
         with single_threaded_clients(params.device):
@@ -167,7 +186,9 @@ class ClientDataComputation:
             rows = task.sample_indices[torch.as_tensor(positions[positions != PAD], device=device)]
             inputs = training.batch(rows)
             if training.augment is not None:
-                inputs = training.augment(inputs, example_keys(task.augment_key, step, torch.arange(len(rows), device=device)))
+                inputs = training.augment(
+                    inputs, example_keys(task.augment_key, step, torch.arange(len(rows), device=device))
+                )
             out.append((inputs, training.targets[rows]))
         return out
 
@@ -226,16 +247,27 @@ def steps_to_train(context: ClientContext) -> int:
 
 
 def client_start(
-    algorithm: Algorithm, view: Any, client_state: Any, context: ClientContext, client_data: ClientData, settings: ClientSettings
+    algorithm: Algorithm,
+    view: Any,
+    client_state: Any,
+    context: ClientContext,
+    client_data: ClientData,
+    settings: ClientSettings,
 ) -> ClientTask:
     """The client's local work this round: the algorithm's local objective, its minibatch plan and augmentation key."""
     correction = algorithm.client_objective(view, client_state, context)
     num_samples = client_data.num_samples
-    batches = batch_plan(settings.seed, context.round, context.client_id, num_samples, settings.batch_size, steps_to_train(context))
+    batches = batch_plan(
+        settings.seed, context.round, context.client_id, num_samples, settings.batch_size, steps_to_train(context)
+    )
     per_epoch = steps_for_epochs(num_samples, settings.batch_size, 1)
-    augment_key = augmentation_key(settings.seed, context.round, context.client_id) if _keyed(settings, client_data.model) else 0
+    augment_key = (
+        augmentation_key(settings.seed, context.round, context.client_id) if _keyed(settings, client_data.model) else 0
+    )
     start = view.params if algorithm.client_view is not None else None  # a view of its own: local SGD starts from it
-    return ClientTask(context.client_id, client_data.rows, batches, correction, settings.inexact_gamma, per_epoch, augment_key, start)
+    return ClientTask(
+        context.client_id, client_data.rows, batches, correction, settings.inexact_gamma, per_epoch, augment_key, start
+    )
 
 
 def client_end(
@@ -255,7 +287,12 @@ def client_end(
 
 
 def run_client(
-    algorithm: Algorithm, view: Any, client_state: Any, context: ClientContext, client_data: ClientData, settings: ClientSettings
+    algorithm: Algorithm,
+    view: Any,
+    client_state: Any,
+    context: ClientContext,
+    client_data: ClientData,
+    settings: ClientSettings,
 ) -> tuple[Any, Any, int]:
     """One client's whole round: ``client_start``, its local SGD from ``view.params``, ``client_end``.
 
@@ -269,5 +306,7 @@ def run_client(
         bound = BoundModule(client_data.model, view.params)
         with local_arithmetic(settings.precision, view.params.device):
             final_params, steps_done = train_one_client(bound, view.params, task, settings.local, client_data.training)
-        new_state, message = client_end(algorithm, view, client_state, context, client_data, settings, final_params, steps_done)
+        new_state, message = client_end(
+            algorithm, view, client_state, context, client_data, settings, final_params, steps_done
+        )
     return new_state, message, steps_done

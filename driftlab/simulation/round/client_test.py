@@ -16,12 +16,12 @@ from driftlab.compress import with_compression
 from driftlab.data.federated import FederatedDataset
 from driftlab.models import build_model
 from driftlab.optim.server import make_server_optimizer
+from driftlab.simulation.backends.flat import FlatModel
+from driftlab.simulation.backends.local_training import LocalSettings, SequentialBackend, TrainingData
+from driftlab.simulation.evaluation import evaluate
 from driftlab.simulation.round.client import ClientData, ClientSettings, client_end, client_start, run_client
 from driftlab.simulation.round.engine import client_data, finish_round, plan_round, run_round
 from driftlab.simulation.round.setup import EvaluationPlan, RoundPlan, Simulation, SimulationState, make_client_stores
-from driftlab.simulation.evaluation import evaluate
-from driftlab.simulation.backends.flat import FlatModel
-from driftlab.simulation.backends.local_training import LocalSettings, SequentialBackend, TrainingData
 from driftlab.simulation.seam import ServerFold
 
 F64 = torch.float64
@@ -41,7 +41,9 @@ def _algorithm(name: str, model: FlatModel) -> Any:
     raise ValueError(name)
 
 
-def _simulation(name: str, participation: float = 0.75, seed: int = 3, evaluated: str = "server") -> tuple[Simulation, SimulationState]:
+def _simulation(
+    name: str, participation: float = 0.75, seed: int = 3, evaluated: str = "server"
+) -> tuple[Simulation, SimulationState]:
     generator = torch.Generator().manual_seed(0)
     total = sum(CLIENT_SIZES)
     inputs = torch.randn(total, 5, generator=generator, dtype=F64)
@@ -51,16 +53,35 @@ def _simulation(name: str, participation: float = 0.75, seed: int = 3, evaluated
     data = FederatedDataset("toy", inputs, labels, inputs[:8], labels[:8], rows, 3)
     torch.manual_seed(0)
     if name.endswith("_dropout"):  # masks keyed by (seed, round, client, step): a node draws the engine's (modes.py)
-        module = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.Dropout(0.5), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+        module = torch.nn.Sequential(
+            torch.nn.Linear(5, 8), torch.nn.Dropout(0.5), torch.nn.ReLU(), torch.nn.Linear(8, 3)
+        )
     else:
         module = build_model("mlp", (5,), 3, hidden=(8,))
     model = FlatModel.wrap(module).to("cpu", F64)
     theta = model.initial_parameters()
     plan = RoundPlan(
-        seed=seed, participation=participation, sampling="uniform", batch_size=4, client_lr=0.1, server_lr=1.0, local_epochs=1, steps=None
+        seed=seed,
+        participation=participation,
+        sampling="uniform",
+        batch_size=4,
+        client_lr=0.1,
+        server_lr=1.0,
+        local_epochs=1,
+        steps=None,
     )
     algorithm = _algorithm(name, model)
-    sim = Simulation(model, data, algorithm, SequentialBackend(), plan, torch.device("cpu"), F64, theta, EvaluationPlan(model=evaluated))
+    sim = Simulation(
+        model,
+        data,
+        algorithm,
+        SequentialBackend(),
+        plan,
+        torch.device("cpu"),
+        F64,
+        theta,
+        EvaluationPlan(model=evaluated),
+    )
     clients, _ = make_client_stores("memory", data.num_clients, theta, algorithm.client_state_init, False, lambda: None)
     return sim, SimulationState(0, algorithm.server_init(theta), clients)
 
@@ -90,7 +111,9 @@ def _recording_server_update(sim: Simulation, seen: list) -> None:
         return fold.add(accumulator, message)
 
     recording_fold = ServerFold(fold.start, recording, fold.finish)
-    sim.algorithm = dataclasses.replace(sim.algorithm, server_update=recording_fold.server_update, server_fold=recording_fold)
+    sim.algorithm = dataclasses.replace(
+        sim.algorithm, server_update=recording_fold.server_update, server_fold=recording_fold
+    )
 
 
 @pytest.mark.parametrize("name", ["scaffold", "feddyn", "efl", "efl_compressed", "scaffold_dropout"])
@@ -106,7 +129,9 @@ def test_run_client_reproduces_the_engines_sequential_round_bit_for_bit(name):
     assert record["reporting_clients"] == [context.client_id for context in work.contexts] and len(messages) == 3
     for context, engine_message in zip(work.contexts, messages, strict=True):
         client_id = context.client_id
-        new_state, message, steps_done = run_client(algorithm, work.view, before[client_id], context, client_data(sim, client_id), work.settings)
+        new_state, message, steps_done = run_client(
+            algorithm, work.view, before[client_id], context, client_data(sim, client_id), work.settings
+        )
         assert steps_done == context.planned_steps
         _assert_identical(after.clients.get(client_id), new_state, f"client {client_id} state")
         _assert_identical(engine_message, message, f"client {client_id} message")
@@ -123,7 +148,11 @@ def test_run_client_trains_a_clients_own_tensors_as_the_engine_trains_its_rows()
     client_state = state.clients.get(context.client_id)
     shared = client_data(sim, context.client_id)
     own_rows = shared.rows
-    own = ClientData(sim.model, TrainingData(sim.training_data.inputs[own_rows], sim.training_data.targets[own_rows]), torch.arange(len(own_rows)))
+    own = ClientData(
+        sim.model,
+        TrainingData(sim.training_data.inputs[own_rows], sim.training_data.targets[own_rows]),
+        torch.arange(len(own_rows)),
+    )
     expected = run_client(sim.algorithm, work.view, client_state, context, shared, work.settings)
     actual = run_client(sim.algorithm, work.view, client_state, context, own, work.settings)
     _assert_identical(expected, actual, "node")
@@ -142,7 +171,9 @@ def test_the_engine_gives_the_client_halves_the_view_not_the_server_state():
         received.append(type(view))
         return finish(view, client_state, context, update)
 
-    sim.algorithm = dataclasses.replace(sim.algorithm, client_objective=watching_objective, client_finish=watching_finish)
+    sim.algorithm = dataclasses.replace(
+        sim.algorithm, client_objective=watching_objective, client_finish=watching_finish
+    )
     run_round(sim, state)
     assert received == [scaffold.ClientView] * 6  # three clients, two halves each
     assert {field.name for field in dataclasses.fields(scaffold.ClientView)} == {"params", "control"}
@@ -162,7 +193,14 @@ def test_a_client_half_reaching_for_server_state_fails_on_the_view():
     algorithm = dataclasses.replace(sim.algorithm, client_objective=server_reading_objective)
     context = work.contexts[0]
     with pytest.raises(AttributeError, match="optimizer_state"):
-        run_client(algorithm, work.view, state.clients.get(context.client_id), context, client_data(sim, context.client_id), work.settings)
+        run_client(
+            algorithm,
+            work.view,
+            state.clients.get(context.client_id),
+            context,
+            client_data(sim, context.client_id),
+            work.settings,
+        )
 
 
 @pytest.mark.parametrize("name", ["scaffold", "efl_compressed"])
@@ -210,7 +248,16 @@ def test_finish_round_asks_for_the_client_models_the_evaluated_model_needs():
         finals[client_id] = work.view.params + 0.01 * client_id  # a final model of our own: no training needed here
         steps_done[client_id] = context.planned_steps
         data, client_state = client_data(sim, client_id), state.clients.get(client_id)
-        _, messages[client_id] = client_end(sim.algorithm, work.view, client_state, context, data, work.settings, finals[client_id], context.planned_steps)
+        _, messages[client_id] = client_end(
+            sim.algorithm,
+            work.view,
+            client_state,
+            context,
+            data,
+            work.settings,
+            finals[client_id],
+            context.planned_steps,
+        )
     with pytest.raises(ValueError, match="reporting_models"):
         finish_round(sim, work, messages, steps_done, evaluate_after=True)
     _, record = finish_round(sim, work, messages, steps_done, evaluate_after=True, reporting_models=finals)
@@ -225,10 +272,16 @@ def test_client_start_and_end_are_the_halves_of_run_client():
     data = client_data(sim, context.client_id)
     client_state = state.clients.get(context.client_id)
     task = client_start(sim.algorithm, work.view, client_state, context, data, work.settings)
-    assert task.client_id == context.client_id and task.num_steps == context.planned_steps == -(-CLIENT_SIZES[context.client_id] // 4)
+    assert task.client_id == context.client_id and task.num_steps == context.planned_steps == -(
+        -CLIENT_SIZES[context.client_id] // 4
+    )
     assert torch.equal(task.correction.reference, work.view.params)  # FedDyn's pull towards θ^{t−1}, from the view
     # a client that did no step: the state moves by nothing, the message is the start model
-    new_state, message = client_end(sim.algorithm, work.view, client_state, context, data, work.settings, work.view.params, 0)
+    new_state, message = client_end(
+        sim.algorithm, work.view, client_state, context, data, work.settings, work.view.params, 0
+    )
     assert torch.equal(new_state.dual, client_state.dual) and torch.equal(message.params, work.view.params)
     settings = ClientSettings(seed=3, batch_size=4, local=LocalSettings(0.1))
-    assert settings == dataclasses.replace(work.settings, local=LocalSettings(0.1))  # the round's settings, as a node gets them
+    assert settings == dataclasses.replace(
+        work.settings, local=LocalSettings(0.1)
+    )  # the round's settings, as a node gets them

@@ -70,7 +70,9 @@ def toy_algorithm(seen: list[Message]) -> Algorithm:
         seen.extend(messages)
         return Server(torch.stack([m.final for m in messages]).mean(0)), {}
 
-    return Algorithm("toy-views", Server, client_objective, client_finish, server_update, broadcast, client_view=client_view)
+    return Algorithm(
+        "toy-views", Server, client_objective, client_finish, server_update, broadcast, client_view=client_view
+    )
 
 
 def simulation(algorithm: Algorithm, backend: str) -> tuple[Simulation, SimulationState]:
@@ -82,7 +84,16 @@ def simulation(algorithm: Algorithm, backend: str) -> tuple[Simulation, Simulati
     torch.manual_seed(0)
     model = FlatModel.wrap(build_model("mlp", (6,), 3, hidden=(8,))).to("cpu", torch.float64)
     theta = model.initial_parameters()
-    plan = RoundPlan(seed=3, participation=0.5, sampling="uniform", batch_size=4, client_lr=0.1, server_lr=1.0, local_epochs=1, steps=None)
+    plan = RoundPlan(
+        seed=3,
+        participation=0.5,
+        sampling="uniform",
+        batch_size=4,
+        client_lr=0.1,
+        server_lr=1.0,
+        local_epochs=1,
+        steps=None,
+    )
     sim = Simulation(model, data, algorithm, BACKENDS[backend](), plan, torch.device("cpu"), torch.float64, theta)
     return sim, SimulationState(0, algorithm.server_init(theta), InMemoryClientStore(None))
 

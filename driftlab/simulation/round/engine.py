@@ -61,24 +61,24 @@ import torch
 
 from driftlab.metrics.communication import payload_bits
 from driftlab.optim.schedules import value_at
-from driftlab.simulation.round.availability import steps_to_do
-from driftlab.simulation.round.client import ClientData, ClientDataComputation, ClientSettings, client_end, client_start
 from driftlab.simulation.backends.local_training import LocalSettings, single_threaded_clients
-from driftlab.simulation.round.latest_models import LatestModels, mean_of_latest, observe_round
-from driftlab.simulation.round.ordered_fold import FoldedRound, OrderedFold
-from driftlab.simulation.round.sampling import CohortDraw
-from driftlab.simulation.seam import ClientContext, RoundContext, plugin_note
-from driftlab.simulation.state.state_store import ClientStateStore
 from driftlab.simulation.evaluation import (
     DIVERGENCE_ADVICE,
     dissimilarity,
     divergence,
     evaluate,
-    personal_columns,
     norm_growth,
+    personal_columns,
     reference_losses,
 )
+from driftlab.simulation.round.availability import steps_to_do
+from driftlab.simulation.round.client import ClientData, ClientDataComputation, ClientSettings, client_end, client_start
+from driftlab.simulation.round.latest_models import LatestModels, mean_of_latest, observe_round
+from driftlab.simulation.round.ordered_fold import FoldedRound, OrderedFold
+from driftlab.simulation.round.sampling import CohortDraw
 from driftlab.simulation.round.setup import RoundPlan, Simulation, SimulationState, wave_size
+from driftlab.simulation.seam import ClientContext, RoundContext, plugin_note
+from driftlab.simulation.state.state_store import ClientStateStore
 from driftlab.simulation.time.round_clock import UNTIMED_ROUND, RoundTimer, round_clock
 
 
@@ -138,8 +138,15 @@ def run_round(
     steps_done, arrivals = _train_clients(sim, state, work, folding, latest)
     latest_sum = latest.result()
     server, record = finish_folded_round(
-        sim, work, folding.result(), steps_done, evaluate_after=evaluate_after, latest_models=state.latest_models,
-        latest_sum=latest_sum, arrivals=arrivals, clients=state.clients,
+        sim,
+        work,
+        folding.result(),
+        steps_done,
+        evaluate_after=evaluate_after,
+        latest_models=state.latest_models,
+        latest_sum=latest_sum,
+        arrivals=arrivals,
+        clients=state.clients,
     )
     clock = work.timing.clock_after(record, state.clock)
     new_state = SimulationState(work.round, server, state.clients, state.latest_models, latest_sum, clock)
@@ -173,12 +180,21 @@ def run_prelude(sim: Simulation, work: RoundWork) -> RoundWork:
 def start_fold(sim: Simulation, work: RoundWork, keep_models: bool = False) -> OrderedFold:
     """The round's server update, ready to take its active clients' messages in any order (``OrderedFold``)."""
     return OrderedFold(
-        sim.algorithm.fold(), work.server, round_context(work), [context.client_id for context in work.contexts], keep_models
+        sim.algorithm.fold(),
+        work.server,
+        round_context(work),
+        [context.client_id for context in work.contexts],
+        keep_models,
     )
 
 
 def round_context(work: RoundWork) -> RoundContext:
-    return RoundContext(round=work.round, num_registered=len(work.registered), num_selected=len(work.selected), server_learning_rate=work.server_lr)
+    return RoundContext(
+        round=work.round,
+        num_registered=len(work.registered),
+        num_selected=len(work.selected),
+        server_learning_rate=work.server_lr,
+    )
 
 
 def plan_round(sim: Simulation, state: SimulationState) -> RoundWork:
@@ -194,7 +210,9 @@ def plan_round(sim: Simulation, state: SimulationState) -> RoundWork:
     view = sim.algorithm.broadcast(server)
     sizes = sim.client_sizes[registered]
     planner = round_clock(sim.system).plan(registered, state.clock, view)
-    sample, cohort = planner.sample(CohortDraw(sim.plan.seed, sim.plan.participation, sim.plan.sampling, sim.client_sizes, t), registered)
+    sample, cohort = planner.sample(
+        CohortDraw(sim.plan.seed, sim.plan.participation, sim.plan.sampling, sim.client_sizes, t), registered
+    )
     client_lr = value_at(plan.client_lr, t)
     mean_samples = float(sizes.mean())
     active: list[tuple[int, int, int, int]] = []  # (client id, multiplicity, planned steps, steps to do)
@@ -285,11 +303,20 @@ def _train_clients(
             for view, client_state, context, data in zip(views, client_states, wave, datas, strict=True)
         ]
         # closing(): a backend that changed process-wide settings (threads) restores them even if client_end raises.
-        with contextlib.closing(sim.backend.train(sim.model, work.view.params, tasks, work.settings.local, sim.training_data)) as trained:
+        with contextlib.closing(
+            sim.backend.train(sim.model, work.view.params, tasks, work.settings.local, sim.training_data)
+        ) as trained:
             for position, final_params, done in trained:
                 context = wave[position]
                 new_client_state, message = client_end(
-                    sim.algorithm, views[position], client_states[position], context, datas[position], work.settings, final_params, done
+                    sim.algorithm,
+                    views[position],
+                    client_states[position],
+                    context,
+                    datas[position],
+                    work.settings,
+                    final_params,
+                    done,
                 )
                 views[position] = None
                 steps_done[context.client_id] = done
@@ -331,7 +358,9 @@ def finish_round(
     """
     keep_models = evaluate_after and sim.evaluation.model == "reporting_mean"
     if keep_models and reporting_models is None and any(message is not None for message in messages.values()):
-        raise ValueError('evaluation.model "reporting_mean" needs the reporting clients\' final models (reporting_models)')
+        raise ValueError(
+            'evaluation.model "reporting_mean" needs the reporting clients\' final models (reporting_models)'
+        )
     folding = start_fold(sim, work, keep_models)
     arrivals: dict[int, float | None] = {}
     for context in work.contexts:
@@ -342,7 +371,13 @@ def finish_round(
             model = reporting_models.get(context.client_id) if keep_models and message is not None else None
             folding.add(context.client_id, message, model)
     return finish_folded_round(
-        sim, work, folding.result(), steps_done, evaluate_after=evaluate_after, latest_models=latest_models, arrivals=arrivals
+        sim,
+        work,
+        folding.result(),
+        steps_done,
+        evaluate_after=evaluate_after,
+        latest_models=latest_models,
+        arrivals=arrivals,
     )
 
 
@@ -372,7 +407,9 @@ def finish_folded_round(
     server = folded.server
     num_selected = len(work.selected)
     if not torch.isfinite(server.params).all():
-        raise FloatingPointError(f"the run diverged in round {t}: the server model has non-finite entries; {DIVERGENCE_ADVICE}{plugin_note(sim.algorithm)}")
+        raise FloatingPointError(
+            f"the run diverged in round {t}: the server model has non-finite entries; {DIVERGENCE_ADVICE}{plugin_note(sim.algorithm)}"
+        )
     record: dict[str, Any] = {
         "round": t,
         "num_selected": num_selected,
@@ -380,7 +417,9 @@ def finish_folded_round(
         "reporting_clients": folded.reporting_clients,
         "num_inactive": work.num_inactive,
         "num_incomplete": work.num_incomplete,
-        "local_steps": int(sum(steps_done.get(context.client_id, 0) for context in work.contexts)),  # a client drawn twice trains once
+        "local_steps": int(
+            sum(steps_done.get(context.client_id, 0) for context in work.contexts)
+        ),  # a client drawn twice trains once
         "upload_bits": int(folded.upload_bits) + work.prelude_bits,
         "download_bits": work.download_bits(sim.algorithm),
         "client_lr": work.settings.local.client_lr,
@@ -403,7 +442,9 @@ def finish_folded_round(
     return server, record
 
 
-def _evaluated_model(sim: Simulation, work: RoundWork, folded: FoldedRound, latest_models: Any, latest_sum: Any) -> torch.Tensor:
+def _evaluated_model(
+    sim: Simulation, work: RoundWork, folded: FoldedRound, latest_models: Any, latest_sum: Any
+) -> torch.Tensor:
     """The model ``evaluation.model`` names: the server's, the reporting clients' mean (the server's when nobody
     reported) or the mean of every client's latest model."""
     if sim.evaluation.model == "reporting_mean" and folded.reporting_clients:

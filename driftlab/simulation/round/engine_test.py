@@ -10,11 +10,11 @@ import torch
 import driftlab
 from driftlab.data.quadratic import scalar_quadratic_clients, surrogate_minimizer
 from driftlab.experiments.run.runner import build_simulation
-from driftlab.simulation.round import engine as engine_module
 from driftlab.simulation import evaluation as evaluation_module
+from driftlab.simulation.evaluation import dissimilarity, divergence, evaluate, norm_growth, reference_losses
+from driftlab.simulation.round import engine as engine_module
 from driftlab.simulation.round.engine import run_round
 from driftlab.simulation.round.setup import norm_scale
-from driftlab.simulation.evaluation import dissimilarity, divergence, evaluate, norm_growth, reference_losses
 
 QUADRATIC = {
     "data": {"name": "quadratic1d", "num_clients": 8},
@@ -56,7 +56,11 @@ def test_fedavg_with_one_local_step_converges_to_the_minimiser():
 def test_decaying_local_steps_approach_the_minimiser():
     constant = driftlab.run(quadratic(rounds=120, client={"steps": 10}, evaluation={"every": 120}))
     decaying = driftlab.run(
-        quadratic(rounds=120, client={"steps": {"kind": "exponential", "initial": 10, "decay": 0.95}}, evaluation={"every": 120})
+        quadratic(
+            rounds=120,
+            client={"steps": {"kind": "exponential", "initial": 10, "decay": 0.95}},
+            evaluation={"every": 120},
+        )
     )
     assert decaying.records[-1]["distance_to_minimizer"] < 1e-3
     assert decaying.records[-1]["distance_to_minimizer"] < constant.records[-1]["distance_to_minimizer"] / 20
@@ -67,7 +71,9 @@ def test_decaying_local_steps_approach_the_minimiser():
 
 def test_inexact_solver_stops_at_the_first_epoch_meeting_the_tolerance():
     # One client f(x) = ½ z x² − x, full-batch GD from x=0: the gradient z x − 1 shrinks by (1 − γ z) per step.
-    config = quadratic(rounds=1, data={"num_clients": 1}, client={"epochs": 10, "inexact_gamma": 0.5}, evaluation={"every": 1})
+    config = quadratic(
+        rounds=1, data={"num_clients": 1}, client={"epochs": 10, "inexact_gamma": 0.5}, evaluation={"every": 1}
+    )
     result = driftlab.run(config)
     # z = 1 (the grid has one point at low=1): |1 − 0.1|^s ≤ 0.5  ⇔  s ≥ log 0.5 / log 0.9 = 6.58 → 7 epochs of one step
     assert result.records[0]["local_steps"] == 7
@@ -103,7 +109,9 @@ def test_reporting_mean_and_all_clients_mean_are_the_models_evaluated():
     expected = (sum(trained.values()) + 2 * sim.initial_params) / 4  # the two untrained clients count as θ⁰
     assert record["test_loss"] == pytest.approx(evaluate(sim, expected)["test_loss"], rel=1e-12)
 
-    config = driftlab.load_config(base | {"evaluation": {"model": "reporting_mean"}, "algorithm": {"name": "fedavg", "aggregation": "uniform"}})
+    config = driftlab.load_config(
+        base | {"evaluation": {"model": "reporting_mean"}, "algorithm": {"name": "fedavg", "aggregation": "uniform"}}
+    )
     sim, state = build_simulation(config)
     state, record = run_round(sim, state, evaluate_after=True)
     # uniform FedAvg's server model is the mean of the reporting clients, so both evaluations agree
@@ -128,7 +136,14 @@ def test_fedavg_drops_stragglers_unless_told_to_keep_them():
 
 
 def test_inactive_clients_send_nothing_but_received_the_model():
-    result = driftlab.run({"rounds": 5, "data": {"num_clients": 6}, "sampling": {"participation": 1.0}, "availability": {"inactive_probability": 0.5}})
+    result = driftlab.run(
+        {
+            "rounds": 5,
+            "data": {"num_clients": 6},
+            "sampling": {"participation": 1.0},
+            "availability": {"inactive_probability": 0.5},
+        }
+    )
     for record in result.records:
         assert record["num_reporting"] == 6 - record["num_inactive"]
         assert record["download_bits"] == 6 * 32 * result.num_parameters
@@ -143,7 +158,10 @@ MEMBERSHIP = {
     "data": {"num_clients": 10},
     "client": {"steps": 2},
     "sampling": {"participation": 1.0},
-    "availability": {"initially_registered": 5, "events": [{"round": 3, "join_range": [5, 10]}, {"round": 5, "leave": [0, 1, 2]}]},
+    "availability": {
+        "initially_registered": 5,
+        "events": [{"round": 3, "join_range": [5, 10]}, {"round": 5, "leave": [0, 1, 2]}],
+    },
 }
 
 
@@ -168,7 +186,9 @@ def test_feddyn_mean_of_lambda_runs_over_the_current_registered_set():
         duals = dict(state.clients.items())
         expected = sum((duals[c].dual for c in registered if c in duals), torch.zeros_like(sim.initial_params))
         torch.testing.assert_close(state.server.dual_sum, expected, rtol=0, atol=1e-12)
-        assert record["drift_norm"] == pytest.approx(float(torch.linalg.vector_norm(expected / len(registered))), rel=1e-12)
+        assert record["drift_norm"] == pytest.approx(
+            float(torch.linalg.vector_norm(expected / len(registered))), rel=1e-12
+        )
 
 
 def test_resume_across_membership_changes_is_exact(tmp_path):
@@ -189,6 +209,7 @@ def test_membership_naming_a_missing_client_is_a_config_error():
 
 # ------------------------------------------------------------------ augmentation through the engine
 
+
 def _image_simulation(backend_name: str, augment: bool):
     import numpy as np
 
@@ -197,18 +218,30 @@ def _image_simulation(backend_name: str, augment: bool):
     from driftlab.experiments.run.runner import BACKENDS
     from driftlab.models import build_model
     from driftlab.optim.server import make_server_optimizer
-    from driftlab.simulation.round.setup import RoundPlan, Simulation, SimulationState
     from driftlab.simulation.backends.flat import FlatModel
+    from driftlab.simulation.round.setup import RoundPlan, Simulation, SimulationState
     from driftlab.simulation.state.state_store import InMemoryClientStore
 
     generator = torch.Generator().manual_seed(0)
     images = torch.randn(40, 3, 8, 8, generator=generator, dtype=torch.float64)
     labels = torch.randint(0, 3, (40,), generator=generator)
-    data = FederatedDataset("images", images, labels, images[:10], labels[:10], tuple(np.arange(i * 10, i * 10 + 10) for i in range(4)), 3)
+    data = FederatedDataset(
+        "images", images, labels, images[:10], labels[:10], tuple(np.arange(i * 10, i * 10 + 10) for i in range(4)), 3
+    )
     torch.manual_seed(0)
     model = FlatModel.wrap(build_model("mlp", (3, 8, 8), 3, hidden=(16,))).to("cpu", torch.float64)
     theta = model.initial_parameters()
-    plan = RoundPlan(seed=3, participation=0.5, sampling="uniform", batch_size=4, client_lr=0.1, server_lr=1.0, local_epochs=1, steps=None, augment=augment)
+    plan = RoundPlan(
+        seed=3,
+        participation=0.5,
+        sampling="uniform",
+        batch_size=4,
+        client_lr=0.1,
+        server_lr=1.0,
+        local_epochs=1,
+        steps=None,
+        augment=augment,
+    )
     algorithm = fedavg.build(make_server_optimizer("sgd"))
     sim = Simulation(model, data, algorithm, BACKENDS[backend_name](), plan, torch.device("cpu"), torch.float64, theta)
     return sim, SimulationState(0, algorithm.server_init(theta), InMemoryClientStore(None))
@@ -236,6 +269,7 @@ def test_augmentation_of_non_image_data_is_a_config_error():
 
 # ------------------------------------------------------------------ divergence
 
+
 def test_divergence_names_every_non_finite_number_of_a_record():
     healthy = {"round": 3, "model_norm": 12.5, "test_loss": 0.4, "reporting_clients": [1, 2], "dissimilarity_b2": None}
     assert divergence(healthy, {"test_loss": 2.3, "train_loss": 2.3}, 1000.0) is None
@@ -247,7 +281,9 @@ def test_divergence_names_every_non_finite_number_of_a_record():
 def test_divergence_compares_evaluated_losses_with_the_initial_models():
     initial = {"train_loss": 2.0, "test_loss": 2.5}
     problem = divergence({"round": 1, "train_loss": 2500.0, "test_loss": 2000.0}, initial, 1000.0)
-    assert problem.startswith("train_loss is 2500, 1.25e+03 times the initial model's 2 (more than evaluation.divergence_factor=1000)")
+    assert problem.startswith(
+        "train_loss is 2500, 1.25e+03 times the initial model's 2 (more than evaluation.divergence_factor=1000)"
+    )
     assert "raise evaluation.divergence_factor (0 = off)" in problem
     assert divergence({"round": 1, "train_loss": 1999.0, "test_loss": 2499.0}, initial, 1000.0) is None
     assert divergence({"round": 1, "train_loss": 2500.0}, initial, 0.0) is None  # 0: the loss test is off
@@ -279,7 +315,9 @@ def test_the_norm_test_runs_in_rounds_without_evaluation():
         assert "train_loss" not in record and record["model_norm"] <= 1000
     with pytest.raises(FloatingPointError, match=r"^the run diverged in round 3: model_norm is 1816, 1\.82e\+03 times"):
         run_round(sim, state, evaluate_after=False, commit=False)
-    unchecked, _ = build_simulation(driftlab.load_config("quadratic-constant-k", ["client.lr=0.9", "evaluation.norm_growth_factor=0"]))
+    unchecked, _ = build_simulation(
+        driftlab.load_config("quadratic-constant-k", ["client.lr=0.9", "evaluation.norm_growth_factor=0"])
+    )
     assert unchecked.evaluation.norm_growth_factor == 0.0 and sim.evaluation.norm_growth_factor == 1000.0
 
 
@@ -287,12 +325,21 @@ def test_a_round_whose_loss_overflows_raises_and_returns_no_record():
     # 25 GD steps of size 1e5 on curvatures in [1, 3]: |x| grows ~(3e5)^25 ≈ 1e137 per round; x stays finite in round 2, ½ z x² does not
     # (the norm test, which stops this run in round 1, is off: this is the finiteness test)
     config = driftlab.load_config(
-        quadratic(rounds=3, backend="sequential", data={"num_clients": 2}, client={"lr": 1e5, "steps": 25}, evaluation={"norm_growth_factor": 0})
+        quadratic(
+            rounds=3,
+            backend="sequential",
+            data={"num_clients": 2},
+            client={"lr": 1e5, "steps": 25},
+            evaluation={"norm_growth_factor": 0},
+        )
     )
     sim, state = build_simulation(config)
     state, record = run_round(sim, state, evaluate_after=True)
     assert record["round"] == 1 and np.isfinite(record["test_loss"])
-    with pytest.raises(FloatingPointError, match=r"^the run diverged in round 2: non-finite values test_loss=inf, train_loss=inf; lower client.lr"):
+    with pytest.raises(
+        FloatingPointError,
+        match=r"^the run diverged in round 2: non-finite values test_loss=inf, train_loss=inf; lower client.lr",
+    ):
         run_round(sim, state, evaluate_after=True, commit=False)
     assert torch.isfinite(state.server.params).all()
 
@@ -328,7 +375,9 @@ def test_train_loss_is_over_a_fixed_seeded_sample_of_clients_unless_all_are_aske
     chosen = [k for k, rows in enumerate(sampled.client_rows) if bool(torch.isin(rows, sampled.train_loss_rows).all())]
     assert len(chosen) == 3 and len(sampled.train_loss_rows) == sum(len(sampled.client_rows[k]) for k in chosen)
     params = sampled.initial_params
-    total, _ = evaluation_module._loss_and_correct(sampled.model, params, sampled.training_data, sampled.train_loss_rows, 4096)
+    total, _ = evaluation_module._loss_and_correct(
+        sampled.model, params, sampled.training_data, sampled.train_loss_rows, 4096
+    )
     assert evaluate(sampled, params)["train_loss"] == pytest.approx(total / len(sampled.train_loss_rows), rel=1e-12)
     assert evaluate(every, params)["train_loss"] != evaluate(sampled, params)["train_loss"]
 
@@ -337,7 +386,9 @@ def test_a_round_stages_each_client_state_as_its_client_finishes():
     # The states go to the store as clients finish, not in a list kept until the round ends.
     import dataclasses
 
-    config = driftlab.load_config({"rounds": 1, "data": {"num_clients": 6}, "algorithm": {"name": "scaffold"}, "state": {"store": "memory"}})
+    config = driftlab.load_config(
+        {"rounds": 1, "data": {"num_clients": 6}, "algorithm": {"name": "scaffold"}, "state": {"store": "memory"}}
+    )
     sim, state = build_simulation(config)
     staged_when_finishing = []
     finish = sim.algorithm.client_finish
@@ -388,7 +439,13 @@ def test_the_reporting_mean_does_not_depend_on_the_order_clients_finish_in(monke
 @pytest.mark.parametrize("backend", ["sequential", "vectorized"])
 def test_a_round_in_waves_matches_one_wave(backend):
     # SCAFFOLD's state is 3,306 floats (13 KB), so a 200 KB budget leaves one eighth, 25 KB: one client per wave.
-    overrides = ["rounds=3", "data.num_clients=8", "sampling.participation=0.75", "algorithm.name=scaffold", f"backend={backend}"]
+    overrides = [
+        "rounds=3",
+        "data.num_clients=8",
+        "sampling.participation=0.75",
+        "algorithm.name=scaffold",
+        f"backend={backend}",
+    ]
     one_wave = driftlab.run(None, overrides=overrides)
     config = driftlab.load_config(None, [*overrides, "memory_budget=200KB"])
     sim, state = build_simulation(config)
@@ -420,7 +477,9 @@ def test_wave_size_follows_the_memory_budget_and_not_the_machine():
 def test_client_test_accuracies_are_each_clients_own_in_one_pass():
     sim, state = build_simulation(driftlab.load_config(None, ["data.num_clients=12"]))
     sim.evaluation = dataclasses.replace(sim.evaluation, batch_size=7)  # batches that cut across clients
-    params = state.server.params + 0.3 * torch.randn(state.server.params.shape, generator=torch.Generator().manual_seed(1))
+    params = state.server.params + 0.3 * torch.randn(
+        state.server.params.shape, generator=torch.Generator().manual_seed(1)
+    )
     expected = []
     for rows in sim.client_test_rows:  # one client at a time, as a reader would compute it
         if len(rows):
@@ -548,7 +607,12 @@ def test_an_empty_round_calls_the_folds_finish_only_when_it_finishes_empty(finis
 
 def test_a_round_whose_selected_clients_all_drop_out_is_recorded_and_keeps_the_model():
     # every selected client inactive: the round's sample is not empty, but nobody trains or reports
-    config = {"rounds": 3, "data": {"num_clients": 6}, "sampling": {"participation": 0.5}, "availability": {"inactive_probability": 1.0}}
+    config = {
+        "rounds": 3,
+        "data": {"num_clients": 6},
+        "sampling": {"participation": 0.5},
+        "availability": {"inactive_probability": 1.0},
+    }
     sim, state = build_simulation(driftlab.load_config(config))
     initial = state.server.params.clone()
     calls: list = []
@@ -576,7 +640,13 @@ def count_wave_sizes(sim) -> list[int]:
 
 def test_a_poisson_round_larger_than_its_expected_cohort_still_trains_in_waves_of_the_budget():
     # q = 0.5 of 8 clients: m = 4 expected, rounds of 2 to 7; a 200 KB budget holds one SCAFFOLD client per wave
-    overrides = ["rounds=6", "data.num_clients=8", "sampling.participation=0.5", "sampling.mode=poisson", "algorithm.name=scaffold"]
+    overrides = [
+        "rounds=6",
+        "data.num_clients=8",
+        "sampling.participation=0.5",
+        "sampling.mode=poisson",
+        "algorithm.name=scaffold",
+    ]
     sim, state = build_simulation(driftlab.load_config(None, [*overrides, "memory_budget=200KB"]))
     assert engine_module.wave_size(sim, sim.algorithm.client_state_init(sim.initial_params)) == 1
     sizes = count_wave_sizes(sim)

@@ -98,7 +98,11 @@ def test_the_clock_adds_keys_and_changes_no_number_of_an_untimed_run():
     _, untimed = rounds(*build_simulation(driftlab.load_config(config)), 3)
     state, timed_records = rounds(*timed(config), 3)
     untimed_state, _ = rounds(*build_simulation(driftlab.load_config(config)), 3)
-    strip = lambda r: {k: v for k, v in r.items() if k not in ("round_seconds", "time_start", "time_end", "num_missed_deadline", "num_not_awaited")}  # noqa: E731
+
+    def strip(r):
+        timed = ("round_seconds", "time_start", "time_end", "num_missed_deadline", "num_not_awaited")
+        return {k: v for k, v in r.items() if k not in timed}
+
     assert [strip(r) for r in timed_records] == [strip(r) for r in untimed]
     assert torch.equal(state.server.params, untimed_state.server.params)
 
@@ -114,7 +118,11 @@ def _deadline_round(algorithm: dict, mode: str, deadline: float = 7.0):
 def test_a_partial_deadline_cuts_the_slow_client_to_the_steps_that_fit_and_fedavg_drops_it():
     work, record = _deadline_round({"name": "fedavg"}, "partial")
     # client 2: 7 − 1 − 0.5 = 5.5 s of work at 4 s a step → 1 step; clients 0 and 1 fit exactly (7 ≤ 7)
-    assert [(c.client_id, c.planned_steps, c.available_steps) for c in work.contexts] == [(0, 4, 4), (1, 4, 4), (2, 4, 1)]
+    assert [(c.client_id, c.planned_steps, c.available_steps) for c in work.contexts] == [
+        (0, 4, 4),
+        (1, 4, 4),
+        (2, 4, 1),
+    ]
     assert record["num_incomplete"] == 1
     assert record["reporting_clients"] == [0, 1]  # FedAvg drops incomplete work
     assert record["local_steps"] == 9
@@ -233,13 +241,25 @@ def test_rounds_after_the_last_window_select_nobody_and_last_their_deadline():
     sim, state = timed(quadratic(), gone, deadline=20.0)
     state, records = rounds(sim, state, 3)
     # round 1's clients would finish after their windows close at 1 s: dropped, so the server waits to its deadline
-    assert [(r["time_end"], r["num_selected"], r["num_missed_deadline"]) for r in records] == [(20.0, 3, 3), (40.0, 0, 0), (60.0, 0, 0)]
+    assert [(r["time_end"], r["num_selected"], r["num_missed_deadline"]) for r in records] == [
+        (20.0, 3, 3),
+        (40.0, 0, 0),
+        (60.0, 0, 0),
+    ]
 
 
 @pytest.mark.parametrize("deadline", [None, 7.0])
 def test_both_backends_give_the_same_times_and_counts(deadline):
     config = quadratic(steps=4, algorithm={"name": "fedprox", "mu": 0.1})
-    keys = ("time_start", "time_end", "num_missed_deadline", "num_not_awaited", "num_incomplete", "reporting_clients", "local_steps")
+    keys = (
+        "time_start",
+        "time_end",
+        "num_missed_deadline",
+        "num_not_awaited",
+        "num_incomplete",
+        "reporting_clients",
+        "local_steps",
+    )
     results = []
     for backend in ("sequential", "vectorized"):
         sim, state = timed(config | {"backend": backend}, deadline=deadline)
@@ -318,7 +338,10 @@ def test_a_run_on_lognormal_devices_without_deadline_equals_the_untimed_run_but_
     strip = lambda records: [{k: v for k, v in r.items() if k not in time_keys | {"round_seconds"}} for r in records]  # noqa: E731
     assert strip(timed_run.records) == strip(untimed.records)
     assert torch.equal(timed_run.final_params, untimed.final_params)
-    assert all(time_keys <= r.keys() and not time_keys & u.keys() for r, u in zip(timed_run.records, untimed.records, strict=True))
+    assert all(
+        time_keys <= r.keys() and not time_keys & u.keys()
+        for r, u in zip(timed_run.records, untimed.records, strict=True)
+    )
     ends = [r["time_end"] for r in timed_run.records]
     assert ends == sorted(ends) and ends[0] > 0
     assert [r["time_start"] for r in timed_run.records[1:]] == ends[:-1]

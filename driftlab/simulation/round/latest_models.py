@@ -38,8 +38,14 @@ from driftlab.simulation.round.ordered_fold import SampleOrder
 
 OUTSIDE_BATCH = 64  # models of clients outside S_t read at a time
 # A checkpoint's engine/ tensors: the count, and either the whole sum or the entries where it differs from a fresh one.
-SUM, COUNT, FIX_INDEX, FIX_VALUE = "latest_models_sum", "latest_models_count", "latest_models_sum_fix_index", "latest_models_sum_fix_value"
+SUM, COUNT, FIX_INDEX, FIX_VALUE = (
+    "latest_models_sum",
+    "latest_models_count",
+    "latest_models_sum_fix_index",
+    "latest_models_sum_fix_value",
+)
 STORE_NAME = "latest_models"  # the store's name in a checkpoint (store/latest_models/...) and on disk
+
 
 @dataclass(frozen=True)
 class LatestModels:
@@ -106,13 +112,19 @@ class LatestModelsUpdate:
     _queue: SampleOrder = field(init=False)
 
     def __post_init__(self) -> None:
-        self._total = self.start.total.clone()  # the round's state is new; the old one stays valid if the round is dropped
+        self._total = (
+            self.start.total.clone()
+        )  # the round's state is new; the old one stays valid if the round is dropped
         self._count = self.start.count
         self._queue = SampleOrder(self.order)
 
     def add(self, client_id: int, new_model: torch.Tensor, old_model: torch.Tensor | None) -> None:
         """Client ``client_id`` trained ``new_model``; ``old_model`` is its previous latest model (None: its first)."""
-        change = new_model.to(torch.float64) if old_model is None else new_model.to(torch.float64) - old_model.to(torch.float64)
+        change = (
+            new_model.to(torch.float64)
+            if old_model is None
+            else new_model.to(torch.float64) - old_model.to(torch.float64)
+        )
         for _, (ready, first) in self._queue.put(client_id, (change, old_model is None)):
             self._take(ready, first)
 
@@ -126,7 +138,9 @@ class LatestModelsUpdate:
         self._count += int(first)
 
 
-def all_clients_mean(latest: LatestModels, store: Any, registered: np.ndarray, num_clients: int, initial_params: torch.Tensor) -> torch.Tensor:
+def all_clients_mean(
+    latest: LatestModels, store: Any, registered: np.ndarray, num_clients: int, initial_params: torch.Tensor
+) -> torch.Tensor:
     """Mean over ``registered`` of every client's latest model (θ⁰ for clients that never trained), from the sum.
 
     ``store`` is read only for clients outside ``registered`` (their models leave the sum).
@@ -147,12 +161,18 @@ def all_clients_mean(latest: LatestModels, store: Any, registered: np.ndarray, n
 
 
 def mean_of_latest(
-    store: Any | None, latest: LatestModels | None, registered: np.ndarray, num_clients: int, initial_params: torch.Tensor
+    store: Any | None,
+    latest: LatestModels | None,
+    registered: np.ndarray,
+    num_clients: int,
+    initial_params: torch.Tensor,
 ) -> torch.Tensor:
     """The evaluated "all_clients_mean" model: ``all_clients_mean`` of ``latest``, the running sum after the round
     (None: summed from ``store``, staged models included, as a deployment's round needs)."""
     if store is None:
-        raise ValueError('evaluation.model "all_clients_mean" needs the store of every client\'s latest model (latest_models)')
+        raise ValueError(
+            'evaluation.model "all_clients_mean" needs the store of every client\'s latest model (latest_models)'
+        )
     if latest is None:
         latest = summed_store(store, initial_params, include_staged=True)
     return all_clients_mean(latest, store, registered, num_clients, initial_params)

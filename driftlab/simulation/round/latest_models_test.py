@@ -83,8 +83,12 @@ def test_the_mean_counts_untrained_clients_at_theta0_and_leaves_out_unregistered
 @pytest.mark.slow
 def test_a_resumed_all_clients_mean_run_continues_with_the_same_bits(tmp_path):
     overrides = [
-        "rounds=4", "data.num_clients=8", "sampling.participation=0.5",
-        "algorithm.name=feddyn", "evaluation.model=all_clients_mean", "checkpoint_every=2",
+        "rounds=4",
+        "data.num_clients=8",
+        "sampling.participation=0.5",
+        "algorithm.name=feddyn",
+        "evaluation.model=all_clients_mean",
+        "checkpoint_every=2",
     ]
     whole = driftlab.run(None, overrides=overrides)
     driftlab.run(None, tmp_path / "run", overrides=[*overrides[1:], "rounds=2", "keep_checkpoint=true"])
@@ -127,7 +131,11 @@ def test_the_checkpointed_sum_keeps_only_its_differences_from_a_fresh_sum_and_re
     assert torch.equal(latest.total[3:], fresh.total[3:])
     tensors = checkpoint_tensors(latest, store)
     assert sorted(tensors) == sorted([COUNT, FIX_INDEX, FIX_VALUE])
-    assert tensors[FIX_INDEX].tolist() == [0, 1, 2] and tensors[FIX_VALUE].tolist() == [0.0] * 3 and int(tensors[COUNT]) == 2
+    assert (
+        tensors[FIX_INDEX].tolist() == [0, 1, 2]
+        and tensors[FIX_VALUE].tolist() == [0.0] * 3
+        and int(tensors[COUNT]) == 2
+    )
     restoring = InMemoryClientStore(None)  # as a resume fills it: staged, not yet committed
     for client_id, params in store.items():
         restoring.put(client_id, params)
@@ -137,7 +145,9 @@ def test_the_checkpointed_sum_keeps_only_its_differences_from_a_fresh_sum_and_re
 
 
 def test_a_sum_far_from_a_fresh_one_or_beside_a_disk_store_is_checkpointed_whole():
-    dense, store = _running_sum_with_a_rounding(30)  # 30 of 40 entries differ: indices and values would outweigh the sum
+    dense, store = _running_sum_with_a_rounding(
+        30
+    )  # 30 of 40 entries differ: indices and values would outweigh the sum
     tensors = checkpoint_tensors(dense, store)
     assert sorted(tensors) == sorted([SUM, COUNT]) and torch.equal(tensors[SUM], dense.total)
     exact, _ = _running_sum_with_a_rounding(0)

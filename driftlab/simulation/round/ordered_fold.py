@@ -92,7 +92,9 @@ class OrderedFold:
         self._accumulator = self.fold.start(self.server, self.context)
 
     def add(self, client_id: int, message: Any, final_model: torch.Tensor | None = None) -> None:
-        for ready_id, (ready_message, ready_model) in self._queue.put(client_id, (message, final_model if self.keep_models else None)):
+        for ready_id, (ready_message, ready_model) in self._queue.put(
+            client_id, (message, final_model if self.keep_models else None)
+        ):
             self._take(ready_id, ready_message, ready_model)
 
     def result(self) -> FoldedRound:

@@ -20,7 +20,11 @@ def _recording_fold(seen: list) -> ServerFold:
         seen.append(message)
         return accumulator + message
 
-    return ServerFold(lambda server, context: torch.zeros(()), add, lambda server, total, context: (server + total, {"sum": float(total)}))
+    return ServerFold(
+        lambda server, context: torch.zeros(()),
+        add,
+        lambda server, total, context: (server + total, {"sum": float(total)}),
+    )
 
 
 @pytest.mark.parametrize("completion", list(itertools.permutations(range(4))))
@@ -91,7 +95,9 @@ def _counting_fold(finishes_empty: bool, finished: list) -> ServerFold:
         finished.append(count)
         return server + 100.0, {"messages": float(count)}
 
-    return ServerFold(lambda server, context: 0, lambda count, message: count + 1, finish, finishes_empty=finishes_empty)
+    return ServerFold(
+        lambda server, context: 0, lambda count, message: count + 1, finish, finishes_empty=finishes_empty
+    )
 
 
 @pytest.mark.parametrize("order", [[], [1, 2]], ids=["nobody selected", "nobody sent anything"])

@@ -39,7 +39,9 @@ class Stream(enum.IntEnum):
     ASYNC_DISPATCH = 14  # which idle client an asynchronous run dispatches next, and its training seed
     PERSONAL_MINIBATCHES = 15  # a personalized model's own local steps (Ditto's v_k), apart from the global model's
     FINETUNE_MINIBATCHES = 16  # evaluation.finetune_steps: each client's fine-tuning of the evaluated model
-    VALIDATION_SPLIT = 17  # which of a client's training rows are held out as its validation rows (data.validation_fraction)
+    VALIDATION_SPLIT = (
+        17  # which of a client's training rows are held out as its validation rows (data.validation_fraction)
+    )
     BYZANTINE_CLIENTS = 18  # which clients are Byzantine (driftlab.attacks; one draw per run: round 0, no client)
     ATTACK_NOISE = 19  # a Byzantine client's Gaussian-noise update, per (round, client)
     BACKDOOR_POISON = 20  # which rows of a backdoor client's batch carry the trigger, per (round, client)
@@ -65,7 +67,9 @@ def torch_seed(seed: int, stream: Stream, round_index: int = 0, client_id: int =
     return int(generator(seed, stream, round_index, client_id).integers(0, 2**63 - 1))
 
 
-def seeded_torch_generator(seed: int, stream: Stream, round_index: int = 0, client_id: int = NO_CLIENT) -> torch.Generator:
+def seeded_torch_generator(
+    seed: int, stream: Stream, round_index: int = 0, client_id: int = NO_CLIENT
+) -> torch.Generator:
     return torch.Generator().manual_seed(torch_seed(seed, stream, round_index, client_id))
 
 
@@ -100,7 +104,11 @@ def augmentation_key(seed: int, round_index: int, client_id: int, purpose: Strea
     if purpose == Stream.MINIBATCHES:
         rng = generator(seed, Stream.AUGMENTATION, round_index, client_id)
     else:
-        rng = np.random.default_rng(np.random.SeedSequence((int(seed), int(Stream.AUGMENTATION), int(purpose), int(round_index), int(client_id) + 1)))
+        rng = np.random.default_rng(
+            np.random.SeedSequence(
+                (int(seed), int(Stream.AUGMENTATION), int(purpose), int(round_index), int(client_id) + 1)
+            )
+        )
     return int(rng.integers(-(2**63), 2**63 - 1, dtype=np.int64, endpoint=True))
 
 

@@ -65,13 +65,21 @@ def over_selected(cohort: int, over_selection: float, num_registered: int, mode:
     if over_selection < 0 or not math.isfinite(over_selection):
         raise ValueError(f"over_selection must be a finite number at least 0, got {over_selection}")
     if mode == "poisson" and over_selection > 0:
-        raise ValueError('a poisson cohort has no fixed size to over-select: set sampling.mode = "uniform" or "weighted", or over_selection = 0')
+        raise ValueError(
+            'a poisson cohort has no fixed size to over-select: set sampling.mode = "uniform" or "weighted", or over_selection = 0'
+        )
     count = math.ceil(round((1.0 + over_selection) * cohort, 9))
     return min(count, num_registered) if mode == "uniform" else count
 
 
 def sample_clients(
-    seed: int, round_index: int, registered: np.ndarray, sizes: np.ndarray, participation: float, mode: str, count: int | None = None
+    seed: int,
+    round_index: int,
+    registered: np.ndarray,
+    sizes: np.ndarray,
+    participation: float,
+    mode: str,
+    count: int | None = None,
 ) -> ClientSample:
     """Draw round ``round_index``'s clients from ``registered`` (ids) with sample counts ``sizes``.
 
@@ -85,13 +93,17 @@ def sample_clients(
     rng = generator(seed, Stream.CLIENT_SAMPLING, round_index)
     if mode == "poisson":
         if count is not None:
-            raise ValueError("a poisson sample has no count: each registered client is drawn with probability participation")
+            raise ValueError(
+                "a poisson sample has no count: each registered client is drawn with probability participation"
+            )
         chosen = np.sort(np.asarray(registered)[rng.random(len(registered)) < participation])
         return ClientSample(chosen.astype(np.int64), np.ones(len(chosen), dtype=np.int64))
     if count is None:
         count = clients_per_round(participation, len(registered))
     elif count < 1 or (mode == "uniform" and count > len(registered)):
-        raise ValueError(f"round {round_index}: cannot draw {count} clients from {len(registered)} registered ones ({mode} sampling)")
+        raise ValueError(
+            f"round {round_index}: cannot draw {count} clients from {len(registered)} registered ones ({mode} sampling)"
+        )
     if mode == "uniform":
         chosen = np.sort(rng.choice(registered, size=count, replace=False))
         return ClientSample(chosen.astype(np.int64), np.ones(len(chosen), dtype=np.int64))

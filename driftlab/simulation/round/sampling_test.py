@@ -138,7 +138,9 @@ def test_poisson_may_select_nobody_and_q_one_selects_everybody():
 def test_poisson_counts_are_binomial_n_q():
     n, q, rounds = 40, 0.1, 3000
     registered, sizes = np.arange(n), np.arange(1, n + 1)
-    counts = np.array([len(sample_clients(13, t, registered, sizes, q, "poisson").client_ids) for t in range(1, rounds + 1)])
+    counts = np.array(
+        [len(sample_clients(13, t, registered, sizes, q, "poisson").client_ids) for t in range(1, rounds + 1)]
+    )
     variance = n * q * (1 - q)  # 3.6
     # the mean of 3000 Binomial(40, 0.1) counts is 4 with standard error √(3.6/3000) = 0.035: 4 standard errors
     assert abs(counts.mean() - n * q) < 4 * np.sqrt(variance / rounds)

@@ -16,22 +16,20 @@ import torch
 from driftlab.data.federated import FederatedDataset
 from driftlab.optim.schedules import steps_at
 from driftlab.simulation.backends.augmentation import flip_crop_from_keys
-from driftlab.simulation.round.availability import ALWAYS_AVAILABLE, AvailabilityModel, Membership
 from driftlab.simulation.backends.flat import FlatModel
 from driftlab.simulation.backends.local_training import TrainingBackend, TrainingData, steps_for_epochs
-from driftlab.simulation.round.randomness import Stream, generator
+from driftlab.simulation.round.availability import ALWAYS_AVAILABLE, AvailabilityModel, Membership
 from driftlab.simulation.round.latest_models import LatestModels
+from driftlab.simulation.round.randomness import Stream, generator
 from driftlab.simulation.seam import Algorithm
 from driftlab.simulation.state.memory_budget import MemoryBudget
-from driftlab.simulation.time.plan import AsynchronousPlan, SystemPlan
 from driftlab.simulation.state.state_store import (
     ClientStateStore,
     DiskClientStore,
     InMemoryClientStore,
     state_bytes,
 )
-
-
+from driftlab.simulation.time.plan import AsynchronousPlan, SystemPlan
 
 EVALUATED_MODELS = ("server", "reporting_mean", "all_clients_mean")
 
@@ -113,7 +111,9 @@ class Simulation:
     test_data: TrainingData = field(init=False, repr=False)
     client_rows: list[torch.Tensor] = field(init=False, repr=False)
     client_test_rows: list[torch.Tensor] | None = field(init=False, repr=False)
-    client_test_union: torch.Tensor | None = field(init=False, repr=False)  # every client's test rows, client after client
+    client_test_union: torch.Tensor | None = field(
+        init=False, repr=False
+    )  # every client's test rows, client after client
     # every client's validation rows (data.validation_fraction), rows of training_data, client after client; None: no split
     validation_rows: torch.Tensor | None = field(init=False, repr=False)
     union_rows: torch.Tensor = field(init=False, repr=False)
@@ -133,20 +133,31 @@ class Simulation:
         augment = None
         if self.plan.augment:
             if self.data.train_inputs.dim() != 4:
-                raise ValueError(f"data.augment needs image inputs [n, c, h, w], got shape {tuple(self.data.train_inputs.shape)}")
-            augment = flip_crop_from_keys  # padding 4, crop with probability 1/2: the FedDyn authors' CIFAR augmentation
+                raise ValueError(
+                    f"data.augment needs image inputs [n, c, h, w], got shape {tuple(self.data.train_inputs.shape)}"
+                )
+            augment = (
+                flip_crop_from_keys  # padding 4, crop with probability 1/2: the FedDyn authors' CIFAR augmentation
+            )
         # Multi-label targets are float (multi-hot) and take the arithmetic's dtype; class ids stay int64.
         targets_dtype = self.dtype if self.data.train_targets.is_floating_point() else self.data.train_targets.dtype
         # uint8 pixels stay uint8 (inputs_dtype); each gathered batch is normalised in float32, then cast to the run's dtype.
         pixels = self.data.input_normalisation
         normalisation = None if pixels is None else dataclasses.replace(pixels, dtype=self.dtype)
         self.training_data = TrainingData(
-            self.data.train_inputs.to(self.device, inputs_dtype), self.data.train_targets.to(self.device, targets_dtype), augment, normalisation
+            self.data.train_inputs.to(self.device, inputs_dtype),
+            self.data.train_targets.to(self.device, targets_dtype),
+            augment,
+            normalisation,
         )
         self.test_data = TrainingData(
-            self.data.test_inputs.to(self.device, inputs_dtype), self.data.test_targets.to(self.device, targets_dtype), normalisation=normalisation
+            self.data.test_inputs.to(self.device, inputs_dtype),
+            self.data.test_targets.to(self.device, targets_dtype),
+            normalisation=normalisation,
         )
-        self.client_rows = [torch.tensor(rows, dtype=torch.long, device=self.device) for rows in self.data.client_indices]
+        self.client_rows = [
+            torch.tensor(rows, dtype=torch.long, device=self.device) for rows in self.data.client_indices
+        ]
         self.client_test_rows = (
             None
             if self.data.client_test_indices is None
@@ -157,9 +168,15 @@ class Simulation:
         if held is None:
             self.validation_rows = None
         else:
-            self.validation_rows = torch.tensor(np.concatenate(held) if held else np.zeros(0, np.int64), dtype=torch.long, device=self.device)
+            self.validation_rows = torch.tensor(
+                np.concatenate(held) if held else np.zeros(0, np.int64), dtype=torch.long, device=self.device
+            )
         if self.client_test_rows is not None:
-            self.client_test_union = torch.cat(self.client_test_rows) if self.client_test_rows else torch.zeros(0, dtype=torch.long, device=self.device)
+            self.client_test_union = (
+                torch.cat(self.client_test_rows)
+                if self.client_test_rows
+                else torch.zeros(0, dtype=torch.long, device=self.device)
+            )
         self.union_rows = torch.cat(self.client_rows)
         self.train_loss_rows = self.union_rows
         sampled = self.evaluation.train_loss_clients
@@ -173,7 +190,9 @@ class Simulation:
         if self.membership is None:
             self.membership = Membership(self.data.num_clients)
         elif self.membership.num_clients != self.data.num_clients:
-            raise ValueError(f"the membership schedule is for {self.membership.num_clients} clients, the data set has {self.data.num_clients}")
+            raise ValueError(
+                f"the membership schedule is for {self.membership.num_clients} clients, the data set has {self.data.num_clients}"
+            )
 
     def registered_at(self, round_index: int) -> np.ndarray:
         """``S_t``: the clients registered in round ``round_index``."""
@@ -229,9 +248,13 @@ def make_client_stores(
     if kind not in STORE_KINDS:
         raise ValueError(f"unknown client-state store {kind!r}; valid: {', '.join(STORE_KINDS)}")
     if not isinstance(memory_budget, MemoryBudget):
-        raise TypeError(f"memory_budget must be a MemoryBudget (MemoryBudget.for_run parses the setting), got {memory_budget!r}")
+        raise TypeError(
+            f"memory_budget must be a MemoryBudget (MemoryBudget.for_run parses the setting), got {memory_budget!r}"
+        )
     template = client_initial(initial_params) if client_initial is not None else None
-    per_client = (state_bytes(template) if template is not None else 0) + (state_bytes(initial_params) if keep_latest_models else 0)
+    per_client = (state_bytes(template) if template is not None else 0) + (
+        state_bytes(initial_params) if keep_latest_models else 0
+    )
     if kind == "auto":
         kind = "disk" if per_client * num_clients > memory_budget.host_bytes else "memory"
     initial = (lambda: client_initial(initial_params)) if client_initial is not None else None
@@ -240,8 +263,16 @@ def make_client_stores(
     root = directory()
     stores = [template is not None, keep_latest_models]
     cache = memory_budget.cache_bytes(sum(stores))
-    clients = DiskClientStore(root / "clients", num_clients, template, initial, cache) if template is not None else InMemoryClientStore(None)
-    latest = DiskClientStore(root / "latest_models", num_clients, initial_params, None, cache) if keep_latest_models else None
+    clients = (
+        DiskClientStore(root / "clients", num_clients, template, initial, cache)
+        if template is not None
+        else InMemoryClientStore(None)
+    )
+    latest = (
+        DiskClientStore(root / "latest_models", num_clients, initial_params, None, cache)
+        if keep_latest_models
+        else None
+    )
     return clients, latest
 
 
@@ -254,7 +285,9 @@ def wave_size(sim: Simulation, client_state: Any) -> int:
     folded into the server update as clients finish, so nothing outlives its wave.
     """
     budget = sim.memory_budget.round_bytes
-    per_client = 2 * (state_bytes(client_state) if client_state is not None else 0) + 5 * state_bytes(sim.initial_params)
+    per_client = 2 * (state_bytes(client_state) if client_state is not None else 0) + 5 * state_bytes(
+        sim.initial_params
+    )
     return max(1, budget // max(1, per_client))
 
 

@@ -80,7 +80,9 @@ def state_to_tensors(state: Any, prefix: str) -> dict[str, torch.Tensor]:
         for index, item in enumerate(state):
             out.update(state_to_tensors(item, f"{prefix}/{index}"))
         return out
-    raise TypeError(f"cannot checkpoint {prefix!r} of type {type(state).__name__}; states hold tensors, numbers and dataclasses")
+    raise TypeError(
+        f"cannot checkpoint {prefix!r} of type {type(state).__name__}; states hold tensors, numbers and dataclasses"
+    )
 
 
 def state_from_tensors(template: Any, tensors: dict[str, torch.Tensor], prefix: str, device: torch.device) -> Any:
@@ -89,7 +91,9 @@ def state_from_tensors(template: Any, tensors: dict[str, torch.Tensor], prefix: 
     if isinstance(template, torch.Tensor):
         stored = _take(tensors, prefix)
         if stored.shape != template.shape:
-            raise CheckpointError(f"checkpoint entry {prefix!r} has shape {tuple(stored.shape)}, the run expects {tuple(template.shape)}")
+            raise CheckpointError(
+                f"checkpoint entry {prefix!r} has shape {tuple(stored.shape)}, the run expects {tuple(template.shape)}"
+            )
         return stored.to(device=template.device, dtype=template.dtype)
     if isinstance(template, bool):
         return bool(_take(tensors, prefix).item())
@@ -104,7 +108,9 @@ def state_from_tensors(template: Any, tensors: dict[str, torch.Tensor], prefix: 
         }
         return dataclasses.replace(template, **values)
     if isinstance(template, tuple):
-        return tuple(state_from_tensors(item, tensors, f"{prefix}/{index}", device) for index, item in enumerate(template))
+        return tuple(
+            state_from_tensors(item, tensors, f"{prefix}/{index}", device) for index, item in enumerate(template)
+        )
     raise TypeError(f"cannot restore {prefix!r} of type {type(template).__name__}")
 
 
@@ -112,10 +118,14 @@ def _take(tensors: dict[str, torch.Tensor], key: str) -> torch.Tensor:
     try:
         return tensors[key]
     except KeyError:
-        raise CheckpointError(f"checkpoint has no entry {key!r}; it was written by a different algorithm or configuration") from None
+        raise CheckpointError(
+            f"checkpoint has no entry {key!r}; it was written by a different algorithm or configuration"
+        ) from None
 
 
-def save_tensors(tensors: dict[str, torch.Tensor], filename: str | Path, metadata: dict[str, str] | None = None) -> None:
+def save_tensors(
+    tensors: dict[str, torch.Tensor], filename: str | Path, metadata: dict[str, str] | None = None
+) -> None:
     """``tensors`` as a safetensors file at ``filename``: what ``safetensors.torch.save_file`` writes (the same
     serializer; like it, the header lists several metadata keys in an arbitrary order).
 
@@ -274,7 +284,9 @@ def load_checkpoint(
         ) from error
     version = metadata.get("format_version")
     if version is None:
-        raise CheckpointError(f"{path} is not a driftlab checkpoint (its metadata has no format_version); restore it or use a new --out directory")
+        raise CheckpointError(
+            f"{path} is not a driftlab checkpoint (its metadata has no format_version); restore it or use a new --out directory"
+        )
     if version != str(FORMAT_VERSION):
         raise CheckpointError(
             f"checkpoint {path} has format {version!r}, this driftlab reads format {FORMAT_VERSION} only (checkpoints with checksums); "
@@ -298,7 +310,9 @@ def load_checkpoint(
         template = client_template() if client_template is not None else None
         client_states[client_id] = state_from_tensors(template, tensors, f"client/{client_id}", device)
     store_tables = {key: tensor for key, tensor in tensors.items() if key.startswith(STORE_PREFIX)}
-    engine_tensors = {key[len(ENGINE_PREFIX) :]: tensor.to(device) for key, tensor in tensors.items() if key.startswith(ENGINE_PREFIX)}
+    engine_tensors = {
+        key[len(ENGINE_PREFIX) :]: tensor.to(device) for key, tensor in tensors.items() if key.startswith(ENGINE_PREFIX)
+    }
     return LoadedCheckpoint(round_index, server_state, client_states, store_tables, engine_tensors)
 
 

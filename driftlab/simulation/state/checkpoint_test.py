@@ -49,7 +49,9 @@ class Client:
 def _server(value: float = 1.0, step: int = 3) -> Server:
     return Server(
         params=torch.arange(5, dtype=torch.float64) * value,
-        optimizer_state=Inner(step=step, scale=0.1 * value, on=True, moments=(torch.ones(5) * value, torch.full((5,), 2.0 * value))),
+        optimizer_state=Inner(
+            step=step, scale=0.1 * value, on=True, moments=(torch.ones(5) * value, torch.full((5,), 2.0 * value))
+        ),
     )
 
 
@@ -74,7 +76,9 @@ def test_state_round_trip_keeps_values_types_and_dtypes():
     assert restored.optimizer_state.step == 7 and isinstance(restored.optimizer_state.step, int)
     assert restored.optimizer_state.scale == 0.1 * 1.5
     assert restored.optimizer_state.on is True
-    assert all(torch.equal(a, b) for a, b in zip(restored.optimizer_state.moments, state.optimizer_state.moments, strict=True))
+    assert all(
+        torch.equal(a, b) for a, b in zip(restored.optimizer_state.moments, state.optimizer_state.moments, strict=True)
+    )
 
 
 def test_save_and_load_checkpoint(tmp_path):
@@ -346,7 +350,9 @@ def test_a_checkpoint_passes_its_write_stages_in_order_and_old_checksums_still_h
         digest.update(json.dumps([name, str(tensors[name].dtype), list(tensors[name].shape)]).encode())
         digest.update(tensors[name].reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
     assert digest.hexdigest() == metadata["sha256"]
-    loaded = load_checkpoint(tmp_path / "c.safetensors", _template(), lambda: Client(torch.zeros(2), 0), "fp", torch.device("cpu"))
+    loaded = load_checkpoint(
+        tmp_path / "c.safetensors", _template(), lambda: Client(torch.zeros(2), 0), "fp", torch.device("cpu")
+    )
     assert loaded.store_tables == {} and loaded.store_names() == []
 
 

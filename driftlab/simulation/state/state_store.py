@@ -176,7 +176,9 @@ def describe_layout(layout: Layout) -> str:
     return f"a {layout[1].__qualname__}"
 
 
-def layout_difference(new: Layout, old: Layout, reference: str = "the earlier state", path: str = "state", none_matches: bool = True) -> str | None:
+def layout_difference(
+    new: Layout, old: Layout, reference: str = "the earlier state", path: str = "state", none_matches: bool = True
+) -> str | None:
     """The first place where layout ``new`` differs from ``old`` ("state.control is a float32 tensor of shape (10,),
     not a float32 tensor of shape (9,) as in the earlier state"), or None.  With ``none_matches``, None on either side
     matches anything (a checkpoint restores a field that is None in the template from what was stored, and stores
@@ -186,7 +188,11 @@ def layout_difference(new: Layout, old: Layout, reference: str = "the earlier st
     changed = f"{path} is {describe_layout(new)}, not {describe_layout(old)} as in {reference}"
     if new is None or old is None:
         return None if none_matches else changed
-    if new[0] != old[0] or (new[0] in ("number", "dataclass") and new[1] is not old[1]) or (new[0] == "tuple" and len(new[1]) != len(old[1])):
+    if (
+        new[0] != old[0]
+        or (new[0] in ("number", "dataclass") and new[1] is not old[1])
+        or (new[0] == "tuple" and len(new[1]) != len(old[1]))
+    ):
         return changed
     if new[0] == "tensor":
         return changed
@@ -244,7 +250,11 @@ class InMemoryClientStore:
             raise _refuse(client_id, str(error), self.owner, "change the algorithm's client_finish") from None
         if self._layout is None:
             initial = self._initial() if self._initial is not None else None
-            problem = layout_difference(layout, state_layout(initial), "client_state_init's state") if initial is not None else None
+            problem = (
+                layout_difference(layout, state_layout(initial), "client_state_init's state")
+                if initial is not None
+                else None
+            )
             if problem is not None:
                 raise _refuse(client_id, problem, self.owner, CHANGED_FIX)
             self._layout = layout
@@ -315,7 +325,8 @@ class DiskClientStore:
         if not layout:
             raise ValueError("DiskClientStore needs a template with at least one tensor or number")
         self._fields = tuple(
-            _Field(name, tensor.dtype, tuple(tensor.shape), tensor.numel() * tensor.element_size()) for name, tensor in layout.items()
+            _Field(name, tensor.dtype, tuple(tensor.shape), tensor.numel() * tensor.element_size())
+            for name, tensor in layout.items()
         )
         self._row_bytes = sum(field.row_bytes for field in self._fields)
         self._cache_bytes = int(cache_bytes)
@@ -327,7 +338,9 @@ class DiskClientStore:
         self._staging_descriptor: int | None = None
         self._staging_rows = 0  # places used in the staging file this round
         self._slot = np.full(self.num_clients, -1, dtype=np.int8)  # committed slot of each client's rows; -1: no state
-        self._checkpointed_slot = np.full(self.num_clients, -1, dtype=np.int8)  # the slots the last checkpoint refers to
+        self._checkpointed_slot = np.full(
+            self.num_clients, -1, dtype=np.int8
+        )  # the slots the last checkpoint refers to
         self._sha256 = np.zeros((self.num_clients, len(self._fields), 32), dtype=np.uint8)
         self._descriptors: dict[tuple[int, int], int] = {}
         self._failed: str | None = None  # why a commit broke off; the store then refuses checkpoints
@@ -463,11 +476,18 @@ class DiskClientStore:
         """Take the version of the store that a checkpoint's table pins, checking every row it refers to."""
         missing = [key for key in _STORE_TABLE_KEYS if f"{prefix}/{key}" not in tables]
         if missing:
-            raise CheckpointError(f"checkpoint {checkpoint} has no table of the client states in {self.directory} ({prefix}/{missing[0]})")
+            raise CheckpointError(
+                f"checkpoint {checkpoint} has no table of the client states in {self.directory} ({prefix}/{missing[0]})"
+            )
         ids = tables[f"{prefix}/client_ids"].numpy().astype(np.int64)
         slots = tables[f"{prefix}/slots"].numpy().astype(np.int8)
         hashes = tables[f"{prefix}/sha256"].numpy()
-        if len(ids) and (ids.min() < 0 or ids.max() >= self.num_clients) or slots.shape != ids.shape or hashes.shape != (len(ids), len(self._fields), 32):
+        if (
+            len(ids)
+            and (ids.min() < 0 or ids.max() >= self.num_clients)
+            or slots.shape != ids.shape
+            or hashes.shape != (len(ids), len(self._fields), 32)
+        ):
             raise CheckpointError(
                 f"checkpoint {checkpoint} describes client states that do not fit this run's store in {self.directory} "
                 f"({len(self._fields)} fields, {self.num_clients} clients); resume with the configuration stored beside it"
@@ -480,13 +500,17 @@ class DiskClientStore:
         self._cached_bytes = 0
         for start in range(0, len(ids), _READ_BATCH):
             batch = slice(start, start + _READ_BATCH)
-            for client_id, slot, expected in zip(ids[batch].tolist(), slots[batch].tolist(), hashes[batch], strict=True):
+            for client_id, slot, expected in zip(
+                ids[batch].tolist(), slots[batch].tolist(), hashes[batch], strict=True
+            ):
                 for index, field in enumerate(self._fields):
                     path = self._path(index, slot)
                     try:
                         row = self._read_row(index, slot, client_id)
                     except (OSError, CheckpointError) as error:
-                        raise CheckpointError(f"client state file {path} is missing or truncated ({error}); {fix}") from None
+                        raise CheckpointError(
+                            f"client state file {path} is missing or truncated ({error}); {fix}"
+                        ) from None
                     if hashlib.sha256(row).digest() != expected[index].tobytes():
                         raise CheckpointError(
                             f"client state file {path} was changed after the checkpoint: the row of client {client_id} "
@@ -524,7 +548,12 @@ class DiskClientStore:
         manifest = {
             "num_clients": self.num_clients,
             "fields": [
-                {"name": f.name, "dtype": str(f.dtype).removeprefix("torch."), "shape": list(f.shape), "files": [self._path(i, s).name for s in (0, 1)]}
+                {
+                    "name": f.name,
+                    "dtype": str(f.dtype).removeprefix("torch."),
+                    "shape": list(f.shape),
+                    "files": [self._path(i, s).name for s in (0, 1)],
+                }
                 for i, f in enumerate(self._fields)
             ],
             "note": "each file is a raw [num_clients, prod(shape)] array; which slot holds a client's row is in the run's checkpoint",
@@ -568,7 +597,9 @@ class DiskClientStore:
 
     def _write_staged(self, place: int, rows: list[np.ndarray]) -> None:
         if self._staging_descriptor is None:
-            self._staging_descriptor = os.open(self.directory / STAGING_FILE, os.O_RDWR | os.O_CREAT, 0o666)  # not executable
+            self._staging_descriptor = os.open(
+                self.directory / STAGING_FILE, os.O_RDWR | os.O_CREAT, 0o666
+            )  # not executable
         view, offset = memoryview(np.concatenate(rows) if len(rows) > 1 else rows[0]), place * self._row_bytes
         while len(view):
             written = os.pwrite(self._staging_descriptor, view, offset)
@@ -599,7 +630,9 @@ class DiskClientStore:
             if cached is not None:
                 out[client_id] = cached
         missing = sorted(c for c in client_ids if c not in out)
-        by_field = [[self._read_row(index, int(self._slot[c]), c) for c in missing] for index in range(len(self._fields))]
+        by_field = [
+            [self._read_row(index, int(self._slot[c]), c) for c in missing] for index in range(len(self._fields))
+        ]
         for position, client_id in enumerate(missing):
             out[client_id] = [by_field[index][position] for index in range(len(self._fields))]
         return out
@@ -626,15 +659,26 @@ class DiskClientStore:
         except ClientStateError as error:
             raise _refuse(client_id, str(error), self.owner, "change the algorithm's client_finish") from None
         # The files hold exactly client_state_init's fields: a None there is no field, so it cannot become a tensor.
-        problem = layout_difference(layout, self._template_layout, "client_state_init's state (whose layout the disk store's files hold)", none_matches=False)
+        problem = layout_difference(
+            layout,
+            self._template_layout,
+            "client_state_init's state (whose layout the disk store's files hold)",
+            none_matches=False,
+        )
         if problem is not None:
-            raise _refuse(client_id, problem, self.owner, CHANGED_FIX + " (a field that starts empty needs a tensor of zeros there, not None)")
+            raise _refuse(
+                client_id,
+                problem,
+                self.owner,
+                CHANGED_FIX + " (a field that starts empty needs a tensor of zeros there, not None)",
+            )
         tensors = state_to_tensors(state, "state")
         return [tensors[field.name].reshape(-1).view(torch.uint8).numpy() for field in self._fields]
 
     def _decode(self, rows: list[np.ndarray]) -> Any:
         tensors = {
-            field.name: torch.from_numpy(row.copy()).view(field.dtype).reshape(field.shape) for field, row in zip(self._fields, rows, strict=True)
+            field.name: torch.from_numpy(row.copy()).view(field.dtype).reshape(field.shape)
+            for field, row in zip(self._fields, rows, strict=True)
         }
         return state_from_tensors(self._template, tensors, "state", _device_of(self._template))
 

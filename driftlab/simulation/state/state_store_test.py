@@ -15,8 +15,8 @@ import torch
 
 import driftlab
 from driftlab.errors import ClientStateError
-from driftlab.simulation.state.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from driftlab.simulation.round.setup import make_client_stores
+from driftlab.simulation.state.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from driftlab.simulation.state.memory_budget import MemoryBudget
 from driftlab.simulation.state.state_store import DiskClientStore, InMemoryClientStore
 
@@ -35,7 +35,11 @@ def _initial() -> State:
 
 
 def _state(value: float, round_index: int) -> State:
-    return State(torch.full((2, 3), value, dtype=torch.float64) + torch.arange(6, dtype=torch.float64).reshape(2, 3) / 7, round_index, value / 3)
+    return State(
+        torch.full((2, 3), value, dtype=torch.float64) + torch.arange(6, dtype=torch.float64).reshape(2, 3) / 7,
+        round_index,
+        value / 3,
+    )
 
 
 def _disk(directory: Path, num_clients: int = 10, cache_bytes: int = 1 << 20) -> DiskClientStore:
@@ -43,7 +47,12 @@ def _disk(directory: Path, num_clients: int = 10, cache_bytes: int = 1 << 20) ->
 
 
 def _same(a: State, b: State) -> bool:
-    return torch.equal(a.drift, b.drift) and a.drift.dtype == b.drift.dtype and a.last_round == b.last_round and a.scale == b.scale
+    return (
+        torch.equal(a.drift, b.drift)
+        and a.drift.dtype == b.drift.dtype
+        and a.last_round == b.last_round
+        and a.scale == b.scale
+    )
 
 
 @pytest.mark.parametrize("cache_bytes", [0, 1 << 20])
@@ -97,7 +106,9 @@ def test_commits_after_a_checkpoint_never_touch_the_rows_it_refers_to(tmp_path):
         store.put(2, _state(float(round_index), round_index))
         store.put(4, _state(9.0, round_index))
         store.commit()
-    assert {p.name: p.read_bytes() for p in (tmp_path / "clients").glob("*.slot0")} != files_before  # client 4 is new: slot 0
+    assert {
+        p.name: p.read_bytes() for p in (tmp_path / "clients").glob("*.slot0")
+    } != files_before  # client 4 is new: slot 0
     reopened = _disk(tmp_path / "clients")
     reopened.restore(table, "store/clients", "ckpt")
     assert _same(reopened.get(2), _state(1.0, 1)) and _same(reopened.get(4), _initial()) and len(reopened) == 1
@@ -110,7 +121,9 @@ def test_a_changed_or_missing_store_file_is_a_checkpoint_error(tmp_path):
     data = bytearray(field_file.read_bytes())
     data[2 * 48 + 5] ^= 1  # one bit of client 2's row (6 float64 = 48 bytes per row)
     field_file.write_bytes(bytes(data))
-    with pytest.raises(CheckpointError, match=r"was changed after the checkpoint: the row of client 2 .*delete the checkpoint"):
+    with pytest.raises(
+        CheckpointError, match=r"was changed after the checkpoint: the row of client 2 .*delete the checkpoint"
+    ):
         _disk(tmp_path / "clients").restore(table, "store/clients", "ckpt")
     field_file.unlink()
     with pytest.raises(CheckpointError, match=rf"{field_file.name} is missing or truncated"):
@@ -126,8 +139,8 @@ def test_checkpoint_file_checksums_the_store_table(tmp_path):
     loaded = load_checkpoint(tmp_path / "c.safetensors", server, None, "fp", torch.device("cpu"))
     assert loaded.store_names() == ["clients"] and loaded.client_states == {}
     assert loaded.store_tables["store/clients/client_ids"].tolist() == [1]
-    from safetensors.torch import load_file, save_file
     from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
 
     tensors = load_file(str(tmp_path / "c.safetensors"))
     with safe_open(str(tmp_path / "c.safetensors"), framework="pt") as handle:
@@ -143,14 +156,29 @@ def test_the_automatic_choice_of_store_follows_the_budget(tmp_path):
     initial = lambda theta: State(torch.zeros_like(theta), 0)  # noqa: E731
     budget = MemoryBudget(10_000)
     small, _ = make_client_stores("auto", 10, params, initial, False, lambda: tmp_path, budget)
-    large, latest = make_client_stores("auto", 10, params, initial, True, lambda: tmp_path, budget)  # + 800 of latest model
-    assert isinstance(small, InMemoryClientStore) and isinstance(large, DiskClientStore) and isinstance(latest, DiskClientStore)
+    large, latest = make_client_stores(
+        "auto", 10, params, initial, True, lambda: tmp_path, budget
+    )  # + 800 of latest model
+    assert (
+        isinstance(small, InMemoryClientStore)
+        and isinstance(large, DiskClientStore)
+        and isinstance(latest, DiskClientStore)
+    )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["clients", "latest_models"]
 
 
 BASE = [
-    "rounds=4", "seed=0", "precision=float64", "data.name=synthetic", "data.num_clients=8", "sampling.participation=0.5",
-    "model.name=mlp", "model.hidden=[8]", "client.epochs=1", "client.batch_size=10", "client.lr=0.05",
+    "rounds=4",
+    "seed=0",
+    "precision=float64",
+    "data.name=synthetic",
+    "data.num_clients=8",
+    "sampling.participation=0.5",
+    "model.name=mlp",
+    "model.hidden=[8]",
+    "client.epochs=1",
+    "client.batch_size=10",
+    "client.lr=0.05",
 ]
 ALGORITHMS = {
     "scaffold": ["algorithm.name=scaffold"],
@@ -169,14 +197,19 @@ def _strip(records):
 def test_disk_store_runs_are_bit_identical_to_memory_store_runs(tmp_path, algorithm):
     overrides = [*BASE, *ALGORITHMS[algorithm]]
     memory = driftlab.run(None, overrides=[*overrides, "state.store=memory"])
-    disk = driftlab.run(None, tmp_path / "run", overrides=[*overrides, "state.store=disk", "checkpoint_every=1", "keep_checkpoint=true"])
+    disk = driftlab.run(
+        None, tmp_path / "run", overrides=[*overrides, "state.store=disk", "checkpoint_every=1", "keep_checkpoint=true"]
+    )
     assert torch.equal(memory.final_params, disk.final_params)
     assert _strip(memory.records) == _strip(disk.records)
     checkpoint = json.loads((tmp_path / "run" / "client_state" / "clients" / "manifest.json").read_text())
     assert checkpoint["num_clients"] == 8
     # A resume with more rounds continues from the disk store's files, and with the memory store too.
     longer = driftlab.run(
-        None, tmp_path / "run", resume=True, overrides=[*overrides, "state.store=memory", "rounds=5", "checkpoint_every=1", "keep_checkpoint=true"]
+        None,
+        tmp_path / "run",
+        resume=True,
+        overrides=[*overrides, "state.store=memory", "rounds=5", "checkpoint_every=1", "keep_checkpoint=true"],
     )
     uninterrupted = driftlab.run(None, overrides=[*overrides, "state.store=memory", "rounds=5"])
     assert torch.equal(longer.final_params, uninterrupted.final_params)
@@ -213,14 +246,23 @@ KILLER = textwrap.dedent(
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("stage", "occurrence"),
-    [("tables", 2), ("written", 2), ("renamed", 2), ("done", 2), ("row", 9)],  # 2nd checkpoint; 9th row: mid-commit of round 3
+    [
+        ("tables", 2),
+        ("written", 2),
+        ("renamed", 2),
+        ("done", 2),
+        ("row", 9),
+    ],  # 2nd checkpoint; 9th row: mid-commit of round 3
 )
 def test_a_kill_mid_checkpoint_or_mid_commit_resumes_bit_identically(tmp_path, stage, occurrence):
     overrides = [*BASE, *ALGORITHMS["scaffold"], "rounds=6", "checkpoint_every=2", "state.store=disk"]
     out = tmp_path / "run"
     environment = {**os.environ, "PYTHONPATH": str(REPOSITORY)}
     killed = subprocess.run(
-        [sys.executable, "-c", KILLER, stage, str(occurrence), str(out), *overrides], env=environment, capture_output=True, text=True
+        [sys.executable, "-c", KILLER, stage, str(occurrence), str(out), *overrides],
+        env=environment,
+        capture_output=True,
+        text=True,
     )
     assert killed.returncode == 3, killed.stderr
     resumed = driftlab.run(None, out, resume=True, overrides=overrides)
@@ -230,7 +272,13 @@ def test_a_kill_mid_checkpoint_or_mid_commit_resumes_bit_identically(tmp_path, s
 
 
 def test_a_corrupted_store_file_stops_the_resume_with_a_clear_error(tmp_path):
-    overrides = [*BASE, *ALGORITHMS["adabest"], "rounds=2", "state.store=disk", "keep_checkpoint=true"]  # a completed run keeps it
+    overrides = [
+        *BASE,
+        *ALGORITHMS["adabest"],
+        "rounds=2",
+        "state.store=disk",
+        "keep_checkpoint=true",
+    ]  # a completed run keeps it
     driftlab.run(None, tmp_path / "run", overrides=overrides)
     for path in (tmp_path / "run" / "client_state" / "clients").glob("*.slot0"):
         data = bytearray(path.read_bytes())
@@ -251,7 +299,10 @@ def test_staged_rows_beyond_the_cache_go_to_the_staging_file(tmp_path):
         store.put(5, _state(-5.0, 1))  # (5 was kept in memory)
     assert (tmp_path / "staged.bin").stat().st_size == 2 * row  # 8 and 3 went to the file
     assert sum(isinstance(v, list) for v in disk._staged.values()) == 2
-    assert all(_same(a, b) for (_, a), (_, b) in zip(disk.items(include_staged=True), memory.items(include_staged=True), strict=True))
+    assert all(
+        _same(a, b)
+        for (_, a), (_, b) in zip(disk.items(include_staged=True), memory.items(include_staged=True), strict=True)
+    )
     for store in (memory, disk):
         store.commit()
         store.put(3, _state(30.0, 2))  # round 2 reuses the staging file from its start

@@ -40,7 +40,9 @@ class ClientTiming:
         return self.download + self.compute + self.upload
 
 
-def client_timing(profile: DeviceProfile, download_bits: float, steps: int, samples_per_step: int, upload_bits: float) -> ClientTiming:
+def client_timing(
+    profile: DeviceProfile, download_bits: float, steps: int, samples_per_step: int, upload_bits: float
+) -> ClientTiming:
     """The timing of ``steps`` local steps of ``samples_per_step`` examples between a download and an upload of the
     given sizes, on ``profile``'s device."""
     if download_bits < 0 or upload_bits < 0:
@@ -74,7 +76,9 @@ def steps_within(
         return 0
     if samples_per_step == 0 or total(steps) <= deadline:
         return steps  # steps of no examples take no time; or the whole work fits
-    estimate = (deadline - download_bits / profile.download - upload_bits / profile.upload) * profile.speed / samples_per_step
+    estimate = (
+        (deadline - download_bits / profile.download - upload_bits / profile.upload) * profile.speed / samples_per_step
+    )
     count = min(steps, max(0, math.floor(estimate)))
     # the quotient and the sum round differently: step to the exact boundary of `total(count) <= deadline`
     while count > 0 and total(count) > deadline:
@@ -85,7 +89,10 @@ def steps_within(
 
 
 def least_time(
-    devices: Iterable[tuple[int, DeviceProfile]], download_bits: float, work: Callable[[int], tuple[int, int]], within: float
+    devices: Iterable[tuple[int, DeviceProfile]],
+    download_bits: float,
+    work: Callable[[int], tuple[int, int]],
+    within: float,
 ) -> float:
     """The least time any of ``devices`` needs for its work (``work(client) = (steps, samples per step)``, a download
     and an upload of ``download_bits``), stopping at the first that needs at most ``within`` seconds: whether a

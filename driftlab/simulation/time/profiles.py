@@ -24,9 +24,9 @@ import functools
 import hashlib
 import io
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -44,7 +44,12 @@ _PROFILE_CACHE = 1 << 17  # lognormal profiles kept (a draw costs a generator's 
 
 @functools.lru_cache(maxsize=_PROFILE_CACHE)
 def lognormal_profile(
-    seed: int, client_id: int, speed_median: float, speed_sigma: float, download_median: float, upload_median: float,
+    seed: int,
+    client_id: int,
+    speed_median: float,
+    speed_sigma: float,
+    download_median: float,
+    upload_median: float,
     bandwidth_sigma: float,
 ) -> DeviceProfile:
     """Client ``client_id``'s device: the three lognormal draws of the module docstring (a pure function, cached)."""
@@ -83,8 +88,13 @@ class LognormalProfiles:
         if client_id < 0:
             raise ValueError(f"client ids are 0 or more, got {client_id}")
         return lognormal_profile(
-            int(self.seed), int(client_id), float(self.speed_median), float(self.speed_sigma), float(self.download_median),
-            float(self.upload_median), float(self.bandwidth_sigma),
+            int(self.seed),
+            int(client_id),
+            float(self.speed_median),
+            float(self.speed_sigma),
+            float(self.download_median),
+            float(self.upload_median),
+            float(self.bandwidth_sigma),
         )
 
     def available(self, client_ids: np.ndarray, time: float) -> np.ndarray:  # noqa: ARG002 - available at every time
@@ -144,7 +154,11 @@ class TraceProfiles:
         # end: where the client's availability ends (touching windows are one stretch); the device is this row's for
         # the whole of a piece of work begun now
         return DeviceProfile(
-            float(self.speed[row]), float(self.download[row]), float(self.upload[row]), float(self.start[row]), float(self.stays[row])
+            float(self.speed[row]),
+            float(self.download[row]),
+            float(self.upload[row]),
+            float(self.start[row]),
+            float(self.stays[row]),
         )
 
     def next_start(self, time: float) -> float | None:
@@ -183,7 +197,9 @@ def read_trace(path: str | Path, num_clients: int) -> TraceProfiles:
     reader = csv.reader(io.StringIO(text))
     header = next((row for row in reader if row), None)
     if header is None:
-        raise ValueError(f"{path} is empty: a trace starts with the header line {','.join(REQUIRED_COLUMNS)}[,start,end]")
+        raise ValueError(
+            f"{path} is empty: a trace starts with the header line {','.join(REQUIRED_COLUMNS)}[,start,end]"
+        )
     names = [name.strip().lower() for name in header]
     _check_header(path, reader.line_num, names)
     line_numbers = _LineNumbers(text)
@@ -204,10 +220,20 @@ def read_trace(path: str | Path, num_clients: int) -> TraceProfiles:
     client = _client_ids(path, cells["client"], line_numbers, num_clients)
     values = {name: _numbers(path, name, cells[name], line_numbers) for name in _RATE_COLUMNS}
     for name in _RATE_COLUMNS:
-        _check(path, name, line_numbers, ~(values[name] > 0) | np.isinf(values[name]), "must be a positive finite number")
-    start = _numbers(path, "start", cells["start"], line_numbers, empty=0.0) if "start" in cells else np.zeros(len(client))
-    end = _numbers(path, "end", cells["end"], line_numbers, empty=math.inf) if "end" in cells else np.full(len(client), math.inf)
-    _check(path, "start", line_numbers, ~(start >= 0) | np.isinf(start), "must be a finite number of seconds at least 0")
+        _check(
+            path, name, line_numbers, ~(values[name] > 0) | np.isinf(values[name]), "must be a positive finite number"
+        )
+    start = (
+        _numbers(path, "start", cells["start"], line_numbers, empty=0.0) if "start" in cells else np.zeros(len(client))
+    )
+    end = (
+        _numbers(path, "end", cells["end"], line_numbers, empty=math.inf)
+        if "end" in cells
+        else np.full(len(client), math.inf)
+    )
+    _check(
+        path, "start", line_numbers, ~(start >= 0) | np.isinf(start), "must be a finite number of seconds at least 0"
+    )
     _check(path, "end", line_numbers, ~(end > start), "must be larger than start (a window is [start, end))")
     order = np.lexsort((start, client))
     client, start, end = client[order], start[order], end[order]
@@ -230,8 +256,15 @@ def read_trace(path: str | Path, num_clients: int) -> TraceProfiles:
             f"client 0..{num_clients - 1} at least one row"
         )
     return TraceProfiles(
-        client, values["speed"], values["download"], values["upload"], start, end, num_clients,
-        source=str(path), sha256=hashlib.sha256(data).hexdigest(),
+        client,
+        values["speed"],
+        values["download"],
+        values["upload"],
+        start,
+        end,
+        num_clients,
+        source=str(path),
+        sha256=hashlib.sha256(data).hexdigest(),
     )
 
 
@@ -312,7 +345,14 @@ def _client_ids(path: Path, cells: np.ndarray, lines: _LineNumbers, num_clients:
         ids = strings.astype(np.int64)
     except (ValueError, OverflowError):
         ids = np.array([_int_or_minus_one(s) for s in strings.tolist()], dtype=np.int64)
-    _check(path, "client", lines, (ids < 0) | (ids >= num_clients), f"must be a client id, an integer in 0..{num_clients - 1}", cells)
+    _check(
+        path,
+        "client",
+        lines,
+        (ids < 0) | (ids >= num_clients),
+        f"must be a client id, an integer in 0..{num_clients - 1}",
+        cells,
+    )
     return ids
 
 
@@ -352,7 +392,12 @@ def profiles_for(system: Any, seed: int, num_clients: int) -> Profiles:
     lognormal draws from ``seed``, or the trace ``system.trace`` for ``num_clients`` clients."""
     if system.profiles == "lognormal":
         return LognormalProfiles(
-            seed, system.speed_median, system.speed_sigma, system.download_median, system.upload_median, system.bandwidth_sigma
+            seed,
+            system.speed_median,
+            system.speed_sigma,
+            system.download_median,
+            system.upload_median,
+            system.bandwidth_sigma,
         )
     if system.profiles == "trace":
         if not system.trace:

@@ -10,13 +10,14 @@ from driftlab.simulation.round.randomness import Stream, generator
 from driftlab.simulation.time.plan import DeviceProfile
 from driftlab.simulation.time.profiles import LognormalProfiles, TraceProfiles, devices, profiles_for, read_trace
 
-
 # ---------------------------------------------------------------- lognormal
 
 
 def test_lognormal_profile_is_the_median_times_exp_sigma_z():
     z = generator(7, Stream.SYSTEM_PROFILE, 0, 3).standard_normal(3)
-    profiles = LognormalProfiles(7, speed_median=100, speed_sigma=0.5, download_median=2e7, upload_median=5e6, bandwidth_sigma=0.25)
+    profiles = LognormalProfiles(
+        7, speed_median=100, speed_sigma=0.5, download_median=2e7, upload_median=5e6, bandwidth_sigma=0.25
+    )
     assert profiles.profile(3, 0.0) == DeviceProfile(
         speed=100 * math.exp(0.5 * z[0]), download=2e7 * math.exp(0.25 * z[1]), upload=5e6 * math.exp(0.25 * z[2])
     )
@@ -33,7 +34,9 @@ def test_lognormal_profiles_do_not_depend_on_call_order_or_time():
 
 
 def test_zero_sigma_gives_the_medians_and_whole_availability():
-    profiles = LognormalProfiles(0, speed_median=50, speed_sigma=0, download_median=8, upload_median=4, bandwidth_sigma=0)
+    profiles = LognormalProfiles(
+        0, speed_median=50, speed_sigma=0, download_median=8, upload_median=4, bandwidth_sigma=0
+    )
     assert profiles.profile(12, 3.0) == DeviceProfile(50.0, 8.0, 4.0, 0.0, math.inf)
     assert profiles.available(np.arange(5), 123.0).tolist() == [True] * 5
 
@@ -43,7 +46,9 @@ def test_lognormal_medians_are_the_draws_medians():
     assert 90 < float(np.median(speeds)) < 110  # median 100, σ 0.5: the sample median of 2001 is within a few %
 
 
-@pytest.mark.parametrize("field, value", [("speed_median", 0.0), ("upload_median", math.inf), ("bandwidth_sigma", -1.0)])
+@pytest.mark.parametrize(
+    "field, value", [("speed_median", 0.0), ("upload_median", math.inf), ("bandwidth_sigma", -1.0)]
+)
 def test_lognormal_bad_parameters_are_refused(field, value):
     with pytest.raises(ValueError, match=field):
         LognormalProfiles(0, **{field: value})
@@ -85,10 +90,7 @@ def test_touching_windows_are_one_stretch_of_availability(tmp_path):
     # client 0's device slows at t = 10 and stays until 30, then leaves; it comes back at 40 for good
     path = write(
         tmp_path,
-        "client,speed,download,upload,start,end\n"
-        "0,10,1000,100,0,10\n"
-        "0,5,1000,100,10,30\n"
-        "0,7,1000,100,40,\n",
+        "client,speed,download,upload,start,end\n0,10,1000,100,0,10\n0,5,1000,100,10,30\n0,7,1000,100,40,\n",
     )
     trace = read_trace(path, 1)
     assert trace.profile(0, 3.0) == DeviceProfile(10.0, 1000.0, 100.0, 0.0, 30.0)  # work begun at 3 may run to 30
@@ -98,7 +100,9 @@ def test_touching_windows_are_one_stretch_of_availability(tmp_path):
 
 
 def test_trace_without_windows_is_always_available(tmp_path):
-    trace = read_trace(write(tmp_path, "upload, download ,speed,Client\n4,3,2,1\n8,7,6,0\n"), 2)  # any order, spaces, case
+    trace = read_trace(
+        write(tmp_path, "upload, download ,speed,Client\n4,3,2,1\n8,7,6,0\n"), 2
+    )  # any order, spaces, case
     assert trace.profile(0, 0.0) == DeviceProfile(6.0, 7.0, 8.0)
     assert trace.profile(1, 1e12) == DeviceProfile(2.0, 3.0, 4.0)
     assert trace.available(np.array([0, 1]), 1e12).all()
@@ -140,22 +144,40 @@ def test_a_large_trace_loads_quickly(tmp_path):
         ("", r"is empty"),
         ("\n\n", r"is empty"),
         ("client,speed,download,upload\n", r"has a header but no rows"),
-        ("client,speed,download,upload,bandwidth\n0,1,1,1,1\n", r"line 1: unknown column\(s\) 'bandwidth'; a trace's columns are client, speed"),
+        (
+            "client,speed,download,upload,bandwidth\n0,1,1,1,1\n",
+            r"line 1: unknown column\(s\) 'bandwidth'; a trace's columns are client, speed",
+        ),
         ("client,speed,download\n0,1,1\n", r"line 1: no column 'upload'"),
         ("client,speed,speed,download,upload\n0,1,1,1,1\n", r"speed named twice"),
         ("client,speed,download,upload\n0,1,1\n", r"line 2: 3 values for the header's 4 columns"),
         ("client,speed,download,upload\n0,fast,1,1\n", r"line 2, column 'speed': is not a number \(got 'fast'\)"),
         ("client,speed,download,upload\n0,1,,1\n", r"line 2, column 'download': is not a number \(got ''\)"),
-        ("client,speed,download,upload\n0,1,1,1\n1,nan,1,1\n", r"line 3, column 'speed': is not a number \(got 'nan'\)"),
-        ("client,speed,download,upload\n\n0,1,1,1\n\n1,1,x,1\n", r"line 5, column 'download': is not a number"),  # blank lines count
+        (
+            "client,speed,download,upload\n0,1,1,1\n1,nan,1,1\n",
+            r"line 3, column 'speed': is not a number \(got 'nan'\)",
+        ),
+        (
+            "client,speed,download,upload\n\n0,1,1,1\n\n1,1,x,1\n",
+            r"line 5, column 'download': is not a number",
+        ),  # blank lines count
         ("client,speed,download,upload\n0,0,1,1\n", r"line 2, column 'speed': must be a positive finite number"),
         ("client,speed,download,upload\n0,1,1,-5\n", r"line 2, column 'upload': must be a positive finite number"),
         ("client,speed,download,upload\n0,1,inf,1\n", r"line 2, column 'download': must be a positive finite number"),
-        ("client,speed,download,upload\n0,1,1,1\n2.0,1,1,1\n", r"line 3, column 'client': must be a client id, an integer in 0..1 \(got '2.0'\)"),
+        (
+            "client,speed,download,upload\n0,1,1,1\n2.0,1,1,1\n",
+            r"line 3, column 'client': must be a client id, an integer in 0..1 \(got '2.0'\)",
+        ),
         ("client,speed,download,upload\n0,1,1,1\n2,1,1,1\n", r"line 3, column 'client': must be a client id"),
         ("client,speed,download,upload\n-1,1,1,1\n", r"line 2, column 'client': must be a client id"),
-        ("client,speed,download,upload,start,end\n0,1,1,1,5,5\n1,1,1,1,,\n", r"line 2, column 'end': must be larger than start"),
-        ("client,speed,download,upload,start\n0,1,1,1,-1\n1,1,1,1,0\n", r"line 2, column 'start': must be a finite number of seconds"),
+        (
+            "client,speed,download,upload,start,end\n0,1,1,1,5,5\n1,1,1,1,,\n",
+            r"line 2, column 'end': must be larger than start",
+        ),
+        (
+            "client,speed,download,upload,start\n0,1,1,1,-1\n1,1,1,1,0\n",
+            r"line 2, column 'start': must be a finite number of seconds",
+        ),
         (
             "client,speed,download,upload,start,end\n0,1,1,1,0,10\n1,1,1,1,,\n0,1,1,1,5,20\n",
             r"line 4, column 'start': client 0's window \[5, 20\) overlaps its window \[0, 10\) of line 2",
@@ -164,7 +186,10 @@ def test_a_large_trace_loads_quickly(tmp_path):
             "client,speed,download,upload,start,end\n0,1,1,1,5,20\n1,1,1,1,,\n0,1,1,1,0,10\n",
             r"line 4, column 'start': client 0's window \[0, 10\) overlaps its window \[5, 20\) of line 2",
         ),
-        ("client,speed,download,upload\n0,1,1,1\n", r"1 of the data set's 2 clients have no row \(client 1\); give every client 0..1"),
+        (
+            "client,speed,download,upload\n0,1,1,1\n",
+            r"1 of the data set's 2 clients have no row \(client 1\); give every client 0..1",
+        ),
     ],
 )
 def test_trace_errors_name_the_file_line_column_and_fix(tmp_path, text, message):
@@ -176,7 +201,9 @@ def test_trace_errors_name_the_file_line_column_and_fix(tmp_path, text, message)
 
 def test_missing_clients_are_counted_and_the_first_listed(tmp_path):
     path = write(tmp_path, "client,speed,download,upload\n3,1,1,1\n")
-    with pytest.raises(ValueError, match=r"9 of the data set's 10 clients have no row \(client 0, 1, 2, 4, 5, \.\.\.\)"):
+    with pytest.raises(
+        ValueError, match=r"9 of the data set's 10 clients have no row \(client 0, 1, 2, 4, 5, \.\.\.\)"
+    ):
         read_trace(path, 10)
 
 
@@ -190,7 +217,9 @@ def test_an_unreadable_trace(tmp_path):
 
 def test_quoted_cells_and_line_ends_read_alike(tmp_path):
     plain = read_trace(write(tmp_path, "client,speed,download,upload,end\n1,2.5,3,4,9\n0,5,6,7,\n"), 2)
-    quoted = read_trace(write(tmp_path, '\r\n"client","speed",download,upload,end\r\n\r\n"1","2.5",3,4,9\r\n0,5,6,7,""\r\n', "q.csv"), 2)
+    quoted = read_trace(
+        write(tmp_path, '\r\n"client","speed",download,upload,end\r\n\r\n"1","2.5",3,4,9\r\n0,5,6,7,""\r\n', "q.csv"), 2
+    )
     for name in ("client", "speed", "download", "upload", "start", "end"):
         assert getattr(plain, name).tolist() == getattr(quoted, name).tolist()
     with pytest.raises(ValueError, match=r"line 4, column 'upload': is not a number \(got 'x'\)"):
@@ -215,7 +244,13 @@ def test_trace_profiles_refuse_unsorted_rows():
 
 def system(**keys):
     defaults = dict(
-        profiles="lognormal", speed_median=100.0, speed_sigma=0.5, download_median=2e7, upload_median=5e6, bandwidth_sigma=0.5, trace=None
+        profiles="lognormal",
+        speed_median=100.0,
+        speed_sigma=0.5,
+        download_median=2e7,
+        upload_median=5e6,
+        bandwidth_sigma=0.5,
+        trace=None,
     )
     return SimpleNamespace(**{**defaults, **keys})
 
@@ -236,5 +271,11 @@ def test_profiles_for_trace(tmp_path):
 def test_devices_lists_every_client_or_every_trace_window(tmp_path):
     lognormal = LognormalProfiles(4)
     assert [(k, p) for k, p in devices(lognormal, 3)] == [(k, lognormal.profile(k, 0.0)) for k in range(3)]
-    path = write(tmp_path, "client,speed,download,upload,start,end\n1,5,100,10,50,\n0,10,1000,100,0,10\n0,20,2000,200,20,30\n")
-    assert [(k, p.speed, p.start) for k, p in devices(read_trace(path, 2), 2)] == [(0, 10.0, 0.0), (0, 20.0, 20.0), (1, 5.0, 50.0)]
+    path = write(
+        tmp_path, "client,speed,download,upload,start,end\n1,5,100,10,50,\n0,10,1000,100,0,10\n0,20,2000,200,20,30\n"
+    )
+    assert [(k, p.speed, p.start) for k, p in devices(read_trace(path, 2), 2)] == [
+        (0, 10.0, 0.0),
+        (0, 20.0, 20.0),
+        (1, 5.0, 50.0),
+    ]

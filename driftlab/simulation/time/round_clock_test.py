@@ -100,7 +100,12 @@ def test_a_late_message_is_refused_and_the_round_lasts_its_deadline():
     big = torch.zeros(2)  # 64 bits up: 4 s, so 8 s > D
     arrivals: dict[int, float | None] = {}
     assert not timing.received(arrivals, 0, 3, big) and arrivals == {0: None}
-    assert timing.record(1, [], arrivals) == {"time_start": 0.0, "time_end": 6.0, "num_missed_deadline": 1, "num_not_awaited": 0}
+    assert timing.record(1, [], arrivals) == {
+        "time_start": 0.0,
+        "time_end": 6.0,
+        "num_missed_deadline": 1,
+        "num_not_awaited": 0,
+    }
     with pytest.raises(ValueError, match="without an arrival time"):
         timing.record(1, [0], {})
 
