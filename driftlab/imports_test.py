@@ -67,8 +67,49 @@ FORBIDDEN = {
         "driftlab.cli",
     ),
     # executors start and watch runs: the run directory's files they read are driftlab.run_files', the run itself is
-    # named by the worker, not imported
+    # named by the sweep (RunTask.entry), not imported
     "driftlab.executors": ("driftlab.experiments", "driftlab.deploy", "driftlab.flower", "driftlab.cli"),
+    # (seed, stream, round, client) -> draws: below everything that draws
+    "driftlab.randomness": (
+        "driftlab.data",
+        "driftlab.models",
+        "driftlab.simulation",
+        "driftlab.algorithms",
+        "driftlab.privacy",
+        "driftlab.features",
+        "driftlab.experiments",
+        "driftlab.executors",
+        "driftlab.deploy",
+        "driftlab.flower",
+        "driftlab.cli",
+    ),
+    # the features' registry and refusals: below the experiments that assemble runs from them
+    "driftlab.features": (
+        "driftlab.experiments",
+        "driftlab.executors",
+        "driftlab.deploy",
+        "driftlab.flower",
+        "driftlab.cli",
+    ),
+    # robust aggregation and attacks: pure functions over a round's updates, wired later through a feature entry
+    "driftlab.robust": (
+        "driftlab.algorithms",
+        "driftlab.privacy",
+        "driftlab.experiments",
+        "driftlab.executors",
+        "driftlab.deploy",
+        "driftlab.flower",
+        "driftlab.cli",
+    ),
+    "driftlab.attacks": (
+        "driftlab.algorithms",
+        "driftlab.privacy",
+        "driftlab.experiments",
+        "driftlab.executors",
+        "driftlab.deploy",
+        "driftlab.flower",
+        "driftlab.cli",
+    ),
     "driftlab.experiments": ("driftlab.cli",),
     "driftlab.deploy": ("driftlab.flower", "driftlab.cli"),
 }

@@ -25,12 +25,12 @@ from driftlab.data.federated import FederatedDataset
 from driftlab.metrics.communication import payload_bits
 from driftlab.models import build_model
 from driftlab.optim.server import make_server_optimizer
+from driftlab.randomness import Stream, generator
 from driftlab.simulation.backends.flat import FlatModel
 from driftlab.simulation.backends.local_training import LocalSettings, SequentialBackend, corrected_step
 from driftlab.simulation.round.availability import AvailabilityModel, steps_to_do
 from driftlab.simulation.round.client import ClientDataComputation
 from driftlab.simulation.round.engine import client_data
-from driftlab.simulation.round.randomness import Stream, generator
 from driftlab.simulation.round.setup import RoundPlan, Simulation
 from driftlab.simulation.seam import NO_CORRECTION, ClientContext, ClientUpdate, RoundContext
 

@@ -6,7 +6,7 @@ round ``start_round`` on (rounds count from 1).  The set is a property of the
 clients, not of the round: the same seed and N give the same set in every
 round, and a round's attackers are those of the set that report in it (client
 sampling decides how many that is).  Count: f = ⌊fraction · N⌋ (never more than
-asked).  Draws come from ``driftlab.simulation.round.randomness.generator``
+asked).  Draws come from ``driftlab.randomness.generator``
 with (seed, stream, round, client id) alone, so a resumed run draws what an
 uninterrupted one does.
 
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from driftlab.simulation.round.randomness import NO_CLIENT, Stream, generator, seeded_torch_generator
+from driftlab.randomness import NO_CLIENT, Stream, generator, seeded_torch_generator
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from driftlab.attacks.byzantine import (
     byzantine_clients,
     byzantine_count,
 )
-from driftlab.simulation.round.randomness import Stream
+from driftlab.randomness import Stream
 
 
 def test_a_fraction_is_drawn_from_the_seed_alone():

@@ -76,7 +76,7 @@ from driftlab.features import drivers
 from driftlab.features.capabilities import ASYNCHRONOUS_RULE, PRIVACY_FORM, Lack, Reason, algorithm_key, refusal
 from driftlab.features.wrapping import Wrapping
 from driftlab.privacy.settings import PrivacySettings
-from driftlab.simulation.round.randomness import Stream, generator, seeded_torch_generator
+from driftlab.randomness import Stream, generator, seeded_torch_generator
 from driftlab.simulation.seam import (
     Algorithm,
     ClientContext,

@@ -25,9 +25,9 @@ from driftlab.optim.server import make_server_optimizer
 from driftlab.privacy import mechanism
 from driftlab.privacy.mechanism import PrivateClientView, PrivateMessage, PrivateServerState, with_privacy
 from driftlab.privacy.settings import AdaptiveClipping, PrivacySettings
+from driftlab.randomness import Stream, generator, seeded_torch_generator
 from driftlab.simulation.round.engine import run_round
 from driftlab.simulation.round.ordered_fold import OrderedFold
-from driftlab.simulation.round.randomness import Stream, generator, seeded_torch_generator
 from driftlab.simulation.seam import (
     NO_CORRECTION,
     Algorithm,

@@ -35,12 +35,12 @@ from driftlab.features.run import check_feature, configured_features, features_r
 from driftlab.models import registry as models
 from driftlab.optim.registry import build_server_optimizer
 from driftlab.plugins import import_function
+from driftlab.randomness import Stream, torch_seed
 from driftlab.simulation.backends.flat import FlatModel, binary_cross_entropy_per_example, objective_per_example
 from driftlab.simulation.backends.local_training import SequentialBackend
 from driftlab.simulation.backends.precision import check_precision, parameter_dtype
 from driftlab.simulation.backends.vectorized import VectorizedBackend, auto_backend
 from driftlab.simulation.round.availability import AvailabilityModel, Membership, MembershipEvent
-from driftlab.simulation.round.randomness import Stream, torch_seed
 from driftlab.simulation.round.setup import EvaluationPlan, RoundPlan, Simulation, SimulationState, make_client_stores
 from driftlab.simulation.seam import Algorithm
 from driftlab.simulation.state.memory_budget import MemoryBudget, placed_bytes

@@ -21,7 +21,7 @@ import torch
 from driftlab.data.federated import DataFileError, FederatedDataset
 from driftlab.data.registry import DATA_SETS, DataSetEntry, entry_of  # noqa: F401 - DATA_SETS: re-exported
 from driftlab.errors import ConfigError
-from driftlab.simulation.round.randomness import Stream, generator
+from driftlab.randomness import Stream, generator
 
 REPOSITORY_ROOT = Path(__file__).resolve().parents[3]
 

@@ -1312,7 +1312,7 @@ def test_arrays_without_client_ids_get_the_builtin_partition_for_the_same_seed()
     from driftlab.data.federated import federated_dataset_from_arrays
     from driftlab.experiments.config import load_config
     from driftlab.experiments.run.datasets import prepared_custom_data
-    from driftlab.simulation.round.randomness import Stream, generator
+    from driftlab.randomness import Stream, generator
 
     arrays = _unassigned()
     keys = ["data.name=custom", "data.partition=dirichlet", "data.num_clients=6", "data.dirichlet_alpha=0.5", "seed=7"]

@@ -219,8 +219,8 @@ def _rebuilt(path: Path, config: ExperimentConfig, model: ModelGiven, data: Any)
     from torch import nn
 
     from driftlab.experiments.run.assembly import build_configured_model
+    from driftlab.randomness import Stream, torch_seed
     from driftlab.simulation.backends.flat import FlatModel
-    from driftlab.simulation.round.randomness import Stream, torch_seed
 
     if model is not None and not isinstance(model, nn.Module) and not callable(model):
         raise ConfigError(

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from driftlab.simulation.round.randomness import Stream, generator, torch_seed
+from driftlab.randomness import Stream, generator, torch_seed
 from driftlab.simulation.time.clock import client_timing
 from driftlab.simulation.time.plan import DeviceProfile, Profiles
 

@@ -27,7 +27,7 @@ def flip_crop_from_keys(
 
     Image ``i`` depends only on ``images[i]`` and ``keys[i]``, never on which
     other images share the call, so a training backend may augment any set of
-    examples at once (see ``driftlab.simulation.round.randomness.example_keys``,
+    examples at once (see ``driftlab.randomness.example_keys``,
     which makes well-mixed keys).  Bits of ``keys[i]`` (bit 0 is the least
     significant):
 

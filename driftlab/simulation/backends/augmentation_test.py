@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from driftlab.models import build_model
+from driftlab.randomness import augmentation_key, example_keys, mix64
 from driftlab.simulation.backends.augmentation import flip_crop_from_keys
 from driftlab.simulation.backends.flat import FlatModel
 from driftlab.simulation.backends.local_training import (
@@ -28,7 +29,6 @@ from driftlab.simulation.backends.local_training import (
 )
 from driftlab.simulation.backends.vectorized import LinearReluStack, VectorizedBackend
 from driftlab.simulation.backends.vectorized_test import assert_agree, run_backend
-from driftlab.simulation.round.randomness import augmentation_key, example_keys, mix64
 from driftlab.simulation.seam import NO_CORRECTION, GradientCorrection
 
 CLIENT_SIZES = (37, 50, 23, 7, 64)  # 7 < B: batches narrower than the others'; 37, 23: short last batches

@@ -45,11 +45,11 @@ import numpy as np
 import torch
 
 from driftlab.data.pixels import PixelNormalisation
+from driftlab.randomness import Stream, example_keys, generator
 from driftlab.simulation.backends.flat import FlatModel, copy_module
 from driftlab.simulation.backends.modes import keyed_dropout, set_mode, step_keys
 from driftlab.simulation.backends.objectives import LocalObjective, LossTerm, as_local_objective, objective_loss
 from driftlab.simulation.backends.precision import local_arithmetic
-from driftlab.simulation.round.randomness import Stream, example_keys, generator
 from driftlab.simulation.seam import GradientCorrection
 
 PAD = -1

@@ -45,7 +45,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from driftlab.simulation.round.randomness import example_keys, mix64
+from driftlab.randomness import example_keys, mix64
 
 # A step's dropout key is its augmentation base key mixed with a slot no example has (slots are >= 0) and a salt,
 # so the masks are unrelated to the augmentation draws of the same step.

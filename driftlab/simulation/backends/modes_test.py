@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from driftlab.randomness import augmentation_key, example_keys
 from driftlab.simulation.backends.flat import FlatModel, UntrackedBuffersWarning
 from driftlab.simulation.backends.local_training import (
     ClientTask,
@@ -25,7 +26,6 @@ from driftlab.simulation.backends.local_training import (
 from driftlab.simulation.backends.modes import has_dropout, keyed_dropout, module_mode, step_keys
 from driftlab.simulation.backends.objectives import LossTerm
 from driftlab.simulation.backends.vectorized import VectorizedBackend
-from driftlab.simulation.round.randomness import augmentation_key, example_keys
 from driftlab.simulation.seam import NO_CORRECTION, GradientCorrection
 
 SIZES = (23, 40, 7, 31)  # 7 < B and 23, 31 not multiples of B: narrow and padded last batches

@@ -26,6 +26,7 @@ from typing import Sequence
 
 import torch
 
+from driftlab.randomness import example_keys
 from driftlab.simulation.backends.local_training import ClientTask, LocalSettings, TrainingData, corrected_gradient_norm
 from driftlab.simulation.backends.modes import step_keys
 from driftlab.simulation.backends.objectives import as_local_objective
@@ -37,7 +38,6 @@ from driftlab.simulation.backends.vectorized_layout import (
     gather_rows,
     to_device,
 )
-from driftlab.simulation.round.randomness import example_keys
 from driftlab.simulation.seam import GradientCorrection
 
 FULL_GRADIENT_ROWS = (

@@ -50,6 +50,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from driftlab.randomness import Stream, augmentation_key, example_keys, generator
 from driftlab.simulation.backends.flat import FlatModel
 from driftlab.simulation.backends.local_training import (
     PAD,
@@ -63,7 +64,6 @@ from driftlab.simulation.backends.local_training import (
     train_one_client,
 )
 from driftlab.simulation.backends.precision import local_arithmetic
-from driftlab.simulation.round.randomness import Stream, augmentation_key, example_keys, generator
 from driftlab.simulation.seam import NO_CORRECTION, Algorithm, ClientContext, ClientUpdate
 
 

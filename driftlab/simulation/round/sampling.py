@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from driftlab.simulation.round.randomness import Stream, generator
+from driftlab.randomness import Stream, generator
 
 SAMPLING_MODES = ("uniform", "weighted", "poisson")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from driftlab.simulation.round.randomness import Stream
+from driftlab.randomness import Stream
 from driftlab.simulation.round.sampling import clients_per_round, over_selected, sample_clients
 
 

@@ -15,12 +15,12 @@ import torch
 
 from driftlab.data.federated import FederatedDataset
 from driftlab.optim.schedules import steps_at
+from driftlab.randomness import Stream, generator
 from driftlab.simulation.backends.augmentation import flip_crop_from_keys
 from driftlab.simulation.backends.flat import FlatModel
 from driftlab.simulation.backends.local_training import TrainingBackend, TrainingData, steps_for_epochs
 from driftlab.simulation.round.availability import ALWAYS_AVAILABLE, AvailabilityModel, Membership
 from driftlab.simulation.round.latest_models import LatestModels
-from driftlab.simulation.round.randomness import Stream, generator
 from driftlab.simulation.seam import Algorithm
 from driftlab.simulation.state.memory_budget import MemoryBudget
 from driftlab.simulation.state.state_store import (

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from driftlab.simulation.round.randomness import Stream, generator
+from driftlab.randomness import Stream, generator
 from driftlab.simulation.time.plan import DeviceProfile, Profiles
 
 REQUIRED_COLUMNS = ("client", "speed", "download", "upload")

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from driftlab.simulation.round.randomness import Stream, generator
+from driftlab.randomness import Stream, generator
 from driftlab.simulation.time.plan import DeviceProfile
 from driftlab.simulation.time.profiles import LognormalProfiles, TraceProfiles, devices, profiles_for, read_trace
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from driftlab.simulation.round.randomness import NO_CLIENT, Stream, generator, seeded_torch_generator, torch_seed
+from driftlab.randomness import NO_CLIENT, Stream, generator, seeded_torch_generator, torch_seed
 
 
 def _draw(*args):
