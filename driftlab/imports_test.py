@@ -16,59 +16,21 @@ ROOT = PACKAGE.parent
 
 # What a layer must never import: data and models are below the simulation, the simulation below the
 # experiments, and nothing below the command line imports it.
+# the layers that assemble and drive runs: nothing below them imports them
+DRIVERS = ("driftlab.experiments", "driftlab.executors", "driftlab.deploy", "driftlab.flower", "driftlab.cli")
 FORBIDDEN = {
-    "driftlab.data": (
-        "driftlab.simulation",
-        "driftlab.experiments",
-        "driftlab.executors",
-        "driftlab.deploy",
-        "driftlab.flower",
-        "driftlab.cli",
-    ),
-    "driftlab.models": (
-        "driftlab.simulation",
-        "driftlab.experiments",
-        "driftlab.executors",
-        "driftlab.deploy",
-        "driftlab.flower",
-        "driftlab.cli",
-    ),
-    "driftlab.optim": (
-        "driftlab.simulation",
-        "driftlab.experiments",
-        "driftlab.executors",
-        "driftlab.deploy",
-        "driftlab.flower",
-        "driftlab.cli",
-    ),
-    "driftlab.simulation": (
-        "driftlab.privacy",
-        "driftlab.experiments",
-        "driftlab.executors",
-        "driftlab.deploy",
-        "driftlab.flower",
-        "driftlab.cli",
-    ),
-    "driftlab.algorithms": (
-        "driftlab.privacy",
-        "driftlab.experiments",
-        "driftlab.executors",
-        "driftlab.deploy",
-        "driftlab.flower",
-        "driftlab.cli",
-    ),
+    "driftlab.data": ("driftlab.simulation", *DRIVERS),
+    "driftlab.models": ("driftlab.simulation", *DRIVERS),
+    "driftlab.optim": ("driftlab.simulation", *DRIVERS),
+    "driftlab.simulation": ("driftlab.privacy", *DRIVERS),
+    "driftlab.algorithms": ("driftlab.privacy", *DRIVERS),
     # privacy wraps any algorithm through the seam's PrivacyForm, so it never names one
-    "driftlab.privacy": (
-        "driftlab.algorithms",
-        "driftlab.experiments",
-        "driftlab.executors",
-        "driftlab.deploy",
-        "driftlab.flower",
-        "driftlab.cli",
-    ),
+    "driftlab.privacy": ("driftlab.algorithms", *DRIVERS),
     # executors start and watch runs: the run directory's files they read are driftlab.run_files', the run itself is
     # named by the sweep (RunTask.entry), not imported
     "driftlab.executors": ("driftlab.experiments", "driftlab.deploy", "driftlab.flower", "driftlab.cli"),
+    "driftlab.experiments": ("driftlab.cli",),
+    "driftlab.deploy": ("driftlab.flower", "driftlab.cli"),
     # (seed, stream, round, client) -> draws: below everything that draws
     "driftlab.randomness": (
         "driftlab.data",
@@ -77,41 +39,13 @@ FORBIDDEN = {
         "driftlab.algorithms",
         "driftlab.privacy",
         "driftlab.features",
-        "driftlab.experiments",
-        "driftlab.executors",
-        "driftlab.deploy",
-        "driftlab.flower",
-        "driftlab.cli",
+        *DRIVERS,
     ),
     # the features' registry and refusals: below the experiments that assemble runs from them
-    "driftlab.features": (
-        "driftlab.experiments",
-        "driftlab.executors",
-        "driftlab.deploy",
-        "driftlab.flower",
-        "driftlab.cli",
-    ),
+    "driftlab.features": DRIVERS,
     # robust aggregation and attacks: pure functions over a round's updates, wired later through a feature entry
-    "driftlab.robust": (
-        "driftlab.algorithms",
-        "driftlab.privacy",
-        "driftlab.experiments",
-        "driftlab.executors",
-        "driftlab.deploy",
-        "driftlab.flower",
-        "driftlab.cli",
-    ),
-    "driftlab.attacks": (
-        "driftlab.algorithms",
-        "driftlab.privacy",
-        "driftlab.experiments",
-        "driftlab.executors",
-        "driftlab.deploy",
-        "driftlab.flower",
-        "driftlab.cli",
-    ),
-    "driftlab.experiments": ("driftlab.cli",),
-    "driftlab.deploy": ("driftlab.flower", "driftlab.cli"),
+    "driftlab.robust": ("driftlab.algorithms", "driftlab.privacy", *DRIVERS),
+    "driftlab.attacks": ("driftlab.algorithms", "driftlab.privacy", *DRIVERS),
 }
 
 
