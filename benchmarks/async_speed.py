@@ -1,6 +1,6 @@
 """Wall time of asynchronous FedBuff against synchronous rounds on the MLP standard workload (issue 28).
 
-Workload: the MLP standard workload of issue 3 (``round_speed.py``): 100 clients x 600 MNIST
+Workload: the MLP standard workload of issue 3 (``mlp_benchmarks.py``): 100 clients x 600 MNIST
 samples (real MNIST from ../shared/data/mnist when present, else random data of its shape),
 MLP 784-200-200-10, SGD lr 0.1, batch 50, 5 local epochs, FedAvg with uniform aggregation,
 vectorized backend, ``[system]`` with the default lognormal devices (the same devices in every
@@ -52,8 +52,8 @@ from typing import Any, Iterator
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # round_speed, beside this file
-import round_speed  # after the path: the workload, its data and the machine description come from it
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # mlp_benchmarks, beside this file
+import mlp_benchmarks  # after the path: the workload, its data and the machine description come from it
 
 GOAL = 1.5  # the issue's goal: FedBuff's wall time per client trained at most 1.5x a synchronous round's
 ROWS = ("untimed", "synchronous", "asynchronous")
@@ -78,13 +78,11 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     args = parser.parse_args(argv)
-    round_speed.settle_mlp_options(
+    mlp_benchmarks.settle_mlp_options(
+        parser,
         args,
         quick={"blocks": 2, "num_clients": 8, "samples": 60, "epochs": 1, "concurrency": 8, "buffer": 2},
         full={"blocks": 7, "num_clients": 100, "samples": 600, "epochs": 5, "concurrency": 100, "buffer": 10},
-    )
-    round_speed.check_at_least_one(
-        parser, args, ("blocks", "num_clients", "samples", "epochs", "concurrency", "buffer")
     )
     if args.concurrency > args.num_clients:
         parser.error(
@@ -94,13 +92,12 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
         parser.error(
             f"--buffer {args.buffer} is more than --concurrency {args.concurrency}: the buffer could never fill"
         )
-    round_speed.set_threads(parser, args)
     return args
 
 
 def workload(args: argparse.Namespace) -> dict[str, Any]:
     return {
-        **round_speed.mlp_workload(args),
+        **mlp_benchmarks.mlp_workload(args),
         "algorithm": "fedavg (uniform aggregation)",
         "clients_per_round": args.buffer,
         "concurrency": args.concurrency,
@@ -140,7 +137,7 @@ def build_rows(args: argparse.Namespace, data_section: dict[str, Any]) -> dict[s
     from driftlab.experiments.config import load_config
     from driftlab.experiments.run.assembly import build_simulation
 
-    table = round_speed.mlp_config(args, data_section, rounds=100_000)
+    table = mlp_benchmarks.mlp_config(args, data_section, rounds=100_000)
     # FedBuff keeps the default sampling (it samples nobody); the synchronous rows draw B clients per round
     cohort = {"participation": args.buffer / args.num_clients}
     tables = {
@@ -243,10 +240,10 @@ def measure(args: argparse.Namespace, data_section: dict[str, Any]) -> dict[str,
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run the benchmark; print the table and, as the last line, the JSON report, which is also returned."""
     args = parse_arguments(argv)
-    with round_speed.mlp_data_section(args) as (data_section, data_kind):
+    with mlp_benchmarks.mlp_data_section(args) as (data_section, data_kind):
         measured = measure(args, data_section)
     report = {
-        **round_speed.report_head("cpu", data_kind),
+        **mlp_benchmarks.report_head("cpu", data_kind),
         "workload": workload(args),
         "goal_ratio": GOAL,
         **measured,
@@ -258,13 +255,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 def print_table(report: dict[str, Any]) -> None:
     work = report["workload"]
-    round_speed.print_mlp_heading(
+    mlp_benchmarks.print_mlp_heading(
         report,
         f"synchronous: {work['clients_per_round']} clients/round; FedBuff: C = {work['concurrency']}, "
         f"B = {work['buffer']}; blocks of {work['updates_per_block']} rounds/updates",
     )
     widths = [12, 8, 7, 5, 9, 9, 8, 11]
-    round_speed.print_header(
+    mlp_benchmarks.print_header(
         ["row", "s/block", "clients", "calls", "s/client", "clients/s", "events/s", "sim s/block"], widths
     )
     for row in ROWS:
@@ -281,7 +278,7 @@ def print_table(report: dict[str, Any]) -> None:
             "-" if events is None else f"{events:.1f}",
             "-" if simulated is None else f"{simulated:.1f}",
         ]
-        round_speed.print_row(cells, widths)
+        mlp_benchmarks.print_row(cells, widths)
     print(
         f"FedBuff / synchronous, seconds per client trained: {report['ratio_per_client']:.3f} "
         f"(goal ≤ {report['goal_ratio']}: {'met' if report['within_goal'] else 'not met'}); "

@@ -142,9 +142,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     store_bytes = {"written": 0}
     original_checkpoint = lifecycle.write_checkpoint  # the lifecycle writes every run's checkpoints
 
-    def timed_checkpoint(out: Path, config: Any, state: Any) -> None:
+    def timed_checkpoint(out: Path, *arguments: Any) -> None:
+        """``write_checkpoint(out, config, ..., state)`` timed: its arguments passed on as they come, the state last."""
+        state = arguments[-1]
         started = time.perf_counter()
-        original_checkpoint(out, config, state)
+        original_checkpoint(out, *arguments)
         checkpoint_seconds.append(time.perf_counter() - started)
         checkpoint_bytes.append((out / runner.CHECKPOINT_FILE).stat().st_size)
         stores = [s for s in (state.clients, state.latest_models) if s is not None and hasattr(s, "bytes_written")]

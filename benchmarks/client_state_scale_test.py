@@ -16,28 +16,17 @@ FIELDS = {
 }
 
 
+def tiny_run(algorithm: str, rounds: int, directory) -> list[str]:
+    """The arguments of a tiny run: 40 clients, 4 a round, a checkpoint every 2 rounds, a 16-wide MLP, the disk store
+    in ``directory``."""
+    shared = f"--clients 40 --per-round 4 --rounds {rounds} --checkpoint-every 2 --hidden 16 --store disk"
+    return ["--algorithm", algorithm, *shared.split(), "--dir", str(directory)]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("algorithm", ["scaffold", "feddyn"])
 def test_tiny_run_reports_every_number_and_removes_its_files(capsys, tmp_path, algorithm):
-    arguments = [
-        "--algorithm",
-        algorithm,
-        "--clients",
-        "40",
-        "--per-round",
-        "4",
-        "--rounds",
-        "3",
-        "--checkpoint-every",
-        "2",
-        "--hidden",
-        "16",
-        "--store",
-        "disk",
-        "--dir",
-        str(tmp_path),
-    ]
-    returned = client_state_scale.main(arguments)
+    returned = client_state_scale.main(tiny_run(algorithm, 3, tmp_path))
     lines = capsys.readouterr().out.strip().splitlines()
     report = json.loads(lines[-1])
     assert report == json.loads(json.dumps(returned))
@@ -51,27 +40,7 @@ def test_tiny_run_reports_every_number_and_removes_its_files(capsys, tmp_path, a
 
 @pytest.mark.slow
 def test_a_run_killed_in_a_checkpoint_resumes_to_the_same_bits(capsys, tmp_path):
-    arguments = [
-        "--algorithm",
-        "scaffold",
-        "--clients",
-        "40",
-        "--per-round",
-        "4",
-        "--rounds",
-        "5",
-        "--checkpoint-every",
-        "2",
-        "--hidden",
-        "16",
-        "--store",
-        "disk",
-        "--dir",
-        str(tmp_path),
-        "--kill-at-checkpoint",
-        "2",
-    ]
-    report = client_state_scale.main(arguments)
+    report = client_state_scale.main([*tiny_run("scaffold", 5, tmp_path), "--kill-at-checkpoint", "2"])
     assert report["killed_at_checkpoint"] == 2 and report["killed_resume_identical"] is True
     assert "child run killed in checkpoint 2" in capsys.readouterr().out
     assert list(tmp_path.iterdir()) == []

@@ -67,96 +67,41 @@ CUDA_TESTS = [
     "driftlab/simulation/state/memory_budget_test.py::test_a_cuda_run_measures_its_gpu_once_and_takes_its_share",
 ]
 
+
+def _speed_run(label: str, arguments: str, seconds: int) -> tuple[str, list[str], int]:
+    """(label, round_speed's arguments, seconds allowed); ``arguments`` are separated by spaces (none holds one)."""
+    return label, arguments.split(), seconds
+
+
 # (label, round_speed arguments, seconds allowed): the speed goals of docs/performance.md, most important first.
 SPEED_RUNS: list[tuple[str, list[str], int]] = [
     # The CNN's reference loop takes about 13 s a round at 100 clients on an H200 (2026-11-27): 90 s for 4 rounds of both.
-    ("cnn-float32", ["--model", "cnn", "--clients-per-round", "10", "100", "--rows", "vectorized,reference"], 120),
+    _speed_run("cnn-float32", "--model cnn --clients-per-round 10 100 --rows vectorized,reference", 120),
     # The convolutions as im2col and one matrix product per client (config key convolution=unfold), alone and in bf16.
-    (
-        "cnn-unfold",
-        ["--model", "cnn", "--clients-per-round", "10", "100", "--rows", "vectorized", "--convolution", "unfold"],
-        40,
-    ),
-    (
-        "cnn-bf16",
-        ["--model", "cnn", "--clients-per-round", "10", "100", "--rows", "vectorized", "--precision", "bf16"],
-        40,
-    ),
-    (
+    _speed_run("cnn-unfold", "--model cnn --clients-per-round 10 100 --rows vectorized --convolution unfold", 40),
+    _speed_run("cnn-bf16", "--model cnn --clients-per-round 10 100 --rows vectorized --precision bf16", 40),
+    _speed_run(
         "cnn-unfold-bf16",
-        [
-            "--model",
-            "cnn",
-            "--clients-per-round",
-            "10",
-            "100",
-            "--rows",
-            "vectorized",
-            "--precision",
-            "bf16",
-            "--convolution",
-            "unfold",
-        ],
+        "--model cnn --clients-per-round 10 100 --rows vectorized --precision bf16 --convolution unfold",
         40,
     ),
-    ("mlp-float32", ["--model", "mlp", "--clients-per-round", "10", "100", "--rows", "vectorized,reference"], 100),
+    _speed_run("mlp-float32", "--model mlp --clients-per-round 10 100 --rows vectorized,reference", 100),
     # No reference row at 1,000 clients: the loop would take minutes a round; the goal is an absolute 0.1 s.
-    (
-        "mlp-1000-float32",
-        [
-            "--model",
-            "mlp",
-            "--num-clients",
-            "1000",
-            "--samples",
-            "50",
-            "--clients-per-round",
-            "1000",
-            "--rows",
-            "vectorized",
-        ],
-        60,
+    _speed_run(
+        "mlp-1000-float32", "--model mlp --num-clients 1000 --samples 50 --clients-per-round 1000 --rows vectorized", 60
     ),
-    ("lstm-float32", ["--model", "lstm", "--clients-per-round", "10", "--rows", "vectorized,sequential,reference"], 60),
+    _speed_run("lstm-float32", "--model lstm --clients-per-round 10 --rows vectorized,sequential,reference", 60),
     # One client per chunk: the module's own (cuDNN) LSTM, against the batched recurrence above.
-    (
-        "lstm-chunk-1",
-        ["--model", "lstm", "--clients-per-round", "10", "--rows", "vectorized", "--max-chunk-clients", "1"],
-        30,
-    ),
-    (
-        "resnet18_gn-float32",
-        ["--model", "resnet18_gn", "--clients-per-round", "10", "--rows", "vectorized,reference"],
-        60,
-    ),
-    (
-        "cnn-tf32",
-        ["--model", "cnn", "--clients-per-round", "10", "100", "--rows", "vectorized", "--precision", "tf32"],
-        40,
-    ),
-    (
-        "resnet18_gn-tf32",
-        ["--model", "resnet18_gn", "--clients-per-round", "10", "--rows", "vectorized", "--precision", "tf32"],
-        30,
-    ),
-    (
-        "resnet18_gn-bf16",
-        ["--model", "resnet18_gn", "--clients-per-round", "10", "--rows", "vectorized", "--precision", "bf16"],
-        30,
-    ),
-    (
-        "mlp-tf32",
-        ["--model", "mlp", "--clients-per-round", "10", "100", "--rows", "vectorized", "--precision", "tf32"],
-        30,
-    ),
-    (
-        "mlp-bf16",
-        ["--model", "mlp", "--clients-per-round", "10", "100", "--rows", "vectorized", "--precision", "bf16"],
-        30,
-    ),
-    ("lstm-tf32", ["--model", "lstm", "--clients-per-round", "10", "--rows", "vectorized", "--precision", "tf32"], 30),
-    ("lstm-bf16", ["--model", "lstm", "--clients-per-round", "10", "--rows", "vectorized", "--precision", "bf16"], 30),
-    ("cnn-sequential", ["--model", "cnn", "--clients-per-round", "10", "--rows", "sequential"], 40),
+    _speed_run("lstm-chunk-1", "--model lstm --clients-per-round 10 --rows vectorized --max-chunk-clients 1", 30),
+    _speed_run("resnet18_gn-float32", "--model resnet18_gn --clients-per-round 10 --rows vectorized,reference", 60),
+    _speed_run("cnn-tf32", "--model cnn --clients-per-round 10 100 --rows vectorized --precision tf32", 40),
+    _speed_run("resnet18_gn-tf32", "--model resnet18_gn --clients-per-round 10 --rows vectorized --precision tf32", 30),
+    _speed_run("resnet18_gn-bf16", "--model resnet18_gn --clients-per-round 10 --rows vectorized --precision bf16", 30),
+    _speed_run("mlp-tf32", "--model mlp --clients-per-round 10 100 --rows vectorized --precision tf32", 30),
+    _speed_run("mlp-bf16", "--model mlp --clients-per-round 10 100 --rows vectorized --precision bf16", 30),
+    _speed_run("lstm-tf32", "--model lstm --clients-per-round 10 --rows vectorized --precision tf32", 30),
+    _speed_run("lstm-bf16", "--model lstm --clients-per-round 10 --rows vectorized --precision bf16", 30),
+    _speed_run("cnn-sequential", "--model cnn --clients-per-round 10 --rows sequential", 40),
 ]
 # Every speed run: 3 timed rounds after a warm-up, rows in one process (each row's GPU peak is reset before it).
 SPEED_COMMON = ["--rounds", "3", "--in-process"]

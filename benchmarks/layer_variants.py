@@ -79,7 +79,7 @@ from torch import nn
 REPOSITORY = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPOSITORY))  # the driftlab of this checkout
 
-from round_speed import device_description  # noqa: E402
+from machine_info import device_description  # noqa: E402
 
 from driftlab.models import batched, build_model, layers  # noqa: E402
 from driftlab.simulation.backends.precision import local_arithmetic  # noqa: E402

@@ -113,16 +113,9 @@ def run(num_samples: int, num_clients: int, num_classes: int, alpha: float, repe
     results = []
 
     def add(key: str, row: str, seconds: list[float] | None, note: str = "", finished: bool = True) -> None:
-        results.append(
-            dict(
-                key=key,
-                row=row,
-                finished=finished,
-                median_seconds=statistics.median(seconds) if seconds else None,
-                seconds=seconds or [],
-                note=note,
-            )
-        )
+        median = statistics.median(seconds) if seconds else None
+        entry = {"key": key, "row": row, "finished": finished, "median_seconds": median, "seconds": seconds or []}
+        results.append({**entry, "note": note})
 
     prior = _time(
         lambda seed: dirichlet_client_prior_partition(labels, quotas, alpha, np.random.default_rng(seed)), repeats
@@ -175,18 +168,10 @@ def run(num_samples: int, num_clients: int, num_classes: int, alpha: float, repe
             entry["ratio_to_reference"] = None if entry is reference else entry["median_seconds"] / time_limit
             entry["speedup_vs_reference"] = None if entry is reference else time_limit / entry["median_seconds"]
             entry["speedup_is_lower_bound"] = entry is not reference
-    return dict(
-        machine=dict(platform=platform.platform(), python=platform.python_version(), numpy=np.__version__),
-        workload=dict(
-            num_samples=num_samples,
-            num_clients=num_clients,
-            num_classes=num_classes,
-            alpha=alpha,
-            repeats=repeats,
-            time_limit_seconds=time_limit,
-        ),
-        results=results,
-    )
+    machine = {"platform": platform.platform(), "python": platform.python_version(), "numpy": np.__version__}
+    sizes = {"num_samples": num_samples, "num_clients": num_clients, "num_classes": num_classes, "alpha": alpha}
+    workload = {**sizes, "repeats": repeats, "time_limit_seconds": time_limit}
+    return {"machine": machine, "workload": workload, "results": results}
 
 
 def _print_table(report: dict) -> None:

@@ -1,6 +1,6 @@
 """Seconds per round with and without ``[privacy]``: client-level DP's overhead on the MLP standard workload (issue 27).
 
-Workload: the MLP standard workload of issue 3 (``round_speed.py``): 100 clients x 600 MNIST
+Workload: the MLP standard workload of issue 3 (``mlp_benchmarks.py``): 100 clients x 600 MNIST
 samples (real MNIST from ../shared/data/mnist when present, else random data of its shape),
 MLP 784-200-200-10, SGD lr 0.1, batch 50, 5 local epochs, FedAvg, vectorized backend, with
 10 and with 100 clients per round.  Two rows per cohort size, built from the same data in one
@@ -48,8 +48,8 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # round_speed, beside this file
-import round_speed  # after the path: the workload, its data and the machine description come from it
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # mlp_benchmarks, beside this file
+import mlp_benchmarks  # after the path: the workload, its data and the machine description come from it
 
 CLIP = 1.0
 NOISE_MULTIPLIER = 1.0
@@ -76,38 +76,28 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     args = parser.parse_args(argv)
-    round_speed.settle_mlp_options(
-        args,
-        quick={
-            "clients_per_round": [2, 4],
-            "rounds": 2,
-            "accounting_rounds": 5,
-            "num_clients": 4,
-            "samples": 60,
-            "epochs": 1,
-        },
-        full={
-            "clients_per_round": [10, 100],
-            "rounds": 7,
-            "accounting_rounds": 100,
-            "num_clients": 100,
-            "samples": 600,
-            "epochs": 5,
-        },
+    # clients per round and timed rounds of the rows, ε queries, clients, samples per client, local epochs
+    keys = ("clients_per_round", "rounds", "accounting_rounds", "num_clients", "samples", "epochs")
+    quick, full = ([2, 4], 2, 5, 4, 60, 1), ([10, 100], 7, 100, 100, 600, 5)
+    mlp_benchmarks.settle_mlp_options(
+        parser, args, dict(zip(keys, quick, strict=True)), dict(zip(keys, full, strict=True))
     )
-    round_speed.check_at_least_one(parser, args, ("rounds", "accounting_rounds", "num_clients", "samples", "epochs"))
     for clients in args.clients_per_round:
         if not 1 <= clients <= args.num_clients:
             parser.error(
                 f"--clients-per-round {clients} must be between 1 and the number of clients ({args.num_clients})"
             )
-    round_speed.set_threads(parser, args)
     return args
+
+
+def privacy_section() -> dict[str, Any]:
+    """The private row's ``[privacy]``: the issue's clip 1 and z 1, central noise, accounted with δ (RDP)."""
+    return {"clip": CLIP, "noise_multiplier": NOISE_MULTIPLIER, "noise": "central", "delta": DELTA}
 
 
 def workload(args: argparse.Namespace) -> dict[str, Any]:
     return {
-        **round_speed.mlp_workload(args),
+        **mlp_benchmarks.mlp_workload(args),
         "algorithm": "fedavg",
         "clients_per_round": list(args.clients_per_round),
         "timed_rounds": args.rounds,
@@ -115,11 +105,6 @@ def workload(args: argparse.Namespace) -> dict[str, Any]:
         "privacy": privacy_section(),
         "threads": torch.get_num_threads(),
     }
-
-
-def privacy_section() -> dict[str, Any]:
-    """The private row's ``[privacy]``: the issue's clip 1 and z 1, central noise, accounted with δ (RDP)."""
-    return {"clip": CLIP, "noise_multiplier": NOISE_MULTIPLIER, "noise": "central", "delta": DELTA}
 
 
 def sampling_section(clients_per_round: int, num_clients: int) -> dict[str, Any]:
@@ -135,7 +120,7 @@ def build_rows(args: argparse.Namespace, clients_per_round: int, data_section: d
     from driftlab.experiments.run.assembly import build_simulation
 
     table = {
-        **round_speed.mlp_config(args, data_section, rounds=1000),
+        **mlp_benchmarks.mlp_config(args, data_section, rounds=1000),
         "sampling": sampling_section(clients_per_round, args.num_clients),
     }
     rows = {}
@@ -220,7 +205,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run the benchmark; print the table and, as the last line, the JSON report, which is also returned."""
     args = parse_arguments(argv)
     results = []
-    with round_speed.mlp_data_section(args) as (data_section, data_kind):
+    with mlp_benchmarks.mlp_data_section(args) as (data_section, data_kind):
         for clients_per_round in args.clients_per_round:
             results.append(measure(args, clients_per_round, data_section))
             print(f"  measured {clients_per_round} clients/round", file=sys.stderr)
@@ -229,7 +214,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         accounting_seconds(q, args.accounting_rounds, accountant) for q in rates for accountant in ("rdp", "prv")
     ]
     report = {
-        **round_speed.report_head("cpu", data_kind),
+        **mlp_benchmarks.report_head("cpu", data_kind),
         "workload": workload(args),
         "goal_overhead": GOAL,
         "results": results,
@@ -241,9 +226,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 def print_table(report: dict[str, Any]) -> None:
-    round_speed.print_mlp_heading(report, f"[privacy] clip {CLIP}, z {NOISE_MULTIPLIER}, central, δ {DELTA}")
+    mlp_benchmarks.print_mlp_heading(report, f"[privacy] clip {CLIP}, z {NOISE_MULTIPLIER}, central, δ {DELTA}")
     widths = [13, 9, 10, 7, 7, 9, 5]
-    round_speed.print_header(["clients/round", "plain s", "private s", "ratio", "paired", "overhead", "≤ 5%"], widths)
+    mlp_benchmarks.print_header(
+        ["clients/round", "plain s", "private s", "ratio", "paired", "overhead", "≤ 5%"], widths
+    )
     for entry in report["results"]:
         cells = [
             f"{entry['clients_per_round']}",
@@ -254,7 +241,7 @@ def print_table(report: dict[str, Any]) -> None:
             f"{entry['overhead']:+.1%}",
             "yes" if entry["within_goal"] else "no",
         ]
-        round_speed.print_row(cells, widths)
+        mlp_benchmarks.print_row(cells, widths)
     print(f"accounting per round (ε after T = 1 .. {report['accounting'][0]['rounds']}):")
     for entry in report["accounting"]:
         print(

@@ -77,13 +77,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import contextlib
-import copy
 import json
-import math
-import os
-import platform
-import resource
 import statistics
 import subprocess
 import sys
@@ -91,22 +85,23 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
-import numpy as np
 import torch
 
-REPOSITORY = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPOSITORY))  # the driftlab of this checkout, also in the row subprocesses
-
-
-def _shared_data(name: str) -> Path:
-    """Where driftlab looks for a data set (``$DRIFTLAB_DATA/<name>`` when set, else ../shared/data/<name>), so that a
-    copy carried to another machine is found as a run finds it."""
-    from driftlab.experiments.run.datasets import find_data
-
-    return find_data(name) or REPOSITORY.parent / "shared" / "data" / name
-
+# beside this file (its directory leads sys.path when run as a script, and in the tests): the data, the machine, the
+# options the MLP benchmarks share, and the reference loop; workload_data puts this checkout's driftlab on the path
+from machine_info import (
+    current_rss_mb,
+    device_description,
+    machine_description,
+    matmul_gflops,
+    peak_rss_mb,
+    synchronize,
+)
+from mlp_benchmarks import check_at_least_one, set_threads
+from reference_loop import reference_rounds
+from workload_data import REPOSITORY, driftlab_data_section, load_training_data
 
 ROW_NAMES = {
     "vectorized": "driftlab vectorized",
@@ -118,97 +113,40 @@ ROW_NAMES = {
 ROW_BACKENDS = {"vectorized": "vectorized", "sequential": "sequential", "vmap": "vectorized", "auto": "auto"}
 DEFAULT_ROWS = ("vectorized", "sequential", "reference")
 
-# Per model: the example's shape and classes, and the defaults of the full and of the --quick run
-# (clients_per_round per device; steps=None means epochs of local work).
+
+def _sizes(
+    num_clients: int,
+    samples: int,
+    batch_size: int,
+    epochs: int | None,
+    steps: int | None,
+    rounds: int,
+    cpu: tuple[int, ...] = (2,),
+    cuda: tuple[int, ...] = (2,),
+) -> dict[str, Any]:
+    """One run's defaults: local work is ``epochs`` (``steps`` None) or ``steps``; clients per round per device."""
+    return {
+        "num_clients": num_clients,
+        "samples": samples,
+        "batch_size": batch_size,
+        "epochs": epochs,
+        "steps": steps,
+        "rounds": rounds,
+        "clients_per_round": {"cpu": list(cpu), "cuda": list(cuda)},
+    }
+
+
+# model: the example's shape, the classes, then the defaults of the full run and of the --quick run (``_sizes``:
+# clients, samples per client, batch, local epochs, local steps, timed rounds, clients per round on CPU and on CUDA)
+_WORKLOADS = {
+    "mlp": ((1, 28, 28), 10, _sizes(100, 600, 50, 5, None, 5, (10, 100), (10, 100)), _sizes(4, 60, 50, 1, None, 2)),
+    "cnn": ((3, 32, 32), 10, _sizes(100, 500, 50, 5, None, 3, (10,), (10, 100)), _sizes(4, 20, 10, 1, None, 2)),
+    "lstm": ((80,), 80, _sizes(100, 500, 50, None, 10, 3, (10,), (10, 100)), _sizes(4, 20, 10, None, 2, 2)),
+    "resnet18_gn": ((3, 32, 32), 10, _sizes(20, 100, 50, 1, None, 3, (2,), (10,)), _sizes(4, 10, 5, 1, None, 2)),
+}
 MODELS: dict[str, dict[str, Any]] = {
-    "mlp": {
-        "input_shape": (1, 28, 28),
-        "num_classes": 10,
-        "full": {
-            "num_clients": 100,
-            "samples": 600,
-            "batch_size": 50,
-            "epochs": 5,
-            "steps": None,
-            "rounds": 5,
-            "clients_per_round": {"cpu": [10, 100], "cuda": [10, 100]},
-        },
-        "quick": {
-            "num_clients": 4,
-            "samples": 60,
-            "batch_size": 50,
-            "epochs": 1,
-            "steps": None,
-            "rounds": 2,
-            "clients_per_round": {"cpu": [2], "cuda": [2]},
-        },
-    },
-    "cnn": {
-        "input_shape": (3, 32, 32),
-        "num_classes": 10,
-        "full": {
-            "num_clients": 100,
-            "samples": 500,
-            "batch_size": 50,
-            "epochs": 5,
-            "steps": None,
-            "rounds": 3,
-            "clients_per_round": {"cpu": [10], "cuda": [10, 100]},
-        },
-        "quick": {
-            "num_clients": 4,
-            "samples": 20,
-            "batch_size": 10,
-            "epochs": 1,
-            "steps": None,
-            "rounds": 2,
-            "clients_per_round": {"cpu": [2], "cuda": [2]},
-        },
-    },
-    "lstm": {
-        "input_shape": (80,),
-        "num_classes": 80,
-        "full": {
-            "num_clients": 100,
-            "samples": 500,
-            "batch_size": 50,
-            "epochs": None,
-            "steps": 10,
-            "rounds": 3,
-            "clients_per_round": {"cpu": [10], "cuda": [10, 100]},
-        },
-        "quick": {
-            "num_clients": 4,
-            "samples": 20,
-            "batch_size": 10,
-            "epochs": None,
-            "steps": 2,
-            "rounds": 2,
-            "clients_per_round": {"cpu": [2], "cuda": [2]},
-        },
-    },
-    "resnet18_gn": {
-        "input_shape": (3, 32, 32),
-        "num_classes": 10,
-        "full": {
-            "num_clients": 20,
-            "samples": 100,
-            "batch_size": 50,
-            "epochs": 1,
-            "steps": None,
-            "rounds": 3,
-            "clients_per_round": {"cpu": [2], "cuda": [10]},
-        },
-        "quick": {
-            "num_clients": 4,
-            "samples": 10,
-            "batch_size": 5,
-            "epochs": 1,
-            "steps": None,
-            "rounds": 2,
-            "clients_per_round": {"cpu": [2], "cuda": [2]},
-        },
-    },
+    name: {"input_shape": shape, "num_classes": classes, "full": full, "quick": quick}
+    for name, (shape, classes, full, quick) in _WORKLOADS.items()
 }
 
 
@@ -254,179 +192,7 @@ def examples_per_client(spec: dict[str, Any]) -> int:
     return spec["local_epochs"] * spec["samples_per_client"]
 
 
-def load_training_data(args: argparse.Namespace) -> tuple[torch.Tensor, torch.Tensor, str]:
-    """``num_clients · samples`` training rows, client ``k`` holding rows ``k·samples ..``, and what they are.
-
-    Real data where present and large enough (MNIST normalised as the FedDyn code
-    does; CIFAR-10's binary version; tiny-shakespeare's largest roles), else
-    random data of the same shape and encoding.
-    """
-    needed = args.num_clients * args.samples
-    model = getattr(args, "model", "mlp")
-    if model == "mlp":
-        return _mnist_rows(args, needed)
-    if model == "lstm":
-        return _shakespeare_rows(args, needed)
-    return _cifar10_rows(args, needed)
-
-
-def _mnist_rows(args: argparse.Namespace, needed: int) -> tuple[torch.Tensor, torch.Tensor, str]:
-    mnist_root = _shared_data("mnist")
-    if not args.random_data and mnist_root.is_dir():
-        from driftlab.data.idx import load_mnist_tensors
-
-        inputs, targets, _, _ = load_mnist_tensors(mnist_root)
-        if len(targets) >= needed:
-            return inputs[:needed].contiguous(), targets[:needed].contiguous(), "mnist"
-    generator = torch.Generator().manual_seed(0)
-    inputs = torch.randn(needed, 1, 28, 28, generator=generator)
-    targets = torch.randint(0, 10, (needed,), generator=generator)
-    return inputs, targets, "random"
-
-
-def _cifar10_rows(args: argparse.Namespace, needed: int) -> tuple[torch.Tensor, torch.Tensor, str]:
-    from driftlab.data.images import CIFAR10_MEAN, CIFAR10_STD
-
-    if not args.random_data:
-        from driftlab.data.federated import DataFileError
-        from driftlab.data.images import load_cifar_tensors
-        from driftlab.experiments.run.datasets import default_data_root
-
-        root = default_data_root("cifar10")
-        if root.exists():
-            try:
-                inputs, targets, _, _ = load_cifar_tensors(root, 10)
-            except DataFileError:
-                inputs = None
-            if inputs is not None and len(targets) >= needed:
-                return inputs[:needed].contiguous(), targets[:needed].contiguous(), "cifar10"
-    generator = torch.Generator().manual_seed(0)
-    pixels = torch.randint(0, 256, (needed, 3, 32, 32), generator=generator, dtype=torch.uint8)
-    mean, std = torch.tensor(CIFAR10_MEAN).view(1, 3, 1, 1), torch.tensor(CIFAR10_STD).view(1, 3, 1, 1)
-    inputs = (pixels.to(torch.float32) / 255.0 - mean) / std  # as the CIFAR loader normalises its pixels
-    targets = torch.randint(0, 10, (needed,), generator=generator)
-    return inputs, targets, "random"
-
-
-def _shakespeare_rows(args: argparse.Namespace, needed: int) -> tuple[torch.Tensor, torch.Tensor, str]:
-    shakespeare_text = _shared_data("tinyshakespeare") / "input.txt.gz"
-    if not args.random_data and shakespeare_text.is_file():
-        from driftlab.data.shakespeare import load_shakespeare_text
-
-        test_fraction = 0.2
-        # floor((1 - test_fraction)·n) training windows per role must cover `samples`
-        per_role = math.ceil(args.samples / (1 - test_fraction)) + 1
-        dataset = load_shakespeare_text(
-            shakespeare_text,
-            max_clients=args.num_clients,
-            samples_per_client=per_role,
-            test_fraction=test_fraction,
-            seed=0,
-        )
-        rows = [np.asarray(indices)[: args.samples] for indices in dataset.client_indices]
-        if dataset.num_clients >= args.num_clients and all(len(r) == args.samples for r in rows):
-            chosen = torch.as_tensor(np.concatenate(rows), dtype=torch.long)
-            return (
-                dataset.train_inputs[chosen].long().contiguous(),
-                dataset.train_targets[chosen].long().contiguous(),
-                "shakespeare",
-            )
-    generator = torch.Generator().manual_seed(0)
-    inputs = torch.randint(0, 80, (needed, 80), generator=generator)
-    targets = torch.randint(0, 80, (needed,), generator=generator)
-    return inputs, targets, "random"
-
-
-def write_idx_directory(directory: Path, inputs: torch.Tensor, targets: torch.Tensor) -> None:
-    """The rows as (uncompressed) MNIST IDX files, so driftlab loads them through its ordinary ``data.name=mnist`` path.
-
-    Pixels are stored as the uint8 values whose normalisation gives back ``inputs``
-    to within the 1/255 quantisation (random data is clipped to the pixel range).
-    """
-    from driftlab.data.idx import MNIST_MEAN, MNIST_STD
-
-    pixels = ((inputs.squeeze(1) * MNIST_STD + MNIST_MEAN) * 255.0).round().clamp(0, 255).to(torch.uint8).numpy()
-    labels = targets.to(torch.uint8).numpy()
-    for prefix, count in (("train", len(labels)), ("t10k", min(len(labels), 1000))):
-        header = bytes([0, 0, 0x08, 3]) + np.array([count, 28, 28], dtype=">u4").tobytes()
-        (directory / f"{prefix}-images-idx3-ubyte").write_bytes(header + pixels[:count].tobytes())
-        header = bytes([0, 0, 0x08, 1]) + np.array([count], dtype=">u4").tobytes()
-        (directory / f"{prefix}-labels-idx1-ubyte").write_bytes(header + labels[:count].tobytes())
-
-
-def write_cifar10_directory(directory: Path, inputs: torch.Tensor, targets: torch.Tensor) -> None:
-    """The rows as CIFAR-10's binary files (``data_batch_1..5.bin`` in order, ``test_batch.bin``), for ``data.name=cifar10``.
-
-    Pixels are the uint8 values whose normalisation gives back ``inputs`` (exactly,
-    for rows made from pixels); at least 5 rows, so that no batch file is empty.
-    """
-    from driftlab.data.images import CIFAR10_MEAN, CIFAR10_STD
-
-    mean, std = torch.tensor(CIFAR10_MEAN).view(1, 3, 1, 1), torch.tensor(CIFAR10_STD).view(1, 3, 1, 1)
-    pixels = ((inputs * std + mean) * 255.0).round().clamp(0, 255).to(torch.uint8).reshape(len(inputs), -1).numpy()
-    records = np.concatenate([targets.to(torch.uint8).numpy()[:, None], pixels], axis=1)
-    for index, part in enumerate(np.array_split(records, 5), start=1):
-        (directory / f"data_batch_{index}.bin").write_bytes(part.tobytes())
-    (directory / "test_batch.bin").write_bytes(records[: min(len(records), 1000)].tobytes())
-
-
-def write_leaf_shakespeare_directory(
-    directory: Path, inputs: torch.Tensor, targets: torch.Tensor, num_clients: int
-) -> None:
-    """The rows as LEAF Shakespeare JSON (``train/`` and ``test/``), one user per client, for ``data.name=shakespeare_leaf``.
-
-    Character ids are written as LEAF's characters, which driftlab encodes back to the same ids.
-    """
-    from driftlab.data.leaf import LEAF_ALL_LETTERS
-
-    letters = np.array(list(LEAF_ALL_LETTERS))
-    windows = ["".join(row) for row in letters[inputs.numpy()]]
-    nexts = letters[targets.numpy()].tolist()
-    per_client = len(windows) // num_clients
-    users = [f"client_{k:04d}" for k in range(num_clients)]
-    train = {"users": users, "num_samples": [per_client] * num_clients, "user_data": {}}
-    test = {"users": users, "num_samples": [1] * num_clients, "user_data": {}}
-    for k, user in enumerate(users):
-        rows = slice(k * per_client, (k + 1) * per_client)
-        train["user_data"][user] = {"x": windows[rows], "y": nexts[rows]}
-        test["user_data"][user] = {"x": windows[rows][:1], "y": nexts[rows][:1]}
-    for split, content in (("train", train), ("test", test)):
-        (directory / split).mkdir()
-        (directory / split / f"all_data_{split}.json").write_text(json.dumps(content))
-
-
-def driftlab_data_section(
-    spec: dict[str, Any], directory: Path, inputs: torch.Tensor, targets: torch.Tensor
-) -> dict[str, Any]:
-    """Write the rows into ``directory`` and return the ``[data]`` config section that reads them back."""
-    if spec["model"] == "mlp":
-        write_idx_directory(directory, inputs, targets)
-        return {
-            "name": "mnist",
-            "root": str(directory),
-            "num_clients": spec["num_clients"],
-            "partition": "iid",
-            "quotas": "balanced",
-        }
-    if spec["model"] == "lstm":
-        write_leaf_shakespeare_directory(directory, inputs, targets, spec["num_clients"])
-        return {"name": "shakespeare_leaf", "root": str(directory), "partition": "natural"}
-    write_cifar10_directory(directory, inputs, targets)
-    return {
-        "name": "cifar10",
-        "root": str(directory),
-        "num_clients": spec["num_clients"],
-        "partition": "iid",
-        "quotas": "balanced",
-    }
-
-
 # ---------------------------------------------------------------- rows
-
-
-def synchronize(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
 
 
 def driftlab_rounds(spec: dict[str, Any], inputs: torch.Tensor, targets: torch.Tensor) -> tuple[list[float], int]:
@@ -479,90 +245,6 @@ def build_zoo_model(spec: dict[str, Any]) -> torch.nn.Module:
     return build_model(spec["model"], shape, classes, **options)
 
 
-def reference_rounds(spec: dict[str, Any], inputs: torch.Tensor, targets: torch.Tensor) -> tuple[list[float], int]:
-    """Seconds of each round of the FedDyn-style loop (module docstring)."""
-    from torch import nn
-    from torch.utils import data as torch_data
-
-    device = torch.device(spec["device"])
-    token_inputs = not inputs.is_floating_point()
-
-    class ClientDataset(torch_data.Dataset):  # the FedDyn code's `Dataset`: tensors made from numpy per loader
-        def __init__(self, x: np.ndarray, y: np.ndarray) -> None:
-            self.x_data = torch.tensor(x).long() if token_inputs else torch.tensor(x).float()
-            self.y_data = torch.tensor(y).long()
-
-        def __len__(self) -> int:
-            return len(self.x_data)
-
-        def __getitem__(self, index: int):
-            return self.x_data[index], self.y_data[index]
-
-    def model_func() -> nn.Module:
-        return build_zoo_model(spec).to(device)
-
-    def get_mdl_params(model: nn.Module) -> np.ndarray:
-        return np.concatenate([p.detach().cpu().numpy().reshape(-1) for p in model.parameters()])
-
-    def set_client_from_params(model: nn.Module, params: np.ndarray) -> None:
-        state, offset = copy.deepcopy(dict(model.named_parameters())), 0
-        for name, value in state.items():
-            count = value.numel()
-            state[name].data.copy_(torch.tensor(params[offset : offset + count].reshape(value.shape)).to(device))
-            offset += count
-        model.load_state_dict(state)
-
-    def batches(loader: torch_data.DataLoader):
-        """The FedDyn driver's local work: whole epochs, or a fixed number of steps drawn from reshuffled passes."""
-        if spec["local_steps"] is None:
-            for _epoch in range(spec["local_epochs"]):
-                yield from loader
-            return
-        done = 0
-        while True:
-            for batch in loader:
-                yield batch
-                done += 1
-                if done == spec["local_steps"]:
-                    return
-
-    torch.manual_seed(0)
-    n, clients = spec["samples_per_client"], spec["num_clients"]
-    client_x = [inputs[k * n : (k + 1) * n].numpy() for k in range(clients)]
-    client_y = [targets[k * n : (k + 1) * n].numpy() for k in range(clients)]
-    weights = np.full(clients, float(n))
-    avg_model = model_func()
-    rng = np.random.default_rng(0)
-    loss_fn = nn.CrossEntropyLoss(reduction="sum")
-    seconds = []
-    for _ in range(1 + spec["timed_rounds"]):
-        synchronize(spec["device"])
-        started = time.perf_counter()
-        selected = rng.choice(clients, spec["clients_per_round"], replace=False)
-        params = []
-        for k in selected:
-            model = model_func()
-            model.load_state_dict(copy.deepcopy(dict(avg_model.named_parameters())))
-            loader = torch_data.DataLoader(
-                ClientDataset(client_x[k], client_y[k]), batch_size=spec["batch_size"], shuffle=True
-            )
-            optimizer = torch.optim.SGD(model.parameters(), lr=spec["learning_rate"])
-            model.train()
-            for batch_x, batch_y in batches(loader):
-                batch_x, batch_y = batch_x.to(device), batch_y.to(device)
-                loss = loss_fn(model(batch_x), batch_y.reshape(-1).long()) / list(batch_y.size())[0]
-                optimizer.zero_grad()
-                loss.backward()
-                optimizer.step()
-            params.append(get_mdl_params(model))
-        stacked = np.stack(params)
-        average = np.sum(stacked * weights[selected, None] / np.sum(weights[selected]), axis=0)
-        set_client_from_params(avg_model, average)
-        synchronize(spec["device"])
-        seconds.append(time.perf_counter() - started)
-    return seconds[1:], sum(p.numel() for p in avg_model.parameters())
-
-
 def run_row(
     spec: dict[str, Any], inputs: torch.Tensor | None = None, targets: torch.Tensor | None = None
 ) -> dict[str, Any]:
@@ -574,8 +256,10 @@ def run_row(
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     baseline = current_rss_mb()
-    rounds = reference_rounds if spec["row"] == "reference" else driftlab_rounds
-    seconds, num_parameters = rounds(spec, inputs, targets)
+    if spec["row"] == "reference":
+        seconds, num_parameters = reference_rounds(spec, inputs, targets, lambda: build_zoo_model(spec))
+    else:
+        seconds, num_parameters = driftlab_rounds(spec, inputs, targets)
     peak = peak_rss_mb()
     return {
         "seconds": seconds,
@@ -623,195 +307,6 @@ def forward_flops_per_example(spec: dict[str, Any]) -> float:
         with torch.no_grad(), torch.backends.mkldnn.flags(enabled=False), FlopCounterMode(display=False) as counter:
             model(example)
     return counter.get_total_flops() / batch
-
-
-def current_rss_mb() -> float:
-    try:
-        with open("/proc/self/statm") as statm:
-            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-    except OSError:
-        return peak_rss_mb()
-
-
-def peak_rss_mb() -> float:
-    """This process's RSS high-water mark.
-
-    Linux's ``VmHWM`` belongs to the address space, which ``exec`` replaces;
-    ``ru_maxrss`` would not do for a subprocess, as Linux carries it over from
-    the parent across ``fork``/``exec``.
-    """
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 2**10
-    except OSError:
-        pass
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak / 2**20 if sys.platform == "darwin" else peak / 2**10  # bytes on macOS, KiB on Linux
-
-
-def matmul_gflops(size: int = 4096, repeats: int = 5, device: str = "cpu") -> float:
-    """The best of ``repeats`` fp32 ``torch.mm`` of two ``size x size`` matrices on ``device``, in GFLOP/s (2·n³ FLOPs each).
-
-    On CUDA this is true fp32 unless the process allowed TF32 (``torch.backends.cuda.matmul.allow_tf32``, off by default).
-    """
-    a, b = torch.randn(size, size, device=device), torch.randn(size, size, device=device)
-    torch.mm(a, b)  # warm-up: thread pool, page faults, CUDA context and kernels
-    best = float("inf")
-    for _ in range(repeats):
-        synchronize(device)
-        started = time.perf_counter()
-        torch.mm(a, b)
-        synchronize(device)
-        best = min(best, time.perf_counter() - started)
-    return 2 * size**3 / best / 1e9
-
-
-def cpu_model_name() -> str:
-    model_name = platform.processor()
-    try:
-        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
-        for line in lscpu.splitlines():
-            if line.startswith("Model name:"):
-                model_name = line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return model_name
-
-
-def machine_description() -> dict[str, Any]:
-    return {
-        "cpu": cpu_model_name(),
-        "logical_cpus": os.cpu_count(),
-        "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(),
-        "python": platform.python_version(),
-        "load_average_1min": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
-    }
-
-
-def device_description(device: str) -> dict[str, Any]:
-    """What the rows ran on: the CPU's model and threads, or the GPU's name, memory and CUDA version."""
-    if device.startswith("cuda"):
-        properties = torch.cuda.get_device_properties(torch.device(device))
-        return {
-            "type": "cuda",
-            "name": properties.name,
-            "memory_gib": round(properties.total_memory / 2**30, 1),
-            "compute_capability": f"{properties.major}.{properties.minor}",
-            "cuda": torch.version.cuda,
-            "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
-            # PyTorch's default (True) lets cuDNN use TF32 in convolutions: the reference loop runs with it, as the
-            # authors' code would; driftlab's float32 rows turn it off (precision.local_arithmetic)
-            "tf32_cudnn_reference": torch.backends.cudnn.allow_tf32,
-            "description": f"{properties.name} ({properties.total_memory / 2**30:.0f} GiB, CUDA {torch.version.cuda})",
-        }
-    name, threads = cpu_model_name(), torch.get_num_threads()
-    return {
-        "type": "cpu",
-        "name": name,
-        "threads": threads,
-        "logical_cpus": os.cpu_count(),
-        "description": f"{name}, {threads} torch threads of {os.cpu_count()} logical CPUs",
-    }
-
-
-def set_threads(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Apply ``--threads`` (torch's intra-op threads, every row's) once it is checked."""
-    if args.threads is not None:
-        if args.threads < 1:
-            parser.error(f"--threads must be at least 1, got {args.threads}")
-        torch.set_num_threads(args.threads)
-
-
-def check_at_least_one(parser: argparse.ArgumentParser, args: argparse.Namespace, keys: tuple[str, ...]) -> None:
-    """Each of the options ``keys`` that is set must be at least 1."""
-    for key in keys:
-        if getattr(args, key) is not None and getattr(args, key) < 1:
-            parser.error(f"--{key.replace('_', '-')} must be at least 1, got {getattr(args, key)}")
-
-
-def settle_mlp_options(args: argparse.Namespace, quick: dict[str, Any], full: dict[str, Any]) -> None:
-    """The MLP workload's options (async_speed, privacy_overhead): each left unset takes ``quick``'s value under
-    --quick, else ``full``'s; --quick also means random data and a hidden layer of 8 (else [200, 200])."""
-    for key, value in (quick if args.quick else full).items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
-    args.random_data = args.random_data or args.quick
-    args.hidden = [8] if args.quick else [200, 200]
-
-
-def mlp_workload(args: argparse.Namespace) -> dict[str, Any]:
-    """The report's description of the MLP workload's model, data and local training (``settle_mlp_options``)."""
-    return {
-        "model": "mlp",
-        "hidden": list(args.hidden),
-        "backend": "vectorized",
-        "num_clients": args.num_clients,
-        "samples_per_client": args.samples,
-        "learning_rate": 0.1,
-        "batch_size": 50,
-        "local_epochs": args.epochs,
-    }
-
-
-def mlp_config(args: argparse.Namespace, data_section: dict[str, Any], rounds: int) -> dict[str, Any]:
-    """The driftlab config of the MLP workload (``mlp_workload``) over ``data_section``: seed 0, the vectorized
-    backend, FedAvg with uniform aggregation; ``rounds`` only bounds how many rounds the timing may run."""
-    return {
-        "seed": 0,
-        "rounds": rounds,
-        "backend": "vectorized",
-        "data": data_section,
-        "model": {"name": "mlp", "hidden": list(args.hidden)},
-        "algorithm": {"name": "fedavg", "aggregation": "uniform"},
-        "client": {"lr": 0.1, "batch_size": 50, "epochs": args.epochs},
-    }
-
-
-@contextlib.contextmanager
-def mlp_data_section(args: argparse.Namespace) -> Iterator[tuple[dict[str, Any], str]]:
-    """The MLP workload's ``[data]`` section over files written to a temporary folder (removed on exit), and what
-    the data are ("mnist" or "random")."""
-    spec = argparse.Namespace(
-        model="mlp", num_clients=args.num_clients, samples=args.samples, random_data=args.random_data
-    )
-    inputs, targets, data_kind = load_training_data(spec)
-    with tempfile.TemporaryDirectory() as directory:
-        yield (
-            driftlab_data_section({"model": "mlp", "num_clients": args.num_clients}, Path(directory), inputs, targets),
-            data_kind,
-        )
-
-
-def report_head(device: str, data_kind: str) -> dict[str, Any]:
-    """The first fields of every benchmark's report: the machine, the device and the data."""
-    return {"machine": machine_description(), "device": device_description(device), "data": data_kind}
-
-
-def print_mlp_heading(report: dict[str, Any], settings: str) -> None:
-    """The first two lines of an MLP workload's table (``mlp_workload``, ``report_head``): model, device, torch and
-    load; data and local training, then the benchmark's own ``settings``."""
-    work, machine, device = report["workload"], report["machine"], report["device"]
-    load = machine["load_average_1min"]
-    print(f"mlp {work['hidden']} on {device['description']}; torch {machine['torch']}; load average {load}")
-    print(
-        f"data: {report['data']}, {work['num_clients']} clients x {work['samples_per_client']}, "
-        f"batch {work['batch_size']}, {work['local_epochs']} local epochs; {settings}"
-    )
-
-
-def print_row(cells: list[str], widths: list[int]) -> None:
-    """One row of a table, each cell right-aligned to its column's width."""
-    print(" ".join(f"{cell:>{width}}" for cell, width in zip(cells, widths, strict=True)))
-
-
-def print_header(columns: list[str], widths: list[int]) -> None:
-    """A table's column names (``print_row``) and a rule under them."""
-    header = " ".join(f"{name:>{width}}" for name, width in zip(columns, widths, strict=True))
-    print(header)
-    print("-" * len(header))
 
 
 # ---------------------------------------------------------------- main

@@ -7,6 +7,7 @@ import json
 import pytest
 import round_speed  # benchmarks/ is on sys.path: pytest puts a test file's directory there
 import torch
+import workload_data
 
 RESULT_FIELDS = {
     "row",
@@ -97,7 +98,7 @@ def test_driftlab_reads_back_exactly_the_cifar_rows_the_reference_trains_on(tmp_
     arguments = round_speed.parse_arguments(["--quick", "--model", "cnn", "--num-clients", "3", "--samples", "4"])
     inputs, targets, kind = round_speed.load_training_data(arguments)
     assert kind == "random" and inputs.shape == (12, 3, 32, 32)
-    round_speed.write_cifar10_directory(tmp_path, inputs, targets)
+    workload_data.write_cifar10_directory(tmp_path, inputs, targets)
     train_x, train_y, test_x, _ = load_cifar_tensors(tmp_path, 10)
     assert torch.equal(train_y, targets) and len(test_x) == 12
     torch.testing.assert_close(train_x, inputs, rtol=0, atol=1e-6)
@@ -108,7 +109,7 @@ def test_driftlab_reads_back_exactly_the_shakespeare_windows_as_one_user_per_cli
 
     arguments = round_speed.parse_arguments(["--quick", "--model", "lstm", "--num-clients", "3", "--samples", "5"])
     inputs, targets, _ = round_speed.load_training_data(arguments)
-    round_speed.write_leaf_shakespeare_directory(tmp_path, inputs, targets, 3)
+    workload_data.write_leaf_shakespeare_directory(tmp_path, inputs, targets, 3)
     dataset = load_leaf_shakespeare(tmp_path)
     assert dataset.num_clients == 3 and [len(rows) for rows in dataset.client_indices] == [5, 5, 5]
     order = torch.as_tensor([int(row) for rows in dataset.client_indices for row in rows])
@@ -131,8 +132,8 @@ def test_the_real_data_is_found_where_driftlab_finds_it(tmp_path, monkeypatch):
     # a copy carried to another machine (DRIFTLAB_DATA) is found as a run finds it, not only at ../shared/data
     (tmp_path / "mnist").mkdir()
     monkeypatch.setenv("DRIFTLAB_DATA", str(tmp_path))
-    assert round_speed._shared_data("mnist") == tmp_path / "mnist"
+    assert workload_data._shared_data("mnist") == tmp_path / "mnist"
     assert (
-        round_speed._shared_data("tinyshakespeare")
-        == round_speed.REPOSITORY.parent / "shared" / "data" / "tinyshakespeare"
+        workload_data._shared_data("tinyshakespeare")
+        == workload_data.REPOSITORY.parent / "shared" / "data" / "tinyshakespeare"
     )

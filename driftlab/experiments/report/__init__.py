@@ -59,8 +59,10 @@ names the runs cut); a sweep's runs keep the lengths the sweep planned.
 
 The package reads (``read``: run and sweep directories, no torch), labels stand-alone runs
 (``labels``), computes the tables' numbers and writes them as CSV (``tables``), renders the
-Markdown (``render``) and draws the figures (``plots``, matplotlib on demand). Importing it
-imports no torch: only a run's plugins may.
+Markdown (``render``) and draws the figures (``plots``, matplotlib on demand). A part only some runs have, with its
+own data, figure, text and CSV (the privacy-utility section: ``privacy_utility``), is a ``section.ReportSection``
+listed in ``registry``; ``Report`` holds its data under the section's name. Importing the package imports no torch:
+only a run's plugins may.
 
 Example:
     >>> from driftlab.experiments.report import make_report
@@ -73,7 +75,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -85,19 +87,9 @@ from driftlab.experiments.report.plots import (
     BAND_NOTE,
     ReportFigure,
     figure_stems,
-    plot_privacy,
     plot_setting,
-    privacy_figure,
     setting_figures,
     target_style,
-)
-from driftlab.experiments.report.privacy_utility import (
-    PrivacyLine,
-    PrivacyPanel,
-    PrivacyPoint,
-    PrivacyUtility,
-    privacy_utility,
-    write_privacy_csv,
 )
 from driftlab.experiments.report.read import (
     PendingRun,
@@ -109,13 +101,12 @@ from driftlab.experiments.report.read import (
     read_run,
     read_sweep,
 )
+from driftlab.experiments.report.registry import REPORT_SECTIONS, section_exports
 from driftlab.experiments.report.render import (
     accuracy_section,
     communication_section,
     cut_note,
     instability_note,
-    privacy_note,
-    privacy_utility_section,
     runs_section,
     steps_section,
     sweep_summary,
@@ -123,6 +114,7 @@ from driftlab.experiments.report.render import (
     unreached_section,
 )
 from driftlab.experiments.report.rounds_long import ROUNDS_LONG_CSV, write_rounds_long_csv
+from driftlab.experiments.report.section import drawn_figure
 from driftlab.experiments.report.seeds import (
     SeedsRow,
     baseline_for,
@@ -167,8 +159,15 @@ class Report:
     savings: list[Savings]
     accuracy: list[AccuracyRow]
     steps: list[StepsRow]
-    privacy: PrivacyUtility | None = None  # None: no run had a [privacy] section
     tuning: TuningResult | None = None  # None: no sweep had a tuned axis
+    # each section's data by its name (``registry.REPORT_SECTIONS``), None where no run has the section's part;
+    # read as attributes: ``report.privacy`` is the privacy-utility data
+    sections: dict[str, Any] = field(default_factory=dict)
+
+    def __getattr__(self, name: str) -> Any:
+        if name != "sections" and name in _SECTION_NAMES:
+            return self.sections.get(name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
 
 def make_report(
@@ -289,7 +288,8 @@ def _write_report(
         lines += [f"## {setting.label}", ""]
         lines += cut_note(setting)
         lines += instability_note(setting.runs)
-        lines += privacy_note(setting)
+        for part in REPORT_SECTIONS:
+            lines += part.setting_note(setting)
         lines += time_note(setting)
         lines += tuning_note(tuned, setting.label)
         by_method: dict[str, dict[float, TargetRow]] = {method: {} for method in setting.methods}
@@ -344,12 +344,14 @@ def _write_report(
                         "",
                     ]
 
-    utility = privacy_utility(settings, documents)
-    if utility is not None:
-        drawn = plot_privacy(utility, out) if plots else None
-        if drawn is not None:
-            files.append(drawn[1])
-        lines += privacy_utility_section(utility, None if drawn is None else (drawn[1].name, drawn[0].caption))
+    built = {part.name: part.build(settings, documents) for part in REPORT_SECTIONS}
+    for part in REPORT_SECTIONS:
+        data = built[part.name]
+        if data is not None:
+            drawn = part.draw(data, out) if plots else None
+            if drawn is not None:
+                files.append(drawn[1])
+            lines += part.write_up(data, drawn_figure(drawn))
 
     lines += tuning_appendix(tuned)
     markdown = "\n".join(lines).rstrip() + "\n"
@@ -357,12 +359,11 @@ def _write_report(
     report_path.write_text(markdown)
     files.insert(0, report_path)
     files += write_tables(out, target_rows, savings_rows, accuracy_rows, step_rows, chosen_targets, settings)
-    if utility is not None:
-        files.append(write_privacy_csv(out, utility))
+    files += [part.write_csv(out, built[part.name]) for part in REPORT_SECTIONS if built[part.name] is not None]
     files += write_tuning_csv(out, tuned)
     files += write_seeds_csv(out, seed_rows, chosen_targets)
     files += write_rounds_long_csv(out, settings)
-    return Report(markdown, files, runs, settings, target_rows, savings_rows, accuracy_rows, step_rows, utility, tuned)
+    return Report(markdown, files, runs, settings, target_rows, savings_rows, accuracy_rows, step_rows, tuned, built)
 
 
 REPORT_COMMAND = "driftlab report"
@@ -439,16 +440,19 @@ def _reference_for(
     return next((document["steps_reference"] for document in documents if document.get("steps_reference")), None)
 
 
+_SECTION_NAMES = frozenset(part.name for part in REPORT_SECTIONS)
+_SECTION_EXPORTS = section_exports()
+# The sections' public names, bound here as the package's own: importing a section's module made the module an
+# attribute of this package, and a module may share its name with one of its exports (privacy_utility), which wins.
+globals().update(_SECTION_EXPORTS)
+
+
 __all__ = [
     "BAND_LEGEND",
     "BAND_NOTE",
     "AccuracyRow",
     "EpsilonSummary",
     "PendingRun",
-    "PrivacyLine",
-    "PrivacyPanel",
-    "PrivacyPoint",
-    "PrivacyUtility",
     "Report",
     "ReportFigure",
     "RunData",
@@ -467,9 +471,6 @@ __all__ = [
     "is_private",
     "label_standalone",
     "make_report",
-    "plot_privacy",
-    "privacy_figure",
-    "privacy_utility",
     "read_metrics",
     "read_run",
     "read_sweep",
@@ -481,4 +482,5 @@ __all__ = [
     "target_outcome",
     "target_row",
     "target_style",
+    *_SECTION_EXPORTS,
 ]

@@ -1,4 +1,4 @@
-"""The privacy a run spent, as a report reads it: ε(δ) at the end of each run, over the seeds of a method.
+"""The ε column of the report's tables: ε(δ) at the end of each run, over the seeds of a method.
 
 A run with a ``[privacy]`` section records, after every round, ``privacy_epsilon`` (ε at the run's
 ``privacy.delta`` for everything the server released so far: ``driftlab.privacy.accounting``; absent
@@ -9,7 +9,8 @@ run is the one its last compared round recorded: the released models and aggrega
 accounted). Seeds of one method share ε, which depends on the sampling rate q, the noise multiplier z,
 the rounds T and δ only; they differ when a seed stopped early, and the tables then say so.
 
-Reads records, never imports Opacus or torch.
+Reads records, never imports Opacus or torch. The privacy-utility data, figure and write-up built on these numbers
+are ``privacy_utility``'s; the tables only put ε beside rounds and accuracy.
 """
 
 from __future__ import annotations
@@ -21,25 +22,26 @@ from typing import Any, Sequence
 
 from driftlab.experiments.report.run_data import RunData
 
-PRIVACY_SECTION = "privacy"
+# Where the accounting is read: the config section that turns it on, and the metrics its mechanism records.
+SECTION = "privacy"
 EPSILON_KEY = "privacy_epsilon"
 NOISE_STD_KEY = "privacy_noise_std"
-PRIVACY_METRIC_PREFIX = "privacy_"
+METRIC_PREFIX = "privacy_"
 # metrics.jsonl is strict JSON (no Infinity literal): an unbounded ε may arrive as one of these strings.
 _INFINITE_TEXTS = ("inf", "+inf", "infinity", "+infinity", "∞")
 
 
-def privacy_section(run: RunData) -> dict[str, Any] | None:
+def accounted_section(run: RunData) -> dict[str, Any] | None:
     """The run's ``[privacy]`` section as config.json holds it, or None for a run without one."""
-    section = run.config.get(PRIVACY_SECTION)
+    section = run.config.get(SECTION)
     return section if isinstance(section, dict) else None
 
 
 def is_private(run: RunData) -> bool:
     """Whether the run had a ``[privacy]`` section (in its config, or in the metrics the mechanism wrote)."""
-    if privacy_section(run) is not None:
+    if accounted_section(run) is not None:
         return True
-    return any(key.startswith(PRIVACY_METRIC_PREFIX) for record in run.records for key in record)
+    return any(key.startswith(METRIC_PREFIX) for record in run.records for key in record)
 
 
 def recorded_number(value: Any) -> float | None:
@@ -62,7 +64,7 @@ def run_epsilon(run: RunData) -> float | None:
     if epsilon is not None:
         return epsilon
     # No ε recorded: a run that added no noise still has ε = ∞ (clipping alone protects nothing).
-    section = privacy_section(run) or {}
+    section = accounted_section(run) or {}
     unnoised = section.get("noise_multiplier") == 0 and section.get("target_epsilon") is None
     if recorded_number(last.get(NOISE_STD_KEY)) == 0 or unnoised:
         return math.inf
@@ -71,18 +73,18 @@ def run_epsilon(run: RunData) -> float | None:
 
 def run_delta(run: RunData) -> float | None:
     """The δ a private run's ε holds at (``privacy.delta``); None without one."""
-    delta = (privacy_section(run) or {}).get("delta")
+    delta = (accounted_section(run) or {}).get("delta")
     return recorded_number(delta)
 
 
 def run_noise_multiplier(run: RunData) -> float | None:
     """z of a private run: config.json's ``privacy.noise_multiplier``, else the one run.json records as resolved
     (a run that gave ``privacy.target_epsilon`` instead); None when neither says."""
-    section = privacy_section(run) or {}
+    section = accounted_section(run) or {}
     configured = recorded_number(section.get("noise_multiplier"))
     if configured is not None and section.get("target_epsilon") is None:
         return configured
-    resolved = (run.info or {}).get(PRIVACY_SECTION)
+    resolved = (run.info or {}).get(SECTION)
     return recorded_number(resolved.get("noise_multiplier")) if isinstance(resolved, dict) else None
 
 
@@ -133,12 +135,12 @@ def any_private(runs: Sequence[RunData]) -> bool:
 __all__ = [
     "EPSILON_KEY",
     "NOISE_STD_KEY",
-    "PRIVACY_SECTION",
+    "SECTION",
     "EpsilonSummary",
+    "accounted_section",
     "any_private",
     "epsilon_summary",
     "is_private",
-    "privacy_section",
     "recorded_number",
     "run_delta",
     "run_epsilon",

@@ -42,10 +42,10 @@ NOT_IDENTITY_KEYS = ("log", "plugins", "state", "memory_budget", "checkpoint_eve
 SETTING_SECTIONS = ("data", "model", "sampling", "availability", "system")
 # [system] keys that are the server's choice (how long it waits, how many it over-selects): method keys.
 SERVER_SYSTEM_KEYS = ("system.deadline", "system.deadline_mode", "system.over_selection")
-# A run with a [privacy] section is the differentially private variant of its method, named as the papers
-# name it (DP-FedAvg, McMahan et al. 2018; DP-SCAFFOLD, Noble et al. 2022).
-PRIVACY_SECTION = "privacy"
-PRIVATE_PREFIX = "DP-"
+# Config sections that make a run a variant of its method, and the prefix the papers name that variant by: a run
+# with a [privacy] section is the differentially private one (DP-FedAvg, McMahan et al. 2018; DP-SCAFFOLD, Noble
+# et al. 2022). Runs of one variant are told apart from each other only, by the section's keys that differ.
+VARIANT_PREFIXES = (("privacy", "DP-"),)
 # A run with an [asynchronous] section is buffered asynchronous aggregation: FedAvg so run is FedBuff (Nguyen et
 # al. 2022); another algorithm is "FedBuff (FedProx)".
 ASYNCHRONOUS_SECTION = "asynchronous"
@@ -90,6 +90,11 @@ def algorithm_label(flat: dict[str, Any], recorded: dict[str, str] | None = None
         return SERVER_OPTIMIZER_LABELS[optimizer]
     label = BUILT_IN_LABELS.get(name) or (recorded or {}).get(name) or name
     return label if optimizer == "sgd" else f"{label} + server {optimizer}"
+
+
+def variant_prefix(table: dict[str, Any]) -> str:
+    """The prefixes (``VARIANT_PREFIXES``) of the variant sections a flattened config has: ``"DP-"``, or ``""``."""
+    return "".join(prefix for section, prefix in VARIANT_PREFIXES if any(_listed(key, (section,)) for key in table))
 
 
 def asynchronous_label(label: str) -> str:
@@ -201,9 +206,8 @@ def label_standalone(runs: Sequence[RunData]) -> None:
             methods.setdefault(_frozen(splits[index][1]), splits[index][1])
         by_name: dict[str, list[dict[str, Any]]] = {}
         for table in methods.values():
-            # Private runs are named apart, so their privacy keys tell them apart from each other only.
-            private = any(_listed(key, (PRIVACY_SECTION,)) for key in table)
-            name = f"{PRIVATE_PREFIX if private else ''}{algorithm_label(table, recorded)}"
+            # A variant's runs are named apart, so its section's keys tell them apart from each other only.
+            name = variant_prefix(table) + algorithm_label(table, recorded)
             if any(_listed(key, (ASYNCHRONOUS_SECTION,)) for key in table):
                 name = asynchronous_label(name)
             by_name.setdefault(name, []).append(table)
@@ -252,9 +256,9 @@ def method_order(run: RunData) -> tuple:
     a method's private variants (DP-), then its asynchronous ones (FedBuff), after it."""
     flat = flatten_config(run.config)
     name = flat.get("algorithm.name")
-    private = any(_listed(key, (PRIVACY_SECTION,)) for key in flat)
+    variants = tuple(any(_listed(key, (section,)) for key in flat) for section, _ in VARIANT_PREFIXES)
     asynchronous = any(_listed(key, (ASYNCHRONOUS_SECTION,)) for key in flat)
-    return (_algorithm_rank(name), flat.get("server.optimizer", "sgd") != "sgd", private, asynchronous, run.method)
+    return (_algorithm_rank(name), flat.get("server.optimizer", "sgd") != "sgd", *variants, asynchronous, run.method)
 
 
 def _algorithm_rank(name: Any) -> int:

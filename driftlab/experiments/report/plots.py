@@ -21,9 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from driftlab.experiments.report.privacy_utility import PrivacyUtility
 from driftlab.experiments.report.read import RunData, Setting
-from driftlab.experiments.report.render import duration_unit, format_delta, format_target
+from driftlab.experiments.report.render import duration_unit, format_target
 from driftlab.experiments.sweep.directory import slug
 
 # Target lines: a dash pattern and a grey each, told apart in the legend, in print and without colour.
@@ -443,134 +442,22 @@ def plot_setting(
     setting: Setting, out_dir: Path, targets: Sequence[float], stem: str | None = None
 ) -> list[tuple[ReportFigure, Path]]:
     """Save the figures of one setting as ``<stem>-<suffix>.png`` (stem: the setting's slug); (figure, path) of each."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-
     written = []
     for item in setting_figures(setting, targets):
-        item.figure.tight_layout()
         path = out_dir / f"{stem or slug(setting.label)}-{item.suffix}.png"
-        FigureCanvasAgg(item.figure)
-        item.figure.savefig(path, dpi=120)
+        save_figure(item, path)
         written.append((item, path))
     return written
 
 
-# The privacy-utility figure spans every setting (a panel each); no setting's file ends in "-utility".
-PRIVACY_FIGURE = "privacy-utility"
-PANELS_PER_ROW = 3
-REFERENCE_DASHES = ("--", ":", "-.")  # the level lines of a method's noiseless runs
-
-
-def privacy_figure(utility: PrivacyUtility) -> ReportFigure | None:
-    """Test accuracy against ε: a panel per setting, a line per method (see ``privacy_utility``); None when no
-    panel has a point with a finite ε and an accuracy."""
-    from matplotlib.figure import Figure
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
-
-    panels = [panel for panel in utility.panels if panel.drawable]
-    if not panels:
-        return None
-    columns = min(PANELS_PER_ROW, len(panels))
-    rows = math.ceil(len(panels) / columns)
-    figure = Figure(figsize=(6 * columns, 4.5 * rows))
-    axes = list(figure.subplots(rows, columns, squeeze=False).flat)
-    # One colour per method across panels, so a method is the same line everywhere.
-    methods = list(dict.fromkeys(line.method for panel in panels for line in panel.lines))
-    banded = False
-    for axis, panel in zip(axes[: len(panels)], panels, strict=True):
-        epsilons: list[float] = []
-        for line in panel.lines:
-            colour = f"C{methods.index(line.method) % 10}"
-            for x, y, std in _privacy_curve(line.drawn, utility.by_rounds):
-                epsilons += x
-                percent = [100 * v for v in y]
-                marker = "o" if len(x) <= 30 else None
-                axis.plot(x, percent, color=colour, marker=marker, markersize=4, linewidth=1.5, label=line.method)
-                if any(s is not None for s in std):
-                    bars = [0 if s is None else 100 * s for s in std]
-                    axis.errorbar(x, percent, yerr=bars, fmt="none", ecolor=colour, capsize=3, linewidth=1)
-                    banded = True
-            references = line.references
-            for index, reference in enumerate(references):
-                level = 100 * reference.accuracy.mean  # type: ignore[union-attr]  # references have an accuracy
-                # Several noiseless runs of a method (no [privacy], and clipping alone) are told apart by their label.
-                what = "no noise" if len(references) == 1 else reference.label or "no noise"
-                dash = REFERENCE_DASHES[index % len(REFERENCE_DASHES)]
-                axis.axhline(level, color=colour, linestyle=dash, linewidth=1, label=f"{line.method}, {what} (ε = ∞)")
-        delta = f" (δ = {format_delta(utility.deltas)})" if len(utility.deltas) == 1 else ""
-        axis.set_title(f"{panel.setting}: test accuracy vs ε")
-        axis.set_xlabel(f"ε{delta}" + (" after each round" if utility.by_rounds else " at the end of the run"))
-        axis.set_ylabel("test accuracy (%)" if utility.by_rounds else "final test accuracy (%)")
-        if use_log_scale(epsilons):
-            axis.set_xscale("log")
-            # ε read as plain numbers at 1-2-5 steps (0.5, 1, 2, 5), not 2×10^0 labels crowding the minor ticks
-            axis.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
-            axis.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
-            axis.xaxis.set_minor_formatter(NullFormatter())
-        axis.grid(alpha=0.3, which="both")
-        axis.legend(fontsize="small")
-    for axis in axes[len(panels) :]:
-        axis.set_visible(False)
-    return ReportFigure(PRIVACY_FIGURE, privacy_caption(utility, banded, len(panels)), figure, False)
-
-
-def _privacy_curve(points, by_rounds: bool) -> list[tuple[list[float], list[float], list[float | None]]]:
-    """(ε, accuracy, sample std or None) per curve of a line: its points by ε, or each point's rounds when
-    ``by_rounds``."""
-    if not by_rounds:
-        if not points:
-            return []
-        return [([p.epsilon.mean for p in points], [p.accuracy.mean for p in points], [p.accuracy.std for p in points])]
-    curves = []
-    for point in points:
-        if point.trajectory:
-            epsilons, accuracies = zip(*point.trajectory, strict=True)
-            curves.append((list(epsilons), list(accuracies), [None] * len(epsilons)))
-        else:  # no round at which every seed recorded both: the end of the run alone
-            curves.append(([point.epsilon.mean], [point.accuracy.mean], [point.accuracy.std]))
-    return curves
-
-
-def privacy_caption(utility: PrivacyUtility, banded: bool, panels: int) -> str:
-    """What ``privacy_figure`` drew: which points, which ε, what the dashed lines and bars are, what was left out."""
-    if utility.by_rounds:
-        what = (
-            "test accuracy vs ε after each evaluated round (one noise level per method, so each run's rounds "
-            "trace the trade-off as ε grows), mean over seeds"
-        )
-    else:
-        what = (
-            "final test accuracy vs ε at the end of each run, one point per privacy configuration (the noise "
-            "multipliers of a sweep axis, say), mean over seeds"
-        )
-        if banded:
-            what += ", bars: ± 1 sample std"
-    what += "; one line per method" + ("" if panels == 1 else ", one panel per setting")
-    if len(utility.deltas) > 1:
-        what += f"; ε at each run's δ ({format_delta(utility.deltas)})"
-    if any(line.references for panel in utility.panels for line in panel.lines):
-        what += "; dashed: the method without noise (ε = ∞)"
-    if utility.unaccounted:
-        runs = f"{utility.unaccounted} private run{'s' if utility.unaccounted != 1 else ''}"
-        what += f"; {runs} without privacy.delta (no ε) not drawn"
-    left_out = [panel.setting for panel in utility.panels if not panel.drawable]
-    if left_out:
-        what += f"; no point with a finite ε and a test accuracy in {', '.join(left_out)}"
-    return what
-
-
-def plot_privacy(utility: PrivacyUtility, out_dir: Path) -> tuple[ReportFigure, Path] | None:
-    """Save ``privacy_figure`` as ``privacy-utility.png``; (figure, path), or None when there is nothing to draw."""
+def save_figure(item: ReportFigure, path: Path) -> Path:
+    """Lay ``item``'s figure out and save it as a PNG at ``path`` (120 dpi, the report's every figure)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-    item = privacy_figure(utility)
-    if item is None:
-        return None
     item.figure.tight_layout()
-    path = out_dir / f"{PRIVACY_FIGURE}.png"
     FigureCanvasAgg(item.figure)
     item.figure.savefig(path, dpi=120)
-    return item, path
+    return path
 
 
 _SAFE_STEM = re.compile(r"[a-z0-9][a-z0-9.+_-]*")

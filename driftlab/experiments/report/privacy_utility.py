@@ -10,7 +10,10 @@ Private Federated Learning on Heterogeneous Data", AISTATS 2022, Figure 2 plots 
 drawn level. With a single noise level per method there is one point per line, so the figure shows
 instead how ε and accuracy grow together over the rounds of that run (``by_rounds``).
 
-Data only: ``plots.privacy_figure`` draws it, ``render.privacy_utility_section`` writes it up.
+This module is the report's privacy section (``SECTION``, a ``section.ReportSection``): the note on what the ε
+column means under each setting with private runs (``privacy_note``), the data (``privacy_utility``), its figure
+(``privacy_figure``, saved as ``privacy-utility.png`` by ``plot_privacy``), the section closing report.md
+(``privacy_utility_section``) and ``privacy.csv``. The ε of a run itself is ``epsilon``'s, which the tables share.
 """
 
 from __future__ import annotations
@@ -25,13 +28,13 @@ from typing import Any, Sequence
 
 from driftlab.experiments.report.epsilon import (
     EPSILON_KEY,
-    PRIVACY_SECTION,
     EpsilonSummary,
     any_private,
     epsilon_summary,
     recorded_number,
     run_noise_multiplier,
 )
+from driftlab.experiments.report.epsilon import SECTION as PRIVACY_SECTION
 from driftlab.experiments.report.labels import (
     _describe,
     _differing_keys,
@@ -40,7 +43,9 @@ from driftlab.experiments.report.labels import (
     label_standalone,
     recorded_labels,
 )
+from driftlab.experiments.report.plots import ReportFigure, save_figure, use_log_scale
 from driftlab.experiments.report.read import RunData, Setting
+from driftlab.experiments.report.section import ReportSection
 from driftlab.experiments.report.tables import Spread, _csv_number, _last, epsilon_columns, spread, write_csv
 
 PRIVACY_CSV = "privacy.csv"
@@ -317,12 +322,193 @@ def write_privacy_csv(out: Path, utility: PrivacyUtility) -> Path:
     return write_csv(out / PRIVACY_CSV, [*PRIVACY_COLUMNS, "epsilon", "epsilon_min", "epsilon_max", "delta"], rows)
 
 
+# ---------------------------------------------------------------- the figure
+
+
+# The privacy-utility figure spans every setting (a panel each); no setting's file ends in "-utility".
+PRIVACY_FIGURE = "privacy-utility"
+PANELS_PER_ROW = 3
+REFERENCE_DASHES = ("--", ":", "-.")  # the level lines of a method's noiseless runs
+
+
+def privacy_figure(utility: PrivacyUtility) -> ReportFigure | None:
+    """Test accuracy against ε: a panel per setting, a line per method (see ``privacy_utility``); None when no
+    panel has a point with a finite ε and an accuracy."""
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    panels = [panel for panel in utility.panels if panel.drawable]
+    if not panels:
+        return None
+    columns = min(PANELS_PER_ROW, len(panels))
+    rows = math.ceil(len(panels) / columns)
+    figure = Figure(figsize=(6 * columns, 4.5 * rows))
+    axes = list(figure.subplots(rows, columns, squeeze=False).flat)
+    # One colour per method across panels, so a method is the same line everywhere.
+    methods = list(dict.fromkeys(line.method for panel in panels for line in panel.lines))
+    banded = False
+    for axis, panel in zip(axes[: len(panels)], panels, strict=True):
+        epsilons: list[float] = []
+        for line in panel.lines:
+            colour = f"C{methods.index(line.method) % 10}"
+            for x, y, std in _privacy_curve(line.drawn, utility.by_rounds):
+                epsilons += x
+                percent = [100 * v for v in y]
+                marker = "o" if len(x) <= 30 else None
+                axis.plot(x, percent, color=colour, marker=marker, markersize=4, linewidth=1.5, label=line.method)
+                if any(s is not None for s in std):
+                    bars = [0 if s is None else 100 * s for s in std]
+                    axis.errorbar(x, percent, yerr=bars, fmt="none", ecolor=colour, capsize=3, linewidth=1)
+                    banded = True
+            references = line.references
+            for index, reference in enumerate(references):
+                level = 100 * reference.accuracy.mean  # type: ignore[union-attr]  # references have an accuracy
+                # Several noiseless runs of a method (no [privacy], and clipping alone) are told apart by their label.
+                what = "no noise" if len(references) == 1 else reference.label or "no noise"
+                dash = REFERENCE_DASHES[index % len(REFERENCE_DASHES)]
+                axis.axhline(level, color=colour, linestyle=dash, linewidth=1, label=f"{line.method}, {what} (ε = ∞)")
+        delta = f" (δ = {format_delta(utility.deltas)})" if len(utility.deltas) == 1 else ""
+        axis.set_title(f"{panel.setting}: test accuracy vs ε")
+        axis.set_xlabel(f"ε{delta}" + (" after each round" if utility.by_rounds else " at the end of the run"))
+        axis.set_ylabel("test accuracy (%)" if utility.by_rounds else "final test accuracy (%)")
+        if use_log_scale(epsilons):
+            axis.set_xscale("log")
+            # ε read as plain numbers at 1-2-5 steps (0.5, 1, 2, 5), not 2×10^0 labels crowding the minor ticks
+            axis.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+            axis.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+            axis.xaxis.set_minor_formatter(NullFormatter())
+        axis.grid(alpha=0.3, which="both")
+        axis.legend(fontsize="small")
+    for axis in axes[len(panels) :]:
+        axis.set_visible(False)
+    return ReportFigure(PRIVACY_FIGURE, privacy_caption(utility, banded, len(panels)), figure, False)
+
+
+def _privacy_curve(points, by_rounds: bool) -> list[tuple[list[float], list[float], list[float | None]]]:
+    """(ε, accuracy, sample std or None) per curve of a line: its points by ε, or each point's rounds when
+    ``by_rounds``."""
+    if not by_rounds:
+        if not points:
+            return []
+        return [([p.epsilon.mean for p in points], [p.accuracy.mean for p in points], [p.accuracy.std for p in points])]
+    curves = []
+    for point in points:
+        if point.trajectory:
+            epsilons, accuracies = zip(*point.trajectory, strict=True)
+            curves.append((list(epsilons), list(accuracies), [None] * len(epsilons)))
+        else:  # no round at which every seed recorded both: the end of the run alone
+            curves.append(([point.epsilon.mean], [point.accuracy.mean], [point.accuracy.std]))
+    return curves
+
+
+def privacy_caption(utility: PrivacyUtility, banded: bool, panels: int) -> str:
+    """What ``privacy_figure`` drew: which points, which ε, what the dashed lines and bars are, what was left out."""
+    if utility.by_rounds:
+        what = (
+            "test accuracy vs ε after each evaluated round (one noise level per method, so each run's rounds "
+            "trace the trade-off as ε grows), mean over seeds"
+        )
+    else:
+        what = (
+            "final test accuracy vs ε at the end of each run, one point per privacy configuration (the noise "
+            "multipliers of a sweep axis, say), mean over seeds"
+        )
+        if banded:
+            what += ", bars: ± 1 sample std"
+    what += "; one line per method" + ("" if panels == 1 else ", one panel per setting")
+    if len(utility.deltas) > 1:
+        what += f"; ε at each run's δ ({format_delta(utility.deltas)})"
+    if any(line.references for panel in utility.panels for line in panel.lines):
+        what += "; dashed: the method without noise (ε = ∞)"
+    if utility.unaccounted:
+        runs = f"{utility.unaccounted} private run{'s' if utility.unaccounted != 1 else ''}"
+        what += f"; {runs} without privacy.delta (no ε) not drawn"
+    left_out = [panel.setting for panel in utility.panels if not panel.drawable]
+    if left_out:
+        what += f"; no point with a finite ε and a test accuracy in {', '.join(left_out)}"
+    return what
+
+
+def plot_privacy(utility: PrivacyUtility, out_dir: Path) -> tuple[ReportFigure, Path] | None:
+    """Save ``privacy_figure`` as ``privacy-utility.png``; (figure, path), or None when there is nothing to draw."""
+    item = privacy_figure(utility)
+    if item is None:
+        return None
+    return item, save_figure(item, out_dir / f"{PRIVACY_FIGURE}.png")
+
+
+# ---------------------------------------------------------------- the text
+
+
+def format_delta(deltas: Sequence[float]) -> str:
+    return ", ".join(f"{delta:g}" for delta in deltas)
+
+
+def privacy_note(setting: Setting) -> list[str]:
+    """What the ε column of a setting with private runs means; nothing for a setting without them."""
+    if not any_private(setting.runs):
+        return []
+    deltas = sorted({d for runs in setting.methods.values() for d in epsilon_summary(runs).deltas})
+    at = ""
+    if deltas:
+        at = f" at δ = {format_delta(deltas)}" if len(deltas) == 1 else f" at each run's δ ({format_delta(deltas)})"
+    return [
+        f"ε: client-level (ε, δ)-differential privacy{at} of everything the server released through the last round "
+        "(every round's model, not only the best one), mean over seeds; ∞: no noise (no [privacy] section, or "
+        "noise_multiplier 0); —: not accounted (privacy.delta unset). With central noise the server is trusted; "
+        "metrics computed on clients' data (train loss, client accuracies) are diagnostics outside the guarantee.",
+        "",
+    ]
+
+
+def privacy_utility_section(utility: PrivacyUtility, figure: tuple[str, str] | None) -> list[str]:
+    """The report's privacy-utility section: what the figure ((file name, caption)) shows and where its points come
+    from, or why nothing was drawn; the points are in privacy.csv either way."""
+    lines = ["## Privacy and utility", ""]
+    if figure is not None:
+        if utility.by_rounds:
+            lines.append(
+                "Each method ran at one noise level, so the figure follows each run's ε (accounted after every round) "
+                "against its test accuracy at that round. For one point per noise level, sweep an axis of noise "
+                "multipliers: `driftlab sweep CONFIG --grid 'privacy.noise_multiplier=[0.5, 1, 2]'`."
+            )
+        else:
+            lines.append(
+                "One point per privacy configuration of a method (the values of the sweep's privacy axis, or the "
+                "privacy keys that tell its runs apart): the final test accuracy against the ε spent by the end of the "
+                "run, means over seeds."
+            )
+        name, caption = figure
+        lines += ["", f"![privacy and utility: {caption}]({name})", "", f"*{caption[0].upper()}{caption[1:]}.*"]
+    elif not any(panel.drawable for panel in utility.panels):
+        lines.append("No private run recorded an ε beside a test accuracy (privacy.delta unset?): nothing to draw.")
+    if len(lines) > 2:
+        lines.append("")
+    return [*lines, f"The points, one row per method and privacy configuration: `{PRIVACY_CSV}`.", ""]
+
+
+# ---------------------------------------------------------------- the report's privacy section
+
+
 __all__ = [
     "PRIVACY_CSV",
+    "PRIVACY_FIGURE",
     "PrivacyLine",
     "PrivacyPanel",
     "PrivacyPoint",
     "PrivacyUtility",
+    "format_delta",
+    "plot_privacy",
+    "privacy_caption",
+    "privacy_figure",
+    "privacy_note",
     "privacy_utility",
+    "privacy_utility_section",
     "write_privacy_csv",
 ]
+
+_EXPORTS = {name: globals()[name] for name in __all__}
+# the report's privacy section; its parts in ``ReportSection``'s order: name, setting note, data, figure, text, CSV
+SECTION = ReportSection(
+    "privacy", privacy_note, privacy_utility, plot_privacy, privacy_utility_section, write_privacy_csv, _EXPORTS
+)

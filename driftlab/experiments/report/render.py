@@ -5,8 +5,8 @@ marks a lower bound, ``>``/``<`` a bounded ratio), accuracy (or loss and distanc
 for a non-classifier) as mean ± sample standard deviation over seeds, local SGD
 steps against a reference method, and the runs behind them (seeds, rounds, status,
 wall time, machine); a sweep's own description and what was actually run lead. Where a
-setting has private runs, an ε column (``format_epsilon``) sits beside accuracy and rounds, with a note
-on what it covers (``privacy_note``); the privacy-utility section closes the report. Where a setting has
+setting has private runs, an ε column (``format_epsilon``) sits beside accuracy and rounds (what it covers is
+noted under the setting's heading by the report's sections, ``driftlab.experiments.report.section``). Where a setting has
 timed runs (``[system]``), a "time to target" column sits beside the rounds and a "simulated time" column
 ends the accuracy table (``time_note`` says what they measure, and that an asynchronous run's rounds are
 server updates). Where a setting has personalized runs (issue 26), its accuracy table names the model and the test
@@ -19,8 +19,7 @@ from __future__ import annotations
 import statistics
 from typing import Any, Iterable, Sequence
 
-from driftlab.experiments.report.epsilon import EpsilonSummary, any_private, epsilon_summary
-from driftlab.experiments.report.privacy_utility import PRIVACY_CSV, PrivacyUtility
+from driftlab.experiments.report.epsilon import EpsilonSummary, any_private
 from driftlab.experiments.report.read import RunData, Setting
 from driftlab.experiments.report.tables import (
     AccuracyRow,
@@ -93,27 +92,6 @@ def format_epsilon(value: EpsilonSummary | None) -> str:
 
 def _epsilon_text(epsilon: float | None) -> str:
     return "—" if epsilon is None else "∞" if epsilon == float("inf") else f"{epsilon:.3g}"
-
-
-def format_delta(deltas: Sequence[float]) -> str:
-    return ", ".join(f"{delta:g}" for delta in deltas)
-
-
-def privacy_note(setting: Setting) -> list[str]:
-    """What the ε column of a setting with private runs means; nothing for a setting without them."""
-    if not any_private(setting.runs):
-        return []
-    deltas = sorted({d for runs in setting.methods.values() for d in epsilon_summary(runs).deltas})
-    at = ""
-    if deltas:
-        at = f" at δ = {format_delta(deltas)}" if len(deltas) == 1 else f" at each run's δ ({format_delta(deltas)})"
-    return [
-        f"ε: client-level (ε, δ)-differential privacy{at} of everything the server released through the last round "
-        "(every round's model, not only the best one), mean over seeds; ∞: no noise (no [privacy] section, or "
-        "noise_multiplier 0); —: not accounted (privacy.delta unset). With central noise the server is trusted; "
-        "metrics computed on clients' data (train loss, client accuracies) are diagnostics outside the guarantee.",
-        "",
-    ]
 
 
 def duration_unit(seconds: float) -> tuple[str, float]:
@@ -580,34 +558,8 @@ def runs_section(setting: Setting) -> list[str]:
     return ["### Runs", "", markdown_table(header, table), ""]
 
 
-def privacy_utility_section(utility: PrivacyUtility, figure: tuple[str, str] | None) -> list[str]:
-    """The report's privacy-utility section: what the figure ((file name, caption)) shows and where its points come
-    from, or why nothing was drawn; the points are in privacy.csv either way."""
-    lines = ["## Privacy and utility", ""]
-    if figure is not None:
-        if utility.by_rounds:
-            lines.append(
-                "Each method ran at one noise level, so the figure follows each run's ε (accounted after every round) "
-                "against its test accuracy at that round. For one point per noise level, sweep an axis of noise "
-                "multipliers: `driftlab sweep CONFIG --grid 'privacy.noise_multiplier=[0.5, 1, 2]'`."
-            )
-        else:
-            lines.append(
-                "One point per privacy configuration of a method (the values of the sweep's privacy axis, or the "
-                "privacy keys that tell its runs apart): the final test accuracy against the ε spent by the end of the "
-                "run, means over seeds."
-            )
-        name, caption = figure
-        lines += ["", f"![privacy and utility: {caption}]({name})", "", f"*{caption[0].upper()}{caption[1:]}.*"]
-    elif not any(panel.drawable for panel in utility.panels):
-        lines.append("No private run recorded an ε beside a test accuracy (privacy.delta unset?): nothing to draw.")
-    if len(lines) > 2:
-        lines.append("")
-    return [*lines, f"The points, one row per method and privacy configuration: `{PRIVACY_CSV}`.", ""]
-
-
 def _epsilon_header(private: bool) -> list[str]:
-    """The ε column's header where a table has private runs (``privacy_note`` says what it means); else no column."""
+    """The ε column's header where a table has private runs (a note under the setting says what it means); else none."""
     return ["ε"] if private else []
 
 
