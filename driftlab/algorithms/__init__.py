@@ -11,6 +11,9 @@ themselves from a plugin module with ``register(AlgorithmEntry(...))``
 
 from __future__ import annotations
 
+from types import ModuleType
+from typing import Any
+
 from driftlab.algorithm_labels import BUILT_IN_LABELS as LABELS
 from driftlab.algorithms import (
     adabest,
@@ -30,49 +33,33 @@ from driftlab.algorithms import (
 )
 from driftlab.algorithms.registry import ALGORITHMS, AlgorithmEntry, register
 
-register(AlgorithmEntry("fedavg", fedavg.Config, fedavg.from_config, label=LABELS["fedavg"], keeps_partial_work=False))
-register(AlgorithmEntry("fedprox", fedprox.Config, fedprox.from_config, label=LABELS["fedprox"]))
-register(AlgorithmEntry("scaffold", scaffold.Config, scaffold.from_config, label=LABELS["scaffold"]))
-register(
-    AlgorithmEntry(
-        "feddyn", feddyn.Config, feddyn.from_config, label=LABELS["feddyn"], owns_server_step=True, uses_server_lr=False
-    )
-)
-register(
-    AlgorithmEntry(
-        "adabest",
-        adabest.Config,
-        adabest.from_config,
-        label=LABELS["adabest"],
-        owns_server_step=True,
-        uses_server_lr=False,
-    )
-)
-register(
-    AlgorithmEntry(
-        "efl", efl.Config, efl.from_config, label=LABELS["efl"], default_compression_ratio=efl.DEFAULT_COMPRESSION_RATIO
-    )
-)
-register(AlgorithmEntry("fednova", fednova.Config, fednova.from_config, label=LABELS["fednova"]))
-register(
-    AlgorithmEntry("fedgate", fedgate.Config, fedgate.from_config, label=LABELS["fedgate"], keeps_partial_work=False)
-)
-register(AlgorithmEntry("vrlsgd", vrlsgd.Config, vrlsgd.from_config, label=LABELS["vrlsgd"]))
-register(AlgorithmEntry("mimelite", mime.Config, mime.from_config, label=LABELS["mimelite"], owns_server_step=True))
-register(AlgorithmEntry("mime", mime.MimeConfig, mime.from_mime_config, label=LABELS["mime"], owns_server_step=True))
-register(AlgorithmEntry("apfl", apfl.Config, apfl.from_config, label=LABELS["apfl"], keeps_partial_work=False))
-register(AlgorithmEntry("ditto", ditto.Config, ditto.from_config, label=LABELS["ditto"], keeps_partial_work=False))
-register(
-    AlgorithmEntry(
-        "fedamp",
-        fedamp.Config,
-        fedamp.from_config,
-        label=LABELS["fedamp"],
-        owns_server_step=True,
-        uses_server_lr=False,
-        needs_num_clients=True,
-    )
-)
+
+def _register_built_in(
+    module: ModuleType, name: str = "", config: type | None = None, builder: Any = None, **facts: Any
+) -> None:
+    """Register the algorithm of ``module`` under ``name`` (default: the module's own name), with its ``Config`` and
+    ``from_config`` unless given (a second algorithm of one module: Mime beside MimeLite), its label
+    (``algorithm_labels``) and the facts the runner reads (``AlgorithmEntry``'s fields)."""
+    name = name or module.__name__.rsplit(".", 1)[1]
+    register(AlgorithmEntry(name, config or module.Config, builder or module.from_config, label=LABELS[name], **facts))
+
+
+OWN_SERVER_STEP = {"owns_server_step": True, "uses_server_lr": False}  # FedDyn, AdaBest, FedAMP: no server.lr
+
+_register_built_in(fedavg, keeps_partial_work=False)
+_register_built_in(fedprox)
+_register_built_in(scaffold)
+_register_built_in(feddyn, **OWN_SERVER_STEP)
+_register_built_in(adabest, **OWN_SERVER_STEP)
+_register_built_in(efl, default_compression_ratio=efl.DEFAULT_COMPRESSION_RATIO)
+_register_built_in(fednova)
+_register_built_in(fedgate, keeps_partial_work=False)
+_register_built_in(vrlsgd)
+_register_built_in(mime, "mimelite", owns_server_step=True)
+_register_built_in(mime, "mime", mime.MimeConfig, mime.from_mime_config, owns_server_step=True)
+_register_built_in(apfl, keeps_partial_work=False)
+_register_built_in(ditto, keeps_partial_work=False)
+_register_built_in(fedamp, **OWN_SERVER_STEP, needs_num_clients=True)
 registry.REGISTRY.finish_built_ins()
 registry.BUILT_IN = registry.REGISTRY.built_in
 

@@ -19,8 +19,36 @@ SGD server at lr 1 also returns ``θ̄`` exactly, see ``optim/apply.py``).
 
 ``β`` is a number in [0, 1] or a schedule of the round (``{kind =
 "exponential", initial = 0.98, decay = 0.999}`` or ``{kind = "inverse_time",
-a, b}``), validated to stay in [0, 1] for every round.  The paper's practice of
-decaying β when ‖h‖ plateaus is adaptive and not offered; use a schedule.
+a, b}``), validated to stay in [0, 1] for every round.
+
+Decaying β when ‖h‖ plateaus (``beta_plateau = {factor, patience, threshold}``,
+off by default).  The paper (Section 3.4.3, after Theorem 3.2: "Our
+algorithm enables a direct decay of h through decaying β.  We apply this decay
+in our experiments when norm of h plateaus"; Theorem 3.2 needs h → 0) gives no
+factor, no patience and no test of a plateau, and the authors' code (fedsim's
+``AdaBest``, varnio/fedsim ``fedsim/distributed/centralized/training/adabest.py``)
+keeps β constant.  Ours, in the form of the authors' library's own plateau rule
+(fedsim's ``ReduceLROnPlateau``, mode "min", relative threshold, no cooldown),
+applied to β with ‖h^t‖ as the metric:
+
+    β_t = β(t) · s_t                       (β(t): the number or schedule above; s_1 = 1)
+    after round t, with n_t = ‖h^t‖ (n_0 = 0, b = +∞, c = 0, the test off):
+        the test turns on at the first round with n_t < n_{t−1}, and stays on
+        if on:  if n_t < b · (1 − threshold):  b ← n_t;  c ← 0
+                else:                          c ← c + 1
+                if c > patience:               s ← factor · s;  c ← 0   (takes effect from round t + 1)
+
+Our choices where the paper is silent: "plateaus" read as "stops decreasing"
+(‖h‖ should go to 0); the test waits for ‖h‖'s first fall, because ‖h‖ grows
+over the first rounds (h^1 is one round's change, later ones accumulate them)
+and that growth is not a plateau (without the wait a run decays β about
+patience rounds after round 1, then again and again: measured on a 60-round
+synthetic run, β = 0.96 fell to 0.001); the best value b is not reset by a
+decay (as in ``ReduceLROnPlateau``); the decay multiplies a scheduled β as
+well; a round with β_t = 0 has n_t = 0; the defaults factor = 0.1, patience =
+10, threshold = 1e-4 are fedsim's ``ReduceLROnPlateau`` defaults, not numbers
+from the paper.  The state (s, b, c, n_{t−1}, on) is the server's and is
+checkpointed with it.
 ``μ`` and ``β`` follow the paper (μ = 0.02; β = 0.96 at 10% and 0.98 at 100%
 participation), not the fedsim releases' ``μ·B·E/n_k`` scaling.
 
@@ -67,6 +95,8 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -74,13 +104,14 @@ import torch
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from driftlab.algorithms.aggregation import (
-    WEIGHTED_REASON,
     ModelSums,
+    averaging_parts,
     check_aggregation,
     model_change_form,
     model_mean_fold,
 )
-from driftlab.features.capabilities import ASYNCHRONOUS_RULE, PRIVACY_FORM, lacking, synchronous_only
+from driftlab.algorithms.section import AlgorithmConfig
+from driftlab.features.capabilities import ASYNCHRONOUS_RULE, lacking, synchronous_only
 from driftlab.optim.schedules import ExponentialSchedule, InverseTimeSchedule, schedule_from_table, value_at
 from driftlab.simulation.seam import (
     NO_CORRECTION,
@@ -124,6 +155,42 @@ def beta_value(value: Any) -> BetaSchedule:
 
 Beta = Annotated[Any, BeforeValidator(beta_value)]
 
+
+class BetaPlateau(BaseModel):
+    """``beta_plateau``: multiply β by ``factor`` when ‖h^t‖ has not fallen below (1 − threshold)·best for more than
+    ``patience`` rounds (the paper's decay of β when ‖h‖ plateaus; its numbers are not in the paper)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    factor: float = Field(0.1, gt=0, lt=1, description="β ← factor·β at a plateau (fedsim ReduceLROnPlateau's 0.1)")
+    patience: int = Field(10, ge=0, description="rounds without improvement tolerated before a decay (fedsim: 10)")
+    threshold: float = Field(
+        1e-4, ge=0, lt=1, description="an improvement is ‖h^t‖ < (1 − threshold)·best (relative; fedsim: 1e-4)"
+    )
+
+
+@dataclass(frozen=True)
+class PlateauState:
+    """The plateau rule's server state: β's multiplier s, the lowest ‖h‖ b since the test turned on, rounds c since
+    b last improved, the last round's ‖h‖, and whether ‖h‖ has fallen yet (the test is on)."""
+
+    scale: float = 1.0
+    best: float = math.inf
+    bad_rounds: int = 0
+    previous: float = 0.0
+    falling: bool = False
+
+
+def plateau_step(state: PlateauState, rule: BetaPlateau, drift_norm: float) -> PlateauState:
+    """The state after a round whose server drift had norm ``drift_norm`` (see the module docstring)."""
+    if not (state.falling or drift_norm < state.previous):
+        return dataclasses.replace(state, previous=drift_norm)  # ‖h‖ still growing from round 1: no plateau yet
+    if drift_norm < state.best * (1 - rule.threshold):
+        return PlateauState(state.scale, drift_norm, 0, drift_norm, True)
+    if state.bad_rounds + 1 > rule.patience:
+        return PlateauState(state.scale * rule.factor, state.best, 0, drift_norm, True)
+    return PlateauState(state.scale, state.best, state.bad_rounds + 1, drift_norm, True)
+
+
 # Why FedBuff cannot run AdaBest as it stands (Algorithm.asynchronous_refusal; docs/algorithms.md, "Asynchronous").
 ASYNCHRONOUS_REASON = synchronous_only(
     "adabest",
@@ -137,10 +204,9 @@ ASYNCHRONOUS_REASON = synchronous_only(
 ASYNCHRONOUS_REFUSAL = ASYNCHRONOUS_REASON.text  # the prose, for code that reads it
 
 
-class Config(BaseModel):
+class Config(AlgorithmConfig):
     """``[algorithm]`` section for AdaBest (it has its own server step: keep ``server.optimizer = "sgd"``, ``server.lr = 1``)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
     name: Literal["adabest"] = "adabest"
     mu: float = Field(
         0.02, ge=0, description="μ ≥ 0: client drift estimate h_k ← h_k/(t − t'_k) + μ(θ^{t−1} − θ_k) (paper: 0.02)"
@@ -152,12 +218,17 @@ class Config(BaseModel):
     aggregation: Literal["uniform", "weighted"] = Field(
         "uniform", description="uniform: θ̄ = mean of reporting clients (paper); weighted: w_k = n_k / Σ n_j"
     )
+    beta_plateau: BetaPlateau | None = Field(
+        None,
+        description="decay β by factor when ‖h‖ plateaus (the paper's practice, numbers ours); unset: β as given",
+    )
 
 
 @dataclass(frozen=True)
 class ServerState:
     params: torch.Tensor  # θ^t = θ̄^t − h^t, sent to clients
     client_average: torch.Tensor  # θ̄^t, kept for h^{t+1}; θ̄^0 = θ^0
+    plateau: PlateauState | None = None  # beta_plateau's state; None without it (and in older checkpoints)
 
 
 @dataclass(frozen=True)
@@ -180,15 +251,23 @@ class ClientMessage:
     multiplicity: int
 
 
-def build(mu: float = 0.02, beta: BetaSchedule = 0.96, aggregation: str = "uniform") -> Algorithm:
-    """AdaBest with client coefficient ``mu`` ≥ 0, server ``beta`` (a number in [0, 1] or a schedule) and ``aggregation``."""
+def build(
+    mu: float = 0.02,
+    beta: BetaSchedule = 0.96,
+    aggregation: str = "uniform",
+    beta_plateau: BetaPlateau | dict | None = None,
+) -> Algorithm:
+    """AdaBest with client coefficient ``mu`` ≥ 0, server ``beta`` (a number in [0, 1] or a schedule),
+    ``aggregation``, and optionally β's decay when ‖h‖ plateaus (``beta_plateau``)."""
     if mu < 0:
         raise ValueError(f"adabest needs mu >= 0, got {mu}")
     beta = beta_value(beta)
     check_aggregation(aggregation)  # before any work
+    plateau = BetaPlateau.model_validate(beta_plateau) if isinstance(beta_plateau, dict) else beta_plateau
 
     def server_init(initial_params: torch.Tensor) -> ServerState:
-        return ServerState(params=initial_params, client_average=initial_params)
+        state = None if plateau is None else PlateauState()
+        return ServerState(params=initial_params, client_average=initial_params, plateau=state)
 
     def client_state_init(initial_params: torch.Tensor) -> ClientState:
         return ClientState(drift=torch.zeros_like(initial_params), last_round=0)
@@ -211,37 +290,41 @@ def build(mu: float = 0.02, beta: BetaSchedule = 0.96, aggregation: str = "unifo
     ) -> tuple[ServerState, dict[str, float]]:
         client_average = client_models.value(context.mean_denominator)
         beta_t = value_at(beta, context.round)
+        if server.plateau is not None:
+            beta_t = beta_t * server.plateau.scale
         if beta_t == 0:
             # h^t = 0: return θ̄^t itself so β = μ = 0 is FedAvg to the bit (no −0.0 subtraction).
-            return ServerState(client_average, client_average), {"drift_norm": 0.0}
-        server_drift = beta_t * (server.client_average - client_average)
-        params = client_average - server_drift
-        return ServerState(params, client_average), {"drift_norm": float(torch.linalg.vector_norm(server_drift))}
+            params, drift_norm = client_average, 0.0
+        else:
+            server_drift = beta_t * (server.client_average - client_average)
+            params = client_average - server_drift
+            drift_norm = float(torch.linalg.vector_norm(server_drift))
+        metrics = {"drift_norm": drift_norm}
+        if plateau is None or server.plateau is None:
+            return ServerState(params, client_average), metrics
+        metrics["beta"] = beta_t  # the β this round used
+        return ServerState(params, client_average, plateau_step(server.plateau, plateau, drift_norm)), metrics
 
     def broadcast(server: ServerState) -> ClientView:
         return ClientView(server.params)
 
     # Unit weight: uniform aggregation counts a message by its multiplicity, 1 under poisson or uniform sampling.
     form = model_change_form(lambda params: ClientMessage(params, num_samples=1, multiplicity=1))
-    private = aggregation == "uniform"
     # A private round: θ̄^t = θ^{t−1} + Σ_P (θ_k − θ^{t−1}) / m depends on the released changes only.
     fold = model_mean_fold(aggregation, aggregation_finish)
+    parts = averaging_parts(aggregation, fold, form, *lacking(ASYNCHRONOUS_RULE, ASYNCHRONOUS_REASON))
     return Algorithm(
         "adabest",
         server_init,
         client_objective,
         client_finish,
-        fold.server_update,
-        broadcast,
+        broadcast=broadcast,
+        **parts,
         client_state_init=client_state_init,
-        server_fold=fold,
-        privacy=form if private else None,
-        lacks=lacking(PRIVACY_FORM, None if private else WEIGHTED_REASON)
-        + lacking(ASYNCHRONOUS_RULE, ASYNCHRONOUS_REASON),
     )
 
 
 def from_config(config: Config, server_optimizer: Any) -> Algorithm:
     """Build from ``config``.  AdaBest's server step is its own: ``server_optimizer`` is not used, and the
     registry entry's ``owns_server_step`` makes config validation refuse any but plain SGD."""
-    return build(mu=config.mu, beta=config.beta, aggregation=config.aggregation)
+    return build(mu=config.mu, beta=config.beta, aggregation=config.aggregation, beta_plateau=config.beta_plateau)

@@ -168,4 +168,80 @@ def test_adabest_private_round_with_beta_zero_returns_the_mean_of_changes_over_t
     assert torch.equal(new_server.params, vector(2.25, 2.5)) and new_server.params is new_server.client_average
     assert metrics == {"drift_norm": 0.0}
     refused = adabest.build(aggregation="weighted")
-    assert refused.privacy is None and 'set algorithm.aggregation = "uniform"' in refused.privacy_refusal
+    assert refused.release is None and 'set algorithm.aggregation = "uniform"' in refused.release_refusal
+
+
+# ---------------------------------------------------------------- β's decay when ‖h‖ plateaus
+
+
+def test_beta_decays_when_the_server_drift_norm_plateaus_by_hand() -> None:
+    # β = 0.5, factor 0.5, patience 1, threshold 0; θ̄^0 = 0, one client per round moves θ̄ by −d_t, h^t = β_t d_t:
+    #   round 1: d = 1, n = 0.5, not below n_0 = 0: test off;          θ^1 = −1 − 0.5 = −1.5
+    #   round 2: d = 2, n = 1, not below 0.5: ‖h‖ still growing, off;  θ^2 = −3 − 1 = −4
+    #   round 3: d = 1, n = 0.5 < 1: on; 0.5 < b = ∞: b = 0.5, c = 0;   θ^3 = −4.5
+    #   round 4: n = 0.5, not below b: c = 1 (≤ patience);               θ^4 = −5.5
+    #   round 5: n = 0.5, c would be 2 > 1: s = 0.5, c = 0;              θ^5 = −6.5
+    #   round 6: β_6 = 0.25, n = 0.25 < 0.5: b = 0.25;                   θ^6 = −7 − 0.25 = −7.25
+    algorithm = adabest.build(mu=0.1, beta=0.5, beta_plateau={"factor": 0.5, "patience": 1, "threshold": 0.0})
+    server = algorithm.server_init(vector(0.0))
+    expected = [
+        (1.0, -1.5, 0.5, 0.5, adabest.PlateauState(1.0, math.inf, 0, 0.5, False)),
+        (2.0, -4.0, 1.0, 0.5, adabest.PlateauState(1.0, math.inf, 0, 1.0, False)),
+        (1.0, -4.5, 0.5, 0.5, adabest.PlateauState(1.0, 0.5, 0, 0.5, True)),
+        (1.0, -5.5, 0.5, 0.5, adabest.PlateauState(1.0, 0.5, 1, 0.5, True)),
+        (1.0, -6.5, 0.5, 0.5, adabest.PlateauState(0.5, 0.5, 0, 0.5, True)),
+        (1.0, -7.25, 0.25, 0.25, adabest.PlateauState(0.5, 0.25, 0, 0.25, True)),
+    ]
+    average = 0.0
+    for t, (step, params, drift_norm, beta_t, plateau) in enumerate(expected, start=1):
+        average -= step
+        message = adabest.ClientMessage(vector(average), 1, 1)
+        server, metrics = algorithm.server_update(server, [message], RoundContext(t, 10, 1, 1.0))
+        assert torch.equal(server.params, vector(params)) and torch.equal(server.client_average, vector(average))
+        assert metrics == {"drift_norm": drift_norm, "beta": beta_t}
+        assert server.plateau == plateau
+
+
+def test_plateau_step_waits_for_the_first_fall_then_counts_only_relative_improvements() -> None:
+    rule = adabest.BetaPlateau(factor=0.1, patience=2, threshold=0.1)
+    growing = adabest.plateau_step(adabest.PlateauState(), rule, 0.3)
+    assert growing == adabest.PlateauState(1.0, math.inf, 0, 0.3, False)
+    assert adabest.plateau_step(growing, rule, 0.4) == adabest.PlateauState(1.0, math.inf, 0, 0.4, False)
+    state = adabest.PlateauState(1.0, 1.0, 0, 1.0, True)
+    assert adabest.plateau_step(state, rule, 0.95) == adabest.PlateauState(1.0, 1.0, 1, 0.95, True)  # not 10% lower
+    assert adabest.plateau_step(state, rule, 0.85) == adabest.PlateauState(1.0, 0.85, 0, 0.85, True)
+    worn = adabest.plateau_step(adabest.PlateauState(1.0, 1.0, 2, 1.0, True), rule, 1.0)
+    assert worn == adabest.PlateauState(0.1, 1.0, 0, 1.0, True)  # the third round without improvement decays β
+
+
+def test_beta_plateau_is_off_by_default_and_round_trips_through_the_config() -> None:
+    default = driftlab.load_config({"algorithm": {"name": "adabest"}})
+    assert default.algorithm.beta_plateau is None and "beta_plateau" not in default.to_dict()["algorithm"]
+    assert adabest.build().server_init(vector(1.0)).plateau is None
+    config = driftlab.load_config(
+        {"algorithm": {"name": "adabest"}}, ["algorithm.beta_plateau={factor=0.5, patience=3, threshold=0.01}"]
+    )
+    assert config.algorithm.beta_plateau == adabest.BetaPlateau(factor=0.5, patience=3, threshold=0.01)
+    assert driftlab.load_config(config.to_dict()).fingerprint() == config.fingerprint() != default.fingerprint()
+    with pytest.raises(driftlab.ConfigError, match=r"algorithm\.beta_plateau\.factor"):
+        driftlab.load_config({"algorithm": {"name": "adabest", "beta_plateau": {"factor": 1.5}}})
+
+
+def test_a_run_with_beta_plateau_reports_the_beta_it_used_and_its_state_checkpoints() -> None:
+    from driftlab.simulation.state.checkpoint import state_from_tensors, state_to_tensors
+
+    rule = {"factor": 0.5, "patience": 0, "threshold": 0.5}  # decays unless ‖h‖ halves every round
+    result = driftlab.run({**TINY, "algorithm": {"name": "adabest", "beta": 0.9, "beta_plateau": rule}})
+    betas = [record["beta"] for record in result.records if "beta" in record]
+    assert betas and betas[0] == 0.9 and all(b in {0.9 * 0.5**k for k in range(len(betas))} for b in betas)
+    assert all(later <= earlier for earlier, later in zip(betas[:-1], betas[1:], strict=True))
+    state = adabest.ServerState(vector(1.0), vector(2.0), adabest.PlateauState(0.5, math.inf, 3, 0.25, True))
+    tensors = state_to_tensors(state, "server")
+    template = adabest.ServerState(vector(0.0), vector(0.0), adabest.PlateauState())
+    assert state_from_tensors(template, tensors, "server", torch.device("cpu")) == state
+    # a checkpoint written before beta_plateau existed restores into a run without it
+    old = state_to_tensors(adabest.ServerState(vector(1.0), vector(2.0)), "server")
+    assert (
+        state_from_tensors(adabest.ServerState(vector(0.0), vector(0.0)), old, "server", torch.device("cpu")).plateau
+        is None
+    )

@@ -5,7 +5,7 @@ algorithm's own module.
 
 A private round (``RoundContext.mean_denominator`` set) sums the changes
 ``θ_k − θ^{t−1}`` instead (``ChangeSums``), and the algorithms that upload one
-model share their ``PrivacyForm`` (``model_change_form``).
+model share their ``ReleaseForm`` (``model_change_form``).
 
 A mean is kept as a running sum, ``Σ_k r_k v_k`` and ``Σ_k r_k``, divided once
 at the end (``RunningMean``): the server can fold each message in as it
@@ -21,15 +21,17 @@ from typing import Any, Sequence
 
 import torch
 
-from driftlab.features.capabilities import Reason
-from driftlab.simulation.seam import PrivacyForm, ServerFold
+from driftlab.features.capabilities import RELEASE_FORM, Lack, Reason, lacking
+from driftlab.optim.apply import apply_server_optimizer
+from driftlab.simulation.seam import ReleaseForm, ServerFold
 
 AGGREGATIONS = ("weighted", "uniform")
 
 WEIGHTED_REASON = Reason(
     why=(
-        'aggregation = "weighted" weighs each client by its sample count n_k, which is private and unbounded, so '
-        "no clip bounds one client's influence"
+        'aggregation = "weighted" weighs each client by its sample count n_k, so the server update is not the '
+        "sum of the released vectors with unit weight each that a release form promises (and n_k is private and "
+        "unbounded: no clip would bound one client's influence)"
     ),
     fix=('set algorithm.aggregation = "uniform"'),
 )
@@ -120,19 +122,26 @@ def model_mean_fold(aggregation: str, finish: Any) -> ServerFold:
     """The fold of a server that averages the messages' models: ``model_sums`` from the server's ``params``
     (θ^{t−1}), each message's ``params`` (θ_k) added at ``r_k = client_weight(num_samples, multiplicity,
     aggregation)``, then ``finish(server, client_models, context)`` with ``client_models.value(mean_denominator)``
-    the round's mean.  Shared by FedAvg and AdaBest."""
+    the round's mean; under "uniform" ``r_k`` is the multiplicity alone, so a message needs no ``num_samples``
+    field (FedGATE's has none).  Shared by FedAvg, AdaBest and FedGATE."""
+    uniform = check_aggregation(aggregation) == "uniform"
 
     def start(server: Any, context: Any) -> ModelSums:
         return model_sums(server.params, context)
 
     def add(client_models: ModelSums, message: Any) -> ModelSums:
-        return client_models.add(message.params, client_weight(message.num_samples, message.multiplicity, aggregation))
+        weight = (
+            float(message.multiplicity)
+            if uniform
+            else client_weight(message.num_samples, message.multiplicity, aggregation)
+        )
+        return client_models.add(message.params, weight)
 
     return ServerFold(start, add, finish)
 
 
-def model_change_form(make_carrier: Any) -> PrivacyForm:
-    """The ``PrivacyForm`` of a message whose ``params`` field is θ_k: it releases ``θ_k − view.params``.
+def model_change_form(make_carrier: Any) -> ReleaseForm:
+    """The ``ReleaseForm`` of a message whose ``params`` field is θ_k: it releases ``θ_k − view.params``.
 
     ``make_carrier(params)`` builds the message the fold counts once with unit weight (the server's noise);
     a message's other fields are kept as they are.  Shared by the algorithms that upload one model
@@ -149,4 +158,28 @@ def model_change_form(make_carrier: Any) -> PrivacyForm:
         params = view.params + vector
         return make_carrier(params) if message is None else dataclasses.replace(message, params=params)
 
-    return PrivacyForm(release, restore, size=size)
+    return ReleaseForm(release, restore, size=size)
+
+
+def server_step(
+    server_optimizer: Any, server: Any, client_average: torch.Tensor, context: Any
+) -> tuple[torch.Tensor, Any]:
+    """θ^t and the optimizer's new state: ``server_optimizer``'s step from the server's θ^{t−1} (``server.params``,
+    with ``server.optimizer_state``) on ``q = θ^{t−1} − client_average`` at the round's η_g
+    (``context.server_learning_rate``; ``apply_server_optimizer``)."""
+    return apply_server_optimizer(
+        server_optimizer, server.optimizer_state, server.params, client_average, context.server_learning_rate
+    )
+
+
+def averaging_parts(aggregation: str, fold: ServerFold, form: ReleaseForm, *lacks: Lack) -> dict[str, Any]:
+    """The ``Algorithm`` fields of an algorithm whose server means weigh clients by ``r_k`` (``client_weight``):
+    ``fold`` as its server update, ``form`` as its release form under uniform aggregation (else none, for
+    ``WEIGHTED_REASON``), and its other ``lacks``.  FedAvg, AdaBest, MimeLite and Mime."""
+    releasable = check_aggregation(aggregation) == "uniform"
+    return {
+        "server_update": fold.server_update,
+        "server_fold": fold,
+        "release": form if releasable else None,
+        "lacks": lacking(RELEASE_FORM, None if releasable else WEIGHTED_REASON) + lacks,
+    }

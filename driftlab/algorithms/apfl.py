@@ -58,9 +58,10 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from driftlab.algorithms import fedavg
+from driftlab.algorithms.section import AlgorithmConfig
 from driftlab.features.capabilities import ASYNCHRONOUS_RULE, synchronous_only, with_lack
 from driftlab.simulation.backends.local_training import LocalSettings, corrected_gradient, corrected_step
 from driftlab.simulation.seam import NO_CORRECTION, Algorithm, ClientContext, ClientUpdate, Personalization
@@ -78,10 +79,9 @@ ASYNCHRONOUS_REFUSAL = ASYNCHRONOUS_REASON.text  # the prose, for code that read
 DESCRIPTION = "APFL's mixed model α_k v_k + (1 − α_k) w"
 
 
-class Config(BaseModel):
+class Config(AlgorithmConfig):
     """``[algorithm]`` section for APFL (the server optimizer is chosen in ``[server]``, SGD with lr 1 being the paper)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
     name: Literal["apfl"] = "apfl"
     alpha: float = Field(
         0.25, ge=0.0, le=1.0, description="α_k at the start, in [0, 1]: the weight of the local model v_k in v̄_k"

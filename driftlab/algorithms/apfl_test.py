@@ -60,38 +60,22 @@ def test_two_local_steps_by_hand() -> None:
     #   → α² = 5/8 − 681/2048 = 599/2048;  v² = v¹ − ½·5/8·g = (129/1024, 867/512);  w² = (3/4, 1/2).
     computation = TargetsComputation((vector(2, 2), vector(0, 0)), LocalSettings(0.5))
     start = apfl.ClientState(vector(0, 2), 0.5)
-    state, w = apfl.personal_steps(
-        start,
-        vector(1, 0),
-        computation.minibatches(2),
-        computation.loss_gradient,
-        computation.settings,
-        adaptive=True,
-        alpha_lr=0.25,
-    )
+
+    def steps(adaptive: bool, alpha_lr: float) -> tuple[apfl.ClientState, torch.Tensor]:
+        """The two steps from (w⁰, v⁰, α⁰) on b₁, b₂."""
+        batches = computation.minibatches(2)
+        return apfl.personal_steps(
+            start, vector(1, 0), batches, computation.loss_gradient, computation.settings, adaptive, alpha_lr
+        )
+
+    state, w = steps(adaptive=True, alpha_lr=0.25)
     assert state.alpha == 599 / 2048 and isinstance(state.alpha, float)
     assert torch.equal(state.personal, vector(129 / 1024, 867 / 512)) and torch.equal(w, vector(0.75, 0.5))
     # α fixed: the same v¹ (it uses α⁰), then v² with α = ½: v̄ = ½(3/8,9/4) + ½(3/2,1) = (15/16, 13/8) = g
-    fixed, _ = apfl.personal_steps(
-        start,
-        vector(1, 0),
-        computation.minibatches(2),
-        computation.loss_gradient,
-        computation.settings,
-        adaptive=False,
-        alpha_lr=0.25,
-    )
+    fixed, _ = steps(adaptive=False, alpha_lr=0.25)
     assert fixed.alpha == 0.5 and torch.equal(fixed.personal, vector(3 / 8 - 15 / 64, 9 / 4 - 13 / 32))
     # α is projected onto [0, 1]: a large step size ends it at 0
-    projected, _ = apfl.personal_steps(
-        start,
-        vector(1, 0),
-        computation.minibatches(2),
-        computation.loss_gradient,
-        computation.settings,
-        adaptive=True,
-        alpha_lr=10.0,
-    )
+    projected, _ = steps(adaptive=True, alpha_lr=10.0)
     assert projected.alpha == 0.0
 
 
@@ -343,13 +327,13 @@ def test_compressed_uploads_run_and_cost_less() -> None:
 
 def test_privacy_uses_fedavgs_form_and_asynchronous_training_is_refused() -> None:
     weighted = apfl.build(SGD)
-    assert weighted.privacy is None and weighted.privacy_refusal == WEIGHTED_REFUSAL
+    assert weighted.release is None and weighted.release_refusal == WEIGHTED_REFUSAL
     uniform = apfl.build(SGD, aggregation="uniform")
     view = uniform.broadcast(uniform.server_init(vector(1, 2)))
     message = fedavg.ClientMessage(vector(1.5, 1), 4, 1)
-    assert torch.equal(uniform.privacy.release(view, message), vector(0.5, -1))
+    assert torch.equal(uniform.release.release(view, message), vector(0.5, -1))
     assert torch.equal(
-        uniform.privacy.release(view, uniform.privacy.restore(view, message, vector(2, 3))), vector(2, 3)
+        uniform.release.release(view, uniform.release.restore(view, message, vector(2, 3))), vector(2, 3)
     )
     private = run(
         "privacy.clip=1",

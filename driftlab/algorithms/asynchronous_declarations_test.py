@@ -49,7 +49,7 @@ def test_every_built_in_may_run_asynchronously_or_names_the_fix(name, build):
     algorithm = build(name)
     problem = algorithm.asynchronous_problem()
     if problem is None:
-        assert algorithm.asynchronous and algorithm.privacy is not None
+        assert algorithm.asynchronous and algorithm.release is not None
     else:
         assert not algorithm.asynchronous
         assert any(fix in problem for fix in FIXES), problem
@@ -77,9 +77,9 @@ def test_uniform_fedavg_and_fedprox_declare_fedbuffs_rule(name):
     ],
 )
 def test_drift_correcting_algorithms_refuse_with_a_reason_from_their_own_rule(module, build, reason):
-    # Even in the options under which each has a privacy form (the form FedBuff moves stale changes with).
+    # Even in the options under which each has a release form (the form FedBuff moves stale changes with).
     algorithm = build()
-    assert algorithm.privacy is not None
+    assert algorithm.release is not None
     assert algorithm.asynchronous_problem() == _refused(algorithm.name, module.ASYNCHRONOUS_REFUSAL)
     assert reason in module.ASYNCHRONOUS_REFUSAL
     assert (
@@ -145,7 +145,7 @@ def test_the_declared_rule_is_fedbuffs_server_step_on_a_hand_computed_buffer(nam
     algorithm = _uniform(name)
     plan = AsynchronousPlan(concurrency=4, buffer=2)
     old, now = algorithm.server_init(torch.zeros(2)), algorithm.server_init(torch.tensor([1.0, 2.0]))
-    form, fold = algorithm.privacy, algorithm.fold()
+    form, fold = algorithm.release, algorithm.fold()
     context = RoundContext(round=6, num_registered=4, num_selected=2, server_learning_rate=0.5, mean_denominator=2)
     sums = fold.start(now, context)
     for client_id, (server, version, final) in enumerate([(now, 5, [3.0, 2.0]), (old, 2, [0.0, 4.0])]):

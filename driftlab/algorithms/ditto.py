@@ -11,7 +11,7 @@ Algorithm 1, round t, each selected client k given ``w^t``::
     w_k = K steps of local SGD on F_k from w^t                        (FedAvg's client; w_k is what it sends)
     s steps of  v_k ← v_k − η (∇F_k(v_k; ξ) + λ (v_k − w^t))          (v_k is its client state; never sent)
     server:    w^{t+1} = FedAvg's aggregate of the w_k                 (``fedavg.build``: aggregation, server optimizer,
-                                                                        stragglers rule, privacy form: all FedAvg's)
+                                                                        stragglers rule, release form: all FedAvg's)
 
 The personal pass is ``ClientUpdate.computation.train(v_k, GradientCorrection(quadratic=λ, reference=w^t), s,
 "personal")`` in ``client_finish``: the round's η_l, weight decay, clipping (of ∇F_k alone; the λ term is added after
@@ -61,9 +61,10 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from driftlab.algorithms import fedavg
+from driftlab.algorithms.section import AlgorithmConfig
 from driftlab.features.capabilities import ASYNCHRONOUS_RULE, synchronous_only, with_lack
 from driftlab.simulation.seam import (
     NO_CORRECTION,
@@ -98,10 +99,9 @@ ASYNCHRONOUS_REFUSAL = ASYNCHRONOUS_REASON.text  # the prose, for code that read
 DESCRIPTION = "Ditto's personal model v_k (s proximal steps toward the received w per round)"
 
 
-class Config(BaseModel):
+class Config(AlgorithmConfig):
     """``[algorithm]`` section for Ditto (the global model's server optimizer is chosen in ``[server]``)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
     name: Literal["ditto"] = "ditto"
     lam: float = Field(
         1.0,

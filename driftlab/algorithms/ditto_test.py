@@ -13,6 +13,7 @@ from safetensors.torch import load_file
 import driftlab
 from driftlab.algorithms import ditto, fedavg
 from driftlab.algorithms.shared_test import Quadratics, heterogeneous_quadratics
+from driftlab.algorithms.testing import TINY
 from driftlab.compress import with_compression
 from driftlab.errors import ConfigError
 from driftlab.models import build_model
@@ -300,12 +301,12 @@ def test_compression_leaves_the_personal_model_alone_and_forwards_it():
 # ---------------------------------------------------------------- privacy, asynchrony, bad input
 
 
-def test_the_privacy_form_is_fedavgs_and_the_asynchronous_rule_is_refused_with_the_reason():
+def test_the_release_form_is_fedavgs_and_the_asynchronous_rule_is_refused_with_the_reason():
     uniform = ditto.build(SGD, aggregation="uniform")
     view = uniform.broadcast(uniform.server_init(vector(1.0, 2.0)))
-    assert torch.equal(uniform.privacy.release(view, ditto.ClientMessage(vector(2.0, 2.0), 7, 1)), vector(1.0, 0.0))
+    assert torch.equal(uniform.release.release(view, ditto.ClientMessage(vector(2.0, 2.0), 7, 1)), vector(1.0, 0.0))
     weighted = ditto.build(SGD)
-    assert weighted.privacy is None and 'set algorithm.aggregation = "uniform"' in weighted.privacy_refusal
+    assert weighted.release is None and 'set algorithm.aggregation = "uniform"' in weighted.release_refusal
     for algorithm in (uniform, weighted):
         assert (
             not algorithm.asynchronous
@@ -334,14 +335,7 @@ def test_bad_personal_steps_and_unknown_keys_are_refused():
 
 # ---------------------------------------------------------------- whole runs
 
-RUN = {
-    "rounds": 3,
-    "data": {"num_clients": 6},
-    "client": {"epochs": 1},
-    "sampling": {"participation": 0.5},
-    "evaluation": {"every": 1},
-    "algorithm": {"name": "ditto", "lam": 0.5},
-}
+RUN = {**TINY, "algorithm": {"name": "ditto", "lam": 0.5}}
 PERSONAL_KEYS = (
     "personal_test_accuracy_mean",
     "personal_test_accuracy_std",

@@ -67,26 +67,29 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from driftlab.algorithms.aggregation import WEIGHTED_REASON, RunningMean, check_aggregation, client_weight
-from driftlab.features.capabilities import ASYNCHRONOUS_RULE, PRIVACY_FORM, Reason, lacking, synchronous_only
-from driftlab.optim.apply import apply_server_optimizer
+from driftlab.algorithms.aggregation import WEIGHTED_REASON, RunningMean, check_aggregation, client_weight, server_step
+from driftlab.algorithms.section import AlgorithmConfig
+from driftlab.features.capabilities import ASYNCHRONOUS_RULE, RELEASE_FORM, Reason, lacking, synchronous_only
 from driftlab.simulation.seam import (
     NO_CORRECTION,
     Algorithm,
     ClientContext,
     ClientUpdate,
     GradientCorrection,
-    PrivacyForm,
+    ReleaseForm,
     RoundContext,
     ServerFold,
 )
 
 DEFAULT_COMPRESSION_RATIO = 0.01
 ADAPTIVE_REASON = Reason(
-    why=('incomplete = "adaptive" weighs a straggler by E/s_k, which no clip bounds (up to E times a complete client)'),
-    fix=('set algorithm.incomplete = "drop" or "plain"'),
+    why=(
+        "incomplete = \"adaptive\" weighs a straggler's change by E/s_k (up to E times a complete client's), so the "
+        "server update is not the sum of the released vectors with unit weight each that a release form promises"
+    ),
+    fix=('set algorithm.incomplete = "drop" or "plain", or remove the feature'),
 )
 ADAPTIVE_REFUSAL = ADAPTIVE_REASON.text  # the prose, for code that reads it
 
@@ -104,10 +107,9 @@ ASYNCHRONOUS_REASON = synchronous_only(
 ASYNCHRONOUS_REFUSAL = ASYNCHRONOUS_REASON.text  # the prose, for code that reads it
 
 
-class Config(BaseModel):
+class Config(AlgorithmConfig):
     """``[algorithm]`` section for EFL (compression is ``[compression] ratio``, default 0.01 for EFL)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
     name: Literal["efl"] = "efl"
     elastic: float = Field(0.5, ge=0, description="λ, weight of the Fisher-weighted elastic term; 0 turns it off")
     fisher_examples: int = Field(
@@ -172,8 +174,8 @@ class RoundSums:
     relative: bool = False
 
 
-def privacy_reason(incomplete: str, aggregation: str) -> Reason | None:
-    """Why EFL with these options has no ``PrivacyForm`` (naming each fix), or None when it has one."""
+def release_reason(incomplete: str, aggregation: str) -> Reason | None:
+    """Why EFL with these options has no ``ReleaseForm`` (naming each fix), or None when it has one."""
     reasons = ([WEIGHTED_REASON] if aggregation == "weighted" else []) + (
         [ADAPTIVE_REASON] if incomplete == "adaptive" else []
     )
@@ -183,8 +185,8 @@ def privacy_reason(incomplete: str, aggregation: str) -> Reason | None:
     return Reason(first.why, "; ".join([first.fix, *(reason.text for reason in rest)]), first.joint)
 
 
-def privacy_form(uses_fisher: bool) -> PrivacyForm:
-    """EFL's ``PrivacyForm``: a message releases ``cat(θ_k − θ, u_k − u_k^old, v_k − v_k^old)`` (``θ_k − θ`` alone
+def release_form(uses_fisher: bool) -> ReleaseForm:
+    """EFL's ``ReleaseForm``: a message releases ``cat(θ_k − θ, u_k − u_k^old, v_k − v_k^old)`` (``θ_k − θ`` alone
     without the Fisher); the carrier counts once with unit weight (multiplicity 1, complete)."""
 
     def release(view: ClientView, message: ClientMessage) -> torch.Tensor:
@@ -210,7 +212,7 @@ def privacy_form(uses_fisher: bool) -> PrivacyForm:
     def size(view: ClientView) -> int:
         return (3 if uses_fisher else 1) * view.params.numel()
 
-    return PrivacyForm(release, restore, size=size)
+    return ReleaseForm(release, restore, size=size)
 
 
 def build(
@@ -302,9 +304,7 @@ def build(
         if sums.incomplete_extra is not None:
             weight = sums.client_models.weight if denominator is None else denominator
             client_average = client_average + sums.incomplete_extra / weight
-        params, optimizer_state = apply_server_optimizer(
-            server_optimizer, server.optimizer_state, server.params, client_average, context.server_learning_rate
-        )
+        params, optimizer_state = server_step(server_optimizer, server, client_average, context)
         metrics = {"fisher_sum_norm": float(torch.linalg.vector_norm(sums.fisher_sum))} if uses_fisher else {}
         return ServerState(params, optimizer_state, sums.fisher_sum, sums.weighted_model_sum), metrics
 
@@ -313,7 +313,7 @@ def build(
             return ClientView(server.params, None, None)
         return ClientView(server.params, server.fisher_sum, server.weighted_model_sum)
 
-    refusal = privacy_reason(incomplete, aggregation)
+    refusal = release_reason(incomplete, aggregation)
     fold = ServerFold(aggregation_start, aggregation_add, aggregation_finish)
     return Algorithm(
         "efl",
@@ -324,8 +324,8 @@ def build(
         broadcast,
         client_state_init=client_state_init,
         server_fold=fold,
-        privacy=privacy_form(uses_fisher) if refusal is None else None,
-        lacks=lacking(PRIVACY_FORM, refusal) + lacking(ASYNCHRONOUS_RULE, ASYNCHRONOUS_REASON),
+        release=release_form(uses_fisher) if refusal is None else None,
+        lacks=lacking(RELEASE_FORM, refusal) + lacking(ASYNCHRONOUS_RULE, ASYNCHRONOUS_REASON),
     )
 
 

@@ -20,6 +20,7 @@ from safetensors.torch import load_file
 import driftlab
 from driftlab.algorithms import efl
 from driftlab.algorithms.registry import BUILT_IN
+from driftlab.algorithms.testing import every_client_plan
 from driftlab.compress import with_compression
 from driftlab.data.federated import FederatedDataset
 from driftlab.metrics.communication import payload_bits
@@ -31,7 +32,7 @@ from driftlab.simulation.backends.local_training import LocalSettings, Sequentia
 from driftlab.simulation.round.availability import AvailabilityModel, steps_to_do
 from driftlab.simulation.round.client import ClientDataComputation
 from driftlab.simulation.round.engine import client_data
-from driftlab.simulation.round.setup import RoundPlan, Simulation
+from driftlab.simulation.round.setup import Simulation
 from driftlab.simulation.seam import NO_CORRECTION, ClientContext, ClientUpdate, RoundContext
 
 P_MLR = 610
@@ -330,16 +331,7 @@ def _fisher_simulation(seed: int = 0) -> Simulation:
     )
     model = FlatModel.wrap(build_model("mlr", (2,), 3)).to("cpu", torch.float64)
     assert model.names == ("linear.weight", "linear.bias") and model.numels == (6, 3)
-    plan = RoundPlan(
-        seed=seed,
-        participation=1.0,
-        sampling="uniform",
-        batch_size=10,
-        client_lr=0.1,
-        server_lr=1.0,
-        local_epochs=None,
-        steps=1,
-    )
+    plan = every_client_plan(1, seed=seed)
     theta = torch.tensor(FISHER_THETA, dtype=torch.float64)
     algorithm = efl.build(sgd(), elastic=0.5)
     return Simulation(
@@ -598,16 +590,7 @@ def test_availability_through_the_engine():
 
 
 def test_incomplete_work_with_fixed_steps_is_uniform_over_steps():
-    plan = RoundPlan(
-        seed=0,
-        participation=1.0,
-        sampling="uniform",
-        batch_size=10,
-        client_lr=0.1,
-        server_lr=1.0,
-        local_epochs=None,
-        steps=4,
-    )
+    plan = every_client_plan(4)
     model = AvailabilityModel(0.0, 1.0)
     n = 20  # 2 steps per epoch
     draws = {steps_to_do(model, 0, t, 0, plan.planned_steps(n, t), plan.partial_work_epoch(n)) for t in range(1, 200)}
@@ -713,10 +696,10 @@ HAND_CASE = {
 
 
 def test_adaptive_extra_divides_by_the_public_denominator_when_set():
-    # The adaptive weights have no privacy form (E/s_k is unbounded by any clip), but the fold still honours
+    # The adaptive weights have no release form (E/s_k is unbounded by any clip), but the fold still honours
     # RoundContext.mean_denominator everywhere it takes a mean: the extra Σ (E/s_k − 1)(θ_k − θ) too.
     algorithm = efl.build(sgd(), elastic=0.0, incomplete="adaptive", aggregation="uniform")
-    assert algorithm.privacy is None and '"drop" or "plain"' in algorithm.privacy_refusal
+    assert algorithm.release is None and '"drop" or "plain"' in algorithm.release_refusal
     server = algorithm.server_init(torch.zeros(2, dtype=torch.float64))
     messages = [
         efl.ClientMessage(torch.tensor([2.0, 0.0], dtype=torch.float64), None, None, 10, 1, 1.0),
@@ -734,8 +717,8 @@ def test_efl_releases_the_model_change_and_the_fisher_changes_in_one_vector():
     view = algorithm.broadcast(algorithm.server_init(torch.tensor([1.0, 1.0])))
     change_u, change_v = torch.tensor([0.5, 0.25]), torch.tensor([1.0, 0.75])
     message = efl.ClientMessage(torch.tensor([2.0, 3.0]), change_u, change_v, 9, 1, 1.0)
-    x = algorithm.privacy.release(view, message)
+    x = algorithm.release.release(view, message)
     assert torch.equal(x, torch.tensor([1.0, 2.0, 0.5, 0.25, 1.0, 0.75]))
-    carrier = algorithm.privacy.restore(view, None, x)
+    carrier = algorithm.release.restore(view, None, x)
     assert (carrier.multiplicity, carrier.completed_fraction) == (1, 1.0)
     assert torch.equal(carrier.params, message.params) and torch.equal(carrier.fisher_change, message.fisher_change)

@@ -54,7 +54,7 @@ clientamp/serveramp, FLGo's and fluke's fedamp are third-party):
     state w_k: the client holds it already (it trained it), so it is not counted as sent.
 
 Refused: compression (one downlink residual per server, the seam), [asynchronous] (the seam), a deployment
-(deploy/messages.check_deployable), [privacy] (``PRIVACY_REFUSAL``).
+(deploy/messages.check_deployable), [privacy] (``RELEASE_REFUSAL``).
 
 Cost (N clients, P parameters, m selected): the store holds N·P floats (the rows of clients that trained; on disk
 when large, checkpointed incrementally by the disk store); the server state is four models (Σ_j w_j in float64, the
@@ -79,10 +79,11 @@ from functools import cached_property
 from typing import Any, Callable, Iterable, Iterator, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from driftlab.algorithms.section import AlgorithmConfig
 from driftlab.errors import ConfigError
-from driftlab.features.capabilities import PRIVACY_FORM, Reason, lacking
+from driftlab.features.capabilities import RELEASE_FORM, Reason, lacking
 from driftlab.metrics.communication import BITS_PER_ENTRY
 from driftlab.simulation.seam import (
     Algorithm,
@@ -94,7 +95,7 @@ from driftlab.simulation.seam import (
     ServerFold,
 )
 
-PRIVACY_REASON = Reason(
+RELEASE_REASON = Reason(
     why=(
         "FedAMP's server keeps each client's own model w_k and mixes the models one by one into every client's "
         "cloud model u_k, so a client's upload is used on its own, not through a clipped sum that noise can hide"
@@ -103,7 +104,7 @@ PRIVACY_REASON = Reason(
         'no client-level DP form exists for it; remove [privacy], or use fedavg or fedprox with aggregation = "uniform"'
     ),
 )
-PRIVACY_REFUSAL = PRIVACY_REASON.text  # the prose, for code that reads it
+RELEASE_REFUSAL = RELEASE_REASON.text  # the prose, for code that reads it
 
 # Rows of W per block of a cloud-model sum: about 16 Mi entries (64 MiB of float32) whatever the model size.
 BLOCK_ENTRIES = 1 << 24
@@ -112,10 +113,9 @@ BLOCK_ENTRIES = 1 << 24
 States = Callable[[], Iterator[tuple[int, "ClientState"]]]
 
 
-class Config(BaseModel):
+class Config(AlgorithmConfig):
     """``[algorithm]`` section for FedAMP (no server optimizer: the server keeps the clients' models)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
     name: Literal["fedamp"] = "fedamp"
     sigma: float = Field(
         1.0, gt=0, description="σ > 0 of A(x) = 1 − e^{−x/σ}: the squared distance at which attention fades"
@@ -320,7 +320,7 @@ def build(
         broadcast,
         client_state_init=client_state_init,
         server_fold=fold,
-        lacks=lacking(PRIVACY_FORM, PRIVACY_REASON),
+        lacks=lacking(RELEASE_FORM, RELEASE_REASON),
         client_view=client_view,
         personalization=Personalization(personal_model, "FedAMP's personalized model w_k"),
     )

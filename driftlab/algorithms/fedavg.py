@@ -20,7 +20,7 @@ like everyone else.  An inactive client sends nothing.  If no client reports,
 the server model stays as it is.
 
 Under ``[privacy]`` (client-level DP, ``driftlab.privacy``): a message reveals
-``x_k = θ_k − θ^{t−1}`` (``Algorithm.privacy``).  With ``aggregation =
+``x_k = θ_k − θ^{t−1}`` (``Algorithm.release``).  With ``aggregation =
 "uniform"`` the fold is ``θ̄ = θ^{t−1} + Σ_P x_k / m``, linear in the released
 vectors with unit weight per message, so clipping each ``x_k`` to norm C makes
 the sensitivity of ``Σ_P x_k`` C (adding or removing one client) and the
@@ -56,18 +56,19 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from driftlab.algorithms.aggregation import (
-    WEIGHTED_REASON,
     WEIGHTED_REFUSAL,  # noqa: F401 - read as fedavg.WEIGHTED_REFUSAL
     ModelSums,
+    averaging_parts,
     check_aggregation,
     model_change_form,
     model_mean_fold,
+    server_step,
 )
-from driftlab.features.capabilities import ASYNCHRONOUS_RULE, PRIVACY_FORM, Reason, lacking
-from driftlab.optim.apply import apply_server_optimizer
+from driftlab.algorithms.section import AlgorithmConfig
+from driftlab.features.capabilities import ASYNCHRONOUS_RULE, Reason, lacking
 from driftlab.simulation.seam import (
     NO_CORRECTION,
     Algorithm,
@@ -85,10 +86,9 @@ FEDBUFF_WEIGHTED_REASON = Reason(
 FEDBUFF_WEIGHTED_REFUSAL = FEDBUFF_WEIGHTED_REASON.text  # the prose, for code that reads it
 
 
-class Config(BaseModel):
+class Config(AlgorithmConfig):
     """``[algorithm]`` section for FedAvg (the server optimizer is chosen in ``[server]``)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
     name: Literal["fedavg"] = "fedavg"
     aggregation: Literal["weighted", "uniform"] = Field(
         "weighted", description="weighted: w_k = n_k / Σ n_j (default); uniform: mean over reporting clients"
@@ -142,9 +142,7 @@ def build(server_optimizer: Any, aggregation: str = "weighted", incomplete: str 
         server: ServerState, client_models: ModelSums, context: RoundContext
     ) -> tuple[ServerState, dict[str, float]]:
         client_average = client_models.value(context.mean_denominator)
-        params, optimizer_state = apply_server_optimizer(
-            server_optimizer, server.optimizer_state, server.params, client_average, context.server_learning_rate
-        )
+        params, optimizer_state = server_step(server_optimizer, server, client_average, context)
         return ServerState(params, optimizer_state), {}
 
     def broadcast(server: ServerState) -> ClientView:
@@ -152,22 +150,13 @@ def build(server_optimizer: Any, aggregation: str = "weighted", incomplete: str 
 
     # Unit weight: uniform aggregation counts a message by its multiplicity, 1 under poisson or uniform sampling.
     form = model_change_form(lambda params: ClientMessage(params, num_samples=1, multiplicity=1))
-    private = aggregation == "uniform"
-    fold = model_mean_fold(aggregation, aggregation_finish)
+    uniform = aggregation == "uniform"
+    fedbuff = lacking(ASYNCHRONOUS_RULE, None if uniform else FEDBUFF_WEIGHTED_REASON)
+    parts = averaging_parts(aggregation, model_mean_fold(aggregation, aggregation_finish), form, *fedbuff)
     # FedBuff's server step is this fold fed the buffer's staleness-weighted changes as unit-weight carriers
     # (mean_denominator = B): θ ← ServerOpt(θ, −(1/B) Σ s(τ_k) Δ_k), its Algorithm 1 with a FedOpt server.
     return Algorithm(
-        "fedavg",
-        server_init,
-        client_objective,
-        client_finish,
-        fold.server_update,
-        broadcast,
-        server_fold=fold,
-        privacy=form if private else None,
-        asynchronous=aggregation == "uniform",
-        lacks=lacking(PRIVACY_FORM, None if private else WEIGHTED_REASON)
-        + lacking(ASYNCHRONOUS_RULE, None if aggregation == "uniform" else FEDBUFF_WEIGHTED_REASON),
+        "fedavg", server_init, client_objective, client_finish, broadcast=broadcast, asynchronous=uniform, **parts
     )
 
 

@@ -10,6 +10,7 @@ import torch
 
 import driftlab
 from driftlab.algorithms import fedavg
+from driftlab.algorithms.testing import every_client_plan
 from driftlab.data.federated import FederatedDataset
 from driftlab.experiments.run import runner as runner_module
 from driftlab.models import build_model
@@ -17,7 +18,7 @@ from driftlab.optim.server import make_server_optimizer
 from driftlab.simulation.backends.flat import FlatModel
 from driftlab.simulation.backends.local_training import SequentialBackend
 from driftlab.simulation.round.engine import run_round
-from driftlab.simulation.round.setup import RoundPlan, Simulation, SimulationState
+from driftlab.simulation.round.setup import Simulation, SimulationState
 from driftlab.simulation.seam import RoundContext
 from driftlab.simulation.state.state_store import InMemoryClientStore
 
@@ -72,16 +73,7 @@ def _tiny_simulation(
     model = FlatModel.wrap(build_model("mlr", (1,), 2)).to("cpu", torch.float64)
     assert model.names == ("linear.weight", "linear.bias")
     algorithm = fedavg.build(make_server_optimizer(server_optimizer), aggregation=aggregation)
-    plan = RoundPlan(
-        seed=0,
-        participation=1.0,
-        sampling="uniform",
-        batch_size=10,  # larger than any client: one step is a full-batch gradient step
-        client_lr=LR,
-        server_lr=server_lr,
-        local_epochs=None,
-        steps=1,
-    )
+    plan = every_client_plan(1, client_lr=LR, server_lr=server_lr)  # one step: a full-batch gradient step
     theta0 = torch.tensor(THETA0, dtype=torch.float64)
     sim = Simulation(
         model, data, algorithm, SequentialBackend(), plan, torch.device("cpu"), torch.float64, initial_params=theta0
@@ -268,7 +260,7 @@ HAND_CASE = {"config": {}, "params": [(0.375, 2.25), (0.46875, 2.8125)], "drift"
 
 def test_fedavg_private_round_averages_changes_over_the_public_denominator():
     # mean_denominator m: θ + Σ_P r_k (θ_k − θ) / m; a client drawn twice (multiplicity 2) still counts twice,
-    # which is why the privacy form's promise is for multiplicity 1 (poisson or uniform sampling).
+    # which is why the release form's promise is for multiplicity 1 (poisson or uniform sampling).
     algorithm = fedavg.build(make_server_optimizer("sgd"), aggregation="uniform")
     server = algorithm.server_init(torch.tensor([1.0, 1.0]))
     messages = [
@@ -281,11 +273,11 @@ def test_fedavg_private_round_averages_changes_over_the_public_denominator():
     assert torch.equal(plain.params, torch.tensor([7.0 / 3.0, 7.0 / 3.0]))  # (2·(3, 1) + (1, 5))/3
 
 
-def test_fedavg_privacy_form_only_with_uniform_aggregation():
+def test_fedavg_release_form_only_with_uniform_aggregation():
     weighted = fedavg.build(make_server_optimizer("sgd"), aggregation="weighted", incomplete="keep")
-    assert weighted.privacy is None and 'set algorithm.aggregation = "uniform"' in weighted.privacy_refusal
+    assert weighted.release is None and 'set algorithm.aggregation = "uniform"' in weighted.release_refusal
     uniform = fedavg.build(make_server_optimizer("sgd"), aggregation="uniform", incomplete="keep")
     view = uniform.broadcast(uniform.server_init(torch.tensor([1.0, 2.0])))
-    carrier = uniform.privacy.restore(view, None, torch.tensor([0.5, -1.0]))
+    carrier = uniform.release.restore(view, None, torch.tensor([0.5, -1.0]))
     assert isinstance(carrier, fedavg.ClientMessage) and carrier.multiplicity == 1
     assert torch.equal(carrier.params, torch.tensor([1.5, 1.0]))

@@ -75,9 +75,10 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from driftlab.algorithms.aggregation import RunningMean, model_change_form
+from driftlab.algorithms.section import AlgorithmConfig
 from driftlab.features.capabilities import ASYNCHRONOUS_RULE, lacking, synchronous_only
 from driftlab.simulation.seam import (
     Algorithm,
@@ -103,10 +104,9 @@ ASYNCHRONOUS_REASON = synchronous_only(
 ASYNCHRONOUS_REFUSAL = ASYNCHRONOUS_REASON.text  # the prose, for code that reads it
 
 
-class Config(BaseModel):
+class Config(AlgorithmConfig):
     """``[algorithm]`` section for FedDyn (it has its own server step: keep ``server.optimizer = "sgd"``, ``server.lr = 1``)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
     name: Literal["feddyn"] = "feddyn"
     alpha: float = Field(
         0.01,
@@ -231,7 +231,7 @@ def build(alpha: float = 0.01, balance: str = "by_size") -> Algorithm:
         client_joined=client_joined,
         client_left=client_left,
         server_fold=fold,
-        privacy=model_change_form(lambda params: ClientMessage(params, multiplicity=1)),
+        release=model_change_form(lambda params: ClientMessage(params, multiplicity=1)),
         lacks=lacking(ASYNCHRONOUS_RULE, ASYNCHRONOUS_REASON),
     )
 

@@ -218,4 +218,4 @@ def test_feddyn_private_round_means_changes_over_the_denominator_and_sums_them_o
     assert torch.equal(new_server.dual_sum, torch.tensor([2.0, 8.0]))
     assert torch.equal(new_server.params, torch.tensor([2.5, 4.0]))
     view = algorithm.broadcast(server)
-    assert torch.equal(algorithm.privacy.release(view, messages[0]), torch.tensor([2.0, 0.0]))
+    assert torch.equal(algorithm.release.release(view, messages[0]), torch.tensor([2.0, 0.0]))

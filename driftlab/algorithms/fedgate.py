@@ -56,21 +56,19 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict
 
-from driftlab.algorithms.aggregation import ModelSums, model_change_form, model_sums
+from driftlab.algorithms.aggregation import ModelSums, model_change_form, model_mean_fold, server_step
+from driftlab.algorithms.section import named_section
 from driftlab.features.capabilities import ASYNCHRONOUS_RULE, lacking, synchronous_only
-from driftlab.optim.apply import apply_server_optimizer
 from driftlab.simulation.seam import (
     Algorithm,
     ClientContext,
     ClientUpdate,
     GradientCorrection,
     RoundContext,
-    ServerFold,
 )
 
 # Why FedBuff cannot run FedGATE (Algorithm.asynchronous_refusal; docs/algorithms.md, "Asynchronous").
@@ -86,11 +84,11 @@ ASYNCHRONOUS_REASON = synchronous_only(
 ASYNCHRONOUS_REFUSAL = ASYNCHRONOUS_REASON.text  # the prose, for code that reads it
 
 
-class Config(BaseModel):
-    """``[algorithm]`` section for FedGATE; ``η_l``, ``τ`` come from ``[client]`` and ``γ`` is ``server.lr``."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    name: Literal["fedgate"] = "fedgate"
+Config = named_section(
+    "fedgate",
+    """``[algorithm]`` section for FedGATE; ``η_l``, ``τ`` come from ``[client]`` and ``γ`` is ``server.lr``.""",
+    __name__,
+)
 
 
 @dataclass(frozen=True)
@@ -152,27 +150,19 @@ def build(server_optimizer: Any) -> Algorithm:
             update.final_params, context.multiplicity
         )
 
-    def aggregation_start(server: ServerState, context: RoundContext) -> ModelSums:
-        return model_sums(server.params, context)
-
-    def aggregation_add(client_models: ModelSums, message: ClientMessage) -> ModelSums:
-        return client_models.add(message.params, float(message.multiplicity))
-
     def aggregation_finish(
         server: ServerState, client_models: ModelSums, context: RoundContext
     ) -> tuple[ServerState, dict[str, float]]:
         client_average = client_models.value(context.mean_denominator)
         # D^t = θ^{t−1} − mean_P θ_k = mean_P D_k, the pseudo-gradient the server optimizer steps on.
-        params, optimizer_state = apply_server_optimizer(
-            server_optimizer, server.optimizer_state, server.params, client_average, context.server_learning_rate
-        )
+        params, optimizer_state = server_step(server_optimizer, server, client_average, context)
         return ServerState(params, server.params - client_average, optimizer_state), {}
 
     def broadcast(server: ServerState) -> ClientView:
         return ClientView(server.params, server.mean_change)
 
     form = model_change_form(lambda params: ClientMessage(params, multiplicity=1))
-    fold = ServerFold(aggregation_start, aggregation_add, aggregation_finish)
+    fold = model_mean_fold("uniform", aggregation_finish)  # mean_P θ_k, each client counted by its multiplicity
     return Algorithm(
         "fedgate",
         server_init,
@@ -182,7 +172,7 @@ def build(server_optimizer: Any) -> Algorithm:
         broadcast,
         client_state_init=client_state_init,
         server_fold=fold,
-        privacy=form,
+        release=form,
         lacks=lacking(ASYNCHRONOUS_RULE, ASYNCHRONOUS_REASON),
     )
 

@@ -234,8 +234,8 @@ def test_private_round_divides_the_change_sum_by_the_public_denominator() -> Non
     server = algorithm.server_init(vector(1, 1))
     view = algorithm.broadcast(server)
     message = fedgate.ClientMessage(vector(3, 1), 1)
-    assert torch.equal(algorithm.privacy.release(view, message), vector(2, 0))
-    carrier = algorithm.privacy.restore(view, None, vector(0, 4))
+    assert torch.equal(algorithm.release.release(view, message), vector(2, 0))
+    carrier = algorithm.release.restore(view, None, vector(0, 4))
     assert torch.equal(carrier.params, vector(1, 5)) and carrier.multiplicity == 1
     # Σ changes = (2, 4) over m = 4: mean θ_k = (1.5, 2), D = (−0.5, −1)
     new_server, _ = algorithm.server_update(

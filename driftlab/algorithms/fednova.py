@@ -29,7 +29,7 @@ momentum are not offered; its server momentum ``gmf`` is ``server.optimizer = "m
 ``server.lr = 1`` (equal for a constant η_l).  Metric ``effective_steps`` = τ_eff.
 
 Partial work and dropouts: kept, that is FedNova's point; an inactive client sends nothing.  If no client
-reports, the server model stays as it is.  Client-level DP and FedBuff are refused (``PRIVACY_REFUSAL``,
+reports, the server model stays as it is.  Client-level DP and FedBuff are refused (``RELEASE_REFUSAL``,
 ``ASYNCHRONOUS_REFUSAL``).
 
 Example:
@@ -44,11 +44,11 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from driftlab.algorithms.aggregation import RunningMean, check_aggregation, client_weight
-from driftlab.features.capabilities import ASYNCHRONOUS_RULE, PRIVACY_FORM, Reason, lacking, synchronous_only
-from driftlab.optim.apply import apply_server_optimizer
+from driftlab.algorithms.aggregation import RunningMean, check_aggregation, client_weight, server_step
+from driftlab.algorithms.section import AlgorithmConfig
+from driftlab.features.capabilities import ASYNCHRONOUS_RULE, RELEASE_FORM, Reason, lacking, synchronous_only
 from driftlab.simulation.backends.objectives import LocalObjective, LocalStep
 from driftlab.simulation.seam import (
     NO_CORRECTION,
@@ -60,7 +60,7 @@ from driftlab.simulation.seam import (
     ServerFold,
 )
 
-PRIVACY_REASON = Reason(
+RELEASE_REASON = Reason(
     why=(
         "FedNova scales each client's change by τ_eff/a_k, where a_k comes from the client's own step count and "
         "τ_eff = Σ p_k a_k from every reporter's, both private, so no clip on the change bounds one client's "
@@ -68,7 +68,7 @@ PRIVACY_REASON = Reason(
     ),
     fix=('use fedavg with aggregation = "uniform"'),
 )
-PRIVACY_REFUSAL = PRIVACY_REASON.text  # the prose, for code that reads it
+RELEASE_REFUSAL = RELEASE_REASON.text  # the prose, for code that reads it
 ASYNCHRONOUS_REASON = synchronous_only(
     "fednova",
     why=(
@@ -81,10 +81,9 @@ ASYNCHRONOUS_REASON = synchronous_only(
 ASYNCHRONOUS_REFUSAL = ASYNCHRONOUS_REASON.text  # the prose, for code that reads it
 
 
-class Config(BaseModel):
+class Config(AlgorithmConfig):
     """``[algorithm]`` section for FedNova (the server optimizer and ``η_g`` are chosen in ``[server]``)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
     name: Literal["fednova"] = "fednova"
     aggregation: Literal["weighted", "uniform"] = Field(
         "weighted", description="weighted: p_k = n_k / Σ n_j (the paper's, default); uniform: p_k = 1/|P|"
@@ -197,9 +196,7 @@ def build(server_optimizer: Any, aggregation: str = "weighted", momentum: float 
         client_mean = sums.models.value()  # θ̃
         step = (sums.work / sums.weight) * (sums.models.weight / sums.weight)  # λ = τ_eff Σ p_k / a_k
         target = client_mean if step == 1.0 else server.params + step * (client_mean - server.params)
-        params, optimizer_state = apply_server_optimizer(
-            server_optimizer, server.optimizer_state, server.params, target, context.server_learning_rate
-        )
+        params, optimizer_state = server_step(server_optimizer, server, target, context)
         return ServerState(params, optimizer_state), {"effective_steps": sums.reference * sums.work / sums.weight}
 
     def broadcast(server: ServerState) -> ClientView:
@@ -214,7 +211,7 @@ def build(server_optimizer: Any, aggregation: str = "weighted", momentum: float 
         fold.server_update,
         broadcast,
         server_fold=fold,
-        lacks=lacking(PRIVACY_FORM, PRIVACY_REASON) + lacking(ASYNCHRONOUS_RULE, ASYNCHRONOUS_REASON),
+        lacks=lacking(RELEASE_FORM, RELEASE_REASON) + lacking(ASYNCHRONOUS_RULE, ASYNCHRONOUS_REASON),
     )
 
 

@@ -315,7 +315,7 @@ def test_build_refuses_bad_values_with_value_errors() -> None:
 def test_privacy_and_asynchronous_training_are_refused_with_the_fix() -> None:
     for aggregation in ("weighted", "uniform"):
         algorithm = build_algorithm("fednova", aggregation=aggregation)
-        assert algorithm.privacy is None and 'use fedavg with aggregation = "uniform"' in algorithm.privacy_refusal
+        assert algorithm.release is None and 'use fedavg with aggregation = "uniform"' in algorithm.release_refusal
         assert not algorithm.asynchronous
         assert "remove [asynchronous]" in algorithm.asynchronous_problem()
 

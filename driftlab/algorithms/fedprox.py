@@ -53,18 +53,18 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from driftlab.algorithms import fedavg
+from driftlab.algorithms.section import AlgorithmConfig
 from driftlab.simulation.seam import NO_CORRECTION, Algorithm, ClientContext, GradientCorrection
 
 ClientView = fedavg.ClientView  # FedAvg's server half broadcasts θ^{t−1}, the proximal reference too
 
 
-class Config(BaseModel):
+class Config(AlgorithmConfig):
     """``[algorithm]`` section for FedProx (the server optimizer is chosen in ``[server]``)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
     name: Literal["fedprox"] = "fedprox"
     mu: float = Field(
         0.01,

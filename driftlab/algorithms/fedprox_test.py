@@ -100,11 +100,11 @@ def test_unknown_key_is_rejected() -> None:
 HAND_CASE = {"config": {"mu": 1.0}, "params": [(0.25, 1.5), (0.375, 2.25)], "drift": None}
 
 
-def test_fedprox_has_fedavgs_privacy_form_with_uniform_aggregation():
+def test_fedprox_has_fedavgs_release_form_with_uniform_aggregation():
     uniform = fedprox.build(make_server_optimizer("sgd"), mu=0.1, aggregation="uniform")
     view = uniform.broadcast(uniform.server_init(torch.tensor([1.0, 2.0])))
-    message = uniform.privacy.restore(view, None, torch.tensor([1.0, 1.0]))
-    assert torch.equal(uniform.privacy.release(view, message), torch.tensor([1.0, 1.0]))
-    assert uniform.name == "fedprox" and uniform.privacy_refusal is None
+    message = uniform.release.restore(view, None, torch.tensor([1.0, 1.0]))
+    assert torch.equal(uniform.release.release(view, message), torch.tensor([1.0, 1.0]))
+    assert uniform.name == "fedprox" and uniform.release_refusal is None
     weighted = fedprox.build(make_server_optimizer("sgd"), mu=0.1)  # the authors' weighted average, the default
-    assert weighted.privacy is None and 'set algorithm.aggregation = "uniform"' in weighted.privacy_refusal
+    assert weighted.release is None and 'set algorithm.aggregation = "uniform"' in weighted.release_refusal

@@ -83,22 +83,24 @@ Example:
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from driftlab.algorithms.aggregation import (
-    WEIGHTED_REASON,
     ModelSums,
     RunningMean,
+    averaging_parts,
     check_aggregation,
     client_weight,
     model_sums,
+    server_step,
 )
-from driftlab.features.capabilities import ASYNCHRONOUS_RULE, PRIVACY_FORM, Reason, lacking, synchronous_only
-from driftlab.optim.apply import apply_server_optimizer
+from driftlab.algorithms.section import AlgorithmConfig
+from driftlab.features.capabilities import ASYNCHRONOUS_RULE, RELEASE_FORM, Reason, lacking, synchronous_only
 from driftlab.simulation.backends.objectives import LocalBatch, LocalObjective, LossTerm
 from driftlab.simulation.seam import (
     NO_CORRECTION,
@@ -106,7 +108,7 @@ from driftlab.simulation.seam import (
     ClientContext,
     ClientUpdate,
     GradientCorrection,
-    PrivacyForm,
+    ReleaseForm,
     RoundContext,
     RoundPrelude,
     ServerFold,
@@ -137,17 +139,19 @@ ASYNCHRONOUS_REASON = synchronous_only(
 ASYNCHRONOUS_REFUSAL = ASYNCHRONOUS_REASON.text  # the prose, for code that reads it
 
 
-CURRENT_PRIVACY_REASON = Reason(
+CURRENT_RELEASE_REASON = Reason(
     why=(
         "Mime with the paper's control variate uploads each client's full-batch gradient in a first phase of the "
-        "round, which client-level DP does not clip or noise"
+        "round (Algorithm.prelude), outside the round's one message whose vector a release form names, so a feature "
+        "that works on the released vectors would leave that upload as it is (client-level DP unclipped and "
+        "unnoised, a robust rule or an attack untouched)"
     ),
     fix=(
-        'set algorithm.control_variate = "previous" (its messages carry the gradients and are clipped and '
-        'noised; aggregation = "uniform"), or remove [privacy]'
+        'set algorithm.control_variate = "previous" (one phase: its messages carry the gradients in their released '
+        'vector; aggregation = "uniform"), or remove the feature'
     ),
 )
-CURRENT_PRIVACY_REFUSAL = CURRENT_PRIVACY_REASON.text  # the prose, for code that reads it
+CURRENT_RELEASE_REFUSAL = CURRENT_RELEASE_REASON.text  # the prose, for code that reads it
 MIME_ASYNCHRONOUS_REASON = synchronous_only(
     "mime",
     why=(
@@ -160,10 +164,9 @@ MIME_ASYNCHRONOUS_REASON = synchronous_only(
 MIME_ASYNCHRONOUS_REFUSAL = MIME_ASYNCHRONOUS_REASON.text  # the prose, for code that reads it
 
 
-class Config(BaseModel):
+class Config(AlgorithmConfig):
     """``[algorithm]`` section for MimeLite (SGD with momentum); ``η_g`` is ``[server] lr`` (server.optimizer = "sgd")."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
     name: Literal["mimelite"] = "mimelite"
     momentum: float = Field(
         0.9,
@@ -176,10 +179,9 @@ class Config(BaseModel):
     )
 
 
-class MimeConfig(BaseModel):
+class MimeConfig(AlgorithmConfig):
     """``[algorithm]`` section for Mime (SGD with momentum and the control variate c); ``η_g`` is ``[server] lr``."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
     name: Literal["mime"] = "mime"
     control_variate: Literal["current", "previous"] = Field(
         "current",
@@ -284,8 +286,27 @@ def minus_snapshot_gradient(batch: LocalBatch, snapshot: torch.Tensor) -> torch.
     return -(batch.params * torch.func.grad(snapshot_loss)(snapshot)).sum()
 
 
-def privacy_form(uses_momentum: bool) -> PrivacyForm:
-    """MimeLite's ``PrivacyForm``: a message releases ``cat(y_k − x, g_k)`` (``y_k − x`` alone when β = 0); the
+def server_init_of(server_optimizer: Any) -> Callable[[torch.Tensor], ServerState]:
+    """Every variant's ``server_init``: x⁰, m = 0 and ``server_optimizer``'s initial state (no c, no snapshot)."""
+
+    def server_init(initial_params: torch.Tensor) -> ServerState:
+        return ServerState(initial_params, torch.zeros_like(initial_params), server_optimizer.init(initial_params))
+
+    return server_init
+
+
+def one_phase_parts(
+    aggregation: str, finish: Callable[..., Any], form: ReleaseForm, asynchronous_reason: Reason
+) -> dict[str, Any]:
+    """The ``Algorithm`` fields MimeLite and Mime with the previous round's c share: the fold of their messages' y_k and
+    g_k at weights r_k into ``finish`` (``averaging_parts``: their form under uniform aggregation) and their
+    asynchronous lack."""
+    fold = ServerFold(start_round_sums, functools.partial(add_to_round_sums, aggregation=aggregation), finish)
+    return averaging_parts(aggregation, fold, form, *lacking(ASYNCHRONOUS_RULE, asynchronous_reason))
+
+
+def release_form(uses_momentum: bool) -> ReleaseForm:
+    """MimeLite's ``ReleaseForm``: a message releases ``cat(y_k − x, g_k)`` (``y_k − x`` alone when β = 0); the
     carrier counts once with unit weight (multiplicity 1)."""
 
     def release(view: ClientView, message: ClientMessage) -> torch.Tensor:
@@ -301,7 +322,7 @@ def privacy_form(uses_momentum: bool) -> PrivacyForm:
     def size(view: ClientView) -> int:
         return (2 if uses_momentum else 1) * view.params.numel()
 
-    return PrivacyForm(release, restore, size=size)
+    return ReleaseForm(release, restore, size=size)
 
 
 def build(
@@ -323,9 +344,6 @@ def build(
         return _build_mime(server_optimizer, momentum, aggregation)
     uses_momentum = momentum > 0
 
-    def server_init(initial_params: torch.Tensor) -> ServerState:
-        return ServerState(initial_params, torch.zeros_like(initial_params), server_optimizer.init(initial_params))
-
     def client_objective(view: ClientView, client_state: None, context: ClientContext) -> GradientCorrection:
         if not uses_momentum:
             return NO_CORRECTION
@@ -337,16 +355,11 @@ def build(
         gradient = full_batch_gradient(update) if uses_momentum else None
         return None, ClientMessage(update.final_params, gradient, context.num_samples, context.multiplicity)
 
-    def aggregation_add(sums: RoundSums, message: ClientMessage) -> RoundSums:
-        return add_to_round_sums(sums, message, aggregation)
-
     def aggregation_finish(
         server: ServerState, sums: RoundSums, context: RoundContext
     ) -> tuple[ServerState, dict[str, float]]:
         client_average = sums.models.value(context.mean_denominator)
-        params, optimizer_state = apply_server_optimizer(
-            server_optimizer, server.optimizer_state, server.params, client_average, context.server_learning_rate
-        )
+        params, optimizer_state = server_step(server_optimizer, server, client_average, context)
         if not uses_momentum:
             return ServerState(params, server.momentum, optimizer_state), {}
         # The statistic moves with the full-batch gradients at x, never with the model change x − ȳ.
@@ -358,28 +371,14 @@ def build(
     def broadcast(server: ServerState) -> ClientView:
         return ClientView(server.params, server.momentum if uses_momentum else None)
 
-    private = aggregation == "uniform"
-    fold = ServerFold(start_round_sums, aggregation_add, aggregation_finish)
-    return Algorithm(
-        "mimelite",
-        server_init,
-        client_objective,
-        client_finish,
-        fold.server_update,
-        broadcast,
-        server_fold=fold,
-        privacy=privacy_form(uses_momentum) if private else None,
-        lacks=lacking(PRIVACY_FORM, None if private else WEIGHTED_REASON)
-        + lacking(ASYNCHRONOUS_RULE, ASYNCHRONOUS_REASON),
-    )
+    parts = one_phase_parts(aggregation, aggregation_finish, release_form(uses_momentum), ASYNCHRONOUS_REASON)
+    server_init = server_init_of(server_optimizer)
+    return Algorithm("mimelite", server_init, client_objective, client_finish, broadcast=broadcast, **parts)
 
 
 def _build_mime(server_optimizer: Any, momentum: float, aggregation: str) -> Algorithm:
     """Mime (module docstring): MimeLite's server and messages, plus c and the snapshot x̃ of the last reporting round."""
     uses_momentum = momentum > 0
-
-    def server_init(initial_params: torch.Tensor) -> ServerState:
-        return ServerState(initial_params, torch.zeros_like(initial_params), server_optimizer.init(initial_params))
 
     def broadcast(server: ServerState) -> MimeView:
         if server.snapshot is None:
@@ -401,18 +400,11 @@ def _build_mime(server_optimizer: Any, momentum: float, aggregation: str) -> Alg
         gradient = full_batch_gradient(update, MIME_MISSING_FULL_GRADIENT)
         return None, ClientMessage(update.final_params, gradient, context.num_samples, context.multiplicity)
 
-    def aggregation_add(sums: RoundSums, message: ClientMessage) -> RoundSums:
-        return add_to_round_sums(sums, message, aggregation)
-
     def aggregation_finish(
         server: ServerState, sums: RoundSums, context: RoundContext
     ) -> tuple[ServerState, dict[str, float]]:
-        params, optimizer_state = apply_server_optimizer(
-            server_optimizer,
-            server.optimizer_state,
-            server.params,
-            sums.models.value(context.mean_denominator),
-            context.server_learning_rate,
+        params, optimizer_state = server_step(
+            server_optimizer, server, sums.models.value(context.mean_denominator), context
         )
         mean_gradient = sums.gradients.value(
             context.mean_denominator
@@ -424,20 +416,9 @@ def _build_mime(server_optimizer: Any, momentum: float, aggregation: str) -> Alg
             metrics["momentum_norm"] = float(torch.linalg.vector_norm(new_momentum))
         return ServerState(params, new_momentum, optimizer_state, mean_gradient, server.params), metrics
 
-    private = aggregation == "uniform"
-    fold = ServerFold(start_round_sums, aggregation_add, aggregation_finish)
-    return Algorithm(
-        "mime",
-        server_init,
-        client_objective,
-        client_finish,
-        fold.server_update,
-        broadcast,
-        server_fold=fold,
-        privacy=privacy_form(True) if private else None,
-        lacks=lacking(PRIVACY_FORM, None if private else WEIGHTED_REASON)
-        + lacking(ASYNCHRONOUS_RULE, MIME_ASYNCHRONOUS_REASON),
-    )
+    parts = one_phase_parts(aggregation, aggregation_finish, release_form(True), MIME_ASYNCHRONOUS_REASON)
+    server_init = server_init_of(server_optimizer)
+    return Algorithm("mime", server_init, client_objective, client_finish, broadcast=broadcast, **parts)
 
 
 @dataclass(frozen=True)
@@ -453,9 +434,6 @@ def _build_mime_current(server_optimizer: Any, momentum: float, aggregation: str
     """The paper's Mime (module docstring, "The paper's control variate"): a first phase gathers
     ``c = Σ r_k ∇f_k(x) / Σ r_k`` over the round's clients (``RoundPrelude``), who then train with the SVRG term at the
     snapshot ``x`` and ``c + β m``; the server averages the ``y_k`` and moves ``m`` with the same ``c``."""
-
-    def server_init(initial_params: torch.Tensor) -> ServerState:
-        return ServerState(initial_params, torch.zeros_like(initial_params), server_optimizer.init(initial_params))
 
     def broadcast(server: ServerState) -> MimeRoundView:
         # Before the first phase (its view is read for x only) c is the last round's, or absent in round 1.
@@ -493,9 +471,7 @@ def _build_mime_current(server_optimizer: Any, momentum: float, aggregation: str
     def aggregation_finish(
         server: ServerState, models: RunningMean, context: RoundContext
     ) -> tuple[ServerState, dict[str, float]]:
-        params, optimizer_state = apply_server_optimizer(
-            server_optimizer, server.optimizer_state, server.params, models.value(), context.server_learning_rate
-        )
+        params, optimizer_state = server_step(server_optimizer, server, models.value(), context)
         control = server.control_variate  # this round's c, at x: the momentum's input too
         metrics = {"control_variate_norm": float(torch.linalg.vector_norm(control))}
         new_momentum = server.momentum
@@ -507,13 +483,13 @@ def _build_mime_current(server_optimizer: Any, momentum: float, aggregation: str
     fold = ServerFold(aggregation_start, aggregation_add, aggregation_finish)
     return Algorithm(
         "mime",
-        server_init,
+        server_init_of(server_optimizer),
         client_objective,
         client_finish,
         fold.server_update,
         broadcast,
         server_fold=fold,
-        lacks=lacking(PRIVACY_FORM, CURRENT_PRIVACY_REASON) + lacking(ASYNCHRONOUS_RULE, MIME_ASYNCHRONOUS_REASON),
+        lacks=lacking(RELEASE_FORM, CURRENT_RELEASE_REASON) + lacking(ASYNCHRONOUS_RULE, MIME_ASYNCHRONOUS_REASON),
         prelude=RoundPrelude(gradient_at_x, weight, with_control_variate),
     )
 

@@ -15,6 +15,7 @@ from pydantic import ValidationError
 import driftlab
 from driftlab.algorithms import fedavg, mime
 from driftlab.algorithms.shared_test import Quadratics, heterogeneous_quadratics, run_quadratic
+from driftlab.algorithms.testing import TINY
 from driftlab.compress import with_compression
 from driftlab.models import build_model
 from driftlab.optim.server import make_server_optimizer
@@ -296,15 +297,15 @@ def test_private_round_divides_both_means_by_the_public_denominator():
     assert torch.equal(private.params, vector(1.5, 2.0))  # x + ((2, 0) + (0, 4))/4
     assert torch.equal(private.momentum, vector(1.0, 2.0))  # ((4, 0) + (0, 8))/4
     view = algorithm.broadcast(server)
-    assert torch.equal(algorithm.privacy.release(view, messages[0]), vector(2.0, 0.0, 4.0, 0.0))
-    carrier = algorithm.privacy.restore(view, None, vector(-1.0, 1.0, 2.0, 3.0))
+    assert torch.equal(algorithm.release.release(view, messages[0]), vector(2.0, 0.0, 4.0, 0.0))
+    carrier = algorithm.release.restore(view, None, vector(-1.0, 1.0, 2.0, 3.0))
     assert torch.equal(carrier.params, vector(0.0, 2.0)) and torch.equal(carrier.gradient, vector(2.0, 3.0))
-    assert carrier.multiplicity == 1 and algorithm.privacy.size(view) == 4
+    assert carrier.multiplicity == 1 and algorithm.release.size(view) == 4
 
 
-def test_weighted_aggregation_has_no_privacy_form_and_no_asynchronous_rule():
+def test_weighted_aggregation_has_no_release_form_and_no_asynchronous_rule():
     weighted = mime.build(SGD, momentum=0.5, aggregation="weighted")
-    assert weighted.privacy is None and 'aggregation = "uniform"' in weighted.privacy_refusal
+    assert weighted.release is None and 'aggregation = "uniform"' in weighted.release_refusal
     assert not weighted.asynchronous and "remove [asynchronous]" in weighted.asynchronous_problem()
 
 
@@ -325,23 +326,19 @@ def test_unknown_aggregation_is_refused():
 
 # ---------------------------------------------------------------- whole runs
 
-RUN = {
-    "rounds": 3,
-    "data": {"num_clients": 6},
-    "client": {"epochs": 1},
-    "sampling": {"participation": 0.5},
-    "evaluation": {"every": 1},
-    "algorithm": {"name": "mimelite", "momentum": 0.5},
-}
+RUN = {**TINY, "algorithm": {"name": "mimelite", "momentum": 0.5}}
+
+
+def mlr_problem(seed: int, examples: int) -> tuple[torch.Generator, torch.Tensor, torch.Tensor, FlatModel]:
+    """Seeded 2-feature inputs, their 3-class targets and a float64 MLR model, with the generator for more draws."""
+    generator = torch.Generator().manual_seed(seed)
+    inputs = torch.randn(examples, 2, generator=generator, dtype=torch.float64)
+    targets = torch.randint(0, 3, (examples,), generator=generator)
+    return generator, inputs, targets, FlatModel.wrap(build_model("mlr", (2,), 3)).to("cpu", torch.float64)
 
 
 def test_the_engine_full_gradient_is_the_mean_loss_gradient_over_the_client_data():
-    generator = torch.Generator().manual_seed(0)
-    inputs, targets = (
-        torch.randn(9, 2, generator=generator, dtype=torch.float64),
-        torch.randint(0, 3, (9,), generator=generator),
-    )
-    model = FlatModel.wrap(build_model("mlr", (2,), 3)).to("cpu", torch.float64)
+    generator, inputs, targets, model = mlr_problem(seed=0, examples=9)
     params = torch.randn(model.initial_parameters().numel(), generator=generator, dtype=torch.float64)
     rows = torch.tensor([0, 2, 3, 5, 8])
     training = TrainingData(inputs, targets)
@@ -479,12 +476,7 @@ def test_mime_with_several_local_steps_converges_to_the_minimiser_where_mimelite
 
 def test_mime_local_step_on_a_model_is_the_loss_gradient_difference_plus_the_correction():
     # One engine step (train_one_client, the sequential backend) against its rule computed from two loss gradients.
-    generator = torch.Generator().manual_seed(3)
-    inputs, targets = (
-        torch.randn(8, 2, generator=generator, dtype=torch.float64),
-        torch.randint(0, 3, (8,), generator=generator),
-    )
-    model = FlatModel.wrap(build_model("mlr", (2,), 3)).to("cpu", torch.float64)
+    generator, inputs, targets, model = mlr_problem(seed=3, examples=8)
     snapshot = torch.randn(model.initial_parameters().numel(), generator=generator, dtype=torch.float64)
     start = snapshot + 0.3 * torch.randn(snapshot.shape, generator=generator, dtype=torch.float64)
     correction = torch.randn(snapshot.shape, generator=generator, dtype=torch.float64)
@@ -503,7 +495,7 @@ def test_mime_local_step_on_a_model_is_the_loss_gradient_difference_plus_the_cor
     assert float(torch.linalg.vector_norm(difference)) > 0.01
 
 
-def test_mime_privacy_form_releases_the_change_and_the_gradient_also_at_beta_zero():
+def test_mime_release_form_releases_the_change_and_the_gradient_also_at_beta_zero():
     algorithm = mime_build(momentum=0.0)
     server = algorithm.server_init(vector(1.0, 1.0))
     messages = [
@@ -514,9 +506,9 @@ def test_mime_privacy_form_releases_the_change_and_the_gradient_also_at_beta_zer
     assert torch.equal(private.params, vector(1.5, 2.0)) and torch.equal(private.control_variate, vector(1.0, 2.0))
     assert torch.equal(private.snapshot, vector(1.0, 1.0))
     view = algorithm.broadcast(server)
-    assert torch.equal(algorithm.privacy.release(view, messages[0]), vector(2.0, 0.0, 4.0, 0.0))
+    assert torch.equal(algorithm.release.release(view, messages[0]), vector(2.0, 0.0, 4.0, 0.0))
     weighted = mime_build(aggregation="weighted")
-    assert weighted.privacy is None and 'aggregation = "uniform"' in weighted.privacy_refusal
+    assert weighted.release is None and 'aggregation = "uniform"' in weighted.release_refusal
 
 
 def test_mime_refuses_asynchrony_and_a_client_without_its_data():

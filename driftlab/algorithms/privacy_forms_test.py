@@ -1,6 +1,6 @@
-"""The built-in algorithms' ``PrivacyForm``s (seam.py) and their folds under a public ``mean_denominator``.
+"""The built-in algorithms' ``ReleaseForm``s (seam.py) and their folds under a public ``mean_denominator``.
 
-A form promises (seam.PrivacyForm): the server update depends on the round's
+A form promises (seam.ReleaseForm): the server update depends on the round's
 messages only through ``Σ_P release(m_k)`` with unit weight per message, its
 means over reporting clients divide by ``RoundContext.mean_denominator`` when
 set, and ``restore(view, None, z)`` is a carrier that the fold counts once.
@@ -233,7 +233,7 @@ def make_round(case: Case, num_messages: int = 3, seed: int = 0) -> Round:
     server = case.server(algorithm, quarters(D, seed=100 + seed))
     view = algorithm.broadcast(server)
     releases = [quarters(case.released_size * D, seed=200 + 10 * seed + k) for k in range(num_messages)]
-    messages = [algorithm.privacy.restore(view, case.template(k), x) for k, x in enumerate(releases)]
+    messages = [algorithm.release.restore(view, case.template(k), x) for k, x in enumerate(releases)]
     return Round(algorithm, server, view, releases, messages)
 
 
@@ -248,13 +248,13 @@ ids = [case.name for case in CASES]
 @pytest.mark.parametrize("case", CASES, ids=ids)
 def test_a_private_configuration_has_a_form_and_no_refusal(case):
     algorithm = case.algorithm()
-    assert algorithm.privacy is not None and algorithm.privacy_refusal is None
+    assert algorithm.release is not None and algorithm.release_refusal is None
 
 
 @pytest.mark.parametrize("case", CASES, ids=ids)
 def test_restore_then_release_gives_the_released_vector(case):
     run = make_round(case)
-    form = run.algorithm.privacy
+    form = run.algorithm.release
     for x, message in zip(run.releases, run.messages, strict=True):
         assert torch.equal(form.release(run.view, message), x)
         again = form.restore(run.view, message, form.release(run.view, message))
@@ -265,7 +265,7 @@ def test_restore_then_release_gives_the_released_vector(case):
 @pytest.mark.parametrize("case", CASES, ids=ids)
 def test_restore_keeps_the_fields_it_does_not_release(case):
     run = make_round(case)
-    form = run.algorithm.privacy
+    form = run.algorithm.release
     template = case.template(1)
     restored = form.restore(run.view, template, quarters(case.released_size * D, seed=7))
     for field in ("num_samples", "multiplicity", "completed_fraction"):
@@ -277,7 +277,7 @@ def test_restore_keeps_the_fields_it_does_not_release(case):
 @pytest.mark.parametrize("case", CASES, ids=ids)
 def test_scale_releases_the_scaled_vector(case, factor):
     run = make_round(case)
-    form = run.algorithm.privacy
+    form = run.algorithm.release
     for x, message in zip(run.releases, run.messages, strict=True):
         assert torch.equal(form.release(run.view, form.scale(run.view, message, factor)), factor * x)
 
@@ -285,7 +285,7 @@ def test_scale_releases_the_scaled_vector(case, factor):
 @pytest.mark.parametrize("case", CASES, ids=ids)
 def test_the_carrier_releases_its_vector_with_unit_weight(case):
     run = make_round(case)
-    form = run.algorithm.privacy
+    form = run.algorithm.release
     z = quarters(case.released_size * D, seed=9)
     carrier = form.restore(run.view, None, z)
     assert torch.equal(form.release(run.view, carrier), z)
@@ -301,7 +301,7 @@ def test_the_carrier_releases_its_vector_with_unit_weight(case):
 def test_fold_of_carrier_and_messages_is_the_sum_over_the_public_denominator(case, m):
     run = make_round(case)
     z = quarters(case.released_size * D, seed=9)
-    carrier = run.algorithm.privacy.restore(run.view, None, z)
+    carrier = run.algorithm.release.restore(run.view, None, z)
     new_server, _ = run.algorithm.server_update(run.server, [carrier, *run.messages], context(m))
     total = z + sum(run.releases)
     assert_fields(new_server, case.expected(run.server, total, m))
@@ -311,7 +311,7 @@ def test_fold_of_carrier_and_messages_is_the_sum_over_the_public_denominator(cas
 def test_private_fold_depends_on_the_sum_of_releases_only_not_on_how_many_reported(case):
     # |P| is private: three messages, their sum in one message, and the sum plus a zero message must agree.
     run = make_round(case)
-    form = run.algorithm.privacy
+    form = run.algorithm.release
     total = sum(run.releases)
     one = form.restore(run.view, case.template(0), total)
     nothing = form.restore(run.view, case.template(1), torch.zeros_like(total))
@@ -342,7 +342,7 @@ def test_without_a_denominator_the_fold_is_the_mean_over_reporting_clients(case)
 @pytest.mark.parametrize("case", CASES, ids=ids)
 def test_release_is_flat_and_one_vector_per_message(case):
     run = make_round(case)
-    x = run.algorithm.privacy.release(run.view, run.messages[0])
+    x = run.algorithm.release.release(run.view, run.messages[0])
     assert x.shape == (case.released_size * D,) and x.dtype == torch.float64
 
 
@@ -383,14 +383,14 @@ def test_release_is_flat_and_one_vector_per_message(case):
 )
 def test_configurations_without_a_bounded_sensitivity_are_refused_naming_the_fix(algorithm, phrases):
     built = algorithm()
-    assert built.privacy is None
-    assert "\n" not in built.privacy_refusal
+    assert built.release is None
+    assert "\n" not in built.release_refusal
     for phrase in phrases:
-        assert phrase in built.privacy_refusal
+        assert phrase in built.release_refusal
 
 
 def test_adabest_default_aggregation_is_private():
-    assert adabest.build().privacy is not None
+    assert adabest.build().release is not None
 
 
 # ---------------------------------------------------------------- a hand-computed round each (D = 2)
@@ -408,7 +408,7 @@ def private_round(
     m: float,
     num_registered: int = NUM_REGISTERED,
 ) -> Any:
-    carrier = algorithm.privacy.restore(algorithm.broadcast(server), None, z)
+    carrier = algorithm.release.restore(algorithm.broadcast(server), None, z)
     return algorithm.server_update(server, [carrier, *messages], context(m, num_registered))[0]
 
 
@@ -492,7 +492,7 @@ def test_scaffold_restore_gives_back_the_very_same_values():
     algorithm = scaffold.build(sgd())
     view = algorithm.broadcast(algorithm.server_init(torch.randn(5)))
     message = scaffold.ClientMessage(torch.randn(5), torch.randn(5), 2)
-    restored = algorithm.privacy.restore(view, message, algorithm.privacy.release(view, message))
+    restored = algorithm.release.restore(view, message, algorithm.release.release(view, message))
     assert torch.equal(restored.params_delta, message.params_delta)
     assert torch.equal(restored.control_delta, message.control_delta)
     assert restored.multiplicity == 2

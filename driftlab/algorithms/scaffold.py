@@ -58,19 +58,19 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict
 
 from driftlab.algorithms.aggregation import RunningMean
+from driftlab.algorithms.section import named_section
 from driftlab.features.capabilities import ASYNCHRONOUS_RULE, lacking, synchronous_only
 from driftlab.simulation.seam import (
     Algorithm,
     ClientContext,
     ClientUpdate,
     GradientCorrection,
-    PrivacyForm,
+    ReleaseForm,
     RoundContext,
     ServerFold,
 )
@@ -89,11 +89,11 @@ ASYNCHRONOUS_REASON = synchronous_only(
 ASYNCHRONOUS_REFUSAL = ASYNCHRONOUS_REASON.text  # the prose, for code that reads it
 
 
-class Config(BaseModel):
-    """``[algorithm]`` section for SCAFFOLD (option II); the server optimizer and ``η_g`` are chosen in ``[server]``."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    name: Literal["scaffold"] = "scaffold"
+Config = named_section(
+    "scaffold",
+    """``[algorithm]`` section for SCAFFOLD (option II); the server optimizer and ``η_g`` are chosen in ``[server]``.""",
+    __name__,
+)
 
 
 @dataclass(frozen=True)
@@ -131,8 +131,8 @@ class RoundSums:
     control_delta_sum: torch.Tensor | None
 
 
-def privacy_form() -> PrivacyForm:
-    """SCAFFOLD's ``PrivacyForm``: a message releases ``cat(Δy_k, Δc_k)``; the carrier counts once (multiplicity 1)."""
+def release_form() -> ReleaseForm:
+    """SCAFFOLD's ``ReleaseForm``: a message releases ``cat(Δy_k, Δc_k)``; the carrier counts once (multiplicity 1)."""
 
     def release(view: ClientView, message: ClientMessage) -> torch.Tensor:
         return torch.cat((message.params_delta, message.control_delta))
@@ -146,7 +146,7 @@ def privacy_form() -> PrivacyForm:
     def size(view: ClientView) -> int:
         return 2 * view.params.numel()
 
-    return PrivacyForm(release, restore, size=size)
+    return ReleaseForm(release, restore, size=size)
 
 
 def build(server_optimizer: Any) -> Algorithm:
@@ -214,7 +214,7 @@ def build(server_optimizer: Any) -> Algorithm:
         broadcast,
         client_state_init=client_state_init,
         server_fold=fold,
-        privacy=privacy_form(),
+        release=release_form(),
         lacks=lacking(ASYNCHRONOUS_RULE, ASYNCHRONOUS_REASON),
     )
 

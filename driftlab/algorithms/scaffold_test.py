@@ -145,7 +145,7 @@ def test_scaffold_releases_both_deltas_in_field_order():
     algorithm = scaffold.build(make_server_optimizer("sgd"))
     view = algorithm.broadcast(algorithm.server_init(vector(5.0, 5.0)))
     message = scaffold.ClientMessage(vector(1.0, 2.0), vector(3.0, 4.0), 1)
-    assert torch.equal(algorithm.privacy.release(view, message), vector(1.0, 2.0, 3.0, 4.0))
-    carrier = algorithm.privacy.restore(view, None, vector(-1.0, -2.0, -3.0, -4.0))
+    assert torch.equal(algorithm.release.release(view, message), vector(1.0, 2.0, 3.0, 4.0))
+    carrier = algorithm.release.restore(view, None, vector(-1.0, -2.0, -3.0, -4.0))
     assert torch.equal(carrier.params_delta, vector(-1.0, -2.0))
     assert torch.equal(carrier.control_delta, vector(-3.0, -4.0)) and carrier.multiplicity == 1

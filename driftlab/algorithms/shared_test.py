@@ -30,6 +30,7 @@ from safetensors.torch import load_file
 import driftlab
 from driftlab.algorithms import ALGORITHMS
 from driftlab.algorithms.registry import BUILT_IN
+from driftlab.algorithms.testing import TINY
 from driftlab.optim.server import make_server_optimizer
 from driftlab.simulation.backends.local_training import LocalSettings, corrected_step
 from driftlab.simulation.backends.objectives import as_local_objective, objective_loss
@@ -131,14 +132,6 @@ def build_algorithm(
 
 
 # ---------------------------------------------------------------- full runs
-
-TINY = {
-    "rounds": 3,
-    "data": {"num_clients": 6},
-    "client": {"epochs": 1},
-    "sampling": {"participation": 0.5},
-    "evaluation": {"every": 1},
-}
 
 
 def tiny_config(name: str, **top: Any) -> driftlab.ExperimentConfig:

@@ -36,7 +36,7 @@ received, so ``c_k`` and ``c`` stay consistent.
 
 Communication: θ and c down (two models), y up (one model; the number is free).  Metric ``drift_norm`` = ``‖c‖``.
 
-Privacy is refused (``PRIVACY_REFUSAL``) and so is asynchronous training (``ASYNCHRONOUS_REFUSAL``).
+Privacy is refused (``RELEASE_REFUSAL``) and so is asynchronous training (``ASYNCHRONOUS_REFUSAL``).
 
 Example:
     >>> import torch
@@ -51,14 +51,13 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict
 
-from driftlab.algorithms.aggregation import RunningMean
-from driftlab.features.capabilities import ASYNCHRONOUS_RULE, PRIVACY_FORM, Reason, lacking, synchronous_only
-from driftlab.optim.apply import apply_server_optimizer
+from driftlab.algorithms.aggregation import RunningMean, server_step
+from driftlab.algorithms.section import named_section
+from driftlab.features.capabilities import ASYNCHRONOUS_RULE, RELEASE_FORM, Reason, lacking, synchronous_only
 from driftlab.simulation.seam import (
     Algorithm,
     ClientContext,
@@ -68,7 +67,7 @@ from driftlab.simulation.seam import (
     ServerFold,
 )
 
-PRIVACY_REASON = Reason(
+RELEASE_REASON = Reason(
     why=(
         "VRL-SGD's server direction c moves by (1/N) Σ_P ((θ^{t−1} − θ_k)/(K_k η_l) − c), dividing each client's "
         "change by its own steps K_k, which are private (a straggler's): one client moves c by up to C/(N K_k "
@@ -76,7 +75,7 @@ PRIVACY_REASON = Reason(
     ),
     fix=("remove [privacy], or use scaffold (whose Δc_k is released and clipped with Δy_k)"),
 )
-PRIVACY_REFUSAL = PRIVACY_REASON.text  # the prose, for code that reads it
+RELEASE_REFUSAL = RELEASE_REASON.text  # the prose, for code that reads it
 ASYNCHRONOUS_REASON = synchronous_only(
     "vrlsgd",
     why=(
@@ -89,12 +88,12 @@ ASYNCHRONOUS_REASON = synchronous_only(
 ASYNCHRONOUS_REFUSAL = ASYNCHRONOUS_REASON.text  # the prose, for code that reads it
 
 
-class Config(BaseModel):
+Config = named_section(
+    "vrlsgd",
     """``[algorithm]`` section for VRL-SGD: no hyperparameters of its own (γ is ``client.lr``, k the local steps;
-    the server optimizer and ``η_g`` are chosen in ``[server]``, SGD with lr 1 being the paper)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    name: Literal["vrlsgd"] = "vrlsgd"
+the server optimizer and ``η_g`` are chosen in ``[server]``, SGD with lr 1 being the paper).""",
+    __name__,
+)
 
 
 @dataclass(frozen=True)
@@ -171,9 +170,7 @@ def build(server_optimizer: Any) -> Algorithm:
     def aggregation_finish(
         server: ServerState, sums: RoundSums, context: RoundContext
     ) -> tuple[ServerState, dict[str, float]]:
-        params, optimizer_state = apply_server_optimizer(
-            server_optimizer, server.optimizer_state, server.params, sums.params.value(), context.server_learning_rate
-        )
+        params, optimizer_state = server_step(server_optimizer, server, sums.params.value(), context)
         new_direction = server.direction + sums.direction_change_sum / context.num_registered  # c + (1/N) Σ_P (d_k − c)
         metrics = {"drift_norm": float(torch.linalg.vector_norm(new_direction))}
         return ServerState(params, new_direction, optimizer_state), metrics
@@ -191,7 +188,7 @@ def build(server_optimizer: Any) -> Algorithm:
         broadcast,
         client_state_init=client_state_init,
         server_fold=fold,
-        lacks=lacking(PRIVACY_FORM, PRIVACY_REASON) + lacking(ASYNCHRONOUS_RULE, ASYNCHRONOUS_REASON),
+        lacks=lacking(RELEASE_FORM, RELEASE_REASON) + lacking(ASYNCHRONOUS_RULE, ASYNCHRONOUS_REASON),
     )
 
 

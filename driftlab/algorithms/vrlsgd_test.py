@@ -142,28 +142,21 @@ def test_one_client_or_identical_clients_is_fedavg() -> None:
     assert torch.equal(first.server.params, fedavg.server.params)
 
 
+def cycling(name: str, problem: Any, cohorts: list[list[int]], rounds: int, steps: int, rate: float) -> Any:
+    """``name`` on ``problem`` from (1, −1, ½) for ``rounds`` rounds whose participants cycle through ``cohorts``."""
+
+    def participants(t: int) -> list[int]:
+        return cohorts[(t - 1) % len(cohorts)]
+
+    return run_quadratic(
+        build_algorithm(name), problem, vector(1.0, -1.0, 0.5), rounds, steps, rate, participants=participants
+    )
+
+
 def test_same_arithmetic_as_scaffold_with_unit_server_rate_under_partial_participation() -> None:
     problem = heterogeneous_quadratics(num_clients=6)
-    initial = vector(1.0, -1.0, 0.5)
     cohorts = [[0, 1, 2], [3, 4, 5], [0, 2, 4], [1, 3, 5], [5, 0]]
-    ours = run_quadratic(
-        build_algorithm("vrlsgd"),
-        problem,
-        initial,
-        rounds=10,
-        steps=4,
-        learning_rate=0.1,
-        participants=lambda t: cohorts[(t - 1) % len(cohorts)],
-    )
-    scaffold = run_quadratic(
-        build_algorithm("scaffold"),
-        problem,
-        initial,
-        rounds=10,
-        steps=4,
-        learning_rate=0.1,
-        participants=lambda t: cohorts[(t - 1) % len(cohorts)],
-    )
+    ours, scaffold = (cycling(name, problem, cohorts, rounds=10, steps=4, rate=0.1) for name in ("vrlsgd", "scaffold"))
     assert torch.allclose(ours.server.params, scaffold.server.params, rtol=0, atol=1e-12)
     assert torch.allclose(ours.server.direction, scaffold.server.control, rtol=0, atol=1e-12)
 
@@ -190,17 +183,8 @@ def test_converges_to_the_global_minimiser_where_fedavg_does_not() -> None:
 def test_partial_participation_still_reaches_the_minimiser() -> None:
     # c = mean_S c_k keeps Σ_S Δ_k = 0, so the fixed point is still x* (Δ_k = ∇f_k(x*), c = 0).
     problem = heterogeneous_quadratics(num_clients=6)
-    initial = vector(1.0, -1.0, 0.5)
     cohorts = [[0, 1, 2], [3, 4, 5], [0, 2, 4], [1, 3, 5]]
-    run = run_quadratic(
-        build_algorithm("vrlsgd"),
-        problem,
-        initial,
-        rounds=400,
-        steps=5,
-        learning_rate=0.05,
-        participants=lambda t: cohorts[(t - 1) % len(cohorts)],
-    )
+    run = cycling("vrlsgd", problem, cohorts, rounds=400, steps=5, rate=0.05)
     assert torch.allclose(run.server.params, problem.minimiser(), rtol=0, atol=1e-6)
 
 
@@ -256,7 +240,7 @@ def test_compressed_uploads_run_and_cost_less() -> None:
 
 def test_privacy_and_asynchronous_training_are_refused_with_the_reason() -> None:
     built = algorithm()
-    assert built.privacy is None and "K_k" in built.privacy_refusal and "remove [privacy]" in built.privacy_refusal
+    assert built.release is None and "K_k" in built.release_refusal and "remove [privacy]" in built.release_refusal
     assert not built.asynchronous and "remove [asynchronous]" in built.asynchronous_problem()
     with pytest.raises(ConfigError, match="remove \\[privacy\\]"):
         run("privacy.clip=1", "privacy.noise_multiplier=1", "privacy.delta=1e-3", "sampling.mode=poisson")

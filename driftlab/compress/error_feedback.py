@@ -42,8 +42,8 @@ Client-level DP (``driftlab.privacy``) wraps this combinator, in this order:
 ``with_privacy(with_compression(algorithm))``.  Privacy clips what the client
 actually uploads, the compressed message, because the residual carries earlier
 rounds' updates into each upload: a clip of θ_k − θ_start before compression
-would bound nothing that is sent.  The compressed algorithm's ``PrivacyForm``
-is the wrapped algorithm's, read through the payload (``compressed_privacy``):
+would bound nothing that is sent.  The compressed algorithm's ``ReleaseForm``
+is the wrapped algorithm's, read through the payload (``compressed_release``):
 it releases what the payload reveals, and clips a compressed message by
 scaling its ternary μ (``TernaryVector.scaled``), so a clipped message still
 travels compressed at the same bits.  What clipping removes is not fed back
@@ -73,7 +73,7 @@ from driftlab.simulation.seam import (
     ClientUpdate,
     MessageCodec,
     Personalization,
-    PrivacyForm,
+    ReleaseForm,
     RoundContext,
     ServerFold,
 )
@@ -247,8 +247,8 @@ def with_compression(algorithm: Algorithm, ratio: float, tensor_sizes: Sequence[
     fold = ServerFold(aggregation_start, aggregation_add, aggregation_finish, finishes_empty=inner_fold.finishes_empty)
     _, upload_bits = compress_model(torch.zeros(num_parameters), sizes, ratio)  # ST's bits depend on the sizes only
     codec = compressed_codec(upload_bits - model_bits)
-    privacy = compressed_privacy(algorithm.privacy) if algorithm.privacy is not None else None
-    # Every field not named here (the name, the plugin, the privacy refusal, fields added later) is the wrapped one's.
+    release = compressed_release(algorithm.release) if algorithm.release is not None else None
+    # Every field not named here (the name, the plugin, the release refusal, fields added later) is the wrapped one's.
     return dataclasses.replace(
         algorithm,
         server_init=server_init,
@@ -261,11 +261,11 @@ def with_compression(algorithm: Algorithm, ratio: float, tensor_sizes: Sequence[
         client_left=left,
         server_fold=fold,
         codec=codec,
-        privacy=privacy,
+        release=release,
         asynchronous=False,
         lacks=with_lack(
             algorithm.lacks, ASYNCHRONOUS_RULE, asynchronous_reason(algorithm)
-        ),  # the wrapped privacy lack kept
+        ),  # the wrapped release lack kept
         personalization=compressed_personalization(algorithm),
     )
 
@@ -278,8 +278,8 @@ def compressed_personalization(algorithm: Algorithm) -> Personalization | None:
     return Personalization(lambda view, client: inner.model(view.inner, client.inner), inner.description)
 
 
-def compressed_privacy(form: PrivacyForm) -> PrivacyForm:
-    """The ``PrivacyForm`` of a compressed algorithm whose wrapped algorithm has ``form`` (module docstring).
+def compressed_release(form: ReleaseForm) -> ReleaseForm:
+    """The ``ReleaseForm`` of a compressed algorithm whose wrapped algorithm has ``form`` (module docstring).
 
     ``release``: what the payload reveals, ``form.release(view.inner, m.payload)``.
     ``restore(view, None, v)``: a carrier, the wrapped form's carrier in a ``CompressedPayload`` of 0 bits (the
@@ -317,7 +317,7 @@ def compressed_privacy(form: PrivacyForm) -> PrivacyForm:
     def size(view: CompressedClientView) -> int:
         return form.size(view.inner)
 
-    return PrivacyForm(release, restore, scaled, size=None if form.size is None else size)
+    return ReleaseForm(release, restore, scaled, size=None if form.size is None else size)
 
 
 def compressed_codec(model_bits_saved: int) -> MessageCodec:

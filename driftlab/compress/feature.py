@@ -12,9 +12,8 @@ from typing import Any
 from driftlab.algorithms import registry
 from driftlab.compress.error_feedback import with_compression
 from driftlab.compress.section import CompressionConfig
-from driftlab.errors import ConfigError
 from driftlab.features import drivers
-from driftlab.features.entry import FeatureEntry, RunFacts
+from driftlab.features.entry import Fact, FeatureEntry, RunFacts, config_errors
 
 
 @dataclass(frozen=True)
@@ -40,12 +39,8 @@ def plan(compression: CompressionConfig, facts: RunFacts) -> CompressionPlan:
 
 
 def wrap(algorithm: Any, plan: CompressionPlan) -> Any:
-    try:
+    with config_errors(f"compression.ratio = {plan.ratio:g}"):
         return with_compression(algorithm, plan.ratio, plan.tensor_sizes)
-    except ConfigError:
-        raise
-    except ValueError as error:
-        raise ConfigError(f"compression.ratio = {plan.ratio:g}: {error}") from None
 
 
 FEATURE = FeatureEntry(
@@ -55,4 +50,5 @@ FEATURE = FeatureEntry(
     section_type=CompressionConfig,
     enabled=enabled,
     wrap=wrap,
+    config_facts=(Fact("compression.ratio < 1", "compression.ratio", lambda _config, on: "compression" in on),),
 )

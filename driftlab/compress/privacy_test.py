@@ -1,4 +1,4 @@
-"""Client-level DP around compression (error_feedback's module docstring): the compressed algorithm's PrivacyForm.
+"""Client-level DP around compression (error_feedback's module docstring): the compressed algorithm's ReleaseForm.
 
 with_privacy(with_compression(algorithm)) clips what is uploaded, the compressed message: a clip scales its ternary
 μ, so the message still travels compressed at the same bits and arrives equal to itself.
@@ -61,7 +61,7 @@ def _norm(vector: torch.Tensor) -> float:
 @pytest.mark.parametrize("name", ["fedavg", "scaffold"])
 def test_clipping_a_compressed_message_scales_its_ternary_and_releases_the_scaled_vector(name, dtype):
     algorithm = with_compression(_inner(name), RATIO, SIZES)
-    form = algorithm.privacy
+    form = algorithm.release
     _, view, message = _round(algorithm, dtype)
     assert message.model_form == FORMS[name]
     released = form.release(view, message)
@@ -93,7 +93,7 @@ def test_a_clipped_compressed_message_crosses_the_wire_equal_to_itself_at_its_bi
     from driftlab.deploy.wire import encode, payload_bytes
 
     algorithm = with_compression(_inner(name), RATIO, SIZES)
-    form, codec = algorithm.privacy, algorithm.codec
+    form, codec = algorithm.release, algorithm.codec
     _, view, message = _round(algorithm)
     clipped = form.scale(view, message, 0.25)
     arrived = codec.from_wire(codec.to_wire(clipped), view.params)
@@ -110,15 +110,15 @@ def test_the_noise_carrier_costs_nothing_and_is_folded_once_by_the_compressed_fo
     server, view, _ = _round(algorithm, torch.float64)
     released = {"fedavg": P, "scaffold": 2 * P}[name]  # θ_k − θ; cat(Δy_k, Δc_k)
     noise = torch.randn(released, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
-    carrier = algorithm.privacy.restore(view, None, noise)
+    carrier = algorithm.release.restore(view, None, noise)
     assert isinstance(carrier, CompressedPayload) and carrier.bits == 0 and carrier.model is None
-    assert torch.allclose(algorithm.privacy.release(view, carrier), noise, rtol=0, atol=1e-12)
+    assert torch.allclose(algorithm.release.release(view, carrier), noise, rtol=0, atol=1e-12)
     context = RoundContext(1, 4, 2, 1.0, mean_denominator=2.0)
     fold = algorithm.fold()
     after, _ = fold.finish(server, fold.add(fold.start(server, context), carrier), context)
     # the wrapped fold of the wrapped carrier, then the server's error-feedback compression of its step
     inner_fold = inner.fold()
-    inner_carrier = inner.privacy.restore(view.inner, None, noise)
+    inner_carrier = inner.release.restore(view.inner, None, noise)
     accumulator = inner_fold.add(inner_fold.start(server.inner, context), inner_carrier)
     stepped, _ = inner_fold.finish(server.inner, accumulator, context)
     sent, _ = compress_model(stepped.params - server.params, SIZES, RATIO)
@@ -130,7 +130,7 @@ def test_the_noise_carrier_costs_nothing_and_is_folded_once_by_the_compressed_fo
 @pytest.mark.parametrize("name", ["fedavg", "scaffold"])
 def test_a_restored_message_is_no_longer_ternary_so_it_travels_dense_at_its_dense_bits(name):
     algorithm = with_compression(_inner(name), RATIO, SIZES)
-    form, codec = algorithm.privacy, algorithm.codec
+    form, codec = algorithm.release, algorithm.codec
     _, view, message = _round(algorithm, torch.float64)
     released = form.release(view, message)
     generator = torch.Generator().manual_seed(3)
@@ -157,7 +157,7 @@ def test_a_message_without_a_model_field_is_sent_whole_at_its_whole_bits():
     def client_finish(view, client, ctx, update):
         return None, Doubled(2 * update.final_params)
 
-    plugin = dataclasses.replace(inner, client_finish=client_finish, privacy=None, lacks=())
+    plugin = dataclasses.replace(inner, client_finish=client_finish, release=None, lacks=())
     algorithm = with_compression(plugin, RATIO, SIZES)
     _, view, message = _round(algorithm)
     assert (message.model, message.model_form, message.bits) == (None, MODEL_SENT_DENSE, 32 * P)
@@ -166,16 +166,16 @@ def test_a_message_without_a_model_field_is_sent_whole_at_its_whole_bits():
 
 def test_compression_passes_the_wrapped_algorithms_refusal_through():
     weighted = with_compression(_inner("fedavg", aggregation="weighted"), RATIO, SIZES)
-    assert weighted.privacy is None and weighted.privacy_refusal == fedavg.WEIGHTED_REFUSAL
-    formless = with_compression(dataclasses.replace(_inner("fedavg"), privacy=None), RATIO, SIZES)
-    assert formless.privacy is None and formless.privacy_refusal is None
+    assert weighted.release is None and weighted.release_refusal == fedavg.WEIGHTED_REFUSAL
+    formless = with_compression(dataclasses.replace(_inner("fedavg"), release=None), RATIO, SIZES)
+    assert formless.release is None and formless.release_refusal is None
     settings = _settings(clip=1.0)
     with pytest.raises(
         ConfigError,
         match='^\\[privacy\\] with algorithm.name = "fedavg": aggregation = "weighted" .*set algorithm.aggregation = "uniform"$',
     ):
         with_privacy(weighted, settings)
-    with pytest.raises(ConfigError, match=r"gives no privacy form .*give Algorithm\(privacy=PrivacyForm"):
+    with pytest.raises(ConfigError, match=r"gives no release form .*give Algorithm\(release=ReleaseForm"):
         with_privacy(formless, settings)
 
 
@@ -183,7 +183,7 @@ def test_compression_passes_the_wrapped_algorithms_refusal_through():
 def test_private_compressed_upload_is_clipped_compressed_and_its_residual_keeps_what_was_clipped(name):
     compressed = with_compression(_inner(name), RATIO, SIZES)
     _, view, plain = _round(compressed)
-    clip = 0.5 * _norm(compressed.privacy.release(view, plain))
+    clip = 0.5 * _norm(compressed.release.release(view, plain))
     private = with_privacy(compressed, _settings(clip))
     generator = torch.Generator().manual_seed(11)
     start = torch.randn(P, generator=generator)
@@ -194,9 +194,9 @@ def test_private_compressed_upload_is_clipped_compressed_and_its_residual_keeps_
         client = compressed.client_state_init(start)
         states[label], message = algorithm.client_finish(algorithm.broadcast(state), client, context(3, 1, 5), update)
     assert message.bits == plain.bits and torch.equal(message.model.code, plain.model.code)
-    factor = clip / _norm(compressed.privacy.release(view, plain))
+    factor = clip / _norm(compressed.release.release(view, plain))
     assert torch.equal(message.model.scales, plain.model.scales * factor)
-    assert _norm(compressed.privacy.release(view, message)) <= clip * (1 + 1e-6)
+    assert _norm(compressed.release.release(view, message)) <= clip * (1 + 1e-6)
     # the clip is not fed back: the residual is Δ_k − ST(Δ_k), as without privacy
     assert torch.equal(states["private"].residual, states["plain"].residual)
     # the server folds the clipped message as it arrived (within its tolerance, it rescales nothing)

@@ -1,7 +1,7 @@
 """Capabilities, not prose: what an algorithm provides, what a driver or feature needs, and the one refusal.
 
 An algorithm provides capabilities (``driftlab.simulation.seam.Algorithm.capabilities``, derived from its fields):
-a privacy form, an asynchronous rule, one phase per round, one shared view, no membership hooks.  Where it lacks one
+a release form, an asynchronous rule, one phase per round, one shared view, no membership hooks.  Where it lacks one
 for a reason of its own (FedNova's τ_eff, SCAFFOLD's c), it attaches that reason to the missing capability
 (``Lack``) instead of writing prose elsewhere.  A driver or a feature declares what it needs of an algorithm (with a
 generic reason used when the algorithm gives none) and which other features it excludes (``Requirements``).
@@ -20,14 +20,14 @@ from dataclasses import dataclass, field
 from typing import AbstractSet, Mapping
 
 # What an algorithm provides (Algorithm.capabilities): each is a fact its fields state.
-PRIVACY_FORM = "privacy form"  # Algorithm.privacy: a message's released vector, clipped and noised by [privacy]
+RELEASE_FORM = "release form"  # Algorithm.release: a message's released vector ([privacy] clips and noises it)
 ASYNCHRONOUS_RULE = "asynchronous rule"  # Algorithm.asynchronous with a form: FedBuff's staleness rule applies
 ONE_PHASE = "one phase"  # Algorithm.prelude is None: one download, training and one upload per client and round
 SHARED_VIEW = "shared view"  # Algorithm.client_view is None: every selected client receives broadcast(server)
 NO_MEMBERSHIP_HOOKS = "no membership hooks"  # client_joined and client_left are None
 PERSONAL_MODELS = "personal models"  # Algorithm.personalization: each client's own model
 
-CAPABILITIES = (PRIVACY_FORM, ASYNCHRONOUS_RULE, ONE_PHASE, SHARED_VIEW, NO_MEMBERSHIP_HOOKS, PERSONAL_MODELS)
+CAPABILITIES = (RELEASE_FORM, ASYNCHRONOUS_RULE, ONE_PHASE, SHARED_VIEW, NO_MEMBERSHIP_HOOKS, PERSONAL_MODELS)
 
 
 @dataclass(frozen=True)

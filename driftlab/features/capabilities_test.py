@@ -7,7 +7,7 @@ import pytest
 from driftlab.features import drivers
 from driftlab.features.capabilities import (
     ONE_PHASE,
-    PRIVACY_FORM,
+    RELEASE_FORM,
     SHARED_VIEW,
     Lack,
     Reason,
@@ -20,7 +20,7 @@ from driftlab.features.capabilities import (
 )
 
 GENERIC = Reason("it gives no form", "give one")
-NEEDS = Requirements("[privacy]", needs=((ONE_PHASE, Reason("two phases", "use one")), (PRIVACY_FORM, GENERIC)))
+NEEDS = Requirements("[privacy]", needs=((ONE_PHASE, Reason("two phases", "use one")), (RELEASE_FORM, GENERIC)))
 
 
 def test_the_template_names_both_keys_the_reason_and_the_fix():
@@ -33,15 +33,15 @@ def test_the_template_names_both_keys_the_reason_and_the_fix():
 
 
 def test_a_provided_capability_is_no_conflict_and_a_missing_one_gives_the_generic_reason():
-    assert conflicts(NEEDS, "a", {ONE_PHASE, PRIVACY_FORM}) == []
-    assert first_refusal(NEEDS, "a", {ONE_PHASE, PRIVACY_FORM}) is None
+    assert conflicts(NEEDS, "a", {ONE_PHASE, RELEASE_FORM}) == []
+    assert first_refusal(NEEDS, "a", {ONE_PHASE, RELEASE_FORM}) is None
     assert first_refusal(NEEDS, "a", {ONE_PHASE}) == "[privacy] with a: it gives no form: give one"
     assert [c.reason.why for c in conflicts(NEEDS, "a", set())] == ["two phases", "it gives no form"]  # declared order
 
 
 def test_the_seconds_own_reason_replaces_the_generic_one_and_comes_first():
     own = Reason("n_k weights", 'set aggregation = "uniform"')
-    found = conflicts(NEEDS, "a", set(), {PRIVACY_FORM: own})
+    found = conflicts(NEEDS, "a", set(), {RELEASE_FORM: own})
     assert [c.reason for c in found] == [own, NEEDS.needs[0][1]]
 
 
@@ -61,9 +61,9 @@ def test_exclusions_sharing_a_reason_are_one_refusal_naming_every_feature():
 
 
 def test_a_wrappers_lack_replaces_the_wrapped_ones_of_that_capability_only():
-    inner = (Lack(PRIVACY_FORM, GENERIC), Lack(SHARED_VIEW, Reason("views")))
+    inner = (Lack(RELEASE_FORM, GENERIC), Lack(SHARED_VIEW, Reason("views")))
     wrapped = with_lack(inner, SHARED_VIEW, Reason("mine", "fix").then(Reason("views")))
-    assert [lack.capability for lack in wrapped] == [PRIVACY_FORM, SHARED_VIEW]
+    assert [lack.capability for lack in wrapped] == [RELEASE_FORM, SHARED_VIEW]
     assert wrapped[1].reason.text == "mine: fix; and views"
     assert Reason("mine", "fix").then(None) == Reason("mine", "fix")  # the wrapped algorithm gives no reason
     with pytest.raises(ValueError, match="unknown capability"):

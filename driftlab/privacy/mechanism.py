@@ -2,7 +2,7 @@
 
 DP-FedAvg (McMahan, Ramage, Talwar and Zhang, "Learning Differentially Private
 Recurrent Language Models", ICLR 2018) generalised through the seam: an
-algorithm says what a message reveals (``seam.PrivacyForm``: the flat vector
+algorithm says what a message reveals (``seam.ReleaseForm``: the flat vector
 ``x_k = release(view, m_k)``, e.g. FedAvg's ``θ_k − θ^{t−1}``, SCAFFOLD's
 ``cat(Δy_k, Δc_k)`` as DP-SCAFFOLD clips it: Noble, Bellet and Dieuleveut,
 "Differentially Private Federated Learning on Heterogeneous Data", AISTATS
@@ -73,7 +73,7 @@ import torch
 
 from driftlab.errors import ConfigError
 from driftlab.features import drivers
-from driftlab.features.capabilities import ASYNCHRONOUS_RULE, PRIVACY_FORM, Lack, Reason, algorithm_key, refusal
+from driftlab.features.capabilities import ASYNCHRONOUS_RULE, RELEASE_FORM, Lack, Reason, algorithm_key, refusal
 from driftlab.features.wrapping import Wrapping
 from driftlab.privacy.settings import PrivacySettings
 from driftlab.randomness import Stream, generator, seeded_torch_generator
@@ -83,7 +83,7 @@ from driftlab.simulation.seam import (
     ClientUpdate,
     MessageCodec,
     Personalization,
-    PrivacyForm,
+    ReleaseForm,
     RoundContext,
     ServerFold,
 )
@@ -94,7 +94,7 @@ from driftlab.simulation.seam import (
 SERVER_TOLERANCE = 1e-5
 
 PRIVATE_ALREADY = "the algorithm is private already"
-PRIVATE_ALREADY_LACK = Lack(PRIVACY_FORM, Reason(PRIVATE_ALREADY))
+PRIVATE_ALREADY_LACK = Lack(RELEASE_FORM, Reason(PRIVATE_ALREADY))
 
 # Why FedBuff refuses a private algorithm (its asynchronous rule's Lack), whatever the wrapped one declares.
 ASYNCHRONOUS_REASON = Reason(
@@ -110,7 +110,7 @@ ASYNCHRONOUS_REFUSAL = ASYNCHRONOUS_REASON.text  # the prose, for code that read
 
 def no_form_refusal(name: str) -> str:
     """The refusal of an algorithm (a plugin's, typically) that gives neither a form nor a reason of its own."""
-    return refusal(drivers.PRIVACY.key, algorithm_key(name), dict(drivers.PRIVACY.needs)[PRIVACY_FORM])
+    return refusal(drivers.PRIVACY.key, algorithm_key(name), dict(drivers.PRIVACY.needs)[RELEASE_FORM])
 
 
 def asynchronous_lack(algorithm: Algorithm) -> Lack:
@@ -164,7 +164,7 @@ class _NoComputation:
         return torch.zeros_like(params)
 
 
-def released_dimension(algorithm: Algorithm, form: PrivacyForm, view: Any) -> int:
+def released_dimension(algorithm: Algorithm, form: ReleaseForm, view: Any) -> int:
     """D, the length of what a message of ``algorithm`` reveals: the form's ``size(view)``, or else its release of the
     message a client that did not move would send (as the deployment plans messages).  The central noise needs it
     before any client reports."""
@@ -188,7 +188,7 @@ def norm(vector: torch.Tensor) -> float:
     return float(torch.linalg.vector_norm(vector))
 
 
-def clipped(form: PrivacyForm, view: Any, message: Any, clip: float) -> tuple[Any, float]:
+def clipped(form: ReleaseForm, view: Any, message: Any, clip: float) -> tuple[Any, float]:
     """``message`` with its released vector clipped to norm ``clip`` (the same object when it is within), and the
     vector's norm before."""
     size = norm(form.release(view, message))
@@ -224,9 +224,9 @@ def next_clip(settings: PrivacySettings, clip: float, within: int, reporting: in
     return clip * math.exp(-adaptive.learning_rate * (fraction - adaptive.target_quantile))
 
 
-def check_private(algorithm: Algorithm, settings: PrivacySettings) -> PrivacyForm:
+def check_private(algorithm: Algorithm, settings: PrivacySettings) -> ReleaseForm:
     """The algorithm's form, or a ConfigError saying why it has none and what to change."""
-    if algorithm.privacy is None:
+    if algorithm.release is None:
         raise ConfigError(algorithm.refusal(drivers.PRIVACY) or no_form_refusal(algorithm.name))
     if settings.noised and not math.isfinite(settings.clip):
         raise ConfigError(
@@ -242,14 +242,14 @@ def check_private(algorithm: Algorithm, settings: PrivacySettings) -> PrivacyFor
             "adaptive clipping noises the count of unclipped clients at the server, which local noise does not trust: "
             'set privacy.noise = "central", or privacy.adaptive = false'
         )
-    return algorithm.privacy
+    return algorithm.release
 
 
 def with_privacy(algorithm: Algorithm, settings: PrivacySettings) -> Algorithm:
     """``algorithm`` with client-level DP (module docstring): clipped messages, seeded noise, ε in its metrics.
 
     Wrap compression inside: ``with_privacy(with_compression(algorithm, ...), settings)``.  ConfigError, before
-    any work, for an algorithm (or configuration) without a ``PrivacyForm``, naming the fix.
+    any work, for an algorithm (or configuration) without a ``ReleaseForm``, naming the fix.
     """
     problem = algorithm.refusal(drivers.PRIVACY)  # a first phase, no form, or a view per client
     if problem is not None:
@@ -352,7 +352,7 @@ def with_privacy(algorithm: Algorithm, settings: PrivacySettings) -> Algorithm:
         client_left=membership_hook(algorithm.client_left),
         server_fold=fold,
         codec=private_codec(algorithm.codec) if adaptive else algorithm.codec,
-        privacy=None,
+        release=None,
         asynchronous=False,
         lacks=(PRIVATE_ALREADY_LACK, asynchronous_lack(algorithm)),
         personalization=private_personalization(algorithm.personalization, adaptive),

@@ -1,7 +1,7 @@
 """``with_privacy``: clipping and its server-side bound, seeded central and local noise, adaptive clipping, refusals.
 
 Most tests use a tiny "mean of θ_k" algorithm written here with its own
-``PrivacyForm`` (its clients send their change θ_k − θ and its fold is
+``ReleaseForm`` (its clients send their change θ_k − θ and its fold is
 ``θ + Σ_P (θ_k − θ) / m``: linear in the released changes with unit weight, so
 the form's promise holds), so that expected values are exact; the built-in FedAvg (uniform) and SCAFFOLD check the same
 properties on real forms (SCAFFOLD's releases two model-sized vectors).
@@ -34,7 +34,7 @@ from driftlab.simulation.seam import (
     ClientContext,
     ClientUpdate,
     MessageCodec,
-    PrivacyForm,
+    ReleaseForm,
     RoundContext,
     ServerFold,
 )
@@ -78,11 +78,11 @@ def mean_algorithm(form: bool = True) -> Algorithm:
     def restore(view: MeanView, message: MeanMessage | None, vector: torch.Tensor) -> MeanMessage:
         return MeanMessage(vector)
 
-    privacy = PrivacyForm(lambda view, message: message.change, restore) if form else None
+    release = ReleaseForm(lambda view, message: message.change, restore) if form else None
     fold = ServerFold(start, add, finish)
     return Algorithm(
         "mean", MeanState, lambda view, client, context: NO_CORRECTION, client_finish, fold.server_update,
-        lambda server: MeanView(server.params), server_fold=fold, privacy=privacy,
+        lambda server: MeanView(server.params), server_fold=fold, release=release,
     )  # fmt: skip
 
 
@@ -145,7 +145,7 @@ BUILT_INS = {
 
 
 def release_norm(algorithm: Algorithm, view, message) -> float:
-    return float(algorithm.privacy.release(view, message).norm())
+    return float(algorithm.release.release(view, message).norm())
 
 
 # ----------------------------------------------------------------------------------------------------------- clipping
@@ -204,7 +204,7 @@ def test_the_clients_clip_scales_the_released_vector_to_the_clip(name):
     update = random_update(view.params, 4.0, seed=2)
     _, unclipped = inner.client_finish(view, state, context(0), update)
     _, message = private.client_finish(view, state, context(0), update)
-    released, original = inner.privacy.release(view, message), inner.privacy.release(view, unclipped)
+    released, original = inner.release.release(view, message), inner.release.release(view, unclipped)
     assert float(released.norm()) == pytest.approx(0.5, rel=1e-12)
     assert torch.allclose(released, original * (0.5 / float(original.norm())), rtol=1e-12, atol=1e-15)
 
@@ -217,16 +217,16 @@ def test_a_forged_over_norm_message_is_rescaled_by_the_server(name):
     server = private.server_init(theta0())
     view = inner.broadcast(server.inner)
     honest = client_messages(inner, server.inner, [0.5])[0]  # the unwrapped client: nothing clipped it
-    direction = inner.privacy.release(view, honest) / release_norm(inner, view, honest)
-    forged = inner.privacy.restore(view, honest, direction * 1000.0)
+    direction = inner.release.release(view, honest) / release_norm(inner, view, honest)
+    forged = inner.release.restore(view, honest, direction * 1000.0)
     fold = private.fold()
     sums = fold.add(fold.start(server, round_context()), forged)
     assert release_norm(inner, view, added[0]) == pytest.approx(1.0, rel=1e-12)
-    assert torch.allclose(inner.privacy.release(view, added[0]), direction, rtol=1e-9, atol=1e-12)
+    assert torch.allclose(inner.release.release(view, added[0]), direction, rtol=1e-9, atol=1e-12)
     _, metrics = fold.finish(server, sums, round_context())
     assert metrics["privacy_clipped_fraction"] == 1.0
     # a message at the clip up to rounding is not rescaled again: the server adds the very object
-    at_clip = inner.privacy.restore(view, honest, direction * (1.0 + 5e-6))
+    at_clip = inner.release.restore(view, honest, direction * (1.0 + 5e-6))
     fold.add(fold.start(server, round_context()), at_clip)
     assert added[-1] is at_clip
 
@@ -320,7 +320,7 @@ def test_central_noise_reaches_fedavg_over_m_whoever_reported():
     assert len(added) == 3 and added[1:] == messages
     assert added[0].num_samples == 1 and added[0].multiplicity == 1
     view = inner.broadcast(server.inner)
-    assert torch.allclose(inner.privacy.release(view, added[0]), drawn_noise(1.0, P, 1), rtol=0, atol=1e-14)
+    assert torch.allclose(inner.release.release(view, added[0]), drawn_noise(1.0, P, 1), rtol=0, atol=1e-14)
     released = sum(message.params - server.params for message in messages)
     expected = server.params + (drawn_noise(1.0, P, 1) + released) / 4.0  # m = 4, not the 2 that reported
     assert torch.allclose(new.params, expected, rtol=0, atol=1e-14)
@@ -479,7 +479,7 @@ def test_without_adaptive_clipping_views_messages_and_codec_are_the_algorithms()
     assert isinstance(client_messages(private, server, [2.0])[0], fedavg.ClientMessage)
     assert private.codec is inner.codec
     assert private.name == "fedavg" and private.client_state_init is inner.client_state_init
-    assert private.privacy is None and private.privacy_refusal == "the algorithm is private already"
+    assert private.release is None and private.release_refusal == "the algorithm is private already"
 
 
 def test_membership_hooks_reach_the_wrapped_state():
@@ -524,9 +524,9 @@ def test_refusals_name_the_fix():
     with pytest.raises(ConfigError) as plugin:
         with_privacy(dataclasses.replace(mean_algorithm(form=False), name="moon"), settings())
     assert str(plugin.value) == (
-        '[privacy] with algorithm.name = "moon": it gives no privacy form (seam.PrivacyForm: what its message reveals), so its sensitivity '
-        "cannot be bounded; give Algorithm(privacy=PrivacyForm(release, restore)) (docs/design.md, Client-level "
-        "differential privacy)"
+        '[privacy] with algorithm.name = "moon": it gives no release form (seam.ReleaseForm: the vector its message '
+        "reveals), so its sensitivity cannot be bounded; give Algorithm(release=ReleaseForm(release, restore)) "
+        "(docs/design.md, Client-level differential privacy)"
     )
     with pytest.raises(
         ConfigError, match='^\\[privacy\\] with algorithm.name = "mean": the algorithm is private already$'
@@ -597,7 +597,7 @@ def test_the_private_bundle_forwards_every_field_it_does_not_change():
         inner.plugin,
         inner.client_state_init,
     )
-    assert private.server_fold is not inner.server_fold and private.privacy is None and not private.asynchronous
+    assert private.server_fold is not inner.server_fold and private.release is None and not private.asynchronous
 
 
 def test_an_algorithm_with_views_of_their_own_is_refused_rather_than_sent_the_broadcast():

@@ -51,6 +51,7 @@ engine owns (``ClientStateStore``), never on the algorithm.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Sequence
 
@@ -62,7 +63,7 @@ from driftlab.features.capabilities import (
     NO_MEMBERSHIP_HOOKS,
     ONE_PHASE,
     PERSONAL_MODELS,
-    PRIVACY_FORM,
+    RELEASE_FORM,
     SHARED_VIEW,
     Lack,
     Reason,
@@ -260,17 +261,20 @@ PLAIN_CODEC = MessageCodec()
 
 
 @dataclass(frozen=True)
-class PrivacyForm:
-    """What a client's message reveals, as one flat vector: how client-level DP (``driftlab.privacy``) clips and noises it.
+class ReleaseForm:
+    """What a client's message releases beyond the view, as one flat vector, and how to rebuild a message from one.
+
+    Client-level DP (``driftlab.privacy``) clips and noises this vector, robust aggregation ranks it, an attack
+    forges it: each works on the vector and never names an algorithm's message type.
 
     ``release(view, message)`` is the flat ``[D]`` vector the message reveals
     beyond what the server sent (``view``): for a message that carries θ_k,
     ``θ_k − view.params``; for one that carries changes (SCAFFOLD's Δy_k,
     Δc_k), the changes themselves, concatenated in field order.
-    ``restore(view, message, vector)`` is the message that reveals exactly
+    ``restore(view, message, vector)`` is the message that releases exactly
     ``vector`` (its other fields as in ``message``); with ``message=None`` it
     builds one from ``vector`` alone that the fold counts once with unit
-    weight (the carrier of the server's noise).  ``scaled(view, message,
+    weight (a carrier: of the server's noise, of a forged change).  ``scaled(view, message,
     scale)``, when given, is the message whose released vector is ``scale``
     times its own, built so that it still travels as the algorithm sends it
     (compression scales its ternary μ); None: ``restore`` of the scaled vector.
@@ -280,11 +284,11 @@ class PrivacyForm:
     the round's messages only through ``Σ_P release(m_k)`` (each message with
     unit weight: its aggregation weighs clients alike) and public numbers, and
     that its means over reporting clients divide by
-    ``RoundContext.mean_denominator`` when that is set.  Then the sensitivity
-    of the server update to one client is the clip norm, and noise added to
-    the sum (a carrier message) is noise on the algorithm's aggregate, scaled
-    as the algorithm scales it.  An ``Algorithm.lacks`` entry for the privacy
-    form says why a configuration has none (its weights depend on n_k, ...), naming the fix.
+    ``RoundContext.mean_denominator`` when that is set.  Then the server update
+    is a function of the released vectors' sum: one client moves it by at most the
+    clip norm (client-level DP's sensitivity), a carrier message adds its vector to
+    the algorithm's aggregate, scaled as the algorithm scales it.  An ``Algorithm.lacks``
+    entry for the release form says why a configuration has none (its weights depend on n_k, ...), naming the fix.
     """
 
     release: Callable[[Any, Any], torch.Tensor]
@@ -372,15 +376,16 @@ class Algorithm:
     server_fold: ServerFold | None = None
     plugin: str | None = None  # set by driftlab.algorithms.plugin_guard, which also wraps the functions of a plugin
     codec: MessageCodec = PLAIN_CODEC  # how its messages travel on a wire (a deployment)
-    # What a message reveals, for client-level DP (PrivacyForm); None: this configuration cannot be made private.
-    privacy: PrivacyForm | None = None
+    # What a message releases as one flat vector (ReleaseForm), for client-level DP, robust aggregation and attacks;
+    # None: this configuration has none (``lacks`` says why).  ``privacy=`` is its old name (``_accept_old_names``).
+    release: ReleaseForm | None = None
     # Asynchronous training (FedBuff, driftlab.simulation.asynchronous): True declares that the server update, fed
-    # staleness-weighted changes of clients that started from older models (each stale message's ``privacy.release``
-    # moved onto the current model with ``privacy.restore``, unit weight, means over the buffer), is a stated
-    # asynchronous rule of this algorithm; it needs ``privacy`` (the form).
+    # staleness-weighted changes of clients that started from older models (each stale message's ``release.release``
+    # moved onto the current model with ``release.restore``, unit weight, means over the buffer), is a stated
+    # asynchronous rule of this algorithm; it needs ``release`` (the form).
     asynchronous: bool = False
     # The capabilities this algorithm lacks for a reason of its own (driftlab.features.capabilities.Lack: FedNova's
-    # τ_eff has no privacy form, SCAFFOLD's c no asynchronous rule), each with why and the fix; a missing capability
+    # τ_eff has no release form, SCAFFOLD's c no asynchronous rule), each with why and the fix; a missing capability
     # without one is refused with the generic reason of what needs it (driftlab.features.drivers).
     lacks: tuple[Lack, ...] = ()
     # Per-client models (APFL, Ditto, FedAMP): Personalization; None: every client predicts with the server's model.
@@ -406,8 +411,8 @@ class Algorithm:
     def capabilities(self) -> frozenset[str]:
         """What this algorithm provides (``driftlab.features.capabilities``), read from its fields."""
         provided = {
-            PRIVACY_FORM: self.privacy is not None,
-            ASYNCHRONOUS_RULE: self.asynchronous and self.privacy is not None,
+            RELEASE_FORM: self.release is not None,
+            ASYNCHRONOUS_RULE: self.asynchronous and self.release is not None,
             ONE_PHASE: self.prelude is None,
             SHARED_VIEW: self.client_view is None,
             NO_MEMBERSHIP_HOOKS: self.client_joined is None and self.client_left is None,
@@ -419,7 +424,7 @@ class Algorithm:
     def lack_reasons(self) -> dict[str, Reason]:
         """Each lacking capability's own reason: the declared ``lacks``, and an asynchronous rule without its form."""
         reasons = {lack.capability: lack.reason for lack in self.lacks}
-        if self.asynchronous and self.privacy is None:
+        if self.asynchronous and self.release is None:
             reasons[ASYNCHRONOUS_RULE] = drivers.RULE_WITHOUT_FORM
         return reasons
 
@@ -434,10 +439,14 @@ class Algorithm:
         return found[0].message if found else None
 
     @property
-    def privacy_refusal(self) -> str | None:
-        """Why this configuration gives no privacy form and what to change (the declared lack's text); None: none declared."""
-        reason = None if self.privacy is not None else self.lack_reasons.get(PRIVACY_FORM)
+    def release_refusal(self) -> str | None:
+        """Why this configuration gives no release form and what to change (the declared lack's text); None: none declared."""
+        reason = None if self.release is not None else self.lack_reasons.get(RELEASE_FORM)
         return None if reason is None else reason.text
+
+    # The old names of ``release`` and ``release_refusal`` (plugins written before the rename read them).
+    privacy = property(lambda self: self.release, doc="The release form (``release``'s old name).")
+    privacy_refusal = property(lambda self: self.release_refusal, doc="``release_refusal``'s old name.")
 
     @property
     def asynchronous_refusal(self) -> str | None:
@@ -457,6 +466,24 @@ class Algorithm:
     def fold(self) -> ServerFold:
         """How the engine aggregates a round: ``server_fold``, or ``server_update`` over the collected messages."""
         return self.server_fold if self.server_fold is not None else collecting_fold(self.server_update)
+
+
+def _accept_old_names(init: Callable[..., None]) -> Callable[..., None]:
+    """``Algorithm.__init__`` that also takes ``privacy=form``, the old name of ``release=form`` (plugins written
+    before the rename call the constructor with it, and ``dataclasses.replace(algorithm, privacy=None)``); given, it wins
+    over ``release`` (which ``replace`` always passes)."""
+
+    @functools.wraps(init)
+    def accepting_privacy(self: Algorithm, *args: Any, **kwargs: Any) -> None:
+        if "privacy" in kwargs:
+            kwargs["release"] = kwargs.pop("privacy")
+        init(self, *args, **kwargs)
+
+    return accepting_privacy
+
+
+Algorithm.__init__ = _accept_old_names(Algorithm.__init__)  # type: ignore[method-assign]
+PrivacyForm = ReleaseForm  # the old name, for plugins and code written before the rename
 
 
 def plugin_note(algorithm: Algorithm) -> str:

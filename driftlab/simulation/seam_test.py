@@ -66,3 +66,22 @@ def test_the_plugin_note_names_a_plugin_and_nothing_for_a_built_in():
         "; the algorithm is algorithm plugin 'toy' (/x/toy.py), whose functions compute the server model and the messages, "
         "so the plugin could be at fault rather than the learning rate"
     )
+
+
+def test_the_old_names_of_the_release_form_still_build_and_read_an_algorithm():
+    from driftlab.privacy import PrivacyForm as PackageAlias
+    from driftlab.simulation.seam import Algorithm, PrivacyForm, ReleaseForm
+
+    assert PrivacyForm is ReleaseForm and PackageAlias is ReleaseForm
+    built = fedavg.build(make_server_optimizer("sgd"), "uniform")
+    form = built.release
+    fields = {field.name: getattr(built, field.name) for field in dataclasses.fields(Algorithm) if field.init}
+    fields.pop("release")
+    old = Algorithm(**fields, privacy=form)  # a plugin written before the rename
+    assert old == built and old.release is form and old.privacy is form
+    # replace's privacy= wins over the release it passes on (dropping the form drops it)
+    dropped = dataclasses.replace(built, privacy=None)
+    assert dropped.release is None and dropped.privacy is None and "release form" not in dropped.capabilities
+    weighted = fedavg.build(make_server_optimizer("sgd"), "weighted")
+    assert weighted.privacy_refusal == weighted.release_refusal == fedavg.WEIGHTED_REFUSAL
+    assert built.release_refusal is None and "release form" in built.capabilities

@@ -15,7 +15,7 @@ import driftlab
 from driftlab.errors import ConfigError
 from driftlab.experiments.cli_test import _assert_clean_error, driftlab_cli
 from driftlab.experiments.config import load_config
-from driftlab.experiments.run.assembly import privacy_run_info, privacy_settings
+from driftlab.features.run import feature_plan, feature_run_info
 from driftlab.privacy import accounting
 
 REPO_ROOT = Path(driftlab.__file__).resolve().parents[1]
@@ -68,7 +68,7 @@ def test_clip_inf_and_no_noise_is_bit_identical_to_no_privacy_section(name, back
 def test_a_config_without_privacy_keeps_its_fingerprint_and_table():
     plain = load_config(None, BASE)
     assert "privacy" not in plain.to_dict()
-    assert plain.privacy is None and privacy_run_info(plain, 8) == {}  # nor does its run.json change
+    assert plain.privacy is None and feature_run_info(plain, "privacy", 8) == {}  # nor does its run.json change
     off = load_config(None, [*BASE, *OFF])
     assert off.fingerprint() != plain.fingerprint()  # [privacy] is part of the run's identity ...
     assert off.to_dict()["privacy"]["clip"] == "inf"  # ... and config.json stays strict JSON
@@ -210,7 +210,7 @@ def test_local_noise_adaptive_clipping_and_a_noise_cohort_are_resolved_and_run(t
     clips = [r["privacy_clip"] for r in driftlab.run(None, overrides=adaptive).records]
     assert clips[0] == 0.01 and clips[-1] > clips[0]  # every norm is above 0.01: the clip grows toward the median
     default_count = [*adaptive, "privacy.count_noise=none", "privacy.noise_multiplier=0.1"]
-    settings = privacy_settings(load_config(None, default_count), 8)
+    settings = feature_plan(load_config(None, default_count), "privacy", 8).settings
     assert settings.adaptive.count_noise == 4 / 20  # m/20 for the expected cohort m = q·N (Andrew et al. 2021)
 
     cohort = [*BASE, *ALGORITHMS["scaffold"], *PRIVATE, "privacy.noise_cohort_size=40", "privacy.population=800"]
@@ -291,7 +291,7 @@ RUN_ERRORS = {
     ),
     "plugin without a form": (
         [f'plugins=["{NESTEROV_PLUGIN}"]', "algorithm.name=nesterov_avg", "privacy.clip=1"],
-        "privacy=PrivacyForm(release, restore)",
+        "release=ReleaseForm(release, restore)",
     ),
     "count noise too small": (
         [

@@ -14,7 +14,7 @@ and after B arrivals the algorithm's own fold runs over the B carriers ``restore
 
     θ^{v+1} = ServerOpt(θ^v, −(1/B) Σ_k s(τ_k) Δ_k, η_g)
 
-(for FedAvg/FedProx with uniform aggregation, whose fold is linear in the released vectors: ``seam.PrivacyForm``).
+(for FedAvg/FedProx with uniform aggregation, whose fold is linear in the released vectors: ``seam.ReleaseForm``).
 The slot a client frees is refilled at its arrival time, after the server update when that arrival completed the
 buffer; a dispatch with nobody eligible leaves its slot idle until the next arrival.
 
@@ -215,7 +215,7 @@ class _Interval:
             if result.change is not None:
                 staleness = self.version - client.version
                 weight = self.sim.asynchronous.staleness_weight(staleness)
-                carrier = self.sim.algorithm.privacy.restore(self.view, None, result.change * weight)
+                carrier = self.sim.algorithm.release.restore(self.view, None, result.change * weight)
                 self.accumulator = self.fold.add(self.accumulator, carrier)
                 self.buffered += 1
                 self.staleness.append(staleness)
@@ -295,7 +295,7 @@ def _train(
     registered = sim.registered_at(round_index)
     mean_samples = float(sim.client_sizes[registered].mean()) if len(registered) else 0.0
     base = client_settings(plan, round_index, getattr(sim.backend, "precision", "float32"))
-    form = sim.algorithm.privacy
+    form = sim.algorithm.release
     initial = sim.algorithm.client_state_init
     size = wave_size(sim, initial(sim.initial_params) if initial is not None else None)
     results: dict[int, HeldResult] = {}

@@ -19,7 +19,7 @@ import torch
 class HeldResult:
     """What a trained in-flight client will deliver at its arrival.
 
-    ``change`` is ``Δ_k = privacy.release(view_{v_k}, m_k)`` as one flat vector (None: the client sent nothing),
+    ``change`` is ``Δ_k = release.release(view_{v_k}, m_k)`` as one flat vector (None: the client sent nothing),
     ``upload_bits`` the size of its message, ``steps_done`` the local steps it did and ``client_state`` its new state
     (staged in the store only at its arrival: a checkpoint before that still holds the pre-dispatch state).
     """
