@@ -24,7 +24,7 @@ FORBIDDEN = {
     "driftlab.optim": ("driftlab.simulation", *DRIVERS),
     "driftlab.simulation": ("driftlab.privacy", *DRIVERS),
     "driftlab.algorithms": ("driftlab.privacy", *DRIVERS),
-    # privacy wraps any algorithm through the seam's PrivacyForm, so it never names one
+    # privacy wraps any algorithm through the seam's ReleaseForm, so it never names one
     "driftlab.privacy": ("driftlab.algorithms", *DRIVERS),
     # executors start and watch runs: the run directory's files they read are driftlab.run_files', the run itself is
     # named by the sweep (RunTask.entry), not imported
@@ -43,9 +43,11 @@ FORBIDDEN = {
     ),
     # the features' registry and refusals: below the experiments that assemble runs from them
     "driftlab.features": DRIVERS,
-    # robust aggregation and attacks: pure functions over a round's updates, wired later through a feature entry
+    # robust aggregation, attacks and partial personalization wrap any algorithm through its release form (feature
+    # entries), so they never name one
     "driftlab.robust": ("driftlab.algorithms", "driftlab.privacy", *DRIVERS),
     "driftlab.attacks": ("driftlab.algorithms", "driftlab.privacy", *DRIVERS),
+    "driftlab.personal": ("driftlab.algorithms", "driftlab.privacy", *DRIVERS),
 }
 
 

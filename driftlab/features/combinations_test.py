@@ -36,6 +36,9 @@ FEATURES = {
         {"data": {"client_test_fraction": 0.5}, "evaluation": {"finetune_steps": 1}},
         r"evaluation\.(personal|finetune_steps)",
     ),
+    "personal_layers": ({"data": {"client_test_fraction": 0.5}, "personal_layers": {"keep": []}}, r"personal_layers"),
+    "robust": ({"robust": {"aggregator": "median"}}, r"\[robust\]|robust\."),
+    "attack": ({"attack": {"kind": "sign_flip", "fraction": 0.25}}, r"\[attack\]|attack\."),
 }
 
 

@@ -13,7 +13,7 @@ from driftlab.features.capabilities import (
     ASYNCHRONOUS_RULE,
     NO_MEMBERSHIP_HOOKS,
     ONE_PHASE,
-    PRIVACY_FORM,
+    RELEASE_FORM,
     SHARED_VIEW,
     Reason,
     Requirements,
@@ -22,7 +22,7 @@ from driftlab.features.capabilities import (
 SIMULATOR = Requirements("driftlab run")
 
 # FedBuff (driftlab.simulation.asynchronous): clients start whenever one is idle, from the one shared model, and their
-# stale changes are moved onto the current model through the privacy form (Nguyen et al. 2022).
+# stale changes are moved onto the current model through the release form (Nguyen et al. 2022).
 ASYNCHRONOUS = Requirements(
     "[asynchronous]",
     needs=(
@@ -66,9 +66,9 @@ ASYNCHRONOUS = Requirements(
 
 # Why an algorithm that declares an asynchronous rule still lacks one: the rule moves changes through the form.
 RULE_WITHOUT_FORM = Reason(
-    "it declares an asynchronous rule but gives no PrivacyForm, through which a stale client's change is moved onto "
+    "it declares an asynchronous rule but gives no ReleaseForm, through which a stale client's change is moved onto "
     "the current model",
-    "give Algorithm(privacy=PrivacyForm(...))",
+    "give Algorithm(release=ReleaseForm(...))",
     "; ",
 )
 
@@ -88,11 +88,11 @@ PRIVACY = Requirements(
             ),
         ),
         (
-            PRIVACY_FORM,
+            RELEASE_FORM,
             Reason(
-                "it gives no privacy form (seam.PrivacyForm: what its message reveals), so its sensitivity cannot be "
-                "bounded",
-                "give Algorithm(privacy=PrivacyForm(release, restore)) (docs/design.md, Client-level differential "
+                "it gives no release form (seam.ReleaseForm: the vector its message reveals), so its sensitivity "
+                "cannot be bounded",
+                "give Algorithm(release=ReleaseForm(release, restore)) (docs/design.md, Client-level differential "
                 "privacy)",
                 "; ",
             ),
@@ -184,6 +184,14 @@ DEPLOYMENT = Requirements(
             "[asynchronous]",
             Reason(
                 "a deployment runs in real time, and {features} simulate{s} time, which only the simulator has",
+                "remove {features}, or run the config with driftlab run",
+            ),
+        ),
+        (
+            "[attack]",
+            Reason(
+                "{features} forge{s} the Byzantine clients' messages inside the simulator, and a deployment's messages "
+                "come from real nodes",
                 "remove {features}, or run the config with driftlab run",
             ),
         ),

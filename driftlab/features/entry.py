@@ -19,9 +19,11 @@ imports ``driftlab.experiments``.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
+from driftlab.errors import ConfigError
 from driftlab.features.capabilities import Requirements
 
 
@@ -36,6 +38,33 @@ class RunFacts:
     participation: float  # sampling.participation
     algorithm: str = "fedavg"  # algorithm.name (a compression default is the algorithm's)
     tensor_sizes: tuple[int, ...] = ()  # the model's tensors' sizes, once it is built (compression's ST blocks)
+    tensor_names: tuple[str, ...] = ()  # their names, in named_parameters order (partial personalization's keep)
+    # their kinds: "running_norm" for a normalisation layer's with running statistics, else the owning module's class
+    # name (driftlab.personal.selection.parameter_kinds; [personal_layers] keep = ["batchnorm"], FedBN)
+    tensor_kinds: tuple[str, ...] = ()
+
+
+@contextmanager
+def config_errors(where: str) -> Iterator[None]:
+    """A ``ValueError`` raised inside (a library's refusal of what a feature's section asked for) becomes a
+    ``ConfigError`` "``where``: why", ``where`` the key or section to change; a ``ConfigError`` passes unchanged."""
+    try:
+        yield
+    except ConfigError:
+        raise
+    except ValueError as error:
+        raise ConfigError(f"{where}: {error}") from None
+
+
+@dataclass(frozen=True)
+class Fact:
+    """A named fact about a config that features' ``config_conflicts`` need or exclude ('sampling.mode = "weighted"',
+    "system.deadline"): it holds for a config when ``holds(config, on)``, ``on`` the names of the features the config
+    turns on; a conflict with it is reported at config key ``key``."""
+
+    name: str
+    key: str
+    holds: Callable[[Any, frozenset[str]], bool]
 
 
 def _no_fields(plan: Any) -> dict[str, Any]:  # noqa: ARG001 - a feature that sets no Simulation field
@@ -71,7 +100,7 @@ class FeatureEntry:
     run uses (a ConfigError naming the key to change when it cannot); ``wrap(algorithm, plan)`` the algorithm with the
     feature; ``simulation_fields(plan)`` the ``Simulation`` fields it sets; ``finish(sim, plan)`` a check or change
     once the simulation is built (a ConfigError before any round); ``run_info(plan)`` what it adds to run.json;
-    ``state_fields(plan)`` the ``SimulationState`` fields it starts.
+    ``state_fields(plan)`` the ``SimulationState`` fields it starts, and ``state_extra`` how a checkpoint keeps them.
     """
 
     name: str
@@ -89,12 +118,18 @@ class FeatureEntry:
     # What it cannot be combined with in a config, over the facts of driftlab.features.config_facts (needs: reported at
     # its own key; exclusions: at the fact's), each with a why and a fix; None: nothing.
     config_conflicts: Requirements | None = None
+    # The facts about its keys that conflicts name (besides "[name]", which holds when its optional section is set).
+    config_facts: tuple[Fact, ...] = ()
     # The description of the optional section ExperimentConfig gains for it (None by default, the feature off); None:
     # it gains none (the feature's keys are in another section, or its section is always there).
     config_field: str | None = None
     # (built simulation, section) -> the plan the simulation holds (run.json records what the run used); None: plan
     # again
     used_plan: Callable[[Any, Any], Any] | None = None
+    # The part of SimulationState it starts that a checkpoint saves and a resume loads back (a
+    # ``driftlab.simulation.round.checkpointing.StateExtra``: the simulated clock, FedBuff's clients in flight); None:
+    # none.  Assembly gives the simulation those of the features a config turns on (``Simulation.state_extras``).
+    state_extra: Any = None
 
     def __post_init__(self) -> None:
         if not self.name.isidentifier():

@@ -11,8 +11,11 @@ from driftlab.features.entry import FeatureEntry, RunFacts
 from driftlab.features.registry import FEATURES
 
 
-def run_facts(config: Any, num_clients: int | None = None, tensor_sizes: tuple[int, ...] = ()) -> RunFacts:
-    """The facts a feature's plan reads: ``num_clients`` is the data's N (None: ``config.data.num_clients``)."""
+def run_facts(
+    config: Any, num_clients: int | None = None, tensor_sizes: tuple[int, ...] = (), tensor_names: tuple[str, ...] = ()
+) -> RunFacts:
+    """The facts a feature's plan reads: ``num_clients`` is the data's N (None: ``config.data.num_clients``);
+    ``tensor_sizes`` and ``tensor_names`` the built model's tensors (empty before it is built)."""
     return RunFacts(
         seed=config.seed,
         rounds=config.rounds,
@@ -21,6 +24,7 @@ def run_facts(config: Any, num_clients: int | None = None, tensor_sizes: tuple[i
         participation=config.sampling.participation,
         algorithm=config.algorithm.name,
         tensor_sizes=tuple(int(size) for size in tensor_sizes),
+        tensor_names=tuple(tensor_names),
     )
 
 
@@ -41,11 +45,28 @@ def check_feature(entry: FeatureEntry, algorithm: Any) -> None:
         raise ConfigError(problem)
 
 
-def features_run_info(config: Any, sim: Any) -> dict[str, Any]:
-    """What the features ``config`` turns on add to run.json (each entry's ``run_info``, in the registry's order)."""
+def feature_plan(config: Any, name: str, num_clients: int | None = None) -> Any:
+    """The plan of feature ``name`` (``FEATURES[name].plan``) for ``config`` on ``num_clients`` clients (the data's N;
+    None: ``config.data.num_clients``); None when ``config`` does not turn the feature on."""
+    facts = run_facts(config, num_clients)
+    on = [(entry, section) for entry, section in configured_features(config, facts) if entry.name == name]
+    return next((entry.plan(section, facts) for entry, section in on), None)
+
+
+def features_run_info(config: Any, sim: Any, only: str | None = None) -> dict[str, Any]:
+    """What the features ``config`` turns on add to run.json (each entry's ``run_info``, in the registry's order;
+    ``only``: that feature's alone, {} when it is off)."""
     facts = run_facts(config, sim.data.num_clients)
     info: dict[str, Any] = {}
     for entry, section in configured_features(config, facts):
-        plan = entry.used_plan(sim, section) if entry.used_plan is not None else entry.plan(section, facts)
-        info.update(entry.run_info(plan))
+        if only in (None, entry.name):  # the plan the run used, the one sim holds (FeatureEntry.used_plan), else again
+            plan = entry.used_plan(sim, section) if entry.used_plan is not None else entry.plan(section, facts)
+            info.update(entry.run_info(plan))
     return info
+
+
+def feature_run_info(config: Any, name: str, num_clients: int | None = None) -> dict[str, Any]:
+    """What feature ``name`` adds to run.json for ``config`` on ``num_clients`` clients, planned from the config
+    alone (None: ``config.data.num_clients``); {} when ``config`` does not turn it on."""
+    plan = feature_plan(config, name, num_clients)
+    return {} if plan is None else FEATURES[name].run_info(plan)

@@ -1,5 +1,6 @@
 """A feature defined here, in the test, plugs in as a registry entry with a section of its own and runs: assembly
-refuses what it cannot take, wraps the algorithm with it, and run.json records it, with no central file touched."""
+refuses what it cannot take, wraps the algorithm with it, run.json records it and checkpoints keep its state, with no
+central file touched."""
 
 from __future__ import annotations
 
@@ -98,3 +99,36 @@ def test_a_feature_of_a_test_is_refused_with_the_one_template(toy):
 def test_without_its_section_the_feature_is_off(toy):
     sim, state = build_simulation(load_config(BASE))
     assert torch.equal(state.server.params, sim.initial_params)
+
+
+@dataclasses.dataclass(frozen=True)
+class RoundsSeen:
+    """A toy state extra: the round it was saved at, in the checkpoint's engine section, and what a resume read."""
+
+    read: list
+
+    def engine_tensors(self, state, disk_stores) -> dict[str, torch.Tensor]:
+        return {"toy/round": torch.tensor(state.round)}
+
+    def restored(self, sim, state, tensors) -> dict:
+        self.read.append(int(tensors["toy/round"]))
+        return {}
+
+
+def test_a_feature_of_a_test_saves_its_state_in_the_checkpoint_and_reads_it_back(tmp_path):
+    from driftlab.simulation.round.checkpointing import checkpointed_parts, record_template, restored_state
+    from driftlab.simulation.state.checkpoint import load_checkpoint, save_checkpoint
+
+    seen = RoundsSeen([])
+    registry.register(dataclasses.replace(TOY, state_extra=seen))  # the conftest restores every registry
+    sim, state = build_simulation(_with_toy(BASE))
+    for _ in range(2):
+        state, _ = run_round(sim, state)
+    clients, stores, engine = checkpointed_parts(sim, state)
+    assert sim.state_extras == (seen,) and list(engine) == ["toy/round"] and int(engine["toy/round"]) == 2
+    save_checkpoint(tmp_path / "checkpoint", state.round, state.server, clients, "fp", stores, engine)
+    fresh_sim, fresh = build_simulation(_with_toy(BASE))
+    loaded = load_checkpoint(tmp_path / "checkpoint", fresh.server, record_template(fresh_sim, fresh), "fp", sim.device)
+    assert restored_state(fresh_sim, fresh, loaded).round == 2 and seen.read == [2]
+    plain, plain_state = build_simulation(load_config(BASE))  # without [toy]: no extra, no engine section
+    assert plain.state_extras == () and checkpointed_parts(plain, plain_state)[2] == {}

@@ -14,11 +14,12 @@ from typing import Any
 from driftlab.errors import ConfigError
 from driftlab.features import drivers
 from driftlab.features.capabilities import Reason, Requirements
-from driftlab.features.entry import FeatureEntry, RunFacts
+from driftlab.features.entry import Fact, FeatureEntry, RunFacts, config_errors
 from driftlab.privacy import accounting
 from driftlab.privacy.mechanism import with_privacy
 from driftlab.privacy.section import PrivacyConfig
 from driftlab.privacy.settings import AdaptiveClipping, PrivacySettings
+from driftlab.simulation.backends.buffers import refuse_running_statistics
 from driftlab.simulation.round.sampling import clients_per_round
 
 
@@ -65,7 +66,7 @@ def privacy_settings(privacy: PrivacyConfig, facts: RunFacts) -> PrivacySettings
     if privacy.adaptive:
         count_noise = privacy.count_noise if privacy.count_noise is not None else cohort / 20  # Andrew et al. 2021
         adaptive = AdaptiveClipping(privacy.target_quantile, privacy.clip_learning_rate, count_noise)
-    try:
+    with config_errors("[privacy]"):
         settings = PrivacySettings(
             clip=privacy.clip,
             noise_multiplier=noise_multiplier,
@@ -80,8 +81,6 @@ def privacy_settings(privacy: PrivacyConfig, facts: RunFacts) -> PrivacySettings
             adaptive=adaptive,
         )
         settings.update_noise_multiplier  # noqa: B018 - raises when σ_b leaves the update no privacy
-    except ValueError as error:
-        raise ConfigError(f"[privacy]: {error}") from None
     return settings
 
 
@@ -93,15 +92,11 @@ def _suggested_delta(population: int) -> float:
 def _noise_multiplier_for(privacy: PrivacyConfig, rounds: int, accounting_rate: float) -> float:
     """The noise multiplier that spends at most ``privacy.target_epsilon`` (within 0.5%) in ``rounds`` rounds."""
     local = privacy.noise == "local"
-    try:
+    with config_errors(f"privacy.target_epsilon = {privacy.target_epsilon:g}"):
         # local noise: each client's own messages, sensitivity 2C (multiplier z/2), every round (q = 1)
         z = accounting.noise_multiplier_for(
             privacy.target_epsilon, privacy.delta, 1.0 if local else accounting_rate, rounds, privacy.accountant
         )
-    except ConfigError:
-        raise
-    except ValueError as error:
-        raise ConfigError(f"privacy.target_epsilon = {privacy.target_epsilon:g}: {error}") from None
     return 2 * z if local else z
 
 
@@ -110,12 +105,8 @@ def plan(privacy: PrivacyConfig, facts: RunFacts) -> PrivacyPlan:
 
 
 def wrap(algorithm: Any, plan: PrivacyPlan) -> Any:
-    try:
+    with config_errors("[privacy]"):  # the mechanism's refusal of a form it cannot use: a configuration to change
         return with_privacy(algorithm, plan.settings)
-    except ConfigError:
-        raise
-    except ValueError as error:  # the mechanism's refusal of a form it cannot use: a configuration to change
-        raise ConfigError(f"[privacy]: {error}") from None
 
 
 def run_info(plan: PrivacyPlan) -> dict[str, Any]:
@@ -141,6 +132,21 @@ def run_info(plan: PrivacyPlan) -> dict[str, Any]:
     return {"privacy": info}
 
 
+def _fixed_cohort_accounted_centrally(config: Any, on: frozenset[str]) -> bool:
+    sampling = config.sampling
+    fixed = sampling.mode not in ("weighted", "poisson") and sampling.participation != 1
+    return "privacy" in on and config.privacy.accounted_centrally and fixed
+
+
+# The facts about [privacy] its conflicts name (driftlab.features.config_facts).
+CONFIG_FACTS = (
+    Fact("a fixed cohort accounted centrally", "sampling.mode", _fixed_cohort_accounted_centrally),
+    Fact(
+        'privacy.noise = "local" compressed',
+        "privacy.noise",
+        lambda config, on: "privacy" in on and config.privacy.noise == "local" and "compression" in on,
+    ),
+)
 # What [privacy] cannot be combined with in a config (the data's checks, δ below 1/N and a reachable ε, are the plan's).
 CONFIG_CONFLICTS = Requirements(
     "[privacy]",
@@ -183,14 +189,27 @@ CONFIG_CONFLICTS = Requirements(
 )
 
 
+def finish(sim: Any, plan: Any) -> None:  # noqa: ARG001  (the FeatureEntry.finish signature)
+    """Refuse a model whose BatchNorm statistics would be averaged outside the clip and the noise."""
+    with config_errors("[privacy]"):
+        refuse_running_statistics(
+            sim.model.module,
+            "[privacy]",
+            "running statistics move with every client's data and are averaged beside the messages, outside the "
+            "clip and the noise, so they would leak what the privacy promise covers",
+        )
+
+
 FEATURE = FeatureEntry(
     name="privacy",
     plan=plan,
     requirements=drivers.PRIVACY,
     config_conflicts=CONFIG_CONFLICTS,
+    config_facts=CONFIG_FACTS,
     section_type=PrivacyConfig,
     config_field="client-level differential privacy: clipping, noise, accounting (the [privacy] keys); "
     "absent = not private",
     wrap=wrap,
+    finish=finish,
     run_info=run_info,
 )

@@ -20,7 +20,7 @@ ADAPTIVE_KEYS = ("target_quantile", "clip_learning_rate", "count_noise")  # [pri
 class PrivacyConfig(Section):
     """``[privacy]``: client-level differential privacy (``driftlab.privacy``); a config without it is not private.
 
-    Each reporting client's message is clipped to L2 norm ``clip`` as the algorithm's ``PrivacyForm`` releases it,
+    Each reporting client's message is clipped to L2 norm ``clip`` as the algorithm's ``ReleaseForm`` releases it,
     and Gaussian noise of std ``noise_multiplier · clip`` is added to the round's sum (DP-FedAvg, McMahan et al.,
     "Learning Differentially Private Recurrent Language Models", ICLR 2018), or to each message (``noise = "local"``).
     The checks that need the data's number of clients (δ below 1/N, the noise a target ε needs) are made by

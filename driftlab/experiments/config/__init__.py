@@ -47,18 +47,18 @@ The package, one job a module: ``schema`` (the core sections and ``ExperimentCon
 named by a registry entry: ``[algorithm]``, ``[data]``, ``[model]``, ``[server]``), ``reading`` (files, presets,
 ``base`` chains), ``loading`` (overrides, validation, ``load_config``), ``conflicts`` (checks across sections),
 ``messages`` (problems in words, ``describe_keys``) and ``toml_writer`` (a table as TOML).  The sections of the
-optional features live in their packages (``driftlab.privacy.section``, ``driftlab.compress.section``,
-``driftlab.simulation.time.section``, ``driftlab.simulation.asynchronous.section``).  Every name is re-exported
-here, so ``from driftlab.experiments.config import X`` reads as it always has.
+optional features live in their packages, each named by its registry entry (``FeatureEntry.section_type``).  Every
+name is re-exported here (the sections' through the registry), so ``from driftlab.experiments.config import X`` reads
+as it always has.
 """
 
 from __future__ import annotations
 
+import sys
+from typing import Any
+
 # Names the module had before it became a package, imported by users of ``driftlab.experiments.config``.
 from driftlab.algorithms import registry
-
-# The sections of the optional features, defined in their own packages.
-from driftlab.compress.section import CompressionConfig
 from driftlab.config_section import Section as _Section  # noqa: F401 - the old module's name, re-exported
 from driftlab.config_section import short as _short  # noqa: F401 - the old module's name, re-exported
 from driftlab.data import registry as data_sets
@@ -71,16 +71,13 @@ from driftlab.experiments.config.conflicts import (
     _booleans_taken_as_numbers as _booleans_taken_as_numbers,
 )
 from driftlab.experiments.config.conflicts import (
+    _feature_conflicts as _feature_conflicts,
+)
+from driftlab.experiments.config.conflicts import (
     _non_finite_numbers as _non_finite_numbers,
 )
 from driftlab.experiments.config.conflicts import (
-    _privacy_conflicts as _privacy_conflicts,
-)
-from driftlab.experiments.config.conflicts import (
     _server_step_conflicts as _server_step_conflicts,
-)
-from driftlab.experiments.config.conflicts import (
-    _system_conflicts as _system_conflicts,
 )
 from driftlab.experiments.config.loading import (
     _given_by as _given_by,
@@ -204,26 +201,46 @@ from driftlab.experiments.config.tagged import (
 from driftlab.experiments.config.toml_shape import MAX_NESTING, check_toml_shape
 from driftlab.experiments.config.toml_writer import to_toml, toml_key, toml_string, toml_value
 from driftlab.experiments.sweep.shipped import PRESET_PACKAGE, preset_names
+from driftlab.features.registry import FEATURES
 from driftlab.models import registry as models
 from driftlab.optim import registry as server_optimizers
 from driftlab.optim.schedules import MAX_RATE, Count, Rate, is_constant_one
 from driftlab.plugins import did_you_mean, load_plugins, resolve_plugin
-from driftlab.privacy.section import ADAPTIVE_KEYS, PrivacyConfig
-from driftlab.simulation.asynchronous.section import AsynchronousConfig
 from driftlab.simulation.round.availability import ClientIds
 from driftlab.simulation.state.memory_budget import parse_bytes
-from driftlab.simulation.time.section import SystemConfig
 
-# The private names imported above (``_Section``, ``_privacy_conflicts``, ...) are re-exported too, for the modules
-# and tests that import them from here.
+
+def _feature_section_names() -> dict[str, Any]:
+    """What the modules of the features' config sections export (each ``FeatureEntry.section_type``'s module's
+    ``__all__``: ``CompressionConfig``, ``SystemConfig``, ...), by name: importable from here as before the sections
+    moved into the features' packages, found in the registry so that this package names none of them."""
+    names: dict[str, Any] = {}
+    for entry in FEATURES.values():
+        if entry.section_type is not None:
+            module = sys.modules[entry.section_type.__module__]
+            for name in getattr(module, "__all__", (entry.section_type.__name__,)):
+                names[name] = getattr(module, name)
+    return names
+
+
+def __getattr__(name: str) -> Any:
+    found = _feature_section_names()
+    if name in found:
+        return found[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_feature_section_names()})
+
+
+# The private names imported above (``_Section``, ``_feature_conflicts``, ...) are re-exported too, for the modules
+# and tests that import them from here; the features' section types are found in the registry (``__getattr__``).
 __all__ = [
-    "ADAPTIVE_KEYS",
     "AlgorithmConfig",
-    "AsynchronousConfig",
     "AvailabilityConfig",
     "ClientConfig",
     "ClientIds",
-    "CompressionConfig",
     "ConfigError",
     "Count",
     "DEFAULT_ALGORITHM",
@@ -248,12 +265,10 @@ __all__ = [
     "ModelConfig",
     "PARTITIONS",
     "PRESET_PACKAGE",
-    "PrivacyConfig",
     "Rate",
     "SamplingConfig",
     "ServerConfig",
     "StateConfig",
-    "SystemConfig",
     "TAGGED_SECTIONS",
     "UNBOUNDED",
     "algorithms_with_key",
@@ -293,4 +308,5 @@ __all__ = [
     "with_function_paths_resolved",
     "with_plugins_loaded",
     "without_other_kinds_keys",
+    *_feature_section_names(),
 ]

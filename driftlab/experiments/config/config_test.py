@@ -848,3 +848,25 @@ def test_describe_keys_lists_the_system_and_asynchronous_keys():
     ):
         assert f"  {key} = " in text
     assert text.index("\n[system]\n") < text.index("  system.profiles = ") < text.index("\n[asynchronous]\n")
+
+
+def test_the_features_sections_are_importable_from_the_config_package_as_before():
+    import driftlab.experiments.config as config_package
+    from driftlab.compress.section import CompressionConfig
+    from driftlab.experiments.config import ADAPTIVE_KEYS, AsynchronousConfig, PrivacyConfig, SystemConfig
+    from driftlab.features.registry import FEATURES
+    from driftlab.privacy import section as privacy_section
+    from driftlab.simulation.asynchronous import section as asynchronous_section
+    from driftlab.simulation.time import section as time_section
+
+    assert (PrivacyConfig, ADAPTIVE_KEYS) == (privacy_section.PrivacyConfig, privacy_section.ADAPTIVE_KEYS)
+    assert (AsynchronousConfig, SystemConfig) == (asynchronous_section.AsynchronousConfig, time_section.SystemConfig)
+    assert config_package.CompressionConfig is CompressionConfig
+    # every feature's section type is listed and found, from the registry: none is named in the package
+    for entry in FEATURES.values():
+        if entry.section_type is not None:
+            name = entry.section_type.__name__
+            assert name in config_package.__all__ and name in dir(config_package)
+            assert getattr(config_package, name) is entry.section_type
+    with pytest.raises(AttributeError, match="has no attribute 'NoSuchConfig'"):
+        config_package.NoSuchConfig  # noqa: B018 - the lookup is what is tested

@@ -38,19 +38,13 @@ def _server_step_conflicts(config: ExperimentConfig) -> list[tuple[str, str]]:
 UNBOUNDED = {("privacy.clip", math.inf)}  # (key, value): +inf meaning "no bound" (privacy.clip = inf: no clipping)
 
 
-def _privacy_conflicts(config: ExperimentConfig) -> list[tuple[str, str]]:
-    """What ``[privacy]`` cannot be combined with, by key: the sampling, membership changes, compression of local noise
-    (``driftlab.privacy.feature.CONFIG_CONFLICTS``, computed by ``driftlab.features.config_facts``).
+def _feature_conflicts(config: ExperimentConfig) -> list[tuple[str, str]]:
+    """What each feature whose section ``config`` sets cannot be combined with, by key: the ``config_conflicts`` its
+    registry entry declares (computed by ``driftlab.features.config_facts``), in the registry's order.
 
-    The checks that need the data (δ below 1/N, a reachable target ε) are ``driftlab.privacy.feature.privacy_settings``'s.
-    """
-    return config_conflicts(config, [FEATURES["privacy"]])
-
-
-def _system_conflicts(config: ExperimentConfig) -> list[tuple[str, str]]:
-    """What ``[system]`` and ``[asynchronous]`` (FedBuff on the simulated clock) cannot be combined with, by key (their
-    entries' ``config_conflicts``).  What FedBuff needs of the algorithm is assembly's check (``driftlab.features.drivers``)."""
-    return config_conflicts(config, [FEATURES["system"], FEATURES["asynchronous"]])
+    The checks that need the data (δ below 1/N, a reachable target ε) are each feature's plan's; what a feature needs
+    of the algorithm is assembly's check (``driftlab.features.drivers``)."""
+    return config_conflicts(config, FEATURES.values())
 
 
 def _non_finite_numbers(table: dict[str, Any]) -> list[tuple[str, str]]:

@@ -15,10 +15,9 @@ from driftlab.config_section import short
 from driftlab.errors import ConfigError
 from driftlab.experiments.config.conflicts import (
     _booleans_taken_as_numbers,
+    _feature_conflicts,
     _non_finite_numbers,
-    _privacy_conflicts,
     _server_step_conflicts,
-    _system_conflicts,
 )
 from driftlab.experiments.config.messages import (
     MAX_LISTED_PROBLEMS,
@@ -188,7 +187,7 @@ def validate_config(table: dict[str, Any], given_by: Callable[[str], str | None]
         ]
     if config is not None and not problems:
         problems = _booleans_taken_as_numbers(table, config) + _server_step_conflicts(config)
-        problems += _privacy_conflicts(config) + _system_conflicts(config)
+        problems += _feature_conflicts(config)
     if problems:
         if given_by is not None:  # for the problems listed only: each may read the config's files again
             for index, (key, message) in enumerate(problems[:MAX_LISTED_PROBLEMS]):

@@ -8,7 +8,7 @@ import json
 import tomllib
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from driftlab.config_section import short
 from driftlab.errors import ConfigError
@@ -129,14 +129,7 @@ def _read_one(source: str | Path) -> tuple[dict[str, Any], str, str, Path | None
         )
     if path.is_file() and path.suffix.lower() == ".json":
         # the resolved config a run writes (config.json), so `driftlab run DIR/config.json --out DIR --resume` works
-        try:
-            table = json.loads(text)
-        except json.JSONDecodeError as error:
-            raise ConfigError(f"{origin} is not valid JSON: {error}") from None
-        except RecursionError:
-            raise ConfigError(
-                f"{origin} is nested too deeply to be a config (a config nests at most {MAX_NESTING} levels)"
-            ) from None
+        table = _parsed(json.loads, json.JSONDecodeError, "JSON", text, origin)
         if not isinstance(table, dict):
             raise ConfigError(f"{origin} must hold a JSON object (a table of sections), got {type(table).__name__}")
     else:
@@ -177,10 +170,15 @@ def parse_toml(text: str, origin: str) -> dict[str, Any]:
     """``tomllib.loads(text)``, refused with a ConfigError naming ``origin`` when it is not TOML or not shaped like a
     config (``check_toml_shape``: bounded before ``tomllib`` allocates)."""
     check_toml_shape(text, origin, pieces=False)
+    return _parsed(tomllib.loads, tomllib.TOMLDecodeError, "TOML", text, origin)
+
+
+def _parsed(loads: Callable[[str], Any], syntax_error: type[Exception], language: str, text: str, origin: str) -> Any:
+    """``loads(text)``, its syntax errors and a nesting too deep for the parser as ConfigErrors naming ``origin``."""
     try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as error:
-        raise ConfigError(f"{origin} is not valid TOML: {error}") from None
+        return loads(text)
+    except syntax_error as error:
+        raise ConfigError(f"{origin} is not valid {language}: {error}") from None
     except RecursionError:
         raise ConfigError(
             f"{origin} is nested too deeply to be a config (a config nests at most {MAX_NESTING} levels)"

@@ -34,6 +34,10 @@ PINNED = {
     "synthetic-fedavgm-chain": ("23cc19c9ef60ad9a", "b03ad892fdc5fe2c"),
     "synthetic-fedbuff": ("96eb208097d4fb56", "9e1d8e13b85acd88"),
     "synthetic-fedprox": ("aeb5ed2031a95a72", "3408a0cf8d96f2ce"),
+    "cifar10-fedbn": ("fd01ca4468548e76", "76138b290c75cff0"),
+    "cifar10-fedper": ("d04407db59a71719", "863c21ead5dd2880"),
+    "cifar10-fedrep": ("9ef3318a0d60ed49", "0a97934597142465"),
+    "cifar10-lg-fedavg": ("ddb4ce8fac90f891", "b96d64f52430ed02"),
 }
 DEFAULTS = ("6b30b74676d75f58", "ea8971b1a98a1a71")
 
@@ -77,9 +81,12 @@ def test_the_sections_keep_their_order():
         "compression",
         "evaluation",
         "state",
+        "personal_layers",
         "privacy",
         "system",
         "asynchronous",
+        "robust",
+        "attack",
         "memory_budget",
         "log",
     ]

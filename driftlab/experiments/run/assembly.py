@@ -1,4 +1,5 @@
-"""Assembling a run from its configuration: devices, data, model and loss, algorithm, backend and client-state stores.
+"""Assembling a run from its configuration: data, model and loss, algorithm, backend and client-state stores (the
+devices and the backend are ``run.devices``'s).
 
 ``build_simulation(config)`` gives the ``Simulation`` and its state before round 1; the
 runner (``driftlab.experiments.run.runner``) runs its rounds and writes the run directory.
@@ -9,6 +10,7 @@ Your own model (``model=``), loss (``loss=`` or ``model.loss``) and data (``user
 from __future__ import annotations
 
 import copy
+import dataclasses
 from pathlib import Path
 from typing import Any, Callable, Union
 
@@ -22,86 +24,20 @@ from driftlab.data.registry import DEFAULT_DATA_SET, DataSection
 from driftlab.experiments.config import ConfigError, ExperimentConfig, validate_config
 from driftlab.experiments.run.compatibility import check_sizes, checked_model
 from driftlab.experiments.run.datasets import DataSetupError, build_dataset, prepared_custom_data, vocabulary_size
-from driftlab.features.legacy import (  # the per-feature functions assembly had, importable from here
-    asynchronous_plan,
-    check_deadline,
-    personal_evaluation,
-    privacy_run_info,
-    privacy_settings,
-    system_plan,
-    system_run_info,
-)
-from driftlab.features.run import check_feature, configured_features, features_run_info, run_facts
+from driftlab.experiments.run.devices import BACKENDS, make_backend, resolve_backend, resolve_device, resolve_devices
+from driftlab.features.run import check_feature, configured_features, feature_plan, features_run_info, run_facts
 from driftlab.models import registry as models
 from driftlab.optim.registry import build_server_optimizer
+from driftlab.personal.selection import parameter_kinds
 from driftlab.plugins import import_function
 from driftlab.randomness import Stream, torch_seed
 from driftlab.simulation.backends.flat import FlatModel, binary_cross_entropy_per_example, objective_per_example
-from driftlab.simulation.backends.local_training import SequentialBackend
 from driftlab.simulation.backends.precision import check_precision, parameter_dtype
-from driftlab.simulation.backends.vectorized import VectorizedBackend, auto_backend
+from driftlab.simulation.personal_evaluation import personal_evaluation as _personal_evaluation
 from driftlab.simulation.round.availability import AvailabilityModel, Membership, MembershipEvent
 from driftlab.simulation.round.setup import EvaluationPlan, RoundPlan, Simulation, SimulationState, make_client_stores
 from driftlab.simulation.seam import Algorithm
 from driftlab.simulation.state.memory_budget import MemoryBudget, placed_bytes
-
-BACKENDS = {"sequential": SequentialBackend, "vectorized": VectorizedBackend}
-
-
-def resolve_devices(name: str) -> tuple[torch.device, ...]:
-    """The devices of ``config.device``: one, or several GPUs (``cuda:0,cuda:1``), the first holding the model."""
-    if name == "auto":
-        return (torch.device("cuda" if torch.cuda.is_available() else "cpu"),)
-    names = [part.strip() for part in name.split(",")]
-    if any(part.startswith("cuda") for part in names):
-        if not torch.cuda.is_available():
-            raise ConfigError(f"device={name!r} but CUDA is not available on this machine; use device=cpu (or auto)")
-        missing = [part for part in names if part.startswith("cuda:") and int(part[5:]) >= torch.cuda.device_count()]
-        if missing:
-            raise ConfigError(
-                f"device={name!r}: this machine has {torch.cuda.device_count()} GPU(s), so {', '.join(missing)} does not exist"
-            )
-    return tuple(torch.device(part) for part in names)
-
-
-def resolve_device(name: str) -> torch.device:
-    return resolve_devices(name)[0]
-
-
-def resolve_backend(name: str, model: FlatModel | None = None, device: torch.device | None = None) -> str:
-    """``auto`` is the rule of ``vectorized.auto_backend`` for the model and device (docs/performance.md);
-    without a model, the vectorized backend."""
-    if name != "auto":
-        return name
-    if model is None or device is None:
-        return "vectorized"
-    return auto_backend(model, device)
-
-
-def make_backend(
-    config: ExperimentConfig, model: FlatModel, devices: tuple[torch.device, ...], budget: MemoryBudget | None = None
-):
-    """The config's training backend; the vectorized one sizes its chunks from ``budget`` (the run's ``MemoryBudget``)."""
-    # several GPUs: auto is the one backend that spreads a round over them
-    name = (
-        "vectorized"
-        if config.backend == "auto" and len(devices) > 1
-        else resolve_backend(config.backend, model, devices[0])
-    )
-    if len(devices) > 1 and name != "vectorized":
-        raise ConfigError(
-            f"device={config.device!r} lists several GPUs, which only backend=vectorized uses; set backend=vectorized (or auto)"
-        )
-    if name == "vectorized":
-        several = devices if len(devices) > 1 else None
-        return BACKENDS[name](
-            precision=config.precision,
-            devices=several,
-            memory_budget=budget or MemoryBudget(),
-            convolution=config.convolution or "grouped",
-        )
-    return BACKENDS[name](precision=config.precision)
-
 
 ModelSource = Union[nn.Module, Callable[[tuple[int, ...], int], nn.Module], None]
 ExampleLoss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (outputs, targets) -> one loss per example [B]
@@ -183,13 +119,23 @@ def build_algorithm(config: ExperimentConfig, flat_model: FlatModel, num_clients
     order (``driftlab.features.registry``: compression inside privacy, so what is clipped and noised is what a client
     sends).  ``num_clients`` is the data's N (a feature's plan reads it); None: ``data.num_clients``.
     """
+    return _wrapped_algorithm(config, flat_model, num_clients)[0]
+
+
+def _wrapped_algorithm(
+    config: ExperimentConfig, flat_model: FlatModel, num_clients: int | None
+) -> tuple[Algorithm, list[tuple[Any, Any]]]:
+    """``build_algorithm``'s algorithm and the (entry, plan) of each feature that wrapped it."""
     algorithm = configured_algorithm(config, num_clients)
-    facts = run_facts(config, num_clients, flat_model.numels)
+    facts = run_facts(config, num_clients, flat_model.numels, flat_model.names)
+    facts = dataclasses.replace(facts, tensor_kinds=parameter_kinds(flat_model.module, tuple(flat_model.names)))
+    wrapped = []
     for entry, section in configured_features(config, facts):
         if entry.wraps:
             check_feature(entry, algorithm)
-            algorithm = entry.wrap(algorithm, entry.plan(section, facts))
-    return algorithm
+            wrapped.append((entry, entry.plan(section, facts)))
+            algorithm = entry.wrap(algorithm, wrapped[-1][1])
+    return algorithm, wrapped
 
 
 def check_features(config: ExperimentConfig, algorithm: Algorithm | None = None, only: str | None = None) -> None:
@@ -203,14 +149,10 @@ def check_features(config: ExperimentConfig, algorithm: Algorithm | None = None,
             check_feature(entry, algorithm)
 
 
-def check_privacy_form(config: ExperimentConfig, algorithm: Algorithm | None = None) -> None:
-    """ConfigError when ``[privacy]`` is set and the algorithm gives no form it can clip (``check_features``)."""
-    check_features(config, algorithm, "privacy")
-
-
-def check_asynchronous(config: ExperimentConfig, algorithm: Algorithm | None = None) -> None:
-    """ConfigError when ``[asynchronous]`` is set and the algorithm cannot run under FedBuff (``check_features``)."""
-    check_features(config, algorithm, "asynchronous")
+def personal_evaluation(config: ExperimentConfig, sim: Simulation) -> bool:
+    """``driftlab.simulation.personal_evaluation.personal_evaluation`` of the config's request, kept for
+    driftlab/simulation/evaluation_personal_test.py until it calls that with ``feature_plan(config, "personal")``."""
+    return _personal_evaluation(feature_plan(config, "personal"), sim)
 
 
 def round_plan(config: ExperimentConfig) -> RoundPlan:
@@ -232,6 +174,24 @@ def round_plan(config: ExperimentConfig) -> RoundPlan:
             config.availability.inactive_probability, config.availability.incomplete_probability
         ),
     )
+
+
+# The [evaluation] keys the engine's EvaluationPlan takes as they are (the personal evaluation is its feature's).
+EVALUATION_KEYS = (
+    "every",
+    "model",
+    "dissimilarity_every",
+    "divergence_factor",
+    "norm_growth_factor",
+    "train_loss_clients",
+)
+
+
+def evaluation_plan(config: ExperimentConfig) -> EvaluationPlan:
+    """The engine's ``EvaluationPlan`` for ``config``: ``EVALUATION_KEYS`` and ``client_spread`` of ``[evaluation]``."""
+    section = config.evaluation
+    kept = {key: getattr(section, key) for key in EVALUATION_KEYS}
+    return EvaluationPlan(**kept, client_spread=bool(section.client_spread))
 
 
 def build_simulation(
@@ -269,26 +229,19 @@ def build_simulation(
             f'data= is your own data, but the config names data set {config.data.name!r}; set data.name = "custom"'
         )
     facts = run_facts(config, data.num_clients)
+    configured = configured_features(config, facts)
     # the plans of the features that do not wrap the algorithm (a device trace needs the data's N), before the model
-    features = [
-        (entry, entry.plan(section, facts)) for entry, section in configured_features(config, facts) if not entry.wraps
-    ]
+    features = [(entry, entry.plan(section, facts)) for entry, section in configured if not entry.wraps]
+    # what of the state each feature on keeps in checkpoints (the clock, the clients in flight)
+    extras = tuple(entry.state_extra for entry, _ in configured if entry.state_extra is not None)
     # the batch plan and the model's memory, then one forward pass on real examples (ConfigError on a mismatch)
     flat_model = checked_model(
         config, data, lambda: build_model(config, data, model, loss).to(device, dtype), device, dtype, model
     )
     initial_params = flat_model.initial_parameters().to(device, dtype)
-    algorithm = build_algorithm(config, flat_model, data.num_clients)  # a feature's plan may need the data's N
+    algorithm, wrapped = _wrapped_algorithm(config, flat_model, data.num_clients)  # a plan may need the data's N
     plan = round_plan(config)
-    evaluation = EvaluationPlan(
-        every=config.evaluation.every,
-        model=config.evaluation.model,
-        dissimilarity_every=config.evaluation.dissimilarity_every,
-        divergence_factor=config.evaluation.divergence_factor,
-        norm_growth_factor=config.evaluation.norm_growth_factor,
-        train_loss_clients=config.evaluation.train_loss_clients,
-        client_spread=bool(config.evaluation.client_spread),
-    )
+    evaluation = evaluation_plan(config)
     try:
         membership = Membership(
             data.num_clients,
@@ -313,14 +266,15 @@ def build_simulation(
             evaluation,
             membership,
             memory_budget=budget,
+            state_extras=extras,
             **{key: value for entry, made in features for key, value in entry.simulation_fields(made).items()},
         )
     except ValueError as error:
         raise ConfigError(str(error)) from None
-    for entry, made in features:
-        entry.finish(
-            sim, made
-        )  # checks before any round (a deadline no client meets), the personal evaluation's choice
+    # checks before any round (a deadline no client meets, a model privacy cannot carry), the personal evaluation's
+    # choice
+    for entry, made in (*features, *wrapped):
+        entry.finish(sim, made)
     store, latest_models = client_stores(config, sim, config.state.store, state_dir)
     started = {key: value for entry, made in features for key, value in entry.state_fields(made).items()}
     return sim, SimulationState(0, algorithm.server_init(initial_params), store, latest_models, **started)
@@ -419,26 +373,20 @@ __all__ = [
     "build_algorithm",
     "build_model",
     "build_simulation",
-    "asynchronous_plan",
-    "check_asynchronous",
-    "check_deadline",
     "check_feature",
     "check_features",
     "check_digest",
-    "check_privacy_form",
     "client_stores",
     "configured_features",
+    "evaluation_plan",
+    "feature_plan",
     "features_run_info",
     "is_classifier",
     "load_data",
     "make_backend",
     "personal_evaluation",
-    "privacy_run_info",
-    "privacy_settings",
     "resolve_backend",
     "resolve_device",
     "resolve_devices",
-    "system_plan",
-    "system_run_info",
     "user_data",
 ]

@@ -13,7 +13,7 @@ from torch import nn
 import driftlab
 from driftlab.data.federated import FederatedArrays, federated_dataset_from_arrays
 from driftlab.experiments.config import ConfigError, load_config
-from driftlab.experiments.run.assembly import build_model, build_simulation, is_classifier, system_run_info, user_data
+from driftlab.experiments.run.assembly import build_model, build_simulation, features_run_info, is_classifier, user_data
 from driftlab.simulation.backends.vectorized import LinearReluStack
 
 BACKENDS = ("sequential", "vectorized")
@@ -235,9 +235,9 @@ def test_system_gives_the_plan_and_starts_the_clock_at_zero():
     )
     assert sim.system == SystemPlan(LognormalProfiles(3, 50.0, 0.5, 2e7, 5e6, 0.5), 20.0, "partial", 0.5)
     assert state.clock == 0.0 and sim.asynchronous is None
-    assert system_run_info(config, sim.system) == {"system": {"profiles": "lognormal"}}
+    assert features_run_info(config, sim, only="system") == {"system": {"profiles": "lognormal"}}
     untimed, sim, state = _timed_simulation({"seed": 3})
-    assert sim.system is None and state.clock is None and system_run_info(untimed, sim.system) == {}
+    assert sim.system is None and state.clock is None and features_run_info(untimed, sim, only="system") == {}
 
 
 def test_a_trace_is_read_for_the_datas_clients_and_recorded_by_its_digest(tmp_path):
@@ -247,7 +247,7 @@ def test_a_trace_is_read_for_the_datas_clients_and_recorded_by_its_digest(tmp_pa
     )
     config, sim, _ = _timed_simulation({"system": {"profiles": "trace", "trace": str(trace)}})
     assert sim.system.profiles.profile(2, 50.0).speed == 3.0 and sim.system.profiles.profile(2, 100.0) is None
-    assert system_run_info(config, sim.system) == {
+    assert features_run_info(config, sim, only="system") == {
         "system": {"profiles": "trace", "trace": str(trace), "sha256": hashlib.sha256(trace.read_bytes()).hexdigest()}
     }
 

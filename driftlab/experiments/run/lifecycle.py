@@ -214,7 +214,7 @@ def run_rounds(
                 or stop is not None
             )
             if out is not None and due:
-                write_checkpoint(out, config, state)
+                write_checkpoint(out, config, sim, state)
                 run_directory.write_metrics_csv(out, records)
                 last_saved = state.round
                 _ran(segment, state.round)
@@ -229,7 +229,9 @@ def run_rounds(
         # A second Ctrl-C must not cut the checkpoint or run.json short: the run is stopping already.
         with _signals_ignored():
             _ran(segment, state.round)
-            replacement = _save_on_the_way_out(error, ending, out, config, driver, state, records, last_saved, info)
+            replacement = _save_on_the_way_out(
+                error, ending, out, config, driver, sim, state, records, last_saved, info
+            )
         if replacement is None:
             raise
         raise replacement from error
@@ -339,6 +341,7 @@ def _save_on_the_way_out(
     out: Path | None,
     config: ExperimentConfig,
     driver: RoundDriver,
+    sim: Simulation,
     state: SimulationState,
     records: list[dict[str, Any]],
     last_saved: int,
@@ -365,7 +368,7 @@ def _save_on_the_way_out(
     attempt("dropping the stopped round's client states", lambda: driver.discard(state))
     checkpointed = last_saved
     if out is not None and state.round > last_saved:
-        if attempt(f"writing the checkpoint of round {state.round}", lambda: write_checkpoint(out, config, state)):
+        if attempt(f"writing the checkpoint of round {state.round}", lambda: write_checkpoint(out, config, sim, state)):
             checkpointed = state.round
     if out is not None:
         attempt("writing metrics.csv", lambda: run_directory.write_metrics_csv(out, records))
@@ -465,10 +468,11 @@ def start_run_info(
     return run_directory.RunInfo.start(out, config.rounds, start_round, sim.model.num_parameters, entries)
 
 
-def write_checkpoint(out: Path, config: ExperimentConfig, state: SimulationState) -> None:
+def write_checkpoint(out: Path, config: ExperimentConfig, sim: Simulation, state: SimulationState) -> None:
     """``state`` as the run's checkpoint (atomically; disk client stores stay in their files, recorded by version):
-    its client records, the stores it references and the engine section its extras write (``round.checkpointing``)."""
-    clients, stores, engine_tensors = checkpointed_parts(state)
+    its client records, the stores it references and the engine section the extras of ``sim`` write
+    (``round.checkpointing``)."""
+    clients, stores, engine_tensors = checkpointed_parts(sim, state)
     save_checkpoint(
         out / CHECKPOINT_FILE, state.round, state.server, clients, config.fingerprint(), stores, engine_tensors
     )

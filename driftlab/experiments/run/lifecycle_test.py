@@ -107,7 +107,7 @@ def test_a_driver_that_checkpoints_every_round_has_its_checkpoint_before_round_d
     monkeypatch.setattr(
         lifecycle,
         "write_checkpoint",
-        lambda out, config, state: (written.append(state.round), real(out, config, state)),
+        lambda out, config, sim, state: (written.append(state.round), real(out, config, sim, state)),
     )
     driver, _, _ = _run(
         tmp_path / "every", "checkpoint_every=100", "keep_checkpoint=true", checkpoints_every_round=True

@@ -36,11 +36,9 @@ from driftlab.experiments.run.assembly import (  # noqa: F401  (importable from 
     build_simulation,
     client_stores,
     features_run_info,
-    privacy_run_info,
     resolve_backend,
     resolve_device,
     resolve_devices,
-    system_run_info,
     user_data,
 )
 from driftlab.experiments.run.datasets import DataSetupError

@@ -6,20 +6,21 @@ stated asynchronous rule, no membership hooks); its plan is the engine's ``Async
 
 from __future__ import annotations
 
-from driftlab.errors import ConfigError
+from typing import Any
+
 from driftlab.features import drivers
 from driftlab.features.capabilities import Reason, Requirements
-from driftlab.features.entry import FeatureEntry, RunFacts
+from driftlab.features.entry import FeatureEntry, RunFacts, config_errors
+from driftlab.simulation.asynchronous.checkpointing import InFlightExtra
 from driftlab.simulation.asynchronous.section import AsynchronousConfig
+from driftlab.simulation.backends.buffers import refuse_running_statistics
 from driftlab.simulation.time.plan import AsynchronousPlan
 
 
 def plan(section: AsynchronousConfig, facts: RunFacts) -> AsynchronousPlan:  # noqa: ARG001 - FedBuff reads its section only
     """The engine's ``AsynchronousPlan`` for ``section``."""
-    try:
+    with config_errors("[asynchronous]"):
         return AsynchronousPlan(section.concurrency, section.buffer, section.staleness)
-    except ValueError as error:
-        raise ConfigError(f"[asynchronous]: {error}") from None
 
 
 REMOVE = "or remove [asynchronous]"
@@ -77,6 +78,17 @@ CONFIG_CONFLICTS = Requirements(
 )
 
 
+def finish(sim: Any, plan: Any) -> None:  # noqa: ARG001  (the FeatureEntry.finish signature)
+    """Refuse a model with BatchNorm statistics: FedBuff's buffer folds stale changes of θ, and no stale rule for the
+    statistics is implemented."""
+    with config_errors("[asynchronous]"):
+        refuse_running_statistics(
+            sim.model.module,
+            "[asynchronous]",
+            "FedBuff folds each client's change of the parameters into its buffer and carries no running statistics",
+        )
+
+
 FEATURE = FeatureEntry(
     name="asynchronous",
     plan=plan,
@@ -86,4 +98,6 @@ FEATURE = FeatureEntry(
     config_field="asynchronous FedBuff on the simulated clock (the [asynchronous] keys; needs [system]); absent = "
     "synchronous rounds",
     simulation_fields=lambda plan: {"asynchronous": plan},
+    finish=finish,
+    state_extra=InFlightExtra(),  # the clients in flight, saved as engine/async/...
 )

@@ -2,10 +2,9 @@
 
 Besides the round and the server state, a checkpoint holds one record per client (``client/<id>/state`` and, with
 ``evaluation.model = "all_clients_mean"``, ``client/<id>/latest_model``) unless a disk store keeps them in its files,
-and the engine section (``engine/...``): each *state extra* (``StateExtra``) writes what it carries of the state there
-and reads it back.  The extras are the optional features' engine-side state: the running sum of the latest models
-(``latest_models.LatestModelsExtra``), the simulated clock (``time.round_clock.ClockExtra``) and an asynchronous
-run's clients in flight (``asynchronous.checkpointing.InFlightExtra``).  An extra whose part of the state is unset
+and the engine section (``engine/...``): each *state extra* (``StateExtra``) of the simulation
+(``Simulation.checkpointed_extras``: the running sum of the latest models, then those the optional features' entries
+contribute) writes what it carries of the state there and reads it back.  An extra whose part of the state is unset
 writes nothing, and one whose tensors a checkpoint lacks (an older one) restores nothing, so every checkpoint written
 before keeps resuming and the files written are those of before, tensor for tensor.
 """
@@ -18,11 +17,8 @@ from typing import Any, Callable, Mapping, Protocol
 
 import torch
 
-from driftlab.simulation.asynchronous.checkpointing import InFlightExtra
-from driftlab.simulation.round.latest_models import LatestModelsExtra
 from driftlab.simulation.round.setup import Simulation, SimulationState, disk_stores
 from driftlab.simulation.state.checkpoint import LoadedCheckpoint
-from driftlab.simulation.time.round_clock import ClockExtra
 
 
 class StateExtra(Protocol):
@@ -37,9 +33,6 @@ class StateExtra(Protocol):
         """The ``SimulationState`` fields this extra restores from a checkpoint's engine ``tensors`` ({}: none), with
         ``state`` the run's fresh state, its stores already holding the checkpoint's client records."""
         ...
-
-
-STATE_EXTRAS: tuple[StateExtra, ...] = (LatestModelsExtra(), ClockExtra(), InFlightExtra())
 
 
 @dataclass(frozen=True)
@@ -61,10 +54,10 @@ def client_records(state: SimulationState, disk: Mapping[str, Any]) -> dict[int,
     return records
 
 
-def engine_tensors(state: SimulationState, disk: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+def engine_tensors(sim: Simulation, state: SimulationState, disk: Mapping[str, Any]) -> dict[str, torch.Tensor]:
     """The checkpoint's engine section: every extra's tensors."""
     tensors: dict[str, torch.Tensor] = {}
-    for extra in STATE_EXTRAS:
+    for extra in sim.checkpointed_extras():
         tensors.update(extra.engine_tensors(state, disk))
     return tensors
 
@@ -89,18 +82,18 @@ def restored_state(sim: Simulation, state: SimulationState, loaded: LoadedCheckp
         if state.latest_models is not None and record.latest_model is not None:
             state.latest_models.put(client_id, record.latest_model)
     restored: dict[str, Any] = {}
-    for extra in STATE_EXTRAS:
+    for extra in sim.checkpointed_extras():
         restored.update(extra.restored(sim, state, loaded.engine_tensors))
     return dataclasses.replace(state, round=loaded.round, server=loaded.server_state, **restored)
 
 
 def checkpointed_parts(
-    state: SimulationState,
+    sim: Simulation, state: SimulationState
 ) -> tuple[dict[int, ClientRecord], dict[str, Any], dict[str, torch.Tensor]]:
-    """What a checkpoint of ``state`` writes: the client records in its file, the disk stores it references (by
-    name), and the engine section."""
+    """What a checkpoint of ``state`` (of the run ``sim``) writes: the client records in its file, the disk stores it
+    references (by name), and the engine section."""
     disk = disk_stores(state)
-    return client_records(state, disk), disk, engine_tensors(state, disk)
+    return client_records(state, disk), disk, engine_tensors(sim, state, disk)
 
 
 def completed_state(state: SimulationState, round_index: int, server: Any) -> SimulationState:

@@ -28,7 +28,7 @@ def _checkpointed(config: dict, tmp_path, rounds: int = 2):
     sim, state = build_simulation(driftlab.load_config(config))
     for _ in range(rounds):
         state, _ = run_round(sim, state)
-    clients, stores, engine = checkpointed_parts(state)
+    clients, stores, engine = checkpointed_parts(sim, state)
     save_checkpoint(tmp_path / "checkpoint", state.round, state.server, clients, "fp", stores, engine)
     _, fresh = build_simulation(driftlab.load_config(config))
     loaded = load_checkpoint(tmp_path / "checkpoint", fresh.server, record_template(sim, fresh), "fp", sim.device)

@@ -17,10 +17,11 @@ from driftlab.data.federated import FederatedDataset
 from driftlab.optim.schedules import steps_at
 from driftlab.randomness import Stream, generator
 from driftlab.simulation.backends.augmentation import flip_crop_from_keys
+from driftlab.simulation.backends.buffers import ModuleBuffersExtra
 from driftlab.simulation.backends.flat import FlatModel
 from driftlab.simulation.backends.local_training import TrainingBackend, TrainingData, steps_for_epochs
 from driftlab.simulation.round.availability import ALWAYS_AVAILABLE, AvailabilityModel, Membership
-from driftlab.simulation.round.latest_models import LatestModels
+from driftlab.simulation.round.latest_models import LatestModels, LatestModelsExtra
 from driftlab.simulation.seam import Algorithm
 from driftlab.simulation.state.memory_budget import MemoryBudget
 from driftlab.simulation.state.state_store import (
@@ -107,6 +108,9 @@ class Simulation:
     system: SystemPlan | None = None
     # Asynchronous FedBuff (config [asynchronous]; needs system); None: synchronous rounds.
     asynchronous: AsynchronousPlan | None = None
+    # The engine-side state of the features a config turns on that saves itself in a checkpoint (each entry's
+    # ``state_extra``, set at assembly: the simulated clock, FedBuff's clients in flight); see ``checkpointed_extras``.
+    state_extras: tuple[Any, ...] = ()
     training_data: TrainingData = field(init=False, repr=False)
     test_data: TrainingData = field(init=False, repr=False)
     client_rows: list[torch.Tensor] = field(init=False, repr=False)
@@ -193,6 +197,16 @@ class Simulation:
             raise ValueError(
                 f"the membership schedule is for {self.membership.num_clients} clients, the data set has {self.data.num_clients}"
             )
+
+    def checkpointed_extras(self) -> tuple[Any, ...]:
+        """Every state extra a checkpoint of this simulation holds (``round.checkpointing.StateExtra``), in the order
+        they write: the running sum of the latest models when every client's model is evaluated
+        (``evaluation.model = "all_clients_mean"``), then the features' ``state_extras``, then the server's buffers
+        of a model that has any (``backends.buffers.ModuleBuffersExtra``)."""
+        kept = (LatestModelsExtra(),) if self.evaluation.model == "all_clients_mean" else ()
+        # A model with buffers (BatchNorm's running statistics) keeps the server's in its module: they are state too.
+        buffers = (ModuleBuffersExtra(self.model.module),) if any(True for _ in self.model.module.buffers()) else ()
+        return (*kept, *self.state_extras, *buffers)
 
     def registered_at(self, round_index: int) -> np.ndarray:
         """``S_t``: the clients registered in round ``round_index``."""

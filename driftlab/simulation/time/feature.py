@@ -14,11 +14,12 @@ from typing import Any
 from driftlab.errors import ConfigError
 from driftlab.features import drivers
 from driftlab.features.capabilities import Reason, Requirements
-from driftlab.features.entry import FeatureEntry, RunFacts
+from driftlab.features.entry import Fact, FeatureEntry, RunFacts, config_errors
 from driftlab.metrics.communication import payload_bits
 from driftlab.simulation.time.clock import least_time
 from driftlab.simulation.time.plan import SystemPlan
 from driftlab.simulation.time.profiles import TraceProfiles, devices, profiles_for
+from driftlab.simulation.time.round_clock import ClockExtra
 from driftlab.simulation.time.section import SystemConfig
 
 
@@ -33,11 +34,9 @@ class TimePlan:
 def system_plan(system: SystemConfig, facts: RunFacts) -> SystemPlan:
     """The engine's ``SystemPlan`` for ``system`` on ``facts.num_clients`` clients; a trace that cannot be used is a
     ConfigError naming the file, line and column."""
-    try:
+    with config_errors("system.trace" if system.profiles == "trace" else "[system]"):
         profiles = profiles_for(system, facts.seed, facts.num_clients)
         return SystemPlan(profiles, system.deadline, system.deadline_mode, system.over_selection)
-    except ValueError as error:
-        raise ConfigError(f"system.trace: {error}" if system.profiles == "trace" else f"[system]: {error}") from None
 
 
 def plan(system: SystemConfig, facts: RunFacts) -> TimePlan:
@@ -83,6 +82,21 @@ def run_info(plan: TimePlan) -> dict[str, Any]:
     return {"system": info}
 
 
+def _timed(test: Any) -> Any:
+    """A fact that holds when [system] is set and ``test(config)``."""
+    return lambda config, on: "system" in on and test(config)
+
+
+# The facts about [system] conflicts name (driftlab.features.config_facts).
+CONFIG_FACTS = (
+    Fact("system.deadline", "system.deadline", _timed(lambda config: config.system.deadline is not None)),
+    Fact("system.over_selection > 0", "system.over_selection", _timed(lambda config: config.system.over_selection > 0)),
+    Fact(
+        "system.over_selection > 0 of a poisson cohort",
+        "system.over_selection",
+        _timed(lambda config: config.system.over_selection > 0 and config.sampling.mode == "poisson"),
+    ),
+)
 CONFIG_CONFLICTS = Requirements(
     "[system]",
     excludes=(
@@ -102,14 +116,15 @@ FEATURE = FeatureEntry(
     plan=plan,
     requirements=drivers.SIMULATED_TIME,
     config_conflicts=CONFIG_CONFLICTS,
+    config_facts=CONFIG_FACTS,
     section_type=SystemConfig,
     config_field="simulated time: device speeds and bandwidths, the virtual clock, deadline and over-selection (the "
     "[system] keys); absent = rounds are not timed",
     simulation_fields=lambda plan: {"system": plan.system},
     finish=lambda sim, _plan: check_deadline(sim),
     run_info=run_info,
-    state_fields=lambda _plan: {
-        "clock": 0.0
-    },  # simulated seconds; untimed runs keep None (their records are unchanged)
+    # simulated seconds from 0, saved as engine/clock; untimed runs keep None (their records are unchanged)
+    state_fields=lambda _plan: {"clock": 0.0},
+    state_extra=ClockExtra(),
     used_plan=lambda sim, system: TimePlan(sim.system, system.profiles),
 )
