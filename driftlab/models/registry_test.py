@@ -107,7 +107,9 @@ def test_an_old_config_json_with_every_flat_model_key_at_its_default_still_loads
 def test_a_key_of_another_model_is_refused_naming_the_models_that_take_it():
     with pytest.raises(ConfigError, match=r"model.hidden is a key of mlp, not of model.name = 'cnn'"):
         load_config(None, ["model.name=cnn", "model.hidden=[8]"])
-    with pytest.raises(ConfigError, match=r"model.width is a key of resnet18_gn, vgg11, not of model.name = 'mlp'"):
+    with pytest.raises(
+        ConfigError, match=r"model.width is a key of resnet18_gn, resnet18_bn, vgg11, not of model.name = 'mlp'"
+    ):
         load_config(None, ["model.name=mlp", "model.width=8"])
     with pytest.raises(ConfigError, match=r"model.hiden: unknown key; .*did you mean model.hidden\?"):
         load_config(None, ["model.name=mlp", "model.hiden=[8]"])

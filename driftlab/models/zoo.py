@@ -13,6 +13,7 @@ femnist_cnn   :class:`FemnistCNN`                         decaying-K FEMNIST
 lstm          :class:`CharLSTM` (hidden 100 or 256)       FedDyn (100), FedProx (256) Shakespeare
 gru           :class:`CharGRU` (2 x 256)                  decaying-K Shakespeare
 resnet18_gn   :func:`resnet18_groupnorm`                  FedDyn appendix (CIFAR-10)
+resnet18_bn   :func:`resnet18_batchnorm`                  FedBN, FedAvg with BatchNorm (CIFAR-10)
 vgg11         :func:`vgg11`                               EFL (CIFAR-100)
 quadratic     ``QuadraticObjective``                      decaying-K Section 3
 ============  ==========================================  =====================================
@@ -28,11 +29,17 @@ each model's batched forward (``models/batched.py``, written with the layers of
 modules without one. ``models/zoo_test.py`` checks that one round of every
 model gives the same parameters on both backends (float64, 1e-10).
 
-No dropout and no batch normalisation anywhere, as in the papers' models: a
-client's local step is a function of its parameters and batch alone (a user's
-module with dropout draws keyed per-client masks, ``backends/modes.py``), and
-batch statistics are what the FedDyn authors replace with GroupNorm in
-ResNet-18; buffers are not yet part of a run's state (docs/design.md).
+No dropout and no batch normalisation in the papers' models: a client's local
+step is a function of its parameters and batch alone (a user's module with
+dropout draws keyed per-client masks, ``backends/modes.py``), and batch
+statistics are what the FedDyn authors replace with GroupNorm in ResNet-18.
+``resnet18_bn`` (``models/resnet.py``) keeps torchvision's BatchNorm for the
+experiments that study it (FedAvg with BatchNorm, FedBN): its running
+statistics are buffers a run carries as state beside the parameters
+(``simulation/backends/buffers.py``); it has no batched forward: the
+vectorized backend trains it with ``vmap``, each client with its own buffers
+(``simulation/backends/vectorized_buffers.py``), agreeing with the sequential
+backend to rounding.
 """
 
 from __future__ import annotations
@@ -46,6 +53,16 @@ from torch import nn
 
 from driftlab.models import registry
 from driftlab.models.registry import MAX_WIDTH, ModelSection, Width
+
+# The ResNets live in models/resnet.py; their names stay importable from here (batched.py, users).
+from driftlab.models.resnet import (  # noqa: F401
+    BasicBlockBN,
+    BasicBlockGN,
+    ResNet18BN,
+    ResNet18GN,
+    resnet18_batchnorm,
+    resnet18_groupnorm,
+)
 
 
 class MultinomialLogisticRegression(nn.Module):
@@ -171,11 +188,18 @@ class _CharRNN(nn.Module):
     """Embedding → stacked RNN → the last time step's output → linear."""
 
     rnn_type: type[nn.Module] = nn.LSTM
+    default_hidden = 100  # each subclass's paper width (the only default that differs)
 
     def __init__(
-        self, vocab_size: int, embedding_dim: int, hidden: int, layers: int, num_classes: int | None = None
+        self,
+        vocab_size: int = 80,
+        embedding_dim: int = 8,
+        hidden: int | None = None,
+        layers: int = 2,
+        num_classes: int | None = None,
     ) -> None:
         super().__init__()
+        hidden = self.default_hidden if hidden is None else hidden
         for name, value in (
             ("vocab_size", vocab_size),
             ("embedding_dim", embedding_dim),
@@ -217,16 +241,7 @@ class CharLSTM(_CharRNN):
     """
 
     rnn_type = nn.LSTM
-
-    def __init__(
-        self,
-        vocab_size: int = 80,
-        embedding_dim: int = 8,
-        hidden: int = 100,
-        layers: int = 2,
-        num_classes: int | None = None,
-    ) -> None:
-        super().__init__(vocab_size, embedding_dim, hidden, layers, num_classes)
+    default_hidden = 100
 
 
 class CharGRU(_CharRNN):
@@ -242,116 +257,7 @@ class CharGRU(_CharRNN):
     """
 
     rnn_type = nn.GRU
-
-    def __init__(
-        self,
-        vocab_size: int = 80,
-        embedding_dim: int = 8,
-        hidden: int = 256,
-        layers: int = 2,
-        num_classes: int | None = None,
-    ) -> None:
-        super().__init__(vocab_size, embedding_dim, hidden, layers, num_classes)
-
-
-class BasicBlockGN(nn.Module):
-    """torchvision's ResNet ``BasicBlock`` with GroupNorm: conv3x3-GN-ReLU-conv3x3-GN, + shortcut, ReLU."""
-
-    def __init__(self, in_channels: int, out_channels: int, stride: int, groups: int) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(in_channels, out_channels, 3, stride=stride, padding=1, bias=False)
-        self.bn1 = nn.GroupNorm(groups, out_channels)
-        self.conv2 = nn.Conv2d(out_channels, out_channels, 3, stride=1, padding=1, bias=False)
-        self.bn2 = nn.GroupNorm(groups, out_channels)
-        self.downsample = None
-        if stride != 1 or in_channels != out_channels:
-            self.downsample = nn.Sequential(
-                nn.Conv2d(in_channels, out_channels, 1, stride=stride, bias=False), nn.GroupNorm(groups, out_channels)
-            )
-
-    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        out = torch.relu(self.bn1(self.conv1(inputs)))
-        out = self.bn2(self.conv2(out))
-        shortcut = inputs if self.downsample is None else self.downsample(inputs)
-        return torch.relu(out + shortcut)
-
-
-class ResNet18GN(nn.Module):
-    """ResNet-18 (He et al. 2016) with every BatchNorm replaced by ``GroupNorm(groups, channels)`` (FedDyn A.2).
-
-    Layout and parameter names follow torchvision's ``resnet18`` (``conv1``,
-    ``bn1``, ``layer1..4``, ``fc``; the norms keep torchvision's ``bn`` names, as
-    in the FedDyn authors' code, which swaps each ``bn`` for ``GroupNorm(2, ·)``).
-    Initialisation as torchvision: convolutions Kaiming-normal (fan-out, ReLU),
-    norms weight 1 and bias 0, the final linear PyTorch's default.
-
-    Stems (``stem``):
-    * ``"cifar"`` (default): 3x3 stride-1 conv, no max-pool — the common CIFAR
-      variant (He et al.'s CIFAR experiments use it); a 32x32 image reaches
-      layer4 at 4x4;
-    * ``"imagenet"``: 7x7 stride-2 conv and a 3x3 stride-2 max-pool —
-      torchvision's layout, which is what the FedDyn authors actually ran on
-      CIFAR-10 (``models.resnet18()`` with the norms swapped and
-      ``fc = Linear(512, 10)``); a 32x32 image reaches layer4 at 1x1.
-
-    Parameters (10 classes, width 64): 11,173,962 with the CIFAR stem,
-    11,181,642 with the ImageNet stem (torchvision's resnet18 with a 10-way head).
-
-    Args:
-        num_classes: output size.
-        groups: GroupNorm groups (2 in FedDyn); must divide ``width``.
-        in_channels: input channels.
-        stem: ``"cifar"`` or ``"imagenet"`` (above).
-        width: channels of the stem and layer1 (64); layers 2-4 have 2x, 4x, 8x.
-            Smaller widths are for tests and quick experiments.
-    """
-
-    def __init__(
-        self, num_classes: int, groups: int = 2, in_channels: int = 3, stem: str = "cifar", width: int = 64
-    ) -> None:
-        super().__init__()
-        if stem not in ("cifar", "imagenet"):
-            raise ValueError(
-                f"stem must be 'cifar' (3x3 conv, no max-pool) or 'imagenet' (7x7/2 conv + max-pool), got {stem!r}"
-            )
-        if width < 1 or width % groups:
-            raise ValueError(
-                f"GroupNorm needs groups={groups} to divide the channel count; width={width} is not a multiple"
-            )
-        if stem == "cifar":
-            self.conv1 = nn.Conv2d(in_channels, width, 3, stride=1, padding=1, bias=False)
-            self.maxpool = nn.Identity()
-        else:
-            self.conv1 = nn.Conv2d(in_channels, width, 7, stride=2, padding=3, bias=False)
-            self.maxpool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
-        self.bn1 = nn.GroupNorm(groups, width)
-        channels = [width, 2 * width, 4 * width, 8 * width]
-        previous = width
-        for index, out in enumerate(channels, start=1):
-            stride = 1 if index == 1 else 2
-            layer = nn.Sequential(BasicBlockGN(previous, out, stride, groups), BasicBlockGN(out, out, 1, groups))
-            setattr(self, f"layer{index}", layer)
-            previous = out
-        self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
-        self.fc = nn.Linear(previous, num_classes)
-        for module in self.modules():
-            if isinstance(module, nn.Conv2d):
-                nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
-            elif isinstance(module, nn.GroupNorm):
-                nn.init.ones_(module.weight)
-                nn.init.zeros_(module.bias)
-
-    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        x = self.maxpool(torch.relu(self.bn1(self.conv1(inputs))))
-        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
-        return self.fc(self.avgpool(x).flatten(1))
-
-
-def resnet18_groupnorm(
-    num_classes: int, groups: int = 2, in_channels: int = 3, stem: str = "cifar", width: int = 64
-) -> ResNet18GN:
-    """ResNet-18 with GroupNorm(``groups``) for CIFAR (:class:`ResNet18GN`)."""
-    return ResNet18GN(num_classes, groups=groups, in_channels=in_channels, stem=stem, width=width)
+    default_hidden = 256
 
 
 VGG11_LAYOUT = (1, "M", 2, "M", 4, 4, "M", 8, 8, "M", 8, 8, "M")  # multiples of `width`: 64, M, 128, M, 256, 256, ...
@@ -411,8 +317,7 @@ def vgg11(num_classes: int, in_channels: int = 3, image_size: int | tuple[int, i
     return VGG11(num_classes, in_channels=in_channels, image_size=image_size, width=width)
 
 
-MODEL_NAMES = ("mlr", "mlp", "cnn", "femnist_cnn", "lstm", "gru", "resnet18_gn", "vgg11", "quadratic")
-RNN_DEFAULT_HIDDEN = {"lstm": 100, "gru": 256}
+MODEL_NAMES = ("mlr", "mlp", "cnn", "femnist_cnn", "lstm", "gru", "resnet18_gn", "resnet18_bn", "vgg11", "quadratic")
 
 
 def build_model(
@@ -437,7 +342,7 @@ def build_model(
     Args:
         name: a registered model (the zoo: :data:`MODEL_NAMES`, table in the module docstring).
         input_shape: one example's shape: ``(C, H, W)`` for images (``cnn``,
-            ``resnet18_gn``, ``vgg11``; ``femnist_cnn`` also takes a flat
+            ``resnet18_gn``, ``resnet18_bn``, ``vgg11``; ``femnist_cnn`` also takes a flat
             ``(784,)``), ``(T,)`` character ids for ``lstm``/``gru``, anything for ``mlr``/``mlp``.
         num_classes: output size.
         hidden: ``mlp`` hidden widths: ``(200, 200)`` for MNIST, ``(100, 100)`` for EMNIST-L.
@@ -447,8 +352,9 @@ def build_model(
         vocab_size: character ids for ``lstm``/``gru``; defaults to ``num_classes``
             (next-character prediction over the same vocabulary).
         groups: GroupNorm groups of ``resnet18_gn`` (2).
-        resnet_stem: ``"cifar"`` (3x3, no max-pool) or ``"imagenet"`` (FedDyn's torchvision layout).
-        width: base channel count of ``resnet18_gn`` and ``vgg11`` (64; smaller for tests).
+        resnet_stem: ``"cifar"`` (3x3, no max-pool) or ``"imagenet"`` (FedDyn's torchvision layout), for
+            ``resnet18_gn`` and ``resnet18_bn``.
+        width: base channel count of ``resnet18_gn``, ``resnet18_bn`` and ``vgg11`` (64; smaller for tests).
     """
     entry = registry.lookup(name)
     if entry is None:
@@ -543,6 +449,14 @@ class ResNet18GNConfig(ModelSection):
     width: int = Field(64, ge=1, le=MAX_WIDTH, description="resnet18_gn/vgg11 base width")
 
 
+class ResNet18BNConfig(ModelSection):
+    name: Literal["resnet18_bn"] = "resnet18_bn"
+    resnet_stem: Literal["cifar", "imagenet"] = Field(
+        "cifar", description="resnet18_bn stem: cifar (3x3, no max-pool) or imagenet (torchvision's)"
+    )
+    width: int = Field(64, ge=1, le=MAX_WIDTH, description="resnet18_bn base width")
+
+
 class VGG11Config(ModelSection):
     name: Literal["vgg11"] = "vgg11"
     width: int = Field(64, ge=1, le=MAX_WIDTH, description="resnet18_gn/vgg11 base width")
@@ -594,7 +508,7 @@ def build_char_rnn(
     return model_class(
         vocab_size=vocab_size or num_classes,
         embedding_dim=section.embedding_dim,
-        hidden=section.rnn_hidden or RNN_DEFAULT_HIDDEN[section.name],
+        hidden=section.rnn_hidden,  # None: the class's default_hidden
         layers=section.rnn_layers,
         num_classes=num_classes,
     )
@@ -607,6 +521,13 @@ def build_resnet18_gn(
     return resnet18_groupnorm(
         num_classes, groups=section.groups, in_channels=channels, stem=section.resnet_stem, width=section.width
     )
+
+
+def build_resnet18_bn(
+    section: ResNet18BNConfig, input_shape: tuple[int, ...], num_classes: int, vocab_size: int | None = None
+) -> nn.Module:
+    channels, _, _ = _image_shape("resnet18_bn", input_shape)
+    return resnet18_batchnorm(num_classes, in_channels=channels, stem=section.resnet_stem, width=section.width)
 
 
 def build_vgg11(

@@ -9,7 +9,16 @@ import torch
 from torch import nn
 
 from driftlab.models import MODEL_NAMES, build_model
-from driftlab.models.zoo import CharGRU, CharLSTM, FedDynCNN, FemnistCNN, femnist_cnn_module, resnet18_groupnorm, vgg11
+from driftlab.models.zoo import (
+    CharGRU,
+    CharLSTM,
+    FedDynCNN,
+    FemnistCNN,
+    femnist_cnn_module,
+    resnet18_batchnorm,
+    resnet18_groupnorm,
+    vgg11,
+)
 from driftlab.simulation.backends.flat import FlatModel
 from driftlab.simulation.backends.local_training import (
     ClientTask,
@@ -124,6 +133,30 @@ def test_resnet18_groupnorm_parameter_count():
     assert _count(build_model("resnet18_gn", (3, 32, 32), 10)) == 11_173_962
 
 
+def test_resnet18_batchnorm_parameter_count_and_buffers():
+    # BatchNorm has a weight and a bias per channel, as GroupNorm: torchvision's resnet18 with a 10-way head.
+    model = resnet18_batchnorm(10)
+    assert _count(model) == _resnet18_expected(10, 3) == 11_173_962
+    assert _count(resnet18_batchnorm(10, stem="imagenet")) == _resnet18_expected(10, 7) == 11_181_642
+    assert _count(build_model("resnet18_bn", (3, 32, 32), 10)) == 11_173_962
+    norms = [m for m in model.modules() if isinstance(m, nn.BatchNorm2d)]
+    assert len(norms) == 20 and not any(isinstance(m, nn.GroupNorm) for m in model.modules())
+    # Buffers: a running mean and variance per channel of each norm, and its num_batches_tracked.
+    channels = sum(m.num_features for m in norms)
+    assert sum(b.numel() for b in model.buffers()) == 2 * channels + 20
+    # The layers' names are torchvision's, norms under ``bn``: a torchvision state_dict's keys.
+    assert {"bn1.running_mean", "layer2.0.downsample.1.running_var", "fc.weight"} <= set(model.state_dict())
+
+
+def test_both_resnets_build_the_same_convolutions_from_a_seed():
+    torch.manual_seed(0)
+    grouped = resnet18_groupnorm(10, width=8)
+    torch.manual_seed(0)
+    batched = resnet18_batchnorm(10, width=8)
+    for (name, theirs), (other, ours) in zip(grouped.named_parameters(), batched.named_parameters(), strict=True):
+        assert name == other and torch.equal(theirs, ours)
+
+
 def test_vgg11_parameter_count():
     # features: 3->64, 64->128, 128->256, 256->256, 256->512, 512->512 x 3 (3x3, with biases)
     features = (
@@ -190,7 +223,18 @@ def test_char_models_accept_floating_ids_and_use_the_last_step():
 
 
 def test_model_names_and_existing_models_unchanged():
-    assert MODEL_NAMES == ("mlr", "mlp", "cnn", "femnist_cnn", "lstm", "gru", "resnet18_gn", "vgg11", "quadratic")
+    assert MODEL_NAMES == (
+        "mlr",
+        "mlp",
+        "cnn",
+        "femnist_cnn",
+        "lstm",
+        "gru",
+        "resnet18_gn",
+        "resnet18_bn",
+        "vgg11",
+        "quadratic",
+    )
     assert _count(build_model("mlr", (1, 28, 28), 10)) == 784 * 10 + 10
     assert _count(build_model("mlp", (1, 28, 28), 10)) == (784 * 200 + 200) + (200 * 200 + 200) + (200 * 10 + 10)
     assert _count(build_model("quadratic", (2,), 1)) == 1
@@ -206,6 +250,8 @@ def test_model_names_and_existing_models_unchanged():
         ("lstm", (1, 80), {}, "sequences of character ids"),
         ("resnet18_gn", (3, 32, 32), dict(resnet_stem="tiny"), "stem must be"),
         ("resnet18_gn", (3, 32, 32), dict(width=7), "groups=2 to divide"),
+        ("resnet18_bn", (3, 32, 32), dict(resnet_stem="tiny"), "stem must be"),
+        ("resnet18_bn", (32, 32), {}, "needs image inputs of shape"),
         ("lstm", (80,), dict(rnn_hidden=-1), "hidden must be a positive integer"),
         ("transformer", (80,), {}, "unknown model 'transformer'"),
     ],
@@ -275,3 +321,29 @@ def test_one_round_agrees_on_both_backends(case, caplog):
         assert actual[position][1] == done == 2
         assert not torch.equal(theta, start)  # the round did train
         torch.testing.assert_close(actual[position][0], theta, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("stem", ["cifar", "imagenet"])
+def test_resnet18_batchnorm_agrees_on_both_backends_buffers_included(stem, caplog):
+    # Its running statistics are state (backends/buffers.py): each client's from the round's, vmapped per client.
+    from driftlab.simulation.backends.buffers import RoundBuffers, module_buffers
+
+    size = 16 if stem == "cifar" else 32  # layer4 at 2x2 (cifar) or 1x1 (imagenet)
+    knobs = dict(width=4, resnet_stem=stem)
+    model, start, tasks, settings, data = _round("resnet18_bn", (3, size, size), 5, knobs, False)
+    if stem == "imagenet":  # at 1x1 a batch of one image has one value per channel, which BatchNorm refuses
+        tasks = [t for t in tasks if t.num_steps and (t.batches != -1).sum(axis=1).min() > 1]
+    results = []
+    for backend in (SequentialBackend(), VectorizedBackend()):
+        buffers = RoundBuffers(module_buffers(model.module))
+        with caplog.at_level(logging.WARNING, logger="driftlab.simulation.backends.vectorized"):
+            finals = {p: theta.clone() for p, theta, _ in backend.train(model, start, tasks, settings, data, buffers)}
+        results.append((finals, buffers.final))
+    assert not caplog.records  # no fallback to the sequential backend
+    (finals, buffers), (finals2, buffers2) = results
+    for position, theta in finals.items():
+        assert not torch.equal(theta, start)
+        torch.testing.assert_close(finals2[position], theta, rtol=1e-10, atol=1e-10)
+        assert buffers[position]["bn1.num_batches_tracked"].item() == 2
+        for name, value in buffers[position].items():
+            torch.testing.assert_close(buffers2[position][name], value, rtol=1e-10, atol=1e-10)

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from driftlab.simulation.backends.buffers import load_buffers, module_buffers, own_buffers_record
 from driftlab.simulation.backends.flat import FlatModel
 from driftlab.simulation.backends.local_training import TrainingData
 from driftlab.simulation.round.client import ClientData, ClientDataComputation
@@ -190,6 +191,21 @@ def evaluate_personal(sim: Simulation, server: Any, clients: Any, settings: Any,
     (seed, round, client id).  One client at a time, states streamed from the store in client-id order, so memory
     stays one model per client being evaluated, whatever the number of clients.
     """
+    local = own_buffers_record(sim)
+    if local is None:
+        return _personal_accuracies(sim, server, clients, settings, round_index, None)
+    server_buffers = module_buffers(sim.model.module)
+    try:
+        return _personal_accuracies(sim, server, clients, settings, round_index, local)
+    finally:
+        load_buffers(sim.model.module, server_buffers)  # the server's buffers back in the shared module
+
+
+def _personal_accuracies(
+    sim: Simulation, server: Any, clients: Any, settings: Any, round_index: int, local: Any
+) -> dict[str, float]:
+    """``evaluate_personal``'s columns; ``local`` (``personal.buffers.ClientBuffers`` or None) loads each client's
+    own buffers into the shared module before its model is evaluated (FedBN: its BatchNorm statistics)."""
     algorithm = sim.algorithm
     shared = algorithm.broadcast(server)
     initial = algorithm.client_state_init
@@ -211,6 +227,8 @@ def evaluate_personal(sim: Simulation, server: Any, clients: Any, settings: Any,
             if state is None and initial is not None:
                 state = initial(sim.initial_params)
             params = algorithm.personalization.model(view, state)
+        if local is not None:
+            load_buffers(sim.model.module, local.start_of(client_id))
         with torch.no_grad():
             _, correct = _loss_and_correct(sim.model, params, sim.test_data, rows, sim.evaluation.batch_size)
         accuracies.append(correct / len(rows))

@@ -336,6 +336,7 @@ def _personal_model(path: Path, config: ExperimentConfig, model: ModelGiven, cli
     import torch
 
     from driftlab.experiments.run.assembly import build_simulation, client_stores, user_data
+    from driftlab.simulation.backends.buffers import load_buffers, own_buffers_record
     from driftlab.simulation.round.checkpointing import record_template, restored_state
     from driftlab.simulation.round.setup import SimulationState, disk_stores
     from driftlab.simulation.state.checkpoint import load_checkpoint
@@ -390,6 +391,9 @@ def _personal_model(path: Path, config: ExperimentConfig, model: ModelGiven, cli
         for name, parameter in module.named_parameters():
             if name in values:
                 parameter.copy_(values[name])
+    local = own_buffers_record(sim)
+    if local is not None:  # FedBN: the client's own BatchNorm statistics, as the personal evaluation uses them
+        load_buffers(module, local.start_of(client))
     return module.eval()
 
 

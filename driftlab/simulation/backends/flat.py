@@ -10,14 +10,15 @@ back onto the module's parameters (as views, no copies) for
 
 ``FlatModel.forward`` and ``batch_loss`` run the module in evaluation mode
 (every evaluation goes through them); local training runs its own copies in
-training mode (``modes.py``).
+training mode (``modes.py``).  The module's buffers (BatchNorm's running
+statistics) are the server's: the flat vector holds parameters only, buffers
+travel beside it (``buffers.py``).
 """
 
 from __future__ import annotations
 
 import copy
 import threading
-import warnings
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -26,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from driftlab.simulation.backends.modes import has_dropout, module_mode, trained_buffers
+from driftlab.simulation.backends.modes import has_dropout, module_mode
 
 
 def cross_entropy_per_example(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -95,7 +96,6 @@ class FlatModel:
         named = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
         if not named:
             raise ValueError("the model has no trainable parameters")
-        warn_untracked_buffers(module)
         return FlatModel(
             module=module,
             names=tuple(name for name, _ in named),
@@ -134,27 +134,3 @@ class FlatModel:
         """Move the module (buffers included) so functional calls run on ``device``."""
         self.module.to(device=device, dtype=dtype)
         return self
-
-
-_WARNED: set[type] = set()  # module classes warned about, once per process
-
-
-class UntrackedBuffersWarning(UserWarning):
-    """A module's running statistics are neither aggregated nor checkpointed yet."""
-
-
-def warn_untracked_buffers(module: nn.Module) -> None:
-    """Warn once per module class when training would update buffers (BatchNorm's running statistics) that are not
-    yet part of the model's state: each local copy updates its own, none is aggregated, checkpointed or saved, and
-    evaluation uses the module's initial ones."""
-    layers = trained_buffers(module)
-    if not layers or type(module) in _WARNED:
-        return
-    _WARNED.add(type(module))
-    shown = ", ".join(layers[:3]) + (", ..." if len(layers) > 3 else "")
-    warnings.warn(
-        f"{type(module).__name__} has running statistics ({shown}) that driftlab does not aggregate or checkpoint yet: "
-        "evaluation uses their initial values; use GroupNorm/LayerNorm, or track_running_stats=False, for now",
-        UntrackedBuffersWarning,
-        stacklevel=3,
-    )

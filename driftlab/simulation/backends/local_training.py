@@ -46,6 +46,7 @@ import torch
 
 from driftlab.data.pixels import PixelNormalisation
 from driftlab.randomness import Stream, example_keys, generator
+from driftlab.simulation.backends.buffers import RoundBuffers, load_buffers
 from driftlab.simulation.backends.flat import FlatModel, copy_module
 from driftlab.simulation.backends.modes import keyed_dropout, set_mode, step_keys
 from driftlab.simulation.backends.objectives import LocalObjective, LossTerm, as_local_objective, objective_loss
@@ -158,7 +159,10 @@ class TrainingData:
 
 
 class TrainingBackend(Protocol):
-    """Runs a round's local training; yields ``(task position, final θ_k, steps done)`` in any order."""
+    """Runs a round's local training; yields ``(task position, final θ_k, steps done)`` in any order.
+
+    ``buffers`` (given for a model with buffers, ``buffers.py``): every client trains from ``buffers.start`` and its
+    final buffers are recorded with ``buffers.record`` before its result is yielded."""
 
     def train(
         self,
@@ -167,6 +171,7 @@ class TrainingBackend(Protocol):
         tasks: Sequence[ClientTask],
         settings: LocalSettings,
         data: TrainingData,
+        buffers: RoundBuffers | None = None,
     ) -> Iterator[tuple[int, torch.Tensor, int]]: ...
 
 
@@ -214,6 +219,9 @@ class BoundModule:
         self.unflatten = model.unflatten
         self.dropout = model.dropout
         self._training: bool | None = None  # the copy's mode, set by _mode (the copy is this thread's alone)
+        # True while the copy trains a client from the round's buffers (``start_buffers``): its running statistics are
+        # then that client's, and a switch to evaluation mode keeps them (else it takes the shared module's).
+        self._own_buffers = False
         self.theta = torch.zeros_like(like)
         self.gradient = torch.zeros_like(like)
         parameters = dict(self.module.named_parameters())
@@ -225,8 +233,16 @@ class BoundModule:
 
     def _mode(self, training: bool) -> None:
         if self._training is not training:
-            set_mode(self.module, training, self.source)
+            set_mode(self.module, training, None if self._own_buffers else self.source)
             self._training = training
+
+    def start_buffers(self, buffers: RoundBuffers | None, position: int) -> None:
+        """The client of task ``position``, about to train, starts from its buffers of the round
+        (``buffers.start_of``); None: buffers are not state (a caller that tracks none), the copy's mode switches take
+        the shared module's as before."""
+        self._own_buffers = buffers is not None
+        if buffers is not None:
+            load_buffers(self.module, buffers.start_of(position))
 
     def loss_gradient(
         self,
@@ -330,10 +346,19 @@ def train_one_client(
         if data.augment is not None:
             inputs = data.augment(inputs, example_keys(task.augment_key, step, slots[:size]))
         key = step_keys(task.augment_key, step).to(device) if bound.dropout else None
-        if term is None:
-            gradient = bound.loss_gradient(theta, inputs, data.targets[rows], key)
-        else:
-            gradient = bound.term_gradient(theta, inputs, data.targets[rows], term, key)
+        try:
+            if term is None:
+                gradient = bound.loss_gradient(theta, inputs, data.targets[rows], key)
+            else:
+                gradient = bound.term_gradient(theta, inputs, data.targets[rows], term, key)
+        except ValueError as error:
+            if size != 1 or "more than 1 value per channel" not in str(error):
+                raise
+            raise ValueError(
+                f"client {task.client_id}'s local step {step} has a batch of one example ({error}): BatchNorm in "
+                f"training mode needs two; pick client.batch_size so that no client's size leaves a remainder of 1 "
+                f"(this client has {len(task.sample_indices)} examples), or use GroupNorm"
+            ) from None
         with torch.no_grad():
             if local_step is None:
                 theta = corrected_step(theta, gradient, correction, settings)
@@ -406,13 +431,19 @@ class SequentialBackend:
         tasks: Sequence[ClientTask],
         settings: LocalSettings,
         data: TrainingData,
+        buffers: RoundBuffers | None = None,
     ) -> Iterator[tuple[int, torch.Tensor, int]]:
+        """The round's clients (``TrainingBackend``); with ``buffers``, each from the round's and recorded after."""
+
         def train_position(position: int) -> tuple[int, torch.Tensor, int]:
             bound = self._acquire(model, start_params)
             try:
+                bound.start_buffers(buffers, position)
                 with local_arithmetic(self.precision, start_params.device):
                     task = tasks[position]
                     final_params, steps_done = train_one_client(bound, task.start(start_params), task, settings, data)
+                if buffers is not None:
+                    buffers.record(position, bound.module)
             finally:
                 self._release(bound)
             return position, final_params, steps_done

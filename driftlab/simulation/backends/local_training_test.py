@@ -398,25 +398,14 @@ def _pixel_run(
     from driftlab.optim.server import make_server_optimizer
     from driftlab.simulation.evaluation import evaluate
     from driftlab.simulation.round.engine import run_round
-    from driftlab.simulation.round.setup import RoundPlan, Simulation, SimulationState
+    from driftlab.simulation.round.setup import Simulation, SimulationState
     from driftlab.simulation.state.state_store import InMemoryClientStore
+    from driftlab.simulation.testing import seeded_model, small_plan
 
-    torch.manual_seed(0)
-    model = FlatModel.wrap(build_model(model_name, tuple(data.input_shape), 3, hidden=(16,))).to("cpu", dtype)
+    model = seeded_model(model_name, data.input_shape, hidden=(16,), dtype=dtype)
     theta = model.initial_parameters()
     gamma = 0.9 if algorithm_name == "fedprox" else None
-    plan = RoundPlan(
-        seed=3,
-        participation=0.5,
-        sampling="uniform",
-        batch_size=4,
-        client_lr=0.05,
-        server_lr=1.0,
-        local_epochs=2,
-        steps=None,
-        augment=augment,
-        inexact_gamma=gamma,
-    )
+    plan = small_plan(client_lr=0.05, local_epochs=2, augment=augment, inexact_gamma=gamma)
     algorithm = (
         fedprox.build(make_server_optimizer("sgd"), mu=0.1) if gamma else fedavg.build(make_server_optimizer("sgd"))
     )

@@ -87,9 +87,9 @@ def module_mode(module: nn.Module, training: bool) -> Iterator[None]:
 def set_mode(module: nn.Module, training: bool, source: nn.Module | None = None) -> None:
     """A private copy's mode (the backends' copies of the module are used by one thread; nothing to restore).
 
-    Switched to evaluation mode, the copy takes ``source``'s buffers: its own running statistics moved with
-    whichever clients its thread trained, and a measurement must not depend on that (buffers are not state
-    yet: every evaluation reads the shared module's)."""
+    Switched to evaluation mode with a ``source``, the copy takes ``source``'s buffers: its own running statistics
+    moved with whichever clients its thread trained, and a measurement must not depend on that.  A copy training a
+    client from the round's buffers (``buffers.py``) passes no source: its statistics are that client's."""
     if any(sub.training != training for sub in module.modules()):
         module.train(training)
     if not training and source is not None:

@@ -25,6 +25,10 @@ step is a handful of batched operations on ``Θ`` whatever ``C`` is:
   masks come from each client's step key (``modes.py``), the sequential
   backend's masks, so both backends train a model with ``nn.Dropout`` alike;
   other random operations cannot be vmapped and fall back, with that reason.
+  A model with buffers (BatchNorm's running statistics, state beside θ:
+  ``buffers.py``) carries a ``[C, ...]`` stack of each per chunk, every
+  client's BatchNorm seeing its own unpadded batch (``vectorized_buffers``);
+  its clients with a loss term train on the sequential backend.
 
 Without clipping the update is fused into the weight-gradient GEMM
 (``W ← W − η_l δᵀh`` is one ``baddbmm_``), so the parameters are read and written
@@ -71,6 +75,7 @@ import torch
 from torch import nn
 
 from driftlab.models.layers import CONVOLUTIONS, convolution
+from driftlab.simulation.backends.buffers import RoundBuffers
 from driftlab.simulation.backends.flat import FlatModel
 from driftlab.simulation.backends.local_training import (
     ClientTask,
@@ -81,6 +86,7 @@ from driftlab.simulation.backends.local_training import (
 )
 from driftlab.simulation.backends.precision import local_arithmetic
 from driftlab.simulation.backends.stacked import StackedNetwork, has_recurrent_layers
+from driftlab.simulation.backends.vectorized_buffers import BufferedGradient, ChunkBuffers, buffered_problem
 from driftlab.simulation.backends.vectorized_gradients import (
     LinearReluStack,
     TermGradients,
@@ -175,6 +181,7 @@ class VectorizedBackend:
         self.devices = None if devices is None else tuple(torch.device(d) for d in devices)
         self._engine_of: tuple[nn.Module, object] | None = None  # (module, its engine or None), the last model trained
         self._fallback: SequentialBackend | None = None
+        self._buffered_of: tuple[nn.Module, BufferedGradient | None] | None = None  # as _engine_of, with buffers
         self._term_engines: dict[
             tuple, VmappedGradient | None
         ] = {}  # (module, term function) -> engine, see _term_engine
@@ -188,15 +195,23 @@ class VectorizedBackend:
         tasks: Sequence[ClientTask],
         settings: LocalSettings,
         data: TrainingData,
+        buffers: RoundBuffers | None = None,
     ) -> Iterator[tuple[int, torch.Tensor, int]]:
+        """The round's clients (``TrainingBackend``); with ``buffers``, each client's own stacked (``vectorized_buffers``)."""
         if not tasks:
             return
-        engine = self._engine(model, start_params, tasks, data)
+        if buffers is not None:
+            engine = self._buffered_engine(model, buffers, start_params, tasks, data)
+            if engine is None:
+                yield from self._fallback.train(model, start_params, tasks, settings, data, buffers)
+                return
+        else:
+            engine = self._engine(model, start_params, tasks, data)
         if engine is None:
             yield from self._fallback.train(model, start_params, tasks, settings, data)
             return
         if all(isinstance(task.correction, GradientCorrection) for task in tasks):
-            yield from self._train_group(engine, model, start_params, tasks, settings, data)
+            yield from self._train_group(engine, model, start_params, tasks, settings, data, buffers)
             return
         tasks = [normalized_objective(task) for task in tasks]
         groups: dict[tuple, list[int]] = {}
@@ -206,13 +221,49 @@ class VectorizedBackend:
             group = [tasks[p] for p in positions]
             group_engine = engine
             if key[0] == "term":
-                group_engine = self._term_engine(model, start_params, group, data)
+                group_engine = None if buffers is not None else self._term_engine(model, start_params, group, data)
                 if group_engine is None:
-                    for index, final, done in self._fallback.train(model, start_params, group, settings, data):
+                    group_buffers = None if buffers is None else buffers.subset(positions)
+                    trained = self._fallback_backend().train(model, start_params, group, settings, data, group_buffers)
+                    for index, final, done in trained:
+                        if buffers is not None:
+                            buffers.keep(positions[index], group_buffers.final.pop(index))
                         yield positions[index], final, done
                     continue
-            for index, final, done in self._train_group(group_engine, model, start_params, group, settings, data):
+            group_buffers = None if buffers is None else buffers.subset(positions)
+            for index, final, done in self._train_group(
+                group_engine, model, start_params, group, settings, data, group_buffers
+            ):
+                if buffers is not None:
+                    buffers.keep(positions[index], group_buffers.final.pop(index))
                 yield positions[index], final, done
+
+    def _buffered_engine(
+        self, model: FlatModel, buffers: RoundBuffers, start_params: torch.Tensor, tasks: Sequence[ClientTask], data
+    ) -> BufferedGradient | None:
+        """The gradient engine for a model whose buffers are state (``vectorized_buffers``), or ``None`` (noted once
+        per module) when ``vmap`` cannot run it: its clients then train on the sequential backend."""
+        if self._buffered_of is not None and self._buffered_of[0] is model.module:
+            engine = self._buffered_of[1]
+        else:
+            engine = BufferedGradient(model)
+            problem = buffered_problem(engine, buffers.start_of(0), start_params, tasks[0], data)
+            if problem is not None:
+                logger.warning(
+                    "vectorized backend: %s with its buffers cannot be vmapped (%s); training its clients one by one "
+                    "with the sequential backend",
+                    type(model.module).__name__,
+                    _random_hint(problem),
+                )
+                engine = None
+            self._buffered_of = (model.module, engine)
+        self._fallback_backend()
+        return engine
+
+    def _fallback_backend(self) -> SequentialBackend:
+        if self._fallback is None:
+            self._fallback = SequentialBackend(precision=self.precision)
+        return self._fallback
 
     def _train_group(
         self,
@@ -222,8 +273,10 @@ class VectorizedBackend:
         tasks: Sequence[ClientTask],
         settings: LocalSettings,
         data: TrainingData,
+        buffers: RoundBuffers | None = None,
     ) -> Iterator[tuple[int, torch.Tensor, int]]:
-        """Chunk ``tasks`` (clients whose objectives one engine serves) and train the chunks."""
+        """Chunk ``tasks`` (clients whose objectives one engine serves) and train the chunks; with ``buffers`` (the
+        engine a ``BufferedGradient``), each chunk's clients from the round's, recorded after."""
         home = start_params.device
         devices = self.devices or (home,)
         # Grouping by step count: neighbours in this order finish together, so chunks waste little.
@@ -246,9 +299,14 @@ class VectorizedBackend:
                     loss_term_of(task) is not None for task in chunk_tasks
                 ):  # a term group: engine is the model's VmappedGradient
                     chunk_engine = TermGradients(engine, [loss_term_of(task) for task in chunk_tasks], starts[device])
+                if buffers is not None:
+                    chunk_engine = ChunkBuffers(engine, [buffers.start_of(p) for p in positions], starts[device])
                 finals, steps_done = train_chunk(
                     chunk_engine, starts[device], chunk_tasks, settings, self._data_on(data, device)
                 )
+                if buffers is not None:
+                    for k, position in enumerate(positions):
+                        buffers.keep(position, {n: b.to(home) for n, b in chunk_engine.buffers_of(k).items()})
             return positions, finals.to(home), steps_done
 
         for positions, finals, steps_done in _map_chunks(train, chunks, workers):

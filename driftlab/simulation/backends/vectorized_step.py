@@ -30,7 +30,7 @@ from driftlab.randomness import example_keys
 from driftlab.simulation.backends.local_training import ClientTask, LocalSettings, TrainingData, corrected_gradient_norm
 from driftlab.simulation.backends.modes import step_keys
 from driftlab.simulation.backends.objectives import as_local_objective
-from driftlab.simulation.backends.vectorized_gradients import LinearReluStack, TermGradients
+from driftlab.simulation.backends.vectorized_gradients import LinearReluStack
 from driftlab.simulation.backends.vectorized_layout import (
     BatchSchedule,
     StackedCorrection,
@@ -205,7 +205,8 @@ class InexactStopping:
         rows = self.tasks[k].sample_indices
         total = torch.zeros_like(theta)
         piece_gradient = torch.empty_like(theta)
-        engine = self.engine.client(k) if isinstance(self.engine, TermGradients) else self.engine
+        # An engine with per-client rows (a loss term's tensors, a client's buffers) measures client k on its own.
+        engine = self.engine.client(k) if hasattr(self.engine, "client") else self.engine
         for start in range(0, len(rows), FULL_GRADIENT_ROWS):
             part = rows[start : start + FULL_GRADIENT_ROWS]
             weights = torch.full((1, len(part)), 1.0 / len(part), dtype=theta.dtype, device=theta.device)
@@ -223,6 +224,8 @@ class InexactStopping:
                 continue
             if self._norm(k) <= self.thresholds[k]:
                 self.stopped[k] = self.theta[k].clone()
+                if hasattr(self.engine, "freeze"):  # its buffers too: it keeps computing with the others
+                    self.engine.freeze(k)
                 steps_done[k] = done
 
     def finals(self, theta: torch.Tensor) -> torch.Tensor:

@@ -46,6 +46,13 @@ the steps each is asked for, which the server awaits, whether each message arriv
 and the new ``clock``.  Untimed rounds get its null policy: their records and models are those of a run without
 ``[system]``.  Every client's latest model (``evaluation.model = "all_clients_mean"``) is kept by a round observer
 (``latest_models.observe_round``), a null one when the run keeps none.
+
+Buffers (BatchNorm's running statistics; ``backends.buffers``): the server's are the shared module's.  Every client
+of the round trains from them, the backend records each client's final ones, and once the round's messages are
+folded the module takes the mean of the reporting clients' (weighted by ``n_k`` times multiplicity, as FedAvg
+weights models), before the round is evaluated.  The algorithm never sees them.  A model without buffers skips all of
+this.  With FedBN (``[personal_layers]`` keeping BatchNorm layers: ``personal.buffers.ClientBuffers``) a client starts
+from its own buffers of those layers and keeps its final ones, which the server's mean leaves out.
 """
 
 from __future__ import annotations
@@ -61,6 +68,13 @@ import torch
 
 from driftlab.metrics.communication import payload_bits
 from driftlab.optim.schedules import value_at
+from driftlab.simulation.backends.buffers import (
+    RoundBuffers,
+    average_buffers,
+    load_buffers,
+    module_buffers,
+    own_buffers_record,
+)
 from driftlab.simulation.backends.local_training import LocalSettings, single_threaded_clients
 from driftlab.simulation.evaluation import (
     DIVERGENCE_ADVICE,
@@ -289,6 +303,9 @@ def _train_clients(
     steps_done: dict[int, int] = {}
     arrivals: dict[int, float | None] = {}
     contexts = work.contexts
+    server_buffers = module_buffers(sim.model.module)
+    reported_buffers: dict[int, dict[str, torch.Tensor]] = {}  # reporting clients' final buffers, by client id
+    local = own_buffers_record(sim)
     initial = sim.algorithm.client_state_init
     size = wave_size(sim, initial(sim.initial_params) if initial is not None else None)
     for first in range(0, len(contexts), size):
@@ -302,12 +319,19 @@ def _train_clients(
             client_start(sim.algorithm, view, client_state, context, data, work.settings)
             for view, client_state, context, data in zip(views, client_states, wave, datas, strict=True)
         ]
+        # Only a model with buffers passes them: a backend of its own (a deployment's) keeps its signature.  A client
+        # that keeps buffers of its own (FedBN) starts from them.
+        own = None if local is None else {p: local.start_of(context.client_id) for p, context in enumerate(wave)}
+        wave_buffers = {"buffers": RoundBuffers(server_buffers, own)} if server_buffers else {}
         # closing(): a backend that changed process-wide settings (threads) restores them even if client_end raises.
         with contextlib.closing(
-            sim.backend.train(sim.model, work.view.params, tasks, work.settings.local, sim.training_data)
+            sim.backend.train(
+                sim.model, work.view.params, tasks, work.settings.local, sim.training_data, **wave_buffers
+            )
         ) as trained:
             for position, final_params, done in trained:
                 context = wave[position]
+                client_buffers = wave_buffers["buffers"].final.pop(position) if wave_buffers else None
                 new_client_state, message = client_end(
                     sim.algorithm,
                     views[position],
@@ -327,10 +351,30 @@ def _train_clients(
                     continue
                 # Staged at once (a disk store writes it to its staging file); the wave's lists let go of the client's tensors.
                 state.clients.put(context.client_id, new_client_state)
+                if local is not None and client_buffers is not None:
+                    local.keep(context.client_id, client_buffers)  # kept as its state is (a late client's: neither)
                 client_states[position] = tasks[position] = new_client_state = None
                 latest.client_trained(context.client_id, final_params)
                 folding.add(context.client_id, message, final_params)
+                if client_buffers is not None and message is not None:
+                    reported_buffers[context.client_id] = client_buffers
+    if server_buffers:
+        update_buffers(sim, work, reported_buffers)
     return steps_done, arrivals
+
+
+def update_buffers(sim: Simulation, work: RoundWork, reported: Mapping[int, Mapping[str, torch.Tensor]]) -> None:
+    """The server's buffers (the shared module's) after the round: the mean of the ``reported`` clients' final ones,
+    in sample order, weighted by ``n_k`` times the client's multiplicity (``backends.buffers.average_buffers``); the
+    buffers clients keep as their own are left out (they stay the server's initial ones, never used by a client)."""
+    contexts = [context for context in work.contexts if context.client_id in reported]
+    averaged = average_buffers(
+        module_buffers(sim.model.module),
+        [reported[context.client_id] for context in contexts],
+        [float(context.num_samples * context.multiplicity) for context in contexts],
+    )
+    local = own_buffers_record(sim)
+    load_buffers(sim.model.module, averaged if local is None else local.shared(averaged))
 
 
 def finish_round(
