@@ -45,6 +45,8 @@ class Stream(enum.IntEnum):
     BYZANTINE_CLIENTS = 18  # which clients are Byzantine (driftlab.attacks; one draw per run: round 0, no client)
     ATTACK_NOISE = 19  # a Byzantine client's Gaussian-noise update, per (round, client)
     BACKDOOR_POISON = 20  # which rows of a backdoor client's batch carry the trigger, per (round, client)
+    CLIENT_SUBSET = 21  # which users data.max_clients keeps with data.client_choice = "random" (one draw per data set)
+    ROBUST_BUCKETING = 22  # the permutation robust.bucket_size buckets a round's updates by (per round, no client)
 
 
 NO_CLIENT = -1

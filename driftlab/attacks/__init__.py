@@ -1,4 +1,4 @@
-"""Seeded attack simulation (issue 44; not yet wired into runs): who attacks, and what they send.
+"""Seeded attack simulation (issue 44): who attacks, and what they send; in runs ``[attack]`` (``attacks.feature``).
 
 * ``byzantine``: ``Byzantine`` (a ``fraction`` drawn from the run seed, or fixed ``clients``, from
   ``start_round``), ``byzantine_clients``, ``attackers_in_round`` and the seeded generators of the attacks' draws;
@@ -9,7 +9,7 @@
 
 What each attack forges when a message carries more than a model change.  Our
 choice: a model-update attack acts on the message's whole released vector, the
-one ``seam.PrivacyForm`` names (FedAvg, FedProx, FedDyn, AdaBest: θ_k − θ;
+one ``seam.ReleaseForm`` names (FedAvg, FedProx, FedDyn, AdaBest: θ_k − θ;
 SCAFFOLD: cat(Δy_k, Δc_k); EFL: cat(θ_k − θ, Δu_k, Δv_k)), and the
 omniscient attacks take their statistics over the honest clients' vectors of
 the same kind.  Coordinate-wise attacks (sign, scale, noise, ALIE, IPM) act on
@@ -33,8 +33,9 @@ elastic term λU ⊙ (θ − V/U) concave.
 
 A Byzantine client's own state (c_k, λ_k, h_k) stays with it: forging it
 changes nothing the server sees beyond the message.  Equations, papers and
-choices: docs/update-rules.md, "Robust aggregation and attacks (issue 44, not
-yet wired)".
+choices: docs/update-rules.md, "Robust aggregation and attacks (issue 44)".
+The wrap (``wrapper.with_attack``) forges at the server, before ``[robust]``
+aggregates; label flipping and the backdoor await a per-client data seam.
 """
 
 from driftlab.attacks.backdoor import Trigger, add_trigger, attack_success_rate, model_replacement, poison_batch

@@ -31,21 +31,13 @@ from driftlab.deploy.messages import (
 from driftlab.deploy.node import DeploymentClient
 from driftlab.deploy.server import DeploymentServer, _check_planned, run_in_process
 from driftlab.experiments.config import AsynchronousConfig, ConfigError, load_config
+from driftlab.experiments.pinned_runs_test import TINY_RUN
 from driftlab.experiments.report import make_report
 from driftlab.experiments.run.assembly import load_data
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 BASE = [
-    "seed=0",
-    "precision=float64",
-    "data.name=synthetic",
-    "data.num_clients=8",
-    "sampling.participation=0.5",
-    "model.name=mlp",
-    "model.hidden=[8]",
-    "client.epochs=1",
-    "client.batch_size=10",
-    "client.lr=0.05",
+    *TINY_RUN,
     "backend=sequential",
     "keep_checkpoint=true",  # several tests extend a completed run, which continues from its checkpoint only when it keeps it
 ]
@@ -181,42 +173,39 @@ def test_every_algorithm_deployed_equals_the_sequential_simulator(tmp_path, name
     _check_parity(tmp_path, name)
 
 
-def _nodes_and_checkpoint(tmp_path, case: str) -> tuple[Any, dict[str, torch.Tensor]]:
-    """Deploy ``case`` and simulate it: the nodes (their committed client states) and the simulator's checkpoint,
-    once the two final server models are found equal."""
+def _committed_and_checkpointed(tmp_path, case: str, suffix: str) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """Deploy ``case`` and simulate it; once the two final server models are found equal, the nodes' committed state
+    of every client whose simulator checkpoint has a key ending in ``suffix`` (at least 4 of them), keyed by that
+    key, and the simulator's checkpoint."""
     config = _config(*CASES[case])
     simulated = driftlab.run(config, tmp_path / "simulated")
     nodes = _Nodes(config, tmp_path / "node_state")
     deployed, _ = _deploy(config, tmp_path / "deployed", nodes)
     assert torch.equal(deployed.final_params, simulated.final_params)
-    return nodes, load_safetensors((tmp_path / "simulated" / "checkpoint.safetensors").read_bytes())
+    checkpoint = load_safetensors((tmp_path / "simulated" / "checkpoint.safetensors").read_bytes())
+    trained = [key for key in checkpoint if key.endswith(suffix)]
+    assert len(trained) >= 4
+    client_ids = {key: int(key.split("/")[1]) for key in trained}
+    return {key: nodes.node_of(k).committed_state(k) for key, k in client_ids.items()}, checkpoint
 
 
 @pytest.mark.slow
 def test_ditto_personal_models_on_the_nodes_equal_the_simulators_bit_for_bit(tmp_path):
     # The personal pass runs in client_finish on the node; v_k never travels, so parity of the server model says nothing
     # about it: each node's committed v_k is compared with the simulator's checkpoint.
-    nodes, checkpoint = _nodes_and_checkpoint(tmp_path, "ditto-compressed")
-    trained = [key for key in checkpoint if key.endswith("/inner/personal")]
-    assert len(trained) >= 4
-    for key in trained:
-        client_id = int(key.split("/")[1])
-        assert torch.equal(nodes.node_of(client_id).committed_state(client_id).inner.personal, checkpoint[key]), key
+    committed, checkpoint = _committed_and_checkpointed(tmp_path, "ditto-compressed", "/inner/personal")
+    for key, state in committed.items():
+        assert torch.equal(state.inner.personal, checkpoint[key]), key
 
 
 @pytest.mark.slow
 def test_apfl_personal_models_and_alphas_on_the_nodes_equal_the_simulators_bit_for_bit(tmp_path):
     # APFL steps v_k and α_k in client_finish on the node, beside a replica of w; neither travels, so each node's
     # committed state is compared with the simulator's checkpoint.
-    nodes, checkpoint = _nodes_and_checkpoint(tmp_path, "apfl")
-    trained = [key for key in checkpoint if key.endswith("/personal")]
-    assert len(trained) >= 4
-    for key in trained:
-        client_id = int(key.split("/")[1])
-        state = nodes.node_of(client_id).committed_state(client_id)
-        assert torch.equal(state.personal, checkpoint[key]) and state.alpha == float(
-            checkpoint[key[: -len("personal")] + "alpha"]
-        ), key
+    committed, checkpoint = _committed_and_checkpointed(tmp_path, "apfl", "/personal")
+    for key, state in committed.items():
+        alpha = checkpoint[key[: -len("personal")] + "alpha"]
+        assert torch.equal(state.personal, checkpoint[key]) and state.alpha == float(alpha), key
 
 
 def test_driftlab_report_reads_a_deployment_run_directory(tmp_path):
@@ -304,6 +293,26 @@ def test_an_algorithm_with_a_view_per_client_is_refused_before_the_run_directory
     with pytest.raises(ConfigError, match=r"Algorithm.client_view.*run it with driftlab run"):
         DeploymentServer(config, tmp_path / "out", InProcessTransport({})).run()
     assert not (tmp_path / "out").exists()
+
+
+def test_a_model_with_running_statistics_is_refused_before_any_round(tmp_path, monkeypatch):
+    """A node's reply carries the algorithm's message only: BatchNorm statistics its training moved would be lost."""
+    from driftlab.deploy import server as deploy_server
+    from driftlab.experiments.run import assembly
+
+    def normed(input_shape, num_classes):
+        return torch.nn.Sequential(
+            torch.nn.Linear(input_shape[0], 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, num_classes)
+        )
+
+    monkeypatch.setattr(
+        deploy_server,
+        "build_simulation",
+        lambda config, data=None: assembly.build_simulation(config, normed, data=data),
+    )
+    with pytest.raises(ConfigError, match=r"^a deployment with a model whose normalisation layers keep running stat"):
+        DeploymentServer(_config(), tmp_path / "out", InProcessTransport({})).run()
+    assert not (tmp_path / "out" / "metrics.jsonl").exists()
 
 
 def test_simulated_time_is_refused_before_the_run_directory_is_touched(tmp_path):
@@ -886,9 +895,9 @@ PRIVATE_CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(PRIVATE_CASES))
-def test_a_private_deployment_equals_the_simulator_bit_for_bit(tmp_path, case):
-    config = _config(*PRIVATE_CASES[case], rounds=4)
+@pytest.mark.parametrize("overrides", PRIVATE_CASES.values(), ids=PRIVATE_CASES)
+def test_a_private_deployment_equals_the_simulator_bit_for_bit(tmp_path, overrides):
+    config = _config(*overrides, rounds=4)
     simulated = driftlab.run(config, tmp_path / "simulated")
     deployed = run_in_process(config, tmp_path / "deployed", tmp_path / "node_state", num_nodes=3)
     assert torch.equal(deployed.final_params, simulated.final_params)

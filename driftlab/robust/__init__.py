@@ -1,4 +1,4 @@
-"""Byzantine-robust aggregation of a round's reported model changes (issue 44; not yet wired into runs).
+"""Byzantine-robust aggregation of a round's reported model changes (issue 44).
 
 Each rule replaces the mean of the round's ``[n, d]`` updates: a frozen settings
 record per rule, one registry (``AGGREGATORS``: name -> settings constructor)
@@ -17,11 +17,16 @@ entered the aggregate (``kept``) and the factor put on it (``scale``).
 | ``centered_clipping`` | clipping around the last aggregate, momentum | Karimireddy et al., ICML 2021 | τ > 0 | yes |
 | ``norm_bound`` | clip each update to norm M, then the mean | Sun et al. 2019 | M > 0 | yes |
 
+Every rule can run on bucket means instead (``bucketed_aggregate``, Karimireddy, He and Jaggi, ICLR 2022: the
+round's updates shuffled into buckets of s, each averaged; ``driftlab.robust.bucketing``).
+
 Every rule is deterministic: ties go to the earlier client.  Equations, the
 papers' ambiguities and our choices: docs/update-rules.md, "Robust aggregation
-and attacks (issue 44, not yet wired)".
+and attacks (issue 44)".  In runs: ``[robust]`` (``driftlab.robust.feature``,
+``with_robust_aggregation`` in ``driftlab.robust.wrapper``).
 """
 
+from driftlab.robust.bucketing import bucket_means, bucket_permutation, bucketed_aggregate
 from driftlab.robust.clipping import CenteredClipping, CenteredClippingState, NormBound
 from driftlab.robust.coordinatewise import Median, TrimmedMean
 from driftlab.robust.geometric_median import GeometricMedian
@@ -43,5 +48,8 @@ __all__ = [
     "Settings",
     "TrimmedMean",
     "aggregate",
+    "bucket_means",
+    "bucket_permutation",
+    "bucketed_aggregate",
     "make_settings",
 ]

@@ -86,6 +86,22 @@ def norm_bound(settings: NormBound, updates: torch.Tensor, weights: torch.Tensor
     )
 
 
+def client_momenta(
+    beta: float, updates: torch.Tensor, client_ids: Sequence[int] | None, momenta: Mapping[int, torch.Tensor]
+) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+    """Each client's momentum m_i ← (1 − β) x_i + β m_i (m_i = x_i at its first report), as ``[n, d]`` rows in the
+    updates' order, and ``momenta`` with the senders' rows replaced.  ValueError without one distinct id per update."""
+    n = updates.shape[0]
+    if client_ids is None or len(client_ids) != n or len(set(client_ids)) != n:
+        raise ValueError("centered_clipping with momentum β > 0 needs client_ids: one distinct id per update")
+    rows = []
+    for row, client in zip(updates, client_ids, strict=True):
+        previous = momenta.get(int(client))
+        rows.append(row.clone() if previous is None else (1 - beta) * row + beta * previous)
+    inputs = torch.stack(rows)
+    return inputs, {**momenta, **{int(client): inputs[i] for i, client in enumerate(client_ids)}}
+
+
 def centered_clipping(
     settings: CenteredClipping,
     updates: torch.Tensor,
@@ -100,15 +116,7 @@ def centered_clipping(
     momenta = dict(state.momenta)
     inputs = updates
     if settings.momentum > 0:
-        if client_ids is None or len(client_ids) != n or len(set(client_ids)) != n:
-            raise ValueError("centered_clipping with momentum β > 0 needs client_ids: one distinct id per update")
-        beta = settings.momentum
-        rows = []
-        for row, client in zip(updates, client_ids, strict=True):
-            previous = momenta.get(int(client))
-            rows.append(row.clone() if previous is None else (1 - beta) * row + beta * previous)
-        inputs = torch.stack(rows)
-        momenta.update({int(client): inputs[i] for i, client in enumerate(client_ids)})
+        inputs, momenta = client_momenta(settings.momentum, updates, client_ids, momenta)
     centre = (
         torch.zeros_like(updates[0])
         if state.centre is None
