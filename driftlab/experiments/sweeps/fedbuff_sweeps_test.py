@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from driftlab.experiments.config import load_config
-from driftlab.experiments.run.assembly import build_configured_model, check_asynchronous, load_data
+from driftlab.experiments.run.assembly import build_configured_model, check_features, load_data
 from driftlab.experiments.run.datasets import data_location
 from driftlab.experiments.sweep import load_sweep, plan
 from driftlab.experiments.sweep.shipped import preset_description
@@ -69,7 +69,7 @@ def test_fedbuff_arms_meet_the_same_devices_and_differ_only_in_aggregation(scale
 def test_the_synchronous_cohort_is_fedbuffs_buffer_and_every_fedbuff_arm_may_run_asynchronously(scale):
     for run in _runs("fedbuff-femnist", scale):
         config = run.config
-        check_asynchronous(config)  # raises ConfigError when the algorithm has no asynchronous rule
+        check_features(config, only="asynchronous")  # raises ConfigError when the algorithm has no asynchronous rule
         if config.asynchronous is None:
             assert clients_per_round(config.sampling.participation, config.data.num_clients) == 10
         else:
@@ -134,7 +134,7 @@ def test_the_synthetic_fedbuff_preset_reaches_its_target_when_it_says_and_sooner
 
     config = load_config("synthetic-fedbuff")
     assert (config.asynchronous.concurrency, config.asynchronous.buffer) == (20, 10) and config.system is not None
-    check_asynchronous(config)
+    check_features(config, only="asynchronous")
     description = preset_description("synthetic-fedbuff")
     stated = re.search(r"after (\d+) simulated seconds, synchronous FedAvg .* after (\d+)\.", description)
     # each run stops a little after the update its description names: the records before are the full run's
