@@ -253,7 +253,9 @@ def _tar_header(name: str, size: int) -> bytes:
     return info.tobuf(format=tarfile.GNU_FORMAT)
 
 
-def _png_header(width: int, height: int) -> bytes:
+def png_with_header(width: int, height: int) -> bytes:
+    """A PNG whose header declares ``width`` x ``height`` (the pixel data is a stub: only the header is read)."""
+
     def chunk(kind: bytes, data: bytes) -> bytes:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
 
@@ -276,7 +278,7 @@ def test_peak_memory_while_rejecting_two_gigabyte_bombs_stays_small(tmp_path):
         "leaf-member": ("leaf", gzip_of_zeros(_tar_header("femnist/train/a.json", two_gb), two_gb)),
         "images-member": ("images", gzip_of_zeros(_tar_header("c10/train/cat/0.png", two_gb), two_gb)),
         # A small valid tar, then 2 GB of zeros after its end.
-        "cifar-padding": ("cifar", gzip_of_zeros(tar_bytes({"c10/train/cat/0.png": _png_header(32, 32)}), two_gb)),
+        "cifar-padding": ("cifar", gzip_of_zeros(tar_bytes({"c10/train/cat/0.png": png_with_header(32, 32)}), two_gb)),
         # 2 GB of text.
         "text": ("text", gzip_of_zeros(b"A:\nhello\n", two_gb)),
     }
@@ -290,9 +292,9 @@ def test_peak_memory_while_rejecting_two_gigabyte_bombs_stays_small(tmp_path):
         arguments[case] = (loader, str(path))
     png = tmp_path / "png" / "train" / "cat"
     png.mkdir(parents=True)
-    (png / "0.png").write_bytes(_png_header(20_000, 20_000))  # the issue's 20000x20000 PNG, 400 Mpixel
+    (png / "0.png").write_bytes(png_with_header(20_000, 20_000))  # the issue's 20000x20000 PNG, 400 Mpixel
     (tmp_path / "png" / "test" / "cat").mkdir(parents=True)
-    (tmp_path / "png" / "test" / "cat" / "0.png").write_bytes(_png_header(20_000, 20_000))
+    (tmp_path / "png" / "test" / "cat" / "0.png").write_bytes(png_with_header(20_000, 20_000))
     arguments["png-20000"] = ("images", str(tmp_path / "png"))
 
     result = subprocess.run(

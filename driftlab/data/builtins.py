@@ -19,7 +19,7 @@ from pydantic import Field, model_validator
 
 from driftlab.data.download import REGISTRY as DOWNLOADS
 from driftlab.data.federated import DataFileError, federated_dataset_from_arrays
-from driftlab.data.registry import DataSection, DataSetEntry, Download, register
+from driftlab.data.registry import DataSection, DataSetEntry, Download, default_is_unset, named_section, register
 from driftlab.errors import ConfigError
 
 # Peak bytes per client while generating a data set, measured (tracemalloc, numpy) and rounded down,
@@ -158,37 +158,21 @@ def _quadratic(section: QuadraticData, seed: int, path: Path | None) -> Any:
 # ---------------------------------------------------------------- pooled images, dealt out by data.partition
 
 
-class MnistData(DataSection):
-    name: Literal["mnist"] = "mnist"
+class _CifarSection(DataSection):
+    """A CIFAR data set, read whole or only the first images of every class (a quick run on a slice of the data)."""
 
-
-class FashionMnistData(DataSection):
-    name: Literal["fashion_mnist"] = "fashion_mnist"
-
-
-class EmnistLetters10Data(DataSection):
-    name: Literal["emnist_letters10"] = "emnist_letters10"
-
-
-class EmnistLettersData(DataSection):
-    name: Literal["emnist_letters"] = "emnist_letters"
-
-
-class EmnistByclassData(DataSection):
-    name: Literal["emnist_byclass"] = "emnist_byclass"
-
-
-class Cifar10Data(DataSection):
-    name: Literal["cifar10"] = "cifar10"
-
-
-class Cifar100Data(DataSection):
-    name: Literal["cifar100"] = "cifar100"
-
-
-class Cifar10FolderData(DataSection):
-    name: Literal["cifar10_folder"] = "cifar10_folder"
     limit_per_class: int | None = Field(None, ge=1, description="read at most this many images per class and split")
+
+
+MnistData = named_section("MnistData", "mnist", __name__)
+FashionMnistData = named_section("FashionMnistData", "fashion_mnist", __name__)
+EmnistLetters10Data = named_section("EmnistLetters10Data", "emnist_letters10", __name__)
+EmnistLettersData = named_section("EmnistLettersData", "emnist_letters", __name__)
+EmnistByclassData = named_section("EmnistByclassData", "emnist_byclass", __name__)
+Cifar10Data = named_section("Cifar10Data", "cifar10", __name__, _CifarSection)
+Cifar100Data = named_section("Cifar100Data", "cifar100", __name__, _CifarSection)
+Cifar10FolderData = named_section("Cifar10FolderData", "cifar10_folder", __name__, _CifarSection)
+Cifar100PfllibData = named_section("Cifar100PfllibData", "cifar100_pfllib", __name__)
 
 
 def _mnist(section: MnistData, seed: int, path: Path) -> Any:
@@ -213,10 +197,10 @@ def _emnist(split: str) -> Any:
 
 
 def _cifar(num_classes: int) -> Any:
-    def load(section: DataSection, seed: int, path: Path) -> Any:
+    def load(section: _CifarSection, seed: int, path: Path) -> Any:
         from driftlab.data.images import load_cifar_pixels
 
-        return load_cifar_pixels(path, num_classes)
+        return load_cifar_pixels(path, num_classes, limit_per_class=section.limit_per_class)
 
     return load
 
@@ -250,18 +234,50 @@ class ShakespeareLeafData(DataSection):
     max_clients: int | None = Field(None, ge=1, description=_MAX_CLIENTS)
 
 
-class StackOverflowData(DataSection):
-    name: Literal["stackoverflow"] = "stackoverflow"
+class _ChosenUsers(DataSection):
+    """Users as clients, of which ``data.max_clients`` keeps the files' first or a seeded random choice."""
+
     max_clients: int | None = Field(None, ge=1, description=_MAX_CLIENTS)
+    client_choice: Literal["first", "random"] | None = Field(
+        None,
+        description='which users data.max_clients keeps: "first" (the default: the first in the files) or "random" '
+        "(drawn from the data seed, kept in file order)",
+    )
+
+    _first_is_unset = default_is_unset("client_choice", "first")
+
+    @model_validator(mode="after")
+    def _random_needs_a_count(self) -> "_ChosenUsers":
+        if self.client_choice == "random" and self.max_clients is None:
+            raise ValueError(
+                'data.client_choice = "random" draws data.max_clients users, and data.max_clients is unset (every user '
+                "is kept); set data.max_clients, or leave data.client_choice unset"
+            )
+        return self
+
+    def client_rng(self, seed: int) -> Any:
+        """The generator of the random choice (``Stream.CLIENT_SUBSET``), or None to keep the first users."""
+        from driftlab.randomness import Stream, generator
+
+        return generator(seed, Stream.CLIENT_SUBSET) if self.client_choice == "random" else None
+
+
+class StackOverflowData(_ChosenUsers):
+    name: Literal["stackoverflow"] = "stackoverflow"
     samples_per_client: int | None = Field(None, ge=1, description="at most this many examples per user")
     vocabulary_size: int = Field(10_000, ge=3, description="bag-of-words size")
     tag_count: int = Field(500, ge=1, description="the most frequent tags predicted")
 
 
-class Sent140Data(DataSection):
+class Sent140Data(_ChosenUsers):
     name: Literal["sent140"] = "sent140"
-    max_clients: int | None = Field(None, ge=1, description=_MAX_CLIENTS)
     vocabulary_size: int = Field(10_000, ge=3, description="tokens in the vocabulary, PAD and UNK included")
+
+
+def _cifar100_pfllib(section: Cifar100PfllibData, seed: int, path: Path) -> Any:
+    from driftlab.data.cifar100_pfllib import load_cifar100_pfllib
+
+    return load_cifar100_pfllib(path)
 
 
 def _femnist(section: FemnistData, seed: int, path: Path) -> Any:
@@ -279,7 +295,12 @@ def _leaf_shakespeare(section: ShakespeareLeafData, seed: int, path: Path) -> An
 def _sent140(section: Sent140Data, seed: int, path: Path) -> Any:
     from driftlab.data.leaf import load_leaf_sent140
 
-    return load_leaf_sent140(path, vocabulary_size=section.vocabulary_size, max_clients=section.max_clients)
+    return load_leaf_sent140(
+        path,
+        vocabulary_size=section.vocabulary_size,
+        max_clients=section.max_clients,
+        client_rng=section.client_rng(seed),
+    )
 
 
 def _shakespeare(section: ShakespeareData, seed: int, path: Path) -> Any:
@@ -311,6 +332,7 @@ def _stackoverflow(section: StackOverflowData, seed: int, path: Path) -> Any:
         tag_count=section.tag_count,
         max_clients=section.max_clients,
         max_samples_per_client=section.samples_per_client,
+        client_rng=section.client_rng(seed),
     )
 
 
@@ -499,6 +521,18 @@ def register_built_ins() -> None:
         )
     register(
         DataSetEntry(
+            "cifar100_pfllib",
+            Cifar100PfllibData,
+            _cifar100_pfllib,
+            "CIFAR-100 pooled by PFLlib: all 60,000 images over 100 Dirichlet clients, each split 75/25 (a tar.xz of "
+            "cifar100_60k.npz)",
+            location="cifar100-pfllib/cifar100-pfllib.tar.xz",
+            natural_clients=True,
+            num_classes=100,
+        )
+    )
+    register(
+        DataSetEntry(
             "femnist",
             FemnistData,
             _femnist,
@@ -515,6 +549,7 @@ def register_built_ins() -> None:
             "Shakespeare raw text with speaker labels, one client per role, next character after 80",
             location="tinyshakespeare/input.txt.gz",
             natural_clients=True,
+            tests_from_fraction=True,
             download=_download("shakespeare"),
             vocabulary=lambda section: LEAF_CHARACTERS,
         )

@@ -155,27 +155,24 @@ def test_interrupted_download_keeps_part_and_rerun_resumes(served, tmp_path):
     assert served.requests[-1] == ("/data.bin", "bytes=70000-") and path.read_bytes() == CONTENT
 
 
-def test_server_ignoring_range_restarts_from_zero(served, tmp_path):
+def _download_over_a_part(served, tmp_path, part: bytes) -> Path:
+    """The file, downloaded into a folder that already holds ``part`` as its .part (not listed as ours: force)."""
     remote = _publish(served, "data.bin", CONTENT)
     out = tmp_path / "out"
     out.mkdir()
-    (out / "data.bin.part").write_bytes(b"x" * 5000)  # would corrupt the file if appended to
+    (out / "data.bin.part").write_bytes(part)
+    (path,) = download("toy", out, progress=False, registry={"toy": (remote,)}, force=True)
+    return path
+
+
+def test_server_ignoring_range_restarts_from_zero(served, tmp_path):
     served.ignore_range = True
-    (path,) = download(
-        "toy", out, progress=False, registry={"toy": (remote,)}, force=True
-    )  # a .part not listed as ours
-    assert path.read_bytes() == CONTENT
+    # a .part that would corrupt the file if appended to
+    assert _download_over_a_part(served, tmp_path, b"x" * 5000).read_bytes() == CONTENT
 
 
 def test_complete_part_answered_416_is_verified_and_kept(served, tmp_path):
-    remote = _publish(served, "data.bin", CONTENT)
-    out = tmp_path / "out"
-    out.mkdir()
-    (out / "data.bin.part").write_bytes(CONTENT)
-    (path,) = download(
-        "toy", out, progress=False, registry={"toy": (remote,)}, force=True
-    )  # a .part not listed as ours
-    assert path.read_bytes() == CONTENT
+    assert _download_over_a_part(served, tmp_path, CONTENT).read_bytes() == CONTENT
 
 
 def test_checksum_mismatch_names_file_expected_actual_and_touches_nothing_else(served, tmp_path):

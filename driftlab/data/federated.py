@@ -22,8 +22,7 @@ Example:
 from __future__ import annotations
 
 import hashlib
-import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -31,6 +30,24 @@ from typing import Any
 import numpy as np
 import torch
 
+from driftlab.data.array_checks import (
+    _check_client_ids,
+    _check_finite,
+    _check_rows,
+    _client_id_array,
+    _is_integer,
+    _number_of_classes,
+    _rows_by_client,
+    _tensor,
+)
+from driftlab.data.dataset_checks import (
+    _check_free_targets,
+    _check_pixels,
+    _check_split,
+    _checked_index_arrays,
+    _hash_array,
+)
+from driftlab.data.dataset_items import _as_array, _stacked_items
 from driftlab.data.pixels import PixelNormalisation
 from driftlab.errors import ConfigError
 
@@ -49,6 +66,15 @@ class DataFileError(ValueError):
     The message names the file and states what was expected, so the user can
     fix the file (re-download, un-swap two files) without reading the code.
     """
+
+
+def contiguous_ranges(sizes: Sequence[int] | np.ndarray) -> tuple[np.ndarray, ...]:
+    """Consecutive index blocks of the given sizes: sizes (2, 3) -> ([0, 1], [2, 3, 4]).
+
+    Loaders that store each client's rows together (generated data, LEAF, Shakespeare, ...) give every client one
+    block."""
+    starts = np.r_[0, np.cumsum(sizes)[:-1]]
+    return tuple(np.arange(start, start + size, dtype=np.int64) for start, size in zip(starts, sizes, strict=True))
 
 
 @dataclass(frozen=True, eq=False)
@@ -272,120 +298,6 @@ def classes_covering_fraction(labels: np.ndarray, num_classes: int, fraction: fl
     return int(np.searchsorted(covered, needed - 1e-9 * len(labels), side="left") + 1)
 
 
-def _check_pixels(train: torch.Tensor, test: torch.Tensor, normalisation: PixelNormalisation) -> None:
-    """Raise ValueError unless both splits are uint8 pixels with the normalisation's channels."""
-    for split, inputs in (("train", train), ("test", test)):
-        if not isinstance(inputs, torch.Tensor) or inputs.dtype != torch.uint8:
-            dtype = inputs.dtype if isinstance(inputs, torch.Tensor) else type(inputs).__name__
-            raise ValueError(
-                f"input_normalisation is for uint8 pixels but {split}_inputs are {dtype}; give uint8 images or leave input_normalisation unset"
-            )
-        if normalisation.channels > 1 and (inputs.dim() < 4 or inputs.shape[-3] != normalisation.channels):
-            raise ValueError(
-                f"input_normalisation has {normalisation.channels} channels but {split}_inputs have shape {tuple(inputs.shape)}; "
-                "give images [n, c, h, w] with one mean and deviation per channel"
-            )
-
-
-def _check_split(
-    inputs: torch.Tensor, targets: torch.Tensor, split: str, num_classes: int, multi_label: bool = False
-) -> None:
-    """Raise ValueError unless ``inputs``/``targets`` form a valid ``split`` set."""
-    if not isinstance(inputs, torch.Tensor) or not isinstance(targets, torch.Tensor):
-        raise ValueError(
-            f"{split}_inputs and {split}_targets must be torch.Tensors, got "
-            f"{type(inputs).__name__} and {type(targets).__name__}; wrap numpy arrays with torch.from_numpy"
-        )
-    if multi_label:
-        if targets.dtype != torch.float32 or targets.dim() != 2 or targets.shape[1] != num_classes:
-            raise ValueError(
-                f"multi-label {split}_targets must be float32 [num_samples, {num_classes}] multi-hot rows, "
-                f"got {targets.dtype} of shape {tuple(targets.shape)}"
-            )
-        if inputs.dim() < 1 or inputs.shape[0] != targets.shape[0]:
-            raise ValueError(
-                f"{split}_inputs has {inputs.shape[0] if inputs.dim() else 0} rows but {split}_targets has {targets.shape[0]}"
-            )
-        return
-    if targets.dim() != 1:
-        raise ValueError(f"{split}_targets must be 1-D [num_samples], got shape {tuple(targets.shape)}")
-    if targets.dtype != torch.int64:
-        raise ValueError(
-            f"{split}_targets must be int64 (what cross-entropy expects), got {targets.dtype}; use .long()"
-        )
-    if inputs.dim() < 1 or inputs.shape[0] != targets.shape[0]:
-        raise ValueError(
-            f"{split}_inputs has {inputs.shape[0] if inputs.dim() else 0} rows but {split}_targets has "
-            f"{targets.shape[0]}; inputs and targets must have one row per sample"
-        )
-    if num_classes < 1:
-        raise ValueError(f"num_classes must be at least 1, got {num_classes}")
-    if len(targets) and (int(targets.min()) < 0 or int(targets.max()) >= num_classes):
-        raise ValueError(
-            f"{split}_targets must lie in [0, {num_classes}) for num_classes={num_classes}, "
-            f"found range [{int(targets.min())}, {int(targets.max())}]"
-        )
-
-
-def _checked_index_arrays(
-    arrays: Sequence[np.ndarray], size: int, field: str, split: str, *, allow_empty: bool
-) -> tuple[np.ndarray, ...]:
-    """Validate per-client index arrays into a split of ``size`` rows; return read-only views."""
-    checked = []
-    for client, idx in enumerate(arrays):
-        if not isinstance(idx, np.ndarray) or idx.dtype != np.int64 or idx.ndim != 1:
-            description = (
-                f"{idx.dtype} array of shape {idx.shape}" if isinstance(idx, np.ndarray) else type(idx).__name__
-            )
-            raise ValueError(
-                f"{field}[{client}] must be a 1-D int64 numpy array, got {description}; "
-                "use np.asarray(indices, dtype=np.int64)"
-            )
-        if len(idx) == 0 and not allow_empty:
-            raise ValueError(f"{field}[{client}] is empty: every client must hold at least one {split} sample")
-        if len(idx) and (idx.min() < 0 or idx.max() >= size):
-            raise ValueError(
-                f"{field}[{client}] has indices in [{idx.min()}, {idx.max()}] but the {split} set "
-                f"has {size} rows; indices must lie in [0, {size})"
-            )
-        view = idx.view()
-        view.flags.writeable = False
-        checked.append(view)
-    if checked:
-        owners = np.bincount(np.concatenate(checked), minlength=size)
-        if owners.max(initial=0) > 1:
-            row = int(np.argmax(owners > 1))
-            holders = [k for k, idx in enumerate(checked) if np.any(idx == row)]
-            raise ValueError(
-                f"{field}: {split} row {row} is used by clients {holders} (and {int((owners > 1).sum()) - 1} "
-                "other rows are shared too); a partition must give every row to at most one client"
-            )
-    return tuple(checked)
-
-
-def _check_free_targets(inputs: torch.Tensor, targets: torch.Tensor, split: str) -> None:
-    """Targets a loss of the user's own reads: any shape, one row per example."""
-    if not isinstance(inputs, torch.Tensor) or not isinstance(targets, torch.Tensor):
-        raise ValueError(
-            f"{split}_inputs and {split}_targets must be torch.Tensors, got {type(inputs).__name__} and {type(targets).__name__}"
-        )
-    if inputs.dim() < 1 or targets.dim() < 1 or inputs.shape[0] != targets.shape[0]:
-        raise ValueError(
-            f"{split}_inputs has {inputs.shape[0] if inputs.dim() else 0} rows but {split}_targets has "
-            f"{targets.shape[0] if targets.dim() else 0}; inputs and targets must have one row per sample"
-        )
-
-
-def _hash_array(hasher: Any, values: torch.Tensor | np.ndarray) -> None:
-    if isinstance(values, torch.Tensor):
-        tensor = values.detach().cpu().contiguous()
-        hasher.update(f"{tensor.dtype}{tuple(tensor.shape)}".encode())
-        values = tensor.reshape(-1).view(torch.uint8).numpy()  # bytes of any dtype, bfloat16 included
-    array = np.ascontiguousarray(values)
-    hasher.update(f"{array.dtype}{array.shape}".encode())
-    hasher.update(array.data.cast("B") if array.size else b"")
-
-
 # ---------------------------------------------------------------- the user's own data
 
 
@@ -478,86 +390,6 @@ class FederatedArrays:
         return cls(train_inputs, train_targets, train_ids, test_inputs, test_targets, test_ids, num_classes)
 
 
-def _as_array(values: Any) -> Any:
-    return values if isinstance(values, (np.ndarray, torch.Tensor)) else np.asarray(values)
-
-
-# The names datasets give an example's input and its label (Hugging Face's image, text-token and tabular sets).
-INPUT_KEYS = ("image", "img", "pixel_values", "input_ids", "input", "inputs", "features", "x")
-LABEL_KEYS = ("label", "labels", "target", "targets", "y")
-
-
-def _stacked_items(
-    dataset: Any, split: str, input_key: str | None = None, label_key: str | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    where = f"the {split} Dataset"
-    if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
-        raise ConfigError(
-            f"data: {where} is a {type(dataset).__name__}, not a map-style torch Dataset; give an object with "
-            "__len__ and __getitem__(index) -> (input, target), such as torch.utils.data.TensorDataset"
-        )
-    count = len(dataset)
-    if count == 0:
-        raise ConfigError(f"data: {where} is empty; give at least one (input, target) item")
-    inputs, targets = [], []
-    keys: tuple[str, str] | None = None
-    for index in range(count):
-        item = dataset[index]
-        if isinstance(item, Mapping):
-            if keys is None:
-                keys = dict_keys(item, input_key, label_key, where)
-            try:
-                item = (item[keys[0]], item[keys[1]])
-            except KeyError as missing:
-                listed = ", ".join(map(str, item))
-                raise ConfigError(
-                    f"data: item {index} of {where} has no key {missing} (its keys: {listed}); every item needs both"
-                ) from None
-        elif not isinstance(item, (tuple, list)) or len(item) != 2:
-            raise ConfigError(
-                f"data: item {index} of {where} is a {type(item).__name__}, not an (input, target) pair or a dict; "
-                "make __getitem__ return (input, target)"
-            )
-        inputs.append(item[0] if isinstance(item[0], torch.Tensor) else torch.as_tensor(np.asarray(item[0])))
-        targets.append(torch.as_tensor(item[1]))
-    for name, values in (("inputs", inputs), ("targets", targets)):
-        shapes = {tuple(value.shape) for value in values}
-        if len(shapes) > 1:
-            raise ConfigError(
-                f"data: the {name} of {where} have different shapes {sorted(shapes)[:3]}; every item's {name[:-1]} must have one shape"
-            )
-    return torch.stack(inputs), torch.stack(targets)
-
-
-def dict_keys(item: Mapping, input_key: str | None, label_key: str | None, where: str) -> tuple[str, str]:
-    """The (input, label) keys of a dict item: those given, else found by name (``INPUT_KEYS``, ``LABEL_KEYS``, or the
-    only other key); a ConfigError listing the item's keys when a given key is absent or the choice is ambiguous."""
-    keys = list(item)
-    shown = ", ".join(repr(key) for key in keys)
-    for role, given in (("input_key", input_key), ("label_key", label_key)):
-        if given is not None and given not in item:
-            raise ConfigError(f"data: {role}={given!r} is not a key of the items of {where}; their keys are {shown}")
-
-    def named(given: str | None, names: tuple[str, ...]) -> str | None:
-        if given is not None:
-            return given
-        present = [key for key in keys if key in names]
-        return present[0] if len(present) == 1 else None
-
-    label, inputs = named(label_key, LABEL_KEYS), named(input_key, INPUT_KEYS)
-    others = [key for key in keys if key not in (label, inputs)]
-    if label is None and inputs is not None and len(others) == 1:
-        label = others[0]
-    elif inputs is None and label is not None and len(others) == 1:
-        inputs = others[0]
-    if inputs is None or label is None or inputs == label:
-        raise ConfigError(
-            f"data: the items of {where} are dicts with keys {shown}, and which holds the input and which the label is "
-            "ambiguous; name them: FederatedArrays.from_datasets(train, test=test, input_key=..., label_key=...)"
-        )
-    return inputs, label
-
-
 def federated_dataset_from_arrays(
     arrays: FederatedArrays, origin: str = "data", name: str = "custom"
 ) -> FederatedDataset:
@@ -646,163 +478,3 @@ def federated_dataset_from_arrays(
         )
     except ValueError as error:
         raise ConfigError(f"{origin}: {error}") from None
-
-
-def _tensor(values: Any, field: str, origin: str) -> torch.Tensor:
-    if isinstance(values, torch.Tensor):
-        tensor = values.detach().cpu()
-    elif isinstance(values, np.ndarray):
-        if values.dtype == object or not (np.issubdtype(values.dtype, np.number) or values.dtype == np.bool_):
-            raise ConfigError(
-                f"{origin}: {field} is a numpy array of {values.dtype}, not numbers; convert it with np.asarray(..., dtype=np.float32)"
-            )
-        tensor = _from_numpy(np.ascontiguousarray(values))
-    else:
-        raise ConfigError(
-            f"{origin}: {field} is a {type(values).__name__}; give a numpy array or a torch tensor (np.asarray(values))"
-        )
-    if tensor.dim() == 0:
-        raise ConfigError(f"{origin}: {field} is a single number; give one row per example")
-    if tensor.is_complex():
-        raise ConfigError(f"{origin}: {field} is complex ({tensor.dtype}); give real numbers")
-    return tensor
-
-
-def _from_numpy(array: np.ndarray) -> torch.Tensor:
-    """``torch.from_numpy(array)``: the tensor shares the array's memory, read-only arrays (``np.load(mmap_mode="r")``,
-    ``np.frombuffer``) included, so nothing is copied.
-
-    Torch warns that it cannot mark a tensor over read-only memory read-only; driftlab never writes into a data
-    set's tensors (batches are gathered copies), so that one warning is silenced for this call only.
-    """
-    if array.flags.writeable:
-        return torch.from_numpy(array)
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="The given NumPy array is not writable", category=UserWarning)
-        return torch.from_numpy(array)
-
-
-def _client_id_array(values: Any, field: str, origin: str) -> np.ndarray:
-    ids = values.detach().cpu().numpy() if isinstance(values, torch.Tensor) else np.asarray(values)
-    if ids.ndim != 1 or not (np.issubdtype(ids.dtype, np.integer) or (ids.size == 0 and ids.dtype == np.float64)):
-        raise ConfigError(
-            f"{origin}: {field} must be a 1-D array of integer client ids, got {ids.dtype} of shape {ids.shape}; "
-            "use np.asarray(ids, dtype=np.int64)"
-        )
-    return ids.astype(np.int64)
-
-
-def _check_rows(inputs: torch.Tensor, targets: torch.Tensor, ids: np.ndarray | None, split: str, origin: str) -> None:
-    counts = {f"{split}_inputs": inputs.shape[0], f"{split}_targets": targets.shape[0]}
-    if ids is not None:
-        counts[f"{split}_client_ids"] = len(ids)
-    if len(set(counts.values())) > 1:
-        listed = ", ".join(f"{key} {value}" for key, value in counts.items())
-        raise ConfigError(
-            f"{origin}: the {split} arrays have different lengths ({listed}); give one row per {split} example in each"
-        )
-    if inputs.shape[0] == 0:
-        raise ConfigError(f"{origin}: {split}_inputs has no rows; give at least one {split} example")
-
-
-def _check_finite(tensor: torch.Tensor, field: str, origin: str) -> None:
-    if tensor.is_floating_point():
-        bad = ~torch.isfinite(tensor)
-        if bool(bad.any()):
-            row = int(bad.reshape(len(tensor), -1).any(dim=1).nonzero()[0, 0])
-            raise ConfigError(
-                f"{origin}: {field} holds {int(bad.sum())} NaN or infinite values (the first in row {row}); "
-                "remove or impute those rows (np.isfinite finds them)"
-            )
-
-
-def _check_client_ids(ids: np.ndarray, field: str, origin: str) -> int:
-    """The number of clients: the ids must be exactly 0..C-1, each holding an example.
-
-    Every client holds an example, so no id can reach the number of examples: a larger one is refused
-    before a count per id is allocated (one stray id 10**12 would otherwise ask for 8 TB).
-    """
-    if ids.min() < 0:
-        index = int(np.argmin(ids))
-        raise ConfigError(
-            f"{origin}: {field} holds negative ids (smallest {ids.min()}, at {field}[{index}]); number the clients 0..C-1, "
-            "e.g. np.unique(ids, return_inverse=True)[1]"
-        )
-    largest = int(ids.max())
-    if largest >= len(ids):
-        index = int(np.argmax(ids))
-        raise ConfigError(
-            f"{origin}: {field}[{index}] is {largest:,}, but {len(ids):,} examples can hold at most {len(ids):,} clients "
-            f"(ids 0..{len(ids) - 1:,}, every client holding an example); fix that id, or renumber the clients 0..C-1, "
-            "e.g. np.unique(ids, return_inverse=True)[1]"
-        )
-    counts = np.bincount(ids)
-    empty = np.flatnonzero(counts == 0)
-    if len(empty):
-        shown = ", ".join(map(str, empty[:5])) + (", ..." if len(empty) > 5 else "")
-        raise ConfigError(
-            f"{origin}: {field} must number the clients 0..C-1 with every client holding a training example, but "
-            f"{len(empty)} of the ids 0..{len(counts) - 1} hold none ({shown}); renumber them, e.g. "
-            "np.unique(ids, return_inverse=True)[1]"
-        )
-    return len(counts)
-
-
-def _rows_by_client(ids: np.ndarray, num_clients: int) -> tuple[np.ndarray, ...]:
-    order = np.argsort(ids, kind="stable")
-    bounds = np.searchsorted(ids[order], np.arange(num_clients + 1))
-    return tuple(order[bounds[k] : bounds[k + 1]].astype(np.int64) for k in range(num_clients))
-
-
-def _is_integer(tensor: torch.Tensor) -> bool:
-    return not tensor.is_floating_point() and tensor.dtype != torch.bool
-
-
-def _number_of_classes(given: int | None, train: torch.Tensor, test: torch.Tensor, origin: str) -> int:
-    if train.dim() != 1 or test.dim() != 1:
-        raise ConfigError(
-            f"{origin}: integer targets are class ids and must be 1-D, got train_targets of shape {tuple(train.shape)} and test_targets "
-            f"{tuple(test.shape)}; for other targets give floating values and a loss of your own (loss=)"
-        )
-    smallest, split, index = _extreme(train, test, largest=False)
-    if smallest < 0:
-        raise ConfigError(
-            f"{origin}: class ids in the targets must be 0 or more, found {smallest} at {split}_targets[{index}]; number the classes 0..K-1"
-        )
-    largest, split, index = _extreme(train, test, largest=True)
-    if given is None:
-        _check_dense_classes(train, test, largest, f"{split}_targets[{index}]", origin)
-        return largest + 1
-    if isinstance(given, bool) or not isinstance(given, int) or given < 1 or given <= largest:
-        raise ConfigError(
-            f"{origin}: num_classes={given!r}, but the targets hold class id {largest} (at {split}_targets[{index}]); "
-            f"set num_classes to at least {largest + 1} (or leave it unset)"
-        )
-    return given
-
-
-def _extreme(train: torch.Tensor, test: torch.Tensor, largest: bool) -> tuple[int, str, int]:
-    """The largest (or smallest) class id of both splits, the split holding it and its first index there."""
-    found = []
-    for split, targets in (("train", train), ("test", test)):
-        index = int(targets.argmax() if largest else targets.argmin())  # the first occurrence
-        found.append((int(targets[index]), split, index))
-    return max(found, key=lambda item: item[0]) if largest else min(found, key=lambda item: item[0])
-
-
-def _check_dense_classes(train: torch.Tensor, test: torch.Tensor, largest: int, where: str, origin: str) -> None:
-    """Without ``num_classes`` the classes are 0..largest: refuse ids so sparse that most of those classes are empty.
-
-    One stray label (10**7 among ids 0..9) would otherwise make a model with 10**7 outputs and die allocating it;
-    a data set whose class ids are mostly present (at least half of 0..largest) is taken as it is.
-    """
-    present = torch.unique(torch.cat([train.reshape(-1).long(), test.reshape(-1).long()]))
-    if largest + 1 <= 2 * len(present):
-        return
-    below = f"the next largest is {int(present[-2]):,}" if len(present) > 1 else "it is the only one"
-    raise ConfigError(
-        f"{origin}: {where} is class id {largest:,}, but only {len(present):,} distinct class ids occur ({below}); class ids "
-        f"number the classes 0..K-1, so this would make {largest + 1:,} classes, most of them without an example. "
-        "Fix that label, renumber the classes (np.unique(targets, return_inverse=True)[1]), "
-        f"or set num_classes={largest + 1} if there really are that many classes"
-    )

@@ -179,29 +179,32 @@ def test_missing_mnist_directory(tmp_path):
         load_mnist(tmp_path / "nowhere")
 
 
-def test_label_file_from_the_other_split(tmp_path):
+@pytest.mark.parametrize(
+    "target, source, match",
+    [
+        # the test labels (4) stored under the train label name
+        (
+            "train-labels-idx1-ubyte.gz",
+            "t10k-labels-idx1-ubyte",
+            "train-images-idx3-ubyte.gz holds 6 images but .*train-labels-idx1-ubyte.gz holds 4 labels",
+        ),
+        (
+            "train-labels-idx1-ubyte.gz",
+            "train-images-idx3-ubyte",
+            "train-labels-idx1-ubyte.gz: expected MNIST labels.*looks like an image file.*train-images",
+        ),
+        (
+            "t10k-images-idx3-ubyte.gz",
+            "t10k-labels-idx1-ubyte",
+            "t10k-images-idx3-ubyte.gz is 1-D.*label file.*t10k-labels",
+        ),
+    ],
+    ids=["label_file_from_the_other_split", "images_given_as_labels", "labels_given_as_images"],
+)
+def test_a_file_in_the_place_of_another_is_named(tmp_path, target, source, match):
     written = _fake_mnist(tmp_path, n_train=6, n_test=4)
-    # The test labels (4) stored under the train label name.
-    _write(tmp_path / "train-labels-idx1-ubyte.gz", _idx_bytes(written["t10k-labels-idx1-ubyte"]), compress=True)
-    with pytest.raises(
-        DataFileError, match="train-images-idx3-ubyte.gz holds 6 images but .*train-labels-idx1-ubyte.gz holds 4 labels"
-    ):
-        load_mnist(tmp_path)
-
-
-def test_images_given_as_labels(tmp_path):
-    written = _fake_mnist(tmp_path)
-    _write(tmp_path / "train-labels-idx1-ubyte.gz", _idx_bytes(written["train-images-idx3-ubyte"]), compress=True)
-    with pytest.raises(
-        DataFileError, match="train-labels-idx1-ubyte.gz: expected MNIST labels.*looks like an image file.*train-images"
-    ):
-        load_mnist(tmp_path)
-
-
-def test_labels_given_as_images(tmp_path):
-    written = _fake_mnist(tmp_path)
-    _write(tmp_path / "t10k-images-idx3-ubyte.gz", _idx_bytes(written["t10k-labels-idx1-ubyte"]), compress=True)
-    with pytest.raises(DataFileError, match="t10k-images-idx3-ubyte.gz is 1-D.*label file.*t10k-labels"):
+    _write(tmp_path / target, _idx_bytes(written[source]), compress=True)
+    with pytest.raises(DataFileError, match=match):
         load_mnist(tmp_path)
 
 

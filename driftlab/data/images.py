@@ -442,7 +442,7 @@ _CIFAR_PIXELS = 3 * 32 * 32
 _CIFAR_BINARY_LIMITS = ArchiveLimits(max_members=1_000, max_member_bytes=256 << 20, max_total_bytes=1 << 30)
 
 
-def load_cifar_pixels(root: str | os.PathLike, num_classes: int) -> Pixels:
+def load_cifar_pixels(root: str | os.PathLike, num_classes: int, limit_per_class: int | None = None) -> Pixels:
     """Load CIFAR-10 or CIFAR-100 (Krizhevsky 2009) from the official binary version.
 
     The binary version is fixed-size records, so nothing is unpickled:
@@ -459,6 +459,10 @@ def load_cifar_pixels(root: str | os.PathLike, num_classes: int) -> Pixels:
     Pixels become ``(p / 255 - mean[c]) / std[c]`` with the FedDyn authors'
     channel statistics (:data:`CIFAR10_MEAN`/``STD``, :data:`CIFAR100_MEAN`/``STD``).
 
+    ``limit_per_class`` keeps only the first this-many records (in file order) of every class in each split, as
+    ``data.limit_per_class`` does for an image folder (:func:`driftlab.data.image_folders.load_image_folder`);
+    ``None`` keeps all.
+
     Returns:
         ``(train_x, train_y, test_x, test_y, normalisation)``: uint8 ``[n, 3, 32, 32]`` pixels, int64 labels
         and the normalisation (``load_cifar_tensors`` applies it).
@@ -470,10 +474,12 @@ def load_cifar_pixels(root: str | os.PathLike, num_classes: int) -> Pixels:
             found), with labels out of range, or a corrupt tarball
             (``... is corrupt (...): download it again``; it is read to its
             end, so the gzip CRC is checked).
-        ValueError: ``num_classes`` is not 10 or 100.
+        ValueError: ``num_classes`` is not 10 or 100, or ``limit_per_class`` is not a positive integer or None.
     """
     if num_classes not in _CIFAR:
         raise ValueError(f"num_classes must be 10 (CIFAR-10) or 100 (CIFAR-100), got {num_classes!r}")
+    if limit_per_class is not None and limit_per_class < 1:
+        raise ValueError(f"limit_per_class must be a positive integer or None, got {limit_per_class!r}")
     spec = _CIFAR[num_classes]
     contents = _cifar_file_contents(Path(root), spec)
     splits = []
@@ -481,15 +487,29 @@ def load_cifar_pixels(root: str | os.PathLike, num_classes: int) -> Pixels:
         parsed = [_parse_cifar_records(contents[name][1], contents[name][0], name, spec) for name in files]
         images = np.concatenate([p[0] for p in parsed]) if len(parsed) > 1 else parsed[0][0]
         labels = np.concatenate([p[1] for p in parsed]) if len(parsed) > 1 else parsed[0][1]
+        if limit_per_class is not None:
+            kept = first_per_class(labels, limit_per_class)
+            images, labels = images[kept], labels[kept]
         splits.append((torch.from_numpy(np.ascontiguousarray(images)), torch.from_numpy(labels.astype(np.int64))))
     (train_x, train_y), (test_x, test_y) = splits
     return train_x, train_y, test_x, test_y, PixelNormalisation(spec.mean, spec.std)
 
 
-def load_cifar_tensors(root: str | os.PathLike, num_classes: int) -> Tensors:
+def load_cifar_tensors(root: str | os.PathLike, num_classes: int, limit_per_class: int | None = None) -> Tensors:
     """``load_cifar_pixels`` normalised: float32 ``[n, 3, 32, 32]`` images, ``(p / 255 - mean[c]) / std[c]``,
     and int64 labels, as ``(train_x, train_y, test_x, test_y)``."""
-    return normalised(load_cifar_pixels(root, num_classes))
+    return normalised(load_cifar_pixels(root, num_classes, limit_per_class))
+
+
+def first_per_class(labels: np.ndarray, limit: int) -> np.ndarray:
+    """The positions of the first ``limit`` rows of every label in ``labels``, in increasing order.
+
+    A row's rank within its class is its place in a stable sort by label minus where its class starts there.
+    """
+    order = np.argsort(labels, kind="stable")
+    by_label = labels[order]
+    rank = np.arange(len(labels)) - np.searchsorted(by_label, by_label, side="left")
+    return np.sort(order[rank < limit])
 
 
 def _cifar_file_contents(root: Path, spec: _CifarSpec) -> dict[str, tuple[str, bytes]]:

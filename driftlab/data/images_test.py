@@ -12,14 +12,13 @@ import io
 import struct
 import tarfile
 import zipfile
-import zlib
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from driftlab.data.archive_test import tar_bytes
+from driftlab.data.archive_test import png_with_header, tar_bytes
 from driftlab.data.federated import DataFileError
 from driftlab.data.idx import MNIST_MEAN, MNIST_STD
 from driftlab.data.image_folders import load_cifar10_image_folder, load_image_folder
@@ -31,10 +30,12 @@ from driftlab.data.images import (
     CIFAR100_STD,
     FASHION_MNIST_MEAN,
     FASHION_MNIST_STD,
+    load_cifar_pixels,
     load_cifar_tensors,
     load_emnist_tensors,
     load_fashion_mnist_tensors,
 )
+from driftlab.data.registry import lookup
 from driftlab.experiments.run.real_data import needs_real_data, real_data_path
 from driftlab.simulation.backends.augmentation import check_images, flip_crop_from_keys, flip_then_shift
 
@@ -110,6 +111,13 @@ def _write_members(where: Path, members: dict, *, as_tar: bool) -> None:
         for name, data in members.items():
             (where / name).parent.mkdir(parents=True, exist_ok=True)
             (where / name).write_bytes(data)
+
+
+def _assert_refused(folder: Path, members: dict, load, match: str) -> None:
+    """``members`` written as an image folder in ``folder`` and ``load`` refusing it with a message matching ``match``."""
+    _write_members(folder, members, as_tar=False)
+    with pytest.raises(DataFileError, match=match):
+        load(folder)
 
 
 def _encode(array: np.ndarray, fmt: str) -> bytes:
@@ -324,6 +332,39 @@ def test_cifar100_binary_uses_fine_labels(tmp_path):
     np.testing.assert_allclose(test_x[2].numpy(), (test_pixels[2] / np.float32(255) - mean) / std, atol=1e-6)
 
 
+def test_cifar_binary_limit_per_class_keeps_each_class_first_records(tmp_path):
+    fine = {"train.bin": [3, 5, 3, 3, 5, 7, 3], "test.bin": [7, 7, 7, 1]}
+    pixels = {
+        name: np.random.default_rng(13).integers(0, 256, (len(f), 3, 32, 32), dtype=np.uint8)
+        for name, f in fine.items()
+    }
+    members = {
+        f"cifar-100-binary/{name}": np.concatenate(
+            [np.stack([np.zeros(len(f), np.uint8), np.array(f, np.uint8)], axis=1), pixels[name].reshape(len(f), -1)],
+            axis=1,
+        ).tobytes()
+        for name, f in fine.items()
+    }
+    _write_members(tmp_path / "cifar-100-binary.tar.gz", members, as_tar=True)
+    train_x, train_y, test_x, test_y, _ = load_cifar_pixels(tmp_path, 100, limit_per_class=2)
+    # by hand: class 3 keeps rows 0 and 2, class 5 rows 1 and 4, class 7 row 5; file order is kept
+    assert train_y.tolist() == [3, 5, 3, 5, 7] and test_y.tolist() == [7, 7, 1]
+    np.testing.assert_array_equal(train_x.numpy(), pixels["train.bin"][[0, 1, 2, 4, 5]])
+    np.testing.assert_array_equal(test_x.numpy(), pixels["test.bin"][[0, 1, 3]])
+    assert load_cifar_pixels(tmp_path, 100, limit_per_class=4)[1].tolist() == fine["train.bin"]
+    with pytest.raises(ValueError, match="limit_per_class"):
+        load_cifar_pixels(tmp_path, 100, limit_per_class=0)
+
+
+def test_the_cifar_data_sets_take_data_limit_per_class(tmp_path):
+    _write_cifar10(np.random.default_rng(14), tmp_path, as_tar=False, n=12)
+    entry = lookup("cifar10")
+    train_x, train_y, test_x, test_y, _ = entry.load(entry.config_type(limit_per_class=1), 0, tmp_path)
+    assert sorted(train_y.tolist()) == sorted(set(train_y.tolist())) and len(train_x) == len(train_y)
+    assert sorted(test_y.tolist()) == sorted(set(test_y.tolist()))
+    assert "limit_per_class" in lookup("cifar100").own_keys
+
+
 def test_cifar_truncated_file_gives_expected_and_found_bytes(tmp_path):
     _write_cifar10(np.random.default_rng(12), tmp_path, as_tar=False)
     batch = tmp_path / "cifar-10-batches-bin" / "data_batch_3.bin"
@@ -438,19 +479,18 @@ def test_image_folder_corrupt_image_names_the_member(tmp_path):
 def test_image_folder_size_mismatch_names_the_file(tmp_path):
     members, _ = _image_folder_members(np.random.default_rng(25))
     members["c10/train/dog/0002.png"] = _encode(np.zeros((9, 9, 3), dtype=np.uint8), "PNG")
-    _write_members(tmp_path, members, as_tar=False)
-    with pytest.raises(DataFileError, match=r"dog/0002.png: image is 9x9 but the first image is 6x8"):
-        load_image_folder(tmp_path)
+    _assert_refused(tmp_path, members, load_image_folder, r"dog/0002.png: image is 9x9 but the first image is 6x8")
 
 
 def test_image_folder_missing_split_and_missing_path(tmp_path):
     members, _ = _image_folder_members(np.random.default_rng(26))
     members = {k: v for k, v in members.items() if "/test/" not in k}
-    _write_members(tmp_path, members, as_tar=False)
-    with pytest.raises(
-        DataFileError, match=r"no images in a 'test/<class>/<image>' folder \(found splits: \['train'\]"
-    ):
-        load_image_folder(tmp_path)
+    _assert_refused(
+        tmp_path,
+        members,
+        load_image_folder,
+        r"no images in a 'test/<class>/<image>' folder \(found splits: \['train'\]",
+    )
     with pytest.raises(DataFileError, match="does not exist"):
         load_image_folder(tmp_path / "nope.tar.gz")
 
@@ -458,9 +498,7 @@ def test_image_folder_missing_split_and_missing_path(tmp_path):
 def test_image_folder_test_class_absent_from_train(tmp_path):
     members, _ = _image_folder_members(np.random.default_rng(27))
     members["c10/test/zebra/0000.png"] = members["c10/test/dog/0000.png"]
-    _write_members(tmp_path, members, as_tar=False)
-    with pytest.raises(DataFileError, match="zebra"):
-        load_image_folder(tmp_path)
+    _assert_refused(tmp_path, members, load_image_folder, "zebra")
 
 
 def test_image_folder_two_prefixes_are_ambiguous(tmp_path):
@@ -475,18 +513,17 @@ def test_cifar10_image_folder_checks_ten_classes(tmp_path):
     rng = np.random.default_rng(29)
     members, _ = _image_folder_members(rng)
     members = {k: _encode(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8), "PNG") for k in members}
-    _write_members(tmp_path, members, as_tar=False)
-    with pytest.raises(DataFileError, match="expected CIFAR-10, 10 classes"):
-        load_cifar10_image_folder(tmp_path)
+    _assert_refused(tmp_path, members, load_cifar10_image_folder, "expected CIFAR-10, 10 classes")
 
 
 def test_cifar10_image_folder_checks_the_size_from_the_header_before_decoding(tmp_path):
     members, _ = _image_folder_members(np.random.default_rng(29))  # 6x8 images
-    _write_members(tmp_path, members, as_tar=False)
-    with pytest.raises(
-        DataFileError, match=r"c10/train/airplane/0000.png: image is 6x8 but the data set's images are 32x32"
-    ):
-        load_cifar10_image_folder(tmp_path)
+    _assert_refused(
+        tmp_path,
+        members,
+        load_cifar10_image_folder,
+        r"c10/train/airplane/0000.png: image is 6x8 but the data set's images are 32x32",
+    )
 
 
 def test_cifar10_image_folder_normalises_with_cifar10_statistics(tmp_path):
@@ -512,18 +549,6 @@ def test_real_cifar10_jpeg_tarball_subset():
 
 
 # --- integrity and bounds ----------------------------------------------------------
-
-
-def _png_with_header(width: int, height: int) -> bytes:
-    """A PNG whose header declares ``width`` x ``height`` (the pixel data is a stub: only the header is read)."""
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-
-    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return (
-        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\x00" * 64)) + chunk(b"IEND", b"")
-    )
 
 
 def _cifar_jpeg_members(rng, per_class=(2, 1)) -> dict:
@@ -571,7 +596,7 @@ def test_cifar_binary_bit_flip_in_the_tarball_is_corrupt(tmp_path):
 
 def test_huge_png_header_is_refused_before_decoding(tmp_path):
     members, _ = _image_folder_members(np.random.default_rng(43))
-    members["c10/train/cat/0000.png"] = _png_with_header(20_000, 20_000)
+    members["c10/train/cat/0000.png"] = png_with_header(20_000, 20_000)
     _write_members(tmp_path / "bomb.tar.gz", members, as_tar=True)
     with pytest.raises(
         DataFileError, match=r"bomb\.tar\.gz:c10/train/cat/0000\.png: the image header declares a huge image"
@@ -579,23 +604,25 @@ def test_huge_png_header_is_refused_before_decoding(tmp_path):
         load_image_folder(tmp_path / "bomb.tar.gz")
     # Below Pillow's own limit but above driftlab's: refused from the header too.
     members["c10/train/cat/0000.png"] = members["c10/train/cat/0001.png"]
-    members["c10/train/airplane/0000.png"] = _png_with_header(5_000, 5_000)  # the first image decoded
-    _write_members(tmp_path, members, as_tar=False)
-    with pytest.raises(
-        DataFileError, match=r"airplane/0000\.png: image is 5000x5000, more than the 16,777,216 pixels allowed"
-    ):
-        load_image_folder(tmp_path)
+    members["c10/train/airplane/0000.png"] = png_with_header(5_000, 5_000)  # the first image decoded
+    _assert_refused(
+        tmp_path,
+        members,
+        load_image_folder,
+        r"airplane/0000\.png: image is 5000x5000, more than the 16,777,216 pixels allowed",
+    )
 
 
 def test_cifar_folder_refuses_a_big_image_from_its_header(tmp_path):
     rng = np.random.default_rng(44)
     members = _cifar_jpeg_members(rng)
-    members["c10/test/cat/0000.jpg"] = _png_with_header(5_000, 5_000)
-    _write_members(tmp_path, members, as_tar=False)
-    with pytest.raises(
-        DataFileError, match=r"c10/test/cat/0000\.jpg: image is 5000x5000 but the data set's images are 32x32"
-    ):
-        load_cifar10_image_folder(tmp_path)
+    members["c10/test/cat/0000.jpg"] = png_with_header(5_000, 5_000)
+    _assert_refused(
+        tmp_path,
+        members,
+        load_cifar10_image_folder,
+        r"c10/test/cat/0000\.jpg: image is 5000x5000 but the data set's images are 32x32",
+    )
 
 
 @pytest.mark.parametrize("damage", ["truncated", "garbage", "empty"])
@@ -625,11 +652,12 @@ def test_cifar_folder_limits_bound_each_image_file(tmp_path):
         DataFileError, match=r"member c10/train/ship/0000\.jpg is [\d,]+ bytes, more than the 1,048,576 allowed"
     ):
         load_cifar10_image_folder(tmp_path / "c.tar.gz")
-    _write_members(tmp_path, members, as_tar=False)
-    with pytest.raises(
-        DataFileError, match=r"ship/0000\.jpg is [\d,]+ bytes, more than the 1,048,576 allowed for an image"
-    ):
-        load_cifar10_image_folder(tmp_path)
+    _assert_refused(
+        tmp_path,
+        members,
+        load_cifar10_image_folder,
+        r"ship/0000\.jpg is [\d,]+ bytes, more than the 1,048,576 allowed for an image",
+    )
 
 
 def test_emnist_zip_with_a_bad_member_crc_is_corrupt(tmp_path):

@@ -71,7 +71,8 @@ except ImportError:  # pragma: no cover - depends on the environment
     _json_loads = json.loads
 
 from driftlab.data.archive import ArchiveLimits, compression, iter_tar_members, read_capped
-from driftlab.data.federated import DataFileError, FederatedDataset
+from driftlab.data.federated import DataFileError, FederatedDataset, contiguous_ranges
+from driftlab.data.partition import kept_clients
 
 __all__ = [
     "LEAF_ALL_LETTERS",
@@ -214,7 +215,11 @@ def load_leaf_shakespeare(path: str | os.PathLike, *, max_clients: int | None = 
 
 
 def load_leaf_sent140(
-    path: str | os.PathLike, *, vocabulary_size: int = 10_000, max_clients: int | None = None
+    path: str | os.PathLike,
+    *,
+    vocabulary_size: int = 10_000,
+    max_clients: int | None = None,
+    client_rng: np.random.Generator | None = None,
 ) -> FederatedDataset:
     """LEAF Sent140 as a :class:`FederatedDataset`, one client per Twitter user.
 
@@ -232,7 +237,9 @@ def load_leaf_sent140(
     Args:
         path: a directory or archive with LEAF's train/ and test/ shards.
         vocabulary_size: embedding rows including PAD and UNK, at least 3.
-        max_clients: keep only the first this many users (train order).
+        max_clients: keep only the first this many users (train order), or with ``client_rng`` this many drawn
+            at random (:func:`driftlab.data.partition.kept_clients`), kept in train order.
+        client_rng: draws the kept users; None keeps the first.
 
     Returns:
         int64 inputs ``[N, 25]``, int64 targets in {0, 1}, 2 classes, per-user
@@ -257,7 +264,7 @@ def load_leaf_sent140(
         return tokens, _integer_labels(ys, 2, where)
 
     train, test = read_leaf_shards(path)
-    users, train_by_user, test_by_user, test_only = _select_users(train, test, max_clients)
+    users, train_by_user, test_by_user, test_only = _select_users(train, test, max_clients, client_rng)
     train_parts = [convert(*train_by_user[u]) for u in users]
     counts = collections.Counter(token for tokens, _ in train_parts for tweet in tokens for token in tweet)
     vocabulary = {token: i + 2 for i, (token, _) in enumerate(counts.most_common(vocabulary_size - 2))}
@@ -377,9 +384,9 @@ def _load_leaf(
 
 
 def _select_users(
-    train: list[Shard], test: list[Shard], max_clients: int | None
+    train: list[Shard], test: list[Shard], max_clients: int | None, rng: np.random.Generator | None = None
 ) -> tuple[list[str], dict[str, tuple], dict[str, tuple], list[str]]:
-    """Kept train users (in order), their (x, y, where) per split, and test-only users."""
+    """Kept train users (in order: ``kept_clients``), their (x, y, where) per split, and test-only users."""
     if max_clients is not None and max_clients < 1:
         raise ValueError(f"max_clients must be at least 1 or None, got {max_clients}")
     train_by_user = _by_user(train, "train")
@@ -389,7 +396,7 @@ def _select_users(
         raise DataFileError(
             f"{train[0][0]} and the other train shards hold no samples; expected at least one user with data"
         )
-    kept = users if max_clients is None else users[:max_clients]
+    kept = [users[i] for i in kept_clients(len(users), max_clients, rng)]
     test_only = [u for u in test_by_user if u not in train_by_user]
     return kept, train_by_user, test_by_user, test_only
 
@@ -428,22 +435,17 @@ def _assemble(
     test_x = np.concatenate([x for x, _ in test_parts])
     test_y = np.concatenate([y for _, y in test_parts])
     test_sizes = np.array([len(y) for _, y in client_tests], dtype=np.int64)
-    client_test_indices = _ranges(test_sizes) if test_sizes.sum() > 0 else None
+    client_test_indices = contiguous_ranges(test_sizes) if test_sizes.sum() > 0 else None
     return FederatedDataset(
         name=name,
         train_inputs=torch.from_numpy(train_x),
         train_targets=torch.from_numpy(train_y),
         test_inputs=torch.from_numpy(test_x),
         test_targets=torch.from_numpy(test_y),
-        client_indices=_ranges(np.array([len(y) for _, y in train_arrays], dtype=np.int64)),
+        client_indices=contiguous_ranges(np.array([len(y) for _, y in train_arrays], dtype=np.int64)),
         num_classes=num_classes,
         client_test_indices=client_test_indices,
     )
-
-
-def _ranges(sizes: np.ndarray) -> tuple[np.ndarray, ...]:
-    starts = np.r_[0, np.cumsum(sizes)[:-1]]
-    return tuple(np.arange(start, start + size, dtype=np.int64) for start, size in zip(starts, sizes, strict=True))
 
 
 def _integer_labels(ys: list, num_classes: int, where: str) -> np.ndarray:

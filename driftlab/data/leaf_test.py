@@ -21,7 +21,10 @@ from driftlab.data.leaf import (
     load_leaf_shakespeare,
     sent140_tokens,
 )
+from driftlab.data.partition import kept_clients
+from driftlab.data.registry import lookup
 from driftlab.experiments.run.real_data import needs_real_data, real_data_path
+from driftlab.randomness import Stream, generator
 
 REAL_FEMNIST = real_data_path("femnist")  # where the library finds it, or None
 
@@ -128,6 +131,26 @@ def test_sent140_tokens_vocabulary_from_train_and_padding(tmp_path):
     assert ds.train_inputs[1, :3].tolist() == [1, 3, 0]
     assert ds.test_inputs[0, :3].tolist() == [3, 1, 2] and int(ds.test_inputs[0, -1]) == 2  # truncated at 25
     assert ds.train_targets.tolist() == [1, 0, 1] and ds.num_classes == 2
+
+
+def test_sent140_max_clients_keeps_the_first_users_or_a_seeded_random_choice(tmp_path):
+    # user i has i + 1 tweets, so a client's size names its user
+    users = {f"u{i}": ([["1", "Mon", "NO_QUERY", f"u{i}", "good day"]] * (i + 1), [1] * (i + 1)) for i in range(6)}
+    root = _write_tree(tmp_path, [_shard(users)], [_shard({})])
+    entry = lookup("sent140")
+    assert entry.config_type(client_choice="first") == entry.config_type()  # the default stored as unset
+    first = entry.load(entry.config_type(max_clients=3, client_choice="first"), 5, root)
+    assert first.client_sizes.tolist() == [1, 2, 3]
+    chosen = entry.load(entry.config_type(max_clients=3, client_choice="random"), 5, root)
+    expected = kept_clients(6, 3, generator(5, Stream.CLIENT_SUBSET))  # the data seed's draw, kept in file order
+    assert chosen.client_sizes.tolist() == [int(i) + 1 for i in expected]
+    seen = {
+        tuple(entry.load(entry.config_type(max_clients=3, client_choice="random"), s, root).client_sizes.tolist())
+        for s in range(12)
+    }
+    assert len(seen) > 3 and {size for sizes in seen for size in sizes} == set(range(1, 7))
+    with pytest.raises(ValueError, match="data.max_clients is unset"):
+        entry.config_type(client_choice="random")
 
 
 @pytest.mark.parametrize(

@@ -37,15 +37,18 @@ Sources:
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 
 __all__ = [
     "balanced_quotas",
     "classes_per_client_partition",
+    "deal_test_like_training",
     "dirichlet_classwise_partition",
     "dirichlet_client_prior_partition",
     "iid_partition",
+    "kept_clients",
     "lognormal_quotas",
     "natural_client_groups",
     "natural_partition",
@@ -478,6 +481,21 @@ def power_law_partition(
     return _group_by_client(np.concatenate(owners), np.concatenate(samples), num_clients)
 
 
+def kept_clients(count: int, max_clients: int | None, rng: np.random.Generator | None = None) -> np.ndarray:
+    """The positions, in increasing order, of the clients ``data.max_clients`` keeps out of ``count``.
+
+    ``rng`` None keeps the first ``max_clients``; a generator draws ``max_clients`` of them uniformly without
+    replacement (``rng.choice``).  Every client is kept when ``max_clients`` is None or at least ``count``.
+    """
+    if max_clients is not None and max_clients < 1:
+        raise ValueError(f"max_clients must be at least 1 or None, got {max_clients}")
+    if max_clients is None or max_clients >= count:
+        return np.arange(count, dtype=np.int64)
+    if rng is None:
+        return np.arange(max_clients, dtype=np.int64)
+    return np.sort(rng.choice(count, size=max_clients, replace=False)).astype(np.int64)
+
+
 def natural_partition(group_ids: np.ndarray, order: str = "first") -> tuple[np.ndarray, ...]:
     """One client per distinct group id: FEMNIST's writer, Shakespeare's speaking role, Sent140's user.
 
@@ -543,6 +561,48 @@ def split_client_test(
         train.append(np.sort(ordered[: n - num_test]))
         test.append(np.sort(ordered[n - num_test :]))
     return tuple(train), tuple(test)
+
+
+def deal_test_like_training(
+    client_train_labels: Sequence[np.ndarray], test_labels: np.ndarray, rng: np.random.Generator
+) -> tuple[np.ndarray, ...]:
+    """Deal test rows to clients so that each client's test labels follow its training labels.
+
+    When clients that came with their own test rows are dealt out again (FEMNIST or Shakespeare made IID), their
+    test rows are dealt too, instead of holding out a second share of the new clients' training rows.  The ``t_c``
+    test rows of class ``c`` go to the clients in proportion to their training rows of ``c``: client k holding
+    ``n_kc`` of the ``n_c`` gets ``⌊t_c n_kc / n_c⌋``, and the rows left go one each to the largest remainders
+    ``t_c n_kc mod n_c`` (ties to the lower client); which rows a client gets is a random permutation of the class's
+    rows.  Test rows of a class no client trains on go to no client.
+
+    Args:
+        client_train_labels: each client's training labels (integers).
+        test_labels: the label of every test row.
+        rng: draws the permutation of each class's test rows, class by class in increasing label order.
+
+    Returns:
+        One sorted int64 array of test-row positions per client (possibly empty).
+    """
+    test_labels = np.asarray(test_labels)
+    num_clients = len(client_train_labels)
+    classes = np.unique(test_labels)
+    counts = np.stack(
+        [
+            np.bincount(np.searchsorted(classes, labels[np.isin(labels, classes)]), minlength=len(classes))
+            for labels in map(np.asarray, client_train_labels)
+        ]
+    ).astype(np.int64)  # [clients, classes]: training rows of each class of the test rows
+    owners = np.full(len(test_labels), -1, dtype=np.int64)
+    for column, label in enumerate(classes):
+        rows = np.flatnonzero(test_labels == label)
+        total = counts[:, column].sum()
+        if total == 0:
+            continue
+        share, remainder = np.divmod(len(rows) * counts[:, column], total)
+        share[np.argsort(-remainder, kind="stable")[: len(rows) - share.sum()]] += 1
+        owners[rng.permutation(rows)] = np.repeat(np.arange(num_clients), share)
+    dealt = np.flatnonzero(owners >= 0)
+    return _group_by_client(owners[dealt], dealt, num_clients)
 
 
 def _group_by_client(owners: np.ndarray, samples: np.ndarray, num_clients: int) -> tuple[np.ndarray, ...]:

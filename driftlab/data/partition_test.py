@@ -8,9 +8,11 @@ from driftlab.data.partition import (
     _raise_empty_clients,
     balanced_quotas,
     classes_per_client_partition,
+    deal_test_like_training,
     dirichlet_classwise_partition,
     dirichlet_client_prior_partition,
     iid_partition,
+    kept_clients,
     lognormal_quotas,
     natural_client_groups,
     natural_partition,
@@ -575,3 +577,26 @@ def test_split_client_test_errors(clients, fraction, rng, message):
 def test_every_partition_is_deterministic_and_seed_dependent(partition, seed):
     first, again, other = (partition(np.random.default_rng(s)) for s in (seed, seed, seed + 1))
     assert _same(first, again) and not _same(first, other)
+
+
+def test_max_clients_keeps_the_first_or_a_seeded_draw():
+    assert kept_clients(5, 2).tolist() == [0, 1] and kept_clients(5, None).tolist() == [0, 1, 2, 3, 4]
+    assert kept_clients(3, 9, np.random.default_rng(0)).tolist() == [0, 1, 2]  # all kept: nothing drawn
+    drawn = kept_clients(5, 2, np.random.default_rng(7))
+    assert drawn.tolist() == sorted(np.random.default_rng(7).choice(5, 2, replace=False).tolist())
+    assert set().union(*(kept_clients(5, 2, np.random.default_rng(s)).tolist() for s in range(20))) == set(range(5))
+    with pytest.raises(ValueError, match="max_clients"):
+        kept_clients(5, 0)
+
+
+def test_test_rows_follow_each_clients_training_labels():
+    train = [np.array([0, 0, 0, 1]), np.array([0, 1, 1, 1]), np.array([2])]
+    test_labels = np.array([0, 0, 0, 0, 1, 1, 2, 3])
+    dealt = deal_test_like_training(train, test_labels, np.random.default_rng(0))
+    # by hand: class 0's four rows split 3:1 like the training rows; class 1's two rows 1:1 (exact shares 0.5 and
+    # 1.5: one each from the floors, the one left to the tie's lower client); class 2's row to client 2; class 3,
+    # which no client trains on, to nobody
+    assert [sorted(test_labels[rows].tolist()) for rows in dealt] == [[0, 0, 0, 1], [0, 1], [2]]
+    assert sorted(np.concatenate(dealt).tolist()) == list(range(7))
+    again = deal_test_like_training(train, test_labels, np.random.default_rng(0))
+    assert all(np.array_equal(a, b) for a, b in zip(dealt, again, strict=True))

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
 from driftlab.data.download import RemoteFile
 from driftlab.errors import ConfigError
@@ -38,6 +38,16 @@ from driftlab.plugins import Registry, check_entry_name
 ENTRY_POINT_GROUP = "driftlab.datasets"
 DEFAULT_DATA_SET = "synthetic"  # the data set of a config that names none
 PARTITIONS = ("natural", "iid", "dirichlet", "dirichlet_classwise", "classes_per_client", "power_law")
+
+
+def default_is_unset(key: str, default: Any) -> Any:
+    """A validator of ``key`` that stores its ``default`` as None: the same run (and fingerprint) as leaving the key
+    out, for a key added after runs without it were written (``None`` values are left out of ``to_dict``)."""
+
+    def unset(_cls: type, value: Any) -> Any:
+        return None if value == default else value
+
+    return field_validator(key)(classmethod(unset))
 
 
 class DataSection(BaseModel):
@@ -93,11 +103,7 @@ class DataSection(BaseModel):
         "them apart from the test metrics (unset: no validation split, every run as before)",
     )
 
-    @field_validator("validation_fraction")
-    @classmethod
-    def _zero_is_unset(cls, fraction: float | None) -> float | None:
-        # 0 holds nothing out: the same run (and fingerprint) as leaving the key out.
-        return None if fraction == 0 else fraction
+    _zero_is_unset = default_is_unset("validation_fraction", 0)  # 0 holds nothing out
 
     augment: bool = Field(
         False,
@@ -108,6 +114,12 @@ class DataSection(BaseModel):
     seed: int | None = Field(
         None, ge=0, description="seed of generation and partitioning; default: the experiment seed"
     )
+
+
+def named_section(class_name: str, name: str, module: str, base: type[DataSection] = DataSection) -> type:
+    """The config type of a data set with no keys beyond ``base``'s: ``base`` with ``name: Literal[name] = name``,
+    the class ``class_name`` of ``module`` (where pickle finds it)."""
+    return create_model(class_name, __base__=base, __module__=module, name=(Literal[name], name))
 
 
 @dataclass(frozen=True)
@@ -146,6 +158,9 @@ class DataSetEntry:
     bound the memory check multiplies by ``data.num_clients`` before anything is built (None: an index
     array per client when pooled data is split, nothing for clients of its own).
     ``vocabulary(section)``: the token vocabulary sequence models embed (None: not sequence data).
+    ``tests_from_fraction``: its loader holds out ``data.client_test_fraction`` of every client itself (Shakespeare,
+    whose 80-window gap keeps a client's test text out of its training windows); dealt out again by another
+    ``data.partition``, the new clients get those test rows rather than a second share of their training rows.
     """
 
     name: str
@@ -158,6 +173,7 @@ class DataSetEntry:
     download: Download | None = None
     size_estimate: Callable[[Any], int] | None = None
     vocabulary: Callable[[Any], int] | None = None
+    tests_from_fraction: bool = False
 
     def __post_init__(self) -> None:
         check_entry_name("data set", self.name)

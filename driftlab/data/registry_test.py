@@ -90,7 +90,7 @@ def test_built_in_entries_hold_what_the_loaders_the_download_command_and_the_mem
     assert entries["quadratic"].size_estimate(QuadraticData(quadratic_dimension=3)) == 24_000
     assert vocabulary_size(load_config(None, ["data.name=sent140", "data.vocabulary_size=77"]).data) == 77
     assert vocabulary_size(load_config(None, ["data.name=shakespeare_leaf"]).data) == 80
-    assert entries["sent140"].own_keys == ["max_clients", "vocabulary_size"]
+    assert entries["sent140"].own_keys == ["max_clients", "client_choice", "vocabulary_size"]
     with pytest.raises(ValueError, match="'mnist' is a built-in data set"):
         registry.register(DataSetEntry("mnist", entries["mnist"].config_type, lambda section, seed, path: None, "mine"))
     assert registry.register(entries["mnist"]) is entries["mnist"]  # the same entry again (a module imported twice)

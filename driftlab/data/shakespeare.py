@@ -65,7 +65,7 @@ import numpy as np
 import torch
 
 from driftlab.data.archive import read_decompressed
-from driftlab.data.federated import DataFileError, FederatedDataset
+from driftlab.data.federated import DataFileError, FederatedDataset, contiguous_ranges
 from driftlab.data.leaf import LEAF_ALL_LETTERS, SHAKESPEARE_SEQUENCE_LENGTH, encode_characters
 
 __all__ = ["MAX_TEXT_BYTES", "ShakespeareRole", "load_shakespeare_text", "read_shakespeare_roles"]
@@ -258,9 +258,9 @@ def load_shakespeare_text(
         train_targets=train_y,
         test_inputs=test_x,
         test_targets=test_y,
-        client_indices=_ranges([len(s) for s in train_starts]),
+        client_indices=contiguous_ranges([len(s) for s in train_starts]),
         num_classes=len(LEAF_ALL_LETTERS),
-        client_test_indices=_ranges([len(s) for s in test_starts]) if test_fraction > 0 else None,
+        client_test_indices=contiguous_ranges([len(s) for s in test_starts]) if test_fraction > 0 else None,
     )
 
 
@@ -280,11 +280,6 @@ def _split_count(n: int, test_fraction: float) -> int:
 def _train_count(role: ShakespeareRole, samples_per_client: int | None, gap: int, test_fraction: float) -> int:
     n = samples_per_client if samples_per_client is not None else role.windows - gap
     return _split_count(n, test_fraction) if n > 0 else 0
-
-
-def _ranges(sizes: list[int]) -> tuple[np.ndarray, ...]:
-    starts = np.r_[0, np.cumsum(sizes)[:-1]].astype(np.int64)
-    return tuple(np.arange(start, start + size, dtype=np.int64) for start, size in zip(starts, sizes, strict=True))
 
 
 def _read_text(path: Path) -> str:

@@ -64,7 +64,8 @@ import numpy as np
 import torch
 
 from driftlab.data.archive import corrupt_file_error
-from driftlab.data.federated import DataFileError, FederatedDataset
+from driftlab.data.federated import DataFileError, FederatedDataset, contiguous_ranges
+from driftlab.data.partition import kept_clients
 
 __all__ = ["MultiLabelFederatedData", "load_stackoverflow", "parse_tf_example"]
 
@@ -113,6 +114,7 @@ def load_stackoverflow(
     max_samples_per_client: int | None = None,
     include_title: bool = True,
     test_split: str = "test",
+    client_rng: np.random.Generator | None = None,
 ) -> MultiLabelFederatedData:
     """StackOverflow tag prediction as :class:`MultiLabelFederatedData`, one client per user.
 
@@ -122,11 +124,13 @@ def load_stackoverflow(
         vocabulary_size: input columns, the most frequent train words.
         tag_count: target columns, the most frequent train tags.
         max_clients: keep the first this many train clients (sorted by id,
-            the order of both layouts).
+            the order of both layouts), or with ``client_rng`` this many drawn at
+            random (:func:`driftlab.data.partition.kept_clients`), kept in id order.
         max_samples_per_client: keep each client's first this many examples,
             in train and in test.
         include_title: add the title's words to the tokens (TFF does).
         test_split: ``"test"`` or ``"heldout"``.
+        client_rng: draws the kept clients; None keeps the first.
 
     Returns:
         Clients are the kept train clients; a client's test split is its
@@ -164,8 +168,7 @@ def load_stackoverflow(
         )
     with reader:
         clients = reader.client_ids("train")
-        if max_clients is not None:
-            clients = clients[:max_clients]
+        clients = [clients[i] for i in kept_clients(len(clients), max_clients, client_rng)]
         train = {c: reader.examples("train", c, max_samples_per_client) for c in clients}
         train = {c: examples for c, examples in train.items() if examples}
         if not train:
@@ -207,8 +210,8 @@ def load_stackoverflow(
         train_targets=torch.from_numpy(np.concatenate([y for _, y in train_parts])),
         test_inputs=torch.from_numpy(np.concatenate([x for x, _ in test_parts])),
         test_targets=torch.from_numpy(np.concatenate([y for _, y in test_parts])),
-        client_indices=_ranges([len(y) for _, y in train_parts]),
-        client_test_indices=_ranges([len(y) for _, y in test_parts]) if has_test else None,
+        client_indices=contiguous_ranges([len(y) for _, y in train_parts]),
+        client_test_indices=contiguous_ranges([len(y) for _, y in test_parts]) if has_test else None,
         num_classes=len(labels),
         multi_label=True,
         vocabulary=vocabulary,
@@ -437,8 +440,3 @@ class _SqliteReader:
             ) from error
         except sqlite3.DatabaseError as error:  # SQLITE_CORRUPT, SQLITE_NOTADB: damage, not a schema mismatch
             raise corrupt_file_error(self._path, error) from error
-
-
-def _ranges(sizes: list[int]) -> tuple[np.ndarray, ...]:
-    starts = np.r_[0, np.cumsum(sizes)[:-1]].astype(np.int64)
-    return tuple(np.arange(start, start + size, dtype=np.int64) for start, size in zip(starts, sizes, strict=True))

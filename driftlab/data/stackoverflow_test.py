@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from driftlab.data.federated import DataFileError
+from driftlab.data.partition import kept_clients
 from driftlab.data.stackoverflow import load_stackoverflow, parse_tf_example
 
 # client -> list of (tokens, title, tags)
@@ -98,6 +99,12 @@ def test_sqlite_layout(tmp_path):
         tmp_path / "stackoverflow.sqlite", vocabulary_size=2, tag_count=1, max_clients=1, max_samples_per_client=1
     )
     assert small.input_shape == (2,) and small.client_sizes.tolist() == [1] and small.labels == ("python",)
+    # the three train clients (sorted by id) hold 2, 1 and 1 examples: a random pair keeps its draw's, in id order
+    for seed in range(4):
+        picked = load_stackoverflow(
+            tmp_path / "stackoverflow.sqlite", max_clients=2, client_rng=np.random.default_rng(seed)
+        ).client_sizes.tolist()
+        assert picked == [[2, 1, 1][i] for i in kept_clients(3, 2, np.random.default_rng(seed))]
 
 
 def test_h5_layout(tmp_path):

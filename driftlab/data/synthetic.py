@@ -29,7 +29,7 @@ import math
 import numpy as np
 import torch
 
-from driftlab.data.federated import FederatedDataset
+from driftlab.data.federated import FederatedDataset, contiguous_ranges
 
 __all__ = ["synthetic_federated"]
 
@@ -203,14 +203,6 @@ def _split_per_device(
         num_classes=num_classes,
         client_test_indices=contiguous_ranges(test_sizes),
     )
-
-
-def contiguous_ranges(sizes: np.ndarray) -> tuple[np.ndarray, ...]:
-    """Consecutive index blocks of the given sizes: sizes (2, 3) -> ([0, 1], [2, 3, 4]).
-
-    Generated data sets store each client's rows together, so a client's indices are one block."""
-    starts = np.r_[0, np.cumsum(sizes)[:-1]]
-    return tuple(np.arange(start, start + size, dtype=np.int64) for start, size in zip(starts, sizes, strict=True))
 
 
 def _check_arguments(

@@ -55,8 +55,7 @@ import math
 import numpy as np
 import torch
 
-from driftlab.data.federated import FederatedDataset
-from driftlab.data.synthetic import contiguous_ranges
+from driftlab.data.federated import FederatedDataset, contiguous_ranges
 
 __all__ = ["FEDDYN_SYNTHETIC_KINDS", "feddyn_synthetic"]
 

@@ -55,12 +55,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
-from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file
 
 from driftlab.simulation.state.checkpoint import (
     CheckpointError,
     checkpoint_checksum,
+    read_tensors,
     save_tensors,
     state_from_tensors,
     state_to_tensors,
@@ -182,14 +181,9 @@ class NodeClientState:
     def _read(self, path: Path) -> tuple[dict[str, torch.Tensor], int]:
         """The tensors and round of a state file, after every check of the module docstring."""
         fix = f"delete {path} to start client {self.client_id} from its initial state, or point the node at another state directory"
-        try:
-            tensors = load_file(str(path))
-            with safe_open(str(path), framework="pt") as handle:
-                metadata = handle.metadata() or {}
-        except (SafetensorError, OSError, ValueError) as error:
-            raise CheckpointError(
-                f"client state file {path} is unreadable, corrupt or truncated ({error}); {fix}"
-            ) from None
+        tensors, metadata = read_tensors(
+            path, lambda error: f"client state file {path} is unreadable, corrupt or truncated ({error}); {fix}"
+        )
         if metadata.get("format_version") != NODE_STATE_FORMAT:
             raise CheckpointError(
                 f"{path} is not a driftlab node state file (format {metadata.get('format_version')!r}); {fix}"

@@ -41,38 +41,34 @@ from driftlab.executors.registry import (
 )
 from driftlab.executors.tasks import Events, RunTask, TaskResult
 
-register(
-    ExecutorEntry(
+# name, module (its execute, check, CLI_OPTIONS and, where it has one, layout), options type, description
+_BUILT_INS = (
+    (
         "local",
+        local,
         local.LocalOptions,
-        local.execute,
-        local.check,
-        local.CLI_OPTIONS,
-        description="worker processes on this machine, up to --jobs at once, GPU runs spread over --gpus",
-        layout=local.layout,
-    )
-)
-register(
-    ExecutorEntry(
-        "slurm",
-        slurm.SlurmOptions,
-        slurm.execute,
-        slurm.check,
-        slurm.CLI_OPTIONS,
-        description="one SLURM array job per sweep, one array task per run (submitit)",
-        layout=slurm.layout,
-    )
-)
-register(
-    ExecutorEntry(
+        "worker processes on this machine, up to --jobs at once, GPU runs spread over --gpus",
+    ),
+    ("slurm", slurm, slurm.SlurmOptions, "one SLURM array job per sweep, one array task per run (submitit)"),
+    (
         "ray",
+        ray_executor,
         ray_executor.RayOptions,
-        ray_executor.execute,
-        ray_executor.check,
-        ray_executor.CLI_OPTIONS,
-        description="one Ray task per run on a running cluster (or a local Ray started for the sweep)",
-    )
+        "one Ray task per run on a running cluster (or a local Ray started for the sweep)",
+    ),
 )
+for _name, _module, _options, _description in _BUILT_INS:
+    register(
+        ExecutorEntry(
+            _name,
+            _options,
+            _module.execute,
+            _module.check,
+            _module.CLI_OPTIONS,
+            description=_description,
+            layout=getattr(_module, "layout", None),
+        )
+    )
 registry.REGISTRY.finish_built_ins()
 
 EXECUTORS: tuple[str, ...] = tuple(registry.REGISTRY.built_in)  # the built-in executors' names

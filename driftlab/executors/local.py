@@ -26,22 +26,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from driftlab.errors import ConfigError
-from driftlab.executors import processes
-from driftlab.executors.gpus import (
-    VISIBLE_VARIABLE,
-    check_gpus,
-    gpu_environment,
-    gpu_request,
-    gpu_shares,
-    gpu_slots,
-    next_to_start,
-    parse_gpus,
-    place,
-    recorded_gpus,
-    renumbered,
-    sweep_gpus,
-    visible_gpus,
-)
+from driftlab.executors import gpus, processes
 from driftlab.executors.registry import CliOption, Layout
 from driftlab.executors.tasks import NO_EVENTS, Events, RunTask, TaskResult
 from driftlab.run_files import read_run_info
@@ -74,7 +59,7 @@ def check(options: LocalOptions, visible: Callable[[], tuple[str, ...]] | None =
     """
     if options.jobs is not None and options.jobs < 1:
         raise ConfigError(f"--jobs must be at least 1, got {options.jobs}")
-    check_gpus(options.gpus, visible or visible_gpus)
+    gpus.check_gpus(options.gpus, visible or gpus.visible_gpus)
 
 
 def available_cores() -> int:
@@ -113,31 +98,31 @@ def placed_tasks(
 
     ``visible``: the GPUs this process sees (default ``gpus.visible_gpus``), asked only when a run can use a GPU.
     """
-    requests = [gpu_request(task.config) for task in tasks]
+    requests = [gpus.gpu_request(task.config) for task in tasks]
     if not any(request.count for request in requests):
         return [Placed(task, {}) for task in tasks]  # a CPU sweep: no torch, no CUDA asked
-    seen = (visible or visible_gpus)()
-    gpus = sweep_gpus(options.gpus, seen)
-    given_none = parse_gpus(options.gpus) == ()
+    seen = (visible or gpus.visible_gpus)()
+    usable = gpus.sweep_gpus(options.gpus, seen)
+    given_none = gpus.parse_gpus(options.gpus) == ()
     why = "--gpus none gives the sweep no GPU" if given_none else "this machine shows no GPU torch can use"
-    recorded = [recorded_gpus(read_run_info(task.run_dir), seen) for task in tasks]
-    placements = place(requests, gpus, recorded, [task.label or task.key for task in tasks], why)
-    shares = gpu_shares(placements, jobs)
+    recorded = [gpus.recorded_gpus(read_run_info(task.run_dir), seen) for task in tasks]
+    placements = gpus.place(requests, usable, recorded, [task.label or task.key for task in tasks], why)
+    shares = gpus.gpu_shares(placements, jobs)
     placed = []
     for task, request, placement in zip(tasks, requests, placements, strict=True):
-        environment = gpu_environment(placement, request, seen, shares)
+        environment = gpus.gpu_environment(placement, request, seen, shares)
         if not placement:
             placed.append(Placed(task, environment))
             continue
-        record = {"gpus": list(placement), "cuda_visible_devices": environment[VISIBLE_VARIABLE]}
-        placed.append(Placed(replace(task, config=renumbered(task.config, len(placement))), environment, record))
+        record = {"gpus": list(placement), "cuda_visible_devices": environment[gpus.VISIBLE_VARIABLE]}
+        placed.append(Placed(replace(task, config=gpus.renumbered(task.config, len(placement))), environment, record))
     return placed
 
 
 def execute(tasks: list[RunTask], options: LocalOptions, events: Events = NO_EVENTS) -> list[TaskResult]:
     jobs = parallel_jobs(options, len(tasks))
     placed = {item.task.key: item for item in placed_tasks(tasks, options, jobs)}
-    slots = gpu_slots([item.gpus for item in placed.values()], jobs)  # runs on one GPU at once
+    slots = gpus.gpu_slots([item.gpus for item in placed.values()], jobs)  # runs on one GPU at once
     busy: Counter[int] = Counter()  # runs going on each GPU
     results: list[TaskResult] = []
     active: dict[str, tuple[Any, RunTask, float]] = {}
@@ -154,7 +139,7 @@ def execute(tasks: list[RunTask], options: LocalOptions, events: Events = NO_EVE
     try:
         while queue or active:
             while queue and len(active) < jobs:
-                index = next_to_start([placed[t.key].gpus for t in queue], busy, slots)
+                index = gpus.next_to_start([placed[t.key].gpus for t in queue], busy, slots)
                 if index is None:
                     break  # each waiting run's GPU is full: one of them frees as a run ends
                 task = queue.pop(index)

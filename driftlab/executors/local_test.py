@@ -91,7 +91,7 @@ def started_workers(monkeypatch, tmp_path, devices, options, gpus_seen=2, record
         return FinishedProcess()
 
     monkeypatch.setattr(subprocess, "Popen", popen)
-    monkeypatch.setattr(local, "visible_gpus", fake_gpus(gpus_seen))
+    monkeypatch.setattr(local.gpus, "visible_gpus", fake_gpus(gpus_seen))
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.delenv(GPU_SHARE_VARIABLE, raising=False)
     tasks = [
@@ -173,7 +173,7 @@ def test_runs_of_unequal_lengths_never_put_more_than_their_share_on_one_gpu(tmp_
         return Process(name, env["CUDA_VISIBLE_DEVICES"])
 
     monkeypatch.setattr(subprocess, "Popen", popen)
-    monkeypatch.setattr(local, "visible_gpus", fake_gpus(2))
+    monkeypatch.setattr(local.gpus, "visible_gpus", fake_gpus(2))
     monkeypatch.setattr(local.time, "sleep", lambda seconds: None)
     monkeypatch.delenv(GPU_SHARE_VARIABLE, raising=False)
     tasks = [RunTask(name, tmp_path / name, {"device": "cuda"}, 1, entry=RUN_ENTRY) for name in lengths]
@@ -225,7 +225,7 @@ def test_a_sweep_whose_runs_its_gpus_cannot_hold_starts_none_and_says_what_to_ch
             r"^--gpus 2: this machine shows 2 GPU\(s\), numbered 0-1, so GPU 2 does not exist$",
         ),
     ):
-        monkeypatch.setattr(local, "visible_gpus", fake_gpus(seen))
+        monkeypatch.setattr(local.gpus, "visible_gpus", fake_gpus(seen))
         monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: pytest.fail("a worker was started"))
         tasks = [
             RunTask(key, tmp_path / key, {"device": device}, 1, label=key, entry=RUN_ENTRY)

@@ -231,29 +231,18 @@ def test_preemption_checkpoints_the_run_and_the_requeued_job_resumes_it(tmp_path
 @pytest.mark.slow
 def test_cli_sweep_through_slurm_local_then_status_shows_each_run_done_with_its_job(tmp_path):
     import subprocess
-    import sys
 
     from driftlab.executors.conftest import FOUR_RUNS
+    from driftlab.experiments.sweep.testing import FEDPROX_GRID, sweep_command
 
     out = tmp_path / "cli"
-    command = [
-        sys.executable,
-        "-m",
-        "driftlab.cli",
-        "sweep",
-        "synthetic-fedprox",
-        *FOUR_RUNS,
-        "--grid",
-        "algorithm.mu=[0, 1]",
-        "--seeds",
-        "0,1",
-    ]
+    command = sweep_command("synthetic-fedprox", *FOUR_RUNS, *FEDPROX_GRID)
     options = ["--executor", "slurm", "--slurm-local", "--threads", "1", "--no-report", "--out", str(out)]
     result = subprocess.run([*command, *options], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("  submit  ") == 4 and "sweep finished: 4 complete" in result.stdout
     status = subprocess.run(
-        [sys.executable, "-m", "driftlab.cli", "sweep", "--status", str(out)],
+        sweep_command("--status", str(out)),
         capture_output=True,
         text=True,
         timeout=120,
@@ -306,24 +295,13 @@ def _sigterm_pending(pid: int) -> bool:
 def test_a_sigkilled_slurm_local_sweep_stops_its_jobs_and_the_rerun_finishes_them_exactly(tmp_path, long_reference):
     # Before: the jobs ran on without the sweep, and the rerun printed "sweep finished: 1 running" with exit 0.
     import subprocess
-    import sys
 
     from driftlab.executors.conftest import LONG_RUN, long_spec, worker_pids
+    from driftlab.experiments.sweep.testing import sweep_command
 
     out = tmp_path / "long"  # a --grid sweep is named after its directory: the name of long_spec()
     run_dir = run_dirs(out, long_spec(), LONG_RUN)[0]
-    command = [
-        sys.executable,
-        "-m",
-        "driftlab.cli",
-        "sweep",
-        "synthetic-fedprox",
-        *LONG_RUN,
-        "--grid",
-        "algorithm.mu=[1]",
-        "--seeds",
-        "0",
-    ]
+    command = sweep_command("synthetic-fedprox", *LONG_RUN, "--grid", "algorithm.mu=[1]", "--seeds", "0")
     swept = subprocess.Popen(
         [*command, "--executor", "slurm", "--slurm-local", "--threads", "1", "--no-report", "--out", str(out)],
         stdout=subprocess.DEVNULL,

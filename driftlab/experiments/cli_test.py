@@ -22,6 +22,7 @@ import driftlab
 from driftlab import cli
 from driftlab.data.registry import DATA_SETS
 from driftlab.experiments.config import ExperimentConfig, load_config, preset_names
+from driftlab.experiments.sweep.testing import FEDPROX_GRID
 from driftlab.models.registry import MODELS
 from driftlab.optim.registry import REGISTRY as SERVER_REGISTRY
 
@@ -330,18 +331,8 @@ def test_a_diverging_run_exits_3_with_advice_and_keeps_its_checkpoint(tmp_path):
 @pytest.mark.slow
 def test_sweep_with_grid_runs_every_variant_then_reports(tmp_path):
     out = tmp_path / "sweep"
-    result = driftlab_cli(
-        "sweep",
-        "synthetic-fedprox",
-        *TINY,
-        "--grid",
-        "algorithm.mu=[0, 1]",
-        "--seeds",
-        "0,1",
-        "--out",
-        out,
-        process=True,
-    )
+    sweep = ["sweep", "synthetic-fedprox", *TINY, *FEDPROX_GRID, "--out", out]
+    result = driftlab_cli(*sweep, process=True)
     assert result.returncode == 0, result.stderr
     assert "sweep finished: 4 complete" in result.stdout
     runs = sorted(p.parent.relative_to(out).as_posix() for p in out.glob("runs/*/*/metrics.jsonl"))
@@ -354,18 +345,7 @@ def test_sweep_with_grid_runs_every_variant_then_reports(tmp_path):
     report = (out / "report" / "report.md").read_text()
     assert "| mu=0 | 2 |" in report and "| mu=1 | 2 |" in report  # one accuracy row per method, 2 seeds each
 
-    listed = driftlab_cli(
-        "sweep",
-        "synthetic-fedprox",
-        *TINY,
-        "--grid",
-        "algorithm.mu=[0, 1]",
-        "--seeds",
-        "0,1",
-        "--out",
-        out,
-        "--dry-run",
-    )
+    listed = driftlab_cli(*sweep, "--dry-run")
     assert listed.returncode == 0, listed.stderr
     assert [line.split()[0] for line in listed.stdout.splitlines()] == ["complete"] * 4
 

@@ -151,17 +151,15 @@ def test_data_describe_synthetic_prints_clients_and_samples_per_client():
     assert {"train_samples", "test_samples", "classes_for_80_percent_median"} <= values.keys()
 
 
+def _describe_mnist_files(folder: Path, *overrides: str, n_train: int = 40) -> tuple[Path, subprocess.CompletedProcess]:
+    """``driftlab data describe`` of PRESET on MNIST files of ``n_train`` and 20 test images written in ``folder``."""
+    root = write_mnist(folder / "mnist", n_train=n_train, n_test=20)
+    return root, driftlab_cli("data", "describe", PRESET, "data.name=mnist", f"data.root={root}", *overrides)
+
+
 def test_data_describe_a_dirichlet_partition_of_mnist_files(tmp_path):
-    root = write_mnist(tmp_path / "mnist", n_train=100, n_test=20)
-    result = driftlab_cli(
-        "data",
-        "describe",
-        PRESET,
-        "data.name=mnist",
-        f"data.root={root}",
-        "data.partition=dirichlet",
-        "data.dirichlet_alpha=0.1",
-        "data.num_clients=4",
+    root, result = _describe_mnist_files(
+        tmp_path, "data.partition=dirichlet", "data.dirichlet_alpha=0.1", "data.num_clients=4", n_train=100
     )
     assert result.returncode == 0, result.stderr
     assert f"files: {root}" in result.stdout
@@ -226,16 +224,7 @@ def test_data_describe_unknown_data_set_lists_the_valid_names():
 
 
 def test_data_describe_test_samples_is_the_global_test_set_with_client_splits(tmp_path):
-    root = write_mnist(tmp_path / "mnist", n_train=40, n_test=20)
-    result = driftlab_cli(
-        "data",
-        "describe",
-        PRESET,
-        "data.name=mnist",
-        f"data.root={root}",
-        "data.num_clients=4",
-        "data.client_test_fraction=0.2",
-    )
+    _, result = _describe_mnist_files(tmp_path, "data.num_clients=4", "data.client_test_fraction=0.2")
     assert result.returncode == 0, result.stderr
     values = _describe_values(result.stdout)
     assert values["train_samples"] == "32"
@@ -243,8 +232,7 @@ def test_data_describe_test_samples_is_the_global_test_set_with_client_splits(tm
 
 
 def test_too_many_clients_for_the_data_is_a_clean_error(tmp_path):
-    root = write_mnist(tmp_path / "mnist", n_train=40, n_test=20)
-    result = driftlab_cli("data", "describe", PRESET, "data.name=mnist", f"data.root={root}", "data.num_clients=400")
+    _, result = _describe_mnist_files(tmp_path, "data.num_clients=400")
     assert result.returncode == 2
     _no_traceback(result)
     assert "num_clients" in result.stderr

@@ -185,6 +185,21 @@ def final_model(run_dir: Path) -> torch.Tensor:
     return load_file(str(run_dir / "final_model.safetensors"))["params"]
 
 
+def run_to_the_end(tmp_path: Path, project: Path) -> list[dict]:
+    """The records of ``project`` run by `flwr run` on a loopback federation, which must finish within RUN_SECONDS."""
+    with loopback(tmp_path) as flower:
+        timeouts = "train-timeout=60 register-timeout=30 commit-timeout=2"
+        runner = flwr_run(project, flower["environment"], tmp_path / "flwr-run.log", timeouts)
+        flower["processes"].append(runner)
+        try:
+            runner.wait(RUN_SECONDS)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"flwr run did not finish within {RUN_SECONDS} s\n{flower_logs(tmp_path)}")
+    assert runner.returncode == 0, flower_logs(tmp_path)
+    assert (project / "run" / "final_model.safetensors").exists(), flower_logs(tmp_path)
+    return [json.loads(line) for line in (project / "run" / "metrics.jsonl").read_text().splitlines()]
+
+
 # ---------------------------------------------------------------- tests
 
 
@@ -192,17 +207,7 @@ def final_model(run_dir: Path) -> torch.Tensor:
 def test_loopback_deployment_of_scaffold_equals_the_simulator(tmp_path):
     config, project = new_project(tmp_path)
     run_dir = project / "run"
-    with loopback(tmp_path) as flower:
-        log = tmp_path / "flwr-run.log"
-        runner = flwr_run(project, flower["environment"], log, "train-timeout=60 register-timeout=30 commit-timeout=2")
-        flower["processes"].append(runner)
-        try:
-            runner.wait(RUN_SECONDS)
-        except subprocess.TimeoutExpired:
-            pytest.fail(f"flwr run did not finish within {RUN_SECONDS} s\n{flower_logs(tmp_path)}")
-    assert runner.returncode == 0, flower_logs(tmp_path)
-    assert (run_dir / "final_model.safetensors").exists(), flower_logs(tmp_path)
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    records = run_to_the_end(tmp_path, project)
     assert [record["round"] for record in records] == [1, 2, 3]
     assert torch.equal(final_model(run_dir), simulator_model(config))
     report = tmp_path / "report"
@@ -218,16 +223,7 @@ def test_loopback_deployment_of_private_scaffold_equals_the_simulator(tmp_path):
     project = tmp_path / "project"
     assert cli.main(["flower", "new", str(project), "--config", str(config)]) == 0
     run_dir = project / "run"
-    with loopback(tmp_path) as flower:
-        timeouts = "train-timeout=60 register-timeout=30 commit-timeout=2"
-        runner = flwr_run(project, flower["environment"], tmp_path / "flwr-run.log", timeouts)
-        flower["processes"].append(runner)
-        try:
-            runner.wait(RUN_SECONDS)
-        except subprocess.TimeoutExpired:
-            pytest.fail(f"flwr run did not finish within {RUN_SECONDS} s\n{flower_logs(tmp_path)}")
-    assert runner.returncode == 0, flower_logs(tmp_path)
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    records = run_to_the_end(tmp_path, project)
     import driftlab
 
     simulated = driftlab.run(load_config(config, ['backend="sequential"']))

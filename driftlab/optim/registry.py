@@ -90,17 +90,14 @@ class ServerOptimizerEntry:
     label: str | None = None
 
     def __post_init__(self) -> None:
-        check_entry_name("server optimizer", self.name)
-        check_config_type(
+        _check_entry(
             "server optimizer",
-            self.name,
-            self.config_type,
+            self,
             ServerOptimizerConfig,
             "driftlab.optim.registry.ServerOptimizerConfig (it holds server.lr, which every optimizer has)",
+            "(section) -> ServerOptimizer",
             tag=TAG,
         )
-        if not callable(self.build):
-            raise ValueError(f"server optimizer {self.name!r}: build must be a function (section) -> ServerOptimizer")
         if self.label is not None and (not isinstance(self.label, str) or not self.label.strip()):
             raise ValueError(f"server optimizer {self.name!r}: label must be a non-empty string or None")
 
@@ -119,18 +116,21 @@ class TransformationEntry:
     applies_lr: bool = False
 
     def __post_init__(self) -> None:
-        check_entry_name("server transformation", self.name)
-        check_config_type(
+        _check_entry(
             "server transformation",
-            self.name,
-            self.config_type,
+            self,
             TransformationConfig,
             "driftlab.optim.registry.TransformationConfig",
+            "(config) -> UpdateTransformation",
         )
-        if not callable(self.build):
-            raise ValueError(
-                f"server transformation {self.name!r}: build must be a function (config) -> UpdateTransformation"
-            )
+
+
+def _check_entry(kind: str, entry: Any, base: type, base_text: str, build_signature: str, tag: str = "name") -> None:
+    """What both kinds of entry need: a valid name, a config type subclassing ``base``, and a ``build`` function."""
+    check_entry_name(kind, entry.name)
+    check_config_type(kind, entry.name, entry.config_type, base, base_text, tag)
+    if not callable(entry.build):
+        raise ValueError(f"{kind} {entry.name!r}: build must be a function {build_signature}")
 
 
 REGISTRY: Registry[ServerOptimizerEntry] = Registry(

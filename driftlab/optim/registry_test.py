@@ -16,6 +16,8 @@ from safetensors import safe_open
 import driftlab
 from driftlab.errors import ConfigError
 from driftlab.experiments.config import config_from_record, describe_keys, load_config
+from driftlab.experiments.pinned_runs_test import BASE as PINNED_BASE
+from driftlab.experiments.pinned_runs_test import CASES as PINNED_CASES
 from driftlab.optim import registry, server
 from driftlab.optim.built_in import ScaleByMomentumConfig, SgdConfig
 from driftlab.optim.registry import (
@@ -489,19 +491,6 @@ FINGERPRINTS = {  # recorded with the flat [server] section, before this change
     ("synthetic-fedavg", ("server.optimizer=adagrad", "server.epsilon=0.01", "server.lr=0.1")): "3cd0140f7f1781ae",
     ("synthetic-fedavg", ('server.lr={kind="exponential", initial=1.0, decay=0.99}',)): "ed5d0803960ab5f5",
 }
-PINNED_BASE = [  # driftlab/experiments/pinned_runs_test.py's BASE, and its FedAdam and FedAvgM cases
-    "rounds=3",
-    "seed=0",
-    "precision=float64",
-    "data.name=synthetic",
-    "data.num_clients=8",
-    "sampling.participation=0.5",
-    "model.name=mlp",
-    "model.hidden=[8]",
-    "client.epochs=1",
-    "client.batch_size=10",
-    "client.lr=0.05",
-]
 
 
 @pytest.mark.parametrize(("source", "overrides"), list(FINGERPRINTS))
@@ -510,10 +499,10 @@ def test_fingerprints_are_those_of_the_flat_server_section(source, overrides):
 
 
 def test_the_pinned_fedadam_and_fedavgm_cases_keep_their_fingerprints():
-    fedadam = ["algorithm.name=fedavg", "server.optimizer=adam", "server.lr=0.03"]
-    fedavgm = ["algorithm.name=fedavg", "server.optimizer=momentum", "server.lr=0.5"]
-    assert load_config(None, [*PINNED_BASE, *fedadam]).fingerprint() == "fe1d2d927decde56"
-    assert load_config(None, [*PINNED_BASE, *fedavgm]).fingerprint() == "84f5c7ea2b7d7cc7"
+    assert PINNED_CASES["fedadam"] == ["algorithm.name=fedavg", "server.optimizer=adam", "server.lr=0.03"]
+    assert PINNED_CASES["fedavgm"] == ["algorithm.name=fedavg", "server.optimizer=momentum", "server.lr=0.5"]
+    assert load_config(None, [*PINNED_BASE, *PINNED_CASES["fedadam"]]).fingerprint() == "fe1d2d927decde56"
+    assert load_config(None, [*PINNED_BASE, *PINNED_CASES["fedavgm"]]).fingerprint() == "84f5c7ea2b7d7cc7"
 
 
 def test_the_chain_preset_states_fedavgm_with_clipping():

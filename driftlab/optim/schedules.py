@@ -26,12 +26,16 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 
-class ExponentialSchedule(BaseModel):
+class _RoundSchedule(BaseModel):
+    """A value per round ``t``, ``schedule(t)``; validated as a config table is."""
+
+    # inf/NaN would make every round's value inf/NaN
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+class ExponentialSchedule(_RoundSchedule):
     """``initial · decay^(t−1)``."""
 
-    model_config = ConfigDict(
-        extra="forbid", frozen=True, allow_inf_nan=False
-    )  # inf/NaN would make every round's value inf/NaN
     kind: Literal["exponential"] = "exponential"
     initial: float = Field(gt=0, description="value in round 1")
     decay: float = Field(gt=0, le=1, description="factor per round, in (0, 1]")
@@ -40,12 +44,9 @@ class ExponentialSchedule(BaseModel):
         return self.initial * self.decay ** (round_index - 1)
 
 
-class InverseTimeSchedule(BaseModel):
+class InverseTimeSchedule(_RoundSchedule):
     """``a / (b + t)``."""
 
-    model_config = ConfigDict(
-        extra="forbid", frozen=True, allow_inf_nan=False
-    )  # inf/NaN would make every round's value inf/NaN
     kind: Literal["inverse_time"] = "inverse_time"
     a: float = Field(gt=0, description="numerator")
     b: float = Field(ge=0, description="offset added to the round")

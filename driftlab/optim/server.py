@@ -190,15 +190,10 @@ class MomentumState:
 
 
 @dataclass(frozen=True, eq=False)
-class AdamState:
-    """State of :func:`adam`.
-
-    Attributes:
-      step: number of updates applied so far (``t`` of the next update is
-        ``step + 1``).
-      first_moment: ``m``.
-      second_moment: ``v``.
-    """
+class _MomentsState:
+    """The fields of the adaptive optimizers' states: ``step``, the number of updates applied so far (``t`` of the
+    next update is ``step + 1``); ``first_moment``, ``m``; ``second_moment``, ``v``.  Each optimizer has its own
+    subclass, so a state handed to another optimizer is refused."""
 
     step: int
     first_moment: torch.Tensor
@@ -206,34 +201,19 @@ class AdamState:
 
 
 @dataclass(frozen=True, eq=False)
-class AdagradState:
-    """State of :func:`adagrad`.
-
-    Attributes:
-      step: number of updates applied so far.
-      first_moment: ``m`` (equals the last pseudo-gradient when ``beta1 = 0``).
-      second_moment: ``v``, the running sum of squared pseudo-gradients plus
-        the initial accumulator.
-    """
-
-    step: int
-    first_moment: torch.Tensor
-    second_moment: torch.Tensor
+class AdamState(_MomentsState):
+    """State of :func:`adam`: ``m`` and ``v`` the exponential averages of the pseudo-gradient and of its square."""
 
 
 @dataclass(frozen=True, eq=False)
-class YogiState:
-    """State of :func:`yogi`.
+class AdagradState(_MomentsState):
+    """State of :func:`adagrad`: ``m`` (the last pseudo-gradient when ``beta1 = 0``) and ``v``, the running sum of
+    squared pseudo-gradients plus the initial accumulator."""
 
-    Attributes:
-      step: number of updates applied so far.
-      first_moment: ``m``.
-      second_moment: ``v``.
-    """
 
-    step: int
-    first_moment: torch.Tensor
-    second_moment: torch.Tensor
+@dataclass(frozen=True, eq=False)
+class YogiState(_MomentsState):
+    """State of :func:`yogi`: ``m`` and ``v`` as Yogi's additive update of the second moment leaves them."""
 
 
 # ---------------------------------------------------------------------------

@@ -18,15 +18,14 @@ import driftlab
 from driftlab.algorithms import fedavg
 from driftlab.data.federated import FederatedDataset
 from driftlab.errors import ConfigError
-from driftlab.models import build_model
 from driftlab.optim.server import make_server_optimizer
-from driftlab.simulation.backends.flat import FlatModel
 from driftlab.simulation.backends.local_training import SequentialBackend
 from driftlab.simulation.evaluation import _loss_and_correct, evaluate_personal
 from driftlab.simulation.round.client import ClientData, ClientDataComputation
 from driftlab.simulation.round.engine import run_round
-from driftlab.simulation.round.setup import EvaluationPlan, RoundPlan, Simulation, SimulationState, make_client_stores
+from driftlab.simulation.round.setup import EvaluationPlan, Simulation, SimulationState, make_client_stores
 from driftlab.simulation.seam import NO_CORRECTION, Personalization
+from driftlab.simulation.testing import seeded_model, small_plan
 
 F64 = torch.float64
 SIZES = (9, 12, 15, 6, 10)  # training rows per client
@@ -68,19 +67,9 @@ def _simulation(
     rows = tuple(np.arange(bounds[k], bounds[k + 1], dtype=np.int64) for k in range(len(SIZES)))
     test_rows = tuple(np.arange(test_bounds[k], test_bounds[k + 1], dtype=np.int64) for k in range(len(SIZES)))
     data = FederatedDataset("toy", inputs, labels, test_inputs, test_labels, rows, 3, client_test_indices=test_rows)
-    torch.manual_seed(0)
-    model = FlatModel.wrap(build_model("mlp", (4,), 3, hidden=(6,))).to("cpu", F64)
+    model = seeded_model("mlp", (4,), hidden=(6,), dtype=F64)
     theta = model.initial_parameters()
-    plan = RoundPlan(
-        seed=5,
-        participation=0.6,
-        sampling="uniform",
-        batch_size=4,
-        client_lr=0.2,
-        server_lr=1.0,
-        local_epochs=1,
-        steps=None,
-    )
+    plan = small_plan(seed=5, participation=0.6, client_lr=0.2)
     algorithm = algorithm_of(fedavg.build(make_server_optimizer("sgd")))
     evaluation = evaluation or EvaluationPlan(personal=True)
     sim = Simulation(model, data, algorithm, SequentialBackend(), plan, torch.device("cpu"), F64, theta, evaluation)
@@ -204,16 +193,17 @@ def test_a_personal_evaluation_needs_the_clients_test_splits():
     from types import SimpleNamespace
 
     from driftlab.experiments.config import load_config
-    from driftlab.experiments.run.assembly import personal_evaluation
+    from driftlab.features.run import feature_plan
+    from driftlab.simulation.personal_evaluation import personal_evaluation
 
     config = load_config(None, overrides=[*SMALL, "evaluation.finetune_steps=2"])
     sim = SimpleNamespace(
         algorithm=fedavg.build(make_server_optimizer("sgd")), client_test_rows=None, asynchronous=None
     )
     with pytest.raises(ConfigError, match="the clients have none: set data.client_test_fraction"):
-        personal_evaluation(config, sim)
+        personal_evaluation(feature_plan(config, "personal"), sim)
     unset = load_config(None, overrides=SMALL)
-    assert personal_evaluation(unset, sim) is False  # nothing asked for: no column, no error
+    assert personal_evaluation(feature_plan(unset, "personal"), sim) is False  # nothing asked for: no column, no error
 
 
 def test_a_deployment_refuses_the_personal_evaluation_whose_models_stay_on_the_nodes():

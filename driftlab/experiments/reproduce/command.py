@@ -1,6 +1,6 @@
-"""``driftlab reproduce``'s command line: its arguments (``add_parser``) and entry point (``command``).
+"""``driftlab reproduce``'s command line: its help texts, its arguments (``add_arguments``) and entry point (``command``).
 
-driftlab/cli.py imports ``add_parser`` from here lazily, and this module imports only the standard library and
+driftlab/cli.py imports them from here lazily, and this module imports only the standard library and
 this package's modules, none of which imports torch when imported, so ``driftlab reproduce --help`` stays quick.
 """
 
@@ -32,17 +32,12 @@ EPILOG = """examples:
 docs/reproduction.md's first section describes the markers."""
 
 
-def add_parser(commands) -> None:
-    """``driftlab reproduce``'s arguments, on the command line's subparsers."""
-    import argparse
+HELP = "regenerate docs/reproduction.md's tables from the shipped sweeps, recording commit and command"
 
-    parser = commands.add_parser(
-        "reproduce",
-        help="regenerate docs/reproduction.md's tables from the shipped sweeps, recording commit and command",
-        description=DESCRIPTION,
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+
+def add_arguments(parser) -> None:
+    """``driftlab reproduce``'s arguments, on its parser (``driftlab/cli.py`` makes it, with ``HELP``, ``DESCRIPTION``
+    and ``EPILOG``)."""
     parser.add_argument(
         "sweeps",
         nargs="*",
@@ -109,4 +104,4 @@ def command(args) -> int:
     return 0
 
 
-__all__ = ["add_parser", "command"]
+__all__ = ["DESCRIPTION", "EPILOG", "HELP", "add_arguments", "command"]

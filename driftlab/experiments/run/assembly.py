@@ -33,7 +33,6 @@ from driftlab.plugins import import_function
 from driftlab.randomness import Stream, torch_seed
 from driftlab.simulation.backends.flat import FlatModel, binary_cross_entropy_per_example, objective_per_example
 from driftlab.simulation.backends.precision import check_precision, parameter_dtype
-from driftlab.simulation.personal_evaluation import personal_evaluation as _personal_evaluation
 from driftlab.simulation.round.availability import AvailabilityModel, Membership, MembershipEvent
 from driftlab.simulation.round.setup import EvaluationPlan, RoundPlan, Simulation, SimulationState, make_client_stores
 from driftlab.simulation.seam import Algorithm
@@ -147,12 +146,6 @@ def check_features(config: ExperimentConfig, algorithm: Algorithm | None = None,
         algorithm = configured_algorithm(config) if algorithm is None else algorithm
         for entry, _ in features:
             check_feature(entry, algorithm)
-
-
-def personal_evaluation(config: ExperimentConfig, sim: Simulation) -> bool:
-    """``driftlab.simulation.personal_evaluation.personal_evaluation`` of the config's request, kept for
-    driftlab/simulation/evaluation_personal_test.py until it calls that with ``feature_plan(config, "personal")``."""
-    return _personal_evaluation(feature_plan(config, "personal"), sim)
 
 
 def round_plan(config: ExperimentConfig) -> RoundPlan:
@@ -384,7 +377,6 @@ __all__ = [
     "is_classifier",
     "load_data",
     "make_backend",
-    "personal_evaluation",
     "resolve_backend",
     "resolve_device",
     "resolve_devices",

@@ -1,6 +1,5 @@
 """Asynchronous FedBuff runs end to end (driftlab.run): records, exact resume with clients in flight, refusals."""
 
-import json
 import shutil
 from pathlib import Path
 
@@ -11,27 +10,7 @@ from safetensors.torch import load_file
 
 import driftlab
 from driftlab.errors import ConfigError
-
-FEDBUFF = [
-    "rounds=6",
-    "data.num_clients=10",
-    "client.steps=3",
-    "checkpoint_every=2",
-    "seed=4",
-    "algorithm.name=fedavg",
-    "algorithm.aggregation=uniform",
-    "system.profiles=lognormal",
-    "asynchronous.concurrency=5",
-    "asynchronous.buffer=2",
-]
-
-
-def _metrics(out: Path) -> list[dict]:
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-
-
-def _without_wall_time(records: list[dict]) -> list[dict]:
-    return [{k: v for k, v in r.items() if k != "round_seconds"} for r in records]
+from driftlab.experiments.run.testing import FEDBUFF_RUN, run_records, without_wall_time
 
 
 def _killed_after_update(tmp_path: Path, update: int, overrides: list[str]) -> tuple[Path, Path]:
@@ -47,7 +26,7 @@ def _killed_after_update(tmp_path: Path, update: int, overrides: list[str]) -> t
 
 
 def test_a_run_records_each_server_update():
-    result = driftlab.run(None, overrides=FEDBUFF)
+    result = driftlab.run(None, overrides=FEDBUFF_RUN)
     records = result.records
     assert [r["round"] for r in records] == [1, 2, 3, 4, 5, 6]
     assert all(r["num_reporting"] == r["num_selected"] == 2 == len(r["reporting_clients"]) for r in records)
@@ -66,7 +45,7 @@ def test_a_run_records_each_server_update():
 @pytest.mark.parametrize("backend", ["sequential", "vectorized"])
 @pytest.mark.parametrize("killed_after", [3, 4])  # between two checkpoints (round 3 is recomputed), and at one
 def test_resume_with_clients_in_flight_equals_the_uninterrupted_run(tmp_path, backend, killed_after):
-    overrides = [*FEDBUFF, f"backend={backend}"]
+    overrides = [*FEDBUFF_RUN, f"backend={backend}"]
     out, killed = _killed_after_update(tmp_path, killed_after, overrides)
     with safe_open(str(killed / "checkpoint.safetensors"), framework="pt") as handle:
         assert int(handle.metadata()["round"]) == (4 if killed_after == 4 else 2)
@@ -75,10 +54,11 @@ def test_resume_with_clients_in_flight_equals_the_uninterrupted_run(tmp_path, ba
         assert handle.get_tensor("engine/async/clients").shape == (4, 6)
         assert handle.get_tensor("engine/async/idle_slots").item() == 1
         assert (
-            handle.get_tensor("engine/clock").item() == _metrics(out)[int(handle.metadata()["round"]) - 1]["time_end"]
+            handle.get_tensor("engine/clock").item()
+            == run_records(out)[int(handle.metadata()["round"]) - 1]["time_end"]
         )
     driftlab.run(None, killed, resume=True, overrides=overrides)
-    assert _without_wall_time(_metrics(killed)) == _without_wall_time(_metrics(out))
+    assert without_wall_time(run_records(killed)) == without_wall_time(run_records(out))
     assert torch.equal(
         load_file(str(killed / "final_model.safetensors"))["params"],
         load_file(str(out / "final_model.safetensors"))["params"],
@@ -88,7 +68,7 @@ def test_resume_with_clients_in_flight_equals_the_uninterrupted_run(tmp_path, ba
 def test_a_checkpoint_holds_trained_and_untrained_clients_in_flight(tmp_path):
     # C = 8, B = 2: most clients in flight at a boundary were dispatched but not yet needed, some already trained
     out = tmp_path / "run"
-    driftlab.run(None, out, overrides=[*FEDBUFF, "asynchronous.concurrency=8", "rounds=4", "keep_checkpoint=true"])
+    driftlab.run(None, out, overrides=[*FEDBUFF_RUN, "asynchronous.concurrency=8", "rounds=4", "keep_checkpoint=true"])
     with safe_open(str(out / "checkpoint.safetensors"), framework="pt") as handle:
         trained = handle.get_tensor("engine/async/clients")[:, 5]
         assert 0 < int(trained.sum()) < len(trained) == 7
@@ -98,7 +78,7 @@ def test_a_checkpoint_holds_trained_and_untrained_clients_in_flight(tmp_path):
 
 
 def test_fedprox_runs_asynchronously():
-    overrides = [o for o in FEDBUFF if not o.startswith("algorithm.")]
+    overrides = [o for o in FEDBUFF_RUN if not o.startswith("algorithm.")]
     result = driftlab.run(
         None,
         overrides=[
@@ -114,7 +94,7 @@ def test_fedprox_runs_asynchronously():
 
 @pytest.mark.parametrize("algorithm", ["scaffold", "fedavg"])  # fedavg: weighted aggregation, the default
 def test_algorithms_without_an_asynchronous_rule_are_refused(algorithm):
-    overrides = [o for o in FEDBUFF if not o.startswith("algorithm.")] + [f"algorithm.name={algorithm}"]
+    overrides = [o for o in FEDBUFF_RUN if not o.startswith("algorithm.")] + [f"algorithm.name={algorithm}"]
     with pytest.raises(ConfigError, match="asynchron"):
         driftlab.run(None, overrides=overrides)
 
@@ -124,5 +104,5 @@ def test_results_in_flight_beyond_the_memory_budget_are_refused(tmp_path):
     with pytest.raises(
         ConfigError, match=r"12200 bytes .* 5000 bytes .*lower asynchronous.concurrency or raise memory_budget"
     ):
-        driftlab.run(None, tmp_path / "run", overrides=[*FEDBUFF, "memory_budget=40000"])
+        driftlab.run(None, tmp_path / "run", overrides=[*FEDBUFF_RUN, "memory_budget=40000"])
     assert not (tmp_path / "run" / "metrics.jsonl").exists()

@@ -67,7 +67,7 @@ def test_uint8_images_with_mlr_are_told_about_floats_and_normalisation_not_token
         "The inputs are uint8 values, which only lstm/gru read (as token ids, one sequence (length,) per example); the other models "
         "compute in floating point: give float32 inputs (e.g. pixels / 255), or keep uint8 pixels and pass "
         "input_normalisation=driftlab.data.pixels.PixelNormalisation(mean, std) to FederatedArrays; then use cnn, femnist_cnn, "
-        "resnet18_gn, vgg11, mlr or mlp."
+        "resnet18_gn, resnet18_bn, vgg11, mlr or mlp."
     )
 
 

@@ -46,7 +46,10 @@ def _run_error(*overrides, model=None, out=None) -> str:
             ],
         ),
         (["model.name=gru"], ["model 'gru'", "(60,)", "mlr or mlp"]),
-        (["model.name=cnn"], ["model 'cnn'", "needs image inputs", "(60,)", "cnn, resnet18_gn and vgg11 need images"]),
+        (
+            ["model.name=cnn"],
+            ["model 'cnn'", "needs image inputs", "(60,)", "cnn, resnet18_gn, resnet18_bn and vgg11 need images"],
+        ),
         (["model.name=resnet18_gn"], ["model 'resnet18_gn'", "(60,)", "mlr or mlp"]),
         (["model.name=vgg11"], ["model 'vgg11'", "(60,)"]),
         (

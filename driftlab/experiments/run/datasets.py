@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from driftlab.data.federated import DataFileError, FederatedDataset
+from driftlab.data.partition import deal_test_like_training
 from driftlab.data.registry import DATA_SETS, DataSetEntry, entry_of  # noqa: F401 - DATA_SETS: re-exported
 from driftlab.errors import ConfigError
 from driftlab.randomness import Stream, generator
@@ -195,7 +196,7 @@ def _build(config, entry: DataSetEntry, path: Path | None, partition: str, data_
         if partition == "natural":
             dataset = loaded
         else:
-            dataset = _resplit(loaded, config, partition, data_seed)
+            dataset = _resplit(loaded, config, partition, data_seed, entry.tests_from_fraction)
     else:
         if partition == "natural":
             raise DataFileError(
@@ -332,19 +333,37 @@ def split_over_clients(labels: np.ndarray, config, partition: str, seed: int) ->
     raise ValueError(f"unknown partition {partition!r}")
 
 
-def _resplit(dataset: FederatedDataset, config, partition: str, seed: int) -> FederatedDataset:
-    """Pool a naturally partitioned training set and split it again (e.g. FEMNIST made IID)."""
+def _resplit(
+    dataset: FederatedDataset, config, partition: str, seed: int, tests_from_fraction: bool = False
+) -> FederatedDataset:
+    """Pool a naturally partitioned training set and split it again (e.g. FEMNIST made IID).
+
+    Where the loader itself held out ``data.client_test_fraction`` of every client (``tests_from_fraction``:
+    Shakespeare), those test rows are dealt to the new clients like their training labels
+    (``deal_test_like_training``) instead of a second share of the training rows being held out.
+    """
     pooled = np.concatenate(dataset.client_indices)
     labels = dataset.train_targets.numpy()[pooled]
-    clients = tuple(pooled[indices] for indices in split_over_clients(labels, config, partition, seed))
+    clients = tuple(np.sort(pooled[indices]) for indices in split_over_clients(labels, config, partition, seed))
+    client_test = None
+    if tests_from_fraction and config.client_test_fraction > 0 and dataset.client_test_indices is not None:
+        rows = np.sort(np.concatenate(dataset.client_test_indices))
+        train_targets = dataset.train_targets.numpy()
+        dealt = deal_test_like_training(
+            [train_targets[c] for c in clients],
+            dataset.test_targets.numpy()[rows],
+            generator(seed, Stream.PARTITION, 2),
+        )
+        client_test = tuple(rows[d] for d in dealt)
     return FederatedDataset(
         f"{dataset.name}/{partition}",
         dataset.train_inputs,
         dataset.train_targets,
         dataset.test_inputs,
         dataset.test_targets,
-        tuple(np.sort(c) for c in clients),
+        clients,
         num_classes=dataset.num_classes,
+        client_test_indices=client_test,
         known_minimizer=dataset.known_minimizer,
         input_normalisation=dataset.input_normalisation,
     )

@@ -28,6 +28,7 @@ import pytest
 import torch
 
 import driftlab
+from driftlab.data.cifar100_pfllib_test import pfllib_arrays, write_cifar100_pfllib
 from driftlab.data.federated import DataFileError
 from driftlab.experiments.config import PARTITIONS, load_config
 from driftlab.experiments.run import datasets as datasets_module
@@ -315,6 +316,15 @@ FILE_BASED = {
         "cnn",
         ["data.limit_per_class=2"],
         ((3, 32, 32), 10),
+    ),
+    "cifar100_pfllib": (
+        "cifar100_pfllib",
+        lambda tmp: write_cifar100_pfllib(
+            tmp / "cifar100-pfllib.tar.xz", pfllib_arrays([(i % 100, i % 4, int(i % 5 == 0)) for i in range(40)])
+        ),
+        "cnn",
+        [],
+        ((3, 32, 32), 100),
     ),
     "femnist": (
         "femnist",
@@ -793,6 +803,20 @@ def test_shakespeare_test_fraction_comes_from_client_test_fraction(tmp_path):
     )
     assert set(default.client_sizes.tolist()) == {80} and set(half.client_sizes.tolist()) == {50}
     assert {len(t) for t in half.client_test_indices} == {50}
+
+
+def test_shakespeare_made_iid_takes_its_test_split_once(tmp_path):
+    """The loader holds out data.client_test_fraction of every role (80 windows apart from its training windows); made
+    IID, the devices train on every training window and get those test windows, not a second share held out."""
+    base = ["data.name=shakespeare", f"data.root={write_shakespeare(tmp_path / 'input.txt')}"]
+    base += ["data.samples_per_client=100", "data.client_test_fraction=0.5"]
+    natural = build_dataset(load_config(None, base).data, 0)
+    iid = build_dataset(load_config(None, [*base, "data.partition=iid", "data.num_clients=3"]).data, 0)
+    assert iid.num_clients == 3 and iid.client_sizes.sum() == natural.client_sizes.sum() == 50 * natural.num_clients
+    assert torch.equal(iid.test_targets, natural.test_targets) and iid.global_test_size is None
+    dealt = np.concatenate(iid.client_test_indices)
+    assert len(np.unique(dealt)) == len(dealt) and set(dealt.tolist()) <= set(range(len(natural.test_targets)))
+    assert len(dealt) >= 0.9 * len(natural.test_targets)  # all but the rows of characters no device trains on
 
 
 # =========================================================================== model keys reach the module

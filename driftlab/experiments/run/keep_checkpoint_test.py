@@ -4,7 +4,6 @@ resuming it still returns the same result, and raising ``rounds`` still gives th
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -12,6 +11,7 @@ from safetensors.torch import load_file
 
 import driftlab
 from driftlab.experiments.config import ConfigError, load_config
+from driftlab.experiments.run.testing import run_records, without_wall_time
 
 # FedDyn keeps a state per client, and the all-clients mean keeps every client's latest model: the heaviest checkpoint.
 TINY = [
@@ -24,14 +24,6 @@ TINY = [
     "algorithm.name=feddyn",
     "evaluation.model=all_clients_mean",
 ]
-
-
-def _records(out: Path) -> list[dict]:
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-
-
-def _without_wall_time(records: list[dict]) -> list[dict]:
-    return [{k: v for k, v in r.items() if k != "round_seconds"} for r in records]
 
 
 def test_a_completed_run_drops_its_checkpoint_and_a_kept_one_stays(tmp_path):
@@ -66,7 +58,7 @@ def test_resuming_a_completed_run_without_its_checkpoint_runs_nothing_and_return
     seen: list[dict] = []
     again = driftlab.run(None, out, resume=True, overrides=TINY, progress=seen.append)
     assert seen == []  # no round ran again
-    assert again.records == first.records == _records(out)  # wall times included: nothing was recomputed
+    assert again.records == first.records == run_records(out)  # wall times included: nothing was recomputed
     assert torch.equal(again.final_params, first.final_params)
     assert json.loads((out / "run.json").read_text())["status"] == "complete"
     assert not (out / "checkpoint.safetensors").exists()
@@ -81,16 +73,16 @@ def test_raising_rounds_of_a_completed_run_without_its_checkpoint_gives_the_long
         None, tmp_path / "run", resume=True, overrides=longer
     )  # from round 0: no checkpoint was kept
     assert (
-        _without_wall_time(extended.records)
-        == _without_wall_time(whole.records)
-        == _without_wall_time(_records(tmp_path / "run"))
+        without_wall_time(extended.records)
+        == without_wall_time(whole.records)
+        == without_wall_time(run_records(tmp_path / "run"))
     )
     assert torch.equal(extended.final_params, whole.final_params)
     driftlab.run(None, tmp_path / "kept", overrides=[*TINY, "keep_checkpoint=true"])
     seen: list[dict] = []
     continued = driftlab.run(None, tmp_path / "kept", resume=True, overrides=longer, progress=seen.append)
     assert [r["round"] for r in seen] == [5, 6]  # from the kept checkpoint
-    assert _without_wall_time(continued.records) == _without_wall_time(whole.records)
+    assert without_wall_time(continued.records) == without_wall_time(whole.records)
     assert torch.equal(continued.final_params, whole.final_params)
     assert not (tmp_path / "kept" / "checkpoint.safetensors").exists()  # the longer run's own keep_checkpoint (false)
 
@@ -119,8 +111,8 @@ def test_a_sweep_extends_its_completed_runs_and_may_start_keeping_checkpoints(tm
     assert longer[0].status == "complete" and any("(resuming)" in line for line in logged)
     assert (run_dir / "checkpoint.safetensors").is_file()  # kept from now on: a later extension continues from it
     straight = run_sweep(spec, tmp_path / "straight", jobs=1, extra_overrides=["rounds=3"], log=lambda _: None)
-    assert _without_wall_time(_records(run_dir)) == _without_wall_time(
-        _records(tmp_path / "straight" / straight[0].run.dir)
+    assert without_wall_time(run_records(run_dir)) == without_wall_time(
+        run_records(tmp_path / "straight" / straight[0].run.dir)
     )
 
 

@@ -3,7 +3,6 @@ its personal columns and every client's personal state included (APFL's v_k and 
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
@@ -12,16 +11,9 @@ import torch
 from safetensors.torch import load_file
 
 import driftlab
+from driftlab.experiments.run.testing import RESUMABLE_RUN, run_records, without_wall_time
 
-TINY = [
-    "rounds=6",
-    "data.num_clients=6",
-    "sampling.participation=0.5",
-    "client.steps=3",
-    "checkpoint_every=2",
-    "seed=1",
-    "keep_checkpoint=true",
-]
+TINY = [*RESUMABLE_RUN, "keep_checkpoint=true"]
 CASES = {
     "apfl": ["algorithm.name=apfl"],
     "ditto": ["algorithm.name=ditto", "algorithm.lam=0.5"],
@@ -32,10 +24,7 @@ CASES = {
 
 
 def _records(out: Path) -> list[dict]:
-    return [
-        {k: v for k, v in json.loads(line).items() if k != "round_seconds"}
-        for line in (out / "metrics.jsonl").read_text().splitlines()
-    ]
+    return without_wall_time(run_records(out))
 
 
 @pytest.mark.parametrize("case", list(CASES))

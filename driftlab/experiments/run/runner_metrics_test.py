@@ -18,6 +18,7 @@ from driftlab.experiments.run.instability import UnstableRunWarning
 from driftlab.experiments.run.real_data import needs_real_data
 from driftlab.experiments.run.run_directory import read_run_info
 from driftlab.experiments.run.runner import RunResult
+from driftlab.experiments.run.testing import without_wall_time
 
 # The quadratic clients, two of them, trained one by one: rounds take milliseconds.
 QUADRATIC = ["data.num_clients=2", "backend=sequential"]
@@ -73,18 +74,19 @@ def _checkpoint_round(out: Path) -> int:
         return int(handle.metadata()["round"])
 
 
-def _without_wall_time(records: list[dict]) -> list[dict]:
-    return [{k: v for k, v in r.items() if k != "round_seconds"} for r in records]
-
-
 # ------------------------------------------------------------------ divergence
+
+
+def _divergence_message(out: Path, preset: str | None, overrides: list[str]) -> str:
+    """The message of the FloatingPointError that stops the run of ``preset`` and ``overrides`` into ``out``."""
+    with pytest.raises(FloatingPointError) as caught:
+        driftlab.run(preset, out, overrides=overrides)
+    return str(caught.value)
 
 
 def test_a_diverged_round_is_neither_recorded_nor_checkpointed(tmp_path):
     out = tmp_path / "run"
-    with pytest.raises(FloatingPointError) as caught:
-        driftlab.run("quadratic-constant-k", out, overrides=OVERFLOWING)
-    message = str(caught.value)
+    message = _divergence_message(out, "quadratic-constant-k", OVERFLOWING)
     assert message.startswith(
         "the run diverged in round 3: non-finite values test_loss=inf, train_loss=inf; lower client.lr"
     )
@@ -104,9 +106,7 @@ def test_a_diverged_round_is_neither_recorded_nor_checkpointed(tmp_path):
 
 def test_a_loss_far_above_the_initial_models_is_divergence_even_in_round_1(tmp_path):
     out = tmp_path / "run"
-    with pytest.raises(FloatingPointError) as caught:
-        driftlab.run(None, out, overrides=EXPLODING)
-    message = str(caught.value)
+    message = _divergence_message(out, None, EXPLODING)
     assert message.startswith("the run diverged in round 1: train_loss is ")
     assert "times the initial model's" in message and "(more than evaluation.divergence_factor=1000)" in message
     assert "lower client.lr" in message and "raise evaluation.divergence_factor (0 = off)" in message
@@ -141,9 +141,7 @@ GROWING = ["client.lr=0.9", "rounds=20", "evaluation.every=5", "checkpoint_every
 
 def test_the_norm_test_stops_a_run_between_evaluations_and_keeps_only_healthy_rounds(tmp_path):
     out = tmp_path / "run"
-    with pytest.raises(FloatingPointError) as caught:
-        driftlab.run("quadratic-constant-k", out, overrides=GROWING)
-    message = str(caught.value)
+    message = _divergence_message(out, "quadratic-constant-k", GROWING)
     assert message.startswith(
         "the run diverged in round 3: model_norm is 1816, 1.82e+03 times the model's starting scale 1 "
         "(the larger of the initial model's norm and √(number of parameters)), more than evaluation.norm_growth_factor=1000; "
@@ -169,9 +167,7 @@ def test_a_round_1_blow_up_between_evaluations_is_caught_in_round_1(tmp_path):
     # The issue's run at a tiny scale: synthetic data, η_l = 1e6, evaluated every 5 rounds; round 1's model norm is
     # millions of times the starting scale, where only round 5's loss used to be tested (round 1-4 were kept).
     out = tmp_path / "run"
-    with pytest.raises(FloatingPointError) as caught:
-        driftlab.run(None, out, overrides=[*EXPLODING, "rounds=20", "evaluation.every=5", "checkpoint_every=1"])
-    message = str(caught.value)
+    message = _divergence_message(out, None, [*EXPLODING, "rounds=20", "evaluation.every=5", "checkpoint_every=1"])
     assert (
         message.startswith("the run diverged in round 1: model_norm is ")
         and "more than evaluation.norm_growth_factor=1000" in message
@@ -265,7 +261,7 @@ def test_metrics_csv_follows_interrupts_kills_and_resumes(tmp_path):
     for out in (interrupted, killed):
         resumed = driftlab.run("quadratic-constant-k", out, resume=True, overrides=overrides)
         records = _strict_records(out / "metrics.jsonl")
-        assert _without_wall_time(records) == _without_wall_time(reference.records)
+        assert without_wall_time(records) == without_wall_time(reference.records)
         assert records == resumed.records
         _assert_csv_matches(out, records)
 
@@ -356,7 +352,7 @@ def test_a_resumed_run_is_flagged_where_an_uninterrupted_one_is_and_never_twice(
     recwarn.clear()
     resumed = driftlab.run("synthetic-fedavg", tmp_path / "split", resume=True, overrides=UNSTABLE)
     assert [str(w.message) for w in recwarn if w.category is UnstableRunWarning] == [flag]
-    assert _without_wall_time(resumed.records) == _without_wall_time(whole.records)
+    assert without_wall_time(resumed.records) == without_wall_time(whole.records)
     assert read_run_info(tmp_path / "split")["instability"] == {"round": 5, "message": flag}
     recwarn.clear()
     # Stopped after the flag: the resumed process knows it from metrics.jsonl and says nothing again.

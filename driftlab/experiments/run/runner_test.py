@@ -26,28 +26,13 @@ from driftlab.data.federated import DataFileError, FederatedArrays
 from driftlab.experiments.config import ConfigError
 from driftlab.experiments.run import lifecycle, run_directory, runner
 from driftlab.experiments.run.real_data import needs_real_data
+from driftlab.experiments.run.testing import RESUMABLE_RUN, run_records, without_wall_time
 from driftlab.simulation.seam import GradientCorrection
 from driftlab.simulation.state import checkpoint as checkpoint_module
 
 REPO_ROOT = Path(driftlab.__file__).resolve().parents[1]
 
-TINY = [
-    "rounds=6",
-    "data.num_clients=6",
-    "sampling.participation=0.5",
-    "client.steps=3",
-    "checkpoint_every=2",
-    "seed=1",
-]
 OPTIMIZERS = {"sgd": [], "adam": ["server.optimizer=adam", "server.lr=0.01"]}
-
-
-def _metrics(out: Path) -> list[dict]:
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-
-
-def _without_wall_time(records: list[dict]) -> list[dict]:
-    return [{k: v for k, v in r.items() if k != "round_seconds"} for r in records]
 
 
 def _final_params(out: Path) -> torch.Tensor:
@@ -60,9 +45,9 @@ def _checkpoint_round(out: Path) -> int:
 
 
 def _assert_same_run(a: Path, b: Path) -> None:
-    records_a, records_b = _metrics(a), _metrics(b)
+    records_a, records_b = run_records(a), run_records(b)
     assert [r["round"] for r in records_a] == [r["round"] for r in records_b]
-    assert _without_wall_time(records_a) == _without_wall_time(records_b)
+    assert without_wall_time(records_a) == without_wall_time(records_b)
     assert torch.equal(_final_params(a), _final_params(b))
 
 
@@ -72,7 +57,9 @@ def reference_runs(tmp_path_factory) -> dict[str, Path]:
     runs = {}
     for name, extra in OPTIMIZERS.items():
         out = tmp_path_factory.mktemp(f"reference-{name}") / "run"
-        driftlab.run(None, out, overrides=[*TINY, *extra, "keep_checkpoint=true"])  # tests edit its final checkpoint
+        driftlab.run(
+            None, out, overrides=[*RESUMABLE_RUN, *extra, "keep_checkpoint=true"]
+        )  # tests edit its final checkpoint
         runs[name] = out
     return runs
 
@@ -81,13 +68,13 @@ def reference_runs(tmp_path_factory) -> dict[str, Path]:
 
 
 def test_same_seed_same_metrics_different_seed_differs():
-    first = driftlab.run(None, overrides=TINY)
-    second = driftlab.run(None, overrides=TINY)
-    assert _without_wall_time(first.records) == _without_wall_time(second.records)
+    first = driftlab.run(None, overrides=RESUMABLE_RUN)
+    second = driftlab.run(None, overrides=RESUMABLE_RUN)
+    assert without_wall_time(first.records) == without_wall_time(second.records)
     assert torch.equal(first.final_params, second.final_params)
     assert all(r["round_seconds"] > 0 for r in first.records)
 
-    other = driftlab.run(None, overrides=[*TINY, "seed=2"])
+    other = driftlab.run(None, overrides=[*RESUMABLE_RUN, "seed=2"])
     assert [r["reporting_clients"] for r in other.records] != [r["reporting_clients"] for r in first.records]
     assert [r["test_accuracy"] for r in other.records] != [r["test_accuracy"] for r in first.records]
     assert not torch.equal(other.final_params, first.final_params)
@@ -95,9 +82,9 @@ def test_same_seed_same_metrics_different_seed_differs():
 
 def test_outputs_of_a_run(tmp_path):
     out = tmp_path / "run"
-    result = driftlab.run(None, out, overrides=TINY)
+    result = driftlab.run(None, out, overrides=RESUMABLE_RUN)
     assert {p.name for p in out.iterdir()} >= {"config.json", "metrics.jsonl", "final_model.safetensors"}
-    assert _metrics(out) == result.records
+    assert run_records(out) == result.records
     assert torch.equal(_final_params(out), result.final_params)
     assert not (out / "checkpoint.safetensors").exists()  # keep_checkpoint=false: a completed run drops it
     assert json.loads((out / "config.json").read_text())["rounds"] == 6
@@ -123,11 +110,11 @@ def _killed_after_round(tmp_path: Path, round_index: int, overrides: list[str]) 
 @pytest.mark.parametrize("optimizer", list(OPTIMIZERS))
 def test_resume_after_a_kill_between_checkpoints_is_exact(tmp_path, reference_runs, optimizer):
     """The output directory as it is on disk right after round 5 (checkpoint at 4) resumes exactly."""
-    _, killed = _killed_after_round(tmp_path, 5, [*TINY, *OPTIMIZERS[optimizer]])
-    assert _checkpoint_round(killed) == 4 and len(_metrics(killed)) == 5
+    _, killed = _killed_after_round(tmp_path, 5, [*RESUMABLE_RUN, *OPTIMIZERS[optimizer]])
+    assert _checkpoint_round(killed) == 4 and len(run_records(killed)) == 5
     assert not (killed / "final_model.safetensors").exists()
 
-    resumed = driftlab.run(None, killed, resume=True, overrides=[*TINY, *OPTIMIZERS[optimizer]])
+    resumed = driftlab.run(None, killed, resume=True, overrides=[*RESUMABLE_RUN, *OPTIMIZERS[optimizer]])
     assert [r["round"] for r in resumed.records] == list(range(1, 7))
     _assert_same_run(killed, reference_runs[optimizer])
 
@@ -153,14 +140,14 @@ def test_kill_in_the_middle_of_a_checkpoint_write(tmp_path, monkeypatch, referen
 
     monkeypatch.setattr(checkpoint_module, "save_tensors", save_half_then_die)
     with pytest.raises(_Killed):
-        driftlab.run(None, out, overrides=[*TINY, *OPTIMIZERS[optimizer]])
+        driftlab.run(None, out, overrides=[*RESUMABLE_RUN, *OPTIMIZERS[optimizer]])
     assert calls[:2] == ["2", "4"]
     # the previous checkpoint is intact and readable
     assert _checkpoint_round(out) == 2
     load_file(str(out / "checkpoint.safetensors"))
 
     monkeypatch.setattr(checkpoint_module, "save_tensors", real_save_tensors)
-    driftlab.run(None, out, resume=True, overrides=[*TINY, *OPTIMIZERS[optimizer]])
+    driftlab.run(None, out, resume=True, overrides=[*RESUMABLE_RUN, *OPTIMIZERS[optimizer]])
     _assert_same_run(out, reference_runs["sgd" if optimizer == "sgd" else "adam"])
 
 
@@ -178,10 +165,10 @@ def test_kill_at_the_rename_of_a_checkpoint(tmp_path, monkeypatch, reference_run
 
     monkeypatch.setattr(checkpoint_module.os, "replace", replace_or_die)
     with pytest.raises(_Killed):
-        driftlab.run(None, out, overrides=TINY)
+        driftlab.run(None, out, overrides=RESUMABLE_RUN)
     monkeypatch.setattr(checkpoint_module.os, "replace", real_replace)
     assert _checkpoint_round(out) == 2
-    driftlab.run(None, out, resume=True, overrides=TINY)
+    driftlab.run(None, out, resume=True, overrides=RESUMABLE_RUN)
     _assert_same_run(out, reference_runs["sgd"])
 
 
@@ -191,7 +178,7 @@ def test_a_resume_removes_what_killed_writes_left_and_nothing_else_and_writes_a_
     """A kill in a write leaves `.NAME.tmp-PID` (write_atomically's temporary: 57 MB for a large checkpoint);
     the resume deletes those of the run's own files, exactly, and its files get 0666 less the umask (safetensors'
     own writer made the checkpoint and final model 0600)."""
-    _, killed = _killed_after_round(tmp_path, 5, TINY)
+    _, killed = _killed_after_round(tmp_path, 5, RESUMABLE_RUN)
     ours = [
         ".checkpoint.safetensors.tmp-4242",
         ".final_model.safetensors.tmp-4242",
@@ -203,7 +190,7 @@ def test_a_resume_removes_what_killed_writes_left_and_nothing_else_and_writes_a_
         (killed / name).write_bytes(b"\0" * 1000)
     previous = os.umask(0o022)
     try:
-        driftlab.run(None, killed, resume=True, overrides=TINY)
+        driftlab.run(None, killed, resume=True, overrides=RESUMABLE_RUN)
     finally:
         os.umask(previous)
     assert [name for name in ours if (killed / name).exists()] == []
@@ -216,33 +203,33 @@ def test_a_resume_removes_what_killed_writes_left_and_nothing_else_and_writes_a_
 
 
 def test_a_torn_last_metrics_line_is_dropped_on_resume(tmp_path, reference_runs):
-    out, killed = _killed_after_round(tmp_path, 4, TINY)  # checkpoint at 4, metrics through 4
+    out, killed = _killed_after_round(tmp_path, 4, RESUMABLE_RUN)  # checkpoint at 4, metrics through 4
     full_line_5 = (out / "metrics.jsonl").read_text().splitlines()[4]
     with open(killed / "metrics.jsonl", "a") as handle:
         handle.write(full_line_5[: len(full_line_5) // 2])  # killed while writing round 5's line
     with pytest.raises(json.JSONDecodeError):
-        _metrics(killed)
+        run_records(killed)
 
-    driftlab.run(None, killed, resume=True, overrides=TINY)
+    driftlab.run(None, killed, resume=True, overrides=RESUMABLE_RUN)
     _assert_same_run(killed, reference_runs["sgd"])
 
 
 def test_resume_without_any_checkpoint_starts_over_exactly(tmp_path, reference_runs):
-    _, killed = _killed_after_round(tmp_path, 1, TINY)  # metrics written, no checkpoint yet
+    _, killed = _killed_after_round(tmp_path, 1, RESUMABLE_RUN)  # metrics written, no checkpoint yet
     assert not (killed / "checkpoint.safetensors").exists()
-    driftlab.run(None, killed, resume=True, overrides=TINY)
+    driftlab.run(None, killed, resume=True, overrides=RESUMABLE_RUN)
     _assert_same_run(killed, reference_runs["sgd"])
 
 
 def test_keyboard_interrupt_leaves_a_checkpoint_of_the_last_completed_round(tmp_path, monkeypatch, reference_runs):
-    overrides = [*TINY, "checkpoint_every=100"]  # no checkpoint but the one the interrupt writes
+    overrides = [*RESUMABLE_RUN, "checkpoint_every=100"]  # no checkpoint but the one the interrupt writes
     out = tmp_path / "run"
     real_run_round = runner.run_round
     _stopped_before_round(3, KeyboardInterrupt(), monkeypatch)
     with pytest.raises(KeyboardInterrupt):
         driftlab.run(None, out, overrides=overrides)
     assert _checkpoint_round(out) == 2
-    assert [r["round"] for r in _metrics(out)] == [1, 2]
+    assert [r["round"] for r in run_records(out)] == [1, 2]
 
     monkeypatch.setattr(runner, "run_round", real_run_round)
     driftlab.run(None, out, resume=True, overrides=overrides)
@@ -250,7 +237,7 @@ def test_keyboard_interrupt_leaves_a_checkpoint_of_the_last_completed_round(tmp_
 
 
 def test_interrupt_while_writing_a_metrics_line_loses_no_round(tmp_path, monkeypatch, reference_runs):
-    overrides = [*TINY, "checkpoint_every=100"]
+    overrides = [*RESUMABLE_RUN, "checkpoint_every=100"]
     out = tmp_path / "run"
     real_append = run_directory.append_record
 
@@ -266,7 +253,7 @@ def test_interrupt_while_writing_a_metrics_line_loses_no_round(tmp_path, monkeyp
         driftlab.run(None, out, overrides=overrides)
     monkeypatch.setattr(run_directory, "append_record", real_append)
     driftlab.run(None, out, resume=True, overrides=overrides)
-    assert [r["round"] for r in _metrics(out)] == list(range(1, 7))
+    assert [r["round"] for r in run_records(out)] == list(range(1, 7))
     _assert_same_run(out, reference_runs["sgd"])
 
 
@@ -299,7 +286,7 @@ def _stateful_entry():
 
 def test_interrupt_inside_a_round_of_a_stateful_algorithm_resumes_exactly(tmp_path, monkeypatch):
     monkeypatch.setitem(ALGORITHMS, "fedavg", _stateful_entry())
-    overrides = [*TINY, "checkpoint_every=100", "sampling.participation=1.0"]
+    overrides = [*RESUMABLE_RUN, "checkpoint_every=100", "sampling.participation=1.0"]
     reference = tmp_path / "reference"
     driftlab.run(None, reference, overrides=overrides)
 
@@ -327,7 +314,7 @@ def test_interrupt_inside_a_round_of_a_stateful_algorithm_resumes_exactly(tmp_pa
 def test_stateful_toy_algorithm_resumes_exactly_between_rounds(tmp_path, monkeypatch):
     """Control for the test above: the same algorithm resumes exactly from a kill between rounds."""
     monkeypatch.setitem(ALGORITHMS, "fedavg", _stateful_entry())
-    overrides = [*TINY, "sampling.participation=1.0"]
+    overrides = [*RESUMABLE_RUN, "sampling.participation=1.0"]
     reference = tmp_path / "reference"
     driftlab.run(None, reference, overrides=overrides)
     _, killed = _killed_after_round(tmp_path, 3, overrides)
@@ -339,7 +326,7 @@ def test_stateful_toy_algorithm_resumes_exactly_between_rounds(tmp_path, monkeyp
 
 
 def test_resume_can_extend_the_number_of_rounds(tmp_path):
-    overrides = [*TINY, "checkpoint_every=3"]
+    overrides = [*RESUMABLE_RUN, "checkpoint_every=3"]
     reference = tmp_path / "reference"
     driftlab.run(None, reference, overrides=overrides)
     out = tmp_path / "run"
@@ -351,7 +338,7 @@ def test_resume_can_extend_the_number_of_rounds(tmp_path):
 def test_resuming_a_finished_run_changes_nothing(tmp_path, reference_runs):
     out = tmp_path / "run"
     shutil.copytree(reference_runs["sgd"], out)
-    result = driftlab.run(None, out, resume=True, overrides=TINY)
+    result = driftlab.run(None, out, resume=True, overrides=RESUMABLE_RUN)
     assert [r["round"] for r in result.records] == list(range(1, 7))
     _assert_same_run(out, reference_runs["sgd"])
 
@@ -364,7 +351,7 @@ def test_resuming_with_a_different_config_is_refused(tmp_path, reference_runs):
     shutil.copytree(reference_runs["sgd"], out)
     before = (out / "metrics.jsonl").read_text()
     with pytest.raises(ConfigError) as error:
-        driftlab.run(None, out, resume=True, overrides=[*TINY, "client.lr=0.5"])
+        driftlab.run(None, out, resume=True, overrides=[*RESUMABLE_RUN, "client.lr=0.5"])
     message = str(error.value)
     assert "cannot resume" in message and "differs" in message and "config.json" in message
     assert (out / "metrics.jsonl").read_text() == before  # nothing touched
@@ -375,18 +362,18 @@ def test_a_checkpoint_from_another_config_is_refused_even_without_config_json(tm
     shutil.copytree(reference_runs["sgd"], out)
     (out / "config.json").unlink()
     with pytest.raises(checkpoint_module.CheckpointError, match="different experiment configuration"):
-        driftlab.run(None, out, resume=True, overrides=[*TINY, "client.lr=0.5"])
+        driftlab.run(None, out, resume=True, overrides=[*RESUMABLE_RUN, "client.lr=0.5"])
 
 
 def test_a_new_run_in_a_directory_holding_a_run_is_refused(tmp_path, reference_runs):
     out = tmp_path / "run"
     shutil.copytree(reference_runs["sgd"], out)
     with pytest.raises(ConfigError, match="--resume"):
-        driftlab.run(None, out, overrides=TINY)
+        driftlab.run(None, out, overrides=RESUMABLE_RUN)
     with pytest.raises(ConfigError, match="does not exist"):
-        driftlab.run(None, tmp_path / "missing", resume=True, overrides=TINY)
+        driftlab.run(None, tmp_path / "missing", resume=True, overrides=RESUMABLE_RUN)
     with pytest.raises(ConfigError, match="--out"):
-        driftlab.run(None, resume=True, overrides=TINY)
+        driftlab.run(None, resume=True, overrides=RESUMABLE_RUN)
 
 
 # ------------------------------------------------------------------ synthetic(α,β) integration
@@ -650,7 +637,7 @@ def _copy_of_finished_run(tmp_path, reference_runs) -> Path:
 def _refused_resume(out: Path, error_type=ConfigError, *fragments: str) -> str:
     before = _files(out)
     with pytest.raises(error_type) as error:
-        driftlab.run(None, out, resume=True, overrides=TINY)
+        driftlab.run(None, out, resume=True, overrides=RESUMABLE_RUN)
     message = str(error.value)
     for fragment in fragments:
         assert fragment in message, message
@@ -718,7 +705,7 @@ def test_a_last_line_without_its_newline_is_kept_when_complete(tmp_path, referen
     out = _copy_of_finished_run(tmp_path, reference_runs)
     path = out / "metrics.jsonl"
     path.write_text(path.read_text().rstrip("\n"))
-    driftlab.run(None, out, resume=True, overrides=TINY)
+    driftlab.run(None, out, resume=True, overrides=RESUMABLE_RUN)
     _assert_same_run(out, reference_runs["sgd"])
 
 
@@ -737,7 +724,7 @@ def test_an_edited_checkpoint_round_is_refused_and_no_record_is_lost(tmp_path, r
     out = _copy_of_finished_run(tmp_path, reference_runs)
     _resave_checkpoint(out, round=value)
     _refused_resume(out, checkpoint_module.CheckpointError, "corrupt or was edited", "checkpoint.safetensors")
-    assert [r["round"] for r in _metrics(out)] == list(range(1, 7))
+    assert [r["round"] for r in run_records(out)] == list(range(1, 7))
 
 
 def test_a_flipped_bit_in_the_checkpoint_is_refused(tmp_path, reference_runs):
@@ -761,7 +748,7 @@ def test_a_folder_with_the_users_own_files_is_never_written(tmp_path, monkeypatc
     (out / "notes.txt").write_text("keep me\n")
     before = _files(out, hidden_lock=True)
     with pytest.raises(ConfigError) as error:
-        driftlab.run(None, out, resume=resume, overrides=TINY)
+        driftlab.run(None, out, resume=resume, overrides=RESUMABLE_RUN)
     message = str(error.value)
     if resume:
         assert "nothing to resume" in message and "config.json was not written by a driftlab run" in message
@@ -775,30 +762,30 @@ def test_out_naming_a_file_a_device_or_nothing_is_refused_before_any_work(tmp_pa
     a_file = tmp_path / "results.csv"
     a_file.write_text("a,b\n")
     with pytest.raises(ConfigError, match="is a file"):
-        driftlab.run(None, a_file, overrides=TINY)
+        driftlab.run(None, a_file, overrides=RESUMABLE_RUN)
     with pytest.raises(ConfigError, match="is a file"):
-        driftlab.run(None, str(a_file), resume=True, overrides=TINY)
+        driftlab.run(None, str(a_file), resume=True, overrides=RESUMABLE_RUN)
     assert a_file.read_text() == "a,b\n"
     if Path("/dev/null").exists():
         with pytest.raises(ConfigError, match="not a directory"):
-            driftlab.run(None, "/dev/null", overrides=TINY)
+            driftlab.run(None, "/dev/null", overrides=RESUMABLE_RUN)
     for empty in ("", "  "):
         with pytest.raises(ConfigError, match=r"output directory \(--out\) is empty"):
-            driftlab.run(None, empty, overrides=TINY)
+            driftlab.run(None, empty, overrides=RESUMABLE_RUN)
     with pytest.raises(ConfigError, match="cannot create the output directory"):
-        driftlab.run(None, a_file / "run", overrides=TINY)
+        driftlab.run(None, a_file / "run", overrides=RESUMABLE_RUN)
 
 
 def test_resume_with_nothing_to_resume_is_refused(tmp_path, monkeypatch):
     _no_data_loading(monkeypatch)
     missing = tmp_path / "missing"
     with pytest.raises(ConfigError, match="nothing to resume in .*missing: it does not exist; run without --resume"):
-        driftlab.run(None, missing, resume=True, overrides=TINY)
+        driftlab.run(None, missing, resume=True, overrides=RESUMABLE_RUN)
     assert not missing.exists()
     empty = tmp_path / "empty"
     empty.mkdir()
     with pytest.raises(ConfigError, match="nothing to resume in .*empty: it is empty; run without --resume"):
-        driftlab.run(None, empty, resume=True, overrides=TINY)
+        driftlab.run(None, empty, resume=True, overrides=RESUMABLE_RUN)
     assert list(empty.iterdir()) == []
 
 
@@ -826,7 +813,7 @@ def test_a_new_run_into_a_finished_run_is_refused_and_nothing_changes(tmp_path, 
     _no_data_loading(monkeypatch)
     before = _files(out)
     with pytest.raises(ConfigError, match="already holds a run; pass --resume"):
-        driftlab.run(None, out, overrides=TINY)
+        driftlab.run(None, out, overrides=RESUMABLE_RUN)
     assert _files(out) == before
 
 
@@ -841,7 +828,7 @@ def test_a_run_killed_before_its_first_round_resumes_with_the_documented_command
 
     monkeypatch.setattr(runner, "build_simulation", killed_while_loading_data)
     with pytest.raises(_Killed):
-        driftlab.run(None, out, overrides=TINY)
+        driftlab.run(None, out, overrides=RESUMABLE_RUN)
     assert _files(out).keys() == {"config.json"}  # written before any data loading
     monkeypatch.undo()
 
@@ -857,12 +844,12 @@ def test_a_folder_holding_only_a_runs_config_json_may_be_started_again(tmp_path,
         runner, "build_simulation", lambda *a, **k: (_ for _ in ()).throw(ConfigError("data.root: no such folder"))
     )
     with pytest.raises(ConfigError, match="data.root"):
-        driftlab.run(None, out, overrides=TINY)
+        driftlab.run(None, out, overrides=RESUMABLE_RUN)
     assert _files(out).keys() == {"config.json"}
     monkeypatch.undo()
     # the user fixed the config and starts again into the same folder: nothing was recorded, nothing is lost
-    result = driftlab.run(None, out, overrides=[*TINY, "rounds=2"])
-    assert [r["round"] for r in _metrics(out)] == [1, 2] == [r["round"] for r in result.records]
+    result = driftlab.run(None, out, overrides=[*RESUMABLE_RUN, "rounds=2"])
+    assert [r["round"] for r in run_records(out)] == [1, 2] == [r["round"] for r in result.records]
     assert json.loads((out / "config.json").read_text())["rounds"] == 2
 
 
@@ -875,7 +862,7 @@ def test_temporary_files_of_interrupted_writes_are_removed_on_the_next_start(tmp
     for name in leftovers:
         (out / name).write_bytes(b"\0" * 1000)
     (out / ".notes.txt.tmp-5").write_text("not ours")  # not a file driftlab writes: left alone
-    driftlab.run(None, out, resume=True, overrides=TINY)
+    driftlab.run(None, out, resume=True, overrides=RESUMABLE_RUN)
     assert not any((out / name).exists() for name in leftovers)
     assert (out / ".notes.txt.tmp-5").read_text() == "not ours"
     _assert_same_run(out, reference_runs["sgd"])
@@ -883,7 +870,7 @@ def test_temporary_files_of_interrupted_writes_are_removed_on_the_next_start(tmp
     fresh = tmp_path / "fresh"
     fresh.mkdir()
     (fresh / ".config.json.tmp-77").write_text("{")
-    driftlab.run(None, fresh, overrides=[*TINY, "rounds=1"])
+    driftlab.run(None, fresh, overrides=[*RESUMABLE_RUN, "rounds=1"])
     assert not (fresh / ".config.json.tmp-77").exists()
 
 
@@ -922,7 +909,7 @@ def test_a_second_process_on_a_run_directory_gets_run_directory_busy(tmp_path, r
         assert holder.stdout.readline().strip() == b"locked"
         before = _files(out, hidden_lock=True)
         with pytest.raises(runner.RunDirectoryBusy) as error:
-            driftlab.run(None, out, resume=True, overrides=TINY)
+            driftlab.run(None, out, resume=True, overrides=RESUMABLE_RUN)
         assert isinstance(error.value, ConfigError)  # the CLI reports it like any other refusal, exit code 2
         message = str(error.value)
         assert str(out) in message and f"PID {holder.pid}" in message and "wait for it to finish" in message
@@ -930,12 +917,12 @@ def test_a_second_process_on_a_run_directory_gets_run_directory_busy(tmp_path, r
         with pytest.raises(
             runner.RunDirectoryBusy, match=f"new is being written by another driftlab process \\(PID {holder.pid}\\)"
         ):
-            driftlab.run(None, new, overrides=TINY)
+            driftlab.run(None, new, overrides=RESUMABLE_RUN)
         assert [p.name for p in new.iterdir()] == [".lock"]
     finally:
         holder.kill()
         holder.wait(timeout=30)
-    driftlab.run(None, out, resume=True, overrides=TINY)  # the holder is gone: the lock is free again
+    driftlab.run(None, out, resume=True, overrides=RESUMABLE_RUN)  # the holder is gone: the lock is free again
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="flock is POSIX")
@@ -947,7 +934,7 @@ def test_a_run_holds_its_directory_lock_for_the_whole_run_and_releases_it(tmp_pa
         probe_process = subprocess.run([sys.executable, "-c", _TRY_LOCK, str(out / ".lock")], timeout=60)
         lock_is_taken.append(probe_process.returncode == 3)
 
-    driftlab.run(None, out, overrides=[*TINY, "rounds=2"], progress=probe)
+    driftlab.run(None, out, overrides=[*RESUMABLE_RUN, "rounds=2"], progress=probe)
     assert lock_is_taken == [True, True]
     assert (out / ".lock").read_text().strip() == str(os.getpid())
     assert subprocess.run([sys.executable, "-c", _TRY_LOCK, str(out / ".lock")], timeout=60).returncode == 0
@@ -989,7 +976,7 @@ def test_own_arrays_run_and_resume_bit_identically(tmp_path, monkeypatch):
 
     out = tmp_path / "run"
     _interrupted_at_round(out, 4, monkeypatch, data=_own_arrays())
-    assert [r["round"] for r in _metrics(out)] == [1, 2, 3]
+    assert [r["round"] for r in run_records(out)] == [1, 2, 3]
     driftlab.run(OWN, out, resume=True, data=_own_arrays())
     _assert_same_run(out, reference)
 
@@ -1079,7 +1066,7 @@ def test_a_data_loader_runs_resumes_and_reports_through_the_cli(tmp_path, monkey
     assert stored["data"]["loader"] == f"{(tmp_path / 'project' / 'my_data.py').resolve()}:load"
     assert len(stored["data"]["digest"]) == 64
     assert cli.main(["run", str(out / "config.json"), "--out", str(out), "--resume", "--quiet", "rounds=4"]) == 0
-    assert [r["round"] for r in _metrics(out)] == [1, 2, 3, 4]
+    assert [r["round"] for r in run_records(out)] == [1, 2, 3, 4]
     same = driftlab.run(config, tmp_path / "in-process")
     assert torch.equal(same.final_params, _final_params(out))
     assert cli.main(["report", str(out), "--out", str(tmp_path / "report"), "--no-plots"]) == 0
@@ -1174,7 +1161,7 @@ def test_an_interrupt_prints_what_was_saved_and_the_exact_command_that_continues
     out = Path("runs") / "tiny"  # relative, as given: the command to continue is the same, from the same folder
     Path("defaults.toml").write_text("")  # the defaults, as driftlab.run(None) has them
     _stopped_before_round(4, KeyboardInterrupt(), monkeypatch)
-    assert main(["run", "defaults.toml", *TINY, "--out", str(out), "--quiet"]) == 130
+    assert main(["run", "defaults.toml", *RESUMABLE_RUN, "--out", str(out), "--quiet"]) == 130
     command = "driftlab run runs/tiny/config.json --out runs/tiny --resume"
     assert (
         capsys.readouterr().err
@@ -1185,7 +1172,7 @@ def test_an_interrupt_prints_what_was_saved_and_the_exact_command_that_continues
     monkeypatch.undo()
     monkeypatch.chdir(tmp_path)
     assert main(command.split()[1:] + ["--quiet"]) == 0
-    assert [r["round"] for r in _metrics(out)] == list(range(1, 7)) and run_directory.read_run_info(out)[
+    assert [r["round"] for r in run_records(out)] == list(range(1, 7)) and run_directory.read_run_info(out)[
         "status"
     ] == "complete"
 
@@ -1194,7 +1181,7 @@ def test_an_interrupt_before_any_checkpoint_says_so(tmp_path, monkeypatch):
     out = tmp_path / "run"
     _stopped_before_round(1, KeyboardInterrupt("terminated by signal 15"), monkeypatch)
     with pytest.raises(runner.RunInterrupted) as caught:
-        driftlab.run(None, out, overrides=TINY)
+        driftlab.run(None, out, overrides=RESUMABLE_RUN)
     assert str(caught.value) == (
         f"terminated by signal 15: no round was completed, so {out} holds no checkpoint, only the run's config.json; "
         f"start it again with `driftlab run {out}/config.json --out {out} --resume`"
@@ -1203,7 +1190,7 @@ def test_an_interrupt_before_any_checkpoint_says_so(tmp_path, monkeypatch):
         runner.RunInterrupted,
         match=r"^terminated by signal 15: nothing was saved: the run has no output directory \(--out\)$",
     ):
-        driftlab.run(None, overrides=TINY)
+        driftlab.run(None, overrides=RESUMABLE_RUN)
 
 
 def test_an_interrupt_before_the_run_starts_does_not_claim_a_checkpoint(tmp_path, monkeypatch, capsys):
@@ -1220,7 +1207,7 @@ def test_an_interrupt_before_the_run_starts_does_not_claim_a_checkpoint(tmp_path
 
 
 def test_a_failure_while_stopping_never_leaves_run_json_running_nor_hides_the_error(tmp_path, monkeypatch):
-    def unsavable(out, config, state):
+    def unsavable(out, config, sim, state):
         raise TypeError("a list is no tensor")  # as a client state no checkpoint can hold
 
     monkeypatch.setattr(lifecycle, "write_checkpoint", unsavable)
@@ -1228,7 +1215,7 @@ def test_a_failure_while_stopping_never_leaves_run_json_running_nor_hides_the_er
     out = tmp_path / "failed"
     _stopped_before_round(3, RuntimeError("boom"), monkeypatch)
     with pytest.raises(RuntimeError) as caught:
-        driftlab.run(None, out, overrides=[*TINY, "checkpoint_every=100"])
+        driftlab.run(None, out, overrides=[*RESUMABLE_RUN, "checkpoint_every=100"])
     assert caught.value.args == ("boom",) and caught.value.__notes__ == [note]  # the original error, with a note
     info = run_directory.read_run_info(out)
     assert (info["status"], info["rounds_done"], info["message"]) == ("failed", 2, f"boom. {note}")
@@ -1236,7 +1223,7 @@ def test_a_failure_while_stopping_never_leaves_run_json_running_nor_hides_the_er
     out = tmp_path / "interrupted"
     _stopped_before_round(3, KeyboardInterrupt(), monkeypatch)
     with pytest.raises(runner.RunInterrupted) as caught:
-        driftlab.run(None, out, overrides=[*TINY, "checkpoint_every=100"])
+        driftlab.run(None, out, overrides=[*RESUMABLE_RUN, "checkpoint_every=100"])
     assert str(caught.value) == (
         f"no checkpoint could be written for rounds 1-2, so {out} holds no checkpoint, only the run's config.json; "
         f"start it again with `driftlab run {out}/config.json --out {out} --resume`. {note}"
@@ -1278,7 +1265,7 @@ def test_a_run_refused_for_a_wrong_data_path_leaves_nothing_in_its_output_direct
 def test_run_json_records_the_initial_models_evaluation_for_the_reports_round_0(tmp_path):
     from driftlab.simulation.evaluation import evaluate
 
-    result = driftlab.run(None, tmp_path / "run", overrides=TINY)
+    result = driftlab.run(None, tmp_path / "run", overrides=RESUMABLE_RUN)
     initial = json.loads((tmp_path / "run" / "run.json").read_text())["initial"]
     sim, _ = runner.build_simulation(result.config)
     expected = evaluate(sim, sim.initial_params)  # the same model, evaluated as a round's record evaluates it

@@ -15,24 +15,14 @@ from safetensors.torch import load_file
 import driftlab
 from driftlab.experiments.run import segments
 from driftlab.experiments.run.segments import ResumeChangeWarning, changes, kept_segments
+from driftlab.experiments.run.testing import RESUMABLE_RUN, run_records, without_wall_time
 
 # SCAFFOLD keeps a state per client, so the client-state store holds something to move between memory and disk.
-TINY = [
-    "rounds=6",
-    "data.num_clients=6",
-    "sampling.participation=0.5",
-    "client.steps=3",
-    "checkpoint_every=2",
-    "seed=1",
-    "algorithm.name=scaffold",
-]
+TINY = [*RESUMABLE_RUN, "algorithm.name=scaffold"]
 
 
 def _records(out: Path) -> list[dict]:
-    return [
-        {k: v for k, v in json.loads(line).items() if k != "round_seconds"}
-        for line in (out / "metrics.jsonl").read_text().splitlines()
-    ]
+    return without_wall_time(run_records(out))
 
 
 def _final_bytes(out: Path) -> bytes:

@@ -14,12 +14,14 @@ from safetensors.torch import load_file
 import driftlab
 from driftlab.experiments.config import ConfigError, load_config
 from driftlab.experiments.config.schema import StopAtConfig
+from driftlab.experiments.pinned_runs_test import TINY_RUN
 from driftlab.experiments.report import make_report
 from driftlab.experiments.run import lifecycle
 from driftlab.experiments.run.assembly import build_simulation
 from driftlab.experiments.run.run_directory import finished, stopped_round
 from driftlab.experiments.run.runner import SimulatorDriver
 from driftlab.experiments.run.stopping import StopWatch
+from driftlab.experiments.run.testing import FEDBUFF_RUN, without_wall_time
 from driftlab.experiments.sweep.sweep_status import format_status, sweep_status
 
 # Its test accuracy by round (hand-checked from a run): 0.0976, 0.1398, 0.8522, 0.8522, 0.8522, 0.8707, 0.9446,
@@ -116,10 +118,6 @@ def _info(out: Path) -> dict:
     return json.loads((out / "run.json").read_text())
 
 
-def _without_wall_time(records: list[dict]) -> list[dict]:
-    return [{k: v for k, v in r.items() if k != "round_seconds"} for r in records]
-
-
 def test_a_run_stops_complete_after_the_round_that_reaches_the_value(tmp_path):
     out = tmp_path / "run"
     result = driftlab.run(None, out, overrides=[*TINY, AT_90])
@@ -134,7 +132,7 @@ def test_a_run_stops_complete_after_the_round_that_reaches_the_value(tmp_path):
     assert stopped_round(info) == 7 and finished(info, 8)
     # the same seven rounds as the run without the rule: stopping changes no number
     full = driftlab.run(None, overrides=TINY)
-    assert _without_wall_time(result.records) == _without_wall_time(full.records[:7])
+    assert without_wall_time(result.records) == without_wall_time(full.records[:7])
 
 
 def test_patience_stops_after_two_flat_evaluated_rounds(tmp_path):
@@ -172,7 +170,7 @@ def test_a_run_killed_before_it_stops_resumes_to_the_same_round_and_model(tmp_pa
         lifecycle.run_rounds(_KilledAt(sim, killed_at), out, config, sim, state)
     assert _info(out)["status"] == "interrupted" and "stopped" not in _info(out)
     resumed = driftlab.run(None, out, resume=True, overrides=overrides)
-    assert _without_wall_time(resumed.records) == _without_wall_time(straight.records)
+    assert without_wall_time(resumed.records) == without_wall_time(straight.records)
     assert torch.equal(resumed.final_params, straight.final_params)
     assert _info(out)["stopped"] == _info(tmp_path / "straight")["stopped"]
 
@@ -190,7 +188,7 @@ def test_a_stopped_run_resumed_runs_nothing_even_with_more_rounds_and_a_looser_r
         None, out, resume=True, overrides=[*TINY, 'evaluation.stop_at={metric = "test_accuracy", value = 0.95}']
     )
     assert higher.records[-1]["round"] == 8 and _info(out)["stopped"]["round"] == 8
-    assert _without_wall_time(higher.records) == _without_wall_time(driftlab.run(None, overrides=TINY).records)
+    assert without_wall_time(higher.records) == without_wall_time(driftlab.run(None, overrides=TINY).records)
 
 
 def test_a_tightened_rule_ends_a_resumed_run_at_its_last_round(tmp_path):
@@ -223,16 +221,7 @@ def test_a_sweep_counts_a_stopped_run_done_and_the_report_shows_its_round(tmp_pa
 def test_an_asynchronous_run_stops_too_and_a_copy_taken_mid_run_resumes_to_the_same_update(tmp_path):
     # FedBuff's test accuracy by server update: 0.5458, 0.4883, 0.5373, 0.3305, ...: three flat updates end it at 4
     fedbuff = [
-        "rounds=6",
-        "data.num_clients=10",
-        "client.steps=3",
-        "checkpoint_every=2",
-        "seed=4",
-        "algorithm.name=fedavg",
-        "algorithm.aggregation=uniform",
-        "system.profiles=lognormal",
-        "asynchronous.concurrency=5",
-        "asynchronous.buffer=2",
+        *FEDBUFF_RUN,
         'evaluation.stop_at={metric = "test_accuracy", patience = 3}',
         "keep_checkpoint=true",
     ]
@@ -246,7 +235,7 @@ def test_an_asynchronous_run_stops_too_and_a_copy_taken_mid_run_resumes_to_the_s
     assert straight.records[-1]["round"] == 4 and _info(out)["stopped"]["round"] == 4
     assert _info(killed)["status"] == "running"
     resumed = driftlab.run(None, killed, resume=True, overrides=fedbuff)
-    assert _without_wall_time(resumed.records) == _without_wall_time(straight.records)
+    assert without_wall_time(resumed.records) == without_wall_time(straight.records)
     assert torch.equal(resumed.final_params, straight.final_params)
     assert _info(killed)["stopped"] == _info(out)["stopped"]
 
@@ -258,16 +247,7 @@ def test_a_deployment_stops_at_the_round_the_simulator_stops_at(tmp_path):
     config = load_config(
         None,
         [
-            "seed=0",
-            "precision=float64",
-            "data.name=synthetic",
-            "data.num_clients=8",
-            "sampling.participation=0.5",
-            "model.name=mlp",
-            "model.hidden=[8]",
-            "client.epochs=1",
-            "client.batch_size=10",
-            "client.lr=0.05",
+            *TINY_RUN,
             "backend=sequential",
             "rounds=6",
             'evaluation.stop_at={metric = "test_loss", patience = 2}',

@@ -26,79 +26,26 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-# name -> the module of this package that defines it
-_EXPORTS: dict[str, str] = {
-    **dict.fromkeys(
-        (
-            "GRID_FORMS",
-            "HALVING_FORM",
-            "METHOD_SECTIONS",
-            "ROLES",
-            "SWEEP_PACKAGE",
-            "Axis",
-            "AxisValue",
-            "Halving",
-            "Role",
-            "Scale",
-            "SweepSpec",
-            "grid_axis",
-            "grid_description",
-            "is_sweep_source",
-            "load_sweep",
-            "parse_halving",
-            "short_keys",
-            "sweep_from_config",
-            "sweep_from_table",
-            "sweep_names",
-            "validate_seeds",
-        ),
-        "spec",
-    ),
-    **dict.fromkeys(
-        ("SWEEP_FORMAT", "PlannedRun", "plan", "run_note", "scoped_override", "sweep_document"), "planning"
-    ),
-    **dict.fromkeys(
-        (
-            "FAILURE_FILE",
-            "HALVING_FILE",
-            "HALVING_RUNGS_FILE",
-            "JOBS_FILE",
-            "SWEEP_FILE",
-            "RunStatus",
-            "run_directory_holder",
-            "run_status",
-            "slug",
-        ),
-        "directory",
-    ),
-    **dict.fromkeys(
-        (
-            "EXIT_BUSY",
-            "EXIT_COMPLETE",
-            "EXIT_DIVERGED",
-            "EXIT_FAILED",
-            "EXIT_INTERRUPTED",
-            "RunOutcome",
-            "die_with_parent",
-            "process_gone",
-            "run_sweep",
-            "worker_main",
-        ),
-        "execution",
-    ),
-}
+# Where the names are looked up, in this order: each module's own __all__ lists them.  directory comes first, so
+# that its names (read by `driftlab sweep --status` and the reports) import no torch.
+_MODULES = ("directory", "spec", "planning", "execution")
 
-__all__ = sorted(_EXPORTS)
+
+def _module(name: str) -> Any:
+    return importlib.import_module(f"{__name__}.{name}")
 
 
 def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    if name == "__all__":
+        value: Any = sorted(exported for module in _MODULES for exported in _module(module).__all__)
+    else:
+        defining = None if name.startswith("__") else next((m for m in _MODULES if name in _module(m).__all__), None)
+        if defining is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        value = getattr(_module(defining), name)
     globals()[name] = value  # looked up once
     return value
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS})
+    return sorted({*globals(), *__getattr__("__all__")})

@@ -41,21 +41,26 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from driftlab.errors import ConfigError
-from driftlab.executors import processes
+from driftlab.executors import processes, worker
 from driftlab.executors.processes import (
     EXIT_BUSY,
     EXIT_COMPLETE,
     EXIT_DIVERGED,
-    EXIT_FAILED,
     EXIT_INTERRUPTED,
-    process_gone,
+)
+from driftlab.executors.processes import (
+    EXIT_FAILED as EXIT_FAILED,
+)
+from driftlab.executors.processes import (
+    process_gone as process_gone,
 )
 from driftlab.executors.registry import ExecutorEntry, ExecutorOptions, resolve
 from driftlab.executors.slurm import LOG_FOLDER as SLURM_LOG_FOLDER
 from driftlab.executors.tasks import Events, RunTask, TaskResult
 
 # re-exported: the worker's entry point lived here, and driftlab.experiments.sweep still offers it
-from driftlab.executors.worker import die_with_parent, worker_main
+from driftlab.executors.worker import die_with_parent as die_with_parent
+from driftlab.executors.worker import worker_main as worker_main
 from driftlab.experiments.config import ExperimentConfig, config_from_record
 from driftlab.experiments.report.read import read_metrics
 from driftlab.experiments.report.tuning import ValueRuns, check_metric, mean_score, ranked_values
@@ -147,9 +152,8 @@ def run_sweep(
         for r in runs:
             check_run_directory(out / r.dir, r.config)
         _write_json(out / SWEEP_FILE, document)
-        if spec.halving is not None:
-            return _run_halving(spec, out, runs, entry, options, threads, retry_diverged, log)
-        return _run_planned(spec, out, runs, entry, options, threads, retry_diverged, log)
+        execution = _Execution(spec, out, entry, options, threads, retry_diverged, log)
+        return _run_halving(execution, runs) if spec.halving is not None else _run_planned(execution, runs)
 
 
 def _executor(executor: ExecutorOptions, jobs: int | None) -> tuple[ExecutorEntry, Any]:
@@ -163,22 +167,27 @@ def _executor(executor: ExecutorOptions, jobs: int | None) -> tuple[ExecutorEntr
     return entry, dataclasses.replace(options, jobs=jobs)
 
 
-def _run_planned(
-    spec: SweepSpec,
-    out: Path,
-    runs: list[PlannedRun],
-    entry: ExecutorEntry,
-    options: Any,
-    threads: int | None,
-    retry_diverged: bool,
-    log: Callable[[str], None],
-    title: str = "",
-) -> list[RunOutcome]:
+@dataclass(frozen=True)
+class _Execution:
+    """What every batch of a sweep's runs is executed with: the sweep, its folder, the executor and the run settings."""
+
+    spec: SweepSpec
+    out: Path
+    entry: ExecutorEntry
+    options: Any
+    threads: int | None
+    retry_diverged: bool
+    log: Callable[[str], None]
+
+
+def _run_planned(execution: _Execution, runs: list[PlannedRun], title: str = "") -> list[RunOutcome]:
+    spec, out, entry, options, log = execution.spec, execution.out, execution.entry, execution.options, execution.log
+    threads = execution.threads
     outcomes: dict[str, RunOutcome] = {}
     todo: list[PlannedRun] = []
     for r in runs:
         status = run_status(out / r.dir, r.config.rounds)
-        if status == "complete" or (status == "diverged" and not retry_diverged):
+        if status == "complete" or (status == "diverged" and not execution.retry_diverged):
             outcomes[r.dir] = RunOutcome(r, status, _message(out / r.dir))
         else:
             todo.append(r)
@@ -241,17 +250,9 @@ def _run_planned(
     return [outcomes[r.dir] for r in runs if r.dir in outcomes]
 
 
-def _run_halving(
-    spec: SweepSpec,
-    out: Path,
-    runs: list[PlannedRun],
-    entry: ExecutorEntry,
-    options: Any,
-    threads: int | None,
-    retry_diverged: bool,
-    log: Callable[[str], None],
-) -> list[RunOutcome]:
+def _run_halving(execution: _Execution, runs: list[PlannedRun]) -> list[RunOutcome]:
     """The sweep's runs by successive halving over each (setting, method)'s tuned values (the module's docstring)."""
+    spec, out, log = execution.spec, execution.out, execution.log
     assert spec.halving is not None and spec.tuning is not None
     halving, tuning = spec.halving, spec.tuning
     outcomes: dict[str, RunOutcome] = {}
@@ -283,7 +284,7 @@ def _run_halving(
             if r not in ready:
                 outcomes[r.dir] = RunOutcome(r, "complete", "")
         title = f", halving rung {rung_index + 1} (round {reached})" if active else ""
-        for outcome in _run_planned(spec, out, ready, entry, options, threads, retry_diverged, log, title):
+        for outcome in _run_planned(execution, ready, title):
             outcomes[outcome.run.dir] = outcome
         unsettled = [r for r in batch if outcomes[r.dir].status not in ("complete", "diverged")]
         if unsettled:
@@ -531,15 +532,6 @@ def _write_json(path: Path, content: dict[str, Any]) -> None:
     write_atomically(path, lambda tmp: tmp.write_text(text))
 
 
-__all__ = [
-    "EXIT_BUSY",
-    "EXIT_COMPLETE",
-    "EXIT_DIVERGED",
-    "EXIT_FAILED",
-    "EXIT_INTERRUPTED",
-    "RunOutcome",
-    "die_with_parent",
-    "process_gone",
-    "run_sweep",
-    "worker_main",
-]
+# The names re-exported from the executors, where they live: the exit codes, process_gone and the worker's own.
+_EXECUTORS_NAMES = [*(name for name in processes.__all__ if name.startswith("EXIT_")), "process_gone", *worker.__all__]
+__all__ = sorted(["RunOutcome", "run_sweep", *_EXECUTORS_NAMES])

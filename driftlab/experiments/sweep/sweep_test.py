@@ -28,6 +28,7 @@ from driftlab.experiments.sweep import (
     sweep_from_table,
     sweep_names,
 )
+from driftlab.experiments.sweep.testing import sweep_command
 
 TINY = ["data.num_clients=6", "client.epochs=1", "sampling.participation=0.5", "evaluation.every=1"]
 
@@ -155,17 +156,7 @@ def test_a_bad_grid_is_refused_before_any_run_starts(tmp_path):
 @pytest.mark.slow
 def test_cli_rejects_an_unclosed_grid_list_with_exit_2_and_creates_nothing(tmp_path):
     out = tmp_path / "out"
-    command = [
-        sys.executable,
-        "-m",
-        "driftlab.cli",
-        "sweep",
-        "synthetic-fedprox",
-        "--grid",
-        "client.lr=[0.1, 0.2",
-        "--out",
-        str(out),
-    ]
+    command = sweep_command("synthetic-fedprox", "--grid", "client.lr=[0.1, 0.2", "--out", str(out))
     result = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2, result.stderr
     assert "driftlab: error: --grid 'client.lr=[0.1, 0.2'" in result.stderr and "KEY=v1,v2" in result.stderr
@@ -519,18 +510,7 @@ def _long_sweep(tmp_path: Path, epochs: int) -> tuple[list[str], list[Path]]:
         '[[axes]]\nname = "mu"\nvalues = [{ label = "a", set = ["algorithm.mu=0"] }, { label = "b", set = ["algorithm.mu=1"] }]\n'
     )
     out = tmp_path / "out"
-    command = [
-        sys.executable,
-        "-m",
-        "driftlab.cli",
-        "sweep",
-        str(sweep_file),
-        "--jobs",
-        "2",
-        "--no-report",
-        "--out",
-        str(out),
-    ]
+    command = sweep_command(str(sweep_file), "--jobs", "2", "--no-report", "--out", str(out))
     return command, [out / "runs" / "a" / "seed-0", out / "runs" / "b" / "seed-0"]
 
 
@@ -728,9 +708,7 @@ def test_readme_sweep_example_and_commands_are_valid(tmp_path):
         if "--status" in args:
             continue  # reads a sweep directory: sweep_status_test runs it
         args[args.index("--out") + 1] = str(tmp_path / "out")
-        result = subprocess.run(
-            [sys.executable, "-m", "driftlab.cli", "sweep", *args, "--dry-run"], capture_output=True, text=True
-        )
+        result = subprocess.run(sweep_command(*args, "--dry-run"), capture_output=True, text=True)
         assert result.returncode == 0, (command, result.stderr)
         assert result.stdout.startswith("pending"), command
 

@@ -21,8 +21,9 @@ from driftlab.simulation.backends.local_training import LocalSettings, Sequentia
 from driftlab.simulation.evaluation import evaluate
 from driftlab.simulation.round.client import ClientData, ClientSettings, client_end, client_start, run_client
 from driftlab.simulation.round.engine import client_data, finish_round, plan_round, run_round
-from driftlab.simulation.round.setup import EvaluationPlan, RoundPlan, Simulation, SimulationState, make_client_stores
+from driftlab.simulation.round.setup import EvaluationPlan, Simulation, SimulationState, make_client_stores
 from driftlab.simulation.seam import ServerFold
+from driftlab.simulation.testing import small_plan
 
 F64 = torch.float64
 CLIENT_SIZES = (7, 10, 13, 18)  # unequal, so FedDyn's α_k and the batch plans differ per client
@@ -60,16 +61,7 @@ def _simulation(
         module = build_model("mlp", (5,), 3, hidden=(8,))
     model = FlatModel.wrap(module).to("cpu", F64)
     theta = model.initial_parameters()
-    plan = RoundPlan(
-        seed=seed,
-        participation=participation,
-        sampling="uniform",
-        batch_size=4,
-        client_lr=0.1,
-        server_lr=1.0,
-        local_epochs=1,
-        steps=None,
-    )
+    plan = small_plan(seed=seed, participation=participation)
     algorithm = _algorithm(name, model)
     sim = Simulation(
         model,

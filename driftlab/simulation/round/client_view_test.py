@@ -14,13 +14,12 @@ import torch
 from driftlab.algorithms import fedavg
 from driftlab.data.federated import FederatedDataset
 from driftlab.experiments.run.runner import BACKENDS
-from driftlab.models import build_model
 from driftlab.optim.server import make_server_optimizer
-from driftlab.simulation.backends.flat import FlatModel
 from driftlab.simulation.round.engine import run_round
-from driftlab.simulation.round.setup import RoundPlan, Simulation, SimulationState
+from driftlab.simulation.round.setup import Simulation, SimulationState
 from driftlab.simulation.seam import Algorithm, GradientCorrection
 from driftlab.simulation.state.state_store import InMemoryClientStore
+from driftlab.simulation.testing import seeded_model, small_plan
 
 NUM_CLIENTS = 6
 
@@ -81,19 +80,9 @@ def simulation(algorithm: Algorithm, backend: str) -> tuple[Simulation, Simulati
     labels = torch.randint(0, 3, (60,), generator=generator)
     clients = tuple(np.arange(k * 10, k * 10 + 10) for k in range(NUM_CLIENTS))
     data = FederatedDataset("vectors", inputs, labels, inputs[:10], labels[:10], clients, 3)
-    torch.manual_seed(0)
-    model = FlatModel.wrap(build_model("mlp", (6,), 3, hidden=(8,))).to("cpu", torch.float64)
+    model = seeded_model("mlp", (6,), hidden=(8,))
     theta = model.initial_parameters()
-    plan = RoundPlan(
-        seed=3,
-        participation=0.5,
-        sampling="uniform",
-        batch_size=4,
-        client_lr=0.1,
-        server_lr=1.0,
-        local_epochs=1,
-        steps=None,
-    )
+    plan = small_plan()
     sim = Simulation(model, data, algorithm, BACKENDS[backend](), plan, torch.device("cpu"), torch.float64, theta)
     return sim, SimulationState(0, algorithm.server_init(theta), InMemoryClientStore(None))
 

@@ -118,14 +118,18 @@ def test_reporting_mean_and_all_clients_mean_are_the_models_evaluated():
     assert record["test_loss"] == pytest.approx(evaluate(sim, state.server.params)["test_loss"], rel=1e-12)
 
 
-def test_fedavg_drops_stragglers_unless_told_to_keep_them():
-    base = {
-        "rounds": 3,
+def _six_clients(rounds: int, participation: float, **availability: float) -> dict:
+    """A run of 6 synthetic clients under the availability model ``availability`` (its probabilities)."""
+    return {
+        "rounds": rounds,
         "data": {"num_clients": 6},
-        "client": {"epochs": 3},
-        "sampling": {"participation": 1.0},
-        "availability": {"incomplete_probability": 0.5},
+        "sampling": {"participation": participation},
+        "availability": availability,
     }
+
+
+def test_fedavg_drops_stragglers_unless_told_to_keep_them():
+    base = _six_clients(3, 1.0, incomplete_probability=0.5) | {"client": {"epochs": 3}}
     dropped = driftlab.run(base)
     kept = driftlab.run(base | {"algorithm": {"name": "fedavg", "incomplete": "keep"}})
     for drop_record, keep_record in zip(dropped.records, kept.records, strict=True):
@@ -136,14 +140,7 @@ def test_fedavg_drops_stragglers_unless_told_to_keep_them():
 
 
 def test_inactive_clients_send_nothing_but_received_the_model():
-    result = driftlab.run(
-        {
-            "rounds": 5,
-            "data": {"num_clients": 6},
-            "sampling": {"participation": 1.0},
-            "availability": {"inactive_probability": 0.5},
-        }
-    )
+    result = driftlab.run(_six_clients(5, 1.0, inactive_probability=0.5))
     for record in result.records:
         assert record["num_reporting"] == 6 - record["num_inactive"]
         assert record["download_bits"] == 6 * 32 * result.num_parameters
@@ -216,11 +213,10 @@ def _image_simulation(backend_name: str, augment: bool):
     from driftlab.algorithms import fedavg
     from driftlab.data.federated import FederatedDataset
     from driftlab.experiments.run.runner import BACKENDS
-    from driftlab.models import build_model
     from driftlab.optim.server import make_server_optimizer
-    from driftlab.simulation.backends.flat import FlatModel
-    from driftlab.simulation.round.setup import RoundPlan, Simulation, SimulationState
+    from driftlab.simulation.round.setup import Simulation, SimulationState
     from driftlab.simulation.state.state_store import InMemoryClientStore
+    from driftlab.simulation.testing import seeded_model, small_plan
 
     generator = torch.Generator().manual_seed(0)
     images = torch.randn(40, 3, 8, 8, generator=generator, dtype=torch.float64)
@@ -228,20 +224,9 @@ def _image_simulation(backend_name: str, augment: bool):
     data = FederatedDataset(
         "images", images, labels, images[:10], labels[:10], tuple(np.arange(i * 10, i * 10 + 10) for i in range(4)), 3
     )
-    torch.manual_seed(0)
-    model = FlatModel.wrap(build_model("mlp", (3, 8, 8), 3, hidden=(16,))).to("cpu", torch.float64)
+    model = seeded_model("mlp", (3, 8, 8), hidden=(16,))
     theta = model.initial_parameters()
-    plan = RoundPlan(
-        seed=3,
-        participation=0.5,
-        sampling="uniform",
-        batch_size=4,
-        client_lr=0.1,
-        server_lr=1.0,
-        local_epochs=1,
-        steps=None,
-        augment=augment,
-    )
+    plan = small_plan(augment=augment)
     algorithm = fedavg.build(make_server_optimizer("sgd"))
     sim = Simulation(model, data, algorithm, BACKENDS[backend_name](), plan, torch.device("cpu"), torch.float64, theta)
     return sim, SimulationState(0, algorithm.server_init(theta), InMemoryClientStore(None))
@@ -607,13 +592,7 @@ def test_an_empty_round_calls_the_folds_finish_only_when_it_finishes_empty(finis
 
 def test_a_round_whose_selected_clients_all_drop_out_is_recorded_and_keeps_the_model():
     # every selected client inactive: the round's sample is not empty, but nobody trains or reports
-    config = {
-        "rounds": 3,
-        "data": {"num_clients": 6},
-        "sampling": {"participation": 0.5},
-        "availability": {"inactive_probability": 1.0},
-    }
-    sim, state = build_simulation(driftlab.load_config(config))
+    sim, state = build_simulation(driftlab.load_config(_six_clients(3, 0.5, inactive_probability=1.0)))
     initial = state.server.params.clone()
     calls: list = []
     sim.algorithm = _finishing_empty(sim.algorithm, calls)

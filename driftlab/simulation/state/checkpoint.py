@@ -265,23 +265,34 @@ def _corrupt(path: Path, what: str) -> CheckpointError:
     )
 
 
+def read_tensors(
+    path: Path, unreadable: Callable[[BaseException], str]
+) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """A safetensors file's tensors and metadata; a ``CheckpointError(unreadable(error))`` when it is unreadable,
+    corrupt or truncated (what to do about it is the caller's to say)."""
+    from safetensors import safe_open
+
+    try:
+        tensors = load_file(str(path))
+        with safe_open(str(path), framework="pt") as handle:
+            return tensors, handle.metadata() or {}
+    except (SafetensorError, OSError, ValueError) as error:
+        raise CheckpointError(unreadable(error)) from error
+
+
 def load_checkpoint(
     path: Path, server_template: Any, client_template: Callable[[], Any] | None, fingerprint: str, device: torch.device
 ) -> LoadedCheckpoint:
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"no checkpoint at {path}; start the run without --resume")
-    try:
-        tensors = load_file(str(path))
-        from safetensors import safe_open
-
-        with safe_open(str(path), framework="pt") as handle:
-            metadata = handle.metadata() or {}
-    except (SafetensorError, OSError, ValueError) as error:
-        raise CheckpointError(
+    tensors, metadata = read_tensors(
+        path,
+        lambda error: (
             f"checkpoint {path} is unreadable, corrupt or truncated ({error}); restore it, "
             "or delete it to restart the run from round 0"
-        ) from error
+        ),
+    )
     version = metadata.get("format_version")
     if version is None:
         raise CheckpointError(

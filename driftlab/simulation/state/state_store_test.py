@@ -15,6 +15,8 @@ import torch
 
 import driftlab
 from driftlab.errors import ClientStateError
+from driftlab.experiments.pinned_runs_test import TINY_RUN
+from driftlab.experiments.run.testing import without_wall_time
 from driftlab.simulation.round.setup import make_client_stores
 from driftlab.simulation.state.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from driftlab.simulation.state.memory_budget import MemoryBudget
@@ -167,29 +169,13 @@ def test_the_automatic_choice_of_store_follows_the_budget(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["clients", "latest_models"]
 
 
-BASE = [
-    "rounds=4",
-    "seed=0",
-    "precision=float64",
-    "data.name=synthetic",
-    "data.num_clients=8",
-    "sampling.participation=0.5",
-    "model.name=mlp",
-    "model.hidden=[8]",
-    "client.epochs=1",
-    "client.batch_size=10",
-    "client.lr=0.05",
-]
+BASE = ["rounds=4", *TINY_RUN]
 ALGORITHMS = {
     "scaffold": ["algorithm.name=scaffold"],
     "feddyn": ["algorithm.name=feddyn", "algorithm.alpha=0.01", "evaluation.model=all_clients_mean"],
     "adabest": ["algorithm.name=adabest", "algorithm.mu=0.02", "algorithm.beta=0.9"],
     "efl": ["algorithm.name=efl"],
 }
-
-
-def _strip(records):
-    return [{k: v for k, v in r.items() if k != "round_seconds"} for r in records]
 
 
 @pytest.mark.slow
@@ -201,7 +187,7 @@ def test_disk_store_runs_are_bit_identical_to_memory_store_runs(tmp_path, algori
         None, tmp_path / "run", overrides=[*overrides, "state.store=disk", "checkpoint_every=1", "keep_checkpoint=true"]
     )
     assert torch.equal(memory.final_params, disk.final_params)
-    assert _strip(memory.records) == _strip(disk.records)
+    assert without_wall_time(memory.records) == without_wall_time(disk.records)
     checkpoint = json.loads((tmp_path / "run" / "client_state" / "clients" / "manifest.json").read_text())
     assert checkpoint["num_clients"] == 8
     # A resume with more rounds continues from the disk store's files, and with the memory store too.
@@ -213,7 +199,7 @@ def test_disk_store_runs_are_bit_identical_to_memory_store_runs(tmp_path, algori
     )
     uninterrupted = driftlab.run(None, overrides=[*overrides, "state.store=memory", "rounds=5"])
     assert torch.equal(longer.final_params, uninterrupted.final_params)
-    assert _strip(longer.records) == _strip(uninterrupted.records)
+    assert without_wall_time(longer.records) == without_wall_time(uninterrupted.records)
 
 
 KILLER = textwrap.dedent(
@@ -268,7 +254,7 @@ def test_a_kill_mid_checkpoint_or_mid_commit_resumes_bit_identically(tmp_path, s
     resumed = driftlab.run(None, out, resume=True, overrides=overrides)
     uninterrupted = driftlab.run(None, overrides=[*overrides, "state.store=memory"])
     assert torch.equal(resumed.final_params, uninterrupted.final_params)
-    assert _strip(resumed.records) == _strip(uninterrupted.records)
+    assert without_wall_time(resumed.records) == without_wall_time(uninterrupted.records)
 
 
 def test_a_corrupted_store_file_stops_the_resume_with_a_clear_error(tmp_path):
