@@ -16,6 +16,7 @@ from driftlab.attacks.model_updates import GaussianNoise, InnerProduct, LittleIs
 from driftlab.attacks.section import AttackConfig
 from driftlab.attacks.wrapper import with_attack
 from driftlab.errors import ConfigError
+from driftlab.experiments.run.testing import quadratic_run
 from driftlab.features.entry import RunFacts
 from driftlab.optim.server import make_server_optimizer
 from driftlab.simulation.seam import ClientContext, ClientUpdate, RoundContext
@@ -112,17 +113,7 @@ def test_the_section_names_the_key_to_fix():
 
 
 def _config(**sections) -> dict:
-    config = {
-        "data": {"name": "quadratic1d", "num_clients": 8},
-        "model": {"name": "quadratic"},
-        "algorithm": {"name": "fedavg", "aggregation": "uniform"},
-        "client": {"lr": 0.1, "batch_size": 1000, "steps": 2},
-        "sampling": {"participation": 0.5},
-        "precision": "float64",
-        "rounds": 3,
-        "seed": 2,
-    }
-    return config | sections
+    return quadratic_run(8, 3, 2) | sections
 
 
 def test_an_attacked_run_records_its_attackers_counts_their_messages_and_repeats(tmp_path):

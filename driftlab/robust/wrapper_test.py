@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import math
 import shutil
-from pathlib import Path
 
 import pytest
 import torch
@@ -17,6 +16,7 @@ from driftlab.attacks.model_updates import SignFlip
 from driftlab.attacks.wrapper import with_attack
 from driftlab.errors import ConfigError
 from driftlab.experiments.run.assembly import build_simulation
+from driftlab.experiments.run.testing import quadratic_run, run_records, without_wall_time
 from driftlab.features.entry import RunFacts
 from driftlab.optim.server import make_server_optimizer
 from driftlab.robust import CenteredClipping, Krum, Median, NormBound
@@ -98,25 +98,7 @@ def test_centered_clipping_carries_its_centre_and_momenta_in_the_server_state():
 
 
 def _config(**sections) -> dict:
-    config = {
-        "data": {"name": "quadratic1d", "num_clients": 6},
-        "model": {"name": "quadratic"},
-        "algorithm": {"name": "fedavg", "aggregation": "uniform"},
-        "client": {"lr": 0.1, "batch_size": 1000, "steps": 2},
-        "sampling": {"participation": 0.5},
-        "precision": "float64",
-        "rounds": 4,
-        "seed": 3,
-    }
-    return config | sections
-
-
-def _records(out: Path) -> list[dict]:
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-
-
-def _without_wall_time(records: list[dict]) -> list[dict]:
-    return [{key: value for key, value in record.items() if key != "round_seconds"} for record in records]
+    return quadratic_run(6, 4, 3) | sections
 
 
 @pytest.mark.parametrize("backend", ["sequential", "vectorized"])
@@ -135,7 +117,7 @@ def test_a_resumed_run_with_centered_clipping_equals_an_uninterrupted_one(tmp_pa
     driftlab.run(config, out, progress=snapshot)
     resumed = driftlab.run(killed / "config.json", killed, resume=True)  # config.json keeps both sections
     assert torch.equal(resumed.final_params, first.final_params)
-    assert _without_wall_time(_records(killed)) == _without_wall_time(first.records)
+    assert without_wall_time(run_records(killed)) == without_wall_time(first.records)
 
 
 def test_the_section_names_the_key_to_fix():
@@ -208,7 +190,7 @@ def test_a_resumed_bucketed_run_equals_an_uninterrupted_one_and_run_json_records
     driftlab.run(config, out, progress=snapshot)
     resumed = driftlab.run(killed / "config.json", killed, resume=True)
     assert torch.equal(resumed.final_params, first.final_params)
-    assert _without_wall_time(_records(killed)) == _without_wall_time(first.records)
+    assert without_wall_time(run_records(killed)) == without_wall_time(first.records)
 
 
 @pytest.mark.parametrize("rule", [{"aggregator": "median"}, {"aggregator": "krum", "byzantine": 1}])
@@ -217,7 +199,7 @@ def test_buckets_of_one_run_bit_for_bit_as_no_bucketing(tmp_path, rule):
     plain = driftlab.run(config, tmp_path / "plain")
     ones = driftlab.run(config | {"robust": rule | {"bucket_size": 1}}, tmp_path / "ones")
     assert torch.equal(ones.final_params, plain.final_params)
-    assert _without_wall_time(ones.records) == _without_wall_time(plain.records)
+    assert without_wall_time(ones.records) == without_wall_time(plain.records)
 
 
 def test_bucket_size_is_a_key_of_every_rule_and_krums_f_counts_buckets_in_the_plan():

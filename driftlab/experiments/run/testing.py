@@ -36,6 +36,21 @@ FEDBUFF_RUN = [
 ]
 
 
+def quadratic_run(num_clients: int, rounds: int, seed: int) -> dict:
+    """A config of uniform FedAvg on the one-dimensional quadratic clients in float64, two local steps of lr 0.1 a
+    round, half the clients a round: the run the feature tests (robust aggregation, attacks) wrap."""
+    return {
+        "data": {"name": "quadratic1d", "num_clients": num_clients},
+        "model": {"name": "quadratic"},
+        "algorithm": {"name": "fedavg", "aggregation": "uniform"},
+        "client": {"lr": 0.1, "batch_size": 1000, "steps": 2},
+        "sampling": {"participation": 0.5},
+        "precision": "float64",
+        "rounds": rounds,
+        "seed": seed,
+    }
+
+
 def run_records(out: Path) -> list[dict]:
     """The records of the run directory ``out``, one a line of its metrics.jsonl."""
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
