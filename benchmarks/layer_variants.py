@@ -17,14 +17,23 @@ Workloads (sizes are flags; these are the defaults):
   (c) ``loop``: client by client, the module's own forward through ``torch.func.functional_call`` and its backward;
   (d) ``grouped-bf16`` and ``unfold-bf16``: (a) and (b) under ``torch.autocast("cuda", bfloat16)`` (CUDA only);
   (e) ``grouped-cudnn-benchmark``: (a) with ``torch.backends.cudnn.benchmark = True`` (CUDA only; its warm-up
-  steps include cuDNN's search).
+  steps include cuDNN's search);
+  (f) ``channels-last``: (a) on channels-last tensors (``convolution("channels_last")``, the layout of cuDNN's
+  tensor-core kernels);
+  (g) ``mixed``: ``conv_unfold`` for the first layer (3 channels per client, tiny groups), grouped elsewhere
+  (``convolution("mixed")``);
+  (h) ``channels-last-bf16`` and ``mixed-bf16``: (f) and (g) under autocast bf16 (CUDA only).
 * ``lstm``: FedDyn's Shakespeare LSTM (zoo ``lstm``: embedding 8, 2 layers of 100, vocabulary 80), 80-character
   windows, batch 50, at 10 clients:
-  (a) ``bmm``: the batched recurrence (``batched.char_rnn``, one ``baddbmm`` per step and layer);
+  (a) ``bmm``: the batched recurrence with autograd's cell (``batched.char_rnn`` inside ``recurrence("steps")``, one
+  ``baddbmm`` and about nine pointwise kernels per step and layer, twice that backward);
   (b) ``loop``: client by client, the module's own forward (``functional_call``; cuDNN's LSTM on a GPU, which
   repacks the swapped-in weights each call);
   (c) ``loop-modules``: client by client, one module per client with its weights packed once (``flatten_parameters``),
-  as the plain-PyTorch reference loop of ``round_speed.py`` trains.
+  as the plain-PyTorch reference loop of ``round_speed.py`` trains;
+  (d) ``fused``: the batched recurrence as ``layers.LSTMRecurrence`` (the default, ``recurrence("fused")``): six
+  pointwise kernels a step forward, four backward, and one weight-gradient product per layer;
+  (e) ``fused-bf16``: (d) under autocast bf16 (CUDA only).
 
 Method (/work/.library/device/METHOD.md): every float32 variant runs inside driftlab's ``local_arithmetic("float32")``
 (on CUDA that turns TF32 off for matmuls and cuDNN convolutions, as a ``precision=float32`` run does); the bf16
@@ -44,9 +53,15 @@ variants smaller than the difference of (a)'s two timings is noise.  The whole r
 seconds: a variant that would start past it is skipped, saying so.  A variant that raises (out of memory, say)
 is recorded with its error and the rest still run.
 
+Profile: on CUDA, after timing, one more step of each variant runs under ``torch.profiler`` (CUDA activity) and the
+``--profile-top`` kernels by GPU time are printed per workload and variant (name, calls, microseconds, share of the
+step's kernel time) and kept in the entry's ``top_kernels``.  On a CPU there are no kernels to list: the profile is
+skipped, saying so, unless ``--profile-cpu`` asks for the top CPU operators instead (cheap; the test runs it).
+
 Prints a short table, then ONE JSON line last: ``device`` (name), ``torch``, ``device_details``, ``settings``,
 ``workloads`` (each with its ``variants``: ``key``, ``label``, ``status``, ``median_seconds``, ``spread_seconds``,
-``speedup_vs_a``, ``max_relative_error``, ``gradient_relative_error``, ...), ``failures`` and ``seconds``.
+``speedup_vs_a``, ``max_relative_error``, ``gradient_relative_error``, ``top_kernels``, ...), ``profile`` (what was
+profiled, or why not), ``failures`` and ``seconds``.
 Exit status 1 when a variant fails its tolerance or raises.
 
 Usage:
@@ -54,6 +69,7 @@ Usage:
     python benchmarks/layer_variants.py --device cpu --clients 10 --repeats 5
     python benchmarks/layer_variants.py --workloads lstm --lstm-clients 10 20
     python benchmarks/layer_variants.py --quick --device cpu     # tiny sizes, 3 repeats, seconds (the test runs this)
+    python benchmarks/layer_variants.py --profile-top 15 --budget 120      # on a GPU: 15 kernels per variant
     python benchmarks/layer_variants.py --json $OUT/layer_variants.json   # the JSON line written to a file too
 """
 
@@ -136,6 +152,7 @@ class Variant:
     build: Callable[[Workload, Leaves], Step]
     precision: str = "float32"
     convolution: str = "grouped"  # layers.convolution(...) while the variant runs: "unfold" computes conv_unfold
+    recurrence: str = "fused"  # layers.recurrence(...) while the variant runs: "steps" is autograd's LSTM cell
     cudnn_benchmark: bool = False
     cuda_only: bool = False
 
@@ -215,24 +232,39 @@ CNN_VARIANTS = [
     Variant(
         "grouped-cudnn-benchmark", "(e)", "(a) with cudnn.benchmark", batched_step, cudnn_benchmark=True, cuda_only=True
     ),
+    Variant(
+        "channels-last",
+        "(f)",
+        "batched forward, grouped convolutions on channels-last tensors",
+        batched_step,
+        convolution="channels_last",
+    ),
+    Variant("mixed", "(g)", "batched forward, conv_unfold for 3-channel layers", batched_step, convolution="mixed"),
+    *(
+        Variant(f"{key}-bf16", "(h)", f"{label} under autocast bf16", batched_step, "bf16", kind, cuda_only=True)
+        for key, label, kind in (("channels-last", "(f)", "channels_last"), ("mixed", "(g)", "mixed"))
+    ),
 ]
 LSTM_VARIANTS = [
-    Variant("bmm", "(a)", "batched recurrence, one baddbmm per step", batched_step),
+    Variant("bmm", "(a)", "batched recurrence, autograd's cell step by step", batched_step, recurrence="steps"),
     Variant("loop", "(b)", "per-client loop, functional_call (cuDNN on a GPU)", loop_step),
     Variant("loop-modules", "(c)", "per-client loop, own modules, packed weights", modules_step),
+    Variant("fused", "(d)", "batched recurrence, LSTMRecurrence (layer-level backward)", batched_step),
+    Variant("fused-bf16", "(e)", "(d) under autocast bf16", batched_step, precision="bf16", cuda_only=True),
 ]
 
 
 @contextlib.contextmanager
 def variant_context(variant: Variant, device: torch.device) -> Iterator[None]:
-    """The arithmetic, the convolution (the config's ``convolution``) and the cuDNN flag of ``variant``; everything
-    restored on exit."""
+    """The arithmetic, the convolution (the config's ``convolution``), the recurrence and the cuDNN flag of
+    ``variant``; everything restored on exit."""
     saved_benchmark = torch.backends.cudnn.benchmark
     try:
         torch.backends.cudnn.benchmark = variant.cudnn_benchmark
         with (
             local_arithmetic(variant.precision, device),
             layers.convolution(variant.convolution),
+            layers.recurrence(variant.recurrence),
             warnings.catch_warnings(),
         ):
             # cuDNN's LSTM repacks functional_call's swapped-in weights every call and says so: that cost is measured
@@ -282,6 +314,32 @@ def timed_steps(
         if len(seconds) >= 3 and sum(seconds) > max_seconds:
             break
     return seconds
+
+
+def top_kernels(step: Step, inputs: tuple, device: torch.device, count: int) -> list[dict[str, Any]]:
+    """The ``count`` costliest entries of one step under ``torch.profiler``: CUDA kernels by GPU time on a GPU, CPU
+    operators by self CPU time elsewhere; each with its calls, microseconds and share of the step's total."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    on_gpu = device.type == "cuda"
+    activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA] if on_gpu else [ProfilerActivity.CPU]
+    synchronize(device)
+    with profile(activities=activities) as profiler:
+        step(*inputs)
+        synchronize(device)
+    events = profiler.key_averages()
+    kernels = [event for event in events if event.device_type == DeviceType.CUDA] if on_gpu else events
+    rows = [
+        (event.key, event.count, event.self_device_time_total if on_gpu else event.self_cpu_time_total)
+        for event in kernels or events  # should no event say it is a kernel, every one with its GPU time
+    ]
+    total = sum(micros for _, _, micros in rows) or 1.0
+    rows.sort(key=lambda row: row[2], reverse=True)
+    return [
+        {"name": name, "calls": calls, "microseconds": micros, "share": micros / total}
+        for name, calls, micros in rows[:count]
+    ]
 
 
 def summary(seconds: list[float]) -> dict[str, Any]:
@@ -338,6 +396,7 @@ def empty_entry(variant: Variant, status: str) -> dict[str, Any]:
         "gradient_relative_error",
         "tflops",
         "peak_memory_mb",
+        "top_kernels",
     ):
         entry[field] = None
     return entry
@@ -380,6 +439,13 @@ def measure_variant(
         entry.update(
             summary(timed_steps(step, input_sets, device, args.warmup, args.repeats, args.max_seconds_per_variant))
         )
+        if profiled(device, args) is None:
+            try:
+                entry["top_kernels"] = top_kernels(step, input_sets[0], device, args.profile_top)
+            except Exception as error:  # noqa: BLE001 - a profiler that cannot start must not cost the timings
+                print(
+                    f"profile of {workload.name}-{workload.clients}:{variant.key} failed: {type(error).__name__}: {error}"
+                )
     if device.type == "cuda":
         entry["peak_memory_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
     return entry, result
@@ -441,6 +507,15 @@ def run_workload(
 # ---------------------------------------------------------------- main
 
 
+def profiled(device: torch.device, args: argparse.Namespace) -> str | None:
+    """Why the variants are not profiled, or ``None`` when they are (on CUDA, or on a CPU with ``--profile-cpu``)."""
+    if args.profile_top < 1:
+        return "skipped: --profile-top 0"
+    if device.type != "cuda" and not args.profile_cpu:
+        return "skipped: no CUDA device, so no kernels to list (--profile-cpu lists the top CPU operators instead)"
+    return None
+
+
 def workloads(args: argparse.Namespace, device: torch.device) -> Iterator[tuple[Workload, list[Variant]]]:
     """The requested workloads, built on ``device`` one at a time (a workload's tensors are freed before the next)."""
     torch.manual_seed(args.seed)
@@ -482,7 +557,13 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
         help="a variant stops repeating past this (3 steps at least)",
     )
     parser.add_argument(
-        "--budget", type=float, default=50.0, help="seconds; variants that would start later are skipped"
+        "--budget", type=float, default=90.0, help="seconds; variants that would start later are skipped"
+    )
+    parser.add_argument(
+        "--profile-top", type=int, default=10, help="kernels listed per variant from a profiled step (0: no profile)"
+    )
+    parser.add_argument(
+        "--profile-cpu", action="store_true", help="on a CPU, profile CPU operators (otherwise the profile is skipped)"
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=None, help="also write the JSON report to this file")
@@ -504,6 +585,8 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     unknown = sorted(set(args.workloads) - {"cnn", "lstm"})
     if unknown or not args.workloads:
         parser.error(f"--workloads takes cnn and/or lstm, comma-separated; got {unknown or 'none'}")
+    if args.profile_top < 0:
+        parser.error(f"--profile-top must be 0 or more, got {args.profile_top}")
     for name in ("batch", "image_size", "window", "lstm_hidden", "repeats", "input_sets"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
@@ -550,6 +633,24 @@ def print_table(report: dict[str, Any]) -> None:
             )
 
 
+def print_profiles(report: dict[str, Any]) -> None:
+    """Each profiled variant's top kernels (or CPU operators), workload by workload; or why there are none."""
+    profile = report["profile"]
+    if profile["status"] != "ok":
+        print(f"profile {profile['status']}")
+        return
+    for workload in report["workloads"]:
+        for variant in workload["variants"]:
+            if not variant["top_kernels"]:
+                continue
+            print(
+                f"top {profile['activity']} {'kernels' if profile['activity'] == 'cuda' else 'operators'}: "
+                f"{workload['workload']}, {workload['clients']} clients, {variant['label']} {variant['key']}"
+            )
+            for row in variant["top_kernels"]:
+                print(f"  {row['share']:6.1%} {row['microseconds']:10.0f} us {row['calls']:6d}x  {row['name'][:100]}")
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_arguments(argv)
     device = torch.device(args.device)
@@ -561,6 +662,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "torch": torch.__version__,
         "device_details": details,
         "settings": {name: value for name, value in vars(args).items() if name != "json"},
+        "profile": {"activity": device.type, "status": profiled(device, args) or "ok"},
         "workloads": [],
     }
     for workload, variants in workloads(args, device):
@@ -575,6 +677,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ]
     report["seconds"] = time.perf_counter() - started
     print_table(report)
+    print_profiles(report)
     line = json.dumps(report, default=str)
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -15,8 +15,9 @@ from driftlab.models import layers
 VARIANT_FIELDS = {
     "key", "label", "description", "precision", "status", "tolerance", "gradient_tolerance", "median_seconds",
     "spread_seconds", "min_seconds", "max_seconds", "repeats", "speedup_vs_a", "max_relative_error",
-    "gradient_relative_error", "tflops", "peak_memory_mb",
+    "gradient_relative_error", "tflops", "peak_memory_mb", "top_kernels",
 }  # fmt: skip
+KERNEL_FIELDS = {"name", "calls", "microseconds", "share"}
 
 
 def quick_report(capsys, arguments: list[str]) -> dict:
@@ -30,10 +31,11 @@ def quick_report(capsys, arguments: list[str]) -> dict:
 
 @pytest.mark.slow
 def test_quick_run_checks_and_times_every_variant_a_cpu_can_run(capsys, tmp_path):
-    report = quick_report(capsys, ["--json", str(tmp_path / "report.json")])
+    report = quick_report(capsys, ["--json", str(tmp_path / "report.json"), "--profile-cpu", "--profile-top", "4"])
     assert json.loads((tmp_path / "report.json").read_text()) == report
     assert report["torch"] == torch.__version__ and report["device"] == report["device_details"]["name"]
     assert report["failures"] == [] and report["seconds"] > 0
+    assert report["profile"] == {"activity": "cpu", "status": "ok"}
     expected = {("cnn", 2), ("cnn", 3), ("lstm", 2)}
     assert {(workload["workload"], workload["clients"]) for workload in report["workloads"]} == expected
     for workload in report["workloads"]:
@@ -51,9 +53,17 @@ def test_quick_run_checks_and_times_every_variant_a_cpu_can_run(capsys, tmp_path
             assert 0 <= entry["max_relative_error"] <= entry["tolerance"] == 1e-4
             assert 0 <= entry["gradient_relative_error"] <= entry["gradient_tolerance"]
             assert entry["peak_memory_mb"] is None
+            # the profiled step's top CPU operators, costliest first, shares of the step's total
+            kernels = entry["top_kernels"]
+            assert 1 <= len(kernels) <= 4 and all(set(row) == KERNEL_FIELDS for row in kernels)
+            assert [row["microseconds"] for row in kernels] == sorted(
+                (row["microseconds"] for row in kernels), reverse=True
+            )
+            assert all(row["calls"] >= 1 for row in kernels) and 0 < sum(row["share"] for row in kernels) <= 1 + 1e-9
         baseline = workload["variants"][0]
         assert baseline["speedup_vs_a"] == 1.0 and baseline["max_relative_error"] > 0  # (a) against itself in float64
     assert layers.conv is not layers.conv_unfold and not torch.backends.cudnn.benchmark  # restored after the run
+    assert layers._CONVOLUTION.get() == "grouped" and layers._RECURRENCE.get() == "fused"
 
 
 def wrong_step(workload, leaves):
@@ -90,8 +100,17 @@ def test_a_wrong_a_raising_and_a_nan_variant_are_reported_and_the_others_still_r
         layer_variants.CNN_VARIANTS[1],
     ]
     monkeypatch.setattr(layer_variants, "CNN_VARIANTS", variants)
-    report = quick_report(capsys, ["--workloads", "cnn", "--clients", "2", "--repeats", "1"])
+    returned = layer_variants.main(
+        ["--quick", "--device", "cpu", "--workloads", "cnn", "--clients", "2", "--repeats", "1"]
+    )
+    printed = capsys.readouterr().out.strip().splitlines()
+    report = json.loads(printed[-1])
+    assert report == json.loads(json.dumps(returned, default=str))
+    # on a CPU without --profile-cpu the profile is skipped, and the output says why
+    assert report["profile"]["status"].startswith("skipped: no CUDA device")
+    assert printed[-2] == f"profile {report['profile']['status']}"
     entries = {entry["key"]: entry for entry in report["workloads"][0]["variants"]}
+    assert all(entry["top_kernels"] is None for entry in entries.values())
     assert report["failures"] == ["cnn-2:wrong", "cnn-2:raises", "cnn-2:nan"]
     assert entries["wrong"]["status"].startswith("FAILED") and 9e-3 < entries["wrong"]["max_relative_error"] < 1.1e-2
     assert entries["raises"]["status"] == "ERROR: RuntimeError: out of memory, say"
@@ -99,14 +118,25 @@ def test_a_wrong_a_raising_and_a_nan_variant_are_reported_and_the_others_still_r
     assert entries["unfold"]["status"] == "ok" and entries["unfold"]["median_seconds"] > 0
 
 
-def test_variant_context_sets_the_convolution_and_restores_it_after_an_error():
-    variant = layer_variants.CNN_VARIANTS[1]
-    assert variant.convolution == "unfold"
+@pytest.mark.parametrize(
+    "variants, key, convolution, recurrence",
+    [
+        ("CNN_VARIANTS", "unfold", "unfold", "fused"),
+        ("CNN_VARIANTS", "channels-last", "channels_last", "fused"),
+        ("CNN_VARIANTS", "mixed", "mixed", "fused"),
+        ("LSTM_VARIANTS", "bmm", "grouped", "steps"),
+    ],
+)
+def test_variant_context_sets_the_convolution_and_recurrence_and_restores_them_after_an_error(
+    variants, key, convolution, recurrence
+):
+    (variant,) = [variant for variant in getattr(layer_variants, variants) if variant.key == key]
     with pytest.raises(RuntimeError, match="inside"):
         with layer_variants.variant_context(variant, torch.device("cpu")):
-            assert layers._CONVOLUTION.get() == "unfold"  # layers.conv computes conv_unfold here
+            # layers.conv and layers.lstm_layer compute the variant's choices here
+            assert (layers._CONVOLUTION.get(), layers._RECURRENCE.get()) == (convolution, recurrence)
             raise RuntimeError("inside")
-    assert layers._CONVOLUTION.get() == "grouped"
+    assert (layers._CONVOLUTION.get(), layers._RECURRENCE.get()) == ("grouped", "fused")
 
 
 @pytest.mark.parametrize(
@@ -116,6 +146,7 @@ def test_variant_context_sets_the_convolution_and_restores_it_after_an_error():
         (["--clients", "1"], "at least 2"),
         (["--image-size", "8"], "--image-size must be at least 16"),
         (["--repeats", "0"], "--repeats must be at least 1"),
+        (["--profile-top", "-1"], "--profile-top must be 0 or more"),
     ],
 )
 def test_bad_arguments_say_what_is_wrong(capsys, arguments, says):

@@ -8,12 +8,14 @@ summed masked losses (the clients' parameters are disjoint, so row ``k`` of the 
 * images are kept as ``[B, C·ch, H, W]``, client ``k``'s channels in block ``k``, so a convolution of every
   client is one grouped convolution (``groups = C·g``, weights ``[C·out, in/g, kh, kw]``), or, inside
   ``convolution("unfold")`` (the config's ``convolution = "unfold"``), im2col and one matrix product per client
-  (``conv_unfold``); GroupNorm is one
+  (``conv_unfold``), with ``"channels_last"`` and ``"mixed"`` beside them (``convolution``); GroupNorm is one
   ``group_norm`` with ``C·G`` groups, and pooling, ReLU and residual additions act channel by channel as they are;
 * feature rows are ``[C, B, F]`` and a Linear layer is one ``baddbmm``;
 * an embedding of every client is one lookup in the ``[C·V, E]`` table with ids offset by ``k·V``;
 * an LSTM or GRU layer projects every time step's input with one ``bmm`` and runs its recurrence as one
-  ``baddbmm`` per step over all clients (PyTorch's gate order and two-bias layout, ``i f g o`` and ``r z n``).
+  ``baddbmm`` per step over all clients (PyTorch's gate order and two-bias layout, ``i f g o`` and ``r z n``); the
+  LSTM's recurrence is one autograd function with a hand-written backward (``LSTMRecurrence``: few kernels a step,
+  one weight-gradient product per layer), or inside ``recurrence("steps")`` autograd's operations step by step.
 
 Compared with ``torch.func.vmap`` this needs no batching rules (an LSTM has none on CPU) and has no
 per-operation transform overhead; the arithmetic is the module's own, so it agrees with the sequential
@@ -79,23 +81,44 @@ def images(inputs: torch.Tensor) -> Images:
 
 # ---------------------------------------------------------------- layers
 
-CONVOLUTIONS = ("grouped", "unfold")
-# How ``conv`` computes: set per thread (the vectorized backend trains chunks on worker threads) by ``convolution``.
-_CONVOLUTION: contextvars.ContextVar[str] = contextvars.ContextVar("driftlab_convolution", default="grouped")
+CONVOLUTIONS = ("grouped", "unfold", "channels_last", "mixed")
+RECURRENCES = ("fused", "steps")
+# How ``conv`` and ``lstm_layer`` compute: set per thread (the vectorized backend trains chunks on worker threads) by
+# ``convolution`` and ``recurrence``.
+_CONVOLUTION: contextvars.ContextVar[str] = contextvars.ContextVar("convolution", default="grouped")
+_RECURRENCE: contextvars.ContextVar[str] = contextvars.ContextVar("recurrence", default="fused")
 
 
 @contextlib.contextmanager
-def convolution(kind: str) -> Iterator[None]:
-    """Inside this context (in this thread), ``conv`` computes ``kind``: ``"grouped"`` (one grouped convolution, the
-    default) or ``"unfold"`` (``conv_unfold`` wherever it applies). The same function to rounding; which one is
-    faster depends on the device and its kernels (``benchmarks/layer_variants.py`` times both)."""
-    if kind not in CONVOLUTIONS:
-        raise ValueError(f"convolution must be one of {', '.join(CONVOLUTIONS)}, got {kind!r}")
-    token = _CONVOLUTION.set(kind)
+def _chosen(setting: contextvars.ContextVar[str], kinds: tuple[str, ...], kind: str) -> Iterator[None]:
+    if kind not in kinds:
+        raise ValueError(f"{setting.name} must be one of {', '.join(kinds)}, got {kind!r}")
+    token = setting.set(kind)
     try:
         yield
     finally:
-        _CONVOLUTION.reset(token)
+        setting.reset(token)
+
+
+def convolution(kind: str) -> contextlib.AbstractContextManager[None]:
+    """Inside this context (in this thread), ``conv`` computes ``kind``: ``"grouped"`` (one grouped convolution, the
+    default), ``"unfold"`` (``conv_unfold`` wherever it applies), ``"channels_last"`` (the grouped convolution on
+    channels-last tensors, the layout cuDNN's tensor-core kernels read) or ``"mixed"`` (``conv_unfold`` for the
+    layers reading 3 channels per client, an image's first layer, whose grouped form has tiny groups; grouped
+    elsewhere). The same function to rounding; which one is faster depends on the device and its kernels
+    (``benchmarks/layer_variants.py`` times them all)."""
+    return _chosen(_CONVOLUTION, CONVOLUTIONS, kind)
+
+
+def recurrence(kind: str) -> contextlib.AbstractContextManager[None]:
+    """Inside this context (in this thread), ``lstm_layer`` runs ``kind``: ``"fused"`` (the default: the recurrence
+    as one autograd function with a hand-written backward, ``LSTMRecurrence``) or ``"steps"`` (the cell written
+    with autograd's operations, step by step). The same function to rounding (``recurrence_test.py``)."""
+    return _chosen(_RECURRENCE, RECURRENCES, kind)
+
+
+# Per-client input channels that ``convolution("mixed")`` unfolds: an RGB image's first layer.
+MIXED_UNFOLD_CHANNELS = 3
 
 
 def unfoldable(module: nn.Conv2d) -> bool:
@@ -103,17 +126,31 @@ def unfoldable(module: nn.Conv2d) -> bool:
     return module.groups == 1 and module.padding_mode == "zeros" and not isinstance(module.padding, str)
 
 
+def unfolds(module: nn.Conv2d, kind: str | None = None) -> bool:
+    """Whether ``conv`` computes ``module`` as ``conv_unfold`` under ``convolution(kind)`` (default: this thread's)."""
+    kind = _CONVOLUTION.get() if kind is None else kind
+    if not unfoldable(module):
+        return False
+    return kind == "unfold" or (kind == "mixed" and module.in_channels == MIXED_UNFOLD_CHANNELS)
+
+
 def conv(x: Images, module: nn.Conv2d, params: Parameters, prefix: str) -> Images:
-    """Every client's ``Conv2d`` as one grouped convolution, or as ``conv_unfold`` inside ``convolution("unfold")``
-    where the module allows (``unfoldable``; elsewhere the grouped convolution)."""
-    if _CONVOLUTION.get() == "unfold" and unfoldable(module):
+    """Every client's ``Conv2d`` as one grouped convolution (on channels-last tensors inside
+    ``convolution("channels_last")``), or as ``conv_unfold`` where ``unfolds`` says so."""
+    if unfolds(module):
         return conv_unfold(x, module, params, prefix)
     weight = params.get(prefix, "weight", module)
     bias = params.get(prefix, "bias", module)
     clients = x.clients
+    inputs, kernels = x.tensor, weight.reshape(clients * module.out_channels, *module.weight.shape[1:])
+    if _CONVOLUTION.get() == "channels_last":
+        # The output comes out channels-last too, and ReLU, pooling and GroupNorm keep the layout: only the first
+        # layer's input is copied (and Images.rows' flatten, which copies back to the channel-major order).
+        inputs = inputs.contiguous(memory_format=torch.channels_last)
+        kernels = kernels.contiguous(memory_format=torch.channels_last)
     out = F.conv2d(
-        x.tensor,
-        weight.reshape(clients * module.out_channels, *module.weight.shape[1:]),
+        inputs,
+        kernels,
         None if bias is None else bias.reshape(-1),
         stride=module.stride,
         padding=module.padding,
@@ -230,8 +267,107 @@ def _recurrent_weights(module: nn.RNNBase, params: Parameters, prefix: str, laye
     return [params.get(prefix, f"{kind}_l{layer}", module) for kind in kinds]
 
 
+class LSTMRecurrence(torch.autograd.Function):
+    """The recurrence of one LSTM layer for every client, with a hand-written backward (``recurrence("fused")``).
+
+    In: the projected inputs ``P [C, T, B, 4H]`` (``x_t W_ihᵀ + b_ih + b_hh``, time-major) and ``W_hh [C, 4H, H]``;
+    out: the hidden states ``h_1 … h_T`` as ``[C, T, B, H]``, from ``h_0 = c_0 = 0``. PyTorch's equations (gates
+    ``i f g o``, Hochreiter & Schmidhuber 1997 with the forget gate of Gers et al. 2000)::
+
+        a_t = P_t + h_{t−1} W_hhᵀ                  (one baddbmm over all clients)
+        i, f, o = σ(a_t^i), σ(a_t^f), σ(a_t^o);  g = tanh(a_t^g)
+        c_t = f ⊙ c_{t−1} + i ⊙ g;               h_t = o ⊙ tanh(c_t)
+
+    The forward runs without autograd's graph (one baddbmm and six pointwise kernels a step; the activations kept
+    for the backward), and the backward runs the recursion with the terms that do not depend on it computed for all
+    steps at once::
+
+        δh_t = ∂L/∂h_t + δa_{t+1} W_hh             (one baddbmm a step)
+        δc_t = δc_{t+1} ⊙ f_{t+1} + δh_t ⊙ o ⊙ (1 − tanh² c_t)
+        δa_t = [δc_t ⊙ g ⊙ i(1−i),  δc_t ⊙ c_{t−1} ⊙ f(1−f),  δc_t ⊙ i ⊙ (1−g²),  δh_t ⊙ tanh c_t ⊙ o(1−o)]
+
+    so a step costs one baddbmm and four pointwise kernels, against autograd's one per operation and a weight
+    gradient per step. The weight gradient is ONE product over all steps, ``δW_hh = Σ_t δa_tᵀ h_{t−1}``, and the
+    gradient of ``P`` (``δa``) goes back through the input projection, whose backward is one product too
+    (``δW_ih = Σ_t δa_tᵀ x_t``).
+    """
+
+    @staticmethod
+    def forward(ctx, projected: torch.Tensor, weight_hh: torch.Tensor) -> torch.Tensor:
+        clients, steps, batch, gates = projected.shape
+        hidden = gates // 4
+        # Under autocast the products (and the projection) come out in bfloat16 while the states stay in the
+        # parameters' float32, as in recurrence("steps"); the backward then runs in float32.
+        ctx.projected_dtype = projected.dtype
+        dtype = torch.promote_types(projected.dtype, weight_hh.dtype)
+        recurrent = weight_hh.transpose(1, 2)
+        states = projected.new_zeros(clients, steps + 1, batch, hidden, dtype=dtype)  # h_0 … h_T
+        cells = projected.new_zeros(clients, steps + 1, batch, hidden, dtype=dtype)  # c_0 … c_T
+        activations = projected.new_empty(clients, steps, batch, gates, dtype=dtype)  # i f g o after nonlinearities
+        # Every step's views made at once: the loop then runs kernels only.
+        h, c = states.unbind(1), cells.unbind(1)
+        candidate_slots = activations[..., 2 * hidden : 3 * hidden].unbind(1)
+        for step, (inputs, active) in enumerate(zip(projected.unbind(1), activations.unbind(1), strict=True)):
+            preactivation = torch.baddbmm(inputs, h[step], recurrent)
+            torch.sigmoid(preactivation, out=active)
+            torch.tanh(preactivation[..., 2 * hidden : 3 * hidden], out=candidate_slots[step])
+            i, f, g, o = active.chunk(4, dim=2)
+            torch.addcmul(f * c[step], i, g, out=c[step + 1])
+            torch.mul(o, torch.tanh(c[step + 1]), out=h[step + 1])
+        ctx.save_for_backward(weight_hh, states, cells, activations)
+        return states[:, 1:]
+
+    @staticmethod
+    def backward(ctx, grad_states: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        weight_hh, states, cells, activations = ctx.saved_tensors
+        clients, steps, batch, gates = activations.shape
+        hidden = gates // 4
+        weight = weight_hh.to(activations.dtype)  # the states' dtype: a no-op unless the weight is narrower
+        i, f, g, o = activations.chunk(4, dim=3)
+        tanh_cells = torch.tanh(cells[:, 1:])
+        # The factors of δa_t (class docstring) that do not depend on the recursion, for every step at once:
+        # [g ⊙ i(1−i), c_{t−1} ⊙ f(1−f), i ⊙ (1−g²), tanh c_t ⊙ o(1−o)], and ∂c_t/∂h_t's factor o ⊙ (1 − tanh² c_t).
+        factors = activations * (1 - activations)
+        factor_i, factor_f, factor_g, factor_o = factors.chunk(4, dim=3)
+        factor_i.mul_(g)
+        factor_f.mul_(cells[:, :-1])
+        torch.mul(i, 1 - g * g, out=factor_g)
+        factor_o.mul_(tanh_cells)
+        through_cell = (o * (1 - tanh_cells * tanh_cells)).unbind(1)
+        grad_gates = torch.empty_like(activations)
+        by_gate, factors_by_gate = (t.view(clients, steps, batch, 4, hidden) for t in (grad_gates, factors))
+        cell_gate_grads, output_gate_grads = by_gate[..., :3, :].unbind(1), by_gate[..., 3, :].unbind(1)
+        cell_gate_factors, output_gate_factors = (
+            factors_by_gate[..., :3, :].unbind(1),
+            factors_by_gate[..., 3, :].unbind(1),
+        )
+        incoming, per_step, forget = grad_states.to(activations.dtype).unbind(1), grad_gates.unbind(1), f.unbind(1)
+        grad_cell_carried = None  # δc_{t+1} ⊙ f_{t+1}
+        for step in reversed(range(steps)):
+            if step == steps - 1:
+                grad_h = incoming[step]
+            else:
+                grad_h = torch.baddbmm(incoming[step], per_step[step + 1], weight)
+            if grad_cell_carried is None:
+                grad_c = grad_h * through_cell[step]
+            else:
+                grad_c = torch.addcmul(grad_cell_carried, grad_h, through_cell[step])
+            torch.mul(cell_gate_factors[step], grad_c.unsqueeze(2), out=cell_gate_grads[step])
+            torch.mul(output_gate_factors[step], grad_h, out=output_gate_grads[step])
+            grad_cell_carried = grad_c * forget[step]
+        grad_weight = None
+        if ctx.needs_input_grad[1]:
+            # δW_hh = Σ_t δa_tᵀ h_{t−1}: the steps stacked, one product per client.
+            previous = states[:, :-1].reshape(clients, steps * batch, hidden)
+            grad_weight = torch.bmm(grad_gates.view(clients, steps * batch, gates).transpose(1, 2), previous)
+            grad_weight = grad_weight.to(weight_hh.dtype)
+        return grad_gates.to(ctx.projected_dtype) if ctx.needs_input_grad[0] else None, grad_weight
+
+
 def lstm_layer(x: torch.Tensor, module: nn.LSTM, params: Parameters, layer: int, prefix: str = "rnn.") -> torch.Tensor:
-    """One LSTM layer over ``[C, B, T, in]`` → ``[C, B, T, H]`` (PyTorch's equations, gates ``i f g o``, zero initial state)."""
+    """One LSTM layer over ``[C, B, T, in]`` → ``[C, B, T, H]`` (PyTorch's equations, gates ``i f g o``, zero initial
+    state): the input projection of every step as one product, then the recurrence, ``LSTMRecurrence`` or, inside
+    ``recurrence("steps")``, autograd's operations step by step."""
     w_ih, w_hh, b_ih, b_hh = _recurrent_weights(module, params, prefix, layer)
     clients, batch, steps, _ = x.shape
     hidden = module.hidden_size
@@ -241,6 +377,8 @@ def lstm_layer(x: torch.Tensor, module: nn.LSTM, params: Parameters, layer: int,
     projected = (
         torch.bmm(inputs, w_ih.transpose(1, 2)) if bias is None else torch.baddbmm(bias, inputs, w_ih.transpose(1, 2))
     )
+    if _RECURRENCE.get() == "fused":
+        return LSTMRecurrence.apply(projected.view(clients, steps, batch, 4 * hidden), w_hh).transpose(1, 2)
     recurrent = w_hh.transpose(1, 2)
     h = x.new_zeros(clients, batch, hidden)
     c = x.new_zeros(clients, batch, hidden)
@@ -385,6 +523,9 @@ def supported(module: nn.Module, containers: tuple[type, ...] = ()) -> bool:
 __all__ = [
     "CONVOLUTIONS",
     "Images",
+    "LSTMRecurrence",
+    "MIXED_UNFOLD_CHANNELS",
+    "RECURRENCES",
     "Parameters",
     "Rows",
     "conv",
@@ -401,9 +542,11 @@ __all__ = [
     "lstm_layer",
     "max_pool",
     "mean_pool",
+    "recurrence",
     "register_block",
     "relu",
     "sequential",
     "supported",
     "unfoldable",
+    "unfolds",
 ]

@@ -353,10 +353,12 @@ class ExperimentConfig(Section):
         "gradients, "
         "with parameters, state and aggregation in float32 (docs/performance.md: what each does to accuracy)",
     )
-    convolution: Literal["grouped", "unfold"] | None = Field(
+    convolution: Literal["grouped", "unfold", "channels_last", "mixed"] | None = Field(
         None,
         description="how the vectorized backend's batched layers compute a chunk's convolutions: grouped (one grouped "
-        "convolution per layer, the default) or unfold (im2col and one matrix product per client); the same function "
+        "convolution per layer, the default), unfold (im2col and one matrix product per client), channels_last (the "
+        "grouped convolutions on channels-last tensors) or mixed (unfold for layers reading 3 channels, an image's "
+        "first layer, grouped elsewhere); the same function "
         "to rounding, a different speed per device (docs/performance.md); chunks of one client and the sequential "
         "backend use the module's own layer (unset: grouped)",
     )
@@ -436,9 +438,10 @@ class ExperimentConfig(Section):
 
     @model_validator(mode="after")
     def _convolution_needs_the_vectorized_backend(self) -> "ExperimentConfig":
-        if self.convolution == "unfold" and self.backend == "sequential":
+        if self.convolution is not None and self.backend == "sequential":
             raise ValueError(
-                "convolution=unfold says how the vectorized backend's batched layers compute, but backend=sequential "
+                f"convolution={self.convolution} says how the vectorized backend's batched layers compute, but "
+                "backend=sequential "
                 "trains each client with its own module; set backend=vectorized (or auto), or leave convolution unset"
             )
         return self

@@ -90,3 +90,16 @@ def test_the_sections_keep_their_order():
         "memory_budget",
         "log",
     ]
+
+
+def test_the_convolution_choices_are_the_batched_layers():
+    from typing import Literal, get_args, get_origin
+
+    from driftlab.models.layers import CONVOLUTIONS
+
+    choices = [
+        arm for arm in get_args(ExperimentConfig.model_fields["convolution"].annotation) if arm is not type(None)
+    ]
+    assert len(choices) == 1 and get_origin(choices[0]) is Literal and get_args(choices[0]) == CONVOLUTIONS
+    for kind in CONVOLUTIONS[1:]:
+        assert load_config(None, [f"convolution={kind}"]).convolution == kind
