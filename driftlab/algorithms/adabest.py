@@ -110,17 +110,10 @@ from driftlab.algorithms.aggregation import (
     model_change_form,
     model_mean_fold,
 )
-from driftlab.algorithms.section import AlgorithmConfig
+from driftlab.algorithms.section import AlgorithmConfig, options
 from driftlab.features.capabilities import ASYNCHRONOUS_RULE, lacking, synchronous_only
 from driftlab.optim.schedules import ExponentialSchedule, InverseTimeSchedule, schedule_from_table, value_at
-from driftlab.simulation.seam import (
-    NO_CORRECTION,
-    Algorithm,
-    ClientContext,
-    ClientUpdate,
-    GradientCorrection,
-    RoundContext,
-)
+from driftlab.simulation import seam
 
 BetaSchedule = float | ExponentialSchedule | InverseTimeSchedule
 
@@ -201,7 +194,6 @@ ASYNCHRONOUS_REASON = synchronous_only(
         "from different model versions (no published asynchronous AdaBest rule was found)"
     ),
 )
-ASYNCHRONOUS_REFUSAL = ASYNCHRONOUS_REASON.text  # the prose, for code that reads it
 
 
 class Config(AlgorithmConfig):
@@ -256,7 +248,7 @@ def build(
     beta: BetaSchedule = 0.96,
     aggregation: str = "uniform",
     beta_plateau: BetaPlateau | dict | None = None,
-) -> Algorithm:
+) -> seam.Algorithm:
     """AdaBest with client coefficient ``mu`` ≥ 0, server ``beta`` (a number in [0, 1] or a schedule),
     ``aggregation``, and optionally β's decay when ‖h‖ plateaus (``beta_plateau``)."""
     if mu < 0:
@@ -272,13 +264,13 @@ def build(
     def client_state_init(initial_params: torch.Tensor) -> ClientState:
         return ClientState(drift=torch.zeros_like(initial_params), last_round=0)
 
-    def client_objective(view: ClientView, client: ClientState, context: ClientContext) -> GradientCorrection:
+    def client_objective(view: ClientView, client: ClientState, context: seam.ClientContext) -> seam.GradientCorrection:
         if mu == 0:
-            return NO_CORRECTION  # h_k stays 0 forever: no term at all, so the step is FedAvg's to the bit
-        return GradientCorrection(linear=-client.drift)
+            return seam.NO_CORRECTION  # h_k stays 0 forever: no term at all, so the step is FedAvg's to the bit
+        return seam.GradientCorrection(linear=-client.drift)
 
     def client_finish(
-        view: ClientView, client: ClientState, context: ClientContext, update: ClientUpdate
+        view: ClientView, client: ClientState, context: seam.ClientContext, update: seam.ClientUpdate
     ) -> tuple[ClientState, ClientMessage]:
         rounds_since = context.round - client.last_round  # t − t'_k ≥ 1; h_k = 0 on first participation
         drift = client.drift / rounds_since + mu * (view.params - update.final_params)
@@ -286,7 +278,7 @@ def build(
         return ClientState(drift, context.round), message
 
     def aggregation_finish(
-        server: ServerState, client_models: ModelSums, context: RoundContext
+        server: ServerState, client_models: ModelSums, context: seam.RoundContext
     ) -> tuple[ServerState, dict[str, float]]:
         client_average = client_models.value(context.mean_denominator)
         beta_t = value_at(beta, context.round)
@@ -313,7 +305,7 @@ def build(
     # A private round: θ̄^t = θ^{t−1} + Σ_P (θ_k − θ^{t−1}) / m depends on the released changes only.
     fold = model_mean_fold(aggregation, aggregation_finish)
     parts = averaging_parts(aggregation, fold, form, *lacking(ASYNCHRONOUS_RULE, ASYNCHRONOUS_REASON))
-    return Algorithm(
+    return seam.Algorithm(
         "adabest",
         server_init,
         client_objective,
@@ -324,7 +316,7 @@ def build(
     )
 
 
-def from_config(config: Config, server_optimizer: Any) -> Algorithm:
+def from_config(config: Config, server_optimizer: Any) -> seam.Algorithm:
     """Build from ``config``.  AdaBest's server step is its own: ``server_optimizer`` is not used, and the
     registry entry's ``owns_server_step`` makes config validation refuse any but plain SGD."""
-    return build(mu=config.mu, beta=config.beta, aggregation=config.aggregation, beta_plateau=config.beta_plateau)
+    return build(**options(config))

@@ -56,6 +56,22 @@ def client_weight(num_samples: int, multiplicity: int, mode: str) -> float:
     return float(multiplicity)
 
 
+def running_sum(total: torch.Tensor | None, term: torch.Tensor) -> torch.Tensor:
+    """``total + term``, or ``term`` itself when nothing was summed yet (None): a sum over a round's messages in the
+    order they were added, whose first term is not added to a zero (so one message gives its own bits)."""
+    return term if total is None else total + term
+
+
+def registered_mean_step(
+    vector: torch.Tensor, change_sum: torch.Tensor, num_registered: int
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """``c + (1/N) Σ_P Δ_k`` and its ``drift_norm`` metric ``‖c‖``: a server vector kept as the mean over all N
+    registered clients of theirs (SCAFFOLD's c, Karimireddy et al. 2020; VRL-SGD's c, Liang et al. 2019), moved by
+    the changes ``Δ_k`` the reporting clients made to their own (clients that did not report keep theirs)."""
+    moved = vector + change_sum / num_registered
+    return moved, {"drift_norm": float(torch.linalg.vector_norm(moved))}
+
+
 @dataclass(frozen=True)
 class RunningMean:
     """``Σ_k r_k v_k`` and ``Σ_k r_k`` over the vectors added so far, accumulated in the order they were added."""
@@ -65,7 +81,7 @@ class RunningMean:
 
     def add(self, vector: torch.Tensor, weight: float) -> "RunningMean":
         term = vector * weight
-        return RunningMean(term if self.total is None else self.total + term, self.weight + weight)
+        return RunningMean(running_sum(self.total, term), self.weight + weight)
 
     def value(self, denominator: float | None = None) -> torch.Tensor:
         """``Σ_k r_k v_k / Σ_k r_k``, or ``Σ_k r_k v_k / denominator`` when a public denominator is given
@@ -172,10 +188,17 @@ def server_step(
     )
 
 
+def folded(start: Any, add: Any, finish: Any) -> dict[str, Any]:
+    """The ``Algorithm`` fields of a server update given as the fold ``start``, ``add``, ``finish`` (``ServerFold``):
+    ``server_fold``, which the engine streams each message into, and ``server_update``, the same fold over a list."""
+    fold = ServerFold(start, add, finish)
+    return {"server_update": fold.server_update, "server_fold": fold}
+
+
 def averaging_parts(aggregation: str, fold: ServerFold, form: ReleaseForm, *lacks: Lack) -> dict[str, Any]:
     """The ``Algorithm`` fields of an algorithm whose server means weigh clients by ``r_k`` (``client_weight``):
     ``fold`` as its server update, ``form`` as its release form under uniform aggregation (else none, for
-    ``WEIGHTED_REASON``), and its other ``lacks``.  FedAvg, AdaBest, MimeLite and Mime."""
+    ``WEIGHTED_REASON``), and its other ``lacks``.  FedAvg, AdaBest, FedGATE (always uniform), MimeLite and Mime."""
     releasable = check_aggregation(aggregation) == "uniform"
     return {
         "server_update": fold.server_update,

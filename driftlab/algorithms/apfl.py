@@ -38,7 +38,7 @@ Equivalences: α = 0 fixed: ``v̄ = w`` (the server model, exactly: ``v`` is the
 global model is FedAvg's bit for bit; α = 1 fixed: ``v̄ = v``, plain local SGD on the client's own data (no replica).
 
 Privacy: the message is FedAvg's, and so is its form (``aggregation = "uniform"``).  Asynchronous training is refused
-(``ASYNCHRONOUS_REFUSAL``).  Communication: FedAvg's (one model each way; ``v`` and ``α`` never leave the client).
+(``ASYNCHRONOUS_REASON``).  Communication: FedAvg's (one model each way; ``v`` and ``α`` never leave the client).
 
 Example:
     >>> import torch
@@ -61,7 +61,7 @@ import torch
 from pydantic import Field
 
 from driftlab.algorithms import fedavg
-from driftlab.algorithms.section import AlgorithmConfig
+from driftlab.algorithms.section import Aggregation, AlgorithmConfig, Incomplete, options
 from driftlab.features.capabilities import ASYNCHRONOUS_RULE, synchronous_only, with_lack
 from driftlab.simulation.backends.local_training import LocalSettings, corrected_gradient, corrected_step
 from driftlab.simulation.seam import NO_CORRECTION, Algorithm, ClientContext, ClientUpdate, Personalization
@@ -75,7 +75,6 @@ ASYNCHRONOUS_REASON = synchronous_only(
     ),
     alternative="",
 )
-ASYNCHRONOUS_REFUSAL = ASYNCHRONOUS_REASON.text  # the prose, for code that reads it
 DESCRIPTION = "APFL's mixed model α_k v_k + (1 − α_k) w"
 
 
@@ -92,10 +91,10 @@ class Config(AlgorithmConfig):
     alpha_lr: float | None = Field(
         None, gt=0, description="η_α, the step size of α's update; unset: the round's client lr η_l"
     )
-    aggregation: Literal["weighted", "uniform"] = Field(
+    aggregation: Aggregation = Field(
         "weighted", description="of the global model w, as FedAvg: weighted (n_k / Σ n_j) or uniform"
     )
-    incomplete: Literal["drop", "keep"] = Field("drop", description="a straggler's w: drop it (FedAvg) or keep it")
+    incomplete: Incomplete = Field("drop", description="a straggler's w: drop it (FedAvg) or keep it")
 
 
 @dataclass(frozen=True)
@@ -194,6 +193,4 @@ def build(
 
 
 def from_config(config: Config, server_optimizer: Any) -> Algorithm:
-    return build(
-        server_optimizer, config.alpha, config.adaptive, config.alpha_lr, config.aggregation, config.incomplete
-    )
+    return build(server_optimizer, **options(config))

@@ -22,7 +22,7 @@ from driftlab.models import build_model
 from driftlab.optim.server import make_server_optimizer
 from driftlab.simulation.backends.flat import FlatModel
 from driftlab.simulation.backends.local_training import LocalSettings, TrainingData, corrected_step
-from driftlab.simulation.round.client import ClientData, ClientDataComputation, ClientSettings, run_client
+from driftlab.simulation.round.client import ClientData, ClientDataComputation, ClientRound, ClientSettings, run_client
 from driftlab.simulation.seam import NO_CORRECTION, ClientContext, ClientUpdate, RoundContext
 
 F64 = torch.float64
@@ -154,7 +154,8 @@ def test_the_replica_of_w_equals_the_sequential_backends_w_bit_for_bit(weight_de
     spy = dataclasses.replace(algorithm, client_finish=finish)
     view = spy.broadcast(spy.server_init(model.initial_parameters()))
     start = apfl.ClientState(model.initial_parameters() + 0.1, 0.3)  # v ≠ w, so α moves from the first step
-    state, message, steps = run_client(spy, view, start, context, data, settings)  # the sequential backend's client
+    # the sequential backend's client
+    state, message, steps = run_client(ClientRound(spy, view, start, context, data, settings))
     assert steps == 9 and torch.equal(seen["w"], seen["final"]) and torch.equal(message.params, seen["final"])
     assert torch.equal(state.personal, seen["state"].personal) and state.alpha == seen["state"].alpha != 0.3
 
@@ -163,7 +164,7 @@ def test_fixed_alpha_one_is_plain_local_sgd_of_v_on_the_same_minibatches() -> No
     algorithm, model, data, context, settings = _client(1.0, False, 1e-3, 0.5)
     view = algorithm.broadcast(algorithm.server_init(model.initial_parameters()))
     v = model.initial_parameters() * 0.5
-    state, _, steps = run_client(algorithm, view, apfl.ClientState(v, 1.0), context, data, settings)
+    state, _, steps = run_client(ClientRound(algorithm, view, apfl.ClientState(v, 1.0), context, data, settings))
     computation = ClientDataComputation(data, settings.seed, context.round, context.client_id, settings)
     local, _ = computation.train(v, NO_CORRECTION, steps, "local")  # the same batches the global model read, from v
     assert state.alpha == 1.0 and torch.equal(state.personal, local)
@@ -346,7 +347,7 @@ def test_privacy_uses_fedavgs_form_and_asynchronous_training_is_refused() -> Non
     assert (
         not uniform.asynchronous
         and uniform.asynchronous_problem()
-        == f'[asynchronous] with algorithm.name = "apfl": {apfl.ASYNCHRONOUS_REFUSAL}'
+        == f'[asynchronous] with algorithm.name = "apfl": {apfl.ASYNCHRONOUS_REASON.text}'
     )
     with pytest.raises(ConfigError, match="remove \\[asynchronous\\]"):
         run("system.profiles=lognormal", "asynchronous.concurrency=5", "asynchronous.buffer=2")

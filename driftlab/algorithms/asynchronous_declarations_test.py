@@ -59,7 +59,7 @@ def test_every_built_in_may_run_asynchronously_or_names_the_fix(name, build):
 def test_uniform_fedavg_and_fedprox_declare_fedbuffs_rule(name):
     assert _uniform(name).asynchronous_problem() is None
     assert _default(name).asynchronous_problem() == _refused(
-        name, fedavg.FEDBUFF_WEIGHTED_REFUSAL
+        name, fedavg.FEDBUFF_WEIGHTED_REASON.text
     )  # "weighted" is their default
 
 
@@ -80,11 +80,11 @@ def test_drift_correcting_algorithms_refuse_with_a_reason_from_their_own_rule(mo
     # Even in the options under which each has a release form (the form FedBuff moves stale changes with).
     algorithm = build()
     assert algorithm.release is not None
-    assert algorithm.asynchronous_problem() == _refused(algorithm.name, module.ASYNCHRONOUS_REFUSAL)
-    assert reason in module.ASYNCHRONOUS_REFUSAL
+    assert algorithm.asynchronous_problem() == _refused(algorithm.name, module.ASYNCHRONOUS_REASON.text)
+    assert reason in module.ASYNCHRONOUS_REASON.text
     assert (
-        "remove [asynchronous]" in module.ASYNCHRONOUS_REFUSAL
-        and 'aggregation = "uniform"' in module.ASYNCHRONOUS_REFUSAL
+        "remove [asynchronous]" in module.ASYNCHRONOUS_REASON.text
+        and 'aggregation = "uniform"' in module.ASYNCHRONOUS_REASON.text
     )
 
 
@@ -99,23 +99,25 @@ def _settings() -> PrivacySettings:
 
 def test_compression_refuses_even_what_it_wraps_that_could_run():
     compressed = with_compression(fedavg.build(make_server_optimizer("sgd"), aggregation="uniform"), 0.5, (4,))
-    assert compressed.asynchronous_problem() == _refused("fedavg", error_feedback.ASYNCHRONOUS_REFUSAL)
+    assert compressed.asynchronous_problem() == _refused("fedavg", error_feedback.ASYNCHRONOUS_REASON.text)
 
 
 def test_compression_adds_the_wrapped_algorithms_own_refusal():
     compressed = with_compression(scaffold.build(make_server_optimizer("sgd")), 0.5, (4,))
     assert compressed.asynchronous_problem() == _refused(
-        "scaffold", f"{error_feedback.ASYNCHRONOUS_REFUSAL}; and {scaffold.ASYNCHRONOUS_REFUSAL}"
+        "scaffold", f"{error_feedback.ASYNCHRONOUS_REASON.text}; and {scaffold.ASYNCHRONOUS_REASON.text}"
     )
 
 
 def test_privacy_refuses_and_names_every_layer_below():
     inner = fedavg.build(make_server_optimizer("sgd"), aggregation="uniform")
     assert mechanism.with_privacy(inner, _settings()).asynchronous_problem() == _refused(
-        "fedavg", mechanism.ASYNCHRONOUS_REFUSAL
+        "fedavg", mechanism.ASYNCHRONOUS_REASON.text
     )
     problem = mechanism.with_privacy(with_compression(inner, 0.5, (4,)), _settings()).asynchronous_problem()
-    assert problem == _refused("fedavg", f"{mechanism.ASYNCHRONOUS_REFUSAL}; and {error_feedback.ASYNCHRONOUS_REFUSAL}")
+    assert problem == _refused(
+        "fedavg", f"{mechanism.ASYNCHRONOUS_REASON.text}; and {error_feedback.ASYNCHRONOUS_REASON.text}"
+    )
     assert "remove [privacy]" in problem and "compression.ratio = 1" in problem
 
 

@@ -39,7 +39,7 @@ did global ones; FedAvg's rule (``incomplete``, default "drop") decides only whe
 whose client updates carry no ``train``).
 
 Communication: FedAvg's, one model each way (``v_k`` never leaves the client).  Under ``[privacy]`` the message is
-FedAvg's and so is the form (``aggregation = "uniform"`` only).  Asynchronously: refused (``ASYNCHRONOUS_REFUSAL``).
+FedAvg's and so is the form (``aggregation = "uniform"`` only).  Asynchronously: refused (``ASYNCHRONOUS_REASON``).
 A deployment runs it: the personal pass runs in ``client_finish`` on the node, and ``v_k`` stays there.
 
 Example:
@@ -64,7 +64,7 @@ import torch
 from pydantic import Field
 
 from driftlab.algorithms import fedavg
-from driftlab.algorithms.section import AlgorithmConfig
+from driftlab.algorithms.section import Aggregation, AlgorithmConfig, Incomplete, options
 from driftlab.features.capabilities import ASYNCHRONOUS_RULE, synchronous_only, with_lack
 from driftlab.simulation.seam import (
     NO_CORRECTION,
@@ -94,7 +94,6 @@ ASYNCHRONOUS_REASON = synchronous_only(
     ),
     alternative='fedavg with aggregation = "uniform" for the same server model under FedBuff',
 )
-ASYNCHRONOUS_REFUSAL = ASYNCHRONOUS_REASON.text  # the prose, for code that reads it
 
 DESCRIPTION = "Ditto's personal model v_k (s proximal steps toward the received w per round)"
 
@@ -116,11 +115,11 @@ class Config(AlgorithmConfig):
         description="s, the personal model's local steps per round; unset: as many as the client's global pass did "
         "(the authors' local_iters for both); 0 trains no personal model (v_k stays θ⁰)",
     )
-    aggregation: Literal["weighted", "uniform"] = Field(
+    aggregation: Aggregation = Field(
         "weighted",
         description="the global model's (FedAvg's): w_k = n_k / Σ n_j (default) or uniform over reporting clients",
     )
-    incomplete: Literal["drop", "keep"] = Field(
+    incomplete: Incomplete = Field(
         "drop",
         description="the global model's (FedAvg's): a straggler's w_k is dropped or averaged; v_k is updated either way",
     )
@@ -191,10 +190,4 @@ def build(
 
 
 def from_config(config: Config, server_optimizer: Any) -> Algorithm:
-    return build(
-        server_optimizer,
-        lam=config.lam,
-        personal_steps=config.personal_steps,
-        aggregation=config.aggregation,
-        incomplete=config.incomplete,
-    )
+    return build(server_optimizer, **options(config))

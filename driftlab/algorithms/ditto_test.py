@@ -311,9 +311,9 @@ def test_the_release_form_is_fedavgs_and_the_asynchronous_rule_is_refused_with_t
         assert (
             not algorithm.asynchronous
             and algorithm.asynchronous_problem()
-            == f'[asynchronous] with algorithm.name = "ditto": {ditto.ASYNCHRONOUS_REFUSAL}'
+            == f'[asynchronous] with algorithm.name = "ditto": {ditto.ASYNCHRONOUS_REASON.text}'
         )
-    assert "v_k" in ditto.ASYNCHRONOUS_REFUSAL and "remove [asynchronous]" in ditto.ASYNCHRONOUS_REFUSAL
+    assert "v_k" in ditto.ASYNCHRONOUS_REASON.text and "remove [asynchronous]" in ditto.ASYNCHRONOUS_REASON.text
 
 
 @pytest.mark.parametrize("lam", [-0.1, math.inf, math.nan])

@@ -70,18 +70,9 @@ import torch
 from pydantic import Field
 
 from driftlab.algorithms.aggregation import WEIGHTED_REASON, RunningMean, check_aggregation, client_weight, server_step
-from driftlab.algorithms.section import AlgorithmConfig
+from driftlab.algorithms.section import Aggregation, AlgorithmConfig, options
 from driftlab.features.capabilities import ASYNCHRONOUS_RULE, RELEASE_FORM, Reason, lacking, synchronous_only
-from driftlab.simulation.seam import (
-    NO_CORRECTION,
-    Algorithm,
-    ClientContext,
-    ClientUpdate,
-    GradientCorrection,
-    ReleaseForm,
-    RoundContext,
-    ServerFold,
-)
+from driftlab.simulation import seam
 
 DEFAULT_COMPRESSION_RATIO = 0.01
 ADAPTIVE_REASON = Reason(
@@ -91,7 +82,6 @@ ADAPTIVE_REASON = Reason(
     ),
     fix=('set algorithm.incomplete = "drop" or "plain", or remove the feature'),
 )
-ADAPTIVE_REFUSAL = ADAPTIVE_REASON.text  # the prose, for code that reads it
 
 # Why FedBuff cannot run EFL as it stands (Algorithm.asynchronous_refusal; docs/algorithms.md, "Asynchronous").
 ASYNCHRONOUS_REASON = synchronous_only(
@@ -104,7 +94,6 @@ ASYNCHRONOUS_REASON = synchronous_only(
         '"uniform" and compression.ratio = 1 is FedAvg)'
     ),
 )
-ASYNCHRONOUS_REFUSAL = ASYNCHRONOUS_REASON.text  # the prose, for code that reads it
 
 
 class Config(AlgorithmConfig):
@@ -119,7 +108,7 @@ class Config(AlgorithmConfig):
         "adaptive",
         description="weight of an incomplete client: adaptive w_k·E/s_k (the paper's), plain w_k, or drop it",
     )
-    aggregation: Literal["weighted", "uniform"] = Field(
+    aggregation: Aggregation = Field(
         "weighted", description="w_k: n_k-weighted (default) or uniform over reporting clients"
     )
 
@@ -185,7 +174,7 @@ def release_reason(incomplete: str, aggregation: str) -> Reason | None:
     return Reason(first.why, "; ".join([first.fix, *(reason.text for reason in rest)]), first.joint)
 
 
-def release_form(uses_fisher: bool) -> ReleaseForm:
+def release_form(uses_fisher: bool) -> seam.ReleaseForm:
     """EFL's ``ReleaseForm``: a message releases ``cat(θ_k − θ, u_k − u_k^old, v_k − v_k^old)`` (``θ_k − θ`` alone
     without the Fisher); the carrier counts once with unit weight (multiplicity 1, complete)."""
 
@@ -212,7 +201,7 @@ def release_form(uses_fisher: bool) -> ReleaseForm:
     def size(view: ClientView) -> int:
         return (3 if uses_fisher else 1) * view.params.numel()
 
-    return ReleaseForm(release, restore, size=size)
+    return seam.ReleaseForm(release, restore, size=size)
 
 
 def build(
@@ -221,7 +210,7 @@ def build(
     fisher_examples: int = 128,
     incomplete: str = "adaptive",
     aggregation: str = "weighted",
-) -> Algorithm:
+) -> seam.Algorithm:
     """EFL with elastic weight λ = ``elastic`` (module docstring); compression is applied around it."""
     if elastic < 0:
         raise ValueError(f"elastic (λ) must be >= 0, got {elastic}")
@@ -240,9 +229,9 @@ def build(
         zeros = torch.zeros_like(initial_params)
         return ClientState(zeros, zeros)
 
-    def client_objective(view: ClientView, client: ClientState, context: ClientContext) -> GradientCorrection:
+    def client_objective(view: ClientView, client: ClientState, context: seam.ClientContext) -> seam.GradientCorrection:
         if not uses_fisher:
-            return NO_CORRECTION
+            return seam.NO_CORRECTION
         # λ(U⊙θ − V) = λU ⊙ (θ − V/U): the whole elastic term is a quadratic pull towards the
         # Fisher-weighted mean of the reported models, so clipping leaves it alone (algorithms.md).
         # Where U = 0 every u_i is 0, so V = 0 too and the coordinate has no pull.
@@ -250,9 +239,9 @@ def build(
         reference = torch.where(
             fisher_sum > 0, view.weighted_model_sum / torch.where(fisher_sum > 0, fisher_sum, 1.0), 0.0
         )
-        return GradientCorrection(quadratic=elastic * fisher_sum, reference=reference)
+        return seam.GradientCorrection(quadratic=elastic * fisher_sum, reference=reference)
 
-    def client_finish(view: ClientView, client: ClientState, context: ClientContext, update: ClientUpdate):
+    def client_finish(view: ClientView, client: ClientState, context: seam.ClientContext, update: seam.ClientUpdate):
         if context.is_incomplete and incomplete == "drop":
             return client, None
         completed = update.steps_done / context.planned_steps
@@ -277,7 +266,7 @@ def build(
         )
         return new_state, message
 
-    def aggregation_start(server: ServerState, context: RoundContext) -> RoundSums:
+    def aggregation_start(server: ServerState, context: seam.RoundContext) -> RoundSums:
         relative = context.mean_denominator is not None
         return RoundSums(RunningMean(), None, server.params, server.fisher_sum, server.weighted_model_sum, relative)
 
@@ -296,7 +285,7 @@ def build(
         client_models = sums.client_models.add(model, weight)
         return RoundSums(client_models, extra, sums.start_params, fisher_sum, weighted_model_sum, sums.relative)
 
-    def aggregation_finish(server: ServerState, sums: RoundSums, context: RoundContext):
+    def aggregation_finish(server: ServerState, sums: RoundSums, context: seam.RoundContext):
         denominator = context.mean_denominator
         client_average = sums.client_models.value(denominator)
         if sums.relative:
@@ -314,8 +303,8 @@ def build(
         return ClientView(server.params, server.fisher_sum, server.weighted_model_sum)
 
     refusal = release_reason(incomplete, aggregation)
-    fold = ServerFold(aggregation_start, aggregation_add, aggregation_finish)
-    return Algorithm(
+    fold = seam.ServerFold(aggregation_start, aggregation_add, aggregation_finish)
+    return seam.Algorithm(
         "efl",
         server_init,
         client_objective,
@@ -329,5 +318,5 @@ def build(
     )
 
 
-def from_config(config: Config, server_optimizer: Any) -> Algorithm:
-    return build(server_optimizer, config.elastic, config.fisher_examples, config.incomplete, config.aggregation)
+def from_config(config: Config, server_optimizer: Any) -> seam.Algorithm:
+    return build(server_optimizer, **options(config))

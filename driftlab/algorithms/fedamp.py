@@ -54,7 +54,7 @@ clientamp/serveramp, FLGo's and fluke's fedamp are third-party):
     state w_k: the client holds it already (it trained it), so it is not counted as sent.
 
 Refused: compression (one downlink residual per server, the seam), [asynchronous] (the seam), a deployment
-(deploy/messages.check_deployable), [privacy] (``RELEASE_REFUSAL``).
+(deploy/messages.check_deployable), [privacy] (``RELEASE_REASON``).
 
 Cost (N clients, P parameters, m selected): the store holds N·P floats (the rows of clients that trained; on disk
 when large, checkpointed incrementally by the disk store); the server state is four models (Σ_j w_j in float64, the
@@ -81,7 +81,8 @@ from typing import Any, Callable, Iterable, Iterator, Literal
 import torch
 from pydantic import Field
 
-from driftlab.algorithms.section import AlgorithmConfig
+from driftlab.algorithms.aggregation import folded
+from driftlab.algorithms.section import AlgorithmConfig, options
 from driftlab.errors import ConfigError
 from driftlab.features.capabilities import RELEASE_FORM, Reason, lacking
 from driftlab.metrics.communication import BITS_PER_ENTRY
@@ -92,7 +93,6 @@ from driftlab.simulation.seam import (
     GradientCorrection,
     Personalization,
     RoundContext,
-    ServerFold,
 )
 
 RELEASE_REASON = Reason(
@@ -104,7 +104,6 @@ RELEASE_REASON = Reason(
         'no client-level DP form exists for it; remove [privacy], or use fedavg or fedprox with aggregation = "uniform"'
     ),
 )
-RELEASE_REFUSAL = RELEASE_REASON.text  # the prose, for code that reads it
 
 # Rows of W per block of a cloud-model sum: about 16 Mi entries (64 MiB of float32) whatever the model size.
 BLOCK_ENTRIES = 1 << 24
@@ -310,16 +309,14 @@ def build(
     def personal_model(view: ClientView, client: ClientState) -> torch.Tensor:
         return client.model
 
-    fold = ServerFold(aggregation_start, aggregation_add, aggregation_finish)
     return Algorithm(
         "fedamp",
         server_init,
         client_objective,
         client_finish,
-        fold.server_update,
-        broadcast,
+        broadcast=broadcast,
         client_state_init=client_state_init,
-        server_fold=fold,
+        **folded(aggregation_start, aggregation_add, aggregation_finish),
         lacks=lacking(RELEASE_FORM, RELEASE_REASON),
         client_view=client_view,
         personalization=Personalization(personal_model, "FedAMP's personalized model w_k"),
@@ -330,6 +327,6 @@ def from_config(config: Config, server_optimizer: Any, num_clients: int | None =
     """Build from ``config`` for ``num_clients`` clients (the registry entry's ``needs_num_clients``: assembly passes
     the data's N).  FedAMP has no server step: ``server_optimizer`` is not used (``owns_server_step``)."""
     try:
-        return build(num_clients, sigma=config.sigma, alpha=config.alpha, lam=config.lam)
+        return build(num_clients, **options(config))
     except ValueError as error:
         raise ConfigError(str(error)) from None

@@ -67,33 +67,25 @@ from driftlab.algorithms.aggregation import (
     model_mean_fold,
     server_step,
 )
-from driftlab.algorithms.section import AlgorithmConfig
+from driftlab.algorithms.section import Aggregation, AlgorithmConfig, Incomplete, options
 from driftlab.features.capabilities import ASYNCHRONOUS_RULE, Reason, lacking
-from driftlab.simulation.seam import (
-    NO_CORRECTION,
-    Algorithm,
-    ClientContext,
-    ClientUpdate,
-    GradientCorrection,
-    RoundContext,
-)
+from driftlab.simulation import seam
 
 FEDBUFF_WEIGHTED_REASON = Reason(
     why=("FedBuff averages the buffered changes with equal weights (Nguyen et al. 2022, Algorithm 1)"),
     fix=('set algorithm.aggregation = "uniform"'),
     joint="; ",
 )
-FEDBUFF_WEIGHTED_REFUSAL = FEDBUFF_WEIGHTED_REASON.text  # the prose, for code that reads it
 
 
 class Config(AlgorithmConfig):
     """``[algorithm]`` section for FedAvg (the server optimizer is chosen in ``[server]``)."""
 
     name: Literal["fedavg"] = "fedavg"
-    aggregation: Literal["weighted", "uniform"] = Field(
+    aggregation: Aggregation = Field(
         "weighted", description="weighted: w_k = n_k / Σ n_j (default); uniform: mean over reporting clients"
     )
-    incomplete: Literal["drop", "keep"] = Field(
+    incomplete: Incomplete = Field(
         "drop", description="what to do with a straggler's partial work: drop it (FedAvg) or keep it"
     )
 
@@ -118,7 +110,7 @@ class ClientMessage:
     multiplicity: int
 
 
-def build(server_optimizer: Any, aggregation: str = "weighted", incomplete: str = "drop") -> Algorithm:
+def build(server_optimizer: Any, aggregation: str = "weighted", incomplete: str = "drop") -> seam.Algorithm:
     """FedAvg with ``server_optimizer`` (``driftlab.optim.server``), ``aggregation`` in {"weighted", "uniform"}
     and ``incomplete`` in {"drop", "keep"}."""
     check_aggregation(aggregation)  # before any work
@@ -128,18 +120,18 @@ def build(server_optimizer: Any, aggregation: str = "weighted", incomplete: str 
     def server_init(initial_params: torch.Tensor) -> ServerState:
         return ServerState(params=initial_params, optimizer_state=server_optimizer.init(initial_params))
 
-    def client_objective(view: ClientView, client_state: None, context: ClientContext) -> GradientCorrection:
-        return NO_CORRECTION
+    def client_objective(view: ClientView, client_state: None, context: seam.ClientContext) -> seam.GradientCorrection:
+        return seam.NO_CORRECTION
 
     def client_finish(
-        view: ClientView, client_state: None, context: ClientContext, update: ClientUpdate
+        view: ClientView, client_state: None, context: seam.ClientContext, update: seam.ClientUpdate
     ) -> tuple[None, ClientMessage | None]:
         if context.is_incomplete and incomplete == "drop":
             return None, None
         return None, ClientMessage(update.final_params, context.num_samples, context.multiplicity)
 
     def aggregation_finish(
-        server: ServerState, client_models: ModelSums, context: RoundContext
+        server: ServerState, client_models: ModelSums, context: seam.RoundContext
     ) -> tuple[ServerState, dict[str, float]]:
         client_average = client_models.value(context.mean_denominator)
         params, optimizer_state = server_step(server_optimizer, server, client_average, context)
@@ -155,10 +147,10 @@ def build(server_optimizer: Any, aggregation: str = "weighted", incomplete: str 
     parts = averaging_parts(aggregation, model_mean_fold(aggregation, aggregation_finish), form, *fedbuff)
     # FedBuff's server step is this fold fed the buffer's staleness-weighted changes as unit-weight carriers
     # (mean_denominator = B): θ ← ServerOpt(θ, −(1/B) Σ s(τ_k) Δ_k), its Algorithm 1 with a FedOpt server.
-    return Algorithm(
+    return seam.Algorithm(
         "fedavg", server_init, client_objective, client_finish, broadcast=broadcast, asynchronous=uniform, **parts
     )
 
 
-def from_config(config: Config, server_optimizer: Any) -> Algorithm:
-    return build(server_optimizer, aggregation=config.aggregation, incomplete=config.incomplete)
+def from_config(config: Config, server_optimizer: Any) -> seam.Algorithm:
+    return build(server_optimizer, **options(config))

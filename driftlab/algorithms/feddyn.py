@@ -77,17 +77,10 @@ from typing import Any, Literal
 import torch
 from pydantic import Field
 
-from driftlab.algorithms.aggregation import RunningMean, model_change_form
-from driftlab.algorithms.section import AlgorithmConfig
+from driftlab.algorithms.aggregation import RunningMean, folded, model_change_form
+from driftlab.algorithms.section import AlgorithmConfig, options
 from driftlab.features.capabilities import ASYNCHRONOUS_RULE, lacking, synchronous_only
-from driftlab.simulation.seam import (
-    Algorithm,
-    ClientContext,
-    ClientUpdate,
-    GradientCorrection,
-    RoundContext,
-    ServerFold,
-)
+from driftlab.simulation.seam import Algorithm, ClientContext, ClientUpdate, GradientCorrection, RoundContext
 
 BALANCES = ("by_size", "none")
 
@@ -101,7 +94,6 @@ ASYNCHRONOUS_REASON = synchronous_only(
         "regulariser is centred on an old model (no published asynchronous FedDyn rule was found)"
     ),
 )
-ASYNCHRONOUS_REFUSAL = ASYNCHRONOUS_REASON.text  # the prose, for code that reads it
 
 
 class Config(AlgorithmConfig):
@@ -219,18 +211,16 @@ def build(alpha: float = 0.01, balance: str = "by_size") -> Algorithm:
     def client_left(server: ServerState, client: ClientState) -> ServerState:
         return ServerState(server.params, server.dual_sum - client.dual)
 
-    fold = ServerFold(aggregation_start, aggregation_add, aggregation_finish)
     return Algorithm(
         "feddyn",
         server_init,
         client_objective,
         client_finish,
-        fold.server_update,
-        broadcast,
+        broadcast=broadcast,
         client_state_init=client_state_init,
         client_joined=client_joined,
         client_left=client_left,
-        server_fold=fold,
+        **folded(aggregation_start, aggregation_add, aggregation_finish),
         release=model_change_form(lambda params: ClientMessage(params, multiplicity=1)),
         lacks=lacking(ASYNCHRONOUS_RULE, ASYNCHRONOUS_REASON),
     )
@@ -239,4 +229,4 @@ def build(alpha: float = 0.01, balance: str = "by_size") -> Algorithm:
 def from_config(config: Config, server_optimizer: Any) -> Algorithm:
     """Build from ``config``.  FedDyn's server step is its own: ``server_optimizer`` is not used, and the
     registry entry's ``owns_server_step`` makes config validation refuse any but plain SGD."""
-    return build(alpha=config.alpha, balance=config.balance)
+    return build(**options(config))

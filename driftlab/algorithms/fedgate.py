@@ -43,14 +43,12 @@ the uniform mean divides by the public ``RoundContext.mean_denominator``, so the
 noise on the sum reaches θ as σ/m (times γ) and ``D`` is broadcast as
 post-processing.  The client's own δ_k uses its unclipped ``D_k``.
 
-Example:
+Example (a pending report settles with the mean change D the client receives: δ_k − s_k D):
     >>> import torch
     >>> from driftlab.algorithms import fedgate
-    >>> from driftlab.optim.server import make_server_optimizer
-    >>> algorithm = fedgate.build(make_server_optimizer("sgd"))
-    >>> view = algorithm.broadcast(algorithm.server_init(torch.zeros(3)))
-    >>> tuple(view.params.shape), tuple(view.mean_change.shape)
-    ((3,), (3,))
+    >>> view = fedgate.ClientView(params=torch.zeros(2), mean_change=torch.tensor([1.0, -1.0]))
+    >>> fedgate.settled_correction(view, fedgate.ClientState(torch.tensor([0.5, 0.5]), pending_scale=0.25))
+    tensor([0.2500, 0.7500])
 """
 
 from __future__ import annotations
@@ -60,16 +58,10 @@ from typing import Any
 
 import torch
 
-from driftlab.algorithms.aggregation import ModelSums, model_change_form, model_mean_fold, server_step
+from driftlab.algorithms.aggregation import ModelSums, averaging_parts, model_change_form, model_mean_fold, server_step
 from driftlab.algorithms.section import named_section
 from driftlab.features.capabilities import ASYNCHRONOUS_RULE, lacking, synchronous_only
-from driftlab.simulation.seam import (
-    Algorithm,
-    ClientContext,
-    ClientUpdate,
-    GradientCorrection,
-    RoundContext,
-)
+from driftlab.simulation.seam import Algorithm, ClientContext, ClientUpdate, GradientCorrection, RoundContext
 
 # Why FedBuff cannot run FedGATE (Algorithm.asynchronous_refusal; docs/algorithms.md, "Asynchronous").
 ASYNCHRONOUS_REASON = synchronous_only(
@@ -81,7 +73,6 @@ ASYNCHRONOUS_REASON = synchronous_only(
         "published)"
     ),
 )
-ASYNCHRONOUS_REFUSAL = ASYNCHRONOUS_REASON.text  # the prose, for code that reads it
 
 
 Config = named_section(
@@ -163,17 +154,15 @@ def build(server_optimizer: Any) -> Algorithm:
 
     form = model_change_form(lambda params: ClientMessage(params, multiplicity=1))
     fold = model_mean_fold("uniform", aggregation_finish)  # mean_P θ_k, each client counted by its multiplicity
+    parts = averaging_parts("uniform", fold, form, *lacking(ASYNCHRONOUS_RULE, ASYNCHRONOUS_REASON))
     return Algorithm(
         "fedgate",
         server_init,
         client_objective,
         client_finish,
-        fold.server_update,
-        broadcast,
+        broadcast=broadcast,
         client_state_init=client_state_init,
-        server_fold=fold,
-        release=form,
-        lacks=lacking(ASYNCHRONOUS_RULE, ASYNCHRONOUS_REASON),
+        **parts,
     )
 
 

@@ -29,8 +29,8 @@ momentum are not offered; its server momentum ``gmf`` is ``server.optimizer = "m
 ``server.lr = 1`` (equal for a constant η_l).  Metric ``effective_steps`` = τ_eff.
 
 Partial work and dropouts: kept, that is FedNova's point; an inactive client sends nothing.  If no client
-reports, the server model stays as it is.  Client-level DP and FedBuff are refused (``RELEASE_REFUSAL``,
-``ASYNCHRONOUS_REFUSAL``).
+reports, the server model stays as it is.  Client-level DP and FedBuff are refused (``RELEASE_REASON``,
+``ASYNCHRONOUS_REASON``).
 
 Example:
     >>> from driftlab.algorithms import fednova
@@ -46,19 +46,11 @@ from typing import Any, Literal
 import torch
 from pydantic import Field
 
-from driftlab.algorithms.aggregation import RunningMean, check_aggregation, client_weight, server_step
-from driftlab.algorithms.section import AlgorithmConfig
+from driftlab.algorithms.aggregation import RunningMean, check_aggregation, client_weight, folded, server_step
+from driftlab.algorithms.section import Aggregation, AlgorithmConfig, options
 from driftlab.features.capabilities import ASYNCHRONOUS_RULE, RELEASE_FORM, Reason, lacking, synchronous_only
+from driftlab.simulation import seam
 from driftlab.simulation.backends.objectives import LocalObjective, LocalStep
-from driftlab.simulation.seam import (
-    NO_CORRECTION,
-    Algorithm,
-    ClientContext,
-    ClientUpdate,
-    GradientCorrection,
-    RoundContext,
-    ServerFold,
-)
 
 RELEASE_REASON = Reason(
     why=(
@@ -68,7 +60,6 @@ RELEASE_REASON = Reason(
     ),
     fix=('use fedavg with aggregation = "uniform"'),
 )
-RELEASE_REFUSAL = RELEASE_REASON.text  # the prose, for code that reads it
 ASYNCHRONOUS_REASON = synchronous_only(
     "fednova",
     why=(
@@ -78,14 +69,13 @@ ASYNCHRONOUS_REASON = synchronous_only(
     ),
     alternative='use fedavg with aggregation = "uniform"',
 )
-ASYNCHRONOUS_REFUSAL = ASYNCHRONOUS_REASON.text  # the prose, for code that reads it
 
 
 class Config(AlgorithmConfig):
     """``[algorithm]`` section for FedNova (the server optimizer and ``η_g`` are chosen in ``[server]``)."""
 
     name: Literal["fednova"] = "fednova"
-    aggregation: Literal["weighted", "uniform"] = Field(
+    aggregation: Aggregation = Field(
         "weighted", description="weighted: p_k = n_k / Σ n_j (the paper's, default); uniform: p_k = 1/|P|"
     )
     momentum: float = Field(
@@ -158,7 +148,7 @@ def heavy_ball(momentum: float) -> Any:
     return step
 
 
-def build(server_optimizer: Any, aggregation: str = "weighted", momentum: float = 0.0) -> Algorithm:
+def build(server_optimizer: Any, aggregation: str = "weighted", momentum: float = 0.0) -> seam.Algorithm:
     """FedNova with ``server_optimizer`` (``driftlab.optim.server``), ``aggregation`` in {"weighted", "uniform"}
     and local momentum ``0 ≤ momentum < 1``."""
     check_aggregation(aggregation)  # before any work
@@ -170,18 +160,18 @@ def build(server_optimizer: Any, aggregation: str = "weighted", momentum: float 
         return ServerState(params=initial_params, optimizer_state=server_optimizer.init(initial_params))
 
     def client_objective(
-        view: ClientView, client_state: None, context: ClientContext
-    ) -> GradientCorrection | LocalObjective:
+        view: ClientView, client_state: None, context: seam.ClientContext
+    ) -> seam.GradientCorrection | LocalObjective:
         if momentum == 0:
-            return NO_CORRECTION
+            return seam.NO_CORRECTION
         return LocalObjective(local_step=LocalStep(local_step, (torch.zeros_like(view.params),)))
 
     def client_finish(
-        view: ClientView, client_state: None, context: ClientContext, update: ClientUpdate
+        view: ClientView, client_state: None, context: seam.ClientContext, update: seam.ClientUpdate
     ) -> tuple[None, ClientMessage]:
         return None, ClientMessage(update.final_params, update.steps_done, context.num_samples, context.multiplicity)
 
-    def aggregation_start(server: ServerState, context: RoundContext) -> NovaSums:
+    def aggregation_start(server: ServerState, context: seam.RoundContext) -> NovaSums:
         return NovaSums(RunningMean(), 0.0, 0.0, None)
 
     def aggregation_add(sums: NovaSums, message: ClientMessage) -> NovaSums:
@@ -189,7 +179,7 @@ def build(server_optimizer: Any, aggregation: str = "weighted", momentum: float 
         return sums.add(message.params, normaliser(message.local_steps, momentum), weight)
 
     def aggregation_finish(
-        server: ServerState, sums: NovaSums, context: RoundContext
+        server: ServerState, sums: NovaSums, context: seam.RoundContext
     ) -> tuple[ServerState, dict[str, float]]:
         if sums.reference is None or sums.weight <= 0:  # nobody moved: θ^t = θ^{t−1}
             return server, {"effective_steps": 0.0}
@@ -202,18 +192,16 @@ def build(server_optimizer: Any, aggregation: str = "weighted", momentum: float 
     def broadcast(server: ServerState) -> ClientView:
         return ClientView(server.params)
 
-    fold = ServerFold(aggregation_start, aggregation_add, aggregation_finish)
-    return Algorithm(
+    return seam.Algorithm(
         "fednova",
         server_init,
         client_objective,
         client_finish,
-        fold.server_update,
-        broadcast,
-        server_fold=fold,
+        broadcast=broadcast,
+        **folded(aggregation_start, aggregation_add, aggregation_finish),
         lacks=lacking(RELEASE_FORM, RELEASE_REASON) + lacking(ASYNCHRONOUS_RULE, ASYNCHRONOUS_REASON),
     )
 
 
-def from_config(config: Config, server_optimizer: Any) -> Algorithm:
-    return build(server_optimizer, aggregation=config.aggregation, momentum=config.momentum)
+def from_config(config: Config, server_optimizer: Any) -> seam.Algorithm:
+    return build(server_optimizer, **options(config))

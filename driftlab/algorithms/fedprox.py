@@ -56,7 +56,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from driftlab.algorithms import fedavg
-from driftlab.algorithms.section import AlgorithmConfig
+from driftlab.algorithms.section import Aggregation, AlgorithmConfig, options
 from driftlab.simulation.seam import NO_CORRECTION, Algorithm, ClientContext, GradientCorrection
 
 ClientView = fedavg.ClientView  # FedAvg's server half broadcasts θ^{t−1}, the proximal reference too
@@ -71,7 +71,7 @@ class Config(AlgorithmConfig):
         ge=0,
         description="proximal coefficient μ ≥ 0: the local gradient adds μ(θ − θ^{t−1}); 0 is FedAvg exactly",
     )
-    aggregation: Literal["weighted", "uniform"] = Field(
+    aggregation: Aggregation = Field(
         "weighted",
         description="weighted: w_k = n_k / Σ n_j (default, authors' code); uniform: mean over reporting clients (Algorithm 2)",
     )
@@ -93,4 +93,4 @@ def build(server_optimizer: Any, mu: float = 0.01, aggregation: str = "weighted"
 
 
 def from_config(config: Config, server_optimizer: Any) -> Algorithm:
-    return build(server_optimizer, mu=config.mu, aggregation=config.aggregation)
+    return build(server_optimizer, **options(config))

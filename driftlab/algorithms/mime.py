@@ -99,20 +99,10 @@ from driftlab.algorithms.aggregation import (
     model_sums,
     server_step,
 )
-from driftlab.algorithms.section import AlgorithmConfig
+from driftlab.algorithms.section import Aggregation, AlgorithmConfig, options
 from driftlab.features.capabilities import ASYNCHRONOUS_RULE, RELEASE_FORM, Reason, lacking, synchronous_only
+from driftlab.simulation import seam
 from driftlab.simulation.backends.objectives import LocalBatch, LocalObjective, LossTerm
-from driftlab.simulation.seam import (
-    NO_CORRECTION,
-    Algorithm,
-    ClientContext,
-    ClientUpdate,
-    GradientCorrection,
-    ReleaseForm,
-    RoundContext,
-    RoundPrelude,
-    ServerFold,
-)
 
 MISSING_FULL_GRADIENT = (
     "MimeLite with momentum > 0 needs each client's full-batch gradient at the round's model, "
@@ -136,7 +126,6 @@ ASYNCHRONOUS_REASON = synchronous_only(
         "paper's analysis is synchronous)"
     ),
 )
-ASYNCHRONOUS_REFUSAL = ASYNCHRONOUS_REASON.text  # the prose, for code that reads it
 
 
 CURRENT_RELEASE_REASON = Reason(
@@ -151,7 +140,6 @@ CURRENT_RELEASE_REASON = Reason(
         'vector; aggregation = "uniform"), or remove the feature'
     ),
 )
-CURRENT_RELEASE_REFUSAL = CURRENT_RELEASE_REASON.text  # the prose, for code that reads it
 MIME_ASYNCHRONOUS_REASON = synchronous_only(
     "mime",
     why=(
@@ -161,20 +149,19 @@ MIME_ASYNCHRONOUS_REASON = synchronous_only(
         "(the paper's analysis is synchronous)"
     ),
 )
-MIME_ASYNCHRONOUS_REFUSAL = MIME_ASYNCHRONOUS_REASON.text  # the prose, for code that reads it
+
+
+def momentum_field(local_step: str) -> Any:
+    """Both variants' ``momentum`` key: β in [0, 1), 0.9 unless set, described with the variant's ``local_step``."""
+    return Field(0.9, ge=0, lt=1, description=f"β in [0, 1): m ← β m + mean ∇f_k(x), local step {local_step}")
 
 
 class Config(AlgorithmConfig):
     """``[algorithm]`` section for MimeLite (SGD with momentum); ``η_g`` is ``[server] lr`` (server.optimizer = "sgd")."""
 
     name: Literal["mimelite"] = "mimelite"
-    momentum: float = Field(
-        0.9,
-        ge=0,
-        lt=1,
-        description="β in [0, 1): m ← β m + mean ∇f_k(x), local step y ← y − η_l(∇f_k(y; ζ) + β m); 0 is FedAvg",
-    )
-    aggregation: Literal["weighted", "uniform"] = Field(
+    momentum: float = momentum_field("y ← y − η_l(∇f_k(y; ζ) + β m); 0 is FedAvg")
+    aggregation: Aggregation = Field(
         "weighted", description="r_k for both means: n_k (default, TFF's and FedJAX's) or 1 (the paper's 1/|S|)"
     )
 
@@ -189,13 +176,8 @@ class MimeConfig(AlgorithmConfig):
         "round's x, gathered in a first phase of the round before local training (simulation only: no compression, "
         "privacy, [system] or deployment); 'previous' = the last reporting round's, at its model (one phase, runs everywhere)",
     )
-    momentum: float = Field(
-        0.9,
-        ge=0,
-        lt=1,
-        description="β in [0, 1): m ← β m + mean ∇f_k(x), local step y ← y − η_l(∇f_k(y; ζ) − ∇f_k(x; ζ) + c + β m)",
-    )
-    aggregation: Literal["weighted", "uniform"] = Field(
+    momentum: float = momentum_field("y ← y − η_l(∇f_k(y; ζ) − ∇f_k(x; ζ) + c + β m)")
+    aggregation: Aggregation = Field(
         "weighted",
         description="r_k for the means of y_k and ∇f_k(x): n_k (default, FedJAX's mime) or 1 (the paper's 1/|S|)",
     )
@@ -250,7 +232,7 @@ class RoundSums:
     gradients: RunningMean
 
 
-def start_round_sums(server: ServerState, context: RoundContext) -> RoundSums:
+def start_round_sums(server: ServerState, context: seam.RoundContext) -> RoundSums:
     """The empty sums of a MimeLite (or one-phase Mime) round: of the y_k (of y_k − x in a private round) and the g_k."""
     return RoundSums(model_sums(server.params, context), RunningMean())
 
@@ -262,7 +244,7 @@ def add_to_round_sums(sums: RoundSums, message: ClientMessage, aggregation: str)
     return RoundSums(sums.models.add(message.params, weight), gradients)
 
 
-def full_batch_gradient(update: ClientUpdate, missing: str = MISSING_FULL_GRADIENT) -> torch.Tensor:
+def full_batch_gradient(update: seam.ClientUpdate, missing: str = MISSING_FULL_GRADIENT) -> torch.Tensor:
     """``∇f_k(x)`` at the round's start model, from the client's own data (``missing`` if no hook)."""
     if update.computation is None:
         raise RuntimeError(missing)
@@ -296,16 +278,16 @@ def server_init_of(server_optimizer: Any) -> Callable[[torch.Tensor], ServerStat
 
 
 def one_phase_parts(
-    aggregation: str, finish: Callable[..., Any], form: ReleaseForm, asynchronous_reason: Reason
+    aggregation: str, finish: Callable[..., Any], form: seam.ReleaseForm, asynchronous_reason: Reason
 ) -> dict[str, Any]:
     """The ``Algorithm`` fields MimeLite and Mime with the previous round's c share: the fold of their messages' y_k and
     g_k at weights r_k into ``finish`` (``averaging_parts``: their form under uniform aggregation) and their
     asynchronous lack."""
-    fold = ServerFold(start_round_sums, functools.partial(add_to_round_sums, aggregation=aggregation), finish)
+    fold = seam.ServerFold(start_round_sums, functools.partial(add_to_round_sums, aggregation=aggregation), finish)
     return averaging_parts(aggregation, fold, form, *lacking(ASYNCHRONOUS_RULE, asynchronous_reason))
 
 
-def release_form(uses_momentum: bool) -> ReleaseForm:
+def release_form(uses_momentum: bool) -> seam.ReleaseForm:
     """MimeLite's ``ReleaseForm``: a message releases ``cat(y_k − x, g_k)`` (``y_k − x`` alone when β = 0); the
     carrier counts once with unit weight (multiplicity 1)."""
 
@@ -322,12 +304,12 @@ def release_form(uses_momentum: bool) -> ReleaseForm:
     def size(view: ClientView) -> int:
         return (2 if uses_momentum else 1) * view.params.numel()
 
-    return ReleaseForm(release, restore, size=size)
+    return seam.ReleaseForm(release, restore, size=size)
 
 
 def build(
     server_optimizer: Any, momentum: float = 0.9, aggregation: str = "weighted", control_variate: bool | str = False
-) -> Algorithm:
+) -> seam.Algorithm:
     """MimeLite (``control_variate=False``) or Mime (named "mime") with momentum β = ``momentum``, whose x-update
     applies ``server_optimizer`` (SGD) to ``x − ȳ``: ``control_variate="current"`` the paper's in-round c
     (``RoundPrelude``), ``"previous"`` (or True) c and x̃ of the last reporting round."""
@@ -344,19 +326,19 @@ def build(
         return _build_mime(server_optimizer, momentum, aggregation)
     uses_momentum = momentum > 0
 
-    def client_objective(view: ClientView, client_state: None, context: ClientContext) -> GradientCorrection:
+    def client_objective(view: ClientView, client_state: None, context: seam.ClientContext) -> seam.GradientCorrection:
         if not uses_momentum:
-            return NO_CORRECTION
-        return GradientCorrection(linear=momentum * view.momentum)
+            return seam.NO_CORRECTION
+        return seam.GradientCorrection(linear=momentum * view.momentum)
 
     def client_finish(
-        view: ClientView, client_state: None, context: ClientContext, update: ClientUpdate
+        view: ClientView, client_state: None, context: seam.ClientContext, update: seam.ClientUpdate
     ) -> tuple[None, ClientMessage]:
         gradient = full_batch_gradient(update) if uses_momentum else None
         return None, ClientMessage(update.final_params, gradient, context.num_samples, context.multiplicity)
 
     def aggregation_finish(
-        server: ServerState, sums: RoundSums, context: RoundContext
+        server: ServerState, sums: RoundSums, context: seam.RoundContext
     ) -> tuple[ServerState, dict[str, float]]:
         client_average = sums.models.value(context.mean_denominator)
         params, optimizer_state = server_step(server_optimizer, server, client_average, context)
@@ -373,10 +355,10 @@ def build(
 
     parts = one_phase_parts(aggregation, aggregation_finish, release_form(uses_momentum), ASYNCHRONOUS_REASON)
     server_init = server_init_of(server_optimizer)
-    return Algorithm("mimelite", server_init, client_objective, client_finish, broadcast=broadcast, **parts)
+    return seam.Algorithm("mimelite", server_init, client_objective, client_finish, broadcast=broadcast, **parts)
 
 
-def _build_mime(server_optimizer: Any, momentum: float, aggregation: str) -> Algorithm:
+def _build_mime(server_optimizer: Any, momentum: float, aggregation: str) -> seam.Algorithm:
     """Mime (module docstring): MimeLite's server and messages, plus c and the snapshot x̃ of the last reporting round."""
     uses_momentum = momentum > 0
 
@@ -387,21 +369,21 @@ def _build_mime(server_optimizer: Any, momentum: float, aggregation: str) -> Alg
         return MimeView(server.params, server.snapshot, correction, controlled=True)
 
     def client_objective(
-        view: MimeView, client_state: None, context: ClientContext
-    ) -> GradientCorrection | LocalObjective:
+        view: MimeView, client_state: None, context: seam.ClientContext
+    ) -> seam.GradientCorrection | LocalObjective:
         if not view.controlled:  # round 1: MimeLite's step (m = 0; β = 0: FedAvg's, without even adding the zeros)
-            return GradientCorrection(linear=view.correction) if uses_momentum else NO_CORRECTION
-        correction = GradientCorrection(linear=view.correction)
+            return seam.GradientCorrection(linear=view.correction) if uses_momentum else seam.NO_CORRECTION
+        correction = seam.GradientCorrection(linear=view.correction)
         return LocalObjective(correction=correction, loss_term=LossTerm(minus_snapshot_gradient, (view.snapshot,)))
 
     def client_finish(
-        view: MimeView, client_state: None, context: ClientContext, update: ClientUpdate
+        view: MimeView, client_state: None, context: seam.ClientContext, update: seam.ClientUpdate
     ) -> tuple[None, ClientMessage]:
         gradient = full_batch_gradient(update, MIME_MISSING_FULL_GRADIENT)
         return None, ClientMessage(update.final_params, gradient, context.num_samples, context.multiplicity)
 
     def aggregation_finish(
-        server: ServerState, sums: RoundSums, context: RoundContext
+        server: ServerState, sums: RoundSums, context: seam.RoundContext
     ) -> tuple[ServerState, dict[str, float]]:
         params, optimizer_state = server_step(
             server_optimizer, server, sums.models.value(context.mean_denominator), context
@@ -418,7 +400,7 @@ def _build_mime(server_optimizer: Any, momentum: float, aggregation: str) -> Alg
 
     parts = one_phase_parts(aggregation, aggregation_finish, release_form(True), MIME_ASYNCHRONOUS_REASON)
     server_init = server_init_of(server_optimizer)
-    return Algorithm("mime", server_init, client_objective, client_finish, broadcast=broadcast, **parts)
+    return seam.Algorithm("mime", server_init, client_objective, client_finish, broadcast=broadcast, **parts)
 
 
 @dataclass(frozen=True)
@@ -430,7 +412,7 @@ class MimeRoundView:
     correction: torch.Tensor
 
 
-def _build_mime_current(server_optimizer: Any, momentum: float, aggregation: str) -> Algorithm:
+def _build_mime_current(server_optimizer: Any, momentum: float, aggregation: str) -> seam.Algorithm:
     """The paper's Mime (module docstring, "The paper's control variate"): a first phase gathers
     ``c = Σ r_k ∇f_k(x) / Σ r_k`` over the round's clients (``RoundPrelude``), who then train with the SVRG term at the
     snapshot ``x`` and ``c + β m``; the server averages the ``y_k`` and moves ``m`` with the same ``c``."""
@@ -440,36 +422,36 @@ def _build_mime_current(server_optimizer: Any, momentum: float, aggregation: str
         control = server.control_variate if server.control_variate is not None else torch.zeros_like(server.params)
         return MimeRoundView(server.params, control + momentum * server.momentum if momentum > 0 else control)
 
-    def gradient_at_x(view: MimeRoundView, context: ClientContext, computation: Any) -> torch.Tensor:
+    def gradient_at_x(view: MimeRoundView, context: seam.ClientContext, computation: Any) -> torch.Tensor:
         if computation is None:
             raise RuntimeError(MIME_MISSING_FULL_GRADIENT)
         return computation.full_gradient(view.params)
 
-    def weight(context: ClientContext) -> float:
+    def weight(context: seam.ClientContext) -> float:
         return client_weight(context.num_samples, context.multiplicity, aggregation)
 
     def with_control_variate(server: ServerState, mean_gradient: torch.Tensor) -> ServerState:
         return ServerState(server.params, server.momentum, server.optimizer_state, mean_gradient, None)
 
-    def client_objective(view: MimeRoundView, client_state: None, context: ClientContext) -> LocalObjective:
+    def client_objective(view: MimeRoundView, client_state: None, context: seam.ClientContext) -> LocalObjective:
         return LocalObjective(
-            correction=GradientCorrection(linear=view.correction),
+            correction=seam.GradientCorrection(linear=view.correction),
             loss_term=LossTerm(minus_snapshot_gradient, (view.params,)),
         )
 
     def client_finish(
-        view: MimeRoundView, client_state: None, context: ClientContext, update: ClientUpdate
+        view: MimeRoundView, client_state: None, context: seam.ClientContext, update: seam.ClientUpdate
     ) -> tuple[None, ClientMessage]:
         return None, ClientMessage(update.final_params, None, context.num_samples, context.multiplicity)
 
-    def aggregation_start(server: ServerState, context: RoundContext) -> RunningMean:
+    def aggregation_start(server: ServerState, context: seam.RoundContext) -> RunningMean:
         return RunningMean()
 
     def aggregation_add(models: RunningMean, message: ClientMessage) -> RunningMean:
         return models.add(message.params, client_weight(message.num_samples, message.multiplicity, aggregation))
 
     def aggregation_finish(
-        server: ServerState, models: RunningMean, context: RoundContext
+        server: ServerState, models: RunningMean, context: seam.RoundContext
     ) -> tuple[ServerState, dict[str, float]]:
         params, optimizer_state = server_step(server_optimizer, server, models.value(), context)
         control = server.control_variate  # this round's c, at x: the momentum's input too
@@ -480,8 +462,8 @@ def _build_mime_current(server_optimizer: Any, momentum: float, aggregation: str
             metrics["momentum_norm"] = float(torch.linalg.vector_norm(new_momentum))
         return ServerState(params, new_momentum, optimizer_state, control, None), metrics
 
-    fold = ServerFold(aggregation_start, aggregation_add, aggregation_finish)
-    return Algorithm(
+    fold = seam.ServerFold(aggregation_start, aggregation_add, aggregation_finish)
+    return seam.Algorithm(
         "mime",
         server_init_of(server_optimizer),
         client_objective,
@@ -490,18 +472,13 @@ def _build_mime_current(server_optimizer: Any, momentum: float, aggregation: str
         broadcast,
         server_fold=fold,
         lacks=lacking(RELEASE_FORM, CURRENT_RELEASE_REASON) + lacking(ASYNCHRONOUS_RULE, MIME_ASYNCHRONOUS_REASON),
-        prelude=RoundPrelude(gradient_at_x, weight, with_control_variate),
+        prelude=seam.RoundPrelude(gradient_at_x, weight, with_control_variate),
     )
 
 
-def from_config(config: Config, server_optimizer: Any) -> Algorithm:
-    return build(server_optimizer, momentum=config.momentum, aggregation=config.aggregation)
+def from_config(config: Config, server_optimizer: Any) -> seam.Algorithm:
+    return build(server_optimizer, **options(config))
 
 
-def from_mime_config(config: MimeConfig, server_optimizer: Any) -> Algorithm:
-    return build(
-        server_optimizer,
-        momentum=config.momentum,
-        aggregation=config.aggregation,
-        control_variate=config.control_variate,
-    )
+def from_mime_config(config: MimeConfig, server_optimizer: Any) -> seam.Algorithm:
+    return build(server_optimizer, **options(config))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pytest
@@ -172,14 +173,18 @@ def test_weighted_aggregation_weighs_the_models_and_the_gradients_by_n_k():
     assert torch.equal(server.momentum, vector(-0.5, -3.0))
 
 
-def test_the_server_rate_scales_the_model_step_but_not_the_momentum():
+def _uniform_round(start: torch.Tensor, sent: list, context: RoundContext) -> tuple:
+    """Uniform MimeLite with β = 0.5 from x = ``start`` (m = 0): the algorithm, its server, the messages (y_k, g_k) of
+    ``sent`` with unit weight each, and the server after one round of them under ``context``."""
     algorithm = mime.build(SGD, momentum=0.5, aggregation="uniform")
-    server = algorithm.server_init(vector(0.0, 0.0))
-    messages = [
-        mime.ClientMessage(vector(2.0, 0.0), vector(1.0, 1.0), 1, 1),
-        mime.ClientMessage(vector(0.0, 2.0), vector(3.0, 1.0), 1, 1),
-    ]
-    new_server, _ = algorithm.server_update(server, messages, RoundContext(1, 4, 2, 0.5))
+    server = algorithm.server_init(start)
+    messages = [mime.ClientMessage(params, gradient, 1, 1) for params, gradient in sent]
+    return algorithm, server, messages, algorithm.server_update(server, messages, context)[0]
+
+
+def test_the_server_rate_scales_the_model_step_but_not_the_momentum():
+    sent = [(vector(2.0, 0.0), vector(1.0, 1.0)), (vector(0.0, 2.0), vector(3.0, 1.0))]
+    *_, new_server = _uniform_round(vector(0.0, 0.0), sent, RoundContext(1, 4, 2, 0.5))
     assert torch.equal(new_server.params, vector(0.5, 0.5))  # x − 0.5(x − ȳ), ȳ = (1, 1)
     assert torch.equal(new_server.momentum, vector(2.0, 1.0))
 
@@ -287,13 +292,9 @@ def test_compression_replaces_the_uploaded_model_and_leaves_the_gradient_whole()
 
 
 def test_private_round_divides_both_means_by_the_public_denominator():
-    algorithm = mime.build(SGD, momentum=0.5, aggregation="uniform")
-    server = algorithm.server_init(vector(1.0, 1.0))
-    messages = [
-        mime.ClientMessage(vector(3.0, 1.0), vector(4.0, 0.0), 1, 1),
-        mime.ClientMessage(vector(1.0, 5.0), vector(0.0, 8.0), 1, 1),
-    ]
-    private, _ = algorithm.server_update(server, messages, RoundContext(1, 8, 2, 1.0, mean_denominator=4.0))
+    sent = [(vector(3.0, 1.0), vector(4.0, 0.0)), (vector(1.0, 5.0), vector(0.0, 8.0))]
+    context = RoundContext(1, 8, 2, 1.0, mean_denominator=4.0)
+    algorithm, server, messages, private = _uniform_round(vector(1.0, 1.0), sent, context)
     assert torch.equal(private.params, vector(1.5, 2.0))  # x + ((2, 0) + (0, 4))/4
     assert torch.equal(private.momentum, vector(1.0, 2.0))  # ((4, 0) + (0, 8))/4
     view = algorithm.broadcast(server)
@@ -349,16 +350,21 @@ def test_the_engine_full_gradient_is_the_mean_loss_gradient_over_the_client_data
     assert torch.allclose(computed, expected, rtol=0, atol=1e-14) and float(torch.linalg.vector_norm(expected)) > 0
 
 
-def test_both_backends_agree_to_float32_rounding():
-    sequential = driftlab.run({**RUN, "backend": "sequential"})
-    vectorized = driftlab.run({**RUN, "backend": "vectorized"})
+def _agrees_across_backends(run: dict, metric: str) -> Any:
+    """The sequential run of ``run``, after checking that the vectorized one gives its model and per-round ``metric``
+    to float32 rounding, and that every reporting client uploaded two models (y_k and g_k)."""
+    sequential = driftlab.run({**run, "backend": "sequential"})
+    vectorized = driftlab.run({**run, "backend": "vectorized"})
     assert torch.allclose(sequential.final_params, vectorized.final_params, rtol=1e-4, atol=1e-5)
     for first, second in zip(sequential.records, vectorized.records, strict=True):
-        assert first["momentum_norm"] == pytest.approx(second["momentum_norm"], rel=1e-4)
-    assert (
-        sequential.records[-1]["upload_bits"]
-        == 2 * 32 * sequential.num_parameters * sequential.records[-1]["num_reporting"]
-    )
+        assert first[metric] == pytest.approx(second[metric], rel=1e-4)
+    last = sequential.records[-1]
+    assert last["upload_bits"] == 2 * 32 * sequential.num_parameters * last["num_reporting"]
+    return sequential
+
+
+def test_both_backends_agree_to_float32_rounding():
+    _agrees_across_backends(RUN, "momentum_norm")
 
 
 def test_momentum_zero_runs_are_fedavg_runs_bit_for_bit():
@@ -513,11 +519,10 @@ def test_mime_release_form_releases_the_change_and_the_gradient_also_at_beta_zer
 
 def test_mime_refuses_asynchrony_and_a_client_without_its_data():
     algorithm = mime_build()
-    refused = (
-        f'[asynchronous] with algorithm.name = "{algorithm.name}": {mime.MIME_ASYNCHRONOUS_REFUSAL}'  # the one template
-    )
+    # the one template
+    refused = f'[asynchronous] with algorithm.name = "{algorithm.name}": {mime.MIME_ASYNCHRONOUS_REASON.text}'
     assert not algorithm.asynchronous and algorithm.asynchronous_problem() == refused
-    assert "remove [asynchronous]" in mime.MIME_ASYNCHRONOUS_REFUSAL
+    assert "remove [asynchronous]" in mime.MIME_ASYNCHRONOUS_REASON.text
     view = algorithm.broadcast(algorithm.server_init(vector(1.0)))
     with pytest.raises(RuntimeError, match=r"Mime needs.*full_gradient"):
         algorithm.client_finish(
@@ -529,13 +534,7 @@ MIME_RUN = {**RUN, "algorithm": {"name": "mime", "momentum": 0.5, "control_varia
 
 
 def test_mime_both_backends_agree_to_float32_rounding():
-    sequential = driftlab.run({**MIME_RUN, "backend": "sequential"})
-    vectorized = driftlab.run({**MIME_RUN, "backend": "vectorized"})
-    assert torch.allclose(sequential.final_params, vectorized.final_params, rtol=1e-4, atol=1e-5)
-    for first, second in zip(sequential.records, vectorized.records, strict=True):
-        assert first["control_variate_norm"] == pytest.approx(second["control_variate_norm"], rel=1e-4)
-    last = sequential.records[-1]
-    assert last["upload_bits"] == 2 * 32 * sequential.num_parameters * last["num_reporting"]
+    sequential = _agrees_across_backends(MIME_RUN, "control_variate_norm")
     lite = driftlab.run({**RUN, "backend": "sequential"})
     assert not torch.equal(lite.final_params, sequential.final_params)  # from round 2 on, c changes the steps
     for record, lite_record in zip(sequential.records, lite.records, strict=True):  # down x, x̃, c + βm: three models

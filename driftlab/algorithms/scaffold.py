@@ -44,15 +44,14 @@ N(0, σ²) on the sum reaches θ as σ/m (times η_g) and c as σ/N.  The promis
 holds for multiplicity 1 (a client drawn twice counts twice in ``Σ Δy_k`` but
 once in ``Σ Δc_k``).  ``c_k`` itself never leaves the client.
 
-Example:
+Example (a message releases cat(Δy_k, Δc_k), of twice the model's size):
     >>> import torch
     >>> from driftlab.algorithms import scaffold
-    >>> from driftlab.optim.server import make_server_optimizer
-    >>> algorithm = scaffold.build(make_server_optimizer("sgd"))
-    >>> server = algorithm.server_init(torch.zeros(3))
-    >>> view = algorithm.broadcast(server)
-    >>> tuple(view.params.shape), tuple(view.control.shape)
-    ((3,), (3,))
+    >>> view = scaffold.ClientView(params=torch.zeros(2), control=torch.zeros(2))
+    >>> message = scaffold.ClientMessage(torch.tensor([1.0, 2.0]), torch.tensor([3.0, 4.0]), multiplicity=1)
+    >>> form = scaffold.release_form()
+    >>> form.release(view, message), form.size(view)
+    (tensor([1., 2., 3., 4.]), 4)
 """
 
 from __future__ import annotations
@@ -62,18 +61,10 @@ from typing import Any
 
 import torch
 
-from driftlab.algorithms.aggregation import RunningMean
+from driftlab.algorithms.aggregation import RunningMean, folded, registered_mean_step, running_sum
 from driftlab.algorithms.section import named_section
 from driftlab.features.capabilities import ASYNCHRONOUS_RULE, lacking, synchronous_only
-from driftlab.simulation.seam import (
-    Algorithm,
-    ClientContext,
-    ClientUpdate,
-    GradientCorrection,
-    ReleaseForm,
-    RoundContext,
-    ServerFold,
-)
+from driftlab.simulation import seam
 
 # Why FedBuff cannot run SCAFFOLD as it stands (Algorithm.asynchronous_refusal; docs/algorithms.md, "Asynchronous").
 ASYNCHRONOUS_REASON = synchronous_only(
@@ -86,7 +77,6 @@ ASYNCHRONOUS_REASON = synchronous_only(
         "et al., ICLR 2024, is a candidate)"
     ),
 )
-ASYNCHRONOUS_REFUSAL = ASYNCHRONOUS_REASON.text  # the prose, for code that reads it
 
 
 Config = named_section(
@@ -131,7 +121,7 @@ class RoundSums:
     control_delta_sum: torch.Tensor | None
 
 
-def release_form() -> ReleaseForm:
+def release_form() -> seam.ReleaseForm:
     """SCAFFOLD's ``ReleaseForm``: a message releases ``cat(Δy_k, Δc_k)``; the carrier counts once (multiplicity 1)."""
 
     def release(view: ClientView, message: ClientMessage) -> torch.Tensor:
@@ -146,10 +136,10 @@ def release_form() -> ReleaseForm:
     def size(view: ClientView) -> int:
         return 2 * view.params.numel()
 
-    return ReleaseForm(release, restore, size=size)
+    return seam.ReleaseForm(release, restore, size=size)
 
 
-def build(server_optimizer: Any) -> Algorithm:
+def build(server_optimizer: Any) -> seam.Algorithm:
     """SCAFFOLD option II whose θ-update applies ``server_optimizer`` to ``q = −mean_P Δy_k``."""
 
     def server_init(initial_params: torch.Tensor) -> ServerState:
@@ -162,11 +152,11 @@ def build(server_optimizer: Any) -> Algorithm:
     def client_state_init(initial_params: torch.Tensor) -> ClientState:
         return ClientState(control=torch.zeros_like(initial_params))
 
-    def client_objective(view: ClientView, client: ClientState, context: ClientContext) -> GradientCorrection:
-        return GradientCorrection(linear=view.control - client.control)
+    def client_objective(view: ClientView, client: ClientState, context: seam.ClientContext) -> seam.GradientCorrection:
+        return seam.GradientCorrection(linear=view.control - client.control)
 
     def client_finish(
-        view: ClientView, client: ClientState, context: ClientContext, update: ClientUpdate
+        view: ClientView, client: ClientState, context: seam.ClientContext, update: seam.ClientUpdate
     ) -> tuple[ClientState, ClientMessage]:
         params_delta = update.final_params - view.params
         if update.steps_done == 0:
@@ -178,18 +168,16 @@ def build(server_optimizer: Any) -> Algorithm:
         message = ClientMessage(params_delta, new_control - client.control, context.multiplicity)
         return ClientState(new_control), message
 
-    def aggregation_start(server: ServerState, context: RoundContext) -> RoundSums:
+    def aggregation_start(server: ServerState, context: seam.RoundContext) -> RoundSums:
         return RoundSums(RunningMean(), None)
 
     def aggregation_add(sums: RoundSums, message: ClientMessage) -> RoundSums:
         # Σ_P Δc_k counts each reporting client once, whatever its multiplicity.
-        control = (
-            message.control_delta if sums.control_delta_sum is None else sums.control_delta_sum + message.control_delta
-        )
+        control = running_sum(sums.control_delta_sum, message.control_delta)
         return RoundSums(sums.params_delta.add(message.params_delta, float(message.multiplicity)), control)
 
     def aggregation_finish(
-        server: ServerState, sums: RoundSums, context: RoundContext
+        server: ServerState, sums: RoundSums, context: seam.RoundContext
     ) -> tuple[ServerState, dict[str, float]]:
         # mean_P Δy_k; a private round divides by its public expected cohort (RoundContext.mean_denominator).
         mean_params_delta = sums.params_delta.value(context.mean_denominator)
@@ -197,27 +185,24 @@ def build(server_optimizer: Any) -> Algorithm:
             server.optimizer_state, server.params, -mean_params_delta, context.server_learning_rate
         )
         # (|P|/N) mean_P Δc_k = (1/N) Σ_P Δc_k.
-        control = server.control + sums.control_delta_sum / context.num_registered
-        metrics = {"drift_norm": float(torch.linalg.vector_norm(control))}
+        control, metrics = registered_mean_step(server.control, sums.control_delta_sum, context.num_registered)
         return ServerState(params, control, optimizer_state), metrics
 
     def broadcast(server: ServerState) -> ClientView:
         return ClientView(server.params, server.control)
 
-    fold = ServerFold(aggregation_start, aggregation_add, aggregation_finish)
-    return Algorithm(
+    return seam.Algorithm(
         "scaffold",
         server_init,
         client_objective,
         client_finish,
-        fold.server_update,
-        broadcast,
+        broadcast=broadcast,
         client_state_init=client_state_init,
-        server_fold=fold,
+        **folded(aggregation_start, aggregation_add, aggregation_finish),
         release=release_form(),
         lacks=lacking(ASYNCHRONOUS_RULE, ASYNCHRONOUS_REASON),
     )
 
 
-def from_config(config: Config, server_optimizer: Any) -> Algorithm:
+def from_config(config: Config, server_optimizer: Any) -> seam.Algorithm:
     return build(server_optimizer)

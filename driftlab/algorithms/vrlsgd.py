@@ -36,16 +36,13 @@ received, so ``c_k`` and ``c`` stay consistent.
 
 Communication: θ and c down (two models), y up (one model; the number is free).  Metric ``drift_norm`` = ``‖c‖``.
 
-Privacy is refused (``RELEASE_REFUSAL``) and so is asynchronous training (``ASYNCHRONOUS_REFUSAL``).
+Privacy is refused (``RELEASE_REASON``) and so is asynchronous training (``ASYNCHRONOUS_REASON``).
 
-Example:
+Example (a client's direction d_k = (θ^{t−1} − y_k)/(K_k η_l), here after K_k η_l = 0.5):
     >>> import torch
     >>> from driftlab.algorithms import vrlsgd
-    >>> from driftlab.optim.server import make_server_optimizer
-    >>> algorithm = vrlsgd.build(make_server_optimizer("sgd"))
-    >>> view = algorithm.broadcast(algorithm.server_init(torch.zeros(3)))
-    >>> tuple(view.params.shape), tuple(view.direction.shape)
-    ((3,), (3,))
+    >>> vrlsgd.direction(torch.tensor([1.0, 1.0]), torch.tensor([0.5, 0.0]), step_scale=0.5)
+    tensor([1., 2.])
 """
 
 from __future__ import annotations
@@ -55,17 +52,10 @@ from typing import Any
 
 import torch
 
-from driftlab.algorithms.aggregation import RunningMean, server_step
+from driftlab.algorithms.aggregation import RunningMean, folded, registered_mean_step, running_sum, server_step
 from driftlab.algorithms.section import named_section
 from driftlab.features.capabilities import ASYNCHRONOUS_RULE, RELEASE_FORM, Reason, lacking, synchronous_only
-from driftlab.simulation.seam import (
-    Algorithm,
-    ClientContext,
-    ClientUpdate,
-    GradientCorrection,
-    RoundContext,
-    ServerFold,
-)
+from driftlab.simulation.seam import Algorithm, ClientContext, ClientUpdate, GradientCorrection, RoundContext
 
 RELEASE_REASON = Reason(
     why=(
@@ -75,7 +65,6 @@ RELEASE_REASON = Reason(
     ),
     fix=("remove [privacy], or use scaffold (whose Δc_k is released and clipped with Δy_k)"),
 )
-RELEASE_REFUSAL = RELEASE_REASON.text  # the prose, for code that reads it
 ASYNCHRONOUS_REASON = synchronous_only(
     "vrlsgd",
     why=(
@@ -85,7 +74,6 @@ ASYNCHRONOUS_REASON = synchronous_only(
         "VRL-SGD rule is implemented)"
     ),
 )
-ASYNCHRONOUS_REFUSAL = ASYNCHRONOUS_REASON.text  # the prose, for code that reads it
 
 
 Config = named_section(
@@ -164,30 +152,30 @@ def build(server_optimizer: Any) -> Algorithm:
     def aggregation_add(sums: RoundSums, message: ClientMessage) -> RoundSums:
         # c_k⁺ − c_k = d_k − c, from the message alone; it counts each reporting client once, whatever its multiplicity.
         change = direction(sums.start.params, message.params, message.step_scale) - sums.start.direction
-        total = change if sums.direction_change_sum is None else sums.direction_change_sum + change
+        total = running_sum(sums.direction_change_sum, change)
         return RoundSums(sums.start, sums.params.add(message.params, float(message.multiplicity)), total)
 
     def aggregation_finish(
         server: ServerState, sums: RoundSums, context: RoundContext
     ) -> tuple[ServerState, dict[str, float]]:
         params, optimizer_state = server_step(server_optimizer, server, sums.params.value(), context)
-        new_direction = server.direction + sums.direction_change_sum / context.num_registered  # c + (1/N) Σ_P (d_k − c)
-        metrics = {"drift_norm": float(torch.linalg.vector_norm(new_direction))}
+        # c + (1/N) Σ_P (d_k − c)
+        new_direction, metrics = registered_mean_step(
+            server.direction, sums.direction_change_sum, context.num_registered
+        )
         return ServerState(params, new_direction, optimizer_state), metrics
 
     def broadcast(server: ServerState) -> ClientView:
         return ClientView(server.params, server.direction)
 
-    fold = ServerFold(aggregation_start, aggregation_add, aggregation_finish)
     return Algorithm(
         "vrlsgd",
         server_init,
         client_objective,
         client_finish,
-        fold.server_update,
-        broadcast,
+        broadcast=broadcast,
         client_state_init=client_state_init,
-        server_fold=fold,
+        **folded(aggregation_start, aggregation_add, aggregation_finish),
         lacks=lacking(RELEASE_FORM, RELEASE_REASON) + lacking(ASYNCHRONOUS_RULE, ASYNCHRONOUS_REASON),
     )
 

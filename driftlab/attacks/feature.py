@@ -32,6 +32,12 @@ class AttackPlan:
     parameters: dict  # the section's keys of the attack, as set, for run.json
 
 
+# [attack] in ExperimentConfig's schema
+CONFIG_FIELD = (
+    "a seeded Byzantine attack: who attacks and what they forge (the [attack] keys); absent = every client honest"
+)
+
+
 def plan(section: AttackConfig, facts: RunFacts) -> AttackPlan:
     try:
         clients = byzantine_clients(section.byzantine, facts.seed, facts.num_clients)
@@ -105,14 +111,4 @@ CONFIG_CONFLICTS = Requirements(
 )
 
 
-FEATURE = FeatureEntry(
-    name="attack",
-    plan=plan,
-    requirements=REQUIREMENTS,
-    config_conflicts=CONFIG_CONFLICTS,
-    section_type=AttackConfig,
-    config_field="a seeded Byzantine attack: who attacks and what they forge (the [attack] keys); absent = every "
-    "client honest",
-    wrap=wrap,
-    run_info=run_info,
-)
+FEATURE = FeatureEntry.of_module(__name__, "attack", AttackConfig)

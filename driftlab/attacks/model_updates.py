@@ -45,93 +45,101 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
 DIRECTIONS = ("std", "unit", "sign")
 
 
+class AttackSettings:
+    """What every attack's settings declare, as class keywords: ``name`` (``attack.kind`` in configs) and whether it
+    is ``omniscient`` (reads the round's honest updates X)."""
+
+    name: ClassVar[str]
+    omniscient: ClassVar[bool]
+
+    def __init_subclass__(cls, *, name: str, omniscient: bool, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.name, cls.omniscient = name, omniscient
+
+
+def _require(holds: bool, name: str, rule: str, value: object) -> None:
+    """ValueError "{name}: {rule}, got {value}" unless a setting ``holds`` (NaN never does)."""
+    if not holds:
+        raise ValueError(f"{name}: {rule}, got {value}")
+
+
 @dataclass(frozen=True)
-class SignFlip:
+class SignFlip(AttackSettings, name="sign_flip", omniscient=False):
     scale: float = 1.0
-    name: ClassVar[str] = "sign_flip"
-    omniscient: ClassVar[bool] = False
 
 
 @dataclass(frozen=True)
-class Scaled:
+class Scaled(AttackSettings, name="scaled", omniscient=False):
     factor: float
-    name: ClassVar[str] = "scaled"
-    omniscient: ClassVar[bool] = False
 
 
 @dataclass(frozen=True)
-class GaussianNoise:
+class GaussianNoise(AttackSettings, name="gaussian_noise", omniscient=False):
     std: float
     around_honest: bool = False
-    name: ClassVar[str] = "gaussian_noise"
-    omniscient: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
-        if not self.std >= 0:
-            raise ValueError(f"gaussian_noise: std must be ≥ 0, got {self.std}")
+        _require(self.std >= 0, self.name, "std must be ≥ 0", self.std)
 
 
 @dataclass(frozen=True)
-class LittleIsEnough:
+class LittleIsEnough(AttackSettings, name="alie", omniscient=True):
     """ALIE; ``z`` None takes the paper's z_max from the round's n and f."""
 
     z: float | None = None
-    name: ClassVar[str] = "alie"
-    omniscient: ClassVar[bool] = True
 
 
 @dataclass(frozen=True)
-class InnerProduct:
+class InnerProduct(AttackSettings, name="ipm", omniscient=True):
     """IPM with ε > 0 (the paper's small ε = 0.1 slips past Krum; large ε = 100 beats the median)."""
 
     epsilon: float
-    name: ClassVar[str] = "ipm"
-    omniscient: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
-        if not self.epsilon > 0:
-            raise ValueError(f"ipm: epsilon must be positive, got {self.epsilon}")
+        _require(self.epsilon > 0, self.name, "epsilon must be positive", self.epsilon)
 
 
 @dataclass(frozen=True)
-class MinMax:
+class _GammaSearch:
+    """The keys of min-max's and min-sum's search for γ along the direction p (module docstring)."""
+
+    name: ClassVar[str]
+
     direction: str = "unit"
     gamma_init: float = 10.0
     tolerance: float = 1e-5
-    name: ClassVar[str] = "min_max"
-    omniscient: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
-        _check_search(self.name, self.direction, self.gamma_init, self.tolerance)
+        if self.direction not in DIRECTIONS:
+            raise ValueError(f"{self.name}: direction must be one of {', '.join(DIRECTIONS)}, got {self.direction!r}")
+        _require(
+            self.gamma_init > 0 and self.tolerance > 0,
+            self.name,
+            "gamma_init and tolerance must be positive",
+            f"{self.gamma_init}, {self.tolerance}",
+        )
 
 
 @dataclass(frozen=True)
-class MinSum:
-    direction: str = "unit"
-    gamma_init: float = 10.0
-    tolerance: float = 1e-5
+class MinMax(_GammaSearch, AttackSettings, name="min_max", omniscient=True):
+    pass
+
+
+@dataclass(frozen=True)
+class MinSum(_GammaSearch, AttackSettings, name="min_sum", omniscient=True):
     bound: str = "min"  # the honest sum the forged one must not exceed: the smallest ("min", the code's) or largest
-    name: ClassVar[str] = "min_sum"
-    omniscient: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
-        _check_search(self.name, self.direction, self.gamma_init, self.tolerance)
+        super().__post_init__()
         if self.bound not in ("min", "max"):
             raise ValueError(f"min_sum: bound must be 'min' (the authors' code) or 'max', got {self.bound!r}")
-
-
-def _check_search(name: str, direction: str, gamma_init: float, tolerance: float) -> None:
-    if direction not in DIRECTIONS:
-        raise ValueError(f"{name}: direction must be one of {', '.join(DIRECTIONS)}, got {direction!r}")
-    if not gamma_init > 0 or not tolerance > 0:
-        raise ValueError(f"{name}: gamma_init and tolerance must be positive, got {gamma_init}, {tolerance}")
 
 
 ATTACKS: dict[str, type] = {

@@ -19,7 +19,7 @@ from driftlab.errors import ConfigError
 from driftlab.experiments.run.testing import quadratic_run
 from driftlab.features.entry import RunFacts
 from driftlab.optim.server import make_server_optimizer
-from driftlab.simulation.seam import ClientContext, ClientUpdate, RoundContext
+from driftlab.robust.testing import one_round
 
 # Three honest clients (0, 1, 2) and two attackers (3, 4), all from θ = 0.
 FINALS = [[1.0, 0.0], [2.0, 2.0], [3.0, 4.0], [9.0, 9.0], [8.0, 8.0]]
@@ -30,24 +30,12 @@ def fedavg_uniform():
     return fedavg.build(make_server_optimizer("sgd"), aggregation="uniform")
 
 
-def one_round(algorithm, finals=FINALS, round_index: int = 1):
-    server = algorithm.server_init(torch.zeros(2, dtype=torch.float64))
-    view = algorithm.broadcast(server)
-    messages = []
-    for k, final in enumerate(finals):
-        context = ClientContext(k, round_index, num_samples=10, mean_num_samples=10.0, num_registered=5,
-                                planned_steps=1, client_lr=0.1)  # fmt: skip
-        update = ClientUpdate(view.params, torch.tensor(final, dtype=torch.float64), 1)
-        messages.append(algorithm.client_finish(view, None, context, update)[1])
-    return algorithm.server_update(server, messages, RoundContext(round_index, 5, len(finals), 1.0))
-
-
 def test_alie_sends_the_honest_mean_minus_z_deviations_from_every_attacker():
-    server, metrics = one_round(with_attack(fedavg_uniform(), LittleIsEnough(z=1.0), ATTACKERS, 1, seed=0))
+    server, metrics = one_round(with_attack(fedavg_uniform(), LittleIsEnough(z=1.0), ATTACKERS, 1, seed=0), FINALS)
     # honest μ = (2, 2), σ = (1, 2): x̃ = (1, 0) from both; mean of (1,0), (2,2), (3,4), (1,0), (1,0) = (8, 6)/5
     assert torch.allclose(server.params, torch.tensor([1.6, 1.2], dtype=torch.float64))
     assert metrics["attack_byzantine_messages"] == 2.0
-    paper, _ = one_round(with_attack(fedavg_uniform(), LittleIsEnough(), ATTACKERS, 1, seed=0))
+    paper, _ = one_round(with_attack(fedavg_uniform(), LittleIsEnough(), ATTACKERS, 1, seed=0), FINALS)
     z = alie_z_max(5, 2)  # n = 5 reporting, f = 2 of them attacking: Φ⁻¹(4/5)
     forged = torch.tensor([2.0, 2.0], dtype=torch.float64) - z * torch.tensor([1.0, 2.0], dtype=torch.float64)
     expected = (torch.tensor([6.0, 6.0], dtype=torch.float64) + 2 * forged) / 5
@@ -55,32 +43,32 @@ def test_alie_sends_the_honest_mean_minus_z_deviations_from_every_attacker():
 
 
 def test_ipm_sends_minus_epsilon_times_the_honest_mean():
-    server, _ = one_round(with_attack(fedavg_uniform(), InnerProduct(epsilon=0.5), ATTACKERS, 1, seed=0))
+    server, _ = one_round(with_attack(fedavg_uniform(), InnerProduct(epsilon=0.5), ATTACKERS, 1, seed=0), FINALS)
     # x̃ = −0.5 (2, 2) = (−1, −1): mean of (1,0), (2,2), (3,4), (−1,−1), (−1,−1) = (4, 4)/5
     assert torch.allclose(server.params, torch.tensor([0.8, 0.8], dtype=torch.float64))
 
 
 def test_gaussian_noise_is_drawn_from_the_seed_round_and_client():
     attacked = with_attack(fedavg_uniform(), GaussianNoise(std=2.0), frozenset({4}), 1, seed=11)
-    server, _ = one_round(attacked, round_index=3)
+    server, _ = one_round(attacked, FINALS, round_index=3)
     noise = torch.randn(2, generator=noise_generator(11, 3, 4), dtype=torch.float64) * 2.0
     honest = torch.tensor(FINALS[:4], dtype=torch.float64).sum(dim=0)
     assert torch.allclose(server.params, (honest + noise) / 5)
     again, _ = one_round(
-        with_attack(fedavg_uniform(), GaussianNoise(std=2.0), frozenset({4}), 1, seed=11), round_index=3
+        with_attack(fedavg_uniform(), GaussianNoise(std=2.0), frozenset({4}), 1, seed=11), FINALS, round_index=3
     )
     other, _ = one_round(
-        with_attack(fedavg_uniform(), GaussianNoise(std=2.0), frozenset({4}), 1, seed=12), round_index=3
+        with_attack(fedavg_uniform(), GaussianNoise(std=2.0), frozenset({4}), 1, seed=12), FINALS, round_index=3
     )
     assert torch.equal(again.params, server.params) and not torch.equal(other.params, server.params)
 
 
 def test_before_the_start_round_and_without_enough_honest_clients_everyone_is_honest():
-    plain, _ = one_round(fedavg_uniform())
-    early, metrics = one_round(with_attack(fedavg_uniform(), SignFlip(), ATTACKERS, start_round=2, seed=0))
+    plain, _ = one_round(fedavg_uniform(), FINALS)
+    early, metrics = one_round(with_attack(fedavg_uniform(), SignFlip(), ATTACKERS, start_round=2, seed=0), FINALS)
     assert torch.equal(early.params, plain.params) and metrics["attack_byzantine_messages"] == 0.0
     # ALIE needs two honest vectors for σ: with one honest client the attackers send their own messages
-    lonely, metrics = one_round(with_attack(fedavg_uniform(), LittleIsEnough(), frozenset({1, 2, 3, 4}), 1, 0))
+    lonely, metrics = one_round(with_attack(fedavg_uniform(), LittleIsEnough(), frozenset({1, 2, 3, 4}), 1, 0), FINALS)
     assert torch.equal(lonely.params, plain.params) and metrics["attack_byzantine_messages"] == 0.0
 
 

@@ -108,7 +108,6 @@ ASYNCHRONOUS_REASON = Reason(
     ),
     fix=("set compression.ratio = 1"),
 )
-ASYNCHRONOUS_REFUSAL = ASYNCHRONOUS_REASON.text  # the prose, for code that reads it
 
 
 def asynchronous_reason(algorithm: Algorithm) -> Reason:

@@ -11,6 +11,7 @@ import driftlab
 from driftlab.algorithms import fedavg
 from driftlab.algorithms.efl_test import context
 from driftlab.compress import compress_model, with_compression
+from driftlab.compress.testing import tiny_run
 from driftlab.experiments.config import load_config
 from driftlab.experiments.run.runner import build_simulation
 from driftlab.metrics.communication import payload_bits
@@ -114,15 +115,7 @@ def test_client_algorithm_sees_the_reconstructed_model_and_the_local_one():
 
 # ------------------------------------------------------------------ end to end
 
-TINY = [
-    "rounds=4",
-    "data.num_clients=6",
-    "sampling.participation=0.5",
-    "client.steps=3",
-    "seed=11",
-    "precision=float64",
-    "evaluation.every=100",
-]
+TINY = tiny_run(4)
 
 
 def test_end_to_end_server_moves_only_by_broadcast_st_and_conserves_mass():

@@ -43,12 +43,7 @@ def wrap(algorithm: Any, plan: CompressionPlan) -> Any:
         return with_compression(algorithm, plan.ratio, plan.tensor_sizes)
 
 
-FEATURE = FeatureEntry(
-    name="compression",
-    plan=plan,
-    requirements=drivers.COMPRESSION,
-    section_type=CompressionConfig,
-    enabled=enabled,
-    wrap=wrap,
-    config_facts=(Fact("compression.ratio < 1", "compression.ratio", lambda _config, on: "compression" in on),),
-)
+# the fact [privacy]'s local noise excludes: the section turns compression on
+CONFIG_FACTS = (Fact("compression.ratio < 1", "compression.ratio", lambda _config, on: "compression" in on),)
+
+FEATURE = FeatureEntry.of_module(__name__, "compression", CompressionConfig, requirements=drivers.COMPRESSION)

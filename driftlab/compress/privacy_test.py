@@ -18,6 +18,7 @@ from driftlab.algorithms.efl_test import context
 from driftlab.compress import compress_model, with_compression
 from driftlab.compress.error_feedback import MODEL_IS_CHANGE, MODEL_IS_FINAL, MODEL_SENT_DENSE, CompressedPayload
 from driftlab.compress.error_feedback_test import _equal
+from driftlab.compress.testing import tiny_run
 from driftlab.errors import ConfigError
 from driftlab.metrics.communication import payload_bits
 from driftlab.optim.server import make_server_optimizer
@@ -225,17 +226,7 @@ def test_an_empty_private_round_releases_its_noise_through_the_compressed_server
     assert not math.isclose(float(moved.inner.residual.abs().max()), 0.0)
 
 
-TINY = [
-    "rounds=3",
-    "data.num_clients=6",
-    "sampling.participation=0.5",
-    "client.steps=3",
-    "seed=11",
-    "precision=float64",
-    "evaluation.every=100",
-    "algorithm.aggregation=uniform",
-    "compression.ratio=0.1",
-]
+TINY = tiny_run(3, "algorithm.aggregation=uniform", "compression.ratio=0.1")
 
 
 def test_a_private_compressed_run_uploads_clipped_messages_at_the_st_bits():

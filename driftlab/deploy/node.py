@@ -40,7 +40,7 @@ from driftlab.simulation.backends.augmentation import flip_crop_from_keys
 from driftlab.simulation.backends.flat import FlatModel
 from driftlab.simulation.backends.local_training import TrainingData
 from driftlab.simulation.backends.precision import parameter_dtype
-from driftlab.simulation.round.client import ClientData, ClientSettings, run_client
+from driftlab.simulation.round.client import ClientData, ClientRound, ClientSettings, run_client
 from driftlab.simulation.round.engine import client_settings
 from driftlab.simulation.seam import ClientContext
 
@@ -186,7 +186,7 @@ class DeploymentClient:
             self._settle(node_state, asked.aggregated_round)
             state = node_state.load()
         new_state, message, steps_done = run_client(
-            self.algorithm, asked.view, state, asked.context, data, asked.settings
+            ClientRound(self.algorithm, asked.view, state, asked.context, data, asked.settings)
         )
         if node_state is not None:
             node_state.stage(round_index, new_state)

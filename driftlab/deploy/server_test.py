@@ -64,23 +64,20 @@ ALGORITHMS: dict[str, list[str]] = {
         f'plugins=["{EXAMPLES / "nesterov_plugin" / "nesterov_avg.py"}"]',
     ],
 }
+INCOMPLETE = "availability.incomplete_probability=0.5"
+# each deployment again, compressed (ratio 0.2 but where named), and with incomplete clients where the algorithm has a
+# rule for them
 COMPRESSED = {
     "fedavg": ["compression.ratio=0.1"],
-    "scaffold": ["compression.ratio=0.2", "availability.incomplete_probability=0.5"],
-    "feddyn": ["compression.ratio=0.2"],
-    "adabest": ["compression.ratio=0.2"],
-    "efl": ["compression.ratio=0.3", "availability.incomplete_probability=0.5", "algorithm.incomplete=drop"],
-    "fedprox": ["compression.ratio=0.2"],
-    "fednova": ["compression.ratio=0.2", "availability.incomplete_probability=0.5"],
-    "fedgate": ["compression.ratio=0.2", "availability.incomplete_probability=0.5"],
-    "vrlsgd": ["compression.ratio=0.2", "availability.incomplete_probability=0.5"],
-    "mimelite": ["compression.ratio=0.2", "availability.incomplete_probability=0.5"],
-    "mime": ["compression.ratio=0.2", "availability.incomplete_probability=0.5"],
-    "ditto": ["compression.ratio=0.2", "availability.incomplete_probability=0.5"],
-    "apfl": ["compression.ratio=0.2", "availability.incomplete_probability=0.5"],
-    "fedadam": ["compression.ratio=0.2"],
-    "fedavgm": ["compression.ratio=0.2"],
-    "nesterov-plugin": ["compression.ratio=0.2"],
+    "efl": ["compression.ratio=0.3", INCOMPLETE, "algorithm.incomplete=drop"],
+    **{
+        name: ["compression.ratio=0.2"]
+        for name in ("feddyn", "adabest", "fedprox", "fedadam", "fedavgm", "nesterov-plugin")
+    },
+    **{
+        name: ["compression.ratio=0.2", INCOMPLETE]
+        for name in ("scaffold", "fednova", "fedgate", "vrlsgd", "mimelite", "mime", "ditto", "apfl")
+    },
 }
 CASES = {name: overrides for name, overrides in ALGORITHMS.items()} | {
     f"{name}-compressed": [*ALGORITHMS[name], *extra] for name, extra in COMPRESSED.items()

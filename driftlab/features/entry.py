@@ -19,6 +19,7 @@ imports ``driftlab.experiments``.
 
 from __future__ import annotations
 
+import sys
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
@@ -40,7 +41,7 @@ class RunFacts:
     tensor_sizes: tuple[int, ...] = ()  # the model's tensors' sizes, once it is built (compression's ST blocks)
     tensor_names: tuple[str, ...] = ()  # their names, in named_parameters order (partial personalization's keep)
     # their kinds: "running_norm" for a normalisation layer's with running statistics, else the owning module's class
-    # name (driftlab.personal.selection.parameter_kinds; [personal_layers] keep = ["batchnorm"], FedBN)
+    # name (driftlab.simulation.backends.flat.parameter_kinds; [personal_layers] keep = ["batchnorm"], FedBN)
     tensor_kinds: tuple[str, ...] = ()
 
 
@@ -85,6 +86,22 @@ def _nothing_to_finish(sim: Any, plan: Any) -> None:  # noqa: ARG001 - a feature
 
 def _always(section: Any, facts: RunFacts) -> bool:  # noqa: ARG001 - a section that is set is on
     return True
+
+
+# The fields ``FeatureEntry.of_module`` reads from a feature's module: its hook functions under the fields' own names,
+# its declarations under the names in capitals.
+MODULE_HOOKS = (
+    "plan",
+    "section_of",
+    "enabled",
+    "wrap",
+    "simulation_fields",
+    "finish",
+    "run_info",
+    "state_fields",
+    "used_plan",
+)
+MODULE_DECLARATIONS = ("requirements", "config_conflicts", "config_facts", "config_field", "state_extra")
 
 
 @dataclass(frozen=True)
@@ -136,6 +153,23 @@ class FeatureEntry:
             raise ValueError(f"a feature's name is its config key, a Python identifier; got {self.name!r}")
         if not self.requirements.key:
             object.__setattr__(self, "requirements", Requirements(f"[{self.name}]"))
+
+    @classmethod
+    def of_module(cls, module: str, name: str, section_type: type | None = None, **fields: Any) -> FeatureEntry:
+        """The entry ``name`` of section type ``section_type`` whose other fields module ``module`` (the caller's
+        ``__name__``) defines under the fields' names: the hooks as functions (``plan``, ``wrap``, ``run_info``,
+        ``finish``, ...: ``MODULE_HOOKS``), the declarations in capitals (``REQUIREMENTS``, ``CONFIG_CONFLICTS``,
+        ``CONFIG_FACTS``, ``CONFIG_FIELD``, ``STATE_EXTRA``: ``MODULE_DECLARATIONS``); ``fields`` given here win.
+
+        So each feature module reads the same way: its plan and hooks, what it needs and excludes, then one line
+        ``FEATURE = FeatureEntry.of_module(__name__, "robust", RobustConfig)`` that names none of them again.  A name
+        the module only imports for its entry (``personal.feature``'s ``REQUIREMENTS``) is given here instead, or a
+        linter removes the import it sees unused.
+        """
+        defined = vars(sys.modules[module])  # the module being imported: what it has defined so far
+        found = {hook: defined[hook] for hook in MODULE_HOOKS if hook in defined}
+        found |= {field: defined[field.upper()] for field in MODULE_DECLARATIONS if field.upper() in defined}
+        return cls(name=name, section_type=section_type, **(found | fields))
 
     def section(self, config: Any) -> Any:
         """The feature's section of ``config`` (None: not set)."""

@@ -19,13 +19,13 @@ Two registries (``driftlab.plugins.Registry``, as for every kind of plugin):
 
       [server]
       optimizer = "chain"
-      lr = 1.0
+      lr = 0.5
       [[server.transforms]]
       name = "clip_by_global_norm"
-      max_norm = 1.0
+      max_norm = 2.0
       [[server.transforms]]
       name = "scale_by_momentum"
-      beta = 0.9
+      beta = 0.5
       [[server.transforms]]
       name = "scale_by_learning_rate"     # where server.lr is applied: exactly one stage of a chain does it
 

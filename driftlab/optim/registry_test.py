@@ -205,42 +205,30 @@ def test_an_entry_says_what_its_config_type_lacks():
 # ---------------------------------------------------------------- chains stated in TOML
 
 
+def _chain(stage: dict, **learning_rate) -> list[dict]:
+    """``stage``, then the stage that applies server.lr (with ``learning_rate``'s keys): a named optimizer's chain."""
+    return [stage, {"name": "scale_by_learning_rate", **learning_rate}]
+
+
+# each named optimizer's [server] keys, and the chain stated in TOML that is it
 CHAINS = {
     "adam": (
         ["server.optimizer=adam", "server.beta2=0.99"],
-        [
-            {"name": "scale_by_adam", "beta2": 0.99},
-            {"name": "scale_by_learning_rate", "bias_correction": True, "beta2": 0.99},
-        ],
+        _chain({"name": "scale_by_adam", "beta2": 0.99}, bias_correction=True, beta2=0.99),
     ),
     "adam_without_correction": (
         ["server.optimizer=adam", "server.bias_correction=false", "server.epsilon=0.001"],
-        [
-            {"name": "scale_by_adam", "epsilon": 0.001},
-            {"name": "scale_by_learning_rate"},
-        ],
+        _chain({"name": "scale_by_adam", "epsilon": 0.001}),
     ),
     "momentum": (
         ["server.optimizer=momentum", "server.momentum=0.8"],
-        [
-            {"name": "scale_by_momentum", "beta": 0.8},
-            {"name": "scale_by_learning_rate"},
-        ],
+        _chain({"name": "scale_by_momentum", "beta": 0.8}),
     ),
     "adagrad": (
         ["server.optimizer=adagrad", "server.epsilon=0.01"],
-        [
-            {"name": "scale_by_adagrad", "epsilon": 0.01},
-            {"name": "scale_by_learning_rate"},
-        ],
+        _chain({"name": "scale_by_adagrad", "epsilon": 0.01}),
     ),
-    "yogi": (
-        ["server.optimizer=yogi", "server.beta1=0.5"],
-        [
-            {"name": "scale_by_yogi", "beta1": 0.5},
-            {"name": "scale_by_learning_rate"},
-        ],
-    ),
+    "yogi": (["server.optimizer=yogi", "server.beta1=0.5"], _chain({"name": "scale_by_yogi", "beta1": 0.5})),
     "sgd": ([], [{"name": "scale_by_learning_rate"}]),
 }
 
@@ -259,23 +247,11 @@ def test_a_toml_chain_of_the_named_optimizers_stages_is_it_bit_for_bit(key):
     assert chained.plain_step == direct.plain_step == (key == "sgd")
 
 
-def test_a_chain_in_a_toml_file_reads_as_array_of_tables(tmp_path):
+def test_the_chain_the_registrys_docstring_shows_reads_as_array_of_tables(tmp_path):
+    doc = registry.__doc__ or ""
+    shown = doc[doc.index("      [server]") :]  # the module's example of a chain in TOML, up to the blank line
     path = tmp_path / "chain.toml"
-    path.write_text(
-        textwrap.dedent("""\
-        [server]
-        optimizer = "chain"
-        lr = 0.5
-        [[server.transforms]]
-        name = "clip_by_global_norm"
-        max_norm = 2.0
-        [[server.transforms]]
-        name = "scale_by_momentum"
-        beta = 0.5
-        [[server.transforms]]
-        name = "scale_by_learning_rate"
-    """)
-    )
+    path.write_text(textwrap.dedent(shown[: shown.index("\n\n")]))
     section = load_config(path).server
     assert section.lr == 0.5 and [stage.name for stage in section.transforms] == [
         "clip_by_global_norm",

@@ -2,10 +2,11 @@
 via Local Batch Normalization", ICLR 2021): each client's BatchNorm buffers, kept for it between its rounds.
 
 ``[personal_layers]``'s ``finish`` (``feature.py``) adds a ``ClientBuffers`` to the simulation's state extras when
-some normalisation layer's parameters are all personal; the engine finds it (``backends.buffers.own_buffers_record``)
-and starts each client from its own, keeps its final ones and leaves them out of the server's average
-(``round.engine``); the personal evaluation and ``driftlab.load_model(run_dir, client=k)`` load client k's.  With B
-the buffers of the personal normalisation layers (``personal_buffer_names``) and b_k client k's own values there::
+some normalisation layer's parameters are all personal; the round's buffers observer finds it
+(``backends.buffers.own_buffers_record``) and starts each client from its own, keeps its final ones and leaves them out
+of the server's average (``round.buffers``); the personal evaluation and ``driftlab.load_model(run_dir, client=k)``
+load client k's.  With B the buffers of the personal normalisation layers (``personal_buffer_names``) and b_k client
+k's own values there::
 
     start_k = (r^{t−1} outside B, b_k)          b_k = the server's initial buffers on B before client k first trains
     b_k    ← client k's final buffers on B       kept, never averaged
@@ -25,7 +26,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -54,7 +55,7 @@ class ClientBuffers:
     """Each client's own values of the personal buffers (``initial``'s names), from its last round; a client that
     has not trained starts from ``initial`` (the server's at round 0)."""
 
-    # how the engine finds it among the simulation's state extras (backends.buffers.own_buffers_record)
+    # how the round's buffers observer finds it among the simulation's state extras (backends.buffers.own_buffers_record)
     keeps_client_buffers = True
 
     def __init__(self, initial: Mapping[str, torch.Tensor]) -> None:
@@ -68,6 +69,10 @@ class ClientBuffers:
     def start_of(self, client_id: int) -> dict[str, torch.Tensor]:
         """The personal buffers client ``client_id`` starts from (and is evaluated with)."""
         return self.by_client.get(client_id, self.initial)
+
+    def starts(self, client_ids: Sequence[int]) -> dict[int, dict[str, torch.Tensor]]:
+        """The personal buffers each of ``client_ids`` starts from, by its position there (a wave's task positions)."""
+        return {position: self.start_of(client_id) for position, client_id in enumerate(client_ids)}
 
     def keep(self, client_id: int, buffers: Mapping[str, torch.Tensor]) -> None:
         """Keep the personal ones of client ``client_id``'s final ``buffers`` (all of the model's)."""

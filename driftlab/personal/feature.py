@@ -29,6 +29,13 @@ class PersonalLayersPlan:
     personal_first_steps: int
 
 
+# [personal_layers] in ExperimentConfig's schema
+CONFIG_FIELD = (
+    "partial-model personalization (FedPer, LG-FedAvg, FedRep): the parameters each client keeps as its own (the "
+    "[personal_layers] keys); absent = every parameter shared"
+)
+
+
 def plan(section: PersonalLayersConfig, facts: RunFacts) -> PersonalLayersPlan:
     names, sizes = facts.tensor_names, facts.tensor_sizes
     if not section.keep and not names:
@@ -103,16 +110,4 @@ CONFIG_CONFLICTS = Requirements(
     ),
 )
 
-FEATURE = FeatureEntry(
-    name="personal_layers",
-    plan=plan,
-    requirements=REQUIREMENTS,
-    config_conflicts=CONFIG_CONFLICTS,
-    section_type=PersonalLayersConfig,
-    config_field="partial-model personalization (FedPer, LG-FedAvg, FedRep): the parameters each client keeps as its "
-    "own (the [personal_layers] keys); absent = every parameter shared",
-    wrap=wrap,
-    finish=finish,
-    run_info=run_info,
-    used_plan=used_plan,
-)
+FEATURE = FeatureEntry.of_module(__name__, "personal_layers", PersonalLayersConfig, requirements=REQUIREMENTS)

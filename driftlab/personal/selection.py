@@ -19,10 +19,10 @@ import fnmatch
 from dataclasses import dataclass
 
 import torch
-from torch import nn
+
+from driftlab.simulation.backends.flat import RUNNING_NORM, parameter_kinds
 
 HEAD, BODY, BATCHNORM = "head", "body", "batchnorm"
-RUNNING_NORM = "running_norm"  # the kind of a parameter of a normalisation layer with running statistics
 _SHOWN_NAMES = 60  # an error lists at most this many parameter names
 
 
@@ -73,18 +73,6 @@ def head_names(names: tuple[str, ...]) -> tuple[str, ...]:
         return ()
     module = names[-1].rpartition(".")[0]
     return tuple(name for name in names if name.rpartition(".")[0] == module)
-
-
-def parameter_kinds(module: nn.Module, names: tuple[str, ...]) -> tuple[str, ...]:
-    """The kind of each parameter ``names`` lists (``module``'s, by ``named_parameters`` name): ``RUNNING_NORM`` for
-    one of a normalisation layer whose running statistics a training-mode forward moves (BatchNorm, InstanceNorm
-    with ``track_running_stats``), else the class name of the module that registers it (``"Linear"``)."""
-    kinds = []
-    for name in names:
-        owner = module.get_submodule(name.rpartition(".")[0])
-        running = isinstance(owner, nn.modules.batchnorm._NormBase) and owner.track_running_stats
-        kinds.append(RUNNING_NORM if running else type(owner).__name__)
-    return tuple(kinds)
 
 
 def _listing(names: tuple[str, ...]) -> str:

@@ -20,7 +20,7 @@ from driftlab.personal.selection import select
 from driftlab.personal.wrapping import PersonalState, PersonalView, with_personal_layers
 from driftlab.simulation.backends.flat import FlatModel
 from driftlab.simulation.backends.local_training import LocalSettings, TrainingData
-from driftlab.simulation.round.client import ClientData, ClientSettings, run_client
+from driftlab.simulation.round.client import ClientData, ClientRound, ClientSettings, run_client
 from driftlab.simulation.seam import Algorithm, ClientContext, RoundContext
 from driftlab.simulation.state.checkpoint import state_from_tensors, state_to_tensors
 
@@ -78,7 +78,7 @@ def run_rounds(
             )
             n = data.num_samples
             context = ClientContext(client_id, round_index, n, float(n), len(clients), steps, LR)
-            new_state, message, _ = run_client(algorithm, view, state, context, data, settings)
+            new_state, message, _ = run_client(ClientRound(algorithm, view, state, context, data, settings))
             if new_state is not None:
                 states[client_id] = new_state
             messages.append(message)
@@ -209,7 +209,9 @@ def test_shared_part_is_the_wrapped_rule_and_personal_part_each_clients_own_sgd(
     view = algorithm.view_for(server, 1, algorithm.broadcast(server), lambda: iter(sorted(states.items())))
     plain_view = dataclasses.replace(plain.broadcast(server), params=view.params)
     context = ClientContext(1, 2, 10, 10.0, 3, 3, LR)
-    plain_state, plain_message, _ = run_client(plain, plain_view, states[1].inner, context, clients[1], settings)
+    plain_state, plain_message, _ = run_client(
+        ClientRound(plain, plain_view, states[1].inner, context, clients[1], settings)
+    )
     trained = plain_view.params + plain_message.params_delta  # SCAFFOLD's message carries Δy_k = y_k − start
     torch.testing.assert_close(states_two[1].personal, trained[mask], rtol=0, atol=1e-6)
     _same(states_two[1].inner, plain_state)

@@ -100,6 +100,12 @@ def _noise_multiplier_for(privacy: PrivacyConfig, rounds: int, accounting_rate: 
     return 2 * z if local else z
 
 
+# [privacy] in ExperimentConfig's schema
+CONFIG_FIELD = (
+    "client-level differential privacy: clipping, noise, accounting (the [privacy] keys); absent = not private"
+)
+
+
 def plan(privacy: PrivacyConfig, facts: RunFacts) -> PrivacyPlan:
     return PrivacyPlan(privacy_settings(privacy, facts), facts.rounds)
 
@@ -200,16 +206,4 @@ def finish(sim: Any, plan: Any) -> None:  # noqa: ARG001  (the FeatureEntry.fini
         )
 
 
-FEATURE = FeatureEntry(
-    name="privacy",
-    plan=plan,
-    requirements=drivers.PRIVACY,
-    config_conflicts=CONFIG_CONFLICTS,
-    config_facts=CONFIG_FACTS,
-    section_type=PrivacyConfig,
-    config_field="client-level differential privacy: clipping, noise, accounting (the [privacy] keys); "
-    "absent = not private",
-    wrap=wrap,
-    finish=finish,
-    run_info=run_info,
-)
+FEATURE = FeatureEntry.of_module(__name__, "privacy", PrivacyConfig, requirements=drivers.PRIVACY)

@@ -105,7 +105,6 @@ ASYNCHRONOUS_REASON = Reason(
     ),
     fix=("remove [privacy] or [asynchronous]"),
 )
-ASYNCHRONOUS_REFUSAL = ASYNCHRONOUS_REASON.text  # the prose, for code that reads it
 
 
 def no_form_refusal(name: str) -> str:

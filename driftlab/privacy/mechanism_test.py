@@ -144,6 +144,19 @@ BUILT_INS = {
 }
 
 
+def finished_with_and_without_privacy(name: str, clip: float, norm: float, seed: int):
+    """Built-in ``name`` (``inner``), the broadcast view, client 0's update of norm ``norm`` from it, and the message
+    ``inner`` sends for it, then the one ``inner`` under [privacy] at ``clip`` sends."""
+    inner = BUILT_INS[name]()
+    private = with_privacy(inner, settings(clip=clip))
+    view = private.broadcast(private.server_init(theta0()))
+    update = random_update(view.params, norm, seed=seed)
+    state = inner.client_state_init(view.params) if inner.client_state_init is not None else None
+    _, plain = inner.client_finish(view, state, context(0), update)
+    _, message = private.client_finish(view, state, context(0), update)
+    return inner, view, update, plain, message
+
+
 def release_norm(algorithm: Algorithm, view, message) -> float:
     return float(algorithm.release.release(view, message).norm())
 
@@ -178,14 +191,8 @@ def test_every_message_the_server_adds_is_within_the_clip(name, dtype):
 
 @pytest.mark.parametrize("name", sorted(BUILT_INS))
 def test_an_honest_client_under_the_clip_is_untouched(name):
-    inner = BUILT_INS[name]()
-    private = with_privacy(inner, settings(clip=10.0))
-    server = private.server_init(theta0())
-    view = private.broadcast(server)
-    update = random_update(view.params, 2.0, seed=1)  # SCAFFOLD's release, with Δc, is some 3.5 times longer
-    state = inner.client_state_init(view.params) if inner.client_state_init is not None else None
-    _, expected = inner.client_finish(view, state, context(0), update)
-    _, message = private.client_finish(view, state, context(0), update)
+    # SCAFFOLD's release, with Δc, is some 3.5 times longer than the update of norm 2
+    inner, view, update, expected, message = finished_with_and_without_privacy(name, clip=10.0, norm=2.0, seed=1)
     for field in dataclasses.fields(expected):
         mine, theirs = getattr(message, field.name), getattr(expected, field.name)
         assert torch.equal(mine, theirs) if isinstance(theirs, torch.Tensor) else mine == theirs
@@ -196,14 +203,7 @@ def test_an_honest_client_under_the_clip_is_untouched(name):
 
 @pytest.mark.parametrize("name", sorted(BUILT_INS))
 def test_the_clients_clip_scales_the_released_vector_to_the_clip(name):
-    inner = BUILT_INS[name]()
-    private = with_privacy(inner, settings(clip=0.5))
-    server = private.server_init(theta0())
-    view = private.broadcast(server)
-    state = inner.client_state_init(view.params) if inner.client_state_init is not None else None
-    update = random_update(view.params, 4.0, seed=2)
-    _, unclipped = inner.client_finish(view, state, context(0), update)
-    _, message = private.client_finish(view, state, context(0), update)
+    inner, view, _, unclipped, message = finished_with_and_without_privacy(name, clip=0.5, norm=4.0, seed=2)
     released, original = inner.release.release(view, message), inner.release.release(view, unclipped)
     assert float(released.norm()) == pytest.approx(0.5, rel=1e-12)
     assert torch.allclose(released, original * (0.5 / float(original.norm())), rtol=1e-12, atol=1e-15)

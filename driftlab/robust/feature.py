@@ -32,6 +32,13 @@ class RobustPlan:
     seed: int = 0  # the run's seed, which the bucketing permutation of each round derives from
 
 
+# [robust] in ExperimentConfig's schema
+CONFIG_FIELD = (
+    "Byzantine-robust aggregation: a rule that replaces the mean of the released vectors (the [robust] keys); absent "
+    "= the algorithm's mean"
+)
+
+
 def plan(section: RobustConfig, facts: RunFacts) -> RobustPlan:
     settings = section.settings
     if facts.sampling_mode != "poisson" and facts.num_clients > 0:
@@ -104,14 +111,4 @@ CONFIG_CONFLICTS = Requirements(
 )
 
 
-FEATURE = FeatureEntry(
-    name="robust",
-    plan=plan,
-    requirements=REQUIREMENTS,
-    config_conflicts=CONFIG_CONFLICTS,
-    section_type=RobustConfig,
-    config_field="Byzantine-robust aggregation: a rule that replaces the mean of the released vectors (the [robust] "
-    "keys); absent = the algorithm's mean",
-    wrap=wrap,
-    run_info=run_info,
-)
+FEATURE = FeatureEntry.of_module(__name__, "robust", RobustConfig)

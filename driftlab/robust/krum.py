@@ -48,39 +48,41 @@ from driftlab.robust.result import (
 
 
 @dataclass(frozen=True)
-class Krum:
-    """Krum: the single update of lowest score, for at most ``byzantine`` = f attackers."""
+class _Tolerating:
+    """A rule's settings for at most ``byzantine`` = f attackers, a count its ``name`` checks."""
 
     byzantine: int
-    name: ClassVar[str] = "krum"
+    name: ClassVar[str]
 
     def __post_init__(self) -> None:
         check_byzantine(self.byzantine, self.name)
 
 
 @dataclass(frozen=True)
-class MultiKrum:
+class Krum(_Tolerating):
+    """Krum: the single update of lowest score, for at most ``byzantine`` = f attackers."""
+
+    name: ClassVar[str] = "krum"
+
+
+@dataclass(frozen=True)
+class MultiKrum(_Tolerating):
     """Multi-Krum: the weighted mean of the ``selected`` = m updates of lowest Krum score (None: m = n − f)."""
 
-    byzantine: int
     selected: int | None = None
     name: ClassVar[str] = "multi_krum"
 
     def __post_init__(self) -> None:
-        check_byzantine(self.byzantine, self.name)
+        super().__post_init__()
         if self.selected is not None:
             check_positive_integer(self.selected, self.name, "selected (m, how many updates to average)")
 
 
 @dataclass(frozen=True)
-class Bulyan:
+class Bulyan(_Tolerating):
     """Bulyan over Krum, for at most ``byzantine`` = f attackers."""
 
-    byzantine: int
     name: ClassVar[str] = "bulyan"
-
-    def __post_init__(self) -> None:
-        check_byzantine(self.byzantine, self.name)
 
 
 def squared_distances(updates: torch.Tensor) -> torch.Tensor:

@@ -22,9 +22,9 @@ from driftlab.optim.server import make_server_optimizer
 from driftlab.robust import CenteredClipping, Krum, Median, NormBound
 from driftlab.robust.feature import FEATURE, REQUIREMENTS
 from driftlab.robust.section import RobustConfig
+from driftlab.robust.testing import one_round
 from driftlab.robust.wrapper import RobustServerState, with_robust_aggregation
 from driftlab.simulation.round.engine import run_round
-from driftlab.simulation.seam import ClientContext, ClientUpdate, RoundContext
 
 # Five clients' models after local training from θ = 0; client 4 flips its sign.
 FINALS = [[1.0, 0.0], [2.0, 1.0], [3.0, 0.0], [4.0, 2.0], [5.0, 1.0]]
@@ -32,21 +32,6 @@ FINALS = [[1.0, 0.0], [2.0, 1.0], [3.0, 0.0], [4.0, 2.0], [5.0, 1.0]]
 
 def fedavg_uniform():
     return fedavg.build(make_server_optimizer("sgd"), aggregation="uniform")
-
-
-def one_round(algorithm, finals, server=None, round_index: int = 1, ids=None):
-    """The server state after one round in which client k (``ids[k]``) trained from the broadcast to ``finals[k]``."""
-    server = algorithm.server_init(torch.zeros(2, dtype=torch.float64)) if server is None else server
-    view = algorithm.broadcast(server)
-    state = algorithm.client_state_init(view.params) if algorithm.client_state_init is not None else None
-    messages = []
-    for k, final in enumerate(finals):
-        client = k if ids is None else ids[k]
-        context = ClientContext(client, round_index, num_samples=10, mean_num_samples=10.0, num_registered=5,
-                                planned_steps=1, client_lr=0.1)  # fmt: skip
-        update = ClientUpdate(view.params, torch.tensor(final, dtype=torch.float64), 1)
-        messages.append(algorithm.client_finish(view, state, context, update)[1])
-    return algorithm.server_update(server, messages, RoundContext(round_index, 5, len(finals), 1.0))
 
 
 def test_a_sign_flipper_moves_the_mean_wrong_and_not_the_median():

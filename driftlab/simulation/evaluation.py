@@ -78,6 +78,15 @@ def norm_growth(model_norm: float, scale: float, factor: float) -> str | None:
     )
 
 
+def round_divergence(sim: Simulation, record: dict[str, Any]) -> str | None:
+    """Why the round whose record is ``record`` diverged (``divergence``, else ``norm_growth``), with what to try;
+    None for a healthy round."""
+    problem = divergence(record, sim.initial_losses, sim.evaluation.divergence_factor)
+    if problem is None:
+        problem = norm_growth(record["model_norm"], sim.norm_scale, sim.evaluation.norm_growth_factor)
+    return problem
+
+
 def _all_finite(value: Any) -> bool:
     if isinstance(value, float):
         return math.isfinite(value)
@@ -100,6 +109,13 @@ def reference_losses(sim: Simulation) -> dict[str, float]:
         if sim.model.is_classifier:
             sim.initial_accuracy = correct / len(rows)
     return sim.initial_losses
+
+
+def prepare_reference(sim: Simulation, evaluate_after: bool) -> None:
+    """The initial model's losses (``reference_losses``) ahead of a round whose evaluation (``evaluate_after``) the
+    loss test compares with them (``evaluation.divergence_factor``); nothing for any other round."""
+    if evaluate_after and sim.evaluation.divergence_factor:
+        reference_losses(sim)
 
 
 def _global_test_rows(sim: Simulation) -> torch.Tensor:
@@ -298,6 +314,17 @@ def _loss_and_correct(
             if hits is not None:
                 hits[start : start + len(chunk)] = right.cpu()
     return loss_sum, correct
+
+
+def dissimilarity_columns(
+    sim: Simulation, params: torch.Tensor, registered: np.ndarray, round_index: int
+) -> dict[str, float | None]:
+    """``dissimilarity``'s columns in the rounds ``evaluation.dissimilarity_every`` names; {} in the others (and
+    always when it is 0)."""
+    every = sim.evaluation.dissimilarity_every
+    if not every or round_index % every:
+        return {}
+    return dissimilarity(sim, params, registered)
 
 
 def dissimilarity(

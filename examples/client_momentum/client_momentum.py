@@ -42,29 +42,25 @@ import dataclasses
 from typing import Any, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from driftlab.algorithms import AlgorithmEntry, fedavg, register
+from driftlab.algorithms.section import Aggregation, AlgorithmConfig, Incomplete, options
 from driftlab.simulation.backends.objectives import LocalObjective, LocalStep
 from driftlab.simulation.seam import Algorithm, ClientContext
 
 NAME = "fedavg_client_momentum"
 
 
-class Config(BaseModel):
+class Config(AlgorithmConfig):
     """``[algorithm]`` section (the server optimizer is chosen in ``[server]``, as for FedAvg)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
     name: Literal["fedavg_client_momentum"] = NAME
     momentum: float = Field(
         0.9, ge=0, lt=1, description="β, the clients' heavy-ball momentum (buffer reset every round)"
     )
-    aggregation: Literal["weighted", "uniform"] = Field(
-        "weighted", description="w_k = n_k / Σ n_j (weighted) or 1/|P| (uniform)"
-    )
-    incomplete: Literal["drop", "keep"] = Field(
-        "drop", description="a straggler's partial work: drop it (FedAvg) or keep it"
-    )
+    aggregation: Aggregation = Field("weighted", description="w_k = n_k / Σ n_j (weighted) or 1/|P| (uniform)")
+    incomplete: Incomplete = Field("drop", description="a straggler's partial work: drop it (FedAvg) or keep it")
 
 
 def heavy_ball(beta: float):
@@ -94,9 +90,7 @@ def build(
 
 
 def from_config(config: Config, server_optimizer: Any) -> Algorithm:
-    return build(
-        server_optimizer, momentum=config.momentum, aggregation=config.aggregation, incomplete=config.incomplete
-    )
+    return build(server_optimizer, **options(config))
 
 
 register(AlgorithmEntry(NAME, Config, from_config, label="FedAvg + client momentum", keeps_partial_work=False))

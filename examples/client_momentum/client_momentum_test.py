@@ -5,30 +5,18 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from driftlab.experiments.sweep.testing import sweep_command
 
 ROOT = Path(__file__).resolve().parents[2]
 SWEEP = "examples/client_momentum/sweep.toml"
 
 
 def _sweep(out: Path, *overrides: str) -> subprocess.CompletedProcess:
-    command = [
-        sys.executable,
-        "-m",
-        "driftlab.cli",
-        "sweep",
-        SWEEP,
-        "--out",
-        str(out),
-        "--seeds",
-        "0",
-        "--jobs",
-        "1",
-        *overrides,
-    ]
+    command = sweep_command(SWEEP, "--out", str(out), "--seeds", "0", "--jobs", "1", *overrides)
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     return result

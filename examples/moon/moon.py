@@ -47,26 +47,22 @@ from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from driftlab.algorithms import AlgorithmEntry, fedavg, register
+from driftlab.algorithms.section import Aggregation, AlgorithmConfig, Incomplete, options
 from driftlab.simulation.backends.objectives import LocalBatch, LocalObjective, LossTerm
 from driftlab.simulation.seam import Algorithm, ClientContext, ClientUpdate
 
 
-class Config(BaseModel):
+class Config(AlgorithmConfig):
     """``[algorithm]`` section (the server optimizer is chosen in ``[server]``, as for FedAvg)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
     name: Literal["moon"] = "moon"
     mu: float = Field(1.0, ge=0, description="μ, the weight of the model-contrastive term")
     temperature: float = Field(0.5, gt=0, description="τ, the temperature of the contrastive term")
-    aggregation: Literal["weighted", "uniform"] = Field(
-        "weighted", description="w_k = n_k / Σ n_j (weighted) or 1/|P| (uniform)"
-    )
-    incomplete: Literal["drop", "keep"] = Field(
-        "drop", description="a straggler's partial work: drop it (FedAvg) or keep it"
-    )
+    aggregation: Aggregation = Field("weighted", description="w_k = n_k / Σ n_j (weighted) or 1/|P| (uniform)")
+    incomplete: Incomplete = Field("drop", description="a straggler's partial work: drop it (FedAvg) or keep it")
 
 
 @dataclass(frozen=True)
@@ -120,7 +116,7 @@ def build(
 
 
 def from_config(config: Config, server_optimizer: Any) -> Algorithm:
-    return build(server_optimizer, config.mu, config.temperature, config.aggregation, config.incomplete)
+    return build(server_optimizer, **options(config))
 
 
 register(AlgorithmEntry("moon", Config, from_config, label="MOON (outputs)", keeps_partial_work=False))

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from driftlab.experiments.sweep.testing import sweep_command
 from driftlab.models import build_model
 from driftlab.optim.server import make_server_optimizer
 from driftlab.simulation.backends.flat import FlatModel
@@ -98,20 +99,7 @@ def test_a_round_of_moon_clients_trains_alike_on_both_backends():
 @pytest.mark.slow
 def test_the_sweep_runs_from_the_repository_root_and_reports(tmp_path):
     out = tmp_path / "out"
-    command = [
-        sys.executable,
-        "-m",
-        "driftlab.cli",
-        "sweep",
-        "examples/moon/sweep.toml",
-        "--out",
-        str(out),
-        "--seeds",
-        "0",
-        "--jobs",
-        "1",
-        "rounds=2",
-    ]
+    command = sweep_command("examples/moon/sweep.toml", "--out", str(out), "--seeds", "0", "--jobs", "1", "rounds=2")
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
     config = json.loads((out / "runs/moon-outputs/seed-0/config.json").read_text())

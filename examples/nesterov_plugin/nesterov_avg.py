@@ -37,30 +37,21 @@ from dataclasses import dataclass
 from typing import Any, Literal, Sequence
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from driftlab.algorithms import AlgorithmEntry, register
 from driftlab.algorithms.aggregation import check_aggregation, client_weight, weighted_mean
 from driftlab.algorithms.fedavg import ClientMessage, ClientView  # the clients are FedAvg's: θ^{t−1} down, θ_k up
-from driftlab.simulation.seam import (
-    NO_CORRECTION,
-    Algorithm,
-    ClientContext,
-    ClientUpdate,
-    GradientCorrection,
-    RoundContext,
-)
+from driftlab.algorithms.section import Aggregation, AlgorithmConfig, options
+from driftlab.simulation import seam
 
 
-class Config(BaseModel):
+class Config(AlgorithmConfig):
     """``[algorithm]`` section (the server step is this module's own: keep ``server.optimizer = "sgd"``)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
     name: Literal["nesterov_avg"] = "nesterov_avg"
     momentum: float = Field(0.9, ge=0, lt=1, description="β, the server's Nesterov momentum")
-    aggregation: Literal["weighted", "uniform"] = Field(
-        "weighted", description="w_k = n_k / Σ n_j (weighted) or 1/|P| (uniform)"
-    )
+    aggregation: Aggregation = Field("weighted", description="w_k = n_k / Σ n_j (weighted) or 1/|P| (uniform)")
 
 
 @dataclass(frozen=True)
@@ -69,7 +60,7 @@ class ServerState:
     momentum: torch.Tensor  # m^t
 
 
-def build(momentum: float = 0.9, aggregation: str = "weighted") -> Algorithm:
+def build(momentum: float = 0.9, aggregation: str = "weighted") -> seam.Algorithm:
     """FedAvg whose server takes a Nesterov momentum step of momentum ``momentum`` (β) on the pseudo-gradient."""
     if not 0 <= momentum < 1:
         raise ValueError(f"momentum must be in [0, 1), got {momentum}")
@@ -78,16 +69,16 @@ def build(momentum: float = 0.9, aggregation: str = "weighted") -> Algorithm:
     def server_init(initial_params: torch.Tensor) -> ServerState:
         return ServerState(initial_params, torch.zeros_like(initial_params))
 
-    def client_objective(view: ClientView, client_state: None, context: ClientContext) -> GradientCorrection:
-        return NO_CORRECTION
+    def client_objective(view: ClientView, client_state: None, context: seam.ClientContext) -> seam.GradientCorrection:
+        return seam.NO_CORRECTION
 
     def client_finish(
-        view: ClientView, client_state: None, context: ClientContext, update: ClientUpdate
+        view: ClientView, client_state: None, context: seam.ClientContext, update: seam.ClientUpdate
     ) -> tuple[None, ClientMessage]:
         return None, ClientMessage(update.final_params, context.num_samples, context.multiplicity)
 
     def server_update(
-        server: ServerState, messages: Sequence[ClientMessage], context: RoundContext
+        server: ServerState, messages: Sequence[ClientMessage], context: seam.RoundContext
     ) -> tuple[ServerState, dict[str, float]]:
         if not messages:
             return server, {}
@@ -100,11 +91,11 @@ def build(momentum: float = 0.9, aggregation: str = "weighted") -> Algorithm:
     def broadcast(server: ServerState) -> ClientView:
         return ClientView(server.params)
 
-    return Algorithm("nesterov_avg", server_init, client_objective, client_finish, server_update, broadcast)
+    return seam.Algorithm("nesterov_avg", server_init, client_objective, client_finish, server_update, broadcast)
 
 
-def from_config(config: Config, server_optimizer: Any) -> Algorithm:  # the server step is this module's own
-    return build(momentum=config.momentum, aggregation=config.aggregation)
+def from_config(config: Config, server_optimizer: Any) -> seam.Algorithm:  # the server step is this module's own
+    return build(**options(config))
 
 
 register(AlgorithmEntry("nesterov_avg", Config, from_config, label="Nesterov FedAvg", owns_server_step=True))

@@ -28,10 +28,14 @@ from driftlab.experiments.run.devices import BACKENDS, make_backend, resolve_bac
 from driftlab.features.run import check_feature, configured_features, feature_plan, features_run_info, run_facts
 from driftlab.models import registry as models
 from driftlab.optim.registry import build_server_optimizer
-from driftlab.personal.selection import parameter_kinds
 from driftlab.plugins import import_function
 from driftlab.randomness import Stream, torch_seed
-from driftlab.simulation.backends.flat import FlatModel, binary_cross_entropy_per_example, objective_per_example
+from driftlab.simulation.backends.flat import (
+    FlatModel,
+    binary_cross_entropy_per_example,
+    objective_per_example,
+    parameter_kinds,
+)
 from driftlab.simulation.backends.precision import check_precision, parameter_dtype
 from driftlab.simulation.round.availability import AvailabilityModel, Membership, MembershipEvent
 from driftlab.simulation.round.setup import EvaluationPlan, RoundPlan, Simulation, SimulationState, make_client_stores

@@ -21,6 +21,7 @@ import math
 import struct
 import tarfile
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -294,31 +295,36 @@ def _emnist_zip(tmp: Path) -> Path:
     return write_emnist(tmp / "emnist-zip", as_zip=True)
 
 
-# (data set name, writer -> data.root, model, extra overrides, (input shape, classes))
+def _leaf(folder: str, kind: str, *, tarball: bool = False) -> Callable[[Path], Path]:
+    """The writer of a LEAF data set of ``kind`` in ``folder`` of a test's directory (as a tarball: ``tarball``)."""
+    return lambda tmp: write_leaf(tmp / folder, kind, tarball=tarball)
+
+
+SMALL_RNN = "model.rnn_hidden=8"  # the recurrent models' hidden size in these one-round runs
+
+
+# case "name" or "name/variant" of data set name: (writer -> data.root, model, extra overrides, (input shape, classes))
 FILE_BASED = {
-    "mnist": ("mnist", _mnist_root, "mlr", [], ((1, 28, 28), 10)),
-    "fashion_mnist": ("fashion_mnist", _fashion_root, "mlp", ["model.hidden=[8]"], ((1, 28, 28), 10)),
-    "emnist_letters10": ("emnist_letters10", _emnist_root, "mlp", ["model.hidden=[8, 4]"], ((1, 28, 28), 10)),
-    "emnist_letters": ("emnist_letters", _emnist_zip, "femnist_cnn", [], ((1, 28, 28), 26)),
-    "emnist_byclass": ("emnist_byclass", _emnist_root, "mlr", [], ((1, 28, 28), 62)),
-    "cifar10": ("cifar10", lambda tmp: write_cifar10(tmp / "cifar10", tarball=True), "cnn", [], ((3, 32, 32), 10)),
+    "mnist": (_mnist_root, "mlr", [], ((1, 28, 28), 10)),
+    "fashion_mnist": (_fashion_root, "mlp", ["model.hidden=[8]"], ((1, 28, 28), 10)),
+    "emnist_letters10": (_emnist_root, "mlp", ["model.hidden=[8, 4]"], ((1, 28, 28), 10)),
+    "emnist_letters": (_emnist_zip, "femnist_cnn", [], ((1, 28, 28), 26)),
+    "emnist_byclass": (_emnist_root, "mlr", [], ((1, 28, 28), 62)),
+    "cifar10": (lambda tmp: write_cifar10(tmp / "cifar10", tarball=True), "cnn", [], ((3, 32, 32), 10)),
     "cifar10/folder": (
-        "cifar10",
         lambda tmp: write_cifar10(tmp / "cifar10") / "cifar-10-batches-bin",
         "mlr",
         [],
         ((3, 32, 32), 10),
     ),
-    "cifar100": ("cifar100", lambda tmp: write_cifar100(tmp / "cifar100"), "cnn", [], ((3, 32, 32), 100)),
+    "cifar100": (lambda tmp: write_cifar100(tmp / "cifar100"), "cnn", [], ((3, 32, 32), 100)),
     "cifar10_folder": (
-        "cifar10_folder",
         lambda tmp: write_image_folder(tmp / "c10.tar.gz"),
         "cnn",
         ["data.limit_per_class=2"],
         ((3, 32, 32), 10),
     ),
     "cifar100_pfllib": (
-        "cifar100_pfllib",
         lambda tmp: write_cifar100_pfllib(
             tmp / "cifar100-pfllib.tar.xz", pfllib_arrays([(i % 100, i % 4, int(i % 5 == 0)) for i in range(40)])
         ),
@@ -326,60 +332,22 @@ FILE_BASED = {
         [],
         ((3, 32, 32), 100),
     ),
-    "femnist": (
-        "femnist",
-        lambda tmp: write_leaf(tmp / "femnist", "femnist", tarball=True),
-        "femnist_cnn",
-        [],
-        ((1, 28, 28), 62),
-    ),
-    "femnist/mlr": (
-        "femnist",
-        lambda tmp: write_leaf(tmp / "femnist", "femnist"),
-        "mlr",
-        ["data.max_clients=3"],
-        ((1, 28, 28), 62),
-    ),
-    "shakespeare_leaf": (
-        "shakespeare_leaf",
-        lambda tmp: write_leaf(tmp / "shk", "shakespeare"),
-        "lstm",
-        ["model.rnn_hidden=8"],
-        ((80,), 80),
-    ),
+    "femnist": (_leaf("femnist", "femnist", tarball=True), "femnist_cnn", [], ((1, 28, 28), 62)),
+    "femnist/mlr": (_leaf("femnist", "femnist"), "mlr", ["data.max_clients=3"], ((1, 28, 28), 62)),
+    "shakespeare_leaf": (_leaf("shk", "shakespeare"), "lstm", [SMALL_RNN], ((80,), 80)),
     "shakespeare_leaf/gru": (
-        "shakespeare_leaf",
-        lambda tmp: write_leaf(tmp / "shk", "shakespeare", tarball=True),
+        _leaf("shk", "shakespeare", tarball=True),
         "gru",
-        ["model.rnn_hidden=8", "model.rnn_layers=1"],
+        [SMALL_RNN, "model.rnn_layers=1"],
         ((80,), 80),
     ),
-    "sent140": (
-        "sent140",
-        lambda tmp: write_leaf(tmp / "s140", "sent140"),
-        "lstm",
-        ["model.rnn_hidden=8", "data.vocabulary_size=50"],
-        ((25,), 2),
-    ),
-    "sent140/gru": (
-        "sent140",
-        lambda tmp: write_leaf(tmp / "s140", "sent140", tarball=True),
-        "gru",
-        ["model.rnn_hidden=8", "data.vocabulary_size=30"],
-        ((25,), 2),
-    ),
-    "shakespeare": (
-        "shakespeare",
-        lambda tmp: write_shakespeare(tmp / "input.txt"),
-        "lstm",
-        ["model.rnn_hidden=8"],
-        ((80,), 80),
-    ),
+    "sent140": (_leaf("s140", "sent140"), "lstm", [SMALL_RNN, "data.vocabulary_size=50"], ((25,), 2)),
+    "sent140/gru": (_leaf("s140", "sent140", tarball=True), "gru", [SMALL_RNN, "data.vocabulary_size=30"], ((25,), 2)),
+    "shakespeare": (lambda tmp: write_shakespeare(tmp / "input.txt"), "lstm", [SMALL_RNN], ((80,), 80)),
     "shakespeare/gz": (
-        "shakespeare",
         lambda tmp: write_shakespeare(tmp / "input.txt.gz", gzipped=True),
         "gru",
-        ["model.rnn_hidden=8", "data.max_clients=2", "data.samples_per_client=100"],
+        [SMALL_RNN, "data.max_clients=2", "data.samples_per_client=100"],
         ((80,), 80),
     ),
 }
@@ -387,7 +355,9 @@ FILE_BASED = {
 
 def test_every_data_set_has_a_test_through_the_config():
     """A name added to DATA_SETS without a case here fails this test."""
-    covered = {case.split("/")[0] for case in GENERATED} | {spec[0] for spec in FILE_BASED.values()} | {"stackoverflow"}
+    covered = (
+        {case.split("/")[0] for case in GENERATED} | {case.split("/")[0] for case in FILE_BASED} | {"stackoverflow"}
+    )
     assert covered == set(DATA_SETS)
     generated = {name for name, info in DATA_SETS.items() if info.location is None}
     assert generated == {case.split("/")[0] for case in GENERATED}
@@ -396,7 +366,7 @@ def test_every_data_set_has_a_test_through_the_config():
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("case", list(FILE_BASED))
 def test_file_based_data_sets_run_one_round(tmp_path, case, backend):
-    name, write, model, extra, (shape, classes) = FILE_BASED[case]
+    name, (write, model, extra, (shape, classes)) = case.split("/")[0], FILE_BASED[case]
     root = write(tmp_path)
     overrides = [
         *ONE_ROUND,

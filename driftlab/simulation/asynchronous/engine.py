@@ -40,7 +40,7 @@ from driftlab.metrics.communication import payload_bits
 from driftlab.optim.schedules import value_at
 from driftlab.simulation.asynchronous.events import choose_client, dispatch_seed, work_seconds
 from driftlab.simulation.asynchronous.state import AsynchronousState, HeldResult, InFlightClient, starting_state
-from driftlab.simulation.round.client import client_end, client_start
+from driftlab.simulation.round.client import ClientRound, client_end, client_start
 from driftlab.simulation.round.engine import RoundWork, client_data, client_settings, finish_folded_round
 from driftlab.simulation.round.ordered_fold import FoldedRound
 from driftlab.simulation.round.setup import Simulation, SimulationState, wave_size
@@ -315,33 +315,26 @@ def _train(
             )
             for client in wave
         ]
-        settings = [
-            dataclasses.replace(base, seed=dispatch_seed(plan.seed, client.dispatch, client.client_id))
-            for client in wave
+        client_rounds = [
+            ClientRound(
+                sim.algorithm,
+                view,
+                state.clients.get(client.client_id),
+                context,
+                client_data(sim, client.client_id),
+                dataclasses.replace(base, seed=dispatch_seed(plan.seed, client.dispatch, client.client_id)),
+            )
+            for client, context in zip(wave, contexts, strict=True)
         ]
-        client_states = [state.clients.get(client_id) for client_id in ids]
-        datas = [client_data(sim, client_id) for client_id in ids]
-        tasks = [
-            client_start(sim.algorithm, view, client_state, context, data, setting)
-            for client_state, context, data, setting in zip(client_states, contexts, datas, settings, strict=True)
-        ]
+        tasks = [client_start(client) for client in client_rounds]
         with contextlib.closing(
             sim.backend.train(sim.model, view.params, tasks, base.local, sim.training_data)
         ) as trained:
             for position, final_params, done in trained:
-                new_state, message = client_end(
-                    sim.algorithm,
-                    view,
-                    client_states[position],
-                    contexts[position],
-                    datas[position],
-                    settings[position],
-                    final_params,
-                    done,
-                )
+                new_state, message = client_end(client_rounds[position], final_params, done)
                 change = form.release(view, message).detach() if message is not None else None
                 results[wave[position].dispatch] = HeldResult(change, payload_bits(message), int(done), new_state)
-                client_states[position] = tasks[position] = None
+                client_rounds[position] = tasks[position] = None
     return results
 
 

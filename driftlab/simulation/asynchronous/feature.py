@@ -16,6 +16,11 @@ from driftlab.simulation.asynchronous.section import AsynchronousConfig
 from driftlab.simulation.backends.buffers import refuse_running_statistics
 from driftlab.simulation.time.plan import AsynchronousPlan
 
+# [asynchronous] in ExperimentConfig's schema
+CONFIG_FIELD = (
+    "asynchronous FedBuff on the simulated clock (the [asynchronous] keys; needs [system]); absent = synchronous rounds"
+)
+
 
 def plan(section: AsynchronousConfig, facts: RunFacts) -> AsynchronousPlan:  # noqa: ARG001 - FedBuff reads its section only
     """The engine's ``AsynchronousPlan`` for ``section``."""
@@ -89,15 +94,10 @@ def finish(sim: Any, plan: Any) -> None:  # noqa: ARG001  (the FeatureEntry.fini
         )
 
 
-FEATURE = FeatureEntry(
-    name="asynchronous",
-    plan=plan,
-    requirements=drivers.ASYNCHRONOUS,
-    config_conflicts=CONFIG_CONFLICTS,
-    section_type=AsynchronousConfig,
-    config_field="asynchronous FedBuff on the simulated clock (the [asynchronous] keys; needs [system]); absent = "
-    "synchronous rounds",
-    simulation_fields=lambda plan: {"asynchronous": plan},
-    finish=finish,
-    state_extra=InFlightExtra(),  # the clients in flight, saved as engine/async/...
-)
+def simulation_fields(plan: AsynchronousPlan) -> dict[str, Any]:
+    return {"asynchronous": plan}
+
+
+STATE_EXTRA = InFlightExtra()  # the clients in flight, saved as engine/async/...
+
+FEATURE = FeatureEntry.of_module(__name__, "asynchronous", AsynchronousConfig, requirements=drivers.ASYNCHRONOUS)

@@ -19,14 +19,8 @@ from driftlab.models import build_model
 from driftlab.randomness import augmentation_key, example_keys, mix64
 from driftlab.simulation.backends.augmentation import flip_crop_from_keys
 from driftlab.simulation.backends.flat import FlatModel
-from driftlab.simulation.backends.local_training import (
-    ClientTask,
-    LocalSettings,
-    SequentialBackend,
-    TrainingData,
-    batch_plan,
-    steps_for_epochs,
-)
+from driftlab.simulation.backends.local_training import ClientTask, LocalSettings, SequentialBackend, TrainingData
+from driftlab.simulation.backends.testing import client_tasks
 from driftlab.simulation.backends.vectorized import LinearReluStack, VectorizedBackend
 from driftlab.simulation.backends.vectorized_test import assert_agree, run_backend
 from driftlab.simulation.seam import NO_CORRECTION, GradientCorrection
@@ -144,19 +138,17 @@ def _data(dtype: torch.dtype, augment=AUGMENT) -> TrainingData:
 
 def _tasks(round_index: int = ROUND, fixed_steps: dict[int, int] | None = None, corrections=None) -> list[ClientTask]:
     """Unequal clients, 2 epochs each (unequal step counts) unless ``fixed_steps`` overrides; keys from (seed, round, client)."""
-    tasks, offset = [], 0
-    for client_id, size in enumerate(CLIENT_SIZES):
-        steps = (fixed_steps or {}).get(client_id, steps_for_epochs(size, BATCH_SIZE, 2))
-        rows = torch.arange(offset + 5, offset + 5 + size)[
-            torch.randperm(size, generator=torch.Generator().manual_seed(client_id))
-        ]
-        plan = batch_plan(SEED, round_index, client_id, size, BATCH_SIZE, steps)
-        correction = NO_CORRECTION if corrections is None else corrections[client_id]
-        tasks.append(
-            ClientTask(client_id, rows, plan, correction, augment_key=augmentation_key(SEED, round_index, client_id))
-        )
-        offset += size
-    return tasks
+    return client_tasks(
+        CLIENT_SIZES,
+        BATCH_SIZE,
+        SEED,
+        corrections,
+        steps=lambda client_id, per_epoch: (fixed_steps or {}).get(client_id, 2 * per_epoch),
+        round_index=round_index,
+        first_row=5,
+        shuffled=True,
+        augment_key=lambda client_id: augmentation_key(SEED, round_index, client_id),
+    )
 
 
 def _assert_identical(expected: dict, actual: dict) -> None:

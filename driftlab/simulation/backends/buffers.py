@@ -66,6 +66,11 @@ def refuse_running_statistics(module: nn.Module, what: str, why: str) -> None:
         )
 
 
+def has_buffers(module: nn.Module) -> bool:
+    """Whether ``module`` registers any buffer (then they are state: averaged, checkpointed)."""
+    return any(True for _ in module.buffers())
+
+
 def module_buffers(module: nn.Module) -> dict[str, torch.Tensor]:
     """Copies of every buffer ``module`` registers, by its ``state_dict`` name ({} for a model without buffers)."""
     return {name: buffer.detach().clone() for name, buffer in module.named_buffers()}
@@ -193,6 +198,7 @@ __all__ = [
     "RoundBuffers",
     "average_buffers",
     "buffer_tensors",
+    "has_buffers",
     "load_buffers",
     "module_buffers",
     "own_buffers_record",

@@ -24,6 +24,7 @@ from driftlab.simulation.backends.local_training import (
     TrainingData,
     batch_plan,
 )
+from driftlab.simulation.backends.testing import client_tasks
 from driftlab.simulation.backends.vectorized import VectorizedBackend
 from driftlab.simulation.seam import NO_CORRECTION
 
@@ -75,20 +76,7 @@ def _problem():
     inputs = torch.randn(sum(SIZES), 3, generator=generator, dtype=torch.float64) * 2 + 0.5
     targets = torch.randint(0, 2, (sum(SIZES),), generator=generator)
     data = TrainingData(inputs, targets)
-    tasks, start = [], 0
-    for client_id, size in enumerate(SIZES):
-        steps = 2 * -(-size // BATCH)  # two epochs
-        tasks.append(
-            ClientTask(
-                client_id,
-                torch.arange(start, start + size),
-                batch_plan(5, 1, client_id, size, BATCH, steps),
-                NO_CORRECTION,
-                augment_key=100 + client_id,
-            )
-        )
-        start += size
-    return data, tasks
+    return data, client_tasks(SIZES, BATCH, 5, augment_key=lambda client_id: 100 + client_id)  # two epochs each
 
 
 def _train(backend, model: FlatModel, data, tasks, buffers: RoundBuffers):

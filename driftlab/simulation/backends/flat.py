@@ -134,3 +134,18 @@ class FlatModel:
         """Move the module (buffers included) so functional calls run on ``device``."""
         self.module.to(device=device, dtype=dtype)
         return self
+
+
+RUNNING_NORM = "running_norm"  # the kind of a parameter of a normalisation layer with running statistics
+
+
+def parameter_kinds(module: nn.Module, names: tuple[str, ...]) -> tuple[str, ...]:
+    """The kind of each parameter ``names`` lists (``module``'s, by ``named_parameters`` name): ``RUNNING_NORM`` for
+    one of a normalisation layer whose running statistics a training-mode forward moves (BatchNorm, InstanceNorm
+    with ``track_running_stats``), else the class name of the module that registers it (``"Linear"``)."""
+    kinds = []
+    for name in names:
+        owner = module.get_submodule(name.rpartition(".")[0])
+        running = isinstance(owner, nn.modules.batchnorm._NormBase) and owner.track_running_stats
+        kinds.append(RUNNING_NORM if running else type(owner).__name__)
+    return tuple(kinds)

@@ -1,4 +1,4 @@
-"""Local SGD on one client, and the sequential training backend.
+"""Local SGD on one client, the training backends' interface (``TrainingBackend``), and the sequential backend.
 
 algorithms.md: local training is plain minibatch SGD without momentum, a fresh
 optimizer every round,
@@ -36,10 +36,11 @@ from __future__ import annotations
 
 import math
 import threading
+from abc import ABC, abstractmethod
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterator, Protocol, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -158,11 +159,24 @@ class TrainingData:
         return self.model_inputs(self.inputs[rows])
 
 
-class TrainingBackend(Protocol):
+@dataclass(frozen=True)
+class LocalWork:
+    """A round's local training as a backend is given it: ``TrainingBackend.train``'s arguments."""
+
+    model: FlatModel
+    start_params: torch.Tensor  # the round's start model (a task may bring its own: ClientTask.start)
+    tasks: Sequence[ClientTask]
+    settings: LocalSettings
+    data: TrainingData
+    buffers: RoundBuffers | None = None
+
+
+class TrainingBackend(ABC):
     """Runs a round's local training; yields ``(task position, final θ_k, steps done)`` in any order.
 
     ``buffers`` (given for a model with buffers, ``buffers.py``): every client trains from ``buffers.start`` and its
-    final buffers are recorded with ``buffers.record`` before its result is yielded."""
+    final buffers are recorded with ``buffers.record`` before its result is yielded.  A backend trains the round in
+    ``train_round``, from the arguments of ``train`` as one ``LocalWork``."""
 
     def train(
         self,
@@ -172,7 +186,12 @@ class TrainingBackend(Protocol):
         settings: LocalSettings,
         data: TrainingData,
         buffers: RoundBuffers | None = None,
-    ) -> Iterator[tuple[int, torch.Tensor, int]]: ...
+    ) -> Iterator[tuple[int, torch.Tensor, int]]:
+        return self.train_round(LocalWork(model, start_params, tasks, settings, data, buffers))
+
+    @abstractmethod
+    def train_round(self, work: LocalWork) -> Iterator[tuple[int, torch.Tensor, int]]:
+        """The round's clients (``train``)."""
 
 
 def corrected_gradient(
@@ -390,7 +409,7 @@ def objective_gradient_norm(
     return corrected_gradient_norm(theta, gradient, objective.correction, settings)
 
 
-class SequentialBackend:
+class SequentialBackend(TrainingBackend):
     """The reference backend: each client on its own, one minibatch at a time.
 
     On a CPU every client trains with single-threaded kernels
@@ -424,32 +443,27 @@ class SequentialBackend:
             return 1
         return max(1, min(torch.get_num_threads(), num_tasks))
 
-    def train(
-        self,
-        model: FlatModel,
-        start_params: torch.Tensor,
-        tasks: Sequence[ClientTask],
-        settings: LocalSettings,
-        data: TrainingData,
-        buffers: RoundBuffers | None = None,
-    ) -> Iterator[tuple[int, torch.Tensor, int]]:
-        """The round's clients (``TrainingBackend``); with ``buffers``, each from the round's and recorded after."""
+    def train_round(self, work: LocalWork) -> Iterator[tuple[int, torch.Tensor, int]]:
+        """The round's clients (``TrainingBackend``); with ``work.buffers``, each from the round's and recorded after."""
+        start_params, buffers = work.start_params, work.buffers
 
         def train_position(position: int) -> tuple[int, torch.Tensor, int]:
-            bound = self._acquire(model, start_params)
+            bound = self._acquire(work.model, start_params)
             try:
                 bound.start_buffers(buffers, position)
                 with local_arithmetic(self.precision, start_params.device):
-                    task = tasks[position]
-                    final_params, steps_done = train_one_client(bound, task.start(start_params), task, settings, data)
+                    task = work.tasks[position]
+                    final_params, steps_done = train_one_client(
+                        bound, task.start(start_params), task, work.settings, work.data
+                    )
                 if buffers is not None:
                     buffers.record(position, bound.module)
             finally:
                 self._release(bound)
             return position, final_params, steps_done
 
-        with_term = [p for p, task in enumerate(tasks) if _has_loss_term(task)]
-        threaded = [p for p, task in enumerate(tasks) if not _has_loss_term(task)]
+        with_term = [p for p, task in enumerate(work.tasks) if _has_loss_term(task)]
+        threaded = [p for p, task in enumerate(work.tasks) if not _has_loss_term(task)]
         workers = self.workers(start_params, len(threaded))  # read before the threads are set to one
         with single_threaded_clients(start_params.device):
             yield from map_on_threads(train_position, threaded, workers)

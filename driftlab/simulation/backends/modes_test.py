@@ -15,18 +15,12 @@ from torch import nn
 
 from driftlab.randomness import augmentation_key, example_keys
 from driftlab.simulation.backends.flat import FlatModel
-from driftlab.simulation.backends.local_training import (
-    ClientTask,
-    LocalSettings,
-    SequentialBackend,
-    TrainingData,
-    batch_plan,
-    steps_for_epochs,
-)
+from driftlab.simulation.backends.local_training import ClientTask, LocalSettings, SequentialBackend, TrainingData
 from driftlab.simulation.backends.modes import has_dropout, keyed_dropout, module_mode, step_keys
 from driftlab.simulation.backends.objectives import LossTerm
+from driftlab.simulation.backends.testing import client_tasks
 from driftlab.simulation.backends.vectorized import VectorizedBackend
-from driftlab.simulation.seam import NO_CORRECTION, GradientCorrection
+from driftlab.simulation.seam import GradientCorrection
 
 SIZES = (23, 40, 7, 31)  # 7 < B and 23, 31 not multiples of B: narrow and padded last batches
 BATCH = 10
@@ -54,19 +48,15 @@ def _data() -> TrainingData:
 
 
 def _tasks(corrections=None, stop_gamma=None) -> list[ClientTask]:
-    tasks, start = [], 0
-    for k, n in enumerate(SIZES):
-        steps = 2 * steps_for_epochs(n, BATCH, 1) - k % 2  # unequal step counts
-        batches = batch_plan(3, 1, k, n, BATCH, steps)
-        correction = NO_CORRECTION if corrections is None else corrections[k]
-        key = augmentation_key(3, 1, k)
-        tasks.append(
-            ClientTask(
-                k, torch.arange(start, start + n), batches, correction, stop_gamma, steps_for_epochs(n, BATCH, 1), key
-            )
-        )
-        start += n
-    return tasks
+    return client_tasks(
+        SIZES,
+        BATCH,
+        3,
+        corrections,
+        steps=lambda k, per_epoch: 2 * per_epoch - k % 2,  # unequal step counts
+        augment_key=lambda k: augmentation_key(3, 1, k),
+        stop_gamma=stop_gamma,
+    )
 
 
 SETTINGS = LocalSettings(0.2)

@@ -16,15 +16,9 @@ from torch import nn
 
 from driftlab.models import build_model
 from driftlab.simulation.backends.flat import FlatModel, objective_per_example
-from driftlab.simulation.backends.local_training import (
-    ClientTask,
-    LocalSettings,
-    SequentialBackend,
-    TrainingData,
-    batch_plan,
-    steps_for_epochs,
-)
+from driftlab.simulation.backends.local_training import ClientTask, LocalSettings, SequentialBackend, TrainingData
 from driftlab.simulation.backends.objectives import LocalBatch, LocalObjective, LocalStep, LossTerm, as_local_objective
+from driftlab.simulation.backends.testing import client_tasks
 from driftlab.simulation.backends.vectorized import VectorizedBackend
 from driftlab.simulation.seam import NO_CORRECTION, GradientCorrection
 
@@ -51,21 +45,15 @@ def _data() -> TrainingData:
     )
 
 
-def _tasks(objectives: list, epochs: int = 2, **task_fields) -> list[ClientTask]:
-    tasks, offset = [], 0
-    for client_id, (size, objective) in enumerate(zip(CLIENT_SIZES, objectives, strict=True)):
-        steps = steps_for_epochs(size, BATCH_SIZE, epochs) - (client_id % 2)  # unequal, and not always whole epochs
-        tasks.append(
-            ClientTask(
-                client_id,
-                torch.arange(offset, offset + size),
-                batch_plan(3, 1, client_id, size, BATCH_SIZE, steps),
-                objective,
-                **task_fields,
-            )
-        )
-        offset += size
-    return tasks
+def _tasks(objectives: list, epochs: int = 2, stop_gamma: float | None = None) -> list[ClientTask]:
+    return client_tasks(
+        CLIENT_SIZES,
+        BATCH_SIZE,
+        3,
+        objectives,
+        steps=lambda client_id, per_epoch: epochs * per_epoch - client_id % 2,  # unequal, not always whole epochs
+        stop_gamma=stop_gamma,
+    )
 
 
 def _run(
@@ -182,7 +170,7 @@ def test_client_momentum_two_steps_by_hand(backend):
     data = TrainingData(torch.zeros(1, 2, dtype=DTYPE), torch.zeros(1))
     start = model.initial_parameters()
     momentum = LocalStep(heavy_ball(0.9), (torch.zeros(2, dtype=DTYPE),))
-    task = ClientTask(0, torch.tensor([0]), batch_plan(0, 1, 0, 1, 1, 2), LocalObjective(local_step=momentum))
+    (task,) = client_tasks([1], 1, 0, [LocalObjective(local_step=momentum)])  # one example, two steps
     for _ in range(2):  # the buffer starts from initial_state every round
         [(_, final, done)] = list(backend.train(model, start, [task], LocalSettings(0.1), data))
         assert done == 2
@@ -314,13 +302,10 @@ def test_gamma_inexact_stopping_counts_the_loss_term_on_both_backends():
     anchor = _vector(start, 0.01, 3)
     term = LossTerm(proximal_term, (anchor, torch.tensor(0.5, dtype=DTYPE)))
     settings = LocalSettings(client_lr=0.3)
-    with_term, with_correction = [], []
-    for task in _tasks([LocalObjective(loss_term=term)] * 4, epochs=6):
-        per_epoch = steps_for_epochs(len(task.sample_indices), BATCH_SIZE, 1)
-        with_term.append(dataclasses.replace(task, stop_gamma=0.9, steps_per_epoch=per_epoch))
-        with_correction.append(
-            dataclasses.replace(with_term[-1], correction=GradientCorrection(quadratic=0.5, reference=anchor))
-        )
+    with_term = _tasks([LocalObjective(loss_term=term)] * 4, epochs=6, stop_gamma=0.9)
+    with_correction = [
+        dataclasses.replace(task, correction=GradientCorrection(quadratic=0.5, reference=anchor)) for task in with_term
+    ]
     expected = _run(SequentialBackend(), model, start, with_term, settings, data)
     assert any(
         done < task.num_steps for (_, done), task in zip(expected.values(), with_term, strict=True)

@@ -30,10 +30,11 @@ from typing import Callable
 import torch
 from torch import nn
 
-from driftlab.models.layers import Parameters, unfoldable
+from driftlab.models.layers import Parameters, unfoldable, unfolds
 from driftlab.models.registry import batched_form
 from driftlab.simulation.backends.flat import FlatModel, copy_module
 from driftlab.simulation.backends.modes import set_mode
+from driftlab.simulation.backends.vectorized_engine import GradientEngine, StepBatch
 
 
 def module_for_this_thread(
@@ -55,7 +56,7 @@ def module_for_this_thread(
     return made[device]
 
 
-class StackedNetwork:
+class StackedNetwork(GradientEngine):
     """The gradient engine of the vectorized backend for modules with a batched forward (module docstring)."""
 
     draws_dropout = False  # match refuses models with dropout
@@ -64,7 +65,7 @@ class StackedNetwork:
         self._model = model
         self._forward = forward
         self._activations_per_example: int | None = None
-        self._unfold_per_example: int | None = None
+        self._unfold_columns: list[tuple[nn.Conv2d, int]] | None = None
         self._copies = threading.local()
 
     @staticmethod
@@ -84,9 +85,6 @@ class StackedNetwork:
         if model.dropout:
             return None  # the batched layers draw no dropout masks; vmap draws them from per-step keys
         return StackedNetwork(model, forward)
-
-    def flat_inputs(self, inputs: torch.Tensor) -> torch.Tensor:
-        return inputs
 
     def _module_for_this_thread(self, device: torch.device, training: bool = True) -> nn.Module:
         return module_for_this_thread(self._copies, self._model.module, device, training)
@@ -115,28 +113,20 @@ class StackedNetwork:
             ).unsqueeze(0), leaves
         return self._forward(self._model.module, Parameters(named, clients), x), leaves
 
-    def loss_gradient(
-        self,
-        theta: torch.Tensor,
-        x: torch.Tensor,
-        targets: torch.Tensor,
-        weights: torch.Tensor,
-        out: torch.Tensor,
-        keys: torch.Tensor | None = None,  # noqa: ARG002 - no dropout here (match); the engines share one signature
-        training: bool = True,
-    ) -> torch.Tensor:
-        """``out[k] = ∇_θ Σ_i w_ki ℓ(θ_k; x_ki, y_ki)`` for the ``n`` rows of ``theta`` (``[n, P]``)."""
+    def write_gradient(self, theta: torch.Tensor, batch: StepBatch, out: torch.Tensor) -> None:
+        """``out[k] = ∇_θ Σ_i w_ki ℓ(θ_k; x_ki, y_ki)`` for the ``n`` rows of ``theta`` (``[n, P]``); no dropout here
+        (``match``), so the batch's keys play no role."""
+        weights = batch.weights
         with torch.enable_grad():
-            outputs, leaves = self.outputs(theta, x, training)
+            outputs, leaves = self.outputs(theta, batch.inputs, batch.training)
             flat_outputs = outputs.reshape(-1, *outputs.shape[2:])
-            flat_targets = targets.reshape(-1, *targets.shape[2:])
+            flat_targets = batch.targets.reshape(-1, *batch.targets.shape[2:])
             loss = (self._model.example_loss(flat_outputs, flat_targets).to(weights.dtype) * weights.reshape(-1)).sum()
             gradients = torch.autograd.grad(loss, leaves)
         offset = 0
         for gradient, numel in zip(gradients, self._model.numels, strict=True):
             out[:, offset : offset + numel].copy_(gradient.reshape(gradient.shape[0], -1))
             offset += numel
-        return out
 
     def activation_elements(self, example: torch.Tensor, theta: torch.Tensor) -> int:
         """Floats kept per example for the backward pass (leaf outputs x 3; recurrent layers: their gates and states per step)."""
@@ -144,17 +134,18 @@ class StackedNetwork:
             self._count_elements(example, theta)
         return self._activations_per_example
 
-    def unfold_elements(self, example: torch.Tensor, theta: torch.Tensor) -> int:
-        """Floats per example that ``layers.conv_unfold`` keeps beyond ``activation_elements``: for each convolution
-        it computes (``layers.unfoldable``), the patch columns ``in·kh·kw`` per output position, twice (``F.unfold``'s
-        and the per-client copy the matrix product saves for the backward pass); 0 without such convolutions."""
-        if self._unfold_per_example is None:
+    def unfold_elements(self, example: torch.Tensor, theta: torch.Tensor, kind: str = "unfold") -> int:
+        """Floats per example that ``layers.conv_unfold`` keeps beyond ``activation_elements`` under
+        ``convolution(kind)``: for each convolution that choice unfolds (``layers.unfolds``: every unfoldable one for
+        ``unfold``, the 3-channel first layer for ``mixed``, none otherwise), the patch columns ``in·kh·kw`` per output
+        position, twice (``F.unfold``'s and the per-client copy the matrix product saves for the backward pass)."""
+        if self._unfold_columns is None:
             self._count_elements(example, theta)
-        return self._unfold_per_example
+        return sum(columns for module, columns in self._unfold_columns if unfolds(module, kind))
 
     def _count_elements(self, example: torch.Tensor, theta: torch.Tensor) -> None:
         """Both counts above, from one forward pass of one example with hooks on the leaves (once per model)."""
-        total, columns = [example.numel()], [0]
+        total, columns = [example.numel()], []
 
         def count(module, _inputs, output):
             if isinstance(module, (nn.LSTM, nn.GRU)):
@@ -165,7 +156,9 @@ class StackedNetwork:
                 total.append(output.numel())
             if isinstance(module, nn.Conv2d) and unfoldable(module):
                 positions = output.numel() // module.out_channels  # one example: output is [1, out, H', W']
-                columns.append(2 * module.in_channels * module.kernel_size[0] * module.kernel_size[1] * positions)
+                columns.append(
+                    (module, 2 * module.in_channels * module.kernel_size[0] * module.kernel_size[1] * positions)
+                )
 
         leaves = [
             leaf
@@ -179,7 +172,7 @@ class StackedNetwork:
         finally:
             for hook in hooks:
                 hook.remove()
-        self._activations_per_example, self._unfold_per_example = 3 * sum(total), sum(columns)
+        self._activations_per_example, self._unfold_columns = 3 * sum(total), columns
 
 
 def has_convolutions(module: nn.Module) -> bool:

@@ -371,3 +371,17 @@ def test_a_chunk_of_unfold_convolutions_budgets_for_their_patch_columns():
     assert unfolded - grouped == 4 * columns * 8
     mlp = _round_setup("mlp", "none")
     assert bytes_per_client(gradient_engine(mlp[0]), *mlp, "unfold") == bytes_per_client(gradient_engine(mlp[0]), *mlp)
+
+
+def test_the_patch_columns_counted_are_those_of_the_layers_the_convolution_choice_unfolds():
+    # FedDyn's CNN on 3x16x16 inputs: conv1 (3 -> 64, 5x5) has 12x12 outputs; after a 2x2 pool conv2 (64 -> 64, 5x5)
+    # has 2x2. The chunk budget counts 2 · in · kh · kw · positions per layer that the choice computes by im2col.
+    model = FlatModel.wrap(build_model("cnn", (3, 16, 16), 5))
+    engine = StackedNetwork.match(model)
+    theta = model.initial_parameters().unsqueeze(0)
+    first, second = 2 * 3 * 25 * 12**2, 2 * 64 * 25 * 2**2
+    example = torch.randn(3, 16, 16)
+    assert engine.unfold_elements(example, theta, "grouped") == 0
+    assert engine.unfold_elements(example, theta, "channels_last") == 0
+    assert engine.unfold_elements(example, theta, "mixed") == first  # only the 3-channel first layer
+    assert engine.unfold_elements(example, theta, "unfold") == first + second

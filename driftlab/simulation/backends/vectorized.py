@@ -59,10 +59,11 @@ results do not depend on the chunking or the threads (up to GEMM summation
 order); docs/performance.md has the measurements behind these choices.
 
 The backend is split by job: ``vectorized_layout`` (a chunk's corrections and
-batches as rows on its device), ``vectorized_gradients`` (the gradient engines),
-``vectorized_step`` (a chunk's local steps), ``vectorized_plan`` (clients per
-chunk from the memory budget) and this module (the backend: grouping, chunking,
-devices and threads, the fallback to the sequential backend).
+batches as rows on its device), ``vectorized_engine`` (what a gradient engine
+offers), ``vectorized_gradients`` (the gradient engines), ``vectorized_step`` (a
+chunk's local steps), ``vectorized_plan`` (clients per chunk from the memory
+budget) and this module (the backend: grouping, chunking, devices and threads,
+the fallback to the sequential backend).
 """
 
 from __future__ import annotations
@@ -75,12 +76,12 @@ import torch
 from torch import nn
 
 from driftlab.models.layers import CONVOLUTIONS, convolution
-from driftlab.simulation.backends.buffers import RoundBuffers
 from driftlab.simulation.backends.flat import FlatModel
 from driftlab.simulation.backends.local_training import (
     ClientTask,
-    LocalSettings,
+    LocalWork,
     SequentialBackend,
+    TrainingBackend,
     TrainingData,
     map_on_threads,
 )
@@ -115,7 +116,7 @@ from driftlab.simulation.state.memory_budget import MemoryBudget
 logger = logging.getLogger(__name__)
 
 
-class VectorizedBackend:
+class VectorizedBackend(TrainingBackend):
     """Trains a round's clients as ``[C, P]`` stacks, chunk by chunk (module docstring).
 
     Args:
@@ -141,8 +142,10 @@ class VectorizedBackend:
         precision: ``precision.PRECISIONS``; ``tf32`` and ``bf16`` change the local
             steps' gradients only (``precision.local_arithmetic``).
         convolution: how the batched layers compute convolutions, ``layers.CONVOLUTIONS``: ``grouped`` (one
-            grouped convolution per layer) or ``unfold`` (im2col and a matrix product per client); the same
-            function to rounding (the config's ``convolution``). Chunks of one client use the module's own layer.
+            grouped convolution per layer), ``unfold`` (im2col and a matrix product per client), ``channels_last``
+            (the grouped convolutions on channels-last tensors) or ``mixed`` (unfold for a 3-channel first layer,
+            grouped elsewhere); the same function to rounding (the config's ``convolution``). Chunks of one client
+            use the module's own layer.
         devices: train the chunks on these devices, chunk ``j`` on
             ``devices[j mod len(devices)]``, and gather the models on the device of
             the start parameters.  The assignment depends only on the chunk's
@@ -188,66 +191,53 @@ class VectorizedBackend:
         self._replicas: dict[torch.device, TrainingData] = {}
         self._replicated: TrainingData | None = None  # the data the replicas were made from
 
-    def train(
-        self,
-        model: FlatModel,
-        start_params: torch.Tensor,
-        tasks: Sequence[ClientTask],
-        settings: LocalSettings,
-        data: TrainingData,
-        buffers: RoundBuffers | None = None,
-    ) -> Iterator[tuple[int, torch.Tensor, int]]:
-        """The round's clients (``TrainingBackend``); with ``buffers``, each client's own stacked (``vectorized_buffers``)."""
-        if not tasks:
+    def train_round(self, work: LocalWork) -> Iterator[tuple[int, torch.Tensor, int]]:
+        """The round's clients (``TrainingBackend``); with ``work.buffers``, each client's own stacked
+        (``vectorized_buffers``)."""
+        if not work.tasks:
             return
-        if buffers is not None:
-            engine = self._buffered_engine(model, buffers, start_params, tasks, data)
-            if engine is None:
-                yield from self._fallback.train(model, start_params, tasks, settings, data, buffers)
-                return
+        if work.buffers is not None:
+            engine = self._buffered_engine(work)
         else:
-            engine = self._engine(model, start_params, tasks, data)
+            engine = self._engine(work.model, work.start_params, work.tasks, work.data)
         if engine is None:
-            yield from self._fallback.train(model, start_params, tasks, settings, data)
+            yield from self._fallback.train_round(work)
             return
-        if all(isinstance(task.correction, GradientCorrection) for task in tasks):
-            yield from self._train_group(engine, model, start_params, tasks, settings, data, buffers)
+        if all(isinstance(task.correction, GradientCorrection) for task in work.tasks):
+            yield from self._train_group(engine, work)
             return
-        tasks = [normalized_objective(task) for task in tasks]
+        tasks = [normalized_objective(task) for task in work.tasks]
         groups: dict[tuple, list[int]] = {}
         for position, task in enumerate(tasks):
             groups.setdefault(group_key(task.correction), []).append(position)
+        buffers = work.buffers
         for key, positions in groups.items():
-            group = [tasks[p] for p in positions]
+            group = dataclasses.replace(
+                work,
+                tasks=[tasks[p] for p in positions],
+                buffers=None if buffers is None else buffers.subset(positions),
+            )
             group_engine = engine
-            if key[0] == "term":
-                group_engine = None if buffers is not None else self._term_engine(model, start_params, group, data)
-                if group_engine is None:
-                    group_buffers = None if buffers is None else buffers.subset(positions)
-                    trained = self._fallback_backend().train(model, start_params, group, settings, data, group_buffers)
-                    for index, final, done in trained:
-                        if buffers is not None:
-                            buffers.keep(positions[index], group_buffers.final.pop(index))
-                        yield positions[index], final, done
-                    continue
-            group_buffers = None if buffers is None else buffers.subset(positions)
-            for index, final, done in self._train_group(
-                group_engine, model, start_params, group, settings, data, group_buffers
-            ):
+            if key[0] == "term":  # the model's VmappedGradient, with the group's loss terms; none with buffers
+                group_engine = None if buffers is not None else self._term_engine(group)
+            if group_engine is None:
+                trained = self._fallback_backend().train_round(group)
+            else:
+                trained = self._train_group(group_engine, group)
+            for index, final, done in trained:
                 if buffers is not None:
-                    buffers.keep(positions[index], group_buffers.final.pop(index))
+                    buffers.keep(positions[index], group.buffers.final.pop(index))
                 yield positions[index], final, done
 
-    def _buffered_engine(
-        self, model: FlatModel, buffers: RoundBuffers, start_params: torch.Tensor, tasks: Sequence[ClientTask], data
-    ) -> BufferedGradient | None:
+    def _buffered_engine(self, work: LocalWork) -> BufferedGradient | None:
         """The gradient engine for a model whose buffers are state (``vectorized_buffers``), or ``None`` (noted once
         per module) when ``vmap`` cannot run it: its clients then train on the sequential backend."""
+        model = work.model
         if self._buffered_of is not None and self._buffered_of[0] is model.module:
             engine = self._buffered_of[1]
         else:
             engine = BufferedGradient(model)
-            problem = buffered_problem(engine, buffers.start_of(0), start_params, tasks[0], data)
+            problem = buffered_problem(engine, work.buffers.start_of(0), work.start_params, work.tasks[0], work.data)
             if problem is not None:
                 logger.warning(
                     "vectorized backend: %s with its buffers cannot be vmapped (%s); training its clients one by one "
@@ -265,18 +255,10 @@ class VectorizedBackend:
             self._fallback = SequentialBackend(precision=self.precision)
         return self._fallback
 
-    def _train_group(
-        self,
-        engine,
-        model: FlatModel,
-        start_params: torch.Tensor,
-        tasks: Sequence[ClientTask],
-        settings: LocalSettings,
-        data: TrainingData,
-        buffers: RoundBuffers | None = None,
-    ) -> Iterator[tuple[int, torch.Tensor, int]]:
-        """Chunk ``tasks`` (clients whose objectives one engine serves) and train the chunks; with ``buffers`` (the
-        engine a ``BufferedGradient``), each chunk's clients from the round's, recorded after."""
+    def _train_group(self, engine, work: LocalWork) -> Iterator[tuple[int, torch.Tensor, int]]:
+        """Chunk ``work.tasks`` (clients whose objectives one engine serves) and train the chunks; with
+        ``work.buffers`` (the engine a ``BufferedGradient``), each chunk's clients from the round's, recorded after."""
+        model, start_params, tasks, data, buffers = work.model, work.start_params, work.tasks, work.data, work.buffers
         home = start_params.device
         devices = self.devices or (home,)
         # Grouping by step count: neighbours in this order finish together, so chunks waste little.
@@ -302,7 +284,7 @@ class VectorizedBackend:
                 if buffers is not None:
                     chunk_engine = ChunkBuffers(engine, [buffers.start_of(p) for p in positions], starts[device])
                 finals, steps_done = train_chunk(
-                    chunk_engine, starts[device], chunk_tasks, settings, self._data_on(data, device)
+                    chunk_engine, starts[device], chunk_tasks, work.settings, self._data_on(data, device)
                 )
                 if buffers is not None:
                     for k, position in enumerate(positions):
@@ -390,11 +372,11 @@ class VectorizedBackend:
             self._fallback = SequentialBackend(precision=self.precision)
         return engine
 
-    def _term_engine(
-        self, model: FlatModel, start_params: torch.Tensor, tasks: Sequence[ClientTask], data: TrainingData
-    ):
-        """The model's ``VmappedGradient`` for clients whose loss term it can ``vmap``, or ``None`` (a warning, once per
-        model and term function: those clients train with the sequential backend)."""
+    def _term_engine(self, group: LocalWork):
+        """The model's ``VmappedGradient`` for the clients of ``group`` (one loss-term function) if it can ``vmap`` their
+        term, or ``None`` (a warning, once per model and term function: those clients train with the sequential
+        backend)."""
+        model, start_params, tasks, data = group.model, group.start_params, group.tasks, group.data
         function = loss_term_of(tasks[0]).function
         key = (model.module, function)
         if key not in self._term_engines:

@@ -19,18 +19,16 @@ backend's copy does.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Mapping, Sequence
 
-import numpy as np
 import torch
 
 from driftlab.simulation.backends.flat import FlatModel
 from driftlab.simulation.backends.local_training import ClientTask, TrainingData
 from driftlab.simulation.backends.modes import keyed_dropout
 from driftlab.simulation.backends.stacked import module_for_this_thread
-from driftlab.simulation.backends.vectorized_gradients import VmappedGradient
-from driftlab.simulation.backends.vectorized_layout import BatchSchedule
+from driftlab.simulation.backends.vectorized_engine import GradientEngine, StepBatch
+from driftlab.simulation.backends.vectorized_gradients import VmappedGradient, vmap_problem
 
 
 class BufferedGradient(VmappedGradient):
@@ -53,27 +51,17 @@ class BufferedGradient(VmappedGradient):
         self._buffered_gradient = torch.func.vmap(torch.func.grad(masked_loss))
         self._keyed_buffered_gradient = torch.func.vmap(torch.func.grad(keyed_loss))
 
-    def gradient(
-        self,
-        theta: torch.Tensor,
-        buffers: Mapping[str, torch.Tensor],
-        x: torch.Tensor,
-        targets: torch.Tensor,
-        weights: torch.Tensor,
-        keys: torch.Tensor | None,
-        training: bool,
-    ) -> torch.Tensor:
-        """``[n, P]`` gradients of the ``n`` rows of ``theta``, each with its row of ``buffers`` (updated in place in
-        training mode); ``keys`` the rows' dropout keys."""
-        self._copies.current = module_for_this_thread(self._copies, self.model.module, theta.device, training)
-        if training and self.draws_dropout:
-            if keys is None or keys.shape != theta.shape[:1]:
-                raise ValueError(f"a model with dropout needs one dropout key per client row ({theta.shape[0]})")
-            return self._keyed_buffered_gradient(theta, dict(buffers), x, targets, weights, keys.to(theta.device))
-        return self._buffered_gradient(theta, dict(buffers), x, targets, weights)
+    def gradient(self, theta: torch.Tensor, buffers: Mapping[str, torch.Tensor], batch: StepBatch) -> torch.Tensor:
+        """``[n, P]`` gradients of the ``n`` rows of ``theta`` on ``batch``, each with its row of ``buffers`` (updated in
+        place in training mode)."""
+        self._copies.current = module_for_this_thread(self._copies, self.model.module, theta.device, batch.training)
+        keys = batch.dropout_keys(theta, self.draws_dropout)
+        if keys is not None:
+            return self._keyed_buffered_gradient(theta, dict(buffers), batch.inputs, batch.targets, batch.weights, keys)
+        return self._buffered_gradient(theta, dict(buffers), batch.inputs, batch.targets, batch.weights)
 
 
-class ChunkBuffers:
+class ChunkBuffers(GradientEngine):
     """One chunk's gradient engine: ``BufferedGradient`` with the chunk's ``[C, ...]`` buffers (module docstring), the
     interface ``vectorized_step.train_chunk`` calls."""
 
@@ -92,9 +80,6 @@ class ChunkBuffers:
     def draws_dropout(self) -> bool:
         return self.engine.draws_dropout
 
-    def flat_inputs(self, inputs: torch.Tensor) -> torch.Tensor:
-        return inputs
-
     def client(self, k: int) -> "ChunkBuffers":
         """This chunk's engine for client ``k`` alone (a one-row ``theta``: γ-inexact stopping's measurements)."""
         single = ChunkBuffers.__new__(ChunkBuffers)
@@ -111,42 +96,24 @@ class ChunkBuffers:
             return self._frozen[k]
         return {name: value[k].clone() for name, value in self.stack.items()}
 
-    def loss_gradient(
-        self,
-        theta: torch.Tensor,
-        x: torch.Tensor,
-        targets: torch.Tensor,
-        weights: torch.Tensor,
-        out: torch.Tensor,
-        keys: torch.Tensor | None = None,
-        training: bool = True,
-    ) -> torch.Tensor:
+    def write_gradient(self, theta: torch.Tensor, batch: StepBatch, out: torch.Tensor) -> None:
         """``out[k] = ∇_θ Σ_i w_ki ℓ(θ_k, b_k; x_ki, y_ki)`` for the ``n`` rows of ``theta`` (the chunk's first ``n``
         clients, or client ``k`` of ``client(k)``), their buffers updated in training mode."""
         n = theta.shape[0]
         rows = slice(self._row, self._row + 1) if self._row is not None else slice(0, n)
         buffers = {name: value[rows] for name, value in self.stack.items()}  # views: updates land in the stack
-        sizes = (weights > 0).sum(dim=1)
-        width = weights.shape[1]
-        if not training or bool((sizes == width).all()):
-            out.copy_(self.engine.gradient(theta, buffers, x, targets, weights, keys, training))
-            return out
+        sizes = (batch.weights > 0).sum(dim=1)
+        width = batch.weights.shape[1]
+        if not batch.training or bool((sizes == width).all()):
+            out.copy_(self.engine.gradient(theta, buffers, batch))
+            return
         # A short batch is padded in the stack: each group of clients with one batch size on its real rows alone.
         for size in torch.unique(sizes).tolist():
             group = torch.nonzero(sizes == size).flatten()
             mine = {name: value[group] for name, value in buffers.items()}  # copies: written back below
-            out[group] = self.engine.gradient(
-                theta[group],
-                mine,
-                x[group, :size],
-                targets[group, :size],
-                weights[group, :size],
-                None if keys is None else keys[group],
-                training,
-            )
+            out[group] = self.engine.gradient(theta[group], mine, batch.part(group, size))
             for name, value in mine.items():
                 buffers[name][group] = value
-        return out
 
 
 def buffered_problem(
@@ -156,21 +123,9 @@ def buffered_problem(
     task: ClientTask,
     data: TrainingData,
 ) -> str | None:
-    """Try the buffered gradient on two clients' first batch (on copies of the buffers); the error text if it fails."""
-    positions = task.batches[:1] if task.num_steps else np.zeros((1, 1), dtype=np.int64)
-    probe = dataclasses.replace(task, batches=positions)
-    schedule = BatchSchedule.build([probe, probe], start_params.dtype, start_params.device)
-    theta = start_params.unsqueeze(0).repeat(2, 1)
-    rows = schedule.rows[0]
-    keys = torch.tensor([1, 2], dtype=torch.int64)
-    chunk = ChunkBuffers(engine, [start, start], start_params)
-    try:
-        chunk.loss_gradient(
-            theta, data.batch(rows), data.targets[rows], schedule.weights[0], torch.empty_like(theta), keys
-        )
-    except Exception as error:  # noqa: BLE001 - any failure means "not vmappable"; the message is logged
-        return f"{type(error).__name__}: {error}"
-    return None
+    """Try the buffered gradient on two clients' first batch (``vmap_problem``, on copies of the buffers); the error
+    text if it fails."""
+    return vmap_problem(ChunkBuffers(engine, [start, start], start_params), start_params, task, data)
 
 
 __all__ = ["BufferedGradient", "ChunkBuffers", "buffered_problem"]

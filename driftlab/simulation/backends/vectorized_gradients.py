@@ -15,11 +15,11 @@ rows of a ``[n, P]`` stack ``θ`` at once:
 ``gradient_engine`` picks the batched layers for a model; ``vmap_problem`` and
 ``stacked_problem`` try an engine on one batch before the backend trusts it.
 
-Every engine's ``loss_gradient`` takes the step's dropout ``keys`` (``[n]``,
-``modes.step_keys``) and ``training`` (False for a measurement: γ-inexact
-stopping's full gradient, in evaluation mode).  Only the ``vmap`` engines serve
-models with dropout (``draws_dropout``): each client's masks come from its own
-key, the masks the sequential backend draws (``modes.py``).
+Every engine is a ``vectorized_engine.GradientEngine``: its ``loss_gradient`` takes
+the step's dropout ``keys`` (``[n]``, ``modes.step_keys``) and ``training`` (False
+for a measurement: γ-inexact stopping's full gradient, in evaluation mode).  Only
+the ``vmap`` engines serve models with dropout (``draws_dropout``): each client's
+masks come from its own key, the masks the sequential backend draws (``modes.py``).
 """
 
 from __future__ import annotations
@@ -38,10 +38,11 @@ from driftlab.simulation.backends.local_training import PAD, ClientTask, Trainin
 from driftlab.simulation.backends.modes import keyed_dropout
 from driftlab.simulation.backends.objectives import LossTerm, objective_loss
 from driftlab.simulation.backends.stacked import StackedNetwork, module_for_this_thread
+from driftlab.simulation.backends.vectorized_engine import GradientEngine, StepBatch
 from driftlab.simulation.backends.vectorized_layout import BatchSchedule
 
 
-class LinearReluStack:
+class LinearReluStack(GradientEngine):
     """Batched layers for ``Flatten → Linear → (ReLU → Linear)*`` under cross-entropy.
 
     For client ``k`` with weights ``W_l``, biases ``b_l`` and batch ``X``
@@ -133,17 +134,9 @@ class LinearReluStack:
             visit(layer, delta, below)
             delta = next_delta
 
-    def loss_gradient(
-        self,
-        theta: torch.Tensor,
-        x: torch.Tensor,
-        targets: torch.Tensor,
-        weights: torch.Tensor,
-        out: torch.Tensor,
-        keys: torch.Tensor | None = None,  # noqa: ARG002 - no layer here has a mode or draws masks
-        training: bool = True,  # noqa: ARG002
-    ) -> torch.Tensor:
-        """``out[k] = ∇_θ Σ_i w_ki ℓ(θ_k; x_ki, y_ki)``, written into the rows of ``out`` ([n, P])."""
+    def write_gradient(self, theta: torch.Tensor, batch: StepBatch, out: torch.Tensor) -> None:
+        """``out[k] = ∇_θ Σ_i w_ki ℓ(θ_k; x_ki, y_ki)``, written into the rows of ``out`` ([n, P]); no layer here has a
+        mode or draws masks, so the batch's keys and mode play no role."""
 
         def write(layer: int, delta: torch.Tensor, below: torch.Tensor) -> None:
             torch.bmm(delta.transpose(1, 2), below, out=self._weight(out, layer))
@@ -151,8 +144,7 @@ class LinearReluStack:
             if bias is not None:
                 torch.sum(delta, dim=1, out=bias)
 
-        self._backpropagate(theta, x, targets, weights, write)
-        return out
+        self._backpropagate(theta, batch.inputs, batch.targets, batch.weights, write)
 
     def sgd_step_(
         self, theta: torch.Tensor, x: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor, learning_rate: float
@@ -199,7 +191,7 @@ def _linear_relu_chain(module: nn.Module) -> list[nn.Linear] | None:
     return [layer for layer in layers if type(layer) is nn.Linear]
 
 
-class VmappedGradient:
+class VmappedGradient(GradientEngine):
     """Any module: ``vmap`` over clients of ``grad`` of the masked mean loss through ``functional_call``.
 
     Each thread calls its own copy of the module: ``functional_call`` swaps a
@@ -238,25 +230,13 @@ class VmappedGradient:
         """``model.forward`` on this thread's copy of the module."""
         return torch.func.functional_call(self._copies.modules[theta.device], self.model.unflatten(theta), (inputs,))
 
-    def flat_inputs(self, inputs: torch.Tensor) -> torch.Tensor:
-        return inputs
-
-    def loss_gradient(
-        self,
-        theta: torch.Tensor,
-        x: torch.Tensor,
-        targets: torch.Tensor,
-        weights: torch.Tensor,
-        out: torch.Tensor,
-        keys: torch.Tensor | None = None,
-        training: bool = True,
-    ) -> torch.Tensor:
-        self.module_for_this_thread(theta.device, training)
-        if training and self.draws_dropout:
-            out.copy_(self._keyed_gradient(theta, x, targets, weights, _required(keys, theta)))
+    def write_gradient(self, theta: torch.Tensor, batch: StepBatch, out: torch.Tensor) -> None:
+        self.module_for_this_thread(theta.device, batch.training)
+        keys = batch.dropout_keys(theta, self.draws_dropout)
+        if keys is not None:
+            out.copy_(self._keyed_gradient(theta, batch.inputs, batch.targets, batch.weights, keys))
         else:
-            out.copy_(self._gradient(theta, x, targets, weights))
-        return out
+            out.copy_(self._gradient(theta, batch.inputs, batch.targets, batch.weights))
 
     def activation_elements(self, example: torch.Tensor, theta: torch.Tensor) -> int:
         """Floats the leaf modules output for one example, times 3 for autograd's saved tensors and gradients."""
@@ -279,7 +259,7 @@ class VmappedGradient:
         return self._activations_per_example
 
 
-class TermGradients:
+class TermGradients(GradientEngine):
     """One chunk's gradients of the mean loss plus its clients' ``LossTerm``: ``vmap`` over clients of
     ``grad(objectives.objective_loss)``, the sequential backend's function.
 
@@ -310,9 +290,6 @@ class TermGradients:
         self._keyed_gradient = torch.func.vmap(torch.func.grad(keyed_loss), in_dims=(0, 0, 0, 0, 0, *self.dims))
         self._rows = slice(None)  # which clients' rows of the stacked tensors the gradients are for (a prefix, or one)
 
-    def flat_inputs(self, inputs: torch.Tensor) -> torch.Tensor:
-        return inputs
-
     def client(self, k: int) -> "TermGradients":
         """The same gradients for the chunk's client ``k`` alone (its rows of the stacked tensors)."""
         single = copy.copy(self)
@@ -323,38 +300,20 @@ class TermGradients:
     def draws_dropout(self) -> bool:
         return self.engine.draws_dropout
 
-    def loss_gradient(
-        self,
-        theta: torch.Tensor,
-        x: torch.Tensor,
-        targets: torch.Tensor,
-        weights: torch.Tensor,
-        out: torch.Tensor,
-        keys: torch.Tensor | None = None,
-        training: bool = True,
-    ) -> torch.Tensor:
+    def write_gradient(self, theta: torch.Tensor, batch: StepBatch, out: torch.Tensor) -> None:
         """``out[k] = ∇_θ [Σ_i w_ki ℓ(θ_k; x_ki, y_ki) + term_k]`` for the ``n`` rows of ``theta``: the chunk's first ``n``
-        clients (or the one client of ``client(k)``); ``keys`` are those rows' dropout keys."""
+        clients (or the one client of ``client(k)``); the batch's keys are those rows' dropout keys."""
         rows = self._rows if self._rows != slice(None) else slice(0, theta.shape[0])
         tensors = [tensor if dim is None else tensor[rows] for tensor, dim in zip(self.tensors, self.dims, strict=True)]
-        self.engine.module_for_this_thread(theta.device, training)
-        if training and self.draws_dropout:
-            out.copy_(self._keyed_gradient(theta, x, targets, weights, _required(keys, theta), *tensors))
+        self.engine.module_for_this_thread(theta.device, batch.training)
+        keys = batch.dropout_keys(theta, self.draws_dropout)
+        if keys is not None:
+            out.copy_(self._keyed_gradient(theta, batch.inputs, batch.targets, batch.weights, keys, *tensors))
         else:
-            out.copy_(self._gradient(theta, x, targets, weights, *tensors))
-        return out
+            out.copy_(self._gradient(theta, batch.inputs, batch.targets, batch.weights, *tensors))
 
     def activation_elements(self, example: torch.Tensor, theta: torch.Tensor) -> int:
         return self.engine.activation_elements(example, theta)
-
-
-def _required(keys: torch.Tensor | None, theta: torch.Tensor) -> torch.Tensor:
-    """The step's dropout keys, one per row of ``theta``: a model with dropout trains only with them."""
-    if keys is None or keys.shape != theta.shape[:1]:
-        raise ValueError(
-            f"a model with dropout needs one dropout key per client row ({theta.shape[0]}), got {None if keys is None else tuple(keys.shape)}"
-        )
-    return keys.to(theta.device)
 
 
 def gradient_engine(model: FlatModel, batched_layers: bool = True, precision: str = "float32"):
@@ -373,9 +332,10 @@ def gradient_engine(model: FlatModel, batched_layers: bool = True, precision: st
 
 
 def vmap_problem(
-    engine: VmappedGradient, start_params: torch.Tensor, task: ClientTask, data: TrainingData
+    engine: GradientEngine, start_params: torch.Tensor, task: ClientTask, data: TrainingData
 ) -> str | None:
-    """Try the vmapped gradient on two clients' first batch; the error text if it fails."""
+    """Try a ``vmap`` engine (a model's, a chunk's loss terms or buffers) on two clients' first batch; the error text
+    if it fails."""
     positions = task.batches[:1] if task.num_steps else np.zeros((1, 1), dtype=np.int64)
     probe = dataclasses.replace(task, batches=positions)
     schedule = BatchSchedule.build([probe, probe], start_params.dtype, start_params.device)

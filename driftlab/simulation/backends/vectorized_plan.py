@@ -70,7 +70,7 @@ def bytes_per_client(
     convolution: str = "grouped",
 ) -> int:
     """A chunk's bytes per client of ``tasks`` (module docstring): parameter-sized rows, activations, objective
-    tensors and batch schedule; with ``convolution="unfold"`` the batched layers' patch columns too."""
+    tensors and batch schedule; with ``convolution="unfold"`` or ``"mixed"`` the unfolded layers' patch columns too."""
     element = start_params.element_size()
     # θ, a gradient (or correction-terms) buffer and a scratch buffer, plus the correction rows that differ per client.
     params_rows = 3 + per_client_correction_rows([affine_correction(task) for task in tasks])
@@ -81,8 +81,8 @@ def bytes_per_client(
     else:
         first = data.batch(torch.zeros(1, dtype=torch.long, device=data.inputs.device))[0]
         activations = engine.activation_elements(first, start_params)
-        if convolution == "unfold" and isinstance(engine, StackedNetwork):
-            activations += engine.unfold_elements(first, start_params)
+        if isinstance(engine, StackedNetwork):  # the patch columns of the layers this convolution choice unfolds
+            activations += engine.unfold_elements(first, start_params, convolution)
     if data.augment is not None:  # the augmented copy of the batch and the augmentation's temporaries (flip, padding)
         activations += 5 * data.inputs[0].numel()
     if data.normalisation is not None:  # the normalised copy of the gathered pixels

@@ -20,15 +20,9 @@ import driftlab
 from driftlab.algorithms.registry import BUILT_IN
 from driftlab.models import build_model
 from driftlab.simulation.backends.flat import FlatModel
-from driftlab.simulation.backends.local_training import (
-    ClientTask,
-    LocalSettings,
-    SequentialBackend,
-    TrainingData,
-    batch_plan,
-    steps_for_epochs,
-)
+from driftlab.simulation.backends.local_training import ClientTask, LocalSettings, SequentialBackend, TrainingData
 from driftlab.simulation.backends.objectives import LocalObjective, LocalStep, LossTerm
+from driftlab.simulation.backends.testing import client_tasks
 from driftlab.simulation.backends.vectorized import LinearReluStack, VectorizedBackend
 from driftlab.simulation.seam import NO_CORRECTION, GradientCorrection
 from driftlab.simulation.state.memory_budget import MemoryBudget
@@ -85,17 +79,23 @@ def _corrections(kind: str, start: torch.Tensor) -> list[GradientCorrection]:
     ]
 
 
-def _tasks(corrections: list[GradientCorrection], fixed_steps: dict[int, int] | None = None) -> list[ClientTask]:
-    """Clients with unequal sizes; 2 epochs each (unequal step counts) unless ``fixed_steps`` overrides."""
-    tasks, offset = [], 0
-    for client_id, (size, correction) in enumerate(zip(CLIENT_SIZES, corrections, strict=True)):
-        steps = (fixed_steps or {}).get(client_id, steps_for_epochs(size, BATCH_SIZE, 2))
-        rows = torch.arange(offset + 5, offset + 5 + size)[
-            torch.randperm(size, generator=torch.Generator().manual_seed(client_id))
-        ]
-        tasks.append(ClientTask(client_id, rows, batch_plan(7, 1, client_id, size, BATCH_SIZE, steps), correction))
-        offset += size
-    return tasks
+def _tasks(
+    corrections: list[GradientCorrection],
+    fixed_steps: dict[int, int] | None = None,
+    epochs: int = 2,
+    stop_gamma: float | None = None,
+) -> list[ClientTask]:
+    """Clients with unequal sizes; ``epochs`` each (unequal step counts) unless ``fixed_steps`` overrides."""
+    return client_tasks(
+        CLIENT_SIZES,
+        BATCH_SIZE,
+        7,
+        corrections,
+        steps=lambda client_id, per_epoch: (fixed_steps or {}).get(client_id, epochs * per_epoch),
+        first_row=5,
+        shuffled=True,
+        stop_gamma=stop_gamma,
+    )
 
 
 def run_backend(backend, model, start, tasks, settings, data) -> dict[int, tuple[torch.Tensor, int]]:
@@ -222,20 +222,7 @@ def test_gamma_inexact_clients_stop_at_the_same_step_as_sequentially():
     dtype = torch.float64
     model, data = _model("mlr", dtype), _data(dtype)
     start = model.initial_parameters()
-    tasks = []
-    six_epochs = {k: steps_for_epochs(size, BATCH_SIZE, 6) for k, size in enumerate(CLIENT_SIZES)}
-    for task in _tasks(_corrections("quadratic_scalar", start), fixed_steps=six_epochs):
-        per_epoch = steps_for_epochs(len(task.sample_indices), BATCH_SIZE, 1)
-        tasks.append(
-            ClientTask(
-                task.client_id,
-                task.sample_indices,
-                task.batches,
-                task.correction,
-                stop_gamma=0.9,
-                steps_per_epoch=per_epoch,
-            )
-        )
+    tasks = _tasks(_corrections("quadratic_scalar", start), epochs=6, stop_gamma=0.9)
     settings = LocalSettings(client_lr=0.3)
     expected = run_backend(SequentialBackend(), model, start, tasks, settings, data)
     assert any(

@@ -22,6 +22,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -171,6 +172,17 @@ class Membership:
         before = set(self.registered_at(round_index - 1).tolist())
         after = set(self.registered_at(round_index).tolist())
         return np.array(sorted(after - before), dtype=np.int64), np.array(sorted(before - after), dtype=np.int64)
+
+    def server_after_changes(self, algorithm: Any, server: Any, clients: Any, round_index: int) -> Any:
+        """The server state after the clients that join or leave at the start of round ``round_index`` are accounted
+        for: the algorithm's ``client_joined``, then ``client_left``, with each such client's state from ``clients``
+        (an algorithm without the hook ignores those clients)."""
+        joined, left = self.changes_at(round_index)
+        for hook, client_ids in ((algorithm.client_joined, joined), (algorithm.client_left, left)):
+            if hook is not None:
+                for client_id in client_ids.tolist():
+                    server = hook(server, clients.get(client_id))
+        return server
 
 
 def _bounds(ids: tuple[int, ...] | ClientIds) -> tuple[int, ...]:

@@ -2,9 +2,10 @@
 
 Every backend and every deployment runs a client through these functions::
 
-    task = client_start(algorithm, view, client_state, context, client_data, settings)
+    client = ClientRound(algorithm, view, client_state, context, client_data, settings)
+    task = client_start(client)
     ... local SGD of task from view.params (a backend trains many tasks at once) ...
-    new_state, message = client_end(algorithm, view, client_state, context, client_data, settings, final_params, steps_done)
+    new_state, message = client_end(client, final_params, steps_done)
 
 ``run_client`` is the three in a row for one client, with the sequential
 backend's local SGD (``local_training.train_one_client``); a deployment client
@@ -36,7 +37,8 @@ Example (one SCAFFOLD client with ten examples of its own):
     >>> view = algorithm.broadcast(algorithm.server_init(model.initial_parameters()))
     >>> context = ClientContext(client_id=0, round=1, num_samples=10, mean_num_samples=10.0, num_registered=1, planned_steps=6, client_lr=0.1)
     >>> settings = ClientSettings(seed=0, batch_size=4, local=LocalSettings(0.1))
-    >>> state, message, steps = run_client(algorithm, view, algorithm.client_state_init(view.params), context, data, settings)
+    >>> client = ClientRound(algorithm, view, algorithm.client_state_init(view.params), context, data, settings)
+    >>> state, message, steps = run_client(client)
     >>> steps, tuple(message.control_delta.shape)
     (6, (15,))
 """
@@ -241,72 +243,72 @@ def _keyed(settings: ClientSettings, model: FlatModel) -> bool:
     return settings.augment or model.dropout
 
 
+def client_data(sim: Any, client_id: int) -> ClientData:
+    """Client ``client_id``'s data in the simulation ``sim`` (a ``Simulation``): the shared training tensors and its
+    rows."""
+    return ClientData(sim.model, sim.training_data, sim.client_rows[client_id])
+
+
 def steps_to_train(context: ClientContext) -> int:
     """The steps the client is asked for this round: all planned ones unless the availability model cut them."""
     return context.planned_steps if context.available_steps is None else context.available_steps
 
 
-def client_start(
-    algorithm: Algorithm,
-    view: Any,
-    client_state: Any,
-    context: ClientContext,
-    client_data: ClientData,
-    settings: ClientSettings,
-) -> ClientTask:
+@dataclass(frozen=True)
+class ClientRound:
+    """One client's round as it starts: everything ``client_start``, ``client_end`` and ``run_client`` read.
+
+    ``view`` is the view this client receives (``Algorithm.view_for``: the broadcast, or a view of its own), and
+    ``client_state`` its state (``client_state_init(θ⁰)`` before its first round; None for a stateless algorithm).
+    """
+
+    algorithm: Algorithm
+    view: Any
+    client_state: Any
+    context: ClientContext
+    data: ClientData
+    settings: ClientSettings
+
+
+def client_start(client: ClientRound) -> ClientTask:
     """The client's local work this round: the algorithm's local objective, its minibatch plan and augmentation key."""
-    correction = algorithm.client_objective(view, client_state, context)
-    num_samples = client_data.num_samples
+    algorithm, view, context, settings = client.algorithm, client.view, client.context, client.settings
+    correction = algorithm.client_objective(view, client.client_state, context)
+    num_samples = client.data.num_samples
     batches = batch_plan(
         settings.seed, context.round, context.client_id, num_samples, settings.batch_size, steps_to_train(context)
     )
     per_epoch = steps_for_epochs(num_samples, settings.batch_size, 1)
     augment_key = (
-        augmentation_key(settings.seed, context.round, context.client_id) if _keyed(settings, client_data.model) else 0
+        augmentation_key(settings.seed, context.round, context.client_id) if _keyed(settings, client.data.model) else 0
     )
     start = view.params if algorithm.client_view is not None else None  # a view of its own: local SGD starts from it
     return ClientTask(
-        context.client_id, client_data.rows, batches, correction, settings.inexact_gamma, per_epoch, augment_key, start
+        context.client_id, client.data.rows, batches, correction, settings.inexact_gamma, per_epoch, augment_key, start
     )
 
 
-def client_end(
-    algorithm: Algorithm,
-    view: Any,
-    client_state: Any,
-    context: ClientContext,
-    client_data: ClientData,
-    settings: ClientSettings,
-    final_params: torch.Tensor,
-    steps_done: int,
-) -> tuple[Any, Any]:
+def client_end(client: ClientRound, final_params: torch.Tensor, steps_done: int) -> tuple[Any, Any]:
     """The client's new state and its message (None: it sends nothing) after local training ended at ``final_params``."""
-    computation = ClientDataComputation(client_data, settings.seed, context.round, context.client_id, settings)
-    update = ClientUpdate(view.params, final_params, steps_done, computation)
-    return algorithm.client_finish(view, client_state, context, update)
+    context, settings = client.context, client.settings
+    computation = ClientDataComputation(client.data, settings.seed, context.round, context.client_id, settings)
+    update = ClientUpdate(client.view.params, final_params, steps_done, computation)
+    return client.algorithm.client_finish(client.view, client.client_state, context, update)
 
 
-def run_client(
-    algorithm: Algorithm,
-    view: Any,
-    client_state: Any,
-    context: ClientContext,
-    client_data: ClientData,
-    settings: ClientSettings,
-) -> tuple[Any, Any, int]:
+def run_client(client: ClientRound) -> tuple[Any, Any, int]:
     """One client's whole round: ``client_start``, its local SGD from ``view.params``, ``client_end``.
 
     Returns the new client state, the message (None: nothing sent) and the
     local steps done; bit for bit what the engine's sequential backend
     computes for this client.
     """
+    params, data = client.view.params, client.data
     # Single-threaded on a CPU, start to end, as the sequential backend runs a client and its client_end.
-    with single_threaded_clients(view.params.device):
-        task = client_start(algorithm, view, client_state, context, client_data, settings)
-        bound = BoundModule(client_data.model, view.params)
-        with local_arithmetic(settings.precision, view.params.device):
-            final_params, steps_done = train_one_client(bound, view.params, task, settings.local, client_data.training)
-        new_state, message = client_end(
-            algorithm, view, client_state, context, client_data, settings, final_params, steps_done
-        )
+    with single_threaded_clients(params.device):
+        task = client_start(client)
+        bound = BoundModule(data.model, params)
+        with local_arithmetic(client.settings.precision, params.device):
+            final_params, steps_done = train_one_client(bound, params, task, client.settings.local, data.training)
+        new_state, message = client_end(client, final_params, steps_done)
     return new_state, message, steps_done

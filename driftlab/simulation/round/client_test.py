@@ -19,7 +19,14 @@ from driftlab.optim.server import make_server_optimizer
 from driftlab.simulation.backends.flat import FlatModel
 from driftlab.simulation.backends.local_training import LocalSettings, SequentialBackend, TrainingData
 from driftlab.simulation.evaluation import evaluate
-from driftlab.simulation.round.client import ClientData, ClientSettings, client_end, client_start, run_client
+from driftlab.simulation.round.client import (
+    ClientData,
+    ClientRound,
+    ClientSettings,
+    client_end,
+    client_start,
+    run_client,
+)
 from driftlab.simulation.round.engine import client_data, finish_round, plan_round, run_round
 from driftlab.simulation.round.setup import EvaluationPlan, Simulation, SimulationState, make_client_stores
 from driftlab.simulation.seam import ServerFold
@@ -122,7 +129,7 @@ def test_run_client_reproduces_the_engines_sequential_round_bit_for_bit(name):
     for context, engine_message in zip(work.contexts, messages, strict=True):
         client_id = context.client_id
         new_state, message, steps_done = run_client(
-            algorithm, work.view, before[client_id], context, client_data(sim, client_id), work.settings
+            ClientRound(algorithm, work.view, before[client_id], context, client_data(sim, client_id), work.settings)
         )
         assert steps_done == context.planned_steps
         _assert_identical(after.clients.get(client_id), new_state, f"client {client_id} state")
@@ -145,8 +152,8 @@ def test_run_client_trains_a_clients_own_tensors_as_the_engine_trains_its_rows()
         TrainingData(sim.training_data.inputs[own_rows], sim.training_data.targets[own_rows]),
         torch.arange(len(own_rows)),
     )
-    expected = run_client(sim.algorithm, work.view, client_state, context, shared, work.settings)
-    actual = run_client(sim.algorithm, work.view, client_state, context, own, work.settings)
+    expected = run_client(ClientRound(sim.algorithm, work.view, client_state, context, shared, work.settings))
+    actual = run_client(ClientRound(sim.algorithm, work.view, client_state, context, own, work.settings))
     _assert_identical(expected, actual, "node")
 
 
@@ -186,12 +193,14 @@ def test_a_client_half_reaching_for_server_state_fails_on_the_view():
     context = work.contexts[0]
     with pytest.raises(AttributeError, match="optimizer_state"):
         run_client(
-            algorithm,
-            work.view,
-            state.clients.get(context.client_id),
-            context,
-            client_data(sim, context.client_id),
-            work.settings,
+            ClientRound(
+                algorithm,
+                work.view,
+                state.clients.get(context.client_id),
+                context,
+                client_data(sim, context.client_id),
+                work.settings,
+            )
         )
 
 
@@ -211,9 +220,10 @@ def test_finish_round_aggregates_in_sample_order_whatever_the_completion_order(n
     for position in order:  # clients finish, and their messages arrive, in a shuffled order
         context = work.contexts[position]
         client_id = context.client_id
-        _, messages[client_id], steps_done[client_id] = run_client(
+        client = ClientRound(
             sim.algorithm, work.view, state.clients.get(client_id), context, client_data(sim, client_id), work.settings
         )
+        _, messages[client_id], steps_done[client_id] = run_client(client)
     assert list(messages) != [context.client_id for context in work.contexts]
     server, record = finish_round(sim, work, messages, steps_done)
     assert server.params.numpy().tobytes() == expected_state.server.params.numpy().tobytes()
@@ -239,17 +249,10 @@ def test_finish_round_asks_for_the_client_models_the_evaluated_model_needs():
         client_id = context.client_id
         finals[client_id] = work.view.params + 0.01 * client_id  # a final model of our own: no training needed here
         steps_done[client_id] = context.planned_steps
-        data, client_state = client_data(sim, client_id), state.clients.get(client_id)
-        _, messages[client_id] = client_end(
-            sim.algorithm,
-            work.view,
-            client_state,
-            context,
-            data,
-            work.settings,
-            finals[client_id],
-            context.planned_steps,
+        client = ClientRound(
+            sim.algorithm, work.view, state.clients.get(client_id), context, client_data(sim, client_id), work.settings
         )
+        _, messages[client_id] = client_end(client, finals[client_id], context.planned_steps)
     with pytest.raises(ValueError, match="reporting_models"):
         finish_round(sim, work, messages, steps_done, evaluate_after=True)
     _, record = finish_round(sim, work, messages, steps_done, evaluate_after=True, reporting_models=finals)
@@ -261,17 +264,17 @@ def test_client_start_and_end_are_the_halves_of_run_client():
     sim, state = _simulation("feddyn")
     work = plan_round(sim, state)
     context = work.contexts[1]
-    data = client_data(sim, context.client_id)
     client_state = state.clients.get(context.client_id)
-    task = client_start(sim.algorithm, work.view, client_state, context, data, work.settings)
+    client = ClientRound(
+        sim.algorithm, work.view, client_state, context, client_data(sim, context.client_id), work.settings
+    )
+    task = client_start(client)
     assert task.client_id == context.client_id and task.num_steps == context.planned_steps == -(
         -CLIENT_SIZES[context.client_id] // 4
     )
     assert torch.equal(task.correction.reference, work.view.params)  # FedDyn's pull towards θ^{t−1}, from the view
     # a client that did no step: the state moves by nothing, the message is the start model
-    new_state, message = client_end(
-        sim.algorithm, work.view, client_state, context, data, work.settings, work.view.params, 0
-    )
+    new_state, message = client_end(client, work.view.params, 0)
     assert torch.equal(new_state.dual, client_state.dual) and torch.equal(message.params, work.view.params)
     settings = ClientSettings(seed=3, batch_size=4, local=LocalSettings(0.1))
     assert settings == dataclasses.replace(

@@ -40,25 +40,26 @@ fold releases its noise and moves its clip on: ``OrderedFold`` calls its
 no bits, no local steps), and evaluation runs as scheduled (the
 "reporting_mean" model of a round where nobody reported is the server's).
 
-Simulated time (``Simulation.system``, config ``[system]``) is the round clock policy's
-(``driftlab.simulation.time.round_clock``): the engine asks it, at fixed points, which clients the round can reach,
-the steps each is asked for, which the server awaits, whether each message arrives in time, the record's time keys
-and the new ``clock``.  Untimed rounds get its null policy: their records and models are those of a run without
-``[system]``.  Every client's latest model (``evaluation.model = "all_clients_mean"``) is kept by a round observer
-(``latest_models.observe_round``), a null one when the run keeps none.
+Optional features are policies and observers with null objects, asked at fixed points, so the round tests none:
 
-Buffers (BatchNorm's running statistics; ``backends.buffers``): the server's are the shared module's.  Every client
-of the round trains from them, the backend records each client's final ones, and once the round's messages are
-folded the module takes the mean of the reporting clients' (weighted by ``n_k`` times multiplicity, as FedAvg
-weights models), before the round is evaluated.  The algorithm never sees them.  A model without buffers skips all of
-this.  With FedBN (``[personal_layers]`` keeping BatchNorm layers: ``personal.buffers.ClientBuffers``) a client starts
-from its own buffers of those layers and keeps its final ones, which the server's mean leaves out.
+* simulated time (``[system]``): the round clock policy (``time.round_clock``) says which clients the round can
+  reach, the steps each is asked for (none: dropped, not trained), which the server awaits, whether each message
+  arrives in time (late: not folded, its client's new state not kept), the record's time keys and the new ``clock``;
+  an untimed round gets its null policy, which drops nobody and finds nothing late, so its records and models are
+  those of a run without ``[system]``;
+* an algorithm's first phase (``prelude.run_prelude``; a one-phase round is the round as planned) and its membership
+  hooks (``Membership.server_after_changes``);
+* the round's observers of its trained clients: every client's latest model (``latest_models.observe_round``, for
+  ``evaluation.model = "all_clients_mean"``) and the model's buffers, BatchNorm's running statistics
+  (``buffers.observe_buffers``: each wave's starting buffers to the backend, the reporting clients' mean to the
+  server before the round is evaluated; FedBN's own buffers kept), each a null observer when the run has none;
+* the evaluated model (``evaluated_model``, from ``evaluation.model``) and, in ``simulation.evaluation``, the loss
+  reference, the dissimilarity columns and the divergence tests.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -68,27 +69,21 @@ import torch
 
 from driftlab.metrics.communication import payload_bits
 from driftlab.optim.schedules import value_at
-from driftlab.simulation.backends.buffers import (
-    RoundBuffers,
-    average_buffers,
-    load_buffers,
-    module_buffers,
-    own_buffers_record,
-)
-from driftlab.simulation.backends.local_training import LocalSettings, single_threaded_clients
+from driftlab.simulation.backends.local_training import LocalSettings
 from driftlab.simulation.evaluation import (
     DIVERGENCE_ADVICE,
-    dissimilarity,
-    divergence,
+    dissimilarity_columns,
     evaluate,
-    norm_growth,
     personal_columns,
-    reference_losses,
+    prepare_reference,
+    round_divergence,
 )
 from driftlab.simulation.round.availability import steps_to_do
-from driftlab.simulation.round.client import ClientData, ClientDataComputation, ClientSettings, client_end, client_start
-from driftlab.simulation.round.latest_models import LatestModels, mean_of_latest, observe_round
+from driftlab.simulation.round.buffers import observe_buffers
+from driftlab.simulation.round.client import ClientRound, ClientSettings, client_data, client_end, client_start
+from driftlab.simulation.round.latest_models import LatestModels, observe_round
 from driftlab.simulation.round.ordered_fold import FoldedRound, OrderedFold
+from driftlab.simulation.round.prelude import run_prelude
 from driftlab.simulation.round.sampling import CohortDraw
 from driftlab.simulation.round.setup import RoundPlan, Simulation, SimulationState, wave_size
 from driftlab.simulation.seam import ClientContext, RoundContext, plugin_note
@@ -132,25 +127,26 @@ def run_round(
 ) -> tuple[SimulationState, dict[str, Any]]:
     """Run round ``state.round + 1``; returns the new state and the round's metrics record.
 
-    ``plan_round``, then every active client through ``client_start``, the
-    backend's local training and ``client_end`` (the functions a deployment
-    client runs too), in waves that fit the memory budget (``wave_size``),
-    each message folded into the server update as its client finishes, then
-    the round's record (``finish_folded_round``).  Client states written during
+    ``plan_round`` and the round's first phase (``run_prelude``), then every
+    active client through ``client_start``, the backend's local training and
+    ``client_end`` (the functions a deployment client runs too), in waves that
+    fit the memory budget (``wave_size``), each message folded into the server
+    update as its client finishes and shown to the round's observers, then the
+    round's record (``finish_folded_round``).  Client states written during
     the round are staged in the stores and committed at the end;
     ``commit=False`` leaves that to the caller (``commit_round``), which the
     runner does only once the round's record is on disk, so an interruption
     anywhere leaves the stores at the last completed round.
     """
-    if evaluate_after and sim.evaluation.divergence_factor:
-        reference_losses(sim)  # once per process, outside the round's timing
+    prepare_reference(sim, evaluate_after)  # once per process, outside the round's timing
     work = run_prelude(sim, plan_round(sim, state))
-    keep_models = evaluate_after and sim.evaluation.model == "reporting_mean"
-    folding = start_fold(sim, work, keep_models)
+    folding = start_fold(sim, work, evaluate_after)
     order = [context.client_id for context in work.contexts]
     latest = observe_round(state.latest_models, state.latest_sum, sim.initial_params, order)
-    steps_done, arrivals = _train_clients(sim, state, work, folding, latest)
+    buffers = observe_buffers(sim, work.contexts)
+    steps_done, arrivals = _train_clients(sim, state, work, folding, latest, buffers)
     latest_sum = latest.result()
+    buffers.finish()  # the server's buffers are the reporting clients' mean before the round is evaluated
     server, record = finish_folded_round(
         sim,
         work,
@@ -169,36 +165,15 @@ def run_round(
     return new_state, record
 
 
-def run_prelude(sim: Simulation, work: RoundWork) -> RoundWork:
-    """The round's first phase (``seam.RoundPrelude``; without one, the work as planned): every client with work
-    computes its vector at the broadcast view, one after another in sample order on the client code path's
-    computations (the same numbers on every backend); the server applies their weighted mean, and the clients train
-    from the new state's view."""
-    prelude = sim.algorithm.prelude
-    if prelude is None or not work.contexts:  # a one-phase round, or nobody to compute a vector
-        return work
-    total, weights, bits = None, 0.0, 0
-    with single_threaded_clients(sim.device):
-        for context in work.contexts:
-            data = client_data(sim, context.client_id)
-            computation = ClientDataComputation(data, work.settings.seed, work.round, context.client_id, work.settings)
-            vector = prelude.compute(work.view_of(sim.algorithm, context.client_id), context, computation)
-            weight = float(prelude.weight(context))
-            total = vector * weight if total is None else total + vector * weight
-            weights += weight
-            bits += payload_bits(vector)
-    server = prelude.apply(work.server, total / weights)
-    return dataclasses.replace(work, server=server, view=sim.algorithm.broadcast(server), prelude_bits=bits)
-
-
-def start_fold(sim: Simulation, work: RoundWork, keep_models: bool = False) -> OrderedFold:
-    """The round's server update, ready to take its active clients' messages in any order (``OrderedFold``)."""
+def start_fold(sim: Simulation, work: RoundWork, evaluate_after: bool = False) -> OrderedFold:
+    """The round's server update, ready to take its active clients' messages in any order (``OrderedFold``), summing
+    their final models too where the round's evaluated model is their mean."""
     return OrderedFold(
         sim.algorithm.fold(),
         work.server,
         round_context(work),
         [context.client_id for context in work.contexts],
-        keep_models,
+        evaluate_after and sim.evaluation.evaluated_model.keeps_reporting_models,
     )
 
 
@@ -220,7 +195,7 @@ def plan_round(sim: Simulation, state: SimulationState) -> RoundWork:
     t = state.round + 1
     plan = sim.plan
     registered = sim.registered_at(t)
-    server = _apply_membership_changes(sim, state, t)
+    server = sim.membership.server_after_changes(sim.algorithm, state.server, state.clients, t)
     view = sim.algorithm.broadcast(server)
     sizes = sim.client_sizes[registered]
     planner = round_clock(sim.system).plan(registered, state.clock, view)
@@ -288,93 +263,62 @@ def client_settings(plan: RoundPlan, round_index: int, precision: str) -> Client
     )
 
 
-def client_data(sim: Simulation, client_id: int) -> ClientData:
-    """Client ``client_id``'s data in the simulation: the shared training tensors and its rows."""
-    return ClientData(sim.model, sim.training_data, sim.client_rows[client_id])
-
-
 def _train_clients(
-    sim: Simulation, state: SimulationState, work: RoundWork, folding: OrderedFold, latest: Any
+    sim: Simulation, state: SimulationState, work: RoundWork, folding: OrderedFold, latest: Any, buffers: Any
 ) -> tuple[dict[int, int], dict[int, float | None]]:
     """The round's client phase, wave by wave: ``client_start`` for the wave's clients, the backend trains their tasks,
-    ``client_end`` for each as it finishes, its message folded into ``folding`` and its final model shown to the
-    ``latest`` observer.  Returns the steps each client did and the arrivals its clock noted (in a timed round each
-    message's arrival time; None: late, so not folded and its client's new state not kept)."""
+    ``client_end`` for each as it finishes, its message folded into ``folding`` and the client shown to the round's
+    observers (``latest``: its final model; ``buffers``: its final buffers).  Returns the steps each client did and
+    the arrivals its clock noted (in a timed round each message's arrival time; None: late, so not folded and its
+    client's new state not kept)."""
     steps_done: dict[int, int] = {}
     arrivals: dict[int, float | None] = {}
     contexts = work.contexts
-    server_buffers = module_buffers(sim.model.module)
-    reported_buffers: dict[int, dict[str, torch.Tensor]] = {}  # reporting clients' final buffers, by client id
-    local = own_buffers_record(sim)
     initial = sim.algorithm.client_state_init
     size = wave_size(sim, initial(sim.initial_params) if initial is not None else None)
     for first in range(0, len(contexts), size):
         wave = contexts[first : first + size]
         state.clients.prefetch([context.client_id for context in wave])  # one batched read of the wave's states
         latest.prefetch([context.client_id for context in wave])
-        client_states = [state.clients.get(context.client_id) for context in wave]
-        datas = [client_data(sim, context.client_id) for context in wave]
-        views = [work.view_of(sim.algorithm, context.client_id) for context in wave]
-        tasks = [
-            client_start(sim.algorithm, view, client_state, context, data, work.settings)
-            for view, client_state, context, data in zip(views, client_states, wave, datas, strict=True)
+        client_rounds = [
+            ClientRound(
+                sim.algorithm,
+                work.view_of(sim.algorithm, context.client_id),
+                state.clients.get(context.client_id),
+                context,
+                client_data(sim, context.client_id),
+                work.settings,
+            )
+            for context in wave
         ]
-        # Only a model with buffers passes them: a backend of its own (a deployment's) keeps its signature.  A client
-        # that keeps buffers of its own (FedBN) starts from them.
-        own = None if local is None else {p: local.start_of(context.client_id) for p, context in enumerate(wave)}
-        wave_buffers = {"buffers": RoundBuffers(server_buffers, own)} if server_buffers else {}
+        tasks = [client_start(client) for client in client_rounds]
         # closing(): a backend that changed process-wide settings (threads) restores them even if client_end raises.
         with contextlib.closing(
             sim.backend.train(
-                sim.model, work.view.params, tasks, work.settings.local, sim.training_data, **wave_buffers
+                sim.model,
+                work.view.params,
+                tasks,
+                work.settings.local,
+                sim.training_data,
+                **buffers.backend_arguments(wave),
             )
         ) as trained:
             for position, final_params, done in trained:
                 context = wave[position]
-                client_buffers = wave_buffers["buffers"].final.pop(position) if wave_buffers else None
-                new_client_state, message = client_end(
-                    sim.algorithm,
-                    views[position],
-                    client_states[position],
-                    context,
-                    datas[position],
-                    work.settings,
-                    final_params,
-                    done,
-                )
-                views[position] = None
+                new_client_state, message = client_end(client_rounds[position], final_params, done)
                 steps_done[context.client_id] = done
                 if not work.timing.received(arrivals, context.client_id, done, message):
                     # late: the server never sees its work, as a client that dropped out while uploading
                     folding.add(context.client_id, None)
-                    client_states[position] = tasks[position] = new_client_state = message = None
+                    client_rounds[position] = tasks[position] = new_client_state = message = None
                     continue
                 # Staged at once (a disk store writes it to its staging file); the wave's lists let go of the client's tensors.
                 state.clients.put(context.client_id, new_client_state)
-                if local is not None and client_buffers is not None:
-                    local.keep(context.client_id, client_buffers)  # kept as its state is (a late client's: neither)
-                client_states[position] = tasks[position] = new_client_state = None
+                client_rounds[position] = tasks[position] = new_client_state = None
+                buffers.client_trained(position, context.client_id, message)
                 latest.client_trained(context.client_id, final_params)
                 folding.add(context.client_id, message, final_params)
-                if client_buffers is not None and message is not None:
-                    reported_buffers[context.client_id] = client_buffers
-    if server_buffers:
-        update_buffers(sim, work, reported_buffers)
     return steps_done, arrivals
-
-
-def update_buffers(sim: Simulation, work: RoundWork, reported: Mapping[int, Mapping[str, torch.Tensor]]) -> None:
-    """The server's buffers (the shared module's) after the round: the mean of the ``reported`` clients' final ones,
-    in sample order, weighted by ``n_k`` times the client's multiplicity (``backends.buffers.average_buffers``); the
-    buffers clients keep as their own are left out (they stay the server's initial ones, never used by a client)."""
-    contexts = [context for context in work.contexts if context.client_id in reported]
-    averaged = average_buffers(
-        module_buffers(sim.model.module),
-        [reported[context.client_id] for context in contexts],
-        [float(context.num_samples * context.multiplicity) for context in contexts],
-    )
-    local = own_buffers_record(sim)
-    load_buffers(sim.model.module, averaged if local is None else local.shared(averaged))
 
 
 def finish_round(
@@ -400,20 +344,15 @@ def finish_round(
     "all_clients_mean".  Raises ``FloatingPointError`` on divergence (module
     docstring).
     """
-    keep_models = evaluate_after and sim.evaluation.model == "reporting_mean"
-    if keep_models and reporting_models is None and any(message is not None for message in messages.values()):
-        raise ValueError(
-            'evaluation.model "reporting_mean" needs the reporting clients\' final models (reporting_models)'
-        )
-    folding = start_fold(sim, work, keep_models)
+    folding = start_fold(sim, work, evaluate_after)
+    models = reporting_models if reporting_models is not None else {}
     arrivals: dict[int, float | None] = {}
     for context in work.contexts:
         if context.client_id in messages:
             message = messages[context.client_id]
             if not work.timing.received(arrivals, context.client_id, steps_done.get(context.client_id, 0), message):
                 message = None  # late: not folded
-            model = reporting_models.get(context.client_id) if keep_models and message is not None else None
-            folding.add(context.client_id, message, model)
+            folding.add(context.client_id, message, models.get(context.client_id))
     return finish_folded_round(
         sim,
         work,
@@ -446,8 +385,7 @@ def finish_folded_round(
     the "all_clients_mean" evaluation sums the store, staged models included.  ``arrivals`` are what the round's
     clock noted of each message sent (``RoundTimer.received``); the clock adds its keys to the record."""
     t = work.round
-    if evaluate_after and sim.evaluation.divergence_factor:
-        reference_losses(sim)
+    prepare_reference(sim, evaluate_after)
     server = folded.server
     num_selected = len(work.selected)
     if not torch.isfinite(server.params).all():
@@ -473,42 +411,15 @@ def finish_folded_round(
     }
     record.update(work.timing.record(t, folded.reporting_clients, arrivals))
     if evaluate_after:
-        record.update(evaluate(sim, _evaluated_model(sim, work, folded, latest_models, latest_sum)))
+        evaluated = sim.evaluation.evaluated_model.params(sim, work.registered, folded, latest_models, latest_sum)
+        record.update(evaluate(sim, evaluated))
         record.update(personal_columns(sim, server, clients, work.settings, t))
-    if sim.evaluation.dissimilarity_every and t % sim.evaluation.dissimilarity_every == 0:
-        record.update(dissimilarity(sim, server.params, work.registered))
-    problem = divergence(record, sim.initial_losses, sim.evaluation.divergence_factor)
-    if problem is None:
-        problem = norm_growth(record["model_norm"], sim.norm_scale, sim.evaluation.norm_growth_factor)
+    record.update(dissimilarity_columns(sim, server.params, work.registered, t))
+    problem = round_divergence(sim, record)
     if problem is not None:
         raise FloatingPointError(f"the run diverged in round {t}: {problem}{plugin_note(sim.algorithm)}")
     record["round_seconds"] = time.perf_counter() - work.started
     return server, record
-
-
-def _evaluated_model(
-    sim: Simulation, work: RoundWork, folded: FoldedRound, latest_models: Any, latest_sum: Any
-) -> torch.Tensor:
-    """The model ``evaluation.model`` names: the server's, the reporting clients' mean (the server's when nobody
-    reported) or the mean of every client's latest model."""
-    if sim.evaluation.model == "reporting_mean" and folded.reporting_clients:
-        return folded.reporting_mean
-    if sim.evaluation.model == "all_clients_mean":
-        return mean_of_latest(latest_models, latest_sum, work.registered, sim.data.num_clients, sim.initial_params)
-    return folded.server.params
-
-
-def _apply_membership_changes(sim: Simulation, state: SimulationState, round_index: int) -> Any:
-    """The server state after the clients that join or leave at the start of this round are accounted for."""
-    server = state.server
-    joined, left = sim.membership.changes_at(round_index)
-    if sim.algorithm.client_joined is not None:
-        for client_id in joined.tolist():
-            server = sim.algorithm.client_joined(server, state.clients.get(client_id))
-    if sim.algorithm.client_left is not None:
-        for client_id in left.tolist():
-            server = sim.algorithm.client_left(server, state.clients.get(client_id))
-    return server
 
 
 def commit_round(state: SimulationState) -> None:

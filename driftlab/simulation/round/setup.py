@@ -17,11 +17,12 @@ from driftlab.data.federated import FederatedDataset
 from driftlab.optim.schedules import steps_at
 from driftlab.randomness import Stream, generator
 from driftlab.simulation.backends.augmentation import flip_crop_from_keys
-from driftlab.simulation.backends.buffers import ModuleBuffersExtra
+from driftlab.simulation.backends.buffers import ModuleBuffersExtra, has_buffers
 from driftlab.simulation.backends.flat import FlatModel
 from driftlab.simulation.backends.local_training import TrainingBackend, TrainingData, steps_for_epochs
 from driftlab.simulation.round.availability import ALWAYS_AVAILABLE, AvailabilityModel, Membership
-from driftlab.simulation.round.latest_models import LatestModels, LatestModelsExtra
+from driftlab.simulation.round.evaluated_model import EVALUATED_MODELS, ServerModel
+from driftlab.simulation.round.latest_models import LatestModels
 from driftlab.simulation.seam import Algorithm
 from driftlab.simulation.state.memory_budget import MemoryBudget
 from driftlab.simulation.state.state_store import (
@@ -31,8 +32,6 @@ from driftlab.simulation.state.state_store import (
     state_bytes,
 )
 from driftlab.simulation.time.plan import AsynchronousPlan, SystemPlan
-
-EVALUATED_MODELS = ("server", "reporting_mean", "all_clients_mean")
 
 
 @dataclass(frozen=True)
@@ -85,6 +84,11 @@ class EvaluationPlan:
     finetune_steps: int = 0
     # Also the spread (std over clients) of the server model's per-client test accuracy; on with ``personal``.
     client_spread: bool = False
+
+    @property
+    def evaluated_model(self) -> ServerModel:
+        """The policy of ``model`` (``round.evaluated_model``): which model an evaluated round evaluates."""
+        return EVALUATED_MODELS[self.model]
 
 
 @dataclass
@@ -203,9 +207,9 @@ class Simulation:
         they write: the running sum of the latest models when every client's model is evaluated
         (``evaluation.model = "all_clients_mean"``), then the features' ``state_extras``, then the server's buffers
         of a model that has any (``backends.buffers.ModuleBuffersExtra``)."""
-        kept = (LatestModelsExtra(),) if self.evaluation.model == "all_clients_mean" else ()
+        kept = self.evaluation.evaluated_model.state_extras()
         # A model with buffers (BatchNorm's running statistics) keeps the server's in its module: they are state too.
-        buffers = (ModuleBuffersExtra(self.model.module),) if any(True for _ in self.model.module.buffers()) else ()
+        buffers = (ModuleBuffersExtra(self.model.module),) if has_buffers(self.model.module) else ()
         return (*kept, *self.state_extras, *buffers)
 
     def registered_at(self, round_index: int) -> np.ndarray:

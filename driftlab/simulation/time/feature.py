@@ -39,6 +39,13 @@ def system_plan(system: SystemConfig, facts: RunFacts) -> SystemPlan:
         return SystemPlan(profiles, system.deadline, system.deadline_mode, system.over_selection)
 
 
+# [system] in ExperimentConfig's schema
+CONFIG_FIELD = (
+    "simulated time: device speeds and bandwidths, the virtual clock, deadline and over-selection (the [system] keys); "
+    "absent = rounds are not timed"
+)
+
+
 def plan(system: SystemConfig, facts: RunFacts) -> TimePlan:
     return TimePlan(system_plan(system, facts), system.profiles)
 
@@ -111,20 +118,24 @@ CONFIG_CONFLICTS = Requirements(
 )
 
 
-FEATURE = FeatureEntry(
-    name="system",
-    plan=plan,
-    requirements=drivers.SIMULATED_TIME,
-    config_conflicts=CONFIG_CONFLICTS,
-    config_facts=CONFIG_FACTS,
-    section_type=SystemConfig,
-    config_field="simulated time: device speeds and bandwidths, the virtual clock, deadline and over-selection (the "
-    "[system] keys); absent = rounds are not timed",
-    simulation_fields=lambda plan: {"system": plan.system},
-    finish=lambda sim, _plan: check_deadline(sim),
-    run_info=run_info,
-    # simulated seconds from 0, saved as engine/clock; untimed runs keep None (their records are unchanged)
-    state_fields=lambda _plan: {"clock": 0.0},
-    state_extra=ClockExtra(),
-    used_plan=lambda sim, system: TimePlan(sim.system, system.profiles),
-)
+def simulation_fields(plan: TimePlan) -> dict[str, Any]:
+    return {"system": plan.system}
+
+
+def finish(sim: Any, plan: TimePlan) -> None:  # noqa: ARG001  (the FeatureEntry.finish signature)
+    check_deadline(sim)
+
+
+def state_fields(plan: TimePlan) -> dict[str, Any]:  # noqa: ARG001  (the FeatureEntry.state_fields signature)
+    """Simulated seconds from 0, saved as engine/clock (``STATE_EXTRA``); untimed runs keep None (their records are
+    unchanged)."""
+    return {"clock": 0.0}
+
+
+def used_plan(sim: Any, system: SystemConfig) -> TimePlan:
+    return TimePlan(sim.system, system.profiles)
+
+
+STATE_EXTRA = ClockExtra()
+
+FEATURE = FeatureEntry.of_module(__name__, "system", SystemConfig, requirements=drivers.SIMULATED_TIME)
